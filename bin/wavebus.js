@@ -1,0 +1,3 @@
+#!/usr/bin/env node
+'use strict';
+require('../dist/src/cli.js').main(process.argv.slice(2));

@@ -1,0 +1,8 @@
+/** Tests run against the TypeScript sources; spawned CLI processes use dist/ (built by npm install / prepare). */
+module.exports = {
+  preset: 'ts-jest',
+  testEnvironment: 'node',
+  testMatch: ['<rootDir>/test/**/*.test.ts'],
+  testTimeout: 60000,
+  transform: { '^.+\\.ts$': ['ts-jest', { tsconfig: { strict: true, esModuleInterop: true, target: 'ES2022', module: 'commonjs', skipLibCheck: true } , diagnostics: { warnOnly: false } }] },
+};

@@ -1,0 +1,38 @@
+// Named error classes. Each carries a stable code so callers and tests can branch on it.
+
+export class WavebusError extends Error {
+  readonly code: string;
+  constructor(code: string, message: string) {
+    super(message);
+    this.name = new.target.name;
+    this.code = code;
+  }
+}
+
+/** Bad configuration: flags, environment variables, config files. The message names the field. */
+export class ConfigError extends WavebusError {
+  constructor(message: string, code = 'ERR_CONFIG') {
+    super(code, message);
+  }
+}
+
+/** A frame or message that could not be accepted (decoding, epoch, size). */
+export class ProtocolError extends WavebusError {
+  constructor(message: string, code = 'ERR_PROTOCOL') {
+    super(code, message);
+  }
+}
+
+/** A capture or dump that could not be completed; nothing under a final name was left behind. */
+export class CaptureError extends WavebusError {
+  constructor(message: string, code = 'ERR_CAPTURE') {
+    super(code, message);
+  }
+}
+
+/** Native memory access failures (region gone, short copy, backend unavailable). */
+export class NativeError extends WavebusError {
+  constructor(message: string, code = 'ERR_NATIVE') {
+    super(code, message);
+  }
+}
