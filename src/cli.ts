@@ -26,12 +26,12 @@ export async function main(argv: string[]): Promise<void> {
     .help()
     .alias('h', 'help')
     .wrap(Math.min(110, process.stdout.columns || 100))
-    .fail((msg, err, y) => {
+    .fail((msg, err) => {
       if (err) {
         const code = err instanceof WavebusError ? ` [${err.code}]` : '';
         process.stderr.write(`wavebus: ${err.message}${code}\n`);
       } else {
-        process.stderr.write(`${y.help ? '' : ''}wavebus: ${msg}\nRun with --help for usage.\n`);
+        process.stderr.write(`wavebus: ${msg}\nRun with --help for usage.\n`);
       }
       process.exit(2);
     });
