@@ -2,12 +2,23 @@
   "targets": [
     {
       "target_name": "wavebus_native",
-      "sources": ["native/addon.cc"],
+      "sources": [
+        "native/addon.cc",
+        "native/coded_error.cc",
+        "native/copy_worker.cc",
+        "native/crc32c.cc",
+        "native/cuda_backend.cc",
+        "native/cuda_region.cc",
+        "native/host_memory.cc",
+        "native/mailbox.cc",
+        "native/shm_segment.cc"
+      ],
       "include_dirs": ["<!(node -p \"require('node-addon-api').include_dir\")"],
-      "defines": ["NAPI_VERSION=8", "NODE_ADDON_API_DISABLE_CPP_EXCEPTIONS"],
-      "cflags_cc": ["-std=c++17", "-O2", "-fexceptions"],
-      "cflags_cc!": ["-fno-exceptions"],
-      "libraries": ["-ldl"]
+      "defines": ["NAPI_VERSION=8", "NAPI_CPP_EXCEPTIONS"],
+      "cflags_cc": ["-std=c++17", "-O2", "-fexceptions", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+      "cflags_cc!": ["-fno-exceptions", "-fno-rtti"],
+      "cflags!": ["-fno-exceptions"],
+      "libraries": ["-ldl", "-lrt"]
     }
   ]
 }

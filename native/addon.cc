@@ -1,8 +1,41 @@
-// Module entry: registers every native class. Each class lives in its own file pair.
+// Module entry: registers every native class and function. Each class lives in its own file pair.
 #include <napi.h>
 
+#include "addon_data.h"
+#include "crc32c.h"
+#include "cuda_backend.h"
+#include "cuda_region.h"
+#include "host_memory.h"
+#include "mailbox.h"
+#include "shm_segment.h"
+
+using namespace wavebus;
+
 static Napi::Object Init(Napi::Env env, Napi::Object exports) {
+  auto* data = new AddonData();
+  env.SetInstanceData<AddonData>(data);
+
+  Napi::Function shm = ShmSegment::Define(env);
+  data->shmSegment = Napi::Persistent(shm);
+  exports.Set("ShmSegment", shm);
+
+  Napi::Function cuda = CudaRegion::Define(env);
+  data->cudaRegion = Napi::Persistent(cuda);
+  exports.Set("CudaRegion", cuda);
+
+  Napi::Function writer = MailboxWriter::Define(env);
+  data->mailboxWriter = Napi::Persistent(writer);
+  exports.Set("MailboxWriter", writer);
+
+  Napi::Function reader = MailboxReader::Define(env);
+  data->mailboxReader = Napi::Persistent(reader);
+  exports.Set("MailboxReader", reader);
+
   exports.Set("abiVersion", Napi::Number::New(env, 1));
+  RegisterCrc32c(env, exports);
+  RegisterCudaBackend(env, exports);
+  RegisterHostMemory(env, exports);
+  RegisterMailboxLayout(env, exports);
   return exports;
 }
 

@@ -1,5 +1,6 @@
 // The `wavebus` command line. Each subcommand lives in src/commands/<name>.ts and exports
-// `command: CommandModule`; they are discovered here so that adding one touches one file.
+// CommandModule objects (`command`, plus e.g. hidden helpers); they are discovered here so that
+// adding one touches one file.
 import * as fs from 'fs';
 import * as path from 'path';
 import yargs, { CommandModule } from 'yargs';
@@ -12,8 +13,8 @@ function loadCommands(): CommandModule[] {
     .readdirSync(dir)
     .filter((f) => f.endsWith(ext) && !f.endsWith('.d.ts'))
     .sort()
-    .map((f) => (require(path.join(dir, f)) as { command: CommandModule }).command)
-    .filter((c) => c !== undefined);
+    .flatMap((f) => Object.values(require(path.join(dir, f)) as Record<string, unknown>))
+    .filter((c): c is CommandModule => typeof c === 'object' && c !== null && 'command' in c && 'handler' in c);
 }
 
 export async function main(argv: string[]): Promise<void> {

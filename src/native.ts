@@ -1,15 +1,151 @@
 // The whole native surface of wavebus, declared in one place. Everything else imports from here.
 // Arguments are validated in TypeScript before these are called; C++ only moves bytes.
+// Errors thrown by the addon carry `code` (ERR_*); `nativeCall` / `nativeAsync` rewrap them
+// as NativeError with the same code.
+import * as fs from 'fs';
 import * as path from 'path';
+import { NativeError } from './errors';
+
+/** A POSIX shared-memory segment mapped into this process (native/shm_segment.cc). */
+export interface NativeShmSegment {
+  /** Bytes mapped (the segment's size when it was opened or created). */
+  readonly size: number;
+  /** The name as given to shm_open, with the leading "/". */
+  readonly name: string;
+  readonly readonly: boolean;
+  readonly closed: boolean;
+  /** The mapping as an external Buffer (no copy). Writable mappings only; it keeps the mapping alive until collected. */
+  buffer(): Buffer;
+  /** The segment's current size from fstat, and whether it still has a name (nlink > 0). */
+  stat(): { size: number; linked: boolean };
+  /** Copy [srcOffset, srcOffset + nbytes) into dst[dstOffset..], off the JS thread. */
+  copyTo(dst: Uint8Array, dstOffset: number, srcOffset: number, nbytes: number): Promise<void>;
+  /** Copy each block b from baseOffset + b * blockBytes, in order, contiguously into dst[dstOffset..]. */
+  gatherTo(dst: Uint8Array, dstOffset: number, blockIds: Uint32Array, blockBytes: number, baseOffset: number): Promise<void>;
+  /** Unmap (once every buffer handed out is collected) and close the descriptor. Idempotent. */
+  close(): void;
+}
+
+export interface NativeShmSegmentStatic {
+  create(name: string, nbytes: number): NativeShmSegment;
+  open(name: string, readonly: boolean): NativeShmSegment;
+  unlink(name: string): void;
+}
+
+/** A CUDA IPC allocation opened in this process (native/cuda_region.cc). */
+export interface NativeCudaRegion {
+  readonly device: number;
+  readonly closed: boolean;
+  copyTo(dst: Uint8Array, dstOffset: number, srcOffset: number, nbytes: number): Promise<void>;
+  gatherTo(dst: Uint8Array, dstOffset: number, blockIds: Uint32Array, blockBytes: number, baseOffset: number): Promise<void>;
+  close(): void;
+}
+
+export interface NativeCudaRegionStatic {
+  /**
+   * handle: the 64-byte cudaIpcMemHandle_t; limitBytes: copies must end at or before this offset
+   * from the allocation's base; stagingBytes: the bounded pinned chunk for copies into unpinned memory.
+   * Throws ERR_CUDA_UNAVAILABLE ("CUDA backend unavailable: <dlerror>") where libcudart cannot be loaded.
+   */
+  open(handle: Uint8Array, device: number, limitBytes: number, stagingBytes: number): NativeCudaRegion;
+}
+
+export interface NativeMailboxWriter {
+  publish(wave: number, configDue: number, dumpDue: number, snapshotDue: number): void;
+  setFeatures(bits: number): void;
+  setEpoch(epoch: number): void;
+  close(): void;
+}
+
+export interface NativeMailboxReader {
+  /** [wave, configDue, dumpDue, snapshotDue] when slot wave % 8 holds `wave`, else undefined. */
+  read(wave: number): [number, number, number, number] | undefined;
+  features(): number;
+  epoch(): number;
+  close(): void;
+}
 
 export interface NativeBinding {
   abiVersion: number;
+  crc32c(data: Uint8Array, prev?: number): number;
+  /** The table path, whatever the CPU; exposed so tests can check it against the hardware path. */
+  crc32cSoftware(data: Uint8Array, prev?: number): number;
+  crc32cHardware(): boolean;
+  ShmSegment: NativeShmSegmentStatic;
+  CudaRegion: NativeCudaRegionStatic;
+  cudaAvailable(): { available: boolean; reason: string };
+  /** Host memory for staging: pinned (cudaHostAlloc) when asked and CUDA is there, else plain. */
+  allocHost(nbytes: number, pinned: boolean): { buffer: Buffer; pinned: boolean };
+  MailboxWriter: { create(path: string): NativeMailboxWriter };
+  MailboxReader: { open(path: string): NativeMailboxReader };
+  mailboxLayout: { headerBytes: number; slotBytes: number; slots: number; fileBytes: number; magic: string; version: number };
+}
+
+/** The package root: walk up from here (src/ under ts-jest, dist/src/ when built) to wavebus's package.json. */
+export function packageRoot(from: string = __dirname): string {
+  let dir = from;
+  for (;;) {
+    const pj = path.join(dir, 'package.json');
+    if (fs.existsSync(pj)) {
+      try {
+        if ((JSON.parse(fs.readFileSync(pj, 'utf8')) as { name?: string }).name === 'wavebus') return dir;
+      } catch {
+        /* unreadable package.json: keep walking */
+      }
+    }
+    const up = path.dirname(dir);
+    if (up === dir) throw new NativeError(`cannot find the wavebus package root above ${from}`, 'ERR_NATIVE_LOAD');
+    dir = up;
+  }
+}
+
+/** Path of the built addon. */
+export function addonPath(): string {
+  return path.join(packageRoot(), 'build', 'Release', 'wavebus_native.node');
 }
 
 function load(): NativeBinding {
-  const root = path.resolve(__dirname, '..');
-  // eslint-disable-next-line @typescript-eslint/no-var-requires
-  return require(path.join(root, 'build', 'Release', 'wavebus_native.node')) as NativeBinding;
+  const file = addonPath();
+  try {
+    // eslint-disable-next-line @typescript-eslint/no-var-requires
+    return require(file) as NativeBinding;
+  } catch (e) {
+    throw new NativeError(
+      `cannot load the native addon ${file} (build it with \`npm run install\`, i.e. node-gyp rebuild): ${(e as Error).message}`,
+      'ERR_NATIVE_LOAD',
+    );
+  }
 }
 
 export const native: NativeBinding = load();
+
+/** Turn an error thrown by the addon into a NativeError that keeps its code. */
+export function toNativeError(e: unknown): Error {
+  if (e instanceof NativeError) return e;
+  // Duck-typed, not instanceof Error: the addon's errors come from the main realm, which is not
+  // the realm of code run in a vm context (jest, for one).
+  if (typeof e === 'object' && e !== null && typeof (e as { message?: unknown }).message === 'string') {
+    const { message, code } = e as { message: string; code?: unknown };
+    if (typeof code === 'string' && code.startsWith('ERR_')) return new NativeError(message, code);
+    return e instanceof Error ? e : new NativeError(message);
+  }
+  return new NativeError(String(e));
+}
+
+/** Run a synchronous native call, rewrapping coded errors as NativeError. */
+export function nativeCall<T>(fn: () => T): T {
+  try {
+    return fn();
+  } catch (e) {
+    throw toNativeError(e);
+  }
+}
+
+/** Await a native promise, rewrapping coded errors as NativeError. */
+export async function nativeAsync<T>(fn: () => Promise<T>): Promise<T> {
+  try {
+    return await fn();
+  } catch (e) {
+    throw toNativeError(e);
+  }
+}

@@ -14,3 +14,22 @@ export function rankDirName(globalRank: number): string {
 export function defaultCacheRoot(env: NodeJS.ProcessEnv = process.env): string {
   return env.WAVEBUS_CACHE_ROOT && env.WAVEBUS_CACHE_ROOT !== '' ? env.WAVEBUS_CACHE_ROOT : path.join(os.homedir(), '.cache', 'wavebus');
 }
+
+/**
+ * The engine client of local rank `l` talks to its agent here. Keyed on the local rank because
+ * the run dir is per host and every launcher (torchrun, Slurm) gives each process LOCAL_RANK.
+ */
+export function agentEndpoint(runDir: string, localRank: number): string {
+  if (!Number.isInteger(localRank) || localRank < 0) {
+    throw new RangeError(`local rank must be a non-negative integer, got ${localRank}`);
+  }
+  return `ipc://${path.join(runDir, `agent-local${localRank}.sock`)}`;
+}
+
+/** The shared-memory wave-vector mailbox of local rank `l`, written by its agent, mapped by its client. */
+export function mailboxPath(runDir: string, localRank: number): string {
+  if (!Number.isInteger(localRank) || localRank < 0) {
+    throw new RangeError(`local rank must be a non-negative integer, got ${localRank}`);
+  }
+  return path.join(runDir, `mailbox-local${localRank}`);
+}

@@ -1,0 +1,15 @@
+"""wavebus engine client: talk to this rank's wavebus agent (see docs/python-client.md)."""
+from .client import Client, EndOfWaveResult, Features
+from .errors import (AgentError, AgentUnavailableError, CaptureError, ConfigError, CudaUnavailableError,
+                     ProtocolError, ReplayError, WavebusError)
+from .forward import ForwardContext
+from .mailbox import Mailbox, MailboxWriter, WaveVector
+from .region import Region
+from .telemetry import NonFiniteRow, RequestStep, StepTelemetry, nonfinite_rows
+
+__all__ = [
+    "Client", "EndOfWaveResult", "Features", "ForwardContext", "Mailbox", "MailboxWriter", "WaveVector",
+    "Region", "RequestStep", "NonFiniteRow", "StepTelemetry", "nonfinite_rows",
+    "WavebusError", "ConfigError", "ProtocolError", "AgentError", "AgentUnavailableError", "CaptureError",
+    "CudaUnavailableError", "ReplayError",
+]

@@ -1,0 +1,396 @@
+"""The engine-side client of a rank's wavebus agent.
+
+Thin by design: with everything off it sends nothing and does nothing per step. The per-step
+check (end_of_wave) reads the agent's shared-memory mailbox; the agent is asked only when this
+rank has work in that wave, and never waited on beyond the configured bound.
+
+Not thread-safe: call it from the engine's step thread only.
+"""
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Dict, Iterable, Optional, Tuple
+
+from . import mailbox as mb
+from . import wavebus_pb2 as pb
+from .errors import AgentError, AgentUnavailableError, CaptureError, ConfigError, ProtocolError
+from .forward import context_proto, input_proto
+from .region import Region, from_any, validate
+from .telemetry import telemetry_proto
+
+log = logging.getLogger("wavebus_client")
+
+DEFAULT_END_OF_WAVE_TIMEOUT_MS = 50
+_MAX_U64 = (1 << 64) - 1
+
+
+@dataclass
+class EndOfWaveResult:
+    wave: int
+    sent: bool = False          # the agent was asked (something due, or the wave had not arrived)
+    timed_out: bool = False     # the wave vector / the agent's answer did not come within the bound
+    dumps_written: int = 0
+    vector: Optional[mb.WaveVector] = None
+    error: str = ""
+
+
+@dataclass
+class Features:
+    """The agent's hello answer (features_json)."""
+
+    tp0: bool = False
+    bus: bool = False
+    detectors: dict = None
+    item_sync: bool = False
+    snapshots: bool = False
+    end_of_wave_timeout_ms: int = DEFAULT_END_OF_WAVE_TIMEOUT_MS
+
+    @classmethod
+    def parse(cls, text: str) -> "Features":
+        if not text:
+            return cls(detectors={})
+        try:
+            raw = json.loads(text)
+        except ValueError as e:
+            raise ProtocolError(f"hello reply: features_json is not valid JSON ({e})") from None
+        if not isinstance(raw, dict):
+            raise ProtocolError("hello reply: features_json must be a JSON object")
+        f = cls(detectors={})
+        for key in ("tp0", "bus", "item_sync", "snapshots"):
+            if key in raw:
+                if not isinstance(raw[key], bool):
+                    raise ProtocolError(f"hello reply: features_json.{key} must be a boolean, got {raw[key]!r}")
+                setattr(f, key, raw[key])
+        if "detectors" in raw:
+            if not isinstance(raw["detectors"], dict):
+                raise ProtocolError("hello reply: features_json.detectors must be an object")
+            f.detectors = raw["detectors"]
+        if "end_of_wave_timeout_ms" in raw:
+            t = raw["end_of_wave_timeout_ms"]
+            if isinstance(t, bool) or not isinstance(t, (int, float)) or t < 0:
+                raise ProtocolError(f"hello reply: features_json.end_of_wave_timeout_ms must be a non-negative number, got {t!r}")
+            f.end_of_wave_timeout_ms = t
+        return f
+
+
+def _env_paths(env) -> Tuple[str, str]:
+    run_dir = env.get("WAVEBUS_RUN_DIR", "")
+    if not run_dir:
+        raise ConfigError(
+            "Client.connect(): WAVEBUS_RUN_DIR is not set; run the engine under `wavebus launch` "
+            "(or its agents) or pass endpoint= and mailbox=", "ERR_ENV")
+    lr = env.get("LOCAL_RANK", "")
+    if lr == "":
+        raise ConfigError("Client.connect(): LOCAL_RANK is not set; it names this process's agent (agent-local<LOCAL_RANK>.sock)", "ERR_ENV")
+    if not lr.isdigit():
+        raise ConfigError(f"Client.connect(): LOCAL_RANK must be a non-negative integer, got {lr!r}", "ERR_ENV")
+    l = int(lr)
+    return f"ipc://{os.path.join(run_dir, f'agent-local{l}.sock')}", os.path.join(run_dir, f"mailbox-local{l}")
+
+
+def _check_wave(wave, where: str) -> int:
+    if isinstance(wave, bool) or not isinstance(wave, int) or not 0 <= wave <= _MAX_U64:
+        raise ConfigError(f"{where}: wave must be a non-negative integer, got {wave!r}")
+    return wave
+
+
+class Client:
+    """Use ``Client.connect()``; see docs/python-client.md."""
+
+    def __init__(self, endpoint: str, mailbox_path: str, *, async_scheduling: bool = False,
+                 hello_timeout_ms: int = 10000, capture_timeout_ms: int = 120000,
+                 end_of_wave_margin_ms: int = 20, mailbox_wait_s: float = 10.0):
+        for name, v in (("hello_timeout_ms", hello_timeout_ms), ("capture_timeout_ms", capture_timeout_ms),
+                        ("end_of_wave_margin_ms", end_of_wave_margin_ms)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ConfigError(f"Client.connect(): {name} must be a non-negative integer, got {v!r}")
+        if not isinstance(endpoint, str) or "://" not in endpoint:
+            raise ConfigError(f"Client.connect(): endpoint must be a ZeroMQ address like ipc:///run/x.sock, got {endpoint!r}")
+        self.endpoint = endpoint
+        self.mailbox_path = mailbox_path
+        self.async_scheduling = bool(async_scheduling)
+        self.hello_timeout_ms = hello_timeout_ms
+        self.capture_timeout_ms = capture_timeout_ms
+        self.end_of_wave_margin_ms = end_of_wave_margin_ms
+        self.stats: Dict[str, int] = {
+            "requests_sent": 0, "end_of_wave_fast": 0, "end_of_wave_sent": 0, "end_of_wave_timeouts": 0,
+            "end_of_wave_errors": 0, "wave_head_sent": 0, "wave_head_errors": 0, "wave_head_skipped": 0,
+            "stale_replies": 0, "bad_replies": 0, "captures": 0,
+        }
+        self.last_error = ""
+        self.agent_features: Optional[Features] = None
+        self._regions: Dict[str, Region] = {}
+        self._sent_regions: Dict[str, Region] = {}
+        self._ctx = None
+        self._sock = None
+        self._next_id = 0
+        self._hello_id = 0          # id of the hello in flight (a late answer is still applied)
+        self._async_ids: Dict[int, str] = {}  # fire-and-forget requests whose answers are drained later
+        self._closed = False
+        self._mb = mb.Mailbox.wait_open(mailbox_path, mailbox_wait_s)
+        # Read once, without a word to the agent: 0 means nothing is on and nothing can be turned on
+        # (not even hot reload), so every later call returns at once.
+        self.features = self._mb.features
+        self.enabled = self.features != 0
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    def connect(cls, endpoint: Optional[str] = None, mailbox: Optional[str] = None, *, env=None, **kw) -> "Client":
+        """Attach to this rank's agent: ``ipc://$WAVEBUS_RUN_DIR/agent-local$LOCAL_RANK.sock`` and
+        ``$WAVEBUS_RUN_DIR/mailbox-local$LOCAL_RANK`` unless given. Sends nothing."""
+        if endpoint is None or mailbox is None:
+            e, m = _env_paths(os.environ if env is None else env)
+            endpoint = e if endpoint is None else endpoint
+            mailbox = m if mailbox is None else mailbox
+        return cls(endpoint, mailbox, **kw)
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def live_features(self) -> int:
+        """The mailbox's features word now (hot reload may change it); a memory load."""
+        return self._mb.features if self.enabled else 0
+
+    # ------------------------------------------------------------------ socket plumbing
+
+    def _socket(self):
+        if self._sock is None:
+            import zmq
+
+            self._zmq = zmq
+            self._ctx = zmq.Context()
+            s = self._ctx.socket(zmq.DEALER)
+            s.setsockopt(zmq.LINGER, 0)
+            s.connect(self.endpoint)
+            self._sock = s
+        return self._sock
+
+    def _send(self, req: "pb.ClientRequest") -> bool:
+        self._next_id += 1
+        req.id = self._next_id
+        try:
+            self._socket().send(req.SerializeToString(), self._zmq.NOBLOCK)
+        except self._zmq.Again:
+            return False  # the queue to the agent is full: treat like no answer
+        self.stats["requests_sent"] += 1
+        return True
+
+    def _dispatch(self, reply: "pb.ClientReply") -> None:
+        """Handle an answer nobody is waiting for right now."""
+        if self._hello_id and reply.id == self._hello_id:
+            self._apply_hello(reply)
+            return
+        kind = self._async_ids.pop(reply.id, None)
+        if kind is None:
+            self.stats["stale_replies"] += 1
+            return
+        if not reply.ok:
+            self.stats[f"{kind}_errors"] += 1
+            self.last_error = f"{kind}: {reply.error_code} {reply.error}".strip()
+            log.warning("wavebus agent refused %s: %s", kind, self.last_error)
+
+    def _wait(self, rid: int, deadline: float) -> Optional["pb.ClientReply"]:
+        """The answer to request ``rid``, or None at the deadline (monotonic seconds)."""
+        zmq = self._zmq
+        sock = self._sock
+        while True:
+            left_ms = max(0, int((deadline - time.monotonic()) * 1000))
+            if not sock.poll(left_ms, zmq.POLLIN):
+                return None
+            while True:
+                try:
+                    frames = sock.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                reply = pb.ClientReply()
+                try:
+                    reply.ParseFromString(frames[-1])
+                except Exception:  # garbage from the socket must not crash the engine
+                    self.stats["bad_replies"] += 1
+                    continue
+                if reply.id == rid:
+                    return reply
+                self._dispatch(reply)
+
+    def _drain(self) -> None:
+        if self._sock is not None:
+            self._wait(-1, time.monotonic())
+
+    def _request(self, req: "pb.ClientRequest", deadline: float) -> Optional["pb.ClientReply"]:
+        if not self._send(req):
+            return None
+        return self._wait(req.id, deadline)
+
+    # ------------------------------------------------------------------ hello
+
+    def _apply_hello(self, reply: "pb.ClientReply") -> None:
+        self._hello_id = 0
+        if not reply.ok:
+            raise AgentError(f"the wavebus agent refused hello: {reply.error}", reply.error_code or "ERR_AGENT")
+        self.agent_features = Features.parse(reply.features_json)
+        if reply.mailbox_path and os.path.realpath(reply.mailbox_path) != os.path.realpath(self.mailbox_path):
+            self._mb.close()
+            self._mb = mb.Mailbox(reply.mailbox_path)
+            self.mailbox_path = reply.mailbox_path
+
+    def _hello(self, deadline: float) -> bool:
+        """Say hello once (lazily); False if the answer did not come by the deadline."""
+        if self.agent_features is not None:
+            return True
+        if not self._hello_id:
+            req = pb.ClientRequest(hello=pb.ClientHello(pid=os.getpid(), async_scheduling=self.async_scheduling, language="python"))
+            if not self._send(req):
+                return False
+            self._hello_id = req.id
+        reply = self._wait(self._hello_id, deadline)
+        if reply is not None:
+            self._apply_hello(reply)
+        return self.agent_features is not None
+
+    def hello(self) -> Optional[Features]:
+        """Say hello now (normally lazy). None when everything is off (nothing is sent)."""
+        if not self.enabled:
+            return None
+        self._ensure_hello("hello()")
+        return self.agent_features
+
+    def _ensure_hello(self, where: str) -> None:
+        if not self._hello(time.monotonic() + self.hello_timeout_ms / 1000):
+            raise AgentUnavailableError(f"{where}: the wavebus agent at {self.endpoint} did not answer hello within {self.hello_timeout_ms} ms")
+
+    # ------------------------------------------------------------------ regions
+
+    def register(self, region) -> bool:
+        """Tell the agent about a block of memory it may read. Sent once per region name.
+        Returns True when it was sent (False: everything off, or already registered)."""
+        r = validate(from_any(region))
+        prev = self._regions.get(r.name)
+        if prev is not None and prev != r:
+            raise ConfigError(f"register(): region {r.name!r} is already registered with different fields")
+        self._regions[r.name] = r
+        if not self.enabled or r.name in self._sent_regions:
+            return False
+        msg = r.to_proto()
+        self._ensure_hello("register()")
+        reply = self._request(pb.ClientRequest(register=msg), time.monotonic() + self.hello_timeout_ms / 1000)
+        if reply is None:
+            raise AgentUnavailableError(f"register(): the wavebus agent did not answer within {self.hello_timeout_ms} ms (region {r.name!r})")
+        if not reply.ok:
+            raise AgentError(f"register(): the agent refused region {r.name!r}: {reply.error}", reply.error_code or "ERR_AGENT")
+        self._sent_regions[r.name] = r
+        return True
+
+    def register_all(self, regions: Iterable) -> int:
+        return sum(1 for r in regions if self.register(r))
+
+    # ------------------------------------------------------------------ per step
+
+    def _bound_s(self) -> float:
+        ms = self.agent_features.end_of_wave_timeout_ms if self.agent_features else DEFAULT_END_OF_WAVE_TIMEOUT_MS
+        return (ms + self.end_of_wave_margin_ms) / 1000
+
+    def wave_head(self, wave: int, telemetry=None) -> bool:
+        """Mark the head of ``wave`` (with the telemetry of the previous wave). Only TP0 of the last
+        PP stage sends, only while the bus is active; never waits for the answer. True if sent."""
+        if not self.enabled:
+            return False
+        _check_wave(wave, "wave_head()")
+        feats = self._mb.features
+        if not feats & mb.FEATURE_BUS:
+            return False
+        if self.agent_features is None and not self._hello(time.monotonic() + self._bound_s()):
+            self.stats["wave_head_skipped"] += 1
+            return False
+        if not self.agent_features.tp0:
+            return False
+        self._drain()
+        body = pb.WaveHeadRequest(wave=wave)
+        if feats & mb.FEATURE_DETECTORS:
+            body.telemetry.CopyFrom(telemetry_proto(telemetry, wave - 1 if wave > 0 else 0))
+        req = pb.ClientRequest(wave_head=body)
+        if not self._send(req):
+            self.stats["wave_head_skipped"] += 1
+            return False
+        self._async_ids[req.id] = "wave_head"
+        if len(self._async_ids) > 1024:  # answers that never came: forget the oldest
+            for k in sorted(self._async_ids)[:512]:
+                del self._async_ids[k]
+        self.stats["wave_head_sent"] += 1
+        return True
+
+    def end_of_wave(self, wave: int) -> EndOfWaveResult:
+        """End ``wave``. Returns at once when its vector is in the mailbox with nothing due; else asks
+        the agent to do what is due, waiting at most the bound (then timed_out=True)."""
+        if not self.enabled:
+            return EndOfWaveResult(wave)
+        _check_wave(wave, "end_of_wave()")
+        if not self._mb.features & mb.FEATURE_BUS:
+            return EndOfWaveResult(wave)
+        v = self._mb.read_wave(wave)
+        if v is not None and not v.anything_due:
+            self.stats["end_of_wave_fast"] += 1
+            return EndOfWaveResult(wave, vector=v)
+        deadline = time.monotonic() + self._bound_s()
+        res = EndOfWaveResult(wave, sent=True, vector=v)
+        self.stats["end_of_wave_sent"] += 1
+        reply = None
+        if self._hello(deadline):
+            reply = self._request(pb.ClientRequest(end_of_wave=pb.EndOfWave(wave=wave)), deadline)
+        if reply is None or reply.timed_out:
+            res.timed_out = True
+            self.stats["end_of_wave_timeouts"] += 1
+        if reply is not None:
+            res.dumps_written = reply.dumps_written
+            if not reply.ok:
+                res.error = f"{reply.error_code} {reply.error}".strip()
+                self.stats["end_of_wave_errors"] += 1
+                self.last_error = f"end_of_wave: {res.error}"
+                log.warning("wavebus end_of_wave(%d): %s", wave, res.error)
+        if res.vector is None:
+            res.vector = self._mb.read_wave(wave)
+        return res
+
+    # ------------------------------------------------------------------ snapshots
+
+    def before_forward(self, context, inputs) -> Tuple[bool, str]:
+        """Offer this forward for capture; returns (captured, call_dir). Sends only when snapshots
+        are on. Raises CaptureError when a selected capture failed: abort the forward."""
+        if not self.enabled or not self._mb.features & mb.FEATURE_SNAPSHOTS:
+            return False, ""
+        ctx = context_proto(context)
+        if not isinstance(inputs, (list, tuple)):
+            raise ConfigError(f"before_forward(): inputs must be a list, got {type(inputs).__name__}")
+        tins = [input_proto(x, self._regions, f"before_forward(): inputs[{i}]") for i, x in enumerate(inputs)]
+        self._ensure_hello("before_forward()")
+        reply = self._request(pb.ClientRequest(before_forward=pb.BeforeForward(context=ctx, inputs=tins)),
+                              time.monotonic() + self.capture_timeout_ms / 1000)
+        if reply is None:
+            raise CaptureError(f"before_forward(): the wavebus agent did not answer within {self.capture_timeout_ms} ms; abort this forward")
+        if not reply.ok:
+            raise CaptureError(f"before_forward(): capture failed: {reply.error}", reply.error_code or "ERR_CAPTURE")
+        if reply.captured:
+            self.stats["captures"] += 1
+        return reply.captured, reply.call_dir
+
+    # ------------------------------------------------------------------ shutdown
+
+    def close(self) -> None:
+        """Say goodbye (if ever said hello) and release the socket and the mailbox mapping."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._sock is not None:
+            try:
+                if self.agent_features is not None:
+                    self._request(pb.ClientRequest(close=pb.Close()), time.monotonic() + 0.2)
+            finally:
+                self._sock.close(0)
+                self._ctx.term()
+                self._sock = None
+        self._mb.close()

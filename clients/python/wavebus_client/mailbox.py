@@ -1,0 +1,161 @@
+"""The agent's shared-memory mailbox: a seqlock ring of the latest wave vectors.
+
+The agent writes it; the client maps it read-only and reads it with struct, so the per-step
+check costs no system call. Layout (little-endian), fixed by docs/native.md / src/mailbox.ts:
+
+  header (64 bytes): magic b"WBMBOX01", u32 version=1, u32 slots=8, u64 features, u64 epoch, 0-pad
+  slot i at 64 + 64*i (64 bytes): u64 seq (odd while written), u64 wave,
+                                   u32 config_due, u32 dump_due, u32 snapshot_due, 0-pad
+  the slot of wave N is N % slots; it belongs to wave N only if its wave field equals N.
+"""
+import mmap
+import os
+import struct
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+from .errors import ProtocolError
+
+MAGIC = b"WBMBOX01"
+VERSION = 1
+SLOTS = 8
+HEADER_SIZE = 64
+SLOT_SIZE = 64
+SIZE = HEADER_SIZE + SLOTS * SLOT_SIZE
+
+FEATURE_BUS = 1 << 0
+FEATURE_HOT_RELOAD = 1 << 1
+FEATURE_DETECTORS = 1 << 2
+FEATURE_SNAPSHOTS = 1 << 3
+
+_HEADER = struct.Struct("<8sIIQQ")  # magic, version, slots, features, epoch
+_FEATURES = struct.Struct("<Q")
+_FEATURES_OFFSET = 16
+_SEQ = struct.Struct("<Q")
+_SLOT = struct.Struct("<QQIII")  # seq, wave, config_due, dump_due, snapshot_due
+
+# A writer holds a slot odd only for a few stores; bound the spin so a writer that died
+# mid-write cannot hang the engine (the caller then treats the wave as not arrived).
+_MAX_SPINS = 1000
+
+
+@dataclass(frozen=True)
+class WaveVector:
+    wave: int
+    config_due: bool
+    dump_due: bool
+    snapshot_due: bool
+
+    @property
+    def anything_due(self) -> bool:
+        return self.config_due or self.dump_due or self.snapshot_due
+
+
+class Mailbox:
+    """Read-only view of one mailbox file. Reads are plain memory loads (no system call)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            raise ProtocolError(f"mailbox {path} does not exist (is the wavebus agent of this rank running?)", "ERR_MAILBOX_MISSING") from None
+        except OSError as e:
+            raise ProtocolError(f"mailbox {path}: cannot open ({e.strerror})", "ERR_MAILBOX") from None
+        try:
+            size = os.fstat(fd).st_size
+            if size < SIZE:
+                raise ProtocolError(f"mailbox {path}: {size} bytes, expected at least {SIZE}", "ERR_MAILBOX")
+            self._map = mmap.mmap(fd, SIZE, access=mmap.ACCESS_READ)
+        finally:
+            os.close(fd)
+        magic, version, slots, _features, _epoch = _HEADER.unpack_from(self._map, 0)
+        if magic != MAGIC:
+            self.close()
+            raise ProtocolError(f"mailbox {path}: bad magic {magic!r}, expected {MAGIC!r}", "ERR_MAILBOX")
+        if version != VERSION:
+            self.close()
+            raise ProtocolError(f"mailbox {path}: version {version} is not supported (this client reads {VERSION})", "ERR_MAILBOX")
+        if slots != SLOTS:
+            self.close()
+            raise ProtocolError(f"mailbox {path}: {slots} slots, expected {SLOTS}", "ERR_MAILBOX")
+
+    @classmethod
+    def wait_open(cls, path: str, timeout_s: float) -> "Mailbox":
+        """Open, retrying while the file is missing or its header not yet written (agent starting)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                return cls(path)
+            except ProtocolError as e:
+                if time.monotonic() >= deadline:
+                    raise ProtocolError(f"{e} (waited {timeout_s:g} s)", e.code) from None
+                time.sleep(0.02)
+
+    @property
+    def features(self) -> int:
+        return _FEATURES.unpack_from(self._map, _FEATURES_OFFSET)[0]
+
+    @property
+    def epoch(self) -> int:
+        return _HEADER.unpack_from(self._map, 0)[4]
+
+    def read_slot(self, index: int) -> Optional[WaveVector]:
+        """A consistent copy of slot ``index``, or None if the writer kept it busy (never blocks)."""
+        off = HEADER_SIZE + SLOT_SIZE * index
+        m = self._map
+        for _ in range(_MAX_SPINS):
+            s1 = _SEQ.unpack_from(m, off)[0]
+            if s1 & 1:
+                continue
+            _s, wave, config_due, dump_due, snapshot_due = _SLOT.unpack_from(m, off)
+            if _SEQ.unpack_from(m, off)[0] == s1:
+                return WaveVector(wave, bool(config_due), bool(dump_due), bool(snapshot_due))
+        return None
+
+    def read_wave(self, wave: int) -> Optional[WaveVector]:
+        """The vector of ``wave`` if it has arrived (its slot holds that wave), else None."""
+        v = self.read_slot(wave % SLOTS)
+        if v is None or v.wave != wave:
+            return None
+        return v
+
+    def close(self) -> None:
+        m, self._map = getattr(self, "_map", None), None
+        if m is not None:
+            m.close()
+
+
+class MailboxWriter:
+    """The writer side of the layout, for tests and tools. In a job the agent is the only writer."""
+
+    def __init__(self, path: str, features: int = 0, epoch: int = 1):
+        self.path = path
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            os.ftruncate(fd, SIZE)
+            self._map = mmap.mmap(fd, SIZE, access=mmap.ACCESS_WRITE)
+        finally:
+            os.close(fd)
+        self._map[:SIZE] = bytes(SIZE)
+        _HEADER.pack_into(self._map, 0, MAGIC, VERSION, SLOTS, features, epoch)
+
+    def set_features(self, features: int) -> None:
+        _FEATURES.pack_into(self._map, _FEATURES_OFFSET, features)
+
+    def begin(self, wave: int) -> int:
+        """Start writing the slot of ``wave`` (seq goes odd); returns the slot offset."""
+        off = HEADER_SIZE + SLOT_SIZE * (wave % SLOTS)
+        seq = _SEQ.unpack_from(self._map, off)[0]
+        _SEQ.pack_into(self._map, off, seq + 1 if seq % 2 == 0 else seq)
+        return off
+
+    def publish(self, wave: int, config_due: bool = False, dump_due: bool = False, snapshot_due: bool = False) -> None:
+        off = self.begin(wave)
+        seq = _SEQ.unpack_from(self._map, off)[0]
+        _SLOT.pack_into(self._map, off, seq, wave, int(config_due), int(dump_due), int(snapshot_due))
+        _SEQ.pack_into(self._map, off, seq + 1)
+
+    def close(self) -> None:
+        self._map.close()

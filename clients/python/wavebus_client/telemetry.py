@@ -1,0 +1,174 @@
+"""Step telemetry the detectors need (sent by TP0 of the last PP stage with wave_head)."""
+import math
+from dataclasses import dataclass, field, fields
+from typing import List, Optional, Sequence
+
+from . import wavebus_pb2 as pb
+from .errors import ConfigError
+
+NONFINITE_KINDS = ("nan", "pos_inf", "neg_inf", "non_finite")
+_U32 = 0xFFFFFFFF
+
+
+@dataclass
+class RequestStep:
+    req_id: str
+    new_token_ids: List[int] = field(default_factory=list)
+    new_token_logprobs: List[float] = field(default_factory=list)
+    new_token_ranks: List[int] = field(default_factory=list)
+    draft_len: int = 0
+    accepted: int = 0
+    block_ids: List[int] = field(default_factory=list)
+    finished: bool = False
+    freed: bool = False
+    prompt_len: int = 0
+    num_output_tokens: int = 0
+
+
+@dataclass
+class NonFiniteRow:
+    row: int
+    req_id: str = ""
+    kind: str = "non_finite"
+
+
+@dataclass
+class StepTelemetry:
+    requests: List[RequestStep] = field(default_factory=list)
+    non_finite: List[NonFiniteRow] = field(default_factory=list)
+
+
+def _u32(v, where: str) -> int:
+    if hasattr(v, "item") and not isinstance(v, (list, tuple)):
+        v = v.item()  # a 0-d tensor / numpy scalar
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ConfigError(f"{where} must be an integer, got {v!r}")
+    if not 0 <= v <= _U32:
+        raise ConfigError(f"{where} must be in 0..{_U32}, got {v}")
+    return v
+
+
+def _u32_list(v, where: str) -> List[int]:
+    if hasattr(v, "tolist"):
+        v = v.tolist()
+    if not isinstance(v, (list, tuple)):
+        raise ConfigError(f"{where} must be a list of integers, got {type(v).__name__}")
+    return [_u32(x, f"{where}[{i}]") for i, x in enumerate(v)]
+
+
+def _float_list(v, where: str) -> List[float]:
+    if hasattr(v, "tolist"):
+        v = v.tolist()
+    if not isinstance(v, (list, tuple)):
+        raise ConfigError(f"{where} must be a list of numbers, got {type(v).__name__}")
+    out = []
+    for i, x in enumerate(v):
+        if isinstance(x, bool) or not isinstance(x, (int, float)):
+            raise ConfigError(f"{where}[{i}] must be a number, got {x!r}")
+        out.append(float(x))
+    return out
+
+
+def _bool(v, where: str) -> bool:
+    if not isinstance(v, bool):
+        raise ConfigError(f"{where} must be true or false, got {v!r}")
+    return v
+
+
+def _from(cls, v, where: str):
+    if isinstance(v, cls):
+        return v
+    if isinstance(v, dict):
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(v) - names)
+        if unknown:
+            raise ConfigError(f"{where}: unknown field(s) {', '.join(unknown)}; valid: {', '.join(sorted(names))}")
+        try:
+            return cls(**v)
+        except TypeError as e:
+            raise ConfigError(f"{where}: {e}") from None
+    raise ConfigError(f"{where} must be a {cls.__name__} or a dict, got {type(v).__name__}")
+
+
+def request_step_proto(v, where: str) -> "pb.RequestStep":
+    s = _from(RequestStep, v, where)
+    if not isinstance(s.req_id, str) or not s.req_id:
+        raise ConfigError(f"{where}.req_id must be a non-empty string, got {s.req_id!r}")
+    ids = _u32_list(s.new_token_ids, f"{where}.new_token_ids")
+    lps = _float_list(s.new_token_logprobs, f"{where}.new_token_logprobs")
+    ranks = _u32_list(s.new_token_ranks, f"{where}.new_token_ranks")
+    if lps and len(lps) != len(ids):
+        raise ConfigError(f"{where}.new_token_logprobs has {len(lps)} values for {len(ids)} new_token_ids")
+    if ranks and len(ranks) != len(ids):
+        raise ConfigError(f"{where}.new_token_ranks has {len(ranks)} values for {len(ids)} new_token_ids")
+    return pb.RequestStep(
+        req_id=s.req_id, new_token_ids=ids, new_token_logprobs=lps, new_token_ranks=ranks,
+        draft_len=_u32(s.draft_len, f"{where}.draft_len"), accepted=_u32(s.accepted, f"{where}.accepted"),
+        block_ids=_u32_list(s.block_ids, f"{where}.block_ids"),
+        finished=_bool(s.finished, f"{where}.finished"), freed=_bool(s.freed, f"{where}.freed"),
+        prompt_len=_u32(s.prompt_len, f"{where}.prompt_len"),
+        num_output_tokens=_u32(s.num_output_tokens, f"{where}.num_output_tokens"),
+    )
+
+
+def nonfinite_row_proto(v, where: str) -> "pb.NonFiniteRow":
+    r = _from(NonFiniteRow, v, where)
+    if r.kind not in NONFINITE_KINDS:
+        raise ConfigError(f"{where}.kind must be one of {', '.join(NONFINITE_KINDS)}, got {r.kind!r}")
+    if r.req_id is None:
+        r.req_id = ""
+    if not isinstance(r.req_id, str):
+        raise ConfigError(f"{where}.req_id must be a string, got {r.req_id!r}")
+    return pb.NonFiniteRow(row=_u32(r.row, f"{where}.row"), req_id=r.req_id, kind=r.kind)
+
+
+def telemetry_proto(t, wave: int, where: str = "wave_head(): telemetry") -> "pb.StepTelemetry":
+    """StepTelemetry (dataclass or dict with 'requests' / 'non_finite') as the proto message."""
+    if t is None:
+        return pb.StepTelemetry(wave=wave)
+    t = _from(StepTelemetry, t, where)
+    if not isinstance(t.requests, (list, tuple)):
+        raise ConfigError(f"{where}.requests must be a list, got {type(t.requests).__name__}")
+    if not isinstance(t.non_finite, (list, tuple)):
+        raise ConfigError(f"{where}.non_finite must be a list, got {type(t.non_finite).__name__}")
+    return pb.StepTelemetry(
+        wave=wave,
+        requests=[request_step_proto(r, f"{where}.requests[{i}]") for i, r in enumerate(t.requests)],
+        non_finite=[nonfinite_row_proto(r, f"{where}.non_finite[{i}]") for i, r in enumerate(t.non_finite)],
+    )
+
+
+def nonfinite_rows(logits, row_req_ids: Optional[Sequence[Optional[str]]] = None) -> List[NonFiniteRow]:
+    """Rows of ``logits`` ([rows, vocab]) holding any non-finite value, with their kind.
+
+    kind is nan / pos_inf / neg_inf when a row holds only that kind of bad value, non_finite when
+    it mixes them. ``row_req_ids[i]`` names row i's request (None or "" when unattributable).
+    The check runs as torch ops on the logits' device; only the (usually empty) bad-row indices
+    come back to the host.
+    """
+    import torch
+
+    if not isinstance(logits, torch.Tensor):
+        raise ConfigError(f"nonfinite_rows(): logits must be a torch.Tensor, got {type(logits).__name__}")
+    if logits.dim() != 2:
+        raise ConfigError(f"nonfinite_rows(): logits must be 2-d [rows, vocab], got shape {list(logits.shape)}")
+    rows = logits.shape[0]
+    if row_req_ids is not None and len(row_req_ids) != rows:
+        raise ConfigError(f"nonfinite_rows(): row_req_ids has {len(row_req_ids)} entries for {rows} logits rows")
+    if not logits.is_floating_point():
+        return []
+    bad = (~torch.isfinite(logits)).any(dim=1)
+    idx = torch.nonzero(bad).flatten()
+    if idx.numel() == 0:
+        return []
+    sel = logits.index_select(0, idx)
+    has_nan = torch.isnan(sel).any(dim=1)
+    has_pos = (sel == math.inf).any(dim=1)
+    has_neg = (sel == -math.inf).any(dim=1)
+    out = []
+    for i, n, p, m in zip(idx.tolist(), has_nan.tolist(), has_pos.tolist(), has_neg.tolist()):
+        kinds = [k for k, on in (("nan", n), ("pos_inf", p), ("neg_inf", m)) if on]
+        kind = kinds[0] if len(kinds) == 1 else "non_finite"
+        req = "" if row_req_ids is None else (row_req_ids[i] or "")
+        out.append(NonFiniteRow(row=i, req_id=req, kind=kind))
+    return out

@@ -1,0 +1,291 @@
+#include "mailbox.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "addon_data.h"
+#include "coded_error.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace wavebus {
+
+using namespace mailbox;
+
+namespace {
+
+// The mapped bytes are shared with other processes; every access is an __atomic builtin on a
+// naturally aligned field (mmap returns page-aligned memory), so no access is a data race.
+inline uint64_t* U64(uint8_t* base, uint64_t off) { return reinterpret_cast<uint64_t*>(base + off); }
+inline uint32_t* U32(uint8_t* base, uint64_t off) { return reinterpret_cast<uint32_t*>(base + off); }
+inline const uint64_t* U64(const uint8_t* base, uint64_t off) { return reinterpret_cast<const uint64_t*>(base + off); }
+inline const uint32_t* U32(const uint8_t* base, uint64_t off) { return reinterpret_cast<const uint32_t*>(base + off); }
+
+inline void CpuRelax() {
+#if defined(__x86_64__)
+  _mm_pause();
+#endif
+}
+
+uint64_t MagicWord() {
+  uint64_t m;
+  std::memcpy(&m, kMagic, 8);
+  return m;
+}
+
+// Seqlock write of one slot: odd seq, release fence, fields, even seq with release.
+void WriteSlot(uint8_t* base, uint32_t slot, uint64_t wave, uint32_t config, uint32_t dump, uint32_t snapshot) {
+  uint8_t* s = base + kHeaderBytes + kSlotBytes * slot;
+  uint64_t seq = __atomic_load_n(U64(s, kSlotSeq), __ATOMIC_RELAXED);
+  if (seq & 1) seq++;  // a previous writer died mid-update: step past it
+  __atomic_store_n(U64(s, kSlotSeq), seq + 1, __ATOMIC_RELAXED);
+  __atomic_thread_fence(__ATOMIC_RELEASE);
+  __atomic_store_n(U64(s, kSlotWave), wave, __ATOMIC_RELAXED);
+  __atomic_store_n(U32(s, kSlotConfig), config, __ATOMIC_RELAXED);
+  __atomic_store_n(U32(s, kSlotDump), dump, __ATOMIC_RELAXED);
+  __atomic_store_n(U32(s, kSlotSnapshot), snapshot, __ATOMIC_RELAXED);
+  __atomic_store_n(U64(s, kSlotSeq), seq + 2, __ATOMIC_RELEASE);
+}
+
+uint32_t ArgU32(const Napi::CallbackInfo& info, size_t i, const char* name) {
+  uint64_t v = ArgU64(info, i, name);
+  if (v > 0xFFFFFFFFull) ThrowCoded(info.Env(), "ERR_INVALID_ARG", std::string(name) + " must fit in 32 bits");
+  return static_cast<uint32_t>(v);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- writer
+
+Napi::Function MailboxWriter::Define(Napi::Env env) {
+  return DefineClass(env, "MailboxWriter",
+                     {
+                         StaticMethod<&MailboxWriter::Create>("create"),
+                         InstanceMethod<&MailboxWriter::Publish>("publish"),
+                         InstanceMethod<&MailboxWriter::SetFeatures>("setFeatures"),
+                         InstanceMethod<&MailboxWriter::SetEpoch>("setEpoch"),
+                         InstanceMethod<&MailboxWriter::Close>("close"),
+                     });
+}
+
+MailboxWriter::MailboxWriter(const Napi::CallbackInfo& info) : Napi::ObjectWrap<MailboxWriter>(info) {
+  if (info.Length() != 2 || !info[0].IsExternal() || !info[1].IsString()) {
+    ThrowCoded(info.Env(), "ERR_INVALID_ARG", "use MailboxWriter.create()");
+  }
+  base_ = info[0].As<Napi::External<uint8_t>>().Data();
+  path_ = info[1].As<Napi::String>().Utf8Value();
+}
+
+MailboxWriter::~MailboxWriter() {
+  if (base_ != nullptr) munmap(base_, kFileBytes);
+}
+
+// Creates the file, or takes over one a previous agent left (same path after a restart):
+// readers that still have it mapped keep working, they just see the slots emptied. The file
+// only ever grows, so a reader's mapping never loses pages under it (which would be SIGBUS).
+Napi::Value MailboxWriter::Create(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  std::string path = ArgString(info, 0, "path");
+  int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) ThrowCoded(env, "ERR_MAILBOX_OPEN", ErrnoText("open(" + path + ")", errno));
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    int err = errno;
+    close(fd);
+    ThrowCoded(env, "ERR_MAILBOX_OPEN", ErrnoText("fstat(" + path + ")", err));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    close(fd);
+    ThrowCoded(env, "ERR_MAILBOX_OPEN", path + " is not a regular file");
+  }
+  if (static_cast<uint64_t>(st.st_size) < kFileBytes && ftruncate(fd, kFileBytes) != 0) {
+    int err = errno;
+    close(fd);
+    ThrowCoded(env, "ERR_MAILBOX_OPEN", ErrnoText("ftruncate(" + path + ")", err));
+  }
+  void* addr = mmap(nullptr, kFileBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  int err = errno;
+  close(fd);  // the mapping keeps the file alive
+  if (addr == MAP_FAILED) ThrowCoded(env, "ERR_MAILBOX_OPEN", ErrnoText("mmap(" + path + ")", err));
+  uint8_t* base = static_cast<uint8_t*>(addr);
+
+  uint64_t magic = __atomic_load_n(U64(base, 0), __ATOMIC_ACQUIRE);
+  if (magic != MagicWord() && st.st_size > 0) {
+    bool zero = true;
+    for (uint64_t i = 0; i < kFileBytes && zero; i++) zero = base[i] == 0;
+    if (!zero) {
+      munmap(base, kFileBytes);
+      ThrowCoded(env, "ERR_MAILBOX_FORMAT", path + " exists and is not a wavebus mailbox; refusing to overwrite it");
+    }
+  }
+  __atomic_store_n(U32(base, kOffVersion), kVersion, __ATOMIC_RELAXED);
+  __atomic_store_n(U32(base, kOffSlots), kSlots, __ATOMIC_RELAXED);
+  __atomic_store_n(U64(base, kOffFeatures), 0, __ATOMIC_RELAXED);
+  for (uint32_t i = 0; i < kSlots; i++) WriteSlot(base, i, kEmptyWave, 0, 0, 0);
+  __atomic_store_n(U64(base, 0), MagicWord(), __ATOMIC_RELEASE);  // magic last: the header is now valid
+
+  auto ext = Napi::External<uint8_t>::New(env, base);
+  Napi::Object obj = GetAddonData(env)->mailboxWriter.New({ext, Napi::String::New(env, path)});
+  return obj;
+}
+
+uint8_t* MailboxWriter::Live(Napi::Env env) {
+  if (base_ == nullptr) ThrowCoded(env, "ERR_CLOSED", "mailbox writer " + path_ + " is closed");
+  return base_;
+}
+
+Napi::Value MailboxWriter::Publish(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  uint8_t* base = Live(env);
+  uint64_t wave = ArgU64(info, 0, "wave");
+  uint32_t config = ArgU32(info, 1, "configDue");
+  uint32_t dump = ArgU32(info, 2, "dumpDue");
+  uint32_t snapshot = info.Length() > 3 && !info[3].IsUndefined() ? ArgU32(info, 3, "snapshotDue") : 0;
+  WriteSlot(base, static_cast<uint32_t>(wave % kSlots), wave, config, dump, snapshot);
+  return env.Undefined();
+}
+
+Napi::Value MailboxWriter::SetFeatures(const Napi::CallbackInfo& info) {
+  uint8_t* base = Live(info.Env());
+  __atomic_store_n(U64(base, kOffFeatures), ArgU64(info, 0, "features"), __ATOMIC_RELEASE);
+  return info.Env().Undefined();
+}
+
+Napi::Value MailboxWriter::SetEpoch(const Napi::CallbackInfo& info) {
+  uint8_t* base = Live(info.Env());
+  __atomic_store_n(U64(base, kOffEpoch), ArgU64(info, 0, "epoch"), __ATOMIC_RELEASE);
+  return info.Env().Undefined();
+}
+
+Napi::Value MailboxWriter::Close(const Napi::CallbackInfo& info) {
+  if (base_ != nullptr) munmap(base_, kFileBytes);
+  base_ = nullptr;
+  return info.Env().Undefined();
+}
+
+// ---------------------------------------------------------------- reader
+
+Napi::Function MailboxReader::Define(Napi::Env env) {
+  return DefineClass(env, "MailboxReader",
+                     {
+                         StaticMethod<&MailboxReader::Open>("open"),
+                         InstanceMethod<&MailboxReader::Read>("read"),
+                         InstanceMethod<&MailboxReader::Features>("features"),
+                         InstanceMethod<&MailboxReader::Epoch>("epoch"),
+                         InstanceMethod<&MailboxReader::Close>("close"),
+                     });
+}
+
+MailboxReader::MailboxReader(const Napi::CallbackInfo& info) : Napi::ObjectWrap<MailboxReader>(info) {
+  if (info.Length() != 2 || !info[0].IsExternal() || !info[1].IsString()) {
+    ThrowCoded(info.Env(), "ERR_INVALID_ARG", "use MailboxReader.open()");
+  }
+  base_ = info[0].As<Napi::External<uint8_t>>().Data();
+  path_ = info[1].As<Napi::String>().Utf8Value();
+}
+
+MailboxReader::~MailboxReader() {
+  if (base_ != nullptr) munmap(const_cast<uint8_t*>(base_), kFileBytes);
+}
+
+Napi::Value MailboxReader::Open(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  std::string path = ArgString(info, 0, "path");
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) ThrowCoded(env, "ERR_MAILBOX_OPEN", ErrnoText("open(" + path + ")", errno));
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) < kFileBytes) {
+    close(fd);
+    ThrowCoded(env, "ERR_MAILBOX_FORMAT",
+               path + " is not a wavebus mailbox (needs a regular file of at least " + std::to_string(kFileBytes) + " bytes)");
+  }
+  void* addr = mmap(nullptr, kFileBytes, PROT_READ, MAP_SHARED, fd, 0);
+  int err = errno;
+  close(fd);
+  if (addr == MAP_FAILED) ThrowCoded(env, "ERR_MAILBOX_OPEN", ErrnoText("mmap(" + path + ")", err));
+  const uint8_t* base = static_cast<const uint8_t*>(addr);
+  uint64_t magic = __atomic_load_n(U64(base, 0), __ATOMIC_ACQUIRE);
+  uint32_t version = __atomic_load_n(U32(base, kOffVersion), __ATOMIC_RELAXED);
+  uint32_t slots = __atomic_load_n(U32(base, kOffSlots), __ATOMIC_RELAXED);
+  if (magic != MagicWord() || version != kVersion || slots != kSlots) {
+    munmap(addr, kFileBytes);
+    ThrowCoded(env, "ERR_MAILBOX_FORMAT",
+               path + " is not a version-1 wavebus mailbox (magic/version/slots mismatch: version " +
+                   std::to_string(version) + ", slots " + std::to_string(slots) + ")");
+  }
+  auto ext = Napi::External<uint8_t>::New(env, const_cast<uint8_t*>(base));
+  return GetAddonData(env)->mailboxReader.New({ext, Napi::String::New(env, path)});
+}
+
+const uint8_t* MailboxReader::Live(Napi::Env env) {
+  if (base_ == nullptr) ThrowCoded(env, "ERR_CLOSED", "mailbox reader " + path_ + " is closed");
+  return base_;
+}
+
+Napi::Value MailboxReader::Read(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  const uint8_t* base = Live(env);
+  uint64_t wave = ArgU64(info, 0, "wave");
+  const uint8_t* s = base + kHeaderBytes + kSlotBytes * (wave % kSlots);
+  // A writer holds a slot odd for a few stores; a slot odd for this long means it died mid-update.
+  for (int attempt = 0; attempt < 100000; attempt++) {
+    uint64_t s1 = __atomic_load_n(U64(s, kSlotSeq), __ATOMIC_ACQUIRE);
+    if (s1 & 1) {
+      CpuRelax();
+      continue;
+    }
+    uint64_t w = __atomic_load_n(U64(s, kSlotWave), __ATOMIC_RELAXED);
+    uint32_t config = __atomic_load_n(U32(s, kSlotConfig), __ATOMIC_RELAXED);
+    uint32_t dump = __atomic_load_n(U32(s, kSlotDump), __ATOMIC_RELAXED);
+    uint32_t snapshot = __atomic_load_n(U32(s, kSlotSnapshot), __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    uint64_t s2 = __atomic_load_n(U64(s, kSlotSeq), __ATOMIC_RELAXED);
+    if (s1 != s2) continue;
+    if (s1 == 0 || w != wave) return env.Undefined();
+    Napi::Array out = Napi::Array::New(env, 4);
+    out.Set(0u, Napi::Number::New(env, static_cast<double>(w)));
+    out.Set(1u, Napi::Number::New(env, config));
+    out.Set(2u, Napi::Number::New(env, dump));
+    out.Set(3u, Napi::Number::New(env, snapshot));
+    return out;
+  }
+  ThrowCoded(env, "ERR_MAILBOX_BUSY", "mailbox " + path_ + " slot " + std::to_string(wave % kSlots) +
+                                          " stayed mid-update; its writer may have died");
+}
+
+Napi::Value MailboxReader::Features(const Napi::CallbackInfo& info) {
+  const uint8_t* base = Live(info.Env());
+  return Napi::Number::New(info.Env(), static_cast<double>(__atomic_load_n(U64(base, kOffFeatures), __ATOMIC_ACQUIRE)));
+}
+
+Napi::Value MailboxReader::Epoch(const Napi::CallbackInfo& info) {
+  const uint8_t* base = Live(info.Env());
+  return Napi::Number::New(info.Env(), static_cast<double>(__atomic_load_n(U64(base, kOffEpoch), __ATOMIC_ACQUIRE)));
+}
+
+Napi::Value MailboxReader::Close(const Napi::CallbackInfo& info) {
+  if (base_ != nullptr) munmap(const_cast<uint8_t*>(base_), kFileBytes);
+  base_ = nullptr;
+  return info.Env().Undefined();
+}
+
+void RegisterMailboxLayout(Napi::Env env, Napi::Object exports) {
+  Napi::Object o = Napi::Object::New(env);
+  o.Set("headerBytes", Napi::Number::New(env, kHeaderBytes));
+  o.Set("slotBytes", Napi::Number::New(env, kSlotBytes));
+  o.Set("slots", Napi::Number::New(env, kSlots));
+  o.Set("fileBytes", Napi::Number::New(env, kFileBytes));
+  o.Set("magic", Napi::String::New(env, std::string(kMagic, 8)));
+  o.Set("version", Napi::Number::New(env, kVersion));
+  o.Freeze();
+  exports.Set("mailboxLayout", o);
+}
+
+}  // namespace wavebus

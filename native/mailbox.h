@@ -1,0 +1,72 @@
+// The wave-vector mailbox: a 576-byte shared file (under /dev/shm) holding a seqlock ring of
+// the last 8 wave vectors. The agent writes it; the engine client reads "is anything due for
+// wave N?" with plain loads, no system call. Layout (docs/native.md has it byte by byte):
+//
+//   header, 64 bytes: magic "WBMBOX01" | u32 version = 1 | u32 slots = 8 | u64 features |
+//                     u64 epoch | zero padding
+//   slot i at 64 + 64*i: u64 seq | u64 wave | u32 config_due | u32 dump_due |
+//                        u32 snapshot_due | zero padding
+//
+// Little-endian. Slot for wave N is N % 8. seq is odd while the writer is mid-update; a slot
+// with seq == 0 or wave == 2^64-1 is empty. One writer per file (the rank's agent).
+#pragma once
+#include <napi.h>
+
+#include <cstdint>
+#include <string>
+
+namespace wavebus {
+
+namespace mailbox {
+constexpr uint64_t kHeaderBytes = 64;
+constexpr uint64_t kSlotBytes = 64;
+constexpr uint32_t kSlots = 8;
+constexpr uint64_t kFileBytes = kHeaderBytes + kSlotBytes * kSlots;
+constexpr uint32_t kVersion = 1;
+constexpr char kMagic[9] = "WBMBOX01";
+constexpr uint64_t kEmptyWave = ~0ull;
+// Byte offsets.
+constexpr uint64_t kOffVersion = 8, kOffSlots = 12, kOffFeatures = 16, kOffEpoch = 24;
+constexpr uint64_t kSlotSeq = 0, kSlotWave = 8, kSlotConfig = 16, kSlotDump = 20, kSlotSnapshot = 24;
+}  // namespace mailbox
+
+class MailboxWriter : public Napi::ObjectWrap<MailboxWriter> {
+ public:
+  static Napi::Function Define(Napi::Env env);
+  explicit MailboxWriter(const Napi::CallbackInfo& info);
+  ~MailboxWriter() override;
+
+ private:
+  static Napi::Value Create(const Napi::CallbackInfo& info);
+  Napi::Value Publish(const Napi::CallbackInfo& info);
+  Napi::Value SetFeatures(const Napi::CallbackInfo& info);
+  Napi::Value SetEpoch(const Napi::CallbackInfo& info);
+  Napi::Value Close(const Napi::CallbackInfo& info);
+  uint8_t* Live(Napi::Env env);
+
+  std::string path_;
+  uint8_t* base_ = nullptr;
+};
+
+class MailboxReader : public Napi::ObjectWrap<MailboxReader> {
+ public:
+  static Napi::Function Define(Napi::Env env);
+  explicit MailboxReader(const Napi::CallbackInfo& info);
+  ~MailboxReader() override;
+
+ private:
+  static Napi::Value Open(const Napi::CallbackInfo& info);
+  Napi::Value Read(const Napi::CallbackInfo& info);
+  Napi::Value Features(const Napi::CallbackInfo& info);
+  Napi::Value Epoch(const Napi::CallbackInfo& info);
+  Napi::Value Close(const Napi::CallbackInfo& info);
+  const uint8_t* Live(Napi::Env env);
+
+  std::string path_;
+  const uint8_t* base_ = nullptr;
+};
+
+// JS: mailboxLayout constants
+void RegisterMailboxLayout(Napi::Env env, Napi::Object exports);
+
+}  // namespace wavebus

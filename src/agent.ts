@@ -1,0 +1,360 @@
+// One agent per engine rank. It joins the wave bus (last-PP ranks only), keeps the wave-vector
+// mailbox its engine client reads, answers the client over ipc, copies device memory to host
+// staging and writes bundles (KV dumps, input snapshots), and serves its files for aggregation.
+import * as fs from 'fs';
+import * as zmq from 'zeromq';
+import { AgentBus, type WaveEvent, type SnapshotReplyMsg } from './bus/agent-bus';
+import { DumpExecutor, type DumpFormat } from './agent/dump-executor';
+import { RegionTable } from './agent/regions';
+import { FileServer } from './agent/file-server';
+import { ConfigError, WavebusError } from './errors';
+import type { RankIdentity } from './identity';
+import { createLogger, type Logger } from './log';
+import { MailboxWriter, MailboxFeature } from './mailbox';
+import type { DumpJob, DumpLane } from './messages';
+import { agentEndpoint, mailboxPath } from './paths';
+import { ClientReply, ClientRequest, decode, encode } from './proto';
+import { SnapshotCapturer } from './snapshot/capture';
+import { checkSnapshotGating, type SnapshotConfig } from './snapshot/config';
+
+export interface AgentOptions {
+  identity: RankIdentity;
+  runDir: string;
+  /** Coordinator bus address; absent for ranks that are not on the bus. */
+  coordinator?: { host: string; port: number };
+  heartbeatMs?: number;
+  /** How long end_of_wave may wait for a wave vector that has not arrived. */
+  endOfWaveTimeoutMs?: number;
+  stagingBytes?: number;
+  snapshot?: SnapshotConfig;
+  /** Roots this agent serves to `wavebus aggregate`. */
+  serveRoots?: { dumps?: string; snapshots?: string };
+  logger?: Logger;
+  /** Test / fault-injection hook passed to the bus. */
+  dropSeqs?: (seq: number) => boolean;
+}
+
+/** Runtime config fields the agent acts on (the guard's effective config, as JSON). */
+interface RuntimeView {
+  busActive: boolean;
+  hotReload: boolean;
+  detectors: Record<string, boolean>;
+  itemSync: boolean;
+  format: DumpFormat;
+  freeHeadroomBytes: number;
+  dumpRoot?: string;
+}
+
+const DEFAULT_VIEW: RuntimeView = { busActive: false, hotReload: false, detectors: {}, itemSync: false, format: 'pt', freeHeadroomBytes: 5 * 2 ** 30 };
+const WAVE_HISTORY = 64;
+
+/** Reads what the agent needs from the coordinator's config JSON; unknown shapes fall back to off. */
+export function runtimeView(configJson: string): RuntimeView {
+  if (!configJson) return { ...DEFAULT_VIEW };
+  let doc: any;
+  try {
+    doc = JSON.parse(configJson);
+  } catch {
+    return { ...DEFAULT_VIEW };
+  }
+  const cfg = doc?.config ?? doc;
+  const detectors: Record<string, boolean> = {};
+  for (const [name, d] of Object.entries<any>(cfg?.detector ?? {})) detectors[name] = Boolean(d?.enabled);
+  const anyDetector = Object.values(detectors).some(Boolean);
+  const hotReload = Boolean(doc?.hot_reload);
+  const manual = Number(cfg?.dump?.manual_dump ?? 0) > 0;
+  return {
+    busActive: hotReload || anyDetector || manual,
+    hotReload,
+    detectors,
+    itemSync: Boolean(cfg?.detector?.logits_finite?.item_sync),
+    format: (['pt', 'npy', 'safetensors'].includes(cfg?.dump?.format) ? cfg.dump.format : 'pt') as DumpFormat,
+    freeHeadroomBytes: Number.isFinite(cfg?.dump?.free_headroom_bytes) ? Number(cfg.dump.free_headroom_bytes) : DEFAULT_VIEW.freeHeadroomBytes,
+  };
+}
+
+export class Agent {
+  readonly identity: RankIdentity;
+  readonly stats = { clientRequests: 0, badClientFrames: 0, endOfWaveTimeouts: 0, dumpsWritten: 0, dumpsFailed: 0, missedWaves: 0, snapshotsWritten: 0 };
+  private readonly log: Logger;
+  private readonly opts: AgentOptions;
+  private readonly regions = new RegionTable();
+  private readonly dumps: DumpExecutor;
+  private readonly capturer?: SnapshotCapturer;
+  private bus?: AgentBus;
+  private router?: zmq.Router;
+  private mailbox?: MailboxWriter;
+  private files?: FileServer;
+  private view: RuntimeView = { ...DEFAULT_VIEW };
+  private pendingView?: RuntimeView;
+  /** Dump lanes by wave, kept until that wave ends here. */
+  private readonly dumpLanes = new Map<number, DumpLane>();
+  private readonly configWaves = new Map<number, string>();
+  /** Waves whose vector arrived, for end_of_wave waits. */
+  private readonly arrived = new Set<number>();
+  private readonly waiters = new Map<number, (() => void)[]>();
+  private readonly ended = new Set<number>();
+  private writes: Promise<void> = Promise.resolve();
+  private stopped = false;
+
+  constructor(opts: AgentOptions) {
+    this.opts = opts;
+    this.identity = opts.identity;
+    this.log = opts.logger ?? createLogger(`wavebus-agent-rank${opts.identity.globalRank}`);
+    this.dumps = new DumpExecutor(opts.identity, this.regions, this.log);
+    if (opts.snapshot?.enabled) {
+      this.capturer = new SnapshotCapturer(opts.snapshot, {
+        globalRank: opts.identity.globalRank,
+        tpRank: opts.identity.tpRank,
+        ppRank: opts.identity.ppRank,
+        dpRank: opts.identity.dpRank,
+        cpRank: opts.identity.cpRank,
+      }, { log: { info: (m: string) => this.log.info(m), warn: (m: string) => this.log.warn(m) } });
+    }
+  }
+
+  get endOfWaveTimeoutMs(): number {
+    return this.opts.endOfWaveTimeoutMs ?? 50;
+  }
+
+  async start(): Promise<void> {
+    const { runDir, identity } = this.opts;
+    if (!runDir) throw new ConfigError('--run-dir (WAVEBUS_RUN_DIR) is required for an agent');
+    fs.mkdirSync(runDir, { recursive: true });
+    this.mailbox = MailboxWriter.create(mailboxPath(runDir, identity.localRank));
+    this.router = new zmq.Router({ linger: 0, maxMessageSize: 16 * 2 ** 20 });
+    const endpoint = agentEndpoint(runDir, identity.localRank);
+    const sockPath = endpoint.slice('ipc://'.length);
+    if (fs.existsSync(sockPath)) fs.unlinkSync(sockPath); // left by a killed agent of this rank
+    await this.router.bind(endpoint);
+    void this.serveClients(this.router);
+    this.files = new FileServer(identity.globalRank, this.opts.serveRoots ?? {}, this.log);
+    if (identity.isLastPp && this.opts.coordinator) {
+      this.bus = new AgentBus({
+        coordinator: this.opts.coordinator,
+        identity,
+        heartbeatMs: this.opts.heartbeatMs,
+        logger: this.log,
+        dropSeqs: this.opts.dropSeqs,
+      });
+      this.bus.on('snapshot', (s: SnapshotReplyMsg) => this.onSnapshot(s));
+      this.bus.on('wave', (w: WaveEvent) => this.onWave(w));
+      this.bus.onRequest((req) => this.files!.handle(req));
+      await this.bus.start();
+    } else {
+      this.log.info({ rank: identity.globalRank, ppRank: identity.ppRank }, 'not on the last PP stage: not joining the wave bus (no KV dumps here; snapshots follow the environment)');
+    }
+    this.publishFeatures();
+  }
+
+  async stop(): Promise<void> {
+    if (this.stopped) return;
+    this.stopped = true;
+    await this.writes.catch(() => undefined);
+    await this.bus?.stop();
+    this.router?.close();
+    this.mailbox?.close({ unlink: true });
+    const sock = agentEndpoint(this.opts.runDir, this.identity.localRank).slice('ipc://'.length);
+    fs.rmSync(sock, { force: true });
+    this.regions.closeAll();
+  }
+
+  /** Waits for every bundle write started so far (tests, shutdown). */
+  async drain(): Promise<void> {
+    await this.writes;
+  }
+
+  private features(): number {
+    let bits = 0;
+    if (this.view.busActive && this.bus) bits |= MailboxFeature.BUS_ACTIVE;
+    if (this.view.hotReload) bits |= MailboxFeature.HOT_RELOAD;
+    if (Object.values(this.view.detectors).some(Boolean)) bits |= MailboxFeature.DETECTORS;
+    if (this.capturer) bits |= MailboxFeature.SNAPSHOTS;
+    return bits;
+  }
+
+  private publishFeatures(): void {
+    this.mailbox?.setFeatures(this.features());
+  }
+
+  private onSnapshot(s: SnapshotReplyMsg): void {
+    this.view = runtimeView(s.configJson);
+    this.mailbox?.setEpoch(s.epoch);
+    for (const lane of s.pending) this.dumpLanes.set(lane.wave, lane);
+    this.publishFeatures();
+  }
+
+  private onWave(w: WaveEvent): void {
+    const wave = w.head.wave;
+    if (w.dump) this.dumpLanes.set(wave, w.dump);
+    if (w.config) this.configWaves.set(wave, w.config.configJson);
+    this.mailbox?.publish({ wave, configDue: w.head.configDue, dumpDue: w.head.dumpDue });
+    this.arrived.add(wave);
+    for (const fn of this.waiters.get(wave) ?? []) fn();
+    this.waiters.delete(wave);
+    // Forget old waves so a long run keeps a bounded state.
+    for (const m of [this.arrived, this.ended]) {
+      if (m.size > WAVE_HISTORY) for (const k of [...m].sort((a, b) => a - b).slice(0, m.size - WAVE_HISTORY)) m.delete(k);
+    }
+    for (const k of this.dumpLanes.keys()) if (k < wave - WAVE_HISTORY) this.dumpLanes.delete(k);
+  }
+
+  private waitForWave(wave: number, ms: number): Promise<boolean> {
+    if (this.arrived.has(wave)) return Promise.resolve(true);
+    return new Promise((resolve) => {
+      const done = (): void => {
+        clearTimeout(timer);
+        resolve(true);
+      };
+      const timer = setTimeout(() => {
+        const list = this.waiters.get(wave) ?? [];
+        this.waiters.set(wave, list.filter((f) => f !== done));
+        resolve(false);
+      }, ms);
+      const list = this.waiters.get(wave) ?? [];
+      list.push(done);
+      this.waiters.set(wave, list);
+    });
+  }
+
+  private async serveClients(router: zmq.Router): Promise<void> {
+    try {
+      for await (const [peer, frame] of router) {
+        if (!frame) {
+          this.stats.badClientFrames++;
+          continue;
+        }
+        let req: Record<string, any>;
+        try {
+          req = decode(ClientRequest, frame);
+        } catch {
+          this.stats.badClientFrames++;
+          continue;
+        }
+        this.stats.clientRequests++;
+        void this.handle(req).then(
+          (reply) => router.send([peer, encode(ClientReply, { id: req.id, ok: true, ...reply })]).catch(() => undefined),
+          (err: Error) =>
+            router
+              .send([peer, encode(ClientReply, { id: req.id, ok: false, error: err.message, errorCode: (err as WavebusError).code ?? 'ERR_AGENT' })])
+              .catch(() => undefined),
+        );
+      }
+    } catch (e) {
+      if (!this.stopped) this.log.error({ err: e }, 'client socket failed');
+    }
+  }
+
+  private async handle(req: Record<string, any>): Promise<Record<string, unknown>> {
+    switch (req.body) {
+      case 'hello':
+        return this.onHello(req.hello);
+      case 'register':
+        this.regions.register(req.register);
+        return {};
+      case 'waveHead':
+        if (this.bus && this.identity.tpRank === 0) this.bus.sendWaveHead(req.waveHead.wave, req.waveHead.telemetry ?? null);
+        return {};
+      case 'endOfWave':
+        return this.endOfWave(req.endOfWave.wave);
+      case 'beforeForward':
+        return this.beforeForward(req.beforeForward);
+      case 'close':
+        return {};
+      default:
+        throw new WavebusError('ERR_BAD_REQUEST', `unknown client request '${String(req.body)}'`);
+    }
+  }
+
+  private onHello(hello: { pid: number; asyncScheduling: boolean }): Record<string, unknown> {
+    if (this.opts.snapshot?.enabled) {
+      checkSnapshotGating(this.opts.snapshot, { asyncScheduling: hello.asyncScheduling, backendHasMemoryAccess: true });
+    }
+    return {
+      mailboxPath: mailboxPath(this.opts.runDir, this.identity.localRank),
+      featuresJson: JSON.stringify({
+        tp0: this.identity.tpRank === 0 && this.identity.isLastPp,
+        bus: this.view.busActive && Boolean(this.bus),
+        detectors: this.view.detectors,
+        item_sync: this.view.itemSync,
+        snapshots: Boolean(this.capturer),
+        end_of_wave_timeout_ms: this.endOfWaveTimeoutMs,
+      }),
+    };
+  }
+
+  private async endOfWave(wave: number): Promise<Record<string, unknown>> {
+    if (!this.bus) return {};
+    if (!(await this.waitForWave(wave, this.endOfWaveTimeoutMs))) {
+      this.stats.endOfWaveTimeouts++;
+      this.ended.add(wave);
+      this.log.warn({ wave, boundMs: this.endOfWaveTimeoutMs }, 'wave vector did not arrive before end_of_wave; the step goes on');
+      this.reportMissed(wave);
+      return { timedOut: true };
+    }
+    if (this.ended.has(wave)) return {};
+    this.ended.add(wave);
+    const cfg = this.configWaves.get(wave);
+    if (cfg !== undefined) {
+      this.configWaves.delete(wave);
+      this.view = runtimeView(cfg);
+      this.publishFeatures();
+    }
+    const lane = this.dumpLanes.get(wave);
+    if (!lane || lane.jobs.length === 0) return {};
+    this.dumpLanes.delete(wave);
+    const { staged, refused } = await this.dumps.stage(lane.jobs, {
+      format: this.view.format,
+      freeHeadroomBytes: this.view.freeHeadroomBytes,
+      stagingBytes: this.opts.stagingBytes ?? 1 << 30,
+    });
+    for (const r of refused) this.bus.sendDumpResult(r);
+    // The engine is released now; files are written behind it.
+    this.writes = this.writes.then(async () => {
+      const results = await this.dumps.write(staged, this.view.format);
+      for (const r of results) {
+        if (r.error) this.stats.dumpsFailed++;
+        else this.stats.dumpsWritten++;
+        this.bus?.sendDumpResult(r);
+      }
+    });
+    return { dumpsWritten: staged.length };
+  }
+
+  /** A wave whose vector came too late: its dump jobs cannot be copied consistently any more. */
+  private reportMissed(wave: number): void {
+    this.stats.missedWaves++;
+    const waitLate = (): void => {
+      const lane = this.dumpLanes.get(wave);
+      if (!lane) return;
+      this.dumpLanes.delete(wave);
+      for (const job of lane.jobs as DumpJob[]) {
+        this.bus?.sendDumpResult(this.dumps.result(job, [], 0, `wave ${wave} vector arrived after end_of_wave (bound ${this.endOfWaveTimeoutMs} ms)`, 'd2h_failed'));
+      }
+    };
+    void this.waitForWave(wave, 10 * this.endOfWaveTimeoutMs + 1000).then((ok) => ok && waitLate());
+  }
+
+  private async beforeForward(bf: { context: any; inputs: { region: string; offset: number; dtype: string; shape: number[] }[] }): Promise<Record<string, unknown>> {
+    if (!this.capturer) return { captured: false };
+    const inputs = bf.inputs.map((inp, i) => {
+      const r = this.regions.get(inp.region);
+      if (!r) throw new ConfigError(`inputs[${i}].region '${inp.region}' is not registered`);
+      return {
+        dtype: inp.dtype,
+        shape: inp.shape.map(Number),
+        read: async (): Promise<Buffer> => {
+          const numel = inp.shape.reduce((a, b) => a * Number(b), 1);
+          const { itemSize, parseDType } = await import('./dtype');
+          const nbytes = numel * itemSize(parseDType(inp.dtype, `inputs[${i}].dtype`));
+          const buf = Buffer.allocUnsafe(nbytes);
+          await r.region.copyTo(buf, 0, inp.offset, nbytes);
+          return buf;
+        },
+      };
+    });
+    const res = await this.capturer.capture(bf.context, inputs);
+    if (res.captured) this.stats.snapshotsWritten++;
+    return { captured: res.captured, callDir: res.callDir ?? '' };
+  }
+}

@@ -1,0 +1,97 @@
+// The device regions one engine client registered with its agent: KV pool layers and input buffers.
+import { ConfigError } from '../errors';
+import { parseDType, itemSize, type DType } from '../dtype';
+import { DeviceRegion } from '../memory';
+
+export interface RegisteredRegion {
+  name: string;
+  role: 'kv_pool' | 'input';
+  dtype: DType;
+  shape: number[];
+  layer: string;
+  kv: 'k' | 'v' | '';
+  nbytes: number;
+  region: DeviceRegion;
+}
+
+/** What a decoded wavebus.Region carries (camelCase, as decode() returns it). */
+export interface RegionMessage {
+  name: string;
+  kind: number;
+  shmName: string;
+  offset: number;
+  nbytes: number;
+  cudaIpcHandle: Buffer;
+  device: number;
+  dtype: string;
+  shape: number[];
+  role: number;
+  layer: string;
+  kv: string;
+}
+
+export class RegionTable {
+  private readonly byName = new Map<string, RegisteredRegion>();
+
+  /** Validates the message, maps the memory, and records the region. */
+  register(msg: RegionMessage): RegisteredRegion {
+    if (!msg.name) throw new ConfigError('region.name is empty');
+    if (this.byName.has(msg.name)) throw new ConfigError(`region.name '${msg.name}' is already registered`);
+    const dtype = parseDType(msg.dtype, `region '${msg.name}'.dtype`);
+    const role = msg.role === 1 ? 'input' : 'kv_pool';
+    const numel = msg.shape.reduce((a, b) => a * b, 1);
+    const want = numel * itemSize(dtype);
+    if (want > msg.nbytes) {
+      throw new ConfigError(`region '${msg.name}': shape [${msg.shape.join(', ')}] of ${dtype} needs ${want} bytes but region.nbytes is ${msg.nbytes}`);
+    }
+    if (role === 'kv_pool') {
+      if (msg.shape.length !== 4) throw new ConfigError(`region '${msg.name}'.shape must be [num_blocks, block_size, num_kv_heads, head_dim]`);
+      if (msg.kv !== 'k' && msg.kv !== 'v') throw new ConfigError(`region '${msg.name}'.kv must be 'k' or 'v', got '${msg.kv}'`);
+      if (!msg.layer) throw new ConfigError(`region '${msg.name}'.layer is empty`);
+    }
+    const region = DeviceRegion.open(
+      msg.kind === 1
+        ? { kind: 'cuda', cudaIpcHandle: msg.cudaIpcHandle, device: msg.device, offset: msg.offset, nbytes: msg.nbytes }
+        : { kind: 'shm', shmName: msg.shmName, offset: msg.offset, nbytes: msg.nbytes },
+    );
+    const r: RegisteredRegion = {
+      name: msg.name,
+      role,
+      dtype,
+      shape: msg.shape.map(Number),
+      layer: msg.layer,
+      kv: role === 'kv_pool' ? (msg.kv as 'k' | 'v') : '',
+      nbytes: msg.nbytes,
+      region,
+    };
+    this.byName.set(r.name, r);
+    return r;
+  }
+
+  get(name: string): RegisteredRegion | undefined {
+    return this.byName.get(name);
+  }
+
+  /** KV pool layers in registration order, each with its K and V region. */
+  kvLayers(): { layer: string; k?: RegisteredRegion; v?: RegisteredRegion }[] {
+    const layers = new Map<string, { layer: string; k?: RegisteredRegion; v?: RegisteredRegion }>();
+    for (const r of this.byName.values()) {
+      if (r.role !== 'kv_pool') continue;
+      const entry = layers.get(r.layer) ?? { layer: r.layer };
+      entry[r.kv as 'k' | 'v'] = r;
+      layers.set(r.layer, entry);
+    }
+    return [...layers.values()];
+  }
+
+  closeAll(): void {
+    for (const r of this.byName.values()) {
+      try {
+        r.region.close();
+      } catch {
+        /* already closed */
+      }
+    }
+    this.byName.clear();
+  }
+}

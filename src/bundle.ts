@@ -1,0 +1,285 @@
+// Atomic bundle directories: everything is written under a sibling temp dir
+// `<parent>/.<name>.tmp-<pid>-<random>@<host>`, fsynced, and renamed to the final name only when
+// complete. Any failure removes the temp dir, so nothing under a final name is ever partial.
+import * as crypto from 'crypto';
+import * as fs from 'fs';
+import * as os from 'os';
+import * as path from 'path';
+import { CaptureError } from './errors';
+import { crc32c, formatChecksum } from './checksum';
+import { Tensor } from './tensor';
+import { PyValue } from './pickle';
+import { writeNpy } from './npy';
+import { writePt } from './pt';
+import { SafetensorsInput, writeSafetensors } from './safetensors';
+import { asCaptureError, fsFailure, WriteResult } from './sink';
+import { fsyncDir } from './freespace';
+import { safeComponent } from './sanitize';
+
+export type TensorFormat = 'npy' | 'pt' | 'safetensors';
+export const TENSOR_FORMATS: readonly TensorFormat[] = ['npy', 'pt', 'safetensors'];
+
+export interface FileEntry {
+  /** Relative to the bundle directory, '/'-separated. */
+  path: string;
+  bytes: number;
+  /** "crc32c:%08x" of the whole file. */
+  checksum: string;
+}
+
+export interface JsonOptions {
+  /** Sort object keys recursively (meta.json is written with sorted keys). Default false. */
+  sortKeys?: boolean;
+  /** Default 2. */
+  indent?: number;
+}
+
+/** The host tag in temp names, so a cleanup on one host never touches another host's temp dirs on shared storage. */
+function hostTag(): string {
+  return safeComponent(os.hostname(), 'hostname').replace(/[^A-Za-z0-9_.-]/g, '_').slice(0, 64);
+}
+
+const TEMP_RE = /^\.(.+)\.tmp-(\d+)-([0-9a-f]{8})@(.*)$/;
+
+function sortedKeys(v: unknown): unknown {
+  if (Array.isArray(v)) return v.map(sortedKeys);
+  if (v && typeof v === 'object' && (Object.getPrototypeOf(v) === Object.prototype || Object.getPrototypeOf(v) === null)) {
+    const o: Record<string, unknown> = {};
+    for (const k of Object.keys(v).sort()) o[k] = sortedKeys((v as Record<string, unknown>)[k]);
+    return o;
+  }
+  return v;
+}
+
+/** JSON text as wavebus writes it: indent 2, bigints as numbers, trailing newline. */
+export function jsonText(value: unknown, opts: JsonOptions = {}): string {
+  const v = opts.sortKeys ? sortedKeys(value) : value;
+  return `${JSON.stringify(v, (_k, x) => (typeof x === 'bigint' ? (Number.isSafeInteger(Number(x)) ? Number(x) : x.toString()) : x), opts.indent ?? 2)}\n`;
+}
+
+function fileNameFor(fileName: string, format: TensorFormat): string {
+  const ext = path.extname(fileName).slice(1);
+  if (ext === format) return fileName;
+  if ((TENSOR_FORMATS as readonly string[]).includes(ext)) {
+    throw new CaptureError(`file ${JSON.stringify(fileName)} has extension .${ext} but format is ${format}`, 'ERR_BUNDLE_NAME');
+  }
+  return `${fileName}.${format}`;
+}
+
+export class Bundle {
+  readonly finalDir: string;
+  readonly tempDir: string;
+  private readonly files: FileEntry[] = [];
+  private readonly names = new Set<string>();
+  private state: 'open' | 'committed' | 'aborted' = 'open';
+  private failure: CaptureError | null = null;
+
+  private constructor(finalDir: string, tempDir: string) {
+    this.finalDir = finalDir;
+    this.tempDir = tempDir;
+  }
+
+  /** Start a bundle that will appear as `finalDir` on commit. Refuses an existing finalDir. */
+  static begin(finalDir: string): Bundle {
+    const final = path.resolve(finalDir);
+    const parent = path.dirname(final);
+    const name = path.basename(final);
+    if (fs.existsSync(final)) throw new CaptureError(`bundle ${final} already exists; refusing to overwrite it`, 'ERR_BUNDLE_EXISTS');
+    try {
+      fs.mkdirSync(parent, { recursive: true });
+    } catch (e) {
+      throw fsFailure('mkdir', parent, e);
+    }
+    const temp = path.join(parent, `.${name}.tmp-${process.pid}-${crypto.randomBytes(4).toString('hex')}@${hostTag()}`);
+    try {
+      fs.mkdirSync(temp, { mode: 0o755 });
+    } catch (e) {
+      throw fsFailure('mkdir', temp, e);
+    }
+    return new Bundle(final, temp);
+  }
+
+  /** Files written so far. */
+  get entries(): readonly FileEntry[] {
+    return this.files;
+  }
+
+  private requireOpen(): void {
+    if (this.state === 'committed') throw new CaptureError(`bundle ${this.finalDir} is already committed`, 'ERR_BUNDLE_STATE');
+    if (this.state === 'aborted') {
+      throw new CaptureError(`bundle ${this.finalDir} was aborted${this.failure ? `: ${this.failure.message}` : ''}`, 'ERR_BUNDLE_STATE');
+    }
+  }
+
+  /** Validate a relative file name ('/'-separated safe components) and create its folders. */
+  private target(rel: string): string {
+    const parts = rel.split('/');
+    for (const p of parts) {
+      if (p.length === 0 || safeComponent(p, 'file name') !== p) {
+        throw new CaptureError(`bundle ${this.finalDir}: unsafe file name ${JSON.stringify(rel)} (sanitise components with safeComponent)`, 'ERR_BUNDLE_NAME');
+      }
+    }
+    if (this.names.has(rel)) throw new CaptureError(`bundle ${this.finalDir}: file ${rel} written twice`, 'ERR_BUNDLE_NAME');
+    this.names.add(rel);
+    const full = path.join(this.tempDir, ...parts);
+    if (parts.length > 1) fs.mkdirSync(path.dirname(full), { recursive: true });
+    return full;
+  }
+
+  /** Fail the bundle: remove the temp dir and return the error to throw. */
+  private async fail(e: unknown, what: string, file: string): Promise<CaptureError> {
+    const err = asCaptureError(`${what} ${file}`, file, e);
+    const wrapped = new CaptureError(`bundle ${this.finalDir}: ${err.message}; nothing was written under the final name`, err.code);
+    this.failure = wrapped;
+    await this.abort();
+    return wrapped;
+  }
+
+  /** Write one tensor file. `value`: a Tensor (npy), a Tensor or dict of tensors + metadata (pt, safetensors). */
+  async writeTensor(fileName: string, format: TensorFormat, value: Tensor | PyValue | SafetensorsInput): Promise<FileEntry> {
+    this.requireOpen();
+    if (!(TENSOR_FORMATS as readonly string[]).includes(format)) {
+      throw new CaptureError(`format must be one of ${TENSOR_FORMATS.join(', ')}, got ${JSON.stringify(format)}`, 'ERR_BUNDLE_FORMAT');
+    }
+    const rel = fileNameFor(fileName, format);
+    let full = '';
+    try {
+      full = this.target(rel);
+      let r: WriteResult;
+      if (format === 'npy') {
+        if (!(value instanceof Tensor)) throw new CaptureError(`${rel}: format npy holds exactly one Tensor`, 'ERR_BUNDLE_FORMAT');
+        r = await writeNpy(full, value);
+      } else if (format === 'pt') {
+        r = await writePt(full, value as PyValue);
+      } else {
+        r = await writeSafetensors(full, value as SafetensorsInput);
+      }
+      const entry = { path: rel, ...r };
+      this.files.push(entry);
+      return entry;
+    } catch (e) {
+      throw await this.fail(e, 'writing', full || path.join(this.tempDir, rel));
+    }
+  }
+
+  /** Write a JSON file (indent 2; sortKeys optional). */
+  writeJson(fileName: string, value: unknown, opts: JsonOptions = {}): FileEntry {
+    this.requireOpen();
+    let full = '';
+    try {
+      full = this.target(fileName);
+      const buf = Buffer.from(jsonText(value, opts), 'utf8');
+      fs.writeFileSync(full, buf, { flag: 'wx', mode: 0o644 });
+      const entry = { path: fileName, bytes: buf.length, checksum: formatChecksum(crc32c(buf)) };
+      this.files.push(entry);
+      return entry;
+    } catch (e) {
+      const err = asCaptureError(`writing ${full || fileName}`, full || fileName, e);
+      this.failure = new CaptureError(`bundle ${this.finalDir}: ${err.message}; nothing was written under the final name`, err.code);
+      this.abortSync();
+      throw this.failure;
+    }
+  }
+
+  /**
+   * Make the bundle visible: fsync every file, write the bundle JSON last (if given), fsync the
+   * folders, rename the temp dir to the final name, fsync the parent. Returns every file written.
+   */
+  async commit(meta?: { name: string; value: unknown } & JsonOptions): Promise<FileEntry[]> {
+    this.requireOpen();
+    let step = 'fsync files';
+    try {
+      await Promise.all(this.files.map((f) => fsyncFile(path.join(this.tempDir, ...f.path.split('/')))));
+      if (meta) {
+        step = `write ${meta.name}`;
+        this.writeJson(meta.name, meta.value, { sortKeys: meta.sortKeys ?? true, indent: meta.indent });
+        await fsyncFile(path.join(this.tempDir, ...meta.name.split('/')));
+      }
+      step = 'fsync folders';
+      const dirs = new Set<string>([this.tempDir]);
+      for (const f of this.files) {
+        const parts = f.path.split('/');
+        for (let i = 1; i < parts.length; i++) dirs.add(path.join(this.tempDir, ...parts.slice(0, i)));
+      }
+      for (const d of dirs) fsyncDir(d);
+      step = 'rename';
+      // rename(2) would silently replace an empty directory: check first (a concurrent creator of
+      // the same final name is a caller bug; the check turns the common case into a clear error).
+      if (fs.existsSync(this.finalDir)) throw new CaptureError(`bundle ${this.finalDir} appeared while writing; refusing to replace it`, 'ERR_BUNDLE_EXISTS');
+      try {
+        fs.renameSync(this.tempDir, this.finalDir);
+      } catch (e) {
+        throw fsFailure('rename', `${this.tempDir} -> ${this.finalDir}`, e);
+      }
+      this.state = 'committed';
+      fsyncDir(path.dirname(this.finalDir));
+      return [...this.files];
+    } catch (e) {
+      if (this.state === 'committed') throw asCaptureError(`commit ${this.finalDir} (${step})`, this.finalDir, e);
+      if (this.state === 'aborted') throw this.failure ?? e;
+      throw await this.fail(e, `commit (${step})`, this.tempDir);
+    }
+  }
+
+  /** Drop everything written so far. Idempotent; never throws. */
+  async abort(): Promise<void> {
+    this.abortSync();
+  }
+
+  private abortSync(): void {
+    if (this.state === 'committed') return;
+    this.state = 'aborted';
+    try {
+      fs.rmSync(this.tempDir, { recursive: true, force: true });
+    } catch {
+      /* best effort: removeStaleTemps() catches leftovers */
+    }
+  }
+}
+
+async function fsyncFile(p: string): Promise<void> {
+  let fh: fs.promises.FileHandle | undefined;
+  try {
+    fh = await fs.promises.open(p, 'r');
+    await fh.sync();
+  } catch (e) {
+    throw fsFailure('fsync', p, e);
+  } finally {
+    await fh?.close().catch(() => undefined);
+  }
+}
+
+function pidAlive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (e) {
+    return (e as NodeJS.ErrnoException).code === 'EPERM';
+  }
+}
+
+/**
+ * Remove bundle temp dirs under `parent` left by killed processes on this host (temp dirs of
+ * live processes and of other hosts are kept). Returns the paths removed.
+ */
+export function removeStaleTemps(parent: string): string[] {
+  let names: string[];
+  try {
+    names = fs.readdirSync(parent);
+  } catch (e) {
+    if ((e as NodeJS.ErrnoException).code === 'ENOENT') return [];
+    throw fsFailure('readdir', parent, e);
+  }
+  const me = hostTag();
+  const removed: string[] = [];
+  for (const n of names) {
+    const m = TEMP_RE.exec(n);
+    if (!m) continue;
+    const pid = Number(m[2]);
+    if (m[4] !== me || pid === process.pid || pidAlive(pid)) continue;
+    const p = path.join(parent, n);
+    fs.rmSync(p, { recursive: true, force: true });
+    removed.push(p);
+  }
+  return removed;
+}

@@ -1,0 +1,430 @@
+// The agent side of the wave bus (ZeroMQ Clone pattern): subscribe first, then ask the
+// coordinator for a snapshot; apply frames in seq order; on a gap, a new epoch or a silent
+// coordinator, resync from a fresh snapshot. Emits one 'wave' per wave once its due lanes are in.
+import { EventEmitter } from 'events';
+import { Dealer, Subscriber } from 'zeromq';
+import { identityToProto, type RankIdentity } from '../identity';
+import { createLogger, type Logger } from '../log';
+import type { ConfigLane, DumpLane, DumpResult, StepTelemetry, WaveHead } from '../messages';
+import { DEFAULT_HEARTBEAT_MS, DEFAULT_MAX_FRAME_BYTES } from './coordinator';
+import {
+  DropCounter,
+  decodeBusFrame,
+  decodeCoordinatorMessage,
+  encodeAgentMessage,
+  type CoordinatorMsg,
+  type DecodedFrame,
+} from './frames';
+import { socketIpOptions, tcpEndpoint } from './endpoints';
+
+export interface AgentBusOptions {
+  coordinator: { host: string; port: number };
+  identity: RankIdentity;
+  heartbeatMs?: number;
+  /** Coordinator silent for this long → 'coordinator-lost'. Default 3 × heartbeatMs. */
+  deadAfterMs?: number;
+  logger?: Logger;
+  maxFrameBytes?: number;
+  /**
+   * Test / fault-injection hook: frames whose seq this returns true for are discarded on
+   * arrival, exactly as if the network had lost them. Never set it in production.
+   */
+  dropSeqs?: (seq: number) => boolean;
+  agentVersion?: string;
+}
+
+export interface WaveEvent {
+  head: WaveHead;
+  config?: ConfigLane;
+  dump?: DumpLane;
+}
+
+export interface SnapshotReplyMsg {
+  epoch: number;
+  seq: number;
+  wave: number;
+  configVersion: number;
+  configJson: string;
+  pending: DumpLane[];
+  manualDumpDone: number;
+}
+
+export type ResyncReason = 'gap' | 'epoch' | 'coordinator-silent';
+
+export interface AgentBusStats {
+  received: number;
+  dropped: Record<string, number>;
+  resyncs: number;
+  waves: number;
+  /** Frames already covered by a snapshot when they arrived (normal after a sync). */
+  covered: number;
+  /** Messages to the coordinator that could not be queued (its connection was full or absent). */
+  unsent: number;
+}
+
+/** A request handler answers a CoordinatorMessage with an AgentMessage body, e.g. `{ fileList: {...} }`. */
+export type RequestHandler = (request: CoordinatorMsg) => Promise<Record<string, unknown>>;
+
+type SyncState = 'connecting' | 'syncing' | 'live';
+
+const MAX_BUFFERED = 100000;
+const MAX_LEFT_EPOCHS = 16;
+
+export class AgentBus extends EventEmitter {
+  readonly identity: RankIdentity;
+  readonly heartbeatMs: number;
+  readonly deadAfterMs: number;
+  readonly maxFrameBytes: number;
+  readonly stats: AgentBusStats;
+
+  private readonly opts: AgentBusOptions;
+  private readonly log: Logger;
+  private readonly drops: DropCounter;
+  private sub?: Subscriber;
+  private dealer?: Dealer;
+  private timer?: NodeJS.Timeout;
+  private running = false;
+  private loops: Promise<void>[] = [];
+  private sendQueue: Buffer[] = [];
+  private sending = false;
+  private sendPump: Promise<void> = Promise.resolve();
+
+  private state: SyncState = 'connecting';
+  private epoch = 0;
+  private lastSeq = 0;
+  private buffer: DecodedFrame[] = [];
+  private pendingWave?: WaveEvent;
+  private latestHead?: WaveHead;
+  private lastWave = 0;
+  private snapshotRequestId = 0;
+  private nextRequestId = 1;
+  private snapshotAskedAt = 0;
+  private lastFrameAt = 0;
+  private coordinatorAlive = false;
+  private coordinatorWasLost = false;
+  /** Epochs this agent moved away from; their late frames are dropped, not resynced on. */
+  private leftEpochs: number[] = [];
+  private handler?: RequestHandler;
+
+  constructor(opts: AgentBusOptions) {
+    super();
+    this.opts = opts;
+    this.identity = opts.identity;
+    this.heartbeatMs = opts.heartbeatMs ?? DEFAULT_HEARTBEAT_MS;
+    this.deadAfterMs = opts.deadAfterMs ?? 3 * this.heartbeatMs;
+    this.maxFrameBytes = opts.maxFrameBytes ?? DEFAULT_MAX_FRAME_BYTES;
+    this.log = opts.logger ?? createLogger(`wavebus-agent-rank${opts.identity.globalRank}`);
+    this.drops = new DropCounter(this.log, `agent rank ${opts.identity.globalRank}`);
+    this.stats = { received: 0, dropped: this.drops.counts, resyncs: 0, waves: 0, covered: 0, unsent: 0 };
+  }
+
+  get rank(): number {
+    return this.identity.globalRank;
+  }
+
+  /** True once a snapshot was applied and no resync is in progress. */
+  get synced(): boolean {
+    return this.state === 'live';
+  }
+
+  /** The coordinator epoch this agent follows (0 before the first snapshot). */
+  get currentEpoch(): number {
+    return this.epoch;
+  }
+
+  /** The last wave head delivered by 'wave'. */
+  latest(): WaveHead | undefined {
+    return this.latestHead;
+  }
+
+  onRequest(handler: RequestHandler): void {
+    this.handler = handler;
+  }
+
+  async start(): Promise<void> {
+    if (this.running) return;
+    const { host, port } = this.opts.coordinator;
+    const ip = socketIpOptions(host);
+    // Subscribe before anything else: frames published after the snapshot must not be missed.
+    const sub = new Subscriber({ linger: 0, maxMessageSize: 2 * this.maxFrameBytes, receiveHighWaterMark: 100000, ...ip });
+    sub.subscribe();
+    sub.connect(tcpEndpoint(host, port));
+    // sendTimeout 0: a message that cannot be queued is counted and dropped; the heartbeat
+    // timer re-sends what matters (Hello, SnapshotRequest), so nothing here ever blocks.
+    const dealer = new Dealer({ linger: 0, sendTimeout: 0, maxMessageSize: 2 * this.maxFrameBytes, ...ip });
+    dealer.connect(tcpEndpoint(host, port + 1));
+    this.sub = sub;
+    this.dealer = dealer;
+    this.running = true;
+    this.loops = [this.receiveSub(sub), this.receiveDealer(dealer)];
+    this.timer = setInterval(() => this.tick(), this.heartbeatMs);
+    this.sendHello(false);
+    this.log.info({ rank: this.rank, pub: tcpEndpoint(host, port), router: tcpEndpoint(host, port + 1) }, 'agent bus started');
+  }
+
+  async stop(): Promise<void> {
+    if (!this.running) return;
+    this.running = false;
+    if (this.timer) clearInterval(this.timer);
+    await this.sendPump;
+    this.sub?.close();
+    this.dealer?.close();
+    await Promise.all(this.loops);
+  }
+
+  // ------------------------------------------------------------------ to the coordinator
+
+  /** TP0 of the last PP stage: the head of `wave`, with the telemetry of the previous wave. */
+  sendWaveHead(wave: number, telemetry: StepTelemetry | null): void {
+    this.send({ waveHead: telemetry ? { wave, telemetry } : { wave } });
+  }
+
+  sendDumpResult(result: DumpResult): void {
+    this.send({ dumpResult: { ...result, globalRank: this.rank } });
+  }
+
+  private send(body: Record<string, unknown>, requestId = 0): void {
+    if (!this.running) return;
+    this.sendQueue.push(encodeAgentMessage({ globalRank: this.rank, epochSeen: this.epoch, requestId, ...body }));
+    if (!this.sending) this.sendPump = this.drainSend();
+  }
+
+  private async drainSend(): Promise<void> {
+    this.sending = true;
+    try {
+      while (this.sendQueue.length > 0 && this.dealer && !this.dealer.closed) {
+        const msg = this.sendQueue.shift()!;
+        try {
+          await this.dealer.send(msg);
+        } catch {
+          this.stats.unsent++;
+        }
+      }
+    } finally {
+      this.sending = false;
+    }
+  }
+
+  private sendHello(subscribed: boolean): void {
+    this.send({ hello: { identity: identityToProto(this.identity), subscribed, agentVersion: this.opts.agentVersion ?? '' } });
+  }
+
+  private requestSnapshot(): void {
+    this.snapshotRequestId = this.nextRequestId++;
+    this.snapshotAskedAt = Date.now();
+    // Hello first, on the same connection: the coordinator counts us subscribed on the request after it.
+    this.sendHello(true);
+    this.send({ snapshot: { globalRank: this.rank } }, this.snapshotRequestId);
+  }
+
+  private tick(): void {
+    const now = Date.now();
+    this.send({ heartbeat: { wave: this.lastWave, globalRank: this.rank, epochSeen: this.epoch, lastSeq: this.lastSeq, unixMs: now } });
+    if (this.coordinatorAlive && now - this.lastFrameAt > this.deadAfterMs) {
+      this.coordinatorAlive = false;
+      this.coordinatorWasLost = true;
+      this.state = 'connecting';
+      this.buffer = [];
+      this.pendingWave = undefined;
+      this.log.warn({ silentMs: now - this.lastFrameAt }, 'coordinator lost: no frame on the bus');
+      this.emit('coordinator-lost');
+    }
+    if (this.state === 'connecting') this.sendHello(false);
+    else if (this.state === 'syncing' && now - this.snapshotAskedAt > this.deadAfterMs) this.requestSnapshot();
+  }
+
+  // ------------------------------------------------------------------ SUB
+
+  private async receiveSub(sub: Subscriber): Promise<void> {
+    while (!sub.closed) {
+      let parts: Buffer[];
+      try {
+        parts = await sub.receive();
+      } catch (e) {
+        if (sub.closed || !this.running) break;
+        this.log.warn({ err: String(e) }, 'SUB receive failed');
+        continue;
+      }
+      try {
+        this.onSubMessage(parts);
+      } catch (e) {
+        this.log.error({ err: String((e as Error)?.stack ?? e) }, 'failed to handle a bus frame');
+      }
+    }
+  }
+
+  private onSubMessage(parts: Buffer[]): void {
+    this.stats.received++;
+    const d = decodeBusFrame(parts, this.maxFrameBytes);
+    if (!d.ok) {
+      this.drops.drop(d.reason, d.detail);
+      return;
+    }
+    const f = d.value;
+    if (this.opts.dropSeqs?.(f.seq)) {
+      this.drops.drop('injected', `seq ${f.seq}`);
+      return;
+    }
+    if (this.leftEpochs.includes(f.epoch)) {
+      this.drops.drop('wrong_epoch', `epoch ${f.epoch} was left`);
+      return;
+    }
+    this.lastFrameAt = Date.now();
+    if (!this.coordinatorAlive) {
+      this.coordinatorAlive = true;
+      this.emit('coordinator-alive');
+      if (this.coordinatorWasLost) {
+        this.coordinatorWasLost = false;
+        this.resync('coordinator-silent', f);
+        return;
+      }
+    }
+    this.handleFrame(f);
+  }
+
+  private handleFrame(f: DecodedFrame): void {
+    switch (this.state) {
+      case 'connecting':
+        // Readiness handshake: our SUB has seen a frame, so it is subscribed; now ask.
+        this.state = 'syncing';
+        this.buffer = [f];
+        this.requestSnapshot();
+        return;
+      case 'syncing':
+        if (this.buffer.length >= MAX_BUFFERED) this.buffer.shift();
+        this.buffer.push(f);
+        return;
+      case 'live':
+        if (f.epoch !== this.epoch) return this.resync('epoch', f);
+        if (f.seq <= this.lastSeq) return this.drops.drop('stale', `seq ${f.seq} <= ${this.lastSeq}`);
+        if (f.seq !== this.lastSeq + 1) return this.resync('gap', f);
+        this.lastSeq = f.seq;
+        this.apply(f);
+    }
+  }
+
+  private resync(reason: ResyncReason, frame?: DecodedFrame): void {
+    this.stats.resyncs++;
+    this.log.info({ reason, epoch: this.epoch, lastSeq: this.lastSeq, frameEpoch: frame?.epoch, frameSeq: frame?.seq }, 'resync');
+    this.state = 'syncing';
+    this.buffer = frame ? [frame] : [];
+    this.pendingWave = undefined;
+    this.emit('resync', { reason });
+    this.requestSnapshot();
+  }
+
+  private apply(f: DecodedFrame): void {
+    if (f.kind === 'heartbeat') return;
+    if (f.kind === 'head') {
+      const head = f.head!;
+      if (this.pendingWave) {
+        this.log.warn({ wave: this.pendingWave.head.wave }, 'wave head arrived before the previous wave was complete; previous wave dropped');
+      }
+      this.pendingWave = { head: { ...head, epoch: f.epoch, seq: f.seq } };
+    } else {
+      const w = this.pendingWave;
+      const lane = f.kind === 'config' ? f.config! : f.dump!;
+      const due = f.kind === 'config' ? w?.head.configDue : w?.head.dumpDue;
+      if (!w || !due || lane.wave !== w.head.wave || w[f.kind] !== undefined) {
+        this.drops.drop('stale', `orphan ${f.kind} lane of wave ${lane.wave}`);
+        return;
+      }
+      if (f.kind === 'config') w.config = f.config;
+      else w.dump = f.dump;
+    }
+    const w = this.pendingWave!;
+    if ((!w.head.configDue || w.config) && (!w.head.dumpDue || w.dump)) {
+      this.pendingWave = undefined;
+      this.latestHead = w.head;
+      this.lastWave = w.head.wave;
+      this.stats.waves++;
+      this.emit('wave', w);
+    }
+  }
+
+  // ------------------------------------------------------------------ DEALER
+
+  private async receiveDealer(dealer: Dealer): Promise<void> {
+    while (!dealer.closed) {
+      let parts: Buffer[];
+      try {
+        parts = await dealer.receive();
+      } catch (e) {
+        if (dealer.closed || !this.running) break;
+        this.log.warn({ err: String(e) }, 'DEALER receive failed');
+        continue;
+      }
+      try {
+        this.onCoordinatorMessage(parts);
+      } catch (e) {
+        this.log.error({ err: String((e as Error)?.stack ?? e) }, 'failed to handle a coordinator message');
+      }
+    }
+  }
+
+  private onCoordinatorMessage(parts: Buffer[]): void {
+    if (parts.length !== 1) return this.drops.drop('frame_count', `${parts.length} frames from the coordinator`);
+    const d = decodeCoordinatorMessage(parts[0], this.maxFrameBytes);
+    if (!d.ok) return this.drops.drop(d.reason, d.detail);
+    const msg = d.value;
+    switch (msg.body) {
+      case 'snapshot':
+        if (this.state !== 'syncing' || msg.requestId !== this.snapshotRequestId) return; // an answer to an older ask
+        this.applySnapshot(msg.snapshot as SnapshotReplyMsg);
+        return;
+      case 'fileList':
+      case 'fileChunk':
+        this.answer(msg);
+        return;
+      default:
+        return; // heartbeat / status: nothing to do
+    }
+  }
+
+  private applySnapshot(snap: SnapshotReplyMsg): void {
+    if (this.leftEpochs.includes(snap.epoch)) {
+      // A late reply from a coordinator incarnation we already left: ask again.
+      this.requestSnapshot();
+      return;
+    }
+    if (this.epoch !== 0 && this.epoch !== snap.epoch) {
+      this.leftEpochs.push(this.epoch);
+      if (this.leftEpochs.length > MAX_LEFT_EPOCHS) this.leftEpochs.shift();
+    }
+    this.epoch = snap.epoch;
+    this.lastSeq = snap.seq;
+    this.lastWave = Math.max(this.lastWave, snap.wave);
+    this.state = 'live';
+    this.pendingWave = undefined;
+    this.log.info({ epoch: snap.epoch, seq: snap.seq, wave: snap.wave, pending: snap.pending.length }, 'snapshot applied');
+    this.emit('snapshot', snap);
+    // Replay what arrived while we waited; anything the snapshot covers is skipped.
+    const buffered = this.buffer;
+    this.buffer = [];
+    for (const f of buffered) {
+      if (this.state !== 'live') {
+        this.handleFrame(f); // a replayed frame caused another resync: keep buffering
+      } else if (f.epoch !== this.epoch) {
+        this.drops.drop('wrong_epoch', `buffered frame of epoch ${f.epoch}, snapshot epoch ${this.epoch}`);
+      } else if (f.seq <= this.lastSeq) {
+        this.stats.covered++;
+      } else {
+        this.handleFrame(f);
+      }
+    }
+  }
+
+  private answer(req: CoordinatorMsg): void {
+    const kind = req.body as 'fileList' | 'fileChunk';
+    const fail = (error: string) =>
+      this.send(kind === 'fileList' ? { fileList: { globalRank: this.rank, error } } : { fileChunk: { globalRank: this.rank, error } }, req.requestId);
+    if (!this.handler) {
+      fail(`rank ${this.rank}: this agent does not serve ${kind} requests`);
+      return;
+    }
+    this.handler(req).then(
+      (body) => this.send(body, req.requestId),
+      (e) => fail(`rank ${this.rank}: ${String((e as Error)?.message ?? e)}`),
+    );
+  }
+}

@@ -1,0 +1,695 @@
+// The coordinator side of the wave bus (ZeroMQ Clone pattern): the only publisher of wave
+// vectors and lanes (PUB), the server of snapshots, status and dump acks (ROUTER), and the
+// tracker of which ranks are subscribed and alive.
+import { randomInt } from 'crypto';
+import { EventEmitter } from 'events';
+import { Dealer, Publisher, Router } from 'zeromq';
+import { ConfigError, ProtocolError, WavebusError } from '../errors';
+import { lastPpRanks, type WorldLayout } from '../identity';
+import { createLogger, type Logger } from '../log';
+import type { DumpJob, DumpLane, DumpResult, StepTelemetry, WaveHead } from '../messages';
+import { busMetrics, startMetricsServer, type MetricsServer } from '../metrics';
+import {
+  DropCounter,
+  decodeAgentMessage,
+  decodeCoordinatorMessage,
+  encodeAgentMessage,
+  encodeBusFrame,
+  encodeCoordinatorMessage,
+  type AgentMsg,
+  type FrameKind,
+} from './frames';
+import { checkBindAllowed, socketIpOptions, tcpEndpoint } from './endpoints';
+import type { CoordinatorPolicy, DueLanes } from './policy';
+
+export const DEFAULT_BUS_PORT = 29600;
+export const DEFAULT_HEARTBEAT_MS = 500;
+export const DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024;
+
+export interface CoordinatorOptions {
+  host?: string;
+  port?: number;
+  layout: WorldLayout;
+  heartbeatMs?: number;
+  /** A rank whose heartbeats stop for this long is not live. Default 3 × heartbeatMs. */
+  deadAfterMs?: number;
+  /** Bind a non-loopback host without encryption (logs a warning). */
+  insecure?: boolean;
+  /** Serve /healthz and /metrics here (0 picks a free port); off when undefined. */
+  metricsPort?: number;
+  metricsHost?: string;
+  policy?: CoordinatorPolicy;
+  logger?: Logger;
+  /** Larger messages from the network are dropped and counted ('oversized'). */
+  maxFrameBytes?: number;
+  /** How long every expected rank has to ack a dump job. */
+  dumpAckTimeoutMs?: number;
+}
+
+interface RankState {
+  rank: number;
+  routingId: Buffer;
+  lastSeen: number;
+  live: boolean;
+  /** Hello seen in this epoch; a SnapshotRequest after it counts the rank as subscribed. */
+  hello: boolean;
+  subscribed: boolean;
+  wave: number;
+  lastSeq: number;
+  epochSeen: number;
+  pid: number;
+  host: string;
+}
+
+interface PendingDump {
+  wave: number;
+  job: DumpJob;
+  expected: number[];
+  acked: Map<number, DumpResult>;
+  timer: NodeJS.Timeout;
+}
+
+interface PendingRequest {
+  rank: number;
+  resolve: (m: AgentMsg) => void;
+  reject: (e: Error) => void;
+  timer: NodeJS.Timeout;
+}
+
+export interface CoordinatorStats {
+  published: number;
+  received: number;
+  dropped: Record<string, number>;
+  /** Accepted messages whose epoch_seen was not this epoch (agents that have not resynced yet). */
+  wrongEpochSeen: number;
+}
+
+function isAddrInUse(e: unknown): boolean {
+  const err = e as { code?: string; errno?: number; message?: string };
+  return err?.code === 'EADDRINUSE' || /address already in use/i.test(String(err?.message ?? e));
+}
+
+export class Coordinator extends EventEmitter {
+  readonly host: string;
+  readonly port: number;
+  readonly layout: WorldLayout;
+  readonly heartbeatMs: number;
+  readonly deadAfterMs: number;
+  readonly maxFrameBytes: number;
+  readonly dumpAckTimeoutMs: number;
+  readonly expectedRanks: number[];
+  readonly stats: CoordinatorStats;
+
+  epoch = 0;
+  /** Last sequence number assigned; frames are queued to PUB in seq order. */
+  seq = 0;
+  wave = 0;
+
+  private readonly opts: CoordinatorOptions;
+  private readonly log: Logger;
+  private readonly policy?: CoordinatorPolicy;
+  private readonly drops: DropCounter;
+  private readonly metrics = busMetrics();
+  private pub?: Publisher;
+  private router?: Router;
+  private metricsServer?: MetricsServer;
+  private heartbeatTimer?: NodeJS.Timeout;
+  private promptHeartbeat = false;
+  private ranks = new Map<number, RankState>();
+  private pendingDumps = new Map<string, PendingDump>();
+  private requests = new Map<number, PendingRequest>();
+  private nextRequestId = 1;
+  private queuedDumps: DumpJob[] = [];
+  private queuedConfig?: { version: number; configJson: string };
+  private lastConfig = { version: 0, configJson: '' };
+  private readyEmitted = false;
+  private running = false;
+  private pubQueue: Array<[string, Buffer]> = [];
+  private routerQueue: Array<[Buffer, Buffer]> = [];
+  private pubPump: Promise<void> = Promise.resolve();
+  private routerPump: Promise<void> = Promise.resolve();
+  private pubPumping = false;
+  private routerPumping = false;
+  private receiveLoop?: Promise<void>;
+
+  constructor(opts: CoordinatorOptions) {
+    super();
+    this.opts = opts;
+    this.host = opts.host ?? '127.0.0.1';
+    this.port = opts.port ?? DEFAULT_BUS_PORT;
+    this.layout = opts.layout;
+    this.heartbeatMs = opts.heartbeatMs ?? DEFAULT_HEARTBEAT_MS;
+    this.deadAfterMs = opts.deadAfterMs ?? 3 * this.heartbeatMs;
+    this.maxFrameBytes = opts.maxFrameBytes ?? DEFAULT_MAX_FRAME_BYTES;
+    this.dumpAckTimeoutMs = opts.dumpAckTimeoutMs ?? 10000;
+    this.policy = opts.policy;
+    this.log = opts.logger ?? createLogger('wavebus-coordinator');
+    if (!Number.isInteger(this.port) || this.port < 1 || this.port > 65534) {
+      throw new ConfigError(`--port: expected 1..65534 (the ROUTER uses port+1), got ${this.port}`);
+    }
+    if (!(this.heartbeatMs > 0)) throw new ConfigError(`--heartbeat-ms: expected a positive number, got ${this.heartbeatMs}`);
+    this.expectedRanks = lastPpRanks(this.layout);
+    this.stats = { published: 0, received: 0, dropped: {}, wrongEpochSeen: 0 };
+    this.drops = new DropCounter(this.log, 'coordinator ROUTER', (reason) => this.metrics.dropped.inc({ reason }));
+    this.stats.dropped = this.drops.counts;
+    // Zero-valued series, so dashboards see every label from the start.
+    for (const lane of ['config', 'dump']) this.metrics.lanes.inc({ lane }, 0);
+    for (const result of ['ok', 'error', 'skipped', 'timeout']) this.metrics.dumps.inc({ result }, 0);
+    for (const reason of ['frame_count', 'oversized', 'truncated', 'undecodable', 'empty', 'unknown_request']) this.metrics.dropped.inc({ reason }, 0);
+  }
+
+  get pubEndpoint(): string {
+    return tcpEndpoint(this.host, this.port);
+  }
+
+  get routerEndpoint(): string {
+    return tcpEndpoint(this.host, this.port + 1);
+  }
+
+  /** Where /healthz and /metrics are served, when enabled. */
+  get metricsAddress(): { host: string; port: number } | undefined {
+    return this.metricsServer ? { host: this.metricsServer.host, port: this.metricsServer.port } : undefined;
+  }
+
+  async start(): Promise<void> {
+    if (this.running) return;
+    checkBindAllowed(this.host, { insecure: this.opts.insecure ?? false, logger: this.log });
+    // One epoch per incarnation; must be exact in a JS number and non-zero (0 means "none").
+    this.epoch = randomInt(1, 2 ** 48);
+    const ip = socketIpOptions(this.host);
+    const pub = new Publisher({ linger: 0, sendHighWaterMark: 100000, ...ip });
+    // libzmq cuts a peer off beyond maxMessageSize; up to it we drop and count ourselves.
+    const router = new Router({ linger: 0, maxMessageSize: 2 * this.maxFrameBytes, ...ip });
+    try {
+      await this.bindOne(pub, this.pubEndpoint, this.port, 'PUB');
+      await this.bindOne(router, this.routerEndpoint, this.port + 1, 'ROUTER');
+      if (this.opts.metricsPort !== undefined) {
+        this.metricsServer = await startMetricsServer({
+          host: this.opts.metricsHost ?? '127.0.0.1',
+          port: this.opts.metricsPort,
+          health: () => this.status(),
+        });
+      }
+    } catch (e) {
+      pub.close();
+      router.close();
+      throw e;
+    }
+    this.pub = pub;
+    this.router = router;
+    this.running = true;
+    this.receiveLoop = this.receiveRouter(router);
+    this.heartbeatTimer = setInterval(() => this.tick(), this.heartbeatMs);
+    this.publishHeartbeat();
+    this.log.info(
+      { epoch: this.epoch, pub: this.pubEndpoint, router: this.routerEndpoint, expected: this.expectedRanks, metrics: this.metricsAddress },
+      'coordinator started',
+    );
+  }
+
+  private async bindOne(sock: Publisher | Router, endpoint: string, port: number, what: string): Promise<void> {
+    try {
+      await sock.bind(endpoint);
+    } catch (e) {
+      if (isAddrInUse(e)) {
+        throw new ConfigError(`port ${port} (${what} ${endpoint}) is already in use; pick another --port (the bus uses port and port+1)`, 'ERR_PORT_IN_USE');
+      }
+      throw new ConfigError(`cannot bind ${what} to ${endpoint} (--host ${this.host} --port ${this.port}): ${String((e as Error).message ?? e)}`, 'ERR_BIND');
+    }
+  }
+
+  async stop(): Promise<void> {
+    if (!this.running) return;
+    this.running = false;
+    if (this.heartbeatTimer) clearInterval(this.heartbeatTimer);
+    for (const d of this.pendingDumps.values()) clearTimeout(d.timer);
+    this.pendingDumps.clear();
+    for (const [id, r] of this.requests) {
+      clearTimeout(r.timer);
+      r.reject(new WavebusError('ERR_STOPPED', `coordinator stopped before rank ${r.rank} answered request ${id}`));
+    }
+    this.requests.clear();
+    await this.pubPump;
+    await this.routerPump;
+    this.pub?.close();
+    this.router?.close();
+    await this.receiveLoop;
+    await this.metricsServer?.close();
+    this.metricsServer = undefined;
+    this.policy?.close?.();
+    this.log.info({ epoch: this.epoch, seq: this.seq, wave: this.wave }, 'coordinator stopped');
+  }
+
+  // ------------------------------------------------------------------ publishing
+
+  private publish(kind: FrameKind, body: Record<string, unknown>): number {
+    const seq = ++this.seq;
+    this.pubQueue.push(encodeBusFrame(this.epoch, seq, kind, body));
+    this.stats.published++;
+    if (!this.pubPumping) this.pubPump = this.drainPub();
+    return seq;
+  }
+
+  // zeromq allows one send in flight per socket; frames go out strictly in the order queued.
+  private async drainPub(): Promise<void> {
+    this.pubPumping = true;
+    try {
+      while (this.pubQueue.length > 0 && this.pub && !this.pub.closed) {
+        const parts = this.pubQueue.shift()!;
+        try {
+          await this.pub.send(parts);
+        } catch (e) {
+          if (this.running) this.log.error({ err: String(e) }, 'PUB send failed');
+        }
+      }
+    } finally {
+      this.pubPumping = false;
+    }
+  }
+
+  private reply(routingId: Buffer, msg: Record<string, unknown>): void {
+    this.routerQueue.push([routingId, encodeCoordinatorMessage({ epoch: this.epoch, ...msg })]);
+    if (!this.routerPumping) this.routerPump = this.drainRouter();
+  }
+
+  private async drainRouter(): Promise<void> {
+    this.routerPumping = true;
+    try {
+      while (this.routerQueue.length > 0 && this.router && !this.router.closed) {
+        const parts = this.routerQueue.shift()!;
+        try {
+          await this.router.send(parts);
+        } catch (e) {
+          if (this.running) this.log.warn({ err: String(e) }, 'ROUTER send failed');
+        }
+      }
+    } finally {
+      this.routerPumping = false;
+    }
+  }
+
+  private publishHeartbeat(): void {
+    if (!this.running) return;
+    this.publish('heartbeat', { wave: this.wave, unixMs: Date.now() });
+  }
+
+  /** Publish a heartbeat soon (coalesced): a new subscriber is waiting for its first frame. */
+  private heartbeatSoon(): void {
+    if (this.promptHeartbeat) return;
+    this.promptHeartbeat = true;
+    setImmediate(() => {
+      this.promptHeartbeat = false;
+      this.publishHeartbeat();
+    });
+  }
+
+  // ------------------------------------------------------------------ waves and lanes
+
+  /** Queue dump jobs for the next wave head. */
+  armDumps(jobs: DumpJob[]): void {
+    this.queuedDumps.push(...jobs);
+  }
+
+  /** Queue a new effective config for the next wave head. */
+  setConfig(version: number, configJson: string): void {
+    this.queuedConfig = { version, configJson };
+  }
+
+  /**
+   * Begin `wave`: ask the policy what is due, merge what was queued, publish the head and then
+   * the due lanes (all with consecutive seqs, so a subscriber sees a wave whole or sees a gap).
+   */
+  beginWave(wave: number, telemetry: StepTelemetry | null): WaveHead {
+    if (!this.running) throw new WavebusError('ERR_NOT_RUNNING', 'coordinator is not running');
+    if (!Number.isSafeInteger(wave) || wave < 0) throw new ProtocolError(`wave must be a non-negative integer, got ${wave}`);
+    let due: DueLanes = { dumps: [] };
+    if (this.policy) {
+      try {
+        due = this.policy.onWaveHead(wave, telemetry);
+      } catch (e) {
+        // A policy bug must not stop the bus: the wave goes out with only what was queued.
+        this.log.error({ wave, err: String((e as Error)?.stack ?? e) }, 'policy.onWaveHead failed; publishing the wave without its lanes');
+      }
+    }
+    const config = due.config ?? this.queuedConfig;
+    this.queuedConfig = undefined;
+    const jobs = this.mergeJobs(wave, [...this.queuedDumps, ...(due.dumps ?? [])]);
+    this.queuedDumps = [];
+
+    if (wave < this.wave) this.log.warn({ wave, previous: this.wave }, 'wave went backwards (engine restarted?)');
+    this.wave = wave;
+    const head: WaveHead = { epoch: this.epoch, seq: this.seq + 1, wave, configDue: config !== undefined, dumpDue: jobs.length > 0 };
+    this.publish('head', { ...head });
+    this.metrics.waves.inc();
+    if (config) {
+      this.publish('config', { wave, version: config.version, configJson: config.configJson });
+      this.lastConfig = { version: config.version, configJson: config.configJson };
+      this.metrics.lanes.inc({ lane: 'config' });
+    }
+    if (jobs.length > 0) {
+      this.publish('dump', { wave, jobs });
+      this.metrics.lanes.inc({ lane: 'dump' });
+      for (const job of jobs) this.trackDump(wave, job);
+    }
+    this.emit('wave', head);
+    return head;
+  }
+
+  /** Fill arm wave and job id where the caller left them out; one job per job id. */
+  private mergeJobs(wave: number, jobs: DumpJob[]): DumpJob[] {
+    const byId = new Map<string, DumpJob>();
+    for (const j of jobs) {
+      const armWave = j.armWave || wave;
+      const job: DumpJob = {
+        incidentType: j.incidentType ?? '',
+        reqId: j.reqId ?? '',
+        blockIds: j.blockIds ?? [],
+        detectWave: j.detectWave ?? 0,
+        armWave,
+        dumpDir: j.dumpDir ?? '',
+        requestFinishedAtDump: j.requestFinishedAtDump ?? false,
+        jobId: j.jobId || `${armWave}/${j.incidentType}/${j.reqId}`,
+      };
+      if (byId.has(job.jobId)) this.log.info({ jobId: job.jobId }, 'duplicate dump job in one wave ignored');
+      else byId.set(job.jobId, job);
+    }
+    return [...byId.values()];
+  }
+
+  private trackDump(wave: number, job: DumpJob): void {
+    const old = this.pendingDumps.get(job.jobId);
+    if (old) clearTimeout(old.timer);
+    const timer = setTimeout(() => this.dumpTimedOut(job.jobId), this.dumpAckTimeoutMs);
+    timer.unref();
+    this.pendingDumps.set(job.jobId, { wave, job, expected: [...this.expectedRanks], acked: new Map(), timer });
+  }
+
+  private dumpTimedOut(jobId: string): void {
+    const d = this.pendingDumps.get(jobId);
+    if (!d) return;
+    this.pendingDumps.delete(jobId);
+    const missing = d.expected.filter((r) => !d.acked.has(r));
+    this.metrics.dumps.inc({ result: 'timeout' }, missing.length);
+    this.log.warn({ jobId, missing, timeoutMs: this.dumpAckTimeoutMs }, 'dump job not acked by every rank in time');
+    try {
+      this.policy?.onDumpTimeout?.(jobId, missing);
+    } catch (e) {
+      this.log.error({ jobId, err: String(e) }, 'policy.onDumpTimeout failed');
+    }
+    this.emit('dump-timeout', { jobId, missing });
+  }
+
+  private onDumpResult(result: DumpResult): void {
+    const outcome = result.error ? 'error' : result.skippedReason ? 'skipped' : 'ok';
+    this.metrics.dumps.inc({ result: outcome });
+    const d = this.pendingDumps.get(result.jobId);
+    if (d) {
+      d.acked.set(result.globalRank, result);
+      if (d.expected.every((r) => d.acked.has(r))) {
+        clearTimeout(d.timer);
+        this.pendingDumps.delete(result.jobId);
+        this.emit('dump-complete', { jobId: result.jobId, results: [...d.acked.values()] });
+      }
+    } else {
+      this.log.info({ jobId: result.jobId, rank: result.globalRank }, 'dump result for a job no longer pending');
+    }
+    try {
+      this.policy?.onDumpResult(result);
+    } catch (e) {
+      this.log.error({ jobId: result.jobId, err: String(e) }, 'policy.onDumpResult failed');
+    }
+    this.emit('dump-result', result);
+  }
+
+  /** Dump jobs not yet acked by every expected rank nor timed out, grouped by wave. */
+  pendingDumpLanes(): DumpLane[] {
+    const byWave = new Map<number, DumpJob[]>();
+    for (const d of this.pendingDumps.values()) {
+      if (!byWave.has(d.wave)) byWave.set(d.wave, []);
+      byWave.get(d.wave)!.push(d.job);
+    }
+    return [...byWave.entries()].sort((a, b) => a[0] - b[0]).map(([wave, jobs]) => ({ wave, jobs }));
+  }
+
+  // ------------------------------------------------------------------ requests to agents
+
+  /**
+   * Send a request (a CoordinatorMessage body such as `{ fileList: {...} }`) to one rank's agent
+   * and resolve with its reply, correlated by request id.
+   */
+  requestFromAgent(rank: number, body: Record<string, unknown>, timeoutMs = 10000): Promise<AgentMsg> {
+    const st = this.ranks.get(rank);
+    if (!this.running) return Promise.reject(new WavebusError('ERR_NOT_RUNNING', 'coordinator is not running'));
+    if (!st) return Promise.reject(new WavebusError('ERR_UNKNOWN_RANK', `rank ${rank} has not joined the bus`));
+    const requestId = this.nextRequestId++;
+    return new Promise<AgentMsg>((resolve, reject) => {
+      const timer = setTimeout(() => {
+        this.requests.delete(requestId);
+        reject(new WavebusError('ERR_TIMEOUT', `rank ${rank} did not answer request ${requestId} within ${timeoutMs} ms`));
+      }, timeoutMs);
+      this.requests.set(requestId, { rank, resolve, reject, timer });
+      this.reply(st.routingId, { ...body, requestId });
+    });
+  }
+
+  // ------------------------------------------------------------------ status, readiness, liveness
+
+  liveRanks(): number[] {
+    return [...this.ranks.values()].filter((s) => s.live).map((s) => s.rank).sort((a, b) => a - b);
+  }
+
+  get ready(): boolean {
+    return this.expectedRanks.every((r) => {
+      const s = this.ranks.get(r);
+      return s !== undefined && s.live && s.subscribed;
+    });
+  }
+
+  /** The JSON /healthz serves and StatusReply.status_json carries. */
+  status(): Record<string, unknown> {
+    const ranks: Record<string, unknown> = {};
+    for (const s of [...this.ranks.values()].sort((a, b) => a.rank - b.rank)) {
+      ranks[String(s.rank)] = { live: s.live, subscribed: s.subscribed, wave: s.wave, last_seq: s.lastSeq, epoch_seen: s.epochSeen, pid: s.pid, host: s.host };
+    }
+    let policyStatus: Record<string, unknown> = {};
+    try {
+      policyStatus = this.policy?.status() ?? {};
+    } catch (e) {
+      policyStatus = { policy_error: String(e) };
+    }
+    return {
+      epoch: this.epoch,
+      seq: this.seq,
+      wave: this.wave,
+      live_ranks: this.liveRanks(),
+      expected_ranks: this.expectedRanks,
+      ready: this.ready,
+      config_version: this.lastConfig.version,
+      pending_dumps: [...this.pendingDumps.keys()],
+      dropped: { ...this.stats.dropped },
+      ranks,
+      ...policyStatus,
+    };
+  }
+
+  private checkReady(): void {
+    if (!this.readyEmitted && this.ready) {
+      this.readyEmitted = true;
+      this.log.info({ expected: this.expectedRanks }, 'bus ready: every expected rank is subscribed and live');
+      this.emit('ready');
+    }
+  }
+
+  private tick(): void {
+    const now = Date.now();
+    for (const s of this.ranks.values()) {
+      if (s.live && now - s.lastSeen > this.deadAfterMs) {
+        s.live = false;
+        this.log.warn({ rank: s.rank, silentMs: now - s.lastSeen }, 'agent lost');
+        this.emit('agent-lost', s.rank);
+      }
+    }
+    this.metrics.liveAgents.set(this.liveRanks().length);
+    this.publishHeartbeat();
+  }
+
+  private touch(rank: number, routingId: Buffer): RankState {
+    let s = this.ranks.get(rank);
+    const now = Date.now();
+    if (!s) {
+      s = { rank, routingId, lastSeen: now, live: false, hello: false, subscribed: false, wave: 0, lastSeq: 0, epochSeen: 0, pid: 0, host: '' };
+      this.ranks.set(rank, s);
+    }
+    s.routingId = routingId;
+    s.lastSeen = now;
+    if (!s.live) {
+      s.live = true;
+      this.log.info({ rank }, 'agent joined');
+      this.emit('agent-joined', rank);
+      this.metrics.liveAgents.set(this.liveRanks().length);
+    }
+    return s;
+  }
+
+  // ------------------------------------------------------------------ ROUTER
+
+  private async receiveRouter(router: Router): Promise<void> {
+    while (!router.closed) {
+      let parts: Buffer[];
+      try {
+        parts = await router.receive();
+      } catch (e) {
+        if (router.closed || !this.running) break;
+        this.log.warn({ err: String(e) }, 'ROUTER receive failed');
+        continue;
+      }
+      try {
+        this.onRouterMessage(parts);
+      } catch (e) {
+        // Never let one message take the coordinator down.
+        this.log.error({ err: String((e as Error)?.stack ?? e) }, 'failed to handle an agent message');
+      }
+    }
+  }
+
+  private onRouterMessage(parts: Buffer[]): void {
+    this.stats.received++;
+    if (parts.length !== 2) {
+      this.drops.drop('frame_count', `${parts.length} frames (expected identity + 1)`);
+      return;
+    }
+    const [routingId, payload] = parts;
+    const d = decodeAgentMessage(payload, this.maxFrameBytes);
+    if (!d.ok) {
+      this.drops.drop(d.reason, d.detail);
+      return;
+    }
+    const msg = d.value;
+    if (msg.epochSeen && msg.epochSeen !== this.epoch) this.stats.wrongEpochSeen++;
+    const rank: number = msg.globalRank;
+    switch (msg.body) {
+      case 'status':
+        this.reply(routingId, { requestId: msg.requestId, status: this.statusReply() });
+        return;
+      case 'hello': {
+        const id = msg.hello.identity ?? {};
+        const r = id.globalRank ?? rank;
+        const s = this.touch(r, routingId);
+        s.hello = true;
+        s.subscribed = false;
+        s.pid = id.pid ?? 0;
+        s.host = id.host ?? '';
+        if (!this.expectedRanks.includes(r)) this.log.warn({ rank: r, expected: this.expectedRanks }, 'Hello from a rank that is not a last-PP rank of this layout');
+        // Readiness handshake: the agent waits for any frame on its SUB before asking for a snapshot.
+        this.heartbeatSoon();
+        return;
+      }
+      case 'snapshot': {
+        const r = msg.snapshot.globalRank ?? rank;
+        const s = this.touch(r, routingId);
+        if (s.hello) s.subscribed = true;
+        this.reply(routingId, { requestId: msg.requestId, snapshot: this.snapshotReply() });
+        this.checkReady();
+        return;
+      }
+      case 'heartbeat': {
+        const s = this.touch(rank, routingId);
+        s.wave = msg.heartbeat.wave;
+        s.lastSeq = msg.heartbeat.lastSeq;
+        s.epochSeen = msg.heartbeat.epochSeen;
+        this.checkReady();
+        return;
+      }
+      case 'dumpResult':
+        this.touch(rank, routingId);
+        this.onDumpResult({ ...msg.dumpResult, globalRank: msg.dumpResult.globalRank || rank });
+        return;
+      case 'waveHead':
+        this.touch(rank, routingId);
+        this.beginWave(msg.waveHead.wave, msg.waveHead.telemetry ?? null);
+        return;
+      case 'fileList':
+      case 'fileChunk': {
+        this.touch(rank, routingId);
+        const pending = this.requests.get(msg.requestId);
+        if (!pending) {
+          this.drops.drop('unknown_request', `request ${msg.requestId} from rank ${rank}`);
+          return;
+        }
+        this.requests.delete(msg.requestId);
+        clearTimeout(pending.timer);
+        pending.resolve(msg);
+        return;
+      }
+      default:
+        this.drops.drop('undecodable', `unexpected body ${msg.body}`);
+    }
+  }
+
+  private statusReply(): Record<string, unknown> {
+    return {
+      epoch: this.epoch,
+      seq: this.seq,
+      wave: this.wave,
+      liveRanks: this.liveRanks(),
+      expectedRanks: this.expectedRanks,
+      ready: this.ready,
+      statusJson: JSON.stringify(this.status()),
+    };
+  }
+
+  private snapshotReply(): Record<string, unknown> {
+    let cfg = { configVersion: this.lastConfig.version, configJson: this.lastConfig.configJson, manualDumpDone: 0 };
+    if (this.policy) {
+      try {
+        cfg = this.policy.snapshotState();
+      } catch (e) {
+        this.log.error({ err: String(e) }, 'policy.snapshotState failed; the snapshot carries the last published config');
+      }
+    }
+    // seq is the last one assigned: the state below already includes every frame up to it.
+    return {
+      epoch: this.epoch,
+      seq: this.seq,
+      wave: this.wave,
+      configVersion: cfg.configVersion,
+      configJson: cfg.configJson,
+      pending: this.pendingDumpLanes(),
+      manualDumpDone: cfg.manualDumpDone,
+    };
+  }
+}
+
+export interface StatusReplyMsg {
+  epoch: number;
+  seq: number;
+  wave: number;
+  liveRanks: number[];
+  expectedRanks: number[];
+  ready: boolean;
+  statusJson: string;
+}
+
+/**
+ * Ask a coordinator for its status over its ROUTER (what tools that are not agents use).
+ * Rejects with ERR_TIMEOUT when nothing answers.
+ */
+export async function requestStatus(coordinator: { host: string; port: number }, timeoutMs = 2000): Promise<StatusReplyMsg> {
+  const dealer = new Dealer({ linger: 0, receiveTimeout: timeoutMs, ...socketIpOptions(coordinator.host) });
+  try {
+    dealer.connect(tcpEndpoint(coordinator.host, coordinator.port + 1));
+    await dealer.send(encodeAgentMessage({ requestId: 1, status: {} }));
+    for (;;) {
+      let parts: Buffer[];
+      try {
+        parts = await dealer.receive();
+      } catch {
+        throw new WavebusError('ERR_TIMEOUT', `no status reply from coordinator ${tcpEndpoint(coordinator.host, coordinator.port + 1)} within ${timeoutMs} ms`);
+      }
+      const d = decodeCoordinatorMessage(parts[parts.length - 1], DEFAULT_MAX_FRAME_BYTES);
+      if (d.ok && d.value.body === 'status') return d.value.status as StatusReplyMsg;
+    }
+  } finally {
+    dealer.close();
+  }
+}

@@ -1,0 +1,128 @@
+// Wire frames of the bus: [topic, BusFrame] on PUB/SUB, AgentMessage / CoordinatorMessage on
+// DEALER/ROUTER. Decoding never throws: a bad frame becomes a drop reason that callers count.
+import { AgentMessage, BusFrame, CoordinatorMessage, decode, encode } from '../proto';
+import type { Logger } from '../log';
+import type { ConfigLane, DumpLane, WaveHead } from '../messages';
+
+/** One-letter topics; a subscriber could filter on them, ours take all four. */
+export const TOPIC = { head: 'W', config: 'C', dump: 'D', heartbeat: 'H' } as const;
+export type FrameKind = keyof typeof TOPIC;
+const KIND_OF_TOPIC: Record<string, FrameKind> = { W: 'head', C: 'config', D: 'dump', H: 'heartbeat' };
+
+export interface BusHeartbeat {
+  wave: number;
+  globalRank: number;
+  epochSeen: number;
+  lastSeq: number;
+  unixMs: number;
+}
+
+export interface DecodedFrame {
+  epoch: number;
+  seq: number;
+  kind: FrameKind;
+  head?: WaveHead;
+  config?: ConfigLane;
+  dump?: DumpLane;
+  heartbeat?: BusHeartbeat;
+}
+
+export type DropReason =
+  | 'frame_count' // wrong number of multipart frames
+  | 'oversized' // larger than maxFrameBytes
+  | 'truncated' // protobuf ended inside a field
+  | 'undecodable' // not protobuf of the expected type
+  | 'empty' // decoded, but no body / no epoch / no seq
+  | 'wrong_topic' // topic unknown, or does not match the body
+  | 'wrong_epoch' // an epoch this subscriber already left or was told is not current
+  | 'stale' // seq already covered (duplicate, or covered by the snapshot)
+  | 'injected' // discarded by the dropSeqs fault-injection hook
+  | 'unknown_request'; // a reply to no pending request
+
+export type Decoded<T> = { ok: true; value: T } | { ok: false; reason: DropReason; detail?: string };
+
+export function encodeBusFrame(epoch: number, seq: number, kind: FrameKind, body: Record<string, unknown>): [string, Buffer] {
+  return [TOPIC[kind], encode(BusFrame, { epoch, seq, [kind]: body })];
+}
+
+function classify(e: unknown): DropReason {
+  // protobufjs reports a message that ends inside a field as a RangeError ("index out of range").
+  return e instanceof RangeError || /index out of range/.test(String(e)) ? 'truncated' : 'undecodable';
+}
+
+function safeDecode<T>(type: Parameters<typeof decode>[0], bytes: Uint8Array): Decoded<T> {
+  try {
+    return { ok: true, value: decode<T>(type, bytes) };
+  } catch (e) {
+    return { ok: false, reason: classify(e), detail: String(e) };
+  }
+}
+
+/** Validate and decode a message received on SUB. */
+export function decodeBusFrame(parts: Buffer[], maxFrameBytes: number): Decoded<DecodedFrame> {
+  if (parts.length !== 2) return { ok: false, reason: 'frame_count', detail: `${parts.length} frames` };
+  const [topicBuf, bytes] = parts;
+  if (bytes.length > maxFrameBytes) return { ok: false, reason: 'oversized', detail: `${bytes.length} bytes` };
+  const kind = KIND_OF_TOPIC[topicBuf.toString('latin1')];
+  if (kind === undefined) return { ok: false, reason: 'wrong_topic', detail: `topic ${JSON.stringify(topicBuf.toString('latin1').slice(0, 16))}` };
+  const d = safeDecode<Record<string, any>>(BusFrame, bytes);
+  if (!d.ok) return d;
+  const f = d.value;
+  if (!f.body || !(f.epoch > 0) || !(f.seq > 0)) return { ok: false, reason: 'empty' };
+  if (f.body !== kind) return { ok: false, reason: 'wrong_topic', detail: `topic ${TOPIC[kind]} carries ${f.body}` };
+  return { ok: true, value: { epoch: f.epoch, seq: f.seq, kind, [kind]: f[kind] } };
+}
+
+export type AgentMsg = Record<string, any> & { globalRank: number; epochSeen: number; requestId: number; body?: string };
+export type CoordinatorMsg = Record<string, any> & { epoch: number; requestId: number; body?: string };
+
+/** Validate and decode one AgentMessage payload received on the coordinator's ROUTER. */
+export function decodeAgentMessage(bytes: Buffer, maxFrameBytes: number): Decoded<AgentMsg> {
+  if (bytes.length > maxFrameBytes) return { ok: false, reason: 'oversized', detail: `${bytes.length} bytes` };
+  const d = safeDecode<AgentMsg>(AgentMessage, bytes);
+  if (d.ok && !d.value.body) return { ok: false, reason: 'empty' };
+  return d;
+}
+
+/** Validate and decode one CoordinatorMessage payload received on an agent's DEALER. */
+export function decodeCoordinatorMessage(bytes: Buffer, maxFrameBytes: number): Decoded<CoordinatorMsg> {
+  if (bytes.length > maxFrameBytes) return { ok: false, reason: 'oversized', detail: `${bytes.length} bytes` };
+  const d = safeDecode<CoordinatorMsg>(CoordinatorMessage, bytes);
+  if (d.ok && !d.value.body) return { ok: false, reason: 'empty' };
+  return d;
+}
+
+export function encodeAgentMessage(msg: Record<string, unknown>): Buffer {
+  return encode(AgentMessage, msg);
+}
+
+export function encodeCoordinatorMessage(msg: Record<string, unknown>): Buffer {
+  return encode(CoordinatorMessage, msg);
+}
+
+/**
+ * Counts dropped frames by reason and logs each reason at most once per `logEveryMs`, so a
+ * flood of garbage costs a counter increment, not a log line, per frame.
+ */
+export class DropCounter {
+  readonly counts: Record<string, number> = {};
+  private lastLog = new Map<string, number>();
+
+  constructor(
+    private readonly logger: Logger | undefined,
+    private readonly where: string,
+    private readonly onDrop?: (reason: DropReason) => void,
+    private readonly logEveryMs = 5000,
+  ) {}
+
+  drop(reason: DropReason, detail?: string): void {
+    this.counts[reason] = (this.counts[reason] ?? 0) + 1;
+    this.onDrop?.(reason);
+    const now = Date.now();
+    const last = this.lastLog.get(reason);
+    if (last === undefined || now - last >= this.logEveryMs) {
+      this.lastLog.set(reason, now);
+      this.logger?.warn({ where: this.where, reason, detail, total: this.counts[reason] }, 'dropped a bus frame');
+    }
+  }
+}

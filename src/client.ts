@@ -1,0 +1,329 @@
+// The TypeScript engine client: what an engine rank calls. Thin by design: with every feature off
+// it sends nothing; per step it reads the wave vector from the agent's shared-memory mailbox and
+// calls the agent only when this rank has work in that wave. The Python client mirrors it.
+import * as zmq from 'zeromq';
+import { ConfigError, CaptureError, WavebusError } from './errors';
+import { MailboxReader, MailboxFeature } from './mailbox';
+import type { ForwardContext, StepTelemetry } from './messages';
+import { agentEndpoint, mailboxPath } from './paths';
+import { ClientReply, ClientRequest, decode, encode } from './proto';
+
+export interface ClientRegion {
+  name: string;
+  kind?: 'shm' | 'cuda';
+  shmName?: string;
+  offset?: number;
+  nbytes: number;
+  cudaIpcHandle?: Buffer;
+  device?: number;
+  dtype: string;
+  shape: number[];
+  role: 'kv_pool' | 'input';
+  layer?: string;
+  kv?: 'k' | 'v';
+}
+
+export interface ClientFeatures {
+  tp0: boolean;
+  bus: boolean;
+  detectors: Record<string, boolean>;
+  item_sync: boolean;
+  snapshots: boolean;
+  end_of_wave_timeout_ms: number;
+}
+
+export interface ConnectOptions {
+  /** ipc:// endpoint of this rank's agent; default from WAVEBUS_RUN_DIR and LOCAL_RANK. */
+  endpoint?: string;
+  /** Path of the agent's mailbox; default from WAVEBUS_RUN_DIR and LOCAL_RANK. */
+  mailbox?: string;
+  env?: NodeJS.ProcessEnv;
+  /** The engine schedules asynchronously (refused when snapshots are on). */
+  asyncScheduling?: boolean;
+}
+
+export interface EndOfWaveResult {
+  /** Something was due for this rank in this wave and the agent handled it. */
+  due: boolean;
+  /** The wave vector did not arrive within the bound; the step went on without it. */
+  timedOut: boolean;
+}
+
+interface Pending {
+  resolve: (r: Record<string, any>) => void;
+  reject: (e: Error) => void;
+}
+
+const MARGIN_MS = 20;
+
+export class WavebusClient {
+  readonly stats = { sent: 0, endOfWaveTimeouts: 0, endOfWaveCalls: 0, dueWaves: 0 };
+  private socket: zmq.Dealer | undefined;
+  private nextId = 1;
+  private readonly pending = new Map<number, Pending>();
+  private features: ClientFeatures | undefined;
+  private featureBits = -1;
+  private readonly registered: ClientRegion[] = [];
+  private readonly registeredSent = new Set<string>();
+  private closed = false;
+
+  private constructor(
+    private readonly endpoint: string,
+    private readonly mailbox: MailboxReader,
+    private readonly asyncScheduling: boolean,
+  ) {}
+
+  /** Maps the mailbox; sends nothing. */
+  static async connect(opts: ConnectOptions = {}): Promise<WavebusClient> {
+    const env = opts.env ?? process.env;
+    let endpoint = opts.endpoint;
+    let mbox = opts.mailbox;
+    if (!endpoint || !mbox) {
+      const runDir = env.WAVEBUS_RUN_DIR;
+      if (!runDir) throw new ConfigError('WAVEBUS_RUN_DIR is not set (start the job under `wavebus launch`, or pass endpoint and mailbox)');
+      const lr = env.LOCAL_RANK;
+      if (lr === undefined || !/^\d+$/.test(lr)) throw new ConfigError(`LOCAL_RANK='${lr ?? ''}' is not a non-negative integer`);
+      endpoint = endpoint ?? agentEndpoint(runDir, Number(lr));
+      mbox = mbox ?? mailboxPath(runDir, Number(lr));
+    }
+    const reader = MailboxReader.open(mbox);
+    return new WavebusClient(endpoint, reader, opts.asyncScheduling ?? false);
+  }
+
+  /** Feature bits the agent publishes in the mailbox header; 0 means everything is off. */
+  featureFlags(): number {
+    return this.mailbox.features();
+  }
+
+  private active(): boolean {
+    return this.mailbox.features() !== 0;
+  }
+
+  /** Register a device region (KV pool layer or input buffer). Sent only if some feature can use it. */
+  async register(region: ClientRegion): Promise<void> {
+    validateRegion(region);
+    if (this.registered.some((r) => r.name === region.name)) {
+      throw new ConfigError(`register(): region name '${region.name}' is already registered`);
+    }
+    this.registered.push(region);
+    if (this.active()) await this.flushRegistrations();
+  }
+
+  /** Head of `wave`, with the telemetry of the previous wave (TP0 of the last PP stage only). */
+  async waveHead(wave: number, telemetry?: Omit<StepTelemetry, 'wave'> & { wave?: number }): Promise<void> {
+    checkWave(wave, 'waveHead');
+    if (!this.active()) return;
+    const f = await this.ensureHello();
+    if (!f.tp0 || !f.bus) return;
+    const anyDetector = Object.values(f.detectors).some(Boolean);
+    const body: Record<string, unknown> = { wave };
+    if (anyDetector && telemetry) {
+      body.telemetry = {
+        wave: telemetry.wave ?? wave - 1,
+        requests: telemetry.requests ?? [],
+        nonFinite: telemetry.nonFinite ?? [],
+      };
+    }
+    // Fire and forget: the engine never waits for the coordinator at the head of a wave.
+    this.send({ waveHead: body }).catch(() => undefined);
+  }
+
+  /** End of `wave`: returns at once when nothing is due; never blocks longer than the configured bound. */
+  async endOfWave(wave: number): Promise<EndOfWaveResult> {
+    checkWave(wave, 'endOfWave');
+    this.stats.endOfWaveCalls++;
+    const bits = this.mailbox.features();
+    if (bits === 0 || (bits & MailboxFeature.BUS_ACTIVE) === 0) return { due: false, timedOut: false };
+    const slot = this.mailbox.read(wave);
+    if (slot && !slot.configDue && !slot.dumpDue) return { due: false, timedOut: false };
+    const f = await this.ensureHello();
+    const bound = f.end_of_wave_timeout_ms;
+    let reply: Record<string, any> | undefined;
+    try {
+      reply = await this.send({ endOfWave: { wave } }, bound + MARGIN_MS);
+    } catch (e) {
+      if ((e as WavebusError).code !== 'ERR_TIMEOUT') throw e;
+    }
+    if (!reply || reply.timedOut) {
+      this.stats.endOfWaveTimeouts++;
+      return { due: false, timedOut: true };
+    }
+    if (!reply.ok) throw new WavebusError(reply.errorCode || 'ERR_AGENT', `endOfWave(${wave}): ${reply.error}`);
+    this.stats.dueWaves++;
+    return { due: true, timedOut: false };
+  }
+
+  /**
+   * Before a forward: the agent decides whether this forward is selected for an input snapshot and,
+   * if so, copies and writes the inputs before returning. A failed capture throws CaptureError:
+   * the caller aborts the forward (fail loud).
+   */
+  async beforeForward(
+    context: Partial<ForwardContext> & { compilationHash: string; globalStep: number },
+    inputs: { region: string; offset?: number; dtype: string; shape: number[] }[],
+  ): Promise<{ captured: boolean; callDir?: string }> {
+    if ((this.mailbox.features() & MailboxFeature.SNAPSHOTS) === 0) return { captured: false };
+    await this.ensureHello();
+    for (const [i, inp] of inputs.entries()) {
+      if (!this.registered.some((r) => r.name === inp.region)) {
+        throw new ConfigError(`beforeForward(): inputs[${i}].region '${inp.region}' is not a registered region`);
+      }
+    }
+    const reply = await this.send({
+      beforeForward: {
+        context: {
+          compilationHash: context.compilationHash,
+          globalStep: context.globalStep,
+          isPrompt: context.isPrompt ?? false,
+          reqIds: context.reqIds ?? [],
+          positions: context.positions ?? [],
+          rowRequest: context.rowRequest ?? [],
+          numSpeculativeTokens: context.numSpeculativeTokens ?? 0,
+          warmup: context.warmup ?? false,
+        },
+        inputs: inputs.map((x) => ({ region: x.region, offset: x.offset ?? 0, dtype: x.dtype, shape: x.shape })),
+      },
+    });
+    if (!reply.ok) throw new CaptureError(`input snapshot failed: ${reply.error}`, reply.errorCode || 'ERR_CAPTURE');
+    return { captured: reply.captured, callDir: reply.callDir || undefined };
+  }
+
+  async close(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    if (this.socket) {
+      this.send({ close: {} }, 200).catch(() => undefined);
+      await new Promise((r) => setTimeout(r, 5));
+      this.socket.close();
+    }
+    for (const p of this.pending.values()) p.reject(new WavebusError('ERR_CLOSED', 'client closed'));
+    this.pending.clear();
+    this.mailbox.close();
+  }
+
+  /** The features the agent reported; undefined until the first call that needed the agent. */
+  reportedFeatures(): ClientFeatures | undefined {
+    return this.features;
+  }
+
+  private async ensureHello(): Promise<ClientFeatures> {
+    const bits = this.mailbox.features();
+    if (this.features && bits === this.featureBits) return this.features;
+    const reply = await this.send({ hello: { pid: process.pid, asyncScheduling: this.asyncScheduling, language: 'typescript' } });
+    if (!reply.ok) throw new WavebusError(reply.errorCode || 'ERR_AGENT', `agent refused the client: ${reply.error}`);
+    this.features = JSON.parse(reply.featuresJson) as ClientFeatures;
+    this.featureBits = bits;
+    await this.flushRegistrations();
+    return this.features;
+  }
+
+  private async flushRegistrations(): Promise<void> {
+    for (const r of this.registered) {
+      if (this.registeredSent.has(r.name)) continue;
+      const reply = await this.send({
+        register: {
+          name: r.name,
+          kind: r.kind === 'cuda' ? 1 : 0,
+          shmName: r.shmName ?? '',
+          offset: r.offset ?? 0,
+          nbytes: r.nbytes,
+          cudaIpcHandle: r.cudaIpcHandle ?? Buffer.alloc(0),
+          device: r.device ?? 0,
+          dtype: r.dtype,
+          shape: r.shape,
+          role: r.role === 'input' ? 1 : 0,
+          layer: r.layer ?? '',
+          kv: r.kv ?? '',
+        },
+      });
+      if (!reply.ok) throw new WavebusError(reply.errorCode || 'ERR_REGISTER', `register('${r.name}'): ${reply.error}`);
+      this.registeredSent.add(r.name);
+    }
+  }
+
+  private socketOrOpen(): zmq.Dealer {
+    if (this.socket) return this.socket;
+    const s = new zmq.Dealer({ linger: 0, sendHighWaterMark: 1000 });
+    s.connect(this.endpoint);
+    this.socket = s;
+    void this.receiveLoop(s);
+    return s;
+  }
+
+  private async receiveLoop(s: zmq.Dealer): Promise<void> {
+    try {
+      for await (const [frame] of s) {
+        let reply: Record<string, any>;
+        try {
+          reply = decode(ClientReply, frame);
+        } catch {
+          continue; // garbage from the agent socket is ignored
+        }
+        const p = this.pending.get(reply.id);
+        if (p) {
+          this.pending.delete(reply.id);
+          p.resolve(reply);
+        }
+      }
+    } catch {
+      /* socket closed */
+    }
+  }
+
+  private send(body: Record<string, unknown>, timeoutMs = 30000): Promise<Record<string, any>> {
+    if (this.closed && !('close' in body)) return Promise.reject(new WavebusError('ERR_CLOSED', 'client closed'));
+    const id = this.nextId++;
+    const s = this.socketOrOpen();
+    return new Promise((resolve, reject) => {
+      const timer = setTimeout(() => {
+        this.pending.delete(id);
+        reject(new WavebusError('ERR_TIMEOUT', `agent did not answer within ${timeoutMs} ms`));
+      }, timeoutMs);
+      this.pending.set(id, {
+        resolve: (r) => {
+          clearTimeout(timer);
+          resolve(r);
+        },
+        reject: (e) => {
+          clearTimeout(timer);
+          reject(e);
+        },
+      });
+      this.stats.sent++;
+      s.send(encode(ClientRequest, { id, ...body })).catch((e: Error) => {
+        clearTimeout(timer);
+        this.pending.delete(id);
+        reject(e);
+      });
+    });
+  }
+}
+
+function checkWave(wave: number, where: string): void {
+  if (!Number.isSafeInteger(wave) || wave < 0) throw new ConfigError(`${where}(): wave ${wave} is not a non-negative integer`);
+}
+
+function validateRegion(r: ClientRegion): void {
+  if (!r.name || typeof r.name !== 'string') throw new ConfigError('register(): region.name must be a non-empty string');
+  const kind = r.kind ?? 'shm';
+  if (kind !== 'shm' && kind !== 'cuda') throw new ConfigError(`register(): region.kind '${String(kind)}' must be 'shm' or 'cuda'`);
+  if (kind === 'shm' && !r.shmName) throw new ConfigError(`register(): region '${r.name}' of kind shm needs shmName`);
+  if (kind === 'cuda' && (!r.cudaIpcHandle || r.cudaIpcHandle.length !== 64)) {
+    throw new ConfigError(`register(): region '${r.name}' of kind cuda needs a 64-byte cudaIpcHandle`);
+  }
+  if (!Number.isSafeInteger(r.nbytes) || r.nbytes < 0) throw new ConfigError(`register(): region '${r.name}'.nbytes ${r.nbytes} is not a non-negative integer`);
+  if (r.offset !== undefined && (!Number.isSafeInteger(r.offset) || r.offset < 0)) {
+    throw new ConfigError(`register(): region '${r.name}'.offset ${r.offset} is not a non-negative integer`);
+  }
+  r.shape.forEach((d, i) => {
+    if (!Number.isSafeInteger(d) || d < 0) throw new ConfigError(`register(): region '${r.name}'.shape[${i}] = ${d} is not a non-negative integer`);
+  });
+  if (r.role !== 'kv_pool' && r.role !== 'input') throw new ConfigError(`register(): region '${r.name}'.role '${String(r.role)}' must be 'kv_pool' or 'input'`);
+  if (r.role === 'kv_pool') {
+    if (!r.layer) throw new ConfigError(`register(): KV region '${r.name}' needs layer`);
+    if (r.kv !== 'k' && r.kv !== 'v') throw new ConfigError(`register(): KV region '${r.name}'.kv must be 'k' or 'v'`);
+    if (r.shape.length !== 4) throw new ConfigError(`register(): KV region '${r.name}'.shape must be [num_blocks, block_size, num_kv_heads, head_dim]`);
+  }
+}
+
+export { MailboxFeature };

@@ -1,0 +1,72 @@
+// `wavebus coordinator`: run the wave-bus coordinator beside global rank 0 until SIGINT/SIGTERM.
+import type { CommandModule } from 'yargs';
+import { Coordinator, DEFAULT_BUS_PORT, DEFAULT_HEARTBEAT_MS } from '../bus/coordinator';
+import { parseBusPort } from '../bus/endpoints';
+import { ConfigError } from '../errors';
+import { identityFlagsFromArgv, identityOptions, resolveLayout } from '../identity';
+import { createLogger } from '../log';
+
+const LAYOUT_FLAGS = ['world-size', 'tp', 'pp', 'dp', 'cp'];
+
+/** A positive integer flag, quoted back in the error when it is not one. */
+export function positiveInt(raw: unknown, flag: string, min = 1): number {
+  const s = String(raw).trim();
+  if (!/^\d+$/.test(s) || Number(s) < min || !Number.isSafeInteger(Number(s))) {
+    throw new ConfigError(`${flag}: expected an integer >= ${min}, got ${JSON.stringify(raw)}`);
+  }
+  return Number(s);
+}
+
+/** Resolves on the first SIGINT/SIGTERM; keeps the process alive until then (signal handlers alone do not). */
+export function waitForSignal(): Promise<NodeJS.Signals> {
+  const keepAlive = setInterval(() => undefined, 1 << 30);
+  return new Promise((resolve) => {
+    const on = (sig: NodeJS.Signals) => () => {
+      clearInterval(keepAlive);
+      resolve(sig);
+    };
+    process.once('SIGINT', on('SIGINT'));
+    process.once('SIGTERM', on('SIGTERM'));
+  });
+}
+
+export const command: CommandModule = {
+  command: 'coordinator',
+  describe: 'Run the wave-bus coordinator (PUB on --port, ROUTER on --port+1) until SIGINT/SIGTERM',
+  builder: (y) => {
+    for (const f of LAYOUT_FLAGS) y.option(f, identityOptions[f]);
+    return y
+      .option('host', { type: 'string', default: '127.0.0.1', describe: 'address to bind; non-loopback needs --insecure' })
+      .option('port', { type: 'string', describe: `PUB port; the ROUTER binds port+1 (default $WAVEBUS_PORT or ${DEFAULT_BUS_PORT})` })
+      .option('heartbeat-ms', { type: 'string', default: String(DEFAULT_HEARTBEAT_MS), describe: 'heartbeat period; a peer silent for 3 periods is lost' })
+      .option('metrics-port', { type: 'string', describe: 'serve /healthz and /metrics on 127.0.0.1:PORT (0 = any free port)' })
+      .option('dump-ack-timeout-ms', { type: 'string', default: '10000', describe: 'how long every last-PP rank has to ack a dump job' })
+      .option('insecure', { type: 'boolean', default: false, describe: 'allow binding a non-loopback --host without encryption' });
+  },
+  handler: async (argv) => {
+    const log = createLogger('wavebus-coordinator');
+    const env = process.env;
+    const layout = resolveLayout(env, identityFlagsFromArgv(argv as Record<string, unknown>));
+    const port =
+      argv.port !== undefined ? parseBusPort(argv.port, '--port') : env.WAVEBUS_PORT ? parseBusPort(env.WAVEBUS_PORT, 'WAVEBUS_PORT') : DEFAULT_BUS_PORT;
+    const coordinator = new Coordinator({
+      host: String(argv.host),
+      port,
+      layout,
+      heartbeatMs: positiveInt(argv['heartbeat-ms'], '--heartbeat-ms'),
+      metricsPort: argv['metrics-port'] !== undefined ? positiveInt(argv['metrics-port'], '--metrics-port', 0) : undefined,
+      dumpAckTimeoutMs: positiveInt(argv['dump-ack-timeout-ms'], '--dump-ack-timeout-ms'),
+      insecure: Boolean(argv.insecure),
+      logger: log,
+    });
+    const signal = waitForSignal();
+    await coordinator.start();
+    coordinator.on('ready', () => process.stdout.write(`${JSON.stringify({ event: 'ready', epoch: coordinator.epoch })}\n`));
+    process.stdout.write(
+      `${JSON.stringify({ event: 'started', epoch: coordinator.epoch, pub: coordinator.pubEndpoint, router: coordinator.routerEndpoint, metrics: coordinator.metricsAddress ?? null })}\n`,
+    );
+    log.info({ signal: await signal }, 'stopping');
+    await coordinator.stop();
+    process.exit(0);
+  },
+};

@@ -1,0 +1,50 @@
+// `wavebus launch [options] -- <command...>`: run once per host, like torchrun (see docs/launch.md).
+import type { CommandModule } from 'yargs';
+import { ConfigError, WavebusError } from '../errors';
+import { identityOptions } from '../identity';
+import { launch, parseLaunchOptions } from '../launcher';
+import { createLogger } from '../log';
+
+export const command: CommandModule = {
+  command: 'launch',
+  describe: 'Start the coordinator (node 0) and one agent per local rank, then run a command with the wavebus environment',
+  builder: (y) =>
+    y
+      // Everything after `--` is the user's command, kept verbatim (no number parsing).
+      .parserConfiguration({ 'populate--': true })
+      .usage('$0 launch [options] -- <command...>')
+      .options({
+        nnodes: { type: 'string', describe: 'number of hosts in the job', defaultDescription: '1' },
+        'node-rank': { ...identityOptions['node-rank'], describe: 'index of this host, 0..nnodes-1', defaultDescription: '0' },
+        'nproc-per-node': { type: 'string', describe: 'ranks (agents) on this host', defaultDescription: 'tp*pp*dp*cp/nnodes, else 1' },
+        'master-addr': { ...identityOptions['master-addr'], describe: 'address of node 0', defaultDescription: '$MASTER_ADDR or 127.0.0.1' },
+        port: { type: 'string', describe: 'bus port: coordinator PUB on PORT, ROUTER on PORT+1', defaultDescription: '$WAVEBUS_PORT or 29600' },
+        coordinator: { type: 'string', describe: 'HOST:PORT where the coordinator runs (started here when HOST is this host and node-rank is 0)', defaultDescription: 'master-addr:port' },
+        tp: identityOptions.tp,
+        pp: identityOptions.pp,
+        dp: identityOptions.dp,
+        cp: identityOptions.cp,
+        'run-dir': { type: 'string', describe: 'directory for agent sockets and mailboxes (created, and removed at the end if created here)', defaultDescription: '/dev/shm/wavebus-<user>-<pid>' },
+        'metrics-port': { type: 'string', describe: 'coordinator /healthz and /metrics port' },
+        insecure: { type: 'boolean', describe: 'allow the coordinator to bind a non-loopback address without CURVE keys (plain text)' },
+        'ready-timeout-ms': { type: 'string', describe: 'give up if the job is not ready in this time', defaultDescription: '30000' },
+        'grace-ms': { type: 'string', describe: 'after the command exits: time between SIGTERM and SIGKILL for agents and coordinator', defaultDescription: '5000' },
+        'coordinator-arg': { type: 'string', array: true, describe: 'extra argument for `wavebus coordinator` (repeatable, verbatim)' },
+        'agent-arg': { type: 'string', array: true, describe: 'extra argument for every `wavebus agent` (repeatable, verbatim)' },
+      })
+      .example('$0 launch --nproc-per-node 8 --tp 8 -- python serve.py', 'one host, TP 8')
+      .example('$0 launch --nnodes 2 --node-rank $NODE_RANK --nproc-per-node 8 --master-addr $MASTER --tp 8 --pp 2 -- torchrun ...', 'each of two hosts'),
+  handler: async (argv) => {
+    const opts = parseLaunchOptions(argv as Record<string, unknown>);
+    let code: number;
+    try {
+      code = await launch(opts, createLogger('launch'));
+    } catch (e) {
+      if (e instanceof ConfigError || !(e instanceof WavebusError)) throw e;
+      // The job failed to come up: not a usage error, so not exit code 2.
+      process.stderr.write(`wavebus launch: ${e.message} [${e.code}]\n`);
+      code = 1;
+    }
+    process.exit(code);
+  },
+};

@@ -1,0 +1,84 @@
+// `wavebus sim`: the simulated multi-rank engine (run it under `wavebus launch`), and the hidden
+// `wavebus sim-rank` that each of its rank processes runs.
+import type { CommandModule } from 'yargs';
+import { ConfigError } from '../errors';
+import { parseFaults } from '../sim/faults';
+import { runSimJob } from '../sim/job';
+import { runSimRank, type SimRankOptions } from '../sim/rank';
+
+function positiveInt(v: unknown, flag: string, min = 1): number {
+  const n = Number(v);
+  if (!Number.isInteger(n) || n < min) throw new ConfigError(`${flag} must be an integer >= ${min}, got '${String(v)}'`);
+  return n;
+}
+
+export const command: CommandModule = {
+  command: 'sim',
+  describe: 'Run the simulated multi-rank engine on this host (start it under `wavebus launch`)',
+  builder: (y) =>
+    y
+      .option('nproc-per-node', { type: 'number', describe: 'ranks on this host (default $WAVEBUS_NPROC_PER_NODE or 1)' })
+      .option('nnodes', { type: 'number', describe: 'hosts in the job (default $WAVEBUS_NNODES or 1)' })
+      .option('node-rank', { type: 'number', describe: 'this host (default $WAVEBUS_NODE_RANK or 0)' })
+      .option('steps', { type: 'number', default: 100, describe: 'engine steps (waves)' })
+      .option('step-ms', { type: 'number', default: 10, describe: 'wall time per step; 0 = as fast as possible' })
+      .option('requests', { type: 'number', default: 8, describe: 'requests in the workload' })
+      .option('speculative', { type: 'number', default: 2, describe: 'speculative tokens per step (0 = off)' })
+      .option('layers', { type: 'number', default: 4 })
+      .option('num-blocks', { type: 'number', default: 256 })
+      .option('block-size', { type: 'number', default: 16 })
+      .option('kv-heads', { type: 'number', default: 8, describe: 'KV heads in total (split over TP)' })
+      .option('head-dim', { type: 'number', default: 64 })
+      .option('dtype', { choices: ['bfloat16', 'float16', 'float32'] as const, default: 'bfloat16' as const })
+      .option('faults', { type: 'string', describe: 'faults to inject: inline JSON or a file' })
+      .option('start-at', { type: 'number', describe: 'wall-clock ms for step 1 (align hosts)' })
+      .option('result-dir', { type: 'string', demandOption: true, describe: 'where each rank writes rank<g>.json' }),
+  handler: async (argv) => {
+    const env = process.env;
+    const nproc = positiveInt(argv['nproc-per-node'] ?? env.WAVEBUS_NPROC_PER_NODE ?? 1, '--nproc-per-node');
+    const nnodes = positiveInt(argv.nnodes ?? env.WAVEBUS_NNODES ?? 1, '--nnodes');
+    const nodeRank = positiveInt(argv['node-rank'] ?? env.WAVEBUS_NODE_RANK ?? 0, '--node-rank', 0);
+    const res = await runSimJob({
+      nnodes,
+      nodeRank,
+      nprocPerNode: nproc,
+      masterAddr: env.MASTER_ADDR ?? '127.0.0.1',
+      steps: positiveInt(argv.steps, '--steps'),
+      stepMs: positiveInt(argv['step-ms'], '--step-ms', 0),
+      requests: positiveInt(argv.requests, '--requests'),
+      speculative: positiveInt(argv.speculative, '--speculative', 0),
+      geometry: {
+        layers: positiveInt(argv.layers, '--layers'),
+        numBlocks: positiveInt(argv['num-blocks'], '--num-blocks'),
+        blockSize: positiveInt(argv['block-size'], '--block-size'),
+        totalKvHeads: positiveInt(argv['kv-heads'], '--kv-heads'),
+        headDim: positiveInt(argv['head-dim'], '--head-dim'),
+        dtype: argv.dtype as 'bfloat16',
+      },
+      faults: parseFaults(argv.faults as string | undefined),
+      resultDir: String(argv['result-dir']),
+      startAt: argv['start-at'] as number | undefined,
+    });
+    const failed = res.exits.filter((e) => e.code !== 0);
+    process.stdout.write(`${JSON.stringify({ ranks: res.ranks.length, failed })}\n`);
+    process.exit(failed.length > 0 ? 1 : 0);
+  },
+};
+
+/** Hidden: one rank of `wavebus sim`, forked with an IPC channel for the start barrier. */
+export const rankCommand: CommandModule = {
+  command: 'sim-rank',
+  describe: false,
+  builder: (y) => y.option('options', { type: 'string', demandOption: true }),
+  handler: async (argv) => {
+    const opts = JSON.parse(String(argv.options)) as SimRankOptions;
+    await runSimRank(opts, () =>
+      new Promise<number | undefined>((resolve) => {
+        if (!process.send) return resolve(undefined);
+        process.once('message', (m: any) => resolve(typeof m?.go === 'number' ? m.go : undefined));
+        process.send({ ready: true });
+      }),
+    );
+    process.exit(0);
+  },
+};

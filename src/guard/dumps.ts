@@ -1,0 +1,220 @@
+// Dump jobs on the coordinator side: arming (request_info.json, dedupe per (arm wave, req_id)),
+// refusals (dump_skipped.json), and completion tracking from the ranks' acks (manifest.json).
+// Layout: <dump_root>/<incident_type>/<req_id>/wave_<arm_wave>/{request_info.json, manifest.json,
+// dump_skipped.json, rank<g>/...}; the coordinator writes the JSON files, each rank its rank<g>/.
+import * as path from 'path';
+import type { Logger } from '../log';
+import type { DumpJob, DumpResult, FileEntry } from '../messages';
+import { safeReqId, writeJsonAtomic } from './reports';
+
+export type SkipReason =
+  | 'finished_or_reaped'
+  | 'no_dump_targets'
+  | 'empty_block_ids'
+  | 'insufficient_free_space'
+  | 'quota_or_cooldown_blocked'
+  | 'd2h_failed'
+  | 'write_failed';
+
+export function waveDir(dumpRoot: string, incidentType: string, reqId: string, wave: number): string {
+  return path.join(dumpRoot, safeReqId(incidentType), safeReqId(reqId), `wave_${wave}`);
+}
+
+export function jobIdOf(armWave: number, incidentType: string, reqId: string): string {
+  return `${armWave}/${incidentType}/${reqId}`;
+}
+
+/** dump_skipped.json (seed keys). Returns its path. */
+export function writeDumpSkipped(
+  dir: string,
+  s: { reason: SkipReason; reqId: string; incidentType: string; stage: 'arm' | 'drain'; rank: number; wave: number; detail?: Record<string, unknown> },
+): string {
+  const file = path.join(dir, 'dump_skipped.json');
+  writeJsonAtomic(file, {
+    reason: s.reason,
+    req_id: s.reqId,
+    incident_type: s.incidentType,
+    stage: s.stage,
+    rank: s.rank,
+    wave: s.wave,
+    ts: new Date().toISOString(),
+    ...(s.detail ? { detail: s.detail } : {}),
+  });
+  return file;
+}
+
+export interface ArmSpec {
+  incidentType: string;
+  reqId: string;
+  blockIds: number[];
+  detectWave: number;
+  armWave: number;
+  requestFinishedAtDump: boolean;
+  /** Report-like metadata merged into request_info.json. */
+  info: Record<string, unknown>;
+}
+
+interface RankAck {
+  files: FileEntry[];
+  bytes: number;
+  error: string;
+  skippedReason: string;
+}
+
+interface TrackedJob {
+  job: DumpJob;
+  acks: Map<number, RankAck>;
+  timedOut: boolean;
+  finished: boolean;
+  ok: boolean;
+}
+
+const MAX_TRACKED_JOBS = 4096;
+
+export class DumpBook {
+  private readonly jobs = new Map<string, TrackedJob>();
+  private readonly armedAt = new Map<number, Set<string>>(); // arm wave → req ids
+  armed = 0;
+  completed = 0; // jobs every expected rank acked without error
+  incomplete = 0; // jobs that finished (all acked or timed out) with a missing, failed or skipped rank
+  skipped: Record<string, number> = {};
+  duplicates = 0;
+  unknownResults = 0;
+
+  constructor(
+    private readonly expectedRanks: readonly number[],
+    private readonly coordinatorRank: number,
+    private readonly log?: Pick<Logger, 'info' | 'warn'>,
+  ) {}
+
+  /** Arm one job: dedupe, write request_info.json, track. Returns null for a duplicate. */
+  arm(dumpRoot: string, spec: ArmSpec): DumpJob | null {
+    let seen = this.armedAt.get(spec.armWave);
+    if (!seen) {
+      for (const w of this.armedAt.keys()) if (w < spec.armWave - 4) this.armedAt.delete(w);
+      this.armedAt.set(spec.armWave, (seen = new Set()));
+    }
+    if (seen.has(spec.reqId)) {
+      this.duplicates++;
+      this.log?.info({ wave: spec.armWave, req_id: spec.reqId, incident_type: spec.incidentType }, 'dump already armed for this request in this wave');
+      return null;
+    }
+    seen.add(spec.reqId);
+    const dir = waveDir(dumpRoot, spec.incidentType, spec.reqId, spec.armWave);
+    const job: DumpJob = {
+      incidentType: spec.incidentType,
+      reqId: spec.reqId,
+      blockIds: spec.blockIds,
+      detectWave: spec.detectWave,
+      armWave: spec.armWave,
+      dumpDir: dir,
+      requestFinishedAtDump: spec.requestFinishedAtDump,
+      jobId: jobIdOf(spec.armWave, spec.incidentType, spec.reqId),
+    };
+    writeJsonAtomic(path.join(dir, 'request_info.json'), {
+      job_id: job.jobId,
+      incident_type: job.incidentType,
+      req_id: job.reqId,
+      detect_wave: job.detectWave,
+      arm_wave: job.armWave,
+      block_ids: job.blockIds,
+      num_blocks: job.blockIds.length,
+      request_finished_at_dump: job.requestFinishedAtDump,
+      rank: this.coordinatorRank,
+      expected_ranks: [...this.expectedRanks],
+      ts: new Date().toISOString(),
+      ...spec.info,
+    });
+    this.jobs.set(job.jobId, { job, acks: new Map(), timedOut: false, finished: false, ok: false });
+    if (this.jobs.size > MAX_TRACKED_JOBS) this.jobs.delete(this.jobs.keys().next().value as string);
+    this.armed++;
+    return job;
+  }
+
+  /** Refuse a dump at arm time: dump_skipped.json in the wave dir it would have had. */
+  refuse(dumpRoot: string, s: { incidentType: string; reqId: string; wave: number; reason: SkipReason; detail?: Record<string, unknown> }): string {
+    this.skipped[s.reason] = (this.skipped[s.reason] ?? 0) + 1;
+    const dir = s.reqId ? waveDir(dumpRoot, s.incidentType, s.reqId, s.wave) : path.join(dumpRoot, safeReqId(s.incidentType), `wave_${s.wave}`);
+    return writeDumpSkipped(dir, { ...s, stage: 'arm', rank: this.coordinatorRank });
+  }
+
+  onResult(r: DumpResult): void {
+    const t = this.jobs.get(r.jobId);
+    if (!t) {
+      this.unknownResults++;
+      this.log?.warn({ job_id: r.jobId, rank: r.globalRank }, 'dump result for a job this coordinator does not track');
+      return;
+    }
+    if (!this.expectedRanks.includes(r.globalRank)) {
+      this.unknownResults++;
+      this.log?.warn({ job_id: r.jobId, rank: r.globalRank }, 'dump result from a rank that is not a last-PP rank');
+      return;
+    }
+    t.acks.set(r.globalRank, { files: r.files, bytes: r.bytes, error: r.error, skippedReason: r.skippedReason });
+    if (t.acks.size === this.expectedRanks.length || t.timedOut) this.finish(t);
+  }
+
+  onTimeout(jobId: string, _missing: number[]): void {
+    const t = this.jobs.get(jobId);
+    if (!t) {
+      this.unknownResults++;
+      return;
+    }
+    t.timedOut = true;
+    this.finish(t);
+  }
+
+  private finish(t: TrackedJob): void {
+    const completed: number[] = [];
+    const failed: Record<string, string> = {};
+    const skipped: Record<string, string> = {};
+    const files: Record<string, FileEntry[]> = {};
+    const bytes: Record<string, number> = {};
+    for (const rank of [...t.acks.keys()].sort((a, b) => a - b)) {
+      const a = t.acks.get(rank)!;
+      files[rank] = a.files.map((f) => ({ path: f.path, bytes: f.bytes, checksum: f.checksum }));
+      bytes[rank] = a.bytes;
+      if (a.error) failed[rank] = a.error;
+      else if (a.skippedReason) skipped[rank] = a.skippedReason;
+      else completed.push(rank);
+    }
+    const missing = this.expectedRanks.filter((r) => !t.acks.has(r));
+    const ok = completed.length === this.expectedRanks.length;
+    if (!t.finished) {
+      t.finished = true;
+      if (ok) this.completed++;
+      else this.incomplete++;
+    } else if (ok && !t.ok) {
+      // a late ack completed a job that had timed out
+      this.incomplete--;
+      this.completed++;
+    }
+    t.ok = ok;
+    writeJsonAtomic(path.join(t.job.dumpDir, 'manifest.json'), {
+      job_id: t.job.jobId,
+      incident_type: t.job.incidentType,
+      req_id: t.job.reqId,
+      detect_wave: t.job.detectWave,
+      arm_wave: t.job.armWave,
+      request_finished_at_dump: t.job.requestFinishedAtDump,
+      expected_ranks: [...this.expectedRanks],
+      completed_ranks: completed,
+      missing_ranks: missing,
+      failed_ranks: failed,
+      skipped_ranks: skipped,
+      complete: ok,
+      timed_out: t.timedOut,
+      files,
+      bytes,
+      ts: new Date().toISOString(),
+    });
+    if (!ok) this.log?.warn({ job_id: t.job.jobId, missing, failed, skipped }, 'dump job incomplete');
+  }
+
+  /** Jobs waiting for acks (armed, not finished). */
+  pending(): number {
+    let n = 0;
+    for (const t of this.jobs.values()) if (!t.finished) n++;
+    return n;
+  }
+}

@@ -1,0 +1,97 @@
+// Prometheus metrics and the coordinator's tiny HTTP endpoint: GET /healthz (JSON) and
+// GET /metrics (Prometheus text). One registry for the process; other modules (the runtime
+// guard) add their own counters to it with counter() / gauge(), which are idempotent.
+import * as http from 'http';
+import { Counter, Gauge, Registry } from 'prom-client';
+import { ConfigError } from './errors';
+
+export const registry = new Registry();
+
+/** Get or create a counter on the shared registry (same name → same counter). */
+export function counter<L extends string = string>(name: string, help: string, labelNames: readonly L[] = []): Counter<L> {
+  const existing = registry.getSingleMetric(name);
+  if (existing) {
+    if (!(existing instanceof Counter)) throw new ConfigError(`metric ${name} already exists and is not a counter`);
+    return existing as Counter<L>;
+  }
+  return new Counter<L>({ name, help, labelNames: [...labelNames], registers: [registry] });
+}
+
+/** Get or create a gauge on the shared registry. */
+export function gauge<L extends string = string>(name: string, help: string, labelNames: readonly L[] = []): Gauge<L> {
+  const existing = registry.getSingleMetric(name);
+  if (existing) {
+    if (!(existing instanceof Gauge)) throw new ConfigError(`metric ${name} already exists and is not a gauge`);
+    return existing as Gauge<L>;
+  }
+  return new Gauge<L>({ name, help, labelNames: [...labelNames], registers: [registry] });
+}
+
+/** The bus's own metrics. Created lazily so that importing this module registers nothing. */
+export function busMetrics() {
+  return {
+    waves: counter('wavebus_waves_total', 'Wave heads published by the coordinator'),
+    lanes: counter('wavebus_lanes_total', 'Due lanes published, by lane (config, dump)', ['lane'] as const),
+    liveAgents: gauge('wavebus_live_agents', 'Agents whose heartbeats arrive within the liveness bound'),
+    dropped: counter('wavebus_dropped_frames_total', 'Frames dropped by the coordinator, by reason', ['reason'] as const),
+    dumps: counter('wavebus_dumps_total', 'Per-rank dump outcomes (ok, error, skipped, timeout)', ['result'] as const),
+  };
+}
+
+export interface MetricsServer {
+  host: string;
+  port: number;
+  close(): Promise<void>;
+}
+
+/**
+ * Serve /healthz and /metrics on host:port (port 0 picks a free one). `health` is called per
+ * request; it must be cheap and must not throw.
+ */
+export async function startMetricsServer(opts: { host?: string; port: number; health: () => Record<string, unknown> }): Promise<MetricsServer> {
+  const host = opts.host ?? '127.0.0.1';
+  const server = http.createServer((req, res) => {
+    const url = (req.url ?? '/').split('?')[0];
+    if (req.method !== 'GET' && req.method !== 'HEAD') {
+      res.writeHead(405, { allow: 'GET, HEAD' }).end();
+      return;
+    }
+    if (url === '/healthz') {
+      let body: string;
+      try {
+        body = JSON.stringify(opts.health());
+      } catch (e) {
+        res.writeHead(500, { 'content-type': 'application/json' }).end(JSON.stringify({ error: String(e) }));
+        return;
+      }
+      res.writeHead(200, { 'content-type': 'application/json' }).end(body);
+    } else if (url === '/metrics') {
+      registry.metrics().then(
+        (text) => res.writeHead(200, { 'content-type': registry.contentType }).end(text),
+        (e) => res.writeHead(500).end(String(e)),
+      );
+    } else {
+      res.writeHead(404, { 'content-type': 'text/plain' }).end('not found: try /healthz or /metrics\n');
+    }
+  });
+  await new Promise<void>((resolve, reject) => {
+    server.once('error', (e: NodeJS.ErrnoException) => {
+      reject(
+        e.code === 'EADDRINUSE'
+          ? new ConfigError(`--metrics-port ${opts.port}: port is already in use on ${host}`, 'ERR_PORT_IN_USE')
+          : new ConfigError(`--metrics-port ${opts.port}: cannot listen on ${host}: ${e.message}`),
+      );
+    });
+    server.listen(opts.port, host, () => resolve());
+  });
+  const port = (server.address() as { port: number }).port;
+  return {
+    host,
+    port,
+    close: () =>
+      new Promise<void>((resolve) => {
+        server.close(() => resolve());
+        server.closeAllConnections?.();
+      }),
+  };
+}

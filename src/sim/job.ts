@@ -1,0 +1,81 @@
+// The simulated engine's job launcher: starts this host's ranks as processes with the
+// environment torchrun gives its workers, holds them at a start barrier, and collects results.
+import { fork, type ChildProcess } from 'child_process';
+import * as fs from 'fs';
+import * as path from 'path';
+import { ConfigError } from '../errors';
+import type { SimRankOptions, SimRankResult } from './rank';
+
+export interface SimJobOptions extends Omit<SimRankOptions, 'startAt'> {
+  nnodes: number;
+  nodeRank: number;
+  nprocPerNode: number;
+  masterAddr: string;
+  /** Wall-clock ms for step 1 on every host; default: shortly after every local rank is ready. */
+  startAt?: number;
+  env?: NodeJS.ProcessEnv;
+}
+
+export interface SimJobResult {
+  ranks: SimRankResult[];
+  exits: { rank: number; code: number | null; signal: string | null }[];
+}
+
+function cliPath(): string {
+  return path.resolve(__dirname, '..', '..', '..', 'bin', 'wavebus.js');
+}
+
+export async function runSimJob(opts: SimJobOptions): Promise<SimJobResult> {
+  const world = opts.nnodes * opts.nprocPerNode;
+  if (opts.nodeRank >= opts.nnodes) throw new ConfigError(`--node-rank ${opts.nodeRank} must be < --nnodes ${opts.nnodes}`);
+  const env = opts.env ?? process.env;
+  const children: { rank: number; child: ChildProcess }[] = [];
+  const ready: Promise<void>[] = [];
+  const exits: Promise<{ rank: number; code: number | null; signal: string | null }>[] = [];
+  const { nnodes, nodeRank, nprocPerNode, masterAddr, env: _env, startAt: _s, ...rankOpts } = opts;
+  for (let local = 0; local < nprocPerNode; local++) {
+    const rank = nodeRank * nprocPerNode + local;
+    const child = fork(cliPath(), ['sim-rank', '--options', JSON.stringify(rankOpts)], {
+      env: {
+        ...env,
+        RANK: String(rank),
+        LOCAL_RANK: String(local),
+        WORLD_SIZE: String(world),
+        LOCAL_WORLD_SIZE: String(nprocPerNode),
+        GROUP_RANK: String(nodeRank),
+        NODE_RANK: String(nodeRank),
+        MASTER_ADDR: masterAddr,
+      },
+      stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
+    });
+    children.push({ rank, child });
+    ready.push(
+      new Promise((resolve, reject) => {
+        child.once('message', (m: any) => (m?.ready ? resolve() : reject(new Error(`rank ${rank}: unexpected message`))));
+        child.once('exit', (code) => reject(new Error(`sim rank ${rank} exited with code ${code} before it was ready`)));
+      }),
+    );
+    exits.push(new Promise((resolve) => child.on('exit', (code, signal) => resolve({ rank, code, signal }))));
+  }
+  const forward = (sig: NodeJS.Signals): void => children.forEach((c) => c.child.kill(sig));
+  process.on('SIGTERM', forward);
+  process.on('SIGINT', forward);
+  try {
+    await Promise.all(ready);
+  } catch (e) {
+    forward('SIGKILL');
+    await Promise.all(exits);
+    throw e;
+  }
+  const startAt = opts.startAt ?? Date.now() + 100;
+  for (const c of children) c.child.send({ go: startAt });
+  const done = await Promise.all(exits);
+  process.off('SIGTERM', forward);
+  process.off('SIGINT', forward);
+  const ranks: SimRankResult[] = [];
+  for (const c of children) {
+    const p = path.join(opts.resultDir, `rank${c.rank}.json`);
+    if (fs.existsSync(p)) ranks.push(JSON.parse(fs.readFileSync(p, 'utf8')) as SimRankResult);
+  }
+  return { ranks, exits: done };
+}

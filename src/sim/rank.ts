@@ -1,0 +1,146 @@
+// One simulated engine rank: its shard of a paged KV pool and its input buffers live in POSIX
+// shared memory; each step it calls the wavebus client exactly where a real engine would.
+import * as fs from 'fs';
+import * as path from 'path';
+import { WavebusClient } from '../client';
+import { itemSize } from '../dtype';
+import { resolveIdentity } from '../identity';
+import { ShmSegment } from '../memory';
+import type { StepTelemetry } from '../messages';
+import type { SimFaults } from './faults';
+import { fillKvPool, type KvGeometry } from './kv-pattern';
+import { SimScheduler } from './scheduler';
+
+export interface SimRankOptions {
+  steps: number;
+  stepMs: number;
+  requests: number;
+  speculative: number;
+  geometry: Omit<KvGeometry, 'kvHeads'> & { totalKvHeads: number };
+  faults: SimFaults;
+  resultDir: string;
+  /** Wall-clock ms at which step 1 starts on every rank (ranks of a TP group step together). */
+  startAt?: number;
+  /** Run without wavebus at all (the overhead bench's baseline). */
+  detached?: boolean;
+}
+
+export interface SimRankResult {
+  rank: number;
+  steps: number;
+  wallMs: number;
+  stepsPerSec: number;
+  endOfWaveTimeouts: number;
+  dueWaves: number;
+  snapshots: string[];
+  sent: number;
+  shmName: string;
+}
+
+const MAX_ROWS = 4096;
+
+export function layerName(layer: number): string {
+  return `model.layers.${layer}.self_attn`;
+}
+
+export function shmNameFor(runTag: string, rank: number): string {
+  return `/wavebus-sim-${runTag}-r${rank}`;
+}
+
+const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, Math.max(0, ms)));
+
+export async function runSimRank(opts: SimRankOptions, onReady: () => Promise<number | undefined>): Promise<SimRankResult> {
+  const id = resolveIdentity(process.env);
+  const g: KvGeometry = { ...opts.geometry, kvHeads: Math.max(1, Math.floor(opts.geometry.totalKvHeads / id.tp)) };
+  const poolBytes = g.numBlocks * g.blockSize * g.kvHeads * g.headDim * itemSize(g.dtype);
+  const inputBytes = MAX_ROWS * 4 + MAX_ROWS * 8;
+  const runTag = (process.env.WAVEBUS_RUN_DIR ?? `p${process.ppid}`).replace(/[^A-Za-z0-9]/g, '').slice(-24);
+  const shmName = shmNameFor(runTag, id.globalRank);
+  try {
+    ShmSegment.unlink(shmName); // a leftover of a killed run with the same tag
+  } catch {
+    /* not there */
+  }
+  const seg = ShmSegment.create(shmName, g.layers * 2 * poolBytes + inputBytes);
+  const mem = seg.buffer();
+  for (let l = 0; l < g.layers; l++) {
+    fillKvPool(mem.subarray((2 * l) * poolBytes, (2 * l + 1) * poolBytes), g, l, 'k', id.globalRank);
+    fillKvPool(mem.subarray((2 * l + 1) * poolBytes, (2 * l + 2) * poolBytes), g, l, 'v', id.globalRank);
+  }
+  const inputsOff = g.layers * 2 * poolBytes;
+  const client = opts.detached ? undefined : await WavebusClient.connect();
+  const shape = [g.numBlocks, g.blockSize, g.kvHeads, g.headDim];
+  for (let l = 0; l < g.layers && client; l++) {
+    for (const [i, kv] of (['k', 'v'] as const).entries()) {
+      await client.register({ name: `${layerName(l)}.${kv}`, kind: 'shm', shmName, offset: (2 * l + i) * poolBytes, nbytes: poolBytes, dtype: g.dtype, shape, role: 'kv_pool', layer: layerName(l), kv });
+    }
+  }
+  await client?.register({ name: 'input_ids', kind: 'shm', shmName, offset: inputsOff, nbytes: MAX_ROWS * 4, dtype: 'int32', shape: [MAX_ROWS], role: 'input' });
+  await client?.register({ name: 'positions', kind: 'shm', shmName, offset: inputsOff + MAX_ROWS * 4, nbytes: MAX_ROWS * 8, dtype: 'int64', shape: [MAX_ROWS], role: 'input' });
+
+  const sched = new SimScheduler({ requests: opts.requests, numBlocks: g.numBlocks, blockSize: g.blockSize, speculative: opts.speculative }, opts.faults);
+  const startAt = (await onReady()) ?? opts.startAt ?? Date.now();
+  const extra = opts.faults.slowRank?.rank === id.globalRank ? opts.faults.slowRank.extraMs : 0;
+  const snapshots: string[] = [];
+  let prev: StepTelemetry | undefined;
+  const t0 = Date.now();
+  await sleep(startAt - Date.now());
+  for (let step = 1; step <= opts.steps; step++) {
+    if (opts.faults.rankDies?.rank === id.globalRank && opts.faults.rankDies.at === step) {
+      process.stderr.write(`sim rank ${id.globalRank}: injected death at step ${step}\n`);
+      process.exit(1);
+    }
+    if (opts.stepMs > 0) await sleep(startAt + (step - 1) * opts.stepMs - Date.now());
+    const batch = sched.step(step);
+    if (client) {
+      await client.waveHead(step, prev);
+      const rows = Math.min(batch.positions.length, MAX_ROWS);
+      for (let r = 0; r < rows; r++) {
+        mem.writeInt32LE(batch.inputIds[r], inputsOff + r * 4);
+        mem.writeBigInt64LE(BigInt(batch.positions[r]), inputsOff + MAX_ROWS * 4 + r * 8);
+      }
+      const snap = await client.beforeForward(
+        {
+          compilationHash: `sim-${batch.isPrompt ? 'prefill' : 'decode'}-tp${id.tp}`,
+          globalStep: step,
+          isPrompt: batch.isPrompt,
+          reqIds: batch.reqIds,
+          positions: batch.positions,
+          rowRequest: batch.rowRequest,
+          numSpeculativeTokens: opts.speculative,
+        },
+        [
+          { region: 'input_ids', dtype: 'int32', shape: [rows] },
+          { region: 'positions', dtype: 'int64', shape: [rows] },
+        ],
+      );
+      if (snap.captured && snap.callDir) snapshots.push(snap.callDir);
+    }
+    // The forward itself: half the step, longer on an injected slow rank.
+    if (opts.stepMs > 0 || extra > 0) await sleep(opts.stepMs / 2 + extra);
+    if (client) await client.endOfWave(step);
+    prev = batch.telemetry;
+  }
+  const wallMs = Date.now() - t0;
+  const result: SimRankResult = {
+    rank: id.globalRank,
+    steps: opts.steps,
+    wallMs,
+    stepsPerSec: (opts.steps * 1000) / Math.max(1, wallMs),
+    endOfWaveTimeouts: client?.stats.endOfWaveTimeouts ?? 0,
+    dueWaves: client?.stats.dueWaves ?? 0,
+    snapshots,
+    sent: client?.stats.sent ?? 0,
+    shmName,
+  };
+  await client?.close();
+  fs.mkdirSync(opts.resultDir, { recursive: true });
+  fs.writeFileSync(path.join(opts.resultDir, `rank${id.globalRank}.json`), JSON.stringify(result, null, 2));
+  seg.close();
+  try {
+    ShmSegment.unlink(shmName);
+  } catch {
+    /* already gone */
+  }
+  return result;
+}

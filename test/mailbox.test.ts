@@ -1,0 +1,209 @@
+// The wave-vector mailbox across real processes: a node writer, a Python reader that follows
+// only the byte layout in docs/native.md, and concurrent writes checked for torn reads.
+import * as fs from 'fs';
+import * as path from 'path';
+import { NativeError } from '../src/errors';
+import { MAILBOX_LAYOUT, MailboxFeature, MailboxReader, MailboxWriter } from '../src/mailbox';
+import { addonPath } from '../src/native';
+import { cleanup, runPython, spawnTracked, tmpDir } from './helpers';
+
+// A mailbox path on tmpfs, as the agent uses (/dev/shm), else a temp dir.
+function mailboxPath(tag: string): string {
+  const dir = fs.existsSync('/dev/shm') ? fs.mkdtempSync('/dev/shm/wavebus-test-') : tmpDir();
+  dirs.push(dir);
+  return path.join(dir, `mailbox-${tag}`);
+}
+const dirs: string[] = [];
+
+afterAll(async () => {
+  for (const d of dirs) fs.rmSync(d, { recursive: true, force: true });
+  await cleanup();
+});
+
+// The documented layout, read the way the Python client does (mmap + struct, seqlock retry).
+const PY_READER = `
+import json, mmap, struct, sys
+path = sys.argv[1]
+HDR = struct.Struct('<8sIIQQ')     # magic, version, slots, features, epoch (then padding to 64)
+SLOT = struct.Struct('<QQIII')     # seq, wave, config_due, dump_due, snapshot_due (then padding to 64)
+with open(path, 'rb') as f:
+    m = mmap.mmap(f.fileno(), 64 + 8 * 64, prot=mmap.PROT_READ)
+magic, version, slots, features, epoch = HDR.unpack_from(m, 0)
+def read(wave):
+    off = 64 + 64 * (wave % slots)
+    while True:
+        s1 = struct.unpack_from('<Q', m, off)[0]
+        if s1 & 1:
+            continue
+        _, w, c, d, s = SLOT.unpack_from(m, off)
+        if struct.unpack_from('<Q', m, off)[0] != s1:
+            continue
+        if s1 == 0 or w != wave:
+            return None
+        return {'wave': w, 'configDue': c, 'dumpDue': d, 'snapshotDue': s}
+waves = [int(x) for x in sys.argv[2].split(',')]
+print(json.dumps({'magic': magic.decode(), 'version': version, 'slots': slots, 'features': features,
+                  'epoch': epoch, 'size': m.size(), 'reads': [read(w) for w in waves]}))
+`;
+
+async function expectCode(fn: () => unknown, code: string, msg?: RegExp): Promise<void> {
+  let err: unknown;
+  try {
+    await fn();
+  } catch (e) {
+    err = e;
+  }
+  expect(err).toBeInstanceOf(NativeError);
+  expect((err as NativeError).code).toBe(code);
+  if (msg) expect((err as NativeError).message).toMatch(msg);
+}
+
+describe('mailbox', () => {
+  test('layout constants', () => {
+    expect(MAILBOX_LAYOUT).toEqual({ headerBytes: 64, slotBytes: 64, slots: 8, fileBytes: 576, magic: 'WBMBOX01', version: 1 });
+  });
+
+  test('publish / read in one process: ring of 8, overwritten waves read as undefined', () => {
+    const p = mailboxPath('ring');
+    const w = MailboxWriter.create(p);
+    const r = MailboxReader.open(p);
+    expect(fs.statSync(p).size).toBe(576);
+    expect(r.read(0)).toBeUndefined(); // empty slot
+    w.publish({ wave: 3, configDue: 1, dumpDue: 0 });
+    expect(r.read(3)).toEqual({ wave: 3, configDue: 1, dumpDue: 0, snapshotDue: 0 });
+    expect(r.read(11)).toBeUndefined(); // same slot, other wave
+    w.publish({ wave: 11, configDue: false, dumpDue: 2 });
+    expect(r.read(11)).toEqual({ wave: 11, configDue: 0, dumpDue: 2, snapshotDue: 0 });
+    expect(r.read(3)).toBeUndefined(); // overwritten by wave 11
+    for (let wave = 100; wave < 116; wave++) w.publish({ wave, configDue: wave % 2, dumpDue: true });
+    for (let wave = 100; wave < 108; wave++) expect(r.read(wave)).toBeUndefined();
+    for (let wave = 108; wave < 116; wave++) expect(r.read(wave)).toEqual({ wave, configDue: wave % 2, dumpDue: 1, snapshotDue: 0 });
+    const big = 2 ** 40 + 5;
+    w.publish({ wave: big, configDue: 0, dumpDue: 0xffffffff });
+    expect(r.read(big)?.dumpDue).toBe(0xffffffff);
+
+    w.setFeatures(MailboxFeature.BUS_ACTIVE | MailboxFeature.SNAPSHOTS);
+    w.setEpoch(1234567);
+    expect(r.features()).toBe(9);
+    expect(r.epoch()).toBe(1234567);
+    r.close();
+    w.close({ unlink: true });
+    expect(fs.existsSync(p)).toBe(false);
+  });
+
+  test('a Python reader following the documented layout reads what the writer published', () => {
+    const p = mailboxPath('py');
+    const w = MailboxWriter.create(p);
+    w.setFeatures(MailboxFeature.BUS_ACTIVE | MailboxFeature.HOT_RELOAD | MailboxFeature.DETECTORS);
+    w.setEpoch(987654321012);
+    w.publish({ wave: 40, configDue: 1, dumpDue: 3 });
+    w.publish({ wave: 41, configDue: 0, dumpDue: 0 });
+    w.publish({ wave: 50, configDue: 7, dumpDue: 1, snapshotDue: 0 });
+    const out = JSON.parse(runPython(PY_READER, [p, '40,41,50,42,33']));
+    expect(out).toEqual({
+      magic: 'WBMBOX01',
+      version: 1,
+      slots: 8,
+      features: 7,
+      epoch: 987654321012,
+      size: 576,
+      reads: [
+        { wave: 40, configDue: 1, dumpDue: 3, snapshotDue: 0 },
+        { wave: 41, configDue: 0, dumpDue: 0, snapshotDue: 0 },
+        { wave: 50, configDue: 7, dumpDue: 1, snapshotDue: 0 },
+        null, // wave 42: slot 2 holds wave 50
+        null, // wave 33: slot 1 holds wave 41
+      ],
+    });
+    w.close();
+  });
+
+  test('writer in a child process, reader here: concurrent publishes never read torn', async () => {
+    const p = mailboxPath('torn');
+    const total = 200000;
+    // Each wave's fields are a function of the wave, so a torn read shows as a mismatch.
+    const script = `
+      const n = require(${JSON.stringify(addonPath())});
+      const w = n.MailboxWriter.create(${JSON.stringify(p)});
+      w.setEpoch(77);
+      process.stdout.write('ready\\n');
+      for (let wave = 0; wave < ${total}; wave++) w.publish(wave, wave % 65536, (wave * 2654435761) % 4294967296, wave % 3);
+      w.setFeatures(15);
+      w.close();`;
+    const child = spawnTracked(process.execPath, ['-e', script]);
+    await new Promise<void>((resolve) => {
+      const check = (): void => (child.stdout().includes('ready') ? resolve() : void setTimeout(check, 10));
+      check();
+    });
+    const r = MailboxReader.open(p);
+    expect(r.epoch()).toBe(77);
+    let hits = 0;
+    let mismatches = 0;
+    let done = false;
+    void child.exited.then(() => (done = true));
+    let wave = 0;
+    while (!done || r.features() !== 15) {
+      for (let k = 0; k < 2000; k++) {
+        wave = (wave + 1 + (k % 5)) % total;
+        const v = r.read(wave);
+        if (v === undefined) continue;
+        hits++;
+        if (v.wave !== wave || v.configDue !== wave % 65536 || v.dumpDue !== (wave * 2654435761) % 4294967296 || v.snapshotDue !== wave % 3) mismatches++;
+      }
+      await new Promise((res) => setImmediate(res));
+      if (done && r.features() !== 15) break;
+    }
+    expect((await child.exited).code).toBe(0);
+    expect(mismatches).toBe(0);
+    // After the writer finished, the last 8 waves are all there.
+    for (let w = total - 8; w < total; w++) expect(r.read(w)).toEqual({ wave: w, configDue: w % 65536, dumpDue: (w * 2654435761) % 4294967296, snapshotDue: w % 3 });
+    expect(r.features()).toBe(15);
+    expect(hits).toBeGreaterThanOrEqual(0);
+    r.close();
+  });
+
+  test('a restarted writer takes over the file; an existing reader sees emptied slots, then new waves', () => {
+    const p = mailboxPath('restart');
+    const w1 = MailboxWriter.create(p);
+    w1.publish({ wave: 5, configDue: 1, dumpDue: 1 });
+    w1.setFeatures(1);
+    const r = MailboxReader.open(p);
+    expect(r.read(5)?.dumpDue).toBe(1);
+    w1.close();
+    const w2 = MailboxWriter.create(p);
+    expect(r.read(5)).toBeUndefined();
+    expect(r.features()).toBe(0);
+    w2.publish({ wave: 5, configDue: 0, dumpDue: 2 });
+    expect(r.read(5)).toEqual({ wave: 5, configDue: 0, dumpDue: 2, snapshotDue: 0 });
+    w2.close();
+    r.close();
+  });
+
+  test('errors: not a mailbox, missing file, closed, bad values', async () => {
+    const dir = tmpDir();
+    const junk = path.join(dir, 'junk');
+    fs.writeFileSync(junk, 'x'.repeat(1000));
+    await expectCode(() => MailboxWriter.create(junk), 'ERR_MAILBOX_FORMAT', /is not a wavebus mailbox; refusing to overwrite/);
+    expect(fs.readFileSync(junk, 'utf8')).toBe('x'.repeat(1000));
+    await expectCode(() => MailboxReader.open(junk), 'ERR_MAILBOX_FORMAT', /not a version-1 wavebus mailbox/);
+    const short = path.join(dir, 'short');
+    fs.writeFileSync(short, 'WBMBOX01');
+    await expectCode(() => MailboxReader.open(short), 'ERR_MAILBOX_FORMAT', /at least 576 bytes/);
+    await expectCode(() => MailboxReader.open(path.join(dir, 'missing')), 'ERR_MAILBOX_OPEN', /No such file/);
+    await expectCode(() => MailboxWriter.create(path.join(dir, 'no', 'such', 'dir')), 'ERR_MAILBOX_OPEN', /No such file/);
+    await expectCode(() => MailboxWriter.create(dir), 'ERR_MAILBOX_OPEN');
+
+    const p = mailboxPath('errs');
+    const w = MailboxWriter.create(p);
+    const r = MailboxReader.open(p);
+    await expectCode(() => w.publish({ wave: -1, configDue: 0, dumpDue: 0 }), 'ERR_INVALID_ARG', /wave vector\.wave must be a non-negative safe integer/);
+    await expectCode(() => w.publish({ wave: 1, configDue: 2 ** 32, dumpDue: 0 }), 'ERR_INVALID_ARG', /wave vector\.configDue must be an unsigned 32-bit integer/);
+    await expectCode(() => r.read(1.5), 'ERR_INVALID_ARG', /wave must be a non-negative safe integer/);
+    await expectCode(() => w.setFeatures(-1), 'ERR_INVALID_ARG', /features/);
+    w.close();
+    r.close();
+    await expectCode(() => w.publish({ wave: 1, configDue: 0, dumpDue: 0 }), 'ERR_CLOSED', /is closed/);
+    await expectCode(() => r.read(1), 'ERR_CLOSED', /is closed/);
+    await expectCode(() => r.features(), 'ERR_CLOSED');
+  });
+});

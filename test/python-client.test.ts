@@ -1,0 +1,675 @@
+// The Python engine client (clients/python/wavebus_client), driven from jest with Debian's python3:
+// generated code in sync with the proto, the mailbox reader, "everything off sends nothing",
+// the end_of_wave bound, validation, shm tensors, CUDA absent, and the snapshot replay loader.
+import { spawnSync } from 'child_process';
+import * as fs from 'fs';
+import * as path from 'path';
+import * as zmq from 'zeromq';
+import { ClientReply, ClientRequest, decode, encode } from '../src/proto';
+import { PYTHON, ROOT, cleanup, runPython, spawnTracked, tmpDir } from './helpers';
+
+const PKG = path.join(ROOT, 'clients', 'python');
+const PYDIR = path.join(ROOT, 'test', 'python');
+const ENV: NodeJS.ProcessEnv = { ...process.env, PYTHONPATH: `${PKG}:${PYDIR}`, PYTHONDONTWRITEBYTECODE: '1' };
+
+afterEach(cleanup);
+
+/** Run a Python snippet that prints one JSON line last; returns it parsed. */
+function py(code: string, env: NodeJS.ProcessEnv = ENV): any {
+  const out = runPython(code, [], { env }).trim().split('\n');
+  return JSON.parse(out[out.length - 1]);
+}
+
+/** Run a Python snippet in the background (so this process can answer its socket). */
+async function pyAsync(code: string, env: NodeJS.ProcessEnv): Promise<any> {
+  const p = spawnTracked(PYTHON, ['-c', code], { env });
+  const { code: rc } = await p.exited;
+  if (rc !== 0) throw new Error(`python exited ${rc}: ${p.stderr()}`);
+  const lines = p.stdout().trim().split('\n');
+  return JSON.parse(lines[lines.length - 1]);
+}
+
+// ---------------------------------------------------------------- an independent mailbox writer (the layout, in TS)
+
+const HEADER = 64;
+const SLOT = 64;
+
+function writeMailboxFile(file: string, features: number, epoch = 1): Buffer {
+  const b = Buffer.alloc(HEADER + 8 * SLOT);
+  b.write('WBMBOX01', 0, 'latin1');
+  b.writeUInt32LE(1, 8);
+  b.writeUInt32LE(8, 12);
+  b.writeBigUInt64LE(BigInt(features), 16);
+  b.writeBigUInt64LE(BigInt(epoch), 24);
+  fs.writeFileSync(file, b);
+  return b;
+}
+
+function putSlot(b: Buffer, wave: number, v: { seq?: number; config?: boolean; dump?: boolean; snapshot?: boolean } = {}): void {
+  const off = HEADER + SLOT * (wave % 8);
+  b.writeBigUInt64LE(BigInt(v.seq ?? 2), off);
+  b.writeBigUInt64LE(BigInt(wave), off + 8);
+  b.writeUInt32LE(v.config ? 1 : 0, off + 16);
+  b.writeUInt32LE(v.dump ? 1 : 0, off + 20);
+  b.writeUInt32LE(v.snapshot ? 1 : 0, off + 24);
+}
+
+// ---------------------------------------------------------------- generated code
+
+test('wavebus_pb2.py is exactly what protoc makes of proto/wavebus.proto (regenerate with clients/python/gen_proto.sh)', () => {
+  const out = tmpDir();
+  const r = spawnSync('bash', [path.join(PKG, 'gen_proto.sh'), out], { encoding: 'utf8' });
+  expect(r.stderr).toBe('');
+  expect(r.status).toBe(0);
+  const fresh = fs.readFileSync(path.join(out, 'wavebus_pb2.py'), 'utf8');
+  const committed = fs.readFileSync(path.join(PKG, 'wavebus_client', 'wavebus_pb2.py'), 'utf8');
+  expect(committed).toBe(fresh);
+});
+
+test('a ClientRequest encoded in Python decodes in TypeScript and a TS ClientReply decodes in Python', () => {
+  const hex = py(`
+import json
+from wavebus_client import wavebus_pb2 as pb
+r = pb.ClientRequest(id=7, register=pb.Region(name="layer0.k", kind=pb.REGION_SHM, shm_name="/x", nbytes=64, dtype="bfloat16", shape=[2, 4, 2, 2], role=pb.ROLE_KV_POOL, layer="layer0", kv="k"))
+print(json.dumps(r.SerializeToString().hex()))`);
+  const req = decode(ClientRequest, Buffer.from(hex, 'hex'));
+  expect(req.id).toBe(7);
+  expect(req.body).toBe('register');
+  expect(req.register).toMatchObject({ name: 'layer0.k', shmName: '/x', nbytes: 64, dtype: 'bfloat16', shape: [2, 4, 2, 2], layer: 'layer0', kv: 'k' });
+  const reply = encode(ClientReply, { id: 9, ok: false, error: 'no', errorCode: 'ERR_X', timedOut: true, featuresJson: '{"tp0":true}' });
+  const back = py(`
+import json
+from wavebus_client import wavebus_pb2 as pb
+r = pb.ClientReply(); r.ParseFromString(bytes.fromhex("${reply.toString('hex')}"))
+print(json.dumps([r.id, r.ok, r.error, r.error_code, r.timed_out, r.features_json]))`);
+  expect(back).toEqual([9, false, 'no', 'ERR_X', true, '{"tp0":true}']);
+});
+
+// ---------------------------------------------------------------- mailbox
+
+test('the Python mailbox reader follows the layout: features, epoch, slots by wave, seqlock, stale slots', () => {
+  const dir = tmpDir();
+  const file = path.join(dir, 'mailbox-local0');
+  const b = writeMailboxFile(file, 0b0101, 42);
+  putSlot(b, 3, { config: true });
+  putSlot(b, 10, { dump: true, seq: 6 }); // slot 2, so wave 2 is gone
+  putSlot(b, 12, { seq: 5 }); // odd: the writer is mid-write
+  putSlot(b, 13, { snapshot: true });
+  fs.writeFileSync(file, b);
+  const got = py(`
+import json
+from wavebus_client.mailbox import Mailbox
+m = Mailbox(${JSON.stringify(file)})
+def v(w):
+    x = m.read_wave(w)
+    return None if x is None else [x.wave, x.config_due, x.dump_due, x.snapshot_due]
+print(json.dumps({"features": m.features, "epoch": m.epoch, "w3": v(3), "w10": v(10), "w2": v(2), "w12": v(12), "w13": v(13), "w11": v(11)}))`);
+  expect(got).toEqual({ features: 5, epoch: 42, w3: [3, true, false, false], w10: [10, false, true, false], w2: null, w12: null, w13: [13, false, false, true], w11: null });
+});
+
+test('a Python writer and reader agree, and a bad mailbox file is refused with its name', () => {
+  const dir = tmpDir();
+  const good = path.join(dir, 'mb');
+  const bad = path.join(dir, 'bad');
+  fs.writeFileSync(bad, Buffer.alloc(576));
+  const short = path.join(dir, 'short');
+  fs.writeFileSync(short, Buffer.alloc(10));
+  const got = py(`
+import json
+from wavebus_client.mailbox import Mailbox, MailboxWriter
+from wavebus_client.errors import ProtocolError
+w = MailboxWriter(${JSON.stringify(good)}, features=1, epoch=3)
+m = Mailbox(${JSON.stringify(good)})
+out = {"before": m.read_wave(17) is None}
+w.publish(17, dump_due=True)
+x = m.read_wave(17)
+out["after"] = [x.wave, x.dump_due, x.config_due]
+w.begin(18)  # a writer that stopped mid-write: the reader gives up instead of spinning forever
+out["midwrite"] = m.read_wave(18) is None
+w.set_features(9)
+out["features"] = m.features
+errs = []
+for p in (${JSON.stringify(bad)}, ${JSON.stringify(short)}, ${JSON.stringify(path.join(dir, 'missing'))}):
+    try:
+        Mailbox(p)
+        errs.append("no error")
+    except ProtocolError as e:
+        errs.append([e.code, str(e)])
+out["errors"] = errs
+print(json.dumps(out))`);
+  expect(got.before).toBe(true);
+  expect(got.after).toEqual([17, true, false]);
+  expect(got.midwrite).toBe(true);
+  expect(got.features).toBe(9);
+  expect(got.errors[0][1]).toContain(bad);
+  expect(got.errors[0][1]).toContain('bad magic');
+  expect(got.errors[1][1]).toContain(short);
+  expect(got.errors[1][1]).toMatch(/10 bytes, expected at least 576/);
+  expect(got.errors[2][0]).toBe('ERR_MAILBOX_MISSING');
+  expect(got.errors[2][1]).toContain('is the wavebus agent of this rank running');
+});
+
+// ---------------------------------------------------------------- everything off
+
+test('with every feature off the client sends nothing: a ROUTER at its endpoint receives zero messages over 1000 steps', async () => {
+  const dir = tmpDir();
+  writeMailboxFile(path.join(dir, 'mailbox-local0'), 0);
+  const router = new zmq.Router({ linger: 0 });
+  await router.bind(`ipc://${path.join(dir, 'agent-local0.sock')}`);
+  let received = 0;
+  const counting = (async () => {
+    try {
+      for await (const _ of router) received++;
+    } catch {
+      /* closed */
+    }
+  })();
+  const got = await pyAsync(
+    `
+import json, sys, torch
+from wavebus_client import Client
+from wavebus_client.shm import shm_tensor, release
+c = Client.connect()
+t, region = shm_tensor("wbtest-off-${process.pid}", [4, 8], torch.float32)
+sent = c.register(region)
+tel = {"requests": [{"req_id": "r1", "new_token_ids": [5]}]}
+results = []
+for w in range(1000):
+    c.wave_head(w, tel)
+    results.append(c.end_of_wave(w))
+cap = c.before_forward({"compilation_hash": "h"}, [t])
+c.close()
+release(region)
+print(json.dumps({"enabled": c.enabled, "register_sent": sent, "stats": c.stats, "sent_any": any(r.sent for r in results),
+                  "timed_out_any": any(r.timed_out for r in results), "capture": list(cap), "zmq_imported": "zmq" in sys.modules}))`,
+    { ...ENV, WAVEBUS_RUN_DIR: dir, LOCAL_RANK: '0' },
+  );
+  router.close();
+  await counting;
+  expect(received).toBe(0);
+  expect(got.enabled).toBe(false);
+  expect(got.register_sent).toBe(false);
+  expect(got.stats.requests_sent).toBe(0);
+  expect(got.sent_any).toBe(false);
+  expect(got.timed_out_any).toBe(false);
+  expect(got.capture).toEqual([false, '']);
+  // Not even a ZeroMQ context was made: the all-off path cannot touch the network.
+  expect(got.zmq_imported).toBe(false);
+});
+
+// ---------------------------------------------------------------- talking to an agent (a ROUTER this test answers)
+
+interface Seen {
+  body: string;
+  req: Record<string, any>;
+}
+
+/** Answers like an agent: hello with `features`, register ok, end_of_wave per `onEndOfWave` (undefined: never). */
+async function fakeAgentSocket(endpoint: string, features: Record<string, unknown>, onEndOfWave: (wave: number) => Record<string, unknown> | undefined) {
+  const router = new zmq.Router({ linger: 0 });
+  await router.bind(endpoint);
+  const seen: Seen[] = [];
+  const loop = (async () => {
+    try {
+      for await (const [peer, frame] of router) {
+        const req = decode(ClientRequest, frame);
+        seen.push({ body: req.body, req });
+        let reply: Record<string, unknown> | undefined = {};
+        if (req.body === 'hello') reply = { featuresJson: JSON.stringify(features) };
+        if (req.body === 'endOfWave') reply = onEndOfWave(req.endOfWave.wave);
+        if (req.body === 'register' && req.register.name === 'refused') reply = { ok: false, error: 'region refused by test', errorCode: 'ERR_REGION' };
+        if (req.body === 'beforeForward') reply = { captured: true, callDir: '/snap/h/rank0/call0' };
+        if (reply !== undefined) await router.send([peer, encode(ClientReply, { id: req.id, ok: true, ...reply })]);
+      }
+    } catch {
+      /* closed */
+    }
+  })();
+  return {
+    seen,
+    close: async () => {
+      router.close();
+      await loop;
+    },
+  };
+}
+
+test('end_of_wave: fast path without a message when the wave is in the mailbox with nothing due; bounded wait with timed_out when it never arrives', async () => {
+  const dir = tmpDir();
+  const mbox = path.join(dir, 'mailbox-local0');
+  const FEAT = 1 | 4; // bus + detectors
+  writeMailboxFile(mbox, FEAT);
+  const agent = await fakeAgentSocket(`ipc://${path.join(dir, 'agent-local0.sock')}`, { tp0: true, bus: true, end_of_wave_timeout_ms: 30 }, (wave) =>
+    wave === 7 ? { dumpsWritten: 2 } : undefined,
+  );
+  const got = await pyAsync(
+    `
+import json, torch
+from wavebus_client import Client, MailboxWriter
+from wavebus_client.shm import kv_pool_shm, release
+c = Client.connect()
+kv, regions = kv_pool_shm("wbtest-kv-${process.pid}", ["model.layers.0", "model.layers.1"], 4, 2, 2, 8, torch.bfloat16)
+n = c.register_all(regions)
+n_again = c.register_all(regions)  # once per region
+out = {"registered": n, "again": n_again}
+out["head"] = c.wave_head(5, {"requests": [{"req_id": "r1", "new_token_ids": [11, 12], "block_ids": [0, 1]}],
+                              "non_finite": [{"row": 0, "req_id": "r1", "kind": "nan"}]})
+r5 = c.end_of_wave(5)  # never arrives: bounded
+out["w5"] = [r5.sent, r5.timed_out]
+w = MailboxWriter.__new__(MailboxWriter)  # attach to the agent's file without re-initialising it
+import mmap, os
+fd = os.open(${JSON.stringify(mbox)}, os.O_RDWR); w._map = mmap.mmap(fd, 576); os.close(fd)
+sent_before = c.stats["requests_sent"]
+w.publish(6)
+r6 = c.end_of_wave(6)
+out["w6"] = [r6.sent, r6.timed_out, c.stats["requests_sent"] - sent_before]
+w.publish(7, dump_due=True)
+r7 = c.end_of_wave(7)
+out["w7"] = [r7.sent, r7.timed_out, r7.dumps_written]
+out["bound_ms"] = c.agent_features.end_of_wave_timeout_ms
+out["stats"] = c.stats
+c.close()
+for r in regions[::2]:
+    release(r)
+print(json.dumps(out))`,
+    { ...ENV, WAVEBUS_RUN_DIR: dir, LOCAL_RANK: '0' },
+  );
+  await agent.close();
+  expect(got.registered).toBe(4);
+  expect(got.again).toBe(0);
+  expect(got.head).toBe(true);
+  expect(got.w5).toEqual([true, true]);
+  expect(got.stats.end_of_wave_timeouts).toBe(1);
+  expect(got.w6).toEqual([false, false, 0]);
+  expect(got.stats.end_of_wave_fast).toBe(1);
+  expect(got.w7).toEqual([true, false, 2]);
+  expect(got.bound_ms).toBe(30);
+  const bodies = agent.seen.map((s) => s.body);
+  expect(bodies).toEqual(['hello', 'register', 'register', 'register', 'register', 'waveHead', 'endOfWave', 'endOfWave', 'close']);
+  const regs = agent.seen.filter((s) => s.body === 'register').map((s) => s.req.register);
+  expect(regs.map((r) => r.name)).toEqual(['model.layers.0.k', 'model.layers.0.v', 'model.layers.1.k', 'model.layers.1.v']);
+  expect(regs[1]).toMatchObject({ shmName: `/wbtest-kv-${process.pid}`, dtype: 'bfloat16', shape: [4, 2, 2, 8], nbytes: 256, layer: 'model.layers.0', kv: 'v', role: 0 });
+  expect(regs[1].offset).toBeGreaterThanOrEqual(256);
+  const head = agent.seen.find((s) => s.body === 'waveHead')!.req.waveHead;
+  expect(head.wave).toBe(5);
+  expect(head.telemetry.wave).toBe(4);
+  expect(head.telemetry.requests[0]).toMatchObject({ reqId: 'r1', newTokenIds: [11, 12], blockIds: [0, 1] });
+  expect(head.telemetry.nonFinite[0]).toMatchObject({ row: 0, reqId: 'r1', kind: 'nan' });
+  expect(agent.seen.filter((s) => s.body === 'endOfWave').map((s) => s.req.endOfWave.wave)).toEqual([5, 7]);
+  expect(agent.seen[0].req.hello).toMatchObject({ language: 'python', asyncScheduling: false });
+  expect(fs.existsSync(`/dev/shm/wbtest-kv-${process.pid}`)).toBe(false); // unlinked by release
+});
+
+test('wave_head: only TP0 sends, telemetry only with detectors on; before_forward sends only with snapshots on; agent errors raise', async () => {
+  const dir = tmpDir();
+  const mbox = path.join(dir, 'mailbox-local1');
+  writeMailboxFile(mbox, 1 | 8); // bus + snapshots, detectors off
+  const agent = await fakeAgentSocket(`ipc://${path.join(dir, 'agent-local1.sock')}`, { tp0: true, bus: true, snapshots: true }, () => ({}));
+  const got = await pyAsync(
+    `
+import json, torch
+from wavebus_client import Client, CaptureError, AgentError
+from wavebus_client.shm import shm_tensor
+c = Client.connect()
+ids, reg = shm_tensor("wbtest-in-${process.pid}", [2, 16], torch.int64, region_name="input_ids")
+c.register(reg)
+out = {}
+try:
+    c.register({"name": "refused", "shm_name": "/x", "nbytes": 4, "dtype": "int32", "shape": [1]})
+except AgentError as e:
+    out["refused"] = [e.code, str(e)]
+c.wave_head(1, {"requests": [{"req_id": "a", "new_token_ids": [1]}]})
+out["capture"] = list(c.before_forward({"compilation_hash": "abc", "global_step": 3, "req_ids": ["a"], "positions": [4, 5], "row_request": [0, 0]}, [ids[1], ("input_ids", 0, "int64", [2])]))
+out["stats"] = c.stats
+c.close()
+print(json.dumps(out))`,
+    { ...ENV, WAVEBUS_RUN_DIR: dir, LOCAL_RANK: '1' },
+  );
+  await agent.close();
+  expect(got.refused[0]).toBe('ERR_REGION');
+  expect(got.refused[1]).toContain("'refused'");
+  expect(got.capture).toEqual([true, '/snap/h/rank0/call0']);
+  expect(got.stats.captures).toBe(1);
+  const head = agent.seen.find((s) => s.body === 'waveHead')!.req.waveHead;
+  expect(head.wave).toBe(1);
+  expect(head.telemetry).toBeNull(); // detectors off: no telemetry travels
+  const bf = agent.seen.find((s) => s.body === 'beforeForward')!.req.beforeForward;
+  expect(bf.context).toMatchObject({ compilationHash: 'abc', globalStep: 3, reqIds: ['a'], positions: [4, 5], rowRequest: [0, 0] });
+  expect(bf.inputs).toEqual([
+    { region: 'input_ids', offset: 128, dtype: 'int64', shape: [16] },
+    { region: 'input_ids', offset: 0, dtype: 'int64', shape: [2] },
+  ]);
+});
+
+test('a rank that is not TP0 sends no wave_head; a failed capture raises CaptureError', async () => {
+  const dir = tmpDir();
+  writeMailboxFile(path.join(dir, 'mailbox-local0'), 1 | 4 | 8);
+  const router = new zmq.Router({ linger: 0 });
+  await router.bind(`ipc://${path.join(dir, 'agent-local0.sock')}`);
+  const seen: string[] = [];
+  const loop = (async () => {
+    try {
+      for await (const [peer, frame] of router) {
+        const req = decode(ClientRequest, frame);
+        seen.push(req.body);
+        const reply =
+          req.body === 'hello'
+            ? { ok: true, featuresJson: JSON.stringify({ tp0: false, bus: true, snapshots: true }) }
+            : req.body === 'beforeForward'
+              ? { ok: false, error: 'snapshot dir not writable', errorCode: 'ERR_CAPTURE_WRITE' }
+              : { ok: true };
+        await router.send([peer, encode(ClientReply, { id: req.id, ...reply })]);
+      }
+    } catch {
+      /* closed */
+    }
+  })();
+  const got = await pyAsync(
+    `
+import json
+from wavebus_client import Client, CaptureError
+c = Client.connect()
+out = {"head": c.wave_head(1, {"requests": []})}
+try:
+    c.before_forward({"compilation_hash": "h"}, [])
+    out["raised"] = None
+except CaptureError as e:
+    out["raised"] = [e.code, str(e)]
+c.close()
+print(json.dumps(out))`,
+    { ...ENV, WAVEBUS_RUN_DIR: dir, LOCAL_RANK: '0' },
+  );
+  router.close();
+  await loop;
+  expect(got.head).toBe(false);
+  expect(got.raised[0]).toBe('ERR_CAPTURE_WRITE');
+  expect(got.raised[1]).toContain('snapshot dir not writable');
+  expect(seen).toEqual(['hello', 'beforeForward', 'close']);
+});
+
+test('an agent that never answers: register raises AgentUnavailableError, end_of_wave still returns within its bound', async () => {
+  const dir = tmpDir();
+  writeMailboxFile(path.join(dir, 'mailbox-local0'), 1);
+  const got = await pyAsync(
+    `
+import json
+from wavebus_client import Client, AgentUnavailableError
+c = Client.connect(hello_timeout_ms=200)
+r = c.end_of_wave(3)
+out = {"eow": [r.sent, r.timed_out], "timeouts": c.stats["end_of_wave_timeouts"]}
+try:
+    c.register({"name": "in0", "shm_name": "/in0", "nbytes": 8, "dtype": "float32", "shape": [2]})
+except AgentUnavailableError as e:
+    out["register"] = [e.code, str(e)]
+c.close()
+print(json.dumps(out))`,
+    { ...ENV, WAVEBUS_RUN_DIR: dir, LOCAL_RANK: '0' },
+  );
+  expect(got.eow).toEqual([true, true]);
+  expect(got.timeouts).toBe(1);
+  expect(got.register[0]).toBe('ERR_AGENT_UNAVAILABLE');
+  expect(got.register[1]).toMatch(/did not answer hello within 200 ms/);
+});
+
+// ---------------------------------------------------------------- validation
+
+test('bad input gets a clear error naming the argument', () => {
+  const dir = tmpDir();
+  writeMailboxFile(path.join(dir, 'mailbox-local0'), 0);
+  const got = py(
+    `
+import json, torch
+from wavebus_client import Client, ConfigError, nonfinite_rows
+from wavebus_client.telemetry import telemetry_proto
+from wavebus_client.forward import context_proto
+c = Client.connect()
+cases = {
+  "neg_dim": lambda: c.register({"name": "x", "shm_name": "/x", "nbytes": 16, "dtype": "float32", "shape": [4, -1]}),
+  "dtype": lambda: c.register({"name": "x", "shm_name": "/x", "nbytes": 16, "dtype": "float128", "shape": [4]}),
+  "nbytes": lambda: c.register({"name": "x", "shm_name": "/x", "nbytes": 15, "dtype": "float32", "shape": [4]}),
+  "unknown_field": lambda: c.register({"name": "x", "shm_name": "/x", "nbytes": 16, "dtype": "float32", "shape": [4], "colour": 1}),
+  "kv_shape": lambda: c.register({"name": "k", "shm_name": "/x", "nbytes": 16, "dtype": "float32", "shape": [4], "role": "kv_pool", "layer": "l0", "kv": "k"}),
+  "kv_kv": lambda: c.register({"name": "k", "shm_name": "/x", "nbytes": 16, "dtype": "float32", "shape": [1, 1, 1, 4], "role": "kv_pool", "layer": "l0", "kv": "q"}),
+  "cuda_handle": lambda: c.register({"name": "g", "kind": "cuda", "cuda_ipc_handle": b"short", "nbytes": 16, "dtype": "float32", "shape": [4]}),
+  "no_shm_name": lambda: c.register({"name": "x", "nbytes": 16, "dtype": "float32", "shape": [4]}),
+  "wave": lambda: c.end_of_wave(-1),
+  "wave_type": lambda: c.wave_head("3"),
+  "tel_field": lambda: telemetry_proto({"requests": [{"req_id": "a", "tokens": [1]}]}, 1),
+  "tel_token": lambda: telemetry_proto({"requests": [{"req_id": "a", "new_token_ids": [1, -2]}]}, 1),
+  "tel_kind": lambda: telemetry_proto({"non_finite": [{"row": 1, "kind": "inf"}]}, 1),
+  "tel_logprobs": lambda: telemetry_proto({"requests": [{"req_id": "a", "new_token_ids": [1, 2], "new_token_logprobs": [0.5]}]}, 1),
+  "ctx_rows": lambda: context_proto({"compilation_hash": "h", "req_ids": ["a"], "positions": [1, 2], "row_request": [0, 1]}),
+  "ctx_hash": lambda: context_proto({"compilation_hash": ""}),
+  "nonfinite_len": lambda: nonfinite_rows(torch.zeros(3, 4), ["a"]),
+}
+out = {}
+for k, f in cases.items():
+    try:
+        f()
+        out[k] = "no error"
+    except ConfigError as e:
+        out[k] = str(e)
+c.close()
+print(json.dumps(out))`,
+    { ...ENV, WAVEBUS_RUN_DIR: dir, LOCAL_RANK: '0' },
+  );
+  expect(got.neg_dim).toBe("register(): region 'x': shape [4, -1] has a negative dimension");
+  expect(got.dtype).toMatch(/register\(\): region 'x': dtype: unknown dtype 'float128'; valid: float64, float32/);
+  expect(got.nbytes).toMatch(/nbytes 15 does not match shape \[4\] of float32 \(16 bytes\)/);
+  expect(got.unknown_field).toMatch(/unknown region field\(s\) colour/);
+  expect(got.kv_shape).toMatch(/kv_pool region has shape \[num_blocks, block_size, num_kv_heads, head_dim\], got \[4\]/);
+  expect(got.kv_kv).toMatch(/kv must be 'k' or 'v'.*got 'q'/);
+  expect(got.cuda_handle).toMatch(/cuda_ipc_handle must be 64 bytes, got 5/);
+  expect(got.no_shm_name).toMatch(/shm_name is required/);
+  expect(got.wave).toBe('end_of_wave(): wave must be a non-negative integer, got -1');
+  expect(got.wave_type).toBe("wave_head(): wave must be a non-negative integer, got '3'");
+  expect(got.tel_field).toMatch(/telemetry\.requests\[0\]: unknown field\(s\) tokens/);
+  expect(got.tel_token).toMatch(/telemetry\.requests\[0\]\.new_token_ids\[1\] must be in 0\.\.4294967295, got -2/);
+  expect(got.tel_kind).toMatch(/non_finite\[0\]\.kind must be one of nan, pos_inf, neg_inf, non_finite, got 'inf'/);
+  expect(got.tel_logprobs).toMatch(/new_token_logprobs has 1 values for 2 new_token_ids/);
+  expect(got.ctx_rows).toMatch(/row_request\[1\] must be an integer in -1\.\.0, got 1/);
+  expect(got.ctx_hash).toMatch(/compilation_hash must be a non-empty string/);
+  expect(got.nonfinite_len).toMatch(/row_req_ids has 1 entries for 3 logits rows/);
+});
+
+test('connect() names the missing environment variable, and waits for a missing mailbox only as long as asked', () => {
+  const dir = tmpDir();
+  const base: NodeJS.ProcessEnv = { ...ENV };
+  delete base.WAVEBUS_RUN_DIR;
+  delete base.LOCAL_RANK;
+  const code = `
+import json
+from wavebus_client import Client, WavebusError
+try:
+    Client.connect(mailbox_wait_s=0.1)
+    print(json.dumps("no error"))
+except WavebusError as e:
+    print(json.dumps([e.code, str(e)]))`;
+  expect(py(code, base)[1]).toMatch(/WAVEBUS_RUN_DIR is not set/);
+  expect(py(code, { ...base, WAVEBUS_RUN_DIR: dir })[1]).toMatch(/LOCAL_RANK is not set/);
+  expect(py(code, { ...base, WAVEBUS_RUN_DIR: dir, LOCAL_RANK: 'one' })[1]).toMatch(/LOCAL_RANK must be a non-negative integer, got 'one'/);
+  const missing = py(code, { ...base, WAVEBUS_RUN_DIR: dir, LOCAL_RANK: '2' });
+  expect(missing[0]).toBe('ERR_MAILBOX_MISSING');
+  expect(missing[1]).toContain(path.join(dir, 'mailbox-local2'));
+});
+
+// ---------------------------------------------------------------- telemetry helpers
+
+test('nonfinite_rows finds the non-finite rows of the logits and their kind', () => {
+  const got = py(`
+import json, torch, math
+from wavebus_client import nonfinite_rows
+x = torch.zeros(6, 5)
+x[1, 2] = math.nan
+x[2, 0] = math.inf
+x[3, 4] = -math.inf
+x[4, 1] = math.nan; x[4, 3] = math.inf
+rows = nonfinite_rows(x, ["a", "b", None, "d", "e", "f"])
+bf = nonfinite_rows(x.to(torch.bfloat16))
+print(json.dumps({"rows": [[r.row, r.req_id, r.kind] for r in rows], "bf16": [[r.row, r.kind] for r in bf], "clean": len(nonfinite_rows(torch.ones(3, 3)))}))`);
+  expect(got.rows).toEqual([
+    [1, 'b', 'nan'],
+    [2, '', 'pos_inf'],
+    [3, 'd', 'neg_inf'],
+    [4, 'e', 'non_finite'],
+  ]);
+  expect(got.bf16).toEqual([
+    [1, 'nan'],
+    [2, 'pos_inf'],
+    [3, 'neg_inf'],
+    [4, 'non_finite'],
+  ]);
+  expect(got.clean).toBe(0);
+});
+
+// ---------------------------------------------------------------- shm and CUDA
+
+test('shm_tensor: the bytes another process reads from /dev/shm are the tensor, and the segment is unlinked at exit', async () => {
+  const name = `wbtest-shm-${process.pid}`;
+  const p = spawnTracked(
+    PYTHON,
+    [
+      '-c',
+      `
+import json, sys, torch
+from wavebus_client.shm import shm_tensor
+t, region = shm_tensor("${name}", [3, 4], torch.bfloat16, region_name="in0")
+t.copy_(torch.arange(12, dtype=torch.float32).view(3, 4) * 0.5)
+print(json.dumps({"region": {"name": region.name, "shm_name": region.shm_name, "nbytes": region.nbytes, "dtype": region.dtype, "shape": region.shape, "offset": region.offset},
+                  "hex": t.view(torch.int16).numpy().tobytes().hex()}), flush=True)
+sys.stdin.readline()`,
+    ],
+    { env: ENV, stdio: ['pipe', 'pipe', 'pipe'] },
+  );
+  const line = await new Promise<string>((resolve, reject) => {
+    const t = setInterval(() => {
+      if (p.stdout().includes('\n')) {
+        clearInterval(t);
+        resolve(p.stdout().split('\n')[0]);
+      }
+    }, 20);
+    void p.exited.then(() => reject(new Error(`python exited early: ${p.stderr()}`)));
+  });
+  const got = JSON.parse(line);
+  expect(got.region).toEqual({ name: 'in0', shm_name: `/${name}`, nbytes: 24, dtype: 'bfloat16', shape: [3, 4], offset: 0 });
+  const bytes = fs.readFileSync(`/dev/shm/${name}`);
+  expect(bytes.subarray(0, 24).toString('hex')).toBe(got.hex);
+  expect(bytes.readUInt16LE(2)).toBe(0x3f00); // bf16 0.5
+  p.child.stdin!.end('\n');
+  const { code } = await p.exited;
+  expect(code).toBe(0);
+  expect(p.stderr()).toBe(''); // no resource_tracker complaints
+  expect(fs.existsSync(`/dev/shm/${name}`)).toBe(false);
+});
+
+test('cuda_region explains that CUDA is absent in a process without it', () => {
+  const got = py(`
+import json, torch
+from wavebus_client.cuda import cuda_region, cuda_available
+from wavebus_client import CudaUnavailableError
+try:
+    cuda_region(torch.zeros(4), "in0")
+    print(json.dumps("no error"))
+except CudaUnavailableError as e:
+    print(json.dumps([cuda_available(), e.code, str(e)]))`);
+  if (got === 'no error') return; // a machine with CUDA: this test is about its absence
+  expect(got[0]).toBe(false);
+  expect(got[1]).toBe('ERR_CUDA_UNAVAILABLE');
+  expect(got[2]).toContain('CUDA is not available in this process');
+});
+
+// ---------------------------------------------------------------- replay loader
+
+function loadBundle(dir: string, verify = true): any {
+  const out = runPython(fs.readFileSync(path.join(PYDIR, 'load_bundle.py'), 'utf8'), verify ? [dir, 'verify'] : [dir], { env: ENV }).trim().split('\n');
+  return JSON.parse(out[out.length - 1]);
+}
+
+function writeBundle(dir: string, format: string): any {
+  const r = spawnSync(PYTHON, [path.join(PYDIR, 'write_bundle.py'), dir, format], { encoding: 'utf8', env: ENV });
+  if (r.status !== 0) throw new Error(r.stderr);
+  return JSON.parse(r.stdout.trim());
+}
+
+test.each(['npy', 'pt', 'safetensors'])('load_call_dir returns the exact tensors of a %s call dir written with numpy/torch', (format) => {
+  const dir = path.join(tmpDir(), 'call0');
+  const { expected } = writeBundle(dir, format);
+  const got = loadBundle(dir);
+  expect(got.error).toBeUndefined();
+  expect(got.tensors).toEqual(expected);
+});
+
+test('load_call_dir refuses a call dir that does not match its meta.json, naming the file', () => {
+  const root = tmpDir();
+  const mk = (name: string, format = 'npy'): string => {
+    const d = path.join(root, name);
+    writeBundle(d, format);
+    return d;
+  };
+  const meta = (d: string) => JSON.parse(fs.readFileSync(path.join(d, 'meta.json'), 'utf8'));
+  const setMeta = (d: string, m: any) => fs.writeFileSync(path.join(d, 'meta.json'), JSON.stringify(m));
+
+  const shape = mk('shape');
+  const m1 = meta(shape);
+  m1.inputs[0].shape = [3, 2];
+  setMeta(shape, m1);
+  expect(loadBundle(shape, false).error).toBe(`${path.join(shape, 'tensor0.npy')}: shape [2, 3], but meta.json says [3, 2]`);
+
+  const dtype = mk('dtype');
+  const m2 = meta(dtype);
+  m2.inputs[1].dtype = 'float16';
+  setMeta(dtype, m2);
+  expect(loadBundle(dtype, false).error).toBe(`${path.join(dtype, 'tensor1.npy')}: holds |V2, but meta.json says float16 (stored as <f2)`);
+
+  const ptDtype = mk('ptdtype', 'pt');
+  const m3 = meta(ptDtype);
+  m3.inputs[2].dtype = 'torch.int32';
+  setMeta(ptDtype, m3);
+  expect(loadBundle(ptDtype, false).error).toBe(`${path.join(ptDtype, 'tensor2.pt')}: holds int64, but meta.json says int32`);
+
+  const missing = mk('missing');
+  const m4 = meta(missing);
+  m4.files = m4.files.filter((f: any) => f.name !== 'tensor3.npy');
+  setMeta(missing, m4);
+  fs.rmSync(path.join(missing, 'tensor3.npy'));
+  expect(loadBundle(missing, false).error).toBe(`${path.join(missing, 'tensor3.npy')}: missing (meta.json lists 6 inputs, format npy)`);
+
+  const extra = mk('extra');
+  fs.copyFileSync(path.join(extra, 'tensor0.npy'), path.join(extra, 'tensor6.npy'));
+  expect(loadBundle(extra, false).error).toBe(`${path.join(extra, 'tensor6.npy')}: not described by meta.json, which lists 6 inputs`);
+
+  const corrupt = mk('corrupt');
+  const f0 = path.join(corrupt, 'tensor0.npy');
+  const b = fs.readFileSync(f0);
+  b[b.length - 1] ^= 0xff;
+  fs.writeFileSync(f0, b);
+  expect(loadBundle(corrupt, false).error).toBeUndefined(); // sizes match; only verify reads every byte
+  expect(loadBundle(corrupt, true).error).toMatch(new RegExp(`^${f0}: checksum crc32c:[0-9a-f]{8} does not match meta.json's crc32c:[0-9a-f]{8}$`));
+
+  const truncated = mk('truncated');
+  fs.truncateSync(path.join(truncated, 'tensor2.npy'), 10);
+  expect(loadBundle(truncated, false).error).toMatch(/tensor2\.npy: 10 bytes, meta\.json says \d+/);
+
+  const noMeta = mk('nometa');
+  fs.rmSync(path.join(noMeta, 'meta.json'));
+  expect(loadBundle(noMeta, false).error).toBe(`${path.join(noMeta, 'meta.json')}: missing (an incomplete or foreign call dir)`);
+
+  const fmt = mk('fmt');
+  setMeta(fmt, { ...meta(fmt), format: 'h5' });
+  expect(loadBundle(fmt, false).error).toBe(`${path.join(fmt, 'meta.json')}: field "format" must be one of npy, pt, safetensors, got 'h5'`);
+});
+
+test('crc32c in Python equals the native CRC-32C wavebus writes into meta.json', () => {
+  // Sizes on both sides of the vectorised path (64 KiB) and an odd tail.
+  const sizes = [0, 1, 9, 4096, 65535, 65536, 300001];
+  const datas = sizes.map((n) => Buffer.from(Array.from({ length: n }, (_, i) => (i * 131 + 7) & 0xff)));
+  const { crc32c } = require('../src/checksum') as typeof import('../src/checksum');
+  const want = datas.map((d) => crc32c(d));
+  const dir = tmpDir();
+  datas.forEach((d, i) => fs.writeFileSync(path.join(dir, `d${i}`), d));
+  const got = py(`
+import json
+from wavebus_client.checksum import crc32c, crc32c_file
+print(json.dumps([crc32c_file(${JSON.stringify(dir)} + "/d%d" % i) for i in range(${sizes.length})] + [crc32c(b"123456789")]))`);
+  expect(got).toEqual([...want, 0xe3069283]);
+});

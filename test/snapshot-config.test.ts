@@ -1,0 +1,223 @@
+import * as path from 'path';
+import yargs from 'yargs';
+import { ConfigError } from '../src/errors';
+import {
+  checkSnapshotGating,
+  resolveSnapshotConfig,
+  snapshotEnvFromArgv,
+  snapshotFlagsFromArgv,
+  snapshotOptions,
+  SnapshotConfig,
+} from '../src/snapshot/config';
+
+const W = 'WAVEBUS_SNAPSHOT_';
+const V = 'VLLM_NEURON_RUNTIME_INPUT_SNAPSHOT_';
+
+function resolve(env: Record<string, string>, flags = {}, warnings: string[] = []): SnapshotConfig {
+  return resolveSnapshotConfig({ WAVEBUS_CACHE_ROOT: '/tmp/wb-cache', ...env }, flags, (m) => warnings.push(m));
+}
+
+function errorOf(fn: () => unknown): ConfigError {
+  try {
+    fn();
+  } catch (e) {
+    expect(e).toBeInstanceOf(ConfigError);
+    return e as ConfigError;
+  }
+  throw new Error('expected a ConfigError');
+}
+
+describe('enable switch', () => {
+  test('off when unset; defaults', () => {
+    const c = resolve({});
+    expect(c.enabled).toBe(false);
+    expect(c.format).toBe('pt');
+    expect(c.maxCaptures).toBe(4);
+    expect(c.cacheRoot).toBe('/tmp/wb-cache');
+  });
+  test.each(['1', 'true', 'TRUE', 'Yes', 'on', ' on '])('%j is on', (v) => {
+    expect(resolve({ [`${W}ENABLE`]: v }).enabled).toBe(true);
+  });
+  test.each(['0', 'false', 'No', 'OFF', ''])('%j is off', (v) => {
+    expect(resolve({ [`${W}ENABLE`]: v }).enabled).toBe(false);
+  });
+  test('garbage names the variable and the value', () => {
+    const e = errorOf(() => resolve({ [`${V}ENABLE`]: 'maybe' }));
+    expect(e.message).toContain(`${V}ENABLE`);
+    expect(e.message).toContain('"maybe"');
+  });
+  test('disabled: selection variables are not read', () => {
+    const c = resolve({ [`${W}CAPTURE_TOKEN`]: 'abc', [`${W}FORMAT`]: 'tiff' });
+    expect(c.enabled).toBe(false);
+  });
+  test('default cache root is ~/.cache/wavebus without WAVEBUS_CACHE_ROOT', () => {
+    const c = resolveSnapshotConfig({ HOME: '/home/someone', [`${W}ENABLE`]: '1' }, {}, () => undefined);
+    expect(c.cacheRoot).toContain(path.join('.cache', 'wavebus'));
+  });
+});
+
+describe('call rule', () => {
+  const on = { [`${W}ENABLE`]: '1' };
+  test('no rule at all: call 0 only', () => {
+    expect(resolve(on).callRule).toEqual({ kind: 'first' });
+  });
+  test('only token or request rules: the call rule never fires', () => {
+    expect(resolve({ ...on, [`${W}CAPTURE_TOKEN`]: '12' }).callRule).toEqual({ kind: 'never' });
+    expect(resolve({ ...on, [`${W}CAPTURE_REQUEST`]: 'abc' }).callRule).toEqual({ kind: 'never' });
+  });
+  test('-1 means every call', () => {
+    expect(resolve({ ...on, [`${W}CAPTURE_AT_CALL`]: '-1' }).callRule).toEqual({ kind: 'all' });
+  });
+  test('indices, stripped, with token rule too', () => {
+    const c = resolve({ ...on, [`${W}CAPTURE_AT_CALL`]: ' 0, 3 ,+7', [`${W}CAPTURE_TOKEN`]: '5' });
+    expect(c.callRule).toEqual({ kind: 'indices', indices: new Set([0, 3, 7]) });
+    expect(c.tokenTargets).toEqual(new Set([5]));
+  });
+  test('blank value counts as unset', () => {
+    expect(resolve({ ...on, [`${W}CAPTURE_AT_CALL`]: '  ' }).callRule).toEqual({ kind: 'first' });
+  });
+});
+
+describe('parsing errors name the variable, the raw value and the bad piece', () => {
+  const on = { [`${W}ENABLE`]: '1' };
+  const cases: [string, string, string][] = [
+    ['CAPTURE_AT_CALL', '1,,2', '""'],
+    ['CAPTURE_AT_CALL', '1,2,', '""'],
+    ['CAPTURE_AT_CALL', '1.5', '"1.5"'],
+    ['CAPTURE_AT_CALL', '3,abc', '"abc"'],
+    ['CAPTURE_AT_CALL', '0x1', '"0x1"'],
+    ['CAPTURE_AT_CALL', '-2', '"-2"'],
+    ['CAPTURE_AT_CALL', '-1,3', '"-1"'],
+    ['CAPTURE_AT_CALL', '99999999999999999999', '"99999999999999999999"'],
+    ['CAPTURE_TOKEN', '-1', '"-1"'],
+    ['CAPTURE_TOKEN', '10, 1e3', '"1e3"'],
+    ['CAPTURE_TOKEN', ',', '""'],
+    ['CAPTURE_REQUEST', 'abc,,def', '""'],
+  ];
+  test.each(cases)('%s=%j', (setting, value, piece) => {
+    for (const prefix of [W, V]) {
+      const e = errorOf(() => resolve({ ...on, [`${prefix}${setting}`]: value }));
+      expect(e.message).toContain(`${prefix}${setting}`);
+      expect(e.message).toContain(JSON.stringify(value));
+      expect(e.message).toContain(`bad entry ${piece}`);
+    }
+  });
+  test.each(['0', '-3', 'four', '2.5', ''])('MAX_CAPTURES=%j', (v) => {
+    if (v === '') {
+      expect(resolve({ ...on, [`${W}MAX_CAPTURES`]: v }).maxCaptures).toBe(4);
+      return;
+    }
+    const e = errorOf(() => resolve({ ...on, [`${W}MAX_CAPTURES`]: v }));
+    expect(e.message).toContain(`${W}MAX_CAPTURES`);
+    expect(e.message).toContain(JSON.stringify(v));
+  });
+  test('MAX_CAPTURES valid', () => {
+    expect(resolve({ ...on, [`${V}MAX_CAPTURES`]: ' 9 ' }).maxCaptures).toBe(9);
+  });
+  test('FORMAT lower-cased; unknown names the variable', () => {
+    expect(resolve({ ...on, [`${W}FORMAT`]: 'NPY' }).format).toBe('npy');
+    expect(resolve({ ...on, [`${W}FORMAT`]: 'safetensors' }).format).toBe('safetensors');
+    const e = errorOf(() => resolve({ ...on, [`${V}FORMAT`]: 'hdf5' }));
+    expect(e.message).toContain(`${V}FORMAT`);
+    expect(e.message).toContain('"hdf5"');
+  });
+});
+
+describe('rank list degrades to all ranks with a warning', () => {
+  const on = { [`${W}ENABLE`]: '1' };
+  test('valid list', () => {
+    const warnings: string[] = [];
+    expect(resolve({ ...on, [`${W}RANKS`]: '0, 2' }, {}, warnings).ranks).toEqual(new Set([0, 2]));
+    expect(warnings).toEqual([]);
+  });
+  test.each(['0,x', '-1', '1,,2', '1.0'])('%j', (v) => {
+    const warnings: string[] = [];
+    expect(resolve({ ...on, [`${W}RANKS`]: v }, {}, warnings).ranks).toBeNull();
+    expect(warnings).toHaveLength(1);
+    expect(warnings[0]).toContain(`${W}RANKS`);
+  });
+});
+
+describe('aliases', () => {
+  test('the seed names alone work', () => {
+    const c = resolve({ [`${V}ENABLE`]: '1', [`${V}CAPTURE_REQUEST`]: 'abc, def', [`${V}FORMAT`]: 'npy' });
+    expect(c.enabled).toBe(true);
+    expect(c.requestIds).toEqual(['abc', 'def']);
+    expect(c.format).toBe('npy');
+    expect(c.callRule).toEqual({ kind: 'never' });
+  });
+  test('both set to the same value is fine', () => {
+    expect(resolve({ [`${V}ENABLE`]: '1', [`${W}ENABLE`]: '1', [`${V}CAPTURE_TOKEN`]: '4', [`${W}CAPTURE_TOKEN`]: '4' }).tokenTargets).toEqual(new Set([4]));
+  });
+  test('both set to different values names both variables and values', () => {
+    const e = errorOf(() => resolve({ [`${W}ENABLE`]: '1', [`${W}CAPTURE_TOKEN`]: '4', [`${V}CAPTURE_TOKEN`]: '5' }));
+    expect(e.message).toContain(`${W}CAPTURE_TOKEN="4"`);
+    expect(e.message).toContain(`${V}CAPTURE_TOKEN="5"`);
+    expect(e.code).toBe('ERR_SNAPSHOT_ALIAS_CONFLICT');
+  });
+});
+
+describe('flags', () => {
+  test('flags override the environment (even conflicting aliases)', () => {
+    const c = resolve(
+      { [`${W}ENABLE`]: '0', [`${W}CAPTURE_TOKEN`]: '4', [`${V}CAPTURE_TOKEN`]: '5', [`${W}FORMAT`]: 'npy' },
+      { enable: true, captureToken: '8,9', format: 'safetensors', cacheRoot: '/elsewhere' },
+    );
+    expect(c.enabled).toBe(true);
+    expect(c.tokenTargets).toEqual(new Set([8, 9]));
+    expect(c.format).toBe('safetensors');
+    expect(c.cacheRoot).toBe('/elsewhere');
+  });
+  test('a bad flag value names the flag', () => {
+    const e = errorOf(() => resolve({}, { enable: true, captureAtCall: '1,x' }));
+    expect(e.message).toContain('--snapshot-capture-at-call');
+    expect(e.message).toContain('"x"');
+  });
+  test('yargs options parse into flags and into env for the launcher', async () => {
+    const argv = (await yargs(['--snapshot-enable', '--snapshot-capture-at-call', '-1', '--snapshot-format', 'npy', '--snapshot-max-captures', '2'])
+      .options(snapshotOptions)
+      .strict()
+      .parseAsync()) as Record<string, unknown>;
+    expect(snapshotFlagsFromArgv(argv)).toEqual({ enable: true, captureAtCall: '-1', format: 'npy', maxCaptures: '2' });
+    const env = snapshotEnvFromArgv(argv);
+    expect(env).toEqual({
+      [`${W}ENABLE`]: '1',
+      [`${V}ENABLE`]: '1',
+      [`${W}CAPTURE_AT_CALL`]: '-1',
+      [`${V}CAPTURE_AT_CALL`]: '-1',
+      [`${W}FORMAT`]: 'npy',
+      [`${V}FORMAT`]: 'npy',
+      [`${W}MAX_CAPTURES`]: '2',
+      [`${V}MAX_CAPTURES`]: '2',
+    });
+    // What the launcher passes down resolves to the same config, whatever stale aliases were around.
+    const c = resolve({ [`${V}FORMAT`]: 'pt', ...env });
+    expect(c).toMatchObject({ enabled: true, callRule: { kind: 'all' }, format: 'npy', maxCaptures: 2 });
+  });
+  test('no snapshot flags: no env', async () => {
+    const argv = (await yargs([]).options(snapshotOptions).parseAsync()) as Record<string, unknown>;
+    expect(snapshotEnvFromArgv(argv)).toEqual({});
+  });
+});
+
+describe('gating', () => {
+  const enabled = resolve({ [`${W}ENABLE`]: '1' });
+  test('async scheduling is refused with a way out', () => {
+    const e = errorOf(() => checkSnapshotGating(enabled, { asyncScheduling: true, backendHasMemoryAccess: true }));
+    expect(e.message).toMatch(/disable async scheduling/i);
+    expect(e.message).toContain('--no-async-scheduling');
+    expect(e.message).toContain(`${W}ENABLE`);
+  });
+  test('a backend without memory access is a stated no-op', () => {
+    expect(checkSnapshotGating(enabled, { asyncScheduling: false, backendHasMemoryAccess: false })).toEqual({
+      noop: true,
+      reason: 'backend_without_memory_access',
+    });
+  });
+  test('all good', () => {
+    expect(checkSnapshotGating(enabled, { asyncScheduling: false, backendHasMemoryAccess: true })).toEqual({ noop: false });
+  });
+  test('disabled: nothing to refuse', () => {
+    expect(checkSnapshotGating(resolve({}), { asyncScheduling: true, backendHasMemoryAccess: true }).noop).toBe(true);
+  });
+});

@@ -1,0 +1,116 @@
+import { defaultConfig, TokenRepeatConfig } from '../src/guard/config';
+import { TokenRepeatDetector } from '../src/guard/detectors/token-repeat';
+
+function cfg(p: Partial<TokenRepeatConfig>): TokenRepeatConfig {
+  return { ...defaultConfig().detector.token_repeat, enabled: true, ...p };
+}
+
+/** Straightforward transcription of the reference algorithm, lists and all. */
+function naive(c: TokenRepeatConfig, tokens: number[]): { at: number; repeat_sum: number } | null {
+  const content: number[] = [];
+  const scores: number[] = [];
+  let seen = 0;
+  let consecutive = 0;
+  for (let i = 0; i < tokens.length; i++) {
+    const t = tokens[i];
+    if (c.ignore_token_ids.includes(t)) {
+      scores.push(0);
+      continue;
+    }
+    const prev = content.slice(-c.window);
+    const score = prev.filter((x) => x === t).length;
+    content.push(t);
+    scores.push(score);
+    seen++;
+    const sum = scores.slice(-c.window).reduce((a, b) => a + b, 0);
+    if (seen >= c.min_tokens && sum > c.repeat_sum_threshold) {
+      consecutive++;
+      if (consecutive >= c.consecutive_hits) return { at: i, repeat_sum: sum };
+    } else consecutive = 0;
+  }
+  return null;
+}
+
+/** Feed one token per step; index of the token that alerted. */
+function firstAlert(c: TokenRepeatConfig, tokens: number[]) {
+  const d = new TokenRepeatDetector(c);
+  const s = d.newState();
+  for (let i = 0; i < tokens.length; i++) {
+    const h = d.onTokens(s, [tokens[i]]);
+    if (h) return { at: i, hit: h };
+  }
+  return null;
+}
+
+describe('token_repeat', () => {
+  test('repeat_sum exactly at the threshold does not fire; one over does', () => {
+    // window 4, one token repeated: scores 0,1,2,3,4,4,... → sums 0,1,3,6,10,13,15,16,16,...
+    const same = [7, 7, 7, 7, 7];
+    expect(firstAlert(cfg({ window: 4, min_tokens: 0, repeat_sum_threshold: 6 }), same)?.at).toBe(4);
+    const r = firstAlert(cfg({ window: 4, min_tokens: 0, repeat_sum_threshold: 5 }), same);
+    expect(r?.at).toBe(3);
+    expect(r?.hit).toEqual({ repeat_sum: 6, threshold: 5, window: 4, content_tokens_seen: 4, last_score: 3, consecutive_hits: 1 });
+    expect(firstAlert(cfg({ window: 4, min_tokens: 0, repeat_sum_threshold: 16 }), [7, 7, 7, 7, 7, 7, 7, 7, 7, 7])).toBeNull();
+    expect(firstAlert(cfg({ window: 4, min_tokens: 0, repeat_sum_threshold: 15 }), [7, 7, 7, 7, 7, 7, 7, 7])?.at).toBe(7);
+  });
+
+  test('min_tokens: no alert before that many content tokens', () => {
+    expect(firstAlert(cfg({ window: 4, min_tokens: 3, repeat_sum_threshold: 0 }), [1, 1, 1])?.at).toBe(2);
+    expect(firstAlert(cfg({ window: 4, min_tokens: 4, repeat_sum_threshold: 0 }), [1, 1, 1])).toBeNull();
+  });
+
+  test('defaults: a healthy varied sequence stays silent, a loop fires', () => {
+    const c = cfg({});
+    const varied = Array.from({ length: 500 }, (_, i) => (i * 7919) % 1000);
+    expect(firstAlert(c, varied)).toBeNull();
+    const loop = Array.from({ length: 200 }, (_, i) => [11, 12, 13, 14][i % 4]);
+    const r = firstAlert(c, loop);
+    expect(r).not.toBeNull();
+    expect(r!.hit.repeat_sum).toBeGreaterThan(64);
+    expect(r!.hit.content_tokens_seen).toBeGreaterThanOrEqual(32);
+  });
+
+  test('consecutive_hits: needs that many over-steps in a row; a dip resets', () => {
+    const c = cfg({ window: 2, min_tokens: 0, repeat_sum_threshold: 2, consecutive_hits: 2 });
+    // window 2: scores 0,1,2,0,1,2,2 → sums 0,1,3,2,1,3,4: over at index 2, dip at 3, over at 5 and 6 → alert at 6
+    expect(naive(c, [5, 5, 5, 9, 9, 9, 9])?.at).toBe(6);
+    expect(firstAlert(c, [5, 5, 5, 9, 9, 9, 9])?.at).toBe(6);
+  });
+
+  test('ignored tokens: not content, score 0, not an evaluation step', () => {
+    const c = cfg({ window: 4, min_tokens: 0, repeat_sum_threshold: 5, ignore_token_ids: [0] });
+    // 7,0,7,0,7,0,7: content is 7,7,7,7 → scores 0,1,2,3 but zeros interleave in the score window
+    const seq = [7, 0, 7, 0, 7, 0, 7, 7, 7];
+    expect(firstAlert(c, seq)?.at).toBe(naive(c, seq)?.at);
+    expect(firstAlert(c, [0, 0, 0, 0, 0, 0, 0, 0])).toBeNull();
+  });
+
+  test('one alert per request, and several tokens in one step are each evaluated', () => {
+    const c = cfg({ window: 4, min_tokens: 0, repeat_sum_threshold: 2 });
+    const d = new TokenRepeatDetector(c);
+    const s = d.newState();
+    expect(d.onTokens(s, [3, 3, 3])?.repeat_sum).toBe(3);
+    expect(d.onTokens(s, [3, 3, 3, 3])).toBeNull();
+  });
+
+  test('matches the reference transcription on random sequences (ring and map paths)', () => {
+    let seed = 12345;
+    const rnd = () => ((seed = (seed * 1103515245 + 12345) & 0x7fffffff) / 0x7fffffff);
+    for (const window of [1, 3, 8, 32, 200]) {
+      for (let trial = 0; trial < 30; trial++) {
+        const alphabet = 2 + Math.floor(rnd() * 20);
+        const tokens = Array.from({ length: 400 }, () => Math.floor(rnd() * alphabet));
+        const c = cfg({
+          window,
+          min_tokens: Math.floor(rnd() * 40),
+          repeat_sum_threshold: Math.floor(rnd() * window * 6),
+          consecutive_hits: 1 + Math.floor(rnd() * 3),
+          ignore_token_ids: rnd() < 0.5 ? [0] : [],
+        });
+        const want = naive(c, tokens);
+        const got = firstAlert(c, tokens);
+        expect(got ? { at: got.at, repeat_sum: got.hit.repeat_sum } : null).toEqual(want);
+      }
+    }
+  });
+});
