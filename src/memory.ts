@@ -109,6 +109,19 @@ export class ShmSegment {
     await nativeAsync(() => this.seg.copyTo(dst, d, s, n));
   }
 
+  /** Copy blocks b of blockBytes at baseOffset + b * blockBytes, in order, contiguously into dst at dstOffset. */
+  async gatherTo(dst: Uint8Array, dstOffset: number, blockIds: ArrayLike<number>, blockBytes: number, baseOffset = 0): Promise<void> {
+    checkDst(dst);
+    const d = checkCount(dstOffset, 'dstOffset');
+    const bb = checkCount(blockBytes, 'blockBytes');
+    const base = checkCount(baseOffset, 'baseOffset');
+    if (bb === 0) throw invalid('blockBytes must be positive');
+    const nblocks = base > this.size ? 0 : Math.floor((this.size - base) / bb);
+    const ids = blockIdArray(blockIds, nblocks, `${this.name} holds ${nblocks} blocks of ${bb} bytes after baseOffset ${base}`);
+    checkFits(dst, d, ids.length * bb);
+    await nativeAsync(() => this.seg.gatherTo(dst, d, ids, bb, base));
+  }
+
   /** Unmap (once buffers handed out are collected) and close. Later calls throw ERR_CLOSED. */
   close(): void {
     this.seg.close();

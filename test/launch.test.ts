@@ -9,6 +9,9 @@ import { cleanup, freePort, spawnWavebus, tmpDir, waitFor } from './helpers';
 
 afterAll(cleanup);
 
+// The machine is small and shared: give a job that must come up plenty of time.
+const READY = ['--ready-timeout-ms', '120000'];
+
 // ------------------------------------------------------------------ validation (no processes)
 
 function launchError(argv: Record<string, unknown>, env: NodeJS.ProcessEnv = {}): ConfigError {
@@ -200,6 +203,7 @@ interface Probe {
 const readProbe = (f: string): Probe => JSON.parse(fs.readFileSync(f, 'utf8')) as Probe;
 
 describe('wavebus launch end to end', () => {
+  jest.setTimeout(200000);
   let dir: string;
   let probe: string;
   beforeAll(() => {
@@ -210,7 +214,7 @@ describe('wavebus launch end to end', () => {
   test('4 agents + coordinator; the command sees the environment; its exit code 3 is ours; nothing is left', async () => {
     const port = await freeBusPort();
     const out = path.join(dir, 'env3.json');
-    const r = spawnWavebus(['launch', '--nproc-per-node', '4', '--tp', '4', '--port', String(port), '--', process.execPath, probe, out, '3']);
+    const r = spawnWavebus(['launch', ...READY, '--nproc-per-node', '4', '--tp', '4', '--port', String(port), '--', process.execPath, probe, out, '3']);
     const { code } = await r.exited;
     expect({ code, stderr: code === 3 ? '' : r.stderr() }).toEqual({ code: 3, stderr: '' });
     const p = readProbe(out);
@@ -238,7 +242,7 @@ describe('wavebus launch end to end', () => {
   test('a command killed by a signal gives 128 + signal', async () => {
     const port = await freeBusPort();
     const out = path.join(dir, 'killed.json');
-    const r = spawnWavebus(['launch', '--port', String(port), '--', process.execPath, probe, out, 'kill-self']);
+    const r = spawnWavebus(['launch', ...READY, '--port', String(port), '--', process.execPath, probe, out, 'kill-self']);
     expect((await r.exited).code).toBe(128 + 9);
     for (const { pid } of readProbe(out).pids) expect(alive(pid)).toBe(false);
   });
@@ -246,7 +250,7 @@ describe('wavebus launch end to end', () => {
   test('a command that cannot start: exit 127, the error names it, nothing left', async () => {
     const port = await freeBusPort();
     const runDir = path.join(dir, 'run-nostart');
-    const r = spawnWavebus(['launch', '--nproc-per-node', '2', '--port', String(port), '--run-dir', runDir, '--', '/nonexistent/serve']);
+    const r = spawnWavebus(['launch', ...READY, '--nproc-per-node', '2', '--port', String(port), '--run-dir', runDir, '--', '/nonexistent/serve']);
     const { code } = await r.exited;
     expect(code).toBe(127);
     expect(r.stderr()).toMatch(/could not start the command "\/nonexistent\/serve": spawn \/nonexistent\/serve ENOENT/);
@@ -269,8 +273,8 @@ describe('wavebus launch end to end', () => {
   test('SIGTERM is forwarded to the command; it exits 0, so does the launcher, and the job is torn down', async () => {
     const port = await freeBusPort();
     const out = path.join(dir, 'trap.json');
-    const r = spawnWavebus(['launch', '--nproc-per-node', '2', '--port', String(port), '--', process.execPath, probe, out, 'trap']);
-    await waitFor(() => fs.existsSync(out), 'the command to start', 60000);
+    const r = spawnWavebus(['launch', ...READY, '--nproc-per-node', '2', '--port', String(port), '--', process.execPath, probe, out, 'trap']);
+    await waitFor(() => fs.existsSync(out), 'the command to start', 150000);
     const p = readProbe(out);
     expect(p.pids).toHaveLength(3);
     for (const { pid } of p.pids) expect(alive(pid)).toBe(true);
@@ -319,7 +323,7 @@ describe('wavebus launch end to end', () => {
     const go = path.join(dir, 'go');
     const out0 = path.join(dir, 'node0.json');
     const out1 = path.join(dir, 'node1.json');
-    const common = ['--nnodes', '2', '--nproc-per-node', '1', '--tp', '2', '--master-addr', '127.0.0.1', '--port', String(port)];
+    const common = [...READY, '--nnodes', '2', '--nproc-per-node', '1', '--tp', '2', '--master-addr', '127.0.0.1', '--port', String(port)];
     // Node 1's command waits for node 0's, so node 0 sees every agent while it waits for ready.
     const n1 = spawnWavebus(['launch', ...common, '--node-rank', '1', '--', process.execPath, probe, out1, 'wait-for', go]);
     const n0 = spawnWavebus(['launch', ...common, '--node-rank', '0', '--', process.execPath, probe, out0, '0', go]);
@@ -355,9 +359,9 @@ describe('wavebus launch end to end', () => {
     const runDir = path.join(dir, 'run-sigterm-early');
     const r = spawnWavebus([
       'launch', '--nnodes', '2', '--node-rank', '1', '--nproc-per-node', '1', '--tp', '2', '--master-addr', '127.0.0.1',
-      '--port', String(port), '--run-dir', runDir, '--', 'true',
+      '--port', String(port), '--run-dir', runDir, ...READY, '--', 'true',
     ]);
-    const agents = await waitFor(() => { const p = pidsWith('agent', runDir); return p.length === 1 ? p : undefined; }, 'the agent to start', 60000);
+    const agents = await waitFor(() => { const p = pidsWith('agent', runDir); return p.length === 1 ? p : undefined; }, 'the agent to start', 150000);
     r.child.kill('SIGTERM');
     const { code } = await r.exited;
     expect(code).toBe(128 + 15);

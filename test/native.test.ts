@@ -177,6 +177,11 @@ print(shm._name)
       const got = dst.subarray(8 + k * blockBytes, 8 + (k + 1) * blockBytes);
       expect(got.equals(buf.subarray(base + b * blockBytes, base + (b + 1) * blockBytes))).toBe(true);
     });
+    // The same gather straight from the segment (segment-relative base).
+    const dst2 = Buffer.alloc(ids.length * blockBytes);
+    await seg.gatherTo(dst2, 0, ids, blockBytes, base);
+    expect(dst2.equals(dst.subarray(8))).toBe(true);
+    await expectCode(seg.gatherTo(dst2, 0, [16], blockBytes, base), 'ERR_OUT_OF_RANGE', /blockIds\[0\] = 16 is out of range/);
     // Empty gather is a no-op.
     await region.gatherTo(dst, 0, [], blockBytes, 64);
     region.close();

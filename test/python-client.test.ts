@@ -5,6 +5,7 @@ import { spawnSync } from 'child_process';
 import * as fs from 'fs';
 import * as path from 'path';
 import * as zmq from 'zeromq';
+import { MailboxFeature, MailboxWriter } from '../src/mailbox';
 import { ClientReply, ClientRequest, decode, encode } from '../src/proto';
 import { PYTHON, ROOT, cleanup, runPython, spawnTracked, tmpDir } from './helpers';
 
@@ -103,8 +104,29 @@ m = Mailbox(${JSON.stringify(file)})
 def v(w):
     x = m.read_wave(w)
     return None if x is None else [x.wave, x.config_due, x.dump_due, x.snapshot_due]
-print(json.dumps({"features": m.features, "epoch": m.epoch, "w3": v(3), "w10": v(10), "w2": v(2), "w12": v(12), "w13": v(13), "w11": v(11)}))`);
-  expect(got).toEqual({ features: 5, epoch: 42, w3: [3, true, false, false], w10: [10, false, true, false], w2: null, w12: null, w13: [13, false, false, true], w11: null });
+print(json.dumps({"features": m.features, "epoch": m.epoch, "w3": v(3), "w10": v(10), "w2": v(2), "w12": v(12), "w13": v(13), "w11": v(11), "w0": v(0)}))`);
+  // w0: slot 0 was never written (seq 0), so it is empty, not "wave 0 with nothing due".
+  expect(got).toEqual({ features: 5, epoch: 42, w3: [3, true, false, false], w10: [10, false, true, false], w2: null, w12: null, w13: [13, false, false, true], w11: null, w0: null });
+});
+
+test('the Python reader reads the mailbox the agent writes (src/mailbox.ts, native writer)', () => {
+  const file = path.join(tmpDir(), 'mailbox-local0');
+  const w = MailboxWriter.create(file);
+  w.setFeatures(MailboxFeature.BUS_ACTIVE | MailboxFeature.DETECTORS);
+  w.setEpoch(9);
+  w.publish({ wave: 20, configDue: 1, dumpDue: 3 });
+  w.publish({ wave: 21, configDue: 0, dumpDue: 0 });
+  w.publish({ wave: 30, configDue: 0, dumpDue: 1 }); // overwrites slot 6 (wave 22's)
+  const got = py(`
+import json
+from wavebus_client.mailbox import Mailbox
+m = Mailbox(${JSON.stringify(file)})
+def v(w):
+    x = m.read_wave(w)
+    return None if x is None else [x.wave, x.config_due, x.dump_due, x.snapshot_due]
+print(json.dumps({"features": m.features, "epoch": m.epoch, "w20": v(20), "w21": v(21), "w30": v(30), "w22": v(22), "w0": v(0), "w12": v(12)}))`);
+  w.close({ unlink: true });
+  expect(got).toEqual({ features: 5, epoch: 9, w20: [20, true, true, false], w21: [21, false, false, false], w30: [30, false, true, false], w22: null, w0: null, w12: null });
 });
 
 test('a Python writer and reader agree, and a bad mailbox file is refused with its name', () => {
@@ -256,9 +278,7 @@ out["head"] = c.wave_head(5, {"requests": [{"req_id": "r1", "new_token_ids": [11
                               "non_finite": [{"row": 0, "req_id": "r1", "kind": "nan"}]})
 r5 = c.end_of_wave(5)  # never arrives: bounded
 out["w5"] = [r5.sent, r5.timed_out]
-w = MailboxWriter.__new__(MailboxWriter)  # attach to the agent's file without re-initialising it
-import mmap, os
-fd = os.open(${JSON.stringify(mbox)}, os.O_RDWR); w._map = mmap.mmap(fd, 576); os.close(fd)
+w = MailboxWriter.attach(${JSON.stringify(mbox)})  # play the agent's part in its file
 sent_before = c.stats["requests_sent"]
 w.publish(6)
 r6 = c.end_of_wave(6)
@@ -580,83 +600,103 @@ except CudaUnavailableError as e:
 
 // ---------------------------------------------------------------- replay loader
 
-function loadBundle(dir: string, verify = true): any {
-  const out = runPython(fs.readFileSync(path.join(PYDIR, 'load_bundle.py'), 'utf8'), verify ? [dir, 'verify'] : [dir], { env: ENV }).trim().split('\n');
-  return JSON.parse(out[out.length - 1]);
-}
-
-function writeBundle(dir: string, format: string): any {
-  const r = spawnSync(PYTHON, [path.join(PYDIR, 'write_bundle.py'), dir, format], { encoding: 'utf8', env: ENV });
+/** Load call dirs in one Python process; `verify:<dir>` loads with verify=True. */
+function loadBundles(dirs: string[]): any[] {
+  const r = spawnSync(PYTHON, [path.join(PYDIR, 'load_bundle.py'), ...dirs], { encoding: 'utf8', env: ENV });
   if (r.status !== 0) throw new Error(r.stderr);
   return JSON.parse(r.stdout.trim());
 }
 
-test.each(['npy', 'pt', 'safetensors'])('load_call_dir returns the exact tensors of a %s call dir written with numpy/torch', (format) => {
-  const dir = path.join(tmpDir(), 'call0');
-  const { expected } = writeBundle(dir, format);
-  const got = loadBundle(dir);
-  expect(got.error).toBeUndefined();
-  expect(got.tensors).toEqual(expected);
+function writeBundles(root: string, formats: string[]): Record<string, any[]> {
+  const r = spawnSync(PYTHON, [path.join(PYDIR, 'write_bundle.py'), root, ...formats], { encoding: 'utf8', env: ENV });
+  if (r.status !== 0) throw new Error(r.stderr);
+  return JSON.parse(r.stdout.trim());
+}
+
+test('load_call_dir returns the exact tensors of npy, pt and safetensors call dirs written with numpy/torch', () => {
+  const root = tmpDir();
+  const formats = ['npy', 'pt', 'safetensors'];
+  const expected = writeBundles(root, formats);
+  const got = loadBundles(formats.map((f) => `verify:${path.join(root, f)}`));
+  formats.forEach((f, i) => {
+    expect(got[i].error).toBeUndefined();
+    expect(got[i].tensors).toEqual(expected[f]);
+    expect(expected[f].map((t: any[]) => t[0])).toEqual(['float32', 'bfloat16', 'int64', 'bool', 'float16', 'uint8']);
+  });
 });
 
 test('load_call_dir refuses a call dir that does not match its meta.json, naming the file', () => {
   const root = tmpDir();
+  writeBundles(root, ['npy', 'pt']);
   const mk = (name: string, format = 'npy'): string => {
     const d = path.join(root, name);
-    writeBundle(d, format);
+    fs.cpSync(path.join(root, format), d, { recursive: true });
     return d;
   };
   const meta = (d: string) => JSON.parse(fs.readFileSync(path.join(d, 'meta.json'), 'utf8'));
   const setMeta = (d: string, m: any) => fs.writeFileSync(path.join(d, 'meta.json'), JSON.stringify(m));
+  const cases: [string, string | RegExp][] = [];
 
   const shape = mk('shape');
   const m1 = meta(shape);
   m1.inputs[0].shape = [3, 2];
   setMeta(shape, m1);
-  expect(loadBundle(shape, false).error).toBe(`${path.join(shape, 'tensor0.npy')}: shape [2, 3], but meta.json says [3, 2]`);
+  cases.push([shape, `${path.join(shape, 'tensor0.npy')}: shape [2, 3], but meta.json says [3, 2]`]);
 
   const dtype = mk('dtype');
   const m2 = meta(dtype);
   m2.inputs[1].dtype = 'float16';
   setMeta(dtype, m2);
-  expect(loadBundle(dtype, false).error).toBe(`${path.join(dtype, 'tensor1.npy')}: holds |V2, but meta.json says float16 (stored as <f2)`);
+  cases.push([dtype, `${path.join(dtype, 'tensor1.npy')}: holds |V2, but meta.json says float16 (stored as <f2)`]);
 
   const ptDtype = mk('ptdtype', 'pt');
   const m3 = meta(ptDtype);
   m3.inputs[2].dtype = 'torch.int32';
   setMeta(ptDtype, m3);
-  expect(loadBundle(ptDtype, false).error).toBe(`${path.join(ptDtype, 'tensor2.pt')}: holds int64, but meta.json says int32`);
+  cases.push([ptDtype, `${path.join(ptDtype, 'tensor2.pt')}: holds int64, but meta.json says int32`]);
 
   const missing = mk('missing');
   const m4 = meta(missing);
   m4.files = m4.files.filter((f: any) => f.name !== 'tensor3.npy');
   setMeta(missing, m4);
   fs.rmSync(path.join(missing, 'tensor3.npy'));
-  expect(loadBundle(missing, false).error).toBe(`${path.join(missing, 'tensor3.npy')}: missing (meta.json lists 6 inputs, format npy)`);
+  cases.push([missing, `${path.join(missing, 'tensor3.npy')}: missing (meta.json lists 6 inputs, format npy)`]);
+
+  const listed = mk('listed');
+  fs.rmSync(path.join(listed, 'tensor3.npy'));
+  cases.push([listed, `${path.join(listed, 'tensor3.npy')}: listed in meta.json but missing`]);
 
   const extra = mk('extra');
   fs.copyFileSync(path.join(extra, 'tensor0.npy'), path.join(extra, 'tensor6.npy'));
-  expect(loadBundle(extra, false).error).toBe(`${path.join(extra, 'tensor6.npy')}: not described by meta.json, which lists 6 inputs`);
+  cases.push([extra, `${path.join(extra, 'tensor6.npy')}: not described by meta.json, which lists 6 inputs`]);
 
   const corrupt = mk('corrupt');
   const f0 = path.join(corrupt, 'tensor0.npy');
   const b = fs.readFileSync(f0);
   b[b.length - 1] ^= 0xff;
   fs.writeFileSync(f0, b);
-  expect(loadBundle(corrupt, false).error).toBeUndefined(); // sizes match; only verify reads every byte
-  expect(loadBundle(corrupt, true).error).toMatch(new RegExp(`^${f0}: checksum crc32c:[0-9a-f]{8} does not match meta.json's crc32c:[0-9a-f]{8}$`));
+  cases.push([`verify:${corrupt}`, new RegExp(`^${f0}: checksum crc32c:[0-9a-f]{8} does not match meta.json's crc32c:[0-9a-f]{8}$`)]);
 
   const truncated = mk('truncated');
   fs.truncateSync(path.join(truncated, 'tensor2.npy'), 10);
-  expect(loadBundle(truncated, false).error).toMatch(/tensor2\.npy: 10 bytes, meta\.json says \d+/);
+  cases.push([truncated, /tensor2\.npy: 10 bytes, meta\.json says \d+$/]);
 
   const noMeta = mk('nometa');
   fs.rmSync(path.join(noMeta, 'meta.json'));
-  expect(loadBundle(noMeta, false).error).toBe(`${path.join(noMeta, 'meta.json')}: missing (an incomplete or foreign call dir)`);
+  cases.push([noMeta, `${path.join(noMeta, 'meta.json')}: missing (an incomplete or foreign call dir)`]);
 
   const fmt = mk('fmt');
   setMeta(fmt, { ...meta(fmt), format: 'h5' });
-  expect(loadBundle(fmt, false).error).toBe(`${path.join(fmt, 'meta.json')}: field "format" must be one of npy, pt, safetensors, got 'h5'`);
+  cases.push([fmt, `${path.join(fmt, 'meta.json')}: field "format" must be one of npy, pt, safetensors, got 'h5'`]);
+
+  const got = loadBundles([...cases.map((c) => c[0]), corrupt]);
+  cases.forEach(([dir, want], i) => {
+    expect([dir, got[i].type]).toEqual([dir, 'ReplayError']);
+    if (typeof want === 'string') expect(got[i].error).toBe(want);
+    else expect(got[i].error).toMatch(want);
+  });
+  // Without verify only sizes are checked: the corrupted bytes load (verify is what reads every byte).
+  expect(got[cases.length].ok).toBe(true);
 });
 
 test('crc32c in Python equals the native CRC-32C wavebus writes into meta.json', () => {

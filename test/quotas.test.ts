@@ -58,7 +58,8 @@ describe('report quota (max_per_req, backoff)', () => {
     expect(waves.sort((a, b) => a - b)).toEqual([1, 65, 193]);
     const inc = (g.status().incidents as Record<string, Record<string, number>>).logits_finite;
     expect(inc.report).toBe(3);
-    expect(inc.suppressed_backoff).toBe(400 - 3);
+    expect(inc.suppressed_backoff).toBe(63 + 127); // waves 2..64 and 66..192; after the cap the detector is stopped
+    expect(inc.suppressed_max_per_req).toBeUndefined();
   });
 });
 

@@ -373,6 +373,34 @@ print(json.dumps([{"dtype": str(t.dtype), "shape": list(t.shape), "values": t.fl
     ]);
   });
 
+  test('safetensors: the header and data parse in Python (struct + json + numpy)', async () => {
+    const dir = await capture('safetensors');
+    const out = runPython(
+      `
+import json, struct, sys, numpy as np
+d = sys.argv[1]
+res = []
+for i, code in enumerate(["<f4", "<i8", "<u2", "|u1"]):
+    raw = open(d + "/tensor%d.safetensors" % i, "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    h = json.loads(raw[8:8 + n])
+    e = h["tensor"]
+    a = np.frombuffer(raw[8 + n + e["data_offsets"][0]: 8 + n + e["data_offsets"][1]], dtype=code).reshape(e["shape"])
+    if e["dtype"] == "BF16":
+        a = (a.astype(np.uint32) << 16).view(np.float32)
+    res.append({"dtype": e["dtype"], "values": a.tolist()})
+print(json.dumps(res))
+`,
+      [dir],
+    );
+    expect(JSON.parse(out)).toEqual([
+      { dtype: 'F32', values: [[1.5, -2, 0.25], [3, 100, -0.5]] },
+      { dtype: 'I64', values: [7, -8, 9] },
+      { dtype: 'BF16', values: [[1.5, -2], [0.25, 3], [100, -0.5]] },
+      { dtype: 'U8', values: 200 },
+    ]);
+  });
+
   test('the documented Python replay recipe for npy bf16 gives torch.bfloat16', async () => {
     const dir = await capture('npy');
     const out = runPython(

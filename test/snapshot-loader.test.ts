@@ -148,8 +148,11 @@ describe('the loader checks every file against meta.json', () => {
     const good = fs.readFileSync(p, 'utf8');
     editMeta(dir, (m) => (m.schema = 2));
     await expectLoadError(dir, 'meta.json', /schema 2 is not supported/);
+    fs.writeFileSync(p, good);
     editMeta(dir, (m) => delete m.inputs);
     await expectLoadError(dir, 'meta.json', /missing field "inputs"/);
+    fs.writeFileSync(p, good);
+    expect((await loadCallDir(dir)).tensors).toHaveLength(2);
     fs.writeFileSync(p, good.slice(0, 20));
     await expectLoadError(dir, 'meta.json', /not valid JSON/);
     fs.unlinkSync(p);

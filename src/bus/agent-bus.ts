@@ -92,6 +92,8 @@ export class AgentBus extends EventEmitter {
   private state: SyncState = 'connecting';
   private epoch = 0;
   private lastSeq = 0;
+  /** seq covered by the last snapshot applied in this epoch. */
+  private snapshotSeq = 0;
   private buffer: DecodedFrame[] = [];
   private pendingWave?: WaveEvent;
   private latestHead?: WaveHead;
@@ -296,6 +298,11 @@ export class AgentBus extends EventEmitter {
         return;
       case 'live':
         if (f.epoch !== this.epoch) return this.resync('epoch', f);
+        if (f.seq <= this.snapshotSeq) {
+          // Published before the snapshot was taken but slower than its reply: already covered.
+          this.stats.covered++;
+          return;
+        }
         if (f.seq <= this.lastSeq) return this.drops.drop('stale', `seq ${f.seq} <= ${this.lastSeq}`);
         if (f.seq !== this.lastSeq + 1) return this.resync('gap', f);
         this.lastSeq = f.seq;
@@ -393,6 +400,7 @@ export class AgentBus extends EventEmitter {
     }
     this.epoch = snap.epoch;
     this.lastSeq = snap.seq;
+    this.snapshotSeq = snap.seq;
     this.lastWave = Math.max(this.lastWave, snap.wave);
     this.state = 'live';
     this.pendingWave = undefined;

@@ -160,8 +160,9 @@ export class SnapshotCapturer {
     }
     const callDir = path.join(snapshotRankDir(this.config.cacheRoot, ctx.compilationHash, this.rank.globalRank), callDirName(selection.callIndex));
     // Never overwrite a captured bundle (e.g. a rerun with the same cache root): refuse before
-    // spending budget, so the user sees exactly which directory to move away.
-    if (fs.existsSync(callDir)) {
+    // spending budget, so the user sees exactly which directory to move away. (With no budget
+    // left nothing would be written anyway: skip quietly below instead.)
+    if (this.budget.remaining > 0 && fs.existsSync(callDir)) {
       this.counts.failed += 1;
       throw new CaptureError(
         `input snapshot ${callDir} already exists (a previous run captured this call); move it away or use another cache root`,

@@ -1,7 +1,7 @@
 """Write a snapshot call dir with numpy / torch only (independent of wavebus's writers).
 
-Usage: write_bundle.py CALL_DIR FORMAT   (npy | pt | safetensors)
-Prints {"expected": [[dtype, shape, bits-as-hex], ...]} for the test to compare with.
+Usage: write_bundle.py ROOT FORMAT...   (npy | pt | safetensors): writes ROOT/<format>/ for each
+Prints {format: [[dtype, shape, bits-as-hex], ...]} for the test to compare with.
 """
 import json
 import os
@@ -48,8 +48,7 @@ def write_safetensors(path, t, dtype):
         f.write(struct.pack("<Q", len(h)) + h + raw)
 
 
-def main():
-    call_dir, fmt = sys.argv[1], sys.argv[2]
+def write(call_dir, fmt):
     os.makedirs(call_dir, exist_ok=True)
     inputs, files, expected = [], [], []
     for i, (dtype, t) in enumerate(tensors()):
@@ -68,7 +67,12 @@ def main():
             "selected_by": ["call_index"], "inputs": inputs, "files": files}
     with open(os.path.join(call_dir, "meta.json"), "w") as f:
         json.dump(meta, f, sort_keys=True, indent=2)
-    print(json.dumps({"expected": expected}))
+    return expected
+
+
+def main():
+    root = sys.argv[1]
+    print(json.dumps({fmt: write(os.path.join(root, fmt), fmt) for fmt in sys.argv[2:]}))
 
 
 if __name__ == "__main__":

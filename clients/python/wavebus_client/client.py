@@ -298,9 +298,9 @@ class Client:
     def wave_head(self, wave: int, telemetry=None) -> bool:
         """Mark the head of ``wave`` (with the telemetry of the previous wave). Only TP0 of the last
         PP stage sends, only while the bus is active; never waits for the answer. True if sent."""
+        _check_wave(wave, "wave_head()")
         if not self.enabled:
             return False
-        _check_wave(wave, "wave_head()")
         feats = self._mb.features
         if not feats & mb.FEATURE_BUS:
             return False
@@ -327,9 +327,9 @@ class Client:
     def end_of_wave(self, wave: int) -> EndOfWaveResult:
         """End ``wave``. Returns at once when its vector is in the mailbox with nothing due; else asks
         the agent to do what is due, waiting at most the bound (then timed_out=True)."""
+        _check_wave(wave, "end_of_wave()")
         if not self.enabled:
             return EndOfWaveResult(wave)
-        _check_wave(wave, "end_of_wave()")
         if not self._mb.features & mb.FEATURE_BUS:
             return EndOfWaveResult(wave)
         v = self._mb.read_wave(wave)

@@ -7,6 +7,7 @@ check costs no system call. Layout (little-endian), fixed by docs/native.md / sr
   slot i at 64 + 64*i (64 bytes): u64 seq (odd while written), u64 wave,
                                    u32 config_due, u32 dump_due, u32 snapshot_due, 0-pad
   the slot of wave N is N % slots; it belongs to wave N only if its wave field equals N.
+  A slot with seq == 0 or wave == 2**64-1 is empty.
 """
 import mmap
 import os
@@ -23,6 +24,7 @@ SLOTS = 8
 HEADER_SIZE = 64
 SLOT_SIZE = 64
 SIZE = HEADER_SIZE + SLOTS * SLOT_SIZE
+EMPTY_WAVE = (1 << 64) - 1
 
 FEATURE_BUS = 1 << 0
 FEATURE_HOT_RELOAD = 1 << 1
@@ -102,7 +104,7 @@ class Mailbox:
         return _HEADER.unpack_from(self._map, 0)[4]
 
     def read_slot(self, index: int) -> Optional[WaveVector]:
-        """A consistent copy of slot ``index``, or None if the writer kept it busy (never blocks)."""
+        """A consistent copy of slot ``index``; None if empty or the writer kept it busy (never blocks)."""
         off = HEADER_SIZE + SLOT_SIZE * index
         m = self._map
         for _ in range(_MAX_SPINS):
@@ -111,6 +113,8 @@ class Mailbox:
                 continue
             _s, wave, config_due, dump_due, snapshot_due = _SLOT.unpack_from(m, off)
             if _SEQ.unpack_from(m, off)[0] == s1:
+                if s1 == 0 or wave == EMPTY_WAVE:
+                    return None
                 return WaveVector(wave, bool(config_due), bool(dump_due), bool(snapshot_due))
         return None
 
@@ -139,7 +143,9 @@ class MailboxWriter:
         finally:
             os.close(fd)
         self._map[:SIZE] = bytes(SIZE)
-        _HEADER.pack_into(self._map, 0, MAGIC, VERSION, SLOTS, features, epoch)
+        for i in range(SLOTS):
+            _SLOT.pack_into(self._map, HEADER_SIZE + SLOT_SIZE * i, 2, EMPTY_WAVE, 0, 0, 0)
+        _HEADER.pack_into(self._map, 0, MAGIC, VERSION, SLOTS, features, epoch)  # magic last: header valid
 
     def set_features(self, features: int) -> None:
         _FEATURES.pack_into(self._map, _FEATURES_OFFSET, features)
@@ -151,7 +157,19 @@ class MailboxWriter:
         _SEQ.pack_into(self._map, off, seq + 1 if seq % 2 == 0 else seq)
         return off
 
-    def publish(self, wave: int, config_due: bool = False, dump_due: bool = False, snapshot_due: bool = False) -> None:
+    @classmethod
+    def attach(cls, path: str) -> "MailboxWriter":
+        """Write into an existing mailbox without resetting it (tests that play the agent's part)."""
+        w = cls.__new__(cls)
+        w.path = path
+        fd = os.open(path, os.O_RDWR)
+        try:
+            w._map = mmap.mmap(fd, SIZE, access=mmap.ACCESS_WRITE)
+        finally:
+            os.close(fd)
+        return w
+
+    def publish(self, wave: int, config_due: int = 0, dump_due: int = 0, snapshot_due: int = 0) -> None:
         off = self.begin(wave)
         seq = _SEQ.unpack_from(self._map, off)[0]
         _SLOT.pack_into(self._map, off, seq, wave, int(config_due), int(dump_due), int(snapshot_due))

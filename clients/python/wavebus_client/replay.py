@@ -15,6 +15,7 @@ from .checksum import crc32c_file, format_checksum
 from .errors import ConfigError, ReplayError
 
 FORMATS = ("npy", "pt", "safetensors")
+SCHEMA = 1
 _ST_DTYPES = {
     "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64", "I32": "int32",
     "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
@@ -38,6 +39,8 @@ def read_meta(call_dir: str) -> Dict[str, Any]:
         raise _fail(path, f"not valid JSON ({e})") from None
     if not isinstance(meta, dict):
         raise _fail(path, "the top level must be an object")
+    if meta.get("schema") != SCHEMA:
+        raise _fail(path, f"schema {meta.get('schema')!r} is not supported (this loader reads schema {SCHEMA})")
     fmt = meta.get("format")
     if fmt not in FORMATS:
         raise _fail(path, f"field \"format\" must be one of {', '.join(FORMATS)}, got {fmt!r}")
@@ -198,19 +201,26 @@ def verify_files(call_dir: str, meta: Dict[str, Any], checksums: bool = True) ->
                 raise _fail(path, f"checksum {got} does not match meta.json's {f['checksum']}")
 
 
-def load_call_dir(call_dir: str, verify: bool = False) -> Tuple[Dict[str, Any], list]:
-    """(meta, [tensor0, tensor1, ...]) of one call dir. ``verify`` also checks every CRC-32C."""
+def load_call_dir(call_dir: str, verify: bool = True) -> Tuple[Dict[str, Any], list]:
+    """(meta, [tensor0, tensor1, ...]) of one call dir (the rules of docs/snapshots.md).
+
+    Sizes are always checked against meta.json; ``verify`` (default) also checks every CRC-32C.
+    """
     if not os.path.isdir(call_dir):
         raise ReplayError(f"{call_dir}: not a directory")
     meta = read_meta(call_dir)
     fmt = meta["format"]
     inputs = meta["inputs"]
     verify_files(call_dir, meta, checksums=verify)
-    present = sorted(n for n in os.listdir(call_dir) if n.startswith("tensor") and n.endswith("." + fmt))
     expected = [f"tensor{i}.{fmt}" for i in range(len(inputs))]
-    extra = sorted(set(present) - set(expected))
-    if extra:
-        raise _fail(os.path.join(call_dir, extra[0]), f"not described by meta.json, which lists {len(inputs)} inputs")
+    listed = {f["name"] for f in meta.get("files", [])}
+    for name in sorted(os.listdir(call_dir)):
+        if name == "meta.json":
+            continue
+        if name not in expected:
+            raise _fail(os.path.join(call_dir, name), f"not described by meta.json, which lists {len(inputs)} inputs (format {fmt})")
+        if "files" in meta and name not in listed:
+            raise _fail(os.path.join(call_dir, name), "not listed in meta.json's files")
     tensors = []
     for i, inp in enumerate(inputs):
         path = os.path.join(call_dir, expected[i])
