@@ -70,6 +70,7 @@ export function runtimeView(configJson: string): RuntimeView {
     itemSync: Boolean(cfg?.detector?.logits_finite?.item_sync),
     format: (['pt', 'npy', 'safetensors'].includes(cfg?.dump?.format) ? cfg.dump.format : 'pt') as DumpFormat,
     freeHeadroomBytes: Number.isFinite(cfg?.dump?.free_headroom_bytes) ? Number(cfg.dump.free_headroom_bytes) : DEFAULT_VIEW.freeHeadroomBytes,
+    dumpRoot: typeof cfg?.dump?.dump_dir === 'string' ? cfg.dump.dump_dir : undefined,
   };
 }
 
@@ -128,7 +129,7 @@ export class Agent {
     if (fs.existsSync(sockPath)) fs.unlinkSync(sockPath); // left by a killed agent of this rank
     await this.router.bind(endpoint);
     void this.serveClients(this.router);
-    this.files = new FileServer(identity.globalRank, this.opts.serveRoots ?? {}, this.log);
+    this.files = new FileServer(identity.globalRank, () => ({ snapshots: this.opts.serveRoots?.snapshots, dumps: this.opts.serveRoots?.dumps ?? this.view.dumpRoot }), this.log);
     if (identity.isLastPp && this.opts.coordinator) {
       this.bus = new AgentBus({
         coordinator: this.opts.coordinator,

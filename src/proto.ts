@@ -2,7 +2,18 @@
 import * as path from 'path';
 import * as protobuf from 'protobufjs';
 
-const root = protobuf.loadSync(path.resolve(__dirname, '..', 'proto', 'wavebus.proto'));
+import * as fs from 'fs';
+
+/** proto/ sits at the package root: one level up from src/ (ts-jest), two from dist/src/ (built). */
+function protoFile(): string {
+  for (let dir = __dirname, i = 0; i < 4; i++, dir = path.dirname(dir)) {
+    const p = path.join(dir, 'proto', 'wavebus.proto');
+    if (fs.existsSync(p)) return p;
+  }
+  throw new Error(`proto/wavebus.proto not found above ${__dirname}`);
+}
+
+const root = protobuf.loadSync(protoFile());
 
 export function messageType(name: string): protobuf.Type {
   return root.lookupType(`wavebus.${name}`);

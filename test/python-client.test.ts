@@ -5,7 +5,6 @@ import { spawnSync } from 'child_process';
 import * as fs from 'fs';
 import * as path from 'path';
 import * as zmq from 'zeromq';
-import { MailboxFeature, MailboxWriter } from '../src/mailbox';
 import { ClientReply, ClientRequest, decode, encode } from '../src/proto';
 import { PYTHON, ROOT, cleanup, runPython, spawnTracked, tmpDir } from './helpers';
 
@@ -110,6 +109,8 @@ print(json.dumps({"features": m.features, "epoch": m.epoch, "w3": v(3), "w10": v
 });
 
 test('the Python reader reads the mailbox the agent writes (src/mailbox.ts, native writer)', () => {
+  // Loaded here, not at the top: they need the native addon, which the other tests do not.
+  const { MailboxFeature, MailboxWriter } = require('../src/mailbox') as typeof import('../src/mailbox');
   const file = path.join(tmpDir(), 'mailbox-local0');
   const w = MailboxWriter.create(file);
   w.setFeatures(MailboxFeature.BUS_ACTIVE | MailboxFeature.DETECTORS);
@@ -668,7 +669,15 @@ test('load_call_dir refuses a call dir that does not match its meta.json, naming
 
   const extra = mk('extra');
   fs.copyFileSync(path.join(extra, 'tensor0.npy'), path.join(extra, 'tensor6.npy'));
-  cases.push([extra, `${path.join(extra, 'tensor6.npy')}: not described by meta.json, which lists 6 inputs`]);
+  cases.push([extra, `${path.join(extra, 'tensor6.npy')}: not described by meta.json, which lists 6 inputs (format npy)`]);
+
+  const stray = mk('stray');
+  fs.writeFileSync(path.join(stray, 'notes.txt'), 'x');
+  cases.push([stray, `${path.join(stray, 'notes.txt')}: not described by meta.json, which lists 6 inputs (format npy)`]);
+
+  const schema = mk('schema');
+  setMeta(schema, { ...meta(schema), schema: 2 });
+  cases.push([schema, `${path.join(schema, 'meta.json')}: schema 2 is not supported (this loader reads schema 1)`]);
 
   const corrupt = mk('corrupt');
   const f0 = path.join(corrupt, 'tensor0.npy');
@@ -699,6 +708,53 @@ test('load_call_dir refuses a call dir that does not match its meta.json, naming
   expect(got[cases.length].ok).toBe(true);
 });
 
+test.each(['npy', 'pt', 'safetensors'] as const)('load_call_dir loads a %s call dir written by wavebus (SnapshotCapturer)', async (format) => {
+  const { CaptureBudget } = require('../src/snapshot/budget') as typeof import('../src/snapshot/budget');
+  const { SnapshotCapturer } = require('../src/snapshot/capture') as typeof import('../src/snapshot/capture');
+  const { resolveSnapshotConfig } = require('../src/snapshot/config') as typeof import('../src/snapshot/config');
+  const cacheRoot = tmpDir();
+  const config = { ...resolveSnapshotConfig({ WAVEBUS_SNAPSHOT_ENABLE: '1', WAVEBUS_SNAPSHOT_FORMAT: format, WAVEBUS_SNAPSHOT_CAPTURE_AT_CALL: '-1' }), cacheRoot };
+  const quiet = { info: () => undefined, warn: () => undefined };
+  const capturer = new SnapshotCapturer(config, { globalRank: 3, tpRank: 1, ppRank: 0, dpRank: 0, cpRank: 0 }, { budget: new CaptureBudget(4, () => undefined), log: quiet });
+  const f32 = Buffer.alloc(24);
+  [1.5, -2, Infinity, 0, 3.25, -0.5].forEach((v, i) => f32.writeFloatLE(v, i * 4));
+  const bf16 = Buffer.from([0x80, 0x3f, 0xc0, 0xbf, 0x62, 0x7f]); // 1.0, -1.5, 3.0e38
+  const i64 = Buffer.alloc(16);
+  i64.writeBigInt64LE(-1n, 0);
+  i64.writeBigInt64LE(1n << 40n, 8);
+  const inputs = [
+    { dtype: 'float32', shape: [2, 3], data: f32 },
+    { dtype: 'bfloat16', shape: [3], data: bf16 },
+    { dtype: 'int64', shape: [2], data: i64 },
+    { dtype: 'bool', shape: [2, 2], data: Buffer.from([1, 0, 0, 1]) },
+    { dtype: 'uint8', shape: [], data: Buffer.from([200]) },
+  ];
+  if (format !== 'pt') inputs.push({ dtype: 'float8_e4m3fn', shape: [4], data: Buffer.from([0x38, 0xb8, 0x7e, 0x00]) });
+  const res = await capturer.capture(
+    { compilationHash: 'graph-a', globalStep: 7, isPrompt: false, reqIds: ['r1'], positions: [11], rowRequest: [0], numSpeculativeTokens: 0, warmup: false },
+    inputs.map((x) => ({ dtype: x.dtype, shape: x.shape, read: async () => x.data })),
+  );
+  expect(res.captured).toBe(true);
+  const [got] = loadBundles([`verify:${res.callDir}`]);
+  expect(got.error).toBeUndefined();
+  const hasFp8 = format !== 'pt';
+  expect(got.tensors).toEqual(
+    inputs.map((x) => [x.dtype === 'float8_e4m3fn' && got.warnings.length ? 'uint8' : x.dtype, x.shape, x.data.toString('hex')]),
+  );
+  if (hasFp8 && got.tensors[5][0] === 'uint8') expect(got.warnings.join('\n')).toMatch(/has no float8_e4m3fn; returning its raw bits as uint8/);
+  if (format === 'pt') {
+    // fp8 in .pt needs torch >= 2.1: the loader says so, naming the file.
+    const fp8 = await capturer.capture(
+      { compilationHash: 'graph-a', globalStep: 8, isPrompt: false, reqIds: ['r1'], positions: [12], rowRequest: [0], numSpeculativeTokens: 0, warmup: false },
+      [{ dtype: 'float8_e5m2', shape: [2], read: async () => Buffer.from([0x3c, 0xbc]) }],
+    );
+    expect(fp8.captured).toBe(true);
+    const [r] = loadBundles([fp8.callDir!]);
+    if (!r.ok) expect(r.error).toMatch(/tensor0\.pt: torch\.load failed .*cannot load float8_e5m2 from \.pt/);
+    else expect(r.tensors[0][0]).toBe('float8_e5m2');
+  }
+});
+
 test('crc32c in Python equals the native CRC-32C wavebus writes into meta.json', () => {
   // Sizes on both sides of the vectorised path (64 KiB) and an odd tail.
   const sizes = [0, 1, 9, 4096, 65535, 65536, 300001];
@@ -712,4 +768,60 @@ import json
 from wavebus_client.checksum import crc32c, crc32c_file
 print(json.dumps([crc32c_file(${JSON.stringify(dir)} + "/d%d" % i) for i in range(${sizes.length})] + [crc32c(b"123456789")]))`);
   expect(got).toEqual([...want, 0xe3069283]);
+});
+
+// ---------------------------------------------------------------- a real agent (src/agent.ts), in this process
+
+test('a real agent and the Python client: hello, register shm regions, a captured forward that loads back with load_call_dir', async () => {
+  const { Agent } = require('../src/agent') as typeof import('../src/agent');
+  const { resolveIdentity } = require('../src/identity') as typeof import('../src/identity');
+  const { resolveSnapshotConfig } = require('../src/snapshot/config') as typeof import('../src/snapshot/config');
+  const runDir = tmpDir();
+  const cacheRoot = tmpDir();
+  const identity = resolveIdentity({ RANK: '0', WORLD_SIZE: '1', LOCAL_RANK: '0', LOCAL_WORLD_SIZE: '1' });
+  const snapshot = { ...resolveSnapshotConfig({ WAVEBUS_SNAPSHOT_ENABLE: '1', WAVEBUS_SNAPSHOT_FORMAT: 'npy' }), cacheRoot };
+  const agent = new Agent({ identity, runDir, snapshot });
+  await agent.start();
+  try {
+    const got = await pyAsync(
+      `
+import json, torch
+from wavebus_client import Client
+from wavebus_client.shm import shm_tensor, kv_pool_shm
+from wavebus_client.replay import load_call_dir
+c = Client.connect()
+out = {"features": c.features, "hello": vars(c.hello())}
+ids, r_ids = shm_tensor("wbtest-e2e-ids-${process.pid}", [2, 5], torch.int64, region_name="input_ids")
+hid, r_hid = shm_tensor("wbtest-e2e-hid-${process.pid}", [2, 4], torch.bfloat16, region_name="hidden")
+kv, r_kv = kv_pool_shm("wbtest-e2e-kv-${process.pid}", ["model.layers.0"], 4, 2, 1, 8, torch.float16)
+out["registered"] = c.register(r_ids) + c.register(r_hid) + c.register_all(r_kv)
+ids.copy_(torch.arange(10).view(2, 5) * 7)
+hid.copy_(torch.linspace(-2, 2, 8).view(2, 4))
+captured, call_dir = c.before_forward({"compilation_hash": "graph-e2e", "global_step": 1, "req_ids": ["req-a"], "positions": [4, 5], "row_request": [0, 0]},
+                                      [ids, hid[1], ("input_ids", 40, "int64", [5])])
+out["captured"], out["call_dir"] = captured, call_dir
+meta, ts = load_call_dir(call_dir)
+out["same"] = [torch.equal(ts[0], ids), torch.equal(ts[1], hid[1]), torch.equal(ts[2], ids[1])]
+out["dtypes"] = [str(t.dtype) for t in ts]
+out["meta"] = {k: meta[k] for k in ("hash", "format", "global_rank", "req_ids", "positions")}
+r = c.end_of_wave(1)  # not on the bus: returns at once, nothing sent
+out["eow"] = [r.sent, r.timed_out]
+out["stats"] = c.stats
+c.close()
+print(json.dumps(out))`,
+      { ...ENV, WAVEBUS_RUN_DIR: runDir, LOCAL_RANK: '0' },
+    );
+    expect(got.features).toBe(8); // snapshots only: no bus without a coordinator
+    expect(got.hello).toMatchObject({ tp0: true, bus: false, snapshots: true });
+    expect(got.registered).toBe(4);
+    expect(got.captured).toBe(true);
+    expect(got.call_dir).toBe(path.join(cacheRoot, 'snapshots', 'graph-e2e', 'rank0', 'call0'));
+    expect(got.same).toEqual([true, true, true]);
+    expect(got.dtypes).toEqual(['torch.int64', 'torch.bfloat16', 'torch.int64']);
+    expect(got.meta).toEqual({ hash: 'graph-e2e', format: 'npy', global_rank: 0, req_ids: ['req-a'], positions: [4, 5] });
+    expect(got.eow).toEqual([false, false]);
+    expect(got.stats.end_of_wave_sent).toBe(0);
+  } finally {
+    await agent.stop();
+  }
 });

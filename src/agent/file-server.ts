@@ -84,12 +84,14 @@ export function resolveInside(root: string, rel: string): string {
 export class FileServer {
   constructor(
     private readonly globalRank: number,
-    private readonly roots: ServeRoots,
+    /** Read on every request: the dump root can move with a hot-reloaded config. */
+    private readonly roots: () => ServeRoots,
     private readonly log: Logger,
   ) {}
 
   private root(name: string): string {
-    const r = name === 'dumps' ? this.roots.dumps : name === 'snapshots' ? this.roots.snapshots : undefined;
+    const roots = this.roots();
+    const r = name === 'dumps' ? roots.dumps : name === 'snapshots' ? roots.snapshots : undefined;
     if (!r) throw new Error(`root '${name}' is not served by rank ${this.globalRank}`);
     return r;
   }

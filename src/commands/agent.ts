@@ -1,11 +1,15 @@
 // `wavebus agent`: one per rank. Last-PP ranks join the wave bus; other ranks follow the config
-// file (later features hang off the same process). Thin on purpose: flags → identity → AgentBus.
+// file. Thin on purpose: flags → identity → Agent (src/agent.ts).
 import type { CommandModule } from 'yargs';
-import { AgentBus, type SnapshotReplyMsg, type WaveEvent } from '../bus/agent-bus';
+import * as fs from 'fs';
+import * as os from 'os';
+import * as path from 'path';
+import { Agent } from '../agent';
 import { DEFAULT_BUS_PORT, DEFAULT_HEARTBEAT_MS } from '../bus/coordinator';
 import { parseBusPort, parseHostPort, type HostPort } from '../bus/endpoints';
 import { identityFlagsFromArgv, identityOptions, resolveIdentity, type RankIdentity } from '../identity';
 import { createLogger, type Logger } from '../log';
+import { resolveSnapshotConfig, snapshotFlagsFromArgv, snapshotOptions } from '../snapshot/config';
 import { positiveInt, waitForSignal } from './coordinator';
 
 /** --coordinator, else $WAVEBUS_COORDINATOR, else <master addr>:<$WAVEBUS_PORT or 29600>. */
@@ -20,10 +24,12 @@ export interface AgentSetup {
   identity: RankIdentity;
   coordinator: HostPort;
   heartbeatMs: number;
-  runDir?: string;
+  runDir: string;
+  /** The run dir was made up here (no --run-dir / WAVEBUS_RUN_DIR) and is removed at exit. */
+  ownRunDir: boolean;
+  endOfWaveTimeoutMs: number;
+  stagingBytes: number;
   log: Logger;
-  /** Present only on last-PP ranks. */
-  bus?: AgentBus;
 }
 
 /** Everything `wavebus agent` builds from its flags and environment; throws ConfigError naming the flag. */
@@ -31,10 +37,12 @@ export function setupAgent(argv: Record<string, unknown>, env: NodeJS.ProcessEnv
   const identity = resolveIdentity(env, identityFlagsFromArgv(argv));
   const coordinator = coordinatorAddress(argv.coordinator, env, identity);
   const heartbeatMs = positiveInt(argv['heartbeat-ms'], '--heartbeat-ms');
-  const runDir = (argv['run-dir'] as string | undefined) || env.WAVEBUS_RUN_DIR || undefined;
+  const endOfWaveTimeoutMs = positiveInt(argv['end-of-wave-timeout-ms'], '--end-of-wave-timeout-ms');
+  const stagingBytes = positiveInt(argv['staging-mb'], '--staging-mb') * 2 ** 20;
+  const given = (argv['run-dir'] as string | undefined) || env.WAVEBUS_RUN_DIR || '';
+  const runDir = given || path.join(os.tmpdir(), `wavebus-agent-rank${identity.globalRank}-${process.pid}`);
   const log = createLogger(`wavebus-agent-rank${identity.globalRank}`);
-  const bus = identity.isLastPp ? new AgentBus({ coordinator, identity, heartbeatMs, logger: log }) : undefined;
-  return { identity, coordinator, heartbeatMs, runDir, log, bus };
+  return { identity, coordinator, heartbeatMs, runDir, ownRunDir: !given, endOfWaveTimeoutMs, stagingBytes, log };
 }
 
 export const command: CommandModule = {
@@ -42,27 +50,35 @@ export const command: CommandModule = {
   describe: 'Run the per-rank agent; last-PP ranks join the wave bus',
   builder: (y) => {
     for (const [f, o] of Object.entries(identityOptions)) y.option(f, o);
+    for (const [f, o] of Object.entries(snapshotOptions)) y.option(f, o);
     return y
       .option('coordinator', { type: 'string', describe: `HOST:PORT of the coordinator (default $WAVEBUS_COORDINATOR, else $MASTER_ADDR:\${WAVEBUS_PORT:-${DEFAULT_BUS_PORT}})` })
       .option('heartbeat-ms', { type: 'string', default: String(DEFAULT_HEARTBEAT_MS), describe: 'heartbeat period; a coordinator silent for 3 periods is lost' })
-      .option('run-dir', { type: 'string', describe: 'directory for the engine-client socket and mailbox (default $WAVEBUS_RUN_DIR)' });
+      .option('run-dir', { type: 'string', describe: 'directory for the engine-client socket and mailbox (default $WAVEBUS_RUN_DIR)' })
+      .option('end-of-wave-timeout-ms', { type: 'string', default: '50', describe: 'longest an engine waits at end_of_wave for a wave vector that has not arrived' })
+      .option('staging-mb', { type: 'string', default: '1024', describe: 'host staging bound for KV dump copies' });
   },
   handler: async (argv) => {
     const a = setupAgent(argv as Record<string, unknown>, process.env);
-    const { identity, log, bus } = a;
+    const { identity, log } = a;
+    const snapshot = resolveSnapshotConfig(process.env, snapshotFlagsFromArgv(argv as Record<string, unknown>), (m: string) => log.warn(m));
+    const agent = new Agent({
+      identity,
+      runDir: a.runDir,
+      coordinator: a.coordinator,
+      heartbeatMs: a.heartbeatMs,
+      endOfWaveTimeoutMs: a.endOfWaveTimeoutMs,
+      stagingBytes: a.stagingBytes,
+      snapshot,
+      serveRoots: { snapshots: path.join(snapshot.cacheRoot, 'snapshots') },
+      logger: log,
+    });
     const signal = waitForSignal();
-    if (bus) {
-      bus.on('wave', (w: WaveEvent) => log.debug({ wave: w.head.wave, seq: w.head.seq, config: w.config?.version, dumps: w.dump?.jobs.map((j: { jobId: string }) => j.jobId) }, 'wave'));
-      bus.on('snapshot', (s: SnapshotReplyMsg) => log.debug({ epoch: s.epoch, seq: s.seq, wave: s.wave }, 'snapshot'));
-      await bus.start();
-    } else {
-      log.info(
-        { rank: identity.globalRank, ppRank: identity.ppRank, pp: identity.pp },
-        'not a last-PP rank: does not join the wave bus; follows the config file',
-      );
-    }
+    await agent.start();
+    log.info({ rank: identity.globalRank, lastPp: identity.isLastPp, runDir: a.runDir, snapshots: snapshot.enabled }, 'agent started');
     log.info({ signal: await signal }, 'stopping');
-    await bus?.stop();
+    await agent.stop();
+    if (a.ownRunDir) fs.rmSync(a.runDir, { recursive: true, force: true });
     process.exit(0);
   },
 };

@@ -5,6 +5,10 @@ import { parseBusPort } from '../bus/endpoints';
 import { ConfigError } from '../errors';
 import { identityFlagsFromArgv, identityOptions, resolveLayout } from '../identity';
 import { createLogger } from '../log';
+import { Guard } from '../guard/guard';
+import { guardOptions, parseStartupOptions } from '../guard/startup';
+import { withStartupFacts } from '../guard-policy';
+import { lastPpRanks } from '../identity';
 
 const LAYOUT_FLAGS = ['world-size', 'tp', 'pp', 'dp', 'cp'];
 
@@ -35,6 +39,7 @@ export const command: CommandModule = {
   describe: 'Run the wave-bus coordinator (PUB on --port, ROUTER on --port+1) until SIGINT/SIGTERM',
   builder: (y) => {
     for (const f of LAYOUT_FLAGS) y.option(f, identityOptions[f]);
+    for (const [f, o] of Object.entries(guardOptions)) y.option(f, o);
     return y
       .option('host', { type: 'string', default: '127.0.0.1', describe: 'address to bind; non-loopback needs --insecure' })
       .option('port', { type: 'string', describe: `PUB port; the ROUTER binds port+1 (default $WAVEBUS_PORT or ${DEFAULT_BUS_PORT})` })
@@ -49,6 +54,19 @@ export const command: CommandModule = {
     const layout = resolveLayout(env, identityFlagsFromArgv(argv as Record<string, unknown>));
     const port =
       argv.port !== undefined ? parseBusPort(argv.port, '--port') : env.WAVEBUS_PORT ? parseBusPort(env.WAVEBUS_PORT, 'WAVEBUS_PORT') : DEFAULT_BUS_PORT;
+    // The runtime guard decides what each wave carries; its config errors stop the start here.
+    const startup = parseStartupOptions(
+      argv['additional-config'] as string | undefined,
+      {
+        runtimeConfigPath: argv['runtime-config-path'] as string | undefined,
+        runtimeConfigHotReload: argv['runtime-config-hot-reload'] as boolean | undefined,
+        runtimeReportDir: argv['runtime-report-dir'] as string | undefined,
+        runtimeDumpDir: argv['runtime-dump-dir'] as string | undefined,
+      },
+      process.cwd(),
+    );
+    const expected = lastPpRanks(layout);
+    const guard = new Guard({ startup, rank: expected[0], expectedRanks: expected, log });
     const coordinator = new Coordinator({
       host: String(argv.host),
       port,
@@ -58,6 +76,7 @@ export const command: CommandModule = {
       dumpAckTimeoutMs: positiveInt(argv['dump-ack-timeout-ms'], '--dump-ack-timeout-ms'),
       insecure: Boolean(argv.insecure),
       logger: log,
+      policy: withStartupFacts(guard, startup.hotReload),
     });
     const signal = waitForSignal();
     await coordinator.start();
@@ -67,6 +86,7 @@ export const command: CommandModule = {
     );
     log.info({ signal: await signal }, 'stopping');
     await coordinator.stop();
+    guard.close();
     process.exit(0);
   },
 };

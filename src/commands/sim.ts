@@ -31,6 +31,8 @@ export const command: CommandModule = {
       .option('head-dim', { type: 'number', default: 64 })
       .option('dtype', { choices: ['bfloat16', 'float16', 'float32'] as const, default: 'bfloat16' as const })
       .option('faults', { type: 'string', describe: 'faults to inject: inline JSON or a file' })
+      .option('compute-us', { type: 'number', default: 0, describe: 'busy CPU time per step standing in for the forward' })
+      .option('detached', { type: 'boolean', default: false, describe: 'run without wavebus (a baseline)' })
       .option('start-at', { type: 'number', describe: 'wall-clock ms for step 1 (align hosts)' })
       .option('result-dir', { type: 'string', demandOption: true, describe: 'where each rank writes rank<g>.json' }),
   handler: async (argv) => {
@@ -58,6 +60,8 @@ export const command: CommandModule = {
       faults: parseFaults(argv.faults as string | undefined),
       resultDir: String(argv['result-dir']),
       startAt: argv['start-at'] as number | undefined,
+      computeUs: positiveInt(argv['compute-us'], '--compute-us', 0),
+      detached: Boolean(argv.detached),
     });
     const failed = res.exits.filter((e) => e.code !== 0);
     process.stdout.write(`${JSON.stringify({ ranks: res.ranks.length, failed })}\n`);

@@ -5,42 +5,18 @@
 import * as path from 'path';
 import type { Logger } from '../log';
 import type { DumpJob, DumpResult, FileEntry } from '../messages';
-import { safeReqId, writeJsonAtomic } from './reports';
+import { SkipReason, writeDumpSkipped } from '../freespace';
+import { joinUnder, safeComponent } from '../sanitize';
+import { writeJsonAtomic } from './reports';
 
-export type SkipReason =
-  | 'finished_or_reaped'
-  | 'no_dump_targets'
-  | 'empty_block_ids'
-  | 'insufficient_free_space'
-  | 'quota_or_cooldown_blocked'
-  | 'd2h_failed'
-  | 'write_failed';
+export type { SkipReason };
 
 export function waveDir(dumpRoot: string, incidentType: string, reqId: string, wave: number): string {
-  return path.join(dumpRoot, safeReqId(incidentType), safeReqId(reqId), `wave_${wave}`);
+  return joinUnder(dumpRoot, safeComponent(incidentType, 'incident_type'), safeComponent(reqId, 'req_id'), `wave_${wave}`);
 }
 
 export function jobIdOf(armWave: number, incidentType: string, reqId: string): string {
   return `${armWave}/${incidentType}/${reqId}`;
-}
-
-/** dump_skipped.json (seed keys). Returns its path. */
-export function writeDumpSkipped(
-  dir: string,
-  s: { reason: SkipReason; reqId: string; incidentType: string; stage: 'arm' | 'drain'; rank: number; wave: number; detail?: Record<string, unknown> },
-): string {
-  const file = path.join(dir, 'dump_skipped.json');
-  writeJsonAtomic(file, {
-    reason: s.reason,
-    req_id: s.reqId,
-    incident_type: s.incidentType,
-    stage: s.stage,
-    rank: s.rank,
-    wave: s.wave,
-    ts: new Date().toISOString(),
-    ...(s.detail ? { detail: s.detail } : {}),
-  });
-  return file;
 }
 
 export interface ArmSpec {
@@ -134,8 +110,8 @@ export class DumpBook {
   /** Refuse a dump at arm time: dump_skipped.json in the wave dir it would have had. */
   refuse(dumpRoot: string, s: { incidentType: string; reqId: string; wave: number; reason: SkipReason; detail?: Record<string, unknown> }): string {
     this.skipped[s.reason] = (this.skipped[s.reason] ?? 0) + 1;
-    const dir = s.reqId ? waveDir(dumpRoot, s.incidentType, s.reqId, s.wave) : path.join(dumpRoot, safeReqId(s.incidentType), `wave_${s.wave}`);
-    return writeDumpSkipped(dir, { ...s, stage: 'arm', rank: this.coordinatorRank });
+    const dir = s.reqId ? waveDir(dumpRoot, s.incidentType, s.reqId, s.wave) : joinUnder(dumpRoot, safeComponent(s.incidentType, 'incident_type'), `wave_${s.wave}`);
+    return writeDumpSkipped(dir, { reason: s.reason, req_id: s.reqId, incident_type: s.incidentType, stage: 'arm', rank: this.coordinatorRank, wave: s.wave, detail: s.detail });
   }
 
   onResult(r: DumpResult): void {

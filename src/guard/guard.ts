@@ -119,7 +119,7 @@ export class Guard implements CoordinatorPolicy {
     if (detectorsChanged) {
       // New windows/thresholds: detector state restarts; quotas (and muted detectors) stay.
       this.detectors = new DetectorSet(this.cfg);
-      for (const st of this.reqs.values()) st.det = { muted: st.det.muted };
+      for (const st of this.reqs.values()) st.det = this.detectors.newStates(st.det.muted);
     }
   }
 

@@ -1,20 +1,9 @@
 // Incident reports: one JSON file per incident, written atomically by the coordinator (the seed's
 // last-PP TP0), at <report_dir>/<incident_type>/report_<YYYYmmdd_HHMMSS_mmm>[_<req_id>]_pid<pid>.json.
-import * as crypto from 'crypto';
 import * as fs from 'fs';
 import * as path from 'path';
+import { joinUnder, safeComponent } from '../sanitize';
 import { writeFileAtomic } from './startup';
-
-/**
- * A request id as one path component. Ids are untrusted (they come from the engine over the wire):
- * anything outside [A-Za-z0-9._-], '.', '..', or over 128 chars is replaced and suffixed with a
- * short hash of the original, so two different ids never share a directory.
- */
-export function safeReqId(reqId: string): string {
-  if (/^[A-Za-z0-9._-]{1,128}$/.test(reqId) && reqId !== '.' && reqId !== '..') return reqId;
-  const base = reqId.replace(/[^A-Za-z0-9._-]/g, '_').replace(/^\.+/, '_').slice(0, 96) || '_';
-  return `${base}_${crypto.createHash('sha256').update(reqId).digest('hex').slice(0, 8)}`;
-}
 
 /** Local time as YYYYmmdd_HHMMSS_mmm (the seed's report file stamp). */
 export function reportStamp(d: Date): string {
@@ -44,8 +33,9 @@ export function writeJsonAtomic(file: string, value: unknown): void {
 
 /** Write `report` under `reportDir`; returns the file path. Never overwrites an earlier report. */
 export function writeReport(reportDir: string, report: IncidentReport, now: Date, pid: number = process.pid): string {
-  const dir = path.join(reportDir, safeReqId(report.incident_type));
-  const stem = `report_${reportStamp(now)}${report.req_id ? `_${safeReqId(report.req_id)}` : ''}_pid${pid}`;
+  // Request ids come from the engine over the wire: one safe, injective path component each.
+  const dir = joinUnder(reportDir, safeComponent(report.incident_type, 'incident_type'));
+  const stem = `report_${reportStamp(now)}${report.req_id ? `_${safeComponent(report.req_id, 'req_id')}` : ''}_pid${pid}`;
   let file = path.join(dir, `${stem}.json`);
   for (let k = 1; fs.existsSync(file); k++) file = path.join(dir, `${stem}_${k}.json`);
   writeJsonAtomic(file, report);

@@ -5,6 +5,7 @@ import * as fs from 'fs';
 import * as path from 'path';
 import type { Options } from 'yargs';
 import { ConfigError } from '../errors';
+import { fsyncDir } from '../freespace';
 import { parseJsonc } from './jsonc';
 import { checkConfigPartial, configFromRaw, configJson, defaultConfig, mergeConfig, RuntimeConfig } from './config';
 
@@ -116,6 +117,7 @@ export function writeFileAtomic(file: string, data: string | Buffer): void {
     fs.closeSync(fd);
   }
   fs.renameSync(tmp, file);
+  fsyncDir(path.dirname(file));
 }
 
 export interface StartupConfig {

@@ -23,6 +23,8 @@ export interface SimRankOptions {
   startAt?: number;
   /** Run without wavebus at all (the overhead bench's baseline). */
   detached?: boolean;
+  /** Busy CPU work per step standing in for the forward (the overhead bench); 0 = none. */
+  computeUs?: number;
 }
 
 export interface SimRankResult {
@@ -47,6 +49,14 @@ export function shmNameFor(runTag: string, rank: number): string {
   return `/wavebus-sim-${runTag}-r${rank}`;
 }
 
+/** Spin the CPU for `us` microseconds: a forward that keeps the engine thread busy. */
+function busyWork(us: number): void {
+  const end = process.hrtime.bigint() + BigInt(Math.round(us * 1000));
+  while (process.hrtime.bigint() < end) {
+    /* spin */
+  }
+}
+
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, Math.max(0, ms)));
 
 export async function runSimRank(opts: SimRankOptions, onReady: () => Promise<number | undefined>): Promise<SimRankResult> {
@@ -54,7 +64,7 @@ export async function runSimRank(opts: SimRankOptions, onReady: () => Promise<nu
   const g: KvGeometry = { ...opts.geometry, kvHeads: Math.max(1, Math.floor(opts.geometry.totalKvHeads / id.tp)) };
   const poolBytes = g.numBlocks * g.blockSize * g.kvHeads * g.headDim * itemSize(g.dtype);
   const inputBytes = MAX_ROWS * 4 + MAX_ROWS * 8;
-  const runTag = (process.env.WAVEBUS_RUN_DIR ?? `p${process.ppid}`).replace(/[^A-Za-z0-9]/g, '').slice(-24);
+  const runTag = (process.env.WAVEBUS_RUN_DIR ?? `p${process.ppid}x${process.pid}`).replace(/[^A-Za-z0-9]/g, '').slice(-24);
   const shmName = shmNameFor(runTag, id.globalRank);
   try {
     ShmSegment.unlink(shmName); // a leftover of a killed run with the same tag
@@ -117,6 +127,7 @@ export async function runSimRank(opts: SimRankOptions, onReady: () => Promise<nu
       if (snap.captured && snap.callDir) snapshots.push(snap.callDir);
     }
     // The forward itself: half the step, longer on an injected slow rank.
+    if (opts.computeUs) busyWork(opts.computeUs);
     if (opts.stepMs > 0 || extra > 0) await sleep(opts.stepMs / 2 + extra);
     if (client) await client.endOfWave(step);
     prev = batch.telemetry;

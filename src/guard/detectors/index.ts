@@ -19,9 +19,9 @@ export interface Hit {
 
 /** Per-request detector state; a detector the quota stopped for this request is muted here. */
 export interface DetectorStates {
-  tokenRepeat?: TokenRepeatState;
-  spec?: SpecAcceptanceState;
-  garbled?: GarbledState;
+  tokenRepeat: TokenRepeatState | null;
+  spec: SpecAcceptanceState | null;
+  garbled: GarbledState | null;
   muted: Set<DetectorName> | null;
 }
 
@@ -43,8 +43,9 @@ export class DetectorSet {
     return this.tokenRepeat !== null || this.spec !== null || this.garbled !== null;
   }
 
-  newStates(): DetectorStates {
-    return { muted: null };
+  /** All fields present from the start: one hidden class for every request's state. */
+  newStates(muted: Set<DetectorName> | null = null): DetectorStates {
+    return { tokenRepeat: null, spec: null, garbled: null, muted };
   }
 
   /** Run the per-step detectors on one request's step; hits are appended to `out`. */

@@ -6,13 +6,60 @@
 // alert fires when consecutive over-steps reach consecutive_hits; one alert per request.
 import type { TokenRepeatConfig } from '../config';
 
-/** Above this window, occurrences come from a count map instead of a scan of the ring. */
-const SCAN_MAX = 128;
+/**
+ * Occurrence counts of the tokens in the window: an open-addressing table (linear probing,
+ * backward-shift deletion) in two Int32Arrays, at most half full. O(1) per token, no allocation.
+ */
+export class TokenCounts {
+  readonly keys: Int32Array;
+  readonly cnts: Int32Array;
+  readonly mask: number;
+  constructor(window: number) {
+    let cap = 8;
+    while (cap < 2 * window) cap *= 2;
+    this.keys = new Int32Array(cap);
+    this.cnts = new Int32Array(cap);
+    this.mask = cap - 1;
+  }
+  private slot(t: number): number {
+    const { keys, cnts, mask } = this;
+    let i = Math.imul(t, 0x9e3779b1) >>> 16 & mask;
+    while (cnts[i] !== 0 && keys[i] !== t) i = (i + 1) & mask;
+    return i;
+  }
+  get(t: number): number {
+    return this.cnts[this.slot(t)];
+  }
+  inc(t: number): void {
+    const i = this.slot(t);
+    this.keys[i] = t;
+    this.cnts[i]++;
+  }
+  dec(t: number): void {
+    const { keys, cnts, mask } = this;
+    let i = this.slot(t);
+    if (--cnts[i] !== 0) return;
+    // backward-shift: pull later entries of the probe run into the hole
+    let j = i;
+    for (;;) {
+      j = (j + 1) & mask;
+      if (cnts[j] === 0) return;
+      const home = Math.imul(keys[j], 0x9e3779b1) >>> 16 & mask;
+      const movable = i <= j ? home <= i || home > j : home <= i && home > j;
+      if (movable) {
+        keys[i] = keys[j];
+        cnts[i] = cnts[j];
+        cnts[j] = 0;
+        i = j;
+      }
+    }
+  }
+}
 
 export class TokenRepeatState {
   readonly tokens: Int32Array; // last `window` content tokens (ring)
   readonly scores: Int32Array; // last `window` scores (ring)
-  readonly counts: Map<number, number> | null;
+  readonly counts: TokenCounts;
   tokPos = 0;
   tokLen = 0;
   scorePos = 0;
@@ -24,7 +71,7 @@ export class TokenRepeatState {
   constructor(window: number) {
     this.tokens = new Int32Array(window);
     this.scores = new Int32Array(window);
-    this.counts = window > SCAN_MAX ? new Map() : null;
+    this.counts = new TokenCounts(window);
   }
 }
 
@@ -54,28 +101,13 @@ export class TokenRepeatDetector {
     s.scorePos = s.scorePos + 1 === w ? 0 : s.scorePos + 1;
   }
 
-  private occurrences(s: TokenRepeatState, t: number): number {
-    if (s.counts) return s.counts.get(t) ?? 0;
-    const ring = s.tokens;
-    let n = 0;
-    for (let i = 0; i < s.tokLen; i++) if (ring[i] === t) n++;
-    return n;
-  }
-
   private pushToken(s: TokenRepeatState, t: number): void {
     const w = this.cfg.window;
-    if (s.counts) {
-      if (s.tokLen === w) {
-        const old = s.tokens[s.tokPos];
-        const c = s.counts.get(old)! - 1;
-        if (c === 0) s.counts.delete(old);
-        else s.counts.set(old, c);
-      }
-      s.counts.set(t, (s.counts.get(t) ?? 0) + 1);
-    }
+    if (s.tokLen === w) s.counts.dec(s.tokens[s.tokPos]);
+    else s.tokLen++;
+    s.counts.inc(t);
     s.tokens[s.tokPos] = t;
     s.tokPos = s.tokPos + 1 === w ? 0 : s.tokPos + 1;
-    if (s.tokLen < w) s.tokLen++;
   }
 
   /** Feed this step's new tokens; returns the alert (once per request) or null. */
@@ -83,12 +115,12 @@ export class TokenRepeatDetector {
     if (s.alerted) return null;
     const cfg = this.cfg;
     for (let k = 0; k < tokens.length; k++) {
-      const t = tokens[k];
-      if (this.ignore.size > 0 && this.ignore.has(t)) {
+      const t = tokens[k] | 0; // ids are uint32 on the wire; the bit pattern is the identity
+      if (this.ignore.size > 0 && this.ignore.has(tokens[k])) {
         this.pushScore(s, 0);
         continue;
       }
-      const score = this.occurrences(s, t);
+      const score = s.counts.get(t);
       this.pushToken(s, t);
       this.pushScore(s, score);
       s.lastScore = score;
