@@ -6,7 +6,7 @@ import * as fs from 'fs';
 import * as path from 'path';
 import * as zmq from 'zeromq';
 import { ClientReply, ClientRequest, decode, encode } from '../src/proto';
-import { PYTHON, ROOT, cleanup, runPython, spawnTracked, tmpDir } from './helpers';
+import { PYTHON, ROOT, cleanup, freePort, runPython, spawnTracked, tmpDir } from './helpers';
 
 const PKG = path.join(ROOT, 'clients', 'python');
 const PYDIR = path.join(ROOT, 'test', 'python');
@@ -432,6 +432,31 @@ print(json.dumps(out))`,
   expect(got.register[1]).toMatch(/did not answer hello within 200 ms/);
 });
 
+test('regions registered while everything is off are sent once the agent turns something on', async () => {
+  const dir = tmpDir();
+  const mbox = path.join(dir, 'mailbox-local0');
+  writeMailboxFile(mbox, 0);
+  const agent = await fakeAgentSocket(`ipc://${path.join(dir, 'agent-local0.sock')}`, { tp0: true, bus: true }, () => ({}));
+  const got = await pyAsync(
+    `
+import json
+from wavebus_client import Client, MailboxWriter
+c = Client.connect()
+out = {"sent": c.register({"name": "in0", "shm_name": "/in0", "nbytes": 8, "dtype": "float32", "shape": [2]})}
+MailboxWriter.attach(${JSON.stringify(mbox)}).set_features(1)  # the agent joined the bus
+r = c.end_of_wave(4)
+out["eow"] = [r.sent, r.timed_out]
+c.close()
+print(json.dumps(out))`,
+    { ...ENV, WAVEBUS_RUN_DIR: dir, LOCAL_RANK: '0' },
+  );
+  await agent.close();
+  expect(got.sent).toBe(false);
+  expect(got.eow).toEqual([true, false]);
+  expect(agent.seen.map((s) => s.body)).toEqual(['hello', 'register', 'endOfWave', 'close']);
+  expect(agent.seen[1].req.register.name).toBe('in0');
+});
+
 // ---------------------------------------------------------------- validation
 
 test('bad input gets a clear error naming the argument', () => {
@@ -780,7 +805,7 @@ test('a real agent and the Python client: hello, register shm regions, a capture
   const cacheRoot = tmpDir();
   const identity = resolveIdentity({ RANK: '0', WORLD_SIZE: '1', LOCAL_RANK: '0', LOCAL_WORLD_SIZE: '1' });
   const snapshot = { ...resolveSnapshotConfig({ WAVEBUS_SNAPSHOT_ENABLE: '1', WAVEBUS_SNAPSHOT_FORMAT: 'npy' }), cacheRoot };
-  const agent = new Agent({ identity, runDir, snapshot });
+  const agent = new Agent({ identity, runDir, snapshot, logger: require('pino')({ level: 'silent' }) });
   await agent.start();
   try {
     const got = await pyAsync(
@@ -823,5 +848,72 @@ print(json.dumps(out))`,
     expect(got.stats.end_of_wave_sent).toBe(0);
   } finally {
     await agent.stop();
+  }
+});
+
+test('a real coordinator, agent and Python client: wave_head drives the bus, end_of_wave sees each wave', async () => {
+  const { Agent } = require('../src/agent') as typeof import('../src/agent');
+  const { Coordinator } = require('../src/bus/coordinator') as typeof import('../src/bus/coordinator');
+  const { resolveIdentity } = require('../src/identity') as typeof import('../src/identity');
+  const pino = require('pino');
+  const silent = pino({ level: 'silent' });
+  const runDir = tmpDir();
+  const identity = resolveIdentity({ RANK: '0', WORLD_SIZE: '1', LOCAL_RANK: '0', LOCAL_WORLD_SIZE: '1' });
+  const heads: [number, unknown][] = [];
+  const cfg = JSON.stringify({ hot_reload: true });
+  const policy = {
+    onWaveHead: (wave: number, telemetry: unknown) => {
+      heads.push([wave, telemetry]);
+      return wave === 2 ? { config: { version: 2, configJson: cfg }, dumps: [] } : { dumps: [] };
+    },
+    onDumpResult: () => undefined,
+    status: () => ({}),
+    snapshotState: () => ({ configVersion: 1, configJson: cfg, manualDumpDone: 0 }),
+  };
+  const port = await freePort();
+  const coordinator = new Coordinator({ host: '127.0.0.1', port, layout: identity, heartbeatMs: 200, policy, logger: silent });
+  await coordinator.start();
+  const agent = new Agent({ identity, runDir, coordinator: { host: '127.0.0.1', port }, endOfWaveTimeoutMs: 5000, logger: silent });
+  await agent.start();
+  try {
+    const got = await pyAsync(
+      `
+import json, time, torch
+from wavebus_client import Client
+from wavebus_client.shm import shm_tensor
+c = Client.connect()
+t, region = shm_tensor("wbtest-bus-${process.pid}", [4], torch.float32, region_name="in0")
+out = {"features_at_connect": c.features, "sent_at_register": None}
+# The agent may still be joining the bus: a register made while everything is off is kept.
+out["sent_at_register"] = c.register(region)
+deadline = time.monotonic() + 30
+while not c.features & 1 and time.monotonic() < deadline:
+    time.sleep(0.02)
+out["features"] = c.features
+res = []
+for w in range(1, 6):
+    head = c.wave_head(w)
+    r = c.end_of_wave(w)
+    res.append([w, head, r.sent, r.timed_out, None if r.vector is None else r.vector.config_due])
+out["waves"] = res
+out["stats"] = c.stats
+c.close()
+print(json.dumps(out))`,
+      { ...ENV, WAVEBUS_RUN_DIR: runDir, LOCAL_RANK: '0' },
+    );
+    expect(got.features & 3).toBe(3); // bus + hot reload
+    for (const [w, head, , timedOut, configDue] of got.waves) {
+      expect([w, head, timedOut]).toEqual([w, true, false]);
+      expect([w, configDue]).toEqual([w, w === 2]);
+    }
+    // Wave 2 carried a config lane: the client had to ask its agent to apply it.
+    expect(got.waves[1][2]).toBe(true);
+    expect(got.stats.end_of_wave_timeouts).toBe(0);
+    expect(heads.map((h) => h[0])).toEqual([1, 2, 3, 4, 5]);
+    expect(heads.every((h) => h[1] === null)).toBe(true); // detectors off: no telemetry
+    if (got.sent_at_register === false) expect(got.features_at_connect).toBe(0);
+  } finally {
+    await agent.stop();
+    await coordinator.stop();
   }
 });

@@ -130,10 +130,17 @@ class Client:
         self._async_ids: Dict[int, str] = {}  # fire-and-forget requests whose answers are drained later
         self._closed = False
         self._mb = mb.Mailbox.wait_open(mailbox_path, mailbox_wait_s)
-        # Read once, without a word to the agent: 0 means nothing is on and nothing can be turned on
-        # (not even hot reload), so every later call returns at once.
-        self.features = self._mb.features
-        self.enabled = self.features != 0
+
+    @property
+    def features(self) -> int:
+        """The mailbox's feature bits, read now: a memory load, no system call, nothing sent.
+        Read live (not once) so that an agent still settling at connect() cannot leave the client
+        off for good; with every bit 0 each call returns at once."""
+        return self._mb.features
+
+    @property
+    def enabled(self) -> bool:
+        return self._mb.features != 0
 
     # ------------------------------------------------------------------ construction
 
@@ -152,10 +159,6 @@ class Client:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-    def live_features(self) -> int:
-        """The mailbox's features word now (hot reload may change it); a memory load."""
-        return self._mb.features if self.enabled else 0
 
     # ------------------------------------------------------------------ socket plumbing
 
@@ -275,15 +278,26 @@ class Client:
             raise ConfigError(f"register(): region {r.name!r} is already registered with different fields")
         self._regions[r.name] = r
         if not self.enabled or r.name in self._sent_regions:
-            return False
-        msg = r.to_proto()
+            return False  # while everything is off it is kept, and sent once something turns on
         self._ensure_hello("register()")
-        reply = self._request(pb.ClientRequest(register=msg), time.monotonic() + self.hello_timeout_ms / 1000)
-        if reply is None:
+        if not self._send_region(r, time.monotonic() + self.hello_timeout_ms / 1000):
             raise AgentUnavailableError(f"register(): the wavebus agent did not answer within {self.hello_timeout_ms} ms (region {r.name!r})")
+        return True
+
+    def _send_region(self, r: Region, deadline: float) -> bool:
+        reply = self._request(pb.ClientRequest(register=r.to_proto()), deadline)
+        if reply is None:
+            return False
         if not reply.ok:
             raise AgentError(f"register(): the agent refused region {r.name!r}: {reply.error}", reply.error_code or "ERR_AGENT")
         self._sent_regions[r.name] = r
+        return True
+
+    def _flush_regions(self, deadline: float) -> bool:
+        """Send regions registered while everything was off (once the agent turned something on)."""
+        for name, r in list(self._regions.items()):
+            if name not in self._sent_regions and not self._send_region(r, deadline):
+                return False
         return True
 
     def register_all(self, regions: Iterable) -> int:
@@ -299,15 +313,16 @@ class Client:
         """Mark the head of ``wave`` (with the telemetry of the previous wave). Only TP0 of the last
         PP stage sends, only while the bus is active; never waits for the answer. True if sent."""
         _check_wave(wave, "wave_head()")
-        if not self.enabled:
-            return False
         feats = self._mb.features
-        if not feats & mb.FEATURE_BUS:
+        if not feats & mb.FEATURE_BUS:  # also covers "everything off"
             return False
         if self.agent_features is None and not self._hello(time.monotonic() + self._bound_s()):
             self.stats["wave_head_skipped"] += 1
             return False
         if not self.agent_features.tp0:
+            return False
+        if len(self._sent_regions) != len(self._regions) and not self._flush_regions(time.monotonic() + self._bound_s()):
+            self.stats["wave_head_skipped"] += 1
             return False
         self._drain()
         body = pb.WaveHeadRequest(wave=wave)
@@ -328,9 +343,7 @@ class Client:
         """End ``wave``. Returns at once when its vector is in the mailbox with nothing due; else asks
         the agent to do what is due, waiting at most the bound (then timed_out=True)."""
         _check_wave(wave, "end_of_wave()")
-        if not self.enabled:
-            return EndOfWaveResult(wave)
-        if not self._mb.features & mb.FEATURE_BUS:
+        if not self._mb.features & mb.FEATURE_BUS:  # also covers "everything off"
             return EndOfWaveResult(wave)
         v = self._mb.read_wave(wave)
         if v is not None and not v.anything_due:
@@ -340,7 +353,7 @@ class Client:
         res = EndOfWaveResult(wave, sent=True, vector=v)
         self.stats["end_of_wave_sent"] += 1
         reply = None
-        if self._hello(deadline):
+        if self._hello(deadline) and (len(self._sent_regions) == len(self._regions) or self._flush_regions(deadline)):
             reply = self._request(pb.ClientRequest(end_of_wave=pb.EndOfWave(wave=wave)), deadline)
         if reply is None or reply.timed_out:
             res.timed_out = True
@@ -361,13 +374,15 @@ class Client:
     def before_forward(self, context, inputs) -> Tuple[bool, str]:
         """Offer this forward for capture; returns (captured, call_dir). Sends only when snapshots
         are on. Raises CaptureError when a selected capture failed: abort the forward."""
-        if not self.enabled or not self._mb.features & mb.FEATURE_SNAPSHOTS:
+        if not self._mb.features & mb.FEATURE_SNAPSHOTS:
             return False, ""
         ctx = context_proto(context)
         if not isinstance(inputs, (list, tuple)):
             raise ConfigError(f"before_forward(): inputs must be a list, got {type(inputs).__name__}")
         tins = [input_proto(x, self._regions, f"before_forward(): inputs[{i}]") for i, x in enumerate(inputs)]
         self._ensure_hello("before_forward()")
+        if not self._flush_regions(time.monotonic() + self.hello_timeout_ms / 1000):
+            raise CaptureError(f"before_forward(): the wavebus agent did not answer within {self.hello_timeout_ms} ms; abort this forward")
         reply = self._request(pb.ClientRequest(before_forward=pb.BeforeForward(context=ctx, inputs=tins)),
                               time.monotonic() + self.capture_timeout_ms / 1000)
         if reply is None:

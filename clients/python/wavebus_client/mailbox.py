@@ -97,7 +97,8 @@ class Mailbox:
 
     @property
     def features(self) -> int:
-        return _FEATURES.unpack_from(self._map, _FEATURES_OFFSET)[0]
+        m = self._map
+        return 0 if m is None else _FEATURES.unpack_from(m, _FEATURES_OFFSET)[0]
 
     @property
     def epoch(self) -> int:
@@ -107,6 +108,8 @@ class Mailbox:
         """A consistent copy of slot ``index``; None if empty or the writer kept it busy (never blocks)."""
         off = HEADER_SIZE + SLOT_SIZE * index
         m = self._map
+        if m is None:
+            return None
         for _ in range(_MAX_SPINS):
             s1 = _SEQ.unpack_from(m, off)[0]
             if s1 & 1:
