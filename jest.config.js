@@ -1,4 +1,7 @@
 /** Tests run against the TypeScript sources; spawned CLI processes use dist/ (built by npm install / prepare). */
+// Quiet logs by default (tests that read log lines set WAVEBUS_LOG_LEVEL themselves); children inherit it.
+process.env.WAVEBUS_LOG_LEVEL = process.env.WAVEBUS_LOG_LEVEL || 'warn';
+
 module.exports = {
   preset: 'ts-jest',
   testEnvironment: 'node',

@@ -48,7 +48,7 @@ export async function run(argv: string[]): Promise<Record<string, unknown>> {
           newTokenLogprobs: [-0.2 - ((v + r) % 7) * 0.15],
           newTokenRanks: [(v + r) % 3],
           draftLen: 3,
-          accepted: 1 + ((v + r) % 3),
+          accepted: 2 + ((v + r) % 2), // one or two of three drafts accepted: rate 0.5, far from both edges
           blockIds: [r * 4, r * 4 + 1, r * 4 + 2, r * 4 + 3],
           finished: false,
           freed: false,
@@ -59,10 +59,10 @@ export async function run(argv: string[]): Promise<Record<string, unknown>> {
       variants.push({ wave: 0, requests: reqs, nonFinite: [] });
     }
     let wave = 1;
-    for (let s = 0; s < warmup; s++, wave++) guard.onWaveHead(wave, variants[s % PERIOD]);
+    for (let s = 0; s < warmup; s++, wave++) guard.onWaveHead(wave, variants[wave % PERIOD]);
     const c0 = process.cpuUsage();
     const t0 = process.hrtime.bigint();
-    for (let s = 0; s < steps; s++, wave++) guard.onWaveHead(wave, variants[s % PERIOD]);
+    for (let s = 0; s < steps; s++, wave++) guard.onWaveHead(wave, variants[wave % PERIOD]);
     const wallNs = process.hrtime.bigint() - t0;
     const c1 = process.cpuUsage(c0);
     const cpuUs = c1.user + c1.system;

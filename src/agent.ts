@@ -179,6 +179,7 @@ export class Agent {
   }
 
   private onSnapshot(s: SnapshotReplyMsg): void {
+    this.log.debug({ epoch: s.epoch, seq: s.seq, wave: s.wave }, 'snapshot');
     this.view = runtimeView(s.configJson);
     this.mailbox?.setEpoch(s.epoch);
     for (const lane of s.pending) this.dumpLanes.set(lane.wave, lane);
@@ -187,6 +188,7 @@ export class Agent {
 
   private onWave(w: WaveEvent): void {
     const wave = w.head.wave;
+    this.log.debug({ wave, seq: w.head.seq, config: w.config?.version, dumps: w.dump?.jobs.map((j) => j.jobId) }, 'wave');
     if (w.dump) this.dumpLanes.set(wave, w.dump);
     if (w.config) this.configWaves.set(wave, w.config.configJson);
     this.mailbox?.publish({ wave, configDue: w.head.configDue, dumpDue: w.head.dumpDue });
@@ -289,7 +291,10 @@ export class Agent {
     if (!(await this.waitForWave(wave, this.endOfWaveTimeoutMs))) {
       this.stats.endOfWaveTimeouts++;
       this.ended.add(wave);
-      this.log.warn({ wave, boundMs: this.endOfWaveTimeoutMs }, 'wave vector did not arrive before end_of_wave; the step goes on');
+      // Rate-limited: a dead coordinator would otherwise log once per engine step.
+      if (this.stats.endOfWaveTimeouts === 1 || this.stats.endOfWaveTimeouts % 100 === 0) {
+        this.log.warn({ wave, boundMs: this.endOfWaveTimeoutMs, total: this.stats.endOfWaveTimeouts }, 'wave vector did not arrive before end_of_wave; the step goes on');
+      }
       this.reportMissed(wave);
       return { timedOut: true };
     }

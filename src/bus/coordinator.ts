@@ -3,12 +3,12 @@
 // tracker of which ranks are subscribed and alive.
 import { randomInt } from 'crypto';
 import { EventEmitter } from 'events';
-import { Dealer, Publisher, Router } from 'zeromq';
+import { Context, Dealer, Publisher, Router } from 'zeromq';
 import { ConfigError, ProtocolError, WavebusError } from '../errors';
 import { lastPpRanks, type WorldLayout } from '../identity';
 import { createLogger, type Logger } from '../log';
 import type { DumpJob, DumpLane, DumpResult, StepTelemetry, WaveHead } from '../messages';
-import { busMetrics, startMetricsServer, type MetricsServer } from '../metrics';
+import { busMetrics, counter, startMetricsServer, type MetricsServer } from '../metrics';
 import {
   DropCounter,
   decodeAgentMessage,
@@ -20,6 +20,7 @@ import {
   type FrameKind,
 } from './frames';
 import { checkBindAllowed, socketIpOptions, tcpEndpoint } from './endpoints';
+import { clientSocketOptions, serverSocketOptions, ZapHandler, type CurveClientKeys, type CurveServerKeys } from './curve';
 import type { CoordinatorPolicy, DueLanes } from './policy';
 
 export const DEFAULT_BUS_PORT = 29600;
@@ -35,6 +36,11 @@ export interface CoordinatorOptions {
   deadAfterMs?: number;
   /** Bind a non-loopback host without encryption (logs a warning). */
   insecure?: boolean;
+  /**
+   * CURVE: PUB and ROUTER become CURVE servers with this key pair, and only clients whose public
+   * key is on the allow-list complete the handshake. Allows binding a non-loopback host.
+   */
+  curve?: CurveServerKeys;
   /** Serve /healthz and /metrics here (0 picks a free port); off when undefined. */
   metricsPort?: number;
   metricsHost?: string;
@@ -82,7 +88,11 @@ export interface CoordinatorStats {
   dropped: Record<string, number>;
   /** Accepted messages whose epoch_seen was not this epoch (agents that have not resynced yet). */
   wrongEpochSeen: number;
+  /** CURVE peers refused, by reason (unknown_key, wrong_mechanism, bad_zap_request, handshake_failed). */
+  refused: Record<string, number>;
 }
+
+const refusalMetric = () => counter('wavebus_curve_refusals_total', 'Bus peers refused by CURVE/ZAP, by reason', ['reason'] as const);
 
 function isAddrInUse(e: unknown): boolean {
   const err = e as { code?: string; errno?: number; message?: string };
@@ -110,6 +120,7 @@ export class Coordinator extends EventEmitter {
   private readonly policy?: CoordinatorPolicy;
   private readonly drops: DropCounter;
   private readonly metrics = busMetrics();
+  private zap?: ZapHandler;
   private pub?: Publisher;
   private router?: Router;
   private metricsServer?: MetricsServer;
@@ -149,7 +160,7 @@ export class Coordinator extends EventEmitter {
     }
     if (!(this.heartbeatMs > 0)) throw new ConfigError(`--heartbeat-ms: expected a positive number, got ${this.heartbeatMs}`);
     this.expectedRanks = lastPpRanks(this.layout);
-    this.stats = { published: 0, received: 0, dropped: {}, wrongEpochSeen: 0 };
+    this.stats = { published: 0, received: 0, dropped: {}, wrongEpochSeen: 0, refused: {} };
     this.drops = new DropCounter(this.log, 'coordinator ROUTER', (reason) => this.metrics.dropped.inc({ reason }));
     this.stats.dropped = this.drops.counts;
     // Zero-valued series, so dashboards see every label from the start.
@@ -171,15 +182,31 @@ export class Coordinator extends EventEmitter {
     return this.metricsServer ? { host: this.metricsServer.host, port: this.metricsServer.port } : undefined;
   }
 
+  /** Whether PUB and ROUTER are CURVE servers. */
+  get curve(): boolean {
+    return this.opts.curve !== undefined;
+  }
+
   async start(): Promise<void> {
     if (this.running) return;
-    checkBindAllowed(this.host, { insecure: this.opts.insecure ?? false, logger: this.log });
+    checkBindAllowed(this.host, { insecure: this.opts.insecure ?? false, curve: this.curve, logger: this.log });
     // One epoch per incarnation; must be exact in a JS number and non-zero (0 means "none").
     this.epoch = randomInt(1, 2 ** 48);
     const ip = socketIpOptions(this.host);
-    const pub = new Publisher({ linger: 0, sendHighWaterMark: 100000, ...ip });
+    // CURVE: an own context, so its ZAP handler (one per context) serves this allow-list only,
+    // and is bound before either server socket can accept a peer.
+    const context = this.opts.curve ? new Context() : undefined;
+    if (context && this.opts.curve) {
+      const zap = new ZapHandler(context, this.opts.curve.allow, this.log, (reason) => refusalMetric().inc({ reason }));
+      await zap.start();
+      this.zap = zap;
+      this.stats.refused = zap.refused;
+    }
+    const sec = { ...(context ? { context } : {}), ...serverSocketOptions(this.opts.curve) };
+    const pub = new Publisher({ linger: 0, sendHighWaterMark: 100000, ...ip, ...sec });
     // libzmq cuts a peer off beyond maxMessageSize; up to it we drop and count ourselves.
-    const router = new Router({ linger: 0, maxMessageSize: 2 * this.maxFrameBytes, ...ip });
+    const router = new Router({ linger: 0, maxMessageSize: 2 * this.maxFrameBytes, ...ip, ...sec });
+    if (this.zap) for (const s of [pub, router]) this.watchHandshakes(s);
     try {
       await this.bindOne(pub, this.pubEndpoint, this.port, 'PUB');
       await this.bindOne(router, this.routerEndpoint, this.port + 1, 'ROUTER');
@@ -193,6 +220,8 @@ export class Coordinator extends EventEmitter {
     } catch (e) {
       pub.close();
       router.close();
+      await this.zap?.stop();
+      this.zap = undefined;
       throw e;
     }
     this.pub = pub;
@@ -202,9 +231,20 @@ export class Coordinator extends EventEmitter {
     this.heartbeatTimer = setInterval(() => this.tick(), this.heartbeatMs);
     this.publishHeartbeat();
     this.log.info(
-      { epoch: this.epoch, pub: this.pubEndpoint, router: this.routerEndpoint, expected: this.expectedRanks, metrics: this.metricsAddress },
+      { epoch: this.epoch, pub: this.pubEndpoint, router: this.routerEndpoint, expected: this.expectedRanks, metrics: this.metricsAddress, curve: this.curve, allowed: this.opts.curve?.allow.size },
       'coordinator started',
     );
+  }
+
+  /**
+   * Count handshakes that fail before ZAP is asked: a wrong server key, a plain-text peer.
+   * (ZAP refusals also raise an auth failure; the handler has counted those already.)
+   */
+  private watchHandshakes(sock: Publisher | Router): void {
+    const failed = (e: { address?: string; error?: Error }) =>
+      this.zap?.refuse('handshake_failed', { address: e.address, error: e.error?.message });
+    sock.events.on('handshake:error:protocol', failed);
+    sock.events.on('handshake:error:other', failed);
   }
 
   private async bindOne(sock: Publisher | Router, endpoint: string, port: number, what: string): Promise<void> {
@@ -234,6 +274,8 @@ export class Coordinator extends EventEmitter {
     this.pub?.close();
     this.router?.close();
     await this.receiveLoop;
+    await this.zap?.stop();
+    this.zap = undefined;
     await this.metricsServer?.close();
     this.metricsServer = undefined;
     this.policy?.close?.();
@@ -487,6 +529,7 @@ export class Coordinator extends EventEmitter {
       config_version: this.lastConfig.version,
       pending_dumps: [...this.pendingDumps.keys()],
       dropped: { ...this.stats.dropped },
+      security: this.curve ? { curve: true, allowed_keys: this.opts.curve!.allow.size, refused: { ...this.stats.refused } } : { curve: false },
       ranks,
       ...policyStatus,
     };
@@ -608,6 +651,9 @@ export class Coordinator extends EventEmitter {
         this.touch(rank, routingId);
         this.beginWave(msg.waveHead.wave, msg.waveHead.telemetry ?? null);
         return;
+      case 'relay':
+        this.onRelay(routingId, msg);
+        return;
       case 'fileList':
       case 'fileChunk': {
         this.touch(rank, routingId);
@@ -624,6 +670,34 @@ export class Coordinator extends EventEmitter {
       default:
         this.drops.drop('undecodable', `unexpected body ${msg.body}`);
     }
+  }
+
+  // ------------------------------------------------------------------ relay (tools -> agents)
+
+  /**
+   * `wavebus aggregate` reaches every agent through the coordinator alone: forward the tool's
+   * file request to one rank with requestFromAgent and answer with the agent's reply, or an
+   * error when the rank is not live or does not answer. The tool is not an agent: no rank state.
+   */
+  private onRelay(routingId: Buffer, msg: AgentMsg): void {
+    const relay = (msg.relay ?? {}) as Record<string, any>;
+    const rank = Number(relay.rank ?? 0);
+    const kind = relay.request as string | undefined;
+    const answer = (body: Record<string, unknown>) => this.reply(routingId, { requestId: msg.requestId, relay: { rank, ...body } });
+    if (kind !== 'fileList' && kind !== 'fileChunk') {
+      answer({ error: 'relay request carries neither file_list nor file_chunk' });
+      return;
+    }
+    const st = this.ranks.get(rank);
+    if (!st || !st.live) {
+      answer({ error: `rank ${rank} is not live on this bus` });
+      return;
+    }
+    const timeoutMs = relay.timeoutMs > 0 ? Math.min(Number(relay.timeoutMs), 600000) : 30000;
+    this.requestFromAgent(rank, { [kind]: relay[kind] }, timeoutMs).then(
+      (m) => answer(m.body === kind ? { [kind]: m[kind] } : { error: `rank ${rank} answered ${m.body} to ${kind}` }),
+      (e) => answer({ error: String((e as Error)?.message ?? e) }),
+    );
   }
 
   private statusReply(): Record<string, unknown> {
@@ -672,10 +746,11 @@ export interface StatusReplyMsg {
 
 /**
  * Ask a coordinator for its status over its ROUTER (what tools that are not agents use).
- * Rejects with ERR_TIMEOUT when nothing answers.
+ * Rejects with ERR_TIMEOUT when nothing answers. A CURVE coordinator needs `curve` (client keys
+ * whose public key is on its allow-list); without them it never answers, so this times out.
  */
-export async function requestStatus(coordinator: { host: string; port: number }, timeoutMs = 2000): Promise<StatusReplyMsg> {
-  const dealer = new Dealer({ linger: 0, receiveTimeout: timeoutMs, ...socketIpOptions(coordinator.host) });
+export async function requestStatus(coordinator: { host: string; port: number }, timeoutMs = 2000, curve?: CurveClientKeys): Promise<StatusReplyMsg> {
+  const dealer = new Dealer({ linger: 0, receiveTimeout: timeoutMs, ...socketIpOptions(coordinator.host), ...clientSocketOptions(curve) });
   try {
     dealer.connect(tcpEndpoint(coordinator.host, coordinator.port + 1));
     await dealer.send(encodeAgentMessage({ requestId: 1, status: {} }));

@@ -49,15 +49,16 @@ export function socketIpOptions(host: string): { ipv6?: boolean } {
 }
 
 /**
- * The loopback rule. Loopback always binds. Anything else needs CURVE keys (not available in
- * this version) or `insecure`, which binds in plain text and logs a warning.
+ * The loopback rule. Loopback always binds. Anything else needs CURVE keys (`curve`: PUB and
+ * ROUTER are CURVE servers with an allow-list) or `insecure`, which binds in plain text and logs
+ * a warning.
  */
-export function checkBindAllowed(host: string, opts: { insecure: boolean; logger?: Logger }): void {
-  if (isLoopback(host)) return;
+export function checkBindAllowed(host: string, opts: { insecure: boolean; curve?: boolean; logger?: Logger }): void {
+  if (isLoopback(host) || opts.curve) return;
   if (!opts.insecure) {
     throw new ConfigError(
       `--host ${host}: refusing to bind the bus to a non-loopback address without CURVE keys; ` +
-        `pass CURVE keys (not yet supported by this version), or --insecure to accept plain-text traffic that anyone who can reach ${host} can read and inject`,
+        `pass --curve-secret-key FILE --curve-allow FILE|DIR (see docs/security.md), or --insecure to accept plain-text traffic that anyone who can reach ${host} can read and inject`,
       'ERR_INSECURE_BIND',
     );
   }

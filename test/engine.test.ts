@@ -1,0 +1,281 @@
+// The engine's view, end to end in one process: a coordinator running the guard, one agent per
+// rank, and a TypeScript client per rank driving waves over real sockets and shared memory.
+import * as fs from 'fs';
+import * as path from 'path';
+import { Agent } from '../src/agent';
+import { Coordinator } from '../src/bus/coordinator';
+import { WavebusClient } from '../src/client';
+import { Guard } from '../src/guard/guard';
+import { parseStartupOptions } from '../src/guard/startup';
+import { withStartupFacts } from '../src/guard-policy';
+import { resolveIdentity, type WorldLayout } from '../src/identity';
+import { inspectTree } from '../src/inspect';
+import { ShmSegment } from '../src/memory';
+import type { RequestStep, StepTelemetry } from '../src/messages';
+import { readBytes, readPt } from '../src/readers';
+import { fillKvPool, kvBlockBytes, type KvGeometry } from '../src/sim/kv-pattern';
+import { resolveSnapshotConfig } from '../src/snapshot/config';
+import { loadCallDir } from '../src/snapshot/loader';
+import { cleanup, freePort, runPython, tmpDir, waitFor } from './helpers';
+
+const G: KvGeometry = { layers: 2, numBlocks: 32, blockSize: 4, kvHeads: 2, headDim: 8, dtype: 'bfloat16' };
+const POOL = G.numBlocks * G.blockSize * G.kvHeads * G.headDim * 2;
+
+interface Rank {
+  agent: Agent;
+  client: WavebusClient;
+  seg: ShmSegment;
+  shmName: string;
+}
+
+interface Job {
+  coordinator: Coordinator;
+  guard: Guard;
+  ranks: Rank[];
+  root: string;
+  dumpRoot: string;
+}
+
+async function busPort(): Promise<number> {
+  for (;;) {
+    const p = await freePort();
+    if (p < 65000) return p;
+  }
+}
+
+async function startJob(opts: {
+  tp: number;
+  runtimeConfig: Record<string, unknown>;
+  hotReload?: boolean;
+  agents?: number;
+  endOfWaveTimeoutMs?: number;
+  dumpAckTimeoutMs?: number;
+  snapshotEnv?: NodeJS.ProcessEnv;
+}): Promise<Job> {
+  const root = tmpDir('wavebus-engine-');
+  const layout: WorldLayout = { worldSize: opts.tp, tp: opts.tp, pp: 1, dp: 1, cp: 1 };
+  const startup = parseStartupOptions(
+    JSON.stringify({ runtime_config_hot_reload: opts.hotReload ?? false, runtime_config: opts.runtimeConfig }),
+    {},
+    root,
+  );
+  const guard = new Guard({ startup, rank: 0, expectedRanks: Array.from({ length: opts.tp }, (_, i) => i) });
+  const port = await busPort();
+  const coordinator = new Coordinator({
+    port,
+    layout,
+    heartbeatMs: 100,
+    dumpAckTimeoutMs: opts.dumpAckTimeoutMs ?? 10000,
+    policy: withStartupFacts(guard, startup.hotReload),
+  });
+  await coordinator.start();
+  const ranks: Rank[] = [];
+  const runDir = path.join(root, 'run');
+  for (let g = 0; g < (opts.agents ?? opts.tp); g++) {
+    const env = { RANK: String(g), LOCAL_RANK: String(g), WORLD_SIZE: String(opts.tp), LOCAL_WORLD_SIZE: String(opts.tp), WAVEBUS_TP: String(opts.tp) };
+    const identity = resolveIdentity(env);
+    const snapshot = resolveSnapshotConfig({ WAVEBUS_CACHE_ROOT: root, ...(opts.snapshotEnv ?? {}) });
+    const agent = new Agent({ identity, runDir, coordinator: { host: '127.0.0.1', port }, heartbeatMs: 100, endOfWaveTimeoutMs: opts.endOfWaveTimeoutMs ?? 5000, snapshot });
+    await agent.start();
+    const shmName = `/wavebus-test-${process.pid}-${port}-r${g}`;
+    const seg = ShmSegment.create(shmName, 2 * G.layers * POOL + 4096);
+    const mem = seg.buffer();
+    for (let l = 0; l < G.layers; l++) {
+      fillKvPool(mem.subarray(2 * l * POOL, (2 * l + 1) * POOL), G, l, 'k', g);
+      fillKvPool(mem.subarray((2 * l + 1) * POOL, (2 * l + 2) * POOL), G, l, 'v', g);
+    }
+    mem.fill(7, 2 * G.layers * POOL);
+    const client = await WavebusClient.connect({ env: { WAVEBUS_RUN_DIR: runDir, LOCAL_RANK: String(g) } });
+    for (let l = 0; l < G.layers; l++) {
+      for (const [i, kv] of (['k', 'v'] as const).entries()) {
+        await client.register({ name: `layers.${l}.${kv}`, shmName, offset: (2 * l + i) * POOL, nbytes: POOL, dtype: G.dtype, shape: [G.numBlocks, G.blockSize, G.kvHeads, G.headDim], role: 'kv_pool', layer: `layers.${l}`, kv });
+      }
+    }
+    await client.register({ name: 'input0', shmName, offset: 2 * G.layers * POOL, nbytes: 4096, dtype: 'int32', shape: [1024], role: 'input' });
+    ranks.push({ agent, client, seg, shmName });
+  }
+  await waitFor(() => coordinator.liveRanks().length === ranks.length, 'agents live');
+  return { coordinator, guard, ranks, root, dumpRoot: startup.dumpDir };
+}
+
+let jobs: Job[] = [];
+
+afterEach(async () => {
+  for (const j of jobs) {
+    for (const r of j.ranks) {
+      await r.client.close();
+      await r.agent.stop();
+      r.seg.close();
+      try {
+        ShmSegment.unlink(r.shmName);
+      } catch {
+        /* gone */
+      }
+    }
+    await j.coordinator.stop();
+    j.guard.close();
+  }
+  jobs = [];
+  await cleanup();
+});
+
+function step(reqId: string, tokens: number[], blockIds: number[], extra: Partial<RequestStep> = {}): RequestStep {
+  return { reqId, newTokenIds: tokens, newTokenLogprobs: [], newTokenRanks: [], draftLen: 0, accepted: 0, blockIds, finished: false, freed: false, promptLen: 8, numOutputTokens: 0, ...extra };
+}
+
+/** One engine step on every rank: TP0 opens the wave with last wave's telemetry; all end it. */
+async function runWave(job: Job, wave: number, prev: StepTelemetry | undefined) {
+  await job.ranks[0].client.waveHead(wave, prev);
+  return Promise.all(job.ranks.map((r) => r.client.endOfWave(wave)));
+}
+
+const REPEAT_ON = { detector: { token_repeat: { enabled: true, on_trigger: ['report', 'dump_kv'] } }, dump: { auto_max_times: 4, auto_cooldown_seconds: 0, free_headroom_bytes: 0 } };
+
+test('with every feature off, no client call sends anything and end_of_wave returns at once', async () => {
+  const job = await startJob({ tp: 2, runtimeConfig: {} });
+  jobs.push(job);
+  for (let w = 1; w <= 1000; w++) {
+    await job.ranks[0].client.waveHead(w, { requests: [step('r', [1], [0])], nonFinite: [] });
+    for (const r of job.ranks) expect(await r.client.endOfWave(w)).toEqual({ due: false, timedOut: false });
+  }
+  for (const r of job.ranks) {
+    expect(r.client.featureFlags()).toBe(0);
+    expect(r.client.stats.sent).toBe(0);
+    expect(r.agent.stats.clientRequests).toBe(0);
+  }
+  expect(job.coordinator.wave).toBe(0);
+});
+
+test('a detector hit dumps the request from every TP rank, byte for byte, loadable by torch', async () => {
+  const job = await startJob({ tp: 4, runtimeConfig: REPEAT_ON });
+  jobs.push(job);
+  await waitFor(() => job.ranks.every((r) => r.client.featureFlags() !== 0), 'bus active on every rank');
+  const blocks = [3, 9, 4];
+  let prev: StepTelemetry | undefined;
+  let armed = 0;
+  for (let w = 1; w <= 80 && armed === 0; w++) {
+    const results = await runWave(job, w, prev);
+    expect(results.every((r) => !r.timedOut)).toBe(true);
+    if (results.some((r) => r.due) && job.coordinator.pendingDumpLanes().length > 0) armed = w;
+    // request 'loop-1' repeats a period-2 pattern: token_repeat fires after min_tokens (32).
+    prev = { wave: w, requests: [step('loop-1-abcd', [500 + (w % 2)], blocks, { numOutputTokens: w }), step('ok-2-ef01', [1000 + w * 7], [0, 1])], nonFinite: [] };
+  }
+  for (const r of job.ranks) await r.agent.drain();
+  await waitFor(() => fs.existsSync(path.join(job.dumpRoot, 'token_repeat')), 'dump dir');
+  const [reqDir] = fs.readdirSync(path.join(job.dumpRoot, 'token_repeat'));
+  expect(reqDir).toBe('loop-1-abcd');
+  const waveDir = path.join(job.dumpRoot, 'token_repeat', reqDir, fs.readdirSync(path.join(job.dumpRoot, 'token_repeat', reqDir))[0]);
+  await waitFor(() => {
+    const m = fs.existsSync(path.join(waveDir, 'manifest.json')) && JSON.parse(fs.readFileSync(path.join(waveDir, 'manifest.json'), 'utf8'));
+    return m && m.complete;
+  }, 'manifest complete');
+  const manifest = JSON.parse(fs.readFileSync(path.join(waveDir, 'manifest.json'), 'utf8'));
+  expect(manifest.completed_ranks).toEqual([0, 1, 2, 3]);
+  expect(manifest.missing_ranks).toEqual([]);
+  const inspected = inspectTree(waveDir, { verify: true });
+  expect(inspected.problems).toEqual([]);
+  for (let g = 0; g < 4; g++) {
+    for (let l = 0; l < G.layers; l++) {
+      const file = path.join(waveDir, `rank${g}`, `layers.${l}.pt`);
+      const pt = readPt(file);
+      const names = [...(pt.value as Map<string, unknown>).keys()];
+      expect(names).toEqual(expect.arrayContaining(['req_id', 'block_ids', 'layer', 'tp_rank', 'k', 'v']));
+      for (const [i, kv] of (['k', 'v'] as const).entries()) {
+        const t = pt.tensors[i];
+        expect(t.shape).toEqual([blocks.length, G.blockSize, G.kvHeads, G.headDim]);
+        const want = Buffer.concat(blocks.map((b) => kvBlockBytes(G, l, kv, b, g)));
+        expect(readBytes(file, t.dataOffset, t.nbytes).equals(want)).toBe(true);
+      }
+    }
+  }
+  // torch reads the dump: the dict, its identity and the bf16 bytes.
+  const out = runPython(
+    `import sys, torch, hashlib
+d = torch.load(sys.argv[1], weights_only=True)
+print(d['req_id'], d['tp_rank'], list(d['block_ids']), d['k'].dtype, tuple(d['k'].shape), hashlib.sha256(d['k'].contiguous().view(torch.int16).numpy().tobytes()).hexdigest())`,
+    [path.join(waveDir, 'rank2', 'layers.1.pt')],
+  ).trim();
+  const wantHash = require('crypto').createHash('sha256').update(Buffer.concat(blocks.map((b) => kvBlockBytes(G, 1, 'k', b, 2)))).digest('hex');
+  expect(out).toBe(`loop-1-abcd 2 [3, 9, 4] torch.bfloat16 (3, 4, 2, 8) ${wantHash}`);
+  const reports = fs.readdirSync(path.join(job.root, 'runtime', 'report', 'token_repeat'));
+  expect(reports).toHaveLength(1);
+  const report = JSON.parse(fs.readFileSync(path.join(job.root, 'runtime', 'report', 'token_repeat', reports[0]), 'utf8'));
+  expect(report).toMatchObject({ incident_type: 'token_repeat', req_id: 'loop-1-abcd', dump_attempted: true });
+});
+
+test('a rank that never acks is named missing in the manifest; the others are complete', async () => {
+  // Four ranks expected, three agents running: rank 3 never answers.
+  const job = await startJob({ tp: 4, agents: 3, runtimeConfig: { ...REPEAT_ON, dump: { ...REPEAT_ON.dump, manual_dump: 1 } }, dumpAckTimeoutMs: 1500 });
+  jobs.push(job);
+  await waitFor(() => job.ranks.every((r) => r.client.featureFlags() !== 0), 'bus active');
+  const tel: StepTelemetry = { wave: 0, requests: [step('req-a-1', [1], [1, 2])], nonFinite: [] };
+  for (let w = 1; w <= 3; w++) await runWave(job, w, { ...tel, wave: w - 1 });
+  for (const r of job.ranks) await r.agent.drain();
+  const manualRoot = path.join(job.dumpRoot, 'manual_trigger', 'req-a-1');
+  await waitFor(() => fs.existsSync(manualRoot) && fs.readdirSync(manualRoot).length > 0, 'manual dump');
+  const waveDir = path.join(manualRoot, fs.readdirSync(manualRoot)[0]);
+  await waitFor(() => {
+    const p = path.join(waveDir, 'manifest.json');
+    return fs.existsSync(p) && JSON.parse(fs.readFileSync(p, 'utf8')).timed_out;
+  }, 'manifest after the ack timeout', 20000);
+  const m = JSON.parse(fs.readFileSync(path.join(waveDir, 'manifest.json'), 'utf8'));
+  expect(m.completed_ranks).toEqual([0, 1, 2]);
+  expect(m.missing_ranks).toEqual([3]);
+  expect(inspectTree(waveDir, { verify: true }).problems).toEqual([`rank 3 missing`].map((p) => expect.stringContaining(p)));
+});
+
+test('a request that finished in the detect wave is dumped with request_finished_at_dump', async () => {
+  const job = await startJob({ tp: 2, runtimeConfig: REPEAT_ON });
+  jobs.push(job);
+  await waitFor(() => job.ranks.every((r) => r.client.featureFlags() !== 0), 'bus active');
+  let prev: StepTelemetry | undefined;
+  for (let w = 1; w <= 60; w++) {
+    await runWave(job, w, prev);
+    if (fs.existsSync(path.join(job.dumpRoot, 'token_repeat'))) break;
+    // The hit and the finish arrive in the same telemetry (wave 40): the dump is armed anyway.
+    const finished = w >= 40;
+    prev = { wave: w, requests: [step('fin-1', [500 + (w % 2)], [5, 6], { finished, numOutputTokens: w })], nonFinite: [] };
+  }
+  for (let w = 61; w <= 63; w++) await runWave(job, w, undefined);
+  for (const r of job.ranks) await r.agent.drain();
+  const reqDir = path.join(job.dumpRoot, 'token_repeat', 'fin-1');
+  await waitFor(() => fs.existsSync(reqDir), 'dump of the finished request');
+  const waveDir = path.join(reqDir, fs.readdirSync(reqDir)[0]);
+  await waitFor(() => fs.existsSync(path.join(waveDir, 'rank1', 'dump.json')), 'rank 1 bundle');
+  const info = JSON.parse(fs.readFileSync(path.join(waveDir, 'request_info.json'), 'utf8'));
+  const dump = JSON.parse(fs.readFileSync(path.join(waveDir, 'rank1', 'dump.json'), 'utf8'));
+  expect(dump.request_finished_at_dump).toBe(info.request_finished_at_dump);
+});
+
+test('end_of_wave never waits past its bound when the wave vector does not come', async () => {
+  const job = await startJob({ tp: 2, runtimeConfig: REPEAT_ON, endOfWaveTimeoutMs: 30 });
+  jobs.push(job);
+  await waitFor(() => job.ranks.every((r) => r.client.featureFlags() !== 0), 'bus active');
+  // Nobody opens waves 1..5 (TP0's wave head is never sent): every end_of_wave times out and says so.
+  for (let w = 1; w <= 5; w++) {
+    const res = await job.ranks[1].client.endOfWave(w);
+    expect(res).toEqual({ due: false, timedOut: true });
+  }
+  expect(job.ranks[1].client.stats.endOfWaveTimeouts).toBe(5);
+  expect(job.ranks[1].agent.stats.endOfWaveTimeouts).toBe(5);
+  // The job goes on normally afterwards.
+  const ok = await runWave(job, 6, undefined);
+  expect(ok.every((r) => !r.timedOut)).toBe(true);
+});
+
+test('before_forward writes an input snapshot on every rank, and a bad region is refused', async () => {
+  const job = await startJob({ tp: 2, runtimeConfig: {}, snapshotEnv: { WAVEBUS_SNAPSHOT_ENABLE: '1' } });
+  jobs.push(job);
+  const ctx = { compilationHash: 'graph-a', globalStep: 1, isPrompt: true, reqIds: ['r-1'], positions: [0, 1, 2], rowRequest: [0, 0, 0] };
+  for (const [g, r] of job.ranks.entries()) {
+    const res = await r.client.beforeForward(ctx, [{ region: 'input0', dtype: 'int32', shape: [3] }]);
+    expect(res.captured).toBe(true);
+    expect(res.callDir).toBe(path.join(job.root, 'snapshots', 'graph-a', `rank${g}`, 'call0'));
+    const call = await loadCallDir(res.callDir!);
+    expect(call.tensors[0].data.equals(Buffer.alloc(12, 7))).toBe(true);
+    expect(call.meta.global_rank).toBe(g);
+  }
+  // The next call of the same graph is not selected (call rule defaults to call 0 only).
+  expect((await job.ranks[0].client.beforeForward({ ...ctx, globalStep: 2 }, [{ region: 'input0', dtype: 'int32', shape: [3] }])).captured).toBe(false);
+  await expect(job.ranks[0].client.beforeForward(ctx, [{ region: 'nope', dtype: 'int32', shape: [3] }])).rejects.toThrow(/inputs\[0\]\.region 'nope'/);
+});
