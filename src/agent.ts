@@ -32,6 +32,8 @@ export interface AgentOptions {
   logger?: Logger;
   /** Test / fault-injection hook passed to the bus. */
   dropSeqs?: (seq: number) => boolean;
+  /** CURVE client keys for the bus (see src/bus/curve.ts). */
+  curve?: { serverPublicKey: string; publicKey: string; secretKey: string };
 }
 
 /** Runtime config fields the agent acts on (the guard's effective config, as JSON). */
@@ -137,6 +139,7 @@ export class Agent {
         heartbeatMs: this.opts.heartbeatMs,
         logger: this.log,
         dropSeqs: this.opts.dropSeqs,
+        curve: this.opts.curve,
       });
       this.bus.on('snapshot', (s: SnapshotReplyMsg) => this.onSnapshot(s));
       this.bus.on('wave', (w: WaveEvent) => this.onWave(w));

@@ -10,6 +10,7 @@ import * as os from 'os';
 import * as path from 'path';
 import * as zmq from 'zeromq';
 import { ConfigError, WavebusError } from './errors';
+import { clientSocketOptions, curveDirFiles, loadCurveDirClient, loadCurveDirServer, type CurveClientKeys } from './bus/curve';
 import { checkBindAllowed, HostPort, isLoopback, parseBusPort, parseHostPort, socketIpOptions, tcpEndpoint } from './bus/endpoints';
 import { agentEndpoint, mailboxPath } from './paths';
 import { CoordinatorMessage, decode, AgentMessage, encode } from './proto';
@@ -42,6 +43,10 @@ export interface LaunchOptions {
   coordinatorArgs: string[];
   agentArgs: string[];
   command: string[];
+  /** --curve-dir: CURVE keys for the coordinator, agents and readiness polling (docs/security.md). */
+  curveDir?: string;
+  /** Client keys loaded from curveDir (the launcher polls the coordinator with them). */
+  curve?: CurveClientKeys;
 }
 
 function launchError(message: string): ConfigError {
@@ -161,6 +166,8 @@ export function parseLaunchOptions(argv: Record<string, unknown>, env: NodeJS.Pr
   const metricsPort = given(argv['metrics-port']) ? parseIntArg(argv['metrics-port'], '--metrics-port', 0, 65535) : undefined;
   const readyTimeoutMs = given(argv['ready-timeout-ms']) ? parseIntArg(argv['ready-timeout-ms'], '--ready-timeout-ms', 1) : 30000;
   const graceMs = given(argv['grace-ms']) ? parseIntArg(argv['grace-ms'], '--grace-ms', 0) : 5000;
+  const curveDir = given(argv['curve-dir']) ? path.resolve(String(lastOf(argv['curve-dir']))) : undefined;
+  const curve = curveDir !== undefined ? loadCurveDirClient(curveDir) : undefined;
 
   return {
     nnodes,
@@ -178,6 +185,7 @@ export function parseLaunchOptions(argv: Record<string, unknown>, env: NodeJS.Pr
     coordinatorArgs: stringList(argv['coordinator-arg']),
     agentArgs: stringList(argv['agent-arg']),
     command,
+    ...(curveDir !== undefined ? { curveDir, curve } : {}),
   };
 }
 
@@ -195,6 +203,10 @@ export function coordinatorArgv(opts: LaunchOptions, bindHost: string): string[]
   const a = ['coordinator', '--host', bindHost, '--port', String(opts.port), '--world-size', String(opts.layout.worldSize), ...layoutArgs(opts.layout)];
   if (opts.metricsPort !== undefined) a.push('--metrics-port', String(opts.metricsPort));
   if (opts.insecure) a.push('--insecure');
+  if (opts.curveDir !== undefined) {
+    const f = curveDirFiles(opts.curveDir);
+    a.push('--curve-secret-key', f.serverKey, '--curve-allow', f.allow);
+  }
   return [...a, ...opts.coordinatorArgs];
 }
 
@@ -210,6 +222,7 @@ export function agentArgv(opts: LaunchOptions, localRank: number, runDir: string
     '--node-rank', String(opts.nodeRank),
     ...layoutArgs(opts.layout),
     '--run-dir', runDir,
+    ...(opts.curveDir !== undefined ? ['--curve-server-key', curveDirFiles(opts.curveDir).serverPub, '--curve-key', curveDirFiles(opts.curveDir).clientKey] : []),
     ...opts.agentArgs,
   ];
 }
@@ -423,8 +436,9 @@ export async function waitForCoordinator(
   coordinator: HostPort,
   isReady: (s: StatusSnapshot) => boolean,
   abort: Promise<never>,
+  curve?: CurveClientKeys,
 ): Promise<StatusSnapshot> {
-  const sock = new zmq.Dealer({ linger: 0, receiveTimeout: STATUS_POLL_MS, sendTimeout: 0, ...socketIpOptions(coordinator.host) });
+  const sock = new zmq.Dealer({ linger: 0, receiveTimeout: STATUS_POLL_MS, sendTimeout: 0, ...socketIpOptions(coordinator.host), ...clientSocketOptions(curve) });
   sock.connect(tcpEndpoint(coordinator.host, coordinator.port + 1));
   let last: StatusSnapshot | undefined;
   const request = encode(AgentMessage, { status: {} });
@@ -487,7 +501,9 @@ export async function launch(opts: LaunchOptions, logger?: Logger): Promise<numb
           'which other nodes cannot reach; pass --master-addr (or --coordinator) with an IP address of this host',
       );
     }
-    checkBindAllowed(bindHost, { insecure: opts.insecure, logger });
+    // Fail before spawning anything when the coordinator's keys are unusable.
+    const serverKeys = opts.curveDir !== undefined ? loadCurveDirServer(opts.curveDir) : undefined;
+    checkBindAllowed(bindHost, { insecure: opts.insecure, curve: serverKeys !== undefined, logger });
     await checkPortFree(bindHost, opts.port, 'PUB');
     await checkPortFree(bindHost, opts.port + 1, 'ROUTER');
   } else if (opts.nodeRank === 0) {
@@ -564,6 +580,7 @@ export async function launch(opts: LaunchOptions, logger?: Logger): Promise<numb
           return opts.nodeRank === 0 ? s.ready : mine.filter((r) => s.expectedRanks.includes(r)).every((r) => s.liveRanks.includes(r));
         },
         startupFailed,
+        opts.curve,
       );
       logger?.info({ liveRanks: status.liveRanks, epoch: status.epoch, runDir }, 'wavebus ready; starting the command');
     } finally {

@@ -16,6 +16,7 @@ import {
   type DecodedFrame,
 } from './frames';
 import { socketIpOptions, tcpEndpoint } from './endpoints';
+import { clientSocketOptions, type CurveClientKeys } from './curve';
 
 export interface AgentBusOptions {
   coordinator: { host: string; port: number };
@@ -31,6 +32,11 @@ export interface AgentBusOptions {
    */
   dropSeqs?: (seq: number) => boolean;
   agentVersion?: string;
+  /**
+   * CURVE client keys: SUB and DEALER encrypt and authenticate to a coordinator with this server
+   * key; this agent's public key must be on the coordinator's allow-list.
+   */
+  curve?: CurveClientKeys;
 }
 
 export interface WaveEvent {
@@ -146,7 +152,7 @@ export class AgentBus extends EventEmitter {
   async start(): Promise<void> {
     if (this.running) return;
     const { host, port } = this.opts.coordinator;
-    const ip = socketIpOptions(host);
+    const ip = { ...socketIpOptions(host), ...clientSocketOptions(this.opts.curve) };
     // Subscribe before anything else: frames published after the snapshot must not be missed.
     const sub = new Subscriber({ linger: 0, maxMessageSize: 2 * this.maxFrameBytes, receiveHighWaterMark: 100000, ...ip });
     sub.subscribe();
@@ -161,7 +167,7 @@ export class AgentBus extends EventEmitter {
     this.loops = [this.receiveSub(sub), this.receiveDealer(dealer)];
     this.timer = setInterval(() => this.tick(), this.heartbeatMs);
     this.sendHello(false);
-    this.log.info({ rank: this.rank, pub: tcpEndpoint(host, port), router: tcpEndpoint(host, port + 1) }, 'agent bus started');
+    this.log.info({ rank: this.rank, pub: tcpEndpoint(host, port), router: tcpEndpoint(host, port + 1), curve: this.opts.curve !== undefined }, 'agent bus started');
   }
 
   async stop(): Promise<void> {

@@ -371,3 +371,32 @@ export class ZapHandler {
     await send('200', 'OK', label);
   }
 }
+
+// ------------------------------------------------------------------ a key directory (wavebus launch --curve-dir)
+
+/**
+ * The files `wavebus launch --curve-dir DIR` uses: coordinator.key (node 0 only), coordinator.pub,
+ * agent.key (agents and the launcher's readiness polling), and the allow-list: DIR/allowed (a
+ * file or a directory of *.pub) when present, else agent.pub.
+ */
+export function curveDirFiles(dir: string): { serverKey: string; serverPub: string; clientKey: string; allow: string } {
+  const allowed = path.join(dir, 'allowed');
+  return {
+    serverKey: path.join(dir, 'coordinator.key'),
+    serverPub: path.join(dir, 'coordinator.pub'),
+    clientKey: path.join(dir, 'agent.key'),
+    allow: fs.existsSync(allowed) ? allowed : path.join(dir, 'agent.pub'),
+  };
+}
+
+/** Client keys from a --curve-dir; errors name --curve-dir and the file. */
+export function loadCurveDirClient(dir: string): CurveClientKeys {
+  const f = curveDirFiles(dir);
+  return loadClientKeys(f.serverPub, f.clientKey, { serverKey: '--curve-dir', key: '--curve-dir' })!;
+}
+
+/** Server keys from a --curve-dir (checked by the launcher before it starts the coordinator). */
+export function loadCurveDirServer(dir: string): CurveServerKeys {
+  const f = curveDirFiles(dir);
+  return { keyPair: loadKeyPair(f.serverKey, '--curve-dir'), allow: loadAllowList(f.allow, '--curve-dir') };
+}

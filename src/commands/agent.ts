@@ -6,6 +6,7 @@ import * as os from 'os';
 import * as path from 'path';
 import { Agent } from '../agent';
 import { DEFAULT_BUS_PORT, DEFAULT_HEARTBEAT_MS } from '../bus/coordinator';
+import { loadClientKeys, type CurveClientKeys } from '../bus/curve';
 import { parseBusPort, parseHostPort, type HostPort } from '../bus/endpoints';
 import { identityFlagsFromArgv, identityOptions, resolveIdentity, type RankIdentity } from '../identity';
 import { createLogger, type Logger } from '../log';
@@ -29,6 +30,8 @@ export interface AgentSetup {
   ownRunDir: boolean;
   endOfWaveTimeoutMs: number;
   stagingBytes: number;
+  /** CURVE client keys (--curve-server-key + --curve-key), when the coordinator uses CURVE. */
+  curve?: CurveClientKeys;
   log: Logger;
 }
 
@@ -41,8 +44,9 @@ export function setupAgent(argv: Record<string, unknown>, env: NodeJS.ProcessEnv
   const stagingBytes = positiveInt(argv['staging-mb'], '--staging-mb') * 2 ** 20;
   const given = (argv['run-dir'] as string | undefined) || env.WAVEBUS_RUN_DIR || '';
   const runDir = given || path.join(os.tmpdir(), `wavebus-agent-rank${identity.globalRank}-${process.pid}`);
+  const curve = loadClientKeys(argv['curve-server-key'] as string | undefined, argv['curve-key'] as string | undefined);
   const log = createLogger(`wavebus-agent-rank${identity.globalRank}`);
-  return { identity, coordinator, heartbeatMs, runDir, ownRunDir: !given, endOfWaveTimeoutMs, stagingBytes, log };
+  return { identity, coordinator, heartbeatMs, runDir, ownRunDir: !given, endOfWaveTimeoutMs, stagingBytes, curve, log };
 }
 
 export const command: CommandModule = {
@@ -56,7 +60,9 @@ export const command: CommandModule = {
       .option('heartbeat-ms', { type: 'string', default: String(DEFAULT_HEARTBEAT_MS), describe: 'heartbeat period; a coordinator silent for 3 periods is lost' })
       .option('run-dir', { type: 'string', describe: 'directory for the engine-client socket and mailbox (default $WAVEBUS_RUN_DIR)' })
       .option('end-of-wave-timeout-ms', { type: 'string', default: '50', describe: 'longest an engine waits at end_of_wave for a wave vector that has not arrived' })
-      .option('staging-mb', { type: 'string', default: '1024', describe: 'host staging bound for KV dump copies' });
+      .option('staging-mb', { type: 'string', default: '1024', describe: 'host staging bound for KV dump copies' })
+      .option('curve-server-key', { type: 'string', describe: 'CURVE: the coordinator\'s public key file (its NAME.pub); needs --curve-key' })
+      .option('curve-key', { type: 'string', describe: 'CURVE: this agent\'s key pair file (NAME.key from `wavebus keys`); its public key must be on the coordinator\'s allow-list' });
   },
   handler: async (argv) => {
     const a = setupAgent(argv as Record<string, unknown>, process.env);
@@ -69,6 +75,7 @@ export const command: CommandModule = {
       heartbeatMs: a.heartbeatMs,
       endOfWaveTimeoutMs: a.endOfWaveTimeoutMs,
       stagingBytes: a.stagingBytes,
+      curve: a.curve,
       snapshot,
       serveRoots: { snapshots: path.join(snapshot.cacheRoot, 'snapshots') },
       logger: log,

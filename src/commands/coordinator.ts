@@ -1,6 +1,7 @@
 // `wavebus coordinator`: run the wave-bus coordinator beside global rank 0 until SIGINT/SIGTERM.
 import type { CommandModule } from 'yargs';
 import { Coordinator, DEFAULT_BUS_PORT, DEFAULT_HEARTBEAT_MS } from '../bus/coordinator';
+import { loadServerKeys } from '../bus/curve';
 import { parseBusPort } from '../bus/endpoints';
 import { ConfigError } from '../errors';
 import { identityFlagsFromArgv, identityOptions, resolveLayout } from '../identity';
@@ -46,7 +47,9 @@ export const command: CommandModule = {
       .option('heartbeat-ms', { type: 'string', default: String(DEFAULT_HEARTBEAT_MS), describe: 'heartbeat period; a peer silent for 3 periods is lost' })
       .option('metrics-port', { type: 'string', describe: 'serve /healthz and /metrics on 127.0.0.1:PORT (0 = any free port)' })
       .option('dump-ack-timeout-ms', { type: 'string', default: '10000', describe: 'how long every last-PP rank has to ack a dump job' })
-      .option('insecure', { type: 'boolean', default: false, describe: 'allow binding a non-loopback --host without encryption' });
+      .option('insecure', { type: 'boolean', default: false, describe: 'allow binding a non-loopback --host without encryption' })
+      .option('curve-secret-key', { type: 'string', describe: 'CURVE: this coordinator\'s key pair file (NAME.key from `wavebus keys`); needs --curve-allow' })
+      .option('curve-allow', { type: 'string', describe: 'CURVE: allowed client public keys: a file (one Z85 key per line) or a directory of *.pub' });
   },
   handler: async (argv) => {
     const log = createLogger('wavebus-coordinator');
@@ -65,6 +68,7 @@ export const command: CommandModule = {
       },
       process.cwd(),
     );
+    const curve = loadServerKeys(argv['curve-secret-key'] as string | undefined, argv['curve-allow'] as string | undefined);
     const expected = lastPpRanks(layout);
     const guard = new Guard({ startup, rank: expected[0], expectedRanks: expected, log });
     const coordinator = new Coordinator({
@@ -75,6 +79,7 @@ export const command: CommandModule = {
       metricsPort: argv['metrics-port'] !== undefined ? positiveInt(argv['metrics-port'], '--metrics-port', 0) : undefined,
       dumpAckTimeoutMs: positiveInt(argv['dump-ack-timeout-ms'], '--dump-ack-timeout-ms'),
       insecure: Boolean(argv.insecure),
+      curve,
       logger: log,
       policy: withStartupFacts(guard, startup.hotReload),
     });
@@ -82,7 +87,7 @@ export const command: CommandModule = {
     await coordinator.start();
     coordinator.on('ready', () => process.stdout.write(`${JSON.stringify({ event: 'ready', epoch: coordinator.epoch })}\n`));
     process.stdout.write(
-      `${JSON.stringify({ event: 'started', epoch: coordinator.epoch, pub: coordinator.pubEndpoint, router: coordinator.routerEndpoint, metrics: coordinator.metricsAddress ?? null })}\n`,
+      `${JSON.stringify({ event: 'started', epoch: coordinator.epoch, pub: coordinator.pubEndpoint, router: coordinator.routerEndpoint, metrics: coordinator.metricsAddress ?? null, curve: coordinator.curve })}\n`,
     );
     log.info({ signal: await signal }, 'stopping');
     await coordinator.stop();

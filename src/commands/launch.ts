@@ -27,6 +27,7 @@ export const command: CommandModule = {
         'run-dir': { type: 'string', describe: 'directory for agent sockets and mailboxes (created, and removed at the end if created here)', defaultDescription: '/dev/shm/wavebus-<user>-<pid>' },
         'metrics-port': { type: 'string', describe: 'coordinator /healthz and /metrics port' },
         insecure: { type: 'boolean', describe: 'allow the coordinator to bind a non-loopback address without CURVE keys (plain text)' },
+        'curve-dir': { type: 'string', describe: 'CURVE keys: DIR/coordinator.key (node 0), coordinator.pub, agent.key, and DIR/allowed or agent.pub as the allow-list (see docs/security.md)' },
         'ready-timeout-ms': { type: 'string', describe: 'give up if the job is not ready in this time', defaultDescription: '30000' },
         'grace-ms': { type: 'string', describe: 'after the command exits: time between SIGTERM and SIGKILL for agents and coordinator', defaultDescription: '5000' },
         'coordinator-arg': { type: 'string', array: true, describe: 'extra argument for `wavebus coordinator` (repeatable, verbatim)' },

@@ -32,6 +32,7 @@ export const command: CommandModule = {
       .option('dtype', { choices: ['bfloat16', 'float16', 'float32'] as const, default: 'bfloat16' as const })
       .option('faults', { type: 'string', describe: 'faults to inject: inline JSON or a file' })
       .option('compute-us', { type: 'number', default: 0, describe: 'busy CPU time per step standing in for the forward' })
+      .option('forward-ms', { type: 'number', default: 0, describe: 'idle wait per step standing in for a forward on the accelerator' })
       .option('detached', { type: 'boolean', default: false, describe: 'run without wavebus (a baseline)' })
       .option('start-at', { type: 'number', describe: 'wall-clock ms for step 1 (align hosts)' })
       .option('result-dir', { type: 'string', demandOption: true, describe: 'where each rank writes rank<g>.json' }),
@@ -61,6 +62,7 @@ export const command: CommandModule = {
       resultDir: String(argv['result-dir']),
       startAt: argv['start-at'] as number | undefined,
       computeUs: positiveInt(argv['compute-us'], '--compute-us', 0),
+      forwardMs: positiveInt(argv['forward-ms'], '--forward-ms', 0),
       detached: Boolean(argv.detached),
     });
     const failed = res.exits.filter((e) => e.code !== 0);

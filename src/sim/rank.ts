@@ -23,8 +23,10 @@ export interface SimRankOptions {
   startAt?: number;
   /** Run without wavebus at all (the overhead bench's baseline). */
   detached?: boolean;
-  /** Busy CPU work per step standing in for the forward (the overhead bench); 0 = none. */
+  /** Busy CPU work per step standing in for a CPU-bound forward; 0 = none. */
   computeUs?: number;
+  /** Idle wait per step standing in for a forward on the accelerator (CPU free meanwhile); 0 = none. */
+  forwardMs?: number;
 }
 
 export interface SimRankResult {
@@ -93,8 +95,8 @@ export async function runSimRank(opts: SimRankOptions, onReady: () => Promise<nu
   const extra = opts.faults.slowRank?.rank === id.globalRank ? opts.faults.slowRank.extraMs : 0;
   const snapshots: string[] = [];
   let prev: StepTelemetry | undefined;
-  const t0 = Date.now();
   await sleep(startAt - Date.now());
+  const t0 = Date.now();
   for (let step = 1; step <= opts.steps; step++) {
     if (opts.faults.rankDies?.rank === id.globalRank && opts.faults.rankDies.at === step) {
       process.stderr.write(`sim rank ${id.globalRank}: injected death at step ${step}\n`);
@@ -128,6 +130,7 @@ export async function runSimRank(opts: SimRankOptions, onReady: () => Promise<nu
     }
     // The forward itself: half the step, longer on an injected slow rank.
     if (opts.computeUs) busyWork(opts.computeUs);
+    if (opts.forwardMs) await sleep(opts.forwardMs);
     if (opts.stepMs > 0 || extra > 0) await sleep(opts.stepMs / 2 + extra);
     if (client) await client.endOfWave(step);
     prev = batch.telemetry;

@@ -1,0 +1,87 @@
+// `wavebus bench overhead`: the simulated engine's steps/s with wavebus absent, attached with
+// everything off, and attached with every detector on, measured in one run and given as ratios
+// to the absent baseline. Each step waits `--forward-ms` (the forward on the accelerator, CPU
+// idle) and spins `--compute-us` (the engine's host-side work).
+import { spawn } from 'child_process';
+import * as fs from 'fs';
+import * as os from 'os';
+import * as path from 'path';
+import yargs from 'yargs';
+
+const BIN = path.resolve(__dirname, '..', '..', 'bin', 'wavebus.js');
+
+function runCli(args: string[], env: NodeJS.ProcessEnv): Promise<number> {
+  return new Promise((resolve) => {
+    const child = spawn(process.execPath, [BIN, ...args], { env, stdio: ['ignore', 'ignore', 'pipe'] });
+    let err = '';
+    child.stderr.on('data', (b) => (err = (err + b.toString()).slice(-4000)));
+    child.on('exit', (code) => {
+      if (code !== 0) process.stderr.write(`bench overhead: ${args.slice(0, 2).join(' ')} exited ${code}: ${err}\n`);
+      resolve(code ?? 1);
+    });
+  });
+}
+
+function readRate(dir: string): number {
+  const files = fs.readdirSync(dir).filter((f) => f.endsWith('.json'));
+  if (files.length === 0) throw new Error(`no rank results in ${dir}`);
+  const rates = files.map((f) => JSON.parse(fs.readFileSync(path.join(dir, f), 'utf8')).stepsPerSec as number);
+  return rates.reduce((a, b) => a + b, 0) / rates.length;
+}
+
+export async function run(argv: string[]): Promise<Record<string, unknown>> {
+  const a = yargs(argv)
+    .option('ranks', { type: 'number', default: 2 })
+    .option('steps', { type: 'number', default: 1500 })
+    .option('forward-ms', { type: 'number', default: 3, describe: 'idle wait per step: the forward runs on the accelerator' })
+    .option('compute-us', { type: 'number', default: 200, describe: 'CPU work per step: the engine\'s own host-side work' })
+    .option('rounds', { type: 'number', default: 2, describe: 'interleaved rounds; the best of each mode is kept' })
+    .option('json', { type: 'boolean', default: true })
+    .strict(false)
+    .parseSync();
+  const work = fs.mkdtempSync(path.join(os.tmpdir(), 'wavebus-bench-overhead-'));
+  const sim = (resultDir: string, extra: string[] = []) => [
+    'sim', '--steps', String(a.steps), '--step-ms', '0', '--compute-us', String(a['compute-us']), '--forward-ms', String(a['forward-ms']),
+    '--requests', '32', '--result-dir', resultDir, '--nproc-per-node', String(a.ranks), ...extra,
+  ];
+  const launch = (config: string, cmd: string[]) => [
+    'launch', '--nproc-per-node', String(a.ranks), '--tp', String(a.ranks), '--port', String(20000 + (process.pid % 20000)),
+    `--coordinator-arg=--runtime-config-path`, `--coordinator-arg=${config}`, '--', process.execPath, BIN, ...cmd,
+  ];
+  const offConfig = path.join(work, 'off', 'config', 'runtime_config.json');
+  const onConfig = path.join(work, 'on', 'config', 'runtime_config.json');
+  fs.mkdirSync(path.dirname(offConfig), { recursive: true });
+  fs.mkdirSync(path.dirname(onConfig), { recursive: true });
+  fs.writeFileSync(offConfig, '{}\n');
+  const on = { enabled: true };
+  fs.writeFileSync(onConfig, JSON.stringify({ detector: { token_repeat: on, logits_finite: on, spec_acceptance: on, garbled: on } }));
+  const env = { ...process.env, WAVEBUS_LOG_LEVEL: 'error' };
+  const best = { absent: 0, off: 0, on: 0 };
+  try {
+    for (let round = 0; round < a.rounds; round++) {
+      for (const mode of ['absent', 'off', 'on'] as const) {
+        const dir = path.join(work, `r${round}-${mode}`);
+        const code =
+          mode === 'absent'
+            ? await runCli(sim(dir, ['--detached']), env)
+            : await runCli(launch(mode === 'off' ? offConfig : onConfig, sim(dir)), env);
+        if (code !== 0) throw new Error(`${mode} run failed (exit ${code})`);
+        best[mode] = Math.max(best[mode], readRate(dir));
+      }
+    }
+  } finally {
+    fs.rmSync(work, { recursive: true, force: true });
+  }
+  return {
+    ranks: a.ranks,
+    steps: a.steps,
+    compute_us: a['compute-us'],
+    forward_ms: a['forward-ms'],
+    absent_steps_per_s: Number(best.absent.toFixed(1)),
+    off_steps_per_s: Number(best.off.toFixed(1)),
+    detectors_steps_per_s: Number(best.on.toFixed(1)),
+    off_ratio: Number((best.off / best.absent).toFixed(4)),
+    detectors_ratio: Number((best.on / best.absent).toFixed(4)),
+    target: { off_ratio: 0.995, detectors_ratio: 0.98 },
+  };
+}

@@ -1,0 +1,551 @@
+// `wavebus aggregate`: collect the bundles of a job from the agents on every host into one tree,
+// reaching them only through the coordinator (RelayRequest over its ROUTER). Files stream in
+// checksummed chunks (a small window per file), land under a '.part' temp name, are checked
+// against the listing's whole-file checksum, fsynced and renamed. Paths from agents are
+// untrusted: anything that would leave the output tree is refused and counted, never written.
+import * as fs from 'fs';
+import * as path from 'path';
+import { Dealer } from 'zeromq';
+import { DEFAULT_MAX_FRAME_BYTES } from './bus/coordinator';
+import { socketIpOptions, tcpEndpoint, type HostPort } from './bus/endpoints';
+import { decodeCoordinatorMessage, encodeAgentMessage, type CoordinatorMsg } from './bus/frames';
+import { Crc32c, crc32c, formatChecksum, parseChecksum } from './checksum';
+import { ConfigError, WavebusError } from './errors';
+import { fsyncDir } from './freespace';
+import { joinUnder } from './sanitize';
+
+export type AggregateRoot = 'dumps' | 'snapshots';
+export const AGGREGATE_MANIFEST = 'manifest.json';
+export const AGGREGATE_KIND = 'wavebus_aggregate';
+/** Agents serve at most this much per chunk (src/agent/file-server.ts MAX_CHUNK_BYTES). */
+export const MAX_CHUNK_MB = 4;
+const PART_SUFFIX = '.part';
+
+export class AggregateError extends WavebusError {
+  constructor(message: string, code = 'ERR_AGGREGATE') {
+    super(code, message);
+  }
+}
+
+export interface AggregateProgress {
+  doneBytes: number;
+  totalBytes: number;
+  doneFiles: number;
+  totalFiles: number;
+}
+
+export interface AggregateOptions {
+  coordinator: HostPort;
+  out: string;
+  what?: 'all' | AggregateRoot;
+  /** Relative path prefix under each root ("" = everything). */
+  prefix?: string;
+  /** Keep only files under a `call<N>` directory (one snapshot call). */
+  call?: number;
+  chunkBytes?: number;
+  /** Chunks in flight per file. */
+  window?: number;
+  /** Files fetched at the same time. */
+  parallelFiles?: number;
+  /** Per relayed request. */
+  requestTimeoutMs?: number;
+  progress?: (p: AggregateProgress) => void;
+  /** Test hook (fault injection): throw once this many bytes were written in this run. */
+  failAfterBytes?: number;
+}
+
+export type FileStatus = 'fetched' | 'resumed' | 'present' | 'failed';
+
+export interface AggregatedFile {
+  root: AggregateRoot;
+  path: string;
+  bytes: number;
+  checksum: string;
+  /** The rank it was fetched from (first lister that answered). */
+  rank: number;
+  listedBy: number[];
+  status: FileStatus;
+  verified: boolean;
+  error?: string;
+}
+
+export interface RefusedPath {
+  rank: number;
+  root: AggregateRoot;
+  path: string;
+  reason: string;
+}
+
+export interface RankListing {
+  answered: boolean;
+  files: number;
+  bytes: number;
+  errors: string[];
+}
+
+export interface AggregateManifest {
+  kind: typeof AGGREGATE_KIND;
+  schema: 1;
+  coordinator: string;
+  what: 'all' | AggregateRoot;
+  prefix: string;
+  call: number | null;
+  created_unix_ms: number;
+  expected_ranks: number[];
+  live_ranks: number[];
+  present_ranks: number[];
+  missing_ranks: number[];
+  ranks: Record<string, RankListing>;
+  files: AggregatedFile[];
+  refused: RefusedPath[];
+  conflicts: { root: AggregateRoot; path: string; detail: string }[];
+  totals: { files: number; bytes: number; fetched_files: number; fetched_bytes: number; present_files: number; failed_files: number; refused: number };
+  /** Nothing missing, nothing failed, nothing refused, every file verified. */
+  complete: boolean;
+}
+
+// ---------------------------------------------------------------- the relay client
+
+/** A DEALER on the coordinator's ROUTER; requests correlated by request id. */
+export class RelayClient {
+  private readonly dealer: Dealer;
+  private readonly pending = new Map<number, { resolve: (m: CoordinatorMsg) => void; reject: (e: Error) => void; timer: NodeJS.Timeout }>();
+  private nextId = 1;
+  private sendChain: Promise<void> = Promise.resolve();
+  private loop: Promise<void>;
+  private closed = false;
+  readonly endpoint: string;
+
+  constructor(coordinator: HostPort, private readonly maxFrameBytes = DEFAULT_MAX_FRAME_BYTES) {
+    this.endpoint = tcpEndpoint(coordinator.host, coordinator.port + 1);
+    this.dealer = new Dealer({ linger: 0, maxMessageSize: 2 * maxFrameBytes, ...socketIpOptions(coordinator.host) });
+    this.dealer.connect(this.endpoint);
+    this.loop = this.receive();
+  }
+
+  private async receive(): Promise<void> {
+    while (!this.dealer.closed) {
+      let parts: Buffer[];
+      try {
+        parts = await this.dealer.receive();
+      } catch {
+        if (this.dealer.closed || this.closed) break;
+        continue;
+      }
+      const d = decodeCoordinatorMessage(parts[parts.length - 1], this.maxFrameBytes);
+      if (!d.ok) continue;
+      const p = this.pending.get(d.value.requestId);
+      if (!p) continue; // a heartbeat, or an answer that came after its timeout
+      this.pending.delete(d.value.requestId);
+      clearTimeout(p.timer);
+      p.resolve(d.value);
+    }
+  }
+
+  /** Send an AgentMessage body (`{ status: {} }`, `{ relay: {...} }`) and resolve with the reply. */
+  request(body: Record<string, unknown>, timeoutMs: number): Promise<CoordinatorMsg> {
+    if (this.closed) return Promise.reject(new AggregateError('relay client is closed'));
+    const requestId = this.nextId++;
+    const buf = encodeAgentMessage({ requestId, ...body });
+    return new Promise<CoordinatorMsg>((resolve, reject) => {
+      const timer = setTimeout(() => {
+        this.pending.delete(requestId);
+        reject(new AggregateError(`no answer from the coordinator at ${this.endpoint} within ${timeoutMs} ms`, 'ERR_TIMEOUT'));
+      }, timeoutMs);
+      this.pending.set(requestId, { resolve, reject, timer });
+      // zeromq allows one send in flight per socket.
+      this.sendChain = this.sendChain.then(
+        () => this.dealer.send(buf),
+        () => this.dealer.send(buf),
+      );
+      this.sendChain.catch((e) => {
+        const p = this.pending.get(requestId);
+        if (!p) return;
+        this.pending.delete(requestId);
+        clearTimeout(p.timer);
+        p.reject(new AggregateError(`cannot send to ${this.endpoint}: ${String((e as Error)?.message ?? e)}`));
+      });
+    });
+  }
+
+  /** Relay a fileList / fileChunk request to `rank`; throws on a relay or agent error. */
+  async relay(rank: number, kind: 'fileList' | 'fileChunk', req: Record<string, unknown>, timeoutMs: number): Promise<Record<string, any>> {
+    const m = await this.request({ relay: { rank, [kind]: req, timeoutMs } }, timeoutMs + 5000);
+    if (m.body !== 'relay') throw new AggregateError(`coordinator answered ${m.body} to a relay request`);
+    const r = m.relay as Record<string, any>;
+    if (r.error) throw new AggregateError(r.error, 'ERR_RELAY');
+    if (r.reply !== kind) throw new AggregateError(`rank ${rank}: relay reply carries ${r.reply ?? 'nothing'}, expected ${kind}`);
+    const inner = r[kind] as Record<string, any>;
+    if (inner.error) throw new AggregateError(`rank ${rank}: ${inner.error}`, 'ERR_AGENT');
+    return inner;
+  }
+
+  async status(timeoutMs: number): Promise<{ liveRanks: number[]; expectedRanks: number[] }> {
+    const m = await this.request({ status: {} }, timeoutMs);
+    if (m.body !== 'status') throw new AggregateError(`coordinator answered ${m.body} to a status request`);
+    return { liveRanks: (m.status.liveRanks ?? []).map(Number), expectedRanks: (m.status.expectedRanks ?? []).map(Number) };
+  }
+
+  async close(): Promise<void> {
+    this.closed = true;
+    for (const [, p] of this.pending) {
+      clearTimeout(p.timer);
+      p.reject(new AggregateError('relay client closed'));
+    }
+    this.pending.clear();
+    await this.sendChain.catch(() => undefined);
+    this.dealer.close();
+    await this.loop;
+  }
+}
+
+// ---------------------------------------------------------------- untrusted listings
+
+/**
+ * The local path for `rel` listed by an agent under `root`, or the reason it is refused.
+ * Refused: non-strings, NUL, absolute paths, empty, '.', '..' or hidden/temporary components.
+ */
+export function localPathFor(outRoot: string, root: AggregateRoot, rel: unknown): { path: string } | { reason: string } {
+  if (typeof rel !== 'string' || rel.length === 0) return { reason: 'empty or not a string' };
+  if (rel.includes('\0')) return { reason: 'contains NUL' };
+  if (rel.startsWith('/') || path.isAbsolute(rel)) return { reason: 'absolute path' };
+  const parts = rel.split('/');
+  for (const p of parts) {
+    if (p === '' || p === '.' || p === '..') return { reason: `component ${JSON.stringify(p)} is not allowed` };
+    if (p.startsWith('.')) return { reason: `hidden or temporary name ${JSON.stringify(p)}` };
+  }
+  try {
+    return { path: joinUnder(outRoot, root, ...parts) };
+  } catch (e) {
+    return { reason: (e as Error).message };
+  }
+}
+
+interface Planned {
+  root: AggregateRoot;
+  path: string;
+  local: string;
+  bytes: number;
+  checksum: string;
+  crc: number;
+  listedBy: number[];
+}
+
+function fileCrc(p: string, limit = Infinity): { crc: number; bytes: number } {
+  const fd = fs.openSync(p, 'r');
+  try {
+    const h = new Crc32c();
+    const buf = Buffer.allocUnsafe(4 << 20);
+    let total = 0;
+    while (total < limit) {
+      const n = fs.readSync(fd, buf, 0, Math.min(buf.length, limit - total), null);
+      if (n === 0) break;
+      h.update(buf.subarray(0, n));
+      total += n;
+    }
+    return { crc: h.digest(), bytes: total };
+  } finally {
+    fs.closeSync(fd);
+  }
+}
+
+function partName(local: string): string {
+  return path.join(path.dirname(local), `.${path.basename(local)}${PART_SUFFIX}`);
+}
+
+// ---------------------------------------------------------------- the aggregation
+
+export async function aggregate(opts: AggregateOptions): Promise<AggregateManifest> {
+  const out = path.resolve(opts.out);
+  const what = opts.what ?? 'all';
+  if (!['all', 'dumps', 'snapshots'].includes(what)) throw new ConfigError(`--what: expected all, snapshots or dumps, got ${JSON.stringify(what)}`);
+  const chunkBytes = opts.chunkBytes ?? MAX_CHUNK_MB * 2 ** 20;
+  if (!Number.isSafeInteger(chunkBytes) || chunkBytes < 1 || chunkBytes > MAX_CHUNK_MB * 2 ** 20) {
+    throw new ConfigError(`--chunk-mb: expected more than 0 and at most ${MAX_CHUNK_MB} (agents serve at most ${MAX_CHUNK_MB} MiB per chunk), got ${chunkBytes / 2 ** 20}`);
+  }
+  const window = opts.window ?? 4;
+  const parallelFiles = opts.parallelFiles ?? 2;
+  const timeoutMs = opts.requestTimeoutMs ?? 30000;
+  const prefix = opts.prefix ?? '';
+  const roots: AggregateRoot[] = what === 'all' ? ['dumps', 'snapshots'] : [what];
+  fs.mkdirSync(out, { recursive: true });
+
+  const client = new RelayClient(opts.coordinator);
+  try {
+    const st = await client.status(Math.min(timeoutMs, 10000));
+    const ranks = [...new Set([...st.expectedRanks, ...st.liveRanks])].sort((a, b) => a - b);
+    const listings: Record<string, RankListing> = {};
+    const refused: RefusedPath[] = [];
+    const conflicts: AggregateManifest['conflicts'] = [];
+    const planned = new Map<string, Planned>();
+
+    // 1. Ask every rank what it has (ranks on one host share a filesystem and list the same files).
+    for (const rank of ranks) {
+      const l: RankListing = { answered: false, files: 0, bytes: 0, errors: [] };
+      listings[String(rank)] = l;
+      if (!st.liveRanks.includes(rank)) {
+        l.errors.push('not live on the bus');
+        continue;
+      }
+      for (const root of roots) {
+        let reply: Record<string, any>;
+        try {
+          reply = await client.relay(rank, 'fileList', { root, prefix }, timeoutMs);
+        } catch (e) {
+          l.errors.push(`${root}: ${(e as Error).message}`);
+          continue;
+        }
+        l.answered = true;
+        for (const f of (reply.files ?? []) as Array<Record<string, unknown>>) {
+          const rel = f.path as string;
+          const where = localPathFor(out, root, rel);
+          if ('reason' in where) {
+            refused.push({ rank, root, path: String(rel).replace(/\0/g, '\\0'), reason: where.reason });
+            continue;
+          }
+          if (opts.call !== undefined && !rel.split('/').includes(`call${opts.call}`)) continue;
+          const bytes = Number(f.bytes);
+          let crc: number;
+          try {
+            crc = parseChecksum(String(f.checksum));
+          } catch {
+            refused.push({ rank, root, path: rel, reason: `checksum ${JSON.stringify(f.checksum)} is not crc32c:<8 hex>` });
+            continue;
+          }
+          if (!Number.isSafeInteger(bytes) || bytes < 0) {
+            refused.push({ rank, root, path: rel, reason: `size ${String(f.bytes)} is not a byte count` });
+            continue;
+          }
+          l.files++;
+          l.bytes += bytes;
+          const key = `${root}/${rel}`;
+          const prev = planned.get(key);
+          if (!prev) {
+            planned.set(key, { root, path: rel, local: where.path, bytes, checksum: String(f.checksum), crc, listedBy: [rank] });
+          } else if (prev.bytes === bytes && prev.crc === crc) {
+            prev.listedBy.push(rank);
+          } else {
+            conflicts.push({ root, path: rel, detail: `rank ${rank} lists ${bytes} bytes ${f.checksum}, rank ${prev.listedBy[0]} lists ${prev.bytes} bytes ${prev.checksum}` });
+            // The rank whose own rank<g>/ dir holds the file is its writer: prefer its version.
+            if (rel.split('/').includes(`rank${rank}`)) {
+              planned.set(key, { root, path: rel, local: where.path, bytes, checksum: String(f.checksum), crc, listedBy: [rank, ...prev.listedBy] });
+            }
+          }
+        }
+      }
+    }
+
+    // 2. Fetch, a few files at a time; each file resumes from its .part or is skipped when whole.
+    const plan = [...planned.values()].sort((a, b) => (a.root + a.path).localeCompare(b.root + b.path));
+    const progress: AggregateProgress = { doneBytes: 0, totalBytes: plan.reduce((n, f) => n + f.bytes, 0), doneFiles: 0, totalFiles: plan.length };
+    const results: AggregatedFile[] = [];
+    const dirs = new Set<string>();
+    let writtenThisRun = 0;
+    const onWrite = (n: number) => {
+      progress.doneBytes += n;
+      writtenThisRun += n;
+      if (opts.failAfterBytes !== undefined && writtenThisRun >= opts.failAfterBytes) {
+        throw new AggregateError(`injected failure after ${writtenThisRun} bytes`, 'ERR_INJECTED');
+      }
+      opts.progress?.(progress);
+    };
+    let next = 0;
+    let fatal: Error | undefined;
+    const worker = async () => {
+      while (next < plan.length && !fatal) {
+        const f = plan[next++];
+        let r: AggregatedFile;
+        try {
+          r = await fetchOne(client, f, { chunkBytes, window, timeoutMs, onWrite, progress });
+        } catch (e) {
+          if ((e as WavebusError).code === 'ERR_INJECTED') {
+            fatal = e as Error;
+            return;
+          }
+          throw e;
+        }
+        results.push(r);
+        if (r.status !== 'failed') dirs.add(path.dirname(f.local));
+        progress.doneFiles++;
+        opts.progress?.(progress);
+      }
+    };
+    await Promise.all(Array.from({ length: Math.max(1, parallelFiles) }, worker));
+    if (fatal) throw fatal;
+    for (const d of dirs) fsyncDir(d);
+
+    // 3. The manifest.
+    results.sort((a, b) => (a.root + a.path).localeCompare(b.root + b.path));
+    const present = ranks.filter((r) => listings[String(r)].answered && listings[String(r)].files > 0);
+    const missing = st.expectedRanks.filter((r) => !present.includes(r)).sort((a, b) => a - b);
+    const failed = results.filter((r) => r.status === 'failed');
+    const manifest: AggregateManifest = {
+      kind: AGGREGATE_KIND,
+      schema: 1,
+      coordinator: `${opts.coordinator.host}:${opts.coordinator.port}`,
+      what,
+      prefix,
+      call: opts.call ?? null,
+      created_unix_ms: Date.now(),
+      expected_ranks: [...st.expectedRanks].sort((a, b) => a - b),
+      live_ranks: [...st.liveRanks].sort((a, b) => a - b),
+      present_ranks: present,
+      missing_ranks: missing,
+      ranks: listings,
+      files: results,
+      refused,
+      conflicts,
+      totals: {
+        files: results.length,
+        bytes: results.reduce((n, r) => n + r.bytes, 0),
+        fetched_files: results.filter((r) => r.status === 'fetched' || r.status === 'resumed').length,
+        fetched_bytes: results.filter((r) => r.status === 'fetched' || r.status === 'resumed').reduce((n, r) => n + r.bytes, 0),
+        present_files: results.filter((r) => r.status === 'present').length,
+        failed_files: failed.length,
+        refused: refused.length,
+      },
+      complete: missing.length === 0 && failed.length === 0 && refused.length === 0 && results.every((r) => r.verified),
+    };
+    writeManifest(out, manifest);
+    return manifest;
+  } finally {
+    await client.close();
+  }
+}
+
+function writeManifest(out: string, manifest: AggregateManifest): void {
+  const final = path.join(out, AGGREGATE_MANIFEST);
+  const tmp = path.join(out, `.${AGGREGATE_MANIFEST}${PART_SUFFIX}`);
+  const fd = fs.openSync(tmp, 'w');
+  try {
+    fs.writeSync(fd, `${JSON.stringify(manifest, null, 2)}\n`);
+    fs.fsyncSync(fd);
+  } finally {
+    fs.closeSync(fd);
+  }
+  fs.renameSync(tmp, final);
+  fsyncDir(out);
+}
+
+interface FetchCtx {
+  chunkBytes: number;
+  window: number;
+  timeoutMs: number;
+  onWrite: (n: number) => void;
+  progress: AggregateProgress;
+}
+
+/** Fetch one file from the first of its listers that serves it whole. Never throws for a bad file. */
+async function fetchOne(client: RelayClient, f: Planned, ctx: FetchCtx): Promise<AggregatedFile> {
+  const base = { root: f.root, path: f.path, bytes: f.bytes, checksum: f.checksum, listedBy: f.listedBy };
+  // Already here and whole (a previous run): skip without asking anyone.
+  if (fs.existsSync(f.local)) {
+    const st = fs.statSync(f.local);
+    if (st.isFile() && st.size === f.bytes && fileCrc(f.local).crc === f.crc) {
+      ctx.progress.doneBytes += f.bytes;
+      return { ...base, rank: f.listedBy[0], status: 'present', verified: true };
+    }
+  }
+  fs.mkdirSync(path.dirname(f.local), { recursive: true });
+  const errors: string[] = [];
+  for (const rank of f.listedBy) {
+    // A resumed .part whose whole-file check fails is refetched from scratch once.
+    for (let attempt = 0; attempt < 2; attempt++) {
+      try {
+        const resumed = await fetchFile(client, rank, f, ctx, attempt === 0);
+        return { ...base, rank, status: resumed ? 'resumed' : 'fetched', verified: true };
+      } catch (e) {
+        if ((e as WavebusError).code === 'ERR_INJECTED') throw e;
+        const err = e as AggregateError;
+        errors.push(`rank ${rank}: ${err.message}`);
+        if (err.code !== 'ERR_RESUMED_MISMATCH') break;
+      }
+    }
+  }
+  return { ...base, rank: f.listedBy[0], status: 'failed', verified: false, error: errors.join('; ') };
+}
+
+/** Returns whether it resumed a .part. Throws AggregateError; the .part is kept only for resumable failures. */
+async function fetchFile(client: RelayClient, rank: number, f: Planned, ctx: FetchCtx, allowResume: boolean): Promise<boolean> {
+  const part = partName(f.local);
+  let start = 0;
+  // The running whole-file checksum; a resumed .part contributes what is already on disk.
+  let crc = 0;
+  if (allowResume && fs.existsSync(part)) {
+    const size = fs.statSync(part).size;
+    if (size <= f.bytes) {
+      start = size;
+      crc = fileCrc(part, size).crc;
+      ctx.progress.doneBytes += size;
+    }
+  }
+  const resumed = start > 0;
+  const fd = fs.openSync(part, start > 0 ? 'r+' : 'w');
+  let keepPart = true;
+  try {
+    if (start === 0) fs.ftruncateSync(fd, 0);
+    const offsets: number[] = [];
+    for (let o = start; o < f.bytes; o += ctx.chunkBytes) offsets.push(o);
+    const inflight: Promise<Buffer>[] = [];
+    let issued = 0;
+    const issue = () => {
+      const offset = offsets[issued++];
+      const length = Math.min(ctx.chunkBytes, f.bytes - offset);
+      inflight.push(fetchChunk(client, rank, f, offset, length, ctx.timeoutMs));
+    };
+    while (issued < offsets.length && inflight.length < ctx.window) issue();
+    let pos = start;
+    while (inflight.length > 0) {
+      const p = inflight.shift()!;
+      let data: Buffer;
+      try {
+        data = await p;
+      } catch (e) {
+        // Let the others settle so no reply lands after we return.
+        await Promise.allSettled(inflight);
+        throw e;
+      }
+      if (issued < offsets.length) issue();
+      let w = 0;
+      while (w < data.length) w += fs.writeSync(fd, data, w, data.length - w, pos + w);
+      crc = crc32c(data, crc);
+      pos += data.length;
+      try {
+        ctx.onWrite(data.length);
+      } catch (e) {
+        await Promise.allSettled(inflight);
+        throw e;
+      }
+    }
+    if (crc !== f.crc || pos !== f.bytes) {
+      keepPart = false;
+      throw new AggregateError(
+        `${f.root}/${f.path}: whole-file checksum ${formatChecksum(crc)} (${pos} bytes) does not match the listing's ${f.checksum} (${f.bytes} bytes); not written`,
+        resumed ? 'ERR_RESUMED_MISMATCH' : 'ERR_CHECKSUM',
+      );
+    }
+    fs.fsyncSync(fd);
+  } catch (e) {
+    fs.closeSync(fd);
+    // A checksum mismatch discards the .part; any other failure keeps it for the next run to resume.
+    if (!keepPart) fs.rmSync(part, { force: true });
+    throw e;
+  }
+  fs.closeSync(fd);
+  fs.renameSync(part, f.local);
+  return resumed;
+}
+
+async function fetchChunk(client: RelayClient, rank: number, f: Planned, offset: number, length: number, timeoutMs: number): Promise<Buffer> {
+  let last = '';
+  for (let attempt = 0; attempt < 3; attempt++) {
+    const c = await client.relay(rank, 'fileChunk', { root: f.root, path: f.path, offset, length }, timeoutMs);
+    const data: Buffer = c.data ?? Buffer.alloc(0);
+    if (Number(c.offset) !== offset) last = `chunk at ${c.offset}, asked for ${offset}`;
+    else if (crc32c(data) !== c.crc32c >>> 0) last = `chunk at ${offset}: crc32c mismatch`;
+    else if (data.length !== length) last = `chunk at ${offset}: ${data.length} bytes, asked for ${length} (the file changed since it was listed?)`;
+    else return data;
+    if (data.length !== length && crc32c(data) === c.crc32c >>> 0) break; // a short read will not heal
+  }
+  throw new AggregateError(`${f.root}/${f.path} from rank ${rank}: ${last}`, 'ERR_CHUNK');
+}

@@ -1,0 +1,88 @@
+// `wavebus aggregate`: pull every rank's bundles (through the coordinator) into one tree with a
+// manifest. Exit 0 only when no expected rank is missing and every file arrived verified.
+import type { CommandModule } from 'yargs';
+import { aggregate, MAX_CHUNK_MB, type AggregateProgress } from '../aggregate';
+import { parseHostPort } from '../bus/endpoints';
+import { ConfigError, WavebusError } from '../errors';
+
+function progressBar(): ((p: AggregateProgress) => void) | undefined {
+  if (!process.stderr.isTTY) return undefined;
+  const t0 = Date.now();
+  let last = 0;
+  return (p) => {
+    const now = Date.now();
+    if (now - last < 100 && p.doneFiles < p.totalFiles) return;
+    last = now;
+    const frac = p.totalBytes > 0 ? Math.min(1, p.doneBytes / p.totalBytes) : 1;
+    const width = 30;
+    const bar = '#'.repeat(Math.round(frac * width)).padEnd(width, ' ');
+    const mbps = p.doneBytes / 2 ** 20 / Math.max(0.001, (now - t0) / 1000);
+    process.stderr.write(
+      `\r[${bar}] ${(frac * 100).toFixed(0).padStart(3)}%  ${(p.doneBytes / 2 ** 20).toFixed(1)}/${(p.totalBytes / 2 ** 20).toFixed(1)} MiB  ${p.doneFiles}/${p.totalFiles} files  ${mbps.toFixed(1)} MiB/s `,
+    );
+  };
+}
+
+export const command: CommandModule = {
+  command: 'aggregate',
+  describe: 'Collect the bundles (KV dumps, snapshots) of every rank, through the coordinator, into one verified tree',
+  builder: (y) =>
+    y
+      .option('coordinator', { type: 'string', demandOption: true, describe: 'the coordinator HOST:PORT (its ROUTER is PORT+1)' })
+      .option('out', { type: 'string', demandOption: true, describe: 'output directory (DIR/dumps, DIR/snapshots, DIR/manifest.json)' })
+      .option('what', { type: 'string', default: 'all', choices: ['all', 'snapshots', 'dumps'], describe: 'which roots to collect' })
+      .option('prefix', { type: 'string', default: '', describe: 'relative path prefix under each root, e.g. token_repeat/req-1/wave_12 or <hash>/' })
+      .option('call', { type: 'string', describe: 'snapshots: keep only call<N> directories' })
+      .option('chunk-mb', { type: 'string', default: String(MAX_CHUNK_MB), describe: `chunk size in MiB (at most ${MAX_CHUNK_MB})` })
+      .option('window', { type: 'string', default: '4', describe: 'chunks in flight per file' })
+      .option('timeout-ms', { type: 'string', default: '30000', describe: 'per relayed request' })
+      .option('json', { type: 'boolean', default: false, describe: 'print the manifest as JSON on stdout' }),
+  handler: async (argv) => {
+    try {
+      const coordinator = parseHostPort(String(argv.coordinator), '--coordinator');
+      const num = (flag: string, raw: unknown, min: number, max = Infinity): number => {
+        const n = Number(String(raw).trim());
+        if (!Number.isFinite(n) || String(raw).trim() === '' || n < min || n > max) {
+          throw new ConfigError(`--${flag}: expected a number in [${min}, ${max}], got ${JSON.stringify(raw)}`);
+        }
+        return n;
+      };
+      const chunkMb = num('chunk-mb', argv['chunk-mb'], 1 / 1024, MAX_CHUNK_MB);
+      const call = argv.call === undefined ? undefined : num('call', argv.call, 0);
+      if (call !== undefined && !Number.isInteger(call)) throw new ConfigError(`--call: expected an integer, got ${JSON.stringify(argv.call)}`);
+      const m = await aggregate({
+        coordinator,
+        out: String(argv.out),
+        what: argv.what as 'all' | 'snapshots' | 'dumps',
+        prefix: String(argv.prefix ?? ''),
+        call,
+        chunkBytes: Math.floor(chunkMb * 2 ** 20),
+        window: Math.floor(num('window', argv.window, 1, 64)),
+        requestTimeoutMs: num('timeout-ms', argv['timeout-ms'], 1),
+        progress: progressBar(),
+      });
+      if (process.stderr.isTTY) process.stderr.write('\n');
+      if (argv.json) {
+        process.stdout.write(`${JSON.stringify(m, null, 2)}\n`);
+      } else {
+        const t = m.totals;
+        process.stdout.write(
+          `${t.files} file(s), ${t.bytes} bytes: ${t.fetched_files} fetched, ${t.present_files} already present, ${t.failed_files} failed, ${t.refused} refused\n` +
+            `ranks: expected ${m.expected_ranks.join(',') || '-'}  present ${m.present_ranks.join(',') || '-'}  missing ${m.missing_ranks.join(',') || '-'}\n` +
+            `manifest: ${String(argv.out)}/manifest.json\n`,
+        );
+      }
+      for (const r of m.missing_ranks) {
+        const l = m.ranks[String(r)];
+        process.stderr.write(`wavebus aggregate: rank ${r} missing${l?.errors.length ? ` (${l.errors.join('; ')})` : ' (listed no files)'}\n`);
+      }
+      for (const f of m.files.filter((x) => x.status === 'failed')) process.stderr.write(`wavebus aggregate: ${f.root}/${f.path} failed: ${f.error}\n`);
+      for (const r of m.refused) process.stderr.write(`wavebus aggregate: refused ${r.root} path ${JSON.stringify(r.path)} from rank ${r.rank}: ${r.reason}\n`);
+      for (const c of m.conflicts) process.stderr.write(`wavebus aggregate: conflict on ${c.root}/${c.path}: ${c.detail}\n`);
+      process.exit(m.complete ? 0 : 1);
+    } catch (e) {
+      process.stderr.write(`wavebus aggregate: ${(e as Error).message}\n`);
+      process.exit(e instanceof ConfigError ? 2 : e instanceof WavebusError && e.code === 'ERR_TIMEOUT' ? 3 : 1);
+    }
+  },
+};
