@@ -166,8 +166,10 @@ export async function runDemo(opts: DemoOptions): Promise<{ ok: boolean; summary
           '--tp', String(opts.tp), '--pp', String(opts.pp), '--dp', String(opts.dp),
           '--coordinator-arg=--runtime-config-path', `--coordinator-arg=${configPath}`,
           '--coordinator-arg=--runtime-config-hot-reload',
+          // A shared 2-core machine can delay a wave vector by tens of ms; real forwards are longer.
+          '--agent-arg=--end-of-wave-timeout-ms', '--agent-arg=250',
           '--',
-          process.execPath, bin, 'sim', '--steps', String(opts.steps), '--step-ms', '15',
+          process.execPath, bin, 'sim', '--steps', String(opts.steps), '--step-ms', '40',
           '--faults', JSON.stringify(DEMO_FAULTS), '--result-dir', resultDir, '--start-at', String(startAt),
         ],
         env,

@@ -110,3 +110,102 @@ export async function cleanup(): Promise<void> {
   children.clear();
   for (const d of dirs.splice(0)) fs.rmSync(d, { recursive: true, force: true });
 }
+
+// ---------------------------------------------------------------- appended: ports pairs, root-only fixtures
+
+/** A base port P with P and P+1 both free on 127.0.0.1 (the bus binds PUB on P, ROUTER on P+1). */
+export async function freePortPair(): Promise<number> {
+  for (let i = 0; i < 50; i++) {
+    const p = await freePort();
+    if (p >= 65534) continue;
+    const ok = await new Promise<boolean>((resolve) => {
+      const s = net.createServer();
+      s.once('error', () => resolve(false));
+      s.listen(p + 1, '127.0.0.1', () => s.close(() => resolve(true)));
+    });
+    if (ok) return p;
+  }
+  throw new Error('no free pair of adjacent ports on 127.0.0.1');
+}
+
+/** Run a system command synchronously; throws with its stderr when it fails. */
+export function sh(cmd: string, args: string[], opts: { timeout?: number } = {}): string {
+  const r = spawnSync(cmd, args, { encoding: 'utf8', timeout: opts.timeout ?? 20000 });
+  if (r.status !== 0) throw new Error(`${cmd} ${args.join(' ')} exited ${r.status ?? r.signal}: ${(r.stderr || r.error?.message || '').trim()}`);
+  return r.stdout;
+}
+
+/** Mount/netns fixtures need root; CI runs as root. Returns why not, or undefined when they can run. */
+export function rootOnlyReason(): string | undefined {
+  return process.getuid?.() === 0 ? undefined : `needs root (uid ${process.getuid?.()}): mounts and network namespaces`;
+}
+
+const mounts: string[] = [];
+
+/** Mount a tmpfs of `size` (e.g. '1m') at `dir`, read-only when asked; unmounted by cleanupMounts(). */
+export function mountTmpfs(dir: string, size: string, opts: { readOnly?: boolean } = {}): void {
+  fs.mkdirSync(dir, { recursive: true });
+  sh('mount', ['-t', 'tmpfs', '-o', `size=${size}${opts.readOnly ? ',ro' : ''}`, 'tmpfs', dir]);
+  mounts.push(dir);
+}
+
+export function cleanupMounts(): void {
+  for (const d of mounts.splice(0).reverse()) spawnSync('umount', ['-l', d]);
+}
+
+/**
+ * Two network namespaces joined by a veth pair in a private /30 that exists only inside them:
+ * `a` has `addrA`, `b` has `addrB`, each with `lo` up. Names are unique per test process.
+ */
+export interface NetnsPair {
+  a: string;
+  b: string;
+  vethA: string;
+  vethB: string;
+  addrA: string;
+  addrB: string;
+}
+
+const namespaces: string[] = [];
+
+export function createNetnsPair(index = 0): NetnsPair {
+  const tag = `wb${process.pid % 100000}${String.fromCharCode(97 + (index % 26))}`;
+  const p: NetnsPair = { a: `${tag}a`, b: `${tag}b`, vethA: `${tag}va`, vethB: `${tag}vb`, addrA: '', addrB: '' };
+  // 10.213.<x>.{1,2}/30: x from the pid, so parallel test runs on one machine do not collide
+  // (each pair lives in its own namespaces anyway; the addresses never reach the host's stack).
+  const x = (process.pid + index * 7) % 63;
+  p.addrA = `10.213.${x}.1`;
+  p.addrB = `10.213.${x}.2`;
+  for (const ns of [p.a, p.b]) {
+    spawnSync('ip', ['netns', 'del', ns]); // a leftover of a killed run with the same pid
+    sh('ip', ['netns', 'add', ns]);
+    namespaces.push(ns);
+    sh('ip', ['-n', ns, 'link', 'set', 'lo', 'up']);
+  }
+  sh('ip', ['link', 'add', p.vethA, 'netns', p.a, 'type', 'veth', 'peer', 'name', p.vethB, 'netns', p.b]);
+  sh('ip', ['-n', p.a, 'addr', 'add', `${p.addrA}/30`, 'dev', p.vethA]);
+  sh('ip', ['-n', p.b, 'addr', 'add', `${p.addrB}/30`, 'dev', p.vethB]);
+  sh('ip', ['-n', p.a, 'link', 'set', p.vethA, 'up']);
+  sh('ip', ['-n', p.b, 'link', 'set', p.vethB, 'up']);
+  return p;
+}
+
+/** Start a process inside network namespace `ns` (tracked like spawnTracked). */
+export function spawnInNetns(ns: string, cmd: string, args: string[], opts: SpawnOptions = {}): Spawned {
+  return spawnTracked('ip', ['netns', 'exec', ns, cmd, ...args], opts);
+}
+
+/** Kill every process left in our namespaces (launch sidecars live in their own process groups), then delete them. */
+export function cleanupNetns(): void {
+  for (const ns of namespaces.splice(0)) {
+    const r = spawnSync('ip', ['netns', 'pids', ns], { encoding: 'utf8' });
+    for (const pid of (r.stdout ?? '').split(/\s+/).filter(Boolean)) {
+      try {
+        process.kill(Number(pid), 'SIGKILL');
+      } catch {
+        /* gone */
+      }
+    }
+    spawnSync('ip', ['netns', 'del', ns]);
+  }
+}

@@ -4,7 +4,7 @@ import { inspectTree } from '../inspect';
 
 export const command: CommandModule = {
   command: 'inspect <dir>',
-  describe: 'List bundles (KV dumps, snapshots) under DIR; --verify checks every checksum and rank',
+  describe: 'List bundles (KV dumps, snapshots, dump waves, aggregates) under DIR; --verify checks every checksum; exits 1 on any missing rank or file, or corruption',
   builder: (y) =>
     y
       .positional('dir', { type: 'string', demandOption: true })
@@ -16,11 +16,13 @@ export const command: CommandModule = {
       process.stdout.write(`${JSON.stringify(r, null, 2)}\n`);
     } else {
       for (const b of r.bundles) {
-        const dtypes = [...new Set(b.tensors.map((t) => t.dtype))].join(',');
+        const dtypes = b.dtypes.join(',');
         const shapes = [...new Set(b.tensors.map((t) => `[${t.shape.join(',')}]`))].slice(0, 3).join(' ');
         process.stdout.write(`${b.kind.padEnd(10)} ${b.dir}  ranks=${b.ranks.join(',') || '-'}  files=${b.files.length}  bytes=${b.bytes}${dtypes ? `  dtypes=${dtypes}` : ''}${shapes ? `  shapes=${shapes}` : ''}${b.problems.length ? '  PROBLEM' : ''}\n`);
       }
       for (const i of r.incomplete) process.stdout.write(`incomplete ${i} (a writer was interrupted; never under a final name)\n`);
+      const bad = r.bundles.filter((b) => b.problems.length > 0).length;
+      if (bad > 0) process.stdout.write(`${bad} bundle(s) with problems\n`);
       for (const p of r.problems) process.stderr.write(`wavebus inspect: ${p}\n`);
       process.stdout.write(`${r.bundles.length} bundle(s), ${r.problems.length} problem(s)\n`);
     }

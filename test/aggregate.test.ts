@@ -1,0 +1,320 @@
+// `wavebus aggregate` end to end: a real coordinator, real agents (AgentBus + FileServer) serving
+// real bundles written with Bundle, real ZeroMQ relay, real files. Agents on two simulated hosts.
+import * as fs from 'fs';
+import * as net from 'net';
+import * as path from 'path';
+import { aggregate, localPathFor, type AggregateManifest } from '../src/aggregate';
+import { FileServer } from '../src/agent/file-server';
+import { Bundle } from '../src/bundle';
+import { AgentBus, type RequestHandler } from '../src/bus/agent-bus';
+import { Coordinator, requestStatus } from '../src/bus/coordinator';
+import type { CoordinatorMsg } from '../src/bus/frames';
+import { resolveIdentity, type WorldLayout } from '../src/identity';
+import { inspectTree } from '../src/inspect';
+import { createLogger } from '../src/log';
+import { Tensor } from '../src/tensor';
+import { cleanup, freePort, spawnWavebus, tmpDir, waitFor } from './helpers';
+
+const quiet = createLogger('aggregate-test', 'silent');
+const layout: WorldLayout = { worldSize: 4, tp: 4, pp: 1, dp: 1, cp: 1 };
+const WAVE = 'token_repeat/req-1/wave_5';
+
+function portFree(port: number): Promise<boolean> {
+  return new Promise((resolve) => {
+    const s = net.createServer();
+    s.once('error', () => resolve(false));
+    s.listen(port, '127.0.0.1', () => s.close(() => resolve(true)));
+  });
+}
+async function busPort(): Promise<number> {
+  for (;;) {
+    const p = await freePort();
+    if (p < 65535 && (await portFree(p + 1))) return p;
+  }
+}
+
+function pattern(n: number, seed: number): Buffer {
+  const b = Buffer.allocUnsafe(n);
+  let x = seed * 2654435761 + 1;
+  for (let i = 0; i < n; i++) {
+    x = (x * 1103515245 + 12345) >>> 0;
+    b[i] = x >>> 24;
+  }
+  return b;
+}
+
+/** One rank's KV dump bundle and snapshot call, as the agent would write them. */
+async function writeRankBundles(hostRoot: string, rank: number, bigBytes = 0): Promise<void> {
+  const dumpDir = path.join(hostRoot, 'dumps', WAVE, `rank${rank}`);
+  const b = Bundle.begin(dumpDir);
+  const files = [];
+  for (let l = 0; l < 2; l++) {
+    const k = Tensor.fromBuffer('bfloat16', [2, 4, 1, 8], pattern(2 * 4 * 8 * 2, rank * 10 + l));
+    const v = Tensor.fromBuffer('bfloat16', [2, 4, 1, 8], pattern(2 * 4 * 8 * 2, rank * 10 + l + 100));
+    files.push(await b.writeTensor(`model.layers.${l}.self_attn.pt`, 'pt', { layer: `model.layers.${l}.self_attn`, k, v }));
+  }
+  if (bigBytes > 0) files.push(await b.writeTensor('big.npy', 'npy', Tensor.fromBuffer('uint8', [bigBytes], pattern(bigBytes, rank + 7))));
+  await b.commit({ name: 'dump.json', value: { schema: 1, req_id: 'req-1', incident_type: 'token_repeat', arm_wave: 5, format: 'pt', identity: { global_rank: rank, tp_rank: rank, tp_size: 4 }, files } });
+  const snap = Bundle.begin(path.join(hostRoot, 'snapshots', 'hashA', `rank${rank}`, 'call3'));
+  const t0 = await snap.writeTensor('tensor0.npy', 'npy', Tensor.fromBuffer('int32', [8], pattern(32, rank + 50)));
+  await snap.commit({ name: 'meta.json', value: { schema: 1, hash: 'hashA', global_rank: rank, call_index: 3, format: 'npy', inputs: [{ index: 0, dtype: 'int32', shape: [8] }], files: [{ name: 'tensor0.npy', bytes: t0.bytes, checksum: t0.checksum }] } });
+}
+
+interface Job {
+  port: number;
+  coord: Coordinator;
+  agents: AgentBus[];
+  hosts: string[];
+  hostOf: (rank: number) => string;
+}
+
+const running: Job[] = [];
+
+/** Ranks 0,1 on host A, ranks 2,3 on host B; `handlers` replaces a rank's request handler. */
+async function startJob(opts: { ranks?: number[]; bigBytes?: number; handlers?: Record<number, (fs: FileServer) => RequestHandler> } = {}): Promise<Job> {
+  const port = await busPort();
+  const hosts = [tmpDir('wavebus-agg-hostA-'), tmpDir('wavebus-agg-hostB-')];
+  const hostOf = (r: number) => hosts[r < 2 ? 0 : 1];
+  for (let r = 0; r < 4; r++) await writeRankBundles(hostOf(r), r, r === 1 ? opts.bigBytes ?? 0 : 0);
+  // The coordinator's host (A) also holds the wave's request_info.json.
+  fs.writeFileSync(path.join(hosts[0], 'dumps', WAVE, 'request_info.json'), JSON.stringify({ req_id: 'req-1', expected_ranks: [0, 1, 2, 3] }));
+  const coord = new Coordinator({ port, layout, heartbeatMs: 100, deadAfterMs: 1500, logger: quiet });
+  await coord.start();
+  const agents: AgentBus[] = [];
+  for (const r of opts.ranks ?? [0, 1, 2, 3]) {
+    const identity = resolveIdentity({}, { rank: r, worldSize: 4, tp: 4, pp: 1 });
+    const bus = new AgentBus({ coordinator: { host: '127.0.0.1', port }, identity, heartbeatMs: 100, deadAfterMs: 5000, logger: quiet });
+    const server = new FileServer(r, () => ({ dumps: path.join(hostOf(r), 'dumps'), snapshots: path.join(hostOf(r), 'snapshots') }), quiet);
+    bus.onRequest(opts.handlers?.[r]?.(server) ?? ((req) => server.handle(req)));
+    await bus.start();
+    agents.push(bus);
+  }
+  const want = (opts.ranks ?? [0, 1, 2, 3]).length;
+  await waitFor(async () => (await requestStatus({ host: '127.0.0.1', port })).liveRanks.length === want, 'agents live');
+  const job = { port, coord, agents, hosts, hostOf };
+  running.push(job);
+  return job;
+}
+
+afterEach(async () => {
+  for (const j of running.splice(0)) {
+    await Promise.all(j.agents.map((a) => a.stop()));
+    await j.coord.stop();
+  }
+  await cleanup();
+});
+
+/** Every file under `src` equals the same relative file under `dst`. Returns how many. */
+function expectSameFiles(src: string, dst: string): number {
+  let n = 0;
+  const walk = (d: string) => {
+    for (const e of fs.readdirSync(d, { withFileTypes: true })) {
+      const p = path.join(d, e.name);
+      if (e.isDirectory()) walk(p);
+      else {
+        const q = path.join(dst, path.relative(src, p));
+        expect(fs.existsSync(q) ? q : `missing ${q}`).toBe(q);
+        expect(fs.readFileSync(q).equals(fs.readFileSync(p))).toBe(true);
+        n++;
+      }
+    }
+  };
+  walk(src);
+  return n;
+}
+
+function listTree(root: string): string[] {
+  const out: string[] = [];
+  const walk = (d: string) => {
+    for (const e of fs.readdirSync(d, { withFileTypes: true })) {
+      const p = path.join(d, e.name);
+      if (e.isDirectory()) walk(p);
+      else out.push(path.relative(root, p));
+    }
+  };
+  if (fs.existsSync(root)) walk(root);
+  return out.sort();
+}
+
+describe('localPathFor (untrusted names)', () => {
+  test('refuses traversal, absolute paths, NUL and hidden names; keeps ordinary ones under the root', () => {
+    const out = '/tmp/agg-out';
+    for (const bad of ['../../evil', '/etc/passwd', 'a/../../x', 'a/./b', 'ok\0bad', '.hidden', 'a//b', '', 'x/.y.part']) {
+      expect('reason' in localPathFor(out, 'dumps', bad)).toBe(true);
+    }
+    expect(localPathFor(out, 'dumps', 7 as unknown as string)).toHaveProperty('reason');
+    expect(localPathFor(out, 'dumps', 'a/rank0/x.pt')).toEqual({ path: '/tmp/agg-out/dumps/a/rank0/x.pt' });
+  });
+});
+
+describe('aggregate', () => {
+  test('collects every rank from both hosts byte for byte, manifest lists all ranks; inspect agrees', async () => {
+    const job = await startJob({ bigBytes: 9 * 2 ** 20 + 123 }); // a multi-chunk file
+    const out = tmpDir('wavebus-agg-out-');
+    const m = await aggregate({ coordinator: { host: '127.0.0.1', port: job.port }, out, chunkBytes: 2 ** 20, window: 3 });
+    expect(m.complete).toBe(true);
+    expect(m.expected_ranks).toEqual([0, 1, 2, 3]);
+    expect(m.present_ranks).toEqual([0, 1, 2, 3]);
+    expect(m.missing_ranks).toEqual([]);
+    expect(m.refused).toEqual([]);
+    expect(m.files.every((f) => f.verified && f.status === 'fetched')).toBe(true);
+    // Ranks on one host share a filesystem: each file is fetched once, and both listers recorded.
+    const big = m.files.find((f) => f.path.endsWith('rank1/big.npy'))!;
+    expect(big.bytes).toBeGreaterThan(9 * 2 ** 20);
+    expect(big.listedBy.sort()).toEqual([0, 1]);
+    let n = 0;
+    for (const h of job.hosts) {
+      n += expectSameFiles(path.join(h, 'dumps'), path.join(out, 'dumps'));
+      n += expectSameFiles(path.join(h, 'snapshots'), path.join(out, 'snapshots'));
+    }
+    expect(m.totals.files).toBe(n);
+    expect(m.totals.bytes).toBe(m.files.reduce((s, f) => s + f.bytes, 0));
+    expect(listTree(out).filter((p) => p.endsWith('.part'))).toEqual([]);
+    const onDisk = JSON.parse(fs.readFileSync(path.join(out, 'manifest.json'), 'utf8')) as AggregateManifest;
+    expect(onDisk.kind).toBe('wavebus_aggregate');
+    expect(onDisk.totals).toEqual(m.totals);
+    // The aggregated tree is a valid tree for inspect: four rank bundles, four snapshot calls, verified.
+    const r = inspectTree(out, { verify: true });
+    expect(r.problems).toEqual([]);
+    expect(r.bundles.filter((b) => b.kind === 'kv_dump').map((b) => b.ranks[0]).sort()).toEqual([0, 1, 2, 3]);
+    expect(r.bundles.filter((b) => b.kind === 'snapshot')).toHaveLength(4);
+
+    // A second run finds everything present and fetches nothing.
+    const again = await aggregate({ coordinator: { host: '127.0.0.1', port: job.port }, out });
+    expect(again.complete).toBe(true);
+    expect(again.totals.fetched_files).toBe(0);
+    expect(again.totals.present_files).toBe(n);
+  });
+
+  test('a prefix and a call filter select one incident / one snapshot call', async () => {
+    const job = await startJob();
+    const out = tmpDir('wavebus-agg-out-');
+    const m = await aggregate({ coordinator: { host: '127.0.0.1', port: job.port }, out, what: 'dumps', prefix: WAVE });
+    expect(m.complete).toBe(true);
+    expect(listTree(path.join(out, 'dumps')).every((p) => p.startsWith(WAVE))).toBe(true);
+    expect(fs.existsSync(path.join(out, 'snapshots'))).toBe(false);
+    expect(listTree(path.join(out, 'dumps', WAVE)).filter((p) => p.endsWith('dump.json'))).toHaveLength(4);
+    const out2 = tmpDir('wavebus-agg-out-');
+    const s = await aggregate({ coordinator: { host: '127.0.0.1', port: job.port }, out: out2, what: 'snapshots', prefix: 'hashA/', call: 3 });
+    expect(s.complete).toBe(true);
+    expect(listTree(out2).filter((p) => p !== 'manifest.json')).toHaveLength(8);
+    const none = await aggregate({ coordinator: { host: '127.0.0.1', port: job.port }, out: tmpDir('wavebus-agg-out-'), what: 'snapshots', call: 4 });
+    expect(none.totals.files).toBe(0);
+  });
+
+  test('CLI: a rank that is not live is listed missing and the exit code is non-zero', async () => {
+    const job = await startJob({ ranks: [0, 1, 2] });
+    const out = tmpDir('wavebus-agg-out-');
+    const p = spawnWavebus(['aggregate', '--coordinator', `127.0.0.1:${job.port}`, '--out', out, '--json']);
+    const { code } = await p.exited;
+    expect(code).toBe(1);
+    const m = JSON.parse(p.stdout()) as AggregateManifest;
+    expect(m.missing_ranks).toEqual([3]);
+    expect(m.present_ranks).toEqual([0, 1, 2]);
+    expect(m.ranks['3'].errors.join(' ')).toMatch(/not live/);
+    expect(p.stderr()).toMatch(/rank 3 missing/);
+    // Rank 3 lives on host B with rank 2, which served its files: the data is here even so.
+    expect(fs.existsSync(path.join(out, 'dumps', WAVE, 'rank3', 'dump.json'))).toBe(true);
+    // inspect sees the aggregate manifest's missing rank and fails, naming it.
+    const r = inspectTree(out);
+    expect(r.problems.join('\n')).toMatch(/rank 3 missing/);
+
+    const ok = spawnWavebus(['aggregate', '--coordinator', `127.0.0.1:${job.port}`, '--out', tmpDir('wavebus-agg-out-'), '--what', 'snapshots', '--chunk-mb', '9']);
+    expect((await ok.exited).code).toBe(2);
+    expect(ok.stderr()).toMatch(/--chunk-mb/);
+  });
+
+  test('interrupted, then rerun: completes without re-fetching finished files; the partial file resumes', async () => {
+    const chunkRequests = new Map<string, number>();
+    const counting = (server: FileServer): RequestHandler => async (req: CoordinatorMsg) => {
+      if (req.body === 'fileChunk') chunkRequests.set(req.fileChunk.path, (chunkRequests.get(req.fileChunk.path) ?? 0) + 1);
+      return server.handle(req);
+    };
+    const big = 6 * 2 ** 20;
+    const job = await startJob({ bigBytes: big, handlers: { 0: counting, 1: counting, 2: counting, 3: counting } });
+    const out = tmpDir('wavebus-agg-out-');
+    const coordinator = { host: '127.0.0.1', port: job.port };
+    // Sequential, 1 MiB chunks: the big file (sorted after the layer files of rank 0) breaks half-way.
+    const injected = aggregate({ coordinator, out, what: 'dumps', chunkBytes: 2 ** 20, window: 1, parallelFiles: 1, failAfterBytes: 3 * 2 ** 20 + 200000 });
+    await expect(injected).rejects.toThrow(/injected failure/);
+    const bigRel = path.join('dumps', WAVE, 'rank1', 'big.npy');
+    expect(fs.existsSync(path.join(out, bigRel))).toBe(false); // never partial under its final name
+    const part = path.join(out, 'dumps', WAVE, 'rank1', '.big.npy.part');
+    expect(fs.existsSync(part)).toBe(true);
+    const partBytes = fs.statSync(part).size;
+    expect(partBytes).toBeGreaterThan(0);
+    const before = listTree(out).filter((p) => p.startsWith('dumps/') && !p.endsWith('.part'));
+    expect(before.length).toBeGreaterThan(0);
+
+    chunkRequests.clear();
+    const m = await aggregate({ coordinator, out, what: 'dumps', chunkBytes: 2 ** 20, window: 2 });
+    expect(m.complete).toBe(true);
+    for (const rel of before) {
+      const f = m.files.find((x) => path.join('dumps', x.path) === rel)!;
+      expect(f.status).toBe('present');
+      expect(chunkRequests.get(f.path) ?? 0).toBe(0);
+    }
+    const bigEntry = m.files.find((f) => f.path.endsWith('rank1/big.npy'))!;
+    expect(bigEntry.status).toBe('resumed');
+    // Only the rest of the big file was asked for.
+    expect(chunkRequests.get(bigEntry.path)).toBe(Math.ceil((bigEntry.bytes - partBytes) / 2 ** 20));
+    for (const h of job.hosts) expectSameFiles(path.join(h, 'dumps'), path.join(out, 'dumps'));
+    expect(fs.existsSync(part)).toBe(false);
+  });
+
+  test('a file corrupted after listing fails its whole-file checksum: reported, never under its final name', async () => {
+    let flipped = false;
+    const corrupting = (server: FileServer): RequestHandler => async (req: CoordinatorMsg) => {
+      const reply = await server.handle(req);
+      if (req.body === 'fileList' && !flipped) {
+        // Flip one byte of a served layer file after its checksum went out in the listing.
+        const f = path.join(server['roots']().dumps!, WAVE, 'rank2', 'model.layers.1.self_attn.pt');
+        const b = fs.readFileSync(f);
+        b[b.length - 40] ^= 0x10;
+        fs.writeFileSync(f, b);
+        flipped = true;
+      }
+      return reply;
+    };
+    const job = await startJob({ ranks: [2, 0, 1, 3], handlers: { 2: corrupting } });
+    const out = tmpDir('wavebus-agg-out-');
+    const m = await aggregate({ coordinator: { host: '127.0.0.1', port: job.port }, out, what: 'dumps' });
+    expect(m.complete).toBe(false);
+    const bad = m.files.find((f) => f.path.endsWith('rank2/model.layers.1.self_attn.pt'))!;
+    expect(bad.status).toBe('failed');
+    expect(bad.verified).toBe(false);
+    expect(bad.error).toMatch(/whole-file checksum crc32c:[0-9a-f]{8} .* does not match the listing's crc32c:[0-9a-f]{8}/);
+    const local = path.join(out, 'dumps', bad.path);
+    expect(fs.existsSync(local)).toBe(false);
+    expect(listTree(out).filter((p) => p.endsWith('.part'))).toEqual([]);
+    expect(m.totals.failed_files).toBe(1);
+    // Everything else arrived.
+    expect(m.files.filter((f) => f.status === 'fetched')).toHaveLength(m.files.length - 1);
+  });
+
+  test('a rogue agent listing ../../evil and friends: refused, counted, never written or requested', async () => {
+    const asked: string[] = [];
+    const rogue = (server: FileServer): RequestHandler => async (req: CoordinatorMsg) => {
+      if (req.body === 'fileList') {
+        const real = (await server.handle(req)) as { fileList: { files: unknown[] } };
+        const evil = ['../../evil', '../evil2', '/tmp/evil-abs', 'ok/../../../evil3', 'nul\0name', '.hidden', 'a//b'].map((p) => ({ path: p, bytes: 4, checksum: 'crc32c:00000000' }));
+        return { fileList: { globalRank: 3, files: [...real.fileList.files, ...evil, { path: 'fine.bin', bytes: 3, checksum: 'not-a-checksum' }] } };
+      }
+      if (req.body === 'fileChunk') asked.push(req.fileChunk.path);
+      return server.handle(req);
+    };
+    const job = await startJob({ handlers: { 3: rogue } });
+    const base = tmpDir('wavebus-agg-rogue-');
+    const out = path.join(base, 'a', 'b', 'out');
+    const m = await aggregate({ coordinator: { host: '127.0.0.1', port: job.port }, out, what: 'dumps' });
+    expect(m.refused.map((r) => r.path).sort()).toEqual(['../../evil', '../evil2', '.hidden', '/tmp/evil-abs', 'a//b', 'fine.bin', 'nul\\0name', 'ok/../../../evil3'].sort());
+    expect(m.refused.every((r) => r.rank === 3)).toBe(true);
+    expect(m.totals.refused).toBe(8);
+    expect(m.complete).toBe(false);
+    expect(asked.filter((p) => /evil|hidden|nul|fine/.test(p))).toEqual([]);
+    expect(listTree(base).filter((p) => /evil|hidden|nul|fine/.test(p))).toEqual([]);
+    expect(fs.existsSync('/tmp/evil-abs')).toBe(false);
+    // The honest part of the listing still arrived.
+    expect(m.files.every((f) => f.verified)).toBe(true);
+  });
+});
