@@ -7,8 +7,10 @@
         "native/coded_error.cc",
         "native/copy_worker.cc",
         "native/crc32c.cc",
+        "native/crc_pair.cc",
         "native/cuda_backend.cc",
         "native/cuda_region.cc",
+        "native/file_writer.cc",
         "native/host_memory.cc",
         "native/mailbox.cc",
         "native/shm_segment.cc"

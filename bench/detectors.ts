@@ -1,14 +1,22 @@
 // Coordinator-side cost of the runtime guard per wave head with every detector on:
 // `wavebus bench detectors --requests 1024 --steps 500 --json`. Each running request produces one
-// token per step with its log-prob and rank, and speculative stats; the streams are healthy (no
-// hits), as in production. Target: ≤ 100 µs of CPU per step for 1024 requests.
+// token per step with its log-prob and rank, speculative stats and its block ids; the streams are
+// healthy (no hits), as in production. Target: ≤ 100 µs of guard CPU per step for 1024 requests.
+// Three figures, each the CPU time (process.cpuUsage: all threads, GC included) per step:
+//  - cpu_us_per_step: Guard.onWaveHead alone, on prebuilt telemetry objects;
+//  - decode_us_per_step: decoding the wave-head AgentMessage that carries the telemetry, as the
+//    coordinator does (decodeAgentMessage); decode_generic_us_per_step: protobufjs decode +
+//    toObject of the same bytes, for comparison;
+//  - coordinator_us_per_step: both in one loop (decode, then the guard on what was decoded).
 import * as fs from 'fs';
 import * as os from 'os';
 import * as path from 'path';
 import pino from 'pino';
+import { decodeAgentMessage, encodeAgentMessage } from '../src/bus/frames';
 import { Guard } from '../src/guard/guard';
 import { parseStartupOptions } from '../src/guard/startup';
 import type { RequestStep, StepTelemetry } from '../src/messages';
+import { AgentMessage, decode } from '../src/proto';
 
 function flag(argv: string[], name: string, def: number): number {
   const i = argv.indexOf(`--${name}`);
@@ -19,9 +27,21 @@ function flag(argv: string[], name: string, def: number): number {
   return v;
 }
 
+const MAX_FRAME = 1 << 28;
+
+function cpuUs(since: NodeJS.CpuUsage): number {
+  const c = process.cpuUsage(since);
+  return c.user + c.system;
+}
+
+function perStep(us: number, steps: number): number {
+  return Math.round((us / steps) * 10) / 10;
+}
+
 export async function run(argv: string[]): Promise<Record<string, unknown>> {
   const requests = flag(argv, 'requests', 1024);
   const steps = flag(argv, 'steps', 500);
+  const blocks = flag(argv, 'blocks', 16); // KV blocks per request (~256 tokens of context at block size 16)
   const warmup = 300; // let the optimising compiler settle before timing
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'wavebus-bench-detectors-'));
   try {
@@ -34,7 +54,7 @@ export async function run(argv: string[]): Promise<Record<string, unknown>> {
       },
     };
     const startup = parseStartupOptions(JSON.stringify({ runtime_config }), {}, dir);
-    const guard = new Guard({ startup, rank: 0, expectedRanks: [0], log: pino({ level: 'silent' }) });
+    const newGuard = () => new Guard({ startup, rank: 0, expectedRanks: [0], log: pino({ level: 'silent' }) });
     // PERIOD prebuilt telemetry variants, cycled: no per-step setup inside the timed loop, and a
     // token comes back only every PERIOD steps, beyond token_repeat's window (healthy, no hits).
     const PERIOD = 64;
@@ -43,44 +63,80 @@ export async function run(argv: string[]): Promise<Record<string, unknown>> {
       const reqs: RequestStep[] = [];
       for (let r = 0; r < requests; r++) {
         reqs.push({
-          reqId: `req-${r}`,
+          reqId: `cmpl-${r.toString(16).padStart(8, '0')}-0`,
           newTokenIds: [(v * 7919 + r * 104729) % 50021],
           newTokenLogprobs: [-0.2 - ((v + r) % 7) * 0.15],
           newTokenRanks: [(v + r) % 3],
           draftLen: 3,
           accepted: 2 + ((v + r) % 2), // one or two of three drafts accepted: rate 0.5, far from both edges
-          blockIds: [r * 4, r * 4 + 1, r * 4 + 2, r * 4 + 3],
+          blockIds: Array.from({ length: blocks }, (_, k) => r * blocks + k),
           finished: false,
           freed: false,
           promptLen: 128,
-          numOutputTokens: 0,
+          numOutputTokens: 200 + v,
         });
       }
-      variants.push({ wave: 0, requests: reqs, nonFinite: [] });
+      variants.push({ wave: v, requests: reqs, nonFinite: [] });
     }
+    // The same telemetry as the coordinator receives it: a wave-head AgentMessage per variant.
+    const frames = variants.map((t, v) => encodeAgentMessage({ globalRank: 0, epochSeen: 1, requestId: 0, waveHead: { wave: v + 1, telemetry: t } }));
+    const telemetryOf = (bytes: Buffer): StepTelemetry => {
+      const d = decodeAgentMessage(bytes, MAX_FRAME);
+      if (!d.ok || !d.value.waveHead?.telemetry) throw new Error(`bench frame did not decode: ${d.ok ? 'no telemetry' : d.reason}`);
+      return d.value.waveHead.telemetry as StepTelemetry;
+    };
+
+    // 1. the guard alone
+    const guard = newGuard();
     let wave = 1;
     for (let s = 0; s < warmup; s++, wave++) guard.onWaveHead(wave, variants[wave % PERIOD]);
-    const c0 = process.cpuUsage();
+    let c0 = process.cpuUsage();
     const t0 = process.hrtime.bigint();
     for (let s = 0; s < steps; s++, wave++) guard.onWaveHead(wave, variants[wave % PERIOD]);
     const wallNs = process.hrtime.bigint() - t0;
-    const c1 = process.cpuUsage(c0);
-    const cpuUs = c1.user + c1.system;
+    const guardUs = cpuUs(c0);
     const status = guard.status();
     guard.close();
+
+    // 2. decoding the wave-head message: the coordinator's decoder, and plain protobufjs
+    for (let s = 0; s < warmup; s++) telemetryOf(frames[s % PERIOD]);
+    c0 = process.cpuUsage();
+    for (let s = 0; s < steps; s++) telemetryOf(frames[s % PERIOD]);
+    const decodeUs = cpuUs(c0);
+    for (let s = 0; s < warmup; s++) decode(AgentMessage, frames[s % PERIOD]);
+    c0 = process.cpuUsage();
+    for (let s = 0; s < steps; s++) decode(AgentMessage, frames[s % PERIOD]);
+    const genericUs = cpuUs(c0);
+
+    // 3. both, as the coordinator runs them per wave head
+    const guard2 = newGuard();
+    wave = 1;
+    for (let s = 0; s < warmup; s++, wave++) guard2.onWaveHead(wave, telemetryOf(frames[wave % PERIOD]));
+    c0 = process.cpuUsage();
+    for (let s = 0; s < steps; s++, wave++) guard2.onWaveHead(wave, telemetryOf(frames[wave % PERIOD]));
+    const bothUs = cpuUs(c0);
+    const status2 = guard2.status();
+    guard2.close();
+
     return {
       bench: 'detectors',
       requests,
       steps,
-      cpu_us_per_step: Math.round((cpuUs / steps) * 10) / 10,
+      blocks_per_request: blocks,
+      cpu_us_per_step: perStep(guardUs, steps),
       wall_us_per_step: Math.round((Number(wallNs) / 1000 / steps) * 10) / 10,
-      cpu_ns_per_request_step: Math.round((cpuUs * 1000) / steps / requests),
+      cpu_ns_per_request_step: Math.round((guardUs * 1000) / steps / requests),
       target_us_per_step: 100,
-      // cpu time is process-wide (GC and compiler threads included); on a loaded machine both
+      decode_us_per_step: perStep(decodeUs, steps),
+      decode_generic_us_per_step: perStep(genericUs, steps),
+      frame_bytes: frames[0].length,
+      coordinator_us_per_step: perStep(bothUs, steps),
+      // cpu time is process-wide (GC and compiler threads included); on a loaded machine all
       // numbers inflate, so the load is reported with them
       load_avg_1m: Math.round(os.loadavg()[0] * 100) / 100,
       cpus: os.cpus().length,
       incidents: status.incidents,
+      incidents_after_decode: status2.incidents,
     };
   } finally {
     fs.rmSync(dir, { recursive: true, force: true });

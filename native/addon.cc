@@ -3,8 +3,10 @@
 
 #include "addon_data.h"
 #include "crc32c.h"
+#include "crc_pair.h"
 #include "cuda_backend.h"
 #include "cuda_region.h"
+#include "file_writer.h"
 #include "host_memory.h"
 #include "mailbox.h"
 #include "shm_segment.h"
@@ -31,8 +33,11 @@ static Napi::Object Init(Napi::Env env, Napi::Object exports) {
   data->mailboxReader = Napi::Persistent(reader);
   exports.Set("MailboxReader", reader);
 
+  exports.Set("FileWriter", FileWriter::Define(env));
+
   exports.Set("abiVersion", Napi::Number::New(env, 1));
   RegisterCrc32c(env, exports);
+  RegisterCrcPair(env, exports);
   RegisterCudaBackend(env, exports);
   RegisterHostMemory(env, exports);
   RegisterMailboxLayout(env, exports);

@@ -145,8 +145,10 @@ export class Agent {
       this.bus.on('wave', (w: WaveEvent) => this.onWave(w));
       this.bus.onRequest((req) => this.files!.handle(req));
       await this.bus.start();
-    } else {
+    } else if (!identity.isLastPp) {
       this.log.info({ rank: identity.globalRank, ppRank: identity.ppRank }, 'not on the last PP stage: not joining the wave bus (no KV dumps here; snapshots follow the environment)');
+    } else {
+      this.log.warn({ rank: identity.globalRank }, 'no coordinator address: not joining the wave bus (no KV dumps or detector traffic)');
     }
     this.publishFeatures();
   }

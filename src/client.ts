@@ -117,12 +117,12 @@ export class WavebusClient {
     if (!f.tp0 || !f.bus) return;
     const anyDetector = Object.values(f.detectors).some(Boolean);
     const body: Record<string, unknown> = { wave };
-    if (anyDetector && telemetry) {
-      body.telemetry = {
-        wave: telemetry.wave ?? wave - 1,
-        requests: telemetry.requests ?? [],
-        nonFinite: telemetry.nonFinite ?? [],
-      };
+    if (telemetry) {
+      // Without detectors only what a manual dump needs travels: requests, blocks, finish/free.
+      const requests = anyDetector
+        ? telemetry.requests ?? []
+        : (telemetry.requests ?? []).map((r) => ({ ...r, newTokenIds: [], newTokenLogprobs: [], newTokenRanks: [] }));
+      body.telemetry = { wave: telemetry.wave ?? wave - 1, requests, nonFinite: anyDetector ? telemetry.nonFinite ?? [] : [] };
     }
     // Fire and forget: the engine never waits for the coordinator at the head of a wave.
     this.send({ waveHead: body }).catch(() => undefined);

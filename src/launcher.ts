@@ -333,6 +333,18 @@ async function checkPortFree(host: string, port: number, role: string): Promise<
 
 // ------------------------------------------------------------------ sidecar processes
 
+/**
+ * Runs `node -e WATCHDOG -- bin/wavebus.js <args>`: the sidecar's stdin is a pipe from the
+ * launcher, so if the launcher dies without tearing down (SIGKILL, OOM), the pipe's end makes
+ * the sidecar stop itself (SIGTERM, then exit) instead of lingering and holding the bus ports.
+ */
+const WATCHDOG = [
+  'const bin = process.argv[1];',
+  'const stop = () => { process.kill(process.pid, "SIGTERM"); setTimeout(() => process.exit(1), 10000).unref(); };',
+  'process.stdin.on("end", stop); process.stdin.on("error", stop); process.stdin.resume();',
+  'require(bin);',
+].join(' ');
+
 /** A coordinator or agent process: its own process group, output forwarded with a prefix. */
 class Sidecar {
   readonly child: ChildProcess;
@@ -348,7 +360,8 @@ class Sidecar {
   ) {
     // Own process group: a Ctrl-C on the terminal reaches the command, not the sidecars, which
     // must outlive the command's shutdown; we stop them after it exits.
-    this.child = spawn(process.execPath, [bin, ...args], { detached: true, stdio: ['ignore', 'pipe', 'pipe'], env });
+    this.child = spawn(process.execPath, ['-e', WATCHDOG, '--', bin, ...args], { detached: true, stdio: ['pipe', 'pipe', 'pipe'], env });
+    this.child.stdin?.on('error', () => undefined); // EPIPE once it has exited
     const forward = (b: Buffer) => {
       const s = b.toString();
       this.tail = (this.tail + s).slice(-TAIL_CHARS);

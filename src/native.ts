@@ -65,12 +65,50 @@ export interface NativeMailboxReader {
   close(): void;
 }
 
+/**
+ * A new file written sequentially off the JS thread (native/file_writer.cc): each write checksums
+ * the bytes (CRC-32C of the file; the zip CRC-32 too when `zipPrev` is given) in cache-sized blocks
+ * and writes each block while it is still in cache. One operation at a time (ERR_BUSY otherwise).
+ * Failures carry `code` = the errno name (EFBIG, ENOSPC, ...) and `syscall`, like fs errors.
+ */
+export interface NativeFileWriter {
+  /** Resolves with the zip CRC-32 continued over `data` when `zipPrev` is given, else undefined. */
+  write(data: Uint8Array, zipPrev?: number): Promise<number | undefined>;
+  sync(): Promise<void>;
+  close(): Promise<void>;
+  /** Close the descriptor now (failure paths). Idempotent; throws ERR_BUSY while an operation is in flight. */
+  abandon(): void;
+  /** Bytes written so far. */
+  readonly offset: number;
+  /** CRC-32C of every byte written so far. */
+  readonly crc32c: number;
+  readonly closed: boolean;
+  readonly busy: boolean;
+}
+
+export interface NativeFileWriterCtor {
+  /**
+   * Opens `path` O_WRONLY|O_CREAT|O_EXCL. blockBytes (4096..2^30): checksum-then-write granularity;
+   * writebackBytes: start writeback (sync_file_range) every this many bytes, 0 = never.
+   */
+  new (path: string, mode: number, blockBytes: number, writebackBytes: number): NativeFileWriter;
+}
+
 export interface NativeBinding {
   abiVersion: number;
   crc32c(data: Uint8Array, prev?: number): number;
   /** The table path, whatever the CPU; exposed so tests can check it against the hardware path. */
   crc32cSoftware(data: Uint8Array, prev?: number): number;
   crc32cHardware(): boolean;
+  /** Zip (IEEE) CRC-32, same convention as zlib.crc32(data, prev). */
+  crc32(data: Uint8Array, prev?: number): number;
+  /** The table path of crc32, for tests. */
+  crc32Software(data: Uint8Array, prev?: number): number;
+  /** [crc32c, zip crc32] continued over `data` in one pass. */
+  crcPair(data: Uint8Array, prevCrc32c: number, prevZip: number): [number, number];
+  /** Whether crc32 / crcPair use the carry-less-multiply (PCLMULQDQ) path. */
+  crcFoldHardware(): boolean;
+  FileWriter: NativeFileWriterCtor;
   ShmSegment: NativeShmSegmentStatic;
   CudaRegion: NativeCudaRegionStatic;
   cudaAvailable(): { available: boolean; reason: string };

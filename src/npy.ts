@@ -63,6 +63,7 @@ export async function writeNpyTo(sink: FileSink, tensor: Tensor): Promise<void> 
 export async function writeNpy(target: string | FileSink, tensor: Tensor): Promise<WriteResult> {
   if (target instanceof FileSink) {
     await writeNpyTo(target, tensor);
+    await target.flush();
     return target.result();
   }
   return withSink(target, (sink) => writeNpyTo(sink, tensor));

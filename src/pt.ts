@@ -44,6 +44,7 @@ export async function writePtTo(sink: FileSink, value: PyValue, opts: PtOptions 
 export async function writePt(target: string | FileSink, value: PyValue, opts: PtOptions = {}): Promise<WriteResult> {
   if (target instanceof FileSink) {
     await writePtTo(target, value, opts);
+    await target.flush();
     return target.result();
   }
   return withSink(target, (sink) => writePtTo(sink, value, opts));

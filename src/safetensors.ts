@@ -59,6 +59,7 @@ export async function writeSafetensorsTo(sink: FileSink, value: SafetensorsInput
 export async function writeSafetensors(target: string | FileSink, value: SafetensorsInput, metadata?: Record<string, string>): Promise<WriteResult> {
   if (target instanceof FileSink) {
     await writeSafetensorsTo(target, value, metadata);
+    await target.flush();
     return target.result();
   }
   return withSink(target, (sink) => writeSafetensorsTo(sink, value, metadata));

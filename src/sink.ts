@@ -1,18 +1,31 @@
-// A strictly sequential file sink: tracks the offset and the running crc32c of every byte written.
+// A strictly sequential file sink: tracks the offset, and the native FileWriter keeps the running
+// crc32c of every byte written.
 //
 // Why there is no "patch an earlier offset": the whole-file checksum is computed as bytes go out,
 // in file order, so a later pwrite would invalidate it. Every writer here is laid out so that each
 // byte is final when written: npy and safetensors headers only need sizes known up front, and zip
 // records whose CRC32 is not known before their data (tensor payloads) carry it in a data
 // descriptor after the data (zip flag bit 3) and in the central directory. See docs/formats.md.
+//
+// Large writes go to native/file_writer.cc, which checksums and writes them on a libuv worker in
+// cache-sized blocks (one read of each byte from memory, JS thread free); small writes (headers,
+// descriptors) are gathered here into one call.
 import * as fs from 'fs';
+import * as zlib from 'zlib';
 import { CaptureError } from './errors';
-import { crc32c, formatChecksum } from './checksum';
+import { formatChecksum } from './checksum';
+import { native, NativeFileWriter } from './native';
 
-/** Writes smaller than this are gathered into one system call. */
+/** Writes smaller than this are gathered into one native call. */
 const SMALL_WRITE = 256 * 1024;
-/** Large buffers are written in slices so hashing the next slice overlaps the kernel copy of this one. */
-const SLICE = 32 * 1024 * 1024;
+/** Checksum-then-write granularity of the native writer: small enough to stay in L2 between the two. */
+const BLOCK_BYTES = 512 * 1024;
+/**
+ * Start writeback of what has been written every this many bytes, so the disk works while later
+ * bytes are still being produced and the final fsync has little left to do; it also keeps a large
+ * dump from piling up dirty pages on a busy inference host.
+ */
+const WRITEBACK_BYTES = 32 * 1024 * 1024;
 
 export interface WriteResult {
   /** Size of the file in bytes. */
@@ -39,24 +52,36 @@ export function asCaptureError(what: string, path: string, e: unknown): CaptureE
   return new CaptureError(`${what} failed: source error: ${msg}`, 'ERR_SOURCE');
 }
 
+/** A FileWriter failure: errno errors as fsFailure, the writer's own (ERR_SHORT_WRITE, ERR_BUSY, ...) keep their code. */
+function writerFailure(op: string, path: string, e: unknown): CaptureError {
+  const err = e as { code?: unknown; message?: unknown };
+  if (err && typeof err.code === 'string' && err.code.startsWith('ERR_')) {
+    return new CaptureError(`${op} ${path} failed: ${String(err.message)}`, err.code);
+  }
+  return fsFailure(op, path, e);
+}
+
 export class FileSink {
   readonly path: string;
-  private fd: number | null;
+  private readonly file: NativeFileWriter;
   private pos = 0;
-  private crc = 0;
   private pending: Buffer[] = [];
   private pendingBytes = 0;
+  private closed = false;
 
-  private constructor(path: string, fd: number) {
+  private constructor(path: string, file: NativeFileWriter) {
     this.path = path;
-    this.fd = fd;
+    this.file = file;
   }
 
   /** Create a new file (fails if it exists: bundles always write into a fresh temp dir). */
   static async create(path: string, mode = 0o644): Promise<FileSink> {
+    if (typeof path !== 'string' || path.length === 0 || path.includes('\0')) {
+      throw new CaptureError(`create ${JSON.stringify(path)} failed: path must be a non-empty string without NUL`, 'ERR_INVALID_ARG');
+    }
+    if (!Number.isInteger(mode) || mode < 0 || mode > 0o7777) throw new RangeError(`mode must be an integer in 0..0o7777, got ${mode}`);
     try {
-      const fd = await new Promise<number>((res, rej) => fs.open(path, 'wx', mode, (e, fd) => (e ? rej(e) : res(fd))));
-      return new FileSink(path, fd);
+      return new FileSink(path, new native.FileWriter(path, mode, BLOCK_BYTES, WRITEBACK_BYTES));
     } catch (e) {
       throw fsFailure('create', path, e);
     }
@@ -67,37 +92,40 @@ export class FileSink {
     return this.pos;
   }
 
-  /** crc32c of every byte accepted so far. */
+  /** crc32c of every byte written so far (gathered bytes count once flushed). */
   get crc32c(): number {
-    return this.crc;
+    return this.file.crc32c;
+  }
+
+  /** Append bytes. The caller may reuse `data` once the promise resolves. */
+  async write(data: Uint8Array): Promise<void> {
+    await this.put(data, undefined);
   }
 
   /**
-   * Append bytes. `alsoHash` sees the same bytes while the kernel copy is in flight (used for the
-   * zip CRC32 of a record). The caller may reuse `data` once the promise resolves.
+   * Append bytes and continue the zip CRC-32 `zipCrc` over them (computed in the same pass as the
+   * file's crc32c); resolves with the new zip CRC-32.
    */
-  async write(data: Uint8Array, alsoHash?: (b: Uint8Array) => void): Promise<void> {
-    if (data.length === 0) return;
+  async writeZip(data: Uint8Array, zipCrc: number): Promise<number> {
+    return (await this.put(data, zipCrc)) as number;
+  }
+
+  private async put(data: Uint8Array, zipCrc: number | undefined): Promise<number | undefined> {
+    this.requireOpen();
+    if (data.length === 0) return zipCrc;
     if (data.length < SMALL_WRITE) {
       // Copy: the caller may reuse its buffer as soon as we return.
       const copy = Buffer.from(data);
-      this.crc = crc32c(copy, this.crc);
-      if (alsoHash) alsoHash(copy);
       this.pending.push(copy);
       this.pendingBytes += copy.length;
       this.pos += copy.length;
+      const z = zipCrc === undefined ? undefined : zlib.crc32(copy, zipCrc);
       if (this.pendingBytes >= SMALL_WRITE) await this.flush();
-      return;
+      return z;
     }
     await this.flush();
-    for (let off = 0; off < data.length; off += SLICE) {
-      const slice = data.subarray(off, Math.min(data.length, off + SLICE));
-      const inFlight = this.writeFully(slice);
-      this.crc = crc32c(slice, this.crc);
-      if (alsoHash) alsoHash(slice);
-      this.pos += slice.length;
-      await inFlight;
-    }
+    this.pos += data.length;
+    return this.native('write', () => this.file.write(data, zipCrc));
   }
 
   /** Push gathered small writes to the file. */
@@ -106,65 +134,58 @@ export class FileSink {
     const buf = this.pending.length === 1 ? this.pending[0] : Buffer.concat(this.pending, this.pendingBytes);
     this.pending = [];
     this.pendingBytes = 0;
-    await this.writeFully(buf);
+    await this.native('write', () => this.file.write(buf));
   }
 
-  private async writeFully(buf: Uint8Array): Promise<void> {
-    const fd = this.requireOpen();
-    let done = 0;
-    while (done < buf.length) {
-      let n: number;
-      try {
-        n = await new Promise<number>((res, rej) =>
-          fs.write(fd, buf, done, buf.length - done, null, (e, written) => (e ? rej(e) : res(written))),
-        );
-      } catch (e) {
-        throw fsFailure('write', this.path, e);
-      }
-      if (n <= 0) throw new CaptureError(`write ${this.path} failed: short write (${done} of ${buf.length} bytes)`, 'ERR_SHORT_WRITE');
-      done += n;
+  private async native<T>(op: string, fn: () => Promise<T>): Promise<T> {
+    try {
+      return await fn();
+    } catch (e) {
+      throw writerFailure(op, this.path, e);
     }
   }
 
-  private requireOpen(): number {
-    if (this.fd === null) throw new CaptureError(`write ${this.path} failed: file already closed`, 'ERR_CLOSED');
-    return this.fd;
+  private requireOpen(): void {
+    if (this.closed) throw new CaptureError(`write ${this.path} failed: file already closed`, 'ERR_CLOSED');
   }
 
   /** Flush and fsync the file's data and size. */
   async sync(): Promise<void> {
+    this.requireOpen();
     await this.flush();
-    const fd = this.requireOpen();
-    try {
-      await new Promise<void>((res, rej) => fs.fsync(fd, (e) => (e ? rej(e) : res())));
-    } catch (e) {
-      throw fsFailure('fsync', this.path, e);
-    }
+    await this.native('fsync', () => this.file.sync());
   }
 
   /** Flush, close, and report size and checksum. Does not fsync (call sync() first when needed). */
   async close(): Promise<WriteResult> {
+    this.requireOpen();
     await this.flush();
-    const fd = this.requireOpen();
-    this.fd = null;
-    try {
-      await new Promise<void>((res, rej) => fs.close(fd, (e) => (e ? rej(e) : res())));
-    } catch (e) {
-      throw fsFailure('close', this.path, e);
-    }
+    this.closed = true;
+    await this.native('close', () => this.file.close());
     return this.result();
   }
 
+  /** Size and checksum of everything accepted; call flush() (or close()) first. */
   result(): WriteResult {
-    return { bytes: this.pos, checksum: formatChecksum(this.crc) };
+    if (this.pendingBytes > 0 || this.file.busy) {
+      throw new CaptureError(`${this.path}: result() with ${this.pendingBytes} gathered bytes or a write in flight; flush() first`, 'ERR_SINK_STATE');
+    }
+    if (this.file.offset !== this.pos) {
+      throw new CaptureError(`${this.path}: ${this.file.offset} bytes written but ${this.pos} accepted`, 'ERR_SHORT_WRITE');
+    }
+    return { bytes: this.pos, checksum: formatChecksum(this.file.crc32c) };
   }
 
   /** Close without flushing and remove the file (after a failure). Never throws. */
   async discard(): Promise<void> {
-    const fd = this.fd;
-    this.fd = null;
+    this.closed = true;
     this.pending = [];
-    if (fd !== null) await new Promise<void>((res) => fs.close(fd, () => res()));
+    this.pendingBytes = 0;
+    try {
+      this.file.abandon();
+    } catch {
+      /* an operation still in flight: the descriptor closes when the writer is collected */
+    }
     await new Promise<void>((res) => fs.unlink(this.path, () => res()));
   }
 }

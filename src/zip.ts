@@ -8,7 +8,8 @@
 // - addStream: tensor payloads. Their CRC32 is computed while the bytes go to disk, so the local
 //   header carries flag bit 3 (CRC in a data descriptor after the data); the central directory has
 //   the real CRC. Readers (miniz in torch, Python's zipfile) take CRC and sizes from the central
-//   directory. This saves a full extra pass over the tensor bytes before writing.
+//   directory. This saves a full extra pass over the tensor bytes before writing: the sink computes
+//   the record's CRC32 and the file's crc32c in the same pass as the write (FileSink.writeZip).
 import * as zlib from 'zlib';
 import { CaptureError } from './errors';
 import { FileSink } from './sink';
@@ -136,13 +137,10 @@ export class ZipWriter {
     await this.sink.write(this.localHeader(nb, flags, 0, size));
     let crc = 0;
     let seen = 0;
-    const hash = (b: Uint8Array) => {
-      crc = zlib.crc32(b, crc);
-    };
     for await (const c of chunks) {
       seen += c.length;
       if (seen > size) throw new CaptureError(`zip ${this.sink.path}: record ${name} got more than ${size} bytes`, 'ERR_SOURCE');
-      await this.sink.write(c, hash);
+      crc = await this.sink.writeZip(c, crc);
     }
     if (seen !== size) throw new CaptureError(`zip ${this.sink.path}: record ${name} got ${seen} of ${size} bytes`, 'ERR_SOURCE');
     const zip64 = size >= this.threshold;

@@ -174,19 +174,21 @@ for (const d of fs.readdirSync('/proc')) {
 const env = {};
 for (const k of Object.keys(e)) if (k.startsWith('WAVEBUS_') || k === 'MASTER_ADDR') env[k] = e[k];
 const runDirExists = fs.statSync(e.WAVEBUS_RUN_DIR).isDirectory();
+// Atomic, so that a test polling for the file never reads half of it.
+const write = (f, v) => { fs.writeFileSync(f + '.tmp', v); fs.renameSync(f + '.tmp', f); };
 if (mode === 'trap') {
-  process.on('SIGTERM', () => { fs.writeFileSync(out + '.term', 'SIGTERM'); process.exit(0); });
-  fs.writeFileSync(out, JSON.stringify({ env, pids, runDirExists }));
+  process.on('SIGTERM', () => { write(out + '.term', 'SIGTERM'); process.exit(0); });
+  write(out, JSON.stringify({ env, pids, runDirExists, self: process.pid }));
   setInterval(() => {}, 1000);
 } else if (mode === 'wait-for') {
-  fs.writeFileSync(out, JSON.stringify({ env, pids, runDirExists }));
+  write(out, JSON.stringify({ env, pids, runDirExists, self: process.pid }));
   const t = setInterval(() => { if (fs.existsSync(process.argv[4])) { clearInterval(t); process.exit(0); } }, 20);
 } else if (mode === 'kill-self') {
-  fs.writeFileSync(out, JSON.stringify({ env, pids, runDirExists }));
+  write(out, JSON.stringify({ env, pids, runDirExists, self: process.pid }));
   process.kill(process.pid, 'SIGKILL');
 } else {
-  fs.writeFileSync(out, JSON.stringify({ env, pids, runDirExists }));
-  if (process.argv[4]) fs.writeFileSync(process.argv[4], 'go');
+  write(out, JSON.stringify({ env, pids, runDirExists, self: process.pid }));
+  if (process.argv[4]) write(process.argv[4], 'go');
   process.exit(Number(mode));
 }
 `,
@@ -198,6 +200,7 @@ interface Probe {
   env: Record<string, string>;
   pids: Array<{ pid: number; role: string }>;
   runDirExists: boolean;
+  self: number;
 }
 
 const readProbe = (f: string): Probe => JSON.parse(fs.readFileSync(f, 'utf8')) as Probe;
@@ -221,7 +224,9 @@ describe('wavebus launch end to end', () => {
     const runDir = p.env.WAVEBUS_RUN_DIR;
     expect(runDir).toMatch(/^\/dev\/shm\/wavebus-.+-\d+$/);
     expect(p.runDirExists).toBe(true);
+    const inherited = Object.fromEntries(Object.entries(process.env).filter(([k]) => k.startsWith('WAVEBUS_')));
     expect(p.env).toEqual({
+      ...inherited,
       WAVEBUS_RUN_DIR: runDir,
       WAVEBUS_COORDINATOR: `127.0.0.1:${port}`,
       WAVEBUS_TP: '4',
@@ -368,5 +373,23 @@ describe('wavebus launch end to end', () => {
     expect(r.stderr()).toContain('received SIGTERM before the job was ready; stopping');
     for (const pid of agents) expect(alive(pid)).toBe(false);
     expect(fs.existsSync(runDir)).toBe(false);
+  });
+
+  test('a launcher killed with SIGKILL leaves no sidecar behind: they see their stdin close and stop', async () => {
+    const port = await freeBusPort();
+    const out = path.join(dir, 'orphan.json');
+    const runDir = path.join(dir, 'run-orphan');
+    const r = spawnWavebus(['launch', ...READY, '--nproc-per-node', '2', '--port', String(port), '--run-dir', runDir, '--', process.execPath, probe, out, 'trap']);
+    await waitFor(() => fs.existsSync(out), 'the command to start', 150000);
+    const p = readProbe(out);
+    expect(p.pids).toHaveLength(3);
+    r.child.kill('SIGKILL');
+    await r.exited;
+    try {
+      await waitFor(() => p.pids.every(({ pid }) => !alive(pid)), 'the orphaned coordinator and agents to stop', 30000);
+    } finally {
+      process.kill(p.self, 'SIGKILL'); // the command itself is the user's to stop, as under torchrun
+      for (const { pid } of p.pids) if (alive(pid)) process.kill(pid, 'SIGKILL');
+    }
   });
 });

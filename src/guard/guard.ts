@@ -8,7 +8,7 @@ import { createLogger, Logger } from '../log';
 import type { DumpJob, DumpResult, RequestStep, StepTelemetry } from '../messages';
 import { counter } from '../metrics';
 import { actionsFor, configJson, DetectorName, mergeConfig, RuntimeConfig } from './config';
-import { DetectorSet, DetectorStates, Hit, splitNonFinite } from './detectors';
+import { DetectorSet, Hit, MUTE_BIT, splitNonFinite } from './detectors';
 import { DumpBook } from './dumps';
 import { AutoDumpQuota, admitIncident, IncidentCount } from './quotas';
 import { ConfigFollower } from './reload';
@@ -43,7 +43,10 @@ interface ReqState {
   blockIds: number[];
   finished: boolean;
   freed: boolean;
-  det: DetectorStates;
+  /** The request's record in the detectors' state slab (see detectors/slab.ts). */
+  slot: number;
+  /** MUTE_BIT of each detector the quota stopped for this request. */
+  muted: number;
   quota: Map<string, IncidentCount> | null;
   /** Recent output token ids, kept only when report.save_sensitive_info is on. */
   tail: number[] | null;
@@ -62,6 +65,13 @@ export class Guard implements CoordinatorPolicy {
   private configDue = true; // the first wave head carries the startup config
   private detectors: DetectorSet;
   private readonly reqs = new Map<string, ReqState>();
+  /** Detector-state slots: handed out from 0 up, reused after a request is forgotten. */
+  private nextSlot = 0;
+  private readonly freeSlots: number[] = [];
+  /** Per-step scratch, reused: hits of this wave head and the request each belongs to. */
+  private readonly hits: Hit[] = [];
+  private readonly hitStates: ReqState[] = [];
+  private keepTail = false;
   private readonly freedIds = new Set<string>();
   private manualDone: number;
   private readonly autoQuota = new AutoDumpQuota();
@@ -87,6 +97,7 @@ export class Guard implements CoordinatorPolicy {
         })
       : null;
     this.detectors = new DetectorSet(this.cfg);
+    this.keepTail = this.cfg.report.save_sensitive_info;
     this.manualDone = opts.manualDumpDone ?? 0;
     this.dumps = new DumpBook(opts.expectedRanks, opts.rank, this.log);
     this.metric = counter('wavebus_incidents_total', 'Runtime guard incidents, by type and action taken', ['incident_type', 'action'] as const);
@@ -113,19 +124,22 @@ export class Guard implements CoordinatorPolicy {
     if (r.kind !== 'changed') return;
     const detectorsChanged = JSON.stringify(r.config.detector) !== JSON.stringify(this.cfg.detector);
     this.cfg = r.config;
+    this.keepTail = this.cfg.report.save_sensitive_info;
     this.version = r.version;
     this.refreshLane();
     this.configDue = true;
     if (detectorsChanged) {
-      // New windows/thresholds: detector state restarts; quotas (and muted detectors) stay.
+      // New windows/thresholds: detector state restarts (a new, zeroed slab under the same
+      // slots); quotas (and muted detectors) stay.
       this.detectors = new DetectorSet(this.cfg);
-      for (const st of this.reqs.values()) st.det = this.detectors.newStates(st.det.muted);
     }
   }
 
   private state(reqId: string): ReqState {
     let st = this.reqs.get(reqId);
     if (!st) {
+      const slot = this.freeSlots.length > 0 ? this.freeSlots.pop()! : this.nextSlot++;
+      this.detectors.resetSlot(slot);
       st = {
         reqId,
         promptLen: 0,
@@ -133,7 +147,8 @@ export class Guard implements CoordinatorPolicy {
         blockIds: [],
         finished: false,
         freed: this.freedIds.has(reqId),
-        det: this.detectors.newStates(),
+        slot,
+        muted: 0,
         quota: null,
         tail: null,
       };
@@ -148,7 +163,7 @@ export class Guard implements CoordinatorPolicy {
     if (step.blockIds.length > 0) st.blockIds = step.blockIds;
     if (step.finished) st.finished = true;
     if (step.freed) st.finished = st.freed = true;
-    if (this.cfg.report.save_sensitive_info && step.newTokenIds.length > 0) {
+    if (this.keepTail && step.newTokenIds.length > 0) {
       const cap = Math.max(32, this.cfg.report.max_output_token_ids);
       const tail = st.tail ?? (st.tail = []);
       for (const t of step.newTokenIds) tail.push(t);
@@ -161,19 +176,24 @@ export class Guard implements CoordinatorPolicy {
     this.pollConfig();
     const detectWave = wave - 1;
     const dumps: DumpJob[] = [];
-    const freedNow: ReqState[] = [];
+    let freedNow: ReqState[] | null = null;
     if (telemetry) {
-      const hits: Hit[] = [];
-      const hitStates: ReqState[] = [];
-      const perStep = this.detectors.anyPerStep;
-      for (const step of telemetry.requests) {
+      const hits = this.hits;
+      const hitStates = this.hitStates;
+      hits.length = 0;
+      hitStates.length = 0;
+      const detectors = this.detectors;
+      const perStep = detectors.anyPerStep;
+      const steps = telemetry.requests;
+      for (let i = 0; i < steps.length; i++) {
+        const step = steps[i];
         if (!step.reqId) continue; // nothing can be attributed to it
         const st = this.state(step.reqId);
         this.track(st, step);
-        if (step.freed) freedNow.push(st);
+        if (step.freed) (freedNow ?? (freedNow = [])).push(st);
         if (perStep) {
           const before = hits.length;
-          this.detectors.onStep(st.det, step, hits);
+          detectors.onStep(st.slot, st.muted, step, hits);
           for (let k = before; k < hits.length; k++) hitStates.push(st);
         }
       }
@@ -188,15 +208,17 @@ export class Guard implements CoordinatorPolicy {
         }
         for (const [reqId, hit] of split.byRequest) {
           const st = this.state(reqId);
-          if (st.det.muted?.has('logits_finite')) continue;
+          if ((st.muted & MUTE_BIT.logits_finite) !== 0) continue;
           hits.push({ type: 'logits_finite', detail: hit as unknown as Record<string, unknown> });
           hitStates.push(st);
         }
       }
       for (let k = 0; k < hits.length; k++) this.incident(hits[k], hitStates[k], wave, dumps);
+      hits.length = 0;
+      hitStates.length = 0;
     }
     this.manualTrigger(wave, dumps);
-    for (const st of freedNow) this.forget(st);
+    if (freedNow) for (const st of freedNow) this.forget(st);
     const lanes: DueLanes = { dumps };
     if (this.configDue) {
       this.configDue = false;
@@ -207,6 +229,7 @@ export class Guard implements CoordinatorPolicy {
 
   private forget(st: ReqState): void {
     this.reqs.delete(st.reqId);
+    this.freeSlots.push(st.slot);
     this.freedIds.add(st.reqId);
     if (this.freedIds.size > FREED_MEMORY) this.freedIds.delete(this.freedIds.values().next().value as string);
   }
@@ -255,10 +278,10 @@ export class Guard implements CoordinatorPolicy {
     const adm = admitIncident(c, detectWave, cfg.report);
     if (!adm.ok) {
       this.count(type, `suppressed_${adm.reason}`);
-      if (adm.reason === 'max_per_req') (st.det.muted ?? (st.det.muted = new Set())).add(type);
+      if (adm.reason === 'max_per_req') st.muted |= MUTE_BIT[type];
       return;
     }
-    if (adm.capReached) (st.det.muted ?? (st.det.muted = new Set())).add(type); // stop detection for it
+    if (adm.capReached) st.muted |= MUTE_BIT[type]; // stop detection for it
     const actions = actionsFor(cfg, type);
     const wantDump = actions.includes('dump_kv');
     let dumpArmWave: number | null = null;
@@ -400,5 +423,7 @@ export class Guard implements CoordinatorPolicy {
 
   close(): void {
     this.reqs.clear();
+    this.freeSlots.length = 0;
+    this.nextSlot = 0;
   }
 }

@@ -24,6 +24,9 @@ export type PollResult =
   | { kind: 'rejected'; error: Error }
   | { kind: 'missing' };
 
+// Returned by most polls (every wave head): one shared object, no allocation.
+const UNCHANGED: PollResult = Object.freeze({ kind: 'unchanged' });
+
 /** Follows one config file; used by the coordinator's guard and by ranks that are not last-PP. */
 export class ConfigFollower {
   readonly path: string;
@@ -71,7 +74,7 @@ export class ConfigFollower {
 
   /** Check the file now (or when the poll interval allows). `force` skips the interval and stat shortcut. */
   poll(nowMs: number = Date.now(), force = false): PollResult {
-    if (!force && nowMs - this.lastPollAt < this.pollIntervalMs) return { kind: 'unchanged' };
+    if (!force && nowMs - this.lastPollAt < this.pollIntervalMs) return UNCHANGED;
     this.lastPollAt = nowMs;
     let st: fs.Stats;
     try {
@@ -90,7 +93,7 @@ export class ConfigFollower {
       this.log?.info({ path: this.path }, 'runtime config file is back');
     }
     const statChanged = st.mtimeMs !== this.lastMtimeMs || st.size !== this.lastSize;
-    if (!force && !statChanged && nowMs - this.lastVerifyAt < this.verifyIntervalMs) return { kind: 'unchanged' };
+    if (!force && !statChanged && nowMs - this.lastVerifyAt < this.verifyIntervalMs) return UNCHANGED;
     this.lastMtimeMs = st.mtimeMs;
     this.lastSize = st.size;
     this.lastVerifyAt = nowMs;
@@ -101,7 +104,7 @@ export class ConfigFollower {
       return { kind: 'missing' };
     }
     const hash = sha256(bytes);
-    if (hash === this.lastHash) return { kind: 'unchanged' };
+    if (hash === this.lastHash) return UNCHANGED;
     let next: RuntimeConfig;
     try {
       next = configFromText(bytes.toString('utf8'), this.path);
@@ -117,7 +120,7 @@ export class ConfigFollower {
     }
     this.lastHash = hash;
     this.lastError = null;
-    if (configJson(next) === configJson(this.cfg)) return { kind: 'unchanged' }; // comments/whitespace only
+    if (configJson(next) === configJson(this.cfg)) return UNCHANGED; // comments/whitespace only
     this.cfg = next;
     this.ver++;
     this.log?.info({ path: this.path, version: this.ver }, 'runtime config reloaded');

@@ -117,7 +117,7 @@ class Client:
         self.stats: Dict[str, int] = {
             "requests_sent": 0, "end_of_wave_fast": 0, "end_of_wave_sent": 0, "end_of_wave_timeouts": 0,
             "end_of_wave_errors": 0, "wave_head_sent": 0, "wave_head_errors": 0, "wave_head_skipped": 0,
-            "stale_replies": 0, "bad_replies": 0, "captures": 0,
+            "stale_replies": 0, "bad_replies": 0, "captures": 0, "register_errors": 0,
         }
         self.last_error = ""
         self.agent_features: Optional[Features] = None
@@ -276,9 +276,11 @@ class Client:
         prev = self._regions.get(r.name)
         if prev is not None and prev != r:
             raise ConfigError(f"register(): region {r.name!r} is already registered with different fields")
+        if r.name in self._sent_regions:
+            return False
         self._regions[r.name] = r
-        if not self.enabled or r.name in self._sent_regions:
-            return False  # while everything is off it is kept, and sent once something turns on
+        if not self.enabled:
+            return False  # kept, and sent once something turns on
         self._ensure_hello("register()")
         if not self._send_region(r, time.monotonic() + self.hello_timeout_ms / 1000):
             raise AgentUnavailableError(f"register(): the wavebus agent did not answer within {self.hello_timeout_ms} ms (region {r.name!r})")
@@ -289,15 +291,26 @@ class Client:
         if reply is None:
             return False
         if not reply.ok:
+            self._regions.pop(r.name, None)  # never accepted: not a region of this client
             raise AgentError(f"register(): the agent refused region {r.name!r}: {reply.error}", reply.error_code or "ERR_AGENT")
         self._sent_regions[r.name] = r
         return True
 
-    def _flush_regions(self, deadline: float) -> bool:
-        """Send regions registered while everything was off (once the agent turned something on)."""
+    def _flush_regions(self, deadline: float, step: bool = False) -> bool:
+        """Send regions registered while everything was off (once the agent turned something on).
+        In a step (``step``) a refusal is logged and counted instead of raised."""
         for name, r in list(self._regions.items()):
-            if name not in self._sent_regions and not self._send_region(r, deadline):
-                return False
+            if name in self._sent_regions:
+                continue
+            try:
+                if not self._send_region(r, deadline):
+                    return False
+            except AgentError as e:
+                if not step:
+                    raise
+                self.stats["register_errors"] += 1
+                self.last_error = str(e)
+                log.warning("%s", e)
         return True
 
     def register_all(self, regions: Iterable) -> int:
@@ -321,13 +334,19 @@ class Client:
             return False
         if not self.agent_features.tp0:
             return False
-        if len(self._sent_regions) != len(self._regions) and not self._flush_regions(time.monotonic() + self._bound_s()):
+        if len(self._sent_regions) != len(self._regions) and not self._flush_regions(time.monotonic() + self._bound_s(), step=True):
             self.stats["wave_head_skipped"] += 1
             return False
         self._drain()
         body = pb.WaveHeadRequest(wave=wave)
-        if feats & mb.FEATURE_DETECTORS:
-            body.telemetry.CopyFrom(telemetry_proto(telemetry, wave - 1 if wave > 0 else 0))
+        if telemetry is not None:
+            tp = telemetry_proto(telemetry, wave - 1 if wave > 0 else 0)
+            if not feats & mb.FEATURE_DETECTORS:
+                # No detector reads tokens: send only what a manual dump needs (requests, blocks, finish).
+                for r in tp.requests:
+                    del r.new_token_ids[:], r.new_token_logprobs[:], r.new_token_ranks[:]
+                del tp.non_finite[:]
+            body.telemetry.CopyFrom(tp)
         req = pb.ClientRequest(wave_head=body)
         if not self._send(req):
             self.stats["wave_head_skipped"] += 1
@@ -353,7 +372,7 @@ class Client:
         res = EndOfWaveResult(wave, sent=True, vector=v)
         self.stats["end_of_wave_sent"] += 1
         reply = None
-        if self._hello(deadline) and (len(self._sent_regions) == len(self._regions) or self._flush_regions(deadline)):
+        if self._hello(deadline) and (len(self._sent_regions) == len(self._regions) or self._flush_regions(deadline, step=True)):
             reply = self._request(pb.ClientRequest(end_of_wave=pb.EndOfWave(wave=wave)), deadline)
         if reply is None or reply.timed_out:
             res.timed_out = True

@@ -12,19 +12,37 @@
 // names, code identifiers) can lift the fraction alone. Tokens without a log-prob are skipped.
 // Surprisal is kept in integer millibits so that window sums do not drift and edges are exact.
 // After an alert the window restarts.
+//
+// Running sums over a ring, one record of int32 words (see slab.ts):
+//   [0] pos [1] len [2] surprising count [3] tokens with a log-prob [4..5] Σmillibits (float64)
+//   [6 ..] ring of (millibits << 1 | surprising); millibits ≤ 10^9 < 2^30, so one word each
 import type { GarbledConfig } from '../config';
+import { even, StateRecord } from './slab';
 
-export class GarbledState {
-  readonly mbits: Int32Array;
-  readonly surprising: Uint8Array;
-  pos = 0;
-  len = 0;
-  sumMbits = 0;
-  nSurprising = 0;
-  seen = 0;
-  constructor(window: number) {
-    this.mbits = new Int32Array(window);
-    this.surprising = new Uint8Array(window);
+const POS = 0;
+const LEN = 1;
+const N_SURPRISING = 2;
+const SEEN = 3;
+const SUM = 4; // float64
+const RING = 6;
+
+/** A standalone state record (the guard keeps its records in a slab), readable for inspection. */
+export class GarbledState extends StateRecord {
+  get pos(): number {
+    return this.i32[POS];
+  }
+  get len(): number {
+    return this.i32[LEN];
+  }
+  get nSurprising(): number {
+    return this.i32[N_SURPRISING];
+  }
+  /** Tokens with a log-prob seen so far. */
+  get seen(): number {
+    return this.i32[SEEN];
+  }
+  get sumMbits(): number {
+    return this.f64[SUM >> 1];
   }
 }
 
@@ -40,44 +58,65 @@ const MBITS_PER_NAT = 1000 / Math.LN2;
 const MAX_MBITS = 1_000_000_000; // -Infinity log-probs clamp here
 
 export class GarbledDetector {
+  /** int32 words of one state record. */
+  readonly words: number;
   private readonly limitMbits: number;
   constructor(readonly cfg: GarbledConfig) {
     this.limitMbits = Math.round(cfg.mean_surprisal_bits * 1000);
+    this.words = even(RING + cfg.window);
   }
 
   newState(): GarbledState {
-    return new GarbledState(this.cfg.window);
+    return new GarbledState(this.words);
   }
 
   onTokens(s: GarbledState, logprobs: readonly number[], ranks: readonly number[], count: number): GarbledHit | null {
+    return this.onTokensAt(s.i32, s.f64, s.base, logprobs, ranks, count);
+  }
+
+  /** As onTokens, on the record at word `b` (even) of `m` / `f`. */
+  onTokensAt(m: Int32Array, f: Float64Array, b: number, logprobs: readonly number[], ranks: readonly number[], count: number): GarbledHit | null {
     const cfg = this.cfg;
     const w = cfg.window;
+    const sumAt = (b + SUM) >> 1;
+    const ring = b + RING;
     const n = Math.min(count, logprobs.length);
     for (let k = 0; k < n; k++) {
       const lp = logprobs[k];
-      if (Number.isNaN(lp) || typeof lp !== 'number') continue;
+      if (typeof lp !== 'number' || Number.isNaN(lp)) continue;
       const mb = lp >= 0 ? 0 : Math.min(MAX_MBITS, Math.round(-lp * MBITS_PER_NAT));
       const sur = lp < cfg.surprise_logprob || (k < ranks.length && ranks[k] >= cfg.surprise_rank) ? 1 : 0;
-      if (s.len === w) {
-        s.sumMbits -= s.mbits[s.pos];
-        s.nSurprising -= s.surprising[s.pos];
+      const pos = m[b + POS];
+      const len = m[b + LEN];
+      let sum = f[sumAt];
+      let nSur = m[b + N_SURPRISING];
+      if (len === w) {
+        const old = m[ring + pos];
+        sum -= old >>> 1;
+        nSur -= old & 1;
       } else {
-        s.len++;
+        m[b + LEN] = len + 1;
       }
-      s.mbits[s.pos] = mb;
-      s.surprising[s.pos] = sur;
-      s.sumMbits += mb;
-      s.nSurprising += sur;
-      s.pos = s.pos + 1 === w ? 0 : s.pos + 1;
-      s.seen++;
-      if (s.len < w || s.seen < cfg.min_tokens) continue;
-      const fraction = s.nSurprising / w;
-      if (fraction > cfg.surprise_fraction && s.sumMbits > this.limitMbits * w) {
-        const hit: GarbledHit = {
+      m[ring + pos] = (mb << 1) | sur;
+      sum += mb;
+      nSur += sur;
+      f[sumAt] = sum;
+      m[b + N_SURPRISING] = nSur;
+      m[b + POS] = pos + 1 === w ? 0 : pos + 1;
+      const seen = ++m[b + SEEN];
+      if (len + 1 < w || seen < cfg.min_tokens) continue;
+      const fraction = nSur / w;
+      if (fraction > cfg.surprise_fraction && sum > this.limitMbits * w) {
+        // the window restarts
+        m[b + POS] = 0;
+        m[b + LEN] = 0;
+        m[b + N_SURPRISING] = 0;
+        f[sumAt] = 0;
+        return {
           surprising_fraction: fraction,
-          mean_surprisal_bits: s.sumMbits / w / 1000,
+          mean_surprisal_bits: sum / w / 1000,
           window: w,
-          tokens_with_logprob: s.seen,
+          tokens_with_logprob: seen,
           thresholds: {
             surprise_logprob: cfg.surprise_logprob,
             surprise_rank: cfg.surprise_rank,
@@ -85,8 +124,6 @@ export class GarbledDetector {
             mean_surprisal_bits: cfg.mean_surprisal_bits,
           },
         };
-        s.pos = s.len = s.sumMbits = s.nSurprising = 0;
-        return hit;
       }
     }
     return null;

@@ -1,35 +1,46 @@
-// The enabled detectors for one effective config, and the per-request state they keep.
-// One object per request holds every detector's state, so the guard does a single map lookup
-// per request per step.
+// The enabled detectors for one effective config, and the per-request state they keep: one
+// record per request slot in a StateSlab, holding every per-step detector's counters and rings
+// side by side, so a wave head touches a few cache lines per request and allocates nothing.
 import type { RequestStep } from '../../messages';
 import type { DetectorName, RuntimeConfig } from '../config';
-import { GarbledDetector, GarbledState } from './garbled';
-import { SpecAcceptanceDetector, SpecAcceptanceState } from './spec-acceptance';
-import { TokenRepeatDetector, TokenRepeatState } from './token-repeat';
+import { GarbledDetector } from './garbled';
+import { StateSlab } from './slab';
+import { SpecAcceptanceDetector } from './spec-acceptance';
+import { TokenRepeatDetector } from './token-repeat';
 
 export { splitNonFinite, NON_FINITE_KINDS } from './logits-finite';
 export { TokenRepeatDetector, TokenRepeatState } from './token-repeat';
 export { SpecAcceptanceDetector, SpecAcceptanceState } from './spec-acceptance';
 export { GarbledDetector, GarbledState } from './garbled';
+export { StateSlab } from './slab';
 
 export interface Hit {
   type: DetectorName;
   detail: Record<string, unknown>;
 }
 
-/** Per-request detector state; a detector the quota stopped for this request is muted here. */
-export interface DetectorStates {
-  tokenRepeat: TokenRepeatState | null;
-  spec: SpecAcceptanceState | null;
-  garbled: GarbledState | null;
-  muted: Set<DetectorName> | null;
-}
+/** Bit of each detector in a request's muted mask (a detector the quota stopped for it). */
+const MUTE_TOKEN_REPEAT = 1;
+const MUTE_LOGITS_FINITE = 2;
+const MUTE_SPEC = 4;
+const MUTE_GARBLED = 8;
+export const MUTE_BIT: Readonly<Record<DetectorName, number>> = {
+  token_repeat: MUTE_TOKEN_REPEAT,
+  logits_finite: MUTE_LOGITS_FINITE,
+  spec_acceptance: MUTE_SPEC,
+  garbled: MUTE_GARBLED,
+};
 
 export class DetectorSet {
   readonly tokenRepeat: TokenRepeatDetector | null;
   readonly spec: SpecAcceptanceDetector | null;
   readonly garbled: GarbledDetector | null;
   readonly logitsFinite: boolean;
+  readonly anyPerStep: boolean;
+  /** Word offsets of each detector's part of a request's record. */
+  private readonly specAt: number;
+  private readonly garbledAt: number;
+  private readonly slab: StateSlab;
 
   constructor(cfg: RuntimeConfig) {
     const d = cfg.detector;
@@ -37,34 +48,39 @@ export class DetectorSet {
     this.spec = d.spec_acceptance.enabled ? new SpecAcceptanceDetector(d.spec_acceptance) : null;
     this.garbled = d.garbled.enabled ? new GarbledDetector(d.garbled) : null;
     this.logitsFinite = d.logits_finite.enabled;
+    this.anyPerStep = this.tokenRepeat !== null || this.spec !== null || this.garbled !== null;
+    this.specAt = this.tokenRepeat?.words ?? 0;
+    this.garbledAt = this.specAt + (this.spec?.words ?? 0);
+    this.slab = new StateSlab(this.garbledAt + (this.garbled?.words ?? 0));
   }
 
-  get anyPerStep(): boolean {
-    return this.tokenRepeat !== null || this.spec !== null || this.garbled !== null;
+  /** A slot gets a new request: its record starts fresh. */
+  resetSlot(slot: number): void {
+    this.slab.reset(slot);
   }
 
-  /** All fields present from the start: one hidden class for every request's state. */
-  newStates(muted: Set<DetectorName> | null = null): DetectorStates {
-    return { tokenRepeat: null, spec: null, garbled: null, muted };
-  }
-
-  /** Run the per-step detectors on one request's step; hits are appended to `out`. */
-  onStep(st: DetectorStates, step: RequestStep, out: Hit[]): void {
-    const muted = st.muted;
+  /** Run the per-step detectors on the step of the request in `slot`; hits are appended to `out`. */
+  onStep(slot: number, muted: number, step: RequestStep, out: Hit[]): void {
     const tokens = step.newTokenIds;
-    if (this.tokenRepeat && tokens.length > 0 && !(muted && muted.has('token_repeat'))) {
-      const s = st.tokenRepeat ?? (st.tokenRepeat = this.tokenRepeat.newState());
-      const h = this.tokenRepeat.onTokens(s, tokens);
+    const logprobs = step.newTokenLogprobs;
+    const runRepeat = this.tokenRepeat !== null && tokens.length > 0 && (muted & MUTE_TOKEN_REPEAT) === 0;
+    const runSpec = this.spec !== null && step.draftLen > 0 && (muted & MUTE_SPEC) === 0;
+    const runGarbled = this.garbled !== null && logprobs.length > 0 && (muted & MUTE_GARBLED) === 0;
+    if (!runRepeat && !runSpec && !runGarbled) return;
+    const page = this.slab.page(slot);
+    const m = page.i32;
+    const f = page.f64;
+    const b = this.slab.base(slot);
+    if (runRepeat) {
+      const h = this.tokenRepeat!.onTokensAt(m, f, b, tokens);
       if (h) out.push({ type: 'token_repeat', detail: h as unknown as Record<string, unknown> });
     }
-    if (this.spec && step.draftLen > 0 && !(muted && muted.has('spec_acceptance'))) {
-      const s = st.spec ?? (st.spec = this.spec.newState());
-      const h = this.spec.onStep(s, step.draftLen, step.accepted);
+    if (runSpec) {
+      const h = this.spec!.onStepAt(m, f, b + this.specAt, step.draftLen, step.accepted);
       if (h) out.push({ type: 'spec_acceptance', detail: h as unknown as Record<string, unknown> });
     }
-    if (this.garbled && step.newTokenLogprobs.length > 0 && !(muted && muted.has('garbled'))) {
-      const s = st.garbled ?? (st.garbled = this.garbled.newState());
-      const h = this.garbled.onTokens(s, step.newTokenLogprobs, step.newTokenRanks, tokens.length > 0 ? tokens.length : step.newTokenLogprobs.length);
+    if (runGarbled) {
+      const h = this.garbled!.onTokensAt(m, f, b + this.garbledAt, logprobs, step.newTokenRanks, tokens.length > 0 ? tokens.length : logprobs.length);
       if (h) out.push({ type: 'garbled', detail: h as unknown as Record<string, unknown> });
     }
   }

@@ -6,18 +6,33 @@
 // target model or the draft went wrong — or (rate > high_accept_rate and len > high_accept_len) —
 // suspiciously everything accepted, e.g. verification skipped or both models degenerate alike.
 // After an alert the window restarts, so a further alert needs a fresh full window.
+//
+// Running sums over a ring, one record of int32 words (see slab.ts); draft lengths are uint32 on
+// the wire, so the ring and the sums are float64 (exact):
+//   [0] pos [1] len [2..3] Σdraft [4..5] Σaccepted [6 ..] ring of (draft, accepted) float64 pairs
 import type { SpecAcceptanceConfig } from '../config';
+import { StateRecord } from './slab';
 
-export class SpecAcceptanceState {
-  readonly draft: Int32Array;
-  readonly acc: Int32Array;
-  pos = 0;
-  len = 0;
-  sumDraft = 0;
-  sumAcc = 0;
-  constructor(window: number) {
-    this.draft = new Int32Array(window);
-    this.acc = new Int32Array(window);
+const POS = 0;
+const LEN = 1;
+const SUM_DRAFT = 2; // float64
+const SUM_ACC = 4; // float64
+const RING = 6; // float64 pairs
+
+/** A standalone state record (the guard keeps its records in a slab), readable for inspection. */
+export class SpecAcceptanceState extends StateRecord {
+  get pos(): number {
+    return this.i32[POS];
+  }
+  /** Steps in the window. */
+  get len(): number {
+    return this.i32[LEN];
+  }
+  get sumDraft(): number {
+    return this.f64[SUM_DRAFT >> 1];
+  }
+  get sumAcc(): number {
+    return this.f64[SUM_ACC >> 1];
   }
 }
 
@@ -32,42 +47,65 @@ export interface SpecAcceptanceHit {
 }
 
 export class SpecAcceptanceDetector {
-  constructor(readonly cfg: SpecAcceptanceConfig) {}
+  /** int32 words of one state record. */
+  readonly words: number;
+
+  constructor(readonly cfg: SpecAcceptanceConfig) {
+    this.words = RING + 4 * cfg.window;
+  }
 
   newState(): SpecAcceptanceState {
-    return new SpecAcceptanceState(this.cfg.window);
+    return new SpecAcceptanceState(this.words);
   }
 
   onStep(s: SpecAcceptanceState, draftLen: number, accepted: number): SpecAcceptanceHit | null {
+    return this.onStepAt(s.i32, s.f64, s.base, draftLen, accepted);
+  }
+
+  /** As onStep, on the record at word `b` (even) of `m` / `f`. */
+  onStepAt(m: Int32Array, f: Float64Array, b: number, draftLen: number, accepted: number): SpecAcceptanceHit | null {
     if (!(draftLen > 0)) return null;
     const cfg = this.cfg;
     const w = cfg.window;
     const a = Math.min(draftLen, Math.max(0, accepted - 1));
-    if (s.len === w) {
-      s.sumDraft -= s.draft[s.pos];
-      s.sumAcc -= s.acc[s.pos];
+    const pos = m[b + POS];
+    const len = m[b + LEN];
+    const fb = b >> 1;
+    const slot = fb + (RING >> 1) + 2 * pos;
+    let sumDraft = f[fb + (SUM_DRAFT >> 1)];
+    let sumAcc = f[fb + (SUM_ACC >> 1)];
+    if (len === w) {
+      sumDraft -= f[slot];
+      sumAcc -= f[slot + 1];
     } else {
-      s.len++;
+      m[b + LEN] = len + 1;
     }
-    s.draft[s.pos] = draftLen;
-    s.acc[s.pos] = a;
-    s.sumDraft += draftLen;
-    s.sumAcc += a;
-    s.pos = s.pos + 1 === w ? 0 : s.pos + 1;
-    if (s.len < w) return null;
-    const rate = s.sumAcc / s.sumDraft;
-    const len = s.sumAcc / w;
+    f[slot] = draftLen;
+    f[slot + 1] = a;
+    sumDraft += draftLen;
+    sumAcc += a;
+    f[fb + (SUM_DRAFT >> 1)] = sumDraft;
+    f[fb + (SUM_ACC >> 1)] = sumAcc;
+    m[b + POS] = pos + 1 === w ? 0 : pos + 1;
+    if (len + 1 < w) return null;
+    const rate = sumAcc / sumDraft;
+    const meanLen = sumAcc / w;
     let direction: 'low' | 'high' | null = null;
-    if (rate < cfg.low_accept_rate && len < cfg.low_accept_len) direction = 'low';
-    else if (rate > cfg.high_accept_rate && len > cfg.high_accept_len) direction = 'high';
+    if (rate < cfg.low_accept_rate && meanLen < cfg.low_accept_len) direction = 'low';
+    else if (rate > cfg.high_accept_rate && meanLen > cfg.high_accept_len) direction = 'high';
     if (direction === null) return null;
-    const hit: SpecAcceptanceHit = {
+    // the window restarts
+    m[b + POS] = 0;
+    m[b + LEN] = 0;
+    f[fb + (SUM_DRAFT >> 1)] = 0;
+    f[fb + (SUM_ACC >> 1)] = 0;
+    return {
       direction,
       accept_rate: rate,
-      accept_len: len,
+      accept_len: meanLen,
       window: w,
-      sum_draft_len: s.sumDraft,
-      sum_accepted_draft: s.sumAcc,
+      sum_draft_len: sumDraft,
+      sum_accepted_draft: sumAcc,
       thresholds: {
         low_accept_rate: cfg.low_accept_rate,
         low_accept_len: cfg.low_accept_len,
@@ -75,7 +113,5 @@ export class SpecAcceptanceDetector {
         high_accept_len: cfg.high_accept_len,
       },
     };
-    s.pos = s.len = s.sumDraft = s.sumAcc = 0;
-    return hit;
   }
 }

@@ -4,74 +4,46 @@
 // not pushed, not counted, scores 0 (a 0 enters the score window) and is not an evaluation step.
 // Over when content_tokens_seen ≥ min_tokens and repeat_sum > repeat_sum_threshold (strict); the
 // alert fires when consecutive over-steps reach consecutive_hits; one alert per request.
+//
+// O(1) per token: the occurrence counts of the window's tokens live in a small open-addressing
+// table (linear probing, backward-shift deletion, at most about half full) and repeat_sum is a
+// running sum over a ring of scores. Everything is one record of int32 words (see slab.ts):
+//   [0] tokPos [1] tokLen [2] scorePos [3] contentSeen [4] consecutive [5] lastScore [6] alerted
+//   [8..9] repeatSum (float64: up to window², past 2^31 for large windows)
+//   [10 ..] tokens ring (window) | scores ring (window) | table: (key, count) pairs
 import type { TokenRepeatConfig } from '../config';
+import { even, StateRecord } from './slab';
 
-/**
- * Occurrence counts of the tokens in the window: an open-addressing table (linear probing,
- * backward-shift deletion) in two Int32Arrays, at most half full. O(1) per token, no allocation.
- */
-export class TokenCounts {
-  readonly keys: Int32Array;
-  readonly cnts: Int32Array;
-  readonly mask: number;
-  constructor(window: number) {
-    let cap = 8;
-    while (cap < 2 * window) cap *= 2;
-    this.keys = new Int32Array(cap);
-    this.cnts = new Int32Array(cap);
-    this.mask = cap - 1;
-  }
-  private slot(t: number): number {
-    const { keys, cnts, mask } = this;
-    let i = Math.imul(t, 0x9e3779b1) >>> 16 & mask;
-    while (cnts[i] !== 0 && keys[i] !== t) i = (i + 1) & mask;
-    return i;
-  }
-  get(t: number): number {
-    return this.cnts[this.slot(t)];
-  }
-  inc(t: number): void {
-    const i = this.slot(t);
-    this.keys[i] = t;
-    this.cnts[i]++;
-  }
-  dec(t: number): void {
-    const { keys, cnts, mask } = this;
-    let i = this.slot(t);
-    if (--cnts[i] !== 0) return;
-    // backward-shift: pull later entries of the probe run into the hole
-    let j = i;
-    for (;;) {
-      j = (j + 1) & mask;
-      if (cnts[j] === 0) return;
-      const home = Math.imul(keys[j], 0x9e3779b1) >>> 16 & mask;
-      const movable = i <= j ? home <= i || home > j : home <= i && home > j;
-      if (movable) {
-        keys[i] = keys[j];
-        cnts[i] = cnts[j];
-        cnts[j] = 0;
-        i = j;
-      }
-    }
-  }
-}
+const TOK_POS = 0;
+const TOK_LEN = 1;
+const SCORE_POS = 2;
+const SEEN = 3;
+const CONSEC = 4;
+const LAST_SCORE = 5;
+const ALERTED = 6;
+const SUM = 8; // float64
+const RINGS = 10;
 
-export class TokenRepeatState {
-  readonly tokens: Int32Array; // last `window` content tokens (ring)
-  readonly scores: Int32Array; // last `window` scores (ring)
-  readonly counts: TokenCounts;
-  tokPos = 0;
-  tokLen = 0;
-  scorePos = 0;
-  repeatSum = 0;
-  contentSeen = 0;
-  consecutive = 0;
-  lastScore = 0;
-  alerted = false;
-  constructor(window: number) {
-    this.tokens = new Int32Array(window);
-    this.scores = new Int32Array(window);
-    this.counts = new TokenCounts(window);
+/** A standalone state record (the guard keeps its records in a slab), readable for inspection. */
+export class TokenRepeatState extends StateRecord {
+  get repeatSum(): number {
+    return this.f64[SUM >> 1];
+  }
+  get contentSeen(): number {
+    return this.i32[SEEN];
+  }
+  get consecutive(): number {
+    return this.i32[CONSEC];
+  }
+  get lastScore(): number {
+    return this.i32[LAST_SCORE];
+  }
+  get alerted(): boolean {
+    return this.i32[ALERTED] !== 0;
+  }
+  /** Content tokens in the window. */
+  get tokLen(): number {
+    return this.i32[TOK_LEN];
   }
 }
 
@@ -85,63 +57,141 @@ export interface TokenRepeatHit {
 }
 
 export class TokenRepeatDetector {
+  /** int32 words of one state record. */
+  readonly words: number;
+  private readonly window: number;
+  private readonly scoresAt: number;
+  private readonly tableAt: number;
+  private readonly tableMask: number; // slots − 1 (power of two)
+  private readonly hashShift: number; // 32 − log2(slots): Fibonacci hashing keeps the top bits
   private readonly ignore: Set<number>;
+  private readonly hasIgnore: boolean;
+
   constructor(readonly cfg: TokenRepeatConfig) {
+    const w = cfg.window;
+    let slots = 8;
+    while (slots < 2 * (w + 1)) slots *= 2; // w + 1 keys at most: the new token is counted before the oldest leaves
+    this.window = w;
+    this.scoresAt = RINGS + w;
+    this.tableAt = even(RINGS + 2 * w);
+    this.tableMask = slots - 1;
+    this.hashShift = 32 - Math.log2(slots);
+    this.words = this.tableAt + 2 * slots;
     this.ignore = new Set(cfg.ignore_token_ids);
+    this.hasIgnore = this.ignore.size > 0;
   }
 
   newState(): TokenRepeatState {
-    return new TokenRepeatState(this.cfg.window);
-  }
-
-  private pushScore(s: TokenRepeatState, score: number): void {
-    const w = this.cfg.window;
-    s.repeatSum += score - s.scores[s.scorePos];
-    s.scores[s.scorePos] = score;
-    s.scorePos = s.scorePos + 1 === w ? 0 : s.scorePos + 1;
-  }
-
-  private pushToken(s: TokenRepeatState, t: number): void {
-    const w = this.cfg.window;
-    if (s.tokLen === w) s.counts.dec(s.tokens[s.tokPos]);
-    else s.tokLen++;
-    s.counts.inc(t);
-    s.tokens[s.tokPos] = t;
-    s.tokPos = s.tokPos + 1 === w ? 0 : s.tokPos + 1;
+    return new TokenRepeatState(this.words);
   }
 
   /** Feed this step's new tokens; returns the alert (once per request) or null. */
   onTokens(s: TokenRepeatState, tokens: readonly number[]): TokenRepeatHit | null {
-    if (s.alerted) return null;
+    return this.onTokensAt(s.i32, s.f64, s.base, tokens);
+  }
+
+  /** As onTokens, on the record at word `b` of `m` / `f`. */
+  onTokensAt(m: Int32Array, f: Float64Array, b: number, tokens: readonly number[]): TokenRepeatHit | null {
+    if (m[b + ALERTED] !== 0) return null;
     const cfg = this.cfg;
+    const w = this.window;
+    const scores = b + this.scoresAt;
     for (let k = 0; k < tokens.length; k++) {
-      const t = tokens[k] | 0; // ids are uint32 on the wire; the bit pattern is the identity
-      if (this.ignore.size > 0 && this.ignore.has(tokens[k])) {
-        this.pushScore(s, 0);
-        continue;
+      let score = 0;
+      const raw = tokens[k];
+      const content = !(this.hasIgnore && this.ignore.has(raw));
+      if (content) {
+        const t = raw | 0; // ids are uint32 on the wire; the bit pattern is the identity
+        score = this.countAndAdd(m, b, t);
+        // the new token is in the window now; the oldest one leaves when the window was full
+        const pos = m[b + TOK_POS];
+        if (m[b + TOK_LEN] === w) this.remove(m, b, m[b + RINGS + pos]);
+        else m[b + TOK_LEN]++;
+        m[b + RINGS + pos] = t;
+        m[b + TOK_POS] = pos + 1 === w ? 0 : pos + 1;
       }
-      const score = s.counts.get(t);
-      this.pushToken(s, t);
-      this.pushScore(s, score);
-      s.lastScore = score;
-      s.contentSeen++;
-      if (s.contentSeen >= cfg.min_tokens && s.repeatSum > cfg.repeat_sum_threshold) {
-        s.consecutive++;
-        if (s.consecutive >= cfg.consecutive_hits) {
-          s.alerted = true;
+      // the score window: a 0 for an ignored token
+      const sp = m[b + SCORE_POS];
+      const sumAt = (b + SUM) >> 1;
+      const sum = f[sumAt] + score - m[scores + sp];
+      f[sumAt] = sum;
+      m[scores + sp] = score;
+      m[b + SCORE_POS] = sp + 1 === w ? 0 : sp + 1;
+      if (!content) continue;
+      m[b + LAST_SCORE] = score;
+      const seen = ++m[b + SEEN];
+      if (seen >= cfg.min_tokens && sum > cfg.repeat_sum_threshold) {
+        const consecutive = ++m[b + CONSEC];
+        if (consecutive >= cfg.consecutive_hits) {
+          m[b + ALERTED] = 1;
           return {
-            repeat_sum: s.repeatSum,
+            repeat_sum: sum,
             threshold: cfg.repeat_sum_threshold,
-            window: cfg.window,
-            content_tokens_seen: s.contentSeen,
+            window: w,
+            content_tokens_seen: seen,
             last_score: score,
-            consecutive_hits: s.consecutive,
+            consecutive_hits: consecutive,
           };
         }
       } else {
-        s.consecutive = 0;
+        m[b + CONSEC] = 0;
       }
     }
     return null;
+  }
+
+  private home(t: number): number {
+    return Math.imul(t, 0x9e3779b1) >>> this.hashShift;
+  }
+
+  /** Count of t in the window before this token, then one more: a single probe. */
+  private countAndAdd(m: Int32Array, b: number, t: number): number {
+    const table = b + this.tableAt;
+    const mask = this.tableMask;
+    let i = this.home(t);
+    for (;;) {
+      const e = table + 2 * i;
+      const c = m[e + 1];
+      if (c === 0) {
+        m[e] = t;
+        m[e + 1] = 1;
+        return 0;
+      }
+      if (m[e] === t) {
+        m[e + 1] = c + 1;
+        return c;
+      }
+      i = (i + 1) & mask;
+    }
+  }
+
+  /** One occurrence of t (present) leaves the window; an emptied entry is back-shift deleted. */
+  private remove(m: Int32Array, b: number, t: number): void {
+    const table = b + this.tableAt;
+    const mask = this.tableMask;
+    let i = this.home(t);
+    for (;;) {
+      if (m[table + 2 * i + 1] === 0) return; // absent: cannot happen while the ring and table agree
+      if (m[table + 2 * i] === t) break;
+      i = (i + 1) & mask;
+    }
+    if (--m[table + 2 * i + 1] !== 0) return;
+    // pull later entries of the probe run into the hole, so that lookups never stop early
+    let j = i;
+    for (;;) {
+      j = (j + 1) & mask;
+      const cj = m[table + 2 * j + 1];
+      if (cj === 0) return;
+      const kj = m[table + 2 * j];
+      const h = this.home(kj);
+      // kj may move to i when its home is not in the cyclic range (i, j]
+      const movable = i <= j ? h <= i || h > j : h <= i && h > j;
+      if (movable) {
+        m[table + 2 * i] = kj;
+        m[table + 2 * i + 1] = cj;
+        m[table + 2 * j + 1] = 0;
+        i = j;
+      }
+    }
   }
 }

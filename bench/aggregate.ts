@@ -1,0 +1,223 @@
+// `wavebus bench aggregate --size-mb M`: aggregation throughput of M MB of bundles (4 ranks ×
+// M/4 MB) over loopback — coordinator + 4 agents in a child process, `aggregate()` here — against
+// a plain TCP copy of the same bytes (a node net server in a child process → a client here
+// writing each file with fsync), measured in the same run. Target: ratio ≥ 0.8.
+import { spawn, type ChildProcess } from 'child_process';
+import * as fs from 'fs';
+import * as net from 'net';
+import * as os from 'os';
+import * as path from 'path';
+import { aggregate } from '../src/aggregate';
+import { crc32c, formatChecksum } from '../src/checksum';
+
+const RANKS = 4;
+
+function arg(argv: string[], name: string, def: number): number {
+  const i = argv.indexOf(name);
+  if (i < 0) return def;
+  const v = Number(argv[i + 1]);
+  if (!Number.isFinite(v) || v <= 0) throw new Error(`${name}: expected a positive number, got ${JSON.stringify(argv[i + 1])}`);
+  return v;
+}
+
+async function freePort(): Promise<number> {
+  for (;;) {
+    const p = await new Promise<number>((resolve, reject) => {
+      const s = net.createServer();
+      s.on('error', reject);
+      s.listen(0, '127.0.0.1', () => {
+        const port = (s.address() as net.AddressInfo).port;
+        s.close(() => resolve(port));
+      });
+    });
+    const next = await new Promise<boolean>((resolve) => {
+      const s = net.createServer();
+      s.once('error', () => resolve(false));
+      s.listen(p + 1, '127.0.0.1', () => s.close(() => resolve(true)));
+    });
+    if (p < 65534 && next) return p;
+  }
+}
+
+/** rank<g>/ dirs of random files with a dump.json recording their checksums (as real bundles do). */
+function writeSource(root: string, totalBytes: number): { files: string[]; bytes: number } {
+  const perRank = Math.floor(totalBytes / RANKS);
+  const fileBytes = Math.min(perRank, 16 * 2 ** 20);
+  const files: string[] = [];
+  let bytes = 0;
+  for (let g = 0; g < RANKS; g++) {
+    const dir = path.join(root, 'dumps', 'bench', 'req', 'wave_1', `rank${g}`);
+    fs.mkdirSync(dir, { recursive: true });
+    const listed = [];
+    for (let i = 0, left = perRank; left > 0; i++) {
+      const n = Math.min(fileBytes, left);
+      const data = Buffer.allocUnsafe(n);
+      for (let o = 0; o < n; o += 4) data.writeUInt32LE((Math.random() * 2 ** 32) >>> 0, Math.min(o, n - 4));
+      const name = `layer${i}.bin`;
+      fs.writeFileSync(path.join(dir, name), data);
+      listed.push({ path: name, bytes: n, checksum: formatChecksum(crc32c(data)) });
+      files.push(path.join(dir, name));
+      bytes += n;
+      left -= n;
+    }
+    fs.writeFileSync(path.join(dir, 'dump.json'), JSON.stringify({ identity: { global_rank: g }, files: listed }));
+    files.push(path.join(dir, 'dump.json'));
+  }
+  return { files, bytes };
+}
+
+function child(script: string, args: string[]): { proc: ChildProcess; ready: Promise<void> } {
+  const proc = spawn(process.execPath, ['-e', script, ...args], { stdio: ['ignore', 'pipe', 'inherit'] });
+  const ready = new Promise<void>((resolve, reject) => {
+    let out = '';
+    proc.stdout!.on('data', (b) => {
+      out += b.toString();
+      if (out.includes('READY')) resolve();
+    });
+    proc.on('exit', (code) => reject(new Error(`bench child exited ${code} before it was ready`)));
+  });
+  return { proc, ready };
+}
+
+const DIST = path.resolve(__dirname, '..', 'src');
+
+/** The job side: coordinator + one AgentBus/FileServer per rank, all serving `root`. */
+const JOB_SCRIPT = `
+const path = require('path');
+const [dist, port, root, ranks] = process.argv.slice(1);
+const { Coordinator } = require(path.join(dist, 'bus/coordinator'));
+const { AgentBus } = require(path.join(dist, 'bus/agent-bus'));
+const { FileServer } = require(path.join(dist, 'agent/file-server'));
+const { resolveIdentity } = require(path.join(dist, 'identity'));
+const { createLogger } = require(path.join(dist, 'log'));
+const log = createLogger('bench', 'silent');
+(async () => {
+  const n = Number(ranks);
+  const c = new Coordinator({ port: Number(port), layout: { worldSize: n, tp: n, pp: 1, dp: 1, cp: 1 }, heartbeatMs: 200, logger: log });
+  await c.start();
+  for (let r = 0; r < n; r++) {
+    const bus = new AgentBus({ coordinator: { host: '127.0.0.1', port: Number(port) }, identity: resolveIdentity({}, { rank: r, worldSize: n, tp: n, pp: 1 }), heartbeatMs: 200, logger: log });
+    const fsrv = new FileServer(r, () => ({ dumps: path.join(root, 'dumps') }), log);
+    bus.onRequest((req) => fsrv.handle(req));
+    await bus.start();
+  }
+  const t = setInterval(() => { if (c.liveRanks().length === n) { clearInterval(t); process.stdout.write('READY\\n'); } }, 50);
+})();
+`;
+
+/** The baseline: a TCP server that streams the files, length-prefixed, one connection. */
+const TCP_SCRIPT = `
+const net = require('net'); const fs = require('fs');
+const [port, list] = process.argv.slice(1);
+const files = JSON.parse(fs.readFileSync(list, 'utf8'));
+const srv = net.createServer(async (sock) => {
+  for (const f of files) {
+    const size = fs.statSync(f).size;
+    const h = Buffer.alloc(8); h.writeBigUInt64LE(BigInt(size));
+    sock.write(h);
+    for await (const chunk of fs.createReadStream(f, { highWaterMark: 4 << 20 })) {
+      if (!sock.write(chunk)) await new Promise((r) => sock.once('drain', r));
+    }
+  }
+  sock.end();
+});
+srv.listen(Number(port), '127.0.0.1', () => process.stdout.write('READY\\n'));
+`;
+
+async function tcpCopy(port: number, files: string[], out: string): Promise<void> {
+  fs.mkdirSync(out, { recursive: true });
+  const sock = net.connect(port, '127.0.0.1');
+  let idx = 0;
+  let left = -1;
+  let fd = -1;
+  let pending = Buffer.alloc(0);
+  const open = () => {
+    fd = fs.openSync(path.join(out, `f${idx}`), 'w');
+  };
+  const finish = () => {
+    fs.fsyncSync(fd);
+    fs.closeSync(fd);
+    fd = -1;
+    idx++;
+    left = -1;
+  };
+  await new Promise<void>((resolve, reject) => {
+    sock.on('data', (b: Buffer) => {
+      let buf = pending.length ? Buffer.concat([pending, b]) : b;
+      pending = Buffer.alloc(0);
+      while (buf.length > 0) {
+        if (left < 0) {
+          if (buf.length < 8) {
+            pending = Buffer.from(buf);
+            return;
+          }
+          left = Number(buf.readBigUInt64LE(0));
+          buf = buf.subarray(8);
+          open();
+          if (left === 0) finish();
+          continue;
+        }
+        const n = Math.min(left, buf.length);
+        fs.writeSync(fd, buf, 0, n);
+        left -= n;
+        buf = buf.subarray(n);
+        if (left === 0) finish();
+      }
+    });
+    sock.on('end', () => (idx === files.length ? resolve() : reject(new Error(`tcp copy got ${idx} of ${files.length} files`))));
+    sock.on('error', reject);
+  });
+}
+
+export async function run(argv: string[]): Promise<Record<string, unknown>> {
+  const sizeMb = arg(argv, '--size-mb', 64);
+  const chunkMb = arg(argv, '--chunk-mb', 4);
+  const window = arg(argv, '--window', 4);
+  const work = fs.mkdtempSync(path.join(os.tmpdir(), 'wavebus-bench-agg-'));
+  const kids: ChildProcess[] = [];
+  try {
+    const src = writeSource(path.join(work, 'src'), Math.round(sizeMb * 2 ** 20));
+    const port = await freePort();
+    const job = child(JOB_SCRIPT, [DIST, String(port), path.join(work, 'src'), String(RANKS)]);
+    kids.push(job.proc);
+    const listFile = path.join(work, 'files.json');
+    fs.writeFileSync(listFile, JSON.stringify(src.files));
+    const tcpPort = await freePort();
+    const tcp = child(TCP_SCRIPT, [String(tcpPort), listFile]);
+    kids.push(tcp.proc);
+    await Promise.all([job.ready, tcp.ready]);
+    const total = src.files.reduce((n, f) => n + fs.statSync(f).size, 0);
+
+    // Alternate, best of two each, so neither side gets a warm page cache the other lacked.
+    const aggTimes: number[] = [];
+    const tcpTimes: number[] = [];
+    let files = 0;
+    for (let round = 0; round < 2; round++) {
+      let t = process.hrtime.bigint();
+      await tcpCopy(tcpPort, src.files, path.join(work, `tcp${round}`));
+      tcpTimes.push(Number(process.hrtime.bigint() - t) / 1e9);
+      t = process.hrtime.bigint();
+      const m = await aggregate({ coordinator: { host: '127.0.0.1', port }, out: path.join(work, `agg${round}`), what: 'dumps', chunkBytes: Math.floor(chunkMb * 2 ** 20), window });
+      aggTimes.push(Number(process.hrtime.bigint() - t) / 1e9);
+      if (!m.complete) throw new Error(`aggregate incomplete: ${JSON.stringify(m.totals)}`);
+      files = m.totals.files;
+    }
+    const mb = total / 1e6;
+    const MBps = mb / Math.min(...aggTimes);
+    const tcpMBps = mb / Math.min(...tcpTimes);
+    return {
+      size_mb: Number(mb.toFixed(1)),
+      files,
+      ranks: RANKS,
+      chunk_mb: chunkMb,
+      window,
+      MBps: Number(MBps.toFixed(1)),
+      tcp_MBps: Number(tcpMBps.toFixed(1)),
+      ratio: Number((MBps / tcpMBps).toFixed(3)),
+      target_ratio: 0.8,
+    };
+  } finally {
+    for (const k of kids) k.kill('SIGKILL');
+    fs.rmSync(work, { recursive: true, force: true });
+  }
+}

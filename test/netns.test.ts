@@ -1,0 +1,192 @@
+// Two hosts on one machine: two network namespaces joined by a veth pair, each running
+// `wavebus launch` with the simulated engine (TP=4, two ranks per host). The coordinator binds host
+// A's veth address (--insecure). The link is cut mid-run and healed: engines keep stepping within
+// their bound, host B's ranks are marked not live, and they rejoin by themselves.
+// Needs root (CI runs as root); a failure to create the namespaces fails the test.
+import * as fs from 'fs';
+import * as path from 'path';
+import { inspectTree } from '../src/inspect';
+import {
+  CLI,
+  ROOT,
+  cleanup,
+  cleanupNetns,
+  createNetnsPair,
+  rootOnlyReason,
+  sh,
+  spawnInNetns,
+  tmpDir,
+  waitFor,
+  type NetnsPair,
+  type Spawned,
+} from './helpers';
+
+jest.setTimeout(180000);
+
+const why = rootOnlyReason();
+const PORT = 29600; // a fresh namespace has every port free
+const STEP_MS = 200;
+const STEPS = 100;
+const BOUND_MS = 200;
+
+interface Status {
+  epoch: number;
+  wave: number;
+  liveRanks: number[];
+  ready: boolean;
+  json: Record<string, any>;
+}
+
+/** A prober inside namespace `ns`: prints the coordinator's status as one JSON line every 200 ms. */
+function startProber(ns: string, host: string): { latest: () => Status | undefined; proc: Spawned } {
+  const script = `
+    const { requestStatus } = require(${JSON.stringify(path.join(ROOT, 'dist', 'src', 'bus', 'coordinator.js'))});
+    const tick = () => requestStatus({ host: ${JSON.stringify(host)}, port: ${PORT} }, 1000).then(
+      (s) => process.stdout.write(JSON.stringify({ ...s, json: JSON.parse(s.statusJson) }) + '\\n'),
+      () => process.stdout.write('{}\\n'),
+    ).finally(() => setTimeout(tick, 200));
+    tick();`;
+  const proc = spawnInNetns(ns, process.execPath, ['-e', script]);
+  return {
+    proc,
+    latest: () => {
+      const lines = proc.stdout().trim().split('\n');
+      for (let i = lines.length - 1; i >= 0; i--) {
+        try {
+          const s = JSON.parse(lines[i]);
+          return s.epoch ? (s as Status) : undefined;
+        } catch {
+          /* a line still being written */
+        }
+      }
+      return undefined;
+    },
+  };
+}
+
+interface Manifest {
+  arm_wave: number;
+  completed_ranks: number[];
+  missing_ranks: number[];
+  complete: boolean;
+  timed_out: boolean;
+}
+
+function manifests(root: string): Manifest[] {
+  const out: Manifest[] = [];
+  const walk = (d: string): void => {
+    if (!fs.existsSync(d)) return;
+    for (const n of fs.readdirSync(d)) {
+      const p = path.join(d, n);
+      if (n === 'manifest.json') {
+        try {
+          out.push(JSON.parse(fs.readFileSync(p, 'utf8')));
+        } catch {
+          /* being renamed into place */
+        }
+      } else if (!n.startsWith('.') && fs.statSync(p).isDirectory()) walk(p);
+    }
+  };
+  walk(root);
+  return out;
+}
+
+afterEach(async () => {
+  await cleanup();
+  cleanupNetns();
+});
+
+describe('two hosts in network namespaces', () => {
+  if (why) {
+    test.skip(`skipped: ${why}`, () => undefined);
+    // eslint-disable-next-line no-console
+    console.warn(`netns tests skipped: ${why}`);
+    return;
+  }
+
+  test('a TP=4 job over two hosts dumps from every rank; a partition is survived and healed', async () => {
+    const net: NetnsPair = createNetnsPair();
+    const dir = tmpDir('wavebus-netns-');
+    const cfgPath = path.join(dir, 'runtime', 'config', 'runtime_config.json');
+    const kvRoot = path.join(dir, 'runtime', 'report', 'kv_cache');
+    const resultDir = path.join(dir, 'ranks');
+    const on = { enabled: true, on_trigger: ['report', 'dump_kv'] };
+    const config = { detector: { logits_finite: on }, dump: { auto_max_times: 100, auto_cooldown_seconds: 0, free_headroom_bytes: 0, format: 'pt', manual_dump: 0 } };
+    fs.mkdirSync(path.dirname(cfgPath), { recursive: true });
+    fs.writeFileSync(cfgPath, JSON.stringify(config));
+    const startAt = Date.now() + 8000;
+    const launch = (ns: string, node: number): Spawned =>
+      spawnInNetns(ns, process.execPath, [
+        CLI, 'launch', '--nnodes', '2', '--node-rank', String(node), '--nproc-per-node', '2', '--tp', '4',
+        '--master-addr', net.addrA, '--port', String(PORT), '--insecure', '--ready-timeout-ms', '60000', '--grace-ms', '2000',
+        `--coordinator-arg=--runtime-config-path`, `--coordinator-arg=${cfgPath}`, '--coordinator-arg=--runtime-config-hot-reload',
+        '--coordinator-arg=--heartbeat-ms', '--coordinator-arg=200', '--coordinator-arg=--dump-ack-timeout-ms', '--coordinator-arg=4000',
+        '--agent-arg=--heartbeat-ms', '--agent-arg=200', '--agent-arg=--end-of-wave-timeout-ms', `--agent-arg=${BOUND_MS}`,
+        '--',
+        process.execPath, CLI, 'sim', '--steps', String(STEPS), '--step-ms', String(STEP_MS), '--result-dir', resultDir,
+        '--faults', JSON.stringify({ nonFinite: { request: 0, at: 6 } }), '--start-at', String(startAt),
+      ]);
+    const hostA = launch(net.a, 0);
+    const hostB = launch(net.b, 1);
+    const probe = startProber(net.a, net.addrA);
+    const diag = () => `\nhost A: ${hostA.stderr().slice(-2500)}\nhost B: ${hostB.stderr().slice(-2500)}\nstatus: ${JSON.stringify(probe.latest()?.json)}`;
+    const until = <T>(fn: () => T, what: string, ms: number) => waitFor(fn, what, ms, 100).catch((e) => Promise.reject(new Error(`${(e as Error).message}${diag()}`)));
+
+    await until(() => probe.latest()?.ready, 'the two-host job to be ready', 60000);
+    // Host B reaches the coordinator only over the veth link (its namespace has no other route).
+    expect(sh('ip', ['netns', 'exec', net.b, 'ip', '-4', 'route']).trim().split('\n').length).toBe(1);
+
+    // 1) The fault at step 6 is dumped by all four ranks, across both hosts.
+    const first = await until(() => manifests(kvRoot).find((m) => m.complete), 'the first dump from all four ranks', 30000);
+    expect(first.completed_ranks).toEqual([0, 1, 2, 3]);
+
+    // 2) Partition: host A's end of the link goes down.
+    await until(() => (probe.latest()?.wave ?? 0) >= 12, 'wave 12', 30000);
+    sh('ip', ['-n', net.a, 'link', 'set', net.vethA, 'down']);
+    let healed = false;
+    try {
+      const cut = await until(() => {
+        const s = probe.latest();
+        return s && !s.liveRanks.includes(2) && !s.liveRanks.includes(3) ? s : undefined;
+      }, "host B's ranks to be marked not live", 15000);
+      expect(cut.liveRanks).toEqual([0, 1]);
+      const cutWave = cut.wave;
+      await until(() => (probe.latest()?.wave ?? 0) >= cutWave + 5, 'host A to keep stepping during the partition', 15000);
+    } finally {
+      sh('ip', ['-n', net.a, 'link', 'set', net.vethA, 'up']);
+      healed = true;
+    }
+    expect(healed).toBe(true);
+
+    // 3) Healed: host B's agents rejoin by themselves, and a dump after that has all four ranks.
+    const back = await until(() => {
+      const s = probe.latest();
+      return s && s.liveRanks.length === 4 && s.ready ? s : undefined;
+    }, "host B's ranks to rejoin", 45000);
+    const healWave = back.wave;
+    fs.writeFileSync(`${cfgPath}.edit`, JSON.stringify({ ...config, dump: { ...config.dump, manual_dump: 1 } }));
+    fs.renameSync(`${cfgPath}.edit`, cfgPath);
+    const after = await until(() => {
+      const ms = manifests(kvRoot).filter((m) => m.arm_wave > healWave);
+      return ms.length > 0 && ms.every((m) => m.complete) ? ms : undefined;
+    }, 'a complete dump after the partition healed', 40000);
+    for (const m of after) expect(m.completed_ranks).toEqual([0, 1, 2, 3]);
+
+    // 4) Both launches finish; every rank ran every step; host B's engines counted bounded waits.
+    const [ea, eb] = await Promise.all([hostA.exited, hostB.exited]);
+    expect({ a: ea.code, b: eb.code }).toEqual({ a: 0, b: 0 });
+    const results = [0, 1, 2, 3].map((g) => JSON.parse(fs.readFileSync(path.join(resultDir, `rank${g}.json`), 'utf8')));
+    for (const r of results) {
+      expect(r.steps).toBe(STEPS);
+      // Sanity bound only: no step waited much beyond the bound.
+      expect(r.wallMs).toBeLessThan(STEPS * STEP_MS + r.endOfWaveTimeouts * (BOUND_MS + 100) + 20000);
+    }
+    expect(results[2].endOfWaveTimeouts + results[3].endOfWaveTimeouts).toBeGreaterThan(0);
+
+    const tree = inspectTree(kvRoot, { verify: true });
+    expect(tree.problems).toEqual([]);
+    expect(tree.incomplete).toEqual([]);
+    const rankBundles = tree.bundles.filter((b) => b.kind === 'kv_dump');
+    expect(new Set(rankBundles.map((b) => b.ranks[0]))).toEqual(new Set([0, 1, 2, 3]));
+  });
+});

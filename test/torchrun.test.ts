@@ -1,0 +1,63 @@
+// A real torchrun-style job: Python workers with real torch tensors in shared memory, started by
+// `wavebus launch` with the environment torchrun gives them; a manual dump is armed through the
+// hot-reloaded config (edited live, as the seed describes), and every dumped .pt is compared bit-exact with the workers' tensors.
+import * as fs from 'fs';
+import * as path from 'path';
+import { PYTHON, ROOT, cleanup, freePort, runPython, spawnWavebus, tmpDir, waitFor } from './helpers';
+
+afterAll(cleanup);
+
+test('python workers under wavebus launch: a manual dump matches the workers\' KV tensors bit for bit', async () => {
+  const dir = tmpDir();
+  const cfg = path.join(dir, 'runtime', 'config', 'runtime_config.json');
+  fs.mkdirSync(path.dirname(cfg), { recursive: true });
+  fs.writeFileSync(cfg, '{ "dump": { "free_headroom_bytes": 0 } }\n');
+  const port = await freePort();
+  const blocks = '3,11,6';
+  const launch = spawnWavebus(
+    [
+      'launch', '--nproc-per-node', '2', '--tp', '2', '--port', String(port),
+      '--coordinator-arg=--runtime-config-path', `--coordinator-arg=${cfg}`, '--coordinator-arg=--runtime-config-hot-reload',
+      '--agent-arg=--end-of-wave-timeout-ms', '--agent-arg=2000',
+      '--', PYTHON, path.join(ROOT, 'test', 'python', 'spawn_ranks.py'), path.join(ROOT, 'test', 'python', 'kv_worker.py'), dir, '3000', blocks,
+    ],
+    { env: { ...process.env, PYTHONPATH: path.join(ROOT, 'clients', 'python') }, cwd: dir },
+  );
+  // The seed's manual dump: with hot reload on, edit the live file (JSONC) and bump manual_dump to 1.
+  await waitFor(() => fs.existsSync(path.join(dir, 'pool_rank0.pt')) && fs.existsSync(path.join(dir, 'pool_rank1.pt')), 'workers started', 60000);
+  await waitFor(() => fs.readFileSync(cfg, 'utf8').includes('manual_dump'), 'startup wrote the effective config back', 30000);
+  const live = fs.readFileSync(cfg, 'utf8').replace(/"manual_dump":\s*0/, '"manual_dump": 1 /* one more capture */');
+  expect(live).toContain('"manual_dump": 1');
+  fs.writeFileSync(cfg, live);
+  const reqDir = path.join(dir, 'runtime', 'report', 'kv_cache', 'manual_trigger', 'req-py-1-0a1b2c3d');
+  await waitFor(() => {
+    const waves = fs.existsSync(reqDir) ? fs.readdirSync(reqDir) : [];
+    return waves.length > 0 && fs.existsSync(path.join(reqDir, waves[0], 'manifest.json')) && JSON.parse(fs.readFileSync(path.join(reqDir, waves[0], 'manifest.json'), 'utf8')).complete;
+  }, 'the manual dump and its manifest', 60000);
+  fs.writeFileSync(path.join(dir, 'stop'), '');
+  const { code } = await launch.exited;
+  if (code !== 0) throw new Error(`launch exited ${code}\n${launch.stdout()}\n${launch.stderr()}`);
+  // Both workers ran to the stop file (a rank that outlives TP0 by a step times out once, by design).
+  expect(launch.stdout()).toMatch(/rank 0 done, end_of_wave timeouts \d+/);
+  expect(launch.stdout()).toMatch(/rank 1 done, end_of_wave timeouts \d+/);
+  const [waveDir] = fs.readdirSync(reqDir);
+  const check = runPython(
+    `import sys, os, torch
+d, pools, blocks = sys.argv[1], sys.argv[2], [int(b) for b in sys.argv[3].split(',')]
+for rank in (0, 1):
+    pool = torch.load(os.path.join(pools, f'pool_rank{rank}.pt'))
+    for layer in ('model.layers.0.self_attn', 'model.layers.1.self_attn'):
+        dump = torch.load(os.path.join(d, f'rank{rank}', f'{layer}.pt'), weights_only=True)
+        assert dump['req_id'] == 'req-py-1-0a1b2c3d' and dump['tp_rank'] == rank and list(dump['block_ids']) == blocks, dump
+        for kv in ('k', 'v'):
+            want = pool[f'{layer}.{kv}'][blocks]
+            got = dump[kv]
+            assert got.dtype == torch.bfloat16 and got.shape == want.shape, (got.dtype, got.shape)
+            assert torch.equal(got.view(torch.int16), want.view(torch.int16)), (rank, layer, kv)
+print('bit-exact')`,
+    [path.join(reqDir, waveDir), dir, blocks],
+  );
+  expect(check.trim()).toBe('bit-exact');
+  const manifest = JSON.parse(fs.readFileSync(path.join(reqDir, waveDir, 'manifest.json'), 'utf8'));
+  expect(manifest).toMatchObject({ incident_type: 'manual_trigger', completed_ranks: [0, 1], missing_ranks: [] });
+});
