@@ -18,8 +18,8 @@ NPROC=${NPROC:-8}
 WAVEBUS_PORT=${WAVEBUS_PORT:-29600}   # bus: PUB on this port, ROUTER on this port + 1
 TORCH_PORT=${TORCH_PORT:-29500}       # torchrun's own rendezvous port: must differ from the bus ports
 
-# --insecure: the bus binds a non-loopback address and CURVE keys are not supported yet, so
-# traffic is plain text; run this only on a trusted cluster network.
+# --insecure: the bus binds a non-loopback address in plain text; use it only on a trusted
+# cluster network, or replace it with --curve-dir DIR (CURVE keys, docs/security.md).
 exec wavebus launch \
   --nnodes "$NNODES" --node-rank "$NODE_RANK" --nproc-per-node "$NPROC" \
   --master-addr "$MASTER" --port "$WAVEBUS_PORT" \

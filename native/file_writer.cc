@@ -18,8 +18,6 @@ struct FileState {
   uint64_t offset = 0;       // bytes written
   uint32_t crc32c = 0;       // of every byte written
   uint64_t blockBytes = 0;   // checksum-then-write granularity
-  uint64_t writeback = 0;    // start writeback every this many bytes (0: never)
-  uint64_t kicked = 0;       // writeback requested up to here
   bool busy = false;         // an operation is queued or running (set and cleared on the JS thread)
   ~FileState() {
     if (fd >= 0) ::close(fd);
@@ -115,11 +113,6 @@ class FileOp : public Napi::AsyncWorker {
       }
       p += n;
       left -= n;
-      if (s.writeback > 0 && s.offset - s.kicked >= s.writeback) {
-        // Advisory: start writing these pages back now; errors surface at fsync.
-        ::sync_file_range(s.fd, static_cast<off_t>(s.kicked), static_cast<off_t>(s.offset - s.kicked), SYNC_FILE_RANGE_WRITE);
-        s.kicked = s.offset;
-      }
     }
   }
 
@@ -156,7 +149,6 @@ FileWriter::FileWriter(const Napi::CallbackInfo& info) : Napi::ObjectWrap<FileWr
   std::string path = ArgString(info, 0, "path");
   uint64_t mode = ArgU64(info, 1, "mode");
   uint64_t block = ArgU64(info, 2, "blockBytes");
-  uint64_t writeback = ArgU64(info, 3, "writebackBytes");
   if (mode > 07777) ThrowCoded(env, "ERR_INVALID_ARG", "mode must be at most 0o7777");
   if (block < 4096 || block > (1ull << 30)) ThrowCoded(env, "ERR_INVALID_ARG", "blockBytes must be in 4096..2^30");
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, static_cast<mode_t>(mode));
@@ -165,7 +157,6 @@ FileWriter::FileWriter(const Napi::CallbackInfo& info) : Napi::ObjectWrap<FileWr
   state_->path = std::move(path);
   state_->fd = fd;
   state_->blockBytes = block;
-  state_->writeback = writeback;
 }
 
 FileState& FileWriter::Ready(Napi::Env env, const char* op) {

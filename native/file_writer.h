@@ -2,8 +2,7 @@
 // libuv worker that walks the bytes in cache-sized blocks: checksums a block (CRC-32C of the file,
 // plus the zip CRC-32 of a .pt record when asked, in one pass: crc_pair.h) and hands the same,
 // still cache-hot block to write(2). So every byte is read once from memory and the JS thread is
-// free while the kernel copies. Optionally starts writeback (sync_file_range) every N bytes so the
-// disk works while later bytes are still being produced, leaving less for the final fsync.
+// free while the kernel copies.
 //
 // One operation at a time per file (the caller awaits each; a second one is refused with
 // ERR_BUSY). Errors carry `code` = the errno name (EFBIG, ENOSPC, ...) and `syscall`, like
@@ -21,7 +20,7 @@ struct FileState;
 class FileWriter : public Napi::ObjectWrap<FileWriter> {
  public:
   static Napi::Function Define(Napi::Env env);
-  // JS: new FileWriter(path, mode, blockBytes, writebackBytes): opens O_WRONLY|O_CREAT|O_EXCL|O_CLOEXEC.
+  // JS: new FileWriter(path, mode, blockBytes): opens O_WRONLY|O_CREAT|O_EXCL|O_CLOEXEC.
   explicit FileWriter(const Napi::CallbackInfo& info);
 
  private:

@@ -143,15 +143,7 @@ export async function runDemo(opts: DemoOptions): Promise<{ ok: boolean; summary
   const resultDir = path.join(out, 'ranks');
   const port = opts.port ?? (await freeBasePort());
   const bin = path.resolve(__dirname, '..', '..', 'bin', 'wavebus.js');
-  // The token rule targets decode step 5 of request 0 (prompt length 12): token position 17.
-  const env: NodeJS.ProcessEnv = {
-    ...process.env,
-    WAVEBUS_CACHE_ROOT: out,
-    WAVEBUS_SNAPSHOT_ENABLE: '1',
-    WAVEBUS_SNAPSHOT_CAPTURE_TOKEN: '17',
-    WAVEBUS_SNAPSHOT_MAX_CAPTURES: '2',
-    WAVEBUS_SNAPSHOT_FORMAT: opts.format,
-  };
+  const env: NodeJS.ProcessEnv = { ...process.env, WAVEBUS_CACHE_ROOT: out };
   const nproc = world / opts.hosts;
   const startAt = Date.now() + 4000;
   log(`wavebus demo: TP=${opts.tp} PP=${opts.pp} DP=${opts.dp} on ${opts.hosts} simulated host(s), ${opts.steps} steps; faults: ${Object.keys(DEMO_FAULTS).join(', ')}`);
@@ -164,8 +156,9 @@ export async function runDemo(opts: DemoOptions): Promise<{ ok: boolean; summary
           '--nnodes', String(opts.hosts), '--node-rank', String(node), '--nproc-per-node', String(nproc),
           '--master-addr', '127.0.0.1', '--port', String(port),
           '--tp', String(opts.tp), '--pp', String(opts.pp), '--dp', String(opts.dp),
-          '--coordinator-arg=--runtime-config-path', `--coordinator-arg=${configPath}`,
-          '--coordinator-arg=--runtime-config-hot-reload',
+          '--runtime-config-path', configPath, '--runtime-config-hot-reload',
+          // The token rule targets decode step 5 of request 0 (prompt length 12): token position 17.
+          '--snapshot-enable', '--snapshot-capture-token', '17', '--snapshot-max-captures', '2', '--snapshot-format', opts.format,
           // A shared 2-core machine can delay a wave vector by tens of ms; real forwards are longer.
           '--agent-arg=--end-of-wave-timeout-ms', '--agent-arg=250',
           '--',

@@ -43,6 +43,8 @@ export interface LaunchOptions {
   coordinatorArgs: string[];
   agentArgs: string[];
   command: string[];
+  /** After the command exits, keep the agents and coordinator serving files (aggregation) this long; 0 = stop at once. */
+  lingerMs?: number;
   /** --curve-dir: CURVE keys for the coordinator, agents and readiness polling (docs/security.md). */
   curveDir?: string;
   /** Client keys loaded from curveDir (the launcher polls the coordinator with them). */
@@ -184,6 +186,7 @@ export function parseLaunchOptions(argv: Record<string, unknown>, env: NodeJS.Pr
     graceMs,
     coordinatorArgs: stringList(argv['coordinator-arg']),
     agentArgs: stringList(argv['agent-arg']),
+    lingerMs: given(argv['linger-ms']) ? parseIntArg(argv['linger-ms'], '--linger-ms', 0) : 0,
     command,
     ...(curveDir !== undefined ? { curveDir, curve } : {}),
   };
@@ -538,8 +541,11 @@ export async function launch(opts: LaunchOptions, logger?: Logger): Promise<numb
 
   let signalled: NodeJS.Signals | undefined;
   let abortStartup: (e: Error) => void = () => undefined;
+  let stopLinger: () => void = () => undefined;
   const onSignal = (sig: NodeJS.Signals) => {
-    if (command) {
+    if (command && (command.exitCode !== null || command.signalCode !== null)) {
+      stopLinger();
+    } else if (command) {
       command.kill(sig);
     } else {
       signalled = sig;
@@ -619,6 +625,17 @@ export async function launch(opts: LaunchOptions, logger?: Logger): Promise<numb
       });
       cmd.once('exit', (code, signal) => resolve(signal ? signalExitCode(signal) : (code ?? 1)));
     });
+    if (opts.lingerMs && opts.lingerMs > 0) {
+      // Agents keep serving their bundles so `wavebus aggregate` can still collect them.
+      process.stderr.write(`wavebus launch: the command exited (${result}); agents keep serving files for ${opts.lingerMs} ms (SIGTERM stops them)\n`);
+      await new Promise<void>((resolve) => {
+        const t = setTimeout(resolve, opts.lingerMs);
+        stopLinger = () => {
+          clearTimeout(t);
+          resolve();
+        };
+      });
+    }
     return result;
   } catch (e) {
     if (signalled && !command) {

@@ -87,11 +87,8 @@ export interface NativeFileWriter {
 }
 
 export interface NativeFileWriterCtor {
-  /**
-   * Opens `path` O_WRONLY|O_CREAT|O_EXCL. blockBytes (4096..2^30): checksum-then-write granularity;
-   * writebackBytes: start writeback (sync_file_range) every this many bytes, 0 = never.
-   */
-  new (path: string, mode: number, blockBytes: number, writebackBytes: number): NativeFileWriter;
+  /** Opens `path` O_WRONLY|O_CREAT|O_EXCL (mode <= 0o7777); blockBytes (4096..2^30): checksum-then-write granularity. */
+  new (path: string, mode: number, blockBytes: number): NativeFileWriter;
 }
 
 export interface NativeBinding {

@@ -20,12 +20,6 @@ import { native, NativeFileWriter } from './native';
 const SMALL_WRITE = 256 * 1024;
 /** Checksum-then-write granularity of the native writer: small enough to stay in L2 between the two. */
 const BLOCK_BYTES = 512 * 1024;
-/**
- * Start writeback of what has been written every this many bytes, so the disk works while later
- * bytes are still being produced and the final fsync has little left to do; it also keeps a large
- * dump from piling up dirty pages on a busy inference host.
- */
-const WRITEBACK_BYTES = 32 * 1024 * 1024;
 
 export interface WriteResult {
   /** Size of the file in bytes. */
@@ -81,7 +75,7 @@ export class FileSink {
     }
     if (!Number.isInteger(mode) || mode < 0 || mode > 0o7777) throw new RangeError(`mode must be an integer in 0..0o7777, got ${mode}`);
     try {
-      return new FileSink(path, new native.FileWriter(path, mode, BLOCK_BYTES, WRITEBACK_BYTES));
+      return new FileSink(path, new native.FileWriter(path, mode, BLOCK_BYTES));
     } catch (e) {
       throw fsFailure('create', path, e);
     }

@@ -5,6 +5,7 @@ import * as net from 'net';
 import * as path from 'path';
 import { ConfigError } from '../src/errors';
 import { agentArgv, agentEndpoint, commandEnv, coordinatorArgv, mailboxPath, parseLaunchOptions } from '../src/launcher';
+import { requestStatus } from '../src/bus/coordinator';
 import { cleanup, freePort, spawnWavebus, tmpDir, waitFor } from './helpers';
 
 afterAll(cleanup);
@@ -205,6 +206,14 @@ interface Probe {
 
 const readProbe = (f: string): Probe => JSON.parse(fs.readFileSync(f, 'utf8')) as Probe;
 
+/** Wait for `fn`, but fail at once (with its output) if the launcher exits first. */
+async function whileRunning<T>(r: ReturnType<typeof spawnWavebus>, fn: () => T, what: string): Promise<NonNullable<T>> {
+  const died = r.exited.then((e) => {
+    throw new Error(`the launcher exited (${e.code ?? e.signal}) while waiting for ${what}:\n${r.stderr()}`);
+  });
+  return Promise.race([waitFor(fn, what, 150000), died]);
+}
+
 describe('wavebus launch end to end', () => {
   jest.setTimeout(200000);
   let dir: string;
@@ -279,7 +288,7 @@ describe('wavebus launch end to end', () => {
     const port = await freeBusPort();
     const out = path.join(dir, 'trap.json');
     const r = spawnWavebus(['launch', ...READY, '--nproc-per-node', '2', '--port', String(port), '--', process.execPath, probe, out, 'trap']);
-    await waitFor(() => fs.existsSync(out), 'the command to start', 150000);
+    await whileRunning(r, () => fs.existsSync(out), 'the command to start');
     const p = readProbe(out);
     expect(p.pids).toHaveLength(3);
     for (const { pid } of p.pids) expect(alive(pid)).toBe(true);
@@ -366,7 +375,7 @@ describe('wavebus launch end to end', () => {
       'launch', '--nnodes', '2', '--node-rank', '1', '--nproc-per-node', '1', '--tp', '2', '--master-addr', '127.0.0.1',
       '--port', String(port), '--run-dir', runDir, ...READY, '--', 'true',
     ]);
-    const agents = await waitFor(() => { const p = pidsWith('agent', runDir); return p.length === 1 ? p : undefined; }, 'the agent to start', 150000);
+    const agents = await whileRunning(r, () => { const p = pidsWith('agent', runDir); return p.length === 1 ? p : undefined; }, 'the agent to start');
     r.child.kill('SIGTERM');
     const { code } = await r.exited;
     expect(code).toBe(128 + 15);
@@ -380,7 +389,7 @@ describe('wavebus launch end to end', () => {
     const out = path.join(dir, 'orphan.json');
     const runDir = path.join(dir, 'run-orphan');
     const r = spawnWavebus(['launch', ...READY, '--nproc-per-node', '2', '--port', String(port), '--run-dir', runDir, '--', process.execPath, probe, out, 'trap']);
-    await waitFor(() => fs.existsSync(out), 'the command to start', 150000);
+    await whileRunning(r, () => fs.existsSync(out), 'the command to start');
     const p = readProbe(out);
     expect(p.pids).toHaveLength(3);
     r.child.kill('SIGKILL');
@@ -391,5 +400,25 @@ describe('wavebus launch end to end', () => {
       process.kill(p.self, 'SIGKILL'); // the command itself is the user's to stop, as under torchrun
       for (const { pid } of p.pids) if (alive(pid)) process.kill(pid, 'SIGKILL');
     }
+  });
+  test('--linger-ms keeps the coordinator and agents serving after the command exits, until SIGTERM', async () => {
+    const port = await freeBusPort();
+    const out = path.join(dir, 'linger.json');
+    const r = spawnWavebus(['launch', ...READY, '--nproc-per-node', '2', '--tp', '2', '--port', String(port), '--linger-ms', '120000', '--', process.execPath, probe, out, '0']);
+    await whileRunning(r, () => r.stderr().includes('agents keep serving files'), 'the command to exit and the launcher to linger');
+    const st = await requestStatus({ host: '127.0.0.1', port }, 5000);
+    expect(st.liveRanks).toEqual([0, 1]);
+    r.child.kill('SIGTERM');
+    expect((await r.exited).code).toBe(0);
+    for (const { pid } of readProbe(out).pids) expect(alive(pid)).toBe(false);
+  });
+
+  test('guard and snapshot flags are validated before anything starts, naming the flag', async () => {
+    const bad = spawnWavebus(['launch', '--snapshot-enable', '--snapshot-capture-token', '3,,4', '--', 'true']);
+    expect((await bad.exited).code).toBe(2);
+    expect(bad.stderr()).toMatch(/--snapshot-capture-token.*3,,4/);
+    const unknown = spawnWavebus(['launch', '--additional-config', '{"runtime_config_hot_reload": true, "bogus": 1}', '--', 'true']);
+    expect((await unknown.exited).code).toBe(2);
+    expect(unknown.stderr()).toMatch(/unknown key 'bogus'/);
   });
 });

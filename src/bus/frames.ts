@@ -3,6 +3,7 @@
 import { AgentMessage, BusFrame, CoordinatorMessage, decode, encode } from '../proto';
 import type { Logger } from '../log';
 import type { ConfigLane, DumpLane, WaveHead } from '../messages';
+import { decodeWaveHeadMessage } from '../guard/telemetry-decode';
 
 /** One-letter topics; a subscriber could filter on them, ours take all four. */
 export const TOPIC = { head: 'W', config: 'C', dump: 'D', heartbeat: 'H' } as const;
@@ -79,6 +80,9 @@ export type CoordinatorMsg = Record<string, any> & { epoch: number; requestId: n
 /** Validate and decode one AgentMessage payload received on the coordinator's ROUTER. */
 export function decodeAgentMessage(bytes: Buffer, maxFrameBytes: number): Decoded<AgentMsg> {
   if (bytes.length > maxFrameBytes) return { ok: false, reason: 'oversized', detail: `${bytes.length} bytes` };
+  // the per-step wave head with its telemetry: a direct wire decoder (same result), else protobufjs
+  const head = decodeWaveHeadMessage(bytes);
+  if (head) return { ok: true, value: head as unknown as AgentMsg };
   const d = safeDecode<AgentMsg>(AgentMessage, bytes);
   if (d.ok && !d.value.body) return { ok: false, reason: 'empty' };
   return d;

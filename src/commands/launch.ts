@@ -2,7 +2,9 @@
 import type { CommandModule } from 'yargs';
 import { ConfigError, WavebusError } from '../errors';
 import { identityOptions } from '../identity';
+import { guardOptions, parseStartupOptions } from '../guard/startup';
 import { launch, parseLaunchOptions } from '../launcher';
+import { resolveSnapshotConfig, snapshotEnvFromArgv, snapshotFlagsFromArgv, snapshotOptions } from '../snapshot/config';
 import { createLogger } from '../log';
 
 export const command: CommandModule = {
@@ -32,11 +34,31 @@ export const command: CommandModule = {
         'grace-ms': { type: 'string', describe: 'after the command exits: time between SIGTERM and SIGKILL for agents and coordinator', defaultDescription: '5000' },
         'coordinator-arg': { type: 'string', array: true, describe: 'extra argument for `wavebus coordinator` (repeatable, verbatim)' },
         'agent-arg': { type: 'string', array: true, describe: 'extra argument for every `wavebus agent` (repeatable, verbatim)' },
+        'linger-ms': { type: 'string', describe: 'after the command exits, keep agents and coordinator serving files this long (for `wavebus aggregate`)', defaultDescription: '0' },
+        ...guardOptions,
+        ...snapshotOptions,
       })
       .example('$0 launch --nproc-per-node 8 --tp 8 -- python serve.py', 'one host, TP 8')
       .example('$0 launch --nnodes 2 --node-rank $NODE_RANK --nproc-per-node 8 --master-addr $MASTER --tp 8 --pp 2 -- torchrun ...', 'each of two hosts'),
   handler: async (argv) => {
     const opts = parseLaunchOptions(argv as Record<string, unknown>);
+    // Runtime guard startup options go to the coordinator; validated here so a typo stops the launch.
+    const a = argv as Record<string, unknown>;
+    const guardFlags = {
+      additionalConfig: a['additional-config'] as string | undefined,
+      runtimeConfigPath: a['runtime-config-path'] as string | undefined,
+      runtimeConfigHotReload: a['runtime-config-hot-reload'] as boolean | undefined,
+      runtimeReportDir: a['runtime-report-dir'] as string | undefined,
+      runtimeDumpDir: a['runtime-dump-dir'] as string | undefined,
+    };
+    parseStartupOptions(guardFlags.additionalConfig, guardFlags, process.cwd());
+    for (const [flag, key] of [['additional-config', 'additionalConfig'], ['runtime-config-path', 'runtimeConfigPath'], ['runtime-report-dir', 'runtimeReportDir'], ['runtime-dump-dir', 'runtimeDumpDir']] as const) {
+      if (guardFlags[key] !== undefined) opts.coordinatorArgs.push(`--${flag}=${guardFlags[key]}`);
+    }
+    if (guardFlags.runtimeConfigHotReload !== undefined) opts.coordinatorArgs.push(`--runtime-config-hot-reload=${guardFlags.runtimeConfigHotReload}`);
+    // Snapshot flags become WAVEBUS_SNAPSHOT_* for the agents and the command; resolved once here.
+    resolveSnapshotConfig(process.env, snapshotFlagsFromArgv(a), (m) => process.stderr.write(`wavebus launch: warning: ${m}\n`));
+    Object.assign(process.env, snapshotEnvFromArgv(a));
     let code: number;
     try {
       code = await launch(opts, createLogger('launch'));

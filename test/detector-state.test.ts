@@ -1,0 +1,235 @@
+// The detectors' state kept in a slab of per-request records (src/guard/detectors/slab.ts):
+// the optimized token_repeat against a direct transcription of the reference algorithm, and the
+// guard (many requests, slots reused after a request is freed, hot-reloaded windows) against
+// one standalone detector per request.
+import * as fs from 'fs';
+import * as path from 'path';
+import pino from 'pino';
+import { defaultConfig, TokenRepeatConfig } from '../src/guard/config';
+import { GarbledDetector, SpecAcceptanceDetector, StateSlab, TokenRepeatDetector } from '../src/guard/detectors';
+import { Guard } from '../src/guard/guard';
+import { admitIncident, IncidentCount } from '../src/guard/quotas';
+import { parseStartupOptions } from '../src/guard/startup';
+import type { RequestStep } from '../src/messages';
+import { cleanup, tmpDir } from './helpers';
+
+afterAll(cleanup);
+
+let seed = 4242;
+const rnd = () => (seed = (seed * 1103515245 + 12345) & 0x7fffffff) / 0x7fffffff;
+const int = (n: number) => Math.floor(rnd() * n);
+
+/** The reference algorithm, transcribed with lists (seed-implementations.md, token_repeat). */
+function reference(c: TokenRepeatConfig, steps: number[][]): { step: number; repeat_sum: number; content_tokens_seen: number; last_score: number } | null {
+  const content: number[] = [];
+  const scores: number[] = [];
+  let seen = 0;
+  let consecutive = 0;
+  for (let s = 0; s < steps.length; s++) {
+    for (const t of steps[s]) {
+      if (c.ignore_token_ids.includes(t)) {
+        scores.push(0);
+        continue;
+      }
+      const score = content.slice(-c.window).filter((x) => x === t).length;
+      content.push(t);
+      scores.push(score);
+      seen++;
+      const sum = scores.slice(-c.window).reduce((a, b) => a + b, 0);
+      if (seen >= c.min_tokens && sum > c.repeat_sum_threshold) {
+        consecutive++;
+        if (consecutive >= c.consecutive_hits) return { step: s, repeat_sum: sum, content_tokens_seen: seen, last_score: score };
+      } else consecutive = 0;
+    }
+  }
+  return null;
+}
+
+describe('token_repeat, optimized vs reference', () => {
+  test('random streams: uint32 ids past 2^31, colliding ids, several tokens per step, ignore lists', () => {
+    const pools = [
+      () => int(3),
+      () => 2 ** 32 - 1 - int(4), // the top of the uint32 range: negative as int32
+      () => int(8) * 2 ** 26, // equal low bits
+      () => int(50000),
+    ];
+    let fired = 0;
+    for (const window of [1, 2, 5, 32, 100, 700]) {
+      for (let trial = 0; trial < 25; trial++) {
+        const draw = pools[int(pools.length)];
+        const steps = Array.from({ length: 300 }, () => Array.from({ length: int(4) }, draw));
+        const c: TokenRepeatConfig = {
+          ...defaultConfig().detector.token_repeat,
+          enabled: true,
+          window,
+          min_tokens: int(50),
+          repeat_sum_threshold: int(window * window + 1),
+          consecutive_hits: 1 + int(3),
+          ignore_token_ids: rnd() < 0.4 ? [draw(), draw()] : [],
+        };
+        const d = new TokenRepeatDetector(c);
+        const s = d.newState();
+        let got: { step: number; repeat_sum: number; content_tokens_seen: number; last_score: number } | null = null;
+        for (let i = 0; i < steps.length && !got; i++) {
+          const h = d.onTokens(s, steps[i]);
+          if (h) got = { step: i, repeat_sum: h.repeat_sum, content_tokens_seen: h.content_tokens_seen, last_score: h.last_score };
+        }
+        const want = reference(c, steps);
+        expect(got).toEqual(want);
+        if (want) fired++;
+      }
+    }
+    expect(fired).toBeGreaterThan(20); // the comparison covered alerts, not only silence
+  });
+
+  test('a long healthy stream keeps the table exact (window full of distinct, then evicted, ids)', () => {
+    const c: TokenRepeatConfig = { ...defaultConfig().detector.token_repeat, enabled: true, window: 64, min_tokens: 0, repeat_sum_threshold: 10_000 };
+    const d = new TokenRepeatDetector(c);
+    const s = d.newState();
+    for (let i = 0; i < 20000; i++) d.onTokens(s, [(i * 2654435761) % 1000003]);
+    expect(s.tokLen).toBe(64);
+    // ids came back only after 1000003 tokens: every score was 0
+    expect(s.repeatSum).toBe(0);
+    // now one id 64 times: scores 0..63, all within the window
+    for (let i = 0; i < 64; i++) d.onTokens(s, [5]);
+    expect(s.repeatSum).toBe((63 * 64) / 2);
+  });
+});
+
+describe('state slab', () => {
+  test('records of a slot are independent, stable across page growth, and reset to zero', () => {
+    const slab = new StateSlab(10);
+    const addr = (slot: number) => ({ p: slab.page(slot), b: slab.base(slot) });
+    for (let slot = 0; slot < 5000; slot += 7) {
+      const { p, b } = addr(slot);
+      p.i32[b] = slot + 1;
+      p.f64[(b + 2) >> 1] = slot / 3;
+    }
+    for (let slot = 0; slot < 5000; slot += 7) {
+      const { p, b } = addr(slot);
+      expect(p.i32[b]).toBe(slot + 1);
+      expect(p.f64[(b + 2) >> 1]).toBe(slot / 3);
+    }
+    slab.reset(14);
+    expect(addr(14).p.i32[addr(14).b]).toBe(0);
+    expect(addr(21).p.i32[addr(21).b]).toBe(22);
+  });
+});
+
+describe('guard: slab state per request vs one standalone detector per request', () => {
+  function newGuard() {
+    const d = tmpDir();
+    const runtime_config = {
+      detector: {
+        token_repeat: { enabled: true, window: 6, min_tokens: 6, repeat_sum_threshold: 12 },
+        spec_acceptance: { enabled: true, window: 4 },
+        garbled: { enabled: true, window: 5, min_tokens: 5 },
+        logits_finite: { enabled: false },
+      },
+      report: { max_per_req: 1000, backoff_waves: 1 },
+    };
+    const startup = parseStartupOptions(JSON.stringify({ runtime_config }), {}, d);
+    const g = new Guard({ startup, rank: 0, expectedRanks: [0], log: pino({ level: 'silent' }), pollIntervalMs: 0, verifyIntervalMs: 0 });
+    const reports = () => {
+      const out: { type: string; req: string; wave: number; detail: Record<string, unknown> }[] = [];
+      for (const type of ['token_repeat', 'spec_acceptance', 'garbled']) {
+        const dir = path.join(startup.reportDir, type);
+        if (!fs.existsSync(dir)) continue;
+        for (const f of fs.readdirSync(dir)) {
+          const r = JSON.parse(fs.readFileSync(path.join(dir, f), 'utf8'));
+          out.push({ type, req: r.req_id, wave: r.detect_wave, detail: r.detail });
+        }
+      }
+      return out.sort((a, b) => a.wave - b.wave || a.req.localeCompare(b.req) || a.type.localeCompare(b.type));
+    };
+    return { g, startup, reports };
+  }
+
+  test('random streams over 30 requests with frees (slot reuse): the same incidents, wave for wave', () => {
+    const { g, reports } = newGuard();
+    const cfg = g.config().detector;
+    const models = new Map<string, { tr: TokenRepeatDetector; trs: ReturnType<TokenRepeatDetector['newState']>; sp: SpecAcceptanceDetector; sps: ReturnType<SpecAcceptanceDetector['newState']>; ga: GarbledDetector; gas: ReturnType<GarbledDetector['newState']> }>();
+    const model = (id: string) => {
+      let m = models.get(id);
+      if (!m) {
+        const tr = new TokenRepeatDetector(cfg.token_repeat);
+        const sp = new SpecAcceptanceDetector(cfg.spec_acceptance);
+        const ga = new GarbledDetector(cfg.garbled);
+        m = { tr, trs: tr.newState(), sp, sps: sp.newState(), ga, gas: ga.newState() };
+        models.set(id, m);
+      }
+      return m;
+    };
+    const want: { type: string; req: string; wave: number; detail: Record<string, unknown> }[] = [];
+    // the guard's report quota (backoff between repeated incidents) applies to the model's hits too
+    const counts = new Map<string, IncidentCount>();
+    const hit = (type: string, req: string, wave: number, detail: unknown) => {
+      const k = `${type}/${req}`;
+      const c = counts.get(k) ?? { count: 0, lastWave: 0 };
+      counts.set(k, c);
+      if (admitIncident(c, wave, g.config().report).ok) want.push({ type, req, wave, detail: detail as Record<string, unknown> });
+    };
+    let live = Array.from({ length: 30 }, (_, i) => `r${i}`);
+    let next = 30;
+    for (let wave = 1; wave <= 250; wave++) {
+      const steps: RequestStep[] = [];
+      const freedNow: string[] = [];
+      for (const id of live) {
+        const loopy = id.charCodeAt(1) % 3 === 0; // some requests stutter, some are garbled
+        const n = int(3);
+        const newTokenIds = Array.from({ length: n }, () => (loopy ? int(3) : int(400)));
+        const newTokenLogprobs = newTokenIds.map(() => (rnd() < 0.3 ? -9 - rnd() * 5 : -rnd()));
+        const newTokenRanks = newTokenIds.map(() => int(80));
+        const draftLen = int(4);
+        const accepted = int(draftLen + 2);
+        const freed = rnd() < 0.02;
+        if (freed) freedNow.push(id);
+        steps.push({ reqId: id, newTokenIds, newTokenLogprobs, newTokenRanks, draftLen, accepted, blockIds: [1], finished: freed, freed, promptLen: 3, numOutputTokens: 0 });
+        const m = model(id);
+        const detect = wave - 1;
+        if (n > 0) {
+          const h = m.tr.onTokens(m.trs, newTokenIds);
+          if (h) hit('token_repeat', id, detect, h);
+        }
+        const hs = m.sp.onStep(m.sps, draftLen, accepted);
+        if (hs) hit('spec_acceptance', id, detect, hs);
+        if (n > 0) {
+          const hg = m.ga.onTokens(m.gas, newTokenLogprobs, newTokenRanks, n);
+          if (hg) hit('garbled', id, detect, hg);
+        }
+      }
+      g.onWaveHead(wave, { wave: wave - 1, requests: steps, nonFinite: [] });
+      // freed requests leave; new ones (new ids, reused slots) arrive
+      live = live.filter((id) => !freedNow.includes(id));
+      for (const _ of freedNow) live.push(`r${next++}`);
+    }
+    expect(next).toBeGreaterThan(33); // slots were reused
+    const got = reports();
+    want.sort((a, b) => a.wave - b.wave || a.req.localeCompare(b.req) || a.type.localeCompare(b.type));
+    expect(want.length).toBeGreaterThan(20);
+    expect(got.map((r) => ({ ...r, detail: undefined }))).toEqual(want.map((r) => ({ ...r, detail: undefined })));
+    for (let i = 0; i < got.length; i++) expect(got[i].detail).toMatchObject(want[i].detail);
+    g.close();
+  });
+
+  test('a hot-reloaded detector config restarts every request\'s state', () => {
+    const d = tmpDir();
+    const cfgPath = path.join(d, 'config', 'runtime_config.json');
+    fs.mkdirSync(path.dirname(cfgPath), { recursive: true });
+    const write = (window: number) =>
+      fs.writeFileSync(cfgPath, JSON.stringify({ detector: { token_repeat: { enabled: true, window, min_tokens: 0, repeat_sum_threshold: 5 } } }));
+    write(8);
+    const startup = parseStartupOptions(JSON.stringify({ runtime_config_path: cfgPath, runtime_config_hot_reload: true }), {}, d);
+    const g = new Guard({ startup, rank: 0, expectedRanks: [0], log: pino({ level: 'silent' }), pollIntervalMs: 0, verifyIntervalMs: 0 });
+    const st = (t: number): RequestStep => ({ reqId: 'a', newTokenIds: [t], newTokenLogprobs: [], newTokenRanks: [], draftLen: 0, accepted: 0, blockIds: [1], finished: false, freed: false, promptLen: 1, numOutputTokens: 0 });
+    // scores 0,1,2 → sum 3: not over 5
+    for (let w = 1; w <= 3; w++) g.onWaveHead(w, { wave: w - 1, requests: [st(7)], nonFinite: [] });
+    write(9); // new window: state restarts, so three more 7s score 0,1,2 again (sum 3), no alert
+    for (let w = 4; w <= 6; w++) g.onWaveHead(w, { wave: w - 1, requests: [st(7)], nonFinite: [] });
+    expect(g.config().detector.token_repeat.window).toBe(9);
+    expect(g.status().incidents).toEqual({});
+    g.onWaveHead(7, { wave: 6, requests: [st(7)], nonFinite: [] }); // score 3: sum 6 > 5
+    expect(g.status().incidents).toMatchObject({ token_repeat: { report: 1 } });
+    g.close();
+  });
+});
