@@ -29,7 +29,9 @@ export const ClientReply = messageType('ClientReply');
 export function encode(type: protobuf.Type, value: Record<string, unknown>): Buffer {
   const err = type.verify(value);
   if (err) throw new Error(`${type.name}: ${err}`);
-  return Buffer.from(type.encode(type.fromObject(value)).finish());
+  const u8 = type.encode(type.fromObject(value)).finish();
+  // A view, not a copy: file chunks carry megabytes.
+  return Buffer.from(u8.buffer, u8.byteOffset, u8.byteLength);
 }
 
 /** Decode to a plain object with longs as numbers and defaults filled in. Throws on malformed input. */

@@ -2,10 +2,10 @@
 // CURVE servers and clients, and the ZAP handler that admits only allow-listed client keys.
 //
 // File formats (docs/security.md):
-//   NAME.pub  one Z85 public key (40 characters) on its own line; lines starting with "# " are comments.
+//   NAME.pub  one Z85 public key (40 characters) on its own line; lines starting with "#" are comments.
 //   NAME.key  JSON {"type":"wavebus-curve-keypair","public_key":Z85,"secret_key":Z85}, mode 0600.
 //   allow-list file: one Z85 public key per line, optionally followed by whitespace and a label;
-//     lines starting with "#" that are not a key are comments. Or a directory: every *.pub in it.
+//     lines starting with "#" are comments. Or a directory: every *.pub in it.
 import { createPrivateKey, createPublicKey } from 'crypto';
 import * as fs from 'fs';
 import * as path from 'path';
@@ -155,13 +155,14 @@ function keyLines(text: string, flag: string, file: string): Array<[number, stri
   text.split(/\r?\n/).forEach((raw, i) => {
     const line = raw.trim();
     if (line === '') return;
+    // A Z85 key never starts with '#' (the first digit of a group is at most '%'), but may hold
+    // one inside: so only a line that starts with '#' is a comment.
+    if (line.startsWith('#')) return;
     const [first, ...rest] = line.split(/\s+/);
-    // Z85 uses '#', so a line is a key when its first word is one; otherwise '#' starts a comment.
     if (isZ85Key(first)) {
       out.push([i + 1, first, rest.join(' ').replace(/^#\s*/, '')]);
       return;
     }
-    if (line.startsWith('#')) return;
     throw new ConfigError(`${flag} ${file}:${i + 1}: expected a 40-character Z85 CURVE public key, got ${JSON.stringify(first.slice(0, 60))}`, 'ERR_KEY_FILE');
   });
   return out;

@@ -50,6 +50,8 @@ interface ReqState {
   quota: Map<string, IncidentCount> | null;
   /** Recent output token ids, kept only when report.save_sensitive_info is on. */
   tail: number[] | null;
+  /** Index in the last telemetry's request list; -1 once forgotten. */
+  order: number;
 }
 
 const FREED_MEMORY = 65536;
@@ -72,6 +74,14 @@ export class Guard implements CoordinatorPolicy {
   private readonly hits: Hit[] = [];
   private readonly hitStates: ReqState[] = [];
   private keepTail = false;
+  /**
+   * The engine lists its running requests in a stable order from step to step, so the state for
+   * request i is usually the one at position i (after a cursor that follows inserts and removals)
+   * in the previous list: one string compare instead of a hash-table lookup per request.
+   */
+  private prevOrder: ReqState[] = [];
+  private curOrder: ReqState[] = [];
+  private prevOrderLen = 0;
   private readonly freedIds = new Set<string>();
   private manualDone: number;
   private readonly autoQuota = new AutoDumpQuota();
@@ -151,6 +161,7 @@ export class Guard implements CoordinatorPolicy {
         muted: 0,
         quota: null,
         tail: null,
+        order: -1,
       };
       this.reqs.set(reqId, st);
     }
@@ -185,10 +196,26 @@ export class Guard implements CoordinatorPolicy {
       const detectors = this.detectors;
       const perStep = detectors.anyPerStep;
       const steps = telemetry.requests;
+      const prev = this.prevOrder;
+      const prevLen = this.prevOrderLen;
+      const cur = this.curOrder;
+      let curLen = 0;
+      let cursor = 0;
       for (let i = 0; i < steps.length; i++) {
         const step = steps[i];
-        if (!step.reqId) continue; // nothing can be attributed to it
-        const st = this.state(step.reqId);
+        const reqId = step.reqId;
+        if (!reqId) continue; // nothing can be attributed to it
+        let st: ReqState;
+        const guess = cursor < prevLen ? prev[cursor] : undefined;
+        if (guess !== undefined && guess.order === cursor && guess.reqId === reqId) {
+          st = guess;
+          cursor++;
+        } else {
+          st = this.state(reqId); // the map is the authority; the order only saves lookups
+          if (st.order >= 0 && st.order < prevLen && prev[st.order] === st) cursor = st.order + 1;
+        }
+        st.order = curLen;
+        cur[curLen++] = st;
         this.track(st, step);
         if (step.freed) (freedNow ?? (freedNow = [])).push(st);
         if (perStep) {
@@ -216,6 +243,11 @@ export class Guard implements CoordinatorPolicy {
       for (let k = 0; k < hits.length; k++) this.incident(hits[k], hitStates[k], wave, dumps);
       hits.length = 0;
       hitStates.length = 0;
+      // swap the order lists; drop references past the new length
+      if (cur.length > curLen) cur.length = curLen;
+      this.prevOrder = cur;
+      this.curOrder = prev;
+      this.prevOrderLen = curLen;
     }
     this.manualTrigger(wave, dumps);
     if (freedNow) for (const st of freedNow) this.forget(st);
@@ -230,6 +262,7 @@ export class Guard implements CoordinatorPolicy {
   private forget(st: ReqState): void {
     this.reqs.delete(st.reqId);
     this.freeSlots.push(st.slot);
+    st.order = -1; // never matched by position again
     this.freedIds.add(st.reqId);
     if (this.freedIds.size > FREED_MEMORY) this.freedIds.delete(this.freedIds.values().next().value as string);
   }
@@ -423,6 +456,10 @@ export class Guard implements CoordinatorPolicy {
 
   close(): void {
     this.reqs.clear();
+    for (const st of this.prevOrder) st.order = -1;
+    this.prevOrder = [];
+    this.curOrder = [];
+    this.prevOrderLen = 0;
     this.freeSlots.length = 0;
     this.nextSlot = 0;
   }

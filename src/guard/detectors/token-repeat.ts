@@ -6,7 +6,7 @@
 // alert fires when consecutive over-steps reach consecutive_hits; one alert per request.
 //
 // O(1) per token: the occurrence counts of the window's tokens live in a small open-addressing
-// table (linear probing, backward-shift deletion, at most about half full) and repeat_sum is a
+// table (linear probing, backward-shift deletion, at most 2/3 full) and repeat_sum is a
 // running sum over a ring of scores. Everything is one record of int32 words (see slab.ts):
 //   [0] tokPos [1] tokLen [2] scorePos [3] contentSeen [4] consecutive [5] lastScore [6] alerted
 //   [8..9] repeatSum (float64: up to window², past 2^31 for large windows)
@@ -70,7 +70,8 @@ export class TokenRepeatDetector {
   constructor(readonly cfg: TokenRepeatConfig) {
     const w = cfg.window;
     let slots = 8;
-    while (slots < 2 * (w + 1)) slots *= 2; // w + 1 keys at most: the new token is counted before the oldest leaves
+    // w + 1 keys at most (the new token is counted before the oldest leaves); at most 2/3 full
+    while (2 * slots < 3 * (w + 1)) slots *= 2;
     this.window = w;
     this.scoresAt = RINGS + w;
     this.tableAt = even(RINGS + 2 * w);
