@@ -323,6 +323,8 @@ export interface FuzzResult {
   expected_dropped: Record<string, Record<string, number>>;
   accounted: boolean;
   client_replies: { expected: number; got: number };
+  /** Ranks the coordinator tracks after the garbage (garbage Hellos/heartbeats from made-up ranks add entries). */
+  coordinator_ranks_after: number;
   problems: string[];
   seconds: number;
 }
@@ -349,6 +351,7 @@ export async function fuzz(opts: { frames: number; seed: number; oversized: bool
   const dropped: Record<string, Record<string, number>> = {};
   const replies = { expected: 0, got: 0 };
   let hung = false;
+  let ranksAfter = -1;
   const cfg = path.join(dir, 'runtime', 'config', 'runtime_config.json');
   fs.mkdirSync(path.dirname(cfg), { recursive: true });
   // One detector on (report only), so agents use the bus and the round trip exercises it.
@@ -397,13 +400,12 @@ export async function fuzz(opts: { frames: number; seed: number; oversized: bool
         count(expected.coordinator_router, coordinatorFate([big]));
         await d.send(big);
       }
-      // Every frame is in once the drop counters stop moving and a status request is answered after them.
-      let last = '';
+      // The ROUTER handles messages in order: every frame is in once every predicted count is
+      // reached and a status request sent after them is answered.
+      const want = expected.coordinator_router;
       await until(async () => {
-        const now = JSON.stringify(droppedFromMetrics(await httpGet(metrics.host, metrics.port, '/metrics')));
-        const same = now === last;
-        last = now;
-        return same && (await requestStatus({ host: '127.0.0.1', port }, 5000));
+        const got = diff(droppedFromMetrics(await httpGet(metrics.host, metrics.port, '/metrics')), before);
+        return Object.keys(want).every((k) => (got[k] ?? 0) >= want[k]) && (await requestStatus({ host: '127.0.0.1', port }, 5000));
       }, 'the coordinator to take every frame', 120000).catch((e) => {
         hung = true;
         problems.push(String(e));
@@ -493,6 +495,11 @@ export async function fuzz(opts: { frames: number; seed: number; oversized: bool
 
     // ---- afterwards: everything alive and working
     note('agent sub done');
+    try {
+      ranksAfter = Object.keys(JSON.parse((await requestStatus({ host: '127.0.0.1', port }, 3000)).statusJson).ranks ?? {}).length;
+    } catch {
+      /* reported below */
+    }
     if (!(await roundTrip(runA, 2000000))) problems.push('agent A: no wave round trip after the garbage');
     try {
       await requestStatus({ host: '127.0.0.1', port }, 3000);
@@ -528,6 +535,7 @@ export async function fuzz(opts: { frames: number; seed: number; oversized: bool
     expected_dropped: expected,
     accounted,
     client_replies: replies,
+    coordinator_ranks_after: ranksAfter,
     problems,
     seconds: (Date.now() - t0) / 1000,
   };

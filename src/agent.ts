@@ -146,7 +146,7 @@ export class Agent {
       this.bus.onRequest((req) => this.files!.handle(req));
       await this.bus.start();
     } else if (!identity.isLastPp) {
-      this.log.info({ rank: identity.globalRank, ppRank: identity.ppRank }, 'not on the last PP stage: not joining the wave bus (no KV dumps here; snapshots follow the environment)');
+      this.log.info({ rank: identity.globalRank, ppRank: identity.ppRank }, 'not a last-PP rank: does not join the wave bus (no KV dumps here; snapshots follow the environment)');
     } else {
       this.log.warn({ rank: identity.globalRank }, 'no coordinator address: not joining the wave bus (no KV dumps or detector traffic)');
     }
@@ -241,15 +241,49 @@ export class Agent {
         }
         this.stats.clientRequests++;
         void this.handle(req).then(
-          (reply) => router.send([peer, encode(ClientReply, { id: req.id, ok: true, ...reply })]).catch(() => undefined),
+          (reply) => this.replyToClient(router, peer, () => encode(ClientReply, { id: req.id, ok: true, ...reply })),
           (err: Error) =>
-            router
-              .send([peer, encode(ClientReply, { id: req.id, ok: false, error: err.message, errorCode: (err as WavebusError).code ?? 'ERR_AGENT' })])
-              .catch(() => undefined),
+            this.replyToClient(router, peer, () =>
+              encode(ClientReply, { id: req.id, ok: false, error: String(err?.message ?? err), errorCode: (err as WavebusError)?.code ?? 'ERR_AGENT' }),
+            ),
         );
       }
     } catch (e) {
       if (!this.stopped) this.log.error({ err: e }, 'client socket failed');
+    }
+  }
+
+  // zeromq allows one send in flight per socket (a second one throws EBUSY, synchronously):
+  // replies to concurrent requests go out one at a time, in the order they were ready.
+  private readonly clientReplies: Array<{ router: zmq.Router; parts: [Buffer, Buffer] }> = [];
+  private replying = false;
+
+  private replyToClient(router: zmq.Router, peer: Buffer, make: () => Buffer): void {
+    let body: Buffer;
+    try {
+      body = make();
+    } catch (e) {
+      this.log.error({ err: String(e) }, 'cannot encode a client reply');
+      return;
+    }
+    this.clientReplies.push({ router, parts: [peer, body] });
+    if (!this.replying) void this.drainClientReplies();
+  }
+
+  private async drainClientReplies(): Promise<void> {
+    this.replying = true;
+    try {
+      while (this.clientReplies.length > 0) {
+        const { router, parts } = this.clientReplies.shift()!;
+        if (router.closed) continue;
+        try {
+          await router.send(parts);
+        } catch {
+          /* the client went away; ROUTER drops replies to unknown peers anyway */
+        }
+      }
+    } finally {
+      this.replying = false;
     }
   }
 

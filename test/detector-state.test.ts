@@ -145,7 +145,7 @@ describe('guard: slab state per request vs one standalone detector per request',
     return { g, startup, reports };
   }
 
-  test('random streams over 30 requests with frees (slot reuse): the same incidents, wave for wave', () => {
+  test('random streams over 30 requests with frees (slot reuse), inserts and reorders: the same incidents, wave for wave', () => {
     const { g, reports } = newGuard();
     const cfg = g.config().detector;
     const models = new Map<string, { tr: TokenRepeatDetector; trs: ReturnType<TokenRepeatDetector['newState']>; sp: SpecAcceptanceDetector; sps: ReturnType<SpecAcceptanceDetector['newState']>; ga: GarbledDetector; gas: ReturnType<GarbledDetector['newState']> }>();
@@ -201,7 +201,9 @@ describe('guard: slab state per request vs one standalone detector per request',
       g.onWaveHead(wave, { wave: wave - 1, requests: steps, nonFinite: [] });
       // freed requests leave; new ones (new ids, reused slots) arrive
       live = live.filter((id) => !freedNow.includes(id));
-      for (const _ of freedNow) live.push(`r${next++}`);
+      for (const _ of freedNow) live.splice(int(live.length + 1), 0, `r${next++}`); // anywhere in the batch
+      if (rnd() < 0.05) live.sort(() => rnd() - 0.5); // the engine may reorder its batch
+      if (rnd() < 0.05) live.reverse();
     }
     expect(next).toBeGreaterThan(33); // slots were reused
     const got = reports();

@@ -257,7 +257,8 @@ test('end_of_wave never waits past its bound when the wave vector does not come'
     expect(res).toEqual({ due: false, timedOut: true });
   }
   expect(job.ranks[1].client.stats.endOfWaveTimeouts).toBe(5);
-  expect(job.ranks[1].agent.stats.endOfWaveTimeouts).toBe(5);
+  // The agent's own count can trail the client's by one reply under load (both timers run here).
+  await waitFor(() => job.ranks[1].agent.stats.endOfWaveTimeouts === 5, 'the agent to count 5 timeouts');
   // The job goes on normally afterwards.
   const ok = await runWave(job, 6, undefined);
   expect(ok.every((r) => !r.timedOut)).toBe(true);

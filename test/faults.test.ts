@@ -4,6 +4,7 @@
 // bounded (timeouts are counted, steps all run), the manifest names exactly the missing ranks,
 // every dump whose copy finished verifies, and the job resumes by itself.
 import * as fs from 'fs';
+import * as os from 'os';
 import * as path from 'path';
 import { requestStatus, type StatusReplyMsg } from '../src/bus/coordinator';
 import { inspectTree } from '../src/inspect';
@@ -460,7 +461,7 @@ describe('faults', () => {
     const SMALL_KV = ['--layers', '5', '--num-blocks', '16', '--kv-heads', '8', '--head-dim', '128'];
 
     test('ENOSPC: the free-space check refuses, and a real ENOSPC mid-write leaves nothing partial', async () => {
-      const root = path.join(tmpDir('wavebus-enospc-'), 'dumps');
+      const root = fs.mkdtempSync(path.join(os.tmpdir(), 'wavebus-enospc-'));
       mountTmpfs(root, '1m');
       const job = await startJob({
         world: 2, steps: 45, stepMs: 60, requests: 1, ackTimeoutMs: 3000, simArgs: SMALL_KV, dumpRoot: root,

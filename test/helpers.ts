@@ -142,15 +142,19 @@ export function rootOnlyReason(): string | undefined {
 
 const mounts: string[] = [];
 
-/** Mount a tmpfs of `size` (e.g. '1m') at `dir`, read-only when asked; unmounted by cleanupMounts(). */
+/** Mount a tmpfs of `size` (e.g. '1m') at `dir` (not a tmpDir(): cleanup() would rmdir it while mounted); cleanupMounts() undoes it. */
 export function mountTmpfs(dir: string, size: string, opts: { readOnly?: boolean } = {}): void {
   fs.mkdirSync(dir, { recursive: true });
   sh('mount', ['-t', 'tmpfs', '-o', `size=${size}${opts.readOnly ? ',ro' : ''}`, 'tmpfs', dir]);
   mounts.push(dir);
 }
 
+/** Unmount (lazily) every mount made here and remove the mount points. Call after cleanup(). */
 export function cleanupMounts(): void {
-  for (const d of mounts.splice(0).reverse()) spawnSync('umount', ['-l', d]);
+  for (const d of mounts.splice(0).reverse()) {
+    spawnSync('umount', ['-l', d]);
+    fs.rmSync(d, { recursive: true, force: true });
+  }
 }
 
 /**

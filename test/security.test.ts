@@ -108,10 +108,15 @@ function rawPeer(kind: 'sub' | 'dealer', port: number, curve?: CurveClientKeys) 
   sockets.push(sock);
   const got: Buffer[][] = [];
   let handshakes = 0;
-  const refused = new Promise<string>((resolve) => {
+  // Settles on the peer's first handshake outcome: refused resolves, admitted rejects at once.
+  const refused = new Promise<string>((resolve, reject) => {
     for (const ev of ['handshake:error:auth', 'handshake:error:protocol', 'handshake:error:other'] as const) sock.events.on(ev, () => resolve(ev));
+    sock.events.on('handshake', () => {
+      handshakes++;
+      reject(new Error(`a ${kind} peer without an allowed key completed the CURVE handshake`));
+    });
   });
-  sock.events.on('handshake', () => handshakes++);
+  refused.catch(() => undefined);
   if (sock instanceof Subscriber) sock.subscribe();
   sock.connect(`tcp://127.0.0.1:${kind === 'sub' ? port : port + 1}`);
   void (async () => {

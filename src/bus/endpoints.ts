@@ -1,5 +1,6 @@
 // Bus addresses: parsing HOST:PORT, building tcp:// endpoints, and the loopback rule
 // (binding anything but loopback needs CURVE keys, or an explicit --insecure).
+import { isIP } from 'net';
 import { ConfigError } from '../errors';
 import type { Logger } from '../log';
 
@@ -25,7 +26,18 @@ export function parseHostPort(raw: string, what = '--coordinator'): HostPort {
   if (!m || m[1] === '') {
     throw new ConfigError(`${what}: expected HOST:PORT (e.g. 127.0.0.1:29600), got ${JSON.stringify(raw)}`);
   }
+  checkHost(m[1], what);
   return { host: m[1], port: parseBusPort(m[2], what) };
+}
+
+const HOST_NAME = /^[A-Za-z0-9_]([A-Za-z0-9_-]*[A-Za-z0-9_])?(\.[A-Za-z0-9_]([A-Za-z0-9_-]*[A-Za-z0-9_])?)*\.?$/;
+
+/** An IP literal or a host name; anything else would reach libzmq as a bare "Invalid argument". */
+export function checkHost(host: string, what: string): void {
+  const h = host.replace(/^\[|\]$/g, '');
+  if (isIP(h) === 0 && (h.length > 253 || !HOST_NAME.test(h))) {
+    throw new ConfigError(`${what}: ${JSON.stringify(host)} is not an IP address or a host name`);
+  }
 }
 
 export function isLoopback(host: string): boolean {

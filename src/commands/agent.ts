@@ -7,7 +7,7 @@ import * as path from 'path';
 import { Agent } from '../agent';
 import { DEFAULT_BUS_PORT, DEFAULT_HEARTBEAT_MS } from '../bus/coordinator';
 import { loadClientKeys, type CurveClientKeys } from '../bus/curve';
-import { parseBusPort, parseHostPort, type HostPort } from '../bus/endpoints';
+import { checkHost, parseBusPort, parseHostPort, type HostPort } from '../bus/endpoints';
 import { identityFlagsFromArgv, identityOptions, resolveIdentity, type RankIdentity } from '../identity';
 import { createLogger, type Logger } from '../log';
 import { resolveSnapshotConfig, snapshotFlagsFromArgv, snapshotOptions } from '../snapshot/config';
@@ -18,6 +18,7 @@ export function coordinatorAddress(raw: unknown, env: NodeJS.ProcessEnv, identit
   if (raw !== undefined && raw !== '') return parseHostPort(String(raw), '--coordinator');
   if (env.WAVEBUS_COORDINATOR) return parseHostPort(env.WAVEBUS_COORDINATOR, 'WAVEBUS_COORDINATOR');
   const port = env.WAVEBUS_PORT ? parseBusPort(env.WAVEBUS_PORT, 'WAVEBUS_PORT') : DEFAULT_BUS_PORT;
+  checkHost(identity.masterAddr, 'MASTER_ADDR (the coordinator host when neither --coordinator nor WAVEBUS_COORDINATOR is set)');
   return { host: identity.masterAddr, port };
 }
 

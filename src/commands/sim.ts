@@ -38,9 +38,12 @@ export const command: CommandModule = {
       .option('result-dir', { type: 'string', demandOption: true, describe: 'where each rank writes rank<g>.json' }),
   handler: async (argv) => {
     const env = process.env;
-    const nproc = positiveInt(argv['nproc-per-node'] ?? env.WAVEBUS_NPROC_PER_NODE ?? 1, '--nproc-per-node');
-    const nnodes = positiveInt(argv.nnodes ?? env.WAVEBUS_NNODES ?? 1, '--nnodes');
-    const nodeRank = positiveInt(argv['node-rank'] ?? env.WAVEBUS_NODE_RANK ?? 0, '--node-rank', 0);
+    // Each error names where the value came from: the flag, else the variable `wavebus launch` set.
+    const fromFlagOrEnv = (flag: string, v: unknown, name: string, def: number, min = 1): number =>
+      v !== undefined ? positiveInt(v, flag, min) : env[name] !== undefined ? positiveInt(env[name], name, min) : def;
+    const nproc = fromFlagOrEnv('--nproc-per-node', argv['nproc-per-node'], 'WAVEBUS_NPROC_PER_NODE', 1);
+    const nnodes = fromFlagOrEnv('--nnodes', argv.nnodes, 'WAVEBUS_NNODES', 1);
+    const nodeRank = fromFlagOrEnv('--node-rank', argv['node-rank'], 'WAVEBUS_NODE_RANK', 0, 0);
     const res = await runSimJob({
       nnodes,
       nodeRank,

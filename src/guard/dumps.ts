@@ -46,6 +46,8 @@ interface TrackedJob {
 }
 
 const MAX_TRACKED_JOBS = 4096;
+/** dump_skipped reasons that mean a copy or write was attempted and failed. */
+const FAILURE_REASONS = new Set(['d2h_failed', 'write_failed']);
 
 export class DumpBook {
   private readonly jobs = new Map<string, TrackedJob>();
@@ -150,7 +152,10 @@ export class DumpBook {
       const a = t.acks.get(rank)!;
       files[rank] = a.files.map((f) => ({ path: f.path, bytes: f.bytes, checksum: f.checksum }));
       bytes[rank] = a.bytes;
-      if (a.error) failed[rank] = a.error;
+      // A refusal before any copy (its ack carries the detail in `error`) is a skip; a copy or
+      // write that failed is a failure.
+      if (a.skippedReason && !FAILURE_REASONS.has(a.skippedReason)) skipped[rank] = a.skippedReason;
+      else if (a.error) failed[rank] = a.error;
       else if (a.skippedReason) skipped[rank] = a.skippedReason;
       else completed.push(rank);
     }

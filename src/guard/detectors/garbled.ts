@@ -13,9 +13,10 @@
 // Surprisal is kept in integer millibits so that window sums do not drift and edges are exact.
 // After an alert the window restarts.
 //
-// Running sums over a ring, one record of int32 words (see slab.ts):
-//   [0] pos [1] len [2] surprising count [3] tokens with a log-prob [4..5] Σmillibits (float64)
-//   [6 ..] ring of (millibits << 1 | surprising); millibits ≤ 10^9 < 2^30, so one word each
+// Running sums over a ring, in int32 words (see slab.ts):
+//   header (at h, even): [0] pos [1] len [2] surprising count [3] tokens with a log-prob
+//     [4..5] Σmillibits (float64)
+//   body (at r): ring of (millibits << 1 | surprising); millibits ≤ 10^9 < 2^30, one word each
 import type { GarbledConfig } from '../config';
 import { even, StateRecord } from './slab';
 
@@ -24,7 +25,7 @@ const LEN = 1;
 const N_SURPRISING = 2;
 const SEEN = 3;
 const SUM = 4; // float64
-const RING = 6;
+export const GARBLED_HEADER_WORDS = 6;
 
 /** A standalone state record (the guard keeps its records in a slab), readable for inspection. */
 export class GarbledState extends StateRecord {
@@ -58,12 +59,15 @@ const MBITS_PER_NAT = 1000 / Math.LN2;
 const MAX_MBITS = 1_000_000_000; // -Infinity log-probs clamp here
 
 export class GarbledDetector {
-  /** int32 words of one state record. */
+  /** int32 words of one standalone state record (header + body). */
   readonly words: number;
+  /** int32 words of the body part. */
+  readonly bodyWords: number;
   private readonly limitMbits: number;
   constructor(readonly cfg: GarbledConfig) {
     this.limitMbits = Math.round(cfg.mean_surprisal_bits * 1000);
-    this.words = even(RING + cfg.window);
+    this.bodyWords = even(cfg.window);
+    this.words = GARBLED_HEADER_WORDS + this.bodyWords;
   }
 
   newState(): GarbledState {
@@ -71,15 +75,15 @@ export class GarbledDetector {
   }
 
   onTokens(s: GarbledState, logprobs: readonly number[], ranks: readonly number[], count: number): GarbledHit | null {
-    return this.onTokensAt(s.i32, s.f64, s.base, logprobs, ranks, count);
+    return this.onTokensAt(s.i32, s.f64, s.base, s.base + GARBLED_HEADER_WORDS, logprobs, ranks, count);
   }
 
-  /** As onTokens, on the record at word `b` (even) of `m` / `f`. */
-  onTokensAt(m: Int32Array, f: Float64Array, b: number, logprobs: readonly number[], ranks: readonly number[], count: number): GarbledHit | null {
+  /** As onTokens, on the state with its header at word `b` (even) and its body at `r`. */
+  onTokensAt(m: Int32Array, f: Float64Array, b: number, r: number, logprobs: readonly number[], ranks: readonly number[], count: number): GarbledHit | null {
     const cfg = this.cfg;
     const w = cfg.window;
     const sumAt = (b + SUM) >> 1;
-    const ring = b + RING;
+    const ring = r;
     const n = Math.min(count, logprobs.length);
     for (let k = 0; k < n; k++) {
       const lp = logprobs[k];

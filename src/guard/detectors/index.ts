@@ -1,12 +1,13 @@
 // The enabled detectors for one effective config, and the per-request state they keep: one
-// record per request slot in a StateSlab, holding every per-step detector's counters and rings
-// side by side, so a wave head touches a few cache lines per request and allocates nothing.
+// record per request slot in a StateSlab. A record starts with every enabled detector's counters
+// (their headers, 22 words in all: about one cache line) followed by their rings and the
+// token_repeat table, so a wave head touches a few cache lines per request and allocates nothing.
 import type { RequestStep } from '../../messages';
 import type { DetectorName, RuntimeConfig } from '../config';
-import { GarbledDetector } from './garbled';
+import { GarbledDetector, GARBLED_HEADER_WORDS } from './garbled';
 import { StateSlab } from './slab';
-import { SpecAcceptanceDetector } from './spec-acceptance';
-import { TokenRepeatDetector } from './token-repeat';
+import { SpecAcceptanceDetector, SPEC_HEADER_WORDS } from './spec-acceptance';
+import { TokenRepeatDetector, TOKEN_REPEAT_HEADER_WORDS } from './token-repeat';
 
 export { splitNonFinite, NON_FINITE_KINDS } from './logits-finite';
 export { TokenRepeatDetector, TokenRepeatState } from './token-repeat';
@@ -37,9 +38,13 @@ export class DetectorSet {
   readonly garbled: GarbledDetector | null;
   readonly logitsFinite: boolean;
   readonly anyPerStep: boolean;
-  /** Word offsets of each detector's part of a request's record. */
-  private readonly specAt: number;
-  private readonly garbledAt: number;
+  /** Word offsets of each detector's header and body in a request's record (all even). */
+  private readonly repeatHead: number;
+  private readonly repeatBody: number;
+  private readonly specHead: number;
+  private readonly specBody: number;
+  private readonly garbledHead: number;
+  private readonly garbledBody: number;
   private readonly slab: StateSlab;
 
   constructor(cfg: RuntimeConfig) {
@@ -49,9 +54,21 @@ export class DetectorSet {
     this.garbled = d.garbled.enabled ? new GarbledDetector(d.garbled) : null;
     this.logitsFinite = d.logits_finite.enabled;
     this.anyPerStep = this.tokenRepeat !== null || this.spec !== null || this.garbled !== null;
-    this.specAt = this.tokenRepeat?.words ?? 0;
-    this.garbledAt = this.specAt + (this.spec?.words ?? 0);
-    this.slab = new StateSlab(this.garbledAt + (this.garbled?.words ?? 0));
+    // headers first (each an even number of words), then the bodies: spec's float64 ring first
+    let at = 0;
+    this.repeatHead = at;
+    at += this.tokenRepeat ? TOKEN_REPEAT_HEADER_WORDS : 0;
+    this.specHead = at;
+    at += this.spec ? SPEC_HEADER_WORDS : 0;
+    this.garbledHead = at;
+    at += this.garbled ? GARBLED_HEADER_WORDS : 0;
+    this.specBody = at;
+    at += this.spec?.bodyWords ?? 0;
+    this.repeatBody = at;
+    at += this.tokenRepeat?.bodyWords ?? 0;
+    this.garbledBody = at;
+    at += this.garbled?.bodyWords ?? 0;
+    this.slab = new StateSlab(at);
   }
 
   /** A slot gets a new request: its record starts fresh. */
@@ -72,15 +89,15 @@ export class DetectorSet {
     const f = page.f64;
     const b = this.slab.base(slot);
     if (runRepeat) {
-      const h = this.tokenRepeat!.onTokensAt(m, f, b, tokens);
+      const h = this.tokenRepeat!.onTokensAt(m, f, b + this.repeatHead, b + this.repeatBody, tokens);
       if (h) out.push({ type: 'token_repeat', detail: h as unknown as Record<string, unknown> });
     }
     if (runSpec) {
-      const h = this.spec!.onStepAt(m, f, b + this.specAt, step.draftLen, step.accepted);
+      const h = this.spec!.onStepAt(m, f, b + this.specHead, b + this.specBody, step.draftLen, step.accepted);
       if (h) out.push({ type: 'spec_acceptance', detail: h as unknown as Record<string, unknown> });
     }
     if (runGarbled) {
-      const h = this.garbled!.onTokensAt(m, f, b + this.garbledAt, logprobs, step.newTokenRanks, tokens.length > 0 ? tokens.length : logprobs.length);
+      const h = this.garbled!.onTokensAt(m, f, b + this.garbledHead, b + this.garbledBody, logprobs, step.newTokenRanks, tokens.length > 0 ? tokens.length : logprobs.length);
       if (h) out.push({ type: 'garbled', detail: h as unknown as Record<string, unknown> });
     }
   }

@@ -7,9 +7,10 @@
 // suspiciously everything accepted, e.g. verification skipped or both models degenerate alike.
 // After an alert the window restarts, so a further alert needs a fresh full window.
 //
-// Running sums over a ring, one record of int32 words (see slab.ts); draft lengths are uint32 on
-// the wire, so the ring and the sums are float64 (exact):
-//   [0] pos [1] len [2..3] Σdraft [4..5] Σaccepted [6 ..] ring of (draft, accepted) float64 pairs
+// Running sums over a ring, in int32 words (see slab.ts); draft lengths are uint32 on the wire, so
+// the ring and the sums are float64 (exact):
+//   header (at h, even): [0] pos [1] len [2..3] Σdraft [4..5] Σaccepted
+//   body (at r, even): ring of (draft, accepted) float64 pairs
 import type { SpecAcceptanceConfig } from '../config';
 import { StateRecord } from './slab';
 
@@ -17,7 +18,7 @@ const POS = 0;
 const LEN = 1;
 const SUM_DRAFT = 2; // float64
 const SUM_ACC = 4; // float64
-const RING = 6; // float64 pairs
+export const SPEC_HEADER_WORDS = 6;
 
 /** A standalone state record (the guard keeps its records in a slab), readable for inspection. */
 export class SpecAcceptanceState extends StateRecord {
@@ -47,11 +48,14 @@ export interface SpecAcceptanceHit {
 }
 
 export class SpecAcceptanceDetector {
-  /** int32 words of one state record. */
+  /** int32 words of one standalone state record (header + body). */
   readonly words: number;
+  /** int32 words of the body part. */
+  readonly bodyWords: number;
 
   constructor(readonly cfg: SpecAcceptanceConfig) {
-    this.words = RING + 4 * cfg.window;
+    this.bodyWords = 4 * cfg.window;
+    this.words = SPEC_HEADER_WORDS + this.bodyWords;
   }
 
   newState(): SpecAcceptanceState {
@@ -59,11 +63,11 @@ export class SpecAcceptanceDetector {
   }
 
   onStep(s: SpecAcceptanceState, draftLen: number, accepted: number): SpecAcceptanceHit | null {
-    return this.onStepAt(s.i32, s.f64, s.base, draftLen, accepted);
+    return this.onStepAt(s.i32, s.f64, s.base, s.base + SPEC_HEADER_WORDS, draftLen, accepted);
   }
 
-  /** As onStep, on the record at word `b` (even) of `m` / `f`. */
-  onStepAt(m: Int32Array, f: Float64Array, b: number, draftLen: number, accepted: number): SpecAcceptanceHit | null {
+  /** As onStep, on the state with its header at word `b` and its body at `r` (both even). */
+  onStepAt(m: Int32Array, f: Float64Array, b: number, r: number, draftLen: number, accepted: number): SpecAcceptanceHit | null {
     if (!(draftLen > 0)) return null;
     const cfg = this.cfg;
     const w = cfg.window;
@@ -71,7 +75,7 @@ export class SpecAcceptanceDetector {
     const pos = m[b + POS];
     const len = m[b + LEN];
     const fb = b >> 1;
-    const slot = fb + (RING >> 1) + 2 * pos;
+    const slot = (r >> 1) + 2 * pos;
     let sumDraft = f[fb + (SUM_DRAFT >> 1)];
     let sumAcc = f[fb + (SUM_ACC >> 1)];
     if (len === w) {

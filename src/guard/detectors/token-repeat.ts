@@ -5,14 +5,16 @@
 // Over when content_tokens_seen ≥ min_tokens and repeat_sum > repeat_sum_threshold (strict); the
 // alert fires when consecutive over-steps reach consecutive_hits; one alert per request.
 //
-// O(1) per token: the occurrence counts of the window's tokens live in a small open-addressing
-// table (linear probing, backward-shift deletion, at most 2/3 full) and repeat_sum is a
-// running sum over a ring of scores. Everything is one record of int32 words (see slab.ts):
-//   [0] tokPos [1] tokLen [2] scorePos [3] contentSeen [4] consecutive [5] lastScore [6] alerted
-//   [8..9] repeatSum (float64: up to window², past 2^31 for large windows)
-//   [10 ..] tokens ring (window) | scores ring (window) | table: (key, count) pairs
+// O(1) per token, no allocation: repeat_sum is a running sum over a ring of scores, and the
+// occurrence counts of the window's tokens live in a small open-addressing table (linear probing,
+// backward-shift deletion, at most 2/3 full): one probe counts the new token and adds it, one
+// more removes the token leaving the window. The state is int32 words (see slab.ts) in two
+// parts, so that the guard can keep every detector's counters of a request side by side:
+//   header (at h, even): [0] tokPos [1] tokLen [2] scorePos [3] contentSeen [4] consecutive
+//     [5] lastScore [6] alerted [8..9] repeatSum (float64: up to window², past 2^31)
+//   body (at r): ring of (token, score) pairs (window) | table of (key, count) pairs, count 0 = empty
 import type { TokenRepeatConfig } from '../config';
-import { even, StateRecord } from './slab';
+import { StateRecord } from './slab';
 
 const TOK_POS = 0;
 const TOK_LEN = 1;
@@ -22,7 +24,7 @@ const CONSEC = 4;
 const LAST_SCORE = 5;
 const ALERTED = 6;
 const SUM = 8; // float64
-const RINGS = 10;
+export const TOKEN_REPEAT_HEADER_WORDS = 10;
 
 /** A standalone state record (the guard keeps its records in a slab), readable for inspection. */
 export class TokenRepeatState extends StateRecord {
@@ -57,10 +59,11 @@ export interface TokenRepeatHit {
 }
 
 export class TokenRepeatDetector {
-  /** int32 words of one state record. */
+  /** int32 words of one standalone state record (header + body). */
   readonly words: number;
+  /** int32 words of the body part. */
+  readonly bodyWords: number;
   private readonly window: number;
-  private readonly scoresAt: number;
   private readonly tableAt: number;
   private readonly tableMask: number; // slots − 1 (power of two)
   private readonly hashShift: number; // 32 − log2(slots): Fibonacci hashing keeps the top bits
@@ -70,14 +73,14 @@ export class TokenRepeatDetector {
   constructor(readonly cfg: TokenRepeatConfig) {
     const w = cfg.window;
     let slots = 8;
-    // w + 1 keys at most (the new token is counted before the oldest leaves); at most 2/3 full
+    // w + 1 keys at most (the new token is counted before the oldest leaves): at most 2/3 full
     while (2 * slots < 3 * (w + 1)) slots *= 2;
     this.window = w;
-    this.scoresAt = RINGS + w;
-    this.tableAt = even(RINGS + 2 * w);
+    this.tableAt = 2 * w;
     this.tableMask = slots - 1;
     this.hashShift = 32 - Math.log2(slots);
-    this.words = this.tableAt + 2 * slots;
+    this.bodyWords = this.tableAt + 2 * slots;
+    this.words = TOKEN_REPEAT_HEADER_WORDS + this.bodyWords;
     this.ignore = new Set(cfg.ignore_token_ids);
     this.hasIgnore = this.ignore.size > 0;
   }
@@ -88,35 +91,34 @@ export class TokenRepeatDetector {
 
   /** Feed this step's new tokens; returns the alert (once per request) or null. */
   onTokens(s: TokenRepeatState, tokens: readonly number[]): TokenRepeatHit | null {
-    return this.onTokensAt(s.i32, s.f64, s.base, tokens);
+    return this.onTokensAt(s.i32, s.f64, s.base, s.base + TOKEN_REPEAT_HEADER_WORDS, tokens);
   }
 
-  /** As onTokens, on the record at word `b` of `m` / `f`. */
-  onTokensAt(m: Int32Array, f: Float64Array, b: number, tokens: readonly number[]): TokenRepeatHit | null {
+  /** As onTokens, on the state with its header at word `b` (even) and its body at `r`. */
+  onTokensAt(m: Int32Array, f: Float64Array, b: number, r: number, tokens: readonly number[]): TokenRepeatHit | null {
     if (m[b + ALERTED] !== 0) return null;
     const cfg = this.cfg;
     const w = this.window;
-    const scores = b + this.scoresAt;
+    const sumAt = (b + SUM) >> 1;
     for (let k = 0; k < tokens.length; k++) {
       let score = 0;
       const raw = tokens[k];
       const content = !(this.hasIgnore && this.ignore.has(raw));
       if (content) {
         const t = raw | 0; // ids are uint32 on the wire; the bit pattern is the identity
-        score = this.countAndAdd(m, b, t);
+        score = this.countAndAdd(m, r, t);
         // the new token is in the window now; the oldest one leaves when the window was full
         const pos = m[b + TOK_POS];
-        if (m[b + TOK_LEN] === w) this.remove(m, b, m[b + RINGS + pos]);
+        if (m[b + TOK_LEN] === w) this.remove(m, r, m[r + 2 * pos]);
         else m[b + TOK_LEN]++;
-        m[b + RINGS + pos] = t;
+        m[r + 2 * pos] = t;
         m[b + TOK_POS] = pos + 1 === w ? 0 : pos + 1;
       }
       // the score window: a 0 for an ignored token
       const sp = m[b + SCORE_POS];
-      const sumAt = (b + SUM) >> 1;
-      const sum = f[sumAt] + score - m[scores + sp];
+      const sum = f[sumAt] + score - m[r + 2 * sp + 1];
       f[sumAt] = sum;
-      m[scores + sp] = score;
+      m[r + 2 * sp + 1] = score;
       m[b + SCORE_POS] = sp + 1 === w ? 0 : sp + 1;
       if (!content) continue;
       m[b + LAST_SCORE] = score;
@@ -146,8 +148,8 @@ export class TokenRepeatDetector {
   }
 
   /** Count of t in the window before this token, then one more: a single probe. */
-  private countAndAdd(m: Int32Array, b: number, t: number): number {
-    const table = b + this.tableAt;
+  private countAndAdd(m: Int32Array, r: number, t: number): number {
+    const table = r + this.tableAt;
     const mask = this.tableMask;
     let i = this.home(t);
     for (;;) {
@@ -167,8 +169,8 @@ export class TokenRepeatDetector {
   }
 
   /** One occurrence of t (present) leaves the window; an emptied entry is back-shift deleted. */
-  private remove(m: Int32Array, b: number, t: number): void {
-    const table = b + this.tableAt;
+  private remove(m: Int32Array, r: number, t: number): void {
+    const table = r + this.tableAt;
     const mask = this.tableMask;
     let i = this.home(t);
     for (;;) {
