@@ -125,6 +125,7 @@ export class Agent {
     if (!runDir) throw new ConfigError('--run-dir (WAVEBUS_RUN_DIR) is required for an agent');
     fs.mkdirSync(runDir, { recursive: true });
     this.mailbox = MailboxWriter.create(mailboxPath(runDir, identity.localRank));
+    this.publishFeatures(); // what is known before the bus syncs (snapshots), so clients never see a stale 0
     this.router = new zmq.Router({ linger: 0, maxMessageSize: 16 * 2 ** 20 });
     const endpoint = agentEndpoint(runDir, identity.localRank);
     const sockPath = endpoint.slice('ipc://'.length);

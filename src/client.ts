@@ -7,6 +7,7 @@ import { MailboxReader, MailboxFeature } from './mailbox';
 import type { ForwardContext, StepTelemetry } from './messages';
 import { agentEndpoint, mailboxPath } from './paths';
 import { ClientReply, ClientRequest, decode, encode } from './proto';
+import { checkSnapshotGating, type SnapshotConfig } from './snapshot/config';
 
 export interface ClientRegion {
   name: string;
@@ -87,6 +88,11 @@ export class WavebusClient {
       mbox = mbox ?? mailboxPath(runDir, Number(lr));
     }
     const reader = MailboxReader.open(mbox);
+    if (opts.asyncScheduling && (reader.features() & MailboxFeature.SNAPSHOTS) !== 0) {
+      reader.close();
+      // Refused at startup, not at the first forward: the agent says snapshots are on.
+      checkSnapshotGating({ enabled: true } as SnapshotConfig, { asyncScheduling: true, backendHasMemoryAccess: true });
+    }
     return new WavebusClient(endpoint, reader, opts.asyncScheduling ?? false);
   }
 

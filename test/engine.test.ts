@@ -280,3 +280,21 @@ test('before_forward writes an input snapshot on every rank, and a bad region is
   expect((await job.ranks[0].client.beforeForward({ ...ctx, globalStep: 2 }, [{ region: 'input0', dtype: 'int32', shape: [3] }])).captured).toBe(false);
   await expect(job.ranks[0].client.beforeForward(ctx, [{ region: 'nope', dtype: 'int32', shape: [3] }])).rejects.toThrow(/inputs\[0\]\.region 'nope'/);
 });
+
+test('an engine that schedules asynchronously is refused at connect when snapshots are on', async () => {
+  const job = await startJob({ tp: 1, runtimeConfig: {}, snapshotEnv: { WAVEBUS_SNAPSHOT_ENABLE: '1' } });
+  jobs.push(job);
+  const env = { WAVEBUS_RUN_DIR: path.join(job.root, 'run'), LOCAL_RANK: '0' };
+  await expect(WavebusClient.connect({ env, asyncScheduling: true })).rejects.toThrow(/input snapshots need sync scheduling.*Disable async scheduling/);
+  const out = runPython(
+    `from wavebus_client import Client, ConfigError
+try:
+    Client.connect(async_scheduling=True)
+except ConfigError as e:
+    print('refused:', e)`,
+    [],
+    { env: { ...process.env, ...env, PYTHONPATH: path.join(__dirname, '..', 'clients', 'python') } },
+  );
+  expect(out).toMatch(/^refused: input snapshots need sync scheduling/);
+});
+

@@ -130,6 +130,12 @@ class Client:
         self._async_ids: Dict[int, str] = {}  # fire-and-forget requests whose answers are drained later
         self._closed = False
         self._mb = mb.Mailbox.wait_open(mailbox_path, mailbox_wait_s)
+        if self.async_scheduling and self._mb.features & mb.FEATURE_SNAPSHOTS:
+            # Refused at startup: the agent says input snapshots are on, and they need sync scheduling.
+            raise ConfigError("input snapshots need sync scheduling: under async scheduling the input buffers may still "
+                              "belong to an in-flight prior forward. Disable async scheduling (--no-async-scheduling / "
+                              "async_scheduling=False) or unset WAVEBUS_SNAPSHOT_ENABLE "
+                              "(and VLLM_NEURON_RUNTIME_INPUT_SNAPSHOT_ENABLE)")
 
     @property
     def features(self) -> int:
