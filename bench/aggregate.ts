@@ -9,6 +9,7 @@ import * as os from 'os';
 import * as path from 'path';
 import { aggregate } from '../src/aggregate';
 import { crc32c, formatChecksum } from '../src/checksum';
+import { freePort, freePortPair } from '../src/ports';
 
 const RANKS = 4;
 
@@ -18,25 +19,6 @@ function arg(argv: string[], name: string, def: number): number {
   const v = Number(argv[i + 1]);
   if (!Number.isFinite(v) || v <= 0) throw new Error(`${name}: expected a positive number, got ${JSON.stringify(argv[i + 1])}`);
   return v;
-}
-
-async function freePort(): Promise<number> {
-  for (;;) {
-    const p = await new Promise<number>((resolve, reject) => {
-      const s = net.createServer();
-      s.on('error', reject);
-      s.listen(0, '127.0.0.1', () => {
-        const port = (s.address() as net.AddressInfo).port;
-        s.close(() => resolve(port));
-      });
-    });
-    const next = await new Promise<boolean>((resolve) => {
-      const s = net.createServer();
-      s.once('error', () => resolve(false));
-      s.listen(p + 1, '127.0.0.1', () => s.close(() => resolve(true)));
-    });
-    if (p < 65534 && next) return p;
-  }
 }
 
 /** rank<g>/ dirs of random files with a dump.json recording their checksums (as real bundles do). */
@@ -177,7 +159,7 @@ export async function run(argv: string[]): Promise<Record<string, unknown>> {
   const kids: ChildProcess[] = [];
   try {
     const src = writeSource(path.join(work, 'src'), Math.round(sizeMb * 2 ** 20));
-    const port = await freePort();
+    const port = await freePortPair();
     const job = child(JOB_SCRIPT, [DIST, String(port), path.join(work, 'src'), String(RANKS)]);
     kids.push(job.proc);
     const listFile = path.join(work, 'files.json');

@@ -8,7 +8,6 @@
 // Baseline: bench/gloo_bcast.py, the seeds' mechanism (gloo broadcast + barrier) on N ranks.
 import { spawn, spawnSync, type ChildProcess } from 'child_process';
 import * as fs from 'fs';
-import * as net from 'net';
 import * as path from 'path';
 import yargs from 'yargs';
 import { Pull, Push } from 'zeromq';
@@ -16,36 +15,11 @@ import { AgentBus } from '../src/bus/agent-bus';
 import { Coordinator } from '../src/bus/coordinator';
 import { resolveIdentity } from '../src/identity';
 import { createLogger } from '../src/log';
+import { freePort, freePortPair } from '../src/ports';
 
 const PYTHON = '/usr/bin/python3';
 const WAVE_TIMEOUT_MS = 500;
 const WARMUP = 20;
-
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const s = net.createServer();
-    s.on('error', reject);
-    s.listen(0, '127.0.0.1', () => {
-      const p = (s.address() as net.AddressInfo).port;
-      s.close(() => resolve(p));
-    });
-  });
-}
-
-function portFree(port: number): Promise<boolean> {
-  return new Promise((resolve) => {
-    const s = net.createServer();
-    s.once('error', () => resolve(false));
-    s.listen(port, '127.0.0.1', () => s.close(() => resolve(true)));
-  });
-}
-
-async function busPort(): Promise<number> {
-  for (;;) {
-    const p = await freePort();
-    if (p < 65535 && (await portFree(p + 1))) return p;
-  }
-}
 
 function percentile(sorted: number[], q: number): number {
   if (sorted.length === 0) return NaN;
@@ -125,7 +99,7 @@ export async function run(argv: string[]): Promise<Record<string, unknown>> {
   if (!Number.isInteger(n) || n < 1) throw new Error(`--agents: expected a positive integer, got ${args.agents}`);
   if (!Number.isInteger(waves) || waves < 1) throw new Error(`--waves: expected a positive integer, got ${args.waves}`);
 
-  const port = await busPort();
+  const port = await freePortPair();
   const reportPort = await freePort();
   const log = createLogger('bench-bus', 'warn');
   const coordinator = new Coordinator({ port, layout: { worldSize: n, tp: n, pp: 1, dp: 1, cp: 1 }, logger: log });

@@ -13,7 +13,6 @@
 import { spawn, type ChildProcess } from 'child_process';
 import * as fs from 'fs';
 import * as http from 'http';
-import * as net from 'net';
 import * as os from 'os';
 import * as path from 'path';
 import yargs from 'yargs';
@@ -22,19 +21,10 @@ import { requestStatus, DEFAULT_MAX_FRAME_BYTES } from '../src/bus/coordinator';
 import { decodeAgentMessage, decodeBusFrame, encodeAgentMessage, encodeBusFrame, TOPIC } from '../src/bus/frames';
 import { WavebusClient } from '../src/client';
 import { agentEndpoint, mailboxPath } from '../src/paths';
+import { packageRoot } from '../src/native';
+import { freePortPair } from '../src/ports';
+import { prng } from '../src/prng';
 import { ClientRequest, decode, encode } from '../src/proto';
-
-/** A small deterministic PRNG (mulberry32), so a failing seed can be replayed. */
-function prng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 export class Mutator {
   readonly rand: () => number;
@@ -192,36 +182,6 @@ export function clientAnswers(parts: Buffer[]): boolean {
 
 // ---------------------------------------------------------------- processes
 
-function packageRoot(): string {
-  for (let d = __dirname; ; d = path.dirname(d)) {
-    if (fs.existsSync(path.join(d, 'bin', 'wavebus.js')) && fs.existsSync(path.join(d, 'package.json'))) return d;
-    if (path.dirname(d) === d) throw new Error(`bin/wavebus.js not found above ${__dirname}`);
-  }
-}
-
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const s = net.createServer();
-    s.on('error', reject);
-    s.listen(0, '127.0.0.1', () => {
-      const p = (s.address() as net.AddressInfo).port;
-      s.close(() => resolve(p));
-    });
-  });
-}
-
-async function freePair(): Promise<number> {
-  for (;;) {
-    const p = await freePort();
-    const ok = await new Promise<boolean>((resolve) => {
-      const s = net.createServer();
-      s.once('error', () => resolve(false));
-      s.listen(p + 1, '127.0.0.1', () => s.close(() => resolve(true)));
-    });
-    if (ok && p < 65534) return p;
-  }
-}
-
 interface Proc {
   name: string;
   child: ChildProcess;
@@ -361,7 +321,7 @@ export async function fuzz(opts: { frames: number; seed: number; oversized: bool
   const agentArgs = (port: number, runDir: string) => ['agent', '--coordinator', `127.0.0.1:${port}`, '--rank', '0', '--world-size', '1', '--tp', '1', '--run-dir', runDir, '--heartbeat-ms', '200'];
   try {
     // ---- the real job: coordinator + agent A
-    const port = await freePair();
+    const port = await freePortPair();
     const coord = startProc('coordinator', coordArgs(port), env);
     procs.push(coord);
     const started = await until(() => {
@@ -448,7 +408,7 @@ export async function fuzz(opts: { frames: number; seed: number; oversized: bool
     // ---- 3. agent SUB: agent B is pointed at a rogue PUB
     note('agent client done');
     {
-      const rogue = await freePair();
+      const rogue = await freePortPair();
       const pub = new XPublisher({ linger: 0, sendHighWaterMark: 1000, noDrop: true });
       await pub.bind(`tcp://127.0.0.1:${rogue}`);
       const runB = path.join(dir, 'b');

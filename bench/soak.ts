@@ -189,6 +189,12 @@ export async function soak(o: { agents: number; waves: number; dumpEvery: number
       }
     };
     const waveStart = Date.now();
+    const step = async (w: number) => {
+      await clients[0].waveHead(w, telemetry(w));
+      if (o.paceMs > 0) await sleep(o.paceMs);
+      const ends = await Promise.all(clients.map((c) => c.endOfWave(w)));
+      return ends.filter((e) => e.timedOut).length;
+    };
     for (let w = 1; w <= o.waves; w++) {
       if (w === warmup) startUsage = { coordinator: usage(coord.pid!), agents: agents.map((x) => usage(x.pid!)) };
       if (w % o.dumpEvery === 0) {
@@ -197,18 +203,16 @@ export async function soak(o: { agents: number; waves: number; dumpEvery: number
         fs.renameSync(`${cfgPath}.edit`, cfgPath);
         collect();
       }
-      await clients[0].waveHead(w, telemetry(w));
-      if (o.paceMs > 0) await sleep(o.paceMs);
-      const ends = await Promise.all(clients.map((c) => c.endOfWave(w)));
-      lost += ends.filter((e) => e.timedOut).length;
+      lost += await step(w);
     }
     const waveSeconds = (Date.now() - waveStart) / 1000;
-    // Let the last dumps land, then collect them.
+    // Keep stepping (not counted) until the last dumps were armed and acked, then collect them.
     const settleBy = Date.now() + 30000;
-    while (Date.now() < settleBy) {
+    for (let w = o.waves + 1; Date.now() < settleBy; w++) {
       const s = JSON.parse((await requestStatus({ host: '127.0.0.1', port }, 3000)).statusJson);
       if ((s.dumps?.pending ?? 0) === 0 && (s.manual_dump_done ?? 0) >= dumpsAsked) break;
-      await sleep(200);
+      await step(w);
+      await sleep(20);
     }
     collect();
     endUsage = { coordinator: usage(coord.pid!), agents: agents.map((x) => usage(x.pid!)) };

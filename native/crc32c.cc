@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "coded_error.h"
+#include "crc_slice8.h"
 
 #if defined(__x86_64__)
 #include <nmmintrin.h>
@@ -13,39 +14,9 @@ namespace {
 
 constexpr uint32_t kPoly = 0x82F63B78u;  // reflected Castagnoli polynomial
 
-struct Tables {
-  uint32_t t[8][256];
-  Tables() {
-    for (uint32_t i = 0; i < 256; i++) {
-      uint32_t c = i;
-      for (int k = 0; k < 8; k++) c = (c >> 1) ^ (kPoly & (0u - (c & 1u)));
-      t[0][i] = c;
-    }
-    for (uint32_t i = 0; i < 256; i++) {
-      for (int s = 1; s < 8; s++) t[s][i] = (t[s - 1][i] >> 8) ^ t[0][t[s - 1][i] & 0xFF];
-    }
-  }
-};
-
-const Tables& tables() {
-  static const Tables tb;
-  return tb;
-}
-
 uint32_t Software(uint32_t crc, const uint8_t* p, size_t n) {
-  const Tables& tb = tables();
-  while (n >= 8) {
-    uint32_t lo, hi;
-    std::memcpy(&lo, p, 4);
-    std::memcpy(&hi, p + 4, 4);
-    lo ^= crc;  // little-endian hosts only (x86-64, aarch64)
-    crc = tb.t[7][lo & 0xFF] ^ tb.t[6][(lo >> 8) & 0xFF] ^ tb.t[5][(lo >> 16) & 0xFF] ^ tb.t[4][lo >> 24] ^
-          tb.t[3][hi & 0xFF] ^ tb.t[2][(hi >> 8) & 0xFF] ^ tb.t[1][(hi >> 16) & 0xFF] ^ tb.t[0][hi >> 24];
-    p += 8;
-    n -= 8;
-  }
-  while (n--) crc = (crc >> 8) ^ tb.t[0][(crc ^ *p++) & 0xFF];
-  return crc;
+  static const Slice8Tables tb(kPoly);
+  return tb.Update(crc, p, n);
 }
 
 #if defined(__x86_64__)

@@ -4,6 +4,7 @@
 
 #include "coded_error.h"
 #include "crc32c.h"
+#include "crc_slice8.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -17,40 +18,10 @@ constexpr uint64_t kIeeeNormal = 0x104C11DB7ull;
 constexpr uint64_t kCastagnoliNormal = 0x11EDC6F41ull;
 constexpr uint32_t kIeeeReflected = 0xEDB88320u;
 
-struct IeeeTables {
-  uint32_t t[8][256];
-  IeeeTables() {
-    for (uint32_t i = 0; i < 256; i++) {
-      uint32_t c = i;
-      for (int k = 0; k < 8; k++) c = (c >> 1) ^ (kIeeeReflected & (0u - (c & 1u)));
-      t[0][i] = c;
-    }
-    for (uint32_t i = 0; i < 256; i++) {
-      for (int s = 1; s < 8; s++) t[s][i] = (t[s - 1][i] >> 8) ^ t[0][t[s - 1][i] & 0xFF];
-    }
-  }
-};
-
-const IeeeTables& ieee() {
-  static const IeeeTables tb;
-  return tb;
-}
-
-// Raw register update (no pre/post inversion), slicing-by-8; little-endian hosts only.
+// Raw register update (no pre/post inversion), slicing-by-8.
 uint32_t IeeeRaw(uint32_t crc, const uint8_t* p, size_t n) {
-  const IeeeTables& tb = ieee();
-  while (n >= 8) {
-    uint32_t lo, hi;
-    std::memcpy(&lo, p, 4);
-    std::memcpy(&hi, p + 4, 4);
-    lo ^= crc;
-    crc = tb.t[7][lo & 0xFF] ^ tb.t[6][(lo >> 8) & 0xFF] ^ tb.t[5][(lo >> 16) & 0xFF] ^ tb.t[4][lo >> 24] ^
-          tb.t[3][hi & 0xFF] ^ tb.t[2][(hi >> 8) & 0xFF] ^ tb.t[1][(hi >> 16) & 0xFF] ^ tb.t[0][hi >> 24];
-    p += 8;
-    n -= 8;
-  }
-  while (n--) crc = (crc >> 8) ^ tb.t[0][(crc ^ *p++) & 0xFF];
-  return crc;
+  static const Slice8Tables tb(kIeeeReflected);
+  return tb.Update(crc, p, n);
 }
 
 #if defined(__x86_64__)

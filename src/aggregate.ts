@@ -9,7 +9,7 @@ import { Dealer } from 'zeromq';
 import { DEFAULT_MAX_FRAME_BYTES } from './bus/coordinator';
 import { socketIpOptions, tcpEndpoint, type HostPort } from './bus/endpoints';
 import { decodeCoordinatorMessage, encodeAgentMessage, type CoordinatorMsg } from './bus/frames';
-import { Crc32c, crc32c, formatChecksum, parseChecksum } from './checksum';
+import { crc32c, formatChecksum, parseChecksum, crc32cOfFile } from './checksum';
 import { ConfigError, WavebusError } from './errors';
 import { fsyncDir } from './freespace';
 import { joinUnder } from './sanitize';
@@ -231,24 +231,6 @@ interface Planned {
   listedBy: number[];
 }
 
-function fileCrc(p: string, limit = Infinity): { crc: number; bytes: number } {
-  const fd = fs.openSync(p, 'r');
-  try {
-    const h = new Crc32c();
-    const buf = Buffer.allocUnsafe(4 << 20);
-    let total = 0;
-    while (total < limit) {
-      const n = fs.readSync(fd, buf, 0, Math.min(buf.length, limit - total), null);
-      if (n === 0) break;
-      h.update(buf.subarray(0, n));
-      total += n;
-    }
-    return { crc: h.digest(), bytes: total };
-  } finally {
-    fs.closeSync(fd);
-  }
-}
-
 function partName(local: string): string {
   return path.join(path.dirname(local), `.${path.basename(local)}${PART_SUFFIX}`);
 }
@@ -441,7 +423,7 @@ async function fetchOne(client: RelayClient, f: Planned, ctx: FetchCtx): Promise
   // Already here and whole (a previous run): skip without asking anyone.
   if (fs.existsSync(f.local)) {
     const st = fs.statSync(f.local);
-    if (st.isFile() && st.size === f.bytes && fileCrc(f.local).crc === f.crc) {
+    if (st.isFile() && st.size === f.bytes && crc32cOfFile(f.local).digest() === f.crc) {
       ctx.progress.doneBytes += f.bytes;
       return { ...base, rank: f.listedBy[0], status: 'present', verified: true };
     }
@@ -475,7 +457,7 @@ async function fetchFile(client: RelayClient, rank: number, f: Planned, ctx: Fet
     const size = fs.statSync(part).size;
     if (size <= f.bytes) {
       start = size;
-      crc = fileCrc(part, size).crc;
+      crc = crc32cOfFile(part, size).digest();
       ctx.progress.doneBytes += size;
     }
   }

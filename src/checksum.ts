@@ -1,6 +1,7 @@
 // CRC-32C (Castagnoli) for artifact checksums in dump acks and bundle manifests.
 // The native addon does the work (SSE4.2 crc32 instruction when the CPU has it, else a
 // slicing-by-8 table); this module validates and gives it a small API.
+import * as fs from 'fs';
 import { native, nativeCall } from './native';
 
 function checkBytes(data: unknown, what: string): Uint8Array {
@@ -70,5 +71,25 @@ export class Crc32c {
   /** formatChecksum(digest()). */
   toString(): string {
     return formatChecksum(this.crc);
+  }
+}
+
+/**
+ * A file's CRC-32C, read in 4 MiB pieces; only its first `limit` bytes when given.
+ * `.toString()` is the "crc32c:%08x" form, `.digest()` the number, `.length` the bytes read.
+ */
+export function crc32cOfFile(file: string, limit = Infinity): Crc32c {
+  const fd = fs.openSync(file, 'r');
+  try {
+    const h = new Crc32c();
+    const buf = Buffer.allocUnsafe(4 << 20);
+    while (h.length < limit) {
+      const n = fs.readSync(fd, buf, 0, Math.min(buf.length, limit - h.length), null);
+      if (n === 0) break;
+      h.update(buf.subarray(0, n));
+    }
+    return h;
+  } finally {
+    fs.closeSync(fd);
   }
 }

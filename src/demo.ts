@@ -2,11 +2,11 @@
 // detector and an input-snapshot rule on, and faults injected. It runs `wavebus launch` once per
 // simulated host, exactly as a user would, then checks every artifact and prints a summary.
 import * as fs from 'fs';
-import * as net from 'net';
 import * as path from 'path';
 import { spawn } from 'child_process';
 import { ConfigError } from './errors';
 import { inspectTree, type BundleReport } from './inspect';
+import { freePortPair } from './ports';
 import { readPt, readNpyHeader, readSafetensorsHeader, readBytes } from './readers';
 import { kvBlockBytes, type KvGeometry } from './sim/kv-pattern';
 import { DEMO_FAULTS } from './sim/faults';
@@ -35,25 +35,6 @@ export function demoRuntimeConfig(format: string): Record<string, unknown> {
     detector: { token_repeat: on, logits_finite: on, spec_acceptance: on, garbled: on },
     dump: { auto_max_times: 16, auto_cooldown_seconds: 0, free_headroom_bytes: 0, format },
   };
-}
-
-async function freeBasePort(): Promise<number> {
-  // The bus needs two adjacent ports (PUB, ROUTER); probe until both are free.
-  for (let i = 0; i < 50; i++) {
-    const p = await new Promise<number>((resolve, reject) => {
-      const s = net.createServer().listen(0, '127.0.0.1', () => {
-        const port = (s.address() as net.AddressInfo).port;
-        s.close(() => resolve(port));
-      });
-      s.on('error', reject);
-    });
-    const ok = await new Promise<boolean>((resolve) => {
-      const s = net.createServer().listen(p + 1, '127.0.0.1', () => s.close(() => resolve(true)));
-      s.on('error', () => resolve(false));
-    });
-    if (ok && p < 65534) return p;
-  }
-  throw new Error('no free pair of adjacent ports on 127.0.0.1');
 }
 
 function prepareOut(out: string): void {
@@ -141,7 +122,7 @@ export async function runDemo(opts: DemoOptions): Promise<{ ok: boolean; summary
   if (opts.runtimeConfig) fs.copyFileSync(opts.runtimeConfig, configPath);
   else fs.writeFileSync(configPath, `${JSON.stringify(demoRuntimeConfig(opts.format), null, 2)}\n`);
   const resultDir = path.join(out, 'ranks');
-  const port = opts.port ?? (await freeBasePort());
+  const port = opts.port ?? (await freePortPair());
   const bin = path.resolve(__dirname, '..', '..', 'bin', 'wavebus.js');
   const env: NodeJS.ProcessEnv = { ...process.env, WAVEBUS_CACHE_ROOT: out };
   const nproc = world / opts.hosts;

@@ -4,7 +4,7 @@
 // expected rank present. Used by `wavebus inspect`, the demo, aggregate.
 import * as fs from 'fs';
 import * as path from 'path';
-import { Crc32c, formatChecksum } from './checksum';
+import { crc32cOfFile } from './checksum';
 import { readNpyHeader, readPt, readSafetensorsHeader } from './readers';
 
 export type BundleKind = 'kv_dump' | 'snapshot' | 'dump_wave' | 'aggregate';
@@ -36,22 +36,6 @@ export interface InspectResult {
   /** Temporary bundle dirs left by an interrupted writer (never under a final name). */
   incomplete: string[];
   problems: string[];
-}
-
-export function fileCrc32c(p: string): string {
-  const fd = fs.openSync(p, 'r');
-  try {
-    const h = new Crc32c();
-    const buf = Buffer.allocUnsafe(4 << 20);
-    for (;;) {
-      const n = fs.readSync(fd, buf, 0, buf.length, null);
-      if (n === 0) break;
-      h.update(buf.subarray(0, n));
-    }
-    return formatChecksum(h.digest());
-  } finally {
-    fs.closeSync(fd);
-  }
 }
 
 const relJoin = (a: string, b: string) => (a === '.' || a === '' ? b : `${a}/${b}`);
@@ -93,7 +77,7 @@ function checkOne(p: string, rel: string, bytes: number, checksum: string, verif
   if (size !== bytes) problems.push(`${rel}: ${size} bytes, recorded ${bytes}`);
   let verified: boolean | undefined;
   if (verify) {
-    const got = fileCrc32c(p);
+    const got = crc32cOfFile(p).toString();
     verified = got === checksum;
     if (!verified) problems.push(`${rel}: checksum ${got} != recorded ${checksum}`);
   }

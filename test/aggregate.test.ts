@@ -1,7 +1,6 @@
 // `wavebus aggregate` end to end: a real coordinator, real agents (AgentBus + FileServer) serving
 // real bundles written with Bundle, real ZeroMQ relay, real files. Agents on two simulated hosts.
 import * as fs from 'fs';
-import * as net from 'net';
 import * as path from 'path';
 import { aggregate, localPathFor, type AggregateManifest } from '../src/aggregate';
 import { FileServer } from '../src/agent/file-server';
@@ -13,25 +12,11 @@ import { resolveIdentity, type WorldLayout } from '../src/identity';
 import { inspectTree } from '../src/inspect';
 import { createLogger } from '../src/log';
 import { Tensor } from '../src/tensor';
-import { cleanup, freePort, spawnWavebus, tmpDir, waitFor } from './helpers';
+import { cleanup, freePortPair, spawnWavebus, tmpDir, waitFor } from './helpers';
 
 const quiet = createLogger('aggregate-test', 'silent');
 const layout: WorldLayout = { worldSize: 4, tp: 4, pp: 1, dp: 1, cp: 1 };
 const WAVE = 'token_repeat/req-1/wave_5';
-
-function portFree(port: number): Promise<boolean> {
-  return new Promise((resolve) => {
-    const s = net.createServer();
-    s.once('error', () => resolve(false));
-    s.listen(port, '127.0.0.1', () => s.close(() => resolve(true)));
-  });
-}
-async function busPort(): Promise<number> {
-  for (;;) {
-    const p = await freePort();
-    if (p < 65535 && (await portFree(p + 1))) return p;
-  }
-}
 
 function pattern(n: number, seed: number): Buffer {
   const b = Buffer.allocUnsafe(n);
@@ -72,7 +57,7 @@ const running: Job[] = [];
 
 /** Ranks 0,1 on host A, ranks 2,3 on host B; `handlers` replaces a rank's request handler. */
 async function startJob(opts: { ranks?: number[]; bigBytes?: number; handlers?: Record<number, (fs: FileServer) => RequestHandler> } = {}): Promise<Job> {
-  const port = await busPort();
+  const port = await freePortPair();
   const hosts = [tmpDir('wavebus-agg-hostA-'), tmpDir('wavebus-agg-hostB-')];
   const hostOf = (r: number) => hosts[r < 2 ? 0 : 1];
   for (let r = 0; r < 4; r++) await writeRankBundles(hostOf(r), r, r === 1 ? opts.bigBytes ?? 0 : 0);

@@ -1,5 +1,4 @@
 // The wave bus end to end: real ZeroMQ sockets, real `wavebus agent` processes, real restarts.
-import * as net from 'net';
 import { Dealer, Publisher, Router } from 'zeromq';
 import { AgentBus, type SnapshotReplyMsg, type WaveEvent } from '../src/bus/agent-bus';
 import { Coordinator, requestStatus, type CoordinatorOptions } from '../src/bus/coordinator';
@@ -10,25 +9,9 @@ import { ConfigError } from '../src/errors';
 import { resolveIdentity, type WorldLayout } from '../src/identity';
 import { createLogger } from '../src/log';
 import type { DumpJob, DumpResult, StepTelemetry } from '../src/messages';
-import { cleanup, freePort, runWavebus, spawnWavebus, waitFor, type Spawned } from './helpers';
+import { cleanup, freePortPair, portFree, runWavebus, spawnWavebus, waitFor, type Spawned } from './helpers';
 
 const quiet = createLogger('bus-test', 'error');
-
-function portFree(port: number): Promise<boolean> {
-  return new Promise((resolve) => {
-    const s = net.createServer();
-    s.once('error', () => resolve(false));
-    s.listen(port, '127.0.0.1', () => s.close(() => resolve(true)));
-  });
-}
-
-/** A base port whose +1 (the ROUTER) is free too. */
-async function busPort(): Promise<number> {
-  for (;;) {
-    const p = await freePort();
-    if (p < 65535 && (await portFree(p + 1))) return p;
-  }
-}
 
 const layoutOf = (worldSize: number, tp = worldSize, pp = 1): WorldLayout => ({ worldSize, tp, pp, dp: 1, cp: 1 });
 
@@ -144,7 +127,7 @@ describe('endpoints', () => {
 
 describe('wave bus', () => {
   test('waves and due lanes reach agent processes and in-process agents, in order; only last-PP ranks join', async () => {
-    const port = await busPort();
+    const port = await freePortPair();
     const layout = layoutOf(4, 2, 2); // last PP stage = ranks 2, 3
     const policy = new RecordingPolicy();
     const c = await startCoordinator({ port, layout, policy });
@@ -211,7 +194,7 @@ describe('wave bus', () => {
   });
 
   test('readiness: ready only once every expected rank has subscribed (Hello, frame seen, snapshot asked)', async () => {
-    const port = await busPort();
+    const port = await freePortPair();
     const layout = layoutOf(2);
     const c = await startCoordinator({ port, layout });
     let readyEvents = 0;
@@ -239,7 +222,7 @@ describe('wave bus', () => {
   });
 
   test('gap recovery: lost frames trigger a snapshot; every wave is delivered once or covered by it', async () => {
-    const port = await busPort();
+    const port = await freePortPair();
     const layout = layoutOf(1);
     const c = await startCoordinator({ port, layout, dumpAckTimeoutMs: 60000 });
     let dropping = false;
@@ -288,7 +271,7 @@ describe('wave bus', () => {
   });
 
   test('coordinator restart on the same port (new epoch): agents resync by themselves', async () => {
-    const port = await busPort();
+    const port = await freePortPair();
     const layout = layoutOf(2);
     const c1 = await startCoordinator({ port, layout });
     const proc = spawnAgent(0, layout, port);
@@ -314,7 +297,7 @@ describe('wave bus', () => {
   });
 
   test('an agent started before its coordinator keeps trying and joins when it appears', async () => {
-    const port = await busPort();
+    const port = await freePortPair();
     const layout = layoutOf(1);
     const a = makeAgent(0, layout, port);
     await a.bus.start();
@@ -328,7 +311,7 @@ describe('wave bus', () => {
   });
 
   test('garbage on the ROUTER is dropped and counted by reason; the bus keeps working', async () => {
-    const port = await busPort();
+    const port = await freePortPair();
     const layout = layoutOf(1);
     const c = await startCoordinator({ port, layout, maxFrameBytes: 4096 });
     const a = makeAgent(0, layout, port);
@@ -361,7 +344,7 @@ describe('wave bus', () => {
   });
 
   test('garbage on a rogue PUB is dropped and counted; a wrong epoch is resynced away; valid waves still arrive', async () => {
-    const port = await busPort();
+    const port = await freePortPair();
     const E = 4242;
     const pub = new Publisher({ linger: 0 });
     const router = new Router({ linger: 0 });
@@ -428,7 +411,7 @@ describe('wave bus', () => {
   });
 
   test('dump acks: complete when every expected rank acks; a timeout names the missing ranks', async () => {
-    const port = await busPort();
+    const port = await freePortPair();
     const layout = layoutOf(2);
     const policy = new RecordingPolicy();
     const c = await startCoordinator({ port, layout, policy, dumpAckTimeoutMs: 1500 });
@@ -474,7 +457,7 @@ describe('wave bus', () => {
   });
 
   test('requestFromAgent: correlated replies, handler errors and unknown ranks', async () => {
-    const port = await busPort();
+    const port = await freePortPair();
     const layout = layoutOf(2);
     const c = await startCoordinator({ port, layout });
     const a0 = makeAgent(0, layout, port);
@@ -497,7 +480,7 @@ describe('wave bus', () => {
   });
 
   test('non-loopback bind is refused without --insecure (library and CLI)', async () => {
-    const port = await busPort();
+    const port = await freePortPair();
     const c = new Coordinator({ host: '0.0.0.0', port, layout: layoutOf(1), logger: quiet });
     const err = await c.start().then(() => null, (e) => e);
     expect(err).toBeInstanceOf(ConfigError);
@@ -513,7 +496,7 @@ describe('wave bus', () => {
   });
 
   test('port in use: a clear error naming the port (library and CLI)', async () => {
-    const port = await busPort();
+    const port = await freePortPair();
     await startCoordinator({ port, layout: layoutOf(1) });
     const err = await new Coordinator({ port, layout: layoutOf(1), logger: quiet }).start().then(() => null, (e) => e);
     expect(err).toBeInstanceOf(ConfigError);
@@ -529,7 +512,7 @@ describe('wave bus', () => {
 
 describe('CLI', () => {
   test('coordinator and agent processes: ready, status over the ROUTER, clean exit on SIGTERM/SIGINT', async () => {
-    const port = await busPort();
+    const port = await freePortPair();
     const coord = spawnWavebus(['coordinator', '--port', String(port), '--world-size', '2', '--heartbeat-ms', '200']);
     await waitFor(() => coord.stdout().includes('"event":"started"'), 'coordinator started line');
     const a0 = spawnAgent(0, layoutOf(2), port);

@@ -1,6 +1,6 @@
 import { crc32c, Crc32c, formatChecksum, parseChecksum, crc32cHardware } from '../src/checksum';
 import { native } from '../src/native';
-import { cleanup } from './helpers';
+import { cleanup, pseudoRandomBytes } from './helpers';
 
 afterAll(cleanup);
 
@@ -12,18 +12,6 @@ function referenceCrc32c(data: Uint8Array, prev = 0): number {
     for (let k = 0; k < 8; k++) crc = crc & 1 ? (crc >>> 1) ^ 0x82f63b78 : crc >>> 1;
   }
   return ~crc >>> 0;
-}
-
-function pseudoRandom(n: number, seed: number): Buffer {
-  const b = Buffer.alloc(n);
-  let x = seed >>> 0 || 1;
-  for (let i = 0; i < n; i++) {
-    x ^= x << 13;
-    x ^= x >>> 17;
-    x ^= x << 5;
-    b[i] = x & 0xff;
-  }
-  return b;
 }
 
 describe('crc32c', () => {
@@ -42,7 +30,7 @@ describe('crc32c', () => {
   });
 
   test('incremental: crc32c(b, crc32c(a)) equals crc32c(a + b) at every split', () => {
-    const data = pseudoRandom(1000, 7);
+    const data = pseudoRandomBytes(1000, 7);
     const whole = crc32c(data);
     for (const split of [0, 1, 3, 7, 8, 9, 63, 500, 999, 1000]) {
       expect(crc32c(data.subarray(split), crc32c(data.subarray(0, split)))).toBe(whole);
@@ -51,7 +39,7 @@ describe('crc32c', () => {
 
   test('large and odd-sized buffers match the pure-JS reference; hardware and table paths agree', () => {
     for (const [n, seed] of [[1, 1], [13, 2], [4096 + 5, 3], [1 << 20, 4], [3 * (1 << 20) + 7, 5]]) {
-      const data = pseudoRandom(n, seed);
+      const data = pseudoRandomBytes(n, seed);
       const ref = referenceCrc32c(data);
       expect(crc32c(data)).toBe(ref);
       expect(native.crc32cSoftware(data)).toBe(ref);
@@ -63,7 +51,7 @@ describe('crc32c', () => {
   });
 
   test('Crc32c class streams chunks', () => {
-    const data = pseudoRandom(70000, 9);
+    const data = pseudoRandomBytes(70000, 9);
     const h = new Crc32c();
     for (let off = 0; off < data.length; off += 4093) h.update(data.subarray(off, off + 4093));
     expect(h.digest()).toBe(crc32c(data));

@@ -9,25 +9,13 @@ import { bf16ToFloat, compareCaptures, compareTensors, fp8e4m3fnToFloat, fp8e5m2
 import type { DType } from '../src/dtype';
 import { encodePng, heatmapGrid, heatmapPng } from '../src/heatmap';
 import { Tensor } from '../src/tensor';
-import { cleanup, runPython, runWavebus, tmpDir } from './helpers';
+import { cleanup, pseudoRandomBytes, runPython, runWavebus, tmpDir } from './helpers';
 
 afterAll(cleanup);
 
-function rand(n: number, seed: number): Buffer {
-  const b = Buffer.allocUnsafe(n);
-  let x = seed >>> 0 || 1;
-  for (let i = 0; i < n; i++) {
-    x ^= x << 13;
-    x ^= x >>> 17;
-    x ^= x << 5;
-    b[i] = x & 0xff;
-  }
-  return b;
-}
-
 /** Random finite bf16 values in about [-4, 4]. */
 function bf16Data(numel: number, seed: number): Buffer {
-  const r = rand(numel * 2, seed);
+  const r = pseudoRandomBytes(numel * 2, seed);
   const out = Buffer.alloc(numel * 2);
   for (let i = 0; i < numel; i++) {
     const mant = r[2 * i] & 0x7f;

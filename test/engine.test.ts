@@ -16,7 +16,7 @@ import { readBytes, readPt } from '../src/readers';
 import { fillKvPool, kvBlockBytes, type KvGeometry } from '../src/sim/kv-pattern';
 import { resolveSnapshotConfig } from '../src/snapshot/config';
 import { loadCallDir } from '../src/snapshot/loader';
-import { cleanup, freePort, runPython, tmpDir, waitFor } from './helpers';
+import { cleanup, freePortPair, runPython, tmpDir, waitFor } from './helpers';
 
 const G: KvGeometry = { layers: 2, numBlocks: 32, blockSize: 4, kvHeads: 2, headDim: 8, dtype: 'bfloat16' };
 const POOL = G.numBlocks * G.blockSize * G.kvHeads * G.headDim * 2;
@@ -36,13 +36,6 @@ interface Job {
   dumpRoot: string;
 }
 
-async function busPort(): Promise<number> {
-  for (;;) {
-    const p = await freePort();
-    if (p < 65000) return p;
-  }
-}
-
 async function startJob(opts: {
   tp: number;
   runtimeConfig: Record<string, unknown>;
@@ -60,7 +53,7 @@ async function startJob(opts: {
     root,
   );
   const guard = new Guard({ startup, rank: 0, expectedRanks: Array.from({ length: opts.tp }, (_, i) => i) });
-  const port = await busPort();
+  const port = await freePortPair();
   const coordinator = new Coordinator({
     port,
     layout,

@@ -2,7 +2,6 @@
 // Everything started here is stopped by cleanup(), which every test file calls in afterAll/afterEach.
 import { ChildProcess, spawn, SpawnOptions, spawnSync } from 'child_process';
 import * as fs from 'fs';
-import * as net from 'net';
 import * as os from 'os';
 import * as path from 'path';
 
@@ -66,17 +65,7 @@ export function runPython(code: string, args: string[] = [], opts: { env?: NodeJ
   return r.stdout;
 }
 
-export async function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const s = net.createServer();
-    s.unref();
-    s.on('error', reject);
-    s.listen(0, '127.0.0.1', () => {
-      const port = (s.address() as net.AddressInfo).port;
-      s.close(() => resolve(port));
-    });
-  });
-}
+export { freePort, freePortPair, portFree } from '../src/ports';
 
 export async function waitFor<T>(fn: () => T | Promise<T>, what: string, timeoutMs = 20000, everyMs = 25): Promise<NonNullable<T>> {
   const deadline = Date.now() + timeoutMs;
@@ -111,22 +100,7 @@ export async function cleanup(): Promise<void> {
   for (const d of dirs.splice(0)) fs.rmSync(d, { recursive: true, force: true });
 }
 
-// ---------------------------------------------------------------- appended: ports pairs, root-only fixtures
-
-/** A base port P with P and P+1 both free on 127.0.0.1 (the bus binds PUB on P, ROUTER on P+1). */
-export async function freePortPair(): Promise<number> {
-  for (let i = 0; i < 50; i++) {
-    const p = await freePort();
-    if (p >= 65534) continue;
-    const ok = await new Promise<boolean>((resolve) => {
-      const s = net.createServer();
-      s.once('error', () => resolve(false));
-      s.listen(p + 1, '127.0.0.1', () => s.close(() => resolve(true)));
-    });
-    if (ok) return p;
-  }
-  throw new Error('no free pair of adjacent ports on 127.0.0.1');
-}
+// ---------------------------------------------------------------- appended: root-only fixtures
 
 /** Run a system command synchronously; throws with its stderr when it fails. */
 export function sh(cmd: string, args: string[], opts: { timeout?: number } = {}): string {
@@ -212,4 +186,17 @@ export function cleanupNetns(): void {
     }
     spawnSync('ip', ['netns', 'del', ns]);
   }
+}
+
+/** `n` deterministic pseudo-random bytes (xorshift32 from `seed`), the same sequence for the same seed. */
+export function pseudoRandomBytes(n: number, seed: number): Buffer {
+  const b = Buffer.alloc(n);
+  let x = seed >>> 0 || 1;
+  for (let i = 0; i < n; i++) {
+    x ^= x << 13;
+    x ^= x >>> 17;
+    x ^= x << 5;
+    b[i] = x & 0xff;
+  }
+  return b;
 }

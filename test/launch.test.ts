@@ -6,7 +6,7 @@ import * as path from 'path';
 import { ConfigError } from '../src/errors';
 import { agentArgv, agentEndpoint, commandEnv, coordinatorArgv, mailboxPath, parseLaunchOptions } from '../src/launcher';
 import { requestStatus } from '../src/bus/coordinator';
-import { cleanup, freePort, spawnWavebus, tmpDir, waitFor } from './helpers';
+import { cleanup, freePortPair, spawnWavebus, tmpDir, waitFor } from './helpers';
 
 afterAll(cleanup);
 
@@ -136,20 +136,6 @@ function alive(pid: number): boolean {
   return !/^\d+ \(.*\) Z/.test(stat);
 }
 
-/** A bus port whose port + 1 is free too. */
-async function freeBusPort(): Promise<number> {
-  for (;;) {
-    const p = await freePort();
-    if (p >= 65534) continue;
-    const ok = await new Promise<boolean>((resolve) => {
-      const s = net.createServer();
-      s.once('error', () => resolve(false));
-      s.listen(p + 1, '127.0.0.1', () => s.close(() => resolve(true)));
-    });
-    if (ok) return p;
-  }
-}
-
 /**
  * A command for the launcher: records its wavebus environment and the pids of the job's
  * sidecars (the agents carry --run-dir, the coordinator --port), then acts by MODE.
@@ -224,7 +210,7 @@ describe('wavebus launch end to end', () => {
   });
 
   test('4 agents + coordinator; the command sees the environment; its exit code 3 is ours; nothing is left', async () => {
-    const port = await freeBusPort();
+    const port = await freePortPair();
     const out = path.join(dir, 'env3.json');
     const r = spawnWavebus(['launch', ...READY, '--nproc-per-node', '4', '--tp', '4', '--port', String(port), '--', process.execPath, probe, out, '3']);
     const { code } = await r.exited;
@@ -254,7 +240,7 @@ describe('wavebus launch end to end', () => {
   });
 
   test('a command killed by a signal gives 128 + signal', async () => {
-    const port = await freeBusPort();
+    const port = await freePortPair();
     const out = path.join(dir, 'killed.json');
     const r = spawnWavebus(['launch', ...READY, '--port', String(port), '--', process.execPath, probe, out, 'kill-self']);
     expect((await r.exited).code).toBe(128 + 9);
@@ -262,7 +248,7 @@ describe('wavebus launch end to end', () => {
   });
 
   test('a command that cannot start: exit 127, the error names it, nothing left', async () => {
-    const port = await freeBusPort();
+    const port = await freePortPair();
     const runDir = path.join(dir, 'run-nostart');
     const r = spawnWavebus(['launch', ...READY, '--nproc-per-node', '2', '--port', String(port), '--run-dir', runDir, '--', '/nonexistent/serve']);
     const { code } = await r.exited;
@@ -274,7 +260,7 @@ describe('wavebus launch end to end', () => {
   });
 
   test('a bad layout is refused before anything starts', async () => {
-    const port = await freeBusPort();
+    const port = await freePortPair();
     const runDir = path.join(dir, 'run-badlayout');
     const r = spawnWavebus(['launch', '--nproc-per-node', '4', '--tp', '2', '--port', String(port), '--run-dir', runDir, '--', 'true']);
     const { code } = await r.exited;
@@ -285,7 +271,7 @@ describe('wavebus launch end to end', () => {
   });
 
   test('SIGTERM is forwarded to the command; it exits 0, so does the launcher, and the job is torn down', async () => {
-    const port = await freeBusPort();
+    const port = await freePortPair();
     const out = path.join(dir, 'trap.json');
     const r = spawnWavebus(['launch', ...READY, '--nproc-per-node', '2', '--port', String(port), '--', process.execPath, probe, out, 'trap']);
     await whileRunning(r, () => fs.existsSync(out), 'the command to start');
@@ -301,7 +287,7 @@ describe('wavebus launch end to end', () => {
   });
 
   test.each([0, 1])('bus port in use (port + %i): a clear error, nothing started', async (offset) => {
-    const port = await freeBusPort();
+    const port = await freePortPair();
     const holder = net.createServer();
     await new Promise<void>((resolve) => holder.listen(port + offset, '127.0.0.1', resolve));
     try {
@@ -319,7 +305,7 @@ describe('wavebus launch end to end', () => {
   });
 
   test('an agent that dies before ready fails the launch fast, with its output; nothing left', async () => {
-    const port = await freeBusPort();
+    const port = await freePortPair();
     const runDir = path.join(dir, 'run-agentdies');
     const out = path.join(dir, 'never.json');
     const r = spawnWavebus(['launch', '--nproc-per-node', '2', '--port', String(port), '--run-dir', runDir, '--agent-arg=--bogus-flag', '--', process.execPath, probe, out, '0']);
@@ -333,7 +319,7 @@ describe('wavebus launch end to end', () => {
   });
 
   test('two simulated nodes on one host: node 1 starts no coordinator; both run their command', async () => {
-    const port = await freeBusPort();
+    const port = await freePortPair();
     const go = path.join(dir, 'go');
     const out0 = path.join(dir, 'node0.json');
     const out1 = path.join(dir, 'node1.json');
@@ -355,7 +341,7 @@ describe('wavebus launch end to end', () => {
   });
 
   test('no coordinator answers: --ready-timeout-ms fails the launch, nothing left', async () => {
-    const port = await freeBusPort();
+    const port = await freePortPair();
     const runDir = path.join(dir, 'run-timeout');
     const r = spawnWavebus([
       'launch', '--nnodes', '2', '--node-rank', '1', '--nproc-per-node', '1', '--tp', '2', '--master-addr', '127.0.0.1',
@@ -369,7 +355,7 @@ describe('wavebus launch end to end', () => {
   });
 
   test('SIGTERM while waiting for ready: exit 143, the agents are stopped', async () => {
-    const port = await freeBusPort();
+    const port = await freePortPair();
     const runDir = path.join(dir, 'run-sigterm-early');
     const r = spawnWavebus([
       'launch', '--nnodes', '2', '--node-rank', '1', '--nproc-per-node', '1', '--tp', '2', '--master-addr', '127.0.0.1',
@@ -385,7 +371,7 @@ describe('wavebus launch end to end', () => {
   });
 
   test('a launcher killed with SIGKILL leaves no sidecar behind: they see their stdin close and stop', async () => {
-    const port = await freeBusPort();
+    const port = await freePortPair();
     const out = path.join(dir, 'orphan.json');
     const runDir = path.join(dir, 'run-orphan');
     const r = spawnWavebus(['launch', ...READY, '--nproc-per-node', '2', '--port', String(port), '--run-dir', runDir, '--', process.execPath, probe, out, 'trap']);
@@ -402,7 +388,7 @@ describe('wavebus launch end to end', () => {
     }
   });
   test('--linger-ms keeps the coordinator and agents serving after the command exits, until SIGTERM', async () => {
-    const port = await freeBusPort();
+    const port = await freePortPair();
     const out = path.join(dir, 'linger.json');
     const r = spawnWavebus(['launch', ...READY, '--nproc-per-node', '2', '--tp', '2', '--port', String(port), '--linger-ms', '120000', '--', process.execPath, probe, out, '0']);
     await whileRunning(r, () => r.stderr().includes('agents keep serving files'), 'the command to exit and the launcher to linger');

@@ -1,5 +1,4 @@
 // /healthz and /metrics served by a real coordinator over real HTTP, fed by real bus traffic.
-import * as net from 'net';
 import { Dealer } from 'zeromq';
 import { AgentBus } from '../src/bus/agent-bus';
 import { Coordinator } from '../src/bus/coordinator';
@@ -8,24 +7,9 @@ import { ConfigError } from '../src/errors';
 import { resolveIdentity } from '../src/identity';
 import { createLogger } from '../src/log';
 import { counter, gauge, registry, startMetricsServer } from '../src/metrics';
-import { cleanup, freePort, waitFor } from './helpers';
+import { cleanup, freePortPair, waitFor } from './helpers';
 
 const quiet = createLogger('metrics-test', 'error');
-
-function portFree(port: number): Promise<boolean> {
-  return new Promise((resolve) => {
-    const s = net.createServer();
-    s.once('error', () => resolve(false));
-    s.listen(port, '127.0.0.1', () => s.close(() => resolve(true)));
-  });
-}
-
-async function busPort(): Promise<number> {
-  for (;;) {
-    const p = await freePort();
-    if (p < 65535 && (await portFree(p + 1))) return p;
-  }
-}
 
 /** Value of one sample in Prometheus text, e.g. sample(text, 'wavebus_lanes_total{lane="dump"}'). */
 function sample(text: string, series: string): number | undefined {
@@ -56,7 +40,7 @@ afterAll(async () => {
 });
 
 test('/healthz, /metrics and 404 on a running coordinator', async () => {
-  const port = await busPort();
+  const port = await freePortPair();
   coordinator = new Coordinator({ port, layout: { worldSize: 1, tp: 1, pp: 1, dp: 1, cp: 1 }, metricsPort: 0, policy: new StatusPolicy(), logger: quiet, heartbeatMs: 200, deadAfterMs: 5000 });
   await coordinator.start();
   const addr = coordinator.metricsAddress!;

@@ -26,7 +26,7 @@ jest.setTimeout(180000);
 const why = rootOnlyReason();
 const PORT = 29600; // a fresh namespace has every port free
 const STEP_MS = 200;
-const STEPS = 100;
+const STEPS = 130;
 const BOUND_MS = 200;
 
 interface Status {
@@ -172,7 +172,17 @@ describe('two hosts in network namespaces', () => {
     }, 'a complete dump after the partition healed', 40000);
     for (const m of after) expect(m.completed_ranks).toEqual([0, 1, 2, 3]);
 
-    // 4) Both launches finish; every rank ran every step; host B's engines counted bounded waits.
+    // 4) Aggregation over the link: from host B, through the coordinator on host A, while the job runs.
+    const out = path.join(dir, 'aggregated');
+    const agg = spawnInNetns(net.b, process.execPath, [CLI, 'aggregate', '--coordinator', `${net.addrA}:${PORT}`, '--out', out, '--what', 'dumps', '--json']);
+    const aggExit = await agg.exited;
+    expect({ code: aggExit.code, stderr: aggExit.code === 0 ? '' : agg.stderr().slice(-2000) }).toEqual({ code: 0, stderr: '' });
+    const pulled = inspectTree(path.join(out, 'dumps'), { verify: true });
+    expect(pulled.problems).toEqual([]);
+    const pulledRanks = new Set(pulled.bundles.filter((b) => b.kind === 'kv_dump').map((b) => b.ranks[0]));
+    expect(pulledRanks).toEqual(new Set([0, 1, 2, 3]));
+
+    // 5) Both launches finish; every rank ran every step; host B's engines counted bounded waits.
     const [ea, eb] = await Promise.all([hostA.exited, hostB.exited]);
     expect({ a: ea.code, b: eb.code }).toEqual({ a: 0, b: 0 });
     const results = [0, 1, 2, 3].map((g) => JSON.parse(fs.readFileSync(path.join(resultDir, `rank${g}.json`), 'utf8')));

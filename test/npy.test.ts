@@ -8,24 +8,12 @@ import { npyHeader, npyDescrFor, writeNpy } from '../src/npy';
 import { parseNpyHeader, readNpyHeader } from '../src/readers';
 import { crc32c, formatChecksum } from '../src/checksum';
 import { CaptureError } from '../src/errors';
-import { cleanup, runPython, tmpDir } from './helpers';
+import { cleanup, pseudoRandomBytes, runPython, tmpDir } from './helpers';
 
 afterAll(cleanup);
 
-function pseudoRandom(n: number, seed: number): Buffer {
-  const b = Buffer.alloc(n);
-  let x = seed >>> 0 || 1;
-  for (let i = 0; i < n; i++) {
-    x ^= x << 13;
-    x ^= x >>> 17;
-    x ^= x << 5;
-    b[i] = x & 0xff;
-  }
-  return b;
-}
-
 function dataFor(dtype: DType, numel: number, seed: number): Buffer {
-  const b = pseudoRandom(numel * itemSize(dtype), seed);
+  const b = pseudoRandomBytes(numel * itemSize(dtype), seed);
   if (dtype === 'bool') for (let i = 0; i < b.length; i++) b[i] &= 1;
   return b;
 }

@@ -9,23 +9,12 @@ import { writePt } from '../src/pt';
 import { pyFloat, pyTuple, encodeLong } from '../src/pickle';
 import { listZip, readPt, toPlain, unpicklePt, PtTensorRef } from '../src/readers';
 import { crc32c, formatChecksum } from '../src/checksum';
-import { cleanup, runPython, tmpDir } from './helpers';
+import { cleanup, pseudoRandomBytes, runPython, tmpDir } from './helpers';
 
 afterAll(cleanup);
 
-function pseudoRandom(n: number, seed: number): Buffer {
-  const b = Buffer.alloc(n);
-  let x = seed >>> 0 || 1;
-  for (let i = 0; i < n; i++) {
-    x ^= x << 13;
-    x ^= x >>> 17;
-    x ^= x << 5;
-    b[i] = x & 0xff;
-  }
-  return b;
-}
 function dataFor(dtype: DType, numel: number, seed: number): Buffer {
-  const b = pseudoRandom(numel * itemSize(dtype), seed);
+  const b = pseudoRandomBytes(numel * itemSize(dtype), seed);
   if (dtype === 'bool') for (let i = 0; i < b.length; i++) b[i] &= 1;
   return b;
 }
@@ -208,7 +197,7 @@ describe('fp8 .pt structure (torch 1.13 lacks fp8)', () => {
   test('_rebuild_tensor_v3 with UntypedStorage (numel = bytes) and the torch dtype as 7th argument', async () => {
     const dir = tmpDir('wavebus-fp8-');
     const file = path.join(dir, 'fp8.pt');
-    const data = pseudoRandom(2 * 3 * 4, 5);
+    const data = pseudoRandomBytes(2 * 3 * 4, 5);
     await writePt(file, { e4: Tensor.fromBuffer('float8_e4m3fn', [2, 3, 4], data), e5: Tensor.fromBuffer('float8_e5m2', [4], data.subarray(0, 4)) });
     const out = runPython(
       `
@@ -264,7 +253,7 @@ print(json.dumps(res))
 
 describe('ZIP64', () => {
   const dir = tmpDir('wavebus-zip64-');
-  const data = pseudoRandom(4096, 9);
+  const data = pseudoRandomBytes(4096, 9);
 
   test('forced for every size and offset: Python zipfile reads every record with the right CRC', async () => {
     const file = path.join(dir, 'all64.pt');

@@ -8,21 +8,10 @@ import { Tensor } from '../src/tensor';
 import { writeSafetensors, safetensorsLayout } from '../src/safetensors';
 import { parseSafetensorsHeader, readSafetensorsHeader } from '../src/readers';
 import { crc32c, formatChecksum } from '../src/checksum';
-import { cleanup, runPython, tmpDir } from './helpers';
+import { cleanup, pseudoRandomBytes, runPython, tmpDir } from './helpers';
 
 afterAll(cleanup);
 
-function pseudoRandom(n: number, seed: number): Buffer {
-  const b = Buffer.alloc(n);
-  let x = seed >>> 0 || 1;
-  for (let i = 0; i < n; i++) {
-    x ^= x << 13;
-    x ^= x >>> 17;
-    x ^= x << 5;
-    b[i] = x & 0xff;
-  }
-  return b;
-}
 const sha = (b: Uint8Array) => crypto.createHash('sha256').update(b).digest('hex');
 
 // A strict reader written from the format description: u64 length, JSON, contiguous offsets.
@@ -63,7 +52,7 @@ describe('.safetensors', () => {
       const w: Record<string, { dtype: string; shape: number[]; sha: string }> = {};
       for (const [name, shape] of [['scalar', []], ['vec', [5]], ['empty', [0, 3]], ['kv', [3, 4, 2, 8]]] as [string, number[]][]) {
         const numel = shape.reduce((a, b) => a * b, 1);
-        const data = pseudoRandom(numel * itemSize(dtype as DType), seed++);
+        const data = pseudoRandomBytes(numel * itemSize(dtype as DType), seed++);
         if (dtype === 'bool') for (let i = 0; i < data.length; i++) data[i] &= 1;
         tensors[name] = Tensor.fromBuffer(dtype, shape, data);
         w[name] = { dtype: safetensorsLayout(tensors[name]).header.toString('utf8', 8).match(/"dtype":"([A-Z0-9_]+)"/)![1], shape, sha: sha(data) };
@@ -86,7 +75,7 @@ describe('.safetensors', () => {
 
   test('non-tensor dict values become __metadata__ strings; lazy tensors stream', async () => {
     const f = path.join(dir, 'kv.safetensors');
-    const k = pseudoRandom(2 * 16 * 2 * 8 * 2, 11);
+    const k = pseudoRandomBytes(2 * 16 * 2 * 8 * 2, 11);
     async function* gen() {
       yield k.subarray(0, 100);
       yield k.subarray(100);

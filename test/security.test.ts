@@ -3,7 +3,6 @@
 // Real sockets and processes, loopback only (a 0.0.0.0 bind is tested, but every peer connects
 // to 127.0.0.1).
 import * as fs from 'fs';
-import * as net from 'net';
 import * as os from 'os';
 import * as path from 'path';
 import { Dealer, Subscriber, curveKeyPair } from 'zeromq';
@@ -30,26 +29,10 @@ import { ConfigError } from '../src/errors';
 import { resolveIdentity, type WorldLayout } from '../src/identity';
 import { createLogger } from '../src/log';
 import type { DumpResult } from '../src/messages';
-import { cleanup, freePort, runWavebus, spawnWavebus, tmpDir, waitFor } from './helpers';
+import { cleanup, freePortPair, portFree, runWavebus, spawnWavebus, tmpDir, waitFor } from './helpers';
 
 jest.setTimeout(120000);
 const quiet = createLogger('security-test', 'error');
-
-function portFree(port: number): Promise<boolean> {
-  return new Promise((resolve) => {
-    const s = net.createServer();
-    s.once('error', () => resolve(false));
-    s.listen(port, '127.0.0.1', () => s.close(() => resolve(true)));
-  });
-}
-
-/** A base port whose +1 (the ROUTER) is free too. */
-async function busPort(): Promise<number> {
-  for (;;) {
-    const p = await freePort();
-    if (p < 65535 && (await portFree(p + 1))) return p;
-  }
-}
 
 const layoutOf = (worldSize: number): WorldLayout => ({ worldSize, tp: worldSize, pp: 1, dp: 1, cp: 1 });
 
@@ -315,7 +298,7 @@ describe('CURVE bus (library)', () => {
   }
 
   beforeAll(async () => {
-    port = await busPort();
+    port = await freePortPair();
     rec = recordingPolicy();
     c = await startCoordinator({ port, layout, curve: serverKeys(server, allowed), policy: rec.policy });
     c.on('wave', (h: { wave: number }) => coordinatorWaves.push(h.wave));
@@ -418,14 +401,14 @@ describe('bind rule with CURVE', () => {
   test('non-loopback bind is allowed with keys (peers connect to 127.0.0.1), refused without keys and without --insecure', async () => {
     const server = curveKeyPair();
     const allowed = curveKeyPair();
-    const port = await busPort();
+    const port = await freePortPair();
     const c = await startCoordinator({ host: '0.0.0.0', port, layout: layoutOf(1), curve: serverKeys(server, allowed) });
     expect(c.curve).toBe(true);
     const a = startAgent(0, layoutOf(1), port, clientKeys(server, allowed));
     await a.bus.start();
     await waitFor(() => c.ready && a.bus.synced, 'the agent to sync over 127.0.0.1');
 
-    const port2 = await busPort();
+    const port2 = await freePortPair();
     const err = await new Coordinator({ host: '0.0.0.0', port: port2, layout: layoutOf(1), logger: quiet }).start().then(() => null, (e) => e);
     expect(err).toBeInstanceOf(ConfigError);
     expect(err.code).toBe('ERR_INSECURE_BIND');
@@ -435,7 +418,7 @@ describe('bind rule with CURVE', () => {
 
   test('two CURVE coordinators in one process keep separate allow-lists', async () => {
     const [s1, s2, k1, k2] = [curveKeyPair(), curveKeyPair(), curveKeyPair(), curveKeyPair()];
-    const [p1, p2] = [await busPort(), await busPort()];
+    const [p1, p2] = [await freePortPair(), await freePortPair()];
     const c1 = await startCoordinator({ port: p1, layout: layoutOf(1), curve: serverKeys(s1, k1) });
     const c2 = await startCoordinator({ port: p2, layout: layoutOf(1), curve: serverKeys(s2, k2) });
     const good = [startAgent(0, layoutOf(1), p1, clientKeys(s1, k1)), startAgent(0, layoutOf(1), p2, clientKeys(s2, k2))];
@@ -463,7 +446,7 @@ describe('CLI end to end', () => {
   });
 
   test('coordinator and agents with key files: the allowed agent joins, the stranger never does', async () => {
-    const port = await busPort();
+    const port = await freePortPair();
     const co = spawnWavebus([
       'coordinator', '--host', '0.0.0.0', '--port', String(port), '--world-size', '2', '--heartbeat-ms', '100',
       '--curve-secret-key', path.join(dir, 'coordinator.key'), '--curve-allow', path.join(dir, 'allowed'),
@@ -490,7 +473,7 @@ describe('CLI end to end', () => {
   });
 
   test('wavebus launch --curve-dir: coordinator, agent and readiness polling all use CURVE', async () => {
-    const port = await busPort();
+    const port = await freePortPair();
     const r = spawnWavebus(['launch', '--ready-timeout-ms', '60000', '--port', String(port), '--curve-dir', dir, '--', process.execPath, '-e', 'process.exit(7)']);
     const { code } = await r.exited;
     expect({ code, stderr: code === 7 ? '' : r.stderr() }).toEqual({ code: 7, stderr: '' });

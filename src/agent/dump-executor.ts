@@ -137,6 +137,15 @@ export class DumpExecutor {
         bundle = Bundle.begin(rankDir);
         const files: FileEntry[] = [];
         const id = this.identity;
+        // The rank coordinates every per-layer .pt dict and dump.json's identity both carry.
+        const ranks = {
+          global_rank: id.globalRank,
+          tp_rank: id.tpRank,
+          pp_rank: id.ppRank,
+          dp_rank: id.dpRank,
+          cp_rank: id.cpRank,
+          tp_size: id.tp,
+        };
         for (const l of s.layers) {
           const name = safeComponent(l.layer, 'layer name');
           const meta = {
@@ -145,12 +154,7 @@ export class DumpExecutor {
             layer: l.layer,
             incident_type: s.job.incidentType,
             wave: s.job.armWave,
-            global_rank: id.globalRank,
-            tp_rank: id.tpRank,
-            pp_rank: id.ppRank,
-            dp_rank: id.dpRank,
-            cp_rank: id.cpRank,
-            tp_size: id.tp,
+            ...ranks,
             num_kv_heads: (l.k ?? l.v)!.region.shape[2],
             head_dim: (l.k ?? l.v)!.region.shape[3],
             block_size: (l.k ?? l.v)!.region.shape[1],
@@ -185,12 +189,7 @@ export class DumpExecutor {
             format,
             request_finished_at_dump: s.job.requestFinishedAtDump,
             identity: {
-              global_rank: id.globalRank,
-              tp_rank: id.tpRank,
-              pp_rank: id.ppRank,
-              dp_rank: id.dpRank,
-              cp_rank: id.cpRank,
-              tp_size: id.tp,
+              ...ranks,
               pp_size: id.pp,
               dp_size: id.dp,
               cp_size: id.cp,

@@ -4,7 +4,7 @@
 import * as fs from 'fs';
 import * as path from 'path';
 import type { CoordinatorMsg } from '../bus/frames';
-import { crc32c, formatChecksum, Crc32c } from '../checksum';
+import { crc32c, crc32cOfFile } from '../checksum';
 import type { Logger } from '../log';
 import type { FileEntry } from '../messages';
 
@@ -31,22 +31,6 @@ function recordedChecksums(dir: string): Map<string, string> {
   return out;
 }
 
-function fileChecksum(p: string): string {
-  const fd = fs.openSync(p, 'r');
-  try {
-    const h = new Crc32c();
-    const buf = Buffer.allocUnsafe(1 << 20);
-    for (;;) {
-      const n = fs.readSync(fd, buf, 0, buf.length, null);
-      if (n === 0) break;
-      h.update(buf.subarray(0, n));
-    }
-    return formatChecksum(h.digest());
-  } finally {
-    fs.closeSync(fd);
-  }
-}
-
 /** Lists complete files under `root/prefix` (relative paths, '/' separated). Skips temp names. */
 export function listBundleFiles(root: string, prefix: string): FileEntry[] {
   const base = resolveInside(root, prefix);
@@ -63,7 +47,7 @@ export function listBundleFiles(root: string, prefix: string): FileEntry[] {
         out.push({
           path: path.relative(root, p).split(path.sep).join('/'),
           bytes: st.size,
-          checksum: sums.get(ent.name) ?? fileChecksum(p),
+          checksum: sums.get(ent.name) ?? crc32cOfFile(p).toString(),
         });
       }
     }

@@ -16,6 +16,7 @@ import {
   type DecodedFrame,
 } from './frames';
 import { socketIpOptions, tcpEndpoint } from './endpoints';
+import { receiveLoop } from './receive-loop';
 import { clientSocketOptions, type CurveClientKeys } from './curve';
 
 export interface AgentBusOptions {
@@ -243,22 +244,8 @@ export class AgentBus extends EventEmitter {
 
   // ------------------------------------------------------------------ SUB
 
-  private async receiveSub(sub: Subscriber): Promise<void> {
-    while (!sub.closed) {
-      let parts: Buffer[];
-      try {
-        parts = await sub.receive();
-      } catch (e) {
-        if (sub.closed || !this.running) break;
-        this.log.warn({ err: String(e) }, 'SUB receive failed');
-        continue;
-      }
-      try {
-        this.onSubMessage(parts);
-      } catch (e) {
-        this.log.error({ err: String((e as Error)?.stack ?? e) }, 'failed to handle a bus frame');
-      }
-    }
+  private receiveSub(sub: Subscriber): Promise<void> {
+    return receiveLoop(sub, { role: 'SUB', what: 'a bus frame', running: () => this.running, log: this.log }, (parts) => this.onSubMessage(parts));
   }
 
   private onSubMessage(parts: Buffer[]): void {
@@ -357,22 +344,10 @@ export class AgentBus extends EventEmitter {
 
   // ------------------------------------------------------------------ DEALER
 
-  private async receiveDealer(dealer: Dealer): Promise<void> {
-    while (!dealer.closed) {
-      let parts: Buffer[];
-      try {
-        parts = await dealer.receive();
-      } catch (e) {
-        if (dealer.closed || !this.running) break;
-        this.log.warn({ err: String(e) }, 'DEALER receive failed');
-        continue;
-      }
-      try {
-        this.onCoordinatorMessage(parts);
-      } catch (e) {
-        this.log.error({ err: String((e as Error)?.stack ?? e) }, 'failed to handle a coordinator message');
-      }
-    }
+  private receiveDealer(dealer: Dealer): Promise<void> {
+    return receiveLoop(dealer, { role: 'DEALER', what: 'a coordinator message', running: () => this.running, log: this.log }, (parts) =>
+      this.onCoordinatorMessage(parts),
+    );
   }
 
   private onCoordinatorMessage(parts: Buffer[]): void {

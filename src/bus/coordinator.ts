@@ -20,6 +20,7 @@ import {
   type FrameKind,
 } from './frames';
 import { checkBindAllowed, socketIpOptions, tcpEndpoint } from './endpoints';
+import { receiveLoop } from './receive-loop';
 import { clientSocketOptions, serverSocketOptions, ZapHandler, type CurveClientKeys, type CurveServerKeys } from './curve';
 import type { CoordinatorPolicy, DueLanes } from './policy';
 
@@ -576,23 +577,11 @@ export class Coordinator extends EventEmitter {
 
   // ------------------------------------------------------------------ ROUTER
 
-  private async receiveRouter(router: Router): Promise<void> {
-    while (!router.closed) {
-      let parts: Buffer[];
-      try {
-        parts = await router.receive();
-      } catch (e) {
-        if (router.closed || !this.running) break;
-        this.log.warn({ err: String(e) }, 'ROUTER receive failed');
-        continue;
-      }
-      try {
-        this.onRouterMessage(parts);
-      } catch (e) {
-        // Never let one message take the coordinator down.
-        this.log.error({ err: String((e as Error)?.stack ?? e) }, 'failed to handle an agent message');
-      }
-    }
+  private receiveRouter(router: Router): Promise<void> {
+    // Never let one message take the coordinator down: receiveLoop logs what a handler throws.
+    return receiveLoop(router, { role: 'ROUTER', what: 'an agent message', running: () => this.running, log: this.log }, (parts) =>
+      this.onRouterMessage(parts),
+    );
   }
 
   private onRouterMessage(parts: Buffer[]): void {

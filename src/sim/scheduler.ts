@@ -3,6 +3,7 @@
 // function of its options, so every rank of a job computes the same batches and block tables,
 // as every rank of a real TP job does.
 import type { NonFiniteRow, RequestStep, StepTelemetry } from '../messages';
+import { prng } from '../prng';
 import type { SimFaults } from './faults';
 
 export interface SchedulerOptions {
@@ -35,18 +36,6 @@ export interface StepBatch {
   rowRequest: number[];
   inputIds: number[];
   telemetry: StepTelemetry;
-}
-
-/** A small deterministic PRNG (mulberry32). */
-export function prng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
 }
 
 function suffix(i: number, seed: number): string {

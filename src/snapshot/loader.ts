@@ -3,7 +3,7 @@
 // meta.json (count, size, checksum, dtype, shape). Errors name the file and what disagreed.
 import * as fs from 'fs';
 import * as path from 'path';
-import { Crc32c } from '../checksum';
+import { crc32cOfFile } from '../checksum';
 import { CaptureError } from '../errors';
 import { DType, isDType, itemSize } from '../dtype';
 import { readBytes, readNpyHeader, readPt, readSafetensorsHeader } from '../readers';
@@ -24,22 +24,6 @@ export interface LoadedCall {
 
 function bad(file: string, what: string): CaptureError {
   return new CaptureError(`${file}: ${what}`, 'ERR_SNAPSHOT_LOAD');
-}
-
-async function fileChecksum(file: string): Promise<string> {
-  const crc = new Crc32c();
-  const fh = await fs.promises.open(file, 'r');
-  try {
-    const buf = Buffer.allocUnsafe(8 * 1024 * 1024);
-    for (;;) {
-      const { bytesRead } = await fh.read(buf, 0, buf.length, null);
-      if (bytesRead === 0) break;
-      crc.update(buf.subarray(0, bytesRead));
-    }
-  } finally {
-    await fh.close();
-  }
-  return crc.toString();
 }
 
 const sameShape = (a: readonly number[], b: readonly number[]) => a.length === b.length && a.every((d, i) => d === b[i]);
@@ -114,7 +98,7 @@ export async function loadCallDir(dir: string): Promise<LoadedCall> {
     const dtype = inp.dtype;
     const size = (await fs.promises.stat(file)).size;
     if (size !== entry.bytes) throw bad(file, `has ${size} bytes, meta.json says ${entry.bytes}`);
-    const checksum = await fileChecksum(file);
+    const checksum = crc32cOfFile(file).toString();
     if (checksum !== entry.checksum) throw bad(file, `checksum ${checksum} does not match meta.json (${entry.checksum})`);
     let loc: Located;
     try {
