@@ -190,6 +190,9 @@ export class Agent {
     this.mailbox?.setEpoch(s.epoch);
     for (const lane of s.pending) this.dumpLanes.set(lane.wave, lane);
     this.publishFeatures();
+    // The snapshot covers its own wave: that wave's frames will never be delivered on their own,
+    // so its vector (with a pending dump lane, if any) is known now.
+    if (s.wave > 0 && !this.arrived.has(s.wave)) this.arrive(s.wave, false, this.dumpLanes.has(s.wave));
   }
 
   private onWave(w: WaveEvent): void {
@@ -197,7 +200,12 @@ export class Agent {
     this.log.debug({ wave, seq: w.head.seq, config: w.config?.version, dumps: w.dump?.jobs.map((j) => j.jobId) }, 'wave');
     if (w.dump) this.dumpLanes.set(wave, w.dump);
     if (w.config) this.configWaves.set(wave, w.config.configJson);
-    this.mailbox?.publish({ wave, configDue: w.head.configDue, dumpDue: w.head.dumpDue });
+    this.arrive(wave, w.head.configDue, w.head.dumpDue);
+  }
+
+  /** Wave `wave`'s vector is known: publish it to the engine and wake end_of_wave waiters. */
+  private arrive(wave: number, configDue: boolean, dumpDue: boolean): void {
+    this.mailbox?.publish({ wave, configDue, dumpDue });
     this.arrived.add(wave);
     for (const fn of this.waiters.get(wave) ?? []) fn();
     this.waiters.delete(wave);

@@ -63,7 +63,7 @@ async function startJob(opts: { ranks?: number[]; bigBytes?: number; handlers?: 
   for (let r = 0; r < 4; r++) await writeRankBundles(hostOf(r), r, r === 1 ? opts.bigBytes ?? 0 : 0);
   // The coordinator's host (A) also holds the wave's request_info.json.
   fs.writeFileSync(path.join(hosts[0], 'dumps', WAVE, 'request_info.json'), JSON.stringify({ req_id: 'req-1', expected_ranks: [0, 1, 2, 3] }));
-  const coord = new Coordinator({ port, layout, heartbeatMs: 100, deadAfterMs: 1500, logger: quiet });
+  const coord = new Coordinator({ port, layout, heartbeatMs: 100, deadAfterMs: 5000, logger: quiet });
   await coord.start();
   const agents: AgentBus[] = [];
   for (const r of opts.ranks ?? [0, 1, 2, 3]) {

@@ -57,7 +57,7 @@ async function startJob(opts: {
   const coordinator = new Coordinator({
     port,
     layout,
-    heartbeatMs: 100,
+    heartbeatMs: 300,
     dumpAckTimeoutMs: opts.dumpAckTimeoutMs ?? 10000,
     policy: withStartupFacts(guard, startup.hotReload),
   });
@@ -68,7 +68,7 @@ async function startJob(opts: {
     const env = { RANK: String(g), LOCAL_RANK: String(g), WORLD_SIZE: String(opts.tp), LOCAL_WORLD_SIZE: String(opts.tp), WAVEBUS_TP: String(opts.tp) };
     const identity = resolveIdentity(env);
     const snapshot = resolveSnapshotConfig({ WAVEBUS_CACHE_ROOT: root, ...(opts.snapshotEnv ?? {}) });
-    const agent = new Agent({ identity, runDir, coordinator: { host: '127.0.0.1', port }, heartbeatMs: 100, endOfWaveTimeoutMs: opts.endOfWaveTimeoutMs ?? 5000, snapshot });
+    const agent = new Agent({ identity, runDir, coordinator: { host: '127.0.0.1', port }, heartbeatMs: 300, endOfWaveTimeoutMs: opts.endOfWaveTimeoutMs ?? 5000, snapshot });
     await agent.start();
     const shmName = `/wavebus-test-${process.pid}-${port}-r${g}`;
     const seg = ShmSegment.create(shmName, 2 * G.layers * POOL + 4096);
