@@ -160,7 +160,10 @@ export class Agent {
     await this.writes.catch(() => undefined);
     await this.bus?.stop();
     this.router?.close();
-    this.mailbox?.close({ unlink: true });
+    // The file stays (the launcher owns the run dir): an engine that keeps running keeps a valid
+    // mapping, sees everything off, and a successor agent takes the same file over.
+    this.mailbox?.setFeatures(0);
+    this.mailbox?.close();
     const sock = agentEndpoint(this.opts.runDir, this.identity.localRank).slice('ipc://'.length);
     fs.rmSync(sock, { force: true });
     this.regions.closeAll();
@@ -249,7 +252,7 @@ export class Agent {
           continue;
         }
         this.stats.clientRequests++;
-        void this.handle(req).then(
+        void this.handleFrom(peer, req).then(
           (reply) => this.replyToClient(router, peer, () => encode(ClientReply, { id: req.id, ok: true, ...reply })),
           (err: Error) =>
             this.replyToClient(router, peer, () =>
@@ -294,6 +297,23 @@ export class Agent {
     } finally {
       this.replying = false;
     }
+  }
+
+  /** Clients (by routing id) that said hello to this agent incarnation. */
+  private readonly greeted = new Set<string>();
+
+  /**
+   * Work that needs the client's regions is refused from a client this agent never greeted: after
+   * an agent restart the engine's client reconnects with its regions unknown here. ERR_NO_HELLO
+   * makes the client say hello and register again, then retry.
+   */
+  private async handleFrom(peer: Buffer, req: Record<string, any>): Promise<Record<string, unknown>> {
+    const key = peer.toString('hex');
+    if (req.body === 'hello') this.greeted.add(key);
+    else if ((req.body === 'endOfWave' || req.body === 'beforeForward' || req.body === 'register') && !this.greeted.has(key)) {
+      throw new WavebusError('ERR_NO_HELLO', 'this agent has not met this client (the agent restarted?): say hello and register again');
+    }
+    return this.handle(req);
   }
 
   private async handle(req: Record<string, any>): Promise<Record<string, unknown>> {

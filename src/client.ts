@@ -58,7 +58,7 @@ interface Pending {
 const MARGIN_MS = 20;
 
 export class WavebusClient {
-  readonly stats = { sent: 0, endOfWaveTimeouts: 0, endOfWaveCalls: 0, dueWaves: 0 };
+  readonly stats = { sent: 0, endOfWaveTimeouts: 0, endOfWaveCalls: 0, dueWaves: 0, rejoins: 0 };
   private socket: zmq.Dealer | undefined;
   private nextId = 1;
   private readonly pending = new Map<number, Pending>();
@@ -112,7 +112,10 @@ export class WavebusClient {
       throw new ConfigError(`register(): region name '${region.name}' is already registered`);
     }
     this.registered.push(region);
-    if (this.active()) await this.flushRegistrations();
+    if (this.active()) {
+      await this.ensureHello();
+      await this.flushRegistrations();
+    }
   }
 
   /** Head of `wave`, with the telemetry of the previous wave (TP0 of the last PP stage only). */
@@ -145,8 +148,14 @@ export class WavebusClient {
     const f = await this.ensureHello();
     const bound = f.end_of_wave_timeout_ms;
     let reply: Record<string, any> | undefined;
+    const deadline = Date.now() + bound + MARGIN_MS;
     try {
       reply = await this.send({ endOfWave: { wave } }, bound + MARGIN_MS);
+      if (reply && !reply.ok && reply.errorCode === 'ERR_NO_HELLO') {
+        // The agent restarted: introduce ourselves again (regions included), then retry within the bound.
+        await this.rejoin(Math.max(1, deadline - Date.now()));
+        reply = await this.send({ endOfWave: { wave } }, Math.max(1, deadline - Date.now()));
+      }
     } catch (e) {
       if ((e as WavebusError).code !== 'ERR_TIMEOUT') throw e;
     }
@@ -175,7 +184,7 @@ export class WavebusClient {
         throw new ConfigError(`beforeForward(): inputs[${i}].region '${inp.region}' is not a registered region`);
       }
     }
-    const reply = await this.send({
+    const request = {
       beforeForward: {
         context: {
           compilationHash: context.compilationHash,
@@ -189,7 +198,12 @@ export class WavebusClient {
         },
         inputs: inputs.map((x) => ({ region: x.region, offset: x.offset ?? 0, dtype: x.dtype, shape: x.shape })),
       },
-    });
+    };
+    let reply = await this.send(request);
+    if (!reply.ok && reply.errorCode === 'ERR_NO_HELLO') {
+      await this.rejoin();
+      reply = await this.send(request);
+    }
     if (!reply.ok) throw new CaptureError(`input snapshot failed: ${reply.error}`, reply.errorCode || 'ERR_CAPTURE');
     return { captured: reply.captured, callDir: reply.callDir || undefined };
   }
@@ -212,10 +226,20 @@ export class WavebusClient {
     return this.features;
   }
 
-  private async ensureHello(): Promise<ClientFeatures> {
+  /** Forget what the agent knew of us and introduce ourselves again (after an agent restart). */
+  private async rejoin(timeoutMs = 30000): Promise<void> {
+    this.features = undefined;
+    this.registeredSent.clear();
+    this.stats.rejoins++;
+    await this.ensureHello(timeoutMs);
+  }
+
+  private async ensureHello(timeoutMs = 30000): Promise<ClientFeatures> {
     const bits = this.mailbox.features();
     if (this.features && bits === this.featureBits) return this.features;
-    const reply = await this.send({ hello: { pid: process.pid, asyncScheduling: this.asyncScheduling, language: 'typescript' } });
+    // A first hello, or the agent's features changed (it may be a new agent): regions go again.
+    this.registeredSent.clear();
+    const reply = await this.send({ hello: { pid: process.pid, asyncScheduling: this.asyncScheduling, language: 'typescript' } }, timeoutMs);
     if (!reply.ok) throw new WavebusError(reply.errorCode || 'ERR_AGENT', `agent refused the client: ${reply.error}`);
     this.features = JSON.parse(reply.featuresJson) as ClientFeatures;
     this.featureBits = bits;

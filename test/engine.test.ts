@@ -291,3 +291,30 @@ except ConfigError as e:
   expect(out).toMatch(/^refused: input snapshots need sync scheduling/);
 });
 
+test('an agent restarted under a running engine learns its regions again and the next dump is whole', async () => {
+  const job = await startJob({ tp: 2, runtimeConfig: REPEAT_ON });
+  jobs.push(job);
+  await waitFor(() => job.ranks.every((r) => r.client.featureFlags() !== 0), 'bus active');
+  await runWave(job, 1, undefined);
+  // Rank 1's agent goes away and a new one takes its place; the engine and its client keep running.
+  const old = job.ranks[1].agent;
+  await old.stop();
+  const fresh = new Agent({ identity: old.identity, runDir: path.join(job.root, 'run'), coordinator: { host: '127.0.0.1', port: job.coordinator.port }, heartbeatMs: 300, endOfWaveTimeoutMs: 5000, snapshot: resolveSnapshotConfig({ WAVEBUS_CACHE_ROOT: job.root }) });
+  await fresh.start();
+  job.ranks[1].agent = fresh;
+  await waitFor(() => job.ranks[1].client.featureFlags() !== 0, 'the new agent publishes its features');
+  let prev: StepTelemetry | undefined;
+  for (let w = 2; w <= 80 && !fs.existsSync(path.join(job.dumpRoot, 'token_repeat')); w++) {
+    await runWave(job, w, prev);
+    prev = { wave: w, requests: [step('after-restart-1', [500 + (w % 2)], [2, 3], { numOutputTokens: w })], nonFinite: [] };
+  }
+  for (let w = 81; w <= 82; w++) await runWave(job, w, undefined);
+  for (const r of job.ranks) await r.agent.drain();
+  const reqDir = path.join(job.dumpRoot, 'token_repeat', 'after-restart-1');
+  await waitFor(() => fs.existsSync(reqDir), 'the dump after the restart');
+  const waveDir = path.join(reqDir, fs.readdirSync(reqDir)[0]);
+  await waitFor(() => fs.existsSync(path.join(waveDir, 'manifest.json')) && JSON.parse(fs.readFileSync(path.join(waveDir, 'manifest.json'), 'utf8')).complete, 'a complete manifest');
+  expect(inspectTree(waveDir, { verify: true }).problems).toEqual([]);
+  expect(fs.existsSync(path.join(waveDir, 'rank1', 'dump.json'))).toBe(true);
+});
+

@@ -36,7 +36,14 @@ export class RegionTable {
   /** Validates the message, maps the memory, and records the region. */
   register(msg: RegionMessage): RegisteredRegion {
     if (!msg.name) throw new ConfigError('region.name is empty');
-    if (this.byName.has(msg.name)) throw new ConfigError(`region.name '${msg.name}' is already registered`);
+    const known = this.byName.get(msg.name);
+    if (known) {
+      // A client that says hello again (after an agent restart, or a feature change) re-sends its
+      // regions: the same description is accepted as is; a different one under the same name is not.
+      const same = known.dtype === parseDType(msg.dtype, `region '${msg.name}'.dtype`) && known.nbytes === msg.nbytes && known.shape.join(',') === msg.shape.map(Number).join(',') && known.layer === msg.layer;
+      if (same) return known;
+      throw new ConfigError(`region.name '${msg.name}' is already registered with a different description`);
+    }
     const dtype = parseDType(msg.dtype, `region '${msg.name}'.dtype`);
     const role = msg.role === 1 ? 'input' : 'kv_pool';
     const numel = msg.shape.reduce((a, b) => a * b, 1);

@@ -269,6 +269,13 @@ class Client:
         self._ensure_hello("hello()")
         return self.agent_features
 
+    def _rejoin(self) -> None:
+        """Forget what the agent knew of us (after an agent restart); the next call says hello again."""
+        self.agent_features = None
+        self._hello_id = 0
+        self._sent_regions.clear()
+        self.stats["rejoins"] = self.stats.get("rejoins", 0) + 1
+
     def _ensure_hello(self, where: str) -> None:
         if not self._hello(time.monotonic() + self.hello_timeout_ms / 1000):
             raise AgentUnavailableError(f"{where}: the wavebus agent at {self.endpoint} did not answer hello within {self.hello_timeout_ms} ms")
@@ -380,6 +387,11 @@ class Client:
         reply = None
         if self._hello(deadline) and (len(self._sent_regions) == len(self._regions) or self._flush_regions(deadline, step=True)):
             reply = self._request(pb.ClientRequest(end_of_wave=pb.EndOfWave(wave=wave)), deadline)
+            if reply is not None and not reply.ok and reply.error_code == "ERR_NO_HELLO":
+                # The agent restarted and does not know us: hello and regions again, retry within the bound.
+                self._rejoin()
+                if self._hello(deadline) and self._flush_regions(deadline, step=True):
+                    reply = self._request(pb.ClientRequest(end_of_wave=pb.EndOfWave(wave=wave)), deadline)
         if reply is None or reply.timed_out:
             res.timed_out = True
             self.stats["end_of_wave_timeouts"] += 1
@@ -408,8 +420,15 @@ class Client:
         self._ensure_hello("before_forward()")
         if not self._flush_regions(time.monotonic() + self.hello_timeout_ms / 1000):
             raise CaptureError(f"before_forward(): the wavebus agent did not answer within {self.hello_timeout_ms} ms; abort this forward")
-        reply = self._request(pb.ClientRequest(before_forward=pb.BeforeForward(context=ctx, inputs=tins)),
-                              time.monotonic() + self.capture_timeout_ms / 1000)
+        request = pb.ClientRequest(before_forward=pb.BeforeForward(context=ctx, inputs=tins))
+        reply = self._request(request, time.monotonic() + self.capture_timeout_ms / 1000)
+        if reply is not None and not reply.ok and reply.error_code == "ERR_NO_HELLO":
+            self._rejoin()  # the agent restarted: introduce ourselves and our regions again, then retry
+            self._ensure_hello("before_forward()")
+            if not self._flush_regions(time.monotonic() + self.hello_timeout_ms / 1000):
+                raise CaptureError(f"before_forward(): the wavebus agent did not answer within {self.hello_timeout_ms} ms; abort this forward")
+            request = pb.ClientRequest(before_forward=pb.BeforeForward(context=ctx, inputs=tins))
+            reply = self._request(request, time.monotonic() + self.capture_timeout_ms / 1000)
         if reply is None:
             raise CaptureError(f"before_forward(): the wavebus agent did not answer within {self.capture_timeout_ms} ms; abort this forward")
         if not reply.ok:
