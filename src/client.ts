@@ -44,6 +44,8 @@ export interface ConnectOptions {
 }
 
 export interface EndOfWaveResult {
+  /** Set when the agent answered with an error; counted in stats.endOfWaveErrors, never thrown. */
+  error?: string;
   /** Something was due for this rank in this wave and the agent handled it. */
   due: boolean;
   /** The wave vector did not arrive within the bound; the step went on without it. */
@@ -58,7 +60,9 @@ interface Pending {
 const MARGIN_MS = 20;
 
 export class WavebusClient {
-  readonly stats = { sent: 0, endOfWaveTimeouts: 0, endOfWaveCalls: 0, dueWaves: 0, rejoins: 0 };
+  readonly stats = { sent: 0, endOfWaveTimeouts: 0, endOfWaveCalls: 0, dueWaves: 0, rejoins: 0, endOfWaveErrors: 0 };
+  /** The last error a per-step call met and swallowed (the step went on). */
+  lastError = '';
   private socket: zmq.Dealer | undefined;
   private nextId = 1;
   private readonly pending = new Map<number, Pending>();
@@ -67,6 +71,7 @@ export class WavebusClient {
   private readonly registered: ClientRegion[] = [];
   private readonly registeredSent = new Set<string>();
   private closed = false;
+  private sendChain: Promise<void> = Promise.resolve();
 
   private constructor(
     private readonly endpoint: string,
@@ -145,25 +150,38 @@ export class WavebusClient {
     if (bits === 0 || (bits & MailboxFeature.BUS_ACTIVE) === 0) return { due: false, timedOut: false };
     const slot = this.mailbox.read(wave);
     if (slot && !slot.configDue && !slot.dumpDue) return { due: false, timedOut: false };
-    const f = await this.ensureHello();
+    let f: ClientFeatures;
+    try {
+      // A (re-)hello here must fit the bound too: the engine never waits longer than that.
+      f = await this.ensureHello(this.features ? this.features.end_of_wave_timeout_ms + MARGIN_MS : 30000);
+    } catch (e) {
+      if ((e as WavebusError).code !== 'ERR_TIMEOUT') throw e;
+      this.stats.endOfWaveTimeouts++;
+      return { due: false, timedOut: true };
+    }
     const bound = f.end_of_wave_timeout_ms;
     let reply: Record<string, any> | undefined;
     const deadline = Date.now() + bound + MARGIN_MS;
     try {
       reply = await this.send({ endOfWave: { wave } }, bound + MARGIN_MS);
       if (reply && !reply.ok && reply.errorCode === 'ERR_NO_HELLO') {
-        // The agent restarted: introduce ourselves again (regions included), then retry within the bound.
-        await this.rejoin(Math.max(1, deadline - Date.now()));
-        reply = await this.send({ endOfWave: { wave } }, Math.max(1, deadline - Date.now()));
+        // The agent restarted: introduce ourselves again (regions included) and retry, within the bound.
+        reply = await this.rejoin({ endOfWave: { wave } }, Math.max(1, deadline - Date.now()));
       }
     } catch (e) {
-      if ((e as WavebusError).code !== 'ERR_TIMEOUT') throw e;
+      // Out of time (the agent, or a rejoin, was too slow), or the socket failed: the step goes on.
+      reply = undefined;
+      if ((e as WavebusError).code !== 'ERR_TIMEOUT') this.noteError(`endOfWave(${wave}): ${(e as Error).message}`);
     }
     if (!reply || reply.timedOut) {
       this.stats.endOfWaveTimeouts++;
       return { due: false, timedOut: true };
     }
-    if (!reply.ok) throw new WavebusError(reply.errorCode || 'ERR_AGENT', `endOfWave(${wave}): ${reply.error}`);
+    if (!reply.ok) {
+      // A debugging sidecar never fails the engine's step: the error is counted and kept.
+      this.noteError(`endOfWave(${wave}): ${reply.errorCode || 'ERR_AGENT'} ${reply.error}`);
+      return { due: false, timedOut: false, error: this.lastError };
+    }
     this.stats.dueWaves++;
     return { due: true, timedOut: false };
   }
@@ -200,10 +218,7 @@ export class WavebusClient {
       },
     };
     let reply = await this.send(request);
-    if (!reply.ok && reply.errorCode === 'ERR_NO_HELLO') {
-      await this.rejoin();
-      reply = await this.send(request);
-    }
+    if (!reply.ok && reply.errorCode === 'ERR_NO_HELLO') reply = await this.rejoin(request, 30000);
     if (!reply.ok) throw new CaptureError(`input snapshot failed: ${reply.error}`, reply.errorCode || 'ERR_CAPTURE');
     return { captured: reply.captured, callDir: reply.callDir || undefined };
   }
@@ -226,12 +241,24 @@ export class WavebusClient {
     return this.features;
   }
 
-  /** Forget what the agent knew of us and introduce ourselves again (after an agent restart). */
-  private async rejoin(timeoutMs = 30000): Promise<void> {
+  private noteError(message: string): void {
+    this.stats.endOfWaveErrors++;
+    this.lastError = message;
+  }
+
+  /**
+   * Forget what the agent knew of us and introduce ourselves again (after an agent restart), then
+   * send `retry`. Hello, regions and the retried request go out back to back without waiting on
+   * each other (the agent handles one client's requests in order), so it all fits in one bound.
+   */
+  private async rejoin(retry: Record<string, unknown>, timeoutMs: number): Promise<Record<string, any>> {
     this.features = undefined;
     this.registeredSent.clear();
     this.stats.rejoins++;
-    await this.ensureHello(timeoutMs);
+    const hello = this.ensureHello(timeoutMs);
+    const again = this.send(retry, timeoutMs);
+    await hello;
+    return again;
   }
 
   private async ensureHello(timeoutMs = 30000): Promise<ClientFeatures> {
@@ -239,36 +266,26 @@ export class WavebusClient {
     if (this.features && bits === this.featureBits) return this.features;
     // A first hello, or the agent's features changed (it may be a new agent): regions go again.
     this.registeredSent.clear();
-    const reply = await this.send({ hello: { pid: process.pid, asyncScheduling: this.asyncScheduling, language: 'typescript' } }, timeoutMs);
+    // Hello and the regions go out back to back (the agent takes them in order), then both are checked.
+    const hello = this.send({ hello: { pid: process.pid, asyncScheduling: this.asyncScheduling, language: 'typescript' } }, timeoutMs);
+    const regions = this.flushRegistrations(timeoutMs);
+    regions.catch(() => undefined); // checked below, after the hello's own verdict
+    const reply = await hello;
     if (!reply.ok) throw new WavebusError(reply.errorCode || 'ERR_AGENT', `agent refused the client: ${reply.error}`);
     this.features = JSON.parse(reply.featuresJson) as ClientFeatures;
     this.featureBits = bits;
-    await this.flushRegistrations();
+    await regions;
     return this.features;
   }
 
-  private async flushRegistrations(): Promise<void> {
-    for (const r of this.registered) {
-      if (this.registeredSent.has(r.name)) continue;
-      const reply = await this.send({
-        register: {
-          name: r.name,
-          kind: r.kind === 'cuda' ? 1 : 0,
-          shmName: r.shmName ?? '',
-          offset: r.offset ?? 0,
-          nbytes: r.nbytes,
-          cudaIpcHandle: r.cudaIpcHandle ?? Buffer.alloc(0),
-          device: r.device ?? 0,
-          dtype: r.dtype,
-          shape: r.shape,
-          role: r.role === 'input' ? 1 : 0,
-          layer: r.layer ?? '',
-          kv: r.kv ?? '',
-        },
-      });
-      if (!reply.ok) throw new WavebusError(reply.errorCode || 'ERR_REGISTER', `register('${r.name}'): ${reply.error}`);
-      this.registeredSent.add(r.name);
-    }
+  private async flushRegistrations(timeoutMs = 30000): Promise<void> {
+    // Sent back to back (the agent handles them in order), then the answers are checked.
+    const todo = this.registered.filter((r) => !this.registeredSent.has(r.name));
+    const replies = await Promise.all(todo.map((r) => this.send({ register: regionMessage(r) }, timeoutMs)));
+    replies.forEach((reply, i) => {
+      if (!reply.ok) throw new WavebusError(reply.errorCode || 'ERR_REGISTER', `register('${todo[i].name}'): ${reply.error}`);
+      this.registeredSent.add(todo[i].name);
+    });
   }
 
   private socketOrOpen(): zmq.Dealer {
@@ -320,13 +337,35 @@ export class WavebusClient {
         },
       });
       this.stats.sent++;
-      s.send(encode(ClientRequest, { id, ...body })).catch((e: Error) => {
-        clearTimeout(timer);
-        this.pending.delete(id);
-        reject(e);
-      });
+      const frame = encode(ClientRequest, { id, ...body });
+      // zeromq allows one send in flight per socket; requests go out one at a time, in call order.
+      this.sendChain = this.sendChain
+        .then(() => s.send(frame))
+        .catch((e: Error) => {
+          clearTimeout(timer);
+          this.pending.delete(id);
+          reject(e);
+        });
     });
   }
+}
+
+/** The wire form of a registered region (proto Region). */
+function regionMessage(r: ClientRegion): Record<string, unknown> {
+  return {
+    name: r.name,
+    kind: r.kind === 'cuda' ? 1 : 0,
+    shmName: r.shmName ?? '',
+    offset: r.offset ?? 0,
+    nbytes: r.nbytes,
+    cudaIpcHandle: r.cudaIpcHandle ?? Buffer.alloc(0),
+    device: r.device ?? 0,
+    dtype: r.dtype,
+    shape: r.shape,
+    role: r.role === 'input' ? 1 : 0,
+    layer: r.layer ?? '',
+    kv: r.kv ?? '',
+  };
 }
 
 function checkWave(wave: number, where: string): void {

@@ -318,3 +318,22 @@ test('an agent restarted under a running engine learns its regions again and the
   expect(fs.existsSync(path.join(waveDir, 'rank1', 'dump.json'))).toBe(true);
 });
 
+test('a client the agent has not met (it restarted behind the same mailbox) is asked to rejoin, and the step still completes', async () => {
+  const job = await startJob({ tp: 1, runtimeConfig: REPEAT_ON });
+  jobs.push(job);
+  await waitFor(() => job.ranks[0].client.featureFlags() !== 0, 'bus active');
+  await runWave(job, 1, undefined); // the client has said hello and registered
+  // What a kill -9 and restart leaves behind: same mailbox, same features, an agent that knows no one.
+  (job.ranks[0].agent as unknown as { greeted: Set<string> }).greeted.clear();
+  let prev: StepTelemetry | undefined;
+  for (let w = 2; w <= 80 && !fs.existsSync(path.join(job.dumpRoot, 'token_repeat')); w++) {
+    const [res] = await runWave(job, w, prev);
+    expect(res.timedOut).toBe(false);
+    prev = { wave: w, requests: [step('rejoin-1', [500 + (w % 2)], [4, 5], { numOutputTokens: w })], nonFinite: [] };
+  }
+  await runWave(job, 81, undefined);
+  await job.ranks[0].agent.drain();
+  expect(job.ranks[0].client.stats.rejoins).toBe(1);
+  const reqDir = path.join(job.dumpRoot, 'token_repeat', 'rejoin-1');
+  await waitFor(() => fs.existsSync(reqDir) && fs.readdirSync(reqDir).some((w) => fs.existsSync(path.join(reqDir, w, 'rank0', 'dump.json'))), 'the dump after the rejoin');
+});
