@@ -156,13 +156,19 @@ export function clientCorpus(): Buffer[] {
 // ---------------------------------------------------------------- fates
 
 /** Why the coordinator's ROUTER drops one message from us (or undefined when it handles it). */
-export function coordinatorFate(parts: Buffer[]): string | undefined {
+export function coordinatorFate(parts: Buffer[], worldSize = FUZZ_WORLD): string | undefined {
   if (parts.length !== 1) return 'frame_count';
   const d = decodeAgentMessage(parts[0], DEFAULT_MAX_FRAME_BYTES);
   if (!d.ok) return d.reason;
-  if (d.value.body === 'fileList' || d.value.body === 'fileChunk') return 'unknown_request';
+  const m = d.value;
+  const claimed = m.body === 'hello' ? (m.hello?.identity?.globalRank ?? m.globalRank) : m.globalRank;
+  if (m.body !== 'status' && m.body !== 'relay' && !(Number.isInteger(claimed) && claimed >= 0 && claimed < worldSize)) return 'rank_out_of_range';
+  if (m.body === 'fileList' || m.body === 'fileChunk') return 'unknown_request';
   return undefined;
 }
+
+/** The fuzzed coordinator's world (its --world-size). */
+const FUZZ_WORLD = 1;
 
 /** Decode-level drop reason of a bus message at an agent's SUB (state-level drops are not predicted). */
 export function subFate(parts: Buffer[]): string | undefined {
@@ -317,7 +323,7 @@ export async function fuzz(opts: { frames: number; seed: number; oversized: bool
   // One detector on (report only), so agents use the bus and the round trip exercises it.
   fs.writeFileSync(cfg, JSON.stringify({ detector: { logits_finite: { enabled: true, on_trigger: ['report'] } } }));
   const env = { ...process.env, WAVEBUS_LOG_LEVEL: 'warn' };
-  const coordArgs = (port: number) => ['coordinator', '--port', String(port), '--world-size', '1', '--tp', '1', '--heartbeat-ms', '200', '--metrics-port', '0', '--runtime-config-path', cfg];
+  const coordArgs = (port: number) => ['coordinator', '--port', String(port), '--world-size', String(FUZZ_WORLD), '--tp', '1', '--heartbeat-ms', '200', '--metrics-port', '0', '--runtime-config-path', cfg];
   const agentArgs = (port: number, runDir: string) => ['agent', '--coordinator', `127.0.0.1:${port}`, '--rank', '0', '--world-size', '1', '--tp', '1', '--run-dir', runDir, '--heartbeat-ms', '200'];
   try {
     // ---- the real job: coordinator + agent A

@@ -599,6 +599,12 @@ export class Coordinator extends EventEmitter {
     const msg = d.value;
     if (msg.epochSeen && msg.epochSeen !== this.epoch) this.stats.wrongEpochSeen++;
     const rank: number = msg.globalRank;
+    // Only ranks of this job's layout exist: a made-up rank number is garbage, not a new agent.
+    const claimed = msg.body === 'hello' ? (msg.hello?.identity?.globalRank ?? rank) : rank;
+    if (msg.body !== 'status' && msg.body !== 'relay' && !(Number.isInteger(claimed) && claimed >= 0 && claimed < this.opts.layout.worldSize)) {
+      this.drops.drop('rank_out_of_range', `rank ${claimed} of a world of ${this.opts.layout.worldSize}`);
+      return;
+    }
     switch (msg.body) {
       case 'status':
         this.reply(routingId, { requestId: msg.requestId, status: this.statusReply() });

@@ -38,7 +38,8 @@ export type DropReason =
   | 'wrong_epoch' // an epoch this subscriber already left or was told is not current
   | 'stale' // seq already covered (duplicate, or covered by the snapshot)
   | 'injected' // discarded by the dropSeqs fault-injection hook
-  | 'unknown_request'; // a reply to no pending request
+  | 'unknown_request' // a reply to no pending request
+  | 'rank_out_of_range'; // claims a global rank outside the job's world
 
 export type Decoded<T> = { ok: true; value: T } | { ok: false; reason: DropReason; detail?: string };
 
