@@ -11,7 +11,9 @@
 // stall_ms) and ratio = the median of the per-round ratios (end-to-end vs the raw write of the
 // same round, so load that drifts across rounds cancels out); best_ratio = best vs best.
 import * as crypto from 'crypto';
+import { spawnSync } from 'child_process';
 import * as fs from 'fs';
+import { packageRoot } from '../src/native';
 import * as os from 'os';
 import * as path from 'path';
 import yargs from 'yargs';
@@ -170,5 +172,21 @@ export async function run(argv: string[]): Promise<Record<string, unknown>> {
     seg.close();
     ShmSegment.unlink(shmName);
   }
+  const baseline = pythonBaselines(o.sizeMb, o.dir, o.runs);
+  for (const r of results) Object.assign(r, baseline);
   return results.length === 1 ? results[0] : { size_mb: o.sizeMb, results };
+}
+
+/** numpy.save and torch.save of the same bytes, same directory, same run (Debian's python3). */
+function pythonBaselines(sizeMb: number, dir: string, runs: number): Record<string, number | string> {
+  const py = fs.existsSync('/usr/bin/python3') ? '/usr/bin/python3' : 'python3';
+  const scratch = fs.mkdtempSync(path.join(dir, 'wavebus-bench-py-'));
+  try {
+    const r = spawnSync(py, [path.join(packageRoot(), 'bench', 'save_baseline.py'), String(sizeMb), scratch, String(runs)], { encoding: 'utf8', timeout: 600000 });
+    if (r.status !== 0) return { python_baseline: `unavailable: ${(r.stderr || r.error?.message || '').trim().split('\n').pop()}` };
+    const j = JSON.parse(r.stdout.trim().split('\n').pop() as string) as { numpy_save_ms: number[]; torch_save_ms: number[] };
+    return { numpy_save_MBps: round(sizeMb / (median(j.numpy_save_ms) / 1000)), torch_save_MBps: round(sizeMb / (median(j.torch_save_ms) / 1000)) };
+  } finally {
+    fs.rmSync(scratch, { recursive: true, force: true });
+  }
 }
