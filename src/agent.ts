@@ -7,6 +7,7 @@ import { AgentBus, type WaveEvent, type SnapshotReplyMsg } from './bus/agent-bus
 import { DumpExecutor, type DumpFormat } from './agent/dump-executor';
 import { RegionTable } from './agent/regions';
 import { FileServer } from './agent/file-server';
+import { itemSize, parseDType } from './dtype';
 import { ConfigError, WavebusError } from './errors';
 import type { RankIdentity } from './identity';
 import { createLogger, type Logger } from './log';
@@ -419,7 +420,6 @@ export class Agent {
         shape: inp.shape.map(Number),
         read: async (): Promise<Buffer> => {
           const numel = inp.shape.reduce((a, b) => a * Number(b), 1);
-          const { itemSize, parseDType } = await import('./dtype');
           const nbytes = numel * itemSize(parseDType(inp.dtype, `inputs[${i}].dtype`));
           const buf = Buffer.allocUnsafe(nbytes);
           await r.region.copyTo(buf, 0, inp.offset, nbytes);

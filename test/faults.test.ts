@@ -19,6 +19,7 @@ import {
   spawnWavebus,
   tmpDir,
   waitFor,
+  readManifests,
   type Spawned,
 } from './helpers';
 
@@ -188,23 +189,8 @@ class Job {
     return out;
   }
 
-  manifests(): Manifest[] {
-    const out: Manifest[] = [];
-    const walk = (d: string): void => {
-      if (!fs.existsSync(d)) return;
-      for (const n of fs.readdirSync(d)) {
-        const p = path.join(d, n);
-        if (n === 'manifest.json') {
-          try {
-            out.push({ ...JSON.parse(fs.readFileSync(p, 'utf8')), dir: d });
-          } catch {
-            /* being replaced: atomic writes make this a rename race only */
-          }
-        } else if (!n.startsWith('.') && fs.statSync(p).isDirectory()) walk(p);
-      }
-    };
-    walk(this.kvRoot);
-    return out.sort((a, b) => a.arm_wave - b.arm_wave);
+  manifests(): (Manifest & { dir: string })[] {
+    return readManifests<Manifest>(this.kvRoot);
   }
 
   /** waitFor, with the job's state in the error when it times out (for CI logs). */

@@ -111,6 +111,8 @@ export function sh(cmd: string, args: string[], opts: { timeout?: number } = {})
 
 /** Mount/netns fixtures need root; CI runs as root. Returns why not, or undefined when they can run. */
 export function rootOnlyReason(): string | undefined {
+  // CI runs as root: there these tests always run, and fail loudly if they cannot (never a silent skip).
+  if (process.env.CI) return undefined;
   return process.getuid?.() === 0 ? undefined : `needs root (uid ${process.getuid?.()}): mounts and network namespaces`;
 }
 
@@ -200,3 +202,27 @@ export function pseudoRandomBytes(n: number, seed: number): Buffer {
   }
   return b;
 }
+
+/**
+ * Every dump manifest.json under `root` (a KV dump root), with the directory it sits in, in arm-wave
+ * order. Names starting with '.' are bundles being written; a manifest mid-rename is skipped.
+ */
+export function readManifests<T extends { arm_wave: number }>(root: string): (T & { dir: string })[] {
+  const out: (T & { dir: string })[] = [];
+  const walk = (d: string): void => {
+    if (!fs.existsSync(d)) return;
+    for (const n of fs.readdirSync(d)) {
+      const p = path.join(d, n);
+      if (n === 'manifest.json') {
+        try {
+          out.push({ ...(JSON.parse(fs.readFileSync(p, 'utf8')) as T), dir: d });
+        } catch {
+          /* being renamed into place */
+        }
+      } else if (!n.startsWith('.') && fs.statSync(p).isDirectory()) walk(p);
+    }
+  };
+  walk(root);
+  return out.sort((a, b) => a.arm_wave - b.arm_wave);
+}
+

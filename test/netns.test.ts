@@ -19,6 +19,7 @@ import {
   waitFor,
   type NetnsPair,
   type Spawned,
+  readManifests,
 } from './helpers';
 
 jest.setTimeout(180000);
@@ -72,24 +73,7 @@ interface Manifest {
   timed_out: boolean;
 }
 
-function manifests(root: string): Manifest[] {
-  const out: Manifest[] = [];
-  const walk = (d: string): void => {
-    if (!fs.existsSync(d)) return;
-    for (const n of fs.readdirSync(d)) {
-      const p = path.join(d, n);
-      if (n === 'manifest.json') {
-        try {
-          out.push(JSON.parse(fs.readFileSync(p, 'utf8')));
-        } catch {
-          /* being renamed into place */
-        }
-      } else if (!n.startsWith('.') && fs.statSync(p).isDirectory()) walk(p);
-    }
-  };
-  walk(root);
-  return out;
-}
+const manifests = (root: string): Manifest[] => readManifests<Manifest>(root);
 
 afterEach(async () => {
   await cleanup();
