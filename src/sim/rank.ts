@@ -39,6 +39,12 @@ export interface SimRankResult {
   snapshots: string[];
   sent: number;
   shmName: string;
+  /** Mean µs per step spent inside wavebus client calls (waveHead, beforeForward, endOfWave). */
+  clientUsPerStep: number;
+  /** The part of clientUsPerStep spent in endOfWave (waiting for a wave vector that was late). */
+  endOfWaveUsPerStep: number;
+  /** Mean µs per step the forward's idle wait overran its nominal length (scheduling delay). */
+  forwardOverrunUsPerStep: number;
 }
 
 const MAX_ROWS = 4096;
@@ -97,6 +103,9 @@ export async function runSimRank(opts: SimRankOptions, onReady: () => Promise<nu
   let prev: StepTelemetry | undefined;
   await sleep(startAt - Date.now());
   const t0 = Date.now();
+  let clientNs = 0n;
+  let endNs = 0n;
+  let overrunNs = 0n;
   for (let step = 1; step <= opts.steps; step++) {
     if (opts.faults.rankDies?.rank === id.globalRank && opts.faults.rankDies.at === step) {
       process.stderr.write(`sim rank ${id.globalRank}: injected death at step ${step}\n`);
@@ -104,13 +113,15 @@ export async function runSimRank(opts: SimRankOptions, onReady: () => Promise<nu
     }
     if (opts.stepMs > 0) await sleep(startAt + (step - 1) * opts.stepMs - Date.now());
     const batch = sched.step(step);
+    // The engine fills its input buffers whether or not wavebus is attached.
+    const rows = Math.min(batch.positions.length, MAX_ROWS);
+    for (let r = 0; r < rows; r++) {
+      mem.writeInt32LE(batch.inputIds[r], inputsOff + r * 4);
+      mem.writeBigInt64LE(BigInt(batch.positions[r]), inputsOff + MAX_ROWS * 4 + r * 8);
+    }
     if (client) {
+      const c0 = process.hrtime.bigint();
       await client.waveHead(step, prev);
-      const rows = Math.min(batch.positions.length, MAX_ROWS);
-      for (let r = 0; r < rows; r++) {
-        mem.writeInt32LE(batch.inputIds[r], inputsOff + r * 4);
-        mem.writeBigInt64LE(BigInt(batch.positions[r]), inputsOff + MAX_ROWS * 4 + r * 8);
-      }
       const snap = await client.beforeForward(
         {
           compilationHash: `sim-${batch.isPrompt ? 'prefill' : 'decode'}-tp${id.tp}`,
@@ -127,12 +138,21 @@ export async function runSimRank(opts: SimRankOptions, onReady: () => Promise<nu
         ],
       );
       if (snap.captured && snap.callDir) snapshots.push(snap.callDir);
+      clientNs += process.hrtime.bigint() - c0;
     }
     // The forward itself: half the step, longer on an injected slow rank.
     if (opts.computeUs) busyWork(opts.computeUs);
-    if (opts.forwardMs) await sleep(opts.forwardMs);
+    if (opts.forwardMs) {
+      const f0 = process.hrtime.bigint();
+      await sleep(opts.forwardMs);
+      overrunNs += process.hrtime.bigint() - f0 - BigInt(Math.round(opts.forwardMs * 1e6));
+    }
     if (opts.stepMs > 0 || extra > 0) await sleep(opts.stepMs / 2 + extra);
-    if (client) await client.endOfWave(step);
+    if (client) {
+      const e0 = process.hrtime.bigint();
+      await client.endOfWave(step);
+      endNs += process.hrtime.bigint() - e0;
+    }
     prev = batch.telemetry;
   }
   const wallMs = Date.now() - t0;
@@ -146,6 +166,9 @@ export async function runSimRank(opts: SimRankOptions, onReady: () => Promise<nu
     snapshots,
     sent: client?.stats.sent ?? 0,
     shmName,
+    clientUsPerStep: Number((clientNs + endNs) / 1000n) / opts.steps,
+    endOfWaveUsPerStep: Number(endNs / 1000n) / opts.steps,
+    forwardOverrunUsPerStep: Number(overrunNs / 1000n) / opts.steps,
   };
   await client?.close();
   fs.mkdirSync(opts.resultDir, { recursive: true });
