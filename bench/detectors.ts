@@ -1,14 +1,16 @@
 // Coordinator-side cost of the runtime guard per wave head with every detector on:
 // `wavebus bench detectors --requests 1024 --steps 500 --json`. Each running request produces one
 // token per step with its log-prob and rank, speculative stats and its block ids; the streams are
-// healthy (no hits), as in production. Target: ≤ 100 µs of guard CPU per step for 1024 requests.
-// Three figures, each the CPU time (process.cpuUsage: all threads, GC included) per step:
-//  - cpu_us_per_step: Guard.onWaveHead alone, on prebuilt telemetry objects;
-//  - decode_us_per_step: decoding the wave-head AgentMessage that carries the telemetry, as the
-//    coordinator does (decodeAgentMessage); decode_generic_us_per_step: protobufjs decode +
-//    toObject of the same bytes, for comparison;
-//  - coordinator_us_per_step: both in one loop (decode, then the guard on what was decoded), and
-//    guard_after_decode_us_per_step: the guard's share of it.
+// healthy (no hits), as in production. Target: ≤ 100 µs of coordinator CPU per step for 1024
+// requests. The telemetry is what the clients send: columns (src/telemetry.ts), the requests
+// bound in an earlier step, block tables unchanged. Figures, each the CPU time
+// (process.cpuUsage: all threads, GC included) per step:
+//  - coordinator_us_per_step: what the coordinator does per wave head: decode the AgentMessage
+//    (decodeAgentMessage, columns checked and turned into typed arrays), then the guard;
+//  - cpu_us_per_step: Guard.onWaveHead alone, on telemetry decoded beforehand;
+//  - decode_us_per_step: decodeAgentMessage alone;
+//  - rows_*: the same telemetry in the row form (one RequestStep per request, the older wire
+//    form), for comparison.
 // Each figure also comes as the best of 10 timed chunks (`*_best_chunk`): the least disturbed by
 // other processes on a shared machine.
 import * as fs from 'fs';
@@ -19,7 +21,7 @@ import { decodeAgentMessage, encodeAgentMessage } from '../src/bus/frames';
 import { Guard } from '../src/guard/guard';
 import { parseStartupOptions } from '../src/guard/startup';
 import type { RequestStep, StepTelemetry } from '../src/messages';
-import { AgentMessage, decode } from '../src/proto';
+import { columnsToWire, TelemetryColumnizer } from '../src/telemetry';
 
 function flag(argv: string[], name: string, def: number): number {
   const i = argv.indexOf(`--${name}`);
@@ -104,48 +106,61 @@ export async function run(argv: string[]): Promise<Record<string, unknown>> {
       }
       variants.push({ wave: v, requests: reqs, nonFinite: [] });
     }
-    // The same telemetry as the coordinator receives it: a wave-head AgentMessage per variant.
-    const frames = variants.map((t, v) => encodeAgentMessage({ globalRank: 0, epochSeen: 1, requestId: 0, waveHead: { wave: v + 1, telemetry: t } }));
+    // The same telemetry as the coordinator receives it: a wave-head AgentMessage per variant, in
+    // columns from one client-side columnizer (its first step, which binds the requests and sends
+    // their block tables, is fed to each guard before the timed steps).
+    const z = new TelemetryColumnizer();
+    const frameOf = (wave: number, t: StepTelemetry) =>
+      encodeAgentMessage({ globalRank: 0, epochSeen: 1, requestId: 0, waveHead: { wave, telemetry: { wave: wave - 1, columns: columnsToWire(z.columns(t.requests ?? [])), nonFinite: [] } } });
+    const join = frameOf(1, variants[0]);
+    const frames = variants.map((t, v) => frameOf(v + 2, t));
+    const rowFrames = variants.map((t, v) => encodeAgentMessage({ globalRank: 0, epochSeen: 1, requestId: 0, waveHead: { wave: v + 2, telemetry: t } }));
     const telemetryOf = (bytes: Buffer): StepTelemetry => {
       const d = decodeAgentMessage(bytes, MAX_FRAME);
       if (!d.ok || !d.value.waveHead?.telemetry) throw new Error(`bench frame did not decode: ${d.ok ? 'no telemetry' : d.reason}`);
       return d.value.waveHead.telemetry as StepTelemetry;
     };
+    const decoded = frames.map(telemetryOf);
 
-    // 1. the guard alone
+    // 1. the guard alone, on decoded columns
     const guard = newGuard();
-    let wave = 1;
-    for (let s = 0; s < warmup; s++, wave++) guard.onWaveHead(wave, variants[wave % PERIOD]);
+    guard.onWaveHead(1, telemetryOf(join));
+    let wave = 2;
+    for (let s = 0; s < warmup; s++, wave++) guard.onWaveHead(wave, decoded[wave % PERIOD]);
     const t0 = process.hrtime.bigint();
     const g = timed(steps, () => {
-      guard.onWaveHead(wave, variants[wave % PERIOD]);
+      guard.onWaveHead(wave, decoded[wave % PERIOD]);
       wave++;
     });
     const wallNs = process.hrtime.bigint() - t0;
     const status = guard.status();
     guard.close();
 
-    // 2. decoding the wave-head message: the coordinator's decoder, and plain protobufjs
+    // 2. decoding the wave-head message as the coordinator does
     for (let s = 0; s < warmup; s++) telemetryOf(frames[s % PERIOD]);
     const dec = timed(steps, (s) => telemetryOf(frames[s % PERIOD]));
-    for (let s = 0; s < warmup; s++) decode(AgentMessage, frames[s % PERIOD]);
-    const gen = timed(steps, (s) => decode(AgentMessage, frames[s % PERIOD]));
 
     // 3. both, as the coordinator runs them per wave head
     const guard2 = newGuard();
-    wave = 1;
+    guard2.onWaveHead(1, telemetryOf(join));
+    wave = 2;
     for (let s = 0; s < warmup; s++, wave++) guard2.onWaveHead(wave, telemetryOf(frames[wave % PERIOD]));
-    // (the guard's share timed apart: it runs on telemetry just decoded, warm in the caches)
-    let guardWarmUs = 0;
     const both = timed(steps, () => {
-      const t = telemetryOf(frames[wave % PERIOD]);
-      const c0 = process.cpuUsage();
-      guard2.onWaveHead(wave, t);
-      guardWarmUs += cpuUs(c0);
+      guard2.onWaveHead(wave, telemetryOf(frames[wave % PERIOD]));
       wave++;
     });
     const status2 = guard2.status();
     guard2.close();
+
+    // 4. the row form for comparison: decode + guard
+    const guard3 = newGuard();
+    wave = 2;
+    for (let s = 0; s < warmup; s++, wave++) guard3.onWaveHead(wave, telemetryOf(rowFrames[wave % PERIOD]));
+    const rows = timed(steps, () => {
+      guard3.onWaveHead(wave, telemetryOf(rowFrames[wave % PERIOD]));
+      wave++;
+    });
+    guard3.close();
 
     return {
       bench: 'detectors',
@@ -159,12 +174,12 @@ export async function run(argv: string[]): Promise<Record<string, unknown>> {
       target_us_per_step: 100,
       decode_us_per_step: perStep(dec.us, steps),
       decode_us_per_step_best_chunk: dec.bestPerStep,
-      decode_generic_us_per_step: perStep(gen.us, steps),
-      decode_generic_us_per_step_best_chunk: gen.bestPerStep,
       frame_bytes: frames[0].length,
       coordinator_us_per_step: perStep(both.us, steps),
       coordinator_us_per_step_best_chunk: both.bestPerStep,
-      guard_after_decode_us_per_step: perStep(guardWarmUs, steps),
+      rows_frame_bytes: rowFrames[0].length,
+      rows_coordinator_us_per_step: perStep(rows.us, steps),
+      rows_coordinator_us_per_step_best_chunk: rows.bestPerStep,
       // cpu time is process-wide (GC and compiler threads included); on a loaded machine all
       // numbers inflate, so the load is reported with them
       load_avg_1m: Math.round(os.loadavg()[0] * 100) / 100,

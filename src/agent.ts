@@ -253,6 +253,11 @@ export class Agent {
           continue;
         }
         this.stats.clientRequests++;
+        if (req.body === 'waveHead' && req.id === 0) {
+          // One-way: the engine never waits at the head of a wave, so nothing is answered.
+          this.handleFrom(peer, req).catch((err: Error) => this.log.warn({ err: String(err?.message ?? err) }, 'wave head from the client failed'));
+          continue;
+        }
         void this.handleFrom(peer, req).then(
           (reply) => this.replyToClient(router, peer, () => encode(ClientReply, { id: req.id, ok: true, ...reply })),
           (err: Error) =>

@@ -8,6 +8,7 @@ import type { ForwardContext, StepTelemetry } from './messages';
 import { agentEndpoint, mailboxPath } from './paths';
 import { ClientReply, ClientRequest, decode, encode } from './proto';
 import { checkSnapshotGating, type SnapshotConfig } from './snapshot/config';
+import { columnsToWire, TelemetryColumnizer } from './telemetry';
 
 export interface ClientRegion {
   name: string;
@@ -58,6 +59,8 @@ interface Pending {
 }
 
 const MARGIN_MS = 20;
+/** Steps between re-sends of every request's binding and block table (a lost one heals by then). */
+const RESEND_EVERY = 1000;
 
 export class WavebusClient {
   readonly stats = { sent: 0, endOfWaveTimeouts: 0, endOfWaveCalls: 0, dueWaves: 0, rejoins: 0, endOfWaveErrors: 0 };
@@ -72,6 +75,10 @@ export class WavebusClient {
   private readonly registeredSent = new Set<string>();
   private closed = false;
   private sendChain: Promise<void> = Promise.resolve();
+  /** Request slots and last-sent block tables of the telemetry; null after a pause in sending. */
+  private columnizer: TelemetryColumnizer | null = null;
+  private telemetryEpoch = -1;
+  private sinceResend = 0;
 
   private constructor(
     private readonly endpoint: string,
@@ -126,20 +133,32 @@ export class WavebusClient {
   /** Head of `wave`, with the telemetry of the previous wave (TP0 of the last PP stage only). */
   async waveHead(wave: number, telemetry?: Omit<StepTelemetry, 'wave'> & { wave?: number }): Promise<void> {
     checkWave(wave, 'waveHead');
-    if (!this.active()) return;
+    if (!this.active()) {
+      this.columnizer = null; // requests freed meanwhile go unseen: start over when sending again
+      return;
+    }
     const f = await this.ensureHello();
-    if (!f.tp0 || !f.bus) return;
+    if (!f.tp0 || !f.bus) {
+      this.columnizer = null;
+      return;
+    }
     const anyDetector = Object.values(f.detectors).some(Boolean);
     const body: Record<string, unknown> = { wave };
     if (telemetry) {
+      const columnizer = this.columnizer ?? (this.columnizer = new TelemetryColumnizer());
+      // A new coordinator (epoch) knows no bindings; a periodic re-send heals a lost message.
+      const epoch = this.mailbox.epoch();
+      if (epoch !== this.telemetryEpoch || ++this.sinceResend >= RESEND_EVERY) {
+        this.telemetryEpoch = epoch;
+        this.sinceResend = 0;
+        columnizer.resend();
+      }
       // Without detectors only what a manual dump needs travels: requests, blocks, finish/free.
-      const requests = anyDetector
-        ? telemetry.requests ?? []
-        : (telemetry.requests ?? []).map((r) => ({ ...r, newTokenIds: [], newTokenLogprobs: [], newTokenRanks: [] }));
-      body.telemetry = { wave: telemetry.wave ?? wave - 1, requests, nonFinite: anyDetector ? telemetry.nonFinite ?? [] : [] };
+      const columns = columnizer.columns(telemetry.requests ?? [], { tokens: anyDetector, where: 'waveHead(): telemetry' });
+      body.telemetry = { wave: telemetry.wave ?? wave - 1, columns: columnsToWire(columns), nonFinite: anyDetector ? telemetry.nonFinite ?? [] : [] };
     }
-    // Fire and forget: the engine never waits for the coordinator at the head of a wave.
-    this.send({ waveHead: body }).catch(() => undefined);
+    // One-way (id 0): the engine never waits for the agent or the coordinator at the head of a wave.
+    this.sendOneWay({ waveHead: body });
   }
 
   /** End of `wave`: returns at once when nothing is due; never blocks longer than the configured bound. */
@@ -315,6 +334,17 @@ export class WavebusClient {
     } catch {
       /* socket closed */
     }
+  }
+
+  /** A request the agent does not answer: no id, no timer, nothing pending. */
+  private sendOneWay(body: Record<string, unknown>): void {
+    if (this.closed) return;
+    const s = this.socketOrOpen();
+    this.stats.sent++;
+    const frame = encode(ClientRequest, { id: 0, ...body });
+    this.sendChain = this.sendChain.then(() => s.send(frame)).catch((e: Error) => {
+      this.lastError = `waveHead: ${e.message}`;
+    });
   }
 
   private send(body: Record<string, unknown>, timeoutMs = 30000): Promise<Record<string, any>> {

@@ -1,5 +1,6 @@
 // TypeScript shapes of the decoded protobuf messages (proto/wavebus.proto), as `decode()` returns
 // them: camelCase fields, 64-bit integers as numbers, defaults filled in.
+import type { TelemetryColumns } from './telemetry';
 
 export interface WaveHead {
   epoch: number;
@@ -69,8 +70,11 @@ export interface NonFiniteRow {
 
 export interface StepTelemetry {
   wave: number;
-  requests: RequestStep[];
+  /** Row form: one entry per running request (tests, older clients). */
+  requests?: RequestStep[];
   nonFinite: NonFiniteRow[];
+  /** Column form, as clients send it (see telemetry.ts). */
+  columns?: TelemetryColumns | null;
 }
 
 export interface ForwardContext {

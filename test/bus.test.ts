@@ -87,7 +87,7 @@ class RecordingPolicy implements CoordinatorPolicy {
   timeouts: Array<{ jobId: string; missing: number[] }> = [];
   onWaveHead(wave: number, telemetry: StepTelemetry | null): DueLanes {
     this.heads.push({ wave, telemetry });
-    const finished = telemetry?.requests.filter((r) => r.finished) ?? [];
+    const finished = telemetry?.requests?.filter((r) => r.finished) ?? [];
     return { dumps: finished.map((r) => job(r.reqId, { detectWave: wave - 1, armWave: wave, blockIds: r.blockIds })) };
   }
   onDumpResult(r: DumpResult): void {
@@ -158,7 +158,7 @@ describe('wave bus', () => {
     expect(w10.head.dumpDue).toBe(true);
     expect(w10.dump!.jobs[0]).toMatchObject({ reqId: 'req-b', blockIds: [7, 8], armWave: 10, detectWave: 9 });
     expect(policy.heads.map((h) => h.wave)).toEqual([1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
-    expect(policy.heads[9].telemetry?.requests[0].reqId).toBe('req-b');
+    expect(policy.heads[9].telemetry?.requests?.[0].reqId).toBe('req-b');
     for (const w of got) {
       expect(w.head.configDue).toBe(w.config !== undefined);
       expect(w.head.dumpDue).toBe(w.dump !== undefined);

@@ -6,6 +6,7 @@ import * as fs from 'fs';
 import * as path from 'path';
 import * as zmq from 'zeromq';
 import { ClientReply, ClientRequest, decode, encode } from '../src/proto';
+import { columnsFromWire } from '../src/telemetry';
 import { PYTHON, ROOT, cleanup, freePort, runPython, spawnTracked, tmpDir } from './helpers';
 
 const PKG = path.join(ROOT, 'clients', 'python');
@@ -314,7 +315,13 @@ print(json.dumps(out))`,
   const head = agent.seen.find((s) => s.body === 'waveHead')!.req.waveHead;
   expect(head.wave).toBe(5);
   expect(head.telemetry.wave).toBe(4);
-  expect(head.telemetry.requests[0]).toMatchObject({ reqId: 'r1', newTokenIds: [11, 12], blockIds: [0, 1] });
+  // columns: the request takes slot 0 (its id travels once), its tokens and block table
+  const cols = columnsFromWire(head.telemetry.columns);
+  expect(cols.rows).toBe(1);
+  expect(cols.bind).toEqual([expect.objectContaining({ slot: 0, reqId: 'r1' })]);
+  expect([...cols.tokenCount]).toEqual([2]);
+  expect([...cols.tokenIds]).toEqual([11, 12]);
+  expect(cols.blocks).toEqual([{ slot: 0, blockIds: [0, 1] }]);
   expect(head.telemetry.nonFinite[0]).toMatchObject({ row: 0, reqId: 'r1', kind: 'nan' });
   expect(agent.seen.filter((s) => s.body === 'endOfWave').map((s) => s.req.endOfWave.wave)).toEqual([5, 7]);
   expect(agent.seen[0].req.hello).toMatchObject({ language: 'python', asyncScheduling: false });
@@ -354,7 +361,9 @@ print(json.dumps(out))`,
   const head = agent.seen.find((s) => s.body === 'waveHead')!.req.waveHead;
   expect(head.wave).toBe(1);
   // Detectors off: only what a manual dump needs travels (the request and its blocks), no tokens.
-  expect(head.telemetry.requests).toEqual([expect.objectContaining({ reqId: 'a', newTokenIds: [] })]);
+  const cols = columnsFromWire(head.telemetry.columns);
+  expect(cols.bind).toEqual([expect.objectContaining({ slot: 0, reqId: 'a' })]);
+  expect(cols.tokenCount.length + cols.tokenIds.length).toBe(0);
   const bf = agent.seen.find((s) => s.body === 'beforeForward')!.req.beforeForward;
   expect(bf.context).toMatchObject({ compilationHash: 'abc', globalStep: 3, reqIds: ['a'], positions: [4, 5], rowRequest: [0, 0] });
   expect(bf.inputs).toEqual([

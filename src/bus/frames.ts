@@ -4,6 +4,7 @@ import { AgentMessage, BusFrame, CoordinatorMessage, decode, encode } from '../p
 import type { Logger } from '../log';
 import type { ConfigLane, DumpLane, WaveHead } from '../messages';
 import { decodeWaveHeadMessage } from '../guard/telemetry-decode';
+import { columnsFromWire } from '../telemetry';
 
 /** One-letter topics; a subscriber could filter on them, ours take all four. */
 export const TOPIC = { head: 'W', config: 'C', dump: 'D', heartbeat: 'H' } as const;
@@ -35,6 +36,7 @@ export type DropReason =
   | 'undecodable' // not protobuf of the expected type
   | 'empty' // decoded, but no body / no epoch / no seq
   | 'wrong_topic' // topic unknown, or does not match the body
+  | 'bad_telemetry' // a wave head whose telemetry columns do not add up
   | 'wrong_epoch' // an epoch this subscriber already left or was told is not current
   | 'stale' // seq already covered (duplicate, or covered by the snapshot)
   | 'injected' // discarded by the dropSeqs fault-injection hook
@@ -86,6 +88,15 @@ export function decodeAgentMessage(bytes: Buffer, maxFrameBytes: number): Decode
   if (head) return { ok: true, value: head as unknown as AgentMsg };
   const d = safeDecode<AgentMsg>(AgentMessage, bytes);
   if (d.ok && !d.value.body) return { ok: false, reason: 'empty' };
+  const columns = d.ok ? d.value.waveHead?.telemetry?.columns : undefined;
+  if (d.ok && columns) {
+    // packed columns become typed arrays here, checked once: the guard then trusts them
+    try {
+      d.value.waveHead.telemetry.columns = columnsFromWire(columns);
+    } catch (e) {
+      return { ok: false, reason: 'bad_telemetry', detail: (e as Error).message };
+    }
+  }
   return d;
 }
 

@@ -5,7 +5,7 @@
 import type { Counter } from 'prom-client';
 import type { CoordinatorPolicy, DueLanes } from '../bus/policy';
 import { createLogger, Logger } from '../log';
-import type { DumpJob, DumpResult, RequestStep, StepTelemetry } from '../messages';
+import type { DumpJob, DumpResult, StepTelemetry } from '../messages';
 import { counter } from '../metrics';
 import { actionsFor, configJson, DetectorName, mergeConfig, RuntimeConfig } from './config';
 import { DetectorSet, Hit, MUTE_BIT, splitNonFinite } from './detectors';
@@ -13,6 +13,7 @@ import { DumpBook } from './dumps';
 import { AutoDumpQuota, admitIncident, IncidentCount } from './quotas';
 import { ConfigFollower } from './reload';
 import { IncidentReport, writeReport } from './reports';
+import { FLAG_FINISHED, FLAG_FREED, SlotBinding, TelemetryColumnizer, TelemetryColumns } from '../telemetry';
 import { dumpRootOf, loadStartupConfig, StartupConfig, StartupOptions } from './startup';
 
 export const MANUAL_TRIGGER = 'manual_trigger';
@@ -43,15 +44,13 @@ interface ReqState {
   blockIds: number[];
   finished: boolean;
   freed: boolean;
-  /** The request's record in the detectors' state slab (see detectors/slab.ts). */
+  /** The request's telemetry slot, also its record in the detectors' state slab; -1 when unbound. */
   slot: number;
   /** MUTE_BIT of each detector the quota stopped for this request. */
   muted: number;
   quota: Map<string, IncidentCount> | null;
   /** Recent output token ids, kept only when report.save_sensitive_info is on. */
   tail: number[] | null;
-  /** Index in the last telemetry's request list; -1 once forgotten. */
-  order: number;
 }
 
 const FREED_MEMORY = 65536;
@@ -67,21 +66,16 @@ export class Guard implements CoordinatorPolicy {
   private configDue = true; // the first wave head carries the startup config
   private detectors: DetectorSet;
   private readonly reqs = new Map<string, ReqState>();
-  /** Detector-state slots: handed out from 0 up, reused after a request is forgotten. */
-  private nextSlot = 0;
-  private readonly freeSlots: number[] = [];
+  /** The request bound to each telemetry slot. */
+  private bySlot: (ReqState | undefined)[] = [];
+  /** Row-form telemetry (tests, older clients) is turned into columns here. */
+  private readonly rowColumns = new TelemetryColumnizer();
   /** Per-step scratch, reused: hits of this wave head and the request each belongs to. */
   private readonly hits: Hit[] = [];
   private readonly hitStates: ReqState[] = [];
   private keepTail = false;
-  /**
-   * The engine lists its running requests in a stable order from step to step, so the state for
-   * request i is usually the one at position i (after a cursor that follows inserts and removals)
-   * in the previous list: one string compare instead of a hash-table lookup per request.
-   */
-  private prevOrder: ReqState[] = [];
-  private curOrder: ReqState[] = [];
-  private prevOrderLen = 0;
+  /** Rows whose slot no binding named (bindings lost, e.g. a coordinator restart): not attributable. */
+  private unboundRows = 0;
   private readonly freedIds = new Set<string>();
   private manualDone: number;
   private readonly autoQuota = new AutoDumpQuota();
@@ -145,41 +139,37 @@ export class Guard implements CoordinatorPolicy {
     }
   }
 
+  /** The state of `reqId`, created unbound (no slot) when it is new. */
   private state(reqId: string): ReqState {
     let st = this.reqs.get(reqId);
     if (!st) {
-      const slot = this.freeSlots.length > 0 ? this.freeSlots.pop()! : this.nextSlot++;
-      this.detectors.resetSlot(slot);
-      st = {
-        reqId,
-        promptLen: 0,
-        outputTokens: 0,
-        blockIds: [],
-        finished: false,
-        freed: this.freedIds.has(reqId),
-        slot,
-        muted: 0,
-        quota: null,
-        tail: null,
-        order: -1,
-      };
+      st = { reqId, promptLen: 0, outputTokens: 0, blockIds: [], finished: false, freed: this.freedIds.has(reqId), slot: -1, muted: 0, quota: null, tail: null };
       this.reqs.set(reqId, st);
     }
     return st;
   }
 
-  private track(st: ReqState, step: RequestStep): void {
-    if (step.promptLen > 0) st.promptLen = step.promptLen;
-    st.outputTokens = step.numOutputTokens > 0 ? step.numOutputTokens : st.outputTokens + step.newTokenIds.length;
-    if (step.blockIds.length > 0) st.blockIds = step.blockIds;
-    if (step.finished) st.finished = true;
-    if (step.freed) st.finished = st.freed = true;
-    if (this.keepTail && step.newTokenIds.length > 0) {
-      const cap = Math.max(32, this.cfg.report.max_output_token_ids);
-      const tail = st.tail ?? (st.tail = []);
-      for (const t of step.newTokenIds) tail.push(t);
-      if (tail.length > 2 * cap) tail.splice(0, tail.length - cap);
+  /** A request takes a slot; whoever held it before was freed (the client reuses freed slots). */
+  private bind(b: SlotBinding): void {
+    const old = this.bySlot[b.slot];
+    if (old !== undefined && old.reqId === b.reqId) {
+      if (b.promptLen > 0) old.promptLen = b.promptLen; // a re-sent binding
+      return;
     }
+    if (old !== undefined) this.forget(old);
+    const st = this.state(b.reqId);
+    if (st.slot >= 0 && this.bySlot[st.slot] === st) this.bySlot[st.slot] = undefined;
+    st.slot = b.slot;
+    this.bySlot[b.slot] = st;
+    this.detectors.resetSlot(b.slot);
+    if (b.promptLen > 0) st.promptLen = b.promptLen;
+  }
+
+  private keepTokens(st: ReqState, ids: Uint32Array, from: number, to: number): void {
+    const cap = Math.max(32, this.cfg.report.max_output_token_ids);
+    const tail = st.tail ?? (st.tail = []);
+    for (let k = from; k < to; k++) tail.push(ids[k]);
+    if (tail.length > 2 * cap) tail.splice(0, tail.length - cap);
   }
 
   onWaveHead(wave: number, telemetry: StepTelemetry | null): DueLanes {
@@ -193,39 +183,11 @@ export class Guard implements CoordinatorPolicy {
       const hitStates = this.hitStates;
       hits.length = 0;
       hitStates.length = 0;
-      const detectors = this.detectors;
-      const perStep = detectors.anyPerStep;
-      const steps = telemetry.requests;
-      const prev = this.prevOrder;
-      const prevLen = this.prevOrderLen;
-      const cur = this.curOrder;
-      let curLen = 0;
-      let cursor = 0;
-      for (let i = 0; i < steps.length; i++) {
-        const step = steps[i];
-        const reqId = step.reqId;
-        if (!reqId) continue; // nothing can be attributed to it
-        let st: ReqState;
-        const guess = cursor < prevLen ? prev[cursor] : undefined;
-        if (guess !== undefined && guess.order === cursor && guess.reqId === reqId) {
-          st = guess;
-          cursor++;
-        } else {
-          st = this.state(reqId); // the map is the authority; the order only saves lookups
-          if (st.order >= 0 && st.order < prevLen && prev[st.order] === st) cursor = st.order + 1;
-        }
-        st.order = curLen;
-        cur[curLen++] = st;
-        this.track(st, step);
-        if (step.freed) (freedNow ?? (freedNow = [])).push(st);
-        if (perStep) {
-          const before = hits.length;
-          detectors.onStep(st.slot, st.muted, step, hits);
-          for (let k = before; k < hits.length; k++) hitStates.push(st);
-        }
-      }
-      if (this.detectors.logitsFinite && telemetry.nonFinite.length > 0) {
-        const split = splitNonFinite(telemetry.nonFinite);
+      const c: TelemetryColumns | null = telemetry.columns ?? (telemetry.requests ? this.rowColumns.columns(telemetry.requests) : null);
+      if (c) freedNow = this.onColumns(c, hits, hitStates);
+      const nonFinite = telemetry.nonFinite ?? [];
+      if (this.detectors.logitsFinite && nonFinite.length > 0) {
+        const split = splitNonFinite(nonFinite);
         if (split.unattributed.length > 0) {
           this.unattributedNonFinite += split.unattributed.length;
           if (this.lastUnattributedLogWave !== wave) {
@@ -243,11 +205,6 @@ export class Guard implements CoordinatorPolicy {
       for (let k = 0; k < hits.length; k++) this.incident(hits[k], hitStates[k], wave, dumps);
       hits.length = 0;
       hitStates.length = 0;
-      // swap the order lists; drop references past the new length
-      if (cur.length > curLen) cur.length = curLen;
-      this.prevOrder = cur;
-      this.curOrder = prev;
-      this.prevOrderLen = curLen;
     }
     this.manualTrigger(wave, dumps);
     if (freedNow) for (const st of freedNow) this.forget(st);
@@ -259,10 +216,54 @@ export class Guard implements CoordinatorPolicy {
     return lanes;
   }
 
+  /** One step's columns: bindings, block tables, then each row's bookkeeping and detectors. */
+  private onColumns(c: TelemetryColumns, hits: Hit[], hitStates: ReqState[]): ReqState[] | null {
+    for (let k = 0; k < c.bind.length; k++) this.bind(c.bind[k]);
+    for (let k = 0; k < c.blocks.length; k++) {
+      const st = this.bySlot[c.blocks[k].slot];
+      if (st !== undefined && c.blocks[k].blockIds.length > 0) st.blockIds = c.blocks[k].blockIds;
+    }
+    const detectors = this.detectors;
+    const perStep = detectors.anyPerStep;
+    const bySlot = this.bySlot;
+    const counts = c.tokenCount;
+    const hasCounts = counts.length > 0;
+    const outCounts = c.numOutputTokens;
+    const hasOut = outCounts.length > 0;
+    let freedNow: ReqState[] | null = null;
+    let t = 0;
+    for (let i = 0; i < c.rows; i++) {
+      const t0 = t;
+      if (hasCounts) t += counts[i];
+      const st = bySlot[c.slot[i]];
+      if (st === undefined) {
+        this.unboundRows++;
+        continue;
+      }
+      const engineCount = hasOut ? outCounts[i] : 0;
+      st.outputTokens = engineCount > 0 ? engineCount : st.outputTokens + (t - t0);
+      const fl = c.flags[i];
+      if (fl !== 0) {
+        if ((fl & FLAG_FINISHED) !== 0) st.finished = true;
+        if ((fl & FLAG_FREED) !== 0) {
+          st.finished = st.freed = true;
+          (freedNow ?? (freedNow = [])).push(st);
+        }
+      }
+      if (this.keepTail && t > t0) this.keepTokens(st, c.tokenIds, t0, t);
+      if (perStep) {
+        const before = hits.length;
+        detectors.onStep(st.slot, st.muted, c, i, t0, t, hits);
+        for (let k = before; k < hits.length; k++) hitStates.push(st);
+      }
+    }
+    return freedNow;
+  }
+
   private forget(st: ReqState): void {
     this.reqs.delete(st.reqId);
-    this.freeSlots.push(st.slot);
-    st.order = -1; // never matched by position again
+    if (st.slot >= 0 && this.bySlot[st.slot] === st) this.bySlot[st.slot] = undefined;
+    st.slot = -1;
     this.freedIds.add(st.reqId);
     if (this.freedIds.size > FREED_MEMORY) this.freedIds.delete(this.freedIds.values().next().value as string);
   }
@@ -444,6 +445,7 @@ export class Guard implements CoordinatorPolicy {
         unknown_results: this.dumps.unknownResults,
       },
       unattributed_non_finite: this.unattributedNonFinite,
+      unbound_telemetry_rows: this.unboundRows,
       tracked_requests: this.reqs.size,
       report_dir: this.opts.startup.reportDir,
       dump_dir: this.dumpRoot(),
@@ -456,11 +458,6 @@ export class Guard implements CoordinatorPolicy {
 
   close(): void {
     this.reqs.clear();
-    for (const st of this.prevOrder) st.order = -1;
-    this.prevOrder = [];
-    this.curOrder = [];
-    this.prevOrderLen = 0;
-    this.freeSlots.length = 0;
-    this.nextSlot = 0;
+    this.bySlot = [];
   }
 }

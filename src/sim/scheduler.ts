@@ -35,7 +35,7 @@ export interface StepBatch {
   positions: number[];
   rowRequest: number[];
   inputIds: number[];
-  telemetry: StepTelemetry;
+  telemetry: StepTelemetry & { requests: RequestStep[] };
 }
 
 function suffix(i: number, seed: number): string {

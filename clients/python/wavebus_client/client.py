@@ -18,11 +18,13 @@ from . import wavebus_pb2 as pb
 from .errors import AgentError, AgentUnavailableError, CaptureError, ConfigError, ProtocolError
 from .forward import context_proto, input_proto
 from .region import Region, from_any, validate
-from .telemetry import telemetry_proto
+from .telemetry import TelemetryColumnizer, telemetry_proto
 
 log = logging.getLogger("wavebus_client")
 
 DEFAULT_END_OF_WAVE_TIMEOUT_MS = 50
+# Steps between re-sends of every request's binding and block table (a lost one heals by then).
+RESEND_EVERY = 1000
 _MAX_U64 = (1 << 64) - 1
 
 
@@ -128,6 +130,9 @@ class Client:
         self._next_id = 0
         self._hello_id = 0          # id of the hello in flight (a late answer is still applied)
         self._async_ids: Dict[int, str] = {}  # fire-and-forget requests whose answers are drained later
+        self._columnizer: Optional[TelemetryColumnizer] = None  # request slots of the telemetry
+        self._telemetry_epoch = -1
+        self._since_resend = 0
         self._closed = False
         self._mb = mb.Mailbox.wait_open(mailbox_path, mailbox_wait_s)
         if self.async_scheduling and self._mb.features & mb.FEATURE_SNAPSHOTS:
@@ -180,9 +185,13 @@ class Client:
             self._sock = s
         return self._sock
 
-    def _send(self, req: "pb.ClientRequest") -> bool:
-        self._next_id += 1
-        req.id = self._next_id
+    def _send(self, req: "pb.ClientRequest", one_way: bool = False) -> bool:
+        """Queue ``req`` without blocking. ``one_way``: id 0, the agent answers nothing."""
+        if one_way:
+            req.id = 0
+        else:
+            self._next_id += 1
+            req.id = self._next_id
         try:
             self._socket().send(req.SerializeToString(), self._zmq.NOBLOCK)
         except self._zmq.Again:
@@ -341,11 +350,13 @@ class Client:
         _check_wave(wave, "wave_head()")
         feats = self._mb.features
         if not feats & mb.FEATURE_BUS:  # also covers "everything off"
+            self._columnizer = None  # requests freed meanwhile go unseen: start over when sending again
             return False
         if self.agent_features is None and not self._hello(time.monotonic() + self._bound_s()):
             self.stats["wave_head_skipped"] += 1
             return False
         if not self.agent_features.tp0:
+            self._columnizer = None
             return False
         if len(self._sent_regions) != len(self._regions) and not self._flush_regions(time.monotonic() + self._bound_s(), step=True):
             self.stats["wave_head_skipped"] += 1
@@ -354,20 +365,24 @@ class Client:
         body = pb.WaveHeadRequest(wave=wave)
         if telemetry is not None:
             tp = telemetry_proto(telemetry, wave - 1 if wave > 0 else 0)
-            if not feats & mb.FEATURE_DETECTORS:
-                # No detector reads tokens: send only what a manual dump needs (requests, blocks, finish).
-                for r in tp.requests:
-                    del r.new_token_ids[:], r.new_token_logprobs[:], r.new_token_ranks[:]
-                del tp.non_finite[:]
-            body.telemetry.CopyFrom(tp)
-        req = pb.ClientRequest(wave_head=body)
-        if not self._send(req):
+            detectors = bool(feats & mb.FEATURE_DETECTORS)
+            if self._columnizer is None:
+                self._columnizer = TelemetryColumnizer()
+            # A new coordinator (epoch) knows no bindings; a periodic re-send heals a lost message.
+            self._since_resend += 1
+            if self._mb.epoch != self._telemetry_epoch or self._since_resend >= RESEND_EVERY:
+                self._telemetry_epoch = self._mb.epoch
+                self._since_resend = 0
+                self._columnizer.resend()
+            # No detector reads tokens: send only what a manual dump needs (requests, blocks, finish).
+            body.telemetry.wave = tp.wave
+            body.telemetry.columns.CopyFrom(self._columnizer.columns(tp.requests, tokens=detectors))
+            if detectors:
+                body.telemetry.non_finite.extend(tp.non_finite)
+        # One-way: the engine never waits for the agent or the coordinator at the head of a wave.
+        if not self._send(pb.ClientRequest(wave_head=body), one_way=True):
             self.stats["wave_head_skipped"] += 1
             return False
-        self._async_ids[req.id] = "wave_head"
-        if len(self._async_ids) > 1024:  # answers that never came: forget the oldest
-            for k in sorted(self._async_ids)[:512]:
-                del self._async_ids[k]
         self.stats["wave_head_sent"] += 1
         return True
 

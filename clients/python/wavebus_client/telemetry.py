@@ -1,5 +1,6 @@
 """Step telemetry the detectors need (sent by TP0 of the last PP stage with wave_head)."""
 import math
+import sys
 from dataclasses import dataclass, field, fields
 from typing import List, Optional, Sequence
 
@@ -172,3 +173,97 @@ def nonfinite_rows(logits, row_req_ids: Optional[Sequence[Optional[str]]] = None
         req = "" if row_req_ids is None else (row_req_ids[i] or "")
         out.append(NonFiniteRow(row=i, req_id=req, kind=kind))
     return out
+
+
+FLAG_FINISHED = 1
+FLAG_FREED = 2
+
+
+class TelemetryColumnizer:
+    """Rows (validated ``pb.RequestStep``) to ``pb.TelemetryColumns``, as the TypeScript client does.
+
+    A request keeps its slot from step to step until a step reports it freed; its id travels once
+    (a binding) and its block table only when it changes. ``resend()`` sends every live binding and
+    table again with the next step (a new coordinator knows none of them).
+    """
+
+    def __init__(self):
+        self._slots = {}
+        self._holder = {}
+        self._free = []
+        self._next = 0
+        self._tables = {}
+        self._sent_in = {}
+        self._generation = 0
+
+    def resend(self) -> None:
+        self._generation += 1
+
+    @property
+    def live(self) -> int:
+        return len(self._slots)
+
+    def columns(self, requests, tokens: bool = True) -> "pb.TelemetryColumns":
+        from array import array
+
+        rows = [r for r in requests if r.req_id]
+        n_tok = sum(len(r.new_token_ids) for r in rows) if tokens else 0
+        any_lp = tokens and any(len(r.new_token_logprobs) for r in rows)
+        any_rank = tokens and any(len(r.new_token_ranks) for r in rows)
+        any_spec = any(r.draft_len for r in rows)
+        any_count = any(r.num_output_tokens for r in rows)
+        slot, flags = array("I"), array("B")
+        counts, ids, lps, ranks = array("I"), array("I"), array("f"), array("I")
+        draft, acc, outs = array("I"), array("I"), array("I")
+        out = pb.TelemetryColumns(rows=len(rows))
+        released = []
+        for r in rows:
+            s = self._slots.get(r.req_id)
+            if s is None:
+                s = self._free.pop() if self._free else self._next
+                if s == self._next:
+                    self._next += 1
+                self._slots[r.req_id] = s
+                self._holder[s] = r.req_id
+                self._tables.pop(s, None)
+                self._sent_in[s] = -1
+            if self._sent_in.get(s) != self._generation:
+                self._sent_in[s] = self._generation
+                self._tables.pop(s, None)
+                out.bind.add(slot=s, req_id=r.req_id, prompt_len=r.prompt_len)
+            slot.append(s)
+            if n_tok:
+                k = len(r.new_token_ids)
+                counts.append(k)
+                ids.extend(r.new_token_ids)
+                if any_lp:
+                    lps.extend(r.new_token_logprobs if len(r.new_token_logprobs) else [math.nan] * k)
+                if any_rank:
+                    ranks.extend(r.new_token_ranks if len(r.new_token_ranks) else [0] * k)
+            if any_spec:
+                draft.append(r.draft_len)
+                acc.append(r.accepted)
+            if any_count:
+                outs.append(r.num_output_tokens)
+            flags.append((FLAG_FINISHED if r.finished else 0) | (FLAG_FREED if r.freed else 0))
+            table = list(r.block_ids)
+            if table and self._tables.get(s) != table:
+                self._tables[s] = table
+                out.blocks.add(slot=s, block_ids=table)
+            if r.freed:
+                released.append(s)
+        for s in released:
+            req = self._holder.pop(s, None)
+            if req is None:
+                continue
+            del self._slots[req]
+            self._tables.pop(s, None)
+            self._free.append(s)
+        le = sys.byteorder == "little"
+        for name, arr in (("slot", slot), ("token_count", counts), ("token_ids", ids), ("token_logprobs", lps),
+                          ("token_ranks", ranks), ("draft_len", draft), ("accepted", acc), ("flags", flags),
+                          ("num_output_tokens", outs)):
+            if not le:
+                arr.byteswap()  # the wire is little-endian
+            setattr(out, name, arr.tobytes())
+        return out

@@ -75,21 +75,24 @@ export class GarbledDetector {
   }
 
   onTokens(s: GarbledState, logprobs: readonly number[], ranks: readonly number[], count: number): GarbledHit | null {
-    return this.onTokensAt(s.i32, s.f64, s.base, s.base + GARBLED_HEADER_WORDS, logprobs, ranks, count);
+    const n = Math.min(count, logprobs.length);
+    return this.onTokensAt(s.i32, s.f64, s.base, s.base + GARBLED_HEADER_WORDS, logprobs, ranks.length >= n ? ranks : null, 0, n);
   }
 
-  /** As onTokens, on the state with its header at word `b` (even) and its body at `r`. */
-  onTokensAt(m: Int32Array, f: Float64Array, b: number, r: number, logprobs: readonly number[], ranks: readonly number[], count: number): GarbledHit | null {
+  /**
+   * As onTokens for the tokens [start, end) of `logprobs` and `ranks` (null: no ranks), on the
+   * state with its header at word `b` (even) and its body at `r`. NaN marks a token without one.
+   */
+  onTokensAt(m: Int32Array, f: Float64Array, b: number, r: number, logprobs: ArrayLike<number>, ranks: ArrayLike<number> | null, start: number, end: number): GarbledHit | null {
     const cfg = this.cfg;
     const w = cfg.window;
     const sumAt = (b + SUM) >> 1;
     const ring = r;
-    const n = Math.min(count, logprobs.length);
-    for (let k = 0; k < n; k++) {
+    for (let k = start; k < end; k++) {
       const lp = logprobs[k];
       if (typeof lp !== 'number' || Number.isNaN(lp)) continue;
       const mb = lp >= 0 ? 0 : Math.min(MAX_MBITS, Math.round(-lp * MBITS_PER_NAT));
-      const sur = lp < cfg.surprise_logprob || (k < ranks.length && ranks[k] >= cfg.surprise_rank) ? 1 : 0;
+      const sur = lp < cfg.surprise_logprob || (ranks !== null && ranks[k] >= cfg.surprise_rank) ? 1 : 0;
       const pos = m[b + POS];
       const len = m[b + LEN];
       let sum = f[sumAt];

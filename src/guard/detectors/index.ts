@@ -2,7 +2,7 @@
 // record per request slot in a StateSlab. A record starts with every enabled detector's counters
 // (their headers, 22 words in all: about one cache line) followed by their rings and the
 // token_repeat table, so a wave head touches a few cache lines per request and allocates nothing.
-import type { RequestStep } from '../../messages';
+import type { TelemetryColumns } from '../../telemetry';
 import type { DetectorName, RuntimeConfig } from '../config';
 import { GarbledDetector, GARBLED_HEADER_WORDS } from './garbled';
 import { StateSlab } from './slab';
@@ -76,28 +76,30 @@ export class DetectorSet {
     this.slab.reset(slot);
   }
 
-  /** Run the per-step detectors on the step of the request in `slot`; hits are appended to `out`. */
-  onStep(slot: number, muted: number, step: RequestStep, out: Hit[]): void {
-    const tokens = step.newTokenIds;
-    const logprobs = step.newTokenLogprobs;
-    const runRepeat = this.tokenRepeat !== null && tokens.length > 0 && (muted & MUTE_TOKEN_REPEAT) === 0;
-    const runSpec = this.spec !== null && step.draftLen > 0 && (muted & MUTE_SPEC) === 0;
-    const runGarbled = this.garbled !== null && logprobs.length > 0 && (muted & MUTE_GARBLED) === 0;
+  /**
+   * Run the per-step detectors on row `row` of a step's columns (the request in `slot`), whose
+   * tokens are [tokStart, tokEnd) of the per-token columns; hits are appended to `out`.
+   */
+  onStep(slot: number, muted: number, c: TelemetryColumns, row: number, tokStart: number, tokEnd: number, out: Hit[]): void {
+    const runRepeat = this.tokenRepeat !== null && tokEnd > tokStart && (muted & MUTE_TOKEN_REPEAT) === 0;
+    const runSpec = this.spec !== null && c.draftLen.length > 0 && c.draftLen[row] > 0 && (muted & MUTE_SPEC) === 0;
+    const runGarbled = this.garbled !== null && tokEnd > tokStart && c.tokenLogprobs.length > 0 && (muted & MUTE_GARBLED) === 0;
     if (!runRepeat && !runSpec && !runGarbled) return;
     const page = this.slab.page(slot);
     const m = page.i32;
     const f = page.f64;
     const b = this.slab.base(slot);
     if (runRepeat) {
-      const h = this.tokenRepeat!.onTokensAt(m, f, b + this.repeatHead, b + this.repeatBody, tokens);
+      const h = this.tokenRepeat!.onTokensAt(m, f, b + this.repeatHead, b + this.repeatBody, c.tokenIds, tokStart, tokEnd);
       if (h) out.push({ type: 'token_repeat', detail: h as unknown as Record<string, unknown> });
     }
     if (runSpec) {
-      const h = this.spec!.onStepAt(m, f, b + this.specHead, b + this.specBody, step.draftLen, step.accepted);
+      const h = this.spec!.onStepAt(m, f, b + this.specHead, b + this.specBody, c.draftLen[row], c.accepted[row]);
       if (h) out.push({ type: 'spec_acceptance', detail: h as unknown as Record<string, unknown> });
     }
     if (runGarbled) {
-      const h = this.garbled!.onTokensAt(m, f, b + this.garbledHead, b + this.garbledBody, logprobs, step.newTokenRanks, tokens.length > 0 ? tokens.length : logprobs.length);
+      const ranks = c.tokenRanks.length > 0 ? c.tokenRanks : null;
+      const h = this.garbled!.onTokensAt(m, f, b + this.garbledHead, b + this.garbledBody, c.tokenLogprobs, ranks, tokStart, tokEnd);
       if (h) out.push({ type: 'garbled', detail: h as unknown as Record<string, unknown> });
     }
   }

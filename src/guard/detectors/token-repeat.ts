@@ -91,16 +91,16 @@ export class TokenRepeatDetector {
 
   /** Feed this step's new tokens; returns the alert (once per request) or null. */
   onTokens(s: TokenRepeatState, tokens: readonly number[]): TokenRepeatHit | null {
-    return this.onTokensAt(s.i32, s.f64, s.base, s.base + TOKEN_REPEAT_HEADER_WORDS, tokens);
+    return this.onTokensAt(s.i32, s.f64, s.base, s.base + TOKEN_REPEAT_HEADER_WORDS, tokens, 0, tokens.length);
   }
 
-  /** As onTokens, on the state with its header at word `b` (even) and its body at `r`. */
-  onTokensAt(m: Int32Array, f: Float64Array, b: number, r: number, tokens: readonly number[]): TokenRepeatHit | null {
+  /** As onTokens for tokens[start, end), on the state with its header at word `b` (even) and its body at `r`. */
+  onTokensAt(m: Int32Array, f: Float64Array, b: number, r: number, tokens: ArrayLike<number>, start: number, end: number): TokenRepeatHit | null {
     if (m[b + ALERTED] !== 0) return null;
     const cfg = this.cfg;
     const w = this.window;
     const sumAt = (b + SUM) >> 1;
-    for (let k = 0; k < tokens.length; k++) {
+    for (let k = start; k < end; k++) {
       let score = 0;
       const raw = tokens[k];
       const content = !(this.hasIgnore && this.ignore.has(raw));

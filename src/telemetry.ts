@@ -1,0 +1,270 @@
+// Step telemetry in columns (proto TelemetryColumns): what TP0 of the last PP stage sends with
+// each wave head. With ~1000 running requests the row form (one RequestStep message per request,
+// its id and whole block table every step) costs the engine an encode and the coordinator a
+// decode of ~80 KB and ~1000 objects per step. In columns, a step is a few packed arrays the
+// coordinator reads as typed arrays; a request's id travels once, when it takes a slot, and its
+// block table only when it changes.
+import * as os from 'os';
+import { ProtocolError } from './errors';
+import type { RequestStep } from './messages';
+
+export const FLAG_FINISHED = 1;
+export const FLAG_FREED = 2;
+/** Slots are small integers handed out from 0; more than this many live requests is garbage. */
+export const MAX_SLOTS = 1 << 20;
+
+export interface SlotBinding {
+  slot: number;
+  reqId: string;
+  promptLen: number;
+}
+
+export interface SlotBlocks {
+  slot: number;
+  blockIds: number[];
+}
+
+export interface TelemetryColumns {
+  rows: number;
+  /** [rows] the request's slot. */
+  slot: Uint32Array;
+  /** [rows] new tokens this step, or empty: no tokens in this step's telemetry. */
+  tokenCount: Uint32Array;
+  /** [sum tokenCount] request by request. */
+  tokenIds: Uint32Array;
+  /** [tokenIds.length] or empty; NaN where a request had none. */
+  tokenLogprobs: Float32Array;
+  /** [tokenIds.length] or empty; 0 (argmax) where a request had none. */
+  tokenRanks: Uint32Array;
+  /** [rows] or empty (no speculative decoding). */
+  draftLen: Uint32Array;
+  accepted: Uint32Array;
+  /** [rows] FLAG_FINISHED | FLAG_FREED. */
+  flags: Uint8Array;
+  /** [rows] or empty: the engine's count of output tokens (else the coordinator counts). */
+  numOutputTokens: Uint32Array;
+  /** Slots taken by a request this step. */
+  bind: SlotBinding[];
+  /** Slots whose block table changed this step. */
+  blocks: SlotBlocks[];
+}
+
+// The columns are little-endian on the wire and typed arrays use the host's order.
+const LITTLE_ENDIAN = os.endianness() === 'LE';
+
+function checkHost(): void {
+  if (!LITTLE_ENDIAN) throw new ProtocolError('telemetry columns are little-endian; this host is big-endian (not supported)');
+}
+
+const EMPTY_U32 = new Uint32Array(0);
+const EMPTY_F32 = new Float32Array(0);
+
+/**
+ * The engine side: turns each step's request list (rows) into columns, keeping each request's
+ * slot from step to step and its last block table, so only what changed is sent. One per client.
+ */
+export class TelemetryColumnizer {
+  private readonly slots = new Map<string, number>();
+  /** The request holding each slot. */
+  private readonly holder: (string | undefined)[] = [];
+  private readonly freeSlots: number[] = [];
+  private nextSlot = 0;
+  /** Last block table sent per slot. */
+  private readonly tables: (readonly number[] | undefined)[] = [];
+  /** Generation in which each slot's binding was last sent; resend() starts a new one. */
+  private readonly sentIn: number[] = [];
+  private generation = 0;
+
+  /**
+   * Send every live request's binding and block table again with its next step: the receiver may
+   * have lost them (a restarted coordinator, a dropped message).
+   */
+  resend(): void {
+    this.generation++;
+  }
+
+  /** Requests holding a slot now. */
+  get live(): number {
+    return this.slots.size;
+  }
+
+  /**
+   * The columns of one step. `tokens: false` leaves the per-token columns out (no detector reads
+   * them; a manual dump needs only requests, blocks and finish/free). Rows with an empty reqId
+   * carry nothing attributable and are skipped. A freed request's slot is free from the next step.
+   */
+  columns(requests: readonly RequestStep[], opts: { tokens?: boolean; where?: string } = {}): TelemetryColumns {
+    const where = opts.where ?? 'telemetry';
+    const withTokens = opts.tokens ?? true;
+    let rows = 0;
+    let tokens = 0;
+    let anyLogprob = false;
+    let anyRank = false;
+    let anySpec = false;
+    let anyCount = false;
+    for (let i = 0; i < requests.length; i++) {
+      const r = requests[i];
+      if (typeof r.reqId !== 'string') throw new ProtocolError(`${where}.requests[${i}].reqId must be a string`);
+      if (r.reqId === '') continue;
+      rows++;
+      const n = r.newTokenIds?.length ?? 0;
+      tokens += n;
+      if (withTokens && n > 0) {
+        const lp = r.newTokenLogprobs?.length ?? 0;
+        const rk = r.newTokenRanks?.length ?? 0;
+        if (lp !== 0 && lp !== n) throw new ProtocolError(`${where}.requests[${i}]: ${lp} newTokenLogprobs for ${n} newTokenIds`);
+        if (rk !== 0 && rk !== n) throw new ProtocolError(`${where}.requests[${i}]: ${rk} newTokenRanks for ${n} newTokenIds`);
+        if (lp > 0) anyLogprob = true;
+        if (rk > 0) anyRank = true;
+      }
+      if (r.draftLen > 0) anySpec = true;
+      if (r.numOutputTokens > 0) anyCount = true;
+    }
+    if (!withTokens) tokens = 0;
+    const slot = new Uint32Array(rows);
+    const flags = new Uint8Array(rows);
+    const tokenCount = withTokens && tokens > 0 ? new Uint32Array(rows) : EMPTY_U32;
+    const tokenIds = tokens > 0 ? new Uint32Array(tokens) : EMPTY_U32;
+    const tokenLogprobs = anyLogprob ? new Float32Array(tokens) : EMPTY_F32;
+    const tokenRanks = anyRank ? new Uint32Array(tokens) : EMPTY_U32;
+    const draftLen = anySpec ? new Uint32Array(rows) : EMPTY_U32;
+    const accepted = anySpec ? new Uint32Array(rows) : EMPTY_U32;
+    const numOutputTokens = anyCount ? new Uint32Array(rows) : EMPTY_U32;
+    const bind: SlotBinding[] = [];
+    const blocks: SlotBlocks[] = [];
+    const released: number[] = [];
+    let row = 0;
+    let t = 0;
+    for (let i = 0; i < requests.length; i++) {
+      const r = requests[i];
+      if (r.reqId === '') continue;
+      let s = this.slots.get(r.reqId);
+      if (s === undefined) {
+        s = this.freeSlots.length > 0 ? this.freeSlots.pop()! : this.nextSlot++;
+        this.slots.set(r.reqId, s);
+        this.holder[s] = r.reqId;
+        this.tables[s] = undefined;
+        this.sentIn[s] = -1;
+      }
+      if (this.sentIn[s] !== this.generation) {
+        this.sentIn[s] = this.generation;
+        this.tables[s] = undefined;
+        bind.push({ slot: s, reqId: r.reqId, promptLen: r.promptLen >>> 0 });
+      }
+      slot[row] = s;
+      const ids = r.newTokenIds ?? [];
+      if (tokenCount.length > 0) {
+        tokenCount[row] = ids.length;
+        const lps = r.newTokenLogprobs ?? [];
+        const rks = r.newTokenRanks ?? [];
+        for (let k = 0; k < ids.length; k++, t++) {
+          tokenIds[t] = ids[k];
+          if (anyLogprob) tokenLogprobs[t] = lps.length > 0 ? lps[k] : NaN;
+          if (anyRank && rks.length > 0) tokenRanks[t] = rks[k];
+        }
+      }
+      if (anySpec) {
+        draftLen[row] = r.draftLen;
+        accepted[row] = r.accepted;
+      }
+      if (anyCount) numOutputTokens[row] = r.numOutputTokens;
+      flags[row] = (r.finished ? FLAG_FINISHED : 0) | (r.freed ? FLAG_FREED : 0);
+      const table = r.blockIds ?? [];
+      if (table.length > 0 && !sameTable(this.tables[s], table)) {
+        this.tables[s] = table.slice();
+        blocks.push({ slot: s, blockIds: this.tables[s] as number[] });
+      }
+      if (r.freed) released.push(s);
+      row++;
+    }
+    for (const s of released) this.release(s);
+    return { rows, slot, tokenCount, tokenIds, tokenLogprobs, tokenRanks, draftLen, accepted, flags, numOutputTokens, bind, blocks };
+  }
+
+  private release(s: number): void {
+    const id = this.holder[s];
+    if (id === undefined) return; // freed twice in one step
+    this.slots.delete(id);
+    this.holder[s] = undefined;
+    this.tables[s] = undefined;
+    this.freeSlots.push(s);
+  }
+}
+
+function sameTable(a: readonly number[] | undefined, b: readonly number[]): boolean {
+  if (a === undefined || a.length !== b.length) return false;
+  for (let i = 0; i < a.length; i++) if (a[i] !== b[i]) return false;
+  return true;
+}
+
+const asBytes = (a: ArrayBufferView): Buffer => Buffer.from(a.buffer, a.byteOffset, a.byteLength);
+
+/** The proto TelemetryColumns object (camelCase, bytes as Buffers) for protobufjs. */
+export function columnsToWire(c: TelemetryColumns): Record<string, unknown> {
+  checkHost();
+  return {
+    rows: c.rows,
+    slot: asBytes(c.slot),
+    tokenCount: asBytes(c.tokenCount),
+    tokenIds: asBytes(c.tokenIds),
+    tokenLogprobs: asBytes(c.tokenLogprobs),
+    tokenRanks: asBytes(c.tokenRanks),
+    draftLen: asBytes(c.draftLen),
+    accepted: asBytes(c.accepted),
+    flags: asBytes(c.flags),
+    numOutputTokens: asBytes(c.numOutputTokens),
+    bind: c.bind,
+    blocks: c.blocks,
+  };
+}
+
+type Ctor<T> = { new (buf: ArrayBuffer, off: number, len: number): T; new (len: number): T; BYTES_PER_ELEMENT: number };
+
+/** A typed array over wire bytes: a view when aligned, else a copy (a few KB). */
+function column<T>(C: Ctor<T>, b: unknown, field: string, lengths: number[]): T {
+  const buf = b instanceof Uint8Array ? b : new Uint8Array(0);
+  if (b !== undefined && b !== null && !(b instanceof Uint8Array)) throw new ProtocolError(`telemetry.columns.${field} is not bytes`);
+  const size = C.BYTES_PER_ELEMENT;
+  if (buf.byteLength % size !== 0) throw new ProtocolError(`telemetry.columns.${field}: ${buf.byteLength} bytes is not a whole number of ${size}-byte values`);
+  const n = buf.byteLength / size;
+  if (!lengths.includes(n)) throw new ProtocolError(`telemetry.columns.${field}: ${n} values, expected ${lengths.filter((x, i) => lengths.indexOf(x) === i).join(' or ')}`);
+  if (buf.byteOffset % size === 0) return new C(buf.buffer as ArrayBuffer, buf.byteOffset, n);
+  const out = new C(n);
+  new Uint8Array((out as unknown as Uint8Array).buffer).set(buf);
+  return out;
+}
+
+/**
+ * Typed columns from a decoded proto TelemetryColumns, checked for consistency (lengths, slots in
+ * range, token counts adding up). Throws ProtocolError naming the field: the caller drops the
+ * message as garbage.
+ */
+export function columnsFromWire(w: Record<string, any>): TelemetryColumns {
+  checkHost();
+  const rows = w.rows;
+  if (!Number.isInteger(rows) || rows < 0 || rows > MAX_SLOTS) throw new ProtocolError(`telemetry.columns.rows ${String(rows)} is out of range`);
+  const slot = column(Uint32Array, w.slot, 'slot', [rows]);
+  for (let i = 0; i < rows; i++) if (slot[i] >= MAX_SLOTS) throw new ProtocolError(`telemetry.columns.slot[${i}] = ${slot[i]} is out of range (< ${MAX_SLOTS})`);
+  const tokenCount = column(Uint32Array, w.tokenCount, 'token_count', [0, rows]);
+  let tokens = 0;
+  for (let i = 0; i < tokenCount.length; i++) tokens += tokenCount[i];
+  const tokenIds = column(Uint32Array, w.tokenIds, 'token_ids', [tokens]);
+  const tokenLogprobs = column(Float32Array, w.tokenLogprobs, 'token_logprobs', [0, tokens]);
+  const tokenRanks = column(Uint32Array, w.tokenRanks, 'token_ranks', [0, tokens]);
+  const draftLen = column(Uint32Array, w.draftLen, 'draft_len', [0, rows]);
+  const accepted = column(Uint32Array, w.accepted, 'accepted', [draftLen.length]);
+  const flags = column(Uint8Array, w.flags, 'flags', [rows]);
+  const numOutputTokens = column(Uint32Array, w.numOutputTokens, 'num_output_tokens', [0, rows]);
+  const bind: SlotBinding[] = [];
+  for (const [i, b] of ((w.bind ?? []) as Record<string, any>[]).entries()) {
+    if (!(b.slot < MAX_SLOTS)) throw new ProtocolError(`telemetry.columns.bind[${i}].slot ${String(b.slot)} is out of range`);
+    if (typeof b.reqId !== 'string' || b.reqId === '') throw new ProtocolError(`telemetry.columns.bind[${i}].req_id is empty`);
+    bind.push({ slot: b.slot, reqId: b.reqId, promptLen: b.promptLen ?? 0 });
+  }
+  const blocks: SlotBlocks[] = [];
+  for (const [i, b] of ((w.blocks ?? []) as Record<string, any>[]).entries()) {
+    if (!(b.slot < MAX_SLOTS)) throw new ProtocolError(`telemetry.columns.blocks[${i}].slot ${String(b.slot)} is out of range`);
+    blocks.push({ slot: b.slot, blockIds: b.blockIds ?? [] });
+  }
+  return { rows, slot, tokenCount, tokenIds, tokenLogprobs, tokenRanks, draftLen, accepted, flags, numOutputTokens, bind, blocks };
+}
