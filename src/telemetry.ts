@@ -218,20 +218,54 @@ export function columnsToWire(c: TelemetryColumns): Record<string, unknown> {
   };
 }
 
-type Ctor<T> = { new (buf: ArrayBuffer, off: number, len: number): T; new (len: number): T; BYTES_PER_ELEMENT: number };
+type Ctor<T> = { new (buf: ArrayBuffer, off: number, len: number): T; BYTES_PER_ELEMENT: number };
 
-/** A typed array over wire bytes: a view when aligned, else a copy (a few KB). */
-function column<T>(C: Ctor<T>, b: unknown, field: string, lengths: number[]): T {
-  const buf = b instanceof Uint8Array ? b : new Uint8Array(0);
-  if (b !== undefined && b !== null && !(b instanceof Uint8Array)) throw new ProtocolError(`telemetry.columns.${field} is not bytes`);
-  const size = C.BYTES_PER_ELEMENT;
-  if (buf.byteLength % size !== 0) throw new ProtocolError(`telemetry.columns.${field}: ${buf.byteLength} bytes is not a whole number of ${size}-byte values`);
-  const n = buf.byteLength / size;
-  if (!lengths.includes(n)) throw new ProtocolError(`telemetry.columns.${field}: ${n} values, expected ${lengths.filter((x, i) => lengths.indexOf(x) === i).join(' or ')}`);
-  if (buf.byteOffset % size === 0) return new C(buf.buffer as ArrayBuffer, buf.byteOffset, n);
-  const out = new C(n);
-  new Uint8Array((out as unknown as Uint8Array).buffer).set(buf);
-  return out;
+const COLUMNS: ReadonlyArray<[key: string, field: string, size: number]> = [
+  ['slot', 'slot', 4],
+  ['tokenCount', 'token_count', 4],
+  ['tokenIds', 'token_ids', 4],
+  ['tokenLogprobs', 'token_logprobs', 4],
+  ['tokenRanks', 'token_ranks', 4],
+  ['draftLen', 'draft_len', 4],
+  ['accepted', 'accepted', 4],
+  ['flags', 'flags', 1],
+  ['numOutputTokens', 'num_output_tokens', 4],
+];
+
+/**
+ * Typed arrays over the wire bytes: a view where the bytes sit aligned in the frame, else a
+ * copy into one buffer shared by all the misaligned columns (one allocation per message).
+ */
+class ColumnReader {
+  private readonly bytes: Record<string, Uint8Array> = {};
+  private readonly scratch: ArrayBuffer | null;
+  private at = 0;
+
+  constructor(w: Record<string, any>) {
+    let need = 0;
+    for (const [key, field, size] of COLUMNS) {
+      const b = w[key];
+      if (b !== undefined && b !== null && !(b instanceof Uint8Array)) throw new ProtocolError(`telemetry.columns.${field} is not bytes`);
+      const buf = b ?? new Uint8Array(0);
+      if (buf.byteLength % size !== 0) throw new ProtocolError(`telemetry.columns.${field}: ${buf.byteLength} bytes is not a whole number of ${size}-byte values`);
+      this.bytes[key] = buf;
+      if (buf.byteOffset % size !== 0) need += (buf.byteLength + 7) & ~7;
+    }
+    this.scratch = need > 0 ? new ArrayBuffer(need) : null;
+  }
+
+  /** Column `key` as a C, whose length must be `n` or `alt`. */
+  take<T>(C: Ctor<T>, key: string, field: string, n: number, alt = n): T {
+    const buf = this.bytes[key];
+    const size = C.BYTES_PER_ELEMENT;
+    const len = buf.byteLength / size;
+    if (len !== n && len !== alt) throw new ProtocolError(`telemetry.columns.${field}: ${len} values, expected ${alt === n ? n : `${alt} or ${n}`}`);
+    if (buf.byteOffset % size === 0) return new C(buf.buffer as ArrayBuffer, buf.byteOffset, len);
+    const at = this.at;
+    new Uint8Array(this.scratch!, at, buf.byteLength).set(buf);
+    this.at += (buf.byteLength + 7) & ~7;
+    return new C(this.scratch!, at, len);
+  }
 }
 
 /**
@@ -243,18 +277,19 @@ export function columnsFromWire(w: Record<string, any>): TelemetryColumns {
   checkHost();
   const rows = w.rows;
   if (!Number.isInteger(rows) || rows < 0 || rows > MAX_SLOTS) throw new ProtocolError(`telemetry.columns.rows ${String(rows)} is out of range`);
-  const slot = column(Uint32Array, w.slot, 'slot', [rows]);
+  const r = new ColumnReader(w);
+  const slot = r.take(Uint32Array, 'slot', 'slot', rows);
   for (let i = 0; i < rows; i++) if (slot[i] >= MAX_SLOTS) throw new ProtocolError(`telemetry.columns.slot[${i}] = ${slot[i]} is out of range (< ${MAX_SLOTS})`);
-  const tokenCount = column(Uint32Array, w.tokenCount, 'token_count', [0, rows]);
+  const tokenCount = r.take(Uint32Array, 'tokenCount', 'token_count', rows, 0);
   let tokens = 0;
   for (let i = 0; i < tokenCount.length; i++) tokens += tokenCount[i];
-  const tokenIds = column(Uint32Array, w.tokenIds, 'token_ids', [tokens]);
-  const tokenLogprobs = column(Float32Array, w.tokenLogprobs, 'token_logprobs', [0, tokens]);
-  const tokenRanks = column(Uint32Array, w.tokenRanks, 'token_ranks', [0, tokens]);
-  const draftLen = column(Uint32Array, w.draftLen, 'draft_len', [0, rows]);
-  const accepted = column(Uint32Array, w.accepted, 'accepted', [draftLen.length]);
-  const flags = column(Uint8Array, w.flags, 'flags', [rows]);
-  const numOutputTokens = column(Uint32Array, w.numOutputTokens, 'num_output_tokens', [0, rows]);
+  const tokenIds = r.take(Uint32Array, 'tokenIds', 'token_ids', tokens);
+  const tokenLogprobs = r.take(Float32Array, 'tokenLogprobs', 'token_logprobs', tokens, 0);
+  const tokenRanks = r.take(Uint32Array, 'tokenRanks', 'token_ranks', tokens, 0);
+  const draftLen = r.take(Uint32Array, 'draftLen', 'draft_len', rows, 0);
+  const accepted = r.take(Uint32Array, 'accepted', 'accepted', draftLen.length);
+  const flags = r.take(Uint8Array, 'flags', 'flags', rows);
+  const numOutputTokens = r.take(Uint32Array, 'numOutputTokens', 'num_output_tokens', rows, 0);
   const bind: SlotBinding[] = [];
   for (const [i, b] of ((w.bind ?? []) as Record<string, any>[]).entries()) {
     if (!(b.slot < MAX_SLOTS)) throw new ProtocolError(`telemetry.columns.bind[${i}].slot ${String(b.slot)} is out of range`);

@@ -3,7 +3,6 @@
 import { AgentMessage, BusFrame, CoordinatorMessage, decode, encode } from '../proto';
 import type { Logger } from '../log';
 import type { ConfigLane, DumpLane, WaveHead } from '../messages';
-import { decodeWaveHeadMessage } from '../guard/telemetry-decode';
 import { columnsFromWire } from '../telemetry';
 
 /** One-letter topics; a subscriber could filter on them, ours take all four. */
@@ -83,9 +82,6 @@ export type CoordinatorMsg = Record<string, any> & { epoch: number; requestId: n
 /** Validate and decode one AgentMessage payload received on the coordinator's ROUTER. */
 export function decodeAgentMessage(bytes: Buffer, maxFrameBytes: number): Decoded<AgentMsg> {
   if (bytes.length > maxFrameBytes) return { ok: false, reason: 'oversized', detail: `${bytes.length} bytes` };
-  // the per-step wave head with its telemetry: a direct wire decoder (same result), else protobufjs
-  const head = decodeWaveHeadMessage(bytes);
-  if (head) return { ok: true, value: head as unknown as AgentMsg };
   const d = safeDecode<AgentMsg>(AgentMessage, bytes);
   if (d.ok && !d.value.body) return { ok: false, reason: 'empty' };
   const columns = d.ok ? d.value.waveHead?.telemetry?.columns : undefined;

@@ -69,6 +69,8 @@ export class TokenRepeatDetector {
   private readonly hashShift: number; // 32 − log2(slots): Fibonacci hashing keeps the top bits
   private readonly ignore: Set<number>;
   private readonly hasIgnore: boolean;
+  private readonly minTokens: number;
+  private readonly threshold: number;
 
   constructor(readonly cfg: TokenRepeatConfig) {
     const w = cfg.window;
@@ -83,6 +85,8 @@ export class TokenRepeatDetector {
     this.words = TOKEN_REPEAT_HEADER_WORDS + this.bodyWords;
     this.ignore = new Set(cfg.ignore_token_ids);
     this.hasIgnore = this.ignore.size > 0;
+    this.minTokens = cfg.min_tokens;
+    this.threshold = cfg.repeat_sum_threshold;
   }
 
   newState(): TokenRepeatState {
@@ -97,33 +101,38 @@ export class TokenRepeatDetector {
   /** As onTokens for tokens[start, end), on the state with its header at word `b` (even) and its body at `r`. */
   onTokensAt(m: Int32Array, f: Float64Array, b: number, r: number, tokens: ArrayLike<number>, start: number, end: number): TokenRepeatHit | null {
     if (m[b + ALERTED] !== 0) return null;
-    const cfg = this.cfg;
     const w = this.window;
+    const minTokens = this.minTokens;
+    const threshold = this.threshold;
     const sumAt = (b + SUM) >> 1;
+    const hasIgnore = this.hasIgnore;
     for (let k = start; k < end; k++) {
       let score = 0;
       const raw = tokens[k];
-      const content = !(this.hasIgnore && this.ignore.has(raw));
+      const content = !(hasIgnore && this.ignore.has(raw));
       if (content) {
         const t = raw | 0; // ids are uint32 on the wire; the bit pattern is the identity
         score = this.countAndAdd(m, r, t);
         // the new token is in the window now; the oldest one leaves when the window was full
         const pos = m[b + TOK_POS];
-        if (m[b + TOK_LEN] === w) this.remove(m, r, m[r + 2 * pos]);
+        const at = r + 2 * pos;
+        if (m[b + TOK_LEN] === w) this.remove(m, r, m[at]);
         else m[b + TOK_LEN]++;
-        m[r + 2 * pos] = t;
+        m[at] = t;
         m[b + TOK_POS] = pos + 1 === w ? 0 : pos + 1;
       }
       // the score window: a 0 for an ignored token
       const sp = m[b + SCORE_POS];
-      const sum = f[sumAt] + score - m[r + 2 * sp + 1];
+      const sat = r + 2 * sp + 1;
+      const sum = f[sumAt] + score - m[sat];
       f[sumAt] = sum;
-      m[r + 2 * sp + 1] = score;
+      m[sat] = score;
       m[b + SCORE_POS] = sp + 1 === w ? 0 : sp + 1;
       if (!content) continue;
       m[b + LAST_SCORE] = score;
       const seen = ++m[b + SEEN];
-      if (seen >= cfg.min_tokens && sum > cfg.repeat_sum_threshold) {
+      if (seen >= minTokens && sum > threshold) {
+        const cfg = this.cfg;
         const consecutive = ++m[b + CONSEC];
         if (consecutive >= cfg.consecutive_hits) {
           m[b + ALERTED] = 1;
