@@ -10,6 +10,7 @@
         "native/crc_pair.cc",
         "native/cuda_backend.cc",
         "native/cuda_region.cc",
+        "native/detector_pass.cc",
         "native/file_writer.cc",
         "native/host_memory.cc",
         "native/mailbox.cc",

@@ -1,5 +1,5 @@
 // Coordinator-side cost of the runtime guard per wave head with every detector on:
-// `wavebus bench detectors --requests 1024 --steps 500 --json`. Each running request produces one
+// `wavebus bench detectors --requests 1024 --steps 2000 --json`. Each running request produces one
 // token per step with its log-prob and rank, speculative stats and its block ids; the streams are
 // healthy (no hits), as in production. Target: ≤ 100 µs of coordinator CPU per step for 1024
 // requests. The telemetry is what the clients send: columns (src/telemetry.ts), the requests
@@ -68,7 +68,7 @@ function timed(steps: number, step: (s: number) => void): { us: number; bestPerS
 
 export async function run(argv: string[]): Promise<Record<string, unknown>> {
   const requests = flag(argv, 'requests', 1024);
-  const steps = flag(argv, 'steps', 500);
+  const steps = flag(argv, 'steps', 2000);
   const blocks = flag(argv, 'blocks', 16); // KV blocks per request (~256 tokens of context at block size 16)
   const warmup = 300; // let the optimising compiler settle before timing
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'wavebus-bench-detectors-'));

@@ -6,6 +6,7 @@
 #include "crc_pair.h"
 #include "cuda_backend.h"
 #include "cuda_region.h"
+#include "detector_pass.h"
 #include "file_writer.h"
 #include "host_memory.h"
 #include "mailbox.h"
@@ -37,6 +38,7 @@ static Napi::Object Init(Napi::Env env, Napi::Object exports) {
 
   exports.Set("abiVersion", Napi::Number::New(env, 1));
   RegisterCrc32c(env, exports);
+  RegisterDetectorPass(env, exports);
   RegisterCrcPair(env, exports);
   RegisterCudaBackend(env, exports);
   RegisterHostMemory(env, exports);

@@ -114,6 +114,25 @@ export interface NativeBinding {
   MailboxWriter: { create(path: string): NativeMailboxWriter };
   MailboxReader: { open(path: string): NativeMailboxReader };
   mailboxLayout: { headerBytes: number; slotBytes: number; slots: number; fileBytes: number; magic: string; version: number };
+  /**
+   * The guard's per-step detector pass over one step's rows (native/detector_pass.cc): updates
+   * the records in `state` in place and writes HIT_WORDS doubles per hit into `hits` (room for
+   * three per row); returns the number of hits. Layouts: src/guard/detectors/kernel.ts.
+   */
+  detectStep(
+    state: Int32Array,
+    params: Float64Array,
+    ignore: Uint32Array,
+    rowRecord: Int32Array,
+    rowMuted: Int32Array,
+    tokenCount: Uint32Array,
+    tokenIds: Uint32Array,
+    tokenLogprobs: Float32Array,
+    tokenRanks: Uint32Array,
+    draftLen: Uint32Array,
+    accepted: Uint32Array,
+    hits: Float64Array,
+  ): number;
 }
 
 /** The package root: walk up from here (src/ under ts-jest, dist/src/ when built) to wavebus's package.json. */

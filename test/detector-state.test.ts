@@ -7,6 +7,7 @@ import * as path from 'path';
 import pino from 'pino';
 import { defaultConfig, TokenRepeatConfig } from '../src/guard/config';
 import { GarbledDetector, SpecAcceptanceDetector, StateSlab, TokenRepeatDetector } from '../src/guard/detectors';
+import { detectStep, HitBuffer, newParams } from '../src/guard/detectors/kernel';
 import { Guard } from '../src/guard/guard';
 import { admitIncident, IncidentCount } from '../src/guard/quotas';
 import { parseStartupOptions } from '../src/guard/startup';
@@ -97,22 +98,23 @@ describe('token_repeat, optimized vs reference', () => {
 });
 
 describe('state slab', () => {
-  test('records of a slot are independent, stable across page growth, and reset to zero', () => {
+  test('records of a slot are independent, kept across growth, and reset to zero', () => {
     const slab = new StateSlab(10);
-    const addr = (slot: number) => ({ p: slab.page(slot), b: slab.base(slot) });
     for (let slot = 0; slot < 5000; slot += 7) {
-      const { p, b } = addr(slot);
-      p.i32[b] = slot + 1;
-      p.f64[(b + 2) >> 1] = slot / 3;
+      slab.ensure(slot); // grows by doubling, copying what is there
+      const b = slab.base(slot);
+      slab.i32[b] = slot + 1;
+      slab.f64[(b + 2) >> 1] = slot / 3;
     }
+    expect(slab.records).toBeGreaterThan(4998);
     for (let slot = 0; slot < 5000; slot += 7) {
-      const { p, b } = addr(slot);
-      expect(p.i32[b]).toBe(slot + 1);
-      expect(p.f64[(b + 2) >> 1]).toBe(slot / 3);
+      const b = slab.base(slot);
+      expect(slab.i32[b]).toBe(slot + 1);
+      expect(slab.f64[(b + 2) >> 1]).toBe(slot / 3);
     }
     slab.reset(14);
-    expect(addr(14).p.i32[addr(14).b]).toBe(0);
-    expect(addr(21).p.i32[addr(21).b]).toBe(22);
+    expect(slab.i32[slab.base(14)]).toBe(0);
+    expect(slab.i32[slab.base(21)]).toBe(22);
   });
 });
 
@@ -233,5 +235,20 @@ describe('guard: slab state per request vs one standalone detector per request',
     g.onWaveHead(7, { wave: 6, requests: [st(7)], nonFinite: [] }); // score 3: sum 6 > 5
     expect(g.status().incidents).toMatchObject({ token_repeat: { report: 1 } });
     g.close();
+  });
+});
+
+describe('native detector pass', () => {
+  const cols = { tokenCount: Uint32Array.of(1), tokenIds: Uint32Array.of(7), tokenLogprobs: new Float32Array(0), tokenRanks: new Uint32Array(0), draftLen: new Uint32Array(0), accepted: new Uint32Array(0) };
+  test('stays inside its buffers: a record past the state or token counts past the ids are refused with ERR_INVALID_ARG', () => {
+    const d = new TokenRepeatDetector({ ...defaultConfig().detector.token_repeat, enabled: true });
+    const params = newParams(d.words);
+    d.fill(params, 0, 10);
+    const state = new Int32Array(d.words);
+    const hits = new HitBuffer();
+    expect(detectStep(state, params, d.ignore, Int32Array.of(0), Int32Array.of(0), cols, hits)).toBe(0);
+    expect(() => detectStep(state, params, d.ignore, Int32Array.of(2), Int32Array.of(0), cols, hits)).toThrow(expect.objectContaining({ code: 'ERR_INVALID_ARG' }));
+    expect(() => detectStep(state, params, d.ignore, Int32Array.of(0), Int32Array.of(0), { ...cols, tokenCount: Uint32Array.of(2) }, hits)).toThrow(/tokenCount adds up to more than tokenIds/);
+    expect(() => detectStep(state, params, d.ignore, Int32Array.of(0), new Int32Array(0), cols, hits)).toThrow(/rowMuted/);
   });
 });

@@ -76,6 +76,10 @@ export class Guard implements CoordinatorPolicy {
   private keepTail = false;
   /** Rows whose slot no binding named (bindings lost, e.g. a coordinator restart): not attributable. */
   private unboundRows = 0;
+  /** Per-step scratch of the detector pass: each row's record, muted mask and request. */
+  private rowRecord = new Int32Array(64);
+  private rowMuted = new Int32Array(64);
+  private readonly rowStates: ReqState[] = [];
   private readonly freedIds = new Set<string>();
   private manualDone: number;
   private readonly autoQuota = new AutoDumpQuota();
@@ -165,6 +169,16 @@ export class Guard implements CoordinatorPolicy {
     if (b.promptLen > 0) st.promptLen = b.promptLen;
   }
 
+  /** Views of the row scratch arrays exactly `rows` long (the pass takes the row count from them). */
+  private scratchRows(rows: number): [Int32Array, Int32Array] {
+    if (this.rowRecord.length < rows) {
+      const cap = Math.max(rows, 2 * this.rowRecord.length);
+      this.rowRecord = new Int32Array(cap);
+      this.rowMuted = new Int32Array(cap);
+    }
+    return [this.rowRecord.subarray(0, rows), this.rowMuted.subarray(0, rows)];
+  }
+
   private keepTokens(st: ReqState, ids: Uint32Array, from: number, to: number): void {
     const cap = Math.max(32, this.cfg.report.max_output_token_ids);
     const tail = st.tail ?? (st.tail = []);
@@ -230,6 +244,10 @@ export class Guard implements CoordinatorPolicy {
     const hasCounts = counts.length > 0;
     const outCounts = c.numOutputTokens;
     const hasOut = outCounts.length > 0;
+    const rows = perStep ? this.scratchRows(c.rows) : null;
+    const rowRecord = rows ? rows[0] : null;
+    const rowMuted = rows ? rows[1] : this.rowMuted;
+    const rowStates = this.rowStates;
     let freedNow: ReqState[] | null = null;
     let t = 0;
     for (let i = 0; i < c.rows; i++) {
@@ -238,6 +256,7 @@ export class Guard implements CoordinatorPolicy {
       const st = bySlot[c.slot[i]];
       if (st === undefined) {
         this.unboundRows++;
+        if (rowRecord) rowRecord[i] = -1;
         continue;
       }
       const engineCount = hasOut ? outCounts[i] : 0;
@@ -251,11 +270,18 @@ export class Guard implements CoordinatorPolicy {
         }
       }
       if (this.keepTail && t > t0) this.keepTokens(st, c.tokenIds, t0, t);
-      if (perStep) {
-        const before = hits.length;
-        detectors.onStep(st.slot, st.muted, c, i, t0, t, hits);
-        for (let k = before; k < hits.length; k++) hitStates.push(st);
+      if (rowRecord) {
+        rowRecord[i] = detectors.recordOf(st.slot);
+        rowMuted[i] = st.muted;
+        rowStates[i] = st;
       }
+    }
+    // every per-step detector on every row, in one native pass
+    if (rowRecord) {
+      detectors.onStep(c, rowRecord, rowMuted, (row, hit) => {
+        hits.push(hit);
+        hitStates.push(rowStates[row]);
+      });
     }
     return freedNow;
   }

@@ -18,6 +18,7 @@
 //     [4..5] Σmillibits (float64)
 //   body (at r): ring of (millibits << 1 | surprising); millibits ≤ 10^9 < 2^30, one word each
 import type { GarbledConfig } from '../config';
+import { detectOne, HitBuffer, newParams, PARAM } from './kernel';
 import { even, StateRecord } from './slab';
 
 const POS = 0;
@@ -55,84 +56,71 @@ export interface GarbledHit {
   thresholds: { surprise_logprob: number; surprise_rank: number; surprise_fraction: number; mean_surprisal_bits: number };
 }
 
-const MBITS_PER_NAT = 1000 / Math.LN2;
-const MAX_MBITS = 1_000_000_000; // -Infinity log-probs clamp here
-
 export class GarbledDetector {
   /** int32 words of one standalone state record (header + body). */
   readonly words: number;
   /** int32 words of the body part. */
   readonly bodyWords: number;
   private readonly limitMbits: number;
+  private readonly solo: Float64Array;
+  private readonly hits = new HitBuffer();
+
   constructor(readonly cfg: GarbledConfig) {
     this.limitMbits = Math.round(cfg.mean_surprisal_bits * 1000);
     this.bodyWords = even(cfg.window);
     this.words = GARBLED_HEADER_WORDS + this.bodyWords;
+    this.solo = newParams(this.words);
+    this.fill(this.solo, 0, GARBLED_HEADER_WORDS);
+  }
+
+  /** This detector's parameters, with its header at word `head` (even) and body at `body`. */
+  fill(p: Float64Array, head: number, body: number): void {
+    const cfg = this.cfg;
+    p[PARAM.garbledOn] = 1;
+    p[PARAM.garbledHead] = head;
+    p[PARAM.garbledBody] = body;
+    p[PARAM.garbledWindow] = cfg.window;
+    p[PARAM.garbledMinTokens] = cfg.min_tokens;
+    p[PARAM.surpriseLogprob] = cfg.surprise_logprob;
+    p[PARAM.surpriseRank] = cfg.surprise_rank;
+    p[PARAM.surpriseFraction] = cfg.surprise_fraction;
+    p[PARAM.limitMbits] = this.limitMbits;
+  }
+
+  /** The alert from a hit's figures (kernel.ts HIT_WORDS, after row and type). */
+  detail(h: Float64Array, at: number): GarbledHit {
+    const cfg = this.cfg;
+    return {
+      surprising_fraction: h[at],
+      mean_surprisal_bits: h[at + 1],
+      window: cfg.window,
+      tokens_with_logprob: h[at + 2],
+      thresholds: {
+        surprise_logprob: cfg.surprise_logprob,
+        surprise_rank: cfg.surprise_rank,
+        surprise_fraction: cfg.surprise_fraction,
+        mean_surprisal_bits: cfg.mean_surprisal_bits,
+      },
+    };
   }
 
   newState(): GarbledState {
     return new GarbledState(this.words);
   }
 
+  /**
+   * The first `count` tokens' log-probs (NaN: none) and ranks (a shorter list: no ranks); returns
+   * the alert or null. Log-probs are float32, as on the wire.
+   */
   onTokens(s: GarbledState, logprobs: readonly number[], ranks: readonly number[], count: number): GarbledHit | null {
     const n = Math.min(count, logprobs.length);
-    return this.onTokensAt(s.i32, s.f64, s.base, s.base + GARBLED_HEADER_WORDS, logprobs, ranks.length >= n ? ranks : null, 0, n);
-  }
-
-  /**
-   * As onTokens for the tokens [start, end) of `logprobs` and `ranks` (null: no ranks), on the
-   * state with its header at word `b` (even) and its body at `r`. NaN marks a token without one.
-   */
-  onTokensAt(m: Int32Array, f: Float64Array, b: number, r: number, logprobs: ArrayLike<number>, ranks: ArrayLike<number> | null, start: number, end: number): GarbledHit | null {
-    const cfg = this.cfg;
-    const w = cfg.window;
-    const sumAt = (b + SUM) >> 1;
-    const ring = r;
-    for (let k = start; k < end; k++) {
-      const lp = logprobs[k];
-      if (typeof lp !== 'number' || Number.isNaN(lp)) continue;
-      const mb = lp >= 0 ? 0 : Math.min(MAX_MBITS, Math.round(-lp * MBITS_PER_NAT));
-      const sur = lp < cfg.surprise_logprob || (ranks !== null && ranks[k] >= cfg.surprise_rank) ? 1 : 0;
-      const pos = m[b + POS];
-      const len = m[b + LEN];
-      let sum = f[sumAt];
-      let nSur = m[b + N_SURPRISING];
-      if (len === w) {
-        const old = m[ring + pos];
-        sum -= old >>> 1;
-        nSur -= old & 1;
-      } else {
-        m[b + LEN] = len + 1;
-      }
-      m[ring + pos] = (mb << 1) | sur;
-      sum += mb;
-      nSur += sur;
-      f[sumAt] = sum;
-      m[b + N_SURPRISING] = nSur;
-      m[b + POS] = pos + 1 === w ? 0 : pos + 1;
-      const seen = ++m[b + SEEN];
-      if (len + 1 < w || seen < cfg.min_tokens) continue;
-      const fraction = nSur / w;
-      if (fraction > cfg.surprise_fraction && sum > this.limitMbits * w) {
-        // the window restarts
-        m[b + POS] = 0;
-        m[b + LEN] = 0;
-        m[b + N_SURPRISING] = 0;
-        f[sumAt] = 0;
-        return {
-          surprising_fraction: fraction,
-          mean_surprisal_bits: sum / w / 1000,
-          window: w,
-          tokens_with_logprob: seen,
-          thresholds: {
-            surprise_logprob: cfg.surprise_logprob,
-            surprise_rank: cfg.surprise_rank,
-            surprise_fraction: cfg.surprise_fraction,
-            mean_surprisal_bits: cfg.mean_surprisal_bits,
-          },
-        };
-      }
-    }
-    return null;
+    if (n === 0) return null;
+    // a token past the end of `ranks` has no rank: 0 (the argmax) never reaches surprise_rank (≥ 1)
+    const tokenRanks = ranks.length > 0 ? Uint32Array.from({ length: n }, (_, k) => (k < ranks.length ? ranks[k] : 0)) : undefined;
+    const step = { tokenLogprobs: Float32Array.from(logprobs.slice(0, n), (x) => (typeof x === 'number' ? x : NaN)), tokenRanks };
+    const h = detectOne(s.i32, this.solo, NO_IGNORE, step, this.hits);
+    return h ? this.detail(h, 0) : null;
   }
 }
+
+const NO_IGNORE = new Uint32Array(0);

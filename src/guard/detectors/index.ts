@@ -2,9 +2,9 @@
 // record per request slot in a StateSlab. A record starts with every enabled detector's counters
 // (their headers, 22 words in all: about one cache line) followed by their rings and the
 // token_repeat table, so a wave head touches a few cache lines per request and allocates nothing.
-import type { TelemetryColumns } from '../../telemetry';
 import type { DetectorName, RuntimeConfig } from '../config';
 import { GarbledDetector, GARBLED_HEADER_WORDS } from './garbled';
+import { detectStep, HIT_TYPE, HIT_WORDS, HitBuffer, MUTE_BIT, newParams, type StepColumns } from './kernel';
 import { StateSlab } from './slab';
 import { SpecAcceptanceDetector, SPEC_HEADER_WORDS } from './spec-acceptance';
 import { TokenRepeatDetector, TOKEN_REPEAT_HEADER_WORDS } from './token-repeat';
@@ -20,17 +20,7 @@ export interface Hit {
   detail: Record<string, unknown>;
 }
 
-/** Bit of each detector in a request's muted mask (a detector the quota stopped for it). */
-const MUTE_TOKEN_REPEAT = 1;
-const MUTE_LOGITS_FINITE = 2;
-const MUTE_SPEC = 4;
-const MUTE_GARBLED = 8;
-export const MUTE_BIT: Readonly<Record<DetectorName, number>> = {
-  token_repeat: MUTE_TOKEN_REPEAT,
-  logits_finite: MUTE_LOGITS_FINITE,
-  spec_acceptance: MUTE_SPEC,
-  garbled: MUTE_GARBLED,
-};
+export { MUTE_BIT };
 
 export class DetectorSet {
   readonly tokenRepeat: TokenRepeatDetector | null;
@@ -38,14 +28,10 @@ export class DetectorSet {
   readonly garbled: GarbledDetector | null;
   readonly logitsFinite: boolean;
   readonly anyPerStep: boolean;
-  /** Word offsets of each detector's header and body in a request's record (all even). */
-  private readonly repeatHead: number;
-  private readonly repeatBody: number;
-  private readonly specHead: number;
-  private readonly specBody: number;
-  private readonly garbledHead: number;
-  private readonly garbledBody: number;
   private readonly slab: StateSlab;
+  private readonly params: Float64Array;
+  private readonly ignore: Uint32Array;
+  private readonly hitBuffer = new HitBuffer();
 
   constructor(cfg: RuntimeConfig) {
     const d = cfg.detector;
@@ -56,19 +42,24 @@ export class DetectorSet {
     this.anyPerStep = this.tokenRepeat !== null || this.spec !== null || this.garbled !== null;
     // headers first (each an even number of words), then the bodies: spec's float64 ring first
     let at = 0;
-    this.repeatHead = at;
+    const repeatHead = at;
     at += this.tokenRepeat ? TOKEN_REPEAT_HEADER_WORDS : 0;
-    this.specHead = at;
+    const specHead = at;
     at += this.spec ? SPEC_HEADER_WORDS : 0;
-    this.garbledHead = at;
+    const garbledHead = at;
     at += this.garbled ? GARBLED_HEADER_WORDS : 0;
-    this.specBody = at;
+    const specBody = at;
     at += this.spec?.bodyWords ?? 0;
-    this.repeatBody = at;
+    const repeatBody = at;
     at += this.tokenRepeat?.bodyWords ?? 0;
-    this.garbledBody = at;
+    const garbledBody = at;
     at += this.garbled?.bodyWords ?? 0;
     this.slab = new StateSlab(at);
+    this.params = newParams(this.slab.words);
+    this.tokenRepeat?.fill(this.params, repeatHead, repeatBody);
+    this.spec?.fill(this.params, specHead, specBody);
+    this.garbled?.fill(this.params, garbledHead, garbledBody);
+    this.ignore = this.tokenRepeat?.ignore ?? new Uint32Array(0);
   }
 
   /** A slot gets a new request: its record starts fresh. */
@@ -76,31 +67,24 @@ export class DetectorSet {
     this.slab.reset(slot);
   }
 
+  /** Word offset of `slot`'s record (zero until the request's first step). */
+  recordOf(slot: number): number {
+    this.slab.ensure(slot);
+    return this.slab.base(slot);
+  }
+
   /**
-   * Run the per-step detectors on row `row` of a step's columns (the request in `slot`), whose
-   * tokens are [tokStart, tokEnd) of the per-token columns; hits are appended to `out`.
+   * Run the per-step detectors over a step's rows: row i on the record at rowRecord[i] (-1: skip),
+   * with the detectors in rowMuted[i] muted. Calls onHit(row, hit) for each hit, in row order.
    */
-  onStep(slot: number, muted: number, c: TelemetryColumns, row: number, tokStart: number, tokEnd: number, out: Hit[]): void {
-    const runRepeat = this.tokenRepeat !== null && tokEnd > tokStart && (muted & MUTE_TOKEN_REPEAT) === 0;
-    const runSpec = this.spec !== null && c.draftLen.length > 0 && c.draftLen[row] > 0 && (muted & MUTE_SPEC) === 0;
-    const runGarbled = this.garbled !== null && tokEnd > tokStart && c.tokenLogprobs.length > 0 && (muted & MUTE_GARBLED) === 0;
-    if (!runRepeat && !runSpec && !runGarbled) return;
-    const page = this.slab.page(slot);
-    const m = page.i32;
-    const f = page.f64;
-    const b = this.slab.base(slot);
-    if (runRepeat) {
-      const h = this.tokenRepeat!.onTokensAt(m, f, b + this.repeatHead, b + this.repeatBody, c.tokenIds, tokStart, tokEnd);
-      if (h) out.push({ type: 'token_repeat', detail: h as unknown as Record<string, unknown> });
-    }
-    if (runSpec) {
-      const h = this.spec!.onStepAt(m, f, b + this.specHead, b + this.specBody, c.draftLen[row], c.accepted[row]);
-      if (h) out.push({ type: 'spec_acceptance', detail: h as unknown as Record<string, unknown> });
-    }
-    if (runGarbled) {
-      const ranks = c.tokenRanks.length > 0 ? c.tokenRanks : null;
-      const h = this.garbled!.onTokensAt(m, f, b + this.garbledHead, b + this.garbledBody, c.tokenLogprobs, ranks, tokStart, tokEnd);
-      if (h) out.push({ type: 'garbled', detail: h as unknown as Record<string, unknown> });
+  onStep(c: StepColumns, rowRecord: Int32Array, rowMuted: Int32Array, onHit: (row: number, hit: Hit) => void): void {
+    const n = detectStep(this.slab.i32, this.params, this.ignore, rowRecord, rowMuted, c, this.hitBuffer);
+    const h = this.hitBuffer.hits;
+    for (let k = 0; k < n; k++) {
+      const at = k * HIT_WORDS;
+      const type = HIT_TYPE[h[at + 1]];
+      const detector = type === 'token_repeat' ? this.tokenRepeat! : type === 'spec_acceptance' ? this.spec! : this.garbled!;
+      onHit(h[at], { type, detail: detector.detail(h, at + 2) as unknown as Record<string, unknown> });
     }
   }
 }

@@ -1,10 +1,11 @@
-// Detector state for every tracked request, in a few large buffers instead of a handful of small
-// objects and typed arrays per request: the guard touches the state of ~1000 requests per wave
-// head, and with one contiguous record per request (all detectors' counters and rings side by
-// side) that is a few cache lines each and no pointer chasing. Records are addressed by slot:
-// slot → page (one ArrayBuffer of 2^k records) and an int32 word offset inside it. Each record
-// is viewed both as int32 words and as float64s (at even word offsets) for sums that can pass
-// 2^31. Pages are allocated on first use and never moved, so a slot's address is stable.
+// Detector state for every tracked request in one buffer instead of a handful of small objects
+// and typed arrays per request: the guard touches the state of ~1000 requests per wave head, and
+// with one contiguous record per request (all detectors' counters and rings side by side) that is
+// a few cache lines each and no pointer chasing, and the native detector pass
+// (native/detector_pass.cc) gets the whole state as one array. Records are addressed by slot:
+// the record of slot s starts at int32 word s × words. Each record is viewed both as int32 words
+// and as float64s (at even word offsets) for sums that can pass 2^31. The buffer grows by
+// doubling (records are copied; nothing keeps an address across steps).
 
 /** One record: word offset `base` into `i32`; a float64 at even word w is f64[w >> 1]. */
 export interface StateRef {
@@ -12,14 +13,6 @@ export interface StateRef {
   f64: Float64Array;
   base: number;
 }
-
-interface Page {
-  i32: Int32Array;
-  f64: Float64Array;
-}
-
-const PAGE_BYTES = 256 * 1024;
-const MAX_SLOTS_PER_PAGE = 1024;
 
 /** Round a word count up to an even number (float64 alignment of the next record part). */
 export function even(words: number): number {
@@ -41,41 +34,45 @@ export class StateRecord implements StateRef {
 export class StateSlab {
   /** int32 words per record (even). */
   readonly words: number;
-  private readonly shift: number;
-  private readonly mask: number;
-  private readonly pages: (Page | undefined)[] = [];
+  i32: Int32Array;
+  f64: Float64Array;
+  private capacity: number;
 
-  constructor(words: number) {
+  constructor(words: number, initialRecords = 64) {
     this.words = even(Math.max(2, words));
-    let per = 1;
-    while (per * 2 <= MAX_SLOTS_PER_PAGE && per * 2 * this.words * 4 <= PAGE_BYTES) per *= 2;
-    this.shift = Math.log2(per);
-    this.mask = per - 1;
+    this.capacity = Math.max(1, initialRecords);
+    const buf = new ArrayBuffer(this.capacity * this.words * 4);
+    this.i32 = new Int32Array(buf);
+    this.f64 = new Float64Array(buf);
   }
 
-  /** The page holding `slot` (allocated zeroed on first use). */
-  page(slot: number): Page {
-    return this.pages[slot >>> this.shift] ?? this.newPage(slot >>> this.shift);
+  /** Records the buffer holds now. */
+  get records(): number {
+    return this.capacity;
   }
 
-  /** Word offset of `slot`'s record inside its page. */
+  /** Word offset of `slot`'s record. */
   base(slot: number): number {
-    return (slot & this.mask) * this.words;
+    return slot * this.words;
+  }
+
+  /** Make room for `slot` (new records are zero). */
+  ensure(slot: number): void {
+    if (slot < this.capacity) return;
+    let cap = this.capacity;
+    while (cap <= slot) cap *= 2;
+    const buf = new ArrayBuffer(cap * this.words * 4);
+    const i32 = new Int32Array(buf);
+    i32.set(this.i32);
+    this.i32 = i32;
+    this.f64 = new Float64Array(buf);
+    this.capacity = cap;
   }
 
   /** Zero `slot`'s record: a reused slot starts like a fresh one. */
   reset(slot: number): void {
-    const p = this.pages[slot >>> this.shift];
-    if (!p) return; // not allocated yet: already zero
+    this.ensure(slot);
     const b = this.base(slot);
-    p.i32.fill(0, b, b + this.words);
-  }
-
-  private newPage(index: number): Page {
-    const buf = new ArrayBuffer(((this.mask + 1) * this.words) * 4);
-    const p: Page = { i32: new Int32Array(buf), f64: new Float64Array(buf) };
-    while (this.pages.length < index) this.pages.push(undefined);
-    this.pages[index] = p;
-    return p;
+    this.i32.fill(0, b, b + this.words);
   }
 }

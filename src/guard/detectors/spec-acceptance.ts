@@ -12,6 +12,7 @@
 //   header (at h, even): [0] pos [1] len [2..3] Σdraft [4..5] Σaccepted
 //   body (at r, even): ring of (draft, accepted) float64 pairs
 import type { SpecAcceptanceConfig } from '../config';
+import { detectOne, HitBuffer, newParams, PARAM } from './kernel';
 import { StateRecord } from './slab';
 
 const POS = 0;
@@ -52,64 +53,38 @@ export class SpecAcceptanceDetector {
   readonly words: number;
   /** int32 words of the body part. */
   readonly bodyWords: number;
+  private readonly solo: Float64Array;
+  private readonly hits = new HitBuffer();
 
   constructor(readonly cfg: SpecAcceptanceConfig) {
     this.bodyWords = 4 * cfg.window;
     this.words = SPEC_HEADER_WORDS + this.bodyWords;
+    this.solo = newParams(this.words);
+    this.fill(this.solo, 0, SPEC_HEADER_WORDS);
   }
 
-  newState(): SpecAcceptanceState {
-    return new SpecAcceptanceState(this.words);
+  /** This detector's parameters, with its header at word `head` and body at `body` (both even). */
+  fill(p: Float64Array, head: number, body: number): void {
+    p[PARAM.specOn] = 1;
+    p[PARAM.specHead] = head;
+    p[PARAM.specBody] = body;
+    p[PARAM.specWindow] = this.cfg.window;
+    p[PARAM.lowRate] = this.cfg.low_accept_rate;
+    p[PARAM.lowLen] = this.cfg.low_accept_len;
+    p[PARAM.highRate] = this.cfg.high_accept_rate;
+    p[PARAM.highLen] = this.cfg.high_accept_len;
   }
 
-  onStep(s: SpecAcceptanceState, draftLen: number, accepted: number): SpecAcceptanceHit | null {
-    return this.onStepAt(s.i32, s.f64, s.base, s.base + SPEC_HEADER_WORDS, draftLen, accepted);
-  }
-
-  /** As onStep, on the state with its header at word `b` and its body at `r` (both even). */
-  onStepAt(m: Int32Array, f: Float64Array, b: number, r: number, draftLen: number, accepted: number): SpecAcceptanceHit | null {
-    if (!(draftLen > 0)) return null;
+  /** The alert from a hit's figures (kernel.ts HIT_WORDS, after row and type). */
+  detail(h: Float64Array, at: number): SpecAcceptanceHit {
     const cfg = this.cfg;
-    const w = cfg.window;
-    const a = Math.min(draftLen, Math.max(0, accepted - 1));
-    const pos = m[b + POS];
-    const len = m[b + LEN];
-    const fb = b >> 1;
-    const slot = (r >> 1) + 2 * pos;
-    let sumDraft = f[fb + (SUM_DRAFT >> 1)];
-    let sumAcc = f[fb + (SUM_ACC >> 1)];
-    if (len === w) {
-      sumDraft -= f[slot];
-      sumAcc -= f[slot + 1];
-    } else {
-      m[b + LEN] = len + 1;
-    }
-    f[slot] = draftLen;
-    f[slot + 1] = a;
-    sumDraft += draftLen;
-    sumAcc += a;
-    f[fb + (SUM_DRAFT >> 1)] = sumDraft;
-    f[fb + (SUM_ACC >> 1)] = sumAcc;
-    m[b + POS] = pos + 1 === w ? 0 : pos + 1;
-    if (len + 1 < w) return null;
-    const rate = sumAcc / sumDraft;
-    const meanLen = sumAcc / w;
-    let direction: 'low' | 'high' | null = null;
-    if (rate < cfg.low_accept_rate && meanLen < cfg.low_accept_len) direction = 'low';
-    else if (rate > cfg.high_accept_rate && meanLen > cfg.high_accept_len) direction = 'high';
-    if (direction === null) return null;
-    // the window restarts
-    m[b + POS] = 0;
-    m[b + LEN] = 0;
-    f[fb + (SUM_DRAFT >> 1)] = 0;
-    f[fb + (SUM_ACC >> 1)] = 0;
     return {
-      direction,
-      accept_rate: rate,
-      accept_len: meanLen,
-      window: w,
-      sum_draft_len: sumDraft,
-      sum_accepted_draft: sumAcc,
+      direction: h[at] === 0 ? 'low' : 'high',
+      accept_rate: h[at + 1],
+      accept_len: h[at + 2],
+      window: cfg.window,
+      sum_draft_len: h[at + 3],
+      sum_accepted_draft: h[at + 4],
       thresholds: {
         low_accept_rate: cfg.low_accept_rate,
         low_accept_len: cfg.low_accept_len,
@@ -118,4 +93,16 @@ export class SpecAcceptanceDetector {
       },
     };
   }
+
+  newState(): SpecAcceptanceState {
+    return new SpecAcceptanceState(this.words);
+  }
+
+  onStep(s: SpecAcceptanceState, draftLen: number, accepted: number): SpecAcceptanceHit | null {
+    if (!(draftLen > 0)) return null;
+    const h = detectOne(s.i32, this.solo, NO_IGNORE, { draftLen, accepted }, this.hits);
+    return h ? this.detail(h, 0) : null;
+  }
 }
+
+const NO_IGNORE = new Uint32Array(0);
