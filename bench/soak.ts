@@ -9,7 +9,6 @@
 // and the agents after warm-up and at the end (must stay flat).
 import { spawn, type ChildProcess } from 'child_process';
 import * as fs from 'fs';
-import * as net from 'net';
 import * as os from 'os';
 import * as path from 'path';
 import yargs from 'yargs';
@@ -17,7 +16,8 @@ import { requestStatus } from '../src/bus/coordinator';
 import { WavebusClient } from '../src/client';
 import { inspectTree } from '../src/inspect';
 import { ShmSegment } from '../src/memory';
-import { agentEndpoint, mailboxPath } from '../src/paths';
+import { agentEndpoint, mailboxPath, packageRoot } from '../src/paths';
+import { freePortPair } from '../src/ports';
 
 const BLOCKS = 4;
 const SHAPE = [BLOCKS, 16, 1, 64]; // float16: 2 KiB per block
@@ -26,33 +26,7 @@ const REQ = 'soak-req-0';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
-function packageRoot(): string {
-  for (let d = __dirname; ; d = path.dirname(d)) {
-    if (fs.existsSync(path.join(d, 'bin', 'wavebus.js')) && fs.existsSync(path.join(d, 'package.json'))) return d;
-    if (path.dirname(d) === d) throw new Error(`bin/wavebus.js not found above ${__dirname}`);
-  }
-}
 
-async function freePair(): Promise<number> {
-  const one = () =>
-    new Promise<number>((resolve, reject) => {
-      const s = net.createServer();
-      s.on('error', reject);
-      s.listen(0, '127.0.0.1', () => {
-        const p = (s.address() as net.AddressInfo).port;
-        s.close(() => resolve(p));
-      });
-    });
-  for (;;) {
-    const p = await one();
-    const ok = await new Promise<boolean>((resolve) => {
-      const s = net.createServer();
-      s.once('error', () => resolve(false));
-      s.listen(p + 1, '127.0.0.1', () => s.close(() => resolve(true)));
-    });
-    if (ok && p < 65534) return p;
-  }
-}
 
 interface Usage {
   rssKb: number;
@@ -102,7 +76,7 @@ export async function soak(o: { agents: number; waves: number; dumpEvery: number
     JSON.stringify({ detector: { logits_finite: { enabled: true, on_trigger: ['report'] } }, dump: { manual_dump: manual, free_headroom_bytes: 0, format: 'npy' } });
   fs.mkdirSync(path.dirname(cfgPath), { recursive: true });
   fs.writeFileSync(cfgPath, cfg(0));
-  const port = await freePair();
+  const port = await freePortPair();
   const env = { ...process.env, WAVEBUS_LOG_LEVEL: process.env.WAVEBUS_LOG_LEVEL ?? 'warn' };
   const procs: ChildProcess[] = [];
   const errs: string[] = [];

@@ -12,7 +12,7 @@ import * as zmq from 'zeromq';
 import { ConfigError, WavebusError } from './errors';
 import { clientSocketOptions, curveDirFiles, loadCurveDirClient, loadCurveDirServer, type CurveClientKeys } from './bus/curve';
 import { checkBindAllowed, HostPort, isLoopback, parseBusPort, parseHostPort, socketIpOptions, tcpEndpoint } from './bus/endpoints';
-import { agentEndpoint, mailboxPath } from './paths';
+import { agentEndpoint, mailboxPath, packageRoot } from './paths';
 import { CoordinatorMessage, decode, AgentMessage, encode } from './proto';
 import type { WorldLayout } from './identity';
 import type { Logger } from './log';
@@ -248,17 +248,6 @@ export function commandEnv(opts: LaunchOptions, runDir: string, env: NodeJS.Proc
   return out;
 }
 
-/** The package root (holds bin/wavebus.js), found from this file whether built (dist/src) or not (src). */
-export function packageRoot(): string {
-  let dir = __dirname;
-  for (;;) {
-    const pkg = path.join(dir, 'package.json');
-    if (fs.existsSync(pkg) && fs.existsSync(path.join(dir, 'bin', 'wavebus.js'))) return dir;
-    const up = path.dirname(dir);
-    if (up === dir) throw new LaunchError(`cannot find the wavebus package root (bin/wavebus.js) above ${__dirname}`);
-    dir = up;
-  }
-}
 
 function defaultRunDir(): string {
   let user: string;

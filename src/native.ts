@@ -5,6 +5,7 @@
 import * as fs from 'fs';
 import * as path from 'path';
 import { NativeError } from './errors';
+import { packageRoot } from './paths';
 
 /** A POSIX shared-memory segment mapped into this process (native/shm_segment.cc). */
 export interface NativeShmSegment {
@@ -135,23 +136,7 @@ export interface NativeBinding {
   ): number;
 }
 
-/** The package root: walk up from here (src/ under ts-jest, dist/src/ when built) to wavebus's package.json. */
-export function packageRoot(from: string = __dirname): string {
-  let dir = from;
-  for (;;) {
-    const pj = path.join(dir, 'package.json');
-    if (fs.existsSync(pj)) {
-      try {
-        if ((JSON.parse(fs.readFileSync(pj, 'utf8')) as { name?: string }).name === 'wavebus') return dir;
-      } catch {
-        /* unreadable package.json: keep walking */
-      }
-    }
-    const up = path.dirname(dir);
-    if (up === dir) throw new NativeError(`cannot find the wavebus package root above ${from}`, 'ERR_NATIVE_LOAD');
-    dir = up;
-  }
-}
+export { packageRoot };
 
 /** Path of the built addon. */
 export function addonPath(): string {

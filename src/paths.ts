@@ -1,4 +1,5 @@
 // Owns every directory name wavebus builds, so that layouts live in exactly one place.
+import * as fs from 'fs';
 import * as path from 'path';
 import * as os from 'os';
 
@@ -32,4 +33,22 @@ export function mailboxPath(runDir: string, localRank: number): string {
     throw new RangeError(`local rank must be a non-negative integer, got ${localRank}`);
   }
   return path.join(runDir, `mailbox-local${localRank}`);
+}
+
+/** The package root: walk up from here (src/ under ts-jest, dist/src/ when built) to wavebus's package.json. */
+export function packageRoot(from: string = __dirname): string {
+  let dir = from;
+  for (;;) {
+    const pj = path.join(dir, 'package.json');
+    if (fs.existsSync(pj)) {
+      try {
+        if ((JSON.parse(fs.readFileSync(pj, 'utf8')) as { name?: string }).name === 'wavebus') return dir;
+      } catch {
+        /* unreadable package.json: keep walking */
+      }
+    }
+    const up = path.dirname(dir);
+    if (up === dir) throw new Error(`cannot find the wavebus package root (package.json named wavebus) above ${from}`);
+    dir = up;
+  }
 }
