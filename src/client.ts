@@ -130,13 +130,21 @@ export class WavebusClient {
     }
   }
 
+  // The per-step calls are plain functions with an async slow path: with everything off (or
+  // nothing due) they return an already settled promise, allocating nothing.
+
   /** Head of `wave`, with the telemetry of the previous wave (TP0 of the last PP stage only). */
-  async waveHead(wave: number, telemetry?: Omit<StepTelemetry, 'wave'> & { wave?: number }): Promise<void> {
-    checkWave(wave, 'waveHead');
+  waveHead(wave: number, telemetry?: Omit<StepTelemetry, 'wave'> & { wave?: number }): Promise<void> {
+    const bad = waveError(wave, 'waveHead');
+    if (bad) return bad;
     if (!this.active()) {
       this.columnizer = null; // requests freed meanwhile go unseen: start over when sending again
-      return;
+      return SETTLED;
     }
+    return this.sendWaveHead(wave, telemetry);
+  }
+
+  private async sendWaveHead(wave: number, telemetry?: Omit<StepTelemetry, 'wave'> & { wave?: number }): Promise<void> {
     const f = await this.ensureHello();
     if (!f.tp0 || !f.bus) {
       this.columnizer = null;
@@ -162,13 +170,19 @@ export class WavebusClient {
   }
 
   /** End of `wave`: returns at once when nothing is due; never blocks longer than the configured bound. */
-  async endOfWave(wave: number): Promise<EndOfWaveResult> {
-    checkWave(wave, 'endOfWave');
+  endOfWave(wave: number): Promise<EndOfWaveResult> {
+    const bad = waveError(wave, 'endOfWave');
+    if (bad) return bad;
     this.stats.endOfWaveCalls++;
     const bits = this.mailbox.features();
-    if (bits === 0 || (bits & MailboxFeature.BUS_ACTIVE) === 0) return { due: false, timedOut: false };
+    if (bits === 0 || (bits & MailboxFeature.BUS_ACTIVE) === 0) return NOTHING_DUE;
     const slot = this.mailbox.read(wave);
-    if (slot && !slot.configDue && !slot.dumpDue) return { due: false, timedOut: false };
+    if (slot && !slot.configDue && !slot.dumpDue) return NOTHING_DUE;
+    return this.endOfWaveWithAgent(wave);
+  }
+
+  /** The vector has not arrived, or something is due: the agent does it, within the bound. */
+  private async endOfWaveWithAgent(wave: number): Promise<EndOfWaveResult> {
     let f: ClientFeatures;
     try {
       // A (re-)hello here must fit the bound too: the engine never waits longer than that.
@@ -210,11 +224,18 @@ export class WavebusClient {
    * if so, copies and writes the inputs before returning. A failed capture throws CaptureError:
    * the caller aborts the forward (fail loud).
    */
-  async beforeForward(
+  beforeForward(
     context: Partial<ForwardContext> & { compilationHash: string; globalStep: number },
     inputs: { region: string; offset?: number; dtype: string; shape: number[] }[],
   ): Promise<{ captured: boolean; callDir?: string }> {
-    if ((this.mailbox.features() & MailboxFeature.SNAPSHOTS) === 0) return { captured: false };
+    if ((this.mailbox.features() & MailboxFeature.SNAPSHOTS) === 0) return NOT_CAPTURED;
+    return this.capture(context, inputs);
+  }
+
+  private async capture(
+    context: Partial<ForwardContext> & { compilationHash: string; globalStep: number },
+    inputs: { region: string; offset?: number; dtype: string; shape: number[] }[],
+  ): Promise<{ captured: boolean; callDir?: string }> {
     await this.ensureHello();
     for (const [i, inp] of inputs.entries()) {
       if (!this.registered.some((r) => r.name === inp.region)) {
@@ -398,9 +419,15 @@ function regionMessage(r: ClientRegion): Record<string, unknown> {
   };
 }
 
-function checkWave(wave: number, where: string): void {
-  if (!Number.isSafeInteger(wave) || wave < 0) throw new ConfigError(`${where}(): wave ${wave} is not a non-negative integer`);
+/** A rejected promise for a bad wave number (the per-step calls never throw synchronously). */
+function waveError(wave: number, where: string): Promise<never> | undefined {
+  if (Number.isSafeInteger(wave) && wave >= 0) return undefined;
+  return Promise.reject(new ConfigError(`${where}(): wave ${wave} is not a non-negative integer`));
 }
+
+const SETTLED: Promise<void> = Promise.resolve();
+const NOTHING_DUE: Promise<EndOfWaveResult> = Promise.resolve(Object.freeze({ due: false, timedOut: false }));
+const NOT_CAPTURED: Promise<{ captured: boolean }> = Promise.resolve(Object.freeze({ captured: false }));
 
 function validateRegion(r: ClientRegion): void {
   if (!r.name || typeof r.name !== 'string') throw new ConfigError('register(): region.name must be a non-empty string');
