@@ -141,11 +141,19 @@ export class WavebusClient {
       this.columnizer = null; // requests freed meanwhile go unseen: start over when sending again
       return SETTLED;
     }
-    return this.sendWaveHead(wave, telemetry);
+    // Known features (the usual step): sent synchronously, nothing to wait for.
+    if (this.features && this.mailbox.features() === this.featureBits) {
+      try {
+        this.sendWaveHead(this.features, wave, telemetry);
+      } catch (e) {
+        return Promise.reject(e);
+      }
+      return SETTLED;
+    }
+    return this.ensureHello().then((f) => this.sendWaveHead(f, wave, telemetry));
   }
 
-  private async sendWaveHead(wave: number, telemetry?: Omit<StepTelemetry, 'wave'> & { wave?: number }): Promise<void> {
-    const f = await this.ensureHello();
+  private sendWaveHead(f: ClientFeatures, wave: number, telemetry?: Omit<StepTelemetry, 'wave'> & { wave?: number }): void {
     if (!f.tp0 || !f.bus) {
       this.columnizer = null;
       return;
