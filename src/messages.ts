@@ -60,6 +60,8 @@ export interface RequestStep {
   freed: boolean;
   promptLen: number;
   numOutputTokens: number;
+  /** The prompt's token ids, if the engine has them (reports keep them with save_sensitive_info). */
+  promptTokenIds?: number[];
 }
 
 export interface NonFiniteRow {

@@ -17,6 +17,8 @@ export interface SlotBinding {
   slot: number;
   reqId: string;
   promptLen: number;
+  /** With the first binding of a request only, when the engine gave them. */
+  promptTokenIds?: number[];
 }
 
 export interface SlotBlocks {
@@ -144,9 +146,12 @@ export class TelemetryColumnizer {
         this.slots.set(r.reqId, s);
         this.holder[s] = r.reqId;
         this.tables[s] = undefined;
-        this.sentIn[s] = -1;
-      }
-      if (this.sentIn[s] !== this.generation) {
+        this.sentIn[s] = this.generation;
+        const b: SlotBinding = { slot: s, reqId: r.reqId, promptLen: r.promptLen >>> 0 };
+        if (r.promptTokenIds && r.promptTokenIds.length > 0) b.promptTokenIds = r.promptTokenIds;
+        bind.push(b);
+      } else if (this.sentIn[s] !== this.generation) {
+        // a re-send (resend()): the id again, not the prompt
         this.sentIn[s] = this.generation;
         this.tables[s] = undefined;
         bind.push({ slot: s, reqId: r.reqId, promptLen: r.promptLen >>> 0 });
@@ -294,7 +299,8 @@ export function columnsFromWire(w: Record<string, any>): TelemetryColumns {
   for (const [i, b] of ((w.bind ?? []) as Record<string, any>[]).entries()) {
     if (!(b.slot < MAX_SLOTS)) throw new ProtocolError(`telemetry.columns.bind[${i}].slot ${String(b.slot)} is out of range`);
     if (typeof b.reqId !== 'string' || b.reqId === '') throw new ProtocolError(`telemetry.columns.bind[${i}].req_id is empty`);
-    bind.push({ slot: b.slot, reqId: b.reqId, promptLen: b.promptLen ?? 0 });
+    const ids = b.promptTokenIds ?? [];
+    bind.push(ids.length > 0 ? { slot: b.slot, reqId: b.reqId, promptLen: b.promptLen ?? 0, promptTokenIds: ids } : { slot: b.slot, reqId: b.reqId, promptLen: b.promptLen ?? 0 });
   }
   const blocks: SlotBlocks[] = [];
   for (const [i, b] of ((w.blocks ?? []) as Record<string, any>[]).entries()) {

@@ -146,8 +146,12 @@ describe('arming', () => {
 describe('detectors through the guard', () => {
   test('token_repeat report with sensitive token ids only when allowed', () => {
     for (const sensitive of [false, true]) {
-      const { g, reports } = guard({ detector: { token_repeat: { enabled: true, window: 4, min_tokens: 4, repeat_sum_threshold: 5 } }, report: { save_sensitive_info: sensitive, include_block_ids: false } });
-      for (let w = 1; w <= 6; w++) g.onWaveHead(w + 1, tel(w, [step('t', { newTokenIds: [9] }), step('u', { newTokenIds: [w] })]));
+      const { g, reports } = guard({
+        detector: { token_repeat: { enabled: true, window: 4, min_tokens: 4, repeat_sum_threshold: 5 } },
+        report: { save_sensitive_info: sensitive, include_block_ids: false, max_prompt_token_ids: 3 },
+      });
+      // the prompt's ids come with the request's first step only (the first binding)
+      for (let w = 1; w <= 6; w++) g.onWaveHead(w + 1, tel(w, [step('t', { newTokenIds: [9], promptTokenIds: w === 1 ? [101, 102, 103, 104] : [] }), step('u', { newTokenIds: [w] })]));
       const rs = reports('token_repeat');
       expect(rs).toHaveLength(1);
       expect(rs[0]).toMatchObject({ req_id: 't', detect_wave: 4, dump_attempted: false, dump_arm_wave: null, dump_dir: null });
@@ -156,9 +160,11 @@ describe('detectors through the guard', () => {
       if (sensitive) {
         expect(rs[0].detail.recent_token_ids).toEqual([9, 9, 9, 9]);
         expect(rs[0].detail.output_token_ids).toEqual([9, 9, 9, 9]);
+        expect(rs[0].detail.prompt_token_ids).toEqual([101, 102, 103]); // the first max_prompt_token_ids
       } else {
         expect(rs[0].detail.recent_token_ids).toBeUndefined();
         expect(rs[0].detail.output_token_ids).toBeUndefined();
+        expect(rs[0].detail.prompt_token_ids).toBeUndefined();
       }
     }
   });

@@ -61,13 +61,14 @@ describe('columnizer', () => {
     expect([...n.slot]).toEqual([1, 0]);
   });
 
-  test('resend() sends every listed binding and block table again; rows without an id are skipped', () => {
+  test('resend() sends every listed binding and block table again (not the prompt ids); rows without an id are skipped', () => {
     const z = new TelemetryColumnizer();
-    z.columns([step('a', { blockIds: [1] }), step('b', { blockIds: [2] })]);
+    const first = z.columns([step('a', { blockIds: [1], promptTokenIds: [5, 6] }), step('b', { blockIds: [2] })]);
+    expect(first.bind[0]).toEqual({ slot: 0, reqId: 'a', promptLen: 0, promptTokenIds: [5, 6] });
     z.resend();
-    const r = z.columns([step('a', { blockIds: [1] }), step(''), step('b', { blockIds: [2] })]);
+    const r = z.columns([step('a', { blockIds: [1], promptTokenIds: [5, 6] }), step(''), step('b', { blockIds: [2] })]);
     expect(r.rows).toBe(2);
-    expect(r.bind.map((b) => b.reqId)).toEqual(['a', 'b']);
+    expect(r.bind).toEqual([{ slot: 0, reqId: 'a', promptLen: 0 }, { slot: 1, reqId: 'b', promptLen: 0 }]);
     expect(r.blocks).toEqual([{ slot: 0, blockIds: [1] }, { slot: 1, blockIds: [2] }]);
     expect(z.columns([step('a', { blockIds: [1] })]).bind).toEqual([]);
   });
@@ -123,7 +124,7 @@ describe('wire', () => {
 
   test('the Python client builds the same columns as the TypeScript one', () => {
     const steps = [
-      [step('a', { newTokenIds: [1, 2], newTokenLogprobs: [-0.5, -1.5], blockIds: [1], promptLen: 4 }), step('b', { newTokenIds: [3], draftLen: 2, accepted: 1, blockIds: [2] })],
+      [step('a', { newTokenIds: [1, 2], newTokenLogprobs: [-0.5, -1.5], blockIds: [1], promptLen: 4, promptTokenIds: [7, 8, 9, 10] }), step('b', { newTokenIds: [3], draftLen: 2, accepted: 1, blockIds: [2] })],
       [step('b', { newTokenIds: [4], draftLen: 2, accepted: 3, blockIds: [2, 5] }), step('a', { newTokenIds: [5], newTokenLogprobs: [-2], finished: true, freed: true, blockIds: [1] })],
       [step('c', { newTokenIds: [6], newTokenRanks: [7], blockIds: [3], numOutputTokens: 1 }), step('b', { newTokenIds: [], blockIds: [2, 5] })],
     ];
@@ -132,6 +133,7 @@ describe('wire', () => {
     const snake = (r: RequestStep) => ({
       req_id: r.reqId, new_token_ids: r.newTokenIds, new_token_logprobs: r.newTokenLogprobs, new_token_ranks: r.newTokenRanks, draft_len: r.draftLen,
       accepted: r.accepted, block_ids: r.blockIds, finished: r.finished, freed: r.freed, prompt_len: r.promptLen, num_output_tokens: r.numOutputTokens,
+      prompt_token_ids: r.promptTokenIds ?? [],
     });
     const out = runPython(`
 import base64, json, sys

@@ -51,6 +51,8 @@ interface ReqState {
   quota: Map<string, IncidentCount> | null;
   /** Recent output token ids, kept only when report.save_sensitive_info is on. */
   tail: number[] | null;
+  /** The prompt's first token ids (as the engine gave them), kept only when save_sensitive_info is on. */
+  prompt: number[] | null;
 }
 
 const FREED_MEMORY = 65536;
@@ -147,7 +149,7 @@ export class Guard implements CoordinatorPolicy {
   private state(reqId: string): ReqState {
     let st = this.reqs.get(reqId);
     if (!st) {
-      st = { reqId, promptLen: 0, outputTokens: 0, blockIds: [], finished: false, freed: this.freedIds.has(reqId), slot: -1, muted: 0, quota: null, tail: null };
+      st = { reqId, promptLen: 0, outputTokens: 0, blockIds: [], finished: false, freed: this.freedIds.has(reqId), slot: -1, muted: 0, quota: null, tail: null, prompt: null };
       this.reqs.set(reqId, st);
     }
     return st;
@@ -167,6 +169,7 @@ export class Guard implements CoordinatorPolicy {
     this.bySlot[b.slot] = st;
     this.detectors.resetSlot(b.slot);
     if (b.promptLen > 0) st.promptLen = b.promptLen;
+    if (this.keepTail && b.promptTokenIds) st.prompt = b.promptTokenIds.slice(0, this.cfg.report.max_prompt_token_ids);
   }
 
   /** Views of the row scratch arrays exactly `rows` long (the pass takes the row count from them). */
@@ -387,6 +390,7 @@ export class Guard implements CoordinatorPolicy {
         if (type === 'token_repeat') detail.recent_token_ids = st.tail.slice(-32);
         detail.output_token_ids = cfg.report.max_output_token_ids > 0 ? st.tail.slice(-cfg.report.max_output_token_ids) : [];
       }
+      if (cfg.report.save_sensitive_info && st.prompt) detail.prompt_token_ids = st.prompt.slice(0, cfg.report.max_prompt_token_ids);
       const report: IncidentReport = {
         ts: new Date().toISOString(),
         incident_type: type,

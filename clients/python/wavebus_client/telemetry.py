@@ -24,6 +24,7 @@ class RequestStep:
     freed: bool = False
     prompt_len: int = 0
     num_output_tokens: int = 0
+    prompt_token_ids: List[int] = field(default_factory=list)  # optional, sent once per request
 
 
 @dataclass
@@ -109,6 +110,7 @@ def request_step_proto(v, where: str) -> "pb.RequestStep":
         finished=_bool(s.finished, f"{where}.finished"), freed=_bool(s.freed, f"{where}.freed"),
         prompt_len=_u32(s.prompt_len, f"{where}.prompt_len"),
         num_output_tokens=_u32(s.num_output_tokens, f"{where}.num_output_tokens"),
+        prompt_token_ids=_u32_list(s.prompt_token_ids, f"{where}.prompt_token_ids"),
     )
 
 
@@ -226,8 +228,10 @@ class TelemetryColumnizer:
                 self._slots[r.req_id] = s
                 self._holder[s] = r.req_id
                 self._tables.pop(s, None)
-                self._sent_in[s] = -1
-            if self._sent_in.get(s) != self._generation:
+                self._sent_in[s] = self._generation
+                out.bind.add(slot=s, req_id=r.req_id, prompt_len=r.prompt_len, prompt_token_ids=r.prompt_token_ids)
+            elif self._sent_in.get(s) != self._generation:
+                # a re-send (resend()): the id again, not the prompt
                 self._sent_in[s] = self._generation
                 self._tables.pop(s, None)
                 out.bind.add(slot=s, req_id=r.req_id, prompt_len=r.prompt_len)
