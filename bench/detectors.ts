@@ -21,7 +21,7 @@ import { decodeAgentMessage, encodeAgentMessage } from '../src/bus/frames';
 import { Guard } from '../src/guard/guard';
 import { parseStartupOptions } from '../src/guard/startup';
 import type { RequestStep, StepTelemetry } from '../src/messages';
-import { columnsToWire, TelemetryColumnizer } from '../src/telemetry';
+import { ColumnScratch, columnsToWire, TelemetryColumnizer } from '../src/telemetry';
 
 function flag(argv: string[], name: string, def: number): number {
   const i = argv.indexOf(`--${name}`);
@@ -137,16 +137,24 @@ export async function run(argv: string[]): Promise<Record<string, unknown>> {
     guard.close();
 
     // 2. decoding the wave-head message as the coordinator does
-    for (let s = 0; s < warmup; s++) telemetryOf(frames[s % PERIOD]);
-    const dec = timed(steps, (s) => telemetryOf(frames[s % PERIOD]));
+    const decScratch = new ColumnScratch();
+    const decodeOnly = (bytes: Buffer) => decodeAgentMessage(bytes, MAX_FRAME, decScratch);
+    for (let s = 0; s < warmup; s++) decodeOnly(frames[s % PERIOD]);
+    const dec = timed(steps, (s) => decodeOnly(frames[s % PERIOD]));
 
-    // 3. both, as the coordinator runs them per wave head
+    // 3. both, as the coordinator runs them per wave head (its column scratch reused per message)
+    const scratch = new ColumnScratch();
+    const coordinatorTelemetryOf = (bytes: Buffer): StepTelemetry => {
+      const d = decodeAgentMessage(bytes, MAX_FRAME, scratch);
+      if (!d.ok || !d.value.waveHead?.telemetry) throw new Error(`bench frame did not decode: ${d.ok ? 'no telemetry' : d.reason}`);
+      return d.value.waveHead.telemetry as StepTelemetry;
+    };
     const guard2 = newGuard();
     guard2.onWaveHead(1, telemetryOf(join));
     wave = 2;
-    for (let s = 0; s < warmup; s++, wave++) guard2.onWaveHead(wave, telemetryOf(frames[wave % PERIOD]));
+    for (let s = 0; s < warmup; s++, wave++) guard2.onWaveHead(wave, coordinatorTelemetryOf(frames[wave % PERIOD]));
     const both = timed(steps, () => {
-      guard2.onWaveHead(wave, telemetryOf(frames[wave % PERIOD]));
+      guard2.onWaveHead(wave, coordinatorTelemetryOf(frames[wave % PERIOD]));
       wave++;
     });
     const status2 = guard2.status();

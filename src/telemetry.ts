@@ -238,15 +238,30 @@ const COLUMNS: ReadonlyArray<[key: string, field: string, size: number]> = [
 ];
 
 /**
+ * Memory for the columns whose bytes sit misaligned in a frame, reused from message to message:
+ * the coordinator consumes each step's telemetry before it decodes the next message, and a fresh
+ * buffer per step (tens of KB of external memory each) would make V8 run full GCs.
+ */
+export class ColumnScratch {
+  private buf = new ArrayBuffer(0);
+
+  /** A buffer of at least `bytes`; what it held before is overwritten by the caller. */
+  reserve(bytes: number): ArrayBuffer {
+    if (this.buf.byteLength < bytes) this.buf = new ArrayBuffer(Math.max(bytes, 2 * this.buf.byteLength));
+    return this.buf;
+  }
+}
+
+/**
  * Typed arrays over the wire bytes: a view where the bytes sit aligned in the frame, else a
- * copy into one buffer shared by all the misaligned columns (one allocation per message).
+ * copy into one buffer shared by all the misaligned columns (from `scratch` when given).
  */
 class ColumnReader {
   private readonly bytes: Record<string, Uint8Array> = {};
   private readonly scratch: ArrayBuffer | null;
   private at = 0;
 
-  constructor(w: Record<string, any>) {
+  constructor(w: Record<string, any>, scratch?: ColumnScratch) {
     let need = 0;
     for (const [key, field, size] of COLUMNS) {
       const b = w[key];
@@ -256,7 +271,7 @@ class ColumnReader {
       this.bytes[key] = buf;
       if (buf.byteOffset % size !== 0) need += (buf.byteLength + 7) & ~7;
     }
-    this.scratch = need > 0 ? new ArrayBuffer(need) : null;
+    this.scratch = need === 0 ? null : scratch ? scratch.reserve(need) : new ArrayBuffer(need);
   }
 
   /** Column `key` as a C, whose length must be `n` or `alt`. */
@@ -276,13 +291,13 @@ class ColumnReader {
 /**
  * Typed columns from a decoded proto TelemetryColumns, checked for consistency (lengths, slots in
  * range, token counts adding up). Throws ProtocolError naming the field: the caller drops the
- * message as garbage.
+ * message as garbage. With `scratch`, the result is valid until the next call with the same one.
  */
-export function columnsFromWire(w: Record<string, any>): TelemetryColumns {
+export function columnsFromWire(w: Record<string, any>, scratch?: ColumnScratch): TelemetryColumns {
   checkHost();
   const rows = w.rows;
   if (!Number.isInteger(rows) || rows < 0 || rows > MAX_SLOTS) throw new ProtocolError(`telemetry.columns.rows ${String(rows)} is out of range`);
-  const r = new ColumnReader(w);
+  const r = new ColumnReader(w, scratch);
   const slot = r.take(Uint32Array, 'slot', 'slot', rows);
   for (let i = 0; i < rows; i++) if (slot[i] >= MAX_SLOTS) throw new ProtocolError(`telemetry.columns.slot[${i}] = ${slot[i]} is out of range (< ${MAX_SLOTS})`);
   const tokenCount = r.take(Uint32Array, 'tokenCount', 'token_count', rows, 0);

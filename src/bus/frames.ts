@@ -3,7 +3,7 @@
 import { AgentMessage, BusFrame, CoordinatorMessage, decode, encode } from '../proto';
 import type { Logger } from '../log';
 import type { ConfigLane, DumpLane, WaveHead } from '../messages';
-import { columnsFromWire } from '../telemetry';
+import { columnsFromWire, type ColumnScratch } from '../telemetry';
 
 /** One-letter topics; a subscriber could filter on them, ours take all four. */
 export const TOPIC = { head: 'W', config: 'C', dump: 'D', heartbeat: 'H' } as const;
@@ -79,8 +79,11 @@ export function decodeBusFrame(parts: Buffer[], maxFrameBytes: number): Decoded<
 export type AgentMsg = Record<string, any> & { globalRank: number; epochSeen: number; requestId: number; body?: string };
 export type CoordinatorMsg = Record<string, any> & { epoch: number; requestId: number; body?: string };
 
-/** Validate and decode one AgentMessage payload received on the coordinator's ROUTER. */
-export function decodeAgentMessage(bytes: Buffer, maxFrameBytes: number): Decoded<AgentMsg> {
+/**
+ * Validate and decode one AgentMessage payload received on the coordinator's ROUTER. With
+ * `scratch`, a wave head's telemetry columns are valid until the next decode with it.
+ */
+export function decodeAgentMessage(bytes: Buffer, maxFrameBytes: number, scratch?: ColumnScratch): Decoded<AgentMsg> {
   if (bytes.length > maxFrameBytes) return { ok: false, reason: 'oversized', detail: `${bytes.length} bytes` };
   const d = safeDecode<AgentMsg>(AgentMessage, bytes);
   if (d.ok && !d.value.body) return { ok: false, reason: 'empty' };
@@ -88,7 +91,7 @@ export function decodeAgentMessage(bytes: Buffer, maxFrameBytes: number): Decode
   if (d.ok && columns) {
     // packed columns become typed arrays here, checked once: the guard then trusts them
     try {
-      d.value.waveHead.telemetry.columns = columnsFromWire(columns);
+      d.value.waveHead.telemetry.columns = columnsFromWire(columns, scratch);
     } catch (e) {
       return { ok: false, reason: 'bad_telemetry', detail: (e as Error).message };
     }
