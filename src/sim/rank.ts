@@ -39,6 +39,8 @@ export interface SimRankResult {
   snapshots: string[];
   sent: number;
   shmName: string;
+  /** CPU µs per step of this rank's process while stepping (all threads). */
+  cpuUsPerStep: number;
   /** Mean µs per step spent inside wavebus client calls (waveHead, beforeForward, endOfWave). */
   clientUsPerStep: number;
   /** The part of clientUsPerStep spent in endOfWave (waiting for a wave vector that was late). */
@@ -103,6 +105,7 @@ export async function runSimRank(opts: SimRankOptions, onReady: () => Promise<nu
   let prev: StepTelemetry | undefined;
   await sleep(startAt - Date.now());
   const t0 = Date.now();
+  const cpu0 = process.cpuUsage();
   let clientNs = 0n;
   let endNs = 0n;
   let overrunNs = 0n;
@@ -156,6 +159,7 @@ export async function runSimRank(opts: SimRankOptions, onReady: () => Promise<nu
     prev = batch.telemetry;
   }
   const wallMs = Date.now() - t0;
+  const cpu = process.cpuUsage(cpu0);
   const result: SimRankResult = {
     rank: id.globalRank,
     steps: opts.steps,
@@ -166,6 +170,7 @@ export async function runSimRank(opts: SimRankOptions, onReady: () => Promise<nu
     snapshots,
     sent: client?.stats.sent ?? 0,
     shmName,
+    cpuUsPerStep: (cpu.user + cpu.system) / opts.steps,
     clientUsPerStep: Number((clientNs + endNs) / 1000n) / opts.steps,
     endOfWaveUsPerStep: Number(endNs / 1000n) / opts.steps,
     forwardOverrunUsPerStep: Number(overrunNs / 1000n) / opts.steps,
