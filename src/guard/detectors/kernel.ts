@@ -3,6 +3,7 @@
 // This file owns the layouts both sides share: the parameter slots, the hit records, the mute
 // bits. TypeScript checks everything before the call (columns in telemetry.ts, offsets here).
 import { native } from '../../native';
+import type { TelemetryColumns } from '../../telemetry';
 
 /** Parameter slots (the Param enum in native/detector_pass.cc, same order). */
 export const PARAM = {
@@ -58,15 +59,8 @@ export function newParams(recordWords: number): Float64Array {
 const EMPTY_U32 = new Uint32Array(0);
 const EMPTY_F32 = new Float32Array(0);
 
-/** The columns of one step as the pass reads them (a subset of TelemetryColumns). */
-export interface StepColumns {
-  tokenCount: Uint32Array;
-  tokenIds: Uint32Array;
-  tokenLogprobs: Float32Array;
-  tokenRanks: Uint32Array;
-  draftLen: Uint32Array;
-  accepted: Uint32Array;
-}
+/** The columns of one step as the pass reads them. */
+export type StepColumns = Pick<TelemetryColumns, 'tokenCount' | 'tokenIds' | 'tokenLogprobs' | 'tokenRanks' | 'draftLen' | 'accepted'>;
 
 /** Scratch reused from step to step: hit records with room for three per row. */
 export class HitBuffer {
