@@ -14,6 +14,7 @@
         "native/file_writer.cc",
         "native/host_memory.cc",
         "native/mailbox.cc",
+        "native/malloc_tuning.cc",
         "native/shm_segment.cc"
       ],
       "include_dirs": ["<!(node -p \"require('node-addon-api').include_dir\")"],

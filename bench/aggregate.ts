@@ -2,13 +2,16 @@
 // M/4 MB) over loopback — coordinator + 4 agents in a child process, `aggregate()` here — against
 // a plain TCP copy of the same bytes (a node net server in a child process → a client here
 // writing each file with fsync), measured in the same run. Target: ratio ≥ 0.8.
+// Also reports the CPU time and page faults of each side in its best round (this process: the
+// tool or the TCP client; the child: coordinator + agents or the TCP server): where the time goes.
 import { spawn, type ChildProcess } from 'child_process';
 import * as fs from 'fs';
 import * as net from 'net';
 import * as os from 'os';
 import * as path from 'path';
-import { aggregate } from '../src/aggregate';
+import { aggregate, DEFAULT_CHUNK_MB, DEFAULT_PARALLEL_FILES, DEFAULT_WINDOW } from '../src/aggregate';
 import { crc32c, formatChecksum } from '../src/checksum';
+import { keepFreedMemory, MMAP_THRESHOLD_BYTES, TRIM_THRESHOLD_BYTES } from '../src/malloc-tuning';
 import { freePort, freePortPair } from '../src/ports';
 
 const RANKS = 4;
@@ -48,8 +51,8 @@ function writeSource(root: string, totalBytes: number): { files: string[]; bytes
   return { files, bytes };
 }
 
-function child(script: string, args: string[]): { proc: ChildProcess; ready: Promise<void> } {
-  const proc = spawn(process.execPath, ['-e', script, ...args], { stdio: ['ignore', 'pipe', 'inherit'] });
+function child(script: string, args: string[], env: NodeJS.ProcessEnv = process.env): { proc: ChildProcess; ready: Promise<void> } {
+  const proc = spawn(process.execPath, ['-e', script, ...args], { stdio: ['ignore', 'pipe', 'inherit'], env });
   const ready = new Promise<void>((resolve, reject) => {
     let out = '';
     proc.stdout!.on('data', (b) => {
@@ -63,6 +66,40 @@ function child(script: string, args: string[]): { proc: ChildProcess; ready: Pro
 
 const DIST = path.resolve(__dirname, '..', 'src');
 
+/** CPU ms (user + system) and minor page faults of a process, from /proc (Linux); NaN elsewhere. */
+function usage(pid: number | undefined): { cpuMs: number; faults: number } {
+  try {
+    const f = fs.readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1].split(' ');
+    return { cpuMs: ((Number(f[11]) + Number(f[12])) * 1000) / 100, faults: Number(f[7]) }; // USER_HZ is 100 on Linux
+  } catch {
+    return { cpuMs: NaN, faults: NaN };
+  }
+}
+
+interface Round {
+  s: number;
+  self: { cpuMs: number; faults: number };
+  child: { cpuMs: number; faults: number };
+}
+
+/** Time `fn`, with the CPU time and page faults of this process and of `child` meanwhile. */
+async function timed(child: ChildProcess, fn: () => Promise<void>): Promise<Round> {
+  const c0 = usage(child.pid);
+  const s0 = usage(process.pid);
+  const t = process.hrtime.bigint();
+  await fn();
+  const s = Number(process.hrtime.bigint() - t) / 1e9;
+  const c1 = usage(child.pid);
+  const s1 = usage(process.pid);
+  return {
+    s,
+    self: { cpuMs: s1.cpuMs - s0.cpuMs, faults: s1.faults - s0.faults },
+    child: { cpuMs: c1.cpuMs - c0.cpuMs, faults: c1.faults - c0.faults },
+  };
+}
+
+const best = (rs: Round[]) => rs.reduce((a, b) => (b.s < a.s ? b : a));
+
 /** The job side: coordinator + one AgentBus/FileServer per rank, all serving `root`. */
 const JOB_SCRIPT = `
 const path = require('path');
@@ -73,6 +110,7 @@ const { FileServer } = require(path.join(dist, 'agent/file-server'));
 const { resolveIdentity } = require(path.join(dist, 'identity'));
 const { createLogger } = require(path.join(dist, 'log'));
 const log = createLogger('bench', 'silent');
+require(path.join(dist, 'malloc-tuning')).keepFreedMemory(); // as \`wavebus coordinator\` does
 (async () => {
   const n = Number(ranks);
   const c = new Coordinator({ port: Number(port), layout: { worldSize: n, tp: n, pp: 1, dp: 1, cp: 1 }, heartbeatMs: 200, logger: log });
@@ -153,8 +191,12 @@ async function tcpCopy(port: number, files: string[], out: string): Promise<void
 
 export async function run(argv: string[]): Promise<Record<string, unknown>> {
   const sizeMb = arg(argv, '--size-mb', 64);
-  const chunkMb = arg(argv, '--chunk-mb', 4);
-  const window = arg(argv, '--window', 4);
+  const chunkMb = arg(argv, '--chunk-mb', DEFAULT_CHUNK_MB);
+  const window = arg(argv, '--window', DEFAULT_WINDOW);
+  const parallelFiles = arg(argv, '--parallel-files', DEFAULT_PARALLEL_FILES);
+  const rounds = arg(argv, '--rounds', 2);
+  // this process is the tool: as `wavebus aggregate` does (WAVEBUS_MALLOC_TUNING=0: glibc defaults)
+  const tuned = keepFreedMemory();
   const work = fs.mkdtempSync(path.join(os.tmpdir(), 'wavebus-bench-agg-'));
   const kids: ChildProcess[] = [];
   try {
@@ -165,38 +207,60 @@ export async function run(argv: string[]): Promise<Record<string, unknown>> {
     const listFile = path.join(work, 'files.json');
     fs.writeFileSync(listFile, JSON.stringify(src.files));
     const tcpPort = await freePort();
-    const tcp = child(TCP_SCRIPT, [String(tcpPort), listFile]);
+    // The baseline's server gets the allocator settings the job has (same as keepFreedMemory):
+    // both sides then reuse freed memory and the comparison is about the transport.
+    const sameMalloc = tuned ? { MALLOC_MMAP_THRESHOLD_: String(MMAP_THRESHOLD_BYTES), MALLOC_TRIM_THRESHOLD_: String(TRIM_THRESHOLD_BYTES) } : {};
+    const tcp = child(TCP_SCRIPT, [String(tcpPort), listFile], { ...process.env, ...sameMalloc });
     kids.push(tcp.proc);
     await Promise.all([job.ready, tcp.ready]);
     const total = src.files.reduce((n, f) => n + fs.statSync(f).size, 0);
 
-    // Alternate, best of two each, so neither side gets a warm page cache the other lacked.
-    const aggTimes: number[] = [];
-    const tcpTimes: number[] = [];
+    // Alternate, best of `rounds` each (2 by default), so neither side gets a warm page cache
+    // the other lacked.
+    const agg: Round[] = [];
+    const tcpRounds: Round[] = [];
     let files = 0;
-    for (let round = 0; round < 2; round++) {
-      let t = process.hrtime.bigint();
-      await tcpCopy(tcpPort, src.files, path.join(work, `tcp${round}`));
-      tcpTimes.push(Number(process.hrtime.bigint() - t) / 1e9);
-      t = process.hrtime.bigint();
-      const m = await aggregate({ coordinator: { host: '127.0.0.1', port }, out: path.join(work, `agg${round}`), what: 'dumps', chunkBytes: Math.floor(chunkMb * 2 ** 20), window });
-      aggTimes.push(Number(process.hrtime.bigint() - t) / 1e9);
-      if (!m.complete) throw new Error(`aggregate incomplete: ${JSON.stringify(m.totals)}`);
-      files = m.totals.files;
+    for (let round = 0; round < rounds; round++) {
+      tcpRounds.push(await timed(tcp.proc, () => tcpCopy(tcpPort, src.files, path.join(work, `tcp${round}`))));
+      agg.push(
+        await timed(job.proc, async () => {
+          const m = await aggregate({
+            coordinator: { host: '127.0.0.1', port },
+            out: path.join(work, `agg${round}`),
+            what: 'dumps',
+            chunkBytes: Math.floor(chunkMb * 2 ** 20),
+            window,
+            parallelFiles,
+          });
+          if (!m.complete) throw new Error(`aggregate incomplete: ${JSON.stringify(m.totals)}`);
+          files = m.totals.files;
+        }),
+      );
     }
     const mb = total / 1e6;
-    const MBps = mb / Math.min(...aggTimes);
-    const tcpMBps = mb / Math.min(...tcpTimes);
+    const a = best(agg);
+    const b = best(tcpRounds);
+    const MBps = mb / a.s;
+    const tcpMBps = mb / b.s;
     return {
       size_mb: Number(mb.toFixed(1)),
       files,
       ranks: RANKS,
       chunk_mb: chunkMb,
       window,
+      parallel_files: parallelFiles,
+      rounds,
       MBps: Number(MBps.toFixed(1)),
       tcp_MBps: Number(tcpMBps.toFixed(1)),
       ratio: Number((MBps / tcpMBps).toFixed(3)),
       target_ratio: 0.8,
+      malloc_tuned: tuned,
+      // CPU ms and minor page faults in each side's best round: the tool and the job
+      // (coordinator + 4 agents); the TCP client and server. On a VM a fault into fresh memory
+      // can cost several µs: faults are often where the time goes.
+      cpu_ms: { tool: a.self.cpuMs, job: a.child.cpuMs, tcp_client: b.self.cpuMs, tcp_server: b.child.cpuMs },
+      page_faults: { tool: a.self.faults, job: a.child.faults, tcp_client: b.self.faults, tcp_server: b.child.faults },
+      seconds: { aggregate: agg.map((r) => Number(r.s.toFixed(3))), tcp: tcpRounds.map((r) => Number(r.s.toFixed(3))) },
     };
   } finally {
     for (const k of kids) k.kill('SIGKILL');

@@ -21,7 +21,7 @@ import { requestStatus, DEFAULT_MAX_FRAME_BYTES } from '../src/bus/coordinator';
 import { decodeAgentMessage, decodeBusFrame, encodeAgentMessage, encodeBusFrame, TOPIC } from '../src/bus/frames';
 import { WavebusClient } from '../src/client';
 import { agentEndpoint, mailboxPath } from '../src/paths';
-import { packageRoot } from '../src/native';
+import { packageRoot } from '../src/paths';
 import { freePortPair } from '../src/ports';
 import { prng } from '../src/prng';
 import { ClientRequest, decode, encode } from '../src/proto';
@@ -123,6 +123,8 @@ export function agentCorpus(): Buffer[] {
     { requestId: 1, status: {} },
     { globalRank: 7, requestId: 99, fileList: { globalRank: 7, files } },
     { globalRank: 7, requestId: 98, fileChunk: { globalRank: 7, root: 'dumps', path: 'a', offset: 0, data: Buffer.from('abc'), crc32c: 1, eof: true } },
+    // the header of a chunk whose bytes follow as a second frame (a rank inside the fuzzed world)
+    { globalRank: 0, requestId: 97, fileChunk: { globalRank: 0, root: 'dumps', path: 'a', offset: 0, crc32c: 1, eof: true } },
   ].map((m) => {
     try {
       return encodeAgentMessage(m);
@@ -157,10 +159,13 @@ export function clientCorpus(): Buffer[] {
 
 /** Why the coordinator's ROUTER drops one message from us (or undefined when it handles it). */
 export function coordinatorFate(parts: Buffer[], worldSize = FUZZ_WORLD): string | undefined {
-  if (parts.length !== 1) return 'frame_count';
+  // One message, or a file chunk's message followed by its data frame (src/bus/payload.ts).
+  if (parts.length !== 1 && parts.length !== 2) return 'frame_count';
   const d = decodeAgentMessage(parts[0], DEFAULT_MAX_FRAME_BYTES);
   if (!d.ok) return d.reason;
   const m = d.value;
+  if (parts.length === 2 && m.body !== 'fileChunk') return 'frame_count';
+  if (parts.length === 2 && parts[1].length > DEFAULT_MAX_FRAME_BYTES) return 'oversized';
   const claimed = m.body === 'hello' ? (m.hello?.identity?.globalRank ?? m.globalRank) : m.globalRank;
   if (m.body !== 'status' && m.body !== 'relay' && !(Number.isInteger(claimed) && claimed >= 0 && claimed < worldSize)) return 'rank_out_of_range';
   if (m.body === 'fileList' || m.body === 'fileChunk') return 'unknown_request';

@@ -10,6 +10,7 @@
 #include "file_writer.h"
 #include "host_memory.h"
 #include "mailbox.h"
+#include "malloc_tuning.h"
 #include "shm_segment.h"
 
 using namespace wavebus;
@@ -39,6 +40,7 @@ static Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("abiVersion", Napi::Number::New(env, 1));
   RegisterCrc32c(env, exports);
   RegisterDetectorPass(env, exports);
+  RegisterMallocTuning(env, exports);
   RegisterCrcPair(env, exports);
   RegisterCudaBackend(env, exports);
   RegisterHostMemory(env, exports);

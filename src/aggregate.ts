@@ -1,14 +1,18 @@
 // `wavebus aggregate`: collect the bundles of a job from the agents on every host into one tree,
 // reaching them only through the coordinator (RelayRequest over its ROUTER). Files stream in
-// checksummed chunks (a small window per file), land under a '.part' temp name, are checked
-// against the listing's whole-file checksum, fsynced and renamed. Paths from agents are
-// untrusted: anything that would leave the output tree is refused and counted, never written.
+// checksummed chunks (a window per file); a chunk's bytes travel as their own ZeroMQ frame from
+// the agent through the coordinator to here (payload.ts), untouched. Each chunk's crc32c is
+// checked once and folded into the running whole-file checksum (crc32cCombine); chunks are
+// written in order under a '.part' temp name while the next ones are in flight, checked against
+// the listing's whole-file checksum, fsynced once and renamed. Paths from agents are untrusted:
+// anything that would leave the output tree is refused and counted, never written.
 import * as fs from 'fs';
 import * as path from 'path';
 import { Dealer } from 'zeromq';
 import { DEFAULT_MAX_FRAME_BYTES } from './bus/coordinator';
 import { socketIpOptions, tcpEndpoint, type HostPort } from './bus/endpoints';
-import { decodeCoordinatorMessage, encodeAgentMessage, type CoordinatorMsg } from './bus/frames';
+import { DropCounter, decodeCoordinatorMessage, encodeAgentMessage, type CoordinatorMsg } from './bus/frames';
+import { payloadOf, withPayload } from './bus/payload';
 import { crc32c, formatChecksum, parseChecksum, crc32cOfFile } from './checksum';
 import { ConfigError, WavebusError } from './errors';
 import { fsyncDir } from './freespace';
@@ -19,6 +23,14 @@ export const AGGREGATE_MANIFEST = 'manifest.json';
 export const AGGREGATE_KIND = 'wavebus_aggregate';
 /** Agents serve at most this much per chunk (src/agent/file-server.ts MAX_CHUNK_BYTES). */
 export const MAX_CHUNK_MB = 4;
+/**
+ * Defaults: 2 MiB chunks, 4 in flight per file, 2 files at a time (at most 2 × (4 + 1) × 2 MiB
+ * held). Larger chunks only add memory: per-chunk costs are small next to per-byte ones, and
+ * every relay hop gets the next chunk while it still handles this one.
+ */
+export const DEFAULT_CHUNK_MB = 2;
+export const DEFAULT_WINDOW = 4;
+export const DEFAULT_PARALLEL_FILES = 2;
 const PART_SUFFIX = '.part';
 
 export class AggregateError extends WavebusError {
@@ -100,6 +112,8 @@ export interface AggregateManifest {
   refused: RefusedPath[];
   conflicts: { root: AggregateRoot; path: string; detail: string }[];
   totals: { files: number; bytes: number; fetched_files: number; fetched_bytes: number; present_files: number; failed_files: number; refused: number };
+  /** Messages from the coordinator that were not well-formed replies, dropped, by reason. */
+  dropped: Record<string, number>;
   /** Nothing missing, nothing failed, nothing refused, every file verified. */
   complete: boolean;
 }
@@ -111,10 +125,13 @@ export class RelayClient {
   private readonly dealer: Dealer;
   private readonly pending = new Map<number, { resolve: (m: CoordinatorMsg) => void; reject: (e: Error) => void; timer: NodeJS.Timeout }>();
   private nextId = 1;
-  private sendChain: Promise<void> = Promise.resolve();
+  private sendQueue: Array<{ buf: Buffer; failed: (e: unknown) => void }> = [];
+  private sending: Promise<void> | undefined;
   private loop: Promise<void>;
   private closed = false;
   readonly endpoint: string;
+  /** What came from the coordinator and was not a well-formed reply, by reason. */
+  private readonly drops = new DropCounter(undefined, 'aggregate DEALER');
 
   constructor(coordinator: HostPort, private readonly maxFrameBytes = DEFAULT_MAX_FRAME_BYTES) {
     this.endpoint = tcpEndpoint(coordinator.host, coordinator.port + 1);
@@ -132,13 +149,21 @@ export class RelayClient {
         if (this.dealer.closed || this.closed) break;
         continue;
       }
-      const d = decodeCoordinatorMessage(parts[parts.length - 1], this.maxFrameBytes);
-      if (!d.ok) continue;
+      // [CoordinatorMessage] or [CoordinatorMessage carrying a chunk, the chunk's data].
+      if (parts.length !== 1 && parts.length !== 2) {
+        this.drops.drop('frame_count', `${parts.length} frames from the coordinator`);
+        continue;
+      }
+      const d = decodeCoordinatorMessage(parts[0], this.maxFrameBytes);
+      if (!d.ok) {
+        this.drops.drop(d.reason, d.detail);
+        continue;
+      }
       const p = this.pending.get(d.value.requestId);
       if (!p) continue; // a heartbeat, or an answer that came after its timeout
       this.pending.delete(d.value.requestId);
       clearTimeout(p.timer);
-      p.resolve(d.value);
+      p.resolve(parts.length === 2 ? withPayload(d.value, parts[1]) : d.value);
     }
   }
 
@@ -153,22 +178,45 @@ export class RelayClient {
         reject(new AggregateError(`no answer from the coordinator at ${this.endpoint} within ${timeoutMs} ms`, 'ERR_TIMEOUT'));
       }, timeoutMs);
       this.pending.set(requestId, { resolve, reject, timer });
-      // zeromq allows one send in flight per socket.
-      this.sendChain = this.sendChain.then(
-        () => this.dealer.send(buf),
-        () => this.dealer.send(buf),
-      );
-      this.sendChain.catch((e) => {
-        const p = this.pending.get(requestId);
-        if (!p) return;
-        this.pending.delete(requestId);
-        clearTimeout(p.timer);
-        p.reject(new AggregateError(`cannot send to ${this.endpoint}: ${String((e as Error)?.message ?? e)}`));
+      this.sendQueue.push({
+        buf,
+        failed: (e) => {
+          const p = this.pending.get(requestId);
+          if (!p) return;
+          this.pending.delete(requestId);
+          clearTimeout(p.timer);
+          p.reject(new AggregateError(`cannot send to ${this.endpoint}: ${String((e as Error)?.message ?? e)}`));
+        },
       });
+      if (!this.sending) this.sending = this.drainSends();
     });
   }
 
-  /** Relay a fileList / fileChunk request to `rank`; throws on a relay or agent error. */
+  // zeromq allows one send in flight per socket. The first send happens right here, not a tick
+  // later: a request issued before a chunk is written is on its way while the write runs.
+  private async drainSends(): Promise<void> {
+    try {
+      while (this.sendQueue.length > 0) {
+        const { buf, failed } = this.sendQueue.shift()!;
+        try {
+          await this.dealer.send(buf);
+        } catch (e) {
+          failed(e);
+        }
+      }
+    } finally {
+      this.sending = undefined;
+    }
+  }
+
+  get dropped(): Record<string, number> {
+    return this.drops.counts;
+  }
+
+  /**
+   * Relay a fileList / fileChunk request to `rank`; throws on a relay or agent error. A chunk's
+   * data frame, when the reply has one, is attached to the result (payloadOf).
+   */
   async relay(rank: number, kind: 'fileList' | 'fileChunk', req: Record<string, unknown>, timeoutMs: number): Promise<Record<string, any>> {
     const m = await this.request({ relay: { rank, [kind]: req, timeoutMs } }, timeoutMs + 5000);
     if (m.body !== 'relay') throw new AggregateError(`coordinator answered ${m.body} to a relay request`);
@@ -177,7 +225,8 @@ export class RelayClient {
     if (r.reply !== kind) throw new AggregateError(`rank ${rank}: relay reply carries ${r.reply ?? 'nothing'}, expected ${kind}`);
     const inner = r[kind] as Record<string, any>;
     if (inner.error) throw new AggregateError(`rank ${rank}: ${inner.error}`, 'ERR_AGENT');
-    return inner;
+    const data = payloadOf(m);
+    return data ? withPayload(inner, data) : inner;
   }
 
   async status(timeoutMs: number): Promise<{ liveRanks: number[]; expectedRanks: number[] }> {
@@ -193,7 +242,7 @@ export class RelayClient {
       p.reject(new AggregateError('relay client closed'));
     }
     this.pending.clear();
-    await this.sendChain.catch(() => undefined);
+    await this.sending;
     this.dealer.close();
     await this.loop;
   }
@@ -241,12 +290,12 @@ export async function aggregate(opts: AggregateOptions): Promise<AggregateManife
   const out = path.resolve(opts.out);
   const what = opts.what ?? 'all';
   if (!['all', 'dumps', 'snapshots'].includes(what)) throw new ConfigError(`--what: expected all, snapshots or dumps, got ${JSON.stringify(what)}`);
-  const chunkBytes = opts.chunkBytes ?? MAX_CHUNK_MB * 2 ** 20;
+  const chunkBytes = opts.chunkBytes ?? DEFAULT_CHUNK_MB * 2 ** 20;
   if (!Number.isSafeInteger(chunkBytes) || chunkBytes < 1 || chunkBytes > MAX_CHUNK_MB * 2 ** 20) {
     throw new ConfigError(`--chunk-mb: expected more than 0 and at most ${MAX_CHUNK_MB} (agents serve at most ${MAX_CHUNK_MB} MiB per chunk), got ${chunkBytes / 2 ** 20}`);
   }
-  const window = opts.window ?? 4;
-  const parallelFiles = opts.parallelFiles ?? 2;
+  const window = opts.window ?? DEFAULT_WINDOW;
+  const parallelFiles = opts.parallelFiles ?? DEFAULT_PARALLEL_FILES;
   const timeoutMs = opts.requestTimeoutMs ?? 30000;
   const prefix = opts.prefix ?? '';
   const roots: AggregateRoot[] = what === 'all' ? ['dumps', 'snapshots'] : [what];
@@ -386,6 +435,7 @@ export async function aggregate(opts: AggregateOptions): Promise<AggregateManife
         failed_files: failed.length,
         refused: refused.length,
       },
+      dropped: { ...client.dropped },
       complete: missing.length === 0 && failed.length === 0 && refused.length === 0 && results.every((r) => r.verified),
     };
     writeManifest(out, manifest);
@@ -447,6 +497,34 @@ async function fetchOne(client: RelayClient, f: Planned, ctx: FetchCtx): Promise
   return { ...base, rank: f.listedBy[0], status: 'failed', verified: false, error: errors.join('; ') };
 }
 
+/**
+ * Bytes per write: each piece's crc32c is taken right before it is written, so the write copies
+ * bytes the checksum just pulled into cache (one trip through memory for both; a 2 MiB chunk
+ * checked whole and then written whole is read from memory twice).
+ */
+const PIECE_BYTES = 256 * 1024;
+
+const fsyncAsync = (fd: number) => new Promise<void>((resolve, reject) => fs.fsync(fd, (e) => (e ? reject(e) : resolve())));
+
+/** Write `data` at `pos` a piece at a time; returns crc32c(data). */
+function writeChecked(fd: number, data: Buffer, pos: number): number {
+  let crc = 0;
+  for (let o = 0; o < data.length; o += PIECE_BYTES) {
+    const piece = data.subarray(o, Math.min(o + PIECE_BYTES, data.length));
+    crc = crc32c(piece, crc);
+    for (let w = 0; w < piece.length; ) w += fs.writeSync(fd, piece, w, piece.length - w, pos + o + w);
+  }
+  return crc;
+}
+
+/** A chunk as the agent sent it: its bytes (the reply's data frame) and the agent's crc32c of them. */
+interface Chunk {
+  data: Buffer;
+  crc: number;
+}
+
+const CHUNK_ATTEMPTS = 3;
+
 /** Returns whether it resumed a .part. Throws AggregateError; the .part is kept only for resumable failures. */
 async function fetchFile(client: RelayClient, rank: number, f: Planned, ctx: FetchCtx, allowResume: boolean): Promise<boolean> {
   const part = partName(f.local);
@@ -462,42 +540,50 @@ async function fetchFile(client: RelayClient, rank: number, f: Planned, ctx: Fet
     }
   }
   const resumed = start > 0;
-  const fd = fs.openSync(part, start > 0 ? 'r+' : 'w');
+  const fd = fs.openSync(part, resumed ? 'r+' : 'w');
   let keepPart = true;
+  const offsets: number[] = [];
+  for (let o = start; o < f.bytes; o += ctx.chunkBytes) offsets.push(o);
+  const lengthAt = (offset: number) => Math.min(ctx.chunkBytes, f.bytes - offset);
+  const inflight: Promise<Chunk>[] = [];
+  let issued = 0;
+  const request = (offset: number) => {
+    const p = fetchChunk(client, rank, f, offset, lengthAt(offset), ctx.timeoutMs);
+    p.catch(() => undefined); // awaited in order below; a failure is not unhandled meanwhile
+    return p;
+  };
+  const issue = () => inflight.push(request(offsets[issued++]));
   try {
-    if (start === 0) fs.ftruncateSync(fd, 0);
-    const offsets: number[] = [];
-    for (let o = start; o < f.bytes; o += ctx.chunkBytes) offsets.push(o);
-    const inflight: Promise<Buffer>[] = [];
-    let issued = 0;
-    const issue = () => {
-      const offset = offsets[issued++];
-      const length = Math.min(ctx.chunkBytes, f.bytes - offset);
-      inflight.push(fetchChunk(client, rank, f, offset, length, ctx.timeoutMs));
-    };
+    // A window of requests stays in flight while chunks are checked and written, in order, so
+    // the .part is always a verified prefix of the file (what a resume relies on).
     while (issued < offsets.length && inflight.length < ctx.window) issue();
     let pos = start;
     while (inflight.length > 0) {
-      const p = inflight.shift()!;
-      let data: Buffer;
-      try {
-        data = await p;
-      } catch (e) {
-        // Let the others settle so no reply lands after we return.
-        await Promise.allSettled(inflight);
-        throw e;
-      }
+      let c = await inflight.shift()!;
       if (issued < offsets.length) issue();
-      let w = 0;
-      while (w < data.length) w += fs.writeSync(fd, data, w, data.length - w, pos + w);
-      crc = crc32c(data, crc);
-      pos += data.length;
-      try {
-        ctx.onWrite(data.length);
-      } catch (e) {
-        await Promise.allSettled(inflight);
-        throw e;
+      for (let attempt = 1; ; attempt++) {
+        let got: number;
+        try {
+          got = writeChecked(fd, c.data, pos);
+        } catch (e) {
+          try {
+            fs.ftruncateSync(fd, pos); // keep the .part a verified prefix for the next run
+          } catch {
+            /* the write error is the one to report */
+          }
+          throw new AggregateError(`${f.root}/${f.path}: cannot write ${part}: ${(e as Error).message}`, 'ERR_WRITE');
+        }
+        if (got === c.crc) break;
+        // Bad bytes from the network: cut them off the .part and ask for the chunk again.
+        fs.ftruncateSync(fd, pos);
+        if (attempt === CHUNK_ATTEMPTS) {
+          throw new AggregateError(`${f.root}/${f.path} from rank ${rank}: chunk at ${pos}: crc32c mismatch (${CHUNK_ATTEMPTS} attempts)`, 'ERR_CHUNK');
+        }
+        c = await request(pos);
       }
+      crc = crc32cCombine(crc, c.crc, c.data.length);
+      pos += c.data.length;
+      ctx.onWrite(c.data.length);
     }
     if (crc !== f.crc || pos !== f.bytes) {
       keepPart = false;
@@ -506,8 +592,11 @@ async function fetchFile(client: RelayClient, rank: number, f: Planned, ctx: Fet
         resumed ? 'ERR_RESUMED_MISMATCH' : 'ERR_CHECKSUM',
       );
     }
-    fs.fsyncSync(fd);
+    // Off the event loop: the other files' chunks keep arriving and being written meanwhile.
+    await fsyncAsync(fd);
   } catch (e) {
+    // Let everything in flight settle so no reply lands after we return.
+    await Promise.allSettled(inflight);
     fs.closeSync(fd);
     // A checksum mismatch discards the .part; any other failure keeps it for the next run to resume.
     if (!keepPart) fs.rmSync(part, { force: true });
@@ -518,16 +607,75 @@ async function fetchFile(client: RelayClient, rank: number, f: Planned, ctx: Fet
   return resumed;
 }
 
-async function fetchChunk(client: RelayClient, rank: number, f: Planned, offset: number, length: number, timeoutMs: number): Promise<Buffer> {
+/**
+ * One chunk, its offset and length checked (its crc32c is checked as it is written). A short or
+ * misplaced answer is asked for again; a short read whose bytes match their crc (the file shrank
+ * since it was listed) will not heal and fails at once.
+ */
+async function fetchChunk(client: RelayClient, rank: number, f: Planned, offset: number, length: number, timeoutMs: number): Promise<Chunk> {
   let last = '';
-  for (let attempt = 0; attempt < 3; attempt++) {
+  for (let attempt = 0; attempt < CHUNK_ATTEMPTS; attempt++) {
     const c = await client.relay(rank, 'fileChunk', { root: f.root, path: f.path, offset, length }, timeoutMs);
-    const data: Buffer = c.data ?? Buffer.alloc(0);
-    if (Number(c.offset) !== offset) last = `chunk at ${c.offset}, asked for ${offset}`;
-    else if (crc32c(data) !== c.crc32c >>> 0) last = `chunk at ${offset}: crc32c mismatch`;
-    else if (data.length !== length) last = `chunk at ${offset}: ${data.length} bytes, asked for ${length} (the file changed since it was listed?)`;
-    else return data;
-    if (data.length !== length && crc32c(data) === c.crc32c >>> 0) break; // a short read will not heal
+    // The bytes come as the reply's own frame; an agent that put them in the message is served too.
+    const frame = payloadOf(c);
+    const inline: Buffer | undefined = c.data?.length ? c.data : undefined;
+    const data = frame ?? inline ?? Buffer.alloc(0);
+    const agentCrc = Number(c.crc32c) >>> 0;
+    if (frame && inline) last = `chunk at ${offset} carries its bytes twice (a data frame and a data field)`;
+    else if (Number(c.offset) !== offset) last = `chunk at ${c.offset}, asked for ${offset}`;
+    else if (data.length !== length) {
+      last = `chunk at ${offset}: ${data.length} bytes, asked for ${length} (the file changed since it was listed?)`;
+      if (crc32c(data) === agentCrc) break;
+      last = `chunk at ${offset}: crc32c mismatch`;
+    } else return { data, crc: agentCrc };
   }
   throw new AggregateError(`${f.root}/${f.path} from rank ${rank}: ${last}`, 'ERR_CHUNK');
+}
+
+// ---------------------------------------------------------------- crc32c combine
+
+/** CRC-32C's reflected polynomial. */
+const POLY = 0x82f63b78;
+
+/** a(x) · b(x) mod p(x), reflected (zlib's multmodp). */
+function multModP(a: number, b: number): number {
+  let m = 0x80000000;
+  let p = 0;
+  for (;;) {
+    if (a & m) {
+      p ^= b;
+      if ((a & (m - 1)) === 0) break;
+    }
+    m >>>= 1;
+    b = b & 1 ? (b >>> 1) ^ POLY : b >>> 1;
+  }
+  return p >>> 0;
+}
+
+/** X2N[k] = x^(2^k) mod p(x). */
+const X2N: number[] = (() => {
+  const t = [0x40000000]; // x^1
+  for (let k = 1; k < 32; k++) t.push(multModP(t[k - 1], t[k - 1]));
+  return t;
+})();
+
+/** x^(len·8) mod p(x): the operator that shifts a crc past `len` zero bytes. */
+const shiftCache = new Map<number, number>();
+function shiftFor(len: number): number {
+  let op = shiftCache.get(len);
+  if (op !== undefined) return op;
+  op = 0x80000000; // x^0
+  for (let n = len, k = 3; n > 0; n = Math.floor(n / 2), k++) if (n % 2) op = multModP(X2N[k & 31], op);
+  if (shiftCache.size < 64) shiftCache.set(len, op);
+  return op;
+}
+
+/**
+ * crc32c(concat(a, b)) from crc32c(a), crc32c(b) and b's length, without reading any bytes
+ * (zlib's crc32_combine for the Castagnoli polynomial): a chunk's checksum, checked once, also
+ * continues the whole-file checksum.
+ */
+export function crc32cCombine(crcA: number, crcB: number, lenB: number): number {
+  if (lenB === 0) return crcA >>> 0;
+  return (multModP(shiftFor(lenB), crcA >>> 0) ^ crcB) >>> 0;
 }

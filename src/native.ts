@@ -134,6 +134,8 @@ export interface NativeBinding {
     accepted: Uint32Array,
     hits: Float64Array,
   ): number;
+  /** glibc mallopt(M_MMAP_THRESHOLD, M_TRIM_THRESHOLD) (native/malloc_tuning.cc); false elsewhere. */
+  tuneMalloc(mmapThresholdBytes: number, trimThresholdBytes: number): boolean;
 }
 
 export { packageRoot };

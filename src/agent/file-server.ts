@@ -1,14 +1,24 @@
 // Serves this rank's finished bundles to the coordinator for `wavebus aggregate`: file lists and
-// checksummed chunks. Only complete bundles are listed (temporary names start with '.'), and
-// no request can read outside the served roots.
+// checksummed chunks (a chunk's bytes travel as the reply's own ZeroMQ frame, see payload.ts).
+// Only complete bundles are listed (temporary names start with '.'), and no request can read
+// outside the served roots.
 import * as fs from 'fs';
 import * as path from 'path';
 import type { CoordinatorMsg } from '../bus/frames';
+import { withPayload } from '../bus/payload';
 import { crc32c, crc32cOfFile } from '../checksum';
 import type { Logger } from '../log';
 import type { FileEntry } from '../messages';
 
 export const MAX_CHUNK_BYTES = 4 * 2 ** 20;
+/** Chunk buffers kept for reuse per agent, in all; beyond that a chunk gets a fresh buffer. */
+const POOL_MAX_BYTES = 32 * 2 ** 20;
+/** Smaller chunks get a fresh buffer (not worth keeping). */
+const POOL_MIN_BYTES = 64 * 1024;
+/** An answer not acknowledged this long (lost, or the coordinator went away): its buffer is forgotten, never reused. */
+const LEND_TIMEOUT_MS = 30000;
+/** After this long without a chunk request every kept buffer is let go. */
+const POOL_IDLE_MS = 5000;
 
 export type ServeRoots = { dumps?: string; snapshots?: string };
 
@@ -65,7 +75,100 @@ export function resolveInside(root: string, rel: string): string {
   return p;
 }
 
+/** The pooled size for a chunk of `n` bytes: a power of two from 64 KiB to 4 MiB, or 0 (not pooled). */
+function capacityFor(n: number): number {
+  if (n < POOL_MIN_BYTES || n > MAX_CHUNK_BYTES) return 0;
+  let c = POOL_MIN_BYTES;
+  while (c < n) c *= 2;
+  return c;
+}
+
+/**
+ * Read buffers for chunks, reused. Reading into fresh memory costs a page fault per 4 KiB (the
+ * largest cost of serving a chunk on a VM), so a busy agent reads into the same few buffers.
+ * A chunk's buffer goes out as its answer's data frame without a copy, and ZeroMQ reads it after
+ * handle() returns: it is refilled only once the coordinator says it received that answer whole
+ * (FileChunkRequest.received), which it cannot before ZeroMQ here has written its last byte.
+ */
+export class ChunkBuffers {
+  private readonly free = new Map<number, Buffer[]>();
+  /** By `${epoch}:${requestId}` of the answer that carries it. */
+  private readonly lent = new Map<string, { buf: Buffer; at: number }>();
+  private pooledBytes = 0;
+  private idle?: NodeJS.Timeout;
+
+  /** A buffer of at least `n` bytes; `pooled` ones go back through lend() or giveBack(). */
+  take(n: number): { buf: Buffer; pooled: boolean } {
+    this.busy();
+    const cap = capacityFor(n);
+    if (cap === 0) return { buf: Buffer.allocUnsafe(n), pooled: false };
+    const list = this.free.get(cap);
+    if (list && list.length > 0) return { buf: list.pop()!, pooled: true };
+    if (this.pooledBytes + cap > POOL_MAX_BYTES) this.expire(Date.now() - LEND_TIMEOUT_MS);
+    if (this.pooledBytes + cap > POOL_MAX_BYTES) return { buf: Buffer.allocUnsafe(n), pooled: false };
+    this.pooledBytes += cap;
+    return { buf: Buffer.allocUnsafeSlow(cap), pooled: true };
+  }
+
+  /** `buf` went out in the answer to `key`: kept until that answer is acknowledged. */
+  lend(key: string, buf: Buffer): void {
+    if (this.lent.has(key)) this.forget(buf); // a repeated request id: never risk reusing either
+    else this.lent.set(key, { buf, at: Date.now() });
+  }
+
+  /** `buf` was not sent: free at once. */
+  giveBack(buf: Buffer): void {
+    const list = this.free.get(buf.length) ?? [];
+    list.push(buf);
+    this.free.set(buf.length, list);
+  }
+
+  /** The coordinator has the answers to `keys` whole: their buffers may be refilled. */
+  acknowledged(keys: string[]): void {
+    for (const k of keys) {
+      const l = this.lent.get(k);
+      if (!l) continue;
+      this.lent.delete(k);
+      this.giveBack(l.buf);
+    }
+  }
+
+  /** Bytes in kept buffers, free or lent. */
+  get bytes(): number {
+    return this.pooledBytes;
+  }
+
+  /** No longer kept: the GC frees it once ZeroMQ has let go of it too. */
+  private forget(buf: Buffer): void {
+    this.pooledBytes -= buf.length;
+  }
+
+  private expire(lentBefore: number): void {
+    for (const [k, l] of this.lent) {
+      if (l.at > lentBefore) continue;
+      this.lent.delete(k);
+      this.forget(l.buf);
+    }
+  }
+
+  private busy(): void {
+    if (this.idle) {
+      this.idle.refresh();
+      return;
+    }
+    this.idle = setTimeout(() => {
+      this.idle = undefined;
+      for (const list of this.free.values()) for (const b of list) this.forget(b);
+      this.free.clear();
+      this.expire(Infinity);
+    }, POOL_IDLE_MS);
+    this.idle.unref();
+  }
+}
+
 export class FileServer {
+  private readonly buffers = new ChunkBuffers();
+
   constructor(
     private readonly globalRank: number,
     /** Read on every request: the dump root can move with a hot-reloaded config. */
@@ -91,20 +194,37 @@ export class FileServer {
       }
     }
     if (req.body === 'fileChunk') {
-      const { root, path: rel, offset, length } = req.fileChunk as { root: string; path: string; offset: number; length: number };
+      const { root, path: rel, offset, length, received } = req.fileChunk as { root: string; path: string; offset: number; length: number; received?: number[] };
+      if (received?.length) this.buffers.acknowledged(received.map((id) => `${req.epoch}:${Number(id)}`));
       try {
         const p = resolveInside(this.root(root), rel);
         const want = Math.min(Math.max(0, length), MAX_CHUNK_BYTES);
-        const fd = fs.openSync(p, 'r');
+        // Read on the libuv pool: the agent's event loop keeps serving its engine and the bus.
+        const fh = await fs.promises.open(p, 'r');
+        let data: Buffer;
+        let size: number;
         try {
-          const size = fs.fstatSync(fd).size;
-          const buf = Buffer.allocUnsafe(Math.max(0, Math.min(want, size - offset)));
-          const n = buf.length > 0 ? fs.readSync(fd, buf, 0, buf.length, offset) : 0;
-          const data = buf.subarray(0, n);
-          return { fileChunk: { globalRank: this.globalRank, root, path: rel, offset, data, crc32c: crc32c(data), eof: offset + n >= size } };
+          size = (await fh.stat()).size;
+          const count = Math.max(0, Math.min(want, size - offset));
+          const { buf, pooled } = this.buffers.take(count);
+          let n = 0;
+          try {
+            while (n < count) {
+              const r = await fh.read(buf, n, count - n, offset + n);
+              if (r.bytesRead === 0) break;
+              n += r.bytesRead;
+            }
+          } catch (e) {
+            if (pooled) this.buffers.giveBack(buf);
+            throw e;
+          }
+          data = buf.subarray(0, n);
+          if (pooled) this.buffers.lend(`${req.epoch}:${req.requestId}`, buf);
         } finally {
-          fs.closeSync(fd);
+          await fh.close();
         }
+        // The bytes go as the message's own frame (payload.ts), never copied into the protobuf.
+        return withPayload({ fileChunk: { globalRank: this.globalRank, root, path: rel, offset, crc32c: crc32c(data), eof: offset + data.length >= size } }, data);
       } catch (e) {
         this.log.warn({ err: e, path: rel }, 'file chunk request refused');
         return { fileChunk: { globalRank: this.globalRank, root, path: rel, offset, error: (e as Error).message } };

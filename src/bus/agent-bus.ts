@@ -18,6 +18,7 @@ import {
 import { socketIpOptions, tcpEndpoint } from './endpoints';
 import { receiveLoop } from './receive-loop';
 import { clientSocketOptions, type CurveClientKeys } from './curve';
+import { payloadOf } from './payload';
 
 export interface AgentBusOptions {
   coordinator: { host: string; port: number };
@@ -69,7 +70,10 @@ export interface AgentBusStats {
   unsent: number;
 }
 
-/** A request handler answers a CoordinatorMessage with an AgentMessage body, e.g. `{ fileList: {...} }`. */
+/**
+ * A request handler answers a CoordinatorMessage with an AgentMessage body, e.g. `{ fileList: {...} }`;
+ * a body with a payload (payload.ts: a file chunk's data) goes out as [message, payload].
+ */
 export type RequestHandler = (request: CoordinatorMsg) => Promise<Record<string, unknown>>;
 
 type SyncState = 'connecting' | 'syncing' | 'live';
@@ -92,7 +96,7 @@ export class AgentBus extends EventEmitter {
   private timer?: NodeJS.Timeout;
   private running = false;
   private loops: Promise<void>[] = [];
-  private sendQueue: Buffer[] = [];
+  private sendQueue: Array<Buffer | Buffer[]> = [];
   private sending = false;
   private sendPump: Promise<void> = Promise.resolve();
 
@@ -194,7 +198,9 @@ export class AgentBus extends EventEmitter {
 
   private send(body: Record<string, unknown>, requestId = 0): void {
     if (!this.running) return;
-    this.sendQueue.push(encodeAgentMessage({ globalRank: this.rank, epochSeen: this.epoch, requestId, ...body }));
+    const msg = encodeAgentMessage({ globalRank: this.rank, epochSeen: this.epoch, requestId, ...body });
+    const payload = payloadOf(body);
+    this.sendQueue.push(payload ? [msg, payload] : msg);
     if (!this.sending) this.sendPump = this.drainSend();
   }
 

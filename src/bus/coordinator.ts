@@ -8,6 +8,7 @@ import { ConfigError, ProtocolError, WavebusError } from '../errors';
 import { lastPpRanks, type WorldLayout } from '../identity';
 import { createLogger, type Logger } from '../log';
 import type { DumpJob, DumpLane, DumpResult, StepTelemetry, WaveHead } from '../messages';
+import { ColumnScratch } from '../telemetry';
 import { busMetrics, counter, startMetricsServer, type MetricsServer } from '../metrics';
 import {
   DropCounter,
@@ -20,6 +21,7 @@ import {
   type FrameKind,
 } from './frames';
 import { checkBindAllowed, socketIpOptions, tcpEndpoint } from './endpoints';
+import { payloadOf, withPayload } from './payload';
 import { receiveLoop } from './receive-loop';
 import { clientSocketOptions, serverSocketOptions, ZapHandler, type CurveClientKeys, type CurveServerKeys } from './curve';
 import type { CoordinatorPolicy, DueLanes } from './policy';
@@ -130,14 +132,18 @@ export class Coordinator extends EventEmitter {
   private ranks = new Map<number, RankState>();
   private pendingDumps = new Map<string, PendingDump>();
   private requests = new Map<number, PendingRequest>();
+  /** Per rank: ids of chunk answers received whole since that rank was last asked for a chunk. */
+  private chunkAcks = new Map<number, number[]>();
   private nextRequestId = 1;
   private queuedDumps: DumpJob[] = [];
   private queuedConfig?: { version: number; configJson: string };
   private lastConfig = { version: 0, configJson: '' };
   private readyEmitted = false;
   private running = false;
+  /** Telemetry columns of the wave head being handled (consumed before the next message is decoded). */
+  private readonly columnScratch = new ColumnScratch();
   private pubQueue: Array<[string, Buffer]> = [];
-  private routerQueue: Array<[Buffer, Buffer]> = [];
+  private routerQueue: Buffer[][] = [];
   private pubPump: Promise<void> = Promise.resolve();
   private routerPump: Promise<void> = Promise.resolve();
   private pubPumping = false;
@@ -270,6 +276,7 @@ export class Coordinator extends EventEmitter {
       r.reject(new WavebusError('ERR_STOPPED', `coordinator stopped before rank ${r.rank} answered request ${id}`));
     }
     this.requests.clear();
+    this.chunkAcks.clear();
     await this.pubPump;
     await this.routerPump;
     this.pub?.close();
@@ -310,8 +317,10 @@ export class Coordinator extends EventEmitter {
     }
   }
 
-  private reply(routingId: Buffer, msg: Record<string, unknown>): void {
-    this.routerQueue.push([routingId, encodeCoordinatorMessage({ epoch: this.epoch, ...msg })]);
+  /** `payload`: a frame forwarded as it arrived after the message (a relayed chunk's data, payload.ts). */
+  private reply(routingId: Buffer, msg: Record<string, unknown>, payload?: Buffer): void {
+    const head = encodeCoordinatorMessage({ epoch: this.epoch, ...msg });
+    this.routerQueue.push(payload ? [routingId, head, payload] : [routingId, head]);
     if (!this.routerPumping) this.routerPump = this.drainRouter();
   }
 
@@ -586,17 +595,28 @@ export class Coordinator extends EventEmitter {
 
   private onRouterMessage(parts: Buffer[]): void {
     this.stats.received++;
-    if (parts.length !== 2) {
-      this.drops.drop('frame_count', `${parts.length} frames (expected identity + 1)`);
+    // [identity, message], or [identity, FileChunk message, its data] (payload.ts).
+    if (parts.length !== 2 && parts.length !== 3) {
+      this.drops.drop('frame_count', `${parts.length} frames (expected identity + 1, or + 2 for a file chunk)`);
       return;
     }
-    const [routingId, payload] = parts;
-    const d = decodeAgentMessage(payload, this.maxFrameBytes);
+    const [routingId, payload, data] = parts;
+    const d = decodeAgentMessage(payload, this.maxFrameBytes, this.columnScratch);
     if (!d.ok) {
       this.drops.drop(d.reason, d.detail);
       return;
     }
     const msg = d.value;
+    if (data !== undefined) {
+      if (msg.body !== 'fileChunk') {
+        this.drops.drop('frame_count', `a data frame after a ${msg.body} message (only a file chunk has one)`);
+        return;
+      }
+      if (data.length > this.maxFrameBytes) {
+        this.drops.drop('oversized', `data frame of ${data.length} bytes`);
+        return;
+      }
+    }
     if (msg.epochSeen && msg.epochSeen !== this.epoch) this.stats.wrongEpochSeen++;
     const rank: number = msg.globalRank;
     // Only ranks of this job's layout exist: a made-up rank number is garbage, not a new agent.
@@ -651,15 +671,23 @@ export class Coordinator extends EventEmitter {
         return;
       case 'fileList':
       case 'fileChunk': {
-        this.touch(rank, routingId);
+        // Only an answer to a request this coordinator sent that rank counts (and only then does
+        // it refresh the rank's route): a stray reply must not take over a rank's routing id.
         const pending = this.requests.get(msg.requestId);
-        if (!pending) {
+        if (!pending || pending.rank !== rank) {
           this.drops.drop('unknown_request', `request ${msg.requestId} from rank ${rank}`);
           return;
         }
+        this.touch(rank, routingId);
         this.requests.delete(msg.requestId);
         clearTimeout(pending.timer);
-        pending.resolve(msg);
+        if (data) {
+          // The agent's buffer behind this frame is free once we have it whole: say so next time.
+          const acks = this.chunkAcks.get(rank) ?? [];
+          if (acks.length < 4096) acks.push(msg.requestId);
+          this.chunkAcks.set(rank, acks);
+        }
+        pending.resolve(data ? withPayload(msg, data) : msg);
         return;
       }
       default:
@@ -673,12 +701,13 @@ export class Coordinator extends EventEmitter {
    * `wavebus aggregate` reaches every agent through the coordinator alone: forward the tool's
    * file request to one rank with requestFromAgent and answer with the agent's reply, or an
    * error when the rank is not live or does not answer. The tool is not an agent: no rank state.
+   * A chunk's data frame is forwarded as it arrived (never decoded, never copied).
    */
   private onRelay(routingId: Buffer, msg: AgentMsg): void {
     const relay = (msg.relay ?? {}) as Record<string, any>;
     const rank = Number(relay.rank ?? 0);
     const kind = relay.request as string | undefined;
-    const answer = (body: Record<string, unknown>) => this.reply(routingId, { requestId: msg.requestId, relay: { rank, ...body } });
+    const answer = (body: Record<string, unknown>, data?: Buffer) => this.reply(routingId, { requestId: msg.requestId, relay: { rank, ...body } }, data);
     if (kind !== 'fileList' && kind !== 'fileChunk') {
       answer({ error: 'relay request carries neither file_list nor file_chunk' });
       return;
@@ -689,8 +718,14 @@ export class Coordinator extends EventEmitter {
       return;
     }
     const timeoutMs = relay.timeoutMs > 0 ? Math.min(Number(relay.timeoutMs), 600000) : 30000;
-    this.requestFromAgent(rank, { [kind]: relay[kind] }, timeoutMs).then(
-      (m) => answer(m.body === kind ? { [kind]: m[kind] } : { error: `rank ${rank} answered ${m.body} to ${kind}` }),
+    let request = relay[kind] as Record<string, unknown>;
+    if (kind === 'fileChunk') {
+      // Which chunk buffers the agent may reuse is for the coordinator to say, never the tool.
+      request = { ...request, received: this.chunkAcks.get(rank) ?? [] };
+      this.chunkAcks.delete(rank);
+    }
+    this.requestFromAgent(rank, { [kind]: request }, timeoutMs).then(
+      (m) => (m.body === kind ? answer({ [kind]: m[kind] }, payloadOf(m)) : answer({ error: `rank ${rank} answered ${m.body} to ${kind}` })),
       (e) => answer({ error: String((e as Error)?.message ?? e) }),
     );
   }

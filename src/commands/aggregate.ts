@@ -1,9 +1,10 @@
 // `wavebus aggregate`: pull every rank's bundles (through the coordinator) into one tree with a
 // manifest. Exit 0 only when no expected rank is missing and every file arrived verified.
 import type { CommandModule } from 'yargs';
-import { aggregate, MAX_CHUNK_MB, type AggregateProgress } from '../aggregate';
+import { aggregate, DEFAULT_CHUNK_MB, DEFAULT_WINDOW, MAX_CHUNK_MB, type AggregateProgress } from '../aggregate';
 import { parseHostPort } from '../bus/endpoints';
 import { ConfigError, WavebusError } from '../errors';
+import { keepFreedMemory } from '../malloc-tuning';
 
 function progressBar(): ((p: AggregateProgress) => void) | undefined {
   if (!process.stderr.isTTY) return undefined;
@@ -33,11 +34,12 @@ export const command: CommandModule = {
       .option('what', { type: 'string', default: 'all', choices: ['all', 'snapshots', 'dumps'], describe: 'which roots to collect' })
       .option('prefix', { type: 'string', default: '', describe: 'relative path prefix under each root, e.g. token_repeat/req-1/wave_12 or <hash>/' })
       .option('call', { type: 'string', describe: 'snapshots: keep only call<N> directories' })
-      .option('chunk-mb', { type: 'string', default: String(MAX_CHUNK_MB), describe: `chunk size in MiB (at most ${MAX_CHUNK_MB})` })
-      .option('window', { type: 'string', default: '4', describe: 'chunks in flight per file' })
+      .option('chunk-mb', { type: 'string', default: String(DEFAULT_CHUNK_MB), describe: `chunk size in MiB (at most ${MAX_CHUNK_MB})` })
+      .option('window', { type: 'string', default: String(DEFAULT_WINDOW), describe: 'chunks in flight per file' })
       .option('timeout-ms', { type: 'string', default: '30000', describe: 'per relayed request' })
       .option('json', { type: 'boolean', default: false, describe: 'print the manifest as JSON on stdout' }),
   handler: async (argv) => {
+    keepFreedMemory(); // multi-MiB chunk frames: reuse freed memory instead of faulting in fresh pages
     try {
       const coordinator = parseHostPort(String(argv.coordinator), '--coordinator');
       const num = (flag: string, raw: unknown, min: number, max = Infinity): number => {

@@ -10,6 +10,7 @@ import { Guard } from '../guard/guard';
 import { guardOptions, parseStartupOptions } from '../guard/startup';
 import { withStartupFacts } from '../guard-policy';
 import { lastPpRanks } from '../identity';
+import { keepFreedMemory } from '../malloc-tuning';
 
 const LAYOUT_FLAGS = ['world-size', 'tp', 'pp', 'dp', 'cp'];
 
@@ -52,6 +53,7 @@ export const command: CommandModule = {
       .option('curve-allow', { type: 'string', describe: 'CURVE: allowed client public keys: a file (one Z85 key per line) or a directory of *.pub' });
   },
   handler: async (argv) => {
+    keepFreedMemory(); // relayed file chunks: reuse freed memory instead of faulting in fresh pages
     const log = createLogger('wavebus-coordinator');
     const env = process.env;
     const layout = resolveLayout(env, identityFlagsFromArgv(argv as Record<string, unknown>));
