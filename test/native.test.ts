@@ -1,4 +1,5 @@
 // Real POSIX shared memory, real child processes (node and Debian's python3).
+import { spawnSync } from 'child_process';
 import * as fs from 'fs';
 import { NativeError } from '../src/errors';
 import { cudaAvailable, DeviceRegion, ShmSegment, Staging } from '../src/memory';
@@ -354,5 +355,19 @@ describe('CUDA backend', () => {
       );
     }
     expect(native.abiVersion).toBe(1);
+  });
+});
+
+describe('malloc tuning', () => {
+  test('glibc keeps freed memory for reuse when asked; out-of-range thresholds are refused; WAVEBUS_MALLOC_TUNING=0 leaves the defaults', () => {
+    // in a separate process: the setting is process-wide
+    const script = `console.log(JSON.stringify(require(${JSON.stringify(require.resolve('../dist/src/malloc-tuning'))}).keepFreedMemory()))`;
+    const r = spawnSync(process.execPath, ['-e', script], { encoding: 'utf8', env: { ...process.env, WAVEBUS_MALLOC_TUNING: '1' } });
+    expect(r.status).toBe(0);
+    const glibc = (process.report?.getReport() as { header?: { glibcVersionRuntime?: string } } | undefined)?.header?.glibcVersionRuntime !== undefined;
+    expect(JSON.parse(r.stdout.trim())).toBe(glibc);
+    const { keepFreedMemory } = require('../src/malloc-tuning');
+    expect(keepFreedMemory({ WAVEBUS_MALLOC_TUNING: '0' })).toBe(false);
+    expect(() => native.tuneMalloc(64 << 20, 0)).toThrow(expect.objectContaining({ code: 'ERR_INVALID_ARG' }));
   });
 });
