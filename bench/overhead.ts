@@ -35,7 +35,7 @@ export async function run(argv: string[]): Promise<Record<string, unknown>> {
     .option('steps', { type: 'number', default: 1500 })
     .option('forward-ms', { type: 'number', default: 3, describe: 'idle wait per step: the forward runs on the accelerator' })
     .option('compute-us', { type: 'number', default: 200, describe: 'CPU work per step: the engine\'s own host-side work' })
-    .option('rounds', { type: 'number', default: 2, describe: 'interleaved rounds; the best of each mode is kept' })
+    .option('rounds', { type: 'number', default: 3, describe: 'interleaved rounds; the best of each mode is kept' })
     .option('json', { type: 'boolean', default: true })
     .strict(false)
     .parseSync();
