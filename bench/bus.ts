@@ -1,10 +1,11 @@
-// `wavebus bench bus --agents N [--waves W] [--baseline|--no-baseline] --json`
+// `wavebus bench bus --agents N [--waves W] [--pace-ms P] [--baseline|--no-baseline] --json`
 //
 // Latency of one wave vector from the coordinator's publish until the LAST of N agent
 // processes has it. Agents are real processes (this file, started with --child) on loopback;
-// each reports receipt over a PUSH socket with its process.hrtime.bigint(), which reads
-// CLOCK_MONOTONIC, a clock shared by every process on one Linux machine. Waves are paced: the
-// next one is published when every agent has the previous one (or after a timeout: lost).
+// each notes its receipt time with process.hrtime.bigint(), which reads CLOCK_MONOTONIC, a clock
+// shared by every process on one Linux machine, and sends all its receipts in one message after
+// the last wave: nothing but the bus runs on the agents while waves are measured. Waves are
+// published every --pace-ms (default 2, a fast engine's step); a wave some agent never had is lost.
 // Baseline: bench/gloo_bcast.py, the seeds' mechanism (gloo broadcast + barrier) on N ranks.
 import { spawn, spawnSync, type ChildProcess } from 'child_process';
 import * as fs from 'fs';
@@ -18,7 +19,8 @@ import { createLogger } from '../src/log';
 import { freePort, freePortPair } from '../src/ports';
 
 const PYTHON = '/usr/bin/python3';
-const WAVE_TIMEOUT_MS = 500;
+/** How long to wait for every agent's receipts after the end wave. */
+const REPORT_TIMEOUT_MS = 10000;
 const WARMUP = 20;
 
 function percentile(sorted: number[], q: number): number {
@@ -58,22 +60,16 @@ async function glooBaseline(agents: number): Promise<{ gloo_p50_us?: number; glo
   });
 }
 
-/** Child mode: one agent that reports every wave it emits. */
-async function child(rank: number, world: number, port: number, reportPort: number): Promise<void> {
+/** Child mode: one agent that notes every wave it emits and reports them all after `endWave`. */
+async function child(rank: number, world: number, port: number, reportPort: number, endWave: number): Promise<void> {
   const identity = resolveIdentity({}, { rank, worldSize: world });
   const bus = new AgentBus({ coordinator: { host: '127.0.0.1', port }, identity, logger: createLogger(`bench-agent-${rank}`, 'warn') });
   const push = new Push({ linger: 0 });
   push.connect(`tcp://127.0.0.1:${reportPort}`);
-  const queue: string[] = [];
-  let sending = false;
-  const pump = async () => {
-    sending = true;
-    while (queue.length) await push.send(queue.shift()!);
-    sending = false;
-  };
+  const receipts: string[] = [];
   bus.on('wave', (w) => {
-    queue.push(`${rank} ${w.head.wave} ${process.hrtime.bigint()}`);
-    if (!sending) void pump();
+    receipts.push(`${w.head.wave} ${process.hrtime.bigint()}`);
+    if (w.head.wave >= endWave) void push.send(`${rank}\n${receipts.join('\n')}`);
   });
   await bus.start();
   const stop = async () => {
@@ -90,6 +86,7 @@ export async function run(argv: string[]): Promise<Record<string, unknown>> {
   const args = yargs(argv)
     .option('agents', { type: 'number', default: 8 })
     .option('waves', { type: 'number', default: 1000 })
+    .option('pace-ms', { type: 'number', default: 2, describe: 'ms between two published waves (an engine stepping every 2 ms)' })
     .option('baseline', { type: 'boolean', describe: 'also run the gloo baseline (default: when /usr/bin/python3 has torch)' })
     .option('json', { type: 'boolean', default: true })
     .strict(false)
@@ -98,6 +95,8 @@ export async function run(argv: string[]): Promise<Record<string, unknown>> {
   const waves = args.waves;
   if (!Number.isInteger(n) || n < 1) throw new Error(`--agents: expected a positive integer, got ${args.agents}`);
   if (!Number.isInteger(waves) || waves < 1) throw new Error(`--waves: expected a positive integer, got ${args.waves}`);
+  const pace = args['pace-ms'];
+  if (!Number.isFinite(pace) || pace < 0) throw new Error(`--pace-ms: expected a non-negative number, got ${args['pace-ms']}`);
 
   const port = await freePortPair();
   const reportPort = await freePort();
@@ -107,9 +106,9 @@ export async function run(argv: string[]): Promise<Record<string, unknown>> {
   await pull.bind(`tcp://127.0.0.1:${reportPort}`);
   await coordinator.start();
 
-  // Receipts: per wave, how many agents have it and the latest receipt time.
-  const got = new Map<number, { count: number; last: bigint }>();
-  let waiting: { wave: number; resolve: () => void } | undefined;
+  // Receipts: per agent, all its receipt times, sent once after the end wave.
+  const receipts = new Map<number, Map<number, bigint>>();
+  const endWave = WARMUP + waves + 1;
   const receive = (async () => {
     for (;;) {
       let msg: Buffer[];
@@ -118,44 +117,49 @@ export async function run(argv: string[]): Promise<Record<string, unknown>> {
       } catch {
         return;
       }
-      const [, w, t] = msg[0].toString().split(' ');
-      const wave = Number(w);
-      const r = got.get(wave) ?? { count: 0, last: 0n };
-      r.count++;
-      const tt = BigInt(t);
-      if (tt > r.last) r.last = tt;
-      got.set(wave, r);
-      if (waiting && waiting.wave === wave && r.count >= n) waiting.resolve();
+      const [rank, ...lines] = msg[0].toString().split('\n');
+      const mine = new Map<number, bigint>();
+      for (const line of lines) {
+        const [w, t] = line.split(' ');
+        mine.set(Number(w), BigInt(t));
+      }
+      receipts.set(Number(rank), mine);
     }
   })();
 
   const self = __filename;
   const children: ChildProcess[] = [];
   for (let r = 0; r < n; r++) {
-    children.push(spawn(process.execPath, [self, '--child', String(r), String(n), String(port), String(reportPort)], { stdio: ['ignore', 'ignore', 'inherit'] }));
+    children.push(spawn(process.execPath, [self, '--child', String(r), String(n), String(port), String(reportPort), String(endWave)], { stdio: ['ignore', 'ignore', 'inherit'] }));
   }
-  const result: Record<string, unknown> = { agents: n, waves };
+  const result: Record<string, unknown> = { agents: n, waves, pace_ms: pace };
   try {
     const deadline = Date.now() + 60000;
     while (!coordinator.ready) {
       if (Date.now() > deadline) throw new Error(`bench bus: agents not ready after 60 s (live: ${coordinator.liveRanks().join(',')})`);
       await new Promise((r) => setTimeout(r, 20));
     }
+    const published = new Map<number, bigint>();
+    for (let w = 1; w <= endWave; w++) {
+      published.set(w, process.hrtime.bigint());
+      coordinator.beginWave(w, null);
+      await new Promise((r) => setTimeout(r, pace));
+    }
+    const until = Date.now() + REPORT_TIMEOUT_MS;
+    while (receipts.size < n && Date.now() < until) await new Promise((r) => setTimeout(r, 20));
     const lat: number[] = [];
     let lost = 0;
-    for (let w = 1; w <= WARMUP + waves; w++) {
-      const done = new Promise<boolean>((resolve) => {
-        const timer = setTimeout(() => resolve(false), WAVE_TIMEOUT_MS);
-        waiting = { wave: w, resolve: () => (clearTimeout(timer), resolve(true)) };
-      });
-      const t0 = process.hrtime.bigint();
-      coordinator.beginWave(w, null);
-      const ok = await done;
-      waiting = undefined;
-      if (w <= WARMUP) continue;
-      if (!ok) lost++;
-      else lat.push(Number(got.get(w)!.last - t0) / 1000);
-      got.delete(w);
+    for (let w = WARMUP + 1; w < endWave; w++) {
+      let last = -1n;
+      let have = 0;
+      for (const mine of receipts.values()) {
+        const t = mine.get(w);
+        if (t === undefined) continue;
+        have++;
+        if (t > last) last = t;
+      }
+      if (have < n) lost++;
+      else lat.push(Number(last - published.get(w)!) / 1000);
     }
     lat.sort((a, b) => a - b);
     Object.assign(result, { p50_us: round(percentile(lat, 0.5)), p99_us: round(percentile(lat, 0.99)), lost });
@@ -176,8 +180,8 @@ export async function run(argv: string[]): Promise<Record<string, unknown>> {
 }
 
 if (require.main === module && process.argv[2] === '--child') {
-  const [rank, world, port, reportPort] = process.argv.slice(3).map(Number);
-  child(rank, world, port, reportPort).catch((e) => {
+  const [rank, world, port, reportPort, endWave] = process.argv.slice(3).map(Number);
+  child(rank, world, port, reportPort, endWave).catch((e) => {
     process.stderr.write(`bench agent ${rank}: ${String(e)}\n`);
     process.exit(1);
   });
