@@ -9,7 +9,8 @@
 //   in the same directory.
 // Each is run `runs` times, alternating which goes first. Reported: medians (MBps, raw_MBps,
 // stall_ms) and ratio = the median of the per-round ratios (end-to-end vs the raw write of the
-// same round, so load that drifts across rounds cancels out); best_ratio = best vs best.
+// same round, so load that drifts across rounds cancels out); best_ratio = best vs best;
+// phases_ms: when the last byte was handed to the kernel vs the total, for both paths.
 import * as crypto from 'crypto';
 import { spawnSync } from 'child_process';
 import * as fs from 'fs';
@@ -56,17 +57,20 @@ function parse(argv: string[]): Options {
   return { sizeMb, formats, dir: String(a.dir), runs };
 }
 
-function rawWrite(file: string, data: Buffer): number {
+/** A plain write + fsync; returns [total, write calls only] in ms. */
+function rawWrite(file: string, data: Buffer): [number, number] {
   const t0 = now();
+  let t1 = t0;
   const fd = fs.openSync(file, 'wx', 0o644);
   try {
     let off = 0;
     while (off < data.length) off += fs.writeSync(fd, data, off, Math.min(COPY_CHUNK, data.length - off));
+    t1 = now();
     fs.fsyncSync(fd);
   } finally {
     fs.closeSync(fd);
   }
-  return now() - t0;
+  return [now() - t0, t1 - t0];
 }
 
 function median(xs: number[]): number {
@@ -110,11 +114,12 @@ async function endToEnd(format: TensorFormat, region: DeviceRegion, staging: Sta
   const b = Bundle.begin(path.join(dir, `bench-dump-${tag}`));
   const t = Tensor.fromChunks('bfloat16', shape, chunksAsTheyLand(staging.buffer, nbytes, copy.landed), nbytes);
   await b.writeTensor('0', format, artifact(format, t));
+  const written = now() - t0; // every byte handed to the kernel; its fsync is running
   await b.commit();
   await stalled;
   const total = now() - t0;
   fs.rmSync(path.join(dir, `bench-dump-${tag}`), { recursive: true, force: true });
-  return { stall, total };
+  return { stall, total, written };
 }
 
 export async function run(argv: string[]): Promise<Record<string, unknown>> {
@@ -137,18 +142,23 @@ export async function run(argv: string[]): Promise<Record<string, unknown>> {
       await region.copyTo(staging.buffer, 0, 0, nbytes); // fault the staging pages in once
       for (const format of o.formats) {
         const raw: number[] = [];
+        const rawWriteMs: number[] = [];
         const total: number[] = [];
         const stall: number[] = [];
+        const written: number[] = [];
         for (let i = 0; i < o.runs; i++) {
           const rawFile = path.join(scratch, `raw-${i}`);
           const rawRun = () => {
-            raw.push(rawWrite(rawFile, staging.buffer));
+            const [t, w] = rawWrite(rawFile, staging.buffer);
+            raw.push(t);
+            rawWriteMs.push(w);
             fs.rmSync(rawFile);
           };
           if (i % 2 === 0) rawRun();
           const r = await endToEnd(format, region, staging, nbytes, shape, scratch, `${format}-${i}`);
           total.push(r.total);
           stall.push(r.stall);
+          written.push(r.written);
           if (i % 2 === 1) rawRun();
         }
         const MBps = o.sizeMb / (median(total) / 1000);
@@ -162,6 +172,14 @@ export async function run(argv: string[]): Promise<Record<string, unknown>> {
           ratio: round(median(raw.map((r, i) => r / total[i])), 3),
           best_ratio: round(Math.min(...raw) / Math.min(...total), 3),
           runs: o.runs,
+          // Where the time goes (medians, ms): end-to-end until the last byte was handed to the
+          // kernel / in total; raw write calls / raw in total (the rest of each is its fsync).
+          phases_ms: {
+            written: round(median(written)),
+            total: round(median(total)),
+            raw_write: round(median(rawWriteMs)),
+            raw_total: round(median(raw)),
+          },
         });
       }
     } finally {
@@ -172,8 +190,9 @@ export async function run(argv: string[]): Promise<Record<string, unknown>> {
     seg.close();
     ShmSegment.unlink(shmName);
   }
+  const loadAvg = Math.round(os.loadavg()[0] * 100) / 100; // before the Python baselines add their own load
   const baseline = pythonBaselines(o.sizeMb, o.dir, o.runs);
-  for (const r of results) Object.assign(r, baseline);
+  for (const r of results) Object.assign(r, baseline, { load_avg_1m: loadAvg });
   return results.length === 1 ? results[0] : { size_mb: o.sizeMb, results };
 }
 

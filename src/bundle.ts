@@ -12,9 +12,14 @@ import { PyValue } from './pickle';
 import { writeNpy } from './npy';
 import { writePt } from './pt';
 import { SafetensorsInput, writeSafetensors } from './safetensors';
-import { asCaptureError, fsFailure, WriteResult } from './sink';
-import { fsyncDir } from './freespace';
+import { asCaptureError, FileSink, fsFailure, WriteResult } from './sink';
 import { safeComponent } from './sanitize';
+
+/**
+ * Tensor files whose fsync may still be running behind the next file's writes. Each holds one
+ * writer thread blocked in fsync; past this many, writeTensor waits for the oldest first.
+ */
+const MAX_BACKGROUND_SYNCS = 8;
 
 export type TensorFormat = 'npy' | 'pt' | 'safetensors';
 export const TENSOR_FORMATS: readonly TensorFormat[] = ['npy', 'pt', 'safetensors'];
@@ -71,6 +76,10 @@ export class Bundle {
   readonly tempDir: string;
   private readonly files: FileEntry[] = [];
   private readonly names = new Set<string>();
+  /** Files already fsynced (or being fsynced in `syncing`): commit does not fsync them again. */
+  private readonly synced = new Set<string>();
+  /** fsync + close of tensor files, running on their writers' threads. */
+  private syncing: Promise<void>[] = [];
   private state: 'open' | 'committed' | 'aborted' = 'open';
   private failure: CaptureError | null = null;
 
@@ -145,15 +154,25 @@ export class Bundle {
     let full = '';
     try {
       full = this.target(rel);
+      if (format === 'npy' && !(value instanceof Tensor)) throw new CaptureError(`${rel}: format npy holds exactly one Tensor`, 'ERR_BUNDLE_FORMAT');
+      // Keep at most MAX_BACKGROUND_SYNCS fsyncs in flight (each holds a thread).
+      while (this.syncing.length >= MAX_BACKGROUND_SYNCS) await this.syncing.shift();
+      const sink = await FileSink.create(full);
       let r: WriteResult;
-      if (format === 'npy') {
-        if (!(value instanceof Tensor)) throw new CaptureError(`${rel}: format npy holds exactly one Tensor`, 'ERR_BUNDLE_FORMAT');
-        r = await writeNpy(full, value);
-      } else if (format === 'pt') {
-        r = await writePt(full, value as PyValue);
-      } else {
-        r = await writeSafetensors(full, value as SafetensorsInput);
+      try {
+        if (format === 'npy') r = await writeNpy(sink, value as Tensor);
+        else if (format === 'pt') r = await writePt(sink, value as PyValue);
+        else r = await writeSafetensors(sink, value as SafetensorsInput);
+        // fsync + close on the writer's thread, right after the last byte: it runs while the
+        // next file is written, and commit() waits for it.
+        const done = await sink.finishInBackground();
+        r = done.result;
+        this.syncing.push(done.durable);
+      } catch (e) {
+        await sink.discard();
+        throw e;
       }
+      this.synced.add(rel);
       const entry = { path: rel, ...r };
       this.files.push(entry);
       return entry;
@@ -182,26 +201,37 @@ export class Bundle {
   }
 
   /**
-   * Make the bundle visible: fsync every file, write the bundle JSON last (if given), fsync the
-   * folders, rename the temp dir to the final name, fsync the parent. Returns every file written.
+   * Make the bundle visible: wait until every file is fsynced (tensor files were fsynced by their
+   * writers as soon as written), write the bundle JSON last (if given), fsync it and the folders,
+   * rename the temp dir to the final name, fsync the parent. Returns every file written.
    */
   async commit(meta?: { name: string; value: unknown } & JsonOptions): Promise<FileEntry[]> {
     this.requireOpen();
     let step = 'fsync files';
     try {
-      await Promise.all(this.files.map((f) => fsyncFile(path.join(this.tempDir, ...f.path.split('/')))));
+      const syncing = this.syncing;
+      this.syncing = [];
+      const settled = await Promise.allSettled([
+        ...syncing,
+        ...this.files.filter((f) => !this.synced.has(f.path)).map((f) => fsyncFile(this.full(f.path))),
+      ]);
+      const failed = settled.find((x): x is PromiseRejectedResult => x.status === 'rejected');
+      if (failed) throw failed.reason;
+      for (const f of this.files) this.synced.add(f.path);
+      const toSync: string[] = [];
       if (meta) {
         step = `write ${meta.name}`;
         this.writeJson(meta.name, meta.value, { sortKeys: meta.sortKeys ?? true, indent: meta.indent });
-        await fsyncFile(path.join(this.tempDir, ...meta.name.split('/')));
+        toSync.push(this.full(meta.name));
       }
-      step = 'fsync folders';
       const dirs = new Set<string>([this.tempDir]);
       for (const f of this.files) {
         const parts = f.path.split('/');
         for (let i = 1; i < parts.length; i++) dirs.add(path.join(this.tempDir, ...parts.slice(0, i)));
       }
-      for (const d of dirs) fsyncDir(d);
+      // The bundle JSON and the folders, together: all of it is still under the temp name.
+      step = 'fsync folders';
+      await Promise.all([...toSync, ...dirs].map((p) => fsyncFile(p)));
       step = 'rename';
       // rename(2) would silently replace an empty directory: check first (a concurrent creator of
       // the same final name is a caller bug; the check turns the common case into a clear error).
@@ -212,7 +242,7 @@ export class Bundle {
         throw fsFailure('rename', `${this.tempDir} -> ${this.finalDir}`, e);
       }
       this.state = 'committed';
-      fsyncDir(path.dirname(this.finalDir));
+      await fsyncFile(path.dirname(this.finalDir));
       return [...this.files];
     } catch (e) {
       if (this.state === 'committed') throw asCaptureError(`commit ${this.finalDir} (${step})`, this.finalDir, e);
@@ -221,14 +251,26 @@ export class Bundle {
     }
   }
 
+  private full(rel: string): string {
+    return path.join(this.tempDir, ...rel.split('/'));
+  }
+
   /** Drop everything written so far. Idempotent; never throws. */
   async abort(): Promise<void> {
+    if (this.state === 'committed') return;
+    this.state = 'aborted';
+    // Let background fsyncs finish first: their descriptors are open, and some filesystems (NFS)
+    // cannot remove a folder that holds open files.
+    const syncing = this.syncing;
+    this.syncing = [];
+    await Promise.allSettled(syncing);
     this.abortSync();
   }
 
   private abortSync(): void {
     if (this.state === 'committed') return;
     this.state = 'aborted';
+    for (const p of this.syncing.splice(0)) p.catch(() => undefined); // already observed; just drop them
     try {
       fs.rmSync(this.tempDir, { recursive: true, force: true });
     } catch {
@@ -237,6 +279,7 @@ export class Bundle {
   }
 }
 
+/** fsync a file or folder by path (opened read-only). */
 async function fsyncFile(p: string): Promise<void> {
   let fh: fs.promises.FileHandle | undefined;
   try {

@@ -76,7 +76,8 @@ export interface NativeFileWriter {
   /** Resolves with the zip CRC-32 continued over `data` when `zipPrev` is given, else undefined. */
   write(data: Uint8Array, zipPrev?: number): Promise<number | undefined>;
   sync(): Promise<void>;
-  close(): Promise<void>;
+  /** fsync first when `fsync` (on the writer's thread, after the last write), then close(2); the descriptor is closed even if the fsync fails. */
+  close(fsync?: boolean): Promise<void>;
   /** Close the descriptor now (failure paths). Idempotent; throws ERR_BUSY while an operation is in flight. */
   abandon(): void;
   /** Bytes written so far. */
@@ -88,8 +89,12 @@ export interface NativeFileWriter {
 }
 
 export interface NativeFileWriterCtor {
-  /** Opens `path` O_WRONLY|O_CREAT|O_EXCL (mode <= 0o7777); blockBytes (4096..2^30): checksum-then-write granularity. */
-  new (path: string, mode: number, blockBytes: number): NativeFileWriter;
+  /**
+   * Opens `path` O_WRONLY|O_CREAT|O_EXCL (mode <= 0o7777) and starts the writer's own thread;
+   * blockBytes (4096..2^30): checksum-then-write granularity; writebackBytes (0 = off, else
+   * 65536..2^40): start the device writeback (sync_file_range) every this many bytes written.
+   */
+  new (path: string, mode: number, blockBytes: number, writebackBytes?: number): NativeFileWriter;
 }
 
 export interface NativeBinding {

@@ -9,9 +9,12 @@ import { CaptureError } from '../src/errors';
 import { crc32c, formatChecksum } from '../src/checksum';
 import { checkFreeSpace, writeDumpSkipped } from '../src/freespace';
 import { readNpyHeader, readPt, readSafetensorsHeader } from '../src/readers';
-import { ROOT, cleanup, runPython, spawnTracked, tmpDir, waitFor } from './helpers';
+import { ROOT, cleanup, cleanupMounts, mountTmpfs, rootOnlyReason, runPython, spawnTracked, tmpDir, waitFor } from './helpers';
 
-afterAll(cleanup);
+afterAll(async () => {
+  cleanupMounts(); // before cleanup(): the tmpfs is mounted inside one of its temp dirs
+  await cleanup();
+});
 
 const DIST_BUNDLE = path.join(ROOT, 'dist', 'src', 'bundle.js');
 const DIST_TENSOR = path.join(ROOT, 'dist', 'src', 'tensor.js');
@@ -47,6 +50,47 @@ describe('Bundle', () => {
     expect(readNpyHeader(path.join(final, '0.k.npy')).shape).toEqual([2, 4, 1, 2]);
     expect(readSafetensorsHeader(path.join(final, 'sub', '0.k.safetensors')).tensors[0].shape).toEqual([2, 4, 1, 2]);
     await expect(b.writeTensor('x', 'npy', k)).rejects.toThrow(/already committed/);
+  });
+
+  test('more tensor files than fsyncs allowed in flight: each is fsynced behind the next, all complete at commit', async () => {
+    const parent = tmpDir('wavebus-bundle-');
+    const final = path.join(parent, 'rank4');
+    const b = Bundle.begin(final);
+    const want = new Map<string, Buffer>();
+    for (let i = 0; i < 13; i++) {
+      const data = Buffer.alloc(64 * 1024 + i, i + 1);
+      const fmt = (['npy', 'pt', 'safetensors'] as const)[i % 3];
+      const t = Tensor.fromBuffer('uint8', [data.length], data);
+      const e = await b.writeTensor(`layer${i}`, fmt, fmt === 'npy' ? t : { k: t });
+      want.set(e.path, data);
+    }
+    const files = await b.commit({ name: 'dump.json', value: { n: 13 } });
+    expect(files).toHaveLength(14);
+    for (const f of files) {
+      const buf = fs.readFileSync(path.join(final, f.path));
+      expect({ p: f.path, bytes: buf.length, checksum: formatChecksum(crc32c(buf)) }).toEqual({ p: f.path, bytes: f.bytes, checksum: f.checksum });
+      const data = want.get(f.path);
+      if (data) expect(buf.includes(data)).toBe(true);
+    }
+    expect(leftovers(parent)).toEqual(['rank4']);
+  });
+
+  (rootOnlyReason() ? test.skip : test)('ENOSPC on a later file while earlier ones are still being fsynced: nothing left, errno named', async () => {
+    const mnt = path.join(tmpDir('wavebus-bundle-'), 'small');
+    mountTmpfs(mnt, '1m');
+    const b = Bundle.begin(path.join(mnt, 'rank0'));
+    let err: unknown;
+    try {
+      for (let i = 0; i < 8; i++) await b.writeTensor(`l${i}`, 'npy', Tensor.fromBuffer('uint8', [200 * 1024], Buffer.alloc(200 * 1024, i)));
+    } catch (e) {
+      err = e;
+    }
+    expect(err).toBeInstanceOf(CaptureError);
+    expect((err as CaptureError).code).toBe('ERR_ENOSPC');
+    expect((err as CaptureError).message).toMatch(/rank0: write .*l\d\.npy failed: ENOSPC.*nothing was written under the final name/);
+    expect(leftovers(mnt)).toEqual([]);
+    await expect(b.commit()).rejects.toThrow(/aborted/);
+    expect(leftovers(mnt)).toEqual([]);
   });
 
   test('begin refuses an existing final dir, naming it', () => {

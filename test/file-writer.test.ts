@@ -1,6 +1,8 @@
 // The native one-pass checksums (crc_pair.cc) and FileWriter (file_writer.cc), and FileSink on top:
 // bytes on disk, both CRCs against independent implementations (zlib.crc32, the crc32c table
-// path), errno errors from real failures (EEXIST, ENOSPC on a 1 MiB tmpfs), misuse codes.
+// path), errno errors from real failures (EEXIST, ENOSPC on a 1 MiB tmpfs), misuse codes; the
+// writer's own thread (it writes while the libuv pool is blocked), close(fsync), early writeback.
+import { spawnSync } from 'child_process';
 import * as crypto from 'crypto';
 import * as fs from 'fs';
 import * as path from 'path';
@@ -110,6 +112,51 @@ describe('native FileWriter', () => {
     expect(() => new native.FileWriter(path.join(dir, 'd.bin'), 0o10000, 65536)).toThrow(expect.objectContaining({ code: 'ERR_INVALID_ARG', message: expect.stringContaining('mode') }));
   });
 
+  test('early writeback (sync_file_range every writebackBytes) and close(fsync) keep every byte and the checksum', async () => {
+    const file = path.join(dir, 'wb.bin');
+    // 64 KiB writeback steps over 4 KiB blocks: many hints, across write() calls.
+    const w = new native.FileWriter(file, 0o644, 4096, 65536);
+    const parts = [unaligned(300 * 1024 + 5, 1), unaligned(7, 2), unaligned(1024 * 1024 + 3, 3)];
+    for (const p of parts) await w.write(p);
+    await w.close(true);
+    expect(w.closed).toBe(true);
+    const onDisk = fs.readFileSync(file);
+    expect(onDisk.equals(Buffer.concat(parts))).toBe(true);
+    expect(w.crc32c).toBe(crc32c(onDisk));
+    expect(() => w.close(true)).toThrow(expect.objectContaining({ code: 'ERR_CLOSED' }));
+    expect(() => new native.FileWriter(path.join(dir, 'wb2.bin'), 0o644, 4096, 4096)).toThrow(
+      expect.objectContaining({ code: 'ERR_INVALID_ARG', message: expect.stringContaining('writebackBytes') }),
+    );
+    const off = new native.FileWriter(path.join(dir, 'wb3.bin'), 0o644, 4096, 0); // 0: no early writeback
+    await off.write(parts[0]);
+    expect(() => off.close('yes' as unknown as boolean)).toThrow(expect.objectContaining({ code: 'ERR_INVALID_ARG', message: expect.stringContaining('fsync') }));
+    await off.close(false);
+    expect(fs.readFileSync(path.join(dir, 'wb3.bin')).equals(parts[0])).toBe(true);
+  });
+
+  test('writes on its own thread: they complete while every libuv pool thread is blocked', async () => {
+    // Each pool thread blocks in open(2) of a FIFO with no writer until we open its other end;
+    // a writer on the pool (as staging copies and other fs work are) would wait behind them.
+    const poolSize = Number(process.env.UV_THREADPOOL_SIZE ?? 4);
+    const fifos = Array.from({ length: poolSize }, (_, i) => path.join(dir, `pool-${i}.fifo`));
+    for (const f of fifos) expect(spawnSync('mkfifo', [f]).status).toBe(0);
+    const blocked = fifos.map((f) => fs.promises.readFile(f));
+    let poolRan = false;
+    const probe = fs.promises.access(dir).then(() => (poolRan = true)); // queued behind the blocked ones
+    try {
+      const file = path.join(dir, 'own-thread.bin');
+      const w = new native.FileWriter(file, 0o644, 65536, 1 << 20);
+      const data = unaligned(3 << 20, 1);
+      await w.write(data);
+      await w.close(true);
+      expect(poolRan).toBe(false); // the pool really was blocked all along
+      expect(fs.readFileSync(file).equals(data)).toBe(true);
+    } finally {
+      for (const f of fifos) fs.writeFileSync(f, 'x'); // opens the write end: unblocks the reader (sync: the pool is busy)
+      await Promise.all([...blocked, probe]);
+    }
+  });
+
   const noRoot = rootOnlyReason();
   (noRoot ? test.skip : test)('a full disk rejects the write with ENOSPC and syscall write', async () => {
     const mnt = path.join(dir, 'small');
@@ -149,6 +196,26 @@ describe('FileSink on FileWriter', () => {
     expect(onDisk.equals(Buffer.concat([head, small, big, Buffer.from('tail')]))).toBe(true);
     expect(r).toEqual({ bytes: onDisk.length, checksum: `crc32c:${crc32c(onDisk).toString(16).padStart(8, '0')}` });
     await expect(sink.write(Buffer.alloc(1))).rejects.toMatchObject({ code: 'ERR_CLOSED' });
+  });
+
+  test('finishInBackground: size and checksum at once, fsync + close behind; close({ fsync }) in one call', async () => {
+    const file = path.join(dir, 'bg.bin');
+    const sink = await FileSink.create(file);
+    const head = Buffer.from('head');
+    const big = unaligned(9 * 1024 * 1024 + 11, 1); // more than one early-writeback step
+    await sink.write(head);
+    await sink.write(big);
+    const { result, durable } = await sink.finishInBackground();
+    await expect(sink.write(Buffer.alloc(1))).rejects.toMatchObject({ code: 'ERR_CLOSED' });
+    await durable;
+    const onDisk = fs.readFileSync(file);
+    expect(onDisk.equals(Buffer.concat([head, big]))).toBe(true);
+    expect(result).toEqual({ bytes: onDisk.length, checksum: `crc32c:${crc32c(onDisk).toString(16).padStart(8, '0')}` });
+
+    const file2 = path.join(dir, 'synced.bin');
+    const r2 = await withSink(file2, (s) => s.write(big), { fsync: true });
+    expect(r2.bytes).toBe(big.length);
+    expect(fs.readFileSync(file2).equals(big)).toBe(true);
   });
 
   test('create refuses an existing file as a CaptureError naming it', async () => {
