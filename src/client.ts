@@ -60,7 +60,7 @@ interface Pending {
 
 const MARGIN_MS = 20;
 /** Steps between re-sends of every request's binding and block table (a lost one heals by then). */
-const RESEND_EVERY = 1000;
+const RESEND_EVERY = 64;
 
 export class WavebusClient {
   readonly stats = { sent: 0, endOfWaveTimeouts: 0, endOfWaveCalls: 0, dueWaves: 0, rejoins: 0, endOfWaveErrors: 0 };
@@ -373,6 +373,7 @@ export class WavebusClient {
     const frame = encode(ClientRequest, { id: 0, ...body });
     this.sendChain = this.sendChain.then(() => s.send(frame)).catch((e: Error) => {
       this.lastError = `waveHead: ${e.message}`;
+      this.columnizer?.resend(); // its bindings may have been in this one
     });
   }
 

@@ -24,7 +24,7 @@ log = logging.getLogger("wavebus_client")
 
 DEFAULT_END_OF_WAVE_TIMEOUT_MS = 50
 # Steps between re-sends of every request's binding and block table (a lost one heals by then).
-RESEND_EVERY = 1000
+RESEND_EVERY = 64
 _MAX_U64 = (1 << 64) - 1
 
 
@@ -382,6 +382,8 @@ class Client:
         # One-way: the engine never waits for the agent or the coordinator at the head of a wave.
         if not self._send(pb.ClientRequest(wave_head=body), one_way=True):
             self.stats["wave_head_skipped"] += 1
+            if self._columnizer is not None:
+                self._columnizer.resend()  # its bindings may have been in this one
             return False
         self.stats["wave_head_sent"] += 1
         return True
