@@ -371,3 +371,19 @@ describe('malloc tuning', () => {
     expect(() => native.tuneMalloc(64 << 20, 0)).toThrow(expect.objectContaining({ code: 'ERR_INVALID_ARG' }));
   });
 });
+
+test('a worker thread terminated while it is inside a native call that throws ends cleanly, not with an abort', () => {
+  // node-addon-api without NODE_API_SWALLOW_UNTHROWABLE_EXCEPTIONS aborts the whole process here
+  const script = `
+const { Worker } = require('worker_threads');
+const w = new Worker(\`
+  const { native } = require(${JSON.stringify(require.resolve('../dist/src/native'))});
+  require('worker_threads').parentPort.postMessage('go');
+  for (;;) { try { native.crc32c('not bytes'); } catch (e) {} }
+\`, { eval: true });
+w.on('message', () => setTimeout(() => w.terminate().then(() => { console.log('terminated'); process.exit(0); }), 50));`;
+  for (let i = 0; i < 3; i++) {
+    const r = spawnSync(process.execPath, ['-e', script], { encoding: 'utf8', timeout: 60000 });
+    expect({ status: r.status, signal: r.signal, out: r.stdout.trim() }).toEqual({ status: 0, signal: null, out: 'terminated' });
+  }
+});
