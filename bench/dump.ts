@@ -14,7 +14,7 @@
 import * as crypto from 'crypto';
 import { spawnSync } from 'child_process';
 import * as fs from 'fs';
-import { packageRoot } from '../src/native';
+import { packageRoot } from '../src/paths';
 import * as os from 'os';
 import * as path from 'path';
 import yargs from 'yargs';

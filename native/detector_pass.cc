@@ -316,24 +316,19 @@ Napi::Value JsDetectStep(const Napi::CallbackInfo& info) {
     if (rec < 0) continue;  // a row the guard skips (no request bound to its slot)
     if ((rec & 1) != 0 || rec + recordWords > stateWords) ThrowCoded(env, "ERR_INVALID_ARG", "rowRecord[" + std::to_string(i) + "] is outside the state");
     const int32_t muted = rowMuted[i];
-    double* out = hits.data + nHits * kHitWords;
-    if (repeatOn && n > 0 && (muted & kMuteRepeat) == 0 && rep.Step(m, rec, tokenIds.data + start, n, out + 2)) {
+    // a hit's figures go to out + 2 of the next record; keep writes the row and type before them
+    auto next = [&]() { return hits.data + nHits * kHitWords; };
+    auto keep = [&](double type) {
+      double* out = next();
       out[0] = static_cast<double>(i);
-      out[1] = kTokenRepeat;
-      out += kHitWords;
+      out[1] = type;
       nHits++;
-    }
-    if (specOn && draftLen.length != 0 && draftLen[i] > 0 && (muted & kMuteSpec) == 0 && spec.Step(m, rec, draftLen[i], accepted[i], out + 2)) {
-      out[0] = static_cast<double>(i);
-      out[1] = kSpec;
-      out += kHitWords;
-      nHits++;
-    }
+    };
+    if (repeatOn && n > 0 && (muted & kMuteRepeat) == 0 && rep.Step(m, rec, tokenIds.data + start, n, next() + 2)) keep(kTokenRepeat);
+    if (specOn && draftLen.length != 0 && draftLen[i] > 0 && (muted & kMuteSpec) == 0 && spec.Step(m, rec, draftLen[i], accepted[i], next() + 2)) keep(kSpec);
     if (garbledOn && n > 0 && logprobs.length != 0 && (muted & kMuteGarbled) == 0 &&
-        gar.Step(m, rec, logprobs.data + start, ranks.length != 0 ? ranks.data + start : nullptr, n, out + 2)) {
-      out[0] = static_cast<double>(i);
-      out[1] = kGarbled;
-      nHits++;
+        gar.Step(m, rec, logprobs.data + start, ranks.length != 0 ? ranks.data + start : nullptr, n, next() + 2)) {
+      keep(kGarbled);
     }
   }
   return Napi::Number::New(env, static_cast<double>(nHits));

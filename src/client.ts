@@ -137,12 +137,13 @@ export class WavebusClient {
   waveHead(wave: number, telemetry?: Omit<StepTelemetry, 'wave'> & { wave?: number }): Promise<void> {
     const bad = waveError(wave, 'waveHead');
     if (bad) return bad;
-    if (!this.active()) {
+    const bits = this.mailbox.features();
+    if (bits === 0) {
       this.columnizer = null; // requests freed meanwhile go unseen: start over when sending again
       return SETTLED;
     }
     // Known features (the usual step): sent synchronously, nothing to wait for.
-    if (this.features && this.mailbox.features() === this.featureBits) {
+    if (this.features && bits === this.featureBits) {
       try {
         this.sendWaveHead(this.features, wave, telemetry);
       } catch (e) {

@@ -143,7 +143,6 @@ export interface NativeBinding {
   tuneMalloc(mmapThresholdBytes: number, trimThresholdBytes: number): boolean;
 }
 
-export { packageRoot };
 
 /** Path of the built addon. */
 export function addonPath(): string {

@@ -282,6 +282,8 @@ describe('wave bus', () => {
     await waitFor(() => a.bus.latest()?.wave === 1, 'wave 1 from the first coordinator');
     const epoch1 = c1.epoch;
     await c1.stop();
+    // libzmq releases a closed socket's port on its I/O thread, a moment after close()
+    await waitFor(async () => (await portFree(port)) && (await portFree(port + 1)), 'the first coordinator\'s ports released');
 
     const c2 = await startCoordinator({ port, layout });
     expect(c2.epoch).not.toBe(epoch1);
