@@ -1,12 +1,16 @@
 #include "mailbox.h"
 
 #include <fcntl.h>
+#include <linux/futex.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
+#include <ctime>
 
 #include "addon_data.h"
 #include "coded_error.h"
@@ -53,6 +57,116 @@ void WriteSlot(uint8_t* base, uint32_t slot, uint64_t wave, uint32_t config, uin
   __atomic_store_n(U32(s, kSlotSnapshot), snapshot, __ATOMIC_RELAXED);
   __atomic_store_n(U64(s, kSlotSeq), seq + 2, __ATOMIC_RELEASE);
 }
+
+// Every slot write bumps `published` and wakes whoever sleeps on it. Not FUTEX_PRIVATE: the
+// sleepers are other processes mapping the same file. A wake with no sleeper costs ~1 µs, once
+// per wave, in the agent.
+void AnnouncePublish(uint8_t* base) {
+  uint32_t* word = U32(base, kOffPublished);
+  __atomic_fetch_add(word, 1, __ATOMIC_SEQ_CST);
+  syscall(SYS_futex, word, FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
+}
+
+enum class SlotRead { kFound, kOther, kBusy };
+
+// Seqlock read of the slot for `wave`; out[] = wave, config, dump, snapshot when kFound.
+SlotRead ReadSlot(const uint8_t* base, uint64_t wave, uint64_t out[4]) {
+  const uint8_t* s = base + kHeaderBytes + kSlotBytes * (wave % kSlots);
+  // A writer holds a slot odd for a few stores; a slot odd for this long means it died mid-update.
+  for (int attempt = 0; attempt < 100000; attempt++) {
+    uint64_t s1 = __atomic_load_n(U64(s, kSlotSeq), __ATOMIC_ACQUIRE);
+    if (s1 & 1) {
+      CpuRelax();
+      continue;
+    }
+    uint64_t w = __atomic_load_n(U64(s, kSlotWave), __ATOMIC_RELAXED);
+    uint32_t config = __atomic_load_n(U32(s, kSlotConfig), __ATOMIC_RELAXED);
+    uint32_t dump = __atomic_load_n(U32(s, kSlotDump), __ATOMIC_RELAXED);
+    uint32_t snapshot = __atomic_load_n(U32(s, kSlotSnapshot), __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    uint64_t s2 = __atomic_load_n(U64(s, kSlotSeq), __ATOMIC_RELAXED);
+    if (s1 != s2) continue;
+    if (s1 == 0 || w != wave) return SlotRead::kOther;
+    out[0] = w;
+    out[1] = config;
+    out[2] = dump;
+    out[3] = snapshot;
+    return SlotRead::kFound;
+  }
+  return SlotRead::kBusy;
+}
+
+// Sleeps on `published` until the slot for a wave holds it, or the bound runs out. Runs on the
+// libuv pool so that a TypeScript engine (and an agent in the same process, as in tests) keeps
+// its event loop; the wake costs one futex hop instead of a round trip to the agent.
+class WaitWorker : public Napi::AsyncWorker {
+ public:
+  WaitWorker(Napi::Env env, std::shared_ptr<const uint8_t> map, std::string path, uint64_t wave, uint64_t timeoutMs)
+      : Napi::AsyncWorker(env, "wavebus:mailbox-wait"),
+        map_(std::move(map)),
+        path_(std::move(path)),
+        wave_(wave),
+        timeoutMs_(timeoutMs),
+        deferred_(Napi::Promise::Deferred::New(env)) {}
+  Napi::Promise Promise() { return deferred_.Promise(); }
+
+ protected:
+  void Execute() override {
+    const uint8_t* base = map_.get();
+    const uint32_t* word = U32(base, kOffPublished);
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeoutMs_);
+    for (;;) {
+      uint32_t seen = __atomic_load_n(word, __ATOMIC_SEQ_CST);
+      result_ = ReadSlot(base, wave_, out_);
+      if (result_ != SlotRead::kOther) return;
+      // A slot already past this wave means its vector was overwritten: waiting cannot help.
+      uint64_t w = __atomic_load_n(U64(base + kHeaderBytes + kSlotBytes * (wave_ % kSlots), kSlotWave), __ATOMIC_RELAXED);
+      if (w != kEmptyWave && w > wave_) {
+        overwritten_ = true;
+        return;
+      }
+      auto left = deadline - std::chrono::steady_clock::now();
+      if (left <= std::chrono::nanoseconds(0)) {
+        timedOut_ = true;
+        return;
+      }
+      auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
+      struct timespec ts = {static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+      // EAGAIN: published moved since `seen` (look again); EINTR/ETIMEDOUT: the loop decides.
+      syscall(SYS_futex, word, FUTEX_WAIT, seen, &ts, nullptr, 0);
+    }
+  }
+
+  void OnOK() override {
+    Napi::Env env = Env();
+    map_.reset();
+    if (result_ == SlotRead::kBusy) {
+      deferred_.Reject(CodedError(env, "ERR_MAILBOX_BUSY", "mailbox " + path_ + " slot " + std::to_string(wave_ % kSlots) +
+                                                              " stayed mid-update; its writer may have died")
+                           .Value());
+      return;
+    }
+    if (result_ == SlotRead::kFound) {
+      Napi::Array a = Napi::Array::New(env, 4);
+      for (uint32_t i = 0; i < 4; i++) a.Set(i, Napi::Number::New(env, static_cast<double>(out_[i])));
+      deferred_.Resolve(a);
+      return;
+    }
+    // false: the bound ran out; undefined: the slot moved past this wave.
+    deferred_.Resolve(timedOut_ ? Napi::Value(Napi::Boolean::New(env, false)) : env.Undefined());
+  }
+
+ private:
+  std::shared_ptr<const uint8_t> map_;
+  std::string path_;
+  uint64_t wave_;
+  uint64_t timeoutMs_;
+  Napi::Promise::Deferred deferred_;
+  SlotRead result_ = SlotRead::kOther;
+  uint64_t out_[4] = {0, 0, 0, 0};
+  bool timedOut_ = false;
+  bool overwritten_ = false;
+};
 
 uint32_t ArgU32(const Napi::CallbackInfo& info, size_t i, const char* name) {
   uint64_t v = ArgU64(info, i, name);
@@ -130,6 +244,7 @@ Napi::Value MailboxWriter::Create(const Napi::CallbackInfo& info) {
   __atomic_store_n(U64(base, kOffFeatures), 0, __ATOMIC_RELAXED);
   for (uint32_t i = 0; i < kSlots; i++) WriteSlot(base, i, kEmptyWave, 0, 0, 0);
   __atomic_store_n(U64(base, 0), MagicWord(), __ATOMIC_RELEASE);  // magic last: the header is now valid
+  AnnouncePublish(base);  // a client asleep on the previous agent's file looks again
 
   auto ext = Napi::External<uint8_t>::New(env, base);
   Napi::Object obj = GetAddonData(env)->mailboxWriter.New({ext, Napi::String::New(env, path)});
@@ -149,6 +264,7 @@ Napi::Value MailboxWriter::Publish(const Napi::CallbackInfo& info) {
   uint32_t dump = ArgU32(info, 2, "dumpDue");
   uint32_t snapshot = info.Length() > 3 && !info[3].IsUndefined() ? ArgU32(info, 3, "snapshotDue") : 0;
   WriteSlot(base, static_cast<uint32_t>(wave % kSlots), wave, config, dump, snapshot);
+  AnnouncePublish(base);
   return env.Undefined();
 }
 
@@ -179,6 +295,7 @@ Napi::Function MailboxReader::Define(Napi::Env env) {
                          InstanceMethod<&MailboxReader::Read>("read"),
                          InstanceMethod<&MailboxReader::Features>("features"),
                          InstanceMethod<&MailboxReader::Epoch>("epoch"),
+                         InstanceMethod<&MailboxReader::WaitFor>("waitFor"),
                          InstanceMethod<&MailboxReader::Close>("close"),
                      });
 }
@@ -189,11 +306,10 @@ MailboxReader::MailboxReader(const Napi::CallbackInfo& info) : Napi::ObjectWrap<
   }
   base_ = info[0].As<Napi::External<uint8_t>>().Data();
   path_ = info[1].As<Napi::String>().Utf8Value();
+  map_ = std::shared_ptr<const uint8_t>(base_, [](const uint8_t* p) { munmap(const_cast<uint8_t*>(p), kFileBytes); });
 }
 
-MailboxReader::~MailboxReader() {
-  if (base_ != nullptr) munmap(const_cast<uint8_t*>(base_), kFileBytes);
-}
+MailboxReader::~MailboxReader() = default;
 
 Napi::Value MailboxReader::Open(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
@@ -233,31 +349,28 @@ Napi::Value MailboxReader::Read(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   const uint8_t* base = Live(env);
   uint64_t wave = ArgU64(info, 0, "wave");
-  const uint8_t* s = base + kHeaderBytes + kSlotBytes * (wave % kSlots);
-  // A writer holds a slot odd for a few stores; a slot odd for this long means it died mid-update.
-  for (int attempt = 0; attempt < 100000; attempt++) {
-    uint64_t s1 = __atomic_load_n(U64(s, kSlotSeq), __ATOMIC_ACQUIRE);
-    if (s1 & 1) {
-      CpuRelax();
-      continue;
-    }
-    uint64_t w = __atomic_load_n(U64(s, kSlotWave), __ATOMIC_RELAXED);
-    uint32_t config = __atomic_load_n(U32(s, kSlotConfig), __ATOMIC_RELAXED);
-    uint32_t dump = __atomic_load_n(U32(s, kSlotDump), __ATOMIC_RELAXED);
-    uint32_t snapshot = __atomic_load_n(U32(s, kSlotSnapshot), __ATOMIC_RELAXED);
-    __atomic_thread_fence(__ATOMIC_ACQUIRE);
-    uint64_t s2 = __atomic_load_n(U64(s, kSlotSeq), __ATOMIC_RELAXED);
-    if (s1 != s2) continue;
-    if (s1 == 0 || w != wave) return env.Undefined();
-    Napi::Array out = Napi::Array::New(env, 4);
-    out.Set(0u, Napi::Number::New(env, static_cast<double>(w)));
-    out.Set(1u, Napi::Number::New(env, config));
-    out.Set(2u, Napi::Number::New(env, dump));
-    out.Set(3u, Napi::Number::New(env, snapshot));
-    return out;
+  uint64_t v[4];
+  SlotRead r = ReadSlot(base, wave, v);
+  if (r == SlotRead::kBusy) {
+    ThrowCoded(env, "ERR_MAILBOX_BUSY", "mailbox " + path_ + " slot " + std::to_string(wave % kSlots) +
+                                            " stayed mid-update; its writer may have died");
   }
-  ThrowCoded(env, "ERR_MAILBOX_BUSY", "mailbox " + path_ + " slot " + std::to_string(wave % kSlots) +
-                                          " stayed mid-update; its writer may have died");
+  if (r == SlotRead::kOther) return env.Undefined();
+  Napi::Array out = Napi::Array::New(env, 4);
+  for (uint32_t i = 0; i < 4; i++) out.Set(i, Napi::Number::New(env, static_cast<double>(v[i])));
+  return out;
+}
+
+// JS: waitFor(wave, timeoutMs) -> Promise<[wave, config, dump, snapshot] | false | undefined>
+Napi::Value MailboxReader::WaitFor(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  Live(env);
+  uint64_t wave = ArgU64(info, 0, "wave");
+  uint64_t timeoutMs = ArgU64(info, 1, "timeoutMs");
+  auto* worker = new WaitWorker(env, map_, path_, wave, timeoutMs);
+  Napi::Promise p = worker->Promise();
+  worker->Queue();
+  return p;
 }
 
 Napi::Value MailboxReader::Features(const Napi::CallbackInfo& info) {
@@ -271,7 +384,7 @@ Napi::Value MailboxReader::Epoch(const Napi::CallbackInfo& info) {
 }
 
 Napi::Value MailboxReader::Close(const Napi::CallbackInfo& info) {
-  if (base_ != nullptr) munmap(const_cast<uint8_t*>(base_), kFileBytes);
+  map_.reset();  // unmapped once no waitFor worker holds it either
   base_ = nullptr;
   return info.Env().Undefined();
 }

@@ -3,16 +3,19 @@
 // wave N?" with plain loads, no system call. Layout (docs/native.md has it byte by byte):
 //
 //   header, 64 bytes: magic "WBMBOX01" | u32 version = 1 | u32 slots = 8 | u64 features |
-//                     u64 epoch | zero padding
+//                     u64 epoch | u32 published | zero padding
 //   slot i at 64 + 64*i: u64 seq | u64 wave | u32 config_due | u32 dump_due |
 //                        u32 snapshot_due | zero padding
 //
 // Little-endian. Slot for wave N is N % 8. seq is odd while the writer is mid-update; a slot
 // with seq == 0 or wave == 2^64-1 is empty. One writer per file (the rank's agent).
+// `published` counts slot writes; it is the futex word a client sleeps on when it reaches the end
+// of a wave whose vector is late, and the writer wakes it after every publish.
 #pragma once
 #include <napi.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 namespace wavebus {
@@ -26,7 +29,7 @@ constexpr uint32_t kVersion = 1;
 constexpr char kMagic[9] = "WBMBOX01";
 constexpr uint64_t kEmptyWave = ~0ull;
 // Byte offsets.
-constexpr uint64_t kOffVersion = 8, kOffSlots = 12, kOffFeatures = 16, kOffEpoch = 24;
+constexpr uint64_t kOffVersion = 8, kOffSlots = 12, kOffFeatures = 16, kOffEpoch = 24, kOffPublished = 32;
 constexpr uint64_t kSlotSeq = 0, kSlotWave = 8, kSlotConfig = 16, kSlotDump = 20, kSlotSnapshot = 24;
 }  // namespace mailbox
 
@@ -59,10 +62,13 @@ class MailboxReader : public Napi::ObjectWrap<MailboxReader> {
   Napi::Value Read(const Napi::CallbackInfo& info);
   Napi::Value Features(const Napi::CallbackInfo& info);
   Napi::Value Epoch(const Napi::CallbackInfo& info);
+  Napi::Value WaitFor(const Napi::CallbackInfo& info);
   Napi::Value Close(const Napi::CallbackInfo& info);
   const uint8_t* Live(Napi::Env env);
 
   std::string path_;
+  // Shared with WaitFor workers: close() while one sleeps must not unmap under it.
+  std::shared_ptr<const uint8_t> map_;
   const uint8_t* base_ = nullptr;
 };
 

@@ -253,9 +253,10 @@ export class Agent {
           continue;
         }
         this.stats.clientRequests++;
-        if (req.body === 'waveHead' && req.id === 0) {
-          // One-way: the engine never waits at the head of a wave, so nothing is answered.
-          this.handleFrom(peer, req).catch((err: Error) => this.log.warn({ err: String(err?.message ?? err) }, 'wave head from the client failed'));
+        if (req.id === 0 && (req.body === 'waveHead' || req.body === 'endOfWave')) {
+          // One-way: a wave head (the engine never waits at the head of a wave) or a missed-wave
+          // notice (the engine already went on), so nothing is answered.
+          this.handleFrom(peer, req).catch((err: Error) => this.log.warn({ err: String(err?.message ?? err), body: req.body }, 'one-way message from the client failed'));
           continue;
         }
         void this.handleFrom(peer, req).then(
@@ -333,6 +334,11 @@ export class Agent {
         if (this.bus && this.identity.tpRank === 0) this.bus.sendWaveHead(req.waveHead.wave, req.waveHead.telemetry ?? null);
         return {};
       case 'endOfWave':
+        if (req.id === 0) {
+          // The client waited on the mailbox for the bound and went on without the vector.
+          if (req.endOfWave.missed && this.bus && !this.ended.has(req.endOfWave.wave)) this.missedWave(req.endOfWave.wave);
+          return {};
+        }
         return this.endOfWave(req.endOfWave.wave);
       case 'beforeForward':
         return this.beforeForward(req.beforeForward);
@@ -363,13 +369,7 @@ export class Agent {
   private async endOfWave(wave: number): Promise<Record<string, unknown>> {
     if (!this.bus) return {};
     if (!(await this.waitForWave(wave, this.endOfWaveTimeoutMs))) {
-      this.stats.endOfWaveTimeouts++;
-      this.ended.add(wave);
-      // Rate-limited: a dead coordinator would otherwise log once per engine step.
-      if (this.stats.endOfWaveTimeouts === 1 || this.stats.endOfWaveTimeouts % 100 === 0) {
-        this.log.warn({ wave, boundMs: this.endOfWaveTimeoutMs, total: this.stats.endOfWaveTimeouts }, 'wave vector did not arrive before end_of_wave; the step goes on');
-      }
-      this.reportMissed(wave);
+      this.missedWave(wave);
       return { timedOut: true };
     }
     if (this.ended.has(wave)) return {};
@@ -399,6 +399,17 @@ export class Agent {
       }
     });
     return { dumpsWritten: staged.length };
+  }
+
+  /** The engine ended `wave` without its vector (the bound ran out): counted, logged, its dumps failed. */
+  private missedWave(wave: number): void {
+    this.stats.endOfWaveTimeouts++;
+    this.ended.add(wave);
+    // Rate-limited: a dead coordinator would otherwise log once per engine step.
+    if (this.stats.endOfWaveTimeouts === 1 || this.stats.endOfWaveTimeouts % 100 === 0) {
+      this.log.warn({ wave, boundMs: this.endOfWaveTimeoutMs, total: this.stats.endOfWaveTimeouts }, 'wave vector did not arrive before end_of_wave; the step goes on');
+    }
+    this.reportMissed(wave);
   }
 
   /** A wave whose vector came too late: its dump jobs cannot be copied consistently any more. */

@@ -4,7 +4,7 @@
 // Byte layout: docs/native.md (a Python client reads it with mmap + struct).
 import * as fs from 'fs';
 import { NativeError } from './errors';
-import { native, nativeCall, NativeMailboxReader, NativeMailboxWriter } from './native';
+import { native, nativeAsync, nativeCall, NativeMailboxReader, NativeMailboxWriter } from './native';
 
 /** Feature bits in the header, set by the agent so an all-off client can skip everything. */
 export const MailboxFeature = {
@@ -98,6 +98,21 @@ export class MailboxReader {
     const w = checkWave(wave);
     const got = nativeCall(() => this.r.read(w));
     if (got === undefined) return undefined;
+    return { wave: got[0], configDue: got[1], dumpDue: got[2], snapshotDue: got[3] };
+  }
+
+  /**
+   * Wait for `wave`'s vector without a system call per check: the reader sleeps on the header's
+   * publish counter, which the writer bumps and wakes after every slot write. Resolves with the
+   * vector, 'timeout' when `timeoutMs` ran out, or 'overwritten' when the slot already holds a
+   * later wave. The JS thread stays free meanwhile.
+   */
+  async waitFor(wave: number, timeoutMs: number): Promise<WaveVector | 'timeout' | 'overwritten'> {
+    const w = checkWave(wave);
+    if (!Number.isSafeInteger(timeoutMs) || timeoutMs < 0) throw new NativeError(`timeoutMs must be a non-negative integer, got ${timeoutMs}`, 'ERR_INVALID_ARG');
+    const got = await nativeAsync(() => this.r.waitFor(w, timeoutMs));
+    if (got === false) return 'timeout';
+    if (got === undefined) return 'overwritten';
     return { wave: got[0], configDue: got[1], dumpDue: got[2], snapshotDue: got[3] };
   }
 

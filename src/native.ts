@@ -63,6 +63,11 @@ export interface NativeMailboxReader {
   read(wave: number): [number, number, number, number] | undefined;
   features(): number;
   epoch(): number;
+  /**
+   * Sleeps (on the libuv pool, futex on the header's `published` word) until the slot holds `wave`:
+   * the vector; false when timeoutMs ran out; undefined when the slot moved past `wave`.
+   */
+  waitFor(wave: number, timeoutMs: number): Promise<[number, number, number, number] | false | undefined>;
   close(): void;
 }
 
