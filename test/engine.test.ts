@@ -250,11 +250,39 @@ test('end_of_wave never waits past its bound when the wave vector does not come'
     expect(res).toEqual({ due: false, timedOut: true });
   }
   expect(job.ranks[1].client.stats.endOfWaveTimeouts).toBe(5);
-  // The agent's own count can trail the client's by one reply under load (both timers run here).
+  // The first call met the agent (hello) and the agent's own bound ran out; the next four slept on
+  // the mailbox and told the agent one-way. Either way the agent counts every miss.
   await waitFor(() => job.ranks[1].agent.stats.endOfWaveTimeouts === 5, 'the agent to count 5 timeouts');
+  expect(job.ranks[1].agent.stats.missedWaves).toBe(5);
   // The job goes on normally afterwards.
   const ok = await runWave(job, 6, undefined);
   expect(ok.every((r) => !r.timedOut)).toBe(true);
+});
+
+test('a vector that comes after end_of_wave gave up: that rank reports its dump failed, the other dumps', async () => {
+  const job = await startJob({ tp: 2, runtimeConfig: { ...REPEAT_ON, dump: { ...REPEAT_ON.dump, manual_dump: 1 } }, endOfWaveTimeoutMs: 200 });
+  jobs.push(job);
+  await waitFor(() => job.ranks.every((r) => r.client.featureFlags() !== 0), 'bus active');
+  // Wave 0 is never opened: both clients meet their agent (hello) and time out once.
+  for (const r of job.ranks) expect((await r.client.endOfWave(0)).timedOut).toBe(true);
+  // Rank 1 reaches the end of wave 1 before TP0 opens it, sleeps on the mailbox for the bound, goes on.
+  expect(await job.ranks[1].client.endOfWave(1)).toEqual({ due: false, timedOut: true });
+  await waitFor(() => job.ranks[1].agent.stats.endOfWaveTimeouts === 2, 'rank 1 agent to learn of the miss');
+  // Now TP0 opens wave 1; the manual dump of the running request is armed in it.
+  await job.ranks[0].client.waveHead(1, { wave: 0, requests: [step('req-late-1', [1], [1, 2])], nonFinite: [] });
+  expect(await job.ranks[0].client.endOfWave(1)).toEqual({ due: true, timedOut: false });
+  for (const r of job.ranks) await r.agent.drain();
+  const dir = path.join(job.dumpRoot, 'manual_trigger', 'req-late-1', 'wave_1');
+  await waitFor(() => {
+    const p = path.join(dir, 'manifest.json');
+    return fs.existsSync(p) && Object.keys(JSON.parse(fs.readFileSync(p, 'utf8')).failed_ranks).length === 1;
+  }, 'the manifest to name rank 1 failed');
+  const m = JSON.parse(fs.readFileSync(path.join(dir, 'manifest.json'), 'utf8'));
+  expect(m).toMatchObject({ completed_ranks: [0], missing_ranks: [], complete: false });
+  expect(m.failed_ranks).toEqual({ 1: 'wave 1 vector arrived after end_of_wave (bound 200 ms)' });
+  expect(job.ranks[1].agent.stats).toMatchObject({ endOfWaveTimeouts: 2, missedWaves: 2, dumpsWritten: 0 });
+  expect(fs.existsSync(path.join(dir, 'rank0', 'dump.json'))).toBe(true);
+  expect(fs.existsSync(path.join(dir, 'rank1', 'dump.json'))).toBe(false);
 });
 
 test('before_forward writes an input snapshot on every rank, and a bad region is refused', async () => {

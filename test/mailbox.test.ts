@@ -156,6 +156,55 @@ describe('mailbox', () => {
     r.close();
   });
 
+  test('waitFor sleeps until a writer in another process publishes the wave; bound, overwritten and close are answered', async () => {
+    const p = mailboxPath('wait');
+    // The child creates the file, then publishes waves 6 and 7 when told to (one line on stdin each).
+    const script = `
+      const n = require(${JSON.stringify(addonPath())});
+      const w = n.MailboxWriter.create(${JSON.stringify(p)});
+      process.stdout.write('ready\\n');
+      let next = 6;
+      process.stdin.on('data', () => { w.publish(next, 0, next === 7 ? 3 : 0, 0); next++; process.stdout.write('published\\n'); });
+      process.stdin.on('end', () => w.close());`;
+    const child = spawnTracked(process.execPath, ['-e', script], { stdio: ['pipe', 'pipe', 'pipe'] });
+    await waitFor(() => child.stdout().includes('ready') || child.child.exitCode !== null, 'the writer child to start');
+    const r = MailboxReader.open(p);
+    const published = () => fs.readFileSync(p).readUInt32LE(32); // the futex word
+    const before = published();
+
+    // Nothing published: the bound runs out.
+    expect(await r.waitFor(6, 50)).toBe('timeout');
+    // Asleep when the other process publishes: woken by it, long before a 20 s bound.
+    const t0 = Date.now();
+    const pending = r.waitFor(6, 20000);
+    await new Promise((res) => setTimeout(res, 100));
+    child.child.stdin!.write('go\n');
+    expect(await pending).toEqual({ wave: 6, configDue: 0, dumpDue: 0, snapshotDue: 0 });
+    expect(Date.now() - t0).toBeLessThan(20000);
+    expect(published()).toBe(before + 1);
+    // Already there: answered at once.
+    child.child.stdin!.write('go\n');
+    await waitFor(() => child.stdout().split('published').length === 3, 'the second publish');
+    expect(await r.waitFor(7, 20000)).toEqual({ wave: 7, configDue: 0, dumpDue: 3, snapshotDue: 0 });
+    // A slot that already holds a later wave: the one asked for will never come.
+    const mine = MailboxWriter.create(mailboxPath('wait-over'));
+    const r2 = MailboxReader.open(mine.path);
+    mine.publish({ wave: 21, configDue: 0, dumpDue: 0 });
+    expect(await r2.waitFor(13, 20000)).toBe('overwritten');
+    // close() while a wait sleeps: the wait still ends (at its bound), the mapping is not pulled from under it.
+    const sleeping = r2.waitFor(30, 100);
+    r2.close();
+    expect(await sleeping).toBe('timeout');
+    mine.close();
+
+    await expectCode(() => r.waitFor(-1, 10), 'ERR_INVALID_ARG', /wave must be a non-negative safe integer/);
+    await expectCode(() => r.waitFor(1, 1.5), 'ERR_INVALID_ARG', /timeoutMs must be a non-negative integer/);
+    r.close();
+    await expectCode(() => r.waitFor(1, 10), 'ERR_CLOSED', /is closed/);
+    child.child.stdin!.end();
+    expect((await child.exited).code).toBe(0);
+  });
+
   test('a restarted writer takes over the file; an existing reader sees emptied slots, then new waves', () => {
     const p = mailboxPath('restart');
     const w1 = MailboxWriter.create(p);
