@@ -7,7 +7,7 @@ import * as path from 'path';
 import * as zmq from 'zeromq';
 import { ClientReply, ClientRequest, decode, encode } from '../src/proto';
 import { columnsFromWire } from '../src/telemetry';
-import { PYTHON, ROOT, cleanup, freePort, runPython, spawnTracked, tmpDir } from './helpers';
+import { PYTHON, ROOT, cleanup, freePort, runPython, spawnTracked, tmpDir, waitFor } from './helpers';
 
 const PKG = path.join(ROOT, 'clients', 'python');
 const PYDIR = path.join(ROOT, 'test', 'python');
@@ -129,6 +129,34 @@ def v(w):
 print(json.dumps({"features": m.features, "epoch": m.epoch, "w20": v(20), "w21": v(21), "w30": v(30), "w22": v(22), "w0": v(0), "w12": v(12)}))`);
   w.close({ unlink: true });
   expect(got).toEqual({ features: 5, epoch: 9, w20: [20, true, true, false], w21: [21, false, false, false], w30: [30, false, true, false], w22: null, w0: null, w12: null });
+});
+
+test('a Python client asleep on the mailbox is woken by the agent\'s native writer in another process; bound and overwritten answered', async () => {
+  const { MailboxWriter } = require('../src/mailbox') as typeof import('../src/mailbox');
+  const dir = tmpDir();
+  const file = path.join(dir, 'mailbox-local0');
+  const marker = path.join(dir, 'waiting');
+  const w = MailboxWriter.create(file);
+  w.publish({ wave: 40, configDue: 0, dumpDue: 0 });
+  const pending = pyAsync(
+    `
+import json, time
+from wavebus_client.mailbox import Mailbox, WaveVector
+m = Mailbox(${JSON.stringify(file)})
+out = {"can_wait": m.can_wait, "timeout": m.wait_wave(9, 0.05), "overwritten": m.wait_wave(32, 20)}
+open(${JSON.stringify(marker)}, "w").close()
+t = time.monotonic()
+v = m.wait_wave(9, 20)
+out["woken"] = [v.wave, v.dump_due, time.monotonic() - t < 20]
+print(json.dumps(out))`,
+    ENV,
+  );
+  await waitFor(() => fs.existsSync(marker), 'the Python reader to start waiting');
+  await new Promise((r) => setTimeout(r, 100));
+  w.publish({ wave: 9, configDue: 0, dumpDue: 2 });
+  const got = await pending;
+  w.close({ unlink: true });
+  expect(got).toEqual({ can_wait: true, timeout: 'timeout', overwritten: 'overwritten', woken: [9, true, true] });
 });
 
 test('a Python writer and reader agree, and a bad mailbox file is refused with its name', () => {
@@ -300,8 +328,13 @@ print(json.dumps(out))`,
   expect(got.registered).toBe(4);
   expect(got.again).toBe(0);
   expect(got.head).toBe(true);
-  expect(got.w5).toEqual([true, true]);
+  // Wave 5's vector never comes: the client sleeps on the mailbox for the bound (no request), then
+  // tells the agent one-way that it went on without it.
+  expect(got.w5).toEqual([false, true]);
   expect(got.stats.end_of_wave_timeouts).toBe(1);
+  expect(got.stats.end_of_wave_waited).toBe(1);
+  const missed = agent.seen.find((s) => s.body === 'endOfWave')!.req;
+  expect(missed).toMatchObject({ id: 0, endOfWave: { wave: 5, missed: true } });
   expect(got.w6).toEqual([false, false, 0]);
   expect(got.stats.end_of_wave_fast).toBe(1);
   expect(got.w7).toEqual([true, false, 2]);

@@ -117,7 +117,7 @@ class Client:
         self.capture_timeout_ms = capture_timeout_ms
         self.end_of_wave_margin_ms = end_of_wave_margin_ms
         self.stats: Dict[str, int] = {
-            "requests_sent": 0, "end_of_wave_fast": 0, "end_of_wave_sent": 0, "end_of_wave_timeouts": 0,
+            "requests_sent": 0, "end_of_wave_fast": 0, "end_of_wave_waited": 0, "end_of_wave_sent": 0, "end_of_wave_timeouts": 0,
             "end_of_wave_errors": 0, "wave_head_sent": 0, "wave_head_errors": 0, "wave_head_skipped": 0,
             "stale_replies": 0, "bad_replies": 0, "captures": 0, "register_errors": 0,
         }
@@ -398,6 +398,20 @@ class Client:
         if v is not None and not v.anything_due:
             self.stats["end_of_wave_fast"] += 1
             return EndOfWaveResult(wave, vector=v)
+        if v is None and self.agent_features is not None and self._mb.can_wait and len(self._sent_regions) == len(self._regions):
+            # Late vector, agent known: sleep on the mailbox (the agent's publish wakes us), no request.
+            got = self._mb.wait_wave(wave, self.agent_features.end_of_wave_timeout_ms / 1000)
+            if got == "timeout":
+                self.stats["end_of_wave_timeouts"] += 1
+                self.stats["end_of_wave_waited"] += 1
+                # One-way: the agent counts the miss and fails the wave's dumps if they arrive later.
+                self._send(pb.ClientRequest(end_of_wave=pb.EndOfWave(wave=wave, missed=True)), one_way=True)
+                return EndOfWaveResult(wave, timed_out=True)
+            if isinstance(got, mb.WaveVector):
+                self.stats["end_of_wave_waited"] += 1
+                v = got
+                if not v.anything_due:
+                    return EndOfWaveResult(wave, vector=v)
         deadline = time.monotonic() + self._bound_s()
         res = EndOfWaveResult(wave, sent=True, vector=v)
         self.stats["end_of_wave_sent"] += 1

@@ -3,18 +3,22 @@
 The agent writes it; the client maps it read-only and reads it with struct, so the per-step
 check costs no system call. Layout (little-endian), fixed by docs/native.md / src/mailbox.ts:
 
-  header (64 bytes): magic b"WBMBOX01", u32 version=1, u32 slots=8, u64 features, u64 epoch, 0-pad
+  header (64 bytes): magic b"WBMBOX01", u32 version=1, u32 slots=8, u64 features, u64 epoch,
+                     u32 published (bumped by the writer after every slot write; a futex word), 0-pad
   slot i at 64 + 64*i (64 bytes): u64 seq (odd while written), u64 wave,
                                    u32 config_due, u32 dump_due, u32 snapshot_due, 0-pad
   the slot of wave N is N % slots; it belongs to wave N only if its wave field equals N.
   A slot with seq == 0 or wave == 2**64-1 is empty.
 """
+import ctypes
+import ctypes.util
 import mmap
 import os
+import platform
 import struct
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Union
 
 from .errors import ProtocolError
 
@@ -36,6 +40,31 @@ _FEATURES = struct.Struct("<Q")
 _FEATURES_OFFSET = 16
 _SEQ = struct.Struct("<Q")
 _SLOT = struct.Struct("<QQIII")  # seq, wave, config_due, dump_due, snapshot_due
+_PUBLISHED = struct.Struct("<I")
+_PUBLISHED_OFFSET = 32
+
+# futex(2) through libc's syscall(): the writer wakes the `published` word after every slot write.
+_SYS_FUTEX = {"x86_64": 202, "aarch64": 98}.get(platform.machine())
+_FUTEX_WAIT, _FUTEX_WAKE = 0, 1
+_PROT_READ, _MAP_SHARED = 0x1, 0x01
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+def _libc():
+    if _SYS_FUTEX is None:
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    except OSError:
+        return None
+    libc.syscall.restype = ctypes.c_long
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    return libc
 
 # A writer holds a slot odd only for a few stores; bound the spin so a writer that died
 # mid-write cannot hang the engine (the caller then treats the wave as not arrived).
@@ -57,8 +86,11 @@ class WaveVector:
 class Mailbox:
     """Read-only view of one mailbox file. Reads are plain memory loads (no system call)."""
 
+    _libc = None
+
     def __init__(self, path: str):
         self.path = path
+        self._futex_map = None
         try:
             fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:
@@ -70,6 +102,7 @@ class Mailbox:
             if size < SIZE:
                 raise ProtocolError(f"mailbox {path}: {size} bytes, expected at least {SIZE}", "ERR_MAILBOX")
             self._map = mmap.mmap(fd, SIZE, access=mmap.ACCESS_READ)
+            self._map_futex_word(fd)
         finally:
             os.close(fd)
         magic, version, slots, _features, _epoch = _HEADER.unpack_from(self._map, 0)
@@ -82,6 +115,48 @@ class Mailbox:
         if slots != SLOTS:
             self.close()
             raise ProtocolError(f"mailbox {path}: {slots} slots, expected {SLOTS}", "ERR_MAILBOX")
+
+    def _map_futex_word(self, fd: int) -> None:
+        # Python's read-only mmap does not expose its address, so the header page is mapped once more
+        # through libc (read-only, same file: the same futex). Without libc or a known futex number,
+        # can_wait is False and the client asks the agent instead.
+        if Mailbox._libc is None:
+            Mailbox._libc = _libc() or False
+        libc = Mailbox._libc
+        if not libc:
+            return
+        addr = libc.mmap(None, SIZE, _PROT_READ, _MAP_SHARED, fd, 0)
+        if addr is None or addr == ctypes.c_void_p(-1).value:
+            return
+        self._futex_map = addr
+
+    @property
+    def can_wait(self) -> bool:
+        """True when wait_wave sleeps on the futex (Linux x86-64 / aarch64 with libc)."""
+        return self._futex_map is not None and self._map is not None
+
+    def wait_wave(self, wave: int, timeout_s: float) -> Union[WaveVector, str]:
+        """Sleep until ``wave``'s vector is published, at most ``timeout_s``: the vector, "timeout", or
+        "overwritten" (its slot already holds a later wave). Needs can_wait. The GIL is released while
+        asleep (ctypes), and the writer's wake ends the sleep at once: no polling, no request."""
+        if not self.can_wait:
+            raise ProtocolError(f"mailbox {self.path}: waiting needs futex(2) through libc", "ERR_MAILBOX")
+        deadline = time.monotonic() + timeout_s
+        word = ctypes.c_void_p(self._futex_map + _PUBLISHED_OFFSET)
+        ts = _Timespec()
+        while True:
+            seen = _PUBLISHED.unpack_from(self._map, _PUBLISHED_OFFSET)[0]
+            v = self.read_slot(wave % SLOTS)
+            if v is not None and v.wave == wave:
+                return v
+            if v is not None and v.wave > wave:
+                return "overwritten"
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return "timeout"
+            ts.tv_sec, ts.tv_nsec = int(left), int((left - int(left)) * 1e9)
+            # Returns at once if `published` moved since `seen` (EAGAIN): the loop looks again.
+            Mailbox._libc.syscall(ctypes.c_long(_SYS_FUTEX), word, ctypes.c_long(_FUTEX_WAIT), ctypes.c_long(seen), ctypes.byref(ts), None, ctypes.c_long(0))
 
     @classmethod
     def wait_open(cls, path: str, timeout_s: float) -> "Mailbox":
@@ -132,6 +207,9 @@ class Mailbox:
         m, self._map = getattr(self, "_map", None), None
         if m is not None:
             m.close()
+        f, self._futex_map = getattr(self, "_futex_map", None), None
+        if f is not None:
+            Mailbox._libc.munmap(f, SIZE)
 
 
 class MailboxWriter:
@@ -177,6 +255,18 @@ class MailboxWriter:
         seq = _SEQ.unpack_from(self._map, off)[0]
         _SLOT.pack_into(self._map, off, seq, wave, int(config_due), int(dump_due), int(snapshot_due))
         _SEQ.pack_into(self._map, off, seq + 1)
+        self._announce()
+
+    def _announce(self) -> None:
+        """Bump `published` and wake readers asleep on it, as the agent's writer does."""
+        n = _PUBLISHED.unpack_from(self._map, _PUBLISHED_OFFSET)[0]
+        _PUBLISHED.pack_into(self._map, _PUBLISHED_OFFSET, (n + 1) & 0xFFFFFFFF)
+        if Mailbox._libc is None:
+            Mailbox._libc = _libc() or False
+        if Mailbox._libc:
+            word = ctypes.c_char.from_buffer(self._map, _PUBLISHED_OFFSET)
+            Mailbox._libc.syscall(ctypes.c_long(_SYS_FUTEX), ctypes.byref(word), ctypes.c_long(_FUTEX_WAKE), ctypes.c_long(0x7FFFFFFF), None, None, ctypes.c_long(0))
+            del word  # a live ctypes view would keep the mmap from closing
 
     def close(self) -> None:
         self._map.close()
