@@ -183,12 +183,12 @@ export function subFate(parts: Buffer[]): string | undefined {
 
 /**
  * What the agent's client ROUTER does with this message: it answers every decodable first part,
- * except a wave head with id 0 (one-way: taken, never answered).
+ * except a wave head or an end-of-wave notice with id 0 (one-way: taken, never answered).
  */
 export function clientFate(parts: Buffer[]): 'answered' | 'one_way' | 'undecodable' {
   try {
     const req = decode(ClientRequest, parts[0]);
-    return req.body === 'waveHead' && req.id === 0 ? 'one_way' : 'answered';
+    return req.id === 0 && (req.body === 'waveHead' || req.body === 'endOfWave') ? 'one_way' : 'answered';
   } catch {
     return 'undecodable';
   }

@@ -33,7 +33,12 @@ test('python workers under wavebus launch: a manual dump matches the workers\' K
   await waitFor(() => {
     const waves = fs.existsSync(reqDir) ? fs.readdirSync(reqDir) : [];
     return waves.length > 0 && fs.existsSync(path.join(reqDir, waves[0], 'manifest.json')) && JSON.parse(fs.readFileSync(path.join(reqDir, waves[0], 'manifest.json'), 'utf8')).complete;
-  }, 'the manual dump and its manifest', 60000);
+  }, 'the manual dump and its manifest', 60000).catch((e: Error) => {
+    // Say what was there: the manifest (which rank failed, and why) and what the job printed.
+    const waves = fs.existsSync(reqDir) ? fs.readdirSync(reqDir) : [];
+    const manifest = waves.length > 0 && fs.existsSync(path.join(reqDir, waves[0], 'manifest.json')) ? fs.readFileSync(path.join(reqDir, waves[0], 'manifest.json'), 'utf8') : '(none)';
+    throw new Error(`${e.message}\nmanifest: ${manifest}\nlaunch stdout:\n${launch.stdout().slice(-4000)}\nlaunch stderr:\n${launch.stderr().slice(-8000)}`);
+  });
   fs.writeFileSync(path.join(dir, 'stop'), '');
   const { code } = await launch.exited;
   if (code !== 0) throw new Error(`launch exited ${code}\n${launch.stdout()}\n${launch.stderr()}`);
