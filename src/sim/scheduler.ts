@@ -45,6 +45,14 @@ function suffix(i: number, seed: number): string {
 export class SimScheduler {
   readonly requests: SimRequest[] = [];
   private readonly free: number[] = [];
+  // Per-step work follows the live requests only, so a long workload (thousands of requests)
+  // costs the simulated engine no more per step than a short one.
+  /** The first request that has not arrived yet (arrivals are in index order). */
+  private nextArrival = 0;
+  /** Arrived, waiting for blocks; index order. */
+  private waiting: SimRequest[] = [];
+  /** Running, or finished and not yet freed; index order. */
+  private active: SimRequest[] = [];
   private readonly rand: () => number;
 
   constructor(
@@ -75,15 +83,19 @@ export class SimScheduler {
     const requestSteps: RequestStep[] = [];
     const nonFinite: NonFiniteRow[] = [];
     // Requests that finished last step free their blocks now (telemetry reports it).
-    for (const r of this.requests) {
+    let freed = 0;
+    for (const r of this.active) {
       if (r.state === 'finished' && r.finishedAt !== undefined && r.finishedAt < step) {
         r.state = 'freed';
+        freed++;
         for (const b of r.blockIds) this.free.push(b);
         requestSteps.push(this.requestStep(r, [], [], [], 0, 0, false, true));
       }
     }
+    if (freed > 0) this.active = this.active.filter((r) => r.state !== 'freed');
+    while (this.nextArrival < this.requests.length && this.requests[this.nextArrival].arrival <= step) this.waiting.push(this.requests[this.nextArrival++]);
     // Admit arrivals (prefill) when their blocks fit; one prefill batch per step, as chunked prefill off.
-    const admitted = this.requests.filter((r) => r.state === 'waiting' && r.arrival <= step).filter((r) => {
+    const admitted = this.waiting.filter((r) => {
       const need = Math.ceil((r.promptLen + r.maxTokens) / this.opts.blockSize);
       if (need > this.free.length) return false;
       r.blockIds = this.free.splice(this.free.length - need, need).reverse();
@@ -91,6 +103,8 @@ export class SimScheduler {
       return true;
     });
     if (admitted.length > 0) {
+      this.waiting = this.waiting.filter((r) => r.state === 'waiting');
+      this.active = [...this.active, ...admitted].sort((a, b) => a.index - b.index);
       const positions: number[] = [];
       const rowRequest: number[] = [];
       const inputIds: number[] = [];
@@ -106,7 +120,7 @@ export class SimScheduler {
       });
       return { step, isPrompt: true, reqIds: admitted.map((r) => r.id), positions, rowRequest, inputIds, telemetry: { wave: step, requests: requestSteps, nonFinite } };
     }
-    const running = this.requests.filter((r) => r.state === 'running');
+    const running = this.active.filter((r) => r.state === 'running');
     const positions: number[] = [];
     const rowRequest: number[] = [];
     const inputIds: number[] = [];
