@@ -14,7 +14,8 @@ import { createLogger, type Logger } from './log';
 import { MailboxWriter, MailboxFeature } from './mailbox';
 import type { DumpJob, DumpLane } from './messages';
 import { agentEndpoint, mailboxPath } from './paths';
-import { ClientReply, ClientRequest, decode, encode } from './proto';
+import { ClientReply, ClientRequest, encode, toPlain } from './proto';
+import { waveHeadBytes } from './bus/wave-head-relay';
 import { SnapshotCapturer } from './snapshot/capture';
 import { checkSnapshotGating, type SnapshotConfig } from './snapshot/config';
 
@@ -245,14 +246,23 @@ export class Agent {
           this.stats.badClientFrames++;
           continue;
         }
-        let req: Record<string, any>;
+        let msg: ReturnType<typeof ClientRequest.decode> & { id?: unknown; waveHead?: { wave?: unknown } };
         try {
-          req = decode(ClientRequest, frame);
+          msg = ClientRequest.decode(frame);
         } catch {
           this.stats.badClientFrames++;
           continue;
         }
         this.stats.clientRequests++;
+        // The per-step one-way wave head: its bytes go on to the coordinator as they came.
+        if (msg.waveHead && Number(msg.id ?? 0) === 0) {
+          const raw = waveHeadBytes(frame);
+          if (raw) {
+            if (this.bus && this.identity.tpRank === 0) this.bus.relayWaveHead(raw);
+            continue;
+          }
+        }
+        const req = toPlain<Record<string, any>>(ClientRequest, msg);
         if (req.id === 0 && (req.body === 'waveHead' || req.body === 'endOfWave')) {
           // One-way: a wave head (the engine never waits at the head of a wave) or a missed-wave
           // notice (the engine already went on), so nothing is answered.

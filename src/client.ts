@@ -4,9 +4,9 @@
 import * as zmq from 'zeromq';
 import { ConfigError, CaptureError, WavebusError } from './errors';
 import { MailboxReader, MailboxFeature } from './mailbox';
-import type { ForwardContext, StepTelemetry } from './messages';
+import type { ForwardContext, NonFiniteRow, StepTelemetry } from './messages';
 import { agentEndpoint, mailboxPath } from './paths';
-import { ClientReply, ClientRequest, decode, encode } from './proto';
+import { ClientReply, ClientRequest, decode, encode, encodeTrusted } from './proto';
 import { checkSnapshotGating, type SnapshotConfig } from './snapshot/config';
 import { columnsToWire, TelemetryColumnizer } from './telemetry';
 
@@ -173,11 +173,20 @@ export class WavebusClient {
         this.sinceResend = 0;
         columnizer.resend();
       }
-      // Without detectors only what a manual dump needs travels: requests, blocks, finish/free.
-      const columns = columnizer.columns(telemetry.requests ?? [], { tokens: anyDetector, where: 'waveHead(): telemetry' });
-      // Copied now: the engine may reuse its objects once this call returns.
-      const nonFinite = anyDetector ? (telemetry.nonFinite ?? []).map((r) => ({ row: r.row, reqId: r.reqId, kind: r.kind })) : [];
-      body.telemetry = { wave: telemetry.wave ?? wave - 1, columns: columnsToWire(columns), nonFinite };
+      const telemetryWave = telemetry.wave ?? wave - 1;
+      if (!Number.isSafeInteger(telemetryWave) || telemetryWave < 0) throw new ConfigError(`waveHead(): telemetry.wave ${String(telemetry.wave)} is not a non-negative integer`);
+      // Checked and copied now: the engine may reuse its objects once this call returns, and the
+      // message is encoded later without protobufjs's own checks.
+      const nonFinite = anyDetector ? (telemetry.nonFinite ?? []).map(nonFiniteRow) : [];
+      let columns;
+      try {
+        // Without detectors only what a manual dump needs travels: requests, blocks, finish/free.
+        columns = columnizer.columns(telemetry.requests ?? [], { tokens: anyDetector, where: 'waveHead(): telemetry' });
+      } catch (e) {
+        this.columnizer = null; // slots taken by the bad step were never sent: start over
+        throw e;
+      }
+      body.telemetry = { wave: telemetryWave, columns: columnsToWire(columns), nonFinite };
     }
     this.queueWaveHead(body);
   }
@@ -204,7 +213,14 @@ export class WavebusClient {
     const body = this.queuedHead;
     if (!body) return;
     this.queuedHead = null;
-    this.sendOneWay({ waveHead: body });
+    try {
+      // Built here from checked columns: encoded without protobufjs's verify/fromObject pass.
+      this.sendOneWay({ waveHead: body }, true);
+    } catch (e) {
+      // Runs outside the engine's call (setImmediate): never throw into its event loop.
+      this.lastError = `waveHead: ${(e as Error).message}`;
+      this.columnizer?.resend();
+    }
   }
 
   /** End of `wave`: returns at once when nothing is due; never blocks longer than the configured bound. */
@@ -418,12 +434,12 @@ export class WavebusClient {
   }
 
   /** A request the agent does not answer: no id, no timer, nothing pending. */
-  private sendOneWay(body: Record<string, unknown>): void {
+  private sendOneWay(body: Record<string, unknown>, trusted = false): void {
     if (this.closed) return;
     if (!('waveHead' in body)) this.flushWaveHead();
     const s = this.socketOrOpen();
     this.stats.sent++;
-    const frame = encode(ClientRequest, { id: 0, ...body });
+    const frame = trusted ? encodeTrusted(ClientRequest, { id: 0, ...body }) : encode(ClientRequest, { id: 0, ...body });
     this.sendChain = this.sendChain.then(() => s.send(frame)).catch((e: Error) => {
       this.lastError = `waveHead: ${e.message}`;
       this.columnizer?.resend(); // its bindings may have been in this one
@@ -480,6 +496,14 @@ function regionMessage(r: ClientRegion): Record<string, unknown> {
     layer: r.layer ?? '',
     kv: r.kv ?? '',
   };
+}
+
+/** A checked copy of one non-finite logits row for the wire. */
+function nonFiniteRow(r: NonFiniteRow, i: number): NonFiniteRow {
+  if (!Number.isInteger(r?.row) || r.row < 0 || r.row > 0xffffffff) throw new ConfigError(`waveHead(): telemetry.nonFinite[${i}].row ${String(r?.row)} is not a non-negative integer`);
+  if (typeof r.reqId !== 'string') throw new ConfigError(`waveHead(): telemetry.nonFinite[${i}].reqId must be a string`);
+  if (typeof r.kind !== 'string') throw new ConfigError(`waveHead(): telemetry.nonFinite[${i}].kind must be a string`);
+  return { row: r.row, reqId: r.reqId, kind: r.kind };
 }
 
 /** A rejected promise for a bad wave number (the per-step calls never throw synchronously). */

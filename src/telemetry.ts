@@ -148,7 +148,7 @@ export class TelemetryColumnizer {
         this.tables[s] = undefined;
         this.sentIn[s] = this.generation;
         const b: SlotBinding = { slot: s, reqId: r.reqId, promptLen: r.promptLen >>> 0 };
-        if (r.promptTokenIds && r.promptTokenIds.length > 0) b.promptTokenIds = r.promptTokenIds;
+        if (r.promptTokenIds && r.promptTokenIds.length > 0) b.promptTokenIds = uint32List(r.promptTokenIds, `${where}.requests[${i}].promptTokenIds`);
         bind.push(b);
       } else if (this.sentIn[s] !== this.generation) {
         // a re-send (resend()): the id again, not the prompt
@@ -176,7 +176,7 @@ export class TelemetryColumnizer {
       flags[row] = (r.finished ? FLAG_FINISHED : 0) | (r.freed ? FLAG_FREED : 0);
       const table = r.blockIds ?? [];
       if (table.length > 0 && !sameTable(this.tables[s], table)) {
-        this.tables[s] = table.slice();
+        this.tables[s] = uint32List(table, `${where}.requests[${i}].blockIds`);
         blocks.push({ slot: s, blockIds: this.tables[s] as number[] });
       }
       if (r.freed) released.push(s);
@@ -221,6 +221,17 @@ export function columnsToWire(c: TelemetryColumns): Record<string, unknown> {
     bind: c.bind,
     blocks: c.blocks,
   };
+}
+
+/** A copy of `values`, each checked to be a uint32 (these go on the wire as given). */
+export function uint32List(values: readonly number[], field: string): number[] {
+  const out = new Array<number>(values.length);
+  for (let i = 0; i < values.length; i++) {
+    const v = values[i];
+    if (!Number.isInteger(v) || v < 0 || v > 0xffffffff) throw new ProtocolError(`${field}[${i}] = ${String(v)} is not a 32-bit unsigned integer`);
+    out[i] = v;
+  }
+  return out;
 }
 
 type Ctor<T> = { new (buf: ArrayBuffer, off: number, len: number): T; BYTES_PER_ELEMENT: number };

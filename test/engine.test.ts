@@ -259,6 +259,22 @@ test('end_of_wave never waits past its bound when the wave vector does not come'
   expect(ok.every((r) => !r.timedOut)).toBe(true);
 });
 
+test('waveHead refuses bad telemetry naming the field, and the next good head still opens its wave', async () => {
+  const job = await startJob({ tp: 2, runtimeConfig: REPEAT_ON });
+  jobs.push(job);
+  await waitFor(() => job.ranks.every((r) => r.client.featureFlags() !== 0), 'bus active');
+  expect((await runWave(job, 1, undefined)).every((r) => !r.timedOut)).toBe(true); // the clients meet their agents
+  const c = job.ranks[0].client;
+  const good = step('ok-1-aa', [1], [1, 2]);
+  await expect(c.waveHead(2, { wave: 1, requests: [good], nonFinite: [{ row: -1, reqId: 'ok-1-aa', kind: 'nan' }] })).rejects.toThrow(/waveHead\(\): telemetry\.nonFinite\[0\]\.row -1 is not a non-negative integer/);
+  await expect(c.waveHead(2, { wave: 1, requests: [{ ...good, blockIds: [1, 2.5] }], nonFinite: [] })).rejects.toThrow(/telemetry\.requests\[0\]\.blockIds\[1\] = 2\.5 is not a 32-bit unsigned integer/);
+  await expect(c.waveHead(2, { wave: 1, requests: [{ ...step('p-2-bb', [1], [3]), promptTokenIds: [1, -4] }], nonFinite: [] })).rejects.toThrow(/telemetry\.requests\[0\]\.promptTokenIds\[1\] = -4 is not a 32-bit unsigned integer/);
+  await expect(c.waveHead(2, { wave: -3, requests: [good], nonFinite: [] })).rejects.toThrow(/telemetry\.wave -3 is not a non-negative integer/);
+  const ok = await runWave(job, 2, { wave: 1, requests: [good], nonFinite: [] });
+  expect(ok.every((r) => !r.timedOut)).toBe(true);
+  expect(c.lastError).toBe('');
+});
+
 test('a vector that comes after end_of_wave gave up: that rank reports its dump failed, the other dumps', async () => {
   const job = await startJob({ tp: 2, runtimeConfig: { ...REPEAT_ON, dump: { ...REPEAT_ON.dump, manual_dump: 1 } }, endOfWaveTimeoutMs: 200 });
   jobs.push(job);

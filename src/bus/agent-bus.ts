@@ -18,6 +18,7 @@ import {
 import { socketIpOptions, tcpEndpoint } from './endpoints';
 import { receiveLoop } from './receive-loop';
 import { clientSocketOptions, type CurveClientKeys } from './curve';
+import { agentWaveHead } from './wave-head-relay';
 import { payloadOf } from './payload';
 
 export interface AgentBusOptions {
@@ -190,6 +191,13 @@ export class AgentBus extends EventEmitter {
   /** TP0 of the last PP stage: the head of `wave`, with the telemetry of the previous wave. */
   sendWaveHead(wave: number, telemetry: StepTelemetry | null): void {
     this.send({ waveHead: telemetry ? { wave, telemetry } : { wave } });
+  }
+
+  /** The same, with the client's WaveHeadRequest bytes forwarded as they came (wave-head-relay.ts). */
+  relayWaveHead(waveHead: Uint8Array): void {
+    if (!this.running) return;
+    this.sendQueue.push(agentWaveHead(this.rank, this.epoch, waveHead));
+    if (!this.sending) this.sendPump = this.drainSend();
   }
 
   sendDumpResult(result: DumpResult): void {
