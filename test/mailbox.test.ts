@@ -205,6 +205,30 @@ describe('mailbox', () => {
     expect((await child.exited).code).toBe(0);
   });
 
+  test('a writer that died mid-update (slot left odd) reads as a wave not yet arrived, never as an error', async () => {
+    const p = mailboxPath('died');
+    const w = MailboxWriter.create(p);
+    const r = MailboxReader.open(p);
+    w.publish({ wave: 3, configDue: 0, dumpDue: 1 });
+    expect(r.read(3)).toEqual({ wave: 3, configDue: 0, dumpDue: 1, snapshotDue: 0 });
+    // What a writer killed between its two seq stores leaves: slot 3's seq odd.
+    const fd = fs.openSync(p, 'r+');
+    const seq = Buffer.alloc(8);
+    fs.readSync(fd, seq, 0, 8, 64 + 64 * 3);
+    seq.writeBigUInt64LE(seq.readBigUInt64LE(0) + 1n);
+    fs.writeSync(fd, seq, 0, 8, 64 + 64 * 3);
+    fs.closeSync(fd);
+    expect(r.read(3)).toBeUndefined();
+    expect(await r.waitFor(3, 30)).toBe('timeout');
+    // A restarted writer steps past the odd count; the wave can be published again.
+    w.close();
+    const w2 = MailboxWriter.create(p);
+    w2.publish({ wave: 3, configDue: 1, dumpDue: 0 });
+    expect(r.read(3)).toEqual({ wave: 3, configDue: 1, dumpDue: 0, snapshotDue: 0 });
+    w2.close();
+    r.close();
+  });
+
   test('a restarted writer takes over the file; an existing reader sees emptied slots, then new waves', () => {
     const p = mailboxPath('restart');
     const w1 = MailboxWriter.create(p);
