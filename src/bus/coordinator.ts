@@ -294,7 +294,8 @@ export class Coordinator extends EventEmitter {
 
   private publish(kind: FrameKind, body: Record<string, unknown>): number {
     const seq = ++this.seq;
-    this.pubQueue.push(encodeBusFrame(this.epoch, seq, kind, body));
+    // Heads and heartbeats are this coordinator's own numbers and flags; lanes carry more and are checked.
+    this.pubQueue.push(encodeBusFrame(this.epoch, seq, kind, body, kind === 'head' || kind === 'heartbeat'));
     this.stats.published++;
     if (!this.pubPumping) this.pubPump = this.drainPub();
     return seq;

@@ -1,6 +1,6 @@
 // Wire frames of the bus: [topic, BusFrame] on PUB/SUB, AgentMessage / CoordinatorMessage on
 // DEALER/ROUTER. Decoding never throws: a bad frame becomes a drop reason that callers count.
-import { AgentMessage, BusFrame, CoordinatorMessage, decode, encode } from '../proto';
+import { AgentMessage, BusFrame, CoordinatorMessage, decode, encode, encodeTrusted } from '../proto';
 import type { Logger } from '../log';
 import type { ConfigLane, DumpLane, WaveHead } from '../messages';
 import { columnsFromWire, type ColumnScratch } from '../telemetry';
@@ -44,8 +44,10 @@ export type DropReason =
 
 export type Decoded<T> = { ok: true; value: T } | { ok: false; reason: DropReason; detail?: string };
 
-export function encodeBusFrame(epoch: number, seq: number, kind: FrameKind, body: Record<string, unknown>): [string, Buffer] {
-  return [TOPIC[kind], encode(BusFrame, { epoch, seq, [kind]: body })];
+/** `trusted`: a body this process built from its own numbers and flags (wave heads, heartbeats), encoded without verify (proto.ts encodeTrusted). */
+export function encodeBusFrame(epoch: number, seq: number, kind: FrameKind, body: Record<string, unknown>, trusted = false): [string, Buffer] {
+  const msg = { epoch, seq, [kind]: body };
+  return [TOPIC[kind], trusted ? encodeTrusted(BusFrame, msg) : encode(BusFrame, msg)];
 }
 
 function classify(e: unknown): DropReason {
