@@ -80,7 +80,18 @@ export function runtimeView(configJson: string): RuntimeView {
 
 export class Agent {
   readonly identity: RankIdentity;
-  readonly stats = { clientRequests: 0, badClientFrames: 0, endOfWaveTimeouts: 0, dumpsWritten: 0, dumpsFailed: 0, missedWaves: 0, snapshotsWritten: 0 };
+  readonly stats = {
+    clientRequests: 0,
+    badClientFrames: 0,
+    /** Wave heads forwarded to the coordinator as the client's bytes, and re-encoded (rare frames). */
+    waveHeadsRelayed: 0,
+    waveHeadsReencoded: 0,
+    endOfWaveTimeouts: 0,
+    dumpsWritten: 0,
+    dumpsFailed: 0,
+    missedWaves: 0,
+    snapshotsWritten: 0,
+  };
   private readonly log: Logger;
   private readonly opts: AgentOptions;
   private readonly regions = new RegionTable();
@@ -258,7 +269,10 @@ export class Agent {
         if (msg.waveHead && Number(msg.id ?? 0) === 0) {
           const raw = waveHeadBytes(frame);
           if (raw) {
-            if (this.bus && this.identity.tpRank === 0) this.bus.relayWaveHead(raw);
+            if (this.bus && this.identity.tpRank === 0) {
+              this.bus.relayWaveHead(raw);
+              this.stats.waveHeadsRelayed++;
+            }
             continue;
           }
         }
@@ -341,7 +355,10 @@ export class Agent {
         this.regions.register(req.register);
         return {};
       case 'waveHead':
-        if (this.bus && this.identity.tpRank === 0) this.bus.sendWaveHead(req.waveHead.wave, req.waveHead.telemetry ?? null);
+        if (this.bus && this.identity.tpRank === 0) {
+          this.bus.sendWaveHead(req.waveHead.wave, req.waveHead.telemetry ?? null);
+          this.stats.waveHeadsReencoded++;
+        }
         return {};
       case 'endOfWave':
         if (req.id === 0) {

@@ -145,7 +145,7 @@ export class WavebusClient {
       this.columnizer = null; // requests freed meanwhile go unseen: start over when sending again
       return SETTLED;
     }
-    // Known features (the usual step): sent synchronously, nothing to wait for.
+    // Known features (the usual step): built now, sent when the engine yields; nothing to wait for.
     if (this.features && bits === this.featureBits) {
       try {
         this.sendWaveHead(this.features, wave, telemetry);
@@ -244,7 +244,7 @@ export class WavebusClient {
       got = await this.mailbox.waitFor(wave, boundMs);
     } catch (e) {
       this.noteError(`endOfWave(${wave}): ${(e as Error).message}`);
-      return this.endOfWaveWithAgent(wave); // a mailbox stuck mid-update: the agent decides
+      return this.endOfWaveWithAgent(wave); // the mailbox could not be read (closed?): the agent decides
     }
     if (got === 'timeout') {
       // The step goes on; the agent counts the miss and fails the wave's dumps if any arrive.
@@ -441,8 +441,8 @@ export class WavebusClient {
     this.stats.sent++;
     const frame = trusted ? encodeTrusted(ClientRequest, { id: 0, ...body }) : encode(ClientRequest, { id: 0, ...body });
     this.sendChain = this.sendChain.then(() => s.send(frame)).catch((e: Error) => {
-      this.lastError = `waveHead: ${e.message}`;
-      this.columnizer?.resend(); // its bindings may have been in this one
+      this.lastError = `${Object.keys(body)[0]}: ${e.message}`;
+      this.columnizer?.resend(); // a wave head's bindings may have been in this one
     });
   }
 

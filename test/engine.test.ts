@@ -154,6 +154,9 @@ test('a detector hit dumps the request from every TP rank, byte for byte, loadab
     prev = { wave: w, requests: [step('loop-1-abcd', [500 + (w % 2)], blocks, { numOutputTokens: w }), step('ok-2-ef01', [1000 + w * 7], [0, 1])], nonFinite: [] };
   }
   for (const r of job.ranks) await r.agent.drain();
+  // TP0's agent forwarded every wave head as the client's bytes (src/bus/wave-head-relay.ts).
+  expect(job.ranks[0].agent.stats.waveHeadsRelayed).toBe(armed);
+  expect(job.ranks[0].agent.stats.waveHeadsReencoded).toBe(0);
   await waitFor(() => fs.existsSync(path.join(job.dumpRoot, 'token_repeat')), 'dump dir');
   const [reqDir] = fs.readdirSync(path.join(job.dumpRoot, 'token_repeat'));
   expect(reqDir).toBe('loop-1-abcd');
