@@ -341,7 +341,8 @@ export class Agent {
   private async handleFrom(peer: Buffer, req: Record<string, any>): Promise<Record<string, unknown>> {
     const key = peer.toString('hex');
     if (req.body === 'hello') this.greeted.add(key);
-    else if ((req.body === 'endOfWave' || req.body === 'beforeForward' || req.body === 'register') && !this.greeted.has(key)) {
+    // (a one-way missed-wave notice needs no regions: it is counted whoever sent it)
+    else if (((req.body === 'endOfWave' && req.id !== 0) || req.body === 'beforeForward' || req.body === 'register') && !this.greeted.has(key)) {
       throw new WavebusError('ERR_NO_HELLO', 'this agent has not met this client (the agent restarted?): say hello and register again');
     }
     return this.handle(req);

@@ -260,6 +260,10 @@ test('end_of_wave never waits past its bound when the wave vector does not come'
   // The job goes on normally afterwards.
   const ok = await runWave(job, 6, undefined);
   expect(ok.every((r) => !r.timedOut)).toBe(true);
+  // A restarted agent (it knows no client yet) still counts a miss it is told of.
+  (job.ranks[1].agent as unknown as { greeted: Set<string> }).greeted.clear();
+  expect(await job.ranks[1].client.endOfWave(7)).toEqual({ due: false, timedOut: true });
+  await waitFor(() => job.ranks[1].agent.stats.endOfWaveTimeouts === 6, 'the agent to count the sixth miss');
 });
 
 test('waveHead refuses bad telemetry naming the field, and the next good head still opens its wave', async () => {
