@@ -23,22 +23,23 @@ test('python workers under wavebus launch: a manual dump matches the workers\' K
     ],
     { env: { ...process.env, PYTHONPATH: path.join(ROOT, 'clients', 'python') }, cwd: dir },
   );
-  // The seed's manual dump: with hot reload on, edit the live file (JSONC) and bump manual_dump to 1.
-  await waitFor(() => fs.existsSync(path.join(dir, 'pool_rank0.pt')) && fs.existsSync(path.join(dir, 'pool_rank1.pt')), 'workers started', 60000);
-  await waitFor(() => fs.readFileSync(cfg, 'utf8').includes('manual_dump'), 'startup wrote the effective config back', 30000);
-  const live = fs.readFileSync(cfg, 'utf8').replace(/"manual_dump":\s*0/, '"manual_dump": 1 /* one more capture */');
-  expect(live).toContain('"manual_dump": 1');
-  fs.writeFileSync(cfg, live);
   const reqDir = path.join(dir, 'runtime', 'report', 'kv_cache', 'manual_trigger', 'req-py-1-0a1b2c3d');
-  await waitFor(() => {
-    const waves = fs.existsSync(reqDir) ? fs.readdirSync(reqDir) : [];
-    return waves.length > 0 && fs.existsSync(path.join(reqDir, waves[0], 'manifest.json')) && JSON.parse(fs.readFileSync(path.join(reqDir, waves[0], 'manifest.json'), 'utf8')).complete;
-  }, 'the manual dump and its manifest', 60000).catch((e: Error) => {
-    // Say what was there: the manifest (which rank failed, and why) and what the job printed.
+  // On a timeout, say what was there: the manifest (which rank failed, and why) and what the job printed.
+  const explain = (e: Error): never => {
     const waves = fs.existsSync(reqDir) ? fs.readdirSync(reqDir) : [];
     const manifest = waves.length > 0 && fs.existsSync(path.join(reqDir, waves[0], 'manifest.json')) ? fs.readFileSync(path.join(reqDir, waves[0], 'manifest.json'), 'utf8') : '(none)';
     throw new Error(`${e.message}\nmanifest: ${manifest}\nlaunch stdout:\n${launch.stdout().slice(-4000)}\nlaunch stderr:\n${launch.stderr().slice(-8000)}`);
-  });
+  };
+  // The seed's manual dump: with hot reload on, edit the live file (JSONC) and bump manual_dump to 1.
+  await waitFor(() => fs.existsSync(path.join(dir, 'pool_rank0.pt')) && fs.existsSync(path.join(dir, 'pool_rank1.pt')), 'workers started', 60000).catch(explain);
+  await waitFor(() => fs.readFileSync(cfg, 'utf8').includes('manual_dump'), 'startup wrote the effective config back', 30000).catch(explain);
+  const live = fs.readFileSync(cfg, 'utf8').replace(/"manual_dump":\s*0/, '"manual_dump": 1 /* one more capture */');
+  expect(live).toContain('"manual_dump": 1');
+  fs.writeFileSync(cfg, live);
+  await waitFor(() => {
+    const waves = fs.existsSync(reqDir) ? fs.readdirSync(reqDir) : [];
+    return waves.length > 0 && fs.existsSync(path.join(reqDir, waves[0], 'manifest.json')) && JSON.parse(fs.readFileSync(path.join(reqDir, waves[0], 'manifest.json'), 'utf8')).complete;
+  }, 'the manual dump and its manifest', 60000).catch(explain);
   fs.writeFileSync(path.join(dir, 'stop'), '');
   const { code } = await launch.exited;
   if (code !== 0) throw new Error(`launch exited ${code}\n${launch.stdout()}\n${launch.stderr()}`);
@@ -65,4 +66,4 @@ print('bit-exact')`,
   expect(check.trim()).toBe('bit-exact');
   const manifest = JSON.parse(fs.readFileSync(path.join(reqDir, waveDir, 'manifest.json'), 'utf8'));
   expect(manifest).toMatchObject({ incident_type: 'manual_trigger', completed_ranks: [0, 1], missing_ranks: [] });
-});
+}, 180000); // longer than the waits inside, so a slow run fails with their diagnostics
