@@ -190,3 +190,25 @@ describe('guard on columns', () => {
     g.close();
   });
 });
+
+test('the coordinator reads a wave head off the decoded message exactly as the generic decode would give it', () => {
+  const z = new TelemetryColumnizer();
+  const rowForm = [step('r-1', { newTokenIds: [3, 4], newTokenLogprobs: [-0.5, -1], blockIds: [7, 8], promptLen: 5, promptTokenIds: [1, 2] })];
+  const cases: Record<string, unknown>[] = [
+    { wave: 12, telemetry: { wave: 11, columns: columnsToWire(z.columns([step('a-1', { newTokenIds: [9], blockIds: [1, 2], promptTokenIds: [4, 5, 6], draftLen: 2, accepted: 1 }), step('b-2', { finished: true })])), nonFinite: [{ row: 1, reqId: 'b-2', kind: 'pos_inf' }] } },
+    { wave: 2 ** 40 + 7, telemetry: { wave: 2 ** 40 + 6, requests: rowForm, nonFinite: [] } },
+    { wave: 0 },
+    { wave: 5, telemetry: { wave: 4 } },
+  ];
+  for (const [i, waveHead] of cases.entries()) {
+    const bytes = encodeAgentMessage({ globalRank: 3, epochSeen: 1796112128864, requestId: i, waveHead });
+    const got = decodeAgentMessage(bytes, 1 << 26);
+    // the generic path: plain object, then the columns into typed arrays
+    const want = decode(messageType('AgentMessage'), bytes);
+    if (want.waveHead.telemetry?.columns) want.waveHead.telemetry.columns = columnsFromWire(want.waveHead.telemetry.columns);
+    expect(got).toEqual({ ok: true, value: want });
+  }
+  // bad columns are still refused as bad telemetry
+  const bad = encodeAgentMessage({ globalRank: 0, epochSeen: 1, requestId: 0, waveHead: { wave: 3, telemetry: { wave: 2, columns: { rows: 2, slot: Buffer.alloc(4) } } } });
+  expect(decodeAgentMessage(bad, 1 << 26)).toMatchObject({ ok: false, reason: 'bad_telemetry' });
+});

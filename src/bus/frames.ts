@@ -1,6 +1,9 @@
 // Wire frames of the bus: [topic, BusFrame] on PUB/SUB, AgentMessage / CoordinatorMessage on
 // DEALER/ROUTER. Decoding never throws: a bad frame becomes a drop reason that callers count.
-import { AgentMessage, BusFrame, CoordinatorMessage, decode, encode, encodeTrusted } from '../proto';
+import type * as protobuf from 'protobufjs';
+import { AgentMessage, BusFrame, CoordinatorMessage, decode, encode, encodeTrusted, messageType, toPlain } from '../proto';
+
+const RequestStep = messageType('RequestStep');
 import type { Logger } from '../log';
 import type { ConfigLane, DumpLane, WaveHead } from '../messages';
 import { columnsFromWire, type ColumnScratch } from '../telemetry';
@@ -87,18 +90,45 @@ export type CoordinatorMsg = Record<string, any> & { epoch: number; requestId: n
  */
 export function decodeAgentMessage(bytes: Buffer, maxFrameBytes: number, scratch?: ColumnScratch): Decoded<AgentMsg> {
   if (bytes.length > maxFrameBytes) return { ok: false, reason: 'oversized', detail: `${bytes.length} bytes` };
-  const d = safeDecode<AgentMsg>(AgentMessage, bytes);
-  if (d.ok && !d.value.body) return { ok: false, reason: 'empty' };
-  const columns = d.ok ? d.value.waveHead?.telemetry?.columns : undefined;
-  if (d.ok && columns) {
-    // packed columns become typed arrays here, checked once: the guard then trusts them
-    try {
-      d.value.waveHead.telemetry.columns = columnsFromWire(columns, scratch);
-    } catch (e) {
-      return { ok: false, reason: 'bad_telemetry', detail: (e as Error).message };
-    }
+  let m: protobuf.Message & Record<string, any>;
+  try {
+    m = AgentMessage.decode(bytes) as protobuf.Message & Record<string, any>;
+  } catch (e) {
+    return { ok: false, reason: classify(e), detail: String(e) };
   }
-  return d;
+  if (m.body === 'waveHead') return waveHeadOf(m, scratch);
+  const value = toPlain<AgentMsg>(AgentMessage, m);
+  if (!value.body) return { ok: false, reason: 'empty' };
+  return { ok: true, value };
+}
+
+/**
+ * The wave head (once per engine step) read straight off the decoded message, in the shape
+ * toPlain() gives, without its generic conversion of every field: the columns stay the decoded
+ * Buffers until columnsFromWire turns them into typed arrays, checked once (the guard then trusts
+ * them). uint64 fields are numbers, as everywhere else.
+ */
+function waveHeadOf(m: Record<string, any>, scratch?: ColumnScratch): Decoded<AgentMsg> {
+  const wh = m.waveHead;
+  const tel = wh.telemetry;
+  let telemetry: Record<string, unknown> | null = null;
+  if (tel) {
+    let columns = null;
+    if (tel.columns) {
+      try {
+        columns = columnsFromWire(tel.columns, scratch);
+      } catch (e) {
+        return { ok: false, reason: 'bad_telemetry', detail: (e as Error).message };
+      }
+    }
+    telemetry = {
+      wave: Number(tel.wave),
+      requests: tel.requests.length > 0 ? tel.requests.map((r: protobuf.Message) => toPlain(RequestStep, r)) : [],
+      nonFinite: tel.nonFinite.map((r: Record<string, any>) => ({ row: r.row, reqId: r.reqId, kind: r.kind })),
+      columns,
+    };
+  }
+  return { ok: true, value: { globalRank: m.globalRank, epochSeen: Number(m.epochSeen), requestId: Number(m.requestId), body: 'waveHead', waveHead: { wave: Number(wh.wave), telemetry } } };
 }
 
 /** Validate and decode one CoordinatorMessage payload received on an agent's DEALER. */
