@@ -248,6 +248,9 @@ const COLUMNS: ReadonlyArray<[key: string, field: string, size: number]> = [
   ['numOutputTokens', 'num_output_tokens', 4],
 ];
 
+/** The packed (bytes) fields of TelemetryColumns, by their TypeScript names. */
+export const COLUMN_KEYS: readonly string[] = COLUMNS.map((c) => c[0]);
+
 /**
  * Memory for the columns whose bytes sit misaligned in a frame, reused from message to message:
  * the coordinator consumes each step's telemetry before it decodes the next message, and a fresh

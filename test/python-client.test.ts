@@ -936,7 +936,9 @@ while not c.features & 1 and time.monotonic() < deadline:
 out["features"] = c.features
 res = []
 for w in range(1, 6):
-    head = c.wave_head(w)
+    # from wave 3 on, one running request (detectors are off: its token columns stay out)
+    tel = {"requests": [{"req_id": "py-1-ab", "new_token_ids": [w], "block_ids": [2, 5], "prompt_len": 4}]} if w >= 3 else None
+    head = c.wave_head(w, tel)
     r = c.end_of_wave(w)
     res.append([w, head, r.sent, r.timed_out, None if r.vector is None else r.vector.config_due])
 out["waves"] = res
@@ -954,7 +956,14 @@ print(json.dumps(out))`,
     expect(got.waves[1][2]).toBe(true);
     expect(got.stats.end_of_wave_timeouts).toBe(0);
     expect(heads.map((h) => h[0])).toEqual([1, 2, 3, 4, 5]);
-    expect(heads.every((h) => h[1] === null)).toBe(true); // detectors off: no telemetry
+    expect(heads.slice(0, 2).every((h) => h[1] === null)).toBe(true);
+    // Python's wave heads reached the policy through the agent's byte relay, columns intact.
+    for (const [, t] of heads.slice(2)) {
+      const c = (t as { columns: { rows: number; tokenIds: Uint32Array; flags: Uint8Array } }).columns;
+      expect([c.rows, c.tokenIds.length, c.flags.length]).toEqual([1, 0, 1]);
+    }
+    expect((heads[2][1] as { columns: { bind: unknown[]; blocks: unknown[] } }).columns).toMatchObject({ bind: [{ slot: 0, reqId: 'py-1-ab', promptLen: 4 }], blocks: [{ slot: 0, blockIds: [2, 5] }] });
+    expect(agent.stats.waveHeadsRelayed).toBe(5);
     if (got.sent_at_register === false) expect(got.features_at_connect).toBe(0);
   } finally {
     await agent.stop();

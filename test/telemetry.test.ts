@@ -199,6 +199,8 @@ test('the coordinator reads a wave head off the decoded message exactly as the g
     { wave: 2 ** 40 + 7, telemetry: { wave: 2 ** 40 + 6, requests: rowForm, nonFinite: [] } },
     { wave: 0 },
     { wave: 5, telemetry: { wave: 4 } },
+    // empty columns left out, as Python's protobuf writes them
+    { wave: 9, telemetry: { wave: 8, columns: { rows: 1, slot: Buffer.from(Uint32Array.of(0).buffer), flags: Buffer.from([1]), bind: [{ slot: 0, reqId: 'x-1', promptLen: 3 }] } } },
   ];
   for (const [i, waveHead] of cases.entries()) {
     const bytes = encodeAgentMessage({ globalRank: 3, epochSeen: 1796112128864, requestId: i, waveHead });

@@ -6,7 +6,7 @@ import { AgentMessage, BusFrame, CoordinatorMessage, decode, encode, encodeTrust
 const RequestStep = messageType('RequestStep');
 import type { Logger } from '../log';
 import type { ConfigLane, DumpLane, WaveHead } from '../messages';
-import { columnsFromWire, type ColumnScratch } from '../telemetry';
+import { COLUMN_KEYS, columnsFromWire, type ColumnScratch } from '../telemetry';
 
 /** One-letter topics; a subscriber could filter on them, ours take all four. */
 export const TOPIC = { head: 'W', config: 'C', dump: 'D', heartbeat: 'H' } as const;
@@ -102,6 +102,19 @@ export function decodeAgentMessage(bytes: Buffer, maxFrameBytes: number, scratch
   return { ok: true, value };
 }
 
+const NO_BYTES = Buffer.alloc(0);
+
+/**
+ * A decoded TelemetryColumns with its absent bytes fields as empty Buffers, as toPlain() gives
+ * them: on the message, an absent field reads as protobufjs's shared empty array (proto3 writers
+ * such as Python's leave empty columns out).
+ */
+function presentBytes(c: Record<string, any>): Record<string, unknown> {
+  const out: Record<string, unknown> = { rows: c.rows, bind: c.bind, blocks: c.blocks };
+  for (const key of COLUMN_KEYS) out[key] = c[key] instanceof Uint8Array ? c[key] : NO_BYTES;
+  return out;
+}
+
 /**
  * The wave head (once per engine step) read straight off the decoded message, in the shape
  * toPlain() gives, without its generic conversion of every field: the columns stay the decoded
@@ -116,7 +129,7 @@ function waveHeadOf(m: Record<string, any>, scratch?: ColumnScratch): Decoded<Ag
     let columns = null;
     if (tel.columns) {
       try {
-        columns = columnsFromWire(tel.columns, scratch);
+        columns = columnsFromWire(presentBytes(tel.columns), scratch);
       } catch (e) {
         return { ok: false, reason: 'bad_telemetry', detail: (e as Error).message };
       }
