@@ -2,11 +2,11 @@
 // DEALER/ROUTER. Decoding never throws: a bad frame becomes a drop reason that callers count.
 import type * as protobuf from 'protobufjs';
 import { AgentMessage, BusFrame, CoordinatorMessage, decode, encode, encodeTrusted, messageType, toPlain } from '../proto';
-
-const RequestStep = messageType('RequestStep');
 import type { Logger } from '../log';
 import type { ConfigLane, DumpLane, WaveHead } from '../messages';
 import { COLUMN_KEYS, columnsFromWire, type ColumnScratch } from '../telemetry';
+
+const RequestStep = messageType('RequestStep');
 
 /** One-letter topics; a subscriber could filter on them, ours take all four. */
 export const TOPIC = { head: 'W', config: 'C', dump: 'D', heartbeat: 'H' } as const;
