@@ -200,10 +200,20 @@ function cases(m: Mutator, deadPort: number, runDir: string, perName: number): C
       (f) => [launch, f, SMALL_VALUES] as [string[], string, readonly string[]],
     ),
   ];
+  // Cases run eight at a time: two agents that both start must not share a run dir (one would
+  // find the other's socket there: "Address already in use").
+  let n = 0;
+  const own = (cmd: string[]): string[] => {
+    const i = cmd.indexOf('--run-dir');
+    if (cmd[0] !== 'agent' || i < 0) return cmd;
+    const dir = path.join(runDir, `agent${n++}`);
+    fs.mkdirSync(dir, { recursive: true });
+    return [...cmd.slice(0, i + 1), dir, ...cmd.slice(i + 2)];
+  };
   for (const [base, flag, pool] of flags) {
     for (let k = 0; k < perName; k++) {
       const v = m.pick(pool);
-      const cmd = [...base, `${flag}=${v}`];
+      const cmd = own([...base, `${flag}=${v}`]);
       out.push({ cmd: base === launch ? [...cmd, '--', 'true'] : cmd, name: flag, flag });
     }
   }
@@ -221,7 +231,7 @@ function cases(m: Mutator, deadPort: number, runDir: string, perName: number): C
       // WAVEBUS_PORT for an agent matters only without --coordinator; the others need a dead port.
       const extra: Record<string, string> = name === 'WAVEBUS_PORT' || name === 'WAVEBUS_COORDINATOR' || name === 'MASTER_ADDR' ? {} : { WAVEBUS_COORDINATOR: `127.0.0.1:${deadPort}` };
       if (base[0] === 'coordinator' && name !== 'WAVEBUS_PORT') extra.WAVEBUS_PORT = String(deadPort);
-      out.push({ cmd: base, name, env: { ...extra, [name]: v } });
+      out.push({ cmd: own(base), name, env: { ...extra, [name]: v } });
     }
   }
   return out;
