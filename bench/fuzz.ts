@@ -19,6 +19,7 @@ import yargs from 'yargs';
 import { Dealer, XPublisher } from 'zeromq';
 import { requestStatus, DEFAULT_MAX_FRAME_BYTES } from '../src/bus/coordinator';
 import { decodeAgentMessage, decodeBusFrame, encodeAgentMessage, encodeBusFrame, TOPIC } from '../src/bus/frames';
+import { isOneWayRequest } from '../src/agent';
 import { WavebusClient } from '../src/client';
 import { agentEndpoint, mailboxPath } from '../src/paths';
 import { packageRoot } from '../src/paths';
@@ -188,7 +189,7 @@ export function subFate(parts: Buffer[]): string | undefined {
 export function clientFate(parts: Buffer[]): 'answered' | 'one_way' | 'undecodable' {
   try {
     const req = decode(ClientRequest, parts[0]);
-    return req.id === 0 && (req.body === 'waveHead' || req.body === 'endOfWave') ? 'one_way' : 'answered';
+    return isOneWayRequest(req) ? 'one_way' : 'answered';
   } catch {
     return 'undecodable';
   }

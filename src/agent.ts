@@ -78,6 +78,14 @@ export function runtimeView(configJson: string): RuntimeView {
   };
 }
 
+/**
+ * A client request the agent takes without answering (id 0): a wave head (the engine never waits
+ * at the head of a wave) or a missed-wave notice (the engine already went on).
+ */
+export function isOneWayRequest(req: { id?: unknown; body?: unknown }): boolean {
+  return req.id === 0 && (req.body === 'waveHead' || req.body === 'endOfWave');
+}
+
 export class Agent {
   readonly identity: RankIdentity;
   readonly stats = {
@@ -277,10 +285,9 @@ export class Agent {
           }
         }
         const req = toPlain<Record<string, any>>(ClientRequest, msg);
-        if (req.id === 0 && (req.body === 'waveHead' || req.body === 'endOfWave')) {
-          // One-way: a wave head (the engine never waits at the head of a wave) or a missed-wave
-          // notice (the engine already went on), so nothing is answered.
-          this.handleFrom(peer, req).catch((err: Error) => this.log.warn({ err: String(err?.message ?? err), body: req.body }, 'one-way message from the client failed'));
+        if (isOneWayRequest(req)) {
+          // Nothing is answered, and nothing here needs the client's regions: no hello is asked for.
+          this.handle(req).catch((err: Error) => this.log.warn({ err: String(err?.message ?? err), body: req.body }, 'one-way message from the client failed'));
           continue;
         }
         void this.handleFrom(peer, req).then(
@@ -341,8 +348,7 @@ export class Agent {
   private async handleFrom(peer: Buffer, req: Record<string, any>): Promise<Record<string, unknown>> {
     const key = peer.toString('hex');
     if (req.body === 'hello') this.greeted.add(key);
-    // (a one-way missed-wave notice needs no regions: it is counted whoever sent it)
-    else if (((req.body === 'endOfWave' && req.id !== 0) || req.body === 'beforeForward' || req.body === 'register') && !this.greeted.has(key)) {
+    else if ((req.body === 'endOfWave' || req.body === 'beforeForward' || req.body === 'register') && !this.greeted.has(key)) {
       throw new WavebusError('ERR_NO_HELLO', 'this agent has not met this client (the agent restarted?): say hello and register again');
     }
     return this.handle(req);

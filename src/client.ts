@@ -174,7 +174,7 @@ export class WavebusClient {
         columnizer.resend();
       }
       const telemetryWave = telemetry.wave ?? wave - 1;
-      if (!Number.isSafeInteger(telemetryWave) || telemetryWave < 0) throw new ConfigError(`waveHead(): telemetry.wave ${String(telemetry.wave)} is not a non-negative integer`);
+      if (!isWaveNumber(telemetryWave)) throw new ConfigError(`waveHead(): telemetry.wave ${String(telemetry.wave)} is not a non-negative integer`);
       // Checked and copied now: the engine may reuse its objects once this call returns, and the
       // message is encoded later without protobufjs's own checks.
       const nonFinite = anyDetector ? (telemetry.nonFinite ?? []).map(nonFiniteRow) : [];
@@ -211,11 +211,11 @@ export class WavebusClient {
 
   private flushWaveHead(): void {
     const body = this.queuedHead;
-    if (!body) return;
+    if (!body || this.closed) return;
     this.queuedHead = null;
     try {
       // Built here from checked columns: encoded without protobufjs's verify/fromObject pass.
-      this.sendOneWay({ waveHead: body }, true);
+      this.pushOneWay(encodeTrusted(ClientRequest, { id: 0, waveHead: body }), 'waveHead');
     } catch (e) {
       // Runs outside the engine's call (setImmediate): never throw into its event loop.
       this.lastError = `waveHead: ${(e as Error).message}`;
@@ -433,15 +433,18 @@ export class WavebusClient {
     }
   }
 
-  /** A request the agent does not answer: no id, no timer, nothing pending. */
-  private sendOneWay(body: Record<string, unknown>, trusted = false): void {
+  /** A request the agent does not answer (after any queued wave head): no id, no timer, nothing pending. */
+  private sendOneWay(body: Record<string, unknown>): void {
     if (this.closed) return;
-    if (!('waveHead' in body)) this.flushWaveHead();
+    this.flushWaveHead();
+    this.pushOneWay(encode(ClientRequest, { id: 0, ...body }), Object.keys(body)[0]);
+  }
+
+  private pushOneWay(frame: Buffer, what: string): void {
     const s = this.socketOrOpen();
     this.stats.sent++;
-    const frame = trusted ? encodeTrusted(ClientRequest, { id: 0, ...body }) : encode(ClientRequest, { id: 0, ...body });
     this.sendChain = this.sendChain.then(() => s.send(frame)).catch((e: Error) => {
-      this.lastError = `${Object.keys(body)[0]}: ${e.message}`;
+      this.lastError = `${what}: ${e.message}`;
       this.columnizer?.resend(); // a wave head's bindings may have been in this one
     });
   }
@@ -506,9 +509,11 @@ function nonFiniteRow(r: NonFiniteRow, i: number): NonFiniteRow {
   return { row: r.row, reqId: r.reqId, kind: r.kind };
 }
 
+const isWaveNumber = (n: unknown): boolean => Number.isSafeInteger(n) && (n as number) >= 0;
+
 /** A rejected promise for a bad wave number (the per-step calls never throw synchronously). */
 function waveError(wave: number, where: string): Promise<never> | undefined {
-  if (Number.isSafeInteger(wave) && wave >= 0) return undefined;
+  if (isWaveNumber(wave)) return undefined;
   return Promise.reject(new ConfigError(`${where}(): wave ${wave} is not a non-negative integer`));
 }
 

@@ -47,6 +47,10 @@ function checkWave(v: unknown, field = 'wave'): number {
   return v;
 }
 
+function toVector(got: [number, number, number, number]): WaveVector {
+  return { wave: got[0], configDue: got[1], dumpDue: got[2], snapshotDue: got[3] };
+}
+
 /** The agent's side. One writer per mailbox file. */
 export class MailboxWriter {
   private constructor(readonly path: string, private readonly w: NativeMailboxWriter) {}
@@ -93,12 +97,11 @@ export class MailboxReader {
     return new MailboxReader(p, nativeCall(() => native.MailboxReader.open(p)));
   }
 
-  /** The vector of `wave` if slot wave % 8 holds it, else undefined (not yet published, or overwritten). */
+  /** The vector of `wave` if slot wave % 8 holds it, else undefined (not yet published, overwritten, or mid-update). */
   read(wave: number): WaveVector | undefined {
     const w = checkWave(wave);
     const got = nativeCall(() => this.r.read(w));
-    if (got === undefined) return undefined;
-    return { wave: got[0], configDue: got[1], dumpDue: got[2], snapshotDue: got[3] };
+    return got === undefined ? undefined : toVector(got);
   }
 
   /**
@@ -113,7 +116,7 @@ export class MailboxReader {
     const got = await nativeAsync(() => this.r.waitFor(w, timeoutMs));
     if (got === false) return 'timeout';
     if (got === undefined) return 'overwritten';
-    return { wave: got[0], configDue: got[1], dumpDue: got[2], snapshotDue: got[3] };
+    return toVector(got);
   }
 
   features(): number {

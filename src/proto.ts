@@ -29,9 +29,7 @@ export const ClientReply = messageType('ClientReply');
 export function encode(type: protobuf.Type, value: Record<string, unknown>): Buffer {
   const err = type.verify(value);
   if (err) throw new Error(`${type.name}: ${err}`);
-  const u8 = type.encode(type.fromObject(value)).finish();
-  // A view, not a copy: file chunks carry megabytes.
-  return Buffer.from(u8.buffer, u8.byteOffset, u8.byteLength);
+  return encodeTrusted(type, type.fromObject(value));
 }
 
 /**
@@ -39,8 +37,9 @@ export function encode(type: protobuf.Type, value: Record<string, unknown>): Buf
  * head): protobufjs's generated encoder straight on the plain object, without verify() and
  * fromObject(), which cost several times the encoding itself.
  */
-export function encodeTrusted(type: protobuf.Type, value: Record<string, unknown>): Buffer {
+export function encodeTrusted(type: protobuf.Type, value: Record<string, unknown> | protobuf.Message): Buffer {
   const u8 = type.encode(value).finish();
+  // A view, not a copy: file chunks carry megabytes.
   return Buffer.from(u8.buffer, u8.byteOffset, u8.byteLength);
 }
 

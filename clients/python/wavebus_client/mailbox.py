@@ -53,18 +53,24 @@ class _Timespec(ctypes.Structure):
     _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
 
 
+_LIBC = []  # loaded once: [libc] or [None]
+
+
 def _libc():
-    if _SYS_FUTEX is None:
-        return None
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    except OSError:
-        return None
-    libc.syscall.restype = ctypes.c_long
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    return libc
+    """libc with syscall/mmap/munmap typed, or None where futex waiting is not available."""
+    if not _LIBC:
+        libc = None
+        if _SYS_FUTEX is not None:
+            try:
+                libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+                libc.syscall.restype = ctypes.c_long
+                libc.mmap.restype = ctypes.c_void_p
+                libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+                libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+            except OSError:
+                libc = None
+        _LIBC.append(libc)
+    return _LIBC[0]
 
 # A writer holds a slot odd only for a few stores; bound the spin so a writer that died
 # mid-write cannot hang the engine (the caller then treats the wave as not arrived).
@@ -85,8 +91,6 @@ class WaveVector:
 
 class Mailbox:
     """Read-only view of one mailbox file. Reads are plain memory loads (no system call)."""
-
-    _libc = None
 
     def __init__(self, path: str):
         self.path = path
@@ -120,10 +124,8 @@ class Mailbox:
         # Python's read-only mmap does not expose its address, so the header page is mapped once more
         # through libc (read-only, same file: the same futex). Without libc or a known futex number,
         # can_wait is False and the client asks the agent instead.
-        if Mailbox._libc is None:
-            Mailbox._libc = _libc() or False
-        libc = Mailbox._libc
-        if not libc:
+        libc = _libc()
+        if libc is None:
             return
         addr = libc.mmap(None, SIZE, _PROT_READ, _MAP_SHARED, fd, 0)
         if addr is None or addr == ctypes.c_void_p(-1).value:
@@ -156,7 +158,7 @@ class Mailbox:
                 return "timeout"
             ts.tv_sec, ts.tv_nsec = int(left), int((left - int(left)) * 1e9)
             # Returns at once if `published` moved since `seen` (EAGAIN): the loop looks again.
-            Mailbox._libc.syscall(ctypes.c_long(_SYS_FUTEX), word, ctypes.c_long(_FUTEX_WAIT), ctypes.c_long(seen), ctypes.byref(ts), None, ctypes.c_long(0))
+            _libc().syscall(ctypes.c_long(_SYS_FUTEX), word, ctypes.c_long(_FUTEX_WAIT), ctypes.c_long(seen), ctypes.byref(ts), None, ctypes.c_long(0))
 
     @classmethod
     def wait_open(cls, path: str, timeout_s: float) -> "Mailbox":
@@ -209,7 +211,7 @@ class Mailbox:
             m.close()
         f, self._futex_map = getattr(self, "_futex_map", None), None
         if f is not None:
-            Mailbox._libc.munmap(f, SIZE)
+            _libc().munmap(f, SIZE)
 
 
 class MailboxWriter:
@@ -261,11 +263,10 @@ class MailboxWriter:
         """Bump `published` and wake readers asleep on it, as the agent's writer does."""
         n = _PUBLISHED.unpack_from(self._map, _PUBLISHED_OFFSET)[0]
         _PUBLISHED.pack_into(self._map, _PUBLISHED_OFFSET, (n + 1) & 0xFFFFFFFF)
-        if Mailbox._libc is None:
-            Mailbox._libc = _libc() or False
-        if Mailbox._libc:
+        libc = _libc()
+        if libc is not None:
             word = ctypes.c_char.from_buffer(self._map, _PUBLISHED_OFFSET)
-            Mailbox._libc.syscall(ctypes.c_long(_SYS_FUTEX), ctypes.byref(word), ctypes.c_long(_FUTEX_WAKE), ctypes.c_long(0x7FFFFFFF), None, None, ctypes.c_long(0))
+            libc.syscall(ctypes.c_long(_SYS_FUTEX), ctypes.byref(word), ctypes.c_long(_FUTEX_WAKE), ctypes.c_long(0x7FFFFFFF), None, None, ctypes.c_long(0))
             del word  # a live ctypes view would keep the mmap from closing
 
     def close(self) -> None:
