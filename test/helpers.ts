@@ -226,3 +226,44 @@ export function readManifests<T extends { arm_wave: number }>(root: string): (T 
   return out.sort((a, b) => a.arm_wave - b.arm_wave);
 }
 
+
+// ---------------------------------------------------------------- a second, unprivileged uid
+
+export interface OtherUser {
+  name: string;
+  uid: number;
+  gid: number;
+}
+
+const users: string[] = [];
+
+/**
+ * A real unprivileged user for attack tests (`useradd`, root only): `tag` keeps test files apart
+ * (at most 8 letters). Removed by cleanupUsers(). Skip with rootOnlyReason() where not root.
+ */
+export function otherUser(tag: string): OtherUser {
+  const name = `wbt${tag}${process.pid % 100000}`.slice(0, 31);
+  if (spawnSync('id', ['-u', name]).status !== 0) {
+    sh('useradd', ['--system', '--no-create-home', '--shell', '/usr/sbin/nologin', name]);
+    users.push(name);
+  }
+  const uid = Number(sh('id', ['-u', name]).trim());
+  const gid = Number(sh('id', ['-g', name]).trim());
+  return { name, uid, gid };
+}
+
+/** Run `cmd` as `user` to completion (stdout, stderr, exit code). */
+export function runAs(user: OtherUser, cmd: string, args: string[], opts: { env?: NodeJS.ProcessEnv; cwd?: string; timeout?: number; input?: string } = {}) {
+  const r = spawnSync(cmd, args, { encoding: 'utf8', uid: user.uid, gid: user.gid, env: opts.env ?? { PATH: process.env.PATH ?? '/usr/bin:/bin' }, cwd: opts.cwd ?? '/', timeout: opts.timeout ?? 30000, input: opts.input });
+  return { code: r.status, stdout: r.stdout ?? '', stderr: r.stderr ?? '', signal: r.signal };
+}
+
+/** Start `cmd` as `user` (tracked like spawnTracked, killed by cleanup()). */
+export function spawnAs(user: OtherUser, cmd: string, args: string[], opts: SpawnOptions = {}): Spawned {
+  return spawnTracked(cmd, args, { cwd: '/', env: { PATH: process.env.PATH ?? '/usr/bin:/bin' }, ...opts, uid: user.uid, gid: user.gid });
+}
+
+/** Remove every user made by otherUser(). Call after cleanup() (their processes must be gone). */
+export function cleanupUsers(): void {
+  for (const name of users.splice(0)) spawnSync('userdel', ['--force', name]);
+}
