@@ -11,6 +11,8 @@ import { readPt, readNpyHeader, readSafetensorsHeader, readBytes } from './reade
 import { kvBlockBytes, type KvGeometry } from './sim/kv-pattern';
 import { DEMO_FAULTS } from './sim/faults';
 import { loadCallDir } from './snapshot/loader';
+import { demoExpectations, type DemoExpectations } from './demo-expect';
+import type { SnapshotFlags } from './snapshot/config';
 
 export interface DemoOptions {
   out: string;
@@ -27,15 +29,7 @@ export interface DemoOptions {
 
 export const DEMO_GEOMETRY = { layers: 4, numBlocks: 256, blockSize: 16, totalKvHeads: 8, headDim: 64, dtype: 'bfloat16' as const };
 const MARKER = '.wavebus-demo';
-
-/** The runtime config the demo starts with: every detector on, each hit reported and dumped. */
-export function demoRuntimeConfig(format: string): Record<string, unknown> {
-  const on = { enabled: true, on_trigger: ['report', 'dump_kv'] };
-  return {
-    detector: { token_repeat: on, logits_finite: on, spec_acceptance: on, garbled: on },
-    dump: { auto_max_times: 16, auto_cooldown_seconds: 0, free_headroom_bytes: 0, format },
-  };
-}
+export { demoRuntimeConfig } from './demo-expect';
 
 function prepareOut(out: string): void {
   if (fs.existsSync(out)) {
@@ -119,12 +113,13 @@ export async function runDemo(opts: DemoOptions): Promise<{ ok: boolean; summary
   const runtimeRoot = path.join(out, 'runtime');
   const configPath = path.join(runtimeRoot, 'config', 'runtime_config.json');
   fs.mkdirSync(path.dirname(configPath), { recursive: true });
-  if (opts.runtimeConfig) fs.copyFileSync(opts.runtimeConfig, configPath);
-  else fs.writeFileSync(configPath, `${JSON.stringify(demoRuntimeConfig(opts.format), null, 2)}\n`);
   const resultDir = path.join(out, 'ranks');
   const port = opts.port ?? (await freePortPair());
   const bin = path.resolve(__dirname, '..', '..', 'bin', 'wavebus.js');
-  const env: NodeJS.ProcessEnv = { ...process.env, WAVEBUS_CACHE_ROOT: out };
+  // Artifacts stay under --out whichever snapshot variables name the capture.
+  const env: NodeJS.ProcessEnv = { ...process.env, WAVEBUS_CACHE_ROOT: out, VLLM_CACHE_ROOT: path.join(out, 'vllm-cache') };
+  const layout = { worldSize: world, tp: opts.tp, pp: opts.pp, dp: opts.dp, cp: 1 };
+  const expect = demoExpectations({ runtimeConfig: opts.runtimeConfig, format: opts.format, layout, faults: DEMO_FAULTS, env });
   const nproc = world / opts.hosts;
   const startAt = Date.now() + 4000;
   log(`wavebus demo: TP=${opts.tp} PP=${opts.pp} DP=${opts.dp} on ${opts.hosts} simulated host(s), ${opts.steps} steps; faults: ${Object.keys(DEMO_FAULTS).join(', ')}`);
@@ -137,9 +132,10 @@ export async function runDemo(opts: DemoOptions): Promise<{ ok: boolean; summary
           '--nnodes', String(opts.hosts), '--node-rank', String(node), '--nproc-per-node', String(nproc),
           '--master-addr', '127.0.0.1', '--port', String(port),
           '--tp', String(opts.tp), '--pp', String(opts.pp), '--dp', String(opts.dp),
+          // The runtime config is the startup overlay: startup writes defaults <- overlay to the file (seed).
           '--runtime-config-path', configPath, '--runtime-config-hot-reload',
-          // The token rule targets decode step 5 of request 0 (prompt length 12): token position 17.
-          '--snapshot-enable', '--snapshot-capture-token', '17', '--snapshot-max-captures', '2', '--snapshot-format', opts.format,
+          '--additional-config', JSON.stringify({ runtime_config: expect.overlay }),
+          ...snapshotArgs(expect.snapshotFlags),
           // A shared 2-core machine can delay a wave vector by tens of ms; real forwards are longer.
           '--agent-arg=--end-of-wave-timeout-ms', '--agent-arg=250',
           '--',
@@ -151,10 +147,21 @@ export async function runDemo(opts: DemoOptions): Promise<{ ok: boolean; summary
       ),
     ),
   );
-  return summarize(out, runtimeRoot, opts, codes, log);
+  return summarize(out, runtimeRoot, opts, expect, codes, log);
 }
 
-function summarize(out: string, runtimeRoot: string, opts: DemoOptions, codes: number[], log: (l: string) => void): { ok: boolean; summary: Record<string, unknown> } {
+/** `wavebus launch` flags for the snapshot settings the demo sets itself. */
+function snapshotArgs(flags: Partial<SnapshotFlags>): string[] {
+  const out: string[] = [];
+  for (const [k, v] of Object.entries(flags)) {
+    const flag = `--snapshot-${k.replace(/[A-Z]/g, (c) => '-' + c.toLowerCase())}`;
+    if (typeof v === 'boolean') out.push(`${flag}=${v}`);
+    else out.push(flag, String(v));
+  }
+  return out;
+}
+
+function summarize(out: string, runtimeRoot: string, opts: DemoOptions, expect: DemoExpectations, codes: number[], log: (l: string) => void): { ok: boolean; summary: Record<string, unknown> } {
   const problems: string[] = [];
   codes.forEach((c, i) => c !== 0 && problems.push(`launch on host ${i} exited ${c} (see ${path.join(out, `launch-host${i}.log`)})`));
   const world = opts.tp * opts.pp * opts.dp;
@@ -167,8 +174,9 @@ function summarize(out: string, runtimeRoot: string, opts: DemoOptions, codes: n
     if (t === 'kv_cache') continue;
     incidents[t] = fs.readdirSync(path.join(reportDir, t)).filter((f) => f.endsWith('.json')).length;
   }
-  for (const t of ['token_repeat', 'logits_finite', 'garbled', 'spec_acceptance']) {
-    if (!incidents[t]) problems.push(`no ${t} incident was reported (a fault for it was injected)`);
+  for (const d of expect.detectors) {
+    if (d.report && !incidents[d.name]) problems.push(`no ${d.name} incident was reported (a fault for it was injected and the detector is on)`);
+    if (!d.report && incidents[d.name]) problems.push(`${incidents[d.name]} ${d.name} incident(s) were reported, none expected (${d.why})`);
   }
 
   // KV dumps.
@@ -177,7 +185,11 @@ function summarize(out: string, runtimeRoot: string, opts: DemoOptions, codes: n
   problems.push(...kv.problems);
   const waves = kv.bundles.filter((b) => b.kind === 'dump_wave');
   const rankBundles = kv.bundles.filter((b) => b.kind === 'kv_dump');
-  if (waves.length === 0) problems.push('no KV dump was written');
+  const autoWaves = waves.filter((w) => w.info.incident_type !== 'manual_trigger');
+  if (autoWaves.length < expect.autoDumps.min) problems.push('no KV dump was written (a detector that dumps was expected to fire)');
+  if (autoWaves.length > expect.autoDumps.max) problems.push(`${autoWaves.length} automatic KV dumps were written, at most ${expect.autoDumps.max} expected (${expect.autoDumps.why ?? 'dump.auto_max_times'})`);
+  const dumpTypes = new Set(expect.detectors.filter((d) => d.dump).map((d) => d.name as string));
+  for (const w of autoWaves) if (!dumpTypes.has(String(w.info.incident_type))) problems.push(`${w.dir}: a ${w.info.incident_type} dump, not expected from the config in force`);
   const dumps: DumpCheck[] = waves.map((w) => {
     const mine = rankBundles.filter((r) => r.dir.startsWith(`${w.dir}/`));
     const dc: DumpCheck = { dir: w.dir, incidentType: String(w.info.incident_type), reqId: String(w.info.req_id), ranks: w.ranks, expected: lastPp, bytes: mine.reduce((n, r) => n + r.bytes, 0), problems: [] };
@@ -190,12 +202,18 @@ function summarize(out: string, runtimeRoot: string, opts: DemoOptions, codes: n
   for (const r of rankBundles) bytesByRank[r.ranks[0]] = (bytesByRank[r.ranks[0]] ?? 0) + r.bytes;
 
   // Snapshots.
-  const snapRoot = path.join(out, 'snapshots');
+  const snapRoot = path.join(expect.snapshot.cacheRoot, 'snapshots');
   const snaps = fs.existsSync(snapRoot) ? inspectTree(snapRoot, { verify: true }) : { bundles: [], problems: [`${snapRoot} missing`], incomplete: [] as string[] };
   problems.push(...snaps.problems);
   const snapByRank: Record<number, number> = {};
   for (const b of snaps.bundles.filter((x) => x.kind === 'snapshot')) snapByRank[b.ranks[0]] = (snapByRank[b.ranks[0]] ?? 0) + 1;
-  for (let g = 0; g < world; g++) if (!snapByRank[g]) problems.push(`rank ${g} wrote no input snapshot`);
+  for (let g = 0; g < world; g++) {
+    const want = expect.snapshotRanks.includes(g);
+    const n = snapByRank[g] ?? 0;
+    if (want && n === 0) problems.push(`rank ${g} wrote no input snapshot`);
+    if (want && n > expect.snapshot.maxCaptures) problems.push(`rank ${g} wrote ${n} input snapshots, over the budget of ${expect.snapshot.maxCaptures}`);
+    if (!want && n > 0) problems.push(`rank ${g} wrote ${n} input snapshot(s), none expected (${expect.snapshotWhy ?? 'not selected'})`);
+  }
 
   // Engine side.
   const rankResults = fs.existsSync(path.join(out, 'ranks'))
@@ -207,8 +225,14 @@ function summarize(out: string, runtimeRoot: string, opts: DemoOptions, codes: n
   log('');
   log('incidents by type');
   for (const [t, n] of Object.entries(incidents).sort()) log(`  ${t.padEnd(18)} ${n}`);
+  const off = expect.detectors.filter((d) => d.why);
+  if (off.length) {
+    log('');
+    log('nothing expected from');
+    for (const d of off) log(`  ${d.name.padEnd(18)} ${d.report ? 'no dump: ' : ''}${d.why}`);
+  }
   log('');
-  log(`KV dumps (${dumps.length}), every one from ranks [${lastPp.join(', ')}]`);
+  log(`KV dumps (${dumps.length})${dumps.length ? `, every one from ranks [${lastPp.join(', ')}]` : expect.autoDumps.why ? ` (${expect.autoDumps.why})` : ''}`);
   for (const d of dumps) {
     const missing = d.expected.filter((g) => !d.ranks.includes(g));
     log(`  ${d.incidentType.padEnd(16)} ${d.reqId.padEnd(18)} ranks ${d.ranks.length}/${d.expected.length} ${String(d.bytes).padStart(9)} B${missing.length ? `  MISSING ${missing.join(',')}` : ''}${d.problems.length ? '  BAD' : ''}`);
@@ -217,7 +241,7 @@ function summarize(out: string, runtimeRoot: string, opts: DemoOptions, codes: n
   log('bytes dumped by rank');
   for (const [g, b] of Object.entries(bytesByRank)) log(`  rank${g.padEnd(4)} ${String(b).padStart(10)} B`);
   log('');
-  log(`input snapshots by rank: ${Object.entries(snapByRank).map(([g, n]) => `rank${g}=${n}`).join(' ') || 'none'}`);
+  log(`input snapshots by rank: ${Object.entries(snapByRank).map(([g, n]) => `rank${g}=${n}`).join(' ') || 'none'}${expect.snapshotWhy ? ` (${expect.snapshotWhy})` : ''}`);
   log(`end_of_wave waits past the bound: ${timeouts}`);
   log('');
   log(`reports:   ${reportDir}`);

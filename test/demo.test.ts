@@ -41,6 +41,50 @@ test('demo with two simulated hosts and PP=2 dumps from the last PP stage only',
   expect(new Set(dirs.map((d) => d.ranks[0]))).toEqual(new Set([2, 3]));
 });
 
+// The demo derives what it expects from the configuration in force: what is off is expected to stay
+// silent (and is named in the summary), what is on must have happened.
+test('demo with a runtime config that turns on only token_repeat expects only token_repeat', () => {
+  const dir = tmpDir();
+  const cfg = path.join(dir, 'only-repeat.jsonc');
+  fs.writeFileSync(cfg, '{\n  // one detector, one dump\n  "detector": { "token_repeat": { "enabled": true, "on_trigger": ["report", "dump_kv"] } },\n  "dump": { "auto_max_times": 1 },\n}\n');
+  const out = path.join(dir, 'demo');
+  const r = runWavebus(['demo', '--out', out, '--steps', '60', '--runtime-config', cfg], { timeout: 120000 });
+  expect(r.stdout).toContain('demo OK');
+  expect(r.code).toBe(0);
+  for (const t of ['logits_finite', 'garbled', 'spec_acceptance']) {
+    expect(r.stdout).toMatch(new RegExp(`${t}\\s+detector\\.${t}\\.enabled is false`));
+    expect(fs.existsSync(path.join(out, 'runtime', 'report', t))).toBe(false);
+  }
+  expect(r.stdout).toMatch(/KV dumps \(1\)/);
+  expect(r.stdout).toMatch(/token_repeat\s+req-/);
+});
+
+test('demo under WAVEBUS_SNAPSHOT_RANKS=1 expects snapshots from tp-rank 1 only', () => {
+  const out = path.join(tmpDir(), 'demo');
+  const r = runWavebus(['demo', '--out', out, '--steps', '60'], { timeout: 120000, env: { ...process.env, WAVEBUS_SNAPSHOT_RANKS: '1' } });
+  expect(r.stdout).toContain('demo OK');
+  expect(r.code).toBe(0);
+  expect(r.stdout).toMatch(/input snapshots by rank: rank1=\d+ \(only tp-ranks \[1\] capture/);
+});
+
+test('demo expectations follow the config in force: no fault or off means nothing expected, RANKS narrows', async () => {
+  const { demoExpectations } = await import('../src/demo-expect');
+  const dir = tmpDir();
+  const cfg = path.join(dir, 'c.json');
+  fs.writeFileSync(cfg, JSON.stringify({ detector: { garbled: { enabled: true } } }));
+  const layout = { worldSize: 2, tp: 2, pp: 1, dp: 1, cp: 1 };
+  const e = demoExpectations({ runtimeConfig: cfg, format: 'pt', layout, faults: { garbled: { request: 1, from: 2 } }, env: {} });
+  expect(e.detectors.find((d) => d.name === 'garbled')).toMatchObject({ report: true, dump: false });
+  expect(e.detectors.find((d) => d.name === 'token_repeat')?.why).toMatch(/no fault injected/);
+  expect(e.autoDumps).toMatchObject({ min: 0, max: 0 });
+  const off = demoExpectations({ format: 'pt', layout, faults: {}, env: { WAVEBUS_SNAPSHOT_ENABLE: '0' } });
+  expect(off.snapshotRanks).toEqual([]);
+  expect(off.snapshotWhy).toMatch(/snapshots are off/);
+  const narrowed = demoExpectations({ format: 'pt', layout, faults: {}, env: { VLLM_NEURON_RUNTIME_INPUT_SNAPSHOT_RANKS: '0' } });
+  expect(narrowed.snapshotRanks).toEqual([0]);
+  expect(narrowed.snapshotFlags.ranks).toBeUndefined();
+});
+
 test('demo refuses an --out that holds someone else\'s files', () => {
   const out = tmpDir();
   fs.writeFileSync(path.join(out, 'precious.txt'), 'keep me');

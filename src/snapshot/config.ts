@@ -47,7 +47,7 @@ export const DEFAULT_FORMAT: SnapshotFormat = 'pt';
 const PREFIX = 'WAVEBUS_SNAPSHOT_';
 const SEED_PREFIX = 'VLLM_NEURON_RUNTIME_INPUT_SNAPSHOT_';
 
-type Setting = 'ENABLE' | 'CAPTURE_AT_CALL' | 'CAPTURE_TOKEN' | 'CAPTURE_REQUEST' | 'MAX_CAPTURES' | 'RANKS' | 'FORMAT';
+export type Setting = 'ENABLE' | 'CAPTURE_AT_CALL' | 'CAPTURE_TOKEN' | 'CAPTURE_REQUEST' | 'MAX_CAPTURES' | 'RANKS' | 'FORMAT';
 
 const FLAG_OF: Record<Setting, keyof SnapshotFlags> = {
   ENABLE: 'enable',
