@@ -1,4 +1,4 @@
-/** Tests run against the TypeScript sources; spawned CLI processes use dist/ (built by npm install / prepare). */
+/** Tests run against the TypeScript sources; spawned CLI processes use dist/, which `npm test`'s pretest rebuilds first. */
 // Quiet logs by default (tests that read log lines set WAVEBUS_LOG_LEVEL themselves); children inherit it.
 process.env.WAVEBUS_LOG_LEVEL = process.env.WAVEBUS_LOG_LEVEL || 'warn';
 
