@@ -3,7 +3,7 @@ import * as fs from 'fs';
 import * as path from 'path';
 import * as os from 'os';
 
-/** The per-process bundle directory name: unique under any parallelism (DESIGN.md). */
+/** The per-process bundle directory name: unique under any parallelism (docs/design.md). */
 export function rankDirName(globalRank: number): string {
   if (!Number.isInteger(globalRank) || globalRank < 0) {
     throw new RangeError(`global rank must be a non-negative integer, got ${globalRank}`);
