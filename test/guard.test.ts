@@ -176,6 +176,18 @@ describe('detectors through the guard', () => {
     expect(reports('spec_acceptance').map((r) => [r.req_id, r.detect_wave, r.detail.direction])).toEqual([['s', 2, 'high']]);
   });
 
+  test('spec_acceptance alerts on every full-window step; "quotas alone decide whether that alert is reported"', () => {
+    const { g, reports } = guard({ detector: { spec_acceptance: { enabled: true, window: 2 } }, report: { max_per_req: 3, backoff_waves: 2 } });
+    // nothing but the bonus token accepted, every step: the low condition holds from detect wave 2 on
+    for (let w = 1; w <= 12; w++) g.onWaveHead(w + 1, tel(w, [step('s', { draftLen: 4, accepted: 1 })]));
+    // reports at 2, then a gap of 2 (wave 4), then of 4 (wave 8): the cap of 3 is reached and mutes it
+    expect(reports('spec_acceptance').map((r) => r.detect_wave)).toEqual([2, 4, 8]);
+    const inc = (g.status().incidents as Record<string, Record<string, number>>).spec_acceptance;
+    expect(inc.report).toBe(3);
+    expect(inc.suppressed_backoff).toBe(4); // the alerts of detect waves 3, 5, 6 and 7; after 8 the request is muted
+    expect(inc.suppressed_max_per_req).toBeUndefined();
+  });
+
   test('non-finite rows without a request: warning and a count, never a report', () => {
     const { g, reports, lines } = guard({ detector: { logits_finite: { enabled: true } } });
     g.onWaveHead(2, { wave: 1, requests: [step('a')], nonFinite: [{ row: 3, reqId: '', kind: 'nan' }, { row: 4, reqId: '', kind: 'nan' }] });
