@@ -5,6 +5,8 @@ import * as fs from 'fs';
 import * as path from 'path';
 import { spawn } from 'child_process';
 import { ConfigError } from './errors';
+import { checkConfigPartial } from './guard/config';
+import { parseJsonc } from './guard/jsonc';
 import { inspectTree, type BundleReport } from './inspect';
 import { freePortPair } from './ports';
 import { readPt, readNpyHeader, readSafetensorsHeader, readBytes } from './readers';
@@ -118,9 +120,9 @@ export async function runDemo(opts: DemoOptions): Promise<{ ok: boolean; summary
   prepareOut(out);
   const runtimeRoot = path.join(out, 'runtime');
   const configPath = path.join(runtimeRoot, 'config', 'runtime_config.json');
-  fs.mkdirSync(path.dirname(configPath), { recursive: true });
-  if (opts.runtimeConfig) fs.copyFileSync(opts.runtimeConfig, configPath);
-  else fs.writeFileSync(configPath, `${JSON.stringify(demoRuntimeConfig(opts.format), null, 2)}\n`);
+  // The seed's startup: the coordinator writes defaults ← this overlay to configPath (the live file).
+  // A demo's own input: a bad file stops it here rather than running on the defaults.
+  const overlay = opts.runtimeConfig ? checkConfigPartial(parseJsonc(fs.readFileSync(opts.runtimeConfig, 'utf8'), opts.runtimeConfig), opts.runtimeConfig) : demoRuntimeConfig(opts.format);
   const resultDir = path.join(out, 'ranks');
   const port = opts.port ?? (await freePortPair());
   const bin = path.resolve(__dirname, '..', '..', 'bin', 'wavebus.js');
@@ -138,6 +140,7 @@ export async function runDemo(opts: DemoOptions): Promise<{ ok: boolean; summary
           '--master-addr', '127.0.0.1', '--port', String(port),
           '--tp', String(opts.tp), '--pp', String(opts.pp), '--dp', String(opts.dp),
           '--runtime-config-path', configPath, '--runtime-config-hot-reload',
+          '--additional-config', JSON.stringify({ runtime_config: overlay }),
           // The token rule targets decode step 5 of request 0 (prompt length 12): token position 17.
           '--snapshot-enable', '--snapshot-capture-token', '17', '--snapshot-max-captures', '2', '--snapshot-format', opts.format,
           // A shared 2-core machine can delay a wave vector by tens of ms; real forwards are longer.

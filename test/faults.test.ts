@@ -126,6 +126,9 @@ class Job {
       'coordinator', '--port', String(this.port), '--world-size', String(this.o.world), '--tp', String(this.o.world),
       '--heartbeat-ms', String(HEARTBEAT_MS), '--dump-ack-timeout-ms', String(this.o.ackTimeoutMs ?? 3000),
       '--runtime-config-path', this.configPath, '--runtime-config-hot-reload', '--metrics-port', '0',
+      // startup rewrites the file from defaults ← overlay: the job's config is the overlay (a
+      // restarted coordinator too; manual dumps are asked for by later edits of the live file)
+      '--additional-config', JSON.stringify({ runtime_config: { ...this.config, dump: { ...(this.config.dump as object), manual_dump: 0 } } }),
     ];
     if (this.o.dumpRoot) argv.push('--runtime-dump-dir', this.o.dumpRoot);
     this.coordinator = this.wrap(this.o.wrapCoordinator, argv);
