@@ -118,17 +118,22 @@ struct Repeat {
     }
   }
 
-  // Returns true on the alert, with its figures in out[0..3].
+  // Returns true on the alert, with its figures in out[0..3]. As upstream (vllm-ascend
+  // runtime_guard token_repeat check_one): every token of the step is an evaluation step, an
+  // ignored one included (it scores 0 and can extend or break a run of over-steps); a step that
+  // reached consecutive_hits is still folded in to its end, and the alert carries the state at
+  // the end of the step (repeat_sum, content tokens, the last token's score, the run length).
   bool Step(int32_t* m, int64_t rec, const uint32_t* tokens, size_t n, double* out) const {
     const int64_t b = rec + head;
     const int64_t r = rec + body;
     if (m[b + kAlerted] != 0) return false;
     double& sumRef = F64(m, b + kSum);
+    bool hit = false;
+    int32_t score = 0;
     for (size_t k = 0; k < n; k++) {
-      int32_t score = 0;
+      score = 0;
       const uint32_t raw = tokens[k];
-      const bool content = !Ignored(raw);
-      if (content) {
+      if (!Ignored(raw)) {
         const int32_t t = static_cast<int32_t>(raw);
         score = CountAndAdd(m, r, t);
         const int32_t pos = m[b + kTokPos];
@@ -137,6 +142,7 @@ struct Repeat {
         else m[b + kTokLen]++;
         m[at] = t;
         m[b + kTokPos] = pos + 1 == window ? 0 : pos + 1;
+        ++m[b + kSeen];
       }
       const int32_t sp = m[b + kScorePos];
       const int64_t sat = r + 2 * static_cast<int64_t>(sp) + 1;
@@ -144,24 +150,20 @@ struct Repeat {
       sumRef = sum;
       m[sat] = score;
       m[b + kScorePos] = sp + 1 == window ? 0 : sp + 1;
-      if (!content) continue;
-      m[b + kLastScore] = score;
-      const int32_t seen = ++m[b + kSeen];
-      if (seen >= minTokens && sum > threshold) {
-        const int32_t consecutive = ++m[b + kConsec];
-        if (consecutive >= this->consecutive) {
-          m[b + kAlerted] = 1;
-          out[0] = sum;
-          out[1] = seen;
-          out[2] = score;
-          out[3] = consecutive;
-          return true;
-        }
+      if (m[b + kSeen] >= minTokens && sum > threshold) {
+        if (++m[b + kConsec] >= consecutive) hit = true;
       } else {
         m[b + kConsec] = 0;
       }
     }
-    return false;
+    if (n > 0) m[b + kLastScore] = score;
+    if (!hit) return false;
+    m[b + kAlerted] = 1;
+    out[0] = sumRef;
+    out[1] = m[b + kSeen];
+    out[2] = score;
+    out[3] = m[b + kConsec];
+    return true;
   }
 };
 
@@ -173,7 +175,8 @@ struct Spec {
   bool Step(int32_t* m, int64_t rec, uint32_t draftLen, uint32_t accepted, double* out) const {
     const int64_t b = rec + head;
     const int64_t r = rec + body;
-    const double a = std::min<double>(draftLen, std::max<double>(0, static_cast<double>(accepted) - 1));
+    // The seed's accepted_draft = max(0, accepted - 1), uncapped (upstream does not cap it either).
+    const double a = std::max<double>(0, static_cast<double>(accepted) - 1);
     const int32_t pos = m[b + kSpecPos];
     const int32_t len = m[b + kSpecLen];
     double* slot = &F64(m, r + 4 * static_cast<int64_t>(pos));
@@ -199,10 +202,8 @@ struct Spec {
     if (rate < lowRate && meanLen < lowLen) direction = 0;
     else if (rate > highRate && meanLen > highLen) direction = 1;
     else return false;
-    m[b + kSpecPos] = 0;
-    m[b + kSpecLen] = 0;
-    F64(m, b + kSumDraft) = 0;
-    F64(m, b + kSumAcc) = 0;
+    // The window slides on after an alert: as upstream, every full-window step where the condition
+    // holds is an alert; the report quotas (max_per_req, backoff) decide which are reported.
     out[0] = direction;
     out[1] = rate;
     out[2] = meanLen;

@@ -22,14 +22,25 @@ function existingAncestor(dir: string): string {
   }
 }
 
+export interface SpaceNeed {
+  /** Bytes this rank writes for the dump. */
+  estimatePerRankBytes: number;
+  /** Ranks of the TP group writing their shard of the same dump (to the same file system, typically). */
+  tpSize: number;
+  /** dump.free_headroom_bytes: left free after the dump. */
+  headroomBytes: number;
+}
+
 /**
- * Is there room for `estimateBytes` plus `headroomBytes` on the filesystem holding `dir`?
- * (The guard's rule: skip when free < estimate_per_rank × tp_size + free_headroom_bytes.)
+ * Is there room for the dump on the file system holding `dir`? The seed's rule: skip when
+ * free < estimate_per_rank × tp_size + free_headroom_bytes (every TP rank of the last PP stage
+ * writes its shard beside this one, so one rank's estimate alone would let the dump fill the disk).
  */
-export function checkFreeSpace(dir: string, estimateBytes: number, headroomBytes: number): FreeSpace {
-  for (const [k, v] of [['estimateBytes', estimateBytes], ['headroomBytes', headroomBytes]] as const) {
+export function checkFreeSpace(dir: string, need: SpaceNeed): FreeSpace {
+  for (const [k, v] of [['estimatePerRankBytes', need.estimatePerRankBytes], ['headroomBytes', need.headroomBytes]] as const) {
     if (!Number.isFinite(v) || v < 0) throw new ConfigError(`${k} must be a non-negative number, got ${v}`);
   }
+  if (!Number.isSafeInteger(need.tpSize) || need.tpSize < 1) throw new ConfigError(`tpSize must be a positive integer, got ${need.tpSize}`);
   const at = existingAncestor(dir);
   let st: fs.StatsFs;
   try {
@@ -38,7 +49,7 @@ export function checkFreeSpace(dir: string, estimateBytes: number, headroomBytes
     throw fsFailure('statfs', at, e);
   }
   const freeBytes = Number(st.bavail) * Number(st.bsize);
-  const neededBytes = estimateBytes + headroomBytes;
+  const neededBytes = need.estimatePerRankBytes * need.tpSize + need.headroomBytes;
   return { ok: freeBytes >= neededBytes, freeBytes, neededBytes };
 }
 

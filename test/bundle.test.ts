@@ -197,16 +197,34 @@ setInterval(() => {}, 1000);`;
 });
 
 describe('free space and dump_skipped.json', () => {
-  test('checkFreeSpace compares statfs free bytes with estimate + headroom, for not-yet-created dirs too', () => {
+  test('checkFreeSpace compares statfs free bytes with estimate × tp_size + headroom, for not-yet-created dirs too', () => {
     const dir = tmpDir('wavebus-free-');
     const free = Number(runPython(`import os, sys; s = os.statvfs(sys.argv[1]); print(s.f_bavail * s.f_frsize)`, [dir]).trim());
-    const r = checkFreeSpace(path.join(dir, 'not', 'yet'), 1000, 5);
+    const r = checkFreeSpace(path.join(dir, 'not', 'yet'), { estimatePerRankBytes: 1000, tpSize: 4, headroomBytes: 5 });
     expect(r.ok).toBe(true);
-    expect(r.neededBytes).toBe(1005);
+    expect(r.neededBytes).toBe(4005);
     expect(Math.abs(r.freeBytes - free)).toBeLessThan(64 * 1024 * 1024); // other processes write meanwhile
-    const big = checkFreeSpace(dir, r.freeBytes * 2, 0);
+    const big = checkFreeSpace(dir, { estimatePerRankBytes: r.freeBytes * 2, tpSize: 1, headroomBytes: 0 });
     expect(big.ok).toBe(false);
-    expect(() => checkFreeSpace(dir, -1, 0)).toThrow(/estimateBytes/);
+    expect(() => checkFreeSpace(dir, { estimatePerRankBytes: -1, tpSize: 1, headroomBytes: 0 })).toThrow(/estimatePerRankBytes/);
+    expect(() => checkFreeSpace(dir, { estimatePerRankBytes: 1, tpSize: 0, headroomBytes: 0 })).toThrow(/tpSize must be a positive integer, got 0/);
+  });
+
+  (rootOnlyReason() ? test.skip : test)('"skip when free < estimate_per_rank × tp_size + free_headroom_bytes" on a real 8 MiB tmpfs', () => {
+    const mnt = path.join(tmpDir('wavebus-free-'), 'small');
+    mountTmpfs(mnt, '8m');
+    const MiB = 1024 * 1024;
+    const free = checkFreeSpace(mnt, { estimatePerRankBytes: 0, tpSize: 1, headroomBytes: 0 }).freeBytes;
+    expect(free).toBe(8 * MiB);
+    // one rank's 2 MiB fits with 1 MiB headroom; four ranks' shards (8 MiB) + 1 MiB do not
+    expect(checkFreeSpace(path.join(mnt, 'kv', 'rank0'), { estimatePerRankBytes: 2 * MiB, tpSize: 1, headroomBytes: MiB })).toEqual({ ok: true, freeBytes: free, neededBytes: 3 * MiB });
+    expect(checkFreeSpace(path.join(mnt, 'kv', 'rank0'), { estimatePerRankBytes: 2 * MiB, tpSize: 4, headroomBytes: MiB })).toEqual({ ok: false, freeBytes: free, neededBytes: 9 * MiB });
+    // exactly enough is enough
+    expect(checkFreeSpace(mnt, { estimatePerRankBytes: 2 * MiB, tpSize: 3, headroomBytes: 2 * MiB }).ok).toBe(true);
+    // what is written counts: after 3 MiB, 2 MiB × 2 + 2 MiB no longer fits, 2 MiB × 1 + 2 MiB does
+    fs.writeFileSync(path.join(mnt, 'taken'), Buffer.alloc(3 * MiB));
+    expect(checkFreeSpace(mnt, { estimatePerRankBytes: 2 * MiB, tpSize: 2, headroomBytes: 2 * MiB })).toMatchObject({ ok: false, freeBytes: 5 * MiB });
+    expect(checkFreeSpace(mnt, { estimatePerRankBytes: 2 * MiB, tpSize: 1, headroomBytes: 2 * MiB })).toMatchObject({ ok: true, freeBytes: 5 * MiB });
   });
 
   test('writeDumpSkipped writes the reason record atomically', () => {

@@ -126,6 +126,9 @@ class Job {
       'coordinator', '--port', String(this.port), '--world-size', String(this.o.world), '--tp', String(this.o.world),
       '--heartbeat-ms', String(HEARTBEAT_MS), '--dump-ack-timeout-ms', String(this.o.ackTimeoutMs ?? 3000),
       '--runtime-config-path', this.configPath, '--runtime-config-hot-reload', '--metrics-port', '0',
+      // startup rewrites the file from defaults ← overlay: the job's config is the overlay (a
+      // restarted coordinator too; manual dumps are asked for by later edits of the live file)
+      '--additional-config', JSON.stringify({ runtime_config: { ...this.config, dump: { ...(this.config.dump as object), manual_dump: 0 } } }),
     ];
     if (this.o.dumpRoot) argv.push('--runtime-dump-dir', this.o.dumpRoot);
     this.coordinator = this.wrap(this.o.wrapCoordinator, argv);
@@ -441,19 +444,21 @@ describe('faults', () => {
       return;
     }
 
-    // One request of 4 blocks; 5 layers × K,V × 4 blocks × 16 KiB = 640 KiB per rank: one rank's
-    // bundle fits in a 1 MiB tmpfs, two do not.
+    // One request of 4 blocks; 5 layers × K,V × 4 blocks × 16 KiB = 640 KiB per rank, so the
+    // free-space rule (estimate × tp_size + headroom) asks for 1280 KiB with headroom 0. A 1320 KiB
+    // tmpfs passes that check, but the 20 .pt files take a header and a partly filled page each
+    // beyond their tensor bytes: the writes run out of room.
     const SMALL_KV = ['--layers', '5', '--num-blocks', '16', '--kv-heads', '8', '--head-dim', '128'];
 
     test('ENOSPC: the free-space check refuses, and a real ENOSPC mid-write leaves nothing partial', async () => {
       const root = fs.mkdtempSync(path.join(os.tmpdir(), 'wavebus-enospc-'));
-      mountTmpfs(root, '1m');
+      mountTmpfs(root, '1320k');
       const job = await startJob({
         world: 2, steps: 45, stepMs: 60, requests: 1, ackTimeoutMs: 3000, simArgs: SMALL_KV, dumpRoot: root,
         config: baseConfig({ dump: { free_headroom_bytes: 8 * 2 ** 20 } }),
         faults: { nonFinite: { request: 0, at: 5 } },
       });
-      // 1) headroom 8 MiB on a 1 MiB disk: both ranks refuse before copying.
+      // 1) headroom 8 MiB on a 1.3 MiB disk: both ranks refuse before copying.
       const refused = await job.until(() => job.manifests().find((m) => Object.keys(m.skipped_ranks).length === 2), 'the refused dump', 20000, 50);
       expect(refused.skipped_ranks).toEqual({ 0: 'insufficient_free_space', 1: 'insufficient_free_space' });
       expect(refused.missing_ranks).toEqual([]);
@@ -461,7 +466,7 @@ describe('faults', () => {
         const skipped = JSON.parse(fs.readFileSync(path.join(refused.dir, `rank${g}`, 'dump_skipped.json'), 'utf8'));
         expect(skipped.reason).toBe('insufficient_free_space');
       }
-      // 2) headroom 0: both ranks pass the estimate, the disk fills during the writes.
+      // 2) headroom 0: both ranks pass the estimate × tp_size, the disk fills during the writes.
       const wave = (await job.status()).wave;
       job.manualDump(1, { free_headroom_bytes: 0 });
       const full = await job.until(

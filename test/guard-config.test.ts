@@ -1,4 +1,7 @@
+import { spawnSync } from 'child_process';
+import * as crypto from 'crypto';
 import * as fs from 'fs';
+import * as os from 'os';
 import * as path from 'path';
 import { ConfigError } from '../src/errors';
 import { actionsFor, checkConfigPartial, configFromRaw, defaultConfig, mergeConfig } from '../src/guard/config';
@@ -48,7 +51,7 @@ describe('runtime_config schema', () => {
     expect(messageOf(() => configFromRaw({ detector: [] }, 'c'))).toMatch(/detector: expected an object, got an array/);
   });
 
-  test('merging: defaults ← file ← overlay, deep, per key', () => {
+  test('merging: deep, per key, left to right (defaults ← overlay at startup, defaults ← file on reload)', () => {
     const file = checkConfigPartial({ detector: { token_repeat: { enabled: true, window: 16 } }, dump: { auto_max_times: 2 } }, 'f');
     const overlay = checkConfigPartial({ detector: { token_repeat: { window: 8 }, garbled: { on_trigger: ['dump_kv'], dump_kv: {} } } }, 'o');
     const c = mergeConfig(defaultConfig(), file, overlay);
@@ -93,48 +96,120 @@ describe('startup options', () => {
   test('bad startup input names the key', () => {
     expect(messageOf(() => parseStartupOptions('{"runtime_config_pth": "x"}', {}, '/'))).toMatch(/--additional-config: unknown key 'runtime_config_pth'/);
     expect(messageOf(() => parseStartupOptions('{"runtime_config_hot_reload": "yes"}', {}, '/'))).toMatch(/runtime_config_hot_reload: expected a boolean/);
-    expect(messageOf(() => parseStartupOptions('{"runtime_config": {"detector": {"nope": {}}}}', {}, '/'))).toMatch(/runtime_config: unknown key 'detector\.nope'/);
+    // a bad overlay is not fatal: it is kept as overlayError and the defaults are used
+    const o = parseStartupOptions('{"runtime_config": {"detector": {"nope": {}}}}', {}, '/');
+    expect(o.overlay).toEqual({});
+    expect(o.overlayError).toMatch(/^--additional-config runtime_config: unknown key 'detector\.nope'/);
     expect(messageOf(() => parseStartupOptions('{"runtime_config": 1', {}, '/'))).toMatch(/^--additional-config:1:21: Unexpected end of input/);
   });
 });
 
+const quiet = () => {
+  const lines: { level: string; obj: Record<string, unknown>; msg: string }[] = [];
+  return {
+    lines,
+    log: {
+      error: (obj: object, msg: string) => lines.push({ level: 'error', obj: obj as Record<string, unknown>, msg }),
+      warn: (obj: object, msg: string) => lines.push({ level: 'warn', obj: obj as Record<string, unknown>, msg }),
+    },
+  };
+};
+
 describe('startup config load', () => {
-  test('no file: defaults ← overlay; dump dir seeded by runtime_dump_dir', () => {
+  test('"startup overwrites the JSON from defaults/overlay": a manual_dump left in the file is not used', () => {
     const d = tmpDir();
-    const o = parseStartupOptions(JSON.stringify({ runtime_config: { dump: { manual_dump: 2 } }, runtime_dump_dir: 'kv' }), {}, d);
-    const { config, fileHash } = loadStartupConfig(o);
-    expect(config.dump.manual_dump).toBe(2);
+    const o = parseStartupOptions(JSON.stringify({ runtime_config: { detector: { token_repeat: { enabled: true } } }, runtime_dump_dir: 'kv' }), {}, d);
+    fs.mkdirSync(path.dirname(o.configPath), { recursive: true });
+    fs.writeFileSync(o.configPath, '{ "dump": { "manual_dump": 2, "auto_max_times": 9 }, } // left from the last run');
+    const q = quiet();
+    const { config, fileHash, issues } = loadStartupConfig(o, q.log);
+    expect(issues).toEqual([]);
+    expect(config.dump.manual_dump).toBe(0);
+    expect(config.dump.auto_max_times).toBe(0);
+    expect(config.detector.token_repeat.enabled).toBe(true);
     expect(config.dump.dump_dir).toBe(path.join(d, 'kv'));
-    expect(fileHash).toBeNull();
-    expect(fs.existsSync(o.configPath)).toBe(false);
+    const text = fs.readFileSync(o.configPath, 'utf8');
+    expect(JSON.parse(text)).toEqual(JSON.parse(JSON.stringify(config)));
+    expect(fileHash).toBe(crypto.createHash('sha256').update(text).digest('hex'));
+    expect(q.lines.filter((l) => l.level === 'warn').map((l) => l.msg)).toEqual([expect.stringMatching(/rewritten from defaults ← --additional-config runtime_config/)]);
+    // nothing is left beside it: no temp file, no lock
+    expect(fs.readdirSync(path.dirname(o.configPath))).toEqual(['runtime_config.json']);
   });
 
-  test('an invalid file is a startup error naming the file and line:col or field', () => {
+  test('hot reload off still rewrites the file (as upstream\'s ensure_persisted); dirs are created', () => {
+    const d = tmpDir();
+    const file = path.join(d, 'deep', 'config', 'runtime_config.json');
+    const o = parseStartupOptions(JSON.stringify({ runtime_config_path: file, runtime_config: { detector: { logits_finite: { enabled: true } } } }), {}, d);
+    expect(o.hotReload).toBe(false);
+    const { config } = loadStartupConfig(o);
+    expect(JSON.parse(fs.readFileSync(file, 'utf8')).detector.logits_finite.enabled).toBe(true);
+    expect(config.detector.logits_finite.enabled).toBe(true);
+    expect(o.reportDir).toBe(path.join(d, 'deep', 'report'));
+  });
+
+  test('"an invalid startup file or overlay is logged loudly and the defaults are used"', () => {
     const d = tmpDir();
     const file = path.join(d, 'runtime', 'config', 'runtime_config.json');
     fs.mkdirSync(path.dirname(file), { recursive: true });
     fs.writeFileSync(file, '{\n  "report": { // caps\n    "max_per_req": 1,\n    "backoff_waves" 64\n  }\n}\n');
-    const o = parseStartupOptions(undefined, {}, d);
-    expect(messageOf(() => loadStartupConfig(o))).toBe(`${file}:4:21: Unexpected token "6", expected ':'`);
-    fs.writeFileSync(file, '{"report": {"max_per_req": -1}}');
-    expect(messageOf(() => loadStartupConfig(o))).toMatch(new RegExp(`^${file.replace(/[.]/g, '\\.')}: report\\.max_per_req: expected an integer`));
+    const o = parseStartupOptions(JSON.stringify({ runtime_config: { report: { max_per_req: 0 }, detector: { token_repeat: { enabled: true } } } }), {}, d);
+    const q = quiet();
+    const { config, issues } = loadStartupConfig(o, q.log);
+    expect(config).toEqual(defaultConfig()); // the whole overlay is dropped, as upstream does
+    expect(issues).toEqual([
+      { source: 'file', error: `${file}:4:21: Unexpected token "6", expected ':'` },
+      { source: 'overlay', error: expect.stringMatching(/^--additional-config runtime_config: report\.max_per_req: expected an integer in \[1, inf\], got 0/) },
+    ]);
+    expect(q.lines.map((l) => [l.level, l.obj.source])).toEqual([['error', 'file'], ['error', 'overlay']]);
+    expect(q.lines.every((l) => /^RUNTIME CONFIG ERROR: /.test(l.msg))).toBe(true);
+    // the broken file was replaced by the effective (default) config
+    expect(JSON.parse(fs.readFileSync(file, 'utf8'))).toEqual(JSON.parse(JSON.stringify(defaultConfig())));
   });
 
-  test('hot reload writes the effective config back (dirs created, atomically, JSON)', () => {
+  test('writes go through <path>.tmp plus rename under <path>.lock; a live holder blocks, a stale lock from a dead pid is broken', () => {
     const d = tmpDir();
-    const file = path.join(d, 'deep', 'config', 'runtime_config.json');
-    const o = parseStartupOptions(JSON.stringify({ runtime_config_path: file, runtime_config_hot_reload: true, runtime_config: { detector: { logits_finite: { enabled: true } } } }), {}, d);
-    const { config, fileHash } = loadStartupConfig(o);
-    const written = JSON.parse(fs.readFileSync(file, 'utf8'));
-    expect(written).toEqual(JSON.parse(JSON.stringify(config)));
-    expect(written.detector.logits_finite.enabled).toBe(true);
-    expect(fileHash).toMatch(/^[0-9a-f]{64}$/);
-    expect(fs.readdirSync(path.dirname(file))).toEqual(['runtime_config.json']);
-    expect(o.reportDir).toBe(path.join(d, 'deep', 'report'));
-    // an existing file is the base: file values survive, overlay wins
-    fs.writeFileSync(file, '{ // jsonc\n "dump": {"auto_max_times": 3,}, "detector": {"logits_finite": {"enabled": false}} }');
-    const again = loadStartupConfig(o).config;
-    expect(again.dump.auto_max_times).toBe(3);
-    expect(again.detector.logits_finite.enabled).toBe(true);
+    const file = path.join(d, 'runtime_config.json');
+    const lock = `${file}.lock`;
+    fs.writeFileSync(file, '{}');
+    const o = parseStartupOptions(JSON.stringify({ runtime_config_path: file }), {}, d);
+    // a live holder (this process, this host): the write waits, then fails without touching the file
+    fs.writeFileSync(lock, `${process.pid} ${os.hostname()}\n`);
+    const held = loadStartupConfig(o, quiet().log, { waitMs: 100 });
+    expect(held.issues).toEqual([{ source: 'write', error: expect.stringMatching(/runtime_config\.json\.lock: held by pid \d+ on .* for more than 100 ms/) }]);
+    expect(fs.readFileSync(file, 'utf8')).toBe('{}');
+    expect(held.fileHash).toBe(crypto.createHash('sha256').update('{}').digest('hex')); // the follower starts from what is there
+    expect(held.config).toEqual(defaultConfig()); // the job runs on in memory
+    // a dead holder: a child that has exited
+    const dead = spawnSync(process.execPath, ['-e', 'process.stdout.write(String(process.pid))']);
+    fs.writeFileSync(lock, `${dead.stdout.toString()} ${os.hostname()}\n`);
+    const stale: string[] = [];
+    const ok = loadStartupConfig(o, quiet().log, { waitMs: 2000, onStale: (_l, why) => stale.push(why) });
+    expect(ok.issues).toEqual([]);
+    expect(stale).toEqual([`its holder, pid ${dead.stdout.toString()}, is gone`]);
+    expect(JSON.parse(fs.readFileSync(file, 'utf8'))).toEqual(JSON.parse(JSON.stringify(defaultConfig())));
+    expect(fs.existsSync(lock)).toBe(false);
+    // a lock of another host is judged by its age only
+    fs.writeFileSync(lock, '1 some-other-host\n');
+    const old = (Date.now() - 120_000) / 1000;
+    fs.utimesSync(lock, old, old);
+    expect(loadStartupConfig(o, quiet().log, { waitMs: 100 }).issues).toEqual([]);
+    fs.writeFileSync(lock, '1 some-other-host\n');
+    expect(loadStartupConfig(o, quiet().log, { waitMs: 100 }).issues.map((i) => i.source)).toEqual(['write']);
+    fs.rmSync(lock);
+  });
+
+  test('no link is followed: a link at <path>.tmp or at the config is replaced, its target untouched', () => {
+    const d = tmpDir();
+    const file = path.join(d, 'runtime_config.json');
+    const victim = path.join(d, 'victim.txt');
+    fs.writeFileSync(victim, 'precious');
+    fs.symlinkSync(victim, `${file}.tmp`);
+    fs.symlinkSync(victim, file);
+    const o = parseStartupOptions(JSON.stringify({ runtime_config_path: file }), {}, d);
+    const r = loadStartupConfig(o, quiet().log);
+    expect(r.issues.map((i) => i.source)).toEqual(['file']); // the link's target is not a config
+    expect(fs.readFileSync(victim, 'utf8')).toBe('precious');
+    expect(fs.lstatSync(file).isSymbolicLink()).toBe(false);
+    expect(fs.existsSync(`${file}.tmp`)).toBe(false);
   });
 });

@@ -5,7 +5,8 @@ import { Guard } from '../src/guard/guard';
 import { parseStartupOptions } from '../src/guard/startup';
 import { registry } from '../src/metrics';
 import type { RequestStep, StepTelemetry } from '../src/messages';
-import { cleanup, tmpDir } from './helpers';
+import * as http from 'http';
+import { cleanup, freePortPair, spawnWavebus, tmpDir, waitFor } from './helpers';
 
 afterAll(cleanup);
 
@@ -176,6 +177,18 @@ describe('detectors through the guard', () => {
     expect(reports('spec_acceptance').map((r) => [r.req_id, r.detect_wave, r.detail.direction])).toEqual([['s', 2, 'high']]);
   });
 
+  test('spec_acceptance alerts on every full-window step; "quotas alone decide whether that alert is reported"', () => {
+    const { g, reports } = guard({ detector: { spec_acceptance: { enabled: true, window: 2 } }, report: { max_per_req: 3, backoff_waves: 2 } });
+    // nothing but the bonus token accepted, every step: the low condition holds from detect wave 2 on
+    for (let w = 1; w <= 12; w++) g.onWaveHead(w + 1, tel(w, [step('s', { draftLen: 4, accepted: 1 })]));
+    // reports at 2, then a gap of 2 (wave 4), then of 4 (wave 8): the cap of 3 is reached and mutes it
+    expect(reports('spec_acceptance').map((r) => r.detect_wave)).toEqual([2, 4, 8]);
+    const inc = (g.status().incidents as Record<string, Record<string, number>>).spec_acceptance;
+    expect(inc.report).toBe(3);
+    expect(inc.suppressed_backoff).toBe(4); // the alerts of detect waves 3, 5, 6 and 7; after 8 the request is muted
+    expect(inc.suppressed_max_per_req).toBeUndefined();
+  });
+
   test('non-finite rows without a request: warning and a count, never a report', () => {
     const { g, reports, lines } = guard({ detector: { logits_finite: { enabled: true } } });
     g.onWaveHead(2, { wave: 1, requests: [step('a')], nonFinite: [{ row: 3, reqId: '', kind: 'nan' }, { row: 4, reqId: '', kind: 'nan' }] });
@@ -249,6 +262,75 @@ describe('manual dump watermark', () => {
     expect(g.onWaveHead(3, null).dumps).toEqual([]);
     expect(readJson(root, 'manual_trigger', 'wave_3', 'dump_skipped.json')).toMatchObject({ reason: 'no_dump_targets', stage: 'arm', wave: 3 });
     expect(g.status().manual_dump_done).toBe(1);
+  });
+});
+
+describe('startup (seed: startup overwrites the JSON from defaults/overlay)', () => {
+  test('a manual_dump: 2 left in the file no longer fires two catch-up dumps at the first waves', () => {
+    const d = tmpDir();
+    const startup = parseStartupOptions(JSON.stringify({ runtime_config_hot_reload: true }), {}, d);
+    fs.mkdirSync(path.dirname(startup.configPath), { recursive: true });
+    fs.writeFileSync(startup.configPath, JSON.stringify({ dump: { manual_dump: 2 } }));
+    const g = new Guard({ startup, rank: 0, expectedRanks: [0], log: pino({ level: 'silent' }), pollIntervalMs: 0, verifyIntervalMs: 0 });
+    const counts: number[] = [];
+    for (let w = 1; w <= 4; w++) counts.push(g.onWaveHead(w, tel(w - 1, [step('a'), step('b')])).dumps.length);
+    expect(counts).toEqual([0, 0, 0, 0]);
+    expect(g.status()).toMatchObject({ manual_dump: 0, manual_dump_done: 0, startup_config_errors: [] });
+    expect(JSON.parse(fs.readFileSync(startup.configPath, 'utf8')).dump.manual_dump).toBe(0);
+    g.close();
+  });
+
+  test('an invalid overlay and file: the guard runs on the defaults; the errors show in status and as a metric', async () => {
+    const d = tmpDir();
+    const startup = parseStartupOptions(JSON.stringify({ runtime_config: { detector: { token_repeat: { window: 0 } } } }), {}, d);
+    fs.mkdirSync(path.dirname(startup.configPath), { recursive: true });
+    fs.writeFileSync(startup.configPath, '{"dump": ');
+    const metric = async (source: string) =>
+      Number(new RegExp(`wavebus_runtime_config_startup_errors_total\\{source="${source}"\\} (\\d+)`).exec(await registry.metrics())?.[1] ?? 0);
+    const before = [await metric('overlay'), await metric('file')];
+    const { g, lines } = (() => {
+      const lines: Record<string, unknown>[] = [];
+      const log = pino({ level: 'info' }, { write: (x: string) => lines.push(JSON.parse(x)) });
+      return { g: new Guard({ startup, rank: 0, expectedRanks: [0], log }), lines };
+    })();
+    expect(g.config().detector.token_repeat.window).toBe(32);
+    const errs = g.status().startup_config_errors as { source: string; error: string }[];
+    expect(errs.map((e) => e.source)).toEqual(['file', 'overlay']);
+    expect(errs[1].error).toMatch(/detector\.token_repeat\.window: expected an integer in \[1, 65536\], got 0/);
+    expect(lines.filter((l) => l.level === 50 && /^RUNTIME CONFIG ERROR/.test(String(l.msg)))).toHaveLength(2);
+    expect([await metric('overlay'), await metric('file')]).toEqual([before[0] + 1, before[1] + 1]);
+    g.close();
+  });
+
+  test('`wavebus coordinator` with a bad file and a bad overlay keeps serving; /healthz and /metrics show the error', async () => {
+    const d = tmpDir();
+    const file = path.join(d, 'runtime', 'config', 'runtime_config.json');
+    fs.mkdirSync(path.dirname(file), { recursive: true });
+    fs.writeFileSync(file, '{ "dump": { "manual_dump": 2 }, oops }');
+    const port = await freePortPair();
+    const c = spawnWavebus([
+      'coordinator', '--port', String(port), '--world-size', '1', '--metrics-port', '0',
+      '--runtime-config-path', file, '--additional-config', JSON.stringify({ runtime_config: { dump: { format: 'zip' } } }),
+    ]);
+    const started = await waitFor(() => c.stdout().split('\n').map((l) => (l.includes('"started"') ? JSON.parse(l) : null)).find((x) => x), 'the coordinator to start', 30000);
+    const get = (u: string) =>
+      new Promise<string>((resolve, reject) => {
+        http.get(`http://${started.metrics.host}:${started.metrics.port}${u}`, (res) => {
+          let body = '';
+          res.on('data', (ch) => (body += ch));
+          res.on('end', () => resolve(body));
+        }).on('error', reject);
+      });
+    const health = JSON.parse(await get('/healthz'));
+    expect(health.startup_config_errors.map((e: { source: string }) => e.source)).toEqual(['file', 'overlay']);
+    expect(health.startup_config_errors[1].error).toMatch(/dump\.format: expected one of "pt" \| "npy" \| "safetensors", got "zip"/);
+    expect(health.manual_dump).toBe(0);
+    expect(await get('/metrics')).toMatch(/wavebus_runtime_config_startup_errors_total\{source="overlay"\} 1/);
+    expect(c.stderr()).toMatch(/RUNTIME CONFIG ERROR: startup overlay rejected; using the defaults/);
+    expect(JSON.parse(fs.readFileSync(file, 'utf8')).dump).toMatchObject({ manual_dump: 0, format: 'pt' });
+    expect(c.child.exitCode).toBeNull();
+    c.child.kill('SIGTERM');
+    await c.exited;
   });
 });
 

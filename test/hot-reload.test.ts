@@ -145,13 +145,14 @@ describe('guard hot reload', () => {
     g.close();
   });
 
-  test('with hot reload off the file is read once and never written', () => {
+  test('with hot reload off the file is rewritten at startup and never followed', () => {
     const d = tmpDir();
-    const opts = parseStartupOptions(undefined, {}, d);
+    const opts = parseStartupOptions(JSON.stringify({ runtime_config: { report: { max_per_req: 2 } } }), {}, d);
     fs.mkdirSync(path.dirname(opts.configPath), { recursive: true });
-    fs.writeFileSync(opts.configPath, '{"report": {"max_per_req": 2}}');
+    fs.writeFileSync(opts.configPath, '{"report": {"max_per_req": 5}}');
     const g = new Guard({ startup: opts, rank: 0, expectedRanks: [0], log: recordingLogger().log, pollIntervalMs: 0, verifyIntervalMs: 0 });
-    expect(g.config().report.max_per_req).toBe(2);
+    expect(g.config().report.max_per_req).toBe(2); // defaults ← overlay; the old file is not read
+    expect(JSON.parse(fs.readFileSync(opts.configPath, 'utf8')).report.max_per_req).toBe(2);
     fs.writeFileSync(opts.configPath, '{"report": {"max_per_req": 3}}');
     g.onWaveHead(1, null);
     expect(g.onWaveHead(2, null).config).toBeUndefined();

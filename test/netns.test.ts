@@ -104,6 +104,7 @@ describe('two hosts in network namespaces', () => {
         CLI, 'launch', '--nnodes', '2', '--node-rank', String(node), '--nproc-per-node', '2', '--tp', '4',
         '--master-addr', net.addrA, '--port', String(PORT), '--insecure', '--ready-timeout-ms', '60000', '--grace-ms', '2000',
         `--coordinator-arg=--runtime-config-path`, `--coordinator-arg=${cfgPath}`, '--coordinator-arg=--runtime-config-hot-reload',
+        `--coordinator-arg=--additional-config=${JSON.stringify({ runtime_config: config })}`, // startup: defaults ← overlay
         '--coordinator-arg=--heartbeat-ms', '--coordinator-arg=200', '--coordinator-arg=--dump-ack-timeout-ms', '--coordinator-arg=4000',
         '--agent-arg=--heartbeat-ms', '--agent-arg=200', '--agent-arg=--end-of-wave-timeout-ms', `--agent-arg=${BOUND_MS}`,
         '--',

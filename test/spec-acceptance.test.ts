@@ -43,22 +43,30 @@ describe('spec_acceptance', () => {
     expect(hit).toMatchObject({ direction: 'high', accept_rate: 1, accept_len: 3 });
   });
 
-  test('draft_len 0 steps are skipped; accepted is capped at draft_len + bonus', () => {
+  test('draft_len 0 steps are skipped; "accepted_draft = max(0, accepted − 1)" without a cap', () => {
     const { d, s } = det({ window: 2 });
     expect(d.onStep(s, 0, 0)).toBeNull();
     expect(d.onStep(s, 0, 5)).toBeNull();
     expect(s.len).toBe(0);
-    d.onStep(s, 2, 99);
-    expect(s.sumAcc).toBe(2);
+    d.onStep(s, 2, 99); // more accepted than drafted is counted as it comes: 98, not min(98, 2)
+    expect(s.sumAcc).toBe(98);
+    d.onStep(s, 2, 0); // max(0, 0 − 1) = 0
+    expect(s.sumAcc).toBe(98);
+    // uint32 counts: the float64 sums stay exact
+    const big = det({ window: 2 });
+    big.d.onStep(big.s, 2 ** 32 - 1, 2 ** 32 - 1);
+    big.d.onStep(big.s, 2 ** 32 - 1, 2 ** 32 - 1);
+    expect(big.s.sumAcc).toBe(2 * (2 ** 32 - 2));
   });
 
-  test('the window restarts after an alert', () => {
+  test('"the detector alerts on every full-window step while the condition holds"', () => {
     const { d, s } = det({ window: 3 });
-    for (let i = 0; i < 2; i++) d.onStep(s, 4, 1);
-    expect(d.onStep(s, 4, 1)).not.toBeNull();
-    expect(d.onStep(s, 4, 1)).toBeNull();
-    expect(d.onStep(s, 4, 1)).toBeNull();
-    expect(d.onStep(s, 4, 1)).not.toBeNull();
+    for (let i = 0; i < 2; i++) expect(d.onStep(s, 4, 1)).toBeNull();
+    for (let i = 0; i < 5; i++) expect(d.onStep(s, 4, 1)).toMatchObject({ direction: 'low', window: 3, sum_draft_len: 12 });
+    // the window slides on: it takes three healthy steps to push the bad ones out
+    expect(d.onStep(s, 4, 4)).not.toBeNull(); // [0, 0, 3]: rate 0.25, len 1
+    expect(d.onStep(s, 4, 4)).toBeNull(); // [0, 3, 3]: rate 0.5
+    expect(d.onStep(s, 4, 4)).toBeNull();
   });
 
   test('healthy acceptance stays silent', () => {

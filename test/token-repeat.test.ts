@@ -5,27 +5,45 @@ function cfg(p: Partial<TokenRepeatConfig>): TokenRepeatConfig {
   return { ...defaultConfig().detector.token_repeat, enabled: true, ...p };
 }
 
-/** The reference algorithm, transcribed with lists (seed-implementations.md, token_repeat). */
-function reference(c: TokenRepeatConfig, steps: number[][]): { step: number; repeat_sum: number; content_tokens_seen: number; last_score: number } | null {
+interface RefHit {
+  step: number;
+  repeat_sum: number;
+  content_tokens_seen: number;
+  last_score: number;
+  consecutive_hits: number;
+}
+
+/**
+ * The reference algorithm, transcribed with lists (seed-implementations.md, token_repeat), with
+ * upstream's choices where the seed is silent: every token, an ignored one included, is an
+ * evaluation step; a step that alerted is folded in to its end and reports its end state.
+ */
+function reference(c: TokenRepeatConfig, steps: number[][]): RefHit | null {
   const content: number[] = [];
   const scores: number[] = [];
   let seen = 0;
   let consecutive = 0;
   for (let s = 0; s < steps.length; s++) {
+    let hit = false;
+    let score = 0;
     for (const t of steps[s]) {
       if (c.ignore_token_ids.includes(t)) {
-        scores.push(0);
-        continue;
+        score = 0;
+      } else {
+        score = content.slice(-c.window).filter((x) => x === t).length;
+        content.push(t);
+        seen++;
       }
-      const score = content.slice(-c.window).filter((x) => x === t).length;
-      content.push(t);
       scores.push(score);
-      seen++;
       const sum = scores.slice(-c.window).reduce((a, b) => a + b, 0);
       if (seen >= c.min_tokens && sum > c.repeat_sum_threshold) {
         consecutive++;
-        if (consecutive >= c.consecutive_hits) return { step: s, repeat_sum: sum, content_tokens_seen: seen, last_score: score };
+        if (consecutive >= c.consecutive_hits) hit = true;
       } else consecutive = 0;
+    }
+    if (hit) {
+      const sum = scores.slice(-c.window).reduce((a, b) => a + b, 0);
+      return { step: s, repeat_sum: sum, content_tokens_seen: seen, last_score: score, consecutive_hits: consecutive };
     }
   }
   return null;
@@ -87,20 +105,38 @@ describe('token_repeat', () => {
     expect(firstAlert(c, [5, 5, 5, 9, 9, 9, 9])?.at).toBe(6);
   });
 
-  test('ignored tokens: not content, score 0, not an evaluation step', () => {
-    const c = cfg({ window: 4, min_tokens: 0, repeat_sum_threshold: 5, ignore_token_ids: [0] });
-    // 7,0,7,0,7,0,7: content is 7,7,7,7 → scores 0,1,2,3 but zeros interleave in the score window
+  test('ignored tokens: not content, score 0, and "the threshold is evaluated after every token, ignored tokens included"', () => {
+    // window 4, threshold 2, two over-steps in a row: 7,7,7 scores 0,1,2 (sum 3: over, run 1); the
+    // ignored 0 scores 0, the sum stays 3: over again, run 2 → the alert is at the ignored token
+    // (index 3), not at the next content token (index 4) as when ignored tokens were skipped.
+    const c = cfg({ window: 4, min_tokens: 0, repeat_sum_threshold: 2, consecutive_hits: 2, ignore_token_ids: [0] });
+    const r = firstAlert(c, [7, 7, 7, 0, 7]);
+    expect(r?.at).toBe(3);
+    expect(r?.hit).toEqual({ repeat_sum: 3, threshold: 2, window: 4, content_tokens_seen: 3, last_score: 0, consecutive_hits: 2 });
+    expect(naive(c, [7, 7, 7, 0, 7])?.at).toBe(3);
+    // an ignored token that brings the sum down breaks the run: window 2, scores 0,1,2 then 0 → sum 2
+    const c2 = cfg({ window: 2, min_tokens: 0, repeat_sum_threshold: 2, consecutive_hits: 2, ignore_token_ids: [0] });
+    expect(firstAlert(c2, [7, 7, 7, 0])).toBeNull();
     const seq = [7, 0, 7, 0, 7, 0, 7, 7, 7];
-    expect(firstAlert(c, seq)?.at).toBe(naive(c, seq)?.at);
-    expect(firstAlert(c, [0, 0, 0, 0, 0, 0, 0, 0])).toBeNull();
+    const c3 = cfg({ window: 4, min_tokens: 0, repeat_sum_threshold: 5, ignore_token_ids: [0] });
+    expect(firstAlert(c3, seq)?.at).toBe(naive(c3, seq)?.at);
+    expect(firstAlert(c3, [0, 0, 0, 0, 0, 0, 0, 0])).toBeNull();
   });
 
-  test('one alert per request, and several tokens in one step are each evaluated', () => {
+  test('one alert per request; "when a step brings several tokens, the report\'s detail is the state at the end of the step"', () => {
     const c = cfg({ window: 4, min_tokens: 0, repeat_sum_threshold: 2 });
     const d = new TokenRepeatDetector(c);
     const s = d.newState();
-    expect(d.onTokens(s, [3, 3, 3])?.repeat_sum).toBe(3);
+    // scores 0,1,2,3 → sums 0,1,3,6: over at the third token, the fourth is still folded in
+    expect(d.onTokens(s, [3, 3, 3, 3])).toEqual({ repeat_sum: 6, threshold: 2, window: 4, content_tokens_seen: 4, last_score: 3, consecutive_hits: 2 });
     expect(d.onTokens(s, [3, 3, 3, 3])).toBeNull();
+    expect(s.repeatSum).toBe(6); // an alerted request is not evaluated any more
+    // ending on an ignored token: its score 0 is the last score
+    const d2 = new TokenRepeatDetector(cfg({ window: 4, min_tokens: 0, repeat_sum_threshold: 2, ignore_token_ids: [0] }));
+    expect(d2.onTokens(d2.newState(), [3, 3, 3, 0])).toEqual({ repeat_sum: 3, threshold: 2, window: 4, content_tokens_seen: 3, last_score: 0, consecutive_hits: 2 });
+    // the run can end inside the alerting step: the detail shows it as it is at the end
+    const d3 = new TokenRepeatDetector(cfg({ window: 2, min_tokens: 0, repeat_sum_threshold: 2, ignore_token_ids: [0] }));
+    expect(d3.onTokens(d3.newState(), [7, 7, 7, 0])).toEqual({ repeat_sum: 2, threshold: 2, window: 2, content_tokens_seen: 3, last_score: 0, consecutive_hits: 0 });
   });
 
   test('matches the reference transcription on random sequences (ring and map paths)', () => {
@@ -147,10 +183,10 @@ describe('token_repeat, optimized vs reference', () => {
         };
         const d = new TokenRepeatDetector(c);
         const s = d.newState();
-        let got: { step: number; repeat_sum: number; content_tokens_seen: number; last_score: number } | null = null;
+        let got: RefHit | null = null;
         for (let i = 0; i < steps.length && !got; i++) {
           const h = d.onTokens(s, steps[i]);
-          if (h) got = { step: i, repeat_sum: h.repeat_sum, content_tokens_seen: h.content_tokens_seen, last_score: h.last_score };
+          if (h) got = { step: i, repeat_sum: h.repeat_sum, content_tokens_seen: h.content_tokens_seen, last_score: h.last_score, consecutive_hits: h.consecutive_hits };
         }
         const want = reference(c, steps);
         expect(got).toEqual(want);

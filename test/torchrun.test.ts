@@ -10,14 +10,14 @@ afterAll(cleanup);
 test('python workers under wavebus launch: a manual dump matches the workers\' KV tensors bit for bit', async () => {
   const dir = tmpDir();
   const cfg = path.join(dir, 'runtime', 'config', 'runtime_config.json');
-  fs.mkdirSync(path.dirname(cfg), { recursive: true });
-  fs.writeFileSync(cfg, '{ "dump": { "free_headroom_bytes": 0 } }\n');
   const port = await freePort();
   const blocks = '3,11,6';
   const launch = spawnWavebus(
     [
       'launch', '--nproc-per-node', '2', '--tp', '2', '--port', String(port),
       '--coordinator-arg=--runtime-config-path', `--coordinator-arg=${cfg}`, '--coordinator-arg=--runtime-config-hot-reload',
+      // the seed's startup overlay (startup writes defaults ← overlay to the file)
+      '--additional-config', '{"runtime_config": {"dump": {"free_headroom_bytes": 0}}}',
       '--agent-arg=--end-of-wave-timeout-ms', '--agent-arg=2000',
       '--', PYTHON, path.join(ROOT, 'test', 'python', 'spawn_ranks.py'), path.join(ROOT, 'test', 'python', 'kv_worker.py'), dir, '3000', blocks,
     ],

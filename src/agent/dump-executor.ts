@@ -88,9 +88,10 @@ export class DumpExecutor {
           refuse('empty_block_ids');
           continue;
         }
-        const space = checkFreeSpace(path.dirname(rankDir), bytes, settings.freeHeadroomBytes);
+        const tp = this.identity.tp;
+        const space = checkFreeSpace(path.dirname(rankDir), { estimatePerRankBytes: bytes, tpSize: tp, headroomBytes: settings.freeHeadroomBytes });
         if (!space.ok) {
-          refuse('insufficient_free_space', `free ${space.freeBytes} < needed ${space.neededBytes} (estimate ${bytes} + headroom ${settings.freeHeadroomBytes})`);
+          refuse('insufficient_free_space', `free ${space.freeBytes} < needed ${space.neededBytes} (estimate ${bytes} × tp_size ${tp} + headroom ${settings.freeHeadroomBytes})`);
           continue;
         }
         staged.push(await this.copy(job, bytes));

@@ -59,7 +59,8 @@ export const command: CommandModule = {
     const layout = resolveLayout(env, identityFlagsFromArgv(argv as Record<string, unknown>));
     const port =
       argv.port !== undefined ? parseBusPort(argv.port, '--port') : env.WAVEBUS_PORT ? parseBusPort(env.WAVEBUS_PORT, 'WAVEBUS_PORT') : DEFAULT_BUS_PORT;
-    // The runtime guard decides what each wave carries; its config errors stop the start here.
+    // The runtime guard decides what each wave carries. A malformed startup key stops the start
+    // here; a bad runtime_config overlay or config file does not (logged, /healthz, metric).
     const startup = parseStartupOptions(
       argv['additional-config'] as string | undefined,
       {

@@ -42,7 +42,7 @@ export const command: CommandModule = {
       .example('$0 launch --nnodes 2 --node-rank $NODE_RANK --nproc-per-node 8 --master-addr $MASTER --tp 8 --pp 2 -- torchrun ...', 'each of two hosts'),
   handler: async (argv) => {
     const opts = parseLaunchOptions(argv as Record<string, unknown>);
-    // Runtime guard startup options go to the coordinator; validated here so a typo stops the launch.
+    // Runtime guard startup options go to the coordinator; validated here so a bad startup key stops the launch.
     const a = argv as Record<string, unknown>;
     const guardFlags = {
       additionalConfig: a['additional-config'] as string | undefined,
@@ -51,7 +51,11 @@ export const command: CommandModule = {
       runtimeReportDir: a['runtime-report-dir'] as string | undefined,
       runtimeDumpDir: a['runtime-dump-dir'] as string | undefined,
     };
-    parseStartupOptions(guardFlags.additionalConfig, guardFlags, process.cwd());
+    const startup = parseStartupOptions(guardFlags.additionalConfig, guardFlags, process.cwd());
+    if (startup.overlayError !== null) {
+      // Not fatal (the seed falls back to the defaults); the coordinator logs it and shows it in /healthz.
+      process.stderr.write(`wavebus launch: warning: ${startup.overlayError}; the runtime guard will use the defaults\n`);
+    }
     for (const [flag, key] of [['additional-config', 'additionalConfig'], ['runtime-config-path', 'runtimeConfigPath'], ['runtime-report-dir', 'runtimeReportDir'], ['runtime-dump-dir', 'runtimeDumpDir']] as const) {
       if (guardFlags[key] !== undefined) opts.coordinatorArgs.push(`--${flag}=${guardFlags[key]}`);
     }

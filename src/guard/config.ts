@@ -1,5 +1,5 @@
 // runtime_config.json: the schema, its defaults, validation and merging.
-// Effective config = defaults ← file ← startup overlay. Unknown keys anywhere are errors naming the
+// Effective config: at startup defaults ← overlay (startup.ts), on reload defaults ← file. Unknown keys anywhere are errors naming the
 // dotted path; wrong types and out-of-range values name the path and what was expected.
 import { ConfigError } from '../errors';
 

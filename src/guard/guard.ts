@@ -14,7 +14,7 @@ import { AutoDumpQuota, admitIncident, IncidentCount } from './quotas';
 import { ConfigFollower } from './reload';
 import { IncidentReport, writeReport } from './reports';
 import { FLAG_FINISHED, FLAG_FREED, SlotBinding, TelemetryColumnizer, TelemetryColumns } from '../telemetry';
-import { dumpRootOf, loadStartupConfig, StartupConfig, StartupOptions } from './startup';
+import { dumpRootOf, loadStartupConfig, StartupConfig, StartupIssue, StartupOptions } from './startup';
 
 export const MANUAL_TRIGGER = 'manual_trigger';
 
@@ -91,13 +91,18 @@ export class Guard implements CoordinatorPolicy {
   private lastUnattributedLogWave = -1;
   private lastWave = -1;
   private readonly metric: Counter<'incident_type' | 'action'>;
+  private readonly startupIssues: StartupIssue[];
 
   constructor(opts: GuardOptions) {
     this.opts = opts;
     this.log = opts.log ?? createLogger('guard');
     this.clock = opts.clock ?? Date.now;
-    const initial = opts.initial ?? loadStartupConfig(opts.startup);
+    const initial = opts.initial ?? loadStartupConfig(opts.startup, this.log);
     this.cfg = initial.config;
+    // Startup config errors never stop the job: they show in /healthz and as a metric.
+    this.startupIssues = initial.issues ?? [];
+    const startupErrors = counter('wavebus_runtime_config_startup_errors_total', 'Runtime config problems at startup (the job ran on), by source: overlay, file, write', ['source'] as const);
+    for (const i of this.startupIssues) startupErrors.inc({ source: i.source });
     this.follower = opts.startup.hotReload
       ? new ConfigFollower(opts.startup.configPath, initial.config, {
           pollIntervalMs: opts.pollIntervalMs,
@@ -459,6 +464,7 @@ export class Guard implements CoordinatorPolicy {
       hot_reload: this.follower !== null,
       config_rejections: this.follower?.rejections ?? 0,
       config_error: this.follower?.lastError ?? null,
+      startup_config_errors: this.startupIssues,
       wave: this.lastWave,
       manual_dump: this.cfg.dump.manual_dump,
       manual_dump_done: this.manualDone,

@@ -8,12 +8,15 @@ import { ConfigError } from '../errors';
 import { fsyncDir } from '../freespace';
 import { parseJsonc } from './jsonc';
 import { checkConfigPartial, configFromRaw, configJson, defaultConfig, mergeConfig, RuntimeConfig } from './config';
+import { LockOptions, writeConfigFile } from './config-file';
 
 export interface StartupOptions {
   configPath: string;
   hotReload: boolean;
-  /** The runtime_config overlay, already checked against the schema. */
+  /** The runtime_config overlay, already checked against the schema ({} when it was rejected). */
   overlay: Record<string, unknown>;
+  /** Why the runtime_config overlay was rejected (the defaults are used), or null. */
+  overlayError: string | null;
   reportDir: string;
   /** The dump root used when the config has no dump.dump_dir. */
   dumpDir: string;
@@ -77,7 +80,18 @@ export function parseStartupOptions(additionalConfigJson: string | undefined, fl
   }
   if (flags.runtimeConfigHotReload !== undefined) hotReload = flags.runtimeConfigHotReload;
 
-  const overlay = extra.runtime_config === undefined ? {} : checkConfigPartial(extra.runtime_config, '--additional-config runtime_config');
+  // A bad overlay does not stop the job (seed: an invalid startup config falls back to the
+  // defaults with a logged rejection); the guard logs it and shows it in /healthz.
+  let overlay: Record<string, unknown> = {};
+  let overlayError: string | null = null;
+  if (extra.runtime_config !== undefined) {
+    try {
+      overlay = checkConfigPartial(extra.runtime_config, '--additional-config runtime_config');
+    } catch (e) {
+      if (!(e instanceof ConfigError)) throw e;
+      overlayError = e.message;
+    }
+  }
 
   let reportDir = path.join(runtimeRootOf(configPath), 'report');
   if (extra.runtime_report_dir !== undefined) reportDir = path.resolve(cwd, str(extra.runtime_report_dir, src('runtime_report_dir')));
@@ -93,7 +107,7 @@ export function parseStartupOptions(additionalConfigJson: string | undefined, fl
     dumpDir = path.resolve(cwd, str(flags.runtimeDumpDir, '--runtime-dump-dir'));
     dumpDirExplicit = true;
   }
-  return { configPath, hotReload, overlay, reportDir, dumpDir, dumpDirExplicit };
+  return { configPath, hotReload, overlay, overlayError, reportDir, dumpDir, dumpDirExplicit };
 }
 
 /** Parse and validate a config file's bytes: defaults ← file. */
@@ -125,41 +139,67 @@ export function writeFileAtomic(file: string, data: string | Buffer): void {
   fsyncDir(path.dirname(file));
 }
 
-export interface StartupConfig {
-  config: RuntimeConfig;
-  /** sha256 of the file bytes the config came from (or was written as); null when there is no file. */
-  fileHash: string | null;
+export interface StartupIssue {
+  /** overlay: --additional-config runtime_config; file: the runtime_config.json found at start; write: the rewrite. */
+  source: 'overlay' | 'file' | 'write';
+  error: string;
 }
 
+export interface StartupConfig {
+  config: RuntimeConfig;
+  /** sha256 of the file bytes the follower starts from (what was written, else what was there); null when there is no file. */
+  fileHash: string | null;
+  /** What went wrong at startup; the job runs on regardless (with the defaults where the overlay was rejected). */
+  issues: StartupIssue[];
+}
+
+type StartupLog = { error: (o: object, msg: string) => void; warn: (o: object, msg: string) => void };
+
 /**
- * Load the effective config at startup: defaults ← file (when it exists) ← overlay, with
- * runtime_dump_dir seeding dump.dump_dir. An invalid file is a startup error (the issue asks for
- * that; the seed's implementation falls back to defaults). With hot reload on, the effective config
- * is written back to the file, so that the live file is what the job runs with.
+ * The effective config at startup and the rewrite of runtime_config.json, as the seed and its
+ * upstream do (vllm-ascend runtime_config bootstrap + ensure_persisted): effective = defaults ←
+ * overlay, with runtime_dump_dir seeding dump.dump_dir; the file found at start is not read into
+ * it (so a stale `manual_dump: N` in it fires nothing) and is overwritten with the effective
+ * config, whether hot reload is on or off. An invalid overlay is logged and the defaults are used;
+ * an invalid old file is logged (it is replaced all the same); a failed write is logged and the
+ * job runs on the in-memory config. Never throws over configuration.
  */
-export function loadStartupConfig(opts: StartupOptions): StartupConfig {
-  let base = defaultConfig();
-  let fileHash: string | null = null;
-  let bytes: Buffer | null = null;
+export function loadStartupConfig(opts: StartupOptions, log?: StartupLog, lock?: LockOptions): StartupConfig {
+  const issues: StartupIssue[] = [];
+  let old: Buffer | null = null;
   try {
-    bytes = fs.readFileSync(opts.configPath);
+    old = fs.readFileSync(opts.configPath);
   } catch (e) {
-    if ((e as NodeJS.ErrnoException).code !== 'ENOENT') {
-      throw new ConfigError(`${opts.configPath}: cannot read runtime config: ${(e as Error).message}`);
+    if ((e as NodeJS.ErrnoException).code !== 'ENOENT') issues.push({ source: 'file', error: `${opts.configPath}: cannot read runtime config: ${(e as Error).message}` });
+  }
+  if (old !== null) {
+    try {
+      configFromText(old.toString('utf8'), opts.configPath);
+    } catch (e) {
+      issues.push({ source: 'file', error: (e as Error).message });
     }
   }
-  if (bytes !== null) {
-    base = configFromText(bytes.toString('utf8'), opts.configPath);
-    fileHash = sha256(bytes);
-  }
-  let config = mergeConfig(base, opts.overlay);
+  if (opts.overlayError !== null) issues.push({ source: 'overlay', error: opts.overlayError });
+  let config = mergeConfig(defaultConfig(), opts.overlay);
   if (opts.dumpDirExplicit) config = mergeConfig(config, { dump: { dump_dir: opts.dumpDir } });
-  if (opts.hotReload) {
-    const text = configJson(config) + '\n';
-    writeFileAtomic(opts.configPath, text);
+  const text = configJson(config) + '\n';
+  let fileHash: string | null;
+  try {
+    writeConfigFile(opts.configPath, text, lock);
     fileHash = sha256(Buffer.from(text));
+  } catch (e) {
+    issues.push({ source: 'write', error: `${opts.configPath}: cannot write the effective config: ${(e as Error).message}` });
+    // the follower must not take the old file's settings as an edit
+    fileHash = old !== null ? sha256(old) : null;
   }
-  return { config, fileHash };
+  for (const i of issues) {
+    const what = i.source === 'overlay' ? 'startup overlay rejected; using the defaults' : i.source === 'file' ? 'runtime config file found at startup is invalid; it is replaced by the startup config' : 'cannot write the runtime config file; running on the in-memory config';
+    log?.error({ path: opts.configPath, source: i.source, err: i.error }, `RUNTIME CONFIG ERROR: ${what}`);
+  }
+  if (old !== null && issues.every((i) => i.source !== 'file') && old.toString('utf8') !== text) {
+    log?.warn({ path: opts.configPath }, 'runtime config file rewritten from defaults ← --additional-config runtime_config; its previous settings are not used (startup settings belong in the overlay)');
+  }
+  return { config, fileHash, issues };
 }
 
 /** The dump root in effect: the config's dump.dump_dir, else the startup one. */

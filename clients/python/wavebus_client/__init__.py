@@ -5,11 +5,11 @@ from .errors import (AgentError, AgentUnavailableError, CaptureError, ConfigErro
 from .forward import ForwardContext
 from .mailbox import Mailbox, MailboxWriter, WaveVector
 from .region import Region
-from .telemetry import NonFiniteRow, RequestStep, StepTelemetry, nonfinite_rows
+from .telemetry import LogitsFiniteGate, NonFiniteRow, PendingNonFinite, RequestStep, StepTelemetry, nonfinite_rows
 
 __all__ = [
     "Client", "EndOfWaveResult", "Features", "ForwardContext", "Mailbox", "MailboxWriter", "WaveVector",
-    "Region", "RequestStep", "NonFiniteRow", "StepTelemetry", "nonfinite_rows",
+    "Region", "RequestStep", "NonFiniteRow", "StepTelemetry", "nonfinite_rows", "PendingNonFinite", "LogitsFiniteGate",
     "WavebusError", "ConfigError", "ProtocolError", "AgentError", "AgentUnavailableError", "CaptureError",
     "CudaUnavailableError", "ReplayError",
 ]

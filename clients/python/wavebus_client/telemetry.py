@@ -132,48 +132,172 @@ def telemetry_proto(t, wave: int, where: str = "wave_head(): telemetry") -> "pb.
     t = _from(StepTelemetry, t, where)
     if not isinstance(t.requests, (list, tuple)):
         raise ConfigError(f"{where}.requests must be a list, got {type(t.requests).__name__}")
-    if not isinstance(t.non_finite, (list, tuple)):
-        raise ConfigError(f"{where}.non_finite must be a list, got {type(t.non_finite).__name__}")
+    # after sampling: a started check is waited on here
+    non_finite = _nonfinite_list(t.non_finite, where)
     return pb.StepTelemetry(
         wave=wave,
         requests=[request_step_proto(r, f"{where}.requests[{i}]") for i, r in enumerate(t.requests)],
-        non_finite=[nonfinite_row_proto(r, f"{where}.non_finite[{i}]") for i, r in enumerate(t.non_finite)],
+        non_finite=[nonfinite_row_proto(r, f"{where}.non_finite[{i}]") for i, r in enumerate(non_finite)],
     )
 
 
-def nonfinite_rows(logits, row_req_ids: Optional[Sequence[Optional[str]]] = None) -> List[NonFiniteRow]:
+DEFERRED_MAX = 256  # the seed's bounded deferred queue of logits_finite checks
+
+
+def _check_logits(logits, row_req_ids, where: str):
+    import torch
+
+    if not isinstance(logits, torch.Tensor):
+        raise ConfigError(f"{where}: logits must be a torch.Tensor, got {type(logits).__name__}")
+    if logits.dim() != 2:
+        raise ConfigError(f"{where}: logits must be 2-d [rows, vocab], got shape {list(logits.shape)}")
+    rows = logits.shape[0]
+    if row_req_ids is not None and len(row_req_ids) != rows:
+        raise ConfigError(f"{where}: row_req_ids has {len(row_req_ids)} entries for {rows} logits rows")
+
+
+class PendingNonFinite:
+    """A started logits_finite check (seed: isfinite + gate, waited on after sampling).
+
+    At construction the check is queued on the logits' device: per row, whether it holds a NaN, a
+    +inf, a -inf ([rows, 3] bools, one pass each), copied to the host without blocking (pinned
+    memory and an event on CUDA). It reads the logits as they are at the call: an in-place change
+    queued later on the same stream (grammar masking writing -inf, say) is not what it reports.
+    ``result()`` waits for the copy and names the bad rows; call it after sampling, so that the
+    device work overlaps it. On CPU tensors the work is done at once: same API, same order.
+    Reading it as a list (iterating, ``len``, ``==``) waits too.
+    """
+
+    __slots__ = ("_flags", "_event", "_req_ids", "_rows")
+
+    def __init__(self, logits, row_req_ids: Optional[Sequence[Optional[str]]] = None):
+        import torch
+
+        _check_logits(logits, row_req_ids, "nonfinite_rows()")
+        self._req_ids = None if row_req_ids is None else [r or "" for r in row_req_ids]  # as they are now
+        self._rows: Optional[List[NonFiniteRow]] = None
+        self._event = None
+        self._flags = None
+        if not logits.is_floating_point() or logits.numel() == 0:
+            self._rows = []
+            return
+        flags = torch.stack((torch.isnan(logits).any(dim=1), torch.isposinf(logits).any(dim=1), torch.isneginf(logits).any(dim=1)), dim=1)
+        if flags.is_cuda:
+            host = torch.empty(flags.shape, dtype=torch.bool, pin_memory=True)
+            host.copy_(flags, non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record()
+            self._flags = host
+        else:
+            self._flags = flags
+
+    def ready(self) -> bool:
+        """True when result() would not wait."""
+        return self._rows is not None or self._event is None or self._event.query()
+
+    def result(self) -> List[NonFiniteRow]:
+        """The rows holding a non-finite value, with their kind (nan / pos_inf / neg_inf, or
+        non_finite when a row mixes them). Waits for the device copy the first time."""
+        if self._rows is None:
+            if self._event is not None:
+                self._event.synchronize()
+            flags = self._flags
+            bad = flags.any(dim=1).nonzero().flatten().tolist()
+            out = []
+            for i, (n, p, m) in zip(bad, flags[bad].tolist() if bad else []):
+                kinds = [k for k, on in (("nan", n), ("pos_inf", p), ("neg_inf", m)) if on]
+                kind = kinds[0] if len(kinds) == 1 else "non_finite"
+                out.append(NonFiniteRow(row=i, req_id="" if self._req_ids is None else self._req_ids[i], kind=kind))
+            self._rows = out
+            self._flags = self._event = None
+        return self._rows
+
+    def __iter__(self):
+        return iter(self.result())
+
+    def __len__(self):
+        return len(self.result())
+
+    def __getitem__(self, i):
+        return self.result()[i]
+
+    def __eq__(self, other):
+        return list(self.result()) == list(other)
+
+    def __repr__(self):
+        return f"PendingNonFinite({self._rows!r})" if self._rows is not None else "PendingNonFinite(<pending>)"
+
+
+def nonfinite_rows(logits, row_req_ids: Optional[Sequence[Optional[str]]] = None, item_sync: bool = False):
     """Rows of ``logits`` ([rows, vocab]) holding any non-finite value, with their kind.
 
     kind is nan / pos_inf / neg_inf when a row holds only that kind of bad value, non_finite when
     it mixes them. ``row_req_ids[i]`` names row i's request (None or "" when unattributable).
-    The check runs as torch ops on the logits' device; only the (usually empty) bad-row indices
-    come back to the host.
+    Call it before sampling. By default (the seed's ``logits_finite.item_sync: false``) it only
+    starts the check and returns a ``PendingNonFinite`` that is waited on when read (after
+    sampling: pass it as the telemetry's ``non_finite`` to ``wave_head``). With ``item_sync=True``
+    it waits at once and returns the list.
     """
-    import torch
+    if not isinstance(item_sync, bool):
+        raise ConfigError(f"nonfinite_rows(): item_sync must be true or false, got {item_sync!r}")
+    pending = PendingNonFinite(logits, row_req_ids)
+    return pending.result() if item_sync else pending
 
-    if not isinstance(logits, torch.Tensor):
-        raise ConfigError(f"nonfinite_rows(): logits must be a torch.Tensor, got {type(logits).__name__}")
-    if logits.dim() != 2:
-        raise ConfigError(f"nonfinite_rows(): logits must be 2-d [rows, vocab], got shape {list(logits.shape)}")
-    rows = logits.shape[0]
-    if row_req_ids is not None and len(row_req_ids) != rows:
-        raise ConfigError(f"nonfinite_rows(): row_req_ids has {len(row_req_ids)} entries for {rows} logits rows")
-    if not logits.is_floating_point():
-        return []
-    bad = (~torch.isfinite(logits)).any(dim=1)
-    idx = torch.nonzero(bad).flatten()
-    if idx.numel() == 0:
-        return []
-    sel = logits.index_select(0, idx)
-    has_nan = torch.isnan(sel).any(dim=1)
-    has_pos = (sel == math.inf).any(dim=1)
-    has_neg = (sel == -math.inf).any(dim=1)
+
+class LogitsFiniteGate:
+    """The client's logits_finite gate: ``check()`` before sampling, ``collect()`` after it.
+
+    With item_sync false (the default) ``check()`` starts the check and returns None at once; the
+    check waits in a deferred queue of at most ``max_deferred`` (256) entries, dropping the oldest
+    (counted in ``dropped``) when the engine starts checks it never collects. ``collect()`` (after
+    sampling; ``wave_head`` does it when the gate is the telemetry's ``non_finite``) waits for them
+    in order and returns their rows. With item_sync true ``check()`` blocks and returns the rows
+    now (they are collected too). ``item_sync`` may be changed between steps (the agent's hello
+    answer carries the effective ``logits_finite.item_sync``).
+    """
+
+    def __init__(self, item_sync: bool = False, max_deferred: int = DEFERRED_MAX):
+        if isinstance(max_deferred, bool) or not isinstance(max_deferred, int) or max_deferred < 1:
+            raise ConfigError(f"LogitsFiniteGate(): max_deferred must be a positive integer, got {max_deferred!r}")
+        self.item_sync = item_sync
+        self.max_deferred = max_deferred
+        self.dropped = 0
+        from collections import deque
+
+        self._queue = deque()
+
+    @property
+    def pending(self) -> int:
+        return len(self._queue)
+
+    def check(self, logits, row_req_ids: Optional[Sequence[Optional[str]]] = None) -> Optional[List[NonFiniteRow]]:
+        if not isinstance(self.item_sync, bool):
+            raise ConfigError(f"LogitsFiniteGate: item_sync must be true or false, got {self.item_sync!r}")
+        p = PendingNonFinite(logits, row_req_ids)
+        if len(self._queue) >= self.max_deferred:
+            self._queue.popleft()
+            self.dropped += 1
+        self._queue.append(p)
+        return p.result() if self.item_sync else None
+
+    def collect(self) -> List[NonFiniteRow]:
+        out: List[NonFiniteRow] = []
+        while self._queue:
+            out.extend(self._queue.popleft().result())
+        return out
+
+
+def _nonfinite_list(v, where: str):
+    """The telemetry's non_finite: rows (or dicts), a PendingNonFinite, or a LogitsFiniteGate (collected now)."""
+    if isinstance(v, LogitsFiniteGate):
+        return v.collect()
+    if isinstance(v, PendingNonFinite):
+        return v.result()
+    if not isinstance(v, (list, tuple)):
+        raise ConfigError(f"{where}.non_finite must be a list, a PendingNonFinite or a LogitsFiniteGate, got {type(v).__name__}")
     out = []
-    for i, n, p, m in zip(idx.tolist(), has_nan.tolist(), has_pos.tolist(), has_neg.tolist()):
-        kinds = [k for k, on in (("nan", n), ("pos_inf", p), ("neg_inf", m)) if on]
-        kind = kinds[0] if len(kinds) == 1 else "non_finite"
-        req = "" if row_req_ids is None else (row_req_ids[i] or "")
-        out.append(NonFiniteRow(row=i, req_id=req, kind=kind))
+    for x in v:
+        out.extend(x.result() if isinstance(x, PendingNonFinite) else [x])
     return out
 
 

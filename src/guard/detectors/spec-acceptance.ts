@@ -1,11 +1,13 @@
-// spec_acceptance: speculative-decoding acceptance drift (reference algorithm). Per step with
-// draft_len > 0: accepted_draft = max(0, accepted − 1) (accepted counts the bonus token), capped at
-// draft_len so that a garbled counter cannot fake a perfect rate. Over the last `window` such steps:
+// spec_acceptance: speculative-decoding acceptance drift (seed's formula). Per step with
+// draft_len > 0: accepted_draft = max(0, accepted − 1) (accepted counts the bonus token), not
+// capped at draft_len (neither the seed nor upstream caps it). Over the last `window` such steps:
 // rate = Σaccepted_draft / Σdraft_len and len = Σaccepted_draft / steps. Alert when the window is
 // full and (rate < low_accept_rate and len < low_accept_len) — drafts almost never accepted, the
 // target model or the draft went wrong — or (rate > high_accept_rate and len > high_accept_len) —
 // suspiciously everything accepted, e.g. verification skipped or both models degenerate alike.
-// After an alert the window restarts, so a further alert needs a fresh full window.
+// As upstream (vllm-ascend runtime_guard spec_acceptance), the window keeps sliding after an
+// alert: every full-window step where the condition holds alerts, and the report quotas
+// (report.max_per_req, the wave backoff) alone decide which of them are reported.
 //
 // Running sums over a ring, in int32 words (see slab.ts); draft lengths are uint32 on the wire, so
 // the ring and the sums are float64 (exact):

@@ -1,9 +1,13 @@
 // token_repeat: stutter / repetition (seed; reference algorithm). For each new content token t,
 // score = occurrences of t among the previous `window` content tokens; t is then pushed.
 // repeat_sum = sum of the last `window` scores. An ignored token is not a content token: it is
-// not pushed, not counted, scores 0 (a 0 enters the score window) and is not an evaluation step.
-// Over when content_tokens_seen ≥ min_tokens and repeat_sum > repeat_sum_threshold (strict); the
-// alert fires when consecutive over-steps reach consecutive_hits; one alert per request.
+// not pushed, not counted and scores 0 (a 0 enters the score window). Over when
+// content_tokens_seen ≥ min_tokens and repeat_sum > repeat_sum_threshold (strict); the alert fires
+// when consecutive over-steps reach consecutive_hits; one alert per request.
+// Where the seed is silent we follow upstream (vllm-ascend runtime_guard token_repeat): the
+// threshold is evaluated after every token, an ignored one included, and when one step brings
+// several tokens they are all folded in and the alert's figures are the state at the end of the
+// step (last_score is the last token's score, consecutive_hits the run length then).
 //
 // The pass runs natively (native/detector_pass.cc, Repeat); this file holds the layout and the
 // parameters. O(1) per token, no allocation: repeat_sum is a running sum over a ring of scores, and the
