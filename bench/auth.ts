@@ -13,7 +13,7 @@ function usPer(n: number, fn: () => void): number {
 }
 
 export async function run(argv: string[]): Promise<Record<string, unknown>> {
-  const n = Number(argv[0] ?? 50000);
+  const n = Number(argv.find((a) => /^\d+$/.test(a)) ?? 50000);
   const token = BusToken.fromBytes(randomBytes(32));
   const rows = 64;
   const u32 = (k: number) => Buffer.alloc(4 * k, 1);

@@ -4,6 +4,7 @@ import * as fs from 'fs';
 import * as path from 'path';
 import { Dealer, Publisher } from 'zeromq';
 import { Agent } from '../src/agent';
+import { aggregate } from '../src/aggregate';
 import { narrowRoot } from '../src/agent/roots';
 import { AgentBus } from '../src/bus/agent-bus';
 import { BusToken, createTokenFile, TOKEN_FILE_NAME } from '../src/bus/auth';
@@ -105,7 +106,7 @@ async function oneRankJob(guardRoot: string, agentRoot: string, busToken?: BusTo
     seg.close();
     ShmSegment.unlink(shmName);
   };
-  return { coordinator, agent, client, stop };
+  return { coordinator, agent, client, stop, busToken };
 }
 
 /** Run waves with one request until the manual dump's manifest appears under `guardRoot`. */
@@ -136,6 +137,14 @@ describe('an agent writes only under its local dump root', () => {
       expect(job.agent.rootsRefused).toBe(0);
       const rankDir = path.join(guardRoot, 'manual_trigger', 'req-1', fs.readdirSync(path.join(guardRoot, 'manual_trigger', 'req-1'))[0], 'rank0');
       expect(fs.existsSync(path.join(rankDir, 'dump.json'))).toBe(true);
+      // `wavebus aggregate` pulls it through the coordinator with the token, and is refused without it.
+      const coordinator = { host: '127.0.0.1', port: job.coordinator.port };
+      const pulled = await aggregate({ coordinator, busToken: job.busToken, out: tmpDir('wavebus-agg-'), what: 'dumps', requestTimeoutMs: 5000 });
+      expect(pulled.complete).toBe(true);
+      expect(pulled.files.map((f) => f.path)).toContain(`${path.relative(guardRoot, rankDir)}/dump.json`);
+      const refused = await aggregate({ coordinator, out: tmpDir('wavebus-agg-'), what: 'dumps', requestTimeoutMs: 5000 });
+      expect(refused.complete).toBe(false);
+      expect(refused.ranks['0'].errors.join(' ')).toMatch(/requires the bus token/);
     } finally {
       await job.stop();
     }
