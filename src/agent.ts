@@ -7,6 +7,8 @@ import { AgentBus, type WaveEvent, type SnapshotReplyMsg } from './bus/agent-bus
 import { DumpExecutor, type DumpFormat } from './agent/dump-executor';
 import { RegionTable } from './agent/regions';
 import { FileServer } from './agent/file-server';
+import { RootGate, type LocalRoots } from './agent/roots';
+import type { BusToken } from './bus/auth';
 import { itemSize, parseDType } from './dtype';
 import { ConfigError, WavebusError } from './errors';
 import type { RankIdentity } from './identity';
@@ -29,13 +31,18 @@ export interface AgentOptions {
   endOfWaveTimeoutMs?: number;
   stagingBytes?: number;
   snapshot?: SnapshotConfig;
-  /** Roots this agent serves to `wavebus aggregate`. */
-  serveRoots?: { dumps?: string; snapshots?: string };
+  /**
+   * This host's roots (--dump-root, the snapshot cache root): the agent writes bundles and serves
+   * files only under them. A dump root from the bus may only narrow `dumps` (agent/roots.ts).
+   */
+  roots?: LocalRoots;
   logger?: Logger;
   /** Test / fault-injection hook passed to the bus. */
   dropSeqs?: (seq: number) => boolean;
   /** CURVE client keys for the bus (see src/bus/curve.ts). */
   curve?: { serverPublicKey: string; publicKey: string; secretKey: string };
+  /** The launcher's bus token (src/bus/auth.ts): coordinator messages without its MAC are dropped. */
+  busToken?: BusToken;
 }
 
 /** Runtime config fields the agent acts on (the guard's effective config, as JSON). */
@@ -104,6 +111,9 @@ export class Agent {
   private readonly opts: AgentOptions;
   private readonly regions = new RegionTable();
   private readonly dumps: DumpExecutor;
+  private readonly gate: RootGate;
+  /** The dumps root served now: the bus's dump.dump_dir when it narrows the local root, else the local root. */
+  private servedDumps?: string;
   private readonly capturer?: SnapshotCapturer;
   private bus?: AgentBus;
   private router?: zmq.Router;
@@ -125,7 +135,9 @@ export class Agent {
     this.opts = opts;
     this.identity = opts.identity;
     this.log = opts.logger ?? createLogger(`wavebus-agent-rank${opts.identity.globalRank}`);
-    this.dumps = new DumpExecutor(opts.identity, this.regions, this.log);
+    this.gate = new RootGate(opts.identity.globalRank, opts.roots ?? {}, this.log);
+    this.servedDumps = this.gate.local.dumps;
+    this.dumps = new DumpExecutor(opts.identity, this.regions, this.log, this.gate);
     if (opts.snapshot?.enabled) {
       this.capturer = new SnapshotCapturer(opts.snapshot, {
         globalRank: opts.identity.globalRank,
@@ -135,6 +147,11 @@ export class Agent {
         cpRank: opts.identity.cpRank,
       }, { log: { info: (m: string) => this.log.info(m), warn: (m: string) => this.log.warn(m) } });
     }
+  }
+
+  /** Dump roots from the bus refused (outside the local dump root), in all. */
+  get rootsRefused(): number {
+    return this.gate.refused;
   }
 
   get endOfWaveTimeoutMs(): number {
@@ -153,7 +170,7 @@ export class Agent {
     if (fs.existsSync(sockPath)) fs.unlinkSync(sockPath); // left by a killed agent of this rank
     await this.router.bind(endpoint);
     void this.serveClients(this.router);
-    this.files = new FileServer(identity.globalRank, () => ({ snapshots: this.opts.serveRoots?.snapshots, dumps: this.opts.serveRoots?.dumps ?? this.view.dumpRoot }), this.log);
+    this.files = new FileServer(identity.globalRank, () => ({ snapshots: this.opts.roots?.snapshots, dumps: this.servedDumps }), this.log);
     if (identity.isLastPp && this.opts.coordinator) {
       this.bus = new AgentBus({
         coordinator: this.opts.coordinator,
@@ -162,7 +179,14 @@ export class Agent {
         logger: this.log,
         dropSeqs: this.opts.dropSeqs,
         curve: this.opts.curve,
+        busToken: this.opts.busToken,
       });
+      if (!this.opts.curve && !this.opts.busToken) {
+        this.log.warn(
+          { rank: identity.globalRank, coordinator: this.opts.coordinator, roots: this.gate.local },
+          'the coordinator is unauthenticated (no CURVE keys, no --bus-token-file): whoever holds its port can steer this agent, but it writes and serves only under its local roots (docs/security.md)',
+        );
+      }
       this.bus.on('snapshot', (s: SnapshotReplyMsg) => this.onSnapshot(s));
       this.bus.on('wave', (w: WaveEvent) => this.onWave(w));
       this.bus.onRequest((req) => this.files!.handle(req));
@@ -208,9 +232,15 @@ export class Agent {
     this.mailbox?.setFeatures(this.features());
   }
 
+  private setView(view: RuntimeView): void {
+    // A new bus dump root is checked once here, not on every file request.
+    if (view.dumpRoot !== this.view.dumpRoot) this.servedDumps = this.gate.servedDumps(view.dumpRoot);
+    this.view = view;
+  }
+
   private onSnapshot(s: SnapshotReplyMsg): void {
     this.log.debug({ epoch: s.epoch, seq: s.seq, wave: s.wave }, 'snapshot');
-    this.view = runtimeView(s.configJson);
+    this.setView(runtimeView(s.configJson));
     this.mailbox?.setEpoch(s.epoch);
     for (const lane of s.pending) this.dumpLanes.set(lane.wave, lane);
     this.publishFeatures();
@@ -411,7 +441,7 @@ export class Agent {
     const cfg = this.configWaves.get(wave);
     if (cfg !== undefined) {
       this.configWaves.delete(wave);
-      this.view = runtimeView(cfg);
+      this.setView(runtimeView(cfg));
       this.publishFeatures();
     }
     const lane = this.dumpLanes.get(wave);

@@ -11,6 +11,7 @@ import * as path from 'path';
 import { Dealer } from 'zeromq';
 import { DEFAULT_MAX_FRAME_BYTES } from './bus/coordinator';
 import { socketIpOptions, tcpEndpoint, type HostPort } from './bus/endpoints';
+import type { BusToken } from './bus/auth';
 import { DropCounter, decodeCoordinatorMessage, encodeAgentMessage, type CoordinatorMsg } from './bus/frames';
 import { payloadOf, withPayload } from './bus/payload';
 import { crc32c, formatChecksum, parseChecksum, crc32cOfFile } from './checksum';
@@ -48,6 +49,8 @@ export interface AggregateProgress {
 
 export interface AggregateOptions {
   coordinator: HostPort;
+  /** The job's bus token, when its coordinator has one (a one-host `wavebus launch` without CURVE). */
+  busToken?: BusToken;
   out: string;
   what?: 'all' | AggregateRoot;
   /** Relative path prefix under each root ("" = everything). */
@@ -133,7 +136,12 @@ export class RelayClient {
   /** What came from the coordinator and was not a well-formed reply, by reason. */
   private readonly drops = new DropCounter(undefined, 'aggregate DEALER');
 
-  constructor(coordinator: HostPort, private readonly maxFrameBytes = DEFAULT_MAX_FRAME_BYTES) {
+  constructor(
+    coordinator: HostPort,
+    private readonly maxFrameBytes = DEFAULT_MAX_FRAME_BYTES,
+    /** The job's bus token (bus/auth.ts): requests carry its MAC; replies without it are dropped. */
+    private readonly token?: BusToken,
+  ) {
     this.endpoint = tcpEndpoint(coordinator.host, coordinator.port + 1);
     this.dealer = new Dealer({ linger: 0, maxMessageSize: 2 * maxFrameBytes, ...socketIpOptions(coordinator.host) });
     this.dealer.connect(this.endpoint);
@@ -154,7 +162,7 @@ export class RelayClient {
         this.drops.drop('frame_count', `${parts.length} frames from the coordinator`);
         continue;
       }
-      const d = decodeCoordinatorMessage(parts[0], this.maxFrameBytes);
+      const d = decodeCoordinatorMessage(parts[0], this.maxFrameBytes, this.token, parts[1]);
       if (!d.ok) {
         this.drops.drop(d.reason, d.detail);
         continue;
@@ -171,7 +179,8 @@ export class RelayClient {
   request(body: Record<string, unknown>, timeoutMs: number): Promise<CoordinatorMsg> {
     if (this.closed) return Promise.reject(new AggregateError('relay client is closed'));
     const requestId = this.nextId++;
-    const buf = encodeAgentMessage({ requestId, ...body });
+    const msg = encodeAgentMessage({ requestId, ...body });
+    const buf = this.token ? this.token.seal('to-coordinator', msg) : msg;
     return new Promise<CoordinatorMsg>((resolve, reject) => {
       const timer = setTimeout(() => {
         this.pending.delete(requestId);
@@ -301,7 +310,7 @@ export async function aggregate(opts: AggregateOptions): Promise<AggregateManife
   const roots: AggregateRoot[] = what === 'all' ? ['dumps', 'snapshots'] : [what];
   fs.mkdirSync(out, { recursive: true });
 
-  const client = new RelayClient(opts.coordinator);
+  const client = new RelayClient(opts.coordinator, DEFAULT_MAX_FRAME_BYTES, opts.busToken);
   try {
     const st = await client.status(Math.min(timeoutMs, 10000));
     const ranks = [...new Set([...st.expectedRanks, ...st.liveRanks])].sort((a, b) => a - b);

@@ -9,6 +9,9 @@ import * as net from 'net';
 import * as os from 'os';
 import * as path from 'path';
 import * as zmq from 'zeromq';
+import { Parser } from 'yargs/helpers';
+import { BusToken, createTokenFile } from './bus/auth';
+import { dumpRootOf, loadStartupConfig, parseStartupOptions } from './guard/startup';
 import { ConfigError, WavebusError } from './errors';
 import { clientSocketOptions, curveDirFiles, loadCurveDirClient, loadCurveDirServer, type CurveClientKeys } from './bus/curve';
 import { checkBindAllowed, HostPort, isLoopback, parseBusPort, parseHostPort, socketIpOptions, tcpEndpoint } from './bus/endpoints';
@@ -213,8 +216,29 @@ export function coordinatorArgv(opts: LaunchOptions, bindHost: string): string[]
   return [...a, ...opts.coordinatorArgs];
 }
 
+/**
+ * The KV dump root the coordinator on this host derives from the guard flags among its
+ * arguments (the config file's dump.dump_dir, else --runtime-dump-dir, else <report_dir>/kv_cache),
+ * read the way `wavebus coordinator` reads them, without writing anything. Agents get it as
+ * --dump-root: the only place they write and serve dumps (a bus dump_dir may only narrow it).
+ */
+export function launchDumpRoot(coordinatorArgs: string[], cwd: string = process.cwd()): string {
+  const a = Parser(coordinatorArgs, {
+    string: ['additional-config', 'runtime-config-path', 'runtime-report-dir', 'runtime-dump-dir'],
+    boolean: ['runtime-config-hot-reload'],
+    configuration: { 'duplicate-arguments-array': false, 'camel-case-expansion': false },
+  }) as Record<string, unknown>;
+  const str = (k: string) => (a[k] === undefined ? undefined : String(a[k]));
+  const startup = parseStartupOptions(
+    str('additional-config'),
+    { runtimeConfigPath: str('runtime-config-path'), runtimeReportDir: str('runtime-report-dir'), runtimeDumpDir: str('runtime-dump-dir') },
+    cwd,
+  );
+  return dumpRootOf(loadStartupConfig({ ...startup, hotReload: false }).config, startup);
+}
+
 /** Arguments of `wavebus agent` for local rank `l` (after the script path). */
-export function agentArgv(opts: LaunchOptions, localRank: number, runDir: string): string[] {
+export function agentArgv(opts: LaunchOptions, localRank: number, runDir: string, local: { dumpRoot?: string; tokenFile?: string } = {}): string[] {
   return [
     'agent',
     '--coordinator', `${opts.coordinator.host}:${opts.coordinator.port}`,
@@ -225,6 +249,8 @@ export function agentArgv(opts: LaunchOptions, localRank: number, runDir: string
     '--node-rank', String(opts.nodeRank),
     ...layoutArgs(opts.layout),
     '--run-dir', runDir,
+    ...(local.dumpRoot !== undefined ? ['--dump-root', local.dumpRoot] : []),
+    ...(local.tokenFile !== undefined ? ['--bus-token-file', local.tokenFile] : []),
     ...(opts.curveDir !== undefined ? ['--curve-server-key', curveDirFiles(opts.curveDir).serverPub, '--curve-key', curveDirFiles(opts.curveDir).clientKey] : []),
     ...opts.agentArgs,
   ];
@@ -442,11 +468,13 @@ export async function waitForCoordinator(
   isReady: (s: StatusSnapshot) => boolean,
   abort: Promise<never>,
   curve?: CurveClientKeys,
+  token?: BusToken,
 ): Promise<StatusSnapshot> {
   const sock = new zmq.Dealer({ linger: 0, receiveTimeout: STATUS_POLL_MS, sendTimeout: 0, ...socketIpOptions(coordinator.host), ...clientSocketOptions(curve) });
   sock.connect(tcpEndpoint(coordinator.host, coordinator.port + 1));
   let last: StatusSnapshot | undefined;
-  const request = encode(AgentMessage, { status: {} });
+  const ask = encode(AgentMessage, { status: {} });
+  const request = token ? token.seal('to-coordinator', ask) : ask;
   let stopped = false;
   abort.catch(() => (stopped = true));
   try {
@@ -468,7 +496,14 @@ export async function waitForCoordinator(
       for (const f of frames.slice(-1)) {
         let msg: Record<string, any>;
         try {
-          msg = decode(CoordinatorMessage, f);
+          // With the token, an answer from whatever else holds the port is not believed.
+          let bytes = f;
+          if (token) {
+            const o = token.open('from-coordinator', f);
+            if (!o.ok) continue;
+            bytes = o.msg;
+          }
+          msg = decode(CoordinatorMessage, bytes);
         } catch {
           continue; // not ours to crash on
         }
@@ -516,14 +551,31 @@ export async function launch(opts: LaunchOptions, logger?: Logger): Promise<numb
   }
 
   const runDir = opts.runDir ?? defaultRunDir();
+  // The dump root is this host's decision, derived like the coordinator's (before anything starts).
+  const dumpRoot = launchDumpRoot(opts.coordinatorArgs);
   const createdRunDir = prepareRunDir(runDir, opts.nprocPerNode);
   const env = commandEnv(opts, runDir);
+  // Without CURVE, a one-host job's coordinator and agents share a fresh token (auth.ts), passed
+  // by path. Several hosts cannot share a file from here: they use CURVE (docs/security.md).
+  let tokenFile: string | undefined;
+  let token: BusToken | undefined;
+  if (startCoordinator && opts.nnodes === 1 && opts.curveDir === undefined) {
+    try {
+      tokenFile = createTokenFile(runDir);
+      token = BusToken.load(tokenFile, 'the bus token');
+    } catch (e) {
+      if (createdRunDir) fs.rmSync(runDir, { recursive: true, force: true });
+      throw e;
+    }
+    env.WAVEBUS_BUS_TOKEN_FILE = tokenFile;
+  }
   const sidecars: Sidecar[] = [];
   let command: ChildProcess | undefined;
 
   // Last line of defence: whatever happens to us, the sidecars do not outlive the launcher.
   const onExit = () => {
     for (const s of sidecars) if (s.alive()) s.signalGroup('SIGKILL');
+    if (tokenFile) fs.rmSync(tokenFile, { force: true });
     if (createdRunDir) fs.rmSync(runDir, { recursive: true, force: true });
   };
   process.on('exit', onExit);
@@ -546,6 +598,7 @@ export async function launch(opts: LaunchOptions, logger?: Logger): Promise<numb
   const teardown = async () => {
     await Promise.all(sidecars.map((s) => s.stop(opts.graceMs)));
     for (const s of SIGNALS) process.off(s, onSignal);
+    if (tokenFile) fs.rmSync(tokenFile, { force: true });
     if (createdRunDir) fs.rmSync(runDir, { recursive: true, force: true });
     process.off('exit', onExit);
   };
@@ -556,9 +609,10 @@ export async function launch(opts: LaunchOptions, logger?: Logger): Promise<numb
     });
     startupFailed.catch(() => undefined);
 
-    if (startCoordinator) sidecars.push(new Sidecar('coordinator', bin, coordinatorArgv(opts, bindHost), env));
+    const tokenArgs = tokenFile !== undefined ? ['--bus-token-file', tokenFile] : [];
+    if (startCoordinator) sidecars.push(new Sidecar('coordinator', bin, [...coordinatorArgv(opts, bindHost), ...tokenArgs], env));
     for (let l = 0; l < opts.nprocPerNode; l++) {
-      sidecars.push(new Sidecar(`agent local${l}/rank${globalRankOfLocal(opts, l)}`, bin, agentArgv(opts, l, runDir), env));
+      sidecars.push(new Sidecar(`agent local${l}/rank${globalRankOfLocal(opts, l)}`, bin, agentArgv(opts, l, runDir, { dumpRoot, tokenFile }), env));
     }
     for (const s of sidecars) {
       void s.exited.then(() => {
@@ -589,6 +643,7 @@ export async function launch(opts: LaunchOptions, logger?: Logger): Promise<numb
         },
         startupFailed,
         opts.curve,
+        token,
       );
       logger?.info({ liveRanks: status.liveRanks, epoch: status.epoch, runDir }, 'wavebus ready; starting the command');
     } finally {

@@ -68,7 +68,7 @@ async function startJob(opts: {
     const env = { RANK: String(g), LOCAL_RANK: String(g), WORLD_SIZE: String(opts.tp), LOCAL_WORLD_SIZE: String(opts.tp), WAVEBUS_TP: String(opts.tp) };
     const identity = resolveIdentity(env);
     const snapshot = resolveSnapshotConfig({ WAVEBUS_CACHE_ROOT: root, ...(opts.snapshotEnv ?? {}) });
-    const agent = new Agent({ identity, runDir, coordinator: { host: '127.0.0.1', port }, heartbeatMs: 300, endOfWaveTimeoutMs: opts.endOfWaveTimeoutMs ?? 5000, snapshot });
+    const agent = new Agent({ identity, runDir, coordinator: { host: '127.0.0.1', port }, heartbeatMs: 300, endOfWaveTimeoutMs: opts.endOfWaveTimeoutMs ?? 5000, snapshot, roots: { dumps: startup.dumpDir } });
     await agent.start();
     const shmName = `/wavebus-test-${process.pid}-${port}-r${g}`;
     const seg = ShmSegment.create(shmName, 2 * G.layers * POOL + 4096);
@@ -350,7 +350,7 @@ test('an agent restarted under a running engine learns its regions again and the
   // Rank 1's agent goes away and a new one takes its place; the engine and its client keep running.
   const old = job.ranks[1].agent;
   await old.stop();
-  const fresh = new Agent({ identity: old.identity, runDir: path.join(job.root, 'run'), coordinator: { host: '127.0.0.1', port: job.coordinator.port }, heartbeatMs: 300, endOfWaveTimeoutMs: 5000, snapshot: resolveSnapshotConfig({ WAVEBUS_CACHE_ROOT: job.root }) });
+  const fresh = new Agent({ identity: old.identity, runDir: path.join(job.root, 'run'), coordinator: { host: '127.0.0.1', port: job.coordinator.port }, heartbeatMs: 300, endOfWaveTimeoutMs: 5000, snapshot: resolveSnapshotConfig({ WAVEBUS_CACHE_ROOT: job.root }), roots: { dumps: job.dumpRoot } });
   await fresh.start();
   job.ranks[1].agent = fresh;
   await waitFor(() => job.ranks[1].client.featureFlags() !== 0, 'the new agent publishes its features');

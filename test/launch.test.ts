@@ -231,6 +231,8 @@ describe('wavebus launch end to end', () => {
       WAVEBUS_NNODES: '1',
       WAVEBUS_NODE_RANK: '0',
       WAVEBUS_NPROC_PER_NODE: '4',
+      // The bus token's path (never the token): one host, no CURVE (docs/security.md).
+      WAVEBUS_BUS_TOKEN_FILE: path.join(runDir, 'bus.token'),
       MASTER_ADDR: process.env.MASTER_ADDR ?? '127.0.0.1',
     });
     expect(p.pids.filter((x) => x.role === 'agent')).toHaveLength(4);

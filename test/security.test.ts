@@ -322,7 +322,7 @@ describe('CURVE bus (library)', () => {
     expect((await complete).jobId).toBe(`${w}/nan/r1`);
     expect(rec.calls.dumpResults.map((r) => r.jobId)).toEqual([`${w}/nan/r1`]);
     expect(c.stats.refused).toEqual({});
-    expect(c.status().security).toEqual({ curve: true, allowed_keys: 1, refused: {} });
+    expect(c.status().security).toEqual({ curve: true, allowed_keys: 1, refused: {}, bus_token: false });
   });
 
   test('subscribers without an allowed key receive nothing while the allowed agent receives N waves', async () => {

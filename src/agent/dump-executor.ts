@@ -13,6 +13,7 @@ import { rankDirName } from '../paths';
 import { safeComponent } from '../sanitize';
 import { Tensor } from '../tensor';
 import type { RegionTable, RegisteredRegion } from './regions';
+import type { RootGate } from './roots';
 
 export type DumpFormat = 'pt' | 'npy' | 'safetensors';
 
@@ -45,6 +46,8 @@ export class DumpExecutor {
     private readonly identity: RankIdentity,
     private readonly regions: RegionTable,
     private readonly log: Logger,
+    /** Every job's dump_dir is checked against the local dump root before anything is written. */
+    private readonly gate: RootGate,
   ) {}
 
   /** Bytes this rank would copy for `job`. */
@@ -64,7 +67,15 @@ export class DumpExecutor {
     const staged: StagedJob[] = [];
     const refused: DumpResult[] = [];
     for (const job of jobs) {
-      const rankDir = this.rankDir(job);
+      let rankDir: string;
+      try {
+        rankDir = this.rankDir(job);
+      } catch (e) {
+        // Outside the local root: nothing is written anywhere (not even dump_skipped.json); the
+        // ack is a failure naming this rank and the refused path, so the manifest says so.
+        refused.push(this.result(job, [], 0, (e as Error).message, ''));
+        continue;
+      }
       const bytes = this.estimate(job);
       const refuse = (reason: SkipReason, error = ''): void => {
         writeDumpSkipped(rankDir, {
@@ -237,8 +248,9 @@ export class DumpExecutor {
     return out;
   }
 
+  /** `<dump_dir>/rank<g>`, with dump_dir checked against the local dump root (throws RootRefusedError). */
   rankDir(job: DumpJob): string {
-    return path.join(job.dumpDir, rankDirName(this.identity.globalRank));
+    return path.join(this.gate.dumpDir(job.dumpDir, 'DumpJob.dump_dir'), rankDirName(this.identity.globalRank));
   }
 
   result(job: DumpJob, files: FileEntry[], bytes: number, error: string, skippedReason: string): DumpResult {

@@ -20,6 +20,7 @@ import { receiveLoop } from './receive-loop';
 import { clientSocketOptions, type CurveClientKeys } from './curve';
 import { agentWaveHead } from './wave-head-relay';
 import { payloadOf } from './payload';
+import type { BusToken } from './auth';
 
 export interface AgentBusOptions {
   coordinator: { host: string; port: number };
@@ -40,6 +41,12 @@ export interface AgentBusOptions {
    * key; this agent's public key must be on the coordinator's allow-list.
    */
   curve?: CurveClientKeys;
+  /**
+   * The launcher's bus token (auth.ts): every coordinator frame and reply must carry its MAC
+   * (others are dropped and counted as 'no_mac' / 'bad_mac' before anything in them is read),
+   * and every message to the coordinator carries one.
+   */
+  busToken?: BusToken;
 }
 
 export interface WaveEvent {
@@ -173,7 +180,7 @@ export class AgentBus extends EventEmitter {
     this.loops = [this.receiveSub(sub), this.receiveDealer(dealer)];
     this.timer = setInterval(() => this.tick(), this.heartbeatMs);
     this.sendHello(false);
-    this.log.info({ rank: this.rank, pub: tcpEndpoint(host, port), router: tcpEndpoint(host, port + 1), curve: this.opts.curve !== undefined }, 'agent bus started');
+    this.log.info({ rank: this.rank, pub: tcpEndpoint(host, port), router: tcpEndpoint(host, port + 1), curve: this.opts.curve !== undefined, token: this.opts.busToken !== undefined }, 'agent bus started');
   }
 
   async stop(): Promise<void> {
@@ -196,7 +203,8 @@ export class AgentBus extends EventEmitter {
   /** The same, with the client's WaveHeadRequest bytes forwarded as they came (wave-head-relay.ts). */
   relayWaveHead(waveHead: Uint8Array): void {
     if (!this.running) return;
-    this.sendQueue.push(agentWaveHead(this.rank, this.epoch, waveHead));
+    const msg = agentWaveHead(this.rank, this.epoch, waveHead);
+    this.sendQueue.push(this.opts.busToken ? this.opts.busToken.seal('to-coordinator', msg) : msg);
     if (!this.sending) this.sendPump = this.drainSend();
   }
 
@@ -206,8 +214,9 @@ export class AgentBus extends EventEmitter {
 
   private send(body: Record<string, unknown>, requestId = 0): void {
     if (!this.running) return;
-    const msg = encodeAgentMessage({ globalRank: this.rank, epochSeen: this.epoch, requestId, ...body });
     const payload = payloadOf(body);
+    let msg = encodeAgentMessage({ globalRank: this.rank, epochSeen: this.epoch, requestId, ...body });
+    if (this.opts.busToken) msg = this.opts.busToken.seal('to-coordinator', msg, payload);
     this.sendQueue.push(payload ? [msg, payload] : msg);
     if (!this.sending) this.sendPump = this.drainSend();
   }
@@ -264,7 +273,7 @@ export class AgentBus extends EventEmitter {
 
   private onSubMessage(parts: Buffer[]): void {
     this.stats.received++;
-    const d = decodeBusFrame(parts, this.maxFrameBytes);
+    const d = decodeBusFrame(parts, this.maxFrameBytes, this.opts.busToken);
     if (!d.ok) {
       this.drops.drop(d.reason, d.detail);
       return;
@@ -366,7 +375,7 @@ export class AgentBus extends EventEmitter {
 
   private onCoordinatorMessage(parts: Buffer[]): void {
     if (parts.length !== 1) return this.drops.drop('frame_count', `${parts.length} frames from the coordinator`);
-    const d = decodeCoordinatorMessage(parts[0], this.maxFrameBytes);
+    const d = decodeCoordinatorMessage(parts[0], this.maxFrameBytes, this.opts.busToken);
     if (!d.ok) return this.drops.drop(d.reason, d.detail);
     const msg = d.value;
     switch (msg.body) {

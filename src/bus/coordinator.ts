@@ -25,6 +25,7 @@ import { payloadOf, withPayload } from './payload';
 import { receiveLoop } from './receive-loop';
 import { clientSocketOptions, serverSocketOptions, ZapHandler, type CurveClientKeys, type CurveServerKeys } from './curve';
 import type { CoordinatorPolicy, DueLanes } from './policy';
+import type { BusToken } from './auth';
 
 export const DEFAULT_BUS_PORT = 29600;
 export const DEFAULT_HEARTBEAT_MS = 500;
@@ -44,6 +45,12 @@ export interface CoordinatorOptions {
    * key is on the allow-list complete the handshake. Allows binding a non-loopback host.
    */
   curve?: CurveServerKeys;
+  /**
+   * The launcher's bus token (auth.ts): every frame published and every ROUTER reply carries its
+   * MAC, and messages without a right one are dropped ('no_mac' / 'bad_mac'), except status
+   * requests (answered: tools without the token may poll liveness).
+   */
+  busToken?: BusToken;
   /** Serve /healthz and /metrics here (0 picks a free port); off when undefined. */
   metricsPort?: number;
   metricsHost?: string;
@@ -173,7 +180,7 @@ export class Coordinator extends EventEmitter {
     // Zero-valued series, so dashboards see every label from the start.
     for (const lane of ['config', 'dump']) this.metrics.lanes.inc({ lane }, 0);
     for (const result of ['ok', 'error', 'skipped', 'timeout']) this.metrics.dumps.inc({ result }, 0);
-    for (const reason of ['frame_count', 'oversized', 'truncated', 'undecodable', 'empty', 'unknown_request']) this.metrics.dropped.inc({ reason }, 0);
+    for (const reason of ['frame_count', 'oversized', 'truncated', 'undecodable', 'empty', 'unknown_request', 'no_mac', 'bad_mac']) this.metrics.dropped.inc({ reason }, 0);
   }
 
   get pubEndpoint(): string {
@@ -238,7 +245,7 @@ export class Coordinator extends EventEmitter {
     this.heartbeatTimer = setInterval(() => this.tick(), this.heartbeatMs);
     this.publishHeartbeat();
     this.log.info(
-      { epoch: this.epoch, pub: this.pubEndpoint, router: this.routerEndpoint, expected: this.expectedRanks, metrics: this.metricsAddress, curve: this.curve, allowed: this.opts.curve?.allow.size },
+      { epoch: this.epoch, pub: this.pubEndpoint, router: this.routerEndpoint, expected: this.expectedRanks, metrics: this.metricsAddress, curve: this.curve, allowed: this.opts.curve?.allow.size, token: this.opts.busToken !== undefined },
       'coordinator started',
     );
   }
@@ -295,7 +302,9 @@ export class Coordinator extends EventEmitter {
   private publish(kind: FrameKind, body: Record<string, unknown>): number {
     const seq = ++this.seq;
     // Heads and heartbeats are this coordinator's own numbers and flags; lanes carry more and are checked.
-    this.pubQueue.push(encodeBusFrame(this.epoch, seq, kind, body, kind === 'head' || kind === 'heartbeat'));
+    const [topic, frame] = encodeBusFrame(this.epoch, seq, kind, body, kind === 'head' || kind === 'heartbeat');
+    const token = this.opts.busToken;
+    this.pubQueue.push([topic, token ? token.seal('pub', frame, undefined, Buffer.from(topic, 'latin1')) : frame]);
     this.stats.published++;
     if (!this.pubPumping) this.pubPump = this.drainPub();
     return seq;
@@ -320,7 +329,8 @@ export class Coordinator extends EventEmitter {
 
   /** `payload`: a frame forwarded as it arrived after the message (a relayed chunk's data, payload.ts). */
   private reply(routingId: Buffer, msg: Record<string, unknown>, payload?: Buffer): void {
-    const head = encodeCoordinatorMessage({ epoch: this.epoch, ...msg });
+    let head = encodeCoordinatorMessage({ epoch: this.epoch, ...msg });
+    if (this.opts.busToken) head = this.opts.busToken.seal('from-coordinator', head, payload);
     this.routerQueue.push(payload ? [routingId, head, payload] : [routingId, head]);
     if (!this.routerPumping) this.routerPump = this.drainRouter();
   }
@@ -540,7 +550,10 @@ export class Coordinator extends EventEmitter {
       config_version: this.lastConfig.version,
       pending_dumps: [...this.pendingDumps.keys()],
       dropped: { ...this.stats.dropped },
-      security: this.curve ? { curve: true, allowed_keys: this.opts.curve!.allow.size, refused: { ...this.stats.refused } } : { curve: false },
+      security: {
+        ...(this.curve ? { curve: true, allowed_keys: this.opts.curve!.allow.size, refused: { ...this.stats.refused } } : { curve: false }),
+        bus_token: this.opts.busToken !== undefined,
+      },
       ranks,
       ...policyStatus,
     };
@@ -602,7 +615,20 @@ export class Coordinator extends EventEmitter {
       return;
     }
     const [routingId, payload, data] = parts;
-    const d = decodeAgentMessage(payload, this.maxFrameBytes, this.columnScratch);
+    // With a token, the MAC is checked before anything in the message is read.
+    let bytes = payload;
+    let authed = this.opts.busToken === undefined;
+    if (this.opts.busToken && payload.length <= this.maxFrameBytes && (data === undefined || data.length <= this.maxFrameBytes)) {
+      const o = this.opts.busToken.open('to-coordinator', payload, data);
+      if (o.ok) {
+        bytes = o.msg;
+        authed = true;
+      } else if (o.reason === 'bad_mac') {
+        this.drops.drop('bad_mac', `${payload.length} bytes`);
+        return;
+      }
+    }
+    const d = decodeAgentMessage(bytes, this.maxFrameBytes, this.columnScratch);
     if (!d.ok) {
       this.drops.drop(d.reason, d.detail);
       return;
@@ -617,6 +643,14 @@ export class Coordinator extends EventEmitter {
         this.drops.drop('oversized', `data frame of ${data.length} bytes`);
         return;
       }
+    }
+    if (!authed && msg.body !== 'status') {
+      // Only a liveness poll is answered without the token; a relay gets a clear refusal.
+      this.drops.drop('no_mac', `a ${msg.body} message without the bus token's MAC`);
+      if (msg.body === 'relay') {
+        this.reply(routingId, { requestId: msg.requestId, relay: { rank: Number(msg.relay?.rank ?? 0), error: 'this coordinator requires the bus token for relay requests (--bus-token-file, or WAVEBUS_BUS_TOKEN_FILE)' } });
+      }
+      return;
     }
     if (msg.epochSeen && msg.epochSeen !== this.epoch) this.stats.wrongEpochSeen++;
     const rank: number = msg.globalRank;
@@ -780,11 +814,12 @@ export interface StatusReplyMsg {
  * Rejects with ERR_TIMEOUT when nothing answers. A CURVE coordinator needs `curve` (client keys
  * whose public key is on its allow-list); without them it never answers, so this times out.
  */
-export async function requestStatus(coordinator: { host: string; port: number }, timeoutMs = 2000, curve?: CurveClientKeys): Promise<StatusReplyMsg> {
+export async function requestStatus(coordinator: { host: string; port: number }, timeoutMs = 2000, curve?: CurveClientKeys, token?: BusToken): Promise<StatusReplyMsg> {
   const dealer = new Dealer({ linger: 0, receiveTimeout: timeoutMs, ...socketIpOptions(coordinator.host), ...clientSocketOptions(curve) });
   try {
     dealer.connect(tcpEndpoint(coordinator.host, coordinator.port + 1));
-    await dealer.send(encodeAgentMessage({ requestId: 1, status: {} }));
+    const ask = encodeAgentMessage({ requestId: 1, status: {} });
+    await dealer.send(token ? token.seal('to-coordinator', ask) : ask);
     for (;;) {
       let parts: Buffer[];
       try {
@@ -792,7 +827,8 @@ export async function requestStatus(coordinator: { host: string; port: number },
       } catch {
         throw new WavebusError('ERR_TIMEOUT', `no status reply from coordinator ${tcpEndpoint(coordinator.host, coordinator.port + 1)} within ${timeoutMs} ms`);
       }
-      const d = decodeCoordinatorMessage(parts[parts.length - 1], DEFAULT_MAX_FRAME_BYTES);
+      // With a token, only the coordinator that holds it is believed.
+      const d = decodeCoordinatorMessage(parts[parts.length - 1], DEFAULT_MAX_FRAME_BYTES, token);
       if (d.ok && d.value.body === 'status') return d.value.status as StatusReplyMsg;
     }
   } finally {

@@ -3,6 +3,7 @@
 import type * as protobuf from 'protobufjs';
 import { AgentMessage, BusFrame, CoordinatorMessage, decode, encode, encodeTrusted, messageType, toPlain } from '../proto';
 import type { Logger } from '../log';
+import type { BusToken } from './auth';
 import type { ConfigLane, DumpLane, WaveHead } from '../messages';
 import { COLUMN_KEYS, columnsFromWire, type ColumnScratch } from '../telemetry';
 
@@ -43,6 +44,8 @@ export type DropReason =
   | 'stale' // seq already covered (duplicate, or covered by the snapshot)
   | 'injected' // discarded by the dropSeqs fault-injection hook
   | 'unknown_request' // a reply to no pending request
+  | 'no_mac' // a bus token is configured and the message carries no MAC (auth.ts)
+  | 'bad_mac' // a bus token is configured and the message's MAC is wrong
   | 'rank_out_of_range'; // claims a global rank outside the job's world
 
 export type Decoded<T> = { ok: true; value: T } | { ok: false; reason: DropReason; detail?: string };
@@ -66,11 +69,17 @@ function safeDecode<T>(type: Parameters<typeof decode>[0], bytes: Uint8Array): D
   }
 }
 
-/** Validate and decode a message received on SUB. */
-export function decodeBusFrame(parts: Buffer[], maxFrameBytes: number): Decoded<DecodedFrame> {
+/** Validate and decode a message received on SUB; with `token`, its MAC is checked before anything else is read. */
+export function decodeBusFrame(parts: Buffer[], maxFrameBytes: number, token?: BusToken): Decoded<DecodedFrame> {
   if (parts.length !== 2) return { ok: false, reason: 'frame_count', detail: `${parts.length} frames` };
-  const [topicBuf, bytes] = parts;
+  const topicBuf = parts[0];
+  let bytes = parts[1];
   if (bytes.length > maxFrameBytes) return { ok: false, reason: 'oversized', detail: `${bytes.length} bytes` };
+  if (token) {
+    const o = token.open('pub', bytes, undefined, topicBuf);
+    if (!o.ok) return { ok: false, reason: o.reason, detail: `topic ${JSON.stringify(topicBuf.toString('latin1').slice(0, 16))}` };
+    bytes = o.msg;
+  }
   const kind = KIND_OF_TOPIC[topicBuf.toString('latin1')];
   if (kind === undefined) return { ok: false, reason: 'wrong_topic', detail: `topic ${JSON.stringify(topicBuf.toString('latin1').slice(0, 16))}` };
   const d = safeDecode<Record<string, any>>(BusFrame, bytes);
@@ -144,9 +153,14 @@ function waveHeadOf(m: Record<string, any>, scratch?: ColumnScratch): Decoded<Ag
   return { ok: true, value: { globalRank: m.globalRank, epochSeen: Number(m.epochSeen), requestId: Number(m.requestId), body: 'waveHead', waveHead: { wave: Number(wh.wave), telemetry } } };
 }
 
-/** Validate and decode one CoordinatorMessage payload received on an agent's DEALER. */
-export function decodeCoordinatorMessage(bytes: Buffer, maxFrameBytes: number): Decoded<CoordinatorMsg> {
+/** Validate and decode one CoordinatorMessage payload received on an agent's DEALER; with `token`, its MAC first. */
+export function decodeCoordinatorMessage(bytes: Buffer, maxFrameBytes: number, token?: BusToken, data?: Buffer): Decoded<CoordinatorMsg> {
   if (bytes.length > maxFrameBytes) return { ok: false, reason: 'oversized', detail: `${bytes.length} bytes` };
+  if (token) {
+    const o = token.open('from-coordinator', bytes, data);
+    if (!o.ok) return { ok: false, reason: o.reason };
+    bytes = o.msg;
+  }
   const d = safeDecode<CoordinatorMsg>(CoordinatorMessage, bytes);
   if (d.ok && !d.value.body) return { ok: false, reason: 'empty' };
   return d;

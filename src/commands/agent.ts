@@ -7,8 +7,11 @@ import * as path from 'path';
 import { Agent } from '../agent';
 import { DEFAULT_BUS_PORT, DEFAULT_HEARTBEAT_MS } from '../bus/coordinator';
 import { loadClientKeys, type CurveClientKeys } from '../bus/curve';
+import { loadBusToken, type BusToken } from '../bus/auth';
+import { parseStartupOptions } from '../guard/startup';
 import { checkHost, parseBusPort, parseHostPort, type HostPort } from '../bus/endpoints';
 import { identityFlagsFromArgv, identityOptions, resolveIdentity, type RankIdentity } from '../identity';
+import { ConfigError } from '../errors';
 import { createLogger, type Logger } from '../log';
 import { resolveSnapshotConfig, snapshotFlagsFromArgv, snapshotOptions } from '../snapshot/config';
 import { positiveInt, waitForSignal } from './coordinator';
@@ -33,7 +36,25 @@ export interface AgentSetup {
   stagingBytes: number;
   /** CURVE client keys (--curve-server-key + --curve-key), when the coordinator uses CURVE. */
   curve?: CurveClientKeys;
+  /** --bus-token-file / WAVEBUS_BUS_TOKEN_FILE: the launcher's token (the coordinator must hold the same). */
+  busToken?: BusToken;
+  /** --dump-root / WAVEBUS_DUMP_ROOT: the only place this agent writes or serves KV dumps. */
+  dumpRoot: string;
   log: Logger;
+}
+
+/**
+ * --dump-root, else $WAVEBUS_DUMP_ROOT, else the coordinator's own default for this working
+ * directory (<cwd>/runtime/report/kv_cache), so a coordinator and agents started side by side agree.
+ */
+export function localDumpRoot(raw: unknown, env: NodeJS.ProcessEnv, cwd: string): string {
+  const pick = (v: string, flag: string): string => {
+    if (v.includes('\0')) throw new ConfigError(`${flag}: the path contains NUL`);
+    return path.resolve(cwd, v);
+  };
+  if (raw !== undefined && raw !== '') return pick(String(raw), '--dump-root');
+  if (env.WAVEBUS_DUMP_ROOT) return pick(env.WAVEBUS_DUMP_ROOT, 'WAVEBUS_DUMP_ROOT');
+  return parseStartupOptions(undefined, {}, cwd).dumpDir;
 }
 
 /** Everything `wavebus agent` builds from its flags and environment; throws ConfigError naming the flag. */
@@ -46,8 +67,10 @@ export function setupAgent(argv: Record<string, unknown>, env: NodeJS.ProcessEnv
   const given = (argv['run-dir'] as string | undefined) || env.WAVEBUS_RUN_DIR || '';
   const runDir = given || path.join(os.tmpdir(), `wavebus-agent-rank${identity.globalRank}-${process.pid}`);
   const curve = loadClientKeys(argv['curve-server-key'] as string | undefined, argv['curve-key'] as string | undefined);
+  const busToken = loadBusToken(argv['bus-token-file'], env);
+  const dumpRoot = localDumpRoot(argv['dump-root'], env, process.cwd());
   const log = createLogger(`wavebus-agent-rank${identity.globalRank}`);
-  return { identity, coordinator, heartbeatMs, runDir, ownRunDir: !given, endOfWaveTimeoutMs, stagingBytes, curve, log };
+  return { identity, coordinator, heartbeatMs, runDir, ownRunDir: !given, endOfWaveTimeoutMs, stagingBytes, curve, busToken, dumpRoot, log };
 }
 
 export const command: CommandModule = {
@@ -63,6 +86,8 @@ export const command: CommandModule = {
       .option('end-of-wave-timeout-ms', { type: 'string', default: '50', describe: 'longest an engine waits at end_of_wave for a wave vector that has not arrived' })
       .option('staging-mb', { type: 'string', default: '1024', describe: 'host staging bound for KV dump copies' })
       .option('curve-server-key', { type: 'string', describe: 'CURVE: the coordinator\'s public key file (its NAME.pub); needs --curve-key' })
+      .option('dump-root', { type: 'string', describe: 'the only directory this agent writes and serves KV dumps under; a dump_dir from the bus must be it or below it (default $WAVEBUS_DUMP_ROOT, else <cwd>/runtime/report/kv_cache)' })
+      .option('bus-token-file', { type: 'string', describe: 'the launcher\'s bus token file (0600): coordinator messages without its MAC are dropped (default $WAVEBUS_BUS_TOKEN_FILE)' })
       .option('curve-key', { type: 'string', describe: 'CURVE: this agent\'s key pair file (NAME.key from `wavebus keys`); its public key must be on the coordinator\'s allow-list' });
   },
   handler: async (argv) => {
@@ -77,13 +102,14 @@ export const command: CommandModule = {
       endOfWaveTimeoutMs: a.endOfWaveTimeoutMs,
       stagingBytes: a.stagingBytes,
       curve: a.curve,
+      busToken: a.busToken,
       snapshot,
-      serveRoots: { snapshots: path.join(snapshot.cacheRoot, 'snapshots') },
+      roots: { dumps: a.dumpRoot, snapshots: path.join(snapshot.cacheRoot, 'snapshots') },
       logger: log,
     });
     const signal = waitForSignal();
     await agent.start();
-    log.info({ rank: identity.globalRank, lastPp: identity.isLastPp, runDir: a.runDir, snapshots: snapshot.enabled }, 'agent started');
+    log.info({ rank: identity.globalRank, lastPp: identity.isLastPp, runDir: a.runDir, snapshots: snapshot.enabled, dumpRoot: a.dumpRoot, busToken: a.busToken !== undefined }, 'agent started');
     log.info({ signal: await signal }, 'stopping');
     await agent.stop();
     if (a.ownRunDir) fs.rmSync(a.runDir, { recursive: true, force: true });

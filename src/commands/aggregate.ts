@@ -3,6 +3,7 @@
 import type { CommandModule } from 'yargs';
 import { aggregate, DEFAULT_CHUNK_MB, DEFAULT_WINDOW, MAX_CHUNK_MB, type AggregateProgress } from '../aggregate';
 import { parseHostPort } from '../bus/endpoints';
+import { loadBusToken } from '../bus/auth';
 import { ConfigError, WavebusError } from '../errors';
 import { keepFreedMemory } from '../malloc-tuning';
 
@@ -37,6 +38,7 @@ export const command: CommandModule = {
       .option('chunk-mb', { type: 'string', default: String(DEFAULT_CHUNK_MB), describe: `chunk size in MiB (at most ${MAX_CHUNK_MB})` })
       .option('window', { type: 'string', default: String(DEFAULT_WINDOW), describe: 'chunks in flight per file' })
       .option('timeout-ms', { type: 'string', default: '30000', describe: 'per relayed request' })
+      .option('bus-token-file', { type: 'string', describe: 'the job\'s bus token file, when its coordinator has one (default $WAVEBUS_BUS_TOKEN_FILE; `wavebus launch` sets it for its command)' })
       .option('json', { type: 'boolean', default: false, describe: 'print the manifest as JSON on stdout' }),
   handler: async (argv) => {
     keepFreedMemory(); // multi-MiB chunk frames: reuse freed memory instead of faulting in fresh pages
@@ -54,6 +56,7 @@ export const command: CommandModule = {
       if (call !== undefined && !Number.isInteger(call)) throw new ConfigError(`--call: expected an integer, got ${JSON.stringify(argv.call)}`);
       const m = await aggregate({
         coordinator,
+        busToken: loadBusToken(argv['bus-token-file'], process.env),
         out: String(argv.out),
         what: argv.what as 'all' | 'snapshots' | 'dumps',
         prefix: String(argv.prefix ?? ''),

@@ -35,7 +35,7 @@ export async function runBench(name: string, argv: string[]): Promise<Record<str
 
 export const command: CommandModule = {
   command: 'bench <name> [args..]',
-  describe: 'Run a benchmark and print one JSON line (bus, dump, overhead, detectors, aggregate, soak, all)',
+  describe: 'Run a benchmark and print one JSON line (bus, dump, overhead, detectors, aggregate, soak, auth, all)',
   builder: (y) =>
     y
       .positional('name', { type: 'string', describe: 'benchmark name, or "all" for every one in turn' })

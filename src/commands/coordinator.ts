@@ -2,6 +2,7 @@
 import type { CommandModule } from 'yargs';
 import { Coordinator, DEFAULT_BUS_PORT, DEFAULT_HEARTBEAT_MS } from '../bus/coordinator';
 import { loadServerKeys } from '../bus/curve';
+import { loadBusToken } from '../bus/auth';
 import { parseBusPort } from '../bus/endpoints';
 import { ConfigError } from '../errors';
 import { identityFlagsFromArgv, identityOptions, resolveLayout } from '../identity';
@@ -50,6 +51,7 @@ export const command: CommandModule = {
       .option('dump-ack-timeout-ms', { type: 'string', default: '10000', describe: 'how long every last-PP rank has to ack a dump job' })
       .option('insecure', { type: 'boolean', default: false, describe: 'allow binding a non-loopback --host without encryption' })
       .option('curve-secret-key', { type: 'string', describe: 'CURVE: this coordinator\'s key pair file (NAME.key from `wavebus keys`); needs --curve-allow' })
+      .option('bus-token-file', { type: 'string', describe: 'the launcher\'s bus token file (0600): frames and replies carry its MAC; agent messages without it are dropped (default $WAVEBUS_BUS_TOKEN_FILE)' })
       .option('curve-allow', { type: 'string', describe: 'CURVE: allowed client public keys: a file (one Z85 key per line) or a directory of *.pub' });
   },
   handler: async (argv) => {
@@ -72,6 +74,7 @@ export const command: CommandModule = {
       process.cwd(),
     );
     const curve = loadServerKeys(argv['curve-secret-key'] as string | undefined, argv['curve-allow'] as string | undefined);
+    const busToken = loadBusToken(argv['bus-token-file'], env);
     const expected = lastPpRanks(layout);
     const guard = new Guard({ startup, rank: expected[0], expectedRanks: expected, log });
     const coordinator = new Coordinator({
@@ -83,6 +86,7 @@ export const command: CommandModule = {
       dumpAckTimeoutMs: positiveInt(argv['dump-ack-timeout-ms'], '--dump-ack-timeout-ms'),
       insecure: Boolean(argv.insecure),
       curve,
+      busToken,
       logger: log,
       policy: withStartupFacts(guard, startup.hotReload),
     });

@@ -1,0 +1,140 @@
+// The bus token: without CURVE, the coordinator and the agents its launcher started prove to each
+// other that they belong to the same job. The launcher writes 32 random bytes (hex) to a 0600
+// file in its run directory; the coordinator and the agents get the file's path (never the value).
+// Every message on the bus then ends in a `mac` field (field 15 of BusFrame, AgentMessage and
+// CoordinatorMessage): HMAC-SHA256, keyed by the token, over a direction label, the message bytes
+// before the field, and the data frame that follows a file chunk. A receiver with the token
+// drops what has no MAC or a wrong one before decoding anything.
+import { createHmac, randomBytes, timingSafeEqual } from 'crypto';
+import * as fs from 'fs';
+import * as path from 'path';
+import { ConfigError } from '../errors';
+
+/** The token's bytes. */
+export const TOKEN_BYTES = 32;
+export const MAC_BYTES = 32;
+/** The file name the launcher gives the token in its run directory. */
+export const TOKEN_FILE_NAME = 'bus.token';
+/** Field 15, wire type 2 (length-delimited), then the length 32: the MAC field's first two bytes. */
+const MAC_TAG = (15 << 3) | 2;
+const TRAILER_BYTES = 2 + MAC_BYTES;
+
+/**
+ * Who sent a message, bound into its MAC, so that bytes sent one way can never be replayed the
+ * other way (an agent's message reflected back to it as a coordinator's).
+ */
+export type MacDirection = 'pub' | 'from-coordinator' | 'to-coordinator';
+const LABEL: Record<MacDirection, Buffer> = {
+  pub: Buffer.from('wavebus bus frame v1\0'),
+  'from-coordinator': Buffer.from('wavebus coordinator message v1\0'),
+  'to-coordinator': Buffer.from('wavebus agent message v1\0'),
+};
+
+export type Opened = { ok: true; msg: Buffer } | { ok: false; reason: 'no_mac' | 'bad_mac' };
+
+export class BusToken {
+  private constructor(private readonly key: Buffer) {}
+
+  static fromBytes(key: Buffer): BusToken {
+    if (key.length !== TOKEN_BYTES) throw new ConfigError(`bus token: expected ${TOKEN_BYTES} bytes, got ${key.length}`);
+    return new BusToken(Buffer.from(key));
+  }
+
+  /**
+   * Read a token file: a regular file (not a link), readable by nobody else, holding 64 hex
+   * digits (and an optional newline). `flag` names where the path came from, for errors.
+   */
+  static load(file: string, flag: string): BusToken {
+    let fd: number;
+    try {
+      fd = fs.openSync(file, fs.constants.O_RDONLY | fs.constants.O_NOFOLLOW | fs.constants.O_NONBLOCK);
+    } catch (e) {
+      const code = (e as NodeJS.ErrnoException).code;
+      const why = code === 'ELOOP' ? 'is a symbolic link (refused)' : code === 'ENOENT' ? 'does not exist' : String((e as Error).message);
+      throw new ConfigError(`${flag} ${file}: ${why}`);
+    }
+    try {
+      const st = fs.fstatSync(fd);
+      if (!st.isFile()) throw new ConfigError(`${flag} ${file}: not a regular file`);
+      if ((st.mode & 0o077) !== 0) {
+        throw new ConfigError(`${flag} ${file}: permissions 0${(st.mode & 0o777).toString(8)} are too open for the bus token (group or others can read it); it must be 0600`);
+      }
+      const uid = process.getuid?.();
+      if (uid !== undefined && uid !== 0 && st.uid !== uid) throw new ConfigError(`${flag} ${file}: owned by uid ${st.uid}, not by this user (uid ${uid})`);
+      const buf = Buffer.alloc(2 * TOKEN_BYTES + 2);
+      const n = fs.readSync(fd, buf, 0, buf.length, 0);
+      const text = buf.subarray(0, n).toString('latin1').replace(/\n$/, '');
+      if (!/^[0-9a-f]{64}$/.test(text)) throw new ConfigError(`${flag} ${file}: expected ${2 * TOKEN_BYTES} lowercase hex digits (a file written by \`wavebus launch\`)`);
+      return new BusToken(Buffer.from(text, 'hex'));
+    } finally {
+      fs.closeSync(fd);
+    }
+  }
+
+  /** The MAC of `msg` (and `data`, a chunk's frame) sent in `dir`. */
+  mac(dir: MacDirection, msg: Uint8Array, data?: Uint8Array, topic?: Uint8Array): Buffer {
+    const h = createHmac('sha256', this.key).update(LABEL[dir]);
+    // Lengths first: the parts' boundaries are part of what is authenticated.
+    const lens = Buffer.alloc(12);
+    lens.writeUInt32LE(topic?.length ?? 0, 0);
+    lens.writeUInt32LE(msg.length, 4);
+    lens.writeUInt32LE(data?.length ?? 0, 8);
+    h.update(lens);
+    if (topic) h.update(topic);
+    h.update(msg);
+    if (data) h.update(data);
+    return h.digest();
+  }
+
+  /** `msg` with its MAC appended as field 15 (a protobuf reader sees one more bytes field). */
+  seal(dir: MacDirection, msg: Uint8Array, data?: Uint8Array, topic?: Uint8Array): Buffer {
+    const out = Buffer.allocUnsafe(msg.length + TRAILER_BYTES);
+    out.set(msg, 0);
+    out[msg.length] = MAC_TAG;
+    out[msg.length + 1] = MAC_BYTES;
+    this.mac(dir, msg, data, topic).copy(out, msg.length + 2);
+    return out;
+  }
+
+  /** The message without its MAC field, when the MAC is there and right. */
+  open(dir: MacDirection, bytes: Buffer, data?: Uint8Array, topic?: Uint8Array): Opened {
+    const n = bytes.length - TRAILER_BYTES;
+    if (n < 0 || bytes[n] !== MAC_TAG || bytes[n + 1] !== MAC_BYTES) return { ok: false, reason: 'no_mac' };
+    const msg = bytes.subarray(0, n);
+    const want = this.mac(dir, msg, data, topic);
+    if (!timingSafeEqual(want, bytes.subarray(n + 2))) return { ok: false, reason: 'bad_mac' };
+    return { ok: true, msg };
+  }
+}
+
+/**
+ * Create a fresh token file in `dir` (the launcher's run directory): created exclusively, never
+ * through a link, mode 0600 whatever the umask. Returns its path.
+ */
+export function createTokenFile(dir: string): string {
+  const file = path.join(dir, TOKEN_FILE_NAME);
+  // One left by a launcher that was killed: removed (a link planted there is removed, not followed).
+  fs.rmSync(file, { force: true });
+  const { O_CREAT, O_EXCL, O_NOFOLLOW, O_WRONLY } = fs.constants;
+  let fd: number;
+  try {
+    fd = fs.openSync(file, O_CREAT | O_EXCL | O_NOFOLLOW | O_WRONLY, 0o600);
+  } catch (e) {
+    throw new ConfigError(`cannot create the bus token ${file}: ${(e as Error).message}`, 'ERR_TOKEN_FILE');
+  }
+  try {
+    fs.fchmodSync(fd, 0o600);
+    fs.writeSync(fd, `${randomBytes(TOKEN_BYTES).toString('hex')}\n`);
+    fs.fsyncSync(fd);
+  } finally {
+    fs.closeSync(fd);
+  }
+  return file;
+}
+
+/** --bus-token-file, else $WAVEBUS_BUS_TOKEN_FILE (a path, never the token itself), else none. */
+export function loadBusToken(flagValue: unknown, env: NodeJS.ProcessEnv): BusToken | undefined {
+  if (flagValue !== undefined && flagValue !== '') return BusToken.load(String(flagValue), '--bus-token-file');
+  if (env.WAVEBUS_BUS_TOKEN_FILE) return BusToken.load(env.WAVEBUS_BUS_TOKEN_FILE, 'WAVEBUS_BUS_TOKEN_FILE');
+  return undefined;
+}
