@@ -3,6 +3,7 @@
 // staging and writes bundles (KV dumps, input snapshots), and serves its files for aggregation.
 import * as fs from 'fs';
 import * as zmq from 'zeromq';
+import type { ArtifactModes } from './artifact-mode';
 import { AgentBus, type WaveEvent, type SnapshotReplyMsg } from './bus/agent-bus';
 import { DumpExecutor, type DumpFormat } from './agent/dump-executor';
 import { RegionTable } from './agent/regions';
@@ -36,6 +37,8 @@ export interface AgentOptions {
   dropSeqs?: (seq: number) => boolean;
   /** CURVE client keys for the bus (see src/bus/curve.ts). */
   curve?: { serverPublicKey: string; publicKey: string; secretKey: string };
+  /** --artifact-mode: KV dumps and input snapshots (default: DEFAULT_ARTIFACT_MODES). */
+  artifactModes?: ArtifactModes;
 }
 
 /** Runtime config fields the agent acts on (the guard's effective config, as JSON). */
@@ -125,7 +128,7 @@ export class Agent {
     this.opts = opts;
     this.identity = opts.identity;
     this.log = opts.logger ?? createLogger(`wavebus-agent-rank${opts.identity.globalRank}`);
-    this.dumps = new DumpExecutor(opts.identity, this.regions, this.log);
+    this.dumps = new DumpExecutor(opts.identity, this.regions, this.log, opts.artifactModes);
     if (opts.snapshot?.enabled) {
       this.capturer = new SnapshotCapturer(opts.snapshot, {
         globalRank: opts.identity.globalRank,
@@ -133,7 +136,7 @@ export class Agent {
         ppRank: opts.identity.ppRank,
         dpRank: opts.identity.dpRank,
         cpRank: opts.identity.cpRank,
-      }, { log: { info: (m: string) => this.log.info(m), warn: (m: string) => this.log.warn(m) } });
+      }, { log: { info: (m: string) => this.log.info(m), warn: (m: string) => this.log.warn(m) }, artifactModes: opts.artifactModes });
     }
   }
 

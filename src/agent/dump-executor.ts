@@ -2,6 +2,7 @@
 // registered KV layer into host staging (the engine waits only for this), then writes the
 // rank<g>/ bundle and acks the coordinator with its files.
 import * as path from 'path';
+import { DEFAULT_ARTIFACT_MODES, type ArtifactModes } from '../artifact-mode';
 import { Bundle } from '../bundle';
 import { itemSize } from '../dtype';
 import { CaptureError } from '../errors';
@@ -45,6 +46,8 @@ export class DumpExecutor {
     private readonly identity: RankIdentity,
     private readonly regions: RegionTable,
     private readonly log: Logger,
+    /** --artifact-mode: dump files, rank folders and dump_skipped.json. */
+    private readonly modes: ArtifactModes = DEFAULT_ARTIFACT_MODES,
   ) {}
 
   /** Bytes this rank would copy for `job`. */
@@ -76,7 +79,7 @@ export class DumpExecutor {
           wave: job.armWave,
           ts: Date.now() / 1000,
           ...(error ? { detail: { error } } : {}),
-        });
+        }, this.modes);
         refused.push(this.result(job, [], 0, error, reason));
       };
       try {
@@ -142,7 +145,7 @@ export class DumpExecutor {
       const rankDir = this.rankDir(s.job);
       let bundle: Bundle | undefined;
       try {
-        bundle = Bundle.begin(rankDir);
+        bundle = Bundle.begin(rankDir, this.modes);
         const files: FileEntry[] = [];
         const id = this.identity;
         // The rank coordinates every per-layer .pt dict and dump.json's identity both carry.
@@ -226,7 +229,7 @@ export class DumpExecutor {
             wave: s.job.armWave,
             ts: Date.now() / 1000,
             detail: { error: (e as Error).message },
-          });
+          }, this.modes);
         } catch {
           /* the dump root itself is unwritable: the ack carries the error */
         }

@@ -5,6 +5,7 @@ import * as fs from 'fs';
 import * as os from 'os';
 import * as path from 'path';
 import { Agent } from '../agent';
+import { artifactModeOption, parseArtifactMode, type ArtifactModes } from '../artifact-mode';
 import { DEFAULT_BUS_PORT, DEFAULT_HEARTBEAT_MS } from '../bus/coordinator';
 import { loadClientKeys, type CurveClientKeys } from '../bus/curve';
 import { checkHost, parseBusPort, parseHostPort, type HostPort } from '../bus/endpoints';
@@ -33,6 +34,8 @@ export interface AgentSetup {
   stagingBytes: number;
   /** CURVE client keys (--curve-server-key + --curve-key), when the coordinator uses CURVE. */
   curve?: CurveClientKeys;
+  /** --artifact-mode: KV dumps and input snapshots. */
+  artifactModes: ArtifactModes;
   log: Logger;
 }
 
@@ -46,8 +49,9 @@ export function setupAgent(argv: Record<string, unknown>, env: NodeJS.ProcessEnv
   const given = (argv['run-dir'] as string | undefined) || env.WAVEBUS_RUN_DIR || '';
   const runDir = given || path.join(os.tmpdir(), `wavebus-agent-rank${identity.globalRank}-${process.pid}`);
   const curve = loadClientKeys(argv['curve-server-key'] as string | undefined, argv['curve-key'] as string | undefined);
+  const artifactModes = parseArtifactMode(argv['artifact-mode'], '--artifact-mode');
   const log = createLogger(`wavebus-agent-rank${identity.globalRank}`);
-  return { identity, coordinator, heartbeatMs, runDir, ownRunDir: !given, endOfWaveTimeoutMs, stagingBytes, curve, log };
+  return { identity, coordinator, heartbeatMs, runDir, ownRunDir: !given, endOfWaveTimeoutMs, stagingBytes, curve, artifactModes, log };
 }
 
 export const command: CommandModule = {
@@ -61,6 +65,7 @@ export const command: CommandModule = {
       .option('heartbeat-ms', { type: 'string', default: String(DEFAULT_HEARTBEAT_MS), describe: 'heartbeat period; a coordinator silent for 3 periods is lost' })
       .option('run-dir', { type: 'string', describe: 'directory for the engine-client socket and mailbox (default $WAVEBUS_RUN_DIR)' })
       .option('end-of-wave-timeout-ms', { type: 'string', default: '50', describe: 'longest an engine waits at end_of_wave for a wave vector that has not arrived' })
+      .option('artifact-mode', artifactModeOption)
       .option('staging-mb', { type: 'string', default: '1024', describe: 'host staging bound for KV dump copies' })
       .option('curve-server-key', { type: 'string', describe: 'CURVE: the coordinator\'s public key file (its NAME.pub); needs --curve-key' })
       .option('curve-key', { type: 'string', describe: 'CURVE: this agent\'s key pair file (NAME.key from `wavebus keys`); its public key must be on the coordinator\'s allow-list' });
@@ -77,6 +82,7 @@ export const command: CommandModule = {
       endOfWaveTimeoutMs: a.endOfWaveTimeoutMs,
       stagingBytes: a.stagingBytes,
       curve: a.curve,
+      artifactModes: a.artifactModes,
       snapshot,
       serveRoots: { snapshots: path.join(snapshot.cacheRoot, 'snapshots') },
       logger: log,

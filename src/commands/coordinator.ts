@@ -1,5 +1,6 @@
 // `wavebus coordinator`: run the wave-bus coordinator beside global rank 0 until SIGINT/SIGTERM.
 import type { CommandModule } from 'yargs';
+import { artifactModeOption, parseArtifactMode } from '../artifact-mode';
 import { Coordinator, DEFAULT_BUS_PORT, DEFAULT_HEARTBEAT_MS } from '../bus/coordinator';
 import { loadServerKeys } from '../bus/curve';
 import { parseBusPort } from '../bus/endpoints';
@@ -48,6 +49,7 @@ export const command: CommandModule = {
       .option('heartbeat-ms', { type: 'string', default: String(DEFAULT_HEARTBEAT_MS), describe: 'heartbeat period; a peer silent for 3 periods is lost' })
       .option('metrics-port', { type: 'string', describe: 'serve /healthz and /metrics on 127.0.0.1:PORT (0 = any free port)' })
       .option('dump-ack-timeout-ms', { type: 'string', default: '10000', describe: 'how long every last-PP rank has to ack a dump job' })
+      .option('artifact-mode', artifactModeOption)
       .option('insecure', { type: 'boolean', default: false, describe: 'allow binding a non-loopback --host without encryption' })
       .option('curve-secret-key', { type: 'string', describe: 'CURVE: this coordinator\'s key pair file (NAME.key from `wavebus keys`); needs --curve-allow' })
       .option('curve-allow', { type: 'string', describe: 'CURVE: allowed client public keys: a file (one Z85 key per line) or a directory of *.pub' });
@@ -72,7 +74,8 @@ export const command: CommandModule = {
     );
     const curve = loadServerKeys(argv['curve-secret-key'] as string | undefined, argv['curve-allow'] as string | undefined);
     const expected = lastPpRanks(layout);
-    const guard = new Guard({ startup, rank: expected[0], expectedRanks: expected, log });
+    const artifactModes = parseArtifactMode(argv['artifact-mode'], '--artifact-mode');
+    const guard = new Guard({ startup, rank: expected[0], expectedRanks: expected, log, artifactModes });
     const coordinator = new Coordinator({
       host: String(argv.host),
       port,
