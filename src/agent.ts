@@ -3,6 +3,7 @@
 // staging and writes bundles (KV dumps, input snapshots), and serves its files for aggregation.
 import * as fs from 'fs';
 import * as zmq from 'zeromq';
+import type { ArtifactModes } from './artifact-mode';
 import { AgentBus, type WaveEvent, type SnapshotReplyMsg } from './bus/agent-bus';
 import { DumpExecutor, type DumpFormat } from './agent/dump-executor';
 import { RegionTable } from './agent/regions';
@@ -43,6 +44,8 @@ export interface AgentOptions {
   curve?: { serverPublicKey: string; publicKey: string; secretKey: string };
   /** The launcher's bus token (src/bus/auth.ts): coordinator messages without its MAC are dropped. */
   busToken?: BusToken;
+  /** --artifact-mode: KV dumps and input snapshots (default: DEFAULT_ARTIFACT_MODES). */
+  artifactModes?: ArtifactModes;
 }
 
 /** Runtime config fields the agent acts on (the guard's effective config, as JSON). */
@@ -137,7 +140,7 @@ export class Agent {
     this.log = opts.logger ?? createLogger(`wavebus-agent-rank${opts.identity.globalRank}`);
     this.gate = new RootGate(opts.identity.globalRank, opts.roots ?? {}, this.log);
     this.servedDumps = this.gate.local.dumps;
-    this.dumps = new DumpExecutor(opts.identity, this.regions, this.log, this.gate);
+    this.dumps = new DumpExecutor(opts.identity, this.regions, this.log, this.gate, opts.artifactModes);
     if (opts.snapshot?.enabled) {
       this.capturer = new SnapshotCapturer(opts.snapshot, {
         globalRank: opts.identity.globalRank,
@@ -145,7 +148,7 @@ export class Agent {
         ppRank: opts.identity.ppRank,
         dpRank: opts.identity.dpRank,
         cpRank: opts.identity.cpRank,
-      }, { log: { info: (m: string) => this.log.info(m), warn: (m: string) => this.log.warn(m) } });
+      }, { log: { info: (m: string) => this.log.info(m), warn: (m: string) => this.log.warn(m) }, artifactModes: opts.artifactModes });
     }
   }
 

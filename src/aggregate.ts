@@ -14,7 +14,7 @@ import { socketIpOptions, tcpEndpoint, type HostPort } from './bus/endpoints';
 import type { BusToken } from './bus/auth';
 import { DropCounter, decodeCoordinatorMessage, encodeAgentMessage, type CoordinatorMsg } from './bus/frames';
 import { payloadOf, withPayload } from './bus/payload';
-import { crc32c, formatChecksum, parseChecksum, crc32cOfFile } from './checksum';
+import { crc32c, formatChecksum, parseChecksum, crc32cOfFd } from './checksum';
 import { ConfigError, WavebusError } from './errors';
 import { fsyncDir } from './freespace';
 import { joinUnder } from './sanitize';
@@ -454,10 +454,35 @@ export async function aggregate(opts: AggregateOptions): Promise<AggregateManife
   }
 }
 
+/**
+ * Local files are created O_EXCL|O_NOFOLLOW (a stale one is removed first: rm removes a link, never
+ * its target) and reopened O_NOFOLLOW, so a link planted in the output tree is never written
+ * through or read.
+ */
+const { O_RDWR, O_WRONLY, O_CREAT, O_EXCL, O_NOFOLLOW } = fs.constants;
+function createFresh(file: string): number {
+  fs.rmSync(file, { force: true });
+  return fs.openSync(file, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, 0o666);
+}
+
+/** An existing regular file opened without following a link (read-write when `write`); undefined when absent or not a regular file. */
+function openExisting(file: string, write: boolean): { fd: number; size: number } | undefined {
+  let fd: number;
+  try {
+    fd = fs.openSync(file, (write ? O_RDWR : fs.constants.O_RDONLY) | O_NOFOLLOW | fs.constants.O_NONBLOCK);
+  } catch {
+    return undefined;
+  }
+  const st = fs.fstatSync(fd);
+  if (st.isFile()) return { fd, size: st.size };
+  fs.closeSync(fd);
+  return undefined;
+}
+
 function writeManifest(out: string, manifest: AggregateManifest): void {
   const final = path.join(out, AGGREGATE_MANIFEST);
   const tmp = path.join(out, `.${AGGREGATE_MANIFEST}${PART_SUFFIX}`);
-  const fd = fs.openSync(tmp, 'w');
+  const fd = createFresh(tmp);
   try {
     fs.writeSync(fd, `${JSON.stringify(manifest, null, 2)}\n`);
     fs.fsyncSync(fd);
@@ -480,9 +505,15 @@ interface FetchCtx {
 async function fetchOne(client: RelayClient, f: Planned, ctx: FetchCtx): Promise<AggregatedFile> {
   const base = { root: f.root, path: f.path, bytes: f.bytes, checksum: f.checksum, listedBy: f.listedBy };
   // Already here and whole (a previous run): skip without asking anyone.
-  if (fs.existsSync(f.local)) {
-    const st = fs.statSync(f.local);
-    if (st.isFile() && st.size === f.bytes && crc32cOfFile(f.local).digest() === f.crc) {
+  const have = openExisting(f.local, false);
+  if (have) {
+    let whole = false;
+    try {
+      whole = have.size === f.bytes && crc32cOfFd(have.fd).digest() === f.crc;
+    } finally {
+      fs.closeSync(have.fd);
+    }
+    if (whole) {
       ctx.progress.doneBytes += f.bytes;
       return { ...base, rank: f.listedBy[0], status: 'present', verified: true };
     }
@@ -540,16 +571,18 @@ async function fetchFile(client: RelayClient, rank: number, f: Planned, ctx: Fet
   let start = 0;
   // The running whole-file checksum; a resumed .part contributes what is already on disk.
   let crc = 0;
-  if (allowResume && fs.existsSync(part)) {
-    const size = fs.statSync(part).size;
-    if (size <= f.bytes) {
-      start = size;
-      crc = crc32cOfFile(part, size).digest();
-      ctx.progress.doneBytes += size;
-    }
+  let old = allowResume ? openExisting(part, true) : undefined;
+  if (old && (old.size === 0 || old.size > f.bytes)) {
+    fs.closeSync(old.fd);
+    old = undefined;
+  }
+  if (old) {
+    start = old.size;
+    crc = crc32cOfFd(old.fd, start).digest();
+    ctx.progress.doneBytes += start;
   }
   const resumed = start > 0;
-  const fd = fs.openSync(part, resumed ? 'r+' : 'w');
+  const fd = old ? old.fd : createFresh(part);
   let keepPart = true;
   const offsets: number[] = [];
   for (let o = start; o < f.bytes; o += ctx.chunkBytes) offsets.push(o);

@@ -13,7 +13,8 @@ import { writeNpy } from './npy';
 import { writePt } from './pt';
 import { SafetensorsInput, writeSafetensors } from './safetensors';
 import { asCaptureError, FileSink, fsFailure, WriteResult } from './sink';
-import { safeComponent } from './sanitize';
+import { isSafeComponent, safeComponent } from './sanitize';
+import { DEFAULT_ARTIFACT_MODES, type ArtifactModes } from './artifact-mode';
 
 /**
  * Tensor files whose fsync may still be running behind the next file's writes. Each holds one
@@ -83,29 +84,33 @@ export class Bundle {
   private state: 'open' | 'committed' | 'aborted' = 'open';
   private failure: CaptureError | null = null;
 
-  private constructor(finalDir: string, tempDir: string) {
+  private constructor(finalDir: string, tempDir: string, private readonly modes: ArtifactModes) {
     this.finalDir = finalDir;
     this.tempDir = tempDir;
   }
 
-  /** Start a bundle that will appear as `finalDir` on commit. Refuses an existing finalDir. */
-  static begin(finalDir: string): Bundle {
+  /**
+   * Start a bundle that will appear as `finalDir` on commit. Refuses an existing finalDir.
+   * `modes` (--artifact-mode): files are created with modes.file, the temp dir (renamed to the
+   * final name) and any missing parents with modes.dir.
+   */
+  static begin(finalDir: string, modes: ArtifactModes = DEFAULT_ARTIFACT_MODES): Bundle {
     const final = path.resolve(finalDir);
     const parent = path.dirname(final);
     const name = path.basename(final);
     if (fs.existsSync(final)) throw new CaptureError(`bundle ${final} already exists; refusing to overwrite it`, 'ERR_BUNDLE_EXISTS');
     try {
-      fs.mkdirSync(parent, { recursive: true });
+      fs.mkdirSync(parent, { recursive: true, mode: modes.dir });
     } catch (e) {
       throw fsFailure('mkdir', parent, e);
     }
     const temp = path.join(parent, `.${name}.tmp-${process.pid}-${crypto.randomBytes(4).toString('hex')}@${hostTag()}`);
     try {
-      fs.mkdirSync(temp, { mode: 0o755 });
+      fs.mkdirSync(temp, { mode: modes.dir });
     } catch (e) {
       throw fsFailure('mkdir', temp, e);
     }
-    return new Bundle(final, temp);
+    return new Bundle(final, temp, modes);
   }
 
   /** Files written so far. */
@@ -124,14 +129,15 @@ export class Bundle {
   private target(rel: string): string {
     const parts = rel.split('/');
     for (const p of parts) {
-      if (p.length === 0 || safeComponent(p, 'file name') !== p) {
-        throw new CaptureError(`bundle ${this.finalDir}: unsafe file name ${JSON.stringify(rel)} (sanitise components with safeComponent)`, 'ERR_BUNDLE_NAME');
+      // Names arrive escaped (safeComponent, once, where they came in): checked here, never re-escaped.
+      if (!isSafeComponent(p)) {
+        throw new CaptureError(`bundle ${this.finalDir}: unsafe file name ${JSON.stringify(rel)} (escape untrusted names once with safeComponent)`, 'ERR_BUNDLE_NAME');
       }
     }
     if (this.names.has(rel)) throw new CaptureError(`bundle ${this.finalDir}: file ${rel} written twice`, 'ERR_BUNDLE_NAME');
     this.names.add(rel);
     const full = path.join(this.tempDir, ...parts);
-    if (parts.length > 1) fs.mkdirSync(path.dirname(full), { recursive: true });
+    if (parts.length > 1) fs.mkdirSync(path.dirname(full), { recursive: true, mode: this.modes.dir });
     return full;
   }
 
@@ -157,7 +163,7 @@ export class Bundle {
       if (format === 'npy' && !(value instanceof Tensor)) throw new CaptureError(`${rel}: format npy holds exactly one Tensor`, 'ERR_BUNDLE_FORMAT');
       // Keep at most MAX_BACKGROUND_SYNCS fsyncs in flight (each holds a thread).
       while (this.syncing.length >= MAX_BACKGROUND_SYNCS) await this.syncing.shift();
-      const sink = await FileSink.create(full);
+      const sink = await FileSink.create(full, this.modes.file);
       let r: WriteResult;
       try {
         if (format === 'npy') r = await writeNpy(sink, value as Tensor);
@@ -188,7 +194,7 @@ export class Bundle {
     try {
       full = this.target(fileName);
       const buf = Buffer.from(jsonText(value, opts), 'utf8');
-      fs.writeFileSync(full, buf, { flag: 'wx', mode: 0o644 });
+      fs.writeFileSync(full, buf, { flag: 'wx', mode: this.modes.file });
       const entry = { path: fileName, bytes: buf.length, checksum: formatChecksum(crc32c(buf)) };
       this.files.push(entry);
       return entry;

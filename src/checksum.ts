@@ -81,15 +81,20 @@ export class Crc32c {
 export function crc32cOfFile(file: string, limit = Infinity): Crc32c {
   const fd = fs.openSync(file, 'r');
   try {
-    const h = new Crc32c();
-    const buf = Buffer.allocUnsafe(4 << 20);
-    while (h.length < limit) {
-      const n = fs.readSync(fd, buf, 0, Math.min(buf.length, limit - h.length), null);
-      if (n === 0) break;
-      h.update(buf.subarray(0, n));
-    }
-    return h;
+    return crc32cOfFd(fd, limit);
   } finally {
     fs.closeSync(fd);
   }
+}
+
+/** crc32cOfFile for a descriptor already open (read from offset 0; the caller closes it). */
+export function crc32cOfFd(fd: number, limit = Infinity): Crc32c {
+  const h = new Crc32c();
+  const buf = Buffer.allocUnsafe(4 << 20);
+  while (h.length < limit) {
+    const n = fs.readSync(fd, buf, 0, Math.min(buf.length, limit - h.length), h.length);
+    if (n === 0) break;
+    h.update(buf.subarray(0, n));
+  }
+  return h;
 }

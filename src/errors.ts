@@ -36,3 +36,10 @@ export class NativeError extends WavebusError {
     super(code, message);
   }
 }
+
+/** A path refused because opening it would follow a link or reach something that is not a regular file or directory. */
+export class UnsafePathError extends WavebusError {
+  constructor(message: string, code = 'ERR_UNSAFE_PATH') {
+    super(code, message);
+  }
+}

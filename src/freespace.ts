@@ -2,6 +2,7 @@
 import * as crypto from 'crypto';
 import * as fs from 'fs';
 import * as path from 'path';
+import { DEFAULT_ARTIFACT_MODES, type ArtifactModes } from './artifact-mode';
 import { CaptureError, ConfigError } from './errors';
 import { fsFailure } from './sink';
 
@@ -78,7 +79,7 @@ export interface DumpSkipped {
 }
 
 /** Write `<dir>/dump_skipped.json` atomically (temp file, fsync, rename, fsync dir). Returns its path. */
-export function writeDumpSkipped(dir: string, info: DumpSkipped): string {
+export function writeDumpSkipped(dir: string, info: DumpSkipped, modes: ArtifactModes = DEFAULT_ARTIFACT_MODES): string {
   if (!SKIP_REASONS.includes(info.reason)) throw new ConfigError(`dump_skipped.reason must be one of ${SKIP_REASONS.join(', ')}, got ${JSON.stringify(info.reason)}`);
   if (info.stage !== 'arm' && info.stage !== 'drain') throw new ConfigError(`dump_skipped.stage must be arm or drain, got ${JSON.stringify(info.stage)}`);
   for (const k of ['rank', 'wave'] as const) {
@@ -97,12 +98,12 @@ export function writeDumpSkipped(dir: string, info: DumpSkipped): string {
   const final = path.join(dir, 'dump_skipped.json');
   const tmp = path.join(dir, `.dump_skipped.json.tmp-${process.pid}-${crypto.randomBytes(4).toString('hex')}`);
   try {
-    fs.mkdirSync(dir, { recursive: true });
+    fs.mkdirSync(dir, { recursive: true, mode: modes.dir });
   } catch (e) {
     throw fsFailure('mkdir', dir, e);
   }
   try {
-    const fd = fs.openSync(tmp, 'wx', 0o644);
+    const fd = fs.openSync(tmp, fs.constants.O_WRONLY | fs.constants.O_CREAT | fs.constants.O_EXCL | fs.constants.O_NOFOLLOW, modes.file);
     try {
       fs.writeSync(fd, `${JSON.stringify(body, null, 2)}\n`);
       fs.fsyncSync(fd);

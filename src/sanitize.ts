@@ -5,6 +5,11 @@
 // no clash with bundle temp names); lone UTF-16 surrogates become %uXXXX; other Unicode is kept.
 // The empty string becomes "%empty". Names longer than MAX_COMPONENT_BYTES (UTF-8) are cut at a
 // character boundary and get "~" + 16 hex digits of sha256(original), so distinct ids stay distinct.
+//
+// Escape once: an untrusted name is escaped where it becomes a path (the dump executor for layer
+// names, the guard for request ids and incident types). Writers below that (the bundle writer)
+// check with isSafeComponent that a name is already safe and never escape it again: safeComponent
+// is not idempotent ('%' becomes '%25'), and must not be, or it would not be injective.
 import * as crypto from 'crypto';
 import * as path from 'path';
 import { CaptureError } from './errors';
@@ -54,6 +59,44 @@ export function safeComponent(untrusted: string, what: string): string {
     out = cut + suffix;
   }
   return out;
+}
+
+/** NAME_MAX: a name built from a safe component plus suffixes (".k.npy") may use all of it. */
+export const MAX_NAME_BYTES = 255;
+
+/** One escape: %XX (two upper-case hex digits), %uXXXX (a lone surrogate), or %empty at the start. */
+const ESCAPE_RE = /%(?:[0-9A-F]{2}|u[0-9A-F]{4})/y;
+
+/**
+ * Whether `name` is one path component as safeComponent writes them, possibly followed by plain
+ * suffixes such as ".k.npy": non-empty, at most MAX_NAME_BYTES (UTF-8), no leading '.', no '/',
+ * '\\', NUL, control character, DEL or lone surrogate, and every '%' the start of a whole escape.
+ */
+export function isSafeComponent(name: unknown): boolean {
+  if (typeof name !== 'string' || name.length === 0 || name.startsWith('.')) return false;
+  if (Buffer.byteLength(name, 'utf8') > MAX_NAME_BYTES) return false;
+  for (let i = 0; i < name.length; i++) {
+    const c = name.charCodeAt(i);
+    if (c < 0x20 || c === 0x7f || c === 0x2f || c === 0x5c) return false;
+    if (c >= 0xd800 && c <= 0xdbff) {
+      const d = i + 1 < name.length ? name.charCodeAt(i + 1) : 0;
+      if (d < 0xdc00 || d > 0xdfff) return false;
+      i++;
+      continue;
+    }
+    if (c >= 0xdc00 && c <= 0xdfff) return false;
+    if (c === 0x25 /* % */) {
+      if (i === 0 && name.startsWith('%empty')) {
+        i += 5;
+        continue;
+      }
+      ESCAPE_RE.lastIndex = i;
+      const m = ESCAPE_RE.exec(name);
+      if (!m) return false;
+      i += m[0].length - 1;
+    }
+  }
+  return true;
 }
 
 /** Resolve `components` under `root` and assert the result stays inside root. */

@@ -2,6 +2,7 @@
 // registered KV layer into host staging (the engine waits only for this), then writes the
 // rank<g>/ bundle and acks the coordinator with its files.
 import * as path from 'path';
+import { DEFAULT_ARTIFACT_MODES, type ArtifactModes } from '../artifact-mode';
 import { Bundle } from '../bundle';
 import { itemSize } from '../dtype';
 import { CaptureError } from '../errors';
@@ -48,6 +49,8 @@ export class DumpExecutor {
     private readonly log: Logger,
     /** Every job's dump_dir is checked against the local dump root before anything is written. */
     private readonly gate: RootGate,
+    /** --artifact-mode: dump files, rank folders and dump_skipped.json. */
+    private readonly modes: ArtifactModes = DEFAULT_ARTIFACT_MODES,
   ) {}
 
   /** Bytes this rank would copy for `job`. */
@@ -87,7 +90,7 @@ export class DumpExecutor {
           wave: job.armWave,
           ts: Date.now() / 1000,
           ...(error ? { detail: { error } } : {}),
-        });
+        }, this.modes);
         refused.push(this.result(job, [], 0, error, reason));
       };
       try {
@@ -154,7 +157,7 @@ export class DumpExecutor {
       const rankDir = this.rankDir(s.job);
       let bundle: Bundle | undefined;
       try {
-        bundle = Bundle.begin(rankDir);
+        bundle = Bundle.begin(rankDir, this.modes);
         const files: FileEntry[] = [];
         const id = this.identity;
         // The rank coordinates every per-layer .pt dict and dump.json's identity both carry.
@@ -238,7 +241,7 @@ export class DumpExecutor {
             wave: s.job.armWave,
             ts: Date.now() / 1000,
             detail: { error: (e as Error).message },
-          });
+          }, this.modes);
         } catch {
           /* the dump root itself is unwritable: the ack carries the error */
         }

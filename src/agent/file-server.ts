@@ -1,14 +1,16 @@
 // Serves this rank's finished bundles to the coordinator for `wavebus aggregate`: file lists and
 // checksummed chunks (a chunk's bytes travel as the reply's own ZeroMQ frame, see payload.ts).
 // Only complete bundles are listed (temporary names start with '.'), and no request can read
-// outside the served roots.
+// outside the served roots: paths are opened a component at a time without following links, and
+// only regular files and directories are served (src/safe-fs.ts).
 import * as fs from 'fs';
 import * as path from 'path';
 import type { CoordinatorMsg } from '../bus/frames';
 import { withPayload } from '../bus/payload';
-import { crc32c, crc32cOfFile } from '../checksum';
+import { crc32c, crc32cOfFd } from '../checksum';
 import type { Logger } from '../log';
 import type { FileEntry } from '../messages';
+import { fdPath, openBeneath, openBeneathSync, openChildSync, splitRelative, type OpenedSync } from '../safe-fs';
 
 export const MAX_CHUNK_BYTES = 4 * 2 ** 20;
 /** Chunk buffers kept for reuse per agent, in all; beyond that a chunk gets a fresh buffer. */
@@ -22,57 +24,76 @@ const POOL_IDLE_MS = 5000;
 
 export type ServeRoots = { dumps?: string; snapshots?: string };
 
-/** Checksums recorded in a bundle's JSON (dump.json / meta.json), keyed by file name. */
-function recordedChecksums(dir: string): Map<string, string> {
+/** Bundle JSON read for its recorded checksums: larger ones are ignored (checksums get computed). */
+const MAX_BUNDLE_JSON_BYTES = 16 * 2 ** 20;
+
+/** Checksums recorded in a bundle's JSON (dump.json / meta.json) in the directory open as `dirFd`, keyed by file name. */
+function recordedChecksums(dirFd: number): Map<string, string> {
   const out = new Map<string, string>();
   for (const name of ['dump.json', 'meta.json']) {
-    const p = path.join(dir, name);
-    if (!fs.existsSync(p)) continue;
+    let f: OpenedSync;
     try {
-      const doc = JSON.parse(fs.readFileSync(p, 'utf8'));
-      for (const f of doc.files ?? []) {
-        const n = f.path ?? f.name;
-        if (typeof n === 'string' && typeof f.checksum === 'string') out.set(path.basename(n), f.checksum);
+      f = openChildSync(dirFd, name, 'file'); // a link or fifo planted under that name is not read
+    } catch {
+      continue;
+    }
+    try {
+      if (f.stat.size > MAX_BUNDLE_JSON_BYTES) continue;
+      const doc = JSON.parse(fs.readFileSync(f.fd, 'utf8'));
+      for (const e of doc.files ?? []) {
+        const n = e.path ?? e.name;
+        if (typeof n === 'string' && typeof e.checksum === 'string') out.set(path.posix.basename(n), e.checksum);
       }
     } catch {
       /* unreadable JSON: checksums get computed */
+    } finally {
+      fs.closeSync(f.fd);
     }
   }
   return out;
 }
 
-/** Lists complete files under `root/prefix` (relative paths, '/' separated). Skips temp names. */
+/**
+ * Lists complete files under `root/prefix` (relative paths, '/' separated). Skips temp names,
+ * links and anything that is not a regular file or directory; never descends into a link. Each
+ * entry is opened (without following links) and its size and checksum come from that descriptor.
+ */
 export function listBundleFiles(root: string, prefix: string): FileEntry[] {
-  const base = resolveInside(root, prefix);
   const out: FileEntry[] = [];
-  if (!fs.existsSync(base)) return out;
-  const walk = (dir: string): void => {
-    const sums = recordedChecksums(dir);
-    for (const ent of fs.readdirSync(dir, { withFileTypes: true }).sort((a, b) => a.name.localeCompare(b.name))) {
+  let base: OpenedSync;
+  try {
+    base = openBeneathSync(root, prefix.replace(/\/+$/, ''), 'any');
+  } catch (e) {
+    if ((e as NodeJS.ErrnoException).code === 'ENOENT') return out;
+    throw e;
+  }
+  const walk = (dirFd: number, rel: string): void => {
+    const sums = recordedChecksums(dirFd);
+    const ents = fs.readdirSync(fdPath(dirFd), { withFileTypes: true }).sort((a, b) => a.name.localeCompare(b.name));
+    for (const ent of ents) {
       if (ent.name.startsWith('.')) continue; // a bundle still being written, or a temp file
-      const p = path.join(dir, ent.name);
-      if (ent.isDirectory()) walk(p);
-      else if (ent.isFile()) {
-        const st = fs.statSync(p);
-        out.push({
-          path: path.relative(root, p).split(path.sep).join('/'),
-          bytes: st.size,
-          checksum: sums.get(ent.name) ?? crc32cOfFile(p).toString(),
-        });
+      if (!ent.isFile() && !ent.isDirectory()) continue; // links, fifos, sockets, devices: never listed
+      const childRel = rel ? `${rel}/${ent.name}` : ent.name;
+      let child: OpenedSync;
+      try {
+        child = openChildSync(dirFd, ent.name, 'any'); // refuses a link swapped in since readdir
+      } catch {
+        continue;
+      }
+      try {
+        if (child.stat.isDirectory()) walk(child.fd, childRel);
+        else out.push({ path: childRel, bytes: child.stat.size, checksum: sums.get(ent.name) ?? crc32cOfFd(child.fd).toString() });
+      } finally {
+        fs.closeSync(child.fd);
       }
     }
   };
-  if (fs.statSync(base).isDirectory()) walk(base);
+  try {
+    if (base.stat.isDirectory()) walk(base.fd, splitRelative(prefix.replace(/\/+$/, ''), 'prefix').join('/'));
+  } finally {
+    fs.closeSync(base.fd);
+  }
   return out;
-}
-
-/** Resolve `rel` under `root`, refusing anything that would leave it. */
-export function resolveInside(root: string, rel: string): string {
-  if (rel.includes('\0')) throw new Error(`path '${rel.replace(/\0/g, '\\0')}' contains NUL`);
-  const r = path.resolve(root);
-  const p = path.resolve(r, rel);
-  if (p !== r && !p.startsWith(r + path.sep)) throw new Error(`path '${rel}' is outside the served root`);
-  return p;
 }
 
 /** The pooled size for a chunk of `n` bytes: a power of two from 64 KiB to 4 MiB, or 0 (not pooled). */
@@ -197,14 +218,14 @@ export class FileServer {
       const { root, path: rel, offset, length, received } = req.fileChunk as { root: string; path: string; offset: number; length: number; received?: number[] };
       if (received?.length) this.buffers.acknowledged(received.map((id) => `${req.epoch}:${Number(id)}`));
       try {
-        const p = resolveInside(this.root(root), rel);
         const want = Math.min(Math.max(0, length), MAX_CHUNK_BYTES);
-        // Read on the libuv pool: the agent's event loop keeps serving its engine and the bus.
-        const fh = await fs.promises.open(p, 'r');
+        // Every component opened without following links (safe-fs.ts), on the libuv pool: the
+        // agent's event loop keeps serving its engine and the bus meanwhile.
+        const { fh, stat } = await openBeneath(this.root(root), rel, 'file');
         let data: Buffer;
         let size: number;
         try {
-          size = (await fh.stat()).size;
+          size = stat.size;
           const count = Math.max(0, Math.min(want, size - offset));
           const { buf, pooled } = this.buffers.take(count);
           let n = 0;

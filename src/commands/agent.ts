@@ -5,6 +5,7 @@ import * as fs from 'fs';
 import * as os from 'os';
 import * as path from 'path';
 import { Agent } from '../agent';
+import { artifactModeOption, parseArtifactMode, type ArtifactModes } from '../artifact-mode';
 import { DEFAULT_BUS_PORT, DEFAULT_HEARTBEAT_MS } from '../bus/coordinator';
 import { loadClientKeys, type CurveClientKeys } from '../bus/curve';
 import { loadBusToken, type BusToken } from '../bus/auth';
@@ -40,6 +41,8 @@ export interface AgentSetup {
   busToken?: BusToken;
   /** --dump-root / WAVEBUS_DUMP_ROOT: the only place this agent writes or serves KV dumps. */
   dumpRoot: string;
+  /** --artifact-mode: KV dumps and input snapshots. */
+  artifactModes: ArtifactModes;
   log: Logger;
 }
 
@@ -70,7 +73,8 @@ export function setupAgent(argv: Record<string, unknown>, env: NodeJS.ProcessEnv
   const busToken = loadBusToken(argv['bus-token-file'], env);
   const dumpRoot = localDumpRoot(argv['dump-root'], env, process.cwd());
   const log = createLogger(`wavebus-agent-rank${identity.globalRank}`);
-  return { identity, coordinator, heartbeatMs, runDir, ownRunDir: !given, endOfWaveTimeoutMs, stagingBytes, curve, busToken, dumpRoot, log };
+  const artifactModes = parseArtifactMode(argv['artifact-mode'], '--artifact-mode');
+  return { identity, coordinator, heartbeatMs, runDir, ownRunDir: !given, endOfWaveTimeoutMs, stagingBytes, curve, busToken, dumpRoot, artifactModes, log };
 }
 
 export const command: CommandModule = {
@@ -84,6 +88,7 @@ export const command: CommandModule = {
       .option('heartbeat-ms', { type: 'string', default: String(DEFAULT_HEARTBEAT_MS), describe: 'heartbeat period; a coordinator silent for 3 periods is lost' })
       .option('run-dir', { type: 'string', describe: 'directory for the engine-client socket and mailbox (default $WAVEBUS_RUN_DIR)' })
       .option('end-of-wave-timeout-ms', { type: 'string', default: '50', describe: 'longest an engine waits at end_of_wave for a wave vector that has not arrived' })
+      .option('artifact-mode', artifactModeOption)
       .option('staging-mb', { type: 'string', default: '1024', describe: 'host staging bound for KV dump copies' })
       .option('curve-server-key', { type: 'string', describe: 'CURVE: the coordinator\'s public key file (its NAME.pub); needs --curve-key' })
       .option('dump-root', { type: 'string', describe: 'the only directory this agent writes and serves KV dumps under; a dump_dir from the bus must be it or below it (default $WAVEBUS_DUMP_ROOT, else <cwd>/runtime/report/kv_cache)' })
@@ -103,6 +108,7 @@ export const command: CommandModule = {
       stagingBytes: a.stagingBytes,
       curve: a.curve,
       busToken: a.busToken,
+      artifactModes: a.artifactModes,
       snapshot,
       roots: { dumps: a.dumpRoot, snapshots: path.join(snapshot.cacheRoot, 'snapshots') },
       logger: log,

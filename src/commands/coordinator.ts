@@ -1,5 +1,6 @@
 // `wavebus coordinator`: run the wave-bus coordinator beside global rank 0 until SIGINT/SIGTERM.
 import type { CommandModule } from 'yargs';
+import { artifactModeOption, parseArtifactMode } from '../artifact-mode';
 import { Coordinator, DEFAULT_BUS_PORT, DEFAULT_HEARTBEAT_MS } from '../bus/coordinator';
 import { loadServerKeys } from '../bus/curve';
 import { loadBusToken } from '../bus/auth';
@@ -49,6 +50,7 @@ export const command: CommandModule = {
       .option('heartbeat-ms', { type: 'string', default: String(DEFAULT_HEARTBEAT_MS), describe: 'heartbeat period; a peer silent for 3 periods is lost' })
       .option('metrics-port', { type: 'string', describe: 'serve /healthz and /metrics on 127.0.0.1:PORT (0 = any free port)' })
       .option('dump-ack-timeout-ms', { type: 'string', default: '10000', describe: 'how long every last-PP rank has to ack a dump job' })
+      .option('artifact-mode', artifactModeOption)
       .option('insecure', { type: 'boolean', default: false, describe: 'allow binding a non-loopback --host without encryption' })
       .option('curve-secret-key', { type: 'string', describe: 'CURVE: this coordinator\'s key pair file (NAME.key from `wavebus keys`); needs --curve-allow' })
       .option('bus-token-file', { type: 'string', describe: 'the launcher\'s bus token file (0600): frames and replies carry its MAC; agent messages without it are dropped (default $WAVEBUS_BUS_TOKEN_FILE)' })
@@ -76,7 +78,8 @@ export const command: CommandModule = {
     const curve = loadServerKeys(argv['curve-secret-key'] as string | undefined, argv['curve-allow'] as string | undefined);
     const busToken = loadBusToken(argv['bus-token-file'], env);
     const expected = lastPpRanks(layout);
-    const guard = new Guard({ startup, rank: expected[0], expectedRanks: expected, log });
+    const artifactModes = parseArtifactMode(argv['artifact-mode'], '--artifact-mode');
+    const guard = new Guard({ startup, rank: expected[0], expectedRanks: expected, log, artifactModes });
     const coordinator = new Coordinator({
       host: String(argv.host),
       port,

@@ -1,6 +1,7 @@
 // `wavebus launch [options] -- <command...>`: run once per host, like torchrun (see docs/launch.md).
 import type { CommandModule } from 'yargs';
 import { ConfigError, WavebusError } from '../errors';
+import { artifactModeOption, parseArtifactMode } from '../artifact-mode';
 import { identityOptions } from '../identity';
 import { guardOptions, parseStartupOptions } from '../guard/startup';
 import { launch, parseLaunchOptions } from '../launcher';
@@ -34,6 +35,7 @@ export const command: CommandModule = {
         'grace-ms': { type: 'string', describe: 'after the command exits: time between SIGTERM and SIGKILL for agents and coordinator', defaultDescription: '5000' },
         'coordinator-arg': { type: 'string', array: true, describe: 'extra argument for `wavebus coordinator` (repeatable, verbatim)' },
         'agent-arg': { type: 'string', array: true, describe: 'extra argument for every `wavebus agent` (repeatable, verbatim)' },
+        'artifact-mode': artifactModeOption,
         'linger-ms': { type: 'string', describe: 'after the command exits, keep agents and coordinator serving files this long (for `wavebus aggregate`)', defaultDescription: '0' },
         ...guardOptions,
         ...snapshotOptions,
@@ -60,6 +62,12 @@ export const command: CommandModule = {
       if (guardFlags[key] !== undefined) opts.coordinatorArgs.push(`--${flag}=${guardFlags[key]}`);
     }
     if (guardFlags.runtimeConfigHotReload !== undefined) opts.coordinatorArgs.push(`--runtime-config-hot-reload=${guardFlags.runtimeConfigHotReload}`);
+    // One mode for every artifact of the job: the coordinator's reports and dump JSON, the agents' dumps and snapshots.
+    if (a['artifact-mode'] !== undefined) {
+      parseArtifactMode(a['artifact-mode'], '--artifact-mode');
+      opts.coordinatorArgs.push(`--artifact-mode=${a['artifact-mode']}`);
+      opts.agentArgs.push(`--artifact-mode=${a['artifact-mode']}`);
+    }
     // Snapshot flags become WAVEBUS_SNAPSHOT_* for the agents and the command; resolved once here.
     resolveSnapshotConfig(process.env, snapshotFlagsFromArgv(a), (m) => process.stderr.write(`wavebus launch: warning: ${m}\n`));
     Object.assign(process.env, snapshotEnvFromArgv(a));

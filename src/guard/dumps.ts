@@ -6,6 +6,7 @@ import * as path from 'path';
 import type { Logger } from '../log';
 import type { DumpJob, DumpResult, FileEntry } from '../messages';
 import { SkipReason, writeDumpSkipped } from '../freespace';
+import { DEFAULT_ARTIFACT_MODES, type ArtifactModes } from '../artifact-mode';
 import { joinUnder, safeComponent } from '../sanitize';
 import { writeJsonAtomic } from './reports';
 
@@ -63,6 +64,8 @@ export class DumpBook {
     private readonly expectedRanks: readonly number[],
     private readonly coordinatorRank: number,
     private readonly log?: Pick<Logger, 'info' | 'warn'>,
+    /** Modes of request_info.json, manifest.json, dump_skipped.json and the folders made for them. */
+    private readonly modes: ArtifactModes = DEFAULT_ARTIFACT_MODES,
   ) {}
 
   /** Arm one job: dedupe, write request_info.json, track. Returns null for a duplicate. */
@@ -102,7 +105,7 @@ export class DumpBook {
       expected_ranks: [...this.expectedRanks],
       ts: new Date().toISOString(),
       ...spec.info,
-    });
+    }, this.modes);
     this.jobs.set(job.jobId, { job, acks: new Map(), timedOut: false, finished: false, ok: false });
     if (this.jobs.size > MAX_TRACKED_JOBS) this.jobs.delete(this.jobs.keys().next().value as string);
     this.armed++;
@@ -113,7 +116,7 @@ export class DumpBook {
   refuse(dumpRoot: string, s: { incidentType: string; reqId: string; wave: number; reason: SkipReason; detail?: Record<string, unknown> }): string {
     this.skipped[s.reason] = (this.skipped[s.reason] ?? 0) + 1;
     const dir = s.reqId ? waveDir(dumpRoot, s.incidentType, s.reqId, s.wave) : joinUnder(dumpRoot, safeComponent(s.incidentType, 'incident_type'), `wave_${s.wave}`);
-    return writeDumpSkipped(dir, { reason: s.reason, req_id: s.reqId, incident_type: s.incidentType, stage: 'arm', rank: this.coordinatorRank, wave: s.wave, detail: s.detail });
+    return writeDumpSkipped(dir, { reason: s.reason, req_id: s.reqId, incident_type: s.incidentType, stage: 'arm', rank: this.coordinatorRank, wave: s.wave, detail: s.detail }, this.modes);
   }
 
   onResult(r: DumpResult): void {
@@ -188,7 +191,7 @@ export class DumpBook {
       files,
       bytes,
       ts: new Date().toISOString(),
-    });
+    }, this.modes);
     if (!ok) this.log?.warn({ job_id: t.job.jobId, missing, failed, skipped }, 'dump job incomplete');
   }
 

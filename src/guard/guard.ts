@@ -3,6 +3,7 @@
 // dump jobs for wave N (copied at its end by every last-PP TP rank) and hands out a new effective
 // config when the file changed (applied by every rank at the end of the same wave).
 import type { Counter } from 'prom-client';
+import { DEFAULT_ARTIFACT_MODES, sensitiveModes, type ArtifactModes } from '../artifact-mode';
 import type { CoordinatorPolicy, DueLanes } from '../bus/policy';
 import { createLogger, Logger } from '../log';
 import type { DumpJob, DumpResult, StepTelemetry } from '../messages';
@@ -35,6 +36,8 @@ export interface GuardOptions {
   verifyIntervalMs?: number;
   /** The manual_dump watermark already served (a restarted coordinator that knows it). */
   manualDumpDone?: number;
+  /** --artifact-mode: reports and dump JSON files (reports with token ids are 0600 regardless). */
+  artifactModes?: ArtifactModes;
 }
 
 interface ReqState {
@@ -114,7 +117,7 @@ export class Guard implements CoordinatorPolicy {
     this.detectors = new DetectorSet(this.cfg);
     this.keepTail = this.cfg.report.save_sensitive_info;
     this.manualDone = opts.manualDumpDone ?? 0;
-    this.dumps = new DumpBook(opts.expectedRanks, opts.rank, this.log);
+    this.dumps = new DumpBook(opts.expectedRanks, opts.rank, this.log, opts.artifactModes);
     this.metric = counter('wavebus_incidents_total', 'Runtime guard incidents, by type and action taken', ['incident_type', 'action'] as const);
     this.refreshLane();
   }
@@ -413,7 +416,9 @@ export class Guard implements CoordinatorPolicy {
       if (finishedAtDump) report.request_finished_at_dump = true;
       if (skippedReason) (report as unknown as Record<string, unknown>).dump_skipped_reason = skippedReason;
       try {
-        const file = writeReport(this.opts.startup.reportDir, report, new Date(), this.opts.pid);
+        // Token ids in it (save_sensitive_info): created owner-only, never readable by the group.
+        const modes = this.opts.artifactModes ?? DEFAULT_ARTIFACT_MODES;
+        const file = writeReport(this.opts.startup.reportDir, report, new Date(), this.opts.pid, cfg.report.save_sensitive_info ? sensitiveModes(modes) : modes);
         this.count(type, 'report');
         this.log.warn({ incident_type: type, req_id: st.reqId, wave: detectWave, file }, 'runtime guard incident');
       } catch (e) {

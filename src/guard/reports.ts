@@ -2,6 +2,7 @@
 // last-PP TP0), at <report_dir>/<incident_type>/report_<YYYYmmdd_HHMMSS_mmm>[_<req_id>]_pid<pid>.json.
 import * as fs from 'fs';
 import * as path from 'path';
+import { DEFAULT_ARTIFACT_MODES, type ArtifactModes } from '../artifact-mode';
 import { joinUnder, safeComponent } from '../sanitize';
 import { writeFileAtomic } from './startup';
 
@@ -27,17 +28,20 @@ export interface IncidentReport {
   request_finished_at_dump?: boolean;
 }
 
-export function writeJsonAtomic(file: string, value: unknown): void {
-  writeFileAtomic(file, JSON.stringify(value, null, 2) + '\n');
+export function writeJsonAtomic(file: string, value: unknown, modes: ArtifactModes = DEFAULT_ARTIFACT_MODES): void {
+  writeFileAtomic(file, JSON.stringify(value, null, 2) + '\n', modes);
 }
 
-/** Write `report` under `reportDir`; returns the file path. Never overwrites an earlier report. */
-export function writeReport(reportDir: string, report: IncidentReport, now: Date, pid: number = process.pid): string {
+/**
+ * Write `report` under `reportDir`; returns the file path. Never overwrites an earlier report.
+ * `modes`: the caller passes sensitiveModes(...) for a report holding token ids.
+ */
+export function writeReport(reportDir: string, report: IncidentReport, now: Date, pid: number = process.pid, modes: ArtifactModes = DEFAULT_ARTIFACT_MODES): string {
   // Request ids come from the engine over the wire: one safe, injective path component each.
   const dir = joinUnder(reportDir, safeComponent(report.incident_type, 'incident_type'));
   const stem = `report_${reportStamp(now)}${report.req_id ? `_${safeComponent(report.req_id, 'req_id')}` : ''}_pid${pid}`;
   let file = path.join(dir, `${stem}.json`);
   for (let k = 1; fs.existsSync(file); k++) file = path.join(dir, `${stem}_${k}.json`);
-  writeJsonAtomic(file, report);
+  writeJsonAtomic(file, report, modes);
   return file;
 }

@@ -4,6 +4,7 @@
 // nothing under the call directory's final name.
 import * as fs from 'fs';
 import * as path from 'path';
+import type { ArtifactModes } from '../artifact-mode';
 import { Bundle, removeStaleTemps } from '../bundle';
 import { DType, itemSize, parseDType } from '../dtype';
 import { CaptureError, WavebusError } from '../errors';
@@ -79,6 +80,8 @@ export interface CapturerOptions {
   log?: CapturerLog;
   /** Set when gating found capture cannot work here (checkSnapshotGating's reason): every selected forward is a stated no-op. */
   noopReason?: string;
+  /** --artifact-mode of the snapshot files and folders (default: DEFAULT_ARTIFACT_MODES). */
+  artifactModes?: ArtifactModes;
 }
 
 const stderrLog: CapturerLog = {
@@ -192,7 +195,7 @@ export class SnapshotCapturer {
     } catch {
       /* best effort */
     }
-    const bundle = Bundle.begin(callDir);
+    const bundle = Bundle.begin(callDir, this.opts.artifactModes);
     try {
       const files: MetaFile[] = [];
       for (const mi of metaInputs) {

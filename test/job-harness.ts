@@ -1,0 +1,110 @@
+// An in-process job for tests that need real dumps, reports and snapshots: a coordinator running
+// the guard, one Agent per rank, and a TypeScript client per rank with its KV pool in real shared
+// memory (the same set-up as test/engine.test.ts, with the knobs other feature tests need: layer
+// names and artifact modes).
+import * as path from 'path';
+import { Agent } from '../src/agent';
+import type { ArtifactModes } from '../src/artifact-mode';
+import { Coordinator } from '../src/bus/coordinator';
+import { WavebusClient } from '../src/client';
+import { Guard } from '../src/guard/guard';
+import { parseStartupOptions } from '../src/guard/startup';
+import { withStartupFacts } from '../src/guard-policy';
+import { resolveIdentity, type WorldLayout } from '../src/identity';
+import { ShmSegment } from '../src/memory';
+import type { RequestStep, StepTelemetry } from '../src/messages';
+import { fillKvPool, type KvGeometry } from '../src/sim/kv-pattern';
+import { resolveSnapshotConfig } from '../src/snapshot/config';
+import { freePortPair, tmpDir, waitFor } from './helpers';
+
+export const G: KvGeometry = { layers: 2, numBlocks: 32, blockSize: 4, kvHeads: 2, headDim: 8, dtype: 'bfloat16' };
+export const POOL = G.numBlocks * G.blockSize * G.kvHeads * G.headDim * 2;
+
+export interface HarnessRank {
+  agent: Agent;
+  client: WavebusClient;
+  seg: ShmSegment;
+  shmName: string;
+}
+
+export interface HarnessJob {
+  coordinator: Coordinator;
+  guard: Guard;
+  ranks: HarnessRank[];
+  root: string;
+  dumpRoot: string;
+  reportRoot: string;
+}
+
+export async function startHarnessJob(opts: {
+  tp: number;
+  runtimeConfig: Record<string, unknown>;
+  /** The engine's name for KV layer l (default `layers.${l}`). */
+  layerName?: (l: number) => string;
+  layers?: number;
+  artifactModes?: ArtifactModes;
+  snapshotEnv?: NodeJS.ProcessEnv;
+}): Promise<HarnessJob> {
+  const layers = opts.layers ?? G.layers;
+  const layerName = opts.layerName ?? ((l: number) => `layers.${l}`);
+  const root = tmpDir('wavebus-harness-');
+  const layout: WorldLayout = { worldSize: opts.tp, tp: opts.tp, pp: 1, dp: 1, cp: 1 };
+  const startup = parseStartupOptions(JSON.stringify({ runtime_config_hot_reload: false, runtime_config: opts.runtimeConfig }), {}, root);
+  const guard = new Guard({ startup, rank: 0, expectedRanks: Array.from({ length: opts.tp }, (_, i) => i), artifactModes: opts.artifactModes });
+  const port = await freePortPair();
+  const coordinator = new Coordinator({ port, layout, heartbeatMs: 300, dumpAckTimeoutMs: 10000, policy: withStartupFacts(guard, startup.hotReload) });
+  await coordinator.start();
+  const job: HarnessJob = { coordinator, guard, ranks: [], root, dumpRoot: startup.dumpDir, reportRoot: startup.reportDir };
+  const runDir = path.join(root, 'run');
+  for (let g = 0; g < opts.tp; g++) {
+    const env = { RANK: String(g), LOCAL_RANK: String(g), WORLD_SIZE: String(opts.tp), LOCAL_WORLD_SIZE: String(opts.tp), WAVEBUS_TP: String(opts.tp) };
+    const identity = resolveIdentity(env);
+    const snapshot = resolveSnapshotConfig({ WAVEBUS_CACHE_ROOT: root, ...(opts.snapshotEnv ?? {}) });
+    const agent = new Agent({ identity, runDir, coordinator: { host: '127.0.0.1', port }, heartbeatMs: 300, endOfWaveTimeoutMs: 5000, snapshot, artifactModes: opts.artifactModes });
+    await agent.start();
+    const shmName = `/wavebus-harness-${process.pid}-${port}-r${g}`;
+    const seg = ShmSegment.create(shmName, 2 * layers * POOL + 4096);
+    job.ranks.push({ agent, client: undefined as unknown as WavebusClient, seg, shmName });
+    const mem = seg.buffer();
+    for (let l = 0; l < layers; l++) {
+      fillKvPool(mem.subarray(2 * l * POOL, (2 * l + 1) * POOL), G, l, 'k', g);
+      fillKvPool(mem.subarray((2 * l + 1) * POOL, (2 * l + 2) * POOL), G, l, 'v', g);
+    }
+    mem.fill(7, 2 * layers * POOL);
+    const client = await WavebusClient.connect({ env: { WAVEBUS_RUN_DIR: runDir, LOCAL_RANK: String(g) } });
+    job.ranks[g].client = client;
+    for (let l = 0; l < layers; l++) {
+      for (const [i, kv] of (['k', 'v'] as const).entries()) {
+        await client.register({ name: `pool${l}.${kv}`, shmName, offset: (2 * l + i) * POOL, nbytes: POOL, dtype: G.dtype, shape: [G.numBlocks, G.blockSize, G.kvHeads, G.headDim], role: 'kv_pool', layer: layerName(l), kv });
+      }
+    }
+    await client.register({ name: 'input0', shmName, offset: 2 * layers * POOL, nbytes: 4096, dtype: 'int32', shape: [1024], role: 'input' });
+  }
+  await waitFor(() => coordinator.liveRanks().length === job.ranks.length, 'agents live');
+  return job;
+}
+
+export async function stopHarnessJob(job: HarnessJob): Promise<void> {
+  for (const r of job.ranks) {
+    await r.client?.close();
+    await r.agent.stop();
+    r.seg.close();
+    try {
+      ShmSegment.unlink(r.shmName);
+    } catch {
+      /* gone */
+    }
+  }
+  await job.coordinator.stop();
+  job.guard.close();
+}
+
+export function step(reqId: string, tokens: number[], blockIds: number[], extra: Partial<RequestStep> = {}): RequestStep {
+  return { reqId, newTokenIds: tokens, newTokenLogprobs: [], newTokenRanks: [], draftLen: 0, accepted: 0, blockIds, finished: false, freed: false, promptLen: 8, numOutputTokens: 0, ...extra };
+}
+
+/** One engine step on every rank: TP0 opens the wave with last wave's telemetry; all end it. */
+export async function runWave(job: HarnessJob, wave: number, prev: StepTelemetry | undefined) {
+  await job.ranks[0].client.waveHead(wave, prev);
+  return Promise.all(job.ranks.map((r) => r.client.endOfWave(wave)));
+}
