@@ -11,7 +11,7 @@ import * as path from 'path';
 import * as zmq from 'zeromq';
 import { Parser } from 'yargs/helpers';
 import { BusToken, createTokenFile } from './bus/auth';
-import { dumpRootOf, loadStartupConfig, parseStartupOptions } from './guard/startup';
+import { dumpRootOf, effectiveStartupConfig, parseStartupOptions } from './guard/startup';
 import { ConfigError, WavebusError } from './errors';
 import { clientSocketOptions, curveDirFiles, loadCurveDirClient, loadCurveDirServer, type CurveClientKeys } from './bus/curve';
 import { checkBindAllowed, HostPort, isLoopback, parseBusPort, parseHostPort, socketIpOptions, tcpEndpoint } from './bus/endpoints';
@@ -234,7 +234,8 @@ export function launchDumpRoot(coordinatorArgs: string[], cwd: string = process.
     { runtimeConfigPath: str('runtime-config-path'), runtimeReportDir: str('runtime-report-dir'), runtimeDumpDir: str('runtime-dump-dir') },
     cwd,
   );
-  return dumpRootOf(loadStartupConfig({ ...startup, hotReload: false }).config, startup);
+  // Computed, never written: the coordinator alone writes the live file at its startup.
+  return dumpRootOf(effectiveStartupConfig(startup), startup);
 }
 
 /** Arguments of `wavebus agent` for local rank `l` (after the script path). */

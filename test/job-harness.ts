@@ -60,7 +60,7 @@ export async function startHarnessJob(opts: {
     const env = { RANK: String(g), LOCAL_RANK: String(g), WORLD_SIZE: String(opts.tp), LOCAL_WORLD_SIZE: String(opts.tp), WAVEBUS_TP: String(opts.tp) };
     const identity = resolveIdentity(env);
     const snapshot = resolveSnapshotConfig({ WAVEBUS_CACHE_ROOT: root, ...(opts.snapshotEnv ?? {}) });
-    const agent = new Agent({ identity, runDir, coordinator: { host: '127.0.0.1', port }, heartbeatMs: 300, endOfWaveTimeoutMs: 5000, snapshot, artifactModes: opts.artifactModes });
+    const agent = new Agent({ identity, runDir, coordinator: { host: '127.0.0.1', port }, heartbeatMs: 300, endOfWaveTimeoutMs: 5000, snapshot, roots: { dumps: startup.dumpDir }, artifactModes: opts.artifactModes });
     await agent.start();
     const shmName = `/wavebus-harness-${process.pid}-${port}-r${g}`;
     const seg = ShmSegment.create(shmName, 2 * layers * POOL + 4096);

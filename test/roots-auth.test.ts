@@ -288,8 +288,13 @@ describe('the launcher', () => {
     expect(launchDumpRoot(['--runtime-dump-dir', '/srv/kv', '--dump-ack-timeout-ms', '500'], cwd)).toBe('/srv/kv');
     const cfg = path.join(cwd, 'cfg', 'runtime_config.json');
     fs.mkdirSync(path.dirname(cfg));
-    fs.writeFileSync(cfg, JSON.stringify({ dump: { dump_dir: '/srv/from-config' } }));
-    expect(launchDumpRoot([`--runtime-config-path=${cfg}`], cwd)).toBe('/srv/from-config');
+    // Startup ignores what the live file holds (seed: it is rewritten from defaults <- overlay), and
+    // working the root out writes nothing: the coordinator alone rewrites the file.
+    fs.writeFileSync(cfg, JSON.stringify({ dump: { dump_dir: '/srv/from-old-file' } }));
+    expect(launchDumpRoot([`--runtime-config-path=${cfg}`], cwd)).toBe(path.join(cwd, 'cfg', 'report', 'kv_cache'));
+    expect(JSON.parse(fs.readFileSync(cfg, 'utf8'))).toEqual({ dump: { dump_dir: '/srv/from-old-file' } });
+    const overlay = JSON.stringify({ runtime_config: { dump: { dump_dir: '/srv/from-overlay' } } });
+    expect(launchDumpRoot([`--runtime-config-path=${cfg}`, '--additional-config', overlay], cwd)).toBe('/srv/from-overlay');
   });
 
   test('a launch hands its coordinator and agents one 0600 token by path, and the job comes up with it', async () => {

@@ -169,6 +169,12 @@ type StartupLog = { error: (o: object, msg: string) => void; warn: (o: object, m
  * an invalid old file is logged (it is replaced all the same); a failed write is logged and the
  * job runs on the in-memory config. Never throws over configuration.
  */
+/** The config startup puts in force (seed): defaults ← overlay, plus an explicit runtime_dump_dir. Reads and writes nothing. */
+export function effectiveStartupConfig(opts: Pick<StartupOptions, 'overlay' | 'dumpDir' | 'dumpDirExplicit'>): RuntimeConfig {
+  const config = mergeConfig(defaultConfig(), opts.overlay);
+  return opts.dumpDirExplicit ? mergeConfig(config, { dump: { dump_dir: opts.dumpDir } }) : config;
+}
+
 export function loadStartupConfig(opts: StartupOptions, log?: StartupLog, lock?: LockOptions): StartupConfig {
   const issues: StartupIssue[] = [];
   let old: Buffer | null = null;
@@ -185,8 +191,7 @@ export function loadStartupConfig(opts: StartupOptions, log?: StartupLog, lock?:
     }
   }
   if (opts.overlayError !== null) issues.push({ source: 'overlay', error: opts.overlayError });
-  let config = mergeConfig(defaultConfig(), opts.overlay);
-  if (opts.dumpDirExplicit) config = mergeConfig(config, { dump: { dump_dir: opts.dumpDir } });
+  const config = effectiveStartupConfig(opts);
   const text = configJson(config) + '\n';
   let fileHash: string | null;
   try {
