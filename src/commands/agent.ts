@@ -78,12 +78,12 @@ export const command: CommandModule = {
       stagingBytes: a.stagingBytes,
       curve: a.curve,
       snapshot,
-      serveRoots: { snapshots: path.join(snapshot.cacheRoot, 'snapshots') },
+      serveRoots: { snapshots: snapshot.snapshotRoot },
       logger: log,
     });
     const signal = waitForSignal();
     await agent.start();
-    log.info({ rank: identity.globalRank, lastPp: identity.isLastPp, runDir: a.runDir, snapshots: snapshot.enabled }, 'agent started');
+    log.info({ rank: identity.globalRank, lastPp: identity.isLastPp, runDir: a.runDir, snapshots: snapshot.enabled, ...(snapshot.enabled ? { snapshotRoot: snapshot.snapshotRoot, snapshotRootFrom: snapshot.rootSource } : {}) }, 'agent started');
     log.info({ signal: await signal }, 'stopping');
     await agent.stop();
     if (a.ownRunDir) fs.rmSync(a.runDir, { recursive: true, force: true });

@@ -2,7 +2,6 @@
 // narrowing, budget, then the positional input tensors and meta.json as one atomic bundle.
 // Capture fails loudly: any failure throws CaptureError (the caller aborts the forward) and leaves
 // nothing under the call directory's final name.
-import * as fs from 'fs';
 import * as path from 'path';
 import { Bundle, removeStaleTemps } from '../bundle';
 import { DType, itemSize, parseDType } from '../dtype';
@@ -14,7 +13,7 @@ import { Tensor } from '../tensor';
 import { CaptureBudget, processCaptureBudget } from './budget';
 import type { SnapshotConfig } from './config';
 import { buildCallMeta, META_FILE, MetaFile, MetaInput, SnapshotRank, tensorFileName } from './meta';
-import { CaptureSelector, Selection } from './selector';
+import { CaptureSelector, checkForwardContext, Selection } from './selector';
 
 /** One positional input of the forward: its dtype, shape, and a way to get its bytes to host. */
 export interface CaptureInput {
@@ -86,9 +85,9 @@ const stderrLog: CapturerLog = {
   warn: (m) => process.stderr.write(`wavebus: warning: ${m}\n`),
 };
 
-/** `<cacheRoot>/snapshots/<hash>/rank<g>`: this rank's snapshot root for one compiled graph. */
-export function snapshotRankDir(cacheRoot: string, compilationHash: string, globalRank: number): string {
-  return path.join(cacheRoot, 'snapshots', safeComponent(compilationHash, 'compilation hash'), rankDirName(globalRank));
+/** `<snapshotRoot>/<hash>/rank<g>`: this rank's snapshot dir for one compiled graph. */
+export function snapshotRankDir(snapshotRoot: string, compilationHash: string, globalRank: number): string {
+  return path.join(snapshotRoot, safeComponent(compilationHash, 'compilation hash'), rankDirName(globalRank));
 }
 
 export function callDirName(callIndex: number): string {
@@ -125,10 +124,12 @@ export class SnapshotCapturer {
    * Decide on one forward and, when it is selected, write its inputs. Call it before the plain
    * execute, on synchronized inputs. Throws CaptureError on any failure; nothing is left behind.
    */
-  async capture(ctx: ForwardContext, inputs: readonly CaptureInput[]): Promise<CaptureResult> {
+  async capture(given: ForwardContext, inputs: readonly CaptureInput[]): Promise<CaptureResult> {
     if (!this.config.enabled) return { captured: false, reason: 'disabled' };
     let selection: Selection;
+    let ctx: ForwardContext;
     try {
+      ctx = checkForwardContext(given); // rowRequest filled in, so meta.json records every row's request
       selection = this.selector.evaluate(ctx);
     } catch (e) {
       this.counts.failed += 1;
@@ -158,33 +159,28 @@ export class SnapshotCapturer {
       this.counts.failed += 1;
       throw asCaptureError(e, 'checking the forward inputs');
     }
-    const callDir = path.join(snapshotRankDir(this.config.cacheRoot, ctx.compilationHash, this.rank.globalRank), callDirName(selection.callIndex));
-    // Never overwrite a captured bundle (e.g. a rerun with the same cache root): refuse before
-    // spending budget, so the user sees exactly which directory to move away. (With no budget
-    // left nothing would be written anyway: skip quietly below instead.)
-    if (this.budget.remaining > 0 && fs.existsSync(callDir)) {
-      this.counts.failed += 1;
-      throw new CaptureError(
-        `input snapshot ${callDir} already exists (a previous run captured this call); move it away or use another cache root`,
-        'ERR_SNAPSHOT_EXISTS',
-      );
-    }
+    const callDir = path.join(snapshotRankDir(this.config.snapshotRoot, ctx.compilationHash, this.rank.globalRank), callDirName(selection.callIndex));
     if (!this.budget.tryConsume()) {
       this.counts.skippedBudget += 1;
       return { captured: false, reason: 'budget_exhausted', selection };
     }
+    let replaced: boolean;
     try {
-      await this.write(callDir, ctx, selection, inputs, metaInputs);
+      replaced = await this.write(callDir, ctx, selection, inputs, metaInputs);
     } catch (e) {
       this.counts.failed += 1;
       throw asCaptureError(e, `capturing ${callDir}`);
     }
     this.counts.captured += 1;
-    this.log.info(`input snapshot written: ${callDir} (selected by ${selection.selectedBy.join(', ')})`);
+    this.log.info(
+      `input snapshot written: ${callDir} (selected by ${selection.selectedBy.join(', ')})` +
+        (replaced ? '; it replaced an earlier capture of the same call (a rerun)' : ''),
+    );
     return { captured: true, callDir, selection };
   }
 
-  private async write(callDir: string, ctx: ForwardContext, selection: Selection, inputs: readonly CaptureInput[], metaInputs: MetaInput[]): Promise<void> {
+  /** Write the call dir; true when it replaced an earlier capture of the same call. */
+  private async write(callDir: string, ctx: ForwardContext, selection: Selection, inputs: readonly CaptureInput[], metaInputs: MetaInput[]): Promise<boolean> {
     const format = this.config.format;
     try {
       // Temp dirs of killed earlier runs on this host would only confuse whoever lists the rank dir.
@@ -192,7 +188,9 @@ export class SnapshotCapturer {
     } catch {
       /* best effort */
     }
-    const bundle = Bundle.begin(callDir);
+    // A rerun (same root, same compilation hash) selects the same call<N> again: the newer capture
+    // replaces the old one whole, so a healthy job never aborts over it (docs/snapshots.md).
+    const bundle = Bundle.begin(callDir, { replace: true });
     try {
       const files: MetaFile[] = [];
       for (const mi of metaInputs) {
@@ -215,6 +213,7 @@ export class SnapshotCapturer {
       });
       // meta.json last, sorted keys, indent 2: the call dir appears only once it is whole.
       await bundle.commit({ name: META_FILE, value: meta, sortKeys: true, indent: 2 });
+      return bundle.replaced;
     } catch (e) {
       await bundle.abort();
       throw e;

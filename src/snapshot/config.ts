@@ -1,9 +1,10 @@
 // Input snapshot settings, resolved once per process from flags and environment.
 // A malformed selection or format fails here, at startup, rather than mid-request
 // (a typo must not silently disable a debugging run); a malformed rank list only warns.
+import * as os from 'os';
+import * as path from 'path';
 import type { Options } from 'yargs';
 import { ConfigError } from '../errors';
-import { defaultCacheRoot } from '../paths';
 
 export type SnapshotFormat = 'pt' | 'npy' | 'safetensors';
 export const SNAPSHOT_FORMATS: readonly SnapshotFormat[] = ['pt', 'npy', 'safetensors'];
@@ -24,7 +25,10 @@ export interface SnapshotConfig {
   /** tp ranks allowed to capture; null = every rank. */
   ranks: Set<number> | null;
   format: SnapshotFormat;
-  cacheRoot: string;
+  /** The directory holding `<compilation_hash>/rank<g>/call<N>` (see resolveSnapshotRoot). */
+  snapshotRoot: string;
+  /** Where snapshotRoot came from, for logs and docs: the flag or variable that decided it. */
+  rootSource: string;
 }
 
 /** Flag values of the same meaning as the variables; any that is set overrides the environment. */
@@ -126,7 +130,7 @@ function badPiece(raw: Raw, piece: string, why: string): ConfigError {
   return new ConfigError(`${raw.name}=${JSON.stringify(raw.value)}: bad entry ${JSON.stringify(piece)}: ${why}`, 'ERR_SNAPSHOT_SELECTION');
 }
 
-/** Split on ',', strip each piece; an empty piece ("1,,2", a trailing comma) is an error. */
+/** Split on ',', strip each piece; an empty piece ("1,,2", a trailing comma) is an error, as upstream's int('') is. */
 function pieces(raw: Raw): string[] {
   return raw.value.split(',').map((p, i, all) => {
     const s = p.trim();
@@ -145,12 +149,14 @@ function toInt(raw: Raw, piece: string): number {
   return n === 0 ? 0 : n; // normalise -0
 }
 
-/** Non-negative integers; `-1` means "all" only where allowAll is set, and only on its own. */
+/**
+ * Non-negative integers; `-1` means "all" only where allowAll is set. As upstream: `-1` may not be
+ * combined with an index (`-1,3` is an error) but may repeat (`-1,-1` is still every call).
+ */
 export function parseIndexList(raw: Raw, allowAll: boolean): Set<number> | 'all' {
-  const list = pieces(raw);
   const out = new Set<number>();
   let sawAll = false;
-  for (const p of list) {
+  for (const p of pieces(raw)) {
     const n = toInt(raw, p);
     if (n === -1 && allowAll) {
       sawAll = true;
@@ -161,31 +167,38 @@ export function parseIndexList(raw: Raw, allowAll: boolean): Set<number> | 'all'
     }
     out.add(n);
   }
-  if (sawAll) {
-    if (list.length > 1) throw badPiece(raw, '-1', '-1 (every call) cannot be combined with other indices');
-    return 'all';
+  if (sawAll && out.size > 0) {
+    throw badPiece(raw, String([...out][0]), '-1 (every call) cannot be combined with other indices');
+  }
+  return sawAll ? 'all' : out;
+}
+
+/** Request ids: pieces stripped, empty pieces dropped (as upstream); only commas means no rule at all. */
+export function parseRequestList(raw: Raw): string[] {
+  const out: string[] = [];
+  for (const p of raw.value.split(',')) {
+    const s = p.trim();
+    if (s !== '' && !out.includes(s)) out.push(s);
   }
   return out;
 }
 
-export function parseRequestList(raw: Raw): string[] {
-  const out: string[] = [];
-  for (const p of pieces(raw)) if (!out.includes(p)) out.push(p);
-  return out;
-}
-
+/** A positive integer. Blank is an error too (upstream: only an unset variable gets the default 4). */
 export function parseMaxCaptures(raw: Raw): number {
   const v = raw.value.trim();
   if (!/^[+-]?\d+$/.test(v) || !Number.isSafeInteger(Number(v)) || Number(v) <= 0) {
-    throw new ConfigError(`${raw.name}=${JSON.stringify(raw.value)} must be a positive integer`, 'ERR_SNAPSHOT_MAX_CAPTURES');
+    const why = v === '' ? 'is blank; unset it for the default ' + DEFAULT_MAX_CAPTURES + ' or give' : 'must be';
+    throw new ConfigError(`${raw.name}=${JSON.stringify(raw.value)} ${why} a positive integer`, 'ERR_SNAPSHOT_MAX_CAPTURES');
   }
   return Number(v);
 }
 
+/** pt | npy | safetensors (a wavebus extension), any case. Blank is an error (upstream: only unset means pt). */
 export function parseFormat(raw: Raw): SnapshotFormat {
   const v = raw.value.trim().toLowerCase();
   if ((SNAPSHOT_FORMATS as readonly string[]).includes(v)) return v as SnapshotFormat;
-  throw new ConfigError(`${raw.name}=${JSON.stringify(raw.value)} is not a snapshot format; use one of ${SNAPSHOT_FORMATS.join(', ')}`, 'ERR_SNAPSHOT_FORMAT');
+  const what = v === '' ? `is blank; unset it for the default ${DEFAULT_FORMAT} or use` : 'is not a snapshot format; use';
+  throw new ConfigError(`${raw.name}=${JSON.stringify(raw.value)} ${what} one of ${SNAPSHOT_FORMATS.join(', ')}`, 'ERR_SNAPSHOT_FORMAT');
 }
 
 /** A bad rank list degrades to "all ranks" with a warning instead of aborting the job. */
@@ -204,6 +217,47 @@ export function parseRanks(raw: Raw, log: SnapshotLog): Set<number> | null {
 
 const defaultLog: SnapshotLog = (m) => process.stderr.write(`wavebus: warning: ${m}\n`);
 
+/** `~` and `~/x` as Python's os.path.expanduser reads them (HOME first), then absolute. */
+function expandUser(p: string, env: NodeJS.ProcessEnv): string {
+  const home = env.HOME && env.HOME !== '' ? env.HOME : os.homedir();
+  const e = p === '~' ? home : p.startsWith('~/') ? path.join(home, p.slice(2)) : p;
+  return path.resolve(e);
+}
+
+/** A root variable that is set must name a directory: vLLM would read "" as the working directory. */
+function rootVar(env: NodeJS.ProcessEnv, name: string): string | undefined {
+  const v = env[name];
+  if (v === undefined) return undefined;
+  if (v.trim() === '') {
+    throw new ConfigError(`${name}=${JSON.stringify(v)} is blank; set it to a directory or unset it`, 'ERR_SNAPSHOT_ROOT');
+  }
+  return v;
+}
+
+/**
+ * Where call dirs go, in this order:
+ *  1. the --cache-root flag: `<flag>/snapshots`;
+ *  2. WAVEBUS_CACHE_ROOT, when set: `$WAVEBUS_CACHE_ROOT/snapshots` (an explicit wavebus root);
+ *  3. capture switched on by the seed's name (VLLM_NEURON_RUNTIME_INPUT_SNAPSHOT_ENABLE, not
+ *     WAVEBUS_SNAPSHOT_ENABLE nor a flag): the seed's root `$VLLM_CACHE_ROOT/neuron/snapshots`, with
+ *     vLLM's default for VLLM_CACHE_ROOT (`$XDG_CACHE_HOME/vllm`, else `~/.cache/vllm`, expanded);
+ *  4. `~/.cache/wavebus/snapshots`.
+ */
+export function resolveSnapshotRoot(env: NodeJS.ProcessEnv, flags: Partial<SnapshotFlags>, enabledBySeed: boolean): { root: string; source: string } {
+  if (flags.cacheRoot !== undefined && flags.cacheRoot !== '') return { root: path.join(path.resolve(flags.cacheRoot), 'snapshots'), source: '--cache-root' };
+  const ours = rootVar(env, 'WAVEBUS_CACHE_ROOT');
+  if (ours !== undefined) return { root: path.join(expandUser(ours, env), 'snapshots'), source: 'WAVEBUS_CACHE_ROOT' };
+  if (enabledBySeed) {
+    const vllm = rootVar(env, 'VLLM_CACHE_ROOT');
+    if (vllm !== undefined) return { root: path.join(expandUser(vllm, env), 'neuron', 'snapshots'), source: 'VLLM_CACHE_ROOT' };
+    // vLLM: os.getenv("XDG_CACHE_HOME", "~/.cache") + "/vllm", expanded.
+    const xdg = rootVar(env, 'XDG_CACHE_HOME');
+    const base = xdg !== undefined ? xdg : '~/.cache';
+    return { root: path.join(expandUser(path.join(base, 'vllm'), env), 'neuron', 'snapshots'), source: xdg !== undefined ? 'XDG_CACHE_HOME (vLLM default for VLLM_CACHE_ROOT)' : "vLLM's default VLLM_CACHE_ROOT (~/.cache/vllm)" };
+  }
+  return { root: path.join(expandUser('~/.cache/wavebus', env), 'snapshots'), source: 'default (~/.cache/wavebus)' };
+}
+
 /**
  * Resolve the snapshot configuration. Flags override variables; WAVEBUS_SNAPSHOT_* and the seed's
  * VLLM_NEURON_RUNTIME_INPUT_SNAPSHOT_* are aliases. When capture is disabled the selection
@@ -215,8 +269,9 @@ export function resolveSnapshotConfig(
   log: SnapshotLog = defaultLog,
 ): SnapshotConfig {
   const get = (s: Setting) => rawSetting(env, flags, s);
-  const cacheRoot = flags.cacheRoot !== undefined && flags.cacheRoot !== '' ? flags.cacheRoot : defaultCacheRoot(env);
-  const enabled = parseEnable(get('ENABLE'));
+  const enableRaw = get('ENABLE');
+  const enabled = parseEnable(enableRaw);
+  const { root: snapshotRoot, source: rootSource } = resolveSnapshotRoot(env, flags, enableRaw?.name === seedVar('ENABLE'));
   const off: SnapshotConfig = {
     enabled: false,
     callRule: { kind: 'first' },
@@ -225,26 +280,29 @@ export function resolveSnapshotConfig(
     maxCaptures: DEFAULT_MAX_CAPTURES,
     ranks: null,
     format: DEFAULT_FORMAT,
-    cacheRoot,
+    snapshotRoot,
+    rootSource,
   };
   if (!enabled) return off;
 
   const atCall = get('CAPTURE_AT_CALL');
   const token = get('CAPTURE_TOKEN');
   const request = get('CAPTURE_REQUEST');
+  // As upstream: a blank index list is no rule; only commas in CAPTURE_REQUEST is no rule either.
   const tokenTargets = given(token) ? (parseIndexList(token, false) as Set<number>) : new Set<number>();
-  const requestIds = given(request) ? parseRequestList(request) : [];
+  const requestIds = request !== undefined ? parseRequestList(request) : [];
 
   let callRule: CallRule;
   if (given(atCall)) {
     const parsed = parseIndexList(atCall, true);
     callRule = parsed === 'all' ? { kind: 'all' } : { kind: 'indices', indices: parsed };
-  } else if (given(token) || given(request)) {
+  } else if (tokenTargets.size > 0 || requestIds.length > 0) {
     callRule = { kind: 'never' };
   } else {
     callRule = { kind: 'first' };
   }
 
+  // Set but blank is an error for these two: only an unset variable takes the default.
   const max = get('MAX_CAPTURES');
   const ranks = get('RANKS');
   const format = get('FORMAT');
@@ -253,10 +311,11 @@ export function resolveSnapshotConfig(
     callRule,
     tokenTargets,
     requestIds,
-    maxCaptures: given(max) ? parseMaxCaptures(max) : DEFAULT_MAX_CAPTURES,
+    maxCaptures: max !== undefined ? parseMaxCaptures(max) : DEFAULT_MAX_CAPTURES,
     ranks: given(ranks) ? parseRanks(ranks, log) : null,
-    format: given(format) ? parseFormat(format) : DEFAULT_FORMAT,
-    cacheRoot,
+    format: format !== undefined ? parseFormat(format) : DEFAULT_FORMAT,
+    snapshotRoot,
+    rootSource,
   };
 }
 
