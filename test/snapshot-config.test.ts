@@ -1,4 +1,3 @@
-import * as path from 'path';
 import yargs from 'yargs';
 import { ConfigError } from '../src/errors';
 import {
