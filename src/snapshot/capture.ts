@@ -21,6 +21,8 @@ export interface CaptureInput {
   shape: readonly number[];
   /** The input's row-major bytes (one buffer or chunks in order), e.g. DeviceRegion.copyTo. */
   read: () => Promise<Buffer | Buffer[]>;
+  /** Set when this backend cannot read the input's memory (why): a selected capture is then a stated no-op. */
+  unreadable?: string;
 }
 
 /** What regionInput needs of a memory region (src/memory.ts DeviceRegion fits). */
@@ -143,13 +145,18 @@ export class SnapshotCapturer {
       this.counts.skippedRank += 1;
       return { captured: false, reason: 'rank_not_selected', selection };
     }
-    if (this.opts.noopReason) {
+    // The seed's no-op rule: a backend that cannot read the memory makes capture a stated no-op
+    // (one log line, no error, no budget spent), never a failed forward.
+    const unreadable = Array.isArray(inputs) ? inputs.find((i) => i && typeof i.unreadable === 'string') : undefined;
+    const noop = this.opts.noopReason ?? (unreadable ? 'backend_without_memory_access' : undefined);
+    if (noop) {
       this.counts.noop += 1;
       if (!this.noopAnnounced) {
         this.noopAnnounced = true;
-        this.log.warn(`input snapshot selected (call ${selection.callIndex} of ${ctx.compilationHash}) but capture is a no-op here: ${this.opts.noopReason}`);
+        const why = this.opts.noopReason ?? unreadable?.unreadable;
+        this.log.warn(`input snapshot selected (call ${selection.callIndex} of ${ctx.compilationHash}) but capture is a no-op here: ${why}`);
       }
-      return { captured: false, reason: this.opts.noopReason, selection };
+      return { captured: false, reason: noop, selection };
     }
 
     let metaInputs: MetaInput[];
