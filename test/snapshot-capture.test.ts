@@ -329,7 +329,7 @@ describe('fail loud, leave nothing', () => {
   test('bad input descriptions name the input; no budget spent', async () => {
     const { capturer, budget } = make({ WAVEBUS_SNAPSHOT_CAPTURE_AT_CALL: '-1' });
     const ins = inputs();
-    ins[1] = { dtype: 'complex64', shape: [3], read: async () => Buffer.alloc(0) };
+    ins[1] = { dtype: 'qint8', shape: [3], read: async () => Buffer.alloc(0) };
     await expect(capturer.capture(ctx(), ins)).rejects.toThrow(/inputs\[1\]\.dtype/);
     const ins2 = inputs();
     ins2[3] = { dtype: 'uint8', shape: [-1], read: async () => Buffer.alloc(0) };
@@ -372,6 +372,60 @@ describe('a rerun must not abort the engine', () => {
     await expect(make({}, { root }).capturer.capture(ctx({ globalStep: 99 }), ins)).rejects.toThrow(/device gone/);
     expect(fs.readFileSync(path.join(r1.callDir!, 'meta.json'), 'utf8')).toBe(before);
     expect(fs.readdirSync(path.dirname(r1.callDir!))).toEqual(['call0']);
+  });
+});
+
+describe('dtypes: .pt takes any dtype; only .npy refuses what numpy cannot represent', () => {
+  const c64 = (vals: number[]) => Buffer.from(new Float32Array(vals).buffer); // (re, im) pairs
+  const exotic = (): CaptureInput[] => [
+    { dtype: 'complex64', shape: [2], read: async () => c64([1, 2, -3, 0.5]) },
+    { dtype: 'complex128', shape: [1], read: async () => Buffer.from(new Float64Array([4, -1]).buffer) },
+    { dtype: 'uint16', shape: [3], read: async () => Buffer.from(new Uint16Array([1, 65535, 7]).buffer) },
+    { dtype: 'complex32', shape: [1], read: async () => Buffer.from([0, 0x3c, 0, 0xc0]) },
+    { dtype: 'float8_e4m3fnuz', shape: [2], read: async () => Buffer.from([1, 2]) },
+  ];
+  test('pt captures accept any torch dtype, and torch.load reads the ones this torch has', async () => {
+    const { capturer } = make({ WAVEBUS_SNAPSHOT_FORMAT: 'pt' });
+    const r = await capturer.capture(ctx(), exotic());
+    expect(r.captured).toBe(true);
+    const call = await loadCallDir(r.callDir!);
+    expect(call.tensors.map((t) => t.dtype)).toEqual(['complex64', 'complex128', 'uint16', 'complex32', 'float8_e4m3fnuz']);
+    const out = runPython(
+      `
+import sys, torch
+d = sys.argv[1]
+a = torch.load(f"{d}/tensor0.pt", weights_only=True); b = torch.load(f"{d}/tensor1.pt", weights_only=True)
+print(a.dtype, a.tolist(), b.dtype, b.tolist())
+`,
+      [r.callDir!],
+    );
+    expect(out.trim()).toBe('torch.complex64 [(1+2j), (-3+0.5j)] torch.complex128 [(4-1j)]');
+  });
+  test('npy refuses a dtype numpy cannot represent, asking to re-run with pt; nothing written, no budget spent', async () => {
+    const { capturer, root, budget } = make({ WAVEBUS_SNAPSHOT_FORMAT: 'npy' });
+    const err = await capturer.capture(ctx(), exotic()).catch((e) => e);
+    expect(err).toBeInstanceOf(CaptureError);
+    expect(err.message).toMatch(/inputs\[3\]: dtype complex32 has no \.npy representation; re-run with format pt/);
+    expect(budget.consumed).toBe(0);
+    expect(fs.existsSync(path.join(root, 'snapshots'))).toBe(false);
+  });
+  test('npy keeps what numpy can represent: complex and unsigned types load in numpy', async () => {
+    const { capturer } = make({ WAVEBUS_SNAPSHOT_FORMAT: 'npy' });
+    const r = await capturer.capture(ctx(), exotic().slice(0, 3));
+    const out = runPython(
+      `
+import sys, numpy as np
+d = sys.argv[1]
+print(*[(str(x.dtype), x.tolist()) for x in (np.load(f"{d}/tensor{i}.npy") for i in range(3))])
+`,
+      [r.callDir!],
+    );
+    expect(out.trim()).toBe("('complex64', [(1+2j), (-3+0.5j)]) ('complex128', [(4-1j)]) ('uint16', [1, 65535, 7])");
+  });
+  test('a forward that is not selected never fails over a tensor dtype', async () => {
+    const { capturer } = make({ WAVEBUS_SNAPSHOT_FORMAT: 'npy', WAVEBUS_SNAPSHOT_CAPTURE_AT_CALL: '5' });
+    const odd: CaptureInput[] = [{ dtype: 'qint8', shape: [2], read: async () => Buffer.alloc(2) }, ...exotic()];
+    for (let i = 0; i < 5; i++) expect(await capturer.capture(ctx(), odd)).toMatchObject({ captured: false, reason: 'not_selected' });
   });
 });
 

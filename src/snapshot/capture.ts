@@ -4,14 +4,14 @@
 // nothing under the call directory's final name.
 import * as path from 'path';
 import { Bundle, removeStaleTemps } from '../bundle';
-import { DType, itemSize, parseDType } from '../dtype';
+import { DType, formatRefusal, itemSize, parseDType } from '../dtype';
 import { CaptureError, WavebusError } from '../errors';
 import type { ForwardContext } from '../messages';
 import { rankDirName } from '../paths';
 import { safeComponent } from '../sanitize';
 import { Tensor } from '../tensor';
 import { CaptureBudget, processCaptureBudget } from './budget';
-import type { SnapshotConfig } from './config';
+import type { SnapshotConfig, SnapshotFormat } from './config';
 import { buildCallMeta, META_FILE, MetaFile, MetaInput, SnapshotRank, tensorFileName } from './meta';
 import { CaptureSelector, checkForwardContext, Selection } from './selector';
 
@@ -161,7 +161,7 @@ export class SnapshotCapturer {
 
     let metaInputs: MetaInput[];
     try {
-      metaInputs = describeInputs(inputs);
+      metaInputs = describeInputs(inputs, this.config.format);
     } catch (e) {
       this.counts.failed += 1;
       throw asCaptureError(e, 'checking the forward inputs');
@@ -229,11 +229,13 @@ export class SnapshotCapturer {
 }
 
 /** Check every input before touching the disk or the budget; errors name the input. */
-function describeInputs(inputs: readonly CaptureInput[]): MetaInput[] {
+function describeInputs(inputs: readonly CaptureInput[], format: SnapshotFormat): MetaInput[] {
   if (!Array.isArray(inputs)) throw new CaptureError('inputs must be a list', 'ERR_SNAPSHOT_INPUT');
   return inputs.map((inp, index) => {
     if (!inp || typeof inp.read !== 'function') throw new CaptureError(`inputs[${index}]: read() is missing`, 'ERR_SNAPSHOT_INPUT');
     const dtype = parseDType(inp.dtype, `inputs[${index}].dtype`);
+    const refused = formatRefusal(dtype, format);
+    if (refused) throw new CaptureError(`inputs[${index}]: ${refused}`, 'ERR_SNAPSHOT_DTYPE');
     if (!Array.isArray(inp.shape) || !inp.shape.every((d: unknown) => typeof d === 'number' && Number.isSafeInteger(d) && d >= 0)) {
       throw new CaptureError(`inputs[${index}].shape must be a list of non-negative integers, got ${JSON.stringify(inp.shape)}`, 'ERR_SNAPSHOT_INPUT');
     }
