@@ -124,8 +124,8 @@ export function torchStorageClass(dtype: DType): string | null {
  */
 export function formatRefusal(dtype: DType, format: 'pt' | 'npy' | 'safetensors'): string | null {
   const info = dtypeInfo(dtype);
-  if (format === 'npy' && info.npyDescr === null) return `dtype ${dtype} has no .npy representation; re-run with format pt (pt takes any dtype)`;
-  if (format === 'safetensors' && info.safetensors === null) return `dtype ${dtype} has no safetensors code; re-run with format pt (pt takes any dtype)`;
+  if (format === 'npy' && info.npyDescr === null) return `dtype "${dtype}" has no .npy representation; re-run with format "pt" (pt takes any dtype)`;
+  if (format === 'safetensors' && info.safetensors === null) return `dtype "${dtype}" has no safetensors code; re-run with format "pt" (pt takes any dtype)`;
   return null;
 }
 

@@ -405,7 +405,7 @@ print(a.dtype, a.tolist(), b.dtype, b.tolist())
     const { capturer, root, budget } = make({ WAVEBUS_SNAPSHOT_FORMAT: 'npy' });
     const err = await capturer.capture(ctx(), exotic()).catch((e) => e);
     expect(err).toBeInstanceOf(CaptureError);
-    expect(err.message).toMatch(/inputs\[3\]: dtype complex32 has no \.npy representation; re-run with format pt/);
+    expect(err.message).toMatch(/inputs\[3\]: dtype "complex32" has no \.npy representation; re-run with format "pt"/);
     expect(budget.consumed).toBe(0);
     expect(fs.existsSync(path.join(root, 'snapshots'))).toBe(false);
   });

@@ -1,10 +1,9 @@
 // Input snapshot settings, resolved once per process from flags and environment.
 // A malformed selection or format fails here, at startup, rather than mid-request
 // (a typo must not silently disable a debugging run); a malformed rank list only warns.
-import * as os from 'os';
-import * as path from 'path';
 import type { Options } from 'yargs';
 import { ConfigError } from '../errors';
+import { resolveSnapshotRoot } from './root';
 
 export type SnapshotFormat = 'pt' | 'npy' | 'safetensors';
 export const SNAPSHOT_FORMATS: readonly SnapshotFormat[] = ['pt', 'npy', 'safetensors'];
@@ -216,47 +215,6 @@ export function parseRanks(raw: Raw, log: SnapshotLog): Set<number> | null {
 }
 
 const defaultLog: SnapshotLog = (m) => process.stderr.write(`wavebus: warning: ${m}\n`);
-
-/** `~` and `~/x` as Python's os.path.expanduser reads them (HOME first), then absolute. */
-function expandUser(p: string, env: NodeJS.ProcessEnv): string {
-  const home = env.HOME && env.HOME !== '' ? env.HOME : os.homedir();
-  const e = p === '~' ? home : p.startsWith('~/') ? path.join(home, p.slice(2)) : p;
-  return path.resolve(e);
-}
-
-/** A root variable that is set must name a directory: vLLM would read "" as the working directory. */
-function rootVar(env: NodeJS.ProcessEnv, name: string): string | undefined {
-  const v = env[name];
-  if (v === undefined) return undefined;
-  if (v.trim() === '') {
-    throw new ConfigError(`${name}=${JSON.stringify(v)} is blank; set it to a directory or unset it`, 'ERR_SNAPSHOT_ROOT');
-  }
-  return v;
-}
-
-/**
- * Where call dirs go, in this order:
- *  1. the --cache-root flag: `<flag>/snapshots`;
- *  2. WAVEBUS_CACHE_ROOT, when set: `$WAVEBUS_CACHE_ROOT/snapshots` (an explicit wavebus root);
- *  3. capture switched on by the seed's name (VLLM_NEURON_RUNTIME_INPUT_SNAPSHOT_ENABLE, not
- *     WAVEBUS_SNAPSHOT_ENABLE nor a flag): the seed's root `$VLLM_CACHE_ROOT/neuron/snapshots`, with
- *     vLLM's default for VLLM_CACHE_ROOT (`$XDG_CACHE_HOME/vllm`, else `~/.cache/vllm`, expanded);
- *  4. `~/.cache/wavebus/snapshots`.
- */
-export function resolveSnapshotRoot(env: NodeJS.ProcessEnv, flags: Partial<SnapshotFlags>, enabledBySeed: boolean): { root: string; source: string } {
-  if (flags.cacheRoot !== undefined && flags.cacheRoot !== '') return { root: path.join(path.resolve(flags.cacheRoot), 'snapshots'), source: '--cache-root' };
-  const ours = rootVar(env, 'WAVEBUS_CACHE_ROOT');
-  if (ours !== undefined) return { root: path.join(expandUser(ours, env), 'snapshots'), source: 'WAVEBUS_CACHE_ROOT' };
-  if (enabledBySeed) {
-    const vllm = rootVar(env, 'VLLM_CACHE_ROOT');
-    if (vllm !== undefined) return { root: path.join(expandUser(vllm, env), 'neuron', 'snapshots'), source: 'VLLM_CACHE_ROOT' };
-    // vLLM: os.getenv("XDG_CACHE_HOME", "~/.cache") + "/vllm", expanded.
-    const xdg = rootVar(env, 'XDG_CACHE_HOME');
-    const base = xdg !== undefined ? xdg : '~/.cache';
-    return { root: path.join(expandUser(path.join(base, 'vllm'), env), 'neuron', 'snapshots'), source: xdg !== undefined ? 'XDG_CACHE_HOME (vLLM default for VLLM_CACHE_ROOT)' : "vLLM's default VLLM_CACHE_ROOT (~/.cache/vllm)" };
-  }
-  return { root: path.join(expandUser('~/.cache/wavebus', env), 'snapshots'), source: 'default (~/.cache/wavebus)' };
-}
 
 /**
  * Resolve the snapshot configuration. Flags override variables; WAVEBUS_SNAPSHOT_* and the seed's
