@@ -496,6 +496,8 @@ export class Agent {
   private async beforeForward(bf: { context: any; inputs: { region: string; offset: number; dtype: string; shape: number[] }[] }): Promise<Record<string, unknown>> {
     if (!this.capturer) return { captured: false };
     const inputs = bf.inputs.map((inp, i) => {
+      const unreadable = this.regions.unreadable(inp.region);
+      if (unreadable) return { dtype: inp.dtype, shape: inp.shape.map(Number), unreadable, read: async (): Promise<Buffer> => Buffer.alloc(0) };
       const r = this.regions.get(inp.region);
       if (!r) throw new ConfigError(`inputs[${i}].region '${inp.region}' is not registered`);
       return {

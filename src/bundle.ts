@@ -45,7 +45,23 @@ function hostTag(): string {
   return safeComponent(os.hostname(), 'hostname').replace(/[^A-Za-z0-9_.-]/g, '_').slice(0, 64);
 }
 
-const TEMP_RE = /^\.(.+)\.tmp-(\d+)-([0-9a-f]{8})@(.*)$/;
+/** Temp dirs (`.tmp-`) and replaced bundles on their way out (`.old-`), both removable once their pid is gone. */
+const TEMP_RE = /^\.(.+)\.(?:tmp|old)-(\d+)-([0-9a-f]{8})@(.*)$/;
+
+export interface BeginOptions {
+  /**
+   * Replace an existing finalDir at commit (default false: refuse it). The old bundle is renamed
+   * aside, the new one renamed in, then the old one removed: readers see the old or the new
+   * bundle whole, never a mix, and the newer bundle is never lost.
+   */
+  replace?: boolean;
+  /** --artifact-mode (default DEFAULT_ARTIFACT_MODES). */
+  modes?: ArtifactModes;
+}
+
+function sideName(parent: string, name: string, kind: 'tmp' | 'old'): string {
+  return path.join(parent, `.${name}.${kind}-${process.pid}-${crypto.randomBytes(4).toString('hex')}@${hostTag()}`);
+}
 
 function sortedKeys(v: unknown): unknown {
   if (Array.isArray(v)) return v.map(sortedKeys);
@@ -83,34 +99,37 @@ export class Bundle {
   private syncing: Promise<void>[] = [];
   private state: 'open' | 'committed' | 'aborted' = 'open';
   private failure: CaptureError | null = null;
+  /** Set by commit when the bundle replaced an existing finalDir (BeginOptions.replace). */
+  replaced = false;
 
-  private constructor(finalDir: string, tempDir: string, private readonly modes: ArtifactModes) {
+  private constructor(finalDir: string, tempDir: string, private readonly modes: ArtifactModes, private readonly replace: boolean) {
     this.finalDir = finalDir;
     this.tempDir = tempDir;
   }
 
   /**
-   * Start a bundle that will appear as `finalDir` on commit. Refuses an existing finalDir.
-   * `modes` (--artifact-mode): files are created with modes.file, the temp dir (renamed to the
-   * final name) and any missing parents with modes.dir.
+   * Start a bundle that will appear as `finalDir` on commit. Refuses an existing finalDir unless
+   * `opts.replace`. `opts.modes` (--artifact-mode): files are created with modes.file, the temp dir
+   * (renamed to the final name) and any missing parents with modes.dir.
    */
-  static begin(finalDir: string, modes: ArtifactModes = DEFAULT_ARTIFACT_MODES): Bundle {
+  static begin(finalDir: string, opts: BeginOptions = {}): Bundle {
+    const modes = opts.modes ?? DEFAULT_ARTIFACT_MODES;
     const final = path.resolve(finalDir);
     const parent = path.dirname(final);
     const name = path.basename(final);
-    if (fs.existsSync(final)) throw new CaptureError(`bundle ${final} already exists; refusing to overwrite it`, 'ERR_BUNDLE_EXISTS');
+    if (!opts.replace && fs.existsSync(final)) throw new CaptureError(`bundle ${final} already exists; refusing to overwrite it`, 'ERR_BUNDLE_EXISTS');
     try {
       fs.mkdirSync(parent, { recursive: true, mode: modes.dir });
     } catch (e) {
       throw fsFailure('mkdir', parent, e);
     }
-    const temp = path.join(parent, `.${name}.tmp-${process.pid}-${crypto.randomBytes(4).toString('hex')}@${hostTag()}`);
+    const temp = sideName(parent, name, 'tmp');
     try {
       fs.mkdirSync(temp, { mode: modes.dir });
     } catch (e) {
       throw fsFailure('mkdir', temp, e);
     }
-    return new Bundle(final, temp, modes);
+    return new Bundle(final, temp, modes, opts.replace === true);
   }
 
   /** Files written so far. */
@@ -239,13 +258,17 @@ export class Bundle {
       step = 'fsync folders';
       await Promise.all([...toSync, ...dirs].map((p) => fsyncFile(p)));
       step = 'rename';
-      // rename(2) would silently replace an empty directory: check first (a concurrent creator of
-      // the same final name is a caller bug; the check turns the common case into a clear error).
-      if (fs.existsSync(this.finalDir)) throw new CaptureError(`bundle ${this.finalDir} appeared while writing; refusing to replace it`, 'ERR_BUNDLE_EXISTS');
-      try {
-        fs.renameSync(this.tempDir, this.finalDir);
-      } catch (e) {
-        throw fsFailure('rename', `${this.tempDir} -> ${this.finalDir}`, e);
+      if (this.replace) {
+        this.replaced = this.renameReplacing();
+      } else {
+        // rename(2) would silently replace an empty directory: check first (a concurrent creator of
+        // the same final name is a caller bug; the check turns the common case into a clear error).
+        if (fs.existsSync(this.finalDir)) throw new CaptureError(`bundle ${this.finalDir} appeared while writing; refusing to replace it`, 'ERR_BUNDLE_EXISTS');
+        try {
+          fs.renameSync(this.tempDir, this.finalDir);
+        } catch (e) {
+          throw fsFailure('rename', `${this.tempDir} -> ${this.finalDir}`, e);
+        }
       }
       this.state = 'committed';
       await fsyncFile(path.dirname(this.finalDir));
@@ -255,6 +278,43 @@ export class Bundle {
       if (this.state === 'aborted') throw this.failure ?? e;
       throw await this.fail(e, `commit (${step})`, this.tempDir);
     }
+  }
+
+  /**
+   * Move an existing finalDir aside (`.<name>.old-...`), rename the temp dir in, remove the old one.
+   * If the rename in fails, the old bundle is put back. Returns whether one was replaced.
+   */
+  private renameReplacing(): boolean {
+    const parent = path.dirname(this.finalDir);
+    let old: string | null = null;
+    if (fs.existsSync(this.finalDir)) {
+      old = sideName(parent, path.basename(this.finalDir), 'old');
+      try {
+        fs.renameSync(this.finalDir, old);
+      } catch (e) {
+        throw fsFailure('rename', `${this.finalDir} -> ${old}`, e);
+      }
+    }
+    try {
+      fs.renameSync(this.tempDir, this.finalDir);
+    } catch (e) {
+      if (old !== null) {
+        try {
+          fs.renameSync(old, this.finalDir);
+        } catch {
+          /* removeStaleTemps will find it; the error below names what failed */
+        }
+      }
+      throw fsFailure('rename', `${this.tempDir} -> ${this.finalDir}`, e);
+    }
+    if (old !== null) {
+      try {
+        fs.rmSync(old, { recursive: true, force: true });
+      } catch {
+        /* best effort: removeStaleTemps() removes it once this process is gone */
+      }
+    }
+    return old !== null;
   }
 
   private full(rel: string): string {

@@ -3,6 +3,7 @@
 // numpy.isclose semantics: |a - b| <= atol + rtol * |b|; positions where both are NaN are equal,
 // one NaN is a difference; infinities are equal only to the same infinity. Integer and bool
 // dtypes are compared exactly (tolerances do not apply).
+import { ConfigError } from './errors';
 import { DType, itemSize } from './dtype';
 import { loadAssembled, loadCapture, type LoadedTensor } from './assemble';
 
@@ -91,6 +92,18 @@ export function decodeElements(dtype: DType, data: Buffer): Float64Array {
     case 'bool':
       for (let i = 0; i < n; i++) out[i] = data[i];
       break;
+    case 'uint16':
+      for (let i = 0; i < n; i++) out[i] = data.readUInt16LE(i * 2);
+      break;
+    case 'uint32':
+      for (let i = 0; i < n; i++) out[i] = data.readUInt32LE(i * 4);
+      break;
+    case 'uint64':
+      for (let i = 0; i < n; i++) out[i] = Number(data.readBigUInt64LE(i * 8));
+      break;
+    default:
+      // complex and fp8 fnuz tensors are captured (.pt takes any dtype) but have no scalar decoding here.
+      throw new ConfigError(`compare: no numeric decoding for dtype ${dtype}; such tensors can only be compared byte for byte`);
   }
   return out;
 }

@@ -202,7 +202,7 @@ function summarize(out: string, runtimeRoot: string, opts: DemoOptions, expect: 
   for (const r of rankBundles) bytesByRank[r.ranks[0]] = (bytesByRank[r.ranks[0]] ?? 0) + r.bytes;
 
   // Snapshots.
-  const snapRoot = path.join(expect.snapshot.cacheRoot, 'snapshots');
+  const snapRoot = expect.snapshot.snapshotRoot;
   const snaps = fs.existsSync(snapRoot) ? inspectTree(snapRoot, { verify: true }) : { bundles: [], problems: [`${snapRoot} missing`], incomplete: [] as string[] };
   problems.push(...snaps.problems);
   const snapByRank: Record<number, number> = {};

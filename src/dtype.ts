@@ -13,18 +13,30 @@ export type DType =
   | 'uint8'
   | 'bool'
   | 'float8_e4m3fn'
-  | 'float8_e5m2';
+  | 'float8_e5m2'
+  | 'float8_e4m3fnuz'
+  | 'float8_e5m2fnuz'
+  | 'uint16'
+  | 'uint32'
+  | 'uint64'
+  | 'complex32'
+  | 'complex64'
+  | 'complex128';
 
 export interface DTypeInfo {
   readonly name: DType;
   readonly itemSize: number;
-  /** numpy descr; bf16 and fp8 have no numpy type, so they travel as raw void items (`|V2`, `|V1`). */
-  readonly npyDescr: string;
+  /**
+   * numpy descr; bf16 and fp8 have no numpy type, so they travel as raw void items (`|V2`, `|V1`),
+   * as the seed says. null: no numpy representation at all (.npy refuses it; .pt takes any dtype).
+   */
+  readonly npyDescr: string | null;
   /** Typed storage class for `_rebuild_tensor_v2`; null for dtypes that need `_rebuild_tensor_v3` (UntypedStorage). */
   readonly torchStorage: string | null;
   /** Attribute name of the dtype in the `torch` module (`torch.<name>`). */
   readonly torchName: string;
-  readonly safetensors: string;
+  /** null: safetensors has no code for it. */
+  readonly safetensors: string | null;
 }
 
 const TABLE: Record<DType, DTypeInfo> = {
@@ -40,6 +52,16 @@ const TABLE: Record<DType, DTypeInfo> = {
   bool: { name: 'bool', itemSize: 1, npyDescr: '|b1', torchStorage: 'BoolStorage', torchName: 'bool', safetensors: 'BOOL' },
   float8_e4m3fn: { name: 'float8_e4m3fn', itemSize: 1, npyDescr: '|V1', torchStorage: null, torchName: 'float8_e4m3fn', safetensors: 'F8_E4M3' },
   float8_e5m2: { name: 'float8_e5m2', itemSize: 1, npyDescr: '|V1', torchStorage: null, torchName: 'float8_e5m2', safetensors: 'F8_E5M2' },
+  // The rest of torch's plain element types, so that .pt takes any dtype (the seed). Those without
+  // a legacy typed storage go through _rebuild_tensor_v3 and load in a torch that has the dtype.
+  float8_e4m3fnuz: { name: 'float8_e4m3fnuz', itemSize: 1, npyDescr: '|V1', torchStorage: null, torchName: 'float8_e4m3fnuz', safetensors: null },
+  float8_e5m2fnuz: { name: 'float8_e5m2fnuz', itemSize: 1, npyDescr: '|V1', torchStorage: null, torchName: 'float8_e5m2fnuz', safetensors: null },
+  uint16: { name: 'uint16', itemSize: 2, npyDescr: '<u2', torchStorage: null, torchName: 'uint16', safetensors: 'U16' },
+  uint32: { name: 'uint32', itemSize: 4, npyDescr: '<u4', torchStorage: null, torchName: 'uint32', safetensors: 'U32' },
+  uint64: { name: 'uint64', itemSize: 8, npyDescr: '<u8', torchStorage: null, torchName: 'uint64', safetensors: 'U64' },
+  complex32: { name: 'complex32', itemSize: 4, npyDescr: null, torchStorage: null, torchName: 'complex32', safetensors: null },
+  complex64: { name: 'complex64', itemSize: 8, npyDescr: '<c8', torchStorage: 'ComplexFloatStorage', torchName: 'complex64', safetensors: null },
+  complex128: { name: 'complex128', itemSize: 16, npyDescr: '<c16', torchStorage: 'ComplexDoubleStorage', torchName: 'complex128', safetensors: null },
 };
 
 export const DTYPES: readonly DType[] = Object.keys(TABLE) as DType[];
@@ -52,6 +74,9 @@ const TORCH_ALIASES: Record<string, DType> = {
   long: 'int64',
   int: 'int32',
   short: 'int16',
+  chalf: 'complex32',
+  cfloat: 'complex64',
+  cdouble: 'complex128',
 };
 
 export function isDType(name: unknown): name is DType {
@@ -84,7 +109,8 @@ export function itemSize(dtype: DType): number {
   return dtypeInfo(dtype).itemSize;
 }
 
-export function npyDescr(dtype: DType): string {
+/** null: numpy cannot represent it (see formatRefusal). */
+export function npyDescr(dtype: DType): string | null {
   return dtypeInfo(dtype).npyDescr;
 }
 
@@ -92,11 +118,18 @@ export function torchStorageClass(dtype: DType): string | null {
   return dtypeInfo(dtype).torchStorage;
 }
 
-export function safetensorsCode(dtype: DType): string {
-  return dtypeInfo(dtype).safetensors;
+/**
+ * Why `dtype` cannot be written as `format`, or null when it can. .pt takes any dtype; .npy refuses
+ * one numpy cannot represent (the seed: re-run with pt rather than silently mix formats).
+ */
+export function formatRefusal(dtype: DType, format: 'pt' | 'npy' | 'safetensors'): string | null {
+  const info = dtypeInfo(dtype);
+  if (format === 'npy' && info.npyDescr === null) return `dtype "${dtype}" has no .npy representation; re-run with format "pt" (pt takes any dtype)`;
+  if (format === 'safetensors' && info.safetensors === null) return `dtype "${dtype}" has no safetensors code; re-run with format "pt" (pt takes any dtype)`;
+  return null;
 }
 
-/** Reverse of safetensorsCode; null for codes wavebus does not write (U16, U32, U64). */
+/** Reverse of safetensorsCode; null for codes wavebus does not know. */
 export function dtypeFromSafetensors(code: string): DType | null {
   for (const d of DTYPES) if (TABLE[d].safetensors === code) return d;
   return null;

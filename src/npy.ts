@@ -1,7 +1,7 @@
 // .npy writer (format 1.0; 2.0 for headers over 65535 bytes; 3.0 when the header is not latin-1).
 // The data starts on a 64-byte boundary, as numpy itself writes it.
 import { CaptureError } from './errors';
-import { DType, dtypeInfo, isDType } from './dtype';
+import { DType, dtypeInfo, formatRefusal, isDType } from './dtype';
 import { Tensor } from './tensor';
 import { FileSink, WriteResult, withSink } from './sink';
 
@@ -13,7 +13,9 @@ export function npyDescrFor(dtype: DType | string): string {
   if (!isDType(dtype)) {
     throw new CaptureError(`dtype ${JSON.stringify(dtype)} has no .npy representation; write it as format "pt" instead`, 'ERR_NPY_DTYPE');
   }
-  return dtypeInfo(dtype).npyDescr;
+  const refused = formatRefusal(dtype, 'npy');
+  if (refused) throw new CaptureError(refused, 'ERR_NPY_DTYPE');
+  return dtypeInfo(dtype).npyDescr as string;
 }
 
 function pyShape(shape: readonly number[]): string {

@@ -11,11 +11,6 @@ export function rankDirName(globalRank: number): string {
   return `rank${globalRank}`;
 }
 
-/** Default cache root for snapshots: WAVEBUS_CACHE_ROOT, else ~/.cache/wavebus. */
-export function defaultCacheRoot(env: NodeJS.ProcessEnv = process.env): string {
-  return env.WAVEBUS_CACHE_ROOT && env.WAVEBUS_CACHE_ROOT !== '' ? env.WAVEBUS_CACHE_ROOT : path.join(os.homedir(), '.cache', 'wavebus');
-}
-
 /**
  * The engine client of local rank `l` talks to its agent here. Keyed on the local rank because
  * the run dir is per host and every launcher (torchrun, Slurm) gives each process LOCAL_RANK.

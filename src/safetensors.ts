@@ -1,7 +1,7 @@
 // .safetensors writer: u64 LE header length, JSON header (space-padded to a multiple of 8),
 // then the tensors' bytes back to back, in the order given.
 import { CaptureError } from './errors';
-import { dtypeInfo } from './dtype';
+import { dtypeInfo, formatRefusal } from './dtype';
 import { Tensor } from './tensor';
 import { FileSink, WriteResult, withSink } from './sink';
 
@@ -38,6 +38,8 @@ export function safetensorsLayout(value: SafetensorsInput, metadata: Record<stri
   if (Object.keys(meta).length > 0) json.__metadata__ = meta;
   let off = 0;
   for (const [k, t] of tensors) {
+    const refused = formatRefusal(t.dtype, 'safetensors');
+    if (refused) throw new CaptureError(`tensor ${JSON.stringify(k)}: ${refused}`, 'ERR_SAFETENSORS_DTYPE');
     json[k] = { dtype: dtypeInfo(t.dtype).safetensors, shape: [...t.shape], data_offsets: [off, off + t.nbytes] };
     off += t.nbytes;
   }

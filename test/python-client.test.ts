@@ -782,7 +782,7 @@ test.each(['npy', 'pt', 'safetensors'] as const)('load_call_dir loads a %s call 
   const { SnapshotCapturer } = require('../src/snapshot/capture') as typeof import('../src/snapshot/capture');
   const { resolveSnapshotConfig } = require('../src/snapshot/config') as typeof import('../src/snapshot/config');
   const cacheRoot = tmpDir();
-  const config = { ...resolveSnapshotConfig({ WAVEBUS_SNAPSHOT_ENABLE: '1', WAVEBUS_SNAPSHOT_FORMAT: format, WAVEBUS_SNAPSHOT_CAPTURE_AT_CALL: '-1' }), cacheRoot };
+  const config = { ...resolveSnapshotConfig({ WAVEBUS_SNAPSHOT_ENABLE: '1', WAVEBUS_SNAPSHOT_FORMAT: format, WAVEBUS_SNAPSHOT_CAPTURE_AT_CALL: '-1' }), snapshotRoot: path.join(cacheRoot, 'snapshots') };
   const quiet = { info: () => undefined, warn: () => undefined };
   const capturer = new SnapshotCapturer(config, { globalRank: 3, tpRank: 1, ppRank: 0, dpRank: 0, cpRank: 0 }, { budget: new CaptureBudget(4, () => undefined), log: quiet });
   const f32 = Buffer.alloc(24);
@@ -848,7 +848,7 @@ test('a real agent and the Python client: hello, register shm regions, a capture
   const runDir = tmpDir();
   const cacheRoot = tmpDir();
   const identity = resolveIdentity({ RANK: '0', WORLD_SIZE: '1', LOCAL_RANK: '0', LOCAL_WORLD_SIZE: '1' });
-  const snapshot = { ...resolveSnapshotConfig({ WAVEBUS_SNAPSHOT_ENABLE: '1', WAVEBUS_SNAPSHOT_FORMAT: 'npy' }), cacheRoot };
+  const snapshot = { ...resolveSnapshotConfig({ WAVEBUS_SNAPSHOT_ENABLE: '1', WAVEBUS_SNAPSHOT_FORMAT: 'npy' }), snapshotRoot: path.join(cacheRoot, 'snapshots') };
   const agent = new Agent({ identity, runDir, snapshot, logger: require('pino')({ level: 'silent' }) });
   await agent.start();
   try {

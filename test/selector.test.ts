@@ -1,7 +1,7 @@
 import { ProtocolError } from '../src/errors';
 import type { ForwardContext } from '../src/messages';
 import { resolveSnapshotConfig } from '../src/snapshot/config';
-import { CaptureSelector, requestMatches } from '../src/snapshot/selector';
+import { CaptureSelector, checkForwardContext, requestMatches } from '../src/snapshot/selector';
 import { CaptureBudget } from '../src/snapshot/budget';
 
 function selector(env: Record<string, string>): CaptureSelector {
@@ -104,9 +104,10 @@ describe('token rule', () => {
         rowRequest: [-1, 1, 1, 2, 0],
       }),
     );
+    // batch_index is the request's index in req_ids, as upstream records it; one match per request.
     expect(r.matches).toEqual([
-      { batch_index: 2, request_id: 'b-2', position: 6, reason: 'token' },
-      { batch_index: 3, request_id: 'c-3', position: 6, reason: 'token' },
+      { batch_index: 1, request_id: 'b-2', position: 6, reason: 'token' },
+      { batch_index: 2, request_id: 'c-3', position: 6, reason: 'token' },
     ]);
     expect(s.evaluate(ctx({ positions: [5, -1], rowRequest: [-1, 0] })).selected).toBe(false);
   });
@@ -121,7 +122,7 @@ describe('request rule', () => {
     expect(requestMatches('abc-9a8546d5', 'abc-9a8546d5')).toBe(true);
     expect(requestMatches('abc-9a8546d5', 'abc-9a')).toBe(false);
   });
-  test('fires on prefill and decode, one match per request at its first real row', () => {
+  test('request matches during prefill record the request\'s index in req_ids and position -1 outside decode', () => {
     const s = selector({ WAVEBUS_SNAPSHOT_CAPTURE_REQUEST: 'abc' });
     const r = s.evaluate(
       ctx({
@@ -133,17 +134,43 @@ describe('request rule', () => {
     );
     expect(r.selectedBy).toEqual(['request']);
     expect(r.matches).toEqual([
-      { batch_index: 3, request_id: 'abc-9a8546d5', position: 0, reason: 'request' },
-      { batch_index: 6, request_id: 'abc', position: 0, reason: 'request' },
-    ]);
-    expect(s.evaluate(ctx({ reqIds: ['abcd-1'] })).selected).toBe(false);
-    expect(s.evaluate(ctx({ reqIds: ['abc-77'], positions: [40] })).matches).toEqual([
-      { batch_index: 0, request_id: 'abc-77', position: 40, reason: 'request' },
+      { batch_index: 1, request_id: 'abc-9a8546d5', position: -1, reason: 'request' },
+      { batch_index: 3, request_id: 'abc', position: -1, reason: 'request' },
     ]);
   });
-  test('a request listed but only on padding rows does not match', () => {
+  test('on decode a request match records its row position', () => {
     const s = selector({ WAVEBUS_SNAPSHOT_CAPTURE_REQUEST: 'abc' });
-    expect(s.evaluate(ctx({ reqIds: ['abc-1'], positions: [-1], rowRequest: [0] })).selected).toBe(false);
+    expect(s.evaluate(ctx({ reqIds: ['abcd-1'] })).selected).toBe(false);
+    expect(s.evaluate(ctx({ reqIds: ['x-1', 'abc-77'], positions: [12, 40], rowRequest: [0, 1] })).matches).toEqual([
+      { batch_index: 1, request_id: 'abc-77', position: 40, reason: 'request' },
+    ]);
+    // Rows in another order than req_ids: batch_index stays the index in req_ids.
+    expect(s.evaluate(ctx({ reqIds: ['abc-5', 'x-1'], positions: [12, 40], rowRequest: [1, 0] })).matches).toEqual([
+      { batch_index: 0, request_id: 'abc-5', position: 40, reason: 'request' },
+    ]);
+  });
+  test('a request in req_ids matches as upstream does, even with only padding rows (position -1)', () => {
+    const s = selector({ WAVEBUS_SNAPSHOT_CAPTURE_REQUEST: 'abc' });
+    expect(s.evaluate(ctx({ reqIds: ['abc-1'], positions: [-1], rowRequest: [0] })).matches).toEqual([
+      { batch_index: 0, request_id: 'abc-1', position: -1, reason: 'request' },
+    ]);
+  });
+});
+
+describe('an empty row_request is upstream\'s layout: row r is request r, rows past req_ids are padding', () => {
+  test('the token rule reads it so', () => {
+    const s = selector({ WAVEBUS_SNAPSHOT_CAPTURE_TOKEN: '6' });
+    const r = s.evaluate(ctx({ reqIds: ['a-1', 'b-2'], positions: [3, 5, 5], rowRequest: [] }));
+    expect(r.matches).toEqual([{ batch_index: 1, request_id: 'b-2', position: 6, reason: 'token' }]);
+  });
+  test('the request rule reads it so', () => {
+    const s = selector({ WAVEBUS_SNAPSHOT_CAPTURE_REQUEST: 'b' });
+    expect(s.evaluate(ctx({ reqIds: ['a-1', 'b-2'], positions: [3, 5, 9], rowRequest: [] })).matches).toEqual([
+      { batch_index: 1, request_id: 'b-2', position: 5, reason: 'request' },
+    ]);
+  });
+  test('checkForwardContext fills it in (meta.json records it)', () => {
+    expect(checkForwardContext(ctx({ reqIds: ['a', 'b'], positions: [0, 1, 2], rowRequest: [] })).rowRequest).toEqual([0, 1, -1]);
   });
 });
 
@@ -153,9 +180,9 @@ describe('rules are ORed; selected_by is sorted', () => {
     const r = s.evaluate(ctx({ reqIds: ['zzz-1', 'q-2'], positions: [8, 8], rowRequest: [1, 0] }));
     expect(r.selectedBy).toEqual(['call_index', 'request', 'token']);
     expect(r.matches).toEqual([
-      { batch_index: 0, request_id: 'q-2', position: 9, reason: 'token' },
-      { batch_index: 1, request_id: 'zzz-1', position: 8, reason: 'request' },
-      { batch_index: 1, request_id: 'zzz-1', position: 9, reason: 'token' },
+      { batch_index: 0, request_id: 'zzz-1', position: 8, reason: 'request' },
+      { batch_index: 0, request_id: 'zzz-1', position: 9, reason: 'token' },
+      { batch_index: 1, request_id: 'q-2', position: 9, reason: 'token' },
     ]);
     // Call 1: only the token rule.
     expect(s.evaluate(ctx({ positions: [8] })).selectedBy).toEqual(['token']);
@@ -166,6 +193,9 @@ describe('malformed forward contexts are refused without counting', () => {
   const s = selector({});
   test.each<[Partial<ForwardContext>, RegExp]>([
     [{ positions: [1, 2], rowRequest: [0] }, /positions has 2 rows but rowRequest has 1/],
+    [{ positions: [-2] }, /positions\[0\] = -2/],
+    [{ globalStep: -1 }, /globalStep = -1/],
+    [{ globalStep: 2 ** 60 }, /globalStep/],
     [{ rowRequest: [3] }, /rowRequest\[0\] = 3/],
     [{ rowRequest: [-2] }, /rowRequest\[0\] = -2/],
     [{ positions: [1.5] }, /positions\[0\] = 1.5/],

@@ -8,6 +8,12 @@ import { CaptureInput, regionInput, SnapshotCapturer, snapshotRankDir } from '..
 import { loadCallDir } from '../src/snapshot/loader';
 import { DeviceRegion, ShmSegment } from '../src/memory';
 import { resolveSnapshotConfig, SnapshotFormat } from '../src/snapshot/config';
+import { Agent } from '../src/agent';
+import { WavebusClient } from '../src/client';
+import { resolveIdentity } from '../src/identity';
+import { cudaAvailable } from '../src/memory';
+import pino from 'pino';
+import { Writable } from 'stream';
 import { cleanup, runPython, tmpDir } from './helpers';
 
 afterAll(cleanup);
@@ -247,9 +253,43 @@ describe('ranks and budget', () => {
   });
 });
 
+describe("the seed's no-op rule: a backend that cannot read a rank's memory", () => {
+  // The real situation on a machine without CUDA: the agent cannot load a CUDA runtime, so it
+  // cannot read an engine's CUDA input buffer. Capture is then a stated no-op: one log line, no error.
+  const noCuda = cudaAvailable().available ? 'this machine has CUDA' : null;
+  (noCuda ? test.skip : test)('CUDA input regions without a loadable CUDA runtime: selected forwards are not captured, one log line, no error', async () => {
+    const root = tmpDir('wb-snap-');
+    const runDir = path.join(root, 'run');
+    const lines: string[] = [];
+    const sink = new Writable({ write: (c, _e, cb) => (lines.push(String(c)), cb()) });
+    const identity = resolveIdentity({ RANK: '0', LOCAL_RANK: '0', WORLD_SIZE: '1', LOCAL_WORLD_SIZE: '1' });
+    const snapshot = resolveSnapshotConfig({ WAVEBUS_SNAPSHOT_ENABLE: '1', WAVEBUS_SNAPSHOT_CAPTURE_AT_CALL: '-1', WAVEBUS_CACHE_ROOT: root });
+    const agent = new Agent({ identity, runDir, snapshot, logger: pino({ level: 'info' }, sink) });
+    await agent.start();
+    const client = await WavebusClient.connect({ env: { WAVEBUS_RUN_DIR: runDir, LOCAL_RANK: '0' } });
+    try {
+      // Registering the CUDA buffer succeeds (the engine must not fail over a debug feature) ...
+      await client.register({ name: 'ids', kind: 'cuda', cudaIpcHandle: Buffer.alloc(64, 1), offset: 0, nbytes: 64, dtype: 'int32', shape: [16], role: 'input' });
+      for (let step = 0; step < 3; step++) {
+        const res = await client.beforeForward({ compilationHash: 'g', globalStep: step, isPrompt: false, reqIds: ['a'], positions: [4], rowRequest: [0] }, [
+          { region: 'ids', dtype: 'int32', shape: [4] },
+        ]);
+        expect(res.captured).toBe(false); // ... and so does every selected forward, capturing nothing
+      }
+      const said = lines.filter((l) => /capture is a no-op here/.test(l));
+      expect(said).toHaveLength(1);
+      expect(said[0]).toMatch(/CUDA region 'ids' cannot be read: no CUDA runtime can be loaded here/);
+      expect(fs.existsSync(path.join(root, 'snapshots'))).toBe(false);
+    } finally {
+      await client.close();
+      await agent.stop();
+    }
+  });
+});
+
 describe('fail loud, leave nothing', () => {
   function noCallDirs(root: string): void {
-    const rankDir = snapshotRankDir(root, 'graphA', 5);
+    const rankDir = snapshotRankDir(path.join(root, 'snapshots'), 'graphA', 5);
     const left = listTree(path.join(root, 'snapshots'));
     expect(left.filter((f) => /\/call\d+\//.test(f))).toEqual([]);
     if (fs.existsSync(rankDir)) expect(fs.readdirSync(rankDir).filter((n) => /^call\d+$/.test(n))).toEqual([]);
@@ -272,7 +312,7 @@ describe('fail loud, leave nothing', () => {
     expect(err).toBeInstanceOf(CaptureError);
     expect(err.message).toMatch(/region gone/);
     noCallDirs(root);
-    const rankDir = snapshotRankDir(root, 'graphA', 5);
+    const rankDir = snapshotRankDir(path.join(root, 'snapshots'), 'graphA', 5);
     if (fs.existsSync(rankDir)) expect(fs.readdirSync(rankDir)).toEqual([]);
   });
 
@@ -289,7 +329,7 @@ describe('fail loud, leave nothing', () => {
   test('bad input descriptions name the input; no budget spent', async () => {
     const { capturer, budget } = make({ WAVEBUS_SNAPSHOT_CAPTURE_AT_CALL: '-1' });
     const ins = inputs();
-    ins[1] = { dtype: 'complex64', shape: [3], read: async () => Buffer.alloc(0) };
+    ins[1] = { dtype: 'qint8', shape: [3], read: async () => Buffer.alloc(0) };
     await expect(capturer.capture(ctx(), ins)).rejects.toThrow(/inputs\[1\]\.dtype/);
     const ins2 = inputs();
     ins2[3] = { dtype: 'uint8', shape: [-1], read: async () => Buffer.alloc(0) };
@@ -302,19 +342,90 @@ describe('fail loud, leave nothing', () => {
     await expect(capturer.capture(ctx({ rowRequest: [0] }), inputs())).rejects.toThrow(CaptureError);
   });
 
-  test('an existing call dir is never overwritten', async () => {
+});
+
+describe('a rerun must not abort the engine', () => {
+  test('a selected call<N> that already exists is replaced whole by the newer capture; the forward goes on', async () => {
     const root = tmpDir('wb-snap-');
     const first = make({}, { root });
-    const r = await first.capturer.capture(ctx(), inputs());
-    const before = fs.readFileSync(path.join(r.callDir!, 'meta.json'), 'utf8');
-    // A rerun into the same cache root selects call 0 again.
-    const rerun = make({}, { root });
-    const err = await rerun.capturer.capture(ctx({ globalStep: 99 }), inputs()).catch((e) => e);
+    const r1 = await first.capturer.capture(ctx(), inputs());
+    expect(JSON.parse(fs.readFileSync(path.join(r1.callDir!, 'meta.json'), 'utf8')).global_step).toBe(12);
+    // A repeated job: same root, same compilation hash, a fresh process budget: call 0 again.
+    const rerun = make({ WAVEBUS_SNAPSHOT_FORMAT: 'npy' }, { root });
+    const r2 = await rerun.capturer.capture(ctx({ globalStep: 99 }), inputs());
+    expect(r2).toMatchObject({ captured: true, callDir: r1.callDir });
+    // The newer capture, whole: its meta.json, its format's files only, and it loads.
+    const call = await loadCallDir(r2.callDir!);
+    expect(call.meta.global_step).toBe(99);
+    expect(fs.readdirSync(r2.callDir!).sort()).toEqual(['meta.json', 'tensor0.npy', 'tensor1.npy', 'tensor2.npy', 'tensor3.npy']);
+    expect(rerun.budget.consumed).toBe(1);
+    expect(rerun.logs.some((l) => /replaced an earlier capture/.test(l))).toBe(true);
+    // Nothing of the old bundle is left beside it.
+    expect(fs.readdirSync(path.dirname(r2.callDir!))).toEqual(['call0']);
+  });
+  test('a failed rerun capture leaves the earlier bundle in place (fail loud, lose nothing complete)', async () => {
+    const root = tmpDir('wb-snap-');
+    const r1 = await make({}, { root }).capturer.capture(ctx(), inputs());
+    const before = fs.readFileSync(path.join(r1.callDir!, 'meta.json'), 'utf8');
+    const ins = inputs();
+    ins[2] = { ...ins[2], read: async () => Promise.reject(new Error('device gone')) };
+    await expect(make({}, { root }).capturer.capture(ctx({ globalStep: 99 }), ins)).rejects.toThrow(/device gone/);
+    expect(fs.readFileSync(path.join(r1.callDir!, 'meta.json'), 'utf8')).toBe(before);
+    expect(fs.readdirSync(path.dirname(r1.callDir!))).toEqual(['call0']);
+  });
+});
+
+describe('dtypes: .pt takes any dtype; only .npy refuses what numpy cannot represent', () => {
+  const c64 = (vals: number[]) => Buffer.from(new Float32Array(vals).buffer); // (re, im) pairs
+  const exotic = (): CaptureInput[] => [
+    { dtype: 'complex64', shape: [2], read: async () => c64([1, 2, -3, 0.5]) },
+    { dtype: 'complex128', shape: [1], read: async () => Buffer.from(new Float64Array([4, -1]).buffer) },
+    { dtype: 'uint16', shape: [3], read: async () => Buffer.from(new Uint16Array([1, 65535, 7]).buffer) },
+    { dtype: 'complex32', shape: [1], read: async () => Buffer.from([0, 0x3c, 0, 0xc0]) },
+    { dtype: 'float8_e4m3fnuz', shape: [2], read: async () => Buffer.from([1, 2]) },
+  ];
+  test('pt captures accept any torch dtype, and torch.load reads the ones this torch has', async () => {
+    const { capturer } = make({ WAVEBUS_SNAPSHOT_FORMAT: 'pt' });
+    const r = await capturer.capture(ctx(), exotic());
+    expect(r.captured).toBe(true);
+    const call = await loadCallDir(r.callDir!);
+    expect(call.tensors.map((t) => t.dtype)).toEqual(['complex64', 'complex128', 'uint16', 'complex32', 'float8_e4m3fnuz']);
+    const out = runPython(
+      `
+import sys, torch
+d = sys.argv[1]
+a = torch.load(f"{d}/tensor0.pt", weights_only=True); b = torch.load(f"{d}/tensor1.pt", weights_only=True)
+print(a.dtype, a.tolist(), b.dtype, b.tolist())
+`,
+      [r.callDir!],
+    );
+    expect(out.trim()).toBe('torch.complex64 [(1+2j), (-3+0.5j)] torch.complex128 [(4-1j)]');
+  });
+  test('npy refuses a dtype numpy cannot represent, asking to re-run with pt; nothing written, no budget spent', async () => {
+    const { capturer, root, budget } = make({ WAVEBUS_SNAPSHOT_FORMAT: 'npy' });
+    const err = await capturer.capture(ctx(), exotic()).catch((e) => e);
     expect(err).toBeInstanceOf(CaptureError);
-    expect(err.code).toBe('ERR_SNAPSHOT_EXISTS');
-    expect(err.message).toContain(r.callDir!);
-    expect(fs.readFileSync(path.join(r.callDir!, 'meta.json'), 'utf8')).toBe(before);
-    expect(rerun.budget.consumed).toBe(0);
+    expect(err.message).toMatch(/inputs\[3\]: dtype "complex32" has no \.npy representation; re-run with format "pt"/);
+    expect(budget.consumed).toBe(0);
+    expect(fs.existsSync(path.join(root, 'snapshots'))).toBe(false);
+  });
+  test('npy keeps what numpy can represent: complex and unsigned types load in numpy', async () => {
+    const { capturer } = make({ WAVEBUS_SNAPSHOT_FORMAT: 'npy' });
+    const r = await capturer.capture(ctx(), exotic().slice(0, 3));
+    const out = runPython(
+      `
+import sys, numpy as np
+d = sys.argv[1]
+print(*[(str(x.dtype), x.tolist()) for x in (np.load(f"{d}/tensor{i}.npy") for i in range(3))])
+`,
+      [r.callDir!],
+    );
+    expect(out.trim()).toBe("('complex64', [(1+2j), (-3+0.5j)]) ('complex128', [(4-1j)]) ('uint16', [1, 65535, 7])");
+  });
+  test('a forward that is not selected never fails over a tensor dtype', async () => {
+    const { capturer } = make({ WAVEBUS_SNAPSHOT_FORMAT: 'npy', WAVEBUS_SNAPSHOT_CAPTURE_AT_CALL: '5' });
+    const odd: CaptureInput[] = [{ dtype: 'qint8', shape: [2], read: async () => Buffer.alloc(2) }, ...exotic()];
+    for (let i = 0; i < 5; i++) expect(await capturer.capture(ctx(), odd)).toMatchObject({ captured: false, reason: 'not_selected' });
   });
 });
 

@@ -1,4 +1,3 @@
-import * as path from 'path';
 import yargs from 'yargs';
 import { ConfigError } from '../src/errors';
 import {
@@ -33,7 +32,7 @@ describe('enable switch', () => {
     expect(c.enabled).toBe(false);
     expect(c.format).toBe('pt');
     expect(c.maxCaptures).toBe(4);
-    expect(c.cacheRoot).toBe('/tmp/wb-cache');
+    expect(c.snapshotRoot).toBe('/tmp/wb-cache/snapshots');
   });
   test.each(['1', 'true', 'TRUE', 'Yes', 'on', ' on '])('%j is on', (v) => {
     expect(resolve({ [`${W}ENABLE`]: v }).enabled).toBe(true);
@@ -50,9 +49,44 @@ describe('enable switch', () => {
     const c = resolve({ [`${W}CAPTURE_TOKEN`]: 'abc', [`${W}FORMAT`]: 'tiff' });
     expect(c.enabled).toBe(false);
   });
-  test('default cache root is ~/.cache/wavebus without WAVEBUS_CACHE_ROOT', () => {
+  test('default root is ~/.cache/wavebus/snapshots without WAVEBUS_CACHE_ROOT', () => {
     const c = resolveSnapshotConfig({ HOME: '/home/someone', [`${W}ENABLE`]: '1' }, {}, () => undefined);
-    expect(c.cacheRoot).toContain(path.join('.cache', 'wavebus'));
+    expect(c.snapshotRoot).toBe('/home/someone/.cache/wavebus/snapshots');
+  });
+});
+
+describe("where the seed's variables are used, the seed's root is used too", () => {
+  const seedOn = { HOME: '/home/someone', [`${V}ENABLE`]: '1' };
+  const root = (env: Record<string, string>, flags = {}) => resolveSnapshotConfig(env, flags, () => undefined);
+  test('$VLLM_CACHE_ROOT/neuron/snapshots when the seed names configure the capture', () => {
+    const c = root({ ...seedOn, VLLM_CACHE_ROOT: '/data/vllm' });
+    expect(c.snapshotRoot).toBe('/data/vllm/neuron/snapshots');
+    expect(c.rootSource).toBe('VLLM_CACHE_ROOT');
+  });
+  test("VLLM_CACHE_ROOT unset: vLLM's default, ~/.cache/vllm (XDG_CACHE_HOME/vllm when that is set)", () => {
+    expect(root(seedOn).snapshotRoot).toBe('/home/someone/.cache/vllm/neuron/snapshots');
+    expect(root({ ...seedOn, XDG_CACHE_HOME: '/xdg' }).snapshotRoot).toBe('/xdg/vllm/neuron/snapshots');
+  });
+  test('~ is expanded as vLLM expands it (os.path.expanduser)', () => {
+    expect(root({ ...seedOn, VLLM_CACHE_ROOT: '~/vc' }).snapshotRoot).toBe('/home/someone/vc/neuron/snapshots');
+    expect(root({ ...seedOn, XDG_CACHE_HOME: '~/xdg' }).snapshotRoot).toBe('/home/someone/xdg/vllm/neuron/snapshots');
+  });
+  test('a blank VLLM_CACHE_ROOT is an error naming it (vLLM would write under the working directory)', () => {
+    const e = errorOf(() => root({ ...seedOn, VLLM_CACHE_ROOT: ' ' }));
+    expect(e.message).toContain('VLLM_CACHE_ROOT=" "');
+  });
+  test('WAVEBUS_* names keep the wavebus root; VLLM_CACHE_ROOT is then not read', () => {
+    const c = root({ HOME: '/home/someone', [`${W}ENABLE`]: '1', VLLM_CACHE_ROOT: '/data/vllm' });
+    expect(c.snapshotRoot).toBe('/home/someone/.cache/wavebus/snapshots');
+    // Both names set (as the launcher passes a flag down): the wavebus name decides.
+    expect(root({ ...seedOn, [`${W}ENABLE`]: '1', VLLM_CACHE_ROOT: '/data/vllm' }).snapshotRoot).toBe('/home/someone/.cache/wavebus/snapshots');
+  });
+  test('an explicit WAVEBUS_CACHE_ROOT wins over the seed root; the flag wins over both', () => {
+    expect(root({ ...seedOn, VLLM_CACHE_ROOT: '/data/vllm', WAVEBUS_CACHE_ROOT: '/wb' }).snapshotRoot).toBe('/wb/snapshots');
+    expect(root({ ...seedOn, VLLM_CACHE_ROOT: '/data/vllm', WAVEBUS_CACHE_ROOT: '/wb' }, { cacheRoot: '/flag' }).snapshotRoot).toBe('/flag/snapshots');
+  });
+  test('the root is decided even while capture is off (the agent serves that directory)', () => {
+    expect(root({ HOME: '/home/someone', [`${V}ENABLE`]: '0', VLLM_CACHE_ROOT: '/data/vllm' }).snapshotRoot).toBe('/data/vllm/neuron/snapshots');
   });
 });
 
@@ -67,6 +101,22 @@ describe('call rule', () => {
   });
   test('-1 means every call', () => {
     expect(resolve({ ...on, [`${W}CAPTURE_AT_CALL`]: '-1' }).callRule).toEqual({ kind: 'all' });
+  });
+  test('CAPTURE_AT_CALL=-1,-1 means all calls (-1 may repeat; it only cannot combine with an index)', () => {
+    for (const prefix of [W, V]) expect(resolve({ ...on, [`${prefix}CAPTURE_AT_CALL`]: '-1,-1' }).callRule).toEqual({ kind: 'all' });
+    expect(resolve({ ...on, [`${W}CAPTURE_AT_CALL`]: ' -1 , -1 ,-1' }).callRule).toEqual({ kind: 'all' });
+  });
+  test('empty pieces in CAPTURE_REQUEST are dropped, as upstream does', () => {
+    for (const prefix of [W, V]) {
+      expect(resolve({ ...on, [`${prefix}CAPTURE_REQUEST`]: 'abc,,def, ,' }).requestIds).toEqual(['abc', 'def']);
+    }
+  });
+  test('a CAPTURE_REQUEST of only commas means no request rule (so no rule at all: call 0)', () => {
+    const c = resolve({ ...on, [`${V}CAPTURE_REQUEST`]: ' , ,,' });
+    expect(c.requestIds).toEqual([]);
+    expect(c.callRule).toEqual({ kind: 'first' });
+    // ... and beside a token rule it adds nothing.
+    expect(resolve({ ...on, [`${W}CAPTURE_REQUEST`]: ',', [`${W}CAPTURE_TOKEN`]: '7' }).callRule).toEqual({ kind: 'never' });
   });
   test('indices, stripped, with token rule too', () => {
     const c = resolve({ ...on, [`${W}CAPTURE_AT_CALL`]: ' 0, 3 ,+7', [`${W}CAPTURE_TOKEN`]: '5' });
@@ -87,12 +137,12 @@ describe('parsing errors name the variable, the raw value and the bad piece', ()
     ['CAPTURE_AT_CALL', '3,abc', '"abc"'],
     ['CAPTURE_AT_CALL', '0x1', '"0x1"'],
     ['CAPTURE_AT_CALL', '-2', '"-2"'],
-    ['CAPTURE_AT_CALL', '-1,3', '"-1"'],
+    ['CAPTURE_AT_CALL', '-1,3', '"3"'],
+    ['CAPTURE_AT_CALL', '3,-1,-1', '"3"'],
     ['CAPTURE_AT_CALL', '99999999999999999999', '"99999999999999999999"'],
     ['CAPTURE_TOKEN', '-1', '"-1"'],
     ['CAPTURE_TOKEN', '10, 1e3', '"1e3"'],
     ['CAPTURE_TOKEN', ',', '""'],
-    ['CAPTURE_REQUEST', 'abc,,def', '""'],
   ];
   test.each(cases)('%s=%j', (setting, value, piece) => {
     for (const prefix of [W, V]) {
@@ -102,14 +152,20 @@ describe('parsing errors name the variable, the raw value and the bad piece', ()
       expect(e.message).toContain(`bad entry ${piece}`);
     }
   });
-  test.each(['0', '-3', 'four', '2.5', ''])('MAX_CAPTURES=%j', (v) => {
-    if (v === '') {
-      expect(resolve({ ...on, [`${W}MAX_CAPTURES`]: v }).maxCaptures).toBe(4);
-      return;
+  test.each(['0', '-3', 'four', '2.5', '', '  '])('MAX_CAPTURES=%j', (v) => {
+    for (const prefix of [W, V]) {
+      const e = errorOf(() => resolve({ ...on, [`${prefix}MAX_CAPTURES`]: v }));
+      expect(e.message).toContain(`${prefix}MAX_CAPTURES=${JSON.stringify(v)}`);
+      expect(e.code).toBe('ERR_SNAPSHOT_MAX_CAPTURES');
     }
-    const e = errorOf(() => resolve({ ...on, [`${W}MAX_CAPTURES`]: v }));
-    expect(e.message).toContain(`${W}MAX_CAPTURES`);
-    expect(e.message).toContain(JSON.stringify(v));
+  });
+  test('a blank FORMAT or a blank MAX_CAPTURES is an error (only an unset one takes pt / 4)', () => {
+    for (const prefix of [W, V]) {
+      expect(errorOf(() => resolve({ ...on, [`${prefix}FORMAT`]: '' })).message).toContain(`${prefix}FORMAT="" is blank`);
+      expect(errorOf(() => resolve({ ...on, [`${prefix}FORMAT`]: ' ' })).code).toBe('ERR_SNAPSHOT_FORMAT');
+      expect(errorOf(() => resolve({ ...on, [`${prefix}MAX_CAPTURES`]: '' })).message).toContain(`${prefix}MAX_CAPTURES="" is blank`);
+    }
+    expect(resolve(on)).toMatchObject({ format: 'pt', maxCaptures: 4 });
   });
   test('MAX_CAPTURES valid', () => {
     expect(resolve({ ...on, [`${V}MAX_CAPTURES`]: ' 9 ' }).maxCaptures).toBe(9);
@@ -165,8 +221,8 @@ describe('flags', () => {
     );
     expect(c.enabled).toBe(true);
     expect(c.tokenTargets).toEqual(new Set([8, 9]));
-    expect(c.format).toBe('safetensors');
-    expect(c.cacheRoot).toBe('/elsewhere');
+    expect(c.format).toBe('safetensors'); // a documented wavebus extension beside the seed's pt | npy
+    expect(c.snapshotRoot).toBe('/elsewhere/snapshots');
   });
   test('a bad flag value names the flag', () => {
     const e = errorOf(() => resolve({}, { enable: true, captureAtCall: '1,x' }));

@@ -7,7 +7,7 @@ import { CaptureBudget } from '../src/snapshot/budget';
 import { CaptureInput, SnapshotCapturer } from '../src/snapshot/capture';
 import { resolveSnapshotConfig, SnapshotFormat } from '../src/snapshot/config';
 import { loadCallDir } from '../src/snapshot/loader';
-import { cleanup, tmpDir } from './helpers';
+import { cleanup, runPython, tmpDir } from './helpers';
 
 afterAll(cleanup);
 
@@ -157,5 +157,65 @@ describe('the loader checks every file against meta.json', () => {
     await expectLoadError(dir, 'meta.json', /not valid JSON/);
     fs.unlinkSync(p);
     await expectLoadError(dir, 'meta.json', /missing/);
+  });
+});
+
+describe("the loader reads the seed's layout: meta.json without files", () => {
+  // A call dir as the seed's writer leaves it: tensor<i>.<format> from numpy / torch and a meta.json
+  // with the seed's fields only (no files, no pp/cp rank, no row_request).
+  function seedCallDir(format: 'npy' | 'pt'): string {
+    const dir = tmpDir('wb-seed-');
+    runPython(
+      `
+import json, sys, numpy as np, torch
+d, fmt = sys.argv[1], sys.argv[2]
+a = np.arange(6, dtype=np.float32).reshape(2, 3)
+b = np.array([7, -8, 9], dtype=np.int64)
+bf = torch.tensor([1.5, -2.0], dtype=torch.bfloat16)
+if fmt == "npy":
+    np.save(f"{d}/tensor0.npy", a); np.save(f"{d}/tensor1.npy", b)
+    np.save(f"{d}/tensor2.npy", bf.view(torch.int16).numpy().view("V2"))
+else:
+    torch.save(torch.from_numpy(a), f"{d}/tensor0.pt"); torch.save(torch.from_numpy(b), f"{d}/tensor1.pt"); torch.save(bf, f"{d}/tensor2.pt")
+meta = {"schema": 1, "hash": "seedhash", "format": fmt, "global_rank": 0, "tp_rank": 0, "dp_rank": 0, "call_index": 2,
+        "selected_by": ["token"], "inputs": [{"index": 0, "dtype": "float32", "shape": [2, 3]}, {"index": 1, "dtype": "int64", "shape": [3]},
+        {"index": 2, "dtype": "bfloat16", "shape": [2]}], "global_step": 40, "is_prompt": False,
+        "matches": [{"batch_index": 0, "request_id": "abc-1", "position": 104, "reason": "token"}], "req_ids": ["abc-1"], "positions": [103]}
+json.dump(meta, open(f"{d}/meta.json", "w"), indent=2, sort_keys=True)
+`,
+      [dir, format],
+    );
+    return dir;
+  }
+  test.each<'npy' | 'pt'>(['npy', 'pt'])('%s', async (format) => {
+    const dir = seedCallDir(format);
+    const { meta, tensors } = await loadCallDir(dir);
+    expect(meta.files).toBeUndefined();
+    expect(meta.call_index).toBe(2);
+    expect(tensors.map((t) => [t.dtype, t.shape])).toEqual([
+      ['float32', [2, 3]],
+      ['int64', [3]],
+      ['bfloat16', [2]],
+    ]);
+    expect(Array.from(new Float32Array(tensors[0].data.buffer.slice(tensors[0].data.byteOffset, tensors[0].data.byteOffset + 24)))).toEqual([0, 1, 2, 3, 4, 5]);
+    expect(tensors[2].data.readUInt16LE(0)).toBe(0x3fc0); // bf16 1.5
+    // Without a files list the dtype/shape checks still hold, and an extra file is still refused.
+    fs.writeFileSync(path.join(dir, 'stray.bin'), 'x');
+    await expectLoadError(dir, 'stray.bin', /not listed in meta.json/);
+  });
+});
+
+describe('paths', () => {
+  test('load_call_dir("~/...") works: a leading ~ is the home directory', async () => {
+    const { dir } = await captureAll('npy', CASES.slice(0, 2));
+    const home = tmpDir('wb-home-');
+    fs.renameSync(dir, path.join(home, 'call0'));
+    const saved = process.env.HOME;
+    process.env.HOME = home; // os.homedir() reads HOME
+    try {
+      expect((await loadCallDir('~/call0')).tensors).toHaveLength(2);
+    } finally {
+      process.env.HOME = saved;
+    }
   });
 });

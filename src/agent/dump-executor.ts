@@ -157,7 +157,7 @@ export class DumpExecutor {
       const rankDir = this.rankDir(s.job);
       let bundle: Bundle | undefined;
       try {
-        bundle = Bundle.begin(rankDir, this.modes);
+        bundle = Bundle.begin(rankDir, { modes: this.modes });
         const files: FileEntry[] = [];
         const id = this.identity;
         // The rank coordinates every per-layer .pt dict and dump.json's identity both carry.

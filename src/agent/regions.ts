@@ -1,7 +1,7 @@
 // The device regions one engine client registered with its agent: KV pool layers and input buffers.
 import { ConfigError } from '../errors';
 import { parseDType, itemSize, type DType } from '../dtype';
-import { DeviceRegion } from '../memory';
+import { cudaAvailable, DeviceRegion } from '../memory';
 
 export interface RegisteredRegion {
   name: string;
@@ -32,9 +32,14 @@ export interface RegionMessage {
 
 export class RegionTable {
   private readonly byName = new Map<string, RegisteredRegion>();
+  /**
+   * Input regions this agent's memory backend cannot read (a CUDA region where no CUDA runtime
+   * loads), with why: capturing from them is the seed's stated no-op, not an error.
+   */
+  private readonly unreadableInputs = new Map<string, string>();
 
-  /** Validates the message, maps the memory, and records the region. */
-  register(msg: RegionMessage): RegisteredRegion {
+  /** Validates the message, maps the memory, and records the region; null: an input region this backend cannot read (see unreadable). */
+  register(msg: RegionMessage): RegisteredRegion | null {
     if (!msg.name) throw new ConfigError('region.name is empty');
     const known = this.byName.get(msg.name);
     if (known) {
@@ -55,6 +60,13 @@ export class RegionTable {
       if (msg.shape.length !== 4) throw new ConfigError(`region '${msg.name}'.shape must be [num_blocks, block_size, num_kv_heads, head_dim]`);
       if (msg.kv !== 'k' && msg.kv !== 'v') throw new ConfigError(`region '${msg.name}'.kv must be 'k' or 'v', got '${msg.kv}'`);
       if (!msg.layer) throw new ConfigError(`region '${msg.name}'.layer is empty`);
+    }
+    if (msg.kind === 1 && role === 'input') {
+      const cuda = cudaAvailable();
+      if (!cuda.available) {
+        this.unreadableInputs.set(msg.name, `CUDA region '${msg.name}' cannot be read: no CUDA runtime can be loaded here (${cuda.reason})`);
+        return null;
+      }
     }
     const region = DeviceRegion.open(
       msg.kind === 1
@@ -79,6 +91,11 @@ export class RegionTable {
     return this.byName.get(name);
   }
 
+  /** Why input region `name` cannot be read here, or undefined when it can (or is unknown). */
+  unreadable(name: string): string | undefined {
+    return this.unreadableInputs.get(name);
+  }
+
   /** KV pool layers in registration order, each with its K and V region. */
   kvLayers(): { layer: string; k?: RegisteredRegion; v?: RegisteredRegion }[] {
     const layers = new Map<string, { layer: string; k?: RegisteredRegion; v?: RegisteredRegion }>();
@@ -100,5 +117,6 @@ export class RegionTable {
       }
     }
     this.byName.clear();
+    this.unreadableInputs.clear();
   }
 }

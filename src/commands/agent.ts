@@ -110,12 +110,12 @@ export const command: CommandModule = {
       busToken: a.busToken,
       artifactModes: a.artifactModes,
       snapshot,
-      roots: { dumps: a.dumpRoot, snapshots: path.join(snapshot.cacheRoot, 'snapshots') },
+      roots: { dumps: a.dumpRoot, snapshots: snapshot.snapshotRoot },
       logger: log,
     });
     const signal = waitForSignal();
     await agent.start();
-    log.info({ rank: identity.globalRank, lastPp: identity.isLastPp, runDir: a.runDir, snapshots: snapshot.enabled, dumpRoot: a.dumpRoot, busToken: a.busToken !== undefined }, 'agent started');
+    log.info({ rank: identity.globalRank, lastPp: identity.isLastPp, runDir: a.runDir, snapshots: snapshot.enabled, dumpRoot: a.dumpRoot, busToken: a.busToken !== undefined, ...(snapshot.enabled ? { snapshotRoot: snapshot.snapshotRoot, snapshotRootFrom: snapshot.rootSource } : {}) }, 'agent started');
     log.info({ signal: await signal }, 'stopping');
     await agent.stop();
     if (a.ownRunDir) fs.rmSync(a.runDir, { recursive: true, force: true });

@@ -2,20 +2,19 @@
 // narrowing, budget, then the positional input tensors and meta.json as one atomic bundle.
 // Capture fails loudly: any failure throws CaptureError (the caller aborts the forward) and leaves
 // nothing under the call directory's final name.
-import * as fs from 'fs';
 import * as path from 'path';
 import type { ArtifactModes } from '../artifact-mode';
 import { Bundle, removeStaleTemps } from '../bundle';
-import { DType, itemSize, parseDType } from '../dtype';
+import { DType, formatRefusal, itemSize, parseDType } from '../dtype';
 import { CaptureError, WavebusError } from '../errors';
 import type { ForwardContext } from '../messages';
 import { rankDirName } from '../paths';
 import { safeComponent } from '../sanitize';
 import { Tensor } from '../tensor';
 import { CaptureBudget, processCaptureBudget } from './budget';
-import type { SnapshotConfig } from './config';
+import type { SnapshotConfig, SnapshotFormat } from './config';
 import { buildCallMeta, META_FILE, MetaFile, MetaInput, SnapshotRank, tensorFileName } from './meta';
-import { CaptureSelector, Selection } from './selector';
+import { CaptureSelector, checkForwardContext, Selection } from './selector';
 
 /** One positional input of the forward: its dtype, shape, and a way to get its bytes to host. */
 export interface CaptureInput {
@@ -23,6 +22,8 @@ export interface CaptureInput {
   shape: readonly number[];
   /** The input's row-major bytes (one buffer or chunks in order), e.g. DeviceRegion.copyTo. */
   read: () => Promise<Buffer | Buffer[]>;
+  /** Set when this backend cannot read the input's memory (why): a selected capture is then a stated no-op. */
+  unreadable?: string;
 }
 
 /** What regionInput needs of a memory region (src/memory.ts DeviceRegion fits). */
@@ -89,9 +90,9 @@ const stderrLog: CapturerLog = {
   warn: (m) => process.stderr.write(`wavebus: warning: ${m}\n`),
 };
 
-/** `<cacheRoot>/snapshots/<hash>/rank<g>`: this rank's snapshot root for one compiled graph. */
-export function snapshotRankDir(cacheRoot: string, compilationHash: string, globalRank: number): string {
-  return path.join(cacheRoot, 'snapshots', safeComponent(compilationHash, 'compilation hash'), rankDirName(globalRank));
+/** `<snapshotRoot>/<hash>/rank<g>`: this rank's snapshot dir for one compiled graph. */
+export function snapshotRankDir(snapshotRoot: string, compilationHash: string, globalRank: number): string {
+  return path.join(snapshotRoot, safeComponent(compilationHash, 'compilation hash'), rankDirName(globalRank));
 }
 
 export function callDirName(callIndex: number): string {
@@ -128,10 +129,12 @@ export class SnapshotCapturer {
    * Decide on one forward and, when it is selected, write its inputs. Call it before the plain
    * execute, on synchronized inputs. Throws CaptureError on any failure; nothing is left behind.
    */
-  async capture(ctx: ForwardContext, inputs: readonly CaptureInput[]): Promise<CaptureResult> {
+  async capture(given: ForwardContext, inputs: readonly CaptureInput[]): Promise<CaptureResult> {
     if (!this.config.enabled) return { captured: false, reason: 'disabled' };
     let selection: Selection;
+    let ctx: ForwardContext;
     try {
+      ctx = checkForwardContext(given); // rowRequest filled in, so meta.json records every row's request
       selection = this.selector.evaluate(ctx);
     } catch (e) {
       this.counts.failed += 1;
@@ -145,49 +148,49 @@ export class SnapshotCapturer {
       this.counts.skippedRank += 1;
       return { captured: false, reason: 'rank_not_selected', selection };
     }
-    if (this.opts.noopReason) {
+    // The seed's no-op rule: a backend that cannot read the memory makes capture a stated no-op
+    // (one log line, no error, no budget spent), never a failed forward.
+    const unreadable = Array.isArray(inputs) ? inputs.find((i) => i && typeof i.unreadable === 'string') : undefined;
+    const noop = this.opts.noopReason ?? (unreadable ? 'backend_without_memory_access' : undefined);
+    if (noop) {
       this.counts.noop += 1;
       if (!this.noopAnnounced) {
         this.noopAnnounced = true;
-        this.log.warn(`input snapshot selected (call ${selection.callIndex} of ${ctx.compilationHash}) but capture is a no-op here: ${this.opts.noopReason}`);
+        const why = this.opts.noopReason ?? unreadable?.unreadable;
+        this.log.warn(`input snapshot selected (call ${selection.callIndex} of ${ctx.compilationHash}) but capture is a no-op here: ${why}`);
       }
-      return { captured: false, reason: this.opts.noopReason, selection };
+      return { captured: false, reason: noop, selection };
     }
 
     let metaInputs: MetaInput[];
     try {
-      metaInputs = describeInputs(inputs);
+      metaInputs = describeInputs(inputs, this.config.format);
     } catch (e) {
       this.counts.failed += 1;
       throw asCaptureError(e, 'checking the forward inputs');
     }
-    const callDir = path.join(snapshotRankDir(this.config.cacheRoot, ctx.compilationHash, this.rank.globalRank), callDirName(selection.callIndex));
-    // Never overwrite a captured bundle (e.g. a rerun with the same cache root): refuse before
-    // spending budget, so the user sees exactly which directory to move away. (With no budget
-    // left nothing would be written anyway: skip quietly below instead.)
-    if (this.budget.remaining > 0 && fs.existsSync(callDir)) {
-      this.counts.failed += 1;
-      throw new CaptureError(
-        `input snapshot ${callDir} already exists (a previous run captured this call); move it away or use another cache root`,
-        'ERR_SNAPSHOT_EXISTS',
-      );
-    }
+    const callDir = path.join(snapshotRankDir(this.config.snapshotRoot, ctx.compilationHash, this.rank.globalRank), callDirName(selection.callIndex));
     if (!this.budget.tryConsume()) {
       this.counts.skippedBudget += 1;
       return { captured: false, reason: 'budget_exhausted', selection };
     }
+    let replaced: boolean;
     try {
-      await this.write(callDir, ctx, selection, inputs, metaInputs);
+      replaced = await this.write(callDir, ctx, selection, inputs, metaInputs);
     } catch (e) {
       this.counts.failed += 1;
       throw asCaptureError(e, `capturing ${callDir}`);
     }
     this.counts.captured += 1;
-    this.log.info(`input snapshot written: ${callDir} (selected by ${selection.selectedBy.join(', ')})`);
+    this.log.info(
+      `input snapshot written: ${callDir} (selected by ${selection.selectedBy.join(', ')})` +
+        (replaced ? '; it replaced an earlier capture of the same call (a rerun)' : ''),
+    );
     return { captured: true, callDir, selection };
   }
 
-  private async write(callDir: string, ctx: ForwardContext, selection: Selection, inputs: readonly CaptureInput[], metaInputs: MetaInput[]): Promise<void> {
+  /** Write the call dir; true when it replaced an earlier capture of the same call. */
+  private async write(callDir: string, ctx: ForwardContext, selection: Selection, inputs: readonly CaptureInput[], metaInputs: MetaInput[]): Promise<boolean> {
     const format = this.config.format;
     try {
       // Temp dirs of killed earlier runs on this host would only confuse whoever lists the rank dir.
@@ -195,7 +198,9 @@ export class SnapshotCapturer {
     } catch {
       /* best effort */
     }
-    const bundle = Bundle.begin(callDir, this.opts.artifactModes);
+    // A rerun (same root, same compilation hash) selects the same call<N> again: the newer capture
+    // replaces the old one whole, so a healthy job never aborts over it (docs/snapshots.md).
+    const bundle = Bundle.begin(callDir, { replace: true, modes: this.opts.artifactModes });
     try {
       const files: MetaFile[] = [];
       for (const mi of metaInputs) {
@@ -218,6 +223,7 @@ export class SnapshotCapturer {
       });
       // meta.json last, sorted keys, indent 2: the call dir appears only once it is whole.
       await bundle.commit({ name: META_FILE, value: meta, sortKeys: true, indent: 2 });
+      return bundle.replaced;
     } catch (e) {
       await bundle.abort();
       throw e;
@@ -226,11 +232,13 @@ export class SnapshotCapturer {
 }
 
 /** Check every input before touching the disk or the budget; errors name the input. */
-function describeInputs(inputs: readonly CaptureInput[]): MetaInput[] {
+function describeInputs(inputs: readonly CaptureInput[], format: SnapshotFormat): MetaInput[] {
   if (!Array.isArray(inputs)) throw new CaptureError('inputs must be a list', 'ERR_SNAPSHOT_INPUT');
   return inputs.map((inp, index) => {
     if (!inp || typeof inp.read !== 'function') throw new CaptureError(`inputs[${index}]: read() is missing`, 'ERR_SNAPSHOT_INPUT');
     const dtype = parseDType(inp.dtype, `inputs[${index}].dtype`);
+    const refused = formatRefusal(dtype, format);
+    if (refused) throw new CaptureError(`inputs[${index}]: ${refused}`, 'ERR_SNAPSHOT_DTYPE');
     if (!Array.isArray(inp.shape) || !inp.shape.every((d: unknown) => typeof d === 'number' && Number.isSafeInteger(d) && d >= 0)) {
       throw new CaptureError(`inputs[${index}].shape must be a list of non-negative integers, got ${JSON.stringify(inp.shape)}`, 'ERR_SNAPSHOT_INPUT');
     }

@@ -3,7 +3,7 @@
 // (a typo must not silently disable a debugging run); a malformed rank list only warns.
 import type { Options } from 'yargs';
 import { ConfigError } from '../errors';
-import { defaultCacheRoot } from '../paths';
+import { resolveSnapshotRoot } from './root';
 
 export type SnapshotFormat = 'pt' | 'npy' | 'safetensors';
 export const SNAPSHOT_FORMATS: readonly SnapshotFormat[] = ['pt', 'npy', 'safetensors'];
@@ -24,7 +24,10 @@ export interface SnapshotConfig {
   /** tp ranks allowed to capture; null = every rank. */
   ranks: Set<number> | null;
   format: SnapshotFormat;
-  cacheRoot: string;
+  /** The directory holding `<compilation_hash>/rank<g>/call<N>` (see resolveSnapshotRoot). */
+  snapshotRoot: string;
+  /** Where snapshotRoot came from, for logs and docs: the flag or variable that decided it. */
+  rootSource: string;
 }
 
 /** Flag values of the same meaning as the variables; any that is set overrides the environment. */
@@ -126,7 +129,7 @@ function badPiece(raw: Raw, piece: string, why: string): ConfigError {
   return new ConfigError(`${raw.name}=${JSON.stringify(raw.value)}: bad entry ${JSON.stringify(piece)}: ${why}`, 'ERR_SNAPSHOT_SELECTION');
 }
 
-/** Split on ',', strip each piece; an empty piece ("1,,2", a trailing comma) is an error. */
+/** Split on ',', strip each piece; an empty piece ("1,,2", a trailing comma) is an error, as upstream's int('') is. */
 function pieces(raw: Raw): string[] {
   return raw.value.split(',').map((p, i, all) => {
     const s = p.trim();
@@ -145,12 +148,14 @@ function toInt(raw: Raw, piece: string): number {
   return n === 0 ? 0 : n; // normalise -0
 }
 
-/** Non-negative integers; `-1` means "all" only where allowAll is set, and only on its own. */
+/**
+ * Non-negative integers; `-1` means "all" only where allowAll is set. As upstream: `-1` may not be
+ * combined with an index (`-1,3` is an error) but may repeat (`-1,-1` is still every call).
+ */
 export function parseIndexList(raw: Raw, allowAll: boolean): Set<number> | 'all' {
-  const list = pieces(raw);
   const out = new Set<number>();
   let sawAll = false;
-  for (const p of list) {
+  for (const p of pieces(raw)) {
     const n = toInt(raw, p);
     if (n === -1 && allowAll) {
       sawAll = true;
@@ -161,31 +166,38 @@ export function parseIndexList(raw: Raw, allowAll: boolean): Set<number> | 'all'
     }
     out.add(n);
   }
-  if (sawAll) {
-    if (list.length > 1) throw badPiece(raw, '-1', '-1 (every call) cannot be combined with other indices');
-    return 'all';
+  if (sawAll && out.size > 0) {
+    throw badPiece(raw, String([...out][0]), '-1 (every call) cannot be combined with other indices');
+  }
+  return sawAll ? 'all' : out;
+}
+
+/** Request ids: pieces stripped, empty pieces dropped (as upstream); only commas means no rule at all. */
+export function parseRequestList(raw: Raw): string[] {
+  const out: string[] = [];
+  for (const p of raw.value.split(',')) {
+    const s = p.trim();
+    if (s !== '' && !out.includes(s)) out.push(s);
   }
   return out;
 }
 
-export function parseRequestList(raw: Raw): string[] {
-  const out: string[] = [];
-  for (const p of pieces(raw)) if (!out.includes(p)) out.push(p);
-  return out;
-}
-
+/** A positive integer. Blank is an error too (upstream: only an unset variable gets the default 4). */
 export function parseMaxCaptures(raw: Raw): number {
   const v = raw.value.trim();
   if (!/^[+-]?\d+$/.test(v) || !Number.isSafeInteger(Number(v)) || Number(v) <= 0) {
-    throw new ConfigError(`${raw.name}=${JSON.stringify(raw.value)} must be a positive integer`, 'ERR_SNAPSHOT_MAX_CAPTURES');
+    const why = v === '' ? 'is blank; unset it for the default ' + DEFAULT_MAX_CAPTURES + ' or give' : 'must be';
+    throw new ConfigError(`${raw.name}=${JSON.stringify(raw.value)} ${why} a positive integer`, 'ERR_SNAPSHOT_MAX_CAPTURES');
   }
   return Number(v);
 }
 
+/** pt | npy | safetensors (a wavebus extension), any case. Blank is an error (upstream: only unset means pt). */
 export function parseFormat(raw: Raw): SnapshotFormat {
   const v = raw.value.trim().toLowerCase();
   if ((SNAPSHOT_FORMATS as readonly string[]).includes(v)) return v as SnapshotFormat;
-  throw new ConfigError(`${raw.name}=${JSON.stringify(raw.value)} is not a snapshot format; use one of ${SNAPSHOT_FORMATS.join(', ')}`, 'ERR_SNAPSHOT_FORMAT');
+  const what = v === '' ? `is blank; unset it for the default ${DEFAULT_FORMAT} or use` : 'is not a snapshot format; use';
+  throw new ConfigError(`${raw.name}=${JSON.stringify(raw.value)} ${what} one of ${SNAPSHOT_FORMATS.join(', ')}`, 'ERR_SNAPSHOT_FORMAT');
 }
 
 /** A bad rank list degrades to "all ranks" with a warning instead of aborting the job. */
@@ -215,8 +227,9 @@ export function resolveSnapshotConfig(
   log: SnapshotLog = defaultLog,
 ): SnapshotConfig {
   const get = (s: Setting) => rawSetting(env, flags, s);
-  const cacheRoot = flags.cacheRoot !== undefined && flags.cacheRoot !== '' ? flags.cacheRoot : defaultCacheRoot(env);
-  const enabled = parseEnable(get('ENABLE'));
+  const enableRaw = get('ENABLE');
+  const enabled = parseEnable(enableRaw);
+  const { root: snapshotRoot, source: rootSource } = resolveSnapshotRoot(env, flags, enableRaw?.name === seedVar('ENABLE'));
   const off: SnapshotConfig = {
     enabled: false,
     callRule: { kind: 'first' },
@@ -225,26 +238,29 @@ export function resolveSnapshotConfig(
     maxCaptures: DEFAULT_MAX_CAPTURES,
     ranks: null,
     format: DEFAULT_FORMAT,
-    cacheRoot,
+    snapshotRoot,
+    rootSource,
   };
   if (!enabled) return off;
 
   const atCall = get('CAPTURE_AT_CALL');
   const token = get('CAPTURE_TOKEN');
   const request = get('CAPTURE_REQUEST');
+  // As upstream: a blank index list is no rule; only commas in CAPTURE_REQUEST is no rule either.
   const tokenTargets = given(token) ? (parseIndexList(token, false) as Set<number>) : new Set<number>();
-  const requestIds = given(request) ? parseRequestList(request) : [];
+  const requestIds = request !== undefined ? parseRequestList(request) : [];
 
   let callRule: CallRule;
   if (given(atCall)) {
     const parsed = parseIndexList(atCall, true);
     callRule = parsed === 'all' ? { kind: 'all' } : { kind: 'indices', indices: parsed };
-  } else if (given(token) || given(request)) {
+  } else if (tokenTargets.size > 0 || requestIds.length > 0) {
     callRule = { kind: 'never' };
   } else {
     callRule = { kind: 'first' };
   }
 
+  // Set but blank is an error for these two: only an unset variable takes the default.
   const max = get('MAX_CAPTURES');
   const ranks = get('RANKS');
   const format = get('FORMAT');
@@ -253,10 +269,11 @@ export function resolveSnapshotConfig(
     callRule,
     tokenTargets,
     requestIds,
-    maxCaptures: given(max) ? parseMaxCaptures(max) : DEFAULT_MAX_CAPTURES,
+    maxCaptures: max !== undefined ? parseMaxCaptures(max) : DEFAULT_MAX_CAPTURES,
     ranks: given(ranks) ? parseRanks(ranks, log) : null,
-    format: given(format) ? parseFormat(format) : DEFAULT_FORMAT,
-    cacheRoot,
+    format: format !== undefined ? parseFormat(format) : DEFAULT_FORMAT,
+    snapshotRoot,
+    rootSource,
   };
 }
 

@@ -2,6 +2,7 @@
 // dtypes (bf16/fp8 from meta.json where .npy can only say |V2 / |V1), every file checked against
 // meta.json (count, size, checksum, dtype, shape). Errors name the file and what disagreed.
 import * as fs from 'fs';
+import * as os from 'os';
 import * as path from 'path';
 import { crc32cOfFile } from '../checksum';
 import { CaptureError } from '../errors';
@@ -20,6 +21,13 @@ export interface LoadedTensor {
 export interface LoadedCall {
   meta: CallMeta;
   tensors: LoadedTensor[];
+}
+
+/** `~` / `~/x` as a shell (and Python's expanduser) would read it: docs show such paths. */
+function expandHome(p: string): string {
+  const home = process.env.HOME || os.homedir(); // HOME first, as Python's expanduser
+  if (p === '~') return home;
+  return p.startsWith('~/') ? path.join(home, p.slice(2)) : p;
 }
 
 function bad(file: string, what: string): CaptureError {
@@ -66,7 +74,8 @@ function locate(file: string, format: CallMeta['format']): Located {
  * Load a call directory (`.../rank<g>/call<N>`). Throws CaptureError naming the file on any
  * mismatch between the directory, meta.json and the tensor files.
  */
-export async function loadCallDir(dir: string): Promise<LoadedCall> {
+export async function loadCallDir(callDir: string): Promise<LoadedCall> {
+  const dir = expandHome(callDir);
   const metaPath = path.join(dir, META_FILE);
   let text: string;
   try {
@@ -77,10 +86,11 @@ export async function loadCallDir(dir: string): Promise<LoadedCall> {
   }
   const meta = parseMeta(text, metaPath);
 
-  // Exactly tensor0..tensor<n-1> plus meta.json, each listed once in files.
+  // Exactly tensor0..tensor<n-1> plus meta.json, each listed once in files (when there is a files
+  // list: the seed's layout has none, and then only dtype and shape can be checked).
   const expected = meta.inputs.map((inp) => tensorFileName(inp.index, meta.format));
-  const listed = meta.files.map((f) => f.name);
-  if (listed.length !== expected.length || !expected.every((n) => listed.includes(n))) {
+  const listed = meta.files?.map((f) => f.name);
+  if (listed && (listed.length !== expected.length || !expected.every((n) => listed.includes(n)))) {
     throw bad(metaPath, `files lists [${listed.join(', ')}] but inputs need [${expected.join(', ')}]`);
   }
   const present = (await fs.promises.readdir(dir)).filter((n) => n !== META_FILE).sort();
@@ -93,13 +103,15 @@ export async function loadCallDir(dir: string): Promise<LoadedCall> {
   for (const inp of meta.inputs) {
     const name = tensorFileName(inp.index, meta.format);
     const file = path.join(dir, name);
-    const entry = meta.files.find((f) => f.name === name)!;
+    const entry = meta.files?.find((f) => f.name === name);
     if (!isDType(inp.dtype)) throw bad(metaPath, `inputs[${inp.index}].dtype ${JSON.stringify(inp.dtype)} is not a known dtype`);
     const dtype = inp.dtype;
     const size = (await fs.promises.stat(file)).size;
-    if (size !== entry.bytes) throw bad(file, `has ${size} bytes, meta.json says ${entry.bytes}`);
-    const checksum = crc32cOfFile(file).toString();
-    if (checksum !== entry.checksum) throw bad(file, `checksum ${checksum} does not match meta.json (${entry.checksum})`);
+    if (entry) {
+      if (size !== entry.bytes) throw bad(file, `has ${size} bytes, meta.json says ${entry.bytes}`);
+      const checksum = crc32cOfFile(file).toString();
+      if (checksum !== entry.checksum) throw bad(file, `checksum ${checksum} does not match meta.json (${entry.checksum})`);
+    }
     let loc: Located;
     try {
       loc = locate(file, meta.format);

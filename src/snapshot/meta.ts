@@ -45,7 +45,8 @@ export interface CallMeta {
   row_request: number[];
   num_speculative_tokens: number;
   matches: SelectionMatch[];
-  files: MetaFile[];
+  /** Written by wavebus; absent in the seed's layout (then sizes and checksums cannot be checked). */
+  files?: MetaFile[];
 }
 
 /** The file name of input i in a call dir. */
@@ -89,7 +90,8 @@ export function parseMeta(text: string, file = META_FILE): CallMeta {
     need(file, r, 'dtype', isStr, 'a string');
     need(file, r, 'shape', isArr(isNat), 'a list of non-negative integers');
   });
-  const files = need<MetaFile[]>(file, o, 'files', isArr(isObj), 'a list of objects');
+  // Optional: the seed's meta.json has no files list.
+  const files = 'files' in o ? need<MetaFile[]>(file, o, 'files', isArr(isObj), 'a list of objects') : [];
   for (const f of files) {
     const r = f as unknown as Record<string, unknown>;
     need(file, r, 'name', isStr, 'a string');

@@ -17,9 +17,20 @@ DTYPES: Dict[str, tuple] = {
     "bool": (1, "|b1"),
     "float8_e4m3fn": (1, "|V1"),
     "float8_e5m2": (1, "|V1"),
+    # The rest of torch's plain element types: .pt takes any dtype (the seed); complex32 has no
+    # numpy type, so .npy refuses it (the agent asks to re-run with pt).
+    "float8_e4m3fnuz": (1, "|V1"),
+    "float8_e5m2fnuz": (1, "|V1"),
+    "uint16": (2, "<u2"),
+    "uint32": (4, "<u4"),
+    "uint64": (8, "<u8"),
+    "complex32": (4, None),
+    "complex64": (8, "<c8"),
+    "complex128": (16, "<c16"),
 }
 
-_ALIASES = {"half": "float16", "float": "float32", "double": "float64", "long": "int64", "int": "int32", "short": "int16"}
+_ALIASES = {"half": "float16", "float": "float32", "double": "float64", "long": "int64", "int": "int32", "short": "int16",
+            "chalf": "complex32", "cfloat": "complex64", "cdouble": "complex128"}
 
 
 def parse_dtype(name, where: str) -> str:
@@ -61,5 +72,13 @@ def torch_dtype_or_raise(name: str, where: str):
 
 def from_torch(dtype) -> str:
     return parse_dtype(str(dtype), "dtype")
+
+
+def wire_name(dtype) -> str:
+    """The name a tensor's torch dtype travels under, known here or not: the agent looks at it only
+    when the forward is selected, so an unselected forward never fails over a dtype."""
+    bare = str(dtype)
+    bare = bare[len("torch."):] if bare.startswith("torch.") else bare
+    return _ALIASES.get(bare, bare)
 
 

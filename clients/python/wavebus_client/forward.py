@@ -7,7 +7,10 @@ from . import wavebus_pb2 as pb
 from .errors import ConfigError
 from .region import Region, check_shape
 
-_U64 = (1 << 64) - 1
+# The forward-context rule, the same as the agent's (src/snapshot/selector.ts checkForwardContext;
+# proto/wavebus.proto states it): integers the agent reads exactly (JS safe integers).
+MAX_CONTEXT_INT = (1 << 53) - 1
+_U32 = 0xFFFFFFFF
 
 
 @dataclass
@@ -44,22 +47,24 @@ def context_proto(ctx, where: str = "before_forward(): context") -> "pb.ForwardC
         ctx = ForwardContext(**ctx)
     if not isinstance(ctx, ForwardContext):
         raise ConfigError(f"{where} must be a ForwardContext or a dict, got {type(ctx).__name__}")
-    if not isinstance(ctx.compilation_hash, str) or not ctx.compilation_hash or "/" in ctx.compilation_hash:
-        raise ConfigError(f"{where}.compilation_hash must be a non-empty string without '/', got {ctx.compilation_hash!r}")
-    if isinstance(ctx.global_step, bool) or not isinstance(ctx.global_step, int) or not 0 <= ctx.global_step <= _U64:
-        raise ConfigError(f"{where}.global_step must be a non-negative integer, got {ctx.global_step!r}")
+    if not isinstance(ctx.compilation_hash, str) or not ctx.compilation_hash:
+        raise ConfigError(f"{where}.compilation_hash must be a non-empty string, got {ctx.compilation_hash!r}")
+    if isinstance(ctx.global_step, bool) or not isinstance(ctx.global_step, int) or not 0 <= ctx.global_step <= MAX_CONTEXT_INT:
+        raise ConfigError(f"{where}.global_step must be an integer in 0..{MAX_CONTEXT_INT}, got {ctx.global_step!r}")
     for b in ("is_prompt", "warmup"):
         if not isinstance(getattr(ctx, b), bool):
             raise ConfigError(f"{where}.{b} must be true or false, got {getattr(ctx, b)!r}")
     if not isinstance(ctx.req_ids, (list, tuple)) or not all(isinstance(r, str) for r in ctx.req_ids):
         raise ConfigError(f"{where}.req_ids must be a list of strings, got {ctx.req_ids!r}")
-    positions = _ints(ctx.positions, f"{where}.positions", -1, (1 << 63) - 1)
+    positions = _ints(ctx.positions, f"{where}.positions", -1, MAX_CONTEXT_INT)
+    # Empty row_request: upstream's layout, row r is request r (rows past req_ids are padding).
     rows = _ints(ctx.row_request, f"{where}.row_request", -1, len(ctx.req_ids) - 1)
     if rows and len(rows) != len(positions):
-        raise ConfigError(f"{where}: row_request has {len(rows)} rows but positions has {len(positions)}")
+        raise ConfigError(f"{where}: positions has {len(positions)} rows but row_request has {len(rows)} "
+                          f"(leave row_request empty for row r = request r)")
     nst = ctx.num_speculative_tokens
-    if isinstance(nst, bool) or not isinstance(nst, int) or not 0 <= nst <= 0xFFFFFFFF:
-        raise ConfigError(f"{where}.num_speculative_tokens must be a non-negative integer, got {nst!r}")
+    if isinstance(nst, bool) or not isinstance(nst, int) or not 0 <= nst <= _U32:
+        raise ConfigError(f"{where}.num_speculative_tokens must be an integer in 0..{_U32}, got {nst!r}")
     return pb.ForwardContext(
         compilation_hash=ctx.compilation_hash, global_step=ctx.global_step, is_prompt=ctx.is_prompt,
         req_ids=list(ctx.req_ids), positions=positions, row_request=rows,
@@ -78,7 +83,13 @@ def input_proto(item, regions: Dict[str, Region], where: str) -> "pb.TensorInput
             raise ConfigError(f"{where}: region {name!r} is not registered")
         if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
             raise ConfigError(f"{where}: offset must be a non-negative integer, got {offset!r}")
-        dt = dtypes.parse_dtype(dtype, f"{where}: dtype")
+        if not isinstance(dtype, str) and type(dtype).__name__ == "dtype" and type(dtype).__module__ == "torch":
+            import torch
+
+            dt, item_size = dtypes.wire_name(dtype), torch.empty((), dtype=dtype).element_size()
+        else:
+            dt = dtypes.parse_dtype(dtype, f"{where}: dtype")
+            item_size = dtypes.itemsize(dt)
         dims = check_shape(shape, where)
     else:
         import torch
@@ -87,7 +98,8 @@ def input_proto(item, regions: Dict[str, Region], where: str) -> "pb.TensorInput
             raise ConfigError(f"{where} must be a torch tensor or (region_name, offset, dtype, shape), got {type(item).__name__}")
         if not item.is_contiguous():
             raise ConfigError(f"{where}: tensor must be contiguous (the agent copies one byte range)")
-        dt = dtypes.from_torch(item.dtype)
+        # Any torch dtype: the agent checks it only if this forward is selected (.pt takes any dtype).
+        dt, item_size = dtypes.wire_name(item.dtype), item.element_size()
         dims = list(item.shape)
         ptr = item.data_ptr()
         nbytes = item.numel() * item.element_size()
@@ -104,7 +116,7 @@ def input_proto(item, regions: Dict[str, Region], where: str) -> "pb.TensorInput
     numel = 1
     for d in dims:
         numel *= d
-    end = offset + numel * dtypes.itemsize(dt)
+    end = offset + numel * item_size
     if end > region.nbytes:
         raise ConfigError(f"{where}: bytes {offset}..{end} lie outside region {name!r} ({region.nbytes} bytes)")
     return pb.TensorInput(region=name, offset=offset, dtype=dt, shape=dims)

@@ -19,9 +19,11 @@ SCHEMA = 1
 _ST_DTYPES = {
     "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64", "I32": "int32",
     "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
+    "U16": "uint16", "U32": "uint32", "U64": "uint64",
 }
 _NP_PLAIN = {"float64": "<f8", "float32": "<f4", "float16": "<f2", "int64": "<i8", "int32": "<i4", "int16": "<i2",
-             "int8": "|i1", "uint8": "|u1", "bool": "|b1"}
+             "int8": "|i1", "uint8": "|u1", "bool": "|b1", "uint16": "<u2", "uint32": "<u4", "uint64": "<u8",
+             "complex64": "<c8", "complex128": "<c16"}
 
 
 def _fail(path: str, what: str) -> "ReplayError":
@@ -77,13 +79,16 @@ def _torch_from_bits(arr, dtype_name: str, path: str):
         arr = arr.copy(order="C")
     if dtype_name == "bfloat16":
         return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
-    if dtype_name in ("float8_e4m3fn", "float8_e5m2"):
+    if dtype_name.startswith("float8_"):
         t = torch.from_numpy(arr.view(np.uint8))
         real = getattr(torch, dtype_name, None)
         if real is None:
             warnings.warn(f"{path}: torch {torch.__version__} has no {dtype_name}; returning its raw bits as uint8", stacklevel=3)
             return t
         return t.view(real)
+    if dtype_name in ("uint16", "uint32", "uint64") and getattr(torch, dtype_name, None) is None:
+        warnings.warn(f"{path}: torch {torch.__version__} has no {dtype_name}; returning a numpy array", stacklevel=3)
+        return arr
     return torch.from_numpy(arr)
 
 
@@ -206,6 +211,7 @@ def load_call_dir(call_dir: str, verify: bool = True) -> Tuple[Dict[str, Any], l
 
     Sizes are always checked against meta.json; ``verify`` (default) also checks every CRC-32C.
     """
+    call_dir = os.path.expanduser(call_dir)  # docs show "~/.cache/..."
     if not os.path.isdir(call_dir):
         raise ReplayError(f"{call_dir}: not a directory")
     meta = read_meta(call_dir)

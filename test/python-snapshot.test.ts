@@ -1,0 +1,171 @@
+// The Python client's snapshot side against the agent's: one forward-context rule on both sides,
+// any torch dtype in .pt, unselected forwards never failing over a dtype, and load_call_dir("~/...").
+import * as path from 'path';
+import pino from 'pino';
+import { Agent } from '../src/agent';
+import { resolveIdentity } from '../src/identity';
+import type { ForwardContext } from '../src/messages';
+import { resolveSnapshotConfig } from '../src/snapshot/config';
+import { checkForwardContext } from '../src/snapshot/selector';
+import { PYTHON, ROOT, cleanup, runPython, spawnTracked, tmpDir } from './helpers';
+
+const ENV: NodeJS.ProcessEnv = { ...process.env, PYTHONPATH: path.join(ROOT, 'clients', 'python'), PYTHONDONTWRITEBYTECODE: '1' };
+
+afterEach(cleanup);
+
+async function pyAsync(code: string, env: NodeJS.ProcessEnv): Promise<any> {
+  const p = spawnTracked(PYTHON, ['-c', code], { env });
+  const { code: rc } = await p.exited;
+  if (rc !== 0) throw new Error(`python exited ${rc}: ${p.stderr()}`);
+  const lines = p.stdout().trim().split('\n');
+  return JSON.parse(lines[lines.length - 1]);
+}
+
+// snake_case contexts as the Python client takes them; each differs from a good one in one field.
+const BASE = { compilation_hash: 'g', global_step: 3, is_prompt: false, req_ids: ['a-1', 'b-2'], positions: [5, 7], row_request: [0, 1], num_speculative_tokens: 0, warmup: false };
+const CASES: [string, Record<string, unknown>][] = [
+  ['good', {}],
+  ['empty row_request (row r = request r)', { row_request: [] }],
+  ['empty row_request, more rows than requests', { row_request: [], positions: [5, 7, 0, 0] }],
+  ['empty row_request in prefill', { row_request: [], is_prompt: true, positions: [0, 1, 2, 3] }],
+  ['row_request shorter than positions', { row_request: [0] }],
+  ['row_request past req_ids', { row_request: [0, 2] }],
+  ['row_request -2', { row_request: [0, -2] }],
+  ['padding row', { row_request: [0, -1], positions: [5, -1] }],
+  ['position -2', { positions: [5, -2] }],
+  ['position 2^53-1', { positions: [5, 2 ** 53 - 1] }],
+  ['position 2^53', { positions: [5, 2 ** 53] }],
+  ['global_step 2^53', { global_step: 2 ** 53 }],
+  ['global_step -1', { global_step: -1 }],
+  ['empty hash', { compilation_hash: '' }],
+  ["a '/' in the hash (sanitised into the path)", { compilation_hash: 'a/b' }],
+  ['num_speculative_tokens 2^32', { num_speculative_tokens: 2 ** 32 }],
+  ['no requests, no rows', { req_ids: [], positions: [], row_request: [] }],
+];
+
+function agentAccepts(c: Record<string, unknown>): boolean {
+  const ctx: ForwardContext = {
+    compilationHash: c.compilation_hash as string,
+    globalStep: c.global_step as number,
+    isPrompt: c.is_prompt as boolean,
+    reqIds: c.req_ids as string[],
+    positions: c.positions as number[],
+    rowRequest: c.row_request as number[],
+    numSpeculativeTokens: c.num_speculative_tokens as number,
+    warmup: c.warmup as boolean,
+  };
+  try {
+    checkForwardContext(ctx);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+test('the Python client must accept exactly what the agent accepts (one forward-context rule)', () => {
+  const contexts = CASES.map(([, over]) => ({ ...BASE, ...over }));
+  const out = runPython(
+    `
+import json, sys
+from wavebus_client.forward import context_proto
+from wavebus_client.errors import ConfigError
+res = []
+for c in json.loads(sys.argv[1]):
+    try:
+        context_proto(c); res.append(True)
+    except ConfigError:
+        res.append(False)
+print(json.dumps(res))`,
+    [JSON.stringify(contexts)],
+    { env: ENV },
+  );
+  const client: boolean[] = JSON.parse(out.trim());
+  const agent = contexts.map(agentAccepts);
+  expect(CASES.map(([name], i) => [name, client[i]])).toEqual(CASES.map(([name], i) => [name, agent[i]]));
+  // The rule is not vacuous: both sides refuse some and accept some.
+  expect(agent.filter(Boolean).length).toBeGreaterThan(3);
+  expect(agent.filter((x) => !x).length).toBeGreaterThan(3);
+});
+
+async function withAgent(env: Record<string, string>, body: (runDir: string, root: string) => Promise<void>): Promise<void> {
+  const runDir = tmpDir();
+  const root = tmpDir();
+  const identity = resolveIdentity({ RANK: '0', WORLD_SIZE: '1', LOCAL_RANK: '0', LOCAL_WORLD_SIZE: '1' });
+  const snapshot = resolveSnapshotConfig({ WAVEBUS_SNAPSHOT_ENABLE: '1', WAVEBUS_CACHE_ROOT: root, ...env });
+  const agent = new Agent({ identity, runDir, snapshot, logger: pino({ level: 'silent' }) });
+  await agent.start();
+  try {
+    await body(runDir, root);
+  } finally {
+    await agent.stop();
+  }
+}
+
+test('an empty row_request from Python is captured by a real agent (it used to fail every forward with CaptureError)', async () => {
+  await withAgent({ WAVEBUS_SNAPSHOT_CAPTURE_REQUEST: 'b' }, async (runDir) => {
+    const got = await pyAsync(
+      `
+import json, torch
+from wavebus_client import Client
+from wavebus_client.shm import shm_tensor
+from wavebus_client.replay import load_call_dir
+c = Client.connect()
+ids, r = shm_tensor("wbtest-snap-rr-${process.pid}", [3], torch.int64, region_name="input_ids"); c.register(r)
+captured, d = c.before_forward({"compilation_hash": "g", "global_step": 1, "req_ids": ["a-1", "b-2"], "positions": [5, 9, -1], "row_request": []}, [ids])
+meta, _ = load_call_dir(d)
+c.close()
+print(json.dumps({"captured": captured, "row_request": meta["row_request"], "matches": meta["matches"]}))`,
+      { ...ENV, WAVEBUS_RUN_DIR: runDir, LOCAL_RANK: '0' },
+    );
+    expect(got.captured).toBe(true);
+    expect(got.row_request).toEqual([0, 1, -1]);
+    expect(got.matches).toEqual([{ batch_index: 1, request_id: 'b-2', position: 9, reason: 'request' }]);
+  });
+});
+
+test('.pt captures accept any torch dtype from Python; a forward that is not selected never fails over a dtype', async () => {
+  await withAgent({ WAVEBUS_SNAPSHOT_CAPTURE_AT_CALL: '1', WAVEBUS_SNAPSHOT_FORMAT: 'pt' }, async (runDir) => {
+    const got = await pyAsync(
+      `
+import json, torch
+from wavebus_client import Client
+from wavebus_client.shm import shm_tensor
+from wavebus_client.replay import load_call_dir
+c = Client.connect()
+z, r = shm_tensor("wbtest-snap-cx-${process.pid}", [3], torch.complex64, region_name="freqs"); c.register(r)
+z.copy_(torch.tensor([1 + 2j, -3j, 0.5]))
+ctx = {"compilation_hash": "g", "global_step": 1, "req_ids": ["a"], "positions": [4]}
+first = c.before_forward(ctx, [z])            # call 0: not selected
+captured, d = c.before_forward(ctx, [z])      # call 1: selected, .pt
+meta, ts = load_call_dir(d)
+c.close()
+print(json.dumps({"first": list(first), "captured": captured, "dtype": meta["inputs"][0]["dtype"], "same": torch.equal(ts[0], z)}))`,
+      { ...ENV, WAVEBUS_RUN_DIR: runDir, LOCAL_RANK: '0' },
+    );
+    expect(got.first).toEqual([false, '']);
+    expect(got).toMatchObject({ captured: true, dtype: 'complex64', same: true });
+  });
+});
+
+test('load_call_dir("~/...") works (expanduser)', async () => {
+  await withAgent({}, async (runDir, root) => {
+    const home = path.dirname(root);
+    const got = await pyAsync(
+      `
+import json, os, torch
+from wavebus_client import Client
+from wavebus_client.shm import shm_tensor
+from wavebus_client.replay import load_call_dir
+c = Client.connect()
+t, r = shm_tensor("wbtest-snap-home-${process.pid}", [2], torch.float32, region_name="x"); c.register(r)
+captured, d = c.before_forward({"compilation_hash": "g", "req_ids": ["a"], "positions": [0]}, [t])
+c.close()
+rel = "~/" + os.path.relpath(d, os.environ["HOME"])
+meta, ts = load_call_dir(rel)
+print(json.dumps({"rel": rel, "n": len(ts)}))`,
+      { ...ENV, WAVEBUS_RUN_DIR: runDir, LOCAL_RANK: '0', HOME: home },
+    );
+    expect(got.rel.startsWith('~/')).toBe(true);
+    expect(got.n).toBe(1);
+  });
+});
