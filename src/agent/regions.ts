@@ -33,6 +33,9 @@ export interface RegionMessage {
 export class RegionTable {
   private readonly byName = new Map<string, RegisteredRegion>();
 
+  /** cudaStagingBytes: each CUDA region's pinned bounce chunk (memory.ts default when absent). */
+  constructor(private readonly cudaStagingBytes?: number) {}
+
   /** Validates the message, maps the memory, and records the region. */
   register(msg: RegionMessage): RegisteredRegion {
     if (!msg.name) throw new ConfigError('region.name is empty');
@@ -60,6 +63,7 @@ export class RegionTable {
       msg.kind === 1
         ? { kind: 'cuda', cudaIpcHandle: msg.cudaIpcHandle, device: msg.device, offset: msg.offset, nbytes: msg.nbytes }
         : { kind: 'shm', shmName: msg.shmName, offset: msg.offset, nbytes: msg.nbytes },
+      { field: `region '${msg.name}'`, stagingBytes: this.cudaStagingBytes },
     );
     const r: RegisteredRegion = {
       name: msg.name,
