@@ -71,7 +71,7 @@ typedef struct Alloc {
   int kind; /* 1 device (cudaMalloc), 2 pinned host, 3 opened IPC mapping */
   uint8_t* ptr;
   size_t size;
-  char shm[40]; /* device / IPC: the segment */
+  char shm[24]; /* device / IPC: the segment (fits the handle) */
 } Alloc;
 
 typedef struct Copy {
