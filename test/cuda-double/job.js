@@ -87,7 +87,7 @@ async function main() {
   await agent.start();
   const out = { registerErrors: {}, dumpRoot: startup.dumpDir };
   if (spec.python) {
-    out.python = await runPython(spec.python, { ...process.env, WAVEBUS_RUN_DIR: runDir, LOCAL_RANK: '0' });
+    out.python = await runPython(spec.python, { ...process.env, WAVEBUS_RUN_DIR: runDir, LOCAL_RANK: '0', WAVEBUS_JOB_ROOT: root, WAVEBUS_JOB_DUMP_ROOT: startup.dumpDir });
     await agent.drain();
     await finish(out, startup, spec);
     await agent.stop();
