@@ -24,6 +24,13 @@ CudaSource::~CudaSource() {
   api_->ipcCloseMemHandle(base_);
 }
 
+// A copy that fails part way has earlier copies still queued on the stream, writing into the
+// caller's buffer (or the staging chunk): wait for them before the caller may reuse or free it.
+Status CudaSource::Settle(Status failure) {
+  api_->streamSynchronize(stream_);  // its own error, if any, is the same failure's echo
+  return failure;
+}
+
 // Wait for the queued device->staging copies, then move each staged piece to its destination.
 Status CudaSource::Drain(uint8_t* staged, std::vector<std::pair<uint8_t*, uint64_t>>* pending, uint64_t* used) {
   CudaApi::Err err = api_->streamSynchronize(stream_);
@@ -51,7 +58,7 @@ Status CudaSource::Read(const std::vector<Span>& spans, uint8_t* dst) {
     uint8_t* out = dst;
     for (const Span& s : spans) {
       err = api_->memcpyAsync(out, base_ + s.src, s.len, CudaApi::kMemcpyDeviceToHost, stream_);
-      if (err != 0) return Status::Fail("ERR_SHORT_COPY", api_->ErrorText("cudaMemcpyAsync", err));
+      if (err != 0) return Settle(Status::Fail("ERR_SHORT_COPY", api_->ErrorText("cudaMemcpyAsync", err)));
       out += s.len;
     }
     err = api_->streamSynchronize(stream_);
@@ -79,7 +86,7 @@ Status CudaSource::Read(const std::vector<Span>& spans, uint8_t* dst) {
       }
       uint64_t n = std::min(s.len - done, stagingBytes_ - used);
       err = api_->memcpyAsync(staging_ + used, base_ + s.src + done, n, CudaApi::kMemcpyDeviceToHost, stream_);
-      if (err != 0) return Status::Fail("ERR_SHORT_COPY", api_->ErrorText("cudaMemcpyAsync", err));
+      if (err != 0) return Settle(Status::Fail("ERR_SHORT_COPY", api_->ErrorText("cudaMemcpyAsync", err)));
       pending.emplace_back(out, n);
       used += n;
       out += n;

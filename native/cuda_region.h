@@ -23,6 +23,7 @@ class CudaSource : public ByteSource {
   int device() const { return device_; }
 
  private:
+  Status Settle(Status failure);
   Status Drain(uint8_t* staged, std::vector<std::pair<uint8_t*, uint64_t>>* pending, uint64_t* used);
 
   const CudaApi* api_;

@@ -31,6 +31,8 @@ export interface AgentOptions {
   /** How long end_of_wave may wait for a wave vector that has not arrived. */
   endOfWaveTimeoutMs?: number;
   stagingBytes?: number;
+  /** Pinned chunk each CUDA region bounces device → host copies through (default 8 MiB). */
+  cudaStagingBytes?: number;
   snapshot?: SnapshotConfig;
   /**
    * This host's roots (--dump-root, the snapshot cache root): the agent writes bundles and serves
@@ -112,7 +114,7 @@ export class Agent {
   };
   private readonly log: Logger;
   private readonly opts: AgentOptions;
-  private readonly regions = new RegionTable();
+  private readonly regions: RegionTable;
   private readonly dumps: DumpExecutor;
   private readonly gate: RootGate;
   /** The dumps root served now: the bus's dump.dump_dir when it narrows the local root, else the local root. */
@@ -140,6 +142,7 @@ export class Agent {
     this.log = opts.logger ?? createLogger(`wavebus-agent-rank${opts.identity.globalRank}`);
     this.gate = new RootGate(opts.identity.globalRank, opts.roots ?? {}, this.log);
     this.servedDumps = this.gate.local.dumps;
+    this.regions = new RegionTable(opts.cudaStagingBytes);
     this.dumps = new DumpExecutor(opts.identity, this.regions, this.log, this.gate, opts.artifactModes);
     if (opts.snapshot?.enabled) {
       this.capturer = new SnapshotCapturer(opts.snapshot, {

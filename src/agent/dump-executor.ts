@@ -136,7 +136,12 @@ export class DumpExecutor {
           if (b >= numBlocks) throw new CaptureError(`block id ${b} of request '${job.reqId}' is outside layer '${l.layer}' (${numBlocks} blocks)`, 'ERR_BLOCK_ID');
         }
         const data = Buffer.allocUnsafe(bb * job.blockIds.length);
-        gathers.push(() => r.region.gatherTo(data, 0, job.blockIds, bb, 0));
+        gathers.push(() =>
+          r.region.gatherTo(data, 0, job.blockIds, bb, 0).catch((e: Error & { code?: string }) => {
+            // The ack is all the coordinator sees: it must say which rank and region, and why.
+            throw new CaptureError(`rank ${this.identity.globalRank}: copy of region '${r.name}' (${r.region.describe}) failed: ${e.message}`, e.code ?? 'ERR_CAPTURE');
+          }),
+        );
         entry[kv] = { region: r, data };
       }
       layers.push(entry);

@@ -38,6 +38,9 @@ export class RegionTable {
    */
   private readonly unreadableInputs = new Map<string, string>();
 
+  /** cudaStagingBytes: each CUDA region's pinned bounce chunk (memory.ts default when absent). */
+  constructor(private readonly cudaStagingBytes?: number) {}
+
   /** Validates the message, maps the memory, and records the region; null: an input region this backend cannot read (see unreadable). */
   register(msg: RegionMessage): RegisteredRegion | null {
     if (!msg.name) throw new ConfigError('region.name is empty');
@@ -72,6 +75,7 @@ export class RegionTable {
       msg.kind === 1
         ? { kind: 'cuda', cudaIpcHandle: msg.cudaIpcHandle, device: msg.device, offset: msg.offset, nbytes: msg.nbytes }
         : { kind: 'shm', shmName: msg.shmName, offset: msg.offset, nbytes: msg.nbytes },
+      { field: `region '${msg.name}'`, stagingBytes: this.cudaStagingBytes },
     );
     const r: RegisteredRegion = {
       name: msg.name,
