@@ -4,7 +4,6 @@
 // tears everything down when it exits, exiting with its code.
 import { ChildProcess, spawn } from 'child_process';
 import * as dns from 'dns';
-import * as fs from 'fs';
 import * as net from 'net';
 import * as os from 'os';
 import * as path from 'path';
@@ -13,6 +12,7 @@ import { ConfigError, WavebusError } from './errors';
 import { clientSocketOptions, curveDirFiles, loadCurveDirClient, loadCurveDirServer, type CurveClientKeys } from './bus/curve';
 import { checkBindAllowed, HostPort, isLoopback, parseBusPort, parseHostPort, socketIpOptions, tcpEndpoint } from './bus/endpoints';
 import { agentEndpoint, mailboxPath, packageRoot } from './paths';
+import { claimRunDir, makeRunDir, newShmPrefix, releaseRunDir, removeShmSegments, type RunDir } from './run-dir';
 import { CoordinatorMessage, decode, AgentMessage, encode } from './proto';
 import type { WorldLayout } from './identity';
 import type { Logger } from './log';
@@ -249,29 +249,19 @@ export function commandEnv(opts: LaunchOptions, runDir: string, env: NodeJS.Proc
 }
 
 
-function defaultRunDir(): string {
-  let user: string;
-  try {
-    user = os.userInfo().username;
-  } catch {
-    user = String(process.getuid?.() ?? 'user');
+/**
+ * The run dir: --run-dir created 0700 (or an existing one that is ours and 0700), else a fresh
+ * unpredictable /dev/shm/wavebus-XXXXXX. Only a directory we created is removed at the end.
+ */
+function prepareRunDir(runDir: string | undefined, nproc: number): RunDir {
+  if (runDir !== undefined) {
+    const longest = agentEndpoint(runDir, nproc - 1).slice('ipc://'.length);
+    if (Buffer.byteLength(longest) > MAX_IPC_PATH) {
+      throw launchError(`--run-dir ${runDir}: too long for a unix socket path (${longest} is over ${MAX_IPC_PATH} bytes); pick a shorter directory`);
+    }
+    return claimRunDir(runDir, '--run-dir');
   }
-  const base = fs.existsSync('/dev/shm') ? '/dev/shm' : os.tmpdir();
-  return path.join(base, `wavebus-${user.replace(/[^A-Za-z0-9._-]/g, '_')}-${process.pid}`);
-}
-
-/** Create the run dir; returns whether we created it (and so must remove it). */
-function prepareRunDir(runDir: string, nproc: number): boolean {
-  const longest = agentEndpoint(runDir, nproc - 1).slice('ipc://'.length);
-  if (Buffer.byteLength(longest) > MAX_IPC_PATH) {
-    throw launchError(`--run-dir ${runDir}: too long for a unix socket path (${longest} is over ${MAX_IPC_PATH} bytes); pick a shorter directory`);
-  }
-  if (fs.existsSync(runDir)) {
-    if (!fs.statSync(runDir).isDirectory()) throw launchError(`--run-dir ${runDir}: exists and is not a directory`);
-    return false;
-  }
-  fs.mkdirSync(runDir, { recursive: true, mode: 0o700 });
-  return true;
+  return makeRunDir('wavebus-');
 }
 
 // ------------------------------------------------------------------ where the coordinator runs
@@ -515,16 +505,24 @@ export async function launch(opts: LaunchOptions, logger?: Logger): Promise<numb
     logger?.info({ coordinator: opts.coordinator }, 'the coordinator address is not on this host; expecting a coordinator there');
   }
 
-  const runDir = opts.runDir ?? defaultRunDir();
-  const createdRunDir = prepareRunDir(runDir, opts.nprocPerNode);
-  const env = commandEnv(opts, runDir);
+  const rd = prepareRunDir(opts.runDir, opts.nprocPerNode);
+  const runDir = rd.path;
+  // The engines name their shm segments with this prefix, so whatever kills them (SIGKILL
+  // included), the launcher removes exactly this job's segments once the command is gone.
+  const shmPrefix = newShmPrefix();
+  const env = { ...commandEnv(opts, runDir), WAVEBUS_SHM_PREFIX: shmPrefix };
+  const releaseShm = () => {
+    const gone = removeShmSegments(shmPrefix);
+    if (gone.length > 0) logger?.warn({ segments: gone }, 'removed shared memory the command left behind');
+  };
   const sidecars: Sidecar[] = [];
   let command: ChildProcess | undefined;
 
   // Last line of defence: whatever happens to us, the sidecars do not outlive the launcher.
   const onExit = () => {
     for (const s of sidecars) if (s.alive()) s.signalGroup('SIGKILL');
-    if (createdRunDir) fs.rmSync(runDir, { recursive: true, force: true });
+    removeShmSegments(shmPrefix);
+    releaseRunDir(rd);
   };
   process.on('exit', onExit);
 
@@ -546,7 +544,8 @@ export async function launch(opts: LaunchOptions, logger?: Logger): Promise<numb
   const teardown = async () => {
     await Promise.all(sidecars.map((s) => s.stop(opts.graceMs)));
     for (const s of SIGNALS) process.off(s, onSignal);
-    if (createdRunDir) fs.rmSync(runDir, { recursive: true, force: true });
+    releaseShm();
+    releaseRunDir(rd);
     process.off('exit', onExit);
   };
 
@@ -614,6 +613,7 @@ export async function launch(opts: LaunchOptions, logger?: Logger): Promise<numb
       });
       cmd.once('exit', (code, signal) => resolve(signal ? signalExitCode(signal) : (code ?? 1)));
     });
+    releaseShm();
     if (opts.lingerMs && opts.lingerMs > 0) {
       // Agents keep serving their bundles so `wavebus aggregate` can still collect them.
       process.stderr.write(`wavebus launch: the command exited (${result}); agents keep serving files for ${opts.lingerMs} ms (SIGTERM stops them)\n`);
