@@ -194,14 +194,23 @@ MailboxWriter::~MailboxWriter() {
   if (base_ != nullptr) munmap(base_, kFileBytes);
 }
 
-// Creates the file, or takes over one a previous agent left (same path after a restart):
-// readers that still have it mapped keep working, they just see the slots emptied. The file
-// only ever grows, so a reader's mapping never loses pages under it (which would be SIGBUS).
+// Creates the file (O_CREAT|O_EXCL|O_NOFOLLOW, mode 0600: only the agent's uid, which is the
+// engine's, maps it), or takes over one a previous agent of this rank left (same path after a
+// restart): readers that still have it mapped keep working, they just see the slots emptied.
+// A taken-over file must be a regular file of ours with no other name (a planted link or hard
+// link to someone's file is refused, never written). The file only ever grows, so a reader's
+// mapping never loses pages under it (which would be SIGBUS).
 Napi::Value MailboxWriter::Create(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   std::string path = ArgString(info, 0, "path");
-  int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) ThrowCoded(env, "ERR_MAILBOX_OPEN", ErrnoText("open(" + path + ")", errno));
+  int fd = open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  bool existed = fd < 0 && errno == EEXIST;
+  if (existed) fd = open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) {
+    int err = errno;
+    if (err == ELOOP) ThrowCoded(env, "ERR_MAILBOX_OPEN", path + " is a symbolic link; refusing to follow it");
+    ThrowCoded(env, "ERR_MAILBOX_OPEN", ErrnoText("open(" + path + ")", err));
+  }
   struct stat st;
   if (fstat(fd, &st) != 0) {
     int err = errno;
@@ -211,6 +220,16 @@ Napi::Value MailboxWriter::Create(const Napi::CallbackInfo& info) {
   if (!S_ISREG(st.st_mode)) {
     close(fd);
     ThrowCoded(env, "ERR_MAILBOX_OPEN", path + " is not a regular file");
+  }
+  if (existed && (st.st_uid != geteuid() || st.st_nlink != 1)) {
+    close(fd);
+    ThrowCoded(env, "ERR_MAILBOX_OPEN", path + " exists and is not a mailbox of ours (owner uid " + std::to_string(st.st_uid) + ", " +
+                                            std::to_string(st.st_nlink) + " links); refusing to take it over");
+  }
+  if (existed && (st.st_mode & 07777) != 0600 && fchmod(fd, 0600) != 0) {
+    int err = errno;
+    close(fd);
+    ThrowCoded(env, "ERR_MAILBOX_OPEN", ErrnoText("fchmod(" + path + ", 0600)", err));
   }
   if (static_cast<uint64_t>(st.st_size) < kFileBytes && ftruncate(fd, kFileBytes) != 0) {
     int err = errno;
@@ -307,7 +326,7 @@ MailboxReader::~MailboxReader() = default;
 Napi::Value MailboxReader::Open(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   std::string path = ArgString(info, 0, "path");
-  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  int fd = open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);  // the agent never makes it a link
   if (fd < 0) ThrowCoded(env, "ERR_MAILBOX_OPEN", ErrnoText("open(" + path + ")", errno));
   struct stat st;
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) < kFileBytes) {

@@ -17,6 +17,7 @@ import { createLogger, type Logger } from './log';
 import { MailboxWriter, MailboxFeature } from './mailbox';
 import type { DumpJob, DumpLane } from './messages';
 import { agentEndpoint, mailboxPath } from './paths';
+import { claimRunDir, staleSocketOrNothing } from './run-dir';
 import { ClientReply, ClientRequest, encode, toPlain } from './proto';
 import { waveHeadBytes } from './bus/wave-head-relay';
 import { SnapshotCapturer } from './snapshot/capture';
@@ -167,13 +168,16 @@ export class Agent {
   async start(): Promise<void> {
     const { runDir, identity } = this.opts;
     if (!runDir) throw new ConfigError('--run-dir (WAVEBUS_RUN_DIR) is required for an agent');
-    fs.mkdirSync(runDir, { recursive: true });
+    // Ours and 0700 (created so if missing): nobody else can plant a link or a file in it.
+    claimRunDir(runDir, 'run dir (--run-dir / WAVEBUS_RUN_DIR)');
     this.mailbox = MailboxWriter.create(mailboxPath(runDir, identity.localRank));
     this.publishFeatures(); // what is known before the bus syncs (snapshots), so clients never see a stale 0
     this.router = new zmq.Router({ linger: 0, maxMessageSize: 16 * 2 ** 20 });
     const endpoint = agentEndpoint(runDir, identity.localRank);
     const sockPath = endpoint.slice('ipc://'.length);
-    if (fs.existsSync(sockPath)) fs.unlinkSync(sockPath); // left by a killed agent of this rank
+    const there = staleSocketOrNothing(sockPath);
+    if (there === 'stale') fs.unlinkSync(sockPath); // left by a killed agent of this rank
+    else if (there !== 'none') throw new ConfigError(`agent socket ${sockPath}: something else is there (${there}); refusing to remove it`, 'ERR_RUN_DIR');
     await this.router.bind(endpoint);
     void this.serveClients(this.router);
     this.files = new FileServer(identity.globalRank, () => ({ snapshots: this.opts.roots?.snapshots, dumps: this.servedDumps }), this.log);

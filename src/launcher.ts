@@ -16,6 +16,7 @@ import { ConfigError, WavebusError } from './errors';
 import { clientSocketOptions, curveDirFiles, loadCurveDirClient, loadCurveDirServer, type CurveClientKeys } from './bus/curve';
 import { checkBindAllowed, HostPort, isLoopback, parseBusPort, parseHostPort, socketIpOptions, tcpEndpoint } from './bus/endpoints';
 import { agentEndpoint, mailboxPath, packageRoot } from './paths';
+import { claimRunDir, makeRunDir, newShmPrefix, releaseRunDir, removeShmSegments, type RunDir } from './run-dir';
 import { CoordinatorMessage, decode, AgentMessage, encode } from './proto';
 import type { WorldLayout } from './identity';
 import type { Logger } from './log';
@@ -276,29 +277,19 @@ export function commandEnv(opts: LaunchOptions, runDir: string, env: NodeJS.Proc
 }
 
 
-function defaultRunDir(): string {
-  let user: string;
-  try {
-    user = os.userInfo().username;
-  } catch {
-    user = String(process.getuid?.() ?? 'user');
+/**
+ * The run dir: --run-dir created 0700 (or an existing one that is ours and 0700), else a fresh
+ * unpredictable /dev/shm/wavebus-XXXXXX. Only a directory we created is removed at the end.
+ */
+function prepareRunDir(runDir: string | undefined, nproc: number): RunDir {
+  if (runDir !== undefined) {
+    const longest = agentEndpoint(runDir, nproc - 1).slice('ipc://'.length);
+    if (Buffer.byteLength(longest) > MAX_IPC_PATH) {
+      throw launchError(`--run-dir ${runDir}: too long for a unix socket path (${longest} is over ${MAX_IPC_PATH} bytes); pick a shorter directory`);
+    }
+    return claimRunDir(runDir, '--run-dir');
   }
-  const base = fs.existsSync('/dev/shm') ? '/dev/shm' : os.tmpdir();
-  return path.join(base, `wavebus-${user.replace(/[^A-Za-z0-9._-]/g, '_')}-${process.pid}`);
-}
-
-/** Create the run dir; returns whether we created it (and so must remove it). */
-function prepareRunDir(runDir: string, nproc: number): boolean {
-  const longest = agentEndpoint(runDir, nproc - 1).slice('ipc://'.length);
-  if (Buffer.byteLength(longest) > MAX_IPC_PATH) {
-    throw launchError(`--run-dir ${runDir}: too long for a unix socket path (${longest} is over ${MAX_IPC_PATH} bytes); pick a shorter directory`);
-  }
-  if (fs.existsSync(runDir)) {
-    if (!fs.statSync(runDir).isDirectory()) throw launchError(`--run-dir ${runDir}: exists and is not a directory`);
-    return false;
-  }
-  fs.mkdirSync(runDir, { recursive: true, mode: 0o700 });
-  return true;
+  return makeRunDir('wavebus-');
 }
 
 // ------------------------------------------------------------------ where the coordinator runs
@@ -551,11 +542,24 @@ export async function launch(opts: LaunchOptions, logger?: Logger): Promise<numb
     logger?.info({ coordinator: opts.coordinator }, 'the coordinator address is not on this host; expecting a coordinator there');
   }
 
-  const runDir = opts.runDir ?? defaultRunDir();
+  const rd = prepareRunDir(opts.runDir, opts.nprocPerNode);
+  const runDir = rd.path;
   // The dump root is this host's decision, derived like the coordinator's (before anything starts).
-  const dumpRoot = launchDumpRoot(opts.coordinatorArgs);
-  const createdRunDir = prepareRunDir(runDir, opts.nprocPerNode);
-  const env = commandEnv(opts, runDir);
+  let dumpRoot: string;
+  try {
+    dumpRoot = launchDumpRoot(opts.coordinatorArgs);
+  } catch (e) {
+    releaseRunDir(rd);
+    throw e;
+  }
+  // The engines name their shm segments with this prefix, so whatever kills them (SIGKILL
+  // included), the launcher removes exactly this job's segments once the command is gone.
+  const shmPrefix = newShmPrefix();
+  const env: NodeJS.ProcessEnv = { ...commandEnv(opts, runDir), WAVEBUS_SHM_PREFIX: shmPrefix };
+  const releaseShm = () => {
+    const gone = removeShmSegments(shmPrefix);
+    if (gone.length > 0) logger?.warn({ segments: gone }, 'removed shared memory the command left behind');
+  };
   // Without CURVE, a one-host job's coordinator and agents share a fresh token (auth.ts), passed
   // by path. Several hosts cannot share a file from here: they use CURVE (docs/security.md).
   let tokenFile: string | undefined;
@@ -565,7 +569,7 @@ export async function launch(opts: LaunchOptions, logger?: Logger): Promise<numb
       tokenFile = createTokenFile(runDir);
       token = BusToken.load(tokenFile, 'the bus token');
     } catch (e) {
-      if (createdRunDir) fs.rmSync(runDir, { recursive: true, force: true });
+      releaseRunDir(rd);
       throw e;
     }
     env.WAVEBUS_BUS_TOKEN_FILE = tokenFile;
@@ -577,7 +581,8 @@ export async function launch(opts: LaunchOptions, logger?: Logger): Promise<numb
   const onExit = () => {
     for (const s of sidecars) if (s.alive()) s.signalGroup('SIGKILL');
     if (tokenFile) fs.rmSync(tokenFile, { force: true });
-    if (createdRunDir) fs.rmSync(runDir, { recursive: true, force: true });
+    removeShmSegments(shmPrefix);
+    releaseRunDir(rd);
   };
   process.on('exit', onExit);
 
@@ -600,7 +605,8 @@ export async function launch(opts: LaunchOptions, logger?: Logger): Promise<numb
     await Promise.all(sidecars.map((s) => s.stop(opts.graceMs)));
     for (const s of SIGNALS) process.off(s, onSignal);
     if (tokenFile) fs.rmSync(tokenFile, { force: true });
-    if (createdRunDir) fs.rmSync(runDir, { recursive: true, force: true });
+    releaseShm();
+    releaseRunDir(rd);
     process.off('exit', onExit);
   };
 
@@ -670,6 +676,7 @@ export async function launch(opts: LaunchOptions, logger?: Logger): Promise<numb
       });
       cmd.once('exit', (code, signal) => resolve(signal ? signalExitCode(signal) : (code ?? 1)));
     });
+    releaseShm();
     if (opts.lingerMs && opts.lingerMs > 0) {
       // Agents keep serving their bundles so `wavebus aggregate` can still collect them.
       process.stderr.write(`wavebus launch: the command exited (${result}); agents keep serving files for ${opts.lingerMs} ms (SIGTERM stops them)\n`);

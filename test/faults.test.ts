@@ -96,7 +96,7 @@ class Job {
     this.configPath = path.join(this.dir, 'runtime', 'config', 'runtime_config.json');
     this.kvRoot = o.dumpRoot ?? path.join(this.dir, 'runtime', 'report', 'kv_cache');
     this.config = o.config ?? baseConfig();
-    fs.mkdirSync(this.runDir, { recursive: true });
+    fs.mkdirSync(this.runDir, { recursive: true, mode: 0o700 }); // a run dir must be private
     this.writeConfig(this.config);
   }
 

@@ -207,7 +207,7 @@ function cases(m: Mutator, deadPort: number, runDir: string, perName: number): C
     const i = cmd.indexOf('--run-dir');
     if (cmd[0] !== 'agent' || i < 0) return cmd;
     const dir = path.join(runDir, `agent${n++}`);
-    fs.mkdirSync(dir, { recursive: true });
+    fs.mkdirSync(dir, { recursive: true, mode: 0o700 }); // a run dir must be private
     return [...cmd.slice(0, i + 1), dir, ...cmd.slice(i + 2)];
   };
   for (const [base, flag, pool] of flags) {

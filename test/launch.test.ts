@@ -217,12 +217,13 @@ describe('wavebus launch end to end', () => {
     expect({ code, stderr: code === 3 ? '' : r.stderr() }).toEqual({ code: 3, stderr: '' });
     const p = readProbe(out);
     const runDir = p.env.WAVEBUS_RUN_DIR;
-    expect(runDir).toMatch(/^\/dev\/shm\/wavebus-.+-\d+$/);
+    expect(runDir).toMatch(/^\/dev\/shm\/wavebus-[A-Za-z0-9]{6}$/); // mkdtemp: unpredictable (test/run-dir.test.ts)
     expect(p.runDirExists).toBe(true);
     const inherited = Object.fromEntries(Object.entries(process.env).filter(([k]) => k.startsWith('WAVEBUS_')));
     expect(p.env).toEqual({
       ...inherited,
       WAVEBUS_RUN_DIR: runDir,
+      WAVEBUS_SHM_PREFIX: expect.stringMatching(/^wavebus-[0-9a-f]{12}-$/),
       WAVEBUS_COORDINATOR: `127.0.0.1:${port}`,
       WAVEBUS_TP: '4',
       WAVEBUS_PP: '1',

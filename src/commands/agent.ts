@@ -1,7 +1,6 @@
 // `wavebus agent`: one per rank. Last-PP ranks join the wave bus; other ranks follow the config
 // file. Thin on purpose: flags → identity → Agent (src/agent.ts).
 import type { CommandModule } from 'yargs';
-import * as fs from 'fs';
 import * as os from 'os';
 import * as path from 'path';
 import { Agent } from '../agent';
@@ -14,6 +13,7 @@ import { checkHost, parseBusPort, parseHostPort, type HostPort } from '../bus/en
 import { identityFlagsFromArgv, identityOptions, resolveIdentity, type RankIdentity } from '../identity';
 import { ConfigError } from '../errors';
 import { createLogger, type Logger } from '../log';
+import { claimRunDir, makeRunDir, releaseRunDir } from '../run-dir';
 import { resolveSnapshotConfig, snapshotFlagsFromArgv, snapshotOptions } from '../snapshot/config';
 import { positiveInt, waitForSignal } from './coordinator';
 
@@ -30,9 +30,10 @@ export interface AgentSetup {
   identity: RankIdentity;
   coordinator: HostPort;
   heartbeatMs: number;
+  /** --run-dir, else $WAVEBUS_RUN_DIR, else '' (a fresh private one is made at start). */
   runDir: string;
-  /** The run dir was made up here (no --run-dir / WAVEBUS_RUN_DIR) and is removed at exit. */
-  ownRunDir: boolean;
+  /** Which of the two named runDir, for errors. */
+  runDirFlag: string;
   endOfWaveTimeoutMs: number;
   stagingBytes: number;
   /** CURVE client keys (--curve-server-key + --curve-key), when the coordinator uses CURVE. */
@@ -67,14 +68,15 @@ export function setupAgent(argv: Record<string, unknown>, env: NodeJS.ProcessEnv
   const heartbeatMs = positiveInt(argv['heartbeat-ms'], '--heartbeat-ms');
   const endOfWaveTimeoutMs = positiveInt(argv['end-of-wave-timeout-ms'], '--end-of-wave-timeout-ms');
   const stagingBytes = positiveInt(argv['staging-mb'], '--staging-mb') * 2 ** 20;
-  const given = (argv['run-dir'] as string | undefined) || env.WAVEBUS_RUN_DIR || '';
-  const runDir = given || path.join(os.tmpdir(), `wavebus-agent-rank${identity.globalRank}-${process.pid}`);
+  const flagDir = argv['run-dir'] as string | undefined;
+  const given = flagDir || env.WAVEBUS_RUN_DIR || '';
+  const runDirFlag = flagDir ? '--run-dir' : 'WAVEBUS_RUN_DIR';
   const curve = loadClientKeys(argv['curve-server-key'] as string | undefined, argv['curve-key'] as string | undefined);
   const busToken = loadBusToken(argv['bus-token-file'], env);
   const dumpRoot = localDumpRoot(argv['dump-root'], env, process.cwd());
   const log = createLogger(`wavebus-agent-rank${identity.globalRank}`);
   const artifactModes = parseArtifactMode(argv['artifact-mode'], '--artifact-mode');
-  return { identity, coordinator, heartbeatMs, runDir, ownRunDir: !given, endOfWaveTimeoutMs, stagingBytes, curve, busToken, dumpRoot, artifactModes, log };
+  return { identity, coordinator, heartbeatMs, runDir: given, runDirFlag, endOfWaveTimeoutMs, stagingBytes, curve, busToken, dumpRoot, artifactModes, log };
 }
 
 export const command: CommandModule = {
@@ -86,7 +88,7 @@ export const command: CommandModule = {
     return y
       .option('coordinator', { type: 'string', describe: `HOST:PORT of the coordinator (default $WAVEBUS_COORDINATOR, else $MASTER_ADDR:\${WAVEBUS_PORT:-${DEFAULT_BUS_PORT}})` })
       .option('heartbeat-ms', { type: 'string', default: String(DEFAULT_HEARTBEAT_MS), describe: 'heartbeat period; a coordinator silent for 3 periods is lost' })
-      .option('run-dir', { type: 'string', describe: 'directory for the engine-client socket and mailbox (default $WAVEBUS_RUN_DIR)' })
+      .option('run-dir', { type: 'string', describe: 'directory for the engine-client socket and mailbox (default $WAVEBUS_RUN_DIR, else a fresh private one): created 0700, or an existing one of yours with mode 0700' })
       .option('end-of-wave-timeout-ms', { type: 'string', default: '50', describe: 'longest an engine waits at end_of_wave for a wave vector that has not arrived' })
       .option('artifact-mode', artifactModeOption)
       .option('staging-mb', { type: 'string', default: '1024', describe: 'host staging bound for KV dump copies' })
@@ -99,9 +101,12 @@ export const command: CommandModule = {
     const a = setupAgent(argv as Record<string, unknown>, process.env);
     const { identity, log } = a;
     const snapshot = resolveSnapshotConfig(process.env, snapshotFlagsFromArgv(argv as Record<string, unknown>), (m: string) => log.warn(m));
+    // A named run dir is created 0700 or must already be ours and 0700; without one, an
+    // unpredictable private dir in tmpdir. Only a dir created here is removed at exit.
+    const rd = a.runDir ? claimRunDir(a.runDir, a.runDirFlag) : makeRunDir(`wavebus-agent-rank${identity.globalRank}-`, os.tmpdir());
     const agent = new Agent({
       identity,
-      runDir: a.runDir,
+      runDir: rd.path,
       coordinator: a.coordinator,
       heartbeatMs: a.heartbeatMs,
       endOfWaveTimeoutMs: a.endOfWaveTimeoutMs,
@@ -115,10 +120,10 @@ export const command: CommandModule = {
     });
     const signal = waitForSignal();
     await agent.start();
-    log.info({ rank: identity.globalRank, lastPp: identity.isLastPp, runDir: a.runDir, snapshots: snapshot.enabled, dumpRoot: a.dumpRoot, busToken: a.busToken !== undefined, ...(snapshot.enabled ? { snapshotRoot: snapshot.snapshotRoot, snapshotRootFrom: snapshot.rootSource } : {}) }, 'agent started');
+    log.info({ rank: identity.globalRank, lastPp: identity.isLastPp, runDir: rd.path, snapshots: snapshot.enabled, dumpRoot: a.dumpRoot, busToken: a.busToken !== undefined, ...(snapshot.enabled ? { snapshotRoot: snapshot.snapshotRoot, snapshotRootFrom: snapshot.rootSource } : {}) }, 'agent started');
     log.info({ signal: await signal }, 'stopping');
     await agent.stop();
-    if (a.ownRunDir) fs.rmSync(a.runDir, { recursive: true, force: true });
+    releaseRunDir(rd);
     process.exit(0);
   },
 };

@@ -81,6 +81,12 @@ export const rankCommand: CommandModule = {
   builder: (y) => y.option('options', { type: 'string', demandOption: true }),
   handler: async (argv) => {
     const opts = JSON.parse(String(argv.options)) as SimRankOptions;
+    // The job that forked us is gone (killed, SIGKILL included): stop too, and unlink our
+    // segment on the way out (runSimRank's exit handler) instead of running on as an orphan.
+    process.on('disconnect', () => {
+      process.stderr.write('sim rank: the sim job is gone; exiting\n');
+      process.exit(1);
+    });
     await runSimRank(opts, () =>
       new Promise<number | undefined>((resolve) => {
         if (!process.send) return resolve(undefined);

@@ -4,7 +4,7 @@ import { fork, type ChildProcess } from 'child_process';
 import * as fs from 'fs';
 import * as path from 'path';
 import { ConfigError } from '../errors';
-import type { SimRankOptions, SimRankResult } from './rank';
+import { shmNameFor, simShmTag, unlinkQuietly, type SimRankOptions, type SimRankResult } from './rank';
 
 export interface SimJobOptions extends Omit<SimRankOptions, 'startAt'> {
   nnodes: number;
@@ -32,7 +32,9 @@ export async function runSimJob(opts: SimJobOptions): Promise<SimJobResult> {
   const children: { rank: number; child: ChildProcess }[] = [];
   const ready: Promise<void>[] = [];
   const exits: Promise<{ rank: number; code: number | null; signal: string | null }>[] = [];
-  const { nnodes, nodeRank, nprocPerNode, masterAddr, env: _env, startAt: _s, ...rankOpts } = opts;
+  const { nnodes, nodeRank, nprocPerNode, masterAddr, env: _env, startAt: _s, ...given } = opts;
+  // The job names the ranks' segments so it can remove the one of a rank that dies (SIGKILL included).
+  const rankOpts: SimRankOptions = { ...given, shmTag: given.shmTag ?? simShmTag(env) };
   for (let local = 0; local < nprocPerNode; local++) {
     const rank = nodeRank * nprocPerNode + local;
     const child = fork(cliPath(), ['sim-rank', '--options', JSON.stringify(rankOpts)], {
@@ -55,7 +57,14 @@ export async function runSimJob(opts: SimJobOptions): Promise<SimJobResult> {
         child.once('exit', (code) => reject(new Error(`sim rank ${rank} exited with code ${code} before it was ready`)));
       }),
     );
-    exits.push(new Promise((resolve) => child.on('exit', (code, signal) => resolve({ rank, code, signal }))));
+    exits.push(
+      new Promise((resolve) =>
+        child.on('exit', (code, signal) => {
+          unlinkQuietly(shmNameFor(rankOpts.shmTag!, rank));
+          resolve({ rank, code, signal });
+        }),
+      ),
+    );
   }
   const forward = (sig: NodeJS.Signals): void => children.forEach((c) => c.child.kill(sig));
   process.on('SIGTERM', forward);

@@ -1,5 +1,6 @@
 // One simulated engine rank: its shard of a paged KV pool and its input buffers live in POSIX
 // shared memory; each step it calls the wavebus client exactly where a real engine would.
+import * as crypto from 'crypto';
 import * as fs from 'fs';
 import * as path from 'path';
 import { WavebusClient } from '../client';
@@ -7,6 +8,7 @@ import { itemSize } from '../dtype';
 import { resolveIdentity } from '../identity';
 import { ShmSegment } from '../memory';
 import type { StepTelemetry } from '../messages';
+import { isShmPrefix } from '../run-dir';
 import type { SimFaults } from './faults';
 import { fillKvPool, type KvGeometry } from './kv-pattern';
 import { SimScheduler } from './scheduler';
@@ -27,6 +29,8 @@ export interface SimRankOptions {
   computeUs?: number;
   /** Idle wait per step standing in for a forward on the accelerator (CPU free meanwhile); 0 = none. */
   forwardMs?: number;
+  /** Names this rank's shm segment (shmNameFor); the job picks it so it can remove it if the rank dies. */
+  shmTag?: string;
 }
 
 export interface SimRankResult {
@@ -55,8 +59,25 @@ export function layerName(layer: number): string {
   return `model.layers.${layer}.self_attn`;
 }
 
-export function shmNameFor(runTag: string, rank: number): string {
-  return `/wavebus-sim-${runTag}-r${rank}`;
+/**
+ * A tag for the job's shm names: under `wavebus launch` its WAVEBUS_SHM_PREFIX (the launcher
+ * removes every segment with it once the command is gone, SIGKILL included), else a random one.
+ */
+export function simShmTag(env: NodeJS.ProcessEnv = process.env): string {
+  return isShmPrefix(env.WAVEBUS_SHM_PREFIX) ? `${env.WAVEBUS_SHM_PREFIX}sim` : `wavebus-sim-${crypto.randomBytes(6).toString('hex')}`;
+}
+
+export function shmNameFor(shmTag: string, rank: number): string {
+  return `/${shmTag}-r${rank}`;
+}
+
+/** Unlink a segment if it is still there (a rank that died, or the job cleaning up after one). */
+export function unlinkQuietly(shmName: string): void {
+  try {
+    ShmSegment.unlink(shmName);
+  } catch {
+    /* already gone */
+  }
 }
 
 /** Spin the CPU for `us` microseconds: a forward that keeps the engine thread busy. */
@@ -74,14 +95,12 @@ export async function runSimRank(opts: SimRankOptions, onReady: () => Promise<nu
   const g: KvGeometry = { ...opts.geometry, kvHeads: Math.max(1, Math.floor(opts.geometry.totalKvHeads / id.tp)) };
   const poolBytes = g.numBlocks * g.blockSize * g.kvHeads * g.headDim * itemSize(g.dtype);
   const inputBytes = MAX_ROWS * 4 + MAX_ROWS * 8;
-  const runTag = (process.env.WAVEBUS_RUN_DIR ?? `p${process.ppid}x${process.pid}`).replace(/[^A-Za-z0-9]/g, '').slice(-24);
-  const shmName = shmNameFor(runTag, id.globalRank);
-  try {
-    ShmSegment.unlink(shmName); // a leftover of a killed run with the same tag
-  } catch {
-    /* not there */
-  }
+  const shmName = shmNameFor(opts.shmTag ?? simShmTag(), id.globalRank);
   const seg = ShmSegment.create(shmName, g.layers * 2 * poolBytes + inputBytes);
+  // Every way out unlinks it: process.exit (an injected death included) runs 'exit' handlers;
+  // a SIGKILL does not, and then the job (or the launcher) removes it.
+  const unlinkAtExit = () => unlinkQuietly(shmName);
+  process.on('exit', unlinkAtExit);
   const mem = seg.buffer();
   for (let l = 0; l < g.layers; l++) {
     fillKvPool(mem.subarray((2 * l) * poolBytes, (2 * l + 1) * poolBytes), g, l, 'k', id.globalRank);
@@ -179,10 +198,7 @@ export async function runSimRank(opts: SimRankOptions, onReady: () => Promise<nu
   fs.mkdirSync(opts.resultDir, { recursive: true });
   fs.writeFileSync(path.join(opts.resultDir, `rank${id.globalRank}.json`), JSON.stringify(result, null, 2));
   seg.close();
-  try {
-    ShmSegment.unlink(shmName);
-  } catch {
-    /* already gone */
-  }
+  unlinkQuietly(shmName);
+  process.off('exit', unlinkAtExit);
   return result;
 }

@@ -96,7 +96,7 @@ class Mailbox:
         self.path = path
         self._futex_map = None
         try:
-            fd = os.open(path, os.O_RDONLY)
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)  # the agent never makes it a link
         except FileNotFoundError:
             raise ProtocolError(f"mailbox {path} does not exist (is the wavebus agent of this rank running?)", "ERR_MAILBOX_MISSING") from None
         except OSError as e:
@@ -219,7 +219,8 @@ class MailboxWriter:
 
     def __init__(self, path: str, features: int = 0, epoch: int = 1):
         self.path = path
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        # A new file of ours, 0600 like the agent's (docs/security.md): never through a link.
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         try:
             os.ftruncate(fd, SIZE)
             self._map = mmap.mmap(fd, SIZE, access=mmap.ACCESS_WRITE)
@@ -245,7 +246,7 @@ class MailboxWriter:
         """Write into an existing mailbox without resetting it (tests that play the agent's part)."""
         w = cls.__new__(cls)
         w.path = path
-        fd = os.open(path, os.O_RDWR)
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
         try:
             w._map = mmap.mmap(fd, SIZE, access=mmap.ACCESS_WRITE)
         finally:

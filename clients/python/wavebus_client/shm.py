@@ -3,9 +3,14 @@
 ``tensor, region = shm_tensor("wavebus-in0-rank0", [8, 128], torch.int64)`` then
 ``client.register(region)``. The segment stays alive as long as this process does (the Region
 holds the SharedMemory); ``release(region)`` or process exit unlinks it.
+
+Under ``wavebus launch`` the name gets the job's ``WAVEBUS_SHM_PREFIX`` in front, so that the
+launcher removes the segment even when this process is killed (SIGKILL runs no atexit).
 """
 import _posixshmem
 import atexit
+import os
+import re
 from multiprocessing import resource_tracker, shared_memory
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -15,6 +20,12 @@ from .region import Region, check_shape, validate
 
 _LIVE: Dict[str, shared_memory.SharedMemory] = {}
 _ALIGN = 256  # offsets of KV layers inside one pool segment
+_SHM_PREFIX = re.compile(r"^wavebus-[0-9a-f]{12}-$")  # what `wavebus launch` sets (src/run-dir.ts)
+
+
+def _job_prefix() -> str:
+    p = os.environ.get("WAVEBUS_SHM_PREFIX", "")
+    return p if _SHM_PREFIX.match(p) else ""
 
 
 def _numel(shape: Sequence[int]) -> int:
@@ -28,6 +39,9 @@ def _create(name: str, nbytes: int, where: str) -> shared_memory.SharedMemory:
     if not isinstance(name, str) or not name.strip("/") or "/" in name.lstrip("/"):
         raise ConfigError(f"{where}: shm name must be a non-empty name without '/', got {name!r}")
     bare = name.lstrip("/")
+    prefix = _job_prefix()
+    if prefix and not bare.startswith(prefix):
+        bare = prefix + bare
     try:
         shm = shared_memory.SharedMemory(name=bare, create=True, size=max(nbytes, 1))
     except FileExistsError:
