@@ -161,3 +161,19 @@ test('a corrupted LM head makes real garbled bytes: garbled report and dump', as
   const dump = run.dumps.find((d) => d.incident_type === 'garbled' && d.complete);
   expect(dump?.completed_ranks).toEqual([0, 1]);
 }, 150000);
+
+test('wavebus demo --engine torch: the demo\'s summary and verification over the real engine', async () => {
+  const out = path.join(tmpDir('wavebus-torch-demo-'), 'demo');
+  const port = await freePort();
+  const r = runWavebus(['demo', '--engine', 'torch', '--tp', '2', '--out', out, '--port', String(port)], { timeout: 150000 });
+  if (r.code !== 0) throw new Error(`demo exited ${r.code}\n${r.stdout}\n${r.stderr}`);
+  expect(r.stdout).toContain('engine torch');
+  expect(r.stdout).toContain('demo OK: every expected artifact was written and verified');
+  for (const t of ['token_repeat', 'logits_finite', 'garbled']) expect(r.stdout).toMatch(new RegExp(`^  ${t}\\s+[1-9]`, 'm'));
+  // The engine saved its pool at every dump wave: the demo compared every dumped block with it.
+  expect(fs.readdirSync(path.join(out, 'engine')).some((f) => /^pool_rank1_wave\d+\.pt$/.test(f))).toBe(true);
+  // Bad layouts are refused before anything starts.
+  const bad = runWavebus(['demo', '--engine', 'torch', '--pp', '2', '--out', path.join(out, '..', 'bad')]);
+  expect(bad.code).not.toBe(0);
+  expect(bad.stderr + bad.stdout).toContain('--engine torch runs TP only');
+}, 180000);

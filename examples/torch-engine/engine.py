@@ -60,10 +60,11 @@ def main(argv: List[str]) -> int:
     ap.add_argument("--num-blocks", type=int, default=128)
     ap.add_argument("--block-size", type=int, default=4)
     ap.add_argument("--seed", type=int, default=1234)
-    ap.add_argument("--fault", default="none")
+    ap.add_argument("--fault", action="append", default=[], help="none | nan:STEP:REQ | garble:STEP (repeatable)")
+    ap.add_argument("--result-dir", help="write <dir>/rank<g>.json (forwards, waves, endOfWaveTimeouts) at the end")
     ap.add_argument("--linger", type=int, default=3, help="idle waves after the last request (a dump armed late still runs)")
     args = ap.parse_args(argv)
-    fault = parse_fault(args.fault)
+    faults = [f for f in (parse_fault(x) for x in args.fault) if f is not None]
     rank, world = env_int("RANK"), env_int("WORLD_SIZE")
     env_int("LOCAL_RANK")
     torch.set_num_threads(1)  # one thread: the same reduction order on-line and in replay.py
@@ -94,12 +95,13 @@ def main(argv: List[str]) -> int:
         if batch is not None:
             step += 1
             views = hooks.stage_inputs(batch)
-            restore = plant(fault, step, batch, w, reqs, cfg, rank)
+            restores = [plant(f, step, batch, w, reqs, cfg, rank) for f in faults]
             captured, call_dir = hooks.before_forward(step, batch, views, graph)
             logits = forward(cfg, w, comm, hooks.kv, views["input_ids"], views["positions"], views["slot_mapping"],
                              views["block_table"], views["seq_lens"], views["query_start_loc"], args.block_size)
-            if restore is not None:
-                restore()
+            for restore in restores:
+                if restore is not None:
+                    restore()
             if captured:  # the engine's own result of the captured forward, for replay.py to compare with
                 torch.save({"logits": logits.clone(), "call_dir": call_dir, "step": step},
                            os.path.join(args.out, f"forward_rank{rank}_step{step}.pt"))
@@ -125,6 +127,10 @@ def main(argv: List[str]) -> int:
             json.dump({"tp": world, "steps": step, "waves": wave, "requests": out}, f, indent=1)
         for r in sched.done:
             print(f"{r.req_id}: {bytes(r.prompt).decode('latin-1')!r} -> {bytes(r.output).decode('latin-1')!r}", flush=True)
+    if args.result_dir:
+        os.makedirs(args.result_dir, exist_ok=True)
+        with open(os.path.join(args.result_dir, f"rank{rank}.json"), "w") as f:
+            json.dump({"rank": rank, "forwards": step, "waves": wave, "endOfWaveTimeouts": timeouts}, f)
     print(f"rank {rank} done: {step} forwards, {wave} waves, end_of_wave timeouts {timeouts}", flush=True)
     if world > 1:
         import torch.distributed as dist
