@@ -54,9 +54,9 @@ export function demoRuntimeConfig(format: string): Record<string, unknown> {
 }
 
 /** The demo's snapshot selection, used for every setting the environment leaves unset. */
-export function demoSnapshotDefaults(format: string): Partial<SnapshotFlags> {
+export function demoSnapshotDefaults(format: string, captureToken = '17'): Partial<SnapshotFlags> {
   // The token rule targets decode step 5 of request 0 (prompt length 12): token position 17.
-  return { enable: true, captureToken: '17', maxCaptures: '2', format };
+  return { enable: true, captureToken, maxCaptures: '2', format };
 }
 
 const SETTING_OF: Record<keyof SnapshotFlags, Setting | undefined> = {
@@ -96,6 +96,8 @@ export function demoExpectations(opts: {
   layout: WorldLayout;
   faults: SimFaults;
   env: NodeJS.ProcessEnv;
+  /** The token rule's target (the engine's decode step 5 of request 0); default the simulator's. */
+  captureToken?: string;
 }): DemoExpectations {
   const overlay = opts.runtimeConfig ? readRuntimeConfigFile(path.resolve(opts.runtimeConfig)) : demoRuntimeConfig(opts.format);
   const where = opts.runtimeConfig ? `--runtime-config ${opts.runtimeConfig}` : 'the demo config';
@@ -116,7 +118,7 @@ export function demoExpectations(opts: {
   const dumping = detectors.filter((d) => d.dump).length;
   const autoDumps = dumping === 0 ? { min: 0, max: 0, why: 'no detector both fires and dumps' } : { min: 1, max: quota };
 
-  const defaults = demoSnapshotDefaults(opts.format);
+  const defaults = demoSnapshotDefaults(opts.format, opts.captureToken);
   const narrowed = selectionFromEnv(opts.env);
   const snapshotFlags: Partial<SnapshotFlags> = {};
   for (const [k, v] of Object.entries(defaults) as [keyof SnapshotFlags, never][]) {

@@ -10,6 +10,7 @@ import { freePortPair } from './ports';
 import { readPt, readNpyHeader, readSafetensorsHeader, readBytes } from './readers';
 import { kvBlockBytes, type KvGeometry } from './sim/kv-pattern';
 import { DEMO_FAULTS } from './sim/faults';
+import { TORCH_CAPTURE_TOKEN, TORCH_FAULTS, torchEngineCommand, torchPoolBlocks } from './demo-torch';
 import { loadCallDir } from './snapshot/loader';
 import { demoExpectations, type DemoExpectations } from './demo-expect';
 import type { SnapshotFlags } from './snapshot/config';
@@ -24,6 +25,8 @@ export interface DemoOptions {
   format: 'pt' | 'npy' | 'safetensors';
   runtimeConfig?: string;
   port?: number;
+  /** 'sim' (default): the simulator; 'torch': examples/torch-engine (needs python3-torch). */
+  engine?: 'sim' | 'torch';
   log?: (line: string) => void;
 }
 
@@ -68,7 +71,7 @@ interface DumpCheck {
 }
 
 /** Compare every dumped K/V block with the bytes the simulated engine held. */
-export function checkDumpContents(rankDir: BundleReport, root: string, tp: number): string[] {
+export function checkDumpContents(rankDir: BundleReport, root: string, tp: number, torchOut?: string): string[] {
   const problems: string[] = [];
   const dir = path.join(root, rankDir.dir);
   const doc = JSON.parse(fs.readFileSync(path.join(dir, 'dump.json'), 'utf8'));
@@ -97,7 +100,7 @@ export function checkDumpContents(rankDir: BundleReport, root: string, tp: numbe
         const h = readSafetensorsHeader(p);
         data = fs.readFileSync(p).subarray(h.dataOffset);
       }
-      const want = Buffer.concat(blocks.map((b) => kvBlockBytes(g, layerIndex, kv, b, rank)));
+      const want = torchOut ? torchPoolBlocks(torchOut, rankDir.dir, rank, layer.layer, kv, blocks) : Buffer.concat(blocks.map((b) => kvBlockBytes(g, layerIndex, kv, b, rank)));
       if (!data.equals(want)) problems.push(`${rankDir.dir}/${file}: ${kv} bytes differ from the engine's KV blocks [${blocks.join(',')}]`);
     }
   }
@@ -119,10 +122,15 @@ export async function runDemo(opts: DemoOptions): Promise<{ ok: boolean; summary
   // Artifacts stay under --out whichever snapshot variables name the capture.
   const env: NodeJS.ProcessEnv = { ...process.env, WAVEBUS_CACHE_ROOT: out, VLLM_CACHE_ROOT: path.join(out, 'vllm-cache') };
   const layout = { worldSize: world, tp: opts.tp, pp: opts.pp, dp: opts.dp, cp: 1 };
-  const expect = demoExpectations({ runtimeConfig: opts.runtimeConfig, format: opts.format, layout, faults: DEMO_FAULTS, env });
+  const torch = opts.engine === 'torch';
+  const faults = torch ? TORCH_FAULTS : DEMO_FAULTS;
+  const expect = demoExpectations({ runtimeConfig: opts.runtimeConfig, format: opts.format, layout, faults, env, captureToken: torch ? TORCH_CAPTURE_TOKEN : undefined });
+  const job = torch
+    ? torchEngineCommand({ ...opts, out: path.join(out, 'engine'), resultDir })
+    : [process.execPath, bin, 'sim', '--steps', String(opts.steps), '--step-ms', '40', '--faults', JSON.stringify(DEMO_FAULTS), '--result-dir', resultDir];
   const nproc = world / opts.hosts;
   const startAt = Date.now() + 4000;
-  log(`wavebus demo: TP=${opts.tp} PP=${opts.pp} DP=${opts.dp} on ${opts.hosts} simulated host(s), ${opts.steps} steps; faults: ${Object.keys(DEMO_FAULTS).join(', ')}`);
+  log(`wavebus demo: TP=${opts.tp} PP=${opts.pp} DP=${opts.dp} on ${opts.hosts} simulated host(s), ${opts.steps} steps, engine ${torch ? 'torch (examples/torch-engine)' : 'sim'}; faults: ${Object.keys(faults).join(', ')}`);
   const codes = await Promise.all(
     Array.from({ length: opts.hosts }, (_, node) =>
       run(
@@ -139,8 +147,7 @@ export async function runDemo(opts: DemoOptions): Promise<{ ok: boolean; summary
           // A shared 2-core machine can delay a wave vector by tens of ms; real forwards are longer.
           '--agent-arg=--end-of-wave-timeout-ms', '--agent-arg=250',
           '--',
-          process.execPath, bin, 'sim', '--steps', String(opts.steps), '--step-ms', '40',
-          '--faults', JSON.stringify(DEMO_FAULTS), '--result-dir', resultDir, '--start-at', String(startAt),
+          ...job, ...(torch ? [] : ['--start-at', String(startAt)]),
         ],
         env,
         path.join(out, `launch-host${node}.log`),
@@ -194,7 +201,7 @@ function summarize(out: string, runtimeRoot: string, opts: DemoOptions, expect: 
     const mine = rankBundles.filter((r) => r.dir.startsWith(`${w.dir}/`));
     const dc: DumpCheck = { dir: w.dir, incidentType: String(w.info.incident_type), reqId: String(w.info.req_id), ranks: w.ranks, expected: lastPp, bytes: mine.reduce((n, r) => n + r.bytes, 0), problems: [] };
     for (const g of lastPp) if (!w.ranks.includes(g)) dc.problems.push(`${w.dir}: rank ${g} missing`);
-    for (const r of mine) dc.problems.push(...checkDumpContents(r, kvRoot, opts.tp));
+    for (const r of mine) dc.problems.push(...checkDumpContents(r, kvRoot, opts.tp, opts.engine === 'torch' ? path.join(out, 'engine') : undefined));
     problems.push(...dc.problems);
     return dc;
   });

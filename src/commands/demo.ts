@@ -22,7 +22,8 @@ export const command: CommandModule = {
       .option('steps', { type: 'number', default: 100 })
       .option('format', { choices: ['pt', 'npy', 'safetensors'] as const, default: 'pt' as const, describe: 'KV dump and snapshot format' })
       .option('runtime-config', { type: 'string', describe: 'use this runtime_config.json instead of the demo one' })
-      .option('port', { type: 'number', describe: 'bus base port (default: a free one)' }),
+      .option('port', { type: 'number', describe: 'bus base port (default: a free one)' })
+      .option('engine', { choices: ['sim', 'torch'] as const, default: 'sim' as const, describe: 'sim: the simulator; torch: examples/torch-engine, a real TP transformer (python3-torch)' }),
   handler: async (argv) => {
     const res = await runDemo({
       out: String(argv.out),
@@ -34,6 +35,7 @@ export const command: CommandModule = {
       format: argv.format as 'pt',
       runtimeConfig: argv['runtime-config'] as string | undefined,
       port: argv.port as number | undefined,
+      engine: argv.engine as 'sim' | 'torch',
     });
     process.exit(res.ok ? 0 : 1);
   },

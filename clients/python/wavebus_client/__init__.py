@@ -1,5 +1,6 @@
 """wavebus engine client: talk to this rank's wavebus agent (see docs/python-client.md)."""
 from .client import Client, EndOfWaveResult, Features
+from .version import __version__, protocol_version
 from .errors import (AgentError, AgentUnavailableError, CaptureError, ConfigError, CudaUnavailableError,
                      ProtocolError, ReplayError, WavebusError)
 from .forward import ForwardContext

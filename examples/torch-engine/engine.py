@@ -1,0 +1,163 @@
+"""A tensor-parallel serving engine for the model in model.py, instrumented for wavebus.
+
+One process per rank, started by `wavebus launch` (through torchrun_env.py, or any launcher that
+sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT). All ranks form one TP group over
+gloo. Requests arrive over the first steps, are batched continuously and decoded greedily; the
+text is written to OUT/outputs.json by rank 0. See docs/torch-engine.md.
+"""
+import argparse
+import json
+import os
+import sys
+from typing import List
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+try:
+    import wavebus_client  # noqa: F401  (installed, or on PYTHONPATH)
+except ImportError:  # running from a checkout
+    sys.path.insert(0, os.path.join(HERE, "..", "..", "clients", "python"))
+
+sys.path.insert(0, HERE)
+from model import VOCAB, Comm, ModelConfig, forward, full_weights, shard  # noqa: E402
+from scheduler import Request, Scheduler  # noqa: E402
+from wavebus_hooks import WavebusHooks  # noqa: E402
+
+PROMPTS = ["The quick brown fox ", "Hello, wavebus! ", "Tensor parallel ", "Paged attention reads ",
+           "Once upon a time ", "KV blocks: ", "Greedy decoding of ", "wave after wave "]
+
+
+def env_int(name: str) -> int:
+    v = os.environ.get(name)
+    if v is None or not v.strip().lstrip("-").isdigit():
+        raise SystemExit(f"engine: environment variable {name} must be an integer (torchrun / wavebus launch sets it), got {v!r}")
+    return int(v)
+
+
+def parse_fault(spec: str):
+    """'none' | 'nan:STEP:REQ' (a NaN in the embedding row request REQ feeds at forward STEP) |
+    'garble:STEP' (the LM head overwritten with small garbage from forward STEP on)."""
+    parts = spec.split(":")
+    try:
+        if parts == ["none"]:
+            return None
+        if parts[0] == "nan" and len(parts) == 3:
+            return ("nan", int(parts[1]), int(parts[2]))
+        if parts[0] == "garble" and len(parts) == 2:
+            return ("garble", int(parts[1]))
+    except ValueError:
+        pass
+    raise SystemExit(f"engine: --fault must be none, nan:STEP:REQ or garble:STEP, got {spec!r}")
+
+
+def main(argv: List[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--out", required=True, help="directory for outputs.json and the engine's own copies (logits, pools)")
+    ap.add_argument("--requests", type=int, default=4)
+    ap.add_argument("--max-tokens", type=int, default=24)
+    ap.add_argument("--arrive-every", type=int, default=2, help="request i arrives at step 1 + i * this")
+    ap.add_argument("--num-blocks", type=int, default=128)
+    ap.add_argument("--block-size", type=int, default=4)
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--fault", action="append", default=[], help="none | nan:STEP:REQ | garble:STEP (repeatable)")
+    ap.add_argument("--result-dir", help="write <dir>/rank<g>.json (forwards, waves, endOfWaveTimeouts) at the end")
+    ap.add_argument("--linger", type=int, default=3, help="idle waves after the last request (a dump armed late still runs)")
+    args = ap.parse_args(argv)
+    faults = [f for f in (parse_fault(x) for x in args.fault) if f is not None]
+    rank, world = env_int("RANK"), env_int("WORLD_SIZE")
+    env_int("LOCAL_RANK")
+    torch.set_num_threads(1)  # one thread: the same reduction order on-line and in replay.py
+    os.makedirs(args.out, exist_ok=True)
+    if world > 1:
+        import torch.distributed as dist
+        addr, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), env_int("MASTER_PORT")
+        dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=rank, world_size=world)
+    cfg = ModelConfig(seed=args.seed)
+    w = shard(cfg, full_weights(cfg), rank, world)
+    comm = Comm(world)
+    kv_heads = cfg.kv_heads // world
+    max_tokens = max(len(p) for p in PROMPTS) * args.requests + args.requests
+    max_blocks = -(-(max(len(p) for p in PROMPTS) + args.max_tokens) // args.block_size)
+    hooks = WavebusHooks(tag=f"wbtorch-{os.getpid()}", layers=cfg.layer_names(), num_blocks=args.num_blocks,
+                         block_size=args.block_size, kv_heads=kv_heads, head_dim=cfg.head_dim, max_tokens=max_tokens,
+                         max_seqs=args.requests, max_blocks_per_seq=max_blocks)
+    reqs = [Request(f"req-{i}", list(PROMPTS[i % len(PROMPTS)].encode()), args.max_tokens, 1 + i * args.arrive_every)
+            for i in range(args.requests)]
+    sched = Scheduler(reqs, args.num_blocks, args.block_size, max_running=args.requests)
+    graph = f"torch-engine-tp{world}"
+    wave, step, idle, tel, timeouts = 0, 0, 0, None, 0
+    while idle < args.linger:
+        wave += 1
+        hooks.wave_head(wave, tel)
+        tel = None
+        batch = sched.schedule(wave)
+        if batch is not None:
+            step += 1
+            views = hooks.stage_inputs(batch)
+            restores = [plant(f, step, batch, w, reqs, cfg, rank) for f in faults]
+            captured, call_dir = hooks.before_forward(step, batch, views, graph)
+            logits = forward(cfg, w, comm, hooks.kv, views["input_ids"], views["positions"], views["slot_mapping"],
+                             views["block_table"], views["seq_lens"], views["query_start_loc"], args.block_size)
+            for restore in restores:
+                if restore is not None:
+                    restore()
+            if captured:  # the engine's own result of the captured forward, for replay.py to compare with
+                torch.save({"logits": logits.clone(), "call_dir": call_dir, "step": step},
+                           os.path.join(args.out, f"forward_rank{rank}_step{step}.pt"))
+            hooks.check_logits(logits, batch)
+            logp = torch.log_softmax(logits, dim=-1)
+            tokens = logits.argmax(dim=-1)
+            lps = logp.gather(1, tokens[:, None])[:, 0].tolist()
+            finished = sched.commit(batch, tokens.tolist())
+            tel = hooks.telemetry(batch, tokens.tolist(), lps, finished)
+        res = hooks.end_of_wave(wave)
+        timeouts += int(res.timed_out)
+        if res.dumps_written:  # the agent copied KV blocks at this point: keep the pool as it was
+            torch.save({f"{l}.{kv}": hooks.kv[l][j].clone() for l in cfg.layer_names() for j, kv in enumerate("kv")},
+                       os.path.join(args.out, f"pool_rank{rank}_wave{wave}.pt"))
+        if batch is not None:
+            sched.release(finished)
+        idle = idle + 1 if sched.idle() else 0
+    hooks.close()
+    if rank == 0:
+        out = {r.req_id: {"prompt": bytes(r.prompt).decode("latin-1"), "text": bytes(r.output).decode("latin-1"),
+                          "tokens": r.output} for r in sched.done}
+        with open(os.path.join(args.out, "outputs.json"), "w") as f:
+            json.dump({"tp": world, "steps": step, "waves": wave, "requests": out}, f, indent=1)
+        for r in sched.done:
+            print(f"{r.req_id}: {bytes(r.prompt).decode('latin-1')!r} -> {bytes(r.output).decode('latin-1')!r}", flush=True)
+    if args.result_dir:
+        os.makedirs(args.result_dir, exist_ok=True)
+        with open(os.path.join(args.result_dir, f"rank{rank}.json"), "w") as f:
+            json.dump({"rank": rank, "forwards": step, "waves": wave, "endOfWaveTimeouts": timeouts}, f)
+    print(f"rank {rank} done: {step} forwards, {wave} waves, end_of_wave timeouts {timeouts}", flush=True)
+    if world > 1:
+        import torch.distributed as dist
+        dist.destroy_process_group()
+    return 0
+
+
+def plant(fault, step, batch, w, reqs, cfg, rank):
+    """Faults by real means; returns how to undo a transient one after the forward."""
+    if fault is None or step != fault[1]:
+        return None
+    if fault[0] == "garble":  # a corrupted LM head: its slice on every rank overwritten with small garbage
+        g = torch.Generator().manual_seed(99 + rank)
+        w["lm_head"].copy_(torch.randn(w["lm_head"].shape, generator=g) * 1e-3)
+        return None
+    target = reqs[fault[2]]
+    if target not in batch.reqs:
+        raise SystemExit(f"engine: --fault nan:{fault[1]}:{fault[2]}: {target.req_id} is not in forward {step}")
+    i = batch.reqs.index(target)
+    tok = batch.input_ids[batch.query_start_loc[i]]
+    row = w["embed"][tok].clone()
+    w["embed"][tok] = float("nan")  # one weight row: NaN flows through attention into this request's KV and logits
+
+    def restore():
+        w["embed"][tok] = row
+    return restore
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,102 @@
+"""How a serving engine plugs into wavebus: every call this engine makes, in the order a model
+runner makes them. Read top to bottom as an integration guide; docs/vllm.md maps each call onto
+vLLM's worker and model runner.
+
+1. startup: put the KV pool and the persistent input buffers in POSIX shared memory and register
+   them (the rank's agent reads them there for KV dumps and input snapshots);
+2. each step: wave_head (the previous step's telemetry) -> fill the input buffers ->
+   before_forward (offer the forward for an input snapshot) -> forward -> check_logits (before
+   sampling) -> sample -> end_of_wave (apply config, do a due KV dump; bounded);
+3. shutdown: close.
+With every wavebus feature off each call returns at once (a memory load, no message).
+"""
+from dataclasses import replace
+from typing import Dict, List, Optional
+
+import torch
+
+from wavebus_client import Client, LogitsFiniteGate, RequestStep, StepTelemetry
+from wavebus_client.shm import kv_pool_shm, shm_tensor
+
+# The persistent input buffers (vLLM's model runner keeps the same ones: input_ids, positions,
+# slot_mapping, block_table, seq_lens, query_start_loc), all int64, sized for the largest step.
+INPUTS = ("input_ids", "positions", "slot_mapping", "block_table", "seq_lens", "query_start_loc")
+
+
+class WavebusHooks:
+    def __init__(self, *, tag: str, layers: List[str], num_blocks: int, block_size: int, kv_heads: int,
+                 head_dim: int, max_tokens: int, max_seqs: int, max_blocks_per_seq: int, client: Optional[Client] = None):
+        # 1a. The paged KV pool, vLLM's layout: per layer K and V of [num_blocks, block_size, kv_heads, head_dim].
+        self.kv, regions = kv_pool_shm(f"{tag}-kv", layers, num_blocks, block_size, kv_heads, head_dim, torch.float32)
+        # 1b. The KV pool is also an input of the forward (the attention reads it): the same bytes
+        # registered a second time as `input` regions, so a snapshot holds the cache the step read.
+        self.kv_inputs = []
+        for r in list(regions):
+            alias = replace(r, name=f"kv_cache.{r.name}", role="input", layer="", kv="")
+            regions.append(alias)
+            self.kv_inputs.append((alias.name, 0, alias.dtype, alias.shape))  # offset within the region
+        # 1c. Persistent input buffers.
+        self.buf: Dict[str, torch.Tensor] = {}
+        shapes = {"input_ids": [max_tokens], "positions": [max_tokens], "slot_mapping": [max_tokens],
+                  "block_table": [max_seqs * max_blocks_per_seq], "seq_lens": [max_seqs], "query_start_loc": [max_seqs + 1]}
+        for name in INPUTS:
+            self.buf[name], r = shm_tensor(f"{tag}-{name}", shapes[name], torch.int64, region_name=name)
+            regions.append(r)
+        # 1d. Meet the rank's agent (WAVEBUS_RUN_DIR and LOCAL_RANK come from `wavebus launch`).
+        self.client = client or Client.connect()
+        self.client.register_all(regions)
+        feats = self.client.hello()
+        self.gate = LogitsFiniteGate(item_sync=bool(feats and feats.item_sync))
+        self._sent_prompt = set()
+
+    # -- 2a. fill the persistent buffers (views into shared memory) for this step
+    def stage_inputs(self, batch) -> Dict[str, torch.Tensor]:
+        n, s = len(batch.input_ids), len(batch.reqs)
+        width = len(batch.block_table[0])
+        views = {
+            "input_ids": self.buf["input_ids"][:n], "positions": self.buf["positions"][:n],
+            "slot_mapping": self.buf["slot_mapping"][:n], "seq_lens": self.buf["seq_lens"][:s],
+            "query_start_loc": self.buf["query_start_loc"][:s + 1],
+            "block_table": self.buf["block_table"][:s * width].view(s, width),
+        }
+        for k, src in (("input_ids", batch.input_ids), ("positions", batch.positions), ("slot_mapping", batch.slots),
+                       ("seq_lens", batch.seq_lens), ("query_start_loc", batch.query_start_loc), ("block_table", batch.block_table)):
+            views[k].copy_(torch.tensor(src, dtype=torch.int64))
+        return views
+
+    # -- 2b. head of the wave: the previous step's telemetry (only TP0 of the last PP stage sends)
+    def wave_head(self, wave: int, telemetry: Optional[StepTelemetry]) -> None:
+        self.client.wave_head(wave, telemetry)
+
+    # -- 2c. offer the forward for an input snapshot: the inputs in the order the forward takes them
+    def before_forward(self, step: int, batch, views: Dict[str, torch.Tensor], graph: str):
+        rows = []
+        for i, r in enumerate(batch.reqs):
+            rows += [i] * (batch.query_start_loc[i + 1] - batch.query_start_loc[i])
+        ctx = {"compilation_hash": graph, "global_step": step, "is_prompt": batch.is_prompt,
+               "req_ids": [r.req_id for r in batch.reqs], "positions": batch.positions, "row_request": rows}
+        inputs = [views[k] for k in INPUTS] + self.kv_inputs
+        return self.client.before_forward(ctx, inputs)  # raises CaptureError: abort the forward
+
+    # -- 2d. before sampling: start the non-finite check of the real logits (one row per sequence)
+    def check_logits(self, logits: torch.Tensor, batch):
+        return self.gate.check(logits, [r.req_id for r in batch.reqs])
+
+    # -- 2e. after sampling: the step's telemetry, sent with the next wave's head
+    def telemetry(self, batch, tokens: List[int], logprobs: List[float], finished) -> StepTelemetry:
+        reqs = []
+        for r, t, lp in zip(batch.reqs, tokens, logprobs):
+            first = r.req_id not in self._sent_prompt
+            self._sent_prompt.add(r.req_id)
+            reqs.append(RequestStep(req_id=r.req_id, new_token_ids=[t], new_token_logprobs=[lp], block_ids=list(r.blocks),
+                                    finished=r in finished, freed=r in finished, prompt_len=len(r.prompt),
+                                    num_output_tokens=len(r.output), prompt_token_ids=list(r.prompt) if first else []))
+        return StepTelemetry(requests=reqs, non_finite=self.gate.collect())  # waits for check_logits' rows
+
+    # -- 2f. end of the wave: bounded; a due KV dump is copied from the pool here
+    def end_of_wave(self, wave: int):
+        return self.client.end_of_wave(wave)
+
+    # -- 3. shutdown
+    def close(self) -> None:
+        self.client.close()
