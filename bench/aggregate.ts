@@ -9,10 +9,10 @@ import * as fs from 'fs';
 import * as net from 'net';
 import * as os from 'os';
 import * as path from 'path';
-import { aggregate, DEFAULT_CHUNK_MB, DEFAULT_PARALLEL_FILES, DEFAULT_WINDOW } from '../src/aggregate';
-import { crc32c, formatChecksum } from '../src/checksum';
+import { aggregate, DEFAULT_CHUNK_MB, DEFAULT_PARALLEL_FILES, DEFAULT_WINDOW } from '../src/tools/aggregate';
+import { crc32c, formatChecksum } from '../src/artifacts/checksum';
 import { keepFreedMemory, MMAP_THRESHOLD_BYTES, TRIM_THRESHOLD_BYTES } from '../src/malloc-tuning';
-import { freePort, freePortPair } from '../src/ports';
+import { freePort, freePortPair } from '../src/bus/ports';
 
 const RANKS = 4;
 

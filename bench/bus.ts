@@ -14,9 +14,9 @@ import yargs from 'yargs';
 import { Pull, Push } from 'zeromq';
 import { AgentBus } from '../src/bus/agent-bus';
 import { Coordinator } from '../src/bus/coordinator';
-import { resolveIdentity } from '../src/identity';
+import { resolveIdentity } from '../src/launch/identity';
 import { createLogger } from '../src/log';
-import { freePort, freePortPair } from '../src/ports';
+import { freePort, freePortPair } from '../src/bus/ports';
 
 const PYTHON = '/usr/bin/python3';
 /** How long to wait for every agent's receipts after the end wave. */

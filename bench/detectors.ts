@@ -2,7 +2,7 @@
 // `wavebus bench detectors --requests 1024 --steps 2000 --json`. Each running request produces one
 // token per step with its log-prob and rank, speculative stats and its block ids; the streams are
 // healthy (no hits), as in production. Target: ≤ 100 µs of coordinator CPU per step for 1024
-// requests. The telemetry is what the clients send: columns (src/telemetry.ts), the requests
+// requests. The telemetry is what the clients send: columns (src/client/telemetry.ts), the requests
 // bound in an earlier step, block tables unchanged. Figures, each the CPU time
 // (process.cpuUsage: all threads, GC included) per step:
 //  - coordinator_us_per_step: what the coordinator does per wave head: decode the AgentMessage
@@ -21,7 +21,7 @@ import { decodeAgentMessage, encodeAgentMessage } from '../src/bus/frames';
 import { Guard } from '../src/guard/guard';
 import { parseStartupOptions } from '../src/guard/startup';
 import type { RequestStep, StepTelemetry } from '../src/messages';
-import { ColumnScratch, columnsToWire, TelemetryColumnizer } from '../src/telemetry';
+import { ColumnScratch, columnsToWire, TelemetryColumnizer } from '../src/client/telemetry';
 
 function flag(argv: string[], name: string, def: number): number {
   const i = argv.indexOf(`--${name}`);

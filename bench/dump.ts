@@ -19,8 +19,8 @@ import * as os from 'os';
 import * as path from 'path';
 import yargs from 'yargs';
 import { DeviceRegion, ShmSegment, Staging } from '../src/memory';
-import { Bundle, TensorFormat, TENSOR_FORMATS } from '../src/bundle';
-import { Tensor } from '../src/tensor';
+import { Bundle, TensorFormat, TENSOR_FORMATS } from '../src/artifacts/bundle';
+import { Tensor } from '../src/artifacts/tensor';
 import { ConfigError } from '../src/errors';
 
 const MB = 1024 * 1024;

@@ -17,13 +17,14 @@ import * as os from 'os';
 import * as path from 'path';
 import yargs from 'yargs';
 import { Dealer, XPublisher } from 'zeromq';
-import { requestStatus, DEFAULT_MAX_FRAME_BYTES } from '../src/bus/coordinator';
+import { requestStatus } from '../src/bus/coordinator';
+import { DEFAULT_MAX_FRAME_BYTES } from '../src/bus/constants';
 import { decodeAgentMessage, decodeBusFrame, encodeAgentMessage, encodeBusFrame, TOPIC } from '../src/bus/frames';
-import { isOneWayRequest } from '../src/agent';
-import { WavebusClient } from '../src/client';
+import { isOneWayRequest } from '../src/agent/agent';
+import { WavebusClient } from '../src/client/client';
 import { agentEndpoint, mailboxPath } from '../src/paths';
 import { packageRoot } from '../src/paths';
-import { freePortPair } from '../src/ports';
+import { freePortPair } from '../src/bus/ports';
 import { prng } from '../src/prng';
 import { ClientRequest, decode, encode } from '../src/proto';
 

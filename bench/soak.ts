@@ -13,11 +13,11 @@ import * as os from 'os';
 import * as path from 'path';
 import yargs from 'yargs';
 import { requestStatus } from '../src/bus/coordinator';
-import { WavebusClient } from '../src/client';
-import { inspectTree } from '../src/inspect';
+import { WavebusClient } from '../src/client/client';
+import { inspectTree } from '../src/tools/inspect';
 import { ShmSegment } from '../src/memory';
 import { agentEndpoint, mailboxPath, packageRoot } from '../src/paths';
-import { freePortPair } from '../src/ports';
+import { freePortPair } from '../src/bus/ports';
 
 const BLOCKS = 4;
 const SHAPE = [BLOCKS, 16, 1, 64]; // float16: 2 KiB per block

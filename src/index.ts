@@ -2,36 +2,36 @@
 // needs is named here; other modules are internal and may change.
 
 // ---- in the engine: the client, and shared memory for regions it registers
-export { WavebusClient, MailboxFeature } from './client';
-export type { ClientRegion, ClientFeatures, ConnectOptions, EndOfWaveResult } from './client';
+export { WavebusClient, MailboxFeature } from './client/client';
+export type { ClientRegion, ClientFeatures, ConnectOptions, EndOfWaveResult } from './client/client';
 export type { StepTelemetry, RequestStep, NonFiniteRow, ForwardContext } from './messages';
 export { ShmSegment, cudaAvailable } from './memory';
 
 // ---- errors (each carries a stable `code`)
 export { WavebusError, ConfigError, ProtocolError, CaptureError, NativeError } from './errors';
-export { ArtifactFormatError } from './readers';
-export { AggregateError } from './aggregate';
-export { LaunchError } from './launcher';
-export { CompareInputError } from './assemble';
+export { ArtifactFormatError } from './artifacts/readers';
+export { AggregateError } from './tools/aggregate';
+export { LaunchError } from './launch/launcher';
+export { CompareInputError } from './tools/assemble';
 
 // ---- the processes, for embedding them instead of running `wavebus launch`
 export { Coordinator } from './bus/coordinator';
-export { Agent } from './agent';
-export { launch, parseLaunchOptions } from './launcher';
-export type { LaunchOptions } from './launcher';
+export { Agent } from './agent/agent';
+export { launch, parseLaunchOptions } from './launch/launcher';
+export type { LaunchOptions } from './launch/launcher';
 
 // ---- artifacts: write, read, verify, gather, compare
-export { Tensor } from './tensor';
-export type { DType } from './dtype';
-export { writeNpy } from './npy';
-export { writePt } from './pt';
-export { writeSafetensors } from './safetensors';
-export { readNpyHeader, readSafetensorsHeader, readPt } from './readers';
+export { Tensor } from './artifacts/tensor';
+export type { DType } from './artifacts/dtype';
+export { writeNpy } from './artifacts/npy';
+export { writePt } from './artifacts/pt';
+export { writeSafetensors } from './artifacts/safetensors';
+export { readNpyHeader, readSafetensorsHeader, readPt } from './artifacts/readers';
 export { loadCallDir } from './snapshot/loader';
 export type { LoadedCall, LoadedTensor } from './snapshot/loader';
-export { inspectTree } from './inspect';
-export type { InspectResult, BundleReport } from './inspect';
-export { aggregate } from './aggregate';
-export type { AggregateOptions } from './aggregate';
-export { compareCaptures } from './compare';
-export type { CompareOptions, CompareResult } from './compare';
+export { inspectTree } from './tools/inspect';
+export type { InspectResult, BundleReport } from './tools/inspect';
+export { aggregate } from './tools/aggregate';
+export type { AggregateOptions } from './tools/aggregate';
+export { compareCaptures } from './tools/compare';
+export type { CompareOptions, CompareResult } from './tools/compare';

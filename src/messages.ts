@@ -1,6 +1,6 @@
 // TypeScript shapes of the decoded protobuf messages (proto/wavebus.proto), as `decode()` returns
 // them: camelCase fields, 64-bit integers as numbers, defaults filled in.
-import type { TelemetryColumns } from './telemetry';
+import type { TelemetryColumns } from './client/telemetry';
 
 export interface WaveHead {
   epoch: number;

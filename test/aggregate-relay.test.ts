@@ -5,14 +5,14 @@ import * as crypto from 'crypto';
 import * as fs from 'fs';
 import * as path from 'path';
 import { Dealer } from 'zeromq';
-import { aggregate, crc32cCombine, RelayClient } from '../src/aggregate';
+import { aggregate, crc32cCombine, RelayClient } from '../src/tools/aggregate';
 import { ChunkBuffers, FileServer } from '../src/agent/file-server';
 import { AgentBus, type RequestHandler } from '../src/bus/agent-bus';
 import { Coordinator, requestStatus } from '../src/bus/coordinator';
 import { encodeAgentMessage, type CoordinatorMsg } from '../src/bus/frames';
 import { payloadOf, withPayload } from '../src/bus/payload';
-import { crc32c, formatChecksum } from '../src/checksum';
-import { resolveIdentity } from '../src/identity';
+import { crc32c, formatChecksum } from '../src/artifacts/checksum';
+import { resolveIdentity } from '../src/launch/identity';
 import { createLogger } from '../src/log';
 import { cleanup, freePortPair, pseudoRandomBytes, tmpDir, waitFor } from './helpers';
 

@@ -2,16 +2,16 @@
 // real bundles written with Bundle, real ZeroMQ relay, real files. Agents on two simulated hosts.
 import * as fs from 'fs';
 import * as path from 'path';
-import { aggregate, localPathFor, type AggregateManifest } from '../src/aggregate';
+import { aggregate, localPathFor, type AggregateManifest } from '../src/tools/aggregate';
 import { FileServer } from '../src/agent/file-server';
-import { Bundle } from '../src/bundle';
+import { Bundle } from '../src/artifacts/bundle';
 import { AgentBus, type RequestHandler } from '../src/bus/agent-bus';
 import { Coordinator, requestStatus } from '../src/bus/coordinator';
 import type { CoordinatorMsg } from '../src/bus/frames';
-import { resolveIdentity, type WorldLayout } from '../src/identity';
-import { inspectTree } from '../src/inspect';
+import { resolveIdentity, type WorldLayout } from '../src/launch/identity';
+import { inspectTree } from '../src/tools/inspect';
 import { createLogger } from '../src/log';
-import { Tensor } from '../src/tensor';
+import { Tensor } from '../src/artifacts/tensor';
 import { cleanup, freePortPair, spawnWavebus, tmpDir, waitFor } from './helpers';
 
 const quiet = createLogger('aggregate-test', 'silent');

@@ -4,7 +4,7 @@
 // (save_sensitive_info) are created 0600 whatever --artifact-mode says.
 import * as fs from 'fs';
 import * as path from 'path';
-import { DEFAULT_ARTIFACT_MODES, parseArtifactMode } from '../src/artifact-mode';
+import { DEFAULT_ARTIFACT_MODES, parseArtifactMode } from '../src/artifacts/artifact-mode';
 import type { StepTelemetry } from '../src/messages';
 import { cleanup, cleanupUsers, otherUser, rootOnlyReason, runAs, runWavebus, waitFor } from './helpers';
 import { runWave, startHarnessJob, step, stopHarnessJob, type HarnessJob } from './job-harness';

@@ -3,12 +3,12 @@
 // Also stale temp cleanup, the free-space check and dump_skipped.json.
 import * as fs from 'fs';
 import * as path from 'path';
-import { Bundle, removeStaleTemps } from '../src/bundle';
-import { Tensor } from '../src/tensor';
+import { Bundle, removeStaleTemps } from '../src/artifacts/bundle';
+import { Tensor } from '../src/artifacts/tensor';
 import { CaptureError } from '../src/errors';
-import { crc32c, formatChecksum } from '../src/checksum';
-import { checkFreeSpace, writeDumpSkipped } from '../src/freespace';
-import { readNpyHeader, readPt, readSafetensorsHeader } from '../src/readers';
+import { crc32c, formatChecksum } from '../src/artifacts/checksum';
+import { checkFreeSpace, writeDumpSkipped } from '../src/artifacts/freespace';
+import { readNpyHeader, readPt, readSafetensorsHeader } from '../src/artifacts/readers';
 import { ROOT, cleanup, cleanupMounts, mountTmpfs, rootOnlyReason, runPython, spawnTracked, tmpDir, waitFor } from './helpers';
 
 afterAll(async () => {
@@ -16,8 +16,8 @@ afterAll(async () => {
   await cleanup();
 });
 
-const DIST_BUNDLE = path.join(ROOT, 'dist', 'src', 'bundle.js');
-const DIST_TENSOR = path.join(ROOT, 'dist', 'src', 'tensor.js');
+const DIST_BUNDLE = path.join(ROOT, 'dist', 'src', 'artifacts', 'bundle.js');
+const DIST_TENSOR = path.join(ROOT, 'dist', 'src', 'artifacts', 'tensor.js');
 
 function leftovers(parent: string): string[] {
   return fs.existsSync(parent) ? fs.readdirSync(parent) : [];

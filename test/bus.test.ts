@@ -6,7 +6,7 @@ import { encodeAgentMessage, encodeBusFrame, encodeCoordinatorMessage, decodeAge
 import { isLoopback, parseHostPort } from '../src/bus/endpoints';
 import type { CoordinatorPolicy, DueLanes } from '../src/bus/policy';
 import { ConfigError } from '../src/errors';
-import { resolveIdentity, type WorldLayout } from '../src/identity';
+import { resolveIdentity, type WorldLayout } from '../src/launch/identity';
 import { createLogger } from '../src/log';
 import type { DumpJob, DumpResult, StepTelemetry } from '../src/messages';
 import { cleanup, freePortPair, portFree, runWavebus, spawnWavebus, waitFor, type Spawned } from './helpers';

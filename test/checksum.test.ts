@@ -1,4 +1,4 @@
-import { crc32c, Crc32c, formatChecksum, parseChecksum, crc32cHardware } from '../src/checksum';
+import { crc32c, Crc32c, formatChecksum, parseChecksum, crc32cHardware } from '../src/artifacts/checksum';
 import { native } from '../src/native';
 import { cleanup, pseudoRandomBytes } from './helpers';
 

@@ -3,12 +3,12 @@
 import * as crypto from 'crypto';
 import * as fs from 'fs';
 import * as path from 'path';
-import { loadAssembled } from '../src/assemble';
-import { Bundle } from '../src/bundle';
-import { bf16ToFloat, compareCaptures, compareTensors, fp8e4m3fnToFloat, fp8e5m2ToFloat, halfToFloat, unravel, type CompareResult } from '../src/compare';
-import type { DType } from '../src/dtype';
-import { encodePng, heatmapGrid, heatmapPng } from '../src/heatmap';
-import { Tensor } from '../src/tensor';
+import { loadAssembled } from '../src/tools/assemble';
+import { Bundle } from '../src/artifacts/bundle';
+import { bf16ToFloat, compareCaptures, compareTensors, fp8e4m3fnToFloat, fp8e5m2ToFloat, halfToFloat, unravel, type CompareResult } from '../src/tools/compare';
+import type { DType } from '../src/artifacts/dtype';
+import { encodePng, heatmapGrid, heatmapPng } from '../src/tools/heatmap';
+import { Tensor } from '../src/artifacts/tensor';
 import { cleanup, pseudoRandomBytes, runPython, runWavebus, tmpDir } from './helpers';
 
 afterAll(cleanup);
@@ -279,7 +279,7 @@ print(tuple(cat.shape), hashlib.sha256(cat.contiguous().view(torch.int16).numpy(
 
     // Flip one element in TP=2 rank 1 (heads 4..7): layer 0, v, block 2, slot 1, local head 3, dim 5.
     const f = path.join(tp2, 'rank1', 'model.layers.0.self_attn.pt');
-    const { readPt } = await import('../src/readers');
+    const { readPt } = await import('../src/artifacts/readers');
     const v = readPt(f).tensors[1];
     const bytes = fs.readFileSync(f);
     const per = G.heads / 2;

@@ -7,7 +7,7 @@ import { spawn, spawnSync, type ChildProcess } from 'child_process';
 import * as fs from 'fs';
 import * as os from 'os';
 import * as path from 'path';
-import { readBytes, readPt } from '../src/readers';
+import { readBytes, readPt } from '../src/artifacts/readers';
 import { loadCallDir } from '../src/snapshot/loader';
 import { PYTHON, ROOT, pseudoRandomBytes } from './helpers';
 

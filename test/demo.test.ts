@@ -2,8 +2,8 @@
 // artifact is wrong. Runs the built CLI as a user would.
 import * as fs from 'fs';
 import * as path from 'path';
-import { checkDumpContents } from '../src/demo';
-import { inspectTree } from '../src/inspect';
+import { checkDumpContents } from '../src/tools/demo';
+import { inspectTree } from '../src/tools/inspect';
 import { cleanup, runWavebus, tmpDir } from './helpers';
 
 afterAll(cleanup);
@@ -68,7 +68,7 @@ test('demo under WAVEBUS_SNAPSHOT_RANKS=1 expects snapshots from tp-rank 1 only'
 });
 
 test('demo expectations follow the config in force: no fault or off means nothing expected, RANKS narrows', async () => {
-  const { demoExpectations } = await import('../src/demo-expect');
+  const { demoExpectations } = await import('../src/tools/demo-expect');
   const dir = tmpDir();
   const cfg = path.join(dir, 'c.json');
   fs.writeFileSync(cfg, JSON.stringify({ detector: { garbled: { enabled: true } } }));

@@ -2,17 +2,17 @@
 // rank, and a TypeScript client per rank driving waves over real sockets and shared memory.
 import * as fs from 'fs';
 import * as path from 'path';
-import { Agent } from '../src/agent';
+import { Agent } from '../src/agent/agent';
 import { Coordinator } from '../src/bus/coordinator';
-import { WavebusClient } from '../src/client';
+import { WavebusClient } from '../src/client/client';
 import { Guard } from '../src/guard/guard';
 import { parseStartupOptions } from '../src/guard/startup';
-import { withStartupFacts } from '../src/guard-policy';
-import { resolveIdentity, type WorldLayout } from '../src/identity';
-import { inspectTree } from '../src/inspect';
+import { withStartupFacts } from '../src/guard/guard-policy';
+import { resolveIdentity, type WorldLayout } from '../src/launch/identity';
+import { inspectTree } from '../src/tools/inspect';
 import { ShmSegment } from '../src/memory';
 import type { RequestStep, StepTelemetry } from '../src/messages';
-import { readBytes, readPt } from '../src/readers';
+import { readBytes, readPt } from '../src/artifacts/readers';
 import { fillKvPool, kvBlockBytes, type KvGeometry } from '../src/sim/kv-pattern';
 import { resolveSnapshotConfig } from '../src/snapshot/config';
 import { loadCallDir } from '../src/snapshot/loader';

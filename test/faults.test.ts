@@ -7,7 +7,7 @@ import * as fs from 'fs';
 import * as os from 'os';
 import * as path from 'path';
 import { requestStatus, type StatusReplyMsg } from '../src/bus/coordinator';
-import { inspectTree } from '../src/inspect';
+import { inspectTree } from '../src/tools/inspect';
 import {
   CLI,
   cleanup,

@@ -7,7 +7,7 @@ import * as path from 'path';
 import { FileServer, listBundleFiles } from '../src/agent/file-server';
 import type { CoordinatorMsg } from '../src/bus/frames';
 import { payloadOf } from '../src/bus/payload';
-import { crc32c, formatChecksum } from '../src/checksum';
+import { crc32c, formatChecksum } from '../src/artifacts/checksum';
 import { createLogger } from '../src/log';
 import { cleanup, cleanupUsers, otherUser, rootOnlyReason, runAs, tmpDir, type OtherUser } from './helpers';
 

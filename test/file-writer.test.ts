@@ -8,8 +8,8 @@ import * as fs from 'fs';
 import * as path from 'path';
 import * as zlib from 'zlib';
 import { native } from '../src/native';
-import { crc32c } from '../src/checksum';
-import { FileSink, withSink } from '../src/sink';
+import { crc32c } from '../src/artifacts/checksum';
+import { FileSink, withSink } from '../src/artifacts/sink';
 import { CaptureError } from '../src/errors';
 import { cleanup, cleanupMounts, mountTmpfs, rootOnlyReason, tmpDir } from './helpers';
 

@@ -65,7 +65,7 @@ export function runPython(code: string, args: string[] = [], opts: { env?: NodeJ
   return r.stdout;
 }
 
-export { freePort, freePortPair, portFree } from '../src/ports';
+export { freePort, freePortPair, portFree } from '../src/bus/ports';
 
 export async function waitFor<T>(fn: () => T | Promise<T>, what: string, timeoutMs = 20000, everyMs = 25): Promise<NonNullable<T>> {
   const deadline = Date.now() + timeoutMs;

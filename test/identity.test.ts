@@ -14,7 +14,7 @@ import {
   resolveLayout,
   slurmTasksOnNode,
   WorldLayout,
-} from '../src/identity';
+} from '../src/launch/identity';
 import { decode, encode, messageType } from '../src/proto';
 
 const torchrun = (o: Record<string, string> = {}): NodeJS.ProcessEnv => ({

@@ -2,9 +2,9 @@
 // named and turns the exit code non-zero.
 import * as fs from 'fs';
 import * as path from 'path';
-import { Bundle } from '../src/bundle';
-import { inspectTree, type InspectResult } from '../src/inspect';
-import { Tensor } from '../src/tensor';
+import { Bundle } from '../src/artifacts/bundle';
+import { inspectTree, type InspectResult } from '../src/tools/inspect';
+import { Tensor } from '../src/artifacts/tensor';
 import { cleanup, runWavebus, tmpDir } from './helpers';
 
 afterAll(cleanup);

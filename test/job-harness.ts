@@ -3,14 +3,14 @@
 // memory (the same set-up as test/engine.test.ts, with the knobs other feature tests need: layer
 // names and artifact modes).
 import * as path from 'path';
-import { Agent } from '../src/agent';
-import type { ArtifactModes } from '../src/artifact-mode';
+import { Agent } from '../src/agent/agent';
+import type { ArtifactModes } from '../src/artifacts/artifact-mode';
 import { Coordinator } from '../src/bus/coordinator';
-import { WavebusClient } from '../src/client';
+import { WavebusClient } from '../src/client/client';
 import { Guard } from '../src/guard/guard';
 import { parseStartupOptions } from '../src/guard/startup';
-import { withStartupFacts } from '../src/guard-policy';
-import { resolveIdentity, type WorldLayout } from '../src/identity';
+import { withStartupFacts } from '../src/guard/guard-policy';
+import { resolveIdentity, type WorldLayout } from '../src/launch/identity';
 import { ShmSegment } from '../src/memory';
 import type { RequestStep, StepTelemetry } from '../src/messages';
 import { fillKvPool, type KvGeometry } from '../src/sim/kv-pattern';

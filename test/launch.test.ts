@@ -4,7 +4,7 @@ import * as fs from 'fs';
 import * as net from 'net';
 import * as path from 'path';
 import { ConfigError } from '../src/errors';
-import { agentArgv, agentEndpoint, commandEnv, coordinatorArgv, mailboxPath, parseLaunchOptions } from '../src/launcher';
+import { agentArgv, agentEndpoint, commandEnv, coordinatorArgv, mailboxPath, parseLaunchOptions } from '../src/launch/launcher';
 import { requestStatus } from '../src/bus/coordinator';
 import { cleanup, freePortPair, spawnWavebus, tmpDir, waitFor } from './helpers';
 

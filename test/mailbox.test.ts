@@ -3,7 +3,7 @@
 import * as fs from 'fs';
 import * as path from 'path';
 import { NativeError } from '../src/errors';
-import { MAILBOX_LAYOUT, MailboxFeature, MailboxReader, MailboxWriter } from '../src/mailbox';
+import { MAILBOX_LAYOUT, MailboxFeature, MailboxReader, MailboxWriter } from '../src/client/mailbox';
 import { addonPath } from '../src/native';
 import { cleanup, runPython, spawnTracked, tmpDir, waitFor } from './helpers';
 

@@ -4,7 +4,7 @@ import { AgentBus } from '../src/bus/agent-bus';
 import { Coordinator } from '../src/bus/coordinator';
 import type { CoordinatorPolicy, DueLanes } from '../src/bus/policy';
 import { ConfigError } from '../src/errors';
-import { resolveIdentity } from '../src/identity';
+import { resolveIdentity } from '../src/launch/identity';
 import { createLogger } from '../src/log';
 import { counter, gauge, registry, startMetricsServer } from '../src/metrics';
 import { cleanup, freePortPair, waitFor } from './helpers';

@@ -5,7 +5,7 @@
 // Needs root (CI runs as root); a failure to create the namespaces fails the test.
 import * as fs from 'fs';
 import * as path from 'path';
-import { inspectTree } from '../src/inspect';
+import { inspectTree } from '../src/tools/inspect';
 import {
   CLI,
   ROOT,

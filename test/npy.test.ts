@@ -2,14 +2,14 @@
 import * as crypto from 'crypto';
 import * as fs from 'fs';
 import * as path from 'path';
-import { DType, DTYPES as ALL_DTYPES, itemSize, npyDescr } from '../src/dtype';
+import { DType, DTYPES as ALL_DTYPES, itemSize, npyDescr } from '../src/artifacts/dtype';
 
 /** The dtypes .npy can hold (complex32 has no numpy type: .npy refuses it, see snapshot-capture). */
 const DTYPES = ALL_DTYPES.filter((d) => npyDescr(d) !== null);
-import { Tensor } from '../src/tensor';
-import { npyHeader, npyDescrFor, writeNpy } from '../src/npy';
-import { parseNpyHeader, readNpyHeader } from '../src/readers';
-import { crc32c, formatChecksum } from '../src/checksum';
+import { Tensor } from '../src/artifacts/tensor';
+import { npyHeader, npyDescrFor, writeNpy } from '../src/artifacts/npy';
+import { parseNpyHeader, readNpyHeader } from '../src/artifacts/readers';
+import { crc32c, formatChecksum } from '../src/artifacts/checksum';
 import { CaptureError } from '../src/errors';
 import { cleanup, pseudoRandomBytes, runPython, tmpDir } from './helpers';
 

@@ -3,12 +3,12 @@
 import * as crypto from 'crypto';
 import * as fs from 'fs';
 import * as path from 'path';
-import { DType, DTYPES, itemSize, torchStorageClass } from '../src/dtype';
-import { Tensor } from '../src/tensor';
-import { writePt } from '../src/pt';
-import { pyFloat, pyTuple, encodeLong } from '../src/pickle';
-import { listZip, readPt, toPlain, unpicklePt, PtTensorRef } from '../src/readers';
-import { crc32c, formatChecksum } from '../src/checksum';
+import { DType, DTYPES, itemSize, torchStorageClass } from '../src/artifacts/dtype';
+import { Tensor } from '../src/artifacts/tensor';
+import { writePt } from '../src/artifacts/pt';
+import { pyFloat, pyTuple, encodeLong } from '../src/artifacts/pickle';
+import { listZip, readPt, toPlain, unpicklePt, PtTensorRef } from '../src/artifacts/readers';
+import { crc32c, formatChecksum } from '../src/artifacts/checksum';
 import { cleanup, pseudoRandomBytes, runPython, tmpDir } from './helpers';
 
 afterAll(cleanup);

@@ -6,7 +6,7 @@ import * as fs from 'fs';
 import * as path from 'path';
 import * as zmq from 'zeromq';
 import { ClientReply, ClientRequest, decode, encode } from '../src/proto';
-import { columnsFromWire } from '../src/telemetry';
+import { columnsFromWire } from '../src/client/telemetry';
 import { PYTHON, ROOT, cleanup, freePort, runPython, spawnTracked, tmpDir, waitFor } from './helpers';
 
 const PKG = path.join(ROOT, 'clients', 'python');
@@ -109,9 +109,9 @@ print(json.dumps({"features": m.features, "epoch": m.epoch, "w3": v(3), "w10": v
   expect(got).toEqual({ features: 5, epoch: 42, w3: [3, true, false, false], w10: [10, false, true, false], w2: null, w12: null, w13: [13, false, false, true], w11: null, w0: null });
 });
 
-test('the Python reader reads the mailbox the agent writes (src/mailbox.ts, native writer)', () => {
+test('the Python reader reads the mailbox the agent writes (src/client/mailbox.ts, native writer)', () => {
   // Loaded here, not at the top: they need the native addon, which the other tests do not.
-  const { MailboxFeature, MailboxWriter } = require('../src/mailbox') as typeof import('../src/mailbox');
+  const { MailboxFeature, MailboxWriter } = require('../src/client/mailbox') as typeof import('../src/client/mailbox');
   const file = path.join(tmpDir(), 'mailbox-local0');
   const w = MailboxWriter.create(file);
   w.setFeatures(MailboxFeature.BUS_ACTIVE | MailboxFeature.DETECTORS);
@@ -132,7 +132,7 @@ print(json.dumps({"features": m.features, "epoch": m.epoch, "w20": v(20), "w21":
 });
 
 test('a Python client asleep on the mailbox is woken by the agent\'s native writer in another process; bound and overwritten answered', async () => {
-  const { MailboxWriter } = require('../src/mailbox') as typeof import('../src/mailbox');
+  const { MailboxWriter } = require('../src/client/mailbox') as typeof import('../src/client/mailbox');
   const dir = tmpDir();
   const file = path.join(dir, 'mailbox-local0');
   const marker = path.join(dir, 'waiting');
@@ -828,7 +828,7 @@ test('crc32c in Python equals the native CRC-32C wavebus writes into meta.json',
   // Sizes on both sides of the vectorised path (64 KiB) and an odd tail.
   const sizes = [0, 1, 9, 4096, 65535, 65536, 300001];
   const datas = sizes.map((n) => Buffer.from(Array.from({ length: n }, (_, i) => (i * 131 + 7) & 0xff)));
-  const { crc32c } = require('../src/checksum') as typeof import('../src/checksum');
+  const { crc32c } = require('../src/artifacts/checksum') as typeof import('../src/artifacts/checksum');
   const want = datas.map((d) => crc32c(d));
   const dir = tmpDir();
   datas.forEach((d, i) => fs.writeFileSync(path.join(dir, `d${i}`), d));
@@ -839,11 +839,11 @@ print(json.dumps([crc32c_file(${JSON.stringify(dir)} + "/d%d" % i) for i in rang
   expect(got).toEqual([...want, 0xe3069283]);
 });
 
-// ---------------------------------------------------------------- a real agent (src/agent.ts), in this process
+// ---------------------------------------------------------------- a real agent (src/agent/agent.ts), in this process
 
 test('a real agent and the Python client: hello, register shm regions, a captured forward that loads back with load_call_dir', async () => {
-  const { Agent } = require('../src/agent') as typeof import('../src/agent');
-  const { resolveIdentity } = require('../src/identity') as typeof import('../src/identity');
+  const { Agent } = require('../src/agent/agent') as typeof import('../src/agent/agent');
+  const { resolveIdentity } = require('../src/launch/identity') as typeof import('../src/launch/identity');
   const { resolveSnapshotConfig } = require('../src/snapshot/config') as typeof import('../src/snapshot/config');
   const runDir = tmpDir();
   const cacheRoot = tmpDir();
@@ -896,9 +896,9 @@ print(json.dumps(out))`,
 });
 
 test('a real coordinator, agent and Python client: wave_head drives the bus, end_of_wave sees each wave', async () => {
-  const { Agent } = require('../src/agent') as typeof import('../src/agent');
+  const { Agent } = require('../src/agent/agent') as typeof import('../src/agent/agent');
   const { Coordinator } = require('../src/bus/coordinator') as typeof import('../src/bus/coordinator');
-  const { resolveIdentity } = require('../src/identity') as typeof import('../src/identity');
+  const { resolveIdentity } = require('../src/launch/identity') as typeof import('../src/launch/identity');
   const pino = require('pino');
   const silent = pino({ level: 'silent' });
   const runDir = tmpDir();

@@ -2,8 +2,8 @@
 // any torch dtype in .pt, unselected forwards never failing over a dtype, and load_call_dir("~/...").
 import * as path from 'path';
 import pino from 'pino';
-import { Agent } from '../src/agent';
-import { resolveIdentity } from '../src/identity';
+import { Agent } from '../src/agent/agent';
+import { resolveIdentity } from '../src/launch/identity';
 import type { ForwardContext } from '../src/messages';
 import { resolveSnapshotConfig } from '../src/snapshot/config';
 import { checkForwardContext } from '../src/snapshot/selector';

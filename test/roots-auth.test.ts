@@ -3,21 +3,21 @@
 import * as fs from 'fs';
 import * as path from 'path';
 import { Dealer, Publisher } from 'zeromq';
-import { Agent } from '../src/agent';
-import { aggregate } from '../src/aggregate';
+import { Agent } from '../src/agent/agent';
+import { aggregate } from '../src/tools/aggregate';
 import { narrowRoot } from '../src/agent/roots';
 import { AgentBus } from '../src/bus/agent-bus';
 import { BusToken, createTokenFile, TOKEN_FILE_NAME } from '../src/bus/auth';
 import { Coordinator, requestStatus } from '../src/bus/coordinator';
 import { encodeAgentMessage, encodeBusFrame } from '../src/bus/frames';
-import { WavebusClient } from '../src/client';
+import { WavebusClient } from '../src/client/client';
 import { Guard } from '../src/guard/guard';
 import { parseStartupOptions } from '../src/guard/startup';
-import { withStartupFacts } from '../src/guard-policy';
-import { resolveIdentity } from '../src/identity';
+import { withStartupFacts } from '../src/guard/guard-policy';
+import { resolveIdentity } from '../src/launch/identity';
 import { createLogger } from '../src/log';
 import { ShmSegment } from '../src/memory';
-import { launchDumpRoot } from '../src/launcher';
+import { launchDumpRoot } from '../src/launch/launcher';
 import { agentEndpoint, mailboxPath } from '../src/paths';
 import { cleanup, cleanupUsers, freePortPair, otherUser, PYTHON, ROOT, rootOnlyReason, spawnAs, spawnWavebus, tmpDir, waitFor, type Spawned } from './helpers';
 

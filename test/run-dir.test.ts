@@ -4,8 +4,8 @@
 import * as fs from 'fs';
 import * as os from 'os';
 import * as path from 'path';
-import { MailboxWriter } from '../src/mailbox';
-import { removeShmSegments, newShmPrefix } from '../src/run-dir';
+import { MailboxWriter } from '../src/client/mailbox';
+import { removeShmSegments, newShmPrefix } from '../src/launch/run-dir';
 import { CLI, cleanup, cleanupUsers, freePort, freePortPair, otherUser, rootOnlyReason, runAs, runWavebus, sh, spawnTracked, spawnWavebus, tmpDir, waitFor, type OtherUser } from './helpers';
 
 const skip = rootOnlyReason();

@@ -3,14 +3,14 @@
 import * as crypto from 'crypto';
 import * as fs from 'fs';
 import * as path from 'path';
-import { DType, DTYPES as ALL_DTYPES, dtypeInfo, itemSize } from '../src/dtype';
+import { DType, DTYPES as ALL_DTYPES, dtypeInfo, itemSize } from '../src/artifacts/dtype';
 
 /** The dtypes safetensors has codes for. */
 const DTYPES = ALL_DTYPES.filter((d) => dtypeInfo(d).safetensors !== null);
-import { Tensor } from '../src/tensor';
-import { writeSafetensors, safetensorsLayout } from '../src/safetensors';
-import { parseSafetensorsHeader, readSafetensorsHeader } from '../src/readers';
-import { crc32c, formatChecksum } from '../src/checksum';
+import { Tensor } from '../src/artifacts/tensor';
+import { writeSafetensors, safetensorsLayout } from '../src/artifacts/safetensors';
+import { parseSafetensorsHeader, readSafetensorsHeader } from '../src/artifacts/readers';
+import { crc32c, formatChecksum } from '../src/artifacts/checksum';
 import { cleanup, pseudoRandomBytes, runPython, tmpDir } from './helpers';
 
 afterAll(cleanup);

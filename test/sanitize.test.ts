@@ -1,9 +1,9 @@
 // Untrusted ids → single safe path components; joinUnder never lets a path escape its root.
 import * as fs from 'fs';
 import * as path from 'path';
-import { isSafeComponent, joinUnder, safeComponent, MAX_COMPONENT_BYTES } from '../src/sanitize';
+import { isSafeComponent, joinUnder, safeComponent, MAX_COMPONENT_BYTES } from '../src/artifacts/sanitize';
 import { CaptureError } from '../src/errors';
-import { readPt } from '../src/readers';
+import { readPt } from '../src/artifacts/readers';
 import { cleanup, tmpDir, waitFor } from './helpers';
 import { runWave, startHarnessJob, step, stopHarnessJob, type HarnessJob } from './job-harness';
 

@@ -26,7 +26,7 @@ import {
 import { encodeAgentMessage, encodeBusFrame } from '../src/bus/frames';
 import type { CoordinatorPolicy } from '../src/bus/policy';
 import { ConfigError } from '../src/errors';
-import { resolveIdentity, type WorldLayout } from '../src/identity';
+import { resolveIdentity, type WorldLayout } from '../src/launch/identity';
 import { createLogger } from '../src/log';
 import type { DumpResult } from '../src/messages';
 import { cleanup, freePortPair, portFree, runWavebus, spawnWavebus, tmpDir, waitFor } from './helpers';

@@ -1,6 +1,6 @@
 import * as fs from 'fs';
 import * as path from 'path';
-import { crc32c, formatChecksum } from '../src/checksum';
+import { crc32c, formatChecksum } from '../src/artifacts/checksum';
 import { CaptureError } from '../src/errors';
 import type { ForwardContext } from '../src/messages';
 import { CaptureBudget } from '../src/snapshot/budget';
@@ -8,9 +8,9 @@ import { CaptureInput, regionInput, SnapshotCapturer, snapshotRankDir } from '..
 import { loadCallDir } from '../src/snapshot/loader';
 import { DeviceRegion, ShmSegment } from '../src/memory';
 import { resolveSnapshotConfig, SnapshotFormat } from '../src/snapshot/config';
-import { Agent } from '../src/agent';
-import { WavebusClient } from '../src/client';
-import { resolveIdentity } from '../src/identity';
+import { Agent } from '../src/agent/agent';
+import { WavebusClient } from '../src/client/client';
+import { resolveIdentity } from '../src/launch/identity';
 import { cudaAvailable } from '../src/memory';
 import pino from 'pino';
 import { Writable } from 'stream';

@@ -1,6 +1,6 @@
 import * as fs from 'fs';
 import * as path from 'path';
-import type { DType } from '../src/dtype';
+import type { DType } from '../src/artifacts/dtype';
 import { CaptureError } from '../src/errors';
 import type { ForwardContext } from '../src/messages';
 import { CaptureBudget } from '../src/snapshot/budget';

@@ -5,7 +5,7 @@ import { decodeAgentMessage } from '../src/bus/frames';
 import type { RequestStep } from '../src/messages';
 import { AgentMessage, ClientRequest, decode, encode, encodeTrusted, messageType } from '../src/proto';
 import { prng } from '../src/prng';
-import { columnsToWire, TelemetryColumnizer } from '../src/telemetry';
+import { columnsToWire, TelemetryColumnizer } from '../src/client/telemetry';
 
 const WaveHeadRequest = messageType('WaveHeadRequest');
 

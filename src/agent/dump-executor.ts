@@ -2,17 +2,17 @@
 // registered KV layer into host staging (the engine waits only for this), then writes the
 // rank<g>/ bundle and acks the coordinator with its files.
 import * as path from 'path';
-import { DEFAULT_ARTIFACT_MODES, type ArtifactModes } from '../artifact-mode';
-import { Bundle } from '../bundle';
-import { itemSize } from '../dtype';
+import { DEFAULT_ARTIFACT_MODES, type ArtifactModes } from '../artifacts/artifact-mode';
+import { Bundle } from '../artifacts/bundle';
+import { itemSize } from '../artifacts/dtype';
 import { CaptureError } from '../errors';
-import { checkFreeSpace, writeDumpSkipped, type SkipReason } from '../freespace';
-import type { RankIdentity } from '../identity';
+import { checkFreeSpace, writeDumpSkipped, type SkipReason } from '../artifacts/freespace';
+import type { RankIdentity } from '../launch/identity';
 import type { Logger } from '../log';
 import type { DumpJob, DumpResult, FileEntry } from '../messages';
 import { rankDirName } from '../paths';
-import { safeComponent } from '../sanitize';
-import { Tensor } from '../tensor';
+import { safeComponent } from '../artifacts/sanitize';
+import { Tensor } from '../artifacts/tensor';
 import type { RegionTable, RegisteredRegion } from './regions';
 import type { RootGate } from './roots';
 

@@ -2,15 +2,15 @@
 // checksummed chunks (a chunk's bytes travel as the reply's own ZeroMQ frame, see payload.ts).
 // Only complete bundles are listed (temporary names start with '.'), and no request can read
 // outside the served roots: paths are opened a component at a time without following links, and
-// only regular files and directories are served (src/safe-fs.ts).
+// only regular files and directories are served (src/artifacts/safe-fs.ts).
 import * as fs from 'fs';
 import * as path from 'path';
 import type { CoordinatorMsg } from '../bus/frames';
 import { withPayload } from '../bus/payload';
-import { crc32c, crc32cOfFd } from '../checksum';
+import { crc32c, crc32cOfFd } from '../artifacts/checksum';
 import type { Logger } from '../log';
 import type { FileEntry } from '../messages';
-import { fdPath, openBeneath, openBeneathSync, openChildSync, splitRelative, type OpenedSync } from '../safe-fs';
+import { fdPath, openBeneath, openBeneathSync, openChildSync, splitRelative, type OpenedSync } from '../artifacts/safe-fs';
 
 export const MAX_CHUNK_BYTES = 4 * 2 ** 20;
 /** Chunk buffers kept for reuse per agent, in all; beyond that a chunk gets a fresh buffer. */

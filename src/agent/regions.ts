@@ -1,6 +1,6 @@
 // The device regions one engine client registered with its agent: KV pool layers and input buffers.
 import { ConfigError } from '../errors';
-import { parseDType, itemSize, type DType } from '../dtype';
+import { parseDType, itemSize, type DType } from '../artifacts/dtype';
 import { cudaAvailable, DeviceRegion } from '../memory';
 
 export interface RegisteredRegion {

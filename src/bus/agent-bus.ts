@@ -3,10 +3,10 @@
 // coordinator, resync from a fresh snapshot. Emits one 'wave' per wave once its due lanes are in.
 import { EventEmitter } from 'events';
 import { Dealer, Subscriber } from 'zeromq';
-import { identityToProto, type RankIdentity } from '../identity';
+import { identityToProto, type RankIdentity } from '../launch/identity';
 import { createLogger, type Logger } from '../log';
 import type { ConfigLane, DumpLane, DumpResult, StepTelemetry, WaveHead } from '../messages';
-import { DEFAULT_HEARTBEAT_MS, DEFAULT_MAX_FRAME_BYTES } from './coordinator';
+import { DEFAULT_HEARTBEAT_MS, DEFAULT_MAX_FRAME_BYTES } from './constants';
 import {
   DropCounter,
   decodeBusFrame,

@@ -5,10 +5,10 @@ import { randomInt } from 'crypto';
 import { EventEmitter } from 'events';
 import { Context, Dealer, Publisher, Router } from 'zeromq';
 import { ConfigError, ProtocolError, WavebusError } from '../errors';
-import { lastPpRanks, type WorldLayout } from '../identity';
+import { lastPpRanks, type WorldLayout } from '../launch/identity';
 import { createLogger, type Logger } from '../log';
 import type { DumpJob, DumpLane, DumpResult, StepTelemetry, WaveHead } from '../messages';
-import { ColumnScratch } from '../telemetry';
+import { ColumnScratch } from '../client/telemetry';
 import { busMetrics, counter, startMetricsServer, type MetricsServer } from '../metrics';
 import {
   DropCounter,
@@ -27,9 +27,7 @@ import { clientSocketOptions, serverSocketOptions, ZapHandler, type CurveClientK
 import type { CoordinatorPolicy, DueLanes } from './policy';
 import type { BusToken } from './auth';
 
-export const DEFAULT_BUS_PORT = 29600;
-export const DEFAULT_HEARTBEAT_MS = 500;
-export const DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024;
+import { DEFAULT_BUS_PORT, DEFAULT_HEARTBEAT_MS, DEFAULT_MAX_FRAME_BYTES } from './constants';
 
 export interface CoordinatorOptions {
   host?: string;

@@ -5,7 +5,7 @@ import { AgentMessage, BusFrame, CoordinatorMessage, decode, encode, encodeTrust
 import type { Logger } from '../log';
 import type { BusToken } from './auth';
 import type { ConfigLane, DumpLane, WaveHead } from '../messages';
-import { COLUMN_KEYS, columnsFromWire, type ColumnScratch } from '../telemetry';
+import { COLUMN_KEYS, columnsFromWire, type ColumnScratch } from '../client/telemetry';
 
 const RequestStep = messageType('RequestStep');
 

@@ -1,19 +1,19 @@
 // `wavebus agent`: one per rank. Last-PP ranks join the wave bus; other ranks follow the config
-// file. Thin on purpose: flags → identity → Agent (src/agent.ts).
+// file. Thin on purpose: flags → identity → Agent (src/agent/agent.ts).
 import type { CommandModule } from 'yargs';
 import * as os from 'os';
 import * as path from 'path';
-import { Agent } from '../agent';
-import { artifactModeOption, parseArtifactMode, type ArtifactModes } from '../artifact-mode';
-import { DEFAULT_BUS_PORT, DEFAULT_HEARTBEAT_MS } from '../bus/coordinator';
+import { Agent } from '../agent/agent';
+import { artifactModeOption, parseArtifactMode, type ArtifactModes } from '../artifacts/artifact-mode';
+import { DEFAULT_BUS_PORT, DEFAULT_HEARTBEAT_MS } from '../bus/constants';
 import { loadClientKeys, type CurveClientKeys } from '../bus/curve';
 import { loadBusToken, type BusToken } from '../bus/auth';
 import { parseStartupOptions } from '../guard/startup';
 import { checkHost, parseBusPort, parseHostPort, type HostPort } from '../bus/endpoints';
-import { identityFlagsFromArgv, identityOptions, resolveIdentity, type RankIdentity } from '../identity';
+import { identityFlagsFromArgv, identityOptions, resolveIdentity, type RankIdentity } from '../launch/identity';
 import { ConfigError } from '../errors';
 import { createLogger, type Logger } from '../log';
-import { claimRunDir, makeRunDir, releaseRunDir } from '../run-dir';
+import { claimRunDir, makeRunDir, releaseRunDir } from '../launch/run-dir';
 import { resolveSnapshotConfig, snapshotFlagsFromArgv, snapshotOptions } from '../snapshot/config';
 import { positiveInt, waitForSignal } from './coordinator';
 

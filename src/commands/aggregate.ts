@@ -1,7 +1,7 @@
 // `wavebus aggregate`: pull every rank's bundles (through the coordinator) into one tree with a
 // manifest. Exit 0 only when no expected rank is missing and every file arrived verified.
 import type { CommandModule } from 'yargs';
-import { aggregate, DEFAULT_CHUNK_MB, DEFAULT_WINDOW, MAX_CHUNK_MB, type AggregateProgress } from '../aggregate';
+import { aggregate, DEFAULT_CHUNK_MB, DEFAULT_WINDOW, MAX_CHUNK_MB, type AggregateProgress } from '../tools/aggregate';
 import { parseHostPort } from '../bus/endpoints';
 import { loadBusToken } from '../bus/auth';
 import { ConfigError, WavebusError } from '../errors';

@@ -1,8 +1,8 @@
 // `wavebus compare A B`: two captures tensor by tensor. Exit 0 when everything pairs up and is
 // within tolerance, 1 when something differs, 2 on usage errors or unreadable inputs.
 import type { CommandModule } from 'yargs';
-import { compareCaptures, jsonSafe, type TensorComparison } from '../compare';
-import { writeHeatmap } from '../heatmap';
+import { compareCaptures, jsonSafe, type TensorComparison } from '../tools/compare';
+import { writeHeatmap } from '../tools/heatmap';
 
 const num = (v: number | undefined) => (v === undefined ? '-' : Number.isNaN(v) ? 'nan' : !Number.isFinite(v) ? 'inf' : v === 0 ? '0' : v.toPrecision(4));
 

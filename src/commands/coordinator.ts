@@ -1,17 +1,18 @@
 // `wavebus coordinator`: run the wave-bus coordinator beside global rank 0 until SIGINT/SIGTERM.
 import type { CommandModule } from 'yargs';
-import { artifactModeOption, parseArtifactMode } from '../artifact-mode';
-import { Coordinator, DEFAULT_BUS_PORT, DEFAULT_HEARTBEAT_MS } from '../bus/coordinator';
+import { artifactModeOption, parseArtifactMode } from '../artifacts/artifact-mode';
+import { Coordinator } from '../bus/coordinator';
+import { DEFAULT_BUS_PORT, DEFAULT_HEARTBEAT_MS } from '../bus/constants';
 import { loadServerKeys } from '../bus/curve';
 import { loadBusToken } from '../bus/auth';
 import { parseBusPort } from '../bus/endpoints';
 import { ConfigError } from '../errors';
-import { identityFlagsFromArgv, identityOptions, resolveLayout } from '../identity';
+import { identityFlagsFromArgv, identityOptions, resolveLayout } from '../launch/identity';
 import { createLogger } from '../log';
 import { Guard } from '../guard/guard';
 import { guardOptions, parseStartupOptions } from '../guard/startup';
-import { withStartupFacts } from '../guard-policy';
-import { lastPpRanks } from '../identity';
+import { withStartupFacts } from '../guard/guard-policy';
+import { lastPpRanks } from '../launch/identity';
 import { keepFreedMemory } from '../malloc-tuning';
 
 const LAYOUT_FLAGS = ['world-size', 'tp', 'pp', 'dp', 'cp'];

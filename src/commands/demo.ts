@@ -1,6 +1,6 @@
 // `wavebus demo`: the whole product on one machine, on loopback, in well under a minute.
 import type { CommandModule } from 'yargs';
-import { runDemo } from '../demo';
+import { runDemo } from '../tools/demo';
 import { ConfigError } from '../errors';
 
 function int(v: unknown, flag: string, min: number): number {

@@ -1,6 +1,6 @@
 // `wavebus inspect DIR`: list the bundles under DIR, verify them, exit non-zero on any problem.
 import type { CommandModule } from 'yargs';
-import { inspectTree } from '../inspect';
+import { inspectTree } from '../tools/inspect';
 
 export const command: CommandModule = {
   command: 'inspect <dir>',

@@ -1,10 +1,10 @@
 // `wavebus launch [options] -- <command...>`: run once per host, like torchrun (see docs/launch.md).
 import type { CommandModule } from 'yargs';
 import { ConfigError, WavebusError } from '../errors';
-import { artifactModeOption, parseArtifactMode } from '../artifact-mode';
-import { identityOptions } from '../identity';
+import { artifactModeOption, parseArtifactMode } from '../artifacts/artifact-mode';
+import { identityOptions } from '../launch/identity';
 import { guardOptions, parseStartupOptions } from '../guard/startup';
-import { launch, parseLaunchOptions } from '../launcher';
+import { launch, parseLaunchOptions } from '../launch/launcher';
 import { resolveSnapshotConfig, snapshotEnvFromArgv, snapshotFlagsFromArgv, snapshotOptions } from '../snapshot/config';
 import { createLogger } from '../log';
 

@@ -9,7 +9,7 @@ import * as fs from 'fs';
 import * as os from 'os';
 import * as path from 'path';
 import { ConfigError } from '../errors';
-import { fsyncDir } from '../freespace';
+import { fsyncDir } from '../artifacts/freespace';
 
 export interface LockOptions {
   /** How long to wait for a live holder (default 5000 ms). */

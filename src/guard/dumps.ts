@@ -5,9 +5,9 @@
 import * as path from 'path';
 import type { Logger } from '../log';
 import type { DumpJob, DumpResult, FileEntry } from '../messages';
-import { SkipReason, writeDumpSkipped } from '../freespace';
-import { DEFAULT_ARTIFACT_MODES, type ArtifactModes } from '../artifact-mode';
-import { joinUnder, safeComponent } from '../sanitize';
+import { SkipReason, writeDumpSkipped } from '../artifacts/freespace';
+import { DEFAULT_ARTIFACT_MODES, type ArtifactModes } from '../artifacts/artifact-mode';
+import { joinUnder, safeComponent } from '../artifacts/sanitize';
 import { writeJsonAtomic } from './reports';
 
 export type { SkipReason };

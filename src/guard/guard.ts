@@ -3,7 +3,7 @@
 // dump jobs for wave N (copied at its end by every last-PP TP rank) and hands out a new effective
 // config when the file changed (applied by every rank at the end of the same wave).
 import type { Counter } from 'prom-client';
-import { DEFAULT_ARTIFACT_MODES, sensitiveModes, type ArtifactModes } from '../artifact-mode';
+import { DEFAULT_ARTIFACT_MODES, sensitiveModes, type ArtifactModes } from '../artifacts/artifact-mode';
 import type { CoordinatorPolicy, DueLanes } from '../bus/policy';
 import { createLogger, Logger } from '../log';
 import type { DumpJob, DumpResult, StepTelemetry } from '../messages';
@@ -14,7 +14,7 @@ import { DumpBook } from './dumps';
 import { AutoDumpQuota, admitIncident, IncidentCount } from './quotas';
 import { ConfigFollower } from './reload';
 import { IncidentReport, writeReport } from './reports';
-import { FLAG_FINISHED, FLAG_FREED, SlotBinding, TelemetryColumnizer, TelemetryColumns } from '../telemetry';
+import { FLAG_FINISHED, FLAG_FREED, SlotBinding, TelemetryColumnizer, TelemetryColumns } from '../client/telemetry';
 import { dumpRootOf, loadStartupConfig, StartupConfig, StartupIssue, StartupOptions } from './startup';
 
 export const MANUAL_TRIGGER = 'manual_trigger';

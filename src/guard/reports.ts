@@ -2,8 +2,8 @@
 // last-PP TP0), at <report_dir>/<incident_type>/report_<YYYYmmdd_HHMMSS_mmm>[_<req_id>]_pid<pid>.json.
 import * as fs from 'fs';
 import * as path from 'path';
-import { DEFAULT_ARTIFACT_MODES, type ArtifactModes } from '../artifact-mode';
-import { joinUnder, safeComponent } from '../sanitize';
+import { DEFAULT_ARTIFACT_MODES, type ArtifactModes } from '../artifacts/artifact-mode';
+import { joinUnder, safeComponent } from '../artifacts/sanitize';
 import { writeFileAtomic } from './startup';
 
 /** Local time as YYYYmmdd_HHMMSS_mmm (the seed's report file stamp). */

@@ -1,7 +1,7 @@
 // Deterministic KV pool contents for the simulated engine: every element is a function of
 // (layer, kv, block, slot, head, dim, global rank), so a test can check any dumped byte.
 // Values are finite bfloat16 / float16 / float32 numbers, so tools that load them see real data.
-import type { DType } from '../dtype';
+import type { DType } from '../artifacts/dtype';
 
 export interface KvGeometry {
   layers: number;

@@ -3,12 +3,12 @@
 import * as crypto from 'crypto';
 import * as fs from 'fs';
 import * as path from 'path';
-import { WavebusClient } from '../client';
-import { itemSize } from '../dtype';
-import { resolveIdentity } from '../identity';
+import { WavebusClient } from '../client/client';
+import { itemSize } from '../artifacts/dtype';
+import { resolveIdentity } from '../launch/identity';
 import { ShmSegment } from '../memory';
 import type { StepTelemetry } from '../messages';
-import { isShmPrefix } from '../run-dir';
+import { isShmPrefix } from '../launch/run-dir';
 import type { SimFaults } from './faults';
 import { fillKvPool, type KvGeometry } from './kv-pattern';
 import { SimScheduler } from './scheduler';

@@ -3,14 +3,14 @@
 // Capture fails loudly: any failure throws CaptureError (the caller aborts the forward) and leaves
 // nothing under the call directory's final name.
 import * as path from 'path';
-import type { ArtifactModes } from '../artifact-mode';
-import { Bundle, removeStaleTemps } from '../bundle';
-import { DType, formatRefusal, itemSize, parseDType } from '../dtype';
+import type { ArtifactModes } from '../artifacts/artifact-mode';
+import { Bundle, removeStaleTemps } from '../artifacts/bundle';
+import { DType, formatRefusal, itemSize, parseDType } from '../artifacts/dtype';
 import { CaptureError, WavebusError } from '../errors';
 import type { ForwardContext } from '../messages';
 import { rankDirName } from '../paths';
-import { safeComponent } from '../sanitize';
-import { Tensor } from '../tensor';
+import { safeComponent } from '../artifacts/sanitize';
+import { Tensor } from '../artifacts/tensor';
 import { CaptureBudget, processCaptureBudget } from './budget';
 import type { SnapshotConfig, SnapshotFormat } from './config';
 import { buildCallMeta, META_FILE, MetaFile, MetaInput, SnapshotRank, tensorFileName } from './meta';

@@ -4,10 +4,10 @@
 import * as fs from 'fs';
 import * as os from 'os';
 import * as path from 'path';
-import { crc32cOfFile } from '../checksum';
+import { crc32cOfFile } from '../artifacts/checksum';
 import { CaptureError } from '../errors';
-import { DType, isDType, itemSize } from '../dtype';
-import { readBytes, readNpyHeader, readPt, readSafetensorsHeader } from '../readers';
+import { DType, isDType, itemSize } from '../artifacts/dtype';
+import { readBytes, readNpyHeader, readPt, readSafetensorsHeader } from '../artifacts/readers';
 import { CallMeta, META_FILE, parseMeta, tensorFileName } from './meta';
 
 export interface LoadedTensor {

@@ -3,7 +3,7 @@
 // dtype/shape a replay needs to reinterpret raw bytes, and the size/checksum of every file.
 // Written last (the bundle is complete only once it exists); sorted keys, indent 2.
 import { CaptureError } from '../errors';
-import type { RankIdentity } from '../identity';
+import type { RankIdentity } from '../launch/identity';
 import type { ForwardContext } from '../messages';
 import type { SnapshotFormat } from './config';
 import type { SelectionMatch, SelectionReason } from './selector';

@@ -1,4 +1,4 @@
-"""wavebus dtype names and their torch / numpy spellings (mirrors src/dtype.ts)."""
+"""wavebus dtype names and their torch / numpy spellings (mirrors src/artifacts/dtype.ts)."""
 from typing import Dict
 
 from .errors import ConfigError

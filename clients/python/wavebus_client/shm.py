@@ -20,7 +20,7 @@ from .region import Region, check_shape, validate
 
 _LIVE: Dict[str, shared_memory.SharedMemory] = {}
 _ALIGN = 256  # offsets of KV layers inside one pool segment
-_SHM_PREFIX = re.compile(r"^wavebus-[0-9a-f]{12}-$")  # what `wavebus launch` sets (src/run-dir.ts)
+_SHM_PREFIX = re.compile(r"^wavebus-[0-9a-f]{12}-$")  # what `wavebus launch` sets (src/launch/run-dir.ts)
 
 
 def _job_prefix() -> str:

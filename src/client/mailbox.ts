@@ -1,0 +1,133 @@
+// The wave-vector mailbox: a small shared file (under /dev/shm) with a seqlock ring of the last
+// 8 wave vectors. The agent publishes each wave's [wave, config_due, dump_due]; the engine
+// client checks "is anything due for wave N?" with plain memory loads, no system call.
+// Byte layout: docs/native.md (a Python client reads it with mmap + struct).
+import * as fs from 'fs';
+import { NativeError } from '../errors';
+import { native, nativeAsync, nativeCall, NativeMailboxReader, NativeMailboxWriter } from '../native';
+
+/** Feature bits in the header, set by the agent so an all-off client can skip everything. */
+export const MailboxFeature = {
+  BUS_ACTIVE: 1,
+  HOT_RELOAD: 2,
+  DETECTORS: 4,
+  SNAPSHOTS: 8,
+} as const;
+
+/** Layout constants (from the addon, the single source of truth). */
+export const MAILBOX_LAYOUT = native.mailboxLayout;
+
+export interface WaveVector {
+  wave: number;
+  /** Non-zero when a new config is due in this wave. */
+  configDue: number;
+  /** Non-zero when dump jobs are due at the end of this wave (the number of jobs). */
+  dumpDue: number;
+  /** Reserved, always 0 for now. */
+  snapshotDue?: number;
+}
+
+function checkPath(p: unknown, field: string): string {
+  if (typeof p !== 'string' || p === '' || p.includes('\0')) throw new NativeError(`${field} must be a non-empty path, got ${JSON.stringify(p)}`, 'ERR_INVALID_ARG');
+  return p;
+}
+
+function checkU32(v: unknown, field: string): number {
+  const n = typeof v === 'boolean' ? Number(v) : v;
+  if (typeof n !== 'number' || !Number.isInteger(n) || n < 0 || n > 0xffffffff) {
+    throw new NativeError(`${field} must be an unsigned 32-bit integer (or boolean), got ${String(v)}`, 'ERR_INVALID_ARG');
+  }
+  return n;
+}
+
+function checkWave(v: unknown, field = 'wave'): number {
+  if (typeof v !== 'number' || !Number.isSafeInteger(v) || v < 0) {
+    throw new NativeError(`${field} must be a non-negative safe integer, got ${String(v)}`, 'ERR_INVALID_ARG');
+  }
+  return v;
+}
+
+function toVector(got: [number, number, number, number]): WaveVector {
+  return { wave: got[0], configDue: got[1], dumpDue: got[2], snapshotDue: got[3] };
+}
+
+/** The agent's side. One writer per mailbox file. */
+export class MailboxWriter {
+  private constructor(readonly path: string, private readonly w: NativeMailboxWriter) {}
+
+  /** Create the file (or take over one a previous agent left at the same path; its slots are emptied). */
+  static create(path: string): MailboxWriter {
+    const p = checkPath(path, 'path');
+    return new MailboxWriter(p, nativeCall(() => native.MailboxWriter.create(p)));
+  }
+
+  publish(v: WaveVector | { wave: number; configDue: number | boolean; dumpDue: number | boolean; snapshotDue?: number | boolean }): void {
+    if (v === null || typeof v !== 'object') throw new NativeError('wave vector must be an object', 'ERR_INVALID_ARG');
+    const wave = checkWave(v.wave, 'wave vector.wave');
+    const c = checkU32(v.configDue, 'wave vector.configDue');
+    const d = checkU32(v.dumpDue, 'wave vector.dumpDue');
+    const s = checkU32(v.snapshotDue ?? 0, 'wave vector.snapshotDue');
+    nativeCall(() => this.w.publish(wave, c, d, s));
+  }
+
+  /** Replace the feature bits (MailboxFeature.*). */
+  setFeatures(bits: number): void {
+    if (!Number.isSafeInteger(bits) || bits < 0) throw new NativeError(`features must be a non-negative integer bit set, got ${bits}`, 'ERR_INVALID_ARG');
+    nativeCall(() => this.w.setFeatures(bits));
+  }
+
+  /** The coordinator epoch the vectors belong to. */
+  setEpoch(epoch: number): void {
+    nativeCall(() => this.w.setEpoch(checkWave(epoch, 'epoch')));
+  }
+
+  /** Unmap; with { unlink: true } also remove the file (readers that have it mapped keep their mapping). */
+  close(opts: { unlink?: boolean } = {}): void {
+    this.w.close();
+    if (opts.unlink) fs.rmSync(this.path, { force: true });
+  }
+}
+
+/** The engine client's side: map once, then read without system calls. */
+export class MailboxReader {
+  private constructor(readonly path: string, private readonly r: NativeMailboxReader) {}
+
+  static open(path: string): MailboxReader {
+    const p = checkPath(path, 'path');
+    return new MailboxReader(p, nativeCall(() => native.MailboxReader.open(p)));
+  }
+
+  /** The vector of `wave` if slot wave % 8 holds it, else undefined (not yet published, overwritten, or mid-update). */
+  read(wave: number): WaveVector | undefined {
+    const w = checkWave(wave);
+    const got = nativeCall(() => this.r.read(w));
+    return got === undefined ? undefined : toVector(got);
+  }
+
+  /**
+   * Wait for `wave`'s vector without a system call per check: the reader sleeps on the header's
+   * publish counter, which the writer bumps and wakes after every slot write. Resolves with the
+   * vector, 'timeout' when `timeoutMs` ran out, or 'overwritten' when the slot already holds a
+   * later wave. The JS thread stays free meanwhile.
+   */
+  async waitFor(wave: number, timeoutMs: number): Promise<WaveVector | 'timeout' | 'overwritten'> {
+    const w = checkWave(wave);
+    if (!Number.isSafeInteger(timeoutMs) || timeoutMs < 0) throw new NativeError(`timeoutMs must be a non-negative integer, got ${timeoutMs}`, 'ERR_INVALID_ARG');
+    const got = await nativeAsync(() => this.r.waitFor(w, timeoutMs));
+    if (got === false) return 'timeout';
+    if (got === undefined) return 'overwritten';
+    return toVector(got);
+  }
+
+  features(): number {
+    return nativeCall(() => this.r.features());
+  }
+
+  epoch(): number {
+    return nativeCall(() => this.r.epoch());
+  }
+
+  close(): void {
+    this.r.close();
+  }
+}

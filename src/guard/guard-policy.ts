@@ -1,0 +1,27 @@
+// What the coordinator publishes for the guard: its effective config, plus the startup facts the
+// ranks need to decide whether to use the bus at all (hot reload is a startup switch, not a
+// config field, so it travels beside the config: {"hot_reload": bool, "config": {...}}).
+import type { CoordinatorPolicy, DueLanes } from '../bus/policy';
+import type { DumpResult, StepTelemetry } from '../messages';
+
+export function laneJson(configJson: string, hotReload: boolean): string {
+  return `{"hot_reload":${hotReload ? 'true' : 'false'},"config":${configJson || '{}'}}`;
+}
+
+export function withStartupFacts(policy: CoordinatorPolicy, hotReload: boolean): CoordinatorPolicy {
+  return {
+    onWaveHead(wave: number, telemetry: StepTelemetry | null): DueLanes {
+      const due = policy.onWaveHead(wave, telemetry);
+      if (due.config) due.config = { version: due.config.version, configJson: laneJson(due.config.configJson, hotReload) };
+      return due;
+    },
+    onDumpResult: (r: DumpResult) => policy.onDumpResult(r),
+    onDumpTimeout: (jobId: string, missing: number[]) => policy.onDumpTimeout?.(jobId, missing),
+    status: () => ({ ...policy.status(), hot_reload: hotReload }),
+    snapshotState() {
+      const s = policy.snapshotState();
+      return { ...s, configJson: laneJson(s.configJson, hotReload) };
+    },
+    close: () => policy.close?.(),
+  };
+}

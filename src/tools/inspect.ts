@@ -1,0 +1,245 @@
+// Finds the bundles under a directory (KV dump rank dirs, snapshot call dirs, a dump's wave dir
+// with its request_info.json and manifest, an aggregate's manifest) and checks them: every listed
+// file present with its size (and checksum with verify), nothing unlisted beside them, every
+// expected rank present. Used by `wavebus inspect`, the demo, aggregate.
+import * as fs from 'fs';
+import * as path from 'path';
+import { crc32cOfFile } from '../artifacts/checksum';
+import { readNpyHeader, readPt, readSafetensorsHeader } from '../artifacts/readers';
+
+export type BundleKind = 'kv_dump' | 'snapshot' | 'dump_wave' | 'aggregate';
+
+export interface TensorInfo {
+  file: string;
+  name: string;
+  dtype: string;
+  shape: number[];
+}
+
+export interface BundleReport {
+  kind: BundleKind;
+  /** Relative to the inspected root, '/' separated. */
+  dir: string;
+  ranks: number[];
+  bytes: number;
+  files: { name: string; bytes: number; checksum: string; verified?: boolean }[];
+  tensors: TensorInfo[];
+  /** The distinct dtypes of its tensors (bf16 / fp8 resolved from the bundle JSON for .npy). */
+  dtypes: string[];
+  problems: string[];
+  info: Record<string, unknown>;
+}
+
+export interface InspectResult {
+  root: string;
+  bundles: BundleReport[];
+  /** Temporary bundle dirs left by an interrupted writer (never under a final name). */
+  incomplete: string[];
+  problems: string[];
+}
+
+const relJoin = (a: string, b: string) => (a === '.' || a === '' ? b : `${a}/${b}`);
+
+function readJson(p: string, rel: string, problems: string[]): any | undefined {
+  try {
+    return JSON.parse(fs.readFileSync(p, 'utf8'));
+  } catch (e) {
+    problems.push(`${rel}: unreadable JSON (${(e as Error).message})`);
+    return undefined;
+  }
+}
+
+/** `dtypeOf(fileName)` resolves what a .npy header cannot say (|V2 is bf16, |V1 one of the fp8s). */
+function tensorsOf(file: string, rel: string, dtypeOf: (name: string) => string | undefined): TensorInfo[] {
+  if (file.endsWith('.npy')) {
+    const h = readNpyHeader(file);
+    return [{ file: rel, name: path.basename(rel), dtype: dtypeOf(path.basename(rel)) ?? h.dtype ?? h.descr, shape: h.shape }];
+  }
+  if (file.endsWith('.safetensors')) {
+    const h = readSafetensorsHeader(file);
+    return h.tensors.map((e) => ({ file: rel, name: e.name, dtype: e.dtype ?? e.code, shape: e.shape }));
+  }
+  if (file.endsWith('.pt')) {
+    const c = readPt(file);
+    const names = c.value instanceof Map ? [...c.value.entries()].filter(([, v]) => v && (v as any).kind === 'tensor').map(([k]) => String(k)) : [path.basename(rel)];
+    return c.tensors.map((t, i) => ({ file: rel, name: names[i] ?? `tensor${i}`, dtype: t.dtype, shape: t.shape }));
+  }
+  return [];
+}
+
+/** One listed file: present, its size, its checksum (verify). Messages are the same for every caller, so duplicates collapse. */
+function checkOne(p: string, rel: string, bytes: number, checksum: string, verify: boolean, problems: string[]): { present: boolean; size: number; verified?: boolean } {
+  if (!fs.existsSync(p)) {
+    problems.push(`${rel}: missing`);
+    return { present: false, size: 0 };
+  }
+  const size = fs.statSync(p).size;
+  if (size !== bytes) problems.push(`${rel}: ${size} bytes, recorded ${bytes}`);
+  let verified: boolean | undefined;
+  if (verify) {
+    const got = crc32cOfFile(p).toString();
+    verified = got === checksum;
+    if (!verified) problems.push(`${rel}: checksum ${got} != recorded ${checksum}`);
+  }
+  return { present: true, size, verified };
+}
+
+/** Check the files a bundle JSON lists (name or path, bytes, checksum), and that nothing else is there. */
+function checkFiles(dir: string, listed: any[], verify: boolean, report: BundleReport, jsonName: string, dtypeOf: (name: string) => string | undefined): void {
+  const names = new Set<string>();
+  for (const f of listed) {
+    const name = path.basename(String(f.path ?? f.name ?? ''));
+    names.add(name);
+    const p = path.join(dir, name);
+    const entry: BundleReport['files'][number] = { name, bytes: Number(f.bytes ?? 0), checksum: String(f.checksum ?? '') };
+    report.files.push(entry);
+    const rel = relJoin(report.dir, name);
+    const c = checkOne(p, rel, entry.bytes, entry.checksum, verify, report.problems);
+    if (!c.present) continue;
+    report.bytes += c.size;
+    if (c.verified !== undefined) entry.verified = c.verified;
+    try {
+      report.tensors.push(...tensorsOf(p, rel, dtypeOf));
+    } catch (e) {
+      report.problems.push(`${rel}: unreadable (${(e as Error).message})`);
+    }
+  }
+  for (const n of fs.readdirSync(dir)) {
+    if (n === jsonName || n.startsWith('.') || names.has(n)) continue;
+    report.problems.push(`${relJoin(report.dir, n)}: not listed in ${jsonName}`);
+  }
+  report.dtypes = [...new Set(report.tensors.map((t) => t.dtype))];
+}
+
+function newReport(kind: BundleKind, rel: string): BundleReport {
+  return { kind, dir: rel, ranks: [], bytes: 0, files: [], tensors: [], dtypes: [], problems: [], info: {} };
+}
+
+function inspectKvDump(dir: string, rel: string, verify: boolean): BundleReport {
+  const r = newReport('kv_dump', rel);
+  const doc = readJson(path.join(dir, 'dump.json'), relJoin(rel, 'dump.json'), r.problems);
+  if (doc) {
+    r.ranks = [Number(doc.identity?.global_rank)];
+    r.info = { req_id: doc.req_id, incident_type: doc.incident_type, arm_wave: doc.arm_wave, format: doc.format, tp_rank: doc.identity?.tp_rank, tp_size: doc.identity?.tp_size, block_ids: doc.block_ids };
+    const layers: { layer: string; dtype: string }[] = Array.isArray(doc.layers) ? doc.layers : [];
+    const dtypeOf = (name: string) => layers.find((l) => typeof l.layer === 'string' && name.startsWith(`${l.layer}.`))?.dtype;
+    checkFiles(dir, doc.files ?? [], verify, r, 'dump.json', dtypeOf);
+  }
+  return r;
+}
+
+function inspectSnapshot(dir: string, rel: string, verify: boolean): BundleReport {
+  const r = newReport('snapshot', rel);
+  const meta = readJson(path.join(dir, 'meta.json'), relJoin(rel, 'meta.json'), r.problems);
+  if (meta) {
+    r.ranks = [Number(meta.global_rank)];
+    r.info = { hash: meta.hash, call_index: meta.call_index, selected_by: meta.selected_by, format: meta.format, tp_rank: meta.tp_rank };
+    const inputs: { index: number; dtype: string }[] = Array.isArray(meta.inputs) ? meta.inputs : [];
+    const files = meta.files ?? inputs.map((i) => ({ name: `tensor${i.index}.${meta.format}` }));
+    const dtypeOf = (name: string) => inputs.find((i) => name === `tensor${i.index}.npy`)?.dtype;
+    checkFiles(dir, files, verify && Array.isArray(meta.files), r, 'meta.json', dtypeOf);
+    if (Array.isArray(meta.inputs) && r.files.length !== meta.inputs.length) {
+      r.problems.push(`${rel}: meta.json lists ${meta.inputs.length} inputs but ${r.files.length} files`);
+    }
+  }
+  return r;
+}
+
+function rankDirs(dir: string, names: string[], marker: string): number[] {
+  return names.filter((n) => /^rank\d+$/.test(n) && fs.existsSync(path.join(dir, n, marker))).map((n) => Number(n.slice(4)));
+}
+
+function inspectDumpWave(dir: string, rel: string, names: string[], verify: boolean): BundleReport {
+  const r = newReport('dump_wave', rel);
+  const info = readJson(path.join(dir, 'request_info.json'), relJoin(rel, 'request_info.json'), r.problems) ?? {};
+  const manifest = names.includes('manifest.json') ? readJson(path.join(dir, 'manifest.json'), relJoin(rel, 'manifest.json'), r.problems) : undefined;
+  const present = rankDirs(dir, names, 'dump.json').sort((a, b) => a - b);
+  const skipped = rankDirs(dir, names, 'dump_skipped.json');
+  const expected: number[] = (manifest?.expected_ranks ?? info.expected_ranks ?? []).map(Number);
+  const manifestMissing: number[] = (manifest?.missing_ranks ?? []).map(Number);
+  r.ranks = present;
+  r.info = { req_id: info.req_id, incident_type: info.incident_type, arm_wave: info.arm_wave, expected_ranks: expected, skipped_ranks: skipped, manifest_missing: manifest ? manifestMissing : null };
+  for (const e of [...new Set([...expected, ...manifestMissing])].sort((a, b) => a - b)) {
+    if (!present.includes(e)) r.problems.push(`${rel}: rank ${e} missing${skipped.includes(e) ? ' (dump_skipped.json present)' : ''}`);
+  }
+  // Every file the coordinator recorded from the ranks' acks (dump.json included).
+  for (const list of Object.values((manifest?.files ?? {}) as Record<string, any[]>)) {
+    for (const f of Array.isArray(list) ? list : []) {
+      const fp = String(f.path ?? '');
+      if (!fp || fp.split('/').some((c) => c === '..' || c === '')) {
+        r.problems.push(`${relJoin(rel, 'manifest.json')}: file path ${JSON.stringify(fp)} is not a path inside the wave dir`);
+        continue;
+      }
+      const c = checkOne(path.join(dir, ...fp.split('/')), relJoin(rel, fp), Number(f.bytes ?? 0), String(f.checksum ?? ''), verify, r.problems);
+      if (c.present) r.bytes += c.size;
+    }
+  }
+  return r;
+}
+
+function inspectAggregate(dir: string, rel: string, m: any, verify: boolean): BundleReport {
+  const r = newReport('aggregate', rel);
+  r.ranks = (m.present_ranks ?? []).map(Number);
+  r.info = { coordinator: m.coordinator, what: m.what, prefix: m.prefix, expected_ranks: m.expected_ranks, missing_ranks: m.missing_ranks, complete: m.complete, totals: m.totals };
+  for (const g of (m.missing_ranks ?? []) as number[]) {
+    const errs = m.ranks?.[String(g)]?.errors ?? [];
+    r.problems.push(`${rel}: rank ${g} missing from the aggregate${errs.length ? ` (${errs.join('; ')})` : ''}`);
+  }
+  for (const x of (m.refused ?? []) as any[]) r.problems.push(`${rel}: refused ${x.root} path ${JSON.stringify(x.path)} from rank ${x.rank} (${x.reason})`);
+  for (const f of (m.files ?? []) as any[]) {
+    const fp = `${f.root}/${f.path}`;
+    if (f.status === 'failed') {
+      r.problems.push(`${relJoin(rel, fp)}: not aggregated (${f.error})`);
+      continue;
+    }
+    if (String(f.path).split('/').some((c: string) => c === '..' || c === '' || c.startsWith('.'))) continue; // never written
+    const c = checkOne(path.join(dir, f.root, ...String(f.path).split('/')), relJoin(rel, fp), Number(f.bytes), String(f.checksum), verify, r.problems);
+    if (c.present) r.bytes += c.size;
+    r.files.push({ name: fp, bytes: Number(f.bytes), checksum: String(f.checksum), verified: c.verified });
+  }
+  return r;
+}
+
+export function inspectTree(root: string, opts: { verify?: boolean } = {}): InspectResult {
+  const verify = opts.verify ?? false;
+  const result: InspectResult = { root, bundles: [], incomplete: [], problems: [] };
+  if (!fs.existsSync(root) || !fs.statSync(root).isDirectory()) {
+    result.problems.push(`${root}: not a directory`);
+    return result;
+  }
+  const walk = (dir: string): void => {
+    const rel = path.relative(root, dir).split(path.sep).join('/') || '.';
+    const names = fs.readdirSync(dir);
+    if (names.includes('dump.json')) {
+      result.bundles.push(inspectKvDump(dir, rel, verify));
+      return;
+    }
+    if (names.includes('meta.json') && names.some((n) => n.startsWith('tensor'))) {
+      result.bundles.push(inspectSnapshot(dir, rel, verify));
+      return;
+    }
+    if (names.includes('request_info.json')) {
+      result.bundles.push(inspectDumpWave(dir, rel, names, verify));
+    } else if (names.includes('manifest.json')) {
+      const probs: string[] = [];
+      const m = readJson(path.join(dir, 'manifest.json'), relJoin(rel, 'manifest.json'), probs);
+      if (m?.kind === 'wavebus_aggregate') result.bundles.push(inspectAggregate(dir, rel, m, verify));
+    }
+    for (const n of names.sort()) {
+      const p = path.join(dir, n);
+      if (!fs.statSync(p).isDirectory()) {
+        if (n.startsWith('.') && n.endsWith('.part')) result.incomplete.push(path.relative(root, p));
+        continue;
+      }
+      if (n.startsWith('.') && n.includes('.tmp-')) {
+        result.incomplete.push(path.relative(root, p));
+        continue;
+      }
+      walk(p);
+    }
+  };
+  walk(root);
+  // A file two bundles both list (a wave manifest and a rank's dump.json) is reported once.
+  result.problems = [...new Set(result.bundles.flatMap((b) => b.problems))];
+  return result;
+}
