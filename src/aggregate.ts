@@ -16,9 +16,20 @@ import { payloadOf, withPayload } from './bus/payload';
 import { crc32c, formatChecksum, parseChecksum, crc32cOfFile } from './checksum';
 import { ConfigError, WavebusError } from './errors';
 import { fsyncDir } from './freespace';
-import { joinUnder } from './sanitize';
+import {
+  checkListedChecksum,
+  checkListedSize,
+  freeBytesAt,
+  localPathFor,
+  MAX_LISTED_FILES,
+  partName,
+  PART_SUFFIX,
+  shownPath,
+  type AggregateRoot,
+} from './aggregate-listing';
 
-export type AggregateRoot = 'dumps' | 'snapshots';
+export type { AggregateRoot } from './aggregate-listing';
+export { localPathFor } from './aggregate-listing';
 export const AGGREGATE_MANIFEST = 'manifest.json';
 export const AGGREGATE_KIND = 'wavebus_aggregate';
 /** Agents serve at most this much per chunk (src/agent/file-server.ts MAX_CHUNK_BYTES). */
@@ -31,7 +42,8 @@ export const MAX_CHUNK_MB = 4;
 export const DEFAULT_CHUNK_MB = 2;
 export const DEFAULT_WINDOW = 4;
 export const DEFAULT_PARALLEL_FILES = 2;
-const PART_SUFFIX = '.part';
+/** Per relayed request; the relay's own timer adds 5 s, and a Node timer holds at most 2^31-1 ms. */
+export const MAX_REQUEST_TIMEOUT_MS = 2 ** 31 - 1 - 5000;
 
 export class AggregateError extends WavebusError {
   constructor(message: string, code = 'ERR_AGGREGATE') {
@@ -248,27 +260,7 @@ export class RelayClient {
   }
 }
 
-// ---------------------------------------------------------------- untrusted listings
-
-/**
- * The local path for `rel` listed by an agent under `root`, or the reason it is refused.
- * Refused: non-strings, NUL, absolute paths, empty, '.', '..' or hidden/temporary components.
- */
-export function localPathFor(outRoot: string, root: AggregateRoot, rel: unknown): { path: string } | { reason: string } {
-  if (typeof rel !== 'string' || rel.length === 0) return { reason: 'empty or not a string' };
-  if (rel.includes('\0')) return { reason: 'contains NUL' };
-  if (rel.startsWith('/') || path.isAbsolute(rel)) return { reason: 'absolute path' };
-  const parts = rel.split('/');
-  for (const p of parts) {
-    if (p === '' || p === '.' || p === '..') return { reason: `component ${JSON.stringify(p)} is not allowed` };
-    if (p.startsWith('.')) return { reason: `hidden or temporary name ${JSON.stringify(p)}` };
-  }
-  try {
-    return { path: joinUnder(outRoot, root, ...parts) };
-  } catch (e) {
-    return { reason: (e as Error).message };
-  }
-}
+// ---------------------------------------------------------------- the plan
 
 interface Planned {
   root: AggregateRoot;
@@ -278,10 +270,6 @@ interface Planned {
   checksum: string;
   crc: number;
   listedBy: number[];
-}
-
-function partName(local: string): string {
-  return path.join(path.dirname(local), `.${path.basename(local)}${PART_SUFFIX}`);
 }
 
 // ---------------------------------------------------------------- the aggregation
@@ -297,6 +285,10 @@ export async function aggregate(opts: AggregateOptions): Promise<AggregateManife
   const window = opts.window ?? DEFAULT_WINDOW;
   const parallelFiles = opts.parallelFiles ?? DEFAULT_PARALLEL_FILES;
   const timeoutMs = opts.requestTimeoutMs ?? 30000;
+  if (!Number.isSafeInteger(window) || window < 1 || window > 64) throw new ConfigError(`--window: expected an integer in 1..64, got ${window}`);
+  if (!Number.isSafeInteger(timeoutMs) || timeoutMs < 1 || timeoutMs > MAX_REQUEST_TIMEOUT_MS) {
+    throw new ConfigError(`--timeout-ms: expected an integer in 1..${MAX_REQUEST_TIMEOUT_MS}, got ${timeoutMs}`);
+  }
   const prefix = opts.prefix ?? '';
   const roots: AggregateRoot[] = what === 'all' ? ['dumps', 'snapshots'] : [what];
   fs.mkdirSync(out, { recursive: true });
@@ -309,6 +301,7 @@ export async function aggregate(opts: AggregateOptions): Promise<AggregateManife
     const refused: RefusedPath[] = [];
     const conflicts: AggregateManifest['conflicts'] = [];
     const planned = new Map<string, Planned>();
+    let freeBudget = freeBytesAt(out);
 
     // 1. Ask every rank what it has (ranks on one host share a filesystem and list the same files).
     for (const rank of ranks) {
@@ -327,31 +320,37 @@ export async function aggregate(opts: AggregateOptions): Promise<AggregateManife
           continue;
         }
         l.answered = true;
-        for (const f of (reply.files ?? []) as Array<Record<string, unknown>>) {
-          const rel = f.path as string;
-          const where = localPathFor(out, root, rel);
+        const files: unknown[] = Array.isArray(reply.files) ? reply.files : [];
+        if (files.length > MAX_LISTED_FILES) {
+          refused.push({ rank, root, path: '', reason: `listing of ${files.length} entries is over the limit of ${MAX_LISTED_FILES} (MAX_LISTED_FILES); the rest is not fetched` });
+        }
+        for (const entry of files.slice(0, MAX_LISTED_FILES)) {
+          const f = (entry ?? {}) as Record<string, unknown>;
+          const where = localPathFor(out, root, f.path);
           if ('reason' in where) {
-            refused.push({ rank, root, path: String(rel).replace(/\0/g, '\\0'), reason: where.reason });
+            refused.push({ rank, root, path: shownPath(f.path), reason: where.reason });
             continue;
           }
+          const rel = f.path as string;
           if (opts.call !== undefined && !rel.split('/').includes(`call${opts.call}`)) continue;
-          const bytes = Number(f.bytes);
-          let crc: number;
-          try {
-            crc = parseChecksum(String(f.checksum));
-          } catch {
-            refused.push({ rank, root, path: rel, reason: `checksum ${JSON.stringify(f.checksum)} is not crc32c:<8 hex>` });
+          const sum = checkListedChecksum(f.checksum);
+          if ('reason' in sum) {
+            refused.push({ rank, root, path: rel, reason: sum.reason });
             continue;
           }
-          if (!Number.isSafeInteger(bytes) || bytes < 0) {
-            refused.push({ rank, root, path: rel, reason: `size ${String(f.bytes)} is not a byte count` });
+          const size = checkListedSize(f.bytes, freeBudget);
+          if ('reason' in size) {
+            refused.push({ rank, root, path: rel, reason: size.reason });
             continue;
           }
+          const { crc } = sum;
+          const { bytes } = size;
           l.files++;
           l.bytes += bytes;
           const key = `${root}/${rel}`;
           const prev = planned.get(key);
           if (!prev) {
+            freeBudget -= bytes; // planned files share the free space
             planned.set(key, { root, path: rel, local: where.path, bytes, checksum: String(f.checksum), crc, listedBy: [rank] });
           } else if (prev.bytes === bytes && prev.crc === crc) {
             prev.listedBy.push(rank);
@@ -393,7 +392,8 @@ export async function aggregate(opts: AggregateOptions): Promise<AggregateManife
             fatal = e as Error;
             return;
           }
-          throw e;
+          // Whatever else went wrong is this file's failure, in the manifest; the run goes on.
+          r = { root: f.root, path: f.path, bytes: f.bytes, checksum: f.checksum, listedBy: f.listedBy, rank: f.listedBy[0], status: 'failed', verified: false, error: String((e as Error)?.message ?? e) };
         }
         results.push(r);
         if (r.status !== 'failed') dirs.add(path.dirname(f.local));
@@ -478,8 +478,12 @@ async function fetchOne(client: RelayClient, f: Planned, ctx: FetchCtx): Promise
       return { ...base, rank: f.listedBy[0], status: 'present', verified: true };
     }
   }
-  fs.mkdirSync(path.dirname(f.local), { recursive: true });
   const errors: string[] = [];
+  try {
+    fs.mkdirSync(path.dirname(f.local), { recursive: true });
+  } catch (e) {
+    return { ...base, rank: f.listedBy[0], status: 'failed', verified: false, error: `cannot create ${path.dirname(f.local)}: ${(e as Error).message}` };
+  }
   for (const rank of f.listedBy) {
     // A resumed .part whose whole-file check fails is refetched from scratch once.
     for (let attempt = 0; attempt < 2; attempt++) {
@@ -542,8 +546,10 @@ async function fetchFile(client: RelayClient, rank: number, f: Planned, ctx: Fet
   const resumed = start > 0;
   const fd = fs.openSync(part, resumed ? 'r+' : 'w');
   let keepPart = true;
-  const offsets: number[] = [];
-  for (let o = start; o < f.bytes; o += ctx.chunkBytes) offsets.push(o);
+  // Offsets are computed as requests go out, never listed up front: memory does not follow the
+  // size a listing claims.
+  const chunks = Math.ceil((f.bytes - start) / ctx.chunkBytes);
+  const offsetOf = (k: number) => start + k * ctx.chunkBytes;
   const lengthAt = (offset: number) => Math.min(ctx.chunkBytes, f.bytes - offset);
   const inflight: Promise<Chunk>[] = [];
   let issued = 0;
@@ -552,15 +558,15 @@ async function fetchFile(client: RelayClient, rank: number, f: Planned, ctx: Fet
     p.catch(() => undefined); // awaited in order below; a failure is not unhandled meanwhile
     return p;
   };
-  const issue = () => inflight.push(request(offsets[issued++]));
+  const issue = () => inflight.push(request(offsetOf(issued++)));
   try {
     // A window of requests stays in flight while chunks are checked and written, in order, so
     // the .part is always a verified prefix of the file (what a resume relies on).
-    while (issued < offsets.length && inflight.length < ctx.window) issue();
+    while (issued < chunks && inflight.length < ctx.window) issue();
     let pos = start;
     while (inflight.length > 0) {
       let c = await inflight.shift()!;
-      if (issued < offsets.length) issue();
+      if (issued < chunks) issue();
       for (let attempt = 1; ; attempt++) {
         let got: number;
         try {

@@ -12,16 +12,14 @@ import * as zmq from 'zeromq';
 import { ConfigError, WavebusError } from './errors';
 import { clientSocketOptions, curveDirFiles, loadCurveDirClient, loadCurveDirServer, type CurveClientKeys } from './bus/curve';
 import { checkBindAllowed, HostPort, isLoopback, parseBusPort, parseHostPort, socketIpOptions, tcpEndpoint } from './bus/endpoints';
-import { agentEndpoint, mailboxPath, packageRoot } from './paths';
+import { agentEndpoint, checkRunDirFits, mailboxPath, packageRoot } from './paths';
 import { CoordinatorMessage, decode, AgentMessage, encode } from './proto';
-import type { WorldLayout } from './identity';
+import { boundedLayout, type WorldLayout } from './identity';
 import type { Logger } from './log';
 
 export { agentEndpoint, mailboxPath };
 
 export const DEFAULT_BUS_PORT = 29600;
-/** Longest path a unix socket address holds (sun_path is 108 bytes with the NUL). */
-const MAX_IPC_PATH = 107;
 const STATUS_POLL_MS = 250;
 const TAIL_CHARS = 4000;
 
@@ -138,6 +136,7 @@ export function parseLaunchOptions(argv: Record<string, unknown>, env: NodeJS.Pr
     }
     layout = { worldSize, tp: v('tp'), pp: v('pp'), dp: v('dp'), cp: v('cp') };
   }
+  boundedLayout(layout, '--nnodes*--nproc-per-node');
 
   const masterAddr = given(argv['master-addr'])
     ? String(lastOf(argv['master-addr'])).trim()
@@ -262,10 +261,7 @@ function defaultRunDir(): string {
 
 /** Create the run dir; returns whether we created it (and so must remove it). */
 function prepareRunDir(runDir: string, nproc: number): boolean {
-  const longest = agentEndpoint(runDir, nproc - 1).slice('ipc://'.length);
-  if (Buffer.byteLength(longest) > MAX_IPC_PATH) {
-    throw launchError(`--run-dir ${runDir}: too long for a unix socket path (${longest} is over ${MAX_IPC_PATH} bytes); pick a shorter directory`);
-  }
+  checkRunDirFits(runDir, nproc - 1, '--run-dir', 'ERR_LAUNCH');
   if (fs.existsSync(runDir)) {
     if (!fs.statSync(runDir).isDirectory()) throw launchError(`--run-dir ${runDir}: exists and is not a directory`);
     return false;

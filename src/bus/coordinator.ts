@@ -57,7 +57,12 @@ export interface CoordinatorOptions {
 
 interface RankState {
   rank: number;
-  routingId: Buffer;
+  /**
+   * The ROUTER connection the rank said Hello on: its only route (relayed requests go there).
+   * Set by Hello alone; another connection's messages for this rank are dropped
+   * ('wrong_connection'), whatever rank they claim. Undefined until a Hello.
+   */
+  routingId: Buffer | undefined;
   lastSeen: number;
   live: boolean;
   /** Hello seen in this epoch; a SnapshotRequest after it counts the rank as subscribed. */
@@ -173,7 +178,7 @@ export class Coordinator extends EventEmitter {
     // Zero-valued series, so dashboards see every label from the start.
     for (const lane of ['config', 'dump']) this.metrics.lanes.inc({ lane }, 0);
     for (const result of ['ok', 'error', 'skipped', 'timeout']) this.metrics.dumps.inc({ result }, 0);
-    for (const reason of ['frame_count', 'oversized', 'truncated', 'undecodable', 'empty', 'unknown_request']) this.metrics.dropped.inc({ reason }, 0);
+    for (const reason of ['frame_count', 'oversized', 'truncated', 'undecodable', 'empty', 'unknown_request', 'wrong_connection']) this.metrics.dropped.inc({ reason }, 0);
   }
 
   get pubEndpoint(): string {
@@ -494,6 +499,8 @@ export class Coordinator extends EventEmitter {
     const st = this.ranks.get(rank);
     if (!this.running) return Promise.reject(new WavebusError('ERR_NOT_RUNNING', 'coordinator is not running'));
     if (!st) return Promise.reject(new WavebusError('ERR_UNKNOWN_RANK', `rank ${rank} has not joined the bus`));
+    const route = st.routingId;
+    if (!route) return Promise.reject(new WavebusError('ERR_UNKNOWN_RANK', `rank ${rank} has not said Hello on this bus (no route to it)`));
     const requestId = this.nextRequestId++;
     return new Promise<AgentMsg>((resolve, reject) => {
       const timer = setTimeout(() => {
@@ -501,7 +508,7 @@ export class Coordinator extends EventEmitter {
         reject(new WavebusError('ERR_TIMEOUT', `rank ${rank} did not answer request ${requestId} within ${timeoutMs} ms`));
       }, timeoutMs);
       this.requests.set(requestId, { rank, resolve, reject, timer });
-      this.reply(st.routingId, { ...body, requestId });
+      this.reply(route, { ...body, requestId });
     });
   }
 
@@ -567,14 +574,23 @@ export class Coordinator extends EventEmitter {
     this.publishHeartbeat();
   }
 
-  private touch(rank: number, routingId: Buffer): RankState {
+  /**
+   * Note a message from `rank` on connection `routingId`. `hello`: it registers that connection
+   * as the rank's route. Otherwise a message from a connection other than the registered one is
+   * dropped and counted (undefined returned): what a message claims never moves a route.
+   */
+  private touch(rank: number, routingId: Buffer, hello = false): RankState | undefined {
     let s = this.ranks.get(rank);
+    if (!hello && s?.routingId && !s.routingId.equals(routingId)) {
+      this.drops.drop('wrong_connection', `a message claiming rank ${rank} from a connection other than the one it said Hello on`);
+      return undefined;
+    }
     const now = Date.now();
     if (!s) {
-      s = { rank, routingId, lastSeen: now, live: false, hello: false, subscribed: false, wave: 0, lastSeq: 0, epochSeen: 0, pid: 0, host: '' };
+      s = { rank, routingId: undefined, lastSeen: now, live: false, hello: false, subscribed: false, wave: 0, lastSeq: 0, epochSeen: 0, pid: 0, host: '' };
       this.ranks.set(rank, s);
     }
-    s.routingId = routingId;
+    if (hello) s.routingId = routingId;
     s.lastSeen = now;
     if (!s.live) {
       s.live = true;
@@ -633,7 +649,7 @@ export class Coordinator extends EventEmitter {
       case 'hello': {
         const id = msg.hello.identity ?? {};
         const r = id.globalRank ?? rank;
-        const s = this.touch(r, routingId);
+        const s = this.touch(r, routingId, true)!;
         s.hello = true;
         s.subscribed = false;
         s.pid = id.pid ?? 0;
@@ -646,6 +662,7 @@ export class Coordinator extends EventEmitter {
       case 'snapshot': {
         const r = msg.snapshot.globalRank ?? rank;
         const s = this.touch(r, routingId);
+        if (!s) return;
         if (s.hello) s.subscribed = true;
         this.reply(routingId, { requestId: msg.requestId, snapshot: this.snapshotReply() });
         this.checkReady();
@@ -653,6 +670,7 @@ export class Coordinator extends EventEmitter {
       }
       case 'heartbeat': {
         const s = this.touch(rank, routingId);
+        if (!s) return;
         s.wave = msg.heartbeat.wave;
         s.lastSeq = msg.heartbeat.lastSeq;
         s.epochSeen = msg.heartbeat.epochSeen;
@@ -660,11 +678,11 @@ export class Coordinator extends EventEmitter {
         return;
       }
       case 'dumpResult':
-        this.touch(rank, routingId);
+        if (!this.touch(rank, routingId)) return;
         this.onDumpResult({ ...msg.dumpResult, globalRank: msg.dumpResult.globalRank || rank });
         return;
       case 'waveHead':
-        this.touch(rank, routingId);
+        if (!this.touch(rank, routingId)) return;
         this.beginWave(msg.waveHead.wave, msg.waveHead.telemetry ?? null);
         return;
       case 'relay':
@@ -679,7 +697,7 @@ export class Coordinator extends EventEmitter {
           this.drops.drop('unknown_request', `request ${msg.requestId} from rank ${rank}`);
           return;
         }
-        this.touch(rank, routingId);
+        if (!this.touch(rank, routingId)) return;
         this.requests.delete(msg.requestId);
         clearTimeout(pending.timer);
         if (data) {

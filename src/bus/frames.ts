@@ -43,7 +43,8 @@ export type DropReason =
   | 'stale' // seq already covered (duplicate, or covered by the snapshot)
   | 'injected' // discarded by the dropSeqs fault-injection hook
   | 'unknown_request' // a reply to no pending request
-  | 'rank_out_of_range'; // claims a global rank outside the job's world
+  | 'rank_out_of_range' // claims a global rank outside the job's world
+  | 'wrong_connection'; // claims a rank that said Hello on another connection
 
 export type Decoded<T> = { ok: true; value: T } | { ok: false; reason: DropReason; detail?: string };
 

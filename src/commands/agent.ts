@@ -11,7 +11,8 @@ import { checkHost, parseBusPort, parseHostPort, type HostPort } from '../bus/en
 import { identityFlagsFromArgv, identityOptions, resolveIdentity, type RankIdentity } from '../identity';
 import { createLogger, type Logger } from '../log';
 import { resolveSnapshotConfig, snapshotFlagsFromArgv, snapshotOptions } from '../snapshot/config';
-import { positiveInt, waitForSignal } from './coordinator';
+import { checkRunDirFits } from '../paths';
+import { MAX_TIMER_MS, positiveInt, waitForSignal } from './coordinator';
 
 /** --coordinator, else $WAVEBUS_COORDINATOR, else <master addr>:<$WAVEBUS_PORT or 29600>. */
 export function coordinatorAddress(raw: unknown, env: NodeJS.ProcessEnv, identity: RankIdentity): HostPort {
@@ -40,11 +41,12 @@ export interface AgentSetup {
 export function setupAgent(argv: Record<string, unknown>, env: NodeJS.ProcessEnv): AgentSetup {
   const identity = resolveIdentity(env, identityFlagsFromArgv(argv));
   const coordinator = coordinatorAddress(argv.coordinator, env, identity);
-  const heartbeatMs = positiveInt(argv['heartbeat-ms'], '--heartbeat-ms');
-  const endOfWaveTimeoutMs = positiveInt(argv['end-of-wave-timeout-ms'], '--end-of-wave-timeout-ms');
+  const heartbeatMs = positiveInt(argv['heartbeat-ms'], '--heartbeat-ms', 1, MAX_TIMER_MS);
+  const endOfWaveTimeoutMs = positiveInt(argv['end-of-wave-timeout-ms'], '--end-of-wave-timeout-ms', 1, MAX_TIMER_MS);
   const stagingBytes = positiveInt(argv['staging-mb'], '--staging-mb') * 2 ** 20;
   const given = (argv['run-dir'] as string | undefined) || env.WAVEBUS_RUN_DIR || '';
   const runDir = given || path.join(os.tmpdir(), `wavebus-agent-rank${identity.globalRank}-${process.pid}`);
+  checkRunDirFits(runDir, identity.localRank, argv['run-dir'] ? '--run-dir' : env.WAVEBUS_RUN_DIR ? 'WAVEBUS_RUN_DIR' : 'the default run dir');
   const curve = loadClientKeys(argv['curve-server-key'] as string | undefined, argv['curve-key'] as string | undefined);
   const log = createLogger(`wavebus-agent-rank${identity.globalRank}`);
   return { identity, coordinator, heartbeatMs, runDir, ownRunDir: !given, endOfWaveTimeoutMs, stagingBytes, curve, log };
