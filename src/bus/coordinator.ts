@@ -58,11 +58,13 @@ export interface CoordinatorOptions {
 interface RankState {
   rank: number;
   /**
-   * The ROUTER connection the rank said Hello on: its only route (relayed requests go there).
-   * Set by Hello alone; another connection's messages for this rank are dropped
-   * ('wrong_connection'), whatever rank they claim. Undefined until a Hello.
+   * The route to the rank (relayed requests go there): the latest of the ROUTER connections it
+   * said Hello on to send a message. Messages for this rank from a connection that never said
+   * Hello as it are dropped ('wrong_connection'), whatever rank they claim. Undefined until a Hello.
    */
   routingId: Buffer | undefined;
+  /** Connections (routing ids, hex) that said Hello as this rank; the last few. */
+  helloFrom: string[];
   lastSeen: number;
   live: boolean;
   /** Hello seen in this epoch; a SnapshotRequest after it counts the rank as subscribed. */
@@ -576,21 +578,26 @@ export class Coordinator extends EventEmitter {
 
   /**
    * Note a message from `rank` on connection `routingId`. `hello`: it registers that connection
-   * as the rank's route. Otherwise a message from a connection other than the registered one is
-   * dropped and counted (undefined returned): what a message claims never moves a route.
+   * for the rank. A message from a connection that never said Hello as the rank is dropped and
+   * counted (undefined returned): what a message claims never moves a route.
    */
   private touch(rank: number, routingId: Buffer, hello = false): RankState | undefined {
     let s = this.ranks.get(rank);
-    if (!hello && s?.routingId && !s.routingId.equals(routingId)) {
+    const conn = routingId.toString('hex');
+    if (!hello && s?.routingId && !s.helloFrom.includes(conn)) {
       this.drops.drop('wrong_connection', `a message claiming rank ${rank} from a connection other than the one it said Hello on`);
       return undefined;
     }
     const now = Date.now();
     if (!s) {
-      s = { rank, routingId: undefined, lastSeen: now, live: false, hello: false, subscribed: false, wave: 0, lastSeq: 0, epochSeen: 0, pid: 0, host: '' };
+      s = { rank, routingId: undefined, helloFrom: [], lastSeen: now, live: false, hello: false, subscribed: false, wave: 0, lastSeq: 0, epochSeen: 0, pid: 0, host: '' };
       this.ranks.set(rank, s);
     }
-    if (hello) s.routingId = routingId;
+    if (hello && !s.helloFrom.includes(conn)) {
+      s.helloFrom.push(conn);
+      if (s.helloFrom.length > 8) s.helloFrom.shift();
+    }
+    if (s.helloFrom.includes(conn)) s.routingId = routingId;
     s.lastSeen = now;
     if (!s.live) {
       s.live = true;
