@@ -316,10 +316,14 @@ function rawAgent(port: number, rank: number, serve: (m: CoordinatorMsg) => Buff
   const d = new Dealer({ linger: 0 });
   d.connect(`tcp://127.0.0.1:${port + 1}`);
   const asked: CoordinatorMsg[] = [];
+  let beats = 0;
   const identity = { globalRank: rank, worldSize: 2, localRank: rank, localWorldSize: 2, tp: 2, pp: 1, dp: 1, cp: 1, pid: process.pid, host: 'peer' };
   const send = (parts: Buffer[]) => d.send(parts).catch(() => undefined);
   if (opts.hello) void send([encodeAgentMessage({ globalRank: rank, hello: { identity, subscribed: false } })]);
-  const beat = setInterval(() => void send([encodeAgentMessage({ globalRank: rank, heartbeat: { wave: 1, globalRank: rank } })]), 50);
+  const beat = setInterval(() => {
+    beats++;
+    void send([encodeAgentMessage({ globalRank: rank, heartbeat: { wave: 1, globalRank: rank } })]);
+  }, 50);
   const loop = (async () => {
     while (!d.closed) {
       let parts: Buffer[];
@@ -337,6 +341,7 @@ function rawAgent(port: number, rank: number, serve: (m: CoordinatorMsg) => Buff
   })();
   return {
     asked,
+    beats: () => beats,
     async close() {
       clearInterval(beat);
       d.close();
@@ -412,7 +417,9 @@ describe('hostile listings and routes', () => {
     // The spoofer: same rank, its own connection, no Hello; it would answer with its own listing.
     const spoof = rawAgent(port, 0, (m) => [encodeAgentMessage({ globalRank: 0, requestId: m.requestId, fileList: { globalRank: 0, files: [{ path: 'spoof/x', bytes: 1, checksum: 'crc32c:00000000' }] } })], { hello: false });
     peers.push(spoof);
-    await waitFor(() => (coord.stats.dropped.wrong_connection ?? 0) >= 5, 'the spoofed heartbeats to be dropped and counted');
+    await waitFor(() => spoof.beats() >= 5, 'the spoofer to send heartbeats');
+    // A status round trip: the coordinator has handled what came before it.
+    await requestStatus({ host: '127.0.0.1', port });
     const client = new RelayClient({ host: '127.0.0.1', port });
     try {
       for (let i = 0; i < 5; i++) {
@@ -424,5 +431,6 @@ describe('hostile listings and routes', () => {
     }
     expect(spoof.asked).toEqual([]);
     expect(real.asked).toHaveLength(5);
+    expect(coord.stats.dropped.wrong_connection).toBeGreaterThanOrEqual(4);
   });
 });
