@@ -2,6 +2,7 @@
 import * as fs from 'fs';
 import * as path from 'path';
 import * as os from 'os';
+import { ConfigError } from './errors';
 
 /** The per-process bundle directory name: unique under any parallelism (docs/design.md). */
 export function rankDirName(globalRank: number): string {
@@ -20,6 +21,20 @@ export function agentEndpoint(runDir: string, localRank: number): string {
     throw new RangeError(`local rank must be a non-negative integer, got ${localRank}`);
   }
   return `ipc://${path.join(runDir, `agent-local${localRank}.sock`)}`;
+}
+
+/** Longest path a unix socket address holds (sun_path is 108 bytes with the NUL). */
+export const MAX_IPC_PATH = 107;
+
+/**
+ * Throws a ConfigError naming `flag` when the socket of local rank `localRank` (the highest one
+ * that will live there) does not fit a unix socket address. Checked before anything is created.
+ */
+export function checkRunDirFits(runDir: string, localRank: number, flag: string, code = 'ERR_CONFIG'): void {
+  const longest = agentEndpoint(runDir, localRank).slice('ipc://'.length);
+  if (Buffer.byteLength(longest) > MAX_IPC_PATH) {
+    throw new ConfigError(`${flag} ${runDir}: too long for a unix socket path (${longest} is over ${MAX_IPC_PATH} bytes); pick a shorter directory`, code);
+  }
 }
 
 /** The shared-memory wave-vector mailbox of local rank `l`, written by its agent, mapped by its client. */

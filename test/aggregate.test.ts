@@ -2,17 +2,19 @@
 // real bundles written with Bundle, real ZeroMQ relay, real files. Agents on two simulated hosts.
 import * as fs from 'fs';
 import * as path from 'path';
-import { aggregate, localPathFor, type AggregateManifest } from '../src/tools/aggregate';
+import { Dealer } from 'zeromq';
+import { aggregate, localPathFor, RelayClient, type AggregateManifest } from '../src/tools/aggregate';
+import { crc32c, formatChecksum } from '../src/artifacts/checksum';
 import { FileServer } from '../src/agent/file-server';
 import { Bundle } from '../src/artifacts/bundle';
 import { AgentBus, type RequestHandler } from '../src/bus/agent-bus';
 import { Coordinator, requestStatus } from '../src/bus/coordinator';
-import type { CoordinatorMsg } from '../src/bus/frames';
+import { decodeCoordinatorMessage, encodeAgentMessage, type CoordinatorMsg } from '../src/bus/frames';
 import { resolveIdentity, type WorldLayout } from '../src/launch/identity';
 import { inspectTree } from '../src/tools/inspect';
 import { createLogger } from '../src/log';
 import { Tensor } from '../src/artifacts/tensor';
-import { cleanup, freePortPair, spawnWavebus, tmpDir, waitFor } from './helpers';
+import { CLI, cleanup, freePortPair, spawnTracked, spawnWavebus, tmpDir, waitFor } from './helpers';
 
 const quiet = createLogger('aggregate-test', 'silent');
 const layout: WorldLayout = { worldSize: 4, tp: 4, pp: 1, dp: 1, cp: 1 };
@@ -301,5 +303,134 @@ describe('aggregate', () => {
     expect(fs.existsSync('/tmp/evil-abs')).toBe(false);
     // The honest part of the listing still arrived.
     expect(m.files.every((f) => f.verified)).toBe(true);
+  });
+});
+
+// ------------------------------------------------------------------ hostile peers (issue 13 item 5)
+
+/**
+ * A hostile agent-side peer: a raw DEALER speaking the bus protocol as `rank` (optionally with a
+ * Hello first, then heartbeats), answering each relayed request with what `serve` returns.
+ */
+function rawAgent(port: number, rank: number, serve: (m: CoordinatorMsg) => Buffer[] | undefined, opts: { hello: boolean }) {
+  const d = new Dealer({ linger: 0 });
+  d.connect(`tcp://127.0.0.1:${port + 1}`);
+  const asked: CoordinatorMsg[] = [];
+  let beats = 0;
+  const identity = { globalRank: rank, worldSize: 2, localRank: rank, localWorldSize: 2, tp: 2, pp: 1, dp: 1, cp: 1, pid: process.pid, host: 'peer' };
+  const send = (parts: Buffer[]) => d.send(parts).catch(() => undefined);
+  if (opts.hello) void send([encodeAgentMessage({ globalRank: rank, hello: { identity, subscribed: false } })]);
+  const beat = setInterval(() => {
+    beats++;
+    void send([encodeAgentMessage({ globalRank: rank, heartbeat: { wave: 1, globalRank: rank } })]);
+  }, 50);
+  const loop = (async () => {
+    while (!d.closed) {
+      let parts: Buffer[];
+      try {
+        parts = await d.receive();
+      } catch {
+        return;
+      }
+      const m = decodeCoordinatorMessage(parts[0], 1 << 26);
+      if (!m.ok || (m.value.body !== 'fileList' && m.value.body !== 'fileChunk')) continue;
+      asked.push(m.value);
+      const reply = serve(m.value);
+      if (reply) await send(reply);
+    }
+  })();
+  return {
+    asked,
+    beats: () => beats,
+    async close() {
+      clearInterval(beat);
+      d.close();
+      await loop;
+    },
+  };
+}
+
+describe('hostile listings and routes', () => {
+  const peers: Array<{ close: () => Promise<void> }> = [];
+  afterEach(async () => {
+    for (const p of peers.splice(0)) await p.close();
+  });
+
+  async function startCoordinator() {
+    const port = await freePortPair();
+    const coord = new Coordinator({ port, layout: { worldSize: 2, tp: 2, pp: 1, dp: 1, cp: 1 }, heartbeatMs: 100, deadAfterMs: 5000, logger: quiet });
+    await coord.start();
+    running.push({ port, coord, agents: [], hosts: [], hostOf: () => '' });
+    return { port, coord };
+  }
+
+  test('a listing with a 2^53-1 size, a 5000-byte path and ../x: each refused with its reason in the manifest, the good file fetched, no .part, sane RSS', async () => {
+    const { port } = await startCoordinator();
+    const good = pattern(3 * 2 ** 20 + 17, 9);
+    const longPath = `${Array.from({ length: 25 }, (_, i) => `${i}`.padEnd(199, 'd')).join('/')}/f.bin`;
+    expect(Buffer.byteLength(longPath)).toBeGreaterThan(5000);
+    const listing = [
+      { path: 'huge.bin', bytes: 2 ** 53 - 1, checksum: 'crc32c:00000000' },
+      { path: longPath, bytes: 10, checksum: 'crc32c:00000000' },
+      { path: '../x', bytes: 10, checksum: 'crc32c:00000000' },
+      { path: 'good/rank0/data.bin', bytes: good.length, checksum: formatChecksum(crc32c(good)) },
+    ];
+    const serve = (rank: number) => (m: CoordinatorMsg): Buffer[] | undefined => {
+      if (m.body === 'fileList') return [encodeAgentMessage({ globalRank: rank, requestId: m.requestId, fileList: { globalRank: rank, files: m.fileList.root === 'dumps' ? listing : [] } })];
+      const c = m.fileChunk as { root: string; path: string; offset: number; length: number };
+      if (c.path !== 'good/rank0/data.bin') return [encodeAgentMessage({ globalRank: rank, requestId: m.requestId, fileChunk: { globalRank: rank, error: 'no such file' } })];
+      const data = good.subarray(c.offset, c.offset + c.length);
+      return [encodeAgentMessage({ globalRank: rank, requestId: m.requestId, fileChunk: { globalRank: rank, root: c.root, path: c.path, offset: c.offset, crc32c: crc32c(data), eof: c.offset + data.length >= good.length } }), Buffer.from(data)];
+    };
+    const agents = [rawAgent(port, 0, serve(0), { hello: true }), rawAgent(port, 1, serve(1), { hello: true })];
+    peers.push(...agents);
+    await waitFor(async () => (await requestStatus({ host: '127.0.0.1', port })).liveRanks.length === 2, 'both peers to be live');
+
+    const out = path.join(tmpDir('wavebus-agg-hostile-'), 'out');
+    // Record the CLI's peak RSS as it exits (no speed asserted).
+    const preload = path.join(tmpDir('wavebus-agg-preload-'), 'rss.js');
+    fs.writeFileSync(preload, "process.on('exit', () => require('fs').writeSync(2, `maxrss_kb=${process.resourceUsage().maxRSS}\\n`));\n");
+    const p = spawnTracked(process.execPath, ['-r', preload, CLI, 'aggregate', '--coordinator', `127.0.0.1:${port}`, '--out', out, '--what', 'dumps', '--timeout-ms', '5000', '--chunk-mb', '1']);
+    const { code } = await p.exited;
+    expect(code).toBe(1); // incomplete: entries were refused
+    const m = JSON.parse(fs.readFileSync(path.join(out, 'manifest.json'), 'utf8')) as AggregateManifest;
+    const reasonOf = (pred: (p: string) => boolean) => m.refused.filter((r) => pred(r.path)).map((r) => r.reason);
+    expect(reasonOf((x) => x === 'huge.bin')).toEqual([`size ${2 ** 53 - 1} is over the local limit of ${2 ** 40} bytes (MAX_FILE_BYTES)`, `size ${2 ** 53 - 1} is over the local limit of ${2 ** 40} bytes (MAX_FILE_BYTES)`]);
+    expect(reasonOf((x) => x.startsWith('0ddd'))).toEqual([expect.stringMatching(/^path is \d+ bytes, over PATH_MAX \(4095 bytes\)$/), expect.stringMatching(/over PATH_MAX/)]);
+    expect(reasonOf((x) => x === '../x')).toEqual(['component ".." is not allowed', 'component ".." is not allowed']);
+    expect(m.totals.refused).toBe(6);
+    expect(m.files).toEqual([expect.objectContaining({ path: 'good/rank0/data.bin', status: 'fetched', verified: true, listedBy: [0, 1] })]);
+    expect(fs.readFileSync(path.join(out, 'dumps', 'good', 'rank0', 'data.bin')).equals(good)).toBe(true);
+    expect(listTree(out).filter((f) => f.endsWith('.part'))).toEqual([]);
+    expect(listTree(out).sort()).toEqual(['dumps/good/rank0/data.bin', 'manifest.json']);
+    const rssKb = Number(/maxrss_kb=(\d+)/.exec(p.stderr())?.[1]);
+    expect(rssKb).toBeGreaterThan(0);
+    expect(rssKb).toBeLessThan(400 * 1024);
+  });
+
+  test('heartbeats claiming rank 0 from a second connection do not take over its relay route; they are dropped and counted', async () => {
+    const { port, coord } = await startCoordinator();
+    const files = [{ path: 'real/rank0/a.bin', bytes: 1, checksum: 'crc32c:00000000' }];
+    const real = rawAgent(port, 0, (m) => [encodeAgentMessage({ globalRank: 0, requestId: m.requestId, fileList: { globalRank: 0, files } })], { hello: true });
+    peers.push(real);
+    await waitFor(() => coord.liveRanks().includes(0), 'rank 0 to join');
+    // The spoofer: same rank, its own connection, no Hello; it would answer with its own listing.
+    const spoof = rawAgent(port, 0, (m) => [encodeAgentMessage({ globalRank: 0, requestId: m.requestId, fileList: { globalRank: 0, files: [{ path: 'spoof/x', bytes: 1, checksum: 'crc32c:00000000' }] } })], { hello: false });
+    peers.push(spoof);
+    await waitFor(() => spoof.beats() >= 5, 'the spoofer to send heartbeats');
+    // A status round trip: the coordinator has handled what came before it.
+    await requestStatus({ host: '127.0.0.1', port });
+    const client = new RelayClient({ host: '127.0.0.1', port });
+    try {
+      for (let i = 0; i < 5; i++) {
+        const r = await client.relay(0, 'fileList', { root: 'dumps', prefix: '' }, 3000);
+        expect(r.files.map((f: { path: string }) => f.path)).toEqual(['real/rank0/a.bin']);
+      }
+    } finally {
+      await client.close();
+    }
+    expect(spoof.asked).toEqual([]);
+    expect(real.asked).toHaveLength(5);
+    expect(coord.stats.dropped.wrong_connection).toBeGreaterThanOrEqual(4);
   });
 });

@@ -3,7 +3,9 @@ import * as path from 'path';
 import pino from 'pino';
 import { configJson, defaultConfig } from '../src/guard/config';
 import { Guard } from '../src/guard/guard';
-import { ConfigFollower } from '../src/guard/reload';
+import { ConfigFollower, MAX_CONFIG_BYTES } from '../src/guard/reload';
+import { MAX_JSONC_DEPTH } from '../src/guard/jsonc';
+import { registry } from '../src/metrics';
 import { parseStartupOptions, sha256 } from '../src/guard/startup';
 import { cleanup, tmpDir } from './helpers';
 
@@ -158,5 +160,69 @@ describe('guard hot reload', () => {
     expect(g.onWaveHead(2, null).config).toBeUndefined();
     expect(g.config().report.max_per_req).toBe(2);
     expect(fs.readFileSync(opts.configPath, 'utf8')).toBe('{"report": {"max_per_req": 3}}');
+  });
+});
+
+describe('hot reload limits (issue 13 item 6)', () => {
+  test('a 100 MB config is refused from its size, unread and unparsed, naming the cap and the file; later polls do not read it', () => {
+    const { file, f, rec } = setup('{"dump": {"auto_max_times": 1}}');
+    const base = { ...f.stats };
+    // 100 MB of real bytes: a valid-looking object padded with spaces.
+    const fd = fs.openSync(file, 'w');
+    const block = Buffer.alloc(1 << 20, 0x20);
+    fs.writeSync(fd, '{"dump": {"auto_max_times": 5}}');
+    for (let i = 0; i < 100; i++) fs.writeSync(fd, block);
+    fs.closeSync(fd);
+    const r = f.poll(1);
+    expect(r.kind).toBe('rejected');
+    const msg = r.kind === 'rejected' ? r.error.message : '';
+    expect(msg).toContain(file);
+    expect(msg).toContain(`size cap of ${MAX_CONFIG_BYTES} bytes`);
+    for (let t = 2; t < 8; t++) expect(f.poll(t, true).kind).toBe('rejected');
+    expect(f.stats).toEqual(base); // never read, never parsed
+    expect(rec.errors()).toHaveLength(1);
+    expect(f.rejections).toBe(1);
+    expect(f.current().dump.auto_max_times).toBe(1);
+    fs.truncateSync(file, 0);
+  });
+
+  test('content already rejected is not parsed again on later polls', () => {
+    const { file, f } = setup('{}');
+    const before = f.stats.parses;
+    fs.writeFileSync(file, '{"dump": {"auto_max_times": "many"}}');
+    for (let t = 1; t < 10; t++) expect(f.poll(t, true).kind).toBe('rejected');
+    expect(f.stats.parses - before).toBe(1);
+    // a new bad content is parsed (once) and named
+    fs.writeFileSync(file, '{"dump": {"auto_max_times": "lots"}}');
+    for (let t = 10; t < 15; t++) expect(f.poll(t, true).kind).toBe('rejected');
+    expect(f.stats.parses - before).toBe(2);
+  });
+
+  test('deep nesting is rejected with file:line:column, not a stack overflow', () => {
+    const { file, f } = setup('{}');
+    fs.writeFileSync(file, `{"dump":\n  ${'['.repeat(200000)}${']'.repeat(200000)}}`);
+    const r = f.poll(1, true);
+    expect(r.kind).toBe('rejected');
+    const msg = r.kind === 'rejected' ? r.error.message : '';
+    expect(msg).toBe(`${file}:2:${3 + MAX_JSONC_DEPTH - 1}: nesting deeper than ${MAX_JSONC_DEPTH} levels (MAX_JSONC_DEPTH)`);
+  });
+
+  test('restoring the good file clears config_error in status() and the wavebus_config_error metric', async () => {
+    const d = tmpDir();
+    const opts = parseStartupOptions(JSON.stringify({ runtime_config_hot_reload: true }), {}, d);
+    const g = new Guard({ startup: opts, rank: 0, expectedRanks: [0], log: recordingLogger().log, pollIntervalMs: 0, verifyIntervalMs: 0 });
+    const metric = async () => (await registry.metrics()).split('\n').find((l) => l.startsWith('wavebus_config_error '));
+    g.onWaveHead(1, null);
+    const good = fs.readFileSync(opts.configPath);
+    fs.writeFileSync(opts.configPath, '{"detector": ');
+    g.onWaveHead(2, null);
+    expect(String(g.status().config_error)).toMatch(/:1:14: Unexpected end of input/);
+    expect(await metric()).toBe('wavebus_config_error 1');
+    // The operator puts back exactly the bytes the job runs with.
+    fs.writeFileSync(opts.configPath, good);
+    expect(g.onWaveHead(3, null).config).toBeUndefined();
+    expect(g.status()).toMatchObject({ config_error: null, config_version: 1, config_rejections: 1 });
+    expect(await metric()).toBe('wavebus_config_error 0');
+    g.close();
   });
 });

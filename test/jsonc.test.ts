@@ -1,4 +1,4 @@
-import { JsoncError, lineColumn, parseJsonc, stripJsonc } from '../src/guard/jsonc';
+import { JsoncError, lineColumn, MAX_JSONC_DEPTH, parseJsonc, stripJsonc } from '../src/guard/jsonc';
 import { ConfigError } from '../src/errors';
 
 function errorOf(fn: () => unknown): JsoncError {
@@ -79,5 +79,19 @@ describe('JSONC', () => {
   test('lineColumn', () => {
     expect(lineColumn('ab\ncd', 0)).toEqual({ line: 1, column: 1 });
     expect(lineColumn('ab\ncd', 4)).toEqual({ line: 2, column: 2 });
+  });
+});
+
+describe('JSONC nesting limit', () => {
+  test('nesting beyond MAX_JSONC_DEPTH is an error at the offending bracket, not a stack overflow', () => {
+    const deep = `{\n "a": ${'['.repeat(100000)}1${']'.repeat(100000)}\n}`;
+    const e = errorOf(() => parseJsonc(deep, 'deep.json'));
+    expect(e).toBeInstanceOf(JsoncError);
+    expect(e.message).toBe(`deep.json:2:${7 + MAX_JSONC_DEPTH - 1}: nesting deeper than ${MAX_JSONC_DEPTH} levels (MAX_JSONC_DEPTH)`);
+    const objs = `${'{"k":'.repeat(5000)}1${'}'.repeat(5000)}`;
+    expect(errorOf(() => parseJsonc(objs, 'o.json')).message).toMatch(/^o\.json:1:\d+: nesting deeper than/);
+    // The limit itself is accepted.
+    const ok = `{"a": ${'['.repeat(MAX_JSONC_DEPTH - 1)}${']'.repeat(MAX_JSONC_DEPTH - 1)}}`;
+    expect(() => parseJsonc(ok, 'ok.json')).not.toThrow();
   });
 });

@@ -98,3 +98,49 @@ export function crc32cOfFd(fd: number, limit = Infinity): Crc32c {
   }
   return h;
 }
+
+/** CRC-32C's reflected polynomial. */
+const POLY = 0x82f63b78;
+
+/** a(x) · b(x) mod p(x), reflected (zlib's multmodp). */
+function multModP(a: number, b: number): number {
+  let m = 0x80000000;
+  let p = 0;
+  for (;;) {
+    if (a & m) {
+      p ^= b;
+      if ((a & (m - 1)) === 0) break;
+    }
+    m >>>= 1;
+    b = b & 1 ? (b >>> 1) ^ POLY : b >>> 1;
+  }
+  return p >>> 0;
+}
+
+/** X2N[k] = x^(2^k) mod p(x). */
+const X2N: number[] = (() => {
+  const t = [0x40000000]; // x^1
+  for (let k = 1; k < 32; k++) t.push(multModP(t[k - 1], t[k - 1]));
+  return t;
+})();
+
+/** x^(len·8) mod p(x): the operator that shifts a crc past `len` zero bytes. */
+const shiftCache = new Map<number, number>();
+function shiftFor(len: number): number {
+  let op = shiftCache.get(len);
+  if (op !== undefined) return op;
+  op = 0x80000000; // x^0
+  for (let n = len, k = 3; n > 0; n = Math.floor(n / 2), k++) if (n % 2) op = multModP(X2N[k & 31], op);
+  if (shiftCache.size < 64) shiftCache.set(len, op);
+  return op;
+}
+
+/**
+ * crc32c(concat(a, b)) from crc32c(a), crc32c(b) and b's length, without reading any bytes
+ * (zlib's crc32_combine for the Castagnoli polynomial): a chunk's checksum, checked once, also
+ * continues the whole-file checksum.
+ */
+export function crc32cCombine(crcA: number, crcB: number, lenB: number): number {
+  if (lenB === 0) return crcA >>> 0;
+  return (multModP(shiftFor(lenB), crcA >>> 0) ^ crcB) >>> 0;
+}

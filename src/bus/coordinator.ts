@@ -62,7 +62,14 @@ export interface CoordinatorOptions {
 
 interface RankState {
   rank: number;
-  routingId: Buffer;
+  /**
+   * The route to the rank (relayed requests go there): the latest of the ROUTER connections it
+   * said Hello on to send a message. Messages for this rank from a connection that never said
+   * Hello as it are dropped ('wrong_connection'), whatever rank they claim. Undefined until a Hello.
+   */
+  routingId: Buffer | undefined;
+  /** Connections (routing ids, hex) that said Hello as this rank; the last few. */
+  helloFrom: string[];
   lastSeen: number;
   live: boolean;
   /** Hello seen in this epoch; a SnapshotRequest after it counts the rank as subscribed. */
@@ -178,7 +185,7 @@ export class Coordinator extends EventEmitter {
     // Zero-valued series, so dashboards see every label from the start.
     for (const lane of ['config', 'dump']) this.metrics.lanes.inc({ lane }, 0);
     for (const result of ['ok', 'error', 'skipped', 'timeout']) this.metrics.dumps.inc({ result }, 0);
-    for (const reason of ['frame_count', 'oversized', 'truncated', 'undecodable', 'empty', 'unknown_request', 'no_mac', 'bad_mac']) this.metrics.dropped.inc({ reason }, 0);
+    for (const reason of ['frame_count', 'oversized', 'truncated', 'undecodable', 'empty', 'unknown_request', 'no_mac', 'bad_mac', 'wrong_connection']) this.metrics.dropped.inc({ reason }, 0);
   }
 
   get pubEndpoint(): string {
@@ -502,6 +509,8 @@ export class Coordinator extends EventEmitter {
     const st = this.ranks.get(rank);
     if (!this.running) return Promise.reject(new WavebusError('ERR_NOT_RUNNING', 'coordinator is not running'));
     if (!st) return Promise.reject(new WavebusError('ERR_UNKNOWN_RANK', `rank ${rank} has not joined the bus`));
+    const route = st.routingId;
+    if (!route) return Promise.reject(new WavebusError('ERR_UNKNOWN_RANK', `rank ${rank} has not said Hello on this bus (no route to it)`));
     const requestId = this.nextRequestId++;
     return new Promise<AgentMsg>((resolve, reject) => {
       const timer = setTimeout(() => {
@@ -509,7 +518,7 @@ export class Coordinator extends EventEmitter {
         reject(new WavebusError('ERR_TIMEOUT', `rank ${rank} did not answer request ${requestId} within ${timeoutMs} ms`));
       }, timeoutMs);
       this.requests.set(requestId, { rank, resolve, reject, timer });
-      this.reply(st.routingId, { ...body, requestId });
+      this.reply(route, { ...body, requestId });
     });
   }
 
@@ -578,14 +587,28 @@ export class Coordinator extends EventEmitter {
     this.publishHeartbeat();
   }
 
-  private touch(rank: number, routingId: Buffer): RankState {
+  /**
+   * Note a message from `rank` on connection `routingId`. `hello`: it registers that connection
+   * for the rank. A message from a connection that never said Hello as the rank is dropped and
+   * counted (undefined returned): what a message claims never moves a route.
+   */
+  private touch(rank: number, routingId: Buffer, hello = false): RankState | undefined {
     let s = this.ranks.get(rank);
+    const conn = routingId.toString('hex');
+    if (!hello && s?.routingId && !s.helloFrom.includes(conn)) {
+      this.drops.drop('wrong_connection', `a message claiming rank ${rank} from a connection other than the one it said Hello on`);
+      return undefined;
+    }
     const now = Date.now();
     if (!s) {
-      s = { rank, routingId, lastSeen: now, live: false, hello: false, subscribed: false, wave: 0, lastSeq: 0, epochSeen: 0, pid: 0, host: '' };
+      s = { rank, routingId: undefined, helloFrom: [], lastSeen: now, live: false, hello: false, subscribed: false, wave: 0, lastSeq: 0, epochSeen: 0, pid: 0, host: '' };
       this.ranks.set(rank, s);
     }
-    s.routingId = routingId;
+    if (hello && !s.helloFrom.includes(conn)) {
+      s.helloFrom.push(conn);
+      if (s.helloFrom.length > 8) s.helloFrom.shift();
+    }
+    if (s.helloFrom.includes(conn)) s.routingId = routingId;
     s.lastSeen = now;
     if (!s.live) {
       s.live = true;
@@ -665,7 +688,7 @@ export class Coordinator extends EventEmitter {
       case 'hello': {
         const id = msg.hello.identity ?? {};
         const r = id.globalRank ?? rank;
-        const s = this.touch(r, routingId);
+        const s = this.touch(r, routingId, true)!;
         s.hello = true;
         s.subscribed = false;
         s.pid = id.pid ?? 0;
@@ -678,6 +701,7 @@ export class Coordinator extends EventEmitter {
       case 'snapshot': {
         const r = msg.snapshot.globalRank ?? rank;
         const s = this.touch(r, routingId);
+        if (!s) return;
         if (s.hello) s.subscribed = true;
         this.reply(routingId, { requestId: msg.requestId, snapshot: this.snapshotReply() });
         this.checkReady();
@@ -685,6 +709,7 @@ export class Coordinator extends EventEmitter {
       }
       case 'heartbeat': {
         const s = this.touch(rank, routingId);
+        if (!s) return;
         s.wave = msg.heartbeat.wave;
         s.lastSeq = msg.heartbeat.lastSeq;
         s.epochSeen = msg.heartbeat.epochSeen;
@@ -692,11 +717,11 @@ export class Coordinator extends EventEmitter {
         return;
       }
       case 'dumpResult':
-        this.touch(rank, routingId);
+        if (!this.touch(rank, routingId)) return;
         this.onDumpResult({ ...msg.dumpResult, globalRank: msg.dumpResult.globalRank || rank });
         return;
       case 'waveHead':
-        this.touch(rank, routingId);
+        if (!this.touch(rank, routingId)) return;
         this.beginWave(msg.waveHead.wave, msg.waveHead.telemetry ?? null);
         return;
       case 'relay':
@@ -711,7 +736,7 @@ export class Coordinator extends EventEmitter {
           this.drops.drop('unknown_request', `request ${msg.requestId} from rank ${rank}`);
           return;
         }
-        this.touch(rank, routingId);
+        if (!this.touch(rank, routingId)) return;
         this.requests.delete(msg.requestId);
         clearTimeout(pending.timer);
         if (data) {

@@ -46,7 +46,8 @@ export type DropReason =
   | 'unknown_request' // a reply to no pending request
   | 'no_mac' // a bus token is configured and the message carries no MAC (auth.ts)
   | 'bad_mac' // a bus token is configured and the message's MAC is wrong
-  | 'rank_out_of_range'; // claims a global rank outside the job's world
+  | 'rank_out_of_range' // claims a global rank outside the job's world
+  | 'wrong_connection'; // claims a rank that said Hello on another connection
 
 export type Decoded<T> = { ok: true; value: T } | { ok: false; reason: DropReason; detail?: string };
 

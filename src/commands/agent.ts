@@ -15,7 +15,8 @@ import { ConfigError } from '../errors';
 import { createLogger, type Logger } from '../log';
 import { claimRunDir, makeRunDir, releaseRunDir } from '../launch/run-dir';
 import { resolveSnapshotConfig, snapshotFlagsFromArgv, snapshotOptions } from '../snapshot/config';
-import { positiveInt, waitForSignal } from './coordinator';
+import { checkRunDirFits } from '../paths';
+import { MAX_TIMER_MS, positiveInt, waitForSignal } from './coordinator';
 
 /** --coordinator, else $WAVEBUS_COORDINATOR, else <master addr>:<$WAVEBUS_PORT or 29600>. */
 export function coordinatorAddress(raw: unknown, env: NodeJS.ProcessEnv, identity: RankIdentity): HostPort {
@@ -65,12 +66,13 @@ export function localDumpRoot(raw: unknown, env: NodeJS.ProcessEnv, cwd: string)
 export function setupAgent(argv: Record<string, unknown>, env: NodeJS.ProcessEnv): AgentSetup {
   const identity = resolveIdentity(env, identityFlagsFromArgv(argv));
   const coordinator = coordinatorAddress(argv.coordinator, env, identity);
-  const heartbeatMs = positiveInt(argv['heartbeat-ms'], '--heartbeat-ms');
-  const endOfWaveTimeoutMs = positiveInt(argv['end-of-wave-timeout-ms'], '--end-of-wave-timeout-ms');
+  const heartbeatMs = positiveInt(argv['heartbeat-ms'], '--heartbeat-ms', 1, MAX_TIMER_MS);
+  const endOfWaveTimeoutMs = positiveInt(argv['end-of-wave-timeout-ms'], '--end-of-wave-timeout-ms', 1, MAX_TIMER_MS);
   const stagingBytes = positiveInt(argv['staging-mb'], '--staging-mb') * 2 ** 20;
   const flagDir = argv['run-dir'] as string | undefined;
   const given = flagDir || env.WAVEBUS_RUN_DIR || '';
   const runDirFlag = flagDir ? '--run-dir' : 'WAVEBUS_RUN_DIR';
+  if (given) checkRunDirFits(given, identity.localRank, runDirFlag);
   const curve = loadClientKeys(argv['curve-server-key'] as string | undefined, argv['curve-key'] as string | undefined);
   const busToken = loadBusToken(argv['bus-token-file'], env);
   const dumpRoot = localDumpRoot(argv['dump-root'], env, process.cwd());

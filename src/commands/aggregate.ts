@@ -1,11 +1,12 @@
 // `wavebus aggregate`: pull every rank's bundles (through the coordinator) into one tree with a
 // manifest. Exit 0 only when no expected rank is missing and every file arrived verified.
 import type { CommandModule } from 'yargs';
-import { aggregate, DEFAULT_CHUNK_MB, DEFAULT_WINDOW, MAX_CHUNK_MB, type AggregateProgress } from '../tools/aggregate';
+import { aggregate, DEFAULT_CHUNK_MB, DEFAULT_WINDOW, MAX_CHUNK_MB, MAX_REQUEST_TIMEOUT_MS, type AggregateProgress } from '../tools/aggregate';
 import { parseHostPort } from '../bus/endpoints';
 import { loadBusToken } from '../bus/auth';
 import { ConfigError, WavebusError } from '../errors';
 import { keepFreedMemory } from '../malloc-tuning';
+import { positiveInt } from './coordinator';
 
 function progressBar(): ((p: AggregateProgress) => void) | undefined {
   if (!process.stderr.isTTY) return undefined;
@@ -51,9 +52,9 @@ export const command: CommandModule = {
         }
         return n;
       };
+      // MiB may be fractional (a chunk of 1/1024 MiB is 1 KiB); every other number is an integer flag.
       const chunkMb = num('chunk-mb', argv['chunk-mb'], 1 / 1024, MAX_CHUNK_MB);
-      const call = argv.call === undefined ? undefined : num('call', argv.call, 0);
-      if (call !== undefined && !Number.isInteger(call)) throw new ConfigError(`--call: expected an integer, got ${JSON.stringify(argv.call)}`);
+      const call = argv.call === undefined ? undefined : positiveInt(argv.call, '--call', 0);
       const m = await aggregate({
         coordinator,
         busToken: loadBusToken(argv['bus-token-file'], process.env),
@@ -62,8 +63,9 @@ export const command: CommandModule = {
         prefix: String(argv.prefix ?? ''),
         call,
         chunkBytes: Math.floor(chunkMb * 2 ** 20),
-        window: Math.floor(num('window', argv.window, 1, 64)),
-        requestTimeoutMs: num('timeout-ms', argv['timeout-ms'], 1),
+        window: positiveInt(argv.window, '--window', 1, 64),
+        // The relay adds its own margin to each request's timer: keep the sum a valid timer.
+        requestTimeoutMs: positiveInt(argv['timeout-ms'], '--timeout-ms', 1, MAX_REQUEST_TIMEOUT_MS),
         progress: progressBar(),
       });
       if (process.stderr.isTTY) process.stderr.write('\n');

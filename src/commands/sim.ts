@@ -5,12 +5,8 @@ import { ConfigError } from '../errors';
 import { parseFaults } from '../sim/faults';
 import { runSimJob } from '../sim/job';
 import { runSimRank, type SimRankOptions } from '../sim/rank';
+import { positiveInt } from './coordinator';
 
-function positiveInt(v: unknown, flag: string, min = 1): number {
-  const n = Number(v);
-  if (!Number.isInteger(n) || n < min) throw new ConfigError(`${flag} must be an integer >= ${min}, got '${String(v)}'`);
-  return n;
-}
 
 export const command: CommandModule = {
   command: 'sim',

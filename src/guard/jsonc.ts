@@ -76,11 +76,22 @@ class Fail {
   constructor(readonly offset: number, readonly reason: string) {}
 }
 
+/**
+ * Deepest nesting of objects and arrays accepted. The parser recurses once per level; a config
+ * is a few levels deep, and an unbounded depth would end in V8's "Maximum call stack size
+ * exceeded" with no position.
+ */
+export const MAX_JSONC_DEPTH = 64;
+
 const NUMBER = /-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?/y;
 
 /** Strict JSON over `text` (already stripped); throws Fail with the offset of the problem. */
 function parseStrict(text: string): unknown {
   let i = 0;
+  let depth = 0;
+  const enter = () => {
+    if (++depth > MAX_JSONC_DEPTH) throw new Fail(i, `nesting deeper than ${MAX_JSONC_DEPTH} levels (MAX_JSONC_DEPTH)`);
+  };
   const ws = () => {
     while (i < text.length) {
       const c = text.charCodeAt(i);
@@ -125,9 +136,10 @@ function parseStrict(text: string): unknown {
   };
   const array = (): unknown[] => {
     const out: unknown[] = [];
+    enter();
     i++;
     ws();
-    if (text[i] === ']') return i++, out;
+    if (text[i] === ']') return i++, depth--, out;
     for (;;) {
       out.push(value());
       ws();
@@ -135,16 +147,17 @@ function parseStrict(text: string): unknown {
         i++;
         continue;
       }
-      if (text[i] === ']') return i++, out;
+      if (text[i] === ']') return i++, depth--, out;
       throw new Fail(i, `${describe(i)}, expected ',' or ']'`);
     }
   };
   const object = (): Record<string, unknown> => {
     // Null prototype: a key named __proto__ is just a key (and then an unknown one).
     const out = Object.create(null) as Record<string, unknown>;
+    enter();
     i++;
     ws();
-    if (text[i] === '}') return i++, out;
+    if (text[i] === '}') return i++, depth--, out;
     for (;;) {
       ws();
       if (text[i] !== '"') throw new Fail(i, `${describe(i)}, expected a property name in double quotes`);
@@ -158,7 +171,7 @@ function parseStrict(text: string): unknown {
         i++;
         continue;
       }
-      if (text[i] === '}') return i++, out;
+      if (text[i] === '}') return i++, depth--, out;
       throw new Fail(i, `${describe(i)}, expected ',' or '}'`);
     }
   };

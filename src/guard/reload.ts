@@ -3,10 +3,50 @@
 // content check is older than verifyIntervalMs (coarse mtimes, same-size edits), the bytes are
 // hashed (sha256) and a new hash is parsed and validated. A bad file keeps the last good config
 // and is logged once per distinct content; a deleted file keeps it too, logged once.
+// A file over MAX_CONFIG_BYTES is refused from its fstat, unread; content already rejected is
+// recognised by its hash (or, over the cap, by size and mtime) and never parsed again, so a bad
+// file costs each poll a stat, not a parse.
 import * as fs from 'fs';
+import { ConfigError } from '../errors';
 import type { Logger } from '../log';
+import { gauge } from '../metrics';
 import { configJson, RuntimeConfig } from './config';
 import { configFromText, sha256 } from './startup';
+
+/** runtime_config.json is a few KiB; anything over this is refused without being read. */
+export const MAX_CONFIG_BYTES = 1024 * 1024;
+
+const configErrorGauge = () => gauge('wavebus_config_error', '1 while the runtime config file on disk is rejected (the last good config is in use), else 0');
+
+/**
+ * The file's bytes, read through one descriptor: its size checked by fstat before reading, and
+ * at most MAX_CONFIG_BYTES + 1 bytes read (a file growing meanwhile is caught too).
+ */
+export function readCapped(file: string): { bytes: Buffer; st: fs.Stats } | { tooBig: number; st: fs.Stats } {
+  const fd = fs.openSync(file, 'r');
+  try {
+    const st = fs.fstatSync(fd);
+    if (st.size > MAX_CONFIG_BYTES) return { tooBig: st.size, st };
+    const buf = Buffer.allocUnsafe(MAX_CONFIG_BYTES + 1);
+    let n = 0;
+    while (n < buf.length) {
+      const got = fs.readSync(fd, buf, n, buf.length - n, n);
+      if (got === 0) break;
+      n += got;
+    }
+    if (n > MAX_CONFIG_BYTES) return { tooBig: n, st };
+    return { bytes: Buffer.from(buf.subarray(0, n)), st };
+  } finally {
+    fs.closeSync(fd);
+  }
+}
+
+export function configTooBigError(file: string, bytes: number): ConfigError {
+  return new ConfigError(
+    `${file}: ${bytes > MAX_CONFIG_BYTES ? `${bytes} bytes` : 'the file'} is over the runtime config size cap of ${MAX_CONFIG_BYTES} bytes (MAX_CONFIG_BYTES); not read`,
+    'ERR_CONFIG_TOO_BIG',
+  );
+}
 
 export interface FollowerOptions {
   /** Minimum ms between two stats of the file (default 500). 0: stat on every poll. */
@@ -42,9 +82,13 @@ export class ConfigFollower {
   private lastHash: string | null;
   private readonly loggedBad = new Set<string>();
   private missingLogged = false;
+  /** The last rejected content: its size and mtime, its hash (null when refused unread), the error. */
+  private rejected: { size: number; mtimeMs: number; hash: string | null; error: Error } | null = null;
   /** Distinct rejected contents, for status(). */
   rejections = 0;
   lastError: string | null = null;
+  /** What polls cost: parses (JSONC + validation) and bytes read, since construction. */
+  readonly stats = { parses: 0, bytesRead: 0 };
 
   constructor(path: string, initial: RuntimeConfig, opts: FollowerOptions = {}) {
     this.path = path;
@@ -97,33 +141,58 @@ export class ConfigFollower {
     this.lastMtimeMs = st.mtimeMs;
     this.lastSize = st.size;
     this.lastVerifyAt = nowMs;
-    let bytes: Buffer;
+    const r = this.rejected;
+    // Refused unread before, and size and mtime say it is the same file: refuse it again unread.
+    if (r && r.hash === null && r.size === st.size && r.mtimeMs === st.mtimeMs) return this.reject(r.error, null, st);
+    let read: ReturnType<typeof readCapped>;
     try {
-      bytes = fs.readFileSync(this.path);
+      read = readCapped(this.path);
     } catch (e) {
       return { kind: 'missing' };
     }
+    if ('tooBig' in read) return this.reject(configTooBigError(this.path, read.tooBig), null, read.st);
+    const bytes = read.bytes;
+    this.stats.bytesRead += bytes.length;
     const hash = sha256(bytes);
-    if (hash === this.lastHash) return UNCHANGED;
+    if (hash === this.lastHash) return this.accepted(UNCHANGED);
+    if (r && r.hash === hash) return this.reject(r.error, hash, read.st);
     let next: RuntimeConfig;
     try {
+      this.stats.parses++;
       next = configFromText(bytes.toString('utf8'), this.path);
     } catch (e) {
-      const err = e as Error;
-      this.lastError = err.message;
-      if (!this.loggedBad.has(hash)) {
-        this.loggedBad.add(hash);
-        this.rejections++;
-        this.log?.error({ path: this.path, err: err.message }, 'runtime config rejected; keeping the last good config');
-      }
-      return { kind: 'rejected', error: err };
+      return this.reject(e as Error, hash, read.st);
     }
     this.lastHash = hash;
-    this.lastError = null;
-    if (configJson(next) === configJson(this.cfg)) return UNCHANGED; // comments/whitespace only
+    if (configJson(next) === configJson(this.cfg)) return this.accepted(UNCHANGED); // comments/whitespace only
     this.cfg = next;
     this.ver++;
     this.log?.info({ path: this.path, version: this.ver }, 'runtime config reloaded');
-    return { kind: 'changed', config: next, version: this.ver };
+    return this.accepted({ kind: 'changed', config: next, version: this.ver });
+  }
+
+  /** The file on disk is good again (new, or back to the last good bytes): the error clears. */
+  private accepted(result: PollResult): PollResult {
+    if (this.lastError !== null) {
+      this.lastError = null;
+      this.rejected = null;
+      configErrorGauge().set(0);
+      this.log?.info({ path: this.path }, 'runtime config file is good again');
+    }
+    return result;
+  }
+
+  /** Remember what was rejected (so it is not read or parsed again) and log each content once. */
+  private reject(err: Error, hash: string | null, st: fs.Stats): PollResult {
+    const again = this.rejected !== null && this.rejected.error === err;
+    this.rejected = { size: st.size, mtimeMs: st.mtimeMs, hash, error: err };
+    this.lastError = err.message;
+    configErrorGauge().set(1);
+    if (!again && !this.loggedBad.has(hash ?? `unread:${err.message}`)) {
+      this.loggedBad.add(hash ?? `unread:${err.message}`);
+      this.rejections++;
+      this.log?.error({ path: this.path, err: err.message }, 'runtime config rejected; keeping the last good config');
+    }
+    return { kind: 'rejected', error: err };
   }
 }

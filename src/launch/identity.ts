@@ -155,9 +155,24 @@ function layoutFrom(env: NodeJS.ProcessEnv, flags: IdentityFlags, world: Sourced
   return { worldSize: world?.value ?? product, tp: v('tp'), pp: v('pp'), dp: v('dp'), cp: v('cp') };
 }
 
+/**
+ * The largest world wavebus serves. The coordinator keeps per-rank state and lists; a made-up
+ * world of 10^8 ranks would have it grow by gigabytes before it ever started.
+ */
+export const MAX_WORLD_SIZE = 65536;
+
+/** `layout`, unless its world is over MAX_WORLD_SIZE (the error names where the size came from). */
+export function boundedLayout(layout: WorldLayout, from: string): WorldLayout {
+  if (layout.worldSize > MAX_WORLD_SIZE) {
+    throw identityError(`${from}=${layout.worldSize} is over the largest world wavebus serves, ${MAX_WORLD_SIZE} ranks (MAX_WORLD_SIZE)`);
+  }
+  return layout;
+}
+
 /** World size and TP/PP/DP/CP sizes; their product must equal the world size. */
 export function resolveLayout(env: NodeJS.ProcessEnv, flags: IdentityFlags = {}): WorldLayout {
-  return layoutFrom(env, flags, pickWorldSize(env, flags));
+  const world = pickWorldSize(env, flags);
+  return boundedLayout(layoutFrom(env, flags, world), world?.from ?? 'tp*pp*dp*cp');
 }
 
 /** TP/PP/DP/CP coordinates of a global rank (TP fastest, then CP, then PP, then DP). */
@@ -219,7 +234,7 @@ export function resolveIdentity(env: NodeJS.ProcessEnv, flags: IdentityFlags = {
   const world = pickWorldSize(env, flags);
   const rank = pick(env, { flag: flags.rank, flagName: '--rank', env: [['RANK', 'torchrun'], ['SLURM_PROCID', 'slurm']] }, 0);
   checkSameLauncher(rank, world, '--rank and --world-size');
-  const layout = layoutFrom(env, flags, world);
+  const layout = boundedLayout(layoutFrom(env, flags, world), world?.from ?? 'tp*pp*dp*cp');
 
   if (rank === undefined && layout.worldSize > 1) {
     throw identityError(`no global rank for a world of ${layout.worldSize}: set --rank, RANK (torchrun) or SLURM_PROCID (Slurm)`);

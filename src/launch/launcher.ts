@@ -15,17 +15,15 @@ import { dumpRootOf, effectiveStartupConfig, parseStartupOptions } from '../guar
 import { ConfigError, WavebusError } from '../errors';
 import { clientSocketOptions, curveDirFiles, loadCurveDirClient, loadCurveDirServer, type CurveClientKeys } from '../bus/curve';
 import { checkBindAllowed, HostPort, isLoopback, parseBusPort, parseHostPort, socketIpOptions, tcpEndpoint } from '../bus/endpoints';
-import { agentEndpoint, mailboxPath, packageRoot } from '../paths';
+import { agentEndpoint, checkRunDirFits, mailboxPath, packageRoot } from '../paths';
 import { claimRunDir, makeRunDir, newShmPrefix, releaseRunDir, removeShmSegments, type RunDir } from './run-dir';
 import { CoordinatorMessage, decode, AgentMessage, encode } from '../proto';
-import type { WorldLayout } from './identity';
+import { boundedLayout, type WorldLayout } from './identity';
 import type { Logger } from '../log';
 
 export { agentEndpoint, mailboxPath };
 
 export const DEFAULT_BUS_PORT = 29600;
-/** Longest path a unix socket address holds (sun_path is 108 bytes with the NUL). */
-const MAX_IPC_PATH = 107;
 const STATUS_POLL_MS = 250;
 const TAIL_CHARS = 4000;
 
@@ -142,6 +140,7 @@ export function parseLaunchOptions(argv: Record<string, unknown>, env: NodeJS.Pr
     }
     layout = { worldSize, tp: v('tp'), pp: v('pp'), dp: v('dp'), cp: v('cp') };
   }
+  boundedLayout(layout, '--nnodes*--nproc-per-node');
 
   const masterAddr = given(argv['master-addr'])
     ? String(lastOf(argv['master-addr'])).trim()
@@ -283,10 +282,7 @@ export function commandEnv(opts: LaunchOptions, runDir: string, env: NodeJS.Proc
  */
 function prepareRunDir(runDir: string | undefined, nproc: number): RunDir {
   if (runDir !== undefined) {
-    const longest = agentEndpoint(runDir, nproc - 1).slice('ipc://'.length);
-    if (Buffer.byteLength(longest) > MAX_IPC_PATH) {
-      throw launchError(`--run-dir ${runDir}: too long for a unix socket path (${longest} is over ${MAX_IPC_PATH} bytes); pick a shorter directory`);
-    }
+    checkRunDirFits(runDir, nproc - 1, '--run-dir', 'ERR_LAUNCH');
     return claimRunDir(runDir, '--run-dir');
   }
   return makeRunDir('wavebus-');
