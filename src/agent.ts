@@ -8,7 +8,7 @@ import { DumpExecutor, type DumpFormat } from './agent/dump-executor';
 import { RegionTable } from './agent/regions';
 import { FileServer } from './agent/file-server';
 import { itemSize, parseDType } from './dtype';
-import { ConfigError, WavebusError } from './errors';
+import { CaptureError, ConfigError, WavebusError } from './errors';
 import type { RankIdentity } from './identity';
 import { createLogger, type Logger } from './log';
 import { MailboxWriter, MailboxFeature } from './mailbox';
@@ -290,7 +290,9 @@ export class Agent {
           this.handle(req).catch((err: Error) => this.log.warn({ err: String(err?.message ?? err), body: req.body }, 'one-way message from the client failed'));
           continue;
         }
-        void this.handleFrom(peer, req).then(
+        // A selected capture tells the client it has begun (same id, capturing) before it copies.
+        const interim = (): void => this.replyToClient(router, peer, () => encode(ClientReply, { id: req.id, ok: true, capturing: true }));
+        void this.handleFrom(peer, req, interim).then(
           (reply) => this.replyToClient(router, peer, () => encode(ClientReply, { id: req.id, ok: true, ...reply })),
           (err: Error) =>
             this.replyToClient(router, peer, () =>
@@ -345,16 +347,16 @@ export class Agent {
    * an agent restart the engine's client reconnects with its regions unknown here. ERR_NO_HELLO
    * makes the client say hello and register again, then retry.
    */
-  private async handleFrom(peer: Buffer, req: Record<string, any>): Promise<Record<string, unknown>> {
+  private async handleFrom(peer: Buffer, req: Record<string, any>, interim: () => void = () => undefined): Promise<Record<string, unknown>> {
     const key = peer.toString('hex');
     if (req.body === 'hello') this.greeted.add(key);
     else if ((req.body === 'endOfWave' || req.body === 'beforeForward' || req.body === 'register') && !this.greeted.has(key)) {
       throw new WavebusError('ERR_NO_HELLO', 'this agent has not met this client (the agent restarted?): say hello and register again');
     }
-    return this.handle(req);
+    return this.handle(req, interim);
   }
 
-  private async handle(req: Record<string, any>): Promise<Record<string, unknown>> {
+  private async handle(req: Record<string, any>, interim: () => void = () => undefined): Promise<Record<string, unknown>> {
     switch (req.body) {
       case 'hello':
         return this.onHello(req.hello);
@@ -375,7 +377,7 @@ export class Agent {
         }
         return this.endOfWave(req.endOfWave.wave);
       case 'beforeForward':
-        return this.beforeForward(req.beforeForward);
+        return this.beforeForward(req.beforeForward, interim);
       case 'close':
         return {};
       default:
@@ -460,8 +462,14 @@ export class Agent {
     void this.waitForWave(wave, 10 * this.endOfWaveTimeoutMs + 1000).then((ok) => ok && waitLate());
   }
 
-  private async beforeForward(bf: { context: any; inputs: { region: string; offset: number; dtype: string; shape: number[] }[] }): Promise<Record<string, unknown>> {
+  private async beforeForward(
+    bf: { context: any; inputs: { region: string; offset: number; dtype: string; shape: number[] }[]; acceptByUnixMs?: number | string; finishByUnixMs?: number | string },
+    interim: () => void,
+  ): Promise<Record<string, unknown>> {
     if (!this.capturer) return { captured: false };
+    const acceptBy = Number(bf.acceptByUnixMs ?? 0);
+    const finishBy = Number(bf.finishByUnixMs ?? 0);
+    let begun = false;
     const inputs = bf.inputs.map((inp, i) => {
       const r = this.regions.get(inp.region);
       if (!r) throw new ConfigError(`inputs[${i}].region '${inp.region}' is not registered`);
@@ -469,10 +477,19 @@ export class Agent {
         dtype: inp.dtype,
         shape: inp.shape.map(Number),
         read: async (): Promise<Buffer> => {
+          if (!begun) {
+            // The first read comes once the forward is selected: the engine gave up waiting if we
+            // are past its deadline (this agent was frozen), and its inputs may have changed since.
+            if (acceptBy > 0 && Date.now() > acceptBy) throw new CaptureError(`the engine stopped waiting for this capture at ${new Date(acceptBy).toISOString()}; dropped`, 'ERR_CLIENT_GONE');
+            begun = true;
+            interim();
+          }
           const numel = inp.shape.reduce((a, b) => a * Number(b), 1);
           const nbytes = numel * itemSize(parseDType(inp.dtype, `inputs[${i}].dtype`));
           const buf = Buffer.allocUnsafe(nbytes);
           await r.region.copyTo(buf, 0, inp.offset, nbytes);
+          // Copied after the engine went on: the bytes may be the next forward's. Nothing is kept.
+          if (finishBy > 0 && Date.now() > finishBy) throw new CaptureError(`inputs[${i}] copied after the engine stopped waiting; capture dropped`, 'ERR_CLIENT_GONE');
           return buf;
         },
       };
