@@ -469,7 +469,11 @@ export class Agent {
     if (!this.capturer) return { captured: false };
     const acceptBy = Number(bf.acceptByUnixMs ?? 0);
     const finishBy = Number(bf.finishByUnixMs ?? 0);
-    let begun = false;
+    // The engine gave up waiting if we are past its deadline (this agent was frozen): its inputs
+    // may have changed since, so nothing is copied. Else it hears at once that we are alive and
+    // waits for the decision and the capture (disk work may take longer than its call bound).
+    if (acceptBy > 0 && Date.now() > acceptBy) throw new CaptureError(`the engine stopped waiting for this forward at ${new Date(acceptBy).toISOString()}; not captured`, 'ERR_CLIENT_GONE');
+    interim();
     const inputs = bf.inputs.map((inp, i) => {
       const r = this.regions.get(inp.region);
       if (!r) throw new ConfigError(`inputs[${i}].region '${inp.region}' is not registered`);
@@ -477,13 +481,6 @@ export class Agent {
         dtype: inp.dtype,
         shape: inp.shape.map(Number),
         read: async (): Promise<Buffer> => {
-          if (!begun) {
-            // The first read comes once the forward is selected: the engine gave up waiting if we
-            // are past its deadline (this agent was frozen), and its inputs may have changed since.
-            if (acceptBy > 0 && Date.now() > acceptBy) throw new CaptureError(`the engine stopped waiting for this capture at ${new Date(acceptBy).toISOString()}; dropped`, 'ERR_CLIENT_GONE');
-            begun = true;
-            interim();
-          }
           const numel = inp.shape.reduce((a, b) => a * Number(b), 1);
           const nbytes = numel * itemSize(parseDType(inp.dtype, `inputs[${i}].dtype`));
           const buf = Buffer.allocUnsafe(nbytes);
