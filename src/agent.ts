@@ -379,6 +379,7 @@ export class Agent {
       case 'beforeForward':
         return this.beforeForward(req.beforeForward, interim);
       case 'close':
+      case 'ping':
         return {};
       default:
         throw new WavebusError('ERR_BAD_REQUEST', `unknown client request '${String(req.body)}'`);

@@ -235,7 +235,7 @@ export class WavebusClient {
     this.lastProbeAt = performance.now();
     this.stats.probes++;
     // The answer itself (in receiveLoop) ends the unavailability; a timeout leaves it as it is.
-    this.send(this.helloBody(), this.bounds.probe)
+    this.send({ ping: {} }, this.bounds.probe)
       .catch(() => undefined)
       .finally(() => (this.probing = false));
   }
@@ -356,9 +356,11 @@ export class WavebusClient {
     const slot = this.mailbox.read(wave);
     if (slot && !slot.configDue && !slot.dumpDue) return NOTHING_DUE;
     if (this.agentUnavailable) {
-      // Its mailbox is not updated any more: no waiting, the step goes on (counted).
+      // Its mailbox is not updated any more: no waiting, the step goes on (counted). A frozen
+      // agent still learns of the miss when it resumes (one-way; dropped if its queue is full).
       this.stats.endOfWaveTimeouts++;
       this.stats.skippedUnavailable++;
+      this.sendOneWay({ endOfWave: { wave, missed: true } });
       this.probe();
       return Promise.resolve({ due: false, timedOut: true });
     }
@@ -373,7 +375,7 @@ export class WavebusClient {
     // A late vector may mean a dead agent (nobody updates the mailbox): ask it, alongside the wait.
     const since = performance.now();
     if (!this.ping) {
-      this.ping = this.send(this.helloBody(), boundMs + MARGIN_MS)
+      this.ping = this.send({ ping: {} }, boundMs + MARGIN_MS)
         .catch(() => undefined)
         .finally(() => (this.ping = null));
     }
@@ -389,7 +391,6 @@ export class WavebusClient {
       if (this.lastAnswerAt < since) {
         // Not a word from the agent for the whole bound: the next calls do not wait for it.
         this.markUnavailable(`endOfWave(${wave}): no answer within ${boundMs} ms`);
-        return { due: false, timedOut: true };
       }
       this.sendOneWay({ endOfWave: { wave, missed: true } });
       return { due: false, timedOut: true };

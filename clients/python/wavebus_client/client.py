@@ -278,8 +278,8 @@ class Client:
         log.warning("the wavebus agent at %s is not answering (%s); engine calls skip it until it answers again", self.endpoint, why)
 
     def _ping(self) -> None:
-        """A hello whose answer nobody waits for: it only shows the agent alive (see _heard)."""
-        req = pb.ClientRequest(hello=pb.ClientHello(pid=os.getpid(), async_scheduling=self.async_scheduling, language="python"))
+        """A ping whose answer nobody waits for: it only shows the agent alive (see _heard)."""
+        req = pb.ClientRequest(ping=pb.Ping())
         if self._send(req):
             self._ping_ids.add(req.id)
 
@@ -472,8 +472,10 @@ class Client:
             self.stats["end_of_wave_fast"] += 1
             return EndOfWaveResult(wave, vector=v)
         if self._still_unavailable():
-            # Its mailbox is not updated any more: no waiting, the step goes on (counted).
+            # Its mailbox is not updated any more: no waiting, the step goes on (counted). A frozen
+            # agent still learns of the miss when it resumes (one-way; dropped if its queue is full).
             self.stats["end_of_wave_timeouts"] += 1
+            self._send(pb.ClientRequest(end_of_wave=pb.EndOfWave(wave=wave, missed=True)), one_way=True)
             return EndOfWaveResult(wave, timed_out=True, vector=v)
         if v is None and self.agent_features is not None and self._mb.can_wait and len(self._sent_regions) == len(self._regions):
             # Late vector, agent known: sleep on the mailbox (the agent's publish wakes us), no request.
@@ -489,7 +491,6 @@ class Client:
                 if self._last_answer < since:
                     self._ping_ids.clear()
                     self._mark_unavailable(f"end_of_wave({wave}): no answer within {self.call_bound_ms()} ms")
-                    return EndOfWaveResult(wave, timed_out=True)
                 # One-way: the agent counts the miss and fails the wave's dumps if they arrive later.
                 self._send(pb.ClientRequest(end_of_wave=pb.EndOfWave(wave=wave, missed=True)), one_way=True)
                 return EndOfWaveResult(wave, timed_out=True)
