@@ -183,12 +183,16 @@ export class WavebusClient {
       throw new ConfigError(`register(): region name '${region.name}' is already registered`);
     }
     this.registered.push(region);
-    if (!this.active() || this.agentUnavailable) return; // kept: sent once the agent answers
+    if (!this.active()) return;
+    // Either way the region is kept and sent once the agent answers again; the caller may go on.
+    const unavailable = (): WavebusError => new WavebusError('ERR_AGENT_UNAVAILABLE', `register('${region.name}'): the agent at ${this.endpoint} is not answering (${this.lastError})`);
+    if (this.agentUnavailable) throw unavailable();
     try {
       await this.ensureHello(this.bounds.hello);
       await this.flushRegistrations(this.bounds.hello);
     } catch (e) {
-      if (!this.lostOn(e, 'register()')) throw e;
+      if (!this.lostOn(e, `register('${region.name}')`)) throw e;
+      throw unavailable();
     }
   }
 
