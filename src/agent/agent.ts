@@ -11,7 +11,7 @@ import { FileServer } from './file-server';
 import { RootGate, type LocalRoots } from './roots';
 import type { BusToken } from '../bus/auth';
 import { itemSize, parseDType } from '../artifacts/dtype';
-import { ConfigError, WavebusError } from '../errors';
+import { CaptureError, ConfigError, WavebusError } from '../errors';
 import type { RankIdentity } from '../launch/identity';
 import { createLogger, type Logger } from '../log';
 import { MailboxWriter, MailboxFeature } from '../client/mailbox';
@@ -330,7 +330,9 @@ export class Agent {
           this.handle(req).catch((err: Error) => this.log.warn({ err: String(err?.message ?? err), body: req.body }, 'one-way message from the client failed'));
           continue;
         }
-        void this.handleFrom(peer, req).then(
+        // A selected capture tells the client it has begun (same id, capturing) before it copies.
+        const interim = (): void => this.replyToClient(router, peer, () => encode(ClientReply, { id: req.id, ok: true, capturing: true }));
+        void this.handleFrom(peer, req, interim).then(
           (reply) => this.replyToClient(router, peer, () => encode(ClientReply, { id: req.id, ok: true, ...reply })),
           (err: Error) =>
             this.replyToClient(router, peer, () =>
@@ -385,16 +387,16 @@ export class Agent {
    * an agent restart the engine's client reconnects with its regions unknown here. ERR_NO_HELLO
    * makes the client say hello and register again, then retry.
    */
-  private async handleFrom(peer: Buffer, req: Record<string, any>): Promise<Record<string, unknown>> {
+  private async handleFrom(peer: Buffer, req: Record<string, any>, interim: () => void = () => undefined): Promise<Record<string, unknown>> {
     const key = peer.toString('hex');
     if (req.body === 'hello') this.greeted.add(key);
     else if ((req.body === 'endOfWave' || req.body === 'beforeForward' || req.body === 'register') && !this.greeted.has(key)) {
       throw new WavebusError('ERR_NO_HELLO', 'this agent has not met this client (the agent restarted?): say hello and register again');
     }
-    return this.handle(req);
+    return this.handle(req, interim);
   }
 
-  private async handle(req: Record<string, any>): Promise<Record<string, unknown>> {
+  private async handle(req: Record<string, any>, interim: () => void = () => undefined): Promise<Record<string, unknown>> {
     switch (req.body) {
       case 'hello':
         return this.onHello(req.hello);
@@ -415,8 +417,9 @@ export class Agent {
         }
         return this.endOfWave(req.endOfWave.wave);
       case 'beforeForward':
-        return this.beforeForward(req.beforeForward);
+        return this.beforeForward(req.beforeForward, interim);
       case 'close':
+      case 'ping':
         return {};
       default:
         throw new WavebusError('ERR_BAD_REQUEST', `unknown client request '${String(req.body)}'`);
@@ -500,8 +503,18 @@ export class Agent {
     void this.waitForWave(wave, 10 * this.endOfWaveTimeoutMs + 1000).then((ok) => ok && waitLate());
   }
 
-  private async beforeForward(bf: { context: any; inputs: { region: string; offset: number; dtype: string; shape: number[] }[] }): Promise<Record<string, unknown>> {
+  private async beforeForward(
+    bf: { context: any; inputs: { region: string; offset: number; dtype: string; shape: number[] }[]; acceptByUnixMs?: number | string; finishByUnixMs?: number | string },
+    interim: () => void,
+  ): Promise<Record<string, unknown>> {
     if (!this.capturer) return { captured: false };
+    const acceptBy = Number(bf.acceptByUnixMs ?? 0);
+    const finishBy = Number(bf.finishByUnixMs ?? 0);
+    // The engine gave up waiting if we are past its deadline (this agent was frozen): its inputs
+    // may have changed since, so nothing is copied. Else it hears at once that we are alive and
+    // waits for the decision and the capture (disk work may take longer than its call bound).
+    if (acceptBy > 0 && Date.now() > acceptBy) throw new CaptureError(`the engine stopped waiting for this forward at ${new Date(acceptBy).toISOString()}; not captured`, 'ERR_CLIENT_GONE');
+    interim();
     const inputs = bf.inputs.map((inp, i) => {
       const unreadable = this.regions.unreadable(inp.region);
       if (unreadable) return { dtype: inp.dtype, shape: inp.shape.map(Number), unreadable, read: async (): Promise<Buffer> => Buffer.alloc(0) };
@@ -515,6 +528,8 @@ export class Agent {
           const nbytes = numel * itemSize(parseDType(inp.dtype, `inputs[${i}].dtype`));
           const buf = Buffer.allocUnsafe(nbytes);
           await r.region.copyTo(buf, 0, inp.offset, nbytes);
+          // Copied after the engine went on: the bytes may be the next forward's. Nothing is kept.
+          if (finishBy > 0 && Date.now() > finishBy) throw new CaptureError(`inputs[${i}] copied after the engine stopped waiting; capture dropped`, 'ERR_CLIENT_GONE');
           return buf;
         },
       };

@@ -42,6 +42,24 @@ export interface ConnectOptions {
   env?: NodeJS.ProcessEnv;
   /** The engine schedules asynchronously (refused when snapshots are on). */
   asyncScheduling?: boolean;
+  /**
+   * Longest a per-step call (endOfWave, beforeForward until the agent answers) waits on the agent.
+   * Default: the agent's end-of-wave bound (`--end-of-wave-timeout-ms`, 50 ms).
+   */
+  callTimeoutMs?: number;
+  /** Longest hello and register() wait outside a step (default 1000 ms). */
+  helloTimeoutMs?: number;
+  /** Longest a capture the agent has begun may take to finish (default 120000 ms). */
+  captureTimeoutMs?: number;
+  /** While the agent is unavailable, how often a call sends it a probe (default 1000 ms). */
+  probeIntervalMs?: number;
+}
+
+export interface BeforeForwardResult {
+  captured: boolean;
+  callDir?: string;
+  /** The agent did not answer (dead or frozen): the forward goes on without a snapshot. */
+  unavailable?: boolean;
 }
 
 export interface EndOfWaveResult {
@@ -56,14 +74,32 @@ export interface EndOfWaveResult {
 interface Pending {
   resolve: (r: Record<string, any>) => void;
   reject: (e: Error) => void;
+  /** before_forward's interim answer: the capture has begun. */
+  capturing?: () => void;
 }
 
 const MARGIN_MS = 20;
+const DEFAULT_HELLO_TIMEOUT_MS = 1000;
+const DEFAULT_CAPTURE_TIMEOUT_MS = 120000;
+const DEFAULT_PROBE_INTERVAL_MS = 1000;
 /** Steps between re-sends of every request's binding and block table (a lost one heals by then). */
 const RESEND_EVERY = 64;
 
 export class WavebusClient {
-  readonly stats = { sent: 0, endOfWaveTimeouts: 0, endOfWaveCalls: 0, dueWaves: 0, rejoins: 0, endOfWaveErrors: 0 };
+  readonly stats = {
+    sent: 0, endOfWaveTimeouts: 0, endOfWaveCalls: 0, dueWaves: 0, rejoins: 0, endOfWaveErrors: 0,
+    /** Times the agent stopped answering (each starts a stretch of degraded mode). */
+    agentLost: 0,
+    /** Times it answered again afterwards. */
+    agentBack: 0,
+    /** Calls that returned at once, without the agent, because it was unavailable. */
+    skippedUnavailable: 0,
+    /** beforeForward calls that went on uncaptured because the agent was unavailable. */
+    snapshotsSkipped: 0,
+    probes: 0,
+  };
+  /** True while the agent is known not to answer: calls skip it until it answers again. */
+  agentUnavailable = false;
   /** The last error a per-step call met and swallowed (the step went on). */
   lastError = '';
   private socket: zmq.Dealer | undefined;
@@ -82,11 +118,17 @@ export class WavebusClient {
   /** A wave head built during the engine's call, encoded and sent once the engine yields. */
   private queuedHead: Record<string, unknown> | null = null;
   private headFlushScheduled = false;
+  /** Monotonic ms of the agent's last answer (any answer proves it alive). */
+  private lastAnswerAt = -Infinity;
+  private lastProbeAt = -Infinity;
+  private probing = false;
+  private ping: Promise<unknown> | null = null;
 
   private constructor(
     private readonly endpoint: string,
     private readonly mailbox: MailboxReader,
     private readonly asyncScheduling: boolean,
+    private readonly bounds: { call?: number; hello: number; capture: number; probe: number },
   ) {}
 
   /** Maps the mailbox; sends nothing. */
@@ -108,7 +150,21 @@ export class WavebusClient {
       // Refused at startup, not at the first forward: the agent says snapshots are on.
       checkSnapshotGating({ enabled: true } as SnapshotConfig, { asyncScheduling: true, backendHasMemoryAccess: true });
     }
-    return new WavebusClient(endpoint, reader, opts.asyncScheduling ?? false);
+    const bound = (v: number | undefined, name: string, def?: number): number | undefined => {
+      if (v === undefined) return def;
+      if (!Number.isSafeInteger(v) || v < 1) {
+        reader.close();
+        throw new ConfigError(`connect(): ${name} must be a positive integer (ms), got ${String(v)}`);
+      }
+      return v;
+    };
+    const bounds = {
+      call: bound(opts.callTimeoutMs, 'callTimeoutMs'),
+      hello: bound(opts.helloTimeoutMs, 'helloTimeoutMs', DEFAULT_HELLO_TIMEOUT_MS) as number,
+      capture: bound(opts.captureTimeoutMs, 'captureTimeoutMs', DEFAULT_CAPTURE_TIMEOUT_MS) as number,
+      probe: bound(opts.probeIntervalMs, 'probeIntervalMs', DEFAULT_PROBE_INTERVAL_MS) as number,
+    };
+    return new WavebusClient(endpoint, reader, opts.asyncScheduling ?? false, bounds);
   }
 
   /** Feature bits the agent publishes in the mailbox header; 0 means everything is off. */
@@ -127,10 +183,69 @@ export class WavebusClient {
       throw new ConfigError(`register(): region name '${region.name}' is already registered`);
     }
     this.registered.push(region);
-    if (this.active()) {
-      await this.ensureHello();
-      await this.flushRegistrations();
+    if (!this.active()) return;
+    // Either way the region is kept and sent once the agent answers again; the caller may go on.
+    const unavailable = (): WavebusError => new WavebusError('ERR_AGENT_UNAVAILABLE', `register('${region.name}'): the agent at ${this.endpoint} is not answering (${this.lastError})`);
+    if (this.agentUnavailable) throw unavailable();
+    try {
+      await this.ensureHello(this.bounds.hello);
+      await this.flushRegistrations(this.bounds.hello);
+    } catch (e) {
+      if (!this.lostOn(e, `register('${region.name}')`)) throw e;
+      throw unavailable();
     }
+  }
+
+  /** The bound of a per-step call: the configured one, else the agent's end-of-wave bound. */
+  callBoundMs(): number {
+    return this.bounds.call ?? this.features?.end_of_wave_timeout_ms ?? this.bounds.hello;
+  }
+
+  /**
+   * `e` (from a call to the agent) means the agent is not answering: no answer within the bound,
+   * or the socket refused the message. Marks it unavailable (warned once per loss) and says so.
+   */
+  private lostOn(e: unknown, where: string): boolean {
+    const code = (e as WavebusError)?.code;
+    if (code === 'ERR_CLOSED' || (e instanceof WavebusError && code !== 'ERR_TIMEOUT' && code !== 'ERR_CAPTURE_TIMEOUT')) return false;
+    this.markUnavailable(`${where}: ${(e as Error)?.message ?? String(e)}`);
+    return true;
+  }
+
+  private markUnavailable(why: string): void {
+    this.lastProbeAt = performance.now();
+    if (this.agentUnavailable) return;
+    this.agentUnavailable = true;
+    this.stats.agentLost++;
+    this.lastError = why;
+    process.stderr.write(`wavebus: warning: the agent at ${this.endpoint} is not answering (${why}); engine calls skip it until it answers again\n`);
+  }
+
+  /** Any answer from the agent: it is alive. After a loss, hello and regions go again on the next call. */
+  private heardFromAgent(): void {
+    this.lastAnswerAt = performance.now();
+    if (!this.agentUnavailable) return;
+    this.agentUnavailable = false;
+    this.stats.agentBack++;
+    this.features = undefined; // it may be a new agent: introduce ourselves again
+    this.registeredSent.clear();
+    process.stderr.write(`wavebus: the agent at ${this.endpoint} answers again; engine calls use it again\n`);
+  }
+
+  /** While the agent is unavailable: at most one probe per interval, never waited for. */
+  private probe(): void {
+    if (!this.agentUnavailable || this.probing || this.closed || performance.now() - this.lastProbeAt < this.bounds.probe) return;
+    this.probing = true;
+    this.lastProbeAt = performance.now();
+    this.stats.probes++;
+    // The answer itself (in receiveLoop) ends the unavailability; a timeout leaves it as it is.
+    this.send({ ping: {} }, this.bounds.probe)
+      .catch(() => undefined)
+      .finally(() => (this.probing = false));
+  }
+
+  private helloBody(): Record<string, unknown> {
+    return { hello: { pid: process.pid, asyncScheduling: this.asyncScheduling, language: 'typescript' } };
   }
 
   // The per-step calls are plain functions with an async slow path: with everything off (or
@@ -145,6 +260,13 @@ export class WavebusClient {
       this.columnizer = null; // requests freed meanwhile go unseen: start over when sending again
       return SETTLED;
     }
+    if (this.agentUnavailable) {
+      // Nothing queues up for an agent that is gone; the bindings go again once it is back.
+      this.columnizer = null;
+      this.stats.skippedUnavailable++;
+      this.probe();
+      return SETTLED;
+    }
     // Known features (the usual step): built now, sent when the engine yields; nothing to wait for.
     if (this.features && bits === this.featureBits) {
       try {
@@ -154,7 +276,12 @@ export class WavebusClient {
       }
       return SETTLED;
     }
-    return this.ensureHello().then((f) => this.sendWaveHead(f, wave, telemetry));
+    return this.ensureHello(this.callBoundMs() + MARGIN_MS).then(
+      (f) => this.sendWaveHead(f, wave, telemetry),
+      (e) => {
+        if (!this.lostOn(e, `waveHead(${wave})`)) throw e;
+      },
+    );
   }
 
   private sendWaveHead(f: ClientFeatures, wave: number, telemetry?: Omit<StepTelemetry, 'wave'> & { wave?: number }): void {
@@ -232,6 +359,15 @@ export class WavebusClient {
     if (bits === 0 || (bits & MailboxFeature.BUS_ACTIVE) === 0) return NOTHING_DUE;
     const slot = this.mailbox.read(wave);
     if (slot && !slot.configDue && !slot.dumpDue) return NOTHING_DUE;
+    if (this.agentUnavailable) {
+      // Its mailbox is not updated any more: no waiting, the step goes on (counted). A frozen
+      // agent still learns of the miss when it resumes (one-way; dropped if its queue is full).
+      this.stats.endOfWaveTimeouts++;
+      this.stats.skippedUnavailable++;
+      this.sendOneWay({ endOfWave: { wave, missed: true } });
+      this.probe();
+      return Promise.resolve({ due: false, timedOut: true });
+    }
     // Late vector, agent known: sleep on the mailbox (woken by the agent's publish), not a round trip.
     if (!slot && this.features && bits === this.featureBits) return this.awaitVector(wave, this.features.end_of_wave_timeout_ms);
     return this.endOfWaveWithAgent(wave);
@@ -240,6 +376,13 @@ export class WavebusClient {
   /** The vector of `wave` is late: wait for it on the mailbox, within the bound. */
   private async awaitVector(wave: number, boundMs: number): Promise<EndOfWaveResult> {
     let got: Awaited<ReturnType<MailboxReader['waitFor']>>;
+    // A late vector may mean a dead agent (nobody updates the mailbox): ask it, alongside the wait.
+    const since = performance.now();
+    if (!this.ping) {
+      this.ping = this.send({ ping: {} }, boundMs + MARGIN_MS)
+        .catch(() => undefined)
+        .finally(() => (this.ping = null));
+    }
     try {
       got = await this.mailbox.waitFor(wave, boundMs);
     } catch (e) {
@@ -249,6 +392,10 @@ export class WavebusClient {
     if (got === 'timeout') {
       // The step goes on; the agent counts the miss and fails the wave's dumps if any arrive.
       this.stats.endOfWaveTimeouts++;
+      if (this.lastAnswerAt < since) {
+        // Not a word from the agent for the whole bound: the next calls do not wait for it.
+        this.markUnavailable(`endOfWave(${wave}): no answer within ${boundMs} ms`);
+      }
       this.sendOneWay({ endOfWave: { wave, missed: true } });
       return { due: false, timedOut: true };
     }
@@ -261,13 +408,13 @@ export class WavebusClient {
     let f: ClientFeatures;
     try {
       // A (re-)hello here must fit the bound too: the engine never waits longer than that.
-      f = await this.ensureHello(this.features ? this.features.end_of_wave_timeout_ms + MARGIN_MS : 30000);
+      f = await this.ensureHello(this.callBoundMs() + MARGIN_MS);
     } catch (e) {
-      if ((e as WavebusError).code !== 'ERR_TIMEOUT') throw e;
+      if (!this.lostOn(e, `endOfWave(${wave})`)) throw e;
       this.stats.endOfWaveTimeouts++;
       return { due: false, timedOut: true };
     }
-    const bound = f.end_of_wave_timeout_ms;
+    const bound = this.bounds.call ?? f.end_of_wave_timeout_ms;
     let reply: Record<string, any> | undefined;
     const deadline = Date.now() + bound + MARGIN_MS;
     try {
@@ -279,7 +426,7 @@ export class WavebusClient {
     } catch (e) {
       // Out of time (the agent, or a rejoin, was too slow), or the socket failed: the step goes on.
       reply = undefined;
-      if ((e as WavebusError).code !== 'ERR_TIMEOUT') this.noteError(`endOfWave(${wave}): ${(e as Error).message}`);
+      if (!this.lostOn(e, `endOfWave(${wave})`)) this.noteError(`endOfWave(${wave}): ${(e as Error).message}`);
     }
     if (!reply || reply.timedOut) {
       this.stats.endOfWaveTimeouts++;
@@ -297,26 +444,44 @@ export class WavebusClient {
   /**
    * Before a forward: the agent decides whether this forward is selected for an input snapshot and,
    * if so, copies and writes the inputs before returning. A failed capture throws CaptureError:
-   * the caller aborts the forward (fail loud).
+   * the caller aborts the forward (fail loud). An agent that does not answer within the call bound
+   * is not a failed capture: the result says `unavailable` (captured false) and the forward goes on.
    */
   beforeForward(
     context: Partial<ForwardContext> & { compilationHash: string; globalStep: number },
     inputs: { region: string; offset?: number; dtype: string; shape: number[] }[],
-  ): Promise<{ captured: boolean; callDir?: string }> {
+  ): Promise<BeforeForwardResult> {
     if ((this.mailbox.features() & MailboxFeature.SNAPSHOTS) === 0) return NOT_CAPTURED;
+    for (const [i, inp] of inputs.entries()) {
+      if (!this.registered.some((r) => r.name === inp.region)) {
+        return Promise.reject(new ConfigError(`beforeForward(): inputs[${i}].region '${inp.region}' is not a registered region`));
+      }
+    }
+    if (this.agentUnavailable) return Promise.resolve(this.snapshotSkipped());
     return this.capture(context, inputs);
+  }
+
+  private snapshotSkipped(): BeforeForwardResult {
+    this.stats.snapshotsSkipped++;
+    this.stats.skippedUnavailable++;
+    this.probe();
+    return { captured: false, unavailable: true };
   }
 
   private async capture(
     context: Partial<ForwardContext> & { compilationHash: string; globalStep: number },
     inputs: { region: string; offset?: number; dtype: string; shape: number[] }[],
-  ): Promise<{ captured: boolean; callDir?: string }> {
-    await this.ensureHello();
-    for (const [i, inp] of inputs.entries()) {
-      if (!this.registered.some((r) => r.name === inp.region)) {
-        throw new ConfigError(`beforeForward(): inputs[${i}].region '${inp.region}' is not a registered region`);
-      }
+  ): Promise<BeforeForwardResult> {
+    const bound = this.callBoundMs() + MARGIN_MS;
+    const started = Date.now();
+    try {
+      await this.ensureHello(bound);
+    } catch (e) {
+      if (!this.lostOn(e, 'beforeForward()')) throw e;
+      return this.snapshotSkipped();
     }
+    // The agent drops a capture it reaches after we stopped waiting (it was frozen meanwhile).
+    const acceptBy = started + bound - MARGIN_MS;
     const request = {
       beforeForward: {
         context: {
@@ -330,10 +495,20 @@ export class WavebusClient {
           warmup: context.warmup ?? false,
         },
         inputs: inputs.map((x) => ({ region: x.region, offset: x.offset ?? 0, dtype: x.dtype, shape: x.shape })),
+        acceptByUnixMs: acceptBy,
+        finishByUnixMs: acceptBy + this.bounds.capture,
       },
     };
-    let reply = await this.send(request);
-    if (!reply.ok && reply.errorCode === 'ERR_NO_HELLO') reply = await this.rejoin(request, 30000);
+    let reply: Record<string, any>;
+    try {
+      reply = await this.send(request, Math.max(1, acceptBy + MARGIN_MS - Date.now()), this.bounds.capture);
+      if (!reply.ok && reply.errorCode === 'ERR_NO_HELLO') reply = await this.rejoin(request, Math.max(1, acceptBy + MARGIN_MS - Date.now()), this.bounds.capture);
+    } catch (e) {
+      if (!this.lostOn(e, 'beforeForward()')) throw e;
+      // Begun but not finished: a failed capture (fail loud), and the agent is not answering.
+      if ((e as WavebusError).code === 'ERR_CAPTURE_TIMEOUT') throw new CaptureError(`input snapshot failed: ${(e as Error).message}`, 'ERR_CAPTURE_TIMEOUT');
+      return this.snapshotSkipped();
+    }
     if (!reply.ok) throw new CaptureError(`input snapshot failed: ${reply.error}`, reply.errorCode || 'ERR_CAPTURE');
     return { captured: reply.captured, callDir: reply.callDir || undefined };
   }
@@ -367,23 +542,24 @@ export class WavebusClient {
    * send `retry`. Hello, regions and the retried request go out back to back without waiting on
    * each other (the agent handles one client's requests in order), so it all fits in one bound.
    */
-  private async rejoin(retry: Record<string, unknown>, timeoutMs: number): Promise<Record<string, any>> {
+  private async rejoin(retry: Record<string, unknown>, timeoutMs: number, capturingMs?: number): Promise<Record<string, any>> {
     this.features = undefined;
     this.registeredSent.clear();
     this.stats.rejoins++;
     const hello = this.ensureHello(timeoutMs);
-    const again = this.send(retry, timeoutMs);
+    const again = this.send(retry, timeoutMs, capturingMs);
+    again.catch(() => undefined); // awaited below, unless the hello fails first
     await hello;
     return again;
   }
 
-  private async ensureHello(timeoutMs = 30000): Promise<ClientFeatures> {
+  private async ensureHello(timeoutMs: number): Promise<ClientFeatures> {
     const bits = this.mailbox.features();
     if (this.features && bits === this.featureBits) return this.features;
     // A first hello, or the agent's features changed (it may be a new agent): regions go again.
     this.registeredSent.clear();
     // Hello and the regions go out back to back (the agent takes them in order), then both are checked.
-    const hello = this.send({ hello: { pid: process.pid, asyncScheduling: this.asyncScheduling, language: 'typescript' } }, timeoutMs);
+    const hello = this.send(this.helloBody(), timeoutMs);
     const regions = this.flushRegistrations(timeoutMs);
     regions.catch(() => undefined); // checked below, after the hello's own verdict
     const reply = await hello;
@@ -394,7 +570,7 @@ export class WavebusClient {
     return this.features;
   }
 
-  private async flushRegistrations(timeoutMs = 30000): Promise<void> {
+  private async flushRegistrations(timeoutMs: number): Promise<void> {
     // Sent back to back (the agent handles them in order), then the answers are checked.
     const todo = this.registered.filter((r) => !this.registeredSent.has(r.name));
     const replies = await Promise.all(todo.map((r) => this.send({ register: regionMessage(r) }, timeoutMs)));
@@ -406,7 +582,8 @@ export class WavebusClient {
 
   private socketOrOpen(): zmq.Dealer {
     if (this.socket) return this.socket;
-    const s = new zmq.Dealer({ linger: 0, sendHighWaterMark: 1000 });
+    // sendTimeout 0: a send to an agent that stopped reading fails at once instead of parking every later send.
+    const s = new zmq.Dealer({ linger: 0, sendHighWaterMark: 1000, sendTimeout: 0 });
     s.connect(this.endpoint);
     this.socket = s;
     void this.receiveLoop(s);
@@ -422,8 +599,11 @@ export class WavebusClient {
         } catch {
           continue; // garbage from the agent socket is ignored
         }
+        this.heardFromAgent();
         const p = this.pending.get(reply.id);
-        if (p) {
+        if (p && reply.capturing) {
+          p.capturing?.();
+        } else if (p) {
           this.pending.delete(reply.id);
           p.resolve(reply);
         }
@@ -449,17 +629,31 @@ export class WavebusClient {
     });
   }
 
-  private send(body: Record<string, unknown>, timeoutMs = 30000): Promise<Record<string, any>> {
+  /**
+   * A request answered by the agent within `timeoutMs`. `capturingMs`: a before_forward whose
+   * interim answer (capture begun) gives the agent that long again to finish (ERR_CAPTURE_TIMEOUT).
+   */
+  private send(body: Record<string, unknown>, timeoutMs: number, capturingMs?: number): Promise<Record<string, any>> {
     if (this.closed && !('close' in body)) return Promise.reject(new WavebusError('ERR_CLOSED', 'client closed'));
     this.flushWaveHead();
     const id = this.nextId++;
     const s = this.socketOrOpen();
     return new Promise((resolve, reject) => {
-      const timer = setTimeout(() => {
+      let timer = setTimeout(() => {
         this.pending.delete(id);
         reject(new WavebusError('ERR_TIMEOUT', `agent did not answer within ${timeoutMs} ms`));
       }, timeoutMs);
       this.pending.set(id, {
+        capturing:
+          capturingMs === undefined
+            ? undefined
+            : () => {
+                clearTimeout(timer);
+                timer = setTimeout(() => {
+                  this.pending.delete(id);
+                  reject(new WavebusError('ERR_CAPTURE_TIMEOUT', `the agent began the capture but did not finish it within ${capturingMs} ms`));
+                }, capturingMs);
+              },
         resolve: (r) => {
           clearTimeout(timer);
           resolve(r);
@@ -477,7 +671,8 @@ export class WavebusClient {
         .catch((e: Error) => {
           clearTimeout(timer);
           this.pending.delete(id);
-          reject(e);
+          // The agent's queue is full (it stopped reading): the same as no answer.
+          reject(new WavebusError('ERR_TIMEOUT', `cannot send to the agent: ${e.message}`));
         });
     });
   }
@@ -519,7 +714,7 @@ function waveError(wave: number, where: string): Promise<never> | undefined {
 
 const SETTLED: Promise<void> = Promise.resolve();
 const NOTHING_DUE: Promise<EndOfWaveResult> = Promise.resolve(Object.freeze({ due: false, timedOut: false }));
-const NOT_CAPTURED: Promise<{ captured: boolean }> = Promise.resolve(Object.freeze({ captured: false }));
+const NOT_CAPTURED: Promise<BeforeForwardResult> = Promise.resolve(Object.freeze({ captured: false }));
 
 function validateRegion(r: ClientRegion): void {
   if (!r.name || typeof r.name !== 'string') throw new ConfigError('register(): region.name must be a non-empty string');

@@ -3,8 +3,9 @@
 import * as crypto from 'crypto';
 import * as fs from 'fs';
 import * as path from 'path';
-import { WavebusClient } from '../client/client';
+import { WavebusClient, type BeforeForwardResult } from '../client/client';
 import { itemSize } from '../artifacts/dtype';
+import { CaptureError } from '../errors';
 import { resolveIdentity } from '../launch/identity';
 import { ShmSegment } from '../memory';
 import type { StepTelemetry } from '../messages';
@@ -49,6 +50,11 @@ export interface SimRankResult {
   clientUsPerStep: number;
   /** The part of clientUsPerStep spent in endOfWave (waiting for a wave vector that was late). */
   endOfWaveUsPerStep: number;
+  /** Forwards aborted because their selected capture failed. */
+  abortedForwards: number;
+  /** Times the agent stopped answering, and calls that skipped it meanwhile (the engine went on). */
+  agentLost: number;
+  skippedUnavailable: number;
   /** Mean µs per step the forward's idle wait overran its nominal length (scheduling delay). */
   forwardOverrunUsPerStep: number;
 }
@@ -128,6 +134,7 @@ export async function runSimRank(opts: SimRankOptions, onReady: () => Promise<nu
   let clientNs = 0n;
   let endNs = 0n;
   let overrunNs = 0n;
+  let abortedForwards = 0;
   for (let step = 1; step <= opts.steps; step++) {
     if (opts.faults.rankDies?.rank === id.globalRank && opts.faults.rankDies.at === step) {
       process.stderr.write(`sim rank ${id.globalRank}: injected death at step ${step}\n`);
@@ -144,8 +151,9 @@ export async function runSimRank(opts: SimRankOptions, onReady: () => Promise<nu
     if (client) {
       const c0 = process.hrtime.bigint();
       await client.waveHead(step, prev);
-      const snap = await client.beforeForward(
-        {
+      const snap = await client
+        .beforeForward(
+          {
           compilationHash: `sim-${batch.isPrompt ? 'prefill' : 'decode'}-tp${id.tp}`,
           globalStep: step,
           isPrompt: batch.isPrompt,
@@ -158,7 +166,14 @@ export async function runSimRank(opts: SimRankOptions, onReady: () => Promise<nu
           { region: 'input_ids', dtype: 'int32', shape: [rows] },
           { region: 'positions', dtype: 'int64', shape: [rows] },
         ],
-      );
+      )
+        .catch((e: unknown) => {
+          // A failed capture aborts this forward (fail loud), not the engine: counted, the wave goes on.
+          if (!(e instanceof CaptureError)) throw e;
+          process.stderr.write(`sim rank ${id.globalRank}: step ${step}: forward aborted: ${e.message}\n`);
+          abortedForwards++;
+          return { captured: false } as BeforeForwardResult;
+        });
       if (snap.captured && snap.callDir) snapshots.push(snap.callDir);
       clientNs += process.hrtime.bigint() - c0;
     }
@@ -186,6 +201,9 @@ export async function runSimRank(opts: SimRankOptions, onReady: () => Promise<nu
     stepsPerSec: (opts.steps * 1000) / Math.max(1, wallMs),
     endOfWaveTimeouts: client?.stats.endOfWaveTimeouts ?? 0,
     dueWaves: client?.stats.dueWaves ?? 0,
+    abortedForwards,
+    agentLost: client?.stats.agentLost ?? 0,
+    skippedUnavailable: client?.stats.skippedUnavailable ?? 0,
     snapshots,
     sent: client?.stats.sent ?? 0,
     shmName,

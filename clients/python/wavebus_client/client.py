@@ -102,10 +102,12 @@ class Client:
     """Use ``Client.connect()``; see docs/python-client.md."""
 
     def __init__(self, endpoint: str, mailbox_path: str, *, async_scheduling: bool = False,
-                 hello_timeout_ms: int = 10000, capture_timeout_ms: int = 120000,
-                 end_of_wave_margin_ms: int = 20, mailbox_wait_s: float = 10.0):
+                 hello_timeout_ms: int = 1000, capture_timeout_ms: int = 120000,
+                 end_of_wave_margin_ms: int = 20, mailbox_wait_s: float = 10.0,
+                 call_timeout_ms: Optional[int] = None, probe_interval_ms: int = 1000):
         for name, v in (("hello_timeout_ms", hello_timeout_ms), ("capture_timeout_ms", capture_timeout_ms),
-                        ("end_of_wave_margin_ms", end_of_wave_margin_ms)):
+                        ("end_of_wave_margin_ms", end_of_wave_margin_ms), ("probe_interval_ms", probe_interval_ms),
+                        ("call_timeout_ms", 1 if call_timeout_ms is None else call_timeout_ms)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ConfigError(f"Client.connect(): {name} must be a non-negative integer, got {v!r}")
         if not isinstance(endpoint, str) or "://" not in endpoint:
@@ -116,10 +118,18 @@ class Client:
         self.hello_timeout_ms = hello_timeout_ms
         self.capture_timeout_ms = capture_timeout_ms
         self.end_of_wave_margin_ms = end_of_wave_margin_ms
+        self.call_timeout_ms = call_timeout_ms
+        self.probe_interval_ms = probe_interval_ms
+        # True while the agent is known not to answer: calls skip it until it answers again.
+        self.agent_unavailable = False
+        self._last_answer = float("-inf")
+        self._last_probe = float("-inf")
+        self._ping_ids: set = set()
         self.stats: Dict[str, int] = {
             "requests_sent": 0, "end_of_wave_fast": 0, "end_of_wave_waited": 0, "end_of_wave_sent": 0, "end_of_wave_timeouts": 0,
             "end_of_wave_errors": 0, "wave_head_sent": 0, "wave_head_errors": 0, "wave_head_skipped": 0,
             "stale_replies": 0, "bad_replies": 0, "captures": 0, "register_errors": 0,
+            "agent_lost": 0, "agent_back": 0, "skipped_unavailable": 0, "snapshots_skipped": 0, "probes": 0,
         }
         self.last_error = ""
         self.agent_features: Optional[Features] = None
@@ -201,6 +211,9 @@ class Client:
 
     def _dispatch(self, reply: "pb.ClientReply") -> None:
         """Handle an answer nobody is waiting for right now."""
+        if reply.id in self._ping_ids:
+            self._ping_ids.discard(reply.id)
+            return
         if self._hello_id and reply.id == self._hello_id:
             self._apply_hello(reply)
             return
@@ -232,6 +245,7 @@ class Client:
                 except Exception:  # garbage from the socket must not crash the engine
                     self.stats["bad_replies"] += 1
                     continue
+                self._heard()
                 if reply.id == rid:
                     return reply
                 self._dispatch(reply)
@@ -239,6 +253,48 @@ class Client:
     def _drain(self) -> None:
         if self._sock is not None:
             self._wait(-1, time.monotonic())
+
+    # ------------------------------------------------------------------ agent availability
+
+    def _heard(self) -> None:
+        """Any answer proves the agent alive. After a loss, hello and regions go again on the next call."""
+        self._last_answer = time.monotonic()
+        if not self.agent_unavailable:
+            return
+        self.agent_unavailable = False
+        self.stats["agent_back"] += 1
+        self.agent_features = None  # it may be a new agent: introduce ourselves again
+        self._hello_id = 0
+        self._sent_regions.clear()
+        log.info("the wavebus agent at %s answers again; engine calls use it again", self.endpoint)
+
+    def _mark_unavailable(self, why: str) -> None:
+        self._last_probe = time.monotonic()
+        if self.agent_unavailable:
+            return
+        self.agent_unavailable = True
+        self.stats["agent_lost"] += 1
+        self.last_error = why
+        log.warning("the wavebus agent at %s is not answering (%s); engine calls skip it until it answers again", self.endpoint, why)
+
+    def _ping(self) -> None:
+        """A ping whose answer nobody waits for: it only shows the agent alive (see _heard)."""
+        req = pb.ClientRequest(ping=pb.Ping())
+        if self._send(req):
+            self._ping_ids.add(req.id)
+
+    def _still_unavailable(self) -> bool:
+        """While unavailable: read what came (non-blocking), and at most one probe per interval."""
+        if not self.agent_unavailable:
+            return False
+        self._drain()
+        if self.agent_unavailable and time.monotonic() - self._last_probe >= self.probe_interval_ms / 1000:
+            self._last_probe = time.monotonic()
+            self.stats["probes"] += 1
+            self._ping()
+        if self.agent_unavailable:
+            self.stats["skipped_unavailable"] += 1
+        return self.agent_unavailable
 
     def _request(self, req: "pb.ClientRequest", deadline: float) -> Optional["pb.ClientReply"]:
         if not self._send(req):
@@ -286,8 +342,12 @@ class Client:
         self.stats["rejoins"] = self.stats.get("rejoins", 0) + 1
 
     def _ensure_hello(self, where: str) -> None:
+        if self._still_unavailable():
+            raise AgentUnavailableError(f"{where}: the wavebus agent at {self.endpoint} is not answering ({self.last_error})")
         if not self._hello(time.monotonic() + self.hello_timeout_ms / 1000):
-            raise AgentUnavailableError(f"{where}: the wavebus agent at {self.endpoint} did not answer hello within {self.hello_timeout_ms} ms")
+            why = f"{where}: the wavebus agent at {self.endpoint} did not answer hello within {self.hello_timeout_ms} ms"
+            self._mark_unavailable(why)
+            raise AgentUnavailableError(why)
 
     # ------------------------------------------------------------------ regions
 
@@ -303,9 +363,11 @@ class Client:
         self._regions[r.name] = r
         if not self.enabled:
             return False  # kept, and sent once something turns on
-        self._ensure_hello("register()")
+        self._ensure_hello("register()")  # the region stays kept: it is sent once the agent answers
         if not self._send_region(r, time.monotonic() + self.hello_timeout_ms / 1000):
-            raise AgentUnavailableError(f"register(): the wavebus agent did not answer within {self.hello_timeout_ms} ms (region {r.name!r})")
+            why = f"register(): the wavebus agent did not answer within {self.hello_timeout_ms} ms (region {r.name!r})"
+            self._mark_unavailable(why)
+            raise AgentUnavailableError(why)
         return True
 
     def _send_region(self, r: Region, deadline: float) -> bool:
@@ -340,9 +402,14 @@ class Client:
 
     # ------------------------------------------------------------------ per step
 
+    def call_bound_ms(self) -> float:
+        """The bound of a per-step call: call_timeout_ms, else the agent's end-of-wave bound."""
+        if self.call_timeout_ms is not None:
+            return self.call_timeout_ms
+        return self.agent_features.end_of_wave_timeout_ms if self.agent_features else DEFAULT_END_OF_WAVE_TIMEOUT_MS
+
     def _bound_s(self) -> float:
-        ms = self.agent_features.end_of_wave_timeout_ms if self.agent_features else DEFAULT_END_OF_WAVE_TIMEOUT_MS
-        return (ms + self.end_of_wave_margin_ms) / 1000
+        return (self.call_bound_ms() + self.end_of_wave_margin_ms) / 1000
 
     def wave_head(self, wave: int, telemetry=None) -> bool:
         """Mark the head of ``wave`` (with the telemetry of the previous wave). Only TP0 of the last
@@ -352,7 +419,13 @@ class Client:
         if not feats & mb.FEATURE_BUS:  # also covers "everything off"
             self._columnizer = None  # requests freed meanwhile go unseen: start over when sending again
             return False
+        if self._still_unavailable():
+            # Nothing queues up for an agent that is gone; the bindings go again once it is back.
+            self._columnizer = None
+            self.stats["wave_head_skipped"] += 1
+            return False
         if self.agent_features is None and not self._hello(time.monotonic() + self._bound_s()):
+            self._mark_unavailable(f"wave_head({wave}): no answer to hello within {self.call_bound_ms()} ms")
             self.stats["wave_head_skipped"] += 1
             return False
         if not self.agent_features.tp0:
@@ -398,12 +471,26 @@ class Client:
         if v is not None and not v.anything_due:
             self.stats["end_of_wave_fast"] += 1
             return EndOfWaveResult(wave, vector=v)
+        if self._still_unavailable():
+            # Its mailbox is not updated any more: no waiting, the step goes on (counted). A frozen
+            # agent still learns of the miss when it resumes (one-way; dropped if its queue is full).
+            self.stats["end_of_wave_timeouts"] += 1
+            self._send(pb.ClientRequest(end_of_wave=pb.EndOfWave(wave=wave, missed=True)), one_way=True)
+            return EndOfWaveResult(wave, timed_out=True, vector=v)
         if v is None and self.agent_features is not None and self._mb.can_wait and len(self._sent_regions) == len(self._regions):
             # Late vector, agent known: sleep on the mailbox (the agent's publish wakes us), no request.
-            got = self._mb.wait_wave(wave, self.agent_features.end_of_wave_timeout_ms / 1000)
+            # A late vector may mean a dead agent (nobody updates the mailbox): ask it alongside.
+            since = time.monotonic()
+            if not self._ping_ids:
+                self._ping()
+            got = self._mb.wait_wave(wave, self.call_bound_ms() / 1000)
             if got == "timeout":
                 self.stats["end_of_wave_timeouts"] += 1
                 self.stats["end_of_wave_waited"] += 1
+                self._drain()
+                if self._last_answer < since:
+                    self._ping_ids.clear()
+                    self._mark_unavailable(f"end_of_wave({wave}): no answer within {self.call_bound_ms()} ms")
                 # One-way: the agent counts the miss and fails the wave's dumps if they arrive later.
                 self._send(pb.ClientRequest(end_of_wave=pb.EndOfWave(wave=wave, missed=True)), one_way=True)
                 return EndOfWaveResult(wave, timed_out=True)
@@ -423,6 +510,8 @@ class Client:
                 self._rejoin()
                 if self._hello(deadline) and self._flush_regions(deadline, step=True):
                     reply = self._request(pb.ClientRequest(end_of_wave=pb.EndOfWave(wave=wave)), deadline)
+        if reply is None:
+            self._mark_unavailable(f"end_of_wave({wave}): no answer within {self.call_bound_ms()} ms")
         if reply is None or reply.timed_out:
             res.timed_out = True
             self.stats["end_of_wave_timeouts"] += 1
@@ -441,32 +530,50 @@ class Client:
 
     def before_forward(self, context, inputs) -> Tuple[bool, str]:
         """Offer this forward for capture; returns (captured, call_dir). Sends only when snapshots
-        are on. Raises CaptureError when a selected capture failed: abort the forward."""
+        are on. Raises CaptureError when a selected capture failed: abort the forward. An agent that
+        does not answer within the call bound is not a failed capture: (False, "") with
+        ``agent_unavailable`` set, and the forward goes on."""
         if not self._mb.features & mb.FEATURE_SNAPSHOTS:
             return False, ""
         ctx = context_proto(context)
         if not isinstance(inputs, (list, tuple)):
             raise ConfigError(f"before_forward(): inputs must be a list, got {type(inputs).__name__}")
         tins = [input_proto(x, self._regions, f"before_forward(): inputs[{i}]") for i, x in enumerate(inputs)]
-        self._ensure_hello("before_forward()")
-        if not self._flush_regions(time.monotonic() + self.hello_timeout_ms / 1000):
-            raise CaptureError(f"before_forward(): the wavebus agent did not answer within {self.hello_timeout_ms} ms; abort this forward")
-        request = pb.ClientRequest(before_forward=pb.BeforeForward(context=ctx, inputs=tins))
-        reply = self._request(request, time.monotonic() + self.capture_timeout_ms / 1000)
+        if self._still_unavailable():
+            self.stats["snapshots_skipped"] += 1
+            return False, ""
+        bound_s = self._bound_s()
+        deadline = time.monotonic() + bound_s
+        # Wall clock for the agent (same host): it drops a capture it reaches after we stopped waiting.
+        accept_by = int((time.time() + bound_s) * 1000) - self.end_of_wave_margin_ms
+        reply = self._capture_request(ctx, tins, deadline, accept_by)
         if reply is not None and not reply.ok and reply.error_code == "ERR_NO_HELLO":
             self._rejoin()  # the agent restarted: introduce ourselves and our regions again, then retry
-            self._ensure_hello("before_forward()")
-            if not self._flush_regions(time.monotonic() + self.hello_timeout_ms / 1000):
-                raise CaptureError(f"before_forward(): the wavebus agent did not answer within {self.hello_timeout_ms} ms; abort this forward")
-            request = pb.ClientRequest(before_forward=pb.BeforeForward(context=ctx, inputs=tins))
-            reply = self._request(request, time.monotonic() + self.capture_timeout_ms / 1000)
+            reply = self._capture_request(ctx, tins, deadline, accept_by)
         if reply is None:
-            raise CaptureError(f"before_forward(): the wavebus agent did not answer within {self.capture_timeout_ms} ms; abort this forward")
+            self._mark_unavailable(f"before_forward(): no answer within {self.call_bound_ms()} ms")
+            self.stats["snapshots_skipped"] += 1
+            return False, ""
+        if reply.capturing:
+            # Begun: the agent has capture_timeout_ms to finish. Not finishing is a failed capture.
+            reply = self._wait(reply.id, time.monotonic() + self.capture_timeout_ms / 1000)
+            if reply is None:
+                self._mark_unavailable(f"before_forward(): a begun capture did not finish within {self.capture_timeout_ms} ms")
+                raise CaptureError(f"before_forward(): the agent began the capture but did not finish it within {self.capture_timeout_ms} ms; abort this forward", "ERR_CAPTURE_TIMEOUT")
         if not reply.ok:
             raise CaptureError(f"before_forward(): capture failed: {reply.error}", reply.error_code or "ERR_CAPTURE")
         if reply.captured:
             self.stats["captures"] += 1
         return reply.captured, reply.call_dir
+
+    def _capture_request(self, ctx, tins, deadline: float, accept_by: int) -> Optional["pb.ClientReply"]:
+        """Hello and regions if needed, then the before_forward request: its first answer by ``deadline``."""
+        if not self._hello(deadline) or not self._flush_regions(deadline):
+            return None
+        req = pb.ClientRequest(before_forward=pb.BeforeForward(
+            context=ctx, inputs=tins, accept_by_unix_ms=accept_by,
+            finish_by_unix_ms=accept_by + self.capture_timeout_ms))
+        return self._request(req, deadline)
 
     # ------------------------------------------------------------------ shutdown
 
