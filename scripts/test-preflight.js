@@ -45,6 +45,8 @@ function step(what, cmd, args) {
   }
 }
 
+// dist/ is rebuilt from nothing: a file whose source moved or went away must not linger there.
+require('fs').rmSync(path.join(root, 'dist'), { recursive: true, force: true });
 step('building dist/ (tsc)', process.execPath, [path.join(root, 'node_modules', 'typescript', 'bin', 'tsc'), '-p', 'tsconfig.json']);
 // npm names its own node-gyp to the scripts it runs; `build` is incremental (make), quick when nothing changed.
 const gyp = process.env.npm_config_node_gyp;
