@@ -3,10 +3,11 @@ import * as path from 'path';
 import pino from 'pino';
 import { configJson, defaultConfig } from '../src/guard/config';
 import { Guard } from '../src/guard/guard';
-import { ConfigFollower, MAX_CONFIG_BYTES } from '../src/guard/reload';
+import { ConfigFollower } from '../src/guard/reload';
+import { MAX_CONFIG_BYTES } from '../src/guard/config-read';
 import { MAX_JSONC_DEPTH } from '../src/guard/jsonc';
 import { registry } from '../src/metrics';
-import { parseStartupOptions, sha256 } from '../src/guard/startup';
+import { loadStartupConfig, parseStartupOptions, sha256 } from '../src/guard/startup';
 import { cleanup, tmpDir } from './helpers';
 
 afterAll(cleanup);
@@ -164,6 +165,20 @@ describe('guard hot reload', () => {
 });
 
 describe('hot reload limits (issue 13 item 6)', () => {
+  test('a 100 MB file found at startup is not read either: a startup error naming the cap, and the file is replaced', () => {
+    const dir = tmpDir();
+    const file = path.join(dir, 'config', 'runtime_config.json');
+    fs.mkdirSync(path.dirname(file));
+    const fd = fs.openSync(file, 'w');
+    fs.ftruncateSync(fd, 100 * 2 ** 20); // sparse: no 100 MB written here
+    fs.closeSync(fd);
+    const opts = parseStartupOptions(undefined, { runtimeConfigPath: file }, dir);
+    const r = loadStartupConfig(opts);
+    expect(r.issues.map((i) => i.error).join('\n')).toMatch(new RegExp(`over the runtime config size cap of ${MAX_CONFIG_BYTES} bytes`));
+    expect(r.config).toEqual(defaultConfig());
+    expect(fs.statSync(file).size).toBeLessThan(MAX_CONFIG_BYTES);
+  });
+
   test('a 100 MB config is refused from its size, unread and unparsed, naming the cap and the file; later polls do not read it', () => {
     const { file, f, rec } = setup('{"dump": {"auto_max_times": 1}}');
     const base = { ...f.stats };

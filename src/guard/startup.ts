@@ -10,6 +10,7 @@ import { fsyncDir } from '../artifacts/freespace';
 import { parseJsonc } from './jsonc';
 import { checkConfigPartial, configFromRaw, configJson, defaultConfig, mergeConfig, RuntimeConfig } from './config';
 import { LockOptions, writeConfigFile } from './config-file';
+import { configTooBigError, readCapped } from './config-read';
 
 export interface StartupOptions {
   configPath: string;
@@ -179,7 +180,9 @@ export function loadStartupConfig(opts: StartupOptions, log?: StartupLog, lock?:
   const issues: StartupIssue[] = [];
   let old: Buffer | null = null;
   try {
-    old = fs.readFileSync(opts.configPath);
+    const r = readCapped(opts.configPath);
+    if ('tooBig' in r) issues.push({ source: 'file', error: configTooBigError(opts.configPath, r.tooBig).message });
+    else old = r.bytes;
   } catch (e) {
     if ((e as NodeJS.ErrnoException).code !== 'ENOENT') issues.push({ source: 'file', error: `${opts.configPath}: cannot read runtime config: ${(e as Error).message}` });
   }
