@@ -9,6 +9,7 @@ import * as os from 'os';
 import * as path from 'path';
 import { readBytes, readPt } from '../src/artifacts/readers';
 import { loadCallDir } from '../src/snapshot/loader';
+import { setupAgent } from '../src/commands/agent';
 import { PYTHON, ROOT, pseudoRandomBytes } from './helpers';
 
 const DIR = path.join(ROOT, 'test', 'cuda-double');
@@ -159,16 +160,44 @@ test('Python client: a KV pool allocated in the double and registered with cuda 
   expectClean(report);
 });
 
-test.each(['enqueue', 'sync'])('a copy failing mid-dump (reported at %s) commits no bundle; the error names rank, region and CUDA error', async (at) => {
+test('Python client: an input snapshot from a cuda region (int32 [32] at offset 64) is captured byte for byte, beside a KV dump', () => {
+  const dir = fs.mkdtempSync(path.join(work, 'py-snap-'));
+  const blocks = [4, 4, 1];
+  const { out, report } = runJob(
+    {
+      reqId: 'req-py-cuda-snap',
+      blocks,
+      snapshot: { region: 'input0' },
+      python: [PYTHON, path.join(DIR, 'py_engine.py'), lib, dir, 'req-py-cuda-snap', blocks.join(','), 'snapshot'],
+    },
+    { WAVEBUS_CUDA_DOUBLE_SLOW_COPY_US: '200' },
+  );
+  expect(out.python.regions).toEqual(['layers.0.k', 'layers.0.v', 'layers.1.k', 'layers.1.v', 'input0']);
+  expect(out.python.captured).toBe(true);
+  expect(out.manifest).toMatchObject({ complete: true, completed_ranks: [0] });
+  const pools = out.python.regions.slice(0, 4).map((n: string) => fs.readFileSync(path.join(dir, `${n}.bin`)));
+  expectDumped(out.waveDir, pools, 2, blocks);
+  return loadCallDir(out.python.call_dir).then((call) => {
+    expect(call.tensors).toHaveLength(1);
+    expect(call.tensors[0].data.equals(fs.readFileSync(path.join(dir, 'input0.bin')).subarray(64, 192))).toBe(true);
+    expectClean(report);
+  });
+});
+
+test.each([
+  ['enqueue', '999', 'unknown error'],
+  ['sync', '700', 'an illegal memory access was encountered'],
+])('a copy failing mid-dump (reported at %s, code %s) commits no bundle; the error names rank, region and CUDA error', async (at, code, text) => {
   const pools = [0, 1, 2, 3].map((i) => pseudoRandomBytes(POOL, 21 + i));
   const owner = await startOwner(pools);
   // Staging of 200 bytes: every region's gather is several copies, and the 5th of the process fails.
   const { out, report } = runJob(
     { reqId: 'req-fail-1', blocks: [1, 2, 3], regions: kvRegions(owner.handles, 2), cudaStagingBytes: 200 },
-    { WAVEBUS_CUDA_DOUBLE_FAIL_COPY: '5', WAVEBUS_CUDA_DOUBLE_FAIL_AT: at, WAVEBUS_CUDA_DOUBLE_SLOW_COPY_US: '500' },
+    { WAVEBUS_CUDA_DOUBLE_FAIL_COPY: '5', WAVEBUS_CUDA_DOUBLE_FAIL_AT: at, WAVEBUS_CUDA_DOUBLE_FAIL_ERROR: code, WAVEBUS_CUDA_DOUBLE_SLOW_COPY_US: '500' },
   );
   expect(out.manifest.complete).toBe(false);
-  expect(out.manifest.failed_ranks[0]).toMatch(/^rank 0: copy of region 'layers\.[01]\.[kv]' \(cuda device 0 \[0, 1024\)\) failed: cuda(MemcpyAsync|StreamSynchronize): unknown error \(code 999\)/);
+  const fn = at === 'enqueue' ? 'cudaMemcpyAsync' : 'cudaStreamSynchronize';
+  expect(out.manifest.failed_ranks[0]).toMatch(new RegExp(`^rank 0: copy of region 'layers\\.[01]\\.[kv]' \\(cuda device 0 \\[0, 1024\\)\\) failed: ${fn}: ${text} \\(code ${code}\\)`));
   expect(fs.existsSync(path.join(out.waveDir, 'rank0', 'dump.json'))).toBe(false);
   expect(fs.readdirSync(path.join(out.waveDir, 'rank0')).filter((n) => n.endsWith('.pt'))).toEqual([]);
   expectClean(report);
@@ -209,6 +238,11 @@ test('concurrent dumps of many regions through pinned staging smaller than each 
   );
   expect(out.manifest).toMatchObject({ complete: true, completed_ranks: [0] });
   expectDumped(out.waveDir, pools, 4, blocks);
+  // dump.json's copy figure (what scripts/gpu-check.sh times): every gathered byte, and at least
+  // the double's injected delay of 100 µs per copy (each region's 5120 bytes are 6+ copies in a row).
+  const { copy } = JSON.parse(fs.readFileSync(path.join(out.waveDir, 'rank0', 'dump.json'), 'utf8'));
+  expect(copy.bytes).toBe(8 * 40 * BLOCK);
+  expect(copy.seconds).toBeGreaterThanOrEqual(6 * 100e-6);
   expectClean(report);
 });
 
@@ -241,4 +275,90 @@ const { DeviceRegion, Staging } = require(${JSON.stringify(path.join(ROOT, 'dist
   const report = JSON.parse(fs.readFileSync(path.join(reports, `${r.pid}.json`), 'utf8')) as Report;
   // The pinned staging buffer is freed by its finalizer, which need not run before exit.
   expect({ violations: report.violations, events: report.events }).toEqual({ violations: 0, events: [] });
+});
+
+// ---------------------------------------------------------------- the double itself, and each fault
+
+test('the double exports exactly the functions the backend resolves with dlsym, plus the four the test "engine" uses', () => {
+  const backend = fs.readFileSync(path.join(ROOT, 'native', 'cuda_backend.cc'), 'utf8');
+  const resolved = [...backend.matchAll(/Resolve\(lib, "(\w+)"/g)].map((m) => m[1]);
+  expect(resolved).toHaveLength(11);
+  const nm = spawnSync('nm', ['-D', '--defined-only', lib], { encoding: 'utf8' });
+  expect(nm.status).toBe(0);
+  const exported = nm.stdout.split('\n').filter((l) => / T /.test(l)).map((l) => l.split(' ').pop());
+  expect(exported.sort()).toEqual([...resolved, 'cudaMalloc', 'cudaFree', 'cudaMemcpy', 'cudaIpcGetMemHandle'].sort());
+});
+
+/** Open (then close) a cuda region on `handle` in a child process with the double and `faults`. */
+function openRegion(handle: string, nbytes: number, faults: Record<string, string>): { result: { code?: string; message?: string; opened?: boolean }; report: Report } {
+  const reports = fs.mkdtempSync(path.join(work, 'rep-'));
+  const script = `
+const { DeviceRegion } = require(${JSON.stringify(path.join(ROOT, 'dist', 'src', 'memory'))});
+try {
+  const r = DeviceRegion.open({ kind: 'cuda', cudaIpcHandle: Buffer.from(process.argv[1], 'hex'), offset: 0, nbytes: ${nbytes} });
+  r.close();
+  console.log(JSON.stringify({ opened: true }));
+} catch (e) { console.log(JSON.stringify({ code: e.code, message: e.message })); }`;
+  const r = spawnSync(process.execPath, ['-e', script, handle], { env: { ...process.env, WAVEBUS_CUDART: lib, WAVEBUS_CUDA_DOUBLE_REPORT: reports, ...faults }, encoding: 'utf8' });
+  expect(r.stderr).toBe('');
+  return { result: JSON.parse(r.stdout), report: JSON.parse(fs.readFileSync(path.join(reports, `${r.pid}.json`), 'utf8')) };
+}
+
+test('faults by environment: an invalid handle, and an owner the runtime treats as exited, are refused with CUDA\'s error', async () => {
+  const owner = await startOwner([pseudoRandomBytes(4096, 71)]);
+  const ok = openRegion(owner.handles[0], 4096, {});
+  expect(ok.result).toEqual({ opened: true });
+  expect({ leaks: ok.report.leaks, violations: ok.report.violations }).toEqual({ leaks: [], violations: 0 });
+  const refused = { code: 'ERR_CUDA_IPC', message: expect.stringMatching(/cudaIpcOpenMemHandle: invalid resource handle \(code 400\)$/) };
+  expect(openRegion(owner.handles[0], 4096, { WAVEBUS_CUDA_DOUBLE_INVALID_HANDLE: '1' }).result).toEqual(refused);
+  // The invalid-handle fault leaves the owner's memory alone; an exited owner's memory is freed.
+  expect(fs.readdirSync('/dev/shm').filter((n) => n.startsWith(`wbcd-${owner.pid}-`))).toHaveLength(1);
+  expect(openRegion(owner.handles[0], 4096, { WAVEBUS_CUDA_DOUBLE_OWNER_EXITED: '1' }).result).toEqual(refused);
+  expect(fs.readdirSync('/dev/shm').filter((n) => n.startsWith(`wbcd-${owner.pid}-`))).toEqual([]);
+});
+
+test('the double sees what it must: a destination read before synchronising is poison, and what is left at exit is reported', () => {
+  // A careless "engine" written against the double directly (ctypes): it reads pinned memory before
+  // synchronising, then leaves a copy unsynchronised, its pinned memory, its stream and its device
+  // allocation behind. The report must name every one; expectClean() relies on that.
+  const reports = fs.mkdtempSync(path.join(work, 'rep-'));
+  const script = `
+import ctypes, json, sys
+from device import DoubleDevice
+d = DoubleDevice(sys.argv[1]); L = d.lib
+L.cudaHostAlloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t, ctypes.c_uint]
+L.cudaMemcpyAsync.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+L.cudaStreamSynchronize.argtypes = [ctypes.c_void_p]
+data = bytes(range(256)) * 16
+src = d.upload(data)
+pinned, stream = ctypes.c_void_p(), ctypes.c_void_p()
+d.check(L.cudaHostAlloc(ctypes.byref(pinned), 4096, 0), "cudaHostAlloc")
+d.check(L.cudaStreamCreateWithFlags(ctypes.byref(stream), 1), "cudaStreamCreateWithFlags")
+d.check(L.cudaMemcpyAsync(pinned, src, 4096, 2, stream), "cudaMemcpyAsync")
+early = ctypes.string_at(pinned.value, 4096)
+d.check(L.cudaStreamSynchronize(stream), "cudaStreamSynchronize")
+late = ctypes.string_at(pinned.value, 4096)
+d.check(L.cudaMemcpyAsync(pinned, src, 4096, 2, stream), "cudaMemcpyAsync")
+print(json.dumps({"early_is_poison": early == b"\\xdb" * 4096, "late_is_data": late == data}))
+`;
+  const r = spawnSync(PYTHON, ['-c', script, lib], {
+    env: { ...process.env, PYTHONPATH: DIR, PYTHONDONTWRITEBYTECODE: '1', WAVEBUS_CUDA_DOUBLE_REPORT: reports, WAVEBUS_CUDA_DOUBLE_SLOW_COPY_US: '200000' },
+    encoding: 'utf8',
+  });
+  expect(r.stderr).toBe('');
+  expect(JSON.parse(r.stdout)).toEqual({ early_is_poison: true, late_is_data: true });
+  const report = JSON.parse(fs.readFileSync(path.join(reports, `${r.pid}.json`), 'utf8')) as Report;
+  expect(report.violations).toBe(1);
+  expect(report.events).toEqual(['violation: 1 copies were never synchronised when the process exited']);
+  expect(report.leaks.sort()).toEqual(['device allocation of 4096 bytes /wbcd-' + r.pid + '-1', 'pinned host memory of 4096 bytes', 'stream never destroyed'].sort());
+});
+
+test('wavebus agent --cuda-staging-mb sets each CUDA region\'s pinned chunk, validated like every integer flag', () => {
+  const argv = (v?: string) => ({ 'heartbeat-ms': '500', 'end-of-wave-timeout-ms': '50', 'staging-mb': '1024', ...(v === undefined ? {} : { 'cuda-staging-mb': v }) });
+  const env = { RANK: '0', WORLD_SIZE: '1', LOCAL_RANK: '0', LOCAL_WORLD_SIZE: '1' };
+  expect(setupAgent(argv(), env).cudaStagingBytes).toBe(8 << 20);
+  expect(setupAgent(argv('64'), env).cudaStagingBytes).toBe(64 << 20);
+  for (const bad of ['0', '1025', '1.5', '-3', 'lots']) {
+    expect(() => setupAgent(argv(bad), env)).toThrow(`--cuda-staging-mb: expected an integer in 1..1024, got ${JSON.stringify(bad)}`);
+  }
 });

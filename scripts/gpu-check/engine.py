@@ -1,8 +1,10 @@
 """scripts/gpu-check.sh's engine: a bf16 KV pool and an input buffer on the GPU, exported with the
 Python client's cuda_region(); steps waves 1..3 (the agent dumps the request), offers one forward
 for capture, then checks the agent's files bit-exact against the GPU tensors, loads an fp8 .pt,
-and times the agent's copy against torch's own device-to-host copy. Prints one JSON line:
-{"checks": [["PASS"|"FAIL", "what: detail"], ...]}."""
+and sets the agent's copy time (dump.json "copy") against torch's own device-to-host copy of the
+same number of bytes. Prints one JSON line:
+{"checks": [["PASS"|"FAIL", "what: detail"], ...], "agent_copy": {"bytes", "seconds"} | null,
+ "torch_d2h": {"bytes", "seconds"}, "regions", "blocks"}."""
 import glob
 import json
 import os
@@ -25,13 +27,14 @@ def check(what, ok, detail=""):
 dev = torch.device("cuda", torch.cuda.current_device())
 g = torch.Generator(device=dev).manual_seed(1234)
 layers = ["model.layers.0.self_attn", "model.layers.1.self_attn"]
-shape = (256, 16, 8, 128)  # num_blocks, block_size, num_kv_heads, head_dim: 8 MiB per bf16 pool
+shape = (1024, 16, 8, 128)  # num_blocks, block_size, num_kv_heads, head_dim: 32 MiB per bf16 pool
 pools = {l: [torch.randn(shape, generator=g, device=dev).to(torch.bfloat16) for _ in "kv"] for l in layers}
 inp = torch.randint(0, 1 << 30, (4096,), generator=g, device=dev, dtype=torch.int32)
 regions = [cuda_region(t, f"{l}.{kv}", role="kv_pool", layer=l, kv=kv) for l in layers for kv, t in zip("kv", pools[l])]
 regions.append(cuda_region(inp, "input_ids", role="input"))
 torch.cuda.synchronize()
-blocks = [5, 200, 17, 3, 255, 64]
+# 768 of the 1024 blocks in a scattered order: 96 MiB over 4 regions, enough to time the copy.
+blocks = torch.randperm(1024, generator=torch.Generator().manual_seed(7))[:768].tolist()
 
 c = Client.connect()
 c.register_all(regions)
@@ -46,10 +49,13 @@ files = []
 while time.monotonic() < deadline and not files:
     files = glob.glob(os.path.join(dump_root, "manual_trigger", req_id, "*", "rank0", "dump.json"))
     time.sleep(0.1)
+agent_copy = None
 if not files:
     check("KV dump of a request from GPU memory", False, f"no rank0/dump.json under {dump_root} after 30 s")
 else:
     rank_dir = os.path.dirname(files[0])
+    with open(files[0]) as fh:
+        agent_copy = json.load(fh).get("copy")
     bad = []
     for l in layers:
         d = torch.load(os.path.join(rank_dir, f"{l}.pt"), weights_only=True)
@@ -86,9 +92,11 @@ else:
     back = torch.load(p, weights_only=True)["t"]
     check("fp8 .pt load", back.dtype == torch.float8_e4m3fn and torch.equal(back.view(torch.uint8), f8.cpu().view(torch.uint8)), "float8_e4m3fn 64x128")
 
-# torch's device-to-host copy of the bytes one region holds, into pinned memory (cudaMemcpy D2H).
-src = pools[layers[0]][0]
-dst = torch.empty(src.shape, dtype=src.dtype, pin_memory=True)
+# torch's device-to-host copy (cudaMemcpyAsync D2H into pinned memory, then synchronize) of as many
+# bytes as the agent's dump copied, contiguous: the ceiling the agent's gather is set against.
+nbytes = agent_copy["bytes"] if agent_copy else len(layers) * 2 * len(blocks) * pools[layers[0]][0][0].numel() * 2
+src = torch.empty(nbytes, dtype=torch.uint8, device=dev)
+dst = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
 torch.cuda.synchronize()
 best = float("inf")
 for _ in range(5):
@@ -97,5 +105,5 @@ for _ in range(5):
     torch.cuda.synchronize()
     best = min(best, time.perf_counter() - t0)
 c.close()
-print(json.dumps({"checks": checks, "torch_d2h_gbps": src.numel() * src.element_size() / best / 1e9, "region_bytes": src.numel() * src.element_size(),
-                  "handle0": regions[0].cuda_ipc_handle.hex(), "offset0": regions[0].offset}))
+print(json.dumps({"checks": checks, "agent_copy": agent_copy, "torch_d2h": {"bytes": nbytes, "seconds": best},
+                  "regions": len(layers) * 2, "blocks": len(blocks)}))

@@ -35,6 +35,8 @@ interface StagedJob {
   job: DumpJob;
   layers: StagedLayer[];
   bytes: number;
+  /** Wall time of the device → host copy of every region's blocks (all regions at once). */
+  copySeconds: number;
 }
 
 function blockBytes(r: RegisteredRegion): number {
@@ -149,10 +151,12 @@ export class DumpExecutor {
     // All layers at once: the copies run on every libuv pool thread instead of one after another
     // with a JS round trip between them (the engine waits for all of them). 256 MB over 32
     // regions on the 2-core dev VM: 31-33 ms one by one, 18-22 ms together (pre-faulted staging).
+    const t0 = process.hrtime.bigint();
     const settled = await Promise.allSettled(gathers.map((g) => g()));
+    const copySeconds = Number(process.hrtime.bigint() - t0) / 1e9;
     const failed = settled.find((x): x is PromiseRejectedResult => x.status === 'rejected');
     if (failed) throw failed.reason;
-    return { job, layers, bytes };
+    return { job, layers, bytes, copySeconds };
   }
 
   /** Write the staged jobs' bundles; one DumpResult per job, failures included. */
@@ -228,6 +232,9 @@ export class DumpExecutor {
               dtype: (l.k ?? l.v)!.region.dtype,
               shape: [s.job.blockIds.length, ...(l.k ?? l.v)!.region.shape.slice(1)],
             })),
+            // What the engine waited for: device → host memory, before any file was written
+            // (scripts/gpu-check.sh compares it with cudaMemcpy of the same bytes).
+            copy: { bytes: s.bytes, seconds: s.copySeconds },
             files,
           },
         });

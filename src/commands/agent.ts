@@ -17,6 +17,10 @@ import { claimRunDir, makeRunDir, releaseRunDir } from '../launch/run-dir';
 import { resolveSnapshotConfig, snapshotFlagsFromArgv, snapshotOptions } from '../snapshot/config';
 import { checkRunDirFits } from '../paths';
 import { MAX_TIMER_MS, positiveInt, waitForSignal } from './coordinator';
+import { DEFAULT_CUDA_STAGING_BYTES } from '../memory';
+
+/** --cuda-staging-mb's ceiling: 1 GiB of pinned (locked) host memory per CUDA region. */
+export const MAX_CUDA_STAGING_MB = 1024;
 
 /** --coordinator, else $WAVEBUS_COORDINATOR, else <master addr>:<$WAVEBUS_PORT or 29600>. */
 export function coordinatorAddress(raw: unknown, env: NodeJS.ProcessEnv, identity: RankIdentity): HostPort {
@@ -37,6 +41,8 @@ export interface AgentSetup {
   runDirFlag: string;
   endOfWaveTimeoutMs: number;
   stagingBytes: number;
+  /** --cuda-staging-mb: each CUDA region's pinned bounce chunk (AgentOptions.cudaStagingBytes). */
+  cudaStagingBytes: number;
   /** CURVE client keys (--curve-server-key + --curve-key), when the coordinator uses CURVE. */
   curve?: CurveClientKeys;
   /** --bus-token-file / WAVEBUS_BUS_TOKEN_FILE: the launcher's token (the coordinator must hold the same). */
@@ -69,6 +75,8 @@ export function setupAgent(argv: Record<string, unknown>, env: NodeJS.ProcessEnv
   const heartbeatMs = positiveInt(argv['heartbeat-ms'], '--heartbeat-ms', 1, MAX_TIMER_MS);
   const endOfWaveTimeoutMs = positiveInt(argv['end-of-wave-timeout-ms'], '--end-of-wave-timeout-ms', 1, MAX_TIMER_MS);
   const stagingBytes = positiveInt(argv['staging-mb'], '--staging-mb') * 2 ** 20;
+  // Pinned memory is locked RAM, one chunk per CUDA region: bounded so a typo cannot pin the host.
+  const cudaStagingBytes = positiveInt(argv['cuda-staging-mb'] ?? DEFAULT_CUDA_STAGING_BYTES / 2 ** 20, '--cuda-staging-mb', 1, MAX_CUDA_STAGING_MB) * 2 ** 20;
   const flagDir = argv['run-dir'] as string | undefined;
   const given = flagDir || env.WAVEBUS_RUN_DIR || '';
   const runDirFlag = flagDir ? '--run-dir' : 'WAVEBUS_RUN_DIR';
@@ -78,7 +86,7 @@ export function setupAgent(argv: Record<string, unknown>, env: NodeJS.ProcessEnv
   const dumpRoot = localDumpRoot(argv['dump-root'], env, process.cwd());
   const log = createLogger(`wavebus-agent-rank${identity.globalRank}`);
   const artifactModes = parseArtifactMode(argv['artifact-mode'], '--artifact-mode');
-  return { identity, coordinator, heartbeatMs, runDir: given, runDirFlag, endOfWaveTimeoutMs, stagingBytes, curve, busToken, dumpRoot, artifactModes, log };
+  return { identity, coordinator, heartbeatMs, runDir: given, runDirFlag, endOfWaveTimeoutMs, stagingBytes, cudaStagingBytes, curve, busToken, dumpRoot, artifactModes, log };
 }
 
 export const command: CommandModule = {
@@ -94,6 +102,7 @@ export const command: CommandModule = {
       .option('end-of-wave-timeout-ms', { type: 'string', default: '50', describe: 'longest an engine waits at end_of_wave for a wave vector that has not arrived' })
       .option('artifact-mode', artifactModeOption)
       .option('staging-mb', { type: 'string', default: '1024', describe: 'host staging bound for KV dump copies' })
+      .option('cuda-staging-mb', { type: 'string', default: String(DEFAULT_CUDA_STAGING_BYTES / 2 ** 20), describe: `pinned bounce chunk per CUDA region, in MiB (1..${MAX_CUDA_STAGING_MB}); allocated on a region's first copy` })
       .option('curve-server-key', { type: 'string', describe: 'CURVE: the coordinator\'s public key file (its NAME.pub); needs --curve-key' })
       .option('dump-root', { type: 'string', describe: 'the only directory this agent writes and serves KV dumps under; a dump_dir from the bus must be it or below it (default $WAVEBUS_DUMP_ROOT, else <cwd>/runtime/report/kv_cache)' })
       .option('bus-token-file', { type: 'string', describe: 'the launcher\'s bus token file (0600): coordinator messages without its MAC are dropped (default $WAVEBUS_BUS_TOKEN_FILE)' })
@@ -113,6 +122,7 @@ export const command: CommandModule = {
       heartbeatMs: a.heartbeatMs,
       endOfWaveTimeoutMs: a.endOfWaveTimeoutMs,
       stagingBytes: a.stagingBytes,
+      cudaStagingBytes: a.cudaStagingBytes,
       curve: a.curve,
       busToken: a.busToken,
       artifactModes: a.artifactModes,
