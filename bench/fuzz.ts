@@ -333,7 +333,9 @@ export async function fuzz(opts: { frames: number; seed: number; oversized: bool
   // One detector on (report only), so agents use the bus and the round trip exercises it.
   fs.writeFileSync(cfg, JSON.stringify({ detector: { logits_finite: { enabled: true, on_trigger: ['report'] } } }));
   const env = { ...process.env, WAVEBUS_LOG_LEVEL: 'warn' };
-  const coordArgs = (port: number) => ['coordinator', '--port', String(port), '--world-size', String(FUZZ_WORLD), '--tp', '1', '--heartbeat-ms', '200', '--metrics-port', '0', '--runtime-config-path', cfg];
+  const coordArgs = (port: number) => ['coordinator', '--port', String(port), '--world-size', String(FUZZ_WORLD), '--tp', '1', '--heartbeat-ms', '200', '--metrics-port', '0', '--runtime-config-path', cfg,
+    // startup writes defaults <- overlay to the live file (seed): the config is the overlay
+    '--additional-config', JSON.stringify({ runtime_config: JSON.parse(fs.readFileSync(cfg, 'utf8')) })];
   const agentArgs = (port: number, runDir: string) => ['agent', '--coordinator', `127.0.0.1:${port}`, '--rank', '0', '--world-size', '1', '--tp', '1', '--run-dir', runDir, '--heartbeat-ms', '200'];
   try {
     // ---- the real job: coordinator + agent A

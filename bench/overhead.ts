@@ -52,7 +52,10 @@ export async function run(argv: string[]): Promise<Record<string, unknown>> {
   ];
   const launch = (config: string, cmd: string[]) => [
     'launch', '--nproc-per-node', String(a.ranks), '--tp', String(a.ranks), '--port', String(20000 + (process.pid % 20000)),
-    `--coordinator-arg=--runtime-config-path`, `--coordinator-arg=${config}`, '--', process.execPath, BIN, ...cmd,
+    `--coordinator-arg=--runtime-config-path`, `--coordinator-arg=${config}`,
+    // startup writes defaults <- overlay to the live file (seed): the mode's config is the overlay
+    `--coordinator-arg=--additional-config`, `--coordinator-arg=${JSON.stringify({ runtime_config: JSON.parse(fs.readFileSync(config, 'utf8')) })}`,
+    '--', process.execPath, BIN, ...cmd,
   ];
   const offConfig = path.join(work, 'off', 'config', 'runtime_config.json');
   const onConfig = path.join(work, 'on', 'config', 'runtime_config.json');

@@ -102,12 +102,14 @@ export async function soak(o: { agents: number; waves: number; dumpEvery: number
     const coord = start([
       'coordinator', '--port', String(port), '--world-size', String(n), '--tp', String(n), '--heartbeat-ms', '500',
       '--dump-ack-timeout-ms', '30000', '--runtime-config-path', cfgPath, '--runtime-config-hot-reload',
+      // startup writes defaults <- overlay to the live file (seed); later edits of it are the manual dumps
+      '--additional-config', JSON.stringify({ runtime_config: JSON.parse(cfg(0)) }),
     ]);
     const agents = Array.from({ length: n }, (_, g) =>
       start([
         'agent', '--coordinator', `127.0.0.1:${port}`, '--rank', String(g), '--local-rank', String(g), '--world-size', String(n),
         '--local-world-size', String(n), '--tp', String(n), '--run-dir', runDir, '--heartbeat-ms', '500',
-        '--end-of-wave-timeout-ms', String(o.boundMs), '--staging-mb', '16',
+        '--end-of-wave-timeout-ms', String(o.boundMs), '--staging-mb', '16', '--dump-root', kvRoot,
       ]),
     );
     const readyBy = Date.now() + 60000 + n * 2000;

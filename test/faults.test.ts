@@ -140,7 +140,7 @@ class Job {
       'agent', '--coordinator', `127.0.0.1:${this.port}`, '--rank', String(g), '--local-rank', String(g),
       '--world-size', String(this.o.world), '--local-world-size', String(this.o.world), '--tp', String(this.o.world),
       '--run-dir', this.runDir, '--heartbeat-ms', String(HEARTBEAT_MS), '--end-of-wave-timeout-ms', String(this.o.boundMs ?? 200),
-      '--staging-mb', '256',
+      '--staging-mb', '256', '--dump-root', this.kvRoot,
     ]);
     this.agents[g] = a;
     return a;
