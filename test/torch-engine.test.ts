@@ -209,10 +209,11 @@ test('speculative decoding, healthy: drafts verified in one forward, no incident
 
 test('a perturbed draft model makes acceptance really drop: spec_acceptance report and KV dump, bit-exact to every rank\'s pool; the text stays the target\'s', async () => {
   const FAULT_AT = 10;
-  const [bad, plain] = [
-    await runEngine({ tp: 2, detectors: ['spec_acceptance'], engineArgs: ['--max-tokens', '40', '--spec-tokens', '2', '--fault', `draft:${FAULT_AT}`] }),
-    await runEngine({ tp: 2, detectors: [], engineArgs: ['--max-tokens', '40'] }),
-  ];
+  // Side by side: most of a launch is start-up (python, torch, agents).
+  const [bad, plain] = await Promise.all([
+    runEngine({ tp: 2, detectors: ['spec_acceptance'], engineArgs: ['--max-tokens', '40', '--spec-tokens', '2', '--fault', `draft:${FAULT_AT}`] }),
+    runEngine({ tp: 2, detectors: [], engineArgs: ['--max-tokens', '40'] }),
+  ]);
   const all = Object.values(bad.outputs.requests).flatMap((r) => r.spec);
   const before = acceptance(all.filter((x) => x[0] < FAULT_AT));
   const after = acceptance(all.filter((x) => x[0] >= FAULT_AT));

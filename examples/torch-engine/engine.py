@@ -162,7 +162,7 @@ def main(argv: List[str]) -> int:
 
 def plant(fault, step, batch, w, reqs, cfg, rank):
     """Faults by real means; returns how to undo a transient one after the forward."""
-    if fault is None or step != fault[1]:
+    if fault is None or fault[0] == "draft" or step != fault[1]:  # draft: applied to the drafter before scheduling
         return None
     if fault[0] == "garble":  # a corrupted LM head: its slice on every rank overwritten with small garbage
         g = torch.Generator().manual_seed(99 + rank)
