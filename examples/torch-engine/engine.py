@@ -2,8 +2,8 @@
 
 One process per rank, started by `wavebus launch` (through torchrun_env.py, or any launcher that
 sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT). All ranks form one TP group over
-gloo. Requests arrive over the first steps, are batched continuously and decoded greedily; the
-text is written to OUT/outputs.json by rank 0. See docs/torch-engine.md.
+gloo. Requests arrive over the first steps, are batched continuously and decoded greedily (with
+--spec-tokens K, speculatively: spec.py); the text is written to OUT/outputs.json by rank 0. See docs/torch-engine.md.
 """
 import argparse
 import json
@@ -22,6 +22,7 @@ except ImportError:  # running from a checkout
 sys.path.insert(0, HERE)
 from model import VOCAB, Comm, ModelConfig, forward, full_weights, shard  # noqa: E402
 from scheduler import Request, Scheduler  # noqa: E402
+from spec import Drafter, verify  # noqa: E402
 from wavebus_hooks import WavebusHooks  # noqa: E402
 
 PROMPTS = ["The quick brown fox ", "Hello, wavebus! ", "Tensor parallel ", "Paged attention reads ",
@@ -37,18 +38,19 @@ def env_int(name: str) -> int:
 
 def parse_fault(spec: str):
     """'none' | 'nan:STEP:REQ' (a NaN in the embedding row request REQ feeds at forward STEP) |
-    'garble:STEP' (the LM head overwritten with small garbage from forward STEP on)."""
+    'garble:STEP' (the LM head overwritten with small garbage from forward STEP on) |
+    'draft:STEP' (noise on the draft model's LM head from forward STEP on; needs --spec-tokens)."""
     parts = spec.split(":")
     try:
         if parts == ["none"]:
             return None
         if parts[0] == "nan" and len(parts) == 3:
             return ("nan", int(parts[1]), int(parts[2]))
-        if parts[0] == "garble" and len(parts) == 2:
-            return ("garble", int(parts[1]))
+        if parts[0] in ("garble", "draft") and len(parts) == 2:
+            return (parts[0], int(parts[1]))
     except ValueError:
         pass
-    raise SystemExit(f"engine: --fault must be none, nan:STEP:REQ or garble:STEP, got {spec!r}")
+    raise SystemExit(f"engine: --fault must be none, nan:STEP:REQ, garble:STEP or draft:STEP, got {spec!r}")
 
 
 def main(argv: List[str]) -> int:
@@ -60,11 +62,17 @@ def main(argv: List[str]) -> int:
     ap.add_argument("--num-blocks", type=int, default=128)
     ap.add_argument("--block-size", type=int, default=4)
     ap.add_argument("--seed", type=int, default=1234)
-    ap.add_argument("--fault", action="append", default=[], help="none | nan:STEP:REQ | garble:STEP (repeatable)")
+    ap.add_argument("--spec-tokens", type=int, default=0, help="speculative decoding: draft tokens per step (0: off)")
+    ap.add_argument("--draft-noise", type=float, default=2.0, help="std of the noise a draft:STEP fault adds to the draft's LM head")
+    ap.add_argument("--fault", action="append", default=[], help="none | nan:STEP:REQ | garble:STEP | draft:STEP (repeatable)")
     ap.add_argument("--result-dir", help="write <dir>/rank<g>.json (forwards, waves, endOfWaveTimeouts) at the end")
     ap.add_argument("--linger", type=int, default=3, help="idle waves after the last request (a dump armed late still runs)")
     args = ap.parse_args(argv)
     faults = [f for f in (parse_fault(x) for x in args.fault) if f is not None]
+    if args.spec_tokens < 0:
+        raise SystemExit(f"engine: --spec-tokens must be >= 0, got {args.spec_tokens}")
+    if args.spec_tokens == 0 and any(f[0] == "draft" for f in faults):
+        raise SystemExit("engine: --fault draft:STEP needs --spec-tokens > 0 (there is no draft model otherwise)")
     rank, world = env_int("RANK"), env_int("WORLD_SIZE")
     env_int("LOCAL_RANK")
     torch.set_num_threads(1)  # one thread: the same reduction order on-line and in replay.py
@@ -77,28 +85,34 @@ def main(argv: List[str]) -> int:
     w = shard(cfg, full_weights(cfg), rank, world)
     comm = Comm(world)
     kv_heads = cfg.kv_heads // world
-    max_tokens = max(len(p) for p in PROMPTS) * args.requests + args.requests
-    max_blocks = -(-(max(len(p) for p in PROMPTS) + args.max_tokens) // args.block_size)
+    max_tokens = (max(len(p) for p in PROMPTS) + 1 + args.spec_tokens) * args.requests
+    max_blocks = -(-(max(len(p) for p in PROMPTS) + args.max_tokens + args.spec_tokens) // args.block_size)
     hooks = WavebusHooks(tag=f"wbtorch-{os.getpid()}", layers=cfg.layer_names(), num_blocks=args.num_blocks,
                          block_size=args.block_size, kv_heads=kv_heads, head_dim=cfg.head_dim, max_tokens=max_tokens,
-                         max_seqs=args.requests, max_blocks_per_seq=max_blocks)
+                         max_seqs=args.requests, max_blocks_per_seq=max_blocks, num_spec_tokens=args.spec_tokens)
+    drafter = Drafter(cfg, w, comm, args.num_blocks, args.block_size, kv_heads) if args.spec_tokens else None
     reqs = [Request(f"req-{i}", list(PROMPTS[i % len(PROMPTS)].encode()), args.max_tokens, 1 + i * args.arrive_every)
             for i in range(args.requests)]
     sched = Scheduler(reqs, args.num_blocks, args.block_size, max_running=args.requests)
     graph = f"torch-engine-tp{world}"
     wave, step, idle, tel, timeouts = 0, 0, 0, None, 0
+    spec_log = {r.req_id: [] for r in reqs}  # [forward, draft_len, accepted] per verified draft, as sent
     while idle < args.linger:
         wave += 1
         hooks.wave_head(wave, tel)
         tel = None
-        batch = sched.schedule(wave)
+        for f in faults:
+            if f[0] == "draft" and f[1] == step + 1 and not drafter.perturbed:  # before this forward's drafts
+                drafter.perturb(rank, args.draft_noise)
+        batch = sched.schedule(wave, drafter, args.spec_tokens)
         if batch is not None:
             step += 1
             views = hooks.stage_inputs(batch)
             restores = [plant(f, step, batch, w, reqs, cfg, rank) for f in faults]
             captured, call_dir = hooks.before_forward(step, batch, views, graph)
             logits = forward(cfg, w, comm, hooks.kv, views["input_ids"], views["positions"], views["slot_mapping"],
-                             views["block_table"], views["seq_lens"], views["query_start_loc"], args.block_size)
+                             views["block_table"], views["seq_lens"], views["query_start_loc"], args.block_size,
+                             views["logits_indices"])
             for restore in restores:
                 if restore is not None:
                     restore()
@@ -107,10 +121,17 @@ def main(argv: List[str]) -> int:
                            os.path.join(args.out, f"forward_rank{rank}_step{step}.pt"))
             hooks.check_logits(logits, batch)
             logp = torch.log_softmax(logits, dim=-1)
-            tokens = logits.argmax(dim=-1)
-            lps = logp.gather(1, tokens[:, None])[:, 0].tolist()
-            finished = sched.commit(batch, tokens.tolist())
-            tel = hooks.telemetry(batch, tokens.tolist(), lps, finished)
+            argmax = logits.argmax(dim=-1).tolist()
+            tokens, lps, row = [], [], 0
+            for r, d in zip(batch.reqs, batch.drafts):  # greedy: a plain row keeps its argmax, a draft the verified prefix + bonus
+                new = verify(argmax[row:row + len(d) + 1], d)
+                tokens.append(new)
+                lps.append([logp[row + j, t].item() for j, t in enumerate(new)])
+                row += len(d) + 1
+                if d:
+                    spec_log[r.req_id].append([step, len(d), len(new)])
+            finished = sched.commit(batch, tokens)
+            tel = hooks.telemetry(batch, tokens, lps, finished)
         res = hooks.end_of_wave(wave)
         timeouts += int(res.timed_out)
         if res.dumps_written:  # the agent copied KV blocks at this point: keep the pool as it was
@@ -122,9 +143,10 @@ def main(argv: List[str]) -> int:
     hooks.close()
     if rank == 0:
         out = {r.req_id: {"prompt": bytes(r.prompt).decode("latin-1"), "text": bytes(r.output).decode("latin-1"),
-                          "tokens": r.output} for r in sched.done}
+                          "tokens": r.output, "spec": spec_log[r.req_id]} for r in sched.done}
+        spec = {"spec_tokens": args.spec_tokens, "draft_forwards": drafter.forwards if drafter else 0}
         with open(os.path.join(args.out, "outputs.json"), "w") as f:
-            json.dump({"tp": world, "steps": step, "waves": wave, "requests": out}, f, indent=1)
+            json.dump({"tp": world, "steps": step, "waves": wave, "spec": spec, "requests": out}, f, indent=1)
         for r in sched.done:
             print(f"{r.req_id}: {bytes(r.prompt).decode('latin-1')!r} -> {bytes(r.output).decode('latin-1')!r}", flush=True)
     if args.result_dir:
@@ -140,7 +162,7 @@ def main(argv: List[str]) -> int:
 
 def plant(fault, step, batch, w, reqs, cfg, rank):
     """Faults by real means; returns how to undo a transient one after the forward."""
-    if fault is None or step != fault[1]:
+    if fault is None or fault[0] == "draft" or step != fault[1]:  # draft: applied to the drafter before scheduling
         return None
     if fault[0] == "garble":  # a corrupted LM head: its slice on every rank overwritten with small garbage
         g = torch.Generator().manual_seed(99 + rank)

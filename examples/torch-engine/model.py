@@ -6,7 +6,7 @@ so the same code runs on-line and off-line. Layout follows vLLM: per layer a K a
 [num_blocks, block_size, num_kv_heads_per_rank, head_dim]; a token's slot is block * block_size + offset.
 """
 from dataclasses import dataclass
-from typing import Dict, List
+from typing import Dict, FrozenSet, List
 
 import torch
 
@@ -143,16 +143,28 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc,
     return out
 
 
+def mlp(cfg: ModelConfig, w: Dict[str, torch.Tensor], comm: Comm, p: str, x: torch.Tensor) -> torch.Tensor:
+    h = rms_norm(x, w[p + "mlp_norm"], cfg.eps)
+    m = torch.nn.functional.silu(h @ w[p + "gate"].t()) * (h @ w[p + "up"].t())
+    return comm.all_reduce(m @ w[p + "down"].t())
+
+
 def forward(cfg: ModelConfig, w: Dict[str, torch.Tensor], comm: Comm, kv: Dict[str, tuple], input_ids, positions,
-            slot_mapping, block_table, seq_lens, query_start_loc, block_size: int) -> torch.Tensor:
+            slot_mapping, block_table, seq_lens, query_start_loc, block_size: int, logits_indices=None,
+            skip_attn: FrozenSet[int] = frozenset()) -> torch.Tensor:
     """One step for a mixed batch (prefill chunks and decode rows, concatenated). Writes this
-    step's K/V through slot_mapping and returns the full-vocabulary logits of each sequence's
-    last row, [num_seqs, VOCAB], identical on every rank."""
+    step's K/V through slot_mapping and returns the full-vocabulary logits of the rows in
+    logits_indices (default: each sequence's last row; a speculative step asks for every row of a
+    verified draft), [rows, VOCAB], identical on every rank. Layers in skip_attn skip attention
+    (and need no KV cache): the layer-skipping draft model of spec.py."""
     D = cfg.head_dim
     hq, hkv = cfg.heads // comm.tp_size, cfg.kv_heads // comm.tp_size
     x = w["embed"][input_ids]
     for i, layer in enumerate(cfg.layer_names()):
         p = f"layers.{i}."
+        if i in skip_attn:
+            x = x + mlp(cfg, w, comm, p, x)
+            continue
         h = rms_norm(x, w[p + "attn_norm"], cfg.eps)
         q = rotary((h @ w[p + "q"].t()).view(-1, hq, D), positions, cfg.rope_theta)
         k = rotary((h @ w[p + "k"].t()).view(-1, hkv, D), positions, cfg.rope_theta)
@@ -162,9 +174,7 @@ def forward(cfg: ModelConfig, w: Dict[str, torch.Tensor], comm: Comm, kv: Dict[s
         v_cache.view(-1, hkv, D)[slot_mapping] = v
         a = paged_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, positions, block_size)
         x = x + comm.all_reduce(a.reshape(-1, hq * D) @ w[p + "o"].t())
-        h = rms_norm(x, w[p + "mlp_norm"], cfg.eps)
-        m = torch.nn.functional.silu(h @ w[p + "gate"].t()) * (h @ w[p + "up"].t())
-        x = x + comm.all_reduce(m @ w[p + "down"].t())
-    last = query_start_loc[1:] - 1
-    h = rms_norm(x[last], w["final_norm"], cfg.eps)
+        x = x + mlp(cfg, w, comm, p, x)
+    rows = query_start_loc[1:] - 1 if logits_indices is None else logits_indices
+    h = rms_norm(x[rows], w["final_norm"], cfg.eps)
     return comm.all_gather_last(h @ w["lm_head"].t())

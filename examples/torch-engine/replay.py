@@ -3,8 +3,8 @@
     python3 replay.py --snapshots CACHE_ROOT/snapshots/torch-engine-tp2 --call 3 --engine-out OUT
 
 For each rank g, `load_call_dir(<snapshots>/rank<g>/call<N>)` gives the forward's positional inputs
-(input_ids, positions, slot_mapping, block_table, seq_lens, query_start_loc, then the K and V
-cache of every layer as the step read them); the rank's weight shard is rebuilt from the seed. The
+(input_ids, positions, slot_mapping, block_table, seq_lens, query_start_loc, logits_indices, then
+the K and V cache of every layer as the step read them); the rank's weight shard is rebuilt from the seed. The
 ranks' forwards run side by side in threads; their all-reduce and all-gather are done in this
 process, summing in rank order (for 2 ranks a + b, which is what gloo's sum gives: float addition
 commutes). Prints one JSON line per rank: bitwise equality and the largest |difference| with the
@@ -62,11 +62,11 @@ def replay(snapshots: str, call: int, tp: int, seed: int, block_size: int):
     def run(rank):
         try:
             meta, t = load_call_dir(os.path.join(snapshots, f"rank{rank}", f"call{call}"))
-            ids, pos, slots, table, seq_lens, qsl = t[:6]
-            kv = {layer: (t[6 + 2 * i].clone(), t[7 + 2 * i].clone()) for i, layer in enumerate(cfg.layer_names())}
+            ids, pos, slots, table, seq_lens, qsl, rows = t[:7]
+            kv = {layer: (t[7 + 2 * i].clone(), t[8 + 2 * i].clone()) for i, layer in enumerate(cfg.layer_names())}
             w = shard(cfg, full, rank, tp)
             results[rank] = (meta, forward(cfg, w, ThreadComm(tp, rank, shared, barrier), kv, ids, pos, slots, table,
-                                           seq_lens, qsl, block_size))
+                                           seq_lens, qsl, block_size, rows))
         except BaseException as e:  # noqa: BLE001 (reported below; the barrier is broken for the others)
             errors.append(f"rank {rank}: {type(e).__name__}: {e}")
             barrier.abort()

@@ -1,5 +1,6 @@
 """Continuous batching over a paged KV pool: requests arrive, are prefilled whole, decode one
-token a step, finish and free their blocks. Every rank runs the same scheduler on the same
+token a step (or, with a drafter, verify k draft tokens and keep the accepted ones: spec.py),
+finish and free their blocks. Every rank runs the same scheduler on the same
 (all-gathered) logits, so the ranks agree without a broadcast."""
 from dataclasses import dataclass, field
 from typing import List, Optional
@@ -15,6 +16,7 @@ class Request:
     blocks: List[int] = field(default_factory=list)
     finished: bool = False
     computed: int = 0  # tokens whose K/V are in the cache
+    draft_computed: int = 0  # the same in the draft model's cache (spec.py)
 
     @property
     def seq_len(self) -> int:
@@ -45,6 +47,8 @@ class Batch:
     query_start_loc: List[int]
     seq_lens: List[int]
     block_table: List[List[int]]
+    logits_indices: List[int]  # the rows whose logits are sampled: a prefill's last, every row of a verified draft
+    drafts: List[List[int]]    # per request, the draft tokens this step verifies (empty: a plain row)
 
 
 class Scheduler:
@@ -67,14 +71,19 @@ class Scheduler:
             r.blocks.append(b)
         return True
 
-    def schedule(self, step: int) -> Optional[Batch]:
-        """Decode every running request (one new slot each), then admit arrived requests whose
-        prompt fits. None when nothing runs this step."""
+    def schedule(self, step: int, drafter=None, k: int = 0) -> Optional[Batch]:
+        """Decode every running request (one new slot each; with a drafter, 1 + k_r slots: the last
+        token and k_r draft tokens, k_r = k but never past max_tokens), then admit arrived requests
+        whose prompt fits. None when nothing runs this step."""
         rows: List[tuple] = []
-        for r in list(self.running):
-            if not self._grow(r, r.seq_len):
+        lens = {r.req_id: min(k, r.max_tokens - len(r.output) - 1) if drafter else 0 for r in self.running}
+        for r in self.running:
+            if not self._grow(r, r.seq_len + lens[r.req_id]):
                 raise RuntimeError(f"KV pool exhausted while decoding {r.req_id} (no preemption in this engine)")
-            rows.append((r, [r.output[-1]], [r.seq_len - 1]))
+        drafts = drafter.propose([(r, lens[r.req_id]) for r in self.running]) if drafter else {}
+        for r in list(self.running):
+            d = drafts.get(r.req_id, [])
+            rows.append((r, [r.output[-1]] + d, list(range(r.seq_len - 1, r.seq_len + len(d))), d))
         while self.waiting and self.waiting[0].arrival_step <= step and len(self.running) < self.max_running:
             r = self.waiting[0]
             need = -(-len(r.prompt) // self.block_size)
@@ -83,13 +92,15 @@ class Scheduler:
             self.waiting.pop(0)
             self._grow(r, len(r.prompt))
             self.running.append(r)
-            rows.append((r, list(r.prompt), list(range(len(r.prompt)))))
+            rows.append((r, list(r.prompt), list(range(len(r.prompt))), []))
         if not rows:
             return None
-        b = Batch([], False, [], [], [], [0], [], [])
-        width = max(len(r.blocks) for r, _, _ in rows)
-        for r, ids, pos in rows:
+        b = Batch([], False, [], [], [], [0], [], [], [], [])
+        width = max(len(r.blocks) for r, _, _, _ in rows)
+        for r, ids, pos, d in rows:
             b.reqs.append(r)
+            b.drafts.append(d)
+            b.logits_indices += list(range(len(b.input_ids) + len(ids) - 1 - len(d), len(b.input_ids) + len(ids)))
             b.is_prompt = b.is_prompt or r.computed == 0
             b.input_ids += ids
             b.positions += pos
@@ -99,13 +110,16 @@ class Scheduler:
             b.block_table.append(r.blocks + [0] * (width - len(r.blocks)))
         return b
 
-    def commit(self, batch: Batch, tokens: List[int]) -> List[Request]:
-        """Append each sequence's sampled token; returns the requests that finished (still holding
-        their blocks: free them with release() once the step's telemetry and dumps are done)."""
+    def commit(self, batch: Batch, tokens: List[List[int]]) -> List[Request]:
+        """Append each sequence's new tokens (one, or the accepted drafts and the bonus token);
+        returns the requests that finished (still holding their blocks: free them with release()
+        once the step's telemetry and dumps are done). Rejected drafts roll back: `computed` stops
+        after the last accepted one, and their slots are overwritten by the next step."""
         finished = []
-        for r, t in zip(batch.reqs, tokens):
-            r.computed = r.seq_len
-            r.output.append(t)
+        for r, new in zip(batch.reqs, tokens):
+            r.computed = r.seq_len + len(new) - 1
+            r.draft_computed = min(r.draft_computed, r.computed)
+            r.output += new
             if len(r.output) >= r.max_tokens:
                 r.finished = True
                 finished.append(r)

@@ -19,13 +19,16 @@ from wavebus_client import Client, LogitsFiniteGate, RequestStep, StepTelemetry
 from wavebus_client.shm import kv_pool_shm, shm_tensor
 
 # The persistent input buffers (vLLM's model runner keeps the same ones: input_ids, positions,
-# slot_mapping, block_table, seq_lens, query_start_loc), all int64, sized for the largest step.
-INPUTS = ("input_ids", "positions", "slot_mapping", "block_table", "seq_lens", "query_start_loc")
+# slot_mapping, block_table, seq_lens, query_start_loc, and logits_indices, the rows sampled, which
+# a speculative step needs), all int64, sized for the largest step.
+INPUTS = ("input_ids", "positions", "slot_mapping", "block_table", "seq_lens", "query_start_loc", "logits_indices")
 
 
 class WavebusHooks:
     def __init__(self, *, tag: str, layers: List[str], num_blocks: int, block_size: int, kv_heads: int,
-                 head_dim: int, max_tokens: int, max_seqs: int, max_blocks_per_seq: int, client: Optional[Client] = None):
+                 head_dim: int, max_tokens: int, max_seqs: int, max_blocks_per_seq: int, num_spec_tokens: int = 0,
+                 client: Optional[Client] = None):
+        self.num_spec_tokens = num_spec_tokens
         # 1a. The paged KV pool, vLLM's layout: per layer K and V of [num_blocks, block_size, kv_heads, head_dim].
         self.kv, regions = kv_pool_shm(f"{tag}-kv", layers, num_blocks, block_size, kv_heads, head_dim, torch.float32)
         # 1b. The KV pool is also an input of the forward (the attention reads it): the same bytes
@@ -38,7 +41,8 @@ class WavebusHooks:
         # 1c. Persistent input buffers.
         self.buf: Dict[str, torch.Tensor] = {}
         shapes = {"input_ids": [max_tokens], "positions": [max_tokens], "slot_mapping": [max_tokens],
-                  "block_table": [max_seqs * max_blocks_per_seq], "seq_lens": [max_seqs], "query_start_loc": [max_seqs + 1]}
+                  "block_table": [max_seqs * max_blocks_per_seq], "seq_lens": [max_seqs], "query_start_loc": [max_seqs + 1],
+                  "logits_indices": [max_tokens]}
         for name in INPUTS:
             self.buf[name], r = shm_tensor(f"{tag}-{name}", shapes[name], torch.int64, region_name=name)
             regions.append(r)
@@ -51,16 +55,18 @@ class WavebusHooks:
 
     # -- 2a. fill the persistent buffers (views into shared memory) for this step
     def stage_inputs(self, batch) -> Dict[str, torch.Tensor]:
-        n, s = len(batch.input_ids), len(batch.reqs)
+        n, s, li = len(batch.input_ids), len(batch.reqs), len(batch.logits_indices)
         width = len(batch.block_table[0])
         views = {
             "input_ids": self.buf["input_ids"][:n], "positions": self.buf["positions"][:n],
             "slot_mapping": self.buf["slot_mapping"][:n], "seq_lens": self.buf["seq_lens"][:s],
             "query_start_loc": self.buf["query_start_loc"][:s + 1],
             "block_table": self.buf["block_table"][:s * width].view(s, width),
+            "logits_indices": self.buf["logits_indices"][:li],
         }
         for k, src in (("input_ids", batch.input_ids), ("positions", batch.positions), ("slot_mapping", batch.slots),
-                       ("seq_lens", batch.seq_lens), ("query_start_loc", batch.query_start_loc), ("block_table", batch.block_table)):
+                       ("seq_lens", batch.seq_lens), ("query_start_loc", batch.query_start_loc), ("block_table", batch.block_table),
+                       ("logits_indices", batch.logits_indices)):
             views[k].copy_(torch.tensor(src, dtype=torch.int64))
         return views
 
@@ -74,21 +80,26 @@ class WavebusHooks:
         for i, r in enumerate(batch.reqs):
             rows += [i] * (batch.query_start_loc[i + 1] - batch.query_start_loc[i])
         ctx = {"compilation_hash": graph, "global_step": step, "is_prompt": batch.is_prompt,
-               "req_ids": [r.req_id for r in batch.reqs], "positions": batch.positions, "row_request": rows}
+               "req_ids": [r.req_id for r in batch.reqs], "positions": batch.positions, "row_request": rows,
+               "num_speculative_tokens": self.num_spec_tokens}
         inputs = [views[k] for k in INPUTS] + self.kv_inputs
         return self.client.before_forward(ctx, inputs)  # raises CaptureError: abort the forward
 
-    # -- 2d. before sampling: start the non-finite check of the real logits (one row per sequence)
+    # -- 2d. before sampling: start the non-finite check of the real logits (one row per sequence,
+    # 1 + draft length rows for a verified draft)
     def check_logits(self, logits: torch.Tensor, batch):
-        return self.gate.check(logits, [r.req_id for r in batch.reqs])
+        return self.gate.check(logits, [r.req_id for r, d in zip(batch.reqs, batch.drafts) for _ in range(1 + len(d))])
 
-    # -- 2e. after sampling: the step's telemetry, sent with the next wave's head
-    def telemetry(self, batch, tokens: List[int], logprobs: List[float], finished) -> StepTelemetry:
+    # -- 2e. after sampling: the step's telemetry, sent with the next wave's head. Spec counts:
+    # draft_len = draft tokens verified, accepted = tokens the verification kept, the bonus token
+    # included (accepted drafts + 1: the guard counts max(0, accepted - 1) as accepted drafts).
+    def telemetry(self, batch, tokens: List[List[int]], logprobs: List[List[float]], finished) -> StepTelemetry:
         reqs = []
-        for r, t, lp in zip(batch.reqs, tokens, logprobs):
+        for r, d, t, lp in zip(batch.reqs, batch.drafts, tokens, logprobs):
             first = r.req_id not in self._sent_prompt
             self._sent_prompt.add(r.req_id)
-            reqs.append(RequestStep(req_id=r.req_id, new_token_ids=[t], new_token_logprobs=[lp], block_ids=list(r.blocks),
+            reqs.append(RequestStep(req_id=r.req_id, new_token_ids=t, new_token_logprobs=lp, block_ids=list(r.blocks),
+                                    draft_len=len(d), accepted=len(t) if d else 0,
                                     finished=r in finished, freed=r in finished, prompt_len=len(r.prompt),
                                     num_output_tokens=len(r.output), prompt_token_ids=list(r.prompt) if first else []))
         return StepTelemetry(requests=reqs, non_finite=self.gate.collect())  # waits for check_logits' rows
