@@ -17,8 +17,9 @@ export { CompareInputError } from './tools/assemble';
 // ---- the processes, for embedding them instead of running `wavebus launch`
 export { Coordinator } from './bus/coordinator';
 export { Agent } from './agent/agent';
-export { launch, parseLaunchOptions } from './launch/launcher';
-export type { LaunchOptions } from './launch/launcher';
+export { launch } from './launch/launcher';
+export { parseLaunchOptions } from './launch/options';
+export type { LaunchOptions } from './launch/options';
 
 // ---- artifacts: write, read, verify, gather, compare
 export { Tensor } from './artifacts/tensor';
