@@ -7,7 +7,8 @@ import { spawn, spawnSync, type ChildProcess } from 'child_process';
 import * as fs from 'fs';
 import * as os from 'os';
 import * as path from 'path';
-import { readBytes, readPt } from '../src/artifacts/readers';
+import { readBytes } from '../src/artifacts/read-range';
+import { readPt } from '../src/artifacts/pt-reader';
 import { loadCallDir } from '../src/snapshot/loader';
 import { PYTHON, ROOT, pseudoRandomBytes } from './helpers';
 
