@@ -6,7 +6,7 @@ import type { Counter } from 'prom-client';
 import { DEFAULT_ARTIFACT_MODES, sensitiveModes, type ArtifactModes } from '../artifacts/artifact-mode';
 import type { CoordinatorPolicy, DueLanes } from '../bus/policy';
 import { createLogger, Logger } from '../log';
-import type { DumpJob, DumpResult, StepTelemetry } from '../messages';
+import type { DumpJob, DumpResult, SlotBinding, StepTelemetry, TelemetryColumns } from '../messages';
 import { counter } from '../metrics';
 import { actionsFor, configJson, DetectorName, mergeConfig, RuntimeConfig } from './config';
 import { DetectorSet, Hit, MUTE_BIT, splitNonFinite } from './detectors';
@@ -14,7 +14,7 @@ import { DumpBook } from './dumps';
 import { AutoDumpQuota, admitIncident, IncidentCount } from './quotas';
 import { ConfigFollower } from './reload';
 import { IncidentReport, writeReport } from './reports';
-import { FLAG_FINISHED, FLAG_FREED, SlotBinding, TelemetryColumnizer, TelemetryColumns } from '../client/telemetry';
+import { FLAG_FINISHED, FLAG_FREED, TelemetryColumnizer } from '../client/telemetry';
 import { dumpRootOf, loadStartupConfig, StartupConfig, StartupIssue, StartupOptions } from './startup';
 
 export const MANUAL_TRIGGER = 'manual_trigger';
