@@ -9,7 +9,7 @@ export { ShmSegment, cudaAvailable } from './memory';
 
 // ---- errors (each carries a stable `code`)
 export { WavebusError, ConfigError, ProtocolError, CaptureError, NativeError } from './errors';
-export { ArtifactFormatError } from './artifacts/readers';
+export { ArtifactFormatError } from './artifacts/read-range';
 export { AggregateError } from './tools/aggregate';
 export { LaunchError } from './launch/launcher';
 export { CompareInputError } from './tools/assemble';
@@ -17,8 +17,9 @@ export { CompareInputError } from './tools/assemble';
 // ---- the processes, for embedding them instead of running `wavebus launch`
 export { Coordinator } from './bus/coordinator';
 export { Agent } from './agent/agent';
-export { launch, parseLaunchOptions } from './launch/launcher';
-export type { LaunchOptions } from './launch/launcher';
+export { launch } from './launch/launcher';
+export { parseLaunchOptions } from './launch/options';
+export type { LaunchOptions } from './launch/options';
 
 // ---- artifacts: write, read, verify, gather, compare
 export { Tensor } from './artifacts/tensor';
@@ -26,7 +27,9 @@ export type { DType } from './artifacts/dtype';
 export { writeNpy } from './artifacts/npy';
 export { writePt } from './artifacts/pt';
 export { writeSafetensors } from './artifacts/safetensors';
-export { readNpyHeader, readSafetensorsHeader, readPt } from './artifacts/readers';
+export { readNpyHeader } from './artifacts/npy-reader';
+export { readSafetensorsHeader } from './artifacts/safetensors-reader';
+export { readPt } from './artifacts/pt-reader';
 export { loadCallDir } from './snapshot/loader';
 export type { LoadedCall, LoadedTensor } from './snapshot/loader';
 export { inspectTree } from './tools/inspect';

@@ -1,6 +1,5 @@
 // TypeScript shapes of the decoded protobuf messages (proto/wavebus.proto), as `decode()` returns
 // them: camelCase fields, 64-bit integers as numbers, defaults filled in.
-import type { TelemetryColumns } from './client/telemetry';
 
 export interface WaveHead {
   epoch: number;
@@ -68,6 +67,45 @@ export interface NonFiniteRow {
   row: number;
   reqId: string;
   kind: 'nan' | 'pos_inf' | 'neg_inf' | 'non_finite' | string;
+}
+
+// Step telemetry in columns (proto TelemetryColumns); client/telemetry.ts builds and reads them.
+export interface SlotBinding {
+  slot: number;
+  reqId: string;
+  promptLen: number;
+  /** With the first binding of a request only, when the engine gave them. */
+  promptTokenIds?: number[];
+}
+
+export interface SlotBlocks {
+  slot: number;
+  blockIds: number[];
+}
+
+export interface TelemetryColumns {
+  rows: number;
+  /** [rows] the request's slot. */
+  slot: Uint32Array;
+  /** [rows] new tokens this step, or empty: no tokens in this step's telemetry. */
+  tokenCount: Uint32Array;
+  /** [sum tokenCount] request by request. */
+  tokenIds: Uint32Array;
+  /** [tokenIds.length] or empty; NaN where a request had none. */
+  tokenLogprobs: Float32Array;
+  /** [tokenIds.length] or empty; 0 (argmax) where a request had none. */
+  tokenRanks: Uint32Array;
+  /** [rows] or empty (no speculative decoding). */
+  draftLen: Uint32Array;
+  accepted: Uint32Array;
+  /** [rows] FLAG_FINISHED | FLAG_FREED (client/telemetry.ts). */
+  flags: Uint8Array;
+  /** [rows] or empty: the engine's count of output tokens (else the coordinator counts). */
+  numOutputTokens: Uint32Array;
+  /** Slots taken by a request this step. */
+  bind: SlotBinding[];
+  /** Slots whose block table changed this step. */
+  blocks: SlotBlocks[];
 }
 
 export interface StepTelemetry {

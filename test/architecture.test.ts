@@ -49,3 +49,9 @@ test('no source file is at the top of src/ that belongs to a role folder', () =>
   const top = fs.readdirSync(path.join(ROOT, 'src')).filter((f) => f.endsWith('.ts')).sort();
   expect(top).toEqual(['cli.ts', 'errors.ts', 'index.ts', 'log.ts', 'malloc-tuning.ts', 'memory.ts', 'messages.ts', 'metrics.ts', 'native.ts', 'paths.ts', 'prng.ts', 'proto.ts']);
 });
+
+test('messages.ts is a leaf: it imports no other module, so no import circle runs through it', () => {
+  // The decoded message shapes are used by every process; a module they import from would import them back.
+  const src = fs.readFileSync(path.join(ROOT, 'src', 'messages.ts'), 'utf8');
+  expect([...src.matchAll(/from\s+'([^']+)'/g)].map((m) => m[1])).toEqual([]);
+});

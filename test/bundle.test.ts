@@ -8,7 +8,9 @@ import { Tensor } from '../src/artifacts/tensor';
 import { CaptureError } from '../src/errors';
 import { crc32c, formatChecksum } from '../src/artifacts/checksum';
 import { checkFreeSpace, writeDumpSkipped } from '../src/artifacts/freespace';
-import { readNpyHeader, readPt, readSafetensorsHeader } from '../src/artifacts/readers';
+import { readNpyHeader } from '../src/artifacts/npy-reader';
+import { readPt } from '../src/artifacts/pt-reader';
+import { readSafetensorsHeader } from '../src/artifacts/safetensors-reader';
 import { ROOT, cleanup, cleanupMounts, mountTmpfs, rootOnlyReason, runPython, spawnTracked, tmpDir, waitFor } from './helpers';
 
 afterAll(async () => {

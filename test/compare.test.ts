@@ -279,7 +279,7 @@ print(tuple(cat.shape), hashlib.sha256(cat.contiguous().view(torch.int16).numpy(
 
     // Flip one element in TP=2 rank 1 (heads 4..7): layer 0, v, block 2, slot 1, local head 3, dim 5.
     const f = path.join(tp2, 'rank1', 'model.layers.0.self_attn.pt');
-    const { readPt } = await import('../src/artifacts/readers');
+    const { readPt } = await import('../src/artifacts/pt-reader');
     const v = readPt(f).tensors[1];
     const bytes = fs.readFileSync(f);
     const per = G.heads / 2;

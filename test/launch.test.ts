@@ -4,7 +4,9 @@ import * as fs from 'fs';
 import * as net from 'net';
 import * as path from 'path';
 import { ConfigError } from '../src/errors';
-import { agentArgv, agentEndpoint, commandEnv, coordinatorArgv, mailboxPath, parseLaunchOptions } from '../src/launch/launcher';
+import { parseLaunchOptions } from '../src/launch/options';
+import { agentArgv, commandEnv, coordinatorArgv } from '../src/launch/sidecar-args';
+import { agentEndpoint, mailboxPath } from '../src/paths';
 import { requestStatus } from '../src/bus/coordinator';
 import { cleanup, freePortPair, spawnWavebus, tmpDir, waitFor } from './helpers';
 

@@ -8,7 +8,7 @@ import { DType, DTYPES as ALL_DTYPES, itemSize, npyDescr } from '../src/artifact
 const DTYPES = ALL_DTYPES.filter((d) => npyDescr(d) !== null);
 import { Tensor } from '../src/artifacts/tensor';
 import { npyHeader, npyDescrFor, writeNpy } from '../src/artifacts/npy';
-import { parseNpyHeader, readNpyHeader } from '../src/artifacts/readers';
+import { parseNpyHeader, readNpyHeader } from '../src/artifacts/npy-reader';
 import { crc32c, formatChecksum } from '../src/artifacts/checksum';
 import { CaptureError } from '../src/errors';
 import { cleanup, pseudoRandomBytes, runPython, tmpDir } from './helpers';

@@ -7,7 +7,9 @@ import { DType, DTYPES, itemSize, torchStorageClass } from '../src/artifacts/dty
 import { Tensor } from '../src/artifacts/tensor';
 import { writePt } from '../src/artifacts/pt';
 import { pyFloat, pyTuple, encodeLong } from '../src/artifacts/pickle';
-import { listZip, readPt, toPlain, unpicklePt, PtTensorRef } from '../src/artifacts/readers';
+import { listZip } from '../src/artifacts/zip-reader';
+import { readPt } from '../src/artifacts/pt-reader';
+import { toPlain, unpicklePt, PtTensorRef } from '../src/artifacts/unpickle';
 import { crc32c, formatChecksum } from '../src/artifacts/checksum';
 import { cleanup, pseudoRandomBytes, runPython, tmpDir } from './helpers';
 

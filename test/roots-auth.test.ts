@@ -17,7 +17,7 @@ import { withStartupFacts } from '../src/guard/guard-policy';
 import { resolveIdentity } from '../src/launch/identity';
 import { createLogger } from '../src/log';
 import { ShmSegment } from '../src/memory';
-import { launchDumpRoot } from '../src/launch/launcher';
+import { launchDumpRoot } from '../src/launch/sidecar-args';
 import { agentEndpoint, mailboxPath } from '../src/paths';
 import { cleanup, cleanupUsers, freePortPair, otherUser, PYTHON, ROOT, rootOnlyReason, spawnAs, spawnWavebus, tmpDir, waitFor, type Spawned } from './helpers';
 

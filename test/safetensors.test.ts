@@ -9,7 +9,7 @@ import { DType, DTYPES as ALL_DTYPES, dtypeInfo, itemSize } from '../src/artifac
 const DTYPES = ALL_DTYPES.filter((d) => dtypeInfo(d).safetensors !== null);
 import { Tensor } from '../src/artifacts/tensor';
 import { writeSafetensors, safetensorsLayout } from '../src/artifacts/safetensors';
-import { parseSafetensorsHeader, readSafetensorsHeader } from '../src/artifacts/readers';
+import { parseSafetensorsHeader, readSafetensorsHeader } from '../src/artifacts/safetensors-reader';
 import { crc32c, formatChecksum } from '../src/artifacts/checksum';
 import { cleanup, pseudoRandomBytes, runPython, tmpDir } from './helpers';
 

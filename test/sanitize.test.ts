@@ -3,7 +3,7 @@ import * as fs from 'fs';
 import * as path from 'path';
 import { isSafeComponent, joinUnder, safeComponent, MAX_COMPONENT_BYTES } from '../src/artifacts/sanitize';
 import { CaptureError } from '../src/errors';
-import { readPt } from '../src/artifacts/readers';
+import { readPt } from '../src/artifacts/pt-reader';
 import { cleanup, tmpDir, waitFor } from './helpers';
 import { runWave, startHarnessJob, step, stopHarnessJob, type HarnessJob } from './job-harness';
 

@@ -5,7 +5,8 @@ import { Guard } from '../src/guard/guard';
 import { parseStartupOptions } from '../src/guard/startup';
 import type { RequestStep } from '../src/messages';
 import { decode, messageType } from '../src/proto';
-import { columnsFromWire, columnsToWire, FLAG_FINISHED, FLAG_FREED, TelemetryColumnizer, type TelemetryColumns } from '../src/client/telemetry';
+import { columnsFromWire, columnsToWire, FLAG_FINISHED, FLAG_FREED, TelemetryColumnizer } from '../src/client/telemetry';
+import type { TelemetryColumns } from '../src/messages';
 import { cleanup, ROOT, runPython, tmpDir } from './helpers';
 
 afterAll(cleanup);

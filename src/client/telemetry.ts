@@ -6,50 +6,12 @@
 // block table only when it changes.
 import * as os from 'os';
 import { ProtocolError } from '../errors';
-import type { RequestStep } from '../messages';
+import type { RequestStep, SlotBinding, SlotBlocks, TelemetryColumns } from '../messages';
 
 export const FLAG_FINISHED = 1;
 export const FLAG_FREED = 2;
 /** Slots are small integers handed out from 0; more than this many live requests is garbage. */
 export const MAX_SLOTS = 1 << 20;
-
-export interface SlotBinding {
-  slot: number;
-  reqId: string;
-  promptLen: number;
-  /** With the first binding of a request only, when the engine gave them. */
-  promptTokenIds?: number[];
-}
-
-export interface SlotBlocks {
-  slot: number;
-  blockIds: number[];
-}
-
-export interface TelemetryColumns {
-  rows: number;
-  /** [rows] the request's slot. */
-  slot: Uint32Array;
-  /** [rows] new tokens this step, or empty: no tokens in this step's telemetry. */
-  tokenCount: Uint32Array;
-  /** [sum tokenCount] request by request. */
-  tokenIds: Uint32Array;
-  /** [tokenIds.length] or empty; NaN where a request had none. */
-  tokenLogprobs: Float32Array;
-  /** [tokenIds.length] or empty; 0 (argmax) where a request had none. */
-  tokenRanks: Uint32Array;
-  /** [rows] or empty (no speculative decoding). */
-  draftLen: Uint32Array;
-  accepted: Uint32Array;
-  /** [rows] FLAG_FINISHED | FLAG_FREED. */
-  flags: Uint8Array;
-  /** [rows] or empty: the engine's count of output tokens (else the coordinator counts). */
-  numOutputTokens: Uint32Array;
-  /** Slots taken by a request this step. */
-  bind: SlotBinding[];
-  /** Slots whose block table changed this step. */
-  blocks: SlotBlocks[];
-}
 
 // The columns are little-endian on the wire and typed arrays use the host's order.
 const LITTLE_ENDIAN = os.endianness() === 'LE';

@@ -4,7 +4,8 @@ import { ConfigError, WavebusError } from '../errors';
 import { artifactModeOption, parseArtifactMode } from '../artifacts/artifact-mode';
 import { identityOptions } from '../launch/identity';
 import { guardOptions, parseStartupOptions } from '../guard/startup';
-import { launch, parseLaunchOptions } from '../launch/launcher';
+import { launch } from '../launch/launcher';
+import { parseLaunchOptions } from '../launch/options';
 import { resolveSnapshotConfig, snapshotEnvFromArgv, snapshotFlagsFromArgv, snapshotOptions } from '../snapshot/config';
 import { createLogger } from '../log';
 

@@ -6,15 +6,17 @@ import type { Counter } from 'prom-client';
 import { DEFAULT_ARTIFACT_MODES, sensitiveModes, type ArtifactModes } from '../artifacts/artifact-mode';
 import type { CoordinatorPolicy, DueLanes } from '../bus/policy';
 import { createLogger, Logger } from '../log';
-import type { DumpJob, DumpResult, StepTelemetry } from '../messages';
+import type { DumpJob, DumpResult, StepTelemetry, TelemetryColumns } from '../messages';
 import { counter } from '../metrics';
 import { actionsFor, configJson, DetectorName, mergeConfig, RuntimeConfig } from './config';
 import { DetectorSet, Hit, MUTE_BIT, splitNonFinite } from './detectors';
 import { DumpBook } from './dumps';
-import { AutoDumpQuota, admitIncident, IncidentCount } from './quotas';
+import { AutoDumpQuota, admitIncident } from './quotas';
 import { ConfigFollower } from './reload';
+import { RequestTable, type ReqState } from './requests';
+import { StepPass, type KeepIds } from './step-pass';
 import { IncidentReport, writeReport } from './reports';
-import { FLAG_FINISHED, FLAG_FREED, SlotBinding, TelemetryColumnizer, TelemetryColumns } from '../client/telemetry';
+import { TelemetryColumnizer } from '../client/telemetry';
 import { dumpRootOf, loadStartupConfig, StartupConfig, StartupIssue, StartupOptions } from './startup';
 
 export const MANUAL_TRIGGER = 'manual_trigger';
@@ -40,26 +42,6 @@ export interface GuardOptions {
   artifactModes?: ArtifactModes;
 }
 
-interface ReqState {
-  reqId: string;
-  promptLen: number;
-  outputTokens: number;
-  blockIds: number[];
-  finished: boolean;
-  freed: boolean;
-  /** The request's telemetry slot, also its record in the detectors' state slab; -1 when unbound. */
-  slot: number;
-  /** MUTE_BIT of each detector the quota stopped for this request. */
-  muted: number;
-  quota: Map<string, IncidentCount> | null;
-  /** Recent output token ids, kept only when report.save_sensitive_info is on. */
-  tail: number[] | null;
-  /** The prompt's first token ids (as the engine gave them), kept only when save_sensitive_info is on. */
-  prompt: number[] | null;
-}
-
-const FREED_MEMORY = 65536;
-
 export class Guard implements CoordinatorPolicy {
   private readonly opts: GuardOptions;
   private readonly log: Logger;
@@ -70,22 +52,14 @@ export class Guard implements CoordinatorPolicy {
   private laneJson = '';
   private configDue = true; // the first wave head carries the startup config
   private detectors: DetectorSet;
-  private readonly reqs = new Map<string, ReqState>();
-  /** The request bound to each telemetry slot. */
-  private bySlot: (ReqState | undefined)[] = [];
+  private readonly requests = new RequestTable();
+  private readonly pass = new StepPass();
   /** Row-form telemetry (tests, older clients) is turned into columns here. */
   private readonly rowColumns = new TelemetryColumnizer();
   /** Per-step scratch, reused: hits of this wave head and the request each belongs to. */
   private readonly hits: Hit[] = [];
   private readonly hitStates: ReqState[] = [];
   private keepTail = false;
-  /** Rows whose slot no binding named (bindings lost, e.g. a coordinator restart): not attributable. */
-  private unboundRows = 0;
-  /** Per-step scratch of the detector pass: each row's record, muted mask and request. */
-  private rowRecord = new Int32Array(64);
-  private rowMuted = new Int32Array(64);
-  private readonly rowStates: ReqState[] = [];
-  private readonly freedIds = new Set<string>();
   private manualDone: number;
   private readonly autoQuota = new AutoDumpQuota();
   private readonly dumps: DumpBook;
@@ -153,48 +127,9 @@ export class Guard implements CoordinatorPolicy {
     }
   }
 
-  /** The state of `reqId`, created unbound (no slot) when it is new. */
-  private state(reqId: string): ReqState {
-    let st = this.reqs.get(reqId);
-    if (!st) {
-      st = { reqId, promptLen: 0, outputTokens: 0, blockIds: [], finished: false, freed: this.freedIds.has(reqId), slot: -1, muted: 0, quota: null, tail: null, prompt: null };
-      this.reqs.set(reqId, st);
-    }
-    return st;
-  }
-
-  /** A request takes a slot; whoever held it before was freed (the client reuses freed slots). */
-  private bind(b: SlotBinding): void {
-    const old = this.bySlot[b.slot];
-    if (old !== undefined && old.reqId === b.reqId) {
-      if (b.promptLen > 0) old.promptLen = b.promptLen; // a re-sent binding
-      return;
-    }
-    if (old !== undefined) this.forget(old);
-    const st = this.state(b.reqId);
-    if (st.slot >= 0 && this.bySlot[st.slot] === st) this.bySlot[st.slot] = undefined;
-    st.slot = b.slot;
-    this.bySlot[b.slot] = st;
-    this.detectors.resetSlot(b.slot);
-    if (b.promptLen > 0) st.promptLen = b.promptLen;
-    if (this.keepTail && b.promptTokenIds) st.prompt = b.promptTokenIds.slice(0, this.cfg.report.max_prompt_token_ids);
-  }
-
-  /** Views of the row scratch arrays exactly `rows` long (the pass takes the row count from them). */
-  private scratchRows(rows: number): [Int32Array, Int32Array] {
-    if (this.rowRecord.length < rows) {
-      const cap = Math.max(rows, 2 * this.rowRecord.length);
-      this.rowRecord = new Int32Array(cap);
-      this.rowMuted = new Int32Array(cap);
-    }
-    return [this.rowRecord.subarray(0, rows), this.rowMuted.subarray(0, rows)];
-  }
-
-  private keepTokens(st: ReqState, ids: Uint32Array, from: number, to: number): void {
-    const cap = Math.max(32, this.cfg.report.max_output_token_ids);
-    const tail = st.tail ?? (st.tail = []);
-    for (let k = from; k < to; k++) tail.push(ids[k]);
-    if (tail.length > 2 * cap) tail.splice(0, tail.length - cap);
+  /** What this step keeps of the request's token ids (the report config in force). */
+  private keepIds(): KeepIds {
+    return { keepTail: this.keepTail, maxPromptTokenIds: this.cfg.report.max_prompt_token_ids, maxOutputTokenIds: this.cfg.report.max_output_token_ids };
   }
 
   onWaveHead(wave: number, telemetry: StepTelemetry | null): DueLanes {
@@ -209,7 +144,7 @@ export class Guard implements CoordinatorPolicy {
       hits.length = 0;
       hitStates.length = 0;
       const c: TelemetryColumns | null = telemetry.columns ?? (telemetry.requests ? this.rowColumns.columns(telemetry.requests) : null);
-      if (c) freedNow = this.onColumns(c, hits, hitStates);
+      if (c) freedNow = this.pass.run(c, this.requests, this.detectors, this.keepIds(), hits, hitStates);
       const nonFinite = telemetry.nonFinite ?? [];
       if (this.detectors.logitsFinite && nonFinite.length > 0) {
         const split = splitNonFinite(nonFinite);
@@ -221,7 +156,7 @@ export class Guard implements CoordinatorPolicy {
           }
         }
         for (const [reqId, hit] of split.byRequest) {
-          const st = this.state(reqId);
+          const st = this.requests.state(reqId);
           if ((st.muted & MUTE_BIT.logits_finite) !== 0) continue;
           hits.push({ type: 'logits_finite', detail: hit as unknown as Record<string, unknown> });
           hitStates.push(st);
@@ -232,77 +167,13 @@ export class Guard implements CoordinatorPolicy {
       hitStates.length = 0;
     }
     this.manualTrigger(wave, dumps);
-    if (freedNow) for (const st of freedNow) this.forget(st);
+    if (freedNow) for (const st of freedNow) this.requests.forget(st);
     const lanes: DueLanes = { dumps };
     if (this.configDue) {
       this.configDue = false;
       lanes.config = { version: this.version, configJson: this.laneJson };
     }
     return lanes;
-  }
-
-  /** One step's columns: bindings, block tables, then each row's bookkeeping and detectors. */
-  private onColumns(c: TelemetryColumns, hits: Hit[], hitStates: ReqState[]): ReqState[] | null {
-    for (let k = 0; k < c.bind.length; k++) this.bind(c.bind[k]);
-    for (let k = 0; k < c.blocks.length; k++) {
-      const st = this.bySlot[c.blocks[k].slot];
-      if (st !== undefined && c.blocks[k].blockIds.length > 0) st.blockIds = c.blocks[k].blockIds;
-    }
-    const detectors = this.detectors;
-    const perStep = detectors.anyPerStep;
-    const bySlot = this.bySlot;
-    const counts = c.tokenCount;
-    const hasCounts = counts.length > 0;
-    const outCounts = c.numOutputTokens;
-    const hasOut = outCounts.length > 0;
-    const rows = perStep ? this.scratchRows(c.rows) : null;
-    const rowRecord = rows ? rows[0] : null;
-    const rowMuted = rows ? rows[1] : this.rowMuted;
-    const rowStates = this.rowStates;
-    let freedNow: ReqState[] | null = null;
-    let t = 0;
-    for (let i = 0; i < c.rows; i++) {
-      const t0 = t;
-      if (hasCounts) t += counts[i];
-      const st = bySlot[c.slot[i]];
-      if (st === undefined) {
-        this.unboundRows++;
-        if (rowRecord) rowRecord[i] = -1;
-        continue;
-      }
-      const engineCount = hasOut ? outCounts[i] : 0;
-      st.outputTokens = engineCount > 0 ? engineCount : st.outputTokens + (t - t0);
-      const fl = c.flags[i];
-      if (fl !== 0) {
-        if ((fl & FLAG_FINISHED) !== 0) st.finished = true;
-        if ((fl & FLAG_FREED) !== 0) {
-          st.finished = st.freed = true;
-          (freedNow ?? (freedNow = [])).push(st);
-        }
-      }
-      if (this.keepTail && t > t0) this.keepTokens(st, c.tokenIds, t0, t);
-      if (rowRecord) {
-        rowRecord[i] = detectors.recordOf(st.slot);
-        rowMuted[i] = st.muted;
-        rowStates[i] = st;
-      }
-    }
-    // every per-step detector on every row, in one native pass
-    if (rowRecord) {
-      detectors.onStep(c, rowRecord, rowMuted, (row, hit) => {
-        hits.push(hit);
-        hitStates.push(rowStates[row]);
-      });
-    }
-    return freedNow;
-  }
-
-  private forget(st: ReqState): void {
-    this.reqs.delete(st.reqId);
-    if (st.slot >= 0 && this.bySlot[st.slot] === st) this.bySlot[st.slot] = undefined;
-    st.slot = -1;
-    this.freedIds.add(st.reqId);
-    if (this.freedIds.size > FREED_MEMORY) this.freedIds.delete(this.freedIds.values().next().value as string);
   }
 
   private count(type: string, action: string): void {
@@ -385,7 +256,7 @@ export class Guard implements CoordinatorPolicy {
           this.count(type, 'dump_skipped');
         }
         if ((cfg.detector[type].dump_kv?.scope ?? 'request') === 'all_requests') {
-          for (const other of this.reqs.values()) {
+          for (const other of this.requests.reqs.values()) {
             if (other === st || other.finished || other.freed) continue;
             this.armOne(type, other, detectWave, wave, dumps, { triggered_by_req_id: st.reqId });
           }
@@ -433,7 +304,7 @@ export class Guard implements CoordinatorPolicy {
   private manualTrigger(wave: number, dumps: DumpJob[]): void {
     if (this.cfg.dump.manual_dump <= this.manualDone) return;
     this.manualDone++;
-    const running = [...this.reqs.values()].filter((st) => !st.finished && !st.freed);
+    const running = [...this.requests.reqs.values()].filter((st) => !st.finished && !st.freed);
     this.log.info({ wave, manual_dump: this.cfg.dump.manual_dump, done: this.manualDone, requests: running.length }, 'manual dump');
     if (running.length === 0) {
       this.dumps.refuse(this.dumpRoot(), { incidentType: MANUAL_TRIGGER, reqId: '', wave, reason: 'no_dump_targets' });
@@ -486,8 +357,8 @@ export class Guard implements CoordinatorPolicy {
         unknown_results: this.dumps.unknownResults,
       },
       unattributed_non_finite: this.unattributedNonFinite,
-      unbound_telemetry_rows: this.unboundRows,
-      tracked_requests: this.reqs.size,
+      unbound_telemetry_rows: this.pass.unboundRows,
+      tracked_requests: this.requests.reqs.size,
       report_dir: this.opts.startup.reportDir,
       dump_dir: this.dumpRoot(),
     };
@@ -498,7 +369,6 @@ export class Guard implements CoordinatorPolicy {
   }
 
   close(): void {
-    this.reqs.clear();
-    this.bySlot = [];
+    this.requests.clear();
   }
 }

@@ -7,7 +7,10 @@ import * as path from 'path';
 import { crc32cOfFile } from '../artifacts/checksum';
 import { CaptureError } from '../errors';
 import { DType, isDType, itemSize } from '../artifacts/dtype';
-import { readBytes, readNpyHeader, readPt, readSafetensorsHeader } from '../artifacts/readers';
+import { readBytes } from '../artifacts/read-range';
+import { readNpyHeader } from '../artifacts/npy-reader';
+import { readPt } from '../artifacts/pt-reader';
+import { readSafetensorsHeader } from '../artifacts/safetensors-reader';
 import { CallMeta, META_FILE, parseMeta, tensorFileName } from './meta';
 
 export interface LoadedTensor {

@@ -7,7 +7,10 @@ import * as fs from 'fs';
 import * as path from 'path';
 import { DType, isDType, itemSize } from '../artifacts/dtype';
 import { CaptureError } from '../errors';
-import { readBytes, readNpyHeader, readPt, readSafetensorsHeader } from '../artifacts/readers';
+import { readBytes } from '../artifacts/read-range';
+import { readNpyHeader } from '../artifacts/npy-reader';
+import { readPt } from '../artifacts/pt-reader';
+import { readSafetensorsHeader } from '../artifacts/safetensors-reader';
 
 export class CompareInputError extends CaptureError {
   constructor(message: string) {

@@ -6,7 +6,8 @@ import * as fs from 'fs';
 import * as path from 'path';
 import { packageRoot } from '../paths';
 import { ConfigError } from '../errors';
-import { readBytes, readPt } from '../artifacts/readers';
+import { readBytes } from '../artifacts/read-range';
+import { readPt } from '../artifacts/pt-reader';
 import type { SimFaults } from '../sim/faults';
 
 export const TORCH_ENGINE_DIR = path.join(packageRoot(), 'examples', 'torch-engine');

@@ -5,7 +5,9 @@
 import * as fs from 'fs';
 import * as path from 'path';
 import { crc32cOfFile } from '../artifacts/checksum';
-import { readNpyHeader, readPt, readSafetensorsHeader } from '../artifacts/readers';
+import { readNpyHeader } from '../artifacts/npy-reader';
+import { readPt } from '../artifacts/pt-reader';
+import { readSafetensorsHeader } from '../artifacts/safetensors-reader';
 
 export type BundleKind = 'kv_dump' | 'snapshot' | 'dump_wave' | 'aggregate';
 

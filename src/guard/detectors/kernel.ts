@@ -3,7 +3,7 @@
 // This file owns the layouts both sides share: the parameter slots, the hit records, the mute
 // bits. TypeScript checks everything before the call (columns in telemetry.ts, offsets here).
 import { native } from '../../native';
-import type { TelemetryColumns } from '../../client/telemetry';
+import type { TelemetryColumns } from '../../messages';
 
 /** Parameter slots (the Param enum in native/detector_pass.cc, same order). */
 export const PARAM = {

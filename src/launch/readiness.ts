@@ -1,0 +1,75 @@
+// Readiness: the launcher asks the coordinator for its status until the job is ready (never by
+// sleeping), with the job's CURVE keys or bus token.
+import * as zmq from 'zeromq';
+import type { BusToken } from '../bus/auth';
+import { clientSocketOptions, type CurveClientKeys } from '../bus/curve';
+import { HostPort, socketIpOptions, tcpEndpoint } from '../bus/endpoints';
+import { CoordinatorMessage, decode, AgentMessage, encode } from '../proto';
+
+const STATUS_POLL_MS = 250;
+
+export interface StatusSnapshot {
+  ready: boolean;
+  liveRanks: number[];
+  expectedRanks: number[];
+  epoch: number;
+}
+
+/**
+ * Ask the coordinator (DEALER → ROUTER on port + 1) for its status until `isReady` says so.
+ * Each ask waits at most STATUS_POLL_MS for an answer; `abort` rejects to stop early.
+ */
+export async function waitForCoordinator(
+  coordinator: HostPort,
+  isReady: (s: StatusSnapshot) => boolean,
+  abort: Promise<never>,
+  curve?: CurveClientKeys,
+  token?: BusToken,
+): Promise<StatusSnapshot> {
+  const sock = new zmq.Dealer({ linger: 0, receiveTimeout: STATUS_POLL_MS, sendTimeout: 0, ...socketIpOptions(coordinator.host), ...clientSocketOptions(curve) });
+  sock.connect(tcpEndpoint(coordinator.host, coordinator.port + 1));
+  let last: StatusSnapshot | undefined;
+  const ask = encode(AgentMessage, { status: {} });
+  const request = token ? token.seal('to-coordinator', ask) : ask;
+  let stopped = false;
+  abort.catch(() => (stopped = true));
+  try {
+    while (!stopped) {
+      try {
+        await sock.send(request);
+      } catch {
+        /* queue full while the coordinator is not up yet; ask again next round */
+      }
+      const got = sock.receive();
+      got.catch(() => undefined);
+      let frames: Buffer[] | undefined;
+      try {
+        frames = await Promise.race([got, abort]);
+      } catch (e) {
+        if (stopped) throw e;
+        continue; // receive timed out: ask again
+      }
+      for (const f of frames.slice(-1)) {
+        let msg: Record<string, any>;
+        try {
+          // With the token, an answer from whatever else holds the port is not believed.
+          let bytes = f;
+          if (token) {
+            const o = token.open('from-coordinator', f);
+            if (!o.ok) continue;
+            bytes = o.msg;
+          }
+          msg = decode(CoordinatorMessage, bytes);
+        } catch {
+          continue; // not ours to crash on
+        }
+        if (msg.body !== 'status' || !msg.status) continue;
+        last = { ready: !!msg.status.ready, liveRanks: msg.status.liveRanks ?? [], expectedRanks: msg.status.expectedRanks ?? [], epoch: Number(msg.epoch ?? 0) };
+        if (isReady(last)) return last;
+      }
+    }
+    return await abort;
+  } finally {
+    sock.close();
+  }
+}
