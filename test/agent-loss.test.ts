@@ -5,8 +5,8 @@
 // Python client in a python3 process, or `wavebus sim`.
 import * as fs from 'fs';
 import * as path from 'path';
-import { WavebusClient } from '../src/client';
-import { MailboxFeature } from '../src/mailbox';
+import { WavebusClient } from '../src/client/client';
+import { MailboxFeature } from '../src/client/mailbox';
 import { ShmSegment } from '../src/memory';
 import { PYTHON, ROOT, cleanup, freePortPair, spawnTracked, spawnWavebus, tmpDir, waitFor, type Spawned } from './helpers';
 
