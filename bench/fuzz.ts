@@ -20,7 +20,7 @@ import { Dealer, XPublisher } from 'zeromq';
 import { requestStatus } from '../src/bus/coordinator';
 import { DEFAULT_MAX_FRAME_BYTES } from '../src/bus/constants';
 import { decodeAgentMessage, decodeBusFrame, encodeAgentMessage, encodeBusFrame, TOPIC } from '../src/bus/frames';
-import { isOneWayRequest } from '../src/agent/agent';
+import { isOneWayRequest } from '../src/agent/client-server';
 import { WavebusClient } from '../src/client/client';
 import { agentEndpoint, mailboxPath } from '../src/paths';
 import { packageRoot } from '../src/paths';

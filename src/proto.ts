@@ -52,3 +52,8 @@ export function decode<T = Record<string, any>>(type: protobuf.Type, bytes: Uint
 export function toPlain<T = Record<string, any>>(type: protobuf.Type, msg: protobuf.Message): T {
   return type.toObject(msg, { longs: Number, defaults: true, arrays: true, oneofs: true, bytes: Buffer }) as T;
 }
+
+/** The numbers of a proto enum by name (`enumValues('RegionKind').REGION_CUDA`): no number written by hand. */
+export function enumValues(name: string): Readonly<Record<string, number>> {
+  return root.lookupEnum(`wavebus.${name}`).values;
+}

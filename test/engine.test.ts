@@ -262,7 +262,7 @@ test('end_of_wave never waits past its bound when the wave vector does not come'
   const ok = await runWave(job, 6, undefined);
   expect(ok.every((r) => !r.timedOut)).toBe(true);
   // A restarted agent (it knows no client yet) still counts a miss it is told of.
-  (job.ranks[1].agent as unknown as { greeted: Set<string> }).greeted.clear();
+  (job.ranks[1].agent as unknown as { clients: { greeted: Set<string> } }).clients.greeted.clear();
   expect(await job.ranks[1].client.endOfWave(7)).toEqual({ due: false, timedOut: true });
   await waitFor(() => job.ranks[1].agent.stats.endOfWaveTimeouts === 6, 'the agent to count the sixth miss');
 });
@@ -376,7 +376,7 @@ test('a client the agent has not met (it restarted behind the same mailbox) is a
   await waitFor(() => job.ranks[0].client.featureFlags() !== 0, 'bus active');
   await runWave(job, 1, undefined); // the client has said hello and registered
   // What a kill -9 and restart leaves behind: same mailbox, same features, an agent that knows no one.
-  (job.ranks[0].agent as unknown as { greeted: Set<string> }).greeted.clear();
+  (job.ranks[0].agent as unknown as { clients: { greeted: Set<string> } }).clients.greeted.clear();
   let prev: StepTelemetry | undefined;
   for (let w = 2; w <= 80 && !fs.existsSync(path.join(job.dumpRoot, 'token_repeat')); w++) {
     const [res] = await runWave(job, w, prev);

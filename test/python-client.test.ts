@@ -7,6 +7,7 @@ import * as path from 'path';
 import * as zmq from 'zeromq';
 import { ClientReply, ClientRequest, decode, encode } from '../src/proto';
 import { columnsFromWire } from '../src/client/telemetry';
+import { CLIENT_PROTOCOL_VERSION } from '../src/client/protocol';
 import { PYTHON, ROOT, cleanup, freePort, runPython, spawnTracked, tmpDir, waitFor } from './helpers';
 
 const PKG = path.join(ROOT, 'clients', 'python');
@@ -267,7 +268,7 @@ async function fakeAgentSocket(endpoint: string, features: Record<string, unknow
         const req = decode(ClientRequest, frame);
         seen.push({ body: req.body, req });
         let reply: Record<string, unknown> | undefined = {};
-        if (req.body === 'hello') reply = { featuresJson: JSON.stringify(features) };
+        if (req.body === 'hello') reply = { featuresJson: JSON.stringify(features), protocolVersion: CLIENT_PROTOCOL_VERSION };
         if (req.body === 'endOfWave') reply = onEndOfWave(req.endOfWave.wave);
         if (req.body === 'register' && req.register.name === 'refused') reply = { ok: false, error: 'region refused by test', errorCode: 'ERR_REGION' };
         if (req.body === 'beforeForward') reply = { captured: true, callDir: '/snap/h/rank0/call0' };
@@ -419,7 +420,7 @@ test('a rank that is not TP0 sends no wave_head; a failed capture raises Capture
         seen.push(req.body);
         const reply =
           req.body === 'hello'
-            ? { ok: true, featuresJson: JSON.stringify({ tp0: false, bus: true, snapshots: true }) }
+            ? { ok: true, featuresJson: JSON.stringify({ tp0: false, bus: true, snapshots: true }), protocolVersion: CLIENT_PROTOCOL_VERSION }
             : req.body === 'beforeForward'
               ? { ok: false, error: 'snapshot dir not writable', errorCode: 'ERR_CAPTURE_WRITE' }
               : { ok: true };

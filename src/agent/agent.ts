@@ -5,21 +5,21 @@ import * as fs from 'fs';
 import * as zmq from 'zeromq';
 import type { ArtifactModes } from '../artifacts/artifact-mode';
 import { AgentBus, type WaveEvent, type SnapshotReplyMsg } from '../bus/agent-bus';
-import { DumpExecutor, type DumpFormat } from './dump-executor';
+import { DumpExecutor } from './dump-executor';
 import { RegionTable } from './regions';
 import { FileServer } from './file-server';
 import { RootGate, type LocalRoots } from './roots';
 import type { BusToken } from '../bus/auth';
-import { itemSize, parseDType } from '../artifacts/dtype';
-import { CaptureError, ConfigError, WavebusError } from '../errors';
+import { ConfigError, WavebusError } from '../errors';
 import type { RankIdentity } from '../launch/identity';
 import { createLogger, type Logger } from '../log';
 import { MailboxWriter, MailboxFeature } from '../client/mailbox';
 import type { DumpJob, DumpLane } from '../messages';
 import { agentEndpoint, mailboxPath } from '../paths';
 import { claimRunDir, staleSocketOrNothing } from '../launch/run-dir';
-import { ClientReply, ClientRequest, encode, toPlain } from '../proto';
-import { waveHeadBytes } from '../bus/wave-head-relay';
+import { ClientServer } from './client-server';
+import { captureInputs } from './input-capture';
+import { DEFAULT_VIEW, runtimeView, type RuntimeView } from './runtime-view';
 import { SnapshotCapturer } from '../snapshot/capture';
 import { checkSnapshotGating, type SnapshotConfig } from '../snapshot/config';
 
@@ -51,53 +51,7 @@ export interface AgentOptions {
   artifactModes?: ArtifactModes;
 }
 
-/** Runtime config fields the agent acts on (the guard's effective config, as JSON). */
-interface RuntimeView {
-  busActive: boolean;
-  hotReload: boolean;
-  detectors: Record<string, boolean>;
-  itemSync: boolean;
-  format: DumpFormat;
-  freeHeadroomBytes: number;
-  dumpRoot?: string;
-}
-
-const DEFAULT_VIEW: RuntimeView = { busActive: false, hotReload: false, detectors: {}, itemSync: false, format: 'pt', freeHeadroomBytes: 5 * 2 ** 30 };
 const WAVE_HISTORY = 64;
-
-/** Reads what the agent needs from the coordinator's config JSON; unknown shapes fall back to off. */
-export function runtimeView(configJson: string): RuntimeView {
-  if (!configJson) return { ...DEFAULT_VIEW };
-  let doc: any;
-  try {
-    doc = JSON.parse(configJson);
-  } catch {
-    return { ...DEFAULT_VIEW };
-  }
-  const cfg = doc?.config ?? doc;
-  const detectors: Record<string, boolean> = {};
-  for (const [name, d] of Object.entries<any>(cfg?.detector ?? {})) detectors[name] = Boolean(d?.enabled);
-  const anyDetector = Object.values(detectors).some(Boolean);
-  const hotReload = Boolean(doc?.hot_reload);
-  const manual = Number(cfg?.dump?.manual_dump ?? 0) > 0;
-  return {
-    busActive: hotReload || anyDetector || manual,
-    hotReload,
-    detectors,
-    itemSync: Boolean(cfg?.detector?.logits_finite?.item_sync),
-    format: (['pt', 'npy', 'safetensors'].includes(cfg?.dump?.format) ? cfg.dump.format : 'pt') as DumpFormat,
-    freeHeadroomBytes: Number.isFinite(cfg?.dump?.free_headroom_bytes) ? Number(cfg.dump.free_headroom_bytes) : DEFAULT_VIEW.freeHeadroomBytes,
-    dumpRoot: typeof cfg?.dump?.dump_dir === 'string' ? cfg.dump.dump_dir : undefined,
-  };
-}
-
-/**
- * A client request the agent takes without answering (id 0): a wave head (the engine never waits
- * at the head of a wave) or a missed-wave notice (the engine already went on).
- */
-export function isOneWayRequest(req: { id?: unknown; body?: unknown }): boolean {
-  return req.id === 0 && (req.body === 'waveHead' || req.body === 'endOfWave');
-}
 
 export class Agent {
   readonly identity: RankIdentity;
@@ -136,6 +90,7 @@ export class Agent {
   private readonly ended = new Set<number>();
   private writes: Promise<void> = Promise.resolve();
   private stopped = false;
+  private readonly clients: ClientServer;
 
   constructor(opts: AgentOptions) {
     this.opts = opts;
@@ -145,6 +100,18 @@ export class Agent {
     this.servedDumps = this.gate.local.dumps;
     this.regions = new RegionTable(opts.cudaStagingBytes);
     this.dumps = new DumpExecutor(opts.identity, this.regions, this.log, this.gate, opts.artifactModes);
+    this.clients = new ClientServer(
+      this.stats,
+      this.log,
+      (req, interim) => this.handle(req, interim),
+      (raw) => {
+        if (this.bus && this.identity.tpRank === 0) {
+          this.bus.relayWaveHead(raw);
+          this.stats.waveHeadsRelayed++;
+        }
+      },
+      () => this.stopped,
+    );
     if (opts.snapshot?.enabled) {
       this.capturer = new SnapshotCapturer(opts.snapshot, {
         globalRank: opts.identity.globalRank,
@@ -179,7 +146,7 @@ export class Agent {
     if (there === 'stale') fs.unlinkSync(sockPath); // left by a killed agent of this rank
     else if (there !== 'none') throw new ConfigError(`agent socket ${sockPath}: something else is there (${there}); refusing to remove it`, 'ERR_RUN_DIR');
     await this.router.bind(endpoint);
-    void this.serveClients(this.router);
+    void this.clients.serve(this.router);
     this.files = new FileServer(identity.globalRank, () => ({ snapshots: this.opts.roots?.snapshots, dumps: this.servedDumps }), this.log);
     if (identity.isLastPp && this.opts.coordinator) {
       this.bus = new AgentBus({
@@ -298,104 +265,6 @@ export class Agent {
     });
   }
 
-  private async serveClients(router: zmq.Router): Promise<void> {
-    try {
-      for await (const [peer, frame] of router) {
-        if (!frame) {
-          this.stats.badClientFrames++;
-          continue;
-        }
-        let msg: ReturnType<typeof ClientRequest.decode> & { id?: unknown; waveHead?: { wave?: unknown } };
-        try {
-          msg = ClientRequest.decode(frame);
-        } catch {
-          this.stats.badClientFrames++;
-          continue;
-        }
-        this.stats.clientRequests++;
-        // The per-step one-way wave head: its bytes go on to the coordinator as they came.
-        if (msg.waveHead && Number(msg.id ?? 0) === 0) {
-          const raw = waveHeadBytes(frame);
-          if (raw) {
-            if (this.bus && this.identity.tpRank === 0) {
-              this.bus.relayWaveHead(raw);
-              this.stats.waveHeadsRelayed++;
-            }
-            continue;
-          }
-        }
-        const req = toPlain<Record<string, any>>(ClientRequest, msg);
-        if (isOneWayRequest(req)) {
-          // Nothing is answered, and nothing here needs the client's regions: no hello is asked for.
-          this.handle(req).catch((err: Error) => this.log.warn({ err: String(err?.message ?? err), body: req.body }, 'one-way message from the client failed'));
-          continue;
-        }
-        // A selected capture tells the client it has begun (same id, capturing) before it copies.
-        const interim = (): void => this.replyToClient(router, peer, () => encode(ClientReply, { id: req.id, ok: true, capturing: true }));
-        void this.handleFrom(peer, req, interim).then(
-          (reply) => this.replyToClient(router, peer, () => encode(ClientReply, { id: req.id, ok: true, ...reply })),
-          (err: Error) =>
-            this.replyToClient(router, peer, () =>
-              encode(ClientReply, { id: req.id, ok: false, error: String(err?.message ?? err), errorCode: (err as WavebusError)?.code ?? 'ERR_AGENT' }),
-            ),
-        );
-      }
-    } catch (e) {
-      if (!this.stopped) this.log.error({ err: e }, 'client socket failed');
-    }
-  }
-
-  // zeromq allows one send in flight per socket (a second one throws EBUSY, synchronously):
-  // replies to concurrent requests go out one at a time, in the order they were ready.
-  private readonly clientReplies: Array<{ router: zmq.Router; parts: [Buffer, Buffer] }> = [];
-  private replying = false;
-
-  private replyToClient(router: zmq.Router, peer: Buffer, make: () => Buffer): void {
-    let body: Buffer;
-    try {
-      body = make();
-    } catch (e) {
-      this.log.error({ err: String(e) }, 'cannot encode a client reply');
-      return;
-    }
-    this.clientReplies.push({ router, parts: [peer, body] });
-    if (!this.replying) void this.drainClientReplies();
-  }
-
-  private async drainClientReplies(): Promise<void> {
-    this.replying = true;
-    try {
-      while (this.clientReplies.length > 0) {
-        const { router, parts } = this.clientReplies.shift()!;
-        if (router.closed) continue;
-        try {
-          await router.send(parts);
-        } catch {
-          /* the client went away; ROUTER drops replies to unknown peers anyway */
-        }
-      }
-    } finally {
-      this.replying = false;
-    }
-  }
-
-  /** Clients (by routing id) that said hello to this agent incarnation. */
-  private readonly greeted = new Set<string>();
-
-  /**
-   * Work that needs the client's regions is refused from a client this agent never greeted: after
-   * an agent restart the engine's client reconnects with its regions unknown here. ERR_NO_HELLO
-   * makes the client say hello and register again, then retry.
-   */
-  private async handleFrom(peer: Buffer, req: Record<string, any>, interim: () => void = () => undefined): Promise<Record<string, unknown>> {
-    const key = peer.toString('hex');
-    if (req.body === 'hello') this.greeted.add(key);
-    else if ((req.body === 'endOfWave' || req.body === 'beforeForward' || req.body === 'register') && !this.greeted.has(key)) {
-      throw new WavebusError('ERR_NO_HELLO', 'this agent has not met this client (the agent restarted?): say hello and register again');
-    }
-    return this.handle(req, interim);
-  }
-
   private async handle(req: Record<string, any>, interim: () => void = () => undefined): Promise<Record<string, unknown>> {
     switch (req.body) {
       case 'hello':
@@ -417,7 +286,8 @@ export class Agent {
         }
         return this.endOfWave(req.endOfWave.wave);
       case 'beforeForward':
-        return this.beforeForward(req.beforeForward, interim);
+        if (!this.capturer) return { captured: false };
+        return captureInputs(this.capturer, this.regions, req.beforeForward, interim, () => this.stats.snapshotsWritten++);
       case 'close':
       case 'ping':
         return {};
@@ -501,41 +371,5 @@ export class Agent {
       }
     };
     void this.waitForWave(wave, 10 * this.endOfWaveTimeoutMs + 1000).then((ok) => ok && waitLate());
-  }
-
-  private async beforeForward(
-    bf: { context: any; inputs: { region: string; offset: number; dtype: string; shape: number[] }[]; acceptByUnixMs?: number | string; finishByUnixMs?: number | string },
-    interim: () => void,
-  ): Promise<Record<string, unknown>> {
-    if (!this.capturer) return { captured: false };
-    const acceptBy = Number(bf.acceptByUnixMs ?? 0);
-    const finishBy = Number(bf.finishByUnixMs ?? 0);
-    // The engine gave up waiting if we are past its deadline (this agent was frozen): its inputs
-    // may have changed since, so nothing is copied. Else it hears at once that we are alive and
-    // waits for the decision and the capture (disk work may take longer than its call bound).
-    if (acceptBy > 0 && Date.now() > acceptBy) throw new CaptureError(`the engine stopped waiting for this forward at ${new Date(acceptBy).toISOString()}; not captured`, 'ERR_CLIENT_GONE');
-    interim();
-    const inputs = bf.inputs.map((inp, i) => {
-      const unreadable = this.regions.unreadable(inp.region);
-      if (unreadable) return { dtype: inp.dtype, shape: inp.shape.map(Number), unreadable, read: async (): Promise<Buffer> => Buffer.alloc(0) };
-      const r = this.regions.get(inp.region);
-      if (!r) throw new ConfigError(`inputs[${i}].region '${inp.region}' is not registered`);
-      return {
-        dtype: inp.dtype,
-        shape: inp.shape.map(Number),
-        read: async (): Promise<Buffer> => {
-          const numel = inp.shape.reduce((a, b) => a * Number(b), 1);
-          const nbytes = numel * itemSize(parseDType(inp.dtype, `inputs[${i}].dtype`));
-          const buf = Buffer.allocUnsafe(nbytes);
-          await r.region.copyTo(buf, 0, inp.offset, nbytes);
-          // Copied after the engine went on: the bytes may be the next forward's. Nothing is kept.
-          if (finishBy > 0 && Date.now() > finishBy) throw new CaptureError(`inputs[${i}] copied after the engine stopped waiting; capture dropped`, 'ERR_CLIENT_GONE');
-          return buf;
-        },
-      };
-    });
-    const res = await this.capturer.capture(bf.context, inputs);
-    if (res.captured) this.stats.snapshotsWritten++;
-    return { captured: res.captured, callDir: res.callDir ?? '' };
   }
 }

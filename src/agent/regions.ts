@@ -2,6 +2,7 @@
 import { ConfigError } from '../errors';
 import { parseDType, itemSize, type DType } from '../artifacts/dtype';
 import { cudaAvailable, DeviceRegion } from '../memory';
+import { RegionKind, RegionRole } from '../client/protocol';
 
 export interface RegisteredRegion {
   name: string;
@@ -53,7 +54,7 @@ export class RegionTable {
       throw new ConfigError(`region.name '${msg.name}' is already registered with a different description`);
     }
     const dtype = parseDType(msg.dtype, `region '${msg.name}'.dtype`);
-    const role = msg.role === 1 ? 'input' : 'kv_pool';
+    const role = msg.role === RegionRole.INPUT ? 'input' : 'kv_pool';
     const numel = msg.shape.reduce((a, b) => a * b, 1);
     const want = numel * itemSize(dtype);
     if (want > msg.nbytes) {
@@ -64,7 +65,7 @@ export class RegionTable {
       if (msg.kv !== 'k' && msg.kv !== 'v') throw new ConfigError(`region '${msg.name}'.kv must be 'k' or 'v', got '${msg.kv}'`);
       if (!msg.layer) throw new ConfigError(`region '${msg.name}'.layer is empty`);
     }
-    if (msg.kind === 1 && role === 'input') {
+    if (msg.kind === RegionKind.CUDA && role === 'input') {
       const cuda = cudaAvailable();
       if (!cuda.available) {
         this.unreadableInputs.set(msg.name, `CUDA region '${msg.name}' cannot be read: no CUDA runtime can be loaded here (${cuda.reason})`);
@@ -72,7 +73,7 @@ export class RegionTable {
       }
     }
     const region = DeviceRegion.open(
-      msg.kind === 1
+      msg.kind === RegionKind.CUDA
         ? { kind: 'cuda', cudaIpcHandle: msg.cudaIpcHandle, device: msg.device, offset: msg.offset, nbytes: msg.nbytes }
         : { kind: 'shm', shmName: msg.shmName, offset: msg.offset, nbytes: msg.nbytes },
       { field: `region '${msg.name}'`, stagingBytes: this.cudaStagingBytes },

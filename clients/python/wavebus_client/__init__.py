@@ -1,6 +1,7 @@
 """wavebus engine client: talk to this rank's wavebus agent (see docs/python-client.md)."""
 from .client import Client, EndOfWaveResult, Features
-from .version import __version__, protocol_version
+from .protocol import CLIENT_PROTOCOL_VERSION
+from .version import __version__, proto_fingerprint, protocol_version
 from .errors import (AgentError, AgentUnavailableError, CaptureError, ConfigError, CudaUnavailableError,
                      ProtocolError, ReplayError, WavebusError)
 from .forward import ForwardContext
@@ -12,5 +13,5 @@ __all__ = [
     "Client", "EndOfWaveResult", "Features", "ForwardContext", "Mailbox", "MailboxWriter", "WaveVector",
     "Region", "RequestStep", "NonFiniteRow", "StepTelemetry", "nonfinite_rows", "PendingNonFinite", "LogitsFiniteGate",
     "WavebusError", "ConfigError", "ProtocolError", "AgentError", "AgentUnavailableError", "CaptureError",
-    "CudaUnavailableError", "ReplayError",
+    "CudaUnavailableError", "ReplayError", "CLIENT_PROTOCOL_VERSION", "protocol_version", "proto_fingerprint", "__version__",
 ]

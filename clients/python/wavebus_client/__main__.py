@@ -12,7 +12,7 @@ def main(argv=None) -> int:
     if not args.version:
         ap.print_help()
         return 0
-    print(f"wavebus_client {__version__} (protocol {protocol_version()})")
+    print(f"wavebus_client {__version__} (client protocol {protocol_version()})")
     return 0
 
 

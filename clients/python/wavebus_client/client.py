@@ -6,7 +6,6 @@ rank has work in that wave, and never waited on beyond the configured bound.
 
 Not thread-safe: call it from the engine's step thread only.
 """
-import json
 import logging
 import os
 import time
@@ -15,17 +14,18 @@ from typing import Dict, Iterable, Optional, Tuple
 
 from . import mailbox as mb
 from . import wavebus_pb2 as pb
+from .availability import Availability
 from .errors import AgentError, AgentUnavailableError, CaptureError, ConfigError, ProtocolError
+from .features import DEFAULT_END_OF_WAVE_TIMEOUT_MS, Features
 from .forward import context_proto, input_proto
+from .protocol import CLIENT_PROTOCOL_VERSION, protocol_mismatch
 from .region import Region, from_any, validate
-from .telemetry import TelemetryColumnizer, telemetry_proto
+from .transport import AgentSocket
+from .paths import env_paths
+from .wave_head import WaveHeadBuilder, check_wave
 
 log = logging.getLogger("wavebus_client")
 
-DEFAULT_END_OF_WAVE_TIMEOUT_MS = 50
-# Steps between re-sends of every request's binding and block table (a lost one heals by then).
-RESEND_EVERY = 64
-_MAX_U64 = (1 << 64) - 1
 
 
 @dataclass
@@ -36,66 +36,6 @@ class EndOfWaveResult:
     dumps_written: int = 0
     vector: Optional[mb.WaveVector] = None
     error: str = ""
-
-
-@dataclass
-class Features:
-    """The agent's hello answer (features_json)."""
-
-    tp0: bool = False
-    bus: bool = False
-    detectors: dict = None
-    item_sync: bool = False
-    snapshots: bool = False
-    end_of_wave_timeout_ms: int = DEFAULT_END_OF_WAVE_TIMEOUT_MS
-
-    @classmethod
-    def parse(cls, text: str) -> "Features":
-        if not text:
-            return cls(detectors={})
-        try:
-            raw = json.loads(text)
-        except ValueError as e:
-            raise ProtocolError(f"hello reply: features_json is not valid JSON ({e})") from None
-        if not isinstance(raw, dict):
-            raise ProtocolError("hello reply: features_json must be a JSON object")
-        f = cls(detectors={})
-        for key in ("tp0", "bus", "item_sync", "snapshots"):
-            if key in raw:
-                if not isinstance(raw[key], bool):
-                    raise ProtocolError(f"hello reply: features_json.{key} must be a boolean, got {raw[key]!r}")
-                setattr(f, key, raw[key])
-        if "detectors" in raw:
-            if not isinstance(raw["detectors"], dict):
-                raise ProtocolError("hello reply: features_json.detectors must be an object")
-            f.detectors = raw["detectors"]
-        if "end_of_wave_timeout_ms" in raw:
-            t = raw["end_of_wave_timeout_ms"]
-            if isinstance(t, bool) or not isinstance(t, (int, float)) or t < 0:
-                raise ProtocolError(f"hello reply: features_json.end_of_wave_timeout_ms must be a non-negative number, got {t!r}")
-            f.end_of_wave_timeout_ms = t
-        return f
-
-
-def _env_paths(env) -> Tuple[str, str]:
-    run_dir = env.get("WAVEBUS_RUN_DIR", "")
-    if not run_dir:
-        raise ConfigError(
-            "Client.connect(): WAVEBUS_RUN_DIR is not set; run the engine under `wavebus launch` "
-            "(or its agents) or pass endpoint= and mailbox=", "ERR_ENV")
-    lr = env.get("LOCAL_RANK", "")
-    if lr == "":
-        raise ConfigError("Client.connect(): LOCAL_RANK is not set; it names this process's agent (agent-local<LOCAL_RANK>.sock)", "ERR_ENV")
-    if not lr.isdigit():
-        raise ConfigError(f"Client.connect(): LOCAL_RANK must be a non-negative integer, got {lr!r}", "ERR_ENV")
-    l = int(lr)
-    return f"ipc://{os.path.join(run_dir, f'agent-local{l}.sock')}", os.path.join(run_dir, f"mailbox-local{l}")
-
-
-def _check_wave(wave, where: str) -> int:
-    if isinstance(wave, bool) or not isinstance(wave, int) or not 0 <= wave <= _MAX_U64:
-        raise ConfigError(f"{where}: wave must be a non-negative integer, got {wave!r}")
-    return wave
 
 
 class Client:
@@ -120,29 +60,18 @@ class Client:
         self.end_of_wave_margin_ms = end_of_wave_margin_ms
         self.call_timeout_ms = call_timeout_ms
         self.probe_interval_ms = probe_interval_ms
-        # True while the agent is known not to answer: calls skip it until it answers again.
-        self.agent_unavailable = False
-        self._last_answer = float("-inf")
-        self._last_probe = float("-inf")
-        self._ping_ids: set = set()
         self.stats: Dict[str, int] = {
             "requests_sent": 0, "end_of_wave_fast": 0, "end_of_wave_waited": 0, "end_of_wave_sent": 0, "end_of_wave_timeouts": 0,
             "end_of_wave_errors": 0, "wave_head_sent": 0, "wave_head_errors": 0, "wave_head_skipped": 0,
             "stale_replies": 0, "bad_replies": 0, "captures": 0, "register_errors": 0,
             "agent_lost": 0, "agent_back": 0, "skipped_unavailable": 0, "snapshots_skipped": 0, "probes": 0,
         }
-        self.last_error = ""
+        self._sock = AgentSocket(endpoint, self.stats, lambda: self._avail.heard())
+        self._avail = Availability(endpoint, self.stats, probe_interval_ms, self._ping, self._sock.drain, self._agent_back)
         self.agent_features: Optional[Features] = None
         self._regions: Dict[str, Region] = {}
         self._sent_regions: Dict[str, Region] = {}
-        self._ctx = None
-        self._sock = None
-        self._next_id = 0
-        self._hello_id = 0          # id of the hello in flight (a late answer is still applied)
-        self._async_ids: Dict[int, str] = {}  # fire-and-forget requests whose answers are drained later
-        self._columnizer: Optional[TelemetryColumnizer] = None  # request slots of the telemetry
-        self._telemetry_epoch = -1
-        self._since_resend = 0
+        self._head = WaveHeadBuilder()
         self._closed = False
         self._mb = mb.Mailbox.wait_open(mailbox_path, mailbox_wait_s)
         if self.async_scheduling and self._mb.features & mb.FEATURE_SNAPSHOTS:
@@ -170,7 +99,7 @@ class Client:
         """Attach to this rank's agent: ``ipc://$WAVEBUS_RUN_DIR/agent-local$LOCAL_RANK.sock`` and
         ``$WAVEBUS_RUN_DIR/mailbox-local$LOCAL_RANK`` unless given. Sends nothing."""
         if endpoint is None or mailbox is None:
-            e, m = _env_paths(os.environ if env is None else env)
+            e, m = env_paths(os.environ if env is None else env)
             endpoint = e if endpoint is None else endpoint
             mailbox = m if mailbox is None else mailbox
         return cls(endpoint, mailbox, **kw)
@@ -181,130 +110,40 @@ class Client:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    # ------------------------------------------------------------------ socket plumbing
-
-    def _socket(self):
-        if self._sock is None:
-            import zmq
-
-            self._zmq = zmq
-            self._ctx = zmq.Context()
-            s = self._ctx.socket(zmq.DEALER)
-            s.setsockopt(zmq.LINGER, 0)
-            s.connect(self.endpoint)
-            self._sock = s
-        return self._sock
-
-    def _send(self, req: "pb.ClientRequest", one_way: bool = False) -> bool:
-        """Queue ``req`` without blocking. ``one_way``: id 0, the agent answers nothing."""
-        if one_way:
-            req.id = 0
-        else:
-            self._next_id += 1
-            req.id = self._next_id
-        try:
-            self._socket().send(req.SerializeToString(), self._zmq.NOBLOCK)
-        except self._zmq.Again:
-            return False  # the queue to the agent is full: treat like no answer
-        self.stats["requests_sent"] += 1
-        return True
-
-    def _dispatch(self, reply: "pb.ClientReply") -> None:
-        """Handle an answer nobody is waiting for right now."""
-        if reply.id in self._ping_ids:
-            self._ping_ids.discard(reply.id)
-            return
-        if self._hello_id and reply.id == self._hello_id:
-            self._apply_hello(reply)
-            return
-        kind = self._async_ids.pop(reply.id, None)
-        if kind is None:
-            self.stats["stale_replies"] += 1
-            return
-        if not reply.ok:
-            self.stats[f"{kind}_errors"] += 1
-            self.last_error = f"{kind}: {reply.error_code} {reply.error}".strip()
-            log.warning("wavebus agent refused %s: %s", kind, self.last_error)
-
-    def _wait(self, rid: int, deadline: float) -> Optional["pb.ClientReply"]:
-        """The answer to request ``rid``, or None at the deadline (monotonic seconds)."""
-        zmq = self._zmq
-        sock = self._sock
-        while True:
-            left_ms = max(0, int((deadline - time.monotonic()) * 1000))
-            if not sock.poll(left_ms, zmq.POLLIN):
-                return None
-            while True:
-                try:
-                    frames = sock.recv_multipart(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                reply = pb.ClientReply()
-                try:
-                    reply.ParseFromString(frames[-1])
-                except Exception:  # garbage from the socket must not crash the engine
-                    self.stats["bad_replies"] += 1
-                    continue
-                self._heard()
-                if reply.id == rid:
-                    return reply
-                self._dispatch(reply)
-
-    def _drain(self) -> None:
-        if self._sock is not None:
-            self._wait(-1, time.monotonic())
-
     # ------------------------------------------------------------------ agent availability
 
-    def _heard(self) -> None:
-        """Any answer proves the agent alive. After a loss, hello and regions go again on the next call."""
-        self._last_answer = time.monotonic()
-        if not self.agent_unavailable:
-            return
-        self.agent_unavailable = False
-        self.stats["agent_back"] += 1
-        self.agent_features = None  # it may be a new agent: introduce ourselves again
-        self._hello_id = 0
-        self._sent_regions.clear()
-        log.info("the wavebus agent at %s answers again; engine calls use it again", self.endpoint)
+    @property
+    def agent_unavailable(self) -> bool:
+        """True while the agent is known not to answer: calls skip it until it answers again."""
+        return self._avail.unavailable
 
-    def _mark_unavailable(self, why: str) -> None:
-        self._last_probe = time.monotonic()
-        if self.agent_unavailable:
-            return
-        self.agent_unavailable = True
-        self.stats["agent_lost"] += 1
-        self.last_error = why
-        log.warning("the wavebus agent at %s is not answering (%s); engine calls skip it until it answers again", self.endpoint, why)
+    @property
+    def last_error(self) -> str:
+        """The last error a per-step call met and swallowed (the step went on)."""
+        return self._avail.last_error
+
+    @last_error.setter
+    def last_error(self, value: str) -> None:
+        self._avail.last_error = value
+
+    def _agent_back(self) -> None:
+        self.agent_features = None  # it may be a new agent: introduce ourselves again
+        self._sock.forget("hello")
+        self._sent_regions.clear()
 
     def _ping(self) -> None:
-        """A ping whose answer nobody waits for: it only shows the agent alive (see _heard)."""
-        req = pb.ClientRequest(ping=pb.Ping())
-        if self._send(req):
-            self._ping_ids.add(req.id)
-
-    def _still_unavailable(self) -> bool:
-        """While unavailable: read what came (non-blocking), and at most one probe per interval."""
-        if not self.agent_unavailable:
-            return False
-        self._drain()
-        if self.agent_unavailable and time.monotonic() - self._last_probe >= self.probe_interval_ms / 1000:
-            self._last_probe = time.monotonic()
-            self.stats["probes"] += 1
-            self._ping()
-        if self.agent_unavailable:
-            self.stats["skipped_unavailable"] += 1
-        return self.agent_unavailable
-
-    def _request(self, req: "pb.ClientRequest", deadline: float) -> Optional["pb.ClientReply"]:
-        if not self._send(req):
-            return None
-        return self._wait(req.id, deadline)
+        """A ping whose answer nobody waits for: it only shows the agent alive (Availability.heard)."""
+        self._sock.send(pb.ClientRequest(ping=pb.Ping()), later=("ping", None))
 
     # ------------------------------------------------------------------ hello
 
     def _apply_hello(self, reply: "pb.ClientReply") -> None:
-        self._hello_id = 0
+        # A version mismatch is refused at once, by either side, naming both versions.
+        if not reply.ok and reply.error_code == "ERR_PROTOCOL_VERSION":
+            raise ProtocolError(f"the wavebus agent at {self.endpoint} refused the client: {reply.error}", "ERR_PROTOCOL_VERSION")
+        mismatch = protocol_mismatch("client", reply.protocol_version, f"hello to the agent at {self.endpoint}")
+        if mismatch is not None:
+            raise mismatch
         if not reply.ok:
             raise AgentError(f"the wavebus agent refused hello: {reply.error}", reply.error_code or "ERR_AGENT")
         self.agent_features = Features.parse(reply.features_json)
@@ -317,12 +156,14 @@ class Client:
         """Say hello once (lazily); False if the answer did not come by the deadline."""
         if self.agent_features is not None:
             return True
-        if not self._hello_id:
-            req = pb.ClientRequest(hello=pb.ClientHello(pid=os.getpid(), async_scheduling=self.async_scheduling, language="python"))
-            if not self._send(req):
+        hello_id = self._sock.in_flight("hello")  # a late answer to an earlier hello is still applied
+        if not hello_id:
+            req = pb.ClientRequest(hello=pb.ClientHello(pid=os.getpid(), async_scheduling=self.async_scheduling, language="python",
+                                                        protocol_version=CLIENT_PROTOCOL_VERSION))
+            if not self._sock.send(req, later=("hello", self._apply_hello)):
                 return False
-            self._hello_id = req.id
-        reply = self._wait(self._hello_id, deadline)
+            hello_id = req.id
+        reply = self._sock.wait(hello_id, deadline)
         if reply is not None:
             self._apply_hello(reply)
         return self.agent_features is not None
@@ -337,16 +178,16 @@ class Client:
     def _rejoin(self) -> None:
         """Forget what the agent knew of us (after an agent restart); the next call says hello again."""
         self.agent_features = None
-        self._hello_id = 0
+        self._sock.forget("hello")
         self._sent_regions.clear()
         self.stats["rejoins"] = self.stats.get("rejoins", 0) + 1
 
     def _ensure_hello(self, where: str) -> None:
-        if self._still_unavailable():
+        if self._avail.still_unavailable():
             raise AgentUnavailableError(f"{where}: the wavebus agent at {self.endpoint} is not answering ({self.last_error})")
         if not self._hello(time.monotonic() + self.hello_timeout_ms / 1000):
             why = f"{where}: the wavebus agent at {self.endpoint} did not answer hello within {self.hello_timeout_ms} ms"
-            self._mark_unavailable(why)
+            self._avail.mark_unavailable(why)
             raise AgentUnavailableError(why)
 
     # ------------------------------------------------------------------ regions
@@ -366,12 +207,12 @@ class Client:
         self._ensure_hello("register()")  # the region stays kept: it is sent once the agent answers
         if not self._send_region(r, time.monotonic() + self.hello_timeout_ms / 1000):
             why = f"register(): the wavebus agent did not answer within {self.hello_timeout_ms} ms (region {r.name!r})"
-            self._mark_unavailable(why)
+            self._avail.mark_unavailable(why)
             raise AgentUnavailableError(why)
         return True
 
     def _send_region(self, r: Region, deadline: float) -> bool:
-        reply = self._request(pb.ClientRequest(register=r.to_proto()), deadline)
+        reply = self._sock.request(pb.ClientRequest(register=r.to_proto()), deadline)
         if reply is None:
             return False
         if not reply.ok:
@@ -414,49 +255,32 @@ class Client:
     def wave_head(self, wave: int, telemetry=None) -> bool:
         """Mark the head of ``wave`` (with the telemetry of the previous wave). Only TP0 of the last
         PP stage sends, only while the bus is active; never waits for the answer. True if sent."""
-        _check_wave(wave, "wave_head()")
+        check_wave(wave, "wave_head()")
         feats = self._mb.features
         if not feats & mb.FEATURE_BUS:  # also covers "everything off"
-            self._columnizer = None  # requests freed meanwhile go unseen: start over when sending again
+            self._head.reset()  # requests freed meanwhile go unseen: start over when sending again
             return False
-        if self._still_unavailable():
+        if self._avail.still_unavailable():
             # Nothing queues up for an agent that is gone; the bindings go again once it is back.
-            self._columnizer = None
+            self._head.reset()
             self.stats["wave_head_skipped"] += 1
             return False
         if self.agent_features is None and not self._hello(time.monotonic() + self._bound_s()):
-            self._mark_unavailable(f"wave_head({wave}): no answer to hello within {self.call_bound_ms()} ms")
+            self._avail.mark_unavailable(f"wave_head({wave}): no answer to hello within {self.call_bound_ms()} ms")
             self.stats["wave_head_skipped"] += 1
             return False
         if not self.agent_features.tp0:
-            self._columnizer = None
+            self._head.reset()
             return False
         if len(self._sent_regions) != len(self._regions) and not self._flush_regions(time.monotonic() + self._bound_s(), step=True):
             self.stats["wave_head_skipped"] += 1
             return False
-        self._drain()
-        body = pb.WaveHeadRequest(wave=wave)
-        if telemetry is not None:
-            tp = telemetry_proto(telemetry, wave - 1 if wave > 0 else 0)
-            detectors = bool(feats & mb.FEATURE_DETECTORS)
-            if self._columnizer is None:
-                self._columnizer = TelemetryColumnizer()
-            # A new coordinator (epoch) knows no bindings; a periodic re-send heals a lost message.
-            self._since_resend += 1
-            if self._mb.epoch != self._telemetry_epoch or self._since_resend >= RESEND_EVERY:
-                self._telemetry_epoch = self._mb.epoch
-                self._since_resend = 0
-                self._columnizer.resend()
-            # No detector reads tokens: send only what a manual dump needs (requests, blocks, finish).
-            body.telemetry.wave = tp.wave
-            body.telemetry.columns.CopyFrom(self._columnizer.columns(tp.requests, tokens=detectors))
-            if detectors:
-                body.telemetry.non_finite.extend(tp.non_finite)
+        self._sock.drain()
+        body = self._head.build(wave, telemetry, bool(feats & mb.FEATURE_DETECTORS), self._mb.epoch)
         # One-way: the engine never waits for the agent or the coordinator at the head of a wave.
-        if not self._send(pb.ClientRequest(wave_head=body), one_way=True):
+        if not self._sock.send(pb.ClientRequest(wave_head=body), one_way=True):
             self.stats["wave_head_skipped"] += 1
-            if self._columnizer is not None:
-                self._columnizer.resend()  # its bindings may have been in this one
+            self._head.resend()  # its bindings may have been in this one
             return False
         self.stats["wave_head_sent"] += 1
         return True
@@ -464,35 +288,35 @@ class Client:
     def end_of_wave(self, wave: int) -> EndOfWaveResult:
         """End ``wave``. Returns at once when its vector is in the mailbox with nothing due; else asks
         the agent to do what is due, waiting at most the bound (then timed_out=True)."""
-        _check_wave(wave, "end_of_wave()")
+        check_wave(wave, "end_of_wave()")
         if not self._mb.features & mb.FEATURE_BUS:  # also covers "everything off"
             return EndOfWaveResult(wave)
         v = self._mb.read_wave(wave)
         if v is not None and not v.anything_due:
             self.stats["end_of_wave_fast"] += 1
             return EndOfWaveResult(wave, vector=v)
-        if self._still_unavailable():
+        if self._avail.still_unavailable():
             # Its mailbox is not updated any more: no waiting, the step goes on (counted). A frozen
             # agent still learns of the miss when it resumes (one-way; dropped if its queue is full).
             self.stats["end_of_wave_timeouts"] += 1
-            self._send(pb.ClientRequest(end_of_wave=pb.EndOfWave(wave=wave, missed=True)), one_way=True)
+            self._sock.send(pb.ClientRequest(end_of_wave=pb.EndOfWave(wave=wave, missed=True)), one_way=True)
             return EndOfWaveResult(wave, timed_out=True, vector=v)
         if v is None and self.agent_features is not None and self._mb.can_wait and len(self._sent_regions) == len(self._regions):
             # Late vector, agent known: sleep on the mailbox (the agent's publish wakes us), no request.
             # A late vector may mean a dead agent (nobody updates the mailbox): ask it alongside.
             since = time.monotonic()
-            if not self._ping_ids:
+            if not self._sock.in_flight("ping"):
                 self._ping()
             got = self._mb.wait_wave(wave, self.call_bound_ms() / 1000)
             if got == "timeout":
                 self.stats["end_of_wave_timeouts"] += 1
                 self.stats["end_of_wave_waited"] += 1
-                self._drain()
-                if self._last_answer < since:
-                    self._ping_ids.clear()
-                    self._mark_unavailable(f"end_of_wave({wave}): no answer within {self.call_bound_ms()} ms")
+                self._sock.drain()
+                if self._avail.last_answer < since:
+                    self._sock.forget("ping")
+                    self._avail.mark_unavailable(f"end_of_wave({wave}): no answer within {self.call_bound_ms()} ms")
                 # One-way: the agent counts the miss and fails the wave's dumps if they arrive later.
-                self._send(pb.ClientRequest(end_of_wave=pb.EndOfWave(wave=wave, missed=True)), one_way=True)
+                self._sock.send(pb.ClientRequest(end_of_wave=pb.EndOfWave(wave=wave, missed=True)), one_way=True)
                 return EndOfWaveResult(wave, timed_out=True)
             if isinstance(got, mb.WaveVector):
                 self.stats["end_of_wave_waited"] += 1
@@ -504,14 +328,14 @@ class Client:
         self.stats["end_of_wave_sent"] += 1
         reply = None
         if self._hello(deadline) and (len(self._sent_regions) == len(self._regions) or self._flush_regions(deadline, step=True)):
-            reply = self._request(pb.ClientRequest(end_of_wave=pb.EndOfWave(wave=wave)), deadline)
+            reply = self._sock.request(pb.ClientRequest(end_of_wave=pb.EndOfWave(wave=wave)), deadline)
             if reply is not None and not reply.ok and reply.error_code == "ERR_NO_HELLO":
                 # The agent restarted and does not know us: hello and regions again, retry within the bound.
                 self._rejoin()
                 if self._hello(deadline) and self._flush_regions(deadline, step=True):
-                    reply = self._request(pb.ClientRequest(end_of_wave=pb.EndOfWave(wave=wave)), deadline)
+                    reply = self._sock.request(pb.ClientRequest(end_of_wave=pb.EndOfWave(wave=wave)), deadline)
         if reply is None:
-            self._mark_unavailable(f"end_of_wave({wave}): no answer within {self.call_bound_ms()} ms")
+            self._avail.mark_unavailable(f"end_of_wave({wave}): no answer within {self.call_bound_ms()} ms")
         if reply is None or reply.timed_out:
             res.timed_out = True
             self.stats["end_of_wave_timeouts"] += 1
@@ -539,7 +363,7 @@ class Client:
         if not isinstance(inputs, (list, tuple)):
             raise ConfigError(f"before_forward(): inputs must be a list, got {type(inputs).__name__}")
         tins = [input_proto(x, self._regions, f"before_forward(): inputs[{i}]") for i, x in enumerate(inputs)]
-        if self._still_unavailable():
+        if self._avail.still_unavailable():
             self.stats["snapshots_skipped"] += 1
             return False, ""
         bound_s = self._bound_s()
@@ -551,14 +375,14 @@ class Client:
             self._rejoin()  # the agent restarted: introduce ourselves and our regions again, then retry
             reply = self._capture_request(ctx, tins, deadline, accept_by)
         if reply is None:
-            self._mark_unavailable(f"before_forward(): no answer within {self.call_bound_ms()} ms")
+            self._avail.mark_unavailable(f"before_forward(): no answer within {self.call_bound_ms()} ms")
             self.stats["snapshots_skipped"] += 1
             return False, ""
         if reply.capturing:
             # Begun: the agent has capture_timeout_ms to finish. Not finishing is a failed capture.
-            reply = self._wait(reply.id, time.monotonic() + self.capture_timeout_ms / 1000)
+            reply = self._sock.wait(reply.id, time.monotonic() + self.capture_timeout_ms / 1000)
             if reply is None:
-                self._mark_unavailable(f"before_forward(): a begun capture did not finish within {self.capture_timeout_ms} ms")
+                self._avail.mark_unavailable(f"before_forward(): a begun capture did not finish within {self.capture_timeout_ms} ms")
                 raise CaptureError(f"before_forward(): the agent began the capture but did not finish it within {self.capture_timeout_ms} ms; abort this forward", "ERR_CAPTURE_TIMEOUT")
         if not reply.ok:
             raise CaptureError(f"before_forward(): capture failed: {reply.error}", reply.error_code or "ERR_CAPTURE")
@@ -573,7 +397,7 @@ class Client:
         req = pb.ClientRequest(before_forward=pb.BeforeForward(
             context=ctx, inputs=tins, accept_by_unix_ms=accept_by,
             finish_by_unix_ms=accept_by + self.capture_timeout_ms))
-        return self._request(req, deadline)
+        return self._sock.request(req, deadline)
 
     # ------------------------------------------------------------------ shutdown
 
@@ -582,12 +406,10 @@ class Client:
         if self._closed:
             return
         self._closed = True
-        if self._sock is not None:
+        if self._sock.opened:
             try:
                 if self.agent_features is not None:
-                    self._request(pb.ClientRequest(close=pb.Close()), time.monotonic() + 0.2)
+                    self._sock.request(pb.ClientRequest(close=pb.Close()), time.monotonic() + 0.2)
             finally:
-                self._sock.close(0)
-                self._ctx.term()
-                self._sock = None
+                self._sock.close()
         self._mb.close()

@@ -1,0 +1,143 @@
+// The agent's side of the engine client's socket (ROUTER, ipc): decodes requests, passes the
+// per-step wave head's bytes on untouched, refuses a client of another protocol version or one it
+// never greeted, and sends the replies through one queue (zeromq allows one send in flight).
+import * as zmq from 'zeromq';
+import { WavebusError } from '../errors';
+import type { Logger } from '../log';
+import { ClientReply, ClientRequest, encode, toPlain } from '../proto';
+import { waveHeadBytes } from '../bus/wave-head-relay';
+import { CLIENT_PROTOCOL_VERSION, protocolMismatch } from '../client/protocol';
+
+export type ClientHandler = (req: Record<string, any>, interim: () => void) => Promise<Record<string, unknown>>;
+
+export interface ClientServerStats {
+  clientRequests: number;
+  badClientFrames: number;
+}
+
+/**
+ * A client request the agent takes without answering (id 0): a wave head (the engine never waits
+ * at the head of a wave) or a missed-wave notice (the engine already went on).
+ */
+export function isOneWayRequest(req: { id?: unknown; body?: unknown }): boolean {
+  return req.id === 0 && (req.body === 'waveHead' || req.body === 'endOfWave');
+}
+
+export class ClientServer {
+  private readonly replies: Array<{ router: zmq.Router; parts: [Buffer, Buffer] }> = [];
+  private replying = false;
+  /** Clients (by routing id) that said hello to this agent incarnation. */
+  private readonly greeted = new Set<string>();
+  /** Clients refused for their protocol version (logged once each). */
+  private readonly refused = new Set<string>();
+
+  constructor(
+    private readonly stats: ClientServerStats,
+    private readonly log: Logger,
+    /** Does a request's work and returns the reply's fields (throws: an error reply). */
+    private readonly handle: ClientHandler,
+    /** The per-step one-way wave head, as the client's bytes (returns without waiting). */
+    private readonly relayWaveHead: (raw: Uint8Array) => void,
+    private readonly stopped: () => boolean,
+  ) {}
+
+  async serve(router: zmq.Router): Promise<void> {
+    try {
+      for await (const [peer, frame] of router) {
+        if (!frame) {
+          this.stats.badClientFrames++;
+          continue;
+        }
+        let msg: ReturnType<typeof ClientRequest.decode> & { id?: unknown; waveHead?: { wave?: unknown } };
+        try {
+          msg = ClientRequest.decode(frame);
+        } catch {
+          this.stats.badClientFrames++;
+          continue;
+        }
+        this.stats.clientRequests++;
+        // The per-step one-way wave head: its bytes go on to the coordinator as they came.
+        if (msg.waveHead && Number(msg.id ?? 0) === 0) {
+          const raw = waveHeadBytes(frame);
+          if (raw) {
+            this.relayWaveHead(raw);
+            continue;
+          }
+        }
+        const req = toPlain<Record<string, any>>(ClientRequest, msg);
+        if (isOneWayRequest(req)) {
+          // Nothing is answered, and nothing here needs the client's regions: no hello is asked for.
+          this.handle(req, () => undefined).catch((err: Error) => this.log.warn({ err: String(err?.message ?? err), body: req.body }, 'one-way message from the client failed'));
+          continue;
+        }
+        // A selected capture tells the client it has begun (same id, capturing) before it copies.
+        const interim = (): void => this.reply(router, peer, () => encode(ClientReply, { id: req.id, ok: true, capturing: true }));
+        // A hello's reply (refused or not) carries this agent's protocol version.
+        const version = req.body === 'hello' ? { protocolVersion: CLIENT_PROTOCOL_VERSION } : {};
+        void this.handleFrom(peer, req, interim).then(
+          (reply) => this.reply(router, peer, () => encode(ClientReply, { id: req.id, ok: true, ...version, ...reply })),
+          (err: Error) =>
+            this.reply(router, peer, () =>
+              encode(ClientReply, { id: req.id, ok: false, error: String(err?.message ?? err), errorCode: (err as WavebusError)?.code ?? 'ERR_AGENT', ...version }),
+            ),
+        );
+      }
+    } catch (e) {
+      if (!this.stopped()) this.log.error({ err: e }, 'client socket failed');
+    }
+  }
+
+  /**
+   * A hello of another protocol version is refused at once (naming both versions). Work that needs
+   * the client's regions is refused from a client this agent never greeted: after an agent restart
+   * the engine's client reconnects with its regions unknown here. ERR_NO_HELLO makes the client say
+   * hello and register again, then retry.
+   */
+  private async handleFrom(peer: Buffer, req: Record<string, any>, interim: () => void): Promise<Record<string, unknown>> {
+    const key = peer.toString('hex');
+    if (req.body === 'hello') {
+      const mismatch = protocolMismatch('agent', req.hello.protocolVersion, `hello from a ${req.hello.language || 'client'} client (pid ${req.hello.pid})`);
+      if (mismatch) {
+        this.greeted.delete(key);
+        if (!this.refused.has(key)) this.log.error({ pid: req.hello.pid, language: req.hello.language }, mismatch.message);
+        this.refused.add(key);
+        throw mismatch;
+      }
+      this.greeted.add(key);
+    } else if ((req.body === 'endOfWave' || req.body === 'beforeForward' || req.body === 'register') && !this.greeted.has(key)) {
+      throw new WavebusError('ERR_NO_HELLO', 'this agent has not met this client (the agent restarted?): say hello and register again');
+    }
+    return this.handle(req, interim);
+  }
+
+  // zeromq allows one send in flight per socket (a second one throws EBUSY, synchronously):
+  // replies to concurrent requests go out one at a time, in the order they were ready.
+  private reply(router: zmq.Router, peer: Buffer, make: () => Buffer): void {
+    let body: Buffer;
+    try {
+      body = make();
+    } catch (e) {
+      this.log.error({ err: String(e) }, 'cannot encode a client reply');
+      return;
+    }
+    this.replies.push({ router, parts: [peer, body] });
+    if (!this.replying) void this.drain();
+  }
+
+  private async drain(): Promise<void> {
+    this.replying = true;
+    try {
+      while (this.replies.length > 0) {
+        const { router, parts } = this.replies.shift()!;
+        if (router.closed) continue;
+        try {
+          await router.send(parts);
+        } catch {
+          /* the client went away; ROUTER drops replies to unknown peers anyway */
+        }
+      }
+    } finally {
+      this.replying = false;
+    }
+  }
+}

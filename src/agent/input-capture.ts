@@ -1,0 +1,53 @@
+// before_forward on the agent: a forward offered for an input snapshot. The capturer decides
+// (selection rules, budget) and writes; this module checks the engine's deadlines and reads the
+// inputs out of the registered regions.
+import { itemSize, parseDType } from '../artifacts/dtype';
+import { CaptureError, ConfigError } from '../errors';
+import type { SnapshotCapturer } from '../snapshot/capture';
+import type { RegionTable } from './regions';
+
+export interface BeforeForwardRequest {
+  context: any;
+  inputs: { region: string; offset: number; dtype: string; shape: number[] }[];
+  acceptByUnixMs?: number | string;
+  finishByUnixMs?: number | string;
+}
+
+/** `interim`: tells the client the capture has begun; `written`: counts a written snapshot. */
+export async function captureInputs(
+  capturer: SnapshotCapturer,
+  regions: RegionTable,
+  bf: BeforeForwardRequest,
+  interim: () => void,
+  written: () => void,
+): Promise<Record<string, unknown>> {
+  const acceptBy = Number(bf.acceptByUnixMs ?? 0);
+  const finishBy = Number(bf.finishByUnixMs ?? 0);
+  // The engine gave up waiting if we are past its deadline (this agent was frozen): its inputs
+  // may have changed since, so nothing is copied. Else it hears at once that we are alive and
+  // waits for the decision and the capture (disk work may take longer than its call bound).
+  if (acceptBy > 0 && Date.now() > acceptBy) throw new CaptureError(`the engine stopped waiting for this forward at ${new Date(acceptBy).toISOString()}; not captured`, 'ERR_CLIENT_GONE');
+  interim();
+  const inputs = bf.inputs.map((inp, i) => {
+    const unreadable = regions.unreadable(inp.region);
+    if (unreadable) return { dtype: inp.dtype, shape: inp.shape.map(Number), unreadable, read: async (): Promise<Buffer> => Buffer.alloc(0) };
+    const r = regions.get(inp.region);
+    if (!r) throw new ConfigError(`inputs[${i}].region '${inp.region}' is not registered`);
+    return {
+      dtype: inp.dtype,
+      shape: inp.shape.map(Number),
+      read: async (): Promise<Buffer> => {
+        const numel = inp.shape.reduce((a, b) => a * Number(b), 1);
+        const nbytes = numel * itemSize(parseDType(inp.dtype, `inputs[${i}].dtype`));
+        const buf = Buffer.allocUnsafe(nbytes);
+        await r.region.copyTo(buf, 0, inp.offset, nbytes);
+        // Copied after the engine went on: the bytes may be the next forward's. Nothing is kept.
+        if (finishBy > 0 && Date.now() > finishBy) throw new CaptureError(`inputs[${i}] copied after the engine stopped waiting; capture dropped`, 'ERR_CLIENT_GONE');
+        return buf;
+      },
+    };
+  });
+  const res = await capturer.capture(bf.context, inputs);
+  if (res.captured) written();
+  return { captured: res.captured, callDir: res.callDir ?? '' };
+}
