@@ -42,7 +42,9 @@ async function startBus(world = 1): Promise<Bus> {
   const cfg = path.join(root, 'runtime_config.json');
   fs.writeFileSync(cfg, JSON.stringify(DETECTORS_ON));
   const port = await freePortPair();
-  const coordinator = spawnWavebus(['coordinator', '--port', String(port), '--world-size', String(world), '--tp', String(world), '--heartbeat-ms', '200', '--runtime-config-path', cfg]);
+  // Startup writes defaults <- overlay to the live file (seed): the detectors come in the overlay.
+  const coordinator = spawnWavebus(['coordinator', '--port', String(port), '--world-size', String(world), '--tp', String(world), '--heartbeat-ms', '200', '--runtime-config-path', cfg,
+    '--additional-config', JSON.stringify({ runtime_config: DETECTORS_ON })]);
   const env = { ...process.env, WAVEBUS_SNAPSHOT_ENABLE: '1', WAVEBUS_SNAPSHOT_CAPTURE_AT_CALL: '-1', WAVEBUS_SNAPSHOT_MAX_CAPTURES: '100000', WAVEBUS_CACHE_ROOT: cacheRoot, WAVEBUS_SNAPSHOT_FORMAT: 'npy' };
   const agent = spawnWavebus(
     ['agent', '--coordinator', `127.0.0.1:${port}`, '--rank', '0', '--local-rank', '0', '--world-size', String(world), '--local-world-size', String(world), '--tp', String(world),
