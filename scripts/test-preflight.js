@@ -17,6 +17,9 @@ const needs = [
   ['python3-torch', () => ok(python, ['-c', 'import torch'])],
   ['python3-zmq', () => ok(python, ['-c', 'import zmq'])],
   ['python3-protobuf', () => ok(python, ['-c', 'import google.protobuf'])],
+  ['python3-venv', () => ok(python, ['-c', 'import ensurepip, venv'])],
+  ['python3-setuptools', () => ok(python, ['-c', 'import setuptools'])],
+  ['gcc', () => ok('cc', ['--version'])],
   ['protobuf-compiler', () => ok('protoc', ['--version'])],
   ['iproute2', () => ok('ip', ['-V'])],
 ];
