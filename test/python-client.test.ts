@@ -367,7 +367,9 @@ test('wave_head: only TP0 sends, token telemetry only with detectors on; before_
   const dir = tmpDir();
   const mbox = path.join(dir, 'mailbox-local1');
   writeMailboxFile(mbox, 1 | 8); // bus + snapshots, detectors off
-  const agent = await fakeAgentSocket(`ipc://${path.join(dir, 'agent-local1.sock')}`, { tp0: true, bus: true, snapshots: true }, () => ({}));
+  // The fake agent declares a generous bound (as the first test does): this jest process answers it,
+  // and on a loaded machine its event loop can be later than the default 50 ms + margin.
+  const agent = await fakeAgentSocket(`ipc://${path.join(dir, 'agent-local1.sock')}`, { tp0: true, bus: true, snapshots: true, end_of_wave_timeout_ms: 1500 }, () => ({}));
   const got = await pyAsync(
     `
 import json, torch
