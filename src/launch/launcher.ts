@@ -2,6 +2,7 @@
 // agent per local rank, waits until the bus is ready (by asking the coordinator, never by
 // sleeping), runs the user's command with the wavebus environment, forwards signals to it, and
 // tears everything down when it exits, exiting with its code.
+import { intFlag } from '../commands/flags';
 import { ChildProcess, spawn } from 'child_process';
 import * as dns from 'dns';
 import * as fs from 'fs';
@@ -73,13 +74,7 @@ function given(v: unknown): boolean {
 }
 
 function parseIntArg(raw: unknown, name: string, min: number, max = Number.MAX_SAFE_INTEGER): number {
-  const s = String(lastOf(raw)).trim();
-  const n = /^\d+$/.test(s) ? Number(s) : NaN;
-  if (!Number.isSafeInteger(n) || n < min || n > max) {
-    const range = max === Number.MAX_SAFE_INTEGER ? `an integer >= ${min}` : `an integer ${min}..${max}`;
-    throw launchError(`${name}: expected ${range}, got ${JSON.stringify(lastOf(raw))}`);
-  }
-  return n;
+  return intFlag(lastOf(raw), name, min, max, { code: 'ERR_LAUNCH' });
 }
 
 function stringList(v: unknown): string[] {
