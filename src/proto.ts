@@ -19,6 +19,11 @@ export function messageType(name: string): protobuf.Type {
   return root.lookupType(`wavebus.${name}`);
 }
 
+/** The name -> number map of a proto enum, e.g. enumValues('RegionRole').ROLE_INPUT. */
+export function enumValues(name: string): Readonly<Record<string, number>> {
+  return root.lookupEnum(`wavebus.${name}`).values;
+}
+
 export const BusFrame = messageType('BusFrame');
 export const AgentMessage = messageType('AgentMessage');
 export const CoordinatorMessage = messageType('CoordinatorMessage');
