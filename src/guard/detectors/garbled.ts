@@ -14,8 +14,8 @@
 // After an alert the window restarts.
 //
 // Running sums over a ring, in int32 words (see slab.ts):
-//   header (at h, even): [0] pos [1] len [2] surprising count [3] tokens with a log-prob
-//     [4..5] Σmillibits (float64)
+//   header (at h, even; word offsets in native.detectorLayout.garbled): pos, len, surprising
+//     count, seen (tokens with a log-prob), sum (Σmillibits, float64)
 //   body (at r): ring of (millibits << 1 | surprising); millibits ≤ 10^9 < 2^30, one word each
 import type { GarbledConfig } from '../config';
 import { detectOne, HitBuffer, LAYOUT, newParams, PARAM } from './kernel';

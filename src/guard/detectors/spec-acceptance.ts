@@ -11,7 +11,8 @@
 //
 // Running sums over a ring, in int32 words (see slab.ts); draft lengths are uint32 on the wire, so
 // the ring and the sums are float64 (exact):
-//   header (at h, even): [0] pos [1] len [2..3] Σdraft [4..5] Σaccepted
+//   header (at h, even; word offsets in native.detectorLayout.specAcceptance): pos, len,
+//     sumDraft (Σdraft, float64), sumAcc (Σaccepted, float64)
 //   body (at r, even): ring of (draft, accepted) float64 pairs
 import type { SpecAcceptanceConfig } from '../config';
 import { detectOne, HitBuffer, LAYOUT, newParams, PARAM } from './kernel';
