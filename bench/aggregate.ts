@@ -13,15 +13,15 @@ import { aggregate, DEFAULT_CHUNK_MB, DEFAULT_PARALLEL_FILES, DEFAULT_WINDOW } f
 import { crc32c, formatChecksum } from '../src/artifacts/checksum';
 import { keepFreedMemory, MMAP_THRESHOLD_BYTES, TRIM_THRESHOLD_BYTES } from '../src/malloc-tuning';
 import { freePort, freePortPair } from '../src/bus/ports';
+import { intFlag, numberFlag } from '../src/commands/flags';
 
 const RANKS = 4;
 
-function arg(argv: string[], name: string, def: number): number {
+/** `name`'s value: a whole count, or (`fraction`) a number of MiB that may be fractional. */
+function arg(argv: string[], name: string, def: number, fraction = false): number {
   const i = argv.indexOf(name);
   if (i < 0) return def;
-  const v = Number(argv[i + 1]);
-  if (!Number.isFinite(v) || v <= 0) throw new Error(`${name}: expected a positive number, got ${JSON.stringify(argv[i + 1])}`);
-  return v;
+  return fraction ? numberFlag(argv[i + 1], name, 1 / 1024) : intFlag(argv[i + 1], name);
 }
 
 /** rank<g>/ dirs of random files with a dump.json recording their checksums (as real bundles do). */
@@ -190,8 +190,8 @@ async function tcpCopy(port: number, files: string[], out: string): Promise<void
 }
 
 export async function run(argv: string[]): Promise<Record<string, unknown>> {
-  const sizeMb = arg(argv, '--size-mb', 64);
-  const chunkMb = arg(argv, '--chunk-mb', DEFAULT_CHUNK_MB);
+  const sizeMb = arg(argv, '--size-mb', 64, true);
+  const chunkMb = arg(argv, '--chunk-mb', DEFAULT_CHUNK_MB, true);
   const window = arg(argv, '--window', DEFAULT_WINDOW);
   const parallelFiles = arg(argv, '--parallel-files', DEFAULT_PARALLEL_FILES);
   const rounds = arg(argv, '--rounds', 2);

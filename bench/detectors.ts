@@ -18,6 +18,7 @@ import * as os from 'os';
 import * as path from 'path';
 import pino from 'pino';
 import { decodeAgentMessage, encodeAgentMessage } from '../src/bus/frames';
+import { intFlag } from '../src/commands/flags';
 import { Guard } from '../src/guard/guard';
 import { parseStartupOptions } from '../src/guard/startup';
 import type { RequestStep, StepTelemetry } from '../src/messages';
@@ -26,10 +27,7 @@ import { ColumnScratch, columnsToWire, TelemetryColumnizer } from '../src/client
 function flag(argv: string[], name: string, def: number): number {
   const i = argv.indexOf(`--${name}`);
   const raw = i >= 0 ? argv[i + 1] : argv.find((a) => a.startsWith(`--${name}=`))?.split('=')[1];
-  if (raw === undefined) return def;
-  const v = Number(raw);
-  if (!Number.isInteger(v) || v <= 0) throw new Error(`--${name}: expected a positive integer, got ${JSON.stringify(raw)}`);
-  return v;
+  return raw === undefined ? def : intFlag(raw, `--${name}`);
 }
 
 const MAX_FRAME = 1 << 28;

@@ -10,7 +10,12 @@
 namespace wavebus {
 namespace {
 
-// params (Float64Array), in the order of PARAM in src/guard/detectors/kernel.ts
+// The record layout, defined here once and exported as native.detectorLayout (the guard's
+// detectors/kernel.ts and *.ts read their slots and offsets from it, as mailbox.ts reads
+// native.mailboxLayout). Offsets are int32 words from the start of a detector's header; a float64
+// sits at an even word and takes two.
+
+// params (Float64Array) slots; kParamNames gives each slot the name TypeScript uses.
 enum Param {
   kRecordWords,
   kRepeatOn, kRepeatHead, kRepeatBody, kRepeatWindow, kTableMask, kHashShift, kTableAt,
@@ -20,20 +25,85 @@ enum Param {
   kSurpriseLogprob, kSurpriseRank, kSurpriseFraction, kLimitMbits,
   kParamCount
 };
+constexpr const char* kParamNames[] = {
+  "recordWords",
+  "repeatOn", "repeatHead", "repeatBody", "repeatWindow", "tableMask", "hashShift", "tableAt",
+  "repeatMinTokens", "repeatThreshold", "repeatConsecutive",
+  "specOn", "specHead", "specBody", "specWindow", "lowRate", "lowLen", "highRate", "highLen",
+  "garbledOn", "garbledHead", "garbledBody", "garbledWindow", "garbledMinTokens",
+  "surpriseLogprob", "surpriseRank", "surpriseFraction", "limitMbits",
+};
+static_assert(sizeof(kParamNames) / sizeof(kParamNames[0]) == kParamCount, "one name per parameter slot");
 
 // hits (Float64Array): kHitWords per hit: row, type, then the type's figures
 constexpr int kHitWords = 8;
 constexpr double kTokenRepeat = 0, kSpec = 1, kGarbled = 2;
+constexpr const char* kHitTypes[] = {"token_repeat", "spec_acceptance", "garbled"};
+// figures each hit type writes after row and type (Repeat/Spec/Garbled::Step's out[])
+constexpr int kHitFigures[] = {4, 5, 3};
 
-// muted bits (detectors/index.ts MUTE_BIT)
-constexpr int32_t kMuteRepeat = 1, kMuteSpec = 4, kMuteGarbled = 8;
+// muted bits of a request (a detector the quota stopped for it); logits_finite runs in TypeScript
+constexpr int32_t kMuteRepeat = 1, kMuteLogitsFinite = 2, kMuteSpec = 4, kMuteGarbled = 8;
 
-// token_repeat header words (token-repeat.ts)
+// One header word: its name, offset, and whether it holds a float64 (two words, even offset).
+struct Word {
+  const char* name;
+  int offset;
+  bool f64;
+};
+
+// token_repeat header; body: ring of (token, score) pairs | table of (key, count) pairs
 constexpr int kTokPos = 0, kTokLen = 1, kScorePos = 2, kSeen = 3, kConsec = 4, kLastScore = 5, kAlerted = 6, kSum = 8;
-// spec_acceptance header words (spec-acceptance.ts)
+constexpr int kRepeatHeaderWords = 10;
+constexpr Word kRepeatWords[] = {{"tokPos", kTokPos, false}, {"tokLen", kTokLen, false}, {"scorePos", kScorePos, false},
+                                 {"seen", kSeen, false}, {"consecutive", kConsec, false}, {"lastScore", kLastScore, false},
+                                 {"alerted", kAlerted, false}, {"sum", kSum, true}};
+// spec_acceptance header; body: ring of (draft, accepted) float64 pairs
 constexpr int kSpecPos = 0, kSpecLen = 1, kSumDraft = 2, kSumAcc = 4;
-// garbled header words (garbled.ts)
+constexpr int kSpecHeaderWords = 6;
+constexpr Word kSpecWords[] = {{"pos", kSpecPos, false}, {"len", kSpecLen, false}, {"sumDraft", kSumDraft, true}, {"sumAcc", kSumAcc, true}};
+// garbled header; body: ring of (millibits << 1 | surprising), one word each
 constexpr int kGPos = 0, kGLen = 1, kGSurprising = 2, kGSeen = 3, kGSum = 4;
+constexpr int kGarbledHeaderWords = 6;
+constexpr Word kGarbledWords[] = {{"pos", kGPos, false}, {"len", kGLen, false}, {"surprising", kGSurprising, false},
+                                  {"seen", kGSeen, false}, {"sum", kGSum, true}};
+
+struct Header {
+  const char* detector;
+  const Word* words;
+  size_t count;
+  int headerWords;
+};
+constexpr Header kHeaders[] = {
+  {"tokenRepeat", kRepeatWords, sizeof(kRepeatWords) / sizeof(Word), kRepeatHeaderWords},
+  {"specAcceptance", kSpecWords, sizeof(kSpecWords) / sizeof(Word), kSpecHeaderWords},
+  {"garbled", kGarbledWords, sizeof(kGarbledWords) / sizeof(Word), kGarbledHeaderWords},
+};
+
+// Empty when every offset lies inside its header (a float64 at an even word, both words inside,
+// the header even so the body after it stays float64-aligned) and every hit fits kHitWords;
+// else what is wrong. Checked when the addon loads.
+std::string LayoutProblem() {
+  for (const Header& h : kHeaders) {
+    if (h.headerWords <= 0 || (h.headerWords & 1) != 0) return std::string(h.detector) + ": header words must be positive and even";
+    for (size_t i = 0; i < h.count; i++) {
+      const Word& w = h.words[i];
+      const int end = w.offset + (w.f64 ? 2 : 1);
+      if (w.offset < 0 || end > h.headerWords) {
+        return std::string(h.detector) + "." + w.name + " at word " + std::to_string(w.offset) + " lies outside its " + std::to_string(h.headerWords) + "-word header";
+      }
+      if (w.f64 && (w.offset & 1) != 0) return std::string(h.detector) + "." + w.name + " is a float64 at an odd word";
+      for (size_t j = 0; j < i; j++) {
+        const Word& o = h.words[j];
+        if (w.offset < o.offset + (o.f64 ? 2 : 1) && o.offset < end) return std::string(h.detector) + "." + w.name + " overlaps " + o.name;
+      }
+    }
+  }
+  for (int f : kHitFigures) {
+    if (2 + f > kHitWords) return "a hit's figures do not fit kHitWords";
+  }
+  return std::string();
+}
 
 constexpr double kMbitsPerNat = 1000.0 / 0.6931471805599453;  // 1000 / ln 2
 constexpr double kMaxMbits = 1000000000.0;
@@ -303,6 +373,32 @@ Napi::Value JsDetectStep(const Napi::CallbackInfo& info) {
   Garbled gar{static_cast<int64_t>(params[kGarbledHead]), static_cast<int64_t>(params[kGarbledBody]), static_cast<int64_t>(params[kGarbledWindow]),
               params[kGarbledMinTokens], params[kSurpriseLogprob], params[kSurpriseRank], params[kSurpriseFraction], params[kLimitMbits]};
   if ((repeatOn && rep.window <= 0) || (specOn && spec.window <= 0) || (garbledOn && gar.window <= 0)) ThrowCoded(env, "ERR_INVALID_ARG", "params: a window must be positive");
+  // Every part a pass touches lies inside the record: the header (float64s need it even) and the
+  // body the window implies. Checked once per call, so no row can reach past its record.
+  auto inside = [&](const char* what, int64_t at, int64_t words, bool even) {
+    if (at < 0 || words < 0 || at + words > recordWords || (even && (at & 1) != 0)) {
+      ThrowCoded(env, "ERR_INVALID_ARG", std::string("params: ") + what + " at word " + std::to_string(at) + " (" + std::to_string(words) +
+                                            " words) is outside the " + std::to_string(recordWords) + "-word record");
+    }
+  };
+  if (repeatOn) {
+    // The hash lands in [0, 2^(32-shift)): that must be the table exactly, or a probe leaves it.
+    const uint64_t slots = static_cast<uint64_t>(rep.mask) + 1;
+    if (rep.tableAt < 2 * rep.window || slots < static_cast<uint64_t>(rep.window) + 1 || (slots & rep.mask) != 0 || rep.shift < 1 ||
+        rep.shift > 31 || (0xffffffffu >> rep.shift) != rep.mask) {
+      ThrowCoded(env, "ERR_INVALID_ARG", "params: token_repeat table must follow the ring, hold window+1 keys in a power-of-two size and match the hash shift");
+    }
+    inside("token_repeat header", rep.head, kRepeatHeaderWords, true);
+    inside("token_repeat body", rep.body, rep.tableAt + 2 * (static_cast<int64_t>(rep.mask) + 1), false);
+  }
+  if (specOn) {
+    inside("spec_acceptance header", spec.head, kSpecHeaderWords, true);
+    inside("spec_acceptance body", spec.body, 4 * spec.window, true);
+  }
+  if (garbledOn) {
+    inside("garbled header", gar.head, kGarbledHeaderWords, true);
+    inside("garbled body", gar.body, gar.window, false);
+  }
 
   int32_t* m = state.data;
   const int64_t stateWords = static_cast<int64_t>(state.length);
@@ -338,7 +434,37 @@ Napi::Value JsDetectStep(const Napi::CallbackInfo& info) {
 }  // namespace
 
 void RegisterDetectorPass(Napi::Env env, Napi::Object exports) {
+  const std::string problem = LayoutProblem();
+  if (!problem.empty()) ThrowCoded(env, "ERR_NATIVE_LAYOUT", "detector record layout: " + problem);
   exports.Set("detectStep", Napi::Function::New(env, JsDetectStep, "detectStep"));
+
+  Napi::Object layout = Napi::Object::New(env);
+  Napi::Object params = Napi::Object::New(env);
+  for (int i = 0; i < kParamCount; i++) params.Set(kParamNames[i], Napi::Number::New(env, i));
+  params.Freeze();
+  layout.Set("params", params);
+  layout.Set("paramCount", Napi::Number::New(env, kParamCount));
+  layout.Set("hitWords", Napi::Number::New(env, kHitWords));
+  Napi::Array types = Napi::Array::New(env, 3);
+  for (uint32_t i = 0; i < 3; i++) types.Set(i, Napi::String::New(env, kHitTypes[i]));
+  types.Freeze();
+  layout.Set("hitTypes", types);
+  Napi::Object mute = Napi::Object::New(env);
+  mute.Set("token_repeat", Napi::Number::New(env, kMuteRepeat));
+  mute.Set("logits_finite", Napi::Number::New(env, kMuteLogitsFinite));
+  mute.Set("spec_acceptance", Napi::Number::New(env, kMuteSpec));
+  mute.Set("garbled", Napi::Number::New(env, kMuteGarbled));
+  mute.Freeze();
+  layout.Set("muteBits", mute);
+  for (const Header& h : kHeaders) {
+    Napi::Object o = Napi::Object::New(env);
+    for (size_t i = 0; i < h.count; i++) o.Set(h.words[i].name, Napi::Number::New(env, h.words[i].offset));
+    o.Set("headerWords", Napi::Number::New(env, h.headerWords));
+    o.Freeze();
+    layout.Set(h.detector, o);
+  }
+  layout.Freeze();
+  exports.Set("detectorLayout", layout);
 }
 
 }  // namespace wavebus

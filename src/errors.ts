@@ -1,4 +1,23 @@
 // Named error classes. Each carries a stable code so callers and tests can branch on it.
+// The codes themselves live in proto/errors.json, the one list shared with C++ and Python
+// (docs/errors.md explains each; test/error-codes.test.ts holds every language to it).
+import errorList from '../proto/errors.json';
+
+export interface ErrorCodeInfo {
+  readonly raisedBy: string;
+  readonly meaning: string;
+  readonly action: string;
+}
+
+/** Every listed code with what it means, who raises it and what the user does. */
+export const ERROR_CODES: Readonly<Record<string, ErrorCodeInfo>> = errorList.codes;
+
+const ERRNO_CODE = new RegExp(errorList.errnoFamily.pattern);
+
+/** True for a code on the list, or a system-call failure (ERR_ + errno name, e.g. ERR_ENOSPC). */
+export function isErrorCode(code: string): boolean {
+  return Object.prototype.hasOwnProperty.call(ERROR_CODES, code) || ERRNO_CODE.test(code);
+}
 
 export class WavebusError extends Error {
   readonly code: string;

@@ -102,6 +102,30 @@ export interface NativeFileWriterCtor {
   new (path: string, mode: number, blockBytes: number, writebackBytes?: number): NativeFileWriter;
 }
 
+/** Parameter slots of the detector pass (native/detector_pass.cc kParamNames). */
+export type DetectorParam =
+  | 'recordWords'
+  | 'repeatOn' | 'repeatHead' | 'repeatBody' | 'repeatWindow' | 'tableMask' | 'hashShift' | 'tableAt'
+  | 'repeatMinTokens' | 'repeatThreshold' | 'repeatConsecutive'
+  | 'specOn' | 'specHead' | 'specBody' | 'specWindow' | 'lowRate' | 'lowLen' | 'highRate' | 'highLen'
+  | 'garbledOn' | 'garbledHead' | 'garbledBody' | 'garbledWindow' | 'garbledMinTokens'
+  | 'surpriseLogprob' | 'surpriseRank' | 'surpriseFraction' | 'limitMbits';
+
+/** Word offsets of a detector's header (float64 fields at even words), and its size. */
+export type HeaderLayout<K extends string> = Readonly<Record<K | 'headerWords', number>>;
+
+export interface NativeDetectorLayout {
+  params: Readonly<Record<DetectorParam, number>>;
+  paramCount: number;
+  /** Doubles per hit: row, type (index into hitTypes), then the type's figures. */
+  hitWords: number;
+  hitTypes: readonly ['token_repeat', 'spec_acceptance', 'garbled'];
+  muteBits: Readonly<Record<'token_repeat' | 'logits_finite' | 'spec_acceptance' | 'garbled', number>>;
+  tokenRepeat: HeaderLayout<'tokPos' | 'tokLen' | 'scorePos' | 'seen' | 'consecutive' | 'lastScore' | 'alerted' | 'sum'>;
+  specAcceptance: HeaderLayout<'pos' | 'len' | 'sumDraft' | 'sumAcc'>;
+  garbled: HeaderLayout<'pos' | 'len' | 'surprising' | 'seen' | 'sum'>;
+}
+
 export interface NativeBinding {
   abiVersion: number;
   crc32c(data: Uint8Array, prev?: number): number;
@@ -125,6 +149,8 @@ export interface NativeBinding {
   MailboxWriter: { create(path: string): NativeMailboxWriter };
   MailboxReader: { open(path: string): NativeMailboxReader };
   mailboxLayout: { headerBytes: number; slotBytes: number; slots: number; fileBytes: number; magic: string; version: number };
+  /** The detector pass's record layout, defined in native/detector_pass.cc (read by guard/detectors/kernel.ts). */
+  detectorLayout: NativeDetectorLayout;
   /**
    * The guard's per-step detector pass over one step's rows (native/detector_pass.cc): updates
    * the records in `state` in place and writes HIT_WORDS doubles per hit into `hits` (room for

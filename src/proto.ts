@@ -19,6 +19,11 @@ export function messageType(name: string): protobuf.Type {
   return root.lookupType(`wavebus.${name}`);
 }
 
+/** The name -> number map of a proto enum, e.g. enumValues('RegionRole').ROLE_INPUT. */
+export function enumValues(name: string): Readonly<Record<string, number>> {
+  return root.lookupEnum(`wavebus.${name}`).values;
+}
+
 export const BusFrame = messageType('BusFrame');
 export const AgentMessage = messageType('AgentMessage');
 export const CoordinatorMessage = messageType('CoordinatorMessage');
@@ -51,9 +56,4 @@ export function decode<T = Record<string, any>>(type: protobuf.Type, bytes: Uint
 /** The plain-object form of a decoded message (what decode() returns). */
 export function toPlain<T = Record<string, any>>(type: protobuf.Type, msg: protobuf.Message): T {
   return type.toObject(msg, { longs: Number, defaults: true, arrays: true, oneofs: true, bytes: Buffer }) as T;
-}
-
-/** The numbers of a proto enum by name (`enumValues('RegionKind').REGION_CUDA`): no number written by hand. */
-export function enumValues(name: string): Readonly<Record<string, number>> {
-  return root.lookupEnum(`wavebus.${name}`).values;
 }

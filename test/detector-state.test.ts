@@ -6,7 +6,8 @@ import * as path from 'path';
 import pino from 'pino';
 import { defaultConfig } from '../src/guard/config';
 import { GarbledDetector, SpecAcceptanceDetector, StateSlab, TokenRepeatDetector } from '../src/guard/detectors';
-import { detectStep, HitBuffer, newParams } from '../src/guard/detectors/kernel';
+import { detectStep, HitBuffer, LAYOUT, newParams, PARAM, PARAM_COUNT } from '../src/guard/detectors/kernel';
+import { native } from '../src/native';
 import { Guard } from '../src/guard/guard';
 import { admitIncident, IncidentCount } from '../src/guard/quotas';
 import { parseStartupOptions } from '../src/guard/startup';
@@ -172,5 +173,57 @@ describe('native detector pass', () => {
     expect(() => detectStep(state, params, d.ignore, Int32Array.of(2), Int32Array.of(0), cols, hits)).toThrow(expect.objectContaining({ code: 'ERR_INVALID_ARG' }));
     expect(() => detectStep(state, params, d.ignore, Int32Array.of(0), Int32Array.of(0), { ...cols, tokenCount: Uint32Array.of(2) }, hits)).toThrow(/tokenCount adds up to more than tokenIds/);
     expect(() => detectStep(state, params, d.ignore, Int32Array.of(0), new Int32Array(0), cols, hits)).toThrow(/rowMuted/);
+  });
+
+  test('refuses parameters that would put a detector\'s header or body outside the record, naming the part', () => {
+    const d = new TokenRepeatDetector({ ...defaultConfig().detector.token_repeat, enabled: true });
+    const hits = new HitBuffer();
+    const state = new Int32Array(4 * d.words);
+    const run = (p: Float64Array) => () => detectStep(state, p, d.ignore, Int32Array.of(0), Int32Array.of(0), cols, hits);
+    const withParts = (head: number, body: number, tweak: (p: Float64Array) => void = () => undefined) => {
+      const p = newParams(d.words);
+      d.fill(p, head, body);
+      tweak(p);
+      return p;
+    };
+    expect(run(withParts(0, 10))).not.toThrow();
+    expect(run(withParts(0, 12))).toThrow(/params: token_repeat body at word 12 \(\d+ words\) is outside the \d+-word record/);
+    expect(run(withParts(d.words - 8, 10))).toThrow(/params: token_repeat header at word \d+ \(10 words\) is outside/);
+    expect(run(withParts(1, 11))).toThrow(/token_repeat header at word 1/); // float64 sum at an odd word
+    // a hash shift that does not match the table would probe past it
+    expect(run(withParts(0, 10, (p) => (p[PARAM.hashShift] -= 1)))).toThrow(/match the hash shift/);
+    const g = new GarbledDetector({ ...defaultConfig().detector.garbled, enabled: true });
+    const gp = newParams(g.words);
+    g.fill(gp, 0, 8);
+    expect(() => detectStep(new Int32Array(g.words), gp, d.ignore, Int32Array.of(0), Int32Array.of(0), cols, hits)).toThrow(/params: garbled body at word 8/);
+  });
+});
+
+describe('record layout: defined once in native/detector_pass.cc, read by TypeScript', () => {
+  test('the addon exports it frozen, with every slot and header word TypeScript uses', () => {
+    expect(LAYOUT).toBe(native.detectorLayout);
+    expect(Object.isFrozen(LAYOUT)).toBe(true);
+    expect(Object.isFrozen(LAYOUT.params)).toBe(true);
+    // slots are 0..PARAM_COUNT-1, each once
+    expect(Object.values(PARAM).sort((a, b) => a - b)).toEqual(Array.from({ length: PARAM_COUNT }, (_, i) => i));
+    expect(Object.keys(PARAM)).toEqual(expect.arrayContaining(['recordWords', 'repeatHead', 'tableAt', 'specBody', 'garbledWindow', 'limitMbits']));
+    expect([...LAYOUT.hitTypes]).toEqual(['token_repeat', 'spec_acceptance', 'garbled']);
+    expect(LAYOUT.muteBits).toEqual({ token_repeat: 1, logits_finite: 2, spec_acceptance: 4, garbled: 8 });
+    expect(Object.keys(LAYOUT.tokenRepeat).sort()).toEqual(['alerted', 'consecutive', 'headerWords', 'lastScore', 'scorePos', 'seen', 'sum', 'tokLen', 'tokPos']);
+    expect(Object.keys(LAYOUT.specAcceptance).sort()).toEqual(['headerWords', 'len', 'pos', 'sumAcc', 'sumDraft']);
+    expect(Object.keys(LAYOUT.garbled).sort()).toEqual(['headerWords', 'len', 'pos', 'seen', 'sum', 'surprising']);
+  });
+
+  test('every header offset lies inside its header, float64s at even words', () => {
+    const f64 = new Set(['sum', 'sumDraft', 'sumAcc']);
+    for (const h of [LAYOUT.tokenRepeat, LAYOUT.specAcceptance, LAYOUT.garbled] as Record<string, number>[]) {
+      expect(h.headerWords % 2).toBe(0);
+      for (const [k, at] of Object.entries(h)) {
+        if (k === 'headerWords') continue;
+        expect(at).toBeGreaterThanOrEqual(0);
+        expect(at + (f64.has(k) ? 2 : 1)).toBeLessThanOrEqual(h.headerWords);
+        if (f64.has(k)) expect(at % 2).toBe(0);
+      }
+    }
   });
 });

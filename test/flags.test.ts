@@ -53,3 +53,57 @@ test('aggregate --timeout-ms 3000000000 (over a timer\'s range) names the flag a
   expect(r.stderr).toContain(`--timeout-ms: expected an integer in 1..${2 ** 31 - 1 - 5000}, got "3000000000"`);
   expect(r.code).toBe(2);
 });
+
+// commands/flags.ts: the one parser for numeric flags. Plain decimal digits only, bounds named.
+describe('flags.ts', () => {
+  // eslint-disable-next-line @typescript-eslint/no-var-requires
+  const { intFlag, msFlag, portFlag, mibFlag, numberFlag, strictInt, MAX_TIMER_MS } = require('../src/commands/flags') as typeof import('../src/commands/flags');
+  const msg = (f: () => unknown): string => {
+    try {
+      f();
+    } catch (e) {
+      return `${(e as { code: string }).code}: ${(e as Error).message}`;
+    }
+    return 'no error';
+  };
+
+  test.each(['1e3', '0x10', '1.0', '+5', '-1', '', ' ', 'ten', '9007199254740993'])('integer flags refuse %j, naming the flag', (raw) => {
+    expect(strictInt(raw)).toBeUndefined();
+    expect(msg(() => intFlag(raw, '--steps'))).toBe(`ERR_CONFIG: --steps: expected an integer >= 1, got ${JSON.stringify(raw)}`);
+  });
+
+  test('bounds, blanks around digits, error codes', () => {
+    expect(intFlag(' 42 ', '--n')).toBe(42);
+    expect(intFlag(0, '--n', 0)).toBe(0);
+    expect(msg(() => intFlag('65', '--window', 1, 64))).toBe('ERR_CONFIG: --window: expected an integer in 1..64, got "65"');
+    expect(msg(() => intFlag('1e3', '--tp', 1, undefined, { code: 'ERR_LAUNCH' }))).toBe('ERR_LAUNCH: --tp: expected an integer >= 1, got "1e3"');
+    expect(msg(() => msFlag(String(MAX_TIMER_MS + 1), '--heartbeat-ms'))).toBe(`ERR_CONFIG: --heartbeat-ms: expected an integer in 1..${MAX_TIMER_MS}, got "${MAX_TIMER_MS + 1}"`);
+    expect(portFlag('0', '--metrics-port', 0)).toBe(0);
+    expect(msg(() => portFlag('0', '--port'))).toBe('ERR_CONFIG: --port: expected an integer in 1..65535, got "0"');
+    expect(mibFlag('3', '--staging-mb')).toBe(3 * 2 ** 20);
+    expect(msg(() => mibFlag('1e3', '--staging-mb'))).toMatch(/^ERR_CONFIG: --staging-mb: expected an integer in 1\.\.\d+, got "1e3"$/);
+  });
+
+  test('number flags (tolerances, fractional MiB) take decimals and exponents, nothing else', () => {
+    expect(numberFlag('1e-5', '--atol', 0)).toBe(1e-5);
+    expect(numberFlag('0.5', '--chunk-mb', 1 / 1024, 64)).toBe(0.5);
+    for (const raw of ['', 'nan', 'Infinity', '0x10', '-1', '1,5']) {
+      expect(msg(() => numberFlag(raw, '--atol', 0))).toBe(`ERR_CONFIG: --atol: expected a number >= 0, got ${JSON.stringify(raw)}`);
+    }
+    expect(msg(() => numberFlag('100', '--chunk-mb', 1, 64))).toBe('ERR_CONFIG: --chunk-mb: expected a number in [1, 64], got "100"');
+  });
+});
+
+describe('"1e3" is refused by every command, naming the flag', () => {
+  test.each([
+    ['coordinator', () => ['coordinator', '--port', String(port), '--world-size', '1', '--heartbeat-ms', '1e3'], '--heartbeat-ms: expected an integer in 1..2147483647, got "1e3"'],
+    ['sim', () => ['sim', '--steps', '1e3', '--result-dir', tmpDir('wavebus-flags-')], '--steps: expected an integer >= 1, got "1e3"'],
+    ['demo', () => ['demo', '--tp', '1e3', '--out', tmpDir('wavebus-flags-')], '--tp: expected an integer >= 1, got "1e3"'],
+    ['launch', () => ['launch', '--nproc-per-node', '1e3', '--', 'true'], '--nproc-per-node: expected an integer >= 1, got "1e3"'],
+    ['aggregate', () => ['aggregate', '--coordinator', `127.0.0.1:${port}`, '--out', tmpDir('wavebus-flags-'), '--window', '1e3'], '--window: expected an integer in 1..64, got "1e3"'],
+  ])('%s', (_name, args, text) => {
+    const r = runWavebus(args(), { env: env(), timeout: 20000 });
+    expect(r.stderr).toContain(text);
+    expect(r.code).toBe(2);
+  });
+});

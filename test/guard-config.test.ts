@@ -166,7 +166,7 @@ describe('startup config load', () => {
     expect(JSON.parse(fs.readFileSync(file, 'utf8'))).toEqual(JSON.parse(JSON.stringify(defaultConfig())));
   });
 
-  test('writes go through <path>.tmp plus rename under <path>.lock; a live holder blocks, a stale lock from a dead pid is broken', () => {
+  test('writes go through a temp file plus rename under <path>.lock; a live holder blocks, a stale lock from a dead pid is broken', () => {
     const d = tmpDir();
     const file = path.join(d, 'runtime_config.json');
     const lock = `${file}.lock`;
@@ -198,7 +198,7 @@ describe('startup config load', () => {
     fs.rmSync(lock);
   });
 
-  test('no link is followed: a link at <path>.tmp or at the config is replaced, its target untouched', () => {
+  test('no link is followed: a link at the old fixed temp name <path>.tmp is ignored, a link at the config is replaced, their target untouched', () => {
     const d = tmpDir();
     const file = path.join(d, 'runtime_config.json');
     const victim = path.join(d, 'victim.txt');
@@ -210,6 +210,8 @@ describe('startup config load', () => {
     expect(r.issues.map((i) => i.source)).toEqual(['file']); // the link's target is not a config
     expect(fs.readFileSync(victim, 'utf8')).toBe('precious');
     expect(fs.lstatSync(file).isSymbolicLink()).toBe(false);
-    expect(fs.existsSync(`${file}.tmp`)).toBe(false);
+    // the temp name is unpredictable (artifacts/atomic-write.ts): the planted link is never opened
+    expect(fs.readlinkSync(`${file}.tmp`)).toBe(victim);
+    expect(fs.readdirSync(d).filter((n) => n.includes('.tmp-'))).toEqual([]);
   });
 });

@@ -62,7 +62,7 @@ describe('parseLaunchOptions', () => {
     ['--port and --coordinator disagree', { ...cmd, port: '29600', coordinator: 'h:29700' }, /--port 29600 and --coordinator h:29700 name different bus ports/],
     ['several nodes on the default loopback master', { ...cmd, nnodes: '2', 'nproc-per-node': '1' }, /--nnodes 2: no --master-addr, MASTER_ADDR or --coordinator/],
     ['bad --ready-timeout-ms', { ...cmd, 'ready-timeout-ms': '0' }, /--ready-timeout-ms: expected an integer >= 1/],
-    ['bad --metrics-port', { ...cmd, 'metrics-port': 'x' }, /--metrics-port: expected an integer 0..65535/],
+    ['bad --metrics-port', { ...cmd, 'metrics-port': 'x' }, /--metrics-port: expected an integer in 0..65535/],
   ])('%s', (_n, argv, re) => {
     expect(launchError(argv as Record<string, unknown>).message).toMatch(re);
   });

@@ -15,6 +15,7 @@ import { SafetensorsInput, writeSafetensors } from './safetensors';
 import { asCaptureError, FileSink, fsFailure, WriteResult } from './sink';
 import { isSafeComponent, safeComponent } from './sanitize';
 import { DEFAULT_ARTIFACT_MODES, type ArtifactModes } from './artifact-mode';
+import { isTensorFormat, TENSOR_FORMATS, type TensorFormat } from './tensor-format';
 
 /**
  * Tensor files whose fsync may still be running behind the next file's writes. Each holds one
@@ -22,8 +23,7 @@ import { DEFAULT_ARTIFACT_MODES, type ArtifactModes } from './artifact-mode';
  */
 const MAX_BACKGROUND_SYNCS = 8;
 
-export type TensorFormat = 'npy' | 'pt' | 'safetensors';
-export const TENSOR_FORMATS: readonly TensorFormat[] = ['npy', 'pt', 'safetensors'];
+export { TENSOR_FORMATS, type TensorFormat } from './tensor-format';
 
 export interface FileEntry {
   /** Relative to the bundle directory, '/'-separated. */
@@ -82,7 +82,7 @@ export function jsonText(value: unknown, opts: JsonOptions = {}): string {
 function fileNameFor(fileName: string, format: TensorFormat): string {
   const ext = path.extname(fileName).slice(1);
   if (ext === format) return fileName;
-  if ((TENSOR_FORMATS as readonly string[]).includes(ext)) {
+  if (isTensorFormat(ext)) {
     throw new CaptureError(`file ${JSON.stringify(fileName)} has extension .${ext} but format is ${format}`, 'ERR_BUNDLE_NAME');
   }
   return `${fileName}.${format}`;
@@ -172,7 +172,7 @@ export class Bundle {
   /** Write one tensor file. `value`: a Tensor (npy), a Tensor or dict of tensors + metadata (pt, safetensors). */
   async writeTensor(fileName: string, format: TensorFormat, value: Tensor | PyValue | SafetensorsInput): Promise<FileEntry> {
     this.requireOpen();
-    if (!(TENSOR_FORMATS as readonly string[]).includes(format)) {
+    if (!isTensorFormat(format)) {
       throw new CaptureError(`format must be one of ${TENSOR_FORMATS.join(', ')}, got ${JSON.stringify(format)}`, 'ERR_BUNDLE_FORMAT');
     }
     const rel = fileNameFor(fileName, format);

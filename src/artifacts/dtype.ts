@@ -1,4 +1,5 @@
 // The element types wavebus can capture, and how each one is spelled by numpy, torch and safetensors.
+import type { TensorFormat } from './tensor-format';
 import { ConfigError } from '../errors';
 
 export type DType =
@@ -122,7 +123,7 @@ export function torchStorageClass(dtype: DType): string | null {
  * Why `dtype` cannot be written as `format`, or null when it can. .pt takes any dtype; .npy refuses
  * one numpy cannot represent (the seed: re-run with pt rather than silently mix formats).
  */
-export function formatRefusal(dtype: DType, format: 'pt' | 'npy' | 'safetensors'): string | null {
+export function formatRefusal(dtype: DType, format: TensorFormat): string | null {
   const info = dtypeInfo(dtype);
   if (format === 'npy' && info.npyDescr === null) return `dtype "${dtype}" has no .npy representation; re-run with format "pt" (pt takes any dtype)`;
   if (format === 'safetensors' && info.safetensors === null) return `dtype "${dtype}" has no safetensors code; re-run with format "pt" (pt takes any dtype)`;

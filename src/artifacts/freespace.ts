@@ -1,10 +1,10 @@
 // Free-space check before a dump, and dump_skipped.json for dumps that were not taken.
-import * as crypto from 'crypto';
 import * as fs from 'fs';
 import * as path from 'path';
 import { DEFAULT_ARTIFACT_MODES, type ArtifactModes } from './artifact-mode';
 import { CaptureError, ConfigError } from '../errors';
 import { fsFailure } from './sink';
+import { writeJsonAtomic } from './atomic-write';
 
 export interface FreeSpace {
   ok: boolean;
@@ -96,42 +96,16 @@ export function writeDumpSkipped(dir: string, info: DumpSkipped, modes: Artifact
   };
   if (info.detail) body.detail = info.detail;
   const final = path.join(dir, 'dump_skipped.json');
-  const tmp = path.join(dir, `.dump_skipped.json.tmp-${process.pid}-${crypto.randomBytes(4).toString('hex')}`);
   try {
     fs.mkdirSync(dir, { recursive: true, mode: modes.dir });
   } catch (e) {
     throw fsFailure('mkdir', dir, e);
   }
   try {
-    const fd = fs.openSync(tmp, fs.constants.O_WRONLY | fs.constants.O_CREAT | fs.constants.O_EXCL | fs.constants.O_NOFOLLOW, modes.file);
-    try {
-      fs.writeSync(fd, `${JSON.stringify(body, null, 2)}\n`);
-      fs.fsyncSync(fd);
-    } finally {
-      fs.closeSync(fd);
-    }
-    fs.renameSync(tmp, final);
+    writeJsonAtomic(final, body, { mode: modes.file });
   } catch (e) {
-    fs.rmSync(tmp, { force: true });
     throw e instanceof CaptureError ? e : fsFailure('write', final, e);
   }
-  fsyncDir(dir);
   return final;
 }
 
-/** fsync a directory so a rename in it is durable. */
-export function fsyncDir(dir: string): void {
-  let fd: number;
-  try {
-    fd = fs.openSync(dir, 'r');
-  } catch (e) {
-    throw fsFailure('open', dir, e);
-  }
-  try {
-    fs.fsyncSync(fd);
-  } catch (e) {
-    throw fsFailure('fsync', dir, e);
-  } finally {
-    fs.closeSync(fd);
-  }
-}

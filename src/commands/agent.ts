@@ -16,7 +16,8 @@ import { createLogger, type Logger } from '../log';
 import { claimRunDir, makeRunDir, releaseRunDir } from '../launch/run-dir';
 import { resolveSnapshotConfig, snapshotFlagsFromArgv, snapshotOptions } from '../snapshot/config';
 import { checkRunDirFits } from '../paths';
-import { MAX_TIMER_MS, positiveInt, waitForSignal } from './coordinator';
+import { waitForSignal } from './coordinator';
+import { mibFlag, msFlag } from './flags';
 import { DEFAULT_CUDA_STAGING_BYTES } from '../memory';
 
 /** --cuda-staging-mb's ceiling: 1 GiB of pinned (locked) host memory per CUDA region. */
@@ -72,11 +73,11 @@ export function localDumpRoot(raw: unknown, env: NodeJS.ProcessEnv, cwd: string)
 export function setupAgent(argv: Record<string, unknown>, env: NodeJS.ProcessEnv): AgentSetup {
   const identity = resolveIdentity(env, identityFlagsFromArgv(argv));
   const coordinator = coordinatorAddress(argv.coordinator, env, identity);
-  const heartbeatMs = positiveInt(argv['heartbeat-ms'], '--heartbeat-ms', 1, MAX_TIMER_MS);
-  const endOfWaveTimeoutMs = positiveInt(argv['end-of-wave-timeout-ms'], '--end-of-wave-timeout-ms', 1, MAX_TIMER_MS);
-  const stagingBytes = positiveInt(argv['staging-mb'], '--staging-mb') * 2 ** 20;
+  const heartbeatMs = msFlag(argv['heartbeat-ms'], '--heartbeat-ms');
+  const endOfWaveTimeoutMs = msFlag(argv['end-of-wave-timeout-ms'], '--end-of-wave-timeout-ms');
+  const stagingBytes = mibFlag(argv['staging-mb'], '--staging-mb');
   // Pinned memory is locked RAM, one chunk per CUDA region: bounded so a typo cannot pin the host.
-  const cudaStagingBytes = positiveInt(argv['cuda-staging-mb'] ?? DEFAULT_CUDA_STAGING_BYTES / 2 ** 20, '--cuda-staging-mb', 1, MAX_CUDA_STAGING_MB) * 2 ** 20;
+  const cudaStagingBytes = mibFlag(argv['cuda-staging-mb'] ?? DEFAULT_CUDA_STAGING_BYTES / 2 ** 20, '--cuda-staging-mb', 1, MAX_CUDA_STAGING_MB);
   const flagDir = argv['run-dir'] as string | undefined;
   const given = flagDir || env.WAVEBUS_RUN_DIR || '';
   const runDirFlag = flagDir ? '--run-dir' : 'WAVEBUS_RUN_DIR';

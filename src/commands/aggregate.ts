@@ -6,7 +6,7 @@ import { parseHostPort } from '../bus/endpoints';
 import { loadBusToken } from '../bus/auth';
 import { ConfigError, WavebusError } from '../errors';
 import { keepFreedMemory } from '../malloc-tuning';
-import { positiveInt } from './coordinator';
+import { intFlag, msFlag, numberFlag } from './flags';
 
 function progressBar(): ((p: AggregateProgress) => void) | undefined {
   if (!process.stderr.isTTY) return undefined;
@@ -45,16 +45,9 @@ export const command: CommandModule = {
     keepFreedMemory(); // multi-MiB chunk frames: reuse freed memory instead of faulting in fresh pages
     try {
       const coordinator = parseHostPort(String(argv.coordinator), '--coordinator');
-      const num = (flag: string, raw: unknown, min: number, max = Infinity): number => {
-        const n = Number(String(raw).trim());
-        if (!Number.isFinite(n) || String(raw).trim() === '' || n < min || n > max) {
-          throw new ConfigError(`--${flag}: expected a number in [${min}, ${max}], got ${JSON.stringify(raw)}`);
-        }
-        return n;
-      };
       // MiB may be fractional (a chunk of 1/1024 MiB is 1 KiB); every other number is an integer flag.
-      const chunkMb = num('chunk-mb', argv['chunk-mb'], 1 / 1024, MAX_CHUNK_MB);
-      const call = argv.call === undefined ? undefined : positiveInt(argv.call, '--call', 0);
+      const chunkMb = numberFlag(argv['chunk-mb'], '--chunk-mb', 1 / 1024, MAX_CHUNK_MB);
+      const call = argv.call === undefined ? undefined : intFlag(argv.call, '--call', 0);
       const m = await aggregate({
         coordinator,
         busToken: loadBusToken(argv['bus-token-file'], process.env),
@@ -63,9 +56,9 @@ export const command: CommandModule = {
         prefix: String(argv.prefix ?? ''),
         call,
         chunkBytes: Math.floor(chunkMb * 2 ** 20),
-        window: positiveInt(argv.window, '--window', 1, 64),
+        window: intFlag(argv.window, '--window', 1, 64),
         // The relay adds its own margin to each request's timer: keep the sum a valid timer.
-        requestTimeoutMs: positiveInt(argv['timeout-ms'], '--timeout-ms', 1, MAX_REQUEST_TIMEOUT_MS),
+        requestTimeoutMs: msFlag(argv['timeout-ms'], '--timeout-ms', 1, MAX_REQUEST_TIMEOUT_MS),
         progress: progressBar(),
       });
       if (process.stderr.isTTY) process.stderr.write('\n');

@@ -1,5 +1,6 @@
 // `wavebus compare A B`: two captures tensor by tensor. Exit 0 when everything pairs up and is
 // within tolerance, 1 when something differs, 2 on usage errors or unreadable inputs.
+import { numberFlag } from './flags';
 import type { CommandModule } from 'yargs';
 import { compareCaptures, jsonSafe, type TensorComparison } from '../tools/compare';
 import { writeHeatmap } from '../tools/heatmap';
@@ -39,13 +40,12 @@ export const command: CommandModule = {
       .option('heatmap', { type: 'string', describe: 'write a heatmap: FILE.png or FILE.html (rows: tensors, columns: heads)' }),
   handler: (argv) => {
     const tol = (flag: string, raw: unknown): number => {
-      const s = String(raw).trim();
-      const v = Number(s);
-      if (s === '' || !Number.isFinite(v) || v < 0) {
-        process.stderr.write(`wavebus compare: --${flag}: expected a finite number >= 0, got ${JSON.stringify(raw)}\n`);
+      try {
+        return numberFlag(raw, `--${flag}`, 0);
+      } catch (e) {
+        process.stderr.write(`wavebus compare: ${(e as Error).message}\n`);
         process.exit(2);
       }
-      return v;
     };
     const atol = tol('atol', argv.atol);
     const rtol = tol('rtol', argv.rtol);

@@ -1,4 +1,5 @@
 // `wavebus coordinator`: run the wave-bus coordinator beside global rank 0 until SIGINT/SIGTERM.
+import { msFlag, portFlag } from './flags';
 import type { CommandModule } from 'yargs';
 import { artifactModeOption, parseArtifactMode } from '../artifacts/artifact-mode';
 import { Coordinator } from '../bus/coordinator';
@@ -16,23 +17,6 @@ import { lastPpRanks } from '../launch/identity';
 import { keepFreedMemory } from '../malloc-tuning';
 
 const LAYOUT_FLAGS = ['world-size', 'tp', 'pp', 'dp', 'cp'];
-
-/** Longest timer Node keeps (setTimeout's limit, 2^31-1 ms); a larger delay fires at once. */
-export const MAX_TIMER_MS = 2 ** 31 - 1;
-export const MAX_PORT = 65535;
-
-/**
- * An integer flag in [min, max], quoted back with its bounds in the error when it is not one.
- * Every command's integer flags go through here (bounds included), not through parsers of their own.
- */
-export function positiveInt(raw: unknown, flag: string, min = 1, max = Number.MAX_SAFE_INTEGER): number {
-  const s = String(raw).trim();
-  if (!/^\d+$/.test(s) || Number(s) < min || Number(s) > max || !Number.isSafeInteger(Number(s))) {
-    const range = max === Number.MAX_SAFE_INTEGER ? `an integer >= ${min}` : `an integer in ${min}..${max}`;
-    throw new ConfigError(`${flag}: expected ${range}, got ${JSON.stringify(raw)}`);
-  }
-  return Number(s);
-}
 
 /** Resolves on the first SIGINT/SIGTERM; keeps the process alive until then (signal handlers alone do not). */
 export function waitForSignal(): Promise<NodeJS.Signals> {
@@ -93,9 +77,9 @@ export const command: CommandModule = {
       host: String(argv.host),
       port,
       layout,
-      heartbeatMs: positiveInt(argv['heartbeat-ms'], '--heartbeat-ms', 1, MAX_TIMER_MS),
-      metricsPort: argv['metrics-port'] !== undefined ? positiveInt(argv['metrics-port'], '--metrics-port', 0, MAX_PORT) : undefined,
-      dumpAckTimeoutMs: positiveInt(argv['dump-ack-timeout-ms'], '--dump-ack-timeout-ms', 1, MAX_TIMER_MS),
+      heartbeatMs: msFlag(argv['heartbeat-ms'], '--heartbeat-ms'),
+      metricsPort: argv['metrics-port'] !== undefined ? portFlag(argv['metrics-port'], '--metrics-port', 0) : undefined,
+      dumpAckTimeoutMs: msFlag(argv['dump-ack-timeout-ms'], '--dump-ack-timeout-ms'),
       insecure: Boolean(argv.insecure),
       curve,
       busToken,

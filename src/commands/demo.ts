@@ -1,13 +1,9 @@
 // `wavebus demo`: the whole product on one machine, on loopback, in well under a minute.
 import type { CommandModule } from 'yargs';
 import { runDemo } from '../tools/demo';
-import { ConfigError } from '../errors';
+import { parseBusPort } from '../bus/endpoints';
+import { intFlag } from './flags';
 
-function int(v: unknown, flag: string, min: number): number {
-  const n = Number(v);
-  if (!Number.isInteger(n) || n < min) throw new ConfigError(`${flag} must be an integer >= ${min}, got '${String(v)}'`);
-  return n;
-}
 
 export const command: CommandModule = {
   command: 'demo',
@@ -15,26 +11,26 @@ export const command: CommandModule = {
   builder: (y) =>
     y
       .option('out', { type: 'string', default: 'wavebus-demo', describe: 'everything goes under it: DIR/runtime/..., DIR/snapshots/...' })
-      .option('tp', { type: 'number', default: 4 })
-      .option('pp', { type: 'number', default: 1 })
-      .option('dp', { type: 'number', default: 1 })
-      .option('hosts', { type: 'number', default: 1, describe: 'simulated hosts (one `wavebus launch` each)' })
-      .option('steps', { type: 'number', default: 100 })
+      .option('tp', { type: 'string', default: '4' })
+      .option('pp', { type: 'string', default: '1' })
+      .option('dp', { type: 'string', default: '1' })
+      .option('hosts', { type: 'string', default: '1', describe: 'simulated hosts (one `wavebus launch` each)' })
+      .option('steps', { type: 'string', default: '100' })
       .option('format', { choices: ['pt', 'npy', 'safetensors'] as const, default: 'pt' as const, describe: 'KV dump and snapshot format' })
       .option('runtime-config', { type: 'string', describe: 'use this runtime_config.json instead of the demo one' })
-      .option('port', { type: 'number', describe: 'bus base port (default: a free one)' })
+      .option('port', { type: 'string', describe: 'bus base port (default: a free one)' })
       .option('engine', { choices: ['sim', 'torch'] as const, default: 'sim' as const, describe: 'sim: the simulator; torch: examples/torch-engine, a real TP transformer (python3-torch)' }),
   handler: async (argv) => {
     const res = await runDemo({
       out: String(argv.out),
-      tp: int(argv.tp, '--tp', 1),
-      pp: int(argv.pp, '--pp', 1),
-      dp: int(argv.dp, '--dp', 1),
-      hosts: int(argv.hosts, '--hosts', 1),
-      steps: int(argv.steps, '--steps', 40),
+      tp: intFlag(argv.tp, '--tp', 1),
+      pp: intFlag(argv.pp, '--pp', 1),
+      dp: intFlag(argv.dp, '--dp', 1),
+      hosts: intFlag(argv.hosts, '--hosts', 1),
+      steps: intFlag(argv.steps, '--steps', 40),
       format: argv.format as 'pt',
       runtimeConfig: argv['runtime-config'] as string | undefined,
-      port: argv.port as number | undefined,
+      port: argv.port === undefined ? undefined : parseBusPort(argv.port, '--port'),
       engine: argv.engine as 'sim' | 'torch',
     });
     process.exit(res.ok ? 0 : 1);

@@ -5,7 +5,7 @@ import { ConfigError } from '../errors';
 import { parseFaults } from '../sim/faults';
 import { runSimJob } from '../sim/job';
 import { runSimRank, type SimRankOptions } from '../sim/rank';
-import { positiveInt } from './coordinator';
+import { intFlag, msFlag } from './flags';
 
 
 export const command: CommandModule = {
@@ -13,30 +13,30 @@ export const command: CommandModule = {
   describe: 'Run the simulated multi-rank engine on this host (start it under `wavebus launch`)',
   builder: (y) =>
     y
-      .option('nproc-per-node', { type: 'number', describe: 'ranks on this host (default $WAVEBUS_NPROC_PER_NODE or 1)' })
-      .option('nnodes', { type: 'number', describe: 'hosts in the job (default $WAVEBUS_NNODES or 1)' })
-      .option('node-rank', { type: 'number', describe: 'this host (default $WAVEBUS_NODE_RANK or 0)' })
-      .option('steps', { type: 'number', default: 100, describe: 'engine steps (waves)' })
-      .option('step-ms', { type: 'number', default: 10, describe: 'wall time per step; 0 = as fast as possible' })
-      .option('requests', { type: 'number', default: 8, describe: 'requests in the workload' })
-      .option('speculative', { type: 'number', default: 2, describe: 'speculative tokens per step (0 = off)' })
-      .option('layers', { type: 'number', default: 4 })
-      .option('num-blocks', { type: 'number', default: 256 })
-      .option('block-size', { type: 'number', default: 16 })
-      .option('kv-heads', { type: 'number', default: 8, describe: 'KV heads in total (split over TP)' })
-      .option('head-dim', { type: 'number', default: 64 })
+      .option('nproc-per-node', { type: 'string', describe: 'ranks on this host (default $WAVEBUS_NPROC_PER_NODE or 1)' })
+      .option('nnodes', { type: 'string', describe: 'hosts in the job (default $WAVEBUS_NNODES or 1)' })
+      .option('node-rank', { type: 'string', describe: 'this host (default $WAVEBUS_NODE_RANK or 0)' })
+      .option('steps', { type: 'string', default: '100', describe: 'engine steps (waves)' })
+      .option('step-ms', { type: 'string', default: '10', describe: 'wall time per step; 0 = as fast as possible' })
+      .option('requests', { type: 'string', default: '8', describe: 'requests in the workload' })
+      .option('speculative', { type: 'string', default: '2', describe: 'speculative tokens per step (0 = off)' })
+      .option('layers', { type: 'string', default: '4' })
+      .option('num-blocks', { type: 'string', default: '256' })
+      .option('block-size', { type: 'string', default: '16' })
+      .option('kv-heads', { type: 'string', default: '8', describe: 'KV heads in total (split over TP)' })
+      .option('head-dim', { type: 'string', default: '64' })
       .option('dtype', { choices: ['bfloat16', 'float16', 'float32'] as const, default: 'bfloat16' as const })
       .option('faults', { type: 'string', describe: 'faults to inject: inline JSON or a file' })
-      .option('compute-us', { type: 'number', default: 0, describe: 'busy CPU time per step standing in for the forward' })
-      .option('forward-ms', { type: 'number', default: 0, describe: 'idle wait per step standing in for a forward on the accelerator' })
+      .option('compute-us', { type: 'string', default: '0', describe: 'busy CPU time per step standing in for the forward' })
+      .option('forward-ms', { type: 'string', default: '0', describe: 'idle wait per step standing in for a forward on the accelerator' })
       .option('detached', { type: 'boolean', default: false, describe: 'run without wavebus (a baseline)' })
-      .option('start-at', { type: 'number', describe: 'wall-clock ms for step 1 (align hosts)' })
+      .option('start-at', { type: 'string', describe: 'wall-clock ms for step 1 (align hosts)' })
       .option('result-dir', { type: 'string', demandOption: true, describe: 'where each rank writes rank<g>.json' }),
   handler: async (argv) => {
     const env = process.env;
     // Each error names where the value came from: the flag, else the variable `wavebus launch` set.
     const fromFlagOrEnv = (flag: string, v: unknown, name: string, def: number, min = 1): number =>
-      v !== undefined ? positiveInt(v, flag, min) : env[name] !== undefined ? positiveInt(env[name], name, min) : def;
+      v !== undefined ? intFlag(v, flag, min) : env[name] !== undefined ? intFlag(env[name], name, min) : def;
     const nproc = fromFlagOrEnv('--nproc-per-node', argv['nproc-per-node'], 'WAVEBUS_NPROC_PER_NODE', 1);
     const nnodes = fromFlagOrEnv('--nnodes', argv.nnodes, 'WAVEBUS_NNODES', 1);
     const nodeRank = fromFlagOrEnv('--node-rank', argv['node-rank'], 'WAVEBUS_NODE_RANK', 0, 0);
@@ -45,23 +45,23 @@ export const command: CommandModule = {
       nodeRank,
       nprocPerNode: nproc,
       masterAddr: env.MASTER_ADDR ?? '127.0.0.1',
-      steps: positiveInt(argv.steps, '--steps'),
-      stepMs: positiveInt(argv['step-ms'], '--step-ms', 0),
-      requests: positiveInt(argv.requests, '--requests'),
-      speculative: positiveInt(argv.speculative, '--speculative', 0),
+      steps: intFlag(argv.steps, '--steps'),
+      stepMs: msFlag(argv['step-ms'], '--step-ms', 0),
+      requests: intFlag(argv.requests, '--requests'),
+      speculative: intFlag(argv.speculative, '--speculative', 0),
       geometry: {
-        layers: positiveInt(argv.layers, '--layers'),
-        numBlocks: positiveInt(argv['num-blocks'], '--num-blocks'),
-        blockSize: positiveInt(argv['block-size'], '--block-size'),
-        totalKvHeads: positiveInt(argv['kv-heads'], '--kv-heads'),
-        headDim: positiveInt(argv['head-dim'], '--head-dim'),
+        layers: intFlag(argv.layers, '--layers'),
+        numBlocks: intFlag(argv['num-blocks'], '--num-blocks'),
+        blockSize: intFlag(argv['block-size'], '--block-size'),
+        totalKvHeads: intFlag(argv['kv-heads'], '--kv-heads'),
+        headDim: intFlag(argv['head-dim'], '--head-dim'),
         dtype: argv.dtype as 'bfloat16',
       },
       faults: parseFaults(argv.faults as string | undefined),
       resultDir: String(argv['result-dir']),
-      startAt: argv['start-at'] as number | undefined,
-      computeUs: positiveInt(argv['compute-us'], '--compute-us', 0),
-      forwardMs: positiveInt(argv['forward-ms'], '--forward-ms', 0),
+      startAt: argv['start-at'] === undefined ? undefined : intFlag(argv['start-at'], '--start-at', 0),
+      computeUs: intFlag(argv['compute-us'], '--compute-us', 0),
+      forwardMs: msFlag(argv['forward-ms'], '--forward-ms', 0),
       detached: Boolean(argv.detached),
     });
     const failed = res.exits.filter((e) => e.code !== 0);

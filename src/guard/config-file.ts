@@ -1,4 +1,4 @@
-// Writing runtime_config.json (seed: writes go through `<path>.tmp` + rename under a lock file).
+// Writing runtime_config.json (seed: writes go through a temp file + rename under a lock file).
 // The lock is `<path>.lock`, created with O_EXCL|O_NOFOLLOW and holding "<pid> <host>"; it is
 // removed after the write. A lock left by a process that died (same host, pid gone), or one older
 // than staleMs whoever made it (a write holds it for milliseconds), is broken; a live holder is
@@ -9,7 +9,7 @@ import * as fs from 'fs';
 import * as os from 'os';
 import * as path from 'path';
 import { ConfigError } from '../errors';
-import { fsyncDir } from '../artifacts/freespace';
+import { writeFileAtomic } from '../artifacts/atomic-write';
 
 export interface LockOptions {
   /** How long to wait for a live holder (default 5000 ms). */
@@ -123,30 +123,15 @@ export function withConfigLock<T>(file: string, fn: () => T, opts: LockOptions =
 }
 
 /**
- * Replace `file` with `text` under its lock: `<file>.tmp` (created afresh, O_EXCL|O_NOFOLLOW),
- * fsync, rename over the file, fsync the directory. Parent directories are created.
+ * Replace `file` with `text` under its lock, through writeFileAtomic (an unpredictable temp name
+ * beside it, O_EXCL|O_NOFOLLOW, fsync, rename, fsync the directory). Parent directories are created.
  */
 export function writeConfigFile(file: string, text: string, opts: LockOptions = {}): void {
   fs.mkdirSync(path.dirname(file), { recursive: true });
   withConfigLock(
     file,
     () => {
-      const tmp = `${file}.tmp`;
-      fs.rmSync(tmp, { force: true }); // a leftover of a writer that died; we hold the lock
-      try {
-        const fd = fs.openSync(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, 0o644);
-        try {
-          fs.writeSync(fd, text);
-          fs.fsyncSync(fd);
-        } finally {
-          fs.closeSync(fd);
-        }
-        fs.renameSync(tmp, file);
-      } catch (e) {
-        fs.rmSync(tmp, { force: true });
-        throw e;
-      }
-      fsyncDir(path.dirname(file));
+      writeFileAtomic(file, text, { mode: 0o644 });
     },
     opts,
   );

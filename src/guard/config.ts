@@ -1,11 +1,12 @@
 // runtime_config.json: the schema, its defaults, validation and merging.
 // Effective config: at startup defaults ← overlay (startup.ts), on reload defaults ← file. Unknown keys anywhere are errors naming the
 // dotted path; wrong types and out-of-range values name the path and what was expected.
+import { DEFAULT_TENSOR_FORMAT, TENSOR_FORMATS, type TensorFormat } from '../artifacts/tensor-format';
 import { ConfigError } from '../errors';
 
 export type Action = 'report' | 'dump_kv';
 export type DumpScope = 'request' | 'all_requests';
-export type DumpFormat = 'pt' | 'npy' | 'safetensors';
+export type DumpFormat = TensorFormat;
 
 export interface DetectorCommon {
   enabled: boolean;
@@ -146,7 +147,7 @@ export const SCHEMA: Field = {
         manual_dump: int(0, 0),
         dump_dir: { kind: 'string', optional: true },
         free_headroom_bytes: int(5 * 1024 ** 3, 0),
-        format: { kind: 'enum', def: 'pt', values: ['pt', 'npy', 'safetensors'] },
+        format: { kind: 'enum', def: DEFAULT_TENSOR_FORMAT, values: [...TENSOR_FORMATS] },
       },
     },
     report: {

@@ -8,7 +8,7 @@ import type { DumpJob, DumpResult, FileEntry } from '../messages';
 import { SkipReason, writeDumpSkipped } from '../artifacts/freespace';
 import { DEFAULT_ARTIFACT_MODES, type ArtifactModes } from '../artifacts/artifact-mode';
 import { joinUnder, safeComponent } from '../artifacts/sanitize';
-import { writeJsonAtomic } from './reports';
+import { artifactWrite, writeJsonAtomic } from '../artifacts/atomic-write';
 
 export type { SkipReason };
 
@@ -105,7 +105,7 @@ export class DumpBook {
       expected_ranks: [...this.expectedRanks],
       ts: new Date().toISOString(),
       ...spec.info,
-    }, this.modes);
+    }, artifactWrite(this.modes));
     this.jobs.set(job.jobId, { job, acks: new Map(), timedOut: false, finished: false, ok: false });
     if (this.jobs.size > MAX_TRACKED_JOBS) this.jobs.delete(this.jobs.keys().next().value as string);
     this.armed++;
@@ -191,7 +191,7 @@ export class DumpBook {
       files,
       bytes,
       ts: new Date().toISOString(),
-    }, this.modes);
+    }, artifactWrite(this.modes));
     if (!ok) this.log?.warn({ job_id: t.job.jobId, missing, failed, skipped }, 'dump job incomplete');
   }
 

@@ -4,7 +4,7 @@ import * as fs from 'fs';
 import * as path from 'path';
 import { DEFAULT_ARTIFACT_MODES, type ArtifactModes } from '../artifacts/artifact-mode';
 import { joinUnder, safeComponent } from '../artifacts/sanitize';
-import { writeFileAtomic } from './startup';
+import { artifactWrite, writeJsonAtomic } from '../artifacts/atomic-write';
 
 /** Local time as YYYYmmdd_HHMMSS_mmm (the seed's report file stamp). */
 export function reportStamp(d: Date): string {
@@ -28,10 +28,6 @@ export interface IncidentReport {
   request_finished_at_dump?: boolean;
 }
 
-export function writeJsonAtomic(file: string, value: unknown, modes: ArtifactModes = DEFAULT_ARTIFACT_MODES): void {
-  writeFileAtomic(file, JSON.stringify(value, null, 2) + '\n', modes);
-}
-
 /**
  * Write `report` under `reportDir`; returns the file path. Never overwrites an earlier report.
  * `modes`: the caller passes sensitiveModes(...) for a report holding token ids.
@@ -42,6 +38,6 @@ export function writeReport(reportDir: string, report: IncidentReport, now: Date
   const stem = `report_${reportStamp(now)}${report.req_id ? `_${safeComponent(report.req_id, 'req_id')}` : ''}_pid${pid}`;
   let file = path.join(dir, `${stem}.json`);
   for (let k = 1; fs.existsSync(file); k++) file = path.join(dir, `${stem}_${k}.json`);
-  writeJsonAtomic(file, report, modes);
+  writeJsonAtomic(file, report, artifactWrite(modes));
   return file;
 }

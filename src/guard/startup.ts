@@ -4,9 +4,7 @@ import * as crypto from 'crypto';
 import * as fs from 'fs';
 import * as path from 'path';
 import type { Options } from 'yargs';
-import { DEFAULT_ARTIFACT_MODES, type ArtifactModes } from '../artifacts/artifact-mode';
 import { ConfigError } from '../errors';
-import { fsyncDir } from '../artifacts/freespace';
 import { parseJsonc } from './jsonc';
 import { checkConfigPartial, configFromRaw, configJson, defaultConfig, mergeConfig, RuntimeConfig } from './config';
 import { LockOptions, writeConfigFile } from './config-file';
@@ -119,30 +117,6 @@ export function configFromText(text: string, source: string): RuntimeConfig {
 
 export function sha256(buf: Buffer | string): string {
   return crypto.createHash('sha256').update(buf).digest('hex');
-}
-
-/**
- * Write via `<path>.tmp.<pid>-<random>` + fsync + rename, creating parent directories. The temp
- * file is created O_EXCL|O_NOFOLLOW with `modes.file` (never chmod'ed later: it is never more
- * readable than that, not even for a moment); new directories get `modes.dir`.
- */
-export function writeFileAtomic(file: string, data: string | Buffer, modes: ArtifactModes = DEFAULT_ARTIFACT_MODES): void {
-  fs.mkdirSync(path.dirname(file), { recursive: true, mode: modes.dir });
-  const tmp = `${file}.tmp.${process.pid}-${crypto.randomBytes(4).toString('hex')}`;
-  try {
-    const fd = fs.openSync(tmp, fs.constants.O_WRONLY | fs.constants.O_CREAT | fs.constants.O_EXCL | fs.constants.O_NOFOLLOW, modes.file);
-    try {
-      fs.writeSync(fd, typeof data === 'string' ? Buffer.from(data) : data);
-      fs.fsyncSync(fd);
-    } finally {
-      fs.closeSync(fd);
-    }
-    fs.renameSync(tmp, file);
-  } catch (e) {
-    fs.rmSync(tmp, { force: true }); // nothing half-written under any name
-    throw e;
-  }
-  fsyncDir(path.dirname(file));
 }
 
 export interface StartupIssue {

@@ -3,6 +3,7 @@
 //
 // Rank order is vLLM's, TP fastest:
 //   global = ((dp_rank * pp + pp_rank) * cp + cp_rank) * tp + tp_rank
+import { strictInt } from '../commands/flags';
 import * as os from 'os';
 import type { Options } from 'yargs';
 import { ConfigError } from '../errors';
@@ -65,11 +66,9 @@ function parseInt0(raw: unknown, from: string, min: 0 | 1): number {
     if (Number.isSafeInteger(raw) && raw >= min) return raw;
     throw identityError(`${from}=${String(raw)} is not ${what}`);
   }
-  const s = String(raw).trim();
-  if (!/^\d+$/.test(s) || !Number.isSafeInteger(Number(s)) || Number(s) < min) {
-    throw identityError(`${from}='${String(raw)}' is not ${what}`);
-  }
-  return Number(s);
+  const n = strictInt(raw);
+  if (n === undefined || n < min) throw identityError(`${from}='${String(raw)}' is not ${what}`);
+  return n;
 }
 
 function present(v: string | undefined): v is string {

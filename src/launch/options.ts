@@ -6,6 +6,7 @@ import { loadCurveDirClient, type CurveClientKeys } from '../bus/curve';
 import { HostPort, isLoopback, parseBusPort, parseHostPort } from '../bus/endpoints';
 import { DEFAULT_BUS_PORT } from '../bus/constants';
 import { boundedLayout, type WorldLayout } from './identity';
+import { intFlag } from '../commands/flags';
 
 export interface LaunchOptions {
   nnodes: number;
@@ -46,13 +47,7 @@ export function given(v: unknown): boolean {
 }
 
 function parseIntArg(raw: unknown, name: string, min: number, max = Number.MAX_SAFE_INTEGER): number {
-  const s = String(lastOf(raw)).trim();
-  const n = /^\d+$/.test(s) ? Number(s) : NaN;
-  if (!Number.isSafeInteger(n) || n < min || n > max) {
-    const range = max === Number.MAX_SAFE_INTEGER ? `an integer >= ${min}` : `an integer ${min}..${max}`;
-    throw launchError(`${name}: expected ${range}, got ${JSON.stringify(lastOf(raw))}`);
-  }
-  return n;
+  return intFlag(lastOf(raw), name, min, max, { code: 'ERR_LAUNCH' });
 }
 
 function stringList(v: unknown): string[] {

@@ -1,12 +1,13 @@
 // Input snapshot settings, resolved once per process from flags and environment.
 // A malformed selection or format fails here, at startup, rather than mid-request
 // (a typo must not silently disable a debugging run); a malformed rank list only warns.
+import { TENSOR_FORMATS, type TensorFormat } from '../artifacts/tensor-format';
 import type { Options } from 'yargs';
 import { ConfigError } from '../errors';
 import { resolveSnapshotRoot } from './root';
 
-export type SnapshotFormat = 'pt' | 'npy' | 'safetensors';
-export const SNAPSHOT_FORMATS: readonly SnapshotFormat[] = ['pt', 'npy', 'safetensors'];
+export type SnapshotFormat = TensorFormat;
+export const SNAPSHOT_FORMATS: readonly SnapshotFormat[] = TENSOR_FORMATS;
 
 /** Which post-warmup calls of a compiled graph the call-index rule selects. */
 export type CallRule =

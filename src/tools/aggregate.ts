@@ -12,17 +12,16 @@ import * as path from 'path';
 import type { HostPort } from '../bus/endpoints';
 import type { BusToken } from '../bus/auth';
 import { DEFAULT_MAX_FRAME_BYTES } from '../bus/constants';
-import { createFresh, fetchOne, type Planned } from './aggregate-fetch';
+import { fetchOne, type Planned } from './aggregate-fetch';
 import { AggregateError, RelayClient } from '../bus/relay-client';
 import { ConfigError, WavebusError } from '../errors';
-import { fsyncDir } from '../artifacts/freespace';
+import { fsyncDir, writeJsonAtomic } from '../artifacts/atomic-write';
 import {
   checkListedChecksum,
   checkListedSize,
   freeBytesAt,
   localPathFor,
   MAX_LISTED_FILES,
-  PART_SUFFIX,
   shownPath,
   type AggregateRoot,
 } from './aggregate-listing';
@@ -303,14 +302,5 @@ export async function aggregate(opts: AggregateOptions): Promise<AggregateManife
 
 function writeManifest(out: string, manifest: AggregateManifest): void {
   const final = path.join(out, AGGREGATE_MANIFEST);
-  const tmp = path.join(out, `.${AGGREGATE_MANIFEST}${PART_SUFFIX}`);
-  const fd = createFresh(tmp);
-  try {
-    fs.writeSync(fd, `${JSON.stringify(manifest, null, 2)}\n`);
-    fs.fsyncSync(fd);
-  } finally {
-    fs.closeSync(fd);
-  }
-  fs.renameSync(tmp, final);
-  fsyncDir(out);
+  writeJsonAtomic(final, manifest, { mode: 0o666 });
 }

@@ -1,6 +1,7 @@
 // `wavebus demo`: a simulated TP job on this machine with the coordinator, agents, every
 // detector and an input-snapshot rule on, and faults injected. It runs `wavebus launch` once per
 // simulated host, exactly as a user would, then checks every artifact and prints a summary.
+import type { TensorFormat } from '../artifacts/tensor-format';
 import * as fs from 'fs';
 import * as path from 'path';
 import { packageRoot } from '../paths';
@@ -26,7 +27,7 @@ export interface DemoOptions {
   dp: number;
   hosts: number;
   steps: number;
-  format: 'pt' | 'npy' | 'safetensors';
+  format: TensorFormat;
   runtimeConfig?: string;
   port?: number;
   /** 'sim' (default): the simulator; 'torch': examples/torch-engine (needs python3-torch). */

@@ -230,7 +230,7 @@ export function inspectTree(root: string, opts: { verify?: boolean } = {}): Insp
     for (const n of names.sort()) {
       const p = path.join(dir, n);
       if (!fs.statSync(p).isDirectory()) {
-        if (n.startsWith('.') && n.endsWith('.part')) result.incomplete.push(path.relative(root, p));
+        if (n.startsWith('.') && (n.endsWith('.part') || n.includes('.tmp-'))) result.incomplete.push(path.relative(root, p));
         continue;
       }
       if (n.startsWith('.') && n.includes('.tmp-')) {

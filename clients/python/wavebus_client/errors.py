@@ -1,4 +1,18 @@
-"""Named error classes, mirroring src/errors.ts. Each carries a stable ``code``."""
+"""Named error classes, mirroring src/errors.ts. Each carries a stable ``code``.
+
+The codes are the shared list in error_codes.py (generated from proto/errors.json; docs/errors.md
+explains each)."""
+
+import re
+
+from .error_codes import CODES, ERRNO_PATTERN
+
+_ERRNO = re.compile(ERRNO_PATTERN)
+
+
+def is_error_code(code: str) -> bool:
+    """True for a listed code or a system-call failure (ERR_ + errno name)."""
+    return code in CODES or bool(_ERRNO.match(code))
 
 
 class WavebusError(Exception):

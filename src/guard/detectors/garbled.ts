@@ -14,19 +14,16 @@
 // After an alert the window restarts.
 //
 // Running sums over a ring, in int32 words (see slab.ts):
-//   header (at h, even): [0] pos [1] len [2] surprising count [3] tokens with a log-prob
-//     [4..5] Σmillibits (float64)
+//   header (at h, even; word offsets in native.detectorLayout.garbled): pos, len, surprising
+//     count, seen (tokens with a log-prob), sum (Σmillibits, float64)
 //   body (at r): ring of (millibits << 1 | surprising); millibits ≤ 10^9 < 2^30, one word each
 import type { GarbledConfig } from '../config';
-import { detectOne, HitBuffer, newParams, PARAM } from './kernel';
+import { detectOne, HitBuffer, LAYOUT, newParams, PARAM } from './kernel';
 import { even, StateRecord } from './slab';
 
-const POS = 0;
-const LEN = 1;
-const N_SURPRISING = 2;
-const SEEN = 3;
-const SUM = 4; // float64
-export const GARBLED_HEADER_WORDS = 6;
+// Header words from native/detector_pass.cc (kernel.ts LAYOUT); the sum is a float64.
+const { pos: POS, len: LEN, surprising: N_SURPRISING, seen: SEEN, sum: SUM } = LAYOUT.garbled;
+export const GARBLED_HEADER_WORDS = LAYOUT.garbled.headerWords;
 
 /** A standalone state record (the guard keeps its records in a slab), readable for inspection. */
 export class GarbledState extends StateRecord {

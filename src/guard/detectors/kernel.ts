@@ -1,54 +1,27 @@
 // The per-step detector pass runs natively (native/detector_pass.cc): one call per wave head for
 // every row of the step, on the state slab, with each detector's parameters in one Float64Array.
-// This file owns the layouts both sides share: the parameter slots, the hit records, the mute
-// bits. TypeScript checks everything before the call (columns in telemetry.ts, offsets here).
+// The layouts both sides share (parameter slots, hit records, mute bits, header words) come from
+// the addon. TypeScript checks everything before the call (columns in telemetry.ts, offsets here).
 import { native } from '../../native';
 import type { TelemetryColumns } from '../../messages';
 
-/** Parameter slots (the Param enum in native/detector_pass.cc, same order). */
-export const PARAM = {
-  recordWords: 0,
-  repeatOn: 1,
-  repeatHead: 2,
-  repeatBody: 3,
-  repeatWindow: 4,
-  tableMask: 5,
-  hashShift: 6,
-  tableAt: 7,
-  repeatMinTokens: 8,
-  repeatThreshold: 9,
-  repeatConsecutive: 10,
-  specOn: 11,
-  specHead: 12,
-  specBody: 13,
-  specWindow: 14,
-  lowRate: 15,
-  lowLen: 16,
-  highRate: 17,
-  highLen: 18,
-  garbledOn: 19,
-  garbledHead: 20,
-  garbledBody: 21,
-  garbledWindow: 22,
-  garbledMinTokens: 23,
-  surpriseLogprob: 24,
-  surpriseRank: 25,
-  surpriseFraction: 26,
-  limitMbits: 27,
-} as const;
-export const PARAM_COUNT = 28;
+/**
+ * The record layout, defined once in native/detector_pass.cc (which checks at load that every
+ * offset lies inside its record) and read from there: parameter slots, hit records, mute bits and
+ * each detector's header words (LAYOUT.tokenRepeat etc.).
+ */
+export const LAYOUT = native.detectorLayout;
+
+/** Parameter slots (kParamNames in native/detector_pass.cc). */
+export const PARAM = LAYOUT.params;
+export const PARAM_COUNT = LAYOUT.paramCount;
 
 /** A hit is HIT_WORDS doubles: row, type (HIT_TYPE index), then the type's figures. */
-export const HIT_WORDS = 8;
-export const HIT_TYPE = ['token_repeat', 'spec_acceptance', 'garbled'] as const;
+export const HIT_WORDS = LAYOUT.hitWords;
+export const HIT_TYPE = LAYOUT.hitTypes;
 
 /** Bit of each detector in a request's muted mask (a detector the quota stopped for it). */
-export const MUTE_BIT = {
-  token_repeat: 1,
-  logits_finite: 2,
-  spec_acceptance: 4,
-  garbled: 8,
-} as const;
+export const MUTE_BIT = LAYOUT.muteBits;
 
 export function newParams(recordWords: number): Float64Array {
   const p = new Float64Array(PARAM_COUNT);

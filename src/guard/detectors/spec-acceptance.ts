@@ -11,17 +11,16 @@
 //
 // Running sums over a ring, in int32 words (see slab.ts); draft lengths are uint32 on the wire, so
 // the ring and the sums are float64 (exact):
-//   header (at h, even): [0] pos [1] len [2..3] Σdraft [4..5] Σaccepted
+//   header (at h, even; word offsets in native.detectorLayout.specAcceptance): pos, len,
+//     sumDraft (Σdraft, float64), sumAcc (Σaccepted, float64)
 //   body (at r, even): ring of (draft, accepted) float64 pairs
 import type { SpecAcceptanceConfig } from '../config';
-import { detectOne, HitBuffer, newParams, PARAM } from './kernel';
+import { detectOne, HitBuffer, LAYOUT, newParams, PARAM } from './kernel';
 import { StateRecord } from './slab';
 
-const POS = 0;
-const LEN = 1;
-const SUM_DRAFT = 2; // float64
-const SUM_ACC = 4; // float64
-export const SPEC_HEADER_WORDS = 6;
+// Header words from native/detector_pass.cc (kernel.ts LAYOUT); the sums are float64s.
+const { pos: POS, len: LEN, sumDraft: SUM_DRAFT, sumAcc: SUM_ACC } = LAYOUT.specAcceptance;
+export const SPEC_HEADER_WORDS = LAYOUT.specAcceptance.headerWords;
 
 /** A standalone state record (the guard keeps its records in a slab), readable for inspection. */
 export class SpecAcceptanceState extends StateRecord {

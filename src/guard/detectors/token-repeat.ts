@@ -15,22 +15,17 @@
 // backward-shift deletion, at most 2/3 full): one probe counts the new token and adds it, one
 // more removes the token leaving the window. The state is int32 words (see slab.ts) in two
 // parts, so that the guard can keep every detector's counters of a request side by side:
-//   header (at h, even): [0] tokPos [1] tokLen [2] scorePos [3] contentSeen [4] consecutive
-//     [5] lastScore [6] alerted [8..9] repeatSum (float64: up to window², past 2^31)
+//   header (at h, even; word offsets in native.detectorLayout.tokenRepeat): tokPos, tokLen,
+//     scorePos, seen (content tokens), consecutive, lastScore, alerted, sum (repeatSum, float64:
+//     up to window², past 2^31)
 //   body (at r): ring of (token, score) pairs (window) | table of (key, count) pairs, count 0 = empty
 import type { TokenRepeatConfig } from '../config';
-import { detectOne, HitBuffer, newParams, PARAM } from './kernel';
+import { detectOne, HitBuffer, LAYOUT, newParams, PARAM } from './kernel';
 import { StateRecord } from './slab';
 
-const TOK_POS = 0;
-const TOK_LEN = 1;
-const SCORE_POS = 2;
-const SEEN = 3;
-const CONSEC = 4;
-const LAST_SCORE = 5;
-const ALERTED = 6;
-const SUM = 8; // float64
-export const TOKEN_REPEAT_HEADER_WORDS = 10;
+// Header words from native/detector_pass.cc (kernel.ts LAYOUT).
+const { tokLen: TOK_LEN, seen: SEEN, consecutive: CONSEC, lastScore: LAST_SCORE, alerted: ALERTED, sum: SUM /* float64 */ } = LAYOUT.tokenRepeat;
+export const TOKEN_REPEAT_HEADER_WORDS = LAYOUT.tokenRepeat.headerWords;
 
 /** A standalone state record (the guard keeps its records in a slab), readable for inspection. */
 export class TokenRepeatState extends StateRecord {

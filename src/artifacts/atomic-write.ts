@@ -1,0 +1,78 @@
+// The one way wavebus replaces a small file whole (reports, manifests, dump_skipped.json,
+// runtime_config.json): readers see the old content or the new, never a part, and a crash
+// leaves at worst a dot-named temp file that `wavebus inspect` lists as incomplete.
+//
+// The temp file sits next to the final name (rename(2) is atomic only within a filesystem) as
+// `.<name>.tmp-<pid>-<random>`: unpredictable, so nobody can plant a link there in advance, and
+// opened O_CREAT|O_EXCL|O_NOFOLLOW with its final mode, so it is never more readable than the
+// result, not even for a moment. Data is fsynced before the rename, the directory after it.
+import * as crypto from 'crypto';
+import * as fs from 'fs';
+import * as path from 'path';
+import type { ArtifactModes } from './artifact-mode';
+import { fsFailure } from './sink';
+
+const { O_WRONLY, O_CREAT, O_EXCL, O_NOFOLLOW } = fs.constants;
+
+export interface AtomicWriteOptions {
+  /** Mode of the written file (before the umask), e.g. ArtifactModes.file. */
+  mode: number;
+  /** When given, missing parent directories are created with this mode; otherwise the parent must exist. */
+  dirMode?: number;
+}
+
+/** Options for an artifact written with `modes`: the file gets modes.file, new parents modes.dir. */
+export function artifactWrite(modes: ArtifactModes): AtomicWriteOptions {
+  return { mode: modes.file, dirMode: modes.dir };
+}
+
+/** The temp name `.<base>.tmp-<pid>-<16 hex>` beside `file`. */
+export function atomicTempName(file: string): string {
+  return path.join(path.dirname(file), `.${path.basename(file)}.tmp-${process.pid}-${crypto.randomBytes(8).toString('hex')}`);
+}
+
+/**
+ * Replace `file` with `data`: temp file, fsync, rename, fsync the directory. On failure the temp
+ * file is removed and the error (as the system call gave it) is thrown; `file` is untouched.
+ */
+export function writeFileAtomic(file: string, data: string | Buffer, opts: AtomicWriteOptions): void {
+  if (opts.dirMode !== undefined) fs.mkdirSync(path.dirname(file), { recursive: true, mode: opts.dirMode });
+  const tmp = atomicTempName(file);
+  const buf = typeof data === 'string' ? Buffer.from(data) : data;
+  try {
+    const fd = fs.openSync(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, opts.mode);
+    try {
+      for (let off = 0; off < buf.length; ) off += fs.writeSync(fd, buf, off, buf.length - off);
+      fs.fsyncSync(fd);
+    } finally {
+      fs.closeSync(fd);
+    }
+    fs.renameSync(tmp, file);
+  } catch (e) {
+    fs.rmSync(tmp, { force: true }); // nothing half-written under any name
+    throw e;
+  }
+  fsyncDir(path.dirname(file));
+}
+
+/** writeFileAtomic of `value` as indented JSON with a final newline. */
+export function writeJsonAtomic(file: string, value: unknown, opts: AtomicWriteOptions): void {
+  writeFileAtomic(file, `${JSON.stringify(value, null, 2)}\n`, opts);
+}
+
+/** fsync a directory so a rename in it is durable. */
+export function fsyncDir(dir: string): void {
+  let fd: number;
+  try {
+    fd = fs.openSync(dir, 'r');
+  } catch (e) {
+    throw fsFailure('open', dir, e);
+  }
+  try {
+    fs.fsyncSync(fd);
+  } catch (e) {
+    throw fsFailure('fsync', dir, e);
+  } finally {
+    fs.closeSync(fd);
+  }
+}
