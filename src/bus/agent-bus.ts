@@ -17,6 +17,7 @@ import {
 } from './frames';
 import { socketIpOptions, tcpEndpoint } from './endpoints';
 import { receiveLoop } from './receive-loop';
+import { SendQueue } from './send-queue';
 import { clientSocketOptions, type CurveClientKeys } from './curve';
 import { agentWaveHead } from './wave-head-relay';
 import { payloadOf } from './payload';
@@ -104,9 +105,7 @@ export class AgentBus extends EventEmitter {
   private timer?: NodeJS.Timeout;
   private running = false;
   private loops: Promise<void>[] = [];
-  private sendQueue: Array<Buffer | Buffer[]> = [];
-  private sending = false;
-  private sendPump: Promise<void> = Promise.resolve();
+  private sendQueue?: SendQueue;
 
   private state: SyncState = 'connecting';
   private epoch = 0;
@@ -176,6 +175,7 @@ export class AgentBus extends EventEmitter {
     dealer.connect(tcpEndpoint(host, port + 1));
     this.sub = sub;
     this.dealer = dealer;
+    this.sendQueue = new SendQueue(dealer, () => this.stats.unsent++);
     this.running = true;
     this.loops = [this.receiveSub(sub), this.receiveDealer(dealer)];
     this.timer = setInterval(() => this.tick(), this.heartbeatMs);
@@ -187,7 +187,7 @@ export class AgentBus extends EventEmitter {
     if (!this.running) return;
     this.running = false;
     if (this.timer) clearInterval(this.timer);
-    await this.sendPump;
+    await this.sendQueue?.idle();
     this.sub?.close();
     this.dealer?.close();
     await Promise.all(this.loops);
@@ -204,8 +204,7 @@ export class AgentBus extends EventEmitter {
   relayWaveHead(waveHead: Uint8Array): void {
     if (!this.running) return;
     const msg = agentWaveHead(this.rank, this.epoch, waveHead);
-    this.sendQueue.push(this.opts.busToken ? this.opts.busToken.seal('to-coordinator', msg) : msg);
-    if (!this.sending) this.sendPump = this.drainSend();
+    this.sendQueue?.push(this.opts.busToken ? this.opts.busToken.seal('to-coordinator', msg) : msg);
   }
 
   sendDumpResult(result: DumpResult): void {
@@ -217,24 +216,7 @@ export class AgentBus extends EventEmitter {
     const payload = payloadOf(body);
     let msg = encodeAgentMessage({ globalRank: this.rank, epochSeen: this.epoch, requestId, ...body });
     if (this.opts.busToken) msg = this.opts.busToken.seal('to-coordinator', msg, payload);
-    this.sendQueue.push(payload ? [msg, payload] : msg);
-    if (!this.sending) this.sendPump = this.drainSend();
-  }
-
-  private async drainSend(): Promise<void> {
-    this.sending = true;
-    try {
-      while (this.sendQueue.length > 0 && this.dealer && !this.dealer.closed) {
-        const msg = this.sendQueue.shift()!;
-        try {
-          await this.dealer.send(msg);
-        } catch {
-          this.stats.unsent++;
-        }
-      }
-    } finally {
-      this.sending = false;
-    }
+    this.sendQueue?.push(payload ? [msg, payload] : msg);
   }
 
   private sendHello(subscribed: boolean): void {
