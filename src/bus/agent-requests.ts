@@ -5,6 +5,7 @@ import { WavebusError } from '../errors';
 import type { AgentMsg, DropCounter } from './frames';
 import { payloadOf, withPayload } from './payload';
 import { RequestMap } from './request-map';
+import { PROTOCOL_VERSION } from './protocol-version';
 import type { RankTable } from './rank-table';
 
 /** Sends a CoordinatorMessage body (with its optional data frame) on one ROUTER route. */
@@ -69,7 +70,7 @@ export class AgentRequests {
     const relay = (msg.relay ?? {}) as Record<string, any>;
     const rank = Number(relay.rank ?? 0);
     const kind = relay.request as string | undefined;
-    const answer = (body: Record<string, unknown>, data?: Buffer) => this.send(routingId, { requestId: msg.requestId, relay: { rank, ...body } }, data);
+    const answer = (body: Record<string, unknown>, data?: Buffer) => this.send(routingId, { requestId: msg.requestId, relay: { rank, protocolVersion: PROTOCOL_VERSION, ...body } }, data);
     if (kind !== 'fileList' && kind !== 'fileChunk') {
       answer({ error: 'relay request carries neither file_list nor file_chunk' });
       return;

@@ -25,6 +25,7 @@ import { checkBindAllowed, tcpEndpoint } from './endpoints';
 import { bindServerSockets } from './server-sockets';
 import { receiveLoop } from './receive-loop';
 import { openRouterMessage } from './router-inbox';
+import { PROTOCOL_VERSION, VersionGate } from './protocol-version';
 import type { ZapHandler } from './curve';
 import type { CoordinatorPolicy, DueLanes } from './policy';
 import type { CoordinatorOptions, CoordinatorStats } from './coordinator-options';
@@ -63,6 +64,7 @@ export class Coordinator extends EventEmitter {
   private readonly rankTable: RankTable;
   private readonly dumpAcks: DumpAcks;
   private readonly agentRequests: AgentRequests;
+  private readonly versions = new VersionGate();
   private queuedDumps: DumpJob[] = [];
   private queuedConfig?: { version: number; configJson: string };
   private lastConfig = { version: 0, configJson: '' };
@@ -113,7 +115,7 @@ export class Coordinator extends EventEmitter {
     // Zero-valued series, so dashboards see every label from the start.
     for (const lane of ['config', 'dump']) this.metrics.lanes.inc({ lane }, 0);
     for (const result of ['ok', 'error', 'skipped', 'timeout']) this.metrics.dumps.inc({ result }, 0);
-    for (const reason of ['frame_count', 'oversized', 'truncated', 'undecodable', 'empty', 'unknown_request', 'no_mac', 'bad_mac', 'wrong_connection']) this.metrics.dropped.inc({ reason }, 0);
+    for (const reason of ['frame_count', 'oversized', 'truncated', 'undecodable', 'empty', 'unknown_request', 'no_mac', 'bad_mac', 'wrong_connection', 'protocol_version']) this.metrics.dropped.inc({ reason }, 0);
   }
 
   get pubEndpoint(): string {
@@ -402,6 +404,12 @@ export class Coordinator extends EventEmitter {
       this.drops.drop('rank_out_of_range', `rank ${claimed} of a world of ${this.opts.layout.worldSize}`);
       return;
     }
+    const gate = this.versions.check(msg, routingId, claimed);
+    if (gate.action !== 'ok') {
+      this.drops.drop('protocol_version', gate.action === 'refuse' ? gate.error : `a ${msg.body} message on a connection refused for its protocol version`);
+      if (gate.action === 'refuse') this.reply(routingId, { requestId: msg.requestId, refused: { protocolVersion: PROTOCOL_VERSION, peerVersion: gate.peerVersion, error: gate.error } });
+      return;
+    }
     switch (msg.body) {
       case 'status':
         this.reply(routingId, { requestId: msg.requestId, status: this.statusReply() });
@@ -467,6 +475,7 @@ export class Coordinator extends EventEmitter {
       expectedRanks: this.expectedRanks,
       ready: this.ready,
       statusJson: JSON.stringify(this.status()),
+      protocolVersion: PROTOCOL_VERSION,
     };
   }
 
@@ -488,6 +497,7 @@ export class Coordinator extends EventEmitter {
       configJson: cfg.configJson,
       pending: this.dumpAcks.lanes(),
       manualDumpDone: cfg.manualDumpDone,
+      protocolVersion: PROTOCOL_VERSION,
     };
   }
 }

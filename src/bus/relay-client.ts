@@ -11,6 +11,7 @@ import type { BusToken } from './auth';
 import { clientSocketOptions, type CurveClientKeys } from './curve';
 import { RequestMap } from './request-map';
 import { SendQueue } from './send-queue';
+import { PROTOCOL_VERSION, versionMismatch } from './protocol-version';
 
 export class AggregateError extends WavebusError {
   constructor(message: string, code = 'ERR_AGGREGATE') {
@@ -118,7 +119,7 @@ export class RelayClient {
    * data frame, when the reply has one, is attached to the result (payloadOf).
    */
   async relay(rank: number, kind: 'fileList' | 'fileChunk', req: Record<string, unknown>, timeoutMs: number): Promise<Record<string, any>> {
-    const m = await this.request({ relay: { rank, [kind]: req, timeoutMs } }, timeoutMs + 5000);
+    const m = this.checkVersion(await this.request({ relay: { rank, [kind]: req, timeoutMs, protocolVersion: PROTOCOL_VERSION } }, timeoutMs + 5000));
     if (m.body !== 'relay') throw new AggregateError(`coordinator answered ${m.body} to a relay request`);
     const r = m.relay as Record<string, any>;
     if (r.error) throw new AggregateError(r.error, 'ERR_RELAY');
@@ -130,9 +131,18 @@ export class RelayClient {
   }
 
   async status(timeoutMs: number): Promise<{ liveRanks: number[]; expectedRanks: number[] }> {
-    const m = await this.request({ status: {} }, timeoutMs);
+    const m = this.checkVersion(await this.request({ status: { protocolVersion: PROTOCOL_VERSION } }, timeoutMs));
     if (m.body !== 'status') throw new AggregateError(`coordinator answered ${m.body} to a status request`);
     return { liveRanks: (m.status.liveRanks ?? []).map(Number), expectedRanks: (m.status.expectedRanks ?? []).map(Number) };
+  }
+
+  /** A coordinator of another protocol version refuses (or, when older, answers without one): say so. */
+  private checkVersion(m: CoordinatorMsg): CoordinatorMsg {
+    if (m.body === 'refused') throw new AggregateError(`${this.endpoint}: ${m.refused.error}`, 'ERR_PROTOCOL_VERSION');
+    const reply = m.body === 'relay' ? m.relay : m.body === 'status' ? m.status : undefined;
+    const v = Number(reply?.protocolVersion ?? 0);
+    if (reply && v !== PROTOCOL_VERSION) throw new AggregateError(`${this.endpoint}: ${versionMismatch('coordinator', v, 'aggregate tool', PROTOCOL_VERSION)}`, 'ERR_PROTOCOL_VERSION');
+    return m;
   }
 
   async close(): Promise<void> {
