@@ -18,6 +18,7 @@ import * as path from 'path';
 import yargs from 'yargs';
 import { Dealer, XPublisher } from 'zeromq';
 import { requestStatus } from '../src/bus/coordinator';
+import { PROTOCOL_VERSION } from '../src/bus/protocol-version';
 import { DEFAULT_MAX_FRAME_BYTES } from '../src/bus/constants';
 import { decodeAgentMessage, decodeBusFrame, encodeAgentMessage, encodeBusFrame, TOPIC } from '../src/bus/frames';
 import { isOneWayRequest } from '../src/agent/agent';
@@ -117,12 +118,13 @@ export function agentCorpus(): Buffer[] {
     nonFinite: [{ row: 0, reqId: 'req-1', kind: 'nan' }],
   };
   return [
-    { globalRank: 7, hello: { identity: { ...IDENTITY, globalRank: 7 }, subscribed: true, agentVersion: 'x' } },
+    { globalRank: 7, hello: { identity: { ...IDENTITY, globalRank: 7 }, subscribed: true, agentVersion: 'x', protocolVersion: PROTOCOL_VERSION } },
     { globalRank: 7, requestId: 3, snapshot: { globalRank: 7 } },
     { globalRank: 7, heartbeat: { wave: 5, globalRank: 7, epochSeen: 9, lastSeq: 10, unixMs: 1 } },
     { globalRank: 7, dumpResult: { globalRank: 7, jobId: '5/manual/req', wave: 5, files, bytes: 10, error: '', skippedReason: '' } },
     { globalRank: 7, waveHead: { wave: 5, telemetry } },
-    { requestId: 1, status: {} },
+    { requestId: 1, status: { protocolVersion: PROTOCOL_VERSION } },
+    { requestId: 2, status: {} }, // a tool from before versions: refused
     { globalRank: 7, requestId: 99, fileList: { globalRank: 7, files } },
     { globalRank: 7, requestId: 98, fileChunk: { globalRank: 7, root: 'dumps', path: 'a', offset: 0, data: Buffer.from('abc'), crc32c: 1, eof: true } },
     // the header of a chunk whose bytes follow as a second frame (a rank inside the fuzzed world)

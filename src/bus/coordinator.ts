@@ -392,7 +392,7 @@ export class Coordinator extends EventEmitter {
       // Only a liveness poll is answered without the token; a relay gets a clear refusal.
       this.drops.drop('no_mac', `a ${msg.body} message without the bus token's MAC`);
       if (msg.body === 'relay') {
-        this.reply(routingId, { requestId: msg.requestId, relay: { rank: Number(msg.relay?.rank ?? 0), error: 'this coordinator requires the bus token for relay requests (--bus-token-file, or WAVEBUS_BUS_TOKEN_FILE)' } });
+        this.reply(routingId, { requestId: msg.requestId, relay: { rank: Number(msg.relay?.rank ?? 0), protocolVersion: PROTOCOL_VERSION, error: 'this coordinator requires the bus token for relay requests (--bus-token-file, or WAVEBUS_BUS_TOKEN_FILE)' } });
       }
       return;
     }
