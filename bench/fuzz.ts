@@ -18,7 +18,7 @@ import * as path from 'path';
 import yargs from 'yargs';
 import { Dealer, XPublisher } from 'zeromq';
 import { requestStatus } from '../src/bus/coordinator';
-import { PROTOCOL_VERSION } from '../src/bus/protocol-version';
+import { PROTOCOL_VERSION, peerVersionOf } from '../src/bus/protocol-version';
 import { DEFAULT_MAX_FRAME_BYTES } from '../src/bus/constants';
 import { decodeAgentMessage, decodeBusFrame, encodeAgentMessage, encodeBusFrame, TOPIC } from '../src/bus/frames';
 import { isOneWayRequest } from '../src/agent/agent';
@@ -161,8 +161,12 @@ export function clientCorpus(): Buffer[] {
 
 // ---------------------------------------------------------------- fates
 
-/** Why the coordinator's ROUTER drops one message from us (or undefined when it handles it). */
-export function coordinatorFate(parts: Buffer[], worldSize = FUZZ_WORLD): string | undefined {
+/**
+ * Why the coordinator's ROUTER drops one message from us (or undefined when it handles it).
+ * `conn`: our connection's state as the coordinator's VersionGate keeps it (a Hello of another
+ * protocol version refuses the connection until a Hello of the current one).
+ */
+export function coordinatorFate(parts: Buffer[], worldSize = FUZZ_WORLD, conn = { refused: false }): string | undefined {
   // One message, or a file chunk's message followed by its data frame (src/bus/payload.ts).
   if (parts.length !== 1 && parts.length !== 2) return 'frame_count';
   const d = decodeAgentMessage(parts[0], DEFAULT_MAX_FRAME_BYTES);
@@ -172,6 +176,13 @@ export function coordinatorFate(parts: Buffer[], worldSize = FUZZ_WORLD): string
   if (parts.length === 2 && parts[1].length > DEFAULT_MAX_FRAME_BYTES) return 'oversized';
   const claimed = m.body === 'hello' ? (m.hello?.identity?.globalRank ?? m.globalRank) : m.globalRank;
   if (m.body !== 'status' && m.body !== 'relay' && !(Number.isInteger(claimed) && claimed >= 0 && claimed < worldSize)) return 'rank_out_of_range';
+  const v = peerVersionOf(m);
+  if (v === undefined && conn.refused) return 'protocol_version';
+  if (v !== undefined && v !== PROTOCOL_VERSION) {
+    if (m.body === 'hello') conn.refused = true;
+    return 'protocol_version';
+  }
+  if (m.body === 'hello') conn.refused = false;
   if (m.body === 'fileList' || m.body === 'fileChunk') return 'unknown_request';
   return undefined;
 }
@@ -368,14 +379,15 @@ export async function fuzz(opts: { frames: number; seed: number; oversized: bool
           /* closed */
         }
       })();
+      const conn = { refused: false };
       for (let i = 0; i < opts.frames; i++) {
         const parts = m.parts(() => m.mutate(m.pick(corpus)), 1);
-        count(expected.coordinator_router, coordinatorFate(parts));
+        count(expected.coordinator_router, coordinatorFate(parts, FUZZ_WORLD, conn));
         await d.send(parts);
       }
       if (opts.oversized) {
         const big = Buffer.alloc(DEFAULT_MAX_FRAME_BYTES + 1);
-        count(expected.coordinator_router, coordinatorFate([big]));
+        count(expected.coordinator_router, coordinatorFate([big], FUZZ_WORLD, conn));
         await d.send(big);
       }
       // The ROUTER handles messages in order: every frame is in once every predicted count is
