@@ -18,6 +18,7 @@ import * as path from 'path';
 import yargs from 'yargs';
 import { Dealer, XPublisher } from 'zeromq';
 import { requestStatus } from '../src/bus/coordinator';
+import { PROTOCOL_VERSION, peerVersionOf } from '../src/bus/protocol-version';
 import { DEFAULT_MAX_FRAME_BYTES } from '../src/bus/constants';
 import { decodeAgentMessage, decodeBusFrame, encodeAgentMessage, encodeBusFrame, TOPIC } from '../src/bus/frames';
 import { isOneWayRequest } from '../src/agent/client-server';
@@ -117,12 +118,13 @@ export function agentCorpus(): Buffer[] {
     nonFinite: [{ row: 0, reqId: 'req-1', kind: 'nan' }],
   };
   return [
-    { globalRank: 7, hello: { identity: { ...IDENTITY, globalRank: 7 }, subscribed: true, agentVersion: 'x' } },
+    { globalRank: 7, hello: { identity: { ...IDENTITY, globalRank: 7 }, subscribed: true, agentVersion: 'x', protocolVersion: PROTOCOL_VERSION } },
     { globalRank: 7, requestId: 3, snapshot: { globalRank: 7 } },
     { globalRank: 7, heartbeat: { wave: 5, globalRank: 7, epochSeen: 9, lastSeq: 10, unixMs: 1 } },
     { globalRank: 7, dumpResult: { globalRank: 7, jobId: '5/manual/req', wave: 5, files, bytes: 10, error: '', skippedReason: '' } },
     { globalRank: 7, waveHead: { wave: 5, telemetry } },
-    { requestId: 1, status: {} },
+    { requestId: 1, status: { protocolVersion: PROTOCOL_VERSION } },
+    { requestId: 2, status: {} }, // a tool from before versions: refused
     { globalRank: 7, requestId: 99, fileList: { globalRank: 7, files } },
     { globalRank: 7, requestId: 98, fileChunk: { globalRank: 7, root: 'dumps', path: 'a', offset: 0, data: Buffer.from('abc'), crc32c: 1, eof: true } },
     // the header of a chunk whose bytes follow as a second frame (a rank inside the fuzzed world)
@@ -159,8 +161,12 @@ export function clientCorpus(): Buffer[] {
 
 // ---------------------------------------------------------------- fates
 
-/** Why the coordinator's ROUTER drops one message from us (or undefined when it handles it). */
-export function coordinatorFate(parts: Buffer[], worldSize = FUZZ_WORLD): string | undefined {
+/**
+ * Why the coordinator's ROUTER drops one message from us (or undefined when it handles it).
+ * `conn`: our connection's state as the coordinator's VersionGate keeps it (a Hello of another
+ * protocol version refuses the connection until a Hello of the current one).
+ */
+export function coordinatorFate(parts: Buffer[], worldSize = FUZZ_WORLD, conn = { refused: false }): string | undefined {
   // One message, or a file chunk's message followed by its data frame (src/bus/payload.ts).
   if (parts.length !== 1 && parts.length !== 2) return 'frame_count';
   const d = decodeAgentMessage(parts[0], DEFAULT_MAX_FRAME_BYTES);
@@ -170,6 +176,13 @@ export function coordinatorFate(parts: Buffer[], worldSize = FUZZ_WORLD): string
   if (parts.length === 2 && parts[1].length > DEFAULT_MAX_FRAME_BYTES) return 'oversized';
   const claimed = m.body === 'hello' ? (m.hello?.identity?.globalRank ?? m.globalRank) : m.globalRank;
   if (m.body !== 'status' && m.body !== 'relay' && !(Number.isInteger(claimed) && claimed >= 0 && claimed < worldSize)) return 'rank_out_of_range';
+  const v = peerVersionOf(m);
+  if (v === undefined && conn.refused) return 'protocol_version';
+  if (v !== undefined && v !== PROTOCOL_VERSION) {
+    if (m.body === 'hello') conn.refused = true;
+    return 'protocol_version';
+  }
+  if (m.body === 'hello') conn.refused = false;
   if (m.body === 'fileList' || m.body === 'fileChunk') return 'unknown_request';
   return undefined;
 }
@@ -368,14 +381,15 @@ export async function fuzz(opts: { frames: number; seed: number; oversized: bool
           /* closed */
         }
       })();
+      const conn = { refused: false };
       for (let i = 0; i < opts.frames; i++) {
         const parts = m.parts(() => m.mutate(m.pick(corpus)), 1);
-        count(expected.coordinator_router, coordinatorFate(parts));
+        count(expected.coordinator_router, coordinatorFate(parts, FUZZ_WORLD, conn));
         await d.send(parts);
       }
       if (opts.oversized) {
         const big = Buffer.alloc(DEFAULT_MAX_FRAME_BYTES + 1);
-        count(expected.coordinator_router, coordinatorFate([big]));
+        count(expected.coordinator_router, coordinatorFate([big], FUZZ_WORLD, conn));
         await d.send(big);
       }
       // The ROUTER handles messages in order: every frame is in once every predicted count is

@@ -9,6 +9,7 @@ import { FileServer } from '../src/agent/file-server';
 import { Bundle } from '../src/artifacts/bundle';
 import { AgentBus, type RequestHandler } from '../src/bus/agent-bus';
 import { Coordinator, requestStatus } from '../src/bus/coordinator';
+import { PROTOCOL_VERSION } from '../src/bus/protocol-version';
 import { decodeCoordinatorMessage, encodeAgentMessage, type CoordinatorMsg } from '../src/bus/frames';
 import { resolveIdentity, type WorldLayout } from '../src/launch/identity';
 import { inspectTree } from '../src/tools/inspect';
@@ -319,7 +320,7 @@ function rawAgent(port: number, rank: number, serve: (m: CoordinatorMsg) => Buff
   let beats = 0;
   const identity = { globalRank: rank, worldSize: 2, localRank: rank, localWorldSize: 2, tp: 2, pp: 1, dp: 1, cp: 1, pid: process.pid, host: 'peer' };
   const send = (parts: Buffer[]) => d.send(parts).catch(() => undefined);
-  if (opts.hello) void send([encodeAgentMessage({ globalRank: rank, hello: { identity, subscribed: false } })]);
+  if (opts.hello) void send([encodeAgentMessage({ globalRank: rank, hello: { identity, subscribed: false, protocolVersion: PROTOCOL_VERSION } })]);
   const beat = setInterval(() => {
     beats++;
     void send([encodeAgentMessage({ globalRank: rank, heartbeat: { wave: 1, globalRank: rank } })]);

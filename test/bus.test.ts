@@ -2,6 +2,7 @@
 import { Dealer, Publisher, Router } from 'zeromq';
 import { AgentBus, type SnapshotReplyMsg, type WaveEvent } from '../src/bus/agent-bus';
 import { Coordinator, requestStatus, type CoordinatorOptions } from '../src/bus/coordinator';
+import { PROTOCOL_VERSION } from '../src/bus/protocol-version';
 import { encodeAgentMessage, encodeBusFrame, encodeCoordinatorMessage, decodeAgentMessage } from '../src/bus/frames';
 import { isLoopback, parseHostPort } from '../src/bus/endpoints';
 import type { CoordinatorPolicy, DueLanes } from '../src/bus/policy';
@@ -328,7 +329,7 @@ describe('wave bus', () => {
     await rogue.send(Buffer.alloc(5000, 0x08)); // oversized
     await rogue.send([valid, valid]); // wrong number of frames
     await rogue.send(Buffer.alloc(0)); // decodes, but has no body
-    await rogue.send(encodeAgentMessage({ globalRank: 0, epochSeen: 12345, requestId: 9, status: {} })); // wrong epoch_seen: accepted
+    await rogue.send(encodeAgentMessage({ globalRank: 0, epochSeen: 12345, requestId: 9, status: { protocolVersion: PROTOCOL_VERSION } })); // wrong epoch_seen: accepted
     const [reply] = await rogue.receive();
     await waitFor(() => (c.stats.dropped.empty ?? 0) >= 1, 'all garbage processed');
     expect(c.stats.dropped).toMatchObject({ undecodable: 1, truncated: 1, oversized: 1, frame_count: 1, empty: 1 });
@@ -366,7 +367,7 @@ describe('wave bus', () => {
         const d = decodeAgentMessage(parts[1], 1 << 20);
         if (d.ok && d.value.body === 'snapshot') {
           snapshotsServed++;
-          await router.send([parts[0], encodeCoordinatorMessage({ epoch: E, requestId: d.value.requestId, snapshot: { epoch: E, seq, wave: 5, configVersion: 3, configJson: '{}' } })]);
+          await router.send([parts[0], encodeCoordinatorMessage({ epoch: E, requestId: d.value.requestId, snapshot: { epoch: E, seq, wave: 5, configVersion: 3, configJson: '{}', protocolVersion: PROTOCOL_VERSION } })]);
         }
       }
     })();

@@ -17,6 +17,9 @@ import {
 } from './frames';
 import { socketIpOptions, tcpEndpoint } from './endpoints';
 import { receiveLoop } from './receive-loop';
+import { SendQueue } from './send-queue';
+import { PROTOCOL_VERSION, versionMismatch } from './protocol-version';
+import { ProtocolError } from '../errors';
 import { clientSocketOptions, type CurveClientKeys } from './curve';
 import { agentWaveHead } from './wave-head-relay';
 import { payloadOf } from './payload';
@@ -63,6 +66,7 @@ export interface SnapshotReplyMsg {
   configJson: string;
   pending: DumpLane[];
   manualDumpDone: number;
+  protocolVersion: number;
 }
 
 export type ResyncReason = 'gap' | 'epoch' | 'coordinator-silent';
@@ -76,6 +80,8 @@ export interface AgentBusStats {
   covered: number;
   /** Messages to the coordinator that could not be queued (its connection was full or absent). */
   unsent: number;
+  /** Why the coordinator and this agent do not talk (protocol versions), when they do not. */
+  refused?: string;
 }
 
 /**
@@ -84,7 +90,8 @@ export interface AgentBusStats {
  */
 export type RequestHandler = (request: CoordinatorMsg) => Promise<Record<string, unknown>>;
 
-type SyncState = 'connecting' | 'syncing' | 'live';
+/** 'refused': the coordinator speaks another protocol version; nothing is sent until its epoch changes. */
+type SyncState = 'connecting' | 'syncing' | 'live' | 'refused';
 
 const MAX_BUFFERED = 100000;
 const MAX_LEFT_EPOCHS = 16;
@@ -104,9 +111,7 @@ export class AgentBus extends EventEmitter {
   private timer?: NodeJS.Timeout;
   private running = false;
   private loops: Promise<void>[] = [];
-  private sendQueue: Array<Buffer | Buffer[]> = [];
-  private sending = false;
-  private sendPump: Promise<void> = Promise.resolve();
+  private sendQueue?: SendQueue;
 
   private state: SyncState = 'connecting';
   private epoch = 0;
@@ -126,6 +131,8 @@ export class AgentBus extends EventEmitter {
   /** Epochs this agent moved away from; their late frames are dropped, not resynced on. */
   private leftEpochs: number[] = [];
   private handler?: RequestHandler;
+  /** The epoch of the coordinator that speaks another protocol version (state 'refused'). */
+  private refusedEpoch = 0;
 
   constructor(opts: AgentBusOptions) {
     super();
@@ -176,6 +183,7 @@ export class AgentBus extends EventEmitter {
     dealer.connect(tcpEndpoint(host, port + 1));
     this.sub = sub;
     this.dealer = dealer;
+    this.sendQueue = new SendQueue(dealer, () => this.stats.unsent++);
     this.running = true;
     this.loops = [this.receiveSub(sub), this.receiveDealer(dealer)];
     this.timer = setInterval(() => this.tick(), this.heartbeatMs);
@@ -187,7 +195,7 @@ export class AgentBus extends EventEmitter {
     if (!this.running) return;
     this.running = false;
     if (this.timer) clearInterval(this.timer);
-    await this.sendPump;
+    await this.sendQueue?.idle();
     this.sub?.close();
     this.dealer?.close();
     await Promise.all(this.loops);
@@ -204,8 +212,7 @@ export class AgentBus extends EventEmitter {
   relayWaveHead(waveHead: Uint8Array): void {
     if (!this.running) return;
     const msg = agentWaveHead(this.rank, this.epoch, waveHead);
-    this.sendQueue.push(this.opts.busToken ? this.opts.busToken.seal('to-coordinator', msg) : msg);
-    if (!this.sending) this.sendPump = this.drainSend();
+    this.sendQueue?.push(this.opts.busToken ? this.opts.busToken.seal('to-coordinator', msg) : msg);
   }
 
   sendDumpResult(result: DumpResult): void {
@@ -217,28 +224,11 @@ export class AgentBus extends EventEmitter {
     const payload = payloadOf(body);
     let msg = encodeAgentMessage({ globalRank: this.rank, epochSeen: this.epoch, requestId, ...body });
     if (this.opts.busToken) msg = this.opts.busToken.seal('to-coordinator', msg, payload);
-    this.sendQueue.push(payload ? [msg, payload] : msg);
-    if (!this.sending) this.sendPump = this.drainSend();
-  }
-
-  private async drainSend(): Promise<void> {
-    this.sending = true;
-    try {
-      while (this.sendQueue.length > 0 && this.dealer && !this.dealer.closed) {
-        const msg = this.sendQueue.shift()!;
-        try {
-          await this.dealer.send(msg);
-        } catch {
-          this.stats.unsent++;
-        }
-      }
-    } finally {
-      this.sending = false;
-    }
+    this.sendQueue?.push(payload ? [msg, payload] : msg);
   }
 
   private sendHello(subscribed: boolean): void {
-    this.send({ hello: { identity: identityToProto(this.identity), subscribed, agentVersion: this.opts.agentVersion ?? '' } });
+    this.send({ hello: { identity: identityToProto(this.identity), subscribed, agentVersion: this.opts.agentVersion ?? '', protocolVersion: PROTOCOL_VERSION } });
   }
 
   private requestSnapshot(): void {
@@ -250,6 +240,7 @@ export class AgentBus extends EventEmitter {
   }
 
   private tick(): void {
+    if (this.state === 'refused') return; // a coordinator of another version: wait for a new epoch
     const now = Date.now();
     this.send({ heartbeat: { wave: this.lastWave, globalRank: this.rank, epochSeen: this.epoch, lastSeq: this.lastSeq, unixMs: now } });
     if (this.coordinatorAlive && now - this.lastFrameAt > this.deadAfterMs) {
@@ -302,6 +293,11 @@ export class AgentBus extends EventEmitter {
 
   private handleFrame(f: DecodedFrame): void {
     switch (this.state) {
+      case 'refused':
+        if (f.epoch === this.refusedEpoch) return;
+        // A new coordinator incarnation (upgraded, perhaps): start over with it.
+        this.state = 'connecting';
+        return this.handleFrame(f);
       case 'connecting':
         // Readiness handshake: our SUB has seen a frame, so it is subscribed; now ask.
         this.state = 'syncing';
@@ -381,7 +377,14 @@ export class AgentBus extends EventEmitter {
     switch (msg.body) {
       case 'snapshot':
         if (this.state !== 'syncing' || msg.requestId !== this.snapshotRequestId) return; // an answer to an older ask
+        if (Number(msg.snapshot.protocolVersion ?? 0) !== PROTOCOL_VERSION) {
+          this.refuse(msg.epoch, versionMismatch('coordinator', Number(msg.snapshot.protocolVersion ?? 0), `agent (rank ${this.rank})`, PROTOCOL_VERSION));
+          return;
+        }
         this.applySnapshot(msg.snapshot as SnapshotReplyMsg);
+        return;
+      case 'refused':
+        if (this.state !== 'refused') this.refuse(msg.epoch, msg.refused.error || versionMismatch(`agent (rank ${this.rank})`, PROTOCOL_VERSION, 'coordinator', msg.refused.protocolVersion));
         return;
       case 'fileList':
       case 'fileChunk':
@@ -390,6 +393,20 @@ export class AgentBus extends EventEmitter {
       default:
         return; // heartbeat / status: nothing to do
     }
+  }
+
+  /**
+   * The coordinator speaks another protocol version: say so once, loudly, and stay off its bus
+   * (no heartbeats, no snapshot asks) until a coordinator with another epoch publishes.
+   */
+  private refuse(epoch: number, error: string): void {
+    this.state = 'refused';
+    this.refusedEpoch = epoch;
+    this.buffer = [];
+    this.pendingWave = undefined;
+    this.stats.refused = error;
+    this.log.error({ epoch }, error);
+    this.emit('protocol-mismatch', new ProtocolError(error, 'ERR_PROTOCOL_VERSION'));
   }
 
   private applySnapshot(snap: SnapshotReplyMsg): void {
@@ -402,6 +419,7 @@ export class AgentBus extends EventEmitter {
       this.leftEpochs.push(this.epoch);
       if (this.leftEpochs.length > MAX_LEFT_EPOCHS) this.leftEpochs.shift();
     }
+    this.stats.refused = undefined;
     this.epoch = snap.epoch;
     this.lastSeq = snap.seq;
     this.snapshotSeq = snap.seq;

@@ -47,7 +47,8 @@ export type DropReason =
   | 'no_mac' // a bus token is configured and the message carries no MAC (auth.ts)
   | 'bad_mac' // a bus token is configured and the message's MAC is wrong
   | 'rank_out_of_range' // claims a global rank outside the job's world
-  | 'wrong_connection'; // claims a rank that said Hello on another connection
+  | 'wrong_connection' // claims a rank that said Hello on another connection
+  | 'protocol_version'; // a hello or tool request of another protocol version (answered with VersionRefused), or a later message of its connection
 
 export type Decoded<T> = { ok: true; value: T } | { ok: false; reason: DropReason; detail?: string };
 

@@ -8,6 +8,10 @@ import { DropCounter, decodeCoordinatorMessage, encodeAgentMessage, type Coordin
 import { payloadOf, withPayload } from './payload';
 import { WavebusError } from '../errors';
 import type { BusToken } from './auth';
+import { clientSocketOptions, type CurveClientKeys } from './curve';
+import { RequestMap } from './request-map';
+import { SendQueue } from './send-queue';
+import { PROTOCOL_VERSION, versionMismatch } from './protocol-version';
 
 export class AggregateError extends WavebusError {
   constructor(message: string, code = 'ERR_AGGREGATE') {
@@ -18,10 +22,8 @@ export class AggregateError extends WavebusError {
 /** A DEALER on the coordinator's ROUTER; requests correlated by request id. */
 export class RelayClient {
   private readonly dealer: Dealer;
-  private readonly pending = new Map<number, { resolve: (m: CoordinatorMsg) => void; reject: (e: Error) => void; timer: NodeJS.Timeout }>();
-  private nextId = 1;
-  private sendQueue: Array<{ buf: Buffer; failed: (e: unknown) => void }> = [];
-  private sending: Promise<void> | undefined;
+  private readonly pending: RequestMap<CoordinatorMsg>;
+  private readonly sends: SendQueue;
   private loop: Promise<void>;
   private closed = false;
   readonly endpoint: string;
@@ -33,11 +35,43 @@ export class RelayClient {
     private readonly maxFrameBytes = DEFAULT_MAX_FRAME_BYTES,
     /** The job's bus token (bus/auth.ts): requests carry its MAC; replies without it are dropped. */
     private readonly token?: BusToken,
+    /** CURVE client keys, for a coordinator that runs with CURVE (docs/security.md). */
+    private readonly curve?: CurveClientKeys,
   ) {
     this.endpoint = tcpEndpoint(coordinator.host, coordinator.port + 1);
-    this.dealer = new Dealer({ linger: 0, maxMessageSize: 2 * maxFrameBytes, ...socketIpOptions(coordinator.host) });
+    this.pending = new RequestMap<CoordinatorMsg>((_id, _m, timeoutMs) => new AggregateError(`no answer from the coordinator at ${this.endpoint} within ${timeoutMs} ms${this.handshakeHint()}`, 'ERR_TIMEOUT'));
+    this.dealer = new Dealer({ linger: 0, maxMessageSize: 2 * maxFrameBytes, ...socketIpOptions(coordinator.host), ...clientSocketOptions(curve) });
+    this.sends = new SendQueue(this.dealer, () => undefined);
+    this.watchHandshakes();
     this.dealer.connect(this.endpoint);
     this.loop = this.receive();
+  }
+
+  private handshakeFailure?: string;
+
+  /**
+   * A coordinator with CURVE never answers a peer without keys (or with a key it does not
+   * admit): the handshake fails and requests would only time out. Say why instead.
+   */
+  private watchHandshakes(): void {
+    const failed = (why: string) => {
+      if (this.handshakeFailure) return;
+      this.handshakeFailure = why;
+      this.pending.rejectAll(() => new AggregateError(`${this.endpoint}: ${why}`, 'ERR_HANDSHAKE'));
+    };
+    this.dealer.events.on('handshake:error:protocol', () =>
+      failed(this.curve
+        ? 'the CURVE handshake failed (is the server key coordinator.pub the one this coordinator runs with?)'
+        : 'the coordinator refused a plain-text connection: it runs with CURVE, and this tool has no CURVE keys (pass --curve-dir DIR with coordinator.pub and agent.key, or --curve-server-key FILE --curve-key FILE)'),
+    );
+    this.dealer.events.on('handshake:error:auth', () =>
+      failed('the coordinator refused this tool\'s CURVE key (its public key is not on the coordinator\'s allow-list)'),
+    );
+  }
+
+  private handshakeHint(): string {
+    if (this.handshakeFailure) return `: ${this.handshakeFailure}`;
+    return this.curve ? '' : ' (if it runs with CURVE, pass --curve-dir DIR, or --curve-server-key FILE --curve-key FILE)';
   }
 
   private async receive(): Promise<void> {
@@ -59,55 +93,21 @@ export class RelayClient {
         this.drops.drop(d.reason, d.detail);
         continue;
       }
-      const p = this.pending.get(d.value.requestId);
-      if (!p) continue; // a heartbeat, or an answer that came after its timeout
-      this.pending.delete(d.value.requestId);
-      clearTimeout(p.timer);
-      p.resolve(parts.length === 2 ? withPayload(d.value, parts[1]) : d.value);
+      // Nothing waiting on it: a heartbeat, or an answer that came after its timeout.
+      this.pending.resolve(d.value.requestId, parts.length === 2 ? withPayload(d.value, parts[1]) : d.value);
     }
   }
 
   /** Send an AgentMessage body (`{ status: {} }`, `{ relay: {...} }`) and resolve with the reply. */
   request(body: Record<string, unknown>, timeoutMs: number): Promise<CoordinatorMsg> {
     if (this.closed) return Promise.reject(new AggregateError('relay client is closed'));
-    const requestId = this.nextId++;
-    const msg = encodeAgentMessage({ requestId, ...body });
-    const buf = this.token ? this.token.seal('to-coordinator', msg) : msg;
-    return new Promise<CoordinatorMsg>((resolve, reject) => {
-      const timer = setTimeout(() => {
-        this.pending.delete(requestId);
-        reject(new AggregateError(`no answer from the coordinator at ${this.endpoint} within ${timeoutMs} ms`, 'ERR_TIMEOUT'));
-      }, timeoutMs);
-      this.pending.set(requestId, { resolve, reject, timer });
-      this.sendQueue.push({
-        buf,
-        failed: (e) => {
-          const p = this.pending.get(requestId);
-          if (!p) return;
-          this.pending.delete(requestId);
-          clearTimeout(p.timer);
-          p.reject(new AggregateError(`cannot send to ${this.endpoint}: ${String((e as Error)?.message ?? e)}`));
-        },
-      });
-      if (!this.sending) this.sending = this.drainSends();
-    });
-  }
-
-  // zeromq allows one send in flight per socket. The first send happens right here, not a tick
-  // later: a request issued before a chunk is written is on its way while the write runs.
-  private async drainSends(): Promise<void> {
-    try {
-      while (this.sendQueue.length > 0) {
-        const { buf, failed } = this.sendQueue.shift()!;
-        try {
-          await this.dealer.send(buf);
-        } catch (e) {
-          failed(e);
-        }
-      }
-    } finally {
-      this.sending = undefined;
-    }
+    if (this.handshakeFailure) return Promise.reject(new AggregateError(`${this.endpoint}: ${this.handshakeFailure}`, 'ERR_HANDSHAKE'));
+    const { id, reply } = this.pending.open(timeoutMs, undefined);
+    const msg = encodeAgentMessage({ requestId: id, ...body });
+    this.sends.push(this.token ? this.token.seal('to-coordinator', msg) : msg, (e) =>
+      this.pending.reject(id, new AggregateError(`cannot send to ${this.endpoint}: ${String((e as Error)?.message ?? e)}`)),
+    );
+    return reply;
   }
 
   get dropped(): Record<string, number> {
@@ -119,7 +119,7 @@ export class RelayClient {
    * data frame, when the reply has one, is attached to the result (payloadOf).
    */
   async relay(rank: number, kind: 'fileList' | 'fileChunk', req: Record<string, unknown>, timeoutMs: number): Promise<Record<string, any>> {
-    const m = await this.request({ relay: { rank, [kind]: req, timeoutMs } }, timeoutMs + 5000);
+    const m = this.checkVersion(await this.request({ relay: { rank, [kind]: req, timeoutMs, protocolVersion: PROTOCOL_VERSION } }, timeoutMs + 5000));
     if (m.body !== 'relay') throw new AggregateError(`coordinator answered ${m.body} to a relay request`);
     const r = m.relay as Record<string, any>;
     if (r.error) throw new AggregateError(r.error, 'ERR_RELAY');
@@ -131,19 +131,24 @@ export class RelayClient {
   }
 
   async status(timeoutMs: number): Promise<{ liveRanks: number[]; expectedRanks: number[] }> {
-    const m = await this.request({ status: {} }, timeoutMs);
+    const m = this.checkVersion(await this.request({ status: { protocolVersion: PROTOCOL_VERSION } }, timeoutMs));
     if (m.body !== 'status') throw new AggregateError(`coordinator answered ${m.body} to a status request`);
     return { liveRanks: (m.status.liveRanks ?? []).map(Number), expectedRanks: (m.status.expectedRanks ?? []).map(Number) };
   }
 
+  /** A coordinator of another protocol version refuses (or, when older, answers without one): say so. */
+  private checkVersion(m: CoordinatorMsg): CoordinatorMsg {
+    if (m.body === 'refused') throw new AggregateError(`${this.endpoint}: ${m.refused.error}`, 'ERR_PROTOCOL_VERSION');
+    const reply = m.body === 'relay' ? m.relay : m.body === 'status' ? m.status : undefined;
+    const v = Number(reply?.protocolVersion ?? 0);
+    if (reply && v !== PROTOCOL_VERSION) throw new AggregateError(`${this.endpoint}: ${versionMismatch('coordinator', v, 'aggregate tool', PROTOCOL_VERSION)}`, 'ERR_PROTOCOL_VERSION');
+    return m;
+  }
+
   async close(): Promise<void> {
     this.closed = true;
-    for (const [, p] of this.pending) {
-      clearTimeout(p.timer);
-      p.reject(new AggregateError('relay client closed'));
-    }
-    this.pending.clear();
-    await this.sending;
+    this.pending.rejectAll(() => new AggregateError('relay client closed'));
+    await this.sends.idle();
     this.dealer.close();
     await this.loop;
   }

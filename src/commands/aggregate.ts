@@ -4,6 +4,7 @@ import type { CommandModule } from 'yargs';
 import { aggregate, DEFAULT_CHUNK_MB, DEFAULT_WINDOW, MAX_CHUNK_MB, MAX_REQUEST_TIMEOUT_MS, type AggregateProgress } from '../tools/aggregate';
 import { parseHostPort } from '../bus/endpoints';
 import { loadBusToken } from '../bus/auth';
+import { CURVE_CLIENT_FLAGS, curveClientKeysFromFlags } from '../bus/curve-client-flags';
 import { ConfigError, WavebusError } from '../errors';
 import { keepFreedMemory } from '../malloc-tuning';
 import { intFlag, msFlag, numberFlag } from './flags';
@@ -40,6 +41,7 @@ export const command: CommandModule = {
       .option('window', { type: 'string', default: String(DEFAULT_WINDOW), describe: 'chunks in flight per file' })
       .option('timeout-ms', { type: 'string', default: '30000', describe: 'per relayed request' })
       .option('bus-token-file', { type: 'string', describe: 'the job\'s bus token file, when its coordinator has one (default $WAVEBUS_BUS_TOKEN_FILE; `wavebus launch` sets it for its command)' })
+      .options(CURVE_CLIENT_FLAGS)
       .option('json', { type: 'boolean', default: false, describe: 'print the manifest as JSON on stdout' }),
   handler: async (argv) => {
     keepFreedMemory(); // multi-MiB chunk frames: reuse freed memory instead of faulting in fresh pages
@@ -51,6 +53,7 @@ export const command: CommandModule = {
       const m = await aggregate({
         coordinator,
         busToken: loadBusToken(argv['bus-token-file'], process.env),
+        curve: curveClientKeysFromFlags(argv),
         out: String(argv.out),
         what: argv.what as 'all' | 'snapshots' | 'dumps',
         prefix: String(argv.prefix ?? ''),
@@ -82,7 +85,7 @@ export const command: CommandModule = {
       process.exit(m.complete ? 0 : 1);
     } catch (e) {
       process.stderr.write(`wavebus aggregate: ${(e as Error).message}\n`);
-      process.exit(e instanceof ConfigError ? 2 : e instanceof WavebusError && e.code === 'ERR_TIMEOUT' ? 3 : 1);
+      process.exit(e instanceof ConfigError ? 2 : e instanceof WavebusError && (e.code === 'ERR_TIMEOUT' || e.code === 'ERR_HANDSHAKE') ? 3 : 1);
     }
   },
 };

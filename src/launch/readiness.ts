@@ -5,6 +5,8 @@ import type { BusToken } from '../bus/auth';
 import { clientSocketOptions, type CurveClientKeys } from '../bus/curve';
 import { HostPort, socketIpOptions, tcpEndpoint } from '../bus/endpoints';
 import { CoordinatorMessage, decode, AgentMessage, encode } from '../proto';
+import { ProtocolError } from '../errors';
+import { PROTOCOL_VERSION } from '../bus/protocol-version';
 
 const STATUS_POLL_MS = 250;
 
@@ -29,7 +31,7 @@ export async function waitForCoordinator(
   const sock = new zmq.Dealer({ linger: 0, receiveTimeout: STATUS_POLL_MS, sendTimeout: 0, ...socketIpOptions(coordinator.host), ...clientSocketOptions(curve) });
   sock.connect(tcpEndpoint(coordinator.host, coordinator.port + 1));
   let last: StatusSnapshot | undefined;
-  const ask = encode(AgentMessage, { status: {} });
+  const ask = encode(AgentMessage, { status: { protocolVersion: PROTOCOL_VERSION } });
   const request = token ? token.seal('to-coordinator', ask) : ask;
   let stopped = false;
   abort.catch(() => (stopped = true));
@@ -63,6 +65,8 @@ export async function waitForCoordinator(
         } catch {
           continue; // not ours to crash on
         }
+        // The coordinator speaks another protocol version: no poll will ever pass, say why now.
+        if (msg.body === 'refused' && msg.refused) throw new ProtocolError(String(msg.refused.error), 'ERR_PROTOCOL_VERSION');
         if (msg.body !== 'status' || !msg.status) continue;
         last = { ready: !!msg.status.ready, liveRanks: msg.status.liveRanks ?? [], expectedRanks: msg.status.expectedRanks ?? [], epoch: Number(msg.epoch ?? 0) };
         if (isReady(last)) return last;

@@ -11,6 +11,7 @@ import * as fs from 'fs';
 import * as path from 'path';
 import type { HostPort } from '../bus/endpoints';
 import type { BusToken } from '../bus/auth';
+import type { CurveClientKeys } from '../bus/curve';
 import { DEFAULT_MAX_FRAME_BYTES } from '../bus/constants';
 import { fetchOne, type Planned } from './aggregate-fetch';
 import { AggregateError, RelayClient } from '../bus/relay-client';
@@ -57,6 +58,8 @@ export interface AggregateOptions {
   coordinator: HostPort;
   /** The job's bus token, when its coordinator has one (a one-host `wavebus launch` without CURVE). */
   busToken?: BusToken;
+  /** CURVE client keys, for a coordinator that runs with CURVE (--curve-dir, docs/security.md). */
+  curve?: CurveClientKeys;
   out: string;
   what?: 'all' | AggregateRoot;
   /** Relative path prefix under each root ("" = everything). */
@@ -148,7 +151,7 @@ export async function aggregate(opts: AggregateOptions): Promise<AggregateManife
   const roots: AggregateRoot[] = what === 'all' ? ['dumps', 'snapshots'] : [what];
   fs.mkdirSync(out, { recursive: true });
 
-  const client = new RelayClient(opts.coordinator, DEFAULT_MAX_FRAME_BYTES, opts.busToken);
+  const client = new RelayClient(opts.coordinator, DEFAULT_MAX_FRAME_BYTES, opts.busToken, opts.curve);
   try {
     const st = await client.status(Math.min(timeoutMs, 10000));
     const ranks = [...new Set([...st.expectedRanks, ...st.liveRanks])].sort((a, b) => a - b);

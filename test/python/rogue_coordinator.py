@@ -84,6 +84,7 @@ while True:
                 r.snapshot.epoch = EPOCH
                 r.snapshot.seq = seq
                 r.snapshot.config_json = CONFIG
+                r.snapshot.protocol_version = pb.PROTOCOL_VERSION_CURRENT  # a squatter speaking the current protocol
                 r.snapshot.pending.add(wave=seq + 1000, jobs=[job(seq + 1000, "/")])
                 router.send_multipart([peer, r.SerializeToString()])
                 say(event="snapshot_sent")

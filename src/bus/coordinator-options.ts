@@ -1,0 +1,48 @@
+// The coordinator's options and counters (coordinator.ts), apart so that callers and the pieces
+// the coordinator is made of read them without the coordinator itself.
+import type { Logger } from '../log';
+import type { WorldLayout } from '../launch/identity';
+import type { CoordinatorPolicy } from './policy';
+import type { CurveServerKeys } from './curve';
+import type { BusToken } from './auth';
+
+export interface CoordinatorOptions {
+  host?: string;
+  port?: number;
+  layout: WorldLayout;
+  heartbeatMs?: number;
+  /** A rank whose heartbeats stop for this long is not live. Default 3 × heartbeatMs. */
+  deadAfterMs?: number;
+  /** Bind a non-loopback host without encryption (logs a warning). */
+  insecure?: boolean;
+  /**
+   * CURVE: PUB and ROUTER become CURVE servers with this key pair, and only clients whose public
+   * key is on the allow-list complete the handshake. Allows binding a non-loopback host.
+   */
+  curve?: CurveServerKeys;
+  /**
+   * The launcher's bus token (auth.ts): every frame published and every ROUTER reply carries its
+   * MAC, and messages without a right one are dropped ('no_mac' / 'bad_mac'), except status
+   * requests (answered: tools without the token may poll liveness).
+   */
+  busToken?: BusToken;
+  /** Serve /healthz and /metrics here (0 picks a free port); off when undefined. */
+  metricsPort?: number;
+  metricsHost?: string;
+  policy?: CoordinatorPolicy;
+  logger?: Logger;
+  /** Larger messages from the network are dropped and counted ('oversized'). */
+  maxFrameBytes?: number;
+  /** How long every expected rank has to ack a dump job. */
+  dumpAckTimeoutMs?: number;
+}
+
+export interface CoordinatorStats {
+  published: number;
+  received: number;
+  dropped: Record<string, number>;
+  /** Accepted messages whose epoch_seen was not this epoch (agents that have not resynced yet). */
+  wrongEpochSeen: number;
+  /** CURVE peers refused, by reason (unknown_key, wrong_mechanism, bad_zap_request, handshake_failed). */
+  refused: Record<string, number>;
+}

@@ -1,0 +1,71 @@
+// The coordinator's two server sockets, bound: PUB on port, ROUTER on port + 1, with CURVE (and
+// its ZAP allow-list in a context of their own) when keys are given. Bind failures become
+// ConfigErrors that name the port and the flag to change.
+import { Context, Publisher, Router } from 'zeromq';
+import { ConfigError } from '../errors';
+import type { Logger } from '../log';
+import { counter } from '../metrics';
+import { serverSocketOptions, ZapHandler, type CurveServerKeys } from './curve';
+import { socketIpOptions, tcpEndpoint } from './endpoints';
+
+const refusalMetric = () => counter('wavebus_curve_refusals_total', 'Bus peers refused by CURVE/ZAP, by reason', ['reason'] as const);
+
+function isAddrInUse(e: unknown): boolean {
+  const err = e as { code?: string; errno?: number; message?: string };
+  return err?.code === 'EADDRINUSE' || /address already in use/i.test(String(err?.message ?? e));
+}
+
+export interface ServerSockets {
+  pub: Publisher;
+  router: Router;
+  /** With CURVE: the ZAP handler (its refusal counts); stop() it after closing the sockets. */
+  zap?: ZapHandler;
+}
+
+export async function bindServerSockets(host: string, port: number, maxFrameBytes: number, curve: CurveServerKeys | undefined, log: Logger): Promise<ServerSockets> {
+  const ip = socketIpOptions(host);
+  // CURVE: an own context, so its ZAP handler (one per context) serves this allow-list only,
+  // and is bound before either server socket can accept a peer.
+  const context = curve ? new Context() : undefined;
+  let zap: ZapHandler | undefined;
+  if (context && curve) {
+    zap = new ZapHandler(context, curve.allow, log, (reason) => refusalMetric().inc({ reason }));
+    await zap.start();
+  }
+  const sec = { ...(context ? { context } : {}), ...serverSocketOptions(curve) };
+  const pub = new Publisher({ linger: 0, sendHighWaterMark: 100000, ...ip, ...sec });
+  // libzmq cuts a peer off beyond maxMessageSize; up to it we drop and count ourselves.
+  const router = new Router({ linger: 0, maxMessageSize: 2 * maxFrameBytes, ...ip, ...sec });
+  if (zap) for (const s of [pub, router]) watchHandshakes(s, zap);
+  const bindOne = async (sock: Publisher | Router, p: number, what: string): Promise<void> => {
+    const endpoint = tcpEndpoint(host, p);
+    try {
+      await sock.bind(endpoint);
+    } catch (e) {
+      if (isAddrInUse(e)) {
+        throw new ConfigError(`port ${p} (${what} ${endpoint}) is already in use; pick another --port (the bus uses port and port+1)`, 'ERR_PORT_IN_USE');
+      }
+      throw new ConfigError(`cannot bind ${what} to ${endpoint} (--host ${host} --port ${port}): ${String((e as Error).message ?? e)}`, 'ERR_BIND');
+    }
+  };
+  try {
+    await bindOne(pub, port, 'PUB');
+    await bindOne(router, port + 1, 'ROUTER');
+  } catch (e) {
+    pub.close();
+    router.close();
+    await zap?.stop();
+    throw e;
+  }
+  return { pub, router, zap };
+}
+
+/**
+ * Count handshakes that fail before ZAP is asked: a wrong server key, a plain-text peer.
+ * (ZAP refusals also raise an auth failure; the handler has counted those already.)
+ */
+function watchHandshakes(sock: Publisher | Router, zap: ZapHandler): void {
+  const failed = (e: { address?: string; error?: Error }) => zap.refuse('handshake_failed', { address: e.address, error: e.error?.message });
+  sock.events.on('handshake:error:protocol', failed);
+  sock.events.on('handshake:error:other', failed);
+}
