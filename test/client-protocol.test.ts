@@ -1,4 +1,4 @@
-// The client <-> agent protocol version: one number in proto/wavebus.proto (enum ClientProtocol),
+// The client <-> agent protocol version: one number in proto/wavebus.proto (enum ProtocolVersion),
 // read by TypeScript and Python; the client's hello carries it, the agent's reply carries its own,
 // and either side refuses another version at once, naming both and the side to upgrade. Old peers
 // are played by raw ZeroMQ sockets that speak the messages as a build from before versions did.
@@ -81,9 +81,9 @@ async function oldAgent(runDir: string): Promise<{ endpoint: string; hellos: Rec
   };
 }
 
-test('the version is the proto enum ClientProtocol.CLIENT_PROTOCOL_CURRENT, the same in TypeScript and Python, and --version reports it', () => {
+test('the version is the proto enum ProtocolVersion.PROTOCOL_VERSION_CURRENT, the same in TypeScript and Python, and --version reports it', () => {
   expect(Number.isInteger(CLIENT_PROTOCOL_VERSION) && CLIENT_PROTOCOL_VERSION > 0).toBe(true);
-  const py = runPython('import wavebus_client.wavebus_pb2 as pb, wavebus_client as w; print(pb.CLIENT_PROTOCOL_CURRENT, w.protocol_version())', [], { env: ENV }).trim();
+  const py = runPython('import wavebus_client.wavebus_pb2 as pb, wavebus_client as w; print(pb.PROTOCOL_VERSION_CURRENT, w.protocol_version())', [], { env: ENV }).trim();
   expect(py).toBe(`${CLIENT_PROTOCOL_VERSION} ${CLIENT_PROTOCOL_VERSION}`);
   const p = spawnTracked(PYTHON, ['-m', 'wavebus_client', '--version'], { env: ENV });
   return p.exited.then(({ code }) => {

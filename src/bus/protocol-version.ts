@@ -1,8 +1,8 @@
 // The bus protocol's version, read from proto/wavebus.proto (enum ProtocolVersion), and the one
 // way a mismatch is worded: both versions, and which side to upgrade.
-import { messageType } from '../proto';
+import { enumValues } from '../proto';
 
-const versions = messageType('Hello').root.lookupEnum('wavebus.ProtocolVersion').values;
+const versions = enumValues('ProtocolVersion');
 
 /** The protocol version this build speaks. */
 export const PROTOCOL_VERSION: number = versions.PROTOCOL_VERSION_CURRENT;

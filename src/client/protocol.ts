@@ -3,18 +3,19 @@
 import { ProtocolError } from '../errors';
 import { enumValues } from '../proto';
 
-const protocol = enumValues('ClientProtocol');
+// One version for the whole wire protocol (enum ProtocolVersion): the bus's hellos carry the same.
+const protocol = enumValues('ProtocolVersion');
 const kinds = enumValues('RegionKind');
 const roles = enumValues('RegionRole');
 
-/** The client <-> agent protocol version this build speaks (ClientProtocol.CLIENT_PROTOCOL_CURRENT). */
-export const CLIENT_PROTOCOL_VERSION: number = protocol.CLIENT_PROTOCOL_CURRENT;
+/** The client <-> agent protocol version this build speaks (ProtocolVersion.PROTOCOL_VERSION_CURRENT). */
+export const CLIENT_PROTOCOL_VERSION: number = protocol.PROTOCOL_VERSION_CURRENT;
 
 export const RegionKind = { SHM: kinds.REGION_SHM, CUDA: kinds.REGION_CUDA } as const;
 export const RegionRole = { KV_POOL: roles.ROLE_KV_POOL, INPUT: roles.ROLE_INPUT } as const;
 
 function describe(v: number): string {
-  return v === protocol.CLIENT_PROTOCOL_UNVERSIONED ? `${v} (from before protocol versions)` : String(v);
+  return v === protocol.PROTOCOL_VERSION_UNSPECIFIED ? `${v} (from before protocol versions)` : String(v);
 }
 
 /**

@@ -1,15 +1,16 @@
-"""The client <-> agent protocol version, read from the compiled proto (enum ClientProtocol in
-proto/wavebus.proto): the agent (TypeScript) reads the same enum. Never written here by hand."""
+"""The protocol version, read from the compiled proto (enum ProtocolVersion in proto/wavebus.proto,
+one version for the whole wire protocol): the agent (TypeScript) reads the same enum. Never written
+here by hand."""
 from typing import Optional
 
 from . import wavebus_pb2 as pb
 from .errors import ProtocolError
 
-CLIENT_PROTOCOL_VERSION: int = pb.CLIENT_PROTOCOL_CURRENT
+CLIENT_PROTOCOL_VERSION: int = pb.PROTOCOL_VERSION_CURRENT
 
 
 def _describe(v: int) -> str:
-    return f"{v} (from before protocol versions)" if v == pb.CLIENT_PROTOCOL_UNVERSIONED else str(v)
+    return f"{v} (from before protocol versions)" if v == pb.PROTOCOL_VERSION_UNSPECIFIED else str(v)
 
 
 def protocol_mismatch(self_side: str, peer: int, where: str) -> Optional[ProtocolError]:

@@ -7,7 +7,7 @@ __version__ = "0.1.0"  # the same as the wavebus package (package.json)
 
 
 def protocol_version() -> int:
-    """The client <-> agent protocol version (ClientProtocol.CLIENT_PROTOCOL_CURRENT in
+    """The client <-> agent protocol version (ProtocolVersion.PROTOCOL_VERSION_CURRENT in
     proto/wavebus.proto), sent in every hello and checked against the agent's."""
     return CLIENT_PROTOCOL_VERSION
 
