@@ -381,11 +381,11 @@ export class WavebusClient {
 
   private async flushRegistrations(timeoutMs: number): Promise<void> {
     // Sent back to back (the agent handles them in order), then the answers are checked.
-    const todo = this.registered.filter((r) => !this.registeredSent.has(r.name));
-    const replies = await Promise.all(todo.map((r) => this.transport.request({ register: regionMessage(r) }, timeoutMs)));
+    const unsent = this.registered.filter((r) => !this.registeredSent.has(r.name));
+    const replies = await Promise.all(unsent.map((r) => this.transport.request({ register: regionMessage(r) }, timeoutMs)));
     replies.forEach((reply, i) => {
-      if (!reply.ok) throw new WavebusError(reply.errorCode || 'ERR_REGISTER', `register('${todo[i].name}'): ${reply.error}`);
-      this.registeredSent.add(todo[i].name);
+      if (!reply.ok) throw new WavebusError(reply.errorCode || 'ERR_REGISTER', `register('${unsent[i].name}'): ${reply.error}`);
+      this.registeredSent.add(unsent[i].name);
     });
   }
 }
