@@ -6,6 +6,7 @@ import * as os from 'os';
 import * as path from 'path';
 import { MailboxWriter } from '../src/client/mailbox';
 import { removeShmSegments, newShmPrefix } from '../src/launch/run-dir';
+import { MAX_ROWS } from '../src/sim/rank';
 import { CLI, cleanup, cleanupUsers, freePort, freePortPair, otherUser, rootOnlyReason, runAs, runWavebus, sh, spawnTracked, spawnWavebus, tmpDir, waitFor, type OtherUser } from './helpers';
 
 const skip = rootOnlyReason();
@@ -205,6 +206,16 @@ function simShmEntries(): Set<string> {
   return new Set(fs.readdirSync('/dev/shm').filter((n) => /^wavebus-(sim-|[0-9a-f]{12}-)/.test(n)));
 }
 
+/**
+ * The rank has passed the job's start barrier and steps: its input buffers (MAX_ROWS int32 ids and
+ * int64 positions at the end of its segment) hold a batch. A rank killed before the barrier fails
+ * the job's start instead (the job then kills every rank), which is not what these tests kill.
+ */
+function stepping(name: string): boolean {
+  const buf = fs.readFileSync(path.join('/dev/shm', name));
+  return buf.subarray(buf.length - MAX_ROWS * 12).some((b) => b !== 0);
+}
+
 function childrenOf(pid: number): number[] {
   const r = sh('sh', ['-c', `pgrep -P ${pid} || true`]);
   return r.split('\n').filter(Boolean).map(Number);
@@ -226,6 +237,7 @@ d('shared memory of killed processes', () => {
     const fresh = () => [...simShmEntries()].filter((n) => !before.has(n));
     const s = spawnWavebus([...SIM, '--detached', '--nproc-per-node', '2', '--result-dir', path.join(tmpDir(), 'res')]);
     const made = await waitFor(() => (fresh().length === 2 ? fresh() : undefined), 'both ranks to create their segments', 60000);
+    await waitFor(() => made.every(stepping), 'both ranks to pass the start barrier and step', 60000);
     // A rank killed alone: the sim job removes its segment.
     const ranks = await waitFor(() => (childrenOf(s.child.pid!).length === 2 ? childrenOf(s.child.pid!) : undefined), 'the rank processes');
     process.kill(ranks[0], 'SIGKILL');

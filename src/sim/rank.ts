@@ -59,7 +59,7 @@ export interface SimRankResult {
   forwardOverrunUsPerStep: number;
 }
 
-const MAX_ROWS = 4096;
+export const MAX_ROWS = 4096;
 
 export function layerName(layer: number): string {
   return `model.layers.${layer}.self_attn`;
