@@ -67,7 +67,7 @@ void AnnouncePublish(uint8_t* base) {
   syscall(SYS_futex, word, FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
 }
 
-enum class SlotRead { kFound, kOther, kBusy };
+enum class SlotRead { kFound, kOther, kBusy, kImplied, kLater };
 
 // Seqlock read of the slot for `wave`; out[] = wave, config, dump, snapshot when kFound. A writer
 // holds a slot odd for a few stores; kBusy when it stays odd (or keeps changing) through the
@@ -88,7 +88,7 @@ SlotRead ReadSlot(const uint8_t* base, uint64_t wave, uint64_t out[4]) {
     __atomic_thread_fence(__ATOMIC_ACQUIRE);
     uint64_t s2 = __atomic_load_n(U64(s, kSlotSeq), __ATOMIC_RELAXED);
     if (s1 != s2) continue;
-    if (s1 == 0 || w != wave) return SlotRead::kOther;
+    if (s1 == 0 || w != wave) return s1 != 0 && w != kEmptyWave && w > wave ? SlotRead::kLater : SlotRead::kOther;
     out[0] = w;
     out[1] = config;
     out[2] = dump;
@@ -96,6 +96,30 @@ SlotRead ReadSlot(const uint8_t* base, uint64_t wave, uint64_t out[4]) {
     return SlotRead::kFound;
   }
   return SlotRead::kBusy;
+}
+
+// What a reader knows of `wave`: its own vector (kFound), "nothing due" because the wave is below
+// the floor and its slot does not hold it (kImplied; out[] = wave, 0, 0, 0), a slot already holding
+// a later wave (kLater: overwritten, the agent decides), or not yet (kOther / kBusy). The floor is
+// loaded before the slot: the writer stores a slot before the floor that covers it, so a wave
+// below a floor seen here has its vector in the slot if it ever had one.
+SlotRead Lookup(const uint8_t* base, uint64_t wave, uint64_t out[4]) {
+  uint64_t floor = __atomic_load_n(U64(base, kOffFloor), __ATOMIC_ACQUIRE);
+  SlotRead r = ReadSlot(base, wave, out);
+  if (r == SlotRead::kOther && wave < floor) {
+    out[0] = wave;
+    out[1] = out[2] = out[3] = 0;
+    return SlotRead::kImplied;
+  }
+  return r;
+}
+
+// [wave, config, dump, snapshot, implied]: implied is 1 when the floor, not a slot, answered.
+Napi::Array VectorArray(Napi::Env env, const uint64_t v[4], bool implied) {
+  Napi::Array a = Napi::Array::New(env, 5);
+  for (uint32_t i = 0; i < 4; i++) a.Set(i, Napi::Number::New(env, static_cast<double>(v[i])));
+  a.Set(4u, Napi::Number::New(env, implied ? 1 : 0));
+  return a;
 }
 
 // Sleeps on `published` until the slot for a wave holds it, or the bound runs out. Runs on the
@@ -118,13 +142,12 @@ class WaitWorker : public Napi::AsyncWorker {
     auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeoutMs_);
     for (;;) {
       uint32_t seen = __atomic_load_n(word, __ATOMIC_SEQ_CST);
-      result_ = ReadSlot(base, wave_, out_);
-      if (result_ == SlotRead::kFound) return;
+      result_ = Lookup(base, wave_, out_);
+      if (result_ == SlotRead::kFound || result_ == SlotRead::kImplied) return;
+      // A slot already past this wave means its vector was overwritten: waiting cannot help.
+      if (result_ == SlotRead::kLater) return;  // resolves undefined
       // Mid-update: the writer finishes (and wakes us) soon, unless it died; then the bound ends it.
       bool busy = result_ == SlotRead::kBusy;
-      // A slot already past this wave means its vector was overwritten: waiting cannot help.
-      uint64_t w = __atomic_load_n(U64(base + kHeaderBytes + kSlotBytes * (wave_ % kSlots), kSlotWave), __ATOMIC_RELAXED);
-      if (w != kEmptyWave && w > wave_) return;  // resolves undefined
       auto left = deadline - std::chrono::steady_clock::now();
       if (left <= std::chrono::nanoseconds(0)) {
         timedOut_ = true;
@@ -141,10 +164,8 @@ class WaitWorker : public Napi::AsyncWorker {
   void OnOK() override {
     Napi::Env env = Env();
     map_.reset();
-    if (result_ == SlotRead::kFound) {
-      Napi::Array a = Napi::Array::New(env, 4);
-      for (uint32_t i = 0; i < 4; i++) a.Set(i, Napi::Number::New(env, static_cast<double>(out_[i])));
-      deferred_.Resolve(a);
+    if (result_ == SlotRead::kFound || result_ == SlotRead::kImplied) {
+      deferred_.Resolve(VectorArray(env, out_, result_ == SlotRead::kImplied));
       return;
     }
     // false: the bound ran out; undefined: the slot moved past this wave.
@@ -178,6 +199,7 @@ Napi::Function MailboxWriter::Define(Napi::Env env) {
                          InstanceMethod<&MailboxWriter::Publish>("publish"),
                          InstanceMethod<&MailboxWriter::SetFeatures>("setFeatures"),
                          InstanceMethod<&MailboxWriter::SetEpoch>("setEpoch"),
+                         InstanceMethod<&MailboxWriter::SetFloor>("setFloor"),
                          InstanceMethod<&MailboxWriter::Close>("close"),
                      });
 }
@@ -254,6 +276,7 @@ Napi::Value MailboxWriter::Create(const Napi::CallbackInfo& info) {
   __atomic_store_n(U32(base, kOffVersion), kVersion, __ATOMIC_RELAXED);
   __atomic_store_n(U32(base, kOffSlots), kSlots, __ATOMIC_RELAXED);
   __atomic_store_n(U64(base, kOffFeatures), 0, __ATOMIC_RELAXED);
+  __atomic_store_n(U64(base, kOffFloor), 0, __ATOMIC_RELAXED);
   for (uint32_t i = 0; i < kSlots; i++) WriteSlot(base, i, kEmptyWave, 0, 0, 0);
   __atomic_store_n(U64(base, 0), MagicWord(), __ATOMIC_RELEASE);  // magic last: the header is now valid
   AnnouncePublish(base);  // a client asleep on the previous agent's file looks again
@@ -276,6 +299,8 @@ Napi::Value MailboxWriter::Publish(const Napi::CallbackInfo& info) {
   uint32_t dump = ArgU32(info, 2, "dumpDue");
   uint32_t snapshot = info.Length() > 3 && !info[3].IsUndefined() ? ArgU32(info, 3, "snapshotDue") : 0;
   WriteSlot(base, static_cast<uint32_t>(wave % kSlots), wave, config, dump, snapshot);
+  // The floor that covers this slot goes after it (release): one wake for both.
+  if (info.Length() > 4 && !info[4].IsUndefined()) __atomic_store_n(U64(base, kOffFloor), ArgU64(info, 4, "floor"), __ATOMIC_RELEASE);
   AnnouncePublish(base);
   return env.Undefined();
 }
@@ -289,6 +314,14 @@ Napi::Value MailboxWriter::SetFeatures(const Napi::CallbackInfo& info) {
 Napi::Value MailboxWriter::SetEpoch(const Napi::CallbackInfo& info) {
   uint8_t* base = Live(info.Env());
   __atomic_store_n(U64(base, kOffEpoch), ArgU64(info, 0, "epoch"), __ATOMIC_RELEASE);
+  return info.Env().Undefined();
+}
+
+// A floor alone (a snapshot's): waves below it need no vector; sleepers look again.
+Napi::Value MailboxWriter::SetFloor(const Napi::CallbackInfo& info) {
+  uint8_t* base = Live(info.Env());
+  __atomic_store_n(U64(base, kOffFloor), ArgU64(info, 0, "floor"), __ATOMIC_RELEASE);
+  AnnouncePublish(base);
   return info.Env().Undefined();
 }
 
@@ -307,6 +340,7 @@ Napi::Function MailboxReader::Define(Napi::Env env) {
                          InstanceMethod<&MailboxReader::Read>("read"),
                          InstanceMethod<&MailboxReader::Features>("features"),
                          InstanceMethod<&MailboxReader::Epoch>("epoch"),
+                         InstanceMethod<&MailboxReader::Floor>("floor"),
                          InstanceMethod<&MailboxReader::WaitFor>("waitFor"),
                          InstanceMethod<&MailboxReader::Close>("close"),
                      });
@@ -345,7 +379,7 @@ Napi::Value MailboxReader::Open(const Napi::CallbackInfo& info) {
   if (magic != MagicWord() || version != kVersion || slots != kSlots) {
     munmap(addr, kFileBytes);
     ThrowCoded(env, "ERR_MAILBOX_FORMAT",
-               path + " is not a version-1 wavebus mailbox (magic/version/slots mismatch: version " +
+               path + " is not a version-" + std::to_string(kVersion) + " wavebus mailbox (magic/version/slots mismatch: version " +
                    std::to_string(version) + ", slots " + std::to_string(slots) + ")");
   }
   auto ext = Napi::External<uint8_t>::New(env, const_cast<uint8_t*>(base));
@@ -362,10 +396,9 @@ Napi::Value MailboxReader::Read(const Napi::CallbackInfo& info) {
   const uint8_t* base = Live(env);
   uint64_t wave = ArgU64(info, 0, "wave");
   uint64_t v[4];
-  if (ReadSlot(base, wave, v) != SlotRead::kFound) return env.Undefined();
-  Napi::Array out = Napi::Array::New(env, 4);
-  for (uint32_t i = 0; i < 4; i++) out.Set(i, Napi::Number::New(env, static_cast<double>(v[i])));
-  return out;
+  SlotRead r = Lookup(base, wave, v);
+  if (r != SlotRead::kFound && r != SlotRead::kImplied) return env.Undefined();
+  return VectorArray(env, v, r == SlotRead::kImplied);
 }
 
 // JS: waitFor(wave, timeoutMs) -> Promise<[wave, config, dump, snapshot] | false | undefined>
@@ -388,6 +421,11 @@ Napi::Value MailboxReader::Features(const Napi::CallbackInfo& info) {
 Napi::Value MailboxReader::Epoch(const Napi::CallbackInfo& info) {
   const uint8_t* base = Live(info.Env());
   return Napi::Number::New(info.Env(), static_cast<double>(__atomic_load_n(U64(base, kOffEpoch), __ATOMIC_ACQUIRE)));
+}
+
+Napi::Value MailboxReader::Floor(const Napi::CallbackInfo& info) {
+  const uint8_t* base = Live(info.Env());
+  return Napi::Number::New(info.Env(), static_cast<double>(__atomic_load_n(U64(base, kOffFloor), __ATOMIC_ACQUIRE)));
 }
 
 Napi::Value MailboxReader::Close(const Napi::CallbackInfo& info) {

@@ -2,8 +2,8 @@
 // the last 8 wave vectors. The agent writes it; the engine client reads "is anything due for
 // wave N?" with plain loads, no system call. Layout (docs/native.md has it byte by byte):
 //
-//   header, 64 bytes: magic "WBMBOX01" | u32 version = 1 | u32 slots = 8 | u64 features |
-//                     u64 epoch | u32 published | zero padding
+//   header, 64 bytes: magic "WBMBOX01" | u32 version = 2 | u32 slots = 8 | u64 features |
+//                     u64 epoch | u32 published | u32 zero | u64 floor | zero padding
 //   slot i at 64 + 64*i: u64 seq | u64 wave | u32 config_due | u32 dump_due |
 //                        u32 snapshot_due | zero padding
 //
@@ -11,6 +11,9 @@
 // with seq == 0 or wave == 2^64-1 is empty. One writer per file (the rank's agent).
 // `published` counts slot writes; it is the futex word a client sleeps on when it reaches the end
 // of a wave whose vector is late, and the writer wakes it after every publish.
+// `floor` (version 2): every wave below it has been decided, so a wave below the floor whose slot
+// does not hold it has nothing due (vectors are published one wave ahead: docs/architecture.md).
+// The writer stores a slot before the floor that covers it; readers load the floor first.
 #pragma once
 #include <napi.h>
 
@@ -25,11 +28,11 @@ constexpr uint64_t kHeaderBytes = 64;
 constexpr uint64_t kSlotBytes = 64;
 constexpr uint32_t kSlots = 8;
 constexpr uint64_t kFileBytes = kHeaderBytes + kSlotBytes * kSlots;
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;
 constexpr char kMagic[9] = "WBMBOX01";
 constexpr uint64_t kEmptyWave = ~0ull;
 // Byte offsets.
-constexpr uint64_t kOffVersion = 8, kOffSlots = 12, kOffFeatures = 16, kOffEpoch = 24, kOffPublished = 32;
+constexpr uint64_t kOffVersion = 8, kOffSlots = 12, kOffFeatures = 16, kOffEpoch = 24, kOffPublished = 32, kOffFloor = 40;
 constexpr uint64_t kSlotSeq = 0, kSlotWave = 8, kSlotConfig = 16, kSlotDump = 20, kSlotSnapshot = 24;
 }  // namespace mailbox
 
@@ -44,6 +47,7 @@ class MailboxWriter : public Napi::ObjectWrap<MailboxWriter> {
   Napi::Value Publish(const Napi::CallbackInfo& info);
   Napi::Value SetFeatures(const Napi::CallbackInfo& info);
   Napi::Value SetEpoch(const Napi::CallbackInfo& info);
+  Napi::Value SetFloor(const Napi::CallbackInfo& info);
   Napi::Value Close(const Napi::CallbackInfo& info);
   uint8_t* Live(Napi::Env env);
 
@@ -62,6 +66,7 @@ class MailboxReader : public Napi::ObjectWrap<MailboxReader> {
   Napi::Value Read(const Napi::CallbackInfo& info);
   Napi::Value Features(const Napi::CallbackInfo& info);
   Napi::Value Epoch(const Napi::CallbackInfo& info);
+  Napi::Value Floor(const Napi::CallbackInfo& info);
   Napi::Value WaitFor(const Napi::CallbackInfo& info);
   Napi::Value Close(const Napi::CallbackInfo& info);
   const uint8_t* Live(Napi::Env env);

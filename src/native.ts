@@ -51,23 +51,31 @@ export interface NativeCudaRegionStatic {
   open(handle: Uint8Array, device: number, limitBytes: number, stagingBytes: number): NativeCudaRegion;
 }
 
+export type MailboxVector = [number, number, number, number, number];
+
 export interface NativeMailboxWriter {
-  publish(wave: number, configDue: number, dumpDue: number, snapshotDue: number): void;
+  /** With `floor`: the header's floor is stored after the slot (one wake for both). */
+  publish(wave: number, configDue: number, dumpDue: number, snapshotDue: number, floor?: number): void;
   setFeatures(bits: number): void;
   setEpoch(epoch: number): void;
+  setFloor(floor: number): void;
   close(): void;
 }
 
 export interface NativeMailboxReader {
-  /** [wave, configDue, dumpDue, snapshotDue] when slot wave % 8 holds `wave`, else undefined. */
-  read(wave: number): [number, number, number, number] | undefined;
+  /**
+   * [wave, configDue, dumpDue, snapshotDue, implied] when slot wave % 8 holds `wave` (implied 0), or
+   * [wave, 0, 0, 0, 1] when `wave` is below the floor and its slot does not hold it; else undefined.
+   */
+  read(wave: number): MailboxVector | undefined;
   features(): number;
   epoch(): number;
+  floor(): number;
   /**
    * Sleeps (on the libuv pool, futex on the header's `published` word) until the slot holds `wave`:
    * the vector; false when timeoutMs ran out; undefined when the slot moved past `wave`.
    */
-  waitFor(wave: number, timeoutMs: number): Promise<[number, number, number, number] | false | undefined>;
+  waitFor(wave: number, timeoutMs: number): Promise<MailboxVector | false | undefined>;
   close(): void;
 }
 

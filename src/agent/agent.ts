@@ -10,6 +10,7 @@ import { RegionTable } from './regions';
 import { FileServer } from './file-server';
 import { RootGate, type LocalRoots } from './roots';
 import type { BusToken } from '../bus/auth';
+import { LOOKAHEAD_WAVES } from '../bus/constants';
 import { ConfigError, WavebusError } from '../errors';
 import type { RankIdentity } from '../launch/identity';
 import { createLogger, type Logger } from '../log';
@@ -62,6 +63,8 @@ export class Agent {
     waveHeadsRelayed: 0,
     waveHeadsReencoded: 0,
     endOfWaveTimeouts: 0,
+    /** end_of_wave calls whose vector came late (the client waited, within the bound). */
+    lateVectors: 0,
     dumpsWritten: 0,
     dumpsFailed: 0,
     missedWaves: 0,
@@ -86,6 +89,8 @@ export class Agent {
   private readonly configWaves = new Map<number, string>();
   /** Waves whose vector arrived, for end_of_wave waits. */
   private readonly arrived = new Set<number>();
+  /** Every wave below this is decided (the mailbox's floor): one with no vector has nothing due. */
+  private floor = 0;
   private readonly waiters = new Map<number, (() => void)[]>();
   private readonly ended = new Set<number>();
   private writes: Promise<void> = Promise.resolve();
@@ -157,6 +162,7 @@ export class Agent {
         dropSeqs: this.opts.dropSeqs,
         curve: this.opts.curve,
         busToken: this.opts.busToken,
+        vectorCounts: () => ({ lateVectors: this.stats.lateVectors, missedVectors: this.stats.endOfWaveTimeouts }),
       });
       if (!this.opts.curve && !this.opts.busToken) {
         this.log.warn(
@@ -221,9 +227,15 @@ export class Agent {
     this.mailbox?.setEpoch(s.epoch);
     for (const lane of s.pending) this.dumpLanes.set(lane.wave, lane);
     this.publishFeatures();
-    // The snapshot covers its own wave: that wave's frames will never be delivered on their own,
-    // so its vector (with a pending dump lane, if any) is known now.
-    if (s.wave > 0 && !this.arrived.has(s.wave)) this.arrive(s.wave, false, this.dumpLanes.has(s.wave));
+    // The snapshot covers the vectors published up to it (the last head's wave + LOOKAHEAD_WAVES):
+    // their frames will never be delivered on their own, so the waves with a pending dump lane get
+    // their vector now, and every other wave up to the last one is decided with nothing due (the
+    // floor). A fresh coordinator (no head yet) has decided nothing, so nothing is due up to
+    // LOOKAHEAD_WAVES: the engine's first wave ends at once.
+    const last = s.wave + LOOKAHEAD_WAVES;
+    for (const lane of s.pending) if (lane.wave <= last && !this.ended.has(lane.wave)) this.arrive(lane.wave, false, true);
+    if (!this.arrived.has(last)) this.arrive(last, false, this.dumpLanes.has(last), last + 1);
+    else this.raiseFloor(last + 1);
   }
 
   private onWave(w: WaveEvent): void {
@@ -231,15 +243,19 @@ export class Agent {
     this.log.debug({ wave, seq: w.head.seq, config: w.config?.version, dumps: w.dump?.jobs.map((j) => j.jobId) }, 'wave');
     if (w.dump) this.dumpLanes.set(wave, w.dump);
     if (w.config) this.configWaves.set(wave, w.config.configJson);
-    this.arrive(wave, w.head.configDue, w.head.dumpDue);
+    // The newest vector: every wave up to it is decided (a skipped wave has nothing due).
+    this.arrive(wave, w.head.configDue, w.head.dumpDue, wave + 1);
   }
 
-  /** Wave `wave`'s vector is known: publish it to the engine and wake end_of_wave waiters. */
-  private arrive(wave: number, configDue: boolean, dumpDue: boolean): void {
-    this.mailbox?.publish({ wave, configDue, dumpDue });
+  /**
+   * Wave `wave`'s vector is known: publish it to the engine (with the floor after it, when given)
+   * and wake end_of_wave waiters.
+   */
+  private arrive(wave: number, configDue: boolean, dumpDue: boolean, floor?: number): void {
+    this.mailbox?.publish({ wave, configDue, dumpDue }, floor);
     this.arrived.add(wave);
-    for (const fn of this.waiters.get(wave) ?? []) fn();
-    this.waiters.delete(wave);
+    this.wake(wave);
+    if (floor !== undefined) this.setFloor(floor);
     // Forget old waves so a long run keeps a bounded state.
     for (const m of [this.arrived, this.ended]) {
       if (m.size > WAVE_HISTORY) for (const k of [...m].sort((a, b) => a - b).slice(0, m.size - WAVE_HISTORY)) m.delete(k);
@@ -247,8 +263,29 @@ export class Agent {
     for (const k of this.dumpLanes.keys()) if (k < wave - WAVE_HISTORY) this.dumpLanes.delete(k);
   }
 
+  private raiseFloor(floor: number): void {
+    this.mailbox?.setFloor(floor);
+    this.setFloor(floor);
+  }
+
+  /** The floor follows the newest vector (it moves down too: an engine that restarted its waves). */
+  private setFloor(floor: number): void {
+    this.floor = floor;
+    for (const w of [...this.waiters.keys()]) if (w < floor) this.wake(w);
+  }
+
+  private wake(wave: number): void {
+    for (const fn of this.waiters.get(wave) ?? []) fn();
+    this.waiters.delete(wave);
+  }
+
+  /** Is `wave`'s vector known: arrived, or implied (below the floor, nothing due)? */
+  private known(wave: number): boolean {
+    return this.arrived.has(wave) || wave < this.floor;
+  }
+
   private waitForWave(wave: number, ms: number): Promise<boolean> {
-    if (this.arrived.has(wave)) return Promise.resolve(true);
+    if (this.known(wave)) return Promise.resolve(true);
     return new Promise((resolve) => {
       const done = (): void => {
         clearTimeout(timer);
@@ -282,9 +319,13 @@ export class Agent {
         if (req.id === 0) {
           // The client waited on the mailbox for the bound and went on without the vector.
           if (req.endOfWave.missed && this.bus && !this.ended.has(req.endOfWave.wave)) this.missedWave(req.endOfWave.wave);
+          // It waited and the vector came within the bound: counted (/metrics per rank).
+          else if (req.endOfWave.late) this.stats.lateVectors++;
           return {};
         }
         return this.endOfWave(req.endOfWave.wave);
+      case 'dueDumps':
+        return { dueReqIds: this.dueReqIds(Number(req.dueDumps.wave)) };
       case 'beforeForward':
         if (!this.capturer) return { captured: false };
         return captureInputs(this.capturer, this.regions, req.beforeForward, interim, () => this.stats.snapshotsWritten++);
@@ -346,6 +387,13 @@ export class Agent {
       }
     });
     return { dumpsWritten: staged.length };
+  }
+
+  /** The req ids of the dump jobs due at the end of `wave` that this rank has not copied yet. */
+  private dueReqIds(wave: number): string[] {
+    if (this.ended.has(wave)) return [];
+    const lane = this.dumpLanes.get(wave);
+    return lane ? lane.jobs.map((j) => j.reqId) : [];
   }
 
   /** The engine ended `wave` without its vector (the bound ran out): counted, logged, its dumps failed. */

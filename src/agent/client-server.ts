@@ -104,7 +104,7 @@ export class ClientServer {
         throw mismatch;
       }
       this.greeted.add(key);
-    } else if ((req.body === 'endOfWave' || req.body === 'beforeForward' || req.body === 'register') && !this.greeted.has(key)) {
+    } else if ((req.body === 'endOfWave' || req.body === 'beforeForward' || req.body === 'register' || req.body === 'dueDumps') && !this.greeted.has(key)) {
       throw new WavebusError('ERR_NO_HELLO', 'this agent has not met this client (the agent restarted?): say hello and register again');
     }
     return this.handle(req, interim);

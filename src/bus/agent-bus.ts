@@ -50,6 +50,8 @@ export interface AgentBusOptions {
    * and every message to the coordinator carries one.
    */
   busToken?: BusToken;
+  /** The agent's late and missed wave-vector counts, sent with every heartbeat (/metrics per rank). */
+  vectorCounts?: () => { lateVectors: number; missedVectors: number };
 }
 
 export interface WaveEvent {
@@ -242,7 +244,7 @@ export class AgentBus extends EventEmitter {
   private tick(): void {
     if (this.state === 'refused') return; // a coordinator of another version: wait for a new epoch
     const now = Date.now();
-    this.send({ heartbeat: { wave: this.lastWave, globalRank: this.rank, epochSeen: this.epoch, lastSeq: this.lastSeq, unixMs: now } });
+    this.send({ heartbeat: { wave: this.lastWave, globalRank: this.rank, epochSeen: this.epoch, lastSeq: this.lastSeq, unixMs: now, ...this.opts.vectorCounts?.() } });
     if (this.coordinatorAlive && now - this.lastFrameAt > this.deadAfterMs) {
       this.coordinatorAlive = false;
       this.coordinatorWasLost = true;

@@ -11,6 +11,7 @@ import type { DumpJob, DumpLane, DumpResult, StepTelemetry, WaveHead } from '../
 import { AgentRequests } from './agent-requests';
 import { DumpAcks, mergeJobs } from './dump-acks';
 import { RankTable } from './rank-table';
+import { VectorMetrics } from './vector-metrics';
 import { SendQueue } from './send-queue';
 import { ColumnScratch } from '../client/telemetry';
 import { busMetrics, startMetricsServer, type MetricsServer } from '../metrics';
@@ -30,7 +31,7 @@ import type { ZapHandler } from './curve';
 import type { CoordinatorPolicy, DueLanes } from './policy';
 import type { CoordinatorOptions, CoordinatorStats } from './coordinator-options';
 
-import { DEFAULT_BUS_PORT, DEFAULT_HEARTBEAT_MS, DEFAULT_MAX_FRAME_BYTES } from './constants';
+import { DEFAULT_BUS_PORT, DEFAULT_HEARTBEAT_MS, DEFAULT_MAX_FRAME_BYTES, LOOKAHEAD_WAVES } from './constants';
 
 export type { CoordinatorOptions, CoordinatorStats } from './coordinator-options';
 
@@ -65,6 +66,7 @@ export class Coordinator extends EventEmitter {
   private readonly dumpAcks: DumpAcks;
   private readonly agentRequests: AgentRequests;
   private readonly versions = new VersionGate();
+  private readonly vectors = new VectorMetrics();
   private queuedDumps: DumpJob[] = [];
   private queuedConfig?: { version: number; configJson: string };
   private lastConfig = { version: 0, configJson: '' };
@@ -243,16 +245,18 @@ export class Coordinator extends EventEmitter {
   }
 
   /**
-   * Begin `wave`: ask the policy what is due, merge what was queued, publish the head and then
-   * the due lanes (all with consecutive seqs, so a subscriber sees a wave whole or sees a gap).
+   * The head of `headWave` (the engine's wave; telemetry of the one before): ask the policy what is
+   * due, merge what was queued, and publish the vector of wave headWave + LOOKAHEAD_WAVES, then its
+   * due lanes (all with consecutive seqs, so a subscriber sees a wave whole or sees a gap).
    */
-  beginWave(wave: number, telemetry: StepTelemetry | null): WaveHead {
+  beginWave(headWave: number, telemetry: StepTelemetry | null): WaveHead {
     if (!this.running) throw new WavebusError('ERR_NOT_RUNNING', 'coordinator is not running');
-    if (!Number.isSafeInteger(wave) || wave < 0) throw new ProtocolError(`wave must be a non-negative integer, got ${wave}`);
+    if (!Number.isSafeInteger(headWave) || headWave < 0) throw new ProtocolError(`wave must be a non-negative integer, got ${headWave}`);
+    const wave = headWave + LOOKAHEAD_WAVES;
     let due: DueLanes = { dumps: [] };
     if (this.policy) {
       try {
-        due = this.policy.onWaveHead(wave, telemetry);
+        due = this.policy.onWaveHead(headWave, telemetry);
       } catch (e) {
         // A policy bug must not stop the bus: the wave goes out with only what was queued.
         this.log.error({ wave, err: String((e as Error)?.stack ?? e) }, 'policy.onWaveHead failed; publishing the wave without its lanes');
@@ -263,8 +267,9 @@ export class Coordinator extends EventEmitter {
     const jobs = mergeJobs(wave, [...this.queuedDumps, ...(due.dumps ?? [])], this.log);
     this.queuedDumps = [];
 
-    if (wave < this.wave) this.log.warn({ wave, previous: this.wave }, 'wave went backwards (engine restarted?)');
-    this.wave = wave;
+    if (headWave < this.wave) this.log.warn({ wave: headWave, previous: this.wave }, 'wave went backwards (engine restarted?)');
+    // `wave` (status, heartbeats, snapshots) is the engine's: the last head; its vector is wave + LOOKAHEAD_WAVES.
+    this.wave = headWave;
     const head: WaveHead = { epoch: this.epoch, seq: this.seq + 1, wave, configDue: config !== undefined, dumpDue: jobs.length > 0 };
     this.publish('head', { ...head });
     this.metrics.waves.inc();
@@ -350,6 +355,8 @@ export class Coordinator extends EventEmitter {
       ready: this.ready,
       config_version: this.lastConfig.version,
       pending_dumps: this.dumpAcks.jobIds(),
+      late_vectors: this.vectors.status().late,
+      missed_vectors: this.vectors.status().missed,
       dropped: { ...this.stats.dropped },
       security: {
         ...(this.curve ? { curve: true, allowed_keys: this.opts.curve!.allow.size, refused: { ...this.stats.refused } } : { curve: false }),
@@ -442,6 +449,7 @@ export class Coordinator extends EventEmitter {
         s.wave = msg.heartbeat.wave;
         s.lastSeq = msg.heartbeat.lastSeq;
         s.epochSeen = msg.heartbeat.epochSeen;
+        this.vectors.note(rank, msg.heartbeat);
         this.checkReady();
         return;
       }

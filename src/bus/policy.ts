@@ -3,16 +3,17 @@
 import type { DumpJob, DumpResult, StepTelemetry } from '../messages';
 
 export interface DueLanes {
-  /** A new effective config, applied by every rank at the end of this wave. */
+  /** A new effective config, applied by every rank at the end of the vector's wave (head + LOOKAHEAD_WAVES). */
   config?: { version: number; configJson: string };
-  /** Dump jobs armed for this wave, copied at its end by every last-PP TP rank. */
+  /** Dump jobs armed for the vector's wave (head + LOOKAHEAD_WAVES), copied at its end by every last-PP TP rank. */
   dumps: DumpJob[];
 }
 
 export interface CoordinatorPolicy {
   /**
    * TP0 of the last PP stage began `wave`; `telemetry` is what it observed in the previous wave
-   * (null when none was sent). Runs detectors, writes reports, arms dumps; returns the lanes due now.
+   * (null when none was sent). Runs detectors, writes reports, arms dumps; returns the lanes of the
+   * vector published now, that of wave + LOOKAHEAD_WAVES (src/bus/constants.ts).
    */
   onWaveHead(wave: number, telemetry: StepTelemetry | null): DueLanes;
   /** A rank acked (or failed) a dump job. */

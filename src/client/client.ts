@@ -9,6 +9,7 @@ import { CLIENT_PROTOCOL_VERSION, protocolMismatch } from './protocol';
 import { regionMessage, validateRegion, type ClientRegion } from './region';
 import { AgentTransport, type Reply } from './transport';
 import { isWaveNumber, WaveHeadSender, type WaveTelemetry } from './wave-head';
+import { PendingDumps } from './pending-dumps';
 
 import { openConnection, type BeforeForwardResult, type ClientFeatures, type ConnectOptions, type EndOfWaveResult } from './options';
 
@@ -32,6 +33,10 @@ export class WavebusClient {
     /** beforeForward calls that went on uncaptured because the agent was unavailable. */
     snapshotsSkipped: 0,
     probes: 0,
+    /** endOfWave calls that found no vector and slept on the mailbox (0 in a healthy steady state). */
+    vectorWaits: 0,
+    /** ... of which the vector came within the bound (the agent is told: /metrics per rank). */
+    lateVectors: 0,
   };
   private readonly transport: AgentTransport;
   private readonly availability: AgentAvailability;
@@ -41,6 +46,7 @@ export class WavebusClient {
   private readonly registered: ClientRegion[] = [];
   private readonly registeredSent = new Set<string>();
   private ping: Promise<unknown> | null = null;
+  private readonly pending: PendingDumps;
 
   private constructor(
     private readonly endpoint: string,
@@ -67,6 +73,30 @@ export class WavebusClient {
       },
     );
     this.head = new WaveHeadSender(this.transport, (message) => (this.availability.lastError = message));
+    this.pending = new PendingDumps(mailbox, (wave) => this.askDueDumps(wave));
+  }
+
+  /**
+   * Is a dump of `reqId` armed for a wave whose endOfWave has not run on this rank yet? An engine
+   * asks before freeing a request's blocks and, when true, keeps them one more step (the copy then
+   * reads the request's own KV). Settled at once, without a system call, when no vector in the
+   * mailbox has dump_due; else the due wave's req ids are asked of the agent once per wave.
+   */
+  pendingDump(reqId: string): Promise<boolean> {
+    if ((this.mailbox.features() & MailboxFeature.BUS_ACTIVE) === 0) return FALSE;
+    return this.pending.check(reqId);
+  }
+
+  private async askDueDumps(wave: number): Promise<string[] | undefined> {
+    if (this.agentUnavailable) return undefined;
+    try {
+      await this.ensureHello(this.callBoundMs() + MARGIN_MS);
+      const reply = await this.transport.request({ dueDumps: { wave } }, this.callBoundMs() + MARGIN_MS);
+      return reply.ok ? (reply.dueReqIds as string[]) ?? [] : undefined;
+    } catch (e) {
+      if (!this.availability.lostOn(e, `pendingDump(wave ${wave})`)) this.noteError(`pendingDump(wave ${wave}): ${(e as Error).message}`);
+      return undefined;
+    }
   }
 
   /** True while the agent is known not to answer: calls skip it until it answers again. */
@@ -164,6 +194,7 @@ export class WavebusClient {
     const bad = waveError(wave, 'endOfWave');
     if (bad) return bad;
     this.stats.endOfWaveCalls++;
+    this.pending.ended(wave);
     const bits = this.mailbox.features();
     if (bits === 0 || (bits & MailboxFeature.BUS_ACTIVE) === 0) return NOTHING_DUE;
     const slot = this.mailbox.read(wave);
@@ -192,6 +223,7 @@ export class WavebusClient {
         .catch(() => undefined)
         .finally(() => (this.ping = null));
     }
+    this.stats.vectorWaits++;
     try {
       got = await this.mailbox.waitFor(wave, boundMs);
     } catch (e) {
@@ -207,6 +239,11 @@ export class WavebusClient {
       }
       this.transport.oneWay({ endOfWave: { wave, missed: true } });
       return { due: false, timedOut: true };
+    }
+    if (got !== 'overwritten') {
+      // Late but within the bound: the agent counts it (one-way, nothing waits for it).
+      this.stats.lateVectors++;
+      this.transport.oneWay({ endOfWave: { wave, late: true } });
     }
     if (got !== 'overwritten' && !got.configDue && !got.dumpDue) return { due: false, timedOut: false };
     return this.endOfWaveWithAgent(wave);
@@ -397,6 +434,7 @@ function waveError(wave: number, where: string): Promise<never> | undefined {
 }
 
 const SETTLED: Promise<void> = Promise.resolve();
+const FALSE: Promise<boolean> = Promise.resolve(false);
 const NOTHING_DUE: Promise<EndOfWaveResult> = Promise.resolve(Object.freeze({ due: false, timedOut: false }));
 const NOT_CAPTURED: Promise<BeforeForwardResult> = Promise.resolve(Object.freeze({ captured: false }));
 

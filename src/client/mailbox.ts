@@ -1,10 +1,12 @@
 // The wave-vector mailbox: a small shared file (under /dev/shm) with a seqlock ring of the last
-// 8 wave vectors. The agent publishes each wave's [wave, config_due, dump_due]; the engine
-// client checks "is anything due for wave N?" with plain memory loads, no system call.
+// 8 wave vectors and a floor. The agent publishes each wave's [wave, config_due, dump_due] one wave
+// ahead (docs/architecture.md, "Waves") and raises the floor: a wave below it whose slot does not
+// hold it has nothing due. The engine client checks "is anything due for wave N?" with plain
+// memory loads, no system call.
 // Byte layout: docs/native.md (a Python client reads it with mmap + struct).
 import * as fs from 'fs';
 import { NativeError } from '../errors';
-import { native, nativeAsync, nativeCall, NativeMailboxReader, NativeMailboxWriter } from '../native';
+import { native, nativeAsync, nativeCall, type MailboxVector, NativeMailboxReader, NativeMailboxWriter } from '../native';
 
 /** Feature bits in the header, set by the agent so an all-off client can skip everything. */
 export const MailboxFeature = {
@@ -25,6 +27,8 @@ export interface WaveVector {
   dumpDue: number;
   /** Reserved, always 0 for now. */
   snapshotDue?: number;
+  /** True when no slot held the wave and the floor said nothing is due (the wave is below it). */
+  implied?: boolean;
 }
 
 function checkPath(p: unknown, field: string): string {
@@ -47,8 +51,8 @@ function checkWave(v: unknown, field = 'wave'): number {
   return v;
 }
 
-function toVector(got: [number, number, number, number]): WaveVector {
-  return { wave: got[0], configDue: got[1], dumpDue: got[2], snapshotDue: got[3] };
+function toVector(got: MailboxVector): WaveVector {
+  return { wave: got[0], configDue: got[1], dumpDue: got[2], snapshotDue: got[3], implied: got[4] === 1 };
 }
 
 /** The agent's side. One writer per mailbox file. */
@@ -61,13 +65,24 @@ export class MailboxWriter {
     return new MailboxWriter(p, nativeCall(() => native.MailboxWriter.create(p)));
   }
 
-  publish(v: WaveVector | { wave: number; configDue: number | boolean; dumpDue: number | boolean; snapshotDue?: number | boolean }): void {
+  /**
+   * Write one wave's vector; with `floor`, raise (or move) the floor after it: every wave below
+   * `floor` is decided (its vector, if anything was due, is in its slot).
+   */
+  publish(v: WaveVector | { wave: number; configDue: number | boolean; dumpDue: number | boolean; snapshotDue?: number | boolean }, floor?: number): void {
     if (v === null || typeof v !== 'object') throw new NativeError('wave vector must be an object', 'ERR_INVALID_ARG');
     const wave = checkWave(v.wave, 'wave vector.wave');
     const c = checkU32(v.configDue, 'wave vector.configDue');
     const d = checkU32(v.dumpDue, 'wave vector.dumpDue');
     const s = checkU32(v.snapshotDue ?? 0, 'wave vector.snapshotDue');
-    nativeCall(() => this.w.publish(wave, c, d, s));
+    const f = floor === undefined ? undefined : checkWave(floor, 'floor');
+    nativeCall(() => this.w.publish(wave, c, d, s, f));
+  }
+
+  /** The floor alone (after a snapshot): waves below it need no vector. */
+  setFloor(floor: number): void {
+    const f = checkWave(floor, 'floor');
+    nativeCall(() => this.w.setFloor(f));
   }
 
   /** Replace the feature bits (MailboxFeature.*). */
@@ -97,7 +112,11 @@ export class MailboxReader {
     return new MailboxReader(p, nativeCall(() => native.MailboxReader.open(p)));
   }
 
-  /** The vector of `wave` if slot wave % 8 holds it, else undefined (not yet published, overwritten, or mid-update). */
+  /**
+   * The vector of `wave` if slot wave % 8 holds it; `{ wave, 0, 0, implied: true }` when the wave is
+   * below the floor and no slot holds it (nothing due); else undefined (not yet published,
+   * overwritten by a later wave, or mid-update).
+   */
   read(wave: number): WaveVector | undefined {
     const w = checkWave(wave);
     const got = nativeCall(() => this.r.read(w));
@@ -106,8 +125,8 @@ export class MailboxReader {
 
   /**
    * Wait for `wave`'s vector without a system call per check: the reader sleeps on the header's
-   * publish counter, which the writer bumps and wakes after every slot write. Resolves with the
-   * vector, 'timeout' when `timeoutMs` ran out, or 'overwritten' when the slot already holds a
+   * publish counter, which the writer bumps and wakes after every slot or floor write. Resolves with
+   * the vector (implied when the floor rose past `wave`), 'timeout' when `timeoutMs` ran out, or 'overwritten' when the slot already holds a
    * later wave. The JS thread stays free meanwhile.
    */
   async waitFor(wave: number, timeoutMs: number): Promise<WaveVector | 'timeout' | 'overwritten'> {
@@ -125,6 +144,11 @@ export class MailboxReader {
 
   epoch(): number {
     return nativeCall(() => this.r.epoch());
+  }
+
+  /** Waves below this need no vector (0: none yet). */
+  floor(): number {
+    return nativeCall(() => this.r.floor());
   }
 
   close(): void {

@@ -1,10 +1,12 @@
 // The runtime guard as the coordinator's policy: at the head of wave N it runs the enabled
 // detectors on the telemetry of wave N-1 (the detect wave), applies quotas, writes reports, arms
-// dump jobs for wave N (copied at its end by every last-PP TP rank) and hands out a new effective
-// config when the file changed (applied by every rank at the end of the same wave).
+// dump jobs for wave N + LOOKAHEAD_WAVES (the arm wave, copied at its end by every last-PP TP rank)
+// and hands out a new effective config when the file changed (applied by every rank at the end of
+// that same arm wave).
 import type { Counter } from 'prom-client';
 import { DEFAULT_ARTIFACT_MODES, sensitiveModes, type ArtifactModes } from '../artifacts/artifact-mode';
 import type { CoordinatorPolicy, DueLanes } from '../bus/policy';
+import { LOOKAHEAD_WAVES } from '../bus/constants';
 import { createLogger, Logger } from '../log';
 import type { DumpJob, DumpResult, StepTelemetry, TelemetryColumns } from '../messages';
 import { counter } from '../metrics';
@@ -132,10 +134,12 @@ export class Guard implements CoordinatorPolicy {
     return { keepTail: this.keepTail, maxPromptTokenIds: this.cfg.report.max_prompt_token_ids, maxOutputTokenIds: this.cfg.report.max_output_token_ids };
   }
 
-  onWaveHead(wave: number, telemetry: StepTelemetry | null): DueLanes {
-    this.lastWave = wave;
+  onWaveHead(headWave: number, telemetry: StepTelemetry | null): DueLanes {
+    this.lastWave = headWave;
     this.pollConfig();
-    const detectWave = wave - 1;
+    // Everything decided now is due in the vector published now: the arm wave.
+    const wave = headWave + LOOKAHEAD_WAVES;
+    const detectWave = headWave - 1;
     const dumps: DumpJob[] = [];
     let freedNow: ReqState[] | null = null;
     if (telemetry) {
@@ -212,7 +216,7 @@ export class Guard implements CoordinatorPolicy {
 
   private incident(hit: Hit, st: ReqState, wave: number, dumps: DumpJob[]): void {
     const type: DetectorName = hit.type;
-    const detectWave = wave - 1;
+    const detectWave = wave - LOOKAHEAD_WAVES - 1;
     const cfg = this.cfg;
     const quota = st.quota ?? (st.quota = new Map());
     let c = quota.get(type);
@@ -312,7 +316,7 @@ export class Guard implements CoordinatorPolicy {
       return;
     }
     for (const st of running) {
-      const r = this.armOne(MANUAL_TRIGGER, st, wave - 1, wave, dumps, { manual_dump: this.manualDone });
+      const r = this.armOne(MANUAL_TRIGGER, st, wave - LOOKAHEAD_WAVES - 1, wave, dumps, { manual_dump: this.manualDone });
       this.count(MANUAL_TRIGGER, r.job ? 'dump_kv' : r.dir ? 'dump_skipped' : 'duplicate');
     }
   }

@@ -22,6 +22,7 @@ from .protocol import CLIENT_PROTOCOL_VERSION, protocol_mismatch
 from .region import Region, from_any, validate
 from .transport import AgentSocket
 from .paths import env_paths
+from .pending import PendingDumps
 from .wave_head import WaveHeadBuilder, check_wave
 
 log = logging.getLogger("wavebus_client")
@@ -65,6 +66,7 @@ class Client:
             "end_of_wave_errors": 0, "wave_head_sent": 0, "wave_head_errors": 0, "wave_head_skipped": 0,
             "stale_replies": 0, "bad_replies": 0, "captures": 0, "register_errors": 0,
             "agent_lost": 0, "agent_back": 0, "skipped_unavailable": 0, "snapshots_skipped": 0, "probes": 0,
+            "late_vectors": 0, "due_dumps_asked": 0,
         }
         self._sock = AgentSocket(endpoint, self.stats, lambda: self._avail.heard())
         self._avail = Availability(endpoint, self.stats, probe_interval_ms, self._ping, self._sock.drain, self._agent_back)
@@ -74,6 +76,7 @@ class Client:
         self._head = WaveHeadBuilder()
         self._closed = False
         self._mb = mb.Mailbox.wait_open(mailbox_path, mailbox_wait_s)
+        self._pending = PendingDumps(lambda: self._mb, self._ask_due_dumps)
         if self.async_scheduling and self._mb.features & mb.FEATURE_SNAPSHOTS:
             # Refused at startup: the agent says input snapshots are on, and they need sync scheduling.
             raise ConfigError("input snapshots need sync scheduling: under async scheduling the input buffers may still "
@@ -289,6 +292,7 @@ class Client:
         """End ``wave``. Returns at once when its vector is in the mailbox with nothing due; else asks
         the agent to do what is due, waiting at most the bound (then timed_out=True)."""
         check_wave(wave, "end_of_wave()")
+        self._pending.ended(wave)
         if not self._mb.features & mb.FEATURE_BUS:  # also covers "everything off"
             return EndOfWaveResult(wave)
         v = self._mb.read_wave(wave)
@@ -320,6 +324,9 @@ class Client:
                 return EndOfWaveResult(wave, timed_out=True)
             if isinstance(got, mb.WaveVector):
                 self.stats["end_of_wave_waited"] += 1
+                # Late but within the bound: the agent counts it (one-way; /metrics per rank).
+                self.stats["late_vectors"] += 1
+                self._sock.send(pb.ClientRequest(end_of_wave=pb.EndOfWave(wave=wave, late=True)), one_way=True)
                 v = got
                 if not v.anything_due:
                     return EndOfWaveResult(wave, vector=v)
@@ -349,6 +356,27 @@ class Client:
         if res.vector is None:
             res.vector = self._mb.read_wave(wave)
         return res
+
+    def pending_dump(self, req_id: str) -> bool:
+        """True when a dump of ``req_id`` is armed for a wave whose end_of_wave has not run on this rank
+        yet: keep the request's blocks one more step before freeing them. A few memory loads (no
+        system call) when no vector in the mailbox has dump_due; else the due wave's req ids are asked
+        of the agent once per wave (within the call bound; no answer counts as pending)."""
+        if not self._mb.features & mb.FEATURE_BUS:
+            return False
+        return self._pending.check(req_id)
+
+    def _ask_due_dumps(self, wave: int) -> Optional[list]:
+        if self._avail.still_unavailable():
+            return None
+        deadline = time.monotonic() + self._bound_s()
+        self.stats["due_dumps_asked"] += 1
+        if not self._hello(deadline):
+            return None
+        reply = self._sock.request(pb.ClientRequest(due_dumps=pb.DueDumps(wave=wave)), deadline)
+        if reply is None or not reply.ok:
+            return None
+        return list(reply.due_req_ids)
 
     # ------------------------------------------------------------------ snapshots
 

@@ -3,12 +3,16 @@
 The agent writes it; the client maps it read-only and reads it with struct, so the per-step
 check costs no system call. Layout (little-endian), fixed by docs/native.md / src/client/mailbox.ts:
 
-  header (64 bytes): magic b"WBMBOX01", u32 version=1, u32 slots=8, u64 features, u64 epoch,
-                     u32 published (bumped by the writer after every slot write; a futex word), 0-pad
+  header (64 bytes): magic b"WBMBOX01", u32 version=2, u32 slots=8, u64 features, u64 epoch,
+                     u32 published (bumped by the writer after every slot write; a futex word), u32 0,
+                     u64 floor (every wave below it is decided), 0-pad
   slot i at 64 + 64*i (64 bytes): u64 seq (odd while written), u64 wave,
                                    u32 config_due, u32 dump_due, u32 snapshot_due, 0-pad
   the slot of wave N is N % slots; it belongs to wave N only if its wave field equals N.
   A slot with seq == 0 or wave == 2**64-1 is empty.
+  Vectors are published one wave ahead (docs/architecture.md, "Waves"). A wave below the floor whose
+  slot does not hold it has nothing due; the writer stores a slot before the floor that covers it,
+  so the reader loads the floor first.
 """
 import ctypes
 import ctypes.util
@@ -23,7 +27,7 @@ from typing import Optional, Union
 from .errors import ProtocolError
 
 MAGIC = b"WBMBOX01"
-VERSION = 1
+VERSION = 2
 SLOTS = 8
 HEADER_SIZE = 64
 SLOT_SIZE = 64
@@ -42,6 +46,8 @@ _SEQ = struct.Struct("<Q")
 _SLOT = struct.Struct("<QQIII")  # seq, wave, config_due, dump_due, snapshot_due
 _PUBLISHED = struct.Struct("<I")
 _PUBLISHED_OFFSET = 32
+_FLOOR = struct.Struct("<Q")
+_FLOOR_OFFSET = 40
 
 # futex(2) through libc's syscall(): the writer wakes the `published` word after every slot write.
 _SYS_FUTEX = {"x86_64": 202, "aarch64": 98}.get(platform.machine())
@@ -83,6 +89,9 @@ class WaveVector:
     config_due: bool
     dump_due: bool
     snapshot_due: bool
+
+    # True when no slot held the wave and the floor said nothing is due (the wave is below it).
+    implied: bool = False
 
     @property
     def anything_due(self) -> bool:
@@ -148,11 +157,9 @@ class Mailbox:
         ts = _Timespec()
         while True:
             seen = _PUBLISHED.unpack_from(self._map, _PUBLISHED_OFFSET)[0]
-            v = self.read_slot(wave % SLOTS)
-            if v is not None and v.wave == wave:
-                return v
-            if v is not None and v.wave > wave:
-                return "overwritten"
+            got = self._lookup(wave)
+            if got is not None:
+                return got
             left = deadline - time.monotonic()
             if left <= 0:
                 return "timeout"
@@ -181,6 +188,12 @@ class Mailbox:
     def epoch(self) -> int:
         return _HEADER.unpack_from(self._map, 0)[4]
 
+    @property
+    def floor(self) -> int:
+        """Waves below this need no vector (0: none yet)."""
+        m = self._map
+        return 0 if m is None else _FLOOR.unpack_from(m, _FLOOR_OFFSET)[0]
+
     def read_slot(self, index: int) -> Optional[WaveVector]:
         """A consistent copy of slot ``index``; None if empty or the writer kept it busy (never blocks)."""
         off = HEADER_SIZE + SLOT_SIZE * index
@@ -198,12 +211,24 @@ class Mailbox:
                 return WaveVector(wave, bool(config_due), bool(dump_due), bool(snapshot_due))
         return None
 
-    def read_wave(self, wave: int) -> Optional[WaveVector]:
-        """The vector of ``wave`` if it has arrived (its slot holds that wave), else None."""
+    def _lookup(self, wave: int) -> Union[WaveVector, str, None]:
+        """The vector of ``wave``, an implied nothing-due one (below the floor, not in its slot),
+        "overwritten" (its slot holds a later wave), or None (not yet)."""
+        floor = self.floor  # first: a slot the floor covers was written before it
         v = self.read_slot(wave % SLOTS)
-        if v is None or v.wave != wave:
-            return None
-        return v
+        if v is not None and v.wave == wave:
+            return v
+        if v is not None and v.wave > wave:
+            return "overwritten"
+        if wave < floor:
+            return WaveVector(wave, False, False, False, implied=True)
+        return None
+
+    def read_wave(self, wave: int) -> Optional[WaveVector]:
+        """The vector of ``wave`` if it has arrived (its slot holds that wave), an implied nothing-due
+        vector if the wave is below the floor and its slot does not hold it, else None."""
+        v = self._lookup(wave)
+        return v if isinstance(v, WaveVector) else None
 
     def close(self) -> None:
         m, self._map = getattr(self, "_map", None), None
@@ -253,11 +278,17 @@ class MailboxWriter:
             os.close(fd)
         return w
 
-    def publish(self, wave: int, config_due: int = 0, dump_due: int = 0, snapshot_due: int = 0) -> None:
+    def publish(self, wave: int, config_due: int = 0, dump_due: int = 0, snapshot_due: int = 0, floor: Optional[int] = None) -> None:
         off = self.begin(wave)
         seq = _SEQ.unpack_from(self._map, off)[0]
         _SLOT.pack_into(self._map, off, seq, wave, int(config_due), int(dump_due), int(snapshot_due))
         _SEQ.pack_into(self._map, off, seq + 1)
+        if floor is not None:
+            _FLOOR.pack_into(self._map, _FLOOR_OFFSET, floor)  # after the slot it covers
+        self._announce()
+
+    def set_floor(self, floor: int) -> None:
+        _FLOOR.pack_into(self._map, _FLOOR_OFFSET, floor)
         self._announce()
 
     def _announce(self) -> None:
