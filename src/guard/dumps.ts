@@ -44,6 +44,14 @@ interface TrackedJob {
   timedOut: boolean;
   finished: boolean;
   ok: boolean;
+  /** Its copy window (copy-window.ts) is open: a complete set of acks waits for it to close. */
+  windowOpen: boolean;
+  /** Acked by every rank while the window was open. */
+  held: boolean;
+  /** The request was reported freed in this wave, not after the copy wave: `freed_before_copy`. */
+  freedWave?: number;
+  /** The window never closed (the guard stopped first): not confirmed. */
+  unconfirmed?: boolean;
 }
 
 const MAX_TRACKED_JOBS = 4096;
@@ -59,6 +67,8 @@ export class DumpBook {
   skipped: Record<string, number> = {};
   duplicates = 0;
   unknownResults = 0;
+  /** Jobs whose request was freed before its copy wave ended (reported, never complete). */
+  freedBeforeCopy = 0;
 
   constructor(
     private readonly expectedRanks: readonly number[],
@@ -106,7 +116,7 @@ export class DumpBook {
       ts: new Date().toISOString(),
       ...spec.info,
     }, artifactWrite(this.modes));
-    this.jobs.set(job.jobId, { job, acks: new Map(), timedOut: false, finished: false, ok: false });
+    this.jobs.set(job.jobId, { job, acks: new Map(), timedOut: false, finished: false, ok: false, windowOpen: true, held: false });
     if (this.jobs.size > MAX_TRACKED_JOBS) this.jobs.delete(this.jobs.keys().next().value as string);
     this.armed++;
     return job;
@@ -132,7 +142,27 @@ export class DumpBook {
       return;
     }
     t.acks.set(r.globalRank, { files: r.files, bytes: r.bytes, error: r.error, skippedReason: r.skippedReason });
-    if (t.acks.size === this.expectedRanks.length || t.timedOut) this.finish(t);
+    if (t.acks.size === this.expectedRanks.length && t.windowOpen && !t.timedOut) t.held = true;
+    else if (t.acks.size === this.expectedRanks.length || t.timedOut) this.finish(t);
+  }
+
+  /** The request of `jobId` was reported freed in `wave`, at or before its copy wave. */
+  markFreedBeforeCopy(jobId: string, wave: number): void {
+    const t = this.jobs.get(jobId);
+    if (!t || t.freedWave !== undefined) return;
+    t.freedWave = wave;
+    this.freedBeforeCopy++;
+    this.log?.warn({ job_id: jobId, freed_wave: wave, arm_wave: t.job.armWave }, 'request freed before its dump was copied: the dump is marked freed_before_copy');
+    if (t.finished) this.finish(t); // a timed-out job's manifest is rewritten with the reason
+  }
+
+  /** The copy window of `jobId` closed (`unconfirmed`: the guard stopped before it could). */
+  windowClosed(jobId: string, unconfirmed = false): void {
+    const t = this.jobs.get(jobId);
+    if (!t || !t.windowOpen) return;
+    t.windowOpen = false;
+    t.unconfirmed = unconfirmed;
+    if (t.held) this.finish(t);
   }
 
   onTimeout(jobId: string, _missing: number[]): void {
@@ -163,7 +193,8 @@ export class DumpBook {
       else completed.push(rank);
     }
     const missing = this.expectedRanks.filter((r) => !t.acks.has(r));
-    const ok = completed.length === this.expectedRanks.length;
+    const spoiled = t.freedWave !== undefined ? 'freed_before_copy' : t.unconfirmed ? 'copy_window_unconfirmed' : undefined;
+    const ok = completed.length === this.expectedRanks.length && spoiled === undefined;
     if (!t.finished) {
       t.finished = true;
       if (ok) this.completed++;
@@ -187,6 +218,9 @@ export class DumpBook {
       failed_ranks: failed,
       skipped_ranks: skipped,
       complete: ok,
+      // Why every rank's copy is still not a good dump: the request's blocks were given back
+      // before the copy wave ended (freed_wave), or that was never confirmed.
+      ...(spoiled ? { incomplete_reason: spoiled, freed_wave: t.freedWave ?? null } : {}),
       timed_out: t.timedOut,
       files,
       bytes,

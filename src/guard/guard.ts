@@ -13,6 +13,7 @@ import { counter } from '../metrics';
 import { actionsFor, configJson, DetectorName, mergeConfig, RuntimeConfig } from './config';
 import { DetectorSet, Hit, MUTE_BIT, splitNonFinite } from './detectors';
 import { DumpBook } from './dumps';
+import { CopyWindow } from './copy-window';
 import { AutoDumpQuota, admitIncident } from './quotas';
 import { ConfigFollower } from './reload';
 import { RequestTable, type ReqState } from './requests';
@@ -65,6 +66,7 @@ export class Guard implements CoordinatorPolicy {
   private manualDone: number;
   private readonly autoQuota = new AutoDumpQuota();
   private readonly dumps: DumpBook;
+  private readonly window = new CopyWindow();
   private readonly incidents: Record<string, Record<string, number>> = {};
   private unattributedNonFinite = 0;
   private lastUnattributedLogWave = -1;
@@ -171,7 +173,15 @@ export class Guard implements CoordinatorPolicy {
       hitStates.length = 0;
     }
     this.manualTrigger(wave, dumps);
-    if (freedNow) for (const st of freedNow) this.requests.forget(st);
+    if (freedNow) {
+      for (const st of freedNow) {
+        for (const j of this.window.freed(st.reqId, detectWave)) this.dumps.markFreedBeforeCopy(j.jobId, detectWave);
+        this.requests.forget(st);
+      }
+    }
+    // The telemetry of detectWave is in (or the engine sends none: nothing more can be known): jobs
+    // copied at its end or before are out of the window.
+    for (const j of this.window.closeThrough(detectWave)) this.dumps.windowClosed(j.jobId);
     const lanes: DueLanes = { dumps };
     if (this.configDue) {
       this.configDue = false;
@@ -210,7 +220,10 @@ export class Guard implements CoordinatorPolicy {
         ...info,
       },
     });
-    if (job) dumps.push(job);
+    if (job) {
+      dumps.push(job);
+      this.window.arm(job);
+    }
     return job ? { job } : {};
   }
 
@@ -359,6 +372,7 @@ export class Guard implements CoordinatorPolicy {
         skipped: this.dumps.skipped,
         duplicates: this.dumps.duplicates,
         unknown_results: this.dumps.unknownResults,
+        freed_before_copy: this.dumps.freedBeforeCopy,
       },
       unattributed_non_finite: this.unattributedNonFinite,
       unbound_telemetry_rows: this.pass.unboundRows,
@@ -373,6 +387,7 @@ export class Guard implements CoordinatorPolicy {
   }
 
   close(): void {
+    for (const j of this.window.drain()) this.dumps.windowClosed(j.jobId, true);
     this.requests.clear();
   }
 }

@@ -16,6 +16,8 @@ export interface SimFaults {
   rankDies?: { rank: number; at: number };
   /** Global rank that is `extraMs` slower per step. */
   slowRank?: { rank: number; extraMs: number };
+  /** From step `from` the engine frees finished requests' blocks without asking pendingDump (a non-deferring engine). */
+  eagerFree?: { from: number };
 }
 
 const KEYS: Record<string, string[]> = {
@@ -25,6 +27,7 @@ const KEYS: Record<string, string[]> = {
   specDrift: ['request', 'from'],
   rankDies: ['rank', 'at'],
   slowRank: ['rank', 'extraMs'],
+  eagerFree: ['from'],
 };
 
 /** Parse `--faults` (inline JSON or a file path); unknown keys and bad values name the field. */

@@ -40,6 +40,13 @@ export interface SimRankResult {
   wallMs: number;
   stepsPerSec: number;
   endOfWaveTimeouts: number;
+  /** endOfWave calls that slept on the mailbox for a vector not there yet (0: the engine never waited). */
+  vectorWaits: number;
+  lateVectors: number;
+  /** Frees put off one step because a dump of the request was pending. */
+  deferredFrees: number;
+  /** 99th percentile of the µs spent inside endOfWave. */
+  endOfWaveP99Us: number;
   dueWaves: number;
   snapshots: string[];
   sent: number;
@@ -94,6 +101,19 @@ function busyWork(us: number): void {
   }
 }
 
+/** The requests among `ids` with a dump pending on this rank (none: no set, nothing asked). */
+async function pendingOf(client: WavebusClient, ids: string[]): Promise<Set<string> | undefined> {
+  let keep: Set<string> | undefined;
+  for (const id of ids) if (await client.pendingDump(id)) (keep ??= new Set()).add(id);
+  return keep;
+}
+
+function percentile(xs: Float64Array, p: number): number {
+  if (xs.length === 0) return 0;
+  const s = Float64Array.from(xs).sort();
+  return Number(s[Math.min(s.length - 1, Math.floor(p * s.length))].toFixed(1));
+}
+
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, Math.max(0, ms)));
 
 export async function runSimRank(opts: SimRankOptions, onReady: () => Promise<number | undefined>): Promise<SimRankResult> {
@@ -133,15 +153,21 @@ export async function runSimRank(opts: SimRankOptions, onReady: () => Promise<nu
   const cpu0 = process.cpuUsage();
   let clientNs = 0n;
   let endNs = 0n;
+  const eowUs = new Float64Array(client ? opts.steps : 0);
   let overrunNs = 0n;
   let abortedForwards = 0;
+  let deferredFrees = 0;
   for (let step = 1; step <= opts.steps; step++) {
     if (opts.faults.rankDies?.rank === id.globalRank && opts.faults.rankDies.at === step) {
       process.stderr.write(`sim rank ${id.globalRank}: injected death at step ${step}\n`);
       process.exit(1);
     }
     if (opts.stepMs > 0) await sleep(startAt + (step - 1) * opts.stepMs - Date.now());
-    const batch = sched.step(step);
+    // Blocks of a request with a pending dump stay one more step (unless the fault says otherwise).
+    const eager = opts.faults.eagerFree !== undefined && step >= opts.faults.eagerFree.from;
+    const keep = client && !eager ? await pendingOf(client, sched.finishedHolding(step)) : undefined;
+    if (keep) deferredFrees += keep.size;
+    const batch = sched.step(step, keep);
     // The engine fills its input buffers whether or not wavebus is attached.
     const rows = Math.min(batch.positions.length, MAX_ROWS);
     for (let r = 0; r < rows; r++) {
@@ -188,7 +214,9 @@ export async function runSimRank(opts: SimRankOptions, onReady: () => Promise<nu
     if (client) {
       const e0 = process.hrtime.bigint();
       await client.endOfWave(step);
-      endNs += process.hrtime.bigint() - e0;
+      const e = process.hrtime.bigint() - e0;
+      endNs += e;
+      eowUs[step - 1] = Number(e) / 1000;
     }
     prev = batch.telemetry;
   }
@@ -200,6 +228,10 @@ export async function runSimRank(opts: SimRankOptions, onReady: () => Promise<nu
     wallMs,
     stepsPerSec: (opts.steps * 1000) / Math.max(1, wallMs),
     endOfWaveTimeouts: client?.stats.endOfWaveTimeouts ?? 0,
+    vectorWaits: client?.stats.vectorWaits ?? 0,
+    lateVectors: client?.stats.lateVectors ?? 0,
+    deferredFrees,
+    endOfWaveP99Us: percentile(eowUs, 0.99),
     dueWaves: client?.stats.dueWaves ?? 0,
     abortedForwards,
     agentLost: client?.stats.agentLost ?? 0,

@@ -77,15 +77,23 @@ export class SimScheduler {
     }
   }
 
-  /** Run step `step` (a wave): admit, prefill or decode, and return the batch with its telemetry. */
-  step(step: number): StepBatch {
+  /** Finished requests whose blocks are not given back yet (an engine asks pendingDump for these). */
+  finishedHolding(step: number): string[] {
+    return this.active.filter((r) => r.state === 'finished' && r.finishedAt !== undefined && r.finishedAt < step).map((r) => r.id);
+  }
+
+  /**
+   * Run step `step` (a wave): admit, prefill or decode, and return the batch with its telemetry.
+   * `keep`: finished requests whose blocks stay one more step (a dump of them is pending).
+   */
+  step(step: number, keep?: ReadonlySet<string>): StepBatch {
     const f = this.faults;
     const requestSteps: RequestStep[] = [];
     const nonFinite: NonFiniteRow[] = [];
-    // Requests that finished last step free their blocks now (telemetry reports it).
+    // Requests that finished last step free their blocks now (telemetry reports it), unless kept.
     let freed = 0;
     for (const r of this.active) {
-      if (r.state === 'finished' && r.finishedAt !== undefined && r.finishedAt < step) {
+      if (r.state === 'finished' && r.finishedAt !== undefined && r.finishedAt < step && !keep?.has(r.id)) {
         r.state = 'freed';
         freed++;
         for (const b of r.blockIds) this.free.push(b);
