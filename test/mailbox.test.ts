@@ -60,7 +60,7 @@ async function expectCode(fn: () => unknown, code: string, msg?: RegExp): Promis
 
 describe('mailbox', () => {
   test('layout constants', () => {
-    expect(MAILBOX_LAYOUT).toEqual({ headerBytes: 64, slotBytes: 64, slots: 8, fileBytes: 576, magic: 'WBMBOX01', version: 1 });
+    expect(MAILBOX_LAYOUT).toEqual({ headerBytes: 64, slotBytes: 64, slots: 8, fileBytes: 576, magic: 'WBMBOX01', version: 2 });
   });
 
   test('publish / read in one process: ring of 8, overwritten waves read as undefined', () => {
@@ -102,7 +102,7 @@ describe('mailbox', () => {
     const out = JSON.parse(runPython(PY_READER, [p, '40,41,50,42,33']));
     expect(out).toEqual({
       magic: 'WBMBOX01',
-      version: 1,
+      version: 2,
       slots: 8,
       features: 7,
       epoch: 987654321012,
@@ -246,13 +246,52 @@ describe('mailbox', () => {
     r.close();
   });
 
+  test('the floor: a wave below it that no slot holds has nothing due (implied), read and waited for, in TS and Python', async () => {
+    const w = MailboxWriter.create(mailboxPath('floor'));
+    const r = MailboxReader.open(w.path);
+    expect(r.floor()).toBe(0);
+    expect(r.read(1)).toBeUndefined(); // nothing decided yet
+    // A snapshot of a fresh coordinator: nothing decided, nothing due up to wave 1.
+    w.setFloor(2);
+    expect(r.read(1)).toEqual({ wave: 1, configDue: 0, dumpDue: 0, snapshotDue: 0, implied: true });
+    expect(r.read(2)).toBeUndefined(); // not decided yet: it needs its vector
+    // The head of wave 1 publishes wave 2 (a dump due) and raises the floor after it.
+    w.publish({ wave: 2, configDue: 0, dumpDue: 1 }, 3);
+    expect(r.read(2)).toEqual({ wave: 2, configDue: 0, dumpDue: 1, snapshotDue: 0 }); // the slot wins
+    // A skipped wave: the head of wave 4 publishes wave 5; wave 4 (never published) is implied.
+    w.publish({ wave: 5, configDue: 1, dumpDue: 0 }, 6);
+    expect(r.read(4)).toEqual({ wave: 4, configDue: 0, dumpDue: 0, snapshotDue: 0, implied: true });
+    // A slot overwritten by a later wave is never implied: the agent decides.
+    w.publish({ wave: 13, configDue: 0, dumpDue: 0 }, 14);
+    expect(r.read(5)).toBeUndefined();
+    // A wait is ended by a floor that rises past the wave, as by its vector.
+    const waiting = r.waitFor(20, 20000);
+    await new Promise((res) => setTimeout(res, 50));
+    w.publish({ wave: 21, configDue: 0, dumpDue: 0 }, 22);
+    expect(await waiting).toEqual({ wave: 20, configDue: 0, dumpDue: 0, snapshotDue: 0, implied: true });
+    // The Python client's reader sees the same.
+    const py = runPython(
+      `import json, sys; sys.path.insert(0, ${JSON.stringify(path.resolve(__dirname, '..', 'clients', 'python'))})
+from wavebus_client import mailbox as mb
+m = mb.Mailbox(sys.argv[1])
+def v(x):
+    return None if x is None else [x.wave, x.dump_due, x.implied]
+print(json.dumps({'floor': m.floor, 'r21': v(m.read_wave(21)), 'r19': v(m.read_wave(19)), 'r22': v(m.read_wave(22)), 'r5': v(m.read_wave(5)),
+                  'w18': v(m.wait_wave(18, 5.0)) if m.can_wait else [18, False, True]}))`,
+      [w.path],
+    );
+    expect(JSON.parse(py)).toEqual({ floor: 22, r21: [21, false, false], r19: [19, false, true], r22: null, r5: null, w18: [18, false, true] });
+    r.close();
+    w.close();
+  });
+
   test('errors: not a mailbox, missing file, closed, bad values', async () => {
     const dir = tmpDir();
     const junk = path.join(dir, 'junk');
     fs.writeFileSync(junk, 'x'.repeat(1000));
     await expectCode(() => MailboxWriter.create(junk), 'ERR_MAILBOX_FORMAT', /is not a wavebus mailbox; refusing to overwrite/);
     expect(fs.readFileSync(junk, 'utf8')).toBe('x'.repeat(1000));
-    await expectCode(() => MailboxReader.open(junk), 'ERR_MAILBOX_FORMAT', /not a version-1 wavebus mailbox/);
+    await expectCode(() => MailboxReader.open(junk), 'ERR_MAILBOX_FORMAT', /not a version-2 wavebus mailbox/);
     const short = path.join(dir, 'short');
     fs.writeFileSync(short, 'WBMBOX01');
     await expectCode(() => MailboxReader.open(short), 'ERR_MAILBOX_FORMAT', /at least 576 bytes/);

@@ -52,7 +52,9 @@ function checkWave(v: unknown, field = 'wave'): number {
 }
 
 function toVector(got: MailboxVector): WaveVector {
-  return { wave: got[0], configDue: got[1], dumpDue: got[2], snapshotDue: got[3], implied: got[4] === 1 };
+  const v: WaveVector = { wave: got[0], configDue: got[1], dumpDue: got[2], snapshotDue: got[3] };
+  if (got[4] === 1) v.implied = true;
+  return v;
 }
 
 /** The agent's side. One writer per mailbox file. */
