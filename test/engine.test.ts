@@ -154,9 +154,11 @@ test('a detector hit dumps the request from every TP rank, byte for byte, loadab
     // request 'loop-1' repeats a period-2 pattern: token_repeat fires after min_tokens (32).
     prev = { wave: w, requests: [step('loop-1-abcd', [500 + (w % 2)], blocks, { numOutputTokens: w }), step('ok-2-ef01', [1000 + w * 7], [0, 1])], nonFinite: [] };
   }
+  // The next head carries the copy wave's telemetry: the request still held its blocks, the manifest can say complete.
+  expect((await runWave(job, armed + 1, prev)).every((r) => !r.timedOut)).toBe(true);
   for (const r of job.ranks) await r.agent.drain();
   // TP0's agent forwarded every wave head as the client's bytes (src/bus/wave-head-relay.ts).
-  expect(job.ranks[0].agent.stats.waveHeadsRelayed).toBe(armed);
+  expect(job.ranks[0].agent.stats.waveHeadsRelayed).toBe(armed + 1);
   expect(job.ranks[0].agent.stats.waveHeadsReencoded).toBe(0);
   await waitFor(() => fs.existsSync(path.join(job.dumpRoot, 'token_repeat')), 'dump dir');
   const [reqDir] = fs.readdirSync(path.join(job.dumpRoot, 'token_repeat'));
@@ -248,8 +250,11 @@ test('end_of_wave never waits past its bound when the wave vector does not come'
   const job = await startJob({ tp: 2, runtimeConfig: REPEAT_ON, endOfWaveTimeoutMs: 30 });
   jobs.push(job);
   await waitFor(() => job.ranks.every((r) => r.client.featureFlags() !== 0), 'bus active');
-  // Nobody opens waves 1..5 (TP0's wave head is never sent): every end_of_wave times out and says so.
-  for (let w = 1; w <= 5; w++) {
+  // Wave 1 needs no vector: nothing can be due before the first head (the snapshot's floor).
+  expect(await job.ranks[1].client.endOfWave(1)).toEqual({ due: false, timedOut: false });
+  // Nobody opens waves (TP0's wave head is never sent), so waves 2..6 are never decided: every
+  // end_of_wave times out and says so.
+  for (let w = 2; w <= 6; w++) {
     const res = await job.ranks[1].client.endOfWave(w);
     expect(res).toEqual({ due: false, timedOut: true });
   }
@@ -258,12 +263,16 @@ test('end_of_wave never waits past its bound when the wave vector does not come'
   // the mailbox and told the agent one-way. Either way the agent counts every miss.
   await waitFor(() => job.ranks[1].agent.stats.endOfWaveTimeouts === 5, 'the agent to count 5 timeouts');
   expect(job.ranks[1].agent.stats.missedWaves).toBe(5);
-  // The job goes on normally afterwards.
-  const ok = await runWave(job, 6, undefined);
+  // The job goes on afterwards: the head of wave 7 decides wave 8 and raises the floor past 7, so
+  // the end of wave 7 (late: waited for that head) and of wave 8 need no more waiting.
+  const ok = await runWave(job, 7, undefined);
   expect(ok.every((r) => !r.timedOut)).toBe(true);
+  // (Wave 8 carries the startup config, as the first head's vector does: due, applied by every rank.)
+  expect(await job.ranks[1].client.endOfWave(8)).toEqual({ due: true, timedOut: false });
+  await waitFor(() => job.ranks[1].agent.stats.lateVectors >= 1, 'the late vector of wave 7 to be counted');
   // A restarted agent (it knows no client yet) still counts a miss it is told of.
   (job.ranks[1].agent as unknown as { clients: { greeted: Set<string> } }).clients.greeted.clear();
-  expect(await job.ranks[1].client.endOfWave(7)).toEqual({ due: false, timedOut: true });
+  expect(await job.ranks[1].client.endOfWave(9)).toEqual({ due: false, timedOut: true });
   await waitFor(() => job.ranks[1].agent.stats.endOfWaveTimeouts === 6, 'the agent to count the sixth miss');
 });
 
@@ -287,24 +296,27 @@ test('a vector that comes after end_of_wave gave up: that rank reports its dump 
   const job = await startJob({ tp: 2, runtimeConfig: { ...REPEAT_ON, dump: { ...REPEAT_ON.dump, manual_dump: 1 } }, endOfWaveTimeoutMs: 200 });
   jobs.push(job);
   await waitFor(() => job.ranks.every((r) => r.client.featureFlags() !== 0), 'bus active');
-  // Wave 0 is never opened: both clients meet their agent (hello) and time out once.
-  for (const r of job.ranks) expect((await r.client.endOfWave(0)).timedOut).toBe(true);
-  // Rank 1 reaches the end of wave 1 before TP0 opens it, sleeps on the mailbox for the bound, goes on.
-  expect(await job.ranks[1].client.endOfWave(1)).toEqual({ due: false, timedOut: true });
-  await waitFor(() => job.ranks[1].agent.stats.endOfWaveTimeouts === 2, 'rank 1 agent to learn of the miss');
-  // Now TP0 opens wave 1; the manual dump of the running request is armed in it.
-  await job.ranks[0].client.waveHead(1, { wave: 0, requests: [step('req-late-1', [1], [1, 2])], nonFinite: [] });
-  expect(await job.ranks[0].client.endOfWave(1)).toEqual({ due: true, timedOut: false });
+  // Wave 1 needs no vector (nothing is decided before the first head): it ends at once on both ranks.
+  for (const r of job.ranks) expect(await r.client.endOfWave(1)).toEqual({ due: false, timedOut: false });
+  // Rank 1 reaches the end of wave 2 before TP0 opens wave 1 (whose head decides wave 2): it waits the bound, goes on.
+  expect(await job.ranks[1].client.endOfWave(2)).toEqual({ due: false, timedOut: true });
+  await waitFor(() => job.ranks[1].agent.stats.endOfWaveTimeouts === 1, 'rank 1 agent to learn of the miss');
+  // Now TP0 opens wave 1; the manual dump of the running request is armed for wave 2.
+  const req = step('req-late-1', [1], [1, 2]);
+  await job.ranks[0].client.waveHead(1, { wave: 0, requests: [req], nonFinite: [] });
+  expect(await job.ranks[0].client.endOfWave(2)).toEqual({ due: true, timedOut: false });
+  // The head after the copy wave carries its telemetry (the request still holds its blocks).
+  await job.ranks[0].client.waveHead(3, { wave: 2, requests: [req], nonFinite: [] });
   for (const r of job.ranks) await r.agent.drain();
-  const dir = path.join(job.dumpRoot, 'manual_trigger', 'req-late-1', 'wave_1');
+  const dir = path.join(job.dumpRoot, 'manual_trigger', 'req-late-1', 'wave_2');
   await waitFor(() => {
     const p = path.join(dir, 'manifest.json');
     return fs.existsSync(p) && Object.keys(JSON.parse(fs.readFileSync(p, 'utf8')).failed_ranks).length === 1;
   }, 'the manifest to name rank 1 failed');
   const m = JSON.parse(fs.readFileSync(path.join(dir, 'manifest.json'), 'utf8'));
   expect(m).toMatchObject({ completed_ranks: [0], missing_ranks: [], complete: false });
-  expect(m.failed_ranks).toEqual({ 1: 'wave 1 vector arrived after end_of_wave (bound 200 ms)' });
-  expect(job.ranks[1].agent.stats).toMatchObject({ endOfWaveTimeouts: 2, missedWaves: 2, dumpsWritten: 0 });
+  expect(m.failed_ranks).toEqual({ 1: 'wave 2 vector arrived after end_of_wave (bound 200 ms)' });
+  expect(job.ranks[1].agent.stats).toMatchObject({ endOfWaveTimeouts: 1, missedWaves: 1, dumpsWritten: 0 });
   expect(fs.existsSync(path.join(dir, 'rank0', 'dump.json'))).toBe(true);
   expect(fs.existsSync(path.join(dir, 'rank1', 'dump.json'))).toBe(false);
 });
