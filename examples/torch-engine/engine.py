@@ -95,7 +95,7 @@ def main(argv: List[str]) -> int:
             for i in range(args.requests)]
     sched = Scheduler(reqs, args.num_blocks, args.block_size, max_running=args.requests)
     graph = f"torch-engine-tp{world}"
-    wave, step, idle, tel, timeouts = 0, 0, 0, None, 0
+    wave, step, idle, tel, timeouts, freed = 0, 0, 0, None, 0, []
     spec_log = {r.req_id: [] for r in reqs}  # [forward, draft_len, accepted] per verified draft, as sent
     while idle < args.linger:
         wave += 1
@@ -131,14 +131,19 @@ def main(argv: List[str]) -> int:
                 if d:
                     spec_log[r.req_id].append([step, len(d), len(new)])
             finished = sched.commit(batch, tokens)
-            tel = hooks.telemetry(batch, tokens, lps, finished)
+            sched.retire(finished)
+            tel = hooks.telemetry(batch, tokens, lps, finished, freed)
+        elif freed:
+            tel = hooks.freed_telemetry(freed)
         res = hooks.end_of_wave(wave)
         timeouts += int(res.timed_out)
         if res.dumps_written:  # the agent copied KV blocks at this point: keep the pool as it was
             torch.save({f"{l}.{kv}": hooks.kv[l][j].clone() for l in cfg.layer_names() for j, kv in enumerate("kv")},
                        os.path.join(args.out, f"pool_rank{rank}_wave{wave}.pt"))
-        if batch is not None:
-            sched.release(finished)
+        # Finished requests give their blocks back now, except one with a dump due at the end of the
+        # next wave (armed a wave ahead): kept a step, then asked again. The next telemetry says freed.
+        freed = [r for r in sched.holding if not hooks.pending_dump(r.req_id)]
+        sched.release(freed)
         idle = idle + 1 if sched.idle() else 0
     hooks.close()
     if rank == 0:

@@ -55,13 +55,15 @@ class Scheduler:
     def __init__(self, requests: List[Request], num_blocks: int, block_size: int, max_running: int = 8):
         self.waiting = sorted(requests, key=lambda r: r.arrival_step)
         self.running: List[Request] = []
+        # Finished, blocks not given back yet: a dump of them is pending (client.pending_dump).
+        self.holding: List[Request] = []
         self.done: List[Request] = []
         self.alloc = BlockAllocator(num_blocks)
         self.block_size = block_size
         self.max_running = max_running
 
     def idle(self) -> bool:
-        return not self.waiting and not self.running
+        return not self.waiting and not self.running and not self.holding
 
     def _grow(self, r: Request, upto: int) -> bool:
         while len(r.blocks) * self.block_size < upto:
@@ -112,8 +114,8 @@ class Scheduler:
 
     def commit(self, batch: Batch, tokens: List[List[int]]) -> List[Request]:
         """Append each sequence's new tokens (one, or the accepted drafts and the bonus token);
-        returns the requests that finished (still holding their blocks: free them with release()
-        once the step's telemetry and dumps are done). Rejected drafts roll back: `computed` stops
+        returns the requests that finished (still holding their blocks: retire() them, then free
+        them with release() once no dump of them is pending). Rejected drafts roll back: `computed` stops
         after the last accepted one, and their slots are overwritten by the next step."""
         finished = []
         for r, new in zip(batch.reqs, tokens):
@@ -125,8 +127,14 @@ class Scheduler:
                 finished.append(r)
         return finished
 
-    def release(self, finished: List[Request]) -> None:
+    def retire(self, finished: List[Request]) -> None:
+        """Finished requests stop running but keep their blocks until release() (a dump may be pending)."""
         for r in finished:
             self.running.remove(r)
+            self.holding.append(r)
+
+    def release(self, rs: List[Request]) -> None:
+        for r in rs:
+            self.holding.remove(r)
             self.alloc.give_back(r.blocks)
             self.done.append(r)

@@ -93,16 +93,32 @@ class WavebusHooks:
     # -- 2e. after sampling: the step's telemetry, sent with the next wave's head. Spec counts:
     # draft_len = draft tokens verified, accepted = tokens the verification kept, the bonus token
     # included (accepted drafts + 1: the guard counts max(0, accepted - 1) as accepted drafts).
-    def telemetry(self, batch, tokens: List[List[int]], logprobs: List[List[float]], finished) -> StepTelemetry:
+    # `freed`: the requests whose blocks went back after the previous wave's end_of_wave (reported in
+    # this wave: blocks free before its end); they are not in the batch any more.
+    def telemetry(self, batch, tokens: List[List[int]], logprobs: List[List[float]], finished, freed=()) -> StepTelemetry:
         reqs = []
         for r, d, t, lp in zip(batch.reqs, batch.drafts, tokens, logprobs):
             first = r.req_id not in self._sent_prompt
             self._sent_prompt.add(r.req_id)
             reqs.append(RequestStep(req_id=r.req_id, new_token_ids=t, new_token_logprobs=lp, block_ids=list(r.blocks),
                                     draft_len=len(d), accepted=len(t) if d else 0,
-                                    finished=r in finished, freed=r in finished, prompt_len=len(r.prompt),
+                                    finished=r in finished, freed=False, prompt_len=len(r.prompt),
                                     num_output_tokens=len(r.output), prompt_token_ids=list(r.prompt) if first else []))
+        reqs += self._freed_rows(freed)
         return StepTelemetry(requests=reqs, non_finite=self.gate.collect())  # waits for check_logits' rows
+
+    def freed_telemetry(self, freed) -> StepTelemetry:
+        """A wave without a forward that gives kept blocks back: only their freed rows."""
+        return StepTelemetry(requests=self._freed_rows(freed))
+
+    def _freed_rows(self, rs) -> List[RequestStep]:
+        return [RequestStep(req_id=r.req_id, block_ids=list(r.blocks), finished=True, freed=True, prompt_len=len(r.prompt),
+                            num_output_tokens=len(r.output)) for r in rs]
+
+    # -- 2g. after end_of_wave, before giving a finished request's blocks back: a dump armed for it
+    # for the next wave (decided a wave ahead) keeps them one more step. A memory load when nothing is due.
+    def pending_dump(self, req_id: str) -> bool:
+        return self.client.pending_dump(req_id)
 
     # -- 2f. end of the wave: bounded; a due KV dump is copied from the pool here
     def end_of_wave(self, wave: int):

@@ -325,7 +325,7 @@ export class Agent {
         }
         return this.endOfWave(req.endOfWave.wave);
       case 'dueDumps':
-        return { dueReqIds: this.dueReqIds(Number(req.dueDumps.wave)) };
+        return { dueReqIds: await this.dueReqIds(Number(req.dueDumps.wave)) };
       case 'beforeForward':
         if (!this.capturer) return { captured: false };
         return captureInputs(this.capturer, this.regions, req.beforeForward, interim, () => this.stats.snapshotsWritten++);
@@ -389,8 +389,13 @@ export class Agent {
     return { dumpsWritten: staged.length };
   }
 
-  /** The req ids of the dump jobs due at the end of `wave` that this rank has not copied yet. */
-  private dueReqIds(wave: number): string[] {
+  /**
+   * The req ids of the dump jobs due at the end of `wave` that this rank has not copied yet; waits
+   * (within the bound) for a vector not there yet. Throws ERR_TIMEOUT if it does not come: the
+   * client then keeps every finished request one more step.
+   */
+  private async dueReqIds(wave: number): Promise<string[]> {
+    if (!(await this.waitForWave(wave, this.endOfWaveTimeoutMs))) throw new WavebusError('ERR_TIMEOUT', `wave ${wave}'s vector did not arrive within ${this.endOfWaveTimeoutMs} ms`);
     if (this.ended.has(wave)) return [];
     const lane = this.dumpLanes.get(wave);
     return lane ? lane.jobs.map((j) => j.reqId) : [];

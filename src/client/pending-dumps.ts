@@ -1,12 +1,14 @@
-// pendingDump(reqId): is a dump of this request armed for a wave whose end_of_wave has not run on
-// this rank yet? Vectors are published a wave ahead (docs/architecture.md, "Waves"), so a request
-// can finish between its detection and its copy; an engine that asks before freeing a request's
-// blocks keeps them one step longer and the copy reads the request's own KV, not reused blocks.
-// With no dump_due in the ring's vectors after the last ended wave the answer costs a few memory
-// loads (no system call); for a wave with dump_due the req ids are asked of the agent once.
+// pendingDump(reqId): is a dump of this request armed for the next wave to end on this rank?
+// Vectors are published a wave ahead (docs/architecture.md, "Waves"): a dump detected in wave N-1
+// is copied at the end of wave N+1, so a request can finish in between. An engine asks before
+// giving a finished request's blocks back (after end_of_wave(W), before the next forward) and,
+// when true, keeps them one more step: the copy at the end of W+1 reads the request's own KV.
+// Only wave W+1 matters there (a dump of a later wave is decided at a head still to come), and its
+// vector was published during wave W, so every rank gives the same answer: a few memory loads (no
+// system call) when it has no dump_due; with dump_due the wave's req ids are asked of the agent
+// once; a vector not there yet is asked of the agent too, which waits for it within its bound.
 import type { MailboxReader } from './mailbox';
 
-const SLOTS = 8;
 /** The agent could not say which requests are due: every request counts as pending (kept a step). */
 const ALL = 'all' as const;
 type DueSet = Set<string> | typeof ALL;
@@ -28,22 +30,11 @@ export class PendingDumps {
     for (const w of this.due.keys()) if (w <= wave) this.due.delete(w);
   }
 
-  /** Waves after the last ended one whose vector (already in the ring) has dump_due. */
-  private dueWaves(): number[] {
-    const top = this.mailbox.floor() - 1; // the newest decided wave
-    const from = Math.max(this.lastEnded + 1, top - SLOTS + 1, 0);
-    let out: number[] | undefined;
-    for (let w = from; w <= top; w++) {
-      const v = this.mailbox.read(w);
-      if (v && v.dumpDue && !v.implied) (out ??= []).push(w);
-    }
-    return out ?? NONE;
-  }
-
   check(reqId: string): Promise<boolean> {
-    const waves = this.dueWaves();
-    if (waves.length === 0) return FALSE;
-    return Promise.all(waves.map((w) => this.setOf(w))).then((sets) => sets.some((s) => s === ALL || s.has(reqId)));
+    const next = this.lastEnded + 1;
+    const v = this.mailbox.read(next);
+    if (v && !v.dumpDue) return FALSE;
+    return this.setOf(next).then((s) => s === ALL || s.has(reqId));
   }
 
   private setOf(wave: number): Promise<DueSet> {
@@ -56,7 +47,7 @@ export class PendingDumps {
     );
     this.due.set(wave, p);
     void p.then((s) => {
-      // Cache the answer unless the wave ended meanwhile (or the agent could not answer: ask again).
+      // Cached unless the wave ended meanwhile; an unknown answer is asked again next time.
       if (this.due.get(wave) === p) {
         if (s === ALL) this.due.delete(wave);
         else this.due.set(wave, s);
@@ -66,5 +57,4 @@ export class PendingDumps {
   }
 }
 
-const NONE: number[] = [];
 const FALSE: Promise<boolean> = Promise.resolve(false);
