@@ -17,6 +17,7 @@ import { readPt } from '../src/artifacts/pt-reader';
 import { fillKvPool, kvBlockBytes, type KvGeometry } from '../src/sim/kv-pattern';
 import { resolveSnapshotConfig } from '../src/snapshot/config';
 import { loadCallDir } from '../src/snapshot/loader';
+import { registry } from '../src/metrics';
 import { cleanup, freePortPair, runPython, tmpDir, waitFor } from './helpers';
 
 const G: KvGeometry = { layers: 2, numBlocks: 32, blockSize: 4, kvHeads: 2, headDim: 8, dtype: 'bfloat16' };
@@ -270,6 +271,14 @@ test('end_of_wave never waits past its bound when the wave vector does not come'
   // (Wave 8 carries the startup config, as the first head's vector does: due, applied by every rank.)
   expect(await job.ranks[1].client.endOfWave(8)).toEqual({ due: true, timedOut: false });
   await waitFor(() => job.ranks[1].agent.stats.lateVectors >= 1, 'the late vector of wave 7 to be counted');
+  // Never silent: the agent's heartbeats carry its counts to the coordinator's /healthz and /metrics, per rank.
+  await waitFor(() => {
+    const st = job.coordinator.status() as { late_vectors: Record<string, number>; missed_vectors: Record<string, number> };
+    return st.late_vectors['1'] >= 1 && st.missed_vectors['1'] === 5;
+  }, 'the coordinator to show rank 1 late and missed vectors');
+  const text = await registry.metrics();
+  expect(text).toMatch(/wavebus_missed_vectors\{rank="1"\} 5/);
+  expect(text).toMatch(/wavebus_late_vectors\{rank="1"\} [1-9]/);
   // A restarted agent (it knows no client yet) still counts a miss it is told of.
   (job.ranks[1].agent as unknown as { clients: { greeted: Set<string> } }).clients.greeted.clear();
   expect(await job.ranks[1].client.endOfWave(9)).toEqual({ due: false, timedOut: true });
