@@ -47,6 +47,8 @@ export interface SimRankResult {
   deferredFrees: number;
   /** 99th percentile of the µs spent inside endOfWave. */
   endOfWaveP99Us: number;
+  /** endOfWave calls that took over SLOW_END_OF_WAVE_US (a wait, or a due dump's copy). */
+  slowEndOfWaves: number;
   dueWaves: number;
   snapshots: string[];
   sent: number;
@@ -107,6 +109,9 @@ async function pendingOf(client: WavebusClient, ids: string[]): Promise<Set<stri
   for (const id of ids) if (await client.pendingDump(id)) (keep ??= new Set()).add(id);
   return keep;
 }
+
+/** An endOfWave longer than this waited for something (a memory load is well under 10 µs). */
+const SLOW_END_OF_WAVE_US = 250;
 
 function percentile(xs: Float64Array, p: number): number {
   if (xs.length === 0) return 0;
@@ -232,6 +237,7 @@ export async function runSimRank(opts: SimRankOptions, onReady: () => Promise<nu
     lateVectors: client?.stats.lateVectors ?? 0,
     deferredFrees,
     endOfWaveP99Us: percentile(eowUs, 0.99),
+    slowEndOfWaves: eowUs.filter((us) => us > SLOW_END_OF_WAVE_US).length,
     dueWaves: client?.stats.dueWaves ?? 0,
     abortedForwards,
     agentLost: client?.stats.agentLost ?? 0,
