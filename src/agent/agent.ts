@@ -6,6 +6,7 @@ import * as zmq from 'zeromq';
 import type { ArtifactModes } from '../artifacts/artifact-mode';
 import { AgentBus, type WaveEvent, type SnapshotReplyMsg } from '../bus/agent-bus';
 import { DumpExecutor } from './dump-executor';
+import { WaveBook, WAVE_HISTORY } from './wave-book';
 import { RegionTable } from './regions';
 import { FileServer } from './file-server';
 import { RootGate, type LocalRoots } from './roots';
@@ -52,7 +53,6 @@ export interface AgentOptions {
   artifactModes?: ArtifactModes;
 }
 
-const WAVE_HISTORY = 64;
 
 export class Agent {
   readonly identity: RankIdentity;
@@ -87,12 +87,9 @@ export class Agent {
   /** Dump lanes by wave, kept until that wave ends here. */
   private readonly dumpLanes = new Map<number, DumpLane>();
   private readonly configWaves = new Map<number, string>();
-  /** Waves whose vector arrived, for end_of_wave waits. */
-  private readonly arrived = new Set<number>();
-  /** Every wave below this is decided (the mailbox's floor): one with no vector has nothing due. */
-  private floor = 0;
-  private readonly waiters = new Map<number, (() => void)[]>();
-  private readonly ended = new Set<number>();
+  /** Arrived vectors, ended waves, the floor, end_of_wave waits. */
+  private readonly waves = new WaveBook();
+  private readonly ended = this.waves.ended;
   private writes: Promise<void> = Promise.resolve();
   private stopped = false;
   private readonly clients: ClientServer;
@@ -234,7 +231,7 @@ export class Agent {
     // LOOKAHEAD_WAVES: the engine's first wave ends at once.
     const last = s.wave + LOOKAHEAD_WAVES;
     for (const lane of s.pending) if (lane.wave <= last && !this.ended.has(lane.wave)) this.arrive(lane.wave, false, true);
-    if (!this.arrived.has(last)) this.arrive(last, false, this.dumpLanes.has(last), last + 1);
+    if (!this.waves.has(last)) this.arrive(last, false, this.dumpLanes.has(last), last + 1);
     else this.raiseFloor(last + 1);
   }
 
@@ -253,53 +250,17 @@ export class Agent {
    */
   private arrive(wave: number, configDue: boolean, dumpDue: boolean, floor?: number): void {
     this.mailbox?.publish({ wave, configDue, dumpDue }, floor);
-    this.arrived.add(wave);
-    this.wake(wave);
-    if (floor !== undefined) this.setFloor(floor);
-    // Forget old waves so a long run keeps a bounded state.
-    for (const m of [this.arrived, this.ended]) {
-      if (m.size > WAVE_HISTORY) for (const k of [...m].sort((a, b) => a - b).slice(0, m.size - WAVE_HISTORY)) m.delete(k);
-    }
+    this.waves.arrive(wave, floor);
     for (const k of this.dumpLanes.keys()) if (k < wave - WAVE_HISTORY) this.dumpLanes.delete(k);
   }
 
   private raiseFloor(floor: number): void {
     this.mailbox?.setFloor(floor);
-    this.setFloor(floor);
-  }
-
-  /** The floor follows the newest vector (it moves down too: an engine that restarted its waves). */
-  private setFloor(floor: number): void {
-    this.floor = floor;
-    for (const w of [...this.waiters.keys()]) if (w < floor) this.wake(w);
-  }
-
-  private wake(wave: number): void {
-    for (const fn of this.waiters.get(wave) ?? []) fn();
-    this.waiters.delete(wave);
-  }
-
-  /** Is `wave`'s vector known: arrived, or implied (below the floor, nothing due)? */
-  private known(wave: number): boolean {
-    return this.arrived.has(wave) || wave < this.floor;
+    this.waves.setFloor(floor);
   }
 
   private waitForWave(wave: number, ms: number): Promise<boolean> {
-    if (this.known(wave)) return Promise.resolve(true);
-    return new Promise((resolve) => {
-      const done = (): void => {
-        clearTimeout(timer);
-        resolve(true);
-      };
-      const timer = setTimeout(() => {
-        const list = this.waiters.get(wave) ?? [];
-        this.waiters.set(wave, list.filter((f) => f !== done));
-        resolve(false);
-      }, ms);
-      const list = this.waiters.get(wave) ?? [];
-      list.push(done);
-      this.waiters.set(wave, list);
-    });
+    return this.waves.waitFor(wave, ms);
   }
 
   private async handle(req: Record<string, any>, interim: () => void = () => undefined): Promise<Record<string, unknown>> {
