@@ -28,6 +28,9 @@ interface RunStats {
   rate: number;
   /** Fraction of end_of_wave calls that slept on the mailbox (a vector not there yet). */
   waitedFraction: number;
+  /** The same on TP0 alone: the simulated ranks are not in lockstep (no collective), so another
+   *  rank that runs ahead of TP0 waits for TP0's own head, which a real TP group cannot do. */
+  tp0WaitedFraction: number;
   /** The worst rank's 99th percentile µs inside end_of_wave. */
   endOfWaveP99Us: number;
   lateVectors: number;
@@ -45,6 +48,7 @@ function readRun(dir: string): RunStats {
     rate: sum('stepsPerSec') / rs.length,
     // Older builds report no vectorWaits: NaN, so a figure is never made up.
     waitedFraction: rs.every((r) => r.vectorWaits !== undefined) ? sum('vectorWaits') / sum('steps') : NaN,
+    tp0WaitedFraction: rs.find((r) => r.rank === 0)?.vectorWaits !== undefined ? rs.find((r) => r.rank === 0)!.vectorWaits / rs.find((r) => r.rank === 0)!.steps : NaN,
     endOfWaveP99Us: rs.every((r) => r.endOfWaveP99Us !== undefined) ? Math.max(...rs.map((r) => r.endOfWaveP99Us)) : NaN,
     lateVectors: sum('lateVectors'),
     slowFraction: rs.every((r) => r.slowEndOfWaves !== undefined) ? sum('slowEndOfWaves') / sum('steps') : NaN,
@@ -133,6 +137,7 @@ export async function run(argv: string[]): Promise<Record<string, unknown>> {
     // Detectors on, every round: the fraction of end_of_wave calls that waited for a late vector
     // (goal 0 with nothing due), the worst rank's p99 µs inside end_of_wave, late vectors and misses.
     detectors_waited_fraction: onRuns.map((r) => fixed(r.waitedFraction, 5)),
+    detectors_tp0_waited_fraction: onRuns.map((r) => fixed(r.tp0WaitedFraction, 5)),
     detectors_end_of_wave_p99_us: onRuns.map((r) => fixed(r.endOfWaveP99Us, 1)),
     detectors_slow_end_of_wave_fraction: onRuns.map((r) => fixed(r.slowFraction, 5)),
     detectors_late_vectors: onRuns.map((r) => r.lateVectors),
