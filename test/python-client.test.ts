@@ -995,10 +995,11 @@ print(json.dumps(out))`,
     expect(got.features & 3).toBe(3); // bus + hot reload
     for (const [w, head, , timedOut, configDue] of got.waves) {
       expect([w, head, timedOut]).toEqual([w, true, false]);
-      expect([w, configDue]).toEqual([w, w === 2]);
+      expect([w, configDue]).toEqual([w, w === 3]);
     }
-    // Wave 2 carried a config lane: the client had to ask its agent to apply it.
-    expect(got.waves[1][2]).toBe(true);
+    // The head of wave 2 decided a config: it is due in wave 3 (decided a wave ahead), so the
+    // client had to ask its agent to apply it at the end of wave 3.
+    expect(got.waves[2][2]).toBe(true);
     expect(got.stats.end_of_wave_timeouts).toBe(0);
     expect(heads.map((h) => h[0])).toEqual([1, 2, 3, 4, 5]);
     expect(heads.slice(0, 2).every((h) => h[1] === null)).toBe(true);
