@@ -377,11 +377,13 @@ test('an agent restarted under a running engine learns its regions again and the
   job.ranks[1].agent = fresh;
   await waitFor(() => job.ranks[1].client.featureFlags() !== 0, 'the new agent publishes its features');
   let prev: StepTelemetry | undefined;
-  for (let w = 2; w <= 80 && !fs.existsSync(path.join(job.dumpRoot, 'token_repeat')); w++) {
+  let w = 2;
+  for (; w <= 80 && !fs.existsSync(path.join(job.dumpRoot, 'token_repeat')); w++) {
     await runWave(job, w, prev);
     prev = { wave: w, requests: [step('after-restart-1', [500 + (w % 2)], [2, 3], { numOutputTokens: w })], nonFinite: [] };
   }
-  for (let w = 81; w <= 82; w++) await runWave(job, w, undefined);
+  // Armed at the head of wave w-1: copied at the end of wave w; the next head closes its copy window.
+  for (const last = w + 1; w <= last; w++) await runWave(job, w, prev);
   for (const r of job.ranks) await r.agent.drain();
   const reqDir = path.join(job.dumpRoot, 'token_repeat', 'after-restart-1');
   await waitFor(() => fs.existsSync(reqDir), 'the dump after the restart');
@@ -399,12 +401,13 @@ test('a client the agent has not met (it restarted behind the same mailbox) is a
   // What a kill -9 and restart leaves behind: same mailbox, same features, an agent that knows no one.
   (job.ranks[0].agent as unknown as { clients: { greeted: Set<string> } }).clients.greeted.clear();
   let prev: StepTelemetry | undefined;
-  for (let w = 2; w <= 80 && !fs.existsSync(path.join(job.dumpRoot, 'token_repeat')); w++) {
+  let w = 2;
+  for (; w <= 80 && !fs.existsSync(path.join(job.dumpRoot, 'token_repeat')); w++) {
     const [res] = await runWave(job, w, prev);
     expect(res.timedOut).toBe(false);
     prev = { wave: w, requests: [step('rejoin-1', [500 + (w % 2)], [4, 5], { numOutputTokens: w })], nonFinite: [] };
   }
-  await runWave(job, 81, undefined);
+  await runWave(job, w, prev); // the copy wave: armed at the head of wave w-1
   await job.ranks[0].agent.drain();
   expect(job.ranks[0].client.stats.rejoins).toBe(1);
   const reqDir = path.join(job.dumpRoot, 'token_repeat', 'rejoin-1');
