@@ -80,10 +80,11 @@ describe('automatic dump quota and cooldown', () => {
     expect(lanes.dumps).toEqual([]);
     const [r] = reports('logits_finite');
     expect(r).toMatchObject({ dump_attempted: true, dump_arm_wave: null, dump_count: 0, dump_max_times: 0, dump_skipped_reason: 'quota_or_cooldown_blocked' });
-    const skipped = JSON.parse(fs.readFileSync(path.join(startup.dumpDir, 'logits_finite', 'a', 'wave_8', 'dump_skipped.json'), 'utf8'));
-    expect(skipped).toMatchObject({ reason: 'quota_or_cooldown_blocked', req_id: 'a', incident_type: 'logits_finite', stage: 'arm', rank: 3, wave: 8 });
+    // The head of wave 8 decides wave 9 (a wave ahead): the refusal sits where the dump would have gone.
+    const skipped = JSON.parse(fs.readFileSync(path.join(startup.dumpDir, 'logits_finite', 'a', 'wave_9', 'dump_skipped.json'), 'utf8'));
+    expect(skipped).toMatchObject({ reason: 'quota_or_cooldown_blocked', req_id: 'a', incident_type: 'logits_finite', stage: 'arm', rank: 3, wave: 9 });
     expect(skipped.detail.blocked_by).toBe('quota');
-    expect(r.dump_dir).toBe(path.join(startup.dumpDir, 'logits_finite', 'a', 'wave_8'));
+    expect(r.dump_dir).toBe(path.join(startup.dumpDir, 'logits_finite', 'a', 'wave_9'));
   });
 
   test('auto_max_times 2 with a cooldown: the clock decides', () => {
@@ -100,9 +101,9 @@ describe('automatic dump quota and cooldown', () => {
     now += 3_600_000;
     expect(g.onWaveHead(5, nanFor(4, 'd')).dumps).toEqual([]); // quota spent
     const byReq = Object.fromEntries(reports('logits_finite').map((r) => [r.req_id, r]));
-    expect(byReq.a).toMatchObject({ dump_arm_wave: 2, dump_count: 1, dump_max_times: 2 });
+    expect(byReq.a).toMatchObject({ dump_arm_wave: 3, dump_count: 1, dump_max_times: 2 }); // copied a wave ahead
     expect(byReq.b).toMatchObject({ dump_arm_wave: null, dump_skipped_reason: 'quota_or_cooldown_blocked' });
-    expect(byReq.c).toMatchObject({ dump_arm_wave: 4, dump_count: 2 });
+    expect(byReq.c).toMatchObject({ dump_arm_wave: 5, dump_count: 2 });
     expect(byReq.d).toMatchObject({ dump_arm_wave: null, dump_count: 2 });
     expect(g.status().auto_dumps_used).toBe(2);
   });
