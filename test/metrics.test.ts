@@ -60,9 +60,9 @@ test('/healthz, /metrics and 404 on a running coordinator', async () => {
   coordinator.setConfig(2, '{}');
   coordinator.beginWave(1, null);
   coordinator.armDumps([{ incidentType: 'manual_trigger', reqId: 'r', blockIds: [], detectWave: 1, armWave: 0, dumpDir: '', requestFinishedAtDump: false, jobId: '' }]);
-  coordinator.beginWave(2, null);
-  await waitFor(() => agent!.latest()?.wave === 2, 'agent at wave 2');
-  agent.sendDumpResult({ globalRank: 0, jobId: '2/manual_trigger/r', wave: 2, files: [], bytes: 0, error: '', skippedReason: '' });
+  coordinator.beginWave(2, null); // the head of wave 2 publishes the vector of wave 3 (a wave ahead)
+  await waitFor(() => agent!.latest()?.wave === 3, 'agent at wave 3');
+  agent.sendDumpResult({ globalRank: 0, jobId: '3/manual_trigger/r', wave: 3, files: [], bytes: 0, error: '', skippedReason: '' });
   await waitFor(() => coordinator!.pendingDumpLanes().length === 0, 'dump acked');
   const rogue = new Dealer({ linger: 0 });
   rogue.connect(`tcp://127.0.0.1:${port + 1}`);
