@@ -88,7 +88,10 @@ export async function startSlurmCluster(dir: string, opts: { cpus: number }): Pr
     for (const d of daemons.reverse()) {
       if (d.proc.child.exitCode !== null || d.proc.child.signalCode !== null) continue;
       d.proc.child.kill('SIGTERM');
-      const gone = await Promise.race([d.proc.exited.then(() => true), new Promise<boolean>((r) => setTimeout(() => r(false), 10000))]);
+      let timer: NodeJS.Timeout | undefined;
+      const gone = await Promise.race([d.proc.exited.then(() => true), new Promise<boolean>((r) => (timer = setTimeout(() => r(false), 10000)))]);
+      clearTimeout(timer);
+      if (process.env.SLURM_TEST_DEBUG) console.log(`${new Date().toISOString()} ${d.name} ${gone ? 'stopped' : 'did not stop on SIGTERM'}`);
       if (!gone) {
         d.proc.child.kill('SIGKILL');
         await d.proc.exited;
