@@ -15,13 +15,19 @@ export const SLURM_PROGRAMS: [program: string, pkg: string][] = [
   ['sinfo', 'slurm-client'], ['scancel', 'slurm-client'], ['squeue', 'slurm-client'], ['scontrol', 'slurm-client'],
 ];
 
-function onPath(program: string): boolean {
-  return (process.env.PATH ?? '').split(':').concat(['/usr/sbin', '/sbin']).some((d) => d !== '' && fs.existsSync(path.join(d, program)));
+/** The program's path: on PATH, else in the sbin directories a non-login PATH may lack. */
+function which(program: string): string | undefined {
+  const dirs = (process.env.PATH ?? '').split(':').concat(['/usr/sbin', '/sbin']).filter((d) => d !== '');
+  return dirs.map((d) => path.join(d, program)).find((f) => fs.existsSync(f));
+}
+
+function bin(program: string): string {
+  return which(program) ?? program;
 }
 
 /** Why a cluster cannot start here (missing programs, not root), or undefined. */
 export function slurmMissing(): string | undefined {
-  const missing = SLURM_PROGRAMS.filter(([p]) => !onPath(p));
+  const missing = SLURM_PROGRAMS.filter(([p]) => which(p) === undefined);
   if (missing.length > 0) {
     const pkgs = [...new Set(missing.map(([, p]) => p))].join(' ');
     return `Slurm test: missing ${missing.map(([p]) => p).join(', ')}; install the Debian packages: apt-get install slurm-wlm munge (${pkgs})`;
@@ -70,7 +76,7 @@ export async function startSlurmCluster(dir: string, opts: { cpus: number }): Pr
   const conf = p('slurm.conf');
   const env = (extra: NodeJS.ProcessEnv = {}): NodeJS.ProcessEnv => ({ ...process.env, SLURM_CONF: conf, ...extra });
   const client = (cmd: string, args: string[], timeoutMs = 20000): string => {
-    const r = spawnSync(cmd, args, { encoding: 'utf8', env: env(), cwd: dir, timeout: timeoutMs });
+    const r = spawnSync(bin(cmd), args, { encoding: 'utf8', env: env(), cwd: dir, timeout: timeoutMs });
     if (r.status !== 0) throw new Error(`${cmd} ${args.join(' ')} exited ${r.status ?? r.signal}: ${(r.stderr || r.error?.message || '').trim()}`);
     return r.stdout;
   };
@@ -99,7 +105,7 @@ export async function startSlurmCluster(dir: string, opts: { cpus: number }): Pr
     }
   };
   const start = (name: string, cmd: string, args: string[]) => {
-    const proc = spawnTracked(cmd, args, { cwd: dir, env: env() });
+    const proc = spawnTracked(bin(cmd), args, { cwd: dir, env: env() });
     daemons.push({ name, proc });
     return proc;
   };
@@ -107,7 +113,7 @@ export async function startSlurmCluster(dir: string, opts: { cpus: number }): Pr
     // munge: a fresh key, mode 0400, and a munged of our own (root; --force accepts our paths).
     const key = p('munge', 'munge.key');
     const sock = p('munge', 'munge.socket');
-    const mk = spawnSync('mungekey', ['--create', '--keyfile', key], { encoding: 'utf8' });
+    const mk = spawnSync(bin('mungekey'), ['--create', '--keyfile', key], { encoding: 'utf8' });
     if (mk.status !== 0) throw new Error(`mungekey --create exited ${mk.status}: ${mk.stderr}`);
     fs.chmodSync(key, 0o400);
     const munged = start('munged', 'munged', [
@@ -116,7 +122,7 @@ export async function startSlurmCluster(dir: string, opts: { cpus: number }): Pr
     ]);
     await waitFor(() => {
       if (munged.child.exitCode !== null) throw new Error(`munged exited ${munged.child.exitCode}`);
-      return spawnSync('munge', ['--no-input', `--socket=${sock}`], { stdio: 'ignore' }).status === 0;
+      return spawnSync(bin('munge'), ['--no-input', `--socket=${sock}`], { stdio: 'ignore' }).status === 0;
     }, 'munged to answer on its socket', 15000);
 
     const [ctldPort, dPort] = [await freePort(), await freePort()];
@@ -161,7 +167,7 @@ export async function startSlurmCluster(dir: string, opts: { cpus: number }): Pr
     jobsSeen = true;
     await waitFor(() => {
       for (const d of [ctld, slurmd]) if (d.child.exitCode !== null) throw new Error(`a Slurm daemon exited ${d.child.exitCode} while starting`);
-      const r = spawnSync('sinfo', ['-h', '-N', '-o', '%N %t'], { encoding: 'utf8', env: env(), timeout: 10000 });
+      const r = spawnSync(bin('sinfo'), ['-h', '-N', '-o', '%N %t'], { encoding: 'utf8', env: env(), timeout: 10000 });
       return r.status === 0 && r.stdout.trim() === `${host} idle`;
     }, `sinfo to show node ${host} idle`, 30000);
   } catch (e) {
