@@ -97,7 +97,6 @@ export async function startSlurmCluster(dir: string, opts: { cpus: number }): Pr
       let timer: NodeJS.Timeout | undefined;
       const gone = await Promise.race([d.proc.exited.then(() => true), new Promise<boolean>((r) => (timer = setTimeout(() => r(false), 10000)))]);
       clearTimeout(timer);
-      if (process.env.SLURM_TEST_DEBUG) console.log(`${new Date().toISOString()} ${d.name} ${gone ? 'stopped' : 'did not stop on SIGTERM'}`);
       if (!gone) {
         d.proc.child.kill('SIGKILL');
         await d.proc.exited;

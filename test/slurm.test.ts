@@ -22,11 +22,9 @@ let cluster: SlurmCluster | undefined;
 let dir: string;
 
 beforeAll(async () => {
-  if (process.env.SLURM_TEST_DEBUG) console.log(`${new Date().toISOString()} start`);
   dir = tmpDir('wavebus-slurm-');
   fs.chmodSync(dir, 0o711);
   cluster = await startSlurmCluster(path.join(dir, 'cluster'), { cpus: Math.max(TASKS, os.cpus().length) });
-  if (process.env.SLURM_TEST_DEBUG) console.log(`${new Date().toISOString()} cluster up`);
 }, 60000);
 
 afterAll(async () => {
@@ -91,7 +89,6 @@ test('sbatch launch/slurm.sbatch on a one-node cluster: 4 srun tasks, TP 2 x PP 
   let timer: NodeJS.Timeout | undefined;
   const done = await Promise.race([sbatch.exited, new Promise<undefined>((r) => (timer = setTimeout(() => r(undefined), 150000)))]);
   clearTimeout(timer);
-  if (process.env.SLURM_TEST_DEBUG) console.log(`${new Date().toISOString()} sbatch done`);
   const explain = () => `sbatch: ${sbatch.stdout()}${sbatch.stderr()}\njob output:\n${fs.existsSync(out) ? fs.readFileSync(out, 'utf8').slice(-6000) : '(none)'}\n${c.logs()}`;
   if (!done) throw new Error(`the job did not finish within 150 s\n${explain()}`);
   if (done.code !== 0) throw new Error(`sbatch --wait exited ${done.code}\n${explain()}`);
