@@ -23,10 +23,11 @@ const PORTS = { tuned: 29700, untuned: 29710, tcpTuned: 29720, tcpUntuned: 29721
 interface Timed {
   s: number;
   stdout: string;
+  stderr: string;
 }
 
-/** Run `args` in namespace `ns` to its exit; the seconds from start to exit. Throws on a non-zero exit. */
-function timedIn(ns: string, args: string[], env: NodeJS.ProcessEnv, kids: Set<ChildProcess>, what: string): Promise<Timed> {
+/** Run `args` in namespace `ns` to its exit; the seconds from start to exit. Throws on an exit code not in `ok`. */
+function timedIn(ns: string, args: string[], env: NodeJS.ProcessEnv, kids: Set<ChildProcess>, what: string, ok = [0]): Promise<Timed> {
   return new Promise((resolve, reject) => {
     const t = process.hrtime.bigint();
     const p = spawn('ip', ['netns', 'exec', ns, ...args], { stdio: ['ignore', 'pipe', 'pipe'], env });
@@ -39,7 +40,7 @@ function timedIn(ns: string, args: string[], env: NodeJS.ProcessEnv, kids: Set<C
     p.on('exit', (code, signal) => {
       const s = Number(process.hrtime.bigint() - t) / 1e9;
       kids.delete(p);
-      if (code === 0) resolve({ s, stdout: out });
+      if (code !== null && ok.includes(code)) resolve({ s, stdout: out, stderr: err });
       else reject(new Error(`${what} exited ${code ?? signal}: ${err.trim().slice(-2000)}`));
     });
   });
@@ -135,7 +136,11 @@ export async function runNetns(argv: string[]): Promise<Record<string, unknown>>
       // `wavebus aggregate` (CURVE handshake, listing) whose prefix matches no bundle.
       starts.node.push((await timedIn(net.b, [process.execPath, '-e', '0'], base, kids, 'node -e 0')).s);
       const empty = path.join(work, 'empty');
-      starts.aggregate.push((await timedIn(net.b, aggregateArgs(PORTS.tuned, empty, ['--prefix', 'no-such-bundle/']), modes[0].env, kids, 'wavebus aggregate (empty prefix)').catch((e) => ({ s: NaN, e }))).s);
+      // It exits 1 (every rank listed no files); its manifest must show that it got that far.
+      const none = await timedIn(net.b, aggregateArgs(PORTS.tuned, empty, ['--prefix', 'no-such-bundle/']), modes[0].env, kids, 'wavebus aggregate (empty prefix)', [0, 1]);
+      const listed = (JSON.parse(none.stdout || '{}') as { expected_ranks?: number[]; totals?: { files: number } });
+      if (listed.totals?.files !== 0 || listed.expected_ranks?.length !== RANKS) throw new Error(`wavebus aggregate (empty prefix): not a listing of ${RANKS} ranks with no files: ${none.stdout.slice(0, 500)} ${none.stderr.slice(-1000)}`);
+      starts.aggregate.push(none.s);
       fs.rmSync(empty, { recursive: true, force: true });
       for (const m of modes) {
         const tcpOut = path.join(work, 'tcp-out');
@@ -153,14 +158,14 @@ export async function runNetns(argv: string[]): Promise<Record<string, unknown>>
         if (run === 0 && m.name === 'tuned') Object.assign(veth, { tcp_rx_mb: r3((rx1 - rx0) / 1e6), aggregate_rx_mb: r3((rx2 - rx1) / 1e6) });
         const MBps = total / 1e6 / agg.s;
         const tcpMBps = total / 1e6 / tcp.s;
-        perMode[m.name].push({ s: r3(agg.s), tcp_s: r3(tcp.s), MBps: Number(MBps.toFixed(1)), tcp_MBps: Number(tcpMBps.toFixed(1)), ratio: r3(MBps / tcpMBps) });
+        perMode[m.name].push({ s: r3(agg.s), tcp_s: r3(tcp.s), MBps: Number(MBps.toPrecision(4)), tcp_MBps: Number(tcpMBps.toPrecision(4)), ratio: r3(MBps / tcpMBps) });
         process.stderr.write(`bench aggregate --netns run ${run + 1}/${runs} ${m.name}: aggregate ${MBps.toFixed(1)} MB/s, tcp ${tcpMBps.toFixed(1)} MB/s, ratio ${(MBps / tcpMBps).toFixed(3)}\n`);
       }
     }
     const summary = (rs: (typeof perMode)['tuned']) => ({
       runs: rs,
-      MBps_median: Number(median(rs.map((r) => r.MBps)).toFixed(1)),
-      tcp_MBps_median: Number(median(rs.map((r) => r.tcp_MBps)).toFixed(1)),
+      MBps_median: Number(median(rs.map((r) => r.MBps)).toPrecision(4)),
+      tcp_MBps_median: Number(median(rs.map((r) => r.tcp_MBps)).toPrecision(4)),
       ratio_median: r3(median(rs.map((r) => r.ratio))),
     });
     result = {
