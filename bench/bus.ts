@@ -200,7 +200,7 @@ export async function run(argv: string[]): Promise<Record<string, unknown>> {
   const roundP50: { wavebus: number[]; bare: number[] } = { wavebus: [], bare: [] };
   let lost = 0;
   let bareLost = 0;
-  const hops: Record<string, number[]> = { coordinator_begin_wave: [], pub_to_sub: [], agent_frame_to_wave: [], agent_mailbox_write: [], mailbox_to_client: [], bare_send: [], bare_pub_to_sub: [] };
+  const hops: Record<string, number[]> = { coordinator_begin_wave: [], pub_to_sub: [], agent_frame_to_wave: [], agent_mailbox_write: [], wave_to_client: [], bare_send: [], bare_pub_to_sub: [] };
   try {
     for (let r = 0; r < rounds; r++) {
       const order = r % 2 === 0 ? ['wavebus', 'bare'] : ['bare', 'wavebus'];
@@ -217,7 +217,7 @@ export async function run(argv: string[]): Promise<Record<string, unknown>> {
           hops.agent_frame_to_wave.push(...hop(w.times, from, endWave, (_, t) => t[1], 0));
           if (args.mailbox) hops.agent_mailbox_write.push(...hop(w.times, from, endWave, (_, t) => t[0], 2));
           const rank0 = w.times.get(0);
-          if (w.reader && rank0) hops.mailbox_to_client.push(...hop(new Map([[0, w.reader]]), from, endWave, (x) => rank0.get(x)?.[2], 0));
+          if (w.reader && rank0) hops.wave_to_client.push(...hop(new Map([[0, w.reader]]), from, endWave, (x) => rank0.get(x)?.[0], 0));
         } else {
           const b = await bareBus(n, endWave, pace);
           const got = lastReceipt(b.receipts.times, b.published, from, endWave, n);
