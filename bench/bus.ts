@@ -5,11 +5,11 @@
 // processes has it. Agents are real processes (this file, started with --child) on loopback;
 // each notes its receipt times with process.hrtime.bigint() (CLOCK_MONOTONIC, shared by every
 // process on one Linux machine) and sends them all in one message after the last wave
-// (bus-receipts.ts): nothing but the bus runs on the agents while waves are measured. Waves are
+// (lib/bus-receipts.ts): nothing but the bus runs on the agents while waves are measured. Waves are
 // published every --pace-ms (default 2, a fast engine's step); a wave some agent never had is lost.
-// Floor: the same N as bare zeromq.js subscribers (bus-bare.ts), in the same run: --rounds
+// Floor: the same N as bare zeromq.js subscribers (lib/bus-bare.ts), in the same run: --rounds
 // rounds, each one wavebus run and one bare run, in alternating order (this host is noisy).
-// Hops: where each wave's time goes (see `hops` in the output), and the CPU of each step (bus-hops.ts).
+// Hops: where each wave's time goes (see `hops` in the output), and the CPU of each step (lib/bus-hops.ts).
 // Baseline: bench/gloo_bcast.py, the seeds' mechanism (gloo broadcast + barrier) on N ranks.
 import { spawn, spawnSync, type ChildProcess } from 'child_process';
 import * as fs from 'fs';
@@ -23,9 +23,9 @@ import { MailboxReader, MailboxWriter } from '../src/client/mailbox';
 import { resolveIdentity } from '../src/launch/identity';
 import { createLogger } from '../src/log';
 import { freePort, freePortPair } from '../src/bus/ports';
-import { bareBus } from './bus-bare';
-import { cpuHops } from './bus-hops';
-import { hop, lastReceipt, p50p99, ReceiptLog, Receipts, round, type ReceiptTimes } from './bus-receipts';
+import { bareBus } from './lib/bus-bare';
+import { cpuHops } from './lib/bus-hops';
+import { hop, lastReceipt, p50p99, ReceiptLog, Receipts, round, type ReceiptTimes } from './lib/bus-receipts';
 
 const PYTHON = '/usr/bin/python3';
 /** How long to wait for every agent's receipts after the end wave. */

@@ -3,7 +3,7 @@
 // Linux machine) and sends them all in one message after the end wave, so nothing but the bus
 // runs while waves are measured. Lines: `<rank>` then `<wave> <t0> [<t1> ...]`.
 import { Pull, Push } from 'zeromq';
-import { freePort } from '../src/bus/ports';
+import { freePort } from '../../src/bus/ports';
 
 export function percentile(sorted: number[], q: number): number {
   if (sorted.length === 0) return NaN;

@@ -4,7 +4,7 @@
 // same receive loop (one awaited receive() per message) as the agents' SUB.
 import { spawn, type ChildProcess } from 'child_process';
 import { Publisher, Subscriber } from 'zeromq';
-import { freePort } from '../src/bus/ports';
+import { freePort } from '../../src/bus/ports';
 import { ReceiptLog, Receipts } from './bus-receipts';
 
 export interface BareRun {
