@@ -84,29 +84,12 @@ export function decodeBusFrame(parts: Buffer[], maxFrameBytes: number, token?: B
   }
   const kind = KIND_OF_TOPIC[topicBuf.toString('latin1')];
   if (kind === undefined) return { ok: false, reason: 'wrong_topic', detail: `topic ${JSON.stringify(topicBuf.toString('latin1').slice(0, 16))}` };
-  let m: protobuf.Message & Record<string, any>;
-  try {
-    m = BusFrame.decode(bytes) as protobuf.Message & Record<string, any>;
-  } catch (e) {
-    return { ok: false, reason: classify(e), detail: String(e) };
-  }
-  const epoch = Number(m.epoch);
-  const seq = Number(m.seq);
-  if (!m.body || !(epoch > 0) || !(seq > 0)) return { ok: false, reason: 'empty' };
-  if (m.body !== kind) return { ok: false, reason: 'wrong_topic', detail: `topic ${TOPIC[kind]} carries ${m.body}` };
-  return { ok: true, value: { epoch, seq, kind, [kind]: bodyOf(kind, m) } };
-}
-
-/**
- * The body of a decoded BusFrame in the shape toPlain() gives. Heads and heartbeats (every
- * frame of a quiet bus, on every agent) are read field by field: toObject's generic conversion
- * cost most of a head frame's decode. Lanes, rare and larger, take the generic path.
- */
-function bodyOf(kind: FrameKind, m: Record<string, any>): Record<string, unknown> {
-  const b = m[kind];
-  if (kind === 'head') return { epoch: Number(b.epoch), seq: Number(b.seq), wave: Number(b.wave), configDue: b.configDue, dumpDue: b.dumpDue };
-  if (kind === 'heartbeat') return { wave: Number(b.wave), globalRank: b.globalRank, epochSeen: Number(b.epochSeen), lastSeq: Number(b.lastSeq), unixMs: Number(b.unixMs) };
-  return toPlain<Record<string, any>>(BusFrame, m as protobuf.Message)[kind];
+  const d = safeDecode<Record<string, any>>(BusFrame, bytes);
+  if (!d.ok) return d;
+  const f = d.value;
+  if (!f.body || !(f.epoch > 0) || !(f.seq > 0)) return { ok: false, reason: 'empty' };
+  if (f.body !== kind) return { ok: false, reason: 'wrong_topic', detail: `topic ${TOPIC[kind]} carries ${f.body}` };
+  return { ok: true, value: { epoch: f.epoch, seq: f.seq, kind, [kind]: f[kind] } };
 }
 
 export type AgentMsg = Record<string, any> & { globalRank: number; epochSeen: number; requestId: number; body?: string };
