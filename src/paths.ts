@@ -2,14 +2,89 @@
 import * as fs from 'fs';
 import * as path from 'path';
 import * as os from 'os';
-import { ConfigError } from './errors';
+import { ConfigError, KvDirNameError } from './errors';
+import { MAX_WORLD_SIZE, globalRankOf, rankCoordinates, type WorldLayout } from './launch/identity';
 
-/** The per-process bundle directory name: unique under any parallelism (docs/design.md). */
+/** The per-process input snapshot directory name: unique under any parallelism (docs/design.md). */
 export function rankDirName(globalRank: number): string {
   if (!Number.isInteger(globalRank) || globalRank < 0) {
     throw new RangeError(`global rank must be a non-negative integer, got ${globalRank}`);
   }
   return `rank${globalRank}`;
+}
+
+/** A rank's coordinates, as its KV dump directory names them. */
+export interface KvRankCoords {
+  dpRank: number;
+  tpRank: number;
+  ppRank: number;
+  cpRank: number;
+}
+
+const KV_COORDS = ['dpRank', 'tpRank', 'ppRank', 'cpRank'] as const;
+/** Every coordinate lies below its parallel size, and no size is over the largest world. */
+const MAX_KV_COORD = MAX_WORLD_SIZE - 1;
+const KV_DIR_RE = /^dp(0|[1-9]\d{0,5})_tp(0|[1-9]\d{0,5})_pp(0|[1-9]\d{0,5})_cp(0|[1-9]\d{0,5})$/;
+const LEGACY_RANK_DIR_RE = /^rank(0|[1-9]\d{0,5})$/;
+const KV_DIR_FORM = 'dp<d>_tp<t>_pp<p>_cp<c> (decimal, no leading zeros)';
+
+/** The seed's KV dump directory of one rank: `dp<d>_tp<t>_pp<p>_cp<c>` (runtime-guard "On-disk layout"). */
+export function kvRankDirName(c: KvRankCoords): string {
+  for (const k of KV_COORDS) {
+    const v = c[k];
+    if (!Number.isInteger(v) || v < 0 || v > MAX_KV_COORD) throw new KvDirNameError(`${k} must be an integer in 0..${MAX_KV_COORD}, got ${String(v)}`);
+  }
+  return `dp${c.dpRank}_tp${c.tpRank}_pp${c.ppRank}_cp${c.cpRank}`;
+}
+
+/** The KV dump directory of global rank `g` in `layout`. */
+export function kvRankDirFor(globalRank: number, layout: WorldLayout): string {
+  return kvRankDirName(rankCoordinates(globalRank, layout));
+}
+
+function shown(name: string): string {
+  return JSON.stringify(name.length > 80 ? `${name.slice(0, 80)}...` : name);
+}
+
+/** Strict parse of a `dp<d>_tp<t>_pp<p>_cp<c>` name; `where` names the directory in the error. */
+export function parseKvRankDirName(name: string, where = 'KV dump directory'): KvRankCoords {
+  const m = typeof name === 'string' ? KV_DIR_RE.exec(name) : null;
+  if (!m) throw new KvDirNameError(`${where} ${shown(String(name))} is not ${KV_DIR_FORM}`);
+  const c = { dpRank: Number(m[1]), tpRank: Number(m[2]), ppRank: Number(m[3]), cpRank: Number(m[4]) };
+  for (const k of KV_COORDS) {
+    if (c[k] > MAX_KV_COORD) throw new KvDirNameError(`${where} ${shown(name)}: ${k} ${c[k]} is over ${MAX_KV_COORD} (MAX_WORLD_SIZE - 1)`);
+  }
+  return c;
+}
+
+/** A KV dump rank directory as readers meet it: the seed's name, or `rank<g>` written by wavebus before it. */
+export type KvRankDir = { name: string; coords: KvRankCoords } | { name: string; legacyRank: number };
+
+/** Read a KV dump rank directory name of either layout; anything else is refused (KvDirNameError). */
+export function readKvRankDirName(name: string, where = 'KV dump directory'): KvRankDir {
+  const legacy = typeof name === 'string' ? LEGACY_RANK_DIR_RE.exec(name) : null;
+  if (legacy) {
+    const g = Number(legacy[1]);
+    if (g > MAX_KV_COORD) throw new KvDirNameError(`${where} ${shown(name)}: rank ${g} is over ${MAX_KV_COORD} (MAX_WORLD_SIZE - 1)`);
+    return { name, legacyRank: g };
+  }
+  try {
+    return { name, coords: parseKvRankDirName(name, where) };
+  } catch (e) {
+    if (KV_DIR_RE.test(name)) throw e;
+    throw new KvDirNameError(`${where} ${shown(String(name))} is not ${KV_DIR_FORM} (nor rank<g> of an older wavebus)`);
+  }
+}
+
+/** The global rank a KV dump directory belongs to; a seed-named one needs the job's layout. */
+export function kvRankOfDir(d: KvRankDir, layout: WorldLayout): number {
+  if ('legacyRank' in d) return d.legacyRank;
+  const { tp, pp, dp, cp } = layout;
+  const c = d.coords;
+  if (c.tpRank >= tp || c.ppRank >= pp || c.dpRank >= dp || c.cpRank >= cp) {
+    throw new KvDirNameError(`KV dump directory ${shown(d.name)} lies outside the layout tp=${tp} pp=${pp} dp=${dp} cp=${cp}`);
+  }
+  return globalRankOf(c, layout);
 }
 
 /**
