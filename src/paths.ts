@@ -137,3 +137,33 @@ export function packageRoot(from: string = __dirname): string {
     dir = up;
   }
 }
+
+/** A dump.json `identity` as written by the dump executor (older dumps carry the same fields). */
+export interface DumpIdentity {
+  global_rank?: unknown;
+  dp_rank?: unknown;
+  tp_rank?: unknown;
+  pp_rank?: unknown;
+  cp_rank?: unknown;
+}
+
+/**
+ * The name the directory of `d`'s layout must have for the dump.json identity inside it: the
+ * seed's name from the coordinates, or rank<g> for an older dump. Throws KvDirNameError when
+ * the identity lacks what the name needs, or names another directory.
+ */
+export function checkKvDirIdentity(d: KvRankDir, id: DumpIdentity, where = 'KV dump directory'): void {
+  const g = id.global_rank;
+  let named: string;
+  if ('legacyRank' in d) {
+    if (!Number.isSafeInteger(g) || (g as number) < 0) throw new KvDirNameError(`${where} ${shown(d.name)}: its dump.json has no identity.global_rank`);
+    named = `rank${g as number}`;
+  } else {
+    try {
+      named = kvRankDirName({ dpRank: id.dp_rank as number, tpRank: id.tp_rank as number, ppRank: id.pp_rank as number, cpRank: id.cp_rank as number });
+    } catch (e) {
+      throw new KvDirNameError(`${where} ${shown(d.name)}: its dump.json identity: ${(e as Error).message}`);
+    }
+  }
+  if (named !== d.name) throw new KvDirNameError(`${where} ${shown(d.name)} disagrees with its dump.json (global rank ${String(g)}, ${named})`);
+}

@@ -164,8 +164,8 @@ describe('inspect', () => {
     fs.renameSync(path.join(w, 'dp1_tp0_pp0_cp0'), path.join(w, 'dp0_tp1_pp0_cp0'));
     fs.renameSync(path.join(w, 'x'), path.join(w, 'dp1_tp0_pp0_cp0'));
     p = inspectTree(swapped).problems;
-    expect(p).toContain(`${WAVE}/dp0_tp1_pp0_cp0: directory name dp0_tp1_pp0_cp0 disagrees with its dump.json (global rank 2, dp1_tp0_pp0_cp0)`);
-    expect(p).toContain(`${WAVE}/dp1_tp0_pp0_cp0: directory name dp1_tp0_pp0_cp0 disagrees with its dump.json (global rank 1, dp0_tp1_pp0_cp0)`);
+    expect(p).toContain(`${WAVE}/dp0_tp1_pp0_cp0: directory "dp0_tp1_pp0_cp0" disagrees with its dump.json (global rank 2, dp1_tp0_pp0_cp0)`);
+    expect(p).toContain(`${WAVE}/dp1_tp0_pp0_cp0: directory "dp1_tp0_pp0_cp0" disagrees with its dump.json (global rank 1, dp0_tp1_pp0_cp0)`);
     expect(p).toContain(`${WAVE}: rank 1 missing: no dp0_tp1_pp0_cp0/dump.json`);
     // A layout that does not hold the dir (tp=1): the dir lies outside it.
     const narrow = await fresh();

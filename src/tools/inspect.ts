@@ -10,7 +10,7 @@ import { readNpyHeader } from '../artifacts/npy-reader';
 import { readPt } from '../artifacts/pt-reader';
 import { readSafetensorsHeader } from '../artifacts/safetensors-reader';
 import type { WorldLayout } from '../launch/identity';
-import { kvRankDirFor, kvRankDirName, kvRankOfDir, readKvRankDirName, type KvRankDir } from '../paths';
+import { checkKvDirIdentity, kvRankDirFor, kvRankOfDir, readKvRankDirName, type KvRankDir } from '../paths';
 
 export type BundleKind = 'kv_dump' | 'snapshot' | 'dump_wave' | 'aggregate';
 
@@ -176,15 +176,10 @@ function dumpRankOf(dir: string, rel: string, d: KvRankDir, layout: WorldLayout 
     problems.push(`${relJoin(rel, 'dump.json')}: identity.global_rank is missing`);
     return undefined;
   }
-  let named: string;
   try {
-    named = 'legacyRank' in d ? `rank${g}` : kvRankDirName({ dpRank: id.dp_rank, tpRank: id.tp_rank, ppRank: id.pp_rank, cpRank: id.cp_rank });
+    checkKvDirIdentity(d, id, 'directory');
   } catch (e) {
-    problems.push(`${relJoin(rel, 'dump.json')}: identity ${(e as Error).message}`);
-    return undefined;
-  }
-  if (named !== d.name) {
-    problems.push(`${rel}: directory name ${d.name} disagrees with its dump.json (global rank ${g}, ${named})`);
+    problems.push(`${rel}: ${(e as Error).message}`);
     return undefined;
   }
   try {
