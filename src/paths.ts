@@ -167,3 +167,42 @@ export function checkKvDirIdentity(d: KvRankDir, id: DumpIdentity, where = 'KV d
   }
   if (named !== d.name) throw new KvDirNameError(`${where} ${shown(d.name)} disagrees with its dump.json (global rank ${String(g)}, ${named})`);
 }
+
+/** How request_info.json, manifest.json and the coordinator's status record a layout. */
+export interface LayoutJson {
+  world_size: number;
+  tp: number;
+  pp: number;
+  dp: number;
+  cp: number;
+}
+
+export function layoutJson(l: WorldLayout): LayoutJson {
+  return { world_size: l.worldSize, tp: l.tp, pp: l.pp, dp: l.dp, cp: l.cp };
+}
+
+/** A recorded layout read back (from a file or the network): checked, or the reason it is refused. */
+export function readLayoutJson(raw: unknown): { layout: WorldLayout } | { reason: string } {
+  const l = raw as Partial<Record<keyof LayoutJson, unknown>> | null;
+  const sizes = [l?.tp, l?.pp, l?.dp, l?.cp];
+  if (typeof l !== 'object' || l === null || !sizes.every((n) => Number.isSafeInteger(n) && (n as number) >= 1)) {
+    return { reason: `layout ${shown(JSON.stringify(raw) ?? String(raw))} is not {world_size, tp, pp, dp, cp} of positive integers` };
+  }
+  const [tp, pp, dp, cp] = sizes as number[];
+  const world = tp * pp * dp * cp;
+  if (l.world_size !== world) return { reason: `layout world_size ${String(l.world_size)} is not tp*pp*dp*cp = ${world}` };
+  if (world > MAX_WORLD_SIZE) return { reason: `layout world_size ${world} is over ${MAX_WORLD_SIZE} (MAX_WORLD_SIZE)` };
+  return { layout: { worldSize: world, tp, pp, dp, cp } };
+}
+
+/** Whether `relPath` lies in global rank `g`'s own KV dump dir (either layout; the seed's name needs the layout). */
+export function inKvRankDirOf(relPath: string, g: number, layout: WorldLayout | undefined): boolean {
+  return relPath.split('/').some((c) => {
+    try {
+      const d = readKvRankDirName(c);
+      return 'legacyRank' in d ? d.legacyRank === g : layout !== undefined && kvRankOfDir(d, layout) === g;
+    } catch {
+      return false; // not a rank dir, or one outside the layout
+    }
+  });
+}

@@ -11,7 +11,7 @@ import { DEFAULT_ARTIFACT_MODES, type ArtifactModes } from '../artifacts/artifac
 import { joinUnder, safeComponent } from '../artifacts/sanitize';
 import { artifactWrite, writeJsonAtomic } from '../artifacts/atomic-write';
 import type { WorldLayout } from '../launch/identity';
-import { kvRankDirFor } from '../paths';
+import { kvRankDirFor, layoutJson } from '../paths';
 
 export type { SkipReason };
 
@@ -74,8 +74,7 @@ export class DumpBook {
   ) {}
 
   private layoutJson(): Record<string, unknown> {
-    const l = this.layout;
-    return l ? { layout: { world_size: l.worldSize, tp: l.tp, pp: l.pp, dp: l.dp, cp: l.cp } } : {};
+    return this.layout ? { layout: layoutJson(this.layout) } : {};
   }
 
   /** Arm one job: dedupe, write request_info.json, track. Returns null for a duplicate. */

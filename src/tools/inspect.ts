@@ -10,7 +10,7 @@ import { readNpyHeader } from '../artifacts/npy-reader';
 import { readPt } from '../artifacts/pt-reader';
 import { readSafetensorsHeader } from '../artifacts/safetensors-reader';
 import type { WorldLayout } from '../launch/identity';
-import { checkKvDirIdentity, kvRankDirFor, kvRankOfDir, readKvRankDirName, type KvRankDir } from '../paths';
+import { checkKvDirIdentity, kvRankDirFor, kvRankOfDir, readLayoutJson, readKvRankDirName, type KvRankDir } from '../paths';
 
 export type BundleKind = 'kv_dump' | 'snapshot' | 'dump_wave' | 'aggregate';
 
@@ -150,16 +150,12 @@ function inspectSnapshot(dir: string, rel: string, verify: boolean): BundleRepor
   return r;
 }
 
-/** The layout request_info.json / manifest.json record (`{world_size, tp, pp, dp, cp}`), when valid. */
-export function recordedLayout(doc: any, where: string, problems: string[]): WorldLayout | undefined {
-  const l = doc?.layout;
-  if (l === undefined) return undefined;
-  const sizes = [l?.tp, l?.pp, l?.dp, l?.cp];
-  if (!sizes.every((n) => Number.isSafeInteger(n) && n >= 1) || l.world_size !== l.tp * l.pp * l.dp * l.cp) {
-    problems.push(`${where}: layout ${JSON.stringify(l)} is not {world_size, tp, pp, dp, cp} with world_size = tp*pp*dp*cp`);
-    return undefined;
-  }
-  return { worldSize: l.world_size, tp: l.tp, pp: l.pp, dp: l.dp, cp: l.cp };
+/** The layout request_info.json / manifest.json record, when there is one and it is valid. */
+function recordedLayout(doc: any, where: string, problems: string[]): WorldLayout | undefined {
+  if (doc?.layout === undefined) return undefined;
+  const r = readLayoutJson(doc.layout);
+  if ('reason' in r) problems.push(`${where}: ${r.reason}`);
+  return 'layout' in r ? r.layout : undefined;
 }
 
 /**
