@@ -33,7 +33,7 @@ function pattern(n: number, seed: number): Buffer {
 
 /** One rank's KV dump bundle and snapshot call, as the agent would write them. */
 async function writeRankBundles(hostRoot: string, rank: number, bigBytes = 0): Promise<void> {
-  const dumpDir = path.join(hostRoot, 'dumps', WAVE, `rank${rank}`);
+  const dumpDir = path.join(hostRoot, 'dumps', WAVE, `dp0_tp${rank}_pp0_cp0`);
   const b = Bundle.begin(dumpDir);
   const files = [];
   for (let l = 0; l < 2; l++) {
@@ -42,7 +42,7 @@ async function writeRankBundles(hostRoot: string, rank: number, bigBytes = 0): P
     files.push(await b.writeTensor(`model.layers.${l}.self_attn.pt`, 'pt', { layer: `model.layers.${l}.self_attn`, k, v }));
   }
   if (bigBytes > 0) files.push(await b.writeTensor('big.npy', 'npy', Tensor.fromBuffer('uint8', [bigBytes], pattern(bigBytes, rank + 7))));
-  await b.commit({ name: 'dump.json', value: { schema: 1, req_id: 'req-1', incident_type: 'token_repeat', arm_wave: 5, format: 'pt', identity: { global_rank: rank, tp_rank: rank, tp_size: 4 }, files } });
+  await b.commit({ name: 'dump.json', value: { schema: 1, req_id: 'req-1', incident_type: 'token_repeat', arm_wave: 5, format: 'pt', identity: { global_rank: rank, tp_rank: rank, dp_rank: 0, pp_rank: 0, cp_rank: 0, tp_size: 4 }, files } });
   const snap = Bundle.begin(path.join(hostRoot, 'snapshots', 'hashA', `rank${rank}`, 'call3'));
   const t0 = await snap.writeTensor('tensor0.npy', 'npy', Tensor.fromBuffer('int32', [8], pattern(32, rank + 50)));
   await snap.commit({ name: 'meta.json', value: { schema: 1, hash: 'hashA', global_rank: rank, call_index: 3, format: 'npy', inputs: [{ index: 0, dtype: 'int32', shape: [8] }], files: [{ name: 'tensor0.npy', bytes: t0.bytes, checksum: t0.checksum }] } });
@@ -147,7 +147,7 @@ describe('aggregate', () => {
     expect(m.refused).toEqual([]);
     expect(m.files.every((f) => f.verified && f.status === 'fetched')).toBe(true);
     // Ranks on one host share a filesystem: each file is fetched once, and both listers recorded.
-    const big = m.files.find((f) => f.path.endsWith('rank1/big.npy'))!;
+    const big = m.files.find((f) => f.path.endsWith('dp0_tp1_pp0_cp0/big.npy'))!;
     expect(big.bytes).toBeGreaterThan(9 * 2 ** 20);
     expect(big.listedBy.sort()).toEqual([0, 1]);
     let n = 0;
@@ -202,7 +202,7 @@ describe('aggregate', () => {
     expect(m.ranks['3'].errors.join(' ')).toMatch(/not live/);
     expect(p.stderr()).toMatch(/rank 3 missing/);
     // Rank 3 lives on host B with rank 2, which served its files: the data is here even so.
-    expect(fs.existsSync(path.join(out, 'dumps', WAVE, 'rank3', 'dump.json'))).toBe(true);
+    expect(fs.existsSync(path.join(out, 'dumps', WAVE, 'dp0_tp3_pp0_cp0', 'dump.json'))).toBe(true);
     // inspect sees the aggregate manifest's missing rank and fails, naming it.
     const r = inspectTree(out);
     expect(r.problems.join('\n')).toMatch(/rank 3 missing/);
@@ -225,9 +225,9 @@ describe('aggregate', () => {
     // Sequential, 1 MiB chunks: the big file (sorted after the layer files of rank 0) breaks half-way.
     const injected = aggregate({ coordinator, out, what: 'dumps', chunkBytes: 2 ** 20, window: 1, parallelFiles: 1, failAfterBytes: 3 * 2 ** 20 + 200000 });
     await expect(injected).rejects.toThrow(/injected failure/);
-    const bigRel = path.join('dumps', WAVE, 'rank1', 'big.npy');
+    const bigRel = path.join('dumps', WAVE, 'dp0_tp1_pp0_cp0', 'big.npy');
     expect(fs.existsSync(path.join(out, bigRel))).toBe(false); // never partial under its final name
-    const part = path.join(out, 'dumps', WAVE, 'rank1', '.big.npy.part');
+    const part = path.join(out, 'dumps', WAVE, 'dp0_tp1_pp0_cp0', '.big.npy.part');
     expect(fs.existsSync(part)).toBe(true);
     const partBytes = fs.statSync(part).size;
     expect(partBytes).toBeGreaterThan(0);
@@ -242,7 +242,7 @@ describe('aggregate', () => {
       expect(f.status).toBe('present');
       expect(chunkRequests.get(f.path) ?? 0).toBe(0);
     }
-    const bigEntry = m.files.find((f) => f.path.endsWith('rank1/big.npy'))!;
+    const bigEntry = m.files.find((f) => f.path.endsWith('dp0_tp1_pp0_cp0/big.npy'))!;
     expect(bigEntry.status).toBe('resumed');
     // Only the rest of the big file was asked for.
     expect(chunkRequests.get(bigEntry.path)).toBe(Math.ceil((bigEntry.bytes - partBytes) / 2 ** 20));
@@ -256,7 +256,7 @@ describe('aggregate', () => {
       const reply = await server.handle(req);
       if (req.body === 'fileList' && !flipped) {
         // Flip one byte of a served layer file after its checksum went out in the listing.
-        const f = path.join(server['roots']().dumps!, WAVE, 'rank2', 'model.layers.1.self_attn.pt');
+        const f = path.join(server['roots']().dumps!, WAVE, 'dp0_tp2_pp0_cp0', 'model.layers.1.self_attn.pt');
         const b = fs.readFileSync(f);
         b[b.length - 40] ^= 0x10;
         fs.writeFileSync(f, b);
@@ -268,7 +268,7 @@ describe('aggregate', () => {
     const out = tmpDir('wavebus-agg-out-');
     const m = await aggregate({ coordinator: { host: '127.0.0.1', port: job.port }, out, what: 'dumps' });
     expect(m.complete).toBe(false);
-    const bad = m.files.find((f) => f.path.endsWith('rank2/model.layers.1.self_attn.pt'))!;
+    const bad = m.files.find((f) => f.path.endsWith('dp0_tp2_pp0_cp0/model.layers.1.self_attn.pt'))!;
     expect(bad.status).toBe('failed');
     expect(bad.verified).toBe(false);
     expect(bad.error).toMatch(/whole-file checksum crc32c:[0-9a-f]{8} .* does not match the listing's crc32c:[0-9a-f]{8}/);
@@ -407,6 +407,38 @@ describe('hostile listings and routes', () => {
     const rssKb = Number(/maxrss_kb=(\d+)/.exec(p.stderr())?.[1]);
     expect(rssKb).toBeGreaterThan(0);
     expect(rssKb).toBeLessThan(400 * 1024);
+  });
+
+  test('two hosts list one path with different bytes: the rank whose own KV dump dir holds it wins (seed names via the status layout, rank<g> of older dumps)', async () => {
+    const { port } = await startCoordinator(); // tp=2: rank 1 is dp0_tp1_pp0_cp0
+    const client = new RelayClient({ host: '127.0.0.1', port });
+    try {
+      expect((await client.status(3000)).layout).toEqual({ worldSize: 2, tp: 2, pp: 1, dp: 1, cp: 1 });
+    } finally {
+      await client.close();
+    }
+    const paths = ['w/dp0_tp1_pp0_cp0/x.bin', 'w/rank1/old.bin', 'w/dp0_tp0_pp0_cp0/z.bin'];
+    const bytesOf = (rank: number, p: string) => pattern(1000 + paths.indexOf(p), 10 * rank + paths.indexOf(p));
+    const serve = (rank: number) => (m: CoordinatorMsg): Buffer[] | undefined => {
+      if (m.body === 'fileList') {
+        const files = m.fileList.root === 'dumps' ? paths.map((p) => ({ path: p, bytes: bytesOf(rank, p).length, checksum: formatChecksum(crc32c(bytesOf(rank, p))) })) : [];
+        return [encodeAgentMessage({ globalRank: rank, requestId: m.requestId, fileList: { globalRank: rank, files } })];
+      }
+      const c = m.fileChunk as { root: string; path: string; offset: number; length: number };
+      const data = bytesOf(rank, c.path).subarray(c.offset, c.offset + c.length);
+      return [encodeAgentMessage({ globalRank: rank, requestId: m.requestId, fileChunk: { globalRank: rank, root: c.root, path: c.path, offset: c.offset, crc32c: crc32c(data), eof: c.offset + data.length >= bytesOf(rank, c.path).length } }), Buffer.from(data)];
+    };
+    peers.push(rawAgent(port, 0, serve(0), { hello: true }), rawAgent(port, 1, serve(1), { hello: true }));
+    await waitFor(async () => (await requestStatus({ host: '127.0.0.1', port })).liveRanks.length === 2, 'both peers to be live');
+    const out = tmpDir('wavebus-agg-conflict-');
+    const m = await aggregate({ coordinator: { host: '127.0.0.1', port }, out, what: 'dumps', requestTimeoutMs: 5000 });
+    expect(m.conflicts.map((c) => c.path).sort()).toEqual([...paths].sort());
+    const writer = { 'w/dp0_tp1_pp0_cp0/x.bin': 1, 'w/rank1/old.bin': 1, 'w/dp0_tp0_pp0_cp0/z.bin': 0 } as Record<string, number>;
+    for (const p of paths) {
+      expect(m.files.find((f) => f.path === p)).toMatchObject({ status: 'fetched', verified: true, listedBy: expect.arrayContaining([writer[p]]) });
+      expect(m.files.find((f) => f.path === p)!.listedBy[0]).toBe(writer[p]);
+      expect(fs.readFileSync(path.join(out, 'dumps', p)).equals(bytesOf(writer[p], p))).toBe(true);
+    }
   });
 
   test('heartbeats claiming rank 0 from a second connection do not take over its relay route; they are dropped and counted', async () => {

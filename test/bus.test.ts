@@ -442,7 +442,7 @@ describe('wave bus', () => {
       globalRank: rank,
       jobId: `1/token_repeat/${reqId}`,
       wave: 1,
-      files: [{ path: `rank${rank}/layer0.pt`, bytes: 10, checksum: 'crc32c:00000000' }],
+      files: [{ path: `dp0_tp${rank}_pp0_cp0/layer0.pt`, bytes: 10, checksum: 'crc32c:00000000' }],
       bytes: 10,
       error: '',
       skippedReason: '',

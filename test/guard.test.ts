@@ -339,7 +339,7 @@ describe('dump completion manifest', () => {
     globalRank: rank,
     jobId,
     wave: 2,
-    files: [{ path: `rank${rank}/layer0.pt`, bytes: 100 + rank, checksum: `sha256:${rank}` }],
+    files: [{ path: `dp0_tp${rank - 4}_pp1_cp0/layer0.pt`, bytes: 100 + rank, checksum: `sha256:${rank}` }],
     bytes: 100 + rank,
     error: '',
     skippedReason: '',
@@ -354,7 +354,7 @@ describe('dump completion manifest', () => {
     g.onDumpResult(result(7, job.jobId));
     const m = readJson(job.dumpDir, 'manifest.json');
     expect(m).toMatchObject({ job_id: job.jobId, incident_type: 'logits_finite', req_id: 'm', arm_wave: 2, expected_ranks: [4, 5, 6, 7], completed_ranks: [4, 5, 6, 7], missing_ranks: [], failed_ranks: {}, complete: true, timed_out: false });
-    expect(m.files['5']).toEqual([{ path: 'rank5/layer0.pt', bytes: 105, checksum: 'sha256:5' }]);
+    expect(m.files['5']).toEqual([{ path: 'dp0_tp1_pp1_cp0/layer0.pt', bytes: 105, checksum: 'sha256:5' }]);
     expect(g.status().dumps).toMatchObject({ armed: 1, completed: 1, incomplete: 0, pending: 0 });
   });
 

@@ -135,7 +135,7 @@ describe('an agent writes only under its local dump root', () => {
       const m = await manualDumpManifest(job, guardRoot);
       expect(m).toMatchObject({ complete: true, completed_ranks: [0], failed_ranks: {} });
       expect(job.agent.rootsRefused).toBe(0);
-      const rankDir = path.join(guardRoot, 'manual_trigger', 'req-1', fs.readdirSync(path.join(guardRoot, 'manual_trigger', 'req-1'))[0], 'rank0');
+      const rankDir = path.join(guardRoot, 'manual_trigger', 'req-1', fs.readdirSync(path.join(guardRoot, 'manual_trigger', 'req-1'))[0], 'dp0_tp0_pp0_cp0');
       expect(fs.existsSync(path.join(rankDir, 'dump.json'))).toBe(true);
       // `wavebus aggregate` pulls it through the coordinator with the token, and is refused without it.
       const coordinator = { host: '127.0.0.1', port: job.coordinator.port };

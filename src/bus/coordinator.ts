@@ -6,6 +6,7 @@ import { EventEmitter } from 'events';
 import type { Publisher, Router } from 'zeromq';
 import { ConfigError, ProtocolError, WavebusError } from '../errors';
 import { lastPpRanks, type WorldLayout } from '../launch/identity';
+import { layoutJson } from '../paths';
 import { createLogger, type Logger } from '../log';
 import type { DumpJob, DumpLane, DumpResult, StepTelemetry, WaveHead } from '../messages';
 import { AgentRequests } from './agent-requests';
@@ -347,6 +348,8 @@ export class Coordinator extends EventEmitter {
       wave: this.wave,
       live_ranks: this.liveRanks(),
       expected_ranks: this.expectedRanks,
+      // Tools map a rank to its KV dump dir (dp*_tp*_pp*_cp*) with it (aggregate).
+      layout: layoutJson(this.layout),
       ready: this.ready,
       config_version: this.lastConfig.version,
       pending_dumps: this.dumpAcks.jobIds(),

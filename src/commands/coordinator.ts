@@ -72,7 +72,7 @@ export const command: CommandModule = {
     const busToken = loadBusToken(argv['bus-token-file'], env);
     const expected = lastPpRanks(layout);
     const artifactModes = parseArtifactMode(argv['artifact-mode'], '--artifact-mode');
-    const guard = new Guard({ startup, rank: expected[0], expectedRanks: expected, log, artifactModes });
+    const guard = new Guard({ startup, rank: expected[0], expectedRanks: expected, layout, log, artifactModes });
     const coordinator = new Coordinator({
       host: String(argv.host),
       port,

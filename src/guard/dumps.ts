@@ -1,7 +1,8 @@
 // Dump jobs on the coordinator side: arming (request_info.json, dedupe per (arm wave, req_id)),
 // refusals (dump_skipped.json), and completion tracking from the ranks' acks (manifest.json).
 // Layout: <dump_root>/<incident_type>/<req_id>/wave_<arm_wave>/{request_info.json, manifest.json,
-// dump_skipped.json, rank<g>/...}; the coordinator writes the JSON files, each rank its rank<g>/.
+// dump_skipped.json, dp<d>_tp<t>_pp<p>_cp<c>/...}; the coordinator writes the JSON files, each rank
+// its own dp*_tp*_pp*_cp*/ (the seed's names; manifest `dirs` maps global rank → directory).
 import * as path from 'path';
 import type { Logger } from '../log';
 import type { DumpJob, DumpResult, FileEntry } from '../messages';
@@ -9,6 +10,8 @@ import { SkipReason, writeDumpSkipped } from '../artifacts/freespace';
 import { DEFAULT_ARTIFACT_MODES, type ArtifactModes } from '../artifacts/artifact-mode';
 import { joinUnder, safeComponent } from '../artifacts/sanitize';
 import { artifactWrite, writeJsonAtomic } from '../artifacts/atomic-write';
+import type { WorldLayout } from '../launch/identity';
+import { kvRankDirFor, layoutJson } from '../paths';
 
 export type { SkipReason };
 
@@ -66,7 +69,13 @@ export class DumpBook {
     private readonly log?: Pick<Logger, 'info' | 'warn'>,
     /** Modes of request_info.json, manifest.json, dump_skipped.json and the folders made for them. */
     private readonly modes: ArtifactModes = DEFAULT_ARTIFACT_MODES,
+    /** The job's layout: request_info.json and manifest.json carry it, and each rank's directory name. */
+    private readonly layout?: WorldLayout,
   ) {}
+
+  private layoutJson(): Record<string, unknown> {
+    return this.layout ? { layout: layoutJson(this.layout) } : {};
+  }
 
   /** Arm one job: dedupe, write request_info.json, track. Returns null for a duplicate. */
   arm(dumpRoot: string, spec: ArmSpec): DumpJob | null {
@@ -103,6 +112,7 @@ export class DumpBook {
       request_finished_at_dump: job.requestFinishedAtDump,
       rank: this.coordinatorRank,
       expected_ranks: [...this.expectedRanks],
+      ...this.layoutJson(),
       ts: new Date().toISOString(),
       ...spec.info,
     }, artifactWrite(this.modes));
@@ -182,6 +192,8 @@ export class DumpBook {
       arm_wave: t.job.armWave,
       request_finished_at_dump: t.job.requestFinishedAtDump,
       expected_ranks: [...this.expectedRanks],
+      ...this.layoutJson(),
+      ...(this.layout ? { dirs: Object.fromEntries(this.expectedRanks.map((g) => [g, kvRankDirFor(g, this.layout!)])) } : {}),
       completed_ranks: completed,
       missing_ranks: missing,
       failed_ranks: failed,

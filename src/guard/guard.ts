@@ -11,6 +11,7 @@ import { counter } from '../metrics';
 import { actionsFor, configJson, DetectorName, mergeConfig, RuntimeConfig } from './config';
 import { DetectorSet, Hit, MUTE_BIT, splitNonFinite } from './detectors';
 import { DumpBook } from './dumps';
+import type { WorldLayout } from '../launch/identity';
 import { AutoDumpQuota, admitIncident } from './quotas';
 import { ConfigFollower } from './reload';
 import { RequestTable, type ReqState } from './requests';
@@ -27,6 +28,8 @@ export interface GuardOptions {
   rank: number;
   /** Global ranks of the last PP stage: every one of them copies each dump job. */
   expectedRanks: number[];
+  /** The job's layout, written into request_info.json and manifest.json (with each rank's dump dir name). */
+  layout?: WorldLayout;
   /** The loaded startup config; loaded from `startup` when absent (throws ConfigError). */
   initial?: StartupConfig;
   log?: Logger;
@@ -91,7 +94,7 @@ export class Guard implements CoordinatorPolicy {
     this.detectors = new DetectorSet(this.cfg);
     this.keepTail = this.cfg.report.save_sensitive_info;
     this.manualDone = opts.manualDumpDone ?? 0;
-    this.dumps = new DumpBook(opts.expectedRanks, opts.rank, this.log, opts.artifactModes);
+    this.dumps = new DumpBook(opts.expectedRanks, opts.rank, this.log, opts.artifactModes, opts.layout);
     this.metric = counter('wavebus_incidents_total', 'Runtime guard incidents, by type and action taken', ['incident_type', 'action'] as const);
     this.refreshLane();
   }

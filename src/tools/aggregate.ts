@@ -17,6 +17,7 @@ import { fetchOne, type Planned } from './aggregate-fetch';
 import { AggregateError, RelayClient } from '../bus/relay-client';
 import { ConfigError, WavebusError } from '../errors';
 import { fsyncDir, writeJsonAtomic } from '../artifacts/atomic-write';
+import { inKvRankDirOf } from '../paths';
 import {
   checkListedChecksum,
   checkListedSize,
@@ -214,8 +215,9 @@ export async function aggregate(opts: AggregateOptions): Promise<AggregateManife
             prev.listedBy.push(rank);
           } else {
             conflicts.push({ root, path: rel, detail: `rank ${rank} lists ${bytes} bytes ${f.checksum}, rank ${prev.listedBy[0]} lists ${prev.bytes} bytes ${prev.checksum}` });
-            // The rank whose own rank<g>/ dir holds the file is its writer: prefer its version.
-            if (rel.split('/').includes(`rank${rank}`)) {
+            // The rank whose own KV dump dir (dp*_tp*_pp*_cp*, or rank<g> of older dumps) holds
+            // the file is its writer: prefer its version.
+            if (inKvRankDirOf(rel, rank, st.layout)) {
               planned.set(key, { root, path: rel, local: where.path, bytes, checksum: String(f.checksum), crc, listedBy: [rank, ...prev.listedBy] });
             }
           }
