@@ -6,7 +6,7 @@ import * as path from 'path';
 import pino from 'pino';
 import * as zmq from 'zeromq';
 import { Agent } from '../src/agent/agent';
-import { CLIENT_PROTOCOL_VERSION } from '../src/client/protocol';
+import { CLIENT_PROTOCOL_VERSION, RegionKind, RegionRole } from '../src/client/protocol';
 import { MailboxFeature, MailboxWriter } from '../src/client/mailbox';
 import { WavebusClient } from '../src/client/client';
 import { resolveIdentity } from '../src/launch/identity';
@@ -99,7 +99,7 @@ test('the agent refuses a hello from a client of another version at once, naming
     // A client from before versions: its hello has no protocol_version (0).
     const [old, reg] = await rawRequest(endpoint, [
       { hello: { pid: 4242, asyncScheduling: false, language: 'python' } },
-      { register: { name: 'in0', kind: 0, shmName: '/x', nbytes: 4, dtype: 'float32', shape: [1], role: 1 } },
+      { register: { name: 'in0', kind: RegionKind.SHM, shmName: '/x', nbytes: 4, dtype: 'float32', shape: [1], role: RegionRole.INPUT } },
     ]);
     expect(old).toMatchObject({ ok: false, errorCode: 'ERR_PROTOCOL_VERSION', protocolVersion: CLIENT_PROTOCOL_VERSION, featuresJson: '' });
     expect(old.error).toContain('the client speaks version 0 (from before protocol versions)');

@@ -7,7 +7,7 @@ import * as path from 'path';
 import * as zmq from 'zeromq';
 import { ClientReply, ClientRequest, decode, encode } from '../src/proto';
 import { columnsFromWire } from '../src/client/telemetry';
-import { CLIENT_PROTOCOL_VERSION } from '../src/client/protocol';
+import { CLIENT_PROTOCOL_VERSION, RegionRole } from '../src/client/protocol';
 import { PYTHON, ROOT, cleanup, freePort, runPython, spawnTracked, tmpDir, waitFor } from './helpers';
 
 const PKG = path.join(ROOT, 'clients', 'python');
@@ -345,7 +345,7 @@ print(json.dumps(out))`,
   expect(bodies).toEqual(['hello', 'register', 'register', 'register', 'register', 'waveHead', 'ping', 'endOfWave', 'endOfWave', 'close']);
   const regs = agent.seen.filter((s) => s.body === 'register').map((s) => s.req.register);
   expect(regs.map((r) => r.name)).toEqual(['model.layers.0.k', 'model.layers.0.v', 'model.layers.1.k', 'model.layers.1.v']);
-  expect(regs[1]).toMatchObject({ shmName: `/wbtest-kv-${process.pid}`, dtype: 'bfloat16', shape: [4, 2, 2, 8], nbytes: 256, layer: 'model.layers.0', kv: 'v', role: 0 });
+  expect(regs[1]).toMatchObject({ shmName: `/wbtest-kv-${process.pid}`, dtype: 'bfloat16', shape: [4, 2, 2, 8], nbytes: 256, layer: 'model.layers.0', kv: 'v', role: RegionRole.KV_POOL });
   expect(regs[1].offset).toBeGreaterThanOrEqual(256);
   const head = agent.seen.find((s) => s.body === 'waveHead')!.req.waveHead;
   expect(head.wave).toBe(5);
