@@ -26,7 +26,7 @@ class StatusPolicy implements CoordinatorPolicy {
     return { quotas: { auto_dumps_left: 3 }, manual_dump_done: 1 };
   }
   snapshotState() {
-    return { configVersion: 0, configJson: '', manualDumpDone: 1 };
+    return { configVersion: 0, config: null, manualDumpDone: 1 };
   }
 }
 

@@ -142,7 +142,7 @@ describe('an old coordinator (answers without a version) and new peers', () => {
         if (!d.ok) continue;
         const m = d.value;
         let body: Record<string, unknown> | undefined;
-        if (m.body === 'snapshot') body = { snapshot: { epoch, seq: 0, wave: 0, configVersion: 0, configJson: '', pending: [], manualDumpDone: 0 } };
+        if (m.body === 'snapshot') body = { snapshot: { epoch, seq: 0, wave: 0, configVersion: 0, pending: [], manualDumpDone: 0 } };
         if (m.body === 'status') body = { status: { epoch, liveRanks: [0], expectedRanks: [0, 1], ready: false, statusJson: '{}' } };
         if (m.body === 'relay') body = { relay: { rank: 0, fileList: { globalRank: 0, root: 'dumps', files: [] } } };
         if (body) await router.send([parts[0], encodeCoordinatorMessage({ epoch, requestId: m.requestId, ...body })]).catch(() => undefined);
