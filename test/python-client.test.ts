@@ -942,6 +942,7 @@ deadline = time.monotonic() + 30
 while not c.features & 1 and time.monotonic() < deadline:
     time.sleep(0.02)
 out["features"] = c.features
+out["hello"] = vars(c.hello())  # the agent's typed Features, from the coordinator's AgentConfig
 res = []
 for w in range(1, 6):
     # from wave 3 on, one running request (detectors are off: its token columns stay out)
@@ -956,6 +957,7 @@ print(json.dumps(out))`,
       { ...ENV, WAVEBUS_RUN_DIR: runDir, LOCAL_RANK: '0' },
     );
     expect(got.features & 3).toBe(3); // bus + hot reload
+    expect(got.hello).toEqual({ tp0: true, bus: true, detectors: [], item_sync: false, snapshots: false, end_of_wave_timeout_ms: 5000 });
     for (const [w, head, , timedOut, configDue] of got.waves) {
       expect([w, head, timedOut]).toEqual([w, true, false]);
       expect([w, configDue]).toEqual([w, w === 2]);
