@@ -248,7 +248,7 @@ describe('wave bus', () => {
     dropping = true;
     const jobsArmed: string[] = [];
     for (let w = 1; w <= 60; w++) {
-      if (w % 10 === 0) c.setConfig(w, JSON.stringify({ v: w }));
+      if (w % 10 === 0) c.setConfig(w, { ...LANE_CONFIG, freeHeadroomBytes: w });
       if (w % 4 === 0) c.armDumps([job(`r${w}`)]);
       if (w % 4 === 0) jobsArmed.push(`${w}/token_repeat/r${w}`);
       c.beginWave(w, null);
@@ -270,11 +270,13 @@ describe('wave bus', () => {
     for (const id of jobsArmed) expect(seenJobs.has(id)).toBe(true);
     // The config the agent ends with is the last one published (from a lane or a snapshot).
     let cfg = 0;
+    let body: unknown = null;
     for (const e of a.events) {
-      if (e.kind === 'snapshot') cfg = e.s.configVersion;
-      if (e.kind === 'wave' && e.w.config) cfg = e.w.config.version;
+      if (e.kind === 'snapshot') [cfg, body] = [e.s.configVersion, e.s.config];
+      if (e.kind === 'wave' && e.w.config) [cfg, body] = [e.w.config.version, e.w.config.config];
     }
     expect(cfg).toBe(60);
+    expect(body).toEqual({ ...LANE_CONFIG, freeHeadroomBytes: 60 });
   });
 
   test('coordinator restart on the same port (new epoch): agents resync by themselves', async () => {

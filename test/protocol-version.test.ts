@@ -20,7 +20,7 @@ const layout: WorldLayout = { worldSize: 2, tp: 2, pp: 1, dp: 1, cp: 1 };
 const identity = (rank: number) => resolveIdentity({}, { rank, worldSize: 2, tp: 2, pp: 1 });
 
 test('the version is the proto enum PROTOCOL_VERSION_CURRENT', () => {
-  expect(PROTOCOL_VERSION).toBe(2);
+  expect(PROTOCOL_VERSION).toBe(3);
 });
 
 describe('a new coordinator and old peers', () => {
