@@ -23,6 +23,9 @@ import { DEFAULT_MAX_FRAME_BYTES } from '../src/bus/constants';
 import { decodeAgentMessage, decodeBusFrame, encodeAgentMessage, encodeBusFrame, TOPIC } from '../src/bus/frames';
 import { isOneWayRequest } from '../src/agent/client-server';
 import { WavebusClient } from '../src/client/client';
+import { RegionKind, RegionRole } from '../src/client/protocol';
+import { agentConfig } from '../src/guard/agent-config';
+import { defaultConfig } from '../src/guard/config';
 import { agentEndpoint, mailboxPath } from '../src/paths';
 import { packageRoot } from '../src/paths';
 import { freePortPair } from '../src/bus/ports';
@@ -141,7 +144,7 @@ export function agentCorpus(): Buffer[] {
 export function busCorpus(epoch: number): [string, Buffer][] {
   return [
     encodeBusFrame(epoch, 1, 'head', { epoch, seq: 1, wave: 3, configDue: true, dumpDue: true }),
-    encodeBusFrame(epoch, 2, 'config', { wave: 3, version: 2, configJson: '{"hot_reload":true,"config":{}}' }),
+    encodeBusFrame(epoch, 2, 'config', { wave: 3, version: 2, config: agentConfig(defaultConfig(), { hotReload: true, dumpRoot: '' }) }),
     encodeBusFrame(epoch, 3, 'dump', { wave: 3, jobs: [{ incidentType: 'manual_trigger', reqId: 'r', blockIds: [1, 2], armWave: 3, dumpDir: '/nonexistent/wavebus-fuzz', jobId: '3/m/r' }] }),
     encodeBusFrame(epoch, 4, 'heartbeat', { wave: 3, unixMs: 1 }),
   ];
@@ -150,8 +153,8 @@ export function busCorpus(epoch: number): [string, Buffer][] {
 export function clientCorpus(): Buffer[] {
   return [
     { id: 1, hello: { pid: 1, asyncScheduling: false, language: 'fuzz' } },
-    { id: 2, register: { name: 'x', kind: 0, shmName: '/wavebus-fuzz-none', offset: 0, nbytes: 64, dtype: 'float32', shape: [4, 4], role: 1 } },
-    { id: 3, register: { name: 'k', kind: 0, shmName: '/wavebus-fuzz-none', nbytes: 64, dtype: 'bfloat16', shape: [1, 2, 2, 8], role: 0, layer: 'l', kv: 'k' } },
+    { id: 2, register: { name: 'x', kind: RegionKind.SHM, shmName: '/wavebus-fuzz-none', offset: 0, nbytes: 64, dtype: 'float32', shape: [4, 4], role: RegionRole.INPUT } },
+    { id: 3, register: { name: 'k', kind: RegionKind.SHM, shmName: '/wavebus-fuzz-none', nbytes: 64, dtype: 'bfloat16', shape: [1, 2, 2, 8], role: RegionRole.KV_POOL, layer: 'l', kv: 'k' } },
     { id: 4, waveHead: { wave: 7 } },
     { id: 5, endOfWave: { wave: 7 } },
     { id: 6, beforeForward: { context: { compilationHash: 'h', globalStep: 1, reqIds: ['a'], positions: [1], rowRequest: [0] }, inputs: [{ region: 'x', dtype: 'float32', shape: [2] }] } },

@@ -9,10 +9,24 @@ export interface WaveHead {
   dumpDue: boolean;
 }
 
+/** proto AgentConfig: what every rank acts on from the runtime config (src/guard/agent-config.ts builds it). */
+export interface AgentConfig {
+  busActive: boolean;
+  hotReload: boolean;
+  /** The enabled detectors, by config name. */
+  detectors: string[];
+  itemSync: boolean;
+  /** proto TensorFormat number (src/artifacts/tensor-format.ts maps it). */
+  dumpFormat: number;
+  freeHeadroomBytes: number;
+  dumpRoot: string;
+}
+
 export interface ConfigLane {
   wave: number;
   version: number;
-  configJson: string;
+  /** null only when a peer sent a lane without one. */
+  config: AgentConfig | null;
 }
 
 export interface DumpJob {

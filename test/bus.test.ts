@@ -7,10 +7,16 @@ import { encodeAgentMessage, encodeBusFrame, encodeCoordinatorMessage, decodeAge
 import { isLoopback, parseHostPort } from '../src/bus/endpoints';
 import type { CoordinatorPolicy, DueLanes } from '../src/bus/policy';
 import { ConfigError } from '../src/errors';
+import { agentConfig } from '../src/guard/agent-config';
+import { configFromRaw, defaultConfig } from '../src/guard/config';
 import { resolveIdentity, type WorldLayout } from '../src/launch/identity';
 import { createLogger } from '../src/log';
 import type { DumpJob, DumpResult, StepTelemetry } from '../src/messages';
 import { cleanup, freePortPair, portFree, runWavebus, spawnWavebus, waitFor, type Spawned } from './helpers';
+
+// Typed configs as the guard builds them (src/guard/agent-config.ts), told apart by their fields.
+const LANE_CONFIG = agentConfig(defaultConfig(), { hotReload: true, dumpRoot: '' });
+const POLICY_CONFIG = agentConfig(configFromRaw({ dump: { manual_dump: 2, format: 'npy' } }, 'test policy'), { hotReload: false, dumpRoot: '/policy-root' });
 
 const quiet = createLogger('bus-test', 'error');
 
@@ -101,7 +107,7 @@ class RecordingPolicy implements CoordinatorPolicy {
     return { policy_heads: this.heads.length };
   }
   snapshotState() {
-    return { configVersion: 7, configJson: '{"policy":true}', manualDumpDone: 2 };
+    return { configVersion: 7, config: POLICY_CONFIG, manualDumpDone: 2 };
   }
 }
 
@@ -139,7 +145,7 @@ describe('wave bus', () => {
     await inproc.bus.start();
     await waitFor(async () => (await requestStatus({ host: '127.0.0.1', port })).ready, 'bus ready');
 
-    c.setConfig(1, '{"detector":{}}');
+    c.setConfig(1, LANE_CONFIG);
     c.beginWave(1, null);
     c.armDumps([job('req-a')]);
     c.beginWave(2, null);
@@ -152,7 +158,7 @@ describe('wave bus', () => {
     const got = inproc.waves();
     checkDelivery(got.map((w) => w.head.wave), inproc.events.flatMap((e) => (e.kind === 'snapshot' ? [e.s.wave] : [])), 10);
     const w1 = got.find((w) => w.head.wave === 1);
-    if (w1) expect(w1.config).toEqual({ wave: 1, version: 1, configJson: '{"detector":{}}' });
+    if (w1) expect(w1.config).toEqual({ wave: 1, version: 1, config: LANE_CONFIG });
     const w2 = got.find((w) => w.head.wave === 2);
     if (w2) expect(w2.dump?.jobs.map((j) => j.jobId)).toEqual(['2/token_repeat/req-a']);
     const w10 = got.find((w) => w.head.wave === 10)!;
@@ -242,7 +248,7 @@ describe('wave bus', () => {
     dropping = true;
     const jobsArmed: string[] = [];
     for (let w = 1; w <= 60; w++) {
-      if (w % 10 === 0) c.setConfig(w, JSON.stringify({ v: w }));
+      if (w % 10 === 0) c.setConfig(w, { ...LANE_CONFIG, freeHeadroomBytes: w });
       if (w % 4 === 0) c.armDumps([job(`r${w}`)]);
       if (w % 4 === 0) jobsArmed.push(`${w}/token_repeat/r${w}`);
       c.beginWave(w, null);
@@ -264,11 +270,13 @@ describe('wave bus', () => {
     for (const id of jobsArmed) expect(seenJobs.has(id)).toBe(true);
     // The config the agent ends with is the last one published (from a lane or a snapshot).
     let cfg = 0;
+    let body: unknown = null;
     for (const e of a.events) {
-      if (e.kind === 'snapshot') cfg = e.s.configVersion;
-      if (e.kind === 'wave' && e.w.config) cfg = e.w.config.version;
+      if (e.kind === 'snapshot') [cfg, body] = [e.s.configVersion, e.s.config];
+      if (e.kind === 'wave' && e.w.config) [cfg, body] = [e.w.config.version, e.w.config.config];
     }
     expect(cfg).toBe(60);
+    expect(body).toEqual({ ...LANE_CONFIG, freeHeadroomBytes: 60 });
   });
 
   test('coordinator restart on the same port (new epoch): agents resync by themselves', async () => {
@@ -367,7 +375,7 @@ describe('wave bus', () => {
         const d = decodeAgentMessage(parts[1], 1 << 20);
         if (d.ok && d.value.body === 'snapshot') {
           snapshotsServed++;
-          await router.send([parts[0], encodeCoordinatorMessage({ epoch: E, requestId: d.value.requestId, snapshot: { epoch: E, seq, wave: 5, configVersion: 3, configJson: '{}', protocolVersion: PROTOCOL_VERSION } })]);
+          await router.send([parts[0], encodeCoordinatorMessage({ epoch: E, requestId: d.value.requestId, snapshot: { epoch: E, seq, wave: 5, configVersion: 3, config: LANE_CONFIG, protocolVersion: PROTOCOL_VERSION } })]);
         }
       }
     })();
@@ -431,7 +439,7 @@ describe('wave bus', () => {
     await late.bus.start();
     await waitFor(() => late.events.some((e) => e.kind === 'snapshot'), 'late snapshot');
     const snap = late.events.find((e) => e.kind === 'snapshot')! as { kind: 'snapshot'; s: SnapshotReplyMsg };
-    expect(snap.s).toMatchObject({ epoch: c.epoch, wave: 1, configVersion: 7, configJson: '{"policy":true}', manualDumpDone: 2 });
+    expect(snap.s).toMatchObject({ epoch: c.epoch, wave: 1, configVersion: 7, config: POLICY_CONFIG, manualDumpDone: 2 });
     expect(snap.s.pending).toHaveLength(1);
     expect(snap.s.pending[0].jobs.map((j) => j.jobId).sort()).toEqual(['1/token_repeat/req-1', '1/token_repeat/req-2']);
     await late.bus.stop();

@@ -7,7 +7,6 @@ import { Coordinator } from '../src/bus/coordinator';
 import { WavebusClient } from '../src/client/client';
 import { Guard } from '../src/guard/guard';
 import { parseStartupOptions } from '../src/guard/startup';
-import { withStartupFacts } from '../src/guard/guard-policy';
 import { resolveIdentity, type WorldLayout } from '../src/launch/identity';
 import { inspectTree } from '../src/tools/inspect';
 import { ShmSegment } from '../src/memory';
@@ -60,7 +59,7 @@ async function startJob(opts: {
     layout,
     heartbeatMs: 300,
     dumpAckTimeoutMs: opts.dumpAckTimeoutMs ?? 10000,
-    policy: withStartupFacts(guard, startup.hotReload),
+    policy: guard,
   });
   await coordinator.start();
   const ranks: Rank[] = [];

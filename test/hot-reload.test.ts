@@ -124,8 +124,7 @@ describe('guard hot reload', () => {
     const g = new Guard({ startup: opts, rank: 0, expectedRanks: [0], log: rec.log, pollIntervalMs: 0, verifyIntervalMs: 0 });
     const first = g.onWaveHead(1, null);
     expect(first.config?.version).toBe(1);
-    const sent = JSON.parse(first.config!.configJson);
-    expect(sent.dump.dump_dir).toBe(path.join(d, 'runtime', 'report', 'kv_cache'));
+    expect(first.config!.config).toMatchObject({ dumpRoot: path.join(d, 'runtime', 'report', 'kv_cache'), hotReload: true, busActive: true, detectors: [] });
     expect(g.onWaveHead(2, null).config).toBeUndefined();
     // startup wrote the effective config; the operator edits it
     const live = JSON.parse(fs.readFileSync(opts.configPath, 'utf8'));
@@ -134,9 +133,8 @@ describe('guard hot reload', () => {
     fs.writeFileSync(opts.configPath, JSON.stringify(live, null, 2));
     const lanes = g.onWaveHead(3, null);
     expect(lanes.config?.version).toBe(2);
-    const cfg = JSON.parse(lanes.config!.configJson);
-    expect(cfg.detector.logits_finite).toEqual({ enabled: true, item_sync: true });
-    expect(g.snapshotState()).toEqual({ configVersion: 2, configJson: lanes.config!.configJson, manualDumpDone: 0 });
+    expect(lanes.config!.config).toMatchObject({ detectors: ['logits_finite'], itemSync: true });
+    expect(g.snapshotState()).toEqual({ configVersion: 2, config: lanes.config!.config, manualDumpDone: 0 });
     expect(g.onWaveHead(4, null).config).toBeUndefined();
     // a bad edit: no lane, status shows the error, the last good config stays
     fs.writeFileSync(opts.configPath, '{"detector": ');

@@ -9,7 +9,6 @@ import { Coordinator } from '../src/bus/coordinator';
 import { WavebusClient } from '../src/client/client';
 import { Guard } from '../src/guard/guard';
 import { parseStartupOptions } from '../src/guard/startup';
-import { withStartupFacts } from '../src/guard/guard-policy';
 import { resolveIdentity, type WorldLayout } from '../src/launch/identity';
 import { ShmSegment } from '../src/memory';
 import type { RequestStep, StepTelemetry } from '../src/messages';
@@ -52,7 +51,7 @@ export async function startHarnessJob(opts: {
   const startup = parseStartupOptions(JSON.stringify({ runtime_config_hot_reload: false, runtime_config: opts.runtimeConfig }), {}, root);
   const guard = new Guard({ startup, rank: 0, expectedRanks: Array.from({ length: opts.tp }, (_, i) => i), layout, artifactModes: opts.artifactModes });
   const port = await freePortPair();
-  const coordinator = new Coordinator({ port, layout, heartbeatMs: 300, dumpAckTimeoutMs: 10000, policy: withStartupFacts(guard, startup.hotReload) });
+  const coordinator = new Coordinator({ port, layout, heartbeatMs: 300, dumpAckTimeoutMs: 10000, policy: guard });
   await coordinator.start();
   const job: HarnessJob = { coordinator, guard, ranks: [], root, dumpRoot: startup.dumpDir, reportRoot: startup.reportDir };
   const runDir = path.join(root, 'run');

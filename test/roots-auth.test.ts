@@ -13,7 +13,6 @@ import { encodeAgentMessage, encodeBusFrame } from '../src/bus/frames';
 import { WavebusClient } from '../src/client/client';
 import { Guard } from '../src/guard/guard';
 import { parseStartupOptions } from '../src/guard/startup';
-import { withStartupFacts } from '../src/guard/guard-policy';
 import { resolveIdentity } from '../src/launch/identity';
 import { createLogger } from '../src/log';
 import { ShmSegment } from '../src/memory';
@@ -85,7 +84,7 @@ async function oneRankJob(guardRoot: string, agentRoot: string, busToken?: BusTo
   const startup = parseStartupOptions(JSON.stringify({ runtime_dump_dir: guardRoot, runtime_config: { dump: { manual_dump: 1, free_headroom_bytes: 0, auto_cooldown_seconds: 0 } } }), {}, root);
   const guard = new Guard({ startup, rank: 0, expectedRanks: [0], log: quiet });
   const port = await freePortPair();
-  const coordinator = new Coordinator({ port, layout: LAYOUT1, heartbeatMs: 100, deadAfterMs: 5000, dumpAckTimeoutMs: 5000, busToken, policy: withStartupFacts(guard, false), logger: quiet });
+  const coordinator = new Coordinator({ port, layout: LAYOUT1, heartbeatMs: 100, deadAfterMs: 5000, dumpAckTimeoutMs: 5000, busToken, policy: guard, logger: quiet });
   await coordinator.start();
   const runDir = path.join(root, 'run');
   const identity = resolveIdentity({ RANK: '0', LOCAL_RANK: '0', WORLD_SIZE: '1', LOCAL_WORLD_SIZE: '1' });

@@ -26,6 +26,8 @@ import {
 import { encodeAgentMessage, encodeBusFrame } from '../src/bus/frames';
 import type { CoordinatorPolicy } from '../src/bus/policy';
 import { ConfigError } from '../src/errors';
+import { agentConfig } from '../src/guard/agent-config';
+import { defaultConfig } from '../src/guard/config';
 import { resolveIdentity, type WorldLayout } from '../src/launch/identity';
 import { createLogger } from '../src/log';
 import type { DumpResult } from '../src/messages';
@@ -57,7 +59,7 @@ function recordingPolicy() {
     },
     onDumpResult: (r) => void calls.dumpResults.push(r),
     status: () => ({}),
-    snapshotState: () => ({ configVersion: 0, configJson: '', manualDumpDone: 0 }),
+    snapshotState: () => ({ configVersion: 0, config: null, manualDumpDone: 0 }),
   };
   return { calls, policy };
 }
@@ -359,7 +361,7 @@ describe('CURVE bus (library)', () => {
       encodeAgentMessage({ globalRank: 0, requestId: 7, status: {} }),
       encodeAgentMessage({ globalRank: 0, requestId: 8, snapshot: { globalRank: 0 } }),
     ];
-    const fakeConfig = encodeBusFrame(c.epoch, c.seq + 1, 'config', { wave: 900001, version: 99, configJson: '{"hot_reload":true}' });
+    const fakeConfig = encodeBusFrame(c.epoch, c.seq + 1, 'config', { wave: 900001, version: 99, config: agentConfig(defaultConfig(), { hotReload: true, dumpRoot: '' }) });
     const peers = {
       stranger: rawPeer('dealer', port, clientKeys(server, stranger)),
       wrongServerKey: rawPeer('dealer', port, clientKeys(curveKeyPair(), allowed)),

@@ -14,12 +14,12 @@ import { ConfigError, WavebusError } from '../errors';
 import type { RankIdentity } from '../launch/identity';
 import { createLogger, type Logger } from '../log';
 import { MailboxWriter, MailboxFeature } from '../client/mailbox';
-import type { DumpJob, DumpLane } from '../messages';
+import type { AgentConfig, DumpJob, DumpLane } from '../messages';
 import { agentEndpoint, mailboxPath } from '../paths';
 import { claimRunDir, staleSocketOrNothing } from '../launch/run-dir';
 import { ClientServer } from './client-server';
 import { captureInputs } from './input-capture';
-import { DEFAULT_VIEW, runtimeView, type RuntimeView } from './runtime-view';
+import { DEFAULT_VIEW, viewOf, type RuntimeView } from './runtime-view';
 import { SnapshotCapturer } from '../snapshot/capture';
 import { checkSnapshotGating, type SnapshotConfig } from '../snapshot/config';
 
@@ -83,7 +83,7 @@ export class Agent {
   private pendingView?: RuntimeView;
   /** Dump lanes by wave, kept until that wave ends here. */
   private readonly dumpLanes = new Map<number, DumpLane>();
-  private readonly configWaves = new Map<number, string>();
+  private readonly configWaves = new Map<number, AgentConfig | null>();
   /** Waves whose vector arrived, for end_of_wave waits. */
   private readonly arrived = new Set<number>();
   private readonly waiters = new Map<number, (() => void)[]>();
@@ -200,7 +200,7 @@ export class Agent {
     let bits = 0;
     if (this.view.busActive && this.bus) bits |= MailboxFeature.BUS_ACTIVE;
     if (this.view.hotReload) bits |= MailboxFeature.HOT_RELOAD;
-    if (Object.values(this.view.detectors).some(Boolean)) bits |= MailboxFeature.DETECTORS;
+    if (this.view.detectors.length > 0) bits |= MailboxFeature.DETECTORS;
     if (this.capturer) bits |= MailboxFeature.SNAPSHOTS;
     return bits;
   }
@@ -209,7 +209,15 @@ export class Agent {
     this.mailbox?.setFeatures(this.features());
   }
 
-  private setView(view: RuntimeView): void {
+  /** Act on the coordinator's config from now on; one this side cannot read leaves the view as it was. */
+  private applyConfig(cfg: AgentConfig | null, where: string): void {
+    let view: RuntimeView;
+    try {
+      view = viewOf(cfg);
+    } catch (e) {
+      this.log.error({ where, err: (e as Error).message }, 'unreadable runtime config from the coordinator; keeping the one in force');
+      return;
+    }
     // A new bus dump root is checked once here, not on every file request.
     if (view.dumpRoot !== this.view.dumpRoot) this.servedDumps = this.gate.servedDumps(view.dumpRoot);
     this.view = view;
@@ -217,7 +225,7 @@ export class Agent {
 
   private onSnapshot(s: SnapshotReplyMsg): void {
     this.log.debug({ epoch: s.epoch, seq: s.seq, wave: s.wave }, 'snapshot');
-    this.setView(runtimeView(s.configJson));
+    this.applyConfig(s.config, 'SnapshotReply.config');
     this.mailbox?.setEpoch(s.epoch);
     for (const lane of s.pending) this.dumpLanes.set(lane.wave, lane);
     this.publishFeatures();
@@ -230,7 +238,7 @@ export class Agent {
     const wave = w.head.wave;
     this.log.debug({ wave, seq: w.head.seq, config: w.config?.version, dumps: w.dump?.jobs.map((j) => j.jobId) }, 'wave');
     if (w.dump) this.dumpLanes.set(wave, w.dump);
-    if (w.config) this.configWaves.set(wave, w.config.configJson);
+    if (w.config) this.configWaves.set(wave, w.config.config);
     this.arrive(wave, w.head.configDue, w.head.dumpDue);
   }
 
@@ -302,14 +310,14 @@ export class Agent {
     }
     return {
       mailboxPath: mailboxPath(this.opts.runDir, this.identity.localRank),
-      featuresJson: JSON.stringify({
+      features: {
         tp0: this.identity.tpRank === 0 && this.identity.isLastPp,
         bus: this.view.busActive && Boolean(this.bus),
-        detectors: this.view.detectors,
-        item_sync: this.view.itemSync,
+        detectors: [...this.view.detectors],
+        itemSync: this.view.itemSync,
         snapshots: Boolean(this.capturer),
-        end_of_wave_timeout_ms: this.endOfWaveTimeoutMs,
-      }),
+        endOfWaveTimeoutMs: this.endOfWaveTimeoutMs,
+      },
     };
   }
 
@@ -324,7 +332,7 @@ export class Agent {
     const cfg = this.configWaves.get(wave);
     if (cfg !== undefined) {
       this.configWaves.delete(wave);
-      this.setView(runtimeView(cfg));
+      this.applyConfig(cfg, `ConfigLane.config of wave ${wave}`);
       this.publishFeatures();
     }
     const lane = this.dumpLanes.get(wave);

@@ -13,10 +13,11 @@ import type { DumpJob, DumpResult, FileEntry } from '../messages';
 import { kvRankDirName } from '../paths';
 import { safeComponent } from '../artifacts/sanitize';
 import { Tensor } from '../artifacts/tensor';
+import type { TensorFormat } from '../artifacts/tensor-format';
 import type { RegionTable, RegisteredRegion } from './regions';
 import type { RootGate } from './roots';
 
-export type DumpFormat = 'pt' | 'npy' | 'safetensors';
+export type DumpFormat = TensorFormat;
 
 export interface DumpSettings {
   format: DumpFormat;

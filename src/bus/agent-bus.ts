@@ -5,7 +5,7 @@ import { EventEmitter } from 'events';
 import { Dealer, Subscriber } from 'zeromq';
 import { identityToProto, type RankIdentity } from '../launch/identity';
 import { createLogger, type Logger } from '../log';
-import type { ConfigLane, DumpLane, DumpResult, StepTelemetry, WaveHead } from '../messages';
+import type { AgentConfig, ConfigLane, DumpLane, DumpResult, StepTelemetry, WaveHead } from '../messages';
 import { DEFAULT_HEARTBEAT_MS, DEFAULT_MAX_FRAME_BYTES } from './constants';
 import {
   DropCounter,
@@ -63,7 +63,7 @@ export interface SnapshotReplyMsg {
   seq: number;
   wave: number;
   configVersion: number;
-  configJson: string;
+  config: AgentConfig | null;
   pending: DumpLane[];
   manualDumpDone: number;
   protocolVersion: number;

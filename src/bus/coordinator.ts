@@ -8,7 +8,7 @@ import { ConfigError, ProtocolError, WavebusError } from '../errors';
 import { lastPpRanks, type WorldLayout } from '../launch/identity';
 import { layoutJson } from '../paths';
 import { createLogger, type Logger } from '../log';
-import type { DumpJob, DumpLane, DumpResult, StepTelemetry, WaveHead } from '../messages';
+import type { AgentConfig, DumpJob, DumpLane, DumpResult, StepTelemetry, WaveHead } from '../messages';
 import { AgentRequests } from './agent-requests';
 import { DumpAcks, mergeJobs } from './dump-acks';
 import { RankTable } from './rank-table';
@@ -67,8 +67,8 @@ export class Coordinator extends EventEmitter {
   private readonly agentRequests: AgentRequests;
   private readonly versions = new VersionGate();
   private queuedDumps: DumpJob[] = [];
-  private queuedConfig?: { version: number; configJson: string };
-  private lastConfig = { version: 0, configJson: '' };
+  private queuedConfig?: { version: number; config: AgentConfig };
+  private lastConfig: { version: number; config: AgentConfig | null } = { version: 0, config: null };
   private readyEmitted = false;
   private running = false;
   /** Telemetry columns of the wave head being handled (consumed before the next message is decoded). */
@@ -239,8 +239,8 @@ export class Coordinator extends EventEmitter {
   }
 
   /** Queue a new effective config for the next wave head. */
-  setConfig(version: number, configJson: string): void {
-    this.queuedConfig = { version, configJson };
+  setConfig(version: number, config: AgentConfig): void {
+    this.queuedConfig = { version, config };
   }
 
   /**
@@ -270,8 +270,8 @@ export class Coordinator extends EventEmitter {
     this.publish('head', { ...head });
     this.metrics.waves.inc();
     if (config) {
-      this.publish('config', { wave, version: config.version, configJson: config.configJson });
-      this.lastConfig = { version: config.version, configJson: config.configJson };
+      this.publish('config', { wave, version: config.version, config: config.config });
+      this.lastConfig = { version: config.version, config: config.config };
       this.metrics.lanes.inc({ lane: 'config' });
     }
     if (jobs.length > 0) {
@@ -483,7 +483,7 @@ export class Coordinator extends EventEmitter {
   }
 
   private snapshotReply(): Record<string, unknown> {
-    let cfg = { configVersion: this.lastConfig.version, configJson: this.lastConfig.configJson, manualDumpDone: 0 };
+    let cfg = { configVersion: this.lastConfig.version, config: this.lastConfig.config, manualDumpDone: 0 };
     if (this.policy) {
       try {
         cfg = this.policy.snapshotState();
@@ -497,7 +497,7 @@ export class Coordinator extends EventEmitter {
       seq: this.seq,
       wave: this.wave,
       configVersion: cfg.configVersion,
-      configJson: cfg.configJson,
+      config: cfg.config,
       pending: this.dumpAcks.lanes(),
       manualDumpDone: cfg.manualDumpDone,
       protocolVersion: PROTOCOL_VERSION,

@@ -1,10 +1,10 @@
 // What the coordinator asks of the logic that decides what is due (the runtime guard).
 // The bus moves frames; the policy decides which lanes each wave carries.
-import type { DumpJob, DumpResult, StepTelemetry } from '../messages';
+import type { AgentConfig, DumpJob, DumpResult, StepTelemetry } from '../messages';
 
 export interface DueLanes {
   /** A new effective config, applied by every rank at the end of this wave. */
-  config?: { version: number; configJson: string };
+  config?: { version: number; config: AgentConfig };
   /** Dump jobs armed for this wave, copied at its end by every last-PP TP rank. */
   dumps: DumpJob[];
 }
@@ -22,7 +22,7 @@ export interface CoordinatorPolicy {
   /** Merged into /healthz and StatusReply.status_json. */
   status(): Record<string, unknown>;
   /** What a (re)joining agent needs beyond the bus position. */
-  snapshotState(): { configVersion: number; configJson: string; manualDumpDone: number };
+  snapshotState(): { configVersion: number; config: AgentConfig | null; manualDumpDone: number };
   /** Release timers, file watchers. */
   close?(): void;
 }

@@ -12,7 +12,6 @@ import { identityFlagsFromArgv, identityOptions, resolveLayout } from '../launch
 import { createLogger } from '../log';
 import { Guard } from '../guard/guard';
 import { guardOptions, parseStartupOptions } from '../guard/startup';
-import { withStartupFacts } from '../guard/guard-policy';
 import { lastPpRanks } from '../launch/identity';
 import { keepFreedMemory } from '../malloc-tuning';
 
@@ -84,7 +83,7 @@ export const command: CommandModule = {
       curve,
       busToken,
       logger: log,
-      policy: withStartupFacts(guard, startup.hotReload),
+      policy: guard,
     });
     const signal = waitForSignal();
     await coordinator.start();

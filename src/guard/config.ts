@@ -294,7 +294,7 @@ export function actionsFor(cfg: RuntimeConfig, name: DetectorName): Action[] {
   return cfg.detector[name].on_trigger ?? cfg.actions.defaults.on_trigger;
 }
 
-/** Stable JSON (keys in schema order, 2-space indent): what ranks receive and what is written back. */
+/** Stable JSON (keys in schema order, 2-space indent): the config file as written back, and how a reload compares. */
 export function configJson(cfg: RuntimeConfig): string {
   return JSON.stringify(cfg, null, 2);
 }

@@ -6,9 +6,10 @@ import type { Counter } from 'prom-client';
 import { DEFAULT_ARTIFACT_MODES, sensitiveModes, type ArtifactModes } from '../artifacts/artifact-mode';
 import type { CoordinatorPolicy, DueLanes } from '../bus/policy';
 import { createLogger, Logger } from '../log';
-import type { DumpJob, DumpResult, StepTelemetry, TelemetryColumns } from '../messages';
+import type { AgentConfig, DumpJob, DumpResult, StepTelemetry, TelemetryColumns } from '../messages';
 import { counter } from '../metrics';
-import { actionsFor, configJson, DetectorName, mergeConfig, RuntimeConfig } from './config';
+import { actionsFor, DetectorName, RuntimeConfig } from './config';
+import { agentConfig } from './agent-config';
 import { DetectorSet, Hit, MUTE_BIT, splitNonFinite } from './detectors';
 import { DumpBook } from './dumps';
 import type { WorldLayout } from '../launch/identity';
@@ -52,7 +53,7 @@ export class Guard implements CoordinatorPolicy {
   private readonly follower: ConfigFollower | null;
   private cfg: RuntimeConfig;
   private version = 1;
-  private laneJson = '';
+  private lane!: AgentConfig;
   private configDue = true; // the first wave head carries the startup config
   private detectors: DetectorSet;
   private readonly requests = new RequestTable();
@@ -109,8 +110,8 @@ export class Guard implements CoordinatorPolicy {
   }
 
   private refreshLane(): void {
-    // Ranks receive the effective config with the dump root resolved.
-    this.laneJson = configJson(mergeConfig(this.cfg, { dump: { dump_dir: this.dumpRoot() } }));
+    // Ranks receive what they act on, with the dump root resolved.
+    this.lane = agentConfig(this.cfg, { hotReload: this.opts.startup.hotReload, dumpRoot: this.dumpRoot() });
   }
 
   private pollConfig(): void {
@@ -174,7 +175,7 @@ export class Guard implements CoordinatorPolicy {
     const lanes: DueLanes = { dumps };
     if (this.configDue) {
       this.configDue = false;
-      lanes.config = { version: this.version, configJson: this.laneJson };
+      lanes.config = { version: this.version, config: this.lane };
     }
     return lanes;
   }
@@ -367,8 +368,8 @@ export class Guard implements CoordinatorPolicy {
     };
   }
 
-  snapshotState(): { configVersion: number; configJson: string; manualDumpDone: number } {
-    return { configVersion: this.version, configJson: this.laneJson, manualDumpDone: this.manualDone };
+  snapshotState(): { configVersion: number; config: AgentConfig; manualDumpDone: number } {
+    return { configVersion: this.version, config: this.lane, manualDumpDone: this.manualDone };
   }
 
   close(): void {

@@ -16,7 +16,6 @@ const { Coordinator } = require(path.join(dist, 'bus', 'coordinator'));
 const { WavebusClient } = require(path.join(dist, 'client', 'client'));
 const { Guard } = require(path.join(dist, 'guard', 'guard'));
 const { parseStartupOptions } = require(path.join(dist, 'guard', 'startup'));
-const { withStartupFacts } = require(path.join(dist, 'guard', 'guard-policy'));
 const { resolveIdentity } = require(path.join(dist, 'launch', 'identity'));
 const { resolveSnapshotConfig } = require(path.join(dist, 'snapshot', 'config'));
 const { freePortPair } = require(path.join(dist, 'bus', 'ports'));
@@ -78,7 +77,7 @@ async function main() {
   const startup = parseStartupOptions(JSON.stringify({ runtime_config: { dump: { manual_dump: 1, free_headroom_bytes: 0 } } }), {}, root);
   const guard = new Guard({ startup, rank: 0, expectedRanks: [0] });
   const port = await freePortPair();
-  const coordinator = new Coordinator({ port, layout: { worldSize: 1, tp: 1, pp: 1, dp: 1, cp: 1 }, heartbeatMs: 300, dumpAckTimeoutMs: 10000, policy: withStartupFacts(guard, false) });
+  const coordinator = new Coordinator({ port, layout: { worldSize: 1, tp: 1, pp: 1, dp: 1, cp: 1 }, heartbeatMs: 300, dumpAckTimeoutMs: 10000, policy: guard });
   await coordinator.start();
   const runDir = path.join(root, 'run');
   const env = { RANK: '0', LOCAL_RANK: '0', WORLD_SIZE: '1', LOCAL_WORLD_SIZE: '1', WAVEBUS_TP: '1' };

@@ -23,8 +23,8 @@ router.bind(f"tcp://127.0.0.1:{port + 1}")
 seq = 0
 peer = None
 next_id = 100
-# dump_dir=/ in the config lane: the served root of a trusting agent would be the whole disk.
-CONFIG = json.dumps({"config": {"dump": {"dump_dir": "/", "manual_dump": 1, "free_headroom_bytes": 0}, "detector": {}}})
+# dump_root=/ in the config: the served root of a trusting agent would be the whole disk.
+CONFIG = pb.AgentConfig(bus_active=True, dump_root="/", free_headroom_bytes=0, dump_format=pb.TENSOR_FORMAT_PT)
 
 
 def say(**kw):
@@ -83,7 +83,7 @@ while True:
                 r = pb.CoordinatorMessage(epoch=EPOCH, request_id=m.request_id)
                 r.snapshot.epoch = EPOCH
                 r.snapshot.seq = seq
-                r.snapshot.config_json = CONFIG
+                r.snapshot.config.CopyFrom(CONFIG)
                 r.snapshot.protocol_version = pb.PROTOCOL_VERSION_CURRENT  # a squatter speaking the current protocol
                 r.snapshot.pending.add(wave=seq + 1000, jobs=[job(seq + 1000, "/")])
                 router.send_multipart([peer, r.SerializeToString()])
