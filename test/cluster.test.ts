@@ -23,6 +23,7 @@ import {
   rootOnlyReason,
   runWavebus,
   spawnInNetns,
+  spawnOnHost,
   tmpDir,
   waitFor,
   type NetnsCluster,
@@ -118,7 +119,7 @@ function startProber(ns: string, host: string, curveDir: string): { latest: () =
 interface Job {
   dir: string;
   hosts: Spawned[];
-  /** Per host: its own disk (runtime dir with report/ and kv_cache/, snapshot cache, sim results). */
+  /** Per host: its own disk, seen by its processes at <dir>/disk (runtime dir with report/ and kv_cache/, snapshot cache, sim results). */
   hostDirs: string[];
   cfgPath: string;
   config: Record<string, any>;
@@ -137,19 +138,23 @@ function launchJob(net: NetnsCluster, keys: Keys, dir: string, layout: { tp: num
   const nnodes = world / 2;
   const on = { enabled: true, on_trigger: ['report', 'dump_kv'] };
   const config = { detector: { token_repeat: on, logits_finite: on }, dump: { auto_max_times: 8, auto_cooldown_seconds: 0, free_headroom_bytes: 0, format: 'pt', manual_dump: 0 } };
+  // Every host uses the same paths under `disk`, each on its own disk (host<i>/ here).
+  const disk = path.join(dir, 'disk');
+  fs.mkdirSync(disk, { recursive: true });
   const hostDirs = Array.from({ length: nnodes }, (_, i) => path.join(dir, `host${i}`));
-  const cfgOf = (i: number) => path.join(hostDirs[i], 'runtime', 'config', 'runtime_config.json');
+  const cfgPath = path.join(disk, 'runtime', 'config', 'runtime_config.json');
   const startAt = Date.now() + 12000;
   const hosts = hostDirs.map((hd, i) => {
-    fs.mkdirSync(path.dirname(cfgOf(i)), { recursive: true });
-    return spawnInNetns(
+    fs.mkdirSync(path.join(hd, 'runtime', 'config'), { recursive: true });
+    return spawnOnHost(
       net.nodes[i].ns,
+      { dir: hd, at: disk },
       process.execPath,
       [
         CLI, 'launch', '--nnodes', String(nnodes), '--node-rank', String(i), '--nproc-per-node', '2',
         '--tp', String(layout.tp), '--pp', String(layout.pp), '--dp', String(layout.dp),
         '--master-addr', net.nodes[0].addr, '--port', String(PORT), '--curve-dir', keys.hostDirs[i],
-        '--runtime-config-path', cfgOf(i), '--runtime-config-hot-reload',
+        '--runtime-config-path', cfgPath, '--runtime-config-hot-reload',
         '--additional-config', JSON.stringify({ runtime_config: config }),
         // Input snapshots: decode step 5 of request 0 (prompt length 12), on every rank.
         '--snapshot-enable', '--snapshot-capture-token', '17', '--snapshot-max-captures', '1', '--snapshot-format', 'npy',
@@ -157,17 +162,16 @@ function launchJob(net: NetnsCluster, keys: Keys, dir: string, layout: { tp: num
         '--coordinator-arg=--heartbeat-ms', '--coordinator-arg=200', '--coordinator-arg=--dump-ack-timeout-ms', '--coordinator-arg=8000',
         '--agent-arg=--heartbeat-ms', '--agent-arg=200', '--agent-arg=--end-of-wave-timeout-ms', '--agent-arg=250',
         '--',
-        process.execPath, CLI, 'sim', '--steps', String(STEPS), '--step-ms', String(STEP_MS), '--result-dir', path.join(hd, 'ranks'),
+        process.execPath, CLI, 'sim', '--steps', String(STEPS), '--step-ms', String(STEP_MS), '--result-dir', path.join(disk, 'ranks'),
         '--faults', JSON.stringify(faultsOfHost(i)), '--start-at', String(startAt),
       ],
-      // Each host's snapshot cache is on its own disk.
-      { env: { ...process.env, WAVEBUS_CACHE_ROOT: path.join(hd, 'cache') } },
+      { env: { ...process.env, WAVEBUS_CACHE_ROOT: path.join(disk, 'cache') } },
     );
   });
   const probe = startProber(net.nodes[0].ns, net.nodes[0].addr, keys.hostDirs[0]);
   const diag = () => `${hosts.map((h, i) => `\nhost ${i}: ${h.stderr().slice(-2000)}`).join('')}\nstatus: ${JSON.stringify(probe.latest()?.json)}`;
   const until = <T>(fn: () => T, what: string, ms: number) => waitFor(fn, what, ms, 100).catch((e) => Promise.reject(new Error(`${(e as Error).message}${diag()}`)));
-  return { dir, hosts, hostDirs, cfgPath: cfgOf(0), config, probe, diag, until };
+  return { dir, hosts, hostDirs, cfgPath: path.join(hostDirs[0], 'runtime', 'config', 'runtime_config.json'), config, probe, diag, until };
 }
 
 /** Every engine rank finished its steps (rank<g>.json on its host), then the launchers linger. */
@@ -218,7 +222,7 @@ function snapshotRanksOnHosts(job: Job): number[] {
 }
 
 /** The aggregated tree holds the reports, every wave dir's request_info.json and manifest, every rank's KV files and the snapshots; --verify passes. */
-function checkAggregatedTree(out: string, job: Job, kvRanks: number[]): BundleReport[] {
+function checkAggregatedTree(out: string, job: Job, kvRanks: number[], busRanks: number[]): BundleReport[] {
   const tree = inspectTree(out, { verify: true });
   expect(tree.problems).toEqual([]);
   expect(tree.incomplete).toEqual([]);
@@ -248,9 +252,9 @@ function checkAggregatedTree(out: string, job: Job, kvRanks: number[]): BundleRe
     expect(kvDumps.filter((b) => path.posix.dirname(b.dir) === w.dir).flatMap((b) => b.ranks).sort((a, b) => a - b)).toEqual(m.expected_ranks);
   }
   expect([...new Set(kvDumps.flatMap((b) => b.ranks))].sort((a, b) => a - b)).toEqual(kvRanks);
-  // Snapshots: every rank that captured one on its host is in the tree.
+  // Snapshots: every rank on the bus (`busRanks`) that captured one on its host is in the tree.
   const snaps = [...new Set(tree.bundles.filter((b) => b.kind === 'snapshot').flatMap((b) => b.ranks))].sort((a, b) => a - b);
-  expect(snaps).toEqual(snapshotRanksOnHosts(job));
+  expect(snaps).toEqual(snapshotRanksOnHosts(job).filter((r) => busRanks.includes(r)));
   expect(snaps.length).toBeGreaterThan(0);
   // The aggregate's own manifest: complete, the coordinator's files listed.
   const am = JSON.parse(fs.readFileSync(path.join(out, 'manifest.json'), 'utf8'));
@@ -278,7 +282,9 @@ describe('a cluster of network namespaces', () => {
     const keys = makeKeys(dir, 3);
     const faults = { repetition: { request: 1, from: 8, period: 3 }, nonFinite: { request: 2, at: 12 } };
     const job = launchJob(net, keys, dir, { tp: 2, pp: 2, dp: 1 }, () => faults);
+    process.stderr.write(`CP launched ${Date.now()}\n`);
     await job.until(() => job.probe.latest()?.ready, 'the two-host job to be ready', 60000);
+    process.stderr.write(`CP ready ${Date.now()}\n`);
     expect(job.probe.latest()!.json.security).toMatchObject({ curve: true, allowed_keys: 3 });
 
     // The rogue: an agent claiming rank 3, a status poll, subscribers with its key and with none.
@@ -313,12 +319,15 @@ describe('a cluster of network namespaces', () => {
         ]);
         process.stdout.write(JSON.stringify({ status, withKey, plain }) + '\\n');
       })();`]);
+    process.stderr.write(`CP rogue start ${Date.now()}\n`);
     const rogueOut = path.join(dir, 'rogue-aggregate');
     const rogueAgg = await aggregateFrom(rogue.ns, keys.rogueDir, net.nodes[0].addr, rogueOut);
+    process.stderr.write(`CP rogue agg done ${Date.now()} ${rogueAgg.code} ${rogueAgg.stderr}\n`);
     expect(rogueAgg.code).toBe(3); // ERR_HANDSHAKE
     expect(rogueAgg.stderr).toMatch(/refused this tool's CURVE key/);
     expect(filesUnder(rogueOut)).toEqual([]);
     expect((await rogueProbe.exited).code).toBe(0);
+    process.stderr.write(`CP rogue probe done ${Date.now()} ${rogueProbe.stdout()} ${rogueProbe.stderr()}\n`);
     expect(JSON.parse(rogueProbe.stdout())).toEqual({ status: 'ERR_TIMEOUT', withKey: 0, plain: 0 });
     const refused = await job.until(() => {
       const r = job.probe.latest()?.json.security.refused?.unknown_key ?? 0;
@@ -331,7 +340,9 @@ describe('a cluster of network namespaces', () => {
     rogueAgent.child.kill('SIGKILL');
 
     // The faults are reported (coordinator, host 0) and dumped by the last stage (host 1).
+    process.stderr.write(`CP rogue checked ${Date.now()}\n`);
     await engineDone(job, 4);
+    process.stderr.write(`CP engine done ${Date.now()}\n`);
     const kvRoot0 = path.join(job.hostDirs[0], 'runtime', 'report', 'kv_cache');
     const ms = await job.until(() => {
       const m = readManifests<DumpManifest>(kvRoot0);
@@ -343,10 +354,14 @@ describe('a cluster of network namespaces', () => {
     expect(inspectTree(path.join(job.hostDirs[1], 'runtime', 'report', 'kv_cache'), {}).bundles.filter((b) => b.kind === 'kv_dump').length).toBe(2 * ms.length);
 
     // Aggregate from the workstation (namespace 2, its own allowed key), over the bridge.
+    process.stderr.write(`CP dumps ok ${Date.now()}\n`);
     const out = path.join(dir, 'incident');
     const agg = await aggregateFrom(net.nodes[2].ns, keys.hostDirs[2], net.nodes[0].addr, out);
     expect({ code: agg.code, stderr: agg.code === 0 ? '' : agg.stderr }).toEqual({ code: 0, stderr: '' });
-    checkAggregatedTree(out, job, [2, 3]);
+    process.stderr.write(`CP agg done ${Date.now()}\n`);
+    // Before per-replica DP only last-stage agents join the bus, so only their snapshots can be
+    // collected; the DP test below asks for every rank's.
+    checkAggregatedTree(out, job, [2, 3], [2, 3]);
     expect(agg.manifest.files.filter((f: any) => f.rank === -1).every((f: any) => f.root === 'reports' || /(request_info|manifest|dump_skipped)\.json$/.test(f.path))).toBe(true);
 
     // Run again: everything is already there and whole.
@@ -405,7 +420,10 @@ describe('a cluster of network namespaces', () => {
     const out = path.join(dir, 'incident');
     const agg = await aggregateFrom(net.nodes[3].ns, keys.hostDirs[3], net.nodes[0].addr, out);
     expect({ code: agg.code, stderr: agg.code === 0 ? '' : agg.stderr }).toEqual({ code: 0, stderr: '' });
-    checkAggregatedTree(out, job, [0, 1, 2, 3, 4, 5, 6, 7]);
+    // Every stage's agent is on the bus (pp_stages "all" needs them): every rank's snapshots too.
+    const all = [0, 1, 2, 3, 4, 5, 6, 7];
+    checkAggregatedTree(out, job, all, all);
+    expect(snapshotRanksOnHosts(job)).toEqual(all);
     await stopJob(job);
   });
 });

@@ -216,6 +216,16 @@ export function spawnInNetns(ns: string, cmd: string, args: string[], opts: Spaw
   return spawnTracked('ip', ['netns', 'exec', ns, cmd, ...args], opts);
 }
 
+/**
+ * Start a process inside network namespace `ns` that sees directory `disk` at path `at` (a bind
+ * mount in the mount namespace `ip netns exec` gives each command): every "host" of a cluster
+ * uses the same paths, each on its own disk, as real hosts do. `at` must exist.
+ */
+export function spawnOnHost(ns: string, disk: { dir: string; at: string }, cmd: string, args: string[], opts: SpawnOptions = {}): Spawned {
+  fs.mkdirSync(disk.dir, { recursive: true });
+  return spawnInNetns(ns, 'sh', ['-c', 'mount --bind "$1" "$2" && shift 2 && exec "$@"', 'sh', disk.dir, disk.at, cmd, ...args], opts);
+}
+
 /** Kill every process left in our namespaces (launch sidecars live in their own process groups), then delete them. */
 export function cleanupNetns(): void {
   for (const ns of namespaces.splice(0)) {
