@@ -282,9 +282,7 @@ describe('a cluster of network namespaces', () => {
     const keys = makeKeys(dir, 3);
     const faults = { repetition: { request: 1, from: 8, period: 3 }, nonFinite: { request: 2, at: 12 } };
     const job = launchJob(net, keys, dir, { tp: 2, pp: 2, dp: 1 }, () => faults);
-    process.stderr.write(`CP launched ${Date.now()}\n`);
     await job.until(() => job.probe.latest()?.ready, 'the two-host job to be ready', 60000);
-    process.stderr.write(`CP ready ${Date.now()}\n`);
     expect(job.probe.latest()!.json.security).toMatchObject({ curve: true, allowed_keys: 3 });
 
     // The rogue: an agent claiming rank 3, a status poll, subscribers with its key and with none.
@@ -319,15 +317,12 @@ describe('a cluster of network namespaces', () => {
         ]);
         process.stdout.write(JSON.stringify({ status, withKey, plain }) + '\\n');
       })();`]);
-    process.stderr.write(`CP rogue start ${Date.now()}\n`);
     const rogueOut = path.join(dir, 'rogue-aggregate');
     const rogueAgg = await aggregateFrom(rogue.ns, keys.rogueDir, net.nodes[0].addr, rogueOut);
-    process.stderr.write(`CP rogue agg done ${Date.now()} ${rogueAgg.code} ${rogueAgg.stderr}\n`);
     expect(rogueAgg.code).toBe(3); // ERR_HANDSHAKE
     expect(rogueAgg.stderr).toMatch(/refused this tool's CURVE key/);
     expect(filesUnder(rogueOut)).toEqual([]);
     expect((await rogueProbe.exited).code).toBe(0);
-    process.stderr.write(`CP rogue probe done ${Date.now()} ${rogueProbe.stdout()} ${rogueProbe.stderr()}\n`);
     expect(JSON.parse(rogueProbe.stdout())).toEqual({ status: 'ERR_TIMEOUT', withKey: 0, plain: 0 });
     const refused = await job.until(() => {
       const r = job.probe.latest()?.json.security.refused?.unknown_key ?? 0;
@@ -340,9 +335,7 @@ describe('a cluster of network namespaces', () => {
     rogueAgent.child.kill('SIGKILL');
 
     // The faults are reported (coordinator, host 0) and dumped by the last stage (host 1).
-    process.stderr.write(`CP rogue checked ${Date.now()}\n`);
     await engineDone(job, 4);
-    process.stderr.write(`CP engine done ${Date.now()}\n`);
     const kvRoot0 = path.join(job.hostDirs[0], 'runtime', 'report', 'kv_cache');
     const ms = await job.until(() => {
       const m = readManifests<DumpManifest>(kvRoot0);
@@ -354,11 +347,9 @@ describe('a cluster of network namespaces', () => {
     expect(inspectTree(path.join(job.hostDirs[1], 'runtime', 'report', 'kv_cache'), {}).bundles.filter((b) => b.kind === 'kv_dump').length).toBe(2 * ms.length);
 
     // Aggregate from the workstation (namespace 2, its own allowed key), over the bridge.
-    process.stderr.write(`CP dumps ok ${Date.now()}\n`);
     const out = path.join(dir, 'incident');
     const agg = await aggregateFrom(net.nodes[2].ns, keys.hostDirs[2], net.nodes[0].addr, out);
     expect({ code: agg.code, stderr: agg.code === 0 ? '' : agg.stderr }).toEqual({ code: 0, stderr: '' });
-    process.stderr.write(`CP agg done ${Date.now()}\n`);
     // Before per-replica DP only last-stage agents join the bus, so only their snapshots can be
     // collected; the DP test below asks for every rank's.
     checkAggregatedTree(out, job, [2, 3], [2, 3]);

@@ -5,7 +5,9 @@
 // checksums, no links followed) the agents use for their bundles. Only the files the coordinator
 // writes are served: never a rank's bundle, nothing else under those directories.
 import { FileServer, type ServedEntries, type ServeRoots } from '../agent/file-server';
-import type { Logger } from '../log';
+import { createLogger, type Logger } from '../log';
+
+const SILENT = createLogger('coordinator-files', 'silent');
 import { payloadOf } from './payload';
 import type { AgentMsg } from './frames';
 import type { RouteSender } from './agent-requests';
@@ -39,10 +41,17 @@ export function isCoordinatorRoot(root: unknown): root is CoordinatorRoot {
 }
 
 export class CoordinatorFiles {
+  /** A coordinator without the runtime guard (a library user's): no reports or dump records, an empty listing. */
+  static readonly none = new CoordinatorFiles(() => ({}), 0, undefined);
   private readonly server: FileServer;
+  private readonly served: () => ServeRoots;
 
-  constructor(roots: () => CoordinatorFileRoots, rank: number, log: Logger) {
-    const served = (): ServeRoots => {
+  constructor(
+    roots: () => CoordinatorFileRoots,
+    private readonly rank: number,
+    log: Logger | undefined,
+  ) {
+    this.served = (): ServeRoots => {
       const r = roots();
       return {
         ...(r.reports ? { reports: { dir: r.reports, include: reportEntries } } : {}),
@@ -50,7 +59,7 @@ export class CoordinatorFiles {
       };
     };
     // The answer goes straight to the tool: nobody tells us when ZeroMQ is done with a buffer.
-    this.server = new FileServer(rank, served, log, false, 'the coordinator');
+    this.server = new FileServer(rank, this.served, log ?? SILENT, false, 'the coordinator');
   }
 
   /** Whether a relay request names one of the coordinator's roots (then answer() handles it). */
@@ -65,7 +74,12 @@ export class CoordinatorFiles {
     const relay = (msg.relay ?? {}) as Record<string, any>;
     const kind = relay.request as 'fileList' | 'fileChunk';
     const rank = Number(relay.rank ?? 0);
-    const reply = await this.server.handle({ body: kind, [kind]: relay[kind], epoch, requestId: msg.requestId } as never);
+    const root = String(relay[kind]?.root);
+    // A root this coordinator does not have (no guard): nothing there to list; a chunk of it is an error.
+    const reply =
+      kind === 'fileList' && !(this.served()[root])
+        ? { fileList: { globalRank: this.rank, files: [] } }
+        : await this.server.handle({ body: kind, [kind]: relay[kind], epoch, requestId: msg.requestId } as never);
     send(routingId, { requestId: msg.requestId, relay: { rank, protocolVersion: PROTOCOL_VERSION, [kind]: reply[kind] } }, payloadOf(reply));
   }
 }

@@ -473,11 +473,7 @@ export class Coordinator extends EventEmitter {
   /** A tool asks for the coordinator's own reports and dump records (coordinator-files.ts). */
   private answerOwnFiles(routingId: Buffer, msg: AgentMsg): void {
     const send = (route: Buffer, m: Record<string, unknown>, payload?: Buffer) => this.reply(route, m, payload);
-    if (!this.ownFiles) {
-      send(routingId, { requestId: msg.requestId, relay: { rank: Number(msg.relay?.rank ?? 0), protocolVersion: PROTOCOL_VERSION, error: 'this coordinator serves no reports or dump records (it runs without the runtime guard)' } });
-      return;
-    }
-    this.ownFiles.answer(routingId, msg, this.epoch, send).catch((e) => this.log.warn({ err: String(e) }, 'answering a request for the coordinator\'s own files failed'));
+    (this.ownFiles ?? CoordinatorFiles.none).answer(routingId, msg, this.epoch, send).catch((e) => this.log.warn({ err: String(e) }, "answering a request for the coordinator's own files failed"));
   }
 
   private statusReply(): Record<string, unknown> {
