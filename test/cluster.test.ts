@@ -35,6 +35,8 @@ jest.setTimeout(150000);
 const why = rootOnlyReason();
 const PORT = 29600; // fresh namespaces have every port free
 const STEPS = 40;
+/** The DP run hot-reloads pp_stages "all" after its automatic dumps: steps enough for the manual dump that follows. */
+const DP_STEPS = 70;
 const STEP_MS = 100;
 const DIST = (m: string) => JSON.stringify(path.join(ROOT, 'dist', 'src', 'bus', m));
 
@@ -133,7 +135,7 @@ interface Job {
  * host's key dir, the runtime config as the startup overlay (and hot-reloaded from host 0's file),
  * snapshots on, agents lingering after the engine exits so the job can be aggregated.
  */
-function launchJob(net: NetnsCluster, keys: Keys, dir: string, layout: { tp: number; pp: number; dp: number }, faultsOfHost: (i: number) => Record<string, unknown>): Job {
+function launchJob(net: NetnsCluster, keys: Keys, dir: string, layout: { tp: number; pp: number; dp: number }, faultsOfHost: (i: number) => Record<string, unknown>, steps = STEPS): Job {
   const world = layout.tp * layout.pp * layout.dp;
   const nnodes = world / 2;
   const on = { enabled: true, on_trigger: ['report', 'dump_kv'] };
@@ -162,7 +164,7 @@ function launchJob(net: NetnsCluster, keys: Keys, dir: string, layout: { tp: num
         '--coordinator-arg=--heartbeat-ms', '--coordinator-arg=200', '--coordinator-arg=--dump-ack-timeout-ms', '--coordinator-arg=8000',
         '--agent-arg=--heartbeat-ms', '--agent-arg=200', '--agent-arg=--end-of-wave-timeout-ms', '--agent-arg=250',
         '--',
-        process.execPath, CLI, 'sim', '--steps', String(STEPS), '--step-ms', String(STEP_MS), '--result-dir', path.join(disk, 'ranks'),
+        process.execPath, CLI, 'sim', '--steps', String(steps), '--step-ms', String(STEP_MS), '--result-dir', path.join(disk, 'ranks'),
         '--faults', JSON.stringify(faultsOfHost(i)), '--start-at', String(startAt),
       ],
       { env: { ...process.env, WAVEBUS_CACHE_ROOT: path.join(disk, 'cache') } },
@@ -175,10 +177,10 @@ function launchJob(net: NetnsCluster, keys: Keys, dir: string, layout: { tp: num
 }
 
 /** Every engine rank finished its steps (rank<g>.json on its host), then the launchers linger. */
-async function engineDone(job: Job, world: number): Promise<void> {
+async function engineDone(job: Job, world: number, steps = STEPS): Promise<void> {
   const rankFile = (g: number) => path.join(job.hostDirs[Math.floor(g / 2)], 'ranks', `rank${g}.json`);
   await job.until(() => Array.from({ length: world }, (_, g) => g).every((g) => fs.existsSync(rankFile(g))), 'every engine rank to finish', 60000);
-  for (let g = 0; g < world; g++) expect(JSON.parse(fs.readFileSync(rankFile(g), 'utf8')).steps).toBe(STEPS);
+  for (let g = 0; g < world; g++) expect(JSON.parse(fs.readFileSync(rankFile(g), 'utf8')).steps).toBe(steps);
 }
 
 /** SIGTERM ends each launcher's linger; each exits with the engine's code. */
@@ -374,7 +376,7 @@ describe('a cluster of network namespaces', () => {
       { type: 'token_repeat', faults: { repetition: { request: 1, from: 8, period: 3 } } },
       { type: 'logits_finite', faults: { nonFinite: { request: 2, at: 12 } } },
     ];
-    const job = launchJob(net, keys, dir, layout, (i) => FAULT_OF_REPLICA[i < 2 ? 0 : 1].faults);
+    const job = launchJob(net, keys, dir, layout, (i) => FAULT_OF_REPLICA[i < 2 ? 0 : 1].faults, DP_STEPS);
     await job.until(() => job.probe.latest()?.ready, 'the four-host job to be ready', 60000);
     const kvRoot0 = path.join(job.hostDirs[0], 'runtime', 'report', 'kv_cache');
 
@@ -399,7 +401,7 @@ describe('a cluster of network namespaces', () => {
     fs.writeFileSync(`${job.cfgPath}.edit`, JSON.stringify({ ...job.config, dump: { ...job.config.dump, pp_stages: 'all', manual_dump: 1 } }));
     fs.renameSync(`${job.cfgPath}.edit`, job.cfgPath);
     const manual = await job.until(() => {
-      const m = readManifests<DumpManifest>(kvRoot0).filter((x) => x.incident_type === 'manual' && x.arm_wave > reloadWave);
+      const m = readManifests<DumpManifest>(kvRoot0).filter((x) => x.incident_type === 'manual_trigger' && x.arm_wave > reloadWave);
       return m.length > 0 && m.every((x) => x.complete) && new Set(m.flatMap((x) => x.expected_ranks)).size === 8 ? m : undefined;
     }, 'complete manual dumps of both stages in both replicas', 30000);
     for (const m of manual) {
@@ -407,7 +409,7 @@ describe('a cluster of network namespaces', () => {
       expect({ expected: m.expected_ranks, completed: m.completed_ranks }).toEqual({ expected: replicaRanks(layout, d, [0, 1]), completed: replicaRanks(layout, d, [0, 1]) });
     }
 
-    await engineDone(job, 8);
+    await engineDone(job, 8, DP_STEPS);
     const out = path.join(dir, 'incident');
     const agg = await aggregateFrom(net.nodes[3].ns, keys.hostDirs[3], net.nodes[0].addr, out);
     expect({ code: agg.code, stderr: agg.code === 0 ? '' : agg.stderr }).toEqual({ code: 0, stderr: '' });
