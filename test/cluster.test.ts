@@ -193,9 +193,25 @@ async function stopJob(job: Job): Promise<void> {
 /** `wavebus aggregate` with CURVE keys from namespace `ns`; returns its manifest. */
 async function aggregateFrom(ns: string, curveDir: string, coordinator: string, out: string): Promise<{ code: number | null; stderr: string; manifest: any }> {
   const agg = spawnInNetns(ns, process.execPath, [CLI, 'aggregate', '--coordinator', `${coordinator}:${PORT}`, '--curve-dir', curveDir, '--out', out, '--json']);
-  const exit = await agg.exited;
+  const exit = await exitedWithin(agg, 60000);
   const mf = path.join(out, 'manifest.json');
   return { code: exit.code, stderr: agg.stderr().slice(-3000), manifest: fs.existsSync(mf) ? JSON.parse(fs.readFileSync(mf, 'utf8')) : undefined };
+}
+
+/** The process's exit, or a failure naming it when it runs longer than `ms` (then it is killed). */
+async function exitedWithin(p: Spawned, ms: number): Promise<{ code: number | null; signal: NodeJS.Signals | null }> {
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => {
+      p.child.kill('SIGKILL');
+      reject(new Error(`${p.child.spawnargs.slice(0, 8).join(' ')} ... still running after ${ms} ms; stderr: ${p.stderr().slice(-1500)}`));
+    }, ms);
+  });
+  try {
+    return await Promise.race([p.exited, late]);
+  } finally {
+    clearTimeout(timer);
+  }
 }
 
 /** Every file under `dir`, relative, sorted (the aggregated tree as a user sees it). */
@@ -324,7 +340,7 @@ describe('a cluster of network namespaces', () => {
     expect(rogueAgg.code).toBe(3); // ERR_HANDSHAKE
     expect(rogueAgg.stderr).toMatch(/refused this tool's CURVE key/);
     expect(filesUnder(rogueOut)).toEqual([]);
-    expect((await rogueProbe.exited).code).toBe(0);
+    expect((await exitedWithin(rogueProbe, 30000)).code).toBe(0);
     expect(JSON.parse(rogueProbe.stdout())).toEqual({ status: 'ERR_TIMEOUT', withKey: 0, plain: 0 });
     const refused = await job.until(() => {
       const r = job.probe.latest()?.json.security.refused?.unknown_key ?? 0;
