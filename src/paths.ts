@@ -60,6 +60,11 @@ export function parseKvRankDirName(name: string, where = 'KV dump directory'): K
 /** A KV dump rank directory as readers meet it: the seed's name, or `rank<g>` written by wavebus before it. */
 export type KvRankDir = { name: string; coords: KvRankCoords } | { name: string; legacyRank: number };
 
+/** Whether a directory name has the form of a KV dump rank directory (either layout); values are not checked. */
+export function isKvRankDirName(name: string): boolean {
+  return KV_DIR_RE.test(name) || LEGACY_RANK_DIR_RE.test(name);
+}
+
 /** Read a KV dump rank directory name of either layout; anything else is refused (KvDirNameError). */
 export function readKvRankDirName(name: string, where = 'KV dump directory'): KvRankDir {
   const legacy = typeof name === 'string' ? LEGACY_RANK_DIR_RE.exec(name) : null;

@@ -59,14 +59,16 @@ interface Job {
 const running: Job[] = [];
 
 /** Ranks 0,1 on host A, ranks 2,3 on host B; `handlers` replaces a rank's request handler. */
-async function startJob(opts: { ranks?: number[]; bigBytes?: number; handlers?: Record<number, (fs: FileServer) => RequestHandler> } = {}): Promise<Job> {
+async function startJob(opts: { ranks?: number[]; bigBytes?: number; handlers?: Record<number, (fs: FileServer) => RequestHandler>; ownFiles?: boolean } = {}): Promise<Job> {
   const port = await freePortPair();
   const hosts = [tmpDir('wavebus-agg-hostA-'), tmpDir('wavebus-agg-hostB-')];
   const hostOf = (r: number) => hosts[r < 2 ? 0 : 1];
   for (let r = 0; r < 4; r++) await writeRankBundles(hostOf(r), r, r === 1 ? opts.bigBytes ?? 0 : 0);
   // The coordinator's host (A) also holds the wave's request_info.json.
   fs.writeFileSync(path.join(hosts[0], 'dumps', WAVE, 'request_info.json'), JSON.stringify({ req_id: 'req-1', expected_ranks: [0, 1, 2, 3] }));
-  const coord = new Coordinator({ port, layout, heartbeatMs: 100, deadAfterMs: 5000, logger: quiet });
+  // With ownFiles, the coordinator serves host A's reports and dump records, as `wavebus coordinator` does its guard's.
+  const ownFiles = opts.ownFiles ? () => ({ reports: path.join(hosts[0], 'reports'), dumps: path.join(hosts[0], 'dumps') }) : undefined;
+  const coord = new Coordinator({ port, layout, heartbeatMs: 100, deadAfterMs: 5000, logger: quiet, ownFiles });
   await coord.start();
   const agents: AgentBus[] = [];
   for (const r of opts.ranks ?? [0, 1, 2, 3]) {
@@ -278,6 +280,47 @@ describe('aggregate', () => {
     expect(m.totals.failed_files).toBe(1);
     // Everything else arrived.
     expect(m.files.filter((f) => f.status === 'fetched')).toHaveLength(m.files.length - 1);
+  });
+
+  test("the coordinator's own reports and dump records: collected from it (rank -1) with the same checks, nothing else it holds is served", async () => {
+    const job = await startJob({ ownFiles: true });
+    const hostA = job.hosts[0];
+    fs.writeFileSync(path.join(hostA, 'dumps', WAVE, 'manifest.json'), JSON.stringify({ req_id: 'req-1', expected_ranks: [0, 1, 2, 3], completed_ranks: [0, 1, 2, 3], missing_ranks: [], complete: true, files: {} }));
+    const reports = path.join(hostA, 'reports', 'token_repeat');
+    fs.mkdirSync(reports, { recursive: true });
+    fs.writeFileSync(path.join(reports, 'report_20260101_000000_000_req-1_pid7.json'), JSON.stringify({ incident_type: 'token_repeat', req_id: 'req-1' }));
+    // Not reports: a link to a root-only file, another file, a report one level too deep.
+    fs.symlinkSync('/etc/shadow', path.join(reports, 'report_link.json'));
+    fs.writeFileSync(path.join(reports, 'notes.txt'), 'x');
+    fs.mkdirSync(path.join(reports, 'deeper'));
+    fs.writeFileSync(path.join(reports, 'deeper', 'report_deep.json'), '{}');
+    const out = tmpDir('wavebus-agg-out-');
+    const m = await aggregate({ coordinator: { host: '127.0.0.1', port: job.port }, out });
+    expect(m.complete).toBe(true);
+    expect(m.coordinator_files).toMatchObject({ asked: true, answered: true, files: 3, errors: [] });
+    const own = m.files.filter((f) => f.rank === -1).map((f) => `${f.root}/${f.path}`).sort();
+    expect(own).toEqual([`dumps/${WAVE}/manifest.json`, `dumps/${WAVE}/request_info.json`, 'reports/token_repeat/report_20260101_000000_000_req-1_pid7.json']);
+    // Host A's agents list the same records: fetched once, from the coordinator, which wrote them.
+    for (const f of m.files.filter((x) => x.rank === -1)) expect({ path: f.path, listedBy: f.listedBy, verified: f.verified }).toEqual({ path: f.path, listedBy: [-1], verified: true });
+    expect(fs.readFileSync(path.join(out, 'reports', 'token_repeat', 'report_20260101_000000_000_req-1_pid7.json'), 'utf8')).toContain('req-1');
+    expect(listTree(path.join(out, 'reports'))).toEqual(['token_repeat/report_20260101_000000_000_req-1_pid7.json']);
+    const tree = inspectTree(out, { verify: true });
+    expect(tree.problems).toEqual([]);
+    expect(tree.bundles.filter((b) => b.kind === 'dump_wave').map((b) => b.ranks)).toEqual([[0, 1, 2, 3]]);
+
+    // Asked directly, the coordinator serves nothing beyond its records and reports.
+    const client = new RelayClient({ host: '127.0.0.1', port: job.port });
+    try {
+      await expect(client.relay(0, 'fileChunk', { root: 'dump_records', path: `${WAVE}/rank0/dump.json`, offset: 0, length: 100 }, 5000)).rejects.toThrow(/not served by the coordinator/);
+      await expect(client.relay(0, 'fileChunk', { root: 'reports', path: 'token_repeat/report_link.json', offset: 0, length: 100 }, 5000)).rejects.toThrow(/link/);
+      await expect(client.relay(0, 'fileChunk', { root: 'reports', path: 'token_repeat/notes.txt', offset: 0, length: 100 }, 5000)).rejects.toThrow(/not served by the coordinator/);
+      await expect(client.relay(0, 'fileChunk', { root: 'reports', path: '../dumps/token_repeat/req-1/wave_5/rank0/dump.json', offset: 0, length: 100 }, 5000)).rejects.toThrow();
+      // An agent refuses the coordinator's roots: an older coordinator that relays them fails loudly.
+      const server = new FileServer(0, () => ({ dumps: path.join(hostA, 'dumps') }), quiet);
+      expect(await server.handle({ body: 'fileList', fileList: { root: 'reports', prefix: '' } } as unknown as CoordinatorMsg)).toMatchObject({ fileList: { files: [], error: "root 'reports' is not served by rank 0" } });
+    } finally {
+      await client.close();
+    }
   });
 
   test('a rogue agent listing ../../evil and friends: refused, counted, never written or requested', async () => {

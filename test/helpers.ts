@@ -148,9 +148,60 @@ export function createNetnsPair(index = 0): NetnsPair {
   return p;
 }
 
+/**
+ * Several "hosts" on one L2 segment: a hub namespace holding a bridge, and one namespace per host
+ * (and per extra peer, such as a rogue one) joined to it by a veth pair, each with `lo` up and one
+ * address in a private /24 that exists only inside these namespaces (10.214.<x>.<i+1>; the
+ * host's own interfaces are never touched). Names are unique per test process; cleanupNetns()
+ * removes them all.
+ */
+export interface NetnsCluster {
+  hub: string;
+  bridge: string;
+  nodes: { ns: string; veth: string; addr: string }[];
+}
+
+export function createNetnsCluster(count: number, index = 0): NetnsCluster {
+  if (count < 1 || count > 20) throw new RangeError(`createNetnsCluster: 1..20 namespaces, got ${count}`);
+  const tag = `wb${process.pid % 100000}${String.fromCharCode(97 + (index % 26))}`;
+  const x = (process.pid + index * 7) % 63;
+  const add = (ns: string) => {
+    spawnSync('ip', ['netns', 'del', ns]); // a leftover of a killed run with the same pid
+    sh('ip', ['netns', 'add', ns]);
+    namespaces.push(ns);
+    sh('ip', ['-n', ns, 'link', 'set', 'lo', 'up']);
+  };
+  const c: NetnsCluster = { hub: `${tag}hub`, bridge: `${tag}br`, nodes: [] };
+  add(c.hub);
+  sh('ip', ['-n', c.hub, 'link', 'add', c.bridge, 'type', 'bridge']);
+  sh('ip', ['-n', c.hub, 'link', 'set', c.bridge, 'up']);
+  for (let i = 0; i < count; i++) {
+    const node = { ns: `${tag}n${i}`, veth: `${tag}v${i}`, addr: `10.214.${x}.${i + 1}` };
+    const peer = `${tag}p${i}`;
+    add(node.ns);
+    sh('ip', ['link', 'add', node.veth, 'netns', node.ns, 'type', 'veth', 'peer', 'name', peer, 'netns', c.hub]);
+    sh('ip', ['-n', c.hub, 'link', 'set', peer, 'master', c.bridge]);
+    sh('ip', ['-n', c.hub, 'link', 'set', peer, 'up']);
+    sh('ip', ['-n', node.ns, 'addr', 'add', `${node.addr}/24`, 'dev', node.veth]);
+    sh('ip', ['-n', node.ns, 'link', 'set', node.veth, 'up']);
+    c.nodes.push(node);
+  }
+  return c;
+}
+
 /** Start a process inside network namespace `ns` (tracked like spawnTracked). */
 export function spawnInNetns(ns: string, cmd: string, args: string[], opts: SpawnOptions = {}): Spawned {
   return spawnTracked('ip', ['netns', 'exec', ns, cmd, ...args], opts);
+}
+
+/**
+ * Start a process inside network namespace `ns` that sees directory `disk` at path `at` (a bind
+ * mount in the mount namespace `ip netns exec` gives each command): every "host" of a cluster
+ * uses the same paths, each on its own disk, as real hosts do. `at` must exist.
+ */
+export function spawnOnHost(ns: string, disk: { dir: string; at: string }, cmd: string, args: string[], opts: SpawnOptions = {}): Spawned {
+  fs.mkdirSync(disk.dir, { recursive: true });
+  return spawnInNetns(ns, 'sh', ['-c', 'mount --bind "$1" "$2" && shift 2 && exec "$@"', 'sh', disk.dir, disk.at, cmd, ...args], opts);
 }
 
 /** Kill every process left in our namespaces (launch sidecars live in their own process groups), then delete them. */

@@ -10,6 +10,7 @@ import { layoutJson } from '../paths';
 import { createLogger, type Logger } from '../log';
 import type { AgentConfig, DumpJob, DumpLane, DumpResult, StepTelemetry, WaveHead } from '../messages';
 import { AgentRequests } from './agent-requests';
+import { CoordinatorFiles } from './coordinator-files';
 import { DumpAcks, mergeJobs } from './dump-acks';
 import { RankTable } from './rank-table';
 import { SendQueue } from './send-queue';
@@ -65,6 +66,7 @@ export class Coordinator extends EventEmitter {
   private readonly rankTable: RankTable;
   private readonly dumpAcks: DumpAcks;
   private readonly agentRequests: AgentRequests;
+  private readonly ownFiles?: CoordinatorFiles;
   private readonly versions = new VersionGate();
   private queuedDumps: DumpJob[] = [];
   private queuedConfig?: { version: number; config: AgentConfig };
@@ -113,6 +115,7 @@ export class Coordinator extends EventEmitter {
       timedOut: (jobId, missing) => this.dumpTimedOut(jobId, missing),
     });
     this.agentRequests = new AgentRequests(this.rankTable, (route, msg, payload) => this.reply(route, msg, payload), this.drops, () => this.running);
+    if (opts.ownFiles) this.ownFiles = new CoordinatorFiles(opts.ownFiles, this.expectedRanks[0] ?? 0, this.log);
     // Zero-valued series, so dashboards see every label from the start.
     for (const lane of ['config', 'dump']) this.metrics.lanes.inc({ lane }, 0);
     for (const result of ['ok', 'error', 'skipped', 'timeout']) this.metrics.dumps.inc({ result }, 0);
@@ -457,7 +460,8 @@ export class Coordinator extends EventEmitter {
         this.beginWave(msg.waveHead.wave, msg.waveHead.telemetry ?? null);
         return;
       case 'relay':
-        this.agentRequests.relay(routingId, msg);
+        if (CoordinatorFiles.wants(msg)) this.answerOwnFiles(routingId, msg);
+        else this.agentRequests.relay(routingId, msg);
         return;
       case 'fileList':
       case 'fileChunk': {
@@ -467,6 +471,12 @@ export class Coordinator extends EventEmitter {
       default:
         this.drops.drop('undecodable', `unexpected body ${msg.body}`);
     }
+  }
+
+  /** A tool asks for the coordinator's own reports and dump records (coordinator-files.ts). */
+  private answerOwnFiles(routingId: Buffer, msg: AgentMsg): void {
+    const send = (route: Buffer, m: Record<string, unknown>, payload?: Buffer) => this.reply(route, m, payload);
+    (this.ownFiles ?? CoordinatorFiles.none).answer(routingId, msg, this.epoch, send).catch((e) => this.log.warn({ err: String(e) }, "answering a request for the coordinator's own files failed"));
   }
 
   private statusReply(): Record<string, unknown> {

@@ -84,6 +84,8 @@ export const command: CommandModule = {
       busToken,
       logger: log,
       policy: guard,
+      // Reports and dump records live on this host: `wavebus aggregate` collects them from here.
+      ownFiles: () => ({ reports: startup.reportDir, dumps: guard.dumpRoot() }),
     });
     const signal = waitForSignal();
     await coordinator.start();
