@@ -33,7 +33,7 @@ export const DUMP_RECORD_FILES = new Set(['request_info.json', 'manifest.json', 
 const reportEntries: ServedEntries = (parts, kind) =>
   kind === 'dir' ? parts.length === 1 : parts.length === 2 && /^report_.*\.json$/.test(parts[1]);
 
-/** Dump records: every folder except the ranks' bundles (dp*_tp*_pp*_cp*/, or rank<g>/ of older dumps), and only the coordinator's JSON files. */
+/** Dump records: every folder except the ranks' bundles (the seed's dp<d>_tp<t>_pp<p>_cp<c>, or rank<g> of older dumps), and only the coordinator's JSON files. */
 const recordEntries: ServedEntries = (parts, kind) =>
   kind === 'dir' ? !isKvRankDirName(parts[parts.length - 1]) : DUMP_RECORD_FILES.has(parts[parts.length - 1]);
 
