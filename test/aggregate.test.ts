@@ -258,7 +258,7 @@ describe('aggregate', () => {
       const reply = await server.handle(req);
       if (req.body === 'fileList' && !flipped) {
         // Flip one byte of a served layer file after its checksum went out in the listing.
-        const f = path.join(server['roots']().dumps!, WAVE, 'dp0_tp2_pp0_cp0', 'model.layers.1.self_attn.pt');
+        const f = path.join(server['roots']().dumps as string, WAVE, 'dp0_tp2_pp0_cp0', 'model.layers.1.self_attn.pt');
         const b = fs.readFileSync(f);
         b[b.length - 40] ^= 0x10;
         fs.writeFileSync(f, b);
