@@ -10,9 +10,11 @@ export interface RuntimeView {
   format: DumpFormat;
   freeHeadroomBytes: number;
   dumpRoot?: string;
+  /** dump.pp_stages: "all" puts every stage's ranks (not only the last's) on the wave vector. */
+  ppStages: 'last' | 'all';
 }
 
-export const DEFAULT_VIEW: RuntimeView = { busActive: false, hotReload: false, detectors: {}, itemSync: false, format: 'pt', freeHeadroomBytes: 5 * 2 ** 30 };
+export const DEFAULT_VIEW: RuntimeView = { busActive: false, hotReload: false, detectors: {}, itemSync: false, format: 'pt', freeHeadroomBytes: 5 * 2 ** 30, ppStages: 'last' };
 
 /** Reads what the agent needs from the coordinator's config JSON; unknown shapes fall back to off. */
 export function runtimeView(configJson: string): RuntimeView {
@@ -37,5 +39,6 @@ export function runtimeView(configJson: string): RuntimeView {
     format: (['pt', 'npy', 'safetensors'].includes(cfg?.dump?.format) ? cfg.dump.format : 'pt') as DumpFormat,
     freeHeadroomBytes: Number.isFinite(cfg?.dump?.free_headroom_bytes) ? Number(cfg.dump.free_headroom_bytes) : DEFAULT_VIEW.freeHeadroomBytes,
     dumpRoot: typeof cfg?.dump?.dump_dir === 'string' ? cfg.dump.dump_dir : undefined,
+    ppStages: cfg?.dump?.pp_stages === 'all' ? 'all' : 'last',
   };
 }

@@ -10,16 +10,17 @@ export function laneJson(configJson: string, hotReload: boolean): string {
 
 export function withStartupFacts(policy: CoordinatorPolicy, hotReload: boolean): CoordinatorPolicy {
   return {
-    onWaveHead(wave: number, telemetry: StepTelemetry | null): DueLanes {
-      const due = policy.onWaveHead(wave, telemetry);
+    ledger: policy.ledger,
+    onWaveHead(replica: number, wave: number, telemetry: StepTelemetry | null): DueLanes {
+      const due = policy.onWaveHead(replica, wave, telemetry);
       if (due.config) due.config = { version: due.config.version, configJson: laneJson(due.config.configJson, hotReload) };
       return due;
     },
-    onDumpResult: (r: DumpResult) => policy.onDumpResult(r),
+    onDumpResult: (r: DumpResult) => policy.onDumpResult?.(r),
     onDumpTimeout: (jobId: string, missing: number[]) => policy.onDumpTimeout?.(jobId, missing),
     status: () => ({ ...policy.status(), hot_reload: hotReload }),
-    snapshotState() {
-      const s = policy.snapshotState();
+    snapshotState(replica: number) {
+      const s = policy.snapshotState(replica);
       return { ...s, configJson: laneJson(s.configJson, hotReload) };
     },
     close: () => policy.close?.(),

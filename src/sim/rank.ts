@@ -115,7 +115,10 @@ export async function runSimRank(opts: SimRankOptions, onReady: () => Promise<nu
   const inputsOff = g.layers * 2 * poolBytes;
   const client = opts.detached ? undefined : await WavebusClient.connect();
   const shape = [g.numBlocks, g.blockSize, g.kvHeads, g.headDim];
+  // Each pipeline stage holds its own layers (stage p of P: layers l with floor(l*P/L) = p).
+  const ownLayer = (l: number): boolean => Math.floor((l * id.pp) / g.layers) === id.ppRank;
   for (let l = 0; l < g.layers && client; l++) {
+    if (!ownLayer(l)) continue;
     for (const [i, kv] of (['k', 'v'] as const).entries()) {
       await client.register({ name: `${layerName(l)}.${kv}`, kind: 'shm', shmName, offset: (2 * l + i) * poolBytes, nbytes: poolBytes, dtype: g.dtype, shape, role: 'kv_pool', layer: layerName(l), kv });
     }
