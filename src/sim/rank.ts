@@ -126,7 +126,7 @@ export async function runSimRank(opts: SimRankOptions, onReady: () => Promise<nu
   await client?.register({ name: 'input_ids', kind: 'shm', shmName, offset: inputsOff, nbytes: MAX_ROWS * 4, dtype: 'int32', shape: [MAX_ROWS], role: 'input' });
   await client?.register({ name: 'positions', kind: 'shm', shmName, offset: inputsOff + MAX_ROWS * 4, nbytes: MAX_ROWS * 8, dtype: 'int64', shape: [MAX_ROWS], role: 'input' });
 
-  const sched = new SimScheduler({ requests: opts.requests, numBlocks: g.numBlocks, blockSize: g.blockSize, speculative: opts.speculative }, opts.faults);
+  const sched = new SimScheduler({ requests: opts.requests, numBlocks: g.numBlocks, blockSize: g.blockSize, speculative: opts.speculative, replica: id.dpRank }, opts.faults);
   const startAt = (await onReady()) ?? opts.startAt ?? Date.now();
   const extra = opts.faults.slowRank?.rank === id.globalRank ? opts.faults.slowRank.extraMs : 0;
   const snapshots: string[] = [];
