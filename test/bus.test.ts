@@ -78,7 +78,7 @@ function logLines(text: string): Array<Record<string, any>> {
 }
 
 function job(reqId: string, over: Partial<DumpJob> = {}): DumpJob {
-  return { incidentType: 'token_repeat', reqId, blockIds: [1, 2, 3], detectWave: 0, armWave: 0, dumpDir: `/tmp/x/${reqId}`, requestFinishedAtDump: false, jobId: '', ...over };
+  return { incidentType: 'token_repeat', reqId, blockIds: [1, 2, 3], detectWave: 0, armWave: 0, dumpDir: `/tmp/x/${reqId}`, requestFinishedAtDump: false, jobId: '', replica: 0, ranks: [], ...over };
 }
 
 /** A small real policy: arms a dump when the telemetry shows a finished request; records what it is told. */
@@ -86,7 +86,7 @@ class RecordingPolicy implements CoordinatorPolicy {
   heads: Array<{ wave: number; telemetry: StepTelemetry | null }> = [];
   results: DumpResult[] = [];
   timeouts: Array<{ jobId: string; missing: number[] }> = [];
-  onWaveHead(wave: number, telemetry: StepTelemetry | null): DueLanes {
+  onWaveHead(_replica: number, wave: number, telemetry: StepTelemetry | null): DueLanes {
     this.heads.push({ wave, telemetry });
     const finished = telemetry?.requests?.filter((r) => r.finished) ?? [];
     return { dumps: finished.map((r) => job(r.reqId, { detectWave: wave - 1, armWave: wave, blockIds: r.blockIds })) };

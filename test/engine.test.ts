@@ -53,7 +53,7 @@ async function startJob(opts: {
     {},
     root,
   );
-  const guard = new Guard({ startup, rank: 0, expectedRanks: Array.from({ length: opts.tp }, (_, i) => i) });
+  const guard = new Guard({ startup, layout: { worldSize: opts.tp, tp: opts.tp, pp: 1, dp: 1, cp: 1 } });
   const port = await freePortPair();
   const coordinator = new Coordinator({
     port,

@@ -50,7 +50,7 @@ export async function startHarnessJob(opts: {
   const root = tmpDir('wavebus-harness-');
   const layout: WorldLayout = { worldSize: opts.tp, tp: opts.tp, pp: 1, dp: 1, cp: 1 };
   const startup = parseStartupOptions(JSON.stringify({ runtime_config_hot_reload: false, runtime_config: opts.runtimeConfig }), {}, root);
-  const guard = new Guard({ startup, rank: 0, expectedRanks: Array.from({ length: opts.tp }, (_, i) => i), artifactModes: opts.artifactModes });
+  const guard = new Guard({ startup, layout, artifactModes: opts.artifactModes });
   const port = await freePortPair();
   const coordinator = new Coordinator({ port, layout, heartbeatMs: 300, dumpAckTimeoutMs: 10000, policy: withStartupFacts(guard, startup.hotReload) });
   await coordinator.start();

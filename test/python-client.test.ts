@@ -911,7 +911,7 @@ test('a real coordinator, agent and Python client: wave_head drives the bus, end
   const heads: [number, unknown][] = [];
   const cfg = JSON.stringify({ hot_reload: true });
   const policy = {
-    onWaveHead: (wave: number, telemetry: unknown) => {
+    onWaveHead: (_replica: number, wave: number, telemetry: unknown) => {
       heads.push([wave, telemetry]);
       return wave === 2 ? { config: { version: 2, configJson: cfg }, dumps: [] } : { dumps: [] };
     },
