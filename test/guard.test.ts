@@ -55,7 +55,7 @@ describe('arming', () => {
       arm_wave: 11,
       block_ids: [1, 2, 3, 9],
       request_finished_at_dump: false,
-      rank: 6,
+      rank: 4,
       expected_ranks: [4, 5, 6, 7],
       prompt_token_count: 17,
       output_token_count: 3,
@@ -67,7 +67,7 @@ describe('arming', () => {
     expect(r).toMatchObject({
       incident_type: 'logits_finite',
       req_id: 'req-a',
-      rank: 6,
+      rank: 4,
       detect_wave: 10,
       dump_attempted: true,
       dump_arm_wave: 11,
@@ -95,7 +95,7 @@ describe('arming', () => {
     let lanes = g.onWaveHead(0, 5, tel(4, [step('y', { finished: true, freed: true })], ['y']));
     expect(lanes.dumps).toEqual([]);
     const sk = readJson(root, 'logits_finite', 'y', 'wave_5', 'dump_skipped.json');
-    expect(sk).toMatchObject({ reason: 'finished_or_reaped', req_id: 'y', incident_type: 'logits_finite', stage: 'arm', rank: 6, wave: 5 });
+    expect(sk).toMatchObject({ reason: 'finished_or_reaped', req_id: 'y', incident_type: 'logits_finite', stage: 'arm', rank: 4, wave: 5 });
     expect(reports('logits_finite')[0]).toMatchObject({ dump_attempted: true, dump_arm_wave: null, dump_skipped_reason: 'finished_or_reaped' });
     // a late non-finite row for the already-freed request
     lanes = g.onWaveHead(0, 6, tel(5, [], ['y']));

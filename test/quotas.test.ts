@@ -81,7 +81,7 @@ describe('automatic dump quota and cooldown', () => {
     const [r] = reports('logits_finite');
     expect(r).toMatchObject({ dump_attempted: true, dump_arm_wave: null, dump_count: 0, dump_max_times: 0, dump_skipped_reason: 'quota_or_cooldown_blocked' });
     const skipped = JSON.parse(fs.readFileSync(path.join(startup.dumpDir, 'logits_finite', 'a', 'wave_8', 'dump_skipped.json'), 'utf8'));
-    expect(skipped).toMatchObject({ reason: 'quota_or_cooldown_blocked', req_id: 'a', incident_type: 'logits_finite', stage: 'arm', rank: 3, wave: 8 });
+    expect(skipped).toMatchObject({ reason: 'quota_or_cooldown_blocked', req_id: 'a', incident_type: 'logits_finite', stage: 'arm', rank: 2, wave: 8 });
     expect(skipped.detail.blocked_by).toBe('quota');
     expect(r.dump_dir).toBe(path.join(startup.dumpDir, 'logits_finite', 'a', 'wave_8'));
   });
