@@ -12,7 +12,7 @@ import { SkipReason, writeDumpSkipped } from '../artifacts/freespace';
 import { DEFAULT_ARTIFACT_MODES, type ArtifactModes } from '../artifacts/artifact-mode';
 import { joinUnder, safeComponent } from '../artifacts/sanitize';
 import { artifactWrite, writeJsonAtomic } from '../artifacts/atomic-write';
-import { rankCoordinates, type PpStages, type WorldLayout } from '../launch/identity';
+import { rankCoordinates, replicaHead, type PpStages, type WorldLayout } from '../launch/identity';
 
 export type { SkipReason };
 
@@ -54,7 +54,7 @@ export interface LedgerEvents {
 export interface LedgerOptions {
   /** How long a published job's ranks have to ack it (default 10 s). */
   ackTimeoutMs?: number;
-  /** Global rank of the writer of the JSON files (the coordinator's head rank); goes into them. */
+  /** Without a layout: the `rank` the JSON files name (default 0). */
   writerRank?: number;
   /** The job's layout: with dp > 1 dump dirs and job ids carry the replica; manifests name each rank's stage. */
   layout?: WorldLayout;
@@ -110,6 +110,11 @@ export class DumpLedger {
     this.events = events;
   }
 
+  /** The JSON files' `rank`: the replica's head (its last-PP TP0, the seed's writer) when the layout is known. */
+  private writerOf(replica: number): number {
+    return this.opts.layout ? replicaHead(this.opts.layout, replica) : (this.opts.writerRank ?? 0);
+  }
+
   private tag(replica: number): number | undefined {
     return (this.opts.layout?.dp ?? 1) > 1 ? replica : undefined;
   }
@@ -152,7 +157,7 @@ export class DumpLedger {
       block_ids: job.blockIds,
       num_blocks: job.blockIds.length,
       request_finished_at_dump: job.requestFinishedAtDump,
-      rank: this.opts.writerRank ?? 0,
+      rank: this.writerOf(spec.replica),
       expected_ranks: job.ranks,
       pp_stages: spec.ppStages,
       ts: new Date().toISOString(),
@@ -168,7 +173,7 @@ export class DumpLedger {
     this.skipped[s.reason] = (this.skipped[s.reason] ?? 0) + 1;
     const tag = this.tag(s.replica);
     const dir = s.reqId ? waveDir(dumpRoot, s.incidentType, s.reqId, s.wave, tag) : joinUnder(dumpRoot, safeComponent(s.incidentType, 'incident_type'), `wave_${s.wave}${tag === undefined ? '' : `_dp${tag}`}`);
-    return writeDumpSkipped(dir, { reason: s.reason, req_id: s.reqId, incident_type: s.incidentType, stage: 'arm', rank: this.opts.writerRank ?? 0, dp_rank: s.replica, wave: s.wave, detail: s.detail }, this.modes);
+    return writeDumpSkipped(dir, { reason: s.reason, req_id: s.reqId, incident_type: s.incidentType, stage: 'arm', rank: this.writerOf(s.replica), dp_rank: s.replica, wave: s.wave, detail: s.detail }, this.modes);
   }
 
   /**

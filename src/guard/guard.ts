@@ -89,7 +89,7 @@ export class Guard implements CoordinatorPolicy {
     this.keepTail = this.cfg.report.save_sensitive_info;
     const { layout } = opts;
     this.replicas = Array.from({ length: layout.dp }, (_, r) => new ReplicaState(r, replicaHead(layout, r), opts.manualDumpDone ?? 0, this.cfg, 0));
-    this.ledger = new DumpLedger({ ackTimeoutMs: opts.dumpAckTimeoutMs, writerRank: replicaHead(layout, 0), layout, log: this.log, modes: opts.artifactModes });
+    this.ledger = new DumpLedger({ ackTimeoutMs: opts.dumpAckTimeoutMs, layout, log: this.log, modes: opts.artifactModes });
     this.metric = counter('wavebus_incidents_total', 'Runtime guard incidents, by type and action taken', ['incident_type', 'action'] as const);
     this.refreshLane();
   }
@@ -178,6 +178,7 @@ export class Guard implements CoordinatorPolicy {
       rs.configSent = this.version;
       lanes.config = { version: this.version, configJson: this.laneJson };
     }
+    rs.ppStagesLive = this.cfg.dump.pp_stages;
     return lanes;
   }
 
@@ -197,7 +198,9 @@ export class Guard implements CoordinatorPolicy {
     if (st.blockIds.length === 0) {
       return { skipped: 'empty_block_ids', dir: this.ledger.refuse(root, { incidentType: type, reqId: st.reqId, wave, replica, reason: 'empty_block_ids' }) };
     }
-    const ppStages = this.cfg.dump.pp_stages;
+    // The stages the replica's ranks already act on: a switch to "all" puts the other stages on the
+    // vector when its config lane arrives, so they copy from the replica's next wave on.
+    const ppStages = rs.ppStagesLive;
     const job = this.ledger.arm(root, {
       incidentType: type,
       reqId: st.reqId,

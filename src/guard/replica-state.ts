@@ -4,6 +4,7 @@
 // each engine process, i.e. per replica), manual-dump watermark and last wave. The config in
 // force is the job's, one for every replica; each replica takes a new one at its own next head.
 import type { RuntimeConfig } from './config';
+import type { PpStages } from '../launch/identity';
 import { DetectorSet } from './detectors';
 import { AutoDumpQuota } from './quotas';
 import { RequestTable } from './requests';
@@ -21,6 +22,8 @@ export class ReplicaState {
   lastWave = -1;
   /** Config version last published on this replica's stream (0: none yet). */
   configSent = 0;
+  /** dump.pp_stages of the config this replica's ranks had before the current head (its dumps' stages). */
+  ppStagesLive: PpStages = 'last';
 
   constructor(
     readonly replica: number,
