@@ -1,6 +1,6 @@
-// The coordinator side of the wave bus (ZeroMQ Clone pattern): the only publisher of wave
-// vectors and lanes (PUB), the server of snapshots, status and dump acks (ROUTER), and the
-// tracker of which ranks are subscribed and alive.
+// The coordinator side of the wave bus (ZeroMQ Clone pattern): the only publisher of wave vectors
+// and lanes (PUB; one stream per DP replica, wave-streams.ts), the server of snapshots, status and
+// dump acks (ROUTER), and the tracker of which ranks are subscribed and alive.
 import { randomInt } from 'crypto';
 import { EventEmitter } from 'events';
 import type { Publisher, Router } from 'zeromq';
@@ -11,6 +11,7 @@ import type { DumpJob, DumpLane, DumpResult, StepTelemetry, WaveHead } from '../
 import { AgentRequests } from './agent-requests';
 import { DumpLedger } from '../guard/dump-ledger';
 import { WaveStreams } from './wave-streams';
+import { dumpAckHandler } from './coordinator-dumps';
 import { snapshotReply, statusJson, statusReply } from './coordinator-replies';
 import { RankTable } from './rank-table';
 import { SendQueue } from './send-queue';
@@ -25,7 +26,6 @@ import { PROTOCOL_VERSION, VersionGate } from './protocol-version';
 import type { ZapHandler } from './curve';
 import type { CoordinatorPolicy } from './policy';
 import type { CoordinatorOptions, CoordinatorStats } from './coordinator-options';
-
 import { DEFAULT_BUS_PORT, DEFAULT_HEARTBEAT_MS, DEFAULT_MAX_FRAME_BYTES } from './constants';
 
 export type { CoordinatorOptions, CoordinatorStats } from './coordinator-options';
@@ -61,6 +61,8 @@ export class Coordinator extends EventEmitter {
   readonly rankTable: RankTable;
   private readonly agentRequests: AgentRequests;
   private readonly versions = new VersionGate();
+  /** One rank's dump ack: counted in the ledger once (coordinator-dumps.ts). */
+  private readonly onDumpResult: (result: DumpResult) => void;
   private readyEmitted = false;
   private running = false;
   /** Telemetry columns of the wave head being handled (consumed before the next message is decoded). */
@@ -101,10 +103,7 @@ export class Coordinator extends EventEmitter {
       },
     });
     this.ledger = opts.policy?.ledger ?? new DumpLedger({ ackTimeoutMs: this.dumpAckTimeoutMs, layout: this.layout, log: this.log });
-    this.ledger.listen({
-      complete: (job, results) => this.emit('dump-complete', { jobId: job.jobId, replica: job.replica, results }),
-      timedOut: (job, missing) => this.dumpTimedOut(job.jobId, missing),
-    });
+    this.onDumpResult = dumpAckHandler({ ledger: this.ledger, metrics: this.metrics, log: this.log, policy: this.policy, timeoutMs: this.dumpAckTimeoutMs, emit: (e, a) => this.emit(e, a) });
     this.streams = new WaveStreams({
       layout: this.layout,
       epoch: () => this.epoch,
@@ -119,7 +118,6 @@ export class Coordinator extends EventEmitter {
     this.agentRequests = new AgentRequests(this.rankTable, (route, msg, payload) => this.reply(route, msg, payload), this.drops, () => this.running);
     // Zero-valued series, so dashboards see every label from the start.
     for (const lane of ['config', 'dump']) this.metrics.lanes.inc({ lane }, 0);
-    for (const result of ['ok', 'error', 'skipped', 'timeout']) this.metrics.dumps.inc({ result }, 0);
     for (const reason of ['frame_count', 'oversized', 'truncated', 'undecodable', 'empty', 'unknown_request', 'no_mac', 'bad_mac', 'wrong_connection', 'protocol_version', 'not_head']) this.metrics.dropped.inc({ reason }, 0);
   }
 
@@ -201,8 +199,6 @@ export class Coordinator extends EventEmitter {
     this.log.info({ epoch: this.epoch, waves: this.streams.all().map((s) => s.wave) }, 'coordinator stopped');
   }
 
-  // ------------------------------------------------------------------ publishing
-
   /** Replica 0's stream position (a job without DP has only that one). */
   get seq(): number {
     return this.streams.stream(0).seq;
@@ -256,30 +252,6 @@ export class Coordinator extends EventEmitter {
     const head = this.streams.begin(replica, wave, telemetry);
     this.emit('wave', head, replica);
     return head;
-  }
-
-  private dumpTimedOut(jobId: string, missing: number[]): void {
-    this.metrics.dumps.inc({ result: 'timeout' }, missing.length);
-    this.log.warn({ jobId, missing, timeoutMs: this.dumpAckTimeoutMs }, 'dump job not acked by every rank in time');
-    try {
-      this.policy?.onDumpTimeout?.(jobId, missing);
-    } catch (e) {
-      this.log.error({ jobId, err: String(e) }, 'policy.onDumpTimeout failed');
-    }
-    this.emit('dump-timeout', { jobId, missing });
-  }
-
-  private onDumpResult(result: DumpResult): void {
-    const outcome = result.error ? 'error' : result.skippedReason ? 'skipped' : 'ok';
-    this.metrics.dumps.inc({ result: outcome });
-    const counted = this.ledger.ack(result);
-    if (counted !== 'counted') this.log.info({ jobId: result.jobId, rank: result.globalRank, counted }, 'dump result for a job no longer pending');
-    try {
-      this.policy?.onDumpResult?.(result);
-    } catch (e) {
-      this.log.error({ jobId: result.jobId, err: String(e) }, 'policy.onDumpResult failed');
-    }
-    this.emit('dump-result', result);
   }
 
   /** `replica`'s dump jobs not yet acked by every expected rank nor timed out, grouped by wave. */
