@@ -20,6 +20,8 @@ export interface AgentConfig {
   dumpFormat: number;
   freeHeadroomBytes: number;
   dumpRoot: string;
+  /** dump.pp_stages is "all". */
+  allPpStages: boolean;
 }
 
 export interface ConfigLane {
@@ -38,6 +40,10 @@ export interface DumpJob {
   dumpDir: string;
   requestFinishedAtDump: boolean;
   jobId: string;
+  /** The DP replica that owns the request (0 in a job without DP). */
+  replica: number;
+  /** Global ranks that copy the job; the ledger's expected ranks (empty: the seed's last-PP rule). */
+  ranks: number[];
 }
 
 export interface DumpLane {
@@ -59,6 +65,8 @@ export interface DumpResult {
   bytes: number;
   error: string;
   skippedReason: string;
+  /** The KV layers this rank copied (absent from older agents). */
+  layers?: string[];
 }
 
 export interface RequestStep {

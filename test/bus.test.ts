@@ -84,7 +84,7 @@ function logLines(text: string): Array<Record<string, any>> {
 }
 
 function job(reqId: string, over: Partial<DumpJob> = {}): DumpJob {
-  return { incidentType: 'token_repeat', reqId, blockIds: [1, 2, 3], detectWave: 0, armWave: 0, dumpDir: `/tmp/x/${reqId}`, requestFinishedAtDump: false, jobId: '', ...over };
+  return { incidentType: 'token_repeat', reqId, blockIds: [1, 2, 3], detectWave: 0, armWave: 0, dumpDir: `/tmp/x/${reqId}`, requestFinishedAtDump: false, jobId: '', replica: 0, ranks: [], ...over };
 }
 
 /** A small real policy: arms a dump when the telemetry shows a finished request; records what it is told. */
@@ -92,7 +92,7 @@ class RecordingPolicy implements CoordinatorPolicy {
   heads: Array<{ wave: number; telemetry: StepTelemetry | null }> = [];
   results: DumpResult[] = [];
   timeouts: Array<{ jobId: string; missing: number[] }> = [];
-  onWaveHead(wave: number, telemetry: StepTelemetry | null): DueLanes {
+  onWaveHead(_replica: number, wave: number, telemetry: StepTelemetry | null): DueLanes {
     this.heads.push({ wave, telemetry });
     const finished = telemetry?.requests?.filter((r) => r.finished) ?? [];
     return { dumps: finished.map((r) => job(r.reqId, { detectWave: wave - 1, armWave: wave, blockIds: r.blockIds })) };
@@ -133,15 +133,15 @@ describe('endpoints', () => {
 });
 
 describe('wave bus', () => {
-  test('waves and due lanes reach agent processes and in-process agents, in order; only last-PP ranks join', async () => {
+  test('waves and due lanes reach agent processes and in-process agents, in order; every rank joins its replica stream, only last-PP ranks are awaited', async () => {
     const port = await freePortPair();
     const layout = layoutOf(4, 2, 2); // last PP stage = ranks 2, 3
     const policy = new RecordingPolicy();
     const c = await startCoordinator({ port, layout, policy });
     expect(c.expectedRanks).toEqual([2, 3]);
     const notLast = spawnAgent(0, layout, port);
-    const cli = spawnAgent(2, layout, port);
-    const inproc = makeAgent(3, layout, port);
+    const cli = spawnAgent(3, layout, port);
+    const inproc = makeAgent(2, layout, port); // the replica's head (last-PP TP0)
     await inproc.bus.start();
     await waitFor(async () => (await requestStatus({ host: '127.0.0.1', port })).ready, 'bus ready');
 
@@ -182,21 +182,29 @@ describe('wave bus', () => {
     const cliW2 = lines.find((l) => l.msg === 'wave' && l.wave === 2);
     if (cliW2) expect(cliW2.dumps).toEqual(['2/token_repeat/req-a']);
     // Its heartbeats tell the coordinator where it is.
-    await waitFor(async () => JSON.parse((await requestStatus({ host: '127.0.0.1', port })).statusJson).ranks['2']?.wave === 10, 'rank 2 heartbeat at wave 10');
+    await waitFor(async () => JSON.parse((await requestStatus({ host: '127.0.0.1', port })).statusJson).ranks['3']?.wave === 10, 'rank 3 heartbeat at wave 10');
 
-    // The non-last-PP rank stays up but never joins.
-    await waitFor(() => /not a last-PP rank/.test(notLast.stderr()), 'rank 0 says it does not join');
+    // The non-last-PP rank joins its replica's stream too (dump.pp_stages "all" needs it), but
+    // readiness waits only for the last-PP ranks; a wave head from a rank that is not the
+    // replica's head is dropped.
+    await waitFor(() => c.liveRanks().includes(0), 'rank 0 on the bus');
     expect(notLast.child.exitCode).toBeNull();
     const st = await requestStatus({ host: '127.0.0.1', port });
-    expect(st.liveRanks).toEqual([2, 3]);
+    expect(st.liveRanks).toEqual([0, 2, 3]);
     expect(st.expectedRanks).toEqual([2, 3]);
+    const notHead = makeAgent(1, layout, port);
+    await notHead.bus.start();
+    await waitFor(() => notHead.bus.synced, 'rank 1 synced');
+    notHead.bus.sendWaveHead(11, null);
+    await waitFor(() => (c.stats.dropped.not_head ?? 0) === 1, 'wave head from rank 1 dropped');
+    expect(c.wave).toBe(10);
     expect(st.epoch).toBe(c.epoch);
     expect(JSON.parse(st.statusJson).policy_heads).toBe(10);
 
     // Killing an agent process makes its rank lost.
     const lost = new Promise<number>((resolve) => c.on('agent-lost', resolve));
     cli.child.kill('SIGKILL');
-    expect(await lost).toBe(2);
+    expect(await lost).toBe(3);
     expect(c.ready).toBe(false);
   });
 
@@ -389,16 +397,19 @@ describe('wave bus', () => {
     expect(a.events.find((e) => e.kind === 'snapshot')).toMatchObject({ s: { epoch: E, wave: 5, configVersion: 3 } });
 
     const head = (s: number, wave: number) => encodeBusFrame(E, s, 'head', { epoch: E, seq: s, wave, configDue: false, dumpDue: false });
-    await pub.send(['W', Buffer.from('definitely not protobuf \xff\xff\xff', 'latin1')]);
+    // Topics are per replica ("r<dp>.<kind>"): the agent of replica 0 subscribes to "r0." only.
+    await pub.send(['r0.W', Buffer.from('definitely not protobuf \xff\xff\xff', 'latin1')]);
     const good = head(999, 6)[1];
-    await pub.send(['W', good.subarray(0, good.length - 3)]); // truncated
-    await pub.send(['W', Buffer.alloc(5000, 0x08)]); // oversized
-    await pub.send(['X', head(seq + 1, 6)[1]]); // unknown topic
-    await pub.send(['C', head(seq + 1, 6)[1]]); // topic does not match the body
-    await pub.send(['W', head(seq + 1, 6)[1], Buffer.from('extra')]); // wrong number of frames
-    await pub.send(['W', encodeBusFrame(E, 0, 'head', { wave: 6 })[1]]); // no seq
+    await pub.send(['r0.W', good.subarray(0, good.length - 3)]); // truncated
+    await pub.send(['r0.W', Buffer.alloc(5000, 0x08)]); // oversized
+    await pub.send(['r0.X', head(seq + 1, 6)[1]]); // unknown topic
+    await pub.send(['r0.C', head(seq + 1, 6)[1]]); // topic does not match the body
+    await pub.send(['r0.W', encodeBusFrame(E, seq + 1, 'head', { epoch: E, seq: seq + 1, wave: 6 }, false, 1)[1]]); // a replica-1 frame under replica 0's topic
+    await pub.send(['r1.W', head(seq + 1, 6)[1]]); // another replica's stream: filtered by the subscription, never seen
+    await pub.send(['r0.W', head(seq + 1, 6)[1], Buffer.from('extra')]); // wrong number of frames
+    await pub.send(['r0.W', encodeBusFrame(E, 0, 'head', { wave: 6 })[1]]); // no seq
     await waitFor(() => (a.bus.stats.dropped.empty ?? 0) >= 1, 'garbage processed');
-    expect(a.bus.stats.dropped).toMatchObject({ undecodable: 1, truncated: 1, oversized: 1, wrong_topic: 2, frame_count: 1, empty: 1 });
+    expect(a.bus.stats.dropped).toMatchObject({ undecodable: 1, truncated: 1, oversized: 1, wrong_topic: 3, frame_count: 1, empty: 1 });
     expect(a.bus.synced).toBe(true);
     expect(a.bus.stats.resyncs).toBe(0);
 

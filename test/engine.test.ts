@@ -52,7 +52,7 @@ async function startJob(opts: {
     {},
     root,
   );
-  const guard = new Guard({ startup, rank: 0, expectedRanks: Array.from({ length: opts.tp }, (_, i) => i), layout });
+  const guard = new Guard({ startup, layout });
   const port = await freePortPair();
   const coordinator = new Coordinator({
     port,

@@ -61,7 +61,7 @@ test('/healthz, /metrics and 404 on a running coordinator', async () => {
 
   coordinator.setConfig(2, agentConfig(defaultConfig(), { hotReload: false, dumpRoot: '' }));
   coordinator.beginWave(1, null);
-  coordinator.armDumps([{ incidentType: 'manual_trigger', reqId: 'r', blockIds: [], detectWave: 1, armWave: 0, dumpDir: '', requestFinishedAtDump: false, jobId: '' }]);
+  coordinator.armDumps([{ incidentType: 'manual_trigger', reqId: 'r', blockIds: [], detectWave: 1, armWave: 0, dumpDir: '', requestFinishedAtDump: false, jobId: '', replica: 0, ranks: [] }]);
   coordinator.beginWave(2, null);
   await waitFor(() => agent!.latest()?.wave === 2, 'agent at wave 2');
   agent.sendDumpResult({ globalRank: 0, jobId: '2/manual_trigger/r', wave: 2, files: [], bytes: 0, error: '', skippedReason: '' });

@@ -914,7 +914,7 @@ test('a real coordinator, agent and Python client: wave_head drives the bus, end
   const { defaultConfig } = require('../src/guard/config') as typeof import('../src/guard/config');
   const cfg = agentConfig(defaultConfig(), { hotReload: true, dumpRoot: '' });
   const policy = {
-    onWaveHead: (wave: number, telemetry: unknown) => {
+    onWaveHead: (_replica: number, wave: number, telemetry: unknown) => {
       heads.push([wave, telemetry]);
       return wave === 2 ? { config: { version: 2, config: cfg }, dumps: [] } : { dumps: [] };
     },

@@ -82,7 +82,7 @@ describe('roots from the bus only narrow the local ones', () => {
 async function oneRankJob(guardRoot: string, agentRoot: string, busToken?: BusToken) {
   const root = tmpDir('wavebus-rootsauth-job-');
   const startup = parseStartupOptions(JSON.stringify({ runtime_dump_dir: guardRoot, runtime_config: { dump: { manual_dump: 1, free_headroom_bytes: 0, auto_cooldown_seconds: 0 } } }), {}, root);
-  const guard = new Guard({ startup, rank: 0, expectedRanks: [0], log: quiet });
+  const guard = new Guard({ startup, layout: { worldSize: 1, tp: 1, pp: 1, dp: 1, cp: 1 }, log: quiet });
   const port = await freePortPair();
   const coordinator = new Coordinator({ port, layout: LAYOUT1, heartbeatMs: 100, deadAfterMs: 5000, dumpAckTimeoutMs: 5000, busToken, policy: guard, logger: quiet });
   await coordinator.start();

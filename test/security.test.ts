@@ -53,7 +53,7 @@ afterAll(async () => {
 function recordingPolicy() {
   const calls = { waveHeads: [] as number[], dumpResults: [] as DumpResult[] };
   const policy: CoordinatorPolicy = {
-    onWaveHead: (wave) => {
+    onWaveHead: (_replica, wave) => {
       calls.waveHeads.push(wave);
       return { dumps: [] };
     },
@@ -316,7 +316,7 @@ describe('CURVE bus (library)', () => {
     expect(coordinatorWaves).toEqual(sent);
 
     const complete = new Promise<{ jobId: string }>((resolve) => c.once('dump-complete', resolve));
-    c.armDumps([{ incidentType: 'nan', reqId: 'r1', blockIds: [1, 2], detectWave: 0, armWave: 0, dumpDir: '/tmp/x', requestFinishedAtDump: false, jobId: '' }]);
+    c.armDumps([{ incidentType: 'nan', reqId: 'r1', blockIds: [1, 2], detectWave: 0, armWave: 0, dumpDir: '/tmp/x', requestFinishedAtDump: false, jobId: '', replica: 0, ranks: [] }]);
     const [w] = await waves(1);
     const lane = agent.waves.find((x) => x.head.wave === w)!.dump!;
     expect(lane.jobs.map((j) => j.jobId)).toEqual([`${w}/nan/r1`]);
@@ -347,7 +347,7 @@ describe('CURVE bus (library)', () => {
 
   test('forged wave heads, dump acks, hellos, status asks and config frames from peers without an allowed key have no effect', async () => {
     const forgedJob = 'forged/nan/r9';
-    c.armDumps([{ incidentType: 'nan', reqId: 'r9', blockIds: [], detectWave: 0, armWave: 0, dumpDir: '', requestFinishedAtDump: false, jobId: forgedJob }]);
+    c.armDumps([{ incidentType: 'nan', reqId: 'r9', blockIds: [], detectWave: 0, armWave: 0, dumpDir: '', requestFinishedAtDump: false, jobId: forgedJob, replica: 0, ranks: [] }]);
     await waves(1); // the job is pending now; only rank 0 may ack it
     const pendingBefore = c.pendingDumpLanes();
     const heads = rec.calls.waveHeads.length;

@@ -221,6 +221,7 @@ export class DumpExecutor {
             block_ids: s.job.blockIds,
             format,
             request_finished_at_dump: s.job.requestFinishedAtDump,
+            dp_rank: s.job.replica ?? id.dpRank,
             identity: {
               ...ranks,
               pp_size: id.pp,
@@ -240,7 +241,7 @@ export class DumpExecutor {
           },
         });
         const rel = committed.map((f) => ({ ...f, path: path.posix.join(kvRankDirName(id), f.path) }));
-        out.push(this.result(s.job, rel, rel.reduce((n, f) => n + f.bytes, 0), '', ''));
+        out.push({ ...this.result(s.job, rel, rel.reduce((n, f) => n + f.bytes, 0), '', ''), layers: s.layers.map((l) => l.layer) });
       } catch (e) {
         bundle?.abort();
         this.log.error({ err: e, job: s.job.jobId }, 'KV dump write failed');

@@ -15,6 +15,8 @@ export interface RuntimeView {
   format: DumpFormat;
   freeHeadroomBytes: number;
   dumpRoot?: string;
+  /** dump.pp_stages: "all" puts every stage's ranks (not only the last's) on the wave vector. */
+  ppStages: 'last' | 'all';
 }
 
 /** The view of a config as the agent receives it. Throws ProtocolError on a TensorFormat this side does not know. */
@@ -27,6 +29,7 @@ export function runtimeView(cfg: AgentConfig): RuntimeView {
     format: tensorFormatFromProto(cfg.dumpFormat, 'AgentConfig.dump_format'),
     freeHeadroomBytes: cfg.freeHeadroomBytes,
     dumpRoot: cfg.dumpRoot || undefined,
+    ppStages: cfg.allPpStages ? 'all' : 'last',
   };
 }
 

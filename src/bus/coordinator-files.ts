@@ -26,7 +26,7 @@ export interface CoordinatorFileRoots {
   dumps?: string;
 }
 
-/** The JSON files the coordinator writes in a dump wave dir (src/guard/dumps.ts). */
+/** The JSON files the coordinator writes in a dump wave dir (src/guard/dump-ledger.ts). */
 export const DUMP_RECORD_FILES = new Set(['request_info.json', 'manifest.json', 'dump_skipped.json']);
 
 /** Reports: one level of incident-type folders holding report_*.json (the kv_cache below report_dir is not a report). */

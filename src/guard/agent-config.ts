@@ -24,5 +24,6 @@ export function agentConfig(cfg: RuntimeConfig, facts: AgentConfigFacts): AgentC
     dumpFormat: tensorFormatToProto(cfg.dump.format),
     freeHeadroomBytes: cfg.dump.free_headroom_bytes,
     dumpRoot: facts.dumpRoot,
+    allPpStages: cfg.dump.pp_stages === 'all',
   };
 }

@@ -75,7 +75,7 @@ async function main() {
   const spec = JSON.parse(fs.readFileSync(process.argv[2], 'utf8'));
   const root = spec.root;
   const startup = parseStartupOptions(JSON.stringify({ runtime_config: { dump: { manual_dump: 1, free_headroom_bytes: 0 } } }), {}, root);
-  const guard = new Guard({ startup, rank: 0, expectedRanks: [0] });
+  const guard = new Guard({ startup, layout: { worldSize: 1, tp: 1, pp: 1, dp: 1, cp: 1 } });
   const port = await freePortPair();
   const coordinator = new Coordinator({ port, layout: { worldSize: 1, tp: 1, pp: 1, dp: 1, cp: 1 }, heartbeatMs: 300, dumpAckTimeoutMs: 10000, policy: guard });
   await coordinator.start();

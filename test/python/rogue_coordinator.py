@@ -43,7 +43,7 @@ def heartbeat():
     f = pb.BusFrame()
     f.heartbeat.wave = 0
     f.heartbeat.unix_ms = int(time.time() * 1000)
-    publish(f, b"H")
+    publish(f, b"r0.H")
 
 
 def job(wave, d):
@@ -106,11 +106,11 @@ while True:
                 f = pb.BusFrame()
                 f.head.wave = w
                 f.head.dump_due = True
-                publish(f, b"W")
+                publish(f, b"r0.W")
                 f = pb.BusFrame()
                 f.dump.wave = w
                 f.dump.jobs.append(job(w, cmd[2]))
-                publish(f, b"D")
+                publish(f, b"r0.D")
                 say(event="wave_sent", wave=w)
             elif cmd[0] == "files" and peer is not None:
                 for root in ("dumps", "snapshots"):
