@@ -35,6 +35,7 @@ describe('agentConfig (the one builder)', () => {
       dumpFormat: tensorFormatToProto(d.dump.format),
       freeHeadroomBytes: d.dump.free_headroom_bytes,
       dumpRoot: '/dumps',
+      allPpStages: d.dump.pp_stages === 'all',
     });
     expect(agentConfig(d, { hotReload: true, dumpRoot: '' }).busActive).toBe(true);
     expect(agentConfig(configFromRaw({ dump: { manual_dump: 1 } }, 't'), { hotReload: false, dumpRoot: '' }).busActive).toBe(true);
@@ -73,7 +74,7 @@ describe('agentConfig (the one builder)', () => {
 async function roundTrip(runtimeConfig: Record<string, unknown>): Promise<{ lane: AgentConfig | null; snap: AgentConfig | null; built: AgentConfig; dumpDir: string }> {
   const root = tmpDir('wavebus-agent-config-');
   const startup = parseStartupOptions(JSON.stringify({ runtime_config: runtimeConfig }), {}, root);
-  const guard = new Guard({ startup, rank: 0, expectedRanks: [0], log: quiet });
+  const guard = new Guard({ startup, layout: LAYOUT1, log: quiet });
   const port = await freePortPair();
   const c = new Coordinator({ port, layout: LAYOUT1, heartbeatMs: 200, deadAfterMs: 5000, policy: guard, logger: quiet });
   await c.start();
@@ -89,7 +90,7 @@ async function roundTrip(runtimeConfig: Record<string, unknown>): Promise<{ lane
     await waitFor(() => waves.some((w) => w.head.wave === 1), 'wave 1');
     const w1 = waves.find((w) => w.head.wave === 1)!;
     expect(w1.head.configDue).toBe(true);
-    return { lane: w1.config!.config, snap: snapshots[0].config, built: guard.snapshotState().config, dumpDir: startup.dumpDir };
+    return { lane: w1.config!.config, snap: snapshots[0].config, built: guard.snapshotState(0).config, dumpDir: startup.dumpDir };
   } finally {
     await bus.stop();
     await c.stop();
@@ -111,13 +112,14 @@ describe('coordinator -> agent over real sockets', () => {
       format: d.dump.format,
       freeHeadroomBytes: d.dump.free_headroom_bytes,
       dumpRoot: got.dumpDir,
+      ppStages: d.dump.pp_stages,
     });
   });
 
-  test('what the operator set arrives typed: detectors, item_sync, format, headroom, dump root', async () => {
+  test('what the operator set arrives typed: detectors, item_sync, format, headroom, dump root, pp_stages', async () => {
     const got = await roundTrip({
       detector: { garbled: { enabled: true }, logits_finite: { enabled: true, item_sync: true } },
-      dump: { format: 'safetensors', free_headroom_bytes: 12345, manual_dump: 0 },
+      dump: { format: 'safetensors', free_headroom_bytes: 12345, manual_dump: 0, pp_stages: 'all' },
     });
     expect(got.lane).toEqual(got.built);
     expect(got.snap).toEqual(got.built);
@@ -129,6 +131,7 @@ describe('coordinator -> agent over real sockets', () => {
       format: 'safetensors',
       freeHeadroomBytes: 12345,
       dumpRoot: got.dumpDir,
+      ppStages: 'all',
     });
   });
 });

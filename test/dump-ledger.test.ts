@@ -3,6 +3,7 @@
 import * as fs from 'fs';
 import * as path from 'path';
 import { DumpLedger } from '../src/guard/dump-ledger';
+import { kvRankDirFor } from '../src/paths';
 import type { DumpJob, DumpResult } from '../src/messages';
 import { cleanup, tmpDir, waitFor } from './helpers';
 
@@ -10,7 +11,7 @@ afterAll(() => cleanup());
 
 const layout = { worldSize: 8, tp: 2, pp: 2, dp: 2, cp: 1 };
 const ack = (rank: number, jobId: string, p: Partial<DumpResult> = {}): DumpResult => ({
-  globalRank: rank, jobId, wave: 3, files: [{ path: `rank${rank}/l.pt`, bytes: 10, checksum: 'crc32c:00000000' }], bytes: 10, error: '', skippedReason: '', layers: [`layers.${rank < 4 ? (rank < 2 ? 0 : 1) : rank < 6 ? 0 : 1}`], ...p,
+  globalRank: rank, jobId, wave: 3, files: [{ path: `${kvRankDirFor(rank, layout)}/l.pt`, bytes: 10, checksum: 'crc32c:00000000' }], bytes: 10, error: '', skippedReason: '', layers: [`layers.${rank < 4 ? (rank < 2 ? 0 : 1) : rank < 6 ? 0 : 1}`], ...p,
 });
 
 function arm(ledger: DumpLedger, root: string, replica: number, ranks: number[], reqId = 'r'): DumpJob {

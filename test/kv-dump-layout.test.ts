@@ -4,7 +4,7 @@
 import * as fs from 'fs';
 import * as path from 'path';
 import { KvDirNameError } from '../src/errors';
-import { DumpBook } from '../src/guard/dumps';
+import { DumpLedger } from '../src/guard/dump-ledger';
 import { lastPpRanks, rankCoordinates, type WorldLayout } from '../src/launch/identity';
 import {
   checkKvDirIdentity,
@@ -112,35 +112,37 @@ describe('KV dump directory names', () => {
 });
 
 describe('request_info.json and manifest.json carry the layout and each rank directory', () => {
-  test('a tp=2 pp=2 dp=2 job: expected ranks are the last PP stage, each with its dp*_tp*_pp1_cp0 directory', () => {
+  test('a tp=2 pp=2 dp=2 job: replica 1\'s dump expects its last PP stage, each rank with its dp1_tp*_pp1_cp0 directory', () => {
     const layout: WorldLayout = { worldSize: 8, tp: 2, pp: 2, dp: 2, cp: 1 };
-    const expected = lastPpRanks(layout);
-    expect(expected).toEqual([2, 3, 6, 7]);
+    expect(lastPpRanks(layout)).toEqual([2, 3, 6, 7]);
     const root = tmpDir('wavebus-kvlayout-');
-    const book = new DumpBook(expected, 2, undefined, undefined, layout);
-    const job = book.arm(root, { incidentType: 'token_repeat', reqId: 'r1', blockIds: [1], detectWave: 3, armWave: 4, requestFinishedAtDump: false, info: {} })!;
+    const ledger = new DumpLedger({ layout, ackTimeoutMs: 60000 });
+    const job = ledger.arm(root, { incidentType: 'token_repeat', reqId: 'r1', blockIds: [1], detectWave: 3, armWave: 4, requestFinishedAtDump: false, replica: 1, ranks: [6, 7], ppStages: 'last', info: {} })!;
+    ledger.published(4, [job]);
     const info = JSON.parse(fs.readFileSync(path.join(job.dumpDir, 'request_info.json'), 'utf8'));
     expect(info.layout).toEqual({ world_size: 8, tp: 2, pp: 2, dp: 2, cp: 1 });
-    for (const g of expected) {
+    for (const g of [6, 7]) {
       const dir = kvRankDirFor(g, layout);
-      book.onResult({ globalRank: g, jobId: job.jobId, wave: 4, files: [{ path: `${dir}/dump.json`, bytes: 1, checksum: 'crc32c:00000000' }], bytes: 1, error: '', skippedReason: '' });
+      expect(ledger.ack({ globalRank: g, jobId: job.jobId, wave: 4, files: [{ path: `${dir}/dump.json`, bytes: 1, checksum: 'crc32c:00000000' }], bytes: 1, error: '', skippedReason: '' })).toBe('counted');
     }
     const m = JSON.parse(fs.readFileSync(path.join(job.dumpDir, 'manifest.json'), 'utf8'));
     expect(m.complete).toBe(true);
     expect(m.layout).toEqual(info.layout);
-    // Keyed by global rank as before; the directory each rank wrote, without recomputing it.
-    expect(m.dirs).toEqual({ 2: 'dp0_tp0_pp1_cp0', 3: 'dp0_tp1_pp1_cp0', 6: 'dp1_tp0_pp1_cp0', 7: 'dp1_tp1_pp1_cp0' });
-    expect(Object.keys(m.files)).toEqual(['2', '3', '6', '7']);
+    // Keyed by global rank; the directory each rank wrote, without recomputing it.
+    expect(m.dirs).toEqual({ 6: 'dp1_tp0_pp1_cp0', 7: 'dp1_tp1_pp1_cp0' });
+    ledger.clear();
   });
 
-  test('without a layout (a guard built without one) neither file claims one', () => {
+  test('without a layout (a ledger built without one) neither file claims one', () => {
     const root = tmpDir('wavebus-kvlayout-');
-    const book = new DumpBook([0], 0);
-    const job = book.arm(root, { incidentType: 't', reqId: 'r', blockIds: [0], detectWave: 0, armWave: 1, requestFinishedAtDump: false, info: {} })!;
-    book.onResult({ globalRank: 0, jobId: job.jobId, wave: 1, files: [], bytes: 0, error: '', skippedReason: '' });
+    const ledger = new DumpLedger({ ackTimeoutMs: 60000 });
+    const job = ledger.arm(root, { incidentType: 't', reqId: 'r', blockIds: [0], detectWave: 0, armWave: 1, requestFinishedAtDump: false, replica: 0, ranks: [0], ppStages: 'last', info: {} })!;
+    ledger.published(1, [job]);
+    ledger.ack({ globalRank: 0, jobId: job.jobId, wave: 1, files: [], bytes: 0, error: '', skippedReason: '' });
     const m = JSON.parse(fs.readFileSync(path.join(job.dumpDir, 'manifest.json'), 'utf8'));
     expect(m.layout).toBeUndefined();
     expect(m.dirs).toBeUndefined();
     expect(JSON.parse(fs.readFileSync(path.join(job.dumpDir, 'request_info.json'), 'utf8')).layout).toBeUndefined();
+    ledger.clear();
   });
 });

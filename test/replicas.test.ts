@@ -6,6 +6,7 @@ import * as fs from 'fs';
 import * as path from 'path';
 import type { StepTelemetry } from '../src/messages';
 import { inspectTree } from '../src/tools/inspect';
+import { isKvRankDirName, kvRankDirFor } from '../src/paths';
 import { cleanup, waitFor } from './helpers';
 import { runReplicaWave, startHarnessJob, step, stopHarnessJob, type HarnessJob } from './job-harness';
 
@@ -66,8 +67,8 @@ test('TP2 x PP2 x DP2: own wave streams, own dumps, one config and manual dump f
   const m1 = manifestOf(dir1);
   expect(m1).toMatchObject({ job_id: '3/logits_finite/req-x@dp1', dp_rank: 1, expected_ranks: [6, 7], completed_ranks: [6, 7], pp_stages: 'last' });
   expect(readJson(dir1, 'request_info.json')).toMatchObject({ dp_rank: 1, block_ids: B, expected_ranks: [6, 7], rank: 6 });
-  expect(fs.readdirSync(dir1).filter((n) => n.startsWith('rank')).sort()).toEqual(['rank6', 'rank7']);
-  expect(readJson(dir1, 'rank6', 'dump.json')).toMatchObject({ block_ids: B, dp_rank: 1 });
+  expect(fs.readdirSync(dir1).filter(isKvRankDirName).sort()).toEqual([6, 7].map((g) => kvRankDirFor(g, job!.layout)).sort());
+  expect(readJson(dir1, kvRankDirFor(6, job!.layout), 'dump.json')).toMatchObject({ block_ids: B, dp_rank: 1 });
   expect(inspectTree(dir1, { verify: true }).problems).toEqual([]);
   // Nothing for replica 0 (its req-x is healthy), and the report names replica 1's head.
   expect(fs.readdirSync(path.join(j.dumpRoot, 'logits_finite', 'req-x'))).toEqual(['wave_3_dp1']);
@@ -105,8 +106,8 @@ test('TP2 x PP2 x DP2: own wave streams, own dumps, one config and manual dump f
   const m = manifestOf(all0);
   expect(m).toMatchObject({ dp_rank: 0, pp_stages: 'all', expected_ranks: [0, 1, 2, 3], completed_ranks: [0, 1, 2, 3] });
   expect(m.stages).toEqual({ '0': { ranks: [0, 1], layers: ['layers.0'] }, '1': { ranks: [2, 3], layers: ['layers.1'] } });
-  expect(fs.readdirSync(all0).filter((n) => n.startsWith('rank')).sort()).toEqual(['rank0', 'rank1', 'rank2', 'rank3']);
-  expect(readJson(all0, 'rank0', 'dump.json').layers.map((l: { layer: string }) => l.layer)).toEqual(['layers.0']);
+  expect(fs.readdirSync(all0).filter(isKvRankDirName).sort()).toEqual([0, 1, 2, 3].map((g) => kvRankDirFor(g, job!.layout)).sort());
+  expect(readJson(all0, kvRankDirFor(0, job!.layout), 'dump.json').layers.map((l: { layer: string }) => l.layer)).toEqual(['layers.0']);
   expect(inspectTree(all0, { verify: true }).problems).toEqual([]);
   // Replica 1 has not reached that head yet: no second manual dump there.
   expect(fs.existsSync(path.join(j.dumpRoot, 'manual_trigger', 'req-x', 'wave_5_dp1'))).toBe(false);
