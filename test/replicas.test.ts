@@ -77,7 +77,7 @@ test('TP2 x PP2 x DP2: own wave streams, own dumps, one config and manual dump f
   expect(readJson(j.reportRoot, 'logits_finite', reports[0])).toMatchObject({ req_id: 'req-x', dp_rank: 1, rank: 6, detect_wave: 2 });
   expect((st.guard_replicas as Record<string, { tracked_requests: number }>)['0'].tracked_requests).toBe(1);
 
-  // A config switch with a manual dump: each replica takes it at its own next head.
+  // A config switch with a manual dump: each replica takes the config at its own next head.
   const live = readJson(j.configPath);
   live.dump.manual_dump = 1;
   live.dump.pp_stages = 'all';
@@ -89,31 +89,39 @@ test('TP2 x PP2 x DP2: own wave streams, own dumps, one config and manual dump f
   await runReplicaWave(j, 1, 4, prev1);
   prev1 = tel(4, B);
   expect(heads).toEqual([{ replica: 0, wave: 6 }, { replica: 1, wave: 4 }]);
-  // The manual dump of each replica: its own blocks, its own ranks (stages as they were at that head).
-  const man0 = path.join(j.dumpRoot, 'manual_trigger', 'req-x', 'wave_6_dp0');
-  const man1 = path.join(j.dumpRoot, 'manual_trigger', 'req-x', 'wave_4_dp1');
-  await waitFor(() => manifestOf(man0)?.complete === true && manifestOf(man1)?.complete === true, 'both manual dumps complete');
-  expect(readJson(man0, 'request_info.json')).toMatchObject({ dp_rank: 0, block_ids: A, expected_ranks: [2, 3] });
-  expect(readJson(man1, 'request_info.json')).toMatchObject({ dp_rank: 1, block_ids: B, expected_ranks: [6, 7] });
-  expect((j.guard.status() as any).guard_replicas['1'].manual_dump_done).toBe(1);
-
-  // From the next wave on, every stage's ranks of the owning replica copy their own layers.
-  live.dump.manual_dump = 2;
-  fs.writeFileSync(j.configPath, JSON.stringify(live));
+  // The other stages learn pp_stages "all" from that config lane: the manual dump asked for in the
+  // same edit waits one wave, so it holds every stage.
+  expect(fs.existsSync(path.join(j.dumpRoot, 'manual_trigger', 'req-x', 'wave_6_dp0'))).toBe(false);
+  expect(fs.existsSync(path.join(j.dumpRoot, 'manual_trigger', 'req-x', 'wave_4_dp1'))).toBe(false);
   await runReplicaWave(j, 0, 7, prev0);
+  prev0 = tel(7, A);
   const all0 = path.join(j.dumpRoot, 'manual_trigger', 'req-x', 'wave_7_dp0');
-  await waitFor(() => manifestOf(all0)?.complete === true, 'pp_stages "all" dump complete');
+  await waitFor(() => manifestOf(all0)?.complete === true, 'replica 0\'s manual dump, every stage');
+  // Each replica's manual dump: its own blocks, its own ranks, every stage copying its own layers.
+  expect(readJson(all0, 'request_info.json')).toMatchObject({ dp_rank: 0, block_ids: A, expected_ranks: [0, 1, 2, 3] });
   const m = manifestOf(all0);
   expect(m).toMatchObject({ dp_rank: 0, pp_stages: 'all', expected_ranks: [0, 1, 2, 3], completed_ranks: [0, 1, 2, 3] });
   expect(m.stages).toEqual({ '0': { ranks: [0, 1], layers: ['layers.0'] }, '1': { ranks: [2, 3], layers: ['layers.1'] } });
   expect(fs.readdirSync(all0).filter(isKvRankDirName).sort()).toEqual([0, 1, 2, 3].map((g) => kvRankDirFor(g, job!.layout)).sort());
   expect(readJson(all0, kvRankDirFor(0, job!.layout), 'dump.json').layers.map((l: { layer: string }) => l.layer)).toEqual(['layers.0']);
   expect(inspectTree(all0, { verify: true }).problems).toEqual([]);
-  // Replica 1 has not reached that head yet: no second manual dump there.
-  expect(fs.existsSync(path.join(j.dumpRoot, 'manual_trigger', 'req-x', 'wave_5_dp1'))).toBe(false);
+  expect((j.guard.status() as any).guard_replicas['0'].manual_dump_done).toBe(1);
+  // Replica 1 has not reached that head yet: no manual dump there.
+  expect((j.guard.status() as any).guard_replicas['1'].manual_dump_done).toBe(0);
   await runReplicaWave(j, 1, 5, prev1);
-  await waitFor(() => manifestOf(path.join(j.dumpRoot, 'manual_trigger', 'req-x', 'wave_5_dp1'))?.complete === true, 'replica 1 reaches manual dump 2');
-  expect(manifestOf(path.join(j.dumpRoot, 'manual_trigger', 'req-x', 'wave_5_dp1')).expected_ranks).toEqual([4, 5, 6, 7]);
+  const all1 = path.join(j.dumpRoot, 'manual_trigger', 'req-x', 'wave_5_dp1');
+  await waitFor(() => manifestOf(all1)?.complete === true, 'replica 1\'s manual dump, every stage');
+  expect(readJson(all1, 'request_info.json')).toMatchObject({ dp_rank: 1, block_ids: B, expected_ranks: [4, 5, 6, 7] });
+
+  // A second manual dump reaches each replica at its own next wave.
+  live.dump.manual_dump = 2;
+  fs.writeFileSync(j.configPath, JSON.stringify(live));
+  await runReplicaWave(j, 0, 8, prev0);
+  await waitFor(() => manifestOf(path.join(j.dumpRoot, 'manual_trigger', 'req-x', 'wave_8_dp0'))?.complete === true, 'replica 0 reaches manual dump 2');
+  expect(fs.existsSync(path.join(j.dumpRoot, 'manual_trigger', 'req-x', 'wave_6_dp1'))).toBe(false);
+  await runReplicaWave(j, 1, 6, tel(5, B));
+  await waitFor(() => manifestOf(path.join(j.dumpRoot, 'manual_trigger', 'req-x', 'wave_6_dp1'))?.complete === true, 'replica 1 reaches manual dump 2');
+  expect(manifestOf(path.join(j.dumpRoot, 'manual_trigger', 'req-x', 'wave_6_dp1')).expected_ranks).toEqual([4, 5, 6, 7]);
 
   // Snapshot rank narrowing (tp ranks {0}) holds in every replica and stage.
   const ctx = { compilationHash: 'graph-r', globalStep: 1, isPrompt: true, reqIds: ['req-x'], positions: [0, 1], rowRequest: [0, 0] };

@@ -171,7 +171,9 @@ export class Guard implements CoordinatorPolicy {
       hits.length = 0;
       hitStates.length = 0;
     }
-    this.manualTrigger(rs, wave, dumps);
+    // A config that switches dump.pp_stages and asks for a manual dump at once: the other stages
+    // learn the switch from this wave's config lane, so the manual dump waits one wave for it.
+    if (rs.ppStagesLive === this.cfg.dump.pp_stages) this.manualTrigger(rs, wave, dumps);
     if (freedNow) for (const st of freedNow) rs.requests.forget(st);
     const lanes: DueLanes = { dumps };
     // The first head of each replica carries the startup config; a new one goes to each replica at its own next head.
