@@ -369,9 +369,9 @@ describe('a cluster of network namespaces', () => {
     const out = path.join(dir, 'incident');
     const agg = await aggregateFrom(net.nodes[2].ns, keys.hostDirs[2], net.nodes[0].addr, out);
     expect({ code: agg.code, stderr: agg.code === 0 ? '' : agg.stderr }).toEqual({ code: 0, stderr: '' });
-    // Before per-replica DP only last-stage agents join the bus, so only their snapshots can be
-    // collected; the DP test below asks for every rank's.
-    checkAggregatedTree(out, job, [2, 3], [2, 3]);
+    // KV files from the last stage (pp_stages "last"); every stage's agent is on the bus, so every
+    // rank's snapshots are collected.
+    checkAggregatedTree(out, job, [2, 3], [0, 1, 2, 3]);
     expect(agg.manifest.files.filter((f: any) => f.rank === -1).every((f: any) => f.root === 'reports' || /(request_info|manifest|dump_skipped)\.json$/.test(f.path))).toBe(true);
 
     // Run again: everything is already there and whole.
