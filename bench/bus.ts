@@ -1,34 +1,38 @@
-// `wavebus bench bus --agents N [--waves W] [--pace-ms P] [--baseline|--no-baseline] --json`
+// `wavebus bench bus --agents N [--waves W] [--pace-ms P] [--rounds R] [--bus-token|--no-bus-token]
+//  [--baseline|--no-baseline] [--bare|--no-bare] --json`
 //
 // Latency of one wave vector from the coordinator's publish until the LAST of N agent
 // processes has it. Agents are real processes (this file, started with --child) on loopback;
-// each notes its receipt time with process.hrtime.bigint(), which reads CLOCK_MONOTONIC, a clock
-// shared by every process on one Linux machine, and sends all its receipts in one message after
-// the last wave: nothing but the bus runs on the agents while waves are measured. Waves are
+// each notes its receipt times with process.hrtime.bigint() (CLOCK_MONOTONIC, shared by every
+// process on one Linux machine) and sends them all in one message after the last wave
+// (lib/bus-receipts.ts): nothing but the bus runs on the agents while waves are measured. Waves are
 // published every --pace-ms (default 2, a fast engine's step); a wave some agent never had is lost.
+// Floor: the same N as bare zeromq.js subscribers (lib/bus-bare.ts), in the same run: --rounds
+// rounds, each one wavebus run and one bare run, in alternating order (this host is noisy).
+// Hops: where each wave's time goes (see `hops` in the output), and the CPU of each step (lib/bus-hops.ts).
 // Baseline: bench/gloo_bcast.py, the seeds' mechanism (gloo broadcast + barrier) on N ranks.
 import { spawn, spawnSync, type ChildProcess } from 'child_process';
 import * as fs from 'fs';
+import * as os from 'os';
 import * as path from 'path';
 import yargs from 'yargs';
-import { Pull, Push } from 'zeromq';
 import { AgentBus } from '../src/bus/agent-bus';
+import { BusToken, createTokenFile } from '../src/bus/auth';
 import { Coordinator } from '../src/bus/coordinator';
+import { MailboxReader, MailboxWriter } from '../src/client/mailbox';
 import { resolveIdentity } from '../src/launch/identity';
 import { createLogger } from '../src/log';
 import { freePort, freePortPair } from '../src/bus/ports';
+import { bareBus } from './lib/bus-bare';
+import { cpuHops } from './lib/bus-hops';
+import { hop, lastReceipt, p50p99, ReceiptLog, Receipts, round, type ReceiptTimes } from './lib/bus-receipts';
 
 const PYTHON = '/usr/bin/python3';
 /** How long to wait for every agent's receipts after the end wave. */
 const REPORT_TIMEOUT_MS = 10000;
 const WARMUP = 20;
-
-function percentile(sorted: number[], q: number): number {
-  if (sorted.length === 0) return NaN;
-  return sorted[Math.min(sorted.length - 1, Math.floor(sorted.length * q))];
-}
-
-const round = (x: number) => Math.round(x * 10) / 10;
+/** The receipt rank of the engine-client stand-in that waits on rank 0's mailbox. */
+const READER = 1000000;
 
 function hasTorch(): boolean {
   if (!fs.existsSync(PYTHON)) return false;
@@ -60,21 +64,35 @@ async function glooBaseline(agents: number): Promise<{ gloo_p50_us?: number; glo
   });
 }
 
-/** Child mode: one agent that notes every wave it emits and reports them all after `endWave`. */
-async function child(rank: number, world: number, port: number, reportPort: number, endWave: number): Promise<void> {
+/**
+ * Child mode: one agent. Per wave it notes [the 'wave' event, the arrival of the frame that
+ * completed it (before MAC and decode), the vector written to its mailbox].
+ */
+async function child(rank: number, world: number, port: number, reportPort: number, endWave: number, tokenFile: string, mailboxDir: string): Promise<void> {
   const identity = resolveIdentity({}, { rank, worldSize: world });
-  const bus = new AgentBus({ coordinator: { host: '127.0.0.1', port }, identity, logger: createLogger(`bench-agent-${rank}`, 'warn') });
-  const push = new Push({ linger: 0 });
-  push.connect(`tcp://127.0.0.1:${reportPort}`);
-  const receipts: string[] = [];
+  const busToken = tokenFile === '-' ? undefined : BusToken.load(tokenFile, 'bench bus token');
+  const bus = new AgentBus({ coordinator: { host: '127.0.0.1', port }, identity, busToken, logger: createLogger(`bench-agent-${rank}`, 'warn') });
+  const mailbox = mailboxDir === '-' ? undefined : MailboxWriter.create(path.join(mailboxDir, `mailbox-${rank}`));
+  const log = new ReceiptLog(rank, reportPort);
+  // Bench-only instrumentation: the time each SUB message left zeromq.js, before the bus reads it.
+  let arrived = 0n;
+  const inner = bus as unknown as { onSubMessage(parts: Buffer[]): void };
+  const onSubMessage = inner.onSubMessage.bind(bus);
+  inner.onSubMessage = (parts) => {
+    arrived = process.hrtime.bigint();
+    onSubMessage(parts);
+  };
   bus.on('wave', (w) => {
-    receipts.push(`${w.head.wave} ${process.hrtime.bigint()}`);
-    if (w.head.wave >= endWave) void push.send(`${rank}\n${receipts.join('\n')}`);
+    const t = process.hrtime.bigint();
+    mailbox?.publish({ wave: w.head.wave, configDue: w.head.configDue, dumpDue: w.head.dumpDue });
+    log.note(w.head.wave, t, arrived, process.hrtime.bigint());
+    if (w.head.wave >= endWave) void log.flush();
   });
   await bus.start();
   const stop = async () => {
     await bus.stop();
-    push.close();
+    log.close();
+    mailbox?.close();
     process.exit(0);
   };
   process.once('SIGTERM', stop);
@@ -82,107 +100,174 @@ async function child(rank: number, world: number, port: number, reportPort: numb
   process.once('disconnect', stop);
 }
 
-export async function run(argv: string[]): Promise<Record<string, unknown>> {
-  const args = yargs(argv)
-    .option('agents', { type: 'number', default: 8 })
-    .option('waves', { type: 'number', default: 1000 })
-    .option('pace-ms', { type: 'number', default: 2, describe: 'ms between two published waves (an engine stepping every 2 ms)' })
-    .option('baseline', { type: 'boolean', describe: 'also run the gloo baseline (default: when /usr/bin/python3 has torch)' })
-    .option('json', { type: 'boolean', default: true })
-    .strict(false)
-    .parseSync();
-  const n = args.agents;
-  const waves = args.waves;
-  if (!Number.isInteger(n) || n < 1) throw new Error(`--agents: expected a positive integer, got ${args.agents}`);
-  if (!Number.isInteger(waves) || waves < 1) throw new Error(`--waves: expected a positive integer, got ${args.waves}`);
-  const pace = args['pace-ms'];
-  if (!Number.isFinite(pace) || pace < 0) throw new Error(`--pace-ms: expected a non-negative number, got ${args['pace-ms']}`);
-
-  const port = await freePortPair();
-  const reportPort = await freePort();
-  const log = createLogger('bench-bus', 'warn');
-  const coordinator = new Coordinator({ port, layout: { worldSize: n, tp: n, pp: 1, dp: 1, cp: 1 }, logger: log });
-  const pull = new Pull({ linger: 0 });
-  await pull.bind(`tcp://127.0.0.1:${reportPort}`);
-  await coordinator.start();
-
-  // Receipts: per agent, all its receipt times, sent once after the end wave.
-  const receipts = new Map<number, Map<number, bigint>>();
-  const endWave = WARMUP + waves + 1;
-  const receive = (async () => {
-    for (;;) {
-      let msg: Buffer[];
-      try {
-        msg = await pull.receive();
-      } catch {
-        return;
-      }
-      const [rank, ...lines] = msg[0].toString().split('\n');
-      const mine = new Map<number, bigint>();
-      for (const line of lines) {
-        const [w, t] = line.split(' ');
-        mine.set(Number(w), BigInt(t));
-      }
-      receipts.set(Number(rank), mine);
+/** Reader mode: an engine client's stand-in, waiting on rank 0's mailbox for every wave in turn. */
+async function reader(file: string, reportPort: number, endWave: number): Promise<void> {
+  const log = new ReceiptLog(READER, reportPort);
+  process.once('SIGTERM', () => process.exit(0));
+  let r: MailboxReader | undefined;
+  while (!r) {
+    try {
+      r = MailboxReader.open(file);
+    } catch {
+      await new Promise((res) => setTimeout(res, 10));
     }
-  })();
+  }
+  for (let w = 1; w <= endWave; ) {
+    const got = await r.waitFor(w, 1000);
+    if (got === 'timeout') continue;
+    if (got !== 'overwritten') log.note(w, process.hrtime.bigint());
+    w++;
+  }
+  await log.flush();
+}
 
-  const self = __filename;
+interface WavebusRun {
+  times: ReceiptTimes;
+  reader?: Map<number, bigint[]>;
+  published: Map<number, bigint>;
+  begun: Map<number, bigint>;
+}
+
+async function wavebusRun(n: number, endWave: number, pace: number, tokenFile: string | undefined, mailbox: boolean): Promise<WavebusRun> {
+  const port = await freePortPair();
+  const busToken = tokenFile ? BusToken.load(tokenFile, 'bench bus token') : undefined;
+  const coordinator = new Coordinator({ port, layout: { worldSize: n, tp: n, pp: 1, dp: 1, cp: 1 }, busToken, logger: createLogger('bench-bus', 'warn') });
+  const receipts = new Receipts();
+  await receipts.start();
+  await coordinator.start();
+  const mailboxDir = mailbox ? fs.mkdtempSync(path.join(fs.existsSync('/dev/shm') ? '/dev/shm' : os.tmpdir(), 'wavebus-bench-')) : '-';
   const children: ChildProcess[] = [];
   for (let r = 0; r < n; r++) {
-    children.push(spawn(process.execPath, [self, '--child', String(r), String(n), String(port), String(reportPort), String(endWave)], { stdio: ['ignore', 'ignore', 'inherit'] }));
+    const args = [__filename, '--child', String(r), String(n), String(port), String(receipts.port), String(endWave), tokenFile ?? '-', mailboxDir];
+    children.push(spawn(process.execPath, args, { stdio: ['ignore', 'ignore', 'inherit'] }));
   }
-  const result: Record<string, unknown> = { agents: n, waves, pace_ms: pace };
+  if (mailbox) children.push(spawn(process.execPath, [__filename, '--reader', path.join(mailboxDir, 'mailbox-0'), String(receipts.port), String(endWave)], { stdio: ['ignore', 'ignore', 'inherit'] }));
+  const published = new Map<number, bigint>();
+  const begun = new Map<number, bigint>();
   try {
     const deadline = Date.now() + 60000;
     while (!coordinator.ready) {
       if (Date.now() > deadline) throw new Error(`bench bus: agents not ready after 60 s (live: ${coordinator.liveRanks().join(',')})`);
       await new Promise((r) => setTimeout(r, 20));
     }
-    const published = new Map<number, bigint>();
     for (let w = 1; w <= endWave; w++) {
       published.set(w, process.hrtime.bigint());
       coordinator.beginWave(w, null);
+      begun.set(w, process.hrtime.bigint());
       await new Promise((r) => setTimeout(r, pace));
     }
-    const until = Date.now() + REPORT_TIMEOUT_MS;
-    while (receipts.size < n && Date.now() < until) await new Promise((r) => setTimeout(r, 20));
-    const lat: number[] = [];
-    let lost = 0;
-    for (let w = WARMUP + 1; w < endWave; w++) {
-      let last = -1n;
-      let have = 0;
-      for (const mine of receipts.values()) {
-        const t = mine.get(w);
-        if (t === undefined) continue;
-        have++;
-        if (t > last) last = t;
-      }
-      if (have < n) lost++;
-      else lat.push(Number(last - published.get(w)!) / 1000);
-    }
-    lat.sort((a, b) => a - b);
-    Object.assign(result, { p50_us: round(percentile(lat, 0.5)), p99_us: round(percentile(lat, 0.99)), lost });
+    await receipts.waitFor(n + (mailbox ? 1 : 0), REPORT_TIMEOUT_MS);
   } finally {
     for (const c of children) c.kill('SIGTERM');
     await Promise.all(children.map((c) => (c.exitCode !== null ? null : new Promise((r) => c.once('exit', r)))));
-    pull.close();
-    await receive;
+    await receipts.close();
     await coordinator.stop();
+    if (mailbox) fs.rmSync(mailboxDir, { recursive: true, force: true });
   }
+  const reader = receipts.times.get(READER);
+  receipts.times.delete(READER);
+  return { times: receipts.times, reader, published, begun };
+}
+
+export async function run(argv: string[]): Promise<Record<string, unknown>> {
+  const args = yargs(argv)
+    .option('agents', { type: 'number', default: 8 })
+    .option('waves', { type: 'number', default: 1000, describe: 'waves per round' })
+    .option('pace-ms', { type: 'number', default: 2, describe: 'ms between two published waves (an engine stepping every 2 ms)' })
+    .option('rounds', { type: 'number', default: 3, describe: 'rounds of (wavebus run, bare run), interleaved' })
+    .option('bus-token', { type: 'boolean', default: true, describe: 'MAC every frame with a bus token, as `wavebus launch` does on one host' })
+    .option('mailbox', { type: 'boolean', default: true, describe: 'agents write each vector to a mailbox; a client stand-in waits on rank 0\'s' })
+    .option('bare', { type: 'boolean', default: true, describe: 'also run the floor: bare zeromq.js PUB to N SUB processes' })
+    .option('baseline', { type: 'boolean', describe: 'also run the gloo baseline (default: when /usr/bin/python3 has torch)' })
+    .option('json', { type: 'boolean', default: true })
+    .strict(false)
+    .parseSync();
+  const n = args.agents;
+  const waves = args.waves;
+  const rounds = args.rounds;
+  if (!Number.isInteger(n) || n < 1) throw new Error(`--agents: expected a positive integer, got ${args.agents}`);
+  if (!Number.isInteger(waves) || waves < 1) throw new Error(`--waves: expected a positive integer, got ${args.waves}`);
+  if (!Number.isInteger(rounds) || rounds < 1) throw new Error(`--rounds: expected a positive integer, got ${args.rounds}`);
+  const pace = args['pace-ms'];
+  if (!Number.isFinite(pace) || pace < 0) throw new Error(`--pace-ms: expected a non-negative number, got ${args['pace-ms']}`);
+
+  const endWave = WARMUP + waves + 1;
+  const from = WARMUP + 1;
+  const tokenDir = args['bus-token'] ? fs.mkdtempSync(path.join(os.tmpdir(), 'wavebus-bench-token-')) : undefined;
+  const tokenFile = tokenDir ? createTokenFile(tokenDir) : undefined;
+  const lat: number[] = [];
+  const bareLat: number[] = [];
+  const roundP50: { wavebus: number[]; bare: number[] } = { wavebus: [], bare: [] };
+  let lost = 0;
+  let bareLost = 0;
+  const hops: Record<string, number[]> = { coordinator_begin_wave: [], pub_to_sub: [], agent_frame_to_wave: [], agent_mailbox_write: [], wave_to_client: [], bare_send: [], bare_pub_to_sub: [] };
+  try {
+    for (let r = 0; r < rounds; r++) {
+      const order = r % 2 === 0 ? ['wavebus', 'bare'] : ['bare', 'wavebus'];
+      for (const what of order) {
+        if (what === 'bare' && !args.bare) continue;
+        if (what === 'wavebus') {
+          const w = await wavebusRun(n, endWave, pace, tokenFile, args.mailbox);
+          const got = lastReceipt(w.times, w.published, from, endWave, n);
+          lat.push(...got.lat);
+          lost += got.lost;
+          roundP50.wavebus.push(p50p99([...got.lat]).p50_us);
+          for (let x = from; x < endWave; x++) hops.coordinator_begin_wave.push(Number(w.begun.get(x)! - w.published.get(x)!) / 1000);
+          hops.pub_to_sub.push(...hop(w.times, from, endWave, (x) => w.begun.get(x), 1));
+          hops.agent_frame_to_wave.push(...hop(w.times, from, endWave, (_, t) => t[1], 0));
+          if (args.mailbox) hops.agent_mailbox_write.push(...hop(w.times, from, endWave, (_, t) => t[0], 2));
+          const rank0 = w.times.get(0);
+          if (w.reader && rank0) hops.wave_to_client.push(...hop(new Map([[0, w.reader]]), from, endWave, (x) => rank0.get(x)?.[0], 0));
+        } else {
+          const b = await bareBus(n, endWave, pace);
+          const got = lastReceipt(b.receipts.times, b.published, from, endWave, n);
+          bareLat.push(...got.lat);
+          bareLost += got.lost;
+          roundP50.bare.push(p50p99([...got.lat]).p50_us);
+          for (let x = from; x < endWave; x++) hops.bare_send.push(Number(b.sent.get(x)! - b.published.get(x)!) / 1000);
+          hops.bare_pub_to_sub.push(...hop(b.receipts.times, from, endWave, (x) => b.sent.get(x), 0));
+        }
+      }
+    }
+  } finally {
+    if (tokenDir) fs.rmSync(tokenDir, { recursive: true, force: true });
+  }
+  const main = p50p99(lat);
+  const result: Record<string, unknown> = { agents: n, waves, pace_ms: pace, rounds, bus_token: args['bus-token'], curve: false, mailbox: args.mailbox, p50_us: main.p50_us, p99_us: main.p99_us, lost };
+  if (args.bare) {
+    const bare = p50p99(bareLat);
+    Object.assign(result, {
+      bare_p50_us: bare.p50_us,
+      bare_p99_us: bare.p99_us,
+      bare_lost: bareLost,
+      ratio_p50_bare: Math.round((main.p50_us / bare.p50_us) * 1000) / 1000,
+      ratio_p99_bare: Math.round((main.p99_us / bare.p99_us) * 1000) / 1000,
+    });
+  }
+  result.round_p50_us = roundP50;
+  result.hops = Object.fromEntries(Object.entries(hops).filter(([, xs]) => xs.length > 0).map(([k, xs]) => { const s = p50p99(xs); return [k, { p50_us: s.p50_us, p99_us: s.p99_us }]; }));
+  result.cpu_hops = cpuHops();
   const baseline = args.baseline ?? hasTorch();
   if (baseline) {
     const g = await glooBaseline(n);
     Object.assign(result, g);
-    if (g.gloo_p50_us) result.ratio = Math.round(((result.p50_us as number) / g.gloo_p50_us) * 1000) / 1000;
+    if (g.gloo_p50_us) result.ratio = result.ratio_p50_gloo = Math.round((main.p50_us / g.gloo_p50_us) * 1000) / 1000;
   }
   return result;
 }
 
 if (require.main === module && process.argv[2] === '--child') {
-  const [rank, world, port, reportPort, endWave] = process.argv.slice(3).map(Number);
-  child(rank, world, port, reportPort, endWave).catch((e) => {
+  const [rank, world, port, reportPort, endWave] = process.argv.slice(3, 8).map(Number);
+  const [tokenFile, mailboxDir] = process.argv.slice(8, 10);
+  child(rank, world, port, reportPort, endWave, tokenFile, mailboxDir).catch((e) => {
     process.stderr.write(`bench agent ${rank}: ${String(e)}\n`);
+    process.exit(1);
+  });
+}
+if (require.main === module && process.argv[2] === '--reader') {
+  const [file, reportPort, endWave] = process.argv.slice(3, 6);
+  reader(file, Number(reportPort), Number(endWave)).catch((e) => {
+    process.stderr.write(`bench mailbox reader: ${String(e)}\n`);
     process.exit(1);
   });
 }

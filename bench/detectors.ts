@@ -80,7 +80,7 @@ export async function run(argv: string[]): Promise<Record<string, unknown>> {
       },
     };
     const startup = parseStartupOptions(JSON.stringify({ runtime_config }), {}, dir);
-    const newGuard = () => new Guard({ startup, rank: 0, expectedRanks: [0], log: pino({ level: 'silent' }) });
+    const newGuard = () => new Guard({ startup, layout: { worldSize: 1, tp: 1, pp: 1, dp: 1, cp: 1 }, log: pino({ level: 'silent' }) });
     // PERIOD prebuilt telemetry variants, cycled: no per-step setup inside the timed loop, and a
     // token comes back only every PERIOD steps, beyond token_repeat's window (healthy, no hits).
     const PERIOD = 64;
@@ -122,12 +122,12 @@ export async function run(argv: string[]): Promise<Record<string, unknown>> {
 
     // 1. the guard alone, on decoded columns
     const guard = newGuard();
-    guard.onWaveHead(1, telemetryOf(join));
+    guard.onWaveHead(0, 1, telemetryOf(join));
     let wave = 2;
-    for (let s = 0; s < warmup; s++, wave++) guard.onWaveHead(wave, decoded[wave % PERIOD]);
+    for (let s = 0; s < warmup; s++, wave++) guard.onWaveHead(0, wave, decoded[wave % PERIOD]);
     const t0 = process.hrtime.bigint();
     const g = timed(steps, () => {
-      guard.onWaveHead(wave, decoded[wave % PERIOD]);
+      guard.onWaveHead(0, wave, decoded[wave % PERIOD]);
       wave++;
     });
     const wallNs = process.hrtime.bigint() - t0;
@@ -148,11 +148,11 @@ export async function run(argv: string[]): Promise<Record<string, unknown>> {
       return d.value.waveHead.telemetry as StepTelemetry;
     };
     const guard2 = newGuard();
-    guard2.onWaveHead(1, telemetryOf(join));
+    guard2.onWaveHead(0, 1, telemetryOf(join));
     wave = 2;
-    for (let s = 0; s < warmup; s++, wave++) guard2.onWaveHead(wave, coordinatorTelemetryOf(frames[wave % PERIOD]));
+    for (let s = 0; s < warmup; s++, wave++) guard2.onWaveHead(0, wave, coordinatorTelemetryOf(frames[wave % PERIOD]));
     const both = timed(steps, () => {
-      guard2.onWaveHead(wave, coordinatorTelemetryOf(frames[wave % PERIOD]));
+      guard2.onWaveHead(0, wave, coordinatorTelemetryOf(frames[wave % PERIOD]));
       wave++;
     });
     const status2 = guard2.status();
@@ -161,9 +161,9 @@ export async function run(argv: string[]): Promise<Record<string, unknown>> {
     // 4. the row form for comparison: decode + guard
     const guard3 = newGuard();
     wave = 2;
-    for (let s = 0; s < warmup; s++, wave++) guard3.onWaveHead(wave, telemetryOf(rowFrames[wave % PERIOD]));
+    for (let s = 0; s < warmup; s++, wave++) guard3.onWaveHead(0, wave, telemetryOf(rowFrames[wave % PERIOD]));
     const rows = timed(steps, () => {
-      guard3.onWaveHead(wave, telemetryOf(rowFrames[wave % PERIOD]));
+      guard3.onWaveHead(0, wave, telemetryOf(rowFrames[wave % PERIOD]));
       wave++;
     });
     guard3.close();

@@ -20,9 +20,12 @@ import { Dealer, XPublisher } from 'zeromq';
 import { requestStatus } from '../src/bus/coordinator';
 import { PROTOCOL_VERSION, peerVersionOf } from '../src/bus/protocol-version';
 import { DEFAULT_MAX_FRAME_BYTES } from '../src/bus/constants';
-import { decodeAgentMessage, decodeBusFrame, encodeAgentMessage, encodeBusFrame, TOPIC } from '../src/bus/frames';
+import { decodeAgentMessage, decodeBusFrame, encodeAgentMessage, encodeBusFrame, replicaTopic, TOPIC } from '../src/bus/frames';
 import { isOneWayRequest } from '../src/agent/client-server';
 import { WavebusClient } from '../src/client/client';
+import { RegionKind, RegionRole } from '../src/client/protocol';
+import { agentConfig } from '../src/guard/agent-config';
+import { defaultConfig } from '../src/guard/config';
 import { agentEndpoint, mailboxPath } from '../src/paths';
 import { packageRoot } from '../src/paths';
 import { freePortPair } from '../src/bus/ports';
@@ -141,17 +144,19 @@ export function agentCorpus(): Buffer[] {
 export function busCorpus(epoch: number): [string, Buffer][] {
   return [
     encodeBusFrame(epoch, 1, 'head', { epoch, seq: 1, wave: 3, configDue: true, dumpDue: true }),
-    encodeBusFrame(epoch, 2, 'config', { wave: 3, version: 2, configJson: '{"hot_reload":true,"config":{}}' }),
+    encodeBusFrame(epoch, 2, 'config', { wave: 3, version: 2, config: agentConfig(defaultConfig(), { hotReload: true, dumpRoot: '' }) }),
     encodeBusFrame(epoch, 3, 'dump', { wave: 3, jobs: [{ incidentType: 'manual_trigger', reqId: 'r', blockIds: [1, 2], armWave: 3, dumpDir: '/nonexistent/wavebus-fuzz', jobId: '3/m/r' }] }),
     encodeBusFrame(epoch, 4, 'heartbeat', { wave: 3, unixMs: 1 }),
+    // a frame of another replica's stream, under replica 0's topic: refused
+    [`${replicaTopic(0)}${TOPIC.head}`, encodeBusFrame(epoch, 5, 'head', { epoch, seq: 5, wave: 3 }, false, 1)[1]],
   ];
 }
 
 export function clientCorpus(): Buffer[] {
   return [
     { id: 1, hello: { pid: 1, asyncScheduling: false, language: 'fuzz' } },
-    { id: 2, register: { name: 'x', kind: 0, shmName: '/wavebus-fuzz-none', offset: 0, nbytes: 64, dtype: 'float32', shape: [4, 4], role: 1 } },
-    { id: 3, register: { name: 'k', kind: 0, shmName: '/wavebus-fuzz-none', nbytes: 64, dtype: 'bfloat16', shape: [1, 2, 2, 8], role: 0, layer: 'l', kv: 'k' } },
+    { id: 2, register: { name: 'x', kind: RegionKind.SHM, shmName: '/wavebus-fuzz-none', offset: 0, nbytes: 64, dtype: 'float32', shape: [4, 4], role: RegionRole.INPUT } },
+    { id: 3, register: { name: 'k', kind: RegionKind.SHM, shmName: '/wavebus-fuzz-none', nbytes: 64, dtype: 'bfloat16', shape: [1, 2, 2, 8], role: RegionRole.KV_POOL, layer: 'l', kv: 'k' } },
     { id: 4, waveHead: { wave: 7 } },
     { id: 5, endOfWave: { wave: 7 } },
     { id: 6, beforeForward: { context: { compilationHash: 'h', globalStep: 1, reqIds: ['a'], positions: [1], rowRequest: [0] }, inputs: [{ region: 'x', dtype: 'float32', shape: [2] }] } },
@@ -193,7 +198,15 @@ const FUZZ_WORLD = 1;
 /** Decode-level drop reason of a bus message at an agent's SUB (state-level drops are not predicted). */
 export function subFate(parts: Buffer[]): string | undefined {
   const d = decodeBusFrame(parts, DEFAULT_MAX_FRAME_BYTES);
-  return d.ok ? undefined : d.reason;
+  return d.ok ? (d.value.replica === 0 ? undefined : 'wrong_topic') : d.reason;
+}
+
+/**
+ * Whether an agent of replica 0 receives the message at all: its SUB subscribes to that replica's
+ * topic prefix only ("r0."), and ZeroMQ drops every other message before the agent sees it.
+ */
+export function subDelivered(parts: Buffer[]): boolean {
+  return parts.length > 0 && parts[0].subarray(0, 3).toString('latin1') === replicaTopic(0);
 }
 
 /**
@@ -454,10 +467,12 @@ export async function fuzz(opts: { frames: number; seed: number; oversized: bool
       procs.push(agentB);
       await pub.receive(); // its subscription: from here on nothing we send is lost
       const corpus = busCorpus(424242);
-      const topics = [...Object.values(TOPIC), 'X', '', 'WW', 'H\u0000'];
+      // Replica 0's topics, garbage after its prefix (delivered, refused), and others' (filtered by ZeroMQ).
+      const r0 = replicaTopic(0);
+      const topics = [...Object.values(TOPIC).map((t) => r0 + t), `${r0}X`, r0, `${r0}WW`, `${r0}H\u0000`, `${r0}99999.W`, 'r1.W', 'r01.W', 'W', ''];
       const samples: Record<string, Buffer[]> = {};
       const send = async (parts: Buffer[]) => {
-        const fate = subFate(parts);
+        const fate = subDelivered(parts) ? subFate(parts) : undefined;
         count(expected.agent_sub, fate);
         if (fate && !samples[fate] && parts.every((x) => x.length < 1 << 20)) samples[fate] = parts;
         await pub.send(parts);
@@ -466,10 +481,11 @@ export async function fuzz(opts: { frames: number; seed: number; oversized: bool
         const [topic, body] = m.pick(corpus);
         const r = m.rand();
         // right topic and a mutated body; a wrong topic; or a wrong number of parts
-        const parts = r < 0.6 ? [Buffer.from(topic), m.mutate(body)] : r < 0.8 ? [Buffer.from(m.pick(topics)), m.mutate(body)] : m.parts(() => m.mutate(body), 2);
+        // (a wrong count keeps the right topic first, so the subscription lets it through)
+        const parts = r < 0.6 ? [Buffer.from(topic), m.mutate(body)] : r < 0.8 ? [Buffer.from(m.pick(topics)), m.mutate(body)] : [Buffer.from(topic), ...m.parts(() => m.mutate(body), 1)];
         await send(parts);
       }
-      if (opts.oversized) await send([Buffer.from('W'), Buffer.alloc(DEFAULT_MAX_FRAME_BYTES + 1)]);
+      if (opts.oversized) await send([Buffer.from(`${r0}W`), Buffer.alloc(DEFAULT_MAX_FRAME_BYTES + 1)]);
       // The agent logs a reason's running total at most every 5 s: wait that out, then one more
       // frame per reason seen makes it log the final total.
       await sleep(5200);

@@ -22,7 +22,16 @@ const needs = [
   ['gcc', () => ok('cc', ['--version'])],
   ['protobuf-compiler', () => ok('protoc', ['--version'])],
   ['iproute2', () => ok('ip', ['-V'])],
+  // test/slurm.test.ts starts a one-node cluster of its own: slurmctld, slurmd, the clients, munged.
+  ['slurm-wlm', () => ['slurmctld', 'slurmd', 'sbatch', 'srun', 'sinfo', 'scancel'].every(installed)],
+  ['munge', () => ['munged', 'mungekey', 'munge'].every(installed)],
 ];
+
+/** True when `program` is on PATH or in /usr/sbin or /sbin (daemons live there; a non-login PATH may lack them). */
+function installed(program) {
+  const dirs = (process.env.PATH || '').split(':').concat(['/usr/sbin', '/sbin']).filter(Boolean);
+  return dirs.some((d) => require('fs').existsSync(path.join(d, program)));
+}
 
 function ok(cmd, args) {
   const r = spawnSync(cmd, args, { stdio: 'ignore', timeout: 60000 });

@@ -62,3 +62,10 @@ export class UnsafePathError extends WavebusError {
     super(code, message);
   }
 }
+
+/** A KV dump rank directory name that is neither the seed's dp<d>_tp<t>_pp<p>_cp<c> nor an older rank<g>. */
+export class KvDirNameError extends WavebusError {
+  constructor(message: string) {
+    super('ERR_KV_DIR_NAME', message);
+  }
+}

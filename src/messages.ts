@@ -9,10 +9,26 @@ export interface WaveHead {
   dumpDue: boolean;
 }
 
+/** proto AgentConfig: what every rank acts on from the runtime config (src/guard/agent-config.ts builds it). */
+export interface AgentConfig {
+  busActive: boolean;
+  hotReload: boolean;
+  /** The enabled detectors, by config name. */
+  detectors: string[];
+  itemSync: boolean;
+  /** proto TensorFormat number (src/artifacts/tensor-format.ts maps it). */
+  dumpFormat: number;
+  freeHeadroomBytes: number;
+  dumpRoot: string;
+  /** dump.pp_stages is "all". */
+  allPpStages: boolean;
+}
+
 export interface ConfigLane {
   wave: number;
   version: number;
-  configJson: string;
+  /** null only when a peer sent a lane without one. */
+  config: AgentConfig | null;
 }
 
 export interface DumpJob {
@@ -24,6 +40,10 @@ export interface DumpJob {
   dumpDir: string;
   requestFinishedAtDump: boolean;
   jobId: string;
+  /** The DP replica that owns the request (0 in a job without DP). */
+  replica: number;
+  /** Global ranks that copy the job; the ledger's expected ranks (empty: the seed's last-PP rule). */
+  ranks: number[];
 }
 
 export interface DumpLane {
@@ -45,6 +65,8 @@ export interface DumpResult {
   bytes: number;
   error: string;
   skippedReason: string;
+  /** The KV layers this rank copied (absent from older agents). */
+  layers?: string[];
 }
 
 export interface RequestStep {

@@ -17,7 +17,7 @@ const PORT = 29600; // a fresh namespace has every port free
 const WAVE = 'token_repeat/req-1/wave_3';
 
 async function writeBundle(root: string, rank: number): Promise<void> {
-  const b = Bundle.begin(path.join(root, 'dumps', WAVE, `rank${rank}`));
+  const b = Bundle.begin(path.join(root, 'dumps', WAVE, `dp0_tp${rank}_pp0_cp0`));
   const data = Buffer.alloc(3 * 2 ** 20 + 17, rank + 1); // more than one 2 MiB chunk
   const f = await b.writeTensor('kv.npy', 'npy', Tensor.fromBuffer('uint8', [data.length], data));
   await b.commit({ name: 'dump.json', value: { schema: 1, req_id: 'req-1', arm_wave: 3, files: [f] } });
@@ -85,7 +85,7 @@ function startAgents(ns: string, host: string, keyDir: string, root: string) {
     expect(m.present_ranks).toEqual([0, 1]);
     expect(m.missing_ranks).toEqual([]);
     for (const rank of [0, 1]) {
-      const rel = path.join('dumps', WAVE, `rank${rank}`, 'kv.npy');
+      const rel = path.join('dumps', WAVE, `dp0_tp${rank}_pp0_cp0`, 'kv.npy');
       expect(fs.readFileSync(path.join(out, rel)).equals(fs.readFileSync(path.join(root, rel)))).toBe(true);
     }
   });

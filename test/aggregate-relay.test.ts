@@ -93,12 +93,12 @@ interface Job {
 }
 const running: Job[] = [];
 
-/** Two ranks serving one host's dumps: rank<r>/big.bin (multi-chunk) and a dump.json each. */
+/** Two ranks serving one host's dumps: dp0_tp<r>_pp0_cp0/big.bin (multi-chunk) and a dump.json each. */
 async function startJob(handlers: Record<number, (s: FileServer) => RequestHandler> = {}): Promise<Job> {
   const port = await freePortPair();
   const root = tmpDir('wavebus-agg-relay-');
   for (const r of [0, 1]) {
-    const dir = path.join(root, 'dumps', 'x', 'wave_1', `rank${r}`);
+    const dir = path.join(root, 'dumps', 'x', 'wave_1', `dp0_tp${r}_pp0_cp0`);
     fs.mkdirSync(dir, { recursive: true });
     const big = pseudoRandomBytes(3 * MiB + 1234 * (r + 1), r + 1);
     fs.writeFileSync(path.join(dir, 'big.bin'), big);
@@ -131,7 +131,7 @@ afterEach(async () => {
 function sameTree(job: Job, out: string): void {
   for (const r of [0, 1]) {
     for (const name of ['big.bin', 'dump.json']) {
-      const rel = path.join('dumps', 'x', 'wave_1', `rank${r}`, name);
+      const rel = path.join('dumps', 'x', 'wave_1', `dp0_tp${r}_pp0_cp0`, name);
       expect(fs.readFileSync(path.join(out, rel)).equals(fs.readFileSync(path.join(job.root, rel)))).toBe(true);
     }
   }
@@ -183,7 +183,7 @@ describe('relayed chunks', () => {
     const breaking = (server: FileServer): RequestHandler => async (req: CoordinatorMsg) => {
       const reply = await server.handle(req);
       const data = payloadOf(reply);
-      if (req.body === 'fileChunk' && req.fileChunk.path.endsWith('rank1/big.bin') && Number(req.fileChunk.offset) === 2 * MiB && data) {
+      if (req.body === 'fileChunk' && req.fileChunk.path.endsWith('dp0_tp1_pp0_cp0/big.bin') && Number(req.fileChunk.offset) === 2 * MiB && data) {
         return withPayload({ fileChunk: reply.fileChunk }, Buffer.alloc(data.length, 7));
       }
       return reply;
@@ -193,7 +193,7 @@ describe('relayed chunks', () => {
     // Sequential, so rank 0 (the first lister) is asked first for every file.
     const m = await aggregate({ coordinator: { host: '127.0.0.1', port: job.port }, out, what: 'dumps', chunkBytes: MiB, window: 2, parallelFiles: 1 });
     expect(m.complete).toBe(true);
-    const f = m.files.find((x) => x.path.endsWith('rank1/big.bin'))!;
+    const f = m.files.find((x) => x.path.endsWith('dp0_tp1_pp0_cp0/big.bin'))!;
     expect(f.rank).toBe(1);
     expect(f.status).toBe('resumed');
     sameTree(job, out);
@@ -202,14 +202,14 @@ describe('relayed chunks', () => {
     const lone = await startJob({ 0: breaking, 1: breaking });
     const out2 = tmpDir('wavebus-agg-relay-out-');
     const m2 = await aggregate({ coordinator: { host: '127.0.0.1', port: lone.port }, out: out2, what: 'dumps', chunkBytes: MiB, window: 2 });
-    const bad = m2.files.find((x) => x.path.endsWith('rank1/big.bin'))!;
+    const bad = m2.files.find((x) => x.path.endsWith('dp0_tp1_pp0_cp0/big.bin'))!;
     expect(bad.status).toBe('failed');
-    expect(bad.error).toMatch(/dumps\/x\/wave_1\/rank1\/big\.bin from rank 0: chunk at 2097152: crc32c mismatch/);
+    expect(bad.error).toMatch(/dumps\/x\/wave_1\/dp0_tp1_pp0_cp0\/big\.bin from rank 0: chunk at 2097152: crc32c mismatch/);
     expect(bad.error).toMatch(/from rank 1/);
-    const part = path.join(out2, 'dumps', 'x', 'wave_1', 'rank1', '.big.bin.part');
+    const part = path.join(out2, 'dumps', 'x', 'wave_1', 'dp0_tp1_pp0_cp0', '.big.bin.part');
     expect(fs.statSync(part).size).toBe(2 * MiB);
-    expect(fs.readFileSync(part).equals(fs.readFileSync(path.join(lone.root, 'dumps', 'x', 'wave_1', 'rank1', 'big.bin')).subarray(0, 2 * MiB))).toBe(true);
-    expect(fs.existsSync(path.join(out2, 'dumps', 'x', 'wave_1', 'rank1', 'big.bin'))).toBe(false);
+    expect(fs.readFileSync(part).equals(fs.readFileSync(path.join(lone.root, 'dumps', 'x', 'wave_1', 'dp0_tp1_pp0_cp0', 'big.bin')).subarray(0, 2 * MiB))).toBe(true);
+    expect(fs.existsSync(path.join(out2, 'dumps', 'x', 'wave_1', 'dp0_tp1_pp0_cp0', 'big.bin'))).toBe(false);
   });
 
   test('the coordinator tells each agent which chunk answers it has whole; a tool cannot say it', async () => {
@@ -232,7 +232,7 @@ describe('relayed chunks', () => {
     asked.length = 0;
     const client = new RelayClient({ host: '127.0.0.1', port: job.port });
     try {
-      await client.relay(0, 'fileChunk', { root: 'dumps', path: 'x/wave_1/rank0/big.bin', offset: 0, length: 1000, received: [123456] }, 5000);
+      await client.relay(0, 'fileChunk', { root: 'dumps', path: 'x/wave_1/dp0_tp0_pp0_cp0/big.bin', offset: 0, length: 1000, received: [123456] }, 5000);
     } finally {
       await client.close();
     }

@@ -33,7 +33,7 @@ function pattern(n: number, seed: number): Buffer {
 
 /** One rank's KV dump bundle and snapshot call, as the agent would write them. */
 async function writeRankBundles(hostRoot: string, rank: number, bigBytes = 0): Promise<void> {
-  const dumpDir = path.join(hostRoot, 'dumps', WAVE, `rank${rank}`);
+  const dumpDir = path.join(hostRoot, 'dumps', WAVE, `dp0_tp${rank}_pp0_cp0`);
   const b = Bundle.begin(dumpDir);
   const files = [];
   for (let l = 0; l < 2; l++) {
@@ -42,7 +42,7 @@ async function writeRankBundles(hostRoot: string, rank: number, bigBytes = 0): P
     files.push(await b.writeTensor(`model.layers.${l}.self_attn.pt`, 'pt', { layer: `model.layers.${l}.self_attn`, k, v }));
   }
   if (bigBytes > 0) files.push(await b.writeTensor('big.npy', 'npy', Tensor.fromBuffer('uint8', [bigBytes], pattern(bigBytes, rank + 7))));
-  await b.commit({ name: 'dump.json', value: { schema: 1, req_id: 'req-1', incident_type: 'token_repeat', arm_wave: 5, format: 'pt', identity: { global_rank: rank, tp_rank: rank, tp_size: 4 }, files } });
+  await b.commit({ name: 'dump.json', value: { schema: 1, req_id: 'req-1', incident_type: 'token_repeat', arm_wave: 5, format: 'pt', identity: { global_rank: rank, tp_rank: rank, dp_rank: 0, pp_rank: 0, cp_rank: 0, tp_size: 4 }, files } });
   const snap = Bundle.begin(path.join(hostRoot, 'snapshots', 'hashA', `rank${rank}`, 'call3'));
   const t0 = await snap.writeTensor('tensor0.npy', 'npy', Tensor.fromBuffer('int32', [8], pattern(32, rank + 50)));
   await snap.commit({ name: 'meta.json', value: { schema: 1, hash: 'hashA', global_rank: rank, call_index: 3, format: 'npy', inputs: [{ index: 0, dtype: 'int32', shape: [8] }], files: [{ name: 'tensor0.npy', bytes: t0.bytes, checksum: t0.checksum }] } });
@@ -59,14 +59,16 @@ interface Job {
 const running: Job[] = [];
 
 /** Ranks 0,1 on host A, ranks 2,3 on host B; `handlers` replaces a rank's request handler. */
-async function startJob(opts: { ranks?: number[]; bigBytes?: number; handlers?: Record<number, (fs: FileServer) => RequestHandler> } = {}): Promise<Job> {
+async function startJob(opts: { ranks?: number[]; bigBytes?: number; handlers?: Record<number, (fs: FileServer) => RequestHandler>; ownFiles?: boolean } = {}): Promise<Job> {
   const port = await freePortPair();
   const hosts = [tmpDir('wavebus-agg-hostA-'), tmpDir('wavebus-agg-hostB-')];
   const hostOf = (r: number) => hosts[r < 2 ? 0 : 1];
   for (let r = 0; r < 4; r++) await writeRankBundles(hostOf(r), r, r === 1 ? opts.bigBytes ?? 0 : 0);
   // The coordinator's host (A) also holds the wave's request_info.json.
   fs.writeFileSync(path.join(hosts[0], 'dumps', WAVE, 'request_info.json'), JSON.stringify({ req_id: 'req-1', expected_ranks: [0, 1, 2, 3] }));
-  const coord = new Coordinator({ port, layout, heartbeatMs: 100, deadAfterMs: 5000, logger: quiet });
+  // With ownFiles, the coordinator serves host A's reports and dump records, as `wavebus coordinator` does its guard's.
+  const ownFiles = opts.ownFiles ? () => ({ reports: path.join(hosts[0], 'reports'), dumps: path.join(hosts[0], 'dumps') }) : undefined;
+  const coord = new Coordinator({ port, layout, heartbeatMs: 100, deadAfterMs: 5000, logger: quiet, ownFiles });
   await coord.start();
   const agents: AgentBus[] = [];
   for (const r of opts.ranks ?? [0, 1, 2, 3]) {
@@ -147,7 +149,7 @@ describe('aggregate', () => {
     expect(m.refused).toEqual([]);
     expect(m.files.every((f) => f.verified && f.status === 'fetched')).toBe(true);
     // Ranks on one host share a filesystem: each file is fetched once, and both listers recorded.
-    const big = m.files.find((f) => f.path.endsWith('rank1/big.npy'))!;
+    const big = m.files.find((f) => f.path.endsWith('dp0_tp1_pp0_cp0/big.npy'))!;
     expect(big.bytes).toBeGreaterThan(9 * 2 ** 20);
     expect(big.listedBy.sort()).toEqual([0, 1]);
     let n = 0;
@@ -202,7 +204,7 @@ describe('aggregate', () => {
     expect(m.ranks['3'].errors.join(' ')).toMatch(/not live/);
     expect(p.stderr()).toMatch(/rank 3 missing/);
     // Rank 3 lives on host B with rank 2, which served its files: the data is here even so.
-    expect(fs.existsSync(path.join(out, 'dumps', WAVE, 'rank3', 'dump.json'))).toBe(true);
+    expect(fs.existsSync(path.join(out, 'dumps', WAVE, 'dp0_tp3_pp0_cp0', 'dump.json'))).toBe(true);
     // inspect sees the aggregate manifest's missing rank and fails, naming it.
     const r = inspectTree(out);
     expect(r.problems.join('\n')).toMatch(/rank 3 missing/);
@@ -225,9 +227,9 @@ describe('aggregate', () => {
     // Sequential, 1 MiB chunks: the big file (sorted after the layer files of rank 0) breaks half-way.
     const injected = aggregate({ coordinator, out, what: 'dumps', chunkBytes: 2 ** 20, window: 1, parallelFiles: 1, failAfterBytes: 3 * 2 ** 20 + 200000 });
     await expect(injected).rejects.toThrow(/injected failure/);
-    const bigRel = path.join('dumps', WAVE, 'rank1', 'big.npy');
+    const bigRel = path.join('dumps', WAVE, 'dp0_tp1_pp0_cp0', 'big.npy');
     expect(fs.existsSync(path.join(out, bigRel))).toBe(false); // never partial under its final name
-    const part = path.join(out, 'dumps', WAVE, 'rank1', '.big.npy.part');
+    const part = path.join(out, 'dumps', WAVE, 'dp0_tp1_pp0_cp0', '.big.npy.part');
     expect(fs.existsSync(part)).toBe(true);
     const partBytes = fs.statSync(part).size;
     expect(partBytes).toBeGreaterThan(0);
@@ -242,7 +244,7 @@ describe('aggregate', () => {
       expect(f.status).toBe('present');
       expect(chunkRequests.get(f.path) ?? 0).toBe(0);
     }
-    const bigEntry = m.files.find((f) => f.path.endsWith('rank1/big.npy'))!;
+    const bigEntry = m.files.find((f) => f.path.endsWith('dp0_tp1_pp0_cp0/big.npy'))!;
     expect(bigEntry.status).toBe('resumed');
     // Only the rest of the big file was asked for.
     expect(chunkRequests.get(bigEntry.path)).toBe(Math.ceil((bigEntry.bytes - partBytes) / 2 ** 20));
@@ -256,7 +258,7 @@ describe('aggregate', () => {
       const reply = await server.handle(req);
       if (req.body === 'fileList' && !flipped) {
         // Flip one byte of a served layer file after its checksum went out in the listing.
-        const f = path.join(server['roots']().dumps!, WAVE, 'rank2', 'model.layers.1.self_attn.pt');
+        const f = path.join(server['roots']().dumps as string, WAVE, 'dp0_tp2_pp0_cp0', 'model.layers.1.self_attn.pt');
         const b = fs.readFileSync(f);
         b[b.length - 40] ^= 0x10;
         fs.writeFileSync(f, b);
@@ -268,7 +270,7 @@ describe('aggregate', () => {
     const out = tmpDir('wavebus-agg-out-');
     const m = await aggregate({ coordinator: { host: '127.0.0.1', port: job.port }, out, what: 'dumps' });
     expect(m.complete).toBe(false);
-    const bad = m.files.find((f) => f.path.endsWith('rank2/model.layers.1.self_attn.pt'))!;
+    const bad = m.files.find((f) => f.path.endsWith('dp0_tp2_pp0_cp0/model.layers.1.self_attn.pt'))!;
     expect(bad.status).toBe('failed');
     expect(bad.verified).toBe(false);
     expect(bad.error).toMatch(/whole-file checksum crc32c:[0-9a-f]{8} .* does not match the listing's crc32c:[0-9a-f]{8}/);
@@ -278,6 +280,47 @@ describe('aggregate', () => {
     expect(m.totals.failed_files).toBe(1);
     // Everything else arrived.
     expect(m.files.filter((f) => f.status === 'fetched')).toHaveLength(m.files.length - 1);
+  });
+
+  test("the coordinator's own reports and dump records: collected from it (rank -1) with the same checks, nothing else it holds is served", async () => {
+    const job = await startJob({ ownFiles: true });
+    const hostA = job.hosts[0];
+    fs.writeFileSync(path.join(hostA, 'dumps', WAVE, 'manifest.json'), JSON.stringify({ req_id: 'req-1', expected_ranks: [0, 1, 2, 3], completed_ranks: [0, 1, 2, 3], missing_ranks: [], complete: true, files: {} }));
+    const reports = path.join(hostA, 'reports', 'token_repeat');
+    fs.mkdirSync(reports, { recursive: true });
+    fs.writeFileSync(path.join(reports, 'report_20260101_000000_000_req-1_pid7.json'), JSON.stringify({ incident_type: 'token_repeat', req_id: 'req-1' }));
+    // Not reports: a link to a root-only file, another file, a report one level too deep.
+    fs.symlinkSync('/etc/shadow', path.join(reports, 'report_link.json'));
+    fs.writeFileSync(path.join(reports, 'notes.txt'), 'x');
+    fs.mkdirSync(path.join(reports, 'deeper'));
+    fs.writeFileSync(path.join(reports, 'deeper', 'report_deep.json'), '{}');
+    const out = tmpDir('wavebus-agg-out-');
+    const m = await aggregate({ coordinator: { host: '127.0.0.1', port: job.port }, out });
+    expect(m.complete).toBe(true);
+    expect(m.coordinator_files).toMatchObject({ asked: true, answered: true, files: 3, errors: [] });
+    const own = m.files.filter((f) => f.rank === -1).map((f) => `${f.root}/${f.path}`).sort();
+    expect(own).toEqual([`dumps/${WAVE}/manifest.json`, `dumps/${WAVE}/request_info.json`, 'reports/token_repeat/report_20260101_000000_000_req-1_pid7.json']);
+    // Host A's agents list the same records: fetched once, from the coordinator, which wrote them.
+    for (const f of m.files.filter((x) => x.rank === -1)) expect({ path: f.path, listedBy: f.listedBy, verified: f.verified }).toEqual({ path: f.path, listedBy: [-1], verified: true });
+    expect(fs.readFileSync(path.join(out, 'reports', 'token_repeat', 'report_20260101_000000_000_req-1_pid7.json'), 'utf8')).toContain('req-1');
+    expect(listTree(path.join(out, 'reports'))).toEqual(['token_repeat/report_20260101_000000_000_req-1_pid7.json']);
+    const tree = inspectTree(out, { verify: true });
+    expect(tree.problems).toEqual([]);
+    expect(tree.bundles.filter((b) => b.kind === 'dump_wave').map((b) => b.ranks)).toEqual([[0, 1, 2, 3]]);
+
+    // Asked directly, the coordinator serves nothing beyond its records and reports.
+    const client = new RelayClient({ host: '127.0.0.1', port: job.port });
+    try {
+      await expect(client.relay(0, 'fileChunk', { root: 'dump_records', path: `${WAVE}/rank0/dump.json`, offset: 0, length: 100 }, 5000)).rejects.toThrow(/not served by the coordinator/);
+      await expect(client.relay(0, 'fileChunk', { root: 'reports', path: 'token_repeat/report_link.json', offset: 0, length: 100 }, 5000)).rejects.toThrow(/link/);
+      await expect(client.relay(0, 'fileChunk', { root: 'reports', path: 'token_repeat/notes.txt', offset: 0, length: 100 }, 5000)).rejects.toThrow(/not served by the coordinator/);
+      await expect(client.relay(0, 'fileChunk', { root: 'reports', path: '../dumps/token_repeat/req-1/wave_5/rank0/dump.json', offset: 0, length: 100 }, 5000)).rejects.toThrow();
+      // An agent refuses the coordinator's roots: an older coordinator that relays them fails loudly.
+      const server = new FileServer(0, () => ({ dumps: path.join(hostA, 'dumps') }), quiet);
+      expect(await server.handle({ body: 'fileList', fileList: { root: 'reports', prefix: '' } } as unknown as CoordinatorMsg)).toMatchObject({ fileList: { files: [], error: "root 'reports' is not served by rank 0" } });
+    } finally {
+      await client.close();
+    }
   });
 
   test('a rogue agent listing ../../evil and friends: refused, counted, never written or requested', async () => {
@@ -407,6 +450,38 @@ describe('hostile listings and routes', () => {
     const rssKb = Number(/maxrss_kb=(\d+)/.exec(p.stderr())?.[1]);
     expect(rssKb).toBeGreaterThan(0);
     expect(rssKb).toBeLessThan(400 * 1024);
+  });
+
+  test('two hosts list one path with different bytes: the rank whose own KV dump dir holds it wins (seed names via the status layout, rank<g> of older dumps)', async () => {
+    const { port } = await startCoordinator(); // tp=2: rank 1 is dp0_tp1_pp0_cp0
+    const client = new RelayClient({ host: '127.0.0.1', port });
+    try {
+      expect((await client.status(3000)).layout).toEqual({ worldSize: 2, tp: 2, pp: 1, dp: 1, cp: 1 });
+    } finally {
+      await client.close();
+    }
+    const paths = ['w/dp0_tp1_pp0_cp0/x.bin', 'w/rank1/old.bin', 'w/dp0_tp0_pp0_cp0/z.bin'];
+    const bytesOf = (rank: number, p: string) => pattern(1000 + paths.indexOf(p), 10 * rank + paths.indexOf(p));
+    const serve = (rank: number) => (m: CoordinatorMsg): Buffer[] | undefined => {
+      if (m.body === 'fileList') {
+        const files = m.fileList.root === 'dumps' ? paths.map((p) => ({ path: p, bytes: bytesOf(rank, p).length, checksum: formatChecksum(crc32c(bytesOf(rank, p))) })) : [];
+        return [encodeAgentMessage({ globalRank: rank, requestId: m.requestId, fileList: { globalRank: rank, files } })];
+      }
+      const c = m.fileChunk as { root: string; path: string; offset: number; length: number };
+      const data = bytesOf(rank, c.path).subarray(c.offset, c.offset + c.length);
+      return [encodeAgentMessage({ globalRank: rank, requestId: m.requestId, fileChunk: { globalRank: rank, root: c.root, path: c.path, offset: c.offset, crc32c: crc32c(data), eof: c.offset + data.length >= bytesOf(rank, c.path).length } }), Buffer.from(data)];
+    };
+    peers.push(rawAgent(port, 0, serve(0), { hello: true }), rawAgent(port, 1, serve(1), { hello: true }));
+    await waitFor(async () => (await requestStatus({ host: '127.0.0.1', port })).liveRanks.length === 2, 'both peers to be live');
+    const out = tmpDir('wavebus-agg-conflict-');
+    const m = await aggregate({ coordinator: { host: '127.0.0.1', port }, out, what: 'dumps', requestTimeoutMs: 5000 });
+    expect(m.conflicts.map((c) => c.path).sort()).toEqual([...paths].sort());
+    const writer = { 'w/dp0_tp1_pp0_cp0/x.bin': 1, 'w/rank1/old.bin': 1, 'w/dp0_tp0_pp0_cp0/z.bin': 0 } as Record<string, number>;
+    for (const p of paths) {
+      expect(m.files.find((f) => f.path === p)).toMatchObject({ status: 'fetched', verified: true, listedBy: expect.arrayContaining([writer[p]]) });
+      expect(m.files.find((f) => f.path === p)!.listedBy[0]).toBe(writer[p]);
+      expect(fs.readFileSync(path.join(out, 'dumps', p)).equals(bytesOf(writer[p], p))).toBe(true);
+    }
   });
 
   test('heartbeats claiming rank 0 from a second connection do not take over its relay route; they are dropped and counted', async () => {

@@ -41,7 +41,7 @@ async function writeArtifacts(job: HarnessJob): Promise<Written> {
   expect(JSON.parse(fs.readFileSync(report, 'utf8')).detail.output_token_ids.length).toBeGreaterThan(0);
   const reqDir = path.join(job.dumpRoot, 'token_repeat', 'loop-9-abcd');
   await waitFor(() => fs.existsSync(reqDir) && fs.readdirSync(reqDir).length > 0, 'the dump');
-  const rankDir = path.join(reqDir, fs.readdirSync(reqDir)[0], 'rank0');
+  const rankDir = path.join(reqDir, fs.readdirSync(reqDir)[0], 'dp0_tp0_pp0_cp0');
   await waitFor(() => fs.existsSync(path.join(rankDir, 'dump.json')), 'the rank bundle');
   return { report, dumpFile: path.join(rankDir, 'layers.0.pt'), snapshotFile: path.join(snap.callDir!, 'meta.json') };
 }

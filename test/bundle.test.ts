@@ -230,7 +230,7 @@ describe('free space and dump_skipped.json', () => {
   });
 
   test('writeDumpSkipped writes the reason record atomically', () => {
-    const dir = path.join(tmpDir('wavebus-skip-'), 'kv_cache', 'token_repeat', 'r1', 'wave_9', 'rank0');
+    const dir = path.join(tmpDir('wavebus-skip-'), 'kv_cache', 'token_repeat', 'r1', 'wave_9', 'dp0_tp0_pp0_cp0');
     const p = writeDumpSkipped(dir, { reason: 'insufficient_free_space', req_id: 'r1', incident_type: 'token_repeat', stage: 'arm', rank: 0, wave: 9, ts: 1700000000.5 });
     expect(p).toBe(path.join(dir, 'dump_skipped.json'));
     expect(JSON.parse(fs.readFileSync(p, 'utf8'))).toEqual({

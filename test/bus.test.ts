@@ -7,10 +7,16 @@ import { encodeAgentMessage, encodeBusFrame, encodeCoordinatorMessage, decodeAge
 import { isLoopback, parseHostPort } from '../src/bus/endpoints';
 import type { CoordinatorPolicy, DueLanes } from '../src/bus/policy';
 import { ConfigError } from '../src/errors';
+import { agentConfig } from '../src/guard/agent-config';
+import { configFromRaw, defaultConfig } from '../src/guard/config';
 import { resolveIdentity, type WorldLayout } from '../src/launch/identity';
 import { createLogger } from '../src/log';
 import type { DumpJob, DumpResult, StepTelemetry } from '../src/messages';
 import { cleanup, freePortPair, portFree, runWavebus, spawnWavebus, waitFor, type Spawned } from './helpers';
+
+// Typed configs as the guard builds them (src/guard/agent-config.ts), told apart by their fields.
+const LANE_CONFIG = agentConfig(defaultConfig(), { hotReload: true, dumpRoot: '' });
+const POLICY_CONFIG = agentConfig(configFromRaw({ dump: { manual_dump: 2, format: 'npy' } }, 'test policy'), { hotReload: false, dumpRoot: '/policy-root' });
 
 const quiet = createLogger('bus-test', 'error');
 
@@ -78,7 +84,7 @@ function logLines(text: string): Array<Record<string, any>> {
 }
 
 function job(reqId: string, over: Partial<DumpJob> = {}): DumpJob {
-  return { incidentType: 'token_repeat', reqId, blockIds: [1, 2, 3], detectWave: 0, armWave: 0, dumpDir: `/tmp/x/${reqId}`, requestFinishedAtDump: false, jobId: '', ...over };
+  return { incidentType: 'token_repeat', reqId, blockIds: [1, 2, 3], detectWave: 0, armWave: 0, dumpDir: `/tmp/x/${reqId}`, requestFinishedAtDump: false, jobId: '', replica: 0, ranks: [], ...over };
 }
 
 /** A small real policy: arms a dump when the telemetry shows a finished request; records what it is told. */
@@ -86,7 +92,7 @@ class RecordingPolicy implements CoordinatorPolicy {
   heads: Array<{ wave: number; telemetry: StepTelemetry | null }> = [];
   results: DumpResult[] = [];
   timeouts: Array<{ jobId: string; missing: number[] }> = [];
-  onWaveHead(wave: number, telemetry: StepTelemetry | null): DueLanes {
+  onWaveHead(_replica: number, wave: number, telemetry: StepTelemetry | null): DueLanes {
     this.heads.push({ wave, telemetry });
     const finished = telemetry?.requests?.filter((r) => r.finished) ?? [];
     return { dumps: finished.map((r) => job(r.reqId, { detectWave: wave - 1, armWave: wave, blockIds: r.blockIds })) };
@@ -101,7 +107,7 @@ class RecordingPolicy implements CoordinatorPolicy {
     return { policy_heads: this.heads.length };
   }
   snapshotState() {
-    return { configVersion: 7, configJson: '{"policy":true}', manualDumpDone: 2 };
+    return { configVersion: 7, config: POLICY_CONFIG, manualDumpDone: 2 };
   }
 }
 
@@ -127,19 +133,19 @@ describe('endpoints', () => {
 });
 
 describe('wave bus', () => {
-  test('waves and due lanes reach agent processes and in-process agents, in order; only last-PP ranks join', async () => {
+  test('waves and due lanes reach agent processes and in-process agents, in order; every rank joins its replica stream, only last-PP ranks are awaited', async () => {
     const port = await freePortPair();
     const layout = layoutOf(4, 2, 2); // last PP stage = ranks 2, 3
     const policy = new RecordingPolicy();
     const c = await startCoordinator({ port, layout, policy });
     expect(c.expectedRanks).toEqual([2, 3]);
     const notLast = spawnAgent(0, layout, port);
-    const cli = spawnAgent(2, layout, port);
-    const inproc = makeAgent(3, layout, port);
+    const cli = spawnAgent(3, layout, port);
+    const inproc = makeAgent(2, layout, port); // the replica's head (last-PP TP0)
     await inproc.bus.start();
     await waitFor(async () => (await requestStatus({ host: '127.0.0.1', port })).ready, 'bus ready');
 
-    c.setConfig(1, '{"detector":{}}');
+    c.setConfig(1, LANE_CONFIG);
     c.beginWave(1, null);
     c.armDumps([job('req-a')]);
     c.beginWave(2, null);
@@ -152,7 +158,7 @@ describe('wave bus', () => {
     const got = inproc.waves();
     checkDelivery(got.map((w) => w.head.wave), inproc.events.flatMap((e) => (e.kind === 'snapshot' ? [e.s.wave] : [])), 10);
     const w1 = got.find((w) => w.head.wave === 1);
-    if (w1) expect(w1.config).toEqual({ wave: 1, version: 1, configJson: '{"detector":{}}' });
+    if (w1) expect(w1.config).toEqual({ wave: 1, version: 1, config: LANE_CONFIG });
     const w2 = got.find((w) => w.head.wave === 2);
     if (w2) expect(w2.dump?.jobs.map((j) => j.jobId)).toEqual(['2/token_repeat/req-a']);
     const w10 = got.find((w) => w.head.wave === 10)!;
@@ -176,21 +182,29 @@ describe('wave bus', () => {
     const cliW2 = lines.find((l) => l.msg === 'wave' && l.wave === 2);
     if (cliW2) expect(cliW2.dumps).toEqual(['2/token_repeat/req-a']);
     // Its heartbeats tell the coordinator where it is.
-    await waitFor(async () => JSON.parse((await requestStatus({ host: '127.0.0.1', port })).statusJson).ranks['2']?.wave === 10, 'rank 2 heartbeat at wave 10');
+    await waitFor(async () => JSON.parse((await requestStatus({ host: '127.0.0.1', port })).statusJson).ranks['3']?.wave === 10, 'rank 3 heartbeat at wave 10');
 
-    // The non-last-PP rank stays up but never joins.
-    await waitFor(() => /not a last-PP rank/.test(notLast.stderr()), 'rank 0 says it does not join');
+    // The non-last-PP rank joins its replica's stream too (dump.pp_stages "all" needs it), but
+    // readiness waits only for the last-PP ranks; a wave head from a rank that is not the
+    // replica's head is dropped.
+    await waitFor(() => c.liveRanks().includes(0), 'rank 0 on the bus');
     expect(notLast.child.exitCode).toBeNull();
     const st = await requestStatus({ host: '127.0.0.1', port });
-    expect(st.liveRanks).toEqual([2, 3]);
+    expect(st.liveRanks).toEqual([0, 2, 3]);
     expect(st.expectedRanks).toEqual([2, 3]);
+    const notHead = makeAgent(1, layout, port);
+    await notHead.bus.start();
+    await waitFor(() => notHead.bus.synced, 'rank 1 synced');
+    notHead.bus.sendWaveHead(11, null);
+    await waitFor(() => (c.stats.dropped.not_head ?? 0) === 1, 'wave head from rank 1 dropped');
+    expect(c.wave).toBe(10);
     expect(st.epoch).toBe(c.epoch);
     expect(JSON.parse(st.statusJson).policy_heads).toBe(10);
 
     // Killing an agent process makes its rank lost.
     const lost = new Promise<number>((resolve) => c.on('agent-lost', resolve));
     cli.child.kill('SIGKILL');
-    expect(await lost).toBe(2);
+    expect(await lost).toBe(3);
     expect(c.ready).toBe(false);
   });
 
@@ -242,7 +256,7 @@ describe('wave bus', () => {
     dropping = true;
     const jobsArmed: string[] = [];
     for (let w = 1; w <= 60; w++) {
-      if (w % 10 === 0) c.setConfig(w, JSON.stringify({ v: w }));
+      if (w % 10 === 0) c.setConfig(w, { ...LANE_CONFIG, freeHeadroomBytes: w });
       if (w % 4 === 0) c.armDumps([job(`r${w}`)]);
       if (w % 4 === 0) jobsArmed.push(`${w}/token_repeat/r${w}`);
       c.beginWave(w, null);
@@ -264,11 +278,13 @@ describe('wave bus', () => {
     for (const id of jobsArmed) expect(seenJobs.has(id)).toBe(true);
     // The config the agent ends with is the last one published (from a lane or a snapshot).
     let cfg = 0;
+    let body: unknown = null;
     for (const e of a.events) {
-      if (e.kind === 'snapshot') cfg = e.s.configVersion;
-      if (e.kind === 'wave' && e.w.config) cfg = e.w.config.version;
+      if (e.kind === 'snapshot') [cfg, body] = [e.s.configVersion, e.s.config];
+      if (e.kind === 'wave' && e.w.config) [cfg, body] = [e.w.config.version, e.w.config.config];
     }
     expect(cfg).toBe(60);
+    expect(body).toEqual({ ...LANE_CONFIG, freeHeadroomBytes: 60 });
   });
 
   test('coordinator restart on the same port (new epoch): agents resync by themselves', async () => {
@@ -367,7 +383,7 @@ describe('wave bus', () => {
         const d = decodeAgentMessage(parts[1], 1 << 20);
         if (d.ok && d.value.body === 'snapshot') {
           snapshotsServed++;
-          await router.send([parts[0], encodeCoordinatorMessage({ epoch: E, requestId: d.value.requestId, snapshot: { epoch: E, seq, wave: 5, configVersion: 3, configJson: '{}', protocolVersion: PROTOCOL_VERSION } })]);
+          await router.send([parts[0], encodeCoordinatorMessage({ epoch: E, requestId: d.value.requestId, snapshot: { epoch: E, seq, wave: 5, configVersion: 3, config: LANE_CONFIG, protocolVersion: PROTOCOL_VERSION } })]);
         }
       }
     })();
@@ -381,16 +397,19 @@ describe('wave bus', () => {
     expect(a.events.find((e) => e.kind === 'snapshot')).toMatchObject({ s: { epoch: E, wave: 5, configVersion: 3 } });
 
     const head = (s: number, wave: number) => encodeBusFrame(E, s, 'head', { epoch: E, seq: s, wave, configDue: false, dumpDue: false });
-    await pub.send(['W', Buffer.from('definitely not protobuf \xff\xff\xff', 'latin1')]);
+    // Topics are per replica ("r<dp>.<kind>"): the agent of replica 0 subscribes to "r0." only.
+    await pub.send(['r0.W', Buffer.from('definitely not protobuf \xff\xff\xff', 'latin1')]);
     const good = head(999, 6)[1];
-    await pub.send(['W', good.subarray(0, good.length - 3)]); // truncated
-    await pub.send(['W', Buffer.alloc(5000, 0x08)]); // oversized
-    await pub.send(['X', head(seq + 1, 6)[1]]); // unknown topic
-    await pub.send(['C', head(seq + 1, 6)[1]]); // topic does not match the body
-    await pub.send(['W', head(seq + 1, 6)[1], Buffer.from('extra')]); // wrong number of frames
-    await pub.send(['W', encodeBusFrame(E, 0, 'head', { wave: 6 })[1]]); // no seq
+    await pub.send(['r0.W', good.subarray(0, good.length - 3)]); // truncated
+    await pub.send(['r0.W', Buffer.alloc(5000, 0x08)]); // oversized
+    await pub.send(['r0.X', head(seq + 1, 6)[1]]); // unknown topic
+    await pub.send(['r0.C', head(seq + 1, 6)[1]]); // topic does not match the body
+    await pub.send(['r0.W', encodeBusFrame(E, seq + 1, 'head', { epoch: E, seq: seq + 1, wave: 6 }, false, 1)[1]]); // a replica-1 frame under replica 0's topic
+    await pub.send(['r1.W', head(seq + 1, 6)[1]]); // another replica's stream: filtered by the subscription, never seen
+    await pub.send(['r0.W', head(seq + 1, 6)[1], Buffer.from('extra')]); // wrong number of frames
+    await pub.send(['r0.W', encodeBusFrame(E, 0, 'head', { wave: 6 })[1]]); // no seq
     await waitFor(() => (a.bus.stats.dropped.empty ?? 0) >= 1, 'garbage processed');
-    expect(a.bus.stats.dropped).toMatchObject({ undecodable: 1, truncated: 1, oversized: 1, wrong_topic: 2, frame_count: 1, empty: 1 });
+    expect(a.bus.stats.dropped).toMatchObject({ undecodable: 1, truncated: 1, oversized: 1, wrong_topic: 3, frame_count: 1, empty: 1 });
     expect(a.bus.synced).toBe(true);
     expect(a.bus.stats.resyncs).toBe(0);
 
@@ -431,7 +450,7 @@ describe('wave bus', () => {
     await late.bus.start();
     await waitFor(() => late.events.some((e) => e.kind === 'snapshot'), 'late snapshot');
     const snap = late.events.find((e) => e.kind === 'snapshot')! as { kind: 'snapshot'; s: SnapshotReplyMsg };
-    expect(snap.s).toMatchObject({ epoch: c.epoch, wave: 1, configVersion: 7, configJson: '{"policy":true}', manualDumpDone: 2 });
+    expect(snap.s).toMatchObject({ epoch: c.epoch, wave: 1, configVersion: 7, config: POLICY_CONFIG, manualDumpDone: 2 });
     expect(snap.s.pending).toHaveLength(1);
     expect(snap.s.pending[0].jobs.map((j) => j.jobId).sort()).toEqual(['1/token_repeat/req-1', '1/token_repeat/req-2']);
     await late.bus.stop();
@@ -442,7 +461,7 @@ describe('wave bus', () => {
       globalRank: rank,
       jobId: `1/token_repeat/${reqId}`,
       wave: 1,
-      files: [{ path: `rank${rank}/layer0.pt`, bytes: 10, checksum: 'crc32c:00000000' }],
+      files: [{ path: `dp0_tp${rank}_pp0_cp0/layer0.pt`, bytes: 10, checksum: 'crc32c:00000000' }],
       bytes: 10,
       error: '',
       skippedReason: '',

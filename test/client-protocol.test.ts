@@ -6,7 +6,7 @@ import * as path from 'path';
 import pino from 'pino';
 import * as zmq from 'zeromq';
 import { Agent } from '../src/agent/agent';
-import { CLIENT_PROTOCOL_VERSION } from '../src/client/protocol';
+import { CLIENT_PROTOCOL_VERSION, RegionKind, RegionRole } from '../src/client/protocol';
 import { MailboxFeature, MailboxWriter } from '../src/client/mailbox';
 import { WavebusClient } from '../src/client/client';
 import { resolveIdentity } from '../src/launch/identity';
@@ -64,7 +64,7 @@ async function oldAgent(runDir: string): Promise<{ endpoint: string; hellos: Rec
       for await (const [peer, frame] of router) {
         const req = decode(ClientRequest, frame);
         if (req.body === 'hello') hellos.push(req.hello);
-        const reply = req.body === 'hello' ? { featuresJson: JSON.stringify({ tp0: true, bus: true, detectors: {}, end_of_wave_timeout_ms: 50 }) } : {};
+        const reply = req.body === 'hello' ? { features: { tp0: true, bus: true, detectors: [], endOfWaveTimeoutMs: 50 } } : {};
         await router.send([peer, encode(ClientReply, { id: req.id, ok: true, ...reply })]);
       }
     } catch {
@@ -99,9 +99,9 @@ test('the agent refuses a hello from a client of another version at once, naming
     // A client from before versions: its hello has no protocol_version (0).
     const [old, reg] = await rawRequest(endpoint, [
       { hello: { pid: 4242, asyncScheduling: false, language: 'python' } },
-      { register: { name: 'in0', kind: 0, shmName: '/x', nbytes: 4, dtype: 'float32', shape: [1], role: 1 } },
+      { register: { name: 'in0', kind: RegionKind.SHM, shmName: '/x', nbytes: 4, dtype: 'float32', shape: [1], role: RegionRole.INPUT } },
     ]);
-    expect(old).toMatchObject({ ok: false, errorCode: 'ERR_PROTOCOL_VERSION', protocolVersion: CLIENT_PROTOCOL_VERSION, featuresJson: '' });
+    expect(old).toMatchObject({ ok: false, errorCode: 'ERR_PROTOCOL_VERSION', protocolVersion: CLIENT_PROTOCOL_VERSION, features: null });
     expect(old.error).toContain('the client speaks version 0 (from before protocol versions)');
     expect(old.error).toContain(`this agent speaks version ${CLIENT_PROTOCOL_VERSION}`);
     expect(old.error).toContain('upgrade the engine client');
@@ -114,7 +114,7 @@ test('the agent refuses a hello from a client of another version at once, naming
     // The same version is greeted, and the reply says which version the agent speaks.
     const [ok] = await rawRequest(endpoint, [{ hello: { pid: 2, language: 'typescript', protocolVersion: CLIENT_PROTOCOL_VERSION } }]);
     expect(ok).toMatchObject({ ok: true, protocolVersion: CLIENT_PROTOCOL_VERSION });
-    expect(JSON.parse(ok.featuresJson)).toHaveProperty('end_of_wave_timeout_ms');
+    expect(ok.features).toEqual({ tp0: true, bus: false, detectors: [], itemSync: false, snapshots: false, endOfWaveTimeoutMs: 50 });
   } finally {
     await a.close();
   }
@@ -152,7 +152,7 @@ test('the TypeScript client talks to an agent of its own version, and refuses an
     const client = await WavebusClient.connect({ endpoint: agentEndpoint(a.runDir, 0), mailbox: mb.path, helloTimeoutMs: 3000 });
     try {
       await client.waveHead(1);
-      expect(client.reportedFeatures()).toMatchObject({ tp0: true, bus: false, end_of_wave_timeout_ms: 50 });
+      expect(client.reportedFeatures()).toMatchObject({ tp0: true, bus: false, endOfWaveTimeoutMs: 50 });
     } finally {
       await client.close();
       mb.close();

@@ -212,12 +212,17 @@ describe('compare captures (CLI)', () => {
 
 const G = { layers: 2, blocks: 3, blockSize: 4, heads: 8, headDim: 16 };
 
-/** Write a KV dump wave dir of the full [blocks, bs, 8, hd] tensors split over `tp` ranks (global ranks from `firstRank`). */
-async function writeTpDump(wave: string, tp: number, full: Buffer[][], firstRank: number, order: number[]): Promise<void> {
+/**
+ * Write a KV dump wave dir of the full [blocks, bs, 8, hd] tensors split over `tp` ranks (global
+ * ranks from `firstRank`, the last PP stage: pp_rank = firstRank / tp), in the seed's
+ * dp<d>_tp<t>_pp<p>_cp<c> dirs, or (`legacy`) the rank<g> dirs of wavebus before them.
+ */
+async function writeTpDump(wave: string, tp: number, full: Buffer[][], firstRank: number, order: number[], legacy = false): Promise<void> {
   const per = G.heads / tp;
+  const ppRank = firstRank / tp;
   for (const tpRank of order) {
     const g = firstRank + tpRank;
-    const b = Bundle.begin(path.join(wave, `rank${g}`));
+    const b = Bundle.begin(path.join(wave, legacy ? `rank${g}` : `dp0_tp${tpRank}_pp${ppRank}_cp0`));
     const files = [];
     for (let l = 0; l < G.layers; l++) {
       const shard = (kv: number) => {
@@ -237,7 +242,7 @@ async function writeTpDump(wave: string, tp: number, full: Buffer[][], firstRank
       value: {
         schema: 1,
         format: 'pt',
-        identity: { global_rank: g, tp_rank: tpRank, pp_rank: 0, dp_rank: 0, cp_rank: 0, tp_size: tp },
+        identity: { global_rank: g, tp_rank: tpRank, pp_rank: ppRank, dp_rank: 0, cp_rank: 0, tp_size: tp },
         layers: Array.from({ length: G.layers }, (_, l) => ({ layer: `model.layers.${l}.self_attn`, dtype: 'bfloat16', shape: [G.blocks, G.blockSize, per, G.headDim] })),
         files,
       },
@@ -262,7 +267,7 @@ describe('--assemble-tp and heatmaps', () => {
     expect(k1.data.equals(full[1][0])).toBe(true);
     const torchHash = runPython(
       `import sys, torch, hashlib
-parts = [torch.load(sys.argv[1] + '/rank%d/model.layers.1.self_attn.pt' % g, weights_only=True) for g in range(4, 8)]
+parts = [torch.load(sys.argv[1] + '/dp0_tp%d_pp1_cp0/model.layers.1.self_attn.pt' % t, weights_only=True) for t in range(4)]
 parts.sort(key=lambda d: d['tp_rank'])
 cat = torch.cat([p['k'] for p in parts], dim=2)
 print(tuple(cat.shape), hashlib.sha256(cat.contiguous().view(torch.int16).numpy().tobytes()).hexdigest())`,
@@ -278,7 +283,7 @@ print(tuple(cat.shape), hashlib.sha256(cat.contiguous().view(torch.int16).numpy(
     expect(runWavebus(['compare', tp4, tp2]).code).toBe(1);
 
     // Flip one element in TP=2 rank 1 (heads 4..7): layer 0, v, block 2, slot 1, local head 3, dim 5.
-    const f = path.join(tp2, 'rank1', 'model.layers.0.self_attn.pt');
+    const f = path.join(tp2, 'dp0_tp1_pp0_cp0', 'model.layers.0.self_attn.pt');
     const { readPt } = await import('../src/artifacts/pt-reader');
     const v = readPt(f).tensors[1];
     const bytes = fs.readFileSync(f);
@@ -328,6 +333,48 @@ print(w, h, depth, ctype, px(7 * c + c // 2, 1 * c + c // 2), px(0 * c + c // 2,
     expect(Number(w)).toBeGreaterThan(8);
     expect(Number(h)).toBeGreaterThan(4);
     expect(rest.join(' ')).toBe('(128, 0, 38) (247, 247, 247)'); // max diff dark red; an equal head near-white
+  });
+
+  test('dumps of wavebus before the seed names (rank<g>/) compare with new ones, with and without --assemble-tp', async () => {
+    const root = tmpDir();
+    const numel = G.blocks * G.blockSize * G.heads * G.headDim;
+    const full = Array.from({ length: G.layers }, (_, l) => [bf16Data(numel, 300 + l), bf16Data(numel, 400 + l)]);
+    const oldW = path.join(root, 'old', 'wave_3');
+    const newW = path.join(root, 'new', 'wave_3');
+    await writeTpDump(oldW, 2, full, 0, [0, 1], true);
+    await writeTpDump(newW, 2, full, 0, [1, 0]);
+    expect(fs.readdirSync(oldW).sort()).toEqual(['rank0', 'rank1']);
+    expect(fs.readdirSync(newW).sort()).toEqual(['dp0_tp0_pp0_cp0', 'dp0_tp1_pp0_cp0']);
+    // Shard by shard: an old rank<g>/ is keyed by the seed's name from its dump.json, so they pair.
+    const plain = compareCaptures(oldW, newW, { atol: 0, rtol: 0, assembleTp: false });
+    expect(plain.tensors.map((t) => `${t.key}:${t.status}`).sort()).toEqual(
+      ['dp0_tp0_pp0_cp0', 'dp0_tp1_pp0_cp0'].flatMap((d) => [0, 1].flatMap((l) => ['k', 'v'].map((kv) => `${d}/model.layers.${l}.self_attn.${kv}:equal`))).sort(),
+    );
+    const assembled = runWavebus(['compare', oldW, newW, '--assemble-tp', '--json']);
+    expect(assembled.code).toBe(0);
+    expect((JSON.parse(assembled.stdout) as CompareResult).summary.equal).toBe(4);
+    expect(loadAssembled(oldW).find((t) => t.key === 'model.layers.0.self_attn.k')!.data.equals(full[0][0])).toBe(true);
+  });
+
+  test('--assemble-tp refuses a shard whose directory name is not a rank dir or disagrees with its dump.json', async () => {
+    const root = tmpDir();
+    const numel = G.blocks * G.blockSize * G.heads * G.headDim;
+    const full = Array.from({ length: G.layers }, (_, l) => [bf16Data(numel, 500 + l), bf16Data(numel, 600 + l)]);
+    const w = path.join(root, 'wave_1');
+    await writeTpDump(w, 2, full, 0, [0, 1]);
+    fs.renameSync(path.join(w, 'dp0_tp1_pp0_cp0'), path.join(w, 'dp0_tp2_pp0_cp0'));
+    expect(() => loadAssembled(w)).toThrow(`${w}: KV dump directory "dp0_tp2_pp0_cp0" disagrees with its dump.json (global rank 1, dp0_tp1_pp0_cp0)`);
+    fs.renameSync(path.join(w, 'dp0_tp2_pp0_cp0'), path.join(w, 'shard1'));
+    let err: unknown;
+    try {
+      loadAssembled(w);
+    } catch (e) {
+      err = e;
+    }
+    expect(err).toMatchObject({ code: 'ERR_KV_DIR_NAME', message: `${w}: KV dump directory "shard1" is not dp<d>_tp<t>_pp<p>_cp<c> (decimal, no leading zeros) (nor rank<g> of an older wavebus)` });
+    const cli = runWavebus(['compare', w, w, '--assemble-tp']);
+    expect(cli.code).toBe(2);
+    expect(cli.stderr).toContain('"shard1" is not dp<d>_tp<t>_pp<p>_cp<c>');
   });
 
   test('heatmap grid and the PNG encoder on their own', () => {

@@ -104,7 +104,7 @@ function kvRegions(handles: string[], layers: number, shape = SHAPE, nbytes = PO
 
 function expectDumped(waveDir: string, pools: Buffer[], layers: number, blocks: number[], blockBytes = BLOCK) {
   for (let l = 0; l < layers; l++) {
-    const file = path.join(waveDir, 'rank0', `layers.${l}.pt`);
+    const file = path.join(waveDir, 'dp0_tp0_pp0_cp0', `layers.${l}.pt`);
     const pt = readPt(file);
     for (const i of [0, 1]) {
       const t = pt.tensors[i];
@@ -199,8 +199,8 @@ test.each([
   expect(out.manifest.complete).toBe(false);
   const fn = at === 'enqueue' ? 'cudaMemcpyAsync' : 'cudaStreamSynchronize';
   expect(out.manifest.failed_ranks[0]).toMatch(new RegExp(`^rank 0: copy of region 'layers\\.[01]\\.[kv]' \\(cuda device 0 \\[0, 1024\\)\\) failed: ${fn}: ${text} \\(code ${code}\\)`));
-  expect(fs.existsSync(path.join(out.waveDir, 'rank0', 'dump.json'))).toBe(false);
-  expect(fs.readdirSync(path.join(out.waveDir, 'rank0')).filter((n) => n.endsWith('.pt'))).toEqual([]);
+  expect(fs.existsSync(path.join(out.waveDir, 'dp0_tp0_pp0_cp0', 'dump.json'))).toBe(false);
+  expect(fs.readdirSync(path.join(out.waveDir, 'dp0_tp0_pp0_cp0')).filter((n) => n.endsWith('.pt'))).toEqual([]);
   expectClean(report);
 });
 
@@ -241,7 +241,7 @@ test('concurrent dumps of many regions through pinned staging smaller than each 
   expectDumped(out.waveDir, pools, 4, blocks);
   // dump.json's copy figure (what scripts/gpu-check.sh times): every gathered byte, and at least
   // the double's injected delay of 100 µs per copy (each region's 5120 bytes are 6+ copies in a row).
-  const { copy } = JSON.parse(fs.readFileSync(path.join(out.waveDir, 'rank0', 'dump.json'), 'utf8'));
+  const { copy } = JSON.parse(fs.readFileSync(path.join(out.waveDir, 'dp0_tp0_pp0_cp0', 'dump.json'), 'utf8'));
   expect(copy.bytes).toBe(8 * 40 * BLOCK);
   expect(copy.seconds).toBeGreaterThanOrEqual(6 * 100e-6);
   expectClean(report);

@@ -31,14 +31,34 @@ test('demo (TP=4, one host) writes and verifies every artifact', () => {
   expect(inspectTree(kv.root, { verify: true }).problems.join('\n')).toMatch(/checksum/);
 });
 
-test('demo with two simulated hosts and PP=2 dumps from the last PP stage only', () => {
+test('demo with two simulated hosts, PP=2 and DP=2: faults in both replicas, each dump from its replica\'s last PP stage only', () => {
   const out = path.join(tmpDir(), 'demo2');
-  const r = runWavebus(['demo', '--out', out, '--tp', '2', '--pp', '2', '--hosts', '2', '--steps', '80', '--format', 'npy'], { timeout: 120000 });
+  const r = runWavebus(['demo', '--out', out, '--tp', '2', '--pp', '2', '--dp', '2', '--hosts', '2', '--steps', '80', '--format', 'npy'], { timeout: 180000 });
   expect(r.stdout).toContain('demo OK');
   expect(r.code).toBe(0);
-  expect(r.stdout).toContain('every one from ranks [2, 3]');
-  const dirs = inspectTree(path.join(out, 'runtime', 'report', 'kv_cache')).bundles.filter((b) => b.kind === 'kv_dump');
-  expect(new Set(dirs.map((d) => d.ranks[0]))).toEqual(new Set([2, 3]));
+  expect(r.stdout).toContain("each from its replica's last-PP ranks");
+  const kv = inspectTree(path.join(out, 'runtime', 'report', 'kv_cache'));
+  // Replica 0's last stage is ranks 2, 3; replica 1's is 6, 7: each dump holds exactly one of them.
+  for (const w of kv.bundles.filter((b) => b.kind === 'dump_wave')) {
+    const info = JSON.parse(fs.readFileSync(path.join(kv.root, w.dir, 'request_info.json'), 'utf8'));
+    expect(w.ranks).toEqual(info.dp_rank === 1 ? [6, 7] : [2, 3]);
+    expect(w.dir).toMatch(new RegExp(`_dp${info.dp_rank}$`));
+  }
+  const replicas = kv.bundles.filter((b) => b.kind === 'dump_wave').map((w) => JSON.parse(fs.readFileSync(path.join(kv.root, w.dir, 'request_info.json'), 'utf8')).dp_rank);
+  expect(new Set(replicas)).toEqual(new Set([0, 1]));
+});
+
+test('demo with TP=2 and DP=2: both replicas report and dump, request ids repeat across them', () => {
+  const out = path.join(tmpDir(), 'demo-dp');
+  const r = runWavebus(['demo', '--out', out, '--tp', '2', '--dp', '2', '--steps', '60'], { timeout: 180000 });
+  expect(r.stdout).toContain('demo OK');
+  expect(r.code).toBe(0);
+  // The same request ids fail in both replicas: one dump dir per replica, never mixed.
+  const repeat = path.join(out, 'runtime', 'report', 'kv_cache', 'token_repeat');
+  const [req] = fs.readdirSync(repeat);
+  expect(fs.readdirSync(path.join(repeat, req)).map((d) => d.replace(/^wave_\d+_/, '')).sort()).toEqual(['dp0', 'dp1']);
+  const reports = fs.readdirSync(path.join(out, 'runtime', 'report', 'token_repeat')).map((f) => JSON.parse(fs.readFileSync(path.join(out, 'runtime', 'report', 'token_repeat', f), 'utf8')));
+  expect(reports.map((x) => [x.dp_rank, x.rank]).sort()).toEqual([[0, 0], [1, 2]]);
 });
 
 // The demo derives what it expects from the configuration in force: what is off is expected to stay

@@ -54,7 +54,7 @@ describe('guard: slab state per request vs one standalone detector per request',
       report: { max_per_req: 1000, backoff_waves: 1 },
     };
     const startup = parseStartupOptions(JSON.stringify({ runtime_config }), {}, d);
-    const g = new Guard({ startup, rank: 0, expectedRanks: [0], log: pino({ level: 'silent' }), pollIntervalMs: 0, verifyIntervalMs: 0 });
+    const g = new Guard({ startup, layout: { worldSize: 1, tp: 1, pp: 1, dp: 1, cp: 1 }, log: pino({ level: 'silent' }), pollIntervalMs: 0, verifyIntervalMs: 0 });
     const reports = () => {
       const out: { type: string; req: string; wave: number; detail: Record<string, unknown> }[] = [];
       for (const type of ['token_repeat', 'spec_acceptance', 'garbled']) {
@@ -123,7 +123,7 @@ describe('guard: slab state per request vs one standalone detector per request',
           if (hg) hit('garbled', id, detect, hg);
         }
       }
-      g.onWaveHead(wave, { wave: wave - 1, requests: steps, nonFinite: [] });
+      g.onWaveHead(0, wave, { wave: wave - 1, requests: steps, nonFinite: [] });
       // freed requests leave; new ones (new ids, reused slots) arrive
       live = live.filter((id) => !freedNow.includes(id));
       for (const _ of freedNow) live.splice(int(live.length + 1), 0, `r${next++}`); // anywhere in the batch
@@ -147,15 +147,15 @@ describe('guard: slab state per request vs one standalone detector per request',
       fs.writeFileSync(cfgPath, JSON.stringify({ detector: { token_repeat: { enabled: true, window, min_tokens: 0, repeat_sum_threshold: 5 } } }));
     write(8);
     const startup = parseStartupOptions(JSON.stringify({ runtime_config_path: cfgPath, runtime_config_hot_reload: true }), {}, d);
-    const g = new Guard({ startup, rank: 0, expectedRanks: [0], log: pino({ level: 'silent' }), pollIntervalMs: 0, verifyIntervalMs: 0 });
+    const g = new Guard({ startup, layout: { worldSize: 1, tp: 1, pp: 1, dp: 1, cp: 1 }, log: pino({ level: 'silent' }), pollIntervalMs: 0, verifyIntervalMs: 0 });
     const st = (t: number): RequestStep => ({ reqId: 'a', newTokenIds: [t], newTokenLogprobs: [], newTokenRanks: [], draftLen: 0, accepted: 0, blockIds: [1], finished: false, freed: false, promptLen: 1, numOutputTokens: 0 });
     // scores 0,1,2 → sum 3: not over 5
-    for (let w = 1; w <= 3; w++) g.onWaveHead(w, { wave: w - 1, requests: [st(7)], nonFinite: [] });
+    for (let w = 1; w <= 3; w++) g.onWaveHead(0, w, { wave: w - 1, requests: [st(7)], nonFinite: [] });
     write(9); // new window: state restarts, so three more 7s score 0,1,2 again (sum 3), no alert
-    for (let w = 4; w <= 6; w++) g.onWaveHead(w, { wave: w - 1, requests: [st(7)], nonFinite: [] });
+    for (let w = 4; w <= 6; w++) g.onWaveHead(0, w, { wave: w - 1, requests: [st(7)], nonFinite: [] });
     expect(g.config().detector.token_repeat.window).toBe(9);
     expect(g.status().incidents).toEqual({});
-    g.onWaveHead(7, { wave: 6, requests: [st(7)], nonFinite: [] }); // score 3: sum 6 > 5
+    g.onWaveHead(0, 7, { wave: 6, requests: [st(7)], nonFinite: [] }); // score 3: sum 6 > 5
     expect(g.status().incidents).toMatchObject({ token_repeat: { report: 1 } });
     g.close();
   });

@@ -7,7 +7,6 @@ import { Coordinator } from '../src/bus/coordinator';
 import { WavebusClient } from '../src/client/client';
 import { Guard } from '../src/guard/guard';
 import { parseStartupOptions } from '../src/guard/startup';
-import { withStartupFacts } from '../src/guard/guard-policy';
 import { resolveIdentity, type WorldLayout } from '../src/launch/identity';
 import { inspectTree } from '../src/tools/inspect';
 import { ShmSegment } from '../src/memory';
@@ -54,14 +53,14 @@ async function startJob(opts: {
     {},
     root,
   );
-  const guard = new Guard({ startup, rank: 0, expectedRanks: Array.from({ length: opts.tp }, (_, i) => i) });
+  const guard = new Guard({ startup, layout });
   const port = await freePortPair();
   const coordinator = new Coordinator({
     port,
     layout,
     heartbeatMs: 300,
     dumpAckTimeoutMs: opts.dumpAckTimeoutMs ?? 10000,
-    policy: withStartupFacts(guard, startup.hotReload),
+    policy: guard,
   });
   await coordinator.start();
   const ranks: Rank[] = [];
@@ -176,7 +175,7 @@ test('a detector hit dumps the request from every TP rank, byte for byte, loadab
   expect(inspected.problems).toEqual([]);
   for (let g = 0; g < 4; g++) {
     for (let l = 0; l < G.layers; l++) {
-      const file = path.join(waveDir, `rank${g}`, `layers.${l}.pt`);
+      const file = path.join(waveDir, `dp0_tp${g}_pp0_cp0`, `layers.${l}.pt`);
       const pt = readPt(file);
       const names = [...(pt.value as Map<string, unknown>).keys()];
       expect(names).toEqual(expect.arrayContaining(['req_id', 'block_ids', 'layer', 'tp_rank', 'k', 'v']));
@@ -193,7 +192,7 @@ test('a detector hit dumps the request from every TP rank, byte for byte, loadab
     `import sys, torch, hashlib
 d = torch.load(sys.argv[1], weights_only=True)
 print(d['req_id'], d['tp_rank'], list(d['block_ids']), d['k'].dtype, tuple(d['k'].shape), hashlib.sha256(d['k'].contiguous().view(torch.int16).numpy().tobytes()).hexdigest())`,
-    [path.join(waveDir, 'rank2', 'layers.1.pt')],
+    [path.join(waveDir, 'dp0_tp2_pp0_cp0', 'layers.1.pt')],
   ).trim();
   const wantHash = require('crypto').createHash('sha256').update(Buffer.concat(blocks.map((b) => kvBlockBytes(G, 1, 'k', b, 2)))).digest('hex');
   expect(out).toBe(`loop-1-abcd 2 [3, 9, 4] torch.bfloat16 (3, 4, 2, 8) ${wantHash}`);
@@ -241,9 +240,9 @@ test('a request that finished in the detect wave is dumped with request_finished
   const reqDir = path.join(job.dumpRoot, 'token_repeat', 'fin-1');
   await waitFor(() => fs.existsSync(reqDir), 'dump of the finished request');
   const waveDir = path.join(reqDir, fs.readdirSync(reqDir)[0]);
-  await waitFor(() => fs.existsSync(path.join(waveDir, 'rank1', 'dump.json')), 'rank 1 bundle');
+  await waitFor(() => fs.existsSync(path.join(waveDir, 'dp0_tp1_pp0_cp0', 'dump.json')), 'rank 1 bundle');
   const info = JSON.parse(fs.readFileSync(path.join(waveDir, 'request_info.json'), 'utf8'));
-  const dump = JSON.parse(fs.readFileSync(path.join(waveDir, 'rank1', 'dump.json'), 'utf8'));
+  const dump = JSON.parse(fs.readFileSync(path.join(waveDir, 'dp0_tp1_pp0_cp0', 'dump.json'), 'utf8'));
   expect(dump.request_finished_at_dump).toBe(info.request_finished_at_dump);
 });
 
@@ -326,8 +325,8 @@ test('a vector that comes after end_of_wave gave up: that rank reports its dump 
   expect(m).toMatchObject({ completed_ranks: [0], missing_ranks: [], complete: false });
   expect(m.failed_ranks).toEqual({ 1: 'wave 2 vector arrived after end_of_wave (bound 200 ms)' });
   expect(job.ranks[1].agent.stats).toMatchObject({ endOfWaveTimeouts: 1, missedWaves: 1, dumpsWritten: 0 });
-  expect(fs.existsSync(path.join(dir, 'rank0', 'dump.json'))).toBe(true);
-  expect(fs.existsSync(path.join(dir, 'rank1', 'dump.json'))).toBe(false);
+  expect(fs.existsSync(path.join(dir, 'dp0_tp0_pp0_cp0', 'dump.json'))).toBe(true);
+  expect(fs.existsSync(path.join(dir, 'dp0_tp1_pp0_cp0', 'dump.json'))).toBe(false);
 });
 
 test('before_forward writes an input snapshot on every rank, and a bad region is refused', async () => {
@@ -390,7 +389,7 @@ test('an agent restarted under a running engine learns its regions again and the
   const waveDir = path.join(reqDir, fs.readdirSync(reqDir)[0]);
   await waitFor(() => fs.existsSync(path.join(waveDir, 'manifest.json')) && JSON.parse(fs.readFileSync(path.join(waveDir, 'manifest.json'), 'utf8')).complete, 'a complete manifest');
   expect(inspectTree(waveDir, { verify: true }).problems).toEqual([]);
-  expect(fs.existsSync(path.join(waveDir, 'rank1', 'dump.json'))).toBe(true);
+  expect(fs.existsSync(path.join(waveDir, 'dp0_tp1_pp0_cp0', 'dump.json'))).toBe(true);
 });
 
 test('a client the agent has not met (it restarted behind the same mailbox) is asked to rejoin, and the step still completes', async () => {
@@ -411,5 +410,5 @@ test('a client the agent has not met (it restarted behind the same mailbox) is a
   await job.ranks[0].agent.drain();
   expect(job.ranks[0].client.stats.rejoins).toBe(1);
   const reqDir = path.join(job.dumpRoot, 'token_repeat', 'rejoin-1');
-  await waitFor(() => fs.existsSync(reqDir) && fs.readdirSync(reqDir).some((w) => fs.existsSync(path.join(reqDir, w, 'rank0', 'dump.json'))), 'the dump after the rejoin');
+  await waitFor(() => fs.existsSync(reqDir) && fs.readdirSync(reqDir).some((w) => fs.existsSync(path.join(reqDir, w, 'dp0_tp0_pp0_cp0', 'dump.json'))), 'the dump after the rejoin');
 });

@@ -30,9 +30,9 @@ function checkTree(root: string, allowedMissing: (problem: string) => boolean): 
   return r;
 }
 
-/** Find a writer's temp dir `.rank<g>.tmp-...` anywhere under root. */
+/** Find a writer's temp dir `.dp0_tp<g>_pp0_cp0.tmp-...` (tp = world) anywhere under root. */
 function findTemp(root: string, rank: number): string | undefined {
-  const want = `.rank${rank}.tmp-`;
+  const want = `.dp0_tp${rank}_pp0_cp0.tmp-`;
   const walk = (d: string, depth: number): string | undefined => {
     let names: string[];
     try {
@@ -100,7 +100,7 @@ describe('faults', () => {
     const m = await job.until(() => job.manifests().find((x) => x.dir === jobDir && x.timed_out), 'the manifest of the interrupted dump', 20000, 50);
     expect(m.missing_ranks).toEqual([1]);
     expect(m.completed_ranks).toEqual([0]);
-    expect(fs.existsSync(path.join(jobDir, 'rank1'))).toBe(false);
+    expect(fs.existsSync(path.join(jobDir, 'dp0_tp1_pp0_cp0'))).toBe(false);
 
     await job.until(async () => (await job.status()).liveRanks.includes(1), 'rank 1 to rejoin', 20000, 100);
     const rejoined = (await job.status()).wave;
@@ -126,7 +126,7 @@ describe('faults', () => {
     const tree = checkTree(job.kvRoot, (p) => p.includes('rank 1 missing'));
     expect(tree.incomplete.map((t) => path.join(job.kvRoot, t))).toContain(temp);
     // Rank 0's bundle of the interrupted dump is complete and recoverable.
-    expect(tree.bundles.some((b) => b.kind === 'kv_dump' && b.dir === path.relative(job.kvRoot, path.join(jobDir, 'rank0')))).toBe(true);
+    expect(tree.bundles.some((b) => b.kind === 'kv_dump' && b.dir === path.relative(job.kvRoot, path.join(jobDir, 'dp0_tp0_pp0_cp0')))).toBe(true);
   });
 
   test('coordinator killed and restarted mid-run: agents resync to the new epoch, later incidents still dump', async () => {
@@ -245,7 +245,7 @@ describe('faults', () => {
       expect(refused.skipped_ranks).toEqual({ 0: 'insufficient_free_space', 1: 'insufficient_free_space' });
       expect(refused.missing_ranks).toEqual([]);
       for (const g of [0, 1]) {
-        const skipped = JSON.parse(fs.readFileSync(path.join(refused.dir, `rank${g}`, 'dump_skipped.json'), 'utf8'));
+        const skipped = JSON.parse(fs.readFileSync(path.join(refused.dir, `dp0_tp${g}_pp0_cp0`, 'dump_skipped.json'), 'utf8'));
         expect(skipped.reason).toBe('insufficient_free_space');
       }
       // 2) headroom 0: both ranks pass the estimate × tp_size, the disk fills during the writes.

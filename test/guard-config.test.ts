@@ -28,7 +28,7 @@ describe('runtime_config schema', () => {
     expect(d.detector.spec_acceptance).toEqual({ enabled: false, window: 10, low_accept_rate: 0.3, low_accept_len: 1.4, high_accept_rate: 0.96, high_accept_len: 2.8 });
     expect(d.detector.garbled.enabled).toBe(false);
     expect(d.actions.defaults.on_trigger).toEqual(['report']);
-    expect(d.dump).toEqual({ auto_max_times: 0, auto_cooldown_seconds: 300, manual_dump: 0, free_headroom_bytes: 5 * 1024 ** 3, format: 'pt' });
+    expect(d.dump).toEqual({ auto_max_times: 0, auto_cooldown_seconds: 300, manual_dump: 0, pp_stages: 'last', free_headroom_bytes: 5 * 1024 ** 3, format: 'pt' });
     expect(d.report).toEqual({ max_per_req: 1, backoff_waves: 64, max_prompt_token_ids: 1000, max_output_token_ids: 1000, include_block_ids: true, save_sensitive_info: false });
     expect(actionsFor(d, 'garbled')).toEqual(['report']);
   });
@@ -46,6 +46,7 @@ describe('runtime_config schema', () => {
     expect(messageOf(() => configFromRaw({ detector: { spec_acceptance: { low_accept_rate: 1.5 } } }, 'c'))).toMatch(/low_accept_rate: expected a number in \[0, 1\], got 1\.5/);
     expect(messageOf(() => configFromRaw({ dump: { manual_dump: 1.5 } }, 'c'))).toMatch(/dump\.manual_dump: expected an integer/);
     expect(messageOf(() => configFromRaw({ dump: { format: 'zip' } }, 'c'))).toMatch(/dump\.format: expected one of "pt" \| "npy" \| "safetensors", got "zip"/);
+    expect(messageOf(() => configFromRaw({ dump: { pp_stages: 'first' } }, 'c'))).toBe('c: dump.pp_stages: expected one of "last" | "all", got "first"');
     expect(messageOf(() => configFromRaw({ detector: { garbled: { on_trigger: ['report', 'email'] } } }, 'c'))).toMatch(/detector\.garbled\.on_trigger: .*\(item 1 is "email"\)/);
     expect(messageOf(() => configFromRaw({ detector: { token_repeat: { ignore_token_ids: [1, -2] } } }, 'c'))).toMatch(/ignore_token_ids: .*item 1 is -2/);
     expect(messageOf(() => configFromRaw({ detector: [] }, 'c'))).toMatch(/detector: expected an object, got an array/);

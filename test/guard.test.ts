@@ -24,7 +24,7 @@ function guard(runtimeConfig: unknown, extra: Record<string, unknown> = {}) {
   const startup = parseStartupOptions(JSON.stringify({ runtime_config: runtimeConfig, ...extra }), {}, d);
   const lines: Record<string, unknown>[] = [];
   const log = pino({ level: 'info' }, { write: (s: string) => lines.push(JSON.parse(s)) });
-  const g = new Guard({ startup, rank: 6, expectedRanks: [4, 5, 6, 7], log, pid: 4242, pollIntervalMs: 0, verifyIntervalMs: 0 });
+  const g = new Guard({ startup, layout: { worldSize: 8, tp: 4, pp: 2, dp: 1, cp: 1 }, log, pid: 4242, pollIntervalMs: 0, verifyIntervalMs: 0 });
   const root = startup.dumpDir;
   const readJson = (...p: string[]) => JSON.parse(fs.readFileSync(path.join(...p), 'utf8'));
   const reports = (type: string) => {
@@ -40,12 +40,12 @@ const AUTO = { auto_max_times: 1000, auto_cooldown_seconds: 0 };
 describe('arming', () => {
   test('a hit in the telemetry of wave N-1 arms a job for wave N with request_info.json beside the rank dirs', () => {
     const { g, root, readJson, reports } = guard({ detector: { logits_finite: { enabled: true, ...DUMP_ON } }, dump: AUTO });
-    g.onWaveHead(10, tel(9, [step('req-a', { blockIds: [1, 2, 3], promptLen: 17, newTokenIds: [5, 6] })]));
-    const lanes = g.onWaveHead(11, tel(10, [step('req-a', { blockIds: [1, 2, 3, 9], promptLen: 0 })], ['req-a']));
+    g.onWaveHead(0, 10, tel(9, [step('req-a', { blockIds: [1, 2, 3], promptLen: 17, newTokenIds: [5, 6] })]));
+    const lanes = g.onWaveHead(0, 11, tel(10, [step('req-a', { blockIds: [1, 2, 3, 9], promptLen: 0 })], ['req-a']));
     // Decided a wave ahead: detected in wave 10 (head 11), copied at the end of wave 12.
     const dir = path.join(root, 'logits_finite', 'req-a', 'wave_12');
     expect(lanes.dumps).toEqual([
-      { incidentType: 'logits_finite', reqId: 'req-a', blockIds: [1, 2, 3, 9], detectWave: 10, armWave: 12, dumpDir: dir, requestFinishedAtDump: false, jobId: '12/logits_finite/req-a' },
+      { incidentType: 'logits_finite', reqId: 'req-a', blockIds: [1, 2, 3, 9], detectWave: 10, armWave: 12, dumpDir: dir, requestFinishedAtDump: false, jobId: '12/logits_finite/req-a', replica: 0, ranks: [4, 5, 6, 7] },
     ]);
     const info = readJson(dir, 'request_info.json');
     expect(info).toMatchObject({
@@ -56,7 +56,7 @@ describe('arming', () => {
       arm_wave: 12,
       block_ids: [1, 2, 3, 9],
       request_finished_at_dump: false,
-      rank: 6,
+      rank: 4,
       expected_ranks: [4, 5, 6, 7],
       prompt_token_count: 17,
       output_token_count: 3,
@@ -68,7 +68,7 @@ describe('arming', () => {
     expect(r).toMatchObject({
       incident_type: 'logits_finite',
       req_id: 'req-a',
-      rank: 6,
+      rank: 4,
       detect_wave: 10,
       dump_attempted: true,
       dump_arm_wave: 12,
@@ -84,7 +84,7 @@ describe('arming', () => {
 
   test('finished in the detect wave: armed with request_finished_at_dump everywhere', () => {
     const { g, root, readJson, reports } = guard({ detector: { logits_finite: { enabled: true, ...DUMP_ON } }, dump: AUTO });
-    const lanes = g.onWaveHead(5, tel(4, [step('x', { finished: true })], ['x']));
+    const lanes = g.onWaveHead(0, 5, tel(4, [step('x', { finished: true })], ['x']));
     expect(lanes.dumps).toHaveLength(1);
     expect(lanes.dumps[0].requestFinishedAtDump).toBe(true);
     expect(readJson(root, 'logits_finite', 'x', 'wave_6', 'request_info.json').request_finished_at_dump).toBe(true);
@@ -93,13 +93,13 @@ describe('arming', () => {
 
   test('freed requests are refused at arm (freed now, or seen freed earlier)', () => {
     const { g, root, readJson, reports, startup } = guard({ detector: { logits_finite: { enabled: true, ...DUMP_ON } }, dump: AUTO, report: { max_per_req: 5, backoff_waves: 0 } });
-    let lanes = g.onWaveHead(5, tel(4, [step('y', { finished: true, freed: true })], ['y']));
+    let lanes = g.onWaveHead(0, 5, tel(4, [step('y', { finished: true, freed: true })], ['y']));
     expect(lanes.dumps).toEqual([]);
     const sk = readJson(root, 'logits_finite', 'y', 'wave_6', 'dump_skipped.json');
-    expect(sk).toMatchObject({ reason: 'finished_or_reaped', req_id: 'y', incident_type: 'logits_finite', stage: 'arm', rank: 6, wave: 6 });
+    expect(sk).toMatchObject({ reason: 'finished_or_reaped', req_id: 'y', incident_type: 'logits_finite', stage: 'arm', rank: 4, wave: 6 });
     expect(reports('logits_finite')[0]).toMatchObject({ dump_attempted: true, dump_arm_wave: null, dump_skipped_reason: 'finished_or_reaped' });
     // a late non-finite row for the already-freed request
-    lanes = g.onWaveHead(6, tel(5, [], ['y']));
+    lanes = g.onWaveHead(0, 6, tel(5, [], ['y']));
     expect(lanes.dumps).toEqual([]);
     expect(fs.existsSync(path.join(root, 'logits_finite', 'y', 'wave_7', 'dump_skipped.json'))).toBe(true);
     expect(fs.existsSync(path.join(root, 'logits_finite', 'y', 'wave_7', 'request_info.json'))).toBe(false);
@@ -109,7 +109,7 @@ describe('arming', () => {
 
   test('empty block ids → dump_skipped empty_block_ids', () => {
     const { g, root, readJson } = guard({ detector: { logits_finite: { enabled: true, ...DUMP_ON } }, dump: AUTO });
-    const lanes = g.onWaveHead(3, tel(2, [step('z', { blockIds: [] })], ['z']));
+    const lanes = g.onWaveHead(0, 3, tel(2, [step('z', { blockIds: [] })], ['z']));
     expect(lanes.dumps).toEqual([]);
     expect(readJson(root, 'logits_finite', 'z', 'wave_4', 'dump_skipped.json').reason).toBe('empty_block_ids');
   });
@@ -119,7 +119,7 @@ describe('arming', () => {
       detector: { logits_finite: { enabled: true, ...DUMP_ON }, spec_acceptance: { enabled: true, window: 1, ...DUMP_ON } },
       dump: AUTO,
     });
-    const lanes = g.onWaveHead(3, tel(2, [step('d', { draftLen: 4, accepted: 1 })], ['d']));
+    const lanes = g.onWaveHead(0, 3, tel(2, [step('d', { draftLen: 4, accepted: 1 })], ['d']));
     expect(lanes.dumps.map((j) => `${j.incidentType}:${j.reqId}`)).toEqual(['spec_acceptance:d']);
     expect((g.status().dumps as Record<string, number>).duplicates).toBe(1);
     expect(lines.some((l) => /already armed/.test(String(l.msg)))).toBe(true);
@@ -127,8 +127,8 @@ describe('arming', () => {
 
   test('scope all_requests arms every running request (one auto-dump use)', () => {
     const { g } = guard({ detector: { logits_finite: { enabled: true, on_trigger: ['dump_kv'], dump_kv: { scope: 'all_requests' } } }, dump: AUTO });
-    g.onWaveHead(1, tel(0, [step('a'), step('b'), step('c', { finished: true }), step('e', { blockIds: [] })]));
-    const lanes = g.onWaveHead(2, tel(1, [step('b')], ['b']));
+    g.onWaveHead(0, 1, tel(0, [step('a'), step('b'), step('c', { finished: true }), step('e', { blockIds: [] })]));
+    const lanes = g.onWaveHead(0, 2, tel(1, [step('b')], ['b']));
     expect(lanes.dumps.map((j) => j.reqId).sort()).toEqual(['a', 'b']);
     expect(g.status().auto_dumps_used).toBe(1);
     expect((g.status().dumps as Record<string, Record<string, number>>).skipped).toEqual({ empty_block_ids: 1 });
@@ -136,7 +136,7 @@ describe('arming', () => {
 
   test('unsafe request ids become safe, distinct path components', () => {
     const { g, root } = guard({ detector: { logits_finite: { enabled: true, ...DUMP_ON } }, dump: AUTO });
-    const lanes = g.onWaveHead(2, tel(1, [step('../../etc'), step('a/b')], ['../../etc', 'a/b']));
+    const lanes = g.onWaveHead(0, 2, tel(1, [step('../../etc'), step('a/b')], ['../../etc', 'a/b']));
     for (const j of lanes.dumps) {
       expect(path.dirname(path.dirname(j.dumpDir))).toBe(path.join(root, 'logits_finite'));
       expect(fs.existsSync(path.join(j.dumpDir, 'request_info.json'))).toBe(true);
@@ -153,7 +153,7 @@ describe('detectors through the guard', () => {
         report: { save_sensitive_info: sensitive, include_block_ids: false, max_prompt_token_ids: 3 },
       });
       // the prompt's ids come with the request's first step only (the first binding)
-      for (let w = 1; w <= 6; w++) g.onWaveHead(w + 1, tel(w, [step('t', { newTokenIds: [9], promptTokenIds: w === 1 ? [101, 102, 103, 104] : [] }), step('u', { newTokenIds: [w] })]));
+      for (let w = 1; w <= 6; w++) g.onWaveHead(0, w + 1, tel(w, [step('t', { newTokenIds: [9], promptTokenIds: w === 1 ? [101, 102, 103, 104] : [] }), step('u', { newTokenIds: [w] })]));
       const rs = reports('token_repeat');
       expect(rs).toHaveLength(1);
       expect(rs[0]).toMatchObject({ req_id: 't', detect_wave: 4, dump_attempted: false, dump_arm_wave: null, dump_dir: null });
@@ -173,7 +173,7 @@ describe('detectors through the guard', () => {
 
   test('garbled and spec_acceptance reach reports', () => {
     const { g, reports } = guard({ detector: { garbled: { enabled: true, window: 4, min_tokens: 4 }, spec_acceptance: { enabled: true, window: 2 } } });
-    for (let w = 1; w <= 4; w++) g.onWaveHead(w + 1, tel(w, [step('g', { newTokenLogprobs: [-9], newTokenRanks: [400] }), step('s', { draftLen: 3, accepted: 4 })]));
+    for (let w = 1; w <= 4; w++) g.onWaveHead(0, w + 1, tel(w, [step('g', { newTokenLogprobs: [-9], newTokenRanks: [400] }), step('s', { draftLen: 3, accepted: 4 })]));
     expect(reports('garbled').map((r) => [r.req_id, r.detect_wave])).toEqual([['g', 4]]);
     expect(reports('spec_acceptance').map((r) => [r.req_id, r.detect_wave, r.detail.direction])).toEqual([['s', 2, 'high']]);
   });
@@ -181,7 +181,7 @@ describe('detectors through the guard', () => {
   test('spec_acceptance alerts on every full-window step; "quotas alone decide whether that alert is reported"', () => {
     const { g, reports } = guard({ detector: { spec_acceptance: { enabled: true, window: 2 } }, report: { max_per_req: 3, backoff_waves: 2 } });
     // nothing but the bonus token accepted, every step: the low condition holds from detect wave 2 on
-    for (let w = 1; w <= 12; w++) g.onWaveHead(w + 1, tel(w, [step('s', { draftLen: 4, accepted: 1 })]));
+    for (let w = 1; w <= 12; w++) g.onWaveHead(0, w + 1, tel(w, [step('s', { draftLen: 4, accepted: 1 })]));
     // reports at 2, then a gap of 2 (wave 4), then of 4 (wave 8): the cap of 3 is reached and mutes it
     expect(reports('spec_acceptance').map((r) => r.detect_wave)).toEqual([2, 4, 8]);
     const inc = (g.status().incidents as Record<string, Record<string, number>>).spec_acceptance;
@@ -192,7 +192,7 @@ describe('detectors through the guard', () => {
 
   test('non-finite rows without a request: warning and a count, never a report', () => {
     const { g, reports, lines } = guard({ detector: { logits_finite: { enabled: true } } });
-    g.onWaveHead(2, { wave: 1, requests: [step('a')], nonFinite: [{ row: 3, reqId: '', kind: 'nan' }, { row: 4, reqId: '', kind: 'nan' }] });
+    g.onWaveHead(0, 2, { wave: 1, requests: [step('a')], nonFinite: [{ row: 3, reqId: '', kind: 'nan' }, { row: 4, reqId: '', kind: 'nan' }] });
     expect(reports('logits_finite')).toEqual([]);
     expect(g.status().unattributed_non_finite).toBe(2);
     expect(lines.filter((l) => /no request/.test(String(l.msg)))).toHaveLength(1);
@@ -200,7 +200,7 @@ describe('detectors through the guard', () => {
 
   test('detectors are off by default', () => {
     const { g, reports, startup } = guard({});
-    for (let w = 1; w < 50; w++) g.onWaveHead(w + 1, tel(w, [step('a', { newTokenIds: [7], newTokenLogprobs: [-20], draftLen: 4, accepted: 1 })], ['a']));
+    for (let w = 1; w < 50; w++) g.onWaveHead(0, w + 1, tel(w, [step('a', { newTokenIds: [7], newTokenLogprobs: [-20], draftLen: 4, accepted: 1 })], ['a']));
     for (const t of ['token_repeat', 'logits_finite', 'spec_acceptance', 'garbled']) expect(reports(t)).toEqual([]);
     expect(fs.existsSync(startup.reportDir)).toBe(false);
   });
@@ -209,7 +209,7 @@ describe('detectors through the guard', () => {
     const { g } = guard({ detector: { logits_finite: { enabled: true } } });
     const before = await registry.getSingleMetricAsString('wavebus_incidents_total');
     const count = (text: string) => Number(/wavebus_incidents_total\{incident_type="logits_finite",action="report"\} (\d+)/.exec(text)?.[1] ?? 0);
-    g.onWaveHead(2, tel(1, [step('p')], ['p']));
+    g.onWaveHead(0, 2, tel(1, [step('p')], ['p']));
     const after = await registry.getSingleMetricAsString('wavebus_incidents_total');
     expect(count(after) - count(before)).toBe(1);
   });
@@ -232,27 +232,27 @@ describe('manual dump watermark', () => {
 
   test('0 → 1 gives exactly one manual dump of all running requests', () => {
     const { g, setManual, root, readJson } = hotGuard();
-    g.onWaveHead(1, tel(0, running()));
+    g.onWaveHead(0, 1, tel(0, running()));
     setManual(1);
     const waves: string[][] = [];
     for (let w = 2; w <= 5; w++) {
-      const lanes = g.onWaveHead(w, tel(w - 1, running()));
+      const lanes = g.onWaveHead(0, w, tel(w - 1, running()));
       waves.push(lanes.dumps.map((j) => `${j.incidentType}:${j.reqId}@${j.armWave}`));
     }
     expect(waves).toEqual([['manual_trigger:a@3', 'manual_trigger:b@3'], [], [], []]);
     expect(readJson(root, 'manual_trigger', 'a', 'wave_3', 'request_info.json')).toMatchObject({ incident_type: 'manual_trigger', manual_dump: 1, arm_wave: 3, detect_wave: 1 });
     expect(g.status()).toMatchObject({ manual_dump: 1, manual_dump_done: 1 });
-    expect(g.snapshotState().manualDumpDone).toBe(1);
+    expect(g.snapshotState(0).manualDumpDone).toBe(1);
   });
 
   test('1 → 4 catches up one dump per wave over three waves', () => {
     const { g, setManual } = hotGuard();
     setManual(1);
-    g.onWaveHead(1, tel(0, running()));
+    g.onWaveHead(0, 1, tel(0, running()));
     expect(g.status().manual_dump_done).toBe(1);
     setManual(4);
     const counts: number[] = [];
-    for (let w = 2; w <= 6; w++) counts.push(g.onWaveHead(w, tel(w - 1, running())).dumps.length);
+    for (let w = 2; w <= 6; w++) counts.push(g.onWaveHead(0, w, tel(w - 1, running())).dumps.length);
     expect(counts).toEqual([2, 2, 2, 0, 0]);
     expect(g.status()).toMatchObject({ manual_dump: 4, manual_dump_done: 4 });
   });
@@ -260,7 +260,7 @@ describe('manual dump watermark', () => {
   test('no running request: the trigger is consumed with no_dump_targets', () => {
     const { g, setManual, root, readJson } = hotGuard();
     setManual(1);
-    expect(g.onWaveHead(3, null).dumps).toEqual([]);
+    expect(g.onWaveHead(0, 3, null).dumps).toEqual([]);
     expect(readJson(root, 'manual_trigger', 'wave_4', 'dump_skipped.json')).toMatchObject({ reason: 'no_dump_targets', stage: 'arm', wave: 4 });
     expect(g.status().manual_dump_done).toBe(1);
   });
@@ -272,9 +272,9 @@ describe('startup (seed: startup overwrites the JSON from defaults/overlay)', ()
     const startup = parseStartupOptions(JSON.stringify({ runtime_config_hot_reload: true }), {}, d);
     fs.mkdirSync(path.dirname(startup.configPath), { recursive: true });
     fs.writeFileSync(startup.configPath, JSON.stringify({ dump: { manual_dump: 2 } }));
-    const g = new Guard({ startup, rank: 0, expectedRanks: [0], log: pino({ level: 'silent' }), pollIntervalMs: 0, verifyIntervalMs: 0 });
+    const g = new Guard({ startup, layout: { worldSize: 1, tp: 1, pp: 1, dp: 1, cp: 1 }, log: pino({ level: 'silent' }), pollIntervalMs: 0, verifyIntervalMs: 0 });
     const counts: number[] = [];
-    for (let w = 1; w <= 4; w++) counts.push(g.onWaveHead(w, tel(w - 1, [step('a'), step('b')])).dumps.length);
+    for (let w = 1; w <= 4; w++) counts.push(g.onWaveHead(0, w, tel(w - 1, [step('a'), step('b')])).dumps.length);
     expect(counts).toEqual([0, 0, 0, 0]);
     expect(g.status()).toMatchObject({ manual_dump: 0, manual_dump_done: 0, startup_config_errors: [] });
     expect(JSON.parse(fs.readFileSync(startup.configPath, 'utf8')).dump.manual_dump).toBe(0);
@@ -292,7 +292,7 @@ describe('startup (seed: startup overwrites the JSON from defaults/overlay)', ()
     const { g, lines } = (() => {
       const lines: Record<string, unknown>[] = [];
       const log = pino({ level: 'info' }, { write: (x: string) => lines.push(JSON.parse(x)) });
-      return { g: new Guard({ startup, rank: 0, expectedRanks: [0], log }), lines };
+      return { g: new Guard({ startup, layout: { worldSize: 1, tp: 1, pp: 1, dp: 1, cp: 1 }, log }), lines };
     })();
     expect(g.config().detector.token_repeat.window).toBe(32);
     const errs = g.status().startup_config_errors as { source: string; error: string }[];
@@ -340,7 +340,7 @@ describe('dump completion manifest', () => {
     globalRank: rank,
     jobId,
     wave: 2,
-    files: [{ path: `rank${rank}/layer0.pt`, bytes: 100 + rank, checksum: `sha256:${rank}` }],
+    files: [{ path: `dp0_tp${rank - 4}_pp1_cp0/layer0.pt`, bytes: 100 + rank, checksum: `sha256:${rank}` }],
     bytes: 100 + rank,
     error: '',
     skippedReason: '',
@@ -349,30 +349,30 @@ describe('dump completion manifest', () => {
 
   test('all ranks ack → complete manifest', () => {
     const { g, readJson } = guard({ detector: { logits_finite: { enabled: true, ...DUMP_ON } }, dump: AUTO });
-    const [job] = g.onWaveHead(2, tel(1, [step('m')], ['m'])).dumps;
-    for (const r of [4, 5, 6]) g.onDumpResult(result(r, job.jobId));
+    const [job] = g.onWaveHead(0, 2, tel(1, [step('m')], ['m'])).dumps;
+    for (const r of [4, 5, 6]) g.ledger.ack(result(r, job.jobId));
     expect(fs.existsSync(path.join(job.dumpDir, 'manifest.json'))).toBe(false);
-    g.onDumpResult(result(7, job.jobId));
+    g.ledger.ack(result(7, job.jobId));
     // Every rank acked, but the copy wave's telemetry is not in yet: the manifest waits for it.
     expect(fs.existsSync(path.join(job.dumpDir, 'manifest.json'))).toBe(false);
-    g.onWaveHead(3, tel(2, [step('m')]));
+    g.onWaveHead(0, 3, tel(2, [step('m')]));
     expect(fs.existsSync(path.join(job.dumpDir, 'manifest.json'))).toBe(false);
-    g.onWaveHead(4, tel(3, [step('m')])); // the telemetry of the copy wave (3): m still holds its blocks
+    g.onWaveHead(0, 4, tel(3, [step('m')])); // the telemetry of the copy wave (3): m still holds its blocks
     const m = readJson(job.dumpDir, 'manifest.json');
     expect(m.incomplete_reason).toBeUndefined();
     expect(m).toMatchObject({ job_id: job.jobId, incident_type: 'logits_finite', req_id: 'm', arm_wave: 3, detect_wave: 1, expected_ranks: [4, 5, 6, 7], completed_ranks: [4, 5, 6, 7], missing_ranks: [], failed_ranks: {}, complete: true, timed_out: false });
-    expect(m.files['5']).toEqual([{ path: 'rank5/layer0.pt', bytes: 105, checksum: 'sha256:5' }]);
+    expect(m.files['5']).toEqual([{ path: 'dp0_tp1_pp1_cp0/layer0.pt', bytes: 105, checksum: 'sha256:5' }]);
     expect(g.status().dumps).toMatchObject({ armed: 1, completed: 1, incomplete: 0, pending: 0 });
   });
 
   test('a request freed before its copy wave ended: the manifest says freed_before_copy, never complete', () => {
     const { g, readJson } = guard({ detector: { logits_finite: { enabled: true, ...DUMP_ON } }, dump: AUTO });
     // Detected in wave 1 (head 2), copied at the end of wave 3; the engine gives m's blocks back in wave 3.
-    const [job] = g.onWaveHead(2, tel(1, [step('m'), step('k')], ['m'])).dumps;
+    const [job] = g.onWaveHead(0, 2, tel(1, [step('m'), step('k')], ['m'])).dumps;
     expect(job.armWave).toBe(3);
-    g.onWaveHead(3, tel(2, [step('m', { finished: true }), step('k')]));
-    for (const r of [4, 5, 6, 7]) g.onDumpResult(result(r, job.jobId));
-    g.onWaveHead(4, tel(3, [step('m', { finished: true, freed: true }), step('k')]));
+    g.onWaveHead(0, 3, tel(2, [step('m', { finished: true }), step('k')]));
+    for (const r of [4, 5, 6, 7]) g.ledger.ack(result(r, job.jobId));
+    g.onWaveHead(0, 4, tel(3, [step('m', { finished: true, freed: true }), step('k')]));
     const m = readJson(job.dumpDir, 'manifest.json');
     expect(m).toMatchObject({ complete: false, incomplete_reason: 'freed_before_copy', freed_wave: 3, arm_wave: 3, completed_ranks: [4, 5, 6, 7] });
     expect(g.status().dumps).toMatchObject({ completed: 0, incomplete: 1, freed_before_copy: 1 });
@@ -380,46 +380,22 @@ describe('dump completion manifest', () => {
 
   test('a request freed after its copy wave (an engine that deferred the free): the dump is complete', () => {
     const { g, readJson } = guard({ detector: { logits_finite: { enabled: true, ...DUMP_ON } }, dump: AUTO });
-    const [job] = g.onWaveHead(2, tel(1, [step('m')], ['m'])).dumps;
-    g.onWaveHead(3, tel(2, [step('m', { finished: true })]));
-    g.onWaveHead(4, tel(3, [])); // kept through the copy wave (pendingDump)
-    for (const r of [4, 5, 6, 7]) g.onDumpResult(result(r, job.jobId));
-    g.onWaveHead(5, tel(4, [step('m', { finished: true, freed: true })]));
+    const [job] = g.onWaveHead(0, 2, tel(1, [step('m')], ['m'])).dumps;
+    g.onWaveHead(0, 3, tel(2, [step('m', { finished: true })]));
+    g.onWaveHead(0, 4, tel(3, [])); // kept through the copy wave (pendingDump)
+    for (const r of [4, 5, 6, 7]) g.ledger.ack(result(r, job.jobId));
+    g.onWaveHead(0, 5, tel(4, [step('m', { finished: true, freed: true })]));
     expect(readJson(job.dumpDir, 'manifest.json')).toMatchObject({ complete: true, completed_ranks: [4, 5, 6, 7] });
     expect(g.status().dumps).toMatchObject({ completed: 1, incomplete: 0, freed_before_copy: 0 });
   });
 
   test('acks in, but the guard stops before the copy window closed: copy_window_unconfirmed', () => {
     const { g, readJson } = guard({ detector: { logits_finite: { enabled: true, ...DUMP_ON } }, dump: AUTO });
-    const [job] = g.onWaveHead(2, tel(1, [step('m')], ['m'])).dumps;
-    for (const r of [4, 5, 6, 7]) g.onDumpResult(result(r, job.jobId));
+    const [job] = g.onWaveHead(0, 2, tel(1, [step('m')], ['m'])).dumps;
+    for (const r of [4, 5, 6, 7]) g.ledger.ack(result(r, job.jobId));
     g.close();
     expect(readJson(job.dumpDir, 'manifest.json')).toMatchObject({ complete: false, incomplete_reason: 'copy_window_unconfirmed' });
   });
 
-  test('a rank that never acks: the timeout writes the manifest with it missing; failures are listed', () => {
-    const { g, readJson } = guard({ detector: { logits_finite: { enabled: true, ...DUMP_ON } }, dump: AUTO });
-    const [job] = g.onWaveHead(2, tel(1, [step('m')], ['m'])).dumps;
-    g.onDumpResult(result(4, job.jobId));
-    g.onDumpResult(result(5, job.jobId, { error: 'd2h_failed: region gone', files: [] }));
-    g.onDumpResult(result(6, job.jobId, { skippedReason: 'insufficient_free_space', files: [] }));
-    g.onDumpResult(result(9, job.jobId)); // not a last-PP rank: ignored
-    g.onDumpResult(result(4, 'no/such/job'));
-    g.onDumpTimeout(job.jobId, [7]);
-    let m = readJson(job.dumpDir, 'manifest.json');
-    expect(m).toMatchObject({
-      completed_ranks: [4],
-      missing_ranks: [7],
-      failed_ranks: { '5': 'd2h_failed: region gone' },
-      skipped_ranks: { '6': 'insufficient_free_space' },
-      complete: false,
-      timed_out: true,
-    });
-    expect(g.status().dumps).toMatchObject({ armed: 1, completed: 0, incomplete: 1, unknown_results: 2 });
-    // a late ack refreshes the manifest
-    g.onDumpResult(result(7, job.jobId));
-    m = readJson(job.dumpDir, 'manifest.json');
-    expect(m.missing_ranks).toEqual([]);
-    expect(m.completed_ranks).toEqual([4, 7]);
-  });
+  // Timeouts, late acks and ranks outside the job: test/dump-ledger.test.ts.
 });

@@ -4,6 +4,7 @@ import { ChildProcess, spawn, SpawnOptions, spawnSync } from 'child_process';
 import * as fs from 'fs';
 import * as os from 'os';
 import * as path from 'path';
+import { createNetnsPair as createNetnsPair_, removeNetns, sh, type NetnsPair } from '../bench/lib/netns';
 
 export const ROOT = path.resolve(__dirname, '..');
 export const CLI = path.join(ROOT, 'bin', 'wavebus.js');
@@ -103,11 +104,7 @@ export async function cleanup(): Promise<void> {
 // ---------------------------------------------------------------- appended: root-only fixtures
 
 /** Run a system command synchronously; throws with its stderr when it fails. */
-export function sh(cmd: string, args: string[], opts: { timeout?: number } = {}): string {
-  const r = spawnSync(cmd, args, { encoding: 'utf8', timeout: opts.timeout ?? 20000 });
-  if (r.status !== 0) throw new Error(`${cmd} ${args.join(' ')} exited ${r.status ?? r.signal}: ${(r.stderr || r.error?.message || '').trim()}`);
-  return r.stdout;
-}
+export { sh };
 
 /** Mount/netns fixtures need root; CI runs as root. Returns why not, or undefined when they can run. */
 export function rootOnlyReason(): string | undefined {
@@ -134,40 +131,62 @@ export function cleanupMounts(): void {
 }
 
 /**
- * Two network namespaces joined by a veth pair in a private /30 that exists only inside them:
- * `a` has `addrA`, `b` has `addrB`, each with `lo` up. Names are unique per test process.
+ * Two network namespaces joined by a veth pair in a private /30 that exists only inside them
+ * (bench/lib/netns.ts): `a` has `addrA`, `b` has `addrB`, each with `lo` up. Names are unique per
+ * test process; cleanupNetns() removes them.
  */
-export interface NetnsPair {
-  a: string;
-  b: string;
-  vethA: string;
-  vethB: string;
-  addrA: string;
-  addrB: string;
-}
+export type { NetnsPair };
 
 const namespaces: string[] = [];
 
 export function createNetnsPair(index = 0): NetnsPair {
   const tag = `wb${process.pid % 100000}${String.fromCharCode(97 + (index % 26))}`;
-  const p: NetnsPair = { a: `${tag}a`, b: `${tag}b`, vethA: `${tag}va`, vethB: `${tag}vb`, addrA: '', addrB: '' };
   // 10.213.<x>.{1,2}/30: x from the pid, so parallel test runs on one machine do not collide
   // (each pair lives in its own namespaces anyway; the addresses never reach the host's stack).
+  const p = createNetnsPair_(tag, (process.pid + index * 7) % 63);
+  namespaces.push(p.a, p.b);
+  return p;
+}
+
+/**
+ * Several "hosts" on one L2 segment: a hub namespace holding a bridge, and one namespace per host
+ * (and per extra peer, such as a rogue one) joined to it by a veth pair, each with `lo` up and one
+ * address in a private /24 that exists only inside these namespaces (10.214.<x>.<i+1>; the
+ * host's own interfaces are never touched). Names are unique per test process; cleanupNetns()
+ * removes them all.
+ */
+export interface NetnsCluster {
+  hub: string;
+  bridge: string;
+  nodes: { ns: string; veth: string; addr: string }[];
+}
+
+export function createNetnsCluster(count: number, index = 0): NetnsCluster {
+  if (count < 1 || count > 20) throw new RangeError(`createNetnsCluster: 1..20 namespaces, got ${count}`);
+  const tag = `wb${process.pid % 100000}${String.fromCharCode(97 + (index % 26))}`;
   const x = (process.pid + index * 7) % 63;
-  p.addrA = `10.213.${x}.1`;
-  p.addrB = `10.213.${x}.2`;
-  for (const ns of [p.a, p.b]) {
+  const add = (ns: string) => {
     spawnSync('ip', ['netns', 'del', ns]); // a leftover of a killed run with the same pid
     sh('ip', ['netns', 'add', ns]);
     namespaces.push(ns);
     sh('ip', ['-n', ns, 'link', 'set', 'lo', 'up']);
+  };
+  const c: NetnsCluster = { hub: `${tag}hub`, bridge: `${tag}br`, nodes: [] };
+  add(c.hub);
+  sh('ip', ['-n', c.hub, 'link', 'add', c.bridge, 'type', 'bridge']);
+  sh('ip', ['-n', c.hub, 'link', 'set', c.bridge, 'up']);
+  for (let i = 0; i < count; i++) {
+    const node = { ns: `${tag}n${i}`, veth: `${tag}v${i}`, addr: `10.214.${x}.${i + 1}` };
+    const peer = `${tag}p${i}`;
+    add(node.ns);
+    sh('ip', ['link', 'add', node.veth, 'netns', node.ns, 'type', 'veth', 'peer', 'name', peer, 'netns', c.hub]);
+    sh('ip', ['-n', c.hub, 'link', 'set', peer, 'master', c.bridge]);
+    sh('ip', ['-n', c.hub, 'link', 'set', peer, 'up']);
+    sh('ip', ['-n', node.ns, 'addr', 'add', `${node.addr}/24`, 'dev', node.veth]);
+    sh('ip', ['-n', node.ns, 'link', 'set', node.veth, 'up']);
+    c.nodes.push(node);
   }
-  sh('ip', ['link', 'add', p.vethA, 'netns', p.a, 'type', 'veth', 'peer', 'name', p.vethB, 'netns', p.b]);
-  sh('ip', ['-n', p.a, 'addr', 'add', `${p.addrA}/30`, 'dev', p.vethA]);
-  sh('ip', ['-n', p.b, 'addr', 'add', `${p.addrB}/30`, 'dev', p.vethB]);
-  sh('ip', ['-n', p.a, 'link', 'set', p.vethA, 'up']);
-  sh('ip', ['-n', p.b, 'link', 'set', p.vethB, 'up']);
-  return p;
+  return c;
 }
 
 /** Start a process inside network namespace `ns` (tracked like spawnTracked). */
@@ -175,19 +194,19 @@ export function spawnInNetns(ns: string, cmd: string, args: string[], opts: Spaw
   return spawnTracked('ip', ['netns', 'exec', ns, cmd, ...args], opts);
 }
 
+/**
+ * Start a process inside network namespace `ns` that sees directory `disk` at path `at` (a bind
+ * mount in the mount namespace `ip netns exec` gives each command): every "host" of a cluster
+ * uses the same paths, each on its own disk, as real hosts do. `at` must exist.
+ */
+export function spawnOnHost(ns: string, disk: { dir: string; at: string }, cmd: string, args: string[], opts: SpawnOptions = {}): Spawned {
+  fs.mkdirSync(disk.dir, { recursive: true });
+  return spawnInNetns(ns, 'sh', ['-c', 'mount --bind "$1" "$2" && shift 2 && exec "$@"', 'sh', disk.dir, disk.at, cmd, ...args], opts);
+}
+
 /** Kill every process left in our namespaces (launch sidecars live in their own process groups), then delete them. */
 export function cleanupNetns(): void {
-  for (const ns of namespaces.splice(0)) {
-    const r = spawnSync('ip', ['netns', 'pids', ns], { encoding: 'utf8' });
-    for (const pid of (r.stdout ?? '').split(/\s+/).filter(Boolean)) {
-      try {
-        process.kill(Number(pid), 'SIGKILL');
-      } catch {
-        /* gone */
-      }
-    }
-    spawnSync('ip', ['netns', 'del', ns]);
-  }
+  for (const ns of namespaces.splice(0)) removeNetns(ns);
 }
 
 /** `n` deterministic pseudo-random bytes (xorshift32 from `seed`), the same sequence for the same seed. */

@@ -121,26 +121,24 @@ describe('guard hot reload', () => {
     const d = tmpDir();
     const opts = parseStartupOptions(JSON.stringify({ runtime_config_hot_reload: true }), {}, d);
     const rec = recordingLogger();
-    const g = new Guard({ startup: opts, rank: 0, expectedRanks: [0], log: rec.log, pollIntervalMs: 0, verifyIntervalMs: 0 });
-    const first = g.onWaveHead(1, null);
+    const g = new Guard({ startup: opts, layout: { worldSize: 1, tp: 1, pp: 1, dp: 1, cp: 1 }, log: rec.log, pollIntervalMs: 0, verifyIntervalMs: 0 });
+    const first = g.onWaveHead(0, 1, null);
     expect(first.config?.version).toBe(1);
-    const sent = JSON.parse(first.config!.configJson);
-    expect(sent.dump.dump_dir).toBe(path.join(d, 'runtime', 'report', 'kv_cache'));
-    expect(g.onWaveHead(2, null).config).toBeUndefined();
+    expect(first.config!.config).toMatchObject({ dumpRoot: path.join(d, 'runtime', 'report', 'kv_cache'), hotReload: true, busActive: true, detectors: [] });
+    expect(g.onWaveHead(0, 2, null).config).toBeUndefined();
     // startup wrote the effective config; the operator edits it
     const live = JSON.parse(fs.readFileSync(opts.configPath, 'utf8'));
     live.detector.logits_finite.enabled = true;
     live.detector.logits_finite.item_sync = true;
     fs.writeFileSync(opts.configPath, JSON.stringify(live, null, 2));
-    const lanes = g.onWaveHead(3, null);
+    const lanes = g.onWaveHead(0, 3, null);
     expect(lanes.config?.version).toBe(2);
-    const cfg = JSON.parse(lanes.config!.configJson);
-    expect(cfg.detector.logits_finite).toEqual({ enabled: true, item_sync: true });
-    expect(g.snapshotState()).toEqual({ configVersion: 2, configJson: lanes.config!.configJson, manualDumpDone: 0 });
-    expect(g.onWaveHead(4, null).config).toBeUndefined();
+    expect(lanes.config!.config).toMatchObject({ detectors: ['logits_finite'], itemSync: true });
+    expect(g.snapshotState(0)).toEqual({ configVersion: 2, config: lanes.config!.config, manualDumpDone: 0 });
+    expect(g.onWaveHead(0, 4, null).config).toBeUndefined();
     // a bad edit: no lane, status shows the error, the last good config stays
     fs.writeFileSync(opts.configPath, '{"detector": ');
-    expect(g.onWaveHead(5, null).config).toBeUndefined();
+    expect(g.onWaveHead(0, 5, null).config).toBeUndefined();
     expect(g.status()).toMatchObject({ config_version: 2, config_rejections: 1 });
     expect(String(g.status().config_error)).toMatch(/:1:14: Unexpected end of input/);
     expect(g.config().detector.logits_finite.enabled).toBe(true);
@@ -153,12 +151,12 @@ describe('guard hot reload', () => {
     const opts = parseStartupOptions(JSON.stringify({ runtime_config: { report: { max_per_req: 2 } } }), {}, d);
     fs.mkdirSync(path.dirname(opts.configPath), { recursive: true });
     fs.writeFileSync(opts.configPath, '{"report": {"max_per_req": 5}}');
-    const g = new Guard({ startup: opts, rank: 0, expectedRanks: [0], log: recordingLogger().log, pollIntervalMs: 0, verifyIntervalMs: 0 });
+    const g = new Guard({ startup: opts, layout: { worldSize: 1, tp: 1, pp: 1, dp: 1, cp: 1 }, log: recordingLogger().log, pollIntervalMs: 0, verifyIntervalMs: 0 });
     expect(g.config().report.max_per_req).toBe(2); // defaults ← overlay; the old file is not read
     expect(JSON.parse(fs.readFileSync(opts.configPath, 'utf8')).report.max_per_req).toBe(2);
     fs.writeFileSync(opts.configPath, '{"report": {"max_per_req": 3}}');
-    g.onWaveHead(1, null);
-    expect(g.onWaveHead(2, null).config).toBeUndefined();
+    g.onWaveHead(0, 1, null);
+    expect(g.onWaveHead(0, 2, null).config).toBeUndefined();
     expect(g.config().report.max_per_req).toBe(2);
     expect(fs.readFileSync(opts.configPath, 'utf8')).toBe('{"report": {"max_per_req": 3}}');
   });
@@ -225,17 +223,17 @@ describe('hot reload limits (issue 13 item 6)', () => {
   test('restoring the good file clears config_error in status() and the wavebus_config_error metric', async () => {
     const d = tmpDir();
     const opts = parseStartupOptions(JSON.stringify({ runtime_config_hot_reload: true }), {}, d);
-    const g = new Guard({ startup: opts, rank: 0, expectedRanks: [0], log: recordingLogger().log, pollIntervalMs: 0, verifyIntervalMs: 0 });
+    const g = new Guard({ startup: opts, layout: { worldSize: 1, tp: 1, pp: 1, dp: 1, cp: 1 }, log: recordingLogger().log, pollIntervalMs: 0, verifyIntervalMs: 0 });
     const metric = async () => (await registry.metrics()).split('\n').find((l) => l.startsWith('wavebus_config_error '));
-    g.onWaveHead(1, null);
+    g.onWaveHead(0, 1, null);
     const good = fs.readFileSync(opts.configPath);
     fs.writeFileSync(opts.configPath, '{"detector": ');
-    g.onWaveHead(2, null);
+    g.onWaveHead(0, 2, null);
     expect(String(g.status().config_error)).toMatch(/:1:14: Unexpected end of input/);
     expect(await metric()).toBe('wavebus_config_error 1');
     // The operator puts back exactly the bytes the job runs with.
     fs.writeFileSync(opts.configPath, good);
-    expect(g.onWaveHead(3, null).config).toBeUndefined();
+    expect(g.onWaveHead(0, 3, null).config).toBeUndefined();
     expect(g.status()).toMatchObject({ config_error: null, config_version: 1, config_rejections: 1 });
     expect(await metric()).toBe('wavebus_config_error 0');
     g.close();

@@ -10,13 +10,21 @@ import { cleanup, runWavebus, tmpDir } from './helpers';
 afterAll(cleanup);
 
 const WAVE = 'kv_cache/token_repeat/req-9/wave_4';
+/** The seed's rank dirs of a tp=2 dp=2 job (TP fastest), by global rank. */
+const SEED_DIRS = ['dp0_tp0_pp0_cp0', 'dp0_tp1_pp0_cp0', 'dp1_tp0_pp0_cp0', 'dp1_tp1_pp0_cp0'];
+const LAYOUT = { world_size: 4, tp: 2, pp: 1, dp: 2, cp: 1 };
 
-/** A dump wave (4 ranks, npy k/v in bf16, request_info + manifest as the coordinator writes them) and a snapshot call. */
-async function writeTree(root: string): Promise<void> {
+/**
+ * A dump wave (4 ranks of tp=2 dp=2, npy k/v in bf16, request_info + manifest as the coordinator
+ * writes them) and a snapshot call. `legacy`: the rank<g>/ dirs of wavebus before the seed's names
+ * (no layout recorded).
+ */
+async function writeTree(root: string, legacy = false): Promise<void> {
   const wave = path.join(root, WAVE);
   const manifestFiles: Record<string, unknown[]> = {};
+  const dirOf = (g: number) => (legacy ? `rank${g}` : SEED_DIRS[g]);
   for (let g = 0; g < 4; g++) {
-    const b = Bundle.begin(path.join(wave, `rank${g}`));
+    const b = Bundle.begin(path.join(wave, dirOf(g)));
     const files = [];
     for (const kv of ['k', 'v']) {
       const data = Buffer.alloc(2 * 4 * 2 * 8 * 2, g * 16 + (kv === 'k' ? 1 : 2));
@@ -24,12 +32,14 @@ async function writeTree(root: string): Promise<void> {
     }
     const all = await b.commit({
       name: 'dump.json',
-      value: { schema: 1, req_id: 'req-9', incident_type: 'token_repeat', arm_wave: 4, format: 'npy', identity: { global_rank: g, tp_rank: g, tp_size: 4 }, layers: [{ layer: 'model.layers.0.self_attn', dtype: 'bfloat16', shape: [2, 4, 2, 8] }], files },
+      value: { schema: 1, req_id: 'req-9', incident_type: 'token_repeat', arm_wave: 4, format: 'npy', identity: { global_rank: g, tp_rank: g % 2, dp_rank: g >> 1, pp_rank: 0, cp_rank: 0, tp_size: 2 }, layers: [{ layer: 'model.layers.0.self_attn', dtype: 'bfloat16', shape: [2, 4, 2, 8] }], files },
     });
-    manifestFiles[String(g)] = all.map((f) => ({ ...f, path: `rank${g}/${f.path}` }));
+    manifestFiles[String(g)] = all.map((f) => ({ ...f, path: `${dirOf(g)}/${f.path}` }));
   }
-  fs.writeFileSync(path.join(wave, 'request_info.json'), JSON.stringify({ req_id: 'req-9', incident_type: 'token_repeat', arm_wave: 4, expected_ranks: [0, 1, 2, 3] }));
-  fs.writeFileSync(path.join(wave, 'manifest.json'), JSON.stringify({ expected_ranks: [0, 1, 2, 3], completed_ranks: [0, 1, 2, 3], missing_ranks: [], files: manifestFiles, complete: true }));
+  const layout = legacy ? {} : { layout: LAYOUT };
+  const dirs = legacy ? {} : { dirs: Object.fromEntries(SEED_DIRS.map((d, g) => [g, d])) };
+  fs.writeFileSync(path.join(wave, 'request_info.json'), JSON.stringify({ req_id: 'req-9', incident_type: 'token_repeat', arm_wave: 4, expected_ranks: [0, 1, 2, 3], ...layout }));
+  fs.writeFileSync(path.join(wave, 'manifest.json'), JSON.stringify({ expected_ranks: [0, 1, 2, 3], ...layout, ...dirs, completed_ranks: [0, 1, 2, 3], missing_ranks: [], files: manifestFiles, complete: true }));
   const s = Bundle.begin(path.join(root, 'snapshots', 'hashZ', 'rank1', 'call2'));
   const t0 = await s.writeTensor('tensor0.pt', 'pt', Tensor.fromBuffer('int64', [3], new BigInt64Array([1n, 2n, 3n])));
   const t1 = await s.writeTensor('tensor1.npy', 'npy', Tensor.fromBuffer('float8_e4m3fn', [4], Buffer.from([0x38, 0x40, 0x48, 0x7e])));
@@ -39,9 +49,9 @@ async function writeTree(root: string): Promise<void> {
   });
 }
 
-async function fresh(): Promise<string> {
+async function fresh(legacy = false): Promise<string> {
   const root = tmpDir('wavebus-inspect-');
-  await writeTree(root);
+  await writeTree(root, legacy);
   return root;
 }
 
@@ -62,11 +72,12 @@ describe('inspect', () => {
     expect(res.incomplete).toHaveLength(1);
     const kinds = res.bundles.map((b) => `${b.kind}:${b.dir}`);
     expect(kinds).toContain(`dump_wave:${WAVE}`);
-    expect(kinds).toContain(`kv_dump:${WAVE}/rank3`);
+    expect(kinds).toContain(`kv_dump:${WAVE}/dp1_tp1_pp0_cp0`);
     expect(kinds).toContain('snapshot:snapshots/hashZ/rank1/call2');
     const wave = res.bundles.find((b) => b.kind === 'dump_wave')!;
     expect(wave.ranks).toEqual([0, 1, 2, 3]);
-    const rank2 = res.bundles.find((b) => b.dir === `${WAVE}/rank2`)!;
+    expect(wave.info.rank_dirs).toEqual({ 0: SEED_DIRS[0], 1: SEED_DIRS[1], 2: SEED_DIRS[2], 3: SEED_DIRS[3] });
+    const rank2 = res.bundles.find((b) => b.dir === `${WAVE}/dp1_tp0_pp0_cp0`)!;
     expect(rank2.dtypes).toEqual(['bfloat16']);
     expect(rank2.tensors.map((t) => t.shape)).toEqual([[2, 4, 2, 8], [2, 4, 2, 8]]);
     expect(rank2.files.every((f) => f.verified)).toBe(true);
@@ -75,26 +86,26 @@ describe('inspect', () => {
     expect(snap.dtypes.sort()).toEqual(['float8_e4m3fn', 'int64']);
     expect(snap.ranks).toEqual([1]);
     const text = cli(root, '--verify');
-    expect(text.stdout).toMatch(/kv_dump\s+\S+rank0\s+ranks=0\s+files=2\s+bytes=\d+\s+dtypes=bfloat16\s+shapes=\[2,4,2,8\]/);
+    expect(text.stdout).toMatch(/kv_dump\s+\S+\/dp0_tp0_pp0_cp0\s+ranks=0\s+files=2\s+bytes=\d+\s+dtypes=bfloat16\s+shapes=\[2,4,2,8\]/);
     expect(text.stdout).toMatch(/6 bundle\(s\), 0 problem\(s\)/);
   });
 
   test('damage is named and exits 1: missing rank, missing file, flipped byte (verify), truncation, unlisted file', async () => {
     const missingRank = await fresh();
-    fs.rmSync(path.join(missingRank, WAVE, 'rank2'), { recursive: true });
+    fs.rmSync(path.join(missingRank, WAVE, 'dp1_tp0_pp0_cp0'), { recursive: true });
     let r = cli(missingRank);
     expect(r.code).toBe(1);
-    expect(r.stderr).toContain(`${WAVE}: rank 2 missing`);
+    expect(r.stderr).toContain(`${WAVE}: rank 2 missing: no dp1_tp0_pp0_cp0/dump.json`);
 
     const missingFile = await fresh();
-    fs.rmSync(path.join(missingFile, WAVE, 'rank1', 'model.layers.0.self_attn.v.npy'));
+    fs.rmSync(path.join(missingFile, WAVE, 'dp0_tp1_pp0_cp0', 'model.layers.0.self_attn.v.npy'));
     r = cli(missingFile, '--json');
     expect(r.code).toBe(1);
     // Named once although both dump.json and the wave manifest list it.
-    expect(r.json!.problems).toEqual([`${WAVE}/rank1/model.layers.0.self_attn.v.npy: missing`]);
+    expect(r.json!.problems).toEqual([`${WAVE}/dp0_tp1_pp0_cp0/model.layers.0.self_attn.v.npy: missing`]);
 
     const flipped = await fresh();
-    const f = path.join(flipped, WAVE, 'rank3', 'model.layers.0.self_attn.k.npy');
+    const f = path.join(flipped, WAVE, 'dp1_tp1_pp0_cp0', 'model.layers.0.self_attn.k.npy');
     const b = fs.readFileSync(f);
     b[b.length - 3] ^= 1;
     fs.writeFileSync(f, b);
@@ -103,15 +114,15 @@ describe('inspect', () => {
     expect(plain.code).toBe(0); // same size: only --verify can see it
     r = cli(flipped, '--verify');
     expect(r.code).toBe(1);
-    expect(r.stderr).toMatch(new RegExp(`${WAVE}/rank3/model.layers.0.self_attn.k.npy: checksum crc32c:[0-9a-f]{8} != recorded crc32c:[0-9a-f]{8}`));
+    expect(r.stderr).toMatch(new RegExp(`${WAVE}/dp1_tp1_pp0_cp0/model.layers.0.self_attn.k.npy: checksum crc32c:[0-9a-f]{8} != recorded crc32c:[0-9a-f]{8}`));
 
     const truncated = await fresh();
-    const meta = path.join(truncated, WAVE, 'rank0', 'dump.json');
+    const meta = path.join(truncated, WAVE, 'dp0_tp0_pp0_cp0', 'dump.json');
     fs.truncateSync(meta, 10); // the wave manifest records dump.json itself
     r = cli(truncated, '--json');
     expect(r.code).toBe(1);
-    expect(r.json!.problems.join('\n')).toMatch(/rank0\/dump\.json: unreadable JSON/);
-    expect(r.json!.problems.join('\n')).toMatch(new RegExp(`${WAVE}/rank0/dump.json: 10 bytes, recorded \\d+`));
+    expect(r.json!.problems.join('\n')).toMatch(/dp0_tp0_pp0_cp0\/dump\.json: unreadable JSON/);
+    expect(r.json!.problems.join('\n')).toMatch(new RegExp(`${WAVE}/dp0_tp0_pp0_cp0/dump.json: 10 bytes, recorded \\d+`));
 
     const extra = await fresh();
     fs.writeFileSync(path.join(extra, 'snapshots', 'hashZ', 'rank1', 'call2', 'tensor7.pt'), 'stray');
@@ -124,6 +135,49 @@ describe('inspect', () => {
     r = cli(wrongSize);
     expect(r.code).toBe(1);
     expect(r.stderr).toMatch(/call2\/tensor1\.npy: \d+ bytes, recorded \d+/);
+  });
+
+  test('a wave dir of wavebus before the seed names (rank<g>/, no layout) still inspects clean; a missing rank is named', async () => {
+    const old = await fresh(true);
+    const r = cli(old, '--verify', '--json');
+    expect(r.json!.problems).toEqual([]);
+    expect(r.code).toBe(0);
+    const wave = r.json!.bundles.find((b) => b.kind === 'dump_wave')!;
+    expect(wave.ranks).toEqual([0, 1, 2, 3]);
+    expect(wave.info.rank_dirs).toEqual({ 0: 'rank0', 1: 'rank1', 2: 'rank2', 3: 'rank3' });
+    expect(r.json!.bundles.filter((b) => b.kind === 'kv_dump').map((b) => b.dir)).toEqual([0, 1, 2, 3].map((g) => `${WAVE}/rank${g}`));
+    fs.rmSync(path.join(old, WAVE, 'rank3'), { recursive: true });
+    expect(inspectTree(old).problems).toEqual([`${WAVE}: rank 3 missing`, ...['model.layers.0.self_attn.k.npy', 'model.layers.0.self_attn.v.npy', 'dump.json'].map((f) => `${WAVE}/rank3/${f}: missing`)]);
+  });
+
+  test('a rank dir whose name is not the seed form, or disagrees with its dump.json or the recorded layout, is a problem', async () => {
+    // A name of neither layout (leading zero): refused by the parser, and the rank it should hold is missing.
+    const badName = await fresh();
+    fs.renameSync(path.join(badName, WAVE, 'dp0_tp1_pp0_cp0'), path.join(badName, WAVE, 'dp0_tp01_pp0_cp0'));
+    let p = inspectTree(badName).problems;
+    expect(p).toContain(`${WAVE}/dp0_tp01_pp0_cp0: KV dump directory "dp0_tp01_pp0_cp0" is not dp<d>_tp<t>_pp<p>_cp<c> (decimal, no leading zeros) (nor rank<g> of an older wavebus)`);
+    expect(p).toContain(`${WAVE}: rank 1 missing: no dp0_tp1_pp0_cp0/dump.json`);
+    // Two ranks' dirs swapped: each name disagrees with the identity inside.
+    const swapped = await fresh();
+    const w = path.join(swapped, WAVE);
+    fs.renameSync(path.join(w, 'dp0_tp1_pp0_cp0'), path.join(w, 'x'));
+    fs.renameSync(path.join(w, 'dp1_tp0_pp0_cp0'), path.join(w, 'dp0_tp1_pp0_cp0'));
+    fs.renameSync(path.join(w, 'x'), path.join(w, 'dp1_tp0_pp0_cp0'));
+    p = inspectTree(swapped).problems;
+    expect(p).toContain(`${WAVE}/dp0_tp1_pp0_cp0: directory "dp0_tp1_pp0_cp0" disagrees with its dump.json (global rank 2, dp1_tp0_pp0_cp0)`);
+    expect(p).toContain(`${WAVE}/dp1_tp0_pp0_cp0: directory "dp1_tp0_pp0_cp0" disagrees with its dump.json (global rank 1, dp0_tp1_pp0_cp0)`);
+    expect(p).toContain(`${WAVE}: rank 1 missing: no dp0_tp1_pp0_cp0/dump.json`);
+    // A layout that does not hold the dir (tp=1): the dir lies outside it.
+    const narrow = await fresh();
+    for (const f of ['request_info.json', 'manifest.json']) {
+      const j = path.join(narrow, WAVE, f);
+      const doc = JSON.parse(fs.readFileSync(j, 'utf8'));
+      doc.layout = { world_size: 2, tp: 1, pp: 1, dp: 2, cp: 1 };
+      fs.writeFileSync(j, JSON.stringify(doc));
+    }
+    p = inspectTree(narrow).problems;
+    expect(p).toContain(`${WAVE}/dp0_tp1_pp0_cp0: KV dump directory "dp0_tp1_pp0_cp0" lies outside the layout tp=1 pp=1 dp=2 cp=1`);
+    expect(runWavebus(['inspect', narrow]).code).toBe(1);
   });
 
   test("an aggregate's manifest: its missing ranks and failed files are problems", async () => {

@@ -9,8 +9,7 @@ import { Coordinator } from '../src/bus/coordinator';
 import { WavebusClient } from '../src/client/client';
 import { Guard } from '../src/guard/guard';
 import { parseStartupOptions } from '../src/guard/startup';
-import { withStartupFacts } from '../src/guard/guard-policy';
-import { resolveIdentity, type WorldLayout } from '../src/launch/identity';
+import { replicaHead, resolveIdentity, type WorldLayout } from '../src/launch/identity';
 import { ShmSegment } from '../src/memory';
 import type { RequestStep, StepTelemetry } from '../src/messages';
 import { fillKvPool, type KvGeometry } from '../src/sim/kv-pattern';
@@ -34,30 +33,42 @@ export interface HarnessJob {
   root: string;
   dumpRoot: string;
   reportRoot: string;
+  layout: WorldLayout;
+  /** The runtime config file (hot reload: edit it). */
+  configPath: string;
 }
 
 export async function startHarnessJob(opts: {
   tp: number;
+  /** Pipeline stages (default 1): stage p holds layers l with floor(l * pp / layers) = p. */
+  pp?: number;
+  /** DP replicas (default 1), each with its own wave stream. */
+  dp?: number;
   runtimeConfig: Record<string, unknown>;
   /** The engine's name for KV layer l (default `layers.${l}`). */
   layerName?: (l: number) => string;
   layers?: number;
   artifactModes?: ArtifactModes;
   snapshotEnv?: NodeJS.ProcessEnv;
+  /** runtime_config_hot_reload: the guard re-reads the config file at every wave head. */
+  hotReload?: boolean;
 }): Promise<HarnessJob> {
   const layers = opts.layers ?? G.layers;
   const layerName = opts.layerName ?? ((l: number) => `layers.${l}`);
   const root = tmpDir('wavebus-harness-');
-  const layout: WorldLayout = { worldSize: opts.tp, tp: opts.tp, pp: 1, dp: 1, cp: 1 };
-  const startup = parseStartupOptions(JSON.stringify({ runtime_config_hot_reload: false, runtime_config: opts.runtimeConfig }), {}, root);
-  const guard = new Guard({ startup, rank: 0, expectedRanks: Array.from({ length: opts.tp }, (_, i) => i), artifactModes: opts.artifactModes });
+  const pp = opts.pp ?? 1;
+  const dp = opts.dp ?? 1;
+  const world = opts.tp * pp * dp;
+  const layout: WorldLayout = { worldSize: world, tp: opts.tp, pp, dp, cp: 1 };
+  const startup = parseStartupOptions(JSON.stringify({ runtime_config_hot_reload: opts.hotReload ?? false, runtime_config: opts.runtimeConfig }), {}, root);
+  const guard = new Guard({ startup, layout, artifactModes: opts.artifactModes, ...(opts.hotReload ? { pollIntervalMs: 0, verifyIntervalMs: 0 } : {}) });
   const port = await freePortPair();
-  const coordinator = new Coordinator({ port, layout, heartbeatMs: 300, dumpAckTimeoutMs: 10000, policy: withStartupFacts(guard, startup.hotReload) });
+  const coordinator = new Coordinator({ port, layout, heartbeatMs: 300, dumpAckTimeoutMs: 10000, policy: guard });
   await coordinator.start();
-  const job: HarnessJob = { coordinator, guard, ranks: [], root, dumpRoot: startup.dumpDir, reportRoot: startup.reportDir };
+  const job: HarnessJob = { coordinator, guard, ranks: [], root, dumpRoot: startup.dumpDir, reportRoot: startup.reportDir, layout, configPath: startup.configPath };
   const runDir = path.join(root, 'run');
-  for (let g = 0; g < opts.tp; g++) {
-    const env = { RANK: String(g), LOCAL_RANK: String(g), WORLD_SIZE: String(opts.tp), LOCAL_WORLD_SIZE: String(opts.tp), WAVEBUS_TP: String(opts.tp) };
+  for (let g = 0; g < world; g++) {
+    const env = { RANK: String(g), LOCAL_RANK: String(g), WORLD_SIZE: String(world), LOCAL_WORLD_SIZE: String(world), WAVEBUS_TP: String(opts.tp), WAVEBUS_PP: String(pp), WAVEBUS_DP: String(dp) };
     const identity = resolveIdentity(env);
     const snapshot = resolveSnapshotConfig({ WAVEBUS_CACHE_ROOT: root, ...(opts.snapshotEnv ?? {}) });
     const agent = new Agent({ identity, runDir, coordinator: { host: '127.0.0.1', port }, heartbeatMs: 300, endOfWaveTimeoutMs: 5000, snapshot, roots: { dumps: startup.dumpDir }, artifactModes: opts.artifactModes });
@@ -74,6 +85,7 @@ export async function startHarnessJob(opts: {
     const client = await WavebusClient.connect({ env: { WAVEBUS_RUN_DIR: runDir, LOCAL_RANK: String(g) } });
     job.ranks[g].client = client;
     for (let l = 0; l < layers; l++) {
+      if (Math.floor((l * pp) / layers) !== identity.ppRank) continue; // another stage's layer
       for (const [i, kv] of (['k', 'v'] as const).entries()) {
         await client.register({ name: `pool${l}.${kv}`, shmName, offset: (2 * l + i) * POOL, nbytes: POOL, dtype: G.dtype, shape: [G.numBlocks, G.blockSize, G.kvHeads, G.headDim], role: 'kv_pool', layer: layerName(l), kv });
       }
@@ -107,4 +119,11 @@ export function step(reqId: string, tokens: number[], blockIds: number[], extra:
 export async function runWave(job: HarnessJob, wave: number, prev: StepTelemetry | undefined) {
   await job.ranks[0].client.waveHead(wave, prev);
   return Promise.all(job.ranks.map((r) => r.client.endOfWave(wave)));
+}
+
+/** One engine step of one DP replica: its head (last-PP TP0) opens the wave; its ranks end it. */
+export async function runReplicaWave(job: HarnessJob, replica: number, wave: number, prev: StepTelemetry | undefined) {
+  await job.ranks[replicaHead(job.layout, replica)].client.waveHead(wave, prev);
+  const mine = job.ranks.filter((r) => r.agent.identity.dpRank === replica);
+  return Promise.all(mine.map((r) => r.client.endOfWave(wave)));
 }

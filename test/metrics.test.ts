@@ -4,6 +4,8 @@ import { AgentBus } from '../src/bus/agent-bus';
 import { Coordinator } from '../src/bus/coordinator';
 import type { CoordinatorPolicy, DueLanes } from '../src/bus/policy';
 import { ConfigError } from '../src/errors';
+import { agentConfig } from '../src/guard/agent-config';
+import { defaultConfig } from '../src/guard/config';
 import { resolveIdentity } from '../src/launch/identity';
 import { createLogger } from '../src/log';
 import { counter, gauge, registry, startMetricsServer } from '../src/metrics';
@@ -26,7 +28,7 @@ class StatusPolicy implements CoordinatorPolicy {
     return { quotas: { auto_dumps_left: 3 }, manual_dump_done: 1 };
   }
   snapshotState() {
-    return { configVersion: 0, configJson: '', manualDumpDone: 1 };
+    return { configVersion: 0, config: null, manualDumpDone: 1 };
   }
 }
 
@@ -57,9 +59,9 @@ test('/healthz, /metrics and 404 on a running coordinator', async () => {
   await agent.start();
   await waitFor(() => coordinator!.ready, 'ready');
 
-  coordinator.setConfig(2, '{}');
+  coordinator.setConfig(2, agentConfig(defaultConfig(), { hotReload: false, dumpRoot: '' }));
   coordinator.beginWave(1, null);
-  coordinator.armDumps([{ incidentType: 'manual_trigger', reqId: 'r', blockIds: [], detectWave: 1, armWave: 0, dumpDir: '', requestFinishedAtDump: false, jobId: '' }]);
+  coordinator.armDumps([{ incidentType: 'manual_trigger', reqId: 'r', blockIds: [], detectWave: 1, armWave: 0, dumpDir: '', requestFinishedAtDump: false, jobId: '', replica: 0, ranks: [] }]);
   coordinator.beginWave(2, null); // the head of wave 2 publishes the vector of wave 3 (a wave ahead)
   await waitFor(() => agent!.latest()?.wave === 3, 'agent at wave 3');
   agent.sendDumpResult({ globalRank: 0, jobId: '3/manual_trigger/r', wave: 3, files: [], bytes: 0, error: '', skippedReason: '' });

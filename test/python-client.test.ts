@@ -7,7 +7,7 @@ import * as path from 'path';
 import * as zmq from 'zeromq';
 import { ClientReply, ClientRequest, decode, encode } from '../src/proto';
 import { columnsFromWire } from '../src/client/telemetry';
-import { CLIENT_PROTOCOL_VERSION } from '../src/client/protocol';
+import { CLIENT_PROTOCOL_VERSION, RegionRole } from '../src/client/protocol';
 import { PYTHON, ROOT, cleanup, freePort, runPython, spawnTracked, tmpDir, waitFor } from './helpers';
 
 const PKG = path.join(ROOT, 'clients', 'python');
@@ -78,13 +78,14 @@ print(json.dumps(r.SerializeToString().hex()))`);
   expect(req.id).toBe(7);
   expect(req.body).toBe('register');
   expect(req.register).toMatchObject({ name: 'layer0.k', shmName: '/x', nbytes: 64, dtype: 'bfloat16', shape: [2, 4, 2, 2], layer: 'layer0', kv: 'k' });
-  const reply = encode(ClientReply, { id: 9, ok: false, error: 'no', errorCode: 'ERR_X', timedOut: true, featuresJson: '{"tp0":true}' });
+  const reply = encode(ClientReply, { id: 9, ok: false, error: 'no', errorCode: 'ERR_X', timedOut: true, features: { tp0: true, detectors: ['garbled'], itemSync: true, endOfWaveTimeoutMs: 75 } });
   const back = py(`
 import json
 from wavebus_client import wavebus_pb2 as pb
 r = pb.ClientReply(); r.ParseFromString(bytes.fromhex("${reply.toString('hex')}"))
-print(json.dumps([r.id, r.ok, r.error, r.error_code, r.timed_out, r.features_json]))`);
-  expect(back).toEqual([9, false, 'no', 'ERR_X', true, '{"tp0":true}']);
+from wavebus_client.features import Features
+print(json.dumps([r.id, r.ok, r.error, r.error_code, r.timed_out, vars(Features.from_reply(r))]))`);
+  expect(back).toEqual([9, false, 'no', 'ERR_X', true, { tp0: true, bus: false, detectors: ['garbled'], item_sync: true, snapshots: false, end_of_wave_timeout_ms: 75 }]);
 });
 
 // ---------------------------------------------------------------- mailbox
@@ -258,7 +259,7 @@ interface Seen {
 }
 
 /** Answers like an agent: hello with `features`, register ok, end_of_wave per `onEndOfWave` (undefined: never). */
-async function fakeAgentSocket(endpoint: string, features: Record<string, unknown>, onEndOfWave: (wave: number) => Record<string, unknown> | undefined) {
+async function fakeAgentSocket(endpoint: string, features: Record<string, unknown> /* proto Features */, onEndOfWave: (wave: number) => Record<string, unknown> | undefined) {
   const router = new zmq.Router({ linger: 0 });
   await router.bind(endpoint);
   const seen: Seen[] = [];
@@ -268,7 +269,7 @@ async function fakeAgentSocket(endpoint: string, features: Record<string, unknow
         const req = decode(ClientRequest, frame);
         seen.push({ body: req.body, req });
         let reply: Record<string, unknown> | undefined = {};
-        if (req.body === 'hello') reply = { featuresJson: JSON.stringify(features), protocolVersion: CLIENT_PROTOCOL_VERSION };
+        if (req.body === 'hello') reply = { features, protocolVersion: CLIENT_PROTOCOL_VERSION };
         if (req.body === 'endOfWave') reply = onEndOfWave(req.endOfWave.wave);
         if (req.body === 'register' && req.register.name === 'refused') reply = { ok: false, error: 'region refused by test', errorCode: 'ERR_REGION' };
         if (req.body === 'beforeForward') reply = { captured: true, callDir: '/snap/h/rank0/call0' };
@@ -332,7 +333,7 @@ test('end_of_wave: fast path without a message when the wave is in the mailbox w
   const mbox = path.join(dir, 'mailbox-local0');
   const FEAT = 1 | 4; // bus + detectors
   writeMailboxFile(mbox, FEAT);
-  const agent = await fakeAgentSocket(`ipc://${path.join(dir, 'agent-local0.sock')}`, { tp0: true, bus: true, end_of_wave_timeout_ms: 1500 }, (wave) =>
+  const agent = await fakeAgentSocket(`ipc://${path.join(dir, 'agent-local0.sock')}`, { tp0: true, bus: true, endOfWaveTimeoutMs: 1500 }, (wave) =>
     wave === 7 ? { dumpsWritten: 2 } : undefined,
   );
   const got = await pyAsync(
@@ -385,7 +386,7 @@ print(json.dumps(out))`,
   expect(bodies).toEqual(['hello', 'register', 'register', 'register', 'register', 'waveHead', 'ping', 'endOfWave', 'endOfWave', 'close']);
   const regs = agent.seen.filter((s) => s.body === 'register').map((s) => s.req.register);
   expect(regs.map((r) => r.name)).toEqual(['model.layers.0.k', 'model.layers.0.v', 'model.layers.1.k', 'model.layers.1.v']);
-  expect(regs[1]).toMatchObject({ shmName: `/wbtest-kv-${process.pid}`, dtype: 'bfloat16', shape: [4, 2, 2, 8], nbytes: 256, layer: 'model.layers.0', kv: 'v', role: 0 });
+  expect(regs[1]).toMatchObject({ shmName: `/wbtest-kv-${process.pid}`, dtype: 'bfloat16', shape: [4, 2, 2, 8], nbytes: 256, layer: 'model.layers.0', kv: 'v', role: RegionRole.KV_POOL });
   expect(regs[1].offset).toBeGreaterThanOrEqual(256);
   const head = agent.seen.find((s) => s.body === 'waveHead')!.req.waveHead;
   expect(head.wave).toBe(5);
@@ -409,7 +410,7 @@ test('wave_head: only TP0 sends, token telemetry only with detectors on; before_
   writeMailboxFile(mbox, 1 | 8); // bus + snapshots, detectors off
   // The fake agent declares a generous bound (as the first test does): this jest process answers it,
   // and on a loaded machine its event loop can be later than the default 50 ms + margin.
-  const agent = await fakeAgentSocket(`ipc://${path.join(dir, 'agent-local1.sock')}`, { tp0: true, bus: true, snapshots: true, end_of_wave_timeout_ms: 1500 }, () => ({}));
+  const agent = await fakeAgentSocket(`ipc://${path.join(dir, 'agent-local1.sock')}`, { tp0: true, bus: true, snapshots: true, endOfWaveTimeoutMs: 1500 }, () => ({}));
   const got = await pyAsync(
     `
 import json, torch
@@ -462,7 +463,7 @@ test('a rank that is not TP0 sends no wave_head; a failed capture raises Capture
         seen.push(req.body);
         const reply =
           req.body === 'hello'
-            ? { ok: true, featuresJson: JSON.stringify({ tp0: false, bus: true, snapshots: true }), protocolVersion: CLIENT_PROTOCOL_VERSION }
+            ? { ok: true, features: { tp0: false, bus: true, snapshots: true }, protocolVersion: CLIENT_PROTOCOL_VERSION }
             : req.body === 'beforeForward'
               ? { ok: false, error: 'snapshot dir not writable', errorCode: 'ERR_CAPTURE_WRITE' }
               : { ok: true };
@@ -524,7 +525,7 @@ test('regions registered while everything is off are sent once the agent turns s
   const dir = tmpDir();
   const mbox = path.join(dir, 'mailbox-local0');
   writeMailboxFile(mbox, 0);
-  const agent = await fakeAgentSocket(`ipc://${path.join(dir, 'agent-local0.sock')}`, { tp0: true, bus: true, end_of_wave_timeout_ms: 5000 }, () => ({}));
+  const agent = await fakeAgentSocket(`ipc://${path.join(dir, 'agent-local0.sock')}`, { tp0: true, bus: true, endOfWaveTimeoutMs: 5000 }, () => ({}));
   const got = await pyAsync(
     `
 import json
@@ -949,15 +950,17 @@ test('a real coordinator, agent and Python client: wave_head drives the bus, end
   const runDir = tmpDir();
   const identity = resolveIdentity({ RANK: '0', WORLD_SIZE: '1', LOCAL_RANK: '0', LOCAL_WORLD_SIZE: '1' });
   const heads: [number, unknown][] = [];
-  const cfg = JSON.stringify({ hot_reload: true });
+  const { agentConfig } = require('../src/guard/agent-config') as typeof import('../src/guard/agent-config');
+  const { defaultConfig } = require('../src/guard/config') as typeof import('../src/guard/config');
+  const cfg = agentConfig(defaultConfig(), { hotReload: true, dumpRoot: '' });
   const policy = {
-    onWaveHead: (wave: number, telemetry: unknown) => {
+    onWaveHead: (_replica: number, wave: number, telemetry: unknown) => {
       heads.push([wave, telemetry]);
-      return wave === 2 ? { config: { version: 2, configJson: cfg }, dumps: [] } : { dumps: [] };
+      return wave === 2 ? { config: { version: 2, config: cfg }, dumps: [] } : { dumps: [] };
     },
     onDumpResult: () => undefined,
     status: () => ({}),
-    snapshotState: () => ({ configVersion: 1, configJson: cfg, manualDumpDone: 0 }),
+    snapshotState: () => ({ configVersion: 1, config: cfg, manualDumpDone: 0 }),
   };
   const port = await freePort();
   const coordinator = new Coordinator({ host: '127.0.0.1', port, layout: identity, heartbeatMs: 200, policy, logger: silent });
@@ -979,6 +982,7 @@ deadline = time.monotonic() + 30
 while not c.features & 1 and time.monotonic() < deadline:
     time.sleep(0.02)
 out["features"] = c.features
+out["hello"] = vars(c.hello())  # the agent's typed Features, from the coordinator's AgentConfig
 res = []
 for w in range(1, 6):
     # from wave 3 on, one running request (detectors are off: its token columns stay out)
@@ -993,6 +997,7 @@ print(json.dumps(out))`,
       { ...ENV, WAVEBUS_RUN_DIR: runDir, LOCAL_RANK: '0' },
     );
     expect(got.features & 3).toBe(3); // bus + hot reload
+    expect(got.hello).toEqual({ tp0: true, bus: true, detectors: [], item_sync: false, snapshots: false, end_of_wave_timeout_ms: 5000 });
     for (const [w, head, , timedOut, configDue] of got.waves) {
       expect([w, head, timedOut]).toEqual([w, true, false]);
       expect([w, configDue]).toEqual([w, w === 3]);

@@ -20,7 +20,7 @@ const nanFor = (wave: number, ...ids: string[]): StepTelemetry => ({ wave, reque
 function guard(runtimeConfig: unknown, clock?: () => number) {
   const d = tmpDir();
   const startup = parseStartupOptions(JSON.stringify({ runtime_config: runtimeConfig }), {}, d);
-  const g = new Guard({ startup, rank: 3, expectedRanks: [2, 3], log: quiet, clock });
+  const g = new Guard({ startup, layout: { worldSize: 4, tp: 2, pp: 2, dp: 1, cp: 1 }, log: quiet, clock });
   const reports = (type: string) => {
     const dir = path.join(startup.reportDir, type);
     return fs.existsSync(dir) ? fs.readdirSync(dir).sort().map((f) => JSON.parse(fs.readFileSync(path.join(dir, f), 'utf8'))) : [];
@@ -43,8 +43,8 @@ describe('report quota (max_per_req, backoff)', () => {
 
   test('default max_per_req 1: one report per (type, request), detection stops for it', () => {
     const { g, reports } = guard({ detector: { logits_finite: { enabled: true } } });
-    for (let w = 1; w <= 5; w++) g.onWaveHead(w + 1, nanFor(w, 'r1'));
-    g.onWaveHead(7, nanFor(6, 'r2'));
+    for (let w = 1; w <= 5; w++) g.onWaveHead(0, w + 1, nanFor(w, 'r1'));
+    g.onWaveHead(0, 7, nanFor(6, 'r2'));
     const rs = reports('logits_finite');
     expect(rs.map((r) => r.req_id)).toEqual(['r1', 'r2']);
     expect((g.status().incidents as Record<string, Record<string, number>>).logits_finite).toEqual({ report: 2 });
@@ -53,7 +53,7 @@ describe('report quota (max_per_req, backoff)', () => {
   test('max_per_req 3: reports spaced by 64 then 128 waves, then no more', () => {
     const { g, reports } = guard({ detector: { logits_finite: { enabled: true } }, report: { max_per_req: 3 } });
     const waves: number[] = [];
-    for (let w = 1; w <= 400; w++) g.onWaveHead(w + 1, nanFor(w, 'r1'));
+    for (let w = 1; w <= 400; w++) g.onWaveHead(0, w + 1, nanFor(w, 'r1'));
     for (const r of reports('logits_finite')) waves.push(r.detect_wave);
     expect(waves.sort((a, b) => a - b)).toEqual([1, 65, 193]);
     const inc = (g.status().incidents as Record<string, Record<string, number>>).logits_finite;
@@ -76,13 +76,13 @@ describe('automatic dump quota and cooldown', () => {
 
   test('default auto_max_times 0: dump_kv hits report dump_attempted but write dump_skipped instead of arming', () => {
     const { g, reports, startup } = guard({ detector: { logits_finite: { enabled: true, on_trigger: ['report', 'dump_kv'] } } });
-    const lanes = g.onWaveHead(8, nanFor(7, 'a'));
+    const lanes = g.onWaveHead(0, 8, nanFor(7, 'a'));
     expect(lanes.dumps).toEqual([]);
     const [r] = reports('logits_finite');
     expect(r).toMatchObject({ dump_attempted: true, dump_arm_wave: null, dump_count: 0, dump_max_times: 0, dump_skipped_reason: 'quota_or_cooldown_blocked' });
     // The head of wave 8 decides wave 9 (a wave ahead): the refusal sits where the dump would have gone.
     const skipped = JSON.parse(fs.readFileSync(path.join(startup.dumpDir, 'logits_finite', 'a', 'wave_9', 'dump_skipped.json'), 'utf8'));
-    expect(skipped).toMatchObject({ reason: 'quota_or_cooldown_blocked', req_id: 'a', incident_type: 'logits_finite', stage: 'arm', rank: 3, wave: 9 });
+    expect(skipped).toMatchObject({ reason: 'quota_or_cooldown_blocked', req_id: 'a', incident_type: 'logits_finite', stage: 'arm', rank: 2, wave: 9 });
     expect(skipped.detail.blocked_by).toBe('quota');
     expect(r.dump_dir).toBe(path.join(startup.dumpDir, 'logits_finite', 'a', 'wave_9'));
   });
@@ -93,13 +93,13 @@ describe('automatic dump quota and cooldown', () => {
       { detector: { logits_finite: { enabled: true, on_trigger: ['report', 'dump_kv'] } }, dump: { auto_max_times: 2, auto_cooldown_seconds: 60 } },
       () => now,
     );
-    expect(g.onWaveHead(2, nanFor(1, 'a')).dumps.map((j) => j.reqId)).toEqual(['a']);
+    expect(g.onWaveHead(0, 2, nanFor(1, 'a')).dumps.map((j) => j.reqId)).toEqual(['a']);
     now += 59_999;
-    expect(g.onWaveHead(3, nanFor(2, 'b')).dumps).toEqual([]); // cooling down
+    expect(g.onWaveHead(0, 3, nanFor(2, 'b')).dumps).toEqual([]); // cooling down
     now += 1;
-    expect(g.onWaveHead(4, nanFor(3, 'c')).dumps.map((j) => j.reqId)).toEqual(['c']);
+    expect(g.onWaveHead(0, 4, nanFor(3, 'c')).dumps.map((j) => j.reqId)).toEqual(['c']);
     now += 3_600_000;
-    expect(g.onWaveHead(5, nanFor(4, 'd')).dumps).toEqual([]); // quota spent
+    expect(g.onWaveHead(0, 5, nanFor(4, 'd')).dumps).toEqual([]); // quota spent
     const byReq = Object.fromEntries(reports('logits_finite').map((r) => [r.req_id, r]));
     expect(byReq.a).toMatchObject({ dump_arm_wave: 3, dump_count: 1, dump_max_times: 2 }); // copied a wave ahead
     expect(byReq.b).toMatchObject({ dump_arm_wave: null, dump_skipped_reason: 'quota_or_cooldown_blocked' });

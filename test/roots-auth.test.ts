@@ -13,7 +13,6 @@ import { encodeAgentMessage, encodeBusFrame } from '../src/bus/frames';
 import { WavebusClient } from '../src/client/client';
 import { Guard } from '../src/guard/guard';
 import { parseStartupOptions } from '../src/guard/startup';
-import { withStartupFacts } from '../src/guard/guard-policy';
 import { resolveIdentity } from '../src/launch/identity';
 import { createLogger } from '../src/log';
 import { ShmSegment } from '../src/memory';
@@ -83,9 +82,9 @@ describe('roots from the bus only narrow the local ones', () => {
 async function oneRankJob(guardRoot: string, agentRoot: string, busToken?: BusToken) {
   const root = tmpDir('wavebus-rootsauth-job-');
   const startup = parseStartupOptions(JSON.stringify({ runtime_dump_dir: guardRoot, runtime_config: { dump: { manual_dump: 1, free_headroom_bytes: 0, auto_cooldown_seconds: 0 } } }), {}, root);
-  const guard = new Guard({ startup, rank: 0, expectedRanks: [0], log: quiet });
+  const guard = new Guard({ startup, layout: { worldSize: 1, tp: 1, pp: 1, dp: 1, cp: 1 }, log: quiet });
   const port = await freePortPair();
-  const coordinator = new Coordinator({ port, layout: LAYOUT1, heartbeatMs: 100, deadAfterMs: 5000, dumpAckTimeoutMs: 5000, busToken, policy: withStartupFacts(guard, false), logger: quiet });
+  const coordinator = new Coordinator({ port, layout: LAYOUT1, heartbeatMs: 100, deadAfterMs: 5000, dumpAckTimeoutMs: 5000, busToken, policy: guard, logger: quiet });
   await coordinator.start();
   const runDir = path.join(root, 'run');
   const identity = resolveIdentity({ RANK: '0', LOCAL_RANK: '0', WORLD_SIZE: '1', LOCAL_WORLD_SIZE: '1' });
@@ -135,7 +134,7 @@ describe('an agent writes only under its local dump root', () => {
       const m = await manualDumpManifest(job, guardRoot);
       expect(m).toMatchObject({ complete: true, completed_ranks: [0], failed_ranks: {} });
       expect(job.agent.rootsRefused).toBe(0);
-      const rankDir = path.join(guardRoot, 'manual_trigger', 'req-1', fs.readdirSync(path.join(guardRoot, 'manual_trigger', 'req-1'))[0], 'rank0');
+      const rankDir = path.join(guardRoot, 'manual_trigger', 'req-1', fs.readdirSync(path.join(guardRoot, 'manual_trigger', 'req-1'))[0], 'dp0_tp0_pp0_cp0');
       expect(fs.existsSync(path.join(rankDir, 'dump.json'))).toBe(true);
       // `wavebus aggregate` pulls it through the coordinator with the token, and is refused without it.
       const coordinator = { host: '127.0.0.1', port: job.coordinator.port };

@@ -113,7 +113,7 @@ describe('layer names that need escaping, through a real dump', () => {
     await job.ranks[0].agent.drain();
     const waveRoot = path.join(job.dumpRoot, 'manual_trigger', 'req-layers-1');
     await waitFor(() => fs.existsSync(waveRoot) && fs.readdirSync(waveRoot).length > 0, 'manual dump');
-    const rankDir = path.join(waveRoot, fs.readdirSync(waveRoot)[0], 'rank0');
+    const rankDir = path.join(waveRoot, fs.readdirSync(waveRoot)[0], 'dp0_tp0_pp0_cp0');
     await waitFor(() => fs.existsSync(path.join(rankDir, 'dump.json')), 'the rank bundle');
     expect(job.ranks[0].agent.stats).toMatchObject({ dumpsWritten: 1, dumpsFailed: 0 });
     const want = LAYER_NAMES.flatMap((n) => (format === 'pt' ? [`${safeComponent(n, 'x')}.pt`] : ['k', 'v'].map((kv) => `${safeComponent(n, 'x')}.${kv}.npy`)));

@@ -26,6 +26,8 @@ import {
 import { encodeAgentMessage, encodeBusFrame } from '../src/bus/frames';
 import type { CoordinatorPolicy } from '../src/bus/policy';
 import { ConfigError } from '../src/errors';
+import { agentConfig } from '../src/guard/agent-config';
+import { defaultConfig } from '../src/guard/config';
 import { resolveIdentity, type WorldLayout } from '../src/launch/identity';
 import { createLogger } from '../src/log';
 import type { DumpResult } from '../src/messages';
@@ -51,13 +53,13 @@ afterAll(async () => {
 function recordingPolicy() {
   const calls = { waveHeads: [] as number[], dumpResults: [] as DumpResult[] };
   const policy: CoordinatorPolicy = {
-    onWaveHead: (wave) => {
+    onWaveHead: (_replica, wave) => {
       calls.waveHeads.push(wave);
       return { dumps: [] };
     },
     onDumpResult: (r) => void calls.dumpResults.push(r),
     status: () => ({}),
-    snapshotState: () => ({ configVersion: 0, configJson: '', manualDumpDone: 0 }),
+    snapshotState: () => ({ configVersion: 0, config: null, manualDumpDone: 0 }),
   };
   return { calls, policy };
 }
@@ -314,7 +316,7 @@ describe('CURVE bus (library)', () => {
     expect(coordinatorWaves).toEqual(sent);
 
     const complete = new Promise<{ jobId: string }>((resolve) => c.once('dump-complete', resolve));
-    c.armDumps([{ incidentType: 'nan', reqId: 'r1', blockIds: [1, 2], detectWave: 0, armWave: 0, dumpDir: '/tmp/x', requestFinishedAtDump: false, jobId: '' }]);
+    c.armDumps([{ incidentType: 'nan', reqId: 'r1', blockIds: [1, 2], detectWave: 0, armWave: 0, dumpDir: '/tmp/x', requestFinishedAtDump: false, jobId: '', replica: 0, ranks: [] }]);
     const [w] = await waves(1);
     const lane = agent.waves.find((x) => x.head.wave === w)!.dump!;
     expect(lane.jobs.map((j) => j.jobId)).toEqual([`${w}/nan/r1`]);
@@ -345,7 +347,7 @@ describe('CURVE bus (library)', () => {
 
   test('forged wave heads, dump acks, hellos, status asks and config frames from peers without an allowed key have no effect', async () => {
     const forgedJob = 'forged/nan/r9';
-    c.armDumps([{ incidentType: 'nan', reqId: 'r9', blockIds: [], detectWave: 0, armWave: 0, dumpDir: '', requestFinishedAtDump: false, jobId: forgedJob }]);
+    c.armDumps([{ incidentType: 'nan', reqId: 'r9', blockIds: [], detectWave: 0, armWave: 0, dumpDir: '', requestFinishedAtDump: false, jobId: forgedJob, replica: 0, ranks: [] }]);
     await waves(1); // the job is pending now; only rank 0 may ack it
     const pendingBefore = c.pendingDumpLanes();
     const heads = rec.calls.waveHeads.length;
@@ -359,7 +361,7 @@ describe('CURVE bus (library)', () => {
       encodeAgentMessage({ globalRank: 0, requestId: 7, status: {} }),
       encodeAgentMessage({ globalRank: 0, requestId: 8, snapshot: { globalRank: 0 } }),
     ];
-    const fakeConfig = encodeBusFrame(c.epoch, c.seq + 1, 'config', { wave: 900001, version: 99, configJson: '{"hot_reload":true}' });
+    const fakeConfig = encodeBusFrame(c.epoch, c.seq + 1, 'config', { wave: 900001, version: 99, config: agentConfig(defaultConfig(), { hotReload: true, dumpRoot: '' }) });
     const peers = {
       stranger: rawPeer('dealer', port, clientKeys(server, stranger)),
       wrongServerKey: rawPeer('dealer', port, clientKeys(curveKeyPair(), allowed)),

@@ -157,7 +157,7 @@ describe('guard on columns', () => {
       {},
       tmpDir(),
     );
-    return new Guard({ startup, rank: 0, expectedRanks: [0], log: pino({ level: 'silent' }), pollIntervalMs: 0, verifyIntervalMs: 0 });
+    return new Guard({ startup, layout: { worldSize: 1, tp: 1, pp: 1, dp: 1, cp: 1 }, log: pino({ level: 'silent' }), pollIntervalMs: 0, verifyIntervalMs: 0 });
   }
   // a repeats one token from its 5th step on; b never repeats
   const rows = (w: number) => [step('a', { newTokenIds: [w < 5 ? w : 42], blockIds: [1] }), step('b', { newTokenIds: [100 + w], blockIds: [2] })];
@@ -167,8 +167,8 @@ describe('guard on columns', () => {
     const byCols = newGuard();
     const z = new TelemetryColumnizer();
     for (let w = 1; w <= 12; w++) {
-      byRows.onWaveHead(w + 1, { wave: w, requests: rows(w), nonFinite: [] });
-      byCols.onWaveHead(w + 1, { wave: w, columns: overWire(z.columns(rows(w)), w + 1), nonFinite: [] });
+      byRows.onWaveHead(0, w + 1, { wave: w, requests: rows(w), nonFinite: [] });
+      byCols.onWaveHead(0, w + 1, { wave: w, columns: overWire(z.columns(rows(w)), w + 1), nonFinite: [] });
       // the same requests tracked, with the same output counts, at every wave
       expect(byCols.status().tracked_requests).toBe(byRows.status().tracked_requests);
     }
@@ -182,10 +182,10 @@ describe('guard on columns', () => {
     const z = new TelemetryColumnizer();
     z.columns(rows(1)); // the step with the bindings went to a coordinator that is gone
     const g = newGuard();
-    for (let w = 2; w <= 3; w++) g.onWaveHead(w + 1, { wave: w, columns: z.columns(rows(w)), nonFinite: [] });
+    for (let w = 2; w <= 3; w++) g.onWaveHead(0, w + 1, { wave: w, columns: z.columns(rows(w)), nonFinite: [] });
     expect(g.status()).toMatchObject({ unbound_telemetry_rows: 4, tracked_requests: 0 });
     z.resend(); // what the client does when the mailbox shows a new epoch
-    for (let w = 4; w <= 12; w++) g.onWaveHead(w + 1, { wave: w, columns: z.columns(rows(w)), nonFinite: [] });
+    for (let w = 4; w <= 12; w++) g.onWaveHead(0, w + 1, { wave: w, columns: z.columns(rows(w)), nonFinite: [] });
     expect(g.status()).toMatchObject({ unbound_telemetry_rows: 4, tracked_requests: 2 });
     expect((g.status().incidents as Record<string, Record<string, number>>).token_repeat.report).toBe(1);
     g.close();

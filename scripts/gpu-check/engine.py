@@ -47,11 +47,11 @@ captured, call_dir = c.before_forward({"compilation_hash": "gpu-check", "global_
 deadline = time.monotonic() + 30
 files = []
 while time.monotonic() < deadline and not files:
-    files = glob.glob(os.path.join(dump_root, "manual_trigger", req_id, "*", "rank0", "dump.json"))
+    files = glob.glob(os.path.join(dump_root, "manual_trigger", req_id, "*", "dp0_tp0_pp0_cp0", "dump.json"))
     time.sleep(0.1)
 agent_copy = None
 if not files:
-    check("KV dump of a request from GPU memory", False, f"no rank0/dump.json under {dump_root} after 30 s")
+    check("KV dump of a request from GPU memory", False, f"no dp0_tp0_pp0_cp0/dump.json under {dump_root} after 30 s")
 else:
     rank_dir = os.path.dirname(files[0])
     with open(files[0]) as fh:

@@ -1,5 +1,6 @@
-// One agent per engine rank. It joins the wave bus (last-PP ranks only), keeps the wave-vector
-// mailbox its engine client reads, answers the client over ipc, copies device memory to host
+// One agent per engine rank. It joins its DP replica's wave stream, keeps the wave-vector
+// mailbox its engine client reads (a non-last-PP rank's engine waits on it only with
+// dump.pp_stages "all"), answers the client over ipc, copies device memory to host
 // staging and writes bundles (KV dumps, input snapshots), and serves its files for aggregation.
 import * as fs from 'fs';
 import * as zmq from 'zeromq';
@@ -16,12 +17,12 @@ import { ConfigError, WavebusError } from '../errors';
 import type { RankIdentity } from '../launch/identity';
 import { createLogger, type Logger } from '../log';
 import { MailboxWriter, MailboxFeature } from '../client/mailbox';
-import type { DumpJob, DumpLane } from '../messages';
+import type { AgentConfig, DumpJob, DumpLane } from '../messages';
 import { agentEndpoint, mailboxPath } from '../paths';
 import { claimRunDir, staleSocketOrNothing } from '../launch/run-dir';
 import { ClientServer } from './client-server';
 import { captureInputs } from './input-capture';
-import { DEFAULT_VIEW, runtimeView, type RuntimeView } from './runtime-view';
+import { DEFAULT_VIEW, viewOf, type RuntimeView } from './runtime-view';
 import { SnapshotCapturer } from '../snapshot/capture';
 import { checkSnapshotGating, type SnapshotConfig } from '../snapshot/config';
 
@@ -86,7 +87,7 @@ export class Agent {
   private pendingView?: RuntimeView;
   /** Dump lanes by wave, kept until that wave ends here. */
   private readonly dumpLanes = new Map<number, DumpLane>();
-  private readonly configWaves = new Map<number, string>();
+  private readonly configWaves = new Map<number, AgentConfig | null>();
   /** Arrived vectors, ended waves, the floor, end_of_wave waits. */
   private readonly waves = new WaveBook();
   private readonly ended = this.waves.ended;
@@ -107,7 +108,7 @@ export class Agent {
       this.log,
       (req, interim) => this.handle(req, interim),
       (raw) => {
-        if (this.bus && this.identity.tpRank === 0) {
+        if (this.bus && this.isHead) {
           this.bus.relayWaveHead(raw);
           this.stats.waveHeadsRelayed++;
         }
@@ -123,6 +124,20 @@ export class Agent {
         cpRank: opts.identity.cpRank,
       }, { log: { info: (m: string) => this.log.info(m), warn: (m: string) => this.log.warn(m) }, artifactModes: opts.artifactModes });
     }
+  }
+
+  /** The rank that heads its replica's wave stream (last-PP TP0, CP 0): it relays its engine's wave heads. */
+  get isHead(): boolean {
+    return this.identity.isLastPp && this.identity.tpRank === 0 && this.identity.cpRank === 0;
+  }
+
+  /**
+   * Whether this rank's engine must wait on the wave vector: a last-PP rank always (dumps,
+   * config), another stage only when dump.pp_stages is "all" (it copies its layers then).
+   * Otherwise it costs its engine nothing per step.
+   */
+  private get onVector(): boolean {
+    return this.identity.isLastPp || this.view.ppStages === 'all';
   }
 
   /** Dump roots from the bus refused (outside the local dump root), in all. */
@@ -150,7 +165,7 @@ export class Agent {
     await this.router.bind(endpoint);
     void this.clients.serve(this.router);
     this.files = new FileServer(identity.globalRank, () => ({ snapshots: this.opts.roots?.snapshots, dumps: this.servedDumps }), this.log);
-    if (identity.isLastPp && this.opts.coordinator) {
+    if (this.opts.coordinator) {
       this.bus = new AgentBus({
         coordinator: this.opts.coordinator,
         identity,
@@ -171,8 +186,6 @@ export class Agent {
       this.bus.on('wave', (w: WaveEvent) => this.onWave(w));
       this.bus.onRequest((req) => this.files!.handle(req));
       await this.bus.start();
-    } else if (!identity.isLastPp) {
-      this.log.info({ rank: identity.globalRank, ppRank: identity.ppRank }, 'not a last-PP rank: does not join the wave bus (no KV dumps here; snapshots follow the environment)');
     } else {
       this.log.warn({ rank: identity.globalRank }, 'no coordinator address: not joining the wave bus (no KV dumps or detector traffic)');
     }
@@ -201,9 +214,9 @@ export class Agent {
 
   private features(): number {
     let bits = 0;
-    if (this.view.busActive && this.bus) bits |= MailboxFeature.BUS_ACTIVE;
+    if (this.view.busActive && this.bus && this.onVector) bits |= MailboxFeature.BUS_ACTIVE;
     if (this.view.hotReload) bits |= MailboxFeature.HOT_RELOAD;
-    if (Object.values(this.view.detectors).some(Boolean)) bits |= MailboxFeature.DETECTORS;
+    if (this.view.detectors.length > 0) bits |= MailboxFeature.DETECTORS;
     if (this.capturer) bits |= MailboxFeature.SNAPSHOTS;
     return bits;
   }
@@ -212,7 +225,15 @@ export class Agent {
     this.mailbox?.setFeatures(this.features());
   }
 
-  private setView(view: RuntimeView): void {
+  /** Act on the coordinator's config from now on; one this side cannot read leaves the view as it was. */
+  private applyConfig(cfg: AgentConfig | null, where: string): void {
+    let view: RuntimeView;
+    try {
+      view = viewOf(cfg);
+    } catch (e) {
+      this.log.error({ where, err: (e as Error).message }, 'unreadable runtime config from the coordinator; keeping the one in force');
+      return;
+    }
     // A new bus dump root is checked once here, not on every file request.
     if (view.dumpRoot !== this.view.dumpRoot) this.servedDumps = this.gate.servedDumps(view.dumpRoot);
     this.view = view;
@@ -220,7 +241,7 @@ export class Agent {
 
   private onSnapshot(s: SnapshotReplyMsg): void {
     this.log.debug({ epoch: s.epoch, seq: s.seq, wave: s.wave }, 'snapshot');
-    this.setView(runtimeView(s.configJson));
+    this.applyConfig(s.config, 'SnapshotReply.config');
     this.mailbox?.setEpoch(s.epoch);
     for (const lane of s.pending) this.dumpLanes.set(lane.wave, lane);
     this.publishFeatures();
@@ -239,7 +260,11 @@ export class Agent {
     const wave = w.head.wave;
     this.log.debug({ wave, seq: w.head.seq, config: w.config?.version, dumps: w.dump?.jobs.map((j) => j.jobId) }, 'wave');
     if (w.dump) this.dumpLanes.set(wave, w.dump);
-    if (w.config) this.configWaves.set(wave, w.config.configJson);
+    if (w.config && !this.onVector) {
+      // Its engine does not end waves with us: take the config now (pp_stages "all" then puts it on the vector).
+      this.applyConfig(w.config.config, `ConfigLane.config of wave ${wave}`);
+      this.publishFeatures();
+    } else if (w.config) this.configWaves.set(wave, w.config.config);
     // The newest vector: every wave up to it is decided (a skipped wave has nothing due).
     this.arrive(wave, w.head.configDue, w.head.dumpDue, wave + 1);
   }
@@ -271,7 +296,7 @@ export class Agent {
         this.regions.register(req.register);
         return {};
       case 'waveHead':
-        if (this.bus && this.identity.tpRank === 0) {
+        if (this.bus && this.isHead) {
           this.bus.sendWaveHead(req.waveHead.wave, req.waveHead.telemetry ?? null);
           this.stats.waveHeadsReencoded++;
         }
@@ -304,14 +329,14 @@ export class Agent {
     }
     return {
       mailboxPath: mailboxPath(this.opts.runDir, this.identity.localRank),
-      featuresJson: JSON.stringify({
-        tp0: this.identity.tpRank === 0 && this.identity.isLastPp,
-        bus: this.view.busActive && Boolean(this.bus),
-        detectors: this.view.detectors,
-        item_sync: this.view.itemSync,
+      features: {
+        tp0: this.isHead,
+        bus: this.view.busActive && Boolean(this.bus) && this.onVector,
+        detectors: [...this.view.detectors],
+        itemSync: this.view.itemSync,
         snapshots: Boolean(this.capturer),
-        end_of_wave_timeout_ms: this.endOfWaveTimeoutMs,
-      }),
+        endOfWaveTimeoutMs: this.endOfWaveTimeoutMs,
+      },
     };
   }
 
@@ -326,13 +351,15 @@ export class Agent {
     const cfg = this.configWaves.get(wave);
     if (cfg !== undefined) {
       this.configWaves.delete(wave);
-      this.setView(runtimeView(cfg));
+      this.applyConfig(cfg, `ConfigLane.config of wave ${wave}`);
       this.publishFeatures();
     }
     const lane = this.dumpLanes.get(wave);
     if (!lane || lane.jobs.length === 0) return {};
     this.dumpLanes.delete(wave);
-    const { staged, refused } = await this.dumps.stage(lane.jobs, {
+    const jobs = this.mine(lane.jobs);
+    if (jobs.length === 0) return {};
+    const { staged, refused } = await this.dumps.stage(jobs, {
       format: this.view.format,
       freeHeadroomBytes: this.view.freeHeadroomBytes,
       stagingBytes: this.opts.stagingBytes ?? 1 << 30,
@@ -362,6 +389,15 @@ export class Agent {
     return lane ? lane.jobs.map((j) => j.reqId) : [];
   }
 
+  /**
+   * The jobs this rank copies: those naming it (the job carries its replica's dump ranks; the
+   * stream is already this replica's). A job without ranks follows the seed's last-PP rule.
+   */
+  private mine(jobs: DumpJob[]): DumpJob[] {
+    const g = this.identity.globalRank;
+    return jobs.filter((j) => (j.ranks && j.ranks.length > 0 ? j.ranks.includes(g) : this.identity.isLastPp));
+  }
+
   /** The engine ended `wave` without its vector (the bound ran out): counted, logged, its dumps failed. */
   private missedWave(wave: number): void {
     this.stats.endOfWaveTimeouts++;
@@ -380,7 +416,7 @@ export class Agent {
       const lane = this.dumpLanes.get(wave);
       if (!lane) return;
       this.dumpLanes.delete(wave);
-      for (const job of lane.jobs as DumpJob[]) {
+      for (const job of this.mine(lane.jobs)) {
         this.bus?.sendDumpResult(this.dumps.result(job, [], 0, `wave ${wave} vector arrived after end_of_wave (bound ${this.endOfWaveTimeoutMs} ms)`, 'd2h_failed'));
       }
     };

@@ -1,6 +1,6 @@
 // Runs the KV dump jobs armed for a wave on one rank: gathers the request's blocks from every
 // registered KV layer into host staging (the engine waits only for this), then writes the
-// rank<g>/ bundle and acks the coordinator with its files.
+// dp<d>_tp<t>_pp<p>_cp<c>/ bundle (the seed's name) and acks the coordinator with its files.
 import * as path from 'path';
 import { DEFAULT_ARTIFACT_MODES, type ArtifactModes } from '../artifacts/artifact-mode';
 import { Bundle } from '../artifacts/bundle';
@@ -10,13 +10,14 @@ import { checkFreeSpace, writeDumpSkipped, type SkipReason } from '../artifacts/
 import type { RankIdentity } from '../launch/identity';
 import type { Logger } from '../log';
 import type { DumpJob, DumpResult, FileEntry } from '../messages';
-import { rankDirName } from '../paths';
+import { kvRankDirName } from '../paths';
 import { safeComponent } from '../artifacts/sanitize';
 import { Tensor } from '../artifacts/tensor';
+import type { TensorFormat } from '../artifacts/tensor-format';
 import type { RegionTable, RegisteredRegion } from './regions';
 import type { RootGate } from './roots';
 
-export type DumpFormat = 'pt' | 'npy' | 'safetensors';
+export type DumpFormat = TensorFormat;
 
 export interface DumpSettings {
   format: DumpFormat;
@@ -220,6 +221,7 @@ export class DumpExecutor {
             block_ids: s.job.blockIds,
             format,
             request_finished_at_dump: s.job.requestFinishedAtDump,
+            dp_rank: s.job.replica ?? id.dpRank,
             identity: {
               ...ranks,
               pp_size: id.pp,
@@ -238,8 +240,8 @@ export class DumpExecutor {
             files,
           },
         });
-        const rel = committed.map((f) => ({ ...f, path: path.posix.join(rankDirName(id.globalRank), f.path) }));
-        out.push(this.result(s.job, rel, rel.reduce((n, f) => n + f.bytes, 0), '', ''));
+        const rel = committed.map((f) => ({ ...f, path: path.posix.join(kvRankDirName(id), f.path) }));
+        out.push({ ...this.result(s.job, rel, rel.reduce((n, f) => n + f.bytes, 0), '', ''), layers: s.layers.map((l) => l.layer) });
       } catch (e) {
         bundle?.abort();
         this.log.error({ err: e, job: s.job.jobId }, 'KV dump write failed');
@@ -263,9 +265,9 @@ export class DumpExecutor {
     return out;
   }
 
-  /** `<dump_dir>/rank<g>`, with dump_dir checked against the local dump root (throws RootRefusedError). */
+  /** `<dump_dir>/dp<d>_tp<t>_pp<p>_cp<c>`, with dump_dir checked against the local dump root (throws RootRefusedError). */
   rankDir(job: DumpJob): string {
-    return path.join(this.gate.dumpDir(job.dumpDir, 'DumpJob.dump_dir'), rankDirName(this.identity.globalRank));
+    return path.join(this.gate.dumpDir(job.dumpDir, 'DumpJob.dump_dir'), kvRankDirName(this.identity));
   }
 
   result(job: DumpJob, files: FileEntry[], bytes: number, error: string, skippedReason: string): DumpResult {

@@ -22,7 +22,27 @@ const LEND_TIMEOUT_MS = 30000;
 /** After this long without a chunk request every kept buffer is let go. */
 const POOL_IDLE_MS = 5000;
 
-export type ServeRoots = { dumps?: string; snapshots?: string };
+/**
+ * Which entries of a served tree are served (the coordinator serves only the files it writes):
+ * called with the path's components and whether it names a directory or a file. Default: all.
+ */
+export type ServedEntries = (parts: string[], kind: 'dir' | 'file') => boolean;
+
+/** A served root: a directory, or a directory and the part of it that is served. */
+export type ServedTree = string | { dir: string; include: ServedEntries };
+
+/** Served roots by name ("dumps", "snapshots" for an agent; the coordinator's own names, coordinator-files.ts). */
+export type ServeRoots = Partial<Record<string, ServedTree>>;
+
+const treeDir = (t: ServedTree): string => (typeof t === 'string' ? t : t.dir);
+const treeInclude = (t: ServedTree): ServedEntries | undefined => (typeof t === 'string' ? undefined : t.include);
+
+/** Whether `parts` (a file, or a directory when `kind` is 'dir') and each directory above it are served. */
+function served(include: ServedEntries | undefined, parts: string[], kind: 'dir' | 'file'): boolean {
+  if (!include) return true;
+  for (let i = 1; i < parts.length; i++) if (!include(parts.slice(0, i), 'dir')) return false;
+  return parts.length === 0 || include(parts, kind);
+}
 
 /** Bundle JSON read for its recorded checksums: larger ones are ignored (checksums get computed). */
 const MAX_BUNDLE_JSON_BYTES = 16 * 2 ** 20;
@@ -58,8 +78,10 @@ function recordedChecksums(dirFd: number): Map<string, string> {
  * links and anything that is not a regular file or directory; never descends into a link. Each
  * entry is opened (without following links) and its size and checksum come from that descriptor.
  */
-export function listBundleFiles(root: string, prefix: string): FileEntry[] {
+export function listBundleFiles(root: string, prefix: string, include?: ServedEntries): FileEntry[] {
   const out: FileEntry[] = [];
+  const prefixParts = splitRelative(prefix.replace(/\/+$/, ''), 'prefix');
+  if (include && prefixParts.length > 0 && !served(include, prefixParts, 'dir') && !served(include, prefixParts, 'file')) return out;
   let base: OpenedSync;
   try {
     base = openBeneathSync(root, prefix.replace(/\/+$/, ''), 'any');
@@ -74,6 +96,7 @@ export function listBundleFiles(root: string, prefix: string): FileEntry[] {
       if (ent.name.startsWith('.')) continue; // a bundle still being written, or a temp file
       if (!ent.isFile() && !ent.isDirectory()) continue; // links, fifos, sockets, devices: never listed
       const childRel = rel ? `${rel}/${ent.name}` : ent.name;
+      if (include && !include(childRel.split('/'), ent.isDirectory() ? 'dir' : 'file')) continue;
       let child: OpenedSync;
       try {
         child = openChildSync(dirFd, ent.name, 'any'); // refuses a link swapped in since readdir
@@ -89,7 +112,10 @@ export function listBundleFiles(root: string, prefix: string): FileEntry[] {
     }
   };
   try {
-    if (base.stat.isDirectory()) walk(base.fd, splitRelative(prefix.replace(/\/+$/, ''), 'prefix').join('/'));
+    if (base.stat.isDirectory()) walk(base.fd, prefixParts.join('/'));
+    else if (prefixParts.length > 0 && served(include, prefixParts, 'file')) {
+      out.push({ path: prefixParts.join('/'), bytes: base.stat.size, checksum: crc32cOfFd(base.fd).toString() });
+    }
   } finally {
     fs.closeSync(base.fd);
   }
@@ -195,12 +221,18 @@ export class FileServer {
     /** Read on every request: the dump root can move with a hot-reloaded config. */
     private readonly roots: () => ServeRoots,
     private readonly log: Logger,
+    /**
+     * Reuse chunk buffers (an agent: the coordinator says when an answer arrived whole). A server
+     * that answers a tool directly never learns that, so it reads each chunk into fresh memory.
+     */
+    private readonly reuseBuffers = true,
+    /** Who answers, in errors: "rank 3", "the coordinator". */
+    private readonly who = `rank ${globalRank}`,
   ) {}
 
-  private root(name: string): string {
-    const roots = this.roots();
-    const r = name === 'dumps' ? roots.dumps : name === 'snapshots' ? roots.snapshots : undefined;
-    if (!r) throw new Error(`root '${name}' is not served by rank ${this.globalRank}`);
+  private root(name: string): ServedTree {
+    const r = Object.prototype.hasOwnProperty.call(this.roots(), name) ? this.roots()[name] : undefined;
+    if (!r) throw new Error(`root '${name}' is not served by ${this.who}`);
     return r;
   }
 
@@ -209,7 +241,8 @@ export class FileServer {
     if (req.body === 'fileList') {
       const { root, prefix } = req.fileList as { root: string; prefix: string };
       try {
-        return { fileList: { globalRank: this.globalRank, files: listBundleFiles(this.root(root), prefix) } };
+        const tree = this.root(root);
+        return { fileList: { globalRank: this.globalRank, files: listBundleFiles(treeDir(tree), prefix, treeInclude(tree)) } };
       } catch (e) {
         return { fileList: { globalRank: this.globalRank, files: [], error: (e as Error).message } };
       }
@@ -221,13 +254,15 @@ export class FileServer {
         const want = Math.min(Math.max(0, length), MAX_CHUNK_BYTES);
         // Every component opened without following links (safe-fs.ts), on the libuv pool: the
         // agent's event loop keeps serving its engine and the bus meanwhile.
-        const { fh, stat } = await openBeneath(this.root(root), rel, 'file');
+        const tree = this.root(root);
+        if (!served(treeInclude(tree), splitRelative(rel, 'path'), 'file')) throw new Error(`'${rel}' is not served by ${this.who} under root '${root}'`);
+        const { fh, stat } = await openBeneath(treeDir(tree), rel, 'file');
         let data: Buffer;
         let size: number;
         try {
           size = stat.size;
           const count = Math.max(0, Math.min(want, size - offset));
-          const { buf, pooled } = this.buffers.take(count);
+          const { buf, pooled } = this.reuseBuffers ? this.buffers.take(count) : { buf: Buffer.allocUnsafe(count), pooled: false };
           let n = 0;
           try {
             while (n < count) {

@@ -1,41 +1,45 @@
-// What the agent acts on from the coordinator's runtime config (the guard's effective config, as JSON).
+// What the agent acts on from the coordinator's runtime config (proto AgentConfig, built by
+// src/guard/agent-config.ts). Read as it is: no defaults are re-derived here.
+import { tensorFormatFromProto } from '../artifacts/tensor-format';
+import { agentConfig } from '../guard/agent-config';
+import { defaultConfig } from '../guard/config';
+import type { AgentConfig } from '../messages';
 import type { DumpFormat } from './dump-executor';
 
-/** Runtime config fields the agent acts on (the guard's effective config, as JSON). */
 export interface RuntimeView {
   busActive: boolean;
   hotReload: boolean;
-  detectors: Record<string, boolean>;
+  /** The enabled detectors, by config name. */
+  detectors: readonly string[];
   itemSync: boolean;
   format: DumpFormat;
   freeHeadroomBytes: number;
   dumpRoot?: string;
+  /** dump.pp_stages: "all" puts every stage's ranks (not only the last's) on the wave vector. */
+  ppStages: 'last' | 'all';
 }
 
-export const DEFAULT_VIEW: RuntimeView = { busActive: false, hotReload: false, detectors: {}, itemSync: false, format: 'pt', freeHeadroomBytes: 5 * 2 ** 30 };
-
-/** Reads what the agent needs from the coordinator's config JSON; unknown shapes fall back to off. */
-export function runtimeView(configJson: string): RuntimeView {
-  if (!configJson) return { ...DEFAULT_VIEW };
-  let doc: any;
-  try {
-    doc = JSON.parse(configJson);
-  } catch {
-    return { ...DEFAULT_VIEW };
-  }
-  const cfg = doc?.config ?? doc;
-  const detectors: Record<string, boolean> = {};
-  for (const [name, d] of Object.entries<any>(cfg?.detector ?? {})) detectors[name] = Boolean(d?.enabled);
-  const anyDetector = Object.values(detectors).some(Boolean);
-  const hotReload = Boolean(doc?.hot_reload);
-  const manual = Number(cfg?.dump?.manual_dump ?? 0) > 0;
+/** The view of a config as the agent receives it. Throws ProtocolError on a TensorFormat this side does not know. */
+export function runtimeView(cfg: AgentConfig): RuntimeView {
   return {
-    busActive: hotReload || anyDetector || manual,
-    hotReload,
-    detectors,
-    itemSync: Boolean(cfg?.detector?.logits_finite?.item_sync),
-    format: (['pt', 'npy', 'safetensors'].includes(cfg?.dump?.format) ? cfg.dump.format : 'pt') as DumpFormat,
-    freeHeadroomBytes: Number.isFinite(cfg?.dump?.free_headroom_bytes) ? Number(cfg.dump.free_headroom_bytes) : DEFAULT_VIEW.freeHeadroomBytes,
-    dumpRoot: typeof cfg?.dump?.dump_dir === 'string' ? cfg.dump.dump_dir : undefined,
+    busActive: cfg.busActive,
+    hotReload: cfg.hotReload,
+    detectors: [...cfg.detectors],
+    itemSync: cfg.itemSync,
+    format: tensorFormatFromProto(cfg.dumpFormat, 'AgentConfig.dump_format'),
+    freeHeadroomBytes: cfg.freeHeadroomBytes,
+    dumpRoot: cfg.dumpRoot || undefined,
+    ppStages: cfg.allPpStages ? 'all' : 'last',
   };
+}
+
+/**
+ * Before the coordinator sent a config (or when it has none): the defaults of src/guard/config.ts
+ * (everything off), through the same builder the coordinator uses.
+ */
+export const DEFAULT_VIEW: Readonly<RuntimeView> = Object.freeze(runtimeView(agentConfig(defaultConfig(), { hotReload: false, dumpRoot: '' })));
+
+/** The view of a config from the coordinator; none (null) gives DEFAULT_VIEW. */
+export function viewOf(cfg: AgentConfig | null | undefined): RuntimeView {
+  return cfg ? runtimeView(cfg) : { ...DEFAULT_VIEW };
 }

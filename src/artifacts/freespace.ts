@@ -72,6 +72,8 @@ export interface DumpSkipped {
   stage: 'arm' | 'drain';
   rank: number;
   wave: number;
+  /** The DP replica that owns the request. */
+  dp_rank?: number;
   /** Seconds since the epoch; default now. */
   ts?: number;
   /** Optional free-form detail (e.g. the error message, free/needed bytes). */
@@ -92,6 +94,7 @@ export function writeDumpSkipped(dir: string, info: DumpSkipped, modes: Artifact
     stage: info.stage,
     rank: info.rank,
     wave: info.wave,
+    ...(info.dp_rank !== undefined ? { dp_rank: info.dp_rank } : {}),
     ts: info.ts ?? Date.now() / 1000,
   };
   if (info.detail) body.detail = info.detail;

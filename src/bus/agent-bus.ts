@@ -1,96 +1,34 @@
-// The agent side of the wave bus (ZeroMQ Clone pattern): subscribe first, then ask the
-// coordinator for a snapshot; apply frames in seq order; on a gap, a new epoch or a silent
-// coordinator, resync from a fresh snapshot. Emits one 'wave' per wave once its due lanes are in.
+// The agent side of the wave bus (ZeroMQ Clone pattern): subscribe to this rank's replica's wave
+// stream first, then ask the coordinator for a snapshot; apply frames in seq order; on a gap, a new
+// epoch or a silent coordinator, resync from a fresh snapshot. Emits one 'wave' per wave once its
+// due lanes are in (wave-assembly.ts).
 import { EventEmitter } from 'events';
 import { Dealer, Subscriber } from 'zeromq';
 import { identityToProto, type RankIdentity } from '../launch/identity';
 import { createLogger, type Logger } from '../log';
-import type { ConfigLane, DumpLane, DumpResult, StepTelemetry, WaveHead } from '../messages';
+import type { DumpResult, StepTelemetry, WaveHead } from '../messages';
 import { DEFAULT_HEARTBEAT_MS, DEFAULT_MAX_FRAME_BYTES } from './constants';
 import {
   DropCounter,
   decodeBusFrame,
   decodeCoordinatorMessage,
   encodeAgentMessage,
+  replicaTopic,
   type CoordinatorMsg,
   type DecodedFrame,
 } from './frames';
+import { WaveAssembly } from './wave-assembly';
+import type { AgentBusOptions, AgentBusStats, RequestHandler, ResyncReason, SnapshotReplyMsg } from './agent-bus-types';
+
+export type { AgentBusOptions, AgentBusStats, RequestHandler, ResyncReason, SnapshotReplyMsg, WaveEvent } from './agent-bus-types';
 import { socketIpOptions, tcpEndpoint } from './endpoints';
 import { receiveLoop } from './receive-loop';
 import { SendQueue } from './send-queue';
 import { PROTOCOL_VERSION, versionMismatch } from './protocol-version';
 import { ProtocolError } from '../errors';
-import { clientSocketOptions, type CurveClientKeys } from './curve';
+import { clientSocketOptions } from './curve';
 import { agentWaveHead } from './wave-head-relay';
 import { payloadOf } from './payload';
-import type { BusToken } from './auth';
-
-export interface AgentBusOptions {
-  coordinator: { host: string; port: number };
-  identity: RankIdentity;
-  heartbeatMs?: number;
-  /** Coordinator silent for this long → 'coordinator-lost'. Default 3 × heartbeatMs. */
-  deadAfterMs?: number;
-  logger?: Logger;
-  maxFrameBytes?: number;
-  /**
-   * Test / fault-injection hook: frames whose seq this returns true for are discarded on
-   * arrival, exactly as if the network had lost them. Never set it in production.
-   */
-  dropSeqs?: (seq: number) => boolean;
-  agentVersion?: string;
-  /**
-   * CURVE client keys: SUB and DEALER encrypt and authenticate to a coordinator with this server
-   * key; this agent's public key must be on the coordinator's allow-list.
-   */
-  curve?: CurveClientKeys;
-  /**
-   * The launcher's bus token (auth.ts): every coordinator frame and reply must carry its MAC
-   * (others are dropped and counted as 'no_mac' / 'bad_mac' before anything in them is read),
-   * and every message to the coordinator carries one.
-   */
-  busToken?: BusToken;
-  /** The agent's late and missed wave-vector counts, sent with every heartbeat (/metrics per rank). */
-  vectorCounts?: () => { lateVectors: number; missedVectors: number };
-}
-
-export interface WaveEvent {
-  head: WaveHead;
-  config?: ConfigLane;
-  dump?: DumpLane;
-}
-
-export interface SnapshotReplyMsg {
-  epoch: number;
-  seq: number;
-  wave: number;
-  configVersion: number;
-  configJson: string;
-  pending: DumpLane[];
-  manualDumpDone: number;
-  protocolVersion: number;
-}
-
-export type ResyncReason = 'gap' | 'epoch' | 'coordinator-silent';
-
-export interface AgentBusStats {
-  received: number;
-  dropped: Record<string, number>;
-  resyncs: number;
-  waves: number;
-  /** Frames already covered by a snapshot when they arrived (normal after a sync). */
-  covered: number;
-  /** Messages to the coordinator that could not be queued (its connection was full or absent). */
-  unsent: number;
-  /** Why the coordinator and this agent do not talk (protocol versions), when they do not. */
-  refused?: string;
-}
-
-/**
- * A request handler answers a CoordinatorMessage with an AgentMessage body, e.g. `{ fileList: {...} }`;
- * a body with a payload (payload.ts: a file chunk's data) goes out as [message, payload].
- */
-export type RequestHandler = (request: CoordinatorMsg) => Promise<Record<string, unknown>>;
 
 /** 'refused': the coordinator speaks another protocol version; nothing is sent until its epoch changes. */
 type SyncState = 'connecting' | 'syncing' | 'live' | 'refused';
@@ -100,6 +38,8 @@ const MAX_LEFT_EPOCHS = 16;
 
 export class AgentBus extends EventEmitter {
   readonly identity: RankIdentity;
+  /** The DP replica whose wave stream this agent follows (its dp rank). */
+  readonly replica: number;
   readonly heartbeatMs: number;
   readonly deadAfterMs: number;
   readonly maxFrameBytes: number;
@@ -121,9 +61,7 @@ export class AgentBus extends EventEmitter {
   /** seq covered by the last snapshot applied in this epoch. */
   private snapshotSeq = 0;
   private buffer: DecodedFrame[] = [];
-  private pendingWave?: WaveEvent;
-  private latestHead?: WaveHead;
-  private lastWave = 0;
+  private readonly waves: WaveAssembly;
   private snapshotRequestId = 0;
   private nextRequestId = 1;
   private snapshotAskedAt = 0;
@@ -140,12 +78,17 @@ export class AgentBus extends EventEmitter {
     super();
     this.opts = opts;
     this.identity = opts.identity;
+    this.replica = opts.identity.dpRank;
     this.heartbeatMs = opts.heartbeatMs ?? DEFAULT_HEARTBEAT_MS;
     this.deadAfterMs = opts.deadAfterMs ?? 3 * this.heartbeatMs;
     this.maxFrameBytes = opts.maxFrameBytes ?? DEFAULT_MAX_FRAME_BYTES;
     this.log = opts.logger ?? createLogger(`wavebus-agent-rank${opts.identity.globalRank}`);
     this.drops = new DropCounter(this.log, `agent rank ${opts.identity.globalRank}`);
     this.stats = { received: 0, dropped: this.drops.counts, resyncs: 0, waves: 0, covered: 0, unsent: 0 };
+    this.waves = new WaveAssembly(this.drops, this.log, (w) => {
+      this.stats.waves++;
+      this.emit('wave', w);
+    });
   }
 
   get rank(): number {
@@ -164,7 +107,7 @@ export class AgentBus extends EventEmitter {
 
   /** The last wave head delivered by 'wave'. */
   latest(): WaveHead | undefined {
-    return this.latestHead;
+    return this.waves.latestHead;
   }
 
   onRequest(handler: RequestHandler): void {
@@ -177,7 +120,8 @@ export class AgentBus extends EventEmitter {
     const ip = { ...socketIpOptions(host), ...clientSocketOptions(this.opts.curve) };
     // Subscribe before anything else: frames published after the snapshot must not be missed.
     const sub = new Subscriber({ linger: 0, maxMessageSize: 2 * this.maxFrameBytes, receiveHighWaterMark: 100000, ...ip });
-    sub.subscribe();
+    // This replica's stream only ("r<dp>." never prefixes another replica's topic).
+    sub.subscribe(replicaTopic(this.replica));
     sub.connect(tcpEndpoint(host, port));
     // sendTimeout 0: a message that cannot be queued is counted and dropped; the heartbeat
     // timer re-sends what matters (Hello, SnapshotRequest), so nothing here ever blocks.
@@ -190,7 +134,7 @@ export class AgentBus extends EventEmitter {
     this.loops = [this.receiveSub(sub), this.receiveDealer(dealer)];
     this.timer = setInterval(() => this.tick(), this.heartbeatMs);
     this.sendHello(false);
-    this.log.info({ rank: this.rank, pub: tcpEndpoint(host, port), router: tcpEndpoint(host, port + 1), curve: this.opts.curve !== undefined, token: this.opts.busToken !== undefined }, 'agent bus started');
+    this.log.info({ rank: this.rank, replica: this.replica, pub: tcpEndpoint(host, port), router: tcpEndpoint(host, port + 1), curve: this.opts.curve !== undefined, token: this.opts.busToken !== undefined }, 'agent bus started');
   }
 
   async stop(): Promise<void> {
@@ -205,7 +149,7 @@ export class AgentBus extends EventEmitter {
 
   // ------------------------------------------------------------------ to the coordinator
 
-  /** TP0 of the last PP stage: the head of `wave`, with the telemetry of the previous wave. */
+  /** The replica's head (its last-PP TP0): the head of `wave`, with the telemetry of the previous wave. */
   sendWaveHead(wave: number, telemetry: StepTelemetry | null): void {
     this.send({ waveHead: telemetry ? { wave, telemetry } : { wave } });
   }
@@ -244,13 +188,13 @@ export class AgentBus extends EventEmitter {
   private tick(): void {
     if (this.state === 'refused') return; // a coordinator of another version: wait for a new epoch
     const now = Date.now();
-    this.send({ heartbeat: { wave: this.lastWave, globalRank: this.rank, epochSeen: this.epoch, lastSeq: this.lastSeq, unixMs: now, ...this.opts.vectorCounts?.() } });
+    this.send({ heartbeat: { wave: this.waves.lastWave, globalRank: this.rank, epochSeen: this.epoch, lastSeq: this.lastSeq, unixMs: now, ...this.opts.vectorCounts?.() } });
     if (this.coordinatorAlive && now - this.lastFrameAt > this.deadAfterMs) {
       this.coordinatorAlive = false;
       this.coordinatorWasLost = true;
       this.state = 'connecting';
       this.buffer = [];
-      this.pendingWave = undefined;
+      this.waves.reset();
       this.log.warn({ silentMs: now - this.lastFrameAt }, 'coordinator lost: no frame on the bus');
       this.emit('coordinator-lost');
     }
@@ -272,6 +216,11 @@ export class AgentBus extends EventEmitter {
       return;
     }
     const f = d.value;
+    if (f.replica !== this.replica) {
+      // ZeroMQ filtered on our prefix; a frame of another replica here is garbage, never applied.
+      this.drops.drop('wrong_topic', `a frame of replica ${f.replica} on replica ${this.replica}'s stream`);
+      return;
+    }
     if (this.opts.dropSeqs?.(f.seq)) {
       this.drops.drop('injected', `seq ${f.seq}`);
       return;
@@ -329,38 +278,13 @@ export class AgentBus extends EventEmitter {
     this.log.info({ reason, epoch: this.epoch, lastSeq: this.lastSeq, frameEpoch: frame?.epoch, frameSeq: frame?.seq }, 'resync');
     this.state = 'syncing';
     this.buffer = frame ? [frame] : [];
-    this.pendingWave = undefined;
+    this.waves.reset();
     this.emit('resync', { reason });
     this.requestSnapshot();
   }
 
   private apply(f: DecodedFrame): void {
-    if (f.kind === 'heartbeat') return;
-    if (f.kind === 'head') {
-      const head = f.head!;
-      if (this.pendingWave) {
-        this.log.warn({ wave: this.pendingWave.head.wave }, 'wave head arrived before the previous wave was complete; previous wave dropped');
-      }
-      this.pendingWave = { head: { ...head, epoch: f.epoch, seq: f.seq } };
-    } else {
-      const w = this.pendingWave;
-      const lane = f.kind === 'config' ? f.config! : f.dump!;
-      const due = f.kind === 'config' ? w?.head.configDue : w?.head.dumpDue;
-      if (!w || !due || lane.wave !== w.head.wave || w[f.kind] !== undefined) {
-        this.drops.drop('stale', `orphan ${f.kind} lane of wave ${lane.wave}`);
-        return;
-      }
-      if (f.kind === 'config') w.config = f.config;
-      else w.dump = f.dump;
-    }
-    const w = this.pendingWave!;
-    if ((!w.head.configDue || w.config) && (!w.head.dumpDue || w.dump)) {
-      this.pendingWave = undefined;
-      this.latestHead = w.head;
-      this.lastWave = w.head.wave;
-      this.stats.waves++;
-      this.emit('wave', w);
-    }
+    this.waves.apply(f);
   }
 
   // ------------------------------------------------------------------ DEALER
@@ -405,7 +329,7 @@ export class AgentBus extends EventEmitter {
     this.state = 'refused';
     this.refusedEpoch = epoch;
     this.buffer = [];
-    this.pendingWave = undefined;
+    this.waves.reset();
     this.stats.refused = error;
     this.log.error({ epoch }, error);
     this.emit('protocol-mismatch', new ProtocolError(error, 'ERR_PROTOCOL_VERSION'));
@@ -421,14 +345,18 @@ export class AgentBus extends EventEmitter {
       this.leftEpochs.push(this.epoch);
       if (this.leftEpochs.length > MAX_LEFT_EPOCHS) this.leftEpochs.shift();
     }
+    if (Number(snap.replica ?? 0) !== this.replica) {
+      // The coordinator derives the replica from our rank; another one means a layout mismatch.
+      this.drops.drop('wrong_topic', `a snapshot of replica ${snap.replica} for replica ${this.replica}`);
+      return;
+    }
     this.stats.refused = undefined;
     this.epoch = snap.epoch;
     this.lastSeq = snap.seq;
     this.snapshotSeq = snap.seq;
-    this.lastWave = Math.max(this.lastWave, snap.wave);
+    this.waves.snapshot(snap.wave);
     this.state = 'live';
-    this.pendingWave = undefined;
-    this.log.info({ epoch: snap.epoch, seq: snap.seq, wave: snap.wave, pending: snap.pending.length }, 'snapshot applied');
+    this.log.info({ epoch: snap.epoch, replica: this.replica, seq: snap.seq, wave: snap.wave, pending: snap.pending.length }, 'snapshot applied');
     this.emit('snapshot', snap);
     // Replay what arrived while we waited; anything the snapshot covers is skipped.
     const buffered = this.buffer;

@@ -5,6 +5,7 @@ import type { WorldLayout } from '../launch/identity';
 import type { CoordinatorPolicy } from './policy';
 import type { CurveServerKeys } from './curve';
 import type { BusToken } from './auth';
+import type { CoordinatorFileRoots } from './coordinator-files';
 
 export interface CoordinatorOptions {
   host?: string;
@@ -35,6 +36,8 @@ export interface CoordinatorOptions {
   maxFrameBytes?: number;
   /** How long every expected rank has to ack a dump job. */
   dumpAckTimeoutMs?: number;
+  /** The runtime guard's report dir and dump root: served to `wavebus aggregate` (coordinator-files.ts). */
+  ownFiles?: () => CoordinatorFileRoots;
 }
 
 export interface CoordinatorStats {

@@ -1,37 +1,34 @@
-// The coordinator side of the wave bus (ZeroMQ Clone pattern): the only publisher of wave
-// vectors and lanes (PUB), the server of snapshots, status and dump acks (ROUTER), and the
-// tracker of which ranks are subscribed and alive.
+// The coordinator side of the wave bus (ZeroMQ Clone pattern): the only publisher of wave vectors
+// and lanes (PUB; one stream per DP replica, wave-streams.ts), the server of snapshots, status and
+// dump acks (ROUTER), and the tracker of which ranks are subscribed and alive.
 import { randomInt } from 'crypto';
 import { EventEmitter } from 'events';
 import type { Publisher, Router } from 'zeromq';
 import { ConfigError, ProtocolError, WavebusError } from '../errors';
-import { lastPpRanks, type WorldLayout } from '../launch/identity';
+import { lastPpRanks, rankCoordinates, replicaHead, type WorldLayout } from '../launch/identity';
 import { createLogger, type Logger } from '../log';
-import type { DumpJob, DumpLane, DumpResult, StepTelemetry, WaveHead } from '../messages';
+import type { AgentConfig, DumpJob, DumpLane, DumpResult, StepTelemetry, WaveHead } from '../messages';
 import { AgentRequests } from './agent-requests';
-import { DumpAcks, mergeJobs } from './dump-acks';
+import { CoordinatorFiles } from './coordinator-files';
+import { DumpLedger } from '../guard/dump-ledger';
+import { WaveStreams } from './wave-streams';
+import { dumpAckHandler } from './coordinator-dumps';
+import { snapshotReply, statusJson, statusReply } from './coordinator-replies';
 import { RankTable } from './rank-table';
 import { VectorMetrics } from './vector-metrics';
 import { SendQueue } from './send-queue';
 import { ColumnScratch } from '../client/telemetry';
 import { busMetrics, startMetricsServer, type MetricsServer } from '../metrics';
-import {
-  DropCounter,
-  encodeBusFrame,
-  encodeCoordinatorMessage,
-  type AgentMsg,
-  type FrameKind,
-} from './frames';
+import { DropCounter, encodeCoordinatorMessage, type AgentMsg } from './frames';
 import { checkBindAllowed, tcpEndpoint } from './endpoints';
 import { bindServerSockets } from './server-sockets';
 import { receiveLoop } from './receive-loop';
 import { openRouterMessage } from './router-inbox';
 import { PROTOCOL_VERSION, VersionGate } from './protocol-version';
 import type { ZapHandler } from './curve';
-import type { CoordinatorPolicy, DueLanes } from './policy';
+import type { CoordinatorPolicy } from './policy';
 import type { CoordinatorOptions, CoordinatorStats } from './coordinator-options';
-
-import { DEFAULT_BUS_PORT, DEFAULT_HEARTBEAT_MS, DEFAULT_MAX_FRAME_BYTES, LOOKAHEAD_WAVES } from './constants';
+import { DEFAULT_BUS_PORT, DEFAULT_HEARTBEAT_MS, DEFAULT_MAX_FRAME_BYTES } from './constants';
 
 export type { CoordinatorOptions, CoordinatorStats } from './coordinator-options';
 
@@ -47,13 +44,14 @@ export class Coordinator extends EventEmitter {
   readonly stats: CoordinatorStats;
 
   epoch = 0;
-  /** Last sequence number assigned; frames are queued to PUB in seq order. */
-  seq = 0;
-  wave = 0;
+  /** The dump ledger: the policy's when it has one (one object counts every ack), else the coordinator's. */
+  readonly ledger: DumpLedger;
 
-  private readonly opts: CoordinatorOptions;
-  private readonly log: Logger;
-  private readonly policy?: CoordinatorPolicy;
+  readonly opts: CoordinatorOptions;
+  readonly log: Logger;
+  readonly policy?: CoordinatorPolicy;
+  /** One wave stream per DP replica (wave-streams.ts). */
+  readonly streams: WaveStreams;
   private readonly drops: DropCounter;
   private readonly metrics = busMetrics();
   private zap?: ZapHandler;
@@ -62,14 +60,14 @@ export class Coordinator extends EventEmitter {
   private metricsServer?: MetricsServer;
   private heartbeatTimer?: NodeJS.Timeout;
   private promptHeartbeat = false;
-  private readonly rankTable: RankTable;
-  private readonly dumpAcks: DumpAcks;
+  readonly rankTable: RankTable;
   private readonly agentRequests: AgentRequests;
+  private readonly ownFiles?: CoordinatorFiles;
   private readonly versions = new VersionGate();
-  private readonly vectors = new VectorMetrics();
-  private queuedDumps: DumpJob[] = [];
-  private queuedConfig?: { version: number; configJson: string };
-  private lastConfig = { version: 0, configJson: '' };
+  /** Late and missed wave vectors per rank, from the agents' heartbeats (/metrics, /healthz). */
+  readonly vectors = new VectorMetrics();
+  /** One rank's dump ack: counted in the ledger once (coordinator-dumps.ts). */
+  private readonly onDumpResult: (result: DumpResult) => void;
   private readyEmitted = false;
   private running = false;
   /** Telemetry columns of the wave head being handled (consumed before the next message is decoded). */
@@ -109,15 +107,24 @@ export class Coordinator extends EventEmitter {
         this.emit('agent-lost', rank);
       },
     });
-    this.dumpAcks = new DumpAcks(this.dumpAckTimeoutMs, {
-      complete: (jobId, results) => this.emit('dump-complete', { jobId, results }),
-      timedOut: (jobId, missing) => this.dumpTimedOut(jobId, missing),
+    this.ledger = opts.policy?.ledger ?? new DumpLedger({ ackTimeoutMs: this.dumpAckTimeoutMs, layout: this.layout, log: this.log });
+    this.onDumpResult = dumpAckHandler({ ledger: this.ledger, metrics: this.metrics, log: this.log, policy: this.policy, timeoutMs: this.dumpAckTimeoutMs, emit: (e, a) => this.emit(e, a) });
+    this.streams = new WaveStreams({
+      layout: this.layout,
+      epoch: () => this.epoch,
+      send: (parts) => this.pubQueue!.push(parts),
+      token: opts.busToken,
+      policy: this.policy,
+      ledger: this.ledger,
+      metrics: this.metrics,
+      log: this.log,
+      onPublished: () => this.stats.published++,
     });
     this.agentRequests = new AgentRequests(this.rankTable, (route, msg, payload) => this.reply(route, msg, payload), this.drops, () => this.running);
+    if (opts.ownFiles) this.ownFiles = new CoordinatorFiles(opts.ownFiles, this.expectedRanks[0] ?? 0, this.log);
     // Zero-valued series, so dashboards see every label from the start.
     for (const lane of ['config', 'dump']) this.metrics.lanes.inc({ lane }, 0);
-    for (const result of ['ok', 'error', 'skipped', 'timeout']) this.metrics.dumps.inc({ result }, 0);
-    for (const reason of ['frame_count', 'oversized', 'truncated', 'undecodable', 'empty', 'unknown_request', 'no_mac', 'bad_mac', 'wrong_connection', 'protocol_version']) this.metrics.dropped.inc({ reason }, 0);
+    for (const reason of ['frame_count', 'oversized', 'truncated', 'undecodable', 'empty', 'unknown_request', 'no_mac', 'bad_mac', 'wrong_connection', 'protocol_version', 'not_head']) this.metrics.dropped.inc({ reason }, 0);
   }
 
   get pubEndpoint(): string {
@@ -183,7 +190,7 @@ export class Coordinator extends EventEmitter {
     if (!this.running) return;
     this.running = false;
     if (this.heartbeatTimer) clearInterval(this.heartbeatTimer);
-    this.dumpAcks.clear();
+    this.ledger.clear();
     this.agentRequests.stop();
     await this.pubQueue?.idle();
     await this.routerQueue?.idle();
@@ -195,19 +202,16 @@ export class Coordinator extends EventEmitter {
     await this.metricsServer?.close();
     this.metricsServer = undefined;
     this.policy?.close?.();
-    this.log.info({ epoch: this.epoch, seq: this.seq, wave: this.wave }, 'coordinator stopped');
+    this.log.info({ epoch: this.epoch, waves: this.streams.all().map((s) => s.wave) }, 'coordinator stopped');
   }
 
-  // ------------------------------------------------------------------ publishing
+  /** Replica 0's stream position (a job without DP has only that one). */
+  get seq(): number {
+    return this.streams.stream(0).seq;
+  }
 
-  private publish(kind: FrameKind, body: Record<string, unknown>): number {
-    const seq = ++this.seq;
-    // Heads and heartbeats are this coordinator's own numbers and flags; lanes carry more and are checked.
-    const [topic, frame] = encodeBusFrame(this.epoch, seq, kind, body, kind === 'head' || kind === 'heartbeat');
-    const token = this.opts.busToken;
-    this.pubQueue!.push([topic, token ? token.seal('pub', frame, undefined, Buffer.from(topic, 'latin1')) : frame]);
-    this.stats.published++;
-    return seq;
+  get wave(): number {
+    return this.streams.stream(0).wave;
   }
 
   /** `payload`: a frame forwarded as it arrived after the message (a relayed chunk's data, payload.ts). */
@@ -219,7 +223,7 @@ export class Coordinator extends EventEmitter {
 
   private publishHeartbeat(): void {
     if (!this.running) return;
-    this.publish('heartbeat', { wave: this.wave, unixMs: Date.now() });
+    this.streams.heartbeats();
   }
 
   /** Publish a heartbeat soon (coalesced): a new subscriber is waiting for its first frame. */
@@ -234,87 +238,31 @@ export class Coordinator extends EventEmitter {
 
   // ------------------------------------------------------------------ waves and lanes
 
-  /** Queue dump jobs for the next wave head. */
+  /** Queue dump jobs for their replica's next wave head (DumpJob.replica, default 0). */
   armDumps(jobs: DumpJob[]): void {
-    this.queuedDumps.push(...jobs);
+    this.streams.armDumps(jobs);
   }
 
-  /** Queue a new effective config for the next wave head. */
-  setConfig(version: number, configJson: string): void {
-    this.queuedConfig = { version, configJson };
+  /** Queue a new effective config for every replica's next wave head. */
+  setConfig(version: number, config: AgentConfig): void {
+    this.streams.setConfig({ version, config });
   }
 
   /**
-   * The head of `headWave` (the engine's wave; telemetry of the one before): ask the policy what is
-   * due, merge what was queued, and publish the vector of wave headWave + LOOKAHEAD_WAVES, then its
-   * due lanes (all with consecutive seqs, so a subscriber sees a wave whole or sees a gap).
+   * The head of `replica` began `headWave` (the engine's wave; telemetry of the one before): its
+   * stream publishes the vector of headWave + LOOKAHEAD_WAVES and its due lanes (wave-streams.ts).
    */
-  beginWave(headWave: number, telemetry: StepTelemetry | null): WaveHead {
+  beginWave(headWave: number, telemetry: StepTelemetry | null, replica = 0): WaveHead {
     if (!this.running) throw new WavebusError('ERR_NOT_RUNNING', 'coordinator is not running');
     if (!Number.isSafeInteger(headWave) || headWave < 0) throw new ProtocolError(`wave must be a non-negative integer, got ${headWave}`);
-    const wave = headWave + LOOKAHEAD_WAVES;
-    let due: DueLanes = { dumps: [] };
-    if (this.policy) {
-      try {
-        due = this.policy.onWaveHead(headWave, telemetry);
-      } catch (e) {
-        // A policy bug must not stop the bus: the wave goes out with only what was queued.
-        this.log.error({ wave, err: String((e as Error)?.stack ?? e) }, 'policy.onWaveHead failed; publishing the wave without its lanes');
-      }
-    }
-    const config = due.config ?? this.queuedConfig;
-    this.queuedConfig = undefined;
-    const jobs = mergeJobs(wave, [...this.queuedDumps, ...(due.dumps ?? [])], this.log);
-    this.queuedDumps = [];
-
-    if (headWave < this.wave) this.log.warn({ wave: headWave, previous: this.wave }, 'wave went backwards (engine restarted?)');
-    // `wave` (status, heartbeats, snapshots) is the engine's: the last head; its vector is wave + LOOKAHEAD_WAVES.
-    this.wave = headWave;
-    const head: WaveHead = { epoch: this.epoch, seq: this.seq + 1, wave, configDue: config !== undefined, dumpDue: jobs.length > 0 };
-    this.publish('head', { ...head });
-    this.metrics.waves.inc();
-    if (config) {
-      this.publish('config', { wave, version: config.version, configJson: config.configJson });
-      this.lastConfig = { version: config.version, configJson: config.configJson };
-      this.metrics.lanes.inc({ lane: 'config' });
-    }
-    if (jobs.length > 0) {
-      this.publish('dump', { wave, jobs });
-      this.metrics.lanes.inc({ lane: 'dump' });
-      for (const job of jobs) this.dumpAcks.track(wave, job, this.expectedRanks);
-    }
-    this.emit('wave', head);
+    const head = this.streams.begin(replica, headWave, telemetry);
+    this.emit('wave', head, replica);
     return head;
   }
 
-  private dumpTimedOut(jobId: string, missing: number[]): void {
-    this.metrics.dumps.inc({ result: 'timeout' }, missing.length);
-    this.log.warn({ jobId, missing, timeoutMs: this.dumpAckTimeoutMs }, 'dump job not acked by every rank in time');
-    try {
-      this.policy?.onDumpTimeout?.(jobId, missing);
-    } catch (e) {
-      this.log.error({ jobId, err: String(e) }, 'policy.onDumpTimeout failed');
-    }
-    this.emit('dump-timeout', { jobId, missing });
-  }
-
-  private onDumpResult(result: DumpResult): void {
-    const outcome = result.error ? 'error' : result.skippedReason ? 'skipped' : 'ok';
-    this.metrics.dumps.inc({ result: outcome });
-    if (!this.dumpAcks.ack(result)) {
-      this.log.info({ jobId: result.jobId, rank: result.globalRank }, 'dump result for a job no longer pending');
-    }
-    try {
-      this.policy?.onDumpResult(result);
-    } catch (e) {
-      this.log.error({ jobId: result.jobId, err: String(e) }, 'policy.onDumpResult failed');
-    }
-    this.emit('dump-result', result);
-  }
-
-  /** Dump jobs not yet acked by every expected rank nor timed out, grouped by wave. */
-  pendingDumpLanes(): DumpLane[] {
-    return this.dumpAcks.lanes();
+  /** `replica`'s dump jobs not yet acked by every expected rank nor timed out, grouped by wave. */
+  pendingDumpLanes(replica = 0): DumpLane[] {
+    return this.ledger.lanes(replica);
   }
 
   // ------------------------------------------------------------------ requests to agents
@@ -337,34 +285,9 @@ export class Coordinator extends EventEmitter {
     return this.rankTable.ready;
   }
 
-  /** The JSON /healthz serves and StatusReply.status_json carries. */
+  /** The JSON /healthz serves and StatusReply.status_json carries (coordinator-replies.ts). */
   status(): Record<string, unknown> {
-    const ranks = this.rankTable.statusJson();
-    let policyStatus: Record<string, unknown> = {};
-    try {
-      policyStatus = this.policy?.status() ?? {};
-    } catch (e) {
-      policyStatus = { policy_error: String(e) };
-    }
-    return {
-      epoch: this.epoch,
-      seq: this.seq,
-      wave: this.wave,
-      live_ranks: this.liveRanks(),
-      expected_ranks: this.expectedRanks,
-      ready: this.ready,
-      config_version: this.lastConfig.version,
-      pending_dumps: this.dumpAcks.jobIds(),
-      late_vectors: this.vectors.status().late,
-      missed_vectors: this.vectors.status().missed,
-      dropped: { ...this.stats.dropped },
-      security: {
-        ...(this.curve ? { curve: true, allowed_keys: this.opts.curve!.allow.size, refused: { ...this.stats.refused } } : { curve: false }),
-        bus_token: this.opts.busToken !== undefined,
-      },
-      ranks,
-      ...policyStatus,
-    };
+    return statusJson(this);
   }
 
   private checkReady(): void {
@@ -419,7 +342,7 @@ export class Coordinator extends EventEmitter {
     }
     switch (msg.body) {
       case 'status':
-        this.reply(routingId, { requestId: msg.requestId, status: this.statusReply() });
+        this.reply(routingId, { requestId: msg.requestId, status: statusReply(this) });
         return;
       case 'hello': {
         const id = msg.hello.identity ?? {};
@@ -429,7 +352,6 @@ export class Coordinator extends EventEmitter {
         s.subscribed = false;
         s.pid = id.pid ?? 0;
         s.host = id.host ?? '';
-        if (!this.expectedRanks.includes(r)) this.log.warn({ rank: r, expected: this.expectedRanks }, 'Hello from a rank that is not a last-PP rank of this layout');
         // Readiness handshake: the agent waits for any frame on its SUB before asking for a snapshot.
         this.heartbeatSoon();
         return;
@@ -439,7 +361,8 @@ export class Coordinator extends EventEmitter {
         const s = this.rankTable.touch(r, routingId);
         if (!s) return;
         if (s.hello) s.subscribed = true;
-        this.reply(routingId, { requestId: msg.requestId, snapshot: this.snapshotReply() });
+        // The replica comes from the rank's place in the layout, never from what the agent claims.
+        this.reply(routingId, { requestId: msg.requestId, snapshot: snapshotReply(this, rankCoordinates(r, this.layout).dpRank) });
         this.checkReady();
         return;
       }
@@ -457,12 +380,16 @@ export class Coordinator extends EventEmitter {
         if (!this.rankTable.touch(rank, routingId)) return;
         this.onDumpResult({ ...msg.dumpResult, globalRank: msg.dumpResult.globalRank || rank });
         return;
-      case 'waveHead':
+      case 'waveHead': {
         if (!this.rankTable.touch(rank, routingId)) return;
-        this.beginWave(msg.waveHead.wave, msg.waveHead.telemetry ?? null);
+        const replica = rankCoordinates(rank, this.layout).dpRank;
+        if (rank !== replicaHead(this.layout, replica)) return this.drops.drop('not_head', `a wave head from rank ${rank}; replica ${replica} is headed by rank ${replicaHead(this.layout, replica)}`);
+        this.beginWave(msg.waveHead.wave, msg.waveHead.telemetry ?? null, replica);
         return;
+      }
       case 'relay':
-        this.agentRequests.relay(routingId, msg);
+        if (CoordinatorFiles.wants(msg)) this.answerOwnFiles(routingId, msg);
+        else this.agentRequests.relay(routingId, msg);
         return;
       case 'fileList':
       case 'fileChunk': {
@@ -474,40 +401,12 @@ export class Coordinator extends EventEmitter {
     }
   }
 
-  private statusReply(): Record<string, unknown> {
-    return {
-      epoch: this.epoch,
-      seq: this.seq,
-      wave: this.wave,
-      liveRanks: this.liveRanks(),
-      expectedRanks: this.expectedRanks,
-      ready: this.ready,
-      statusJson: JSON.stringify(this.status()),
-      protocolVersion: PROTOCOL_VERSION,
-    };
+  /** A tool asks for the coordinator's own reports and dump records (coordinator-files.ts). */
+  private answerOwnFiles(routingId: Buffer, msg: AgentMsg): void {
+    const send = (route: Buffer, m: Record<string, unknown>, payload?: Buffer) => this.reply(route, m, payload);
+    (this.ownFiles ?? CoordinatorFiles.none).answer(routingId, msg, this.epoch, send).catch((e) => this.log.warn({ err: String(e) }, "answering a request for the coordinator's own files failed"));
   }
 
-  private snapshotReply(): Record<string, unknown> {
-    let cfg = { configVersion: this.lastConfig.version, configJson: this.lastConfig.configJson, manualDumpDone: 0 };
-    if (this.policy) {
-      try {
-        cfg = this.policy.snapshotState();
-      } catch (e) {
-        this.log.error({ err: String(e) }, 'policy.snapshotState failed; the snapshot carries the last published config');
-      }
-    }
-    // seq is the last one assigned: the state below already includes every frame up to it.
-    return {
-      epoch: this.epoch,
-      seq: this.seq,
-      wave: this.wave,
-      configVersion: cfg.configVersion,
-      configJson: cfg.configJson,
-      pending: this.dumpAcks.lanes(),
-      manualDumpDone: cfg.manualDumpDone,
-      protocolVersion: PROTOCOL_VERSION,
-    };
-  }
 }
 
 export { requestStatus, type StatusReplyMsg } from './status-client';

@@ -9,10 +9,25 @@ import { COLUMN_KEYS, columnsFromWire, type ColumnScratch } from '../client/tele
 
 const RequestStep = messageType('RequestStep');
 
-/** One-letter topics; a subscriber could filter on them, ours take all four. */
+/** One letter per frame kind, after the replica's prefix. */
 export const TOPIC = { head: 'W', config: 'C', dump: 'D', heartbeat: 'H' } as const;
 export type FrameKind = keyof typeof TOPIC;
 const KIND_OF_TOPIC: Record<string, FrameKind> = { W: 'head', C: 'config', D: 'dump', H: 'heartbeat' };
+
+/**
+ * The topic prefix of one replica's wave stream. ZeroMQ subscriptions match prefixes: the dot ends
+ * the number, so "r1." never matches "r10.W".
+ */
+export function replicaTopic(replica: number): string {
+  return `r${replica}.`;
+}
+
+/** The full topic of a frame: "r<replica>.<W|C|D|H>". */
+export function topicOf(replica: number, kind: FrameKind): string {
+  return `${replicaTopic(replica)}${TOPIC[kind]}`;
+}
+
+const TOPIC_RE = /^r(0|[1-9]\d{0,4})\.([WCDH])$/;
 
 export interface BusHeartbeat {
   wave: number;
@@ -25,6 +40,7 @@ export interface BusHeartbeat {
 export interface DecodedFrame {
   epoch: number;
   seq: number;
+  replica: number;
   kind: FrameKind;
   head?: WaveHead;
   config?: ConfigLane;
@@ -48,14 +64,18 @@ export type DropReason =
   | 'bad_mac' // a bus token is configured and the message's MAC is wrong
   | 'rank_out_of_range' // claims a global rank outside the job's world
   | 'wrong_connection' // claims a rank that said Hello on another connection
+  | 'not_head' // a wave head from a rank that does not head its replica's stream (its last-PP TP0)
   | 'protocol_version'; // a hello or tool request of another protocol version (answered with VersionRefused), or a later message of its connection
 
 export type Decoded<T> = { ok: true; value: T } | { ok: false; reason: DropReason; detail?: string };
 
-/** `trusted`: a body this process built from its own numbers and flags (wave heads, heartbeats), encoded without verify (proto.ts encodeTrusted). */
-export function encodeBusFrame(epoch: number, seq: number, kind: FrameKind, body: Record<string, unknown>, trusted = false): [string, Buffer] {
-  const msg = { epoch, seq, [kind]: body };
-  return [TOPIC[kind], trusted ? encodeTrusted(BusFrame, msg) : encode(BusFrame, msg)];
+/**
+ * A frame of `replica`'s stream. `trusted`: a body this process built from its own numbers and
+ * flags (wave heads, heartbeats), encoded without verify (proto.ts encodeTrusted).
+ */
+export function encodeBusFrame(epoch: number, seq: number, kind: FrameKind, body: Record<string, unknown>, trusted = false, replica = 0): [string, Buffer] {
+  const msg = { epoch, seq, replica, [kind]: body };
+  return [topicOf(replica, kind), trusted ? encodeTrusted(BusFrame, msg) : encode(BusFrame, msg)];
 }
 
 function classify(e: unknown): DropReason {
@@ -82,14 +102,17 @@ export function decodeBusFrame(parts: Buffer[], maxFrameBytes: number, token?: B
     if (!o.ok) return { ok: false, reason: o.reason, detail: `topic ${JSON.stringify(topicBuf.toString('latin1').slice(0, 16))}` };
     bytes = o.msg;
   }
-  const kind = KIND_OF_TOPIC[topicBuf.toString('latin1')];
-  if (kind === undefined) return { ok: false, reason: 'wrong_topic', detail: `topic ${JSON.stringify(topicBuf.toString('latin1').slice(0, 16))}` };
+  const m = TOPIC_RE.exec(topicBuf.length <= 8 ? topicBuf.toString('latin1') : '');
+  if (!m) return { ok: false, reason: 'wrong_topic', detail: `topic ${JSON.stringify(topicBuf.toString('latin1').slice(0, 16))}` };
+  const kind = KIND_OF_TOPIC[m[2]];
+  const replica = Number(m[1]);
   const d = safeDecode<Record<string, any>>(BusFrame, bytes);
   if (!d.ok) return d;
   const f = d.value;
   if (!f.body || !(f.epoch > 0) || !(f.seq > 0)) return { ok: false, reason: 'empty' };
-  if (f.body !== kind) return { ok: false, reason: 'wrong_topic', detail: `topic ${TOPIC[kind]} carries ${f.body}` };
-  return { ok: true, value: { epoch: f.epoch, seq: f.seq, kind, [kind]: f[kind] } };
+  if (f.body !== kind) return { ok: false, reason: 'wrong_topic', detail: `topic ${m[0]} carries ${f.body}` };
+  if (f.replica !== replica) return { ok: false, reason: 'wrong_topic', detail: `topic ${m[0]} carries a frame of replica ${f.replica}` };
+  return { ok: true, value: { epoch: f.epoch, seq: f.seq, replica, kind, [kind]: f[kind] } };
 }
 
 export type AgentMsg = Record<string, any> & { globalRank: number; epochSeen: number; requestId: number; body?: string };

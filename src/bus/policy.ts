@@ -1,29 +1,36 @@
 // What the coordinator asks of the logic that decides what is due (the runtime guard).
-// The bus moves frames; the policy decides which lanes each wave carries.
-import type { DumpJob, DumpResult, StepTelemetry } from '../messages';
+// The bus moves frames; the policy decides which lanes each wave of each replica carries.
+import type { AgentConfig, DumpJob, DumpResult, StepTelemetry } from '../messages';
+import type { DumpLedger } from '../guard/dump-ledger';
 
 export interface DueLanes {
-  /** A new effective config, applied by every rank at the end of the vector's wave (head + LOOKAHEAD_WAVES). */
-  config?: { version: number; configJson: string };
-  /** Dump jobs armed for the vector's wave (head + LOOKAHEAD_WAVES), copied at its end by every last-PP TP rank. */
+  /** A new effective config, applied by every rank of the replica at the end of the vector's wave (head + LOOKAHEAD_WAVES). */
+  config?: { version: number; config: AgentConfig };
+  /** Dump jobs armed for the vector's wave (head + LOOKAHEAD_WAVES), copied at its end by each job's ranks (its replica's). */
   dumps: DumpJob[];
 }
 
 export interface CoordinatorPolicy {
   /**
-   * TP0 of the last PP stage began `wave`; `telemetry` is what it observed in the previous wave
-   * (null when none was sent). Runs detectors, writes reports, arms dumps; returns the lanes of the
-   * vector published now, that of wave + LOOKAHEAD_WAVES (src/bus/constants.ts).
+   * The head of `replica` (its last-PP TP0) began `wave` of that replica's stream; `telemetry` is
+   * what it observed in the previous wave (null when none was sent). Runs detectors, writes
+   * reports, arms dumps; returns the lanes of the vector published now on that replica's stream,
+   * that of wave + LOOKAHEAD_WAVES (src/bus/constants.ts).
    */
-  onWaveHead(wave: number, telemetry: StepTelemetry | null): DueLanes;
-  /** A rank acked (or failed) a dump job. */
-  onDumpResult(result: DumpResult): void;
-  /** Ranks that have not acked `jobId` when its ack timeout expired. */
+  onWaveHead(replica: number, wave: number, telemetry: StepTelemetry | null): DueLanes;
+  /**
+   * The dump ledger the policy arms through. The coordinator counts acks and timeouts in this
+   * same object (one ledger); without one it keeps its own.
+   */
+  readonly ledger?: DumpLedger;
+  /** A rank acked (or failed) a dump job (already counted in the ledger). */
+  onDumpResult?(result: DumpResult): void;
+  /** Ranks that have not acked `jobId` when its ack timeout expired (already in the ledger). */
   onDumpTimeout?(jobId: string, missingRanks: number[]): void;
   /** Merged into /healthz and StatusReply.status_json. */
   status(): Record<string, unknown>;
-  /** What a (re)joining agent needs beyond the bus position. */
-  snapshotState(): { configVersion: number; configJson: string; manualDumpDone: number };
+  /** What a (re)joining agent of `replica` needs beyond its stream's position. */
+  snapshotState(replica: number): { configVersion: number; config: AgentConfig | null; manualDumpDone: number };
   /** Release timers, file watchers. */
   close?(): void;
 }

@@ -12,6 +12,8 @@ import { clientSocketOptions, type CurveClientKeys } from './curve';
 import { RequestMap } from './request-map';
 import { SendQueue } from './send-queue';
 import { PROTOCOL_VERSION, versionMismatch } from './protocol-version';
+import type { WorldLayout } from '../launch/identity';
+import { readLayoutJson } from '../paths';
 
 export class AggregateError extends WavebusError {
   constructor(message: string, code = 'ERR_AGGREGATE') {
@@ -130,10 +132,18 @@ export class RelayClient {
     return data ? withPayload(inner, data) : inner;
   }
 
-  async status(timeoutMs: number): Promise<{ liveRanks: number[]; expectedRanks: number[] }> {
+  /** `layout`: the job's, from the status JSON; undefined when it carries none or a malformed one. */
+  async status(timeoutMs: number): Promise<{ liveRanks: number[]; expectedRanks: number[]; layout?: WorldLayout }> {
     const m = this.checkVersion(await this.request({ status: { protocolVersion: PROTOCOL_VERSION } }, timeoutMs));
     if (m.body !== 'status') throw new AggregateError(`coordinator answered ${m.body} to a status request`);
-    return { liveRanks: (m.status.liveRanks ?? []).map(Number), expectedRanks: (m.status.expectedRanks ?? []).map(Number) };
+    let layout: WorldLayout | undefined;
+    try {
+      const r = readLayoutJson(JSON.parse(String(m.status.statusJson ?? '{}')).layout);
+      if ('layout' in r) layout = r.layout;
+    } catch {
+      /* unparseable status JSON: no layout, only rank<g> dirs are told apart */
+    }
+    return { liveRanks: (m.status.liveRanks ?? []).map(Number), expectedRanks: (m.status.expectedRanks ?? []).map(Number), layout };
   }
 
   /** A coordinator of another protocol version refuses (or, when older, answers without one): say so. */

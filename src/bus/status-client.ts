@@ -27,11 +27,17 @@ export interface StatusReplyMsg {
  * never answers, so this times out.
  */
 export async function requestStatus(coordinator: { host: string; port: number }, timeoutMs = 2000, curve?: CurveClientKeys, token?: BusToken): Promise<StatusReplyMsg> {
-  const dealer = new Dealer({ linger: 0, receiveTimeout: timeoutMs, ...socketIpOptions(coordinator.host), ...clientSocketOptions(curve) });
+  // sendTimeout too: after a refused CURVE handshake libzmq drops the pipe while it reconnects,
+  // and a send without a pipe would wait forever.
+  const dealer = new Dealer({ linger: 0, receiveTimeout: timeoutMs, sendTimeout: timeoutMs, ...socketIpOptions(coordinator.host), ...clientSocketOptions(curve) });
   try {
     dealer.connect(tcpEndpoint(coordinator.host, coordinator.port + 1));
     const ask = encodeAgentMessage({ requestId: 1, status: { protocolVersion: PROTOCOL_VERSION } });
-    await dealer.send(token ? token.seal('to-coordinator', ask) : ask);
+    try {
+      await dealer.send(token ? token.seal('to-coordinator', ask) : ask);
+    } catch {
+      throw new WavebusError('ERR_TIMEOUT', `could not send a status request to coordinator ${tcpEndpoint(coordinator.host, coordinator.port + 1)} within ${timeoutMs} ms`);
+    }
     for (;;) {
       let parts: Buffer[];
       try {

@@ -142,7 +142,7 @@ export class WavebusClient {
 
   /** The bound of a per-step call: the configured one, else the agent's end-of-wave bound. */
   callBoundMs(): number {
-    return this.bounds.call ?? this.features?.end_of_wave_timeout_ms ?? this.bounds.hello;
+    return this.bounds.call ?? this.features?.endOfWaveTimeoutMs ?? this.bounds.hello;
   }
 
   // The per-step calls are plain functions with an async slow path: with everything off (or
@@ -186,7 +186,7 @@ export class WavebusClient {
       this.head.reset();
       return;
     }
-    this.head.build(wave, telemetry, { detectors: Object.values(f.detectors).some(Boolean), epoch: this.mailbox.epoch() });
+    this.head.build(wave, telemetry, { detectors: f.detectors.length > 0, epoch: this.mailbox.epoch() });
   }
 
   /** End of `wave`: returns at once when nothing is due; never blocks longer than the configured bound. */
@@ -209,7 +209,7 @@ export class WavebusClient {
       return Promise.resolve({ due: false, timedOut: true });
     }
     // Late vector, agent known: sleep on the mailbox (woken by the agent's publish), not a round trip.
-    if (!slot && this.features && bits === this.featureBits) return this.awaitVector(wave, this.features.end_of_wave_timeout_ms);
+    if (!slot && this.features && bits === this.featureBits) return this.awaitVector(wave, this.features.endOfWaveTimeoutMs);
     return this.endOfWaveWithAgent(wave);
   }
 
@@ -260,7 +260,7 @@ export class WavebusClient {
       this.stats.endOfWaveTimeouts++;
       return { due: false, timedOut: true };
     }
-    const bound = this.bounds.call ?? f.end_of_wave_timeout_ms;
+    const bound = this.bounds.call ?? f.endOfWaveTimeoutMs;
     let reply: Reply | undefined;
     const deadline = Date.now() + bound + MARGIN_MS;
     try {
@@ -410,7 +410,8 @@ export class WavebusClient {
     const mismatch = protocolMismatch('client', reply.protocolVersion, `hello to the agent at ${this.endpoint}`);
     if (mismatch) throw mismatch;
     if (!reply.ok) throw new WavebusError(reply.errorCode || 'ERR_AGENT', `agent refused the client: ${reply.error}`);
-    this.features = JSON.parse(reply.featuresJson) as ClientFeatures;
+    if (!reply.features) throw new ProtocolError(`the agent at ${this.endpoint} answered hello without its features (ClientReply.features)`);
+    this.features = reply.features as ClientFeatures;
     this.featureBits = bits;
     await regions;
     return this.features;

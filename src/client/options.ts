@@ -8,13 +8,15 @@ const DEFAULT_HELLO_TIMEOUT_MS = 1000;
 const DEFAULT_CAPTURE_TIMEOUT_MS = 120000;
 const DEFAULT_PROBE_INTERVAL_MS = 1000;
 
+/** The agent's hello answer (proto Features): which features are on. */
 export interface ClientFeatures {
   tp0: boolean;
   bus: boolean;
-  detectors: Record<string, boolean>;
-  item_sync: boolean;
+  /** The enabled detectors, by config name. */
+  detectors: string[];
+  itemSync: boolean;
   snapshots: boolean;
-  end_of_wave_timeout_ms: number;
+  endOfWaveTimeoutMs: number;
 }
 
 export interface ConnectOptions {

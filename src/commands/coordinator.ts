@@ -12,8 +12,6 @@ import { identityFlagsFromArgv, identityOptions, resolveLayout } from '../launch
 import { createLogger } from '../log';
 import { Guard } from '../guard/guard';
 import { guardOptions, parseStartupOptions } from '../guard/startup';
-import { withStartupFacts } from '../guard/guard-policy';
-import { lastPpRanks } from '../launch/identity';
 import { keepFreedMemory } from '../malloc-tuning';
 
 const LAYOUT_FLAGS = ['world-size', 'tp', 'pp', 'dp', 'cp'];
@@ -70,21 +68,24 @@ export const command: CommandModule = {
     );
     const curve = loadServerKeys(argv['curve-secret-key'] as string | undefined, argv['curve-allow'] as string | undefined);
     const busToken = loadBusToken(argv['bus-token-file'], env);
-    const expected = lastPpRanks(layout);
     const artifactModes = parseArtifactMode(argv['artifact-mode'], '--artifact-mode');
-    const guard = new Guard({ startup, rank: expected[0], expectedRanks: expected, log, artifactModes });
+    const dumpAckTimeoutMs = msFlag(argv['dump-ack-timeout-ms'], '--dump-ack-timeout-ms');
+    // The guard's dump ledger is the coordinator's too (policy.ledger): one count of every ack.
+    const guard = new Guard({ startup, layout, dumpAckTimeoutMs, log, artifactModes });
     const coordinator = new Coordinator({
       host: String(argv.host),
       port,
       layout,
       heartbeatMs: msFlag(argv['heartbeat-ms'], '--heartbeat-ms'),
       metricsPort: argv['metrics-port'] !== undefined ? portFlag(argv['metrics-port'], '--metrics-port', 0) : undefined,
-      dumpAckTimeoutMs: msFlag(argv['dump-ack-timeout-ms'], '--dump-ack-timeout-ms'),
+      dumpAckTimeoutMs,
       insecure: Boolean(argv.insecure),
       curve,
       busToken,
       logger: log,
-      policy: withStartupFacts(guard, startup.hotReload),
+      policy: guard,
+      // Reports and dump records live on this host: `wavebus aggregate` collects them from here.
+      ownFiles: () => ({ reports: startup.reportDir, dumps: guard.dumpRoot() }),
     });
     const signal = waitForSignal();
     await coordinator.start();

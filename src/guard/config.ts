@@ -1,6 +1,7 @@
 // runtime_config.json: the schema, its defaults, validation and merging.
 // Effective config: at startup defaults ← overlay (startup.ts), on reload defaults ← file. Unknown keys anywhere are errors naming the
 // dotted path; wrong types and out-of-range values name the path and what was expected.
+import { PP_STAGES, type PpStages } from '../launch/identity';
 import { DEFAULT_TENSOR_FORMAT, TENSOR_FORMATS, type TensorFormat } from '../artifacts/tensor-format';
 import { ConfigError } from '../errors';
 
@@ -60,6 +61,8 @@ export interface RuntimeConfig {
     dump_dir?: string;
     free_headroom_bytes: number;
     format: DumpFormat;
+    /** Which pipeline stages copy a dump: "last" (the seed's), or "all" (each stage its layers). */
+    pp_stages: PpStages;
   };
   report: {
     max_per_req: number;
@@ -148,6 +151,7 @@ export const SCHEMA: Field = {
         dump_dir: { kind: 'string', optional: true },
         free_headroom_bytes: int(5 * 1024 ** 3, 0),
         format: { kind: 'enum', def: DEFAULT_TENSOR_FORMAT, values: [...TENSOR_FORMATS] },
+        pp_stages: { kind: 'enum', def: 'last', values: PP_STAGES },
       },
     },
     report: {
@@ -294,7 +298,7 @@ export function actionsFor(cfg: RuntimeConfig, name: DetectorName): Action[] {
   return cfg.detector[name].on_trigger ?? cfg.actions.defaults.on_trigger;
 }
 
-/** Stable JSON (keys in schema order, 2-space indent): what ranks receive and what is written back. */
+/** Stable JSON (keys in schema order, 2-space indent): the config file as written back, and how a reload compares. */
 export function configJson(cfg: RuntimeConfig): string {
   return JSON.stringify(cfg, null, 2);
 }

@@ -1,23 +1,26 @@
-// The runtime guard as the coordinator's policy: at the head of wave N it runs the enabled
-// detectors on the telemetry of wave N-1 (the detect wave), applies quotas, writes reports, arms
-// dump jobs for wave N + LOOKAHEAD_WAVES (the arm wave, copied at its end by every last-PP TP rank)
-// and hands out a new effective config when the file changed (applied by every rank at the end of
-// that same arm wave).
+// The runtime guard as the coordinator's policy: at the head of wave N of a DP replica it runs the
+// enabled detectors on that replica's telemetry of wave N-1 (the detect wave), applies quotas,
+// writes reports, arms dump jobs for wave N + LOOKAHEAD_WAVES (the arm wave, copied at its end by
+// that replica's dump ranks) and hands out a new effective config when the file changed (applied
+// by every rank of the replica at the end of that same arm wave). State per replica:
+// replica-state.ts (with its copy window, copy-window.ts); dump jobs: dump-ledger.ts.
 import type { Counter } from 'prom-client';
 import { DEFAULT_ARTIFACT_MODES, sensitiveModes, type ArtifactModes } from '../artifacts/artifact-mode';
 import type { CoordinatorPolicy, DueLanes } from '../bus/policy';
 import { LOOKAHEAD_WAVES } from '../bus/constants';
 import { createLogger, Logger } from '../log';
-import type { DumpJob, DumpResult, StepTelemetry, TelemetryColumns } from '../messages';
+import type { AgentConfig, DumpJob, StepTelemetry, TelemetryColumns } from '../messages';
 import { counter } from '../metrics';
-import { actionsFor, configJson, DetectorName, mergeConfig, RuntimeConfig } from './config';
-import { DetectorSet, Hit, MUTE_BIT, splitNonFinite } from './detectors';
-import { DumpBook } from './dumps';
-import { CopyWindow } from './copy-window';
-import { AutoDumpQuota, admitIncident } from './quotas';
+import { actionsFor, DetectorName, RuntimeConfig } from './config';
+import { agentConfig } from './agent-config';
+import { Hit, MUTE_BIT, splitNonFinite } from './detectors';
+import { DumpLedger } from './dump-ledger';
+import { admitIncident } from './quotas';
 import { ConfigFollower } from './reload';
-import { RequestTable, type ReqState } from './requests';
-import { StepPass, type KeepIds } from './step-pass';
+import type { ReqState } from './requests';
+import type { KeepIds } from './step-pass';
+import { ReplicaState } from './replica-state';
+import { replicaDumpRanks, replicaHead, type WorldLayout } from '../launch/identity';
 import { IncidentReport, writeReport } from './reports';
 import { TelemetryColumnizer } from '../client/telemetry';
 import { dumpRootOf, loadStartupConfig, StartupConfig, StartupIssue, StartupOptions } from './startup';
@@ -26,10 +29,10 @@ export const MANUAL_TRIGGER = 'manual_trigger';
 
 export interface GuardOptions {
   startup: StartupOptions;
-  /** Global rank of TP0 of the last PP stage (the seed's report writer); goes into reports. */
-  rank: number;
-  /** Global ranks of the last PP stage: every one of them copies each dump job. */
-  expectedRanks: number[];
+  /** The job's layout: its DP replicas, each headed by its last-PP TP0, and the ranks that copy its dumps. */
+  layout: WorldLayout;
+  /** How long a published dump job's ranks have to ack it (the ledger's timeout; default 10 s). */
+  dumpAckTimeoutMs?: number;
   /** The loaded startup config; loaded from `startup` when absent (throws ConfigError). */
   initial?: StartupConfig;
   log?: Logger;
@@ -52,25 +55,19 @@ export class Guard implements CoordinatorPolicy {
   private readonly follower: ConfigFollower | null;
   private cfg: RuntimeConfig;
   private version = 1;
-  private laneJson = '';
-  private configDue = true; // the first wave head carries the startup config
-  private detectors: DetectorSet;
-  private readonly requests = new RequestTable();
-  private readonly pass = new StepPass();
+  private lane!: AgentConfig;
+  /** Bumped when the detector settings change: each replica then restarts its detector state. */
+  private detectorGen = 0;
+  private readonly replicas: ReplicaState[];
   /** Row-form telemetry (tests, older clients) is turned into columns here. */
   private readonly rowColumns = new TelemetryColumnizer();
   /** Per-step scratch, reused: hits of this wave head and the request each belongs to. */
   private readonly hits: Hit[] = [];
   private readonly hitStates: ReqState[] = [];
   private keepTail = false;
-  private manualDone: number;
-  private readonly autoQuota = new AutoDumpQuota();
-  private readonly dumps: DumpBook;
-  private readonly window = new CopyWindow();
+  /** The one dump ledger (the coordinator counts acks in it too). */
+  readonly ledger: DumpLedger;
   private readonly incidents: Record<string, Record<string, number>> = {};
-  private unattributedNonFinite = 0;
-  private lastUnattributedLogWave = -1;
-  private lastWave = -1;
   private readonly metric: Counter<'incident_type' | 'action'>;
   private readonly startupIssues: StartupIssue[];
 
@@ -92,10 +89,10 @@ export class Guard implements CoordinatorPolicy {
           log: this.log,
         })
       : null;
-    this.detectors = new DetectorSet(this.cfg);
     this.keepTail = this.cfg.report.save_sensitive_info;
-    this.manualDone = opts.manualDumpDone ?? 0;
-    this.dumps = new DumpBook(opts.expectedRanks, opts.rank, this.log, opts.artifactModes);
+    const { layout } = opts;
+    this.replicas = Array.from({ length: layout.dp }, (_, r) => new ReplicaState(r, replicaHead(layout, r), opts.manualDumpDone ?? 0, this.cfg, 0));
+    this.ledger = new DumpLedger({ ackTimeoutMs: opts.dumpAckTimeoutMs, layout, log: this.log, modes: opts.artifactModes });
     this.metric = counter('wavebus_incidents_total', 'Runtime guard incidents, by type and action taken', ['incident_type', 'action'] as const);
     this.refreshLane();
   }
@@ -110,8 +107,8 @@ export class Guard implements CoordinatorPolicy {
   }
 
   private refreshLane(): void {
-    // Ranks receive the effective config with the dump root resolved.
-    this.laneJson = configJson(mergeConfig(this.cfg, { dump: { dump_dir: this.dumpRoot() } }));
+    // Ranks receive what they act on, with the dump root resolved.
+    this.lane = agentConfig(this.cfg, { hotReload: this.opts.startup.hotReload, dumpRoot: this.dumpRoot() });
   }
 
   private pollConfig(): void {
@@ -123,12 +120,9 @@ export class Guard implements CoordinatorPolicy {
     this.keepTail = this.cfg.report.save_sensitive_info;
     this.version = r.version;
     this.refreshLane();
-    this.configDue = true;
-    if (detectorsChanged) {
-      // New windows/thresholds: detector state restarts (a new, zeroed slab under the same
-      // slots); quotas (and muted detectors) stay.
-      this.detectors = new DetectorSet(this.cfg);
-    }
+    // New windows/thresholds: detector state restarts (a new, zeroed slab under the same slots,
+    // per replica at its next head); quotas (and muted detectors) stay.
+    if (detectorsChanged) this.detectorGen++;
   }
 
   /** What this step keeps of the request's token ids (the report config in force). */
@@ -136,9 +130,18 @@ export class Guard implements CoordinatorPolicy {
     return { keepTail: this.keepTail, maxPromptTokenIds: this.cfg.report.max_prompt_token_ids, maxOutputTokenIds: this.cfg.report.max_output_token_ids };
   }
 
-  onWaveHead(headWave: number, telemetry: StepTelemetry | null): DueLanes {
-    this.lastWave = headWave;
+  /** A replica's state; a replica outside the layout is a caller's bug. */
+  private replica(replica: number): ReplicaState {
+    const r = this.replicas[replica];
+    if (!r) throw new RangeError(`replica ${replica} is outside the layout's dp=${this.replicas.length}`);
+    return r;
+  }
+
+  onWaveHead(replica: number, headWave: number, telemetry: StepTelemetry | null): DueLanes {
+    const rs = this.replica(replica);
+    rs.lastWave = headWave;
     this.pollConfig();
+    rs.syncDetectors(this.cfg, this.detectorGen);
     // Everything decided now is due in the vector published now: the arm wave.
     const wave = headWave + LOOKAHEAD_WAVES;
     const detectWave = headWave - 1;
@@ -150,43 +153,47 @@ export class Guard implements CoordinatorPolicy {
       hits.length = 0;
       hitStates.length = 0;
       const c: TelemetryColumns | null = telemetry.columns ?? (telemetry.requests ? this.rowColumns.columns(telemetry.requests) : null);
-      if (c) freedNow = this.pass.run(c, this.requests, this.detectors, this.keepIds(), hits, hitStates);
+      if (c) freedNow = rs.pass.run(c, rs.requests, rs.detectors, this.keepIds(), hits, hitStates);
       const nonFinite = telemetry.nonFinite ?? [];
-      if (this.detectors.logitsFinite && nonFinite.length > 0) {
+      if (rs.detectors.logitsFinite && nonFinite.length > 0) {
         const split = splitNonFinite(nonFinite);
         if (split.unattributed.length > 0) {
-          this.unattributedNonFinite += split.unattributed.length;
-          if (this.lastUnattributedLogWave !== wave) {
-            this.lastUnattributedLogWave = wave;
-            this.log.warn({ wave: detectWave, rows: split.unattributed.map((r) => r.row) }, 'non-finite logits in rows with no request; no report');
+          rs.unattributedNonFinite += split.unattributed.length;
+          if (rs.lastUnattributedLogWave !== wave) {
+            rs.lastUnattributedLogWave = wave;
+            this.log.warn({ dp_rank: replica, wave: detectWave, rows: split.unattributed.map((r) => r.row) }, 'non-finite logits in rows with no request; no report');
           }
         }
         for (const [reqId, hit] of split.byRequest) {
-          const st = this.requests.state(reqId);
+          const st = rs.requests.state(reqId);
           if ((st.muted & MUTE_BIT.logits_finite) !== 0) continue;
           hits.push({ type: 'logits_finite', detail: hit as unknown as Record<string, unknown> });
           hitStates.push(st);
         }
       }
-      for (let k = 0; k < hits.length; k++) this.incident(hits[k], hitStates[k], wave, dumps);
+      for (let k = 0; k < hits.length; k++) this.incident(rs, hits[k], hitStates[k], wave, dumps);
       hits.length = 0;
       hitStates.length = 0;
     }
-    this.manualTrigger(wave, dumps);
+    // A config that switches dump.pp_stages and asks for a manual dump at once: the other stages
+    // learn the switch from this vector's config lane, so the manual dump waits one wave for it.
+    if (rs.ppStagesLive === this.cfg.dump.pp_stages) this.manualTrigger(rs, wave, dumps);
     if (freedNow) {
       for (const st of freedNow) {
-        for (const j of this.window.freed(st.reqId, detectWave)) this.dumps.markFreedBeforeCopy(j.jobId, detectWave);
-        this.requests.forget(st);
+        for (const j of rs.window.freed(st.reqId, detectWave)) this.ledger.markFreedBeforeCopy(j.jobId, detectWave);
+        rs.requests.forget(st);
       }
     }
-    // The telemetry of detectWave is in (or the engine sends none: nothing more can be known): jobs
-    // copied at its end or before are out of the window.
-    for (const j of this.window.closeThrough(detectWave)) this.dumps.windowClosed(j.jobId);
+    // The replica's telemetry of detectWave is in (or the engine sends none: nothing more can be
+    // known): its jobs copied at its end or before are out of the window.
+    for (const j of rs.window.closeThrough(detectWave)) this.ledger.windowClosed(j.jobId);
     const lanes: DueLanes = { dumps };
-    if (this.configDue) {
-      this.configDue = false;
-      lanes.config = { version: this.version, configJson: this.laneJson };
+    // The first head of each replica carries the startup config; a new one goes to each replica at its own next head.
+    if (rs.configSent !== this.version) {
+      rs.configSent = this.version;
+      lanes.config = { version: this.version, config: this.lane };
     }
+    rs.ppStagesLive = this.cfg.dump.pp_stages;
     return lanes;
   }
 
@@ -197,21 +204,29 @@ export class Guard implements CoordinatorPolicy {
   }
 
   /** Arm one request's dump or refuse it (freed → finished_or_reaped; no blocks → empty_block_ids). */
-  private armOne(type: string, st: ReqState, detectWave: number, wave: number, dumps: DumpJob[], info: Record<string, unknown>): { job?: DumpJob; skipped?: string; dir?: string } {
+  private armOne(rs: ReplicaState, type: string, st: ReqState, detectWave: number, wave: number, dumps: DumpJob[], info: Record<string, unknown>): { job?: DumpJob; skipped?: string; dir?: string } {
     const root = this.dumpRoot();
+    const replica = rs.replica;
     if (st.freed) {
-      return { skipped: 'finished_or_reaped', dir: this.dumps.refuse(root, { incidentType: type, reqId: st.reqId, wave, reason: 'finished_or_reaped' }) };
+      return { skipped: 'finished_or_reaped', dir: this.ledger.refuse(root, { incidentType: type, reqId: st.reqId, wave, replica, reason: 'finished_or_reaped' }) };
     }
     if (st.blockIds.length === 0) {
-      return { skipped: 'empty_block_ids', dir: this.dumps.refuse(root, { incidentType: type, reqId: st.reqId, wave, reason: 'empty_block_ids' }) };
+      return { skipped: 'empty_block_ids', dir: this.ledger.refuse(root, { incidentType: type, reqId: st.reqId, wave, replica, reason: 'empty_block_ids' }) };
     }
-    const job = this.dumps.arm(root, {
+    // The stages the replica's ranks already act on: a switch to "all" puts the other stages on the
+    // vector when its config lane arrives, so they copy from the replica's next wave on.
+    const ppStages = rs.ppStagesLive;
+    const job = this.ledger.arm(root, {
       incidentType: type,
       reqId: st.reqId,
       blockIds: st.blockIds,
       detectWave,
       armWave: wave,
       requestFinishedAtDump: st.finished,
+      replica,
+      ranks: replicaDumpRanks(this.opts.layout, replica, ppStages),
+      ppStages,
+      copyWindow: true,
       info: {
         prompt_token_count: st.promptLen,
         output_token_count: st.outputTokens,
@@ -222,12 +237,12 @@ export class Guard implements CoordinatorPolicy {
     });
     if (job) {
       dumps.push(job);
-      this.window.arm(job);
+      rs.window.arm(job);
     }
     return job ? { job } : {};
   }
 
-  private incident(hit: Hit, st: ReqState, wave: number, dumps: DumpJob[]): void {
+  private incident(rs: ReplicaState, hit: Hit, st: ReqState, wave: number, dumps: DumpJob[]): void {
     const type: DetectorName = hit.type;
     const detectWave = wave - LOOKAHEAD_WAVES - 1;
     const cfg = this.cfg;
@@ -248,20 +263,21 @@ export class Guard implements CoordinatorPolicy {
     let skippedReason: string | undefined;
     let finishedAtDump = false;
     if (wantDump) {
-      const taken = this.autoQuota.tryTake(this.clock(), cfg.dump);
+      const taken = rs.autoQuota.tryTake(this.clock(), cfg.dump);
       if (!taken.ok) {
         skippedReason = 'quota_or_cooldown_blocked';
-        dumpDir = this.dumps.refuse(this.dumpRoot(), {
+        dumpDir = this.ledger.refuse(this.dumpRoot(), {
           incidentType: type,
           reqId: st.reqId,
           wave,
+          replica: rs.replica,
           reason: 'quota_or_cooldown_blocked',
-          detail: { blocked_by: taken.reason, auto_dumps_used: this.autoQuota.used, auto_max_times: cfg.dump.auto_max_times, auto_cooldown_seconds: cfg.dump.auto_cooldown_seconds },
+          detail: { blocked_by: taken.reason, auto_dumps_used: rs.autoQuota.used, auto_max_times: cfg.dump.auto_max_times, auto_cooldown_seconds: cfg.dump.auto_cooldown_seconds },
         }).replace(/[/\\]dump_skipped\.json$/, '');
         this.count(type, 'dump_skipped');
       } else {
         const info = { detector_detail: hit.detail };
-        const own = this.armOne(type, st, detectWave, wave, dumps, info);
+        const own = this.armOne(rs, type, st, detectWave, wave, dumps, info);
         if (own.job) {
           dumpArmWave = wave;
           dumpDir = own.job.dumpDir;
@@ -273,9 +289,9 @@ export class Guard implements CoordinatorPolicy {
           this.count(type, 'dump_skipped');
         }
         if ((cfg.detector[type].dump_kv?.scope ?? 'request') === 'all_requests') {
-          for (const other of this.requests.reqs.values()) {
+          for (const other of rs.requests.reqs.values()) {
             if (other === st || other.finished || other.freed) continue;
-            this.armOne(type, other, detectWave, wave, dumps, { triggered_by_req_id: st.reqId });
+            this.armOne(rs, type, other, detectWave, wave, dumps, { triggered_by_req_id: st.reqId });
           }
         }
       }
@@ -291,11 +307,12 @@ export class Guard implements CoordinatorPolicy {
         ts: new Date().toISOString(),
         incident_type: type,
         req_id: st.reqId,
-        rank: this.opts.rank,
+        rank: rs.headRank,
+        dp_rank: rs.replica,
         detect_wave: detectWave,
         dump_attempted: wantDump,
         dump_arm_wave: dumpArmWave,
-        dump_count: this.autoQuota.used,
+        dump_count: rs.autoQuota.used,
         dump_max_times: cfg.dump.auto_max_times,
         dump_dir: dumpDir,
         detail,
@@ -308,7 +325,7 @@ export class Guard implements CoordinatorPolicy {
         const modes = this.opts.artifactModes ?? DEFAULT_ARTIFACT_MODES;
         const file = writeReport(this.opts.startup.reportDir, report, new Date(), this.opts.pid, cfg.report.save_sensitive_info ? sensitiveModes(modes) : modes);
         this.count(type, 'report');
-        this.log.warn({ incident_type: type, req_id: st.reqId, wave: detectWave, file }, 'runtime guard incident');
+        this.log.warn({ incident_type: type, req_id: st.reqId, dp_rank: rs.replica, wave: detectWave, file }, 'runtime guard incident');
       } catch (e) {
         // A full disk must not take the coordinator down; the counter shows it.
         this.count(type, 'report_failed');
@@ -317,36 +334,23 @@ export class Guard implements CoordinatorPolicy {
     }
   }
 
-  /** dump.manual_dump watermark: one manual dump of all running requests per wave while behind. */
-  private manualTrigger(wave: number, dumps: DumpJob[]): void {
-    if (this.cfg.dump.manual_dump <= this.manualDone) return;
-    this.manualDone++;
-    const running = [...this.requests.reqs.values()].filter((st) => !st.finished && !st.freed);
-    this.log.info({ wave, manual_dump: this.cfg.dump.manual_dump, done: this.manualDone, requests: running.length }, 'manual dump');
+  /**
+   * dump.manual_dump watermark, per replica: while a replica is behind it, one manual dump of all
+   * its running requests per wave head of that replica (so one raise reaches every replica).
+   */
+  private manualTrigger(rs: ReplicaState, wave: number, dumps: DumpJob[]): void {
+    if (this.cfg.dump.manual_dump <= rs.manualDone) return;
+    rs.manualDone++;
+    const running = [...rs.requests.reqs.values()].filter((st) => !st.finished && !st.freed);
+    this.log.info({ dp_rank: rs.replica, wave, manual_dump: this.cfg.dump.manual_dump, done: rs.manualDone, requests: running.length }, 'manual dump');
     if (running.length === 0) {
-      this.dumps.refuse(this.dumpRoot(), { incidentType: MANUAL_TRIGGER, reqId: '', wave, reason: 'no_dump_targets' });
+      this.ledger.refuse(this.dumpRoot(), { incidentType: MANUAL_TRIGGER, reqId: '', wave, replica: rs.replica, reason: 'no_dump_targets' });
       this.count(MANUAL_TRIGGER, 'dump_skipped');
       return;
     }
     for (const st of running) {
-      const r = this.armOne(MANUAL_TRIGGER, st, wave - LOOKAHEAD_WAVES - 1, wave, dumps, { manual_dump: this.manualDone });
+      const r = this.armOne(rs, MANUAL_TRIGGER, st, wave - LOOKAHEAD_WAVES - 1, wave, dumps, { manual_dump: rs.manualDone });
       this.count(MANUAL_TRIGGER, r.job ? 'dump_kv' : r.dir ? 'dump_skipped' : 'duplicate');
-    }
-  }
-
-  onDumpResult(result: DumpResult): void {
-    try {
-      this.dumps.onResult(result);
-    } catch (e) {
-      this.log.error({ job_id: result.jobId, err: (e as Error).message }, 'cannot record dump result');
-    }
-  }
-
-  onDumpTimeout(jobId: string, missingRanks: number[]): void {
-    try {
-      this.dumps.onTimeout(jobId, missingRanks);
-    } catch (e) {
-      this.log.error({ job_id: jobId, err: (e as Error).message }, 'cannot record dump timeout');
     }
   }
 
@@ -358,36 +362,33 @@ export class Guard implements CoordinatorPolicy {
       config_rejections: this.follower?.rejections ?? 0,
       config_error: this.follower?.lastError ?? null,
       startup_config_errors: this.startupIssues,
-      wave: this.lastWave,
+      // Replica 0's, and every replica's under `guard_replicas` (the automatic-dump quota is per replica).
+      wave: this.replicas[0].lastWave,
       manual_dump: this.cfg.dump.manual_dump,
-      manual_dump_done: this.manualDone,
-      auto_dumps_used: this.autoQuota.used,
+      manual_dump_done: Math.min(...this.replicas.map((r) => r.manualDone)),
+      auto_dumps_used: this.replicas.reduce((n, r) => n + r.autoQuota.used, 0),
       auto_max_times: this.cfg.dump.auto_max_times,
+      pp_stages: this.cfg.dump.pp_stages,
       incidents: this.incidents,
-      dumps: {
-        armed: this.dumps.armed,
-        completed: this.dumps.completed,
-        incomplete: this.dumps.incomplete,
-        pending: this.dumps.pending(),
-        skipped: this.dumps.skipped,
-        duplicates: this.dumps.duplicates,
-        unknown_results: this.dumps.unknownResults,
-        freed_before_copy: this.dumps.freedBeforeCopy,
-      },
-      unattributed_non_finite: this.unattributedNonFinite,
-      unbound_telemetry_rows: this.pass.unboundRows,
-      tracked_requests: this.requests.reqs.size,
+      dumps: this.ledger.status(),
+      guard_replicas: Object.fromEntries(this.replicas.map((r) => [String(r.replica), r.status()])),
+      unattributed_non_finite: this.replicas.reduce((n, r) => n + r.unattributedNonFinite, 0),
+      unbound_telemetry_rows: this.replicas.reduce((n, r) => n + r.pass.unboundRows, 0),
+      tracked_requests: this.replicas.reduce((n, r) => n + r.requests.reqs.size, 0),
       report_dir: this.opts.startup.reportDir,
       dump_dir: this.dumpRoot(),
     };
   }
 
-  snapshotState(): { configVersion: number; configJson: string; manualDumpDone: number } {
-    return { configVersion: this.version, configJson: this.laneJson, manualDumpDone: this.manualDone };
+  snapshotState(replica: number): { configVersion: number; config: AgentConfig; manualDumpDone: number } {
+    return { configVersion: this.version, config: this.lane, manualDumpDone: this.replica(replica).manualDone };
   }
 
   close(): void {
-    for (const j of this.window.drain()) this.dumps.windowClosed(j.jobId, true);
-    this.requests.clear();
+    for (const r of this.replicas) {
+      for (const j of r.window.drain()) this.ledger.windowClosed(j.jobId, true);
+      r.requests.clear();
+    }
+    this.ledger.clear();
   }
 }

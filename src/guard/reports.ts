@@ -17,6 +17,8 @@ export interface IncidentReport {
   incident_type: string;
   req_id: string | null;
   rank: number;
+  /** The DP replica whose request it is (its head rank is `rank`). */
+  dp_rank: number;
   detect_wave: number;
   dump_attempted: boolean;
   dump_arm_wave: number | null;

@@ -203,6 +203,32 @@ export function lastPpRanks(layout: WorldLayout): number[] {
   return out;
 }
 
+/** dump.pp_stages: which pipeline stages copy a dump (the seed: the last one). */
+export const PP_STAGES = ['last', 'all'] as const;
+export type PpStages = (typeof PP_STAGES)[number];
+
+/** The DP replica (dp rank) of a global rank: derived from the layout, never from what a peer claims. */
+export function replicaOf(globalRank: number, layout: WorldLayout): number {
+  return rankCoordinates(globalRank, layout).dpRank;
+}
+
+/** The rank that heads a replica's wave stream: its last-PP TP0 (CP rank 0). */
+export function replicaHead(layout: WorldLayout, replica: number): number {
+  return globalRankOf({ dpRank: replica, ppRank: layout.pp - 1, cpRank: 0, tpRank: 0 }, layout);
+}
+
+/**
+ * The ranks of one replica that copy its dump jobs, ascending: its last-PP TP (and CP) ranks, or
+ * with pp_stages "all" every stage's.
+ */
+export function replicaDumpRanks(layout: WorldLayout, replica: number, ppStages: PpStages = 'last'): number[] {
+  const out: number[] = [];
+  for (let pp = ppStages === 'all' ? 0 : layout.pp - 1; pp < layout.pp; pp++) {
+    for (let cp = 0; cp < layout.cp; cp++) for (let tp = 0; tp < layout.tp; tp++) out.push(globalRankOf({ dpRank: replica, ppRank: pp, cpRank: cp, tpRank: tp }, layout));
+  }
+  return out.sort((a, b) => a - b);
+}
+
 /** Refuse to combine a rank from one launcher with a size from another (e.g. torchrun RANK with SLURM_NTASKS). */
 function checkSameLauncher(rank: Sourced<number> | undefined, size: Sourced<number> | undefined, flagPair: string): void {
   if (!rank || !size) return;

@@ -13,6 +13,11 @@ export interface SchedulerOptions {
   /** Speculative tokens per step (0 = off). */
   speculative: number;
   seed?: number;
+  /**
+   * The DP replica (dp rank): replicas serve the same request ids (ids may repeat across
+   * replicas) with different lengths, so their block tables differ.
+   */
+  replica?: number;
 }
 
 export interface SimRequest {
@@ -68,7 +73,7 @@ export class SimScheduler {
         // vLLM appends a unique suffix to the caller's id: 'req-3' becomes 'req-3-9a8546d5'.
         id: `req-${i}-${suffix(i, seed)}`,
         promptLen: 12 + ((i * 7) % 29),
-        maxTokens: 48 + ((i * 13) % 40),
+        maxTokens: 48 + ((i * 13 + (opts.replica ?? 0) * 7) % 40),
         arrival: 1 + Math.floor(i / 2),
         blockIds: [],
         tokens: [],

@@ -4,7 +4,7 @@
 import * as fs from 'fs';
 import * as path from 'path';
 import type { AggregatedFile, AggregateProgress } from './aggregate';
-import { partName, type AggregateRoot } from './aggregate-listing';
+import { COORDINATOR_SOURCE, partName, type AggregateRoot } from './aggregate-listing';
 import { payloadOf } from '../bus/payload';
 import { crc32c, crc32cCombine, crc32cOfFd, formatChecksum } from '../artifacts/checksum';
 import type { WavebusError } from '../errors';
@@ -12,7 +12,10 @@ import { AggregateError, type RelayClient } from '../bus/relay-client';
 
 /** A file to fetch: where it goes, what the listing says it is, who listed it. */
 export interface Planned {
+  /** Where it goes in the output tree. */
   root: AggregateRoot;
+  /** The root to ask for: the local one for a rank's file, 'reports' / 'dump_records' for the coordinator's. */
+  wireRoot: string;
   path: string;
   local: string;
   bytes: number;
@@ -61,7 +64,7 @@ export async function fetchOne(client: RelayClient, f: Planned, ctx: FetchCtx): 
       } catch (e) {
         if ((e as WavebusError).code === 'ERR_INJECTED') throw e;
         const err = e as AggregateError;
-        errors.push(`rank ${rank}: ${err.message}`);
+        errors.push(`${rank === COORDINATOR_SOURCE ? 'the coordinator' : `rank ${rank}`}: ${err.message}`);
         if (err.code !== 'ERR_RESUMED_MISMATCH') break;
       }
     }
@@ -191,7 +194,8 @@ async function fetchFile(client: RelayClient, rank: number, f: Planned, ctx: Fet
 async function fetchChunk(client: RelayClient, rank: number, f: Planned, offset: number, length: number, timeoutMs: number): Promise<Chunk> {
   let last = '';
   for (let attempt = 0; attempt < CHUNK_ATTEMPTS; attempt++) {
-    const c = await client.relay(rank, 'fileChunk', { root: f.root, path: f.path, offset, length }, timeoutMs);
+    // The coordinator answers its own roots whatever the rank field says (coordinator-files.ts).
+    const c = await client.relay(rank === COORDINATOR_SOURCE ? 0 : rank, 'fileChunk', { root: f.wireRoot, path: f.path, offset, length }, timeoutMs);
     // The bytes come as the reply's own frame; an agent that put them in the message is served too.
     const frame = payloadOf(c);
     const inline: Buffer | undefined = c.data?.length ? c.data : undefined;

@@ -20,7 +20,11 @@ export const MAX_LISTED_FILES = 100000;
 export const PART_SUFFIX = '.part';
 const PART_EXTRA_BYTES = 1 + PART_SUFFIX.length;
 
-export type AggregateRoot = 'dumps' | 'snapshots';
+/** Folders of the output tree: the ranks' dumps and snapshots, the coordinator's reports (its dump records go into dumps/). */
+export type AggregateRoot = 'dumps' | 'snapshots' | 'reports';
+
+/** In a manifest, the rank that lists or served a file of the coordinator's own (reports, dump records). */
+export const COORDINATOR_SOURCE = -1;
 
 export function partName(local: string): string {
   return path.join(path.dirname(local), `.${path.basename(local)}${PART_SUFFIX}`);

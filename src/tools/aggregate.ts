@@ -17,17 +17,20 @@ import { fetchOne, type Planned } from './aggregate-fetch';
 import { AggregateError, RelayClient } from '../bus/relay-client';
 import { ConfigError, WavebusError } from '../errors';
 import { fsyncDir, writeJsonAtomic } from '../artifacts/atomic-write';
+import { inKvRankDirOf } from '../paths';
 import {
   checkListedChecksum,
   checkListedSize,
   freeBytesAt,
   localPathFor,
+  COORDINATOR_SOURCE,
   MAX_LISTED_FILES,
   shownPath,
   type AggregateRoot,
 } from './aggregate-listing';
 
 export type { AggregateRoot } from './aggregate-listing';
+export { COORDINATOR_SOURCE } from './aggregate-listing';
 export { localPathFor } from './aggregate-listing';
 export const AGGREGATE_MANIFEST = 'manifest.json';
 export const AGGREGATE_KIND = 'wavebus_aggregate';
@@ -61,7 +64,7 @@ export interface AggregateOptions {
   /** CURVE client keys, for a coordinator that runs with CURVE (--curve-dir, docs/security.md). */
   curve?: CurveClientKeys;
   out: string;
-  what?: 'all' | AggregateRoot;
+  what?: 'all' | 'dumps' | 'snapshots';
   /** Relative path prefix under each root ("" = everything). */
   prefix?: string;
   /** Keep only files under a `call<N>` directory (one snapshot call). */
@@ -111,7 +114,7 @@ export interface AggregateManifest {
   kind: typeof AGGREGATE_KIND;
   schema: 1;
   coordinator: string;
-  what: 'all' | AggregateRoot;
+  what: 'all' | 'dumps' | 'snapshots';
   prefix: string;
   call: number | null;
   created_unix_ms: number;
@@ -120,13 +123,18 @@ export interface AggregateManifest {
   present_ranks: number[];
   missing_ranks: number[];
   ranks: Record<string, RankListing>;
+  /**
+   * The coordinator's own listing (reports, dump records; not asked with --what snapshots). Its
+   * files carry rank -1 (COORDINATOR_SOURCE).
+   */
+  coordinator_files: RankListing & { asked: boolean };
   files: AggregatedFile[];
   refused: RefusedPath[];
   conflicts: { root: AggregateRoot; path: string; detail: string }[];
   totals: { files: number; bytes: number; fetched_files: number; fetched_bytes: number; present_files: number; failed_files: number; refused: number };
   /** Messages from the coordinator that were not well-formed replies, dropped, by reason. */
   dropped: Record<string, number>;
-  /** Nothing missing, nothing failed, nothing refused, every file verified. */
+  /** Nothing missing, nothing failed, nothing refused, every file verified, the coordinator's files listed. */
   complete: boolean;
 }
 
@@ -161,7 +169,76 @@ export async function aggregate(opts: AggregateOptions): Promise<AggregateManife
     const planned = new Map<string, Planned>();
     let freeBudget = freeBytesAt(out);
 
-    // 1. Ask every rank what it has (ranks on one host share a filesystem and list the same files).
+    // Every entry of a listing is checked here before it is planned; `source` is a rank, or
+    // COORDINATOR_SOURCE for the coordinator's own reports and dump records.
+    const plan1 = (source: number, wireRoot: string, root: AggregateRoot, files: unknown[], l: RankListing) => {
+      if (files.length > MAX_LISTED_FILES) {
+        refused.push({ rank: source, root, path: '', reason: `listing of ${files.length} entries is over the limit of ${MAX_LISTED_FILES} (MAX_LISTED_FILES); the rest is not fetched` });
+      }
+      for (const entry of files.slice(0, MAX_LISTED_FILES)) {
+        const f = (entry ?? {}) as Record<string, unknown>;
+        const where = localPathFor(out, root, f.path);
+        if ('reason' in where) {
+          refused.push({ rank: source, root, path: shownPath(f.path), reason: where.reason });
+          continue;
+        }
+        const rel = f.path as string;
+        if (opts.call !== undefined && !rel.split('/').includes(`call${opts.call}`)) continue;
+        const sum = checkListedChecksum(f.checksum);
+        if ('reason' in sum) {
+          refused.push({ rank: source, root, path: rel, reason: sum.reason });
+          continue;
+        }
+        const size = checkListedSize(f.bytes, freeBudget);
+        if ('reason' in size) {
+          refused.push({ rank: source, root, path: rel, reason: size.reason });
+          continue;
+        }
+        const { crc } = sum;
+        const { bytes } = size;
+        l.files++;
+        l.bytes += bytes;
+        const key = `${root}/${rel}`;
+        const prev = planned.get(key);
+        const mine = { root, wireRoot, path: rel, local: where.path, bytes, checksum: String(f.checksum), crc };
+        if (!prev) {
+          freeBudget -= bytes; // planned files share the free space
+          planned.set(key, { ...mine, listedBy: [source] });
+        } else if (prev.bytes === bytes && prev.crc === crc) {
+          // The coordinator's records are listed first; agents sharing its dump root list the same files.
+          if (prev.listedBy[0] !== COORDINATOR_SOURCE) prev.listedBy.push(source);
+        } else {
+          const who = (r: number) => (r === COORDINATOR_SOURCE ? 'the coordinator' : `rank ${r}`);
+          conflicts.push({ root, path: rel, detail: `${who(source)} lists ${bytes} bytes ${f.checksum}, ${who(prev.listedBy[0])} lists ${prev.bytes} bytes ${prev.checksum}` });
+          // The writer's version wins: the coordinator for its records, else the rank whose own KV
+          // dump dir (dp*_tp*_pp*_cp*, or rank<g> of older dumps) holds the file.
+          if (prev.listedBy[0] !== COORDINATOR_SOURCE && source !== COORDINATOR_SOURCE && inKvRankDirOf(rel, source, st.layout)) {
+            planned.set(key, { ...mine, listedBy: [source, ...prev.listedBy] });
+          }
+        }
+      }
+    };
+
+    // 1. The coordinator's own files: reports and the dump records of each wave dir (the
+    //    incident's request_info.json and manifest.json live on the coordinator's host).
+    const coordinatorListing: RankListing = { answered: false, files: 0, bytes: 0, errors: [] };
+    if (what !== 'snapshots') {
+      // A --prefix names a dump path (<incident_type>/<req_id>/wave_N): reports are kept by its incident type.
+      const reportPrefix = prefix.split('/').filter((p) => p !== '')[0] ?? '';
+      for (const [wireRoot, root, p] of [['dump_records', 'dumps', prefix], ['reports', 'reports', reportPrefix]] as const) {
+        let reply: Record<string, any>;
+        try {
+          reply = await client.relay(0, 'fileList', { root: wireRoot, prefix: p }, timeoutMs);
+        } catch (e) {
+          coordinatorListing.errors.push(`${wireRoot}: ${(e as Error).message}`);
+          continue;
+        }
+        coordinatorListing.answered = true;
+        plan1(COORDINATOR_SOURCE, wireRoot, root, Array.isArray(reply.files) ? reply.files : [], coordinatorListing);
+      }
+    }
+
+    // 2. Ask every rank what it has (ranks on one host share a filesystem and list the same files).
     for (const rank of ranks) {
       const l: RankListing = { answered: false, files: 0, bytes: 0, errors: [] };
       listings[String(rank)] = l;
@@ -178,52 +255,11 @@ export async function aggregate(opts: AggregateOptions): Promise<AggregateManife
           continue;
         }
         l.answered = true;
-        const files: unknown[] = Array.isArray(reply.files) ? reply.files : [];
-        if (files.length > MAX_LISTED_FILES) {
-          refused.push({ rank, root, path: '', reason: `listing of ${files.length} entries is over the limit of ${MAX_LISTED_FILES} (MAX_LISTED_FILES); the rest is not fetched` });
-        }
-        for (const entry of files.slice(0, MAX_LISTED_FILES)) {
-          const f = (entry ?? {}) as Record<string, unknown>;
-          const where = localPathFor(out, root, f.path);
-          if ('reason' in where) {
-            refused.push({ rank, root, path: shownPath(f.path), reason: where.reason });
-            continue;
-          }
-          const rel = f.path as string;
-          if (opts.call !== undefined && !rel.split('/').includes(`call${opts.call}`)) continue;
-          const sum = checkListedChecksum(f.checksum);
-          if ('reason' in sum) {
-            refused.push({ rank, root, path: rel, reason: sum.reason });
-            continue;
-          }
-          const size = checkListedSize(f.bytes, freeBudget);
-          if ('reason' in size) {
-            refused.push({ rank, root, path: rel, reason: size.reason });
-            continue;
-          }
-          const { crc } = sum;
-          const { bytes } = size;
-          l.files++;
-          l.bytes += bytes;
-          const key = `${root}/${rel}`;
-          const prev = planned.get(key);
-          if (!prev) {
-            freeBudget -= bytes; // planned files share the free space
-            planned.set(key, { root, path: rel, local: where.path, bytes, checksum: String(f.checksum), crc, listedBy: [rank] });
-          } else if (prev.bytes === bytes && prev.crc === crc) {
-            prev.listedBy.push(rank);
-          } else {
-            conflicts.push({ root, path: rel, detail: `rank ${rank} lists ${bytes} bytes ${f.checksum}, rank ${prev.listedBy[0]} lists ${prev.bytes} bytes ${prev.checksum}` });
-            // The rank whose own rank<g>/ dir holds the file is its writer: prefer its version.
-            if (rel.split('/').includes(`rank${rank}`)) {
-              planned.set(key, { root, path: rel, local: where.path, bytes, checksum: String(f.checksum), crc, listedBy: [rank, ...prev.listedBy] });
-            }
-          }
-        }
+        plan1(rank, root, root, Array.isArray(reply.files) ? reply.files : [], l);
       }
     }
 
-    // 2. Fetch, a few files at a time; each file resumes from its .part or is skipped when whole.
+    // 3. Fetch, a few files at a time; each file resumes from its .part or is skipped when whole.
     const plan = [...planned.values()].sort((a, b) => (a.root + a.path).localeCompare(b.root + b.path));
     const progress: AggregateProgress = { doneBytes: 0, totalBytes: plan.reduce((n, f) => n + f.bytes, 0), doneFiles: 0, totalFiles: plan.length };
     const results: AggregatedFile[] = [];
@@ -263,7 +299,7 @@ export async function aggregate(opts: AggregateOptions): Promise<AggregateManife
     if (fatal) throw fatal;
     for (const d of dirs) fsyncDir(d);
 
-    // 3. The manifest.
+    // 4. The manifest.
     results.sort((a, b) => (a.root + a.path).localeCompare(b.root + b.path));
     const present = ranks.filter((r) => listings[String(r)].answered && listings[String(r)].files > 0);
     const missing = st.expectedRanks.filter((r) => !present.includes(r)).sort((a, b) => a - b);
@@ -281,6 +317,7 @@ export async function aggregate(opts: AggregateOptions): Promise<AggregateManife
       present_ranks: present,
       missing_ranks: missing,
       ranks: listings,
+      coordinator_files: { asked: what !== 'snapshots', ...coordinatorListing },
       files: results,
       refused,
       conflicts,
@@ -294,7 +331,9 @@ export async function aggregate(opts: AggregateOptions): Promise<AggregateManife
         refused: refused.length,
       },
       dropped: { ...client.dropped },
-      complete: missing.length === 0 && failed.length === 0 && refused.length === 0 && results.every((r) => r.verified),
+      complete:
+        missing.length === 0 && failed.length === 0 && refused.length === 0 && results.every((r) => r.verified) &&
+        (what === 'snapshots' || coordinatorListing.errors.length === 0),
     };
     writeManifest(out, manifest);
     return manifest;

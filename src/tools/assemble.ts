@@ -1,8 +1,10 @@
 // Loading captured tensors for comparison, and reassembling TP shards. A capture is a file
 // (.npy/.pt/.safetensors), a bundle dir, or a tree of them; every tensor gets a pairing key
 // (relative path without extension, plus the tensor's name inside a multi-tensor file).
-// --assemble-tp: a KV dump wave dir's rank<g>/ shards ([n_blocks, block_size, kv_heads_per_rank,
-// head_dim]) are concatenated along dim 2 in tp_rank order (from dump.json identity).
+// --assemble-tp: a KV dump wave dir's rank dirs (the seed's dp*_tp*_pp*_cp*/, or rank<g>/ of older
+// dumps) are shards ([n_blocks, block_size, kv_heads_per_rank, head_dim]) concatenated along dim 2
+// in tp_rank order (from dump.json identity, which the directory name must agree with).
+// A rank<g>/ of an older dump is keyed by the seed's name, so old and new dumps pair up.
 import * as fs from 'fs';
 import * as path from 'path';
 import { DType, isDType, itemSize } from '../artifacts/dtype';
@@ -11,6 +13,7 @@ import { readBytes } from '../artifacts/read-range';
 import { readNpyHeader } from '../artifacts/npy-reader';
 import { readPt } from '../artifacts/pt-reader';
 import { readSafetensorsHeader } from '../artifacts/safetensors-reader';
+import { checkKvDirIdentity, kvRankDirName, readKvRankDirName } from '../paths';
 
 export class CompareInputError extends CaptureError {
   constructor(message: string) {
@@ -96,25 +99,50 @@ export function loadTensorFile(file: string, base: string, hint?: DType): Loaded
   throw new CompareInputError(`${file}: not a tensor file (expected ${TENSOR_EXT.join(', ')})`);
 }
 
+/** dump.json's identity in `dir`, or undefined when there is none (not a KV rank dir). */
+function dumpIdentity(dir: string): Record<string, unknown> | undefined {
+  const f = path.join(dir, 'dump.json');
+  if (!fs.existsSync(f)) return undefined;
+  try {
+    return JSON.parse(fs.readFileSync(f, 'utf8')).identity ?? {};
+  } catch (e) {
+    throw new CompareInputError(`${f}: unreadable JSON (${(e as Error).message})`);
+  }
+}
+
+/**
+ * The key component of directory `name` (in `parent`): a KV dump rank<g>/ of an older wavebus
+ * becomes the seed's dp*_tp*_pp*_cp* from its dump.json identity, so old and new dumps pair up.
+ */
+function keyName(parent: string, name: string): string {
+  if (!/^rank\d+$/.test(name)) return name;
+  try {
+    const id = dumpIdentity(path.join(parent, name));
+    return id ? kvRankDirName({ dpRank: id.dp_rank as number, tpRank: id.tp_rank as number, ppRank: id.pp_rank as number, cpRank: id.cp_rank as number }) : name;
+  } catch {
+    return name; // no readable identity with coordinates: keyed as it is named
+  }
+}
+
 /** Every tensor under `input` (a file or a directory tree), keyed for pairing. */
 export function loadCapture(input: string): LoadedTensor[] {
   if (!fs.existsSync(input)) throw new CompareInputError(`${input}: no such file or directory`);
   const st = fs.statSync(input);
   if (st.isFile()) return loadTensorFile(input, '', dtypeHints(path.dirname(input)).get(path.basename(input)));
   const out: LoadedTensor[] = [];
-  const walk = (dir: string) => {
+  const walk = (dir: string, keyRel: string) => {
     const hints = dtypeHints(dir);
     for (const n of fs.readdirSync(dir).sort()) {
       if (n.startsWith('.')) continue; // temp names of an unfinished writer
       const p = path.join(dir, n);
-      if (fs.statSync(p).isDirectory()) walk(p);
+      if (fs.statSync(p).isDirectory()) walk(p, keyRel ? `${keyRel}/${keyName(dir, n)}` : keyName(dir, n));
       else if (TENSOR_EXT.includes(path.extname(n))) {
-        const rel = path.relative(input, p).split(path.sep).join('/');
-        out.push(...loadTensorFile(p, rel.slice(0, -path.extname(n).length), hints.get(n)));
+        const stem = n.slice(0, -path.extname(n).length);
+        out.push(...loadTensorFile(p, keyRel ? `${keyRel}/${stem}` : stem, hints.get(n)));
       }
     }
   };
-  walk(input);
+  walk(input, '');
   return out;
 }
 
@@ -151,20 +179,20 @@ interface Shard {
   group: string;
 }
 
-/** The KV dump rank dirs under `input` (a wave dir, or a tree holding some), grouped by everything but tp_rank. */
+/**
+ * The KV dump rank dirs under `input` (a wave dir, or a tree holding some), grouped by everything
+ * but tp_rank: the seed's "shards from the tp* directories under the same req_id". Each dir's name
+ * (dp*_tp*_pp*_cp*, or rank<g> of an older dump) must agree with its dump.json identity.
+ */
 function findShards(input: string): Map<string, Shard[]> {
   const groups = new Map<string, Shard[]>();
   const walk = (dir: string) => {
     const names = fs.readdirSync(dir);
-    if (names.includes('dump.json')) {
-      let doc: any;
-      try {
-        doc = JSON.parse(fs.readFileSync(path.join(dir, 'dump.json'), 'utf8'));
-      } catch (e) {
-        throw new CompareInputError(`${path.join(dir, 'dump.json')}: unreadable JSON (${(e as Error).message})`);
-      }
-      const id = doc.identity ?? {};
+    const id = names.includes('dump.json') ? (dumpIdentity(dir) as any) : undefined;
+    if (id) {
       if (!Number.isInteger(id.tp_rank)) throw new CompareInputError(`${path.join(dir, 'dump.json')}: identity.tp_rank is missing`);
+      const where = `${path.dirname(dir)}: KV dump directory`;
+      checkKvDirIdentity(readKvRankDirName(path.basename(dir), where), id, where);
       // Shards of one tensor: same wave dir, same PP/DP/CP coordinates.
       const waveRel = path.relative(input, path.dirname(dir)).split(path.sep).join('/');
       const coords = `pp${id.pp_rank ?? 0}.dp${id.dp_rank ?? 0}.cp${id.cp_rank ?? 0}`;
@@ -184,12 +212,12 @@ function findShards(input: string): Map<string, Shard[]> {
 
 /**
  * Load a KV dump capture with its TP shards joined along the head dimension (dim 2). Keys are
- * `<wave dir>/<layer file stem>.<k|v>`, without rank<g>/, so a TP=4 and a TP=2 dump pair up.
+ * `<wave dir>/<layer file stem>.<k|v>`, without the rank dir, so a TP=4 and a TP=2 dump pair up.
  */
 export function loadAssembled(input: string): LoadedTensor[] {
-  if (!fs.existsSync(input) || !fs.statSync(input).isDirectory()) throw new CompareInputError(`${input}: --assemble-tp needs a KV dump wave directory (with rank<g>/dump.json)`);
+  if (!fs.existsSync(input) || !fs.statSync(input).isDirectory()) throw new CompareInputError(`${input}: --assemble-tp needs a KV dump wave directory (with dp<d>_tp<t>_pp<p>_cp<c>/dump.json)`);
   const groups = findShards(input);
-  if (groups.size === 0) throw new CompareInputError(`${input}: no rank<g>/dump.json under it; --assemble-tp joins KV dump shards`);
+  if (groups.size === 0) throw new CompareInputError(`${input}: no dp<d>_tp<t>_pp<p>_cp<c>/dump.json (or rank<g>/dump.json of an older dump) under it; --assemble-tp joins KV dump shards`);
   const multi = new Set([...groups.keys()].map((g) => g.split('|')[1])).size > 1;
   const out: LoadedTensor[] = [];
   for (const [group, shards] of groups) {

@@ -116,7 +116,8 @@ export function demoExpectations(opts: {
     return { name, report: true, dump: true };
   });
   const dumping = detectors.filter((d) => d.dump).length;
-  const autoDumps = dumping === 0 ? { min: 0, max: 0, why: 'no detector both fires and dumps' } : { min: 1, max: quota };
+  // dump.auto_max_times is per replica (each replica's guard has its own budget).
+  const autoDumps = dumping === 0 ? { min: 0, max: 0, why: 'no detector both fires and dumps' } : { min: opts.layout.dp, max: quota * opts.layout.dp };
 
   const defaults = demoSnapshotDefaults(opts.format, opts.captureToken);
   const narrowed = selectionFromEnv(opts.env);

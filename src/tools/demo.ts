@@ -15,6 +15,7 @@ import { readSafetensorsHeader } from '../artifacts/safetensors-reader';
 import { readBytes } from '../artifacts/read-range';
 import { kvBlockBytes, type KvGeometry } from '../sim/kv-pattern';
 import { DEMO_FAULTS } from '../sim/faults';
+import { replicaDumpRanks } from '../launch/identity';
 import { TORCH_CAPTURE_TOKEN, TORCH_FAULTS, torchEngineCommand, torchPoolBlocks } from './demo-torch';
 import { loadCallDir } from '../snapshot/loader';
 import { demoExpectations, type DemoExpectations } from './demo-expect';
@@ -69,6 +70,7 @@ interface DumpCheck {
   dir: string;
   incidentType: string;
   reqId: string;
+  replica: number;
   ranks: number[];
   expected: number[];
   bytes: number;
@@ -177,7 +179,7 @@ function summarize(out: string, runtimeRoot: string, opts: DemoOptions, expect: 
   const problems: string[] = [];
   codes.forEach((c, i) => c !== 0 && problems.push(`launch on host ${i} exited ${c} (see ${path.join(out, `launch-host${i}.log`)})`));
   const world = opts.tp * opts.pp * opts.dp;
-  const lastPp = Array.from({ length: world }, (_, g) => g).filter((g) => Math.floor(g / opts.tp) % opts.pp === opts.pp - 1);
+  const layout = { worldSize: world, tp: opts.tp, pp: opts.pp, dp: opts.dp, cp: 1 };
 
   // Incidents.
   const reportDir = path.join(runtimeRoot, 'report');
@@ -204,12 +206,22 @@ function summarize(out: string, runtimeRoot: string, opts: DemoOptions, expect: 
   for (const w of autoWaves) if (!dumpTypes.has(String(w.info.incident_type))) problems.push(`${w.dir}: a ${w.info.incident_type} dump, not expected from the config in force`);
   const dumps: DumpCheck[] = waves.map((w) => {
     const mine = rankBundles.filter((r) => r.dir.startsWith(`${w.dir}/`));
-    const dc: DumpCheck = { dir: w.dir, incidentType: String(w.info.incident_type), reqId: String(w.info.req_id), ranks: w.ranks, expected: lastPp, bytes: mine.reduce((n, r) => n + r.bytes, 0), problems: [] };
-    for (const g of lastPp) if (!w.ranks.includes(g)) dc.problems.push(`${w.dir}: rank ${g} missing`);
+    // Each dump belongs to one replica: exactly that replica's dump ranks, and no other rank.
+    const info = JSON.parse(fs.readFileSync(path.join(kvRoot, w.dir, 'request_info.json'), 'utf8'));
+    const replica = Number(info.dp_rank ?? 0);
+    const expected = replicaDumpRanks(layout, replica, expect.config.dump.pp_stages);
+    const dc: DumpCheck = { dir: w.dir, incidentType: String(w.info.incident_type), reqId: String(w.info.req_id), replica, ranks: w.ranks, expected, bytes: mine.reduce((n, r) => n + r.bytes, 0), problems: [] };
+    for (const g of expected) if (!w.ranks.includes(g)) dc.problems.push(`${w.dir}: rank ${g} missing`);
+    for (const g of w.ranks) if (!expected.includes(g)) dc.problems.push(`${w.dir}: rank ${g} copied a dump of replica ${replica} (expected only [${expected.join(', ')}])`);
+    if (JSON.stringify(info.expected_ranks) !== JSON.stringify(expected)) dc.problems.push(`${w.dir}: request_info.json expected_ranks ${JSON.stringify(info.expected_ranks)}, want [${expected.join(',')}]`);
     for (const r of mine) dc.problems.push(...checkDumpContents(r, kvRoot, opts.tp, opts.engine === 'torch' ? path.join(out, 'engine') : undefined));
     problems.push(...dc.problems);
     return dc;
   });
+  // Faults are injected into every replica: each one must have dumped.
+  for (let r = 0; r < opts.dp && expect.autoDumps.min > 0; r++) {
+    if (!dumps.some((d) => d.replica === r && d.incidentType !== 'manual_trigger')) problems.push(`replica ${r} (dp rank ${r}) wrote no automatic KV dump`);
+  }
   const bytesByRank: Record<number, number> = {};
   for (const r of rankBundles) bytesByRank[r.ranks[0]] = (bytesByRank[r.ranks[0]] ?? 0) + r.bytes;
 
@@ -244,10 +256,10 @@ function summarize(out: string, runtimeRoot: string, opts: DemoOptions, expect: 
     for (const d of off) log(`  ${d.name.padEnd(18)} ${d.report ? 'no dump: ' : ''}${d.why}`);
   }
   log('');
-  log(`KV dumps (${dumps.length})${dumps.length ? `, every one from ranks [${lastPp.join(', ')}]` : expect.autoDumps.why ? ` (${expect.autoDumps.why})` : ''}`);
+  log(`KV dumps (${dumps.length})${dumps.length ? `, each from its replica's ${expect.config.dump.pp_stages === 'all' ? 'ranks of every stage' : 'last-PP ranks'}` : expect.autoDumps.why ? ` (${expect.autoDumps.why})` : ''}`);
   for (const d of dumps) {
     const missing = d.expected.filter((g) => !d.ranks.includes(g));
-    log(`  ${d.incidentType.padEnd(16)} ${d.reqId.padEnd(18)} ranks ${d.ranks.length}/${d.expected.length} ${String(d.bytes).padStart(9)} B${missing.length ? `  MISSING ${missing.join(',')}` : ''}${d.problems.length ? '  BAD' : ''}`);
+    log(`  dp${d.replica} ${d.incidentType.padEnd(16)} ${d.reqId.padEnd(18)} ranks ${d.ranks.length}/${d.expected.length} ${String(d.bytes).padStart(9)} B${missing.length ? `  MISSING ${missing.join(',')}` : ''}${d.problems.length ? '  BAD' : ''}`);
   }
   log('');
   log('bytes dumped by rank');

@@ -1,4 +1,5 @@
-// Finds the bundles under a directory (KV dump rank dirs, snapshot call dirs, a dump's wave dir
+// Finds the bundles under a directory (KV dump rank dirs: the seed's dp*_tp*_pp*_cp*/, or rank<g>/
+// of wavebus before it; snapshot call dirs, a dump's wave dir
 // with its request_info.json and manifest, an aggregate's manifest) and checks them: every listed
 // file present with its size (and checksum with verify), nothing unlisted beside them, every
 // expected rank present. Used by `wavebus inspect`, the demo, aggregate.
@@ -8,6 +9,8 @@ import { crc32cOfFile } from '../artifacts/checksum';
 import { readNpyHeader } from '../artifacts/npy-reader';
 import { readPt } from '../artifacts/pt-reader';
 import { readSafetensorsHeader } from '../artifacts/safetensors-reader';
+import type { WorldLayout } from '../launch/identity';
+import { checkKvDirIdentity, kvRankDirFor, kvRankOfDir, readLayoutJson, readKvRankDirName, type KvRankDir } from '../paths';
 
 export type BundleKind = 'kv_dump' | 'snapshot' | 'dump_wave' | 'aggregate';
 
@@ -147,22 +150,109 @@ function inspectSnapshot(dir: string, rel: string, verify: boolean): BundleRepor
   return r;
 }
 
-function rankDirs(dir: string, names: string[], marker: string): number[] {
-  return names.filter((n) => /^rank\d+$/.test(n) && fs.existsSync(path.join(dir, n, marker))).map((n) => Number(n.slice(4)));
+/** The layout request_info.json / manifest.json record, when there is one and it is valid. */
+function recordedLayout(doc: any, where: string, problems: string[]): WorldLayout | undefined {
+  if (doc?.layout === undefined) return undefined;
+  const r = readLayoutJson(doc.layout);
+  if ('reason' in r) problems.push(`${where}: ${r.reason}`);
+  return 'layout' in r ? r.layout : undefined;
+}
+
+/**
+ * The global rank of one KV rank dir, from the dump.json inside it: its name must agree with the
+ * identity there (the seed's name with the coordinates, rank<g> with the global rank) and with
+ * the recorded layout. Undefined, with a problem, when they disagree.
+ */
+function dumpRankOf(dir: string, rel: string, d: KvRankDir, layout: WorldLayout | undefined, problems: string[]): number | undefined {
+  const doc = readJson(path.join(dir, 'dump.json'), relJoin(rel, 'dump.json'), problems);
+  if (!doc) return undefined;
+  const id = doc.identity ?? {};
+  const g = id.global_rank;
+  if (!Number.isSafeInteger(g) || g < 0) {
+    problems.push(`${relJoin(rel, 'dump.json')}: identity.global_rank is missing`);
+    return undefined;
+  }
+  try {
+    checkKvDirIdentity(d, id, 'directory');
+  } catch (e) {
+    problems.push(`${rel}: ${(e as Error).message}`);
+    return undefined;
+  }
+  try {
+    if (layout && kvRankOfDir(d, layout) !== g) {
+      problems.push(`${rel}: ${d.name} is global rank ${kvRankOfDir(d, layout)} in the recorded layout, but its dump.json says ${g}`);
+      return undefined;
+    }
+  } catch (e) {
+    problems.push(`${rel}: ${(e as Error).message}`);
+    return undefined;
+  }
+  return g;
+}
+
+interface WaveRankDirs {
+  /** Global rank → dir name, of the dirs holding a dump.json that agrees with the name. */
+  present: Map<number, string>;
+  skipped: number[];
+}
+
+/** The rank dirs of a KV dump wave dir, either layout; any other directory is a problem. */
+function waveRankDirs(dir: string, rel: string, names: string[], layout: WorldLayout | undefined, problems: string[]): WaveRankDirs {
+  const out: WaveRankDirs = { present: new Map(), skipped: [] };
+  for (const n of [...names].sort()) {
+    if (n.startsWith('.') || !fs.statSync(path.join(dir, n)).isDirectory()) continue;
+    const nrel = relJoin(rel, n);
+    let d: KvRankDir;
+    try {
+      d = readKvRankDirName(n);
+    } catch (e) {
+      problems.push(`${nrel}: ${(e as Error).message}`);
+      continue;
+    }
+    if (fs.existsSync(path.join(dir, n, 'dump.json'))) {
+      const g = dumpRankOf(path.join(dir, n), nrel, d, layout, problems);
+      if (g !== undefined) out.present.set(g, n);
+    } else if (fs.existsSync(path.join(dir, n, 'dump_skipped.json'))) {
+      const skip = readJson(path.join(dir, n, 'dump_skipped.json'), relJoin(nrel, 'dump_skipped.json'), problems);
+      let g: number | undefined = 'legacyRank' in d ? d.legacyRank : Number.isSafeInteger(skip?.rank) ? skip.rank : undefined;
+      try {
+        if (layout) g = kvRankOfDir(d, layout);
+      } catch (e) {
+        problems.push(`${nrel}: ${(e as Error).message}`);
+      }
+      if (g !== undefined) out.skipped.push(g);
+    }
+  }
+  return out;
 }
 
 function inspectDumpWave(dir: string, rel: string, names: string[], verify: boolean): BundleReport {
   const r = newReport('dump_wave', rel);
   const info = readJson(path.join(dir, 'request_info.json'), relJoin(rel, 'request_info.json'), r.problems) ?? {};
   const manifest = names.includes('manifest.json') ? readJson(path.join(dir, 'manifest.json'), relJoin(rel, 'manifest.json'), r.problems) : undefined;
-  const present = rankDirs(dir, names, 'dump.json').sort((a, b) => a - b);
-  const skipped = rankDirs(dir, names, 'dump_skipped.json');
+  // Dumps of wavebus before the seed's names record no layout: their rank<g>/ dirs say the rank.
+  const layout = recordedLayout(manifest, relJoin(rel, 'manifest.json'), r.problems) ?? recordedLayout(info, relJoin(rel, 'request_info.json'), r.problems);
+  const dirs = waveRankDirs(dir, rel, names, layout, r.problems);
+  const present = [...dirs.present.keys()].sort((a, b) => a - b);
+  const skipped = dirs.skipped;
   const expected: number[] = (manifest?.expected_ranks ?? info.expected_ranks ?? []).map(Number);
   const manifestMissing: number[] = (manifest?.missing_ranks ?? []).map(Number);
   r.ranks = present;
-  r.info = { req_id: info.req_id, incident_type: info.incident_type, arm_wave: info.arm_wave, expected_ranks: expected, skipped_ranks: skipped, manifest_missing: manifest ? manifestMissing : null };
+  r.info = { req_id: info.req_id, incident_type: info.incident_type, arm_wave: info.arm_wave, expected_ranks: expected, skipped_ranks: skipped, manifest_missing: manifest ? manifestMissing : null, rank_dirs: Object.fromEntries(dirs.present) };
   for (const e of [...new Set([...expected, ...manifestMissing])].sort((a, b) => a - b)) {
-    if (!present.includes(e)) r.problems.push(`${rel}: rank ${e} missing${skipped.includes(e) ? ' (dump_skipped.json present)' : ''}`);
+    // The manifest names each rank's dir; a layout alone gives it through the one builder.
+    let want: string | undefined = typeof manifest?.dirs?.[e] === 'string' ? manifest.dirs[e] : undefined;
+    try {
+      want ??= layout ? kvRankDirFor(e, layout) : undefined;
+    } catch (err) {
+      r.problems.push(`${rel}: expected rank ${e}: ${(err as Error).message}`);
+    }
+    const got = dirs.present.get(e);
+    if (got === undefined) {
+      r.problems.push(`${rel}: rank ${e} missing${skipped.includes(e) ? ' (dump_skipped.json present)' : want ? `: no ${want}/dump.json` : ''}`);
+    } else if (want !== undefined && got !== want) {
+      r.problems.push(`${rel}: rank ${e} is in ${got}/, but the manifest names ${want}/`);
+    }
   }
   // Every file the coordinator recorded from the ranks' acks (dump.json included).
   for (const list of Object.values((manifest?.files ?? {}) as Record<string, any[]>)) {

@@ -23,8 +23,8 @@ router.bind(f"tcp://127.0.0.1:{port + 1}")
 seq = 0
 peer = None
 next_id = 100
-# dump_dir=/ in the config lane: the served root of a trusting agent would be the whole disk.
-CONFIG = json.dumps({"config": {"dump": {"dump_dir": "/", "manual_dump": 1, "free_headroom_bytes": 0}, "detector": {}}})
+# dump_root=/ in the config: the served root of a trusting agent would be the whole disk.
+CONFIG = pb.AgentConfig(bus_active=True, dump_root="/", free_headroom_bytes=0, dump_format=pb.TENSOR_FORMAT_PT)
 
 
 def say(**kw):
@@ -43,7 +43,7 @@ def heartbeat():
     f = pb.BusFrame()
     f.heartbeat.wave = 0
     f.heartbeat.unix_ms = int(time.time() * 1000)
-    publish(f, b"H")
+    publish(f, b"r0.H")
 
 
 def job(wave, d):
@@ -83,7 +83,7 @@ while True:
                 r = pb.CoordinatorMessage(epoch=EPOCH, request_id=m.request_id)
                 r.snapshot.epoch = EPOCH
                 r.snapshot.seq = seq
-                r.snapshot.config_json = CONFIG
+                r.snapshot.config.CopyFrom(CONFIG)
                 r.snapshot.protocol_version = pb.PROTOCOL_VERSION_CURRENT  # a squatter speaking the current protocol
                 r.snapshot.pending.add(wave=seq + 1000, jobs=[job(seq + 1000, "/")])
                 router.send_multipart([peer, r.SerializeToString()])
@@ -106,11 +106,11 @@ while True:
                 f = pb.BusFrame()
                 f.head.wave = w
                 f.head.dump_due = True
-                publish(f, b"W")
+                publish(f, b"r0.W")
                 f = pb.BusFrame()
                 f.dump.wave = w
                 f.dump.jobs.append(job(w, cmd[2]))
-                publish(f, b"D")
+                publish(f, b"r0.D")
                 say(event="wave_sent", wave=w)
             elif cmd[0] == "files" and peer is not None:
                 for root in ("dumps", "snapshots"):

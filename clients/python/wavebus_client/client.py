@@ -149,7 +149,7 @@ class Client:
             raise mismatch
         if not reply.ok:
             raise AgentError(f"the wavebus agent refused hello: {reply.error}", reply.error_code or "ERR_AGENT")
-        self.agent_features = Features.parse(reply.features_json)
+        self.agent_features = Features.from_reply(reply)
         if reply.mailbox_path and os.path.realpath(reply.mailbox_path) != os.path.realpath(self.mailbox_path):
             self._mb.close()
             self._mb = mb.Mailbox(reply.mailbox_path)

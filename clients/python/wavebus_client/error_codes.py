@@ -40,6 +40,7 @@ CODES = frozenset({
     "ERR_KEY_EXISTS",
     "ERR_KEY_FILE",
     "ERR_KEY_PERMISSIONS",
+    "ERR_KV_DIR_NAME",
     "ERR_LAUNCH",
     "ERR_LAUNCH_FAILED",
     "ERR_LAUNCH_SIGNAL",

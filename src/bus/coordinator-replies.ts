@@ -1,0 +1,80 @@
+// What the coordinator answers about itself: the status JSON (/healthz, StatusReply.status_json),
+// the StatusReply, and the snapshot a (re)joining agent gets for its replica's stream.
+import type { Coordinator } from './coordinator';
+import { PROTOCOL_VERSION } from './protocol-version';
+import { layoutJson } from '../paths';
+
+/** The JSON /healthz serves and StatusReply.status_json carries; per-replica wave and pending dumps. */
+export function statusJson(c: Coordinator): Record<string, unknown> {
+  let policyStatus: Record<string, unknown> = {};
+  try {
+    policyStatus = c.policy?.status() ?? {};
+  } catch (e) {
+    policyStatus = { policy_error: String(e) };
+  }
+  const replicas: Record<string, unknown> = {};
+  for (const s of c.streams.all()) {
+    replicas[String(s.replica)] = { wave: s.wave, seq: s.seq, config_version: s.lastConfig.version, pending_dumps: c.ledger.pendingIds(s.replica) };
+  }
+  return {
+    epoch: c.epoch,
+    seq: c.seq,
+    wave: c.wave,
+    live_ranks: c.liveRanks(),
+    expected_ranks: c.expectedRanks,
+    // Tools map a rank to its KV dump dir (dp*_tp*_pp*_cp*) with it (aggregate).
+    layout: layoutJson(c.layout),
+    ready: c.ready,
+    config_version: Math.max(...c.streams.all().map((s) => s.lastConfig.version)),
+    pending_dumps: c.ledger.pendingIds(),
+    replicas,
+    dumps: c.ledger.status(),
+    late_vectors: c.vectors.status().late,
+    missed_vectors: c.vectors.status().missed,
+    dropped: { ...c.stats.dropped },
+    security: {
+      ...(c.curve ? { curve: true, allowed_keys: c.opts.curve!.allow.size, refused: { ...c.stats.refused } } : { curve: false }),
+      bus_token: c.opts.busToken !== undefined,
+    },
+    ranks: c.rankTable.statusJson(),
+    ...policyStatus,
+  };
+}
+
+export function statusReply(c: Coordinator): Record<string, unknown> {
+  return {
+    epoch: c.epoch,
+    seq: c.seq,
+    wave: c.wave,
+    liveRanks: c.liveRanks(),
+    expectedRanks: c.expectedRanks,
+    ready: c.ready,
+    statusJson: JSON.stringify(statusJson(c)),
+    protocolVersion: PROTOCOL_VERSION,
+  };
+}
+
+/** Everything an agent of `replica` needs to follow that replica's stream from now on. */
+export function snapshotReply(c: Coordinator, replica: number): Record<string, unknown> {
+  const s = c.streams.stream(replica);
+  let cfg = { configVersion: s.lastConfig.version, config: s.lastConfig.config, manualDumpDone: 0 };
+  if (c.policy) {
+    try {
+      cfg = c.policy.snapshotState(replica);
+    } catch (e) {
+      c.log.error({ replica, err: String(e) }, 'policy.snapshotState failed; the snapshot carries the last published config');
+    }
+  }
+  // seq is the stream's last one assigned: the state below already includes every frame up to it.
+  return {
+    epoch: c.epoch,
+    seq: s.seq,
+    wave: s.wave,
+    replica,
+    configVersion: cfg.configVersion,
+    config: cfg.config,
+    pending: c.ledger.lanes(replica),
+    manualDumpDone: cfg.manualDumpDone,
+    protocolVersion: PROTOCOL_VERSION,
+  };
+}

@@ -1,0 +1,401 @@
+// The one dump ledger: every dump job from arming to its manifest. It owns, per job, the replica
+// that owns the request, the ranks expected to copy it, their acks, the ack timeout, completion,
+// and request_info.json / manifest.json / dump_skipped.json. The guard arms and refuses through
+// it; the coordinator hands it what it publishes and every ack, and asks it for a replica's
+// pending lanes (snapshots) and for status. One object serves both, so an ack is counted once.
+// Layout: <dump_root>/<incident_type>/<req_id>/wave_<arm_wave>[_dp<replica>]/{request_info.json,
+// manifest.json, dump_skipped.json, dp<d>_tp<t>_pp<p>_cp<c>/...}; the coordinator writes the JSON, each
+// rank its own directory (the seed's names; the manifest's `dirs` maps global rank to directory).
+import * as path from 'path';
+import type { Logger } from '../log';
+import { kvRankDirFor, layoutJson } from '../paths';
+import type { DumpJob, DumpLane, DumpResult, FileEntry } from '../messages';
+import { SkipReason, writeDumpSkipped } from '../artifacts/freespace';
+import { DEFAULT_ARTIFACT_MODES, type ArtifactModes } from '../artifacts/artifact-mode';
+import { joinUnder, safeComponent } from '../artifacts/sanitize';
+import { artifactWrite, writeJsonAtomic } from '../artifacts/atomic-write';
+import { rankCoordinates, replicaHead, type PpStages, type WorldLayout } from '../launch/identity';
+
+export type { SkipReason };
+
+/** Replica tag of dump dirs and job ids: none in a job without DP (the seed's layout), else `dp<r>`. */
+function replicaTag(replica: number | undefined, sep: string): string {
+  return replica === undefined ? '' : `${sep}dp${replica}`;
+}
+
+/** `replica`: undefined in a job without DP (dp = 1). */
+export function waveDir(dumpRoot: string, incidentType: string, reqId: string, wave: number, replica?: number): string {
+  return joinUnder(dumpRoot, safeComponent(incidentType, 'incident_type'), safeComponent(reqId, 'req_id'), `wave_${wave}${replicaTag(replica, '_')}`);
+}
+
+export function jobIdOf(armWave: number, incidentType: string, reqId: string, replica?: number): string {
+  return `${armWave}/${incidentType}/${reqId}${replicaTag(replica, '@')}`;
+}
+
+export interface ArmSpec {
+  incidentType: string;
+  reqId: string;
+  blockIds: number[];
+  detectWave: number;
+  armWave: number;
+  requestFinishedAtDump: boolean;
+  replica: number;
+  /** The ranks that copy it (replicaDumpRanks). */
+  ranks: number[];
+  ppStages: PpStages;
+  /** Report-like metadata merged into request_info.json. */
+  info: Record<string, unknown>;
+  /**
+   * The guard follows the job's copy window (copy-window.ts): a fully acked job's manifest waits
+   * for windowClosed. Default false: the manifest is written when every rank acked.
+   */
+  copyWindow?: boolean;
+}
+
+export interface LedgerEvents {
+  /** Every expected rank acked (ok or not). */
+  complete?(job: DumpJob, results: DumpResult[]): void;
+  timedOut?(job: DumpJob, missing: number[]): void;
+}
+
+export interface LedgerOptions {
+  /** How long a published job's ranks have to ack it (default 10 s). */
+  ackTimeoutMs?: number;
+  /** Without a layout: the `rank` the JSON files name (default 0). */
+  writerRank?: number;
+  /** The job's layout: with dp > 1 dump dirs and job ids carry the replica; manifests name each rank's stage. */
+  layout?: WorldLayout;
+  log?: Pick<Logger, 'info' | 'warn'>;
+  /** Modes of request_info.json, manifest.json, dump_skipped.json and the folders made for them. */
+  modes?: ArtifactModes;
+}
+
+interface RankAck {
+  result: DumpResult;
+}
+
+interface Entry {
+  job: DumpJob;
+  /** Armed here (request_info.json written): a manifest is written when it finishes. */
+  recorded: boolean;
+  ppStages: PpStages;
+  acks: Map<number, RankAck>;
+  /** Published at this wave; undefined while armed and not yet published. */
+  wave?: number;
+  timer?: NodeJS.Timeout;
+  timedOut: boolean;
+  finished: boolean;
+  ok: boolean;
+  /** Its copy window (copy-window.ts) is open: a complete set of acks waits for it to close. */
+  windowOpen: boolean;
+  /** Acked by every rank while the window was open. */
+  held: boolean;
+  /** The request was reported freed in this wave, not after the copy wave: `freed_before_copy`. */
+  freedWave?: number;
+  /** The window never closed (the guard stopped first): not confirmed. */
+  unconfirmed?: boolean;
+}
+
+const MAX_TRACKED_JOBS = 4096;
+/** dump_skipped reasons that mean a copy or write was attempted and failed. */
+const FAILURE_REASONS = new Set(['d2h_failed', 'write_failed']);
+
+export type AckOutcome = 'counted' | 'late' | 'unknown_job' | 'not_expected';
+
+export class DumpLedger {
+  private readonly jobs = new Map<string, Entry>();
+  private readonly armedAt = new Map<string, Set<string>>(); // "<replica>/<arm wave>" → req ids
+  private readonly ackTimeoutMs: number;
+  private readonly modes: ArtifactModes;
+  private events: LedgerEvents = {};
+  armed = 0;
+  completed = 0; // jobs every expected rank acked without error
+  incomplete = 0; // jobs that finished (all acked or timed out) with a missing, failed or skipped rank
+  skipped: Record<string, number> = {};
+  duplicates = 0;
+  unknownResults = 0;
+  /** Jobs whose request was freed before its copy wave ended (reported, never complete). */
+  freedBeforeCopy = 0;
+
+  constructor(private readonly opts: LedgerOptions = {}) {
+    this.ackTimeoutMs = opts.ackTimeoutMs ?? 10000;
+    this.modes = opts.modes ?? DEFAULT_ARTIFACT_MODES;
+  }
+
+  /** The coordinator's hooks (metrics, events, its policy's notices). */
+  listen(events: LedgerEvents): void {
+    this.events = events;
+  }
+
+  /** The JSON files' `rank`: the replica's head (its last-PP TP0, the seed's writer) when the layout is known. */
+  private writerOf(replica: number): number {
+    return this.opts.layout ? replicaHead(this.opts.layout, replica) : (this.opts.writerRank ?? 0);
+  }
+
+  private tag(replica: number): number | undefined {
+    return (this.opts.layout?.dp ?? 1) > 1 ? replica : undefined;
+  }
+
+  /** Arm one job: dedupe per (replica, arm wave, req_id), write request_info.json, track. Null for a duplicate. */
+  arm(dumpRoot: string, spec: ArmSpec): DumpJob | null {
+    const key = `${spec.replica}/${spec.armWave}`;
+    let seen = this.armedAt.get(key);
+    if (!seen) {
+      if (this.armedAt.size > 64) this.armedAt.delete(this.armedAt.keys().next().value as string);
+      this.armedAt.set(key, (seen = new Set()));
+    }
+    if (seen.has(spec.reqId)) {
+      this.duplicates++;
+      this.opts.log?.info({ wave: spec.armWave, req_id: spec.reqId, dp_rank: spec.replica, incident_type: spec.incidentType }, 'dump already armed for this request in this wave');
+      return null;
+    }
+    seen.add(spec.reqId);
+    const tag = this.tag(spec.replica);
+    const dir = waveDir(dumpRoot, spec.incidentType, spec.reqId, spec.armWave, tag);
+    const job: DumpJob = {
+      incidentType: spec.incidentType,
+      reqId: spec.reqId,
+      blockIds: spec.blockIds,
+      detectWave: spec.detectWave,
+      armWave: spec.armWave,
+      dumpDir: dir,
+      requestFinishedAtDump: spec.requestFinishedAtDump,
+      jobId: jobIdOf(spec.armWave, spec.incidentType, spec.reqId, tag),
+      replica: spec.replica,
+      ranks: [...spec.ranks],
+    };
+    writeJsonAtomic(path.join(dir, 'request_info.json'), {
+      job_id: job.jobId,
+      incident_type: job.incidentType,
+      req_id: job.reqId,
+      dp_rank: job.replica,
+      detect_wave: job.detectWave,
+      arm_wave: job.armWave,
+      block_ids: job.blockIds,
+      num_blocks: job.blockIds.length,
+      request_finished_at_dump: job.requestFinishedAtDump,
+      rank: this.writerOf(spec.replica),
+      expected_ranks: job.ranks,
+      pp_stages: spec.ppStages,
+      ...this.layoutJson(),
+      ts: new Date().toISOString(),
+      ...spec.info,
+    }, artifactWrite(this.modes));
+    this.add({ job, recorded: true, ppStages: spec.ppStages, acks: new Map(), timedOut: false, finished: false, ok: false, windowOpen: spec.copyWindow ?? false, held: false });
+    this.armed++;
+    return job;
+  }
+
+  /** Refuse a dump at arm time: dump_skipped.json in the wave dir it would have had. */
+  refuse(dumpRoot: string, s: { incidentType: string; reqId: string; wave: number; replica: number; reason: SkipReason; detail?: Record<string, unknown> }): string {
+    this.skipped[s.reason] = (this.skipped[s.reason] ?? 0) + 1;
+    const tag = this.tag(s.replica);
+    const dir = s.reqId ? waveDir(dumpRoot, s.incidentType, s.reqId, s.wave, tag) : joinUnder(dumpRoot, safeComponent(s.incidentType, 'incident_type'), `wave_${s.wave}${tag === undefined ? '' : `_dp${tag}`}`);
+    return writeDumpSkipped(dir, { reason: s.reason, req_id: s.reqId, incident_type: s.incidentType, stage: 'arm', rank: this.writerOf(s.replica), dp_rank: s.replica, wave: s.wave, detail: s.detail }, this.modes);
+  }
+
+  /**
+   * The coordinator published these jobs at `wave` of their replica's stream: their ack timeout
+   * starts now. A job not armed here (queued on the coordinator directly) is tracked without files.
+   */
+  published(wave: number, jobs: DumpJob[]): void {
+    for (const job of jobs) {
+      let e = this.jobs.get(job.jobId);
+      if (!e || e.finished) {
+        if (e) clearTimeout(e.timer);
+        e = { job, recorded: false, ppStages: 'last', acks: new Map(), timedOut: false, finished: false, ok: false, windowOpen: false, held: false };
+        this.add(e);
+      }
+      const entry = e;
+      entry.wave = wave;
+      if (entry.timer) clearTimeout(entry.timer);
+      entry.timer = setTimeout(() => this.timeout(entry), this.ackTimeoutMs);
+      entry.timer.unref();
+    }
+  }
+
+  private add(e: Entry): void {
+    this.jobs.set(e.job.jobId, e);
+    if (this.jobs.size > MAX_TRACKED_JOBS) {
+      const oldest = this.jobs.values().next().value as Entry;
+      clearTimeout(oldest.timer);
+      this.jobs.delete(oldest.job.jobId);
+    }
+  }
+
+  /**
+   * Count one rank's ack. 'late': after the job timed out (its manifest is rewritten);
+   * 'not_expected': a rank the job does not name (refused, counted); 'unknown_job': no such job.
+   */
+  ack(r: DumpResult): AckOutcome {
+    const e = this.jobs.get(r.jobId);
+    if (!e) {
+      this.unknownResults++;
+      this.opts.log?.warn({ job_id: r.jobId, rank: r.globalRank }, 'dump result for a job this coordinator does not track');
+      return 'unknown_job';
+    }
+    if (!e.job.ranks.includes(r.globalRank)) {
+      this.unknownResults++;
+      this.opts.log?.warn({ job_id: r.jobId, rank: r.globalRank, expected: e.job.ranks }, 'dump result from a rank the job does not expect');
+      return 'not_expected';
+    }
+    const late = e.timedOut;
+    e.acks.set(r.globalRank, { result: r });
+    if (e.acks.size === e.job.ranks.length && e.windowOpen && !e.timedOut) {
+      // Every copy is in, but the request may still be freed before the copy wave's end is seen.
+      e.held = true;
+      clearTimeout(e.timer);
+    } else if (e.acks.size === e.job.ranks.length || e.timedOut) this.finish(e);
+    return late ? 'late' : 'counted';
+  }
+
+  /** The request of `jobId` was reported freed in `wave`, at or before its copy wave. */
+  markFreedBeforeCopy(jobId: string, wave: number): void {
+    const e = this.jobs.get(jobId);
+    if (!e || e.freedWave !== undefined) return;
+    e.freedWave = wave;
+    this.freedBeforeCopy++;
+    this.opts.log?.warn({ job_id: jobId, dp_rank: e.job.replica, freed_wave: wave, arm_wave: e.job.armWave }, 'request freed before its dump was copied: the dump is marked freed_before_copy');
+    if (e.finished) this.finish(e); // a timed-out job's manifest is rewritten with the reason
+  }
+
+  /** The copy window of `jobId` closed (`unconfirmed`: the guard stopped before it could). */
+  windowClosed(jobId: string, unconfirmed = false): void {
+    const e = this.jobs.get(jobId);
+    if (!e || !e.windowOpen) return;
+    e.windowOpen = false;
+    e.unconfirmed = unconfirmed;
+    if (e.held) this.finish(e);
+  }
+
+  private timeout(e: Entry): void {
+    if (e.finished) return;
+    e.timedOut = true;
+    const missing = e.job.ranks.filter((r) => !e.acks.has(r));
+    this.finish(e);
+    this.events.timedOut?.(e.job, missing);
+  }
+
+  private finish(e: Entry): void {
+    clearTimeout(e.timer);
+    const completed: number[] = [];
+    const failed: Record<string, string> = {};
+    const skipped: Record<string, string> = {};
+    const files: Record<string, FileEntry[]> = {};
+    const bytes: Record<string, number> = {};
+    for (const rank of [...e.acks.keys()].sort((a, b) => a - b)) {
+      const a = e.acks.get(rank)!.result;
+      files[rank] = a.files.map((f) => ({ path: f.path, bytes: f.bytes, checksum: f.checksum }));
+      bytes[rank] = a.bytes;
+      // A refusal before any copy (its ack carries the detail in `error`) is a skip; a copy or
+      // write that failed is a failure.
+      if (a.skippedReason && !FAILURE_REASONS.has(a.skippedReason)) skipped[rank] = a.skippedReason;
+      else if (a.error) failed[rank] = a.error;
+      else if (a.skippedReason) skipped[rank] = a.skippedReason;
+      else completed.push(rank);
+    }
+    const missing = e.job.ranks.filter((r) => !e.acks.has(r));
+    const spoiled = e.freedWave !== undefined ? 'freed_before_copy' : e.unconfirmed ? 'copy_window_unconfirmed' : undefined;
+    const ok = completed.length === e.job.ranks.length && spoiled === undefined;
+    const first = !e.finished;
+    if (first) {
+      e.finished = true;
+      if (ok) this.completed++;
+      else this.incomplete++;
+    } else if (ok && !e.ok) {
+      // a late ack completed a job that had timed out
+      this.incomplete--;
+      this.completed++;
+    } else if (!ok && e.ok) {
+      // marked freed_before_copy after it finished
+      this.completed--;
+      this.incomplete++;
+    }
+    e.ok = ok;
+    if (e.recorded) this.writeManifest(e, { completed, missing, failed, skipped, files, bytes, ok, spoiled });
+    if (!ok && first) this.opts.log?.warn({ job_id: e.job.jobId, dp_rank: e.job.replica, missing, failed, skipped }, 'dump job incomplete');
+    if (first && !e.timedOut) this.events.complete?.(e.job, [...e.acks.values()].map((a) => a.result));
+  }
+
+  /** request_info.json and manifest.json carry the layout, so tools map a rank to its directory. */
+  private layoutJson(): Record<string, unknown> {
+    return this.opts.layout ? { layout: layoutJson(this.opts.layout) } : {};
+  }
+
+  private writeManifest(e: Entry, m: { completed: number[]; missing: number[]; failed: Record<string, string>; skipped: Record<string, string>; files: Record<string, FileEntry[]>; bytes: Record<string, number>; ok: boolean; spoiled?: string }): void {
+    // Which pipeline stages and layers the dump holds: each rank's ack names the layers it copied.
+    const stages: Record<string, { ranks: number[]; layers: string[] }> = {};
+    for (const [g, a] of [...e.acks.entries()].sort((x, y) => x[0] - y[0])) {
+      const pp = this.opts.layout ? rankCoordinates(g, this.opts.layout).ppRank : 0;
+      const s = (stages[pp] ??= { ranks: [], layers: [] });
+      s.ranks.push(g);
+      for (const l of a.result.layers ?? []) if (!s.layers.includes(l)) s.layers.push(l);
+    }
+    writeJsonAtomic(path.join(e.job.dumpDir, 'manifest.json'), {
+      job_id: e.job.jobId,
+      incident_type: e.job.incidentType,
+      req_id: e.job.reqId,
+      dp_rank: e.job.replica,
+      detect_wave: e.job.detectWave,
+      arm_wave: e.job.armWave,
+      request_finished_at_dump: e.job.requestFinishedAtDump,
+      pp_stages: e.ppStages,
+      expected_ranks: e.job.ranks,
+      ...this.layoutJson(),
+      ...(this.opts.layout ? { dirs: Object.fromEntries(e.job.ranks.map((g) => [g, kvRankDirFor(g, this.opts.layout!)])) } : {}),
+      completed_ranks: m.completed,
+      missing_ranks: m.missing,
+      failed_ranks: m.failed,
+      skipped_ranks: m.skipped,
+      stages,
+      complete: m.ok,
+      // Why every rank's copy is still not a good dump: the request's blocks were given back
+      // before the copy wave ended (freed_wave), or that was never confirmed.
+      ...(m.spoiled ? { incomplete_reason: m.spoiled, freed_wave: e.freedWave ?? null } : {}),
+      timed_out: e.timedOut,
+      files: m.files,
+      bytes: m.bytes,
+      ts: new Date().toISOString(),
+    }, artifactWrite(this.modes));
+  }
+
+  /** Jobs of `replica` (all replicas when undefined) published and waiting for acks. */
+  pendingIds(replica?: number): string[] {
+    const out: string[] = [];
+    for (const e of this.jobs.values()) if (this.isPending(e) && (replica === undefined || e.job.replica === replica)) out.push(e.job.jobId);
+    return out;
+  }
+
+  /** Jobs armed and not finished (published or about to be). */
+  pending(): number {
+    let n = 0;
+    for (const e of this.jobs.values()) if (!e.finished) n++;
+    return n;
+  }
+
+  private isPending(e: Entry): boolean {
+    return !e.finished && !e.held && e.wave !== undefined;
+  }
+
+  /** A replica's jobs not yet acked by every expected rank nor timed out, grouped by wave (snapshots). */
+  lanes(replica: number): DumpLane[] {
+    const byWave = new Map<number, DumpJob[]>();
+    for (const e of this.jobs.values()) {
+      if (!this.isPending(e) || e.job.replica !== replica) continue;
+      if (!byWave.has(e.wave!)) byWave.set(e.wave!, []);
+      byWave.get(e.wave!)!.push(e.job);
+    }
+    return [...byWave.entries()].sort((a, b) => a[0] - b[0]).map(([wave, jobs]) => ({ wave, jobs }));
+  }
+
+  /** Counters for status / healthz. */
+  status(): Record<string, unknown> {
+    return { armed: this.armed, completed: this.completed, incomplete: this.incomplete, pending: this.pending(), skipped: this.skipped, duplicates: this.duplicates, unknown_results: this.unknownResults, freed_before_copy: this.freedBeforeCopy };
+  }
+
+  /** Stop every ack timer (coordinator stop). */
+  clear(): void {
+    for (const e of this.jobs.values()) clearTimeout(e.timer);
+    for (const e of this.jobs.values()) if (!e.finished) e.wave = undefined;
+  }
+}
