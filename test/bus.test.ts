@@ -6,6 +6,7 @@ import { PROTOCOL_VERSION } from '../src/bus/protocol-version';
 import { encodeAgentMessage, encodeBusFrame, encodeCoordinatorMessage, decodeAgentMessage } from '../src/bus/frames';
 import { isLoopback, parseHostPort } from '../src/bus/endpoints';
 import type { CoordinatorPolicy, DueLanes } from '../src/bus/policy';
+import { LOOKAHEAD_WAVES } from '../src/bus/constants';
 import { ConfigError } from '../src/errors';
 import { agentConfig } from '../src/guard/agent-config';
 import { configFromRaw, defaultConfig } from '../src/guard/config';
@@ -48,7 +49,8 @@ function makeAgent(rank: number, layout: WorldLayout, port: number, extra: Parti
 
 /**
  * The delivery invariant: every wave is emitted at most once, in increasing order, and a wave
- * that was not emitted is covered by a snapshot taken at or after it.
+ * that was not emitted is covered by a snapshot taken at or after it (a snapshot's wave is the
+ * last head's: it covers the vectors up to wave + LOOKAHEAD_WAVES).
  */
 function checkDelivery(emitted: number[], snapshotWaves: number[], upTo: number): void {
   const seen = new Set<number>();
@@ -57,7 +59,7 @@ function checkDelivery(emitted: number[], snapshotWaves: number[], upTo: number)
     seen.add(emitted[i]);
     if (i > 0) expect(emitted[i]).toBeGreaterThan(emitted[i - 1]);
   }
-  const maxSnap = Math.max(0, ...snapshotWaves);
+  const maxSnap = snapshotWaves.length > 0 ? Math.max(...snapshotWaves) + LOOKAHEAD_WAVES : 0;
   for (let w = 1; w <= upTo; w++) {
     if (!seen.has(w)) expect(maxSnap).toBeGreaterThanOrEqual(w);
   }
@@ -95,7 +97,8 @@ class RecordingPolicy implements CoordinatorPolicy {
   onWaveHead(_replica: number, wave: number, telemetry: StepTelemetry | null): DueLanes {
     this.heads.push({ wave, telemetry });
     const finished = telemetry?.requests?.filter((r) => r.finished) ?? [];
-    return { dumps: finished.map((r) => job(r.reqId, { detectWave: wave - 1, armWave: wave, blockIds: r.blockIds })) };
+    // Decided a wave ahead: the head of `wave` publishes the vector of wave + LOOKAHEAD_WAVES.
+    return { dumps: finished.map((r) => job(r.reqId, { detectWave: wave - 1, armWave: wave + LOOKAHEAD_WAVES, blockIds: r.blockIds })) };
   }
   onDumpResult(r: DumpResult): void {
     this.results.push(r);
@@ -146,13 +149,14 @@ describe('wave bus', () => {
     await waitFor(async () => (await requestStatus({ host: '127.0.0.1', port })).ready, 'bus ready');
 
     c.setConfig(1, LANE_CONFIG);
-    c.beginWave(1, null);
+    c.beginWave(1 - LOOKAHEAD_WAVES, null);
     c.armDumps([job('req-a')]);
-    c.beginWave(2, null);
-    for (let w = 3; w <= 9; w++) c.beginWave(w, null);
-    // TP0's agent sends the head of wave 10 with telemetry; the policy arms a dump from it.
-    const telemetry = { wave: 9, requests: [{ reqId: 'req-b', newTokenIds: [5], finished: true, blockIds: [7, 8] }] } as unknown as StepTelemetry;
-    inproc.bus.sendWaveHead(10, telemetry);
+    c.beginWave(2 - LOOKAHEAD_WAVES, null);
+    for (let w = 3; w <= 9; w++) c.beginWave(w - LOOKAHEAD_WAVES, null);
+    // TP0's agent sends the head of wave 9 with telemetry of wave 8; the policy arms a dump from it,
+    // due in the vector that head publishes: wave 10.
+    const telemetry = { wave: 8, requests: [{ reqId: 'req-b', newTokenIds: [5], finished: true, blockIds: [7, 8] }] } as unknown as StepTelemetry;
+    inproc.bus.sendWaveHead(10 - LOOKAHEAD_WAVES, telemetry);
 
     await waitFor(() => inproc.bus.latest()?.wave === 10, 'in-process agent at wave 10');
     const got = inproc.waves();
@@ -163,8 +167,8 @@ describe('wave bus', () => {
     if (w2) expect(w2.dump?.jobs.map((j) => j.jobId)).toEqual(['2/token_repeat/req-a']);
     const w10 = got.find((w) => w.head.wave === 10)!;
     expect(w10.head.dumpDue).toBe(true);
-    expect(w10.dump!.jobs[0]).toMatchObject({ reqId: 'req-b', blockIds: [7, 8], armWave: 10, detectWave: 9 });
-    expect(policy.heads.map((h) => h.wave)).toEqual([1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
+    expect(w10.dump!.jobs[0]).toMatchObject({ reqId: 'req-b', blockIds: [7, 8], armWave: 10, detectWave: 10 - LOOKAHEAD_WAVES - 1 });
+    expect(policy.heads.map((h) => h.wave)).toEqual([1, 2, 3, 4, 5, 6, 7, 8, 9, 10].map((w) => w - LOOKAHEAD_WAVES));
     expect(policy.heads[9].telemetry?.requests?.[0].reqId).toBe('req-b');
     for (const w of got) {
       expect(w.head.configDue).toBe(w.config !== undefined);
@@ -197,7 +201,7 @@ describe('wave bus', () => {
     await waitFor(() => notHead.bus.synced, 'rank 1 synced');
     notHead.bus.sendWaveHead(11, null);
     await waitFor(() => (c.stats.dropped.not_head ?? 0) === 1, 'wave head from rank 1 dropped');
-    expect(c.wave).toBe(10);
+    expect(c.wave).toBe(10 - LOOKAHEAD_WAVES); // the engine's last head; its vector is wave 10
     expect(st.epoch).toBe(c.epoch);
     expect(JSON.parse(st.statusJson).policy_heads).toBe(10);
 
@@ -229,7 +233,7 @@ describe('wave bus', () => {
     await readyP;
     expect((await requestStatus({ host: '127.0.0.1', port })).ready).toBe(true);
     // Waves published right after 'ready' reach both: nobody slept, nobody missed them.
-    c.beginWave(1, null);
+    c.beginWave(1 - LOOKAHEAD_WAVES, null);
     await waitFor(() => a0.bus.latest()?.wave === 1 && a1.bus.latest()?.wave === 1, 'both at wave 1');
     expect(a0.waves().map((w) => w.head.wave)).toEqual([1]);
     expect(a1.waves().map((w) => w.head.wave)).toEqual([1]);
@@ -259,12 +263,12 @@ describe('wave bus', () => {
       if (w % 10 === 0) c.setConfig(w, { ...LANE_CONFIG, freeHeadroomBytes: w });
       if (w % 4 === 0) c.armDumps([job(`r${w}`)]);
       if (w % 4 === 0) jobsArmed.push(`${w}/token_repeat/r${w}`);
-      c.beginWave(w, null);
+      c.beginWave(w - LOOKAHEAD_WAVES, null);
       if (w % 15 === 0) await new Promise((r) => setTimeout(r, 20)); // let some frames arrive mid-stream
     }
     await waitFor(() => dropped.length > 0 && a.bus.stats.resyncs > 0 && a.bus.synced, 'a gap seen and resynced');
     dropping = false;
-    c.beginWave(61, null);
+    c.beginWave(61 - LOOKAHEAD_WAVES, null);
     await waitFor(() => a.bus.latest()?.wave === 61, 'agent at wave 61');
 
     expect(a.bus.stats.dropped.injected).toBe(dropped.length);
@@ -295,7 +299,7 @@ describe('wave bus', () => {
     const a = makeAgent(1, layout, port);
     await a.bus.start();
     await waitFor(() => c1.ready, 'first coordinator ready');
-    c1.beginWave(1, null);
+    c1.beginWave(1 - LOOKAHEAD_WAVES, null);
     await waitFor(() => a.bus.latest()?.wave === 1, 'wave 1 from the first coordinator');
     const epoch1 = c1.epoch;
     await c1.stop();
@@ -307,8 +311,8 @@ describe('wave bus', () => {
     await waitFor(() => c2.ready, 'second coordinator ready (both agents resubscribed)', 30000);
     await waitFor(() => a.bus.currentEpoch === c2.epoch && a.bus.synced, 'in-process agent on the new epoch');
     expect(a.events.some((e) => e.kind === 'resync' && (e.reason === 'epoch' || e.reason === 'coordinator-silent'))).toBe(true);
-    c2.beginWave(1, null);
-    c2.beginWave(2, null);
+    c2.beginWave(1 - LOOKAHEAD_WAVES, null);
+    c2.beginWave(2 - LOOKAHEAD_WAVES, null);
     await waitFor(() => a.bus.latest()?.wave === 2 && a.bus.latest()?.epoch === c2.epoch, 'wave 2 of the new epoch');
     await waitFor(() => logLines(proc.stderr()).some((l) => l.msg === 'wave' && l.wave === 2), 'agent process got wave 2 of the new epoch');
     const snaps = logLines(proc.stderr()).filter((l) => l.msg === 'snapshot');
@@ -324,7 +328,7 @@ describe('wave bus', () => {
     expect(a.bus.synced).toBe(false);
     const c = await startCoordinator({ port, layout });
     await waitFor(() => c.ready, 'ready after the late coordinator start');
-    c.beginWave(1, null);
+    c.beginWave(1 - LOOKAHEAD_WAVES, null);
     await waitFor(() => a.bus.latest()?.wave === 1, 'wave 1');
     expect(a.bus.currentEpoch).toBe(c.epoch);
   });
@@ -357,7 +361,7 @@ describe('wave bus', () => {
     expect(st.status.epoch).toBe(c.epoch);
     rogue.close();
 
-    c.beginWave(1, null);
+    c.beginWave(1 - LOOKAHEAD_WAVES, null);
     await waitFor(() => a.bus.latest()?.wave === 1, 'wave still delivered after garbage');
     expect(c.ready).toBe(true);
   });
@@ -444,13 +448,14 @@ describe('wave bus', () => {
 
     // Snapshot content: config/manual-dump state from the policy, pending dump lanes.
     c.armDumps([job('req-1'), job('req-2')]);
-    c.beginWave(1, null);
+    c.beginWave(1 - LOOKAHEAD_WAVES, null);
     await waitFor(() => a0.bus.latest()?.wave === 1 && a1.bus.latest()?.wave === 1, 'wave 1 everywhere');
     const late = makeAgent(0, layout, port);
     await late.bus.start();
     await waitFor(() => late.events.some((e) => e.kind === 'snapshot'), 'late snapshot');
     const snap = late.events.find((e) => e.kind === 'snapshot')! as { kind: 'snapshot'; s: SnapshotReplyMsg };
-    expect(snap.s).toMatchObject({ epoch: c.epoch, wave: 1, configVersion: 7, config: POLICY_CONFIG, manualDumpDone: 2 });
+    // The snapshot's wave is the engine's last head; the vector it covers is wave + LOOKAHEAD_WAVES.
+    expect(snap.s).toMatchObject({ epoch: c.epoch, wave: 1 - LOOKAHEAD_WAVES, configVersion: 7, config: POLICY_CONFIG, manualDumpDone: 2 });
     expect(snap.s.pending).toHaveLength(1);
     expect(snap.s.pending[0].jobs.map((j) => j.jobId).sort()).toEqual(['1/token_repeat/req-1', '1/token_repeat/req-2']);
     await late.bus.stop();
