@@ -117,13 +117,23 @@ export function step(reqId: string, tokens: number[], blockIds: number[], extra:
 
 /** One engine step on every rank: TP0 opens the wave with last wave's telemetry; all end it. */
 export async function runWave(job: HarnessJob, wave: number, prev: StepTelemetry | undefined) {
-  await job.ranks[0].client.waveHead(wave, prev);
-  return Promise.all(job.ranks.map((r) => r.client.endOfWave(wave)));
+  return runReplicaWave(job, 0, wave, prev);
 }
 
-/** One engine step of one DP replica: its head (last-PP TP0) opens the wave; its ranks end it. */
+/**
+ * One engine step of one DP replica: its head (last-PP TP0) opens the wave; its ranks end it. The
+ * vector of `wave` was decided a wave ahead, so end_of_wave does not wait for this head: the step
+ * returns once the coordinator has handled it too (what the guard decided is in its vector, wave+1),
+ * as a real engine's next step would see.
+ */
 export async function runReplicaWave(job: HarnessJob, replica: number, wave: number, prev: StepTelemetry | undefined) {
   await job.ranks[replicaHead(job.layout, replica)].client.waveHead(wave, prev);
   const mine = job.ranks.filter((r) => r.agent.identity.dpRank === replica);
-  return Promise.all(mine.map((r) => r.client.endOfWave(wave)));
+  const results = await Promise.all(mine.map((r) => r.client.endOfWave(wave)));
+  const deadline = Date.now() + 10000;
+  while (job.coordinator.streams.stream(replica).wave < wave) {
+    if (Date.now() > deadline) throw new Error(`the coordinator did not handle replica ${replica}'s head of wave ${wave} within 10 s`);
+    await new Promise((r) => setTimeout(r, 2));
+  }
+  return results;
 }

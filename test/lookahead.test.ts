@@ -107,7 +107,7 @@ describe('a wave ahead', () => {
     expect(d.info).toMatchObject({ detect_wave: f - 1, arm_wave: f + 1 });
     expect(d.manifest).toMatchObject({ arm_wave: f + 1, detect_wave: f - 1, completed_ranks: [0, 1], complete: true });
     expect(d.manifest.incomplete_reason).toBeUndefined();
-    for (const g of [0, 1]) expect(JSON.parse(fs.readFileSync(path.join(d.dir, `rank${g}`, 'dump.json'), 'utf8'))).toMatchObject({ req_id: d.info.req_id });
+    for (const g of [0, 1]) expect(JSON.parse(fs.readFileSync(path.join(d.dir, d.manifest.dirs[g], 'dump.json'), 'utf8'))).toMatchObject({ req_id: d.info.req_id });
     for (const r of results) {
       // Every rank kept request 0's blocks one step (its dump was pending at the scheduling of F+1).
       expect(r.deferredFrees).toBeGreaterThanOrEqual(1);
