@@ -86,9 +86,9 @@ async function roundTrip(runtimeConfig: Record<string, unknown>): Promise<{ lane
     bus.on('wave', (w: WaveEvent) => waves.push(w));
     await bus.start();
     await waitFor(() => snapshots.length > 0, 'snapshot');
-    c.beginWave(1, null); // the guard's first wave head carries its config
-    await waitFor(() => waves.some((w) => w.head.wave === 1), 'wave 1');
-    const w1 = waves.find((w) => w.head.wave === 1)!;
+    c.beginWave(1, null); // the guard's first wave head carries its config, in the vector of wave 2
+    await waitFor(() => waves.some((w) => w.head.wave === 2), 'wave 2');
+    const w1 = waves.find((w) => w.head.wave === 2)!;
     expect(w1.head.configDue).toBe(true);
     return { lane: w1.config!.config, snap: snapshots[0].config, built: guard.snapshotState(0).config, dumpDir: startup.dumpDir };
   } finally {
