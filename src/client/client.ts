@@ -9,7 +9,7 @@ import { CLIENT_PROTOCOL_VERSION, protocolMismatch } from './protocol';
 import { regionMessage, validateRegion, type ClientRegion } from './region';
 import { AgentTransport, type Reply } from './transport';
 import { isWaveNumber, WaveHeadSender, type WaveTelemetry } from './wave-head';
-import { PendingDumps } from './pending-dumps';
+import { dueDumpsAsker, PendingDumps } from './pending-dumps';
 
 import { openConnection, type BeforeForwardResult, type ClientFeatures, type ConnectOptions, type EndOfWaveResult } from './options';
 
@@ -73,7 +73,18 @@ export class WavebusClient {
       },
     );
     this.head = new WaveHeadSender(this.transport, (message) => (this.availability.lastError = message));
-    this.pending = new PendingDumps(mailbox, (wave) => this.askDueDumps(wave));
+    this.pending = new PendingDumps(
+      mailbox,
+      dueDumpsAsker({
+        transport: this.transport,
+        unavailable: () => this.agentUnavailable,
+        boundMs: () => this.callBoundMs() + MARGIN_MS,
+        hello: (ms) => this.ensureHello(ms),
+        failed: (e, where) => {
+          if (!this.availability.lostOn(e, where)) this.noteError(`${where}: ${(e as Error).message}`);
+        },
+      }),
+    );
   }
 
   /**
@@ -85,18 +96,6 @@ export class WavebusClient {
   pendingDump(reqId: string): Promise<boolean> {
     if ((this.mailbox.features() & MailboxFeature.BUS_ACTIVE) === 0) return FALSE;
     return this.pending.check(reqId);
-  }
-
-  private async askDueDumps(wave: number): Promise<string[] | undefined> {
-    if (this.agentUnavailable) return undefined;
-    try {
-      await this.ensureHello(this.callBoundMs() + MARGIN_MS);
-      const reply = await this.transport.request({ dueDumps: { wave } }, this.callBoundMs() + MARGIN_MS);
-      return reply.ok ? (reply.dueReqIds as string[]) ?? [] : undefined;
-    } catch (e) {
-      if (!this.availability.lostOn(e, `pendingDump(wave ${wave})`)) this.noteError(`pendingDump(wave ${wave}): ${(e as Error).message}`);
-      return undefined;
-    }
   }
 
   /** True while the agent is known not to answer: calls skip it until it answers again. */

@@ -8,6 +8,7 @@
 // system call) when it has no dump_due; with dump_due the wave's req ids are asked of the agent
 // once; a vector not there yet is asked of the agent too, which waits for it within its bound.
 import type { MailboxReader } from './mailbox';
+import type { AgentTransport } from './transport';
 
 /** The agent could not say which requests are due: every request counts as pending (kept a step). */
 const ALL = 'all' as const;
@@ -55,6 +56,35 @@ export class PendingDumps {
     });
     return p;
   }
+}
+
+export interface DueDumpsDeps {
+  transport: AgentTransport;
+  /** The agent is known not to answer: nothing is asked. */
+  unavailable(): boolean;
+  /** The bound of one ask (the client's call bound and its margin). */
+  boundMs(): number;
+  hello(timeoutMs: number): Promise<unknown>;
+  /** An ask that failed (the agent lost, or an error the client notes). */
+  failed(e: unknown, where: string): void;
+}
+
+/**
+ * The asker PendingDumps uses: ClientRequest.due_dumps after a hello, within the call bound;
+ * undefined when the agent did not answer (every request then counts as pending).
+ */
+export function dueDumpsAsker(d: DueDumpsDeps): (wave: number) => Promise<string[] | undefined> {
+  return async (wave) => {
+    if (d.unavailable()) return undefined;
+    try {
+      await d.hello(d.boundMs());
+      const reply = await d.transport.request({ dueDumps: { wave } }, d.boundMs());
+      return reply.ok ? ((reply.dueReqIds as string[]) ?? []) : undefined;
+    } catch (e) {
+      d.failed(e, `pendingDump(wave ${wave})`);
+      return undefined;
+    }
+  };
 }
 
 const FALSE: Promise<boolean> = Promise.resolve(false);

@@ -22,7 +22,7 @@ from .protocol import CLIENT_PROTOCOL_VERSION, protocol_mismatch
 from .region import Region, from_any, validate
 from .transport import AgentSocket
 from .paths import env_paths
-from .pending import PendingDumps
+from .pending import PendingDumps, due_dumps_asker
 from .wave_head import WaveHeadBuilder, check_wave
 
 log = logging.getLogger("wavebus_client")
@@ -76,7 +76,7 @@ class Client:
         self._head = WaveHeadBuilder()
         self._closed = False
         self._mb = mb.Mailbox.wait_open(mailbox_path, mailbox_wait_s)
-        self._pending = PendingDumps(lambda: self._mb, self._ask_due_dumps)
+        self._pending = PendingDumps(lambda: self._mb, due_dumps_asker(self._sock, self._avail, self._bound_s, self._hello, self.stats))
         if self.async_scheduling and self._mb.features & mb.FEATURE_SNAPSHOTS:
             # Refused at startup: the agent says input snapshots are on, and they need sync scheduling.
             raise ConfigError("input snapshots need sync scheduling: under async scheduling the input buffers may still "
@@ -365,18 +365,6 @@ class Client:
         if not self._mb.features & mb.FEATURE_BUS:
             return False
         return self._pending.check(req_id)
-
-    def _ask_due_dumps(self, wave: int) -> Optional[list]:
-        if self._avail.still_unavailable():
-            return None
-        deadline = time.monotonic() + self._bound_s()
-        self.stats["due_dumps_asked"] += 1
-        if not self._hello(deadline):
-            return None
-        reply = self._sock.request(pb.ClientRequest(due_dumps=pb.DueDumps(wave=wave)), deadline)
-        if reply is None or not reply.ok:
-            return None
-        return list(reply.due_req_ids)
 
     # ------------------------------------------------------------------ snapshots
 

@@ -8,9 +8,28 @@ and its vector was published during wave W, so every rank gives the same answer:
 (no system call) when it has no dump_due; with dump_due the wave's req ids are asked of the agent
 once; a vector not there yet is asked of the agent too, which waits for it within its bound.
 """
+import time
 from typing import Callable, Dict, List, Optional, Set
 
 from . import mailbox as mb
+from . import wavebus_pb2 as pb
+
+
+def due_dumps_asker(sock, avail, bound_s: Callable[[], float], hello: Callable[[float], bool], stats: dict) -> Callable[[int], Optional[List[str]]]:
+    """The asker PendingDumps uses: ClientRequest.due_dumps after a hello, within the call bound;
+    None when the agent did not answer (every request then counts as pending)."""
+    def ask(wave: int) -> Optional[List[str]]:
+        if avail.still_unavailable():
+            return None
+        deadline = time.monotonic() + bound_s()
+        stats["due_dumps_asked"] += 1
+        if not hello(deadline):
+            return None
+        reply = sock.request(pb.ClientRequest(due_dumps=pb.DueDumps(wave=wave)), deadline)
+        if reply is None or not reply.ok:
+            return None
+        return list(reply.due_req_ids)
+    return ask
 
 
 class PendingDumps:
