@@ -70,7 +70,7 @@ wave_dir, out = sys.argv[1], sys.argv[2]
 wave = int(os.path.basename(wave_dir).split('_')[1])
 n = 0
 # The seed's rank dirs, dp<d>_tp<t>_pp<p>_cp<c>; this engine runs TP only, so the global rank is t.
-for rd in sorted(d for d in os.listdir(wave_dir) if re.fullmatch(r'dp0_tp\d+_pp0_cp0', d)):
+for rd in sorted(d for d in os.listdir(wave_dir) if re.fullmatch(r'dp0_tp[0-9]+_pp0_cp0', d)):
     rank = int(rd.split('_')[1][2:])
     pool = torch.load(os.path.join(out, f'pool_rank{rank}_wave{wave}.pt'))
     for f in sorted(os.listdir(os.path.join(wave_dir, rd))):
