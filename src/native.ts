@@ -2,7 +2,6 @@
 // Arguments are validated in TypeScript before these are called; C++ only moves bytes.
 // Errors thrown by the addon carry `code` (ERR_*); `nativeCall` / `nativeAsync` rewrap them
 // as NativeError with the same code.
-import * as fs from 'fs';
 import * as path from 'path';
 import { NativeError } from './errors';
 import { packageRoot } from './paths';

@@ -1,7 +1,6 @@
 // Owns every directory name wavebus builds, so that layouts live in exactly one place.
 import * as fs from 'fs';
 import * as path from 'path';
-import * as os from 'os';
 import { ConfigError, KvDirNameError } from './errors';
 import { MAX_WORLD_SIZE, globalRankOf, rankCoordinates, type WorldLayout } from './launch/identity';
 

@@ -267,10 +267,12 @@ test('wavebus sim keeps stepping after its agent is killed', async () => {
   const sim = spawnWavebus(['sim', '--nproc-per-node', '1', '--steps', String(steps), '--step-ms', '20', '--requests', '2', '--layers', '1', '--num-blocks', '16', '--result-dir', resultDir], {
     env: { ...process.env, WAVEBUS_RUN_DIR: bus.runDir, WAVEBUS_NNODES: '1', WAVEBUS_NODE_RANK: '0', WAVEBUS_NPROC_PER_NODE: '1', MASTER_ADDR: '127.0.0.1' },
   });
-  // Kill the agent once the sim has captured a few forwards (mid-run).
+  // Kill the agent once the sim has captured a few forwards (mid-run). A call dir on disk is written
+  // before its reply reaches the sim, so wait for two: the sim asked for the second only after the
+  // first reply came back.
   const snaps = path.join(bus.cacheRoot, 'snapshots');
-  const captured = (): boolean => fs.existsSync(snaps) && fs.readdirSync(snaps).some((h) => fs.readdirSync(path.join(snaps, h, 'rank0')).some((c) => /^call\d+$/.test(c)));
-  await waitFor(captured, 'the sim to capture', 60000);
+  const calls = (): number => (fs.existsSync(snaps) ? fs.readdirSync(snaps).reduce((n, h) => n + fs.readdirSync(path.join(snaps, h, 'rank0')).filter((c) => /^call\d+$/.test(c)).length, 0) : 0);
+  await waitFor(() => calls() >= 2, 'the sim to capture twice', 60000);
   bus.agent.child.kill('SIGKILL');
   await bus.agent.exited;
   const done = await sim.exited;

@@ -24,6 +24,7 @@ import {
   runWavebus,
   spawnInNetns,
   spawnOnHost,
+  startStatusProber,
   tmpDir,
   waitFor,
   type NetnsCluster,
@@ -82,41 +83,7 @@ function makeKeys(dir: string, hosts: number): Keys {
   return { hostDirs, rogueDir };
 }
 
-interface Status {
-  wave: number;
-  liveRanks: number[];
-  ready: boolean;
-  json: Record<string, any>;
-}
 
-/** A status prober with CURVE keys inside `ns`: one JSON line every 200 ms. */
-function startProber(ns: string, host: string, curveDir: string): { latest: () => Status | undefined; proc: Spawned } {
-  const script = `
-    const { requestStatus } = require(${DIST('coordinator.js')});
-    const { loadCurveDirClient } = require(${DIST('curve.js')});
-    const curve = loadCurveDirClient(${JSON.stringify(curveDir)});
-    const tick = () => requestStatus({ host: ${JSON.stringify(host)}, port: ${PORT} }, 1000, curve).then(
-      (s) => process.stdout.write(JSON.stringify({ ...s, json: JSON.parse(s.statusJson) }) + '\\n'),
-      () => process.stdout.write('{}\\n'),
-    ).finally(() => setTimeout(tick, 200));
-    tick();`;
-  const proc = spawnInNetns(ns, process.execPath, ['-e', script]);
-  return {
-    proc,
-    latest: () => {
-      const lines = proc.stdout().trim().split('\n');
-      for (let i = lines.length - 1; i >= 0; i--) {
-        try {
-          const s = JSON.parse(lines[i]);
-          return s.epoch ? (s as Status) : undefined;
-        } catch {
-          /* a line still being written */
-        }
-      }
-      return undefined;
-    },
-  };
-}
 
 interface Job {
   dir: string;
@@ -125,7 +92,7 @@ interface Job {
   hostDirs: string[];
   cfgPath: string;
   config: Record<string, any>;
-  probe: ReturnType<typeof startProber>;
+  probe: ReturnType<typeof startStatusProber>;
   diag: () => string;
   until: <T>(fn: () => T, what: string, ms: number) => Promise<NonNullable<T>>;
 }
@@ -170,7 +137,7 @@ function launchJob(net: NetnsCluster, keys: Keys, dir: string, layout: { tp: num
       { env: { ...process.env, WAVEBUS_CACHE_ROOT: path.join(disk, 'cache') } },
     );
   });
-  const probe = startProber(net.nodes[0].ns, net.nodes[0].addr, keys.hostDirs[0]);
+  const probe = startStatusProber(net.nodes[0].ns, net.nodes[0].addr, PORT, keys.hostDirs[0]);
   const diag = () => `${hosts.map((h, i) => `\nhost ${i}: ${h.stderr().slice(-2000)}`).join('')}\nstatus: ${JSON.stringify(probe.latest()?.json)}`;
   const until = <T>(fn: () => T, what: string, ms: number) => waitFor(fn, what, ms, 100).catch((e) => Promise.reject(new Error(`${(e as Error).message}${diag()}`)));
   return { dir, hosts, hostDirs, cfgPath: path.join(hostDirs[0], 'runtime', 'config', 'runtime_config.json'), config, probe, diag, until };

@@ -194,6 +194,47 @@ export function spawnInNetns(ns: string, cmd: string, args: string[], opts: Spaw
   return spawnTracked('ip', ['netns', 'exec', ns, cmd, ...args], opts);
 }
 
+/** What a status prober reports: the coordinator's StatusReply with its status JSON parsed. */
+export interface ProbedStatus {
+  epoch: number;
+  wave: number;
+  liveRanks: number[];
+  ready: boolean;
+  json: Record<string, any>;
+}
+
+/**
+ * A status prober inside namespace `ns`: asks the coordinator at host:port for its status every
+ * 200 ms (with the CURVE client keys of `curveDir` when given) and prints one JSON line per answer.
+ */
+export function startStatusProber(ns: string, host: string, port: number, curveDir?: string): { latest: () => ProbedStatus | undefined; proc: Spawned } {
+  const dist = (m: string) => JSON.stringify(path.join(ROOT, 'dist', 'src', 'bus', m));
+  const script = `
+    const { requestStatus } = require(${dist('coordinator.js')});
+    const curve = ${curveDir ? `require(${dist('curve.js')}).loadCurveDirClient(${JSON.stringify(curveDir)})` : 'undefined'};
+    const tick = () => requestStatus({ host: ${JSON.stringify(host)}, port: ${port} }, 1000, curve).then(
+      (s) => process.stdout.write(JSON.stringify({ ...s, json: JSON.parse(s.statusJson) }) + '\\n'),
+      () => process.stdout.write('{}\\n'),
+    ).finally(() => setTimeout(tick, 200));
+    tick();`;
+  const proc = spawnInNetns(ns, process.execPath, ['-e', script]);
+  return {
+    proc,
+    latest: () => {
+      const lines = proc.stdout().trim().split('\n');
+      for (let i = lines.length - 1; i >= 0; i--) {
+        try {
+          const s = JSON.parse(lines[i]);
+          return s.epoch ? (s as ProbedStatus) : undefined;
+        } catch {
+          /* a line still being written */
+        }
+      }
+      return undefined;
+    },
+  };
+}
+
 /**
  * Start a process inside network namespace `ns` that sees directory `disk` at path `at` (a bind
  * mount in the mount namespace `ip netns exec` gives each command): every "host" of a cluster

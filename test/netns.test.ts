@@ -8,13 +8,13 @@ import * as path from 'path';
 import { inspectTree } from '../src/tools/inspect';
 import {
   CLI,
-  ROOT,
   cleanup,
   cleanupNetns,
   createNetnsPair,
   rootOnlyReason,
   sh,
   spawnInNetns,
+  startStatusProber,
   tmpDir,
   waitFor,
   type NetnsPair,
@@ -30,40 +30,7 @@ const STEP_MS = 200;
 const STEPS = 130;
 const BOUND_MS = 200;
 
-interface Status {
-  epoch: number;
-  wave: number;
-  liveRanks: number[];
-  ready: boolean;
-  json: Record<string, any>;
-}
 
-/** A prober inside namespace `ns`: prints the coordinator's status as one JSON line every 200 ms. */
-function startProber(ns: string, host: string): { latest: () => Status | undefined; proc: Spawned } {
-  const script = `
-    const { requestStatus } = require(${JSON.stringify(path.join(ROOT, 'dist', 'src', 'bus', 'coordinator.js'))});
-    const tick = () => requestStatus({ host: ${JSON.stringify(host)}, port: ${PORT} }, 1000).then(
-      (s) => process.stdout.write(JSON.stringify({ ...s, json: JSON.parse(s.statusJson) }) + '\\n'),
-      () => process.stdout.write('{}\\n'),
-    ).finally(() => setTimeout(tick, 200));
-    tick();`;
-  const proc = spawnInNetns(ns, process.execPath, ['-e', script]);
-  return {
-    proc,
-    latest: () => {
-      const lines = proc.stdout().trim().split('\n');
-      for (let i = lines.length - 1; i >= 0; i--) {
-        try {
-          const s = JSON.parse(lines[i]);
-          return s.epoch ? (s as Status) : undefined;
-        } catch {
-          /* a line still being written */
-        }
-      }
-      return undefined;
-    },
-  };
-}
 
 interface Manifest {
   arm_wave: number;
@@ -113,7 +80,7 @@ describe('two hosts in network namespaces', () => {
       ]);
     const hostA = launch(net.a, 0);
     const hostB = launch(net.b, 1);
-    const probe = startProber(net.a, net.addrA);
+    const probe = startStatusProber(net.a, net.addrA, PORT);
     const diag = () => `\nhost A: ${hostA.stderr().slice(-2500)}\nhost B: ${hostB.stderr().slice(-2500)}\nstatus: ${JSON.stringify(probe.latest()?.json)}`;
     const until = <T>(fn: () => T, what: string, ms: number) => waitFor(fn, what, ms, 100).catch((e) => Promise.reject(new Error(`${(e as Error).message}${diag()}`)));
 

@@ -10,6 +10,7 @@ import * as path from 'path';
 import { readRange } from '../src/artifacts/read-range';
 import { readPt } from '../src/artifacts/pt-reader';
 import { kvBlockBytes, type KvGeometry } from '../src/sim/kv-pattern';
+import { isKvRankDirName } from '../src/paths';
 import { CLI, ROOT, cleanup, freePortPair, runWavebus, spawnTracked, tmpDir } from './helpers';
 import { startSlurmCluster, type SlurmCluster } from './slurm-cluster';
 
@@ -128,13 +129,16 @@ test('sbatch launch/slurm.sbatch on a one-node cluster: 4 srun tasks, TP 2 x PP 
   const manifest = JSON.parse(fs.readFileSync(path.join(waveDir, 'manifest.json'), 'utf8'));
   // The last PP stage's TP ranks (global 2 and 3, the tasks with SLURM_PROCID 2 and 3), and no other.
   expect(manifest).toMatchObject({ incident_type: 'logits_finite', expected_ranks: [2, 3], completed_ranks: [2, 3], missing_ranks: [], complete: true });
-  expect(fs.readdirSync(waveDir).filter((f) => f.startsWith('rank')).sort()).toEqual(['rank2', 'rank3']);
+  // The seed's rank dirs: global 2 and 3 are dp0_tp0_pp1_cp0 and dp0_tp1_pp1_cp0.
+  expect(fs.readdirSync(waveDir).filter(isKvRankDirName).sort()).toEqual(['dp0_tp0_pp1_cp0', 'dp0_tp1_pp1_cp0']);
   for (const g of [2, 3]) {
-    const dumpInfo = JSON.parse(fs.readFileSync(path.join(waveDir, `rank${g}`, 'dump.json'), 'utf8'));
+    const dumpInfo = JSON.parse(fs.readFileSync(path.join(waveDir, `dp0_tp${g % 2}_pp1_cp0`, 'dump.json'), 'utf8'));
     expect(dumpInfo.identity).toMatchObject({ global_rank: g, tp_rank: g % 2, pp_rank: 1, dp_rank: 0, tp_size: 2, pp_size: 2, host: os.hostname() });
     // The bytes are those of the engine process of SLURM_PROCID g (the sim fills its pool by its global rank).
+    // The last stage holds its own layers (the sim splits them: layer l is stage floor(l * pp / layers)).
     for (let l = 0; l < G.layers; l++) {
-      const file = path.join(waveDir, `rank${g}`, `model.layers.${l}.self_attn.pt`);
+      if (Math.floor((l * 2) / G.layers) !== 1) continue;
+      const file = path.join(waveDir, `dp0_tp${g % 2}_pp1_cp0`, `model.layers.${l}.self_attn.pt`);
       const pt = readPt(file);
       for (const [i, kv] of (['k', 'v'] as const).entries()) {
         const t = pt.tensors[i];

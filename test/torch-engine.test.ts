@@ -65,12 +65,13 @@ function python(args: string[]): { code: number | null; stdout: string; stderr: 
 }
 
 /** Every dumped .pt of a wave dir equals the blocks of the engine's own pool saved at that wave. */
-const CHECK_DUMP = `import sys, os, json, torch
+const CHECK_DUMP = `import sys, os, re, json, torch
 wave_dir, out = sys.argv[1], sys.argv[2]
 wave = int(os.path.basename(wave_dir).split('_')[1])
 n = 0
-for rd in sorted(d for d in os.listdir(wave_dir) if d.startswith('rank')):
-    rank = int(rd[4:])
+# The seed's rank dirs, dp<d>_tp<t>_pp<p>_cp<c>; this engine runs TP only, so the global rank is t.
+for rd in sorted(d for d in os.listdir(wave_dir) if re.fullmatch(r'dp0_tp[0-9]+_pp0_cp0', d)):
+    rank = int(rd.split('_')[1][2:])
     pool = torch.load(os.path.join(out, f'pool_rank{rank}_wave{wave}.pt'))
     for f in sorted(os.listdir(os.path.join(wave_dir, rd))):
         if not f.endswith('.pt'):

@@ -53,7 +53,7 @@ d, pools, blocks = sys.argv[1], sys.argv[2], [int(b) for b in sys.argv[3].split(
 for rank in (0, 1):
     pool = torch.load(os.path.join(pools, f'pool_rank{rank}.pt'))
     for layer in ('model.layers.0.self_attn', 'model.layers.1.self_attn'):
-        dump = torch.load(os.path.join(d, f'rank{rank}', f'{layer}.pt'), weights_only=True)
+        dump = torch.load(os.path.join(d, f'dp0_tp{rank}_pp0_cp0', f'{layer}.pt'), weights_only=True)
         assert dump['req_id'] == 'req-py-1-0a1b2c3d' and dump['tp_rank'] == rank and list(dump['block_ids']) == blocks, dump
         for kv in ('k', 'v'):
             want = pool[f'{layer}.{kv}'][blocks]
