@@ -112,7 +112,10 @@ function launchJob(net: NetnsCluster, keys: Keys, dir: string, layout: { tp: num
   fs.mkdirSync(disk, { recursive: true });
   const hostDirs = Array.from({ length: nnodes }, (_, i) => path.join(dir, `host${i}`));
   const cfgPath = path.join(disk, 'runtime', 'config', 'runtime_config.json');
-  const startAt = Date.now() + 12000;
+  // One clock for every host's ranks (a real pipeline's stages are tied by their data): the margin
+  // covers four launches with CURVE on a loaded 2-core machine, so no host starts behind the others
+  // (a stage that runs ahead of its replica's head would end a copy wave before its vector came).
+  const startAt = Date.now() + 20000;
   const hosts = hostDirs.map((hd, i) => {
     fs.mkdirSync(path.join(hd, 'runtime', 'config'), { recursive: true });
     return spawnOnHost(
