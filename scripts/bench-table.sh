@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Every bench once, in one sequence, on one commit: the run behind docs/benchmarks.md's table.
+# Each line of OUT is one bench's JSON result with its provenance (commit, start, seconds, load
+# average before and after). Needs root for the network-namespace aggregate bench.
+#   bash scripts/bench-table.sh [OUT]        (default: bench-table.jsonl; about 40 minutes on 2 cores)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out="${1:-bench-table.jsonl}"
+: >"$out"
+run() {
+  echo "== wavebus bench $*" >&2
+  if ! node bin/wavebus.js bench "$@" --json >>"$out"; then
+    echo "{\"bench\":\"$1\",\"failed\":true,\"args\":\"$*\"}" >>"$out"
+  fi
+}
+run bus --agents 8
+run overhead --forward-ms 3 --rounds 5
+run overhead --forward-ms 1 --rounds 5
+run detectors --requests 1024
+run dump --size-mb 256 --format all --runs 3
+run aggregate --size-mb 64
+run aggregate --netns --runs 3
+run auth
+run fuzz --frames 100000
+run soak --agents 64 --waves 10000 --dp 2
+echo "results: $out" >&2
