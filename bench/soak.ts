@@ -14,14 +14,12 @@
 // and flat resources: for the coordinator and every agent, RSS at the end <= 1.25 x RSS after
 // warm-up and open fds at the end <= fds after warm-up + 2.
 import * as fs from 'fs';
-import * as path from 'path';
 import yargs from 'yargs';
-import { inspectTree } from '../src/tools/inspect';
-import { isKvRankDirName, kvRankDirFor } from '../src/paths';
 import type { StepTelemetry } from '../src/messages';
 import type { WavebusClient } from '../src/client/client';
 import { alive, POOL_BLOCKS, ProcJob } from './lib/proc-job';
 import { SoakWorkload } from './lib/soak-workload';
+import { Collector, unfinishedDumps } from './lib/soak-collector';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
@@ -89,16 +87,6 @@ export interface SoakOptions {
   boundMs: number;
 }
 
-interface ReplicaCounts {
-  lost: number;
-  settleLost: number;
-  jobsComplete: number;
-  jobsIncomplete: number;
-  dumpsSkipped: number;
-  bundlesVerified: number;
-  dumpWaves: Set<number>;
-}
-
 /** The requests among `ids` with a dump still to be copied (the engine keeps their blocks a wave). */
 async function pendingOf(client: WavebusClient, ids: string[]): Promise<Set<string> | undefined> {
   let keep: Set<string> | undefined;
@@ -110,7 +98,7 @@ export async function soak(o: SoakOptions): Promise<Record<string, unknown>> {
   const t0 = Date.now();
   const config = { detector: { logits_finite: { enabled: true, on_trigger: ['report'] } }, dump: { manual_dump: 0, free_headroom_bytes: 0, format: 'npy' } };
   const job = new ProcJob({ world: o.agents, dp: o.dp, boundMs: o.boundMs, ackTimeoutMs: 30000, heartbeatMs: 500, config });
-  const counts: ReplicaCounts[] = Array.from({ length: o.dp }, () => ({ lost: 0, settleLost: 0, jobsComplete: 0, jobsIncomplete: 0, dumpsSkipped: 0, bundlesVerified: 0, dumpWaves: new Set() }));
+  const lost = Array.from({ length: o.dp }, () => ({ lost: 0, settle: 0 }));
   const problems: string[] = [];
   const problem = (p: string) => problems.length < 40 && problems.push(p);
   const work = Array.from({ length: o.dp }, () => new SoakWorkload({ slots: 3, life: 48, blocksPerRequest: 2, poolBlocks: POOL_BLOCKS }));
@@ -120,61 +108,6 @@ export async function soak(o: SoakOptions): Promise<Record<string, unknown>> {
   let startUsage: ReturnType<typeof sample> | undefined;
   const warmup = Math.min(200, Math.floor(o.waves / 5));
 
-  // Finished dumps (a manifest, or dump_skipped.json) are checked, counted and removed.
-  const checkDump = (wdir: string, replica: number, wave: number) => {
-    const c = counts[replica];
-    if (!c) return problem(`${wdir}: no such replica`);
-    const m = JSON.parse(fs.readFileSync(path.join(wdir, 'manifest.json'), 'utf8'));
-    const want = job.dumpRanks(replica);
-    const dirs = fs.readdirSync(wdir).filter(isKvRankDirName).sort();
-    const wantDirs = want.map((g) => kvRankDirFor(g, job.layout)).sort();
-    c.dumpWaves.add(wave);
-    if (!m.complete) {
-      c.jobsIncomplete++;
-      return problem(`${wdir}: incomplete (missing ${JSON.stringify(m.missing_ranks)}, failed ${JSON.stringify(m.failed_ranks)}, ${m.incomplete_reason ?? ''})`);
-    }
-    const r = inspectTree(wdir, { verify: true });
-    const bundles = r.bundles.filter((b) => b.kind === 'kv_dump');
-    const bad = [
-      m.dp_rank !== replica && `dp_rank ${m.dp_rank} in replica ${replica}'s dir`,
-      JSON.stringify(m.expected_ranks) !== JSON.stringify(want) && `expected_ranks ${JSON.stringify(m.expected_ranks)}, replica ${replica} has ${JSON.stringify(want)}`,
-      JSON.stringify(m.completed_ranks) !== JSON.stringify(want) && `completed_ranks ${JSON.stringify(m.completed_ranks)}`,
-      JSON.stringify(dirs) !== JSON.stringify(wantDirs) && `rank dirs ${JSON.stringify(dirs)}, want ${JSON.stringify(wantDirs)}`,
-      bundles.length !== want.length && `${bundles.length} verified bundles, want ${want.length}`,
-      r.problems.length > 0 && `inspect --verify: ${r.problems.slice(0, 3).join('; ')}`,
-    ].filter(Boolean);
-    if (bad.length > 0) {
-      c.jobsIncomplete++;
-      return problem(`${wdir}: ${bad.join('; ')}`);
-    }
-    c.jobsComplete++;
-    c.bundlesVerified += bundles.length;
-  };
-  const collect = () => {
-    if (!fs.existsSync(job.kvRoot)) return;
-    for (const t of fs.readdirSync(job.kvRoot)) {
-      const tdir = path.join(job.kvRoot, t);
-      for (const e of fs.readdirSync(tdir)) {
-        // manual_trigger/wave_<W>_dp<R>/dump_skipped.json: a manual dump with no running request
-        const skip = /^wave_(\d+)(?:_dp(\d+))?$/.exec(e);
-        if (skip) {
-          const r = Number(skip[2] ?? 0);
-          if (counts[r]) counts[r].dumpsSkipped++;
-          problem(`${t}/${e}: skipped: ${fs.readFileSync(path.join(tdir, e, 'dump_skipped.json'), 'utf8').slice(0, 200)}`);
-          fs.rmSync(path.join(tdir, e), { recursive: true, force: true });
-          continue;
-        }
-        for (const w of fs.readdirSync(path.join(tdir, e))) {
-          const wdir = path.join(tdir, e, w);
-          const name = /^wave_(\d+)(?:_dp(\d+))?$/.exec(w);
-          if (!name || !fs.existsSync(path.join(wdir, 'manifest.json'))) continue; // still pending
-          checkDump(wdir, Number(name[2] ?? 0), Number(name[1]));
-          fs.rmSync(wdir, { recursive: true, force: true });
-        }
-      }
-    }
-  };
-
   const replicaLoop = async (r: number, from: number, to: number, settle: boolean): Promise<void> => {
     const head = job.clients[job.head(r)];
     for (let w = from; w <= to; w++) {
@@ -182,20 +115,26 @@ export async function soak(o: SoakOptions): Promise<Record<string, unknown>> {
         if (w === warmup) startUsage = sample();
         if (w % o.dumpEvery === 0) {
           job.manualDump(++dumpsAsked);
-          collect();
+          collector?.collect();
         }
       }
       const keep = await pendingOf(head, work[r].finishedHolding());
       const tel = work[r].step(w, keep);
       const ends = await job.step(r, w, prev[r], o.paceMs);
       prev[r] = tel;
-      const lost = ends.filter((e) => e.timedOut).length;
-      if (settle) counts[r].settleLost += lost;
-      else counts[r].lost += lost;
+      const n = ends.filter((e) => e.timedOut).length;
+      if (settle) lost[r].settle += n;
+      else lost[r].lost += n;
     }
   };
+  let collector: Collector | undefined;
+  // Interrupted (Ctrl-C, a job scheduler's SIGTERM): the coordinator, agents, shm and dirs still go.
+  const stop = (sig: NodeJS.Signals) => void job.close().finally(() => process.exit(sig === 'SIGINT' ? 130 : 143));
+  process.once('SIGINT', stop);
+  process.once('SIGTERM', stop);
   try {
     await job.start();
+    collector = new Collector(job.kvRoot, job.layout);
     const waveStart = Date.now();
     // Every replica steps on its own: concurrent loops, not lockstep.
     await Promise.all(Array.from({ length: o.dp }, (_, r) => replicaLoop(r, 1, o.waves, false)));
@@ -216,27 +155,27 @@ export async function soak(o: SoakOptions): Promise<Record<string, unknown>> {
       next += 5;
       await sleep(20);
     }
-    collect();
+    collector!.collect();
+    const tally = await collector!.tally();
+    problems.push(...tally.problems);
     const endUsage = sample();
     const su = startUsage ?? endUsage;
     // Dirs still without a manifest: a dump that never finished.
-    for (const f of fs.existsSync(job.kvRoot) ? fs.readdirSync(job.kvRoot, { recursive: true }) as string[] : []) {
-      if (/wave_\d+(_dp\d+)?$/.test(f)) problem(`${f}: no manifest at the end`);
-    }
+    for (const f of unfinishedDumps(job.kvRoot)) problem(`${f}: no manifest at the end`);
     const dead = [job.coordinator, ...job.agents].filter((p) => !alive(p));
     if (dead.length > 0) problem(`${dead.length} wavebus process(es) died: ${dead.flatMap((p) => p.stderr.slice(-2)).join(' | ').slice(0, 1500)}`);
     const coordFlat = flatness([su.coordinator], [endUsage.coordinator]);
     const agentsFlat = flatness(su.agents, endUsage.agents);
     const stats = job.clients.map((c) => c.stats);
-    const replicas = counts.map((c, r) => {
+    const replicas = tally.replicas.map((c, r) => {
       const ranks = job.ranksOf(r);
       return {
         replica: r,
         ranks,
-        lost_waves: c.lost,
-        settle_lost_waves: c.settleLost,
+        lost_waves: lost[r].lost,
+        settle_lost_waves: lost[r].settle,
         manual_dumps_served: st.guard_replicas?.[String(r)]?.manual_dump_done ?? null,
-        dump_waves: c.dumpWaves.size,
+        dump_waves: c.dumpWaves.length,
         jobs_complete: c.jobsComplete,
         jobs_incomplete: c.jobsIncomplete,
         dumps_skipped: c.dumpsSkipped,
@@ -287,6 +226,9 @@ export async function soak(o: SoakOptions): Promise<Record<string, unknown>> {
       seconds: (Date.now() - t0) / 1000,
     };
   } finally {
+    process.off('SIGINT', stop);
+    process.off('SIGTERM', stop);
+    await collector?.close();
     await job.close();
   }
 }
