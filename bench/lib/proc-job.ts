@@ -137,10 +137,15 @@ export class ProcJob {
 
   /** Start every process, wait until the bus is ready, connect one client per rank with its KV pool. */
   async start(readyMs = 60000 + this.o.world * 2000): Promise<void> {
-    this.port = await freePortPair();
-    this.startCoordinator();
-    for (let g = 0; g < this.o.world; g++) this.startAgent(g);
     const by = Date.now() + readyMs;
+    // A free port pair can be taken by another process before the coordinator binds it: try another.
+    for (let attempt = 1; ; attempt++) {
+      this.port = await freePortPair();
+      this.startCoordinator();
+      if (await this.coordinatorUp(by)) break;
+      if (attempt >= 5 || Date.now() > by) throw new Error(`the coordinator did not start: ${this.coordinator.stderr.slice(-3).join(' | ')}`);
+    }
+    for (let g = 0; g < this.o.world; g++) this.startAgent(g);
     for (;;) {
       try {
         if ((await this.status(1000)).ready) break;
@@ -162,6 +167,20 @@ export class ProcJob {
       }
       this.clients[g] = c;
     }
+  }
+
+  /** True once the coordinator answers status; false if it exited first. */
+  private async coordinatorUp(by: number): Promise<boolean> {
+    while (Date.now() < by) {
+      if (!alive(this.coordinator)) return false;
+      try {
+        await this.status(1000);
+        return true;
+      } catch {
+        await sleep(100);
+      }
+    }
+    return false;
   }
 
   /** The rank heading replica r's wave stream, and its ranks. */

@@ -45,7 +45,7 @@ export class SoakWorkload {
   }
 
   /** Run wave w: free (unless kept), admit into empty slots whose start has come, decode; its telemetry. */
-  step(w: number, keep?: ReadonlySet<string>): StepTelemetry {
+  step(w: number, keep?: ReadonlySet<string>): StepTelemetry & { requests: RequestStep[] } {
     const out: RequestStep[] = [];
     const stillHeld: Req[] = [];
     for (const r of this.holding) {
