@@ -1,34 +1,33 @@
-// `wavebus bench soak [--agents 8] [--waves 1000] [--dump-every 100] [--pace-ms 1] --json`
-// (the documented full run: `--agents 64 --waves 10000`, a few minutes on 2 cores).
+// `wavebus bench soak [--agents 8] [--waves 1000] [--dp 2] [--dump-every 100] [--pace-ms 1] --json`
+// (the documented full run: `--agents 64 --waves 10000 --dp 2`, many minutes on 2 cores).
 //
-// A coordinator process and N agent processes on loopback run for many waves with a manual KV
-// dump every --dump-every waves. This process plays the engine: one client per rank, each with a
-// tiny KV pool in shared memory (so every dump really writes and verifies files, which are then
-// removed), TP0's client sends each wave head, every client ends every wave. Reports lost waves
-// (an end_of_wave that timed out: must be 0), dumps done, and RSS / open fds of the coordinator
-// and the agents after warm-up and at the end (must stay flat).
-import { spawn, type ChildProcess } from 'child_process';
+// A coordinator process and N agent processes on loopback (bench/lib/proc-job.ts) run for many
+// waves with a manual KV dump every --dump-every waves. This process plays the engine of --dp
+// replicas, each stepping on its own (its own loop, wave numbers, requests and wave stream headed
+// by its TP0): per wave, pendingDump() for the requests it is about to free (kept a wave when a
+// dump is pending), the head's waveHead(w) with the telemetry of w-1, the forward (--pace-ms),
+// endOfWave(w) on every rank of the replica. Each finished dump is checked (complete, exactly its
+// replica's ranks, `inspect --verify` on its tree) and removed so the disk stays flat.
+//
+// Pass rule (printed as `rule`): 0 lost waves (an end_of_wave that timed out) in every replica;
+// every replica served every manual dump and every dump job completed; no wavebus process died;
+// and flat resources: for the coordinator and every agent, RSS at the end <= 1.25 x RSS after
+// warm-up and open fds at the end <= fds after warm-up + 2.
 import * as fs from 'fs';
-import * as os from 'os';
-import * as path from 'path';
 import yargs from 'yargs';
-import { requestStatus } from '../src/bus/coordinator';
-import { WavebusClient } from '../src/client/client';
-import { inspectTree } from '../src/tools/inspect';
-import { ShmSegment } from '../src/memory';
-import { agentEndpoint, mailboxPath, packageRoot } from '../src/paths';
-import { freePortPair } from '../src/bus/ports';
-
-const BLOCKS = 4;
-const SHAPE = [BLOCKS, 16, 1, 64]; // float16: 2 KiB per block
-const REGION_BYTES = SHAPE.reduce((a, b) => a * b, 1) * 2;
-const REQ = 'soak-req-0';
+import type { StepTelemetry } from '../src/messages';
+import type { WavebusClient } from '../src/client/client';
+import { alive, POOL_BLOCKS, ProcJob } from './lib/proc-job';
+import { SoakWorkload } from './lib/soak-workload';
+import { Collector, unfinishedDumps } from './lib/soak-collector';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
+export const RSS_MAX_RATIO = 1.25;
+export const FD_MAX_GROWTH = 2;
+export const RULE = `pass: 0 lost waves in every replica; every replica served every manual dump and every dump job completed (exactly its replica's ranks, inspect --verify clean); no wavebus process died; per process RSS end <= ${RSS_MAX_RATIO} x after warm-up and fds end <= after warm-up + ${FD_MAX_GROWTH}`;
 
-
-interface Usage {
+export interface Usage {
   rssKb: number;
   fds: number;
 }
@@ -39,196 +38,197 @@ function usage(pid: number): Usage {
   return { rssKb, fds: fs.readdirSync(`/proc/${pid}/fd`).length };
 }
 
-function summarize(start: Usage[], end: Usage[]): Record<string, number> {
-  const ratio = end.map((e, i) => e.rssKb / Math.max(1, start[i].rssKb));
+/** The flatness verdict for processes sampled after warm-up and at the end (same order). */
+export function flatness(start: Usage[], end: Usage[]): { rssRatioMax: number; fdGrowthMax: number; rssFlat: boolean; fdsFlat: boolean } {
+  const rssRatioMax = Math.max(...end.map((e, i) => e.rssKb / Math.max(1, start[i].rssKb)));
+  const fdGrowthMax = Math.max(...end.map((e, i) => e.fds - start[i].fds));
+  return { rssRatioMax: +rssRatioMax.toFixed(3), fdGrowthMax, rssFlat: rssRatioMax <= RSS_MAX_RATIO, fdsFlat: fdGrowthMax <= FD_MAX_GROWTH };
+}
+
+function summarize(start: Usage[], end: Usage[]): Record<string, unknown> {
   const sum = (xs: number[]) => xs.reduce((a, b) => a + b, 0);
+  const f = flatness(start, end);
   return {
     rss_start_mb_mean: +(sum(start.map((u) => u.rssKb)) / start.length / 1024).toFixed(1),
     rss_end_mb_mean: +(sum(end.map((u) => u.rssKb)) / end.length / 1024).toFixed(1),
-    rss_ratio_max: +Math.max(...ratio).toFixed(3),
+    rss_ratio_max: f.rssRatioMax,
     fds_start_max: Math.max(...start.map((u) => u.fds)),
     fds_end_max: Math.max(...end.map((u) => u.fds)),
-    fds_growth_max: Math.max(...end.map((u, i) => u.fds - start[i].fds)),
+    fds_growth_max: f.fdGrowthMax,
+    flat: f.rssFlat && f.fdsFlat,
   };
 }
 
 export async function run(argv: string[]): Promise<Record<string, unknown>> {
   const a = yargs(argv)
-    .option('agents', { type: 'number', default: 8 })
-    .option('waves', { type: 'number', default: 1000 })
-    .option('dump-every', { type: 'number', default: 100 })
-    .option('pace-ms', { type: 'number', default: 1 })
+    .option('agents', { type: 'number', default: 8, describe: 'agent processes (= ranks); a multiple of --dp' })
+    .option('dp', { type: 'number', default: 2, describe: 'DP replicas, each its own wave stream and engine loop' })
+    .option('waves', { type: 'number', default: 1000, describe: 'waves each replica runs' })
+    .option('dump-every', { type: 'number', default: 100, describe: 'a manual dump (hot reload of dump.manual_dump) every N waves of replica 0' })
+    .option('pace-ms', { type: 'number', default: 1, describe: 'the forward: ms between a wave head and its end' })
     .option('bound-ms', { type: 'number', default: 1000, describe: "agents' end_of_wave bound (a wave later than this is lost)" })
     .option('json', { type: 'boolean', default: false })
     .strict(false)
     .parseSync();
-  return soak({ agents: a.agents, waves: a.waves, dumpEvery: a['dump-every'], paceMs: a['pace-ms'], boundMs: a['bound-ms'] });
+  for (const [flag, v] of [['--agents', a.agents], ['--dp', a.dp], ['--waves', a.waves], ['--dump-every', a['dump-every']], ['--bound-ms', a['bound-ms']]] as const) {
+    if (!Number.isSafeInteger(v) || v < 1) throw new Error(`bench soak: ${flag} must be a positive integer, got ${v}`);
+  }
+  if (a.agents % a.dp !== 0) throw new Error(`bench soak: --agents ${a.agents} must be a multiple of --dp ${a.dp}`);
+  if (!(a['pace-ms'] >= 0)) throw new Error(`bench soak: --pace-ms must be >= 0, got ${a['pace-ms']}`);
+  return soak({ agents: a.agents, dp: a.dp, waves: a.waves, dumpEvery: a['dump-every'], paceMs: a['pace-ms'], boundMs: a['bound-ms'] });
 }
 
-export async function soak(o: { agents: number; waves: number; dumpEvery: number; paceMs: number; boundMs: number }): Promise<Record<string, unknown>> {
+export interface SoakOptions {
+  agents: number;
+  dp: number;
+  waves: number;
+  dumpEvery: number;
+  paceMs: number;
+  boundMs: number;
+}
+
+/** The requests among `ids` with a dump still to be copied (the engine keeps their blocks a wave). */
+async function pendingOf(client: WavebusClient, ids: string[]): Promise<Set<string> | undefined> {
+  let keep: Set<string> | undefined;
+  for (const id of ids) if (await client.pendingDump(id)) (keep ??= new Set()).add(id);
+  return keep;
+}
+
+export async function soak(o: SoakOptions): Promise<Record<string, unknown>> {
   const t0 = Date.now();
-  const bin = path.join(packageRoot(), 'bin', 'wavebus.js');
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'wavebus-soak-'));
-  const runDir = fs.mkdtempSync(path.join(fs.existsSync('/dev/shm') ? '/dev/shm' : os.tmpdir(), 'wbsoak-'));
-  const cfgPath = path.join(dir, 'runtime', 'config', 'runtime_config.json');
-  const kvRoot = path.join(dir, 'runtime', 'report', 'kv_cache');
-  const cfg = (manual: number) =>
-    JSON.stringify({ detector: { logits_finite: { enabled: true, on_trigger: ['report'] } }, dump: { manual_dump: manual, free_headroom_bytes: 0, format: 'npy' } });
-  fs.mkdirSync(path.dirname(cfgPath), { recursive: true });
-  fs.writeFileSync(cfgPath, cfg(0));
-  const port = await freePortPair();
-  const env = { ...process.env, WAVEBUS_LOG_LEVEL: process.env.WAVEBUS_LOG_LEVEL ?? 'warn' };
-  const procs: ChildProcess[] = [];
-  const errs: string[] = [];
-  const start = (args: string[]) => {
-    const c = spawn(process.execPath, [bin, ...args], { stdio: ['ignore', 'ignore', 'pipe'], env });
-    c.stderr!.on('data', (b) => errs.length < 200 && errs.push(String(b).slice(0, 500)));
-    procs.push(c);
-    return c;
-  };
-  const n = o.agents;
-  const tag = `wbsoak${process.pid}`;
-  const segs: ShmSegment[] = [];
-  const clients: WavebusClient[] = [];
-  let lost = 0;
-  let dumpsAsked = 0;
-  let dumpsComplete = 0;
-  let dumpsIncomplete = 0;
-  let bundlesVerified = 0;
+  const config = { detector: { logits_finite: { enabled: true, on_trigger: ['report'] } }, dump: { manual_dump: 0, free_headroom_bytes: 0, format: 'npy' } };
+  const job = new ProcJob({ world: o.agents, dp: o.dp, boundMs: o.boundMs, ackTimeoutMs: 30000, heartbeatMs: 500, config });
+  const lost = Array.from({ length: o.dp }, () => ({ lost: 0, settle: 0 }));
   const problems: string[] = [];
-  let startUsage: { coordinator: Usage; agents: Usage[] } | undefined;
-  let endUsage: { coordinator: Usage; agents: Usage[] } | undefined;
-  try {
-    const coord = start([
-      'coordinator', '--port', String(port), '--world-size', String(n), '--tp', String(n), '--heartbeat-ms', '500',
-      '--dump-ack-timeout-ms', '30000', '--runtime-config-path', cfgPath, '--runtime-config-hot-reload',
-      // startup writes defaults <- overlay to the live file (seed); later edits of it are the manual dumps
-      '--additional-config', JSON.stringify({ runtime_config: JSON.parse(cfg(0)) }),
-    ]);
-    const agents = Array.from({ length: n }, (_, g) =>
-      start([
-        'agent', '--coordinator', `127.0.0.1:${port}`, '--rank', String(g), '--local-rank', String(g), '--world-size', String(n),
-        '--local-world-size', String(n), '--tp', String(n), '--run-dir', runDir, '--heartbeat-ms', '500',
-        '--end-of-wave-timeout-ms', String(o.boundMs), '--staging-mb', '16', '--dump-root', kvRoot,
-      ]),
-    );
-    const readyBy = Date.now() + 60000 + n * 2000;
-    for (;;) {
-      try {
-        if ((await requestStatus({ host: '127.0.0.1', port }, 1000)).ready) break;
-      } catch {
-        /* not up yet */
-      }
-      if (Date.now() > readyBy) throw new Error('soak: the bus was not ready in time');
-      await sleep(200);
-    }
-    // The engine: one client per rank with a tiny KV pool (K and V of one layer) in shared memory.
-    for (let g = 0; g < n; g++) {
-      const name = `/${tag}-r${g}`;
-      const seg = ShmSegment.create(name, 2 * REGION_BYTES);
-      seg.buffer().fill(g + 1);
-      segs.push(seg);
-      const c = await WavebusClient.connect({ endpoint: agentEndpoint(runDir, g), mailbox: mailboxPath(runDir, g) });
-      for (const [i, kv] of (['k', 'v'] as const).entries()) {
-        await c.register({ name: `l0.${kv}`, kind: 'shm', shmName: name, offset: i * REGION_BYTES, nbytes: REGION_BYTES, dtype: 'float16', shape: SHAPE, role: 'kv_pool', layer: 'model.layers.0.self_attn', kv });
-      }
-      clients.push(c);
-    }
-    const telemetry = (w: number) => ({
-      wave: w - 1,
-      requests: [{ reqId: REQ, newTokenIds: [w % 30000], newTokenLogprobs: [-0.5], newTokenRanks: [0], draftLen: 0, accepted: 0, blockIds: [0, 1, 2], finished: false, freed: false, promptLen: 8, numOutputTokens: w }],
-      nonFinite: [],
-    });
-    const warmup = Math.min(200, Math.floor(o.waves / 5));
-    const collect = () => {
-      // Completed wave dirs are verified, counted and removed, so the disk stays flat.
-      for (const t of fs.existsSync(kvRoot) ? fs.readdirSync(kvRoot) : []) {
-        const tdir = path.join(kvRoot, t);
-        for (const req of fs.readdirSync(tdir)) {
-          for (const w of fs.readdirSync(path.join(tdir, req))) {
-            const wdir = path.join(tdir, req, w);
-            const mf = path.join(wdir, 'manifest.json');
-            if (!fs.existsSync(mf)) continue;
-            const m = JSON.parse(fs.readFileSync(mf, 'utf8'));
-            if (m.complete) {
-              const r = inspectTree(wdir, { verify: true });
-              if (r.problems.length > 0) problems.push(...r.problems.slice(0, 5));
-              bundlesVerified += r.bundles.filter((b) => b.kind === 'kv_dump').length;
-              dumpsComplete++;
-            } else {
-              dumpsIncomplete++;
-              if (problems.length < 20) problems.push(`${w}: incomplete (missing ${JSON.stringify(m.missing_ranks)}, failed ${JSON.stringify(m.failed_ranks)})`);
-            }
-            fs.rmSync(wdir, { recursive: true, force: true });
-          }
+  const problem = (p: string) => problems.length < 40 && problems.push(p);
+  const work = Array.from({ length: o.dp }, () => new SoakWorkload({ slots: 3, life: 48, blocksPerRequest: 2, poolBlocks: POOL_BLOCKS }));
+  const prev: (StepTelemetry | undefined)[] = Array.from({ length: o.dp }, () => undefined);
+  let dumpsAsked = 0;
+  const sample = () => ({ coordinator: usage(job.coordinator.child.pid!), agents: job.agents.map((x) => usage(x.child.pid!)) });
+  let startUsage: ReturnType<typeof sample> | undefined;
+  const warmup = Math.min(200, Math.floor(o.waves / 5));
+
+  const replicaLoop = async (r: number, from: number, to: number, settle: boolean): Promise<void> => {
+    const head = job.clients[job.head(r)];
+    for (let w = from; w <= to; w++) {
+      if (!settle && r === 0) {
+        if (w === warmup) startUsage = sample();
+        if (w % o.dumpEvery === 0) {
+          job.manualDump(++dumpsAsked);
+          collector?.collect();
         }
       }
-    };
-    const waveStart = Date.now();
-    const step = async (w: number) => {
-      await clients[0].waveHead(w, telemetry(w));
-      if (o.paceMs > 0) await sleep(o.paceMs);
-      const ends = await Promise.all(clients.map((c) => c.endOfWave(w)));
-      return ends.filter((e) => e.timedOut).length;
-    };
-    for (let w = 1; w <= o.waves; w++) {
-      if (w === warmup) startUsage = { coordinator: usage(coord.pid!), agents: agents.map((x) => usage(x.pid!)) };
-      if (w % o.dumpEvery === 0) {
-        dumpsAsked++;
-        fs.writeFileSync(`${cfgPath}.edit`, cfg(dumpsAsked));
-        fs.renameSync(`${cfgPath}.edit`, cfgPath);
-        collect();
-      }
-      lost += await step(w);
+      const keep = await pendingOf(head, work[r].finishedHolding());
+      const tel = work[r].step(w, keep);
+      const ends = await job.step(r, w, prev[r], o.paceMs);
+      prev[r] = tel;
+      const n = ends.filter((e) => e.timedOut).length;
+      if (settle) lost[r].settle += n;
+      else lost[r].lost += n;
     }
+  };
+  let collector: Collector | undefined;
+  // Interrupted (Ctrl-C, a job scheduler's SIGTERM): the coordinator, agents, shm and dirs still go.
+  const stop = (sig: NodeJS.Signals) => void job.close().finally(() => process.exit(sig === 'SIGINT' ? 130 : 143));
+  process.once('SIGINT', stop);
+  process.once('SIGTERM', stop);
+  try {
+    await job.start();
+    collector = new Collector(job.kvRoot, job.layout);
+    const waveStart = Date.now();
+    // Every replica steps on its own: concurrent loops, not lockstep.
+    await Promise.all(Array.from({ length: o.dp }, (_, r) => replicaLoop(r, 1, o.waves, false)));
     const waveSeconds = (Date.now() - waveStart) / 1000;
-    // Keep stepping (not counted) until the last dumps were armed and acked, then collect them.
-    const settleBy = Date.now() + 30000;
-    for (let w = o.waves + 1; Date.now() < settleBy; w++) {
-      const s = JSON.parse((await requestStatus({ host: '127.0.0.1', port }, 3000)).statusJson);
-      if ((s.dumps?.pending ?? 0) === 0 && (s.manual_dump_done ?? 0) >= dumpsAsked) break;
-      await step(w);
+    // Keep stepping (counted apart) until every replica served every manual dump and no dump is pending.
+    let next = o.waves + 1;
+    let st: Record<string, any> = {};
+    const settleBy = Date.now() + 60000;
+    for (;;) {
+      st = (await job.status(5000)).json;
+      const served = Object.values(st.guard_replicas ?? {}).map((g: any) => g.manual_dump_done as number);
+      if (served.length === o.dp && served.every((n) => n >= dumpsAsked) && (st.dumps?.pending ?? 1) === 0) break;
+      if (Date.now() > settleBy) {
+        problem(`settle: replicas served ${JSON.stringify(served)} of ${dumpsAsked} manual dumps, ${st.dumps?.pending} dump(s) pending after 60 s`);
+        break;
+      }
+      await Promise.all(Array.from({ length: o.dp }, (_, r) => replicaLoop(r, next, next + 4, true)));
+      next += 5;
       await sleep(20);
     }
-    collect();
-    endUsage = { coordinator: usage(coord.pid!), agents: agents.map((x) => usage(x.pid!)) };
-    const dead = procs.filter((p) => p.exitCode !== null || p.signalCode !== null).length;
-    if (dead > 0) problems.push(`${dead} wavebus process(es) died: ${errs.slice(-3).join(' | ')}`);
+    collector!.collect();
+    const tally = await collector!.tally();
+    problems.push(...tally.problems);
+    const endUsage = sample();
     const su = startUsage ?? endUsage;
+    // Dirs still without a manifest: a dump that never finished.
+    for (const f of unfinishedDumps(job.kvRoot)) problem(`${f}: no manifest at the end`);
+    const dead = [job.coordinator, ...job.agents].filter((p) => !alive(p));
+    if (dead.length > 0) problem(`${dead.length} wavebus process(es) died: ${dead.flatMap((p) => p.stderr.slice(-2)).join(' | ').slice(0, 1500)}`);
+    const coordFlat = flatness([su.coordinator], [endUsage.coordinator]);
+    const agentsFlat = flatness(su.agents, endUsage.agents);
+    const stats = job.clients.map((c) => c.stats);
+    const replicas = tally.replicas.map((c, r) => {
+      const ranks = job.ranksOf(r);
+      return {
+        replica: r,
+        ranks,
+        lost_waves: lost[r].lost,
+        settle_lost_waves: lost[r].settle,
+        manual_dumps_served: st.guard_replicas?.[String(r)]?.manual_dump_done ?? null,
+        dump_waves: c.dumpWaves.length,
+        jobs_complete: c.jobsComplete,
+        jobs_incomplete: c.jobsIncomplete,
+        dumps_skipped: c.dumpsSkipped,
+        bundles_verified: c.bundlesVerified,
+        deferred_frees: work[r].deferredFrees,
+        requests_admitted: work[r].admitted,
+        vector_waits: ranks.reduce((n, g) => n + stats[g].vectorWaits, 0),
+        late_vectors: ranks.reduce((n, g) => n + stats[g].lateVectors, 0),
+      };
+    });
+    const failures: string[] = [];
+    for (const x of replicas) {
+      if (x.lost_waves > 0) failures.push(`replica ${x.replica}: ${x.lost_waves} lost waves`);
+      if (x.manual_dumps_served !== dumpsAsked) failures.push(`replica ${x.replica}: served ${x.manual_dumps_served} of ${dumpsAsked} manual dumps`);
+      if (x.dump_waves !== dumpsAsked) failures.push(`replica ${x.replica}: dumps found at ${x.dump_waves} waves, ${dumpsAsked} asked`);
+      if (x.jobs_incomplete > 0 || x.dumps_skipped > 0) failures.push(`replica ${x.replica}: ${x.jobs_incomplete} incomplete, ${x.dumps_skipped} skipped dump(s)`);
+    }
+    if ((st.dumps?.freed_before_copy ?? 0) > 0) failures.push(`${st.dumps.freed_before_copy} dump(s) freed before their copy`);
+    if (dead.length > 0) failures.push(`${dead.length} process(es) died`);
+    if (!coordFlat.rssFlat || !agentsFlat.rssFlat) failures.push(`RSS grew: coordinator x${coordFlat.rssRatioMax}, agents max x${agentsFlat.rssRatioMax}`);
+    if (!coordFlat.fdsFlat || !agentsFlat.fdsFlat) failures.push(`fds grew: coordinator +${coordFlat.fdGrowthMax}, agents max +${agentsFlat.fdGrowthMax}`);
+    if (problems.length > 0 && failures.length === 0) failures.push(`${problems.length} problem(s)`);
     return {
-      agents: n,
+      agents: o.agents,
+      dp: o.dp,
       waves: o.waves,
-      waves_per_sec: +(o.waves / waveSeconds).toFixed(1),
-      lost_waves: lost,
+      waves_per_sec: +((o.waves * o.dp) / waveSeconds).toFixed(1),
+      lost_waves: replicas.reduce((n, x) => n + x.lost_waves, 0),
       dumps_asked: dumpsAsked,
-      dumps_complete: dumpsComplete,
-      dumps_incomplete: dumpsIncomplete,
-      bundles_verified: bundlesVerified,
+      jobs_complete: replicas.reduce((n, x) => n + x.jobs_complete, 0),
+      jobs_incomplete: replicas.reduce((n, x) => n + x.jobs_incomplete, 0),
+      bundles_verified: replicas.reduce((n, x) => n + x.bundles_verified, 0),
+      freed_before_copy: st.dumps?.freed_before_copy ?? null,
+      replicas,
       coordinator: {
         rss_start_mb: +(su.coordinator.rssKb / 1024).toFixed(1),
         rss_end_mb: +(endUsage.coordinator.rssKb / 1024).toFixed(1),
-        rss_ratio: +(endUsage.coordinator.rssKb / Math.max(1, su.coordinator.rssKb)).toFixed(3),
+        rss_ratio: coordFlat.rssRatioMax,
         fds_start: su.coordinator.fds,
         fds_end: endUsage.coordinator.fds,
+        flat: coordFlat.rssFlat && coordFlat.fdsFlat,
       },
       agents_usage: summarize(su.agents, endUsage.agents),
+      rule: RULE,
+      pass: failures.length === 0,
+      failures,
       problems,
       seconds: (Date.now() - t0) / 1000,
     };
   } finally {
-    for (const c of clients) await c.close().catch(() => undefined);
-    for (const p of procs) if (p.exitCode === null && p.signalCode === null) p.kill('SIGTERM');
-    await Promise.race([Promise.all(procs.map((p) => (p.exitCode === null && p.signalCode === null ? new Promise((r) => p.once('exit', r)) : undefined))), sleep(10000)]);
-    for (const p of procs) if (p.exitCode === null && p.signalCode === null) p.kill('SIGKILL');
-    for (const [g, s] of segs.entries()) {
-      s.close();
-      try {
-        ShmSegment.unlink(`/${tag}-r${g}`);
-      } catch {
-        /* gone */
-      }
-    }
-    fs.rmSync(dir, { recursive: true, force: true });
-    fs.rmSync(runDir, { recursive: true, force: true });
+    process.off('SIGINT', stop);
+    process.off('SIGTERM', stop);
+    await collector?.close();
+    await job.close();
   }
 }

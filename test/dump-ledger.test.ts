@@ -3,6 +3,7 @@
 import * as fs from 'fs';
 import * as path from 'path';
 import { DumpLedger } from '../src/guard/dump-ledger';
+import { findOrphanDumps, orphanJob } from '../src/guard/orphan-dumps';
 import { kvRankDirFor } from '../src/paths';
 import type { DumpJob, DumpResult } from '../src/messages';
 import { cleanup, tmpDir, waitFor } from './helpers';
@@ -73,4 +74,61 @@ test('jobs queued on the coordinator (not armed here) are tracked without files'
   expect(ledger.ack(ack(0, '4/x/q'))).toBe('counted');
   expect(ledger.lanes(0)).toEqual([]);
   ledger.clear();
+});
+
+describe('dumps an earlier coordinator left unfinished (src/guard/orphan-dumps.ts)', () => {
+  test('found at startup and adopted: a manifest that never claims complete, rewritten by acks that still arrive', () => {
+    const root = tmpDir();
+    // A coordinator armed this job (request_info.json) and was killed before any manifest.
+    const old = new DumpLedger({ layout, ackTimeoutMs: 60000 });
+    const job = arm(old, root, 1, [6, 7]);
+    old.clear();
+    // Another job finished normally: not an orphan.
+    const done = arm(old, root, 0, [2, 3], 'fine');
+    for (const g of [2, 3]) old.ack(ack(g, done.jobId));
+    old.clear();
+    const found = findOrphanDumps(root, layout);
+    expect(found.map((o) => o.job)).toEqual([{ ...job, ranks: [6, 7] }]);
+
+    const ledger = new DumpLedger({ layout, ackTimeoutMs: 60000 });
+    const completed: string[] = [];
+    ledger.listen({ complete: (j) => completed.push(j.jobId) });
+    for (const o of found) ledger.adopt(o.job, o.ppStages);
+    const manifest = () => JSON.parse(fs.readFileSync(path.join(job.dumpDir, 'manifest.json'), 'utf8'));
+    expect(manifest()).toMatchObject({ job_id: job.jobId, dp_rank: 1, expected_ranks: [6, 7], completed_ranks: [], missing_ranks: [6, 7], complete: false, incomplete_reason: 'coordinator_restarted' });
+    // An agent's queued ack reaches the new coordinator: named, and still not complete.
+    expect(ledger.ack(ack(6, job.jobId))).toBe('counted');
+    expect(manifest()).toMatchObject({ completed_ranks: [6], missing_ranks: [7], complete: false });
+    ledger.ack(ack(7, job.jobId));
+    expect(manifest()).toMatchObject({ completed_ranks: [6, 7], missing_ranks: [], complete: false, incomplete_reason: 'coordinator_restarted' });
+    expect(ledger.status()).toMatchObject({ adopted: 1, completed: 0, incomplete: 1 });
+    expect(completed).toEqual([]);
+    ledger.clear();
+    // Adopted once: its manifest exists now.
+    expect(findOrphanDumps(root, layout)).toEqual([]);
+  });
+
+  test('records that do not fit the layout, links and odd names are left alone', () => {
+    const root = tmpDir();
+    const good = { job_id: '5/nan/q@dp1', incident_type: 'nan', req_id: 'q', dp_rank: 1, detect_wave: 4, arm_wave: 5, block_ids: [1], expected_ranks: [6, 7], pp_stages: 'last' };
+    const put = (rel: string, v: unknown) => {
+      fs.mkdirSync(path.join(root, rel), { recursive: true });
+      fs.writeFileSync(path.join(root, rel, 'request_info.json'), typeof v === 'string' ? v : JSON.stringify(v));
+    };
+    put('nan/q/wave_5_dp1', good);
+    put('nan/a/wave_5_dp1', { ...good, dp_rank: 2 }); // dp=2: no replica 2
+    put('nan/b/wave_5_dp1', { ...good, expected_ranks: [6, 8] }); // rank 8 of 8
+    put('nan/c/wave_5_dp1', { ...good, arm_wave: -1 });
+    put('nan/d/wave_5_dp1', '{not json');
+    put('nan/e/not_a_wave', good);
+    fs.mkdirSync(path.join(root, 'nan', 'f', 'wave_6'), { recursive: true });
+    fs.symlinkSync(path.join(root, 'nan', 'q', 'wave_5_dp1', 'request_info.json'), path.join(root, 'nan', 'f', 'wave_6', 'request_info.json'));
+    const warned: string[] = [];
+    const found = findOrphanDumps(root, layout, { warn: (o: object) => void warned.push(JSON.stringify(o)) } as never);
+    expect(found.map((o) => o.job.dumpDir)).toEqual([path.join(root, 'nan', 'q', 'wave_5_dp1')]);
+    expect(warned.join('\n')).toMatch(/dp_rank 2 is outside dp=2/);
+    expect(warned.join('\n')).toMatch(/expected_ranks is not a list of ranks below 8/);
+    expect(warned.join('\n')).toMatch(/arm_wave or detect_wave/);
+    expect(orphanJob('/x', null, layout)).toBe('request_info.json is not a JSON object');
+  });
 });

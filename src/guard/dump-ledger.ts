@@ -94,6 +94,8 @@ interface Entry {
   freedWave?: number;
   /** The window never closed (the guard stopped first): not confirmed. */
   unconfirmed?: boolean;
+  /** Armed by an earlier coordinator that stopped before it finished (orphan-dumps.ts): never complete. */
+  restarted?: boolean;
 }
 
 const MAX_TRACKED_JOBS = 4096;
@@ -116,6 +118,8 @@ export class DumpLedger {
   unknownResults = 0;
   /** Jobs whose request was freed before its copy wave ended (reported, never complete). */
   freedBeforeCopy = 0;
+  /** Unfinished jobs of an earlier coordinator found at startup (manifest: coordinator_restarted). */
+  adopted = 0;
 
   constructor(private readonly opts: LedgerOptions = {}) {
     this.ackTimeoutMs = opts.ackTimeoutMs ?? 10000;
@@ -186,6 +190,18 @@ export class DumpLedger {
     return job;
   }
 
+  /**
+   * A job an earlier coordinator armed and never finished: its manifest is written now (nothing
+   * acked to this coordinator yet) and rewritten by each ack that still reaches this one.
+   */
+  adopt(job: DumpJob, ppStages: PpStages): void {
+    if (this.jobs.has(job.jobId)) return;
+    const e: Entry = { job, recorded: true, ppStages, acks: new Map(), timedOut: false, finished: false, ok: false, windowOpen: false, held: false, restarted: true };
+    this.add(e);
+    this.adopted++;
+    this.finish(e);
+  }
+
   /** Refuse a dump at arm time: dump_skipped.json in the wave dir it would have had. */
   refuse(dumpRoot: string, s: { incidentType: string; reqId: string; wave: number; replica: number; reason: SkipReason; detail?: Record<string, unknown> }): string {
     this.skipped[s.reason] = (this.skipped[s.reason] ?? 0) + 1;
@@ -245,7 +261,7 @@ export class DumpLedger {
       // Every copy is in, but the request may still be freed before the copy wave's end is seen.
       e.held = true;
       clearTimeout(e.timer);
-    } else if (e.acks.size === e.job.ranks.length || e.timedOut) this.finish(e);
+    } else if (e.acks.size === e.job.ranks.length || e.timedOut || e.restarted) this.finish(e);
     return late ? 'late' : 'counted';
   }
 
@@ -295,7 +311,7 @@ export class DumpLedger {
       else completed.push(rank);
     }
     const missing = e.job.ranks.filter((r) => !e.acks.has(r));
-    const spoiled = e.freedWave !== undefined ? 'freed_before_copy' : e.unconfirmed ? 'copy_window_unconfirmed' : undefined;
+    const spoiled = e.freedWave !== undefined ? 'freed_before_copy' : e.restarted ? 'coordinator_restarted' : e.unconfirmed ? 'copy_window_unconfirmed' : undefined;
     const ok = completed.length === e.job.ranks.length && spoiled === undefined;
     const first = !e.finished;
     if (first) {
@@ -314,7 +330,7 @@ export class DumpLedger {
     e.ok = ok;
     if (e.recorded) this.writeManifest(e, { completed, missing, failed, skipped, files, bytes, ok, spoiled });
     if (!ok && first) this.opts.log?.warn({ job_id: e.job.jobId, dp_rank: e.job.replica, missing, failed, skipped }, 'dump job incomplete');
-    if (first && !e.timedOut) this.events.complete?.(e.job, [...e.acks.values()].map((a) => a.result));
+    if (first && !e.timedOut && !e.restarted) this.events.complete?.(e.job, [...e.acks.values()].map((a) => a.result));
   }
 
   /** request_info.json and manifest.json carry the layout, so tools map a rank to its directory. */
@@ -390,7 +406,7 @@ export class DumpLedger {
 
   /** Counters for status / healthz. */
   status(): Record<string, unknown> {
-    return { armed: this.armed, completed: this.completed, incomplete: this.incomplete, pending: this.pending(), skipped: this.skipped, duplicates: this.duplicates, unknown_results: this.unknownResults, freed_before_copy: this.freedBeforeCopy };
+    return { armed: this.armed, completed: this.completed, incomplete: this.incomplete, pending: this.pending(), skipped: this.skipped, duplicates: this.duplicates, unknown_results: this.unknownResults, freed_before_copy: this.freedBeforeCopy, adopted: this.adopted };
   }
 
   /** Stop every ack timer (coordinator stop). */

@@ -14,6 +14,7 @@ import { counter } from '../metrics';
 import { actionsFor, DetectorName, RuntimeConfig } from './config';
 import { agentConfig } from './agent-config';
 import { Hit, MUTE_BIT, splitNonFinite } from './detectors';
+import { findOrphanDumps } from './orphan-dumps';
 import { DumpLedger } from './dump-ledger';
 import { admitIncident } from './quotas';
 import { ConfigFollower } from './reload';
@@ -93,6 +94,8 @@ export class Guard implements CoordinatorPolicy {
     const { layout } = opts;
     this.replicas = Array.from({ length: layout.dp }, (_, r) => new ReplicaState(r, replicaHead(layout, r), opts.manualDumpDone ?? 0, this.cfg, 0));
     this.ledger = new DumpLedger({ ackTimeoutMs: opts.dumpAckTimeoutMs, layout, log: this.log, modes: opts.artifactModes });
+    // Dumps a killed predecessor left without a manifest get one that says so.
+    for (const o of findOrphanDumps(this.dumpRoot(), layout, this.log)) this.ledger.adopt(o.job, o.ppStages);
     this.metric = counter('wavebus_incidents_total', 'Runtime guard incidents, by type and action taken', ['incident_type', 'action'] as const);
     this.refreshLane();
   }
