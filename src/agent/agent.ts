@@ -104,7 +104,17 @@ export class Agent {
     this.opts = opts;
     this.identity = opts.identity;
     this.ahead = decideAheadWaves(opts.identity.pp);
-    this.duties = new WaveDuties(opts.identity.isLastPp, this.ahead, (jobs) => this.mine(jobs));
+    this.duties = new WaveDuties(opts.identity.isLastPp, this.ahead, (jobs) => this.mine(jobs), {
+      apply: (cfg, wave, ended) => {
+        this.applyConfig(cfg, `ConfigLane.config of wave ${wave}`);
+        if (wave !== ended) this.log.info({ wave, ended }, 'config applied after its wave ended here (the engine ran ahead of its vector)');
+      },
+      giveUp: (job, wave, ended) => {
+        this.log.warn({ job_id: job.jobId, wave, ended }, 'dump job for a wave already ended here: acked wave_already_ended');
+        const why = `the engine had ended wave ${wave} (it was at wave ${ended}) before this rank had the job; nothing was copied`;
+        this.bus?.sendDumpResult(this.dumps.result(job, [], 0, why, 'wave_already_ended'));
+      },
+    });
     this.dumpLanes = this.duties.lanes;
     this.log = opts.logger ?? createLogger(`wavebus-agent-rank${opts.identity.globalRank}`);
     this.gate = new RootGate(opts.identity.globalRank, opts.roots ?? {}, this.log);
@@ -235,7 +245,7 @@ export class Agent {
     this.mailbox?.setFeatures(this.features());
   }
 
-  /** Act on the coordinator's config from now on; one this side cannot read leaves the view as it was (the only caller besides a snapshot is settle()). */
+  /** Act on the coordinator's config from now on (a snapshot's, or one at its wave: wave-duties.ts); one this side cannot read leaves the view as it was. */
   private applyConfig(cfg: AgentConfig | null, where: string): void {
     let view: RuntimeView;
     try {
@@ -284,25 +294,9 @@ export class Agent {
     this.arrive(wave, w.head.configDue, w.head.dumpDue, wave + 1);
   }
 
-  /**
-   * The engine has ended every wave up to `upTo`: the one path by which every rank applies a config
-   * (at its wave, in order) and gives up a dump lane it can no longer copy. `copyAt`: the wave whose
-   * end_of_wave is running now (its lane is copied by the caller, after its config applied). A job
-   * for an earlier wave is acked at once as `wave_already_ended`, so its manifest says so for this
-   * rank instead of waiting for the ack timeout.
-   */
+  /** The engine has ended every wave up to `upTo` (`copyAt`: the one ending now): wave-duties.ts. */
   private settle(upTo: number, copyAt?: number): void {
-    const { configs, givenUp } = this.duties.settle(upTo, copyAt);
-    for (const { wave, config } of configs) {
-      this.applyConfig(config, `ConfigLane.config of wave ${wave}`);
-      if (wave !== copyAt) this.log.info({ wave, ended: upTo }, 'config applied after its wave ended here (the engine ran ahead of its vector)');
-    }
-    for (const { wave, job } of givenUp) {
-      this.log.warn({ job_id: job.jobId, wave, ended: upTo }, 'dump job for a wave already ended here: acked wave_already_ended');
-      const why = `the engine had ended wave ${wave} (it was at wave ${upTo}) before this rank had the job; nothing was copied`;
-      this.bus?.sendDumpResult(this.dumps.result(job, [], 0, why, 'wave_already_ended'));
-    }
-    if (configs.length > 0 || givenUp.length > 0) this.publishFeatures();
+    if (this.duties.settle(upTo, copyAt)) this.publishFeatures();
   }
 
   /**

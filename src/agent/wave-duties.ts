@@ -5,11 +5,11 @@
 // its engine has already ended (docs/runtime-guard.md, "Pipeline stages").
 import type { AgentConfig, DumpJob, DumpLane } from '../messages';
 
-export interface Settled {
-  /** Configs to apply now, oldest first, with the wave each applies at. */
-  configs: { wave: number; config: AgentConfig | null }[];
-  /** Jobs naming this rank for a wave its engine ended without copying them. */
-  givenUp: { wave: number; job: DumpJob }[];
+export interface DutyHooks {
+  /** Apply a config now (`wave`: the one it applies at; `ended`: the engine's wave now). */
+  apply(config: AgentConfig | null, wave: number, ended: number): void;
+  /** Ack a job naming this rank for a wave its engine ended without copying it: wave_already_ended. */
+  giveUp(job: DumpJob, wave: number, ended: number): void;
 }
 
 export class WaveDuties {
@@ -26,6 +26,7 @@ export class WaveDuties {
     private readonly ahead: number,
     /** The jobs among these that this rank copies. */
     private readonly mine: (jobs: DumpJob[]) => DumpJob[],
+    private readonly hooks: DutyHooks,
   ) {}
 
   addConfig(wave: number, config: AgentConfig | null): void {
@@ -59,23 +60,28 @@ export class WaveDuties {
 
   /**
    * The engine has ended every wave up to `upTo`: the configs of those waves apply now (in order) and
-   * the jobs naming this rank in those waves' lanes are given up, except the lane of `copyAt` (the
-   * wave whose end_of_wave runs now: the caller copies it, after its config applied).
+   * the jobs naming this rank in those waves' lanes are given up (acked at once, so the manifest
+   * says so for this rank instead of waiting for the ack timeout), except the lane of `copyAt` (the
+   * wave whose end_of_wave runs now: the caller copies it, after its config applied). True when
+   * anything changed (the rank's place on the vector may have).
    */
-  settle(upTo: number, copyAt?: number): Settled {
-    const out: Settled = { configs: [], givenUp: [] };
-    if (upTo < 0) return out;
+  settle(upTo: number, copyAt?: number): boolean {
+    if (upTo < 0) return false;
+    let changed = false;
     for (const w of [...this.configs.keys()].sort((a, b) => a - b)) {
       if (w > upTo) break;
-      out.configs.push({ wave: w, config: this.configs.get(w)! });
+      const config = this.configs.get(w)!;
       this.configs.delete(w);
+      this.hooks.apply(config, w, upTo);
+      changed = true;
     }
     for (const [w, lane] of [...this.lanes]) {
       if (w > upTo || w === copyAt) continue;
       this.lanes.delete(w);
-      for (const job of this.mine(lane.jobs)) out.givenUp.push({ wave: w, job });
+      for (const job of this.mine(lane.jobs)) this.hooks.giveUp(job, w, upTo);
+      changed = true;
     }
-    return out;
+    return changed;
   }
 
   /** Forget lanes far behind `wave` (bounded memory). */
