@@ -15,8 +15,10 @@ const ack = (rank: number, jobId: string, p: Partial<DumpResult> = {}): DumpResu
   globalRank: rank, jobId, wave: 3, files: [{ path: `${kvRankDirFor(rank, layout)}/l.pt`, bytes: 10, checksum: 'crc32c:00000000' }], bytes: 10, error: '', skippedReason: '', layers: [`layers.${rank < 4 ? (rank < 2 ? 0 : 1) : rank < 6 ? 0 : 1}`], ...p,
 });
 
-function arm(ledger: DumpLedger, root: string, replica: number, ranks: number[], reqId = 'r'): DumpJob {
-  const job = ledger.arm(root, { incidentType: 'nan', reqId, blockIds: [1], detectWave: 2, armWave: 3, requestFinishedAtDump: false, replica, ranks, ppStages: ranks.length > 2 ? 'all' : 'last', info: {} })!;
+function arm(ledger: DumpLedger, root: string, replica: number, stages: 'last' | 'all', reqId = 'r'): DumpJob {
+  // The config the replica's ranks apply at the end of wave 3 (the stream tells the ledger).
+  ledger.configFrom(replica, 3, stages);
+  const job = ledger.arm(root, { incidentType: 'nan', reqId, blockIds: [1], detectWave: 2, armWave: 3, requestFinishedAtDump: false, replica, info: {} })!;
   ledger.published(3, [job]);
   return job;
 }
@@ -26,11 +28,11 @@ test('a job completes once every rank it names acked; one manifest; its replica 
   const done: string[] = [];
   const ledger = new DumpLedger({ layout, ackTimeoutMs: 60000 });
   ledger.listen({ complete: (j) => done.push(j.jobId) });
-  const job = arm(ledger, root, 1, [4, 5, 6, 7]);
+  const job = arm(ledger, root, 1, 'all');
   expect(job).toMatchObject({ jobId: '3/nan/r@dp1', replica: 1, ranks: [4, 5, 6, 7], dumpDir: path.join(root, 'nan', 'r', 'wave_3_dp1') });
   expect(ledger.lanes(1)).toEqual([{ wave: 3, jobs: [job] }]);
   expect(ledger.lanes(0)).toEqual([]);
-  expect(ledger.arm(root, { incidentType: 'nan', reqId: 'r', blockIds: [1], detectWave: 2, armWave: 3, requestFinishedAtDump: false, replica: 1, ranks: [6, 7], ppStages: 'last', info: {} })).toBeNull(); // duplicate
+  expect(ledger.arm(root, { incidentType: 'nan', reqId: 'r', blockIds: [1], detectWave: 2, armWave: 3, requestFinishedAtDump: false, replica: 1, info: {} })).toBeNull(); // duplicate
   for (const g of [4, 5, 6]) expect(ledger.ack(ack(g, job.jobId))).toBe('counted');
   expect(fs.existsSync(path.join(job.dumpDir, 'manifest.json'))).toBe(false);
   expect(ledger.ack(ack(7, job.jobId))).toBe('counted');
@@ -48,7 +50,7 @@ test('a rank outside the job is refused and counted; the timeout finishes the jo
   const timedOut: Array<{ jobId: string; missing: number[] }> = [];
   const ledger = new DumpLedger({ layout, ackTimeoutMs: 150 });
   ledger.listen({ timedOut: (j, missing) => timedOut.push({ jobId: j.jobId, missing }) });
-  const job = arm(ledger, root, 0, [2, 3]);
+  const job = arm(ledger, root, 0, 'last');
   expect(ledger.ack(ack(6, job.jobId))).toBe('not_expected'); // another replica's rank
   expect(ledger.ack(ack(2, 'no/such/job'))).toBe('unknown_job');
   expect(ledger.ack(ack(2, job.jobId))).toBe('counted');
@@ -81,10 +83,10 @@ describe('dumps an earlier coordinator left unfinished (src/guard/orphan-dumps.t
     const root = tmpDir();
     // A coordinator armed this job (request_info.json) and was killed before any manifest.
     const old = new DumpLedger({ layout, ackTimeoutMs: 60000 });
-    const job = arm(old, root, 1, [6, 7]);
+    const job = arm(old, root, 1, 'last');
     old.clear();
     // Another job finished normally: not an orphan.
-    const done = arm(old, root, 0, [2, 3], 'fine');
+    const done = arm(old, root, 0, 'last', 'fine');
     for (const g of [2, 3]) old.ack(ack(g, done.jobId));
     old.clear();
     const found = findOrphanDumps(root, layout);
@@ -131,4 +133,28 @@ describe('dumps an earlier coordinator left unfinished (src/guard/orphan-dumps.t
     expect(warned.join('\n')).toMatch(/arm_wave or detect_wave/);
     expect(orphanJob('/x', null, layout)).toBe('request_info.json is not a JSON object');
   });
+});
+
+test('the stages of a dump are those of the config in force at its copy wave, per replica; no job names a stage before its config applies', () => {
+  const root = tmpDir();
+  const ledger = new DumpLedger({ layout, ackTimeoutMs: 60000 });
+  const armAt = (replica: number, wave: number, reqId: string) => ledger.arm(root, { incidentType: 'nan', reqId, blockIds: [1], detectWave: wave - 3, armWave: wave, requestFinishedAtDump: false, replica, info: {} })!;
+  // Before any config: the seed's rule.
+  expect(armAt(0, 2, 'a').ranks).toEqual([2, 3]);
+  ledger.configFrom(0, 4, 'last');
+  ledger.configFrom(0, 6, 'all'); // replica 0's ranks switch at the end of wave 6
+  ledger.configFrom(1, 9, 'all'); // replica 1's at its own wave 9
+  expect(ledger.stagesAt(0, 5)).toBe('last');
+  expect(ledger.stagesAt(0, 6)).toBe('all'); // applied before that wave's copies
+  const j6 = armAt(0, 6, 'b');
+  expect(j6.ranks).toEqual([0, 1, 2, 3]);
+  expect(JSON.parse(fs.readFileSync(path.join(j6.dumpDir, 'request_info.json'), 'utf8'))).toMatchObject({ pp_stages: 'all', expected_ranks: [0, 1, 2, 3] });
+  expect(armAt(1, 8, 'c').ranks).toEqual([6, 7]);
+  expect(armAt(1, 9, 'd').ranks).toEqual([4, 5, 6, 7]);
+  ledger.configFrom(0, 10, 'last');
+  expect(armAt(0, 11, 'e').ranks).toEqual([2, 3]);
+  // An engine that restarted its waves: the schedule from the new apply wave on replaces the old one.
+  ledger.configFrom(0, 1, 'all');
+  expect(ledger.stagesAt(0, 11)).toBe('all');
+  ledger.clear();
 });

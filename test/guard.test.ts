@@ -42,18 +42,18 @@ describe('arming', () => {
     const { g, root, readJson, reports } = guard({ detector: { logits_finite: { enabled: true, ...DUMP_ON } }, dump: AUTO });
     g.onWaveHead(0, 10, tel(9, [step('req-a', { blockIds: [1, 2, 3], promptLen: 17, newTokenIds: [5, 6] })]));
     const lanes = g.onWaveHead(0, 11, tel(10, [step('req-a', { blockIds: [1, 2, 3, 9], promptLen: 0 })], ['req-a']));
-    // Decided a wave ahead: detected in wave 10 (head 11), copied at the end of wave 12.
-    const dir = path.join(root, 'logits_finite', 'req-a', 'wave_12');
+    // Decided decideAheadWaves(pp = 2) = 2 waves ahead: detected in wave 10 (head 11), copied at the end of wave 13.
+    const dir = path.join(root, 'logits_finite', 'req-a', 'wave_13');
     expect(lanes.dumps).toEqual([
-      { incidentType: 'logits_finite', reqId: 'req-a', blockIds: [1, 2, 3, 9], detectWave: 10, armWave: 12, dumpDir: dir, requestFinishedAtDump: false, jobId: '12/logits_finite/req-a', replica: 0, ranks: [4, 5, 6, 7] },
+      { incidentType: 'logits_finite', reqId: 'req-a', blockIds: [1, 2, 3, 9], detectWave: 10, armWave: 13, dumpDir: dir, requestFinishedAtDump: false, jobId: '13/logits_finite/req-a', replica: 0, ranks: [4, 5, 6, 7] },
     ]);
     const info = readJson(dir, 'request_info.json');
     expect(info).toMatchObject({
-      job_id: '12/logits_finite/req-a',
+      job_id: '13/logits_finite/req-a',
       incident_type: 'logits_finite',
       req_id: 'req-a',
       detect_wave: 10,
-      arm_wave: 12,
+      arm_wave: 13,
       block_ids: [1, 2, 3, 9],
       request_finished_at_dump: false,
       rank: 4,
@@ -71,7 +71,7 @@ describe('arming', () => {
       rank: 4,
       detect_wave: 10,
       dump_attempted: true,
-      dump_arm_wave: 12,
+      dump_arm_wave: 13,
       dump_count: 1,
       dump_max_times: 1000,
       dump_dir: dir,
@@ -87,7 +87,7 @@ describe('arming', () => {
     const lanes = g.onWaveHead(0, 5, tel(4, [step('x', { finished: true })], ['x']));
     expect(lanes.dumps).toHaveLength(1);
     expect(lanes.dumps[0].requestFinishedAtDump).toBe(true);
-    expect(readJson(root, 'logits_finite', 'x', 'wave_6', 'request_info.json').request_finished_at_dump).toBe(true);
+    expect(readJson(root, 'logits_finite', 'x', 'wave_7', 'request_info.json').request_finished_at_dump).toBe(true);
     expect(reports('logits_finite')[0].request_finished_at_dump).toBe(true);
   });
 
@@ -95,14 +95,14 @@ describe('arming', () => {
     const { g, root, readJson, reports, startup } = guard({ detector: { logits_finite: { enabled: true, ...DUMP_ON } }, dump: AUTO, report: { max_per_req: 5, backoff_waves: 0 } });
     let lanes = g.onWaveHead(0, 5, tel(4, [step('y', { finished: true, freed: true })], ['y']));
     expect(lanes.dumps).toEqual([]);
-    const sk = readJson(root, 'logits_finite', 'y', 'wave_6', 'dump_skipped.json');
-    expect(sk).toMatchObject({ reason: 'finished_or_reaped', req_id: 'y', incident_type: 'logits_finite', stage: 'arm', rank: 4, wave: 6 });
+    const sk = readJson(root, 'logits_finite', 'y', 'wave_7', 'dump_skipped.json');
+    expect(sk).toMatchObject({ reason: 'finished_or_reaped', req_id: 'y', incident_type: 'logits_finite', stage: 'arm', rank: 4, wave: 7 });
     expect(reports('logits_finite')[0]).toMatchObject({ dump_attempted: true, dump_arm_wave: null, dump_skipped_reason: 'finished_or_reaped' });
     // a late non-finite row for the already-freed request
     lanes = g.onWaveHead(0, 6, tel(5, [], ['y']));
     expect(lanes.dumps).toEqual([]);
-    expect(fs.existsSync(path.join(root, 'logits_finite', 'y', 'wave_7', 'dump_skipped.json'))).toBe(true);
-    expect(fs.existsSync(path.join(root, 'logits_finite', 'y', 'wave_7', 'request_info.json'))).toBe(false);
+    expect(fs.existsSync(path.join(root, 'logits_finite', 'y', 'wave_8', 'dump_skipped.json'))).toBe(true);
+    expect(fs.existsSync(path.join(root, 'logits_finite', 'y', 'wave_8', 'request_info.json'))).toBe(false);
     expect(g.status().tracked_requests).toBe(1); // the stub for the late row; 'y' itself was forgotten at free
     expect(startup.reportDir).toBe(path.dirname(root));
   });
@@ -111,7 +111,7 @@ describe('arming', () => {
     const { g, root, readJson } = guard({ detector: { logits_finite: { enabled: true, ...DUMP_ON } }, dump: AUTO });
     const lanes = g.onWaveHead(0, 3, tel(2, [step('z', { blockIds: [] })], ['z']));
     expect(lanes.dumps).toEqual([]);
-    expect(readJson(root, 'logits_finite', 'z', 'wave_4', 'dump_skipped.json').reason).toBe('empty_block_ids');
+    expect(readJson(root, 'logits_finite', 'z', 'wave_5', 'dump_skipped.json').reason).toBe('empty_block_ids');
   });
 
   test('the same (wave, req_id) is armed once, whatever the detectors', () => {
@@ -239,8 +239,8 @@ describe('manual dump watermark', () => {
       const lanes = g.onWaveHead(0, w, tel(w - 1, running()));
       waves.push(lanes.dumps.map((j) => `${j.incidentType}:${j.reqId}@${j.armWave}`));
     }
-    expect(waves).toEqual([['manual_trigger:a@3', 'manual_trigger:b@3'], [], [], []]);
-    expect(readJson(root, 'manual_trigger', 'a', 'wave_3', 'request_info.json')).toMatchObject({ incident_type: 'manual_trigger', manual_dump: 1, arm_wave: 3, detect_wave: 1 });
+    expect(waves).toEqual([['manual_trigger:a@4', 'manual_trigger:b@4'], [], [], []]);
+    expect(readJson(root, 'manual_trigger', 'a', 'wave_4', 'request_info.json')).toMatchObject({ incident_type: 'manual_trigger', manual_dump: 1, arm_wave: 4, detect_wave: 1 });
     expect(g.status()).toMatchObject({ manual_dump: 1, manual_dump_done: 1 });
     expect(g.snapshotState(0).manualDumpDone).toBe(1);
   });
@@ -261,7 +261,7 @@ describe('manual dump watermark', () => {
     const { g, setManual, root, readJson } = hotGuard();
     setManual(1);
     expect(g.onWaveHead(0, 3, null).dumps).toEqual([]);
-    expect(readJson(root, 'manual_trigger', 'wave_4', 'dump_skipped.json')).toMatchObject({ reason: 'no_dump_targets', stage: 'arm', wave: 4 });
+    expect(readJson(root, 'manual_trigger', 'wave_5', 'dump_skipped.json')).toMatchObject({ reason: 'no_dump_targets', stage: 'arm', wave: 5 });
     expect(g.status().manual_dump_done).toBe(1);
   });
 });
@@ -356,25 +356,27 @@ describe('dump completion manifest', () => {
     // Every rank acked, but the copy wave's telemetry is not in yet: the manifest waits for it.
     expect(fs.existsSync(path.join(job.dumpDir, 'manifest.json'))).toBe(false);
     g.onWaveHead(0, 3, tel(2, [step('m')]));
+    g.onWaveHead(0, 4, tel(3, [step('m')]));
     expect(fs.existsSync(path.join(job.dumpDir, 'manifest.json'))).toBe(false);
-    g.onWaveHead(0, 4, tel(3, [step('m')])); // the telemetry of the copy wave (3): m still holds its blocks
+    g.onWaveHead(0, 5, tel(4, [step('m')])); // the telemetry of the copy wave (4): m still holds its blocks
     const m = readJson(job.dumpDir, 'manifest.json');
     expect(m.incomplete_reason).toBeUndefined();
-    expect(m).toMatchObject({ job_id: job.jobId, incident_type: 'logits_finite', req_id: 'm', arm_wave: 3, detect_wave: 1, expected_ranks: [4, 5, 6, 7], completed_ranks: [4, 5, 6, 7], missing_ranks: [], failed_ranks: {}, complete: true, timed_out: false });
+    expect(m).toMatchObject({ job_id: job.jobId, incident_type: 'logits_finite', req_id: 'm', arm_wave: 4, detect_wave: 1, expected_ranks: [4, 5, 6, 7], completed_ranks: [4, 5, 6, 7], missing_ranks: [], failed_ranks: {}, complete: true, timed_out: false });
     expect(m.files['5']).toEqual([{ path: 'dp0_tp1_pp1_cp0/layer0.pt', bytes: 105, checksum: 'sha256:5' }]);
     expect(g.status().dumps).toMatchObject({ armed: 1, completed: 1, incomplete: 0, pending: 0 });
   });
 
   test('a request freed before its copy wave ended: the manifest says freed_before_copy, never complete', () => {
     const { g, readJson } = guard({ detector: { logits_finite: { enabled: true, ...DUMP_ON } }, dump: AUTO });
-    // Detected in wave 1 (head 2), copied at the end of wave 3; the engine gives m's blocks back in wave 3.
+    // Detected in wave 1 (head 2), copied at the end of wave 4 (pp = 2); the engine gives m's blocks back in wave 4.
     const [job] = g.onWaveHead(0, 2, tel(1, [step('m'), step('k')], ['m'])).dumps;
-    expect(job.armWave).toBe(3);
-    g.onWaveHead(0, 3, tel(2, [step('m', { finished: true }), step('k')]));
+    expect(job.armWave).toBe(4);
+    g.onWaveHead(0, 3, tel(2, [step('m'), step('k')]));
+    g.onWaveHead(0, 4, tel(3, [step('m', { finished: true }), step('k')]));
     for (const r of [4, 5, 6, 7]) g.ledger.ack(result(r, job.jobId));
-    g.onWaveHead(0, 4, tel(3, [step('m', { finished: true, freed: true }), step('k')]));
+    g.onWaveHead(0, 5, tel(4, [step('m', { finished: true, freed: true }), step('k')]));
     const m = readJson(job.dumpDir, 'manifest.json');
-    expect(m).toMatchObject({ complete: false, incomplete_reason: 'freed_before_copy', freed_wave: 3, arm_wave: 3, completed_ranks: [4, 5, 6, 7] });
+    expect(m).toMatchObject({ complete: false, incomplete_reason: 'freed_before_copy', freed_wave: 4, arm_wave: 4, completed_ranks: [4, 5, 6, 7] });
     expect(g.status().dumps).toMatchObject({ completed: 0, incomplete: 1, freed_before_copy: 1 });
   });
 
@@ -382,9 +384,10 @@ describe('dump completion manifest', () => {
     const { g, readJson } = guard({ detector: { logits_finite: { enabled: true, ...DUMP_ON } }, dump: AUTO });
     const [job] = g.onWaveHead(0, 2, tel(1, [step('m')], ['m'])).dumps;
     g.onWaveHead(0, 3, tel(2, [step('m', { finished: true })]));
-    g.onWaveHead(0, 4, tel(3, [])); // kept through the copy wave (pendingDump)
+    g.onWaveHead(0, 4, tel(3, []));
+    g.onWaveHead(0, 5, tel(4, [])); // kept through the copy wave, 4 (pendingDump)
     for (const r of [4, 5, 6, 7]) g.ledger.ack(result(r, job.jobId));
-    g.onWaveHead(0, 5, tel(4, [step('m', { finished: true, freed: true })]));
+    g.onWaveHead(0, 6, tel(5, [step('m', { finished: true, freed: true })]));
     expect(readJson(job.dumpDir, 'manifest.json')).toMatchObject({ complete: true, completed_ranks: [4, 5, 6, 7] });
     expect(g.status().dumps).toMatchObject({ completed: 1, incomplete: 0, freed_before_copy: 0 });
   });

@@ -52,6 +52,8 @@ export async function startHarnessJob(opts: {
   snapshotEnv?: NodeJS.ProcessEnv;
   /** runtime_config_hot_reload: the guard re-reads the config file at every wave head. */
   hotReload?: boolean;
+  /** Each agent's end_of_wave bound (default 5000 ms). */
+  endOfWaveTimeoutMs?: number;
 }): Promise<HarnessJob> {
   const layers = opts.layers ?? G.layers;
   const layerName = opts.layerName ?? ((l: number) => `layers.${l}`);
@@ -71,7 +73,7 @@ export async function startHarnessJob(opts: {
     const env = { RANK: String(g), LOCAL_RANK: String(g), WORLD_SIZE: String(world), LOCAL_WORLD_SIZE: String(world), WAVEBUS_TP: String(opts.tp), WAVEBUS_PP: String(pp), WAVEBUS_DP: String(dp) };
     const identity = resolveIdentity(env);
     const snapshot = resolveSnapshotConfig({ WAVEBUS_CACHE_ROOT: root, ...(opts.snapshotEnv ?? {}) });
-    const agent = new Agent({ identity, runDir, coordinator: { host: '127.0.0.1', port }, heartbeatMs: 300, endOfWaveTimeoutMs: 5000, snapshot, roots: { dumps: startup.dumpDir }, artifactModes: opts.artifactModes });
+    const agent = new Agent({ identity, runDir, coordinator: { host: '127.0.0.1', port }, heartbeatMs: 300, endOfWaveTimeoutMs: opts.endOfWaveTimeoutMs ?? 5000, snapshot, roots: { dumps: startup.dumpDir }, artifactModes: opts.artifactModes });
     await agent.start();
     const shmName = `/wavebus-harness-${process.pid}-${port}-r${g}`;
     const seg = ShmSegment.create(shmName, 2 * layers * POOL + 4096);

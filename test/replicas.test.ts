@@ -43,9 +43,9 @@ test('TP2 x PP2 x DP2: own wave streams, own dumps, one config and manual dump f
   expect(j.coordinator.expectedRanks).toEqual([2, 3, 6, 7]);
   await waitFor(() => j.ranks[2].client.featureFlags() !== 0 && j.ranks[6].client.featureFlags() !== 0, 'both replicas on the bus');
 
-  // Decided a wave ahead: the head of wave N (telemetry of N-1) publishes the vector of N+1, so a
-  // dump detected in N-1 is copied at the end of N+1, and its manifest is written once the head
-  // of N+2 brought the copy wave's telemetry (the copy window).
+  // Decided pp = 2 waves ahead (decideAheadWaves): the head of wave N (telemetry of N-1) publishes the
+  // vector of N+2, so a dump detected in N-1 is copied at the end of N+2, and its manifest is written
+  // once the head of N+3 brought the copy wave's telemetry (the copy window).
   const A = [1, 2];
   const B = [5, 6, 7];
   const blocks = [A, B];
@@ -59,30 +59,32 @@ test('TP2 x PP2 x DP2: own wave streams, own dumps, one config and manual dump f
   for (let w = 1; w <= 5; w++) await wave(0, w);
   await wave(1, 1);
   await wave(1, 2, true); // replica 1's req-x turns NaN in wave 2
-  // Head of replica 1's wave 3 detects it: the dump, due in wave 4, goes to replica 1's last-PP ranks only.
-  expect((await wave(1, 3)).some((r) => r.due)).toBe(false);
-  expect((await wave(1, 4)).some((r) => r.due)).toBe(true);
+  // Head of replica 1's wave 3 detects it: the dump, due in wave 5, goes to replica 1's last-PP ranks only.
+  // Wave 3 is due on every rank of the replica, stage 0 too: the startup config (head 1's vector).
+  expect((await wave(1, 3)).map((r) => r.due)).toEqual([true, true, true, true]);
+  expect((await wave(1, 4)).some((r) => r.due)).toBe(false);
+  expect((await wave(1, 5)).some((r) => r.due)).toBe(true);
   const st = j.coordinator.status() as any;
   expect(st.replicas['0']).toMatchObject({ wave: 5 });
-  expect(st.replicas['1']).toMatchObject({ wave: 4 });
-  await wave(1, 5); // its telemetry of wave 4 closes the copy window
-  const dir1 = path.join(j.dumpRoot, 'logits_finite', 'req-x', 'wave_4_dp1');
+  expect(st.replicas['1']).toMatchObject({ wave: 5 });
+  await wave(1, 6); // its telemetry of wave 5 closes the copy window
+  const dir1 = path.join(j.dumpRoot, 'logits_finite', 'req-x', 'wave_5_dp1');
   await waitFor(() => manifestOf(dir1)?.complete === true, 'replica 1 dump complete');
   const m1 = manifestOf(dir1);
-  expect(m1).toMatchObject({ job_id: '4/logits_finite/req-x@dp1', dp_rank: 1, expected_ranks: [6, 7], completed_ranks: [6, 7], pp_stages: 'last' });
+  expect(m1).toMatchObject({ job_id: '5/logits_finite/req-x@dp1', dp_rank: 1, expected_ranks: [6, 7], completed_ranks: [6, 7], pp_stages: 'last' });
   expect(readJson(dir1, 'request_info.json')).toMatchObject({ dp_rank: 1, block_ids: B, expected_ranks: [6, 7], rank: 6 });
   expect(fs.readdirSync(dir1).filter(isKvRankDirName).sort()).toEqual([6, 7].map((g) => kvRankDirFor(g, job!.layout)).sort());
   expect(readJson(dir1, kvRankDirFor(6, job!.layout), 'dump.json')).toMatchObject({ block_ids: B, dp_rank: 1 });
   expect(inspectTree(dir1, { verify: true }).problems).toEqual([]);
   // Nothing for replica 0 (its req-x is healthy), and the report names replica 1's head.
-  expect(fs.readdirSync(path.join(j.dumpRoot, 'logits_finite', 'req-x'))).toEqual(['wave_4_dp1']);
+  expect(fs.readdirSync(path.join(j.dumpRoot, 'logits_finite', 'req-x'))).toEqual(['wave_5_dp1']);
   const reports = fs.readdirSync(path.join(j.reportRoot, 'logits_finite'));
   expect(reports).toHaveLength(1);
   expect(readJson(j.reportRoot, 'logits_finite', reports[0])).toMatchObject({ req_id: 'req-x', dp_rank: 1, rank: 6, detect_wave: 2 });
   expect((st.guard_replicas as Record<string, { tracked_requests: number }>)['0'].tracked_requests).toBe(1);
 
   // A config switch with a manual dump: each replica takes the config at its own next head (in
-  // the vector that head publishes).
+  // the vector that head publishes, applied at the end of that vector's wave on every stage).
   const live = readJson(j.configPath);
   live.dump.manual_dump = 1;
   live.dump.pp_stages = 'all';
@@ -90,13 +92,11 @@ test('TP2 x PP2 x DP2: own wave streams, own dumps, one config and manual dump f
   const heads: Array<{ replica: number; wave: number }> = [];
   j.coordinator.on('wave', (h: { wave: number; configDue: boolean }, replica: number) => h.configDue && heads.push({ replica, wave: h.wave }));
   await wave(0, 6);
-  await wave(1, 6);
-  expect(heads).toEqual([{ replica: 0, wave: 7 }, { replica: 1, wave: 7 }]);
-  // The other stages learn pp_stages "all" from that config lane: the manual dump asked for in the
-  // same edit waits one wave, so it holds every stage.
+  expect(heads).toEqual([{ replica: 0, wave: 8 }]);
+  // The manual dump asked for in the same edit is armed at once, for the same wave the config
+  // applies at: it follows the config in force at its copy wave (pp_stages "all"), and every stage
+  // has both from the same vector, decided far enough ahead, before its engine reaches that wave.
   await wave(0, 7);
-  expect(fs.existsSync(path.join(j.dumpRoot, 'manual_trigger', 'req-x', 'wave_7_dp0'))).toBe(false);
-  expect(fs.existsSync(path.join(j.dumpRoot, 'manual_trigger', 'req-x', 'wave_7_dp1'))).toBe(false);
   await wave(0, 8); // the copy wave
   await wave(0, 9);
   const all0 = path.join(j.dumpRoot, 'manual_trigger', 'req-x', 'wave_8_dp0');
@@ -110,22 +110,23 @@ test('TP2 x PP2 x DP2: own wave streams, own dumps, one config and manual dump f
   expect(readJson(all0, kvRankDirFor(0, job!.layout), 'dump.json').layers.map((l: { layer: string }) => l.layer)).toEqual(['layers.0']);
   expect(inspectTree(all0, { verify: true }).problems).toEqual([]);
   expect((j.guard.status() as any).guard_replicas['0'].manual_dump_done).toBe(1);
-  // Replica 1 has not reached that head yet: no manual dump there.
+  // Replica 1 has not reached a head since the edit: no manual dump there yet.
   expect((j.guard.status() as any).guard_replicas['1'].manual_dump_done).toBe(0);
-  for (const w of [7, 8, 9]) await wave(1, w);
-  const all1 = path.join(j.dumpRoot, 'manual_trigger', 'req-x', 'wave_8_dp1');
+  for (const w of [7, 8, 9, 10]) await wave(1, w); // its next head is 7: config and manual dump for 9
+  expect(heads).toEqual([{ replica: 0, wave: 8 }, { replica: 1, wave: 9 }]);
+  const all1 = path.join(j.dumpRoot, 'manual_trigger', 'req-x', 'wave_9_dp1');
   await waitFor(() => manifestOf(all1)?.complete === true, 'replica 1\'s manual dump, every stage');
   expect(readJson(all1, 'request_info.json')).toMatchObject({ dp_rank: 1, block_ids: B, expected_ranks: [4, 5, 6, 7] });
 
-  // A second manual dump reaches each replica at its own next head (due a wave later).
+  // A second manual dump reaches each replica at its own next head (due two waves later).
   live.dump.manual_dump = 2;
   fs.writeFileSync(j.configPath, JSON.stringify(live));
-  for (const w of [10, 11, 12]) await wave(0, w);
-  await waitFor(() => manifestOf(path.join(j.dumpRoot, 'manual_trigger', 'req-x', 'wave_11_dp0'))?.complete === true, 'replica 0 reaches manual dump 2');
-  expect(fs.existsSync(path.join(j.dumpRoot, 'manual_trigger', 'req-x', 'wave_11_dp1'))).toBe(false);
-  for (const w of [10, 11, 12]) await wave(1, w);
-  await waitFor(() => manifestOf(path.join(j.dumpRoot, 'manual_trigger', 'req-x', 'wave_11_dp1'))?.complete === true, 'replica 1 reaches manual dump 2');
-  expect(manifestOf(path.join(j.dumpRoot, 'manual_trigger', 'req-x', 'wave_11_dp1')).expected_ranks).toEqual([4, 5, 6, 7]);
+  for (const w of [10, 11, 12, 13]) await wave(0, w);
+  await waitFor(() => manifestOf(path.join(j.dumpRoot, 'manual_trigger', 'req-x', 'wave_12_dp0'))?.complete === true, 'replica 0 reaches manual dump 2');
+  expect(fs.existsSync(path.join(j.dumpRoot, 'manual_trigger', 'req-x', 'wave_13_dp1'))).toBe(false);
+  for (const w of [11, 12, 13, 14]) await wave(1, w);
+  await waitFor(() => manifestOf(path.join(j.dumpRoot, 'manual_trigger', 'req-x', 'wave_13_dp1'))?.complete === true, 'replica 1 reaches manual dump 2');
+  expect(manifestOf(path.join(j.dumpRoot, 'manual_trigger', 'req-x', 'wave_13_dp1')).expected_ranks).toEqual([4, 5, 6, 7]);
 
   // Snapshot rank narrowing (tp ranks {0}) holds in every replica and stage.
   const ctx = { compilationHash: 'graph-r', globalStep: 1, isPrompt: true, reqIds: ['req-x'], positions: [0, 1], rowRequest: [0, 0] };

@@ -1,18 +1,21 @@
 // One agent per engine rank. It joins its DP replica's wave stream, keeps the wave-vector
-// mailbox its engine client reads (a non-last-PP rank's engine waits on it only with
-// dump.pp_stages "all"), answers the client over ipc, copies device memory to host
-// staging and writes bundles (KV dumps, input snapshots), and serves its files for aggregation.
+// mailbox its engine client reads (a non-last-PP rank's engine reads it only with dump.pp_stages
+// "all", or while a config or a dump job is due for it), answers the client over ipc, copies device
+// memory to host staging and writes bundles (KV dumps, input snapshots), and serves its files for
+// aggregation. Every rank applies a config, and copies a dump, at the end of the wave its vector
+// names (settle(): one path for every rank).
 import * as fs from 'fs';
 import * as zmq from 'zeromq';
 import type { ArtifactModes } from '../artifacts/artifact-mode';
 import { AgentBus, type WaveEvent, type SnapshotReplyMsg } from '../bus/agent-bus';
 import { DumpExecutor } from './dump-executor';
 import { WaveBook, WAVE_HISTORY } from './wave-book';
+import { WaveDuties } from './wave-duties';
 import { RegionTable } from './regions';
 import { FileServer } from './file-server';
 import { RootGate, type LocalRoots } from './roots';
 import type { BusToken } from '../bus/auth';
-import { LOOKAHEAD_WAVES } from '../bus/constants';
+import { decideAheadWaves } from '../bus/constants';
 import { ConfigError, WavebusError } from '../errors';
 import type { RankIdentity } from '../launch/identity';
 import { createLogger, type Logger } from '../log';
@@ -85,9 +88,11 @@ export class Agent {
   private files?: FileServer;
   private view: RuntimeView = { ...DEFAULT_VIEW };
   private pendingView?: RuntimeView;
-  /** Dump lanes by wave, kept until that wave ends here. */
-  private readonly dumpLanes = new Map<number, DumpLane>();
-  private readonly configWaves = new Map<number, AgentConfig | null>();
+  /** Configs and dump lanes by the wave at whose end they are due; the engine's last known wave. */
+  private readonly duties: WaveDuties;
+  private readonly dumpLanes: Map<number, DumpLane>;
+  /** How far ahead the stream decides (src/bus/constants.ts): the same on every rank. */
+  private readonly ahead: number;
   /** Arrived vectors, ended waves, the floor, end_of_wave waits. */
   private readonly waves = new WaveBook();
   private readonly ended = this.waves.ended;
@@ -98,6 +103,19 @@ export class Agent {
   constructor(opts: AgentOptions) {
     this.opts = opts;
     this.identity = opts.identity;
+    this.ahead = decideAheadWaves(opts.identity.pp);
+    this.duties = new WaveDuties(opts.identity.isLastPp, this.ahead, (jobs) => this.mine(jobs), {
+      apply: (cfg, wave, ended) => {
+        this.applyConfig(cfg, `ConfigLane.config of wave ${wave}`);
+        if (wave !== ended) this.log.info({ wave, ended }, 'config applied after its wave ended here (the engine ran ahead of its vector)');
+      },
+      giveUp: (job, wave, ended) => {
+        this.log.warn({ job_id: job.jobId, wave, ended }, 'dump job for a wave already ended here: acked wave_already_ended');
+        const why = `the engine had ended wave ${wave} (it was at wave ${ended}) before this rank had the job; nothing was copied`;
+        this.bus?.sendDumpResult(this.dumps.result(job, [], 0, why, 'wave_already_ended'));
+      },
+    });
+    this.dumpLanes = this.duties.lanes;
     this.log = opts.logger ?? createLogger(`wavebus-agent-rank${opts.identity.globalRank}`);
     this.gate = new RootGate(opts.identity.globalRank, opts.roots ?? {}, this.log);
     this.servedDumps = this.gate.local.dumps;
@@ -132,12 +150,14 @@ export class Agent {
   }
 
   /**
-   * Whether this rank's engine must wait on the wave vector: a last-PP rank always (dumps,
-   * config), another stage only when dump.pp_stages is "all" (it copies its layers then).
-   * Otherwise it costs its engine nothing per step.
+   * Whether this rank's engine reads the wave vector at end_of_wave: a last-PP rank always (dumps,
+   * config); another stage with dump.pp_stages "all" (it copies its layers), and otherwise only
+   * while a config or a job naming it is due (from the vector that carries it through its wave,
+   * which the stream decides far enough ahead: decideAheadWaves). With nothing due there it costs
+   * its engine nothing per step.
    */
   private get onVector(): boolean {
-    return this.identity.isLastPp || this.view.ppStages === 'all';
+    return this.identity.isLastPp || this.view.ppStages === 'all' || this.duties.due;
   }
 
   /** Dump roots from the bus refused (outside the local dump root), in all. */
@@ -225,7 +245,7 @@ export class Agent {
     this.mailbox?.setFeatures(this.features());
   }
 
-  /** Act on the coordinator's config from now on; one this side cannot read leaves the view as it was. */
+  /** Act on the coordinator's config from now on (a snapshot's, or one at its wave: wave-duties.ts); one this side cannot read leaves the view as it was. */
   private applyConfig(cfg: AgentConfig | null, where: string): void {
     let view: RuntimeView;
     try {
@@ -241,16 +261,20 @@ export class Agent {
 
   private onSnapshot(s: SnapshotReplyMsg): void {
     this.log.debug({ epoch: s.epoch, seq: s.seq, wave: s.wave }, 'snapshot');
+    // The snapshot's config is the one in force now (configs it supersedes are dropped).
+    this.duties.clearConfigs();
     this.applyConfig(s.config, 'SnapshotReply.config');
     this.mailbox?.setEpoch(s.epoch);
-    for (const lane of s.pending) this.dumpLanes.set(lane.wave, lane);
-    this.publishFeatures();
-    // The snapshot covers the vectors published up to it (the last head's wave + LOOKAHEAD_WAVES):
+    // A lane of a wave already ended here was copied (its acks may still be on their way) or given up.
+    for (const lane of s.pending) if (!this.ended.has(lane.wave)) this.dumpLanes.set(lane.wave, lane);
+    // The snapshot covers the vectors published up to it (the last head's wave + decideAheadWaves):
     // their frames will never be delivered on their own, so the waves with a pending dump lane get
     // their vector now, and every other wave up to the last one is decided with nothing due (the
     // floor). A fresh coordinator (no head yet) has decided nothing, so nothing is due up to
-    // LOOKAHEAD_WAVES: the engine's first wave ends at once.
-    const last = s.wave + LOOKAHEAD_WAVES;
+    // the look-ahead: the engine's first wave ends at once.
+    const last = s.wave + this.ahead;
+    this.settle(this.duties.knownEnded(last));
+    this.publishFeatures();
     for (const lane of s.pending) if (lane.wave <= last && !this.ended.has(lane.wave)) this.arrive(lane.wave, false, true);
     if (!this.waves.has(last)) this.arrive(last, false, this.dumpLanes.has(last), last + 1);
     else this.raiseFloor(last + 1);
@@ -260,13 +284,19 @@ export class Agent {
     const wave = w.head.wave;
     this.log.debug({ wave, seq: w.head.seq, config: w.config?.version, dumps: w.dump?.jobs.map((j) => j.jobId) }, 'wave');
     if (w.dump) this.dumpLanes.set(wave, w.dump);
-    if (w.config && !this.onVector) {
-      // Its engine does not end waves with us: take the config now (pp_stages "all" then puts it on the vector).
-      this.applyConfig(w.config.config, `ConfigLane.config of wave ${wave}`);
-      this.publishFeatures();
-    } else if (w.config) this.configWaves.set(wave, w.config.config);
+    // Every rank takes a config at the end of its wave, through settle(): a rank whose engine is off
+    // the vector goes on it now (publishFeatures), before its engine reaches that wave.
+    if (w.config) this.duties.addConfig(wave, w.config.config);
+    // What is due in a wave the engine has already ended is settled at once (acked, applied).
+    this.settle(this.duties.knownEnded(wave));
+    if (w.config || w.dump) this.publishFeatures();
     // The newest vector: every wave up to it is decided (a skipped wave has nothing due).
     this.arrive(wave, w.head.configDue, w.head.dumpDue, wave + 1);
+  }
+
+  /** The engine has ended every wave up to `upTo` (`copyAt`: the one ending now): wave-duties.ts. */
+  private settle(upTo: number, copyAt?: number): void {
+    if (this.duties.settle(upTo, copyAt)) this.publishFeatures();
   }
 
   /**
@@ -276,7 +306,7 @@ export class Agent {
   private arrive(wave: number, configDue: boolean, dumpDue: boolean, floor?: number): void {
     this.mailbox?.publish({ wave, configDue, dumpDue }, floor);
     this.waves.arrive(wave, floor);
-    for (const k of this.dumpLanes.keys()) if (k < wave - WAVE_HISTORY) this.dumpLanes.delete(k);
+    this.duties.forgetBefore(wave - WAVE_HISTORY);
   }
 
   private raiseFloor(floor: number): void {
@@ -348,17 +378,14 @@ export class Agent {
     }
     if (this.ended.has(wave)) return {};
     this.ended.add(wave);
-    const cfg = this.configWaves.get(wave);
-    if (cfg !== undefined) {
-      this.configWaves.delete(wave);
-      this.applyConfig(cfg, `ConfigLane.config of wave ${wave}`);
-      this.publishFeatures();
-    }
+    this.duties.lastEnded = wave;
+    this.settle(wave, wave);
     const lane = this.dumpLanes.get(wave);
     if (!lane || lane.jobs.length === 0) return {};
     this.dumpLanes.delete(wave);
     const jobs = this.mine(lane.jobs);
     if (jobs.length === 0) return {};
+    this.publishFeatures(); // no job waits here any more (a rank off the vector goes back off it)
     const { staged, refused } = await this.dumps.stage(jobs, {
       format: this.view.format,
       freeHeadroomBytes: this.view.freeHeadroomBytes,
@@ -398,28 +425,17 @@ export class Agent {
     return jobs.filter((j) => (j.ranks && j.ranks.length > 0 ? j.ranks.includes(g) : this.identity.isLastPp));
   }
 
-  /** The engine ended `wave` without its vector (the bound ran out): counted, logged, its dumps failed. */
+  /** The engine ended `wave` without its vector (the bound ran out): counted, logged, its jobs acked as wave_already_ended. */
   private missedWave(wave: number): void {
     this.stats.endOfWaveTimeouts++;
+    this.stats.missedWaves++;
     this.ended.add(wave);
+    this.duties.lastEnded = wave;
     // Rate-limited: a dead coordinator would otherwise log once per engine step.
     if (this.stats.endOfWaveTimeouts === 1 || this.stats.endOfWaveTimeouts % 100 === 0) {
       this.log.warn({ wave, boundMs: this.endOfWaveTimeoutMs, total: this.stats.endOfWaveTimeouts }, 'wave vector did not arrive before end_of_wave; the step goes on');
     }
-    this.reportMissed(wave);
-  }
-
-  /** A wave whose vector came too late: its dump jobs cannot be copied consistently any more. */
-  private reportMissed(wave: number): void {
-    this.stats.missedWaves++;
-    const waitLate = (): void => {
-      const lane = this.dumpLanes.get(wave);
-      if (!lane) return;
-      this.dumpLanes.delete(wave);
-      for (const job of this.mine(lane.jobs)) {
-        this.bus?.sendDumpResult(this.dumps.result(job, [], 0, `wave ${wave} vector arrived after end_of_wave (bound ${this.endOfWaveTimeoutMs} ms)`, 'd2h_failed'));
-      }
-    };
-    void this.waitForWave(wave, 10 * this.endOfWaveTimeoutMs + 1000).then((ok) => ok && waitLate());
+    // Its jobs (their lane may come later: onWave settles it then) cannot be copied any more.
+    this.settle(wave);
   }
 }

@@ -62,6 +62,8 @@ export const SKIP_REASONS = [
   'quota_or_cooldown_blocked',
   'd2h_failed',
   'write_failed',
+  // The rank's engine had ended the job's copy wave before the job reached its agent: nothing to copy.
+  'wave_already_ended',
 ] as const;
 export type SkipReason = (typeof SKIP_REASONS)[number];
 

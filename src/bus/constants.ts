@@ -12,3 +12,18 @@ export const DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024;
  * before any rank's end_of_wave needs it (docs/architecture.md, "Waves").
  */
 export const LOOKAHEAD_WAVES = 1;
+
+/**
+ * How many waves ahead a replica's stream decides, in one place for the coordinator's streams, the
+ * guard, the ledger and the agents: the head of wave N publishes the vector of N + this. The head
+ * is the last PP stage's TP0, and in a pipeline a stage works ahead of the last one (stage p on up
+ * to pp-1-p later micro-steps), so when head N goes out a stage-0 rank may already be in wave
+ * N + pp - 1. Deciding pp - 1 waves further than LOOKAHEAD_WAVES gives every stage's rank the vector
+ * (and any config or dump job in it) before it ends that wave, with the margin the last stage has;
+ * every rank then copies, and switches config, at the same wave. It depends on the layout only, not
+ * on dump.pp_stages, so a switch of pp_stages never changes how far ahead the stream is
+ * (docs/runtime-guard.md, "Pipeline stages").
+ */
+export function decideAheadWaves(pp: number): number {
+  return LOOKAHEAD_WAVES + Math.max(0, Math.floor(pp) - 1);
+}

@@ -250,7 +250,7 @@ export class Coordinator extends EventEmitter {
 
   /**
    * The head of `replica` began `headWave` (the engine's wave; telemetry of the one before): its
-   * stream publishes the vector of headWave + LOOKAHEAD_WAVES and its due lanes (wave-streams.ts).
+   * stream publishes the vector of headWave + decideAheadWaves(pp) and its due lanes (wave-streams.ts).
    */
   beginWave(headWave: number, telemetry: StepTelemetry | null, replica = 0): WaveHead {
     if (!this.running) throw new WavebusError('ERR_NOT_RUNNING', 'coordinator is not running');

@@ -4,9 +4,9 @@ import type { AgentConfig, DumpJob, DumpResult, StepTelemetry } from '../message
 import type { DumpLedger } from '../guard/dump-ledger';
 
 export interface DueLanes {
-  /** A new effective config, applied by every rank of the replica at the end of the vector's wave (head + LOOKAHEAD_WAVES). */
+  /** A new effective config, applied by every rank of the replica at the end of the vector's wave (head + decideAheadWaves(pp), src/bus/constants.ts). */
   config?: { version: number; config: AgentConfig };
-  /** Dump jobs armed for the vector's wave (head + LOOKAHEAD_WAVES), copied at its end by each job's ranks (its replica's). */
+  /** Dump jobs armed for the vector's wave (head + decideAheadWaves(pp), src/bus/constants.ts), copied at its end by each job's ranks (its replica's). */
   dumps: DumpJob[];
 }
 
@@ -15,7 +15,7 @@ export interface CoordinatorPolicy {
    * The head of `replica` (its last-PP TP0) began `wave` of that replica's stream; `telemetry` is
    * what it observed in the previous wave (null when none was sent). Runs detectors, writes
    * reports, arms dumps; returns the lanes of the vector published now on that replica's stream,
-   * that of wave + LOOKAHEAD_WAVES (src/bus/constants.ts).
+   * that of wave + decideAheadWaves(pp) (src/bus/constants.ts).
    */
   onWaveHead(replica: number, wave: number, telemetry: StepTelemetry | null): DueLanes;
   /**

@@ -3,7 +3,7 @@
 // lanes and topic ("r<replica>.<kind>", frames.ts): an agent subscribes to its replica's stream only
 // and checks that stream's seq for gaps. The epoch is the coordinator's, shared by every stream.
 import { ProtocolError } from '../errors';
-import { replicaDumpRanks, type WorldLayout } from '../launch/identity';
+import { replicaDumpRanks, type PpStages, type WorldLayout } from '../launch/identity';
 import type { Logger } from '../log';
 import type { AgentConfig, DumpJob, StepTelemetry, WaveHead } from '../messages';
 import type { busMetrics } from '../metrics';
@@ -11,7 +11,7 @@ import type { BusToken } from './auth';
 import type { DumpLedger } from '../guard/dump-ledger';
 import { jobIdOf } from '../guard/dump-ledger';
 import { encodeBusFrame, type FrameKind } from './frames';
-import { LOOKAHEAD_WAVES } from './constants';
+import { decideAheadWaves } from './constants';
 import type { CoordinatorPolicy, DueLanes } from './policy';
 
 export interface ConfigDue {
@@ -22,7 +22,7 @@ export interface ConfigDue {
 
 export interface ReplicaStream {
   replica: number;
-  /** The replica's current wave: its engine's last head (0 before the first); its vector is wave + LOOKAHEAD_WAVES. */
+  /** The replica's current wave: its engine's last head (0 before the first); its vector is wave + decideAheadWaves(pp). */
   wave: number;
   /** Last sequence number assigned on this stream. */
   seq: number;
@@ -46,10 +46,10 @@ export interface StreamDeps {
 
 /**
  * Fill what the caller left out of queued jobs: the replica (this stream's, whatever a job says),
- * the ranks that copy it (the replica's last-PP TP ranks, the seed's rule), arm wave and job id.
- * One job per job id.
+ * the ranks that copy it (the replica's dump ranks under `stages`, the stages in force at the copy
+ * wave: stage-schedule.ts), arm wave and job id. One job per job id.
  */
-export function mergeJobs(replica: number, wave: number, jobs: DumpJob[], layout: WorldLayout, log: Logger): DumpJob[] {
+export function mergeJobs(replica: number, wave: number, jobs: DumpJob[], layout: WorldLayout, log: Logger, stages: PpStages = 'last'): DumpJob[] {
   const byId = new Map<string, DumpJob>();
   const tag = layout.dp > 1 ? replica : undefined;
   for (const j of jobs) {
@@ -64,7 +64,7 @@ export function mergeJobs(replica: number, wave: number, jobs: DumpJob[], layout
       requestFinishedAtDump: j.requestFinishedAtDump ?? false,
       jobId: j.jobId || jobIdOf(armWave, j.incidentType, j.reqId, tag),
       replica,
-      ranks: j.ranks && j.ranks.length > 0 ? j.ranks : replicaDumpRanks(layout, replica),
+      ranks: j.ranks && j.ranks.length > 0 ? j.ranks : replicaDumpRanks(layout, replica, stages),
     };
     if (byId.has(job.jobId)) log.info({ jobId: job.jobId }, 'duplicate dump job in one wave ignored');
     else byId.set(job.jobId, job);
@@ -121,13 +121,15 @@ export class WaveStreams {
 
   /**
    * The head of `replica` began `headWave` (the engine's wave; telemetry of the one before): ask the
-   * policy what is due, merge what was queued, and publish the vector of headWave + LOOKAHEAD_WAVES
+   * policy what is due, merge what was queued, and publish the vector of headWave + decideAheadWaves(pp)
    * and then its due lanes (consecutive seqs of the stream, so a subscriber sees a wave whole or a gap).
+   * A config in it applies on every rank of the replica at the end of that wave: the ledger's stage
+   * schedule learns it before the jobs are merged, so they name the stages in force at their copy wave.
    */
   begin(replica: number, headWave: number, telemetry: StepTelemetry | null): WaveHead {
     const s = this.stream(replica);
     const { log, policy, metrics } = this.deps;
-    const wave = headWave + LOOKAHEAD_WAVES;
+    const wave = headWave + decideAheadWaves(this.deps.layout.pp);
     let due: DueLanes = { dumps: [] };
     if (policy) {
       try {
@@ -139,10 +141,11 @@ export class WaveStreams {
     }
     const config = due.config ?? s.queuedConfig;
     s.queuedConfig = undefined;
-    const jobs = mergeJobs(replica, wave, [...s.queuedDumps, ...(due.dumps ?? [])], this.deps.layout, log);
+    if (config?.config) this.deps.ledger.configFrom(replica, wave, config.config.allPpStages ? 'all' : 'last');
+    const jobs = mergeJobs(replica, wave, [...s.queuedDumps, ...(due.dumps ?? [])], this.deps.layout, log, this.deps.ledger.stagesAt(replica, wave));
     s.queuedDumps = [];
     if (headWave < s.wave) log.warn({ replica, wave: headWave, previous: s.wave }, 'wave went backwards (engine restarted?)');
-    // The stream's `wave` (status, heartbeats, snapshots) is the engine's: the last head; its vector is wave + LOOKAHEAD_WAVES.
+    // The stream's `wave` (status, heartbeats, snapshots) is the engine's: the last head; its vector is wave + decideAheadWaves(pp).
     s.wave = headWave;
     const head: WaveHead = { epoch: this.deps.epoch(), seq: s.seq + 1, wave, configDue: config !== undefined, dumpDue: jobs.length > 0 };
     this.publish(s, 'head', { ...head });

@@ -6,6 +6,8 @@
 // Layout: <dump_root>/<incident_type>/<req_id>/wave_<arm_wave>[_dp<replica>]/{request_info.json,
 // manifest.json, dump_skipped.json, dp<d>_tp<t>_pp<p>_cp<c>/...}; the coordinator writes the JSON, each
 // rank its own directory (the seed's names; the manifest's `dirs` maps global rank to directory).
+// Which stages copy a job is the ledger's too (stagesAt): those of the config in force at the job's
+// copy wave, per replica, as the stream hands configs out (configFrom).
 import * as path from 'path';
 import type { Logger } from '../log';
 import { kvRankDirFor, layoutJson } from '../paths';
@@ -14,7 +16,8 @@ import { SkipReason, writeDumpSkipped } from '../artifacts/freespace';
 import { DEFAULT_ARTIFACT_MODES, type ArtifactModes } from '../artifacts/artifact-mode';
 import { joinUnder, safeComponent } from '../artifacts/sanitize';
 import { artifactWrite, writeJsonAtomic } from '../artifacts/atomic-write';
-import { rankCoordinates, replicaHead, type PpStages, type WorldLayout } from '../launch/identity';
+import { StageSchedule } from './stage-schedule';
+import { rankCoordinates, replicaDumpRanks, replicaHead, type PpStages, type WorldLayout } from '../launch/identity';
 
 export type { SkipReason };
 
@@ -40,9 +43,6 @@ export interface ArmSpec {
   armWave: number;
   requestFinishedAtDump: boolean;
   replica: number;
-  /** The ranks that copy it (replicaDumpRanks). */
-  ranks: number[];
-  ppStages: PpStages;
   /** Report-like metadata merged into request_info.json. */
   info: Record<string, unknown>;
   /**
@@ -107,6 +107,7 @@ export type AckOutcome = 'counted' | 'late' | 'unknown_job' | 'not_expected';
 export class DumpLedger {
   private readonly jobs = new Map<string, Entry>();
   private readonly armedAt = new Map<string, Set<string>>(); // "<replica>/<arm wave>" → req ids
+  private readonly stages = new StageSchedule();
   private readonly ackTimeoutMs: number;
   private readonly modes: ArtifactModes;
   private events: LedgerEvents = {};
@@ -140,7 +141,25 @@ export class DumpLedger {
     return (this.opts.layout?.dp ?? 1) > 1 ? replica : undefined;
   }
 
-  /** Arm one job: dedupe per (replica, arm wave, req_id), write request_info.json, track. Null for a duplicate. */
+  /** The config a replica's ranks apply at `applyWave` has pp_stages `stages` (the stream tells). */
+  configFrom(replica: number, applyWave: number, stages: PpStages): void {
+    this.stages.configFrom(replica, applyWave, stages);
+  }
+
+  /** The stages that copy a dump of `replica` at the end of `wave` (stage-schedule.ts). */
+  stagesAt(replica: number, wave: number): PpStages {
+    return this.stages.stagesAt(replica, wave);
+  }
+
+  /** The ranks that copy a dump of `replica` at `wave`: its dump ranks under the stages in force then. */
+  private ranksFor(replica: number, stages: PpStages): number[] {
+    return this.opts.layout ? replicaDumpRanks(this.opts.layout, replica, stages) : [this.opts.writerRank ?? 0];
+  }
+
+  /**
+   * Arm one job: dedupe per (replica, arm wave, req_id), name the ranks that copy it (stagesAt its
+   * arm wave), write request_info.json, track. Null for a duplicate.
+   */
   arm(dumpRoot: string, spec: ArmSpec): DumpJob | null {
     const key = `${spec.replica}/${spec.armWave}`;
     let seen = this.armedAt.get(key);
@@ -154,6 +173,7 @@ export class DumpLedger {
       return null;
     }
     seen.add(spec.reqId);
+    const ppStages = this.stagesAt(spec.replica, spec.armWave);
     const tag = this.tag(spec.replica);
     const dir = waveDir(dumpRoot, spec.incidentType, spec.reqId, spec.armWave, tag);
     const job: DumpJob = {
@@ -166,7 +186,7 @@ export class DumpLedger {
       requestFinishedAtDump: spec.requestFinishedAtDump,
       jobId: jobIdOf(spec.armWave, spec.incidentType, spec.reqId, tag),
       replica: spec.replica,
-      ranks: [...spec.ranks],
+      ranks: this.ranksFor(spec.replica, ppStages),
     };
     writeJsonAtomic(path.join(dir, 'request_info.json'), {
       job_id: job.jobId,
@@ -180,12 +200,12 @@ export class DumpLedger {
       request_finished_at_dump: job.requestFinishedAtDump,
       rank: this.writerOf(spec.replica),
       expected_ranks: job.ranks,
-      pp_stages: spec.ppStages,
+      pp_stages: ppStages,
       ...this.layoutJson(),
       ts: new Date().toISOString(),
       ...spec.info,
     }, artifactWrite(this.modes));
-    this.add({ job, recorded: true, ppStages: spec.ppStages, acks: new Map(), timedOut: false, finished: false, ok: false, windowOpen: spec.copyWindow ?? false, held: false });
+    this.add({ job, recorded: true, ppStages, acks: new Map(), timedOut: false, finished: false, ok: false, windowOpen: spec.copyWindow ?? false, held: false });
     this.armed++;
     return job;
   }
@@ -219,7 +239,7 @@ export class DumpLedger {
       let e = this.jobs.get(job.jobId);
       if (!e || e.finished) {
         if (e) clearTimeout(e.timer);
-        e = { job, recorded: false, ppStages: 'last', acks: new Map(), timedOut: false, finished: false, ok: false, windowOpen: false, held: false };
+        e = { job, recorded: false, ppStages: this.stagesAt(job.replica ?? 0, wave), acks: new Map(), timedOut: false, finished: false, ok: false, windowOpen: false, held: false };
         this.add(e);
       }
       const entry = e;
@@ -339,9 +359,11 @@ export class DumpLedger {
   }
 
   private writeManifest(e: Entry, m: { completed: number[]; missing: number[]; failed: Record<string, string>; skipped: Record<string, string>; files: Record<string, FileEntry[]>; bytes: Record<string, number>; ok: boolean; spoiled?: string }): void {
-    // Which pipeline stages and layers the dump holds: each rank's ack names the layers it copied.
+    // Which pipeline stages and layers the dump holds: each rank that copied names its layers (a
+    // rank that skipped or failed holds none; skipped_ranks / failed_ranks say why).
     const stages: Record<string, { ranks: number[]; layers: string[] }> = {};
     for (const [g, a] of [...e.acks.entries()].sort((x, y) => x[0] - y[0])) {
+      if (!m.completed.includes(g)) continue;
       const pp = this.opts.layout ? rankCoordinates(g, this.opts.layout).ppRank : 0;
       const s = (stages[pp] ??= { ranks: [], layers: [] });
       s.ranks.push(g);

@@ -1,13 +1,14 @@
 // The runtime guard as the coordinator's policy: at the head of wave N of a DP replica it runs the
 // enabled detectors on that replica's telemetry of wave N-1 (the detect wave), applies quotas,
-// writes reports, arms dump jobs for wave N + LOOKAHEAD_WAVES (the arm wave, copied at its end by
-// that replica's dump ranks) and hands out a new effective config when the file changed (applied
-// by every rank of the replica at the end of that same arm wave). State per replica:
-// replica-state.ts (with its copy window, copy-window.ts); dump jobs: dump-ledger.ts.
+// writes reports, arms dump jobs for wave N + decideAheadWaves(pp) (the arm wave, copied at its end
+// by the ranks of the stages in force then: dump-ledger.ts, stage-schedule.ts) and hands out a new
+// effective config when the file changed (applied by every rank of the replica at the end of that
+// same arm wave, before its copies). State per replica: replica-state.ts (with its copy window,
+// copy-window.ts); dump jobs: dump-ledger.ts.
 import type { Counter } from 'prom-client';
 import { DEFAULT_ARTIFACT_MODES, sensitiveModes, type ArtifactModes } from '../artifacts/artifact-mode';
 import type { CoordinatorPolicy, DueLanes } from '../bus/policy';
-import { LOOKAHEAD_WAVES } from '../bus/constants';
+import { decideAheadWaves } from '../bus/constants';
 import { createLogger, Logger } from '../log';
 import type { AgentConfig, DumpJob, StepTelemetry, TelemetryColumns } from '../messages';
 import { counter } from '../metrics';
@@ -21,7 +22,7 @@ import { ConfigFollower } from './reload';
 import type { ReqState } from './requests';
 import type { KeepIds } from './step-pass';
 import { ReplicaState } from './replica-state';
-import { replicaDumpRanks, replicaHead, type WorldLayout } from '../launch/identity';
+import { replicaHead, type WorldLayout } from '../launch/identity';
 import { IncidentReport, writeReport } from './reports';
 import { TelemetryColumnizer } from '../client/telemetry';
 import { dumpRootOf, loadStartupConfig, StartupConfig, StartupIssue, StartupOptions } from './startup';
@@ -146,9 +147,18 @@ export class Guard implements CoordinatorPolicy {
     this.pollConfig();
     rs.syncDetectors(this.cfg, this.detectorGen);
     // Everything decided now is due in the vector published now: the arm wave.
-    const wave = headWave + LOOKAHEAD_WAVES;
+    const wave = headWave + decideAheadWaves(this.opts.layout.pp);
     const detectWave = headWave - 1;
     const dumps: DumpJob[] = [];
+    const lanes: DueLanes = { dumps };
+    // The first head of each replica carries the startup config; a new one goes to each replica at
+    // its own next head. It applies at the end of `wave` on every rank, before that wave's copies,
+    // so the dumps armed below already follow its dump.pp_stages (the ledger's stage schedule).
+    if (rs.configSent !== this.version) {
+      rs.configSent = this.version;
+      lanes.config = { version: this.version, config: this.lane };
+      this.ledger.configFrom(replica, wave, this.cfg.dump.pp_stages);
+    }
     let freedNow: ReqState[] | null = null;
     if (telemetry) {
       const hits = this.hits;
@@ -174,13 +184,11 @@ export class Guard implements CoordinatorPolicy {
           hitStates.push(st);
         }
       }
-      for (let k = 0; k < hits.length; k++) this.incident(rs, hits[k], hitStates[k], wave, dumps);
+      for (let k = 0; k < hits.length; k++) this.incident(rs, hits[k], hitStates[k], detectWave, wave, dumps);
       hits.length = 0;
       hitStates.length = 0;
     }
-    // A config that switches dump.pp_stages and asks for a manual dump at once: the other stages
-    // learn the switch from this vector's config lane, so the manual dump waits one wave for it.
-    if (rs.ppStagesLive === this.cfg.dump.pp_stages) this.manualTrigger(rs, wave, dumps);
+    this.manualTrigger(rs, detectWave, wave, dumps);
     if (freedNow) {
       for (const st of freedNow) {
         for (const j of rs.window.freed(st.reqId, detectWave)) this.ledger.markFreedBeforeCopy(j.jobId, detectWave);
@@ -190,13 +198,6 @@ export class Guard implements CoordinatorPolicy {
     // The replica's telemetry of detectWave is in (or the engine sends none: nothing more can be
     // known): its jobs copied at its end or before are out of the window.
     for (const j of rs.window.closeThrough(detectWave)) this.ledger.windowClosed(j.jobId);
-    const lanes: DueLanes = { dumps };
-    // The first head of each replica carries the startup config; a new one goes to each replica at its own next head.
-    if (rs.configSent !== this.version) {
-      rs.configSent = this.version;
-      lanes.config = { version: this.version, config: this.lane };
-    }
-    rs.ppStagesLive = this.cfg.dump.pp_stages;
     return lanes;
   }
 
@@ -216,9 +217,7 @@ export class Guard implements CoordinatorPolicy {
     if (st.blockIds.length === 0) {
       return { skipped: 'empty_block_ids', dir: this.ledger.refuse(root, { incidentType: type, reqId: st.reqId, wave, replica, reason: 'empty_block_ids' }) };
     }
-    // The stages the replica's ranks already act on: a switch to "all" puts the other stages on the
-    // vector when its config lane arrives, so they copy from the replica's next wave on.
-    const ppStages = rs.ppStagesLive;
+    // The ranks that copy it are the ledger's to name: the stages in force at its copy wave.
     const job = this.ledger.arm(root, {
       incidentType: type,
       reqId: st.reqId,
@@ -227,8 +226,6 @@ export class Guard implements CoordinatorPolicy {
       armWave: wave,
       requestFinishedAtDump: st.finished,
       replica,
-      ranks: replicaDumpRanks(this.opts.layout, replica, ppStages),
-      ppStages,
       copyWindow: true,
       info: {
         prompt_token_count: st.promptLen,
@@ -245,9 +242,8 @@ export class Guard implements CoordinatorPolicy {
     return job ? { job } : {};
   }
 
-  private incident(rs: ReplicaState, hit: Hit, st: ReqState, wave: number, dumps: DumpJob[]): void {
+  private incident(rs: ReplicaState, hit: Hit, st: ReqState, detectWave: number, wave: number, dumps: DumpJob[]): void {
     const type: DetectorName = hit.type;
-    const detectWave = wave - LOOKAHEAD_WAVES - 1;
     const cfg = this.cfg;
     const quota = st.quota ?? (st.quota = new Map());
     let c = quota.get(type);
@@ -341,7 +337,7 @@ export class Guard implements CoordinatorPolicy {
    * dump.manual_dump watermark, per replica: while a replica is behind it, one manual dump of all
    * its running requests per wave head of that replica (so one raise reaches every replica).
    */
-  private manualTrigger(rs: ReplicaState, wave: number, dumps: DumpJob[]): void {
+  private manualTrigger(rs: ReplicaState, detectWave: number, wave: number, dumps: DumpJob[]): void {
     if (this.cfg.dump.manual_dump <= rs.manualDone) return;
     rs.manualDone++;
     const running = [...rs.requests.reqs.values()].filter((st) => !st.finished && !st.freed);
@@ -352,7 +348,7 @@ export class Guard implements CoordinatorPolicy {
       return;
     }
     for (const st of running) {
-      const r = this.armOne(rs, MANUAL_TRIGGER, st, wave - LOOKAHEAD_WAVES - 1, wave, dumps, { manual_dump: rs.manualDone });
+      const r = this.armOne(rs, MANUAL_TRIGGER, st, detectWave, wave, dumps, { manual_dump: rs.manualDone });
       this.count(MANUAL_TRIGGER, r.job ? 'dump_kv' : r.dir ? 'dump_skipped' : 'duplicate');
     }
   }

@@ -5,7 +5,6 @@
 // force is the job's, one for every replica; each replica takes a new one at its own next head.
 // Its copy window follows its armed dumps until its telemetry of their arm wave is in.
 import type { RuntimeConfig } from './config';
-import type { PpStages } from '../launch/identity';
 import { DetectorSet } from './detectors';
 import { AutoDumpQuota } from './quotas';
 import { CopyWindow } from './copy-window';
@@ -26,8 +25,6 @@ export class ReplicaState {
   lastWave = -1;
   /** Config version last published on this replica's stream (0: none yet). */
   configSent = 0;
-  /** dump.pp_stages of the config this replica's ranks had before the current head (its dumps' stages). */
-  ppStagesLive: PpStages = 'last';
 
   constructor(
     readonly replica: number,
