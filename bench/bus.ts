@@ -151,9 +151,13 @@ async function wavebusRun(n: number, endWave: number, pace: number, tokenFile: s
       await new Promise((r) => setTimeout(r, 20));
     }
     for (let w = 1; w <= endWave; w++) {
-      published.set(w, process.hrtime.bigint());
-      coordinator.beginWave(w, null);
-      begun.set(w, process.hrtime.bigint());
+      // The head of w publishes the vector of w + LOOKAHEAD_WAVES, and the agents note receipts by
+      // the vector's wave: the times are kept under that wave too (keyed by w, every latency came
+      // out one pace too short and pub_to_sub went negative).
+      const t0 = process.hrtime.bigint();
+      const head = coordinator.beginWave(w, null);
+      published.set(head.wave, t0);
+      begun.set(head.wave, process.hrtime.bigint());
       await new Promise((r) => setTimeout(r, pace));
     }
     await receipts.waitFor(n + (mailbox ? 1 : 0), REPORT_TIMEOUT_MS);

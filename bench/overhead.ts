@@ -3,7 +3,8 @@
 // to the absent baseline. Each step waits `--forward-ms` (the forward on the accelerator, CPU
 // idle) and spins `--compute-us` (the engine's host-side work). By default two requests arrive
 // every step for the whole run, so the detectors always have a batch (about 40 running requests
-// once the KV pool is full, a prefill step about every third step).
+// once the KV pool is full, a prefill step about every third step). The TP ranks meet once per
+// step (the sim's stand-in for the all-reduce) in every mode, absent included.
 import { spawn } from 'child_process';
 import * as fs from 'fs';
 import * as os from 'os';
@@ -28,8 +29,8 @@ interface RunStats {
   rate: number;
   /** Fraction of end_of_wave calls that slept on the mailbox (a vector not there yet). */
   waitedFraction: number;
-  /** The same on TP0 alone: the simulated ranks are not in lockstep (no collective), so another
-   *  rank that runs ahead of TP0 waits for TP0's own head, which a real TP group cannot do. */
+  /** The same on TP0 alone. The simulated TP ranks step in lockstep (src/sim/tp-barrier.ts, the
+   *  stand-in for the forward's all-reduce), in every mode, so no rank runs ahead of TP0's head. */
   tp0WaitedFraction: number;
   /** The worst rank's 99th percentile µs inside end_of_wave. */
   endOfWaveP99Us: number;

@@ -29,6 +29,7 @@ export const command: CommandModule = {
       .option('faults', { type: 'string', describe: 'faults to inject: inline JSON or a file' })
       .option('compute-us', { type: 'string', default: '0', describe: 'busy CPU time per step standing in for the forward' })
       .option('forward-ms', { type: 'string', default: '0', describe: 'idle wait per step standing in for a forward on the accelerator' })
+      .option('tp-lockstep', { type: 'boolean', default: true, describe: 'TP ranks step together, as the forward\'s all-reduce keeps a real TP group (--no-tp-lockstep: each rank alone)' })
       .option('detached', { type: 'boolean', default: false, describe: 'run without wavebus (a baseline)' })
       .option('start-at', { type: 'string', describe: 'wall-clock ms for step 1 (align hosts)' })
       .option('result-dir', { type: 'string', demandOption: true, describe: 'where each rank writes rank<g>.json' }),
@@ -63,6 +64,7 @@ export const command: CommandModule = {
       computeUs: intFlag(argv['compute-us'], '--compute-us', 0),
       forwardMs: msFlag(argv['forward-ms'], '--forward-ms', 0),
       detached: Boolean(argv.detached),
+      tpLockstep: argv['tp-lockstep'] !== false,
     });
     const failed = res.exits.filter((e) => e.code !== 0);
     process.stdout.write(`${JSON.stringify({ ranks: res.ranks.length, failed })}\n`);

@@ -2,11 +2,14 @@
 // environment torchrun gives its workers, holds them at a start barrier, and collects results.
 import { fork, type ChildProcess } from 'child_process';
 import * as fs from 'fs';
+import * as os from 'os';
 import * as path from 'path';
 import { ConfigError } from '../errors';
 import { shmNameFor, simShmTag, unlinkQuietly, type SimRankOptions, type SimRankResult } from './rank';
 
-export interface SimJobOptions extends Omit<SimRankOptions, 'startAt'> {
+export interface SimJobOptions extends Omit<SimRankOptions, 'startAt' | 'lockstepDir'> {
+  /** TP ranks step in lockstep (tp-barrier.ts), as a real group's all-reduce keeps them; default true. */
+  tpLockstep?: boolean;
   nnodes: number;
   nodeRank: number;
   nprocPerNode: number;
@@ -29,12 +32,23 @@ export async function runSimJob(opts: SimJobOptions): Promise<SimJobResult> {
   const world = opts.nnodes * opts.nprocPerNode;
   if (opts.nodeRank >= opts.nnodes) throw new ConfigError(`--node-rank ${opts.nodeRank} must be < --nnodes ${opts.nnodes}`);
   const env = opts.env ?? process.env;
+  const { nnodes, nodeRank, nprocPerNode, masterAddr, env: _env, startAt: _s, tpLockstep, ...given } = opts;
+  // The ranks' lockstep sockets: a directory of the job's own (mkdtemp: 0700, unpredictable).
+  const lockstepDir = tpLockstep === false ? undefined : fs.mkdtempSync(path.join(os.tmpdir(), 'wavebus-sim-tp-'));
+  // The job names the ranks' segments so it can remove the one of a rank that dies (SIGKILL included).
+  const rankOpts: SimRankOptions = { ...given, shmTag: given.shmTag ?? simShmTag(env), lockstepDir };
+  try {
+    return await runRanks(opts, rankOpts, env, world);
+  } finally {
+    if (lockstepDir) fs.rmSync(lockstepDir, { recursive: true, force: true });
+  }
+}
+
+async function runRanks(opts: SimJobOptions, rankOpts: SimRankOptions, env: NodeJS.ProcessEnv, world: number): Promise<SimJobResult> {
+  const { nodeRank, nprocPerNode, masterAddr } = opts;
   const children: { rank: number; child: ChildProcess }[] = [];
   const ready: Promise<void>[] = [];
   const exits: Promise<{ rank: number; code: number | null; signal: string | null }>[] = [];
-  const { nnodes, nodeRank, nprocPerNode, masterAddr, env: _env, startAt: _s, ...given } = opts;
-  // The job names the ranks' segments so it can remove the one of a rank that dies (SIGKILL included).
-  const rankOpts: SimRankOptions = { ...given, shmTag: given.shmTag ?? simShmTag(env) };
   for (let local = 0; local < nprocPerNode; local++) {
     const rank = nodeRank * nprocPerNode + local;
     const child = fork(cliPath(), ['sim-rank', '--options', JSON.stringify(rankOpts)], {

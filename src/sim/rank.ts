@@ -13,6 +13,7 @@ import { isShmPrefix } from '../launch/run-dir';
 import type { SimFaults } from './faults';
 import { fillKvPool, type KvGeometry } from './kv-pattern';
 import { SimScheduler } from './scheduler';
+import { TpBarrier } from './tp-barrier';
 
 export interface SimRankOptions {
   steps: number;
@@ -32,6 +33,11 @@ export interface SimRankOptions {
   forwardMs?: number;
   /** Names this rank's shm segment (shmNameFor); the job picks it so it can remove it if the rank dies. */
   shmTag?: string;
+  /**
+   * Where the TP group's ranks on this host meet every step (tp-barrier.ts: the stand-in for the
+   * forward's all-reduce, which keeps a real TP group in lockstep); unset: each rank steps alone.
+   */
+  lockstepDir?: string;
 }
 
 export interface SimRankResult {
@@ -119,6 +125,18 @@ function percentile(xs: Float64Array, p: number): number {
   return Number(s[Math.min(s.length - 1, Math.floor(p * s.length))].toFixed(1));
 }
 
+/** This rank's place in the lockstep of its TP group's ranks on this host (LOCAL_RANK, LOCAL_WORLD_SIZE). */
+function openBarrier(dir: string, id: ReturnType<typeof resolveIdentity>): Promise<TpBarrier> {
+  const group = Math.floor(id.globalRank / id.tp);
+  const firstLocal = id.globalRank - id.localRank;
+  const peers: number[] = [];
+  for (let t = 0; t < id.tp; t++) {
+    const g = group * id.tp + t;
+    if (t !== id.tpRank && g >= firstLocal && g < firstLocal + id.localWorldSize) peers.push(t);
+  }
+  return TpBarrier.open(dir, group, id.tpRank, peers);
+}
+
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, Math.max(0, ms)));
 
 export async function runSimRank(opts: SimRankOptions, onReady: () => Promise<number | undefined>): Promise<SimRankResult> {
@@ -151,6 +169,7 @@ export async function runSimRank(opts: SimRankOptions, onReady: () => Promise<nu
   await client?.register({ name: 'input_ids', kind: 'shm', shmName, offset: inputsOff, nbytes: MAX_ROWS * 4, dtype: 'int32', shape: [MAX_ROWS], role: 'input' });
   await client?.register({ name: 'positions', kind: 'shm', shmName, offset: inputsOff + MAX_ROWS * 4, nbytes: MAX_ROWS * 8, dtype: 'int64', shape: [MAX_ROWS], role: 'input' });
 
+  const barrier = opts.lockstepDir ? await openBarrier(opts.lockstepDir, id) : undefined;
   const sched = new SimScheduler({ requests: opts.requests, numBlocks: g.numBlocks, blockSize: g.blockSize, speculative: opts.speculative, replica: id.dpRank }, opts.faults);
   const startAt = (await onReady()) ?? opts.startAt ?? Date.now();
   const extra = opts.faults.slowRank?.rank === id.globalRank ? opts.faults.slowRank.extraMs : 0;
@@ -219,6 +238,8 @@ export async function runSimRank(opts: SimRankOptions, onReady: () => Promise<nu
       overrunNs += process.hrtime.bigint() - f0 - BigInt(Math.round(opts.forwardMs * 1e6));
     }
     if (opts.stepMs > 0 || extra > 0) await sleep(opts.stepMs / 2 + extra);
+    // No TP rank's forward ends before every rank of its group reached it (the all-reduce).
+    if (barrier) await barrier.arrive(step);
     if (client) {
       const e0 = process.hrtime.bigint();
       await client.endOfWave(step);
@@ -254,6 +275,7 @@ export async function runSimRank(opts: SimRankOptions, onReady: () => Promise<nu
     forwardOverrunUsPerStep: Number(overrunNs / 1000n) / opts.steps,
   };
   await client?.close();
+  barrier?.close();
   fs.mkdirSync(opts.resultDir, { recursive: true });
   fs.writeFileSync(path.join(opts.resultDir, `rank${id.globalRank}.json`), JSON.stringify(result, null, 2));
   seg.close();
