@@ -18,6 +18,7 @@ import { resolveSnapshotConfig } from '../src/snapshot/config';
 import { loadCallDir } from '../src/snapshot/loader';
 import { registry } from '../src/metrics';
 import { cleanup, freePortPair, runPython, tmpDir, waitFor } from './helpers';
+import { LOOKAHEAD_WAVES } from '../src/bus/constants';
 
 const G: KvGeometry = { layers: 2, numBlocks: 32, blockSize: 4, kvHeads: 2, headDim: 8, dtype: 'bfloat16' };
 const POOL = G.numBlocks * G.blockSize * G.kvHeads * G.headDim * 2;
@@ -228,14 +229,17 @@ test('a request that finished in the detect wave is dumped with request_finished
   jobs.push(job);
   await waitFor(() => job.ranks.every((r) => r.client.featureFlags() !== 0), 'bus active');
   let prev: StepTelemetry | undefined;
-  for (let w = 1; w <= 60; w++) {
+  let w = 1;
+  for (; w <= 60; w++) {
     await runWave(job, w, prev);
     if (fs.existsSync(path.join(job.dumpRoot, 'token_repeat'))) break;
     // The hit and the finish arrive in the same telemetry (wave 40): the dump is armed anyway.
     const finished = w >= 40;
     prev = { wave: w, requests: [step('fin-1', [500 + (w % 2)], [5, 6], { finished, numOutputTokens: w })], nonFinite: [] };
   }
-  for (let w = 61; w <= 63; w++) await runWave(job, w, undefined);
+  // The engine goes on wave after wave (as engines do) through the dump's copy wave, decided ahead.
+  const copyBy = w + LOOKAHEAD_WAVES + 2;
+  for (w++; w <= copyBy; w++) await runWave(job, w, undefined);
   for (const r of job.ranks) await r.agent.drain();
   const reqDir = path.join(job.dumpRoot, 'token_repeat', 'fin-1');
   await waitFor(() => fs.existsSync(reqDir), 'dump of the finished request');
