@@ -20,7 +20,7 @@ import {
   cleanupNetns,
   createNetnsCluster,
   readManifests,
-  rootOnlyReason,
+  describeAsRoot,
   runWavebus,
   spawnInNetns,
   spawnOnHost,
@@ -33,7 +33,6 @@ import {
 
 jest.setTimeout(150000);
 
-const why = rootOnlyReason();
 const PORT = 29600; // fresh namespaces have every port free
 const STEPS = 40;
 /** The DP run hot-reloads pp_stages "all" after its automatic dumps: steps enough for the manual dump that follows. */
@@ -255,14 +254,7 @@ afterEach(async () => {
   cleanupNetns();
 });
 
-describe('a cluster of network namespaces', () => {
-  if (why) {
-    test.skip(`skipped: ${why}`, () => undefined);
-    // eslint-disable-next-line no-console
-    console.warn(`cluster tests skipped: ${why}`);
-    return;
-  }
-
+describeAsRoot('a cluster of network namespaces', () => {
   test('PP=2 × TP=2 over two hosts with CURVE: aggregate from a third host collects reports, dump records, KV files and snapshots into one verified tree; a rogue host gets nothing', async () => {
     // Namespaces 0 and 1 run the job, 2 is a workstation with an allowed key, 3 is the rogue.
     const net = createNetnsCluster(4);

@@ -8,7 +8,7 @@ import * as os from 'os';
 import * as path from 'path';
 import { requestStatus, type StatusReplyMsg } from '../src/bus/coordinator';
 import { inspectTree } from '../src/tools/inspect';
-import { cleanup, cleanupMounts, mountTmpfs, rootOnlyReason, tmpDir, waitFor } from './helpers';
+import { cleanup, cleanupMounts, describeAsRoot, mountTmpfs, tmpDir, waitFor } from './helpers';
 import { baseConfig, deadline, Job, sleep, tryKill, type JobOptions, type RankResult } from './sim-job';
 
 jest.setTimeout(180000);
@@ -187,45 +187,58 @@ describe('faults', () => {
   });
 
   test('a frozen agent (SIGSTOP): engine bounded, rank reported missing and not live, then it recovers', async () => {
-    const job = await startJob({ world: 2, steps: 100, stepMs: 80, ackTimeoutMs: 1500, boundMs: 100, faults: { nonFinite: { request: 0, at: 20 } } });
+    // Nothing here may depend on how far the engine gets while the test waits (a loaded host stalls
+    // the test, while the engine keeps to its clock): it steps until the test ends it, with a steady
+    // stream of requests to dump, and each dump is asked for once the state it tests is seen.
+    const job = await startJob({ world: 2, steps: 100000, stepMs: 80, requests: 100000, ackTimeoutMs: 1500, boundMs: 100, untilStopped: true, simArgs: ['--num-blocks', '64'] });
     await job.waitWave(14);
     const agent = job.agents[1];
     agent.child.kill('SIGSTOP');
     try {
       await job.until(async () => !(await job.status()).liveRanks.includes(1), 'rank 1 to be marked not live', 10000, 50);
+      job.manualDump(1); // armed while rank 1 is frozen, whatever wave the engine is at
       const m = await job.until(() => job.manifests().find((x) => x.timed_out), 'the dump armed during the freeze to time out', 20000, 20);
-      expect(m.missing_ranks).toEqual([1]);
-      expect(m.completed_ranks).toEqual([0]);
+      // Rank 0 copied its part, unless its own vector came later than its 100 ms bound (a stalled
+      // coordinator on a loaded host): then it says so. Either way nobody waited for rank 1.
+      const rank0 = m.completed_ranks.includes(0) ? 'completed' : m.failed_ranks['0'];
+      expect({ missing: m.missing_ranks, rank0 }).toEqual({ missing: [1], rank0: expect.stringMatching(/^completed$|arrived after end_of_wave/) });
     } finally {
       agent.child.kill('SIGCONT');
     }
     await job.until(async () => (await job.status()).liveRanks.includes(1), 'rank 1 to be live again', 20000, 50);
     const resumed = (await job.status()).wave;
-    job.manualDump(1);
-    const later = await job.until(
+    // Rank 1's engine uses its agent again once a probe is answered (within the client's probe
+    // interval): a dump due before then fails on rank 1 as a missed wave. Ask again while none is whole.
+    const after = () => job.manifests().filter((x) => x.arm_wave > resumed);
+    const settled = (x: { complete: boolean; timed_out: boolean; failed_ranks: Record<string, string> }) => x.complete || x.timed_out || Object.keys(x.failed_ranks).length > 0;
+    let asked = 1;
+    let seen = 0;
+    job.manualDump(2);
+    const whole = await job.until(
       () => {
-        const ms = job.manifests().filter((x) => x.arm_wave > resumed);
-        // complete: every rank acked (a rank still catching up may ack after the timeout)
-        return ms.length > 0 && ms.every((x) => x.complete) ? ms : undefined;
+        const ms = after();
+        const done = ms.find((x) => x.complete);
+        if (done) return done;
+        if (ms.length > seen && ms.every(settled)) {
+          seen = ms.length;
+          job.manualDump(2 + asked++);
+        }
+        return undefined;
       },
       'a complete dump after the freeze',
       30000,
       100,
     );
-    for (const x of later) expect(x.completed_ranks).toEqual([0, 1]);
+    expect(whole.completed_ranks).toEqual([0, 1]);
+    // A dump after the freeze that is not whole fell short only that way (or timed out on rank 1, still catching up).
+    for (const x of after()) for (const err of Object.values(x.failed_ranks)) expect(err).toMatch(/arrived after end_of_wave/);
     const results = await job.engineResults();
     expect(results[1].endOfWaveTimeouts).toBeGreaterThan(0);
     for (const r of results) checkBounded(r, job.o);
-    checkTree(job.kvRoot, (p) => /rank 1 missing/.test(p));
+    checkTree(job.kvRoot, (p) => /rank [01] missing/.test(p));
   });
 
-  describe('disk faults (root: tmpfs and capabilities)', () => {
-    const why = rootOnlyReason();
-    if (why) {
-      test.skip(`skipped: ${why}`, () => undefined);
-      return;
-    }
-
+  describeAsRoot('disk faults (root: tmpfs and capabilities)', () => {
     // One request of 4 blocks; 5 layers × K,V × 4 blocks × 16 KiB = 640 KiB per rank, so the
     // free-space rule (estimate × tp_size + headroom) asks for 1280 KiB with headroom 0. A 1320 KiB
     // tmpfs passes that check, but the 20 .pt files take a header and a partly filled page each

@@ -11,7 +11,7 @@ import {
   cleanup,
   cleanupNetns,
   createNetnsPair,
-  rootOnlyReason,
+  describeAsRoot,
   sh,
   spawnInNetns,
   startStatusProber,
@@ -24,7 +24,6 @@ import {
 
 jest.setTimeout(180000);
 
-const why = rootOnlyReason();
 const PORT = 29600; // a fresh namespace has every port free
 const STEP_MS = 200;
 const STEPS = 130;
@@ -47,14 +46,7 @@ afterEach(async () => {
   cleanupNetns();
 });
 
-describe('two hosts in network namespaces', () => {
-  if (why) {
-    test.skip(`skipped: ${why}`, () => undefined);
-    // eslint-disable-next-line no-console
-    console.warn(`netns tests skipped: ${why}`);
-    return;
-  }
-
+describeAsRoot('two hosts in network namespaces', () => {
   test('a TP=4 job over two hosts dumps from every rank; a partition is survived and healed', async () => {
     const net: NetnsPair = createNetnsPair();
     const dir = tmpDir('wavebus-netns-');

@@ -30,6 +30,8 @@ export interface SimRankOptions {
   computeUs?: number;
   /** Idle wait per step standing in for a forward on the accelerator (CPU free meanwhile); 0 = none. */
   forwardMs?: number;
+  /** Stop stepping once this file exists (then `steps` is at most): a test ends the run when it has what it needs. */
+  stopFile?: string;
   /** Names this rank's shm segment (shmNameFor); the job picks it so it can remove it if the rank dies. */
   shmTag?: string;
 }
@@ -165,7 +167,9 @@ export async function runSimRank(opts: SimRankOptions, onReady: () => Promise<nu
   let overrunNs = 0n;
   let abortedForwards = 0;
   let deferredFrees = 0;
-  for (let step = 1; step <= opts.steps; step++) {
+  let step = 1;
+  for (; step <= opts.steps; step++) {
+    if (opts.stopFile !== undefined && fs.existsSync(opts.stopFile)) break;
     if (opts.faults.rankDies?.rank === id.globalRank && opts.faults.rankDies.at === step) {
       process.stderr.write(`sim rank ${id.globalRank}: injected death at step ${step}\n`);
       process.exit(1);
@@ -230,17 +234,18 @@ export async function runSimRank(opts: SimRankOptions, onReady: () => Promise<nu
   }
   const wallMs = Date.now() - t0;
   const cpu = process.cpuUsage(cpu0);
+  const steps = step - 1; // fewer than opts.steps when the stop file ended the run
   const result: SimRankResult = {
     rank: id.globalRank,
-    steps: opts.steps,
+    steps,
     wallMs,
-    stepsPerSec: (opts.steps * 1000) / Math.max(1, wallMs),
+    stepsPerSec: (steps * 1000) / Math.max(1, wallMs),
     endOfWaveTimeouts: client?.stats.endOfWaveTimeouts ?? 0,
     vectorWaits: client?.stats.vectorWaits ?? 0,
     lateVectors: client?.stats.lateVectors ?? 0,
     deferredFrees,
-    endOfWaveP99Us: percentile(eowUs, 0.99),
-    slowEndOfWaves: eowUs.filter((us) => us > SLOW_END_OF_WAVE_US).length,
+    endOfWaveP99Us: percentile(eowUs.subarray(0, steps), 0.99),
+    slowEndOfWaves: eowUs.subarray(0, steps).filter((us) => us > SLOW_END_OF_WAVE_US).length,
     dueWaves: client?.stats.dueWaves ?? 0,
     abortedForwards,
     agentLost: client?.stats.agentLost ?? 0,
@@ -248,10 +253,10 @@ export async function runSimRank(opts: SimRankOptions, onReady: () => Promise<nu
     snapshots,
     sent: client?.stats.sent ?? 0,
     shmName,
-    cpuUsPerStep: (cpu.user + cpu.system) / opts.steps,
-    clientUsPerStep: Number((clientNs + endNs) / 1000n) / opts.steps,
-    endOfWaveUsPerStep: Number(endNs / 1000n) / opts.steps,
-    forwardOverrunUsPerStep: Number(overrunNs / 1000n) / opts.steps,
+    cpuUsPerStep: (cpu.user + cpu.system) / Math.max(1, steps),
+    clientUsPerStep: Number((clientNs + endNs) / 1000n) / Math.max(1, steps),
+    endOfWaveUsPerStep: Number(endNs / 1000n) / Math.max(1, steps),
+    forwardOverrunUsPerStep: Number(overrunNs / 1000n) / Math.max(1, steps),
   };
   await client?.close();
   fs.mkdirSync(opts.resultDir, { recursive: true });
