@@ -21,6 +21,7 @@ import {
   createNetnsCluster,
   readManifests,
   describeAsRoot,
+  exitedWithin,
   runWavebus,
   spawnInNetns,
   spawnOnHost,
@@ -165,22 +166,6 @@ async function aggregateFrom(ns: string, curveDir: string, coordinator: string, 
   const exit = await exitedWithin(agg, 60000);
   const mf = path.join(out, 'manifest.json');
   return { code: exit.code, stderr: agg.stderr().slice(-3000), manifest: fs.existsSync(mf) ? JSON.parse(fs.readFileSync(mf, 'utf8')) : undefined };
-}
-
-/** The process's exit, or a failure naming it when it runs longer than `ms` (then it is killed). */
-async function exitedWithin(p: Spawned, ms: number): Promise<{ code: number | null; signal: NodeJS.Signals | null }> {
-  let timer: NodeJS.Timeout | undefined;
-  const late = new Promise<never>((_, reject) => {
-    timer = setTimeout(() => {
-      p.child.kill('SIGKILL');
-      reject(new Error(`${p.child.spawnargs.slice(0, 8).join(' ')} ... still running after ${ms} ms; stderr: ${p.stderr().slice(-1500)}`));
-    }, ms);
-  });
-  try {
-    return await Promise.race([p.exited, late]);
-  } finally {
-    clearTimeout(timer);
-  }
 }
 
 /** Every file under `dir`, relative, sorted (the aggregated tree as a user sees it). */

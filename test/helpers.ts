@@ -120,14 +120,24 @@ export function waitWhileRunning<T>(proc: Spawned, fn: () => T | Promise<T>, wha
   );
 }
 
-/** `proc`'s exit within `timeoutMs`, else an error naming `what` (the process is left to cleanup()). */
-export async function exitWithin(proc: Spawned, what: string, timeoutMs: number): Promise<{ code: number | null; signal: NodeJS.Signals | null }> {
+/** The process's exit, or a failure naming `what` when it runs longer than `ms` (then it is killed, with its group if it leads one). */
+export async function exitedWithin(p: Spawned, ms: number, what = `${p.child.spawnargs.slice(0, 8).join(' ')} ... to exit`): Promise<{ code: number | null; signal: NodeJS.Signals | null }> {
   let timer: NodeJS.Timeout | undefined;
   const late = new Promise<never>((_, reject) => {
-    timer = setTimeout(() => reject(new Error(`timed out after ${timeoutMs} ms waiting for ${what}`)), timeoutMs);
+    timer = setTimeout(() => {
+      p.child.kill('SIGKILL');
+      if (p.child.pid !== undefined && groups.has(p.child.pid)) {
+        try {
+          process.kill(-p.child.pid, 'SIGKILL');
+        } catch {
+          /* the group is gone */
+        }
+      }
+      reject(new Error(`timed out after ${ms} ms waiting for ${what}; stderr: ${p.stderr().slice(-1500)}`));
+    }, ms);
   });
   try {
-    return await Promise.race([proc.exited, late]);
+    return await Promise.race([p.exited, late]);
   } finally {
     clearTimeout(timer);
   }

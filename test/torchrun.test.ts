@@ -3,7 +3,7 @@
 // hot-reloaded config (edited live, as the seed describes), and every dumped .pt is compared bit-exact with the workers' tensors.
 import * as fs from 'fs';
 import * as path from 'path';
-import { PYTHON, ROOT, cleanup, exitWithin, freePortPair, runPython, spawnWavebus, tmpDir, waitWhileRunning } from './helpers';
+import { PYTHON, ROOT, cleanup, exitedWithin, freePortPair, runPython, spawnWavebus, tmpDir, waitWhileRunning } from './helpers';
 
 afterAll(cleanup);
 
@@ -50,7 +50,7 @@ test('python workers under wavebus launch: a manual dump matches the workers\' K
   }, 'the manual dump and its manifest', 60000);
   fs.writeFileSync(path.join(dir, 'stop'), '');
   // Each worker ends within a step of the stop file (a step waits at most the 2 s end-of-wave bound); launch then stops its sidecars.
-  const { code } = await exitWithin(launch, 'the job to exit after the stop file (workers that printed "done" are in its stdout)', within(60000)).catch(explain);
+  const { code } = await exitedWithin(launch, within(60000), 'the job to exit after the stop file (workers that printed "done" are in its stdout)').catch(explain);
   if (code !== 0) throw new Error(`launch exited ${code}\n${launch.stdout()}\n${launch.stderr()}`);
   // Both workers ran to the stop file (a rank that outlives TP0 by a step times out once, by design).
   expect(launch.stdout()).toMatch(/rank 0 done, end_of_wave timeouts \d+/);
