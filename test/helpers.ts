@@ -111,7 +111,7 @@ export function waitWhileRunning<T>(proc: Spawned, fn: () => T | Promise<T>, wha
   void proc.exited.then((e) => (exit = e));
   return waitFor(
     () => {
-      if (exit) throw new GiveUp(`the process exited first (code ${exit.code}, signal ${exit.signal})`);
+      if (exit) throw new GiveUp(`the process exited first (code ${exit.code}, signal ${exit.signal}); its stderr ends with:\n${proc.stderr().slice(-3000)}`);
       return fn();
     },
     what,
