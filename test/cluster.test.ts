@@ -35,9 +35,11 @@ import {
 jest.setTimeout(150000);
 
 const PORT = 29600; // fresh namespaces have every port free
-const STEPS = 40;
-/** The DP run hot-reloads pp_stages "all" after its automatic dumps: steps enough for the manual dump that follows. */
-const DP_STEPS = 70;
+/**
+ * At most: the engines step until the test has what it needs (engineDone writes their --stop-file),
+ * with a steady stream of requests, so a dump asked for late on a loaded host still finds some running.
+ */
+const STEPS = 100000;
 const STEP_MS = 100;
 const DIST = (m: string) => JSON.stringify(path.join(ROOT, 'dist', 'src', 'bus', m));
 
@@ -102,7 +104,7 @@ interface Job {
  * host's key dir, the runtime config as the startup overlay (and hot-reloaded from host 0's file),
  * snapshots on, agents lingering after the engine exits so the job can be aggregated.
  */
-function launchJob(net: NetnsCluster, keys: Keys, dir: string, layout: { tp: number; pp: number; dp: number }, faultsOfHost: (i: number) => Record<string, unknown>, steps = STEPS): Job {
+function launchJob(net: NetnsCluster, keys: Keys, dir: string, layout: { tp: number; pp: number; dp: number }, faultsOfHost: (i: number) => Record<string, unknown>): Job {
   const world = layout.tp * layout.pp * layout.dp;
   const nnodes = world / 2;
   const on = { enabled: true, on_trigger: ['report', 'dump_kv'] };
@@ -134,7 +136,8 @@ function launchJob(net: NetnsCluster, keys: Keys, dir: string, layout: { tp: num
         '--coordinator-arg=--heartbeat-ms', '--coordinator-arg=200', '--coordinator-arg=--dump-ack-timeout-ms', '--coordinator-arg=8000',
         '--agent-arg=--heartbeat-ms', '--agent-arg=200', '--agent-arg=--end-of-wave-timeout-ms', '--agent-arg=250',
         '--',
-        process.execPath, CLI, 'sim', '--steps', String(steps), '--step-ms', String(STEP_MS), '--result-dir', path.join(disk, 'ranks'),
+        process.execPath, CLI, 'sim', '--steps', String(STEPS), '--step-ms', String(STEP_MS), '--result-dir', path.join(disk, 'ranks'),
+        '--stop-file', path.join(dir, 'stop-engines'), '--requests', '100000', '--num-blocks', '32',
         '--faults', JSON.stringify(faultsOfHost(i)), '--start-at', String(startAt),
       ],
       { env: { ...process.env, WAVEBUS_CACHE_ROOT: path.join(disk, 'cache') } },
@@ -146,11 +149,12 @@ function launchJob(net: NetnsCluster, keys: Keys, dir: string, layout: { tp: num
   return { dir, hosts, hostDirs, cfgPath: path.join(hostDirs[0], 'runtime', 'config', 'runtime_config.json'), config, probe, diag, until };
 }
 
-/** Every engine rank finished its steps (rank<g>.json on its host), then the launchers linger. */
-async function engineDone(job: Job, world: number, steps = STEPS): Promise<void> {
+/** Told to stop, every engine rank finishes (rank<g>.json on its host), then the launchers linger. */
+async function engineDone(job: Job, world: number): Promise<void> {
+  fs.writeFileSync(path.join(job.dir, 'stop-engines'), '');
   const rankFile = (g: number) => path.join(job.hostDirs[Math.floor(g / 2)], 'ranks', `rank${g}.json`);
   await job.until(() => Array.from({ length: world }, (_, g) => g).every((g) => fs.existsSync(rankFile(g))), 'every engine rank to finish', 60000);
-  for (let g = 0; g < world; g++) expect(JSON.parse(fs.readFileSync(rankFile(g), 'utf8')).steps).toBe(steps);
+  for (let g = 0; g < world; g++) expect(JSON.parse(fs.readFileSync(rankFile(g), 'utf8')).steps).toBeGreaterThan(0);
 }
 
 /** SIGTERM ends each launcher's linger; each exits with the engine's code. */
@@ -340,7 +344,7 @@ describeAsRoot('a cluster of network namespaces', () => {
       { type: 'token_repeat', faults: { repetition: { request: 1, from: 8, period: 3 } } },
       { type: 'logits_finite', faults: { nonFinite: { request: 2, at: 12 } } },
     ];
-    const job = launchJob(net, keys, dir, layout, (i) => FAULT_OF_REPLICA[i < 2 ? 0 : 1].faults, DP_STEPS);
+    const job = launchJob(net, keys, dir, layout, (i) => FAULT_OF_REPLICA[i < 2 ? 0 : 1].faults);
     await job.until(() => job.probe.latest()?.ready, 'the four-host job to be ready', 60000);
     const kvRoot0 = path.join(job.hostDirs[0], 'runtime', 'report', 'kv_cache');
 
@@ -373,7 +377,7 @@ describeAsRoot('a cluster of network namespaces', () => {
       expect({ expected: m.expected_ranks, completed: m.completed_ranks }).toEqual({ expected: replicaRanks(layout, d, [0, 1]), completed: replicaRanks(layout, d, [0, 1]) });
     }
 
-    await engineDone(job, 8, DP_STEPS);
+    await engineDone(job, 8);
     const out = path.join(dir, 'incident');
     const agg = await aggregateFrom(net.nodes[3].ns, keys.hostDirs[3], net.nodes[0].addr, out);
     expect({ code: agg.code, stderr: agg.code === 0 ? '' : agg.stderr }).toEqual({ code: 0, stderr: '' });
