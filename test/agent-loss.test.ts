@@ -62,7 +62,9 @@ async function startBus(world = 1): Promise<Bus> {
 }
 
 async function connect(bus: Bus): Promise<WavebusClient> {
-  const client = await WavebusClient.connect({ env: { WAVEBUS_RUN_DIR: bus.runDir, LOCAL_RANK: '0' } });
+  // The mailbox file exists before the agent has written its header (a loaded host can hold the
+  // agent in between): connect once it is whole.
+  const client = await waitFor(() => WavebusClient.connect({ env: { WAVEBUS_RUN_DIR: bus.runDir, LOCAL_RANK: '0' } }), 'a whole agent mailbox to connect to', 30000);
   const want = MailboxFeature.BUS_ACTIVE | MailboxFeature.SNAPSHOTS;
   await waitFor(() => (client.featureFlags() & want) === want, 'bus and snapshots on in the mailbox', 30000);
   await client.register({ name: 'input0', shmName: bus.shmName, nbytes: 4096, dtype: 'int32', shape: [1024], role: 'input' });

@@ -137,7 +137,7 @@ function launchJob(net: NetnsCluster, keys: Keys, dir: string, layout: { tp: num
         '--agent-arg=--heartbeat-ms', '--agent-arg=200', '--agent-arg=--end-of-wave-timeout-ms', '--agent-arg=250',
         '--',
         process.execPath, CLI, 'sim', '--steps', String(STEPS), '--step-ms', String(STEP_MS), '--result-dir', path.join(disk, 'ranks'),
-        '--stop-file', path.join(dir, 'stop-engines'), '--requests', '100000', '--num-blocks', '32',
+        '--stop-file', path.join(dir, 'stop-engines'), '--requests', '3000', '--num-blocks', '32', // two arrive a step: 3000 outlast the test's bound
         '--faults', JSON.stringify(faultsOfHost(i)), '--start-at', String(startAt),
       ],
       { env: { ...process.env, WAVEBUS_CACHE_ROOT: path.join(disk, 'cache') } },

@@ -191,7 +191,8 @@ describe('faults', () => {
     // Nothing here may depend on how far the engine gets while the test waits (a loaded host stalls
     // the test, while the engine keeps to its clock): it steps until the test ends it, with a steady
     // stream of requests to dump, and each dump is asked for once the state it tests is seen.
-    const job = await startJob({ world: 2, steps: 100000, stepMs: 80, requests: 100000, ackTimeoutMs: 1500, boundMs: 100, untilStopped: true, simArgs: ['--num-blocks', '64'] });
+    // Requests arrive two a step: 5000 outlast the test's bound (180 s of 80 ms steps).
+    const job = await startJob({ world: 2, steps: 100000, stepMs: 80, requests: 5000, ackTimeoutMs: 1500, boundMs: 100, untilStopped: true, simArgs: ['--num-blocks', '64'] });
     await job.waitWave(14);
     const agent = job.agents[1];
     agent.child.kill('SIGSTOP');

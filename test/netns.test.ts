@@ -73,8 +73,9 @@ describeAsRoot('two hosts in network namespaces', () => {
         '--agent-arg=--heartbeat-ms', '--agent-arg=200', '--agent-arg=--end-of-wave-timeout-ms', `--agent-arg=${BOUND_MS}`,
         '--',
         process.execPath, CLI, 'sim', '--steps', String(STEPS), '--step-ms', String(STEP_MS), '--result-dir', resultDir, '--stop-file', stopFile,
-        // A steady stream of requests (a small pool keeps the batch small): whenever the dump after the heal is asked for, some are running.
-        '--requests', '100000', '--num-blocks', '64',
+        // A steady stream of requests, two a step (2000 outlast the test's bound of 180 s of 200 ms steps; a small pool keeps the
+        // batch small): whenever the dump after the heal is asked for, some are running.
+        '--requests', '2000', '--num-blocks', '64',
         '--faults', JSON.stringify({ nonFinite: { request: 0, at: 6 } }), '--start-at', String(startAt),
       ]);
     const hostA = launch(net.a, 0);

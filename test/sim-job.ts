@@ -167,7 +167,7 @@ export class Job {
   }
 
   async waitWave(wave: number): Promise<void> {
-    await waitFor(async () => (await this.status()).wave >= wave, `wave ${wave}`, 60000, 50);
+    await this.until(async () => (await this.status()).wave >= wave, `wave ${wave}`, 60000, 50);
   }
 
   /** Wait for the engine to finish (with untilStopped: end its run); every rank must have run every step (untilStopped: some). */

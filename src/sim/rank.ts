@@ -141,17 +141,27 @@ export async function runSimRank(opts: SimRankOptions, onReady: () => Promise<nu
   }
   const inputsOff = g.layers * 2 * poolBytes;
   const client = opts.detached ? undefined : await WavebusClient.connect();
+  // An agent too slow to answer (a busy host) is no reason to stop the engine: the client keeps
+  // the region and sends it once the agent answers.
+  const register = async (r: Parameters<WavebusClient['register']>[0]): Promise<void> => {
+    try {
+      await client?.register(r);
+    } catch (e) {
+      if ((e as { code?: string }).code !== 'ERR_AGENT_UNAVAILABLE') throw e;
+      process.stderr.write(`sim rank ${id.globalRank}: ${(e as Error).message}; stepping on\n`);
+    }
+  };
   const shape = [g.numBlocks, g.blockSize, g.kvHeads, g.headDim];
   // Each pipeline stage holds its own layers (stage p of P: layers l with floor(l*P/L) = p).
   const ownLayer = (l: number): boolean => Math.floor((l * id.pp) / g.layers) === id.ppRank;
   for (let l = 0; l < g.layers && client; l++) {
     if (!ownLayer(l)) continue;
     for (const [i, kv] of (['k', 'v'] as const).entries()) {
-      await client.register({ name: `${layerName(l)}.${kv}`, kind: 'shm', shmName, offset: (2 * l + i) * poolBytes, nbytes: poolBytes, dtype: g.dtype, shape, role: 'kv_pool', layer: layerName(l), kv });
+      await register({ name: `${layerName(l)}.${kv}`, kind: 'shm', shmName, offset: (2 * l + i) * poolBytes, nbytes: poolBytes, dtype: g.dtype, shape, role: 'kv_pool', layer: layerName(l), kv });
     }
   }
-  await client?.register({ name: 'input_ids', kind: 'shm', shmName, offset: inputsOff, nbytes: MAX_ROWS * 4, dtype: 'int32', shape: [MAX_ROWS], role: 'input' });
-  await client?.register({ name: 'positions', kind: 'shm', shmName, offset: inputsOff + MAX_ROWS * 4, nbytes: MAX_ROWS * 8, dtype: 'int64', shape: [MAX_ROWS], role: 'input' });
+  await register({ name: 'input_ids', kind: 'shm', shmName, offset: inputsOff, nbytes: MAX_ROWS * 4, dtype: 'int32', shape: [MAX_ROWS], role: 'input' });
+  await register({ name: 'positions', kind: 'shm', shmName, offset: inputsOff + MAX_ROWS * 4, nbytes: MAX_ROWS * 8, dtype: 'int64', shape: [MAX_ROWS], role: 'input' });
 
   const sched = new SimScheduler({ requests: opts.requests, numBlocks: g.numBlocks, blockSize: g.blockSize, speculative: opts.speculative, replica: id.dpRank }, opts.faults);
   const startAt = (await onReady()) ?? opts.startAt ?? Date.now();
