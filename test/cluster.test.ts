@@ -40,6 +40,8 @@ const PORT = 29600; // fresh namespaces have every port free
  * with a steady stream of requests, so a dump asked for late on a loaded host still finds some running.
  */
 const STEPS = 100000;
+/** The engines' steps before engineDone stops them: past every fault the tests inject (steps 8 and 12). */
+const MIN_STEPS = 40;
 const STEP_MS = 100;
 const DIST = (m: string) => JSON.stringify(path.join(ROOT, 'dist', 'src', 'bus', m));
 
@@ -149,12 +151,13 @@ function launchJob(net: NetnsCluster, keys: Keys, dir: string, layout: { tp: num
   return { dir, hosts, hostDirs, cfgPath: path.join(hostDirs[0], 'runtime', 'config', 'runtime_config.json'), config, probe, diag, until };
 }
 
-/** Told to stop, every engine rank finishes (rank<g>.json on its host), then the launchers linger. */
+/** Once past MIN_STEPS, told to stop, every engine rank finishes (rank<g>.json on its host), then the launchers linger. */
 async function engineDone(job: Job, world: number): Promise<void> {
+  await job.until(() => (job.probe.latest()?.wave ?? 0) >= MIN_STEPS, `wave ${MIN_STEPS}`, 60000);
   fs.writeFileSync(path.join(job.dir, 'stop-engines'), '');
   const rankFile = (g: number) => path.join(job.hostDirs[Math.floor(g / 2)], 'ranks', `rank${g}.json`);
   await job.until(() => Array.from({ length: world }, (_, g) => g).every((g) => fs.existsSync(rankFile(g))), 'every engine rank to finish', 60000);
-  for (let g = 0; g < world; g++) expect(JSON.parse(fs.readFileSync(rankFile(g), 'utf8')).steps).toBeGreaterThan(0);
+  for (let g = 0; g < world; g++) expect(JSON.parse(fs.readFileSync(rankFile(g), 'utf8')).steps).toBeGreaterThanOrEqual(MIN_STEPS);
 }
 
 /** SIGTERM ends each launcher's linger; each exits with the engine's code. */
