@@ -8,11 +8,10 @@ import * as path from 'path';
 import { Bundle } from '../src/artifacts/bundle';
 import { Tensor } from '../src/artifacts/tensor';
 import { curveDirFiles, writeKeyPair } from '../src/bus/curve';
-import { CLI, ROOT, cleanup, cleanupNetns, createNetnsPair, rootOnlyReason, spawnInNetns, tmpDir, waitFor, type NetnsPair } from './helpers';
+import { CLI, ROOT, cleanup, cleanupNetns, createNetnsPair, describeAsRoot, spawnInNetns, tmpDir, waitFor, type NetnsPair } from './helpers';
 
 jest.setTimeout(120000);
 
-const why = rootOnlyReason();
 const PORT = 29600; // a fresh namespace has every port free
 const WAVE = 'token_repeat/req-1/wave_3';
 
@@ -45,7 +44,7 @@ function startAgents(ns: string, host: string, keyDir: string, root: string) {
   return spawnInNetns(ns, process.execPath, ['-e', script]);
 }
 
-(why ? describe.skip : describe)(`aggregate with CURVE across network namespaces${why ? ` (skipped: ${why})` : ''}`, () => {
+describeAsRoot('aggregate with CURVE across network namespaces', () => {
   let pair: NetnsPair;
   let keyDir: string;
   let root: string;

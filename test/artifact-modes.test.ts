@@ -6,7 +6,7 @@ import * as fs from 'fs';
 import * as path from 'path';
 import { DEFAULT_ARTIFACT_MODES, parseArtifactMode } from '../src/artifacts/artifact-mode';
 import type { StepTelemetry } from '../src/messages';
-import { cleanup, cleanupUsers, otherUser, rootOnlyReason, runAs, runWavebus, waitFor } from './helpers';
+import { cleanup, cleanupUsers, describeAsRoot, otherUser, runAs, runWavebus, waitFor } from './helpers';
 import { runWave, startHarnessJob, step, stopHarnessJob, type HarnessJob } from './job-harness';
 
 const SENSITIVE = {
@@ -87,8 +87,7 @@ describe('parseArtifactMode', () => {
   });
 });
 
-const skip = rootOnlyReason();
-(skip ? describe.skip : describe)('another local user', () => {
+describeAsRoot('another local user', () => {
   let job: HarnessJob | undefined;
   let umask: number;
   beforeAll(() => {

@@ -3,23 +3,16 @@
 // the bytes crossed the veth pair, and it leaves no namespace behind. Without root it refuses
 // clearly. Needs root (CI runs as root).
 import { spawnSync } from 'child_process';
-import { cleanup, cleanupUsers, otherUser, rootOnlyReason, runAs, runWavebus, CLI } from './helpers';
+import { cleanup, cleanupUsers, describeAsRoot, otherUser, runAs, runWavebus, CLI } from './helpers';
 
 jest.setTimeout(180000);
-
-const why = rootOnlyReason();
 
 afterAll(async () => {
   await cleanup();
   cleanupUsers();
 });
 
-describe('bench aggregate --netns', () => {
-  if (why) {
-    test.skip(`skipped: ${why}`, () => undefined);
-    return;
-  }
-
+describeAsRoot('bench aggregate --netns', () => {
   test('runs over the veth pair with CURVE, reports both throughputs, removes its namespaces', () => {
     const r = runWavebus(['bench', 'aggregate', '--netns', '--size-mb', '2', '--runs', '1', '--json'], { timeout: 170000 });
     expect({ code: r.code, stderr: r.code === 0 ? '' : r.stderr.slice(-3000) }).toEqual({ code: 0, stderr: '' });

@@ -20,7 +20,8 @@ import {
   cleanupNetns,
   createNetnsCluster,
   readManifests,
-  rootOnlyReason,
+  describeAsRoot,
+  exitedWithin,
   runWavebus,
   spawnInNetns,
   spawnOnHost,
@@ -33,7 +34,6 @@ import {
 
 jest.setTimeout(150000);
 
-const why = rootOnlyReason();
 const PORT = 29600; // fresh namespaces have every port free
 const STEPS = 40;
 /** The DP run hot-reloads pp_stages "all" after its automatic dumps: steps enough for the manual dump that follows. */
@@ -168,22 +168,6 @@ async function aggregateFrom(ns: string, curveDir: string, coordinator: string, 
   return { code: exit.code, stderr: agg.stderr().slice(-3000), manifest: fs.existsSync(mf) ? JSON.parse(fs.readFileSync(mf, 'utf8')) : undefined };
 }
 
-/** The process's exit, or a failure naming it when it runs longer than `ms` (then it is killed). */
-async function exitedWithin(p: Spawned, ms: number): Promise<{ code: number | null; signal: NodeJS.Signals | null }> {
-  let timer: NodeJS.Timeout | undefined;
-  const late = new Promise<never>((_, reject) => {
-    timer = setTimeout(() => {
-      p.child.kill('SIGKILL');
-      reject(new Error(`${p.child.spawnargs.slice(0, 8).join(' ')} ... still running after ${ms} ms; stderr: ${p.stderr().slice(-1500)}`));
-    }, ms);
-  });
-  try {
-    return await Promise.race([p.exited, late]);
-  } finally {
-    clearTimeout(timer);
-  }
-}
-
 /** Every file under `dir`, relative, sorted (the aggregated tree as a user sees it). */
 function filesUnder(dir: string): string[] {
   if (!fs.existsSync(dir)) return [];
@@ -255,14 +239,7 @@ afterEach(async () => {
   cleanupNetns();
 });
 
-describe('a cluster of network namespaces', () => {
-  if (why) {
-    test.skip(`skipped: ${why}`, () => undefined);
-    // eslint-disable-next-line no-console
-    console.warn(`cluster tests skipped: ${why}`);
-    return;
-  }
-
+describeAsRoot('a cluster of network namespaces', () => {
   test('PP=2 × TP=2 over two hosts with CURVE: aggregate from a third host collects reports, dump records, KV files and snapshots into one verified tree; a rogue host gets nothing', async () => {
     // Namespaces 0 and 1 run the job, 2 is a workstation with an allowed key, 3 is the rogue.
     const net = createNetnsCluster(4);

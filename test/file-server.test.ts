@@ -9,12 +9,10 @@ import type { CoordinatorMsg } from '../src/bus/frames';
 import { payloadOf } from '../src/bus/payload';
 import { crc32c, formatChecksum } from '../src/artifacts/checksum';
 import { createLogger } from '../src/log';
-import { cleanup, cleanupUsers, otherUser, rootOnlyReason, runAs, tmpDir, type OtherUser } from './helpers';
+import { cleanup, cleanupUsers, describeAsRoot, otherUser, runAs, tmpDir, type OtherUser } from './helpers';
 
 const quiet = createLogger('file-server-test', 'silent');
 const SECRET = 'root-only secret: never served\n';
-const skip = rootOnlyReason();
-const maybe = skip ? describe.skip : describe;
 
 interface Fixture {
   base: string;
@@ -62,7 +60,7 @@ function fixture(): Fixture {
   return { base, root, secretFile, secretDir, server, attacker };
 }
 
-maybe('file server refuses links and special files planted by another uid', () => {
+describeAsRoot('file server refuses links and special files planted by another uid', () => {
   afterAll(async () => {
     await cleanup();
     cleanupUsers();

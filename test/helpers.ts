@@ -12,6 +12,8 @@ export const CLI = path.join(ROOT, 'bin', 'wavebus.js');
 export const PYTHON = fs.existsSync('/usr/bin/python3') ? '/usr/bin/python3' : 'python3';
 
 const children = new Set<ChildProcess>();
+/** Children started as process-group leaders (spawn option `detached`): cleanup() kills their whole group. */
+const groups = new Set<number>();
 const dirs: string[] = [];
 
 export function tmpDir(prefix = 'wavebus-test-'): string {
@@ -30,6 +32,7 @@ export interface Spawned {
 export function spawnTracked(cmd: string, args: string[], opts: SpawnOptions = {}): Spawned {
   const child = spawn(cmd, args, { stdio: ['ignore', 'pipe', 'pipe'], ...opts });
   children.add(child);
+  if (opts.detached && child.pid !== undefined) groups.add(child.pid);
   let out = '';
   let err = '';
   child.stdout?.on('data', (b) => (out += b.toString()));
@@ -61,12 +64,16 @@ export function runWavebus(args: string[], opts: { env?: NodeJS.ProcessEnv; cwd?
 
 /** Run a Python snippet with Debian's python3; throws with its stderr on failure. */
 export function runPython(code: string, args: string[] = [], opts: { env?: NodeJS.ProcessEnv; timeout?: number } = {}): string {
-  const r = spawnSync(PYTHON, ['-c', code, ...args], { encoding: 'utf8', env: opts.env ?? process.env, timeout: opts.timeout ?? 120000 });
-  if (r.status !== 0) throw new Error(`python exited ${r.status}: ${r.stderr}`);
+  const timeout = opts.timeout ?? 120000;
+  const r = spawnSync(PYTHON, ['-c', code, ...args], { encoding: 'utf8', env: opts.env ?? process.env, timeout });
+  if (r.status !== 0) throw new Error(`python ${r.signal ? `was stopped by ${r.signal} (its bound is ${timeout} ms)` : `exited ${r.status}`}: ${r.stderr}`);
   return r.stdout;
 }
 
 export { freePort, freePortPair, portFree } from '../src/bus/ports';
+
+/** Thrown by a waitFor condition that can never become true (say, the process it watches exited): the wait ends at once. */
+export class GiveUp extends Error {}
 
 export async function waitFor<T>(fn: () => T | Promise<T>, what: string, timeoutMs = 20000, everyMs = 25): Promise<NonNullable<T>> {
   const deadline = Date.now() + timeoutMs;
@@ -76,11 +83,64 @@ export async function waitFor<T>(fn: () => T | Promise<T>, what: string, timeout
       const v = await fn();
       if (v) return v as NonNullable<T>;
     } catch (e) {
+      if (e instanceof GiveUp) throw new Error(`gave up waiting for ${what}: ${e.message}`);
       last = e;
     }
     await new Promise((r) => setTimeout(r, everyMs));
   }
   throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}${last ? `: ${String(last)}` : ''}`);
+}
+
+/**
+ * The ms this thread has spent runnable but not running (waiting for a CPU), from
+ * /proc/thread-self/schedstat; 0 where the kernel does not say. Subtracted from a call's wall
+ * time, it leaves what the call itself spent (working, or waiting for an answer) however busy the
+ * machine is: a bound on waiting is checked on that, never on how often the host lets us run.
+ */
+export function runQueueMs(): number {
+  try {
+    return Number(fs.readFileSync('/proc/thread-self/schedstat', 'utf8').split(' ')[1]) / 1e6 || 0;
+  } catch {
+    return 0;
+  }
+}
+
+/** waitFor while `proc` runs: a process that exited first ends the wait at once (GiveUp), naming its exit. */
+export function waitWhileRunning<T>(proc: Spawned, fn: () => T | Promise<T>, what: string, timeoutMs: number, everyMs = 25): Promise<NonNullable<T>> {
+  let exit: { code: number | null; signal: NodeJS.Signals | null } | undefined;
+  void proc.exited.then((e) => (exit = e));
+  return waitFor(
+    () => {
+      if (exit) throw new GiveUp(`the process exited first (code ${exit.code}, signal ${exit.signal}); its stderr ends with:\n${proc.stderr().slice(-3000)}`);
+      return fn();
+    },
+    what,
+    timeoutMs,
+    everyMs,
+  );
+}
+
+/** The process's exit, or a failure naming `what` when it runs longer than `ms` (then it is killed, with its group if it leads one). */
+export async function exitedWithin(p: Spawned, ms: number, what = `${p.child.spawnargs.slice(0, 8).join(' ')} ... to exit`): Promise<{ code: number | null; signal: NodeJS.Signals | null }> {
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => {
+      p.child.kill('SIGKILL');
+      if (p.child.pid !== undefined && groups.has(p.child.pid)) {
+        try {
+          process.kill(-p.child.pid, 'SIGKILL');
+        } catch {
+          /* the group is gone */
+        }
+      }
+      reject(new Error(`timed out after ${ms} ms waiting for ${what}; stderr: ${p.stderr().slice(-1500)}`));
+    }, ms);
+  });
+  try {
+    return await Promise.race([p.exited, late]);
+  } finally {
+    clearTimeout(timer);
+  }
 }
 
 /** Kill every process this file started and remove its temp dirs. */
@@ -98,6 +158,15 @@ export async function cleanup(): Promise<void> {
   }
   await Promise.all(waits);
   children.clear();
+  // What a group leader started (a launched job's command and its workers) may outlive it: kill the group.
+  for (const pgid of groups) {
+    try {
+      process.kill(-pgid, 'SIGKILL');
+    } catch {
+      /* the group is gone */
+    }
+  }
+  groups.clear();
   for (const d of dirs.splice(0)) fs.rmSync(d, { recursive: true, force: true });
 }
 
@@ -111,6 +180,23 @@ export function rootOnlyReason(): string | undefined {
   // CI runs as root: there these tests always run, and fail loudly if they cannot (never a silent skip).
   if (process.env.CI) return undefined;
   return process.getuid?.() === 0 ? undefined : `needs root (uid ${process.getuid?.()}): mounts and network namespaces`;
+}
+
+/**
+ * describe() for tests that need root (mounts, network namespaces, a second uid). Where
+ * rootOnlyReason() says they cannot run, the block is one skipped test that says why.
+ */
+export function describeAsRoot(name: string, body: () => void): void {
+  const why = rootOnlyReason();
+  if (why === undefined) {
+    describe(name, body);
+    return;
+  }
+  describe(name, () => {
+    test.skip(`skipped: ${why}`, () => undefined);
+  });
+  // eslint-disable-next-line no-console
+  console.warn(`${name}: skipped: ${why}`);
 }
 
 const mounts: string[] = [];

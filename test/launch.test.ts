@@ -8,7 +8,7 @@ import { parseLaunchOptions } from '../src/launch/options';
 import { agentArgv, commandEnv, coordinatorArgv } from '../src/launch/sidecar-args';
 import { agentEndpoint, mailboxPath } from '../src/paths';
 import { requestStatus } from '../src/bus/coordinator';
-import { cleanup, freePortPair, spawnWavebus, tmpDir, waitFor } from './helpers';
+import { cleanup, freePortPair, spawnWavebus, tmpDir, waitFor, waitWhileRunning, type Spawned } from './helpers';
 
 afterAll(cleanup);
 
@@ -195,12 +195,7 @@ interface Probe {
 const readProbe = (f: string): Probe => JSON.parse(fs.readFileSync(f, 'utf8')) as Probe;
 
 /** Wait for `fn`, but fail at once (with its output) if the launcher exits first. */
-async function whileRunning<T>(r: ReturnType<typeof spawnWavebus>, fn: () => T, what: string): Promise<NonNullable<T>> {
-  const died = r.exited.then((e) => {
-    throw new Error(`the launcher exited (${e.code ?? e.signal}) while waiting for ${what}:\n${r.stderr()}`);
-  });
-  return Promise.race([waitFor(fn, what, 150000), died]);
-}
+const whileRunning = <T>(r: Spawned, fn: () => T, what: string) => waitWhileRunning(r, fn, what, 150000);
 
 describe('wavebus launch end to end', () => {
   jest.setTimeout(200000);

@@ -11,7 +11,8 @@ import {
   cleanup,
   cleanupNetns,
   createNetnsPair,
-  rootOnlyReason,
+  describeAsRoot,
+  exitedWithin,
   sh,
   spawnInNetns,
   startStatusProber,
@@ -21,13 +22,14 @@ import {
   type Spawned,
   readManifests,
 } from './helpers';
+import { wholeDumpAfter } from './dump-waits';
 
 jest.setTimeout(180000);
 
-const why = rootOnlyReason();
 const PORT = 29600; // a fresh namespace has every port free
 const STEP_MS = 200;
-const STEPS = 130;
+/** At most: the engines step until the test has what it needs (--stop-file), however long its waits take on a loaded host. */
+const STEPS = 100000;
 const BOUND_MS = 200;
 
 
@@ -36,6 +38,7 @@ interface Manifest {
   arm_wave: number;
   completed_ranks: number[];
   missing_ranks: number[];
+  failed_ranks: Record<string, string>;
   complete: boolean;
   timed_out: boolean;
 }
@@ -47,20 +50,14 @@ afterEach(async () => {
   cleanupNetns();
 });
 
-describe('two hosts in network namespaces', () => {
-  if (why) {
-    test.skip(`skipped: ${why}`, () => undefined);
-    // eslint-disable-next-line no-console
-    console.warn(`netns tests skipped: ${why}`);
-    return;
-  }
-
+describeAsRoot('two hosts in network namespaces', () => {
   test('a TP=4 job over two hosts dumps from every rank; a partition is survived and healed', async () => {
     const net: NetnsPair = createNetnsPair();
     const dir = tmpDir('wavebus-netns-');
     const cfgPath = path.join(dir, 'runtime', 'config', 'runtime_config.json');
     const kvRoot = path.join(dir, 'runtime', 'report', 'kv_cache');
     const resultDir = path.join(dir, 'ranks');
+    const stopFile = path.join(dir, 'stop-engines');
     const on = { enabled: true, on_trigger: ['report', 'dump_kv'] };
     const config = { detector: { logits_finite: on }, dump: { auto_max_times: 100, auto_cooldown_seconds: 0, free_headroom_bytes: 0, format: 'pt', manual_dump: 0 } };
     fs.mkdirSync(path.dirname(cfgPath), { recursive: true });
@@ -75,7 +72,10 @@ describe('two hosts in network namespaces', () => {
         '--coordinator-arg=--heartbeat-ms', '--coordinator-arg=200', '--coordinator-arg=--dump-ack-timeout-ms', '--coordinator-arg=4000',
         '--agent-arg=--heartbeat-ms', '--agent-arg=200', '--agent-arg=--end-of-wave-timeout-ms', `--agent-arg=${BOUND_MS}`,
         '--',
-        process.execPath, CLI, 'sim', '--steps', String(STEPS), '--step-ms', String(STEP_MS), '--result-dir', resultDir,
+        process.execPath, CLI, 'sim', '--steps', String(STEPS), '--step-ms', String(STEP_MS), '--result-dir', resultDir, '--stop-file', stopFile,
+        // A steady stream of requests, two a step (2000 outlast the test's bound of 180 s of 200 ms steps; a small pool keeps the
+        // batch small): whenever the dump after the heal is asked for, some are running.
+        '--requests', '2000', '--num-blocks', '64',
         '--faults', JSON.stringify({ nonFinite: { request: 0, at: 6 } }), '--start-at', String(startAt),
       ]);
     const hostA = launch(net.a, 0);
@@ -116,13 +116,12 @@ describe('two hosts in network namespaces', () => {
       return s && s.liveRanks.length === 4 && s.ready ? s : undefined;
     }, "host B's ranks to rejoin", 45000);
     const healWave = back.wave;
-    fs.writeFileSync(`${cfgPath}.edit`, JSON.stringify({ ...config, dump: { ...config.dump, manual_dump: 1 } }));
-    fs.renameSync(`${cfgPath}.edit`, cfgPath);
-    const after = await until(() => {
-      const ms = manifests(kvRoot).filter((m) => m.arm_wave > healWave);
-      return ms.length > 0 && ms.every((m) => m.complete) ? ms : undefined;
-    }, 'a complete dump after the partition healed', 40000);
-    for (const m of after) expect(m.completed_ranks).toEqual([0, 1, 2, 3]);
+    const ask = (n: number): void => {
+      fs.writeFileSync(`${cfgPath}.edit`, JSON.stringify({ ...config, dump: { ...config.dump, manual_dump: n } }));
+      fs.renameSync(`${cfgPath}.edit`, cfgPath);
+    };
+    const after = await wholeDumpAfter(() => manifests(kvRoot), healWave, 1, ask, until, 40000);
+    expect(after.completed_ranks).toEqual([0, 1, 2, 3]);
 
     // 4) Aggregation over the link: from host B, through the coordinator on host A, while the job runs.
     const out = path.join(dir, 'aggregated');
@@ -134,14 +133,15 @@ describe('two hosts in network namespaces', () => {
     const pulledRanks = new Set(pulled.bundles.filter((b) => b.kind === 'kv_dump').map((b) => b.ranks[0]));
     expect(pulledRanks).toEqual(new Set([0, 1, 2, 3]));
 
-    // 5) Both launches finish; every rank ran every step; host B's engines counted bounded waits.
-    const [ea, eb] = await Promise.all([hostA.exited, hostB.exited]);
+    // 5) Told to stop, both launches finish; every rank stepped; host B's engines counted bounded waits.
+    fs.writeFileSync(stopFile, '');
+    const [ea, eb] = await Promise.all([exitedWithin(hostA, 60000, "host A's launch to exit after the stop file"), exitedWithin(hostB, 60000, "host B's launch to exit after the stop file")]);
     expect({ a: ea.code, b: eb.code }).toEqual({ a: 0, b: 0 });
     const results = [0, 1, 2, 3].map((g) => JSON.parse(fs.readFileSync(path.join(resultDir, `rank${g}.json`), 'utf8')));
     for (const r of results) {
-      expect(r.steps).toBe(STEPS);
+      expect(r.steps).toBeGreaterThan(0);
       // Sanity bound only: no step waited much beyond the bound.
-      expect(r.wallMs).toBeLessThan(STEPS * STEP_MS + r.endOfWaveTimeouts * (BOUND_MS + 100) + 20000);
+      expect(r.wallMs).toBeLessThan(r.steps * STEP_MS + r.endOfWaveTimeouts * (BOUND_MS + 100) + 20000);
     }
     expect(results[2].endOfWaveTimeouts + results[3].endOfWaveTimeouts).toBeGreaterThan(0);
 

@@ -510,6 +510,13 @@ try:
     c.register({"name": "in0", "shm_name": "/in0", "nbytes": 8, "dtype": "float32", "shape": [2]})
 except AgentUnavailableError as e:
     out["register"] = [e.code, str(e)]
+# register_all: a silent agent does not cut the list short; every region is kept for when it answers.
+more = [{"name": f"kv{i}", "shm_name": "/kv", "offset": 8 * i, "nbytes": 8, "dtype": "float32", "shape": [2]} for i in range(3)]
+try:
+    c.register_all(more)
+except AgentUnavailableError as e:
+    out["register_all"] = e.code
+out["kept"] = sorted(c._regions)
 c.close()
 print(json.dumps(out))`,
     { ...ENV, WAVEBUS_RUN_DIR: dir, LOCAL_RANK: '0' },
@@ -517,6 +524,8 @@ print(json.dumps(out))`,
   expect(got.eow).toEqual([true, true]);
   expect(got.timeouts).toBe(1);
   expect(got.register[0]).toBe('ERR_AGENT_UNAVAILABLE');
+  expect(got.register_all).toBe('ERR_AGENT_UNAVAILABLE');
+  expect(got.kept).toEqual(['in0', 'kv0', 'kv1', 'kv2']);
   // end_of_wave found the agent silent: register() does not wait again, it says so at once.
   expect(got.register[1]).toMatch(/not answering \(end_of_wave\(3\): no answer within 50 ms\)/);
 });

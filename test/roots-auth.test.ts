@@ -18,7 +18,7 @@ import { createLogger } from '../src/log';
 import { ShmSegment } from '../src/memory';
 import { launchDumpRoot } from '../src/launch/sidecar-args';
 import { agentEndpoint, mailboxPath } from '../src/paths';
-import { cleanup, cleanupUsers, freePortPair, otherUser, PYTHON, ROOT, rootOnlyReason, spawnAs, spawnWavebus, tmpDir, waitFor, type Spawned } from './helpers';
+import { cleanup, cleanupUsers, freePortPair, describeAsRoot, otherUser, PYTHON, ROOT, spawnAs, spawnWavebus, tmpDir, waitFor, type Spawned } from './helpers';
 import { LOOKAHEAD_WAVES } from '../src/bus/constants';
 
 const quiet = createLogger('roots-auth-test', 'silent');
@@ -321,8 +321,7 @@ describe('the launcher', () => {
 
 // ------------------------------------------------------------------ the attack, with a real second uid
 
-const skip = rootOnlyReason();
-(skip ? describe.skip : describe)('a local user squats the bus port before a root agent starts', () => {
+describeAsRoot('a local user squats the bus port before a root agent starts', () => {
   async function attack(agentArgs: string[]): Promise<{ rogue: Spawned; agent: Spawned; events: () => Record<string, any>[]; local: string; victimDir: string; runDir: string; done: () => Promise<void> }> {
     const user = otherUser('roots');
     const pbDir = tmpDir('wavebus-rogue-pb-');

@@ -7,10 +7,8 @@ import * as path from 'path';
 import { MailboxWriter } from '../src/client/mailbox';
 import { removeShmSegments, newShmPrefix } from '../src/launch/run-dir';
 import { MAX_ROWS } from '../src/sim/rank';
-import { CLI, cleanup, cleanupUsers, freePort, freePortPair, otherUser, rootOnlyReason, runAs, runWavebus, sh, spawnTracked, spawnWavebus, tmpDir, waitFor, type OtherUser } from './helpers';
+import { CLI, cleanup, cleanupUsers, freePort, freePortPair, describeAsRoot, otherUser, runAs, runWavebus, sh, spawnTracked, spawnWavebus, tmpDir, waitFor, type OtherUser } from './helpers';
 
-const skip = rootOnlyReason();
-const d = skip ? describe.skip : describe;
 jest.setTimeout(180000);
 
 afterAll(async () => {
@@ -58,7 +56,7 @@ function unplant(names: string[], keep?: string): void {
   for (const n of names) if (n !== keep) fs.rmSync(n, { recursive: true, force: true });
 }
 
-d('run directories against another local user', () => {
+describeAsRoot('run directories against another local user', () => {
   let user: OtherUser;
   beforeAll(() => {
     user = otherUser('rundir');
@@ -231,7 +229,7 @@ function cmdline(pid: number): string {
 
 const SIM = ['sim', '--steps', '100000', '--step-ms', '20', '--layers', '2', '--num-blocks', '64'];
 
-d('shared memory of killed processes', () => {
+describeAsRoot('shared memory of killed processes', () => {
   test('kill -9 of `wavebus sim` (and of one of its ranks) leaves no new /dev/shm entries', async () => {
     const before = simShmEntries();
     const fresh = () => [...simShmEntries()].filter((n) => !before.has(n));

@@ -6,7 +6,7 @@ import { spawnSync } from 'child_process';
 import * as fs from 'fs';
 import * as os from 'os';
 import * as path from 'path';
-import { freePort, spawnTracked, waitFor, type Spawned } from './helpers';
+import { freePortPair, spawnTracked, waitFor, type Spawned } from './helpers';
 
 /** The programs a cluster needs, with the Debian package that has each. */
 export const SLURM_PROGRAMS: [program: string, pkg: string][] = [
@@ -124,7 +124,10 @@ export async function startSlurmCluster(dir: string, opts: { cpus: number }): Pr
       return spawnSync(bin('munge'), ['--no-input', `--socket=${sock}`], { stdio: 'ignore' }).status === 0;
     }, 'munged to answer on its socket', 15000);
 
-    const [ctldPort, dPort] = [await freePort(), await freePort()];
+    // Two free ports below the ephemeral range (freePortPair): srun's and the daemons' own
+    // connections draw their source ports from that range and could take one before its bind.
+    const ctldPort = await freePortPair();
+    const dPort = ctldPort + 1;
     fs.writeFileSync(conf, [
       'ClusterName=wavebus',
       // Daemons and clients talk over loopback only.

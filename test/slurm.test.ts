@@ -11,7 +11,7 @@ import { readRange } from '../src/artifacts/read-range';
 import { readPt } from '../src/artifacts/pt-reader';
 import { kvBlockBytes, type KvGeometry } from '../src/sim/kv-pattern';
 import { isKvRankDirName } from '../src/paths';
-import { CLI, ROOT, cleanup, portFree, runWavebus, spawnTracked, tmpDir } from './helpers';
+import { CLI, ROOT, cleanup, freePortPair, runWavebus, spawnTracked, tmpDir } from './helpers';
 import { startSlurmCluster, type SlurmCluster } from './slurm-cluster';
 
 const TASKS = 4;
@@ -68,10 +68,10 @@ test('sbatch launch/slurm.sbatch on a one-node cluster: 4 srun tasks, TP 2 x PP 
       dump: { auto_max_times: 4, auto_cooldown_seconds: 0, free_headroom_bytes: 0 },
     },
   };
-  // Below the kernel's ephemeral range (32768-60999 here): srun and the daemons open connections
-  // whose source ports are drawn from it, and one of them once took the ROUTER's port between the
-  // probe and the coordinator's bind.
-  const port = await freePortPairBelow(32768);
+  // freePortPair draws below the kernel's ephemeral range: srun and the daemons open connections
+  // whose source ports come from it, and one of them once took the ROUTER's port between the probe
+  // and the coordinator's bind.
+  const port = await freePortPair();
   const out = path.join(dir, 'job.out');
   const sbatch = spawnTracked('sbatch', [
     '--wait', '--nodes=1', '--ntasks-per-node=4', '--cpus-per-task=1', '--gpus-per-node=0', '--time=3',
@@ -154,11 +154,3 @@ test('sbatch launch/slurm.sbatch on a one-node cluster: 4 srun tasks, TP 2 x PP 
   expect(fs.readdirSync(path.join(report, 'logits_finite')).some((f) => f.includes(manifest.req_id))).toBe(true);
 }, 180000);
 
-/** A base port P in [20000, limit) with P and P+1 both free now. */
-async function freePortPairBelow(limit: number): Promise<number> {
-  for (let i = 0; i < 200; i++) {
-    const p = 20000 + Math.floor(Math.random() * (limit - 20001));
-    if ((await portFree(p)) && (await portFree(p + 1))) return p;
-  }
-  throw new Error(`no free pair of adjacent ports in [20000, ${limit})`);
-}

@@ -3,14 +3,20 @@
 // hot-reloaded config (edited live, as the seed describes), and every dumped .pt is compared bit-exact with the workers' tensors.
 import * as fs from 'fs';
 import * as path from 'path';
-import { PYTHON, ROOT, cleanup, freePort, runPython, spawnWavebus, tmpDir, waitFor } from './helpers';
+import { PYTHON, ROOT, cleanup, exitedWithin, freePortPair, runPython, spawnWavebus, tmpDir, waitWhileRunning } from './helpers';
 
 afterAll(cleanup);
+
+/** The test's bound; every wait inside takes its share of what is left, so one of them, never jest, reports a slow run. */
+const TEST_MS = 180000;
 
 test('python workers under wavebus launch: a manual dump matches the workers\' KV tensors bit for bit', async () => {
   const dir = tmpDir();
   const cfg = path.join(dir, 'runtime', 'config', 'runtime_config.json');
-  const port = await freePort();
+  const by = Date.now() + TEST_MS - 10000; // the last 10 s: explaining and cleaning up
+  const within = (ms: number) => Math.max(1000, Math.min(ms, by - Date.now()));
+  // The coordinator binds P and P+1, both checked free, below the ephemeral range (src/bus/ports.ts).
+  const port = await freePortPair();
   const blocks = '3,11,6';
   const launch = spawnWavebus(
     [
@@ -21,27 +27,30 @@ test('python workers under wavebus launch: a manual dump matches the workers\' K
       '--agent-arg=--end-of-wave-timeout-ms', '--agent-arg=2000',
       '--', PYTHON, path.join(ROOT, 'test', 'python', 'spawn_ranks.py'), path.join(ROOT, 'test', 'python', 'kv_worker.py'), dir, '3000', blocks,
     ],
-    { env: { ...process.env, PYTHONPATH: path.join(ROOT, 'clients', 'python') }, cwd: dir },
+    // Its own process group: cleanup() kills the command and its workers too, even if launch is gone.
+    { env: { ...process.env, PYTHONPATH: path.join(ROOT, 'clients', 'python') }, cwd: dir, detached: true },
   );
   const reqDir = path.join(dir, 'runtime', 'report', 'kv_cache', 'manual_trigger', 'req-py-1-0a1b2c3d');
-  // On a timeout, say what was there: the manifest (which rank failed, and why) and what the job printed.
+  // On a timeout (or launch exiting early), say what was there: the manifest (which rank failed, and why) and what the job printed.
   const explain = (e: Error): never => {
     const waves = fs.existsSync(reqDir) ? fs.readdirSync(reqDir) : [];
     const manifest = waves.length > 0 && fs.existsSync(path.join(reqDir, waves[0], 'manifest.json')) ? fs.readFileSync(path.join(reqDir, waves[0], 'manifest.json'), 'utf8') : '(none)';
     throw new Error(`${e.message}\nmanifest: ${manifest}\nlaunch stdout:\n${launch.stdout().slice(-4000)}\nlaunch stderr:\n${launch.stderr().slice(-8000)}`);
   };
   // The seed's manual dump: with hot reload on, edit the live file (JSONC) and bump manual_dump to 1.
-  await waitFor(() => fs.existsSync(path.join(dir, 'pool_rank0.pt')) && fs.existsSync(path.join(dir, 'pool_rank1.pt')), 'workers started', 60000).catch(explain);
-  await waitFor(() => fs.readFileSync(cfg, 'utf8').includes('manual_dump'), 'startup wrote the effective config back', 30000).catch(explain);
+  const until = <T>(fn: () => T, what: string, ms: number) => waitWhileRunning(launch, fn, what, within(ms)).catch(explain);
+  await until(() => fs.existsSync(path.join(dir, 'pool_rank0.pt')) && fs.existsSync(path.join(dir, 'pool_rank1.pt')), 'workers started', 60000);
+  await until(() => fs.readFileSync(cfg, 'utf8').includes('manual_dump'), 'startup wrote the effective config back', 30000);
   const live = fs.readFileSync(cfg, 'utf8').replace(/"manual_dump":\s*0/, '"manual_dump": 1 /* one more capture */');
   expect(live).toContain('"manual_dump": 1');
   fs.writeFileSync(cfg, live);
-  await waitFor(() => {
+  await until(() => {
     const waves = fs.existsSync(reqDir) ? fs.readdirSync(reqDir) : [];
     return waves.length > 0 && fs.existsSync(path.join(reqDir, waves[0], 'manifest.json')) && JSON.parse(fs.readFileSync(path.join(reqDir, waves[0], 'manifest.json'), 'utf8')).complete;
-  }, 'the manual dump and its manifest', 60000).catch(explain);
+  }, 'the manual dump and its manifest', 60000);
   fs.writeFileSync(path.join(dir, 'stop'), '');
-  const { code } = await launch.exited;
+  // Each worker ends within a step of the stop file (a step waits at most the 2 s end-of-wave bound); launch then stops its sidecars.
+  const { code } = await exitedWithin(launch, within(60000), 'the job to exit after the stop file (workers that printed "done" are in its stdout)').catch(explain);
   if (code !== 0) throw new Error(`launch exited ${code}\n${launch.stdout()}\n${launch.stderr()}`);
   // Both workers ran to the stop file (a rank that outlives TP0 by a step times out once, by design).
   expect(launch.stdout()).toMatch(/rank 0 done, end_of_wave timeouts \d+/);
@@ -62,8 +71,9 @@ for rank in (0, 1):
             assert torch.equal(got.view(torch.int16), want.view(torch.int16)), (rank, layer, kv)
 print('bit-exact')`,
     [path.join(reqDir, waveDir), dir, blocks],
+    { timeout: within(60000) },
   );
   expect(check.trim()).toBe('bit-exact');
   const manifest = JSON.parse(fs.readFileSync(path.join(reqDir, waveDir, 'manifest.json'), 'utf8'));
   expect(manifest).toMatchObject({ incident_type: 'manual_trigger', completed_ranks: [0, 1], missing_ranks: [] });
-}, 180000); // longer than the waits inside, so a slow run fails with their diagnostics
+}, TEST_MS);

@@ -31,6 +31,8 @@ export interface SimRankOptions {
   computeUs?: number;
   /** Idle wait per step standing in for a forward on the accelerator (CPU free meanwhile); 0 = none. */
   forwardMs?: number;
+  /** Stop stepping once this file exists (then `steps` is at most): a test ends the run when it has what it needs. */
+  stopFile?: string;
   /** Names this rank's shm segment (shmNameFor); the job picks it so it can remove it if the rank dies. */
   shmTag?: string;
   /**
@@ -157,17 +159,27 @@ export async function runSimRank(opts: SimRankOptions, onReady: () => Promise<nu
   }
   const inputsOff = g.layers * 2 * poolBytes;
   const client = opts.detached ? undefined : await WavebusClient.connect();
+  // An agent too slow to answer (a busy host) is no reason to stop the engine: the client keeps
+  // the region and sends it once the agent answers.
+  const register = async (r: Parameters<WavebusClient['register']>[0]): Promise<void> => {
+    try {
+      await client?.register(r);
+    } catch (e) {
+      if ((e as { code?: string }).code !== 'ERR_AGENT_UNAVAILABLE') throw e;
+      process.stderr.write(`sim rank ${id.globalRank}: ${(e as Error).message}; stepping on\n`);
+    }
+  };
   const shape = [g.numBlocks, g.blockSize, g.kvHeads, g.headDim];
   // Each pipeline stage holds its own layers (stage p of P: layers l with floor(l*P/L) = p).
   const ownLayer = (l: number): boolean => Math.floor((l * id.pp) / g.layers) === id.ppRank;
   for (let l = 0; l < g.layers && client; l++) {
     if (!ownLayer(l)) continue;
     for (const [i, kv] of (['k', 'v'] as const).entries()) {
-      await client.register({ name: `${layerName(l)}.${kv}`, kind: 'shm', shmName, offset: (2 * l + i) * poolBytes, nbytes: poolBytes, dtype: g.dtype, shape, role: 'kv_pool', layer: layerName(l), kv });
+      await register({ name: `${layerName(l)}.${kv}`, kind: 'shm', shmName, offset: (2 * l + i) * poolBytes, nbytes: poolBytes, dtype: g.dtype, shape, role: 'kv_pool', layer: layerName(l), kv });
     }
   }
-  await client?.register({ name: 'input_ids', kind: 'shm', shmName, offset: inputsOff, nbytes: MAX_ROWS * 4, dtype: 'int32', shape: [MAX_ROWS], role: 'input' });
-  await client?.register({ name: 'positions', kind: 'shm', shmName, offset: inputsOff + MAX_ROWS * 4, nbytes: MAX_ROWS * 8, dtype: 'int64', shape: [MAX_ROWS], role: 'input' });
+  await register({ name: 'input_ids', kind: 'shm', shmName, offset: inputsOff, nbytes: MAX_ROWS * 4, dtype: 'int32', shape: [MAX_ROWS], role: 'input' });
+  await register({ name: 'positions', kind: 'shm', shmName, offset: inputsOff + MAX_ROWS * 4, nbytes: MAX_ROWS * 8, dtype: 'int64', shape: [MAX_ROWS], role: 'input' });
 
   const barrier = opts.lockstepDir ? await openBarrier(opts.lockstepDir, id) : undefined;
   const sched = new SimScheduler({ requests: opts.requests, numBlocks: g.numBlocks, blockSize: g.blockSize, speculative: opts.speculative, replica: id.dpRank }, opts.faults);
@@ -184,7 +196,9 @@ export async function runSimRank(opts: SimRankOptions, onReady: () => Promise<nu
   let overrunNs = 0n;
   let abortedForwards = 0;
   let deferredFrees = 0;
-  for (let step = 1; step <= opts.steps; step++) {
+  let step = 1;
+  for (; step <= opts.steps; step++) {
+    if (opts.stopFile !== undefined && fs.existsSync(opts.stopFile)) break;
     if (opts.faults.rankDies?.rank === id.globalRank && opts.faults.rankDies.at === step) {
       process.stderr.write(`sim rank ${id.globalRank}: injected death at step ${step}\n`);
       process.exit(1);
@@ -251,17 +265,18 @@ export async function runSimRank(opts: SimRankOptions, onReady: () => Promise<nu
   }
   const wallMs = Date.now() - t0;
   const cpu = process.cpuUsage(cpu0);
+  const steps = step - 1; // fewer than opts.steps when the stop file ended the run
   const result: SimRankResult = {
     rank: id.globalRank,
-    steps: opts.steps,
+    steps,
     wallMs,
-    stepsPerSec: (opts.steps * 1000) / Math.max(1, wallMs),
+    stepsPerSec: (steps * 1000) / Math.max(1, wallMs),
     endOfWaveTimeouts: client?.stats.endOfWaveTimeouts ?? 0,
     vectorWaits: client?.stats.vectorWaits ?? 0,
     lateVectors: client?.stats.lateVectors ?? 0,
     deferredFrees,
-    endOfWaveP99Us: percentile(eowUs, 0.99),
-    slowEndOfWaves: eowUs.filter((us) => us > SLOW_END_OF_WAVE_US).length,
+    endOfWaveP99Us: percentile(eowUs.subarray(0, steps), 0.99),
+    slowEndOfWaves: eowUs.subarray(0, steps).filter((us) => us > SLOW_END_OF_WAVE_US).length,
     dueWaves: client?.stats.dueWaves ?? 0,
     abortedForwards,
     agentLost: client?.stats.agentLost ?? 0,
@@ -269,10 +284,10 @@ export async function runSimRank(opts: SimRankOptions, onReady: () => Promise<nu
     snapshots,
     sent: client?.stats.sent ?? 0,
     shmName,
-    cpuUsPerStep: (cpu.user + cpu.system) / opts.steps,
-    clientUsPerStep: Number((clientNs + endNs) / 1000n) / opts.steps,
-    endOfWaveUsPerStep: Number(endNs / 1000n) / opts.steps,
-    forwardOverrunUsPerStep: Number(overrunNs / 1000n) / opts.steps,
+    cpuUsPerStep: (cpu.user + cpu.system) / Math.max(1, steps),
+    clientUsPerStep: Number((clientNs + endNs) / 1000n) / Math.max(1, steps),
+    endOfWaveUsPerStep: Number(endNs / 1000n) / Math.max(1, steps),
+    forwardOverrunUsPerStep: Number(overrunNs / 1000n) / Math.max(1, steps),
   };
   await client?.close();
   barrier?.close();

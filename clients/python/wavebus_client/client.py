@@ -242,7 +242,18 @@ class Client:
         return True
 
     def register_all(self, regions: Iterable) -> int:
-        return sum(1 for r in regions if self.register(r))
+        """register() each region; how many were sent. An agent that does not answer does not cut
+        the list short: every region is kept (sent once the agent answers), then the first
+        AgentUnavailableError is raised."""
+        sent, unavailable = 0, None
+        for r in regions:
+            try:
+                sent += bool(self.register(r))
+            except AgentUnavailableError as e:
+                unavailable = unavailable or e
+        if unavailable is not None:
+            raise unavailable
+        return sent
 
     # ------------------------------------------------------------------ per step
 
