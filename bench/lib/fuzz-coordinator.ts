@@ -83,6 +83,11 @@ export class CoordinatorModel {
     private readonly world = FUZZ_WORLD,
   ) {}
 
+  /** The ranks this connection said Hello as (registered for the next connections). */
+  get hellos(): number[] {
+    return [...this.helloAs];
+  }
+
   fate(parts: Buffer[]): Fate {
     const max = DEFAULT_MAX_FRAME_BYTES;
     if (parts.length !== 1 && parts.length !== 2) return { drop: 'frame_count' };
@@ -103,7 +108,7 @@ export class CoordinatorModel {
     if (data !== undefined && data.length > max) return { drop: 'oversized' };
     // Only a status is answered without the MAC; a relay gets a refusal that names the token.
     if (!authed && m.body !== 'status') return { drop: 'no_mac', ...(m.body === 'relay' ? { reply: 'relay' as const } : {}) };
-    const claimed = m.body === 'hello' ? (m.hello?.identity?.globalRank ?? m.globalRank) : m.globalRank;
+    const claimed = m.body === 'hello' ? (m.hello?.identity?.globalRank ?? m.globalRank) : m.body === 'snapshot' ? (m.snapshot?.globalRank ?? m.globalRank) : m.globalRank;
     if (m.body !== 'status' && m.body !== 'relay' && !(Number.isInteger(claimed) && claimed >= 0 && claimed < this.world)) return { drop: 'rank_out_of_range' };
     const v = peerVersionOf(m);
     if (v === undefined && this.refused) return { drop: 'protocol_version' };
@@ -141,6 +146,8 @@ export class CoordinatorModel {
 
 export interface Job {
   coord: CoordinatorHandle;
+  /** Ranks some connection said Hello as on this coordinator (agent A's, and the fuzzers' of earlier targets). */
+  registered: Set<number>;
   /** Agent A (rank 0) and its run directory, when the job has one. */
   agent?: { proc: Proc; runDir: string; dumpRoot: string };
   dir: string;
@@ -173,7 +180,7 @@ export async function startJob(spec: JobSpec, root: string, procs: Proc[], env: 
   const args = ['coordinator', '--port', String(port), '--world-size', String(FUZZ_WORLD), '--tp', '1', '--heartbeat-ms', '200', '--runtime-config-path', cfg,
     '--runtime-report-dir', reportDir, '--runtime-dump-dir', dumpDir, '--additional-config', JSON.stringify({ runtime_config: overlay })];
   const agentSec: string[] = [];
-  const job: Job = { coord: { proc: undefined as unknown as Proc, port, polls: 0 }, dir, reportDir, dumpDir };
+  const job: Job = { coord: { proc: undefined as unknown as Proc, port, polls: 0 }, registered: new Set(spec.agent ? [0] : []), dir, reportDir, dumpDir };
   if (spec.curve) {
     const kd = path.join(dir, 'keys');
     const allow = path.join(dir, 'allowed');

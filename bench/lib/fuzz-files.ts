@@ -76,7 +76,6 @@ export function filesTarget(name: string, jobName: string): FuzzTarget {
         return [token ? token.seal('to-coordinator', msg) : msg];
       };
       const r = await fuzzRouter(ctx, name, job, make, {
-        registered: new Set([0]),
         token,
         onReply: (parts) => {
           relayReplies++;

@@ -56,8 +56,6 @@ export function fuzzDealer(job: Job, keys?: CurveClientKeys): Dealer {
  * (they wait on an agent): only the immediate ones are compared.
  */
 export interface RouterOptions {
-  /** Ranks another connection said Hello as. */
-  registered: Set<number>;
   token?: BusToken;
   /** Every reply as it arrives. */
   onReply?: (parts: Buffer[]) => void;
@@ -74,7 +72,7 @@ export async function fuzzRouter(ctx: FuzzCtx, socket: string, job: Job, make: (
   const problems: string[] = [];
   const before = await statusOf(job.coord);
   const polls0 = job.coord.polls;
-  const model = new CoordinatorModel(opts.registered, opts.token);
+  const model = new CoordinatorModel(new Set(job.registered), opts.token);
   const expected: Record<string, number> = {};
   const replies: Record<string, number> = {};
   const d = fuzzDealer(job);
@@ -110,6 +108,7 @@ export async function fuzzRouter(ctx: FuzzCtx, socket: string, job: Job, make: (
   after = await statusOf(job.coord, 5000).catch(() => after);
   d.close();
   await rc.done;
+  for (const r of model.hellos) job.registered.add(r);
   const dropped = diff(after.dropped, before.dropped);
   const received = after.received - before.received;
   const polls = job.coord.polls - polls0;
@@ -144,7 +143,7 @@ export function routerTarget(name: string, jobName: string): FuzzTarget {
       const job = await ctx.job(jobName);
       const corpus = agentCorpus();
       // Agent A (when the job has one) said Hello as rank 0 on its own connection.
-      return fuzzRouter(ctx, name, job, () => routerMessage(ctx.m, corpus, job.coord.token), { registered: new Set(job.agent ? [0] : []), token: job.coord.token });
+      return fuzzRouter(ctx, name, job, () => routerMessage(ctx.m, corpus, job.coord.token), { token: job.coord.token });
     },
   };
 }
@@ -162,7 +161,7 @@ export function helloTarget(name: string, jobName: string): FuzzTarget {
         const parts = m.rand() < 0.5 ? [valid] : [m.mutate(valid)];
         return job.coord.token && m.rand() < 0.9 ? [job.coord.token.seal('to-coordinator', parts[0])] : parts;
       };
-      return fuzzRouter(ctx, name, job, make, { registered: new Set(job.agent ? [0] : []), token: job.coord.token });
+      return fuzzRouter(ctx, name, job, make, { token: job.coord.token });
     },
   };
 }

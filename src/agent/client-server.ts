@@ -48,7 +48,7 @@ export class ClientServer {
           this.stats.badClientFrames++;
           continue;
         }
-        let msg: ReturnType<typeof ClientRequest.decode> & { id?: unknown; waveHead?: { wave?: unknown } };
+        let msg: ReturnType<typeof ClientRequest.decode> & { id?: unknown; body?: string; waveHead?: { wave?: unknown } };
         try {
           msg = ClientRequest.decode(frame);
         } catch {
@@ -56,8 +56,10 @@ export class ClientServer {
           continue;
         }
         this.stats.clientRequests++;
-        // The per-step one-way wave head: its bytes go on to the coordinator as they came.
-        if (msg.waveHead && Number(msg.id ?? 0) === 0) {
+        // The per-step one-way wave head: its bytes go on to the coordinator as they came. The
+        // body decides (the oneof's last field), never a wave_head field that a later one replaced:
+        // a request whose body is another kind is answered like any other.
+        if (msg.body === 'waveHead' && Number(msg.id ?? 0) === 0) {
           const raw = waveHeadBytes(frame);
           if (raw) {
             this.relayWaveHead(raw);
