@@ -59,8 +59,8 @@ test('a client request whose oneof ends in another body is answered, never taken
   const d = new Dealer({ linger: 0, receiveTimeout: 5000 });
   d.connect(agentEndpoint(path.join(run, 'r'), 0));
   try {
-    // id 0, wave_head {wave 8}, then ping (field 8) / due_dumps (field 9): the last field is the body
-    for (const hex of ['080022020808408080808010', '0800220208084200', '480022020808']) {
+    // id 0, wave_head {wave 8}, then ping (field 8) / due_dumps (field 9); or a garbled due_dumps (a varint) before it: never a one-way head
+    for (const hex of ['080022020808408080808010', '0800220208084200', '0800220208084a020807', '480022020808']) {
       await d.send(Buffer.from(hex, 'hex'));
       const [reply] = await d.receive();
       expect(reply.length).toBeGreaterThan(0);
@@ -228,7 +228,7 @@ test('a running coordinator under random config edits stays up, reports the reje
     for (const [text, named] of [
       ['{ "dump": { "auto_max_times": "lots" } }', /dump\.auto_max_times/],
       ['{ "dump": { "auto_max_times": 5 }, "detector": { "garbled": { "surprise_logprob": [] } } }', /detector\.garbled\.surprise_logprob/],
-      ['{ "dump": {\n  "auto_max_times": 5,,\n} }', /:2:\d+|line 2/],
+      ['{ "dump": {\n  "auto_max_times": 5,,\n} }', /c(onfig)?\.json:\d+:\d+:/],
     ] as const) {
       fs.writeFileSync(`${file}.edit`, text);
       fs.renameSync(`${file}.edit`, file);
