@@ -143,7 +143,11 @@ async function runCmd(cmd: string[], env: Record<string, string>, ms: number): P
   const child = spawn(process.execPath, [CLI, ...cmd], { env: { ...process.env, WAVEBUS_LOG_LEVEL: 'warn', ...env }, stdio: ['ignore', 'ignore', 'pipe'], detached: true });
   let stderr = '';
   child.stderr!.on('data', (b) => (stderr = (stderr + b.toString()).slice(-20000)));
-  const exited = new Promise<{ code: number | null; signal: string | null }>((r) => child.on('exit', (code, signal) => r({ code, signal })));
+  const ended = new Promise((r) => child.stderr!.on('end', r));
+  // 'exit' may come before the last of stderr: wait for its end too (a child it left may hold it: bounded)
+  const exited = new Promise<{ code: number | null; signal: string | null }>((r) =>
+    child.on('exit', (code, signal) => void Promise.race([ended, sleep(2000)]).then(() => r({ code, signal }))),
+  );
   const done = await Promise.race([exited, sleep(ms).then(() => undefined)]);
   const kill = (sig: NodeJS.Signals) => {
     try {
