@@ -55,6 +55,9 @@ export function fuzzDealer(job: Job, keys?: CurveClientKeys): Dealer {
  * the coordinator's counters and replies to show exactly that. Relay replies are not predicted
  * (they wait on an agent): only the immediate ones are compared.
  */
+/** Relay requests in flight at most (waitRelays). */
+const RELAY_WINDOW = 256;
+
 export interface RouterOptions {
   token?: BusToken;
   /** Every reply as it arrives. */
@@ -82,6 +85,11 @@ export async function fuzzRouter(ctx: FuzzCtx, socket: string, job: Job, make: (
     const f = model.fate(parts);
     count(expected, f.drop);
     if (f.reply !== 'relay' || opts.waitRelays) count(replies, f.reply);
+    // Relays in flight are bounded, as `wavebus aggregate` bounds its own (--window): the target
+    // tests what each request gets, not how deep the coordinator's queue to an agent is.
+    if (f.reply === 'relay' && opts.waitRelays) {
+      while ((replies.relay ?? 0) - (rc.got.relay ?? 0) > RELAY_WINDOW) await sleep(2);
+    }
     sent++;
     await d.send(parts);
   };
