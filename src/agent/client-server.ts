@@ -23,6 +23,19 @@ export function isOneWayRequest(req: { id?: unknown; body?: unknown }): boolean 
   return req.id === 0 && (req.body === 'waveHead' || req.body === 'endOfWave');
 }
 
+const BODY_FIELDS: readonly string[] = ClientRequest.oneofs!.body.oneof;
+
+/**
+ * Whether one member of the body oneof is set. A garbled frame can carry several (protobufjs keeps
+ * each one it read); which of them is "the" body then differs between the decoded message and
+ * its plain form, so such a request takes the general path, where the plain form decides.
+ */
+function onlyBodySet(msg: Record<string, unknown>): boolean {
+  let n = 0;
+  for (const f of BODY_FIELDS) if (msg[f] !== undefined && msg[f] !== null) n++;
+  return n === 1;
+}
+
 export class ClientServer {
   private readonly replies: Array<{ router: zmq.Router; parts: [Buffer, Buffer] }> = [];
   private replying = false;
@@ -48,7 +61,7 @@ export class ClientServer {
           this.stats.badClientFrames++;
           continue;
         }
-        let msg: ReturnType<typeof ClientRequest.decode> & { id?: unknown; waveHead?: { wave?: unknown } };
+        let msg: ReturnType<typeof ClientRequest.decode> & { id?: unknown; body?: string; waveHead?: { wave?: unknown } };
         try {
           msg = ClientRequest.decode(frame);
         } catch {
@@ -56,8 +69,10 @@ export class ClientServer {
           continue;
         }
         this.stats.clientRequests++;
-        // The per-step one-way wave head: its bytes go on to the coordinator as they came.
-        if (msg.waveHead && Number(msg.id ?? 0) === 0) {
+        // The per-step one-way wave head: its bytes go on to the coordinator as they came. The
+        // body decides (the oneof's last field), never a wave_head field that a later one replaced:
+        // a request whose body is another kind is answered like any other.
+        if (msg.body === 'waveHead' && Number(msg.id ?? 0) === 0 && onlyBodySet(msg as unknown as Record<string, unknown>)) {
           const raw = waveHeadBytes(frame);
           if (raw) {
             this.relayWaveHead(raw);

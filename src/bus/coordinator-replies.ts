@@ -31,6 +31,8 @@ export function statusJson(c: Coordinator): Record<string, unknown> {
     dumps: c.ledger.status(),
     late_vectors: c.vectors.status().late,
     missed_vectors: c.vectors.status().missed,
+    // Every message the ROUTER took in, and what it dropped of them by reason (the rest it handled).
+    received: c.stats.received,
     dropped: { ...c.stats.dropped },
     security: {
       ...(c.curve ? { curve: true, allowed_keys: c.opts.curve!.allow.size, refused: { ...c.stats.refused } } : { curve: false }),

@@ -124,7 +124,7 @@ export class Coordinator extends EventEmitter {
     if (opts.ownFiles) this.ownFiles = new CoordinatorFiles(opts.ownFiles, this.expectedRanks[0] ?? 0, this.log);
     // Zero-valued series, so dashboards see every label from the start.
     for (const lane of ['config', 'dump']) this.metrics.lanes.inc({ lane }, 0);
-    for (const reason of ['frame_count', 'oversized', 'truncated', 'undecodable', 'empty', 'unknown_request', 'no_mac', 'bad_mac', 'wrong_connection', 'protocol_version', 'not_head']) this.metrics.dropped.inc({ reason }, 0);
+    for (const reason of ['frame_count', 'oversized', 'truncated', 'undecodable', 'empty', 'unknown_request', 'no_mac', 'bad_mac', 'wrong_connection', 'protocol_version', 'not_head', 'bad_telemetry', 'rank_out_of_range']) this.metrics.dropped.inc({ reason }, 0);
   }
 
   get pubEndpoint(): string {
@@ -329,7 +329,8 @@ export class Coordinator extends EventEmitter {
     if (msg.epochSeen && msg.epochSeen !== this.epoch) this.stats.wrongEpochSeen++;
     const rank: number = msg.globalRank;
     // Only ranks of this job's layout exist: a made-up rank number is garbage, not a new agent.
-    const claimed = msg.body === 'hello' ? (msg.hello?.identity?.globalRank ?? rank) : rank;
+    // (A snapshot request names its rank in its body too: that one is the rank it is answered for.)
+    const claimed = msg.body === 'hello' ? (msg.hello?.identity?.globalRank ?? rank) : msg.body === 'snapshot' ? (msg.snapshot?.globalRank ?? rank) : rank;
     if (msg.body !== 'status' && msg.body !== 'relay' && !(Number.isInteger(claimed) && claimed >= 0 && claimed < this.opts.layout.worldSize)) {
       this.drops.drop('rank_out_of_range', `rank ${claimed} of a world of ${this.opts.layout.worldSize}`);
       return;

@@ -5,7 +5,7 @@ import { AgentMessage, BusFrame, CoordinatorMessage, decode, encode, encodeTrust
 import type { Logger } from '../log';
 import type { BusToken } from './auth';
 import type { ConfigLane, DumpLane, WaveHead } from '../messages';
-import { COLUMN_KEYS, columnsFromWire, type ColumnScratch } from '../client/telemetry';
+import { COLUMN_KEYS, columnsFromWire, requestStepError, type ColumnScratch } from '../client/telemetry';
 
 const RequestStep = messageType('RequestStep');
 
@@ -168,9 +168,14 @@ function waveHeadOf(m: Record<string, any>, scratch?: ColumnScratch): Decoded<Ag
         return { ok: false, reason: 'bad_telemetry', detail: (e as Error).message };
       }
     }
+    const requests = tel.requests.length > 0 ? tel.requests.map((r: protobuf.Message) => toPlain<Record<string, any>>(RequestStep, r)) : [];
+    for (let i = 0; i < requests.length; i++) {
+      const bad = requestStepError(requests[i] as never, i);
+      if (bad) return { ok: false, reason: 'bad_telemetry', detail: bad };
+    }
     telemetry = {
       wave: Number(tel.wave),
-      requests: tel.requests.length > 0 ? tel.requests.map((r: protobuf.Message) => toPlain(RequestStep, r)) : [],
+      requests,
       nonFinite: tel.nonFinite.map((r: Record<string, any>) => ({ row: r.row, reqId: r.reqId, kind: r.kind })),
       columns,
     };

@@ -27,6 +27,22 @@ const EMPTY_F32 = new Float32Array(0);
  * The engine side: turns each step's request list (rows) into columns, keeping each request's
  * slot from step to step and its last block table, so only what changed is sent. One per client.
  */
+/**
+ * What is wrong with one request row of a step's telemetry (undefined: nothing): a reqId that is
+ * not a string, or per-token columns whose lengths differ from the token ids'. The coordinator
+ * checks every wave head's rows with it when it decodes them (a bad one is a counted drop).
+ */
+export function requestStepError(r: Pick<RequestStep, 'reqId' | 'newTokenIds' | 'newTokenLogprobs' | 'newTokenRanks'>, i: number, where = 'telemetry', withTokens = true): string | undefined {
+  if (typeof r.reqId !== 'string') return `${where}.requests[${i}].reqId must be a string`;
+  const n = r.newTokenIds?.length ?? 0;
+  if (r.reqId === '' || !withTokens || n === 0) return undefined;
+  const lp = r.newTokenLogprobs?.length ?? 0;
+  const rk = r.newTokenRanks?.length ?? 0;
+  if (lp !== 0 && lp !== n) return `${where}.requests[${i}]: ${lp} newTokenLogprobs for ${n} newTokenIds`;
+  if (rk !== 0 && rk !== n) return `${where}.requests[${i}]: ${rk} newTokenRanks for ${n} newTokenIds`;
+  return undefined;
+}
+
 export class TelemetryColumnizer {
   private readonly slots = new Map<string, number>();
   /** The request holding each slot. */
@@ -68,7 +84,8 @@ export class TelemetryColumnizer {
     let anyCount = false;
     for (let i = 0; i < requests.length; i++) {
       const r = requests[i];
-      if (typeof r.reqId !== 'string') throw new ProtocolError(`${where}.requests[${i}].reqId must be a string`);
+      const bad = requestStepError(r, i, where, withTokens);
+      if (bad) throw new ProtocolError(bad);
       if (r.reqId === '') continue;
       rows++;
       const n = r.newTokenIds?.length ?? 0;
@@ -76,8 +93,6 @@ export class TelemetryColumnizer {
       if (withTokens && n > 0) {
         const lp = r.newTokenLogprobs?.length ?? 0;
         const rk = r.newTokenRanks?.length ?? 0;
-        if (lp !== 0 && lp !== n) throw new ProtocolError(`${where}.requests[${i}]: ${lp} newTokenLogprobs for ${n} newTokenIds`);
-        if (rk !== 0 && rk !== n) throw new ProtocolError(`${where}.requests[${i}]: ${rk} newTokenRanks for ${n} newTokenIds`);
         if (lp > 0) anyLogprob = true;
         if (rk > 0) anyRank = true;
       }

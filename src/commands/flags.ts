@@ -8,6 +8,11 @@ export const MAX_TIMER_MS = 2 ** 31 - 1;
 export const MAX_PORT = 65535;
 export const MIB = 2 ** 20;
 
+/** The last value of a flag given more than once (yargs makes an array of them). */
+export function lastOf(v: unknown): unknown {
+  return Array.isArray(v) ? v[v.length - 1] : v;
+}
+
 /** The integer `raw` spells in plain decimal digits (surrounding blanks allowed), else undefined. */
 export function strictInt(raw: unknown): number | undefined {
   if (typeof raw === 'number') return Number.isSafeInteger(raw) && raw >= 0 ? raw : undefined;

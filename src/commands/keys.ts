@@ -4,6 +4,7 @@ import * as os from 'os';
 import type { CommandModule } from 'yargs';
 import { allowListText, writeKeyPair } from '../bus/curve';
 import { ConfigError } from '../errors';
+import { lastOf } from './flags';
 
 /** A short host name, made safe for a file name. */
 function defaultName(): string {
@@ -22,16 +23,19 @@ export const command: CommandModule = {
       .example('$0 keys --out ~/.wavebus/keys --name agent', 'a client key pair for agents and tools')
       .example('$0 keys --allow-list ./pubs > allow.txt', 'merge collected public keys into one allow-list file'),
   handler: async (argv) => {
-    const out = argv.out as string | undefined;
-    const allow = argv['allow-list'] as string | undefined;
+    // A flag given twice: its last value, as every command takes it.
+    const str = (v: unknown) => (v === undefined ? undefined : String(lastOf(v)));
+    const out = str(argv.out);
+    const allow = str(argv['allow-list']);
+    const nameFlag = str(argv.name);
     if (allow !== undefined && out !== undefined) throw new ConfigError('--allow-list and --out: give one of them');
     if (allow !== undefined) {
-      if (argv.name !== undefined) throw new ConfigError('--name applies to --out, not to --allow-list');
+      if (nameFlag !== undefined) throw new ConfigError('--name applies to --out, not to --allow-list');
       process.stdout.write(allowListText(allow));
       return;
     }
     if (out === undefined || out === '') throw new ConfigError('--out DIR is required (where NAME.key and NAME.pub are written)');
-    const name = argv.name !== undefined ? String(argv.name) : defaultName();
+    const name = nameFlag ?? defaultName();
     const r = writeKeyPair(out, name);
     process.stdout.write(`${JSON.stringify({ event: 'keys', name, public_key: r.publicKey, key_file: r.keyFile, pub_file: r.pubFile })}\n`);
   },

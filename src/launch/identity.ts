@@ -3,7 +3,7 @@
 //
 // Rank order is vLLM's, TP fastest:
 //   global = ((dp_rank * pp + pp_rank) * cp + cp_rank) * tp + tp_rank
-import { strictInt } from '../commands/flags';
+import { lastOf, strictInt } from '../commands/flags';
 import * as os from 'os';
 import type { Options } from 'yargs';
 import { ConfigError } from '../errors';
@@ -346,10 +346,6 @@ export const identityOptions: { [flag: string]: Options } = {
   cp: { type: 'string', describe: 'context-parallel size (default: $WAVEBUS_CP or 1)' },
 };
 
-/** Last value of a flag given more than once (yargs makes an array). */
-function lastOf(v: unknown): unknown {
-  return Array.isArray(v) ? v[v.length - 1] : v;
-}
 
 /** IdentityFlags from parsed yargs argv; numbers are validated here, naming the flag. */
 export function identityFlagsFromArgv(argv: Record<string, unknown>): IdentityFlags {

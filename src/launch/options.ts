@@ -6,7 +6,7 @@ import { loadCurveDirClient, type CurveClientKeys } from '../bus/curve';
 import { HostPort, isLoopback, parseBusPort, parseHostPort } from '../bus/endpoints';
 import { DEFAULT_BUS_PORT } from '../bus/constants';
 import { boundedLayout, type WorldLayout } from './identity';
-import { intFlag } from '../commands/flags';
+import { intFlag, lastOf } from '../commands/flags';
 
 export interface LaunchOptions {
   nnodes: number;
@@ -38,9 +38,6 @@ export function launchError(message: string): ConfigError {
   return new ConfigError(message, 'ERR_LAUNCH');
 }
 
-function lastOf(v: unknown): unknown {
-  return Array.isArray(v) ? v[v.length - 1] : v;
-}
 
 export function given(v: unknown): boolean {
   return v !== undefined && v !== null && String(v) !== '';
