@@ -16,7 +16,6 @@ import { receiveLoop } from '../bus/receive-loop';
 import { SendQueue } from '../bus/send-queue';
 import { socketIpOptions, tcpEndpoint, type HostPort } from '../bus/endpoints';
 import { watchHandshakes } from '../bus/server-sockets';
-import { counter } from '../metrics';
 import type { Logger } from '../log';
 
 /** A request on the file socket is a small protobuf (a chunk's bytes only ever go the other way). */
@@ -25,8 +24,6 @@ const MAX_REQUEST_BYTES = 64 * 1024;
 const MAX_IN_FLIGHT = 64;
 /** Peers whose chunk buffers are tracked apart; beyond that the numbering starts over (a reused number only stops buffer reuse). */
 const MAX_PEERS = 1024;
-
-const refusalMetric = () => counter('wavebus_file_socket_refusals_total', 'Peers refused by the agent\'s direct file socket (CURVE/ZAP), by reason', ['reason'] as const);
 
 export interface DirectFilesOptions {
   globalRank: number;
@@ -115,7 +112,8 @@ export class DirectFiles {
     const keyPair = newKeyPair();
     // An own context: its ZAP handler (one per context) answers for this socket alone.
     const context = new Context();
-    const zap = new ZapHandler(context, this.allow, this.opts.log, (reason) => refusalMetric().inc({ reason }));
+    // Refusals are counted by reason (refused) and logged with their running total.
+    const zap = new ZapHandler(context, this.allow, this.opts.log);
     await zap.start();
     const router = new Router({ context, linger: 0, maxMessageSize: MAX_REQUEST_BYTES, ...socketIpOptions(host), ...serverSocketOptions({ keyPair, allow: this.allow }) });
     watchHandshakes(router, zap);
