@@ -10,7 +10,9 @@ import * as fs from 'fs';
 import * as path from 'path';
 import { Bundle } from '../src/artifacts/bundle';
 import { Tensor } from '../src/artifacts/tensor';
-import { curveDirFiles, writeKeyPair } from '../src/bus/curve';
+import { curveDirFiles, newKeyPair, writeKeyPair } from '../src/bus/curve';
+import { directFilesSetup } from '../src/commands/direct-files-flags';
+import { checkFileServeReply } from '../src/tools/aggregate-direct';
 import { CLI, ROOT, cleanup, cleanupNetns, createNetnsPair, rootOnlyReason, spawnInNetns, tmpDir, waitFor, type NetnsPair, type Spawned } from './helpers';
 
 jest.setTimeout(120000);
@@ -154,5 +156,27 @@ async function writeBundle(dumps: string, rank: number): Promise<void> {
       expect(log()).toMatch(new RegExp(`rank 0 file socket","reason":"(${reason})"`));
     }
     expect(agents[0].child.exitCode).toBeNull();
+  });
+});
+
+describe('direct fetch: flags and what a FileServeReply may say', () => {
+  test('--direct-files, --direct-files-host, --direct-files-port and their variables: checked, errors name the flag or variable', () => {
+    expect(directFilesSetup({}, {}, 0)).toEqual({ enabled: true });
+    expect(directFilesSetup({ 'direct-files': 'off' }, {}, 0)).toEqual({ enabled: false });
+    expect(directFilesSetup({}, { WAVEBUS_DIRECT_FILES: '0', WAVEBUS_DIRECT_FILES_HOST: '10.1.2.3', WAVEBUS_DIRECT_FILES_PORT: '40000' }, 3)).toEqual({ enabled: false, host: '10.1.2.3', port: 40003 });
+    expect(() => directFilesSetup({ 'direct-files': 'maybe' }, {}, 0)).toThrow(/--direct-files: expected on or off, got "maybe"/);
+    expect(() => directFilesSetup({}, { WAVEBUS_DIRECT_FILES_PORT: '70000' }, 0)).toThrow(/WAVEBUS_DIRECT_FILES_PORT: expected an integer in 1\.\.65535/);
+    expect(() => directFilesSetup({ 'direct-files-port': '65535' }, {}, 1)).toThrow(/--direct-files-port: 65535 \+ local rank 1 is over 65535/);
+  });
+
+  test('a FileServeReply is used only with a tcp address and a CURVE key; anything else sends the rank through the relay', () => {
+    const key = newKeyPair().publicKey;
+    expect(checkFileServeReply({ endpoint: 'tcp://10.0.0.7:41234', serverKey: key })).toEqual({ endpoint: 'tcp://10.0.0.7:41234', serverKey: key, ipv6: false });
+    expect(checkFileServeReply({ endpoint: 'tcp://[fd00::7]:41234', serverKey: key })).toMatchObject({ ipv6: true });
+    expect(checkFileServeReply({ error: 'direct file serving is off' })).toEqual({ reason: 'direct file serving is off' });
+    for (const endpoint of ['ipc:///tmp/x', 'tcp://evil.example:80', 'tcp://10.0.0.7:0', 'tcp://10.0.0.7:99999', 'tcp://10.0.0.7:1;rm', '']) {
+      expect(checkFileServeReply({ endpoint, serverKey: key })).toEqual({ reason: expect.stringMatching(/no usable endpoint/) });
+    }
+    expect(checkFileServeReply({ endpoint: 'tcp://10.0.0.7:41234', serverKey: 'short' })).toEqual({ reason: 'the agent named no valid CURVE server key' });
   });
 });

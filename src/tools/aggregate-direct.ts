@@ -13,7 +13,7 @@ import { payloadOf, withPayload } from '../bus/payload';
 import { AggregateError, type RelayClient } from '../bus/relay-client';
 import { RequestMap } from '../bus/request-map';
 import { SendQueue } from '../bus/send-queue';
-import type { ChunkRequest, ChunkSource } from './aggregate-fetch';
+import type { ChunkRequest, ChunkSource, Planned } from './aggregate-fetch';
 
 /** How long a rank's file socket has to be named and to answer a first (empty) chunk before the relay is used. */
 export const DEFAULT_DIRECT_TIMEOUT_MS = 3000;
@@ -188,4 +188,14 @@ export async function openRankSource(relay: RelayClient, rank: number, keys: Cur
     }
   }
   return new RankSource(client, relay, { transport: 'direct', endpoint: c.endpoint });
+}
+
+/** The plan ordered so that consecutive files come from different ranks (their first listers): ranks served directly stream side by side. */
+export function interleaveByRank(plan: Planned[]): Planned[] {
+  const byRank = new Map<number, Planned[]>();
+  for (const f of plan) byRank.set(f.listedBy[0], [...(byRank.get(f.listedBy[0]) ?? []), f]);
+  const queues = [...byRank.values()];
+  const out: Planned[] = [];
+  for (let i = 0; out.length < plan.length; i++) for (const q of queues) if (i < q.length) out.push(q[i]);
+  return out;
 }

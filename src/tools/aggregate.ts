@@ -6,7 +6,9 @@
 // written in order under a '.part' temp name while the next ones are in flight, checked against
 // the listing's whole-file checksum, fsynced once and renamed. Paths from agents are untrusted:
 // anything that would leave the output tree, or exceeds a local limit, is refused and counted,
-// never written (aggregate-listing.ts). Fetching one file: aggregate-fetch.ts.
+// never written (aggregate-listing.ts). Fetching one file: aggregate-fetch.ts. With CURVE, each
+// rank's chunks come from the rank's own file socket instead, one CURVE hop, falling back to the
+// relay for a rank whose socket does not answer (aggregate-direct.ts).
 import * as fs from 'fs';
 import * as path from 'path';
 import type { HostPort } from '../bus/endpoints';
@@ -14,7 +16,7 @@ import type { BusToken } from '../bus/auth';
 import type { CurveClientKeys } from '../bus/curve';
 import { DEFAULT_MAX_FRAME_BYTES } from '../bus/constants';
 import { fetchOne, type ChunkSource, type Planned } from './aggregate-fetch';
-import { DEFAULT_DIRECT_TIMEOUT_MS, openRankSource, type RankSource, type RankTransport } from './aggregate-direct';
+import { DEFAULT_DIRECT_TIMEOUT_MS, interleaveByRank, openRankSource, type RankSource, type RankTransport } from './aggregate-direct';
 import { AggregateError, RelayClient } from '../bus/relay-client';
 import { ConfigError, WavebusError } from '../errors';
 import { fsyncDir, writeJsonAtomic } from '../artifacts/atomic-write';
@@ -298,11 +300,7 @@ export async function aggregate(opts: AggregateOptions): Promise<AggregateManife
     const direct = [...sources.values()].filter((s) => s.state.transport === 'direct').length;
     if (direct > 1) {
       workers = Math.max(parallelFiles, direct);
-      const byRank = new Map<number, Planned[]>();
-      for (const f of plan) byRank.set(f.listedBy[0], [...(byRank.get(f.listedBy[0]) ?? []), f]);
-      const queues = [...byRank.values()];
-      plan.length = 0;
-      for (let i = 0; queues.some((q) => i < q.length); i++) for (const q of queues) if (i < q.length) plan.push(q[i]);
+      plan.splice(0, plan.length, ...interleaveByRank(plan));
     }
     const progress: AggregateProgress = { doneBytes: 0, totalBytes: plan.reduce((n, f) => n + f.bytes, 0), doneFiles: 0, totalFiles: plan.length };
     const results: AggregatedFile[] = [];
