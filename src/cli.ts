@@ -6,15 +6,33 @@ import * as path from 'path';
 import yargs, { CommandModule } from 'yargs';
 import { WavebusError } from './errors';
 
-function loadCommands(): CommandModule[] {
+const commandsIn = (file: string): CommandModule[] =>
+  Object.values(require(file) as Record<string, unknown>).filter((c): c is CommandModule => typeof c === 'object' && c !== null && 'command' in c && 'handler' in c);
+
+/** A command's name: the first word of its `command` string ('bench <name> [args..]' → 'bench'). */
+const nameOf = (c: CommandModule): string => String(c.command).split(' ')[0];
+
+/**
+ * The commands to register. Loading every command's modules (the agent, the coordinator, the
+ * guard, the simulator) costs a large part of a short command's run, so when the first word
+ * names a command file that defines it (`wavebus aggregate` → commands/aggregate), only that
+ * file is loaded; anything else (--help, a typo, a command of another file) loads them all.
+ */
+function loadCommands(first: string | undefined): CommandModule[] {
   const dir = path.join(__dirname, 'commands');
   const ext = path.extname(__filename); // .js when built, .ts under ts-jest
+  if (first !== undefined && /^[a-z][a-z-]*$/.test(first)) {
+    const file = path.join(dir, `${first}${ext}`);
+    if (fs.existsSync(file)) {
+      const mine = commandsIn(file);
+      if (mine.some((c) => nameOf(c) === first)) return mine;
+    }
+  }
   return fs
     .readdirSync(dir)
     .filter((f) => f.endsWith(ext) && !f.endsWith('.d.ts'))
     .sort()
-    .flatMap((f) => Object.values(require(path.join(dir, f)) as Record<string, unknown>))
-    .filter((c): c is CommandModule => typeof c === 'object' && c !== null && 'command' in c && 'handler' in c);
+    .flatMap((f) => commandsIn(path.join(dir, f)));
 }
 
 export async function main(argv: string[]): Promise<void> {
@@ -36,6 +54,6 @@ export async function main(argv: string[]): Promise<void> {
       }
       process.exit(2);
     });
-  for (const c of loadCommands()) parser.command(c);
+  for (const c of loadCommands(argv[0])) parser.command(c);
   await parser.parseAsync();
 }

@@ -28,6 +28,7 @@ function startAgents(ns: string, host: string, keyDir: string, root: string) {
   const script = `
     const { AgentBus } = require(${dist('bus/agent-bus.js')});
     const { FileServer } = require(${dist('agent/file-server.js')});
+    const { DirectFiles, fileRequestHandler } = require(${dist('agent/direct-files.js')});
     const { resolveIdentity } = require(${dist('launch/identity.js')});
     const { loadCurveDirClient } = require(${dist('bus/curve.js')});
     const { createLogger } = require(${dist('log.js')});
@@ -36,7 +37,9 @@ function startAgents(ns: string, host: string, keyDir: string, root: string) {
       const log = createLogger('agent', 'silent');
       const bus = new AgentBus({ coordinator: { host: ${JSON.stringify(host)}, port: ${PORT} }, identity: resolveIdentity({}, { rank, worldSize: 2, tp: 2, pp: 1 }), heartbeatMs: 100, curve, logger: log });
       const server = new FileServer(rank, () => ({ dumps: ${JSON.stringify(path.join(root, 'dumps'))}, snapshots: ${JSON.stringify(path.join(root, 'snapshots'))} }), log);
-      bus.onRequest((req) => server.handle(req));
+      // As \`wavebus agent\` wires it: with CURVE, the rank also serves its files on a socket of its own.
+      const direct = new DirectFiles({ globalRank: rank, roots: () => ({ dumps: ${JSON.stringify(path.join(root, 'dumps'))} }), coordinator: { host: ${JSON.stringify(host)}, port: ${PORT} }, enabled: true, log });
+      bus.onRequest(fileRequestHandler(server, direct, rank));
       bus.once('snapshot', () => process.stdout.write('synced ' + rank + '\\n'));
       bus.start();
     }
@@ -83,6 +86,7 @@ describeAsRoot('aggregate with CURVE across network namespaces', () => {
     expect(m.coordinator).toContain(pair.addrA);
     expect(m.present_ranks).toEqual([0, 1]);
     expect(m.missing_ranks).toEqual([]);
+    expect(m.direct).toEqual({ asked: true, ranks: [0, 1], relayed: [] });
     for (const rank of [0, 1]) {
       const rel = path.join('dumps', WAVE, `dp0_tp${rank}_pp0_cp0`, 'kv.npy');
       expect(fs.readFileSync(path.join(out, rel)).equals(fs.readFileSync(path.join(root, rel)))).toBe(true);

@@ -1,6 +1,7 @@
-// `wavebus bench aggregate --netns [--size-mb M] [--runs N]`: aggregation across two hosts. Two
+// `wavebus bench aggregate --netns [--size-mb M] [--runs N] [--relay]`: aggregation across two hosts. Two
 // network namespaces joined by a veth pair (10.213.<x>.1 and .2, only inside them): the job
-// (coordinator + 4 agents with M MB of rank files) and the baseline's TCP sender in namespace A;
+// (coordinator + 4 agents, each its own process, with M MB of rank files; with CURVE each agent
+// serves its chunks directly, or through the coordinator with --relay) and the baseline's TCP sender in namespace A;
 // `wavebus aggregate --curve-dir` (keys from `wavebus keys`) and the baseline's TCP receiver in
 // namespace B, each a process timed from start to exit. Every run measures both, once with the
 // allocator tuning (src/malloc-tuning.ts) and once without (WAVEBUS_MALLOC_TUNING=0 for the job and
@@ -65,6 +66,8 @@ export async function runNetns(argv: string[]): Promise<Record<string, unknown>>
   const runs = arg(argv, '--runs', 3);
   const chunkMb = arg(argv, '--chunk-mb', DEFAULT_CHUNK_MB, true);
   const window = arg(argv, '--window', DEFAULT_WINDOW);
+  // --relay: every chunk through the coordinator (the path before direct fetch), for comparison.
+  const relay = argv.includes('--relay');
   const root = packageRoot(__dirname);
   const cli = path.join(root, 'bin', 'wavebus.js');
   // Applied to this process too (it moves no bytes): tells whether the C library takes it (glibc).
@@ -125,7 +128,7 @@ export async function runNetns(argv: string[]): Promise<Record<string, unknown>>
 
     const aggregateArgs = (port: number, out: string, extra: string[] = []) => [
       process.execPath, cli, 'aggregate', '--coordinator', `${net.addrA}:${port}`, '--out', out, '--what', 'dumps',
-      '--curve-dir', keys, '--chunk-mb', String(chunkMb), '--window', String(window), '--json', ...extra,
+      '--curve-dir', keys, '--chunk-mb', String(chunkMb), '--window', String(window), '--json', ...(relay ? ['--relay'] : []), ...extra,
     ];
     const perMode: Record<string, { s: number; tcp_s: number; MBps: number; tcp_MBps: number; ratio: number }[]> = { tuned: [], untuned: [] };
     const starts: { aggregate: number[]; node: number[] } = { aggregate: [], node: [] };
@@ -152,8 +155,11 @@ export async function runNetns(argv: string[]): Promise<Record<string, unknown>>
         const agg = await timedIn(net.b, aggregateArgs(m.port, aggOut), m.env, kids, 'wavebus aggregate');
         const rx2 = vethRxBytes(net.b, net.vethB);
         fs.rmSync(aggOut, { recursive: true, force: true });
-        const manifest = JSON.parse(agg.stdout) as { complete: boolean; totals: { files: number; bytes: number } };
+        const manifest = JSON.parse(agg.stdout) as { complete: boolean; totals: { files: number; bytes: number }; direct?: { ranks: number[] } };
         if (!manifest.complete || manifest.totals.bytes !== total) throw new Error(`aggregate incomplete: ${JSON.stringify(manifest.totals)} of ${total} bytes`);
+        // The path measured must be the one asked for: every rank direct, or (--relay) none.
+        const directRanks = manifest.direct?.ranks.length ?? 0;
+        if (directRanks !== (relay ? 0 : RANKS)) throw new Error(`aggregate fetched ${directRanks} of ${RANKS} ranks directly${relay ? ' although --relay was given' : ''}: ${agg.stderr.slice(-1000)}`);
         files = manifest.totals.files;
         if (run === 0 && m.name === 'tuned') Object.assign(veth, { tcp_rx_mb: r3((rx1 - rx0) / 1e6), aggregate_rx_mb: r3((rx2 - rx1) / 1e6) });
         const MBps = total / 1e6 / agg.s;
@@ -174,6 +180,7 @@ export async function runNetns(argv: string[]): Promise<Record<string, unknown>>
       job_addr: net.addrA,
       tool_addr: net.addrB,
       curve: true,
+      transport: relay ? 'relay' : 'direct',
       size_mb: Number((total / 1e6).toFixed(1)),
       files,
       ranks: RANKS,

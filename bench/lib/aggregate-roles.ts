@@ -1,6 +1,9 @@
 // The processes of `bench aggregate` (bench/aggregate.ts, bench/lib/aggregate-netns.ts), one module
 // so that loopback and network-namespace runs start the very same code:
-//   node aggregate-roles.js job HOST PORT ROOT RANKS [CURVE_DIR]   coordinator + one agent per rank
+//   node aggregate-roles.js job HOST PORT ROOT RANKS [CURVE_DIR]   starts the coordinator and one agent per rank,
+//                                                                 each its own process (as in a real job)
+//   node aggregate-roles.js coordinator HOST PORT RANKS [CURVE_DIR]
+//   node aggregate-roles.js agent HOST PORT ROOT RANK RANKS [CURVE_DIR]
 //   node aggregate-roles.js tcp-server HOST PORT FILE_LIST          the baseline's sender
 //   node aggregate-roles.js tcp-client HOST PORT COUNT OUT          the baseline's receiver
 // Servers print READY once they serve. The source bundles are written by writeSource().
@@ -12,6 +15,7 @@ import { Coordinator } from '../../src/bus/coordinator';
 import { AgentBus } from '../../src/bus/agent-bus';
 import { loadCurveDirClient, loadCurveDirServer } from '../../src/bus/curve';
 import { FileServer } from '../../src/agent/file-server';
+import { DirectFiles, fileRequestHandler } from '../../src/agent/direct-files';
 import { resolveIdentity } from '../../src/launch/identity';
 import { createLogger } from '../../src/log';
 import { crc32c, formatChecksum } from '../../src/artifacts/checksum';
@@ -29,8 +33,8 @@ export function arg(argv: string[], name: string, def: number, fraction = false)
 }
 
 /** A bench process (aggregate-roles.ts) started by `cmd` + `args`; ready once it prints READY. */
-export function child(cmd: string, args: string[], env: NodeJS.ProcessEnv = process.env): { proc: ChildProcess; ready: Promise<void> } {
-  const proc = spawn(cmd, args, { stdio: ['ignore', 'pipe', 'inherit'], env });
+export function child(cmd: string, args: string[], env: NodeJS.ProcessEnv = process.env, stdin: 'ignore' | 'pipe' = 'ignore'): { proc: ChildProcess; ready: Promise<void> } {
+  const proc = spawn(cmd, args, { stdio: [stdin, 'pipe', 'inherit'], env });
   const ready = new Promise<void>((resolve, reject) => {
     let out = '';
     proc.stdout!.on('data', (b) => {
@@ -69,25 +73,56 @@ export function writeSource(root: string, totalBytes: number, ranks: number): { 
   return { files, bytes };
 }
 
-/** The job side: a coordinator on HOST:PORT and one AgentBus/FileServer per rank, all serving `root`. */
-async function job(host: string, port: number, root: string, ranks: number, curveDir?: string): Promise<void> {
+/** Exit when the parent (the job role) goes: its pipe to our stdin closes. */
+function exitWithParent(): void {
+  process.stdin.on('end', () => process.exit(0));
+  process.stdin.on('error', () => process.exit(0));
+  process.stdin.resume();
+}
+
+/** The coordinator of the job on HOST:PORT; READY once all `ranks` agents are live. */
+async function coordinator(host: string, port: number, ranks: number, curveDir?: string): Promise<void> {
+  exitWithParent();
   keepFreedMemory(); // as `wavebus coordinator` does (WAVEBUS_MALLOC_TUNING=0 keeps glibc's defaults)
   const log = createLogger('bench', 'silent');
   const c = new Coordinator({ host, port, layout: { worldSize: ranks, tp: ranks, pp: 1, dp: 1, cp: 1 }, heartbeatMs: 200, logger: log, curve: curveDir ? loadCurveDirServer(curveDir) : undefined });
   await c.start();
-  const curve = curveDir ? loadCurveDirClient(curveDir) : undefined;
-  for (let r = 0; r < ranks; r++) {
-    const bus = new AgentBus({ coordinator: { host, port }, identity: resolveIdentity({}, { rank: r, worldSize: ranks, tp: ranks, pp: 1 }), heartbeatMs: 200, logger: log, curve });
-    const fsrv = new FileServer(r, () => ({ dumps: path.join(root, 'dumps') }), log);
-    bus.onRequest((req) => fsrv.handle(req));
-    await bus.start();
-  }
   const t = setInterval(() => {
     if (c.liveRanks().length === ranks) {
       clearInterval(t);
       process.stdout.write('READY\n');
     }
   }, 50);
+}
+
+/** One rank's agent side as `wavebus agent` wires it: its bus, its FileServer, and (with CURVE) its own file socket. */
+async function agent(host: string, port: number, root: string, rank: number, ranks: number, curveDir?: string): Promise<void> {
+  exitWithParent();
+  keepFreedMemory();
+  const log = createLogger('bench', 'silent');
+  const curve = curveDir ? loadCurveDirClient(curveDir) : undefined;
+  const roots = () => ({ dumps: path.join(root, 'dumps') });
+  const bus = new AgentBus({ coordinator: { host, port }, identity: resolveIdentity({}, { rank, worldSize: ranks, tp: ranks, pp: 1 }), heartbeatMs: 200, logger: log, curve });
+  const direct = curve ? new DirectFiles({ globalRank: rank, roots, coordinator: { host, port }, enabled: true, log }) : undefined;
+  bus.onRequest(fileRequestHandler(new FileServer(rank, roots, log), direct, rank));
+  await bus.start();
+  process.stdout.write('READY\n');
+}
+
+/** The job: a coordinator and one agent per rank, each its own process; READY once all agents are live. */
+async function job(host: string, port: number, root: string, ranks: number, curveDir?: string): Promise<void> {
+  const opt = curveDir ? [curveDir] : [];
+  const coord = child(process.execPath, [__filename, 'coordinator', host, String(port), String(ranks), ...opt], process.env, 'pipe');
+  const agents = Array.from({ length: ranks }, (_, r) => child(process.execPath, [__filename, 'agent', host, String(port), root, String(r), String(ranks), ...opt], process.env, 'pipe'));
+  const kids = [coord, ...agents].map((k) => k.proc);
+  const stop = () => {
+    for (const k of kids) k.kill('SIGKILL');
+  };
+  process.on('exit', stop);
+  for (const sig of ['SIGINT', 'SIGTERM'] as const) process.on(sig, () => process.exit(1));
+  for (const k of kids) k.on('exit', () => process.exit(1)); // a job that lost a process is no job
+  await Promise.all([...agents.map((a) => a.ready), coord.ready]);
+  process.stdout.write('READY\n');
 }
 
 /** The baseline's sender: streams the listed files, each length-prefixed, to every connection. */
@@ -157,6 +192,8 @@ if (require.main === module) {
     process.exit(1);
   };
   if (role === 'job') job(host, Number(port), rest[0], Number(rest[1]), rest[2]).catch(fail);
+  else if (role === 'coordinator') coordinator(host, Number(port), Number(rest[0]), rest[1]).catch(fail);
+  else if (role === 'agent') agent(host, Number(port), rest[0], Number(rest[1]), Number(rest[2]), rest[3]).catch(fail);
   else if (role === 'tcp-server') tcpServer(host, Number(port), rest[0]);
   else if (role === 'tcp-client') tcpCopy(host, Number(port), Number(rest[0]), rest[1]).catch(fail);
   else fail(new Error(`unknown role ${JSON.stringify(role)}`));

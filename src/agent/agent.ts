@@ -13,6 +13,7 @@ import { WaveBook, WAVE_HISTORY } from './wave-book';
 import { WaveDuties } from './wave-duties';
 import { RegionTable } from './regions';
 import { FileServer } from './file-server';
+import { DirectFiles, fileRequestHandler } from './direct-files';
 import { RootGate, type LocalRoots } from './roots';
 import type { BusToken } from '../bus/auth';
 import { decideAheadWaves } from '../bus/constants';
@@ -55,6 +56,12 @@ export interface AgentOptions {
   busToken?: BusToken;
   /** --artifact-mode: KV dumps and input snapshots (default: DEFAULT_ARTIFACT_MODES). */
   artifactModes?: ArtifactModes;
+  /**
+   * Direct file serving for `wavebus aggregate` with CURVE (direct-files.ts): on unless
+   * `enabled` is false; `host` / `port` override the bound address (default: this host's
+   * address toward the coordinator, an ephemeral port).
+   */
+  directFiles?: { enabled: boolean; host?: string; port?: number };
 }
 
 
@@ -86,6 +93,7 @@ export class Agent {
   private router?: zmq.Router;
   private mailbox?: MailboxWriter;
   private files?: FileServer;
+  private direct?: DirectFiles;
   private view: RuntimeView = { ...DEFAULT_VIEW };
   private pendingView?: RuntimeView;
   /** Configs and dump lanes by the wave at whose end they are due; the engine's last known wave. */
@@ -184,7 +192,8 @@ export class Agent {
     else if (there !== 'none') throw new ConfigError(`agent socket ${sockPath}: something else is there (${there}); refusing to remove it`, 'ERR_RUN_DIR');
     await this.router.bind(endpoint);
     void this.clients.serve(this.router);
-    this.files = new FileServer(identity.globalRank, () => ({ snapshots: this.opts.roots?.snapshots, dumps: this.servedDumps }), this.log);
+    const served = () => ({ snapshots: this.opts.roots?.snapshots, dumps: this.servedDumps });
+    this.files = new FileServer(identity.globalRank, served, this.log);
     if (this.opts.coordinator) {
       this.bus = new AgentBus({
         coordinator: this.opts.coordinator,
@@ -204,7 +213,19 @@ export class Agent {
       }
       this.bus.on('snapshot', (s: SnapshotReplyMsg) => this.onSnapshot(s));
       this.bus.on('wave', (w: WaveEvent) => this.onWave(w));
-      this.bus.onRequest((req) => this.files!.handle(req));
+      // Only a job with CURVE can authenticate a tool on a socket of the agent's own.
+      if (this.opts.curve && this.opts.directFiles?.enabled !== false) {
+        this.direct = new DirectFiles({
+          globalRank: identity.globalRank,
+          roots: served,
+          coordinator: this.opts.coordinator,
+          enabled: true,
+          host: this.opts.directFiles?.host,
+          port: this.opts.directFiles?.port,
+          log: this.log,
+        });
+      }
+      this.bus.onRequest(fileRequestHandler(this.files, this.direct, identity.globalRank));
       await this.bus.start();
     } else {
       this.log.warn({ rank: identity.globalRank }, 'no coordinator address: not joining the wave bus (no KV dumps or detector traffic)');
@@ -217,6 +238,7 @@ export class Agent {
     this.stopped = true;
     await this.writes.catch(() => undefined);
     await this.bus?.stop();
+    await this.direct?.stop();
     this.router?.close();
     // The file stays (the launcher owns the run dir): an engine that keeps running keeps a valid
     // mapping, sees everything off, and a successor agent takes the same file over.

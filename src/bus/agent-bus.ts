@@ -314,6 +314,7 @@ export class AgentBus extends EventEmitter {
         return;
       case 'fileList':
       case 'fileChunk':
+      case 'fileServe':
         this.answer(msg);
         return;
       default:
@@ -375,9 +376,8 @@ export class AgentBus extends EventEmitter {
   }
 
   private answer(req: CoordinatorMsg): void {
-    const kind = req.body as 'fileList' | 'fileChunk';
-    const fail = (error: string) =>
-      this.send(kind === 'fileList' ? { fileList: { globalRank: this.rank, error } } : { fileChunk: { globalRank: this.rank, error } }, req.requestId);
+    const kind = req.body as 'fileList' | 'fileChunk' | 'fileServe';
+    const fail = (error: string) => this.send({ [kind]: { globalRank: this.rank, error } }, req.requestId);
     if (!this.handler) {
       fail(`rank ${this.rank}: this agent does not serve ${kind} requests`);
       return;

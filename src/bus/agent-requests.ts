@@ -23,6 +23,8 @@ export class AgentRequests {
     private readonly send: RouteSender,
     private readonly drops: DropCounter,
     private readonly running: () => boolean,
+    /** With CURVE: the client keys the coordinator admits, handed to an agent asked to serve files directly. */
+    private readonly allowKeys: () => string[] | undefined = () => undefined,
   ) {}
 
   /**
@@ -41,7 +43,7 @@ export class AgentRequests {
   }
 
   /**
-   * A fileList / fileChunk answer from `rank`. Only an answer to a request this coordinator sent
+   * A fileList / fileChunk / fileServe answer from `rank`. Only an answer to a request this coordinator sent
    * that rank counts (and only then does it refresh the rank's route): a stray reply must not
    * take over a rank's routing id.
    */
@@ -71,8 +73,14 @@ export class AgentRequests {
     const rank = Number(relay.rank ?? 0);
     const kind = relay.request as string | undefined;
     const answer = (body: Record<string, unknown>, data?: Buffer) => this.send(routingId, { requestId: msg.requestId, relay: { rank, protocolVersion: PROTOCOL_VERSION, ...body } }, data);
-    if (kind !== 'fileList' && kind !== 'fileChunk') {
-      answer({ error: 'relay request carries neither file_list nor file_chunk' });
+    if (kind !== 'fileList' && kind !== 'fileChunk' && kind !== 'fileServe') {
+      answer({ error: 'relay request carries none of file_list, file_chunk, file_serve' });
+      return;
+    }
+    const allow = this.allowKeys();
+    if (kind === 'fileServe' && !allow) {
+      // Without CURVE nothing could authenticate a tool on the agent's own socket: the relay it is.
+      answer({ error: 'direct file serving needs CURVE (this coordinator runs without it); use the relay' });
       return;
     }
     const st = this.ranks.get(rank);
@@ -86,6 +94,9 @@ export class AgentRequests {
       // Which chunk buffers the agent may reuse is for the coordinator to say, never the tool.
       request = { ...request, received: this.chunkAcks.get(rank) ?? [] };
       this.chunkAcks.delete(rank);
+    } else if (kind === 'fileServe') {
+      // Who may fetch from the agent is the coordinator's allow-list, never what the tool says.
+      request = { allowKeys: allow };
     }
     this.request(rank, { [kind]: request }, timeoutMs).then(
       (m) => (m.body === kind ? answer({ [kind]: m[kind] }, payloadOf(m)) : answer({ error: `rank ${rank} answered ${m.body} to ${kind}` })),

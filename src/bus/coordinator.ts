@@ -120,7 +120,7 @@ export class Coordinator extends EventEmitter {
       log: this.log,
       onPublished: () => this.stats.published++,
     });
-    this.agentRequests = new AgentRequests(this.rankTable, (route, msg, payload) => this.reply(route, msg, payload), this.drops, () => this.running);
+    this.agentRequests = new AgentRequests(this.rankTable, (route, msg, payload) => this.reply(route, msg, payload), this.drops, () => this.running, () => (this.opts.curve ? [...this.opts.curve.allow.keys()] : undefined));
     if (opts.ownFiles) this.ownFiles = new CoordinatorFiles(opts.ownFiles, this.expectedRanks[0] ?? 0, this.log);
     // Zero-valued series, so dashboards see every label from the start.
     for (const lane of ['config', 'dump']) this.metrics.lanes.inc({ lane }, 0);
@@ -393,7 +393,8 @@ export class Coordinator extends EventEmitter {
         else this.agentRequests.relay(routingId, msg);
         return;
       case 'fileList':
-      case 'fileChunk': {
+      case 'fileChunk':
+      case 'fileServe': {
         this.agentRequests.onAnswer(msg, rank, routingId, data);
         return;
       }

@@ -117,10 +117,10 @@ export class RelayClient {
   }
 
   /**
-   * Relay a fileList / fileChunk request to `rank`; throws on a relay or agent error. A chunk's
+   * Relay a fileList / fileChunk / fileServe request to `rank`; throws on a relay or agent error. A chunk's
    * data frame, when the reply has one, is attached to the result (payloadOf).
    */
-  async relay(rank: number, kind: 'fileList' | 'fileChunk', req: Record<string, unknown>, timeoutMs: number): Promise<Record<string, any>> {
+  async relay(rank: number, kind: 'fileList' | 'fileChunk' | 'fileServe', req: Record<string, unknown>, timeoutMs: number): Promise<Record<string, any>> {
     const m = this.checkVersion(await this.request({ relay: { rank, [kind]: req, timeoutMs, protocolVersion: PROTOCOL_VERSION } }, timeoutMs + 5000));
     if (m.body !== 'relay') throw new AggregateError(`coordinator answered ${m.body} to a relay request`);
     const r = m.relay as Record<string, any>;
@@ -130,6 +130,16 @@ export class RelayClient {
     if (inner.error) throw new AggregateError(`rank ${rank}: ${inner.error}`, 'ERR_AGENT');
     const data = payloadOf(m);
     return data ? withPayload(inner, data) : inner;
+  }
+
+  /** A chunk of `rank`'s file through the coordinator (a ChunkSource of aggregate-fetch.ts). */
+  fileChunk(rank: number, req: Record<string, unknown>, timeoutMs: number): Promise<Record<string, any>> {
+    return this.relay(rank, 'fileChunk', req, timeoutMs);
+  }
+
+  /** Ask `rank` to serve its files directly (FileServeRequest; the coordinator fills the allow-list). */
+  fileServe(rank: number, timeoutMs: number): Promise<Record<string, any>> {
+    return this.relay(rank, 'fileServe', {}, timeoutMs);
   }
 
   /** `layout`: the job's, from the status JSON; undefined when it carries none or a malformed one. */

@@ -64,7 +64,7 @@ export async function bindServerSockets(host: string, port: number, maxFrameByte
  * Count handshakes that fail before ZAP is asked: a wrong server key, a plain-text peer.
  * (ZAP refusals also raise an auth failure; the handler has counted those already.)
  */
-function watchHandshakes(sock: Publisher | Router, zap: ZapHandler): void {
+export function watchHandshakes(sock: Publisher | Router, zap: ZapHandler): void {
   const failed = (e: { address?: string; error?: Error }) => zap.refuse('handshake_failed', { address: e.address, error: e.error?.message });
   sock.events.on('handshake:error:protocol', failed);
   sock.events.on('handshake:error:other', failed);

@@ -18,6 +18,7 @@ import { resolveSnapshotConfig, snapshotFlagsFromArgv, snapshotOptions } from '.
 import { checkRunDirFits } from '../paths';
 import { waitForSignal } from './coordinator';
 import { mibFlag, msFlag } from './flags';
+import { DIRECT_FILES_FLAGS, directFilesSetup, type DirectFilesSetup } from './direct-files-flags';
 import { DEFAULT_CUDA_STAGING_BYTES } from '../memory';
 
 /** --cuda-staging-mb's ceiling: 1 GiB of pinned (locked) host memory per CUDA region. */
@@ -52,8 +53,11 @@ export interface AgentSetup {
   dumpRoot: string;
   /** --artifact-mode: KV dumps and input snapshots. */
   artifactModes: ArtifactModes;
+  /** --direct-files, --direct-files-host, --direct-files-port (docs/aggregate.md). */
+  directFiles: DirectFilesSetup;
   log: Logger;
 }
+
 
 /**
  * --dump-root, else $WAVEBUS_DUMP_ROOT, else the coordinator's own default for this working
@@ -87,7 +91,8 @@ export function setupAgent(argv: Record<string, unknown>, env: NodeJS.ProcessEnv
   const dumpRoot = localDumpRoot(argv['dump-root'], env, process.cwd());
   const log = createLogger(`wavebus-agent-rank${identity.globalRank}`);
   const artifactModes = parseArtifactMode(argv['artifact-mode'], '--artifact-mode');
-  return { identity, coordinator, heartbeatMs, runDir: given, runDirFlag, endOfWaveTimeoutMs, stagingBytes, cudaStagingBytes, curve, busToken, dumpRoot, artifactModes, log };
+  const directFiles = directFilesSetup(argv, env, identity.localRank);
+  return { identity, coordinator, heartbeatMs, runDir: given, runDirFlag, endOfWaveTimeoutMs, stagingBytes, cudaStagingBytes, curve, busToken, dumpRoot, artifactModes, directFiles, log };
 }
 
 export const command: CommandModule = {
@@ -107,6 +112,7 @@ export const command: CommandModule = {
       .option('curve-server-key', { type: 'string', describe: 'CURVE: the coordinator\'s public key file (its NAME.pub); needs --curve-key' })
       .option('dump-root', { type: 'string', describe: 'the only directory this agent writes and serves KV dumps under; a dump_dir from the bus must be it or below it (default $WAVEBUS_DUMP_ROOT, else <cwd>/runtime/report/kv_cache)' })
       .option('bus-token-file', { type: 'string', describe: 'the launcher\'s bus token file (0600): coordinator messages without its MAC are dropped (default $WAVEBUS_BUS_TOKEN_FILE)' })
+      .options(DIRECT_FILES_FLAGS)
       .option('curve-key', { type: 'string', describe: 'CURVE: this agent\'s key pair file (NAME.key from `wavebus keys`); its public key must be on the coordinator\'s allow-list' });
   },
   handler: async (argv) => {
@@ -127,6 +133,7 @@ export const command: CommandModule = {
       curve: a.curve,
       busToken: a.busToken,
       artifactModes: a.artifactModes,
+      directFiles: a.directFiles,
       snapshot,
       roots: { dumps: a.dumpRoot, snapshots: snapshot.snapshotRoot },
       logger: log,

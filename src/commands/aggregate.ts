@@ -1,6 +1,7 @@
 // `wavebus aggregate`: pull every rank's bundles (through the coordinator) into one tree with a
 // manifest. Exit 0 only when no expected rank is missing and every file arrived verified.
 import type { CommandModule } from 'yargs';
+import { DEFAULT_DIRECT_TIMEOUT_MS } from '../tools/aggregate-direct';
 import { aggregate, DEFAULT_CHUNK_MB, DEFAULT_WINDOW, MAX_CHUNK_MB, MAX_REQUEST_TIMEOUT_MS, type AggregateProgress } from '../tools/aggregate';
 import { parseHostPort } from '../bus/endpoints';
 import { loadBusToken } from '../bus/auth';
@@ -42,6 +43,8 @@ export const command: CommandModule = {
       .option('timeout-ms', { type: 'string', default: '30000', describe: 'per relayed request' })
       .option('bus-token-file', { type: 'string', describe: 'the job\'s bus token file, when its coordinator has one (default $WAVEBUS_BUS_TOKEN_FILE; `wavebus launch` sets it for its command)' })
       .options(CURVE_CLIENT_FLAGS)
+      .option('relay', { type: 'boolean', default: false, describe: 'with CURVE: fetch every chunk through the coordinator, never from the agents\' own file sockets' })
+      .option('direct-timeout-ms', { type: 'string', default: String(DEFAULT_DIRECT_TIMEOUT_MS), describe: 'with CURVE: how long a rank\'s file socket has to answer before its chunks go through the coordinator' })
       .option('json', { type: 'boolean', default: false, describe: 'print the manifest as JSON on stdout' }),
   handler: async (argv) => {
     keepFreedMemory(); // multi-MiB chunk frames: reuse freed memory instead of faulting in fresh pages
@@ -62,6 +65,8 @@ export const command: CommandModule = {
         window: intFlag(argv.window, '--window', 1, 64),
         // The relay adds its own margin to each request's timer: keep the sum a valid timer.
         requestTimeoutMs: msFlag(argv['timeout-ms'], '--timeout-ms', 1, MAX_REQUEST_TIMEOUT_MS),
+        direct: !argv.relay,
+        directTimeoutMs: msFlag(argv['direct-timeout-ms'], '--direct-timeout-ms', 1, MAX_REQUEST_TIMEOUT_MS),
         progress: progressBar(),
       });
       if (process.stderr.isTTY) process.stderr.write('\n');
@@ -75,6 +80,7 @@ export const command: CommandModule = {
             `manifest: ${String(argv.out)}/manifest.json\n`,
         );
       }
+      for (const r of m.direct.relayed) process.stderr.write(`wavebus aggregate: rank ${r}: fetched through the coordinator, not directly (${m.ranks[String(r)]?.direct_error ?? 'no reason given'})\n`);
       for (const r of m.missing_ranks) {
         const l = m.ranks[String(r)];
         process.stderr.write(`wavebus aggregate: rank ${r} missing${l?.errors.length ? ` (${l.errors.join('; ')})` : ' (listed no files)'}\n`);

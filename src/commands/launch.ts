@@ -8,6 +8,7 @@ import { launch } from '../launch/launcher';
 import { parseLaunchOptions } from '../launch/options';
 import { resolveSnapshotConfig, snapshotEnvFromArgv, snapshotFlagsFromArgv, snapshotOptions } from '../snapshot/config';
 import { createLogger } from '../log';
+import { directFilesSetup } from './direct-files-flags';
 
 export const command: CommandModule = {
   command: 'launch',
@@ -37,6 +38,9 @@ export const command: CommandModule = {
         'coordinator-arg': { type: 'string', array: true, describe: 'extra argument for `wavebus coordinator` (repeatable, verbatim)' },
         'agent-arg': { type: 'string', array: true, describe: 'extra argument for every `wavebus agent` (repeatable, verbatim)' },
         'artifact-mode': artifactModeOption,
+        'direct-files': { type: 'string', describe: 'with --curve-dir: agents serve their files to `wavebus aggregate` directly (on|off), passed to every agent as --direct-files', defaultDescription: 'on' },
+        'direct-files-host': { type: 'string', describe: 'the address agents of this host serve files on, passed as --direct-files-host', defaultDescription: "this host's address toward the coordinator" },
+        'direct-files-port': { type: 'string', describe: 'port base of those sockets (local rank L: PORT + L), passed as --direct-files-port', defaultDescription: 'ephemeral' },
         'linger-ms': { type: 'string', describe: 'after the command exits, keep agents and coordinator serving files this long (for `wavebus aggregate`)', defaultDescription: '0' },
         ...guardOptions,
         ...snapshotOptions,
@@ -68,6 +72,11 @@ export const command: CommandModule = {
       parseArtifactMode(a['artifact-mode'], '--artifact-mode');
       opts.coordinatorArgs.push(`--artifact-mode=${a['artifact-mode']}`);
       opts.agentArgs.push(`--artifact-mode=${a['artifact-mode']}`);
+    }
+    // Direct file serving: checked here (a bad value stops the launch), passed to every agent.
+    directFilesSetup(a, {}, opts.nprocPerNode - 1);
+    for (const flag of ['direct-files', 'direct-files-host', 'direct-files-port']) {
+      if (a[flag] !== undefined) opts.agentArgs.push(`--${flag}=${a[flag]}`);
     }
     // Snapshot flags become WAVEBUS_SNAPSHOT_* for the agents and the command; resolved once here.
     resolveSnapshotConfig(process.env, snapshotFlagsFromArgv(a), (m) => process.stderr.write(`wavebus launch: warning: ${m}\n`));

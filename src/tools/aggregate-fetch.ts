@@ -8,7 +8,24 @@ import { COORDINATOR_SOURCE, partName, type AggregateRoot } from './aggregate-li
 import { payloadOf } from '../bus/payload';
 import { crc32c, crc32cCombine, crc32cOfFd, formatChecksum } from '../artifacts/checksum';
 import type { WavebusError } from '../errors';
-import { AggregateError, type RelayClient } from '../bus/relay-client';
+import { AggregateError } from '../bus/relay-client';
+
+/** A file request as a chunk source takes it (FileChunkRequest without the buffer acks). */
+export type ChunkRequest = {
+  root: string;
+  path: string;
+  offset: number;
+  length: number;
+};
+
+/**
+ * Where a rank's chunks come from: the coordinator's relay (RelayClient) or the rank's own file
+ * socket (aggregate-direct.ts). Resolves with the agent's FileChunk, its bytes attached as the
+ * payload (payloadOf); throws AggregateError on a transport or agent error.
+ */
+export interface ChunkSource {
+  fileChunk(rank: number, req: ChunkRequest, timeoutMs: number): Promise<Record<string, any>>;
+}
 
 /** A file to fetch: where it goes, what the listing says it is, who listed it. */
 export interface Planned {
@@ -33,7 +50,7 @@ export interface FetchCtx {
 }
 
 /** Fetch one file from the first of its listers that serves it whole. Never throws for a bad file. */
-export async function fetchOne(client: RelayClient, f: Planned, ctx: FetchCtx): Promise<AggregatedFile> {
+export async function fetchOne(sourceOf: (rank: number) => ChunkSource, f: Planned, ctx: FetchCtx): Promise<AggregatedFile> {
   const base = { root: f.root, path: f.path, bytes: f.bytes, checksum: f.checksum, listedBy: f.listedBy };
   // Already here and whole (a previous run): skip without asking anyone.
   const have = openExisting(f.local, false);
@@ -59,7 +76,7 @@ export async function fetchOne(client: RelayClient, f: Planned, ctx: FetchCtx): 
     // A resumed .part whose whole-file check fails is refetched from scratch once.
     for (let attempt = 0; attempt < 2; attempt++) {
       try {
-        const resumed = await fetchFile(client, rank, f, ctx, attempt === 0);
+        const resumed = await fetchFile(sourceOf(rank), rank, f, ctx, attempt === 0);
         return { ...base, rank, status: resumed ? 'resumed' : 'fetched', verified: true };
       } catch (e) {
         if ((e as WavebusError).code === 'ERR_INJECTED') throw e;
@@ -101,7 +118,7 @@ interface Chunk {
 const CHUNK_ATTEMPTS = 3;
 
 /** Returns whether it resumed a .part. Throws AggregateError; the .part is kept only for resumable failures. */
-async function fetchFile(client: RelayClient, rank: number, f: Planned, ctx: FetchCtx, allowResume: boolean): Promise<boolean> {
+async function fetchFile(client: ChunkSource, rank: number, f: Planned, ctx: FetchCtx, allowResume: boolean): Promise<boolean> {
   const part = partName(f.local);
   let start = 0;
   // The running whole-file checksum; a resumed .part contributes what is already on disk.
@@ -191,11 +208,11 @@ async function fetchFile(client: RelayClient, rank: number, f: Planned, ctx: Fet
  * misplaced answer is asked for again; a short read whose bytes match their crc (the file shrank
  * since it was listed) will not heal and fails at once.
  */
-async function fetchChunk(client: RelayClient, rank: number, f: Planned, offset: number, length: number, timeoutMs: number): Promise<Chunk> {
+async function fetchChunk(client: ChunkSource, rank: number, f: Planned, offset: number, length: number, timeoutMs: number): Promise<Chunk> {
   let last = '';
   for (let attempt = 0; attempt < CHUNK_ATTEMPTS; attempt++) {
     // The coordinator answers its own roots whatever the rank field says (coordinator-files.ts).
-    const c = await client.relay(rank === COORDINATOR_SOURCE ? 0 : rank, 'fileChunk', { root: f.wireRoot, path: f.path, offset, length }, timeoutMs);
+    const c = await client.fileChunk(rank === COORDINATOR_SOURCE ? 0 : rank, { root: f.wireRoot, path: f.path, offset, length }, timeoutMs);
     // The bytes come as the reply's own frame; an agent that put them in the message is served too.
     const frame = payloadOf(c);
     const inline: Buffer | undefined = c.data?.length ? c.data : undefined;

@@ -6,14 +6,17 @@
 // written in order under a '.part' temp name while the next ones are in flight, checked against
 // the listing's whole-file checksum, fsynced once and renamed. Paths from agents are untrusted:
 // anything that would leave the output tree, or exceeds a local limit, is refused and counted,
-// never written (aggregate-listing.ts). Fetching one file: aggregate-fetch.ts.
+// never written (aggregate-listing.ts). Fetching one file: aggregate-fetch.ts. With CURVE, each
+// rank's chunks come from the rank's own file socket instead, one CURVE hop, falling back to the
+// relay for a rank whose socket does not answer (aggregate-direct.ts).
 import * as fs from 'fs';
 import * as path from 'path';
 import type { HostPort } from '../bus/endpoints';
 import type { BusToken } from '../bus/auth';
 import type { CurveClientKeys } from '../bus/curve';
 import { DEFAULT_MAX_FRAME_BYTES } from '../bus/constants';
-import { fetchOne, type Planned } from './aggregate-fetch';
+import { fetchOne, type ChunkSource, type Planned } from './aggregate-fetch';
+import { DEFAULT_DIRECT_TIMEOUT_MS, interleaveByRank, openRankSource, type RankSource, type RankTransport } from './aggregate-direct';
 import { AggregateError, RelayClient } from '../bus/relay-client';
 import { ConfigError, WavebusError } from '../errors';
 import { fsyncDir, writeJsonAtomic } from '../artifacts/atomic-write';
@@ -77,6 +80,13 @@ export interface AggregateOptions {
   /** Per relayed request. */
   requestTimeoutMs?: number;
   progress?: (p: AggregateProgress) => void;
+  /**
+   * With `curve`: fetch each rank's chunks from its own file socket (aggregate-direct.ts); false
+   * (--relay) sends every chunk through the coordinator. Default true.
+   */
+  direct?: boolean;
+  /** How long a rank's file socket has to answer before its chunks go through the relay. */
+  directTimeoutMs?: number;
   /** Test hook (fault injection): throw once this many bytes were written in this run. */
   failAfterBytes?: number;
 }
@@ -108,6 +118,10 @@ export interface RankListing {
   files: number;
   bytes: number;
   errors: string[];
+  /** How its chunks travelled (present for a rank something was fetched from, with CURVE). */
+  transport?: RankTransport['transport'];
+  direct_error?: string;
+  endpoint?: string;
 }
 
 export interface AggregateManifest {
@@ -132,6 +146,11 @@ export interface AggregateManifest {
   refused: RefusedPath[];
   conflicts: { root: AggregateRoot; path: string; detail: string }[];
   totals: { files: number; bytes: number; fetched_files: number; fetched_bytes: number; present_files: number; failed_files: number; refused: number };
+  /**
+   * Direct fetch (docs/aggregate.md): asked (CURVE on and not --relay), the ranks fetched from
+   * their own file sockets, and those fetched through the coordinator instead (why: ranks[r].direct_error).
+   */
+  direct: { asked: boolean; ranks: number[]; relayed: number[] };
   /** Messages from the coordinator that were not well-formed replies, dropped, by reason. */
   dropped: Record<string, number>;
   /** Nothing missing, nothing failed, nothing refused, every file verified, the coordinator's files listed. */
@@ -261,6 +280,28 @@ export async function aggregate(opts: AggregateOptions): Promise<AggregateManife
 
     // 3. Fetch, a few files at a time; each file resumes from its .part or is skipped when whole.
     const plan = [...planned.values()].sort((a, b) => (a.root + a.path).localeCompare(b.root + b.path));
+    // With CURVE, each rank that lists something serves its chunks itself (all ranks at once).
+    const directAsked = opts.curve !== undefined && opts.direct !== false;
+    const sources = new Map<number, RankSource>();
+    if (directAsked) {
+      const probes = new Map<number, Planned>();
+      for (const f of plan) for (const r of f.listedBy) if (r !== COORDINATOR_SOURCE && !probes.has(r)) probes.set(r, f);
+      const t = Math.min(timeoutMs, opts.directTimeoutMs ?? DEFAULT_DIRECT_TIMEOUT_MS);
+      await Promise.all(
+        [...probes].map(async ([r, f]) => {
+          const s = await openRankSource(client, r, opts.curve!, { root: f.wireRoot, path: f.path, offset: 0, length: 0 }, t);
+          sources.set(r, s);
+        }),
+      );
+    }
+    const sourceOf = (rank: number): ChunkSource => sources.get(rank) ?? client;
+    // Ranks served directly are fetched side by side: interleave the plan by rank, a worker per rank.
+    let workers = parallelFiles;
+    const direct = [...sources.values()].filter((s) => s.state.transport === 'direct').length;
+    if (direct > 1) {
+      workers = Math.max(parallelFiles, direct);
+      plan.splice(0, plan.length, ...interleaveByRank(plan));
+    }
     const progress: AggregateProgress = { doneBytes: 0, totalBytes: plan.reduce((n, f) => n + f.bytes, 0), doneFiles: 0, totalFiles: plan.length };
     const results: AggregatedFile[] = [];
     const dirs = new Set<string>();
@@ -280,7 +321,7 @@ export async function aggregate(opts: AggregateOptions): Promise<AggregateManife
         const f = plan[next++];
         let r: AggregatedFile;
         try {
-          r = await fetchOne(client, f, { chunkBytes, window, timeoutMs, onWrite, progress });
+          r = await fetchOne(sourceOf, f, { chunkBytes, window, timeoutMs, onWrite, progress });
         } catch (e) {
           if ((e as WavebusError).code === 'ERR_INJECTED') {
             fatal = e as Error;
@@ -295,7 +336,12 @@ export async function aggregate(opts: AggregateOptions): Promise<AggregateManife
         opts.progress?.(progress);
       }
     };
-    await Promise.all(Array.from({ length: Math.max(1, parallelFiles) }, worker));
+    try {
+      await Promise.all(Array.from({ length: Math.max(1, workers) }, worker));
+    } finally {
+      for (const [r, s] of sources) Object.assign(listings[String(r)] ?? {}, s.state);
+      await Promise.all([...sources.values()].map((s) => s.close()));
+    }
     if (fatal) throw fatal;
     for (const d of dirs) fsyncDir(d);
 
@@ -329,6 +375,11 @@ export async function aggregate(opts: AggregateOptions): Promise<AggregateManife
         present_files: results.filter((r) => r.status === 'present').length,
         failed_files: failed.length,
         refused: refused.length,
+      },
+      direct: {
+        asked: directAsked,
+        ranks: [...sources].filter(([, s]) => s.state.transport === 'direct').map(([r]) => r).sort((a, b) => a - b),
+        relayed: [...sources].filter(([, s]) => s.state.transport === 'relay').map(([r]) => r).sort((a, b) => a - b),
       },
       dropped: { ...client.dropped },
       complete:
