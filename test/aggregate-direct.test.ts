@@ -110,6 +110,7 @@ async function writeBundle(dumps: string, rank: number): Promise<void> {
       const { DirectClient, checkFileServeReply } = require(${dist('tools/aggregate-direct.js')});
       const { loadCurveDirClient, loadKeyPair, clientSocketOptions } = require(${dist('bus/curve.js')});
       const { encodeCoordinatorMessage } = require(${dist('bus/frames.js')});
+      const { PROTOCOL_VERSION } = require(${dist('bus/protocol-version.js')});
       (async () => {
         const keys = loadCurveDirClient(${JSON.stringify(keyDir)});
         const relay = new RelayClient({ host: ${JSON.stringify(pair.addrA)}, port: ${PORT} }, undefined, undefined, keys);
@@ -129,7 +130,7 @@ async function writeBundle(dumps: string, rank: number): Promise<void> {
         raw.connect(s.endpoint);
         await raw.send([Buffer.from([0xff, 0xff, 0xff, 0x0f, 1, 2, 3])]);
         await raw.send([Buffer.from('a'), Buffer.from('b'), Buffer.from('c')]);
-        await raw.send([encodeCoordinatorMessage({ requestId: 7, status: { protocolVersion: 4 } })]);
+        await raw.send([encodeCoordinatorMessage({ requestId: 7, status: { protocolVersion: PROTOCOL_VERSION } })]);
         await new Promise((r) => setTimeout(r, 300));
         // The agent still serves an admitted client.
         const good = new DirectClient(0, s.endpoint, s.serverKey, keys, false);
