@@ -54,6 +54,19 @@ export async function main(argv: string[]): Promise<void> {
       }
       process.exit(2);
     });
+  // A flag given twice takes its last value, as in most CLIs (yargs would make an array of it and
+  // hand a path-taking option a list). Only declared scalar options: arrays (--agent-arg),
+  // positionals and the command after `--` keep every value.
+  parser.middleware((args) => {
+    const o = (parser as unknown as { getOptions(): Record<'array' | 'string' | 'number' | 'boolean', string[]> }).getOptions();
+    const arrays = new Set(o.array);
+    for (const k of [...o.string, ...o.number, ...o.boolean]) {
+      const v = args[k];
+      if (arrays.has(k) || !Array.isArray(v)) continue;
+      const last = v[v.length - 1];
+      for (const key of new Set([k, k.replace(/-([a-z])/g, (_, c: string) => c.toUpperCase())])) if (Array.isArray(args[key])) args[key] = last;
+    }
+  }, true);
   for (const c of loadCommands(argv[0])) parser.command(c);
   await parser.parseAsync();
 }

@@ -311,7 +311,7 @@ describe('wavebus launch end to end', () => {
     const r = spawnWavebus(['launch', '--nproc-per-node', '2', '--port', String(port), '--run-dir', runDir, '--agent-arg=--bogus-flag', '--', process.execPath, probe, out, '0']);
     const { code } = await r.exited;
     expect(code).toBe(1);
-    expect(r.stderr()).toMatch(/agent local\d\/rank\d exited with code 2 before the job was ready; its output ends with:\n.*Unknown argument.*bogus-flag/);
+    expect(r.stderr()).toMatch(/agent local\d\/rank\d exited with code 2 before the job was ready \(started with the extra arguments \[.*"--bogus-flag.*\] from --agent-arg .*\); its output ends with:\n.*Unknown argument.*bogus-flag/);
     expect(fs.existsSync(out)).toBe(false);
     expect(pidsWith('agent', runDir)).toEqual([]);
     expect(pidsWith('coordinator', '--port', String(port))).toEqual([]);

@@ -20,7 +20,9 @@ const layout: WorldLayout = { worldSize: 2, tp: 2, pp: 1, dp: 1, cp: 1 };
 const identity = (rank: number) => resolveIdentity({}, { rank, worldSize: 2, tp: 2, pp: 1 });
 
 test('the version is the proto enum PROTOCOL_VERSION_CURRENT', () => {
-  expect(PROTOCOL_VERSION).toBe(4);
+  const proto = require('fs').readFileSync(require('path').join(__dirname, '..', 'proto', 'wavebus.proto'), 'utf8') as string;
+  expect(PROTOCOL_VERSION).toBe(Number(/PROTOCOL_VERSION_CURRENT = (\d+);/.exec(proto)?.[1]));
+  expect(PROTOCOL_VERSION).toBe(5);
 });
 
 describe('a new coordinator and old peers', () => {

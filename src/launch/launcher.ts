@@ -151,7 +151,10 @@ export async function launch(opts: LaunchOptions, logger?: Logger): Promise<numb
     for (const s of sidecars) {
       void s.exited.then(() => {
         const tail = s.stderrTail();
-        abortStartup(new LaunchError(`${s.name} ${s.describeExit()} before the job was ready${tail ? `; its output ends with:\n${tail}` : ''}`));
+        // Name the flags that put arguments on its command line: a bad one shows up only there.
+        const [extra, flag] = s.name === 'coordinator' ? [opts.coordinatorArgs, '--coordinator-arg'] : [opts.agentArgs, '--agent-arg'];
+        const given = extra.length ? ` (started with the extra arguments ${JSON.stringify(extra)} from ${flag} and launch's own flags)` : '';
+        abortStartup(new LaunchError(`${s.name} ${s.describeExit()} before the job was ready${given}${tail ? `; its output ends with:\n${tail}` : ''}`));
       });
     }
 

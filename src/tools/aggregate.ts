@@ -176,7 +176,11 @@ export async function aggregate(opts: AggregateOptions): Promise<AggregateManife
   }
   const prefix = opts.prefix ?? '';
   const roots: AggregateRoot[] = what === 'all' ? ['dumps', 'snapshots'] : [what];
-  fs.mkdirSync(out, { recursive: true });
+  try {
+    fs.mkdirSync(out, { recursive: true });
+  } catch (e) {
+    throw new ConfigError(`--out ${out}: cannot create the output directory: ${(e as Error).message}`);
+  }
 
   const client = new RelayClient(opts.coordinator, DEFAULT_MAX_FRAME_BYTES, opts.busToken, opts.curve);
   try {
