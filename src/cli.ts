@@ -4,7 +4,7 @@
 import * as fs from 'fs';
 import * as path from 'path';
 import yargs, { CommandModule } from 'yargs';
-import { WavebusError } from './errors';
+import { ConfigError, WavebusError } from './errors';
 
 const commandsIn = (file: string): CommandModule[] =>
   Object.values(require(file) as Record<string, unknown>).filter((c): c is CommandModule => typeof c === 'object' && c !== null && 'command' in c && 'handler' in c);
@@ -35,6 +35,17 @@ function loadCommands(first: string | undefined): CommandModule[] {
     .flatMap((f) => commandsIn(path.join(dir, f)));
 }
 
+/** How every command-line error ends: one line naming what was wrong, exit 2. */
+function fail(msg: string | null, err?: Error): never {
+  if (err) {
+    const code = err instanceof WavebusError ? ` [${err.code}]` : '';
+    process.stderr.write(`wavebus: ${err.message}${code}\n`);
+  } else {
+    process.stderr.write(`wavebus: ${msg}\nRun with --help for usage.\n`);
+  }
+  process.exit(2);
+}
+
 export async function main(argv: string[]): Promise<void> {
   const parser = yargs(argv)
     .scriptName('wavebus')
@@ -45,26 +56,28 @@ export async function main(argv: string[]): Promise<void> {
     .help()
     .alias('h', 'help')
     .wrap(Math.min(110, process.stdout.columns || 100))
-    .fail((msg, err) => {
-      if (err) {
-        const code = err instanceof WavebusError ? ` [${err.code}]` : '';
-        process.stderr.write(`wavebus: ${err.message}${code}\n`);
-      } else {
-        process.stderr.write(`wavebus: ${msg}\nRun with --help for usage.\n`);
-      }
-      process.exit(2);
-    });
+    .fail(fail);
   // A flag given twice takes its last value, as in most CLIs (yargs would make an array of it and
   // hand a path-taking option a list). Only declared scalar options: arrays (--agent-arg),
   // positionals and the command after `--` keep every value.
   parser.middleware((args) => {
     const o = (parser as unknown as { getOptions(): Record<'array' | 'string' | 'number' | 'boolean', string[]> }).getOptions();
     const arrays = new Set(o.array);
+    const camel = (k: string) => k.replace(/-([a-z])/g, (_, c: string) => c.toUpperCase());
     for (const k of [...o.string, ...o.number, ...o.boolean]) {
       const v = args[k];
       if (arrays.has(k) || !Array.isArray(v)) continue;
       const last = v[v.length - 1];
-      for (const key of new Set([k, k.replace(/-([a-z])/g, (_, c: string) => c.toUpperCase())])) if (Array.isArray(args[key])) args[key] = last;
+      for (const key of new Set([k, camel(k)])) if (Array.isArray(args[key])) args[key] = last;
+    }
+    // A switch given a value (--detached=0x10) is refused by name: yargs would read it as false.
+    const switches = new Set(o.boolean);
+    const end = argv.indexOf('--');
+    for (const token of end < 0 ? argv : argv.slice(0, end)) {
+      const m = /^--(?:no-)?([^=]+)=(.*)$/s.exec(token);
+      if (m && switches.has(m[1]) && m[2] !== 'true' && m[2] !== 'false') {
+        fail(null, new ConfigError(`--${m[1]}: a switch takes no value or =true / =false, got ${JSON.stringify(m[2].slice(0, 60))}`));
+      }
     }
   }, true);
   for (const c of loadCommands(argv[0])) parser.command(c);

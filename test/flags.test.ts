@@ -107,3 +107,28 @@ describe('"1e3" is refused by every command, naming the flag', () => {
     expect(r.code).toBe(2);
   });
 });
+
+describe('flags given twice, and switches given a value', () => {
+  test('a scalar flag given twice takes its last value (a path option never gets a list)', () => {
+    const dir = tmpDir();
+    const out = path.join(dir, 'second');
+    const r = runWavebus(['sim', '--detached', '--steps', '2', '--step-ms', '0', '--result-dir', path.join(dir, 'first'), '--result-dir', out], { env: env() });
+    expect(r.code).toBe(0);
+    expect(require('fs').readdirSync(out).length).toBeGreaterThan(0);
+    expect(require('fs').existsSync(path.join(dir, 'first'))).toBe(false);
+  });
+
+  test('a switch given a value that is not true or false is refused by name, not read as false', () => {
+    const r = runWavebus(['sim', '--detached=0x10', '--steps', '1', '--result-dir', tmpDir()], { env: env() });
+    expect(r.code).toBe(2);
+    expect(r.stderr).toMatch(/--detached: a switch takes no value or =true \/ =false, got "0x10"/);
+    expect(runWavebus(['sim', '--detached=true', '--steps', '1', '--step-ms', '0', '--result-dir', tmpDir()], { env: env() }).code).toBe(0);
+  });
+
+  test('an array flag keeps every value: each --agent-arg reaches the agents', () => {
+    const r = runWavebus(['launch', '--port', String(port), '--run-dir', path.join(tmpDir(), 'l'), '--agent-arg=--staging-mb=8', '--agent-arg=--bogus-one', '--', 'true'], { env: env(), timeout: 30000 });
+    expect(r.code).toBe(1);
+    expect(r.stderr).toMatch(/started with the extra arguments \["--staging-mb=8","--bogus-one"\] from --agent-arg/);
+    expect(r.stderr).toMatch(/Unknown arguments?: bogus-one/);
+  });
+});
