@@ -5,7 +5,7 @@ import * as zmq from 'zeromq';
 import { WavebusError } from '../errors';
 import type { Logger } from '../log';
 import { ClientReply, ClientRequest, encode, toPlain } from '../proto';
-import { waveHeadBytes } from '../bus/wave-head-relay';
+import { oneWayWaveHead, waveHeadBytes } from '../bus/wave-head-relay';
 import { CLIENT_PROTOCOL_VERSION, protocolMismatch } from '../client/protocol';
 
 export type ClientHandler = (req: Record<string, any>, interim: () => void) => Promise<Record<string, unknown>>;
@@ -48,6 +48,13 @@ export class ClientServer {
           this.stats.badClientFrames++;
           continue;
         }
+        // The per-step one-way wave head: its bytes go on to the coordinator as they came, undecoded.
+        const head = oneWayWaveHead(frame);
+        if (head) {
+          this.stats.clientRequests++;
+          this.relayWaveHead(head);
+          continue;
+        }
         let msg: ReturnType<typeof ClientRequest.decode> & { id?: unknown; waveHead?: { wave?: unknown } };
         try {
           msg = ClientRequest.decode(frame);
@@ -56,7 +63,7 @@ export class ClientServer {
           continue;
         }
         this.stats.clientRequests++;
-        // The per-step one-way wave head: its bytes go on to the coordinator as they came.
+        // A wave head the walk above left (e.g. wave_head repeated): its bytes if they can be taken.
         if (msg.waveHead && Number(msg.id ?? 0) === 0) {
           const raw = waveHeadBytes(frame);
           if (raw) {
