@@ -4,7 +4,8 @@
 // idle) and spins `--compute-us` (the engine's host-side work). By default two requests arrive
 // every step for the whole run, so the detectors always have a batch (about 40 running requests
 // once the KV pool is full, a prefill step about every third step). The TP ranks meet once per
-// step (the sim's stand-in for the all-reduce) in every mode, absent included.
+// step (the sim's stand-in for the all-reduce) in every mode, absent included. The CPU of each
+// run's process tree (GNU time) is reported too: it moves far less with the host's load.
 import { spawn } from 'child_process';
 import * as fs from 'fs';
 import * as os from 'os';
@@ -13,14 +14,27 @@ import yargs from 'yargs';
 
 const BIN = path.resolve(__dirname, '..', '..', 'bin', 'wavebus.js');
 
-function runCli(args: string[], env: NodeJS.ProcessEnv): Promise<number> {
+/** GNU time: the CPU seconds of a run's whole process tree (launcher, coordinator, agents, engine ranks). */
+const TIME = '/usr/bin/time';
+
+/** Exit code, and the CPU seconds (user + system) of the run's process tree when GNU time is there (else NaN). */
+function runCli(args: string[], env: NodeJS.ProcessEnv, cpuFile: string): Promise<{ code: number; cpuS: number }> {
   return new Promise((resolve) => {
-    const child = spawn(process.execPath, [BIN, ...args], { env, stdio: ['ignore', 'ignore', 'pipe'] });
+    const timed = fs.existsSync(TIME);
+    const argv = [BIN, ...args];
+    const child = timed
+      ? spawn(TIME, ['-f', '%U %S', '-o', cpuFile, process.execPath, ...argv], { env, stdio: ['ignore', 'ignore', 'pipe'] })
+      : spawn(process.execPath, argv, { env, stdio: ['ignore', 'ignore', 'pipe'] });
     let err = '';
     child.stderr.on('data', (b) => (err = (err + b.toString()).slice(-4000)));
     child.on('exit', (code) => {
       if (code !== 0) process.stderr.write(`bench overhead: ${args.slice(0, 2).join(' ')} exited ${code}: ${err}\n`);
-      resolve(code ?? 1);
+      let cpuS = NaN;
+      if (timed) {
+        const [u, sys] = (fs.existsSync(cpuFile) ? fs.readFileSync(cpuFile, 'utf8') : '').trim().split('\n').pop()!.split(' ').map(Number);
+        if (Number.isFinite(u) && Number.isFinite(sys)) cpuS = u + sys;
+      }
+      resolve({ code: code ?? 1, cpuS });
     });
   });
 }
@@ -99,17 +113,21 @@ export async function run(argv: string[]): Promise<Record<string, unknown>> {
   const env = { ...process.env, WAVEBUS_LOG_LEVEL: 'error' };
   const best = { absent: 0, off: 0, on: 0 };
   const runs: Record<'absent' | 'off' | 'on', RunStats[]> = { absent: [], off: [], on: [] };
+  /** CPU µs per step of each run's whole process tree (start-up included). */
+  const cpu: Record<'absent' | 'off' | 'on', number[]> = { absent: [], off: [], on: [] };
   try {
     for (let round = 0; round < a.rounds; round++) {
       for (const mode of ['absent', 'off', 'on'] as const) {
         const dir = path.join(work, `r${round}-${mode}`);
-        const code =
+        const cpuFile = path.join(work, `r${round}-${mode}.cpu`);
+        const { code, cpuS } =
           mode === 'absent'
-            ? await runCli(sim(dir, ['--detached']), env)
-            : await runCli(launch(mode === 'off' ? offConfig : onConfig, sim(dir)), env);
+            ? await runCli(sim(dir, ['--detached']), env, cpuFile)
+            : await runCli(launch(mode === 'off' ? offConfig : onConfig, sim(dir)), env, cpuFile);
         if (code !== 0) throw new Error(`${mode} run failed (exit ${code})`);
         const r = readRun(dir);
         runs[mode].push(r);
+        cpu[mode].push((cpuS * 1e6) / a.steps);
         best[mode] = Math.max(best[mode], r.rate);
       }
     }
@@ -143,6 +161,11 @@ export async function run(argv: string[]): Promise<Record<string, unknown>> {
     detectors_slow_end_of_wave_fraction: onRuns.map((r) => fixed(r.slowFraction, 5)),
     detectors_late_vectors: onRuns.map((r) => r.lateVectors),
     detectors_timeouts: onRuns.map((r) => r.timeouts),
+    // CPU of the whole process tree per step (median of the rounds), and what wavebus adds to it:
+    // far less sensitive to this host's load than the rates. Start-up is included (spread over --steps).
+    cpu_us_per_step: { absent: fixed(median(cpu.absent), 1), off: fixed(median(cpu.off), 1), on: fixed(median(cpu.on), 1) },
+    off_cpu_us_per_step_added: fixed(median(cpu.off.map((c, i) => c - cpu.absent[i])), 1),
+    detectors_cpu_us_per_step_added: fixed(median(cpu.on.map((c, i) => c - cpu.absent[i])), 1),
     target: { off_ratio: 0.995, detectors_ratio: 0.98, detectors_ratio_1ms: 0.95, waited_fraction: 0 },
   };
 }

@@ -1,6 +1,6 @@
 // The agent relays its client's one-way wave head to the coordinator byte for byte
 // (src/bus/wave-head-relay.ts): what the coordinator decodes must be exactly what the client sent.
-import { agentWaveHead, waveHeadBytes } from '../src/bus/wave-head-relay';
+import { agentWaveHead, oneWayWaveHead, waveHeadBytes } from '../src/bus/wave-head-relay';
 import { decodeAgentMessage } from '../src/bus/frames';
 import type { RequestStep } from '../src/messages';
 import { AgentMessage, ClientRequest, decode, encode, encodeTrusted, messageType } from '../src/proto';
@@ -61,6 +61,47 @@ test('frames the relay cannot take as they are are left to the full re-encode; g
     if (raw) {
       expect(raw.byteOffset + raw.length).toBeLessThanOrEqual(junk.byteOffset + junk.length);
       expect(raw.byteOffset).toBeGreaterThanOrEqual(junk.byteOffset);
+    }
+  }
+});
+
+test('the agent takes a one-way wave head without decoding it, and leaves everything else to the full decode', () => {
+  const body = waveHeadBody(2 ** 40 + 3, [step('a-1', [5, 6], [3, 4], { promptTokenIds: [1, 2, 3] }), step('b-2', [7], [9])]);
+  for (const frame of [encode(ClientRequest, { id: 0, waveHead: body }), encodeTrusted(ClientRequest, { waveHead: body })]) {
+    const raw = oneWayWaveHead(frame)!;
+    expect(raw).toBeDefined();
+    expect(Buffer.from(raw)).toEqual(Buffer.from(waveHeadBytes(frame)!));
+    expect(decode(WaveHeadRequest, raw)).toEqual(decode(ClientRequest, frame).waveHead);
+  }
+  const once = encode(ClientRequest, { id: 0, waveHead: body });
+  // a request id (the client waits for a reply), even one above 2^32, or one written with extra zero groups
+  expect(oneWayWaveHead(encode(ClientRequest, { id: 7, waveHead: body }))).toBeUndefined();
+  expect(oneWayWaveHead(encode(ClientRequest, { id: 2 ** 33, waveHead: body }))).toBeUndefined();
+  expect(oneWayWaveHead(Buffer.concat([Buffer.from([0x08, 0x80, 0x00]), once]))).toBeDefined();
+  // wave_head twice, another body after it, an unknown field: the full decode decides
+  expect(oneWayWaveHead(Buffer.concat([once, once]))).toBeUndefined();
+  expect(oneWayWaveHead(Buffer.concat([once, encode(ClientRequest, { endOfWave: { wave: 3 } })]))).toBeUndefined();
+  expect(oneWayWaveHead(Buffer.concat([once, Buffer.from([0x78, 0x01])]))).toBeUndefined();
+  // cut short, at the outer or at the inner level
+  expect(oneWayWaveHead(once.subarray(0, once.length - 1))).toBeUndefined();
+  expect(oneWayWaveHead(Buffer.from([0x22, 0x02, 0x08]))).toBeUndefined();
+  // a wave head whose own fields do not walk: a wire type that does not exist, a group, field 0
+  for (const inner of [[0x0e, 0x01], [0x0b, 0x0c], [0x00, 0x01], [0x08, 0xff]]) {
+    expect(oneWayWaveHead(Buffer.from([0x22, inner.length, ...inner]))).toBeUndefined();
+  }
+  // not a wave head at all
+  expect(oneWayWaveHead(encode(ClientRequest, { id: 4, endOfWave: { wave: 3 } }))).toBeUndefined();
+  expect(oneWayWaveHead(Buffer.alloc(0))).toBeUndefined();
+  // random bytes never throw, and what is taken lies inside the frame and walks as a wave head
+  const rand = prng(12);
+  for (let i = 0; i < 20000; i++) {
+    const junk = Buffer.alloc(1 + Math.floor(rand() * 64));
+    for (let k = 0; k < junk.length; k++) junk[k] = Math.floor(rand() * 256);
+    if (i % 2 === 0) (junk[0] = 0x22), (junk[1] = Math.min(junk[1] & 0x3f, junk.length - 2));
+    const raw = oneWayWaveHead(junk);
+    if (raw) {
+      expect(raw.byteOffset).toBeGreaterThanOrEqual(junk.byteOffset);
+      expect(raw.byteOffset + raw.length).toBeLessThanOrEqual(junk.byteOffset + junk.length);
     }
   }
 });

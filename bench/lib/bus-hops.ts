@@ -8,10 +8,11 @@ import { randomBytes } from 'crypto';
 import { BusToken } from '../../src/bus/auth';
 import { DropCounter, decodeBusFrame, encodeBusFrame } from '../../src/bus/frames';
 import { openRouterMessage } from '../../src/bus/router-inbox';
-import { agentWaveHead } from '../../src/bus/wave-head-relay';
-import { ColumnScratch } from '../../src/client/telemetry';
+import { agentWaveHead, oneWayWaveHead, waveHeadBytes } from '../../src/bus/wave-head-relay';
+import { ColumnScratch, columnsToWire, TelemetryColumnizer } from '../../src/client/telemetry';
+import { WaveBook } from '../../src/agent/wave-book';
 import { MailboxWriter } from '../../src/client/mailbox';
-import { encodeTrusted, messageType } from '../../src/proto';
+import { ClientRequest, encodeTrusted, messageType } from '../../src/proto';
 import { DEFAULT_MAX_FRAME_BYTES } from '../../src/bus/constants';
 import { p50p99 } from './bus-receipts';
 
@@ -39,6 +40,10 @@ export function cpuHops(): Record<string, { p50_us: number; p99_us: number }> {
   const sealed = token.seal('pub', frame, undefined, topicBuf);
   const waveHeadReq = encodeTrusted(messageType('WaveHeadRequest'), { wave: 1000 });
   const relayed = token.seal('to-coordinator', agentWaveHead(3, epoch, waveHeadReq));
+  // The client's wave head as the engine sends it: telemetry of a 64-request batch.
+  const batch = Array.from({ length: 64 }, (_, i) => ({ reqId: `req-${i}`, newTokenIds: [100 + i], newTokenLogprobs: [-0.5], newTokenRanks: [], draftLen: 0, accepted: 0, blockIds: [i, i + 64], finished: false, freed: false, promptLen: 100, numOutputTokens: 10 }));
+  const clientHead = encodeTrusted(ClientRequest, { id: 0, waveHead: { wave: 1000, telemetry: { wave: 999, columns: columnsToWire(new TelemetryColumnizer().columns(batch)) } } });
+  const book = new WaveBook();
   const drops = new DropCounter(undefined, 'bench');
   const scratch = new ColumnScratch();
   const routingId = Buffer.from([0, 1, 2, 3, 4]);
@@ -47,7 +52,13 @@ export function cpuHops(): Record<string, { p50_us: number; p99_us: number }> {
   try {
     return {
       // agent: the client's wave head forwarded to the coordinator (bytes as they came, + MAC)
+      // agent 0: its client's wave head (64 requests' telemetry) taken for the relay, as it does now
+      // (a walk of the fields) and as it did before 6c6d13e (a full decode), for comparison
+      agent_take_client_wave_head: time(() => oneWayWaveHead(clientHead)),
+      agent_take_client_wave_head_by_decode: time(() => (ClientRequest.decode(clientHead), waveHeadBytes(clientHead))),
       agent_relay_wave_head: time(() => agentWaveHead(3, epoch, waveHeadReq)),
+      // agent: its record of the waves on a vector's arrival (bounded history)
+      agent_wave_book_arrive: time((i) => book.arrive(i + 1, i - 1)),
       agent_relay_seal: time(() => token.seal('to-coordinator', agentWaveHead(3, epoch, waveHeadReq))),
       // coordinator: open + decode the relayed wave head (no telemetry)
       coordinator_open_wave_head: time(() => openRouterMessage([routingId, relayed], DEFAULT_MAX_FRAME_BYTES, token, scratch, drops)),

@@ -304,7 +304,8 @@ export class Agent {
 
   private onWave(w: WaveEvent): void {
     const wave = w.head.wave;
-    this.log.debug({ wave, seq: w.head.seq, config: w.config?.version, dumps: w.dump?.jobs.map((j) => j.jobId) }, 'wave');
+    // Guarded: the log line's object would be built on every wave even with debug off.
+    if (this.log.isLevelEnabled('debug')) this.log.debug({ wave, seq: w.head.seq, config: w.config?.version, dumps: w.dump?.jobs.map((j) => j.jobId) }, 'wave');
     if (w.dump) this.dumpLanes.set(wave, w.dump);
     // Every rank takes a config at the end of its wave, through settle(): a rank whose engine is off
     // the vector goes on it now (publishFeatures), before its engine reaches that wave.

@@ -5,7 +5,7 @@ import * as zmq from 'zeromq';
 import { WavebusError } from '../errors';
 import type { Logger } from '../log';
 import { ClientReply, ClientRequest, encode, toPlain } from '../proto';
-import { waveHeadBytes } from '../bus/wave-head-relay';
+import { oneWayWaveHead, waveHeadBytes } from '../bus/wave-head-relay';
 import { CLIENT_PROTOCOL_VERSION, protocolMismatch } from '../client/protocol';
 
 export type ClientHandler = (req: Record<string, any>, interim: () => void) => Promise<Record<string, unknown>>;
@@ -61,6 +61,13 @@ export class ClientServer {
           this.stats.badClientFrames++;
           continue;
         }
+        // The per-step one-way wave head: its bytes go on to the coordinator as they came, undecoded.
+        const head = oneWayWaveHead(frame);
+        if (head) {
+          this.stats.clientRequests++;
+          this.relayWaveHead(head);
+          continue;
+        }
         let msg: ReturnType<typeof ClientRequest.decode> & { id?: unknown; body?: string; waveHead?: { wave?: unknown } };
         try {
           msg = ClientRequest.decode(frame);
@@ -69,9 +76,9 @@ export class ClientServer {
           continue;
         }
         this.stats.clientRequests++;
-        // The per-step one-way wave head: its bytes go on to the coordinator as they came. The
-        // body decides (the oneof's last field), never a wave_head field that a later one replaced:
-        // a request whose body is another kind is answered like any other.
+        // A wave head the walk above left (e.g. wave_head repeated): its bytes if they can be taken.
+        // The body decides (the oneof's last field), never a wave_head field that a later one
+        // replaced: a request whose body is another kind is answered like any other.
         if (msg.body === 'waveHead' && Number(msg.id ?? 0) === 0 && onlyBodySet(msg as unknown as Record<string, unknown>)) {
           const raw = waveHeadBytes(frame);
           if (raw) {

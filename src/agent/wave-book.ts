@@ -21,9 +21,8 @@ export class WaveBook {
     this.arrived.add(wave);
     this.wake(wave);
     if (floor !== undefined) this.setFloor(floor);
-    for (const m of [this.arrived, this.ended]) {
-      if (m.size > WAVE_HISTORY) for (const k of [...m].sort((a, b) => a - b).slice(0, m.size - WAVE_HISTORY)) m.delete(k);
-    }
+    trim(this.arrived);
+    trim(this.ended);
   }
 
   /** The floor follows the newest vector (it moves down too: an engine that restarted its waves). */
@@ -59,6 +58,18 @@ export class WaveBook {
   private wake(wave: number): void {
     for (const fn of this.waiters.get(wave) ?? []) fn();
     this.waiters.delete(wave);
+  }
+}
+
+/**
+ * Keep the WAVE_HISTORY highest waves. Called on every wave, so the set is at most one over:
+ * the lowest is found by one pass (no copy, no sort), which also holds when waves went backwards.
+ */
+function trim(m: Set<number>): void {
+  while (m.size > WAVE_HISTORY) {
+    let low = Infinity;
+    for (const k of m) if (k < low) low = k;
+    m.delete(low);
   }
 }
 

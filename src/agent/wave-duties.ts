@@ -66,7 +66,8 @@ export class WaveDuties {
    * anything changed (the rank's place on the vector may have).
    */
   settle(upTo: number, copyAt?: number): boolean {
-    if (upTo < 0) return false;
+    // Called on every wave: nothing to settle (the usual case) costs no copy and no sort.
+    if (upTo < 0 || (this.configs.size === 0 && this.lanes.size === 0)) return false;
     let changed = false;
     for (const w of [...this.configs.keys()].sort((a, b) => a - b)) {
       if (w > upTo) break;

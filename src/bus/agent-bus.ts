@@ -129,7 +129,8 @@ export class AgentBus extends EventEmitter {
     dealer.connect(tcpEndpoint(host, port + 1));
     this.sub = sub;
     this.dealer = dealer;
-    this.sendQueue = new SendQueue(dealer, () => this.stats.unsent++);
+    // sendTimeout 0: each send completes inside send(), so nothing is ever queued (send-queue.ts).
+    this.sendQueue = new SendQueue(dealer, () => this.stats.unsent++, true);
     this.running = true;
     this.loops = [this.receiveSub(sub), this.receiveDealer(dealer)];
     this.timer = setInterval(() => this.tick(), this.heartbeatMs);

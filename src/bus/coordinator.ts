@@ -170,9 +170,13 @@ export class Coordinator extends EventEmitter {
     }
     this.pub = pub;
     this.router = router;
-    this.pubQueue = new SendQueue(pub, (e) => {
-      if (this.running) this.log.error({ err: String(e) }, 'PUB send failed');
-    });
+    this.pubQueue = new SendQueue(
+      pub,
+      (e) => {
+        if (this.running) this.log.error({ err: String(e) }, 'PUB send failed');
+      },
+      true,
+    );
     this.routerQueue = new SendQueue(router, (e) => {
       if (this.running) this.log.warn({ err: String(e) }, 'ROUTER send failed');
     });

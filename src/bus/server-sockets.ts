@@ -33,7 +33,9 @@ export async function bindServerSockets(host: string, port: number, maxFrameByte
     await zap.start();
   }
   const sec = { ...(context ? { context } : {}), ...serverSocketOptions(curve) };
-  const pub = new Publisher({ linger: 0, sendHighWaterMark: 100000, ...ip, ...sec });
+  // sendTimeout 0: a PUB never blocks (beyond its high-water mark it drops), and zeromq.js then
+  // sends inside send() every time, never a turn later (send-queue.ts, `immediate`).
+  const pub = new Publisher({ linger: 0, sendTimeout: 0, sendHighWaterMark: 100000, ...ip, ...sec });
   // libzmq cuts a peer off beyond maxMessageSize; up to it we drop and count ourselves.
   const router = new Router({ linger: 0, maxMessageSize: 2 * maxFrameBytes, ...ip, ...sec });
   if (zap) for (const s of [pub, router]) watchHandshakes(s, zap);
