@@ -6,7 +6,7 @@ import { PROTOCOL_VERSION } from '../src/bus/protocol-version';
 import { encodeAgentMessage, encodeBusFrame, encodeCoordinatorMessage, decodeAgentMessage } from '../src/bus/frames';
 import { isLoopback, parseHostPort } from '../src/bus/endpoints';
 import type { CoordinatorPolicy, DueLanes } from '../src/bus/policy';
-import { LOOKAHEAD_WAVES } from '../src/bus/constants';
+import { LOOKAHEAD_WAVES, decideAheadWaves } from '../src/bus/constants';
 import { ConfigError } from '../src/errors';
 import { agentConfig } from '../src/guard/agent-config';
 import { configFromRaw, defaultConfig } from '../src/guard/config';
@@ -52,15 +52,15 @@ function makeAgent(rank: number, layout: WorldLayout, port: number, extra: Parti
  * that was not emitted is covered by a snapshot taken at or after it (a snapshot's wave is the
  * last head's: it covers the vectors up to wave + LOOKAHEAD_WAVES).
  */
-function checkDelivery(emitted: number[], snapshotWaves: number[], upTo: number): void {
+function checkDelivery(emitted: number[], snapshotWaves: number[], upTo: number, from = 1, ahead = LOOKAHEAD_WAVES): void {
   const seen = new Set<number>();
   for (let i = 0; i < emitted.length; i++) {
     expect(seen.has(emitted[i])).toBe(false);
     seen.add(emitted[i]);
     if (i > 0) expect(emitted[i]).toBeGreaterThan(emitted[i - 1]);
   }
-  const maxSnap = snapshotWaves.length > 0 ? Math.max(...snapshotWaves) + LOOKAHEAD_WAVES : 0;
-  for (let w = 1; w <= upTo; w++) {
+  const maxSnap = snapshotWaves.length > 0 ? Math.max(...snapshotWaves) + ahead : 0;
+  for (let w = from; w <= upTo; w++) {
     if (!seen.has(w)) expect(maxSnap).toBeGreaterThanOrEqual(w);
   }
 }
@@ -91,14 +91,16 @@ function job(reqId: string, over: Partial<DumpJob> = {}): DumpJob {
 
 /** A small real policy: arms a dump when the telemetry shows a finished request; records what it is told. */
 class RecordingPolicy implements CoordinatorPolicy {
+  /** decideAheadWaves(pp) of the job's layout: pp - 1 waves more than LOOKAHEAD_WAVES in a pipeline. */
+  constructor(private readonly ahead = LOOKAHEAD_WAVES) {}
   heads: Array<{ wave: number; telemetry: StepTelemetry | null }> = [];
   results: DumpResult[] = [];
   timeouts: Array<{ jobId: string; missing: number[] }> = [];
   onWaveHead(_replica: number, wave: number, telemetry: StepTelemetry | null): DueLanes {
     this.heads.push({ wave, telemetry });
     const finished = telemetry?.requests?.filter((r) => r.finished) ?? [];
-    // Decided a wave ahead: the head of `wave` publishes the vector of wave + LOOKAHEAD_WAVES.
-    return { dumps: finished.map((r) => job(r.reqId, { detectWave: wave - 1, armWave: wave + LOOKAHEAD_WAVES, blockIds: r.blockIds })) };
+    // Decided ahead: the head of `wave` publishes the vector of wave + ahead.
+    return { dumps: finished.map((r) => job(r.reqId, { detectWave: wave - 1, armWave: wave + this.ahead, blockIds: r.blockIds })) };
   }
   onDumpResult(r: DumpResult): void {
     this.results.push(r);
@@ -139,7 +141,8 @@ describe('wave bus', () => {
   test('waves and due lanes reach agent processes and in-process agents, in order; every rank joins its replica stream, only last-PP ranks are awaited', async () => {
     const port = await freePortPair();
     const layout = layoutOf(4, 2, 2); // last PP stage = ranks 2, 3
-    const policy = new RecordingPolicy();
+    const AHEAD = decideAheadWaves(layout.pp); // a pipeline decides pp waves ahead (every stage learns in time)
+    const policy = new RecordingPolicy(AHEAD);
     const c = await startCoordinator({ port, layout, policy });
     expect(c.expectedRanks).toEqual([2, 3]);
     const notLast = spawnAgent(0, layout, port);
@@ -148,28 +151,29 @@ describe('wave bus', () => {
     await inproc.bus.start();
     await waitFor(async () => (await requestStatus({ host: '127.0.0.1', port })).ready, 'bus ready');
 
+    // The first head is wave 0, so the first vector is wave AHEAD (the pipeline's depth).
     c.setConfig(1, LANE_CONFIG);
-    c.beginWave(1 - LOOKAHEAD_WAVES, null);
+    c.beginWave(0, null);
     c.armDumps([job('req-a')]);
-    c.beginWave(2 - LOOKAHEAD_WAVES, null);
-    for (let w = 3; w <= 9; w++) c.beginWave(w - LOOKAHEAD_WAVES, null);
+    c.beginWave(1, null);
+    for (let w = AHEAD + 2; w <= 9; w++) c.beginWave(w - AHEAD, null);
     // TP0's agent sends the head of wave 9 with telemetry of wave 8; the policy arms a dump from it,
     // due in the vector that head publishes: wave 10.
     const telemetry = { wave: 8, requests: [{ reqId: 'req-b', newTokenIds: [5], finished: true, blockIds: [7, 8] }] } as unknown as StepTelemetry;
-    inproc.bus.sendWaveHead(10 - LOOKAHEAD_WAVES, telemetry);
+    inproc.bus.sendWaveHead(10 - AHEAD, telemetry);
 
     await waitFor(() => inproc.bus.latest()?.wave === 10, 'in-process agent at wave 10');
     const got = inproc.waves();
-    checkDelivery(got.map((w) => w.head.wave), inproc.events.flatMap((e) => (e.kind === 'snapshot' ? [e.s.wave] : [])), 10);
-    const w1 = got.find((w) => w.head.wave === 1);
-    if (w1) expect(w1.config).toEqual({ wave: 1, version: 1, config: LANE_CONFIG });
-    const w2 = got.find((w) => w.head.wave === 2);
-    if (w2) expect(w2.dump?.jobs.map((j) => j.jobId)).toEqual(['2/token_repeat/req-a']);
+    checkDelivery(got.map((w) => w.head.wave), inproc.events.flatMap((e) => (e.kind === 'snapshot' ? [e.s.wave] : [])), 10, AHEAD, AHEAD);
+    const w1 = got.find((w) => w.head.wave === AHEAD);
+    if (w1) expect(w1.config).toEqual({ wave: AHEAD, version: 1, config: LANE_CONFIG });
+    const w2 = got.find((w) => w.head.wave === AHEAD + 1);
+    if (w2) expect(w2.dump?.jobs.map((j) => j.jobId)).toEqual([`${AHEAD + 1}/token_repeat/req-a`]);
     const w10 = got.find((w) => w.head.wave === 10)!;
     expect(w10.head.dumpDue).toBe(true);
-    expect(w10.dump!.jobs[0]).toMatchObject({ reqId: 'req-b', blockIds: [7, 8], armWave: 10, detectWave: 10 - LOOKAHEAD_WAVES - 1 });
-    expect(policy.heads.map((h) => h.wave)).toEqual([1, 2, 3, 4, 5, 6, 7, 8, 9, 10].map((w) => w - LOOKAHEAD_WAVES));
-    expect(policy.heads[9].telemetry?.requests?.[0].reqId).toBe('req-b');
+    expect(w10.dump!.jobs[0]).toMatchObject({ reqId: 'req-b', blockIds: [7, 8], armWave: 10, detectWave: 10 - AHEAD - 1 });
+    expect(policy.heads.map((h) => h.wave)).toEqual([0, 1, 2, 3, 4, 5, 6, 7, 8].filter((w) => w <= 10 - AHEAD));
+    expect(policy.heads[policy.heads.length - 1].telemetry?.requests?.[0].reqId).toBe('req-b');
     for (const w of got) {
       expect(w.head.configDue).toBe(w.config !== undefined);
       expect(w.head.dumpDue).toBe(w.dump !== undefined);
@@ -182,9 +186,11 @@ describe('wave bus', () => {
       lines.filter((l) => l.msg === 'wave').map((l) => l.wave),
       lines.filter((l) => l.msg === 'snapshot').map((l) => l.wave),
       10,
+      AHEAD,
+      AHEAD,
     );
-    const cliW2 = lines.find((l) => l.msg === 'wave' && l.wave === 2);
-    if (cliW2) expect(cliW2.dumps).toEqual(['2/token_repeat/req-a']);
+    const cliW2 = lines.find((l) => l.msg === 'wave' && l.wave === AHEAD + 1);
+    if (cliW2) expect(cliW2.dumps).toEqual([`${AHEAD + 1}/token_repeat/req-a`]);
     // Its heartbeats tell the coordinator where it is.
     await waitFor(async () => JSON.parse((await requestStatus({ host: '127.0.0.1', port })).statusJson).ranks['3']?.wave === 10, 'rank 3 heartbeat at wave 10');
 
@@ -201,9 +207,9 @@ describe('wave bus', () => {
     await waitFor(() => notHead.bus.synced, 'rank 1 synced');
     notHead.bus.sendWaveHead(11, null);
     await waitFor(() => (c.stats.dropped.not_head ?? 0) === 1, 'wave head from rank 1 dropped');
-    expect(c.wave).toBe(10 - LOOKAHEAD_WAVES); // the engine's last head; its vector is wave 10
+    expect(c.wave).toBe(10 - AHEAD); // the engine's last head; its vector is wave 10
     expect(st.epoch).toBe(c.epoch);
-    expect(JSON.parse(st.statusJson).policy_heads).toBe(10);
+    expect(JSON.parse(st.statusJson).policy_heads).toBe(policy.heads.length); // heads 0 .. 10 - AHEAD
 
     // Killing an agent process makes its rank lost.
     const lost = new Promise<number>((resolve) => c.on('agent-lost', resolve));

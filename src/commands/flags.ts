@@ -14,6 +14,13 @@ export function lastOf(v: unknown): unknown {
 }
 
 /** The integer `raw` spells in plain decimal digits (surrounding blanks allowed), else undefined. */
+/** A flag's text value, refused by name when empty (a path flag given "" would mean the cwd or nothing). */
+export function nonEmpty(v: unknown, name: string): string {
+  const s = String(lastOf(v) ?? '');
+  if (s.trim() === '') throw new ConfigError(`${name}: expected a non-empty value`);
+  return s;
+}
+
 export function strictInt(raw: unknown): number | undefined {
   if (typeof raw === 'number') return Number.isSafeInteger(raw) && raw >= 0 ? raw : undefined;
   const s = String(raw).trim();

@@ -5,7 +5,7 @@ import { ConfigError } from '../errors';
 import { parseFaults } from '../sim/faults';
 import { runSimJob } from '../sim/job';
 import { runSimRank, type SimRankOptions } from '../sim/rank';
-import { intFlag, msFlag } from './flags';
+import { intFlag, msFlag, nonEmpty } from './flags';
 
 
 export const command: CommandModule = {
@@ -61,7 +61,7 @@ export const command: CommandModule = {
         dtype: argv.dtype as 'bfloat16',
       },
       faults: parseFaults(argv.faults as string | undefined),
-      resultDir: String(argv['result-dir']),
+      resultDir: nonEmpty(argv['result-dir'], '--result-dir'),
       startAt: argv['start-at'] === undefined ? undefined : intFlag(argv['start-at'], '--start-at', 0),
       computeUs: intFlag(argv['compute-us'], '--compute-us', 0),
       forwardMs: msFlag(argv['forward-ms'], '--forward-ms', 0),
