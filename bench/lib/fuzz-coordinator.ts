@@ -137,7 +137,8 @@ export class CoordinatorModel {
         return { reply: 'relay' };
       case 'fileList':
       case 'fileChunk':
-        return { drop: 'unknown_request' }; // nobody asked this connection for files
+      case 'fileServe':
+        return { drop: 'unknown_request' }; // nobody asked this connection for files or its file socket
       default:
         return { drop: 'undecodable' };
     }
