@@ -125,8 +125,11 @@ describe('faults', () => {
     );
     for (const x of later) {
       // The new agent refuses the engine's client until it says hello again (ERR_NO_HELLO); the client
-      // then re-sends its hello and KV regions within the step's bound, so the dump is whole.
-      expect(x.completed_ranks).toEqual([0, 1]);
+      // then re-sends its hello and KV regions within the step's bound, so the dump is whole, unless
+      // on a loaded host the vector reached rank 1 after its end_of_wave: then rank 1 says so at once
+      // (wave_already_ended), which is the new agent answering too. Any other shortfall fails here.
+      if (x.completed_ranks.length === 2) continue;
+      expect({ completed: x.completed_ranks, failed: x.failed_ranks, skipped: x.skipped_ranks }).toEqual({ completed: [0], failed: {}, skipped: { 1: 'wave_already_ended' } });
     }
 
     const results = await job.engineResults();

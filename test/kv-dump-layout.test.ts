@@ -117,7 +117,7 @@ describe('request_info.json and manifest.json carry the layout and each rank dir
     expect(lastPpRanks(layout)).toEqual([2, 3, 6, 7]);
     const root = tmpDir('wavebus-kvlayout-');
     const ledger = new DumpLedger({ layout, ackTimeoutMs: 60000 });
-    const job = ledger.arm(root, { incidentType: 'token_repeat', reqId: 'r1', blockIds: [1], detectWave: 3, armWave: 4, requestFinishedAtDump: false, replica: 1, ranks: [6, 7], ppStages: 'last', info: {} })!;
+    const job = ledger.arm(root, { incidentType: 'token_repeat', reqId: 'r1', blockIds: [1], detectWave: 3, armWave: 4, requestFinishedAtDump: false, replica: 1, info: {} })!;
     ledger.published(4, [job]);
     const info = JSON.parse(fs.readFileSync(path.join(job.dumpDir, 'request_info.json'), 'utf8'));
     expect(info.layout).toEqual({ world_size: 8, tp: 2, pp: 2, dp: 2, cp: 1 });
@@ -136,7 +136,7 @@ describe('request_info.json and manifest.json carry the layout and each rank dir
   test('without a layout (a ledger built without one) neither file claims one', () => {
     const root = tmpDir('wavebus-kvlayout-');
     const ledger = new DumpLedger({ ackTimeoutMs: 60000 });
-    const job = ledger.arm(root, { incidentType: 't', reqId: 'r', blockIds: [0], detectWave: 0, armWave: 1, requestFinishedAtDump: false, replica: 0, ranks: [0], ppStages: 'last', info: {} })!;
+    const job = ledger.arm(root, { incidentType: 't', reqId: 'r', blockIds: [0], detectWave: 0, armWave: 1, requestFinishedAtDump: false, replica: 0, info: {} })!;
     ledger.published(1, [job]);
     ledger.ack({ globalRank: 0, jobId: job.jobId, wave: 1, files: [], bytes: 0, error: '', skippedReason: '' });
     const m = JSON.parse(fs.readFileSync(path.join(job.dumpDir, 'manifest.json'), 'utf8'));

@@ -7,6 +7,10 @@ import { admitIncident, AutoDumpQuota } from '../src/guard/quotas';
 import { parseStartupOptions } from '../src/guard/startup';
 import type { RequestStep, StepTelemetry } from '../src/messages';
 import { cleanup, tmpDir } from './helpers';
+import { decideAheadWaves } from '../src/bus/constants';
+
+/** The guard's layout below has pp = 2: a head decides the vector two waves on. */
+const AHEAD = decideAheadWaves(2);
 
 afterAll(cleanup);
 
@@ -80,11 +84,12 @@ describe('automatic dump quota and cooldown', () => {
     expect(lanes.dumps).toEqual([]);
     const [r] = reports('logits_finite');
     expect(r).toMatchObject({ dump_attempted: true, dump_arm_wave: null, dump_count: 0, dump_max_times: 0, dump_skipped_reason: 'quota_or_cooldown_blocked' });
-    // The head of wave 8 decides wave 9 (a wave ahead): the refusal sits where the dump would have gone.
-    const skipped = JSON.parse(fs.readFileSync(path.join(startup.dumpDir, 'logits_finite', 'a', 'wave_9', 'dump_skipped.json'), 'utf8'));
-    expect(skipped).toMatchObject({ reason: 'quota_or_cooldown_blocked', req_id: 'a', incident_type: 'logits_finite', stage: 'arm', rank: 2, wave: 9 });
+    // The head of wave 8 decides wave 8 + AHEAD (pp = 2: two waves ahead): the refusal sits where the dump would have gone.
+    const wave = 8 + AHEAD;
+    const skipped = JSON.parse(fs.readFileSync(path.join(startup.dumpDir, 'logits_finite', 'a', `wave_${wave}`, 'dump_skipped.json'), 'utf8'));
+    expect(skipped).toMatchObject({ reason: 'quota_or_cooldown_blocked', req_id: 'a', incident_type: 'logits_finite', stage: 'arm', rank: 2, wave });
     expect(skipped.detail.blocked_by).toBe('quota');
-    expect(r.dump_dir).toBe(path.join(startup.dumpDir, 'logits_finite', 'a', 'wave_9'));
+    expect(r.dump_dir).toBe(path.join(startup.dumpDir, 'logits_finite', 'a', `wave_${wave}`));
   });
 
   test('auto_max_times 2 with a cooldown: the clock decides', () => {
@@ -101,9 +106,9 @@ describe('automatic dump quota and cooldown', () => {
     now += 3_600_000;
     expect(g.onWaveHead(0, 5, nanFor(4, 'd')).dumps).toEqual([]); // quota spent
     const byReq = Object.fromEntries(reports('logits_finite').map((r) => [r.req_id, r]));
-    expect(byReq.a).toMatchObject({ dump_arm_wave: 3, dump_count: 1, dump_max_times: 2 }); // copied a wave ahead
+    expect(byReq.a).toMatchObject({ dump_arm_wave: 2 + AHEAD, dump_count: 1, dump_max_times: 2 }); // copied AHEAD waves after its head
     expect(byReq.b).toMatchObject({ dump_arm_wave: null, dump_skipped_reason: 'quota_or_cooldown_blocked' });
-    expect(byReq.c).toMatchObject({ dump_arm_wave: 5, dump_count: 2 });
+    expect(byReq.c).toMatchObject({ dump_arm_wave: 4 + AHEAD, dump_count: 2 });
     expect(byReq.d).toMatchObject({ dump_arm_wave: null, dump_count: 2 });
     expect(g.status().auto_dumps_used).toBe(2);
   });

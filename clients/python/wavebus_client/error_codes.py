@@ -31,6 +31,7 @@ CODES = frozenset({
     "ERR_CUDA_UNAVAILABLE",
     "ERR_ENV",
     "ERR_FORWARD_CONTEXT",
+    "ERR_DIRECT",
     "ERR_HANDSHAKE",
     "ERR_HOST_ALLOC",
     "ERR_IDENTITY",
