@@ -168,8 +168,10 @@ export class RelayClient {
   async close(): Promise<void> {
     this.closed = true;
     this.pending.rejectAll(() => new AggregateError('relay client closed'));
-    await this.sends.idle();
+    // Closed first: a send still waiting for a peer (a refused handshake never gives one) ends
+    // with the socket, so the queue settles; waiting for it first would never return.
     this.dealer.close();
+    await this.sends.idle();
     await this.loop;
   }
 }

@@ -114,8 +114,10 @@ export class DirectClient implements ChunkSource {
     if (this.closed) return;
     this.closed = true;
     this.pending.rejectAll(() => new AggregateError('direct client closed'));
-    await this.sends.idle();
+    // Closed first: a send still waiting for a peer (a refused handshake never gives one) ends
+    // with the socket, so the queue settles; waiting for it first would never return.
     this.dealer.close();
+    await this.sends.idle();
     await this.loop;
   }
 }
