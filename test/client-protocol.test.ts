@@ -2,16 +2,19 @@
 // read by TypeScript and Python; the client's hello carries it, the agent's reply carries its own,
 // and either side refuses another version at once, naming both and the side to upgrade. Old peers
 // are played by raw ZeroMQ sockets that speak the messages as a build from before versions did.
+// Before any hello, connect() waits (bounded) for the agent to create the mailbox and write its header.
+import * as fs from 'fs';
 import * as path from 'path';
 import pino from 'pino';
 import * as zmq from 'zeromq';
 import { Agent } from '../src/agent/agent';
 import { CLIENT_PROTOCOL_VERSION, RegionKind, RegionRole } from '../src/client/protocol';
-import { MailboxFeature, MailboxWriter } from '../src/client/mailbox';
+import { MAILBOX_LAYOUT, MailboxFeature, MailboxWriter } from '../src/client/mailbox';
 import { WavebusClient } from '../src/client/client';
 import { resolveIdentity } from '../src/launch/identity';
 import { agentEndpoint, mailboxPath } from '../src/paths';
 import { ClientReply, ClientRequest, decode, encode } from '../src/proto';
+import { ConfigError, ProtocolError } from '../src/errors';
 import { PYTHON, ROOT, cleanup, runPython, spawnTracked, tmpDir } from './helpers';
 
 const PKG = path.join(ROOT, 'clients', 'python');
@@ -250,4 +253,89 @@ c.close()
     mb.close();
     await a.close();
   }
+});
+
+/** A promise's state without waiting for it: 'pending', or what it settled with. */
+function track<T>(p: Promise<T>): { state: () => 'pending' | 'resolved' | 'rejected'; promise: Promise<T> } {
+  let state: 'pending' | 'resolved' | 'rejected' = 'pending';
+  p.then(() => (state = 'resolved'), () => (state = 'rejected'));
+  return { state: () => state, promise: p };
+}
+
+const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
+
+describe('connect() waits for the agent to write its mailbox header (as the Python client does)', () => {
+  test('an engine started before its agent: connect() is still waiting, then resolves once the real agent has started', async () => {
+    const runDir = path.join(tmpDir('wb-proto-early-'), 'run'); // not there yet: the agent creates it
+    const identity = resolveIdentity({ RANK: '0', LOCAL_RANK: '0', WORLD_SIZE: '1', LOCAL_WORLD_SIZE: '1' });
+    const agent = new Agent({ identity, runDir, logger: pino({ level: 'silent' }) });
+    const connecting = track(WavebusClient.connect({ env: { WAVEBUS_RUN_DIR: runDir, LOCAL_RANK: '0' }, mailboxWaitMs: 30000 }));
+    try {
+      await sleep(300);
+      expect(connecting.state()).toBe('pending'); // no mailbox yet: neither failed nor connected
+      await agent.start();
+      const client = await connecting.promise;
+      try {
+        // The agent's own mailbox, read whole: no feature on (no coordinator), so nothing is due.
+        expect(client.featureFlags()).toBe(0);
+        await expect(client.endOfWave(1)).resolves.toEqual({ due: false, timedOut: false });
+      } finally {
+        await client.close();
+      }
+    } finally {
+      await agent.stop();
+    }
+  });
+
+  test('a mailbox file whose header is not written yet is not read: connect() resolves only after the header, with its feature bits', async () => {
+    // The state between the agent creating and sizing the file and writing the header (magic last).
+    const file = path.join(tmpDir('wb-proto-hdr-'), 'mailbox-local0');
+    fs.writeFileSync(file, Buffer.alloc(MAILBOX_LAYOUT.fileBytes), { mode: 0o600 });
+    const connecting = track(WavebusClient.connect({ endpoint: 'ipc:///nonexistent/wb-proto-hdr.sock', mailbox: file, mailboxWaitMs: 30000 }));
+    await sleep(300);
+    expect(connecting.state()).toBe('pending');
+    const mb = MailboxWriter.create(file); // takes over the zeroed file and writes the header
+    mb.setFeatures(MailboxFeature.BUS_ACTIVE | MailboxFeature.DETECTORS);
+    try {
+      const client = await connecting.promise;
+      try {
+        expect(client.featureFlags()).toBe(MailboxFeature.BUS_ACTIVE | MailboxFeature.DETECTORS);
+      } finally {
+        await client.close();
+      }
+    } finally {
+      mb.close();
+    }
+  });
+
+  test('after mailboxWaitMs it fails by name: ERR_MAILBOX_MISSING (never created), ERR_MAILBOX_FORMAT (header never written); a bad bound fails at once', async () => {
+    const dir = tmpDir('wb-proto-never-');
+    const endpoint = 'ipc:///nonexistent/wb-proto-never.sock';
+    const missing = path.join(dir, 'mailbox-local0');
+    let started = performance.now();
+    const e1 = await WavebusClient.connect({ endpoint, mailbox: missing, mailboxWaitMs: 300 }).then(() => undefined, (e: unknown) => e);
+    expect(performance.now() - started).toBeGreaterThanOrEqual(300); // it did wait the bound
+    expect(e1).toBeInstanceOf(ProtocolError);
+    expect(e1).toMatchObject({ code: 'ERR_MAILBOX_MISSING' });
+    expect((e1 as Error).message).toBe(`mailbox ${missing} does not exist (is the wavebus agent of this rank running?) (waited 300 ms)`);
+
+    const zeroed = path.join(dir, 'mailbox-local1');
+    fs.writeFileSync(zeroed, Buffer.alloc(MAILBOX_LAYOUT.fileBytes), { mode: 0o600 });
+    started = performance.now();
+    const e2 = await WavebusClient.connect({ endpoint, mailbox: zeroed, mailboxWaitMs: 300 }).then(() => undefined, (e: unknown) => e);
+    expect(performance.now() - started).toBeGreaterThanOrEqual(300);
+    expect(e2).toBeInstanceOf(ProtocolError);
+    expect(e2).toMatchObject({ code: 'ERR_MAILBOX_FORMAT' });
+    expect((e2 as Error).message).toContain(`${zeroed} is not a version-2 wavebus mailbox`);
+    expect((e2 as Error).message).toMatch(/\(waited 300 ms\)$/);
+
+    // 0: one try, no wait.
+    await expect(WavebusClient.connect({ endpoint, mailbox: missing, mailboxWaitMs: 0 })).rejects.toMatchObject({ code: 'ERR_MAILBOX_MISSING', message: expect.stringContaining('(waited 0 ms)') });
+    // A bad bound is refused before any wait, naming the option (the mailbox is missing too).
+    for (const bad of [-1, 1.5, Number.NaN]) {
+      const e = await WavebusClient.connect({ endpoint, mailbox: missing, mailboxWaitMs: bad }).then(() => undefined, (x: unknown) => x);
+      expect(e).toBeInstanceOf(ConfigError);
+      expect((e as Error).message).toBe(`connect(): mailboxWaitMs must be a non-negative integer (ms), got ${String(bad)}`);
+    }
+  });
 });

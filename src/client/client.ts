@@ -1,12 +1,12 @@
 // The TypeScript engine client: what an engine rank calls. Thin by design: with every feature off
 // it sends nothing; per step it reads the wave vector from the agent's shared-memory mailbox and
 // calls the agent only when this rank has work in that wave. The Python client mirrors it.
-import { ConfigError, CaptureError, ProtocolError, WavebusError } from '../errors';
+import { ConfigError, CaptureError, WavebusError } from '../errors';
 import { MailboxReader, MailboxFeature } from './mailbox';
 import type { ForwardContext } from '../messages';
 import { AgentAvailability } from './availability';
-import { CLIENT_PROTOCOL_VERSION, protocolMismatch } from './protocol';
-import { regionMessage, validateRegion, type ClientRegion } from './region';
+import { AgentHello } from './hello';
+import { validateRegion, type ClientRegion } from './region';
 import { AgentTransport, type Reply } from './transport';
 import { isWaveNumber, WaveHeadSender, type WaveTelemetry } from './wave-head';
 import { dueDumpsAsker, PendingDumps } from './pending-dumps';
@@ -41,10 +41,7 @@ export class WavebusClient {
   private readonly transport: AgentTransport;
   private readonly availability: AgentAvailability;
   private readonly head: WaveHeadSender;
-  private features: ClientFeatures | undefined;
-  private featureBits = -1;
-  private readonly registered: ClientRegion[] = [];
-  private readonly registeredSent = new Set<string>();
+  private readonly hello: AgentHello;
   private ping: Promise<unknown> | null = null;
   private readonly pending: PendingDumps;
 
@@ -67,11 +64,9 @@ export class WavebusClient {
       this.stats,
       bounds.probe,
       (ms) => (this.transport.closed ? undefined : this.transport.request({ ping: {} }, ms)),
-      () => {
-        this.features = undefined; // it may be a new agent: introduce ourselves again
-        this.registeredSent.clear();
-      },
+      () => this.hello.forget(), // it may be a new agent: introduce ourselves again
     );
+    this.hello = new AgentHello(endpoint, this.transport, mailbox, asyncScheduling, this.stats);
     this.head = new WaveHeadSender(this.transport, (message) => (this.availability.lastError = message));
     this.pending = new PendingDumps(
       mailbox,
@@ -79,7 +74,7 @@ export class WavebusClient {
         transport: this.transport,
         unavailable: () => this.agentUnavailable,
         boundMs: () => this.callBoundMs() + MARGIN_MS,
-        hello: (ms) => this.ensureHello(ms),
+        hello: (ms) => this.hello.ensure(ms),
         failed: (e, where) => {
           if (!this.availability.lostOn(e, where)) this.noteError(`${where}: ${(e as Error).message}`);
         },
@@ -108,9 +103,9 @@ export class WavebusClient {
     return this.availability.lastError;
   }
 
-  /** Maps the mailbox; sends nothing. */
+  /** Maps the mailbox once the agent has written its header (at most mailboxWaitMs); sends nothing. */
   static async connect(opts: ConnectOptions = {}): Promise<WavebusClient> {
-    const c = openConnection(opts);
+    const c = await openConnection(opts);
     return new WavebusClient(c.endpoint, c.mailbox, c.asyncScheduling, c.bounds);
   }
 
@@ -122,17 +117,17 @@ export class WavebusClient {
   /** Register a device region (KV pool layer or input buffer). Sent only if some feature can use it. */
   async register(region: ClientRegion): Promise<void> {
     validateRegion(region);
-    if (this.registered.some((r) => r.name === region.name)) {
+    if (this.hello.registered.some((r) => r.name === region.name)) {
       throw new ConfigError(`register(): region name '${region.name}' is already registered`);
     }
-    this.registered.push(region);
+    this.hello.registered.push(region);
     if (this.mailbox.features() === 0) return;
     // Either way the region is kept and sent once the agent answers again; the caller may go on.
     const unavailable = (): WavebusError => new WavebusError('ERR_AGENT_UNAVAILABLE', `register('${region.name}'): the agent at ${this.endpoint} is not answering (${this.lastError})`);
     if (this.agentUnavailable) throw unavailable();
     try {
-      await this.ensureHello(this.bounds.hello);
-      await this.flushRegistrations(this.bounds.hello);
+      await this.hello.ensure(this.bounds.hello);
+      await this.hello.flushRegistrations(this.bounds.hello);
     } catch (e) {
       if (!this.availability.lostOn(e, `register('${region.name}')`)) throw e;
       throw unavailable();
@@ -141,7 +136,7 @@ export class WavebusClient {
 
   /** The bound of a per-step call: the configured one, else the agent's end-of-wave bound. */
   callBoundMs(): number {
-    return this.bounds.call ?? this.features?.endOfWaveTimeoutMs ?? this.bounds.hello;
+    return this.bounds.call ?? this.hello.features?.endOfWaveTimeoutMs ?? this.bounds.hello;
   }
 
   // The per-step calls are plain functions with an async slow path: with everything off (or
@@ -164,15 +159,16 @@ export class WavebusClient {
       return SETTLED;
     }
     // Known features (the usual step): built now, sent when the engine yields; nothing to wait for.
-    if (this.features && bits === this.featureBits) {
+    const known = this.hello.current(bits);
+    if (known) {
       try {
-        this.sendWaveHead(this.features, wave, telemetry);
+        this.sendWaveHead(known, wave, telemetry);
       } catch (e) {
         return Promise.reject(e);
       }
       return SETTLED;
     }
-    return this.ensureHello(this.callBoundMs() + MARGIN_MS).then(
+    return this.hello.ensure(this.callBoundMs() + MARGIN_MS).then(
       (f) => this.sendWaveHead(f, wave, telemetry),
       (e) => {
         if (!this.availability.lostOn(e, `waveHead(${wave})`)) throw e;
@@ -208,7 +204,8 @@ export class WavebusClient {
       return Promise.resolve({ due: false, timedOut: true });
     }
     // Late vector, agent known: sleep on the mailbox (woken by the agent's publish), not a round trip.
-    if (!slot && this.features && bits === this.featureBits) return this.awaitVector(wave, this.features.endOfWaveTimeoutMs);
+    const known = this.hello.current(bits);
+    if (!slot && known) return this.awaitVector(wave, known.endOfWaveTimeoutMs);
     return this.endOfWaveWithAgent(wave);
   }
 
@@ -253,7 +250,7 @@ export class WavebusClient {
     let f: ClientFeatures;
     try {
       // A (re-)hello here must fit the bound too: the engine never waits longer than that.
-      f = await this.ensureHello(this.callBoundMs() + MARGIN_MS);
+      f = await this.hello.ensure(this.callBoundMs() + MARGIN_MS);
     } catch (e) {
       if (!this.availability.lostOn(e, `endOfWave(${wave})`)) throw e;
       this.stats.endOfWaveTimeouts++;
@@ -266,7 +263,7 @@ export class WavebusClient {
       reply = await this.transport.request({ endOfWave: { wave } }, bound + MARGIN_MS);
       if (reply && !reply.ok && reply.errorCode === 'ERR_NO_HELLO') {
         // The agent restarted: introduce ourselves again (regions included) and retry, within the bound.
-        reply = await this.rejoin({ endOfWave: { wave } }, Math.max(1, deadline - Date.now()));
+        reply = await this.hello.rejoin({ endOfWave: { wave } }, Math.max(1, deadline - Date.now()));
       }
     } catch (e) {
       // Out of time (the agent, or a rejoin, was too slow), or the socket failed: the step goes on.
@@ -298,7 +295,7 @@ export class WavebusClient {
   ): Promise<BeforeForwardResult> {
     if ((this.mailbox.features() & MailboxFeature.SNAPSHOTS) === 0) return NOT_CAPTURED;
     for (const [i, inp] of inputs.entries()) {
-      if (!this.registered.some((r) => r.name === inp.region)) {
+      if (!this.hello.registered.some((r) => r.name === inp.region)) {
         return Promise.reject(new ConfigError(`beforeForward(): inputs[${i}].region '${inp.region}' is not a registered region`));
       }
     }
@@ -320,7 +317,7 @@ export class WavebusClient {
     const bound = this.callBoundMs() + MARGIN_MS;
     const started = Date.now();
     try {
-      await this.ensureHello(bound);
+      await this.hello.ensure(bound);
     } catch (e) {
       if (!this.availability.lostOn(e, 'beforeForward()')) throw e;
       return this.snapshotSkipped();
@@ -347,7 +344,7 @@ export class WavebusClient {
     let reply: Reply;
     try {
       reply = await this.transport.request(request, Math.max(1, acceptBy + MARGIN_MS - Date.now()), this.bounds.capture);
-      if (!reply.ok && reply.errorCode === 'ERR_NO_HELLO') reply = await this.rejoin(request, Math.max(1, acceptBy + MARGIN_MS - Date.now()), this.bounds.capture);
+      if (!reply.ok && reply.errorCode === 'ERR_NO_HELLO') reply = await this.hello.rejoin(request, Math.max(1, acceptBy + MARGIN_MS - Date.now()), this.bounds.capture);
     } catch (e) {
       if (!this.availability.lostOn(e, 'beforeForward()')) throw e;
       // Begun but not finished: a failed capture (fail loud), and the agent is not answering.
@@ -367,63 +364,12 @@ export class WavebusClient {
 
   /** The features the agent reported; undefined until the first call that needed the agent. */
   reportedFeatures(): ClientFeatures | undefined {
-    return this.features;
+    return this.hello.features;
   }
 
   private noteError(message: string): void {
     this.stats.endOfWaveErrors++;
     this.availability.lastError = message;
-  }
-
-  /**
-   * Forget what the agent knew of us and introduce ourselves again (after an agent restart), then
-   * send `retry`. Hello, regions and the retried request go out back to back without waiting on
-   * each other (the agent handles one client's requests in order), so it all fits in one bound.
-   */
-  private async rejoin(retry: Record<string, unknown>, timeoutMs: number, capturingMs?: number): Promise<Reply> {
-    this.features = undefined;
-    this.registeredSent.clear();
-    this.stats.rejoins++;
-    const hello = this.ensureHello(timeoutMs);
-    const again = this.transport.request(retry, timeoutMs, capturingMs);
-    again.catch(() => undefined); // awaited below, unless the hello fails first
-    await hello;
-    return again;
-  }
-
-  private async ensureHello(timeoutMs: number): Promise<ClientFeatures> {
-    const bits = this.mailbox.features();
-    if (this.features && bits === this.featureBits) return this.features;
-    // A first hello, or the agent's features changed (it may be a new agent): regions go again.
-    this.registeredSent.clear();
-    // Hello and the regions go out back to back (the agent takes them in order), then both are checked.
-    const hello = this.transport.request(
-      { hello: { pid: process.pid, asyncScheduling: this.asyncScheduling, language: 'typescript', protocolVersion: CLIENT_PROTOCOL_VERSION } },
-      timeoutMs,
-    );
-    const regions = this.flushRegistrations(timeoutMs);
-    regions.catch(() => undefined); // checked below, after the hello's own verdict
-    const reply = await hello;
-    // A version mismatch is refused at once, by either side, naming both versions.
-    if (!reply.ok && reply.errorCode === 'ERR_PROTOCOL_VERSION') throw new ProtocolError(`the agent at ${this.endpoint} refused the client: ${reply.error}`, 'ERR_PROTOCOL_VERSION');
-    const mismatch = protocolMismatch('client', reply.protocolVersion, `hello to the agent at ${this.endpoint}`);
-    if (mismatch) throw mismatch;
-    if (!reply.ok) throw new WavebusError(reply.errorCode || 'ERR_AGENT', `agent refused the client: ${reply.error}`);
-    if (!reply.features) throw new ProtocolError(`the agent at ${this.endpoint} answered hello without its features (ClientReply.features)`);
-    this.features = reply.features as ClientFeatures;
-    this.featureBits = bits;
-    await regions;
-    return this.features;
-  }
-
-  private async flushRegistrations(timeoutMs: number): Promise<void> {
-    // Sent back to back (the agent handles them in order), then the answers are checked.
-    const unsent = this.registered.filter((r) => !this.registeredSent.has(r.name));
-    const replies = await Promise.all(unsent.map((r) => this.transport.request({ register: regionMessage(r) }, timeoutMs)));
-    replies.forEach((reply, i) => {
-      if (!reply.ok) throw new WavebusError(reply.errorCode || 'ERR_REGISTER', `register('${unsent[i].name}'): ${reply.error}`);
-      this.registeredSent.add(unsent[i].name);
-    });
   }
 }
 

@@ -5,7 +5,8 @@
 // memory loads, no system call.
 // Byte layout: docs/native.md (a Python client reads it with mmap + struct).
 import * as fs from 'fs';
-import { NativeError } from '../errors';
+import { setTimeout as sleep } from 'timers/promises';
+import { NativeError, ProtocolError, type WavebusError } from '../errors';
 import { native, nativeAsync, nativeCall, type MailboxVector, NativeMailboxReader, NativeMailboxWriter } from '../native';
 
 /** Feature bits in the header, set by the agent so an all-off client can skip everything. */
@@ -56,6 +57,17 @@ function toVector(got: MailboxVector): WaveVector {
   if (got[4] === 1) v.implied = true;
   return v;
 }
+
+function exists(p: string): boolean {
+  try {
+    return fs.lstatSync(p, { throwIfNoEntry: false }) !== undefined;
+  } catch {
+    return true; // not ours to say why (EACCES, ENOTDIR): the open names it
+  }
+}
+
+/** Codes of an open that may succeed once the agent has created the file and written its header. */
+const MAILBOX_NOT_READY = new Set(['ERR_MAILBOX_OPEN', 'ERR_MAILBOX_FORMAT']);
 
 /** The agent's side. One writer per mailbox file. */
 export class MailboxWriter {
@@ -112,6 +124,32 @@ export class MailboxReader {
   static open(path: string): MailboxReader {
     const p = checkPath(path, 'path');
     return new MailboxReader(p, nativeCall(() => native.MailboxReader.open(p)));
+  }
+
+  /**
+   * Open, retrying every 20 ms while the file is missing or its header not yet written (the agent
+   * is starting: it writes the magic last), for at most `timeoutMs` (0: one try). Then a
+   * ProtocolError: ERR_MAILBOX_MISSING when the file never appeared, else the last open's code
+   * (ERR_MAILBOX_FORMAT: header never written). The Python client's Mailbox.wait_open does the same.
+   */
+  static async waitOpen(path: string, timeoutMs: number): Promise<MailboxReader> {
+    const p = checkPath(path, 'path');
+    const deadline = performance.now() + timeoutMs;
+    for (;;) {
+      let failed: WavebusError;
+      if (!exists(p)) {
+        failed = new ProtocolError(`mailbox ${p} does not exist (is the wavebus agent of this rank running?)`, 'ERR_MAILBOX_MISSING');
+      } else {
+        try {
+          return MailboxReader.open(p);
+        } catch (e) {
+          failed = e as WavebusError;
+          if (!MAILBOX_NOT_READY.has(failed.code)) throw e;
+        }
+      }
+      if (performance.now() >= deadline) throw new ProtocolError(`${failed.message} (waited ${timeoutMs} ms)`, failed.code);
+      await sleep(Math.max(1, Math.min(20, deadline - performance.now())));
+    }
   }
 
   /**

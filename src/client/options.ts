@@ -7,6 +7,7 @@ import { MailboxFeature, MailboxReader } from './mailbox';
 const DEFAULT_HELLO_TIMEOUT_MS = 1000;
 const DEFAULT_CAPTURE_TIMEOUT_MS = 120000;
 const DEFAULT_PROBE_INTERVAL_MS = 1000;
+const DEFAULT_MAILBOX_WAIT_MS = 10000;
 
 /** The agent's hello answer (proto Features): which features are on. */
 export interface ClientFeatures {
@@ -38,6 +39,11 @@ export interface ConnectOptions {
   captureTimeoutMs?: number;
   /** While the agent is unavailable, how often a call sends it a probe (default 1000 ms). */
   probeIntervalMs?: number;
+  /**
+   * Longest connect() waits for the agent to create the mailbox and write its header (an engine
+   * may start before its agent; default 10000 ms, 0: one try).
+   */
+  mailboxWaitMs?: number;
 }
 
 export interface BeforeForwardResult {
@@ -63,8 +69,11 @@ export interface ClientBounds {
   probe: number;
 }
 
-/** Checks the options, finds the agent's endpoint and mailbox, and maps the mailbox; sends nothing. */
-export function openConnection(opts: ConnectOptions): { endpoint: string; mailbox: MailboxReader; asyncScheduling: boolean; bounds: ClientBounds } {
+/**
+ * Checks the options, finds the agent's endpoint and mailbox, and maps the mailbox once the agent
+ * has written its header (waiting at most mailboxWaitMs); sends nothing.
+ */
+export async function openConnection(opts: ConnectOptions): Promise<{ endpoint: string; mailbox: MailboxReader; asyncScheduling: boolean; bounds: ClientBounds }> {
   const env = opts.env ?? process.env;
   let endpoint = opts.endpoint;
   let mbox = opts.mailbox;
@@ -76,17 +85,11 @@ export function openConnection(opts: ConnectOptions): { endpoint: string; mailbo
     endpoint = endpoint ?? agentEndpoint(runDir, Number(lr));
     mbox = mbox ?? mailboxPath(runDir, Number(lr));
   }
-  const reader = MailboxReader.open(mbox);
-  if (opts.asyncScheduling && (reader.features() & MailboxFeature.SNAPSHOTS) !== 0) {
-    reader.close();
-    // Refused at startup, not at the first forward: the agent says snapshots are on.
-    checkSnapshotGating({ enabled: true } as SnapshotConfig, { asyncScheduling: true, backendHasMemoryAccess: true });
-  }
-  const bound = (v: number | undefined, name: string, def?: number): number | undefined => {
+  // Every option is checked before the wait: a bad one fails at once, not after the bound.
+  const bound = (v: number | undefined, name: string, def?: number, min = 1): number | undefined => {
     if (v === undefined) return def;
-    if (!Number.isSafeInteger(v) || v < 1) {
-      reader.close();
-      throw new ConfigError(`connect(): ${name} must be a positive integer (ms), got ${String(v)}`);
+    if (!Number.isSafeInteger(v) || v < min) {
+      throw new ConfigError(`connect(): ${name} must be a ${min === 0 ? 'non-negative' : 'positive'} integer (ms), got ${String(v)}`);
     }
     return v;
   };
@@ -96,5 +99,13 @@ export function openConnection(opts: ConnectOptions): { endpoint: string; mailbo
     capture: bound(opts.captureTimeoutMs, 'captureTimeoutMs', DEFAULT_CAPTURE_TIMEOUT_MS) as number,
     probe: bound(opts.probeIntervalMs, 'probeIntervalMs', DEFAULT_PROBE_INTERVAL_MS) as number,
   };
+  const waitMs = bound(opts.mailboxWaitMs, 'mailboxWaitMs', DEFAULT_MAILBOX_WAIT_MS, 0) as number;
+  // The header is read only once the agent has written it (magic last): never a half-initialised one.
+  const reader = await MailboxReader.waitOpen(mbox, waitMs);
+  if (opts.asyncScheduling && (reader.features() & MailboxFeature.SNAPSHOTS) !== 0) {
+    reader.close();
+    // Refused at startup, not at the first forward: the agent says snapshots are on.
+    checkSnapshotGating({ enabled: true } as SnapshotConfig, { asyncScheduling: true, backendHasMemoryAccess: true });
+  }
   return { endpoint, mailbox: reader, asyncScheduling: opts.asyncScheduling ?? false, bounds };
 }
