@@ -1,8 +1,13 @@
 // The one dump ledger (src/guard/dump-ledger.ts): completion, ack timeout, a late ack after the
-// timeout, a rank the job does not name, and one manifest per job, written where the job says.
+// timeout, a rank the job does not name, and one manifest per job, written where the job says;
+// request_info.json written only after the vector that carries the job went out.
 import * as fs from 'fs';
 import * as path from 'path';
+import pino from 'pino';
 import { DumpLedger } from '../src/guard/dump-ledger';
+import { WaveStreams } from '../src/bus/wave-streams';
+import { topicOf } from '../src/bus/frames';
+import { busMetrics } from '../src/metrics';
 import { findOrphanDumps, orphanJob } from '../src/guard/orphan-dumps';
 import { kvRankDirFor } from '../src/paths';
 import type { DumpJob, DumpResult } from '../src/messages';
@@ -148,6 +153,7 @@ test('the stages of a dump are those of the config in force at its copy wave, pe
   expect(ledger.stagesAt(0, 6)).toBe('all'); // applied before that wave's copies
   const j6 = armAt(0, 6, 'b');
   expect(j6.ranks).toEqual([0, 1, 2, 3]);
+  ledger.published(6, [j6]); // request_info.json is written after the publish
   expect(JSON.parse(fs.readFileSync(path.join(j6.dumpDir, 'request_info.json'), 'utf8'))).toMatchObject({ pp_stages: 'all', expected_ranks: [0, 1, 2, 3] });
   expect(armAt(1, 8, 'c').ranks).toEqual([6, 7]);
   expect(armAt(1, 9, 'd').ranks).toEqual([4, 5, 6, 7]);
@@ -157,4 +163,102 @@ test('the stages of a dump are those of the config in force at its copy wave, pe
   ledger.configFrom(0, 1, 'all');
   expect(ledger.stagesAt(0, 11)).toBe('all');
   ledger.clear();
+});
+
+describe('request_info.json is written after the vector that carries the job is published', () => {
+  const nanSpec = (reqId: string, armWave: number, replica = 0) => ({ incidentType: 'nan', reqId, blockIds: [1, 2], detectWave: armWave - 2, armWave, requestFinishedAtDump: false, replica, info: { detector_detail: { k: reqId } } });
+  const logged = () => {
+    const lines: Array<Record<string, unknown>> = [];
+    return { lines, log: pino({ level: 'info' }, { write: (s: string) => void lines.push(JSON.parse(s)) }) };
+  };
+
+  test('the wave stream hands the head and the dump lane to PUB while the wave dir exists and request_info.json does not; then it is written, and the manifest follows it', () => {
+    const root = tmpDir();
+    const { log } = logged();
+    const ledger = new DumpLedger({ layout, ackTimeoutMs: 60000, log });
+    let armed: DumpJob | null = null;
+    // The frames as the coordinator's PUB gets them, with what the wave dir held at that moment.
+    const sent: Array<{ topic: string; dir: boolean; info: boolean }> = [];
+    const streams = new WaveStreams({
+      layout,
+      epoch: () => 7,
+      send: ([topic]) => sent.push({ topic, dir: armed !== null && fs.existsSync(armed.dumpDir), info: armed !== null && fs.existsSync(path.join(armed.dumpDir, 'request_info.json')) }),
+      policy: {
+        ledger,
+        onWaveHead: (replica, headWave) => {
+          armed = ledger.arm(root, nanSpec('q', headWave + 2, replica));
+          return { dumps: armed ? [armed] : [] };
+        },
+        status: () => ({}),
+        snapshotState: () => ({ configVersion: 0, config: null, manualDumpDone: 0 }),
+      },
+      ledger,
+      metrics: busMetrics(),
+      log,
+      onPublished: () => undefined,
+    });
+    const head = streams.begin(1, 10, null);
+    expect(head).toMatchObject({ wave: 12, dumpDue: true });
+    const job = armed as unknown as DumpJob;
+    expect(job.dumpDir).toBe(path.join(root, 'nan', 'q', 'wave_12_dp1'));
+    expect(sent.map((f) => f.topic)).toEqual([topicOf(1, 'head'), topicOf(1, 'dump')]);
+    for (const f of sent) expect(f).toMatchObject({ dir: true, info: false });
+    // begin() returned: the record is on disk, whole, with what was decided at arm.
+    const info = JSON.parse(fs.readFileSync(path.join(job.dumpDir, 'request_info.json'), 'utf8'));
+    expect(info).toMatchObject({ job_id: '12/nan/q@dp1', dp_rank: 1, arm_wave: 12, detect_wave: 10, block_ids: [1, 2], rank: 6, expected_ranks: [6, 7], pp_stages: 'last', detector_detail: { k: 'q' } });
+    for (const g of [6, 7]) ledger.ack(ack(g, job.jobId));
+    const m = JSON.parse(fs.readFileSync(path.join(job.dumpDir, 'manifest.json'), 'utf8'));
+    expect(m).toMatchObject({ job_id: job.jobId, complete: true, completed_ranks: [6, 7] });
+    expect(m.request_info_error).toBeUndefined();
+    expect(fs.readdirSync(job.dumpDir).sort()).toEqual(['manifest.json', 'request_info.json']);
+    expect(ledger.status()).toMatchObject({ completed: 1, request_info_failed: 0 });
+    ledger.clear();
+  });
+
+  test('a request_info.json that cannot be written is logged, counted, and makes the manifest say so: never complete', () => {
+    const root = tmpDir();
+    const { lines, log } = logged();
+    const ledger = new DumpLedger({ layout, ackTimeoutMs: 60000, log });
+    const job = ledger.arm(root, nanSpec('w', 5))!;
+    // Something took the name in the wave dir after the arm: the rename onto it fails (EISDIR), as root too.
+    fs.mkdirSync(path.join(job.dumpDir, 'request_info.json'));
+    ledger.published(5, [job]);
+    expect(ledger.status()).toMatchObject({ request_info_failed: 1 });
+    const err = lines.find((l) => /cannot write request_info\.json/.test(String(l.msg)));
+    expect(err).toMatchObject({ level: 50, job_id: job.jobId });
+    expect(String(err!.err)).toMatch(/request_info\.json failed: EISDIR/);
+    for (const g of [2, 3]) expect(ledger.ack(ack(g, job.jobId))).toBe('counted');
+    const m = JSON.parse(fs.readFileSync(path.join(job.dumpDir, 'manifest.json'), 'utf8'));
+    expect(m).toMatchObject({ completed_ranks: [2, 3], missing_ranks: [], complete: false, incomplete_reason: 'request_info_failed' });
+    expect(m.request_info_error).toMatch(/^write .*wave_5_dp0[/\\]request_info\.json failed: EISDIR/);
+    expect(ledger.status()).toMatchObject({ completed: 0, incomplete: 1 });
+    // no half-written temp file left beside it
+    expect(fs.readdirSync(job.dumpDir).sort()).toEqual(['manifest.json', 'request_info.json']);
+    expect(fs.statSync(path.join(job.dumpDir, 'request_info.json')).isDirectory()).toBe(true);
+    ledger.clear();
+  });
+
+  test('a wave dir that cannot be made fails the arm at once (nothing tracked, nothing to publish)', () => {
+    const root = tmpDir();
+    fs.writeFileSync(path.join(root, 'nan'), 'not a directory');
+    const ledger = new DumpLedger({ layout, ackTimeoutMs: 60000 });
+    expect(() => ledger.arm(root, nanSpec('x', 4))).toThrow(/^mkdir .*[/\\]nan[/\\]x[/\\]wave_4_dp0 failed: ENOTDIR/);
+    expect(ledger.status()).toMatchObject({ armed: 0, pending: 0 });
+    ledger.clear();
+  });
+
+  test('a job armed and never published is written on the next turn; a stopping ledger writes what is still due', async () => {
+    const root = tmpDir();
+    const ledger = new DumpLedger({ layout, ackTimeoutMs: 60000 });
+    const a = ledger.arm(root, nanSpec('a', 4))!;
+    const infoOf = (j: DumpJob) => path.join(j.dumpDir, 'request_info.json');
+    expect(fs.existsSync(a.dumpDir)).toBe(true);
+    expect(fs.existsSync(infoOf(a))).toBe(false);
+    await new Promise((r) => setImmediate(r));
+    expect(JSON.parse(fs.readFileSync(infoOf(a), 'utf8'))).toMatchObject({ job_id: a.jobId, req_id: 'a' });
+    const b = ledger.arm(root, nanSpec('b', 4))!;
+    expect(fs.existsSync(infoOf(b))).toBe(false);
+    ledger.clear(); // coordinator stop
+    expect(JSON.parse(fs.readFileSync(infoOf(b), 'utf8'))).toMatchObject({ job_id: b.jobId, req_id: 'b' });
+  });
 });

@@ -44,6 +44,9 @@ describe('arming', () => {
     const lanes = g.onWaveHead(0, 11, tel(10, [step('req-a', { blockIds: [1, 2, 3, 9], promptLen: 0 })], ['req-a']));
     // Decided decideAheadWaves(pp = 2) = 2 waves ahead: detected in wave 10 (head 11), copied at the end of wave 13.
     const dir = path.join(root, 'logits_finite', 'req-a', 'wave_13');
+    // The dir is made at arm; request_info.json is written once the coordinator published the vector.
+    expect(fs.readdirSync(dir)).toEqual([]);
+    g.ledger.published(13, lanes.dumps);
     expect(lanes.dumps).toEqual([
       { incidentType: 'logits_finite', reqId: 'req-a', blockIds: [1, 2, 3, 9], detectWave: 10, armWave: 13, dumpDir: dir, requestFinishedAtDump: false, jobId: '13/logits_finite/req-a', replica: 0, ranks: [4, 5, 6, 7] },
     ]);
@@ -87,6 +90,7 @@ describe('arming', () => {
     const lanes = g.onWaveHead(0, 5, tel(4, [step('x', { finished: true })], ['x']));
     expect(lanes.dumps).toHaveLength(1);
     expect(lanes.dumps[0].requestFinishedAtDump).toBe(true);
+    g.ledger.published(7, lanes.dumps);
     expect(readJson(root, 'logits_finite', 'x', 'wave_7', 'request_info.json').request_finished_at_dump).toBe(true);
     expect(reports('logits_finite')[0].request_finished_at_dump).toBe(true);
   });
@@ -137,6 +141,7 @@ describe('arming', () => {
   test('unsafe request ids become safe, distinct path components', () => {
     const { g, root } = guard({ detector: { logits_finite: { enabled: true, ...DUMP_ON } }, dump: AUTO });
     const lanes = g.onWaveHead(0, 2, tel(1, [step('../../etc'), step('a/b')], ['../../etc', 'a/b']));
+    g.ledger.published(4, lanes.dumps);
     for (const j of lanes.dumps) {
       expect(path.dirname(path.dirname(j.dumpDir))).toBe(path.join(root, 'logits_finite'));
       expect(fs.existsSync(path.join(j.dumpDir, 'request_info.json'))).toBe(true);
@@ -237,6 +242,7 @@ describe('manual dump watermark', () => {
     const waves: string[][] = [];
     for (let w = 2; w <= 5; w++) {
       const lanes = g.onWaveHead(0, w, tel(w - 1, running()));
+      g.ledger.published(w + 2, lanes.dumps);
       waves.push(lanes.dumps.map((j) => `${j.incidentType}:${j.reqId}@${j.armWave}`));
     }
     expect(waves).toEqual([['manual_trigger:a@4', 'manual_trigger:b@4'], [], [], []]);

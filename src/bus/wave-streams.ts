@@ -158,6 +158,8 @@ export class WaveStreams {
     if (jobs.length > 0) {
       this.publish(s, 'dump', { wave, jobs });
       metrics.lanes.inc({ lane: 'dump' });
+      // After the publish: the ledger starts their ack timeouts and writes their request_info.json
+      // now, so its fsyncs are never ahead of the vector.
       this.deps.ledger.published(wave, jobs);
     }
     return head;

@@ -8,16 +8,23 @@
 // rank its own directory (the seed's names; the manifest's `dirs` maps global rank to directory).
 // Which stages copy a job is the ledger's too (stagesAt): those of the config in force at the job's
 // copy wave, per replica, as the stream hands configs out (configFrom).
+// Order: arm makes the wave dir (so an agent's copy finds it, and a failure fails the arm before
+// anything is published) and defers request_info.json (request-info.ts); the coordinator publishes
+// the vector and lanes, then `published` writes it. A manifest is never written before its job's
+// request_info.json; a failed one makes the manifest say so (dump-manifest.ts builds it).
+import * as fs from 'fs';
 import * as path from 'path';
 import type { Logger } from '../log';
-import { kvRankDirFor, layoutJson } from '../paths';
-import type { DumpJob, DumpLane, DumpResult, FileEntry } from '../messages';
+import type { DumpJob, DumpLane, DumpResult } from '../messages';
 import { SkipReason, writeDumpSkipped } from '../artifacts/freespace';
 import { DEFAULT_ARTIFACT_MODES, type ArtifactModes } from '../artifacts/artifact-mode';
 import { joinUnder, safeComponent } from '../artifacts/sanitize';
 import { artifactWrite, writeJsonAtomic } from '../artifacts/atomic-write';
+import { fsFailure } from '../artifacts/sink';
 import { StageSchedule } from './stage-schedule';
-import { rankCoordinates, replicaDumpRanks, replicaHead, type PpStages, type WorldLayout } from '../launch/identity';
+import { manifestJson, tallyAcks } from './dump-manifest';
+import { RequestInfoWriter, requestInfoJson } from './request-info';
+import { replicaDumpRanks, replicaHead, type PpStages, type WorldLayout } from '../launch/identity';
 
 export type { SkipReason };
 
@@ -65,21 +72,19 @@ export interface LedgerOptions {
   writerRank?: number;
   /** The job's layout: with dp > 1 dump dirs and job ids carry the replica; manifests name each rank's stage. */
   layout?: WorldLayout;
-  log?: Pick<Logger, 'info' | 'warn'>;
+  log?: Pick<Logger, 'info' | 'warn' | 'error'>;
   /** Modes of request_info.json, manifest.json, dump_skipped.json and the folders made for them. */
   modes?: ArtifactModes;
 }
 
-interface RankAck {
-  result: DumpResult;
-}
-
 interface Entry {
   job: DumpJob;
-  /** Armed here (request_info.json written): a manifest is written when it finishes. */
+  /** Armed here (its wave dir made, request_info.json written or due): a manifest is written when it finishes. */
   recorded: boolean;
   ppStages: PpStages;
-  acks: Map<number, RankAck>;
+  acks: Map<number, DumpResult>;
+  /** Writing request_info.json failed: why (the manifest says so, never complete). */
+  infoError?: string;
   /** Published at this wave; undefined while armed and not yet published. */
   wave?: number;
   timer?: NodeJS.Timeout;
@@ -99,8 +104,6 @@ interface Entry {
 }
 
 const MAX_TRACKED_JOBS = 4096;
-/** dump_skipped reasons that mean a copy or write was attempted and failed. */
-const FAILURE_REASONS = new Set(['d2h_failed', 'write_failed']);
 
 export type AckOutcome = 'counted' | 'late' | 'unknown_job' | 'not_expected';
 
@@ -111,6 +114,7 @@ export class DumpLedger {
   private readonly ackTimeoutMs: number;
   private readonly modes: ArtifactModes;
   private events: LedgerEvents = {};
+  private readonly info: RequestInfoWriter;
   armed = 0;
   completed = 0; // jobs every expected rank acked without error
   incomplete = 0; // jobs that finished (all acked or timed out) with a missing, failed or skipped rank
@@ -125,6 +129,10 @@ export class DumpLedger {
   constructor(private readonly opts: LedgerOptions = {}) {
     this.ackTimeoutMs = opts.ackTimeoutMs ?? 10000;
     this.modes = opts.modes ?? DEFAULT_ARTIFACT_MODES;
+    this.info = new RequestInfoWriter(this.modes, (jobId, error) => {
+      const e = this.jobs.get(jobId);
+      if (e) e.infoError = error;
+    }, opts.log);
   }
 
   /** The coordinator's hooks (metrics, events, its policy's notices). */
@@ -158,7 +166,8 @@ export class DumpLedger {
 
   /**
    * Arm one job: dedupe per (replica, arm wave, req_id), name the ranks that copy it (stagesAt its
-   * arm wave), write request_info.json, track. Null for a duplicate.
+   * arm wave), make its wave dir (throws if it cannot), track. request_info.json is written by
+   * `published` (after the coordinator's publish), else on the next turn or at clear(). Null for a duplicate.
    */
   arm(dumpRoot: string, spec: ArmSpec): DumpJob | null {
     const key = `${spec.replica}/${spec.armWave}`;
@@ -188,24 +197,13 @@ export class DumpLedger {
       replica: spec.replica,
       ranks: this.ranksFor(spec.replica, ppStages),
     };
-    writeJsonAtomic(path.join(dir, 'request_info.json'), {
-      job_id: job.jobId,
-      incident_type: job.incidentType,
-      req_id: job.reqId,
-      dp_rank: job.replica,
-      detect_wave: job.detectWave,
-      arm_wave: job.armWave,
-      block_ids: job.blockIds,
-      num_blocks: job.blockIds.length,
-      request_finished_at_dump: job.requestFinishedAtDump,
-      rank: this.writerOf(spec.replica),
-      expected_ranks: job.ranks,
-      pp_stages: ppStages,
-      ...this.layoutJson(),
-      ts: new Date().toISOString(),
-      ...spec.info,
-    }, artifactWrite(this.modes));
+    try {
+      fs.mkdirSync(dir, { recursive: true, mode: this.modes.dir });
+    } catch (e) {
+      throw fsFailure('mkdir', dir, e);
+    }
     this.add({ job, recorded: true, ppStages, acks: new Map(), timedOut: false, finished: false, ok: false, windowOpen: spec.copyWindow ?? false, held: false });
+    this.info.defer(job.jobId, dir, requestInfoJson(job, ppStages, this.writerOf(spec.replica), this.opts.layout, spec.info));
     this.armed++;
     return job;
   }
@@ -232,7 +230,8 @@ export class DumpLedger {
 
   /**
    * The coordinator published these jobs at `wave` of their replica's stream: their ack timeout
-   * starts now. A job not armed here (queued on the coordinator directly) is tracked without files.
+   * starts now, then their request_info.json is written (the vector is out already). A job not
+   * armed here (queued on the coordinator directly) is tracked without files.
    */
   published(wave: number, jobs: DumpJob[]): void {
     for (const job of jobs) {
@@ -248,6 +247,7 @@ export class DumpLedger {
       entry.timer = setTimeout(() => this.timeout(entry), this.ackTimeoutMs);
       entry.timer.unref();
     }
+    for (const job of jobs) this.info.write(job.jobId);
   }
 
   private add(e: Entry): void {
@@ -255,6 +255,7 @@ export class DumpLedger {
     if (this.jobs.size > MAX_TRACKED_JOBS) {
       const oldest = this.jobs.values().next().value as Entry;
       clearTimeout(oldest.timer);
+      this.info.write(oldest.job.jobId);
       this.jobs.delete(oldest.job.jobId);
     }
   }
@@ -276,7 +277,7 @@ export class DumpLedger {
       return 'not_expected';
     }
     const late = e.timedOut;
-    e.acks.set(r.globalRank, { result: r });
+    e.acks.set(r.globalRank, r);
     if (e.acks.size === e.job.ranks.length && e.windowOpen && !e.timedOut) {
       // Every copy is in, but the request may still be freed before the copy wave's end is seen.
       e.held = true;
@@ -314,25 +315,10 @@ export class DumpLedger {
 
   private finish(e: Entry): void {
     clearTimeout(e.timer);
-    const completed: number[] = [];
-    const failed: Record<string, string> = {};
-    const skipped: Record<string, string> = {};
-    const files: Record<string, FileEntry[]> = {};
-    const bytes: Record<string, number> = {};
-    for (const rank of [...e.acks.keys()].sort((a, b) => a - b)) {
-      const a = e.acks.get(rank)!.result;
-      files[rank] = a.files.map((f) => ({ path: f.path, bytes: f.bytes, checksum: f.checksum }));
-      bytes[rank] = a.bytes;
-      // A refusal before any copy (its ack carries the detail in `error`) is a skip; a copy or
-      // write that failed is a failure.
-      if (a.skippedReason && !FAILURE_REASONS.has(a.skippedReason)) skipped[rank] = a.skippedReason;
-      else if (a.error) failed[rank] = a.error;
-      else if (a.skippedReason) skipped[rank] = a.skippedReason;
-      else completed.push(rank);
-    }
-    const missing = e.job.ranks.filter((r) => !e.acks.has(r));
-    const spoiled = e.freedWave !== undefined ? 'freed_before_copy' : e.restarted ? 'coordinator_restarted' : e.unconfirmed ? 'copy_window_unconfirmed' : undefined;
-    const ok = completed.length === e.job.ranks.length && spoiled === undefined;
+    this.info.write(e.job.jobId); // nothing looks finished without its request_info.json
+    const tally = tallyAcks(e.job.ranks, e.acks);
+    const spoiled = e.freedWave !== undefined ? 'freed_before_copy' : e.restarted ? 'coordinator_restarted' : e.unconfirmed ? 'copy_window_unconfirmed' : e.infoError !== undefined ? 'request_info_failed' : undefined;
+    const ok = tally.completed.length === e.job.ranks.length && spoiled === undefined;
     const first = !e.finished;
     if (first) {
       e.finished = true;
@@ -348,53 +334,13 @@ export class DumpLedger {
       this.incomplete++;
     }
     e.ok = ok;
-    if (e.recorded) this.writeManifest(e, { completed, missing, failed, skipped, files, bytes, ok, spoiled });
-    if (!ok && first) this.opts.log?.warn({ job_id: e.job.jobId, dp_rank: e.job.replica, missing, failed, skipped }, 'dump job incomplete');
-    if (first && !e.timedOut && !e.restarted) this.events.complete?.(e.job, [...e.acks.values()].map((a) => a.result));
-  }
-
-  /** request_info.json and manifest.json carry the layout, so tools map a rank to its directory. */
-  private layoutJson(): Record<string, unknown> {
-    return this.opts.layout ? { layout: layoutJson(this.opts.layout) } : {};
-  }
-
-  private writeManifest(e: Entry, m: { completed: number[]; missing: number[]; failed: Record<string, string>; skipped: Record<string, string>; files: Record<string, FileEntry[]>; bytes: Record<string, number>; ok: boolean; spoiled?: string }): void {
-    // Which pipeline stages and layers the dump holds: each rank that copied names its layers (a
-    // rank that skipped or failed holds none; skipped_ranks / failed_ranks say why).
-    const stages: Record<string, { ranks: number[]; layers: string[] }> = {};
-    for (const [g, a] of [...e.acks.entries()].sort((x, y) => x[0] - y[0])) {
-      if (!m.completed.includes(g)) continue;
-      const pp = this.opts.layout ? rankCoordinates(g, this.opts.layout).ppRank : 0;
-      const s = (stages[pp] ??= { ranks: [], layers: [] });
-      s.ranks.push(g);
-      for (const l of a.result.layers ?? []) if (!s.layers.includes(l)) s.layers.push(l);
+    if (e.recorded) {
+      const m = manifestJson({ job: e.job, ppStages: e.ppStages, layout: this.opts.layout, acks: e.acks, tally, complete: ok, incompleteReason: spoiled, freedWave: e.freedWave, timedOut: e.timedOut, requestInfoError: e.infoError });
+      writeJsonAtomic(path.join(e.job.dumpDir, 'manifest.json'), m, artifactWrite(this.modes));
     }
-    writeJsonAtomic(path.join(e.job.dumpDir, 'manifest.json'), {
-      job_id: e.job.jobId,
-      incident_type: e.job.incidentType,
-      req_id: e.job.reqId,
-      dp_rank: e.job.replica,
-      detect_wave: e.job.detectWave,
-      arm_wave: e.job.armWave,
-      request_finished_at_dump: e.job.requestFinishedAtDump,
-      pp_stages: e.ppStages,
-      expected_ranks: e.job.ranks,
-      ...this.layoutJson(),
-      ...(this.opts.layout ? { dirs: Object.fromEntries(e.job.ranks.map((g) => [g, kvRankDirFor(g, this.opts.layout!)])) } : {}),
-      completed_ranks: m.completed,
-      missing_ranks: m.missing,
-      failed_ranks: m.failed,
-      skipped_ranks: m.skipped,
-      stages,
-      complete: m.ok,
-      // Why every rank's copy is still not a good dump: the request's blocks were given back
-      // before the copy wave ended (freed_wave), or that was never confirmed.
-      ...(m.spoiled ? { incomplete_reason: m.spoiled, freed_wave: e.freedWave ?? null } : {}),
-      timed_out: e.timedOut,
-      files: m.files,
-      bytes: m.bytes,
-      ts: new Date().toISOString(),
-    }, artifactWrite(this.modes));
+    const { missing, failed, skipped } = tally;
+    if (!ok && first) this.opts.log?.warn({ job_id: e.job.jobId, dp_rank: e.job.replica, missing, failed, skipped }, 'dump job incomplete');
+    if (first && !e.timedOut && !e.restarted) this.events.complete?.(e.job, [...e.acks.values()]);
   }
 
   /** Jobs of `replica` (all replicas when undefined) published and waiting for acks. */
@@ -428,11 +374,12 @@ export class DumpLedger {
 
   /** Counters for status / healthz. */
   status(): Record<string, unknown> {
-    return { armed: this.armed, completed: this.completed, incomplete: this.incomplete, pending: this.pending(), skipped: this.skipped, duplicates: this.duplicates, unknown_results: this.unknownResults, freed_before_copy: this.freedBeforeCopy, adopted: this.adopted };
+    return { armed: this.armed, completed: this.completed, incomplete: this.incomplete, pending: this.pending(), skipped: this.skipped, duplicates: this.duplicates, unknown_results: this.unknownResults, freed_before_copy: this.freedBeforeCopy, adopted: this.adopted, request_info_failed: this.info.failed };
   }
 
-  /** Stop every ack timer (coordinator stop). */
+  /** Stop every ack timer and write every request_info.json still due (coordinator stop). */
   clear(): void {
+    this.info.writeAll();
     for (const e of this.jobs.values()) clearTimeout(e.timer);
     for (const e of this.jobs.values()) if (!e.finished) e.wave = undefined;
   }
