@@ -6,64 +6,30 @@
 // names (settle(): one path for every rank).
 import * as fs from 'fs';
 import * as zmq from 'zeromq';
-import type { ArtifactModes } from '../artifacts/artifact-mode';
 import { AgentBus, type WaveEvent, type SnapshotReplyMsg } from '../bus/agent-bus';
 import { DumpExecutor } from './dump-executor';
 import { WaveBook, WAVE_HISTORY } from './wave-book';
-import { WaveDuties } from './wave-duties';
+import { agentDutyHooks, jobsFor, WaveDuties } from './wave-duties';
 import { RegionTable } from './regions';
 import { FileServer } from './file-server';
-import { DirectFiles, fileRequestHandler } from './direct-files';
-import { RootGate, type LocalRoots } from './roots';
-import type { BusToken } from '../bus/auth';
+import { agentDirectFiles, fileRequestHandler, type DirectFiles } from './direct-files';
+import { RootGate } from './roots';
 import { decideAheadWaves } from '../bus/constants';
 import { ConfigError, WavebusError } from '../errors';
 import type { RankIdentity } from '../launch/identity';
 import { createLogger, type Logger } from '../log';
 import { MailboxWriter, MailboxFeature } from '../client/mailbox';
-import type { AgentConfig, DumpJob, DumpLane } from '../messages';
+import type { AgentConfig, DumpLane } from '../messages';
 import { agentEndpoint, mailboxPath } from '../paths';
-import { claimRunDir, staleSocketOrNothing } from '../launch/run-dir';
-import { ClientServer } from './client-server';
-import { captureInputs } from './input-capture';
+import { claimRunDir } from '../launch/run-dir';
+import { bindClientSocket, ClientServer } from './client-server';
+import { captureInputs, inputCapturer } from './input-capture';
 import { DEFAULT_VIEW, viewOf, type RuntimeView } from './runtime-view';
-import { SnapshotCapturer } from '../snapshot/capture';
-import { checkSnapshotGating, type SnapshotConfig } from '../snapshot/config';
+import type { SnapshotCapturer } from '../snapshot/capture';
+import { checkSnapshotGating } from '../snapshot/config';
+import type { AgentOptions } from './agent-options';
 
-export interface AgentOptions {
-  identity: RankIdentity;
-  runDir: string;
-  /** Coordinator bus address; absent for ranks that are not on the bus. */
-  coordinator?: { host: string; port: number };
-  heartbeatMs?: number;
-  /** How long end_of_wave may wait for a wave vector that has not arrived. */
-  endOfWaveTimeoutMs?: number;
-  stagingBytes?: number;
-  /** Pinned chunk each CUDA region bounces device → host copies through (default 8 MiB). */
-  cudaStagingBytes?: number;
-  snapshot?: SnapshotConfig;
-  /**
-   * This host's roots (--dump-root, the snapshot cache root): the agent writes bundles and serves
-   * files only under them. A dump root from the bus may only narrow `dumps` (agent/roots.ts).
-   */
-  roots?: LocalRoots;
-  logger?: Logger;
-  /** Test / fault-injection hook passed to the bus. */
-  dropSeqs?: (seq: number) => boolean;
-  /** CURVE client keys for the bus (see src/bus/curve.ts). */
-  curve?: { serverPublicKey: string; publicKey: string; secretKey: string };
-  /** The launcher's bus token (src/bus/auth.ts): coordinator messages without its MAC are dropped. */
-  busToken?: BusToken;
-  /** --artifact-mode: KV dumps and input snapshots (default: DEFAULT_ARTIFACT_MODES). */
-  artifactModes?: ArtifactModes;
-  /**
-   * Direct file serving for `wavebus aggregate` with CURVE (direct-files.ts): on unless
-   * `enabled` is false; `host` / `port` override the bound address (default: this host's
-   * address toward the coordinator, an ephemeral port).
-   */
-  directFiles?: { enabled: boolean; host?: string; port?: number };
-}
-
+export type { AgentOptions } from './agent-options';
 
 export class Agent {
   readonly identity: RankIdentity;
@@ -112,19 +78,14 @@ export class Agent {
     this.opts = opts;
     this.identity = opts.identity;
     this.ahead = decideAheadWaves(opts.identity.pp);
-    this.duties = new WaveDuties(opts.identity.isLastPp, this.ahead, (jobs) => this.mine(jobs), {
-      apply: (cfg, wave, ended) => {
-        this.applyConfig(cfg, `ConfigLane.config of wave ${wave}`);
-        if (wave !== ended) this.log.info({ wave, ended }, 'config applied after its wave ended here (the engine ran ahead of its vector)');
-      },
-      giveUp: (job, wave, ended) => {
-        this.log.warn({ job_id: job.jobId, wave, ended }, 'dump job for a wave already ended here: acked wave_already_ended');
-        const why = `the engine had ended wave ${wave} (it was at wave ${ended}) before this rank had the job; nothing was copied`;
-        this.bus?.sendDumpResult(this.dumps.result(job, [], 0, why, 'wave_already_ended'));
-      },
-    });
-    this.dumpLanes = this.duties.lanes;
     this.log = opts.logger ?? createLogger(`wavebus-agent-rank${opts.identity.globalRank}`);
+    const hooks = agentDutyHooks(
+      this.log,
+      (cfg, where) => this.applyConfig(cfg, where),
+      (job, why) => this.bus?.sendDumpResult(this.dumps.result(job, [], 0, why, 'wave_already_ended')),
+    );
+    this.duties = new WaveDuties(opts.identity.isLastPp, this.ahead, (jobs) => jobsFor(this.identity, jobs), hooks);
+    this.dumpLanes = this.duties.lanes;
     this.gate = new RootGate(opts.identity.globalRank, opts.roots ?? {}, this.log);
     this.servedDumps = this.gate.local.dumps;
     this.regions = new RegionTable(opts.cudaStagingBytes);
@@ -141,15 +102,7 @@ export class Agent {
       },
       () => this.stopped,
     );
-    if (opts.snapshot?.enabled) {
-      this.capturer = new SnapshotCapturer(opts.snapshot, {
-        globalRank: opts.identity.globalRank,
-        tpRank: opts.identity.tpRank,
-        ppRank: opts.identity.ppRank,
-        dpRank: opts.identity.dpRank,
-        cpRank: opts.identity.cpRank,
-      }, { log: { info: (m: string) => this.log.info(m), warn: (m: string) => this.log.warn(m) }, artifactModes: opts.artifactModes });
-    }
+    this.capturer = inputCapturer(opts.snapshot, opts.identity, this.log, opts.artifactModes);
   }
 
   /** The rank that heads its replica's wave stream (last-PP TP0, CP 0): it relays its engine's wave heads. */
@@ -184,13 +137,7 @@ export class Agent {
     claimRunDir(runDir, 'run dir (--run-dir / WAVEBUS_RUN_DIR)');
     this.mailbox = MailboxWriter.create(mailboxPath(runDir, identity.localRank));
     this.publishFeatures(); // what is known before the bus syncs (snapshots), so clients never see a stale 0
-    this.router = new zmq.Router({ linger: 0, maxMessageSize: 16 * 2 ** 20 });
-    const endpoint = agentEndpoint(runDir, identity.localRank);
-    const sockPath = endpoint.slice('ipc://'.length);
-    const there = staleSocketOrNothing(sockPath);
-    if (there === 'stale') fs.unlinkSync(sockPath); // left by a killed agent of this rank
-    else if (there !== 'none') throw new ConfigError(`agent socket ${sockPath}: something else is there (${there}); refusing to remove it`, 'ERR_RUN_DIR');
-    await this.router.bind(endpoint);
+    this.router = await bindClientSocket(agentEndpoint(runDir, identity.localRank));
     void this.clients.serve(this.router);
     const served = () => ({ snapshots: this.opts.roots?.snapshots, dumps: this.servedDumps });
     this.files = new FileServer(identity.globalRank, served, this.log);
@@ -213,18 +160,7 @@ export class Agent {
       }
       this.bus.on('snapshot', (s: SnapshotReplyMsg) => this.onSnapshot(s));
       this.bus.on('wave', (w: WaveEvent) => this.onWave(w));
-      // Only a job with CURVE can authenticate a tool on a socket of the agent's own.
-      if (this.opts.curve && this.opts.directFiles?.enabled !== false) {
-        this.direct = new DirectFiles({
-          globalRank: identity.globalRank,
-          roots: served,
-          coordinator: this.opts.coordinator,
-          enabled: true,
-          host: this.opts.directFiles?.host,
-          port: this.opts.directFiles?.port,
-          log: this.log,
-        });
-      }
+      this.direct = agentDirectFiles(Boolean(this.opts.curve), this.opts.directFiles, { globalRank: identity.globalRank, roots: served, coordinator: this.opts.coordinator, log: this.log });
       this.bus.onRequest(fileRequestHandler(this.files, this.direct, identity.globalRank));
       await this.bus.start();
     } else {
@@ -337,10 +273,6 @@ export class Agent {
     this.waves.setFloor(floor);
   }
 
-  private waitForWave(wave: number, ms: number): Promise<boolean> {
-    return this.waves.waitFor(wave, ms);
-  }
-
   private async handle(req: Record<string, any>, interim: () => void = () => undefined): Promise<Record<string, unknown>> {
     switch (req.body) {
       case 'hello':
@@ -395,7 +327,7 @@ export class Agent {
 
   private async endOfWave(wave: number): Promise<Record<string, unknown>> {
     if (!this.bus) return {};
-    if (!(await this.waitForWave(wave, this.endOfWaveTimeoutMs))) {
+    if (!(await this.waves.waitFor(wave, this.endOfWaveTimeoutMs))) {
       this.missedWave(wave);
       return { timedOut: true };
     }
@@ -406,7 +338,7 @@ export class Agent {
     const lane = this.dumpLanes.get(wave);
     if (!lane || lane.jobs.length === 0) return {};
     this.dumpLanes.delete(wave);
-    const jobs = this.mine(lane.jobs);
+    const jobs = jobsFor(this.identity, lane.jobs);
     if (jobs.length === 0) return {};
     this.publishFeatures(); // no job waits here any more (a rank off the vector goes back off it)
     const { staged, refused } = await this.dumps.stage(jobs, {
@@ -433,19 +365,10 @@ export class Agent {
    * client then keeps every finished request one more step.
    */
   private async dueReqIds(wave: number): Promise<string[]> {
-    if (!(await this.waitForWave(wave, this.endOfWaveTimeoutMs))) throw new WavebusError('ERR_TIMEOUT', `wave ${wave}'s vector did not arrive within ${this.endOfWaveTimeoutMs} ms`);
+    if (!(await this.waves.waitFor(wave, this.endOfWaveTimeoutMs))) throw new WavebusError('ERR_TIMEOUT', `wave ${wave}'s vector did not arrive within ${this.endOfWaveTimeoutMs} ms`);
     if (this.ended.has(wave)) return [];
     const lane = this.dumpLanes.get(wave);
     return lane ? lane.jobs.map((j) => j.reqId) : [];
-  }
-
-  /**
-   * The jobs this rank copies: those naming it (the job carries its replica's dump ranks; the
-   * stream is already this replica's). A job without ranks follows the seed's last-PP rule.
-   */
-  private mine(jobs: DumpJob[]): DumpJob[] {
-    const g = this.identity.globalRank;
-    return jobs.filter((j) => (j.ranks && j.ranks.length > 0 ? j.ranks.includes(g) : this.identity.isLastPp));
   }
 
   /** The engine ended `wave` without its vector (the bound ran out): counted, logged, its jobs acked as wave_already_ended. */

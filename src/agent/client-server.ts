@@ -1,8 +1,10 @@
 // The agent's side of the engine client's socket (ROUTER, ipc): decodes requests, passes the
 // per-step wave head's bytes on untouched, refuses a client of another protocol version or one it
 // never greeted, and sends the replies through one queue (zeromq allows one send in flight).
+import * as fs from 'fs';
 import * as zmq from 'zeromq';
-import { WavebusError } from '../errors';
+import { ConfigError, WavebusError } from '../errors';
+import { staleSocketOrNothing } from '../launch/run-dir';
 import type { Logger } from '../log';
 import { ClientReply, ClientRequest, encode, toPlain } from '../proto';
 import { oneWayWaveHead, waveHeadBytes } from '../bus/wave-head-relay';
@@ -34,6 +36,25 @@ function onlyBodySet(msg: Record<string, unknown>): boolean {
   let n = 0;
   for (const f of BODY_FIELDS) if (msg[f] !== undefined && msg[f] !== null) n++;
   return n === 1;
+}
+
+/**
+ * The agent's ROUTER for its engine client, bound at `endpoint` (ipc, in the run dir). A socket
+ * file left there by a killed agent of this rank is taken over; anything else is refused.
+ */
+export async function bindClientSocket(endpoint: string): Promise<zmq.Router> {
+  const sockPath = endpoint.slice('ipc://'.length);
+  const there = staleSocketOrNothing(sockPath);
+  if (there === 'stale') fs.unlinkSync(sockPath); // left by a killed agent of this rank
+  else if (there !== 'none') throw new ConfigError(`agent socket ${sockPath}: something else is there (${there}); refusing to remove it`, 'ERR_RUN_DIR');
+  const router = new zmq.Router({ linger: 0, maxMessageSize: 16 * 2 ** 20 });
+  try {
+    await router.bind(endpoint);
+  } catch (e) {
+    router.close();
+    throw e;
+  }
+  return router;
 }
 
 export class ClientServer {

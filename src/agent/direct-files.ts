@@ -183,6 +183,27 @@ export class DirectFiles {
   }
 }
 
+/** The agent's settings for its file socket (--direct-files, --direct-files-host, --direct-files-port). */
+export interface DirectFilesSettings {
+  enabled: boolean;
+  host?: string;
+  port?: number;
+}
+
+/**
+ * An agent's file socket, or none: only a job with CURVE can authenticate a tool on a socket of
+ * the agent's own, and `enabled` false turns it off. Nothing is bound until the coordinator asks
+ * (handle()); the agent closes it with stop().
+ */
+export function agentDirectFiles(
+  curve: boolean,
+  settings: DirectFilesSettings | undefined,
+  base: Pick<DirectFilesOptions, 'globalRank' | 'roots' | 'coordinator' | 'log'>,
+): DirectFiles | undefined {
+  if (!curve || settings?.enabled === false) return undefined;
+  return new DirectFiles({ ...base, enabled: true, host: settings?.host, port: settings?.port });
+}
+
 /** An agent's bus request handler: file lists and chunks from its FileServer, file serve requests to `direct`. */
 export function fileRequestHandler(files: FileServer, direct: DirectFiles | undefined, globalRank: number): (req: CoordinatorMsg) => Promise<Record<string, unknown>> {
   return (req) => {

@@ -3,7 +3,11 @@
 // inputs out of the registered regions.
 import { itemSize, parseDType } from '../artifacts/dtype';
 import { CaptureError, ConfigError } from '../errors';
-import type { SnapshotCapturer } from '../snapshot/capture';
+import type { ArtifactModes } from '../artifacts/artifact-mode';
+import type { RankIdentity } from '../launch/identity';
+import type { Logger } from '../log';
+import { SnapshotCapturer } from '../snapshot/capture';
+import type { SnapshotConfig } from '../snapshot/config';
 import type { RegionTable } from './regions';
 
 export interface BeforeForwardRequest {
@@ -11,6 +15,16 @@ export interface BeforeForwardRequest {
   inputs: { region: string; offset: number; dtype: string; shape: number[] }[];
   acceptByUnixMs?: number | string;
   finishByUnixMs?: number | string;
+}
+
+/** The agent's input-snapshot capturer: none unless snapshots are on (--snapshot). */
+export function inputCapturer(snapshot: SnapshotConfig | undefined, identity: RankIdentity, log: Logger, artifactModes?: ArtifactModes): SnapshotCapturer | undefined {
+  if (!snapshot?.enabled) return undefined;
+  const { globalRank, tpRank, ppRank, dpRank, cpRank } = identity;
+  return new SnapshotCapturer(snapshot, { globalRank, tpRank, ppRank, dpRank, cpRank }, {
+    log: { info: (m: string) => log.info(m), warn: (m: string) => log.warn(m) },
+    artifactModes,
+  });
 }
 
 /** `interim`: tells the client the capture has begun; `written`: counts a written snapshot. */

@@ -3,6 +3,7 @@
 // the newest wave its engine is known to have ended. settle() is the one path by which every rank,
 // of every stage, on the vector or off it, takes a config at its wave and gives up a job whose wave
 // its engine has already ended (docs/runtime-guard.md, "Pipeline stages").
+import type { Logger } from '../log';
 import type { AgentConfig, DumpJob, DumpLane } from '../messages';
 
 export interface DutyHooks {
@@ -10,6 +11,37 @@ export interface DutyHooks {
   apply(config: AgentConfig | null, wave: number, ended: number): void;
   /** Ack a job naming this rank for a wave its engine ended without copying it: wave_already_ended. */
   giveUp(job: DumpJob, wave: number, ended: number): void;
+}
+
+/**
+ * The jobs among `jobs` that this rank copies: those naming it (the job carries its replica's dump
+ * ranks; the stream is already this replica's). A job without ranks follows the seed's last-PP rule.
+ */
+export function jobsFor(rank: { globalRank: number; isLastPp: boolean }, jobs: DumpJob[]): DumpJob[] {
+  const g = rank.globalRank;
+  return jobs.filter((j) => (j.ranks && j.ranks.length > 0 ? j.ranks.includes(g) : rank.isLastPp));
+}
+
+/**
+ * The hooks an agent registers: a config is applied through `applyConfig` (`where` names it in
+ * log lines); a job given up is logged and acked through `ackGivenUp` (wave_already_ended, `why`
+ * saying nothing was copied).
+ */
+export function agentDutyHooks(
+  log: Logger,
+  applyConfig: (config: AgentConfig | null, where: string) => void,
+  ackGivenUp: (job: DumpJob, why: string) => void,
+): DutyHooks {
+  return {
+    apply: (cfg, wave, ended) => {
+      applyConfig(cfg, `ConfigLane.config of wave ${wave}`);
+      if (wave !== ended) log.info({ wave, ended }, 'config applied after its wave ended here (the engine ran ahead of its vector)');
+    },
+    giveUp: (job, wave, ended) => {
+      log.warn({ job_id: job.jobId, wave, ended }, 'dump job for a wave already ended here: acked wave_already_ended');
+      ackGivenUp(job, `the engine had ended wave ${wave} (it was at wave ${ended}) before this rank had the job; nothing was copied`);
+    },
+  };
 }
 
 export class WaveDuties {

@@ -1,6 +1,6 @@
-// The receive loop every long-lived bus socket runs (agent SUB and DEALER, coordinator ROUTER):
-// a receive error ends it once the socket is closed or its owner stopped, and is logged
-// otherwise; a handler that throws is logged and never ends the loop, so no message from the
+// The receive loop every long-lived bus socket runs (agent SUB and DEALER, coordinator ROUTER,
+// the agent's file ROUTER, the aggregate tool's relay and direct DEALERs): a receive error ends it
+// once the socket is closed or its owner stopped, and is logged otherwise; a handler that throws is logged and never ends the loop, so no message from the
 // network can take a process down.
 import type { Logger } from '../log';
 
@@ -16,7 +16,8 @@ export interface ReceiveLoopOptions {
   what: string;
   /** Whether the owner is still running (a receive error after stop() ends the loop quietly). */
   running: () => boolean;
-  log: Logger;
+  /** Absent for a tool's client, whose failures show as its requests' errors: nothing is logged. */
+  log?: Logger;
 }
 
 export async function receiveLoop(sock: ReceivingSocket, opts: ReceiveLoopOptions, handle: (parts: Buffer[]) => void): Promise<void> {
@@ -26,13 +27,13 @@ export async function receiveLoop(sock: ReceivingSocket, opts: ReceiveLoopOption
       parts = await sock.receive();
     } catch (e) {
       if (sock.closed || !opts.running()) break;
-      opts.log.warn({ err: String(e) }, `${opts.role} receive failed`);
+      opts.log?.warn({ err: String(e) }, `${opts.role} receive failed`);
       continue;
     }
     try {
       handle(parts);
     } catch (e) {
-      opts.log.error({ err: String((e as Error)?.stack ?? e) }, `failed to handle ${opts.what}`);
+      opts.log?.error({ err: String((e as Error)?.stack ?? e) }, `failed to handle ${opts.what}`);
     }
   }
 }

@@ -9,6 +9,7 @@ import { payloadOf, withPayload } from './payload';
 import { WavebusError } from '../errors';
 import type { BusToken } from './auth';
 import { clientSocketOptions, type CurveClientKeys } from './curve';
+import { receiveLoop } from './receive-loop';
 import { RequestMap } from './request-map';
 import { SendQueue } from './send-queue';
 import { PROTOCOL_VERSION, versionMismatch } from './protocol-version';
@@ -76,28 +77,17 @@ export class RelayClient {
     return this.curve ? '' : ' (if it runs with CURVE, pass --curve-dir DIR, or --curve-server-key FILE --curve-key FILE)';
   }
 
-  private async receive(): Promise<void> {
-    while (!this.dealer.closed) {
-      let parts: Buffer[];
-      try {
-        parts = await this.dealer.receive();
-      } catch {
-        if (this.dealer.closed || this.closed) break;
-        continue;
-      }
-      // [CoordinatorMessage] or [CoordinatorMessage carrying a chunk, the chunk's data].
-      if (parts.length !== 1 && parts.length !== 2) {
-        this.drops.drop('frame_count', `${parts.length} frames from the coordinator`);
-        continue;
-      }
-      const d = decodeCoordinatorMessage(parts[0], this.maxFrameBytes, this.token, parts[1]);
-      if (!d.ok) {
-        this.drops.drop(d.reason, d.detail);
-        continue;
-      }
-      // Nothing waiting on it: a heartbeat, or an answer that came after its timeout.
-      this.pending.resolve(d.value.requestId, parts.length === 2 ? withPayload(d.value, parts[1]) : d.value);
-    }
+  private receive(): Promise<void> {
+    return receiveLoop(this.dealer, { role: 'aggregate DEALER', what: 'a coordinator reply', running: () => !this.closed }, (parts) => this.onReply(parts));
+  }
+
+  /** [CoordinatorMessage] or [CoordinatorMessage carrying a chunk, the chunk's data]. */
+  private onReply(parts: Buffer[]): void {
+    if (parts.length !== 1 && parts.length !== 2) return this.drops.drop('frame_count', `${parts.length} frames from the coordinator`);
+    const d = decodeCoordinatorMessage(parts[0], this.maxFrameBytes, this.token, parts[1]);
+    if (!d.ok) return this.drops.drop(d.reason, d.detail);
+    // Nothing waiting on it: a heartbeat, or an answer that came after its timeout.
+    this.pending.resolve(d.value.requestId, parts.length === 2 ? withPayload(d.value, parts[1]) : d.value);
   }
 
   /** Send an AgentMessage body (`{ status: {} }`, `{ relay: {...} }`) and resolve with the reply. */

@@ -11,6 +11,7 @@ import { clientSocketOptions, isZ85Key, type CurveClientKeys } from '../bus/curv
 import { decodeAgentMessage, DropCounter, encodeCoordinatorMessage, type AgentMsg } from '../bus/frames';
 import { payloadOf, withPayload } from '../bus/payload';
 import { AggregateError, type RelayClient } from '../bus/relay-client';
+import { receiveLoop } from '../bus/receive-loop';
 import { RequestMap } from '../bus/request-map';
 import { SendQueue } from '../bus/send-queue';
 import type { ChunkRequest, ChunkSource, Planned } from './aggregate-fetch';
@@ -69,27 +70,17 @@ export class DirectClient implements ChunkSource {
     this.loop = this.receive();
   }
 
-  private async receive(): Promise<void> {
-    while (!this.dealer.closed) {
-      let parts: Buffer[];
-      try {
-        parts = await this.dealer.receive();
-      } catch {
-        if (this.dealer.closed || this.closed) break;
-        continue;
-      }
-      if (parts.length !== 1 && parts.length !== 2) {
-        this.drops.drop('frame_count', `${parts.length} frames from rank ${this.rank}'s file socket`);
-        continue;
-      }
-      const d = decodeAgentMessage(parts[0], this.maxFrameBytes);
-      if (!d.ok) {
-        this.drops.drop(d.reason, d.detail);
-        continue;
-      }
-      if (parts.length === 2 && this.pending.has(d.value.requestId) && this.acks.length < MAX_ACKS) this.acks.push(d.value.requestId);
-      this.pending.resolve(d.value.requestId, parts.length === 2 ? withPayload(d.value, parts[1]) : d.value);
-    }
+  private receive(): Promise<void> {
+    return receiveLoop(this.dealer, { role: 'aggregate direct DEALER', what: 'a file socket reply', running: () => !this.closed }, (parts) => this.onReply(parts));
+  }
+
+  /** [AgentMessage] or [AgentMessage carrying a chunk, the chunk's data]. */
+  private onReply(parts: Buffer[]): void {
+    if (parts.length !== 1 && parts.length !== 2) return this.drops.drop('frame_count', `${parts.length} frames from rank ${this.rank}'s file socket`);
+    const d = decodeAgentMessage(parts[0], this.maxFrameBytes);
+    if (!d.ok) return this.drops.drop(d.reason, d.detail);
+    if (parts.length === 2 && this.pending.has(d.value.requestId) && this.acks.length < MAX_ACKS) this.acks.push(d.value.requestId);
+    this.pending.resolve(d.value.requestId, parts.length === 2 ? withPayload(d.value, parts[1]) : d.value);
   }
 
   async fileChunk(rank: number, req: ChunkRequest, timeoutMs: number): Promise<Record<string, any>> {

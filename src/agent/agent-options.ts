@@ -1,0 +1,42 @@
+// What an agent is started with (the `agent` command's flags, a test's or the simulated job's choices).
+import type { ArtifactModes } from '../artifacts/artifact-mode';
+import type { BusToken } from '../bus/auth';
+import type { RankIdentity } from '../launch/identity';
+import type { Logger } from '../log';
+import type { SnapshotConfig } from '../snapshot/config';
+import type { DirectFilesSettings } from './direct-files';
+import type { LocalRoots } from './roots';
+
+export interface AgentOptions {
+  identity: RankIdentity;
+  runDir: string;
+  /** Coordinator bus address; absent for ranks that are not on the bus. */
+  coordinator?: { host: string; port: number };
+  heartbeatMs?: number;
+  /** How long end_of_wave may wait for a wave vector that has not arrived. */
+  endOfWaveTimeoutMs?: number;
+  stagingBytes?: number;
+  /** Pinned chunk each CUDA region bounces device → host copies through (default 8 MiB). */
+  cudaStagingBytes?: number;
+  snapshot?: SnapshotConfig;
+  /**
+   * This host's roots (--dump-root, the snapshot cache root): the agent writes bundles and serves
+   * files only under them. A dump root from the bus may only narrow `dumps` (agent/roots.ts).
+   */
+  roots?: LocalRoots;
+  logger?: Logger;
+  /** Test / fault-injection hook passed to the bus. */
+  dropSeqs?: (seq: number) => boolean;
+  /** CURVE client keys for the bus (see src/bus/curve.ts). */
+  curve?: { serverPublicKey: string; publicKey: string; secretKey: string };
+  /** The launcher's bus token (src/bus/auth.ts): coordinator messages without its MAC are dropped. */
+  busToken?: BusToken;
+  /** --artifact-mode: KV dumps and input snapshots (default: DEFAULT_ARTIFACT_MODES). */
+  artifactModes?: ArtifactModes;
+  /**
+   * Direct file serving for `wavebus aggregate` with CURVE (direct-files.ts): on unless
+   * `enabled` is false; `host` / `port` override the bound address (default: this host's
+   * address toward the coordinator, an ephemeral port).
+   */
+  directFiles?: DirectFilesSettings;
+}
