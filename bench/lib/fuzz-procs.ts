@@ -49,13 +49,26 @@ export async function until<T>(fn: () => T | Promise<T>, what: string, ms = 2000
   throw new Error(`fuzz: timed out waiting for ${what}${last ? `: ${String(last)}` : ''}`);
 }
 
-/** The last drop total the agent logged per reason (its DropCounter logs at most once per reason every 5 s). */
-export function droppedFromLog(stderr: string): Record<string, number> {
+/**
+ * The last drop total the agent logged per reason (its DropCounter logs at most once per reason
+ * every 5 s), of one counter (`where`, e.g. 'rank 0 file socket') or of all.
+ */
+export function droppedFromLog(stderr: string, where?: string): Record<string, number> {
+  return totalsFromLog(stderr, 'dropped a bus frame', where);
+}
+
+/** The last refusal total a process logged per reason (ZapHandler: at most once per reason every 5 s). */
+export function refusedFromLog(stderr: string): Record<string, number> {
+  return totalsFromLog(stderr, 'refused a bus peer (CURVE)');
+}
+
+function totalsFromLog(stderr: string, msg: string, where?: string): Record<string, number> {
   const out: Record<string, number> = {};
   for (const line of stderr.split('\n')) {
-    if (!line.includes('dropped a bus frame')) continue;
+    if (!line.includes(msg)) continue;
     try {
       const j = JSON.parse(line);
+      if (where !== undefined && j.where !== where) continue;
       if (typeof j.reason === 'string' && typeof j.total === 'number') out[j.reason] = Math.max(out[j.reason] ?? 0, j.total);
     } catch {
       /* not a log line */
