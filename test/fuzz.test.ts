@@ -17,6 +17,9 @@ import { configJson } from '../src/guard/config';
 import { ConfigFollower } from '../src/guard/reload';
 import { configFromText } from '../src/guard/startup';
 import { agentEndpoint } from '../src/paths';
+import { FileServer } from '../src/agent/file-server';
+import { openBeneath, openBeneathSync } from '../src/artifacts/safe-fs';
+import { createLogger } from '../src/log';
 import { cleanup, freePortPair, spawnWavebus, tmpDir, waitFor } from './helpers';
 
 jest.setTimeout(180000);
@@ -111,6 +114,22 @@ test('a snapshot request for a rank outside the layout is a counted drop, not a 
     d.close();
   }
   expect(c.stderr()).not.toMatch(/failed to handle/);
+});
+
+test("a file request for the root itself (path '') is refused as a directory, not answered with an empty chunk", async () => {
+  const dir = tmpDir('wavebus-fuzz-root-');
+  fs.writeFileSync(path.join(dir, 'a.npy'), 'abc');
+  const files = new FileServer(0, () => ({ dumps: dir }), createLogger('fuzz-test', 'silent'));
+  for (const length of [0, 10]) {
+    const a = (await files.handle({ body: 'fileChunk', epoch: 1, requestId: 1, fileChunk: { root: 'dumps', path: '', offset: 0, length } })) as { fileChunk: Record<string, unknown> };
+    expect(a.fileChunk.error).toMatch(/the root itself is a directory, not a regular file/);
+  }
+  const ok = (await files.handle({ body: 'fileChunk', epoch: 1, requestId: 2, fileChunk: { root: 'dumps', path: 'a.npy', offset: 0, length: 0 } })) as { fileChunk: Record<string, unknown> };
+  expect(ok.fileChunk.error).toBeUndefined();
+  await expect(openBeneath(dir, '', 'file')).rejects.toThrow(/the root itself is a directory/);
+  expect(() => openBeneathSync(dir, '', 'file')).toThrow(/the root itself is a directory/);
+  const d = openBeneathSync(dir, '', 'dir'); // the root as a directory is still what a list opens
+  fs.closeSync(d.fd);
 });
 
 test('wave-head telemetry rows whose token columns do not match their token ids are dropped at decode as bad_telemetry', () => {

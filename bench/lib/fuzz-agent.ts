@@ -18,7 +18,7 @@ import { defaultConfig } from '../../src/guard/config';
 import { agentEndpoint } from '../../src/paths';
 import { BusFrame, ClientRequest, decode, encode } from '../../src/proto';
 import { coversOneof } from './fuzz-kinds';
-import { count, droppedFromLog, sleep, startProc, sum, until, roundTrip, type Proc } from './fuzz-procs';
+import { count, droppedFromLog, sleep, startProc, sum, until, roundTrip, within, type Proc } from './fuzz-procs';
 import { sameCounts, type FuzzCtx, type FuzzTarget, type SocketResult } from './fuzz-types';
 
 export function busCorpus(epoch: number): [string, Buffer][] {
@@ -268,7 +268,7 @@ export function subCurveTarget(name: string): FuzzTarget {
           '--curve-server-key', path.join(kd, 'coordinator.pub'), '--curve-key', path.join(kd, 'agent.key')], ctx.env);
         ctx.procs.push(proc);
         procs.push(proc);
-        const sub = await Promise.race([pub.receive().then(() => true), sleep(3000).then(() => false)]);
+        const sub = await within(pub.receive().then(() => true, () => false), 3000, false);
         if (sub) problems.push(`${name}: the agent subscribed to a ${kind} rogue PUB`);
         else count(refused, kind);
         const corpus = busCorpus(1);

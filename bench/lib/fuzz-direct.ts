@@ -20,7 +20,7 @@ import { RelayClient } from '../../src/bus/relay-client';
 import { checkFileServeReply, DirectClient } from '../../src/tools/aggregate-direct';
 import { FILE_CASES, MARKER, plant } from './fuzz-files';
 import { coversOneof, perKind } from './fuzz-kinds';
-import { count, diff, droppedFromLog, refusedFromLog, sleep, sum, until } from './fuzz-procs';
+import { count, diff, droppedFromLog, refusedFromLog, sleep, sum, until, within } from './fuzz-procs';
 import { sameCounts, type FuzzTarget } from './fuzz-types';
 
 /** What the file socket does with each CoordinatorMessage kind (direct-files.ts onMessage): serve it, or drop it as unexpected. */
@@ -242,7 +242,7 @@ export function directTarget(name: string, jobName: string): FuzzTarget {
         const gone = new Promise<boolean>((r) => big.events.on('disconnect', () => r(true)));
         big.connect(served.endpoint);
         await big.send(Buffer.alloc(MAX_REQUEST_BYTES + 1));
-        oversized = (await Promise.race([gone, sleep(10000).then(() => false)])) ? 'peer dropped' : 'peer kept';
+        oversized = (await within(gone, 10000, false)) ? 'peer dropped' : 'peer kept';
         if (oversized !== 'peer dropped') problems.push(`${name}: a ${MAX_REQUEST_BYTES + 1}-byte frame did not get its peer dropped`);
         big.close();
       }

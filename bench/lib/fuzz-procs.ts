@@ -28,10 +28,25 @@ export function startProc(name: string, args: string[], env: NodeJS.ProcessEnv =
   return p;
 }
 
+/** `p`, or `late` once `ms` passed; the timer is cleared either way (a pending one would keep the process up). */
+export async function within<T>(p: Promise<T>, ms: number, late: T): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  try {
+    return await Promise.race([p, new Promise<T>((r) => (timer = setTimeout(() => r(late), ms)))]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+/** A process's end: its exit and its output pipes closed. */
+const closed = (p: Proc) => (p.child.exitCode !== null || p.child.signalCode !== null) && p.child.stdout!.closed && p.child.stderr!.closed ? Promise.resolve() : new Promise<void>((r) => p.child.once('close', () => r()));
+
+/** SIGTERM, 5 s to exit, then SIGKILL; returns once each one is gone (its pipes closed too). */
 export async function stopProcs(procs: Proc[]): Promise<void> {
   for (const p of procs) if (!p.exit) p.child.kill('SIGTERM');
-  await Promise.all(procs.map((p) => (p.exit ? undefined : Promise.race([new Promise((r) => p.child.once('exit', r)), sleep(5000)]))));
+  await Promise.all(procs.map((p) => within(closed(p), 5000, undefined)));
   for (const p of procs) if (!p.exit) p.child.kill('SIGKILL');
+  await Promise.all(procs.map((p) => within(closed(p), 5000, undefined)));
 }
 
 export async function until<T>(fn: () => T | Promise<T>, what: string, ms = 20000): Promise<NonNullable<T>> {
