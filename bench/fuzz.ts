@@ -10,6 +10,8 @@
 //   - peers without an allowed CURVE key, refused at the handshake and counted;
 //   - `wavebus aggregate`'s file requests (list, chunks) through a CURVE coordinator to its own
 //     roots and to an agent's, with garbage roots, paths, offsets and lengths;
+//   - an agent's direct file socket (CURVE, opened as `wavebus aggregate` opens it): garbage and
+//     mutated file requests from an allowed key, peers without one refused at the handshake;
 //   - an agent's engine-client ROUTER (ipc), every request kind;
 //   - the agents' SUB on the replica wave streams (replicas 0 and 1) from a rogue PUB, without
 //     and with the bus token; with CURVE a rogue PUB cannot connect at all.
@@ -22,6 +24,7 @@ import { startJob, type Job, type JobSpec } from './lib/fuzz-coordinator';
 import { Mutator } from './lib/fuzz-mutator';
 import { crashOf, stopProcs, type Proc } from './lib/fuzz-procs';
 import { clientTarget, subCurveTarget, subTarget } from './lib/fuzz-agent';
+import { directTarget } from './lib/fuzz-direct';
 import { filesTarget } from './lib/fuzz-files';
 import { helloTarget, refusalTarget, routerTarget } from './lib/fuzz-router';
 import type { FuzzTarget, SocketResult } from './lib/fuzz-types';
@@ -45,6 +48,7 @@ export const TARGETS: FuzzTarget[] = [
   clientTarget('agent_client', 'curve'),
   // before the CURVE ROUTER target: a fuzzer that says Hello as rank 0 takes over rank 0's route
   filesTarget('coordinator_files_curve', 'curve'),
+  directTarget('agent_direct_files', 'curve'),
   routerTarget('coordinator_router_curve', 'curve'),
   subTarget('agent_sub', {}),
   subTarget('agent_sub_token', { token: true }),

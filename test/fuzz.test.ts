@@ -1,10 +1,14 @@
 // Fuzzing: garbage and mutated frames on every socket (bench/fuzz.ts TARGETS, a few thousand per
-// socket here; the 100 000-frame run is `wavebus bench fuzz`), the bugs the fuzz found, and random
+// socket here; the 100 000-frame run is `wavebus bench fuzz`), the model's kinds checked against
+// the proto, the bugs the fuzz found, and random
 // edits of a hot-reloaded JSONC config. Flags and environment variables: test/fuzz-flags.test.ts.
 import * as fs from 'fs';
 import * as path from 'path';
 import { Dealer } from 'zeromq';
 import { fuzz, Mutator, TARGETS } from '../bench/fuzz';
+import { AGENT_BODIES } from '../bench/lib/fuzz-coordinator';
+import { DIRECT_BODIES } from '../bench/lib/fuzz-direct';
+import { coversOneof, oneofMembers, perKind } from '../bench/lib/fuzz-kinds';
 import { requestStatus } from '../src/bus/coordinator';
 import { decodeAgentMessage, encodeAgentMessage } from '../src/bus/frames';
 import { DEFAULT_MAX_FRAME_BYTES } from '../src/bus/constants';
@@ -13,6 +17,9 @@ import { configJson } from '../src/guard/config';
 import { ConfigFollower } from '../src/guard/reload';
 import { configFromText } from '../src/guard/startup';
 import { agentEndpoint } from '../src/paths';
+import { FileServer } from '../src/agent/file-server';
+import { openBeneath, openBeneathSync } from '../src/artifacts/safe-fs';
+import { createLogger } from '../src/log';
 import { cleanup, freePortPair, spawnWavebus, tmpDir, waitFor } from './helpers';
 
 jest.setTimeout(180000);
@@ -47,7 +54,26 @@ test('garbage and mutated frames on every socket: no crash, no hang, every frame
   expect(res.coordinator_files_curve.replies!.got.relay).toBeGreaterThan(100);
   expect(res.agent_client.replies!.got.answered).toBeGreaterThan(0);
   expect(res.agent_sub_curve.refused).toEqual({ plain: 1, wrong_server_key: 1 });
+  // the agent's direct file socket: garbage dropped by reason, files served, strangers refused
+  const direct = res.agent_direct_files;
+  expect(Object.keys(direct.dropped).length).toBeGreaterThanOrEqual(4);
+  expect(direct.dropped.unexpected).toBeGreaterThan(0);
+  expect(direct.replies!.got.fileChunk).toBeGreaterThan(50);
+  expect(direct.replies!.got.fileList).toBeGreaterThan(10);
+  expect(direct.served_bytes).toBeGreaterThan(2 ** 20);
+  expect(direct.refused).toEqual({ handshake_failed: 11, unknown_key: 11 });
+  expect(direct.oversized).toBe('peer dropped');
 }, 600000);
+
+test('the fuzz model names every body kind of the proto: a kind missing from a table stops it, naming the kind', () => {
+  expect(oneofMembers('AgentMessage', 'body')).toEqual(expect.arrayContaining(['hello', 'relay', 'fileServe']));
+  expect(Object.keys(AGENT_BODIES).sort()).toEqual(oneofMembers('AgentMessage', 'body').sort());
+  expect(Object.keys(DIRECT_BODIES).sort()).toEqual(oneofMembers('CoordinatorMessage', 'body').sort());
+  const { fileServe: _dropped, ...partial } = DIRECT_BODIES;
+  expect(() => perKind('CoordinatorMessage', 'body', partial, 'a test table')).toThrow(/a test table must list every CoordinatorMessage\.body member.*; missing fileServe$/);
+  expect(() => perKind('CoordinatorMessage', 'body', { ...DIRECT_BODIES, bogus: 'served' }, 'a test table')).toThrow(/not in the proto: bogus/);
+  expect(() => coversOneof('ClientRequest', 'body', ['hello', 'ping'], 'a test')).toThrow(/the a test corpus has no valid ClientRequest\.body of kind register, waveHead, endOfWave, beforeForward, close, dueDumps/);
+});
 
 // ---------------------------------------------------------------- what the fuzz found
 
@@ -88,6 +114,22 @@ test('a snapshot request for a rank outside the layout is a counted drop, not a 
     d.close();
   }
   expect(c.stderr()).not.toMatch(/failed to handle/);
+});
+
+test("a file request for the root itself (path '') is refused as a directory, not answered with an empty chunk", async () => {
+  const dir = tmpDir('wavebus-fuzz-root-');
+  fs.writeFileSync(path.join(dir, 'a.npy'), 'abc');
+  const files = new FileServer(0, () => ({ dumps: dir }), createLogger('fuzz-test', 'silent'));
+  for (const length of [0, 10]) {
+    const a = (await files.handle({ body: 'fileChunk', epoch: 1, requestId: 1, fileChunk: { root: 'dumps', path: '', offset: 0, length } })) as { fileChunk: Record<string, unknown> };
+    expect(a.fileChunk.error).toMatch(/the root itself is a directory, not a regular file/);
+  }
+  const ok = (await files.handle({ body: 'fileChunk', epoch: 1, requestId: 2, fileChunk: { root: 'dumps', path: 'a.npy', offset: 0, length: 0 } })) as { fileChunk: Record<string, unknown> };
+  expect(ok.fileChunk.error).toBeUndefined();
+  await expect(openBeneath(dir, '', 'file')).rejects.toThrow(/the root itself is a directory/);
+  expect(() => openBeneathSync(dir, '', 'file')).toThrow(/the root itself is a directory/);
+  const d = openBeneathSync(dir, '', 'dir'); // the root as a directory is still what a list opens
+  fs.closeSync(d.fd);
 });
 
 test('wave-head telemetry rows whose token columns do not match their token ids are dropped at decode as bad_telemetry', () => {

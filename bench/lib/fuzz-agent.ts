@@ -16,8 +16,9 @@ import { RegionKind, RegionRole } from '../../src/client/protocol';
 import { agentConfig } from '../../src/guard/agent-config';
 import { defaultConfig } from '../../src/guard/config';
 import { agentEndpoint } from '../../src/paths';
-import { ClientRequest, decode, encode } from '../../src/proto';
-import { count, droppedFromLog, sleep, startProc, sum, until, roundTrip, type Proc } from './fuzz-procs';
+import { BusFrame, ClientRequest, decode, encode } from '../../src/proto';
+import { coversOneof } from './fuzz-kinds';
+import { count, droppedFromLog, sleep, startProc, sum, until, roundTrip, within, type Proc } from './fuzz-procs';
 import { sameCounts, type FuzzCtx, type FuzzTarget, type SocketResult } from './fuzz-types';
 
 export function busCorpus(epoch: number): [string, Buffer][] {
@@ -32,11 +33,12 @@ export function busCorpus(epoch: number): [string, Buffer][] {
       [`${replicaTopic(replica)}${TOPIC.head}`, encodeBusFrame(epoch, 5, 'head', { epoch, seq: 5, wave: 3 }, false, 1 - replica)[1]],
     );
   }
+  coversOneof('BusFrame', 'body', out.map(([, b]) => decode(BusFrame, b).body), 'agent SUB');
   return out;
 }
 
 export function clientCorpus(): Buffer[] {
-  return [
+  const out = [
     { id: 1, hello: { pid: 1, asyncScheduling: false, language: 'fuzz', protocolVersion: PROTOCOL_VERSION } },
     { id: 1, hello: { pid: 1, asyncScheduling: true, language: 'fuzz', protocolVersion: PROTOCOL_VERSION + 1 } },
     { id: 2, register: { name: 'x', kind: RegionKind.SHM, shmName: '/wavebus-fuzz-none', offset: 0, nbytes: 64, dtype: 'float32', shape: [4, 4], role: RegionRole.INPUT } },
@@ -52,6 +54,8 @@ export function clientCorpus(): Buffer[] {
     { id: 9, dueDumps: { wave: 7 } },
     { id: 10, dueDumps: { wave: 2 ** 53 - 1 } },
   ].map((m) => encode(ClientRequest, m));
+  coversOneof('ClientRequest', 'body', out.map((b) => decode(ClientRequest, b).body), 'agent client ROUTER');
+  return out;
 }
 
 /**
@@ -264,7 +268,7 @@ export function subCurveTarget(name: string): FuzzTarget {
           '--curve-server-key', path.join(kd, 'coordinator.pub'), '--curve-key', path.join(kd, 'agent.key')], ctx.env);
         ctx.procs.push(proc);
         procs.push(proc);
-        const sub = await Promise.race([pub.receive().then(() => true), sleep(3000).then(() => false)]);
+        const sub = await within(pub.receive().then(() => true, () => false), 3000, false);
         if (sub) problems.push(`${name}: the agent subscribed to a ${kind} rogue PUB`);
         else count(refused, kind);
         const corpus = busCorpus(1);

@@ -7,7 +7,8 @@ import * as path from 'path';
 import { BusToken, createTokenFile } from '../../src/bus/auth';
 import { DEFAULT_MAX_FRAME_BYTES } from '../../src/bus/constants';
 import { writeKeyPair, loadClientKeys, type CurveClientKeys } from '../../src/bus/curve';
-import { decodeAgentMessage, encodeAgentMessage } from '../../src/bus/frames';
+import { decodeAgentMessage, encodeAgentMessage, type AgentMsg } from '../../src/bus/frames';
+import { coversOneof, perKind } from './fuzz-kinds';
 import { freePortPair } from '../../src/bus/ports';
 import { PROTOCOL_VERSION, peerVersionOf } from '../../src/bus/protocol-version';
 import { startProc, statusOf, until, type CoordinatorHandle, type Proc } from './fuzz-procs';
@@ -27,7 +28,7 @@ export function agentCorpus(): Buffer[] {
     requests: [{ reqId: 'req-1', newTokenIds: [1, 2], newTokenLogprobs: [-0.5, -1], newTokenRanks: [0, 1], draftLen: 2, accepted: 1, blockIds: [3, 4], promptLen: 9, numOutputTokens: 2 }],
     nonFinite: [{ row: 0, reqId: 'req-1', kind: 'nan' }],
   };
-  return [
+  const out = [
     { globalRank: 7, hello: { identity: { ...IDENTITY, globalRank: 7 }, subscribed: true, agentVersion: 'x', protocolVersion: PROTOCOL_VERSION } },
     // rank 0, this version: the fuzzer joins as the world's only rank (its later messages count as that rank's)
     { globalRank: 0, hello: { identity: IDENTITY, subscribed: true, agentVersion: 'x', protocolVersion: PROTOCOL_VERSION } },
@@ -45,7 +46,20 @@ export function agentCorpus(): Buffer[] {
     { globalRank: 0, requestId: 98, fileChunk: { globalRank: 0, root: 'dumps', path: 'a', offset: 0, data: Buffer.from('abc'), crc32c: 1, eof: true } },
     // the header of a chunk whose bytes follow as a second frame
     { globalRank: 0, requestId: 97, fileChunk: { globalRank: 0, root: 'dumps', path: 'a', offset: 0, crc32c: 1, eof: true } },
+    { globalRank: 0, requestId: 96, fileServe: { globalRank: 0, endpoint: 'tcp://127.0.0.1:1', serverKey: '' } },
+    // a tool's relay to rank 0 (the coordinator's own reports: no agent needed)
+    { requestId: 95, relay: { rank: 0, fileList: { root: 'reports', prefix: '' }, protocolVersion: PROTOCOL_VERSION } },
   ].map((m) => encodeAgentMessage(m));
+  coversOneof('AgentMessage', 'body', corpusKinds(out), 'coordinator ROUTER');
+  return out;
+}
+
+/** The body kinds of a corpus of valid AgentMessages. */
+function corpusKinds(corpus: Buffer[]): Array<string | undefined> {
+  return corpus.map((b) => {
+    const d = decodeAgentMessage(b, DEFAULT_MAX_FRAME_BYTES);
+    return d.ok ? d.value.body : undefined;
+  });
 }
 
 /** Hellos of every protocol version, for ranks in and out of the world. */
@@ -67,25 +81,71 @@ export interface Fate {
   reply?: 'refused' | 'status' | 'snapshot' | 'relay';
 }
 
+/** The state of one connection the model keeps (what the coordinator keeps per connection). */
+interface ConnState {
+  refused: boolean;
+  helloAs: Set<number>;
+  /** Whether rank r's messages are this connection's to send (no other connection said Hello as r). */
+  mine(r: number): boolean;
+}
+
+/** How the coordinator's ROUTER treats one AgentMessage body kind (coordinator.ts onRouterMessage). */
+interface BodyRule {
+  /** The rank the message claims, checked against the world (none: a tool's request, any rank). */
+  claims?: (m: AgentMsg) => number;
+  /** Without the bus token's MAC: taken (a liveness poll), or dropped with a refusal that names the token. */
+  withoutMac?: 'taken' | 'refusal';
+  /** Its fate once the MAC, rank and version gates let it through. */
+  fate(s: ConnState, m: AgentMsg, claimed: number): Fate;
+}
+
+const ownRank = (m: AgentMsg) => m.globalRank;
+const fromThisConnection = (s: ConnState, m: AgentMsg): Fate => (s.mine(m.globalRank) ? {} : { drop: 'wrong_connection' });
+// Nobody asked this connection for files or its file socket: an answer to nothing.
+const unasked = (): Fate => ({ drop: 'unknown_request' });
+
+/** Every AgentMessage body kind of the proto, and what the coordinator does with it (checked at load). */
+export const AGENT_BODIES = perKind<BodyRule>('AgentMessage', 'body', {
+  hello: {
+    claims: (m) => m.hello?.identity?.globalRank ?? m.globalRank,
+    fate: (s, _m, r) => {
+      s.refused = false;
+      s.helloAs.add(r);
+      return {};
+    },
+  },
+  snapshot: { claims: (m) => m.snapshot?.globalRank ?? m.globalRank, fate: (s, _m, r) => (s.mine(r) ? { reply: 'snapshot' } : { drop: 'wrong_connection' }) },
+  heartbeat: { claims: ownRank, fate: fromThisConnection },
+  dumpResult: { claims: ownRank, fate: fromThisConnection },
+  waveHead: { claims: ownRank, fate: fromThisConnection }, // rank 0 heads replica 0 (the world's only replica)
+  status: { withoutMac: 'taken', fate: () => ({ reply: 'status' }) },
+  relay: { withoutMac: 'refusal', fate: () => ({ reply: 'relay' }) },
+  fileList: { claims: ownRank, fate: unasked },
+  fileChunk: { claims: ownRank, fate: unasked },
+  fileServe: { claims: ownRank, fate: unasked },
+}, 'the coordinator model (AGENT_BODIES)');
+
 /**
  * What the coordinator's ROUTER does with one message of one connection (src/bus/router-inbox.ts,
  * coordinator.ts, protocol-version.ts, rank-table.ts): the same decoder and MAC check, and a copy of
  * the state this connection can change (refused for its version; ranks it said Hello as).
  */
 export class CoordinatorModel {
-  private refused = false;
-  private readonly helloAs = new Set<number>();
+  private readonly state: ConnState;
 
   constructor(
     /** Ranks another connection said Hello as (their messages from us: wrong_connection). */
-    private readonly registered: Set<number>,
+    registered: Set<number>,
     private readonly token?: BusToken,
     private readonly world = FUZZ_WORLD,
-  ) {}
+  ) {
+    const helloAs = new Set<number>();
+    this.state = { refused: false, helloAs, mine: (r) => !registered.has(r) || helloAs.has(r) };
+  }
 
   /** The ranks this connection said Hello as (registered for the next connections). */
   get hellos(): number[] {
-    return [...this.helloAs];
+    return [...this.state.helloAs];
   }
 
   fate(parts: Buffer[]): Fate {
@@ -106,42 +166,18 @@ export class CoordinatorModel {
     const m = d.value;
     if (data !== undefined && m.body !== 'fileChunk') return { drop: 'frame_count' };
     if (data !== undefined && data.length > max) return { drop: 'oversized' };
-    // Only a status is answered without the MAC; a relay gets a refusal that names the token.
-    if (!authed && m.body !== 'status') return { drop: 'no_mac', ...(m.body === 'relay' ? { reply: 'relay' as const } : {}) };
-    const claimed = m.body === 'hello' ? (m.hello?.identity?.globalRank ?? m.globalRank) : m.body === 'snapshot' ? (m.snapshot?.globalRank ?? m.globalRank) : m.globalRank;
-    if (m.body !== 'status' && m.body !== 'relay' && !(Number.isInteger(claimed) && claimed >= 0 && claimed < this.world)) return { drop: 'rank_out_of_range' };
+    const rule = AGENT_BODIES[m.body ?? ''];
+    if (!rule) return { drop: 'undecodable' }; // a decoded body always names a proto member
+    if (!authed && rule.withoutMac !== 'taken') return { drop: 'no_mac', ...(rule.withoutMac === 'refusal' ? { reply: 'relay' as const } : {}) };
+    const claimed = rule.claims ? rule.claims(m) : -1;
+    if (rule.claims && !(Number.isInteger(claimed) && claimed >= 0 && claimed < this.world)) return { drop: 'rank_out_of_range' };
     const v = peerVersionOf(m);
-    if (v === undefined && this.refused) return { drop: 'protocol_version' };
+    if (v === undefined && this.state.refused) return { drop: 'protocol_version' };
     if (v !== undefined && v !== PROTOCOL_VERSION) {
-      if (m.body === 'hello') this.refused = true;
+      if (m.body === 'hello') this.state.refused = true;
       return { drop: 'protocol_version', reply: 'refused' };
     }
-    const mine = (r: number) => !this.registered.has(r) || this.helloAs.has(r);
-    switch (m.body) {
-      case 'hello':
-        this.refused = false;
-        this.helloAs.add(claimed);
-        return {};
-      case 'status':
-        return { reply: 'status' };
-      case 'snapshot': {
-        const r = m.snapshot.globalRank ?? m.globalRank;
-        if (!mine(r)) return { drop: 'wrong_connection' };
-        return { reply: 'snapshot' };
-      }
-      case 'heartbeat':
-      case 'dumpResult':
-      case 'waveHead': // rank 0 heads replica 0 (the world's only replica)
-        return mine(m.globalRank) ? {} : { drop: 'wrong_connection' };
-      case 'relay':
-        return { reply: 'relay' };
-      case 'fileList':
-      case 'fileChunk':
-      case 'fileServe':
-        return { drop: 'unknown_request' }; // nobody asked this connection for files or its file socket
-      default:
-        return { drop: 'undecodable' };
-    }
+    return rule.fate(this.state, m, claimed);
   }
 }
 

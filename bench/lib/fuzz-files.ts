@@ -7,15 +7,19 @@ import * as fs from 'fs';
 import * as path from 'path';
 import { encodeAgentMessage } from '../../src/bus/frames';
 import { PROTOCOL_VERSION } from '../../src/bus/protocol-version';
+import { AgentMessage, decode } from '../../src/proto';
 import type { Job } from './fuzz-coordinator';
+import { coversOneof } from './fuzz-kinds';
 import { fuzzRouter } from './fuzz-router';
 import type { FuzzTarget } from './fuzz-types';
 
-const MARKER = 'WAVEBUS-FUZZ-SECRET-7f3a';
+/** The content of the secret planted outside every served root: no reply may ever carry it. */
+export const MARKER = 'WAVEBUS-FUZZ-SECRET-7f3a';
 
-/** Files in the coordinator's and agent A's roots, and a secret outside them reachable only through links. */
-function plant(job: Job): string[] {
+/** Files in the coordinator's and agent A's roots, and a secret outside them reachable only through links (once per job). */
+export function plant(job: Job): string[] {
   const secret = path.join(job.dir, 'secret.txt');
+  if (fs.existsSync(secret)) return [secret];
   fs.writeFileSync(secret, `${MARKER}\n`);
   const wave = path.join(job.dumpDir, 'token_repeat', 'req-1', 'wave_3');
   fs.mkdirSync(path.join(wave, 'dp0_tp0_pp0_cp0'), { recursive: true });
@@ -34,13 +38,18 @@ function plant(job: Job): string[] {
   return [secret];
 }
 
-export function relayCorpus(): Buffer[] {
-  const roots = ['reports', 'dump_records', 'dumps', 'snapshots', '', '..', '/etc', 'reports/..', '\u0000', 'x'.repeat(300)];
-  const paths = ['token_repeat/report_1.json', 'token_repeat/report_2.json', 'up/secret.txt', 'token_repeat/req-1/wave_3/manifest.json', 'token_repeat/req-1/wave_3/request_info.json',
+/** Roots, paths, offsets and lengths of file requests, valid and not (plant() made the valid ones). */
+export const FILE_CASES = {
+  roots: ['reports', 'dump_records', 'dumps', 'snapshots', '', '..', '/etc', 'reports/..', '\u0000', 'x'.repeat(300)],
+  paths: ['token_repeat/report_1.json', 'token_repeat/report_2.json', 'up/secret.txt', 'token_repeat/req-1/wave_3/manifest.json', 'token_repeat/req-1/wave_3/request_info.json',
     'token_repeat/req-1/wave_3/dp0_tp0_pp0_cp0/kv.npy', 'token_repeat/req-1/wave_3/dp0_tp0_pp0_cp0/link.npy', 'escape/secret.txt', '../secret.txt', '../../../../etc/passwd', '/etc/passwd',
-    'a/../../b', '', '.', 'token_repeat//report_1.json', 'token_repeat/./report_1.json', '\u0000x', 'é/ü', 'y'.repeat(5000)];
-  const offsets = [0, 1, 4999, 5000, 3 * 2 ** 20 - 1, 2 ** 32, 2 ** 53 - 1];
-  const lengths = [0, 1, 2 ** 20, 4 * 2 ** 20, 4 * 2 ** 20 + 1, 2 ** 32 - 1];
+    'a/../../b', '', '.', 'token_repeat//report_1.json', 'token_repeat/./report_1.json', '\u0000x', 'é/ü', 'y'.repeat(5000)],
+  offsets: [0, 1, 4999, 5000, 3 * 2 ** 20 - 1, 2 ** 32, 2 ** 53 - 1],
+  lengths: [0, 1, 2 ** 20, 4 * 2 ** 20, 4 * 2 ** 20 + 1, 2 ** 32 - 1],
+};
+
+export function relayCorpus(): Buffer[] {
+  const { roots, paths, offsets, lengths } = FILE_CASES;
   const out: Buffer[] = [];
   for (const root of roots) {
     for (const rank of [0, 1, 2 ** 32 - 1]) out.push(encodeAgentMessage({ requestId: out.length + 1, relay: { rank, fileList: { root, prefix: '' }, protocolVersion: PROTOCOL_VERSION } }));
@@ -55,6 +64,9 @@ export function relayCorpus(): Buffer[] {
   }
   out.push(encodeAgentMessage({ requestId: 9, relay: { rank: 0, protocolVersion: PROTOCOL_VERSION } })); // neither list nor chunk
   out.push(encodeAgentMessage({ requestId: 10, relay: { rank: 0, fileList: { root: 'reports' }, protocolVersion: PROTOCOL_VERSION + 1 } }));
+  // agent A's direct file socket (the tool sends it empty; the coordinator fills in its allow-list)
+  for (const rank of [0, 1]) out.push(encodeAgentMessage({ requestId: 11 + rank, relay: { rank, fileServe: {}, protocolVersion: PROTOCOL_VERSION } }));
+  coversOneof('RelayRequest', 'request', out.map((b) => (decode(AgentMessage, b).relay as { request?: string } | undefined)?.request), 'relay');
   return out;
 }
 

@@ -28,10 +28,25 @@ export function startProc(name: string, args: string[], env: NodeJS.ProcessEnv =
   return p;
 }
 
+/** `p`, or `late` once `ms` passed; the timer is cleared either way (a pending one would keep the process up). */
+export async function within<T>(p: Promise<T>, ms: number, late: T): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  try {
+    return await Promise.race([p, new Promise<T>((r) => (timer = setTimeout(() => r(late), ms)))]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+/** A process's end: its exit and its output pipes closed. */
+const closed = (p: Proc) => (p.child.exitCode !== null || p.child.signalCode !== null) && p.child.stdout!.closed && p.child.stderr!.closed ? Promise.resolve() : new Promise<void>((r) => p.child.once('close', () => r()));
+
+/** SIGTERM, 5 s to exit, then SIGKILL; returns once each one is gone (its pipes closed too). */
 export async function stopProcs(procs: Proc[]): Promise<void> {
   for (const p of procs) if (!p.exit) p.child.kill('SIGTERM');
-  await Promise.all(procs.map((p) => (p.exit ? undefined : Promise.race([new Promise((r) => p.child.once('exit', r)), sleep(5000)]))));
+  await Promise.all(procs.map((p) => within(closed(p), 5000, undefined)));
   for (const p of procs) if (!p.exit) p.child.kill('SIGKILL');
+  await Promise.all(procs.map((p) => within(closed(p), 5000, undefined)));
 }
 
 export async function until<T>(fn: () => T | Promise<T>, what: string, ms = 20000): Promise<NonNullable<T>> {
@@ -49,13 +64,26 @@ export async function until<T>(fn: () => T | Promise<T>, what: string, ms = 2000
   throw new Error(`fuzz: timed out waiting for ${what}${last ? `: ${String(last)}` : ''}`);
 }
 
-/** The last drop total the agent logged per reason (its DropCounter logs at most once per reason every 5 s). */
-export function droppedFromLog(stderr: string): Record<string, number> {
+/**
+ * The last drop total the agent logged per reason (its DropCounter logs at most once per reason
+ * every 5 s), of one counter (`where`, e.g. 'rank 0 file socket') or of all.
+ */
+export function droppedFromLog(stderr: string, where?: string): Record<string, number> {
+  return totalsFromLog(stderr, 'dropped a bus frame', where);
+}
+
+/** The last refusal total a process logged per reason (ZapHandler: at most once per reason every 5 s). */
+export function refusedFromLog(stderr: string): Record<string, number> {
+  return totalsFromLog(stderr, 'refused a bus peer (CURVE)');
+}
+
+function totalsFromLog(stderr: string, msg: string, where?: string): Record<string, number> {
   const out: Record<string, number> = {};
   for (const line of stderr.split('\n')) {
-    if (!line.includes('dropped a bus frame')) continue;
+    if (!line.includes(msg)) continue;
     try {
       const j = JSON.parse(line);
+      if (where !== undefined && j.where !== where) continue;
       if (typeof j.reason === 'string' && typeof j.total === 'number') out[j.reason] = Math.max(out[j.reason] ?? 0, j.total);
     } catch {
       /* not a log line */

@@ -11,6 +11,7 @@ import { tcpEndpoint } from '../../src/bus/endpoints';
 import { agentCorpus, CoordinatorModel, helloCorpus, type Job } from './fuzz-coordinator';
 import type { Mutator } from './fuzz-mutator';
 import { count, diff, sleep, statusOf, sum, until } from './fuzz-procs';
+import { perKind } from './fuzz-kinds';
 import { sameCounts, type FuzzCtx, type FuzzTarget, type SocketResult } from './fuzz-types';
 
 /** One message for the ROUTER: a mutation of a valid one, with a MAC in every way a peer could get it wrong. */
@@ -27,6 +28,19 @@ export function routerMessage(m: Mutator, corpus: Buffer[], token?: BusToken): B
   return [m.mutate(token.seal('to-coordinator', m.pick(corpus)))]; // a MACed valid message, mutated
 }
 
+/**
+ * What each CoordinatorMessage kind the fuzzer's connection gets is: an immediate reply (predicted
+ * by the model), a relay reply (predicted with waitRelays: it waits on an agent), a request the
+ * coordinator forwards from a relay to the rank this connection said Hello as (a consequence of
+ * relays, as unpredicted as their replies without waitRelays), or never sent on the ROUTER.
+ */
+export const ROUTER_REPLIES = perKind<'reply' | 'relay' | 'forwarded' | 'never'>(
+  'CoordinatorMessage',
+  'body',
+  { snapshot: 'reply', status: 'reply', refused: 'reply', relay: 'relay', fileList: 'forwarded', fileChunk: 'forwarded', fileServe: 'forwarded', heartbeat: 'never' },
+  'the coordinator model (ROUTER_REPLIES)',
+);
+
 /** Bodies of what the coordinator sent back to the fuzzer, counted by kind. */
 function replyCounter(d: Dealer, token: BusToken | undefined, onReply?: (parts: Buffer[]) => void): { got: Record<string, number>; done: Promise<void> } {
   const got: Record<string, number> = {};
@@ -42,6 +56,16 @@ function replyCounter(d: Dealer, token: BusToken | undefined, onReply?: (parts: 
     }
   })();
   return { got, done };
+}
+
+/** The replies the model predicts: immediate ones, relay replies with waitRelays, and none of the kinds that never come; never forwarded requests. */
+function predictable(got: Record<string, number>, waitRelays?: boolean): Record<string, number> {
+  const out: Record<string, number> = {};
+  for (const [k, v] of Object.entries(got)) {
+    const kind = ROUTER_REPLIES[k]; // undefined: an undecodable answer; 'never': one that must not come (both compared, so a problem)
+    if (kind !== 'forwarded' && !(kind === 'relay' && !waitRelays)) out[k] = v;
+  }
+  return out;
 }
 
 export function fuzzDealer(job: Job, keys?: CurveClientKeys): Dealer {
@@ -102,8 +126,7 @@ export async function fuzzRouter(ctx: FuzzCtx, socket: string, job: Job, make: (
     async () => {
       after = await statusOf(job.coord, 5000);
       const got = diff(after.dropped, before.dropped);
-      const immediate = { ...rc.got };
-      if (!opts.waitRelays) delete immediate.relay;
+      const immediate = predictable(rc.got, opts.waitRelays);
       return Object.keys(expected).every((k) => (got[k] ?? 0) >= expected[k]) && Object.keys(replies).every((k) => (immediate[k] ?? 0) >= replies[k]);
     },
     `the ${socket} coordinator to take every frame`,
@@ -120,8 +143,8 @@ export async function fuzzRouter(ctx: FuzzCtx, socket: string, job: Job, make: (
   const dropped = diff(after.dropped, before.dropped);
   const received = after.received - before.received;
   const polls = job.coord.polls - polls0;
-  const got = { ...rc.got };
-  if (!opts.waitRelays) delete got.relay;
+  const got = predictable(rc.got, opts.waitRelays);
+  const forwarded = sum(Object.fromEntries(Object.entries(rc.got).filter(([k]) => ROUTER_REPLIES[k] === 'forwarded')));
   const accepted = sent - sum(expected);
   // Late agent answers to relays that timed out: counted drops, not predictable from the bytes.
   const late = opts.waitRelays ? (dropped.unknown_request ?? 0) - (expected.unknown_request ?? 0) : 0;
@@ -140,7 +163,7 @@ export async function fuzzRouter(ctx: FuzzCtx, socket: string, job: Job, make: (
   } catch (e) {
     problems.push(`${socket}: no status after the garbage: ${String(e)}`);
   }
-  return { socket, frames: ctx.frames, seconds: (Date.now() - t0) / 1000, sent, accepted, dropped, expected_dropped: expected, replies: { got, expected: replies }, received, ...(late > 0 ? { late_agent_answers: late } : {}), accounted, hung, alive, problems };
+  return { socket, frames: ctx.frames, seconds: (Date.now() - t0) / 1000, sent, accepted, dropped, expected_dropped: expected, replies: { got, expected: replies }, received, ...(late > 0 ? { late_agent_answers: late } : {}), ...(forwarded > 0 ? { forwarded_requests: forwarded } : {}), accounted, hung, alive, problems };
 }
 
 /** The ROUTER of a job's coordinator, with the valid corpus mutated. */

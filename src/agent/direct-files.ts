@@ -19,9 +19,9 @@ import { watchHandshakes } from '../bus/server-sockets';
 import type { Logger } from '../log';
 
 /** A request on the file socket is a small protobuf (a chunk's bytes only ever go the other way). */
-const MAX_REQUEST_BYTES = 64 * 1024;
+export const MAX_REQUEST_BYTES = 64 * 1024;
 /** Requests served at once; more are answered with an error (each may hold a 4 MiB read). */
-const MAX_IN_FLIGHT = 64;
+export const MAX_IN_FLIGHT = 64;
 /** Peers whose chunk buffers are tracked apart; beyond that the numbering starts over (a reused number only stops buffer reuse). */
 const MAX_PEERS = 1024;
 

@@ -107,7 +107,13 @@ export function openBeneathSync(root: string, rel: string, want: Want): OpenedSy
   const parts = splitRelative(rel, 'path');
   let dir = openRootSync(root);
   if (parts.length === 0) {
+    // '' names the root itself: a directory, never what a file request wants
     const stat = fs.fstatSync(dir);
+    const bad = refusal(stat, want, 'the root itself');
+    if (bad) {
+      fs.closeSync(dir);
+      throw bad;
+    }
     return { fd: dir, stat };
   }
   try {
@@ -126,7 +132,16 @@ export function openBeneathSync(root: string, rel: string, want: Want): OpenedSy
 export async function openBeneath(root: string, rel: string, want: Want): Promise<{ fh: fs.promises.FileHandle; stat: fs.Stats }> {
   const parts = splitRelative(rel, 'path');
   let dir = await fs.promises.open(root, O_RDONLY | O_DIRECTORY);
-  if (parts.length === 0) return { fh: dir, stat: await dir.stat() };
+  if (parts.length === 0) {
+    // '' names the root itself: a directory, never what a file request wants
+    const stat = await dir.stat();
+    const bad = refusal(stat, want, 'the root itself');
+    if (bad) {
+      await dir.close();
+      throw bad;
+    }
+    return { fh: dir, stat };
+  }
   try {
     for (let i = 0; i < parts.length - 1; i++) {
       const next = await openChildAsync(dir.fd, parts[i], 'dir', `'${parts.slice(0, i + 1).join('/')}'`);
