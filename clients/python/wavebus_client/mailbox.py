@@ -113,7 +113,7 @@ class Mailbox:
         try:
             size = os.fstat(fd).st_size
             if size < SIZE:
-                raise ProtocolError(f"mailbox {path}: {size} bytes, expected at least {SIZE}", "ERR_MAILBOX")
+                raise ProtocolError(f"mailbox {path}: {size} bytes, expected at least {SIZE}", "ERR_MAILBOX_FORMAT")
             self._map = mmap.mmap(fd, SIZE, access=mmap.ACCESS_READ)
             self._map_futex_word(fd)
         finally:
@@ -121,13 +121,13 @@ class Mailbox:
         magic, version, slots, _features, _epoch = _HEADER.unpack_from(self._map, 0)
         if magic != MAGIC:
             self.close()
-            raise ProtocolError(f"mailbox {path}: bad magic {magic!r}, expected {MAGIC!r}", "ERR_MAILBOX")
+            raise ProtocolError(f"mailbox {path}: bad magic {magic!r}, expected {MAGIC!r}", "ERR_MAILBOX_FORMAT")
         if version != VERSION:
             self.close()
-            raise ProtocolError(f"mailbox {path}: version {version} is not supported (this client reads {VERSION})", "ERR_MAILBOX")
+            raise ProtocolError(f"mailbox {path}: version {version} is not supported (this client reads {VERSION})", "ERR_MAILBOX_FORMAT")
         if slots != SLOTS:
             self.close()
-            raise ProtocolError(f"mailbox {path}: {slots} slots, expected {SLOTS}", "ERR_MAILBOX")
+            raise ProtocolError(f"mailbox {path}: {slots} slots, expected {SLOTS}", "ERR_MAILBOX_FORMAT")
 
     def _map_futex_word(self, fd: int) -> None:
         # Python's read-only mmap does not expose its address, so the header page is mapped once more
