@@ -23,8 +23,8 @@ import { DropCounter, encodeCoordinatorMessage, type AgentMsg } from './frames';
 import { checkBindAllowed, tcpEndpoint } from './endpoints';
 import { bindServerSockets } from './server-sockets';
 import { receiveLoop } from './receive-loop';
-import { openRouterMessage } from './router-inbox';
-import { PROTOCOL_VERSION, VersionGate } from './protocol-version';
+import { admitRouterMessage, openRouterMessage, type Admission } from './router-inbox';
+import { VersionGate } from './protocol-version';
 import type { ZapHandler } from './curve';
 import type { CoordinatorPolicy } from './policy';
 import type { CoordinatorOptions, CoordinatorStats } from './coordinator-options';
@@ -64,6 +64,7 @@ export class Coordinator extends EventEmitter {
   private readonly agentRequests: AgentRequests;
   private readonly ownFiles?: CoordinatorFiles;
   private readonly versions = new VersionGate();
+  private readonly admission: Admission;
   /** Late and missed wave vectors per rank, from the agents' heartbeats (/metrics, /healthz). */
   readonly vectors = new VectorMetrics();
   /** One rank's dump ack: counted in the ledger once (coordinator-dumps.ts). */
@@ -95,6 +96,7 @@ export class Coordinator extends EventEmitter {
     this.expectedRanks = lastPpRanks(this.layout);
     this.stats = { published: 0, received: 0, dropped: {}, wrongEpochSeen: 0, refused: {} };
     this.drops = new DropCounter(this.log, 'coordinator ROUTER', (reason) => this.metrics.dropped.inc({ reason }));
+    this.admission = { drops: this.drops, versions: this.versions, worldSize: opts.layout.worldSize, reply: (route, m) => this.reply(route, m) };
     this.stats.dropped = this.drops.counts;
     this.rankTable = new RankTable(this.expectedRanks, this.deadAfterMs, this.drops, {
       joined: (rank) => {
@@ -321,30 +323,10 @@ export class Coordinator extends EventEmitter {
     this.stats.received++;
     const opened = openRouterMessage(parts, this.maxFrameBytes, this.opts.busToken, this.columnScratch, this.drops);
     if (!opened) return;
-    const { routingId, msg, data, authed } = opened;
-    if (!authed && msg.body !== 'status') {
-      // Only a liveness poll is answered without the token; a relay gets a clear refusal.
-      this.drops.drop('no_mac', `a ${msg.body} message without the bus token's MAC`);
-      if (msg.body === 'relay') {
-        this.reply(routingId, { requestId: msg.requestId, relay: { rank: Number(msg.relay?.rank ?? 0), protocolVersion: PROTOCOL_VERSION, error: 'this coordinator requires the bus token for relay requests (--bus-token-file, or WAVEBUS_BUS_TOKEN_FILE)' } });
-      }
-      return;
-    }
+    const rank = admitRouterMessage(opened, this.admission);
+    if (rank === undefined) return;
+    const { routingId, msg, data } = opened;
     if (msg.epochSeen && msg.epochSeen !== this.epoch) this.stats.wrongEpochSeen++;
-    const rank: number = msg.globalRank;
-    // Only ranks of this job's layout exist: a made-up rank number is garbage, not a new agent.
-    // (A snapshot request names its rank in its body too: that one is the rank it is answered for.)
-    const claimed = msg.body === 'hello' ? (msg.hello?.identity?.globalRank ?? rank) : msg.body === 'snapshot' ? (msg.snapshot?.globalRank ?? rank) : rank;
-    if (msg.body !== 'status' && msg.body !== 'relay' && !(Number.isInteger(claimed) && claimed >= 0 && claimed < this.opts.layout.worldSize)) {
-      this.drops.drop('rank_out_of_range', `rank ${claimed} of a world of ${this.opts.layout.worldSize}`);
-      return;
-    }
-    const gate = this.versions.check(msg, routingId, claimed);
-    if (gate.action !== 'ok') {
-      this.drops.drop('protocol_version', gate.action === 'refuse' ? gate.error : `a ${msg.body} message on a connection refused for its protocol version`);
-      if (gate.action === 'refuse') this.reply(routingId, { requestId: msg.requestId, refused: { protocolVersion: PROTOCOL_VERSION, peerVersion: gate.peerVersion, error: gate.error } });
-      return;
-    }
     switch (msg.body) {
       case 'status':
         this.reply(routingId, { requestId: msg.requestId, status: statusReply(this) });
