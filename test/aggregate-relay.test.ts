@@ -9,6 +9,7 @@ import { aggregate, crc32cCombine, RelayClient } from '../src/tools/aggregate';
 import { ChunkBuffers, FileServer } from '../src/agent/file-server';
 import { AgentBus, type RequestHandler } from '../src/bus/agent-bus';
 import { Coordinator, requestStatus } from '../src/bus/coordinator';
+import { MAX_RELAYS_IN_FLIGHT } from '../src/bus/agent-requests';
 import { encodeAgentMessage, type CoordinatorMsg } from '../src/bus/frames';
 import { payloadOf, withPayload } from '../src/bus/payload';
 import { crc32c, formatChecksum } from '../src/artifacts/checksum';
@@ -273,6 +274,45 @@ describe('relayed chunks', () => {
       expect(m.complete).toBe(true);
     } finally {
       d.close();
+    }
+  });
+
+  test('a flood of relays to one rank: each one past the cap is refused at once and counted, none is lost', async () => {
+    // Rank 0 holds every file list until released, so the relays pile up at the coordinator.
+    let release!: () => void;
+    const held = new Promise<void>((r) => (release = r));
+    let seen = 0;
+    const holding = (server: FileServer): RequestHandler => async (req: CoordinatorMsg) => {
+      seen++;
+      await held;
+      return server.handle(req);
+    };
+    const job = await startJob({ 0: holding });
+    const client = new RelayClient({ host: '127.0.0.1', port: job.port });
+    try {
+      const extra = 10;
+      const outcomes = Array.from({ length: MAX_RELAYS_IN_FLIGHT + extra }, () =>
+        client.relay(0, 'fileList', { root: 'dumps', path: 'x' }, 20000).then(
+          (r) => ({ ok: true as const, r }),
+          (e: Error) => ({ ok: false as const, e }),
+        ),
+      );
+      // The refusals come back while the first MAX_RELAYS_IN_FLIGHT are still held by the agent.
+      await waitFor(() => job.coord.stats.relaysRefusedBusy === extra && seen === MAX_RELAYS_IN_FLIGHT, 'the cap to refuse the extra relays');
+      release();
+      const all = await Promise.all(outcomes);
+      const refused = all.filter((o) => !o.ok);
+      expect(refused).toHaveLength(extra);
+      for (const o of refused) expect(String((o as { e: Error }).e.message)).toMatch(new RegExp(`rank 0 already has ${MAX_RELAYS_IN_FLIGHT} relayed requests waiting`));
+      expect(all.filter((o) => o.ok)).toHaveLength(MAX_RELAYS_IN_FLIGHT);
+      expect(seen).toBe(MAX_RELAYS_IN_FLIGHT);
+      const st = JSON.parse((await requestStatus({ host: '127.0.0.1', port: job.port })).statusJson);
+      expect(st.relays_refused_busy).toBe(extra);
+      // The slots are free again.
+      const again = await client.relay(0, 'fileList', { root: 'dumps', path: 'x' }, 5000);
+      expect(again).toBeDefined();
+    } finally {
+      await client.close();
     }
   });
 });

@@ -11,12 +11,21 @@ import type { RankTable } from './rank-table';
 /** Sends a CoordinatorMessage body (with its optional data frame) on one ROUTER route. */
 export type RouteSender = (routingId: Buffer, msg: Record<string, unknown>, payload?: Buffer) => void;
 
+/**
+ * Relayed requests one rank may have waiting at once. A tool that floods the relay gets each one
+ * past this answered at once with a refusal, counted, instead of a queue toward the agent that
+ * ZeroMQ would overflow silently (`wavebus aggregate` keeps a window far below it).
+ */
+export const MAX_RELAYS_IN_FLIGHT = 64;
+
 export class AgentRequests {
   private readonly requests = new RequestMap<AgentMsg, number>(
     (id, rank, timeoutMs) => new WavebusError('ERR_TIMEOUT', `rank ${rank} did not answer request ${id} within ${timeoutMs} ms`),
   );
   /** Per rank: ids of chunk answers received whole since that rank was last asked for a chunk. */
   private readonly chunkAcks = new Map<number, number[]>();
+  /** Per rank: relayed requests sent and not answered yet. */
+  private readonly relaysInFlight = new Map<number, number>();
 
   constructor(
     private readonly ranks: RankTable,
@@ -25,6 +34,8 @@ export class AgentRequests {
     private readonly running: () => boolean,
     /** With CURVE: the client keys the coordinator admits, handed to an agent asked to serve files directly. */
     private readonly allowKeys: () => string[] | undefined = () => undefined,
+    /** A relay was refused because its rank had MAX_RELAYS_IN_FLIGHT waiting. */
+    private readonly onBusy: () => void = () => {},
   ) {}
 
   /**
@@ -88,6 +99,12 @@ export class AgentRequests {
       answer({ error: `rank ${rank} is not live on this bus` });
       return;
     }
+    const inFlight = this.relaysInFlight.get(rank) ?? 0;
+    if (inFlight >= MAX_RELAYS_IN_FLIGHT) {
+      this.onBusy();
+      answer({ error: `rank ${rank} already has ${inFlight} relayed requests waiting (at most ${MAX_RELAYS_IN_FLIGHT}); retry after an answer` });
+      return;
+    }
     const timeoutMs = relay.timeoutMs > 0 ? Math.min(Number(relay.timeoutMs), 600000) : 30000;
     let request = relay[kind] as Record<string, unknown>;
     if (kind === 'fileChunk') {
@@ -98,9 +115,22 @@ export class AgentRequests {
       // Who may fetch from the agent is the coordinator's allow-list, never what the tool says.
       request = { allowKeys: allow };
     }
+    this.relaysInFlight.set(rank, inFlight + 1);
+    const settled = () => {
+      const n = (this.relaysInFlight.get(rank) ?? 1) - 1;
+      if (n > 0) this.relaysInFlight.set(rank, n);
+      else this.relaysInFlight.delete(rank);
+    };
     this.request(rank, { [kind]: request }, timeoutMs).then(
-      (m) => (m.body === kind ? answer({ [kind]: m[kind] }, payloadOf(m)) : answer({ error: `rank ${rank} answered ${m.body} to ${kind}` })),
-      (e) => answer({ error: String((e as Error)?.message ?? e) }),
+      (m) => {
+        settled();
+        if (m.body === kind) answer({ [kind]: m[kind] }, payloadOf(m));
+        else answer({ error: `rank ${rank} answered ${m.body} to ${kind}` });
+      },
+      (e) => {
+        settled();
+        answer({ error: String((e as Error)?.message ?? e) });
+      },
     );
   }
 
@@ -108,5 +138,6 @@ export class AgentRequests {
   stop(): void {
     this.requests.rejectAll((id, rank) => new WavebusError('ERR_STOPPED', `coordinator stopped before rank ${rank} answered request ${id}`));
     this.chunkAcks.clear();
+    this.relaysInFlight.clear();
   }
 }

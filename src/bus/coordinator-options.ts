@@ -48,4 +48,6 @@ export interface CoordinatorStats {
   wrongEpochSeen: number;
   /** CURVE peers refused, by reason (unknown_key, wrong_mechanism, bad_zap_request, handshake_failed). */
   refused: Record<string, number>;
+  /** Relayed requests answered at once with a refusal: their rank already had MAX_RELAYS_IN_FLIGHT waiting. */
+  relaysRefusedBusy: number;
 }

@@ -34,6 +34,8 @@ export function statusJson(c: Coordinator): Record<string, unknown> {
     // Every message the ROUTER took in, and what it dropped of them by reason (the rest it handled).
     received: c.stats.received,
     dropped: { ...c.stats.dropped },
+    // Relays answered at once with "too many in flight" (each one answered, none lost).
+    relays_refused_busy: c.stats.relaysRefusedBusy,
     security: {
       ...(c.curve ? { curve: true, allowed_keys: c.opts.curve!.allow.size, refused: { ...c.stats.refused } } : { curve: false }),
       bus_token: c.opts.busToken !== undefined,

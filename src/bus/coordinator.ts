@@ -94,7 +94,7 @@ export class Coordinator extends EventEmitter {
     }
     if (!(this.heartbeatMs > 0)) throw new ConfigError(`--heartbeat-ms: expected a positive number, got ${this.heartbeatMs}`);
     this.expectedRanks = lastPpRanks(this.layout);
-    this.stats = { published: 0, received: 0, dropped: {}, wrongEpochSeen: 0, refused: {} };
+    this.stats = { published: 0, received: 0, dropped: {}, wrongEpochSeen: 0, refused: {}, relaysRefusedBusy: 0 };
     this.drops = new DropCounter(this.log, 'coordinator ROUTER', (reason) => this.metrics.dropped.inc({ reason }));
     this.admission = { drops: this.drops, versions: this.versions, worldSize: opts.layout.worldSize, reply: (route, m) => this.reply(route, m) };
     this.stats.dropped = this.drops.counts;
@@ -122,7 +122,7 @@ export class Coordinator extends EventEmitter {
       log: this.log,
       onPublished: () => this.stats.published++,
     });
-    this.agentRequests = new AgentRequests(this.rankTable, (route, msg, payload) => this.reply(route, msg, payload), this.drops, () => this.running, () => (this.opts.curve ? [...this.opts.curve.allow.keys()] : undefined));
+    this.agentRequests = new AgentRequests(this.rankTable, (route, msg, payload) => this.reply(route, msg, payload), this.drops, () => this.running, () => (this.opts.curve ? [...this.opts.curve.allow.keys()] : undefined), () => this.stats.relaysRefusedBusy++);
     if (opts.ownFiles) this.ownFiles = new CoordinatorFiles(opts.ownFiles, this.expectedRanks[0] ?? 0, this.log);
     // Zero-valued series, so dashboards see every label from the start.
     for (const lane of ['config', 'dump']) this.metrics.lanes.inc({ lane }, 0);
