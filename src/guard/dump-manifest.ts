@@ -34,6 +34,18 @@ export function tallyAcks(ranks: number[], acks: ReadonlyMap<number, DumpResult>
   return t;
 }
 
+/** Which dump a record is about: the same fields, in the same order, in request_info.json and manifest.json. */
+export function jobFields(job: DumpJob): Record<string, unknown> {
+  return {
+    job_id: job.jobId,
+    incident_type: job.incidentType,
+    req_id: job.reqId,
+    dp_rank: job.replica,
+    detect_wave: job.detectWave,
+    arm_wave: job.armWave,
+  };
+}
+
 /** request_info.json and manifest.json carry the layout, so tools map a rank to its directory. */
 export function layoutFields(layout?: WorldLayout): Record<string, unknown> {
   return layout ? { layout: layoutJson(layout) } : {};
@@ -68,12 +80,7 @@ export function manifestJson(f: ManifestFacts): Record<string, unknown> {
     for (const l of a.layers ?? []) if (!s.layers.includes(l)) s.layers.push(l);
   }
   return {
-    job_id: job.jobId,
-    incident_type: job.incidentType,
-    req_id: job.reqId,
-    dp_rank: job.replica,
-    detect_wave: job.detectWave,
-    arm_wave: job.armWave,
+    ...jobFields(job),
     request_finished_at_dump: job.requestFinishedAtDump,
     pp_stages: f.ppStages,
     expected_ranks: job.ranks,

@@ -10,17 +10,12 @@ import type { ArtifactModes } from '../artifacts/artifact-mode';
 import { artifactWrite, writeJsonAtomic } from '../artifacts/atomic-write';
 import { fsFailure } from '../artifacts/sink';
 import type { PpStages, WorldLayout } from '../launch/identity';
-import { layoutFields } from './dump-manifest';
+import { jobFields, layoutFields } from './dump-manifest';
 
 /** What request_info.json says of `job` (`extra`: the guard's report-like metadata, merged last). */
 export function requestInfoJson(job: DumpJob, ppStages: PpStages, writerRank: number, layout: WorldLayout | undefined, extra: Record<string, unknown>): Record<string, unknown> {
   return {
-    job_id: job.jobId,
-    incident_type: job.incidentType,
-    req_id: job.reqId,
-    dp_rank: job.replica,
-    detect_wave: job.detectWave,
-    arm_wave: job.armWave,
+    ...jobFields(job),
     block_ids: job.blockIds,
     num_blocks: job.blockIds.length,
     request_finished_at_dump: job.requestFinishedAtDump,
