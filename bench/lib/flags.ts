@@ -51,6 +51,14 @@ export function parseBenchFlags<F extends BenchFlags>(bench: string, flags: F, a
   for (const [k, f] of Object.entries(all)) y.option(k, { type: f.type === 'boolean' ? 'boolean' : 'string' });
   const a = y.parseSync() as Record<string, unknown> & { _: unknown[] };
   if (a._.length > 0) throw new ConfigError(`bench ${bench}: unexpected argument ${JSON.stringify(String(a._[0]))} (flags only; \`wavebus bench ${bench} --help\` lists them)`);
+  try {
+    return valuesOf(all, a) as BenchArgs<F>;
+  } catch (e) {
+    throw e instanceof ConfigError ? new ConfigError(`bench ${bench}: ${e.message}`, e.code) : e;
+  }
+}
+
+function valuesOf(all: BenchFlags, a: Record<string, unknown>): Record<string, unknown> {
   const out: Record<string, unknown> = {};
   for (const [k, f] of Object.entries(all)) {
     const raw = lastOf(a[k]);
@@ -65,7 +73,7 @@ export function parseBenchFlags<F extends BenchFlags>(bench: string, flags: F, a
       out[k] = s;
     }
   }
-  return out as BenchArgs<F>;
+  return out;
 }
 
 /** `wavebus bench <name> --help`: the bench's summary and every flag with its default. */
