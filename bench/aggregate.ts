@@ -11,10 +11,12 @@ import * as fs from 'fs';
 import * as os from 'os';
 import * as path from 'path';
 import { aggregate, DEFAULT_CHUNK_MB, DEFAULT_PARALLEL_FILES, DEFAULT_WINDOW } from '../src/tools/aggregate';
-import { arg, child, ROLES_SCRIPT, tcpCopy, writeSource } from './lib/aggregate-roles';
+import { child, ROLES_SCRIPT, tcpCopy, writeSource } from './lib/aggregate-roles';
 import { runNetns } from './lib/aggregate-netns';
 import { keepFreedMemory, MMAP_THRESHOLD_BYTES, TRIM_THRESHOLD_BYTES } from '../src/malloc-tuning';
 import { freePort, freePortPair } from '../src/bus/ports';
+import { ConfigError } from '../src/errors';
+import type { BenchArgs, BenchFlags } from './lib/flags';
 
 const RANKS = 4;
 
@@ -52,13 +54,31 @@ async function timed(child: ChildProcess, fn: () => Promise<void>): Promise<Roun
 
 const best = (rs: Round[]) => rs.reduce((a, b) => (b.s < a.s ? b : a));
 
-export async function run(argv: string[]): Promise<Record<string, unknown>> {
-  if (argv.includes('--netns')) return runNetns(argv);
-  const sizeMb = arg(argv, '--size-mb', 64, true);
-  const chunkMb = arg(argv, '--chunk-mb', DEFAULT_CHUNK_MB, true);
-  const window = arg(argv, '--window', DEFAULT_WINDOW);
-  const parallelFiles = arg(argv, '--parallel-files', DEFAULT_PARALLEL_FILES);
-  const rounds = arg(argv, '--rounds', 2);
+export const summary = 'Aggregation throughput of M MiB of bundles (4 ranks) over loopback, or with --netns across two network namespaces with CURVE, against a plain TCP copy of the same bytes in the same run (target ratio >= 0.8).';
+const MIB_FRACTION = 1 / 1024; // sizes in MiB may be fractional (a test moves 2 MiB)
+export const flags = {
+  netns: { type: 'boolean', default: false, describe: 'across two network namespaces with CURVE and `wavebus aggregate` itself (needs root)' },
+  'size-mb': { type: 'number', min: MIB_FRACTION, describe: 'MiB of bundles over 4 ranks (default: 64; 256 with --netns)' },
+  'chunk-mb': { type: 'number', default: DEFAULT_CHUNK_MB, min: MIB_FRACTION, describe: 'chunk size of the transfer in MiB' },
+  window: { type: 'int', default: DEFAULT_WINDOW, describe: 'chunks in flight' },
+  'parallel-files': { type: 'int', describe: `files fetched at once (default: ${DEFAULT_PARALLEL_FILES}; loopback only)` },
+  rounds: { type: 'int', describe: 'alternating rounds of each side, the best kept (default: 2; loopback only)' },
+  runs: { type: 'int', describe: 'runs of each allocator mode (default: 3; --netns only)' },
+  relay: { type: 'boolean', default: false, describe: 'every chunk through the coordinator, the path before direct fetch (--netns only)' },
+} satisfies BenchFlags;
+
+export async function run(args: BenchArgs<typeof flags>): Promise<Record<string, unknown>> {
+  // A flag of the other mode would be ignored: refused instead, so that no run measures something else than asked.
+  const otherMode = args.netns ? (['parallel-files', 'rounds'] as const) : (['runs', 'relay'] as const);
+  for (const k of otherMode) {
+    if (args[k] !== undefined && args[k] !== false) throw new ConfigError(`bench aggregate: --${k} applies ${args.netns ? 'without' : 'with'} --netns only`);
+  }
+  const chunkMb = args['chunk-mb'];
+  const window = args.window;
+  if (args.netns) return runNetns({ sizeMb: args['size-mb'] ?? 256, runs: args.runs ?? 3, chunkMb, window, relay: args.relay });
+  const sizeMb = args['size-mb'] ?? 64;
+  const parallelFiles = args['parallel-files'] ?? DEFAULT_PARALLEL_FILES;
+  const rounds = args.rounds ?? 2;
   // this process is the tool: as `wavebus aggregate` does (WAVEBUS_MALLOC_TUNING=0: glibc defaults)
   const tuned = keepFreedMemory();
   const work = fs.mkdtempSync(path.join(os.tmpdir(), 'wavebus-bench-agg-'));

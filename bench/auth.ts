@@ -1,9 +1,15 @@
-// `wavebus bench auth`: the per-frame cost of the bus token (src/bus/auth.ts): seal (sender) and
+// `wavebus bench auth [--frames N]`: the per-frame cost of the bus token (src/bus/auth.ts): seal (sender) and
 // open (receiver) of frames the size of a wave head, a config lane and a file chunk, against the
 // encode of the same wave head as the baseline, measured in one run.
 import { randomBytes } from 'crypto';
 import { BusToken } from '../src/bus/auth';
 import { encodeAgentMessage } from '../src/bus/frames';
+import type { BenchArgs, BenchFlags } from './lib/flags';
+
+export const summary = 'The bus token\'s cost per frame: seal and open of wave-head, small and 8 KiB frames and a 4 MiB chunk, against encoding a wave head.';
+export const flags = {
+  frames: { type: 'int', default: 50000, describe: 'frames timed per measurement (the 4 MiB chunk: frames / 5000, at least 5)' },
+} satisfies BenchFlags;
 
 function usPer(n: number, fn: () => void): number {
   for (let i = 0; i < Math.min(n, 1000); i++) fn(); // warm up
@@ -12,8 +18,8 @@ function usPer(n: number, fn: () => void): number {
   return Number(process.hrtime.bigint() - t0) / n / 1000;
 }
 
-export async function run(argv: string[]): Promise<Record<string, unknown>> {
-  const n = Number(argv.find((a) => /^\d+$/.test(a)) ?? 50000);
+export async function run(args: BenchArgs<typeof flags>): Promise<Record<string, unknown>> {
+  const n = args.frames;
   const token = BusToken.fromBytes(randomBytes(32));
   const rows = 64;
   const u32 = (k: number) => Buffer.alloc(4 * k, 1);

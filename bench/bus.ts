@@ -15,7 +15,6 @@ import { spawn, spawnSync, type ChildProcess } from 'child_process';
 import * as fs from 'fs';
 import * as os from 'os';
 import * as path from 'path';
-import yargs from 'yargs';
 import { AgentBus } from '../src/bus/agent-bus';
 import { BusToken, createTokenFile } from '../src/bus/auth';
 import { Coordinator } from '../src/bus/coordinator';
@@ -26,6 +25,19 @@ import { freePort, freePortPair } from '../src/bus/ports';
 import { bareBus } from './lib/bus-bare';
 import { cpuHops } from './lib/bus-hops';
 import { hop, lastReceipt, p50p99, ReceiptLog, Receipts, round, type ReceiptTimes } from './lib/bus-receipts';
+import type { BenchArgs, BenchFlags } from './lib/flags';
+
+export const summary = 'Wave-head latency from the coordinator to N agent processes on loopback, against bare zeromq.js PUB/SUB (and gloo when torch is there), in the same run.';
+export const flags = {
+  agents: { type: 'int', default: 8, describe: 'agent processes' },
+  waves: { type: 'int', default: 1000, describe: 'waves per round' },
+  'pace-ms': { type: 'number', default: 2, describe: 'ms between two published waves (an engine stepping every 2 ms)' },
+  rounds: { type: 'int', default: 3, describe: 'rounds of (wavebus run, bare run), interleaved' },
+  'bus-token': { type: 'boolean', default: true, describe: 'MAC every frame with a bus token, as `wavebus launch` does on one host' },
+  mailbox: { type: 'boolean', default: true, describe: "agents write each vector to a mailbox; a client stand-in waits on rank 0's" },
+  bare: { type: 'boolean', default: true, describe: 'also run the floor: bare zeromq.js PUB to N SUB processes' },
+  baseline: { type: 'boolean', describe: 'also run the gloo baseline (default: when /usr/bin/python3 has torch)' },
+} satisfies BenchFlags;
 
 const PYTHON = '/usr/bin/python3';
 /** How long to wait for every agent's receipts after the end wave. */
@@ -173,27 +185,11 @@ async function wavebusRun(n: number, endWave: number, pace: number, tokenFile: s
   return { times: receipts.times, reader, published, begun };
 }
 
-export async function run(argv: string[]): Promise<Record<string, unknown>> {
-  const args = yargs(argv)
-    .option('agents', { type: 'number', default: 8 })
-    .option('waves', { type: 'number', default: 1000, describe: 'waves per round' })
-    .option('pace-ms', { type: 'number', default: 2, describe: 'ms between two published waves (an engine stepping every 2 ms)' })
-    .option('rounds', { type: 'number', default: 3, describe: 'rounds of (wavebus run, bare run), interleaved' })
-    .option('bus-token', { type: 'boolean', default: true, describe: 'MAC every frame with a bus token, as `wavebus launch` does on one host' })
-    .option('mailbox', { type: 'boolean', default: true, describe: 'agents write each vector to a mailbox; a client stand-in waits on rank 0\'s' })
-    .option('bare', { type: 'boolean', default: true, describe: 'also run the floor: bare zeromq.js PUB to N SUB processes' })
-    .option('baseline', { type: 'boolean', describe: 'also run the gloo baseline (default: when /usr/bin/python3 has torch)' })
-    .option('json', { type: 'boolean', default: true })
-    .strict(false)
-    .parseSync();
+export async function run(args: BenchArgs<typeof flags>): Promise<Record<string, unknown>> {
   const n = args.agents;
   const waves = args.waves;
   const rounds = args.rounds;
-  if (!Number.isInteger(n) || n < 1) throw new Error(`--agents: expected a positive integer, got ${args.agents}`);
-  if (!Number.isInteger(waves) || waves < 1) throw new Error(`--waves: expected a positive integer, got ${args.waves}`);
-  if (!Number.isInteger(rounds) || rounds < 1) throw new Error(`--rounds: expected a positive integer, got ${args.rounds}`);
   const pace = args['pace-ms'];
-  if (!Number.isFinite(pace) || pace < 0) throw new Error(`--pace-ms: expected a non-negative number, got ${args['pace-ms']}`);
 
   const endWave = WARMUP + waves + 1;
   const from = WARMUP + 1;

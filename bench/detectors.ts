@@ -18,17 +18,18 @@ import * as os from 'os';
 import * as path from 'path';
 import pino from 'pino';
 import { decodeAgentMessage, encodeAgentMessage } from '../src/bus/frames';
-import { intFlag } from '../src/commands/flags';
 import { Guard } from '../src/guard/guard';
 import { parseStartupOptions } from '../src/guard/startup';
 import type { RequestStep, StepTelemetry } from '../src/messages';
 import { ColumnScratch, columnsToWire, TelemetryColumnizer } from '../src/client/telemetry';
+import type { BenchArgs, BenchFlags } from './lib/flags';
 
-function flag(argv: string[], name: string, def: number): number {
-  const i = argv.indexOf(`--${name}`);
-  const raw = i >= 0 ? argv[i + 1] : argv.find((a) => a.startsWith(`--${name}=`))?.split('=')[1];
-  return raw === undefined ? def : intFlag(raw, `--${name}`);
-}
+export const summary = 'Coordinator CPU per wave head with every detector of the runtime guard on (target: <= 100 us per step for 1024 requests).';
+export const flags = {
+  requests: { type: 'int', default: 1024, describe: 'running requests, each one token per step' },
+  steps: { type: 'int', default: 2000, describe: 'timed steps (after 300 warm-up steps)' },
+  blocks: { type: 'int', default: 16, describe: 'KV blocks per request (~256 tokens of context at block size 16)' },
+} satisfies BenchFlags;
 
 const MAX_FRAME = 1 << 28;
 
@@ -64,10 +65,8 @@ function timed(steps: number, step: (s: number) => void): { us: number; bestPerS
   return { us, bestPerStep: Math.round(best * 10) / 10 };
 }
 
-export async function run(argv: string[]): Promise<Record<string, unknown>> {
-  const requests = flag(argv, 'requests', 1024);
-  const steps = flag(argv, 'steps', 2000);
-  const blocks = flag(argv, 'blocks', 16); // KV blocks per request (~256 tokens of context at block size 16)
+export async function run(args: BenchArgs<typeof flags>): Promise<Record<string, unknown>> {
+  const { requests, steps, blocks } = args;
   const warmup = 300; // let the optimising compiler settle before timing
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'wavebus-bench-detectors-'));
   try {

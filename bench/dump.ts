@@ -17,11 +17,11 @@ import * as fs from 'fs';
 import { packageRoot } from '../src/paths';
 import * as os from 'os';
 import * as path from 'path';
-import yargs from 'yargs';
 import { DeviceRegion, ShmSegment, Staging } from '../src/memory';
 import { Bundle, TensorFormat, TENSOR_FORMATS } from '../src/artifacts/bundle';
 import { Tensor } from '../src/artifacts/tensor';
 import { ConfigError } from '../src/errors';
+import type { BenchArgs, BenchFlags } from './lib/flags';
 
 const MB = 1024 * 1024;
 /** Region → staging copy granularity: the writer starts once the first chunk has landed. */
@@ -36,25 +36,17 @@ interface Options {
   runs: number;
 }
 
-function parse(argv: string[]): Options {
-  const a = yargs(argv)
-    .option('size-mb', { type: 'number', default: 256 })
-    .option('format', { type: 'string', default: 'pt' })
-    .option('dir', { type: 'string', default: os.tmpdir() })
-    .option('runs', { type: 'number', default: 5 })
-    .option('json', { type: 'boolean', default: true })
-    .strict(false)
-    .parseSync();
-  const sizeMb = a['size-mb'];
-  if (!Number.isInteger(sizeMb) || sizeMb <= 0) throw new ConfigError(`--size-mb must be a positive integer, got ${sizeMb}`);
-  const runs = a.runs;
-  if (!Number.isInteger(runs) || runs <= 0) throw new ConfigError(`--runs must be a positive integer, got ${runs}`);
-  const f = String(a.format);
-  const formats = f === 'all' ? [...TENSOR_FORMATS] : [f as TensorFormat];
-  if (!formats.every((x) => (TENSOR_FORMATS as readonly string[]).includes(x))) {
-    throw new ConfigError(`--format must be one of ${TENSOR_FORMATS.join(', ')}, all; got ${JSON.stringify(f)}`);
-  }
-  return { sizeMb, formats, dir: String(a.dir), runs };
+export const summary = 'End-to-end dump throughput (shm region -> staging -> committed bundle) of M MB, against a plain write + fsync of the same bytes in the same directory, in the same run.';
+export const flags = {
+  'size-mb': { type: 'int', default: 256, describe: 'tensor size in MB (whole 32 KiB blocks)' },
+  format: { type: 'string', default: 'pt', choices: [...TENSOR_FORMATS, 'all'], describe: 'file format, or all of them in turn' },
+  dir: { type: 'string', default: os.tmpdir(), describe: 'directory to write in (its file system is what is measured)' },
+  runs: { type: 'int', default: 5, describe: 'runs of each path per format, alternating which goes first; medians are reported' },
+} satisfies BenchFlags;
+
+function parse(a: BenchArgs<typeof flags>): Options {
+  const formats = a.format === 'all' ? [...TENSOR_FORMATS] : [a.format as TensorFormat];
+  return { sizeMb: a['size-mb'], formats, dir: a.dir, runs: a.runs };
 }
 
 /** A plain write + fsync; returns [total, write calls only] in ms. */
@@ -122,8 +114,8 @@ async function endToEnd(format: TensorFormat, region: DeviceRegion, staging: Sta
   return { stall, total, written };
 }
 
-export async function run(argv: string[]): Promise<Record<string, unknown>> {
-  const o = parse(argv);
+export async function run(args: BenchArgs<typeof flags>): Promise<Record<string, unknown>> {
+  const o = parse(args);
   fs.mkdirSync(o.dir, { recursive: true });
   const nbytes = o.sizeMb * MB;
   // KV layout [n_blocks, block_size=16, heads=8, head_dim=128] in bf16: 32 KiB per block.

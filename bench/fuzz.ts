@@ -19,7 +19,6 @@
 import * as fs from 'fs';
 import * as os from 'os';
 import * as path from 'path';
-import yargs from 'yargs';
 import { startJob, type Job, type JobSpec } from './lib/fuzz-coordinator';
 import { Mutator } from './lib/fuzz-mutator';
 import { crashOf, stopProcs, type Proc } from './lib/fuzz-procs';
@@ -28,6 +27,7 @@ import { directTarget } from './lib/fuzz-direct';
 import { filesTarget } from './lib/fuzz-files';
 import { helloTarget, refusalTarget, routerTarget } from './lib/fuzz-router';
 import type { FuzzTarget, SocketResult } from './lib/fuzz-types';
+import type { BenchArgs, BenchFlags } from './lib/flags';
 
 export { Mutator } from './lib/fuzz-mutator';
 
@@ -67,15 +67,15 @@ export interface FuzzResult {
   seconds: number;
 }
 
-export async function run(argv: string[]): Promise<Record<string, unknown>> {
-  const a = yargs(argv)
-    .option('frames', { type: 'number', default: 100000 })
-    .option('seed', { type: 'number', default: 20240601 })
-    .option('sockets', { type: 'string', describe: `comma-separated targets (default all: ${TARGETS.map((t) => t.name).join(', ')})` })
-    .option('oversized', { type: 'boolean', default: true, describe: 'also send one frame over the 64 MiB limit per tcp socket' })
-    .option('json', { type: 'boolean', default: false })
-    .strict(false)
-    .parseSync();
+export const summary = 'Garbage and mutated frames on every socket a wavebus process listens on; every process must stay up and answer.';
+export const flags = {
+  frames: { type: 'int', default: 100000, describe: 'frames per socket' },
+  seed: { type: 'int', default: 20240601, min: 0, max: 2 ** 32 - 1, describe: 'seed of the mutator (the same seed sends the same frames)' },
+  sockets: { type: 'string', describe: `comma-separated targets (default all: ${TARGETS.map((t) => t.name).join(', ')})` },
+  oversized: { type: 'boolean', default: true, describe: 'also send one frame over the 64 MiB limit per tcp socket' },
+} satisfies BenchFlags;
+
+export async function run(a: BenchArgs<typeof flags>): Promise<Record<string, unknown>> {
   const sockets = a.sockets ? a.sockets.split(',').map((s) => s.trim()) : undefined;
   return fuzz({ frames: a.frames, seed: a.seed, oversized: a.oversized, sockets }) as unknown as Record<string, unknown>;
 }

@@ -10,7 +10,7 @@ import { spawn } from 'child_process';
 import * as fs from 'fs';
 import * as os from 'os';
 import * as path from 'path';
-import yargs from 'yargs';
+import type { BenchArgs, BenchFlags } from './lib/flags';
 
 const BIN = path.resolve(__dirname, '..', '..', 'bin', 'wavebus.js');
 
@@ -77,19 +77,19 @@ const median = (xs: number[]): number => {
 };
 const fixed = (x: number, d: number): number | null => (Number.isFinite(x) ? Number(x.toFixed(d)) : null);
 
-export async function run(argv: string[]): Promise<Record<string, unknown>> {
-  const a = yargs(argv)
-    .option('ranks', { type: 'number', default: 2 })
-    .option('steps', { type: 'number', default: 1500 })
-    .option('forward-ms', { type: 'number', default: 3, describe: 'idle wait per step: the forward runs on the accelerator' })
-    .option('compute-us', { type: 'number', default: 200, describe: 'CPU work per step: the engine\'s own host-side work' })
-    // The off path costs a few µs per step, below this VM's run-to-run noise (±1.5 %): the best of
-    // five interleaved rounds per mode finds each mode's undisturbed rate more reliably than three.
-    .option('rounds', { type: 'number', default: 5, describe: 'interleaved rounds; the best of each mode is kept' })
-    .option('requests', { type: 'number', describe: 'requests in the workload (default: two arrive every step, 2 x steps)' })
-    .option('json', { type: 'boolean', default: true })
-    .strict(false)
-    .parseSync();
+export const summary = "The simulated engine's steps/s with wavebus absent, attached with everything off, and attached with every detector on, as ratios to the absent baseline, in one run.";
+export const flags = {
+  ranks: { type: 'int', default: 2, describe: 'simulated ranks (= agents), one TP group' },
+  steps: { type: 'int', default: 1500, describe: 'engine steps per run' },
+  'forward-ms': { type: 'int', default: 3, min: 0, describe: 'idle wait per step: the forward runs on the accelerator' },
+  'compute-us': { type: 'int', default: 200, min: 0, describe: "CPU work per step: the engine's own host-side work" },
+  // The off path costs a few µs per step, below this VM's run-to-run noise (±1.5 %): the best of
+  // five interleaved rounds per mode finds each mode's undisturbed rate more reliably than three.
+  rounds: { type: 'int', default: 5, describe: 'interleaved rounds; the best of each mode is kept' },
+  requests: { type: 'int', describe: 'requests in the workload (default: two arrive every step, 2 x steps)' },
+} satisfies BenchFlags;
+
+export async function run(a: BenchArgs<typeof flags>): Promise<Record<string, unknown>> {
   const requests = a.requests ?? 2 * a.steps;
   const work = fs.mkdtempSync(path.join(os.tmpdir(), 'wavebus-bench-overhead-'));
   const sim = (resultDir: string, extra: string[] = []) => [

@@ -14,7 +14,9 @@
 // and flat resources: for the coordinator and every agent, RSS at the end <= 1.25 x RSS after
 // warm-up and open fds at the end <= fds after warm-up + 2.
 import * as fs from 'fs';
-import yargs from 'yargs';
+import { ConfigError } from '../src/errors';
+import { MAX_TIMER_MS } from '../src/commands/flags';
+import type { BenchArgs, BenchFlags } from './lib/flags';
 import type { StepTelemetry } from '../src/messages';
 import type { WavebusClient } from '../src/client/client';
 import { alive, POOL_BLOCKS, ProcJob } from './lib/proc-job';
@@ -59,22 +61,18 @@ function summarize(start: Usage[], end: Usage[]): Record<string, unknown> {
   };
 }
 
-export async function run(argv: string[]): Promise<Record<string, unknown>> {
-  const a = yargs(argv)
-    .option('agents', { type: 'number', default: 8, describe: 'agent processes (= ranks); a multiple of --dp' })
-    .option('dp', { type: 'number', default: 2, describe: 'DP replicas, each its own wave stream and engine loop' })
-    .option('waves', { type: 'number', default: 1000, describe: 'waves each replica runs' })
-    .option('dump-every', { type: 'number', default: 100, describe: 'a manual dump (hot reload of dump.manual_dump) every N waves of replica 0' })
-    .option('pace-ms', { type: 'number', default: 1, describe: 'the forward: ms between a wave head and its end' })
-    .option('bound-ms', { type: 'number', default: 1000, describe: "agents' end_of_wave bound (a wave later than this is lost)" })
-    .option('json', { type: 'boolean', default: false })
-    .strict(false)
-    .parseSync();
-  for (const [flag, v] of [['--agents', a.agents], ['--dp', a.dp], ['--waves', a.waves], ['--dump-every', a['dump-every']], ['--bound-ms', a['bound-ms']]] as const) {
-    if (!Number.isSafeInteger(v) || v < 1) throw new Error(`bench soak: ${flag} must be a positive integer, got ${v}`);
-  }
-  if (a.agents % a.dp !== 0) throw new Error(`bench soak: --agents ${a.agents} must be a multiple of --dp ${a.dp}`);
-  if (!(a['pace-ms'] >= 0)) throw new Error(`bench soak: --pace-ms must be >= 0, got ${a['pace-ms']}`);
+export const summary = 'A long run of N agents over DP replicas with periodic manual dumps: no wave lost, every dump complete, no process died, memory and fds flat.';
+export const flags = {
+  agents: { type: 'int', default: 8, describe: 'agent processes (= ranks); a multiple of --dp' },
+  dp: { type: 'int', default: 2, describe: 'DP replicas, each its own wave stream and engine loop' },
+  waves: { type: 'int', default: 1000, describe: 'waves each replica runs' },
+  'dump-every': { type: 'int', default: 100, describe: 'a manual dump (hot reload of dump.manual_dump) every N waves of replica 0' },
+  'pace-ms': { type: 'number', default: 1, describe: 'the forward: ms between a wave head and its end' },
+  'bound-ms': { type: 'int', default: 1000, max: MAX_TIMER_MS, describe: "agents' end_of_wave bound (a wave later than this is lost)" },
+} satisfies BenchFlags;
+
+export async function run(a: BenchArgs<typeof flags>): Promise<Record<string, unknown>> {
+  if (a.agents % a.dp !== 0) throw new ConfigError(`bench soak: --agents ${a.agents} must be a multiple of --dp ${a.dp}`);
   return soak({ agents: a.agents, dp: a.dp, waves: a.waves, dumpEvery: a['dump-every'], paceMs: a['pace-ms'], boundMs: a['bound-ms'] });
 }
 

@@ -11,11 +11,10 @@ import { spawn, spawnSync, type ChildProcess } from 'child_process';
 import * as fs from 'fs';
 import * as os from 'os';
 import * as path from 'path';
-import { DEFAULT_CHUNK_MB, DEFAULT_WINDOW } from '../../src/tools/aggregate';
 import { keepFreedMemory, MMAP_THRESHOLD_BYTES, TRIM_THRESHOLD_BYTES } from '../../src/malloc-tuning';
 import { ConfigError } from '../../src/errors';
 import { packageRoot } from '../../src/paths';
-import { arg, child, ROLES_SCRIPT, writeSource } from './aggregate-roles';
+import { child, ROLES_SCRIPT, writeSource } from './aggregate-roles';
 import { createNetnsPair, netnsExists, removeNetns, type NetnsPair } from './netns';
 
 const RANKS = 4;
@@ -59,15 +58,18 @@ const median = (xs: number[]) => {
 };
 const r3 = (x: number) => Number(x.toFixed(3));
 
-export async function runNetns(argv: string[]): Promise<Record<string, unknown>> {
+export interface NetnsOptions {
+  sizeMb: number;
+  runs: number;
+  chunkMb: number;
+  window: number;
+  /** Every chunk through the coordinator (the path before direct fetch), for comparison. */
+  relay: boolean;
+}
+
+export async function runNetns({ sizeMb, runs, chunkMb, window, relay }: NetnsOptions): Promise<Record<string, unknown>> {
   const uid = process.getuid?.();
   if (uid !== 0) throw new ConfigError(`bench aggregate --netns needs root (uid ${uid}): it creates two network namespaces and a veth pair`);
-  const sizeMb = arg(argv, '--size-mb', 256, true);
-  const runs = arg(argv, '--runs', 3);
-  const chunkMb = arg(argv, '--chunk-mb', DEFAULT_CHUNK_MB, true);
-  const window = arg(argv, '--window', DEFAULT_WINDOW);
-  // --relay: every chunk through the coordinator (the path before direct fetch), for comparison.
-  const relay = argv.includes('--relay');
   const root = packageRoot(__dirname);
   const cli = path.join(root, 'bin', 'wavebus.js');
   // Applied to this process too (it moves no bytes): tells whether the C library takes it (glibc).

@@ -20,17 +20,9 @@ import { resolveIdentity } from '../../src/launch/identity';
 import { createLogger } from '../../src/log';
 import { crc32c, formatChecksum } from '../../src/artifacts/checksum';
 import { keepFreedMemory } from '../../src/malloc-tuning';
-import { intFlag, numberFlag } from '../../src/commands/flags';
 
 /** This module as a script (dist/bench/lib/aggregate-roles.js). */
 export const ROLES_SCRIPT = path.join(__dirname, 'aggregate-roles.js');
-
-/** `name`'s value: a whole count, or (`fraction`) a number of MiB that may be fractional. */
-export function arg(argv: string[], name: string, def: number, fraction = false): number {
-  const i = argv.indexOf(name);
-  if (i < 0) return def;
-  return fraction ? numberFlag(argv[i + 1], name, 1 / 1024) : intFlag(argv[i + 1], name);
-}
 
 /** A bench process (aggregate-roles.ts) started by `cmd` + `args`; ready once it prints READY. */
 export function child(cmd: string, args: string[], env: NodeJS.ProcessEnv = process.env, stdin: 'ignore' | 'pipe' = 'ignore'): { proc: ChildProcess; ready: Promise<void> } {

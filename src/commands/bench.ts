@@ -6,10 +6,7 @@ import * as os from 'os';
 import * as path from 'path';
 import type { CommandModule } from 'yargs';
 import { ConfigError } from '../errors';
-
-interface BenchModule {
-  run(argv: string[]): Promise<Record<string, unknown>>;
-}
+import { benchHelp, parseBenchFlags, type BenchModule } from '../../bench/lib/flags';
 
 function benchDir(): string {
   // dist/src/commands -> dist/bench ; src/commands (ts-jest) -> bench
@@ -26,13 +23,35 @@ export function listBenches(): string[] {
     .sort();
 }
 
-export async function runBench(name: string, argv: string[]): Promise<Record<string, unknown>> {
+function loadBench(name: string): BenchModule {
   const names = listBenches();
   if (!names.includes(name)) {
     throw new ConfigError(`unknown bench '${name}'; available: ${names.join(', ') || '(none built)'}`);
   }
-  const mod = require(path.join(benchDir(), name)) as BenchModule;
-  return mod.run(argv);
+  return require(path.join(benchDir(), name)) as BenchModule;
+}
+
+/** Runs bench `name` with its command-line flags, parsed and checked by the one bench flag parser. */
+export async function runBench(name: string, argv: string[]): Promise<Record<string, unknown>> {
+  const mod = loadBench(name);
+  return mod.run(parseBenchFlags(name, mod.flags, argv));
+}
+
+const isHelp = (a: string) => a === '--help' || a === '-h';
+
+/** `wavebus bench --help`: every bench with its one-line summary. */
+function benchList(): string {
+  const rows = listBenches().map((n) => `  ${n.padEnd(10)}  ${loadBench(n).summary}`);
+  return [
+    'wavebus bench <name> [flags]',
+    '',
+    'Run a benchmark and print its result as one JSON line (with the commit, date and load it ran at).',
+    '`wavebus bench <name> --help` lists the flags of one; `wavebus bench all [--json]` runs every one in turn with its defaults.',
+    '',
+    'Benchmarks:',
+    ...rows,
+    '',
+  ].join('\n');
 }
 
 /** The commit this checkout is at (with "+dirty" when it has changes), or null outside git. */
@@ -61,22 +80,38 @@ export function benchProvenance(started: Date, loadBefore: number[]): Record<str
 }
 
 export const command: CommandModule = {
-  command: 'bench <name> [args..]',
-  describe: 'Run a benchmark and print one JSON line (bus, dump, overhead, detectors, aggregate, soak, auth, all)',
+  command: 'bench [name] [args..]',
+  describe: 'Run a benchmark and print one JSON line; `wavebus bench --help` lists them, `wavebus bench <name> --help` its flags',
+  // Help is the bench's own (yargs' would describe only `bench` itself), so every flag after the
+  // name goes to the bench untouched and --help is answered here.
   builder: (y) =>
     y
+      .help(false)
       .positional('name', { type: 'string', describe: 'benchmark name, or "all" for every one in turn' })
-      .positional('args', { type: 'string', array: true, describe: 'options for the benchmark, e.g. --agents 8' })
+      .positional('args', { type: 'string', array: true, describe: "the benchmark's flags, e.g. --agents 8" })
       .strict(false)
       .parserConfiguration({ 'unknown-options-as-args': true }),
   handler: async (argv) => {
-    const name = String(argv.name);
+    const name = argv.name === undefined ? undefined : String(argv.name);
     const rest = ((argv.args as string[] | undefined) ?? []).map(String);
+    // yargs still reads --help / -h into argv.help (its option is global), even with its help off.
+    const help = argv.help === true || rest.some(isHelp);
+    if (name === undefined || isHelp(name) || (name === 'all' && help)) {
+      process.stdout.write(benchList());
+      process.exit(0);
+    }
+    if (help) {
+      process.stdout.write(benchHelp(name, loadBench(name)));
+      process.exit(0);
+    }
+    if (name === 'all' && rest.some((a) => a !== '--json')) {
+      throw new ConfigError(`bench all: takes only --json (every bench runs with its defaults), got ${JSON.stringify(rest.find((a) => a !== '--json'))}`);
+    }
     const names = name === 'all' ? listBenches() : [name];
     for (const n of names) {
       const started = new Date();
       const loadBefore = load();
-      const result = await runBench(n, name === 'all' ? rest.filter((a) => a === '--json') : rest);
+      const result = await runBench(n, rest);
       process.stdout.write(`${JSON.stringify({ bench: n, ...result, provenance: benchProvenance(started, loadBefore) })}\n`);
     }
     process.exit(0);
