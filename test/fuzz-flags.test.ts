@@ -8,12 +8,12 @@ import * as fs from 'fs';
 import * as path from 'path';
 import yargs from 'yargs';
 import { Mutator } from '../bench/fuzz';
+import { within } from '../bench/lib/fuzz-procs';
 import { CLI, cleanup, freePortPair, ROOT, tmpDir } from './helpers';
 
 jest.setTimeout(600000);
 afterAll(cleanup);
 
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 /** Every command's flags, from its yargs builder (positionals left out). */
 function derivedFlags(): Record<string, string[]> {
@@ -151,9 +151,9 @@ async function runCmd(cmd: string[], env: Record<string, string>, ms: number): P
   const ended = new Promise((r) => child.stderr!.on('end', r));
   // 'exit' may come before the last of stderr: wait for its end too (a child it left may hold it: bounded)
   const exited = new Promise<{ code: number | null; signal: string | null }>((r) =>
-    child.on('exit', (code, signal) => void Promise.race([ended, sleep(2000)]).then(() => r({ code, signal }))),
+    child.on('exit', (code, signal) => void within(ended, 2000, undefined).then(() => r({ code, signal }))),
   );
-  const done = await Promise.race([exited, sleep(ms).then(() => undefined)]);
+  const done = await within(exited, ms, undefined);
   const kill = (sig: NodeJS.Signals) => {
     try {
       process.kill(-child.pid!, sig);
@@ -163,7 +163,7 @@ async function runCmd(cmd: string[], env: Record<string, string>, ms: number): P
   };
   if (!done) {
     kill('SIGTERM');
-    if (!(await Promise.race([exited, sleep(5000).then(() => undefined)]))) kill('SIGKILL');
+    if (!(await within(exited, 5000, undefined))) kill('SIGKILL');
     await exited;
   }
   kill('SIGKILL'); // children the command left behind
