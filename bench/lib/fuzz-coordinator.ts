@@ -79,6 +79,10 @@ export function helloCorpus(): Buffer[] {
 export interface Fate {
   drop?: string;
   reply?: 'refused' | 'status' | 'snapshot' | 'relay';
+  /** An answer (file list, chunk, serve) predicted as asked by nobody: its request id. The coordinator
+   *  takes it instead when that id happens to be a request it forwarded to this connection from a
+   *  relay and still waits on (fuzz-router.ts reconciles those). */
+  answerId?: number;
 }
 
 /** The state of one connection the model keeps (what the coordinator keeps per connection). */
@@ -102,7 +106,7 @@ interface BodyRule {
 const ownRank = (m: AgentMsg) => m.globalRank;
 const fromThisConnection = (s: ConnState, m: AgentMsg): Fate => (s.mine(m.globalRank) ? {} : { drop: 'wrong_connection' });
 // Nobody asked this connection for files or its file socket: an answer to nothing.
-const unasked = (): Fate => ({ drop: 'unknown_request' });
+const unasked = (_s: ConnState, m: AgentMsg): Fate => ({ drop: 'unknown_request', answerId: Number(m.requestId) });
 
 /** Every AgentMessage body kind of the proto, and what the coordinator does with it (checked at load). */
 export const AGENT_BODIES = perKind<BodyRule>('AgentMessage', 'body', {

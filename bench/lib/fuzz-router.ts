@@ -42,20 +42,23 @@ export const ROUTER_REPLIES = perKind<'reply' | 'relay' | 'forwarded' | 'never'>
 );
 
 /** Bodies of what the coordinator sent back to the fuzzer, counted by kind. */
-function replyCounter(d: Dealer, token: BusToken | undefined, onReply?: (parts: Buffer[]) => void): { got: Record<string, number>; done: Promise<void> } {
+function replyCounter(d: Dealer, token: BusToken | undefined, onReply?: (parts: Buffer[]) => void): { got: Record<string, number>; forwardedIds: Set<number>; done: Promise<void> } {
   const got: Record<string, number> = {};
+  const forwardedIds = new Set<number>();
   const done = (async () => {
     try {
       for await (const parts of d) {
         onReply?.(parts);
         const r = decodeCoordinatorMessage(parts[0], DEFAULT_MAX_FRAME_BYTES, token, parts[1]);
-        count(got, r.ok ? (r.value.body ?? 'empty') : `undecodable_${r.reason}`);
+        const kind = r.ok ? (r.value.body ?? 'empty') : `undecodable_${r.reason}`;
+        count(got, kind);
+        if (r.ok && ROUTER_REPLIES[kind] === 'forwarded') forwardedIds.add(Number(r.value.requestId));
       }
     } catch {
       /* closed */
     }
   })();
-  return { got, done };
+  return { got, forwardedIds, done };
 }
 
 /** The replies the model predicts: immediate ones, relay replies with waitRelays, and none of the kinds that never come; never forwarded requests. */
@@ -105,9 +108,14 @@ export async function fuzzRouter(ctx: FuzzCtx, socket: string, job: Job, make: (
   const d = fuzzDealer(job);
   const rc = replyCounter(d, opts.token, opts.onReply);
   let sent = 0;
+  // Answers predicted as asked by nobody, by request id: the coordinator takes one instead when its
+  // id is a request it forwarded to this connection (from a relay) and still waits on.
+  const answerIds: number[] = [];
+  const takenAsAnswers = () => answerIds.filter((id) => rc.forwardedIds.has(id)).length;
   const send = async (parts: Buffer[]) => {
     const f = model.fate(parts);
     count(expected, f.drop);
+    if (f.answerId !== undefined) answerIds.push(f.answerId);
     if (f.reply !== 'relay' || opts.waitRelays) count(replies, f.reply);
     // Relays in flight are bounded, as `wavebus aggregate` bounds its own (--window): the target
     // tests what each request gets, not how deep the coordinator's queue to an agent is.
@@ -127,7 +135,8 @@ export async function fuzzRouter(ctx: FuzzCtx, socket: string, job: Job, make: (
       after = await statusOf(job.coord, 5000);
       const got = diff(after.dropped, before.dropped);
       const immediate = predictable(rc.got, opts.waitRelays);
-      return Object.keys(expected).every((k) => (got[k] ?? 0) >= expected[k]) && Object.keys(replies).every((k) => (immediate[k] ?? 0) >= replies[k]);
+      const short = (k: string) => (k === 'unknown_request' ? takenAsAnswers() : 0);
+      return Object.keys(expected).every((k) => (got[k] ?? 0) >= expected[k] - short(k)) && Object.keys(replies).every((k) => (immediate[k] ?? 0) >= replies[k]);
     },
     `the ${socket} coordinator to take every frame`,
     300000,
@@ -145,13 +154,22 @@ export async function fuzzRouter(ctx: FuzzCtx, socket: string, job: Job, make: (
   const polls = job.coord.polls - polls0;
   const got = predictable(rc.got, opts.waitRelays);
   const forwarded = sum(Object.fromEntries(Object.entries(rc.got).filter(([k]) => ROUTER_REPLIES[k] === 'forwarded')));
-  const accepted = sent - sum(expected);
   // Late agent answers to relays that timed out: counted drops, not predictable from the bytes.
   const late = opts.waitRelays ? (dropped.unknown_request ?? 0) - (expected.unknown_request ?? 0) : 0;
   if (late > 0 && late <= (replies.relay ?? 0)) {
     dropped.unknown_request -= late;
     if (dropped.unknown_request === 0) delete dropped.unknown_request;
   }
+  // Answers the coordinator took as answers to requests it had forwarded to us: at most the answers
+  // whose id was one of those requests', never more (accounted as such, not as drops).
+  const maybeTaken = takenAsAnswers();
+  const taken = (expected.unknown_request ?? 0) - (dropped.unknown_request ?? 0);
+  const answered = taken > 0 && taken <= maybeTaken ? taken : 0;
+  if (answered > 0) {
+    expected.unknown_request -= answered;
+    if (expected.unknown_request === 0) delete expected.unknown_request;
+  }
+  const accepted = sent - sum(expected);
   // Without an agent, everything the ROUTER received is ours: the frames and the status polls.
   const exactReceived = job.agent ? received >= sent + polls : received === sent + polls;
   const accounted = sameCounts(dropped, expected) && sameCounts(got, replies) && exactReceived && received - polls - sum(dropped) >= accepted;
@@ -163,7 +181,7 @@ export async function fuzzRouter(ctx: FuzzCtx, socket: string, job: Job, make: (
   } catch (e) {
     problems.push(`${socket}: no status after the garbage: ${String(e)}`);
   }
-  return { socket, frames: ctx.frames, seconds: (Date.now() - t0) / 1000, sent, accepted, dropped, expected_dropped: expected, replies: { got, expected: replies }, received, ...(late > 0 ? { late_agent_answers: late } : {}), ...(forwarded > 0 ? { forwarded_requests: forwarded } : {}), accounted, hung, alive, problems };
+  return { socket, frames: ctx.frames, seconds: (Date.now() - t0) / 1000, sent, accepted, dropped, expected_dropped: expected, replies: { got, expected: replies }, received, ...(late > 0 ? { late_agent_answers: late } : {}), ...(forwarded > 0 ? { forwarded_requests: forwarded } : {}), ...(answered > 0 ? { answers_to_forwarded: answered } : {}), accounted, hung, alive, problems };
 }
 
 /** The ROUTER of a job's coordinator, with the valid corpus mutated. */
