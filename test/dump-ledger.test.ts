@@ -4,7 +4,7 @@
 import * as fs from 'fs';
 import * as path from 'path';
 import pino from 'pino';
-import { DumpLedger } from '../src/guard/dump-ledger';
+import { DumpLedger, MAX_COMPLETE_JOBS_KEPT } from '../src/guard/dump-ledger';
 import { WaveStreams } from '../src/bus/wave-streams';
 import { topicOf } from '../src/bus/frames';
 import { busMetrics } from '../src/metrics';
@@ -162,6 +162,32 @@ test('the stages of a dump are those of the config in force at its copy wave, pe
   // An engine that restarted its waves: the schedule from the new apply wave on replaces the old one.
   ledger.configFrom(0, 1, 'all');
   expect(ledger.stagesAt(0, 11)).toBe('all');
+  ledger.clear();
+});
+
+test('a long job keeps only the newest complete jobs (a coordinator does not grow with every dump); an incomplete one stays for its late acks', () => {
+  const root = tmpDir();
+  const ledger = new DumpLedger({ layout, ackTimeoutMs: 60000 });
+  // One job that never completes (rank 3 never acks), then many that do.
+  const open = arm(ledger, root, 0, 'last', 'open');
+  ledger.ack(ack(2, open.jobId));
+  const n = MAX_COMPLETE_JOBS_KEPT + 40;
+  const jobs: DumpJob[] = [];
+  for (let i = 0; i < n; i++) {
+    const job = arm(ledger, root, 1, 'last', `c${i}`);
+    for (const g of [6, 7]) expect(ledger.ack(ack(g, job.jobId))).toBe('counted');
+    jobs.push(job);
+  }
+  // Every manifest was written, complete; only the newest complete ones and the open job are held.
+  for (const j of jobs) expect(JSON.parse(fs.readFileSync(path.join(j.dumpDir, 'manifest.json'), 'utf8'))).toMatchObject({ complete: true });
+  expect(ledger.status()).toMatchObject({ completed: n, incomplete: 0, pending: 1, tracked: MAX_COMPLETE_JOBS_KEPT + 1 });
+  // A duplicate ack of a let-go job is counted as unknown; of a kept one, it rewrites the same manifest.
+  expect(ledger.ack(ack(6, jobs[0].jobId))).toBe('unknown_job');
+  expect(ledger.ack(ack(6, jobs[n - 1].jobId))).toBe('counted');
+  expect(ledger.status()).toMatchObject({ completed: n, unknown_results: 1 });
+  // The incomplete job is still there for its last rank.
+  expect(ledger.ack(ack(3, open.jobId))).toBe('counted');
+  expect(JSON.parse(fs.readFileSync(path.join(open.dumpDir, 'manifest.json'), 'utf8'))).toMatchObject({ completed_ranks: [2, 3], complete: true });
   ledger.clear();
 });
 

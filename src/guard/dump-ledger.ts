@@ -104,6 +104,13 @@ interface Entry {
 }
 
 const MAX_TRACKED_JOBS = 4096;
+/**
+ * Complete jobs kept after their manifest is written, newest first out last. Nothing can change a
+ * complete job any more (its copy window is closed and every rank acked), and each one holds every
+ * rank's ack and file list: a long job's coordinator would otherwise grow by ~100 KB per dump up to
+ * MAX_TRACKED_JOBS. A duplicate ack of an older one is counted as unknown_results.
+ */
+export const MAX_COMPLETE_JOBS_KEPT = 64;
 
 export type AckOutcome = 'counted' | 'late' | 'unknown_job' | 'not_expected';
 
@@ -117,6 +124,8 @@ export class DumpLedger {
   private readonly info: RequestInfoWriter;
   armed = 0;
   completed = 0; // jobs every expected rank acked without error
+  /** Complete jobs still tracked, oldest first (MAX_COMPLETE_JOBS_KEPT). */
+  private readonly completeKept: string[] = [];
   incomplete = 0; // jobs that finished (all acked or timed out) with a missing, failed or skipped rank
   skipped: Record<string, number> = {};
   duplicates = 0;
@@ -333,6 +342,7 @@ export class DumpLedger {
       this.completed--;
       this.incomplete++;
     }
+    const nowOk = ok && !e.ok;
     e.ok = ok;
     if (e.recorded) {
       const m = manifestJson({ job: e.job, ppStages: e.ppStages, layout: this.opts.layout, acks: e.acks, tally, complete: ok, incompleteReason: spoiled, freedWave: e.freedWave, timedOut: e.timedOut, requestInfoError: e.infoError });
@@ -341,6 +351,18 @@ export class DumpLedger {
     const { missing, failed, skipped } = tally;
     if (!ok && first) this.opts.log?.warn({ job_id: e.job.jobId, dp_rank: e.job.replica, missing, failed, skipped }, 'dump job incomplete');
     if (first && !e.timedOut && !e.restarted) this.events.complete?.(e.job, [...e.acks.values()]);
+    if (nowOk) this.letGoOfOldComplete(e.job.jobId);
+  }
+
+  private letGoOfOldComplete(jobId: string): void {
+    this.completeKept.push(jobId);
+    while (this.completeKept.length > MAX_COMPLETE_JOBS_KEPT) {
+      const old = this.jobs.get(this.completeKept.shift()!);
+      if (old?.finished && old.ok && !old.windowOpen) {
+        clearTimeout(old.timer);
+        this.jobs.delete(old.job.jobId);
+      }
+    }
   }
 
   /** Jobs of `replica` (all replicas when undefined) published and waiting for acks. */
@@ -374,7 +396,7 @@ export class DumpLedger {
 
   /** Counters for status / healthz. */
   status(): Record<string, unknown> {
-    return { armed: this.armed, completed: this.completed, incomplete: this.incomplete, pending: this.pending(), skipped: this.skipped, duplicates: this.duplicates, unknown_results: this.unknownResults, freed_before_copy: this.freedBeforeCopy, adopted: this.adopted, request_info_failed: this.info.failed };
+    return { armed: this.armed, tracked: this.jobs.size, completed: this.completed, incomplete: this.incomplete, pending: this.pending(), skipped: this.skipped, duplicates: this.duplicates, unknown_results: this.unknownResults, freed_before_copy: this.freedBeforeCopy, adopted: this.adopted, request_info_failed: this.info.failed };
   }
 
   /** Stop every ack timer and write every request_info.json still due (coordinator stop). */
