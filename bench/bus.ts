@@ -163,7 +163,7 @@ async function wavebusRun(n: number, endWave: number, pace: number, tokenFile: s
       await new Promise((r) => setTimeout(r, 20));
     }
     for (let w = 1; w <= endWave; w++) {
-      // The head of w publishes the vector of w + LOOKAHEAD_WAVES, and the agents note receipts by
+      // The head of w publishes the vector of w + DEFAULT_LOOKAHEAD_WAVES, and the agents note receipts by
       // the vector's wave: the times are kept under that wave too (keyed by w, every latency came
       // out one pace too short and pub_to_sub went negative).
       const t0 = process.hrtime.bigint();

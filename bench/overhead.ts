@@ -87,6 +87,7 @@ export const flags = {
   // five interleaved rounds per mode finds each mode's undisturbed rate more reliably than three.
   rounds: { type: 'int', default: 5, describe: 'interleaved rounds; the best of each mode is kept' },
   requests: { type: 'int', describe: 'requests in the workload (default: two arrive every step, 2 x steps)' },
+  'lookahead-waves': { type: 'int', min: 1, describe: "the coordinator's --lookahead-waves (default: the coordinator's default)" },
 } satisfies BenchFlags;
 
 export async function run(a: BenchArgs<typeof flags>): Promise<Record<string, unknown>> {
@@ -99,6 +100,7 @@ export async function run(a: BenchArgs<typeof flags>): Promise<Record<string, un
   const launch = (config: string, cmd: string[]) => [
     'launch', '--nproc-per-node', String(a.ranks), '--tp', String(a.ranks), '--port', String(20000 + (process.pid % 20000)),
     `--coordinator-arg=--runtime-config-path`, `--coordinator-arg=${config}`,
+    ...(a['lookahead-waves'] !== undefined ? [`--coordinator-arg=--lookahead-waves=${a['lookahead-waves']}`] : []),
     // startup writes defaults <- overlay to the live file (seed): the mode's config is the overlay
     `--coordinator-arg=--additional-config`, `--coordinator-arg=${JSON.stringify({ runtime_config: JSON.parse(fs.readFileSync(config, 'utf8')) })}`,
     '--', process.execPath, BIN, ...cmd,
@@ -142,6 +144,7 @@ export async function run(a: BenchArgs<typeof flags>): Promise<Record<string, un
     steps: a.steps,
     requests,
     compute_us: a['compute-us'],
+    lookahead_waves: a['lookahead-waves'] ?? null,
     forward_ms: a['forward-ms'],
     absent_steps_per_s: Number(best.absent.toFixed(1)),
     off_steps_per_s: Number(best.off.toFixed(1)),

@@ -6,7 +6,7 @@ import { PROTOCOL_VERSION } from '../src/bus/protocol-version';
 import { encodeAgentMessage, encodeBusFrame, encodeCoordinatorMessage, decodeAgentMessage } from '../src/bus/frames';
 import { isLoopback, parseHostPort } from '../src/bus/endpoints';
 import type { CoordinatorPolicy, DueLanes } from '../src/bus/policy';
-import { LOOKAHEAD_WAVES, decideAheadWaves } from '../src/bus/constants';
+import { DEFAULT_LOOKAHEAD_WAVES, decideAheadWaves } from '../src/bus/constants';
 import { ConfigError } from '../src/errors';
 import { agentConfig } from '../src/guard/agent-config';
 import { configFromRaw, defaultConfig } from '../src/guard/config';
@@ -50,9 +50,9 @@ function makeAgent(rank: number, layout: WorldLayout, port: number, extra: Parti
 /**
  * The delivery invariant: every wave is emitted at most once, in increasing order, and a wave
  * that was not emitted is covered by a snapshot taken at or after it (a snapshot's wave is the
- * last head's: it covers the vectors up to wave + LOOKAHEAD_WAVES).
+ * last head's: it covers the vectors up to wave + DEFAULT_LOOKAHEAD_WAVES).
  */
-function checkDelivery(emitted: number[], snapshotWaves: number[], upTo: number, from = 1, ahead = LOOKAHEAD_WAVES): void {
+function checkDelivery(emitted: number[], snapshotWaves: number[], upTo: number, from = 1, ahead = DEFAULT_LOOKAHEAD_WAVES): void {
   const seen = new Set<number>();
   for (let i = 0; i < emitted.length; i++) {
     expect(seen.has(emitted[i])).toBe(false);
@@ -91,8 +91,8 @@ function job(reqId: string, over: Partial<DumpJob> = {}): DumpJob {
 
 /** A small real policy: arms a dump when the telemetry shows a finished request; records what it is told. */
 class RecordingPolicy implements CoordinatorPolicy {
-  /** decideAheadWaves(pp) of the job's layout: pp - 1 waves more than LOOKAHEAD_WAVES in a pipeline. */
-  constructor(private readonly ahead = LOOKAHEAD_WAVES) {}
+  /** decideAheadWaves(pp) of the job's layout: pp - 1 waves more than DEFAULT_LOOKAHEAD_WAVES in a pipeline. */
+  constructor(private readonly ahead = DEFAULT_LOOKAHEAD_WAVES) {}
   heads: Array<{ wave: number; telemetry: StepTelemetry | null }> = [];
   results: DumpResult[] = [];
   timeouts: Array<{ jobId: string; missing: number[] }> = [];
@@ -239,7 +239,7 @@ describe('wave bus', () => {
     await readyP;
     expect((await requestStatus({ host: '127.0.0.1', port })).ready).toBe(true);
     // Waves published right after 'ready' reach both: nobody slept, nobody missed them.
-    c.beginWave(1 - LOOKAHEAD_WAVES, null);
+    c.beginWave(1 - DEFAULT_LOOKAHEAD_WAVES, null);
     await waitFor(() => a0.bus.latest()?.wave === 1 && a1.bus.latest()?.wave === 1, 'both at wave 1');
     expect(a0.waves().map((w) => w.head.wave)).toEqual([1]);
     expect(a1.waves().map((w) => w.head.wave)).toEqual([1]);
@@ -269,12 +269,12 @@ describe('wave bus', () => {
       if (w % 10 === 0) c.setConfig(w, { ...LANE_CONFIG, freeHeadroomBytes: w });
       if (w % 4 === 0) c.armDumps([job(`r${w}`)]);
       if (w % 4 === 0) jobsArmed.push(`${w}/token_repeat/r${w}`);
-      c.beginWave(w - LOOKAHEAD_WAVES, null);
+      c.beginWave(w - DEFAULT_LOOKAHEAD_WAVES, null);
       if (w % 15 === 0) await new Promise((r) => setTimeout(r, 20)); // let some frames arrive mid-stream
     }
     await waitFor(() => dropped.length > 0 && a.bus.stats.resyncs > 0 && a.bus.synced, 'a gap seen and resynced');
     dropping = false;
-    c.beginWave(61 - LOOKAHEAD_WAVES, null);
+    c.beginWave(61 - DEFAULT_LOOKAHEAD_WAVES, null);
     await waitFor(() => a.bus.latest()?.wave === 61, 'agent at wave 61');
 
     expect(a.bus.stats.dropped.injected).toBe(dropped.length);
@@ -305,7 +305,7 @@ describe('wave bus', () => {
     const a = makeAgent(1, layout, port);
     await a.bus.start();
     await waitFor(() => c1.ready, 'first coordinator ready');
-    c1.beginWave(1 - LOOKAHEAD_WAVES, null);
+    c1.beginWave(1 - DEFAULT_LOOKAHEAD_WAVES, null);
     await waitFor(() => a.bus.latest()?.wave === 1, 'wave 1 from the first coordinator');
     const epoch1 = c1.epoch;
     await c1.stop();
@@ -317,8 +317,8 @@ describe('wave bus', () => {
     await waitFor(() => c2.ready, 'second coordinator ready (both agents resubscribed)', 30000);
     await waitFor(() => a.bus.currentEpoch === c2.epoch && a.bus.synced, 'in-process agent on the new epoch');
     expect(a.events.some((e) => e.kind === 'resync' && (e.reason === 'epoch' || e.reason === 'coordinator-silent'))).toBe(true);
-    c2.beginWave(1 - LOOKAHEAD_WAVES, null);
-    c2.beginWave(2 - LOOKAHEAD_WAVES, null);
+    c2.beginWave(1 - DEFAULT_LOOKAHEAD_WAVES, null);
+    c2.beginWave(2 - DEFAULT_LOOKAHEAD_WAVES, null);
     await waitFor(() => a.bus.latest()?.wave === 2 && a.bus.latest()?.epoch === c2.epoch, 'wave 2 of the new epoch');
     await waitFor(() => logLines(proc.stderr()).some((l) => l.msg === 'wave' && l.wave === 2), 'agent process got wave 2 of the new epoch');
     const snaps = logLines(proc.stderr()).filter((l) => l.msg === 'snapshot');
@@ -334,7 +334,7 @@ describe('wave bus', () => {
     expect(a.bus.synced).toBe(false);
     const c = await startCoordinator({ port, layout });
     await waitFor(() => c.ready, 'ready after the late coordinator start');
-    c.beginWave(1 - LOOKAHEAD_WAVES, null);
+    c.beginWave(1 - DEFAULT_LOOKAHEAD_WAVES, null);
     await waitFor(() => a.bus.latest()?.wave === 1, 'wave 1');
     expect(a.bus.currentEpoch).toBe(c.epoch);
   });
@@ -367,7 +367,7 @@ describe('wave bus', () => {
     expect(st.status.epoch).toBe(c.epoch);
     rogue.close();
 
-    c.beginWave(1 - LOOKAHEAD_WAVES, null);
+    c.beginWave(1 - DEFAULT_LOOKAHEAD_WAVES, null);
     await waitFor(() => a.bus.latest()?.wave === 1, 'wave still delivered after garbage');
     expect(c.ready).toBe(true);
   });
@@ -393,7 +393,10 @@ describe('wave bus', () => {
         const d = decodeAgentMessage(parts[1], 1 << 20);
         if (d.ok && d.value.body === 'snapshot') {
           snapshotsServed++;
-          await router.send([parts[0], encodeCoordinatorMessage({ epoch: E, requestId: d.value.requestId, snapshot: { epoch: E, seq, wave: 5, configVersion: 3, config: LANE_CONFIG, protocolVersion: PROTOCOL_VERSION } })]);
+          // The first answer says the stream decides 7 waves ahead, which no pp=1 layout allows
+          // (at most 6, the mailbox's ring): dropped, and the agent asks again.
+          const decideAhead = snapshotsServed === 1 ? 7 : 1;
+          await router.send([parts[0], encodeCoordinatorMessage({ epoch: E, requestId: d.value.requestId, snapshot: { epoch: E, seq, wave: 5, configVersion: 3, config: LANE_CONFIG, protocolVersion: PROTOCOL_VERSION, decideAhead } })]);
         }
       }
     })();
@@ -404,7 +407,8 @@ describe('wave bus', () => {
       await pub.send(encodeBusFrame(E, ++seq, 'heartbeat', { wave: 5, unixMs: Date.now() }));
       return a.bus.synced;
     }, 'agent synced to the stand-in', 20000, 50);
-    expect(a.events.find((e) => e.kind === 'snapshot')).toMatchObject({ s: { epoch: E, wave: 5, configVersion: 3 } });
+    expect(a.events.find((e) => e.kind === 'snapshot')).toMatchObject({ s: { epoch: E, wave: 5, configVersion: 3, decideAhead: 1 } });
+    expect(a.bus.stats.dropped.bad_snapshot).toBe(1);
 
     const head = (s: number, wave: number) => encodeBusFrame(E, s, 'head', { epoch: E, seq: s, wave, configDue: false, dumpDue: false });
     // Topics are per replica ("r<dp>.<kind>"): the agent of replica 0 subscribes to "r0." only.
@@ -429,7 +433,7 @@ describe('wave bus', () => {
     await waitFor(() => (a.bus.stats.dropped.wrong_epoch ?? 0) >= 1 && a.bus.synced, 'foreign epoch dropped');
     expect(a.bus.stats.resyncs).toBe(1);
     expect(a.bus.currentEpoch).toBe(E);
-    expect(snapshotsServed).toBe(2);
+    expect(snapshotsServed).toBe(3); // the dropped one, the good one, the resync
 
     seq++;
     await pub.send(head(seq, 6));
@@ -454,14 +458,14 @@ describe('wave bus', () => {
 
     // Snapshot content: config/manual-dump state from the policy, pending dump lanes.
     c.armDumps([job('req-1'), job('req-2')]);
-    c.beginWave(1 - LOOKAHEAD_WAVES, null);
+    c.beginWave(1 - DEFAULT_LOOKAHEAD_WAVES, null);
     await waitFor(() => a0.bus.latest()?.wave === 1 && a1.bus.latest()?.wave === 1, 'wave 1 everywhere');
     const late = makeAgent(0, layout, port);
     await late.bus.start();
     await waitFor(() => late.events.some((e) => e.kind === 'snapshot'), 'late snapshot');
     const snap = late.events.find((e) => e.kind === 'snapshot')! as { kind: 'snapshot'; s: SnapshotReplyMsg };
-    // The snapshot's wave is the engine's last head; the vector it covers is wave + LOOKAHEAD_WAVES.
-    expect(snap.s).toMatchObject({ epoch: c.epoch, wave: 1 - LOOKAHEAD_WAVES, configVersion: 7, config: POLICY_CONFIG, manualDumpDone: 2 });
+    // The snapshot's wave is the engine's last head; the vector it covers is wave + DEFAULT_LOOKAHEAD_WAVES.
+    expect(snap.s).toMatchObject({ epoch: c.epoch, wave: 1 - DEFAULT_LOOKAHEAD_WAVES, configVersion: 7, config: POLICY_CONFIG, manualDumpDone: 2 });
     expect(snap.s.pending).toHaveLength(1);
     expect(snap.s.pending[0].jobs.map((j) => j.jobId).sort()).toEqual(['1/token_repeat/req-1', '1/token_repeat/req-2']);
     await late.bus.stop();

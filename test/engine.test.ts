@@ -18,7 +18,7 @@ import { resolveSnapshotConfig } from '../src/snapshot/config';
 import { loadCallDir } from '../src/snapshot/loader';
 import { registry } from '../src/metrics';
 import { cleanup, freePortPair, runPython, tmpDir, waitFor } from './helpers';
-import { LOOKAHEAD_WAVES } from '../src/bus/constants';
+import { DEFAULT_LOOKAHEAD_WAVES } from '../src/bus/constants';
 
 const G: KvGeometry = { layers: 2, numBlocks: 32, blockSize: 4, kvHeads: 2, headDim: 8, dtype: 'bfloat16' };
 const POOL = G.numBlocks * G.blockSize * G.kvHeads * G.headDim * 2;
@@ -238,7 +238,7 @@ test('a request that finished in the detect wave is dumped with request_finished
     prev = { wave: w, requests: [step('fin-1', [500 + (w % 2)], [5, 6], { finished, numOutputTokens: w })], nonFinite: [] };
   }
   // The engine goes on wave after wave (as engines do) through the dump's copy wave, decided ahead.
-  const copyBy = w + LOOKAHEAD_WAVES + 2;
+  const copyBy = w + DEFAULT_LOOKAHEAD_WAVES + 2;
   for (w++; w <= copyBy; w++) await runWave(job, w, undefined);
   for (const r of job.ranks) await r.agent.drain();
   const reqDir = path.join(job.dumpRoot, 'token_repeat', 'fin-1');

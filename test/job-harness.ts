@@ -54,6 +54,8 @@ export async function startHarnessJob(opts: {
   hotReload?: boolean;
   /** Each agent's end_of_wave bound (default 5000 ms). */
   endOfWaveTimeoutMs?: number;
+  /** The coordinator's lookaheadWaves (default DEFAULT_LOOKAHEAD_WAVES). */
+  lookaheadWaves?: number;
 }): Promise<HarnessJob> {
   const layers = opts.layers ?? G.layers;
   const layerName = opts.layerName ?? ((l: number) => `layers.${l}`);
@@ -65,7 +67,7 @@ export async function startHarnessJob(opts: {
   const startup = parseStartupOptions(JSON.stringify({ runtime_config_hot_reload: opts.hotReload ?? false, runtime_config: opts.runtimeConfig }), {}, root);
   const guard = new Guard({ startup, layout, artifactModes: opts.artifactModes, ...(opts.hotReload ? { pollIntervalMs: 0, verifyIntervalMs: 0 } : {}) });
   const port = await freePortPair();
-  const coordinator = new Coordinator({ port, layout, heartbeatMs: 300, dumpAckTimeoutMs: 10000, policy: guard });
+  const coordinator = new Coordinator({ port, layout, heartbeatMs: 300, dumpAckTimeoutMs: 10000, policy: guard, lookaheadWaves: opts.lookaheadWaves });
   await coordinator.start();
   const job: HarnessJob = { coordinator, guard, ranks: [], root, dumpRoot: startup.dumpDir, reportRoot: startup.reportDir, layout, configPath: startup.configPath };
   const runDir = path.join(root, 'run');

@@ -19,7 +19,7 @@ import { ShmSegment } from '../src/memory';
 import { launchDumpRoot } from '../src/launch/sidecar-args';
 import { agentEndpoint, mailboxPath } from '../src/paths';
 import { cleanup, cleanupUsers, freePortPair, describeAsRoot, otherUser, PYTHON, ROOT, spawnAs, spawnWavebus, tmpDir, waitFor, type Spawned } from './helpers';
-import { LOOKAHEAD_WAVES } from '../src/bus/constants';
+import { DEFAULT_LOOKAHEAD_WAVES } from '../src/bus/constants';
 
 const quiet = createLogger('roots-auth-test', 'silent');
 const SHADOW = fs.existsSync('/etc/shadow') ? fs.readFileSync('/etc/shadow') : Buffer.from('root:');
@@ -229,8 +229,8 @@ describe('the bus token', () => {
       try {
         await waitFor(() => bus.synced && c.ready, 'the real agent to sync');
         bus.sendWaveHead(7, null);
-        // Head 7 publishes the vector of wave 7 + LOOKAHEAD_WAVES.
-        await waitFor(() => bus.latest()?.wave === 7 + LOOKAHEAD_WAVES, 'head 7\'s vector through the bus');
+        // Head 7 publishes the vector of wave 7 + DEFAULT_LOOKAHEAD_WAVES.
+        await waitFor(() => bus.latest()?.wave === 7 + DEFAULT_LOOKAHEAD_WAVES, 'head 7\'s vector through the bus');
         expect(bus.stats.dropped).toEqual({});
       } finally {
         await bus.stop();

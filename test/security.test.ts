@@ -32,7 +32,7 @@ import { resolveIdentity, type WorldLayout } from '../src/launch/identity';
 import { createLogger } from '../src/log';
 import type { DumpResult } from '../src/messages';
 import { cleanup, freePortPair, portFree, runWavebus, spawnWavebus, tmpDir, waitFor } from './helpers';
-import { LOOKAHEAD_WAVES } from '../src/bus/constants';
+import { DEFAULT_LOOKAHEAD_WAVES } from '../src/bus/constants';
 
 jest.setTimeout(120000);
 const quiet = createLogger('security-test', 'error');
@@ -295,9 +295,9 @@ describe('CURVE bus (library)', () => {
       sent.push(nextWave);
       agent.bus.sendWaveHead(nextWave++, null);
     }
-    // Head N publishes vector N + LOOKAHEAD_WAVES: once the agent has the last one, the coordinator
+    // Head N publishes vector N + DEFAULT_LOOKAHEAD_WAVES: once the agent has the last one, the coordinator
     // has handled every head sent.
-    const last = sent[sent.length - 1] + LOOKAHEAD_WAVES;
+    const last = sent[sent.length - 1] + DEFAULT_LOOKAHEAD_WAVES;
     await waitFor(() => agent.waves.some((w) => w.head.wave === last), `allowed agent to receive wave ${last}`);
     return sent;
   }
@@ -314,14 +314,14 @@ describe('CURVE bus (library)', () => {
 
   test('an allowed agent receives waves; its wave heads and dump acks reach the coordinator', async () => {
     const sent = await waves(5);
-    expect(agent.waves.map((w) => w.head.wave)).toEqual(sent.map((w) => w + LOOKAHEAD_WAVES));
+    expect(agent.waves.map((w) => w.head.wave)).toEqual(sent.map((w) => w + DEFAULT_LOOKAHEAD_WAVES));
     expect(rec.calls.waveHeads).toEqual(sent);
-    expect(coordinatorWaves).toEqual(sent.map((w) => w + LOOKAHEAD_WAVES));
+    expect(coordinatorWaves).toEqual(sent.map((w) => w + DEFAULT_LOOKAHEAD_WAVES));
 
     const complete = new Promise<{ jobId: string }>((resolve) => c.once('dump-complete', resolve));
     c.armDumps([{ incidentType: 'nan', reqId: 'r1', blockIds: [1, 2], detectWave: 0, armWave: 0, dumpDir: '/tmp/x', requestFinishedAtDump: false, jobId: '', replica: 0, ranks: [] }]);
     const [head] = await waves(1);
-    const w = head + LOOKAHEAD_WAVES; // the vector the job rides on, and its arm wave
+    const w = head + DEFAULT_LOOKAHEAD_WAVES; // the vector the job rides on, and its arm wave
     const lane = agent.waves.find((x) => x.head.wave === w)!.dump!;
     expect(lane.jobs.map((j) => j.jobId)).toEqual([`${w}/nan/r1`]);
     agent.bus.sendDumpResult({ jobId: lane.jobs[0].jobId, globalRank: 0, wave: w, files: [], bytes: 0, error: '', skippedReason: '' });
@@ -341,7 +341,7 @@ describe('CURVE bus (library)', () => {
     await waitFor(() => (c.stats.refused.unknown_key ?? 0) >= 1 && (c.stats.refused.handshake_failed ?? 0) >= 1, 'the coordinator to count the refusals');
     const before = agent.waves.length;
     const sent = await waves(20);
-    expect(agent.waves.slice(before).map((w) => w.head.wave)).toEqual(sent.map((w) => w + LOOKAHEAD_WAVES));
+    expect(agent.waves.slice(before).map((w) => w.head.wave)).toEqual(sent.map((w) => w + DEFAULT_LOOKAHEAD_WAVES));
     for (const [name, p] of Object.entries(peers)) {
       expect({ name, frames: p.got.length, handshakes: p.handshakes() }).toEqual({ name, frames: 0, handshakes: 0 });
     }

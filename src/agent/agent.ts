@@ -65,8 +65,6 @@ export class Agent {
   /** Configs and dump lanes by the wave at whose end they are due; the engine's last known wave. */
   private readonly duties: WaveDuties;
   private readonly dumpLanes: Map<number, DumpLane>;
-  /** How far ahead the stream decides (src/bus/constants.ts): the same on every rank. */
-  private readonly ahead: number;
   /** Arrived vectors, ended waves, the floor, end_of_wave waits. */
   private readonly waves = new WaveBook();
   private readonly ended = this.waves.ended;
@@ -77,14 +75,15 @@ export class Agent {
   constructor(opts: AgentOptions) {
     this.opts = opts;
     this.identity = opts.identity;
-    this.ahead = decideAheadWaves(opts.identity.pp);
     this.log = opts.logger ?? createLogger(`wavebus-agent-rank${opts.identity.globalRank}`);
     const hooks = agentDutyHooks(
       this.log,
       (cfg, where) => this.applyConfig(cfg, where),
       (job, why) => this.bus?.sendDumpResult(this.dumps.result(job, [], 0, why, 'wave_already_ended')),
     );
-    this.duties = new WaveDuties(opts.identity.isLastPp, this.ahead, (jobs) => jobsFor(this.identity, jobs), hooks);
+    // How far ahead the stream decides is the coordinator's (each snapshot says); until the first
+    // one, the default for this layout.
+    this.duties = new WaveDuties(opts.identity.isLastPp, decideAheadWaves(opts.identity.pp), (jobs) => jobsFor(this.identity, jobs), hooks);
     this.dumpLanes = this.duties.lanes;
     this.gate = new RootGate(opts.identity.globalRank, opts.roots ?? {}, this.log);
     this.servedDumps = this.gate.local.dumps;
@@ -114,7 +113,7 @@ export class Agent {
    * Whether this rank's engine reads the wave vector at end_of_wave: a last-PP rank always (dumps,
    * config); another stage with dump.pp_stages "all" (it copies its layers), and otherwise only
    * while a config or a job naming it is due (from the vector that carries it through its wave,
-   * which the stream decides far enough ahead: decideAheadWaves). With nothing due there it costs
+   * which the stream decides far enough ahead: decide_ahead). With nothing due there it costs
    * its engine nothing per step.
    */
   private get onVector(): boolean {
@@ -218,19 +217,21 @@ export class Agent {
   }
 
   private onSnapshot(s: SnapshotReplyMsg): void {
-    this.log.debug({ epoch: s.epoch, seq: s.seq, wave: s.wave }, 'snapshot');
+    this.log.debug({ epoch: s.epoch, seq: s.seq, wave: s.wave, decideAhead: s.decideAhead }, 'snapshot');
+    // Checked by the bus (validDecideAhead): the coordinator's, the same for every rank of the job.
+    this.duties.ahead = s.decideAhead;
     // The snapshot's config is the one in force now (configs it supersedes are dropped).
     this.duties.clearConfigs();
     this.applyConfig(s.config, 'SnapshotReply.config');
     this.mailbox?.setEpoch(s.epoch);
     // A lane of a wave already ended here was copied (its acks may still be on their way) or given up.
     for (const lane of s.pending) if (!this.ended.has(lane.wave)) this.dumpLanes.set(lane.wave, lane);
-    // The snapshot covers the vectors published up to it (the last head's wave + decideAheadWaves):
+    // The snapshot covers the vectors published up to it (the last head's wave + decide_ahead):
     // their frames will never be delivered on their own, so the waves with a pending dump lane get
     // their vector now, and every other wave up to the last one is decided with nothing due (the
     // floor). A fresh coordinator (no head yet) has decided nothing, so nothing is due up to
     // the look-ahead: the engine's first wave ends at once.
-    const last = s.wave + this.ahead;
+    const last = s.wave + s.decideAhead;
     this.settle(this.duties.knownEnded(last));
     this.publishFeatures();
     for (const lane of s.pending) if (lane.wave <= last && !this.ended.has(lane.wave)) this.arrive(lane.wave, false, true);

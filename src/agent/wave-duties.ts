@@ -54,8 +54,8 @@ export class WaveDuties {
   constructor(
     /** A last-stage rank knows its engine's waves only from its calls; an earlier stage also from the stream. */
     private readonly isLastPp: boolean,
-    /** decideAheadWaves(pp) (src/bus/constants.ts). */
-    private readonly ahead: number,
+    /** How far ahead the stream decides: the coordinator's decide_ahead from each snapshot (src/bus/constants.ts). */
+    public ahead: number,
     /** The jobs among these that this rank copies. */
     private readonly mine: (jobs: DumpJob[]) => DumpJob[],
     private readonly hooks: DutyHooks,

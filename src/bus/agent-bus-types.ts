@@ -53,6 +53,8 @@ export interface SnapshotReplyMsg {
   pending: DumpLane[];
   manualDumpDone: number;
   protocolVersion: number;
+  /** The head of wave N publishes the vector of N + this (lookahead + pp - 1, src/bus/constants.ts). */
+  decideAhead: number;
 }
 
 export type ResyncReason = 'gap' | 'epoch' | 'coordinator-silent';

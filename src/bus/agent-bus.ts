@@ -7,7 +7,7 @@ import { Dealer, Subscriber } from 'zeromq';
 import { identityToProto, type RankIdentity } from '../launch/identity';
 import { createLogger, type Logger } from '../log';
 import type { DumpResult, StepTelemetry, WaveHead } from '../messages';
-import { DEFAULT_HEARTBEAT_MS, DEFAULT_MAX_FRAME_BYTES } from './constants';
+import { DEFAULT_HEARTBEAT_MS, DEFAULT_MAX_FRAME_BYTES, validDecideAhead } from './constants';
 import {
   DropCounter,
   decodeBusFrame,
@@ -350,6 +350,12 @@ export class AgentBus extends EventEmitter {
     if (Number(snap.replica ?? 0) !== this.replica) {
       // The coordinator derives the replica from our rank; another one means a layout mismatch.
       this.drops.drop('wrong_topic', `a snapshot of replica ${snap.replica} for replica ${this.replica}`);
+      return;
+    }
+    if (!validDecideAhead(snap.decideAhead, this.opts.identity.pp)) {
+      // How far ahead the stream decides sets the wave every rank copies and switches at: a value
+      // this layout cannot have is a coordinator of another layout (or a bug). Ask again later.
+      this.drops.drop('bad_snapshot', `decide_ahead ${snap.decideAhead} for pp=${this.opts.identity.pp}`);
       return;
     }
     this.stats.refused = undefined;

@@ -12,6 +12,14 @@ export interface CoordinatorOptions {
   port?: number;
   layout: WorldLayout;
   heartbeatMs?: number;
+  /**
+   * How many waves ahead each head decides (default DEFAULT_LOOKAHEAD_WAVES, at most
+   * maxLookahead(pp)): more waves give a late vector more forwards to arrive, and put a dump that
+   * many waves after its detection (src/bus/constants.ts).
+   */
+  lookaheadWaves?: number;
+  /** What to call lookaheadWaves in an error (the flag or variable it came from). */
+  lookaheadName?: string;
   /** A rank whose heartbeats stop for this long is not live. Default 3 × heartbeatMs. */
   deadAfterMs?: number;
   /** Bind a non-loopback host without encryption (logs a warning). */

@@ -24,6 +24,8 @@ export function statusJson(c: Coordinator): Record<string, unknown> {
     expected_ranks: c.expectedRanks,
     // Tools map a rank to its KV dump dir (dp*_tp*_pp*_cp*) with it (aggregate).
     layout: layoutJson(c.layout),
+    // The head of wave N publishes the vector of N + decide_ahead (lookahead + pp - 1).
+    decide_ahead: c.decideAhead,
     ready: c.ready,
     config_version: Math.max(...c.streams.all().map((s) => s.lastConfig.version)),
     pending_dumps: c.ledger.pendingIds(),
@@ -80,5 +82,6 @@ export function snapshotReply(c: Coordinator, replica: number): Record<string, u
     pending: c.ledger.lanes(replica),
     manualDumpDone: cfg.manualDumpDone,
     protocolVersion: PROTOCOL_VERSION,
+    decideAhead: c.decideAhead,
   };
 }

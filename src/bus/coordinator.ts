@@ -28,7 +28,7 @@ import { VersionGate } from './protocol-version';
 import type { ZapHandler } from './curve';
 import type { CoordinatorPolicy } from './policy';
 import type { CoordinatorOptions, CoordinatorStats } from './coordinator-options';
-import { DEFAULT_BUS_PORT, DEFAULT_HEARTBEAT_MS, DEFAULT_MAX_FRAME_BYTES } from './constants';
+import { DEFAULT_BUS_PORT, DEFAULT_HEARTBEAT_MS, DEFAULT_MAX_FRAME_BYTES, checkLookahead } from './constants';
 
 export type { CoordinatorOptions, CoordinatorStats } from './coordinator-options';
 
@@ -36,6 +36,8 @@ export class Coordinator extends EventEmitter {
   readonly host: string;
   readonly port: number;
   readonly layout: WorldLayout;
+  /** How many waves ahead each head decides: lookahead + pp - 1 (src/bus/constants.ts), the same for every replica and agent. */
+  readonly decideAhead: number;
   readonly heartbeatMs: number;
   readonly deadAfterMs: number;
   readonly maxFrameBytes: number;
@@ -84,6 +86,7 @@ export class Coordinator extends EventEmitter {
     this.port = opts.port ?? DEFAULT_BUS_PORT;
     this.layout = opts.layout;
     this.heartbeatMs = opts.heartbeatMs ?? DEFAULT_HEARTBEAT_MS;
+    this.decideAhead = checkLookahead(opts.lookaheadWaves, opts.layout.pp, opts.lookaheadName ?? 'lookaheadWaves');
     this.deadAfterMs = opts.deadAfterMs ?? 3 * this.heartbeatMs;
     this.maxFrameBytes = opts.maxFrameBytes ?? DEFAULT_MAX_FRAME_BYTES;
     this.dumpAckTimeoutMs = opts.dumpAckTimeoutMs ?? 10000;
@@ -113,6 +116,7 @@ export class Coordinator extends EventEmitter {
     this.onDumpResult = dumpAckHandler({ ledger: this.ledger, metrics: this.metrics, log: this.log, policy: this.policy, timeoutMs: this.dumpAckTimeoutMs, emit: (e, a) => this.emit(e, a) });
     this.streams = new WaveStreams({
       layout: this.layout,
+      decideAhead: this.decideAhead,
       epoch: () => this.epoch,
       send: (parts) => this.pubQueue!.push(parts),
       token: opts.busToken,

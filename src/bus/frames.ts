@@ -67,6 +67,7 @@ export type DropReason =
   | 'not_head' // a wave head from a rank that does not head its replica's stream (its last-PP TP0)
   | 'unexpected' // a well-formed message of a kind this socket does not take (an agent's file socket: only file requests)
   | 'busy' // an agent's file socket already serves its limit of requests at once
+  | 'bad_snapshot' // a snapshot whose decide_ahead this rank's layout cannot have (constants.ts validDecideAhead)
   | 'protocol_version'; // a hello or tool request of another protocol version (answered with VersionRefused), or a later message of its connection
 
 export type Decoded<T> = { ok: true; value: T } | { ok: false; reason: DropReason; detail?: string };

@@ -15,9 +15,10 @@ export interface CoordinatorPolicy {
    * The head of `replica` (its last-PP TP0) began `wave` of that replica's stream; `telemetry` is
    * what it observed in the previous wave (null when none was sent). Runs detectors, writes
    * reports, arms dumps; returns the lanes of the vector published now on that replica's stream,
-   * that of wave + decideAheadWaves(pp) (src/bus/constants.ts).
+   * that of `vectorWave` (wave + the coordinator's decideAhead, src/bus/constants.ts; a caller
+   * without a coordinator may leave it out: wave + decideAheadWaves(pp) at the default lookahead).
    */
-  onWaveHead(replica: number, wave: number, telemetry: StepTelemetry | null): DueLanes;
+  onWaveHead(replica: number, wave: number, telemetry: StepTelemetry | null, vectorWave?: number): DueLanes;
   /**
    * The dump ledger the policy arms through. The coordinator counts acks and timeouts in this
    * same object (one ledger); without one it keeps its own.

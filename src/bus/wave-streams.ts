@@ -11,7 +11,6 @@ import type { BusToken } from './auth';
 import type { DumpLedger } from '../guard/dump-ledger';
 import { jobIdOf } from '../guard/dump-ledger';
 import { encodeBusFrame, type FrameKind } from './frames';
-import { decideAheadWaves } from './constants';
 import type { CoordinatorPolicy, DueLanes } from './policy';
 
 export interface ConfigDue {
@@ -33,6 +32,8 @@ export interface ReplicaStream {
 
 export interface StreamDeps {
   layout: WorldLayout;
+  /** The head of wave N publishes the vector of N + this (decideAheadWaves, src/bus/constants.ts). */
+  decideAhead: number;
   epoch(): number;
   /** Queue [topic, frame] on PUB (in order). */
   send(parts: [string, Buffer]): void;
@@ -129,11 +130,11 @@ export class WaveStreams {
   begin(replica: number, headWave: number, telemetry: StepTelemetry | null): WaveHead {
     const s = this.stream(replica);
     const { log, policy, metrics } = this.deps;
-    const wave = headWave + decideAheadWaves(this.deps.layout.pp);
+    const wave = headWave + this.deps.decideAhead;
     let due: DueLanes = { dumps: [] };
     if (policy) {
       try {
-        due = policy.onWaveHead(replica, headWave, telemetry);
+        due = policy.onWaveHead(replica, headWave, telemetry, wave);
       } catch (e) {
         // A policy bug must not stop the bus: the wave goes out with only what was queued.
         log.error({ replica, wave, err: String((e as Error)?.stack ?? e) }, 'policy.onWaveHead failed; publishing the wave without its lanes');

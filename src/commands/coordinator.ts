@@ -1,9 +1,9 @@
 // `wavebus coordinator`: run the wave-bus coordinator beside global rank 0 until SIGINT/SIGTERM.
-import { msFlag, portFlag } from './flags';
+import { intFlag, msFlag, portFlag } from './flags';
 import type { CommandModule } from 'yargs';
 import { artifactModeOption, parseArtifactMode } from '../artifacts/artifact-mode';
 import { Coordinator } from '../bus/coordinator';
-import { DEFAULT_BUS_PORT, DEFAULT_HEARTBEAT_MS } from '../bus/constants';
+import { DEFAULT_BUS_PORT, DEFAULT_HEARTBEAT_MS, DEFAULT_LOOKAHEAD_WAVES, MAX_DECIDE_AHEAD } from '../bus/constants';
 import { loadServerKeys } from '../bus/curve';
 import { loadBusToken } from '../bus/auth';
 import { parseBusPort } from '../bus/endpoints';
@@ -38,6 +38,10 @@ export const command: CommandModule = {
     return y
       .option('host', { type: 'string', default: '127.0.0.1', describe: 'address to bind; non-loopback needs --insecure' })
       .option('port', { type: 'string', describe: `PUB port; the ROUTER binds port+1 (default $WAVEBUS_PORT or ${DEFAULT_BUS_PORT})` })
+      .option('lookahead-waves', {
+        type: 'string',
+        describe: `how many waves ahead each head decides: a late vector has that many forwards to arrive, and a dump is copied that many waves after its detection (default $WAVEBUS_LOOKAHEAD_WAVES or ${DEFAULT_LOOKAHEAD_WAVES}; at most ${MAX_DECIDE_AHEAD} - (pp - 1))`,
+      })
       .option('heartbeat-ms', { type: 'string', default: String(DEFAULT_HEARTBEAT_MS), describe: 'heartbeat period; a peer silent for 3 periods is lost' })
       .option('metrics-port', { type: 'string', describe: 'serve /healthz and /metrics on 127.0.0.1:PORT (0 = any free port)' })
       .option('dump-ack-timeout-ms', { type: 'string', default: '10000', describe: 'how long every last-PP rank has to ack a dump job' })
@@ -70,6 +74,13 @@ export const command: CommandModule = {
     const busToken = loadBusToken(argv['bus-token-file'], env);
     const artifactModes = parseArtifactMode(argv['artifact-mode'], '--artifact-mode');
     const dumpAckTimeoutMs = msFlag(argv['dump-ack-timeout-ms'], '--dump-ack-timeout-ms');
+    // Bounds by the layout are the coordinator's (checkLookahead); here only "an integer".
+    const lookaheadWaves =
+      argv['lookahead-waves'] !== undefined
+        ? intFlag(argv['lookahead-waves'], '--lookahead-waves')
+        : env.WAVEBUS_LOOKAHEAD_WAVES !== undefined
+          ? intFlag(env.WAVEBUS_LOOKAHEAD_WAVES, 'WAVEBUS_LOOKAHEAD_WAVES')
+          : undefined;
     // The guard's dump ledger is the coordinator's too (policy.ledger): one count of every ack.
     const guard = new Guard({ startup, layout, dumpAckTimeoutMs, log, artifactModes });
     const coordinator = new Coordinator({
@@ -77,6 +88,8 @@ export const command: CommandModule = {
       port,
       layout,
       heartbeatMs: msFlag(argv['heartbeat-ms'], '--heartbeat-ms'),
+      lookaheadWaves,
+      lookaheadName: argv['lookahead-waves'] !== undefined ? '--lookahead-waves' : 'WAVEBUS_LOOKAHEAD_WAVES',
       metricsPort: argv['metrics-port'] !== undefined ? portFlag(argv['metrics-port'], '--metrics-port', 0) : undefined,
       dumpAckTimeoutMs,
       insecure: Boolean(argv.insecure),

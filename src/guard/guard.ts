@@ -141,13 +141,14 @@ export class Guard implements CoordinatorPolicy {
     return r;
   }
 
-  onWaveHead(replica: number, headWave: number, telemetry: StepTelemetry | null): DueLanes {
+  onWaveHead(replica: number, headWave: number, telemetry: StepTelemetry | null, vectorWave?: number): DueLanes {
     const rs = this.replica(replica);
     rs.lastWave = headWave;
     this.pollConfig();
     rs.syncDetectors(this.cfg, this.detectorGen);
-    // Everything decided now is due in the vector published now: the arm wave.
-    const wave = headWave + decideAheadWaves(this.opts.layout.pp);
+    // Everything decided now is due in the vector published now: the arm wave (the coordinator's
+    // streams say which; a guard driven without one decides at the default lookahead).
+    const wave = vectorWave ?? headWave + decideAheadWaves(this.opts.layout.pp);
     const detectWave = headWave - 1;
     const dumps: DumpJob[] = [];
     const lanes: DueLanes = { dumps };
