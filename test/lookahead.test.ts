@@ -201,7 +201,7 @@ test('lookahead 3: a NaN seen at head 5 is copied at the end of wave 8 on every 
     endOfWaveTimeoutMs: 300,
     runtimeConfig: { detector: { logits_finite: { enabled: true, on_trigger: ['report', 'dump_kv'] } }, dump: { auto_max_times: 8, auto_cooldown_seconds: 0, free_headroom_bytes: 0, format: 'npy' } },
   });
-  const readers = job.ranks.map((_, g) => MailboxReader.open(mailboxPath(path.join(job.root, 'run'), g)));
+  const readers: MailboxReader[] = [];
   const endWave = (g: number, w: number) => {
     const mem = job.ranks[g].seg.buffer();
     for (let i = 0; i < 2 * G.layers; i++) for (const b of BLOCKS) mem.fill(marker(w), i * POOL + b * BLOCK_BYTES, i * POOL + (b + 1) * BLOCK_BYTES);
@@ -209,6 +209,9 @@ test('lookahead 3: a NaN seen at head 5 is copied at the end of wave 8 on every 
   };
   const tel = (w: number): StepTelemetry => ({ wave: w, requests: [step('req-l', [200 + w], BLOCKS, { numOutputTokens: w })], nonFinite: w === 4 ? [{ row: 0, reqId: 'req-l', kind: 'nan' }] : [] });
   try {
+    // The head sends wave heads once its agent is on the bus (a feature bit in its mailbox).
+    await waitFor(() => job.ranks[0].client.featureFlags() !== 0, 'the head on the bus');
+    for (const g of job.ranks.keys()) readers.push(MailboxReader.open(mailboxPath(path.join(job.root, 'run'), g)));
     expect(statusJson(job.coordinator).decide_ahead).toBe(3);
     let prev: StepTelemetry | undefined;
     const LAST_HEAD = 10;

@@ -1,7 +1,8 @@
 // The receive loop every long-lived bus socket runs (agent SUB and DEALER, coordinator ROUTER,
 // the agent's file ROUTER, the aggregate tool's relay and direct DEALERs): a receive error ends it
-// once the socket is closed or its owner stopped, and is logged otherwise; a handler that throws is logged and never ends the loop, so no message from the
-// network can take a process down.
+// once the socket is closed or its owner stopped, and is logged otherwise; a handler that throws is
+// logged (and handed to onError) and never ends the loop, so no message from the network can take a
+// process down.
 import type { Logger } from '../log';
 
 export interface ReceivingSocket {
@@ -16,8 +17,10 @@ export interface ReceiveLoopOptions {
   what: string;
   /** Whether the owner is still running (a receive error after stop() ends the loop quietly). */
   running: () => boolean;
-  /** Absent for a tool's client, whose failures show as its requests' errors: nothing is logged. */
+  /** Absent for a tool's client, whose failures show as its requests' errors (onError). */
   log?: Logger;
+  /** A handler threw: a tool's client fails what waits on it, instead of leaving it to its timeout. */
+  onError?: (e: unknown) => void;
 }
 
 export async function receiveLoop(sock: ReceivingSocket, opts: ReceiveLoopOptions, handle: (parts: Buffer[]) => void): Promise<void> {
@@ -34,6 +37,7 @@ export async function receiveLoop(sock: ReceivingSocket, opts: ReceiveLoopOption
       handle(parts);
     } catch (e) {
       opts.log?.error({ err: String((e as Error)?.stack ?? e) }, `failed to handle ${opts.what}`);
+      opts.onError?.(e);
     }
   }
 }

@@ -78,7 +78,17 @@ export class RelayClient {
   }
 
   private receive(): Promise<void> {
-    return receiveLoop(this.dealer, { role: 'aggregate DEALER', what: 'a coordinator reply', running: () => !this.closed }, (parts) => this.onReply(parts));
+    return receiveLoop(
+      this.dealer,
+      {
+        role: 'aggregate DEALER',
+        what: 'a coordinator reply',
+        running: () => !this.closed,
+        // No logger in a tool's client: what waits fails now, naming why, not at its timeout.
+        onError: (e) => this.pending.rejectAll(() => new AggregateError(`${this.endpoint}: failed to handle a coordinator reply: ${String((e as Error)?.message ?? e)}`, 'ERR_RELAY')),
+      },
+      (parts) => this.onReply(parts),
+    );
   }
 
   /** [CoordinatorMessage] or [CoordinatorMessage carrying a chunk, the chunk's data]. */

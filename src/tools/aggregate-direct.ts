@@ -71,7 +71,17 @@ export class DirectClient implements ChunkSource {
   }
 
   private receive(): Promise<void> {
-    return receiveLoop(this.dealer, { role: 'aggregate direct DEALER', what: 'a file socket reply', running: () => !this.closed }, (parts) => this.onReply(parts));
+    return receiveLoop(
+      this.dealer,
+      {
+        role: 'aggregate direct DEALER',
+        what: 'a file socket reply',
+        running: () => !this.closed,
+        // What waits fails now (the tool falls back to the relay for this rank), not at its timeout.
+        onError: (e) => this.pending.rejectAll(() => new AggregateError(`rank ${this.rank}'s file socket ${this.endpoint}: failed to handle a reply: ${String((e as Error)?.message ?? e)}`, 'ERR_DIRECT')),
+      },
+      (parts) => this.onReply(parts),
+    );
   }
 
   /** [AgentMessage] or [AgentMessage carrying a chunk, the chunk's data]. */
