@@ -194,7 +194,7 @@ describe('how far ahead the stream decides', () => {
   });
 });
 
-test('lookahead 3: a NaN seen at head 5 is copied at the end of wave 8 on every rank, from that wave\'s state; ranks end 3 waves past the last head without waiting, and the 4th waits only to the bound', async () => {
+test('lookahead 3: a NaN seen at head 5 is copied at the end of wave 8 on every rank, from that wave\'s state; pendingDump says so from head 5 on; ranks end 3 waves past the last head without waiting, and the 4th waits only to the bound', async () => {
   const job = await startHarnessJob({
     tp: 2,
     lookaheadWaves: 3,
@@ -223,6 +223,10 @@ test('lookahead 3: a NaN seen at head 5 is copied at the end of wave 8 on every 
       const results = await Promise.all(job.ranks.map((_, g) => endWave(g, w)));
       // Due: the startup config of head 1 (applied at the end of 1 + 3) and the dump.
       expect({ w, due: results.map((r) => r.due) }).toEqual({ w, due: w === 4 || w === 8 ? [true, true] : [false, false] });
+      // pendingDump: from the end of wave 5 (head 5 put the dump in vector 8, below the floor) every
+      // rank says keep req-l's blocks, three waves before the copy; after the copy nobody does.
+      const pending = await Promise.all(job.ranks.map((r) => r.client.pendingDump('req-l')));
+      expect({ w, pending }).toEqual({ w, pending: w >= 5 && w <= 7 ? [true, true] : [false, false] });
       prev = tel(w);
     }
     const dir = path.join(job.dumpRoot, 'logits_finite', 'req-l', 'wave_8');

@@ -273,7 +273,7 @@ async function fakeAgentSocket(endpoint: string, features: Record<string, unknow
         if (req.body === 'endOfWave') reply = onEndOfWave(req.endOfWave.wave);
         if (req.body === 'register' && req.register.name === 'refused') reply = { ok: false, error: 'region refused by test', errorCode: 'ERR_REGION' };
         if (req.body === 'beforeForward') reply = { captured: true, callDir: '/snap/h/rank0/call0' };
-        if (req.body === 'dueDumps') reply = { dueReqIds: Number(req.dueDumps.wave) === 8 ? ['r-due'] : [] };
+        if (req.body === 'dueDumps') reply = { dueReqIds: [8, 11].includes(Number(req.dueDumps.wave)) ? ['r-due'] : [] };
         if (reply !== undefined) await router.send([peer, encode(ClientReply, { id: req.id, ok: true, ...reply })]);
       }
     } catch {
@@ -289,22 +289,24 @@ async function fakeAgentSocket(endpoint: string, features: Record<string, unknow
   };
 }
 
-test('the floor and pending_dump: waves below the floor end at once; pending_dump is a memory load unless the next wave has a dump due, then asked of the agent once', async () => {
+test('the floor and pending_dump: waves below the floor end at once; pending_dump is a memory load unless a decided wave still to end has a dump due, then asked of the agent once', async () => {
   const dir = tmpDir();
   const mbox = path.join(dir, 'mailbox-local0');
   writeMailboxFile(mbox, 1 | 4);
-  const agent = await fakeAgentSocket(`ipc://${path.join(dir, 'agent-local0.sock')}`, { tp0: false, bus: true, end_of_wave_timeout_ms: 300 }, () => ({ dumpsWritten: 1 }));
+  const agent = await fakeAgentSocket(`ipc://${path.join(dir, 'agent-local0.sock')}`, { tp0: false, bus: true, endOfWaveTimeoutMs: 300 }, () => ({ dumpsWritten: 1 }));
   const got = await pyAsync(
     `
 import json
 from wavebus_client import Client, MailboxWriter
 c = Client.connect()
+c.hello()                     # as an engine starts: the per-step calls below never include the connect
+sent0 = c.stats["requests_sent"]
 w = MailboxWriter.attach(${JSON.stringify(mbox)})  # play the agent's part in its file
 out = {}
 w.publish(7, floor=8)         # the head of wave 6 decided wave 7 (nothing due); waves below 8 are decided
 r6 = c.end_of_wave(6)         # no slot holds 6, but it is below the floor: nothing due, no wait
 out["w6"] = [r6.sent, r6.timed_out, r6.vector.implied]
-out["p6"] = [c.pending_dump("r-due"), c.stats["requests_sent"]]
+out["p6"] = [c.pending_dump("r-due"), c.stats["requests_sent"] - sent0]
 w.publish(8, dump_due=1, floor=9)
 r7 = c.end_of_wave(7)
 out["w7"] = [r7.sent, r7.timed_out]
@@ -312,6 +314,12 @@ out["p7"] = [c.pending_dump("r-due"), c.pending_dump("other"), c.pending_dump("r
 r8 = c.end_of_wave(8)         # the dump: the agent does it
 out["w8"] = [r8.sent, r8.dumps_written]
 out["p8"] = [c.pending_dump("r-due"), c.stats["due_dumps_asked"]]  # wave 9 not decided yet: asked (nothing due there)
+# Three waves ahead (--lookahead-waves 3): 9 and 10 decided with nothing due, 11 with a dump; all
+# below the floor, so the engine hears of wave 11's dump two waves before its copy.
+w.publish(9, floor=10)
+w.publish(10, floor=11)
+w.publish(11, dump_due=1, floor=12)
+out["p11"] = [c.pending_dump("r-due"), c.pending_dump("other"), c.stats["due_dumps_asked"]]
 out["stats"] = c.stats
 c.close()
 print(json.dumps(out))`,
@@ -324,8 +332,9 @@ print(json.dumps(out))`,
   expect(got.p7).toEqual([true, false, true, 1]); // wave 8's ids asked once
   expect(got.w8).toEqual([true, 1]);
   expect(got.p8).toEqual([false, 2]);
+  expect(got.p11).toEqual([true, false, 3]); // 9 and 10 memory loads, 11's ids asked once
   expect(got.stats.end_of_wave_waited).toBe(0);
-  expect(agent.seen.filter((x) => x.body === 'dueDumps').map((x) => Number(x.req.dueDumps.wave))).toEqual([8, 9]);
+  expect(agent.seen.filter((x) => x.body === 'dueDumps').map((x) => Number(x.req.dueDumps.wave))).toEqual([8, 9, 11]);
 });
 
 test('end_of_wave: fast path without a message when the wave is in the mailbox with nothing due; bounded wait with timed_out when it never arrives', async () => {

@@ -1,13 +1,14 @@
-// pendingDump(reqId): is a dump of this request armed for the next wave to end on this rank?
-// Vectors are published a wave ahead (docs/architecture.md, "Waves"): a dump detected in wave N-1
-// is copied at the end of wave N+1, so a request can finish in between. An engine asks before
-// giving a finished request's blocks back (after end_of_wave(W), before the next forward) and,
-// when true, keeps them one more step: the copy at the end of W+1 reads the request's own KV.
-// Only wave W+1 matters there (a dump of a later wave is decided at a head still to come), and its
-// vector was published during wave W, so every rank gives the same answer: a few memory loads (no
-// system call) when it has no dump_due; with dump_due the wave's req ids are asked of the agent
-// once; a vector not there yet is asked of the agent too, which waits for it within its bound.
-import type { MailboxReader } from './mailbox';
+// pendingDump(reqId): is a dump of this request armed for a wave still to end on this rank?
+// Vectors are published ahead (docs/architecture.md, "Waves"): with a lookahead of L a dump detected
+// in wave N-1 is copied at the end of wave N+L, so a request can finish in between. An engine asks
+// before giving a finished request's blocks back (after end_of_wave(W), before the next forward)
+// and, while true, keeps them: the copy reads the request's own KV. The waves that matter are the
+// decided ones not yet ended: W+1 up to the mailbox floor (L waves with the chain on time); a later
+// wave's dumps are decided at a head still to come. Every rank has the same vectors, so every rank
+// gives the same answer: a few memory loads (no system call) when none has dump_due; with dump_due
+// a wave's req ids are asked of the agent once; W+1's vector not there yet is asked of the agent
+// too, which waits for it within its bound.
+import { MAILBOX_LAYOUT, type MailboxReader } from './mailbox';
 import type { AgentTransport } from './transport';
 
 /** The agent could not say which requests are due: every request counts as pending (kept a step). */
@@ -33,9 +34,16 @@ export class PendingDumps {
 
   check(reqId: string): Promise<boolean> {
     const next = this.lastEnded + 1;
-    const v = this.mailbox.read(next);
-    if (v && !v.dumpDue) return FALSE;
-    return this.setOf(next).then((s) => s === ALL || s.has(reqId));
+    // The decided waves: below the floor, never more than the ring holds (a stale floor).
+    const decidedTo = Math.min(this.mailbox.floor() - 1, next + MAILBOX_LAYOUT.slots - 1);
+    let sets: Promise<DueSet>[] | undefined;
+    for (let w = next; w <= Math.max(next, decidedTo); w++) {
+      const v = this.mailbox.read(w);
+      if (v && !v.dumpDue) continue;
+      (sets ??= []).push(this.setOf(w));
+    }
+    if (!sets) return FALSE;
+    return Promise.all(sets).then((all) => all.some((s) => s === ALL || s.has(reqId)));
   }
 
   private setOf(wave: number): Promise<DueSet> {

@@ -1,12 +1,13 @@
-"""pending_dump(req_id): is a dump of this request armed for the next wave to end on this rank?
+"""pending_dump(req_id): is a dump of this request armed for a wave still to end on this rank?
 
-Vectors are published a wave ahead (docs/architecture.md, "Waves"): a dump detected in wave N-1 is
-copied at the end of wave N+1, so a request can finish in between. An engine asks before giving a
-finished request's blocks back (after end_of_wave(W), before the next forward) and, when true, keeps
-them one more step. Only wave W+1 matters (a later wave's dumps are decided at a head still to come)
-and its vector was published during wave W, so every rank gives the same answer: a few memory loads
-(no system call) when it has no dump_due; with dump_due the wave's req ids are asked of the agent
-once; a vector not there yet is asked of the agent too, which waits for it within its bound.
+Vectors are published ahead (docs/architecture.md, "Waves"): with a lookahead of L a dump detected in
+wave N-1 is copied at the end of wave N+L, so a request can finish in between. An engine asks before
+giving a finished request's blocks back (after end_of_wave(W), before the next forward) and, while
+true, keeps them. The waves that matter are the decided ones not yet ended: W+1 up to the mailbox
+floor (L waves with the chain on time); a later wave's dumps are decided at a head still to come.
+Every rank has the same vectors, so every rank gives the same answer: a few memory loads (no system
+call) when none has dump_due; with dump_due a wave's req ids are asked of the agent once; W+1's
+vector not there yet is asked of the agent too, which waits for it within its bound.
 """
 import time
 from typing import Callable, Dict, List, Optional, Set
@@ -46,14 +47,20 @@ class PendingDumps:
             del self._due[w]
 
     def check(self, req_id: str) -> bool:
-        w = self.last_ended + 1
-        v = self._mailbox_of().read_wave(w)
-        if v is not None and not v.dump_due:
-            return False
-        ids = self._due.get(w)
-        if ids is None:
-            got = self._ask(w)
-            if got is None:
-                return True  # unknown: keep the blocks one more step (asked again next time)
-            ids = self._due[w] = set(got)
-        return req_id in ids
+        nxt = self.last_ended + 1
+        box = self._mailbox_of()
+        # The decided waves: below the floor, never more than the ring holds (a stale floor).
+        decided_to = min(box.floor - 1, nxt + mb.SLOTS - 1)
+        for w in range(nxt, max(nxt, decided_to) + 1):
+            v = box.read_wave(w)
+            if v is not None and not v.dump_due:
+                continue
+            ids = self._due.get(w)
+            if ids is None:
+                got = self._ask(w)
+                if got is None:
+                    return True  # unknown: keep the blocks one more step (asked again next time)
+                ids = self._due[w] = set(got)
+            if req_id in ids:
+                return True
+        return False
