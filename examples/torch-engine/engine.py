@@ -140,8 +140,9 @@ def main(argv: List[str]) -> int:
         if res.dumps_written:  # the agent copied KV blocks at this point: keep the pool as it was
             torch.save({f"{l}.{kv}": hooks.kv[l][j].clone() for l in cfg.layer_names() for j, kv in enumerate("kv")},
                        os.path.join(args.out, f"pool_rank{rank}_wave{wave}.pt"))
-        # Finished requests give their blocks back now, except one with a dump due at the end of the
-        # next wave (armed a wave ahead): kept a step, then asked again. The next telemetry says freed.
+        # Finished requests give their blocks back now, except one with a dump due at the end of a
+        # wave already decided (armed lookahead waves ahead): kept a step, then asked again. The next
+        # telemetry says freed.
         freed = [r for r in sched.holding if not hooks.pending_dump(r.req_id)]
         sched.release(freed)
         idle = idle + 1 if sched.idle() else 0
