@@ -25,7 +25,7 @@ import { bindServerSockets } from './server-sockets';
 import { receiveLoop } from './receive-loop';
 import { admitRouterMessage, openRouterMessage, type Admission } from './router-inbox';
 import { VersionGate } from './protocol-version';
-import type { ZapHandler } from './curve';
+import type { ZapHandler } from './zap-handler';
 import type { CoordinatorPolicy } from './policy';
 import type { CoordinatorOptions, CoordinatorStats } from './coordinator-options';
 import { DEFAULT_BUS_PORT, DEFAULT_HEARTBEAT_MS, DEFAULT_MAX_FRAME_BYTES, checkLookahead } from './constants';

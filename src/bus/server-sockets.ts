@@ -5,7 +5,8 @@ import { Context, Publisher, Router } from 'zeromq';
 import { ConfigError } from '../errors';
 import type { Logger } from '../log';
 import { counter } from '../metrics';
-import { serverSocketOptions, ZapHandler, type CurveServerKeys } from './curve';
+import { serverSocketOptions, type CurveServerKeys } from './curve';
+import { ZapHandler } from './zap-handler';
 import { socketIpOptions, tcpEndpoint } from './endpoints';
 
 const refusalMetric = () => counter('wavebus_curve_refusals_total', 'Bus peers refused by CURVE/ZAP, by reason', ['reason'] as const);
