@@ -104,13 +104,19 @@ export async function soak(o: SoakOptions): Promise<Record<string, unknown>> {
   let dumpsAsked = 0;
   const sample = () => ({ coordinator: usage(job.coordinator.child.pid!), agents: job.agents.map((x) => usage(x.child.pid!)) });
   let startUsage: ReturnType<typeof sample> | undefined;
+  // The coordinator's own view of its memory (status `memory`): a growing heap means something is kept.
+  const coordMemory = () => job.status(5000).then((s) => s.json.memory as Record<string, number> | undefined, () => undefined);
+  let startMemory: Promise<Record<string, number> | undefined> | undefined;
   const warmup = Math.min(200, Math.floor(o.waves / 5));
 
   const replicaLoop = async (r: number, from: number, to: number, settle: boolean): Promise<void> => {
     const head = job.clients[job.head(r)];
     for (let w = from; w <= to; w++) {
       if (!settle && r === 0) {
-        if (w === warmup) startUsage = sample();
+        if (w === warmup) {
+          startUsage = sample();
+          startMemory = coordMemory();
+        }
         if (w % o.dumpEvery === 0) {
           job.manualDump(++dumpsAsked);
           collector?.collect();
@@ -157,6 +163,9 @@ export async function soak(o: SoakOptions): Promise<Record<string, unknown>> {
     const tally = await collector!.tally();
     problems.push(...tally.problems);
     const endUsage = sample();
+    const endMemory = await coordMemory();
+    const memStart = (await startMemory) ?? endMemory;
+    const mb = (m: Record<string, number> | undefined, k: string) => (m?.[k] === undefined ? null : +(m[k] / 2 ** 20).toFixed(1));
     const su = startUsage ?? endUsage;
     // Dirs still without a manifest: a dump that never finished.
     for (const f of unfinishedDumps(job.kvRoot)) problem(`${f}: no manifest at the end`);
@@ -212,6 +221,12 @@ export async function soak(o: SoakOptions): Promise<Record<string, unknown>> {
         rss_start_mb: +(su.coordinator.rssKb / 1024).toFixed(1),
         rss_end_mb: +(endUsage.coordinator.rssKb / 1024).toFixed(1),
         rss_ratio: coordFlat.rssRatioMax,
+        heap_used_start_mb: mb(memStart, 'heap_used'),
+        heap_used_end_mb: mb(endMemory, 'heap_used'),
+        new_space_start_mb: mb(memStart, 'new_space'),
+        new_space_end_mb: mb(endMemory, 'new_space'),
+        external_start_mb: mb(memStart, 'external'),
+        external_end_mb: mb(endMemory, 'external'),
         fds_start: su.coordinator.fds,
         fds_end: endUsage.coordinator.fds,
         flat: coordFlat.rssFlat && coordFlat.fdsFlat,

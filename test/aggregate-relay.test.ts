@@ -147,13 +147,18 @@ describe('relayed chunks', () => {
       return reply;
     };
     const job = await startJob({ 0: watching, 1: watching });
+    // 'relay' per relayed request: `wavebus coordinator` applies its allocator tuning at the first (docs/bus.md, "Memory").
+    let relays = 0;
+    job.coord.on('relay', () => relays++);
     const out = tmpDir('wavebus-agg-relay-out-');
+    expect(relays).toBe(0); // joining agents and status asks relay nothing
     const m = await aggregate({ coordinator: { host: '127.0.0.1', port: job.port }, out, what: 'dumps', chunkBytes: MiB, window: 2 });
     expect(m.complete).toBe(true);
     expect(m.dropped).toEqual({});
     sameTree(job, out);
     const chunks = seen.filter((s) => s.frame > 0);
     expect(chunks.length).toBeGreaterThanOrEqual(8); // 2 × 4 chunks of big.bin, plus dump.json
+    expect(relays).toBeGreaterThanOrEqual(chunks.length);
     // The protobuf header carries no bytes: they are the frame.
     expect(seen.every((s) => s.header.data === undefined)).toBe(true);
   });

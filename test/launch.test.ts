@@ -8,6 +8,7 @@ import { parseLaunchOptions } from '../src/launch/options';
 import { agentArgv, commandEnv, coordinatorArgv } from '../src/launch/sidecar-args';
 import { agentEndpoint, mailboxPath } from '../src/paths';
 import { requestStatus } from '../src/bus/coordinator';
+import { COORDINATOR_NODE_FLAGS } from '../src/bus/constants';
 import { cleanup, freePortPair, spawnWavebus, tmpDir, waitFor, waitWhileRunning, type Spawned } from './helpers';
 
 afterAll(cleanup);
@@ -158,7 +159,8 @@ for (const d of fs.readdirSync('/proc')) {
   let a; try { a = fs.readFileSync('/proc/' + d + '/cmdline', 'utf8').split('\\0'); } catch { continue; }
   const agent = a.includes('agent') && a.includes(e.WAVEBUS_RUN_DIR);
   const coord = a.includes('coordinator') && a[a.indexOf('--port') + 1] === port;
-  if (agent || coord) pids.push({ pid: Number(d), role: agent ? 'agent' : 'coordinator' });
+  // nodeFlags: node's own flags, before the sidecar's watchdog script (-e)
+  if (agent || coord) pids.push({ pid: Number(d), role: agent ? 'agent' : 'coordinator', nodeFlags: a.slice(1, Math.max(1, a.indexOf('-e'))) });
 }
 const env = {};
 for (const k of Object.keys(e)) if (k.startsWith('WAVEBUS_') || k === 'MASTER_ADDR') env[k] = e[k];
@@ -187,7 +189,7 @@ if (mode === 'trap') {
 
 interface Probe {
   env: Record<string, string>;
-  pids: Array<{ pid: number; role: string }>;
+  pids: Array<{ pid: number; role: string; nodeFlags: string[] }>;
   runDirExists: boolean;
   self: number;
 }
@@ -235,6 +237,8 @@ describe('wavebus launch end to end', () => {
     });
     expect(p.pids.filter((x) => x.role === 'agent')).toHaveLength(4);
     expect(p.pids.filter((x) => x.role === 'coordinator')).toHaveLength(1);
+    // The coordinator's young generation is capped (docs/bus.md, "Memory"); agents run with node's defaults.
+    expect(p.pids.map((x) => [x.role, x.nodeFlags]).sort()).toEqual([...Array.from({ length: 4 }, () => ['agent', []]), ['coordinator', [...COORDINATOR_NODE_FLAGS]]]);
     for (const { pid } of p.pids) expect({ pid, alive: alive(pid) }).toEqual({ pid, alive: false });
     expect(fs.existsSync(runDir)).toBe(false);
   });

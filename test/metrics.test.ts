@@ -87,6 +87,15 @@ test('/healthz, /metrics and 404 on a running coordinator', async () => {
     manual_dump_done: 1,
   });
   expect(health.seq).toBeGreaterThanOrEqual(5);
+  // This process's memory (the coordinator runs in it here), in bytes.
+  const mem = health.memory as Record<string, number>;
+  expect(Object.keys(mem).sort()).toEqual(['array_buffers', 'external', 'heap_total', 'heap_used', 'new_space', 'old_space', 'rss']);
+  expect(mem.rss).toBeGreaterThan(mem.heap_used);
+  expect(mem.heap_used).toBeGreaterThan(0);
+  expect(mem.heap_used).toBeLessThanOrEqual(mem.heap_total);
+  expect(mem.new_space + mem.old_space).toBeLessThanOrEqual(mem.heap_total);
+  expect(mem.new_space).toBeGreaterThan(0);
+  expect(mem.array_buffers).toBeLessThanOrEqual(mem.external);
 
   const m = await fetch(`${base}/metrics`);
   expect(m.status).toBe(200);

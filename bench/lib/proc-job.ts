@@ -9,6 +9,7 @@ import * as os from 'os';
 import * as path from 'path';
 import { requestStatus } from '../../src/bus/coordinator';
 import { freePortPair } from '../../src/bus/ports';
+import { COORDINATOR_NODE_FLAGS } from '../../src/bus/constants';
 import type { CurveClientKeys } from '../../src/bus/curve';
 import { WavebusClient, type EndOfWaveResult } from '../../src/client/client';
 import { replicaDumpRanks, replicaHead, replicaOf, type WorldLayout } from '../../src/launch/identity';
@@ -90,8 +91,8 @@ export class ProcJob {
     this.writeConfig(cfg);
   }
 
-  private spawn(args: string[]): Proc {
-    const child = spawn(process.execPath, [this.bin, ...args], { stdio: ['ignore', 'ignore', 'pipe'], env: { ...process.env, WAVEBUS_LOG_LEVEL: process.env.WAVEBUS_LOG_LEVEL ?? 'warn', ...this.o.env } });
+  private spawn(args: string[], nodeFlags: readonly string[] = []): Proc {
+    const child = spawn(process.execPath, [...nodeFlags, this.bin, ...args], { stdio: ['ignore', 'ignore', 'pipe'], env: { ...process.env, WAVEBUS_LOG_LEVEL: process.env.WAVEBUS_LOG_LEVEL ?? 'warn', ...this.o.env } });
     const stderr: string[] = [];
     const keep = this.o.keepStderr ?? 200;
     child.stderr!.on('data', (b) => stderr.length < keep && stderr.push(String(b).slice(0, 2000)));
@@ -115,7 +116,7 @@ export class ProcJob {
       // startup writes defaults <- overlay to the live file (seed): a restarted coordinator too
       '--additional-config', JSON.stringify({ runtime_config: overlay }),
       ...(this.o.coordinatorArgs ?? []),
-    ]);
+    ], COORDINATOR_NODE_FLAGS); // as the launcher starts it
     return this.coordinator;
   }
 

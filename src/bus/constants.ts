@@ -5,6 +5,13 @@ import { ConfigError } from '../errors';
 export const DEFAULT_BUS_PORT = 29600;
 /** Heartbeat period both ways; a peer silent for 3 periods is lost. */
 export const DEFAULT_HEARTBEAT_MS = 500;
+/**
+ * Node flags the coordinator is started with (the launcher and the benches' jobs pass them; run by
+ * hand: `node --max-semi-space-size=1 $(which wavebus) coordinator`). A busy coordinator's young
+ * generation otherwise grows from 1 MiB to V8's cap of 16 MiB per semi-space (32 MiB of RSS) though
+ * it keeps ~12 MiB alive in all: most of the RSS the 64-agent soak saw grow (docs/bus.md, "Memory").
+ */
+export const COORDINATOR_NODE_FLAGS: readonly string[] = ['--max-semi-space-size=1'];
 /** Largest frame any bus socket accepts (ZeroMQ maxMessageSize). */
 export const DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024;
 /**

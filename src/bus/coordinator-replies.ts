@@ -3,6 +3,7 @@
 import type { Coordinator } from './coordinator';
 import { PROTOCOL_VERSION } from './protocol-version';
 import { layoutJson } from '../paths';
+import { getHeapSpaceStatistics } from 'v8';
 
 /** The JSON /healthz serves and StatusReply.status_json carries; per-replica wave and pending dumps. */
 export function statusJson(c: Coordinator): Record<string, unknown> {
@@ -43,8 +44,21 @@ export function statusJson(c: Coordinator): Record<string, unknown> {
       bus_token: c.opts.busToken !== undefined,
     },
     ranks: c.rankTable.statusJson(),
+    memory: memoryJson(),
     ...policyStatus,
   };
+}
+
+/**
+ * This process's memory in bytes: RSS, the JS heap in use and reserved, memory outside it (Buffers,
+ * zmq messages), and what V8 reserved for its young and old generations. It tells something kept
+ * (heap_used after GCs grows) from V8 sizing its heap (new_space grows up to its cap as a busy
+ * process runs) and from the C allocator (RSS grows, the rest does not).
+ */
+export function memoryJson(): Record<string, number> {
+  const m = process.memoryUsage();
+  const space = (name: string) => getHeapSpaceStatistics().find((s) => s.space_name === name)?.space_size ?? 0;
+  return { rss: m.rss, heap_used: m.heapUsed, heap_total: m.heapTotal, new_space: space('new_space'), old_space: space('old_space'), external: m.external, array_buffers: m.arrayBuffers };
 }
 
 export function statusReply(c: Coordinator): Record<string, unknown> {

@@ -379,6 +379,7 @@ export class Coordinator extends EventEmitter {
         return;
       }
       case 'relay':
+        this.emit('relay');
         if (CoordinatorFiles.wants(msg)) this.answerOwnFiles(routingId, msg);
         else this.agentRequests.relay(routingId, msg);
         return;

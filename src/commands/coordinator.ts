@@ -52,7 +52,6 @@ export const command: CommandModule = {
       .option('curve-allow', { type: 'string', describe: 'CURVE: allowed client public keys: a file (one Z85 key per line) or a directory of *.pub' });
   },
   handler: async (argv) => {
-    keepFreedMemory(); // relayed file chunks: reuse freed memory instead of faulting in fresh pages
     const log = createLogger('wavebus-coordinator');
     const env = process.env;
     const layout = resolveLayout(env, identityFlagsFromArgv(argv as Record<string, unknown>));
@@ -102,6 +101,10 @@ export const command: CommandModule = {
     });
     const signal = waitForSignal();
     await coordinator.start();
+    // Relayed file chunks (`wavebus aggregate`): from the first one on, reuse freed memory instead
+    // of faulting in fresh pages. Not before: it keeps every freed byte, and a coordinator that
+    // never relays (dumps, acks, waves only) would only grow (docs/bus.md, "Memory").
+    coordinator.once('relay', () => keepFreedMemory());
     coordinator.on('ready', () => process.stdout.write(`${JSON.stringify({ event: 'ready', epoch: coordinator.epoch })}\n`));
     process.stdout.write(
       `${JSON.stringify({ event: 'started', epoch: coordinator.epoch, pub: coordinator.pubEndpoint, router: coordinator.routerEndpoint, metrics: coordinator.metricsAddress ?? null, curve: coordinator.curve })}\n`,

@@ -18,6 +18,7 @@ import { checkPortFree, localBindAddress } from './coordinator-host';
 import { launchError, type LaunchOptions } from './options';
 import { waitForCoordinator, type StatusSnapshot } from './readiness';
 import { Sidecar } from './sidecar';
+import { COORDINATOR_NODE_FLAGS } from '../bus/constants';
 import { agentArgv, commandEnv, coordinatorArgv, globalRankOfLocal, launchDumpRoot } from './sidecar-args';
 
 /** A startup or runtime failure of the launched job (not a usage error). */
@@ -144,7 +145,7 @@ export async function launch(opts: LaunchOptions, logger?: Logger): Promise<numb
     startupFailed.catch(() => undefined);
 
     const tokenArgs = tokenFile !== undefined ? ['--bus-token-file', tokenFile] : [];
-    if (startCoordinator) sidecars.push(new Sidecar('coordinator', bin, [...coordinatorArgv(opts, bindHost), ...tokenArgs], env));
+    if (startCoordinator) sidecars.push(new Sidecar('coordinator', bin, [...coordinatorArgv(opts, bindHost), ...tokenArgs], env, COORDINATOR_NODE_FLAGS));
     for (let l = 0; l < opts.nprocPerNode; l++) {
       sidecars.push(new Sidecar(`agent local${l}/rank${globalRankOfLocal(opts, l)}`, bin, agentArgv(opts, l, runDir, { dumpRoot, tokenFile }), env));
     }

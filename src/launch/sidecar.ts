@@ -29,10 +29,12 @@ export class Sidecar {
     bin: string,
     args: string[],
     env: NodeJS.ProcessEnv,
+    /** Flags for node itself (the coordinator's COORDINATOR_NODE_FLAGS). */
+    nodeFlags: readonly string[] = [],
   ) {
     // Own process group: a Ctrl-C on the terminal reaches the command, not the sidecars, which
     // must outlive the command's shutdown; we stop them after it exits.
-    this.child = spawn(process.execPath, ['-e', WATCHDOG, '--', bin, ...args], { detached: true, stdio: ['pipe', 'pipe', 'pipe'], env });
+    this.child = spawn(process.execPath, [...nodeFlags, '-e', WATCHDOG, '--', bin, ...args], { detached: true, stdio: ['pipe', 'pipe', 'pipe'], env });
     this.child.stdin?.on('error', () => undefined); // EPIPE once it has exited
     const forward = (b: Buffer) => {
       const s = b.toString();
