@@ -16,6 +16,8 @@ run() {
 run bus --agents 8
 run overhead --forward-ms 3 --rounds 5
 run overhead --forward-ms 1 --rounds 5
+run overhead --forward-ms 3 --rounds 5 --lookahead-waves 3
+run overhead --forward-ms 1 --rounds 5 --lookahead-waves 3
 run detectors --requests 1024
 run dump --size-mb 256 --format all --runs 3
 run aggregate --size-mb 64
