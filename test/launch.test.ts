@@ -274,6 +274,17 @@ describe('wavebus launch end to end', () => {
     expect(pidsWith('coordinator', '--port', String(port))).toEqual([]);
   });
 
+  test('a non-loopback master address without CURVE keys is refused before anything starts, naming --master-addr', async () => {
+    const port = await freePortPair();
+    const runDir = path.join(dir, 'run-insecure');
+    const r = spawnWavebus(['launch', '--nproc-per-node', '1', '--master-addr', '0.0.0.0', '--port', String(port), '--run-dir', runDir, '--', 'true']);
+    const { code } = await r.exited;
+    expect(code).not.toBe(0);
+    expect(r.stderr()).toMatch(/--master-addr \/ --coordinator 0\.0\.0\.0 \(binds 0\.0\.0\.0\): refusing to bind the bus to a non-loopback address without CURVE keys.*\[ERR_INSECURE_BIND\]/);
+    expect(fs.existsSync(runDir)).toBe(false);
+    expect(pidsWith('coordinator', '--port', String(port))).toEqual([]);
+  });
+
   test('SIGTERM is forwarded to the command; it exits 0, so does the launcher, and the job is torn down', async () => {
     const port = await freePortPair();
     const out = path.join(dir, 'trap.json');

@@ -65,11 +65,11 @@ export function socketIpOptions(host: string): { ipv6?: boolean } {
  * ROUTER are CURVE servers with an allow-list) or `insecure`, which binds in plain text and logs
  * a warning.
  */
-export function checkBindAllowed(host: string, opts: { insecure: boolean; curve?: boolean; logger?: Logger }): void {
+export function checkBindAllowed(host: string, opts: { insecure: boolean; curve?: boolean; logger?: Logger; where?: string }): void {
   if (isLoopback(host) || opts.curve) return;
   if (!opts.insecure) {
     throw new ConfigError(
-      `--host ${host}: refusing to bind the bus to a non-loopback address without CURVE keys; ` +
+      `${opts.where ?? `--host ${host}`}: refusing to bind the bus to a non-loopback address without CURVE keys; ` +
         `pass --curve-secret-key FILE --curve-allow FILE|DIR (see docs/security.md), or --insecure to accept plain-text traffic that anyone who can reach ${host} can read and inject`,
       'ERR_INSECURE_BIND',
     );

@@ -63,7 +63,9 @@ export async function launch(opts: LaunchOptions, logger?: Logger): Promise<numb
     }
     // Fail before spawning anything when the coordinator's keys are unusable.
     const serverKeys = opts.curveDir !== undefined ? loadCurveDirServer(opts.curveDir) : undefined;
-    checkBindAllowed(bindHost, { insecure: opts.insecure, curve: serverKeys !== undefined, logger });
+    // Named by where the address came from: the launcher has no --host.
+    const where = `--master-addr / --coordinator ${opts.coordinator.host} (binds ${bindHost})`;
+    checkBindAllowed(bindHost, { insecure: opts.insecure, curve: serverKeys !== undefined, logger, where });
     await checkPortFree(bindHost, opts.port, 'PUB');
     await checkPortFree(bindHost, opts.port + 1, 'ROUTER');
   } else if (opts.nodeRank === 0) {

@@ -85,6 +85,7 @@ while True:
                 r.snapshot.seq = seq
                 r.snapshot.config.CopyFrom(CONFIG)
                 r.snapshot.protocol_version = pb.PROTOCOL_VERSION_CURRENT  # a squatter speaking the current protocol
+                r.snapshot.decide_ahead = 1
                 r.snapshot.pending.add(wave=seq + 1000, jobs=[job(seq + 1000, "/")])
                 router.send_multipart([peer, r.SerializeToString()])
                 say(event="snapshot_sent")
