@@ -10,6 +10,7 @@ import { topicOf } from '../src/bus/frames';
 import { busMetrics } from '../src/metrics';
 import { findOrphanDumps, orphanJob } from '../src/guard/orphan-dumps';
 import { kvRankDirFor } from '../src/paths';
+import { decideAheadWaves } from '../src/bus/constants';
 import type { DumpJob, DumpResult } from '../src/messages';
 import { cleanup, tmpDir, waitFor } from './helpers';
 
@@ -207,6 +208,7 @@ describe('request_info.json is written after the vector that carries the job is 
     const sent: Array<{ topic: string; dir: boolean; info: boolean }> = [];
     const streams = new WaveStreams({
       layout,
+      decideAhead: decideAheadWaves(layout.pp),
       epoch: () => 7,
       send: ([topic]) => sent.push({ topic, dir: armed !== null && fs.existsSync(armed.dumpDir), info: armed !== null && fs.existsSync(path.join(armed.dumpDir, 'request_info.json')) }),
       policy: {
