@@ -29,13 +29,17 @@ export function gauge<L extends string = string>(name: string, help: string, lab
 
 /** The bus's own metrics. Created lazily so that importing this module registers nothing. */
 export function busMetrics() {
-  return {
+  const m = {
     waves: counter('wavebus_waves_total', 'Wave heads published by the coordinator'),
     lanes: counter('wavebus_lanes_total', 'Due lanes published, by lane (config, dump)', ['lane'] as const),
     liveAgents: gauge('wavebus_live_agents', 'Agents whose heartbeats arrive within the liveness bound'),
     dropped: counter('wavebus_dropped_frames_total', 'Frames dropped by the coordinator, by reason', ['reason'] as const),
     dumps: counter('wavebus_dumps_total', 'Per-rank dump outcomes (ok, error, skipped, timeout)', ['result'] as const),
   };
+  // Zero-valued series, so dashboards see every label from the start.
+  for (const lane of ['config', 'dump']) m.lanes.inc({ lane }, 0);
+  for (const reason of ['frame_count', 'oversized', 'truncated', 'undecodable', 'empty', 'unknown_request', 'no_mac', 'bad_mac', 'wrong_connection', 'protocol_version', 'not_head', 'bad_telemetry', 'rank_out_of_range']) m.dropped.inc({ reason }, 0);
+  return m;
 }
 
 export interface MetricsServer {

@@ -128,9 +128,6 @@ export class Coordinator extends EventEmitter {
     });
     this.agentRequests = new AgentRequests(this.rankTable, (route, msg, payload) => this.reply(route, msg, payload), this.drops, () => this.running, () => (this.opts.curve ? [...this.opts.curve.allow.keys()] : undefined), () => this.stats.relaysRefusedBusy++);
     if (opts.ownFiles) this.ownFiles = new CoordinatorFiles(opts.ownFiles, this.expectedRanks[0] ?? 0, this.log);
-    // Zero-valued series, so dashboards see every label from the start.
-    for (const lane of ['config', 'dump']) this.metrics.lanes.inc({ lane }, 0);
-    for (const reason of ['frame_count', 'oversized', 'truncated', 'undecodable', 'empty', 'unknown_request', 'no_mac', 'bad_mac', 'wrong_connection', 'protocol_version', 'not_head', 'bad_telemetry', 'rank_out_of_range']) this.metrics.dropped.inc({ reason }, 0);
   }
 
   get pubEndpoint(): string {
