@@ -189,6 +189,12 @@ export interface Job {
   coord: CoordinatorHandle;
   /** Ranks some connection said Hello as on this coordinator (agent A's, and the fuzzers' of earlier targets). */
   registered: Set<number>;
+  /**
+   * Request ids the coordinator forwarded (from a relay) to any fuzzer connection of this job. It
+   * may still wait on them when a later target's connection says Hello as the same rank, and then
+   * takes that connection's answer with such an id as the answer.
+   */
+  forwardedIds: Set<number>;
   /** Agent A (rank 0) and its run directory, when the job has one. */
   agent?: { proc: Proc; runDir: string; dumpRoot: string };
   dir: string;
@@ -221,7 +227,7 @@ export async function startJob(spec: JobSpec, root: string, procs: Proc[], env: 
   const args = ['coordinator', '--port', String(port), '--world-size', String(FUZZ_WORLD), '--tp', '1', '--heartbeat-ms', '200', '--runtime-config-path', cfg,
     '--runtime-report-dir', reportDir, '--runtime-dump-dir', dumpDir, '--additional-config', JSON.stringify({ runtime_config: overlay })];
   const agentSec: string[] = [];
-  const job: Job = { coord: { proc: undefined as unknown as Proc, port, polls: 0 }, registered: new Set(spec.agent ? [0] : []), dir, reportDir, dumpDir };
+  const job: Job = { coord: { proc: undefined as unknown as Proc, port, polls: 0 }, registered: new Set(spec.agent ? [0] : []), forwardedIds: new Set(), dir, reportDir, dumpDir };
   if (spec.curve) {
     const kd = path.join(dir, 'keys');
     const allow = path.join(dir, 'allowed');

@@ -42,9 +42,8 @@ export const ROUTER_REPLIES = perKind<'reply' | 'relay' | 'forwarded' | 'never'>
 );
 
 /** Bodies of what the coordinator sent back to the fuzzer, counted by kind. */
-function replyCounter(d: Dealer, token: BusToken | undefined, onReply?: (parts: Buffer[]) => void): { got: Record<string, number>; forwardedIds: Set<number>; done: Promise<void> } {
+function replyCounter(d: Dealer, token: BusToken | undefined, forwardedIds: Set<number>, onReply?: (parts: Buffer[]) => void): { got: Record<string, number>; forwardedIds: Set<number>; done: Promise<void> } {
   const got: Record<string, number> = {};
-  const forwardedIds = new Set<number>();
   const done = (async () => {
     try {
       for await (const parts of d) {
@@ -106,10 +105,11 @@ export async function fuzzRouter(ctx: FuzzCtx, socket: string, job: Job, make: (
   const expected: Record<string, number> = {};
   const replies: Record<string, number> = {};
   const d = fuzzDealer(job);
-  const rc = replyCounter(d, opts.token, opts.onReply);
+  const rc = replyCounter(d, opts.token, job.forwardedIds, opts.onReply);
   let sent = 0;
   // Answers predicted as asked by nobody, by request id: the coordinator takes one instead when its
-  // id is a request it forwarded to this connection (from a relay) and still waits on.
+  // id is a request it forwarded (from a relay) to this connection, or to an earlier target's
+  // connection of the same rank, and still waits on.
   const answerIds: number[] = [];
   const takenAsAnswers = () => answerIds.filter((id) => rc.forwardedIds.has(id)).length;
   const send = async (parts: Buffer[]) => {
