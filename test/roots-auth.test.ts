@@ -355,10 +355,11 @@ describeAsRoot('a local user squats the bus port before a root agent starts', ()
 
   test('without a token: the agent follows the rogue, but reads nothing outside its roots and writes nothing outside them', async () => {
     const a = await attack([]);
+    let engine: Awaited<ReturnType<typeof engineClient>> | undefined;
     try {
       await waitFor(() => a.events().some((e) => e.event === 'snapshot_sent'), 'the agent to ask the rogue for a snapshot', 30000);
       expect(a.agent.stderr()).toMatch(/the coordinator is unauthenticated/);
-      const engine = await engineClient(a.runDir, 'squat');
+      engine = await engineClient(a.runDir, 'squat');
       const client = engine.client;
       await waitFor(() => client.featureFlags() !== 0, "the rogue's config to reach the engine's mailbox");
       await registerPool(client, 'squat');
@@ -393,8 +394,9 @@ describeAsRoot('a local user squats the bus port before a root agent starts', ()
       // The agent is still up and still answers its engine.
       expect(a.agent.child.exitCode).toBe(null);
       expect((await client.endOfWave(3)).error).toBeUndefined();
-      await engine.close();
     } finally {
+      // Also when an expectation failed: the engine's shared memory must not outlive the test.
+      await engine?.close();
       await a.done();
     }
   });
