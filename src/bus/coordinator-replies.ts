@@ -57,7 +57,8 @@ export function statusJson(c: Coordinator): Record<string, unknown> {
  */
 export function memoryJson(): Record<string, number> {
   const m = process.memoryUsage();
-  const space = (name: string) => getHeapSpaceStatistics().find((s) => s.space_name === name)?.space_size ?? 0;
+  const spaces = getHeapSpaceStatistics(); // once per status, not once per space
+  const space = (name: string) => spaces.find((s) => s.space_name === name)?.space_size ?? 0;
   return { rss: m.rss, heap_used: m.heapUsed, heap_total: m.heapTotal, new_space: space('new_space'), old_space: space('old_space'), external: m.external, array_buffers: m.arrayBuffers };
 }
 
