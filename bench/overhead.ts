@@ -11,6 +11,7 @@ import * as fs from 'fs';
 import * as os from 'os';
 import * as path from 'path';
 import type { BenchArgs, BenchFlags } from './lib/flags';
+import { offPathCost } from './lib/off-path';
 
 const BIN = path.resolve(__dirname, '..', '..', 'bin', 'wavebus.js');
 
@@ -41,6 +42,8 @@ function runCli(args: string[], env: NodeJS.ProcessEnv, cpuFile: string): Promis
 
 interface RunStats {
   rate: number;
+  /** The same after the first fifth of the steps (the sidecar's and the engine's warm-up left out). */
+  steadyRate: number;
   /** Fraction of end_of_wave calls that slept on the mailbox (a vector not there yet). */
   waitedFraction: number;
   /** The same on TP0 alone. The simulated TP ranks step in lockstep (src/sim/tp-barrier.ts, the
@@ -52,6 +55,11 @@ interface RunStats {
   timeouts: number;
   /** Fraction of end_of_wave calls over 250 µs (any build that reports per-step times). */
   slowFraction: number;
+  /** Mean over ranks: µs per step inside the client's calls, the engine process's own CPU per
+   *  step, and how far the forward's idle wait overran its length (the engine woken late). */
+  clientUs: number;
+  rankCpuUs: number;
+  overrunUs: number;
 }
 
 function readRun(dir: string): RunStats {
@@ -61,6 +69,7 @@ function readRun(dir: string): RunStats {
   const sum = (k: string) => rs.reduce((a, r) => a + (r[k] ?? 0), 0);
   return {
     rate: sum('stepsPerSec') / rs.length,
+    steadyRate: sum('steadyStepsPerSec') / rs.length,
     // Older builds report no vectorWaits: NaN, so a figure is never made up.
     waitedFraction: rs.every((r) => r.vectorWaits !== undefined) ? sum('vectorWaits') / sum('steps') : NaN,
     tp0WaitedFraction: rs.find((r) => r.rank === 0)?.vectorWaits !== undefined ? rs.find((r) => r.rank === 0)!.vectorWaits / rs.find((r) => r.rank === 0)!.steps : NaN,
@@ -68,6 +77,9 @@ function readRun(dir: string): RunStats {
     lateVectors: sum('lateVectors'),
     slowFraction: rs.every((r) => r.slowEndOfWaves !== undefined) ? sum('slowEndOfWaves') / sum('steps') : NaN,
     timeouts: sum('endOfWaveTimeouts'),
+    clientUs: sum('clientUsPerStep') / rs.length,
+    rankCpuUs: sum('cpuUsPerStep') / rs.length,
+    overrunUs: sum('forwardOverrunUsPerStep') / rs.length,
   };
 }
 
@@ -136,8 +148,11 @@ export async function run(a: BenchArgs<typeof flags>): Promise<Record<string, un
   } finally {
     fs.rmSync(work, { recursive: true, force: true });
   }
+  // The client's own share of the off ratio, measured in a loop here (no host noise).
+  const offPath = await offPathCost();
   // Per round ratios against that round's absent run (interleaved, so drift hits both), then the median.
   const ratio = (mode: 'off' | 'on') => median(runs[mode].map((r, i) => r.rate / runs.absent[i].rate));
+  const steadyRatio = (mode: 'off' | 'on') => median(runs[mode].map((r, i) => r.steadyRate / runs.absent[i].steadyRate));
   const onRuns = runs.on;
   return {
     ranks: a.ranks,
@@ -156,6 +171,10 @@ export async function run(a: BenchArgs<typeof flags>): Promise<Record<string, un
     detectors_ratio: Number((best.on / best.absent).toFixed(4)),
     median_off_ratio: Number(ratio('off').toFixed(4)),
     median_detectors_ratio: Number(ratio('on').toFixed(4)),
+    // The same ratios over each run's last four fifths: the steady state a long job lives in (the
+    // first fifth holds the sidecar's start-up compilation, which competes for the CPUs).
+    median_steady_off_ratio: Number(steadyRatio('off').toFixed(4)),
+    median_steady_detectors_ratio: Number(steadyRatio('on').toFixed(4)),
     // Detectors on, every round: the fraction of end_of_wave calls that waited for a late vector
     // (goal 0 with nothing due), the worst rank's p99 µs inside end_of_wave, late vectors and misses.
     detectors_waited_fraction: onRuns.map((r) => fixed(r.waitedFraction, 5)),
@@ -169,6 +188,17 @@ export async function run(a: BenchArgs<typeof flags>): Promise<Record<string, un
     cpu_us_per_step: { absent: fixed(median(cpu.absent), 1), off: fixed(median(cpu.off), 1), on: fixed(median(cpu.on), 1) },
     off_cpu_us_per_step_added: fixed(median(cpu.off.map((c, i) => c - cpu.absent[i])), 1),
     detectors_cpu_us_per_step_added: fixed(median(cpu.on.map((c, i) => c - cpu.absent[i])), 1),
+    // Where a step's time goes, per mode (median over rounds, mean over ranks): µs inside the
+    // client's calls, the engine process's CPU, and the forward's wake-up overrun.
+    per_step_us: Object.fromEntries(
+      (['absent', 'off', 'on'] as const).map((m) => [
+        m,
+        { client: fixed(median(runs[m].map((r) => r.clientUs)), 1), rank_cpu: fixed(median(runs[m].map((r) => r.rankCpuUs)), 1), forward_overrun: fixed(median(runs[m].map((r) => r.overrunUs)), 1) },
+      ]),
+    ),
+    // With everything off, the client's calls of one step in a tight loop (best of 3 x 200 000):
+    // what the engine pays per step, against the ±3 % spread of the rates on a busy host.
+    off_path: offPath,
     target: { off_ratio: 0.995, detectors_ratio: 0.98, detectors_ratio_1ms: 0.95, waited_fraction: 0 },
   };
 }
