@@ -4,7 +4,7 @@
 import * as fs from 'fs';
 import * as path from 'path';
 import pino from 'pino';
-import { DumpLedger, MAX_COMPLETE_JOBS_KEPT } from '../src/guard/dump-ledger';
+import { DumpLedger, MAX_COMPLETE_JOBS_KEPT, MAX_INCOMPLETE_JOBS_KEPT } from '../src/guard/dump-ledger';
 import { WaveStreams } from '../src/bus/wave-streams';
 import { topicOf } from '../src/bus/frames';
 import { busMetrics } from '../src/metrics';
@@ -190,6 +190,42 @@ test('a long job keeps only the newest complete jobs (a coordinator does not gro
   expect(ledger.ack(ack(3, open.jobId))).toBe('counted');
   expect(JSON.parse(fs.readFileSync(path.join(open.dumpDir, 'manifest.json'), 'utf8'))).toMatchObject({ completed_ranks: [2, 3], complete: true });
   ledger.clear();
+});
+
+test('incomplete jobs are kept for late acks up to MAX_INCOMPLETE_JOBS_KEPT; a complete job its request spoiled later is let go too', async () => {
+  const root = tmpDir();
+  const ledger = new DumpLedger({ layout, ackTimeoutMs: 30 });
+  // Jobs that time out with rank 7 missing (incomplete, every rank's ack held).
+  const n = MAX_INCOMPLETE_JOBS_KEPT + 20;
+  const timedOut: DumpJob[] = [];
+  for (let i = 0; i < n; i++) {
+    const job = arm(ledger, root, 1, 'last', `t${i}`);
+    ledger.ack(ack(6, job.jobId));
+    timedOut.push(job);
+  }
+  await waitFor(() => (ledger.status() as { incomplete: number }).incomplete === n || undefined, 'every job timed out');
+  expect(ledger.status()).toMatchObject({ incomplete: n, pending: 0, tracked: MAX_INCOMPLETE_JOBS_KEPT });
+  // The oldest were let go: a late ack is unknown; a kept one still completes its job.
+  expect(ledger.ack(ack(7, timedOut[0].jobId))).toBe('unknown_job');
+  expect(ledger.ack(ack(7, timedOut[n - 1].jobId))).toBe('late');
+  expect(JSON.parse(fs.readFileSync(path.join(timedOut[n - 1].dumpDir, 'manifest.json'), 'utf8'))).toMatchObject({ complete: true });
+  expect(ledger.status()).toMatchObject({ incomplete: n - 1, completed: 1, unknown_results: 1 });
+  ledger.clear();
+
+  // A complete job later reported freed before its copy wave becomes incomplete, and is still let go in its turn.
+  const l2 = new DumpLedger({ layout, ackTimeoutMs: 60000 });
+  const spoiled = arm(l2, root, 0, 'last', 'spoiled');
+  for (const g of [2, 3]) l2.ack(ack(g, spoiled.jobId));
+  l2.markFreedBeforeCopy(spoiled.jobId, 3);
+  expect(JSON.parse(fs.readFileSync(path.join(spoiled.dumpDir, 'manifest.json'), 'utf8'))).toMatchObject({ complete: false, incomplete_reason: 'freed_before_copy' });
+  for (let i = 0; i < MAX_INCOMPLETE_JOBS_KEPT; i++) {
+    const job = arm(l2, root, 0, 'last', `x${i}`);
+    l2.markFreedBeforeCopy(job.jobId, 3);
+    for (const g of [2, 3]) l2.ack(ack(g, job.jobId));
+  }
+  expect(l2.status()).toMatchObject({ incomplete: MAX_INCOMPLETE_JOBS_KEPT + 1, tracked: MAX_INCOMPLETE_JOBS_KEPT });
+  expect(l2.ack(ack(2, spoiled.jobId))).toBe('unknown_job');
+  l2.clear();
 });
 
 describe('request_info.json is written after the vector that carries the job is published', () => {

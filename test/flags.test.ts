@@ -57,7 +57,7 @@ test('aggregate --timeout-ms 3000000000 (over a timer\'s range) names the flag a
 // commands/flags.ts: the one parser for numeric flags. Plain decimal digits only, bounds named.
 describe('flags.ts', () => {
   // eslint-disable-next-line @typescript-eslint/no-var-requires
-  const { intFlag, msFlag, portFlag, mibFlag, numberFlag, strictInt, MAX_TIMER_MS } = require('../src/commands/flags') as typeof import('../src/commands/flags');
+  const { intFlag, msFlag, portFlag, mibFlag, numberFlag, strictInt, flagOrEnv, envSetting, MAX_TIMER_MS } = require('../src/commands/flags') as typeof import('../src/commands/flags');
   const msg = (f: () => unknown): string => {
     try {
       f();
@@ -82,6 +82,19 @@ describe('flags.ts', () => {
     expect(msg(() => portFlag('0', '--port'))).toBe('ERR_CONFIG: --port: expected an integer in 1..65535, got "0"');
     expect(mibFlag('3', '--staging-mb')).toBe(3 * 2 ** 20);
     expect(msg(() => mibFlag('1e3', '--staging-mb'))).toMatch(/^ERR_CONFIG: --staging-mb: expected an integer in 1\.\.\d+, got "1e3"$/);
+  });
+
+  test('flag, else variable, else default: the value travels with the name the user set', () => {
+    const env = { WAVEBUS_PORT: '4000', BLANK: '  ', EMPTY: '' };
+    expect(flagOrEnv('5000', '--port', env, 'WAVEBUS_PORT')).toEqual({ raw: '5000', from: '--port' });
+    expect(flagOrEnv(['1', '2'], '--port', env, 'WAVEBUS_PORT')).toEqual({ raw: '2', from: '--port' }); // the last one given
+    expect(flagOrEnv(undefined, '--port', env, 'WAVEBUS_PORT')).toEqual({ raw: '4000', from: 'WAVEBUS_PORT' });
+    // A blank variable is unset (`VAR=` in a shell); an empty flag was given, and its parser names it.
+    expect(flagOrEnv(undefined, '--x', env, 'BLANK')).toBeUndefined();
+    expect(envSetting(env, 'EMPTY')).toBeUndefined();
+    expect(envSetting(env, 'MISSING')).toBeUndefined();
+    const given = flagOrEnv('', '--lookahead-waves', env, 'WAVEBUS_LOOKAHEAD_WAVES')!;
+    expect(msg(() => intFlag(given.raw, given.from))).toBe('ERR_CONFIG: --lookahead-waves: expected an integer >= 1, got ""');
   });
 
   test('number flags (tolerances, fractional MiB) take decimals and exponents, nothing else', () => {

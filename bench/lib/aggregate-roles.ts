@@ -20,6 +20,7 @@ import { resolveIdentity } from '../../src/launch/identity';
 import { createLogger } from '../../src/log';
 import { crc32c, formatChecksum } from '../../src/artifacts/checksum';
 import { keepFreedMemory } from '../../src/malloc-tuning';
+import { COORDINATOR_NODE_FLAGS } from '../../src/bus/constants';
 
 /** This module as a script (dist/bench/lib/aggregate-roles.js). */
 export const ROLES_SCRIPT = path.join(__dirname, 'aggregate-roles.js');
@@ -104,7 +105,7 @@ async function agent(host: string, port: number, root: string, rank: number, ran
 /** The job: a coordinator and one agent per rank, each its own process; READY once all agents are live. */
 async function job(host: string, port: number, root: string, ranks: number, curveDir?: string): Promise<void> {
   const opt = curveDir ? [curveDir] : [];
-  const coord = child(process.execPath, [__filename, 'coordinator', host, String(port), String(ranks), ...opt], process.env, 'pipe');
+  const coord = child(process.execPath, [...COORDINATOR_NODE_FLAGS, __filename, 'coordinator', host, String(port), String(ranks), ...opt], process.env, 'pipe'); // as the launcher starts it
   const agents = Array.from({ length: ranks }, (_, r) => child(process.execPath, [__filename, 'agent', host, String(port), root, String(r), String(ranks), ...opt], process.env, 'pipe'));
   const kids = [coord, ...agents].map((k) => k.proc);
   const stop = () => {

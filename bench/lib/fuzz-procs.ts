@@ -8,6 +8,7 @@ import type { CurveClientKeys } from '../../src/bus/curve';
 import type { BusToken } from '../../src/bus/auth';
 import { WavebusClient } from '../../src/client/client';
 import { agentEndpoint, mailboxPath, packageRoot } from '../../src/paths';
+import { COORDINATOR_NODE_FLAGS } from '../../src/bus/constants';
 
 export interface Proc {
   name: string;
@@ -20,7 +21,9 @@ export interface Proc {
 export const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 export function startProc(name: string, args: string[], env: NodeJS.ProcessEnv = process.env): Proc {
-  const child = spawn(process.execPath, [path.join(packageRoot(), 'bin', 'wavebus.js'), ...args], { stdio: ['ignore', 'pipe', 'pipe'], env });
+  // A coordinator runs with the node flags the launcher gives it.
+  const nodeFlags = args[0] === 'coordinator' ? COORDINATOR_NODE_FLAGS : [];
+  const child = spawn(process.execPath, [...nodeFlags, path.join(packageRoot(), 'bin', 'wavebus.js'), ...args], { stdio: ['ignore', 'pipe', 'pipe'], env });
   const p: Proc = { name, child, out: '', err: '' };
   child.stdout!.on('data', (b) => (p.out = (p.out + b.toString()).slice(-200000)));
   child.stderr!.on('data', (b) => (p.err = (p.err + b.toString()).slice(-2000000)));

@@ -1,5 +1,6 @@
 // The bus's defaults, in one place: the coordinator, agents, tools and commands all read them here.
 import { ConfigError } from '../errors';
+import { native } from '../native';
 
 /** The coordinator's PUB port; its ROUTER is on the next one. */
 export const DEFAULT_BUS_PORT = 29600;
@@ -24,12 +25,15 @@ export const DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024;
  */
 export const DEFAULT_LOOKAHEAD_WAVES = 1;
 
+/** Vectors the mailbox ring holds (native/mailbox.h, read from the addon: its one source). */
+const MAILBOX_SLOTS: number = native.mailboxLayout.slots;
+
 /**
- * The furthest a stream may decide ahead: the mailbox ring holds 8 vectors (native/mailbox.h), and a
+ * The furthest a stream may decide ahead: two waves short of the mailbox ring (8 vectors), because a
  * TP rank may end its wave one wave after its head began the next, so a vector must not overwrite
  * the slot of a wave some rank has yet to end.
  */
-export const MAX_DECIDE_AHEAD = 6;
+export const MAX_DECIDE_AHEAD = MAILBOX_SLOTS - 2;
 
 /**
  * How many waves ahead a replica's stream decides: the head of wave N publishes the vector of N +
@@ -69,7 +73,7 @@ export function checkLookahead(lookahead: number | undefined, pp: number, name =
   const l = lookahead ?? DEFAULT_LOOKAHEAD_WAVES;
   const max = maxLookahead(pp);
   if (!Number.isSafeInteger(l) || l < 1 || l > max) {
-    throw new ConfigError(`${name}: expected an integer in 1..${max} (the mailbox holds ${MAX_DECIDE_AHEAD + 2} vectors; pp=${pp} adds ${Math.max(0, pp - 1)} waves), got ${JSON.stringify(lookahead)}`);
+    throw new ConfigError(`${name}: expected an integer in 1..${max} (the mailbox holds ${MAILBOX_SLOTS} vectors; pp=${pp} adds ${Math.max(0, pp - 1)} waves), got ${JSON.stringify(lookahead)}`);
   }
   return decideAheadWaves(pp, l);
 }

@@ -9,7 +9,7 @@ import type { AgentConfig, DumpJob, StepTelemetry, WaveHead } from '../messages'
 import type { busMetrics } from '../metrics';
 import type { BusToken } from './auth';
 import type { DumpLedger } from '../guard/dump-ledger';
-import { jobIdOf } from '../guard/dump-ledger';
+import { jobIdOf } from '../guard/dump-names';
 import { encodeBusFrame, type FrameKind } from './frames';
 import type { CoordinatorPolicy, DueLanes } from './policy';
 

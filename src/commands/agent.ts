@@ -17,7 +17,7 @@ import { claimRunDir, makeRunDir, releaseRunDir } from '../launch/run-dir';
 import { resolveSnapshotConfig, snapshotFlagsFromArgv, snapshotOptions } from '../snapshot/config';
 import { checkRunDirFits } from '../paths';
 import { waitForSignal } from './coordinator';
-import { mibFlag, msFlag } from './flags';
+import { envSetting, flagOrEnv, mibFlag, msFlag } from './flags';
 import { DIRECT_FILES_FLAGS, directFilesSetup, type DirectFilesSetup } from './direct-files-flags';
 import { DEFAULT_CUDA_STAGING_BYTES } from '../memory';
 
@@ -26,9 +26,10 @@ export const MAX_CUDA_STAGING_MB = 1024;
 
 /** --coordinator, else $WAVEBUS_COORDINATOR, else <master addr>:<$WAVEBUS_PORT or 29600>. */
 export function coordinatorAddress(raw: unknown, env: NodeJS.ProcessEnv, identity: RankIdentity): HostPort {
-  if (raw !== undefined && raw !== '') return parseHostPort(String(raw), '--coordinator');
-  if (env.WAVEBUS_COORDINATOR) return parseHostPort(env.WAVEBUS_COORDINATOR, 'WAVEBUS_COORDINATOR');
-  const port = env.WAVEBUS_PORT ? parseBusPort(env.WAVEBUS_PORT, 'WAVEBUS_PORT') : DEFAULT_BUS_PORT;
+  const given = flagOrEnv(raw, '--coordinator', env, 'WAVEBUS_COORDINATOR');
+  if (given) return parseHostPort(String(given.raw), given.from);
+  const portFrom = envSetting(env, 'WAVEBUS_PORT');
+  const port = portFrom ? parseBusPort(portFrom.raw, portFrom.from) : DEFAULT_BUS_PORT;
   checkHost(identity.masterAddr, 'MASTER_ADDR (the coordinator host when neither --coordinator nor WAVEBUS_COORDINATOR is set)');
   return { host: identity.masterAddr, port };
 }

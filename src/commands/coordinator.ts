@@ -1,5 +1,5 @@
 // `wavebus coordinator`: run the wave-bus coordinator beside global rank 0 until SIGINT/SIGTERM.
-import { intFlag, msFlag, portFlag } from './flags';
+import { flagOrEnv, intFlag, msFlag, portFlag } from './flags';
 import type { CommandModule } from 'yargs';
 import { artifactModeOption, parseArtifactMode } from '../artifacts/artifact-mode';
 import { Coordinator } from '../bus/coordinator';
@@ -55,8 +55,8 @@ export const command: CommandModule = {
     const log = createLogger('wavebus-coordinator');
     const env = process.env;
     const layout = resolveLayout(env, identityFlagsFromArgv(argv as Record<string, unknown>));
-    const port =
-      argv.port !== undefined ? parseBusPort(argv.port, '--port') : env.WAVEBUS_PORT ? parseBusPort(env.WAVEBUS_PORT, 'WAVEBUS_PORT') : DEFAULT_BUS_PORT;
+    const portFrom = flagOrEnv(argv.port, '--port', env, 'WAVEBUS_PORT');
+    const port = portFrom ? parseBusPort(portFrom.raw, portFrom.from) : DEFAULT_BUS_PORT;
     // The runtime guard decides what each wave carries. A malformed startup key stops the start
     // here; a bad runtime_config overlay or config file does not (logged, /healthz, metric).
     const startup = parseStartupOptions(
@@ -74,12 +74,8 @@ export const command: CommandModule = {
     const artifactModes = parseArtifactMode(argv['artifact-mode'], '--artifact-mode');
     const dumpAckTimeoutMs = msFlag(argv['dump-ack-timeout-ms'], '--dump-ack-timeout-ms');
     // Bounds by the layout are the coordinator's (checkLookahead); here only "an integer".
-    const lookaheadWaves =
-      argv['lookahead-waves'] !== undefined
-        ? intFlag(argv['lookahead-waves'], '--lookahead-waves')
-        : env.WAVEBUS_LOOKAHEAD_WAVES !== undefined
-          ? intFlag(env.WAVEBUS_LOOKAHEAD_WAVES, 'WAVEBUS_LOOKAHEAD_WAVES')
-          : undefined;
+    const lookaheadFrom = flagOrEnv(argv['lookahead-waves'], '--lookahead-waves', env, 'WAVEBUS_LOOKAHEAD_WAVES');
+    const lookaheadWaves = lookaheadFrom ? intFlag(lookaheadFrom.raw, lookaheadFrom.from) : undefined;
     // The guard's dump ledger is the coordinator's too (policy.ledger): one count of every ack.
     const guard = new Guard({ startup, layout, dumpAckTimeoutMs, log, artifactModes });
     const coordinator = new Coordinator({
@@ -88,7 +84,7 @@ export const command: CommandModule = {
       layout,
       heartbeatMs: msFlag(argv['heartbeat-ms'], '--heartbeat-ms'),
       lookaheadWaves,
-      lookaheadName: argv['lookahead-waves'] !== undefined ? '--lookahead-waves' : 'WAVEBUS_LOOKAHEAD_WAVES',
+      lookaheadName: lookaheadFrom?.from,
       metricsPort: argv['metrics-port'] !== undefined ? portFlag(argv['metrics-port'], '--metrics-port', 0) : undefined,
       dumpAckTimeoutMs,
       insecure: Boolean(argv.insecure),

@@ -13,7 +13,27 @@ export function lastOf(v: unknown): unknown {
   return Array.isArray(v) ? v[v.length - 1] : v;
 }
 
-/** The integer `raw` spells in plain decimal digits (surrounding blanks allowed), else undefined. */
+/**
+ * Where a setting comes from: the flag when given, else the environment variable when set (a blank
+ * one counts as unset, as `VAR=` does in a shell), else nowhere (undefined: the default applies).
+ * The name travels with the value, so the parser's error names whichever the user set.
+ */
+export function flagOrEnv(flagValue: unknown, flag: string, env: NodeJS.ProcessEnv, variable: string): Setting | undefined {
+  return flagValue !== undefined ? { raw: lastOf(flagValue), from: flag } : envSetting(env, variable);
+}
+
+/** An environment variable's value when set and not blank, with its name. */
+export function envSetting(env: NodeJS.ProcessEnv, variable: string): Setting | undefined {
+  const v = env[variable];
+  return v !== undefined && v.trim() !== '' ? { raw: v, from: variable } : undefined;
+}
+
+/** A value as given, and the flag or variable it came from. */
+export interface Setting {
+  raw: unknown;
+  from: string;
+}
+
 /** A flag's text value, refused by name when empty (a path flag given "" would mean the cwd or nothing). */
 export function nonEmpty(v: unknown, name: string): string {
   const s = String(lastOf(v) ?? '');
@@ -21,6 +41,7 @@ export function nonEmpty(v: unknown, name: string): string {
   return s;
 }
 
+/** The integer `raw` spells in plain decimal digits (surrounding blanks allowed), else undefined. */
 export function strictInt(raw: unknown): number | undefined {
   if (typeof raw === 'number') return Number.isSafeInteger(raw) && raw >= 0 ? raw : undefined;
   const s = String(raw).trim();

@@ -5,7 +5,7 @@ import { ConfigError } from '../errors';
 import { parseFaults } from '../sim/faults';
 import { runSimJob } from '../sim/job';
 import { runSimRank, type SimRankOptions } from '../sim/rank';
-import { intFlag, msFlag, nonEmpty } from './flags';
+import { flagOrEnv, intFlag, msFlag, nonEmpty } from './flags';
 
 
 export const command: CommandModule = {
@@ -37,8 +37,10 @@ export const command: CommandModule = {
   handler: async (argv) => {
     const env = process.env;
     // Each error names where the value came from: the flag, else the variable `wavebus launch` set.
-    const fromFlagOrEnv = (flag: string, v: unknown, name: string, def: number, min = 1): number =>
-      v !== undefined ? intFlag(v, flag, min) : env[name] !== undefined ? intFlag(env[name], name, min) : def;
+    const fromFlagOrEnv = (flag: string, v: unknown, name: string, def: number, min = 1): number => {
+      const given = flagOrEnv(v, flag, env, name);
+      return given ? intFlag(given.raw, given.from, min) : def;
+    };
     const nproc = fromFlagOrEnv('--nproc-per-node', argv['nproc-per-node'], 'WAVEBUS_NPROC_PER_NODE', 1);
     const nnodes = fromFlagOrEnv('--nnodes', argv.nnodes, 'WAVEBUS_NNODES', 1);
     const nodeRank = fromFlagOrEnv('--node-rank', argv['node-rank'], 'WAVEBUS_NODE_RANK', 0, 0);

@@ -18,29 +18,18 @@ import type { Logger } from '../log';
 import type { DumpJob, DumpLane, DumpResult } from '../messages';
 import { SkipReason, writeDumpSkipped } from '../artifacts/freespace';
 import { DEFAULT_ARTIFACT_MODES, type ArtifactModes } from '../artifacts/artifact-mode';
-import { joinUnder, safeComponent } from '../artifacts/sanitize';
 import { artifactWrite, writeJsonAtomic } from '../artifacts/atomic-write';
 import { fsFailure } from '../artifacts/sink';
 import { StageSchedule } from './stage-schedule';
 import { manifestJson, tallyAcks } from './dump-manifest';
 import { RequestInfoWriter, requestInfoJson } from './request-info';
+import { FinishedJobs } from './finished-jobs';
+import { incidentWaveDir, jobIdOf, waveDir } from './dump-names';
+
+export { jobIdOf, waveDir };
 import { replicaDumpRanks, replicaHead, type PpStages, type WorldLayout } from '../launch/identity';
 
 export type { SkipReason };
-
-/** Replica tag of dump dirs and job ids: none in a job without DP (the seed's layout), else `dp<r>`. */
-function replicaTag(replica: number | undefined, sep: string): string {
-  return replica === undefined ? '' : `${sep}dp${replica}`;
-}
-
-/** `replica`: undefined in a job without DP (dp = 1). */
-export function waveDir(dumpRoot: string, incidentType: string, reqId: string, wave: number, replica?: number): string {
-  return joinUnder(dumpRoot, safeComponent(incidentType, 'incident_type'), safeComponent(reqId, 'req_id'), `wave_${wave}${replicaTag(replica, '_')}`);
-}
-
-export function jobIdOf(armWave: number, incidentType: string, reqId: string, replica?: number): string {
-  return `${armWave}/${incidentType}/${reqId}${replicaTag(replica, '@')}`;
-}
 
 export interface ArmSpec {
   incidentType: string;
@@ -105,12 +94,12 @@ interface Entry {
 
 const MAX_TRACKED_JOBS = 4096;
 /**
- * Complete jobs kept after their manifest is written, newest first out last. Nothing can change a
- * complete job any more (its copy window is closed and every rank acked), and each one holds every
- * rank's ack and file list: a long job's coordinator would otherwise grow by ~100 KB per dump up to
- * MAX_TRACKED_JOBS. A duplicate ack of an older one is counted as unknown_results.
+ * Finished jobs kept after their manifest is written (finished-jobs.ts), newest first out last: the
+ * complete ones (nothing can change them) and the incomplete ones (a late ack may still complete
+ * one). An ack of an older one is counted as unknown_results.
  */
 export const MAX_COMPLETE_JOBS_KEPT = 64;
+export const MAX_INCOMPLETE_JOBS_KEPT = 256;
 
 export type AckOutcome = 'counted' | 'late' | 'unknown_job' | 'not_expected';
 
@@ -124,8 +113,19 @@ export class DumpLedger {
   private readonly info: RequestInfoWriter;
   armed = 0;
   completed = 0; // jobs every expected rank acked without error
-  /** Complete jobs still tracked, oldest first (MAX_COMPLETE_JOBS_KEPT). */
-  private readonly completeKept: string[] = [];
+  private readonly finishedKept = new FinishedJobs(
+    { complete: MAX_COMPLETE_JOBS_KEPT, incomplete: MAX_INCOMPLETE_JOBS_KEPT },
+    {
+      kindOf: (id) => {
+        const e = this.jobs.get(id);
+        return e?.finished && !e.windowOpen ? (e.ok ? 'complete' : 'incomplete') : undefined;
+      },
+      drop: (id) => {
+        clearTimeout(this.jobs.get(id)?.timer);
+        this.jobs.delete(id);
+      },
+    },
+  );
   incomplete = 0; // jobs that finished (all acked or timed out) with a missing, failed or skipped rank
   skipped: Record<string, number> = {};
   duplicates = 0;
@@ -233,7 +233,7 @@ export class DumpLedger {
   refuse(dumpRoot: string, s: { incidentType: string; reqId: string; wave: number; replica: number; reason: SkipReason; detail?: Record<string, unknown> }): string {
     this.skipped[s.reason] = (this.skipped[s.reason] ?? 0) + 1;
     const tag = this.tag(s.replica);
-    const dir = s.reqId ? waveDir(dumpRoot, s.incidentType, s.reqId, s.wave, tag) : joinUnder(dumpRoot, safeComponent(s.incidentType, 'incident_type'), `wave_${s.wave}${tag === undefined ? '' : `_dp${tag}`}`);
+    const dir = s.reqId ? waveDir(dumpRoot, s.incidentType, s.reqId, s.wave, tag) : incidentWaveDir(dumpRoot, s.incidentType, s.wave, tag);
     return writeDumpSkipped(dir, { reason: s.reason, req_id: s.reqId, incident_type: s.incidentType, stage: 'arm', rank: this.writerOf(s.replica), dp_rank: s.replica, wave: s.wave, detail: s.detail }, this.modes);
   }
 
@@ -312,6 +312,8 @@ export class DumpLedger {
     e.windowOpen = false;
     e.unconfirmed = unconfirmed;
     if (e.held) this.finish(e);
+    // Finished while its window was open (timed out): it can be let go now, in its turn.
+    else if (e.finished) this.finishedKept.finished(jobId, e.ok ? 'complete' : 'incomplete');
   }
 
   private timeout(e: Entry): void {
@@ -342,7 +344,7 @@ export class DumpLedger {
       this.completed--;
       this.incomplete++;
     }
-    const nowOk = ok && !e.ok;
+    const changed = first || ok !== e.ok;
     e.ok = ok;
     if (e.recorded) {
       const m = manifestJson({ job: e.job, ppStages: e.ppStages, layout: this.opts.layout, acks: e.acks, tally, complete: ok, incompleteReason: spoiled, freedWave: e.freedWave, timedOut: e.timedOut, requestInfoError: e.infoError });
@@ -351,18 +353,7 @@ export class DumpLedger {
     const { missing, failed, skipped } = tally;
     if (!ok && first) this.opts.log?.warn({ job_id: e.job.jobId, dp_rank: e.job.replica, missing, failed, skipped }, 'dump job incomplete');
     if (first && !e.timedOut && !e.restarted) this.events.complete?.(e.job, [...e.acks.values()]);
-    if (nowOk) this.letGoOfOldComplete(e.job.jobId);
-  }
-
-  private letGoOfOldComplete(jobId: string): void {
-    this.completeKept.push(jobId);
-    while (this.completeKept.length > MAX_COMPLETE_JOBS_KEPT) {
-      const old = this.jobs.get(this.completeKept.shift()!);
-      if (old?.finished && old.ok && !old.windowOpen) {
-        clearTimeout(old.timer);
-        this.jobs.delete(old.job.jobId);
-      }
-    }
+    if (changed) this.finishedKept.finished(e.job.jobId, ok ? 'complete' : 'incomplete');
   }
 
   /** Jobs of `replica` (all replicas when undefined) published and waiting for acks. */

@@ -6,7 +6,7 @@ import { loadCurveDirClient, type CurveClientKeys } from '../bus/curve';
 import { HostPort, isLoopback, parseBusPort, parseHostPort } from '../bus/endpoints';
 import { DEFAULT_BUS_PORT } from '../bus/constants';
 import { boundedLayout, type WorldLayout } from './identity';
-import { intFlag, lastOf } from '../commands/flags';
+import { flagOrEnv, intFlag, lastOf } from '../commands/flags';
 
 export interface LaunchOptions {
   nnodes: number;
@@ -72,8 +72,8 @@ export function parseLaunchOptions(argv: Record<string, unknown>, env: NodeJS.Pr
   const size: Record<string, { value: number; from: string } | undefined> = {};
   for (const k of SIZES) {
     const envName = `WAVEBUS_${k.toUpperCase()}`;
-    if (given(argv[k])) size[k] = { value: parseIntArg(argv[k], `--${k}`, 1), from: `--${k}` };
-    else if (given(env[envName])) size[k] = { value: parseIntArg(env[envName], envName, 1), from: envName };
+    const set = flagOrEnv(given(argv[k]) ? argv[k] : undefined, `--${k}`, env, envName);
+    if (set) size[k] = { value: parseIntArg(set.raw, set.from, 1), from: set.from };
   }
   const anySize = SIZES.some((k) => size[k] !== undefined);
   const sizeProduct = SIZES.reduce((p, k) => p * (size[k]?.value ?? 1), 1);
@@ -107,13 +107,12 @@ export function parseLaunchOptions(argv: Record<string, unknown>, env: NodeJS.Pr
   }
   boundedLayout(layout, '--nnodes*--nproc-per-node');
 
-  const masterAddr = given(argv['master-addr'])
-    ? String(lastOf(argv['master-addr'])).trim()
-    : given(env.MASTER_ADDR)
-      ? String(env.MASTER_ADDR).trim()
-      : '127.0.0.1';
+  const masterFrom = flagOrEnv(given(argv['master-addr']) ? argv['master-addr'] : undefined, '--master-addr', env, 'MASTER_ADDR');
+  const masterAddr = masterFrom ? String(masterFrom.raw).trim() : '127.0.0.1';
 
-  let port = given(argv.port) ? parseBusPort(lastOf(argv.port), '--port') : given(env.WAVEBUS_PORT) ? parseBusPort(env.WAVEBUS_PORT, 'WAVEBUS_PORT') : DEFAULT_BUS_PORT;
+  // In launch, as for every flag here, an empty flag counts as not given.
+  const portFrom = flagOrEnv(given(argv.port) ? argv.port : undefined, '--port', env, 'WAVEBUS_PORT');
+  let port = portFrom ? parseBusPort(portFrom.raw, portFrom.from) : DEFAULT_BUS_PORT;
   let coordinator: HostPort = { host: masterAddr, port };
   if (given(argv.coordinator)) {
     coordinator = parseHostPort(String(lastOf(argv.coordinator)), '--coordinator');
