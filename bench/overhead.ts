@@ -12,6 +12,7 @@ import * as os from 'os';
 import * as path from 'path';
 import type { BenchArgs, BenchFlags } from './lib/flags';
 import { offPathCost } from './lib/off-path';
+import { packageRoot } from '../src/paths';
 
 const BIN = path.resolve(__dirname, '..', '..', 'bin', 'wavebus.js');
 
@@ -100,7 +101,22 @@ export const flags = {
   rounds: { type: 'int', default: 5, describe: 'interleaved rounds; the best of each mode is kept' },
   requests: { type: 'int', describe: 'requests in the workload (default: two arrive every step, 2 x steps)' },
   'lookahead-waves': { type: 'int', min: 1, describe: "the coordinator's --lookahead-waves (default: the coordinator's default)" },
+  'cpu-by-process': { type: 'boolean', default: false, describe: "also report each process's CPU per step, by thread (scripts/cpu-by-process.js preloaded into every node process)" },
 } satisfies BenchFlags;
+
+/** µs of CPU per step by process (its command) and thread kind, from scripts/cpu-by-process.js lines. */
+function cpuByProcess(file: string, steps: number): Record<string, Record<string, number>> {
+  const out: Record<string, Record<string, number>> = {};
+  const seen: Record<string, number> = {};
+  for (const line of fs.existsSync(file) ? fs.readFileSync(file, 'utf8').split('\n') : []) {
+    if (!line) continue;
+    const r = JSON.parse(line) as { cmd: string; threads: Record<string, number> };
+    // Several agents and ranks: numbered in the order they exited.
+    const name = `${r.cmd}${(seen[r.cmd] = (seen[r.cmd] ?? 0) + 1) > 1 ? ` #${seen[r.cmd]}` : ''}`;
+    out[name] = Object.fromEntries(Object.entries(r.threads).map(([t, us]) => [t, Math.round(us / steps)]));
+  }
+  return out;
+}
 
 export async function run(a: BenchArgs<typeof flags>): Promise<Record<string, unknown>> {
   const requests = a.requests ?? 2 * a.steps;
@@ -124,20 +140,27 @@ export async function run(a: BenchArgs<typeof flags>): Promise<Record<string, un
   fs.writeFileSync(offConfig, '{}\n');
   const on = { enabled: true };
   fs.writeFileSync(onConfig, JSON.stringify({ detector: { token_repeat: on, logits_finite: on, spec_acceptance: on, garbled: on } }));
-  const env = { ...process.env, WAVEBUS_LOG_LEVEL: 'error' };
+  const env: NodeJS.ProcessEnv = { ...process.env, WAVEBUS_LOG_LEVEL: 'error' };
   const best = { absent: 0, off: 0, on: 0 };
   const runs: Record<'absent' | 'off' | 'on', RunStats[]> = { absent: [], off: [], on: [] };
   /** CPU µs per step of each run's whole process tree (start-up included). */
   const cpu: Record<'absent' | 'off' | 'on', number[]> = { absent: [], off: [], on: [] };
+  /** With --cpu-by-process: the last round's per-process CPU per step, by mode. */
+  const byProcess: Record<string, Record<string, Record<string, number>>> = {};
   try {
     for (let round = 0; round < a.rounds; round++) {
       for (const mode of ['absent', 'off', 'on'] as const) {
         const dir = path.join(work, `r${round}-${mode}`);
         const cpuFile = path.join(work, `r${round}-${mode}.cpu`);
+        const procFile = path.join(work, `r${round}-${mode}.procs`);
+        const runEnv = a['cpu-by-process']
+          ? { ...env, NODE_OPTIONS: `${env.NODE_OPTIONS ?? ''} --require ${path.join(packageRoot(), 'scripts', 'cpu-by-process.js')}`.trim(), WAVEBUS_CPU_BY_PROCESS: procFile }
+          : env;
         const { code, cpuS } =
           mode === 'absent'
-            ? await runCli(sim(dir, ['--detached']), env, cpuFile)
-            : await runCli(launch(mode === 'off' ? offConfig : onConfig, sim(dir)), env, cpuFile);
+            ? await runCli(sim(dir, ['--detached']), runEnv, cpuFile)
+            : await runCli(launch(mode === 'off' ? offConfig : onConfig, sim(dir)), runEnv, cpuFile);
+        if (a['cpu-by-process']) byProcess[mode] = cpuByProcess(procFile, a.steps);
         if (code !== 0) throw new Error(`${mode} run failed (exit ${code})`);
         const r = readRun(dir);
         runs[mode].push(r);
@@ -199,6 +222,7 @@ export async function run(a: BenchArgs<typeof flags>): Promise<Record<string, un
     // With everything off, the client's calls of one step in a tight loop (best of 3 x 200 000):
     // what the engine pays per step, against the ±3 % spread of the rates on a busy host.
     off_path: offPath,
+    ...(a['cpu-by-process'] ? { cpu_us_per_step_by_process: byProcess } : {}),
     target: { off_ratio: 0.995, detectors_ratio: 0.98, detectors_ratio_1ms: 0.95, waited_fraction: 0 },
   };
 }
