@@ -49,7 +49,11 @@ describe.each(BENCHES)('bench %s', (b) => {
   test('an unknown flag or a stray word is refused, naming it', () => {
     let r = bench([b, '--frobnicate', '3']);
     expect(r.code).toBe(2);
-    expect(r.stderr).toMatch(new RegExp(`bench ${b}: Unknown arguments?: frobnicate\\b`));
+    expect(r.stderr).toMatch(new RegExp(`bench ${b}: unknown flag --frobnicate\\b`));
+    // A misspelled negation is quoted as typed, not as yargs reads it.
+    r = bench([b, '--no-frobnicate']);
+    expect(r.code).toBe(2);
+    expect(r.stderr).toMatch(new RegExp(`bench ${b}: unknown flag --no-frobnicate\\b`));
     r = bench([b, '1000']);
     expect(r.code).toBe(2);
     expect(r.stderr).toMatch(new RegExp(`bench ${b}: .*1000`));

@@ -186,14 +186,26 @@ function stackTrace(s: string): string | undefined {
 test('random values for every flag and variable: it works, or a clear error naming it; never a stack trace or a hang', async () => {
   const root = tmpDir('wavebus-fuzz-flags-');
   let n = 0;
+  // Every case's ports are drawn before any case runs: no two pairs may share a port, or two
+  // coordinators of one batch bind the same one (a failure that names --port, not the fuzzed flag).
+  const drawn = new Set<number>();
+  const distinctPair = async (): Promise<number> => {
+    for (;;) {
+      const p = await freePortPair();
+      if (!drawn.has(p) && !drawn.has(p + 1)) {
+        drawn.add(p).add(p + 1);
+        return p;
+      }
+    }
+  };
   const b: Bases = {
     own: () => {
       const d = path.join(root, `d${n++}`);
       fs.mkdirSync(d, { recursive: true, mode: 0o700 }); // a run dir must be private
       return d;
     },
-    port: () => freePortPair(),
-    deadPort: await freePortPair(),
+    port: distinctPair,
+    deadPort: await distinctPair(),
   };
   const m = new Mutator(5);
   const cases: Case[] = [];

@@ -45,7 +45,7 @@ export function parseBenchFlags<F extends BenchFlags>(bench: string, flags: F, a
     .exitProcess(false)
     .parserConfiguration({ 'camel-case-expansion': false })
     .fail((msg, err) => {
-      throw err ?? new ConfigError(`bench ${bench}: ${msg} (\`wavebus bench ${bench} --help\` lists its flags)`);
+      throw err ?? new ConfigError(`bench ${bench}: ${asGiven(msg, argv)} (\`wavebus bench ${bench} --help\` lists its flags)`);
     });
   // Numbers are read as text and checked here: yargs' own number type takes "1e3", "0x10", "" (NaN).
   for (const [k, f] of Object.entries(all)) y.option(k, { type: f.type === 'boolean' ? 'boolean' : 'string' });
@@ -56,6 +56,20 @@ export function parseBenchFlags<F extends BenchFlags>(bench: string, flags: F, a
   } catch (e) {
     throw e instanceof ConfigError ? new ConfigError(`bench ${bench}: ${e.message}`, e.code) : e;
   }
+}
+
+/**
+ * yargs names an unknown flag without its dashes, and `--no-x` as `x`: quote each one as it was
+ * typed, so the message shows what to correct.
+ */
+function asGiven(msg: string, argv: string[]): string {
+  const m = /^Unknown arguments?: (.+)$/.exec(msg);
+  if (!m) return msg;
+  const typed = m[1].split(', ').map((name) => {
+    const t = argv.find((a) => [`--${name}`, `--no-${name}`, `-${name}`].includes(a.split('=')[0]));
+    return t ? t.split('=')[0] : name;
+  });
+  return `unknown flag${typed.length > 1 ? 's' : ''} ${typed.join(', ')}`;
 }
 
 function valuesOf(all: BenchFlags, a: Record<string, unknown>): Record<string, unknown> {

@@ -25,8 +25,6 @@ import { manifestJson, tallyAcks } from './dump-manifest';
 import { RequestInfoWriter, requestInfoJson } from './request-info';
 import { FinishedJobs } from './finished-jobs';
 import { incidentWaveDir, jobIdOf, waveDir } from './dump-names';
-
-export { jobIdOf, waveDir };
 import { replicaDumpRanks, replicaHead, type PpStages, type WorldLayout } from '../launch/identity';
 
 export type { SkipReason };
