@@ -143,19 +143,29 @@ export async function exitedWithin(p: Spawned, ms: number, what = `${p.child.spa
   }
 }
 
-/** Kill every process this file started and remove its temp dirs. */
+/** How long cleanup() lets the processes it stops exit on SIGTERM before it kills them. */
+const CLEANUP_GRACE_MS = 3000;
+
+/** Stop every process this file started and remove its temp dirs. */
 export async function cleanup(): Promise<void> {
-  const waits: Promise<unknown>[] = [];
-  for (const c of children) {
-    if (c.exitCode === null && c.signalCode === null) {
-      waits.push(new Promise((r) => c.once('exit', r)));
+  // SIGTERM first, as a user stops them: an agent then removes the run dir it made in /tmp (a
+  // SIGKILL leaves it behind). Whatever still runs after the grace (stopped, or slow) is killed.
+  const live = [...children].filter((c) => c.exitCode === null && c.signalCode === null);
+  const waits = live.map((c) => new Promise((r) => c.once('exit', r)));
+  const signal = (sig: NodeJS.Signals) => {
+    for (const c of live) {
       try {
-        c.kill('SIGKILL');
+        c.kill(sig);
       } catch {
         /* already gone */
       }
     }
-  }
+  };
+  signal('SIGTERM');
+  let graceTimer: NodeJS.Timeout | undefined;
+  await Promise.race([Promise.all(waits), new Promise((r) => (graceTimer = setTimeout(r, CLEANUP_GRACE_MS)))]);
+  clearTimeout(graceTimer);
+  signal('SIGKILL');
   await Promise.all(waits);
   children.clear();
   // What a group leader started (a launched job's command and its workers) may outlive it: kill the group.

@@ -56,6 +56,20 @@ function unplant(names: string[], keep?: string): void {
   for (const n of names) if (n !== keep) fs.rmSync(n, { recursive: true, force: true });
 }
 
+test("an agent's own run dir in $TMPDIR is gone once the tests' cleanup stopped it (SIGTERM first, SIGKILL only after a grace)", async () => {
+  // A private TMPDIR outside the helpers' temp dirs: cleanup() removes those, this one the test does.
+  const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'wavebus-agent-tmpdir-'));
+  const left = () => fs.readdirSync(tmp).filter((n) => n.startsWith('wavebus-agent-rank0-'));
+  try {
+    spawnWavebus(['agent', '--coordinator', `127.0.0.1:${await freePort()}`], { env: { ...AGENT_ENV, TMPDIR: tmp } });
+    await waitFor(() => left().some((d) => fs.existsSync(path.join(tmp, d, 'mailbox-local0'))), "the agent's mailbox in its run dir");
+    await cleanup();
+    expect(left()).toEqual([]);
+  } finally {
+    fs.rmSync(tmp, { recursive: true, force: true });
+  }
+});
+
 describeAsRoot('run directories against another local user', () => {
   let user: OtherUser;
   beforeAll(() => {

@@ -123,6 +123,8 @@ export const command: CommandModule = {
     // A named run dir is created 0700 or must already be ours and 0700; without one, an
     // unpredictable private dir in tmpdir. Only a dir created here is removed at exit.
     const rd = a.runDir ? claimRunDir(a.runDir, a.runDirFlag) : makeRunDir(`wavebus-agent-rank${identity.globalRank}-`, os.tmpdir());
+    // Every way out of this process but SIGKILL removes a dir made here (a failed start included).
+    process.once('exit', () => releaseRunDir(rd));
     const agent = new Agent({
       identity,
       runDir: rd.path,
@@ -144,7 +146,6 @@ export const command: CommandModule = {
     log.info({ rank: identity.globalRank, lastPp: identity.isLastPp, runDir: rd.path, snapshots: snapshot.enabled, dumpRoot: a.dumpRoot, busToken: a.busToken !== undefined, ...(snapshot.enabled ? { snapshotRoot: snapshot.snapshotRoot, snapshotRootFrom: snapshot.rootSource } : {}) }, 'agent started');
     log.info({ signal: await signal }, 'stopping');
     await agent.stop();
-    releaseRunDir(rd);
     process.exit(0);
   },
 };
