@@ -1,4 +1,5 @@
 // The wave bus end to end: real ZeroMQ sockets, real `wavebus agent` processes, real restarts.
+import * as path from 'path';
 import { Dealer, Publisher, Router } from 'zeromq';
 import { AgentBus, type SnapshotReplyMsg, type WaveEvent } from '../src/bus/agent-bus';
 import { Coordinator, requestStatus, type CoordinatorOptions } from '../src/bus/coordinator';
@@ -13,7 +14,7 @@ import { configFromRaw, defaultConfig } from '../src/guard/config';
 import { resolveIdentity, type WorldLayout } from '../src/launch/identity';
 import { createLogger } from '../src/log';
 import type { DumpJob, DumpResult, StepTelemetry } from '../src/messages';
-import { cleanup, freePortPair, portFree, runWavebus, spawnWavebus, waitFor, type Spawned } from './helpers';
+import { cleanup, freePortPair, portFree, runWavebus, spawnWavebus, tmpDir, waitFor, type Spawned } from './helpers';
 
 // Typed configs as the guard builds them (src/guard/agent-config.ts), told apart by their fields.
 const LANE_CONFIG = agentConfig(defaultConfig(), { hotReload: true, dumpRoot: '' });
@@ -67,7 +68,8 @@ function checkDelivery(emitted: number[], snapshotWaves: number[], upTo: number,
 
 function spawnAgent(rank: number, layout: WorldLayout, port: number, extraEnv: NodeJS.ProcessEnv = {}): Spawned {
   return spawnWavebus(
-    ['agent', '--rank', String(rank), '--world-size', String(layout.worldSize), '--tp', String(layout.tp), '--pp', String(layout.pp), '--coordinator', `127.0.0.1:${port}`],
+    // A run dir of the test's own: one of these agents is killed with SIGKILL, which no process can clean up after.
+    ['agent', '--rank', String(rank), '--world-size', String(layout.worldSize), '--tp', String(layout.tp), '--pp', String(layout.pp), '--coordinator', `127.0.0.1:${port}`, '--run-dir', path.join(tmpDir(), 'run')],
     { env: { ...process.env, WAVEBUS_LOG_LEVEL: 'debug', ...extraEnv } },
   );
 }

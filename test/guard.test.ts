@@ -8,7 +8,14 @@ import type { RequestStep, StepTelemetry } from '../src/messages';
 import * as http from 'http';
 import { cleanup, freePortPair, spawnWavebus, tmpDir, waitFor } from './helpers';
 
-afterAll(cleanup);
+// Every guard made here is closed before the temp dirs go: its ledger's ack timers would otherwise
+// fire during a later test file and write manifests into a removed dir (making it again).
+const guards: Guard[] = [];
+const track = (g: Guard): Guard => (guards.push(g), g);
+afterAll(async () => {
+  for (const g of guards.splice(0)) g.close();
+  await cleanup();
+});
 
 function step(reqId: string, p: Partial<RequestStep> = {}): RequestStep {
   return { reqId, newTokenIds: [1], newTokenLogprobs: [], newTokenRanks: [], draftLen: 0, accepted: 0, blockIds: [4, 5], finished: false, freed: false, promptLen: 10, numOutputTokens: 0, ...p };
@@ -24,7 +31,7 @@ function guard(runtimeConfig: unknown, extra: Record<string, unknown> = {}) {
   const startup = parseStartupOptions(JSON.stringify({ runtime_config: runtimeConfig, ...extra }), {}, d);
   const lines: Record<string, unknown>[] = [];
   const log = pino({ level: 'info' }, { write: (s: string) => lines.push(JSON.parse(s)) });
-  const g = new Guard({ startup, layout: { worldSize: 8, tp: 4, pp: 2, dp: 1, cp: 1 }, log, pid: 4242, pollIntervalMs: 0, verifyIntervalMs: 0 });
+  const g = track(new Guard({ startup, layout: { worldSize: 8, tp: 4, pp: 2, dp: 1, cp: 1 }, log, pid: 4242, pollIntervalMs: 0, verifyIntervalMs: 0 }));
   const root = startup.dumpDir;
   const readJson = (...p: string[]) => JSON.parse(fs.readFileSync(path.join(...p), 'utf8'));
   const reports = (type: string) => {
@@ -278,7 +285,7 @@ describe('startup (seed: startup overwrites the JSON from defaults/overlay)', ()
     const startup = parseStartupOptions(JSON.stringify({ runtime_config_hot_reload: true }), {}, d);
     fs.mkdirSync(path.dirname(startup.configPath), { recursive: true });
     fs.writeFileSync(startup.configPath, JSON.stringify({ dump: { manual_dump: 2 } }));
-    const g = new Guard({ startup, layout: { worldSize: 1, tp: 1, pp: 1, dp: 1, cp: 1 }, log: pino({ level: 'silent' }), pollIntervalMs: 0, verifyIntervalMs: 0 });
+    const g = track(new Guard({ startup, layout: { worldSize: 1, tp: 1, pp: 1, dp: 1, cp: 1 }, log: pino({ level: 'silent' }), pollIntervalMs: 0, verifyIntervalMs: 0 }));
     const counts: number[] = [];
     for (let w = 1; w <= 4; w++) counts.push(g.onWaveHead(0, w, tel(w - 1, [step('a'), step('b')])).dumps.length);
     expect(counts).toEqual([0, 0, 0, 0]);
@@ -298,7 +305,7 @@ describe('startup (seed: startup overwrites the JSON from defaults/overlay)', ()
     const { g, lines } = (() => {
       const lines: Record<string, unknown>[] = [];
       const log = pino({ level: 'info' }, { write: (x: string) => lines.push(JSON.parse(x)) });
-      return { g: new Guard({ startup, layout: { worldSize: 1, tp: 1, pp: 1, dp: 1, cp: 1 }, log }), lines };
+      return { g: track(new Guard({ startup, layout: { worldSize: 1, tp: 1, pp: 1, dp: 1, cp: 1 }, log })), lines };
     })();
     expect(g.config().detector.token_repeat.window).toBe(32);
     const errs = g.status().startup_config_errors as { source: string; error: string }[];

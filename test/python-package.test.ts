@@ -3,7 +3,9 @@
 import * as path from 'path';
 import * as fs from 'fs';
 import { spawnSync } from 'child_process';
-import { PYTHON, ROOT, tmpDir } from './helpers';
+import { cleanup, PYTHON, ROOT, tmpDir } from './helpers';
+
+afterAll(cleanup);
 
 test('pip install ./clients/python works offline; the import and `-m wavebus_client --version` work from elsewhere', () => {
   const venv = path.join(tmpDir('wavebus-venv-'), 'v');

@@ -247,7 +247,8 @@ describeAsRoot('shared memory of killed processes', () => {
   test('kill -9 of `wavebus sim` (and of one of its ranks) leaves no new /dev/shm entries', async () => {
     const before = simShmEntries();
     const fresh = () => [...simShmEntries()].filter((n) => !before.has(n));
-    const s = spawnWavebus([...SIM, '--detached', '--nproc-per-node', '2', '--result-dir', path.join(tmpDir(), 'res')]);
+    // TMPDIR of the test's own: the job's lockstep dir cannot outlive a SIGKILL of the job otherwise.
+    const s = spawnWavebus([...SIM, '--detached', '--nproc-per-node', '2', '--result-dir', path.join(tmpDir(), 'res')], { env: { ...process.env, TMPDIR: tmpDir() } });
     const made = await waitFor(() => (fresh().length === 2 ? fresh() : undefined), 'both ranks to create their segments', 60000);
     await waitFor(() => made.every(stepping), 'both ranks to pass the start barrier and step', 60000);
     // A rank killed alone: the sim job removes its segment.
@@ -268,7 +269,7 @@ describeAsRoot('shared memory of killed processes', () => {
     const before = simShmEntries();
     const fresh = () => [...simShmEntries()].filter((n) => !before.has(n));
     const port = await freePortPair();
-    const r = spawnWavebus(['launch', '--ready-timeout-ms', '120000', '--port', String(port), '--', process.execPath, CLI, ...SIM, '--result-dir', path.join(tmpDir(), 'res')]);
+    const r = spawnWavebus(['launch', '--ready-timeout-ms', '120000', '--port', String(port), '--', process.execPath, CLI, ...SIM, '--result-dir', path.join(tmpDir(), 'res')], { env: { ...process.env, TMPDIR: tmpDir() } });
     const made = await waitFor(() => (fresh().length === 1 ? fresh() : undefined), 'the rank to create its segment', 150000);
     expect(made[0]).toMatch(/^wavebus-[0-9a-f]{12}-sim-r0$/);
     const sim = childrenOf(r.child.pid!).find((p) => / sim --steps/.test(cmdline(p)));

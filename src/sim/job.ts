@@ -35,12 +35,16 @@ export async function runSimJob(opts: SimJobOptions): Promise<SimJobResult> {
   const { nnodes, nodeRank, nprocPerNode, masterAddr, env: _env, startAt: _s, tpLockstep, ...given } = opts;
   // The ranks' lockstep sockets: a directory of the job's own (mkdtemp: 0700, unpredictable).
   const lockstepDir = tpLockstep === false ? undefined : fs.mkdtempSync(path.join(os.tmpdir(), 'wavebus-sim-tp-'));
+  // Removed below; and on any other way out but SIGKILL (the process exits while ranks still run).
+  const removeLockstep = () => lockstepDir && fs.rmSync(lockstepDir, { recursive: true, force: true });
+  process.once('exit', removeLockstep);
   // The job names the ranks' segments so it can remove the one of a rank that dies (SIGKILL included).
   const rankOpts: SimRankOptions = { ...given, shmTag: given.shmTag ?? simShmTag(env), lockstepDir };
   try {
     return await runRanks(opts, rankOpts, env, world);
   } finally {
-    if (lockstepDir) fs.rmSync(lockstepDir, { recursive: true, force: true });
+    removeLockstep();
+    process.off('exit', removeLockstep);
   }
 }
 
