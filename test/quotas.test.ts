@@ -12,7 +12,13 @@ import { decideAheadWaves } from '../src/bus/constants';
 /** The guard's layout below has pp = 2: a head decides the vector two waves on. */
 const AHEAD = decideAheadWaves(2);
 
-afterAll(cleanup);
+// Guards are closed before their temp dirs go: a ledger writes request_info.json a turn after
+// arming, and its ack timers fire later still (they would make a removed dir again).
+const guards: Guard[] = [];
+afterAll(async () => {
+  for (const g of guards.splice(0)) g.close();
+  await cleanup();
+});
 
 const quiet = pino({ level: 'silent' });
 
@@ -25,6 +31,7 @@ function guard(runtimeConfig: unknown, clock?: () => number) {
   const d = tmpDir();
   const startup = parseStartupOptions(JSON.stringify({ runtime_config: runtimeConfig }), {}, d);
   const g = new Guard({ startup, layout: { worldSize: 4, tp: 2, pp: 2, dp: 1, cp: 1 }, log: quiet, clock });
+  guards.push(g);
   const reports = (type: string) => {
     const dir = path.join(startup.reportDir, type);
     return fs.existsSync(dir) ? fs.readdirSync(dir).sort().map((f) => JSON.parse(fs.readFileSync(path.join(dir, f), 'utf8'))) : [];
