@@ -1,6 +1,6 @@
 // Preloaded into every node process of a job (NODE_OPTIONS="--require <this file>"): at exit,
 // appends one JSON line to $WAVEBUS_CPU_BY_PROCESS (a file path) with the process's command
-// (`wavebus <cmd>`), its CPU and its threads' CPU by name (the main thread, V8's workers "node",
+// (`wavebus <cmd>`) and its threads' CPU by name (the main thread, V8's workers "node",
 // ZeroMQ's I/O thread "ZMQbg/IO/0"), from /proc. docs/benchmarks.md, "Where a wave's time goes".
 'use strict';
 const fs = require('fs');
@@ -20,8 +20,7 @@ if (out) {
         /* the thread ended meanwhile */
       }
     }
-    const u = process.cpuUsage();
     const cmd = process.argv.slice(1).find((a) => !a.startsWith('-') && !a.endsWith('.js')) || process.argv[1] || '';
-    fs.appendFileSync(out, `${JSON.stringify({ pid: process.pid, cmd, cpu_us: u.user + u.system, threads })}\n`);
+    fs.appendFileSync(out, `${JSON.stringify({ pid: process.pid, cmd, threads })}\n`);
   });
 }

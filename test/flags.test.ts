@@ -57,7 +57,7 @@ test('aggregate --timeout-ms 3000000000 (over a timer\'s range) names the flag a
 // commands/flags.ts: the one parser for numeric flags. Plain decimal digits only, bounds named.
 describe('flags.ts', () => {
   // eslint-disable-next-line @typescript-eslint/no-var-requires
-  const { intFlag, msFlag, portFlag, mibFlag, numberFlag, strictInt, flagOrEnv, envSetting, MAX_TIMER_MS } = require('../src/commands/flags') as typeof import('../src/commands/flags');
+  const { intFlag, msFlag, portFlag, mibFlag, numberFlag, strictInt, flagOrEnv, envSetting, isSet, MAX_TIMER_MS } = require('../src/commands/flags') as typeof import('../src/commands/flags');
   const msg = (f: () => unknown): string => {
     try {
       f();
@@ -93,6 +93,7 @@ describe('flags.ts', () => {
     expect(flagOrEnv(undefined, '--x', env, 'BLANK')).toBeUndefined();
     expect(envSetting(env, 'EMPTY')).toBeUndefined();
     expect(envSetting(env, 'MISSING')).toBeUndefined();
+    expect([isSet(undefined), isSet(''), isSet('  '), isSet(' 0 ')]).toEqual([false, false, false, true]);
     const given = flagOrEnv('', '--lookahead-waves', env, 'WAVEBUS_LOOKAHEAD_WAVES')!;
     expect(msg(() => intFlag(given.raw, given.from))).toBe('ERR_CONFIG: --lookahead-waves: expected an integer >= 1, got ""');
   });

@@ -4,7 +4,6 @@
 // as an engine does, against the same loop of bare awaits. The rates of `bench overhead` carry
 // ±3 % of run-to-run spread on a small shared host; this is the part of the off ratio the client
 // itself is responsible for.
-import * as crypto from 'crypto';
 import * as fs from 'fs';
 import * as os from 'os';
 import * as path from 'path';
@@ -22,7 +21,7 @@ export interface OffPathCost {
 
 export async function offPathCost(steps = 200_000, rounds = 3): Promise<OffPathCost> {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'wavebus-bench-offpath-'));
-  const mbox = path.join(dir, `mailbox-${crypto.randomBytes(4).toString('hex')}`);
+  const mbox = path.join(dir, 'mailbox');
   const writer = MailboxWriter.create(mbox);
   writer.setFeatures(0);
   // Nothing is ever sent with features 0, so the endpoint is never connected.

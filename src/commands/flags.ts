@@ -25,7 +25,12 @@ export function flagOrEnv(flagValue: unknown, flag: string, env: NodeJS.ProcessE
 /** An environment variable's value when set and not blank, with its name. */
 export function envSetting(env: NodeJS.ProcessEnv, variable: string): Setting | undefined {
   const v = env[variable];
-  return v !== undefined && v.trim() !== '' ? { raw: v, from: variable } : undefined;
+  return isSet(v) ? { raw: v, from: variable } : undefined;
+}
+
+/** A variable counts as set when it holds more than blanks (`VAR=` in a shell unsets it). */
+export function isSet(v: string | undefined): v is string {
+  return v !== undefined && v.trim() !== '';
 }
 
 /** A value as given, and the flag or variable it came from. */

@@ -31,9 +31,4 @@ export class FinishedJobs {
       if (this.deps.kindOf(old) === kind) this.deps.drop(old);
     }
   }
-
-  clear(): void {
-    this.queued.complete.length = 0;
-    this.queued.incomplete.length = 0;
-  }
 }

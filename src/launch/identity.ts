@@ -3,7 +3,7 @@
 //
 // Rank order is vLLM's, TP fastest:
 //   global = ((dp_rank * pp + pp_rank) * cp + cp_rank) * tp + tp_rank
-import { lastOf, strictInt } from '../commands/flags';
+import { isSet, lastOf, strictInt } from '../commands/flags';
 import * as os from 'os';
 import type { Options } from 'yargs';
 import { ConfigError } from '../errors';
@@ -71,9 +71,6 @@ function parseInt0(raw: unknown, from: string, min: 0 | 1): number {
   return n;
 }
 
-function present(v: string | undefined): v is string {
-  return v !== undefined && v !== '';
-}
 
 interface Candidate {
   flag?: number | string;
@@ -88,7 +85,7 @@ function pick(env: NodeJS.ProcessEnv, c: Candidate, min: 0 | 1): Sourced<number>
   }
   for (const [name, family] of c.env) {
     const v = env[name];
-    if (present(v)) return { value: parseInt0(v, name, min), from: name, family };
+    if (isSet(v)) return { value: parseInt0(v, name, min), from: name, family };
   }
   return undefined;
 }
@@ -243,9 +240,9 @@ function checkSameLauncher(rank: Sourced<number> | undefined, size: Sourced<numb
 
 function resolveMasterAddr(env: NodeJS.ProcessEnv, flags: IdentityFlags): string {
   if (flags.masterAddr !== undefined && flags.masterAddr !== '') return flags.masterAddr;
-  if (present(env.MASTER_ADDR)) return env.MASTER_ADDR.trim();
-  if (present(env.SLURM_LAUNCH_NODE_IPADDR)) return env.SLURM_LAUNCH_NODE_IPADDR.trim();
-  const first = present(env.SLURM_JOB_NODELIST) ? firstSlurmHost(env.SLURM_JOB_NODELIST) : undefined;
+  if (isSet(env.MASTER_ADDR)) return env.MASTER_ADDR.trim();
+  if (isSet(env.SLURM_LAUNCH_NODE_IPADDR)) return env.SLURM_LAUNCH_NODE_IPADDR.trim();
+  const first = isSet(env.SLURM_JOB_NODELIST) ? firstSlurmHost(env.SLURM_JOB_NODELIST) : undefined;
   return first ?? '127.0.0.1';
 }
 
@@ -271,7 +268,7 @@ export function resolveIdentity(env: NodeJS.ProcessEnv, flags: IdentityFlags = {
   }
 
   // Node rank: torchrun's GROUP_RANK and NODE_RANK must agree when both are set.
-  if (flags.nodeRank === undefined && present(env.GROUP_RANK) && present(env.NODE_RANK)) {
+  if (flags.nodeRank === undefined && isSet(env.GROUP_RANK) && isSet(env.NODE_RANK)) {
     const g = parseInt0(env.GROUP_RANK, 'GROUP_RANK', 0);
     const n = parseInt0(env.NODE_RANK, 'NODE_RANK', 0);
     if (g !== n) throw identityError(`GROUP_RANK=${g} and NODE_RANK=${n} disagree; unset one or pass --node-rank`);
@@ -279,8 +276,8 @@ export function resolveIdentity(env: NodeJS.ProcessEnv, flags: IdentityFlags = {
   const nodeId = pick(env, { flag: flags.nodeRank, flagName: '--node-rank', env: [['GROUP_RANK', 'torchrun'], ['NODE_RANK', 'torchrun'], ['SLURM_NODEID', 'slurm']] }, 0);
 
   let localWorld = pick(env, { flag: flags.localWorldSize, flagName: '--local-world-size', env: [['LOCAL_WORLD_SIZE', 'torchrun'], ['SLURM_NTASKS_PER_NODE', 'slurm']] }, 1);
-  if (localWorld === undefined && present(env.SLURM_TASKS_PER_NODE)) {
-    const slurmNode = present(env.SLURM_NODEID) ? parseInt0(env.SLURM_NODEID, 'SLURM_NODEID', 0) : 0;
+  if (localWorld === undefined && isSet(env.SLURM_TASKS_PER_NODE)) {
+    const slurmNode = isSet(env.SLURM_NODEID) ? parseInt0(env.SLURM_NODEID, 'SLURM_NODEID', 0) : 0;
     localWorld = { value: slurmTasksOnNode(env.SLURM_TASKS_PER_NODE, slurmNode), from: 'SLURM_TASKS_PER_NODE', family: 'slurm' };
   }
   const local = pick(env, { flag: flags.localRank, flagName: '--local-rank', env: [['LOCAL_RANK', 'torchrun'], ['SLURM_LOCALID', 'slurm']] }, 0);

@@ -68,11 +68,14 @@ export function parseLaunchOptions(argv: Record<string, unknown>, env: NodeJS.Pr
   const nodeRank = given(argv['node-rank']) ? parseIntArg(argv['node-rank'], '--node-rank', 0) : 0;
   if (nodeRank >= nnodes) throw launchError(`--node-rank ${nodeRank} must be below --nnodes ${nnodes}`);
 
+  // Flag, else variable (src/commands/flags.ts); in launch an empty flag counts as not given.
+  const setting = (k: string, variable: string) => flagOrEnv(given(argv[k]) ? argv[k] : undefined, `--${k}`, env, variable);
+
   // Parallel sizes: flag, then WAVEBUS_<SIZE>; remember where each came from for the error.
   const size: Record<string, { value: number; from: string } | undefined> = {};
   for (const k of SIZES) {
     const envName = `WAVEBUS_${k.toUpperCase()}`;
-    const set = flagOrEnv(given(argv[k]) ? argv[k] : undefined, `--${k}`, env, envName);
+    const set = setting(k, envName);
     if (set) size[k] = { value: parseIntArg(set.raw, set.from, 1), from: set.from };
   }
   const anySize = SIZES.some((k) => size[k] !== undefined);
@@ -107,11 +110,9 @@ export function parseLaunchOptions(argv: Record<string, unknown>, env: NodeJS.Pr
   }
   boundedLayout(layout, '--nnodes*--nproc-per-node');
 
-  const masterFrom = flagOrEnv(given(argv['master-addr']) ? argv['master-addr'] : undefined, '--master-addr', env, 'MASTER_ADDR');
+  const masterFrom = setting('master-addr', 'MASTER_ADDR');
   const masterAddr = masterFrom ? String(masterFrom.raw).trim() : '127.0.0.1';
-
-  // In launch, as for every flag here, an empty flag counts as not given.
-  const portFrom = flagOrEnv(given(argv.port) ? argv.port : undefined, '--port', env, 'WAVEBUS_PORT');
+  const portFrom = setting('port', 'WAVEBUS_PORT');
   let port = portFrom ? parseBusPort(portFrom.raw, portFrom.from) : DEFAULT_BUS_PORT;
   let coordinator: HostPort = { host: masterAddr, port };
   if (given(argv.coordinator)) {
@@ -123,7 +124,7 @@ export function parseLaunchOptions(argv: Record<string, unknown>, env: NodeJS.Pr
   }
   // Several nodes with the default loopback master cannot work across hosts. An explicit
   // loopback address is respected: that is how several "nodes" are simulated on one host.
-  const explicitAddr = given(argv['master-addr']) || given(env.MASTER_ADDR) || given(argv.coordinator);
+  const explicitAddr = masterFrom !== undefined || given(argv.coordinator);
   if (nnodes > 1 && !explicitAddr && isLoopback(coordinator.host)) {
     throw launchError(
       `--nnodes ${nnodes}: no --master-addr, MASTER_ADDR or --coordinator, and the default ${coordinator.host} is loopback, ` +

@@ -6,6 +6,7 @@ import * as os from 'os';
 import * as path from 'path';
 import { ConfigError } from '../errors';
 import { shmNameFor, simShmTag, unlinkQuietly, type SimRankOptions, type SimRankResult } from './rank';
+import { makeRunDir, releaseRunDir } from '../launch/run-dir';
 
 export interface SimJobOptions extends Omit<SimRankOptions, 'startAt' | 'lockstepDir'> {
   /** TP ranks step in lockstep (tp-barrier.ts), as a real group's all-reduce keeps them; default true. */
@@ -33,10 +34,11 @@ export async function runSimJob(opts: SimJobOptions): Promise<SimJobResult> {
   if (opts.nodeRank >= opts.nnodes) throw new ConfigError(`--node-rank ${opts.nodeRank} must be < --nnodes ${opts.nnodes}`);
   const env = opts.env ?? process.env;
   const { nnodes, nodeRank, nprocPerNode, masterAddr, env: _env, startAt: _s, tpLockstep, ...given } = opts;
-  // The ranks' lockstep sockets: a directory of the job's own (mkdtemp: 0700, unpredictable).
-  const lockstepDir = tpLockstep === false ? undefined : fs.mkdtempSync(path.join(os.tmpdir(), 'wavebus-sim-tp-'));
-  // Removed below; and on any other way out but SIGKILL (the process exits while ranks still run).
-  const removeLockstep = () => lockstepDir && fs.rmSync(lockstepDir, { recursive: true, force: true });
+  // The ranks' lockstep sockets: a private dir of the job's own (run-dir.ts), removed below and on
+  // any other way out but SIGKILL (the process exits while ranks still run).
+  const lockstep = tpLockstep === false ? undefined : makeRunDir('wavebus-sim-tp-', os.tmpdir());
+  const lockstepDir = lockstep?.path;
+  const removeLockstep = () => lockstep && releaseRunDir(lockstep);
   process.once('exit', removeLockstep);
   // The job names the ranks' segments so it can remove the one of a rank that dies (SIGKILL included).
   const rankOpts: SimRankOptions = { ...given, shmTag: given.shmTag ?? simShmTag(env), lockstepDir };
