@@ -2,7 +2,7 @@
 import * as fs from 'fs';
 import * as path from 'path';
 import { ConfigError, KvDirNameError } from './errors';
-import { MAX_WORLD_SIZE, globalRankOf, rankCoordinates, type WorldLayout } from './launch/identity';
+import { MAX_WORLD_SIZE, globalRankOf, rankCoordinates, type WorldLayout } from './layout';
 
 /** The per-process input snapshot directory name: unique under any parallelism (docs/design.md). */
 export function rankDirName(globalRank: number): string {

@@ -11,7 +11,8 @@ import { DEFAULT_LOOKAHEAD_WAVES, decideAheadWaves } from '../src/bus/constants'
 import { ConfigError } from '../src/errors';
 import { agentConfig } from '../src/guard/agent-config';
 import { configFromRaw, defaultConfig } from '../src/guard/config';
-import { resolveIdentity, type WorldLayout } from '../src/launch/identity';
+import { resolveIdentity } from '../src/launch/identity';
+import type { WorldLayout } from '../src/layout';
 import { createLogger } from '../src/log';
 import type { DumpJob, DumpResult, StepTelemetry } from '../src/messages';
 import { cleanup, freePortPair, portFree, runWavebus, spawnWavebus, tmpDir, waitFor, type Spawned } from './helpers';

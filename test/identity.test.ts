@@ -2,19 +2,8 @@
 import * as os from 'os';
 import yargs from 'yargs';
 import { ConfigError } from '../src/errors';
-import {
-  firstSlurmHost,
-  globalRankOf,
-  identityFlagsFromArgv,
-  identityOptions,
-  identityToProto,
-  lastPpRanks,
-  rankCoordinates,
-  resolveIdentity,
-  resolveLayout,
-  slurmTasksOnNode,
-  WorldLayout,
-} from '../src/launch/identity';
+import { firstSlurmHost, identityFlagsFromArgv, identityOptions, resolveIdentity, resolveLayout, slurmTasksOnNode } from '../src/launch/identity';
+import { globalRankOf, identityToProto, lastPpRanks, rankCoordinates, WorldLayout } from '../src/layout';
 import { decode, encode, messageType } from '../src/proto';
 
 const torchrun = (o: Record<string, string> = {}): NodeJS.ProcessEnv => ({

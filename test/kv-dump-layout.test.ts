@@ -5,7 +5,7 @@ import * as fs from 'fs';
 import * as path from 'path';
 import { KvDirNameError } from '../src/errors';
 import { DumpLedger } from '../src/guard/dump-ledger';
-import { lastPpRanks, rankCoordinates, type WorldLayout } from '../src/launch/identity';
+import { lastPpRanks, rankCoordinates, type WorldLayout } from '../src/layout';
 import {
   checkKvDirIdentity,
   inKvRankDirOf,

@@ -11,7 +11,8 @@ import { PROTOCOL_VERSION } from '../src/bus/protocol-version';
 import { decodeAgentMessage, decodeCoordinatorMessage, encodeAgentMessage, encodeBusFrame, encodeCoordinatorMessage, type CoordinatorMsg } from '../src/bus/frames';
 import { tcpEndpoint } from '../src/bus/endpoints';
 import { freePortPair } from '../src/bus/ports';
-import { resolveIdentity, identityToProto, type WorldLayout } from '../src/launch/identity';
+import { resolveIdentity } from '../src/launch/identity';
+import { identityToProto, type WorldLayout } from '../src/layout';
 import { createLogger } from '../src/log';
 import { waitFor } from './helpers';
 

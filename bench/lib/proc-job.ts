@@ -12,7 +12,7 @@ import { freePortPair } from '../../src/bus/ports';
 import { COORDINATOR_NODE_FLAGS } from '../../src/bus/constants';
 import type { CurveClientKeys } from '../../src/bus/curve';
 import { WavebusClient, type EndOfWaveResult } from '../../src/client/client';
-import { replicaDumpRanks, replicaHead, replicaOf, type WorldLayout } from '../../src/launch/identity';
+import { replicaDumpRanks, replicaHead, replicaOf, type WorldLayout } from '../../src/layout';
 import { ShmSegment } from '../../src/memory';
 import type { StepTelemetry } from '../../src/messages';
 import { agentEndpoint, mailboxPath, packageRoot } from '../../src/paths';

@@ -8,7 +8,7 @@
 import * as fs from 'fs';
 import * as path from 'path';
 import { isMainThread, parentPort, Worker, workerData } from 'worker_threads';
-import { replicaDumpRanks, type WorldLayout } from '../../src/launch/identity';
+import { replicaDumpRanks, type WorldLayout } from '../../src/layout';
 import { isKvRankDirName, kvRankDirFor } from '../../src/paths';
 import { inspectTree } from '../../src/tools/inspect';
 

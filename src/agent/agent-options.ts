@@ -1,7 +1,7 @@
 // What an agent is started with (the `agent` command's flags, a test's or the simulated job's choices).
 import type { ArtifactModes } from '../artifacts/artifact-mode';
 import type { BusToken } from '../bus/auth';
-import type { RankIdentity } from '../launch/identity';
+import type { RankIdentity } from '../layout';
 import type { Logger } from '../log';
 import type { SnapshotConfig } from '../snapshot/config';
 import type { DirectFilesSettings } from './direct-files';

@@ -16,7 +16,7 @@ import { agentDirectFiles, fileRequestHandler, type DirectFiles } from './direct
 import { RootGate } from './roots';
 import { decideAheadWaves } from '../bus/constants';
 import { ConfigError, WavebusError } from '../errors';
-import type { RankIdentity } from '../launch/identity';
+import type { RankIdentity } from '../layout';
 import { createLogger, type Logger } from '../log';
 import { MailboxWriter, MailboxFeature } from '../client/mailbox';
 import type { AgentConfig, DumpLane } from '../messages';

@@ -7,7 +7,7 @@ import { Bundle } from '../artifacts/bundle';
 import { itemSize } from '../artifacts/dtype';
 import { CaptureError } from '../errors';
 import { checkFreeSpace, writeDumpSkipped, type SkipReason } from '../artifacts/freespace';
-import type { RankIdentity } from '../launch/identity';
+import type { RankIdentity } from '../layout';
 import type { Logger } from '../log';
 import type { DumpJob, DumpResult, FileEntry } from '../messages';
 import { kvRankDirName } from '../paths';

@@ -4,7 +4,7 @@
 import { itemSize, parseDType } from '../artifacts/dtype';
 import { CaptureError, ConfigError } from '../errors';
 import type { ArtifactModes } from '../artifacts/artifact-mode';
-import type { RankIdentity } from '../launch/identity';
+import type { RankIdentity } from '../layout';
 import type { Logger } from '../log';
 import { SnapshotCapturer } from '../snapshot/capture';
 import type { SnapshotConfig } from '../snapshot/config';

@@ -1,6 +1,6 @@
 // The agent bus's options, events and counters (agent-bus.ts), apart so the agent and tests
 // read them without the bus itself.
-import type { RankIdentity } from '../launch/identity';
+import type { RankIdentity } from '../layout';
 import type { Logger } from '../log';
 import type { AgentConfig, ConfigLane, DumpLane, WaveHead } from '../messages';
 import type { CoordinatorMsg } from './frames';

@@ -4,7 +4,7 @@
 // due lanes are in (wave-assembly.ts).
 import { EventEmitter } from 'events';
 import { Dealer, Subscriber } from 'zeromq';
-import { identityToProto, type RankIdentity } from '../launch/identity';
+import { identityToProto, type RankIdentity } from '../layout';
 import { createLogger, type Logger } from '../log';
 import type { DumpResult, StepTelemetry, WaveHead } from '../messages';
 import { DEFAULT_HEARTBEAT_MS, DEFAULT_MAX_FRAME_BYTES, validDecideAhead } from './constants';

@@ -1,7 +1,7 @@
 // The coordinator's options and counters (coordinator.ts), apart so that callers and the pieces
 // the coordinator is made of read them without the coordinator itself.
 import type { Logger } from '../log';
-import type { WorldLayout } from '../launch/identity';
+import type { WorldLayout } from '../layout';
 import type { CoordinatorPolicy } from './policy';
 import type { CurveServerKeys } from './curve';
 import type { BusToken } from './auth';

@@ -5,7 +5,7 @@ import { randomInt } from 'crypto';
 import { EventEmitter } from 'events';
 import type { Publisher, Router } from 'zeromq';
 import { ConfigError, ProtocolError, WavebusError } from '../errors';
-import { lastPpRanks, rankCoordinates, replicaHead, type WorldLayout } from '../launch/identity';
+import { lastPpRanks, rankCoordinates, replicaHead, type WorldLayout } from '../layout';
 import { createLogger, type Logger } from '../log';
 import type { AgentConfig, DumpJob, DumpLane, DumpResult, StepTelemetry, WaveHead } from '../messages';
 import { AgentRequests } from './agent-requests';

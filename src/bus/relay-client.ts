@@ -13,7 +13,7 @@ import { receiveLoop } from './receive-loop';
 import { RequestMap } from './request-map';
 import { SendQueue } from './send-queue';
 import { PROTOCOL_VERSION, versionMismatch } from './protocol-version';
-import type { WorldLayout } from '../launch/identity';
+import type { WorldLayout } from '../layout';
 import { readLayoutJson } from '../paths';
 
 export class AggregateError extends WavebusError {

@@ -3,7 +3,7 @@
 // lanes and topic ("r<replica>.<kind>", frames.ts): an agent subscribes to its replica's stream only
 // and checks that stream's seq for gaps. The epoch is the coordinator's, shared by every stream.
 import { ProtocolError } from '../errors';
-import { replicaDumpRanks, type PpStages, type WorldLayout } from '../launch/identity';
+import { replicaDumpRanks, type PpStages, type WorldLayout } from '../layout';
 import type { Logger } from '../log';
 import type { AgentConfig, DumpJob, StepTelemetry, WaveHead } from '../messages';
 import type { busMetrics } from '../metrics';

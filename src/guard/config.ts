@@ -1,7 +1,7 @@
 // runtime_config.json: the schema, its defaults, validation and merging.
 // Effective config: at startup defaults ← overlay (startup.ts), on reload defaults ← file. Unknown keys anywhere are errors naming the
 // dotted path; wrong types and out-of-range values name the path and what was expected.
-import { PP_STAGES, type PpStages } from '../launch/identity';
+import { PP_STAGES, type PpStages } from '../layout';
 import { DEFAULT_TENSOR_FORMAT, TENSOR_FORMATS, type TensorFormat } from '../artifacts/tensor-format';
 import { ConfigError } from '../errors';
 

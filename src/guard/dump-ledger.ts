@@ -25,7 +25,7 @@ import { manifestJson, tallyAcks } from './dump-manifest';
 import { RequestInfoWriter, requestInfoJson } from './request-info';
 import { FinishedJobs } from './finished-jobs';
 import { incidentWaveDir, jobIdOf, waveDir } from './dump-names';
-import { replicaDumpRanks, replicaHead, type PpStages, type WorldLayout } from '../launch/identity';
+import { replicaDumpRanks, replicaHead, type PpStages, type WorldLayout } from '../layout';
 
 export type { SkipReason };
 

@@ -1,7 +1,7 @@
 // What a dump's manifest.json says (the ledger, dump-ledger.ts, decides when to write it): each
 // expected rank's ack sorted into completed / failed / skipped / missing, the stages and layers the
 // dump holds, and why a dump whose ranks all copied is still not a good one.
-import { rankCoordinates, type PpStages, type WorldLayout } from '../launch/identity';
+import { rankCoordinates, type PpStages, type WorldLayout } from '../layout';
 import type { DumpJob, DumpResult, FileEntry } from '../messages';
 import { kvRankDirFor, layoutJson } from '../paths';
 

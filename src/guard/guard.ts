@@ -22,7 +22,7 @@ import { ConfigFollower } from './reload';
 import type { ReqState } from './requests';
 import type { KeepIds } from './step-pass';
 import { ReplicaState } from './replica-state';
-import { replicaHead, type WorldLayout } from '../launch/identity';
+import { replicaHead, type WorldLayout } from '../layout';
 import { IncidentReport, writeReport } from './reports';
 import { TelemetryColumnizer } from '../client/telemetry';
 import { dumpRootOf, loadStartupConfig, StartupConfig, StartupIssue, StartupOptions } from './startup';

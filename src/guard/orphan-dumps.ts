@@ -9,7 +9,7 @@ import * as fs from 'fs';
 import * as path from 'path';
 import type { Logger } from '../log';
 import type { DumpJob } from '../messages';
-import { PP_STAGES, type PpStages, type WorldLayout } from '../launch/identity';
+import { PP_STAGES, type PpStages, type WorldLayout } from '../layout';
 
 /** request_info.json is a few hundred bytes; anything far larger is not ours. */
 const MAX_INFO_BYTES = 1 << 20;

@@ -9,7 +9,7 @@ import type { DumpJob } from '../messages';
 import type { ArtifactModes } from '../artifacts/artifact-mode';
 import { artifactWrite, writeJsonAtomic } from '../artifacts/atomic-write';
 import { fsFailure } from '../artifacts/sink';
-import type { PpStages, WorldLayout } from '../launch/identity';
+import type { PpStages, WorldLayout } from '../layout';
 import { jobFields, layoutFields } from './dump-manifest';
 
 /** What request_info.json says of `job` (`extra`: the guard's report-like metadata, merged last). */

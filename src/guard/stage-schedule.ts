@@ -3,7 +3,7 @@
 // (the apply wave, the same on every rank of the replica); the dump ledger asks this schedule for
 // the stages of every job it arms, so a switch of pp_stages and a dump armed in the same vector
 // agree on every rank with no special case (docs/runtime-guard.md, "Pipeline stages").
-import type { PpStages } from '../launch/identity';
+import type { PpStages } from '../layout';
 
 /** Config switches remembered per replica (a job is armed for the newest wave, so few are ever asked). */
 const STAGE_HISTORY = 8;

@@ -1,34 +1,10 @@
 // Rank identity: who this process is in the job (global/local rank, node, TP/PP/DP/CP
-// coordinates), resolved from flags, then torchrun's environment, then Slurm's.
-//
-// Rank order is vLLM's, TP fastest:
-//   global = ((dp_rank * pp + pp_rank) * cp + cp_rank) * tp + tp_rank
+// coordinates), resolved from flags, then torchrun's environment, then Slurm's. The layout model
+// it fills in (WorldLayout, RankIdentity, rank coordinates) is src/layout.ts.
 import { isSet, lastOf, strictInt } from '../commands/flags';
 import * as os from 'os';
 import type { Options } from 'yargs';
-import { ConfigError } from '../errors';
-
-export interface WorldLayout {
-  worldSize: number;
-  tp: number;
-  pp: number;
-  dp: number;
-  cp: number;
-}
-
-export interface RankIdentity extends WorldLayout {
-  globalRank: number;
-  localRank: number;
-  localWorldSize: number;
-  nodeRank: number;
-  masterAddr: string;
-  tpRank: number;
-  ppRank: number;
-  dpRank: number;
-  cpRank: number;
-  isLastPp: boolean;
-  host: string;
-}
+import { boundedLayout, identityError, rankCoordinates, type RankIdentity, type WorldLayout } from '../layout';
 
 export interface IdentityFlags {
   rank?: number;
@@ -43,8 +19,6 @@ export interface IdentityFlags {
   cp?: number;
 }
 
-const CODE = 'ERR_IDENTITY';
-
 /** Which launcher a value came from; values from different launchers are not mixed where it matters. */
 type Family = 'flag' | 'torchrun' | 'slurm' | 'wavebus' | 'default';
 
@@ -53,10 +27,6 @@ interface Sourced<T> {
   /** The flag or variable name, e.g. `--rank`, `RANK`, `SLURM_PROCID`, or `default`. */
   from: string;
   family: Family;
-}
-
-function identityError(message: string): ConfigError {
-  return new ConfigError(message, CODE);
 }
 
 /** Parse an integer from a flag or variable; `min` is 0 for ranks, 1 for sizes. */
@@ -70,7 +40,6 @@ function parseInt0(raw: unknown, from: string, min: 0 | 1): number {
   if (n === undefined || n < min) throw identityError(`${from}='${String(raw)}' is not ${what}`);
   return n;
 }
-
 
 interface Candidate {
   flag?: number | string;
@@ -151,79 +120,10 @@ function layoutFrom(env: NodeJS.ProcessEnv, flags: IdentityFlags, world: Sourced
   return { worldSize: world?.value ?? product, tp: v('tp'), pp: v('pp'), dp: v('dp'), cp: v('cp') };
 }
 
-/**
- * The largest world wavebus serves. The coordinator keeps per-rank state and lists; a made-up
- * world of 10^8 ranks would have it grow by gigabytes before it ever started.
- */
-export const MAX_WORLD_SIZE = 65536;
-
-/** `layout`, unless its world is over MAX_WORLD_SIZE (the error names where the size came from). */
-export function boundedLayout(layout: WorldLayout, from: string): WorldLayout {
-  if (layout.worldSize > MAX_WORLD_SIZE) {
-    throw identityError(`${from}=${layout.worldSize} is over the largest world wavebus serves, ${MAX_WORLD_SIZE} ranks (MAX_WORLD_SIZE)`);
-  }
-  return layout;
-}
-
 /** World size and TP/PP/DP/CP sizes; their product must equal the world size. */
 export function resolveLayout(env: NodeJS.ProcessEnv, flags: IdentityFlags = {}): WorldLayout {
   const world = pickWorldSize(env, flags);
   return boundedLayout(layoutFrom(env, flags, world), world?.from ?? 'tp*pp*dp*cp');
-}
-
-/** TP/PP/DP/CP coordinates of a global rank (TP fastest, then CP, then PP, then DP). */
-export function rankCoordinates(
-  globalRank: number,
-  layout: WorldLayout,
-): { tpRank: number; ppRank: number; dpRank: number; cpRank: number; isLastPp: boolean } {
-  const { tp, pp, dp, cp } = layout;
-  if (!Number.isInteger(globalRank) || globalRank < 0 || globalRank >= tp * pp * dp * cp) {
-    throw identityError(`global rank ${globalRank} is outside the layout tp(${tp})*pp(${pp})*dp(${dp})*cp(${cp})=${tp * pp * dp * cp}`);
-  }
-  const tpRank = globalRank % tp;
-  const cpRank = Math.floor(globalRank / tp) % cp;
-  const ppRank = Math.floor(globalRank / (tp * cp)) % pp;
-  const dpRank = Math.floor(globalRank / (tp * cp * pp));
-  return { tpRank, ppRank, dpRank, cpRank, isLastPp: ppRank === pp - 1 };
-}
-
-/** Global rank of the given coordinates (the inverse of rankCoordinates). */
-export function globalRankOf(c: { tpRank: number; ppRank: number; dpRank: number; cpRank: number }, layout: WorldLayout): number {
-  return ((c.dpRank * layout.pp + c.ppRank) * layout.cp + c.cpRank) * layout.tp + c.tpRank;
-}
-
-/** Every global rank of the last pipeline stage, ascending: the ranks that join the bus and dump KV. */
-export function lastPpRanks(layout: WorldLayout): number[] {
-  const out: number[] = [];
-  const world = layout.tp * layout.pp * layout.dp * layout.cp;
-  for (let g = 0; g < world; g++) if (rankCoordinates(g, layout).isLastPp) out.push(g);
-  return out;
-}
-
-/** dump.pp_stages: which pipeline stages copy a dump (the seed: the last one). */
-export const PP_STAGES = ['last', 'all'] as const;
-export type PpStages = (typeof PP_STAGES)[number];
-
-/** The DP replica (dp rank) of a global rank: derived from the layout, never from what a peer claims. */
-export function replicaOf(globalRank: number, layout: WorldLayout): number {
-  return rankCoordinates(globalRank, layout).dpRank;
-}
-
-/** The rank that heads a replica's wave stream: its last-PP TP0 (CP rank 0). */
-export function replicaHead(layout: WorldLayout, replica: number): number {
-  return globalRankOf({ dpRank: replica, ppRank: layout.pp - 1, cpRank: 0, tpRank: 0 }, layout);
-}
-
-/**
- * The ranks of one replica that copy its dump jobs, ascending: its last-PP TP (and CP) ranks, or
- * with pp_stages "all" every stage's.
- */
-export function replicaDumpRanks(layout: WorldLayout, replica: number, ppStages: PpStages = 'last'): number[] {
-  const out: number[] = [];
-  for (let pp = ppStages === 'all' ? 0 : layout.pp - 1; pp < layout.pp; pp++) {
-    for (let cp = 0; cp < layout.cp; cp++) for (let tp = 0; tp < layout.tp; tp++) out.push(globalRankOf({ dpRank: replica, ppRank: pp, cpRank: cp, tpRank: tp }, layout));
-  }
-  return out.sort((a, b) => a - b);
 }
 
 /** Refuse to combine a rank from one launcher with a size from another (e.g. torchrun RANK with SLURM_NTASKS). */
@@ -306,28 +206,6 @@ export function resolveIdentity(env: NodeJS.ProcessEnv, flags: IdentityFlags = {
   };
 }
 
-/** Fields of proto message wavebus.RankIdentity (camelCase, as protobufjs fromObject takes them). */
-export function identityToProto(id: RankIdentity): Record<string, unknown> {
-  return {
-    globalRank: id.globalRank,
-    localRank: id.localRank,
-    worldSize: id.worldSize,
-    localWorldSize: id.localWorldSize,
-    nodeRank: id.nodeRank,
-    tpRank: id.tpRank,
-    ppRank: id.ppRank,
-    dpRank: id.dpRank,
-    cpRank: id.cpRank,
-    tpSize: id.tp,
-    ppSize: id.pp,
-    dpSize: id.dp,
-    cpSize: id.cp,
-    isLastPp: id.isLastPp,
-    host: id.host,
-    pid: process.pid,
-  };
-}
-
 // Strings, not numbers: yargs turns 'abc' into NaN and loses what the user typed; we parse
 // ourselves so the error can quote it.
 export const identityOptions: { [flag: string]: Options } = {
@@ -342,7 +220,6 @@ export const identityOptions: { [flag: string]: Options } = {
   dp: { type: 'string', describe: 'data-parallel size (default: $WAVEBUS_DP or 1)' },
   cp: { type: 'string', describe: 'context-parallel size (default: $WAVEBUS_CP or 1)' },
 };
-
 
 /** IdentityFlags from parsed yargs argv; numbers are validated here, naming the flag. */
 export function identityFlagsFromArgv(argv: Record<string, unknown>): IdentityFlags {

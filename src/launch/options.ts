@@ -5,7 +5,7 @@ import { ConfigError } from '../errors';
 import { loadCurveDirClient, type CurveClientKeys } from '../bus/curve';
 import { HostPort, isLoopback, parseBusPort, parseHostPort } from '../bus/endpoints';
 import { DEFAULT_BUS_PORT } from '../bus/constants';
-import { boundedLayout, type WorldLayout } from './identity';
+import { boundedLayout, type WorldLayout } from '../layout';
 import { flagOrEnv, intFlag, lastOf } from '../commands/flags';
 
 export interface LaunchOptions {

@@ -3,7 +3,7 @@
 import { Parser } from 'yargs/helpers';
 import { curveDirFiles } from '../bus/curve';
 import { dumpRootOf, effectiveStartupConfig, parseStartupOptions } from '../guard/startup';
-import type { WorldLayout } from './identity';
+import type { WorldLayout } from '../layout';
 import { given, type LaunchOptions } from './options';
 
 /** Global rank of local rank `l` on this node (torchrun's rule: nodes hold consecutive blocks). */

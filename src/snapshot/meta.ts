@@ -4,7 +4,7 @@
 // Written last (the bundle is complete only once it exists); sorted keys, indent 2.
 import { isTensorFormat } from '../artifacts/tensor-format';
 import { CaptureError } from '../errors';
-import type { RankIdentity } from '../launch/identity';
+import type { RankIdentity } from '../layout';
 import type { ForwardContext } from '../messages';
 import type { SnapshotFormat } from './config';
 import type { SelectionMatch, SelectionReason } from './selector';

@@ -6,7 +6,7 @@ import * as fs from 'fs';
 import * as path from 'path';
 import { actionsFor, checkConfigPartial, configFromRaw, DETECTOR_NAMES, type DetectorName, type RuntimeConfig } from '../guard/config';
 import { parseJsonc } from '../guard/jsonc';
-import { rankCoordinates, type WorldLayout } from '../launch/identity';
+import { rankCoordinates, type WorldLayout } from '../layout';
 import type { SimFaults } from '../sim/faults';
 import { resolveSnapshotConfig, seedVar, snapshotVar, type Setting, type SnapshotConfig, type SnapshotFlags } from '../snapshot/config';
 import { ConfigError } from '../errors';

@@ -15,7 +15,7 @@ import { readSafetensorsHeader } from '../artifacts/safetensors-reader';
 import { readBytes } from '../artifacts/read-range';
 import { kvBlockBytes, type KvGeometry } from '../sim/kv-pattern';
 import { DEMO_FAULTS } from '../sim/faults';
-import { replicaDumpRanks } from '../launch/identity';
+import { replicaDumpRanks } from '../layout';
 import { TORCH_CAPTURE_TOKEN, TORCH_FAULTS, torchEngineCommand, torchPoolBlocks } from './demo-torch';
 import { loadCallDir } from '../snapshot/loader';
 import { demoExpectations, type DemoExpectations } from './demo-expect';

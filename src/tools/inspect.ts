@@ -9,7 +9,7 @@ import { crc32cOfFile } from '../artifacts/checksum';
 import { readNpyHeader } from '../artifacts/npy-reader';
 import { readPt } from '../artifacts/pt-reader';
 import { readSafetensorsHeader } from '../artifacts/safetensors-reader';
-import type { WorldLayout } from '../launch/identity';
+import type { WorldLayout } from '../layout';
 import { checkKvDirIdentity, kvRankDirFor, kvRankOfDir, readLayoutJson, readKvRankDirName, type KvRankDir } from '../paths';
 
 export type BundleKind = 'kv_dump' | 'snapshot' | 'dump_wave' | 'aggregate';
