@@ -14,6 +14,7 @@ import { kvRankDirName } from '../paths';
 import { safeComponent } from '../artifacts/sanitize';
 import { Tensor } from '../artifacts/tensor';
 import type { TensorFormat } from '../artifacts/tensor-format';
+import { kvDumpFileName, tensorFile } from '../artifacts/tensor-files';
 import type { RegionTable, RegisteredRegion } from './regions';
 import type { RootGate } from './roots';
 
@@ -201,11 +202,11 @@ export class DumpExecutor {
             const [, bs, h, d] = part.region.shape;
             tensors[kv] = Tensor.fromBuffer(part.region.dtype, [s.job.blockIds.length, bs, h, d], part.data);
           }
-          if (format === 'pt') {
-            files.push(await bundle.writeTensor(`${name}.pt`, 'pt', { ...meta, ...tensors }));
+          if (tensorFile(format).kvInOneFile) {
+            files.push(await bundle.writeTensor(kvDumpFileName(name, format, 'k'), format, { ...meta, ...tensors }));
           } else {
-            for (const [kv, t] of Object.entries(tensors)) {
-              files.push(await bundle.writeTensor(`${name}.${kv}.${format}`, format, t));
+            for (const [kv, t] of Object.entries(tensors) as ['k' | 'v', Tensor][]) {
+              files.push(await bundle.writeTensor(kvDumpFileName(name, format, kv), format, t));
             }
           }
         }

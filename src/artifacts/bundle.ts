@@ -7,15 +7,11 @@ import * as os from 'os';
 import * as path from 'path';
 import { CaptureError } from '../errors';
 import { crc32c, formatChecksum } from './checksum';
-import { Tensor } from './tensor';
-import { PyValue } from './pickle';
-import { writeNpy } from './npy';
-import { writePt } from './pt';
-import { SafetensorsInput, writeSafetensors } from './safetensors';
 import { asCaptureError, FileSink, fsFailure, WriteResult } from './sink';
 import { isSafeComponent, safeComponent } from './sanitize';
 import { DEFAULT_ARTIFACT_MODES, type ArtifactModes } from './artifact-mode';
-import { isTensorFormat, TENSOR_FORMATS, type TensorFormat } from './tensor-format';
+import { isTensorFormat, TENSOR_FORMATS, tensorFormatOfFile, type TensorFormat } from './tensor-format';
+import { tensorFile, type TensorFileValue } from './tensor-files';
 
 /**
  * Tensor files whose fsync may still be running behind the next file's writes. Each holds one
@@ -80,12 +76,12 @@ export function jsonText(value: unknown, opts: JsonOptions = {}): string {
 }
 
 function fileNameFor(fileName: string, format: TensorFormat): string {
-  const ext = path.extname(fileName).slice(1);
-  if (ext === format) return fileName;
-  if (isTensorFormat(ext)) {
-    throw new CaptureError(`file ${JSON.stringify(fileName)} has extension .${ext} but format is ${format}`, 'ERR_BUNDLE_NAME');
+  const named = tensorFormatOfFile(fileName);
+  if (named === format) return fileName;
+  if (named !== undefined) {
+    throw new CaptureError(`file ${JSON.stringify(fileName)} has extension ${tensorFile(named).extension} but format is ${format}`, 'ERR_BUNDLE_NAME');
   }
-  return `${fileName}.${format}`;
+  return `${fileName}${tensorFile(format).extension}`;
 }
 
 export class Bundle {
@@ -170,7 +166,7 @@ export class Bundle {
   }
 
   /** Write one tensor file. `value`: a Tensor (npy), a Tensor or dict of tensors + metadata (pt, safetensors). */
-  async writeTensor(fileName: string, format: TensorFormat, value: Tensor | PyValue | SafetensorsInput): Promise<FileEntry> {
+  async writeTensor(fileName: string, format: TensorFormat, value: TensorFileValue): Promise<FileEntry> {
     this.requireOpen();
     if (!isTensorFormat(format)) {
       throw new CaptureError(`format must be one of ${TENSOR_FORMATS.join(', ')}, got ${JSON.stringify(format)}`, 'ERR_BUNDLE_FORMAT');
@@ -179,15 +175,15 @@ export class Bundle {
     let full = '';
     try {
       full = this.target(rel);
-      if (format === 'npy' && !(value instanceof Tensor)) throw new CaptureError(`${rel}: format npy holds exactly one Tensor`, 'ERR_BUNDLE_FORMAT');
+      const writer = tensorFile(format);
+      const refused = writer.refuses(value);
+      if (refused) throw new CaptureError(`${rel}: ${refused}`, 'ERR_BUNDLE_FORMAT');
       // Keep at most MAX_BACKGROUND_SYNCS fsyncs in flight (each holds a thread).
       while (this.syncing.length >= MAX_BACKGROUND_SYNCS) await this.syncing.shift();
       const sink = await FileSink.create(full, this.modes.file);
       let r: WriteResult;
       try {
-        if (format === 'npy') r = await writeNpy(sink, value as Tensor);
-        else if (format === 'pt') r = await writePt(sink, value as PyValue);
-        else r = await writeSafetensors(sink, value as SafetensorsInput);
+        r = await writer.write(sink, value);
         // fsync + close on the writer's thread, right after the last byte: it runs while the
         // next file is written, and commit() waits for it.
         const done = await sink.finishInBackground();

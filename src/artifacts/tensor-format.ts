@@ -1,11 +1,27 @@
 // The tensor file formats (pt, npy, safetensors): one name list for dumps, snapshots and bundles,
-// and the mapping to the proto TensorFormat enum for wherever a format crosses processes.
+// each name's file extension, and the mapping to the proto TensorFormat enum for wherever a format
+// crosses processes. Light on purpose (the config and the engine client read it); how each format
+// is written and read is the registry in tensor-files.ts, which must have an entry for every name
+// here (the compiler checks).
 import { ProtocolError } from '../errors';
 import { enumValues } from '../proto';
 
-export type TensorFormat = 'pt' | 'npy' | 'safetensors';
-export const TENSOR_FORMATS: readonly TensorFormat[] = ['pt', 'npy', 'safetensors'];
+/** Every format's name (as config, flags and manifests spell it) and its file extension. */
+const EXTENSIONS = { pt: '.pt', npy: '.npy', safetensors: '.safetensors' } as const;
+
+export type TensorFormat = keyof typeof EXTENSIONS;
+export const TENSOR_FORMATS: readonly TensorFormat[] = Object.keys(EXTENSIONS) as TensorFormat[];
 export const DEFAULT_TENSOR_FORMAT: TensorFormat = 'pt';
+
+/** The file extension of `format`, with its dot. */
+export function tensorFileExtension(format: TensorFormat): string {
+  return EXTENSIONS[format];
+}
+
+/** The format a file name's extension names, or undefined when it names none. */
+export function tensorFormatOfFile(fileName: string): TensorFormat | undefined {
+  return TENSOR_FORMATS.find((f) => fileName.endsWith(EXTENSIONS[f]));
+}
 
 const WIRE = enumValues('TensorFormat');
 const UNSPECIFIED = WIRE.TENSOR_FORMAT_UNSPECIFIED;

@@ -3,6 +3,7 @@ import type { CommandModule } from 'yargs';
 import { runDemo } from '../tools/demo';
 import { parseBusPort } from '../bus/endpoints';
 import { intFlag } from './flags';
+import { DEFAULT_TENSOR_FORMAT, TENSOR_FORMATS, type TensorFormat } from '../artifacts/tensor-format';
 
 
 export const command: CommandModule = {
@@ -16,7 +17,7 @@ export const command: CommandModule = {
       .option('dp', { type: 'string', default: '1' })
       .option('hosts', { type: 'string', default: '1', describe: 'simulated hosts (one `wavebus launch` each)' })
       .option('steps', { type: 'string', default: '100' })
-      .option('format', { choices: ['pt', 'npy', 'safetensors'] as const, default: 'pt' as const, describe: 'KV dump and snapshot format' })
+      .option('format', { choices: TENSOR_FORMATS, default: DEFAULT_TENSOR_FORMAT, describe: 'KV dump and snapshot format' })
       .option('runtime-config', { type: 'string', describe: 'use this runtime_config.json instead of the demo one' })
       .option('port', { type: 'string', describe: 'bus base port (default: a free one)' })
       .option('engine', { choices: ['sim', 'torch'] as const, default: 'sim' as const, describe: 'sim: the simulator; torch: examples/torch-engine, a real TP transformer (python3-torch)' }),
@@ -28,7 +29,7 @@ export const command: CommandModule = {
       dp: intFlag(argv.dp, '--dp', 1),
       hosts: intFlag(argv.hosts, '--hosts', 1),
       steps: intFlag(argv.steps, '--steps', 40),
-      format: argv.format as 'pt',
+      format: argv.format as TensorFormat,
       runtimeConfig: argv['runtime-config'] as string | undefined,
       port: argv.port === undefined ? undefined : parseBusPort(argv.port, '--port'),
       engine: argv.engine as 'sim' | 'torch',

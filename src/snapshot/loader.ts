@@ -8,9 +8,7 @@ import { crc32cOfFile } from '../artifacts/checksum';
 import { CaptureError } from '../errors';
 import { DType, isDType, itemSize } from '../artifacts/dtype';
 import { readBytes } from '../artifacts/read-range';
-import { readNpyHeader } from '../artifacts/npy-reader';
-import { readPt } from '../artifacts/pt-reader';
-import { readSafetensorsHeader } from '../artifacts/safetensors-reader';
+import { tensorFile } from '../artifacts/tensor-files';
 import { CallMeta, META_FILE, parseMeta, tensorFileName } from './meta';
 
 export interface LoadedTensor {
@@ -48,29 +46,12 @@ interface Located {
 }
 
 function locate(file: string, format: CallMeta['format']): Located {
-  if (format === 'npy') {
-    const h = readNpyHeader(file);
-    if (h.fortranOrder) throw bad(file, 'fortran_order is True; snapshots are row-major');
-    return { dtypes: h.candidates, shape: h.shape, offset: h.dataOffset };
-  }
-  if (format === 'safetensors') {
-    const h = readSafetensorsHeader(file);
-    if (h.tensors.length !== 1) throw bad(file, `holds ${h.tensors.length} tensors, expected exactly one`);
-    const t = h.tensors[0];
-    if (t.dtype === null) throw bad(file, `dtype ${t.code} is not one wavebus writes`);
-    return { dtypes: [t.dtype], shape: t.shape, offset: h.dataOffset + t.begin };
-  }
-  const pt = readPt(file);
-  if (pt.tensors.length !== 1 || !(pt.value && typeof pt.value === 'object' && (pt.value as { kind?: string }).kind === 'tensor')) {
-    throw bad(file, `does not hold a single tensor (found ${pt.tensors.length} tensors)`);
-  }
-  const t = pt.tensors[0];
-  let want = 1;
-  for (let i = t.shape.length - 1; i >= 0; i--) {
-    if (t.shape[i] !== 1 && t.stride[i] !== want) throw bad(file, `tensor is not contiguous (stride ${fmtShape(t.stride)} for shape ${fmtShape(t.shape)})`);
-    want *= t.shape[i];
-  }
-  return { dtypes: [t.dtype], shape: t.shape, offset: t.dataOffset };
+  const { tensors, lone } = tensorFile(format).read(file);
+  if (!lone) throw bad(file, `does not hold a single tensor (found ${tensors.length} tensors)`);
+  const t = tensors[0];
+  if (t.notContiguous) throw bad(file, `${t.notContiguous}; snapshots are row-major`);
+  if (t.candidates.length === 0) throw bad(file, `dtype ${t.code} is not one wavebus writes`);
+  return { dtypes: t.candidates, shape: t.shape, offset: t.offset };
 }
 
 /**

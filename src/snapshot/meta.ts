@@ -2,7 +2,7 @@
 // answerable (which graph, which rank, which forward, why it was selected), plus the per-input
 // dtype/shape a replay needs to reinterpret raw bytes, and the size/checksum of every file.
 // Written last (the bundle is complete only once it exists); sorted keys, indent 2.
-import { isTensorFormat } from '../artifacts/tensor-format';
+import { isTensorFormat, TENSOR_FORMATS, tensorFileExtension } from '../artifacts/tensor-format';
 import { CaptureError } from '../errors';
 import type { RankIdentity } from '../layout';
 import type { ForwardContext } from '../messages';
@@ -52,7 +52,7 @@ export interface CallMeta {
 
 /** The file name of input i in a call dir. */
 export function tensorFileName(index: number, format: SnapshotFormat): string {
-  return `tensor${index}.${format}`;
+  return `tensor${index}${tensorFileExtension(format)}`;
 }
 
 function fail(file: string, what: string): never {
@@ -83,7 +83,7 @@ export function parseMeta(text: string, file = META_FILE): CallMeta {
   const o = raw as Record<string, unknown>;
   const schema = need<number>(file, o, 'schema', isInt, 'an integer');
   if (schema !== META_SCHEMA) fail(file, `schema ${schema} is not supported (this wavebus reads schema ${META_SCHEMA})`);
-  const format = need<SnapshotFormat>(file, o, 'format', isTensorFormat, 'pt, npy or safetensors');
+  const format = need<SnapshotFormat>(file, o, 'format', isTensorFormat, `one of ${TENSOR_FORMATS.join(', ')}`);
   const inputs = need<MetaInput[]>(file, o, 'inputs', isArr(isObj), 'a list of objects');
   inputs.forEach((inp, i) => {
     const r = inp as unknown as Record<string, unknown>;

@@ -10,9 +10,8 @@ import * as path from 'path';
 import { DType, isDType, itemSize } from '../artifacts/dtype';
 import { CaptureError } from '../errors';
 import { readBytes } from '../artifacts/read-range';
-import { readNpyHeader } from '../artifacts/npy-reader';
-import { readPt } from '../artifacts/pt-reader';
-import { readSafetensorsHeader } from '../artifacts/safetensors-reader';
+import { kvDumpFileName, resolveDtype, tensorFileOf } from '../artifacts/tensor-files';
+import { isTensorFormat, TENSOR_FORMATS, tensorFileExtension } from '../artifacts/tensor-format';
 import { checkKvDirIdentity, kvRankDirName, readKvRankDirName } from '../paths';
 
 export class CompareInputError extends CaptureError {
@@ -32,23 +31,28 @@ export interface LoadedTensor {
   tpRanks?: number[];
 }
 
-const TENSOR_EXT = ['.npy', '.pt', '.safetensors'];
+const TENSOR_EXT = TENSOR_FORMATS.map(tensorFileExtension);
 
-/** dtype hints for .npy files (|V2 / |V1 cannot say bf16 vs fp8 kind) from the bundle JSON beside them. */
+/**
+ * dtype hints from the bundle JSON beside the files (a .npy header's |V1 cannot say which fp8),
+ * by file name; a hint is taken only where the file's header allows it.
+ */
 function dtypeHints(dir: string): Map<string, DType> {
   const hints = new Map<string, DType>();
   try {
     const dump = path.join(dir, 'dump.json');
     if (fs.existsSync(dump)) {
       const doc = JSON.parse(fs.readFileSync(dump, 'utf8'));
-      for (const l of doc.layers ?? []) {
-        if (typeof l.layer === 'string' && isDType(l.dtype)) for (const kv of ['k', 'v']) hints.set(`${l.layer}.${kv}.npy`, l.dtype);
+      if (isTensorFormat(doc.format)) {
+        for (const l of doc.layers ?? []) {
+          if (typeof l.layer === 'string' && isDType(l.dtype)) for (const kv of ['k', 'v'] as const) hints.set(kvDumpFileName(l.layer, doc.format, kv), l.dtype);
+        }
       }
     }
     const meta = path.join(dir, 'meta.json');
     if (fs.existsSync(meta)) {
       const doc = JSON.parse(fs.readFileSync(meta, 'utf8'));
-      for (const i of doc.inputs ?? []) if (isDType(i.dtype)) hints.set(`tensor${i.index}.npy`, i.dtype);
+      if (isTensorFormat(doc.format)) for (const i of doc.inputs ?? []) if (isDType(i.dtype)) hints.set(`tensor${i.index}${tensorFileExtension(doc.format)}`, i.dtype);
     }
   } catch {
     /* no hints: the file header decides, or the load says what is ambiguous */
@@ -56,47 +60,29 @@ function dtypeHints(dir: string): Map<string, DType> {
   return hints;
 }
 
-function checkContiguous(file: string, shape: number[], stride: number[]): void {
-  let want = 1;
-  for (let i = shape.length - 1; i >= 0; i--) {
-    if (shape[i] !== 1 && stride[i] !== want) throw new CompareInputError(`${file}: tensor is not contiguous (stride [${stride}] for shape [${shape}])`);
-    want *= shape[i];
-  }
-}
-
 const numel = (shape: readonly number[]) => shape.reduce((a, b) => a * b, 1);
 
 /** Every tensor in one file; `base` is the key prefix ('' for a lone file). */
 export function loadTensorFile(file: string, base: string, hint?: DType): LoadedTensor[] {
   const join = (name: string) => (base && name ? `${base}.${name}` : base || name);
+  const format = tensorFileOf(file);
+  if (!format) throw new CompareInputError(`${file}: not a tensor file (expected ${TENSOR_EXT.join(', ')})`);
   try {
-    if (file.endsWith('.npy')) {
-      const h = readNpyHeader(file);
-      if (h.fortranOrder) throw new CompareInputError(`${file}: fortran_order arrays are not supported`);
-      const dtype = hint && h.candidates.includes(hint) ? hint : h.dtype;
-      if (!dtype) throw new CompareInputError(`${file}: descr ${h.descr} may be ${h.candidates.join(' or ')}; no dump.json/meta.json beside it says which`);
-      return [{ key: join(''), file, dtype, shape: h.shape, data: readBytes(file, h.dataOffset, numel(h.shape) * itemSize(dtype)) }];
-    }
-    if (file.endsWith('.safetensors')) {
-      const h = readSafetensorsHeader(file);
-      return h.tensors.map((t) => {
-        if (!t.dtype) throw new CompareInputError(`${file}: tensor ${t.name}: dtype ${t.code} is not supported`);
-        return { key: join(h.tensors.length === 1 ? '' : t.name), file, dtype: t.dtype, shape: t.shape, data: readBytes(file, h.dataOffset + t.begin, t.end - t.begin) };
-      });
-    }
-    if (file.endsWith('.pt')) {
-      const c = readPt(file);
-      const names = c.value instanceof Map ? [...c.value.entries()].filter(([, v]) => v && (v as { kind?: string }).kind === 'tensor').map(([k]) => String(k)) : [''];
-      return c.tensors.map((t, i) => {
-        checkContiguous(file, t.shape, t.stride);
-        return { key: join(names[i] ?? `tensor${i}`), file, dtype: t.dtype, shape: t.shape, data: readBytes(file, t.dataOffset, t.nbytes) };
-      });
-    }
+    const { tensors, lone } = format.read(file);
+    return tensors.map((t, i) => {
+      if (t.notContiguous) throw new CompareInputError(`${file}: ${t.notContiguous}`);
+      const dtype = resolveDtype(t, hint);
+      if (!dtype) {
+        throw new CompareInputError(
+          t.candidates.length > 1 ? `${file}: descr ${t.code} may be ${t.candidates.join(' or ')}; no dump.json/meta.json beside it says which` : `${file}: dtype ${t.code} is not supported`,
+        );
+      }
+      return { key: join(lone ? '' : t.name ?? `tensor${i}`), file, dtype, shape: t.shape, data: readBytes(file, t.offset, t.nbytes) };
+    });
   } catch (e) {
     if (e instanceof CompareInputError) throw e;
     throw new CompareInputError(`${file}: unreadable (${(e as Error).message})`);
   }
-  throw new CompareInputError(`${file}: not a tensor file (expected ${TENSOR_EXT.join(', ')})`);
 }
 
 /** dump.json's identity in `dir`, or undefined when there is none (not a KV rank dir). */
@@ -135,9 +121,10 @@ export function loadCapture(input: string): LoadedTensor[] {
     for (const n of fs.readdirSync(dir).sort()) {
       if (n.startsWith('.')) continue; // temp names of an unfinished writer
       const p = path.join(dir, n);
+      const format = tensorFileOf(n);
       if (fs.statSync(p).isDirectory()) walk(p, keyRel ? `${keyRel}/${keyName(dir, n)}` : keyName(dir, n));
-      else if (TENSOR_EXT.includes(path.extname(n))) {
-        const stem = n.slice(0, -path.extname(n).length);
+      else if (format) {
+        const stem = n.slice(0, -format.extension.length);
         out.push(...loadTensorFile(p, keyRel ? `${keyRel}/${stem}` : stem, hints.get(n)));
       }
     }

@@ -1,7 +1,7 @@
 // `wavebus demo`: a simulated TP job on this machine with the coordinator, agents, every
 // detector and an input-snapshot rule on, and faults injected. It runs `wavebus launch` once per
 // simulated host, exactly as a user would, then checks every artifact and prints a summary.
-import type { TensorFormat } from '../artifacts/tensor-format';
+import { isTensorFormat, type TensorFormat } from '../artifacts/tensor-format';
 import * as fs from 'fs';
 import * as path from 'path';
 import { packageRoot } from '../paths';
@@ -9,9 +9,8 @@ import { spawn } from 'child_process';
 import { ConfigError } from '../errors';
 import { inspectTree, type BundleReport } from './inspect';
 import { freePortPair } from '../bus/ports';
-import { readPt } from '../artifacts/pt-reader';
-import { readNpyHeader } from '../artifacts/npy-reader';
-import { readSafetensorsHeader } from '../artifacts/safetensors-reader';
+import { kvDumpFileName, tensorFile } from '../artifacts/tensor-files';
+import { safeComponent } from '../artifacts/sanitize';
 import { readBytes } from '../artifacts/read-range';
 import { kvBlockBytes, type KvGeometry } from '../sim/kv-pattern';
 import { DEMO_FAULTS } from '../sim/faults';
@@ -85,28 +84,26 @@ export function checkDumpContents(rankDir: BundleReport, root: string, tp: numbe
   const rank = Number(doc.identity.global_rank);
   const g: KvGeometry = { layers: DEMO_GEOMETRY.layers, numBlocks: DEMO_GEOMETRY.numBlocks, blockSize: DEMO_GEOMETRY.blockSize, kvHeads: DEMO_GEOMETRY.totalKvHeads / tp, headDim: DEMO_GEOMETRY.headDim, dtype: DEMO_GEOMETRY.dtype };
   const blocks: number[] = doc.block_ids;
+  const format = doc.format;
+  if (!isTensorFormat(format)) return [`${rankDir.dir}: dump.json format ${JSON.stringify(format)} is not a tensor format`];
   for (const [li, layer] of (doc.layers as { layer: string }[]).entries()) {
     const layerIndex = Number(/layers\.(\d+)\./.exec(layer.layer)?.[1] ?? li);
     for (const kv of ['k', 'v'] as const) {
-      let data: Buffer;
-      const file = (doc.files as { path: string }[]).map((f) => path.basename(f.path)).find((n) => n.startsWith(layer.layer) && (doc.format === 'pt' ? n.endsWith('.pt') : n.endsWith(`.${kv}.${doc.format}`)));
+      // The file dump-executor wrote for this layer and kv, by the format's own naming.
+      const name = kvDumpFileName(safeComponent(layer.layer, 'layer name'), format, kv);
+      const file = (doc.files as { path: string }[]).map((f) => path.basename(f.path)).find((n) => n === name);
       if (!file) {
         problems.push(`${rankDir.dir}: no file for ${layer.layer} ${kv}`);
         continue;
       }
       const p = path.join(dir, file);
-      if (doc.format === 'pt') {
-        const c = readPt(p);
-        const names = [...(c.value as Map<string, unknown>).entries()].filter(([, v]) => (v as any)?.kind === 'tensor').map(([k]) => k);
-        const t = c.tensors[names.indexOf(kv)];
-        data = readBytes(p, t.dataOffset, t.nbytes);
-      } else if (doc.format === 'npy') {
-        const h = readNpyHeader(p);
-        data = fs.readFileSync(p).subarray(h.dataOffset);
-      } else {
-        const h = readSafetensorsHeader(p);
-        data = fs.readFileSync(p).subarray(h.dataOffset);
+      const { tensors, lone } = tensorFile(format).read(p);
+      const t = lone ? tensors[0] : tensors.find((x) => x.name === kv);
+      if (!t) {
+        problems.push(`${rankDir.dir}/${file}: no ${kv} tensor`);
+        continue;
       }
+      const data = readBytes(p, t.offset, t.nbytes);
       const want = torchOut ? torchPoolBlocks(torchOut, rankDir.dir, rank, layer.layer, kv, blocks) : Buffer.concat(blocks.map((b) => kvBlockBytes(g, layerIndex, kv, b, rank)));
       if (!data.equals(want)) problems.push(`${rankDir.dir}/${file}: ${kv} bytes differ from the engine's KV blocks [${blocks.join(',')}]`);
     }

@@ -6,9 +6,8 @@
 import * as fs from 'fs';
 import * as path from 'path';
 import { crc32cOfFile } from '../artifacts/checksum';
-import { readNpyHeader } from '../artifacts/npy-reader';
-import { readPt } from '../artifacts/pt-reader';
-import { readSafetensorsHeader } from '../artifacts/safetensors-reader';
+import { resolveDtype, tensorFileOf } from '../artifacts/tensor-files';
+import { isTensorFormat, tensorFileExtension } from '../artifacts/tensor-format';
 import type { WorldLayout } from '../layout';
 import { checkKvDirIdentity, kvRankDirFor, kvRankOfDir, readLayoutJson, readKvRankDirName, type KvRankDir } from '../paths';
 
@@ -56,20 +55,11 @@ function readJson(p: string, rel: string, problems: string[]): any | undefined {
 
 /** `dtypeOf(fileName)` resolves what a .npy header cannot say (|V2 is bf16, |V1 one of the fp8s). */
 function tensorsOf(file: string, rel: string, dtypeOf: (name: string) => string | undefined): TensorInfo[] {
-  if (file.endsWith('.npy')) {
-    const h = readNpyHeader(file);
-    return [{ file: rel, name: path.basename(rel), dtype: dtypeOf(path.basename(rel)) ?? h.dtype ?? h.descr, shape: h.shape }];
-  }
-  if (file.endsWith('.safetensors')) {
-    const h = readSafetensorsHeader(file);
-    return h.tensors.map((e) => ({ file: rel, name: e.name, dtype: e.dtype ?? e.code, shape: e.shape }));
-  }
-  if (file.endsWith('.pt')) {
-    const c = readPt(file);
-    const names = c.value instanceof Map ? [...c.value.entries()].filter(([, v]) => v && (v as any).kind === 'tensor').map(([k]) => String(k)) : [path.basename(rel)];
-    return c.tensors.map((t, i) => ({ file: rel, name: names[i] ?? `tensor${i}`, dtype: t.dtype, shape: t.shape }));
-  }
-  return [];
+  const format = tensorFileOf(file);
+  if (!format) return [];
+  const base = path.basename(rel);
+  const { tensors, lone } = format.read(file);
+  return tensors.map((t, i) => ({ file: rel, name: t.name ?? (lone ? base : `tensor${i}`), dtype: resolveDtype(t, dtypeOf(base)) ?? t.code, shape: t.shape }));
 }
 
 /** One listed file: present, its size, its checksum (verify). Messages are the same for every caller, so duplicates collapse. */
@@ -140,8 +130,9 @@ function inspectSnapshot(dir: string, rel: string, verify: boolean): BundleRepor
     r.ranks = [Number(meta.global_rank)];
     r.info = { hash: meta.hash, call_index: meta.call_index, selected_by: meta.selected_by, format: meta.format, tp_rank: meta.tp_rank };
     const inputs: { index: number; dtype: string }[] = Array.isArray(meta.inputs) ? meta.inputs : [];
-    const files = meta.files ?? inputs.map((i) => ({ name: `tensor${i.index}.${meta.format}` }));
-    const dtypeOf = (name: string) => inputs.find((i) => name === `tensor${i.index}.npy`)?.dtype;
+    const ext = isTensorFormat(meta.format) ? tensorFileExtension(meta.format) : `.${String(meta.format)}`;
+    const files = meta.files ?? inputs.map((i) => ({ name: `tensor${i.index}${ext}` }));
+    const dtypeOf = (name: string) => inputs.find((i) => name === `tensor${i.index}${ext}`)?.dtype;
     checkFiles(dir, files, verify && Array.isArray(meta.files), r, 'meta.json', dtypeOf);
     if (Array.isArray(meta.inputs) && r.files.length !== meta.inputs.length) {
       r.problems.push(`${rel}: meta.json lists ${meta.inputs.length} inputs but ${r.files.length} files`);
