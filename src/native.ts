@@ -109,28 +109,26 @@ export interface NativeFileWriterCtor {
   new (path: string, mode: number, blockBytes: number, writebackBytes?: number): NativeFileWriter;
 }
 
-/** Parameter slots of the detector pass (native/detector_pass.cc kParamNames). */
-export type DetectorParam =
-  | 'recordWords'
-  | 'repeatOn' | 'repeatHead' | 'repeatBody' | 'repeatWindow' | 'tableMask' | 'hashShift' | 'tableAt'
-  | 'repeatMinTokens' | 'repeatThreshold' | 'repeatConsecutive'
-  | 'specOn' | 'specHead' | 'specBody' | 'specWindow' | 'lowRate' | 'lowLen' | 'highRate' | 'highLen'
-  | 'garbledOn' | 'garbledHead' | 'garbledBody' | 'garbledWindow' | 'garbledMinTokens'
-  | 'surpriseLogprob' | 'surpriseRank' | 'surpriseFraction' | 'limitMbits';
-
 /** Word offsets of a detector's header (float64 fields at even words), and its size. */
 export type HeaderLayout<K extends string> = Readonly<Record<K | 'headerWords', number>>;
 
+/**
+ * The detector pass's layout as native/detector_pass.cc exports it. Which detectors, parameters and
+ * header words there are is the pass's business: each detector's file asks for the names it uses
+ * (guard/detectors/kernel.ts checks them at load), so a new detector changes nothing here.
+ */
 export interface NativeDetectorLayout {
-  params: Readonly<Record<DetectorParam, number>>;
+  /** Parameter slots (kParamNames), by name. */
+  params: Readonly<Record<string, number>>;
   paramCount: number;
   /** Doubles per hit: row, type (index into hitTypes), then the type's figures. */
   hitWords: number;
-  hitTypes: readonly ['token_repeat', 'spec_acceptance', 'garbled'];
-  muteBits: Readonly<Record<'token_repeat' | 'logits_finite' | 'spec_acceptance' | 'garbled', number>>;
-  tokenRepeat: HeaderLayout<'tokPos' | 'tokLen' | 'scorePos' | 'seen' | 'consecutive' | 'lastScore' | 'alerted' | 'sum'>;
-  specAcceptance: HeaderLayout<'pos' | 'len' | 'sumDraft' | 'sumAcc'>;
-  garbled: HeaderLayout<'pos' | 'len' | 'surprising' | 'seen' | 'sum'>;
+  /** The detector names a hit's type indexes. */
+  hitTypes: readonly string[];
+  /** Each detector's bit in a request's muted mask, by detector name. */
+  muteBits: Readonly<Record<string, number>>;
+  /** Each per-step detector's header layout, under its key (tokenRepeat, specAcceptance, garbled). */
+  readonly [detectorHeader: string]: unknown;
 }
 
 export interface NativeBinding {

@@ -5,8 +5,9 @@ import * as fs from 'fs';
 import * as path from 'path';
 import pino from 'pino';
 import { defaultConfig } from '../src/guard/config';
-import { GarbledDetector, SpecAcceptanceDetector, StateSlab, TokenRepeatDetector } from '../src/guard/detectors';
-import { detectStep, HitBuffer, LAYOUT, newParams, PARAM, PARAM_COUNT } from '../src/guard/detectors/kernel';
+import { DetectorSet, GarbledDetector, SpecAcceptanceDetector, StateSlab, TokenRepeatDetector } from '../src/guard/detectors';
+import { detectStep, headerLayout, HitBuffer, LAYOUT, nativeDetector, newParams, PARAM, PARAM_COUNT, paramSlots } from '../src/guard/detectors/kernel';
+import { DETECTOR_NAMES, DETECTORS } from '../src/guard/detectors/registry';
 import { native } from '../src/native';
 import { Guard } from '../src/guard/guard';
 import { admitIncident, IncidentCount } from '../src/guard/quotas';
@@ -209,9 +210,9 @@ describe('record layout: defined once in native/detector_pass.cc, read by TypeSc
     expect(Object.keys(PARAM)).toEqual(expect.arrayContaining(['recordWords', 'repeatHead', 'tableAt', 'specBody', 'garbledWindow', 'limitMbits']));
     expect([...LAYOUT.hitTypes]).toEqual(['token_repeat', 'spec_acceptance', 'garbled']);
     expect(LAYOUT.muteBits).toEqual({ token_repeat: 1, logits_finite: 2, spec_acceptance: 4, garbled: 8 });
-    expect(Object.keys(LAYOUT.tokenRepeat).sort()).toEqual(['alerted', 'consecutive', 'headerWords', 'lastScore', 'scorePos', 'seen', 'sum', 'tokLen', 'tokPos']);
-    expect(Object.keys(LAYOUT.specAcceptance).sort()).toEqual(['headerWords', 'len', 'pos', 'sumAcc', 'sumDraft']);
-    expect(Object.keys(LAYOUT.garbled).sort()).toEqual(['headerWords', 'len', 'pos', 'seen', 'sum', 'surprising']);
+    expect(Object.keys(LAYOUT.tokenRepeat as object).sort()).toEqual(['alerted', 'consecutive', 'headerWords', 'lastScore', 'scorePos', 'seen', 'sum', 'tokLen', 'tokPos']);
+    expect(Object.keys(LAYOUT.specAcceptance as object).sort()).toEqual(['headerWords', 'len', 'pos', 'sumAcc', 'sumDraft']);
+    expect(Object.keys(LAYOUT.garbled as object).sort()).toEqual(['headerWords', 'len', 'pos', 'seen', 'sum', 'surprising']);
   });
 
   test('every header offset lies inside its header, float64s at even words', () => {
@@ -225,5 +226,37 @@ describe('record layout: defined once in native/detector_pass.cc, read by TypeSc
         if (f64.has(k)) expect(at % 2).toBe(0);
       }
     }
+  });
+});
+
+describe('the detector registry (src/guard/detectors/registry.ts) is what the rest reads', () => {
+  test('every detector has its config under its name: off by default, with each of its own parameters at its default', () => {
+    const cfg = defaultConfig();
+    expect(Object.keys(cfg.detector)).toEqual([...DETECTOR_NAMES]);
+    expect(DETECTOR_NAMES).toEqual(DETECTORS.map((d) => d.name));
+    for (const d of DETECTORS) {
+      const own = cfg.detector[d.name] as unknown as Record<string, unknown>;
+      expect(own.enabled).toBe(false);
+      for (const [k, f] of Object.entries(d.params)) expect(own[k]).toEqual('def' in f ? f.def : undefined);
+    }
+  });
+
+  test('the guard builds every enabled per-step detector from its spec and lays their parts end to end', () => {
+    const cfg = defaultConfig();
+    for (const n of DETECTOR_NAMES) cfg.detector[n].enabled = true;
+    const set = new DetectorSet(cfg);
+    expect([...set.enabled]).toEqual([...DETECTOR_NAMES]);
+    const parts = DETECTORS.flatMap((d) => (d.perStep ? [(d.perStep as (c: unknown) => { headerWords: number; bodyWords: number })(cfg.detector[d.name])] : []));
+    expect(parts).toHaveLength(3);
+    const words = parts.reduce((a, p) => a + p.headerWords + p.bodyWords, 0);
+    expect(set.recordOf(1) - set.recordOf(0)).toBe(words);
+    for (const p of parts) expect([p.headerWords % 2, p.bodyWords % 2]).toEqual([0, 0]);
+  });
+
+  test('a detector file and an addon that disagree fail at load, naming what the pass lacks', () => {
+    expect(() => nativeDetector('fifth_detector', true)).toThrow(expect.objectContaining({ code: 'ERR_NATIVE_LAYOUT', message: expect.stringContaining('mute bit for fifth_detector') }));
+    expect(() => headerLayout('garbled', ['pos', 'nope'])).toThrow(/header word garbled\.nope/);
+    expect(() => paramSlots(['recordWords', 'fifthOn'])).toThrow(/parameter fifthOn/);
+    expect(headerLayout('garbled', ['pos']).pos).toBe((LAYOUT.garbled as { pos: number }).pos);
   });
 });

@@ -1,4 +1,5 @@
-import { defaultConfig, GarbledConfig } from '../src/guard/config';
+import { defaultConfig } from '../src/guard/config';
+import type { GarbledConfig } from '../src/guard/detectors/garbled';
 import { GarbledDetector } from '../src/guard/detectors/garbled';
 
 function det(p: Partial<GarbledConfig> = {}) {

@@ -1,4 +1,5 @@
-import { defaultConfig, SpecAcceptanceConfig } from '../src/guard/config';
+import { defaultConfig } from '../src/guard/config';
+import type { SpecAcceptanceConfig } from '../src/guard/detectors/spec-acceptance';
 import { SpecAcceptanceDetector } from '../src/guard/detectors/spec-acceptance';
 
 function det(p: Partial<SpecAcceptanceConfig> = {}) {

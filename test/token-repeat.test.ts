@@ -1,4 +1,5 @@
-import { defaultConfig, TokenRepeatConfig } from '../src/guard/config';
+import { defaultConfig } from '../src/guard/config';
+import type { TokenRepeatConfig } from '../src/guard/detectors/token-repeat';
 import { TokenRepeatDetector } from '../src/guard/detectors/token-repeat';
 
 function cfg(p: Partial<TokenRepeatConfig>): TokenRepeatConfig {

@@ -4,55 +4,15 @@
 import { PP_STAGES, type PpStages } from '../layout';
 import { DEFAULT_TENSOR_FORMAT, TENSOR_FORMATS, type TensorFormat } from '../artifacts/tensor-format';
 import { ConfigError } from '../errors';
+import { ACTIONS, bool, detectorFields, int, num, type Action, type Field } from './config-schema';
+import { DETECTORS, type DetectorConfigs, type DetectorName } from './detectors/registry';
 
-export type Action = 'report' | 'dump_kv';
-export type DumpScope = 'request' | 'all_requests';
+export type { Action, DumpScope, DetectorCommon } from './config-schema';
 export type DumpFormat = TensorFormat;
 
-export interface DetectorCommon {
-  enabled: boolean;
-  /** Absent: actions.defaults.on_trigger applies. */
-  on_trigger?: Action[];
-  dump_kv?: { scope: DumpScope };
-}
-
-export interface TokenRepeatConfig extends DetectorCommon {
-  window: number;
-  repeat_sum_threshold: number;
-  min_tokens: number;
-  consecutive_hits: number;
-  ignore_token_ids: number[];
-}
-
-export interface LogitsFiniteConfig extends DetectorCommon {
-  /** Client side: check before sampling and block on the result (else the check overlaps sampling). */
-  item_sync: boolean;
-}
-
-export interface SpecAcceptanceConfig extends DetectorCommon {
-  window: number;
-  low_accept_rate: number;
-  low_accept_len: number;
-  high_accept_rate: number;
-  high_accept_len: number;
-}
-
-export interface GarbledConfig extends DetectorCommon {
-  window: number;
-  min_tokens: number;
-  surprise_logprob: number;
-  surprise_rank: number;
-  surprise_fraction: number;
-  mean_surprisal_bits: number;
-}
-
 export interface RuntimeConfig {
-  detector: {
-    token_repeat: TokenRepeatConfig;
-    logits_finite: LogitsFiniteConfig;
-    spec_acceptance: SpecAcceptanceConfig;
-    garbled: GarbledConfig;
-  };
+  /** One entry per detector of the registry (detectors/registry.ts), each with its own parameters. */
+  detector: DetectorConfigs;
   actions: { defaults: { on_trigger: Action[] } };
   dump: {
     auto_max_times: number;
@@ -74,38 +34,11 @@ export interface RuntimeConfig {
   };
 }
 
-export type DetectorName = keyof RuntimeConfig['detector'];
-export const DETECTOR_NAMES: readonly DetectorName[] = ['token_repeat', 'logits_finite', 'spec_acceptance', 'garbled'];
+export { DETECTOR_NAMES, type DetectorName } from './detectors/registry';
 
 // ---------------------------------------------------------------- schema
 
-type Field =
-  | { kind: 'bool'; def: boolean }
-  | { kind: 'int'; def: number; min: number; max?: number }
-  | { kind: 'number'; def: number; min?: number; max?: number; exclusiveMin?: boolean }
-  | { kind: 'enum'; def: string; values: readonly string[] }
-  | { kind: 'string'; optional: true }
-  | { kind: 'int_list'; def: number[]; min: number }
-  | { kind: 'enum_list'; def?: string[]; values: readonly string[]; optional?: boolean }
-  | { kind: 'object'; fields: Record<string, Field>; optional?: boolean };
-
-const bool = (def: boolean): Field => ({ kind: 'bool', def });
-const int = (def: number, min: number, max?: number): Field => ({ kind: 'int', def, min, max });
-const num = (def: number, min?: number, max?: number): Field => ({ kind: 'number', def, min, max });
-const ACTIONS = ['report', 'dump_kv'] as const;
 const U32 = 0xffffffff;
-
-function detector(params: Record<string, Field>): Field {
-  return {
-    kind: 'object',
-    fields: {
-      enabled: bool(false),
-      on_trigger: { kind: 'enum_list', values: ACTIONS, optional: true },
-      dump_kv: { kind: 'object', optional: true, fields: { scope: { kind: 'enum', def: 'request', values: ['request', 'all_requests'] } } },
-      ...params,
-    },
-  };
-}
 
 export const SCHEMA: Field = {
   kind: 'object',
@@ -113,29 +46,8 @@ export const SCHEMA: Field = {
     detector: {
       kind: 'object',
       fields: {
-        token_repeat: detector({
-          window: int(32, 1, 65536),
-          repeat_sum_threshold: int(64, 0),
-          min_tokens: int(32, 0),
-          consecutive_hits: int(1, 1),
-          ignore_token_ids: { kind: 'int_list', def: [], min: 0 },
-        }),
-        logits_finite: detector({ item_sync: bool(false) }),
-        spec_acceptance: detector({
-          window: int(10, 1, 65536),
-          low_accept_rate: num(0.3, 0, 1),
-          low_accept_len: num(1.4, 0),
-          high_accept_rate: num(0.96, 0, 1),
-          high_accept_len: num(2.8, 0),
-        }),
-        garbled: detector({
-          window: int(32, 1, 65536),
-          min_tokens: int(32, 0),
-          surprise_logprob: num(-5, undefined, 0),
-          surprise_rank: int(50, 1),
-          surprise_fraction: num(0.5, 0, 1),
-          mean_surprisal_bits: num(4, 0),
-        }),
+        // Each detector's parameters are declared in its own file (detectors/registry.ts).
+        ...Object.fromEntries(DETECTORS.map((d) => [d.name, detectorFields(d.params)])),
       },
     },
     actions: {

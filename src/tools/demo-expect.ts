@@ -11,8 +11,8 @@ import type { SimFaults } from '../sim/faults';
 import { resolveSnapshotConfig, seedVar, snapshotVar, type Setting, type SnapshotConfig, type SnapshotFlags } from '../snapshot/config';
 import { ConfigError } from '../errors';
 
-/** The injected fault that makes each detector fire. */
-export const FAULT_OF: Record<DetectorName, keyof SimFaults> = {
+/** The injected fault that makes each detector fire (a detector without one: nothing expected of it). */
+export const FAULT_OF: Partial<Record<DetectorName, keyof SimFaults>> = {
   token_repeat: 'repetition',
   logits_finite: 'nonFinite',
   spec_acceptance: 'specDrift',
@@ -48,7 +48,7 @@ export interface DemoExpectations {
 export function demoRuntimeConfig(format: string): Record<string, unknown> {
   const on = { enabled: true, on_trigger: ['report', 'dump_kv'] };
   return {
-    detector: { token_repeat: on, logits_finite: on, spec_acceptance: on, garbled: on },
+    detector: Object.fromEntries(DETECTOR_NAMES.map((name) => [name, on])),
     dump: { auto_max_times: 16, auto_cooldown_seconds: 0, free_headroom_bytes: 0, format },
   };
 }
@@ -106,7 +106,8 @@ export function demoExpectations(opts: {
   const detectors: DetectorExpectation[] = DETECTOR_NAMES.map((name) => {
     const d = config.detector[name];
     const actions = actionsFor(config, name);
-    if (!opts.faults[FAULT_OF[name]]) return { name, report: false, dump: false, why: 'no fault injected for it' };
+    const fault = FAULT_OF[name];
+    if (fault === undefined || !opts.faults[fault]) return { name, report: false, dump: false, why: 'no fault injected for it' };
     if (!d.enabled) return { name, report: false, dump: false, why: `detector.${name}.enabled is false in ${where}` };
     if (!actions.includes('report')) {
       return { name, report: false, dump: false, why: `detector.${name}.on_trigger has no "report"` };

@@ -17,13 +17,38 @@
 //   header (at h, even; word offsets in native.detectorLayout.garbled): pos, len, surprising
 //     count, seen (tokens with a log-prob), sum (Σmillibits, float64)
 //   body (at r): ring of (millibits << 1 | surprising); millibits ≤ 10^9 < 2^30, one word each
-import type { GarbledConfig } from '../config';
-import { detectOne, HitBuffer, LAYOUT, newParams, PARAM } from './kernel';
+import { int, num, type DetectorCommon } from '../config-schema';
+import { detectOne, headerLayout, HitBuffer, newParams, paramSlots } from './kernel';
 import { even, StateRecord } from './slab';
+import type { DetectorSpec, PerStepDetector } from './spec';
 
-// Header words from native/detector_pass.cc (kernel.ts LAYOUT); the sum is a float64.
-const { pos: POS, len: LEN, surprising: N_SURPRISING, seen: SEEN, sum: SUM } = LAYOUT.garbled;
-export const GARBLED_HEADER_WORDS = LAYOUT.garbled.headerWords;
+export interface GarbledConfig extends DetectorCommon {
+  window: number;
+  min_tokens: number;
+  surprise_logprob: number;
+  surprise_rank: number;
+  surprise_fraction: number;
+  mean_surprisal_bits: number;
+}
+
+export const GARBLED: DetectorSpec<'garbled', GarbledConfig> = {
+  name: 'garbled',
+  params: {
+    window: int(32, 1, 65536),
+    min_tokens: int(32, 0),
+    surprise_logprob: num(-5, undefined, 0),
+    surprise_rank: int(50, 1),
+    surprise_fraction: num(0.5, 0, 1),
+    mean_surprisal_bits: num(4, 0),
+  },
+  perStep: (cfg) => new GarbledDetector(cfg),
+};
+
+// Header words and parameter slots from native/detector_pass.cc (checked at load); the sum is a float64.
+const HEADER = headerLayout('garbled', ['pos', 'len', 'surprising', 'seen', 'sum']);
+const { pos: POS, len: LEN, surprising: N_SURPRISING, seen: SEEN, sum: SUM } = HEADER;
+export const GARBLED_HEADER_WORDS = HEADER.headerWords;
+const PARAM = paramSlots(['garbledOn', 'garbledHead', 'garbledBody', 'garbledWindow', 'garbledMinTokens', 'surpriseLogprob', 'surpriseRank', 'surpriseFraction', 'limitMbits']);
 
 /** A standalone state record (the guard keeps its records in a slab), readable for inspection. */
 export class GarbledState extends StateRecord {
@@ -53,7 +78,8 @@ export interface GarbledHit {
   thresholds: { surprise_logprob: number; surprise_rank: number; surprise_fraction: number; mean_surprisal_bits: number };
 }
 
-export class GarbledDetector {
+export class GarbledDetector implements PerStepDetector {
+  readonly headerWords = GARBLED_HEADER_WORDS;
   /** int32 words of one standalone state record (header + body). */
   readonly words: number;
   /** int32 words of the body part. */

@@ -2,18 +2,21 @@
 // record per request slot in a StateSlab. A record starts with every enabled detector's counters
 // (their headers, 22 words in all: about one cache line) followed by their rings and the
 // token_repeat table, so a wave head touches a few cache lines per request and allocates nothing.
-import type { DetectorName, RuntimeConfig } from '../config';
-import { GarbledDetector, GARBLED_HEADER_WORDS } from './garbled';
-import { detectStep, HIT_TYPE, HIT_WORDS, HitBuffer, MUTE_BIT, newParams, type StepColumns } from './kernel';
+import type { RuntimeConfig } from '../config';
+import { detectStep, HIT_TYPE, HIT_WORDS, HitBuffer, MUTE_BIT, nativeDetector, newParams, type StepColumns } from './kernel';
+import { DETECTORS, type DetectorName } from './registry';
 import { StateSlab } from './slab';
-import { SpecAcceptanceDetector, SPEC_HEADER_WORDS } from './spec-acceptance';
-import { TokenRepeatDetector, TOKEN_REPEAT_HEADER_WORDS } from './token-repeat';
+import type { PerStepDetector } from './spec';
 
 export { splitNonFinite, NON_FINITE_KINDS } from './logits-finite';
 export { TokenRepeatDetector, TokenRepeatState } from './token-repeat';
 export { SpecAcceptanceDetector, SpecAcceptanceState } from './spec-acceptance';
 export { GarbledDetector, GarbledState } from './garbled';
 export { StateSlab } from './slab';
+
+// Every detector has its mute bit in the native pass, and every per-step one its hit type: a
+// registry and an addon that disagree fail here, at load.
+for (const d of DETECTORS) nativeDetector(d.name, d.perStep !== undefined);
 
 export interface Hit {
   type: DetectorName;
@@ -23,9 +26,10 @@ export interface Hit {
 export { MUTE_BIT };
 
 export class DetectorSet {
-  readonly tokenRepeat: TokenRepeatDetector | null;
-  readonly spec: SpecAcceptanceDetector | null;
-  readonly garbled: GarbledDetector | null;
+  /** The enabled per-step detectors, by the hit type (index into HIT_TYPE) they report. */
+  private readonly byHitType: (PerStepDetector | undefined)[] = [];
+  /** The enabled detectors. */
+  readonly enabled: ReadonlySet<DetectorName>;
   readonly logitsFinite: boolean;
   readonly anyPerStep: boolean;
   private readonly slab: StateSlab;
@@ -35,33 +39,34 @@ export class DetectorSet {
 
   constructor(cfg: RuntimeConfig) {
     const d = cfg.detector;
-    this.tokenRepeat = d.token_repeat.enabled ? new TokenRepeatDetector(d.token_repeat) : null;
-    this.spec = d.spec_acceptance.enabled ? new SpecAcceptanceDetector(d.spec_acceptance) : null;
-    this.garbled = d.garbled.enabled ? new GarbledDetector(d.garbled) : null;
-    this.logitsFinite = d.logits_finite.enabled;
-    this.anyPerStep = this.tokenRepeat !== null || this.spec !== null || this.garbled !== null;
-    // headers first (each an even number of words), then the bodies: spec's float64 ring first
+    this.enabled = new Set(DETECTORS.filter((s) => d[s.name].enabled).map((s) => s.name));
+    this.logitsFinite = this.enabled.has('logits_finite');
+    const on: [DetectorName, PerStepDetector][] = [];
+    for (const s of DETECTORS) {
+      if (!s.perStep || !this.enabled.has(s.name)) continue;
+      const det = (s.perStep as (c: unknown) => PerStepDetector)(d[s.name]);
+      on.push([s.name, det]);
+      this.byHitType[HIT_TYPE.indexOf(s.name)] = det;
+    }
+    this.anyPerStep = on.length > 0;
+    // Headers first, then the bodies; every part is an even number of words, so each float64
+    // inside stays 8-byte aligned. A request's counters then share a cache line or two.
     let at = 0;
-    const repeatHead = at;
-    at += this.tokenRepeat ? TOKEN_REPEAT_HEADER_WORDS : 0;
-    const specHead = at;
-    at += this.spec ? SPEC_HEADER_WORDS : 0;
-    const garbledHead = at;
-    at += this.garbled ? GARBLED_HEADER_WORDS : 0;
-    const specBody = at;
-    at += this.spec?.bodyWords ?? 0;
-    const repeatBody = at;
-    at += this.tokenRepeat?.bodyWords ?? 0;
-    const garbledBody = at;
-    at += this.garbled?.bodyWords ?? 0;
+    const heads = on.map(([, det]) => {
+      const h = at;
+      at += det.headerWords;
+      return h;
+    });
+    const bodies = on.map(([, det]) => {
+      const b = at;
+      at += det.bodyWords;
+      return b;
+    });
     this.slab = new StateSlab(at);
     this.params = newParams(this.slab.words);
-    this.tokenRepeat?.fill(this.params, repeatHead, repeatBody);
-    this.spec?.fill(this.params, specHead, specBody);
-    this.garbled?.fill(this.params, garbledHead, garbledBody);
-    this.ignore = this.tokenRepeat?.ignore ?? new Uint32Array(0);
+    on.forEach(([, det], k) => det.fill(this.params, heads[k], bodies[k]));
+    this.ignore = on.find(([, det]) => det.ignore)?.[1].ignore ?? new Uint32Array(0);
   }
-
   /** A slot gets a new request: its record starts fresh. */
   resetSlot(slot: number): void {
     this.slab.reset(slot);
@@ -82,9 +87,9 @@ export class DetectorSet {
     const h = this.hitBuffer.hits;
     for (let k = 0; k < n; k++) {
       const at = k * HIT_WORDS;
-      const type = HIT_TYPE[h[at + 1]];
-      const detector = type === 'token_repeat' ? this.tokenRepeat! : type === 'spec_acceptance' ? this.spec! : this.garbled!;
-      onHit(h[at], { type, detail: detector.detail(h, at + 2) as unknown as Record<string, unknown> });
+      const type = HIT_TYPE[h[at + 1]] as DetectorName;
+      const detector = this.byHitType[h[at + 1]]!;
+      onHit(h[at], { type, detail: detector.detail(h, at + 2) as Record<string, unknown> });
     }
   }
 }

@@ -2,7 +2,8 @@
 // every row of the step, on the state slab, with each detector's parameters in one Float64Array.
 // The layouts both sides share (parameter slots, hit records, mute bits, header words) come from
 // the addon. TypeScript checks everything before the call (columns in telemetry.ts, offsets here).
-import { native } from '../../native';
+import { native, type HeaderLayout } from '../../native';
+import { NativeError } from '../../errors';
 import type { TelemetryColumns } from '../../messages';
 
 /**
@@ -12,7 +13,7 @@ import type { TelemetryColumns } from '../../messages';
  */
 export const LAYOUT = native.detectorLayout;
 
-/** Parameter slots (kParamNames in native/detector_pass.cc). */
+/** Parameter slots by name (kParamNames in native/detector_pass.cc); a detector takes its own through paramSlots. */
 export const PARAM = LAYOUT.params;
 export const PARAM_COUNT = LAYOUT.paramCount;
 
@@ -23,9 +24,37 @@ export const HIT_TYPE = LAYOUT.hitTypes;
 /** Bit of each detector in a request's muted mask (a detector the quota stopped for it). */
 export const MUTE_BIT = LAYOUT.muteBits;
 
+function layoutMissing(what: string): never {
+  throw new NativeError(`the native detector pass has no ${what}: native/detector_pass.cc and src/guard/detectors disagree (rebuild the addon: npx node-gyp rebuild)`, 'ERR_NATIVE_LAYOUT');
+}
+
+/** The parameter slots a detector sets, each checked to exist in the native pass at load. */
+export function paramSlots<K extends string>(names: readonly K[]): Readonly<Record<K, number>> {
+  for (const n of names) if (typeof LAYOUT.params[n] !== 'number') layoutMissing(`parameter ${n}`);
+  return LAYOUT.params as Readonly<Record<K, number>>;
+}
+
+/** A detector's header words (`LAYOUT[key]`), each checked to exist in the native pass at load. */
+export function headerLayout<K extends string>(key: string, words: readonly K[]): HeaderLayout<K> {
+  const h = LAYOUT[key] as Record<string, unknown> | undefined;
+  for (const w of [...words, 'headerWords']) if (typeof h?.[w] !== 'number') layoutMissing(`header word ${key}.${w}`);
+  return h as HeaderLayout<K>;
+}
+
+/** A detector's mute bit and hit type index, checked to exist in the native pass at load. */
+export function nativeDetector(name: string, perStep: boolean): { muteBit: number; hitType: number } {
+  const muteBit = MUTE_BIT[name];
+  if (typeof muteBit !== 'number') layoutMissing(`mute bit for ${name}`);
+  const hitType = HIT_TYPE.indexOf(name);
+  if (perStep && hitType < 0) layoutMissing(`hit type ${name}`);
+  return { muteBit, hitType };
+}
+
+const RECORD_WORDS = paramSlots(['recordWords']).recordWords;
+
 export function newParams(recordWords: number): Float64Array {
   const p = new Float64Array(PARAM_COUNT);
-  p[PARAM.recordWords] = recordWords;
+  p[RECORD_WORDS] = recordWords;
   return p;
 }
 

@@ -4,6 +4,19 @@
 // the guard only passes it on in the effective config. A row with no request is a warning only:
 // no report is ever written for a guessed or empty request id (seed).
 import type { NonFiniteRow } from '../../messages';
+import { bool, type DetectorCommon } from '../config-schema';
+import type { DetectorSpec } from './spec';
+
+export interface LogitsFiniteConfig extends DetectorCommon {
+  /** Client side: check before sampling and block on the result (else the check overlaps sampling). */
+  item_sync: boolean;
+}
+
+/** Not on the native pass: the guard takes the rows the client sent (guard.ts, splitNonFinite). */
+export const LOGITS_FINITE: DetectorSpec<'logits_finite', LogitsFiniteConfig> = {
+  name: 'logits_finite',
+  params: { item_sync: bool(false) },
+};
 
 export const NON_FINITE_KINDS = ['nan', 'pos_inf', 'neg_inf', 'non_finite'] as const;
 

@@ -14,13 +14,36 @@
 //   header (at h, even; word offsets in native.detectorLayout.specAcceptance): pos, len,
 //     sumDraft (Σdraft, float64), sumAcc (Σaccepted, float64)
 //   body (at r, even): ring of (draft, accepted) float64 pairs
-import type { SpecAcceptanceConfig } from '../config';
-import { detectOne, HitBuffer, LAYOUT, newParams, PARAM } from './kernel';
+import { int, num, type DetectorCommon } from '../config-schema';
+import { detectOne, headerLayout, HitBuffer, newParams, paramSlots } from './kernel';
 import { StateRecord } from './slab';
+import type { DetectorSpec, PerStepDetector } from './spec';
 
-// Header words from native/detector_pass.cc (kernel.ts LAYOUT); the sums are float64s.
-const { pos: POS, len: LEN, sumDraft: SUM_DRAFT, sumAcc: SUM_ACC } = LAYOUT.specAcceptance;
-export const SPEC_HEADER_WORDS = LAYOUT.specAcceptance.headerWords;
+export interface SpecAcceptanceConfig extends DetectorCommon {
+  window: number;
+  low_accept_rate: number;
+  low_accept_len: number;
+  high_accept_rate: number;
+  high_accept_len: number;
+}
+
+export const SPEC_ACCEPTANCE: DetectorSpec<'spec_acceptance', SpecAcceptanceConfig> = {
+  name: 'spec_acceptance',
+  params: {
+    window: int(10, 1, 65536),
+    low_accept_rate: num(0.3, 0, 1),
+    low_accept_len: num(1.4, 0),
+    high_accept_rate: num(0.96, 0, 1),
+    high_accept_len: num(2.8, 0),
+  },
+  perStep: (cfg) => new SpecAcceptanceDetector(cfg),
+};
+
+// Header words and parameter slots from native/detector_pass.cc (checked at load); the sums are float64s.
+const HEADER = headerLayout('specAcceptance', ['pos', 'len', 'sumDraft', 'sumAcc']);
+const { pos: POS, len: LEN, sumDraft: SUM_DRAFT, sumAcc: SUM_ACC } = HEADER;
+export const SPEC_HEADER_WORDS = HEADER.headerWords;
+const PARAM = paramSlots(['specOn', 'specHead', 'specBody', 'specWindow', 'lowRate', 'lowLen', 'highRate', 'highLen']);
 
 /** A standalone state record (the guard keeps its records in a slab), readable for inspection. */
 export class SpecAcceptanceState extends StateRecord {
@@ -49,7 +72,8 @@ export interface SpecAcceptanceHit {
   thresholds: { low_accept_rate: number; low_accept_len: number; high_accept_rate: number; high_accept_len: number };
 }
 
-export class SpecAcceptanceDetector {
+export class SpecAcceptanceDetector implements PerStepDetector {
+  readonly headerWords = SPEC_HEADER_WORDS;
   /** int32 words of one standalone state record (header + body). */
   readonly words: number;
   /** int32 words of the body part. */

@@ -19,13 +19,36 @@
 //     scorePos, seen (content tokens), consecutive, lastScore, alerted, sum (repeatSum, float64:
 //     up to window², past 2^31)
 //   body (at r): ring of (token, score) pairs (window) | table of (key, count) pairs, count 0 = empty
-import type { TokenRepeatConfig } from '../config';
-import { detectOne, HitBuffer, LAYOUT, newParams, PARAM } from './kernel';
+import { int, type DetectorCommon } from '../config-schema';
+import { detectOne, headerLayout, HitBuffer, newParams, paramSlots } from './kernel';
 import { StateRecord } from './slab';
+import type { DetectorSpec, PerStepDetector } from './spec';
 
-// Header words from native/detector_pass.cc (kernel.ts LAYOUT).
-const { tokLen: TOK_LEN, seen: SEEN, consecutive: CONSEC, lastScore: LAST_SCORE, alerted: ALERTED, sum: SUM /* float64 */ } = LAYOUT.tokenRepeat;
-export const TOKEN_REPEAT_HEADER_WORDS = LAYOUT.tokenRepeat.headerWords;
+export interface TokenRepeatConfig extends DetectorCommon {
+  window: number;
+  repeat_sum_threshold: number;
+  min_tokens: number;
+  consecutive_hits: number;
+  ignore_token_ids: number[];
+}
+
+export const TOKEN_REPEAT: DetectorSpec<'token_repeat', TokenRepeatConfig> = {
+  name: 'token_repeat',
+  params: {
+    window: int(32, 1, 65536),
+    repeat_sum_threshold: int(64, 0),
+    min_tokens: int(32, 0),
+    consecutive_hits: int(1, 1),
+    ignore_token_ids: { kind: 'int_list', def: [], min: 0 },
+  },
+  perStep: (cfg) => new TokenRepeatDetector(cfg),
+};
+
+// Header words and parameter slots from native/detector_pass.cc (checked at load).
+const HEADER = headerLayout('tokenRepeat', ['tokPos', 'tokLen', 'scorePos', 'seen', 'consecutive', 'lastScore', 'alerted', 'sum']);
+const { tokLen: TOK_LEN, seen: SEEN, consecutive: CONSEC, lastScore: LAST_SCORE, alerted: ALERTED, sum: SUM /* float64 */ } = HEADER;
+export const TOKEN_REPEAT_HEADER_WORDS = HEADER.headerWords;
+const PARAM = paramSlots(['repeatOn', 'repeatHead', 'repeatBody', 'repeatWindow', 'tableMask', 'hashShift', 'tableAt', 'repeatMinTokens', 'repeatThreshold', 'repeatConsecutive']);
 
 /** A standalone state record (the guard keeps its records in a slab), readable for inspection. */
 export class TokenRepeatState extends StateRecord {
@@ -59,7 +82,8 @@ export interface TokenRepeatHit {
   consecutive_hits: number;
 }
 
-export class TokenRepeatDetector {
+export class TokenRepeatDetector implements PerStepDetector {
+  readonly headerWords = TOKEN_REPEAT_HEADER_WORDS;
   /** int32 words of one standalone state record (header + body). */
   readonly words: number;
   /** int32 words of the body part. */
