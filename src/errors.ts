@@ -69,3 +69,49 @@ export class KvDirNameError extends WavebusError {
     super('ERR_KV_DIR_NAME', message);
   }
 }
+
+/** `wavebus aggregate` could not gather what it was asked for (a refused or unreachable source, a bad listing). */
+export class AggregateError extends WavebusError {
+  constructor(message: string, code = 'ERR_AGGREGATE') {
+    super(code, message);
+  }
+}
+
+/** A root sent over the bus that is not the agent's local root or below it. */
+export class RootRefusedError extends WavebusError {
+  constructor(message: string) {
+    super('ERR_ROOT_REFUSED', message);
+  }
+}
+
+/** An input of `wavebus compare` that cannot be read as tensors (names the file). */
+export class CompareInputError extends CaptureError {
+  constructor(message: string) {
+    super(message, 'ERR_COMPARE_INPUT');
+  }
+}
+
+/** A JSONC text that could not be parsed; `line`/`column` are 1-based, in the original text. */
+export class JsoncError extends ConfigError {
+  readonly line: number;
+  readonly column: number;
+  constructor(source: string, line: number, column: number, reason: string) {
+    super(`${source}:${line}:${column}: ${reason}`, 'ERR_CONFIG_JSONC');
+    this.line = line;
+    this.column = column;
+  }
+}
+
+/** Malformed artifact: message names the file and where in it. */
+export class ArtifactFormatError extends CaptureError {
+  constructor(message: string) {
+    super(message, 'ERR_ARTIFACT_FORMAT');
+  }
+}
+
+/** A startup or runtime failure of the launched job (not a usage error). */
+export class LaunchError extends WavebusError {
+  constructor(message: string, code = 'ERR_LAUNCH_FAILED') {
+    super(code, message);
+  }
+}

@@ -8,11 +8,22 @@ export type { StepTelemetry, RequestStep, NonFiniteRow, ForwardContext } from '.
 export { ShmSegment, cudaAvailable } from './memory';
 
 // ---- errors (each carries a stable `code`)
-export { WavebusError, ConfigError, ProtocolError, CaptureError, NativeError, ERROR_CODES, isErrorCode, type ErrorCodeInfo } from './errors';
-export { ArtifactFormatError } from './artifacts/read-range';
-export { AggregateError } from './tools/aggregate';
-export { LaunchError } from './launch/launcher';
-export { CompareInputError } from './tools/assemble';
+export { ERROR_CODES, isErrorCode, type ErrorCodeInfo } from './errors';
+export {
+  WavebusError,
+  ConfigError,
+  ProtocolError,
+  CaptureError,
+  NativeError,
+  UnsafePathError,
+  KvDirNameError,
+  ArtifactFormatError,
+  AggregateError,
+  CompareInputError,
+  JsoncError,
+  LaunchError,
+  RootRefusedError,
+} from './errors';
 
 // ---- the processes, for embedding them instead of running `wavebus launch`
 export { Coordinator } from './bus/coordinator';

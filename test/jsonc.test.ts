@@ -1,5 +1,5 @@
-import { JsoncError, lineColumn, MAX_JSONC_DEPTH, parseJsonc, stripJsonc } from '../src/guard/jsonc';
-import { ConfigError } from '../src/errors';
+import { lineColumn, MAX_JSONC_DEPTH, parseJsonc, stripJsonc } from '../src/guard/jsonc';
+import { ConfigError, JsoncError } from '../src/errors';
 
 function errorOf(fn: () => unknown): JsoncError {
   try {

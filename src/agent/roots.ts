@@ -4,19 +4,13 @@
 // must name the local root itself or a directory below it, by its text alone. Links inside the
 // root are the file server's and the bundle writer's business (they open without following them).
 import * as path from 'path';
-import { WavebusError } from '../errors';
+import { RootRefusedError } from '../errors';
 import type { Logger } from '../log';
 
 /** The roots this agent writes and serves under. An absent root is neither written nor served. */
 export interface LocalRoots {
   dumps?: string;
   snapshots?: string;
-}
-
-export class RootRefusedError extends WavebusError {
-  constructor(message: string) {
-    super('ERR_ROOT_REFUSED', message);
-  }
 }
 
 /**

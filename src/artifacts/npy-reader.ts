@@ -2,7 +2,8 @@
 // checked against the file's size. Errors name the file and the character or byte position.
 import * as fs from 'fs';
 import { DType, DTYPES, dtypeInfo, itemSize } from './dtype';
-import { ArtifactFormatError, readRange } from './read-range';
+import { ArtifactFormatError } from '../errors';
+import { readRange } from './read-range';
 
 export interface NpyInfo {
   version: [number, number];

@@ -1,7 +1,8 @@
 // Reading a .pt archive back: its zip records, the unpickled data.pkl, and where each tensor's
 // bytes lie in the file (checked against its storage record).
 import { itemSize } from './dtype';
-import { ArtifactFormatError, readRange } from './read-range';
+import { ArtifactFormatError } from '../errors';
+import { readRange } from './read-range';
 import { unpicklePt, type PtTensorRef } from './unpickle';
 import { listZip, type ZipRecord } from './zip-reader';
 

@@ -1,14 +1,7 @@
 // What every artifact reader shares: the format error (naming the file and the byte position)
 // and reading an exact byte range of a file.
 import * as fs from 'fs';
-import { CaptureError } from '../errors';
-
-/** Malformed artifact: message names the file and where in it. */
-export class ArtifactFormatError extends CaptureError {
-  constructor(message: string) {
-    super(message, 'ERR_ARTIFACT_FORMAT');
-  }
-}
+import { ArtifactFormatError } from '../errors';
 
 export function readRange(path: string, offset: number, length: number): Buffer {
   const fd = fs.openSync(path, 'r');

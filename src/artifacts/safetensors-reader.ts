@@ -2,7 +2,8 @@
 // dtype × shape and the file's size.
 import * as fs from 'fs';
 import { DType, dtypeFromSafetensors, itemSize } from './dtype';
-import { ArtifactFormatError, readRange } from './read-range';
+import { ArtifactFormatError } from '../errors';
+import { readRange } from './read-range';
 
 export interface SafetensorsEntry {
   name: string;

@@ -2,7 +2,7 @@
 // torch.save writes for plain tensors and dicts). Errors name the record and the byte position.
 import { DType, dtypeFromTorchName, dtypeFromTorchStorage } from './dtype';
 import { OP } from './pickle';
-import { ArtifactFormatError } from './read-range';
+import { ArtifactFormatError } from '../errors';
 
 /** A tensor found in data.pkl: where its bytes are and how to view them. */
 export interface PtTensorRef {

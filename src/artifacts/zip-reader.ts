@@ -1,7 +1,8 @@
 // Listing a stored zip archive (a .pt file) from its central directory, ZIP64 aware: each
 // record's name, CRC32, size and where its bytes start.
 import * as fs from 'fs';
-import { ArtifactFormatError, readRange } from './read-range';
+import { ArtifactFormatError } from '../errors';
+import { readRange } from './read-range';
 
 export interface ZipRecord {
   name: string;

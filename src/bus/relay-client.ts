@@ -6,7 +6,7 @@ import { DEFAULT_MAX_FRAME_BYTES } from './constants';
 import { socketIpOptions, tcpEndpoint, type HostPort } from './endpoints';
 import { DropCounter, decodeCoordinatorMessage, encodeAgentMessage, type CoordinatorMsg } from './frames';
 import { payloadOf, withPayload } from './payload';
-import { WavebusError } from '../errors';
+import { AggregateError } from '../errors';
 import type { BusToken } from './auth';
 import { clientSocketOptions, type CurveClientKeys } from './curve';
 import { receiveLoop } from './receive-loop';
@@ -15,12 +15,6 @@ import { SendQueue } from './send-queue';
 import { PROTOCOL_VERSION, versionMismatch } from './protocol-version';
 import type { WorldLayout } from '../layout';
 import { readLayoutJson } from '../paths';
-
-export class AggregateError extends WavebusError {
-  constructor(message: string, code = 'ERR_AGGREGATE') {
-    super(code, message);
-  }
-}
 
 /** A DEALER on the coordinator's ROUTER; requests correlated by request id. */
 export class RelayClient {

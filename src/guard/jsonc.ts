@@ -3,18 +3,7 @@
 // offset in the stripped text is the offset in the original: error positions need no mapping.
 // The stripped text is then parsed by a small strict JSON parser that knows where it failed
 // (JSON.parse in Node 20 does not always say where).
-import { ConfigError } from '../errors';
-
-/** A JSONC text that could not be parsed; `line`/`column` are 1-based, in the original text. */
-export class JsoncError extends ConfigError {
-  readonly line: number;
-  readonly column: number;
-  constructor(source: string, line: number, column: number, reason: string) {
-    super(`${source}:${line}:${column}: ${reason}`, 'ERR_CONFIG_JSONC');
-    this.line = line;
-    this.column = column;
-  }
-}
+import { JsoncError } from '../errors';
 
 /** Blank comments (outside strings) and commas that directly precede `}` or `]`. Same length. */
 export function stripJsonc(text: string): string {

@@ -8,7 +8,7 @@ import * as net from 'net';
 import * as os from 'os';
 import * as path from 'path';
 import { BusToken, createTokenFile } from '../bus/auth';
-import { WavebusError } from '../errors';
+import { LaunchError } from '../errors';
 import { loadCurveDirServer } from '../bus/curve';
 import { checkBindAllowed, isLoopback } from '../bus/endpoints';
 import { checkRunDirFits, packageRoot } from '../paths';
@@ -20,13 +20,6 @@ import { waitForCoordinator, type StatusSnapshot } from './readiness';
 import { Sidecar } from './sidecar';
 import { COORDINATOR_NODE_FLAGS } from '../bus/constants';
 import { agentArgv, commandEnv, coordinatorArgv, globalRankOfLocal, launchDumpRoot } from './sidecar-args';
-
-/** A startup or runtime failure of the launched job (not a usage error). */
-export class LaunchError extends WavebusError {
-  constructor(message: string, code = 'ERR_LAUNCH_FAILED') {
-    super(code, message);
-  }
-}
 
 /**
  * The run dir: --run-dir created 0700 (or an existing one that is ours and 0700), else a fresh

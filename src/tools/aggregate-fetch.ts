@@ -8,7 +8,7 @@ import { COORDINATOR_SOURCE, partName, type AggregateRoot } from './aggregate-li
 import { payloadOf } from '../bus/payload';
 import { crc32c, crc32cCombine, crc32cOfFd, formatChecksum } from '../artifacts/checksum';
 import type { WavebusError } from '../errors';
-import { AggregateError } from '../bus/relay-client';
+import { AggregateError } from '../errors';
 
 /** A file request as a chunk source takes it (FileChunkRequest without the buffer acks). */
 export type ChunkRequest = {

@@ -15,8 +15,8 @@ import { DEFAULT_MAX_FRAME_BYTES } from '../bus/constants';
 import { fetchOne, type ChunkSource, type Planned } from './aggregate-fetch';
 import { DEFAULT_DIRECT_TIMEOUT_MS, interleaveByRank, openRankSource, type RankSource } from './aggregate-direct';
 import { AGGREGATE_KIND, AGGREGATE_MANIFEST, type AggregatedFile, type AggregateManifest, type AggregateOptions, type AggregateProgress, type FileStatus, type RankListing, type RefusedPath } from './aggregate-types';
-import { AggregateError, RelayClient } from '../bus/relay-client';
-import { ConfigError, WavebusError } from '../errors';
+import { RelayClient } from '../bus/relay-client';
+import { ConfigError, WavebusError, AggregateError } from '../errors';
 import { fsyncDir, writeJsonAtomic } from '../artifacts/atomic-write';
 import { inKvRankDirOf } from '../paths';
 import {
@@ -47,7 +47,7 @@ export const DEFAULT_PARALLEL_FILES = 2;
 /** Per relayed request; the relay's own timer adds 5 s, and a Node timer holds at most 2^31-1 ms. */
 export const MAX_REQUEST_TIMEOUT_MS = 2 ** 31 - 1 - 5000;
 
-export { AggregateError, RelayClient } from '../bus/relay-client';
+export { RelayClient } from '../bus/relay-client';
 export { crc32cCombine } from '../artifacts/checksum';
 export type { AggregateProgress, AggregateOptions, FileStatus, AggregatedFile, RefusedPath, RankListing, AggregateManifest } from './aggregate-types';
 

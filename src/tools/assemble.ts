@@ -8,17 +8,11 @@
 import * as fs from 'fs';
 import * as path from 'path';
 import { DType, isDType, itemSize } from '../artifacts/dtype';
-import { CaptureError } from '../errors';
+import { CompareInputError } from '../errors';
 import { readBytes } from '../artifacts/read-range';
 import { kvDumpFileName, resolveDtype, tensorFileOf } from '../artifacts/tensor-files';
 import { isTensorFormat, TENSOR_FORMATS, tensorFileExtension } from '../artifacts/tensor-format';
 import { checkKvDirIdentity, kvRankDirName, readKvRankDirName } from '../paths';
-
-export class CompareInputError extends CaptureError {
-  constructor(message: string) {
-    super(message, 'ERR_COMPARE_INPUT');
-  }
-}
 
 export interface LoadedTensor {
   key: string;
