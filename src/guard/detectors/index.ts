@@ -67,6 +67,7 @@ export class DetectorSet {
     on.forEach(([, det], k) => det.fill(this.params, heads[k], bodies[k]));
     this.ignore = on.find(([, det]) => det.ignore)?.[1].ignore ?? new Uint32Array(0);
   }
+
   /** A slot gets a new request: its record starts fresh. */
   resetSlot(slot: number): void {
     this.slab.reset(slot);
