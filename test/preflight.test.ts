@@ -94,3 +94,15 @@ test('one list: --print-packages prints every package; .ci/run installs that lis
   expect(testCommand).toBe('npm test');
   expect(ci.trimEnd().split('\n').pop()).toBe(testCommand);
 });
+
+test('install scripts: every dependency package-lock.json marks as having one is named in allowScripts (run or denied)', () => {
+  const pkg = JSON.parse(fs.readFileSync(path.join(ROOT, 'package.json'), 'utf8'));
+  const lock = JSON.parse(fs.readFileSync(path.join(ROOT, 'package-lock.json'), 'utf8'));
+  const withScripts = Object.entries(lock.packages as Record<string, { hasInstallScript?: boolean }>)
+    .filter(([where, p]) => where !== '' && p.hasInstallScript)
+    .map(([where]) => where.slice(where.lastIndexOf('node_modules/') + 'node_modules/'.length));
+  expect(withScripts.length).toBeGreaterThan(0);
+  expect([...new Set(withScripts)].sort()).toEqual(Object.keys(pkg.allowScripts).sort());
+  // zeromq's finds or builds its libzmq binding: the bus needs it.
+  expect(pkg.allowScripts.zeromq).toBe(true);
+});
