@@ -7,7 +7,7 @@
 export function busRoleLine(id: { ppRank: number; pp: number; isLastPp: boolean }): string {
   const stage = `pp stage ${id.ppRank} of ${id.pp}`;
   if (id.isLastPp) {
-    return `joins the wave bus as ${stage} (the last): its engine reads the wave vector every step, it copies KV dumps, and bus readiness waits for it`;
+    return `joins the wave bus as ${stage} (the last): its engine reads the wave vector every step while the bus is active (hot reload, a detector or a manual dump on), it copies KV dumps, and bus readiness waits for it`;
   }
   return (
     `joins the wave bus as ${stage} (not the last): it follows the config lane (applied at its wave), copies KV dumps ` +

@@ -101,7 +101,7 @@ export const command: CommandModule = {
   describe: 'Run the per-rank agent; every agent joins the wave bus (other PP stages than the last take KV dumps only with dump.pp_stages "all")',
   builder: (y) => {
     y.epilog(
-      'Every agent joins the coordinator\'s wave bus. The last PP stage\'s ranks take the wave vector every step and copy KV dumps; ' +
+      'Every agent joins the coordinator\'s wave bus. The last PP stage\'s ranks take the wave vector every step while the bus is active (hot reload, a detector or a manual dump on) and copy KV dumps; ' +
         'bus readiness waits for them. Ranks of the other stages follow the config lane (applied at its wave) and copy KV dumps only ' +
         'while dump.pp_stages is "all"; their engine reads the wave vector only then or while a config is due. The startup log says which (docs/bus.md).',
     );
