@@ -202,6 +202,9 @@ describe('wave bus', () => {
     // replica's head is dropped.
     await waitFor(() => c.liveRanks().includes(0), 'rank 0 on the bus');
     expect(notLast.child.exitCode).toBeNull();
+    // Each agent's startup log says what it does there (src/agent/bus-role.ts).
+    await waitFor(() => logLines(notLast.stderr()).some((l) => /^joins the wave bus as pp stage 0 of 2 \(not the last\): .*only while dump\.pp_stages is "all"/.test(l.msg)), 'rank 0 says its role');
+    expect(logLines(cli.stderr()).find((l) => /^joins the wave bus as/.test(l.msg))).toMatchObject({ ppRank: 1, pp: 2, lastPp: true, msg: expect.stringContaining('pp stage 1 of 2 (the last)') });
     const st = await requestStatus({ host: '127.0.0.1', port });
     expect(st.liveRanks).toEqual([0, 2, 3]);
     expect(st.expectedRanks).toEqual([2, 3]);

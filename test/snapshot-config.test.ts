@@ -1,3 +1,4 @@
+import { spawnSync } from 'child_process';
 import yargs from 'yargs';
 import { ConfigError } from '../src/errors';
 import {
@@ -8,6 +9,21 @@ import {
   snapshotOptions,
   SnapshotConfig,
 } from '../src/snapshot/config';
+import { pyInt, pyStrip } from '../src/snapshot/py-int';
+import { PYTHON } from './helpers';
+
+/** Python reads each JSON string with int() and str.strip(): the reference the TypeScript reader must match. */
+const PY_PROG = `
+import json, sys
+out = []
+for s in json.load(sys.stdin):
+    try:
+        v = int(s)
+    except ValueError:
+        v = None
+    out.append({"int": v, "strip": s.strip()})
+print(json.dumps(out))
+`;
 
 const W = 'WAVEBUS_SNAPSHOT_';
 const V = 'VLLM_NEURON_RUNTIME_INPUT_SNAPSHOT_';
@@ -87,6 +103,19 @@ describe("where the seed's variables are used, the seed's root is used too", () 
   });
   test('the root is decided even while capture is off (the agent serves that directory)', () => {
     expect(root({ HOME: '/home/someone', [`${V}ENABLE`]: '0', VLLM_CACHE_ROOT: '/data/vllm' }).snapshotRoot).toBe('/data/vllm/neuron/snapshots');
+  });
+  test('capture off adds nothing: a blank root variable is read as unset, not a startup failure', () => {
+    const home = { HOME: '/home/someone' };
+    expect(root({ ...home, WAVEBUS_CACHE_ROOT: '' }).snapshotRoot).toBe('/home/someone/.cache/wavebus/snapshots');
+    expect(root({ ...home, [`${W}ENABLE`]: '0', WAVEBUS_CACHE_ROOT: ' ' }).snapshotRoot).toBe('/home/someone/.cache/wavebus/snapshots');
+    expect(root({ ...home, [`${V}ENABLE`]: '0', VLLM_CACHE_ROOT: '' }).snapshotRoot).toBe('/home/someone/.cache/vllm/neuron/snapshots');
+    expect(root({ ...home, [`${V}ENABLE`]: '0', VLLM_CACHE_ROOT: ' ', XDG_CACHE_HOME: '' }).snapshotRoot).toBe('/home/someone/.cache/vllm/neuron/snapshots');
+  });
+  test('capture on: a blank WAVEBUS_CACHE_ROOT is still ERR_SNAPSHOT_ROOT naming it', () => {
+    const e = errorOf(() => root({ HOME: '/home/someone', [`${W}ENABLE`]: '1', WAVEBUS_CACHE_ROOT: '' }));
+    expect(e.code).toBe('ERR_SNAPSHOT_ROOT');
+    expect(e.message).toContain('WAVEBUS_CACHE_ROOT=""');
+    expect(errorOf(() => root({ ...seedOn, VLLM_CACHE_ROOT: '' })).code).toBe('ERR_SNAPSHOT_ROOT');
   });
 });
 
@@ -191,6 +220,51 @@ describe('rank list degrades to all ranks with a warning', () => {
     expect(resolve({ ...on, [`${W}RANKS`]: v }, {}, warnings).ranks).toBeNull();
     expect(warnings).toHaveLength(1);
     expect(warnings[0]).toContain(`${W}RANKS`);
+  });
+});
+
+describe("integers are read as upstream's int() reads them, in every snapshot variable", () => {
+  const on = { [`${W}ENABLE`]: '1' };
+  test.each([W, V])('%sRANKS=-0 is rank 0, with no warning', (prefix) => {
+    const warnings: string[] = [];
+    expect(resolve({ ...on, [`${prefix}RANKS`]: '-0' }, {}, warnings).ranks).toEqual(new Set([0]));
+    expect(warnings).toEqual([]);
+  });
+  test('a sign, surrounding blanks and underscores between digits, in each integer variable and flag', () => {
+    const warnings: string[] = [];
+    expect(resolve({ ...on, [`${W}RANKS`]: ' +1 ,\t2_0\n' }, {}, warnings).ranks).toEqual(new Set([1, 20]));
+    expect(resolve({ ...on, [`${V}CAPTURE_AT_CALL`]: ' +3 , -0,1_0' }).callRule).toEqual({ kind: 'indices', indices: new Set([3, 0, 10]) });
+    expect(resolve({ ...on, [`${W}CAPTURE_TOKEN`]: '+104, 0_7' }).tokenTargets).toEqual(new Set([104, 7]));
+    expect(resolve({ ...on, [`${W}MAX_CAPTURES`]: ' +1_2\n' }).maxCaptures).toBe(12);
+    expect(resolve({ ...on, [`${W}CAPTURE_AT_CALL`]: ' -1 ' }).callRule).toEqual({ kind: 'all' });
+    expect(resolve(on, { ranks: '-0', captureAtCall: '+2', maxCaptures: ' 5 ' })).toMatchObject({ ranks: new Set([0]), maxCaptures: 5, callRule: { kind: 'indices', indices: new Set([2]) } });
+    expect(warnings).toEqual([]);
+  });
+  test.each(['1__0', '_1', '1_', '+_1', '+ 1', '--1', '+', '0x1', '1e3', '1.0'])('what int() refuses stays refused: %j', (v) => {
+    expect(errorOf(() => resolve({ ...on, [`${W}CAPTURE_AT_CALL`]: v })).code).toBe('ERR_SNAPSHOT_SELECTION');
+    expect(errorOf(() => resolve({ ...on, [`${V}MAX_CAPTURES`]: v })).code).toBe('ERR_SNAPSHOT_MAX_CAPTURES');
+    const warnings: string[] = [];
+    expect(resolve({ ...on, [`${W}RANKS`]: v }, {}, warnings).ranks).toBeNull();
+    expect(warnings).toHaveLength(1);
+  });
+  test("the reader agrees with Python's int() and str.strip() on every case, run through python3", () => {
+    const cases = [
+      ' +3 ', '-0', '+0', '1_0', '0_0', '00', '007', '1__0', '_1', '1_', '+_1', '-_1', '+ 3', '--3', '+', '-', '', '  ', '1,0',
+      '\t3\r', '\v3\f', '3\n', '\x1c3\x1f', '\x853', '\xa03\u3000', '\ufeff3', '\u200b3', '\u180e3',
+      '\u0663', '\uff13', '\u0663_\u0663', '\u{1D7CE}\u{1D7D9}', '1.5', '1e3', '0x10', '0b1', '٣', 'Ⅻ', '²', '9007199254740991',
+    ];
+    const py = spawnSync(PYTHON, ['-c', PY_PROG], { input: JSON.stringify(cases), encoding: 'utf8' });
+    expect(py.status).toBe(0);
+    const want = JSON.parse(py.stdout) as { int: number | null; strip: string }[];
+    expect(want).toHaveLength(cases.length);
+    cases.forEach((c, i) => {
+      const got = pyInt(c);
+      expect([c, got.ok ? got.value : null]).toEqual([c, want[i].int]);
+      expect([c, pyStrip(c)]).toEqual([c, want[i].strip]);
+    });
+  });
+  test('a number past 2^53 - 1 is refused as out of range (int() would read it; no rank or index is that big)', () => {
+    expect(pyInt('9007199254740992')).toEqual({ ok: false, why: 'integer out of range' });
   });
 });
 

@@ -23,6 +23,7 @@ import type { AgentConfig, DumpLane } from '../messages';
 import { agentEndpoint, mailboxPath } from '../paths';
 import { claimRunDir } from '../launch/run-dir';
 import { bindClientSocket, ClientServer } from './client-server';
+import { busRoleLine } from './bus-role';
 import { captureInputs, inputCapturer } from './input-capture';
 import { DEFAULT_VIEW, viewOf, type RuntimeView } from './runtime-view';
 import type { SnapshotCapturer } from '../snapshot/capture';
@@ -162,6 +163,7 @@ export class Agent {
       this.direct = agentDirectFiles(Boolean(this.opts.curve), this.opts.directFiles, { globalRank: identity.globalRank, roots: served, coordinator: this.opts.coordinator, log: this.log });
       this.bus.onRequest(fileRequestHandler(this.files, this.direct, identity.globalRank));
       await this.bus.start();
+      this.log.info({ rank: identity.globalRank, ppRank: identity.ppRank, pp: identity.pp, lastPp: identity.isLastPp }, busRoleLine(identity));
     } else {
       this.log.warn({ rank: identity.globalRank }, 'no coordinator address: not joining the wave bus (no KV dumps or detector traffic)');
     }

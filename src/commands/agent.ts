@@ -1,5 +1,5 @@
-// `wavebus agent`: one per rank. Last-PP ranks join the wave bus; other ranks follow the config
-// file. Thin on purpose: flags → identity → Agent (src/agent/agent.ts).
+// `wavebus agent`: one per rank. Every agent joins the wave bus; what it acts on there depends on
+// its pipeline stage (src/agent/bus-role.ts). Thin on purpose: flags → identity → Agent (src/agent/agent.ts).
 import type { CommandModule } from 'yargs';
 import * as os from 'os';
 import * as path from 'path';
@@ -99,8 +99,13 @@ export function setupAgent(argv: Record<string, unknown>, env: NodeJS.ProcessEnv
 
 export const command: CommandModule = {
   command: 'agent',
-  describe: 'Run the per-rank agent; last-PP ranks join the wave bus',
+  describe: 'Run the per-rank agent; every agent joins the wave bus (other PP stages than the last take KV dumps only with dump.pp_stages "all")',
   builder: (y) => {
+    y.epilog(
+      'Every agent joins the coordinator\'s wave bus. The last PP stage\'s ranks take the wave vector every step while the bus is active (hot reload, a detector or a manual dump on) and copy KV dumps; ' +
+        'bus readiness waits for them. Ranks of the other stages follow the config lane (applied at its wave) and copy KV dumps only ' +
+        'while dump.pp_stages is "all"; their engine reads the wave vector only then or while a config is due. The startup log says which (docs/bus.md).',
+    );
     for (const [f, o] of Object.entries(identityOptions)) y.option(f, o);
     for (const [f, o] of Object.entries(snapshotOptions)) y.option(f, o);
     return y

@@ -4,6 +4,7 @@
 import { TENSOR_FORMATS, type TensorFormat } from '../artifacts/tensor-format';
 import type { Options } from 'yargs';
 import { ConfigError } from '../errors';
+import { pyInt, pyStrip } from './py-int';
 import { resolveSnapshotRoot } from './root';
 
 export type SnapshotFormat = TensorFormat;
@@ -95,7 +96,7 @@ function rawSetting(env: NodeJS.ProcessEnv, flags: Partial<SnapshotFlags>, setti
   }
   const ours = env[snapshotVar(setting)];
   const seed = env[seedVar(setting)];
-  if (ours !== undefined && seed !== undefined && ours.trim() !== seed.trim()) {
+  if (ours !== undefined && seed !== undefined && pyStrip(ours) !== pyStrip(seed)) {
     throw new ConfigError(
       `${snapshotVar(setting)}=${JSON.stringify(ours)} and ${seedVar(setting)}=${JSON.stringify(seed)} disagree; ` +
         `set only one of them (or both to the same value)`,
@@ -109,7 +110,7 @@ function rawSetting(env: NodeJS.ProcessEnv, flags: Partial<SnapshotFlags>, setti
 
 /** A setting counts as given only when it has non-blank content. */
 function given(raw: Raw | undefined): raw is Raw {
-  return raw !== undefined && raw.value.trim() !== '';
+  return raw !== undefined && pyStrip(raw.value) !== '';
 }
 
 const TRUTHY = new Set(['1', 'true', 'yes', 'on']);
@@ -117,7 +118,7 @@ const FALSY = new Set(['0', 'false', 'no', 'off', '']);
 
 export function parseEnable(raw: Raw | undefined): boolean {
   if (raw === undefined) return false;
-  const v = raw.value.trim().toLowerCase();
+  const v = pyStrip(raw.value).toLowerCase();
   if (TRUTHY.has(v)) return true;
   if (FALSY.has(v)) return false;
   throw new ConfigError(
@@ -133,7 +134,7 @@ function badPiece(raw: Raw, piece: string, why: string): ConfigError {
 /** Split on ',', strip each piece; an empty piece ("1,,2", a trailing comma) is an error, as upstream's int('') is. */
 function pieces(raw: Raw): string[] {
   return raw.value.split(',').map((p, i, all) => {
-    const s = p.trim();
+    const s = pyStrip(p);
     if (s === '') {
       throw badPiece(raw, p, `empty entry at position ${i} of ${all.length} (stray or trailing comma?)`);
     }
@@ -141,12 +142,11 @@ function pieces(raw: Raw): string[] {
   });
 }
 
-/** Like Python's int() on a stripped piece, minus its exotic forms: optional sign, decimal digits. */
+/** Python's int() on a stripped piece (src/snapshot/py-int.ts). */
 function toInt(raw: Raw, piece: string): number {
-  if (!/^[+-]?\d+$/.test(piece)) throw badPiece(raw, piece, 'not a decimal integer');
-  const n = Number(piece);
-  if (!Number.isSafeInteger(n)) throw badPiece(raw, piece, 'integer out of range');
-  return n === 0 ? 0 : n; // normalise -0
+  const r = pyInt(piece);
+  if (!r.ok) throw badPiece(raw, piece, r.why);
+  return r.value;
 }
 
 /**
@@ -177,7 +177,7 @@ export function parseIndexList(raw: Raw, allowAll: boolean): Set<number> | 'all'
 export function parseRequestList(raw: Raw): string[] {
   const out: string[] = [];
   for (const p of raw.value.split(',')) {
-    const s = p.trim();
+    const s = pyStrip(p);
     if (s !== '' && !out.includes(s)) out.push(s);
   }
   return out;
@@ -185,32 +185,35 @@ export function parseRequestList(raw: Raw): string[] {
 
 /** A positive integer. Blank is an error too (upstream: only an unset variable gets the default 4). */
 export function parseMaxCaptures(raw: Raw): number {
-  const v = raw.value.trim();
-  if (!/^[+-]?\d+$/.test(v) || !Number.isSafeInteger(Number(v)) || Number(v) <= 0) {
-    const why = v === '' ? 'is blank; unset it for the default ' + DEFAULT_MAX_CAPTURES + ' or give' : 'must be';
+  const r = pyInt(raw.value);
+  if (!r.ok || r.value <= 0) {
+    const why = pyStrip(raw.value) === '' ? 'is blank; unset it for the default ' + DEFAULT_MAX_CAPTURES + ' or give' : 'must be';
     throw new ConfigError(`${raw.name}=${JSON.stringify(raw.value)} ${why} a positive integer`, 'ERR_SNAPSHOT_MAX_CAPTURES');
   }
-  return Number(v);
+  return r.value;
 }
 
 /** pt | npy | safetensors (a wavebus extension), any case. Blank is an error (upstream: only unset means pt). */
 export function parseFormat(raw: Raw): SnapshotFormat {
-  const v = raw.value.trim().toLowerCase();
+  const v = pyStrip(raw.value).toLowerCase();
   if ((SNAPSHOT_FORMATS as readonly string[]).includes(v)) return v as SnapshotFormat;
   const what = v === '' ? `is blank; unset it for the default ${DEFAULT_FORMAT} or use` : 'is not a snapshot format; use';
   throw new ConfigError(`${raw.name}=${JSON.stringify(raw.value)} ${what} one of ${SNAPSHOT_FORMATS.join(', ')}`, 'ERR_SNAPSHOT_FORMAT');
 }
 
-/** A bad rank list degrades to "all ranks" with a warning instead of aborting the job. */
+/**
+ * A bad rank list degrades to "all ranks" with a warning instead of aborting the job. Pieces are
+ * read as int() reads them (`-0` is rank 0); a negative rank names no rank, so it is bad too.
+ */
 export function parseRanks(raw: Raw, log: SnapshotLog): Set<number> | null {
   const out = new Set<number>();
   for (const p of raw.value.split(',')) {
-    const s = p.trim();
-    if (!/^\+?\d+$/.test(s) || !Number.isSafeInteger(Number(s))) {
-      log(`${raw.name}=${JSON.stringify(raw.value)}: bad tp rank ${JSON.stringify(p)}; capturing on all ranks`);
+    const r = pyInt(pyStrip(p));
+    if (!r.ok || r.value < 0) {
+      log(`${raw.name}=${JSON.stringify(raw.value)}: bad tp rank ${JSON.stringify(p)} (${r.ok ? 'negative' : r.why}); capturing on all ranks`);
       return null;
     }
-    out.add(Number(s));
+    out.add(r.value);
   }
   return out;
 }
@@ -230,7 +233,8 @@ export function resolveSnapshotConfig(
   const get = (s: Setting) => rawSetting(env, flags, s);
   const enableRaw = get('ENABLE');
   const enabled = parseEnable(enableRaw);
-  const { root: snapshotRoot, source: rootSource } = resolveSnapshotRoot(env, flags, enableRaw?.name === seedVar('ENABLE'));
+  // Capture off adds nothing: a blank root variable is then read as unset, not a startup failure.
+  const { root: snapshotRoot, source: rootSource } = resolveSnapshotRoot(env, flags, enableRaw?.name === seedVar('ENABLE'), enabled);
   const off: SnapshotConfig = {
     enabled: false,
     callRule: { kind: 'first' },

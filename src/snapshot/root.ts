@@ -12,11 +12,15 @@ function expandUser(p: string, env: NodeJS.ProcessEnv): string {
   return path.resolve(e);
 }
 
-/** A root variable that is set must name a directory: vLLM would read "" as the working directory. */
-function rootVar(env: NodeJS.ProcessEnv, name: string): string | undefined {
+/**
+ * A root variable that is set must name a directory while capture is on: vLLM would read "" as
+ * the working directory. With capture off nothing is written there, so a blank one counts as unset.
+ */
+function rootVar(env: NodeJS.ProcessEnv, name: string, strict: boolean): string | undefined {
   const v = env[name];
   if (v === undefined) return undefined;
   if (v.trim() === '') {
+    if (!strict) return undefined;
     throw new ConfigError(`${name}=${JSON.stringify(v)} is blank; set it to a directory or unset it`, 'ERR_SNAPSHOT_ROOT');
   }
   return v;
@@ -30,16 +34,22 @@ function rootVar(env: NodeJS.ProcessEnv, name: string): string | undefined {
  *     WAVEBUS_SNAPSHOT_ENABLE nor a flag): the seed's root `$VLLM_CACHE_ROOT/neuron/snapshots`, with
  *     vLLM's default for VLLM_CACHE_ROOT (`$XDG_CACHE_HOME/vllm`, else `~/.cache/vllm`, expanded);
  *  4. `~/.cache/wavebus/snapshots`.
+ * `captureOn` false (capture off): a blank variable is skipped, as if unset, instead of refused.
  */
-export function resolveSnapshotRoot(env: NodeJS.ProcessEnv, flags: Partial<SnapshotFlags>, enabledBySeed: boolean): { root: string; source: string } {
+export function resolveSnapshotRoot(
+  env: NodeJS.ProcessEnv,
+  flags: Partial<SnapshotFlags>,
+  enabledBySeed: boolean,
+  captureOn: boolean,
+): { root: string; source: string } {
   if (flags.cacheRoot !== undefined && flags.cacheRoot !== '') return { root: path.join(path.resolve(flags.cacheRoot), 'snapshots'), source: '--cache-root' };
-  const ours = rootVar(env, 'WAVEBUS_CACHE_ROOT');
+  const ours = rootVar(env, 'WAVEBUS_CACHE_ROOT', captureOn);
   if (ours !== undefined) return { root: path.join(expandUser(ours, env), 'snapshots'), source: 'WAVEBUS_CACHE_ROOT' };
   if (enabledBySeed) {
-    const vllm = rootVar(env, 'VLLM_CACHE_ROOT');
+    const vllm = rootVar(env, 'VLLM_CACHE_ROOT', captureOn);
     if (vllm !== undefined) return { root: path.join(expandUser(vllm, env), 'neuron', 'snapshots'), source: 'VLLM_CACHE_ROOT' };
     // vLLM: os.getenv("XDG_CACHE_HOME", "~/.cache") + "/vllm", expanded.
-    const xdg = rootVar(env, 'XDG_CACHE_HOME');
+    const xdg = rootVar(env, 'XDG_CACHE_HOME', captureOn);
     const base = xdg !== undefined ? xdg : '~/.cache';
     return { root: path.join(expandUser(path.join(base, 'vllm'), env), 'neuron', 'snapshots'), source: xdg !== undefined ? 'XDG_CACHE_HOME (vLLM default for VLLM_CACHE_ROOT)' : "vLLM's default VLLM_CACHE_ROOT (~/.cache/vllm)" };
   }

@@ -1,0 +1,206 @@
+// Every command line shown in README.md and docs/*.md (sh / bash / shell / console code blocks;
+// test/doc-commands.ts reads them) is either run here, as written, in a temp dir of its own, or
+// listed in SKIPPED with why it cannot run on this machine. A new command in the docs that is
+// neither fails this test, so the docs cannot drift from the code. Every `wavebus` command shown,
+// skipped or not, must name a subcommand that exists and only flags its --help lists; every
+// `npm run` script and repository path it names must exist.
+import { execFile, spawnSync } from 'child_process';
+import * as fs from 'fs';
+import * as path from 'path';
+import { promisify } from 'util';
+import { CLI, ROOT, cleanup, tmpDir } from './helpers';
+import { COMMAND_WORDS, blocks, docCommands, docFiles, wavebusCalls, words, type DocCommand } from './doc-commands';
+
+afterAll(cleanup);
+
+const run = promisify(execFile);
+
+interface Runnable {
+  /** Where it runs: the doc's temp dir (the default, also $HOME there), or the repository root. */
+  cwd?: 'repo';
+  /** Shell run first in the same dir: what the doc's prose says to do before this command. */
+  setup?: string;
+  /** What the command must have done, beyond exit status 0. */
+  check: (dir: string, stdout: string) => void;
+}
+
+function keyPair(dir: string, name: string): void {
+  expect(fs.statSync(path.join(dir, `${name}.key`)).mode & 0o777).toBe(0o600);
+  expect(fs.readFileSync(path.join(dir, `${name}.pub`), 'utf8')).toMatch(/\S{40}/);
+}
+
+function allowList(file: string, names: string[]): void {
+  const lines = fs.readFileSync(file, 'utf8').trim().split('\n');
+  expect(lines.map((l) => l.split(' ')[1]).sort()).toEqual([...names].sort());
+}
+
+/** Commands run here, as written (keyed by their text; one entry serves every doc that shows it). */
+const RUNNABLE: Record<string, Runnable> = {
+  'wavebus keys --out keys --name coordinator': { check: (d) => keyPair(path.join(d, 'keys'), 'coordinator') },
+  'wavebus keys --out keys --name agent': { check: (d) => keyPair(path.join(d, 'keys'), 'agent') },
+  'wavebus keys --out ~/wavebus-keys --name coordinator': { check: (d) => keyPair(path.join(d, 'wavebus-keys'), 'coordinator') },
+  'wavebus keys --out ~/wavebus-keys --name agent': { check: (d) => keyPair(path.join(d, 'wavebus-keys'), 'agent') },
+  'wavebus keys --out trusted --name coordinator': { check: (d) => keyPair(path.join(d, 'trusted'), 'coordinator') },
+  // security.md: "collect the public keys ... into one directory".
+  'wavebus keys --allow-list pubs/ > allow.txt': {
+    setup: 'mkdir -p pubs && cp keys/coordinator.pub keys/agent.pub pubs/',
+    check: (d) => allowList(path.join(d, 'allow.txt'), ['coordinator', 'agent']),
+  },
+  // launch.md: "copy keys/agent.pub to pubs/host<i>.pub".
+  'wavebus keys --allow-list pubs > keys/allowed': {
+    setup: 'mkdir -p pubs && cp keys/agent.pub pubs/host0.pub',
+    check: (d) => allowList(path.join(d, 'keys', 'allowed'), ['host0']),
+  },
+  'bash scripts/host-costs.sh': { cwd: 'repo', check: (_d, out) => expect(JSON.parse(out)).toMatchObject({ syscall_us: expect.any(Number), round_trip_us: expect.any(Number) }) },
+};
+
+const SYNOPSIS = 'a synopsis ([optional] flags, placeholders): its subcommand and flags are checked against --help below';
+const BENCH = 'a benchmark: runs for seconds to minutes and measures this host (npm run bench); its flags are checked against --help below';
+const ENGINE = 'starts an engine that is not in this repository (serve.py) on GPU hosts';
+const FAR_HOST = 'talks to another host (10.0.0.x): tests use loopback or network namespaces of their own only';
+
+/** Commands that cannot run here, each with why. */
+const SKIPPED: Record<string, string> = {
+  'npm install && npx wavebus demo': 'npm install would rewrite the node_modules the suite runs from; test/demo.test.ts runs `wavebus demo` with its defaults',
+  'npm test': 'the suite this test is part of',
+  'wavebus launch --nnodes 2 --node-rank $NODE_RANK --nproc-per-node 8 --master-addr $MASTER --tp 8 --pp 2 --runtime-config-hot-reload --curve-dir /etc/wavebus/keys -- torchrun ... serve.py': `two hosts of eight GPUs; ${ENGINE}`,
+  'wavebus aggregate --coordinator HOST:PORT --out DIR [--what all|snapshots|dumps] [--prefix REL] [--call N] [--chunk-mb 2] [--window 4] [--timeout-ms 30000] [--bus-token-file FILE] [--json] [--curve-dir DIR] [--relay] [--direct-timeout-ms 3000]': SYNOPSIS,
+  'wavebus aggregate --coordinator 10.0.0.1:29600 --out ./incident --what dumps --prefix token_repeat/req-17/wave_342': FAR_HOST,
+  'wavebus aggregate --coordinator 10.0.0.1:29600 --out ./call5 --what snapshots --prefix 3f9a.../ --call 5': FAR_HOST,
+  'wavebus inspect ./call5 --verify': 'reads ./call5, which the aggregate from another host above writes (test/inspect.test.ts runs inspect --verify)',
+  'wavebus launch --linger-ms 600000 ... -- python serve.py': `elided flags (...); ${ENGINE}`,
+  'wavebus aggregate --coordinator $MASTER:29600 --out ./collected': 'needs the job launched above still lingering (test/aggregate.test.ts aggregates from a live job)',
+  'wavebus aggregate --coordinator 10.0.0.5:29600 --curve-dir keys --out /tmp/incident': FAR_HOST,
+  'npm run build': 'the tsc build npm test\'s pretest has just run before the suite',
+  'node bin/wavebus.js bench bus --agents 8 --json': BENCH,
+  'node bin/wavebus.js bench dump --size-mb 256 --format all --json': BENCH,
+  'node bin/wavebus.js bench overhead --json': BENCH,
+  'node bin/wavebus.js bench overhead --lookahead-waves 3 --cpu-by-process --json': BENCH,
+  'node bin/wavebus.js bench detectors --requests 1024 --json': BENCH,
+  'node bin/wavebus.js bench aggregate --size-mb 64 --json': BENCH,
+  'sudo node bin/wavebus.js bench aggregate --netns --runs 3 --json': `${BENCH}; needs root for network namespaces`,
+  'node bin/wavebus.js bench fuzz --frames 100000 --json': BENCH,
+  'node bin/wavebus.js bench soak --agents 64 --waves 10000 --json': `${BENCH} (a few minutes)`,
+  'wavebus coordinator [--host 127.0.0.1] [--port 29600] [--world-size N --tp T --pp P --dp D --cp C] [--heartbeat-ms 500] [--metrics-port P] [--dump-ack-timeout-ms 10000] [--insecure] [--lookahead-waves 1] [--curve-secret-key FILE --curve-allow FILE|DIR] [--bus-token-file FILE]': SYNOPSIS,
+  'wavebus agent [--coordinator HOST:PORT] [--rank R --world-size N --tp T --pp P ...] [--heartbeat-ms 500] [--run-dir DIR] [--dump-root DIR] [--bus-token-file FILE] [--staging-mb 1024] [--cuda-staging-mb 8] [--curve-server-key FILE --curve-key FILE]': SYNOPSIS,
+  'wavebus inspect out/runtime/report/kv_cache --verify': 'reads the output of a `wavebus demo --out out` (test/demo.test.ts verifies a demo\'s KV dumps with inspectTree, the code behind it)',
+  'wavebus compare A B [--atol 0] [--rtol 0] [--assemble-tp] [--json] [--all] [--heatmap out.png|out.html]': SYNOPSIS,
+  'wavebus compare run1/kv_cache/token_repeat/req-1/wave_40 run2/kv_cache/token_repeat/req-1/wave_40 --assemble-tp --heatmap diff.png': 'compares the dumps of two earlier runs (test/compare.test.ts runs compare --assemble-tp --heatmap)',
+  'npx wavebus demo': 'about two minutes of CPU; test/demo.test.ts runs `wavebus demo` with these defaults (into a temp dir)',
+  'npx wavebus demo --hosts 2 --tp 2 --pp 2 --format npy --out /tmp/demo': 'minutes of CPU and network namespaces; test/demo.test.ts runs this layout (--hosts 2 --tp 2 --pp 2 --format npy, with --dp 2)',
+  'wavebus launch [--nnodes N] [--node-rank R] [--nproc-per-node L] [--master-addr A] [--port P] [--coordinator HOST:PORT] [--tp N --pp N --dp N --cp N] [--run-dir DIR] [--metrics-port P] [--insecure] [--ready-timeout-ms MS] [--grace-ms MS] [--coordinator-arg X ...] [--agent-arg X ...] -- <command...>': SYNOPSIS,
+  'wavebus launch --nproc-per-node 8 --tp 8 -- python serve.py': ENGINE,
+  'wavebus launch --nnodes 2 --node-rank $NODE_RANK --nproc-per-node 8 --master-addr $MASTER --tp 8 --pp 2 --insecure -- torchrun --nnodes 2 --node-rank $NODE_RANK --nproc-per-node 8 --master-addr $MASTER --master-port 29500 serve.py': `two hosts; ${ENGINE}`,
+  'sbatch launch/slurm.sbatch': 'a Slurm cluster with GPU nodes (test/slurm.test.ts starts a one-node cluster and runs launch/slurm.sbatch)',
+  'sbatch launch/slurm.sbatch ./engine.sh': 'a Slurm cluster and your engine (test/slurm.test.ts runs launch/slurm.sbatch with an engine script)',
+  'WAVEBUS_NPROC=1 WAVEBUS_LAYOUT="--tp 2 --pp 2" WAVEBUS_CURVE_DIR=keys WAVEBUS_ADDITIONAL_CONFIG=\'{"runtime_report_dir":"…","runtime_config":{"detector":{"logits_finite":{"enabled":true,"on_trigger":["report","dump_kv"]}},…}}\' sbatch --wait --nodes=1 --ntasks-per-node=4 --cpus-per-task=1 --gpus-per-node=0 launch/slurm.sbatch engine.sh':
+    'elided config (…); it is the run test/slurm.test.ts makes on a one-node cluster of its own',
+  'wavebus launch --nnodes 4 --node-rank $I --nproc-per-node 2 --tp 2 --pp 2 --dp 2 --master-addr 10.0.0.1 --port 29600 --curve-dir keys --runtime-config-path /data/runtime/config/runtime_config.json --runtime-config-hot-reload --additional-config \'{"runtime_config": {"detector": {"token_repeat": {"enabled": true, "on_trigger": ["report", "dump_kv"]}}}}\' --snapshot-enable --snapshot-capture-token 17 --linger-ms 600000 -- python serve.py':
+    `four hosts; ${FAR_HOST}; ${ENGINE}`,
+  'wavebus aggregate --coordinator 10.0.0.1:29600 --curve-dir keys --out ./incident': FAR_HOST,
+  'wavebus inspect ./incident --verify': 'reads ./incident, which the aggregate from another host above writes',
+  'wavebus coordinator ... --additional-config \'{ "runtime_config_hot_reload": true, "runtime_config": { "detector": { "token_repeat": { "enabled": true }, "logits_finite": { "enabled": true } } } }\'':
+    'elided flags (...): a coordinator runs until stopped, for a job',
+  'wavebus coordinator --host 10.0.0.5 --curve-secret-key keys/coordinator.key --curve-allow pubs/': `${FAR_HOST} (test/security.test.ts runs the CURVE coordinator on loopback)`,
+  'wavebus agent --coordinator 10.0.0.5:29600 --curve-server-key keys/coordinator.pub --curve-key keys/agent.key': `${FAR_HOST} (test/security.test.ts runs CURVE agents on loopback)`,
+  'wavebus launch --curve-dir keys --nnodes 2 --node-rank $NODE_RANK --master-addr 10.0.0.5 ... -- python serve.py': `two hosts; ${ENGINE}`,
+  'WAVEBUS_SNAPSHOT_ENABLE=1 WAVEBUS_SNAPSHOT_CAPTURE_TOKEN=104 WAVEBUS_SNAPSHOT_CAPTURE_REQUEST=abc WAVEBUS_SNAPSHOT_RANKS=0 WAVEBUS_SNAPSHOT_FORMAT=npy wavebus launch ...': `elided flags (...); ${ENGINE}`,
+  'wavebus launch --nproc-per-node 2 --tp 2 -- python3 examples/torch-engine/torchrun_env.py examples/torch-engine/engine.py --out /tmp/eng --max-tokens 48':
+    'two PyTorch ranks for a minute or more; test/torch-engine.test.ts runs this launch (with a port and an out dir of its own)',
+  'python3 examples/torch-engine/replay.py --snapshots $WAVEBUS_CACHE_ROOT/snapshots/torch-engine-tp2 --call 5 --engine-out /tmp/eng': 'replays the capture of the launch above (test/torch-engine.test.ts runs replay.py on one)',
+  'npm run install': 'rebuilds the native addon from nothing (a minute of CPU) under the running suite; npm test\'s pretest builds it',
+};
+
+const commands = docCommands(ROOT);
+
+test('every code block holding command lines is tagged sh, bash, shell or console (so the lines below find it)', () => {
+  const untagged: string[] = [];
+  for (const f of docFiles(ROOT)) {
+    for (const b of blocks(ROOT, f)) {
+      if (b.lang !== '') continue;
+      b.lines.forEach((l, i) => {
+        if (COMMAND_WORDS.test(l.trimStart() + ' ')) untagged.push(`${f}:${b.startLine + i}: ${l.trim()}`);
+      });
+    }
+  }
+  expect(untagged).toEqual([]);
+});
+
+test('every command shown is run here or listed in SKIPPED with why; no entry is left over', () => {
+  expect(commands.length).toBeGreaterThan(40);
+  const unlisted = commands.filter((c) => !(c.text in RUNNABLE) && !(c.text in SKIPPED)).map((c) => `${c.where}: ${c.text}`);
+  // A new command: make it run here (RUNNABLE, with what it must do) or say why it cannot (SKIPPED).
+  expect(unlisted).toEqual([]);
+  const shown = new Set(commands.map((c) => c.text));
+  expect(Object.keys(RUNNABLE).filter((t) => !shown.has(t))).toEqual([]);
+  expect(Object.keys(SKIPPED).filter((t) => !shown.has(t))).toEqual([]);
+  for (const [t, why] of Object.entries(SKIPPED)) expect([t, why.length > 20]).toEqual([t, true]);
+});
+
+test('every wavebus subcommand and flag shown exists (its --help lists it)', async () => {
+  const calls = commands.flatMap((c) => wavebusCalls(c.text).map((call) => ({ ...call, where: c.where })));
+  expect(calls.length).toBeGreaterThan(30);
+  const top = spawnSync(process.execPath, [CLI, '--help'], { encoding: 'utf8' }).stdout;
+  const subcommands = new Set([...top.matchAll(/^\s+wavebus (\w+)/gm)].map((m) => m[1]));
+  expect(subcommands).toContain('keys');
+  const benches = new Set([...spawnSync(process.execPath, [CLI, 'bench', '--help'], { encoding: 'utf8' }).stdout.matchAll(/^\s{2}(\w+)\s{2,}/gm)].map((m) => m[1]));
+  expect(benches).toContain('overhead');
+  const bad: string[] = [];
+  const paths = [...new Set(calls.map((c) => c.command.join(' ')))];
+  const helps = new Map<string, Set<string>>();
+  // In parallel: each --help is one short node process.
+  await Promise.all(
+    paths.map(async (p) => {
+      const argv = p.split(' ');
+      if (!subcommands.has(argv[0]) || (argv[0] === 'bench' && argv[1] && !benches.has(argv[1]))) return;
+      const { stdout } = await run(process.execPath, [CLI, ...argv, '--help'], { timeout: 60000 });
+      helps.set(p, new Set(stdout.match(/(?<![\w-])--[a-z][a-z0-9-]*/g) ?? []));
+    }),
+  );
+  for (const c of calls) {
+    const p = c.command.join(' ');
+    const known = helps.get(p);
+    if (!known) {
+      bad.push(`${c.where}: no such command: wavebus ${p}`);
+      continue;
+    }
+    for (const f of c.flags) if (!known.has(f) && !known.has(f.replace(/^--no-/, '--'))) bad.push(`${c.where}: wavebus ${p} has no ${f}`);
+  }
+  expect(bad).toEqual([]);
+});
+
+test('every npm script and repository path a command names exists', () => {
+  const scripts = JSON.parse(fs.readFileSync(path.join(ROOT, 'package.json'), 'utf8')).scripts as Record<string, string>;
+  const bad: string[] = [];
+  for (const c of commands) {
+    const w = words(c.text);
+    w.forEach((word, i) => {
+      if (word === 'run' && w[i - 1] === 'npm' && !(w[i + 1] in scripts)) bad.push(`${c.where}: no npm script ${w[i + 1]}`);
+      if (/^(\.\/)?(bin|scripts|launch|examples|clients)\/[\w./-]+$/.test(word) && !fs.existsSync(path.join(ROOT, word))) bad.push(`${c.where}: no file ${word}`);
+    });
+  }
+  expect(bad).toEqual([]);
+});
+
+test('the commands that can run here run as written, each doc in a temp dir of its own, in the doc\'s order', () => {
+  // `wavebus` is this checkout's CLI, as `npm install -g` or npx would give it.
+  const bin = tmpDir('wavebus-doc-bin-');
+  fs.writeFileSync(path.join(bin, 'wavebus'), `#!/bin/sh\nexec "${process.execPath}" "${CLI}" "$@"\n`, { mode: 0o755 });
+  const ran: string[] = [];
+  const byFile = new Map<string, DocCommand[]>();
+  for (const c of commands.filter((c) => c.text in RUNNABLE)) byFile.set(c.file, [...(byFile.get(c.file) ?? []), c]);
+  for (const [, list] of byFile) {
+    const dir = tmpDir('wavebus-doc-');
+    const env = { ...process.env, HOME: dir, PATH: `${bin}:${process.env.PATH}` };
+    for (const c of list) {
+      const spec = RUNNABLE[c.text];
+      const cwd = spec.cwd === 'repo' ? ROOT : dir;
+      if (spec.setup) expect(spawnSync('bash', ['-c', spec.setup], { cwd: dir, env, encoding: 'utf8' }).status).toBe(0);
+      const r = spawnSync('bash', ['-c', c.text], { cwd, env, encoding: 'utf8', timeout: 60000 });
+      expect([c.where, c.text, r.status, r.stderr]).toEqual([c.where, c.text, 0, expect.any(String)]);
+      spec.check(dir, r.stdout);
+      ran.push(c.where);
+    }
+  }
+  expect(ran.length).toBeGreaterThanOrEqual(Object.keys(RUNNABLE).length);
+});
