@@ -7,6 +7,7 @@ import * as fs from 'fs';
 import * as os from 'os';
 import * as path from 'path';
 import { ConfigError } from '../errors';
+import { mkdirTrustedSync } from '../artifacts/safe-mkdir';
 
 const PRIVATE_MODE = 0o700;
 
@@ -49,9 +50,9 @@ export function makeRunDir(prefix: string, base: string = runDirBase()): RunDir 
  */
 export function claimRunDir(dir: string, flag: string): RunDir {
   const abs = path.resolve(dir);
-  fs.mkdirSync(path.dirname(abs), { recursive: true });
+  mkdirTrustedSync(path.dirname(abs), 0o755, flag);
   try {
-    fs.mkdirSync(abs, { mode: PRIVATE_MODE });
+    mkdirTrustedSync(abs, PRIVATE_MODE, flag, { exclusive: true });
   } catch (e) {
     if ((e as NodeJS.ErrnoException).code !== 'EEXIST') throw runDirError(`${flag} ${abs}: cannot create it: ${(e as Error).message}`);
     checkRunDir(abs, flag);

@@ -19,6 +19,8 @@ import { AggregateError, RelayClient } from '../bus/relay-client';
 import { ConfigError, WavebusError } from '../errors';
 import { fsyncDir, writeJsonAtomic } from '../artifacts/atomic-write';
 import { inKvRankDirOf } from '../paths';
+import { DEFAULT_ARTIFACT_MODES } from '../artifacts/artifact-mode';
+import { mkdirTrustedSync } from '../artifacts/safe-mkdir';
 import {
   checkListedChecksum,
   checkListedSize,
@@ -69,7 +71,7 @@ export async function aggregate(opts: AggregateOptions): Promise<AggregateManife
   const prefix = opts.prefix ?? '';
   const roots: AggregateRoot[] = what === 'all' ? ['dumps', 'snapshots'] : [what];
   try {
-    fs.mkdirSync(out, { recursive: true });
+    mkdirTrustedSync(out, DEFAULT_ARTIFACT_MODES.dir, '--out');
   } catch (e) {
     throw new ConfigError(`--out ${out}: cannot create the output directory: ${(e as Error).message}`);
   }
