@@ -6,6 +6,7 @@
 import * as path from 'path';
 import { WavebusError } from '../errors';
 import type { Logger } from '../log';
+import { checkTrustedPathSync } from '../artifacts/safe-mkdir';
 
 /** The roots this agent writes and serves under. An absent root is neither written nor served. */
 export interface LocalRoots {
@@ -17,6 +18,16 @@ export class RootRefusedError extends WavebusError {
   constructor(message: string) {
     super('ERR_ROOT_REFUSED', message);
   }
+}
+
+/**
+ * Refuse to start with a root another user could plant links or directories in (a component
+ * owned by another user, or writable by all without the sticky bit): UntrustedPathError naming
+ * the path and its owner. `snapshots` is checked only when capture is on.
+ */
+export function checkLocalRoots(roots: LocalRoots, snapshotsOn: boolean): void {
+  if (roots.dumps !== undefined) checkTrustedPathSync(roots.dumps, '--dump-root', 'dir');
+  if (snapshotsOn && roots.snapshots !== undefined) checkTrustedPathSync(roots.snapshots, 'snapshot root', 'dir');
 }
 
 /**

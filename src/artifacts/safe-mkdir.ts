@@ -27,22 +27,20 @@ const MAX_LINKS = 40;
 const euid = (): number => process.geteuid?.() ?? 0;
 const egid = (): number => process.getegid?.() ?? 0;
 
-let passwd: Map<number, string> | null = null;
-
-/** "uid 1001 (alice)": the user name from /etc/passwd where it is there. */
+/** "uid 1001 (alice)": the user name from /etc/passwd where it is there (read on each call: errors only). */
 export function ownerName(uid: number): string {
-  if (passwd === null) {
-    passwd = new Map();
-    try {
-      for (const line of fs.readFileSync('/etc/passwd', 'utf8').split('\n')) {
-        const f = line.split(':');
-        if (f.length >= 3 && /^\d+$/.test(f[2])) passwd.set(Number(f[2]), f[0]);
+  let name: string | undefined;
+  try {
+    for (const line of fs.readFileSync('/etc/passwd', 'utf8').split('\n')) {
+      const f = line.split(':');
+      if (f.length >= 3 && f[2] === String(uid)) {
+        name = f[0];
+        break;
       }
-    } catch {
-      /* no passwd file: uids only */
     }
+  } catch {
+    /* no passwd file: the uid alone */
   }
-  const name = passwd.get(uid);
   return name === undefined ? `uid ${uid}` : `uid ${uid} (${name})`;
 }
 

@@ -21,6 +21,7 @@ import { fsyncDir, writeJsonAtomic } from '../artifacts/atomic-write';
 import { inKvRankDirOf } from '../paths';
 import { DEFAULT_ARTIFACT_MODES } from '../artifacts/artifact-mode';
 import { mkdirTrustedSync } from '../artifacts/safe-mkdir';
+import { missingDumpFiles } from './aggregate-expected';
 import {
   checkListedChecksum,
   checkListedSize,
@@ -248,6 +249,8 @@ export async function aggregate(opts: AggregateOptions): Promise<AggregateManife
     const present = ranks.filter((r) => listings[String(r)].answered && listings[String(r)].files > 0);
     const missing = st.expectedRanks.filter((r) => !present.includes(r)).sort((a, b) => a - b);
     const failed = results.filter((r) => r.status === 'failed');
+    // Every file the fetched dump manifests say a rank wrote must be here, whole.
+    const missingFiles = what === 'snapshots' ? [] : missingDumpFiles(results, (root, rel) => planned.get(`${root}/${rel}`)?.local);
     const manifest: AggregateManifest = {
       kind: AGGREGATE_KIND,
       schema: 1,
@@ -263,6 +266,7 @@ export async function aggregate(opts: AggregateOptions): Promise<AggregateManife
       ranks: listings,
       coordinator_files: { asked: what !== 'snapshots', ...coordinatorListing },
       files: results,
+      missing_files: missingFiles,
       refused,
       conflicts,
       totals: {
@@ -273,6 +277,7 @@ export async function aggregate(opts: AggregateOptions): Promise<AggregateManife
         present_files: results.filter((r) => r.status === 'present').length,
         failed_files: failed.length,
         refused: refused.length,
+        missing_files: missingFiles.length,
       },
       direct: {
         asked: directAsked,
@@ -281,7 +286,7 @@ export async function aggregate(opts: AggregateOptions): Promise<AggregateManife
       },
       dropped: { ...client.dropped },
       complete:
-        missing.length === 0 && failed.length === 0 && refused.length === 0 && results.every((r) => r.verified) &&
+        missing.length === 0 && failed.length === 0 && refused.length === 0 && missingFiles.length === 0 && results.every((r) => r.verified) &&
         (what === 'snapshots' || coordinatorListing.errors.length === 0),
     };
     writeManifest(out, manifest);
