@@ -61,7 +61,7 @@ function recordedChecksums(dirFd: number): Map<string, string> {
       continue;
     }
     try {
-      if (f.stat.size > MAX_BUNDLE_JSON_BYTES) continue;
+      if (f.stat.size > MAX_BUNDLE_JSON_BYTES || !ours(f.stat)) continue; // another user's JSON feeds no checksum
       const doc = JSON.parse(fs.readFileSync(f.fd, 'utf8'));
       for (const e of doc.files ?? []) {
         const n = e.path ?? e.name;

@@ -53,7 +53,8 @@ function trustedOwner(uid: number): boolean {
 function untrusted(st: fs.Stats, shown: string, what: string): UntrustedPathError | null {
   const kind = st.isDirectory() ? 'directory' : st.isSymbolicLink() ? 'symbolic link' : 'file';
   if (!trustedOwner(st.uid)) {
-    return new UntrustedPathError(`${what}: ${kind} ${shown} is owned by ${ownerName(st.uid)}, not by us (${ownerName(euid())}) or root; refusing to use it (pick a path of yours, or remove it)`);
+    const trusted = euid() === 0 ? 'root (us)' : `us (${ownerName(euid())}) or root`;
+    return new UntrustedPathError(`${what}: ${kind} ${shown} is owned by ${ownerName(st.uid)}, not by ${trusted}; refusing to use it (pick a path of yours, or remove it)`);
   }
   if (!st.isSymbolicLink() && st.mode & 0o002 && !(st.isDirectory() && st.mode & S_ISVTX)) {
     return new UntrustedPathError(`${what}: ${kind} ${shown} (owned by ${ownerName(st.uid)}) is writable by every user${st.isDirectory() ? ' without the sticky bit' : ''}; refusing to use it (chmod o-w ${shown})`);

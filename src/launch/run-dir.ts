@@ -7,7 +7,7 @@ import * as fs from 'fs';
 import * as os from 'os';
 import * as path from 'path';
 import { ConfigError } from '../errors';
-import { mkdirTrustedSync } from '../artifacts/safe-mkdir';
+import { checkTrustedPathSync, mkdirTrustedSync } from '../artifacts/safe-mkdir';
 
 const PRIVATE_MODE = 0o700;
 
@@ -50,6 +50,12 @@ export function makeRunDir(prefix: string, base: string = runDirBase()): RunDir 
  */
 export function claimRunDir(dir: string, flag: string): RunDir {
   const abs = path.resolve(dir);
+  if (fs.lstatSync(abs, { throwIfNoEntry: false })) {
+    checkRunDir(abs, flag);
+    // Ours and 0700, but in a directory another user could rename it out of: refused too.
+    checkTrustedPathSync(path.dirname(abs), flag, 'dir');
+    return { path: abs, created: false };
+  }
   mkdirTrustedSync(path.dirname(abs), 0o755, flag);
   try {
     mkdirTrustedSync(abs, PRIVATE_MODE, flag, { exclusive: true });

@@ -37,7 +37,7 @@ function readManifest(local: string): Record<string, unknown> | string {
 }
 
 /**
- * The files the fetched dump manifests list (each completed rank's acked files, in its rank dir)
+ * The files the fetched dump manifests list (each completed rank's acked files)
  * that this aggregation does not hold whole. `localOf` gives where a fetched file lies locally.
  * A manifest that cannot be read is one entry naming it.
  */
@@ -55,14 +55,13 @@ export function missingDumpFiles(results: readonly AggregatedFile[], localOf: (r
     }
     const completed = Array.isArray(m.completed_ranks) ? m.completed_ranks.filter((g): g is number => Number.isSafeInteger(g) && g >= 0) : [];
     const files = (typeof m.files === 'object' && m.files !== null ? m.files : {}) as Record<string, unknown>;
-    const dirs = (typeof m.dirs === 'object' && m.dirs !== null ? m.dirs : {}) as Record<string, unknown>;
     for (const g of completed) {
-      const dir = typeof dirs[g] === 'string' ? (dirs[g] as string) : `rank${g}`; // older dumps: rank<g>
       const acked = Array.isArray(files[g]) ? (files[g] as unknown[]) : [];
       for (const e of acked) {
         const entry = (e ?? {}) as { path?: unknown; bytes?: unknown };
         if (typeof entry.path !== 'string') continue;
-        const rel = `${dump}/${dir}/${entry.path}`;
+        // Acked paths are relative to the dump dir: <rank dir>/<file> (agent/dump-executor.ts).
+        const rel = `${dump}/${entry.path}`;
         const got = byPath.get(rel);
         const reason = !got
           ? 'listed by no rank (written elsewhere, removed, or not ours to serve)'
