@@ -106,7 +106,7 @@ export function openTrustedDirSync(dir: string, what: string, opts: WalkOptions 
             if (opts.createMode === undefined) return null;
           } else if (code === 'ENOTDIR' || code === 'ELOOP') {
             const lst = fs.lstatSync(fdPath(fd, name));
-            if (!lst.isSymbolicLink()) throw new UnsafePathError(`${what}: ${shown} is not a directory`, 'ERR_NOT_DIRECTORY');
+            if (!lst.isSymbolicLink()) throw e; // a file where a directory belongs: the system's ENOTDIR
             const bad = untrusted(lst, shown, what);
             if (bad) throw bad;
             if (++links > MAX_LINKS) throw new UnsafePathError(`${what}: ${dir}: more than ${MAX_LINKS} links`, 'ERR_PATH_LINK');
@@ -142,9 +142,8 @@ export function openTrustedDirSync(dir: string, what: string, opts: WalkOptions 
           const code = (e as NodeJS.ErrnoException).code;
           if (code !== 'ENOTDIR' && code !== 'ELOOP') throw e;
           const lst = fs.lstatSync(fdPath(fd, name));
-          throw lst.isSymbolicLink() && !trustedOwner(lst.uid)
-            ? untrusted(lst, shown, what)!
-            : new UnsafePathError(`${what}: ${shown} appeared as ${lst.isSymbolicLink() ? 'a symbolic link' : 'something not a directory'} while we created it`, 'ERR_PATH_LINK');
+          if (!lst.isSymbolicLink()) throw e;
+          throw untrusted(lst, shown, what) ?? new UnsafePathError(`${what}: ${shown} appeared as a symbolic link while we created it; links are not created through`, 'ERR_PATH_LINK');
         }
       }
       try {
