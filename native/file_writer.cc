@@ -232,8 +232,17 @@ FileWriter::FileWriter(const Napi::CallbackInfo& info) : Napi::ObjectWrap<FileWr
   if (writeback != 0 && (writeback < 65536 || writeback > (1ull << 40))) {
     ThrowCoded(env, "ERR_INVALID_ARG", "writebackBytes must be 0 (off) or in 65536..2^40");
   }
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, static_cast<mode_t>(mode));
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_NOCTTY | O_CLOEXEC, static_cast<mode_t>(mode));
   if (fd < 0) throw SysError(env, SysFailure{errno, "open"});
+  // Our group, never one inherited from a setgid directory (docs/security.md): the mode alone
+  // would otherwise let that group read the dump.
+  struct stat created;
+  if (::fstat(fd, &created) != 0 || (created.st_gid != ::getegid() && ::fchown(fd, static_cast<uid_t>(-1), ::getegid()) != 0)) {
+    int err = errno;
+    ::close(fd);
+    ::unlink(path.c_str());
+    throw SysError(env, SysFailure{err, "fchown"});
+  }
   auto st = std::make_shared<FileState>();
   st->path = std::move(path);
   st->fd.store(fd);

@@ -63,6 +63,13 @@ export class UnsafePathError extends WavebusError {
   }
 }
 
+/** A path whose component another user owns or may write (a dump root, report dir or config file in a shared directory). */
+export class UntrustedPathError extends WavebusError {
+  constructor(message: string) {
+    super('ERR_PATH_UNTRUSTED', message);
+  }
+}
+
 /** A KV dump rank directory name that is neither the seed's dp<d>_tp<t>_pp<p>_cp<c> nor an older rank<g>. */
 export class KvDirNameError extends WavebusError {
   constructor(message: string) {

@@ -324,6 +324,28 @@ describe('aggregate', () => {
     }
   });
 
+  test('a dump whose manifest.json lists a file no rank serves (written elsewhere, or not ours): missing_files names it and complete is false', async () => {
+    const job = await startJob({ ownFiles: true });
+    const hostA = job.hosts[0];
+    // The dump manifest as the ledger writes it: each completed rank's acked files, relative to the wave dir.
+    const acked = (r: number) =>
+      (JSON.parse(fs.readFileSync(path.join(job.hostOf(r), 'dumps', WAVE, `dp0_tp${r}_pp0_cp0`, 'dump.json'), 'utf8')).files as { path: string; bytes: number }[]).map((f) => ({ ...f, path: `dp0_tp${r}_pp0_cp0/${f.path}` }));
+    const files: Record<number, { path: string; bytes: number }[]> = { 0: acked(0), 1: acked(1), 2: acked(2), 3: acked(3) };
+    const manifest = (f: typeof files) => JSON.stringify({ req_id: 'req-1', expected_ranks: [0, 1, 2, 3], completed_ranks: [0, 1, 2, 3], missing_ranks: [], complete: true, dirs: { 0: 'dp0_tp0_pp0_cp0', 1: 'dp0_tp1_pp0_cp0', 2: 'dp0_tp2_pp0_cp0', 3: 'dp0_tp3_pp0_cp0' }, files: f });
+    fs.writeFileSync(path.join(hostA, 'dumps', WAVE, 'manifest.json'), manifest(files));
+    const whole = await aggregate({ coordinator: { host: '127.0.0.1', port: job.port }, out: tmpDir('wavebus-agg-out-'), what: 'dumps' });
+    expect({ complete: whole.complete, missing: whole.missing_files }).toEqual({ complete: true, missing: [] });
+    // Rank 2 acked a file its host does not hold (the issue's dump written through a planted link).
+    files[2] = [...files[2], { path: 'dp0_tp2_pp0_cp0/model.layers.7.self_attn.pt', bytes: 1234 }];
+    fs.writeFileSync(path.join(hostA, 'dumps', WAVE, 'manifest.json'), manifest(files));
+    const m = await aggregate({ coordinator: { host: '127.0.0.1', port: job.port }, out: tmpDir('wavebus-agg-out-'), what: 'dumps' });
+    expect(m.missing_files).toEqual([{ dump: WAVE, path: `${WAVE}/dp0_tp2_pp0_cp0/model.layers.7.self_attn.pt`, rank: 2, reason: 'listed by no rank (written elsewhere, removed, or not ours to serve)' }]);
+    expect(m.totals.missing_files).toBe(1);
+    expect(m.totals.failed_files).toBe(0);
+    expect(m.missing_ranks).toEqual([]);
+    expect(m.complete).toBe(false);
+  });
+
   test('a rogue agent listing ../../evil and friends: refused, counted, never written or requested', async () => {
     const asked: string[] = [];
     const rogue = (server: FileServer): RequestHandler => async (req: CoordinatorMsg) => {

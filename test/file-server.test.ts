@@ -113,8 +113,18 @@ describeAsRoot('file server refuses links and special files planted by another u
     fs.writeFileSync(forged, JSON.stringify({ files: [{ path: 'x.bin', checksum: 'crc32c:00c0ffee' }] }), { mode: 0o600 });
     fs.writeFileSync(path.join(f.root, 'shared', 'x.bin'), 'payload');
     plant(f.attacker, 'ln', ['-s', forged, path.join(f.root, 'shared', 'dump.json')]);
+    // A directory the attacker owns is not ours: nothing in it is listed (test/shared-dir-attacks.test.ts).
+    expect(((await f.server.handle(listReq('shared'))).fileList as { files: unknown[] }).files).toEqual([]);
+    // Shared the /tmp way (root's, sticky): our x.bin is listed, with its own checksum, not the link's.
+    fs.chownSync(path.join(f.root, 'shared'), 0, 0);
+    fs.chmodSync(path.join(f.root, 'shared'), 0o1777);
     const list = (await f.server.handle(listReq('shared'))).fileList as { files: { path: string; checksum: string; bytes: number }[] };
     expect(list.files).toEqual([{ path: 'shared/x.bin', bytes: 7, checksum: formatChecksum(crc32c(Buffer.from('payload'))) }]);
+    // Nor does a real dump.json of the attacker's own.
+    fs.unlinkSync(path.join(f.root, 'shared', 'dump.json'));
+    plant(f.attacker, 'sh', ['-c', `printf '%s' '{"files":[{"path":"x.bin","checksum":"crc32c:00c0ffee"}]}' > ${path.join(f.root, 'shared', 'dump.json')}`]);
+    const again = (await f.server.handle(listReq('shared'))).fileList as { files: { path: string; checksum: string; bytes: number }[] };
+    expect(again.files).toEqual([{ path: 'shared/x.bin', bytes: 7, checksum: formatChecksum(crc32c(Buffer.from('payload'))) }]);
   });
 
   test('paths that climb out, absolute paths and NUL are refused; a real file is still served whole', async () => {

@@ -2,7 +2,9 @@
 // checksummed chunks (a chunk's bytes travel as the reply's own ZeroMQ frame, see payload.ts).
 // Only complete bundles are listed (temporary names start with '.'), and no request can read
 // outside the served roots: paths are opened a component at a time without following links, and
-// only regular files and directories are served (src/artifacts/safe-fs.ts).
+// only regular files and directories are served (src/artifacts/safe-fs.ts). Only what this
+// process's user wrote is listed or served: a file or directory another user put in a shared root
+// is not ours to offer (docs/security.md).
 import * as fs from 'fs';
 import * as path from 'path';
 import type { CoordinatorMsg } from '../bus/frames';
@@ -10,6 +12,7 @@ import { withPayload } from '../bus/payload';
 import { crc32c, crc32cOfFd } from '../artifacts/checksum';
 import type { Logger } from '../log';
 import type { FileEntry } from '../messages';
+import { ownerName } from '../artifacts/safe-mkdir';
 import { fdPath, openBeneath, openBeneathSync, openChildSync, splitRelative, type OpenedSync } from '../artifacts/safe-fs';
 
 export const MAX_CHUNK_BYTES = 4 * 2 ** 20;
@@ -58,7 +61,7 @@ function recordedChecksums(dirFd: number): Map<string, string> {
       continue;
     }
     try {
-      if (f.stat.size > MAX_BUNDLE_JSON_BYTES) continue;
+      if (f.stat.size > MAX_BUNDLE_JSON_BYTES || !ours(f.stat)) continue; // another user's JSON feeds no checksum
       const doc = JSON.parse(fs.readFileSync(f.fd, 'utf8'));
       for (const e of doc.files ?? []) {
         const n = e.path ?? e.name;
@@ -71,6 +74,11 @@ function recordedChecksums(dirFd: number): Map<string, string> {
     }
   }
   return out;
+}
+
+/** Written by us: the owner is this process's effective uid. */
+function ours(st: fs.Stats): boolean {
+  return st.uid === (process.geteuid?.() ?? st.uid);
 }
 
 /**
@@ -104,6 +112,7 @@ export function listBundleFiles(root: string, prefix: string, include?: ServedEn
         continue;
       }
       try {
+        if (!ours(child.stat)) continue; // planted by another user: never offered
         if (child.stat.isDirectory()) walk(child.fd, childRel);
         else out.push({ path: childRel, bytes: child.stat.size, checksum: sums.get(ent.name) ?? crc32cOfFd(child.fd).toString() });
       } finally {
@@ -112,6 +121,7 @@ export function listBundleFiles(root: string, prefix: string, include?: ServedEn
     }
   };
   try {
+    if (!ours(base.stat) && prefixParts.length > 0) return out;
     if (base.stat.isDirectory()) walk(base.fd, prefixParts.join('/'));
     else if (prefixParts.length > 0 && served(include, prefixParts, 'file')) {
       out.push({ path: prefixParts.join('/'), bytes: base.stat.size, checksum: crc32cOfFd(base.fd).toString() });
@@ -260,6 +270,7 @@ export class FileServer {
         let data: Buffer;
         let size: number;
         try {
+          if (!ours(stat)) throw new Error(`'${rel}' is owned by ${ownerName(stat.uid)}, not written by ${this.who}; not served`);
           size = stat.size;
           const count = Math.max(0, Math.min(want, size - offset));
           const { buf, pooled } = this.reuseBuffers ? this.buffers.take(count) : { buf: Buffer.allocUnsafe(count), pooled: false };

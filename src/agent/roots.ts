@@ -6,11 +6,22 @@
 import * as path from 'path';
 import { RootRefusedError } from '../errors';
 import type { Logger } from '../log';
+import { checkTrustedPathSync } from '../artifacts/safe-mkdir';
 
 /** The roots this agent writes and serves under. An absent root is neither written nor served. */
 export interface LocalRoots {
   dumps?: string;
   snapshots?: string;
+}
+
+/**
+ * Refuse to start with a root another user could plant links or directories in (a component
+ * owned by another user, or writable by all without the sticky bit): UntrustedPathError naming
+ * the path and its owner. `snapshots` is checked only when capture is on.
+ */
+export function checkLocalRoots(roots: LocalRoots, snapshotsOn: boolean): void {
+  if (roots.dumps !== undefined) checkTrustedPathSync(roots.dumps, '--dump-root', 'dir');
+  if (snapshotsOn && roots.snapshots !== undefined) checkTrustedPathSync(roots.snapshots, 'snapshot root', 'dir');
 }
 
 /**

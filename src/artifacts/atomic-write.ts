@@ -11,13 +11,14 @@ import * as fs from 'fs';
 import * as path from 'path';
 import type { ArtifactModes } from './artifact-mode';
 import { fsFailure } from './sink';
+import { mkdirTrustedSync, ownCreatedFile } from './safe-mkdir';
 
 const { O_WRONLY, O_CREAT, O_EXCL, O_NOFOLLOW } = fs.constants;
 
 export interface AtomicWriteOptions {
   /** Mode of the written file (before the umask), e.g. ArtifactModes.file. */
   mode: number;
-  /** When given, missing parent directories are created with this mode; otherwise the parent must exist. */
+  /** When given, missing parent directories are created with this mode (mkdirTrustedSync); otherwise the parent must exist. */
   dirMode?: number;
 }
 
@@ -36,12 +37,13 @@ export function atomicTempName(file: string): string {
  * file is removed and the error (as the system call gave it) is thrown; `file` is untouched.
  */
 export function writeFileAtomic(file: string, data: string | Buffer, opts: AtomicWriteOptions): void {
-  if (opts.dirMode !== undefined) fs.mkdirSync(path.dirname(file), { recursive: true, mode: opts.dirMode });
+  if (opts.dirMode !== undefined) mkdirTrustedSync(path.dirname(file), opts.dirMode, 'artifact directory');
   const tmp = atomicTempName(file);
   const buf = typeof data === 'string' ? Buffer.from(data) : data;
   try {
     const fd = fs.openSync(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, opts.mode);
     try {
+      ownCreatedFile(fd); // our group, not a setgid directory's
       for (let off = 0; off < buf.length; ) off += fs.writeSync(fd, buf, off, buf.length - off);
       fs.fsyncSync(fd);
     } finally {

@@ -12,6 +12,7 @@ import { isSafeComponent, safeComponent } from './sanitize';
 import { DEFAULT_ARTIFACT_MODES, type ArtifactModes } from './artifact-mode';
 import { isTensorFormat, TENSOR_FORMATS, tensorFormatOfFile, type TensorFormat } from './tensor-format';
 import { tensorFile, type TensorFileValue } from './tensor-files';
+import { mkdirTrustedSync } from './safe-mkdir';
 
 /**
  * Tensor files whose fsync may still be running behind the next file's writes. Each holds one
@@ -115,13 +116,13 @@ export class Bundle {
     const name = path.basename(final);
     if (!opts.replace && fs.existsSync(final)) throw new CaptureError(`bundle ${final} already exists; refusing to overwrite it`, 'ERR_BUNDLE_EXISTS');
     try {
-      fs.mkdirSync(parent, { recursive: true, mode: modes.dir });
+      mkdirTrustedSync(parent, modes.dir, 'bundle directory');
     } catch (e) {
       throw fsFailure('mkdir', parent, e);
     }
     const temp = sideName(parent, name, 'tmp');
     try {
-      fs.mkdirSync(temp, { mode: modes.dir });
+      mkdirTrustedSync(temp, modes.dir, 'bundle directory', { exclusive: true });
     } catch (e) {
       throw fsFailure('mkdir', temp, e);
     }
@@ -152,7 +153,7 @@ export class Bundle {
     if (this.names.has(rel)) throw new CaptureError(`bundle ${this.finalDir}: file ${rel} written twice`, 'ERR_BUNDLE_NAME');
     this.names.add(rel);
     const full = path.join(this.tempDir, ...parts);
-    if (parts.length > 1) fs.mkdirSync(path.dirname(full), { recursive: true, mode: this.modes.dir });
+    if (parts.length > 1) mkdirTrustedSync(path.dirname(full), this.modes.dir, 'bundle directory');
     return full;
   }
 

@@ -5,6 +5,7 @@ import { DEFAULT_ARTIFACT_MODES, type ArtifactModes } from './artifact-mode';
 import { CaptureError, ConfigError } from '../errors';
 import { fsFailure } from './sink';
 import { writeJsonAtomic } from './atomic-write';
+import { mkdirTrustedSync } from './safe-mkdir';
 
 export interface FreeSpace {
   ok: boolean;
@@ -102,7 +103,7 @@ export function writeDumpSkipped(dir: string, info: DumpSkipped, modes: Artifact
   if (info.detail) body.detail = info.detail;
   const final = path.join(dir, 'dump_skipped.json');
   try {
-    fs.mkdirSync(dir, { recursive: true, mode: modes.dir });
+    mkdirTrustedSync(dir, modes.dir, 'dump directory');
   } catch (e) {
     throw fsFailure('mkdir', dir, e);
   }

@@ -14,7 +14,7 @@
 // here into one call.
 import * as fs from 'fs';
 import * as zlib from 'zlib';
-import { CaptureError } from '../errors';
+import { CaptureError, WavebusError } from '../errors';
 import { formatChecksum } from './checksum';
 import { native, NativeFileWriter } from '../native';
 
@@ -46,6 +46,8 @@ export interface WriteResult {
 /** An fs error as a CaptureError naming the operation, the path and the errno code. */
 export function fsFailure(op: string, path: string, e: unknown): CaptureError {
   if (e instanceof CaptureError) return e;
+  // A refusal of ours (an untrusted or unsafe path) keeps its code.
+  if (e instanceof WavebusError) return new CaptureError(`${op} ${path} failed: ${e.message}`, e.code);
   const err = e as NodeJS.ErrnoException;
   const code = err && typeof err.code === 'string' ? err.code : 'EIO';
   const msg = err && typeof err.message === 'string' ? err.message : String(e);
@@ -55,6 +57,7 @@ export function fsFailure(op: string, path: string, e: unknown): CaptureError {
 /** Any failure while producing a file as a CaptureError: fs errors keep their errno code, others are source failures. */
 export function asCaptureError(what: string, path: string, e: unknown): CaptureError {
   if (e instanceof CaptureError) return e;
+  if (e instanceof WavebusError) return fsFailure(what, path, e);
   const err = e as NodeJS.ErrnoException;
   if (err && typeof err.code === 'string' && typeof err.syscall === 'string') return fsFailure(err.syscall, path, e);
   const msg = err && typeof err.message === 'string' ? err.message : String(e);

@@ -11,6 +11,7 @@ import * as fs from 'fs';
 import * as path from 'path';
 import { curveKeyPair } from 'zeromq';
 import { ConfigError } from '../errors';
+import { mkdirTrustedSync } from '../artifacts/safe-mkdir';
 
 export const KEY_FILE_TYPE = 'wavebus-curve-keypair';
 /** The ZAP endpoint libzmq asks (RFC 27); one handler per ZeroMQ context. */
@@ -230,7 +231,7 @@ export function writeKeyPair(dir: string, name: string, pair: CurveKeyPair = new
   if (!/^[A-Za-z0-9_][A-Za-z0-9._-]*$/.test(name)) {
     throw new ConfigError(`--name ${JSON.stringify(name)}: use letters, digits, '.', '_' and '-' (not starting with '.' or '-')`);
   }
-  fs.mkdirSync(dir, { recursive: true, mode: 0o700 });
+  mkdirTrustedSync(dir, 0o700, '--out');
   const keyFile = path.join(dir, `${name}.key`);
   const pubFile = path.join(dir, `${name}.pub`);
   for (const f of [keyFile, pubFile]) {

@@ -21,6 +21,7 @@ import { waitForSignal } from './coordinator';
 import { envSetting, flagOrEnv, mibFlag, msFlag } from './flags';
 import { DIRECT_FILES_FLAGS, directFilesSetup, type DirectFilesSetup } from './direct-files-flags';
 import { DEFAULT_CUDA_STAGING_BYTES } from '../memory';
+import { checkLocalRoots } from '../agent/roots';
 
 /** --cuda-staging-mb's ceiling: 1 GiB of pinned (locked) host memory per CUDA region. */
 export const MAX_CUDA_STAGING_MB = 1024;
@@ -126,6 +127,7 @@ export const command: CommandModule = {
     const a = setupAgent(argv as Record<string, unknown>, process.env);
     const { identity, log } = a;
     const snapshot = resolveSnapshotConfig(process.env, snapshotFlagsFromArgv(argv as Record<string, unknown>), (m: string) => log.warn(m));
+    checkLocalRoots({ dumps: a.dumpRoot, snapshots: snapshot.snapshotRoot }, snapshot.enabled);
     // A named run dir is created 0700 or must already be ours and 0700; without one, an
     // unpredictable private dir in tmpdir. Only a dir created here is removed at exit.
     const rd = a.runDir ? claimRunDir(a.runDir, a.runDirFlag) : makeRunDir(`wavebus-agent-rank${identity.globalRank}-`, os.tmpdir());

@@ -1,5 +1,5 @@
 // `wavebus aggregate`: pull every rank's bundles (through the coordinator) into one tree with a
-// manifest. Exit 0 only when no expected rank is missing and every file arrived verified.
+// manifest. Exit 0 only when no expected rank or dump file is missing and every file arrived verified.
 import type { CommandModule } from 'yargs';
 import { DEFAULT_DIRECT_TIMEOUT_MS } from '../tools/aggregate-direct';
 import { aggregate, DEFAULT_CHUNK_MB, DEFAULT_WINDOW, MAX_CHUNK_MB, MAX_REQUEST_TIMEOUT_MS, type AggregateProgress } from '../tools/aggregate';
@@ -86,6 +86,7 @@ export const command: CommandModule = {
         process.stderr.write(`wavebus aggregate: rank ${r} missing${l?.errors.length ? ` (${l.errors.join('; ')})` : ' (listed no files)'}\n`);
       }
       for (const f of m.files.filter((x) => x.status === 'failed')) process.stderr.write(`wavebus aggregate: ${f.root}/${f.path} failed: ${f.error}\n`);
+      for (const f of m.missing_files) process.stderr.write(`wavebus aggregate: dumps/${f.path} missing (rank ${f.rank} wrote it, says ${f.dump}/manifest.json): ${f.reason}\n`);
       for (const r of m.refused) process.stderr.write(`wavebus aggregate: refused ${r.root} path ${JSON.stringify(r.path)} from rank ${r.rank}: ${r.reason}\n`);
       for (const c of m.conflicts) process.stderr.write(`wavebus aggregate: conflict on ${c.root}/${c.path}: ${c.detail}\n`);
       process.exit(m.complete ? 0 : 1);

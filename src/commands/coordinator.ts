@@ -11,7 +11,7 @@ import { ConfigError } from '../errors';
 import { identityFlagsFromArgv, identityOptions, resolveLayout } from '../launch/identity';
 import { createLogger } from '../log';
 import { Guard } from '../guard/guard';
-import { guardOptions, parseStartupOptions } from '../guard/startup';
+import { checkStartupPaths, guardOptions, parseStartupOptions } from '../guard/startup';
 import { keepFreedMemory } from '../malloc-tuning';
 
 const LAYOUT_FLAGS = ['world-size', 'tp', 'pp', 'dp', 'cp'];
@@ -69,6 +69,7 @@ export const command: CommandModule = {
       },
       process.cwd(),
     );
+    checkStartupPaths(startup);
     const curve = loadServerKeys(argv['curve-secret-key'] as string | undefined, argv['curve-allow'] as string | undefined);
     const busToken = loadBusToken(argv['bus-token-file'], env);
     const artifactModes = parseArtifactMode(argv['artifact-mode'], '--artifact-mode');

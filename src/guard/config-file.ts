@@ -10,6 +10,7 @@ import * as os from 'os';
 import * as path from 'path';
 import { ConfigError } from '../errors';
 import { writeFileAtomic } from '../artifacts/atomic-write';
+import { mkdirTrustedSync } from '../artifacts/safe-mkdir';
 
 export interface LockOptions {
   /** How long to wait for a live holder (default 5000 ms). */
@@ -127,7 +128,8 @@ export function withConfigLock<T>(file: string, fn: () => T, opts: LockOptions =
  * beside it, O_EXCL|O_NOFOLLOW, fsync, rename, fsync the directory). Parent directories are created.
  */
 export function writeConfigFile(file: string, text: string, opts: LockOptions = {}): void {
-  fs.mkdirSync(path.dirname(file), { recursive: true });
+  // The runtime dir: readable by the ranks' users (the file is 0644), writable by us alone.
+  mkdirTrustedSync(path.dirname(file), 0o755, 'runtime config directory');
   withConfigLock(
     file,
     () => {

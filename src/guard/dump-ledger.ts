@@ -20,6 +20,7 @@ import { SkipReason, writeDumpSkipped } from '../artifacts/freespace';
 import { DEFAULT_ARTIFACT_MODES, type ArtifactModes } from '../artifacts/artifact-mode';
 import { artifactWrite, writeJsonAtomic } from '../artifacts/atomic-write';
 import { fsFailure } from '../artifacts/sink';
+import { mkdirTrustedSync } from '../artifacts/safe-mkdir';
 import { StageSchedule } from './stage-schedule';
 import { manifestJson, tallyAcks } from './dump-manifest';
 import { RequestInfoWriter, requestInfoJson } from './request-info';
@@ -205,7 +206,7 @@ export class DumpLedger {
       ranks: this.ranksFor(spec.replica, ppStages),
     };
     try {
-      fs.mkdirSync(dir, { recursive: true, mode: this.modes.dir });
+      mkdirTrustedSync(dir, this.modes.dir, 'dump directory');
     } catch (e) {
       throw fsFailure('mkdir', dir, e);
     }

@@ -208,8 +208,18 @@ export class Guard implements CoordinatorPolicy {
     this.metric.inc({ incident_type: type, action });
   }
 
-  /** Arm one request's dump or refuse it (freed → finished_or_reaped; no blocks → empty_block_ids). */
-  private armOne(rs: ReplicaState, type: string, st: ReqState, detectWave: number, wave: number, dumps: DumpJob[], info: Record<string, unknown>): { job?: DumpJob; skipped?: string; dir?: string } {
+  /** Arm one request's dump or refuse it; a dump dir that cannot be made safely fails this dump alone, never the wave. */
+  private armOne(rs: ReplicaState, type: string, st: ReqState, detectWave: number, wave: number, dumps: DumpJob[], info: Record<string, unknown>): { job?: DumpJob; skipped?: string; dir?: string; failed?: boolean } {
+    try {
+      return this.armOrRefuse(rs, type, st, detectWave, wave, dumps, info);
+    } catch (e) {
+      this.log.error({ incident_type: type, req_id: st.reqId, wave, err: (e as Error).message, code: (e as { code?: string }).code }, 'dump not armed: cannot write its directory');
+      return { failed: true };
+    }
+  }
+
+  /** freed → finished_or_reaped; no blocks → empty_block_ids; else the job. */
+  private armOrRefuse(rs: ReplicaState, type: string, st: ReqState, detectWave: number, wave: number, dumps: DumpJob[], info: Record<string, unknown>): { job?: DumpJob; skipped?: string; dir?: string } {
     const root = this.dumpRoot();
     const replica = rs.replica;
     if (st.freed) {
@@ -283,6 +293,8 @@ export class Guard implements CoordinatorPolicy {
           dumpDir = own.job.dumpDir;
           finishedAtDump = own.job.requestFinishedAtDump;
           this.count(type, 'dump_kv');
+        } else if (own.failed) {
+          this.count(type, 'dump_failed');
         } else if (own.dir) {
           skippedReason = own.skipped;
           dumpDir = own.dir.replace(/[/\\]dump_skipped\.json$/, '');
@@ -350,7 +362,7 @@ export class Guard implements CoordinatorPolicy {
     }
     for (const st of running) {
       const r = this.armOne(rs, MANUAL_TRIGGER, st, detectWave, wave, dumps, { manual_dump: rs.manualDone });
-      this.count(MANUAL_TRIGGER, r.job ? 'dump_kv' : r.dir ? 'dump_skipped' : 'duplicate');
+      this.count(MANUAL_TRIGGER, r.job ? 'dump_kv' : r.dir ? 'dump_skipped' : r.failed ? 'dump_failed' : 'duplicate');
     }
   }
 

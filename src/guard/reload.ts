@@ -7,7 +7,8 @@
 // recognised by its hash (or, over the cap, by size and mtime) and never parsed again, so a bad
 // file costs each poll a stat, not a parse.
 import * as fs from 'fs';
-import { ConfigError } from '../errors';
+import { ConfigError, UntrustedPathError, WavebusError } from '../errors';
+import { checkTrustedPathSync, checkTrustedStat } from '../artifacts/safe-mkdir';
 import type { Logger } from '../log';
 import { gauge } from '../metrics';
 import { configJson, RuntimeConfig } from './config';
@@ -110,14 +111,28 @@ export class ConfigFollower {
     this.lastMtimeMs = st.mtimeMs;
     this.lastSize = st.size;
     this.lastVerifyAt = nowMs;
+    // Only a file of ours (or root's), in directories nobody else can write, is applied: another
+    // user who could replace it would otherwise steer the job (docs/security.md). Checked on
+    // every read, not only at startup: an owner fixed later (chown) is accepted again.
+    try {
+      checkTrustedPathSync(this.path, 'runtime config file', 'file');
+    } catch (e) {
+      if (e instanceof WavebusError) return this.reject(e, null, st);
+      return { kind: 'missing' }; // gone or unreadable meanwhile
+    }
     const r = this.rejected;
     // Refused unread before, and size and mtime say it is the same file: refuse it again unread.
-    if (r && r.hash === null && r.size === st.size && r.mtimeMs === st.mtimeMs) return this.reject(r.error, null, st);
+    if (r && r.hash === null && !(r.error instanceof UntrustedPathError) && r.size === st.size && r.mtimeMs === st.mtimeMs) return this.reject(r.error, null, st);
     let read: ReturnType<typeof readCapped>;
     try {
       read = readCapped(this.path);
     } catch (e) {
       return { kind: 'missing' };
+    }
+    try {
+      checkTrustedStat(read.st, this.path, 'runtime config file'); // the file actually read
+    } catch (e) {
+      return this.reject(e as Error, null, read.st);
     }
     if ('tooBig' in read) return this.reject(configTooBigError(this.path, read.tooBig), null, read.st);
     const bytes = read.bytes;

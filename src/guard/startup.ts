@@ -9,6 +9,7 @@ import { parseJsonc } from './jsonc';
 import { checkConfigPartial, configFromRaw, configJson, defaultConfig, mergeConfig, RuntimeConfig } from './config';
 import { LockOptions, writeConfigFile } from './config-file';
 import { configTooBigError, readCapped } from './config-read';
+import { checkTrustedPathSync } from '../artifacts/safe-mkdir';
 
 export interface StartupOptions {
   configPath: string;
@@ -187,6 +188,18 @@ export function loadStartupConfig(opts: StartupOptions, log?: StartupLog, lock?:
     log?.warn({ path: opts.configPath }, 'runtime config file rewritten from defaults ← --additional-config runtime_config; its previous settings are not used (startup settings belong in the overlay)');
   }
   return { config, fileHash, issues };
+}
+
+/**
+ * Refuse to start when the config file, the report dir or the dump root lies where another user
+ * could replace it or plant something in it: a component owned by another user (not root), or
+ * writable by every user without the sticky bit. Throws UntrustedPathError naming the path and its
+ * owner. What does not exist yet is created later, one checked component at a time.
+ */
+export function checkStartupPaths(opts: StartupOptions): void {
+  checkTrustedPathSync(opts.configPath, 'runtime config file', 'file');
+  checkTrustedPathSync(opts.reportDir, 'report dir', 'dir');
+  checkTrustedPathSync(dumpRootOf(effectiveStartupConfig(opts), opts), 'dump root', 'dir');
 }
 
 /** The dump root in effect: the config's dump.dump_dir, else the startup one. */

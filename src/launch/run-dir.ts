@@ -7,6 +7,7 @@ import * as fs from 'fs';
 import * as os from 'os';
 import * as path from 'path';
 import { ConfigError } from '../errors';
+import { checkTrustedPathSync, mkdirTrustedSync } from '../artifacts/safe-mkdir';
 
 const PRIVATE_MODE = 0o700;
 
@@ -49,9 +50,15 @@ export function makeRunDir(prefix: string, base: string = runDirBase()): RunDir 
  */
 export function claimRunDir(dir: string, flag: string): RunDir {
   const abs = path.resolve(dir);
-  fs.mkdirSync(path.dirname(abs), { recursive: true });
+  if (fs.lstatSync(abs, { throwIfNoEntry: false })) {
+    checkRunDir(abs, flag);
+    // Ours and 0700, but in a directory another user could rename it out of: refused too.
+    checkTrustedPathSync(path.dirname(abs), flag, 'dir');
+    return { path: abs, created: false };
+  }
+  mkdirTrustedSync(path.dirname(abs), 0o755, flag);
   try {
-    fs.mkdirSync(abs, { mode: PRIVATE_MODE });
+    mkdirTrustedSync(abs, PRIVATE_MODE, flag, { exclusive: true });
   } catch (e) {
     if ((e as NodeJS.ErrnoException).code !== 'EEXIST') throw runDirError(`${flag} ${abs}: cannot create it: ${(e as Error).message}`);
     checkRunDir(abs, flag);

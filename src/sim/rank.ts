@@ -14,6 +14,7 @@ import type { SimFaults } from './faults';
 import { fillKvPool, type KvGeometry } from './kv-pattern';
 import { SimScheduler } from './scheduler';
 import { TpBarrier } from './tp-barrier';
+import { mkdirTrustedSync } from '../artifacts/safe-mkdir';
 
 export interface SimRankOptions {
   steps: number;
@@ -302,7 +303,7 @@ export async function runSimRank(opts: SimRankOptions, onReady: () => Promise<nu
   };
   await client?.close();
   barrier?.close();
-  fs.mkdirSync(opts.resultDir, { recursive: true });
+  mkdirTrustedSync(opts.resultDir, 0o755, 'sim result directory');
   fs.writeFileSync(path.join(opts.resultDir, `rank${id.globalRank}.json`), JSON.stringify(result, null, 2));
   seg.close();
   unlinkQuietly(shmName);

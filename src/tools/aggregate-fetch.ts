@@ -9,6 +9,8 @@ import { payloadOf } from '../bus/payload';
 import { crc32c, crc32cCombine, crc32cOfFd, formatChecksum } from '../artifacts/checksum';
 import type { WavebusError } from '../errors';
 import { AggregateError } from '../errors';
+import { DEFAULT_ARTIFACT_MODES } from '../artifacts/artifact-mode';
+import { mkdirTrustedSync } from '../artifacts/safe-mkdir';
 
 /** A file request as a chunk source takes it (FileChunkRequest without the buffer acks). */
 export type ChunkRequest = {
@@ -68,7 +70,7 @@ export async function fetchOne(sourceOf: (rank: number) => ChunkSource, f: Plann
   }
   const errors: string[] = [];
   try {
-    fs.mkdirSync(path.dirname(f.local), { recursive: true });
+    mkdirTrustedSync(path.dirname(f.local), DEFAULT_ARTIFACT_MODES.dir, '--out');
   } catch (e) {
     return { ...base, rank: f.listedBy[0], status: 'failed', verified: false, error: `cannot create ${path.dirname(f.local)}: ${(e as Error).message}` };
   }

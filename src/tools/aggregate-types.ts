@@ -6,6 +6,7 @@ import type { BusToken } from '../bus/auth';
 import type { CurveClientKeys } from '../bus/curve';
 import type { RankTransport } from './aggregate-direct';
 import type { AggregateRoot } from './aggregate-listing';
+import type { MissingFile } from './aggregate-expected';
 
 export const AGGREGATE_MANIFEST = 'manifest.json';
 export const AGGREGATE_KIND = 'wavebus_aggregate';
@@ -100,9 +101,11 @@ export interface AggregateManifest {
    */
   coordinator_files: RankListing & { asked: boolean };
   files: AggregatedFile[];
+  /** Files a fetched dump manifest.json says a completed rank wrote, not fetched whole here (aggregate-expected.ts). */
+  missing_files: MissingFile[];
   refused: RefusedPath[];
   conflicts: { root: AggregateRoot; path: string; detail: string }[];
-  totals: { files: number; bytes: number; fetched_files: number; fetched_bytes: number; present_files: number; failed_files: number; refused: number };
+  totals: { files: number; bytes: number; fetched_files: number; fetched_bytes: number; present_files: number; failed_files: number; refused: number; missing_files: number };
   /**
    * Direct fetch (docs/aggregate.md): asked (CURVE on and not --relay), the ranks fetched from
    * their own file sockets, and those fetched through the coordinator instead (why: ranks[r].direct_error).
@@ -110,7 +113,7 @@ export interface AggregateManifest {
   direct: { asked: boolean; ranks: number[]; relayed: number[] };
   /** Messages from the coordinator that were not well-formed replies, dropped, by reason. */
   dropped: Record<string, number>;
-  /** Nothing missing, nothing failed, nothing refused, every file verified, the coordinator's files listed. */
+  /** Nothing missing (ranks or dump files), nothing failed, nothing refused, every file verified, the coordinator's files listed. */
   complete: boolean;
 }
 

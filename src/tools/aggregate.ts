@@ -19,6 +19,9 @@ import { RelayClient } from '../bus/relay-client';
 import { ConfigError, WavebusError, AggregateError } from '../errors';
 import { fsyncDir, writeJsonAtomic } from '../artifacts/atomic-write';
 import { inKvRankDirOf } from '../paths';
+import { DEFAULT_ARTIFACT_MODES } from '../artifacts/artifact-mode';
+import { mkdirTrustedSync } from '../artifacts/safe-mkdir';
+import { missingDumpFiles } from './aggregate-expected';
 import {
   checkListedChecksum,
   checkListedSize,
@@ -69,7 +72,7 @@ export async function aggregate(opts: AggregateOptions): Promise<AggregateManife
   const prefix = opts.prefix ?? '';
   const roots: AggregateRoot[] = what === 'all' ? ['dumps', 'snapshots'] : [what];
   try {
-    fs.mkdirSync(out, { recursive: true });
+    mkdirTrustedSync(out, DEFAULT_ARTIFACT_MODES.dir, '--out');
   } catch (e) {
     throw new ConfigError(`--out ${out}: cannot create the output directory: ${(e as Error).message}`);
   }
@@ -246,6 +249,8 @@ export async function aggregate(opts: AggregateOptions): Promise<AggregateManife
     const present = ranks.filter((r) => listings[String(r)].answered && listings[String(r)].files > 0);
     const missing = st.expectedRanks.filter((r) => !present.includes(r)).sort((a, b) => a - b);
     const failed = results.filter((r) => r.status === 'failed');
+    // Every file the fetched dump manifests say a rank wrote must be here, whole.
+    const missingFiles = what === 'snapshots' ? [] : missingDumpFiles(results, (root, rel) => planned.get(`${root}/${rel}`)?.local);
     const manifest: AggregateManifest = {
       kind: AGGREGATE_KIND,
       schema: 1,
@@ -261,6 +266,7 @@ export async function aggregate(opts: AggregateOptions): Promise<AggregateManife
       ranks: listings,
       coordinator_files: { asked: what !== 'snapshots', ...coordinatorListing },
       files: results,
+      missing_files: missingFiles,
       refused,
       conflicts,
       totals: {
@@ -271,6 +277,7 @@ export async function aggregate(opts: AggregateOptions): Promise<AggregateManife
         present_files: results.filter((r) => r.status === 'present').length,
         failed_files: failed.length,
         refused: refused.length,
+        missing_files: missingFiles.length,
       },
       direct: {
         asked: directAsked,
@@ -279,7 +286,7 @@ export async function aggregate(opts: AggregateOptions): Promise<AggregateManife
       },
       dropped: { ...client.dropped },
       complete:
-        missing.length === 0 && failed.length === 0 && refused.length === 0 && results.every((r) => r.verified) &&
+        missing.length === 0 && failed.length === 0 && refused.length === 0 && missingFiles.length === 0 && results.every((r) => r.verified) &&
         (what === 'snapshots' || coordinatorListing.errors.length === 0),
     };
     writeManifest(out, manifest);

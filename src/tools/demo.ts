@@ -19,6 +19,7 @@ import { TORCH_CAPTURE_TOKEN, TORCH_FAULTS, torchEngineCommand, torchPoolBlocks 
 import { loadCallDir } from '../snapshot/loader';
 import { demoExpectations, type DemoExpectations } from './demo-expect';
 import type { SnapshotFlags } from '../snapshot/config';
+import { mkdirTrustedSync } from '../artifacts/safe-mkdir';
 
 export interface DemoOptions {
   out: string;
@@ -47,7 +48,7 @@ function prepareOut(out: string): void {
     }
     for (const e of entries) fs.rmSync(path.join(out, e), { recursive: true, force: true });
   }
-  fs.mkdirSync(out, { recursive: true });
+  mkdirTrustedSync(out, 0o755, '--out');
   fs.writeFileSync(path.join(out, MARKER), 'made by wavebus demo; its contents are replaced on the next run\n');
 }
 
@@ -119,7 +120,7 @@ export async function runDemo(opts: DemoOptions): Promise<{ ok: boolean; summary
   prepareOut(out);
   const runtimeRoot = path.join(out, 'runtime');
   const configPath = path.join(runtimeRoot, 'config', 'runtime_config.json');
-  fs.mkdirSync(path.dirname(configPath), { recursive: true });
+  mkdirTrustedSync(path.dirname(configPath), 0o755, 'runtime config directory');
   const resultDir = path.join(out, 'ranks');
   const port = opts.port ?? (await freePortPair());
   const bin = path.join(packageRoot(), 'bin', 'wavebus.js');

@@ -268,6 +268,7 @@ function inspectAggregate(dir: string, rel: string, m: any, verify: boolean): Bu
     const errs = m.ranks?.[String(g)]?.errors ?? [];
     r.problems.push(`${rel}: rank ${g} missing from the aggregate${errs.length ? ` (${errs.join('; ')})` : ''}`);
   }
+  for (const x of (m.missing_files ?? []) as any[]) r.problems.push(`${rel}: dumps/${String(x.path)} missing (rank ${String(x.rank)} wrote it, says its dump manifest: ${String(x.reason)})`);
   for (const x of (m.refused ?? []) as any[]) r.problems.push(`${rel}: refused ${x.root} path ${JSON.stringify(x.path)} from rank ${x.rank} (${x.reason})`);
   for (const f of (m.files ?? []) as any[]) {
     const fp = `${f.root}/${f.path}`;

@@ -60,6 +60,7 @@ CODES = frozenset({
     "ERR_NPY_DTYPE",
     "ERR_OUT_OF_RANGE",
     "ERR_PATH_LINK",
+    "ERR_PATH_UNTRUSTED",
     "ERR_PICKLE",
     "ERR_PORT_IN_USE",
     "ERR_PROTOCOL",
