@@ -38,7 +38,7 @@ export function busMetrics() {
   };
   // Zero-valued series, so dashboards see every label from the start.
   for (const lane of ['config', 'dump']) m.lanes.inc({ lane }, 0);
-  for (const reason of ['frame_count', 'oversized', 'truncated', 'undecodable', 'empty', 'unknown_request', 'no_mac', 'bad_mac', 'wrong_connection', 'protocol_version', 'not_head', 'bad_telemetry', 'rank_out_of_range']) m.dropped.inc({ reason }, 0);
+  for (const reason of ['frame_count', 'oversized', 'truncated', 'undecodable', 'empty', 'unknown_request', 'no_mac', 'bad_mac', 'wrong_connection', 'protocol_version', 'not_head', 'bad_telemetry', 'rank_out_of_range', 'over_limit']) m.dropped.inc({ reason }, 0);
   return m;
 }
 
