@@ -144,7 +144,7 @@ describeAsRoot('a local user floods the coordinator ROUTER without the token', (
     const dir = tmpDir('wavebus-flood-');
     fs.chmodSync(dir, 0o755);
     const script = path.join(dir, 'dealer.js');
-    fs.copyFileSync(path.join(ROOT, 'test', 'attack', 'zmtp-dealer.js'), script);
+    fs.copyFileSync(path.join(ROOT, 'test', 'attack', 'zmtp-peer.js'), script);
     const big = path.join(dir, 'big.bin');
     const small = path.join(dir, 'small.bin');
     fs.writeFileSync(big, emptyRows(12_000_000));
@@ -176,7 +176,7 @@ describeAsRoot('a local user floods the coordinator ROUTER without the token', (
         await new Promise((res) => setTimeout(res, 50));
       }
     })();
-    const attacker = spawnAs(user, process.execPath, [script, '127.0.0.1', String(port + 1), big, small, small, small, small, small, small]);
+    const attacker = spawnAs(user, process.execPath, [script, 'dealer', '127.0.0.1', String(port + 1), big, small, small, small, small, small, small]);
     try {
       const done = await attacker.exited;
       expect(attacker.stdout()).toContain('"event":"sent","messages":7,"bytes":');
