@@ -69,6 +69,32 @@ export function localPathFor(outRoot: string, root: AggregateRoot, rel: unknown)
   return { path: local };
 }
 
+/**
+ * The listed paths of `root` that lie under another listed path taken as a file ("a" and "a/b"):
+ * one name cannot be both a file and a directory of the output tree, so the nested ones are
+ * refused (each with the file it is under) and the file is fetched. Sorted input not needed.
+ */
+export function nestedUnderFiles(paths: Iterable<{ root: string; path: string }>): Map<string, string> {
+  const files = new Set<string>();
+  const all: { root: string; path: string }[] = [];
+  for (const p of paths) {
+    files.add(`${p.root}/${p.path}`);
+    all.push(p);
+  }
+  const out = new Map<string, string>(); // key `${root}/${path}` -> the file it is under
+  for (const p of all) {
+    const parts = p.path.split('/');
+    for (let i = 1; i < parts.length; i++) {
+      const above = parts.slice(0, i).join('/');
+      if (files.has(`${p.root}/${above}`)) {
+        out.set(`${p.root}/${p.path}`, above);
+        break;
+      }
+    }
+  }
+  return out;
+}
+
 /** A listed size: a non-negative integer within MAX_FILE_BYTES and the free space left. */
 export function checkListedSize(raw: unknown, freeBytes: number): { bytes: number } | { reason: string } {
   const bytes = typeof raw === 'number' || typeof raw === 'bigint' || (typeof raw === 'string' && /^\d+$/.test(raw)) ? Number(raw) : NaN;
