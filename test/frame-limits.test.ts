@@ -11,7 +11,8 @@ import { BusToken, createTokenFile } from '../src/bus/auth';
 import { Coordinator, requestStatus } from '../src/bus/coordinator';
 import { decodeAgentMessage, decodeBusFrame, decodeCoordinatorMessage, encodeAgentMessage, encodeBusFrame } from '../src/bus/frames';
 import { MAX_UNAUTHENTICATED_BYTES, unauthenticatedRefusal } from '../src/bus/router-inbox';
-import { MAX_FRAME_MESSAGES, MAX_FRAME_VALUES, wireCensus } from '../src/bus/wire-census';
+import { MAX_FRAME_MESSAGES, MAX_FRAME_VALUES, MAX_LISTING_FILES, wireCensus } from '../src/bus/wire-census';
+import { listBundleFiles } from '../src/agent/file-server';
 import { createLogger } from '../src/log';
 import { AgentMessage, ClientRequest, CoordinatorMessage } from '../src/proto';
 import { PROTOCOL_VERSION } from '../src/bus/protocol-version';
@@ -83,6 +84,18 @@ describe('the wire census', () => {
     expect(wireCensus(AgentMessage, w.finish())).toEqual({ reason: 'undecodable', detail: expect.stringContaining('StepTelemetry.requests: wire type 0') });
     expect(wireCensus(AgentMessage, Buffer.from([0x3a, 0x05, 0x12]))?.reason).toBe('truncated');
   });
+});
+
+test('a listing longer than one frame carries is an error at the agent, not a frame every receiver would drop', () => {
+  expect(MAX_LISTING_FILES).toBeLessThan(MAX_FRAME_MESSAGES);
+  const dir = tmpDir('wavebus-limits-list-');
+  for (const n of ['a', 'b', 'c', 'd']) fs.writeFileSync(path.join(dir, n), n);
+  expect(listBundleFiles(dir, '', undefined, 4).map((f) => f.path)).toEqual(['a', 'b', 'c', 'd']);
+  expect(() => listBundleFiles(dir, '', undefined, 3)).toThrow('more than 3 files under ".": over what one listing carries (one frame\'s limit); list less at a time (aggregate --prefix)');
+  // What an agent's reply of the most entries it sends weighs, relayed to a tool: within the limits.
+  const files = Array.from({ length: MAX_LISTING_FILES }, (_, i) => ({ path: `w/${i}`, bytes: 1, checksum: 'crc32c:00000000' }));
+  const relayed = CoordinatorMessage.encode({ epoch: 1, requestId: 1, relay: { rank: 0, fileList: { globalRank: 0, files } } }).finish();
+  expect(wireCensus(CoordinatorMessage, relayed)).toBeUndefined();
 });
 
 describe('a message without the MAC', () => {

@@ -16,6 +16,12 @@ import type * as protobuf from 'protobufjs';
  */
 export const MAX_FRAME_MESSAGES = 1 << 16;
 export const MAX_FRAME_VALUES = 1 << 21;
+/**
+ * Entries one file listing carries: a frame's messages, less the few around them (the reply, a
+ * relay's wrappers). An agent refuses a longer listing with an error instead of sending a frame
+ * every receiver would drop; `wavebus aggregate` then lists less at a time (`--prefix`).
+ */
+export const MAX_LISTING_FILES = MAX_FRAME_MESSAGES - 16;
 /** Nesting deeper than any message of the schema goes. */
 const MAX_DEPTH = 16;
 

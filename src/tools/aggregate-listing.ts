@@ -5,6 +5,7 @@ import * as fs from 'fs';
 import * as path from 'path';
 import { parseChecksum } from '../artifacts/checksum';
 import { joinUnder } from '../artifacts/sanitize';
+import { MAX_LISTING_FILES } from '../bus/wire-census';
 
 /** Linux PATH_MAX counts the NUL: a usable path is at most 4095 bytes. */
 export const MAX_LOCAL_PATH_BYTES = 4095;
@@ -14,8 +15,8 @@ export const NAME_MAX_BYTES = 255;
 export const MAX_PATH_COMPONENTS = 64;
 /** The largest single file aggregate will fetch (1 TiB), whatever the listing claims. */
 export const MAX_FILE_BYTES = 2 ** 40;
-/** Entries read from one rank's listing of one root; the rest are refused as one entry. */
-export const MAX_LISTED_FILES = 100000;
+/** Entries read from one rank's listing of one root (what one frame carries); the rest are refused as one entry. */
+export const MAX_LISTED_FILES = MAX_LISTING_FILES;
 /** A file is written as `.<name>.part` first: its component must fit NAME_MAX with these bytes. */
 export const PART_SUFFIX = '.part';
 const PART_EXTRA_BYTES = 1 + PART_SUFFIX.length;
