@@ -76,26 +76,23 @@ describe('the wire census', () => {
     expect(wireCensus(ClientRequest, packed(n, 5, [6, 1]))?.detail).toMatch(/^ForwardContext\.positions/);
   });
 
-  test('a field in a wire type its schema does not give is refused (the counts would not hold for the decode)', () => {
-    // telemetry.requests as a varint: protobufjs would read the varint as a length and what
-    // follows as a RequestStep the census never saw.
+  test('a field in a wire type its schema does not give is read as protobufjs reads it, so the counts hold for the decode', () => {
+    // telemetry.requests sent as a varint: protobufjs reads the varint as a length and the bytes
+    // after it as a RequestStep, here one with 4 block ids; the census counts them the same way.
+    const step = Buffer.from([0x3a, 0x04, 1, 2, 3, 4]); // RequestStep.block_ids, packed
     const w = protobuf.Writer.create();
-    w.uint32(0x3a).fork().uint32(0x12).fork().uint32(0x10).uint32(4).uint32(0x38).uint32(7).ldelim().ldelim();
-    expect(wireCensus(AgentMessage, w.finish())).toEqual({ reason: 'undecodable', detail: expect.stringContaining('StepTelemetry.requests: wire type 0') });
+    w.uint32(0x3a).fork().uint32(0x12).fork().uint32(0x10).uint32(step.length);
+    const bytes = Buffer.concat([Buffer.from(w.ldelim().ldelim().finish()), step]);
+    // Lengths patched by hand: wave_head and telemetry enclose the step too.
+    bytes[1] += step.length;
+    bytes[3] += step.length;
+    expect(AgentMessage.toObject(AgentMessage.decode(bytes))).toEqual({ waveHead: { telemetry: { requests: [{ blockIds: [1, 2, 3, 4] }] } } });
+    expect(wireCensus(AgentMessage, bytes, { messages: 10, values: 3 })).toEqual({ reason: 'over_limit', detail: expect.stringContaining('RequestStep.blockIds: more than 3') });
+    expect(wireCensus(AgentMessage, bytes, { messages: 10, values: 4 })).toBeUndefined();
+    // What protobufjs refuses, the census refuses with the reason frames.ts gives it.
     expect(wireCensus(AgentMessage, Buffer.from([0x3a, 0x05, 0x12]))?.reason).toBe('truncated');
+    expect(wireCensus(AgentMessage, Buffer.from([0x77]))?.reason).toBe('undecodable'); // unknown field 14, wire type 7
   });
-});
-
-test('a listing longer than one frame carries is an error at the agent, not a frame every receiver would drop', () => {
-  expect(MAX_LISTING_FILES).toBeLessThan(MAX_FRAME_MESSAGES);
-  const dir = tmpDir('wavebus-limits-list-');
-  for (const n of ['a', 'b', 'c', 'd']) fs.writeFileSync(path.join(dir, n), n);
-  expect(listBundleFiles(dir, '', undefined, 4).map((f) => f.path)).toEqual(['a', 'b', 'c', 'd']);
-  expect(() => listBundleFiles(dir, '', undefined, 3)).toThrow('more than 3 files under ".": over what one listing carries (one frame\'s limit); list less at a time (aggregate --prefix)');
-  // What an agent's reply of the most entries it sends weighs, relayed to a tool: within the limits.
-  const files = Array.from({ length: MAX_LISTING_FILES }, (_, i) => ({ path: `w/${i}`, bytes: 1, checksum: 'crc32c:00000000' }));
-  const relayed = CoordinatorMessage.encode({ epoch: 1, requestId: 1, relay: { rank: 0, fileList: { globalRank: 0, files } } }).finish();
-  expect(wireCensus(CoordinatorMessage, relayed)).toBeUndefined();
 });
 
 describe('a message without the MAC', () => {
