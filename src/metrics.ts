@@ -4,6 +4,7 @@
 import * as http from 'http';
 import { Counter, Gauge, Registry } from 'prom-client';
 import { ConfigError } from './errors';
+import { capConnections, METRICS_IDLE_TIMEOUT_MS } from './metrics-connections';
 
 export const registry = new Registry();
 
@@ -38,7 +39,7 @@ export function busMetrics() {
   };
   // Zero-valued series, so dashboards see every label from the start.
   for (const lane of ['config', 'dump']) m.lanes.inc({ lane }, 0);
-  for (const reason of ['frame_count', 'oversized', 'truncated', 'undecodable', 'empty', 'unknown_request', 'no_mac', 'bad_mac', 'wrong_connection', 'protocol_version', 'not_head', 'bad_telemetry', 'rank_out_of_range']) m.dropped.inc({ reason }, 0);
+  for (const reason of ['frame_count', 'oversized', 'truncated', 'undecodable', 'empty', 'unknown_request', 'no_mac', 'bad_mac', 'wrong_connection', 'protocol_version', 'not_head', 'bad_telemetry', 'rank_out_of_range', 'over_limit']) m.dropped.inc({ reason }, 0);
   return m;
 }
 
@@ -50,11 +51,12 @@ export interface MetricsServer {
 
 /**
  * Serve /healthz and /metrics on host:port (port 0 picks a free one). `health` is called per
- * request; it must be cheap and must not throw.
+ * request; it must be cheap and must not throw. Connections are capped (metrics-connections.ts).
  */
 export async function startMetricsServer(opts: { host?: string; port: number; health: () => Record<string, unknown> }): Promise<MetricsServer> {
   const host = opts.host ?? '127.0.0.1';
-  const server = http.createServer((req, res) => {
+  // Timeouts are checked this often (Node's default, 30 s, let idle connections pile up that long).
+  const server = http.createServer({ connectionsCheckingInterval: Math.min(1000, METRICS_IDLE_TIMEOUT_MS) }, (req, res) => {
     const url = (req.url ?? '/').split('?')[0];
     if (req.method !== 'GET' && req.method !== 'HEAD') {
       res.writeHead(405, { allow: 'GET, HEAD' }).end();
@@ -78,6 +80,7 @@ export async function startMetricsServer(opts: { host?: string; port: number; he
       res.writeHead(404, { 'content-type': 'text/plain' }).end('not found: try /healthz or /metrics\n');
     }
   });
+  capConnections(server, counter('wavebus_metrics_connections_closed_total', 'Connections to /healthz and /metrics closed by the caps (total, per_client) or for being idle', ['reason'] as const));
   await new Promise<void>((resolve, reject) => {
     server.once('error', (e: NodeJS.ErrnoException) => {
       reject(

@@ -475,6 +475,34 @@ describe('hostile listings and routes', () => {
     expect(rssKb).toBeLessThan(400 * 1024);
   });
 
+  test('a listing that nests files under a file\'s name (n/a and n/a/b): the nested entries refused with their reason, the file fetched, no .part left; a directory where a file goes: failed, no .part', async () => {
+    const { port } = await startCoordinator();
+    const bytes: Record<string, Buffer> = { 'n/a': pattern(5000, 1), 'n/a/b': pattern(3000, 2), 'n/a/c/d': pattern(2000, 3), 'm/dir': pattern(1000, 4) };
+    const listing = Object.entries(bytes).map(([p, b]) => ({ path: p, bytes: b.length, checksum: formatChecksum(crc32c(b)) }));
+    const serve = (rank: number) => (m: CoordinatorMsg): Buffer[] | undefined => {
+      if (m.body === 'fileList') return [encodeAgentMessage({ globalRank: rank, requestId: m.requestId, fileList: { globalRank: rank, files: m.fileList.root === 'dumps' ? listing : [] } })];
+      const c = m.fileChunk as { root: string; path: string; offset: number; length: number };
+      const data = bytes[c.path].subarray(c.offset, c.offset + c.length);
+      return [encodeAgentMessage({ globalRank: rank, requestId: m.requestId, fileChunk: { globalRank: rank, root: c.root, path: c.path, offset: c.offset, crc32c: crc32c(data), eof: c.offset + data.length >= bytes[c.path].length } }), Buffer.from(data)];
+    };
+    const agents = [rawAgent(port, 0, serve(0), { hello: true }), rawAgent(port, 1, serve(1), { hello: true })];
+    peers.push(...agents);
+    await waitFor(async () => (await requestStatus({ host: '127.0.0.1', port })).liveRanks.length === 2, 'both peers to be live');
+    const out = path.join(tmpDir('wavebus-agg-nested-'), 'out');
+    // An earlier run (or anything else) left a directory where m/dir, a file, goes.
+    fs.mkdirSync(path.join(out, 'dumps', 'm', 'dir'), { recursive: true });
+    const m = await aggregate({ coordinator: { host: '127.0.0.1', port }, out, what: 'dumps', requestTimeoutMs: 5000 });
+    expect(m.refused.map((r) => [r.path, r.reason]).sort()).toEqual([
+      ['n/a/b', 'nested under "n/a", which is listed as a file: a name cannot be both a file and a directory'],
+      ['n/a/c/d', 'nested under "n/a", which is listed as a file: a name cannot be both a file and a directory'],
+    ]);
+    expect(m.files.find((f) => f.path === 'n/a')).toMatchObject({ status: 'fetched', verified: true });
+    expect(m.files.find((f) => f.path === 'm/dir')).toMatchObject({ status: 'failed', verified: false, error: expect.stringMatching(/m\/dir: cannot rename .*\.dir\.part to .*m\/dir: EISDIR/) });
+    expect(m.complete).toBe(false);
+    expect(fs.readFileSync(path.join(out, 'dumps', 'n', 'a')).equals(bytes['n/a'])).toBe(true);
+    expect(listTree(out).filter((f) => f.endsWith('.part'))).toEqual([]);
+  });
+
   test('two hosts list one path with different bytes: the rank whose own KV dump dir holds it wins (seed names via the status layout, rank<g> of older dumps)', async () => {
     const { port } = await startCoordinator(); // tp=2: rank 1 is dp0_tp1_pp0_cp0
     const client = new RelayClient({ host: '127.0.0.1', port });

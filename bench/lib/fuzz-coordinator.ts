@@ -8,6 +8,7 @@ import { BusToken, createTokenFile } from '../../src/bus/auth';
 import { DEFAULT_MAX_FRAME_BYTES } from '../../src/bus/constants';
 import { writeKeyPair, loadClientKeys, type CurveClientKeys } from '../../src/bus/curve';
 import { decodeAgentMessage, encodeAgentMessage, type AgentMsg } from '../../src/bus/frames';
+import { unauthenticatedRefusal } from '../../src/bus/router-inbox';
 import { coversOneof, perKind } from './fuzz-kinds';
 import { freePortPair } from '../../src/bus/ports';
 import { PROTOCOL_VERSION, peerVersionOf } from '../../src/bus/protocol-version';
@@ -156,20 +157,22 @@ export class CoordinatorModel {
     const max = DEFAULT_MAX_FRAME_BYTES;
     if (parts.length !== 1 && parts.length !== 2) return { drop: 'frame_count' };
     const [payload, data] = parts;
+    if (payload.length > max || (data !== undefined && data.length > max)) return { drop: 'oversized' };
     let bytes = payload;
     let authed = this.token === undefined;
-    if (this.token && payload.length <= max && (data === undefined || data.length <= max)) {
+    if (this.token) {
       const o = this.token.open('to-coordinator', payload, data);
       if (o.ok) {
         bytes = o.msg;
         authed = true;
       } else if (o.reason === 'bad_mac') return { drop: 'bad_mac' };
+      // Without the MAC only a small status or relay request is decoded at all.
+      else if (unauthenticatedRefusal(payload, data)) return { drop: 'no_mac' };
     }
     const d = decodeAgentMessage(bytes, max);
     if (!d.ok) return { drop: d.reason };
     const m = d.value;
     if (data !== undefined && m.body !== 'fileChunk') return { drop: 'frame_count' };
-    if (data !== undefined && data.length > max) return { drop: 'oversized' };
     const rule = AGENT_BODIES[m.body ?? ''];
     if (!rule) return { drop: 'undecodable' }; // a decoded body always names a proto member
     if (!authed && rule.withoutMac !== 'taken') return { drop: 'no_mac', ...(rule.withoutMac === 'refusal' ? { reply: 'relay' as const } : {}) };

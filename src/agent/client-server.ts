@@ -8,6 +8,7 @@ import { staleSocketOrNothing } from '../launch/run-dir';
 import type { Logger } from '../log';
 import { ClientReply, ClientRequest, encode, toPlain } from '../proto';
 import { oneWayWaveHead, waveHeadBytes } from '../bus/wave-head-relay';
+import { wireCensus } from '../bus/wire-census';
 import { CLIENT_PROTOCOL_VERSION, protocolMismatch } from '../client/protocol';
 
 export type ClientHandler = (req: Record<string, any>, interim: () => void) => Promise<Record<string, unknown>>;
@@ -90,6 +91,13 @@ export class ClientServer {
           continue;
         }
         let msg: ReturnType<typeof ClientRequest.decode> & { id?: unknown; body?: string; waveHead?: { wave?: unknown } };
+        // Counted before decoding: a frame of millions of empty elements is refused, not turned into objects.
+        const refused = wireCensus(ClientRequest, frame);
+        if (refused) {
+          this.stats.badClientFrames++;
+          this.log.warn({ reason: refused.reason, detail: refused.detail, total: this.stats.badClientFrames }, 'dropped a client frame');
+          continue;
+        }
         try {
           msg = ClientRequest.decode(frame);
         } catch {

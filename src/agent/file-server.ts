@@ -9,6 +9,7 @@ import * as fs from 'fs';
 import * as path from 'path';
 import type { CoordinatorMsg } from '../bus/frames';
 import { withPayload } from '../bus/payload';
+import { MAX_LISTING_FILES } from '../bus/wire-census';
 import { crc32c, crc32cOfFd } from '../artifacts/checksum';
 import type { Logger } from '../log';
 import type { FileEntry } from '../messages';
@@ -85,8 +86,9 @@ function ours(st: fs.Stats): boolean {
  * Lists complete files under `root/prefix` (relative paths, '/' separated). Skips temp names,
  * links and anything that is not a regular file or directory; never descends into a link. Each
  * entry is opened (without following links) and its size and checksum come from that descriptor.
+ * Throws when there are more than `maxFiles` (what one reply frame may carry).
  */
-export function listBundleFiles(root: string, prefix: string, include?: ServedEntries): FileEntry[] {
+export function listBundleFiles(root: string, prefix: string, include?: ServedEntries, maxFiles = MAX_LISTING_FILES): FileEntry[] {
   const out: FileEntry[] = [];
   const prefixParts = splitRelative(prefix.replace(/\/+$/, ''), 'prefix');
   if (include && prefixParts.length > 0 && !served(include, prefixParts, 'dir') && !served(include, prefixParts, 'file')) return out;
@@ -103,6 +105,7 @@ export function listBundleFiles(root: string, prefix: string, include?: ServedEn
     for (const ent of ents) {
       if (ent.name.startsWith('.')) continue; // a bundle still being written, or a temp file
       if (!ent.isFile() && !ent.isDirectory()) continue; // links, fifos, sockets, devices: never listed
+      if (out.length >= maxFiles) throw new Error(`more than ${maxFiles} files under ${JSON.stringify(prefix || '.')}: over what one listing carries (one frame's limit); list less at a time (aggregate --prefix)`);
       const childRel = rel ? `${rel}/${ent.name}` : ent.name;
       if (include && !include(childRel.split('/'), ent.isDirectory() ? 'dir' : 'file')) continue;
       let child: OpenedSync;

@@ -18,6 +18,7 @@ import {
   type DecodedFrame,
 } from './frames';
 import { WaveAssembly } from './wave-assembly';
+import { FrameFreshness } from './frame-freshness';
 import type { AgentBusOptions, AgentBusStats, RequestHandler, ResyncReason, SnapshotReplyMsg } from './agent-bus-types';
 
 export type { AgentBusOptions, AgentBusStats, RequestHandler, ResyncReason, SnapshotReplyMsg, WaveEvent } from './agent-bus-types';
@@ -66,6 +67,8 @@ export class AgentBus extends EventEmitter {
   private nextRequestId = 1;
   private snapshotAskedAt = 0;
   private lastFrameAt = 0;
+  /** Only a frame newer than any seen of its epoch counts as the coordinator's sign of life. */
+  private readonly freshness = new FrameFreshness();
   private coordinatorAlive = false;
   private coordinatorWasLost = false;
   /** Epochs this agent moved away from; their late frames are dropped, not resynced on. */
@@ -230,6 +233,8 @@ export class AgentBus extends EventEmitter {
       this.drops.drop('wrong_epoch', `epoch ${f.epoch} was left`);
       return;
     }
+    // A frame seen before (a replay) is no sign of life; the stream never sends one twice.
+    if (!this.freshness.fresh(f.epoch, f.seq)) return this.drops.drop('stale', `seq ${f.seq} of epoch ${f.epoch} was already seen`);
     this.lastFrameAt = Date.now();
     if (!this.coordinatorAlive) {
       this.coordinatorAlive = true;

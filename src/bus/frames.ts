@@ -6,6 +6,7 @@ import type { Logger } from '../log';
 import type { BusToken } from './auth';
 import type { ConfigLane, DumpLane, WaveHead } from '../messages';
 import { COLUMN_KEYS, columnsFromWire, requestStepError, type ColumnScratch } from '../client/telemetry';
+import { wireCensus } from './wire-census';
 
 const RequestStep = messageType('RequestStep');
 
@@ -56,6 +57,7 @@ export type DropReason =
   | 'empty' // decoded, but no body / no epoch / no seq
   | 'wrong_topic' // topic unknown, or does not match the body
   | 'bad_telemetry' // a wave head whose telemetry columns do not add up
+  | 'over_limit' // more repeated elements than one frame may hold (wire-census.ts), refused before decoding
   | 'wrong_epoch' // an epoch this subscriber already left or was told is not current
   | 'stale' // seq already covered (duplicate, or covered by the snapshot)
   | 'injected' // discarded by the dropSeqs fault-injection hook
@@ -87,6 +89,8 @@ function classify(e: unknown): DropReason {
 }
 
 function safeDecode<T>(type: Parameters<typeof decode>[0], bytes: Uint8Array): Decoded<T> {
+  const refused = wireCensus(type, bytes);
+  if (refused) return { ok: false, reason: refused.reason, detail: refused.detail };
   try {
     return { ok: true, value: decode<T>(type, bytes) };
   } catch (e) {
@@ -127,6 +131,8 @@ export type CoordinatorMsg = Record<string, any> & { epoch: number; requestId: n
  */
 export function decodeAgentMessage(bytes: Buffer, maxFrameBytes: number, scratch?: ColumnScratch): Decoded<AgentMsg> {
   if (bytes.length > maxFrameBytes) return { ok: false, reason: 'oversized', detail: `${bytes.length} bytes` };
+  const refused = wireCensus(AgentMessage, bytes);
+  if (refused) return { ok: false, reason: refused.reason, detail: refused.detail };
   let m: protobuf.Message & Record<string, any>;
   try {
     m = AgentMessage.decode(bytes) as protobuf.Message & Record<string, any>;

@@ -1,7 +1,10 @@
-// What arrives on the coordinator's ROUTER, opened: the frame count, the bus token's MAC (checked
-// before anything in the message is read), the decode, and a data frame only after a file chunk.
+// What arrives on the coordinator's ROUTER, opened: the frame count and sizes, the bus token's MAC
+// (checked before anything in the message is read; without it, only a small status or relay
+// request is read at all), the decode (its repeated fields counted first, wire-census.ts), and a
+// data frame only after a file chunk.
 // Anything else is dropped and counted; nothing here throws on input from the network. Then the
 // admission: the MAC, the rank and the protocol version decide whether the coordinator acts on it.
+import * as protobuf from 'protobufjs';
 import type { ColumnScratch } from '../client/telemetry';
 import type { BusToken } from './auth';
 import { decodeAgentMessage, type AgentMsg, type DropCounter } from './frames';
@@ -23,9 +26,14 @@ export function openRouterMessage(parts: Buffer[], maxFrameBytes: number, token:
     return undefined;
   }
   const [routingId, payload, data] = parts;
+  if (payload.length > maxFrameBytes || (data !== undefined && data.length > maxFrameBytes)) {
+    drops.drop('oversized', `${payload.length} bytes${data !== undefined ? ` and a data frame of ${data.length}` : ''}`);
+    return undefined;
+  }
   let bytes = payload;
   let authed = token === undefined;
-  if (token && payload.length <= maxFrameBytes && (data === undefined || data.length <= maxFrameBytes)) {
+  if (token) {
+    // The MAC's place is checked in O(1); a frame that has one costs one HMAC pass and no decode.
     const o = token.open('to-coordinator', payload, data);
     if (o.ok) {
       bytes = o.msg;
@@ -33,6 +41,12 @@ export function openRouterMessage(parts: Buffer[], maxFrameBytes: number, token:
     } else if (o.reason === 'bad_mac') {
       drops.drop('bad_mac', `${payload.length} bytes`);
       return undefined;
+    } else {
+      const why = unauthenticatedRefusal(payload, data);
+      if (why) {
+        drops.drop('no_mac', why);
+        return undefined;
+      }
     }
   }
   const d = decodeAgentMessage(bytes, maxFrameBytes, scratch);
@@ -41,17 +55,47 @@ export function openRouterMessage(parts: Buffer[], maxFrameBytes: number, token:
     return undefined;
   }
   const msg = d.value;
-  if (data !== undefined) {
-    if (msg.body !== 'fileChunk') {
-      drops.drop('frame_count', `a data frame after a ${msg.body} message (only a file chunk has one)`);
-      return undefined;
-    }
-    if (data.length > maxFrameBytes) {
-      drops.drop('oversized', `data frame of ${data.length} bytes`);
-      return undefined;
-    }
+  if (data !== undefined && msg.body !== 'fileChunk') {
+    drops.drop('frame_count', `a data frame after a ${msg.body} message (only a file chunk has one)`);
+    return undefined;
   }
   return { routingId, msg, data, authed };
+}
+
+/** The largest message read without the bus token's MAC: a status or relay request is a few dozen bytes. */
+export const MAX_UNAUTHENTICATED_BYTES = 4096;
+/** AgentMessage's body fields a message without the MAC may carry: status (answered) and relay (refused with a reason). */
+const STATUS_FIELD = 10;
+const RELAY_FIELD = 12;
+
+/**
+ * Why a message without the bus token's MAC is not read any further (undefined: it is a small
+ * status or relay request, decoded next). Looks at its size and, within MAX_UNAUTHENTICATED_BYTES,
+ * at its top-level field numbers only: no such message costs more than a bounded walk.
+ */
+export function unauthenticatedRefusal(payload: Buffer, data: Buffer | undefined): string | undefined {
+  if (data !== undefined) return `a message of ${payload.length} bytes with a data frame, without the bus token's MAC`;
+  if (payload.length > MAX_UNAUTHENTICATED_BYTES) return `${payload.length} bytes without the bus token's MAC (only a status request of at most ${MAX_UNAUTHENTICATED_BYTES} bytes is read without it)`;
+  const body = lastBodyField(payload);
+  if (body === STATUS_FIELD || body === RELAY_FIELD) return undefined;
+  return `a message ${body === undefined ? 'that does not parse' : `with body field ${body}`} without the bus token's MAC`;
+}
+
+/** The field number of the last top-level length-delimited field in 3..13 (AgentMessage's oneof body), or undefined. */
+function lastBodyField(b: Buffer): number | undefined {
+  const r = protobuf.Reader.create(b);
+  let body: number | undefined;
+  try {
+    while (r.pos < r.len) {
+      const tag = r.uint32();
+      const id = tag >>> 3;
+      if ((tag & 7) === 2 && id >= 3 && id <= 13 && id !== 11) body = id;
+      r.skipType(tag & 7);
+    }
+  } catch {
+    return undefined;
+  }
+  return body;
 }
 
 /** What admitRouterMessage needs of the coordinator. */

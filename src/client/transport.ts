@@ -3,6 +3,7 @@
 import * as zmq from 'zeromq';
 import { WavebusError } from '../errors';
 import { ClientReply, ClientRequest, decode, encode } from '../proto';
+import { wireCensus } from '../bus/wire-census';
 
 export type Reply = Record<string, any>;
 
@@ -123,6 +124,7 @@ export class AgentTransport {
       for await (const [frame] of s) {
         let reply: Reply;
         try {
+          if (wireCensus(ClientReply, frame)) continue; // more elements than any reply has: not decoded
           reply = decode(ClientReply, frame);
         } catch {
           continue; // garbage from the agent socket is ignored

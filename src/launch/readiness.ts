@@ -7,6 +7,7 @@ import { HostPort, socketIpOptions, tcpEndpoint } from '../bus/endpoints';
 import { CoordinatorMessage, decode, AgentMessage, encode } from '../proto';
 import { ProtocolError } from '../errors';
 import { PROTOCOL_VERSION } from '../bus/protocol-version';
+import { wireCensus } from '../bus/wire-census';
 
 const STATUS_POLL_MS = 250;
 
@@ -61,6 +62,7 @@ export async function waitForCoordinator(
             if (!o.ok) continue;
             bytes = o.msg;
           }
+          if (wireCensus(CoordinatorMessage, bytes)) continue; // more elements than a status reply has: not decoded
           msg = decode(CoordinatorMessage, bytes);
         } catch {
           continue; // not ours to crash on

@@ -201,7 +201,13 @@ async function fetchFile(client: ChunkSource, rank: number, f: Planned, ctx: Fet
     throw e;
   }
   fs.closeSync(fd);
-  fs.renameSync(part, f.local);
+  try {
+    fs.renameSync(part, f.local);
+  } catch (e) {
+    // Something else holds the name (a directory, from another entry or an earlier run): no .part is left behind.
+    fs.rmSync(part, { force: true });
+    throw new AggregateError(`${f.root}/${f.path}: cannot rename ${part} to ${f.local}: ${(e as Error).message}`, 'ERR_WRITE');
+  }
   return resumed;
 }
 

@@ -5,6 +5,7 @@ import * as fs from 'fs';
 import * as path from 'path';
 import { parseChecksum } from '../artifacts/checksum';
 import { joinUnder } from '../artifacts/sanitize';
+import { MAX_LISTING_FILES } from '../bus/wire-census';
 
 /** Linux PATH_MAX counts the NUL: a usable path is at most 4095 bytes. */
 export const MAX_LOCAL_PATH_BYTES = 4095;
@@ -14,8 +15,8 @@ export const NAME_MAX_BYTES = 255;
 export const MAX_PATH_COMPONENTS = 64;
 /** The largest single file aggregate will fetch (1 TiB), whatever the listing claims. */
 export const MAX_FILE_BYTES = 2 ** 40;
-/** Entries read from one rank's listing of one root; the rest are refused as one entry. */
-export const MAX_LISTED_FILES = 100000;
+/** Entries read from one rank's listing of one root (what one frame carries); the rest are refused as one entry. */
+export const MAX_LISTED_FILES = MAX_LISTING_FILES;
 /** A file is written as `.<name>.part` first: its component must fit NAME_MAX with these bytes. */
 export const PART_SUFFIX = '.part';
 const PART_EXTRA_BYTES = 1 + PART_SUFFIX.length;
@@ -67,6 +68,32 @@ export function localPathFor(outRoot: string, root: AggregateRoot, rel: unknown)
   const localBytes = Buffer.byteLength(partName(local));
   if (localBytes > MAX_LOCAL_PATH_BYTES) return { reason: `local path would be ${localBytes} bytes, over PATH_MAX (${MAX_LOCAL_PATH_BYTES} bytes)` };
   return { path: local };
+}
+
+/**
+ * The listed paths of `root` that lie under another listed path taken as a file ("a" and "a/b"):
+ * one name cannot be both a file and a directory of the output tree, so the nested ones are
+ * refused (each with the file it is under) and the file is fetched. Sorted input not needed.
+ */
+export function nestedUnderFiles(paths: Iterable<{ root: string; path: string }>): Map<string, string> {
+  const files = new Set<string>();
+  const all: { root: string; path: string }[] = [];
+  for (const p of paths) {
+    files.add(`${p.root}/${p.path}`);
+    all.push(p);
+  }
+  const out = new Map<string, string>(); // key `${root}/${path}` -> the file it is under
+  for (const p of all) {
+    const parts = p.path.split('/');
+    for (let i = 1; i < parts.length; i++) {
+      const above = parts.slice(0, i).join('/');
+      if (files.has(`${p.root}/${above}`)) {
+        out.set(`${p.root}/${p.path}`, above);
+        break;
+      }
+    }
+  }
+  return out;
 }
 
 /** A listed size: a non-negative integer within MAX_FILE_BYTES and the free space left. */

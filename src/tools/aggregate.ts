@@ -29,6 +29,7 @@ import {
   localPathFor,
   COORDINATOR_SOURCE,
   MAX_LISTED_FILES,
+  nestedUnderFiles,
   shownPath,
   type AggregateRoot,
 } from './aggregate-listing';
@@ -175,6 +176,14 @@ export async function aggregate(opts: AggregateOptions): Promise<AggregateManife
         l.answered = true;
         plan1(rank, root, root, Array.isArray(reply.files) ? reply.files : [], l);
       }
+    }
+
+    // A file listed under another listed file's name would find a file where its directory goes.
+    for (const [key, above] of nestedUnderFiles(planned.values())) {
+      const f = planned.get(key)!;
+      planned.delete(key);
+      freeBudget += f.bytes;
+      refused.push({ rank: f.listedBy[0], root: f.root, path: f.path, reason: `nested under ${JSON.stringify(shownPath(above))}, which is listed as a file: a name cannot be both a file and a directory` });
     }
 
     // 3. Fetch, a few files at a time; each file resumes from its .part or is skipped when whole.

@@ -1,0 +1,101 @@
+// A ZeroMQ peer written with Node's built-ins only (ZMTP 3.0, NULL mechanism), so that a second,
+// unprivileged uid can run it without the project's node_modules. Prints one JSON line per event.
+//   node zmtp-peer.js dealer HOST PORT FILE...   connect as a DEALER, send each FILE as one message
+//                                                (a FILE may repeat), exit once every byte is sent
+//   node zmtp-peer.js pub HOST PORT EVERY_MS FILE   bind as a PUB and send the recorded frames in
+//                                                FILE (JSON: [[topic base64, body base64], ...]) to
+//                                                every subscriber, over and over, one every EVERY_MS,
+//                                                until stdin closes
+'use strict';
+const fs = require('fs');
+const net = require('net');
+
+const [mode, host, port, ...rest] = process.argv.slice(2);
+const say = (o) => process.stdout.write(`${JSON.stringify(o)}\n`);
+
+function greeting(asServer) {
+  const g = Buffer.alloc(64);
+  g[0] = 0xff;
+  g[9] = 0x7f;
+  g[10] = 3; // ZMTP 3.0
+  g.write('NULL', 12, 'latin1');
+  g[32] = asServer ? 1 : 0;
+  return g;
+}
+
+function ready(socketType) {
+  const name = Buffer.from('Socket-Type', 'latin1');
+  const value = Buffer.from(socketType, 'latin1');
+  const len = Buffer.alloc(4);
+  len.writeUInt32BE(value.length);
+  const body = Buffer.concat([Buffer.from([5]), Buffer.from('READY', 'latin1'), Buffer.from([name.length]), name, len, value]);
+  return Buffer.concat([Buffer.from([0x04, body.length]), body]);
+}
+
+/** One frame; `more`: another frame of the same message follows. */
+function frame(bytes, more = false) {
+  const m = more ? 0x01 : 0x00;
+  if (bytes.length <= 255) return Buffer.concat([Buffer.from([m, bytes.length]), bytes]);
+  const head = Buffer.alloc(9);
+  head[0] = 0x02 | m; // 8-byte size
+  head.writeBigUInt64BE(BigInt(bytes.length), 1);
+  return Buffer.concat([head, bytes]);
+}
+
+if (mode === 'dealer') {
+  const files = rest;
+  const sock = net.connect(Number(port), host, () => {
+    say({ event: 'connected' });
+    sock.write(greeting(false));
+    sock.write(ready('DEALER'));
+    let sent = 0;
+    for (const f of files) {
+      const bytes = fs.readFileSync(f);
+      sock.write(frame(bytes));
+      sent += bytes.length;
+    }
+    // Every byte handed to the kernel, then a clean close.
+    sock.end(() => say({ event: 'sent', messages: files.length, bytes: sent }));
+  });
+  sock.on('data', () => undefined);
+  sock.on('error', (e) => {
+    say({ event: 'error', error: String(e.message) });
+    process.exitCode = 1;
+  });
+} else if (mode === 'pub') {
+  const everyMs = Number(rest[0]);
+  const frames = JSON.parse(fs.readFileSync(rest[1], 'utf8')).map(([t, b]) => Buffer.concat([frame(Buffer.from(t, 'base64'), true), frame(Buffer.from(b, 'base64'))]));
+  const peers = new Set();
+  let next = 0;
+  let sent = 0;
+  const server = net.createServer((sock) => {
+    sock.write(greeting(true));
+    sock.write(ready('PUB'));
+    sock.on('data', () => undefined); // the subscriber's greeting and subscriptions: every frame goes to it anyway
+    sock.on('error', () => peers.delete(sock));
+    sock.on('close', () => peers.delete(sock));
+    peers.add(sock);
+    say({ event: 'subscriber' });
+  });
+  server.listen(Number(port), host, () => say({ event: 'bound' }));
+  server.on('error', (e) => {
+    say({ event: 'error', error: String(e.message) });
+    process.exit(1);
+  });
+  const timer = setInterval(() => {
+    if (peers.size === 0) return;
+    for (const p of peers) p.write(frames[next]);
+    next = (next + 1) % frames.length;
+    sent++;
+    if (sent % 20 === 0) say({ event: 'replayed', frames: sent });
+  }, everyMs);
+  process.stdin.on('end', () => {
+    clearInterval(timer);
+    for (const p of peers) p.destroy();
+    server.close();
+  });
+  process.stdin.resume();
+} else {
+  say({ event: 'error', error: `unknown mode ${mode}` });
+  process.exit(2);
+}
