@@ -49,6 +49,8 @@ export class CoordinatorLink {
   private openedAt = 0;
   private proven = false;
   private gone = false;
+  /** Connections replaced without a proof. */
+  private unanswered = 0;
   private readonly loops: Promise<void>[] = [];
 
   constructor(private readonly o: CoordinatorLinkOptions) {}
@@ -74,7 +76,15 @@ export class CoordinatorLink {
   /** Called on every heartbeat: a connection that is gone, or unproven for too long, is replaced. */
   tick(now: number): void {
     if (!this.o.token) return;
-    if (this.gone || (!this.proven && now - this.openedAt > this.o.retryMs)) this.open();
+    if (!this.proven && now - this.openedAt > this.o.retryMs) {
+      // Said once, then every 100th time: a dead coordinator would otherwise log every heartbeat.
+      if (this.unanswered++ % 100 === 0) {
+        this.o.log.warn({ rank: this.o.rank, unanswered: this.unanswered }, 'no proof of the bus token on a new connection: the coordinator is dead, restarting, of a protocol older than 7, or not this job\'s (a process on its port); sending it nothing');
+      }
+      this.open();
+    } else if (this.gone) {
+      this.open();
+    }
   }
 
   /** The coordinator is lost or was replaced (a new epoch): challenge a new connection. */
