@@ -5,7 +5,7 @@ import * as path from 'path';
 import { MailboxReader, MailboxWriter } from '../src/client/mailbox';
 import { PendingDumps } from '../src/client/pending-dumps';
 import { VectorStall } from '../src/client/vector-stall';
-import { cleanup, tmpDir } from './helpers';
+import { cleanup, ROOT, runPython, tmpDir } from './helpers';
 
 afterAll(cleanup);
 
@@ -61,4 +61,33 @@ test('a restarted coordinator (a new epoch in the mailbox) ends the stall even w
   } finally {
     m.close();
   }
+});
+
+test('the Python client does the same: one ask per unanswered wave, stalled waves given up, a new vector ends the stall', () => {
+  const file = path.join(tmpDir('wavebus-pending-py-'), 'mailbox');
+  const out = runPython(
+    [
+      'import json, sys',
+      'from wavebus_client import mailbox as mb',
+      'from wavebus_client.pending import PendingDumps, VectorStall',
+      'w = mb.MailboxWriter(sys.argv[1]); box = mb.Mailbox(sys.argv[1])',
+      'asked = []',
+      'def ask(wave):',
+      '    asked.append(wave); return None',
+      'stall = VectorStall(lambda: box); pd = PendingDumps(lambda: box, ask, stall)',
+      'w.publish(20, floor=21); pd.ended(20)',
+      'r = {"first": [pd.check(x) for x in "abc"], "asked1": list(asked), "stalled1": stall.active()}',
+      'pd.ended(21); r["second"] = pd.check("a"); r["asked2"] = list(asked); r["forfeited"] = pd.forfeited_to',
+      'w.publish(23, dump_due=1, floor=24); r["stalled3"] = stall.active()',
+      'pd.ended(22); r["third"] = pd.check("a"); r["asked3"] = list(asked)',
+      'print(json.dumps(r))',
+    ].join('\n'),
+    [file],
+    { env: { ...process.env, PYTHONPATH: path.join(ROOT, 'clients', 'python'), PYTHONDONTWRITEBYTECODE: '1' } },
+  );
+  expect(JSON.parse(out.trim().split('\n').pop()!)).toEqual({
+    first: [true, true, true], asked1: [21], stalled1: true,
+    second: false, asked2: [21], forfeited: 22,
+    stalled3: false, third: true, asked3: [21, 23],
+  });
 });
