@@ -129,23 +129,15 @@ export class AgentBus extends EventEmitter {
     sub.connect(tcpEndpoint(host, port));
     this.sub = sub;
     // With the bus token, nothing but a challenge goes out until the peer proves the token (coordinator-link.ts).
-    const link = new CoordinatorLink({
-      host,
-      port,
-      socketOptions: ip,
-      maxFrameBytes: this.maxFrameBytes,
-      token: this.opts.busToken,
-      rank: this.rank,
-      retryMs: this.deadAfterMs,
-      log: this.log,
+    this.link = new CoordinatorLink({
+      host, port, socketOptions: ip, maxFrameBytes: this.maxFrameBytes, token: this.opts.busToken, rank: this.rank, retryMs: this.deadAfterMs, log: this.log,
       running: () => this.running,
       onMessage: (parts, generation) => this.onCoordinatorMessage(parts, generation),
       onProven: () => this.onProven(),
       onUnsent: () => this.stats.unsent++,
     });
-    this.link = link;
     this.running = true;
-    link.start();
+    this.link.start();
     this.loops = [this.receiveSub(sub)];
     this.timer = setInterval(() => this.tick(), this.heartbeatMs);
     this.sendHello(false);
