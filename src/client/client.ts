@@ -102,11 +102,6 @@ export class WavebusClient {
     return this.pending.check(reqId);
   }
 
-  /** True while the wave vectors have stalled: endOfWave does not wait for them (vector-stall.ts). */
-  get vectorsStalled(): boolean {
-    return this.stall.active();
-  }
-
   private onCoordinatorLost(): void {
     this.stats.coordinatorLost++;
     this.stall.begin();
