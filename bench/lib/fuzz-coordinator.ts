@@ -5,7 +5,7 @@
 import * as fs from 'fs';
 import * as path from 'path';
 import { BusToken, createTokenFile } from '../../src/bus/auth';
-import { DEFAULT_MAX_FRAME_BYTES } from '../../src/bus/constants';
+import { DEFAULT_MAX_FRAME_BYTES, NONCE_BYTES } from '../../src/bus/constants';
 import { writeKeyPair, loadClientKeys, type CurveClientKeys } from '../../src/bus/curve';
 import { decodeAgentMessage, encodeAgentMessage, type AgentMsg } from '../../src/bus/frames';
 import { unauthenticatedRefusal } from '../../src/bus/router-inbox';
@@ -48,6 +48,8 @@ export function agentCorpus(): Buffer[] {
     // the header of a chunk whose bytes follow as a second frame
     { globalRank: 0, requestId: 97, fileChunk: { globalRank: 0, root: 'dumps', path: 'a', offset: 0, crc32c: 1, eof: true } },
     { globalRank: 0, requestId: 96, fileServe: { globalRank: 0, endpoint: 'tcp://127.0.0.1:1', serverKey: '' } },
+    // a new agent connection's challenge (answered with a proof only by a coordinator with the token)
+    { globalRank: 0, challenge: { nonce: Buffer.alloc(16, 7) } },
     // a tool's relay to rank 0 (the coordinator's own reports: no agent needed)
     { requestId: 95, relay: { rank: 0, fileList: { root: 'reports', prefix: '' }, protocolVersion: PROTOCOL_VERSION } },
   ].map((m) => encodeAgentMessage(m));
@@ -79,7 +81,7 @@ export function helloCorpus(): Buffer[] {
 /** A drop reason (or none: handled), and the body of the coordinator's reply when it sends one at once. */
 export interface Fate {
   drop?: string;
-  reply?: 'refused' | 'status' | 'snapshot' | 'relay';
+  reply?: 'refused' | 'status' | 'snapshot' | 'relay' | 'proof';
   /** An answer (file list, chunk, serve) predicted as asked by nobody: its request id. The coordinator
    *  takes it instead when that id happens to be a request it forwarded to this connection from a
    *  relay and still waits on (fuzz-router.ts reconciles those). */
@@ -88,6 +90,8 @@ export interface Fate {
 
 /** The state of one connection the model keeps (what the coordinator keeps per connection). */
 interface ConnState {
+  /** The coordinator has a bus token (it answers a challenge only then). */
+  token: boolean;
   refused: boolean;
   helloAs: Set<number>;
   /** Whether rank r's messages are this connection's to send (no other connection said Hello as r). */
@@ -128,6 +132,8 @@ export const AGENT_BODIES = perKind<BodyRule>('AgentMessage', 'body', {
   fileList: { claims: ownRank, fate: unasked },
   fileChunk: { claims: ownRank, fate: unasked },
   fileServe: { claims: ownRank, fate: unasked },
+  // A new agent connection's challenge (coordinator-link.ts): the nonce back under the token's MAC.
+  challenge: { claims: ownRank, fate: (s, m) => (s.token && m.challenge?.nonce?.length === NONCE_BYTES ? { reply: 'proof' } : { drop: 'unexpected' }) },
 }, 'the coordinator model (AGENT_BODIES)');
 
 /**
@@ -145,7 +151,7 @@ export class CoordinatorModel {
     private readonly world = FUZZ_WORLD,
   ) {
     const helloAs = new Set<number>();
-    this.state = { refused: false, helloAs, mine: (r) => !registered.has(r) || helloAs.has(r) };
+    this.state = { token: token !== undefined, refused: false, helloAs, mine: (r) => !registered.has(r) || helloAs.has(r) };
   }
 
   /** The ranks this connection said Hello as (registered for the next connections). */

@@ -27,7 +27,7 @@ import { sameCounts, type FuzzTarget } from './fuzz-types';
 export const DIRECT_BODIES = perKind<'served' | 'unexpected'>(
   'CoordinatorMessage',
   'body',
-  { fileList: 'served', fileChunk: 'served', snapshot: 'unexpected', status: 'unexpected', heartbeat: 'unexpected', relay: 'unexpected', refused: 'unexpected', fileServe: 'unexpected' },
+  { fileList: 'served', fileChunk: 'served', snapshot: 'unexpected', status: 'unexpected', heartbeat: 'unexpected', relay: 'unexpected', refused: 'unexpected', fileServe: 'unexpected', proof: 'unexpected' },
   'the direct file socket model (DIRECT_BODIES)',
 );
 
@@ -61,6 +61,7 @@ export function directCorpus(allowKey: string): Buffer[] {
     encodeCoordinatorMessage({ requestId: id(), relay: { rank: 0, error: 'x' } }),
     encodeCoordinatorMessage({ requestId: id(), refused: { protocolVersion: 1, error: 'x' } }),
     encodeCoordinatorMessage({ requestId: id(), fileServe: { allowKeys: [allowKey] } }),
+    encodeCoordinatorMessage({ requestId: id(), proof: { nonce: Buffer.alloc(16, 7) } }),
   );
   for (const b of validChunks()) out.push(b);
   coversOneof('CoordinatorMessage', 'body', out.map((b) => (decodeCoordinatorMessage(b, MAX_REQUEST_BYTES) as { value?: { body?: string } }).value?.body), 'direct file socket');

@@ -69,6 +69,8 @@ export class Agent {
   /** Arrived vectors, ended waves, the floor, end_of_wave waits. */
   private readonly waves = new WaveBook();
   private readonly ended = this.waves.ended;
+  /** The last wave a dueDumps answer gave up because the coordinator was lost (never copied here). */
+  private forfeitedTo = -1;
   private writes: Promise<void> = Promise.resolve();
   private stopped = false;
   private readonly clients: ClientServer;
@@ -299,7 +301,7 @@ export class Agent {
         }
         return this.endOfWave(req.endOfWave.wave);
       case 'dueDumps':
-        return { dueReqIds: await this.dueReqIds(Number(req.dueDumps.wave)) };
+        return this.dueDumps(Number(req.dueDumps.wave));
       case 'beforeForward':
         if (!this.capturer) return { captured: false };
         return captureInputs(this.capturer, this.regions, req.beforeForward, interim, () => this.stats.snapshotsWritten++);
@@ -330,6 +332,12 @@ export class Agent {
 
   private async endOfWave(wave: number): Promise<Record<string, unknown>> {
     if (!this.bus) return {};
+    // The coordinator is lost and this vector never came, or this wave was given up by a dueDumps
+    // answer: at once, nothing done (a wait would only cost the engine a bound per step).
+    if ((this.bus.coordinatorLost && !this.waves.known(wave)) || (wave <= this.forfeitedTo && !this.ended.has(wave))) {
+      this.missedWave(wave);
+      return { timedOut: true, coordinatorLost: true };
+    }
     if (!(await this.waves.waitFor(wave, this.endOfWaveTimeoutMs))) {
       this.missedWave(wave);
       return { timedOut: true };
@@ -360,6 +368,19 @@ export class Agent {
       }
     });
     return { dumpsWritten: staged.length };
+  }
+
+  /**
+   * dueDumps: with the coordinator lost and the vector not here, nothing is due, at once, and the
+   * wave is given up on this rank (forfeitedTo): a vector that arrives later for it is not copied,
+   * since the engine has freed the blocks this answer let go.
+   */
+  private async dueDumps(wave: number): Promise<Record<string, unknown>> {
+    if (this.bus?.coordinatorLost && !this.waves.known(wave)) {
+      if (wave > this.forfeitedTo) this.forfeitedTo = wave;
+      return { dueReqIds: [], coordinatorLost: true };
+    }
+    return { dueReqIds: await this.dueReqIds(wave) };
   }
 
   /**

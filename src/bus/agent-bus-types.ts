@@ -57,7 +57,7 @@ export interface SnapshotReplyMsg {
   decideAhead: number;
 }
 
-export type ResyncReason = 'gap' | 'epoch' | 'coordinator-silent';
+export type ResyncReason = 'gap' | 'epoch' | 'coordinator-silent' | 'reconnect';
 
 export interface AgentBusStats {
   received: number;
@@ -68,6 +68,13 @@ export interface AgentBusStats {
   covered: number;
   /** Messages to the coordinator that could not be queued (its connection was full or absent). */
   unsent: number;
+  /**
+   * With a bus token: messages not sent because the peer of the connection had not proven the
+   * token (a dead coordinator, or a process squatting its port), and connections opened (each one
+   * challenged; coordinator-link.ts).
+   */
+  unproven: number;
+  connections: number;
   /** Why the coordinator and this agent do not talk (protocol versions), when they do not. */
   refused?: string;
 }

@@ -3,7 +3,7 @@
 // epoch or a silent coordinator, resync from a fresh snapshot. Emits one 'wave' per wave once its
 // due lanes are in (wave-assembly.ts).
 import { EventEmitter } from 'events';
-import { Dealer, Subscriber } from 'zeromq';
+import { Subscriber } from 'zeromq';
 import { identityToProto, type RankIdentity } from '../layout';
 import { createLogger, type Logger } from '../log';
 import type { DumpResult, StepTelemetry, WaveHead } from '../messages';
@@ -24,7 +24,7 @@ import type { AgentBusOptions, AgentBusStats, RequestHandler, ResyncReason, Snap
 export type { AgentBusOptions, AgentBusStats, RequestHandler, ResyncReason, SnapshotReplyMsg, WaveEvent } from './agent-bus-types';
 import { socketIpOptions, tcpEndpoint } from './endpoints';
 import { receiveLoop } from './receive-loop';
-import { SendQueue } from './send-queue';
+import { CoordinatorLink } from './coordinator-link';
 import { PROTOCOL_VERSION, versionMismatch } from './protocol-version';
 import { ProtocolError } from '../errors';
 import { clientSocketOptions } from './curve';
@@ -50,11 +50,10 @@ export class AgentBus extends EventEmitter {
   private readonly log: Logger;
   private readonly drops: DropCounter;
   private sub?: Subscriber;
-  private dealer?: Dealer;
+  private link?: CoordinatorLink;
   private timer?: NodeJS.Timeout;
   private running = false;
   private loops: Promise<void>[] = [];
-  private sendQueue?: SendQueue;
 
   private state: SyncState = 'connecting';
   private epoch = 0;
@@ -87,7 +86,7 @@ export class AgentBus extends EventEmitter {
     this.maxFrameBytes = opts.maxFrameBytes ?? DEFAULT_MAX_FRAME_BYTES;
     this.log = opts.logger ?? createLogger(`wavebus-agent-rank${opts.identity.globalRank}`);
     this.drops = new DropCounter(this.log, `agent rank ${opts.identity.globalRank}`);
-    this.stats = { received: 0, dropped: this.drops.counts, resyncs: 0, waves: 0, covered: 0, unsent: 0 };
+    this.stats = { received: 0, dropped: this.drops.counts, resyncs: 0, waves: 0, covered: 0, unsent: 0, unproven: 0, connections: 0 };
     this.waves = new WaveAssembly(this.drops, this.log, (w) => {
       this.stats.waves++;
       this.emit('wave', w);
@@ -101,6 +100,11 @@ export class AgentBus extends EventEmitter {
   /** True once a snapshot was applied and no resync is in progress. */
   get synced(): boolean {
     return this.state === 'live';
+  }
+
+  /** No frame from the coordinator within the liveness window (deadAfterMs) since it was last heard. */
+  get coordinatorLost(): boolean {
+    return this.coordinatorWasLost;
   }
 
   /** The coordinator epoch this agent follows (0 before the first snapshot). */
@@ -126,16 +130,18 @@ export class AgentBus extends EventEmitter {
     // This replica's stream only ("r<dp>." never prefixes another replica's topic).
     sub.subscribe(replicaTopic(this.replica));
     sub.connect(tcpEndpoint(host, port));
-    // sendTimeout 0: a message that cannot be queued is counted and dropped; the heartbeat
-    // timer re-sends what matters (Hello, SnapshotRequest), so nothing here ever blocks.
-    const dealer = new Dealer({ linger: 0, sendTimeout: 0, maxMessageSize: 2 * this.maxFrameBytes, ...ip });
-    dealer.connect(tcpEndpoint(host, port + 1));
     this.sub = sub;
-    this.dealer = dealer;
-    // sendTimeout 0: each send completes inside send(), so nothing is ever queued (send-queue.ts).
-    this.sendQueue = new SendQueue(dealer, () => this.stats.unsent++, true);
+    // With the bus token, nothing but a challenge goes out until the peer proves the token (coordinator-link.ts).
+    this.link = new CoordinatorLink({
+      host, port, socketOptions: ip, maxFrameBytes: this.maxFrameBytes, token: this.opts.busToken, rank: this.rank, retryMs: this.deadAfterMs, log: this.log,
+      running: () => this.running,
+      onMessage: (parts, generation) => this.onCoordinatorMessage(parts, generation),
+      onProven: () => this.onProven(),
+      onUnsent: () => this.stats.unsent++,
+    });
     this.running = true;
-    this.loops = [this.receiveSub(sub), this.receiveDealer(dealer)];
+    this.link.start();
+    this.loops = [this.receiveSub(sub)];
     this.timer = setInterval(() => this.tick(), this.heartbeatMs);
     this.sendHello(false);
     this.log.info({ rank: this.rank, replica: this.replica, pub: tcpEndpoint(host, port), router: tcpEndpoint(host, port + 1), curve: this.opts.curve !== undefined, token: this.opts.busToken !== undefined }, 'agent bus started');
@@ -145,9 +151,8 @@ export class AgentBus extends EventEmitter {
     if (!this.running) return;
     this.running = false;
     if (this.timer) clearInterval(this.timer);
-    await this.sendQueue?.idle();
     this.sub?.close();
-    this.dealer?.close();
+    await this.link?.stop();
     await Promise.all(this.loops);
   }
 
@@ -162,7 +167,7 @@ export class AgentBus extends EventEmitter {
   relayWaveHead(waveHead: Uint8Array): void {
     if (!this.running) return;
     const msg = agentWaveHead(this.rank, this.epoch, waveHead);
-    this.sendQueue?.push(this.opts.busToken ? this.opts.busToken.seal('to-coordinator', msg) : msg);
+    this.link?.send(this.opts.busToken ? this.opts.busToken.seal('to-coordinator', msg) : msg);
   }
 
   sendDumpResult(result: DumpResult): void {
@@ -174,7 +179,16 @@ export class AgentBus extends EventEmitter {
     const payload = payloadOf(body);
     let msg = encodeAgentMessage({ globalRank: this.rank, epochSeen: this.epoch, requestId, ...body });
     if (this.opts.busToken) msg = this.opts.busToken.seal('to-coordinator', msg, payload);
-    this.sendQueue?.push(payload ? [msg, payload] : msg);
+    this.link?.send(payload ? [msg, payload] : msg);
+  }
+
+  /** The peer of a new connection proved the token: what the state machine needs goes out now. */
+  private onProven(): void {
+    if (this.state === 'connecting') this.sendHello(false);
+    else if (this.state === 'syncing') this.requestSnapshot();
+    // Live on a new connection: the coordinator routes to it only after a Hello, and what was
+    // sent on the old one may be lost: sync again.
+    else if (this.state === 'live') this.resync('reconnect');
   }
 
   private sendHello(subscribed: boolean): void {
@@ -192,6 +206,9 @@ export class AgentBus extends EventEmitter {
   private tick(): void {
     if (this.state === 'refused') return; // a coordinator of another version: wait for a new epoch
     const now = Date.now();
+    this.link?.tick(now);
+    this.stats.unproven = this.link?.unproven ?? 0;
+    this.stats.connections = this.link?.connections ?? 0;
     this.send({ heartbeat: { wave: this.waves.lastWave, globalRank: this.rank, epochSeen: this.epoch, lastSeq: this.lastSeq, unixMs: now, ...this.opts.vectorCounts?.() } });
     if (this.coordinatorAlive && now - this.lastFrameAt > this.deadAfterMs) {
       this.coordinatorAlive = false;
@@ -200,6 +217,8 @@ export class AgentBus extends EventEmitter {
       this.buffer = [];
       this.waves.reset();
       this.log.warn({ silentMs: now - this.lastFrameAt }, 'coordinator lost: no frame on the bus');
+      // Its connection may be half dead (a frozen process) or gone: a new one is challenged.
+      this.link?.renew();
       this.emit('coordinator-lost');
     }
     if (this.state === 'connecting') this.sendHello(false);
@@ -295,17 +314,17 @@ export class AgentBus extends EventEmitter {
 
   // ------------------------------------------------------------------ DEALER
 
-  private receiveDealer(dealer: Dealer): Promise<void> {
-    return receiveLoop(dealer, { role: 'DEALER', what: 'a coordinator message', running: () => this.running, log: this.log }, (parts) =>
-      this.onCoordinatorMessage(parts),
-    );
-  }
-
-  private onCoordinatorMessage(parts: Buffer[]): void {
+  private onCoordinatorMessage(parts: Buffer[], generation: number): void {
     if (parts.length !== 1) return this.drops.drop('frame_count', `${parts.length} frames from the coordinator`);
     const d = decodeCoordinatorMessage(parts[0], this.maxFrameBytes, this.opts.busToken);
     if (!d.ok) return this.drops.drop(d.reason, d.detail);
     const msg = d.value;
+    if (msg.body === 'proof') {
+      if (!this.link?.proof(msg.proof.nonce, generation)) this.drops.drop('stale_proof', 'a proof for another connection or nonce');
+      return;
+    }
+    // A message on a connection replaced since (or not proven yet): never acted on.
+    if (!this.link?.current(generation)) return this.drops.drop('old_connection', `a ${msg.body} message on a replaced connection`);
     switch (msg.body) {
       case 'snapshot':
         if (this.state !== 'syncing' || msg.requestId !== this.snapshotRequestId) return; // an answer to an older ask

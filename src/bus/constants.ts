@@ -77,3 +77,6 @@ export function checkLookahead(lookahead: number | undefined, pp: number, name =
   }
   return decideAheadWaves(pp, l);
 }
+
+/** The bytes of a BusChallenge nonce (an agent's new connection, with a bus token: coordinator-link.ts). */
+export const NONCE_BYTES = 16;

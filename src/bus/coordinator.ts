@@ -28,7 +28,7 @@ import { VersionGate } from './protocol-version';
 import type { ZapHandler } from './zap-handler';
 import type { CoordinatorPolicy } from './policy';
 import type { CoordinatorOptions, CoordinatorStats } from './coordinator-options';
-import { DEFAULT_BUS_PORT, DEFAULT_HEARTBEAT_MS, DEFAULT_MAX_FRAME_BYTES, checkLookahead } from './constants';
+import { DEFAULT_BUS_PORT, DEFAULT_HEARTBEAT_MS, DEFAULT_MAX_FRAME_BYTES, NONCE_BYTES, checkLookahead } from './constants';
 
 export type { CoordinatorOptions, CoordinatorStats } from './coordinator-options';
 
@@ -373,6 +373,14 @@ export class Coordinator extends EventEmitter {
         const replica = rankCoordinates(rank, this.layout).dpRank;
         if (rank !== replicaHead(this.layout, replica)) return this.drops.drop('not_head', `a wave head from rank ${rank}; replica ${replica} is headed by rank ${replicaHead(this.layout, replica)}`);
         this.beginWave(msg.waveHead.wave, msg.waveHead.telemetry ?? null, replica);
+        return;
+      }
+      case 'challenge': {
+        // An agent's new connection asks us to prove the bus token (coordinator-link.ts): the nonce
+        // back, under our MAC. Only with a token: without one there is nothing to prove.
+        const nonce = msg.challenge.nonce as Uint8Array | undefined;
+        if (!this.opts.busToken || !nonce || nonce.length !== NONCE_BYTES) return this.drops.drop('unexpected', `a challenge of ${nonce?.length ?? 0} bytes`);
+        this.reply(routingId, { requestId: msg.requestId, proof: { nonce } });
         return;
       }
       case 'relay':

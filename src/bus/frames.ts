@@ -70,6 +70,8 @@ export type DropReason =
   | 'unexpected' // a well-formed message of a kind this socket does not take (an agent's file socket: only file requests)
   | 'busy' // an agent's file socket already serves its limit of requests at once
   | 'bad_snapshot' // a snapshot whose decide_ahead this rank's layout cannot have (constants.ts validDecideAhead)
+  | 'stale_proof' // a BusChallenge proof for a replaced connection or another nonce (coordinator-link.ts)
+  | 'old_connection' // a coordinator message on an agent connection replaced since, or not proven yet
   | 'protocol_version'; // a hello or tool request of another protocol version (answered with VersionRefused), or a later message of its connection
 
 export type Decoded<T> = { ok: true; value: T } | { ok: false; reason: DropReason; detail?: string };

@@ -10,6 +10,7 @@ import { validateRegion, type ClientRegion } from './region';
 import { AgentTransport, type Reply } from './transport';
 import { isWaveNumber, WaveHeadSender, type WaveTelemetry } from './wave-head';
 import { dueDumpsAsker, PendingDumps } from './pending-dumps';
+import { VectorStall } from './vector-stall';
 
 import { openConnection, type BeforeForwardResult, type ClientFeatures, type ConnectOptions, type EndOfWaveResult } from './options';
 
@@ -37,6 +38,10 @@ export class WavebusClient {
     vectorWaits: 0,
     /** ... of which the vector came within the bound (the agent is told: /metrics per rank). */
     lateVectors: 0,
+    /** endOfWave calls that returned at once because the vectors had stalled (vector-stall.ts). */
+    stalledSkips: 0,
+    /** Answers in which the agent said its coordinator is lost. */
+    coordinatorLost: 0,
   };
   private readonly transport: AgentTransport;
   private readonly availability: AgentAvailability;
@@ -44,6 +49,7 @@ export class WavebusClient {
   private readonly hello: AgentHello;
   private ping: Promise<unknown> | null = null;
   private readonly pending: PendingDumps;
+  private readonly stall: VectorStall;
 
   private constructor(
     private readonly endpoint: string,
@@ -68,6 +74,7 @@ export class WavebusClient {
     );
     this.hello = new AgentHello(endpoint, this.transport, mailbox, asyncScheduling, this.stats);
     this.head = new WaveHeadSender(this.transport, (message) => (this.availability.lastError = message));
+    this.stall = new VectorStall(mailbox);
     this.pending = new PendingDumps(
       mailbox,
       dueDumpsAsker({
@@ -78,7 +85,9 @@ export class WavebusClient {
         failed: (e, where) => {
           if (!this.availability.lostOn(e, where)) this.noteError(`${where}: ${(e as Error).message}`);
         },
+        coordinatorLost: () => this.onCoordinatorLost(),
       }),
+      this.stall,
     );
   }
 
@@ -91,6 +100,11 @@ export class WavebusClient {
   pendingDump(reqId: string): Promise<boolean> {
     if ((this.mailbox.features() & MailboxFeature.BUS_ACTIVE) === 0) return FALSE;
     return this.pending.check(reqId);
+  }
+
+  private onCoordinatorLost(): void {
+    this.stats.coordinatorLost++;
+    this.stall.begin();
   }
 
   /** True while the agent is known not to answer: calls skip it until it answers again. */
@@ -194,6 +208,13 @@ export class WavebusClient {
     if (bits === 0 || (bits & MailboxFeature.BUS_ACTIVE) === 0) return NOTHING_DUE;
     const slot = this.mailbox.read(wave);
     if (slot && !slot.configDue && !slot.dumpDue) return NOTHING_DUE;
+    // Vectors stalled (one bound was spent on it), or a wave pendingDump gave up: no wait, no copy.
+    if (slot ? slot.dumpDue && wave <= this.pending.forfeitedTo : this.stall.active()) {
+      this.stats.endOfWaveTimeouts++;
+      this.stats.stalledSkips++;
+      this.transport.oneWay({ endOfWave: { wave, missed: true } });
+      return TIMED_OUT;
+    }
     if (this.agentUnavailable) {
       // Its mailbox is not updated any more: no waiting, the step goes on (counted). A frozen
       // agent still learns of the miss when it resumes (one-way; dropped if its queue is full).
@@ -229,6 +250,7 @@ export class WavebusClient {
     if (got === 'timeout') {
       // The step goes on; the agent counts the miss and fails the wave's dumps if any arrive.
       this.stats.endOfWaveTimeouts++;
+      this.stall.begin();
       if (this.availability.lastAnswerAt < since) {
         // Not a word from the agent for the whole bound: the next calls do not wait for it.
         this.availability.markUnavailable(`endOfWave(${wave}): no answer within ${boundMs} ms`);
@@ -270,8 +292,10 @@ export class WavebusClient {
       reply = undefined;
       if (!this.availability.lostOn(e, `endOfWave(${wave})`)) this.noteError(`endOfWave(${wave}): ${(e as Error).message}`);
     }
+    if (reply?.coordinatorLost) this.onCoordinatorLost();
     if (!reply || reply.timedOut) {
       this.stats.endOfWaveTimeouts++;
+      if (reply) this.stall.begin(); // the agent waited the bound for the vector (or knows none is coming)
       return { due: false, timedOut: true };
     }
     if (!reply.ok) {
@@ -382,6 +406,7 @@ function waveError(wave: number, where: string): Promise<never> | undefined {
 const SETTLED: Promise<void> = Promise.resolve();
 const FALSE: Promise<boolean> = Promise.resolve(false);
 const NOTHING_DUE: Promise<EndOfWaveResult> = Promise.resolve(Object.freeze({ due: false, timedOut: false }));
+const TIMED_OUT: Promise<EndOfWaveResult> = Promise.resolve(Object.freeze({ due: false, timedOut: true }));
 const NOT_CAPTURED: Promise<BeforeForwardResult> = Promise.resolve(Object.freeze({ captured: false }));
 
 export { MailboxFeature };

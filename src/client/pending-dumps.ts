@@ -8,10 +8,17 @@
 // gives the same answer: a few memory loads (no system call) when none has dump_due; with dump_due
 // a wave's req ids are asked of the agent once; W+1's vector not there yet is asked of the agent
 // too, which waits for it within its bound.
+//
+// An unanswered question costs one bound once (vector-stall.ts): its answer ('all') is kept for
+// that wave, so the wave's finished requests are kept until it ends and nobody asks again; after
+// it, while no new vector arrives, a wave without a vector is not asked about but given up
+// (forfeitedTo: its dumps are never copied on this rank, end_of_wave skips them), so no block is
+// kept on account of an unanswered question beyond the end of the wave it was about.
 import { MAILBOX_LAYOUT, type MailboxReader } from './mailbox';
 import type { AgentTransport } from './transport';
+import type { VectorStall } from './vector-stall';
 
-/** The agent could not say which requests are due: every request counts as pending (kept a step). */
+/** The agent could not say which requests are due: every request counts as pending until that wave ends. */
 const ALL = 'all' as const;
 type DueSet = Set<string> | typeof ALL;
 
@@ -19,11 +26,14 @@ export class PendingDumps {
   /** The last wave whose end_of_wave ran on this rank (-1: none yet). */
   private lastEnded = -1;
   private readonly due = new Map<number, DueSet | Promise<DueSet>>();
+  /** The last wave given up without asking (vectors stalled): its dumps are never copied here. */
+  forfeitedTo = -1;
 
   constructor(
     private readonly mailbox: MailboxReader,
     /** The req ids of `wave`'s dump jobs, from the agent; undefined when it did not answer. */
     private readonly ask: (wave: number) => Promise<string[] | undefined>,
+    private readonly stall: VectorStall,
   ) {}
 
   /** end_of_wave(wave) ran: its dumps are copied (or failed); older answers are dropped. */
@@ -40,6 +50,11 @@ export class PendingDumps {
     for (let w = next; w <= Math.max(next, decidedTo); w++) {
       const v = this.mailbox.read(w);
       if (v && !v.dumpDue) continue;
+      if (!v && !this.due.has(w) && this.stall.active()) {
+        // No vector and none coming: not asked (a bound each), given up on this rank.
+        if (w > this.forfeitedTo) this.forfeitedTo = w;
+        continue;
+      }
       (sets ??= []).push(this.setOf(w));
     }
     if (!sets) return FALSE;
@@ -56,11 +71,10 @@ export class PendingDumps {
     );
     this.due.set(wave, p);
     void p.then((s) => {
-      // Cached unless the wave ended meanwhile; an unknown answer is asked again next time.
-      if (this.due.get(wave) === p) {
-        if (s === ALL) this.due.delete(wave);
-        else this.due.set(wave, s);
-      }
+      // Cached unless the wave ended meanwhile, an unknown answer too (until its wave ends): asked
+      // again, it would cost every finished request a bound.
+      if (s === ALL) this.stall.begin();
+      if (this.due.get(wave) === p) this.due.set(wave, s);
     });
     return p;
   }
@@ -75,6 +89,8 @@ export interface DueDumpsDeps {
   hello(timeoutMs: number): Promise<unknown>;
   /** An ask that failed (the agent lost, or an error the client notes). */
   failed(e: unknown, where: string): void;
+  /** The agent answered without the vector: its coordinator is lost (ClientReply.coordinator_lost). */
+  coordinatorLost(): void;
 }
 
 /**
@@ -87,6 +103,7 @@ export function dueDumpsAsker(d: DueDumpsDeps): (wave: number) => Promise<string
     try {
       await d.hello(d.boundMs());
       const reply = await d.transport.request({ dueDumps: { wave } }, d.boundMs());
+      if (reply.coordinatorLost) d.coordinatorLost();
       return reply.ok ? ((reply.dueReqIds as string[]) ?? []) : undefined;
     } catch (e) {
       d.failed(e, `pendingDump(wave ${wave})`);

@@ -18,6 +18,7 @@ export const command: CommandModule = {
       .option('node-rank', { type: 'string', describe: 'this host (default $WAVEBUS_NODE_RANK or 0)' })
       .option('steps', { type: 'string', default: '100', describe: 'engine steps (waves)' })
       .option('stop-file', { type: 'string', describe: 'stop stepping once this file exists (--steps is then at most)' })
+      .option('step-times', { type: 'boolean', default: false, describe: 'write when each step ended (stepEndsAt in rank<g>.json)' })
       .option('step-ms', { type: 'string', default: '10', describe: 'wall time per step; 0 = as fast as possible' })
       .option('requests', { type: 'string', default: '8', describe: 'requests in the workload' })
       .option('speculative', { type: 'string', default: '2', describe: 'speculative tokens per step (0 = off)' })
@@ -51,6 +52,7 @@ export const command: CommandModule = {
       masterAddr: env.MASTER_ADDR ?? '127.0.0.1',
       steps: intFlag(argv.steps, '--steps'),
       stopFile: argv['stop-file'] === undefined ? undefined : String(argv['stop-file']),
+      stepTimes: argv['step-times'] === true,
       stepMs: msFlag(argv['step-ms'], '--step-ms', 0),
       requests: intFlag(argv.requests, '--requests'),
       speculative: intFlag(argv.speculative, '--speculative', 0),

@@ -18,6 +18,7 @@ import { checkPortFree, localBindAddress } from './coordinator-host';
 import { launchError, type LaunchOptions } from './options';
 import { waitForCoordinator, type StatusSnapshot } from './readiness';
 import { Sidecar } from './sidecar';
+import { CoordinatorKeeper } from './coordinator-keeper';
 import { COORDINATOR_NODE_FLAGS } from '../bus/constants';
 import { agentArgv, commandEnv, coordinatorArgv, globalRankOfLocal, launchDumpRoot } from './sidecar-args';
 
@@ -99,6 +100,7 @@ export async function launch(opts: LaunchOptions, logger?: Logger): Promise<numb
   }
   const sidecars: Sidecar[] = [];
   let command: ChildProcess | undefined;
+  let keeper: CoordinatorKeeper | undefined;
 
   // Last line of defence: whatever happens to us, the sidecars do not outlive the launcher.
   const onExit = () => {
@@ -125,6 +127,7 @@ export async function launch(opts: LaunchOptions, logger?: Logger): Promise<numb
   for (const s of SIGNALS) process.on(s, onSignal);
 
   const teardown = async () => {
+    keeper?.stop();
     await Promise.all(sidecars.map((s) => s.stop(opts.graceMs)));
     for (const s of SIGNALS) process.off(s, onSignal);
     if (tokenFile) fs.rmSync(tokenFile, { force: true });
@@ -140,7 +143,8 @@ export async function launch(opts: LaunchOptions, logger?: Logger): Promise<numb
     startupFailed.catch(() => undefined);
 
     const tokenArgs = tokenFile !== undefined ? ['--bus-token-file', tokenFile] : [];
-    if (startCoordinator) sidecars.push(new Sidecar('coordinator', bin, [...coordinatorArgv(opts, bindHost), ...tokenArgs], env, COORDINATOR_NODE_FLAGS));
+    const coordinatorSidecar = () => new Sidecar('coordinator', bin, [...coordinatorArgv(opts, bindHost!), ...tokenArgs], env, COORDINATOR_NODE_FLAGS);
+    if (startCoordinator) sidecars.push(coordinatorSidecar());
     for (let l = 0; l < opts.nprocPerNode; l++) {
       sidecars.push(new Sidecar(`agent local${l}/rank${globalRankOfLocal(opts, l)}`, bin, agentArgv(opts, l, runDir, { dumpRoot, tokenFile }), env));
     }
@@ -184,8 +188,18 @@ export async function launch(opts: LaunchOptions, logger?: Logger): Promise<numb
     }
     if (signalled) throw new LaunchError(`received ${signalled} before the job was ready`, 'ERR_LAUNCH_SIGNAL');
 
-    // From here on a sidecar dying is logged, never fatal: debugging must not stop the job.
+    // From here on a sidecar dying is logged, never fatal: debugging must not stop the job. A dead
+    // coordinator is started again (coordinator-keeper.ts); it is sidecars[0].
+    if (startCoordinator) {
+      keeper = new CoordinatorKeeper(
+        sidecars[0],
+        () => (sidecars[0] = coordinatorSidecar()),
+        (line) => process.stderr.write(`wavebus launch: warning: ${line}\n`),
+      );
+      keeper.watch();
+    }
     for (const s of sidecars) {
+      if (s.name === 'coordinator') continue;
       void s.exited.then(() => {
         if (command && command.exitCode === null && command.signalCode === null) {
           process.stderr.write(`wavebus launch: warning: ${s.name} ${s.describeExit()} while the command runs\n`);

@@ -34,6 +34,8 @@ export interface SimRankOptions {
   forwardMs?: number;
   /** Stop stepping once this file exists (then `steps` is at most): a test ends the run when it has what it needs. */
   stopFile?: string;
+  /** Record when each step ended (SimRankResult.stepEndsAt): a test measures the rate around an event. */
+  stepTimes?: boolean;
   /** Names this rank's shm segment (shmNameFor); the job picks it so it can remove it if the rank dies. */
   shmTag?: string;
   /**
@@ -58,6 +60,10 @@ export interface SimRankResult {
   /** endOfWave calls that slept on the mailbox for a vector not there yet (0: the engine never waited). */
   vectorWaits: number;
   lateVectors: number;
+  /** With stepTimes: the wall-clock ms (Date.now()) at which each step ended. */
+  stepEndsAt?: number[];
+  /** endOfWave calls that returned at once because the wave vectors had stalled (a lost coordinator). */
+  stalledSkips: number;
   /** Frees put off one step because a dump of the request was pending. */
   deferredFrees: number;
   /** 99th percentile of the µs spent inside endOfWave. */
@@ -200,6 +206,7 @@ export async function runSimRank(opts: SimRankOptions, onReady: () => Promise<nu
   let clientNs = 0n;
   let endNs = 0n;
   const eowUs = new Float64Array(client ? opts.steps : 0);
+  const stepEndsAt: number[] | undefined = opts.stepTimes ? [] : undefined;
   let overrunNs = 0n;
   let abortedForwards = 0;
   let deferredFrees = 0;
@@ -272,6 +279,7 @@ export async function runSimRank(opts: SimRankOptions, onReady: () => Promise<nu
       eowUs[step - 1] = Number(e) / 1000;
     }
     prev = batch.telemetry;
+    stepEndsAt?.push(Date.now());
   }
   const endAt = Date.now();
   const wallMs = endAt - t0;
@@ -286,6 +294,8 @@ export async function runSimRank(opts: SimRankOptions, onReady: () => Promise<nu
     endOfWaveTimeouts: client?.stats.endOfWaveTimeouts ?? 0,
     vectorWaits: client?.stats.vectorWaits ?? 0,
     lateVectors: client?.stats.lateVectors ?? 0,
+    stalledSkips: client?.stats.stalledSkips ?? 0,
+    ...(stepEndsAt ? { stepEndsAt } : {}),
     deferredFrees,
     endOfWaveP99Us: percentile(eowUs.subarray(0, steps), 0.99),
     slowEndOfWaves: eowUs.subarray(0, steps).filter((us) => us > SLOW_END_OF_WAVE_US).length,

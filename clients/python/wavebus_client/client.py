@@ -22,7 +22,7 @@ from .protocol import CLIENT_PROTOCOL_VERSION, protocol_mismatch
 from .region import Region, from_any, validate
 from .transport import AgentSocket
 from .paths import env_paths
-from .pending import PendingDumps, due_dumps_asker
+from .pending import PendingDumps, VectorStall, due_dumps_asker
 from .wave_head import WaveHeadBuilder, check_wave
 
 log = logging.getLogger("wavebus_client")
@@ -66,7 +66,7 @@ class Client:
             "end_of_wave_errors": 0, "wave_head_sent": 0, "wave_head_errors": 0, "wave_head_skipped": 0,
             "stale_replies": 0, "bad_replies": 0, "captures": 0, "register_errors": 0,
             "agent_lost": 0, "agent_back": 0, "skipped_unavailable": 0, "snapshots_skipped": 0, "probes": 0,
-            "late_vectors": 0, "due_dumps_asked": 0,
+            "late_vectors": 0, "due_dumps_asked": 0, "stalled_skips": 0, "coordinator_lost": 0,
         }
         self._sock = AgentSocket(endpoint, self.stats, lambda: self._avail.heard())
         self._avail = Availability(endpoint, self.stats, probe_interval_ms, self._ping, self._sock.drain, self._agent_back)
@@ -76,7 +76,9 @@ class Client:
         self._head = WaveHeadBuilder()
         self._closed = False
         self._mb = mb.Mailbox.wait_open(mailbox_path, mailbox_wait_s)
-        self._pending = PendingDumps(lambda: self._mb, due_dumps_asker(self._sock, self._avail, self._bound_s, self._hello, self.stats))
+        self._stall = VectorStall(lambda: self._mb)
+        self._pending = PendingDumps(lambda: self._mb, due_dumps_asker(self._sock, self._avail, self._bound_s, self._hello, self.stats, self._stall),
+                                     self._stall)
         if self.async_scheduling and self._mb.features & mb.FEATURE_SNAPSHOTS:
             # Refused at startup: the agent says input snapshots are on, and they need sync scheduling.
             raise ConfigError("input snapshots need sync scheduling: under async scheduling the input buffers may still "
@@ -310,6 +312,12 @@ class Client:
         if v is not None and not v.anything_due:
             self.stats["end_of_wave_fast"] += 1
             return EndOfWaveResult(wave, vector=v)
+        # Vectors stalled (one bound was spent on it), or a wave pending_dump gave up: no wait, no copy.
+        if (v.dump_due and wave <= self._pending.forfeited_to) if v is not None else self._stall.active():
+            self.stats["end_of_wave_timeouts"] += 1
+            self.stats["stalled_skips"] += 1
+            self._sock.send(pb.ClientRequest(end_of_wave=pb.EndOfWave(wave=wave, missed=True)), one_way=True)
+            return EndOfWaveResult(wave, timed_out=True, vector=v)
         if self._avail.still_unavailable():
             # Its mailbox is not updated any more: no waiting, the step goes on (counted). A frozen
             # agent still learns of the miss when it resumes (one-way; dropped if its queue is full).
@@ -326,6 +334,7 @@ class Client:
             if got == "timeout":
                 self.stats["end_of_wave_timeouts"] += 1
                 self.stats["end_of_wave_waited"] += 1
+                self._stall.begin()
                 self._sock.drain()
                 if self._avail.last_answer < since:
                     self._sock.forget("ping")
@@ -354,6 +363,10 @@ class Client:
                     reply = self._sock.request(pb.ClientRequest(end_of_wave=pb.EndOfWave(wave=wave)), deadline)
         if reply is None:
             self._avail.mark_unavailable(f"end_of_wave({wave}): no answer within {self.call_bound_ms()} ms")
+        elif reply.coordinator_lost:
+            self.stats["coordinator_lost"] += 1
+        if reply is not None and reply.timed_out:
+            self._stall.begin()  # the agent waited the bound for the vector (or knows none is coming)
         if reply is None or reply.timed_out:
             res.timed_out = True
             self.stats["end_of_wave_timeouts"] += 1

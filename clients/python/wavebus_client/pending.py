@@ -8,6 +8,12 @@ floor (L waves with the chain on time); a later wave's dumps are decided at a he
 Every rank has the same vectors, so every rank gives the same answer: a few memory loads (no system
 call) when none has dump_due; with dump_due a wave's req ids are asked of the agent once; W+1's
 vector not there yet is asked of the agent too, which waits for it within its bound.
+
+An unanswered question costs one bound once (VectorStall): its answer (everything pending) is kept
+for that wave, so the wave's finished requests are kept until it ends and nobody asks again; after
+it, while no new vector arrives, a wave without a vector is not asked about but given up
+(forfeited_to: its dumps are never copied on this rank, end_of_wave skips them), so no block is kept
+on account of an unanswered question beyond the end of the wave it was about.
 """
 import time
 from typing import Callable, Dict, List, Optional, Set
@@ -16,7 +22,37 @@ from . import mailbox as mb
 from . import wavebus_pb2 as pb
 
 
-def due_dumps_asker(sock, avail, bound_s: Callable[[], float], hello: Callable[[float], bool], stats: dict) -> Callable[[int], Optional[List[str]]]:
+class VectorStall:
+    """The wave vectors stopped coming (a dead or lost coordinator, a stalled chain): the engine pays
+    one bound for it, once, and then nothing until the mailbox moves again. Set when a wait for a
+    vector ran out, a due_dumps question went unanswered, or the agent said its coordinator is lost;
+    over as soon as the agent publishes anything new (the mailbox's floor or epoch changed)."""
+
+    def __init__(self, mailbox_of: Callable[[], "mb.Mailbox"]):
+        self._mailbox_of = mailbox_of
+        self.stalls = 0
+        self._on = False
+        self._key = (-1, -1)
+
+    def _now(self):
+        box = self._mailbox_of()
+        return (box.floor, box.epoch)
+
+    def begin(self) -> None:
+        if self.active():
+            return
+        self._on = True
+        self.stalls += 1
+        self._key = self._now()
+
+    def active(self) -> bool:
+        if self._on and self._now() != self._key:
+            self._on = False
+        return self._on
+
+
+def due_dumps_asker(sock, avail, bound_s: Callable[[], float], hello: Callable[[float], bool], stats: dict,
+                    stall: VectorStall) -> Callable[[int], Optional[List[str]]]:
     """The asker PendingDumps uses: ClientRequest.due_dumps after a hello, within the call bound;
     None when the agent did not answer (every request then counts as pending)."""
     def ask(wave: int) -> Optional[List[str]]:
@@ -27,18 +63,28 @@ def due_dumps_asker(sock, avail, bound_s: Callable[[], float], hello: Callable[[
         if not hello(deadline):
             return None
         reply = sock.request(pb.ClientRequest(due_dumps=pb.DueDumps(wave=wave)), deadline)
+        if reply is not None and reply.coordinator_lost:
+            stats["coordinator_lost"] += 1
+            stall.begin()
         if reply is None or not reply.ok:
             return None
         return list(reply.due_req_ids)
     return ask
 
 
+# The agent could not say which requests are due: every request counts as pending until that wave ends.
+ALL = None
+
+
 class PendingDumps:
-    def __init__(self, mailbox_of: Callable[[], "mb.Mailbox"], ask: Callable[[int], Optional[List[str]]]):
+    def __init__(self, mailbox_of: Callable[[], "mb.Mailbox"], ask: Callable[[int], Optional[List[str]]], stall: VectorStall):
         self._mailbox_of = mailbox_of
         self._ask = ask
+        self._stall = stall
         self.last_ended = -1
-        self._due: Dict[int, Set[str]] = {}
+        # the last wave given up without asking (vectors stalled): its dumps are never copied here
+        self.forfeited_to = -1
+        self._due: Dict[int, Optional[Set[str]]] = {}
 
     def ended(self, wave: int) -> None:
         """end_of_wave(wave) ran: its dumps are copied (or failed); older answers are dropped."""
@@ -55,12 +101,18 @@ class PendingDumps:
             v = box.read_wave(w)
             if v is not None and not v.dump_due:
                 continue
-            ids = self._due.get(w)
-            if ids is None:
+            if w not in self._due:
+                if v is None and self._stall.active():
+                    # No vector and none coming: not asked (a bound each), given up on this rank.
+                    self.forfeited_to = max(self.forfeited_to, w)
+                    continue
                 got = self._ask(w)
+                # Kept until the wave ends, an unknown answer too: asked again, it would cost every
+                # finished request a bound.
+                self._due[w] = ALL if got is None else set(got)
                 if got is None:
-                    return True  # unknown: keep the blocks one more step (asked again next time)
-                ids = self._due[w] = set(got)
-            if req_id in ids:
+                    self._stall.begin()
+            ids = self._due[w]
+            if ids is ALL or req_id in ids:
                 return True
         return False

@@ -1,0 +1,54 @@
+// `wavebus launch` keeps the coordinator up while the command runs (and lingers), until teardown: one that dies (kill -9, the
+// OOM killer, a crash) is started again, a new process and so a new epoch; the agents see it
+// publish, sync from its snapshot and rejoin, as after any coordinator restart. Restarts back off
+// (RESTART_BACKOFF_MS doubling up to RESTART_BACKOFF_MAX_MS, back to the start once one has stayed
+// up RESTART_STABLE_MS), so a coordinator that cannot start (its ports squatted by another
+// process) costs an attempt now and then, never a busy loop. The engine does not wait for any of
+// it: agents answer at once while their coordinator is lost (docs/faults.md).
+import type { Sidecar } from './sidecar';
+
+export const RESTART_BACKOFF_MS = 500;
+export const RESTART_BACKOFF_MAX_MS = 10000;
+export const RESTART_STABLE_MS = 30000;
+
+export class CoordinatorKeeper {
+  /** Coordinators started after the first. */
+  restarts = 0;
+  private backoffMs = RESTART_BACKOFF_MS;
+  private timer?: NodeJS.Timeout;
+  private stopped = false;
+
+  constructor(
+    /** The coordinator now (replaced on each restart). */
+    public current: Sidecar,
+    /** Start a new coordinator process with the same arguments. */
+    private readonly spawn: () => Sidecar,
+    private readonly say: (line: string) => void,
+  ) {}
+
+  /** From now on a coordinator that exits is restarted. */
+  watch(): void {
+    const s = this.current;
+    const startedAt = Date.now();
+    void s.exited.then(() => {
+      if (this.stopped || s !== this.current) return;
+      if (Date.now() - startedAt >= RESTART_STABLE_MS) this.backoffMs = RESTART_BACKOFF_MS;
+      const wait = this.backoffMs;
+      this.backoffMs = Math.min(RESTART_BACKOFF_MAX_MS, 2 * this.backoffMs);
+      this.say(`the coordinator ${s.describeExit()}; starting it again in ${wait} ms (a new epoch; the agents rejoin it)`);
+      this.timer = setTimeout(() => {
+        this.timer = undefined;
+        if (this.stopped) return;
+        this.restarts++;
+        this.current = this.spawn();
+        this.watch();
+      }, wait);
+    });
+  }
+
+  /** Teardown: no more restarts. */
+  stop(): void {
+    this.stopped = true;
+    if (this.timer) clearTimeout(this.timer);
+  }
+}

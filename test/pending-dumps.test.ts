@@ -1,0 +1,93 @@
+// pendingDump's answers over a real mailbox file: an unanswered question is asked once per wave
+// (not once per finished request), keeps blocks only until that wave ends, and while the vectors
+// stall a wave without a vector is given up, not asked (docs/faults.md, "A dead coordinator").
+import * as path from 'path';
+import { MailboxReader, MailboxWriter } from '../src/client/mailbox';
+import { PendingDumps } from '../src/client/pending-dumps';
+import { VectorStall } from '../src/client/vector-stall';
+import { cleanup, ROOT, runPython, tmpDir } from './helpers';
+
+afterAll(cleanup);
+
+function setup(answer: (wave: number) => string[] | undefined) {
+  const file = path.join(tmpDir('wavebus-pending-'), 'mailbox');
+  const writer = MailboxWriter.create(file);
+  const reader = MailboxReader.open(file);
+  const asked: number[] = [];
+  const stall = new VectorStall(reader);
+  const pending = new PendingDumps(reader, async (w) => (asked.push(w), answer(w)), stall);
+  return { writer, reader, asked, stall, pending, close: () => (reader.close(), writer.close()) };
+}
+
+test('an unanswered question is asked once for its wave, keeps every finished request until that wave ends, then stalled waves are given up without asking', async () => {
+  const m = setup(() => undefined);
+  try {
+    m.writer.publish({ wave: 20, configDue: false, dumpDue: false }, 21);
+    m.pending.ended(20);
+    // Wave 21's vector is not there: asked once, unknown, so every request is kept this step.
+    expect(await Promise.all(['a', 'b', 'c'].map((r) => m.pending.check(r)))).toEqual([true, true, true]);
+    expect(m.asked).toEqual([21]);
+    expect(m.stall.active()).toBe(true);
+    // Wave 21 ended without its vector: 22 is not asked about (the vectors stall), it is given up.
+    m.pending.ended(21);
+    expect(await m.pending.check('a')).toBe(false);
+    expect(m.asked).toEqual([21]);
+    expect(m.pending.forfeitedTo).toBe(22);
+    // A vector arrives: the stall is over, a later wave without one is asked again.
+    m.writer.publish({ wave: 23, configDue: false, dumpDue: true }, 24);
+    expect(m.stall.active()).toBe(false);
+    m.pending.ended(22);
+    expect(await m.pending.check('a')).toBe(true); // 23 has dump_due and its answer is unknown
+    expect(m.asked).toEqual([21, 23]);
+  } finally {
+    m.close();
+  }
+});
+
+test('a restarted coordinator (a new epoch in the mailbox) ends the stall even when the floor goes down', async () => {
+  const m = setup((w) => (w === 31 ? undefined : []));
+  try {
+    m.writer.setEpoch(7);
+    m.writer.publish({ wave: 30, configDue: false, dumpDue: false }, 31);
+    m.pending.ended(30);
+    expect(await m.pending.check('x')).toBe(true);
+    expect(m.stall.active()).toBe(true);
+    m.writer.setEpoch(8);
+    m.writer.publish({ wave: 2, configDue: false, dumpDue: false }, 3);
+    expect(m.stall.active()).toBe(false);
+    m.pending.ended(31);
+    expect(await m.pending.check('x')).toBe(false); // 32 asked: nothing due
+    expect(m.asked).toEqual([31, 32]);
+  } finally {
+    m.close();
+  }
+});
+
+test('the Python client does the same: one ask per unanswered wave, stalled waves given up, a new vector ends the stall', () => {
+  const file = path.join(tmpDir('wavebus-pending-py-'), 'mailbox');
+  const out = runPython(
+    [
+      'import json, sys',
+      'from wavebus_client import mailbox as mb',
+      'from wavebus_client.pending import PendingDumps, VectorStall',
+      'w = mb.MailboxWriter(sys.argv[1]); box = mb.Mailbox(sys.argv[1])',
+      'asked = []',
+      'def ask(wave):',
+      '    asked.append(wave); return None',
+      'stall = VectorStall(lambda: box); pd = PendingDumps(lambda: box, ask, stall)',
+      'w.publish(20, floor=21); pd.ended(20)',
+      'r = {"first": [pd.check(x) for x in "abc"], "asked1": list(asked), "stalled1": stall.active()}',
+      'pd.ended(21); r["second"] = pd.check("a"); r["asked2"] = list(asked); r["forfeited"] = pd.forfeited_to',
+      'w.publish(23, dump_due=1, floor=24); r["stalled3"] = stall.active()',
+      'pd.ended(22); r["third"] = pd.check("a"); r["asked3"] = list(asked)',
+      'print(json.dumps(r))',
+    ].join('\n'),
+    [file],
+    { env: { ...process.env, PYTHONPATH: path.join(ROOT, 'clients', 'python'), PYTHONDONTWRITEBYTECODE: '1' } },
+  );
+  expect(JSON.parse(out.trim().split('\n').pop()!)).toEqual({
+    first: [true, true, true], asked1: [21], stalled1: true,
+    second: false, asked2: [21], forfeited: 22,
+    stalled3: false, third: true, asked3: [21, 23],
+  });
+});
