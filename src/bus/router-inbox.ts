@@ -75,12 +75,16 @@ export function admitRouterMessage(opened: RouterMessage, a: Admission): number 
     if (msg.body === 'relay') {
       a.reply(routingId, { requestId: msg.requestId, relay: { rank: Number(msg.relay?.rank ?? 0), protocolVersion: PROTOCOL_VERSION, error: 'this coordinator requires the bus token for relay requests (--bus-token-file, or WAVEBUS_BUS_TOKEN_FILE)' } });
     }
+    // A control request is refused in words too (nothing armed), so the tool says why at once.
+    if (msg.body === 'control') {
+      a.reply(routingId, { requestId: msg.requestId, control: { protocolVersion: PROTOCOL_VERSION, errorCode: 'ERR_CONTROL_REFUSED', error: 'this coordinator requires the bus token for control requests (--bus-token-file, or WAVEBUS_BUS_TOKEN_FILE); nothing was armed' } });
+    }
     return undefined;
   }
   const rank: number = msg.globalRank;
   // A snapshot request names its rank in its body too: that one is the rank it is answered for.
   const claimed = msg.body === 'hello' ? (msg.hello?.identity?.globalRank ?? rank) : msg.body === 'snapshot' ? (msg.snapshot?.globalRank ?? rank) : rank;
-  if (msg.body !== 'status' && msg.body !== 'relay' && !(Number.isInteger(claimed) && claimed >= 0 && claimed < a.worldSize)) {
+  if (msg.body !== 'status' && msg.body !== 'relay' && msg.body !== 'control' && !(Number.isInteger(claimed) && claimed >= 0 && claimed < a.worldSize)) {
     a.drops.drop('rank_out_of_range', `rank ${claimed} of a world of ${a.worldSize}`);
     return undefined;
   }
