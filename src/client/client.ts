@@ -293,7 +293,9 @@ export class WavebusClient {
     context: Context,
     inputs: Inputs,
   ): Promise<BeforeForwardResult> {
-    if ((this.mailbox.features() & MailboxFeature.SNAPSHOTS) === 0) return NOT_CAPTURED;
+    // Snapshots off at startup: a forward is offered only when its wave's vector says a capture
+    // armed on the running job covers it (docs/control.md): a memory load, no system call.
+    if ((this.mailbox.features() & MailboxFeature.SNAPSHOTS) === 0 && !this.liveCaptureDue(context.globalStep)) return NOT_CAPTURED;
     for (const [i, inp] of inputs.entries()) {
       if (!this.hello.registered.some((r) => r.name === inp.region)) {
         return Promise.reject(new ConfigError(`beforeForward(): inputs[${i}].region '${inp.region}' is not a registered region`));
@@ -301,6 +303,12 @@ export class WavebusClient {
     }
     if (this.agentUnavailable) return Promise.resolve(this.snapshotSkipped());
     return this.capture(context, inputs);
+  }
+
+  /** The vector of wave `step` says snapshot_due (never under async scheduling: the seed's gating). */
+  private liveCaptureDue(step: number): boolean {
+    if (this.asyncScheduling || !Number.isSafeInteger(step) || step < 0) return false;
+    return Boolean(this.mailbox.read(step)?.snapshotDue);
   }
 
   private snapshotSkipped(): BeforeForwardResult {

@@ -384,7 +384,7 @@ class Client:
         are on. Raises CaptureError when a selected capture failed: abort the forward. An agent that
         does not answer within the call bound is not a failed capture: (False, "") with
         ``agent_unavailable`` set, and the forward goes on."""
-        if not self._mb.features & mb.FEATURE_SNAPSHOTS:
+        if not self._mb.features & mb.FEATURE_SNAPSHOTS and not self._live_capture_due(context):
             return False, ""
         ctx = context_proto(context)
         if not isinstance(inputs, (list, tuple)):
@@ -416,6 +416,15 @@ class Client:
         if reply.captured:
             self.stats["captures"] += 1
         return reply.captured, reply.call_dir
+
+    def _live_capture_due(self, context) -> bool:
+        """Snapshots off at startup: offer the forward only when its wave's vector says a capture
+        armed on the running job covers it (docs/control.md). Never under async scheduling."""
+        step = context.get("global_step") if isinstance(context, dict) else getattr(context, "global_step", None)
+        if self.async_scheduling or not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            return False
+        v = self._mb.read_wave(step)
+        return v is not None and v.snapshot_due
 
     def _capture_request(self, ctx, tins, deadline: float, accept_by: int) -> Optional["pb.ClientReply"]:
         """Hello and regions if needed, then the before_forward request: its first answer by ``deadline``."""
