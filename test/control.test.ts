@@ -13,7 +13,7 @@ import { resolveIdentity } from '../src/launch/identity';
 import { createLogger } from '../src/log';
 import { loadCallDir } from '../src/snapshot/loader';
 import { WIDTH } from '../src/tools/status-table';
-import { cleanup, freePortPair, runWavebus, spawnWavebus, tmpDir, waitFor } from './helpers';
+import { cleanup, freePortPair, spawnWavebus, tmpDir, waitFor } from './helpers';
 import { Job, type JobOptions } from './sim-job';
 
 jest.setTimeout(240000);
@@ -60,10 +60,11 @@ test('status, dump and capture on a running simulated TP=2 job with a bus token;
   await job.waitWave(5);
   const at = ['--coordinator', `127.0.0.1:${job.port}`];
   const auth = [...at, '--bus-token-file', job.tokenFile!];
-  const cli = (args: string[], timeout = 90000) => runWavebus(args, { timeout });
+  // Asynchronous: the job's processes write to pipes this process reads, which a blocking spawn would stall.
+  const cli = cliAsync;
 
   // The table: layout, replicas, ranks, config, and nothing wider than the terminal budget.
-  const table = cli(['status', ...auth]);
+  const table = await cli(['status', ...auth]);
   expect({ status: table.code, stderr: table.stderr }).toEqual({ status: 0, stderr: '' });
   expect(table.stdout).toMatch(/layout DP1 x PP1 x TP2 \(2 ranks\)/);
   expect(table.stdout).toMatch(/^0 +0 +0 +0 +yes /m);
@@ -72,12 +73,12 @@ test('status, dump and capture on a running simulated TP=2 job with a bus token;
   expect(table.stdout).toMatch(/^recorder: not available$/m);
   expect(widest(table.stdout)).toBeLessThanOrEqual(WIDTH);
 
-  const json = () => {
-    const r = cli(['status', '--json', ...auth]);
+  const json = async () => {
+    const r = await cli(['status', '--json', ...auth]);
     expect({ status: r.code, stderr: r.stderr }).toEqual({ status: 0, stderr: '' });
     return JSON.parse(r.stdout);
   };
-  const s0 = json();
+  const s0 = await json();
   expect(s0.protocol_version).toBe(PROTOCOL_VERSION);
   expect(s0.ranks['0'].protocol_version).toBe(PROTOCOL_VERSION);
   expect(s0.ranks['1'].live).toBe(true);
@@ -86,26 +87,26 @@ test('status, dump and capture on a running simulated TP=2 job with a bus token;
   expect(s0.recorder).toBe('not available');
 
   // Without the token: refused in words, counted, and nothing armed.
-  const rogue = cli(['capture', '--next', ...at]);
+  const rogue = await cli(['capture', '--next', ...at]);
   expect(rogue.code).toBe(1);
   expect(rogue.stderr).toMatch(/requires the bus token for control requests.*nothing was armed \[ERR_CONTROL_REFUSED\]/);
-  const s1 = json();
+  const s1 = await json();
   expect(s1.dropped.no_mac).toBeGreaterThanOrEqual(1);
   expect(s1.captures).toEqual([]);
 
   // A bad argument names itself, before anything is sent.
-  const badRanks = cli(['capture', '--next', '--ranks', '0,x', ...auth]);
+  const badRanks = await cli(['capture', '--next', '--ranks', '0,x', ...auth]);
   expect(badRanks.code).toBe(2);
   expect(badRanks.stderr).toMatch(/--ranks="0,x": bad entry "x"/);
-  const badFormat = cli(['capture', '--next', '--format', 'jpg', ...auth]);
+  const badFormat = await cli(['capture', '--next', '--format', 'jpg', ...auth]);
   expect(badFormat.code).toBe(2);
   expect(badFormat.stderr).toMatch(/--format="jpg" is not a snapshot format/);
-  const neither = cli(['dump', ...auth]);
+  const neither = await cli(['dump', ...auth]);
   expect(neither.code).toBe(2);
   expect(neither.stderr).toMatch(/--request \/ --all: give exactly one/);
 
   // --next: the forward of the wave the capture takes effect at, on both ranks.
-  const next = cli(['capture', '--next', '--format', 'npy', '--wait', '--timeout', '60000', ...auth]);
+  const next = await cli(['capture', '--next', '--format', 'npy', '--wait', '--timeout', '60000', ...auth]);
   expect({ status: next.code, stderr: next.stderr }).toEqual({ status: 0, stderr: '' });
   const nb = bundlesOf(next.stdout);
   expect([...nb.keys()].sort()).toEqual([0, 1]);
@@ -120,7 +121,7 @@ test('status, dump and capture on a running simulated TP=2 job with a bus token;
   // two captures per rank, the same forwards on both ranks.
   const wave = (await job.status()).wave;
   const i = 2 * (wave + 60);
-  const cap = cli(['capture', '--request', `req-${i}`, '--max-captures', '2', '--wait', '--timeout', '90000', ...auth]);
+  const cap = await cli(['capture', '--request', `req-${i}`, '--max-captures', '2', '--wait', '--timeout', '90000', ...auth]);
   expect({ status: cap.code, stderr: cap.stderr }).toEqual({ status: 0, stderr: '' });
   const cb = bundlesOf(cap.stdout);
   expect([...cb.keys()].sort()).toEqual([0, 1]);
@@ -136,11 +137,11 @@ test('status, dump and capture on a running simulated TP=2 job with a bus token;
     }),
   );
   expect(steps[0]).toEqual(steps[1]);
-  const s2 = json();
+  const s2 = await json();
   expect(s2.captures.map((c: { state: string }) => c.state)).toEqual(['done', 'done']);
 
   // dump --all: every running request, as a manual_dump raise; --wait exits 0 when every manifest is complete.
-  const dump = cli(['dump', '--all', '--wait', '--timeout', '60000', ...auth]);
+  const dump = await cli(['dump', '--all', '--wait', '--timeout', '60000', ...auth]);
   expect({ status: dump.code, stderr: dump.stderr }).toEqual({ status: 0, stderr: '' });
   const manifests = [...dump.stdout.matchAll(/^complete: (.+manifest\.json)$/gm)].map((m) => m[1]);
   expect(manifests.length).toBeGreaterThan(0);
@@ -150,11 +151,11 @@ test('status, dump and capture on a running simulated TP=2 job with a bus token;
     expect(f.startsWith(path.join(job.kvRoot, 'manual_trigger'))).toBe(true);
   }
   // A request that is not running: refused as a manual dump with no targets is, and exit 1.
-  const none = cli(['dump', '--request', 'no-such-request', '--wait', '--timeout', '30000', ...auth]);
+  const none = await cli(['dump', '--request', 'no-such-request', '--wait', '--timeout', '30000', ...auth]);
   expect(none.code).toBe(1);
   expect(none.stdout).toMatch(/^skipped \(no_dump_targets\): .*dump_skipped\.json$/m);
 
-  const flush = cli(['capture', '--flush-recorder', ...auth]);
+  const flush = await cli(['capture', '--flush-recorder', ...auth]);
   expect(flush.code).toBe(1);
   expect(flush.stderr).toMatch(/flight recorder is not available in this build \[ERR_RECORDER_UNAVAILABLE\]/);
 
@@ -194,7 +195,7 @@ test('the status table of a TP=8 job is no wider than 100 columns', async () => 
 test('a clear answer within --timeout when no coordinator is there, and when one speaks another protocol version', async () => {
   const port = await freePortPair();
   const t0 = Date.now();
-  const gone = runWavebus(['status', '--coordinator', `127.0.0.1:${port}`, '--timeout', '500'], { timeout: 20000 });
+  const gone = await cliAsync(['status', '--coordinator', `127.0.0.1:${port}`, '--timeout', '500']);
   expect(gone.code).toBe(3);
   expect(gone.stderr).toMatch(/no coordinator answered at tcp:\/\/127\.0\.0\.1:\d+ within 500 ms: is the job running/);
   expect(Date.now() - t0).toBeLessThan(15000);

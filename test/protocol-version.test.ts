@@ -66,7 +66,7 @@ describe('a new coordinator and old peers', () => {
     const { reply, dealer } = await ask([hello(0)]);
     expect(reply?.body).toBe('refused');
     expect(reply?.refused).toMatchObject({ protocolVersion: PROTOCOL_VERSION, peerVersion: 0 });
-    expect(reply?.refused.error).toMatch(/the agent \(rank 0\) speaks no version .*the coordinator version 6; upgrade the agent/);
+    expect(reply?.refused.error).toMatch(/the agent \(rank 0\) speaks no version .*the coordinator version 7; upgrade the agent/);
     // The old agent carries on as it would: snapshot ask and heartbeats on the same connection.
     await dealer.send(encodeAgentMessage({ globalRank: 0, requestId: 5, snapshot: { globalRank: 0 } }));
     await dealer.send(encodeAgentMessage({ globalRank: 0, heartbeat: { wave: 1, globalRank: 0 } }));
@@ -76,14 +76,13 @@ describe('a new coordinator and old peers', () => {
   });
 
   test('a Hello with an older version is refused naming that version; a newer one says to upgrade the coordinator', async () => {
-    // Protocol 6: the snapshot says how far ahead the stream decides (decide_ahead, the coordinator's
-    // --lookahead-waves + pp - 1); a protocol-5 agent would compute it itself and copy and switch
-    // at another wave than its peers whenever the lookahead is not the default.
-    expect(PROTOCOL_VERSION).toBe(6);
-    const older = await ask([hello(1, 5)]);
-    expect(older.reply?.refused.error).toMatch(/speaks version 5, the coordinator version 6; upgrade the agent/);
-    const newer = await ask([hello(1, 7)]);
-    expect(newer.reply?.refused.error).toMatch(/speaks version 7, the coordinator version 6; upgrade the coordinator/);
+    // Protocol 7: captures armed on the running job travel on wave heads (snapshot_due, captures);
+    // a protocol-6 agent would ignore them and its rank would not capture the forward its peers do.
+    expect(PROTOCOL_VERSION).toBe(7);
+    const older = await ask([hello(1, 6)]);
+    expect(older.reply?.refused.error).toMatch(/speaks version 6, the coordinator version 7; upgrade the agent/);
+    const newer = await ask([hello(1, 8)]);
+    expect(newer.reply?.refused.error).toMatch(/speaks version 8, the coordinator version 7; upgrade the coordinator/);
     expect(coord.liveRanks()).toEqual([]);
   });
 
@@ -170,7 +169,7 @@ describe('an old coordinator (answers without a version) and new peers', () => {
     try {
       const e = await mismatch;
       expect(e).toMatchObject({ code: 'ERR_PROTOCOL_VERSION' });
-      expect(e.message).toMatch(/the coordinator speaks no version \(a release from before versions\), the agent \(rank 0\) version 6; upgrade the coordinator/);
+      expect(e.message).toMatch(/the coordinator speaks no version \(a release from before versions\), the agent \(rank 0\) version 7; upgrade the coordinator/);
       expect(bus.stats.refused).toBe(e.message);
       await new Promise((r) => setTimeout(r, 300));
       const after = received;
