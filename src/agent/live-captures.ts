@@ -91,7 +91,8 @@ export class LiveCaptures {
    * written (a forward two arms select is written by each). Throws CaptureError (abort the forward).
    */
   async offer(regions: RegionTable, bf: BeforeForwardRequest, interim: () => void, written: () => void): Promise<{ captured: boolean; callDir: string }> {
-    const step = Number(bf.context?.globalStep ?? -1);
+    // The forward's wave, as its client knows it (an older client sends none: its global step).
+    const step = Number(bf.wave || bf.context?.globalStep || 0);
     let out = { captured: false, callDir: '' };
     for (const l of this.arms.values()) {
       const { arm } = l;

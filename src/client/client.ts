@@ -43,6 +43,9 @@ export class WavebusClient {
   private readonly head: WaveHeadSender;
   private readonly hello: AgentHello;
   private ping: Promise<unknown> | null = null;
+  /** The engine's last waveHead and endOfWave waves: which wave a forward belongs to (liveCaptureDue). */
+  private headWave = 0;
+  private endedWave = 0;
   private readonly pending: PendingDumps;
 
   private constructor(
@@ -146,6 +149,7 @@ export class WavebusClient {
   waveHead(wave: number, telemetry?: WaveTelemetry): Promise<void> {
     const bad = waveError(wave, 'waveHead');
     if (bad) return bad;
+    this.headWave = wave;
     const bits = this.mailbox.features();
     if (bits === 0) {
       this.head.reset(); // requests freed meanwhile go unseen: start over when sending again
@@ -188,6 +192,7 @@ export class WavebusClient {
   endOfWave(wave: number): Promise<EndOfWaveResult> {
     const bad = waveError(wave, 'endOfWave');
     if (bad) return bad;
+    this.endedWave = wave;
     this.stats.endOfWaveCalls++;
     this.pending.ended(wave);
     const bits = this.mailbox.features();
@@ -295,7 +300,7 @@ export class WavebusClient {
   ): Promise<BeforeForwardResult> {
     // Snapshots off at startup: a forward is offered only when its wave's vector says a capture
     // armed on the running job covers it (docs/control.md): a memory load, no system call.
-    if ((this.mailbox.features() & MailboxFeature.SNAPSHOTS) === 0 && !this.liveCaptureDue(context.globalStep)) return NOT_CAPTURED;
+    if ((this.mailbox.features() & MailboxFeature.SNAPSHOTS) === 0 && !this.liveCaptureDue()) return NOT_CAPTURED;
     for (const [i, inp] of inputs.entries()) {
       if (!this.hello.registered.some((r) => r.name === inp.region)) {
         return Promise.reject(new ConfigError(`beforeForward(): inputs[${i}].region '${inp.region}' is not a registered region`));
@@ -305,10 +310,14 @@ export class WavebusClient {
     return this.capture(context, inputs);
   }
 
-  /** The vector of wave `step` says snapshot_due (never under async scheduling: the seed's gating). */
-  private liveCaptureDue(step: number): boolean {
-    if (this.asyncScheduling || !Number.isSafeInteger(step) || step < 0) return false;
-    return Boolean(this.mailbox.read(step)?.snapshotDue);
+  /** The wave a forward now belongs to: the last head's, or the one after the last ended. */
+  private get forwardWave(): number {
+    return Math.max(this.headWave, this.endedWave + 1);
+  }
+
+  /** The vector of the forward's wave says snapshot_due (never under async scheduling: the seed's gating). */
+  private liveCaptureDue(): boolean {
+    return !this.asyncScheduling && Boolean(this.mailbox.read(this.forwardWave)?.snapshotDue);
   }
 
   private snapshotSkipped(): BeforeForwardResult {
@@ -347,6 +356,7 @@ export class WavebusClient {
         inputs: inputs.map((x) => ({ region: x.region, offset: x.offset ?? 0, dtype: x.dtype, shape: x.shape })),
         acceptByUnixMs: acceptBy,
         finishByUnixMs: acceptBy + this.bounds.capture,
+        wave: this.forwardWave,
       },
     };
     let reply: Reply;
