@@ -22,7 +22,7 @@ const identity = (rank: number) => resolveIdentity({}, { rank, worldSize: 2, tp:
 test('the version is the proto enum PROTOCOL_VERSION_CURRENT', () => {
   const proto = require('fs').readFileSync(require('path').join(__dirname, '..', 'proto', 'wavebus.proto'), 'utf8') as string;
   expect(PROTOCOL_VERSION).toBe(Number(/PROTOCOL_VERSION_CURRENT = (\d+);/.exec(proto)?.[1]));
-  expect(PROTOCOL_VERSION).toBe(6);
+  expect(PROTOCOL_VERSION).toBe(7);
 });
 
 describe('a new coordinator and old peers', () => {
