@@ -87,8 +87,8 @@ export class CaptureArms {
         maxCaptures: spec.maxCaptures,
       },
       armed: false,
-      // The ranks on the replica's stream that capture: its last-PP ranks, narrowed by tp rank.
-      ranks: replicaDumpRanks(this.layout, replica).filter((g) => spec.tpRanks.length === 0 || spec.tpRanks.includes(rankCoordinates(g, this.layout).tpRank)),
+      // The ranks that capture: every stage's (every rank's agent follows its replica's stream), narrowed by tp rank.
+      ranks: replicaDumpRanks(this.layout, replica, 'all').filter((g) => spec.tpRanks.length === 0 || spec.tpRanks.includes(rankCoordinates(g, this.layout).tpRank)),
       results: [],
       done: new Set(),
       expired: false,
