@@ -300,7 +300,23 @@ export class WavebusClient {
   ): Promise<BeforeForwardResult> {
     // Snapshots off at startup: a forward is offered only when its wave's vector says a capture
     // armed on the running job covers it (docs/control.md): a memory load, no system call.
-    if ((this.mailbox.features() & MailboxFeature.SNAPSHOTS) === 0 && !this.liveCaptureDue()) return NOT_CAPTURED;
+    const bits = this.mailbox.features();
+    if ((bits & MailboxFeature.SNAPSHOTS) === 0) {
+      const due = this.liveCaptureDue(bits);
+      if (due === false) return NOT_CAPTURED;
+      if (due === undefined) return this.afterVector(context, inputs);
+    }
+    return this.offer(context, inputs);
+  }
+
+  /** The forward's vector is late (a rank on the vector): wait for it within the bound, as endOfWave would, then offer if due. */
+  private async afterVector(context: Context, inputs: Inputs): Promise<BeforeForwardResult> {
+    const got = await this.mailbox.waitFor(this.forwardWave, this.callBoundMs()).catch(() => 'timeout' as const);
+    if (typeof got === 'string' || !got.snapshotDue) return { captured: false };
+    return this.offer(context, inputs);
+  }
+
+  private offer(context: Context, inputs: Inputs): Promise<BeforeForwardResult> {
     for (const [i, inp] of inputs.entries()) {
       if (!this.hello.registered.some((r) => r.name === inp.region)) {
         return Promise.reject(new ConfigError(`beforeForward(): inputs[${i}].region '${inp.region}' is not a registered region`));
@@ -315,9 +331,15 @@ export class WavebusClient {
     return Math.max(this.headWave, this.endedWave + 1);
   }
 
-  /** The vector of the forward's wave says snapshot_due (never under async scheduling: the seed's gating). */
-  private liveCaptureDue(): boolean {
-    return !this.asyncScheduling && Boolean(this.mailbox.read(this.forwardWave)?.snapshotDue);
+  /**
+   * Whether the vector of the forward's wave says snapshot_due (never under async scheduling: the
+   * seed's gating); undefined when it has not arrived and this rank's engine is on the vector.
+   */
+  private liveCaptureDue(bits: number): boolean | undefined {
+    if (this.asyncScheduling) return false;
+    const v = this.mailbox.read(this.forwardWave);
+    if (v) return Boolean(v.snapshotDue);
+    return (bits & MailboxFeature.BUS_ACTIVE) !== 0 && !this.agentUnavailable ? undefined : false;
   }
 
   private snapshotSkipped(): BeforeForwardResult {
