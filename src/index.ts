@@ -8,7 +8,7 @@ export type { StepTelemetry, RequestStep, NonFiniteRow, ForwardContext } from '.
 export { ShmSegment, cudaAvailable } from './memory';
 
 // ---- errors (each carries a stable `code`)
-export { WavebusError, ConfigError, ProtocolError, CaptureError, NativeError, ERROR_CODES, isErrorCode, type ErrorCodeInfo } from './errors';
+export { WavebusError, ConfigError, ProtocolError, CaptureError, NativeError, ControlError, ERROR_CODES, isErrorCode, type ErrorCodeInfo } from './errors';
 export { ArtifactFormatError } from './artifacts/read-range';
 export { AggregateError } from './tools/aggregate';
 export { LaunchError } from './launch/launcher';

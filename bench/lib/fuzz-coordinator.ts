@@ -78,7 +78,7 @@ export function helloCorpus(): Buffer[] {
 /** A drop reason (or none: handled), and the body of the coordinator's reply when it sends one at once. */
 export interface Fate {
   drop?: string;
-  reply?: 'refused' | 'status' | 'snapshot' | 'relay';
+  reply?: 'refused' | 'status' | 'snapshot' | 'relay' | 'control';
   /** An answer (file list, chunk, serve) predicted as asked by nobody: its request id. The coordinator
    *  takes it instead when that id happens to be a request it forwarded to this connection from a
    *  relay and still waits on (fuzz-router.ts reconciles those). */
@@ -124,6 +124,8 @@ export const AGENT_BODIES = perKind<BodyRule>('AgentMessage', 'body', {
   waveHead: { claims: ownRank, fate: fromThisConnection }, // rank 0 heads replica 0 (the world's only replica)
   status: { withoutMac: 'taken', fate: () => ({ reply: 'status' }) },
   relay: { withoutMac: 'refusal', fate: () => ({ reply: 'relay' }) },
+  control: { withoutMac: 'refusal', fate: () => ({ reply: 'control' }) }, // answered, armed or refused in words
+  captureResult: { claims: ownRank, fate: fromThisConnection },
   fileList: { claims: ownRank, fate: unasked },
   fileChunk: { claims: ownRank, fate: unasked },
   fileServe: { claims: ownRank, fate: unasked },
@@ -172,7 +174,7 @@ export class CoordinatorModel {
     if (data !== undefined && data.length > max) return { drop: 'oversized' };
     const rule = AGENT_BODIES[m.body ?? ''];
     if (!rule) return { drop: 'undecodable' }; // a decoded body always names a proto member
-    if (!authed && rule.withoutMac !== 'taken') return { drop: 'no_mac', ...(rule.withoutMac === 'refusal' ? { reply: 'relay' as const } : {}) };
+    if (!authed && rule.withoutMac !== 'taken') return { drop: 'no_mac', ...(rule.withoutMac === 'refusal' ? { reply: m.body === 'control' ? ('control' as const) : ('relay' as const) } : {}) };
     const claimed = rule.claims ? rule.claims(m) : -1;
     if (rule.claims && !(Number.isInteger(claimed) && claimed >= 0 && claimed < this.world)) return { drop: 'rank_out_of_range' };
     const v = peerVersionOf(m);
