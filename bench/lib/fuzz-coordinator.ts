@@ -49,6 +49,11 @@ export function agentCorpus(): Buffer[] {
     { globalRank: 0, requestId: 96, fileServe: { globalRank: 0, endpoint: 'tcp://127.0.0.1:1', serverKey: '' } },
     // a tool's relay to rank 0 (the coordinator's own reports: no agent needed)
     { requestId: 95, relay: { rank: 0, fileList: { root: 'reports', prefix: '' }, protocolVersion: PROTOCOL_VERSION } },
+    // a tool's control requests (answered: a status, an unknown arm), and agents' words on a capture
+    { requestId: 94, control: { protocolVersion: PROTOCOL_VERSION, status: {} } },
+    { requestId: 93, control: { protocolVersion: PROTOCOL_VERSION, query: { id: 'capture-1' } } },
+    { globalRank: 0, captureResult: { globalRank: 0, armId: 'capture-1', wave: 5, callDir: '/x/call0', error: '', done: true } },
+    { globalRank: 7, captureResult: { globalRank: 7, armId: 'capture-1', wave: 5, callDir: '', error: 'x', done: false } },
   ].map((m) => encodeAgentMessage(m));
   coversOneof('AgentMessage', 'body', corpusKinds(out), 'coordinator ROUTER');
   return out;

@@ -61,6 +61,7 @@ export function directCorpus(allowKey: string): Buffer[] {
     encodeCoordinatorMessage({ requestId: id(), relay: { rank: 0, error: 'x' } }),
     encodeCoordinatorMessage({ requestId: id(), refused: { protocolVersion: 1, error: 'x' } }),
     encodeCoordinatorMessage({ requestId: id(), fileServe: { allowKeys: [allowKey] } }),
+    encodeCoordinatorMessage({ requestId: id(), control: { protocolVersion: 1, error: 'x' } }),
   );
   for (const b of validChunks()) out.push(b);
   coversOneof('CoordinatorMessage', 'body', out.map((b) => (decodeCoordinatorMessage(b, MAX_REQUEST_BYTES) as { value?: { body?: string } }).value?.body), 'direct file socket');

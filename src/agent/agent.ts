@@ -199,6 +199,7 @@ export class Agent {
     if (this.view.hotReload) bits |= MailboxFeature.HOT_RELOAD;
     if (this.view.detectors.length > 0) bits |= MailboxFeature.DETECTORS;
     if (this.capturer) bits |= MailboxFeature.SNAPSHOTS;
+    if (this.live.inForce) bits |= MailboxFeature.LIVE_CAPTURES;
     return bits;
   }
 
@@ -228,6 +229,7 @@ export class Agent {
     this.duties.clearConfigs();
     this.applyConfig(s.config, 'SnapshotReply.config');
     this.live.add(s.captures);
+    this.live.seen(s.wave);
     this.mailbox?.setEpoch(s.epoch);
     // A lane of a wave already ended here was copied (its acks may still be on their way) or given up.
     for (const lane of s.pending) if (!this.ended.has(lane.wave)) this.dumpLanes.set(lane.wave, lane);
@@ -249,13 +251,14 @@ export class Agent {
     // Guarded: the log line's object would be built on every wave even with debug off.
     if (this.log.isLevelEnabled('debug')) this.log.debug({ wave, seq: w.head.seq, config: w.config?.version, dumps: w.dump?.jobs.map((j) => j.jobId) }, 'wave');
     if (w.dump) this.dumpLanes.set(wave, w.dump);
-    this.live.add(w.head.captures);
+    this.live.seen(wave);
+    if (w.head.captures?.length) this.live.add(w.head.captures);
     // Every rank takes a config at the end of its wave, through settle(): a rank whose engine is off
     // the vector goes on it now (publishFeatures), before its engine reaches that wave.
     if (w.config) this.duties.addConfig(wave, w.config.config);
     // What is due in a wave the engine has already ended is settled at once (acked, applied).
     this.settle(this.duties.knownEnded(wave));
-    if (w.config || w.dump) this.publishFeatures();
+    if (this.live.changed() || w.config || w.dump) this.publishFeatures();
     // The newest vector: every wave up to it is decided (a skipped wave has nothing due).
     this.arrive(wave, w.head.configDue, w.head.dumpDue, wave + 1, w.head.snapshotDue);
   }
@@ -305,7 +308,8 @@ export class Agent {
       case 'dueDumps':
         return { dueReqIds: await this.dueReqIds(Number(req.dueDumps.wave)) };
       case 'beforeForward':
-        return offerForward(this.capturer, this.live, this.regions, req.beforeForward, interim, () => this.stats.snapshotsWritten++);
+        // An arm may be done here now: the mailbox says so (no more waits for late vectors).
+        return offerForward(this.capturer, this.live, this.regions, req.beforeForward, interim, () => this.stats.snapshotsWritten++).finally(() => this.live.changed() && this.publishFeatures());
       case 'close':
       case 'ping':
         return {};

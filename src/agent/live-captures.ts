@@ -28,6 +28,9 @@ const MAX_ARMS = 64;
 
 export class LiveCaptures {
   private readonly arms = new Map<string, Live>();
+  /** The newest vector's wave (arms past their last wave are not in force, even if not done here). */
+  private newest = 0;
+  private reported = false;
 
   constructor(
     private readonly identity: RankIdentity,
@@ -78,6 +81,25 @@ export class LiveCaptures {
         if (old) this.arms.delete(old.arm.id);
       }
     }
+  }
+
+  /** A vector arrived (the newest wave this agent knows). */
+  seen(wave: number): void {
+    if (wave > this.newest) this.newest = wave;
+  }
+
+  /** An arm is in force on this rank (the mailbox's LIVE_CAPTURES bit). */
+  get inForce(): boolean {
+    for (const l of this.arms.values()) if (!l.done && l.arm.untilWave + 1 >= this.newest) return true;
+    return false;
+  }
+
+  /** Whether inForce changed since the last call (the agent then says so in its mailbox). */
+  changed(): boolean {
+    const now = this.inForce;
+    const changed = now !== this.reported;
+    this.reported = now;
+    return changed;
   }
 
   /** Whether an arm not done on this rank covers `wave` (the vector's snapshot_due after a snapshot). */

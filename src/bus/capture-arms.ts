@@ -114,8 +114,10 @@ export class CaptureArms {
       for (const e of list) {
         if (e.arm.replica !== replica) continue;
         if (!e.armed) {
+          // In force from the wave after the vector that carries it: every agent then knows it (and
+          // says so in its mailbox) a wave before its first forward, so a late vector is waited for.
           e.armed = true;
-          e.arm.wave = wave;
+          e.arm.wave = wave + 1;
           e.arm.untilWave = wave + e.span;
           captures.push(e.arm);
         }

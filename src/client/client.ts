@@ -333,13 +333,13 @@ export class WavebusClient {
 
   /**
    * Whether the vector of the forward's wave says snapshot_due (never under async scheduling: the
-   * seed's gating); undefined when it has not arrived and this rank's engine is on the vector.
+   * seed's gating); undefined when it has not arrived while a capture is in force here (wait for it).
    */
   private liveCaptureDue(bits: number): boolean | undefined {
     if (this.asyncScheduling) return false;
     const v = this.mailbox.read(this.forwardWave);
     if (v) return Boolean(v.snapshotDue);
-    return (bits & MailboxFeature.BUS_ACTIVE) !== 0 && !this.agentUnavailable ? undefined : false;
+    return (bits & MailboxFeature.LIVE_CAPTURES) !== 0 && !this.agentUnavailable ? undefined : false;
   }
 
   private snapshotSkipped(): BeforeForwardResult {

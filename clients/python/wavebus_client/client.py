@@ -429,13 +429,13 @@ class Client:
     def _live_capture_due(self) -> bool:
         """Snapshots off at startup: offer the forward only when its wave's vector says a capture
         armed on the running job covers it (docs/control.md). Never under async scheduling. A
-        vector not there yet, on a rank whose engine is on the vector, is waited for within the
-        bound, as end_of_wave would."""
+        vector not there yet while a capture is in force here is waited for within the bound, as
+        end_of_wave would."""
         if self.async_scheduling:
             return False
         wave = self._forward_wave()
         v = self._mb.read_wave(wave)
-        if v is None and self._mb.features & mb.FEATURE_BUS and self._mb.can_wait and not self._avail.still_unavailable():
+        if v is None and self._mb.features & mb.FEATURE_LIVE_CAPTURES and self._mb.can_wait and not self._avail.still_unavailable():
             got = self._mb.wait_wave(wave, self.call_bound_ms() / 1000)
             v = got if isinstance(got, mb.WaveVector) else None
         return v is not None and v.snapshot_due
