@@ -118,7 +118,7 @@ export class CaptureArms {
           // says so in its mailbox) a wave before its first forward, so a late vector is waited for.
           e.armed = true;
           e.arm.wave = wave + 1;
-          e.arm.untilWave = wave + e.span;
+          e.arm.untilWave = e.arm.wave + e.span;
           captures.push(e.arm);
         }
         // The engine has begun headWave: every forward up to headWave - 1 has been offered.
