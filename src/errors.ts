@@ -49,6 +49,13 @@ export class CaptureError extends WavebusError {
   }
 }
 
+/** A control request (`wavebus status / dump / capture`) the coordinator refused, or that could not reach it. */
+export class ControlError extends WavebusError {
+  constructor(message: string, code = 'ERR_CONTROL') {
+    super(code, message);
+  }
+}
+
 /** Native memory access failures (region gone, short copy, backend unavailable). */
 export class NativeError extends WavebusError {
   constructor(message: string, code = 'ERR_NATIVE') {

@@ -23,6 +23,7 @@ export {
   JsoncError,
   LaunchError,
   RootRefusedError,
+  ControlError,
 } from './errors';
 
 // ---- the processes, for embedding them instead of running `wavebus launch`

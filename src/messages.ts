@@ -7,6 +7,10 @@ export interface WaveHead {
   wave: number;
   configDue: boolean;
   dumpDue: boolean;
+  /** A capture armed on the running job covers this wave (protocol 7): engines offer its forward. */
+  snapshotDue?: boolean;
+  /** Captures armed at this head (src/bus/capture-arms.ts CaptureArmMsg). */
+  captures?: Array<Record<string, any>>;
 }
 
 /** proto AgentConfig: what every rank acts on from the runtime config (src/guard/agent-config.ts builds it). */

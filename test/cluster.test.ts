@@ -250,9 +250,18 @@ describeAsRoot('a cluster of network namespaces', () => {
     await job.until(() => job.probe.latest()?.ready, 'the two-host job to be ready', 60000);
     expect(job.probe.latest()!.json.security).toMatchObject({ curve: true, allowed_keys: 3 });
 
+    // `wavebus capture` from the workstation (namespace 2, an allowed key), armed before the engine
+    // starts: it takes effect at the engine's first head, on every rank of both stages.
+    const workstation = (args: string[]) => spawnInNetns(net.nodes[2].ns, process.execPath, [CLI, ...args, '--coordinator', `${net.nodes[0].addr}:${PORT}`, '--curve-dir', keys.hostDirs[2]]);
+    const capture = workstation(['capture', '--next', '--wait', '--timeout', '90000']);
+
     // The rogue: an agent claiming rank 3, a status poll, subscribers with its key and with none.
     const refusedBefore = Number(job.probe.latest()!.json.security.refused?.unknown_key ?? 0);
     const rogue = net.nodes[3];
+    // Control requests from the rogue's key are refused at the handshake: nothing is armed.
+    const rogueCapture = spawnInNetns(rogue.ns, process.execPath, [CLI, 'capture', '--next', '--coordinator', `${net.nodes[0].addr}:${PORT}`, '--curve-dir', keys.rogueDir, '--timeout', '10000']);
+    expect((await exitedWithin(rogueCapture, 30000)).code).toBe(3);
+    expect(rogueCapture.stderr()).toMatch(/refused this tool's CURVE key.*\[ERR_HANDSHAKE\]/);
     const rogueAgent = spawnInNetns(rogue.ns, process.execPath, [
       CLI, 'agent', '--coordinator', `${net.nodes[0].addr}:${PORT}`, '--rank', '3', '--local-rank', '1', '--world-size', '4', '--local-world-size', '2',
       '--node-rank', '1', '--tp', '2', '--pp', '2', '--run-dir', path.join(tmpDir('wavebus-cluster-rogue-'), 'run'),
@@ -299,6 +308,15 @@ describeAsRoot('a cluster of network namespaces', () => {
     expect(job.probe.latest()!.liveRanks).toEqual([0, 1, 2, 3]);
     expect(filesUnder(path.join(dir, 'rogue-dumps'))).toEqual([]);
     rogueAgent.child.kill('SIGKILL');
+    // The workstation's capture, and only it, was armed; every rank wrote the same forward's inputs.
+    const captured = await exitedWithin(capture, 120000);
+    expect({ code: captured.code, stderr: capture.stderr() }).toEqual({ code: 0, stderr: '' });
+    const bundles = [...capture.stdout().matchAll(/^rank (\d+) wave (\d+): (.+)$/gm)];
+    expect(bundles.map((m) => Number(m[1])).sort()).toEqual([0, 1, 2, 3]);
+    expect(new Set(bundles.map((m) => m[2])).size).toBe(1);
+    const st = workstation(['status', '--json']);
+    expect((await exitedWithin(st, 30000)).code).toBe(0);
+    expect(JSON.parse(st.stdout()).captures.map((c: { id: string; state: string }) => [c.id, c.state])).toEqual([['capture-1', 'done']]);
 
     // The faults are reported (coordinator, host 0) and dumped by the last stage (host 1).
     await engineDone(job, 4);

@@ -83,6 +83,8 @@ describe('a new coordinator and old peers', () => {
     // Protocol 7: with a bus token an agent challenges every new connection (BusChallenge) before
     // sending anything else, and end_of_wave / due_dumps replies say coordinator_lost; a protocol-6
     // coordinator would drop the challenge and never be believed.
+    // Protocol 7 also: captures armed on the running job travel on wave heads (snapshot_due, captures);
+    // a protocol-6 agent would ignore them and its rank would not capture the forward its peers do.
     expect(PROTOCOL_VERSION).toBe(7);
     const older = await ask([hello(1, 6)]);
     expect(older.reply?.refused.error).toMatch(/speaks version 6, the coordinator version 7; upgrade the agent/);

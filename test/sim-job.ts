@@ -4,6 +4,7 @@
 import * as fs from 'fs';
 import * as path from 'path';
 import { requestStatus, type StatusReplyMsg } from '../src/bus/coordinator';
+import { createTokenFile } from '../src/bus/auth';
 import { CLI, freePortPair, spawnTracked, spawnWavebus, tmpDir, waitFor, readManifests, type Spawned } from './helpers';
 
 export const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
@@ -32,6 +33,10 @@ export interface JobOptions {
   /** Wrap a process's argv (e.g. drop capabilities); default none. */
   wrapAgent?: (argv: string[]) => [string, string[]];
   wrapCoordinator?: (argv: string[]) => [string, string[]];
+  /** The job's bus token (a 0600 file in its dir, as `wavebus launch` makes one): coordinator and agents take it. */
+  busToken?: boolean;
+  /** Extra environment of the agents (e.g. WAVEBUS_CACHE_ROOT, their snapshot root). */
+  agentEnv?: Record<string, string>;
 }
 
 export interface RankResult {
@@ -72,6 +77,8 @@ export class Job {
   readonly kvRoot: string;
   /** With untilStopped: the engine stops stepping once this file exists. */
   readonly stopFile: string;
+  /** With busToken: the token file's path. */
+  readonly tokenFile?: string;
   port = 0;
   coordinator!: Spawned;
   agents: Spawned[] = [];
@@ -86,6 +93,7 @@ export class Job {
     this.kvRoot = o.dumpRoot ?? path.join(this.dir, 'runtime', 'report', 'kv_cache');
     this.config = o.config ?? baseConfig();
     fs.mkdirSync(this.runDir, { recursive: true, mode: 0o700 }); // a run dir must be private
+    if (o.busToken) this.tokenFile = createTokenFile(this.dir);
     this.writeConfig(this.config);
   }
 
@@ -104,10 +112,12 @@ export class Job {
     this.writeConfig(cfg);
   }
 
-  private wrap(w: JobOptions['wrapAgent'], argv: string[]): Spawned {
-    if (!w) return spawnWavebus(argv);
+  private wrap(w: JobOptions['wrapAgent'], argv: string[], env?: Record<string, string>): Spawned {
+    if (this.tokenFile) argv = [...argv, '--bus-token-file', this.tokenFile];
+    const opts = env ? { env: { ...process.env, ...env } } : {};
+    if (!w) return spawnWavebus(argv, opts);
     const [cmd, args] = w([process.execPath, CLI, ...argv]);
-    return spawnTracked(cmd, args);
+    return spawnTracked(cmd, args, opts);
   }
 
   startCoordinator(): Spawned {
@@ -130,7 +140,7 @@ export class Job {
       '--world-size', String(this.o.world), '--local-world-size', String(this.o.world), '--tp', String(this.o.world),
       '--run-dir', this.runDir, '--heartbeat-ms', String(HEARTBEAT_MS), '--end-of-wave-timeout-ms', String(this.o.boundMs ?? 200),
       '--staging-mb', '256', '--dump-root', this.kvRoot,
-    ]);
+    ], this.o.agentEnv);
     this.agents[g] = a;
     return a;
   }

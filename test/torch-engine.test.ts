@@ -113,6 +113,50 @@ test('healthy run: no incident with every detector on; a snapshot replays off-li
   expect(wrong.stdout).toContain('"bitwise_equal": false');
 }, 150000);
 
+test('wavebus capture --request on a running TP=2 job: both ranks capture the same forwards, which replay off-line bit for bit', async () => {
+  const dir = tmpDir('wavebus-torch-capture-');
+  const out = path.join(dir, 'out');
+  const runDir = path.join(dir, 'run');
+  const port = await freePort();
+  const detector: Record<string, unknown> = {};
+  for (const d of DETECTORS) detector[d] = { enabled: true };
+  // Requests arrive 30 waves apart: req-5 comes at wave 151, long after the capture is armed.
+  const launch = spawnWavebus(
+    [
+      'launch', '--nproc-per-node', '2', '--tp', '2', '--port', String(port), '--run-dir', runDir,
+      '--additional-config', JSON.stringify({ runtime_config: { detector, actions: { defaults: { on_trigger: ['report'] } } } }),
+      '--agent-arg=--end-of-wave-timeout-ms', '--agent-arg=2000',
+      '--', PYTHON, path.join(ENGINE, 'torchrun_env.py'), path.join(ENGINE, 'engine.py'), '--out', out, '--requests', '6', '--arrive-every', '30', '--max-tokens', '16',
+    ],
+    { env: { ...process.env, WAVEBUS_CACHE_ROOT: path.join(dir, 'cache') }, cwd: dir },
+  );
+  // The launcher writes the job's bus token before it starts the coordinator; the capture waits
+  // (its --timeout) for the coordinator, so it is armed before the engine's first wave.
+  const token = path.join(runDir, 'bus.token');
+  const deadline = Date.now() + 60000;
+  while (!fs.existsSync(token) && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
+  const cap = spawnWavebus(['capture', '--coordinator', `127.0.0.1:${port}`, '--bus-token-file', token, '--request', 'req-5', '--max-captures', '2', '--wait', '--timeout', '300000']);
+  const capExit = await cap.exited;
+  expect({ code: capExit.code, stderr: cap.stderr() }).toEqual({ code: 0, stderr: '' });
+  const { code } = await launch.exited;
+  if (code !== 0) throw new Error(`launch exited ${code}\n${launch.stdout().slice(-4000)}\n${launch.stderr().slice(-6000)}`);
+  const bundles = [...cap.stdout().matchAll(/^rank (\d+) wave (\d+): (.+)$/gm)].map((m) => ({ rank: Number(m[1]), wave: Number(m[2]), dir: m[3] }));
+  // Two forwards of req-5 (its prefill and first decode), the same ones on both ranks.
+  expect(bundles.filter((b) => b.rank === 0).map((b) => b.wave)).toEqual(bundles.filter((b) => b.rank === 1).map((b) => b.wave));
+  expect(bundles.length).toBe(4);
+  const snaps = path.join(dir, 'cache', 'snapshots', 'torch-engine-tp2');
+  for (const b of bundles.filter((x) => x.rank === 0)) {
+    expect(path.dirname(path.dirname(b.dir))).toBe(snaps);
+    const meta = JSON.parse(fs.readFileSync(path.join(b.dir, 'meta.json'), 'utf8'));
+    expect(meta.selected_by).toEqual(['request']);
+    expect(meta.matches.map((m: { request_id: string }) => m.request_id)).toEqual(['req-5']);
+    const r = python([path.join(ENGINE, 'replay.py'), '--snapshots', snaps, '--call', path.basename(b.dir).slice(4), '--engine-out', out]);
+    if (r.code !== 0) throw new Error(`replay ${b.dir}: ${r.stdout}${r.stderr}`);
+    const lines = r.stdout.trim().split('\n').map((l) => JSON.parse(l));
+    expect(lines.map((l) => [l.rank, l.bitwise_equal, l.max_abs_diff])).toEqual([[0, true, 0], [1, true, 0]]);
+  }
+}, 300000);
+
 test('real repetition loop: token_repeat report and KV dump, bit-exact to every rank\'s pool; TP=2 assembled vs TP=1', async () => {
   const args = ['--max-tokens', '48'];
   const [tp2, tp1] = [await runEngine({ tp: 2, detectors: ['token_repeat'], engineArgs: args }), await runEngine({ tp: 1, detectors: ['token_repeat'], engineArgs: args })];

@@ -52,6 +52,11 @@ export function agentCorpus(): Buffer[] {
     { globalRank: 0, challenge: { nonce: Buffer.alloc(16, 7) } },
     // a tool's relay to rank 0 (the coordinator's own reports: no agent needed)
     { requestId: 95, relay: { rank: 0, fileList: { root: 'reports', prefix: '' }, protocolVersion: PROTOCOL_VERSION } },
+    // a tool's control requests (answered: a status, an unknown arm), and agents' words on a capture
+    { requestId: 94, control: { protocolVersion: PROTOCOL_VERSION, status: {} } },
+    { requestId: 93, control: { protocolVersion: PROTOCOL_VERSION, query: { id: 'capture-1' } } },
+    { globalRank: 0, captureResult: { globalRank: 0, armId: 'capture-1', wave: 5, callDir: '/x/call0', error: '', done: true } },
+    { globalRank: 7, captureResult: { globalRank: 7, armId: 'capture-1', wave: 5, callDir: '', error: 'x', done: false } },
   ].map((m) => encodeAgentMessage(m));
   coversOneof('AgentMessage', 'body', corpusKinds(out), 'coordinator ROUTER');
   return out;
@@ -81,7 +86,7 @@ export function helloCorpus(): Buffer[] {
 /** A drop reason (or none: handled), and the body of the coordinator's reply when it sends one at once. */
 export interface Fate {
   drop?: string;
-  reply?: 'refused' | 'status' | 'snapshot' | 'relay' | 'proof';
+  reply?: 'refused' | 'status' | 'snapshot' | 'relay' | 'proof' | 'control';
   /** An answer (file list, chunk, serve) predicted as asked by nobody: its request id. The coordinator
    *  takes it instead when that id happens to be a request it forwarded to this connection from a
    *  relay and still waits on (fuzz-router.ts reconciles those). */
@@ -129,6 +134,8 @@ export const AGENT_BODIES = perKind<BodyRule>('AgentMessage', 'body', {
   waveHead: { claims: ownRank, fate: fromThisConnection }, // rank 0 heads replica 0 (the world's only replica)
   status: { withoutMac: 'taken', fate: () => ({ reply: 'status' }) },
   relay: { withoutMac: 'refusal', fate: () => ({ reply: 'relay' }) },
+  control: { withoutMac: 'refusal', fate: () => ({ reply: 'control' }) }, // answered, armed or refused in words
+  captureResult: { claims: ownRank, fate: fromThisConnection },
   fileList: { claims: ownRank, fate: unasked },
   fileChunk: { claims: ownRank, fate: unasked },
   fileServe: { claims: ownRank, fate: unasked },
@@ -181,7 +188,7 @@ export class CoordinatorModel {
     if (data !== undefined && m.body !== 'fileChunk') return { drop: 'frame_count' };
     const rule = AGENT_BODIES[m.body ?? ''];
     if (!rule) return { drop: 'undecodable' }; // a decoded body always names a proto member
-    if (!authed && rule.withoutMac !== 'taken') return { drop: 'no_mac', ...(rule.withoutMac === 'refusal' ? { reply: 'relay' as const } : {}) };
+    if (!authed && rule.withoutMac !== 'taken') return { drop: 'no_mac', ...(rule.withoutMac === 'refusal' ? { reply: m.body === 'control' ? ('control' as const) : ('relay' as const) } : {}) };
     const claimed = rule.claims ? rule.claims(m) : -1;
     if (rule.claims && !(Number.isInteger(claimed) && claimed >= 0 && claimed < this.world)) return { drop: 'rank_out_of_range' };
     const v = peerVersionOf(m);

@@ -24,7 +24,8 @@ import { agentEndpoint, mailboxPath } from '../paths';
 import { claimRunDir } from '../launch/run-dir';
 import { bindClientSocket, ClientServer } from './client-server';
 import { busRoleLine } from './bus-role';
-import { captureInputs, inputCapturer } from './input-capture';
+import { inputCapturer } from './input-capture';
+import { LiveCaptures, offerForward } from './live-captures';
 import { DEFAULT_VIEW, viewOf, type RuntimeView } from './runtime-view';
 import type { SnapshotCapturer } from '../snapshot/capture';
 import { checkSnapshotGating } from '../snapshot/config';
@@ -56,6 +57,8 @@ export class Agent {
   /** The dumps root served now: the bus's dump.dump_dir when it narrows the local root, else the local root. */
   private servedDumps?: string;
   private readonly capturer?: SnapshotCapturer;
+  /** Input snapshots armed on the running job (`wavebus capture`). */
+  private readonly live: LiveCaptures;
   private bus?: AgentBus;
   private router?: zmq.Router;
   private mailbox?: MailboxWriter;
@@ -105,6 +108,7 @@ export class Agent {
       () => this.stopped,
     );
     this.capturer = inputCapturer(opts.snapshot, opts.identity, this.log, opts.artifactModes);
+    this.live = new LiveCaptures(opts.identity, opts.snapshot?.snapshotRoot ?? opts.roots?.snapshots, this.log, (r) => this.bus?.sendCaptureResult(r), opts.artifactModes);
   }
 
   /** The rank that heads its replica's wave stream (last-PP TP0, CP 0): it relays its engine's wave heads. */
@@ -199,6 +203,7 @@ export class Agent {
     if (this.view.hotReload) bits |= MailboxFeature.HOT_RELOAD;
     if (this.view.detectors.length > 0) bits |= MailboxFeature.DETECTORS;
     if (this.capturer) bits |= MailboxFeature.SNAPSHOTS;
+    if (this.live.inForce) bits |= MailboxFeature.LIVE_CAPTURES;
     return bits;
   }
 
@@ -227,6 +232,8 @@ export class Agent {
     // The snapshot's config is the one in force now (configs it supersedes are dropped).
     this.duties.clearConfigs();
     this.applyConfig(s.config, 'SnapshotReply.config');
+    this.live.add(s.captures);
+    this.live.seen(s.wave);
     this.mailbox?.setEpoch(s.epoch);
     // A lane of a wave already ended here was copied (its acks may still be on their way) or given up.
     for (const lane of s.pending) if (!this.ended.has(lane.wave)) this.dumpLanes.set(lane.wave, lane);
@@ -248,14 +255,16 @@ export class Agent {
     // Guarded: the log line's object would be built on every wave even with debug off.
     if (this.log.isLevelEnabled('debug')) this.log.debug({ wave, seq: w.head.seq, config: w.config?.version, dumps: w.dump?.jobs.map((j) => j.jobId) }, 'wave');
     if (w.dump) this.dumpLanes.set(wave, w.dump);
+    this.live.seen(wave);
+    if (w.head.captures?.length) this.live.add(w.head.captures);
     // Every rank takes a config at the end of its wave, through settle(): a rank whose engine is off
     // the vector goes on it now (publishFeatures), before its engine reaches that wave.
     if (w.config) this.duties.addConfig(wave, w.config.config);
     // What is due in a wave the engine has already ended is settled at once (acked, applied).
     this.settle(this.duties.knownEnded(wave));
-    if (w.config || w.dump) this.publishFeatures();
+    if (this.live.changed() || w.config || w.dump) this.publishFeatures();
     // The newest vector: every wave up to it is decided (a skipped wave has nothing due).
-    this.arrive(wave, w.head.configDue, w.head.dumpDue, wave + 1);
+    this.arrive(wave, w.head.configDue, w.head.dumpDue, wave + 1, w.head.snapshotDue);
   }
 
   /** The engine has ended every wave up to `upTo` (`copyAt`: the one ending now): wave-duties.ts. */
@@ -267,8 +276,8 @@ export class Agent {
    * Wave `wave`'s vector is known: publish it to the engine (with the floor after it, when given)
    * and wake end_of_wave waiters.
    */
-  private arrive(wave: number, configDue: boolean, dumpDue: boolean, floor?: number): void {
-    this.mailbox?.publish({ wave, configDue, dumpDue }, floor);
+  private arrive(wave: number, configDue: boolean, dumpDue: boolean, floor?: number, snapshotDue = this.live.covers(wave)): void {
+    this.mailbox?.publish({ wave, configDue, dumpDue, snapshotDue }, floor);
     this.waves.arrive(wave, floor);
     this.duties.forgetBefore(wave - WAVE_HISTORY);
   }
@@ -303,8 +312,8 @@ export class Agent {
       case 'dueDumps':
         return this.dueDumps(Number(req.dueDumps.wave));
       case 'beforeForward':
-        if (!this.capturer) return { captured: false };
-        return captureInputs(this.capturer, this.regions, req.beforeForward, interim, () => this.stats.snapshotsWritten++);
+        // An arm may be done here now: the mailbox says so (no more waits for late vectors).
+        return offerForward(this.capturer, this.live, this.regions, req.beforeForward, interim, () => this.stats.snapshotsWritten++).finally(() => this.live.changed() && this.publishFeatures());
       case 'close':
       case 'ping':
         return {};

@@ -15,6 +15,8 @@ export interface BeforeForwardRequest {
   inputs: { region: string; offset: number; dtype: string; shape: number[] }[];
   acceptByUnixMs?: number | string;
   finishByUnixMs?: number | string;
+  /** The engine's wave this forward belongs to (0: unknown). */
+  wave?: number | string;
 }
 
 /** The agent's input-snapshot capturer: none unless snapshots are on (--snapshot). */

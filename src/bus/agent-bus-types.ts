@@ -55,6 +55,8 @@ export interface SnapshotReplyMsg {
   protocolVersion: number;
   /** The head of wave N publishes the vector of N + this (lookahead + pp - 1, src/bus/constants.ts). */
   decideAhead: number;
+  /** Captures armed on the running job and in force for this replica (protocol 7; CaptureArm). */
+  captures?: Record<string, any>[];
 }
 
 export type ResyncReason = 'gap' | 'epoch' | 'coordinator-silent' | 'reconnect';

@@ -174,6 +174,11 @@ export class AgentBus extends EventEmitter {
     this.send({ dumpResult: { ...result, globalRank: this.rank } });
   }
 
+  /** An input snapshot armed on the running job: a bundle written, a failure, or the arm done here. */
+  sendCaptureResult(result: Record<string, unknown>): void {
+    this.send({ captureResult: { ...result, globalRank: this.rank } });
+  }
+
   private send(body: Record<string, unknown>, requestId = 0): void {
     if (!this.running) return;
     const payload = payloadOf(body);

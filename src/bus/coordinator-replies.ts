@@ -98,5 +98,6 @@ export function snapshotReply(c: Coordinator, replica: number): Record<string, u
     manualDumpDone: cfg.manualDumpDone,
     protocolVersion: PROTOCOL_VERSION,
     decideAhead: c.decideAhead,
+    captures: c.control.captures.inForce(replica),
   };
 }

@@ -25,6 +25,7 @@ import { bindServerSockets } from './server-sockets';
 import { receiveLoop } from './receive-loop';
 import { admitRouterMessage, openRouterMessage, type Admission } from './router-inbox';
 import { VersionGate } from './protocol-version';
+import { CoordinatorControl } from './coordinator-control';
 import type { ZapHandler } from './zap-handler';
 import type { CoordinatorPolicy } from './policy';
 import type { CoordinatorOptions, CoordinatorStats } from './coordinator-options';
@@ -69,6 +70,8 @@ export class Coordinator extends EventEmitter {
   private readonly admission: Admission;
   /** Late and missed wave vectors per rank, from the agents' heartbeats (/metrics, /healthz). */
   readonly vectors = new VectorMetrics();
+  /** `wavebus status / dump / capture` (coordinator-control.ts), and the captures armed by them. */
+  readonly control: CoordinatorControl;
   /** One rank's dump ack: counted in the ledger once (coordinator-dumps.ts). */
   private readonly onDumpResult: (result: DumpResult) => void;
   private readyEmitted = false;
@@ -113,6 +116,7 @@ export class Coordinator extends EventEmitter {
       },
     });
     this.ledger = opts.policy?.ledger ?? new DumpLedger({ ackTimeoutMs: this.dumpAckTimeoutMs, layout: this.layout, log: this.log });
+    this.control = new CoordinatorControl(this, (route, m) => this.reply(route, m));
     this.onDumpResult = dumpAckHandler({ ledger: this.ledger, metrics: this.metrics, log: this.log, policy: this.policy, timeoutMs: this.dumpAckTimeoutMs, emit: (e, a) => this.emit(e, a) });
     this.streams = new WaveStreams({
       layout: this.layout,
@@ -125,18 +129,14 @@ export class Coordinator extends EventEmitter {
       metrics: this.metrics,
       log: this.log,
       onPublished: () => this.stats.published++,
+      captures: this.control.captures,
     });
     this.agentRequests = new AgentRequests(this.rankTable, (route, msg, payload) => this.reply(route, msg, payload), this.drops, () => this.running, () => (this.opts.curve ? [...this.opts.curve.allow.keys()] : undefined), () => this.stats.relaysRefusedBusy++);
     if (opts.ownFiles) this.ownFiles = new CoordinatorFiles(opts.ownFiles, this.expectedRanks[0] ?? 0, this.log);
   }
 
-  get pubEndpoint(): string {
-    return tcpEndpoint(this.host, this.port);
-  }
-
-  get routerEndpoint(): string {
-    return tcpEndpoint(this.host, this.port + 1);
-  }
+  get pubEndpoint(): string { return tcpEndpoint(this.host, this.port); } // prettier-ignore
+  get routerEndpoint(): string { return tcpEndpoint(this.host, this.port + 1); } // prettier-ignore
 
   /** Where /healthz and /metrics are served, when enabled. */
   get metricsAddress(): { host: string; port: number } | undefined {
@@ -144,9 +144,7 @@ export class Coordinator extends EventEmitter {
   }
 
   /** Whether PUB and ROUTER are CURVE servers. */
-  get curve(): boolean {
-    return this.opts.curve !== undefined;
-  }
+  get curve(): boolean { return this.opts.curve !== undefined; } // prettier-ignore
 
   async start(): Promise<void> {
     if (this.running) return;
@@ -213,13 +211,8 @@ export class Coordinator extends EventEmitter {
   }
 
   /** Replica 0's stream position (a job without DP has only that one). */
-  get seq(): number {
-    return this.streams.stream(0).seq;
-  }
-
-  get wave(): number {
-    return this.streams.stream(0).wave;
-  }
+  get seq(): number { return this.streams.stream(0).seq; } // prettier-ignore
+  get wave(): number { return this.streams.stream(0).wave; } // prettier-ignore
 
   /** `payload`: a frame forwarded as it arrived after the message (a relayed chunk's data, payload.ts). */
   private reply(routingId: Buffer, msg: Record<string, unknown>, payload?: Buffer): void {
@@ -340,6 +333,7 @@ export class Coordinator extends EventEmitter {
         s.subscribed = false;
         s.pid = id.pid ?? 0;
         s.host = id.host ?? '';
+        this.control.hello(r, msg.hello.protocolVersion);
         // Readiness handshake: the agent waits for any frame on its SUB before asking for a snapshot.
         this.heartbeatSoon();
         return;
@@ -383,6 +377,9 @@ export class Coordinator extends EventEmitter {
         this.reply(routingId, { requestId: msg.requestId, proof: { nonce } });
         return;
       }
+      case 'control':
+      case 'captureResult':
+        return this.control.onMessage(routingId, rank, msg);
       case 'relay':
         this.emit('relay');
         if (CoordinatorFiles.wants(msg)) this.answerOwnFiles(routingId, msg);
@@ -404,7 +401,6 @@ export class Coordinator extends EventEmitter {
     const send = (route: Buffer, m: Record<string, unknown>, payload?: Buffer) => this.reply(route, m, payload);
     (this.ownFiles ?? CoordinatorFiles.none).answer(routingId, msg, this.epoch, send).catch((e) => this.log.warn({ err: String(e) }, "answering a request for the coordinator's own files failed"));
   }
-
 }
 
 export { requestStatus, type StatusReplyMsg } from './status-client';

@@ -18,10 +18,10 @@ export function versionMismatch(peer: string, peerVersion: number, self: string,
   return `bus protocol mismatch: the ${peer} speaks ${shown(peerVersion)}, the ${self} ${shown(selfVersion)}; upgrade the ${older} so both speak the same version`;
 }
 
-/** The version a hello, status or relay request carries; undefined for messages that carry none. */
+/** The version a hello, status, relay or control request carries; undefined for messages that carry none. */
 export function peerVersionOf(msg: { body?: string } & Record<string, any>): number | undefined {
-  const carrier = msg.body === 'hello' ? msg.hello : msg.body === 'status' ? msg.status : msg.body === 'relay' ? msg.relay : undefined;
-  return msg.body === 'hello' || msg.body === 'status' || msg.body === 'relay' ? Number(carrier?.protocolVersion ?? 0) : undefined;
+  const carrier = msg.body === 'hello' ? msg.hello : msg.body === 'status' ? msg.status : msg.body === 'relay' ? msg.relay : msg.body === 'control' ? msg.control : undefined;
+  return msg.body === 'hello' || msg.body === 'status' || msg.body === 'relay' || msg.body === 'control' ? Number(carrier?.protocolVersion ?? 0) : undefined;
 }
 
 export type GateResult = { action: 'ok' } | { action: 'refuse'; peerVersion: number; error: string } | { action: 'drop' };

@@ -9,6 +9,7 @@ import type { ColumnScratch } from '../client/telemetry';
 import type { BusToken } from './auth';
 import { decodeAgentMessage, type AgentMsg, type DropCounter } from './frames';
 import { PROTOCOL_VERSION, type VersionGate } from './protocol-version';
+import { AgentMessage } from '../proto';
 
 export interface RouterMessage {
   routingId: Buffer;
@@ -64,9 +65,13 @@ export function openRouterMessage(parts: Buffer[], maxFrameBytes: number, token:
 
 /** The largest message read without the bus token's MAC: a status or relay request is a few dozen bytes. */
 export const MAX_UNAUTHENTICATED_BYTES = 4096;
-/** AgentMessage's body fields a message without the MAC may carry: status (answered) and relay (refused with a reason). */
-const STATUS_FIELD = 10;
-const RELAY_FIELD = 12;
+/** AgentMessage's body fields a message without the MAC may carry: status (answered), relay and control (refused with a reason). */
+const bodyField = (name: string): number => AgentMessage.fields[name].id;
+const STATUS_FIELD = bodyField('status');
+const RELAY_FIELD = bodyField('relay');
+const CONTROL_FIELD = bodyField('control');
+/** The field numbers of AgentMessage's oneof body, from the schema. */
+const BODY_FIELDS = new Set(AgentMessage.oneofs.body.fieldsArray.map((f) => f.id));
 
 /**
  * Why a message without the bus token's MAC is not read any further (undefined: it is a small
@@ -75,13 +80,13 @@ const RELAY_FIELD = 12;
  */
 export function unauthenticatedRefusal(payload: Buffer, data: Buffer | undefined): string | undefined {
   if (data !== undefined) return `a message of ${payload.length} bytes with a data frame, without the bus token's MAC`;
-  if (payload.length > MAX_UNAUTHENTICATED_BYTES) return `${payload.length} bytes without the bus token's MAC (only a status request of at most ${MAX_UNAUTHENTICATED_BYTES} bytes is read without it)`;
+  if (payload.length > MAX_UNAUTHENTICATED_BYTES) return `${payload.length} bytes without the bus token's MAC (only a status, relay or control request of at most ${MAX_UNAUTHENTICATED_BYTES} bytes is read without it)`;
   const body = lastBodyField(payload);
-  if (body === STATUS_FIELD || body === RELAY_FIELD) return undefined;
+  if (body === STATUS_FIELD || body === RELAY_FIELD || body === CONTROL_FIELD) return undefined;
   return `a message ${body === undefined ? 'that does not parse' : `with body field ${body}`} without the bus token's MAC`;
 }
 
-/** The field number of the last top-level length-delimited field in 3..13 (AgentMessage's oneof body), or undefined. */
+/** The field number of the last top-level length-delimited field of AgentMessage's oneof body, or undefined. */
 function lastBodyField(b: Buffer): number | undefined {
   const r = protobuf.Reader.create(b);
   let body: number | undefined;
@@ -89,7 +94,7 @@ function lastBodyField(b: Buffer): number | undefined {
     while (r.pos < r.len) {
       const tag = r.uint32();
       const id = tag >>> 3;
-      if ((tag & 7) === 2 && id >= 3 && id <= 13 && id !== 11) body = id;
+      if ((tag & 7) === 2 && BODY_FIELDS.has(id)) body = id;
       r.skipType(tag & 7);
     }
   } catch {
@@ -119,12 +124,16 @@ export function admitRouterMessage(opened: RouterMessage, a: Admission): number 
     if (msg.body === 'relay') {
       a.reply(routingId, { requestId: msg.requestId, relay: { rank: Number(msg.relay?.rank ?? 0), protocolVersion: PROTOCOL_VERSION, error: 'this coordinator requires the bus token for relay requests (--bus-token-file, or WAVEBUS_BUS_TOKEN_FILE)' } });
     }
+    // A control request is refused in words too (nothing armed), so the tool says why at once.
+    if (msg.body === 'control') {
+      a.reply(routingId, { requestId: msg.requestId, control: { protocolVersion: PROTOCOL_VERSION, errorCode: 'ERR_CONTROL_REFUSED', error: 'this coordinator requires the bus token for control requests (--bus-token-file, or WAVEBUS_BUS_TOKEN_FILE); nothing was armed' } });
+    }
     return undefined;
   }
   const rank: number = msg.globalRank;
   // A snapshot request names its rank in its body too: that one is the rank it is answered for.
   const claimed = msg.body === 'hello' ? (msg.hello?.identity?.globalRank ?? rank) : msg.body === 'snapshot' ? (msg.snapshot?.globalRank ?? rank) : rank;
-  if (msg.body !== 'status' && msg.body !== 'relay' && !(Number.isInteger(claimed) && claimed >= 0 && claimed < a.worldSize)) {
+  if (msg.body !== 'status' && msg.body !== 'relay' && msg.body !== 'control' && !(Number.isInteger(claimed) && claimed >= 0 && claimed < a.worldSize)) {
     a.drops.drop('rank_out_of_range', `rank ${claimed} of a world of ${a.worldSize}`);
     return undefined;
   }

@@ -12,6 +12,7 @@ import type { DumpLedger } from '../guard/dump-ledger';
 import { jobIdOf } from '../guard/dump-names';
 import { encodeBusFrame, type FrameKind } from './frames';
 import type { CoordinatorPolicy, DueLanes } from './policy';
+import type { CaptureArms } from './capture-arms';
 
 export interface ConfigDue {
   version: number;
@@ -43,6 +44,8 @@ export interface StreamDeps {
   metrics: ReturnType<typeof busMetrics>;
   log: Logger;
   onPublished(): void;
+  /** Input snapshots armed on the running job (capture-arms.ts): their heads say snapshot_due. */
+  captures?: CaptureArms;
 }
 
 /**
@@ -148,8 +151,9 @@ export class WaveStreams {
     if (headWave < s.wave) log.warn({ replica, wave: headWave, previous: s.wave }, 'wave went backwards (engine restarted?)');
     // The stream's `wave` (status, heartbeats, snapshots) is the engine's: the last head; its vector is wave + decideAheadWaves(pp).
     s.wave = headWave;
-    const head: WaveHead = { epoch: this.deps.epoch(), seq: s.seq + 1, wave, configDue: config !== undefined, dumpDue: jobs.length > 0 };
-    this.publish(s, 'head', { ...head });
+    const cap = this.deps.captures?.atHead(replica, headWave, wave);
+    const head: WaveHead = { epoch: this.deps.epoch(), seq: s.seq + 1, wave, configDue: config !== undefined, dumpDue: jobs.length > 0, snapshotDue: cap?.snapshotDue ?? false };
+    this.publish(s, 'head', cap && cap.captures.length > 0 ? { ...head, captures: cap.captures } : { ...head });
     metrics.waves.inc();
     if (config) {
       this.publish(s, 'config', { wave, version: config.version, config: config.config });

@@ -48,6 +48,9 @@ export class WavebusClient {
   private readonly head: WaveHeadSender;
   private readonly hello: AgentHello;
   private ping: Promise<unknown> | null = null;
+  /** The engine's last waveHead and endOfWave waves: which wave a forward belongs to (liveCaptureDue). */
+  private headWave = 0;
+  private endedWave = 0;
   private readonly pending: PendingDumps;
   private readonly stall: VectorStall;
 
@@ -160,6 +163,7 @@ export class WavebusClient {
   waveHead(wave: number, telemetry?: WaveTelemetry): Promise<void> {
     const bad = waveError(wave, 'waveHead');
     if (bad) return bad;
+    this.headWave = wave;
     const bits = this.mailbox.features();
     if (bits === 0) {
       this.head.reset(); // requests freed meanwhile go unseen: start over when sending again
@@ -202,6 +206,7 @@ export class WavebusClient {
   endOfWave(wave: number): Promise<EndOfWaveResult> {
     const bad = waveError(wave, 'endOfWave');
     if (bad) return bad;
+    this.endedWave = wave;
     this.stats.endOfWaveCalls++;
     this.pending.ended(wave);
     const bits = this.mailbox.features();
@@ -317,7 +322,25 @@ export class WavebusClient {
     context: Context,
     inputs: Inputs,
   ): Promise<BeforeForwardResult> {
-    if ((this.mailbox.features() & MailboxFeature.SNAPSHOTS) === 0) return NOT_CAPTURED;
+    // Snapshots off at startup: a forward is offered only when its wave's vector says a capture
+    // armed on the running job covers it (docs/control.md): a memory load, no system call.
+    const bits = this.mailbox.features();
+    if ((bits & MailboxFeature.SNAPSHOTS) === 0) {
+      const due = this.liveCaptureDue(bits);
+      if (due === false) return NOT_CAPTURED;
+      if (due === undefined) return this.afterVector(context, inputs);
+    }
+    return this.offer(context, inputs);
+  }
+
+  /** The forward's vector is late (a rank on the vector): wait for it within the bound, as endOfWave would, then offer if due. */
+  private async afterVector(context: Context, inputs: Inputs): Promise<BeforeForwardResult> {
+    const got = await this.mailbox.waitFor(this.forwardWave, this.callBoundMs()).catch(() => 'timeout' as const);
+    if (typeof got === 'string' || !got.snapshotDue) return { captured: false };
+    return this.offer(context, inputs);
+  }
+
+  private offer(context: Context, inputs: Inputs): Promise<BeforeForwardResult> {
     for (const [i, inp] of inputs.entries()) {
       if (!this.hello.registered.some((r) => r.name === inp.region)) {
         return Promise.reject(new ConfigError(`beforeForward(): inputs[${i}].region '${inp.region}' is not a registered region`));
@@ -325,6 +348,22 @@ export class WavebusClient {
     }
     if (this.agentUnavailable) return Promise.resolve(this.snapshotSkipped());
     return this.capture(context, inputs);
+  }
+
+  /** The wave a forward now belongs to: the last head's, or the one after the last ended. */
+  private get forwardWave(): number {
+    return Math.max(this.headWave, this.endedWave + 1);
+  }
+
+  /**
+   * Whether the vector of the forward's wave says snapshot_due (never under async scheduling: the
+   * seed's gating); undefined when it has not arrived while a capture is in force here (wait for it).
+   */
+  private liveCaptureDue(bits: number): boolean | undefined {
+    if (this.asyncScheduling) return false;
+    const v = this.mailbox.read(this.forwardWave);
+    if (v) return Boolean(v.snapshotDue);
+    return (bits & MailboxFeature.LIVE_CAPTURES) !== 0 && !this.agentUnavailable ? undefined : false;
   }
 
   private snapshotSkipped(): BeforeForwardResult {
@@ -363,6 +402,7 @@ export class WavebusClient {
         inputs: inputs.map((x) => ({ region: x.region, offset: x.offset ?? 0, dtype: x.dtype, shape: x.shape })),
         acceptByUnixMs: acceptBy,
         finishByUnixMs: acceptBy + this.bounds.capture,
+        wave: this.forwardWave,
       },
     };
     let reply: Reply;

@@ -15,6 +15,8 @@ export const MailboxFeature = {
   HOT_RELOAD: 2,
   DETECTORS: 4,
   SNAPSHOTS: 8,
+  /** A capture armed on the running job is in force here: a forward whose vector is late is waited for (docs/control.md). */
+  LIVE_CAPTURES: 16,
 } as const;
 
 /** Layout constants (from the addon, the single source of truth). */

@@ -24,6 +24,7 @@ import type { KeepIds } from './step-pass';
 import { ReplicaState } from './replica-state';
 import { replicaHead, type WorldLayout } from '../layout';
 import { IncidentReport, writeReport } from './reports';
+import { ManualArms, type ManualArmJob } from './manual-arms';
 import { TelemetryColumnizer } from '../client/telemetry';
 import { dumpRootOf, loadStartupConfig, StartupConfig, StartupIssue, StartupOptions } from './startup';
 
@@ -72,6 +73,8 @@ export class Guard implements CoordinatorPolicy {
   private readonly incidents: Record<string, Record<string, number>> = {};
   private readonly metric: Counter<'incident_type' | 'action'>;
   private readonly startupIssues: StartupIssue[];
+  /** Manual dumps asked for by `wavebus dump` (docs/control.md). */
+  readonly manualArms = new ManualArms();
 
   constructor(opts: GuardOptions) {
     this.opts = opts;
@@ -347,23 +350,34 @@ export class Guard implements CoordinatorPolicy {
   }
 
   /**
-   * dump.manual_dump watermark, per replica: while a replica is behind it, one manual dump of all
-   * its running requests per wave head of that replica (so one raise reaches every replica).
+   * dump.manual_dump watermark, per replica: while a replica is behind it, one manual dump of all its running requests per
+   * head of that replica (one raise reaches every replica). Then what `wavebus dump` asked of it (manual-arms.ts), the same way.
    */
   private manualTrigger(rs: ReplicaState, detectWave: number, wave: number, dumps: DumpJob[]): void {
-    if (this.cfg.dump.manual_dump <= rs.manualDone) return;
-    rs.manualDone++;
-    const running = [...rs.requests.reqs.values()].filter((st) => !st.finished && !st.freed);
-    this.log.info({ dp_rank: rs.replica, wave, manual_dump: this.cfg.dump.manual_dump, done: rs.manualDone, requests: running.length }, 'manual dump');
+    if (this.cfg.dump.manual_dump > rs.manualDone) {
+      rs.manualDone++;
+      this.manualDump(rs, detectWave, wave, dumps, () => true, { manual_dump: rs.manualDone });
+    }
+    for (const arm of this.manualArms.take(rs.replica)) {
+      arm.armed.set(rs.replica, { wave, jobs: this.manualDump(rs, detectWave, wave, dumps, (id) => ManualArms.wants(arm, id), { manual_request: arm.id }) });
+    }
+  }
+
+  private manualDump(rs: ReplicaState, detectWave: number, wave: number, dumps: DumpJob[], wants: (reqId: string) => boolean, info: Record<string, unknown>): ManualArmJob[] {
+    const running = [...rs.requests.reqs.values()].filter((st) => !st.finished && !st.freed && wants(st.reqId));
+    this.log.info({ dp_rank: rs.replica, wave, ...info, requests: running.length }, 'manual dump');
     if (running.length === 0) {
-      this.ledger.refuse(this.dumpRoot(), { incidentType: MANUAL_TRIGGER, reqId: '', wave, replica: rs.replica, reason: 'no_dump_targets' });
+      const dir = this.ledger.refuse(this.dumpRoot(), { incidentType: MANUAL_TRIGGER, reqId: '', wave, replica: rs.replica, reason: 'no_dump_targets' });
       this.count(MANUAL_TRIGGER, 'dump_skipped');
-      return;
+      return [{ jobId: '', dir: dir.replace(/[/\\]dump_skipped\.json$/, ''), skippedReason: 'no_dump_targets' }];
     }
+    const out: ManualArmJob[] = [];
     for (const st of running) {
-      const r = this.armOne(rs, MANUAL_TRIGGER, st, detectWave, wave, dumps, { manual_dump: rs.manualDone });
+      const r = this.armOne(rs, MANUAL_TRIGGER, st, detectWave, wave, dumps, info);
       this.count(MANUAL_TRIGGER, r.job ? 'dump_kv' : r.dir ? 'dump_skipped' : r.failed ? 'dump_failed' : 'duplicate');
+      if (r.job || r.dir) out.push(r.job ? { jobId: r.job.jobId, dir: r.job.dumpDir } : { jobId: '', dir: r.dir!.replace(/[/\\]dump_skipped\.json$/, ''), skippedReason: r.skipped });
     }
+    return out;
   }
 
   status(): Record<string, unknown> {

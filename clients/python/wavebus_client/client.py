@@ -56,6 +56,9 @@ class Client:
         self.endpoint = endpoint
         self.mailbox_path = mailbox_path
         self.async_scheduling = bool(async_scheduling)
+        # The engine's last wave_head and end_of_wave waves: which wave a forward belongs to.
+        self._head_wave = 0
+        self._ended_wave = 0
         self.hello_timeout_ms = hello_timeout_ms
         self.capture_timeout_ms = capture_timeout_ms
         self.end_of_wave_margin_ms = end_of_wave_margin_ms
@@ -272,6 +275,7 @@ class Client:
         """Mark the head of ``wave`` (with the telemetry of the previous wave). Only TP0 of the last
         PP stage sends, only while the bus is active; never waits for the answer. True if sent."""
         check_wave(wave, "wave_head()")
+        self._head_wave = wave
         feats = self._mb.features
         if not feats & mb.FEATURE_BUS:  # also covers "everything off"
             self._head.reset()  # requests freed meanwhile go unseen: start over when sending again
@@ -305,6 +309,7 @@ class Client:
         """End ``wave``. Returns at once when its vector is in the mailbox with nothing due; else asks
         the agent to do what is due, waiting at most the bound (then timed_out=True)."""
         check_wave(wave, "end_of_wave()")
+        self._ended_wave = wave
         self._pending.ended(wave)
         if not self._mb.features & mb.FEATURE_BUS:  # also covers "everything off"
             return EndOfWaveResult(wave)
@@ -397,7 +402,7 @@ class Client:
         are on. Raises CaptureError when a selected capture failed: abort the forward. An agent that
         does not answer within the call bound is not a failed capture: (False, "") with
         ``agent_unavailable`` set, and the forward goes on."""
-        if not self._mb.features & mb.FEATURE_SNAPSHOTS:
+        if not self._mb.features & mb.FEATURE_SNAPSHOTS and not self._live_capture_due():
             return False, ""
         ctx = context_proto(context)
         if not isinstance(inputs, (list, tuple)):
@@ -430,13 +435,31 @@ class Client:
             self.stats["captures"] += 1
         return reply.captured, reply.call_dir
 
+    def _forward_wave(self) -> int:
+        """The wave a forward now belongs to: the last wave_head's, or the one after the last ended."""
+        return max(self._head_wave, self._ended_wave + 1)
+
+    def _live_capture_due(self) -> bool:
+        """Snapshots off at startup: offer the forward only when its wave's vector says a capture
+        armed on the running job covers it (docs/control.md). Never under async scheduling. A
+        vector not there yet while a capture is in force here is waited for within the bound, as
+        end_of_wave would."""
+        if self.async_scheduling:
+            return False
+        wave = self._forward_wave()
+        v = self._mb.read_wave(wave)
+        if v is None and self._mb.features & mb.FEATURE_LIVE_CAPTURES and self._mb.can_wait and not self._avail.still_unavailable():
+            got = self._mb.wait_wave(wave, self.call_bound_ms() / 1000)
+            v = got if isinstance(got, mb.WaveVector) else None
+        return v is not None and v.snapshot_due
+
     def _capture_request(self, ctx, tins, deadline: float, accept_by: int) -> Optional["pb.ClientReply"]:
         """Hello and regions if needed, then the before_forward request: its first answer by ``deadline``."""
         if not self._hello(deadline) or not self._flush_regions(deadline):
             return None
         req = pb.ClientRequest(before_forward=pb.BeforeForward(
             context=ctx, inputs=tins, accept_by_unix_ms=accept_by,
-            finish_by_unix_ms=accept_by + self.capture_timeout_ms))
+            finish_by_unix_ms=accept_by + self.capture_timeout_ms, wave=self._forward_wave()))
         return self._sock.request(req, deadline)
 
     # ------------------------------------------------------------------ shutdown

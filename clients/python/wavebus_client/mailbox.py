@@ -38,6 +38,7 @@ FEATURE_BUS = 1 << 0
 FEATURE_HOT_RELOAD = 1 << 1
 FEATURE_DETECTORS = 1 << 2
 FEATURE_SNAPSHOTS = 1 << 3
+FEATURE_LIVE_CAPTURES = 1 << 4  # a capture armed on the running job is in force (docs/control.md)
 
 _HEADER = struct.Struct("<8sIIQQ")  # magic, version, slots, features, epoch
 _FEATURES = struct.Struct("<Q")

@@ -1,0 +1,208 @@
+// The coordinator's answers to control requests (`wavebus status / dump / capture`, docs/control.md).
+// They reach this module only once admitted (router-inbox.ts): the bus token's MAC, or a CURVE key
+// on the allow-list (the handshake), and this protocol version; anything else was refused there,
+// counted, and nothing was armed. A malformed request is answered with an error naming the field.
+import * as fs from 'fs';
+import * as path from 'path';
+import type { Coordinator } from './coordinator';
+import { statusJson } from './coordinator-replies';
+import { PROTOCOL_VERSION } from './protocol-version';
+import { CaptureArms, DEFAULT_ARM_CAPTURES, DEFAULT_WITHIN_WAVES, type CaptureSpec } from './capture-arms';
+import type { ManualArms } from '../guard/manual-arms';
+import type { AgentMsg } from './frames';
+import { counter } from '../metrics';
+
+/** Most ids, token targets or indices one capture may name, and its largest budget. */
+export const MAX_CAPTURE_RULES = 64;
+export const MAX_ARM_CAPTURES = 1000;
+const MAX_U32 = 0xffffffff;
+
+/** A control request the coordinator does not act on: its reason names the field. */
+class Refused extends Error {
+  constructor(message: string, readonly code = 'ERR_CONTROL') {
+    super(message);
+  }
+}
+
+/** Waves per second of one replica, over its last heads. */
+class WaveRate {
+  private readonly at: number[] = [];
+  private readonly waves: number[] = [];
+
+  note(wave: number, now: number): void {
+    this.at.push(now);
+    this.waves.push(wave);
+    if (this.at.length > 64) {
+      this.at.shift();
+      this.waves.shift();
+    }
+  }
+
+  /** 0 when the replica has not stepped for 5 s (stalled or done). */
+  perSecond(now: number): number {
+    const n = this.at.length;
+    if (n < 2 || now - this.at[n - 1] > 5000) return 0;
+    const dt = (this.at[n - 1] - this.at[0]) / 1000;
+    return dt > 0 ? Math.max(0, this.waves[n - 1] - this.waves[0]) / dt : 0;
+  }
+}
+
+export class CoordinatorControl {
+  readonly captures: CaptureArms;
+  private readonly rates: WaveRate[];
+  /** The protocol version each rank's agent said in its hello. */
+  private readonly agentVersions = new Map<number, number>();
+  private readonly handled = counter('wavebus_control_requests_total', 'Control requests (wavebus status / dump / capture) answered, by kind and outcome', ['kind', 'outcome'] as const);
+
+  constructor(
+    private readonly c: Coordinator,
+    private readonly reply: (routingId: Buffer, msg: Record<string, unknown>) => void,
+  ) {
+    this.captures = new CaptureArms(c.layout);
+    this.rates = Array.from({ length: c.layout.dp }, () => new WaveRate());
+    c.on('wave', (head: { wave: number }, replica: number) => this.rates[replica]?.note(head.wave, Date.now()));
+  }
+
+  hello(rank: number, protocolVersion: number): void {
+    this.agentVersions.set(rank, protocolVersion);
+  }
+
+  private get manualArms(): ManualArms | undefined {
+    return (this.c.policy as { manualArms?: ManualArms } | undefined)?.manualArms;
+  }
+
+  /** An admitted control request (answered), or an agent's word on a capture (counted when its rank is known). */
+  onMessage(routingId: Buffer, rank: number, msg: AgentMsg): void {
+    if (msg.body === 'control') return this.reply(routingId, { requestId: msg.requestId, control: this.answer(msg) });
+    if (this.c.rankTable.touch(rank, routingId)) this.captures.onResult({ ...msg.captureResult, globalRank: rank });
+  }
+
+  /** Answer one admitted control request. */
+  answer(msg: AgentMsg): Record<string, unknown> {
+    const req = msg.control ?? {};
+    const kind: string = req.request ?? 'none';
+    try {
+      const body = this.act(kind, req);
+      this.handled.inc({ kind, outcome: 'ok' });
+      return { protocolVersion: PROTOCOL_VERSION, ...body };
+    } catch (e) {
+      this.handled.inc({ kind, outcome: 'refused' });
+      const code = e instanceof Refused ? e.code : 'ERR_CONTROL';
+      if (!(e instanceof Refused)) this.c.log.error({ kind, err: String((e as Error)?.stack ?? e) }, 'control request failed');
+      return { protocolVersion: PROTOCOL_VERSION, errorCode: code, error: (e as Error).message };
+    }
+  }
+
+  private act(kind: string, req: Record<string, any>): Record<string, unknown> {
+    switch (kind) {
+      case 'status':
+        return { statusJson: JSON.stringify(this.status()) };
+      case 'dump':
+        return this.dump(req.dump);
+      case 'capture':
+        return this.capture(req.capture);
+      case 'query':
+        return this.query(String(req.query.id ?? ''));
+      default:
+        throw new Refused('control: the request names no known kind (status, dump, capture, query)');
+    }
+  }
+
+  /** The /healthz document and what `wavebus status` shows beside it. */
+  status(): Record<string, unknown> {
+    const now = Date.now();
+    const s = statusJson(this.c);
+    const replicas = s.replicas as Record<string, Record<string, unknown>>;
+    for (const [r, rep] of Object.entries(replicas)) rep.waves_per_s = Math.round((this.rates[Number(r)]?.perSecond(now) ?? 0) * 10) / 10;
+    const ranks = s.ranks as Record<string, Record<string, unknown>>;
+    for (const [r, st] of Object.entries(ranks)) st.protocol_version = this.agentVersions.get(Number(r)) ?? null;
+    return {
+      ...s,
+      protocol_version: PROTOCOL_VERSION,
+      captures: this.captures.statusJson(),
+      manual_dumps_waiting: this.manualArms?.waiting() ?? 0,
+      // The flight recorder is another feature, not in this build yet.
+      recorder: 'not available',
+    };
+  }
+
+  private replicasOf(r: Record<string, any>, field: string): number[] {
+    const dp = this.c.layout.dp;
+    if (!r.hasReplica) return Array.from({ length: dp }, (_, i) => i);
+    const replica = Number(r.replica);
+    if (!(Number.isInteger(replica) && replica >= 0 && replica < dp)) throw new Refused(`${field}.replica = ${replica} is not a replica of this job (dp=${dp})`);
+    return [replica];
+  }
+
+  private dump(r: Record<string, any>): Record<string, unknown> {
+    const arms = this.manualArms;
+    if (!arms) throw new Refused('dump: this coordinator runs without the runtime guard (no --runtime-config-path): nothing can be dumped');
+    const requestId = String(r.requestId ?? '');
+    if (r.all === Boolean(requestId)) throw new Refused('dump: give either request_id or all, not both and not neither');
+    if (requestId.length > 256) throw new Refused(`dump.request_id: ${requestId.length} characters, at most 256`);
+    const arm = arms.queue(requestId || undefined, this.replicasOf(r, 'dump'));
+    this.c.log.info({ id: arm.id, request: arm.requestId ?? '(all)', replicas: arm.replicas }, 'manual dump asked for by a control request');
+    return { id: arm.id };
+  }
+
+  private capture(r: Record<string, any>): Record<string, unknown> {
+    if (r.flushRecorder) throw new Refused('capture --flush-recorder: the flight recorder is not available in this build', 'ERR_RECORDER_UNAVAILABLE');
+    const list = (v: unknown, field: string, ok: (x: any) => boolean, what: string): any[] => {
+      const a = Array.isArray(v) ? v : [];
+      if (a.length > MAX_CAPTURE_RULES) throw new Refused(`capture.${field}: ${a.length} entries, at most ${MAX_CAPTURE_RULES}`);
+      a.forEach((x, i) => {
+        if (!ok(x)) throw new Refused(`capture.${field}[${i}] = ${JSON.stringify(x)}: expected ${what}`);
+      });
+      return a;
+    };
+    const { tp } = this.c.layout;
+    const spec: CaptureSpec = {
+      requestIds: list(r.requestIds, 'request_ids', (x) => typeof x === 'string' && x.trim() !== '' && x.length <= 256, 'a non-empty request id of at most 256 characters').map((x) => String(x).trim()),
+      tokenTargets: list(r.tokenTargets, 'token_targets', (x) => Number.isSafeInteger(Number(x)) && Number(x) >= 0, 'a token position').map(Number),
+      callIndices: list(r.callIndices, 'call_indices', (x) => Number.isSafeInteger(Number(x)) && Number(x) >= 0, 'a call index').map(Number),
+      next: Boolean(r.next),
+      tpRanks: list(r.tpRanks, 'tp_ranks', (x) => Number.isInteger(x) && x >= 0 && x < tp, `a tp rank of this job (tp=${tp})`).map(Number),
+      format: Number(r.format ?? 0),
+      maxCaptures: Number(r.maxCaptures ?? 0) || DEFAULT_ARM_CAPTURES,
+      replicas: this.replicasOf(r, 'capture'),
+      withinWaves: Number(r.withinWaves ?? 0) || DEFAULT_WITHIN_WAVES,
+    };
+    if (spec.next && spec.callIndices.length > 0) throw new Refused('capture: give next or call_indices, not both');
+    if (!spec.next && spec.callIndices.length + spec.tokenTargets.length + spec.requestIds.length === 0) throw new Refused('capture: no rule (give request_ids, token_targets, call_indices or next)');
+    if (!(spec.format >= 0 && spec.format <= 3)) throw new Refused(`capture.format = ${spec.format}: not a TensorFormat`);
+    if (spec.maxCaptures > MAX_ARM_CAPTURES) throw new Refused(`capture.max_captures = ${spec.maxCaptures}: at most ${MAX_ARM_CAPTURES}`);
+    if (spec.withinWaves > MAX_U32) throw new Refused(`capture.within_waves = ${spec.withinWaves}: too large`);
+    const id = this.captures.queue(spec);
+    this.c.log.info({ id, requests: spec.requestIds, tokens: spec.tokenTargets, calls: spec.callIndices, next: spec.next, tpRanks: spec.tpRanks, replicas: spec.replicas }, 'input snapshot armed by a control request');
+    return { id };
+  }
+
+  private query(id: string): Record<string, unknown> {
+    const cap = this.captures.progress(id);
+    if (cap) return { id, capture: cap };
+    const arm = this.manualArms?.get(id);
+    if (!arm) throw new Refused(`query: no arm ${JSON.stringify(id)} on this coordinator (it keeps the last 64; a restarted coordinator knows none)`);
+    const jobs = [...arm.armed.values()].flatMap((a) => a.jobs.map((j) => ({ ...j, ...manifestOf(j.dir, j.skippedReason) })));
+    return { id, dump: { id, replicas: arm.replicas, replicasArmed: [...arm.armed.keys()], jobs } };
+  }
+}
+
+/** What a dump's manifest.json (written by the ledger when the job settles) says, read without following links. */
+function manifestOf(dir: string, skippedReason?: string): Record<string, unknown> {
+  if (skippedReason) return { settled: true, complete: false, skippedReason };
+  let fd: number;
+  try {
+    fd = fs.openSync(path.join(dir, 'manifest.json'), fs.constants.O_RDONLY | fs.constants.O_NOFOLLOW);
+  } catch {
+    return { settled: false, complete: false };
+  }
+  try {
+    if (fs.fstatSync(fd).size > 4 << 20) return { settled: true, complete: false, skippedReason: 'manifest_unreadable' };
+    const m = JSON.parse(fs.readFileSync(fd, 'utf8')) as Record<string, unknown>;
+    return { settled: true, complete: m.complete === true, expectedRanks: m.expected_ranks ?? [], completedRanks: m.completed_ranks ?? [] };
+  } catch {
+    return { settled: true, complete: false, skippedReason: 'manifest_unreadable' };
+  } finally {
+    fs.closeSync(fd);
+  }
+}
