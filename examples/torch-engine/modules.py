@@ -6,17 +6,19 @@ bit for bit the engine's (replay.py --probe --engine-out checks it). Names follo
 model.embed_tokens, model.layers.<i>.{input_layernorm, self_attn.{q_proj, k_proj, v_proj, attn,
 o_proj}, post_attention_layernorm, mlp.{gate_proj, up_proj, down_proj}}, model.norm, lm_head, logits.
 
-TP splits, declared once per module type (SPLITS): ColumnParallelLinear's output is split on the
-last dim (heads, MLP columns, vocabulary), PagedAttention's [tokens, heads_per_rank * head_dim]
-too; RowParallelLinear all-reduces inside, so its output is replicated (its input is column
-split); embedding, norms, decoder layers, self_attn, mlp and the all-gathered logits are replicated.
+TP splits, declared once per module type (SPLITS, and probe_input_split for inputs):
+ColumnParallelLinear's output is split on the last dim (heads, MLP columns, vocabulary), as is
+PagedAttention's [tokens, heads_per_rank * head_dim] (its q, k, v inputs on dim 1, the heads);
+RowParallelLinear all-reduces inside, so its output is replicated (its input is column split);
+embedding, norms, decoder layers, self_attn, mlp and the all-gathered logits (whose input is the
+LM head's vocabulary slice) are replicated.
 """
 from typing import Dict, Optional
 
 import torch
 
 from model import Comm, ModelConfig, paged_attention, rms_norm, rotary
-from wavebus_client.probe import COLUMN, REPLICATED
+from wavebus_client.probe import COLUMN, REPLICATED, Split
 
 
 class Embedding(torch.nn.Module):
@@ -62,6 +64,7 @@ class RowParallelLinear(torch.nn.Module):
 
 class PagedAttention(torch.nn.Module):
     """Writes this step's K/V through slot_mapping, attends over the paged cache; [T, heads * head_dim]."""
+    probe_input_split = Split("column", 1)  # q, k, v: [T, heads_per_rank, head_dim]
 
     def __init__(self, layer: str, ctx: Dict, heads: int, kv_heads: int, head_dim: int):
         super().__init__()
@@ -133,6 +136,7 @@ class Decoder(torch.nn.Module):
 
 
 class LogitsGather(torch.nn.Module):
+    probe_input_split = COLUMN  # the LM head's vocabulary slice
     def __init__(self, comm: Comm):
         super().__init__()
         self.comm = comm
