@@ -78,6 +78,9 @@ test('healthy TP=2 against TP=1: no module out of tolerance, every module in the
   // Tolerances are settable: fp32 held to zero, the first module with any difference is out.
   const strict = bisect('tp2', 'tp1', '--tol', 'fp32=0,0', '--json');
   expect(strict.code).toBe(1);
+  // --tol takes one value each time, before or after the trees.
+  const before = runWavebus(['bisect', '--tol', 'fp32=0,0', '--tol', 'bf16=1,1', path.join(dir, 'tp2'), path.join(dir, 'tp1'), '--json']);
+  expect(JSON.parse(before.stdout).tolerances).toMatchObject({ fp32: { atol: 0, rtol: 0 }, bf16: { atol: 1, rtol: 1 } });
   expect(strict.doc.first.module).toBe(j.modules.find((m: { max_abs_diff: number }) => m.max_abs_diff > 0).module);
   // The probe bundles are snapshot-layout bundles: inspect verifies them.
   expect(runWavebus(['inspect', path.join(dir, 'tp2'), '--verify']).code).toBe(0);

@@ -39,7 +39,7 @@ export const command: CommandModule = {
     y
       .positional('a', { type: 'string', demandOption: true, describe: 'probe tree under test (rank<g>/call<N>/ bundles), e.g. the TP=N replay' })
       .positional('b', { type: 'string', demandOption: true, describe: 'reference probe tree, e.g. the TP=1 replay' })
-      .option('tol', { type: 'string', array: true, describe: `DTYPE=ATOL,RTOL, repeatable; |a-b| <= atol + rtol*|b|; defaults ${defaults}` })
+      .option('tol', { type: 'string', array: true, nargs: 1, describe: `DTYPE=ATOL,RTOL, repeatable; |a-b| <= atol + rtol*|b|; defaults ${defaults}` })
       .option('call', { type: 'string', describe: 'the call index to compare when a tree holds several' })
       .option('json', { type: 'boolean', default: false, describe: 'print one JSON document' }),
   handler: async (argv) => {

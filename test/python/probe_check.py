@@ -11,7 +11,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from wavebus_client.errors import ConfigError  # noqa: E402
-from wavebus_client.probe import COLUMN, Probe, parse_layers  # noqa: E402
+from wavebus_client.probe import COLUMN, Probe, Split, parse_layers  # noqa: E402
 from wavebus_client.replay import load_call_dir  # noqa: E402
 
 
@@ -89,6 +89,17 @@ def main(out):
             raise AssertionError("accepted")
         except ConfigError:
             pass
+
+    # A split that does not fit the tensor: the forward still runs, the write refuses, nothing is left.
+    pbad = Probe(net, include=["head"], splits={torch.nn.Linear: Split("column", 5)})
+    with pbad:
+        assert net(x).shape == (3, 2)
+    try:
+        pbad.write(os.path.join(out, "refused"), 0)
+        raise AssertionError("accepted")
+    except ConfigError as e:
+        assert "head output 0" in str(e), e
+    assert not os.path.exists(os.path.join(out, "refused", "rank0", "call0"))
 
     # Two bf16 trees one bf16 step apart (2^-7 relative at 1.0), column split over 2 ranks.
     class Proj(torch.nn.Module):

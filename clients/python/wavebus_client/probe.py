@@ -129,6 +129,7 @@ class Probe:
         self.records: List[Dict[str, Any]] = []
         self.tensors: List[Any] = []
         self.calls: Dict[str, int] = {}
+        self.problems: List[str] = []
 
     # ------------------------------------------------------------------ hooks
     def selected(self, name: str) -> bool:
@@ -168,7 +169,7 @@ class Probe:
 
     def begin(self) -> None:
         """Forget what was recorded: the next forward starts at call 0 of every module."""
-        self.records, self.tensors, self.calls = [], [], {}
+        self.records, self.tensors, self.calls, self.problems = [], [], {}, []
 
     def _pre_hook(self, name):
         def hook(module, args):
@@ -193,10 +194,14 @@ class Probe:
             return
         if split is None:  # an input: its module type's probe_input_split (a row-parallel linear's is column), else replicated
             split = getattr(module, "probe_input_split", REPLICATED)
-        copy = t.detach().to("cpu", copy=True)
-        dim = split.resolved_dim(copy.dim()) if copy.dim() else None
-        if copy.dim() == 0 and split.kind != "replicated":
+        if t.dim() == 0:
             split = REPLICATED
+        try:
+            dim = split.resolved_dim(t.dim())
+        except ConfigError as e:  # a hook never fails the forward: write() refuses the bundle instead
+            self.problems.append(f"{name} {io} {arg}: {e}")
+            return
+        copy = t.detach().to("cpu", copy=True)
         self.records.append({"index": len(self.records), "module": name, "call": call, "io": io, "arg": arg,
                              "dtype": dtypes.from_torch(copy.dtype), "shape": list(copy.shape), "split": split.kind,
                              "split_dim": dim})
@@ -208,6 +213,8 @@ class Probe:
         whole under a temporary name and renamed: a reader sees no bundle or a complete one."""
         if not isinstance(call_index, int) or call_index < 0:
             raise ConfigError(f"probe write: call_index must be an integer >= 0, got {call_index!r}")
+        if self.problems:  # whole or not at all: a record the hooks could not take leaves no bundle
+            raise ConfigError(f"probe write: {len(self.problems)} record(s) could not be taken: {'; '.join(self.problems[:3])}")
         parent = os.path.join(root, f"rank{self.identity['global_rank']}")
         os.makedirs(parent, mode=0o700, exist_ok=True)
         final = os.path.join(parent, f"call{call_index}")
