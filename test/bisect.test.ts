@@ -54,7 +54,7 @@ beforeAll(async () => {
   const tp2 = probe('tp2', ['--engine-out', path.join(dir, 'eng')]);
   expect(tp2.map((l) => [l.rank, l.bitwise_equal])).toEqual([[0, true], [1, true]]);
   expect(probe('tp1', ['--tp', '1']).map((l) => l.rank)).toEqual([0]);
-}, 180000);
+}, 300000);
 
 test('healthy TP=2 against TP=1: no module out of tolerance, every module in the table', () => {
   const r = bisect('tp2', 'tp1');

@@ -7,8 +7,8 @@ For each rank g, `load_call_dir(<snapshots>/rank<g>/call<N>)` gives the forward'
 the K and V cache of every layer as the step read them); the rank's weight shard is rebuilt from the seed. The
 ranks' forwards run side by side in threads; their all-reduce and all-gather are done in this
 process, summing in rank order (for 2 ranks a + b, which is what gloo's sum gives: float addition
-commutes). Prints one JSON line per rank: bitwise equality and the largest |difference| with the
-logits the engine saved (OUT/forward_rank<g>_step<S>.pt, S = meta.json global_step). Exit 0 only if every rank is bit-exact.
+commutes). Prints one JSON line per rank; with --engine-out, bitwise equality and the largest |difference| with
+the logits the engine saved (OUT/forward_rank<g>_step<S>.pt, S = meta.json global_step), and exit 0 only if every rank is bit-exact.
 
 --tp may differ from the TP size of the capture (the number of rank<g> dirs holding call<N>): the
 ranks' KV caches are joined along the head dim and re-split, so a TP=2 capture replays at TP=1
@@ -185,6 +185,8 @@ def main(argv) -> int:
     ap.add_argument("--probe-format", default="npy", choices=("npy", "pt"))
     ap.add_argument("--fault", action="append", default=[], help="weight:RANK:KEY | drop:MODULE:RANK | nan:MODULE:RANK (with --probe)")
     a = ap.parse_args(argv)
+    if not os.path.isdir(a.snapshots):
+        raise SystemExit(f"replay: --snapshots {a.snapshots}: not a directory")
     if a.tp is None:
         a.tp = sum(1 for d in os.listdir(a.snapshots) if os.path.isdir(os.path.join(a.snapshots, d, f"call{a.call}")))
     faults = [parse_fault(f, a.tp) for f in a.fault]
