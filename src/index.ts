@@ -50,3 +50,5 @@ export { aggregate } from './tools/aggregate';
 export type { AggregateOptions } from './tools/aggregate';
 export { compareCaptures } from './tools/compare';
 export type { CompareOptions, CompareResult } from './tools/compare';
+export { bisect } from './tools/bisect';
+export type { BisectOptions, BisectResult } from './tools/bisect';

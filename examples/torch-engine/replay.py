@@ -7,8 +7,14 @@ For each rank g, `load_call_dir(<snapshots>/rank<g>/call<N>)` gives the forward'
 the K and V cache of every layer as the step read them); the rank's weight shard is rebuilt from the seed. The
 ranks' forwards run side by side in threads; their all-reduce and all-gather are done in this
 process, summing in rank order (for 2 ranks a + b, which is what gloo's sum gives: float addition
-commutes). Prints one JSON line per rank: bitwise equality and the largest |difference| with the
-logits the engine saved (OUT/forward_rank<g>_step<S>.pt, S = meta.json global_step). Exit 0 only if every rank is bit-exact.
+commutes). Prints one JSON line per rank; with --engine-out, bitwise equality and the largest |difference| with
+the logits the engine saved (OUT/forward_rank<g>_step<S>.pt, S = meta.json global_step), and exit 0 only if every rank is bit-exact.
+
+--tp may differ from the TP size of the capture (the number of rank<g> dirs holding call<N>): the
+ranks' KV caches are joined along the head dim and re-split, so a TP=2 capture replays at TP=1
+(the reference for `wavebus bisect`; its logits are not compared with the engine's: no --engine-out).
+--probe DIR runs the module tree of modules.py (the same bits) with wavebus_client.probe on and
+writes DIR/rank<g>/call<N> per rank. --fault makes a wrong forward on purpose (docs/bisect.md).
 """
 import argparse
 import json
@@ -25,6 +31,7 @@ except ImportError:
     sys.path.insert(0, os.path.join(HERE, "..", "..", "clients", "python"))
 sys.path.insert(0, HERE)
 from model import Comm, ModelConfig, forward, full_weights, shard  # noqa: E402
+from wavebus_client.probe import Probe, parse_layers  # noqa: E402
 from wavebus_client.replay import load_call_dir  # noqa: E402
 
 
@@ -54,19 +61,100 @@ class ThreadComm(Comm):
         return torch.cat(self._exchange(t), dim=-1)
 
 
-def replay(snapshots: str, call: int, tp: int, seed: int, block_size: int):
+class DropComm(Comm):
+    """A broken all-reduce (fault drop:MODULE:RANK): every rank sums all contributions but RANK's."""
+
+    def __init__(self, base: ThreadComm, drop: int):
+        super().__init__(base.tp_size)
+        self.base, self.drop = base, drop
+
+    def all_reduce(self, t):
+        parts = self.base._exchange(t)
+        acc = None
+        for r, p in enumerate(parts):
+            if r != self.drop:
+                acc = p if acc is None else acc + p
+        t.copy_(acc)
+        return t
+
+
+def parse_fault(spec: str, tp: int):
+    """weight:RANK:KEY (noise on that rank's shard of weight KEY, e.g. layers.1.up) |
+    drop:MODULE:RANK (MODULE's all-reduce loses RANK's part) | nan:MODULE:RANK (a NaN written into
+    MODULE's output on RANK)."""
+    parts = spec.split(":")
+    if len(parts) == 3 and parts[0] in ("weight", "drop", "nan"):
+        rank = parts[1] if parts[0] == "weight" else parts[2]
+        if rank.isdigit() and int(rank) < tp:
+            return (parts[0], int(rank), parts[2] if parts[0] == "weight" else parts[1])
+    raise SystemExit(f"replay: --fault must be weight:RANK:KEY, drop:MODULE:RANK or nan:MODULE:RANK with RANK < --tp {tp}, got {spec!r}")
+
+
+def poison(module, args, out) -> None:
+    """A forward hook that writes a NaN into the output's first element, in place (returns None: keeps the output)."""
+    out.view(-1)[0] = float("nan")
+
+
+def plant(model, w, comm, rank: int, faults) -> None:
+    for kind, frank, what in faults:
+        if kind == "weight" and rank == frank:
+            if what not in w:
+                raise SystemExit(f"replay: --fault weight: no weight {what!r} (e.g. layers.1.up)")
+            w[what].add_(torch.randn(w[what].shape, generator=torch.Generator().manual_seed(7)) * 0.1)
+        elif kind == "drop":
+            model.get_submodule(what).comm = DropComm(comm, frank)  # every rank: an all-reduce is collective
+        elif kind == "nan" and rank == frank:  # registered before the probe's hook: the probe sees the NaN
+            model.get_submodule(what).register_forward_hook(poison)
+
+
+def load_inputs(snapshots: str, call: int, tp: int, cfg: ModelConfig):
+    """(metas, inputs, kv per rank of a TP=tp run) from a capture of any TP size."""
+    ranks = sorted(int(d[4:]) for d in os.listdir(snapshots)
+                   if d.startswith("rank") and d[4:].isdigit() and os.path.isdir(os.path.join(snapshots, d, f"call{call}")))
+    if not ranks or ranks != list(range(len(ranks))):
+        raise SystemExit(f"replay: {snapshots}: need rank0..rank<n-1>/call{call}, found ranks {ranks}")
+    loaded = [load_call_dir(os.path.join(snapshots, f"rank{r}", f"call{call}")) for r in ranks]
+    metas, first = [m for m, _ in loaded], loaded[0][1]
+    for r, (_, t) in enumerate(loaded):
+        if any(not torch.equal(a, b) for a, b in zip(t[:7], first[:7])):
+            raise SystemExit(f"replay: rank{r}/call{call}: its batch inputs differ from rank0's (not one TP group's forward)")
+    per = cfg.kv_heads // tp
+    kv = [{} for _ in range(tp)]
+    for i, layer in enumerate(cfg.layer_names()):
+        for j in (0, 1):
+            full = torch.cat([t[7 + 2 * i + j] for _, t in loaded], dim=2)
+            for r in range(tp):
+                kv[r].setdefault(layer, [None, None])[j] = full[:, :, r * per:(r + 1) * per].contiguous()
+    return metas, first[:7], kv
+
+
+def replay(snapshots: str, call: int, tp: int, seed: int, block_size: int, probe: dict = None, faults=()):
     cfg = ModelConfig(seed=seed)
+    if tp < 1 or cfg.kv_heads % tp:
+        raise SystemExit(f"replay: --tp {tp} does not divide kv_heads ({cfg.kv_heads})")
     full = full_weights(cfg)
+    metas, inputs, kvs = load_inputs(snapshots, call, tp, cfg)
     shared, barrier, results, errors = {}, threading.Barrier(tp), {}, []
 
     def run(rank):
         try:
-            meta, t = load_call_dir(os.path.join(snapshots, f"rank{rank}", f"call{call}"))
-            ids, pos, slots, table, seq_lens, qsl, rows = t[:7]
-            kv = {layer: (t[7 + 2 * i].clone(), t[8 + 2 * i].clone()) for i, layer in enumerate(cfg.layer_names())}
+            ids, pos, slots, table, seq_lens, qsl, rows = inputs
+            kv = {layer: tuple(kvs[rank][layer]) for layer in cfg.layer_names()}
             w = shard(cfg, full, rank, tp)
-            results[rank] = (meta, forward(cfg, w, ThreadComm(tp, rank, shared, barrier), kv, ids, pos, slots, table,
-                                           seq_lens, qsl, block_size, rows))
+            comm = ThreadComm(tp, rank, shared, barrier)
+            meta = metas[rank] if rank < len(metas) else metas[0]
+            if probe is None:
+                results[rank] = (meta, forward(cfg, w, comm, kv, ids, pos, slots, table, seq_lens, qsl, block_size, rows))
+                return
+            from modules import SPLITS, CausalLM
+            model = CausalLM(cfg, w, comm)
+            plant(model, w, comm, rank, faults)
+            p = Probe(model, global_rank=rank, tp_rank=rank, tp_size=tp, splits=SPLITS, include=probe["include"],
+                      layers=probe["layers"], inputs=probe["inputs"], fmt=probe["format"], label=f"torch-engine-tp{tp}")
+            with p:
+                logits = model(kv, ids, pos, slots, table, seq_lens, qsl, block_size, rows)
+            p.write(probe["dir"], call)
+            results[rank] = (meta, logits)
         except BaseException as e:  # noqa: BLE001 (reported below; the barrier is broken for the others)
             errors.append(f"rank {rank}: {type(e).__name__}: {e}")
             barrier.abort()
@@ -86,19 +174,37 @@ def main(argv) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--snapshots", required=True, help="<cache_root>/snapshots/<compilation_hash>")
     ap.add_argument("--call", type=int, required=True)
-    ap.add_argument("--engine-out", required=True)
-    ap.add_argument("--tp", type=int, default=2)
+    ap.add_argument("--engine-out", help="compare each rank's logits with the engine's (bit for bit)")
+    ap.add_argument("--tp", type=int, help="TP size to replay at (default: the capture's)")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--block-size", type=int, default=4)
+    ap.add_argument("--probe", help="record every module's output into PROBE/rank<g>/call<N> (wavebus bisect)")
+    ap.add_argument("--probe-include", action="append", help="glob, or re:REGEX, of module names (repeatable; default all)")
+    ap.add_argument("--probe-layers", help="N or LO-HI: only these decoder layers (modules outside layers stay)")
+    ap.add_argument("--probe-inputs", action="store_true", help="record module inputs too")
+    ap.add_argument("--probe-format", default="npy", choices=("npy", "pt"))
+    ap.add_argument("--fault", action="append", default=[], help="weight:RANK:KEY | drop:MODULE:RANK | nan:MODULE:RANK (with --probe)")
     a = ap.parse_args(argv)
+    if not os.path.isdir(a.snapshots):
+        raise SystemExit(f"replay: --snapshots {a.snapshots}: not a directory")
+    if a.tp is None:
+        a.tp = sum(1 for d in os.listdir(a.snapshots) if os.path.isdir(os.path.join(a.snapshots, d, f"call{a.call}")))
+    faults = [parse_fault(f, a.tp) for f in a.fault]
+    if faults and not a.probe:
+        raise SystemExit("replay: --fault needs --probe (faults are planted in the module tree)")
+    probe = None if a.probe is None else {"dir": a.probe, "include": a.probe_include, "layers": parse_layers(a.probe_layers),
+                                          "inputs": a.probe_inputs, "format": a.probe_format}
     ok = True
-    for rank, (meta, logits) in sorted(replay(a.snapshots, a.call, a.tp, a.seed, a.block_size).items()):
-        want = torch.load(os.path.join(a.engine_out, f"forward_rank{rank}_step{meta['global_step']}.pt"))["logits"]
-        same = logits.shape == want.shape and torch.equal(logits.view(torch.int32), want.view(torch.int32))
-        diff = (logits - want).abs().max().item() if logits.shape == want.shape else None
-        ok = ok and same
-        print(json.dumps({"rank": rank, "global_step": meta["global_step"], "call_index": meta["call_index"],
-                          "shape": list(logits.shape), "bitwise_equal": same, "max_abs_diff": diff}), flush=True)
+    for rank, (meta, logits) in sorted(replay(a.snapshots, a.call, a.tp, a.seed, a.block_size, probe, faults).items()):
+        line = {"rank": rank, "global_step": meta["global_step"], "call_index": meta["call_index"], "shape": list(logits.shape)}
+        if a.engine_out:
+            want = torch.load(os.path.join(a.engine_out, f"forward_rank{rank}_step{meta['global_step']}.pt"))["logits"]
+            same = logits.shape == want.shape and torch.equal(logits.view(torch.int32), want.view(torch.int32))
+            line.update(bitwise_equal=same, max_abs_diff=(logits - want).abs().max().item() if logits.shape == want.shape else None)
+            ok = ok and same
+        if a.probe:
+            line["probe"] = os.path.join(a.probe, f"rank{rank}", f"call{a.call}")
+        print(json.dumps(line), flush=True)
     return 0 if ok else 1
 
 

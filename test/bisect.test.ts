@@ -1,0 +1,179 @@
+// `wavebus bisect` against the real PyTorch engine (examples/torch-engine, torch on the CPU): a TP=2
+// run under `wavebus launch` captures a snapshot; replay.py replays it with the probe on at TP=2
+// and at TP=1 (the reference), healthy and with faults made by real means (a corrupted weight shard,
+// an all-reduce that loses a rank's part, a NaN written by a module), and bisect names the module
+// and rank. PP: probe trees of a two-stage run (test/python/probe_pp.py). The probe itself:
+// test/python/probe_check.py.
+import * as fs from 'fs';
+import * as path from 'path';
+import { spawnSync } from 'child_process';
+import { PYTHON, ROOT, cleanup, freePort, runWavebus, spawnWavebus, tmpDir } from './helpers';
+
+afterAll(cleanup);
+
+const REPLAY = path.join(ROOT, 'examples', 'torch-engine', 'replay.py');
+let dir = '';
+let snaps = '';
+let call = '';
+
+function python(args: string[]): { code: number | null; stdout: string; stderr: string } {
+  const r = spawnSync(PYTHON, args, { encoding: 'utf8', timeout: 120000, env: { ...process.env, PYTHONPATH: path.join(ROOT, 'clients', 'python') } });
+  return { code: r.status, stdout: r.stdout, stderr: r.stderr };
+}
+
+/** replay.py with the probe on into dir/<name>; returns its JSON lines. */
+function probe(name: string, args: string[]): Record<string, unknown>[] {
+  const r = python([REPLAY, '--snapshots', snaps, '--call', call, '--probe', path.join(dir, name), ...args]);
+  if (r.code !== 0) throw new Error(`replay ${args.join(' ')}: exit ${r.code}\n${r.stdout}${r.stderr}`);
+  return r.stdout.trim().split('\n').map((l) => JSON.parse(l));
+}
+
+function bisect(a: string, b: string, ...flags: string[]) {
+  const r = runWavebus(['bisect', path.join(dir, a), path.join(dir, b), ...flags]);
+  return { ...r, doc: flags.includes('--json') && r.stdout ? JSON.parse(r.stdout) : undefined };
+}
+
+beforeAll(async () => {
+  dir = tmpDir('wavebus-bisect-');
+  const port = await freePort();
+  const engine = path.join(ROOT, 'examples', 'torch-engine');
+  const launch = spawnWavebus(
+    ['launch', '--nproc-per-node', '2', '--tp', '2', '--port', String(port), '--', PYTHON, path.join(engine, 'torchrun_env.py'), path.join(engine, 'engine.py'), '--out', path.join(dir, 'eng'), '--max-tokens', '12'],
+    {
+      cwd: dir,
+      env: { ...process.env, WAVEBUS_CACHE_ROOT: path.join(dir, 'cache'), WAVEBUS_SNAPSHOT_ENABLE: '1', WAVEBUS_SNAPSHOT_CAPTURE_REQUEST: 'req-1', WAVEBUS_SNAPSHOT_CAPTURE_TOKEN: '20', WAVEBUS_SNAPSHOT_MAX_CAPTURES: '1' },
+    },
+  );
+  const { code } = await launch.exited;
+  if (code !== 0) throw new Error(`launch exited ${code}\n${launch.stderr().slice(-4000)}`);
+  snaps = path.join(dir, 'cache', 'snapshots', 'torch-engine-tp2');
+  const calls = fs.readdirSync(path.join(snaps, 'rank0'));
+  expect(calls).toHaveLength(1);
+  call = calls[0].slice(4);
+  // The module tree with the probe on is the engine's forward bit for bit (same shard, same ops).
+  const tp2 = probe('tp2', ['--engine-out', path.join(dir, 'eng')]);
+  expect(tp2.map((l) => [l.rank, l.bitwise_equal])).toEqual([[0, true], [1, true]]);
+  expect(probe('tp1', ['--tp', '1']).map((l) => l.rank)).toEqual([0]);
+}, 300000);
+
+test('healthy TP=2 against TP=1: no module out of tolerance, every module in the table', () => {
+  const r = bisect('tp2', 'tp1');
+  expect(r.code).toBe(0);
+  expect(r.stdout).toContain('no module out of tolerance');
+  expect(r.stdout).toContain('A: none; B: none');
+  const j = bisect('tp2', 'tp1', '--json').doc;
+  expect(j.ok).toBe(true);
+  expect(j.first).toBeNull();
+  expect(j.a).toMatchObject({ tp_size: 2, ranks: [0, 1] });
+  expect(j.b).toMatchObject({ tp_size: 1, ranks: [0] });
+  const names = j.modules.map((m: { module: string }) => m.module);
+  expect(names.slice(0, 3)).toEqual(['model.embed_tokens', 'model.layers.0.input_layernorm', 'model.layers.0.self_attn.q_proj']);
+  expect(names.slice(-2)).toEqual(['lm_head', 'logits']);
+  for (const n of names) expect(r.stdout).toContain(n); // the table lists every module
+  // TP=2 is not bit-identical to TP=1 (the all-reduce sums halves): error is there, within tolerance.
+  const oProj = j.modules.find((m: { module: string }) => m.module === 'model.layers.0.self_attn.o_proj');
+  expect(oProj.max_abs_diff).toBeGreaterThan(0);
+  expect(oProj.max_abs_diff).toBeLessThan(1e-5);
+  expect(j.modules.find((m: { module: string }) => m.module === 'lm_head').split).toBe('column');
+  // Tolerances are settable: fp32 held to zero, the first module with any difference is out.
+  const strict = bisect('tp2', 'tp1', '--tol', 'fp32=0,0', '--json');
+  expect(strict.code).toBe(1);
+  // --tol takes one value each time, before or after the trees.
+  const before = runWavebus(['bisect', '--tol', 'fp32=0,0', '--tol', 'bf16=1,1', path.join(dir, 'tp2'), path.join(dir, 'tp1'), '--json']);
+  expect(JSON.parse(before.stdout).tolerances).toMatchObject({ fp32: { atol: 0, rtol: 0 }, bf16: { atol: 1, rtol: 1 } });
+  expect(strict.doc.first.module).toBe(j.modules.find((m: { max_abs_diff: number }) => m.max_abs_diff > 0).module);
+  // The probe bundles are snapshot-layout bundles: inspect verifies them.
+  expect(runWavebus(['inspect', path.join(dir, 'tp2'), '--verify']).code).toBe(0);
+});
+
+test('a weight shard corrupted on rank 1 in layer 1\'s MLP: bisect names that module and rank 1', () => {
+  probe('weight', ['--fault', 'weight:1:layers.1.up']);
+  const r = bisect('weight', 'tp1');
+  expect(r.code).toBe(1);
+  expect(r.stdout).toMatch(/FIRST OUT OF TOLERANCE: model\.layers\.1\.mlp\.up_proj\n {2}rank\(s\) 1 /);
+  const j = bisect('weight', 'tp1', '--json').doc;
+  expect(j.first).toMatchObject({ module: 'model.layers.1.mlp.up_proj', ranks: [1], split: 'column' });
+  expect(j.first.per_rank.map((p: { rank: number; mismatched: number }) => [p.rank, p.mismatched > 0])).toEqual([[0, false], [1, true]]);
+  // The largest difference lies in rank 1's half of the MLP columns (128 columns, 64 per rank).
+  expect(j.first.worst.rank).toBe(1);
+  expect(j.first.worst.index[1]).toBeGreaterThanOrEqual(64);
+  expect(j.first.worst.shard_index[1]).toBe(j.first.worst.index[1] - 64);
+  expect(j.first.rel_err).toBeGreaterThan(0.01);
+  // Everything before it is within tolerance; the error grows after it.
+  const at = j.modules.findIndex((m: { module: string }) => m.module === 'model.layers.1.mlp.up_proj');
+  expect(j.modules.slice(0, at).every((m: { out_of_tolerance: boolean }) => !m.out_of_tolerance)).toBe(true);
+  expect(j.modules.find((m: { module: string }) => m.module === 'logits').out_of_tolerance).toBe(true);
+  // A loose enough tolerance lets it pass.
+  expect(bisect('weight', 'tp1', '--tol', 'fp32=1000,0').code).toBe(0);
+});
+
+test('an all-reduce that drops rank 1\'s part in layer 0: the module after it is named on every rank', () => {
+  probe('drop', ['--fault', 'drop:model.layers.0.mlp.down_proj:1']);
+  const j = bisect('drop', 'tp1', '--json');
+  expect(j.code).toBe(1);
+  expect(j.doc.first).toMatchObject({ module: 'model.layers.0.mlp.down_proj', split: 'replicated', ranks: [0, 1] });
+  // Its input (each rank's partial product) was right: the collective broke it.
+  expect(j.doc.nan).toEqual({ a: null, b: null });
+});
+
+test('a NaN written in layer 1\'s attention on rank 1: provenance names that module and rank', () => {
+  probe('nan', ['--fault', 'nan:model.layers.1.self_attn.attn:1']);
+  const r = bisect('nan', 'tp1');
+  expect(r.code).toBe(1);
+  expect(r.stdout).toContain('A: model.layers.1.self_attn.attn rank 1 (tp_rank 1, pp_rank 0) at [0, 0] = nan; B: none');
+  const j = bisect('nan', 'tp1', '--json').doc;
+  expect(j.nan.a).toMatchObject({ module: 'model.layers.1.self_attn.attn', rank: 1, index: [0, 0], value: 'nan' });
+  expect(j.first).toMatchObject({ module: 'model.layers.1.self_attn.attn', ranks: [1], max_abs_diff: 'inf' });
+  // Either tree: with the sides swapped the NaN is found in B.
+  expect(bisect('tp1', 'nan', '--json').doc.nan.b).toMatchObject({ module: 'model.layers.1.self_attn.attn', rank: 1 });
+});
+
+test('PP: stage outputs compare by name across the stage boundary', () => {
+  for (const [name, extra] of [['pp', []], ['ppbad', ['--corrupt-boundary']]] as const) {
+    const r = python([path.join(ROOT, 'test', 'python', 'probe_pp.py'), path.join(dir, name), ...extra]);
+    if (r.code !== 0) throw new Error(r.stderr);
+  }
+  const ok = bisect('pp/pp2', 'pp/pp1', '--json');
+  expect(ok.code).toBe(0);
+  expect(ok.doc.a).toMatchObject({ pp_size: 2, tp_size: 1, ranks: [0, 1] });
+  const bad = bisect('ppbad/pp2', 'ppbad/pp1', '--json');
+  expect(bad.code).toBe(1);
+  // What stage 1 received differs from what stage 0 sent (model.layers.0's output, within tolerance).
+  expect(bad.doc.first).toMatchObject({ module: 'model.layers.1', io: 'input', ranks: [1] });
+  expect(bad.doc.first.worst.index[0]).toBe(3);
+  expect(bad.doc.modules.find((m: { key: string }) => m.key === 'model.layers.0#0').out_of_tolerance).toBe(false);
+});
+
+test('the probe on its own; per-dtype tolerance (bf16)', () => {
+  const out = path.join(dir, 'probe-check');
+  const r = python([path.join(ROOT, 'test', 'python', 'probe_check.py'), out]);
+  if (r.code !== 0) throw new Error(r.stderr);
+  expect(r.stdout.trim()).toBe('ok');
+  // One bf16 step apart: within bf16's default tolerance; out when bf16 is held to rtol 1e-3.
+  expect(bisect('probe-check/bf16_a', 'probe-check/bf16_b').code).toBe(0);
+  const strict = bisect('probe-check/bf16_a', 'probe-check/bf16_b', '--tol', 'bf16=0,1e-3', '--json');
+  expect(strict.code).toBe(1);
+  expect(strict.doc.first).toMatchObject({ dtype_a: 'bfloat16', ranks: [1], atol: 0, rtol: 0.001 });
+});
+
+test('bad input exits 2 naming it: a missing rank, a module on one side only, a bad flag', () => {
+  fs.cpSync(path.join(dir, 'tp2'), path.join(dir, 'tp2-lost'), { recursive: true });
+  fs.rmSync(path.join(dir, 'tp2-lost', 'rank1'), { recursive: true });
+  const lost = bisect('tp2-lost', 'tp1');
+  expect(lost.code).toBe(2);
+  expect(lost.stderr).toContain('no bundle for tp_rank 1 of tp_size 2 (a rank is missing)');
+  probe('layer1', ['--probe-layers', '1']);
+  const one = bisect('layer1', 'tp1');
+  expect(one.code).toBe(2);
+  expect(one.stderr).toContain('only in B: model.layers.0.input_layernorm#0');
+  const tol = bisect('tp2', 'tp1', '--tol', 'fp64=1');
+  expect(tol.code).toBe(2);
+  expect(tol.stderr).toContain('--tol: expected DTYPE=ATOL,RTOL');
+  const neg = bisect('tp2', 'tp1', '--tol', 'bf16=-1,0');
+  expect(neg.code).toBe(2);
+  expect(neg.stderr).toContain('--tol bf16 atol');
+  const none = runWavebus(['bisect', path.join(dir, 'eng'), path.join(dir, 'tp1')]);
+  expect(none.code).toBe(2);
+  expect(none.stderr).toContain('no probe bundle under it');
+  expect(bisect('tp2', 'tp1', '--call', '999').stderr).toContain('no probe bundle of call 999');
+});
