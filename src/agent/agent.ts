@@ -28,6 +28,8 @@ import { DEFAULT_VIEW, viewOf, type RuntimeView } from './runtime-view';
 import type { SnapshotCapturer } from '../snapshot/capture';
 import { checkSnapshotGating } from '../snapshot/config';
 import type { AgentOptions } from './agent-options';
+import { WaveTimeline } from './timeline';
+import { DEFAULT_ARTIFACT_MODES } from '../artifacts/artifact-mode';
 
 export type { AgentOptions } from './agent-options';
 
@@ -71,6 +73,8 @@ export class Agent {
   private writes: Promise<void> = Promise.resolve();
   private stopped = false;
   private readonly clients: ClientServer;
+  /** Wave timing for `wavebus trace` (a fixed ring; timeline.ts). */
+  readonly timeline = new WaveTimeline();
 
   constructor(opts: AgentOptions) {
     this.opts = opts;
@@ -172,6 +176,7 @@ export class Agent {
     if (this.stopped) return;
     this.stopped = true;
     await this.writes.catch(() => undefined);
+    this.writeTimeline();
     await this.bus?.stop();
     await this.direct?.stop();
     this.router?.close();
@@ -182,6 +187,11 @@ export class Agent {
     const sock = agentEndpoint(this.opts.runDir, this.identity.localRank).slice('ipc://'.length);
     fs.rmSync(sock, { force: true });
     this.regions.closeAll();
+  }
+
+  /** The timeline beside the local dumps (none without a dump root). */
+  private writeTimeline(): void {
+    this.timeline.writeLogged(this.gate.local.dumps, this.identity, this.opts.artifactModes ?? DEFAULT_ARTIFACT_MODES, this.log);
   }
 
   /** Waits for every bundle write started so far (tests, shutdown). */
@@ -265,6 +275,7 @@ export class Agent {
    */
   private arrive(wave: number, configDue: boolean, dumpDue: boolean, floor?: number): void {
     this.mailbox?.publish({ wave, configDue, dumpDue }, floor);
+    this.timeline.record('vector', wave, this.timeline.now());
     this.waves.arrive(wave, floor);
     this.duties.forgetBefore(wave - WAVE_HISTORY);
   }
@@ -292,15 +303,18 @@ export class Agent {
           // The client waited on the mailbox for the bound and went on without the vector.
           if (req.endOfWave.missed && this.bus && !this.ended.has(req.endOfWave.wave)) this.missedWave(req.endOfWave.wave);
           // It waited and the vector came within the bound: counted (/metrics per rank).
-          else if (req.endOfWave.late) this.stats.lateVectors++;
+          else if (req.endOfWave.late) {
+            this.stats.lateVectors++;
+            this.timeline.record('late_vector', Number(req.endOfWave.wave), this.timeline.now());
+          }
           return {};
         }
-        return this.endOfWave(req.endOfWave.wave);
+        return this.timeline.span('end_of_wave', Number(req.endOfWave.wave), () => this.endOfWave(req.endOfWave.wave));
       case 'dueDumps':
         return { dueReqIds: await this.dueReqIds(Number(req.dueDumps.wave)) };
       case 'beforeForward':
         if (!this.capturer) return { captured: false };
-        return captureInputs(this.capturer, this.regions, req.beforeForward, interim, () => this.stats.snapshotsWritten++);
+        return this.timeline.captureSpan(Number(req.beforeForward.context?.globalStep ?? 0), () => captureInputs(this.capturer!, this.regions, req.beforeForward, interim, () => this.stats.snapshotsWritten++));
       case 'close':
       case 'ping':
         return {};
@@ -350,12 +364,15 @@ export class Agent {
     for (const r of refused) this.bus.sendDumpResult(r);
     // The engine is released now; files are written behind it.
     this.writes = this.writes.then(async () => {
+      const start = this.timeline.now();
       const results = await this.dumps.write(staged, this.view.format);
       for (const r of results) {
         if (r.error) this.stats.dumpsFailed++;
         else this.stats.dumpsWritten++;
         this.bus?.sendDumpResult(r);
       }
+      this.timeline.record('dump', wave, start, this.timeline.now() - start, staged.length);
+      this.writeTimeline();
     });
     return { dumpsWritten: staged.length };
   }
@@ -374,6 +391,7 @@ export class Agent {
 
   /** The engine ended `wave` without its vector (the bound ran out): counted, logged, its jobs acked as wave_already_ended. */
   private missedWave(wave: number): void {
+    this.timeline.record('missed_vector', wave, this.timeline.now());
     this.stats.endOfWaveTimeouts++;
     this.stats.missedWaves++;
     this.ended.add(wave);
