@@ -6,7 +6,8 @@
 // `<dump_root>/timeline/rank<g>.json` (docs/report.md).
 import { performance } from 'perf_hooks';
 import * as path from 'path';
-import { artifactWrite, writeFileAtomic } from '../artifacts/atomic-write';
+import * as fs from 'fs';
+import { writeFileAtomic } from '../artifacts/atomic-write';
 import type { ArtifactModes } from '../artifacts/artifact-mode';
 import type { RankIdentity } from '../launch/identity';
 import type { Logger } from '../log';
@@ -107,9 +108,16 @@ export class WaveTimeline {
   }
 
   /** Replace the rank's timeline file (temp + fsync + rename, the dumps' modes). */
-  write(dumpRoot: string, id: RankIdentity, modes: ArtifactModes): string {
+  write(dumpRoot: string, id: RankIdentity, modes: ArtifactModes): string | undefined {
+    // Never under a root that is gone (a job's dir removed under a stopping agent is not made again).
+    if (!fs.existsSync(dumpRoot)) return undefined;
     const file = timelineFile(dumpRoot, id.globalRank);
-    writeFileAtomic(file, `${JSON.stringify(this.toJson(id))}\n`, artifactWrite(modes));
+    try {
+      fs.mkdirSync(path.dirname(file), { mode: modes.dir });
+    } catch (e) {
+      if ((e as NodeJS.ErrnoException).code !== 'EEXIST') throw e;
+    }
+    writeFileAtomic(file, `${JSON.stringify(this.toJson(id))}\n`, { mode: modes.file });
     return file;
   }
 }

@@ -39,6 +39,8 @@ export interface ReportTree {
   /** Runtime config files found (path relative to the tree → its parsed content). */
   configs: { file: string; value: unknown }[];
   timelines: TimelineDoc[];
+  /** The coordinator's config history: [replica, wave, config_version, sent_ms]. */
+  configHistory: number[][];
   layout?: WorldLayout;
   /** Files the tree has that could not be read as what their name says. */
   unreadable: string[];
@@ -106,7 +108,7 @@ export function collectTree(root: string, opts: { verify?: boolean } = {}): Repo
   const st = fs.lstatSync(abs);
   if (!st.isDirectory()) throw new Error(`${root}: not a directory`);
   const inspect = inspectTree(abs, { verify: opts.verify ?? true });
-  const tree: ReportTree = { root: abs, inspect, incidents: [], configs: [], timelines: [], unreadable: [] };
+  const tree: ReportTree = { root: abs, inspect, incidents: [], configs: [], timelines: [], configHistory: [], unreadable: [] };
   const waves = inspect.bundles.filter((b) => b.kind === 'dump_wave');
   enrich(abs, inspect.bundles);
   for (const f of walkFiles(abs)) {
@@ -128,6 +130,11 @@ export function collectTree(root: string, opts: { verify?: boolean } = {}): Repo
     } else if (base === 'runtime_config.json' && parts[parts.length - 2] === 'config') {
       const doc = read();
       if (doc !== undefined) tree.configs.push({ file: f, value: doc });
+    } else if (base === 'coordinator.json' && parts[parts.length - 2] === 'timeline') {
+      const doc = read();
+      if (doc?.kind === 'wavebus_config_history' && Array.isArray(doc.entries)) {
+        tree.configHistory.push(...(doc.entries as unknown[]).filter((e): e is number[] => Array.isArray(e) && e.length >= 4 && e.every((x) => Number.isFinite(x))));
+      } else if (doc !== undefined) tree.unreadable.push(`${f}: not a wavebus_config_history`);
     } else if (/^rank\d+\.json$/.test(base) && parts[parts.length - 2] === 'timeline') {
       const doc = read();
       const t = doc === undefined ? undefined : timelineOf(f, doc);
