@@ -109,14 +109,11 @@ export class WaveTimeline {
 
   /** Replace the rank's timeline file (temp + fsync + rename, the dumps' modes). */
   write(dumpRoot: string, id: RankIdentity, modes: ArtifactModes): string | undefined {
-    // Never under a root that is gone (a job's dir removed under a stopping agent is not made again).
-    if (!fs.existsSync(dumpRoot)) return undefined;
+    // The root is made if need be (a rank that dumped nothing still has its waves), but never
+    // where its parent is gone: a job's dir removed under a stopping agent is not made again.
+    if (!fs.existsSync(path.dirname(dumpRoot))) return undefined;
     const file = timelineFile(dumpRoot, id.globalRank);
-    try {
-      fs.mkdirSync(path.dirname(file), { mode: modes.dir });
-    } catch (e) {
-      if ((e as NodeJS.ErrnoException).code !== 'EEXIST') throw e;
-    }
+    fs.mkdirSync(path.dirname(file), { recursive: true, mode: modes.dir });
     writeFileAtomic(file, `${JSON.stringify(this.toJson(id))}\n`, { mode: modes.file });
     return file;
   }

@@ -151,6 +151,7 @@ export class WaveStreams {
     const head: WaveHead = { epoch: this.deps.epoch(), seq: s.seq + 1, wave, configDue: config !== undefined, dumpDue: jobs.length > 0 };
     this.publish(s, 'head', { ...head });
     metrics.waves.inc();
+    metrics.replicaWaves.inc({ dp: String(replica) });
     if (config) {
       this.publish(s, 'config', { wave, version: config.version, config: config.config });
       s.lastConfig = { version: config.version, config: config.config };

@@ -20,8 +20,13 @@ export class ConfigHistory {
     private readonly log: Logger,
   ) {}
 
+  private unwritten = false;
+  private root?: string;
+
   record(replica: number, wave: number, version: number, dumpRoot: string): void {
     this.entries.push([replica, wave, version, Date.now()]);
+    this.unwritten = true;
+    this.root = dumpRoot;
     if (this.entries.length > MAX_ENTRIES) this.entries.shift();
     this.pending ??= setImmediate(() => {
       this.pending = undefined;
@@ -29,26 +34,23 @@ export class ConfigHistory {
     });
   }
 
-  /** Only under a dump root that exists (a job's root removed under it is not made again). */
   private write(dumpRoot: string): void {
+    // As the ranks' timelines: the root is made if need be, never where its parent is gone.
+    if (!fs.existsSync(path.dirname(dumpRoot))) return;
     try {
-      if (!fs.existsSync(dumpRoot)) return;
-      const dir = path.join(dumpRoot, 'timeline');
-      fs.mkdirSync(dir, { mode: this.modes.dir, recursive: false });
-    } catch (e) {
-      if ((e as NodeJS.ErrnoException).code !== 'EEXIST') return void this.log.warn({ err: (e as Error).message }, 'could not write the config history');
-    }
-    try {
+      fs.mkdirSync(path.join(dumpRoot, 'timeline'), { recursive: true, mode: this.modes.dir });
       const doc = { kind: 'wavebus_config_history', version: 1, fields: ['replica', 'wave', 'config_version', 'sent_ms'], entries: this.entries };
       writeFileAtomic(path.join(dumpRoot, 'timeline', 'coordinator.json'), `${JSON.stringify(doc)}\n`, { mode: this.modes.file });
+      this.unwritten = false;
     } catch (e) {
       this.log.warn({ err: (e as Error).message }, 'could not write the config history');
     }
   }
 
-  /** A write still due is dropped (the guard is closing; its root may be going away). */
+  /** A write still due, or one skipped because the root's parent did not exist yet, is done now. */
   close(): void {
     if (this.pending) clearImmediate(this.pending);
     this.pending = undefined;
+    if (this.unwritten && this.root !== undefined) this.write(this.root);
   }
 }

@@ -91,7 +91,7 @@ export function gridSection(tree: ReportTree): string {
       return `<tr><th>rank ${g}</th>${tds.join('')}</tr>`;
     })
     .join('\n');
-  const legend = (['complete', 'missing', 'skipped', 'corrupt', 'na'] as CellState[]).map((s) => `<span><i class="cell ${s}"></i>${s === 'na' ? 'not applicable' : s} (${counts[s]})</span>`).join('');
+  const legend = (['complete', 'missing', 'skipped', 'corrupt', 'na'] as CellState[]).map((s) => `<span><i class="key ${s}"></i>${s === 'na' ? 'not applicable' : s} (${counts[s]})</span>`).join('');
   return `<section id="grid"><h2>Completeness</h2>
 <p>${ranks.length} rank(s) × ${columns.length} column(s): KV dumps and input-snapshot calls. Hover a cell for the reason.</p>
 <div class="legend">${legend}</div>
