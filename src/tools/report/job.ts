@@ -23,6 +23,12 @@ function hostsOf(tree: ReportTree): Map<string, number[]> {
   return hosts;
 }
 
+/** A path under the current directory relative to it (the page then shows what the user typed). */
+function shownPath(p: string): string {
+  const r = path.relative(process.cwd(), p);
+  return r === '' ? '.' : r.startsWith('..') || path.isAbsolute(r) ? p : r;
+}
+
 /** Ranks as short ranges: 0-3,8,10-11. */
 export function rankRanges(ranks: number[]): string {
   const s = [...new Set(ranks)].sort((a, b) => a - b);
@@ -40,7 +46,7 @@ export function jobSection(tree: ReportTree): string {
   const l = tree.layout;
   const hosts = hostsOf(tree);
   const facts: Record<string, unknown> = {
-    tree: tree.root,
+    tree: shownPath(tree.root),
     layout: l ? `DP ${l.dp} × PP ${l.pp} × TP ${l.tp}${l.cp > 1 ? ` × CP ${l.cp}` : ''} = ${l.worldSize} ranks` : 'not recorded (no dump record in the tree names one)',
     hosts: hosts.size ? [...hosts].map(([h, r]) => `${h}: ranks ${rankRanges(r)}`).join('; ') : 'not recorded (no rank timeline in the tree)',
     incidents: tree.incidents.length,
