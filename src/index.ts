@@ -38,3 +38,7 @@ export { aggregate } from './tools/aggregate';
 export type { AggregateOptions } from './tools/aggregate';
 export { compareCaptures } from './tools/compare';
 export type { CompareOptions, CompareResult } from './tools/compare';
+export { buildReport, writeReport } from './tools/report';
+export type { ReportOptions } from './tools/report';
+export { buildTrace, writeTrace } from './tools/trace';
+export type { TraceEvent, TraceFile } from './tools/trace';

@@ -68,7 +68,7 @@ test("a real job's page: sections, counts read from the DOM match the tree, no c
   expect(count(page.dom, 'class="ev incident"')).toBe(reports.length);
   expect(count(page.dom, 'class="ev dump"')).toBe(find(tree.root, /^request_info\.json$/).length);
   // Token ids are in the reports (save_sensitive_info), shown as ids without a vocabulary.
-  expect(page.dom).toContain('recent_token_ids');
+  expect(page.dom).toMatch(/<h4>output_token_ids \(\d+; ids only[^<]*<code>--vocab FILE<\/code>[^<]*\)<\/h4><div class="tokens"><span title="id 101">101<\/span>/);
   // A heatmap per rank dump, and links to its files that resolve from the page.
   expect(count(page.dom, 'class="kvmap"')).toBe(rankDirs.length);
   const hrefs = [...html.matchAll(/href="([^"#]+)"/g)].map((m) => decodeURIComponent(m[1]));

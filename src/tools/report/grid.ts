@@ -39,7 +39,7 @@ function dumpColumn(wave: BundleReport, byDir: Map<string, BundleReport>, ranks:
       cells.set(g, { state: 'missing', reason: why });
     } else cells.set(g, { state: 'na', reason: `rank ${g} does not copy this dump` });
   }
-  return { label: `${String(wave.info.incident_type)} ${String(wave.info.req_id)} w${String(wave.info.arm_wave)}`, kind: 'dump', cells };
+  return { label: `w${String(wave.info.arm_wave)} ${String(wave.info.incident_type)} ${String(wave.info.req_id)}`, kind: 'dump', cells };
 }
 
 function snapshotColumns(bundles: BundleReport[], ranks: number[]): GridColumn[] {
@@ -62,7 +62,7 @@ function snapshotColumns(bundles: BundleReport[], ranks: number[]): GridColumn[]
       else if (want.has(g)) cells.set(g, { state: 'missing', reason: `rank ${g} captured other calls of ${c.hash}, not call ${c.call}` });
       else cells.set(g, { state: 'na', reason: `rank ${g} captured nothing of ${c.hash}` });
     }
-    return { label: `snapshot ${c.hash} call${c.call}`, kind: 'snapshot' as const, cells };
+    return { label: `call${c.call} ${c.hash}`, kind: 'snapshot' as const, cells };
   });
 }
 
@@ -93,7 +93,7 @@ export function gridSection(tree: ReportTree): string {
     .join('\n');
   const legend = (['complete', 'missing', 'skipped', 'corrupt', 'na'] as CellState[]).map((s) => `<span><i class="key ${s}"></i>${s === 'na' ? 'not applicable' : s} (${counts[s]})</span>`).join('');
   return `<section id="grid"><h2>Completeness</h2>
-<p>${ranks.length} rank(s) × ${columns.length} column(s): KV dumps and input-snapshot calls. Hover a cell for the reason.</p>
+<p>${ranks.length} rank(s) × ${columns.length} column(s): KV dumps (w&lt;copy wave&gt; type request) and input-snapshot calls (call&lt;N&gt; graph). Hover a cell for the reason.</p>
 <div class="legend">${legend}</div>
 <div style="overflow:auto"><table class="grid"><tr><th></th>${head}</tr>
 ${body}

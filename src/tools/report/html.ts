@@ -35,7 +35,7 @@ pre{margin:0;max-height:320px;overflow:auto;font-size:12px}
 code,.mono{font-family:ui-monospace,monospace}
 .grid td{width:14px;height:14px;padding:0;border:1px solid #fff}
 .grid th{font-weight:400;font-size:11px;white-space:nowrap}
-.grid th.col{writing-mode:vertical-rl;transform:rotate(180deg);max-height:140px;overflow:hidden}
+.grid th.col{writing-mode:vertical-rl;transform:rotate(180deg);max-height:180px;overflow:hidden}
 .cell.complete,.key.complete{background:#34a853}.cell.missing,.key.missing{background:#ea4335}.cell.skipped,.key.skipped{background:#fbbc04}
 .cell.corrupt,.key.corrupt{background:#7b1fa2}.cell.na,.key.na{background:#eee}
 .legend span{display:inline-block;margin-right:12px}.legend i{display:inline-block;width:10px;height:10px;margin-right:4px;vertical-align:middle}

@@ -25,14 +25,20 @@ export function sensitiveAllowed(tree: ReportTree): boolean {
   return tree.configs.some((c) => (c.value as any)?.report?.save_sensitive_info === true);
 }
 
+/** Token id lists of a report: at its top level or in the detector's detail (where the guard puts them). */
+function tokenLists(r: Record<string, unknown>): [string, unknown[]][] {
+  const detail = (r.detail && typeof r.detail === 'object' ? r.detail : {}) as Record<string, unknown>;
+  return TOKEN_KEYS.flatMap((k) => (Array.isArray(r[k]) ? [[k, r[k]]] : Array.isArray(detail[k]) ? [[k, detail[k]]] : []) as [string, unknown[]][]);
+}
+
 function tokensHtml(inc: Incident, vocab: Vocabulary | undefined, sensitive: boolean): string {
-  const lists = TOKEN_KEYS.filter((k) => Array.isArray(inc.report[k]));
+  const lists = tokenLists(inc.report);
   if (lists.length === 0) return '<p>No token ids in the report (they are kept only with <code>report.save_sensitive_info</code>).</p>';
   const text = vocab !== undefined && sensitive;
   const note = vocab === undefined ? 'ids only (give <code>--vocab FILE</code> for text)' : sensitive ? `text from ${esc(vocab.source)}` : 'ids only: the config in force does not set report.save_sensitive_info, so no text is shown';
   return lists
-    .map((k) => {
-      const ids = (inc.report[k] as unknown[]).map(Number);
+    .map(([k, raw]) => {
+      const ids = raw.map(Number);
       const shown = ids.slice(-MAX_TOKENS_SHOWN);
       const spans = shown.map((id, i) => {
         const last = i === shown.length - 1 && k !== 'prompt_token_ids';
@@ -92,11 +98,13 @@ export function incidentsSection(tree: ReportTree, opts: IncidentOptions): strin
     const { detail, block_ids: blocks, ...fields } = r as Record<string, unknown>;
     if (Array.isArray(blocks)) fields.block_ids = blocks.length > 32 ? `${blocks.slice(0, 32).join(',')} … (${blocks.length})` : blocks.join(',');
     for (const k of TOKEN_KEYS) if (Array.isArray(fields[k])) fields[k] = `${(fields[k] as unknown[]).length} ids (below)`;
+    const shownDetail = detail && typeof detail === 'object' ? { ...(detail as Record<string, unknown>) } : detail;
+    if (shownDetail && typeof shownDetail === 'object') for (const k of TOKEN_KEYS) if (Array.isArray((shownDetail as any)[k])) (shownDetail as any)[k] = `${(shownDetail as any)[k].length} ids (below)`;
     const reportLink = fileLink(path.relative(opts.pageDir, path.join(tree.root, inc.file)).split(path.sep).join('/'), inc.file);
     return `<details class="incident" data-type="${esc(inc.type)}" id="incident-${n}"${n < 20 ? ' open' : ''}>
 <summary><span style="color:${typeColour(inc.type)}">●</span> ${esc(inc.type)} · ${esc(r.req_id)} · wave ${esc(r.detect_wave)} · replica dp${esc(r.dp_rank ?? 0)}</summary>
 <p>Report: ${reportLink}</p>
-<div class="flex"><div><h4>Report fields</h4>${kvTable(fields)}</div><div><h4>Detector detail</h4>${detail && typeof detail === 'object' ? kvTable(detail as Record<string, unknown>) : '<p>none</p>'}</div></div>
+<div class="flex"><div><h4>Report fields</h4>${kvTable(fields)}</div><div><h4>Detector detail</h4>${shownDetail && typeof shownDetail === 'object' ? kvTable(shownDetail as Record<string, unknown>) : '<p>none</p>'}</div></div>
 <h4>Token stream</h4>${tokensHtml(inc, opts.vocab, sensitive)}
 <h4>KV dump</h4>${dumpHtml(tree, inc, opts, budget, byDir)}
 </details>`;
