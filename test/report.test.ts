@@ -169,3 +169,31 @@ test('64 ranks and 100 incidents: under 5 MB, within a generous bound, every cou
   expect(page.dom).toContain('host7: ranks 56-63');
   await screenshot(out, path.join(ARTIFACTS, 'report-scale.png'));
 });
+
+test('token text: with --vocab and save_sensitive_info only; a bad vocabulary is a usage error', () => {
+  const vocab = path.join(work, 'vocab.json');
+  fs.writeFileSync(vocab, JSON.stringify(Array.from({ length: 200 }, (_, i) => (i === 101 ? '<b>hi</b>' : `t${i}`))));
+  const out = path.join(work, 'vocab.html');
+  expect(runWavebus(['report', tree.root, '-o', out, '--vocab', vocab]).code).toBe(0);
+  const html = fs.readFileSync(out, 'utf8');
+  expect(html).toContain(`text from ${vocab}`);
+  expect(html).toContain('<span title="id 101">&#60;b&#62;hi&#60;/b&#62;</span><span class="hit" title="id 102">t102</span>');
+
+  // The same tree under a config without save_sensitive_info: ids, no text.
+  const off = path.join(work, 'vocab-off');
+  fs.cpSync(tree.root, off, { recursive: true });
+  const [cfgFile] = find(off, /^runtime_config\.json$/);
+  const cfg = JSON.parse(fs.readFileSync(path.join(off, cfgFile), 'utf8'));
+  cfg.report.save_sensitive_info = false;
+  fs.writeFileSync(path.join(off, cfgFile), JSON.stringify(cfg));
+  expect(runWavebus(['report', off, '-o', out, '--vocab', vocab]).code).toBe(0);
+  const ids = fs.readFileSync(out, 'utf8');
+  expect(ids).toContain('does not set report.save_sensitive_info, so no text is shown');
+  expect(ids).toContain('<span title="id 101">101</span>');
+  expect(ids).not.toContain('t102');
+
+  fs.writeFileSync(vocab, '{"model": 3}');
+  const r = runWavebus(['report', tree.root, '-o', out, '--vocab', vocab]);
+  expect(r.code).toBe(2);
+  expect(r.stderr).toContain(`--vocab ${vocab}: expected a JSON list of tokens`);
+});
