@@ -45,6 +45,8 @@ test("a real job's page: sections, counts read from the DOM match the tree, no c
   expect(r.code).toBe(0);
   expect(r.stdout.trim()).toBe(out);
   const html = fs.readFileSync(out, 'utf8');
+  // Its reports hold token ids (save_sensitive_info): the page is as private as they are.
+  expect(fs.statSync(out).mode & 0o777).toBe(0o600);
   // Self-contained: nothing is loaded from anywhere (links to the tree's files are relative).
   expect(html).not.toMatch(/(src|href)\s*=\s*["']?(https?:|\/\/)/i);
   expect(html).not.toMatch(/<(img|link|iframe)\b/i);
@@ -155,6 +157,7 @@ test('64 ranks and 100 incidents: under 5 MB, within a generous bound, every cou
   expect(r.stderr).toBe('');
   expect(r.code).toBe(0);
   const size = fs.statSync(out).size;
+  expect(fs.statSync(out).mode & 0o777).toBe(0o640); // no token ids in this tree
   process.stdout.write(`report of 64 ranks, 100 incidents, ${g.rankDirs} rank dumps: ${ms} ms, ${size} bytes\n`);
   expect(size).toBeLessThan(5 * 1024 * 1024);
   expect(ms).toBeLessThan(60000); // the target (10 s here) is measured in docs/report.md, not asserted

@@ -59,6 +59,7 @@ test('a real job: the trace-event format, a track per rank and the coordinator, 
   const r = runWavebus(['trace', tree.root, '-o', out]);
   expect(r.code).toBe(0);
   expect(r.stdout).toMatch(/events, 4 rank\(s\)/);
+  expect(fs.statSync(out).mode & 0o777).toBe(0o640);
   const t = JSON.parse(fs.readFileSync(out, 'utf8'));
   expect(t.displayTimeUnit).toBe('ms');
   const events = t.traceEvents as Ev[];

@@ -2,7 +2,9 @@
 // of a tree. A process per rank with four threads (waves, engine waits, dumps, captures) from the
 // ranks' timelines (src/agent/timeline.ts), incidents as instant events on their replica head's
 // waves thread, and a coordinator process whose thread shows each config sent to each replica.
-import * as fs from 'fs';
+import * as path from 'path';
+import { writeFileAtomic } from '../artifacts/atomic-write';
+import { DEFAULT_FILE_MODE } from '../artifacts/artifact-mode';
 import { collectTree, type ReportTree, type TimelineDoc } from './report/collect';
 
 export interface TraceEvent {
@@ -93,6 +95,6 @@ export function buildTrace(tree: ReportTree): TraceFile {
 export function writeTrace(dir: string, out: string): { file: string; events: number; ranks: number } {
   const tree = collectTree(dir, { verify: false });
   const t = buildTrace(tree);
-  fs.writeFileSync(out, JSON.stringify(t));
+  writeFileAtomic(path.resolve(out), JSON.stringify(t), { mode: DEFAULT_FILE_MODE });
   return { file: out, events: t.traceEvents.length, ranks: tree.timelines.length };
 }

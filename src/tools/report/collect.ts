@@ -7,6 +7,7 @@ import * as path from 'path';
 import { inspectTree, type BundleReport, type InspectResult } from '../inspect';
 import { readLayoutJson } from '../../paths';
 import type { WorldLayout } from '../../launch/identity';
+import { ConfigError } from '../../errors';
 
 /** Reports and records are a few KiB; a timeline is at most a few MiB. */
 const MAX_JSON_BYTES = 16 << 20;
@@ -105,8 +106,13 @@ function dumpFor(report: Record<string, unknown>, waves: BundleReport[]): Bundle
 /** Read a tree; `verify` recomputes every file's checksum (what `inspect --verify` does). */
 export function collectTree(root: string, opts: { verify?: boolean } = {}): ReportTree {
   const abs = path.resolve(root);
-  const st = fs.lstatSync(abs);
-  if (!st.isDirectory()) throw new Error(`${root}: not a directory`);
+  let st: fs.Stats;
+  try {
+    st = fs.statSync(abs);
+  } catch (e) {
+    throw new ConfigError(`${root}: ${(e as NodeJS.ErrnoException).code === 'ENOENT' ? 'no such directory' : (e as Error).message}`);
+  }
+  if (!st.isDirectory()) throw new ConfigError(`${root}: not a directory`);
   const inspect = inspectTree(abs, { verify: opts.verify ?? true });
   const tree: ReportTree = { root: abs, inspect, incidents: [], configs: [], timelines: [], configHistory: [], unreadable: [] };
   const waves = inspect.bundles.filter((b) => b.kind === 'dump_wave');

@@ -1,6 +1,9 @@
 // `wavebus report --compare A B`: `wavebus compare`'s per-tensor difference table and its heatmap
 // (rows: tensors, columns: heads; colour: max |a - b|) on one self-contained page.
-import * as fs from 'fs';
+import * as path from 'path';
+import { writeFileAtomic } from '../../artifacts/atomic-write';
+import { DEFAULT_FILE_MODE } from '../../artifacts/artifact-mode';
+import { ConfigError } from '../../errors';
 import { compareCaptures, type CompareOptions, type TensorComparison } from '../compare';
 import { colour, heatmapGrid } from '../heatmap';
 import { esc, page } from './html';
@@ -22,7 +25,7 @@ function row(t: TensorComparison, cells: (number | null)[], max: number): string
 
 export function comparePage(a: string, b: string, opts: CompareOptions = {}): { html: string; ok: boolean } {
   const r = compareCaptures(a, b, opts);
-  if (r.tensors.length === 0) throw new Error(`no tensors found in ${r.a} or ${r.b}`);
+  if (r.tensors.length === 0) throw new ConfigError(`no tensors found in ${r.a} or ${r.b}`);
   const grid = heatmapGrid(r);
   const s = r.summary;
   const summary = `${r.tensors.length} tensor(s): ${s.equal} equal, ${s.within_tolerance} within tolerance, ${s.differs} differ, ${s.shape_mismatch} shape mismatch, ${s.only_in_a} only in A, ${s.only_in_b} only in B`;
@@ -39,6 +42,6 @@ ${body}
 
 export function writeComparePage(a: string, b: string, out: string, opts: CompareOptions = {}): { file: string; ok: boolean; bytes: number } {
   const p = comparePage(a, b, opts);
-  fs.writeFileSync(out, p.html);
+  writeFileAtomic(path.resolve(out), p.html, { mode: DEFAULT_FILE_MODE });
   return { file: out, ok: p.ok, bytes: Buffer.byteLength(p.html) };
 }

@@ -31,6 +31,8 @@ function tokenLists(r: Record<string, unknown>): [string, unknown[]][] {
   return TOKEN_KEYS.flatMap((k) => (Array.isArray(r[k]) ? [[k, r[k]]] : Array.isArray(detail[k]) ? [[k, detail[k]]] : []) as [string, unknown[]][]);
 }
 
+export const hasTokenIds = (r: Record<string, unknown>): boolean => tokenLists(r).length > 0;
+
 function tokensHtml(inc: Incident, vocab: Vocabulary | undefined, sensitive: boolean): string {
   const lists = tokenLists(inc.report);
   if (lists.length === 0) return '<p>No token ids in the report (they are kept only with <code>report.save_sensitive_info</code>).</p>';

@@ -1,5 +1,6 @@
 // Token text for the report's token stream: a byte vocabulary (a JSON list, id → token string, or
 // an object {"id": "token"}) or a Hugging Face tokenizer.json (model.vocab: token → id).
+import { ConfigError } from '../../errors';
 import { readJsonFile } from './collect';
 
 export interface Vocabulary {
@@ -13,7 +14,7 @@ export function loadVocabulary(file: string): Vocabulary {
   try {
     doc = readJsonFile(file);
   } catch (e) {
-    throw new Error(`--vocab ${file}: ${(e as Error).message}`);
+    throw new ConfigError(`--vocab ${file}: ${(e as Error).message}`);
   }
   const byId = new Map<number, string>();
   if (Array.isArray(doc)) doc.forEach((t, i) => byId.set(i, String(t)));
@@ -22,6 +23,6 @@ export function loadVocabulary(file: string): Vocabulary {
   } else if (doc && typeof doc === 'object') {
     for (const [id, tok] of Object.entries(doc as Record<string, unknown>)) if (/^\d+$/.test(id)) byId.set(Number(id), String(tok));
   }
-  if (byId.size === 0) throw new Error(`--vocab ${file}: expected a JSON list of tokens, an object {"id": "token"} or a tokenizer.json with model.vocab`);
+  if (byId.size === 0) throw new ConfigError(`--vocab ${file}: expected a JSON list of tokens, an object {"id": "token"} or a tokenizer.json with model.vocab`);
   return { source: file, text: (id) => byId.get(id) ?? `<${id}>` };
 }
