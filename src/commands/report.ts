@@ -27,7 +27,7 @@ export const command: CommandModule = {
       .option('assemble-tp', { type: 'boolean', default: false, describe: 'with --compare: join KV dump TP shards first' }),
   handler: (argv) => {
     const out = argv.out as string | undefined;
-    if (out !== undefined && !/\.html?$/.test(out)) usage(`--out ${JSON.stringify(out)}: expected a .html file name`);
+    if (out !== undefined && !/\.html?$/.test(out)) usage(`--out ${JSON.stringify(out.slice(0, 200))}: expected a .html file name`);
     const compare = argv.compare as string[] | undefined;
     if (compare !== undefined) {
       if (compare.length !== 2) usage(`--compare takes two captures (A B), got ${compare.length}`);

@@ -11,9 +11,15 @@ export const command: CommandModule = {
       .positional('dir', { type: 'string', demandOption: true, describe: 'an aggregated tree, a runtime dir, or the demo output' })
       .option('out', { alias: 'o', type: 'string', default: 'job.trace.json', describe: 'the trace file to write' }),
   handler: (argv) => {
+    const out = String(argv.out);
+    // A trace is JSON: a name without .json is a slip (a path meant for something else), refused.
+    if (!/\.json$/.test(out)) {
+      process.stderr.write(`wavebus trace: --out ${JSON.stringify(out.slice(0, 200))}: expected a .json file name\n`);
+      process.exit(2);
+    }
     let r;
     try {
-      r = writeTrace(String(argv.dir), String(argv.out));
+      r = writeTrace(String(argv.dir), out);
     } catch (e) {
       process.stderr.write(`wavebus trace: ${(e as Error).message}\n`);
       process.exit(2);
