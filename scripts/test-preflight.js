@@ -25,6 +25,8 @@ const needs = [
   // test/slurm.test.ts starts a one-node cluster of its own: slurmctld, slurmd, the clients, munged.
   ['slurm-wlm', () => ['slurmctld', 'slurmd', 'sbatch', 'srun', 'sinfo', 'scancel'].every(installed)],
   ['munge', () => ['munged', 'mungekey', 'munge'].every(installed)],
+  // test/report.test.ts opens the report pages in headless Chromium.
+  ['chromium', () => installed('chromium')],
 ];
 
 /** True when `program` is on PATH or in /usr/sbin or /sbin (daemons live there; a non-login PATH may lack them). */
