@@ -33,7 +33,7 @@ const needs = [
   // test/slurm.test.ts starts a one-node cluster of its own: slurmctld, slurmd, the clients, munged.
   ['slurm-wlm', () => ['slurmctld', 'slurmd', 'sbatch', 'srun', 'sinfo', 'scancel'].every(installed)],
   ['munge', () => ['munged', 'mungekey', 'munge'].every(installed)],
-  // Page tests drive a headless browser.
+  // Page tests (test/report.test.ts) open the report pages in headless Chromium.
   ['chromium', () => installed('chromium')],
 ];
 

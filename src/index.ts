@@ -52,3 +52,7 @@ export { compareCaptures } from './tools/compare';
 export type { CompareOptions, CompareResult } from './tools/compare';
 export { bisect } from './tools/bisect';
 export type { BisectOptions, BisectResult } from './tools/bisect';
+export { buildReport, writeReport } from './tools/report';
+export type { ReportOptions } from './tools/report';
+export { buildTrace, writeTrace } from './tools/trace';
+export type { TraceEvent, TraceFile } from './tools/trace';

@@ -36,11 +36,33 @@ export function busMetrics() {
     liveAgents: gauge('wavebus_live_agents', 'Agents whose heartbeats arrive within the liveness bound'),
     dropped: counter('wavebus_dropped_frames_total', 'Frames dropped by the coordinator, by reason', ['reason'] as const),
     dumps: counter('wavebus_dumps_total', 'Per-rank dump outcomes (ok, error, skipped, timeout)', ['result'] as const),
+    replicaWaves: counter('wavebus_replica_waves_total', 'Wave heads published by the coordinator, by DP replica (waves per second: rate())', ['dp'] as const),
   };
+  memoryGauge();
   // Zero-valued series, so dashboards see every label from the start.
   for (const lane of ['config', 'dump']) m.lanes.inc({ lane }, 0);
   for (const reason of ['frame_count', 'oversized', 'truncated', 'undecodable', 'empty', 'unknown_request', 'no_mac', 'bad_mac', 'wrong_connection', 'protocol_version', 'not_head', 'bad_telemetry', 'rank_out_of_range', 'over_limit']) m.dropped.inc({ reason }, 0);
   return m;
+}
+
+/** The coordinator's memory, read at each scrape (no timer): rss, heap_used, heap_total, external, array_buffers. */
+function memoryGauge(): void {
+  const name = 'wavebus_coordinator_memory_bytes';
+  if (registry.getSingleMetric(name)) return;
+  new Gauge({
+    name,
+    help: "The coordinator process's memory in bytes, by kind (rss, heap_used, heap_total, external, array_buffers)",
+    labelNames: ['kind'],
+    registers: [registry],
+    collect() {
+      const m = process.memoryUsage();
+      this.set({ kind: 'rss' }, m.rss);
+      this.set({ kind: 'heap_used' }, m.heapUsed);
+      this.set({ kind: 'heap_total' }, m.heapTotal);
+      this.set({ kind: 'external' }, m.external);
+      this.set({ kind: 'array_buffers' }, m.arrayBuffers);
+    },
+  });
 }
 
 export interface MetricsServer {

@@ -18,6 +18,12 @@ test('demo (TP=4, one host) writes and verifies every artifact', () => {
     expect(fs.readdirSync(path.join(out, 'runtime', 'report', t)).length).toBeGreaterThan(0);
   }
   expect(r.stdout).toMatch(/input snapshots by rank: rank0=\d+ rank1=\d+ rank2=\d+ rank3=\d+/);
+  // It ends with the page (docs/report.md) and the trace, their paths printed.
+  expect(r.stdout).toContain(`report:    ${path.join(out, 'report.html')}\n`);
+  expect(fs.readFileSync(path.join(out, 'report.html'), 'utf8')).toContain('class="banner ok" id="verify-banner"');
+  const trace = JSON.parse(fs.readFileSync(path.join(out, 'job.trace.json'), 'utf8'));
+  const reports = ['token_repeat', 'logits_finite', 'garbled', 'spec_acceptance'].reduce((n, t) => n + fs.readdirSync(path.join(out, 'runtime', 'report', t)).length, 0);
+  expect(trace.traceEvents.filter((e: { cat?: string }) => e.cat === 'incident').length).toBe(reports);
   const kv = inspectTree(path.join(out, 'runtime', 'report', 'kv_cache'), { verify: true });
   expect(kv.problems).toEqual([]);
   // The content check catches a single flipped byte in any dumped block.

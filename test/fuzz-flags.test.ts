@@ -82,6 +82,8 @@ const COMMANDS: Record<string, { base: (b: Bases) => Promise<string[]>; small?: 
   inspect: { base: async (b) => ['inspect', b.own()] },
   keys: { base: async (b) => ['keys', '--out', b.own(), '--name', 'k'] },
   demo: { base: async (b) => ['demo', '--out', b.own(), '--steps', '3', '--tp', '1'], small: ['*'] },
+  report: { base: async (b) => ['report', b.own()] },
+  trace: { base: async (b) => ['trace', b.own()] },
 };
 /** Commands whose flags are not fuzzed here, their flags (a new one still fails the listing test), and why. */
 const NOT_FUZZED: Record<string, { flags: string[]; why: string }> = {

@@ -57,6 +57,8 @@ export async function startHarnessJob(opts: {
   endOfWaveTimeoutMs?: number;
   /** The coordinator's lookaheadWaves (default DEFAULT_LOOKAHEAD_WAVES). */
   lookaheadWaves?: number;
+  /** The coordinator's /metrics port (0: a free one); none by default. */
+  metricsPort?: number;
 }): Promise<HarnessJob> {
   const layers = opts.layers ?? G.layers;
   const layerName = opts.layerName ?? ((l: number) => `layers.${l}`);
@@ -68,7 +70,7 @@ export async function startHarnessJob(opts: {
   const startup = parseStartupOptions(JSON.stringify({ runtime_config_hot_reload: opts.hotReload ?? false, runtime_config: opts.runtimeConfig }), {}, root);
   const guard = new Guard({ startup, layout, artifactModes: opts.artifactModes, ...(opts.hotReload ? { pollIntervalMs: 0, verifyIntervalMs: 0 } : {}) });
   const port = await freePortPair();
-  const coordinator = new Coordinator({ port, layout, heartbeatMs: 300, dumpAckTimeoutMs: 10000, policy: guard, lookaheadWaves: opts.lookaheadWaves });
+  const coordinator = new Coordinator({ port, layout, heartbeatMs: 300, dumpAckTimeoutMs: 10000, policy: guard, lookaheadWaves: opts.lookaheadWaves, metricsPort: opts.metricsPort });
   await coordinator.start();
   const job: HarnessJob = { coordinator, guard, ranks: [], root, dumpRoot: startup.dumpDir, reportRoot: startup.reportDir, layout, configPath: startup.configPath };
   const runDir = path.join(root, 'run');

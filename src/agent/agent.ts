@@ -30,6 +30,8 @@ import { DEFAULT_VIEW, viewOf, type RuntimeView } from './runtime-view';
 import type { SnapshotCapturer } from '../snapshot/capture';
 import { checkSnapshotGating } from '../snapshot/config';
 import type { AgentOptions } from './agent-options';
+import { WaveTimeline } from './timeline';
+import { DEFAULT_ARTIFACT_MODES } from '../artifacts/artifact-mode';
 
 export type { AgentOptions } from './agent-options';
 
@@ -77,6 +79,8 @@ export class Agent {
   private writes: Promise<void> = Promise.resolve();
   private stopped = false;
   private readonly clients: ClientServer;
+  /** Wave timing for `wavebus trace` (a fixed ring; timeline.ts). */
+  readonly timeline = new WaveTimeline();
 
   constructor(opts: AgentOptions) {
     this.opts = opts;
@@ -180,6 +184,7 @@ export class Agent {
     if (this.stopped) return;
     this.stopped = true;
     await this.writes.catch(() => undefined);
+    this.writeTimeline();
     await this.bus?.stop();
     await this.direct?.stop();
     this.router?.close();
@@ -190,6 +195,11 @@ export class Agent {
     const sock = agentEndpoint(this.opts.runDir, this.identity.localRank).slice('ipc://'.length);
     fs.rmSync(sock, { force: true });
     this.regions.closeAll();
+  }
+
+  /** The timeline beside the local dumps (none without a dump root). */
+  private writeTimeline(): void {
+    this.timeline.writeLogged(this.gate.local.dumps, this.identity, this.opts.artifactModes ?? DEFAULT_ARTIFACT_MODES, this.log);
   }
 
   /** Waits for every bundle write started so far (tests, shutdown). */
@@ -278,6 +288,7 @@ export class Agent {
    */
   private arrive(wave: number, configDue: boolean, dumpDue: boolean, floor?: number, snapshotDue = this.live.covers(wave)): void {
     this.mailbox?.publish({ wave, configDue, dumpDue, snapshotDue }, floor);
+    this.timeline.record('vector', wave, this.timeline.now());
     this.waves.arrive(wave, floor);
     this.duties.forgetBefore(wave - WAVE_HISTORY);
   }
@@ -305,15 +316,20 @@ export class Agent {
           // The client waited on the mailbox for the bound and went on without the vector.
           if (req.endOfWave.missed && this.bus && !this.ended.has(req.endOfWave.wave)) this.missedWave(req.endOfWave.wave);
           // It waited and the vector came within the bound: counted (/metrics per rank).
-          else if (req.endOfWave.late) this.stats.lateVectors++;
+          else if (req.endOfWave.late) {
+            this.stats.lateVectors++;
+            this.timeline.record('late_vector', Number(req.endOfWave.wave), this.timeline.now());
+          }
           return {};
         }
-        return this.endOfWave(req.endOfWave.wave);
+        return this.timeline.span('end_of_wave', Number(req.endOfWave.wave), () => this.endOfWave(req.endOfWave.wave));
       case 'dueDumps':
         return this.dueDumps(Number(req.dueDumps.wave));
       case 'beforeForward':
         // An arm may be done here now: the mailbox says so (no more waits for late vectors).
-        return offerForward(this.capturer, this.live, this.regions, req.beforeForward, interim, () => this.stats.snapshotsWritten++).finally(() => this.live.changed() && this.publishFeatures());
+        return this.timeline
+          .captureSpan(Number(req.beforeForward.context?.globalStep ?? 0), () => offerForward(this.capturer, this.live, this.regions, req.beforeForward, interim, () => this.stats.snapshotsWritten++))
+          .finally(() => this.live.changed() && this.publishFeatures());
       case 'close':
       case 'ping':
         return {};
@@ -369,12 +385,15 @@ export class Agent {
     for (const r of refused) this.bus.sendDumpResult(r);
     // The engine is released now; files are written behind it.
     this.writes = this.writes.then(async () => {
+      const start = this.timeline.now();
       const results = await this.dumps.write(staged, this.view.format);
       for (const r of results) {
         if (r.error) this.stats.dumpsFailed++;
         else this.stats.dumpsWritten++;
         this.bus?.sendDumpResult(r);
       }
+      this.timeline.record('dump', wave, start, this.timeline.now() - start, staged.length);
+      this.writeTimeline();
     });
     return { dumpsWritten: staged.length };
   }
@@ -406,6 +425,7 @@ export class Agent {
 
   /** The engine ended `wave` without its vector (the bound ran out): counted, logged, its jobs acked as wave_already_ended. */
   private missedWave(wave: number): void {
+    this.timeline.record('missed_vector', wave, this.timeline.now());
     this.stats.endOfWaveTimeouts++;
     this.stats.missedWaves++;
     this.ended.add(wave);

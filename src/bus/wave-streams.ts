@@ -155,6 +155,7 @@ export class WaveStreams {
     const head: WaveHead = { epoch: this.deps.epoch(), seq: s.seq + 1, wave, configDue: config !== undefined, dumpDue: jobs.length > 0, snapshotDue: cap?.snapshotDue ?? false };
     this.publish(s, 'head', cap && cap.captures.length > 0 ? { ...head, captures: cap.captures } : { ...head });
     metrics.waves.inc();
+    metrics.replicaWaves.inc({ dp: String(replica) });
     if (config) {
       this.publish(s, 'config', { wave, version: config.version, config: config.config });
       s.lastConfig = { version: config.version, config: config.config };

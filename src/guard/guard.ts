@@ -10,6 +10,7 @@ import { DEFAULT_ARTIFACT_MODES, sensitiveModes, type ArtifactModes } from '../a
 import type { CoordinatorPolicy, DueLanes } from '../bus/policy';
 import { decideAheadWaves } from '../bus/constants';
 import { createLogger, Logger } from '../log';
+import { ConfigHistory } from './config-history';
 import type { AgentConfig, DumpJob, StepTelemetry, TelemetryColumns } from '../messages';
 import { counter } from '../metrics';
 import { actionsFor, DetectorName, RuntimeConfig } from './config';
@@ -54,6 +55,8 @@ export interface GuardOptions {
 export class Guard implements CoordinatorPolicy {
   private readonly opts: GuardOptions;
   private readonly log: Logger;
+  /** Configs sent per replica, for `wavebus trace`'s coordinator track. */
+  private readonly configHistory: ConfigHistory;
   private readonly clock: () => number;
   private readonly follower: ConfigFollower | null;
   private cfg: RuntimeConfig;
@@ -97,6 +100,7 @@ export class Guard implements CoordinatorPolicy {
     this.keepTail = this.cfg.report.save_sensitive_info;
     const { layout } = opts;
     this.replicas = Array.from({ length: layout.dp }, (_, r) => new ReplicaState(r, replicaHead(layout, r), opts.manualDumpDone ?? 0, this.cfg, 0));
+    this.configHistory = new ConfigHistory(opts.artifactModes ?? DEFAULT_ARTIFACT_MODES, this.log);
     this.ledger = new DumpLedger({ ackTimeoutMs: opts.dumpAckTimeoutMs, layout, log: this.log, modes: opts.artifactModes });
     // Dumps a killed predecessor left without a manifest get one that says so.
     for (const o of findOrphanDumps(this.dumpRoot(), layout, this.log)) this.ledger.adopt(o.job, o.ppStages);
@@ -162,6 +166,7 @@ export class Guard implements CoordinatorPolicy {
       rs.configSent = this.version;
       lanes.config = { version: this.version, config: this.lane };
       this.ledger.configFrom(replica, wave, this.cfg.dump.pp_stages);
+      this.configHistory.record(replica, wave, this.version, this.dumpRoot());
     }
     let freedNow: ReqState[] | null = null;
     if (telemetry) {
@@ -411,6 +416,7 @@ export class Guard implements CoordinatorPolicy {
   }
 
   close(): void {
+    this.configHistory.close();
     for (const r of this.replicas) {
       for (const j of r.window.drain()) this.ledger.windowClosed(j.jobId, true);
       r.requests.clear();

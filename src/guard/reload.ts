@@ -68,6 +68,8 @@ export class ConfigFollower {
     this.verifyIntervalMs = opts.verifyIntervalMs ?? 2000;
     this.lastHash = opts.initialHash ?? null;
     this.log = opts.log;
+    // Served from the start (0: the file is good), so a dashboard sees the series before any rejection.
+    configErrorGauge().set(0);
   }
 
   /** A follower that starts from the file as it is now (falls back to `fallback` if it is bad or absent). */

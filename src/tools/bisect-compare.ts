@@ -4,7 +4,7 @@
 // replicated module is compared rank by rank (every A rank's copy against B's tp_rank 0 copy). Also
 // the first non-finite element of a tree (NaN provenance).
 import type { DType } from '../artifacts/dtype';
-import { CompareInputError } from './assemble';
+import { CompareInputError } from '../errors';
 import { decodeElements, isFloatDType, unravel } from './compare';
 import { assembleModule, type ProbeModule } from './bisect-load';
 

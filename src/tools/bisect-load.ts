@@ -9,7 +9,8 @@ import * as path from 'path';
 import { isDType, type DType } from '../artifacts/dtype';
 import { loadCallDir } from '../snapshot/loader';
 import { META_FILE } from '../snapshot/meta';
-import { CompareInputError, concatAlong } from './assemble';
+import { concatAlong } from './assemble';
+import { CompareInputError } from '../errors';
 
 export type SplitKind = 'column' | 'row' | 'replicated';
 

@@ -2,7 +2,7 @@
 // by module in execution order. The answer is the first module whose output leaves tolerance, the
 // A rank(s) whose shard differs and where; the table of every module shows error grow. NaN
 // provenance: the first non-finite value in either tree. A module on one side only is bad input.
-import { CompareInputError } from './assemble';
+import { CompareInputError } from '../errors';
 import { compareModule, DEFAULT_TOLERANCES, firstNonFinite, type ModuleResult, type NonFinite, type Tolerances } from './bisect-compare';
 import { loadProbeTree, type ProbeTree } from './bisect-load';
 

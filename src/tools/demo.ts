@@ -20,6 +20,8 @@ import { loadCallDir } from '../snapshot/loader';
 import { demoExpectations, type DemoExpectations } from './demo-expect';
 import type { SnapshotFlags } from '../snapshot/config';
 import { mkdirTrustedSync } from '../artifacts/safe-mkdir';
+import { writeReport } from './report';
+import { writeTrace } from './trace';
 
 export interface DemoOptions {
   out: string;
@@ -270,6 +272,11 @@ function summarize(out: string, runtimeRoot: string, opts: DemoOptions, expect: 
   log(`KV dumps:  ${kvRoot}`);
   log(`snapshots: ${snapRoot}`);
   log(`logs:      ${out}/launch-host*.log`);
+  // The page and the trace of what just happened (docs/report.md).
+  const page = writeReport(out, { out: path.join(out, 'report.html') });
+  const trace = writeTrace(out, path.join(out, 'job.trace.json'));
+  log(`trace:     ${trace.file} (open in https://ui.perfetto.dev or chrome://tracing)`);
+  log(`report:    ${page.file}`);
   const ok = problems.length === 0;
   log('');
   if (ok) log('demo OK: every expected artifact was written and verified');
