@@ -1,7 +1,7 @@
 // Issue 28, lower: idle TCP connections to the metrics port must not take the coordinator's file
 // descriptors. The /healthz server keeps at most MAX_METRICS_CONNECTIONS in all and
 // MAX_METRICS_CONNECTIONS_PER_CLIENT per address (a new one takes the place of the oldest idle
-// one), and closes a connection idle for METRICS_IDLE_TIMEOUT_MS (src/metrics-connections.ts).
+// one), and closes a connection idle for METRICS_IDLE_TIMEOUT_MS (src/metrics.ts).
 import * as fs from 'fs';
 import * as http from 'http';
 import * as net from 'net';
@@ -10,7 +10,7 @@ import { BusToken, createTokenFile } from '../src/bus/auth';
 import { requestStatus } from '../src/bus/status-client';
 import { PROTOCOL_VERSION } from '../src/bus/protocol-version';
 import { startMetricsServer } from '../src/metrics';
-import { MAX_METRICS_CONNECTIONS, MAX_METRICS_CONNECTIONS_PER_CLIENT } from '../src/metrics-connections';
+import { MAX_METRICS_CONNECTIONS, MAX_METRICS_CONNECTIONS_PER_CLIENT } from '../src/metrics';
 import { cleanup, cleanupUsers, CLI, describeAsRoot, freePortPair, otherUser, ROOT, spawnAs, spawnTracked, tmpDir, waitFor } from './helpers';
 
 afterAll(async () => {

@@ -85,8 +85,13 @@ class Walk {
 
   /** One scalar as the decoder reads it (strings and bytes skipped, not decoded: the same bytes move). */
   scalar(read: string): void {
-    if (read === 'string' || read === 'bytes') this.r.skip(this.r.uint32());
-    else this.r[read]();
+    const r = this.r;
+    if (read === 'string' && r instanceof protobuf.BufferReader) {
+      // Node's BufferReader cuts a string that runs past the end at the end, without an error.
+      const len = r.uint32();
+      r.pos = Math.min(r.pos + len, r.len);
+    } else if (read === 'string' || read === 'bytes') r.skip(r.uint32());
+    else r[read]();
   }
 
   /** protobufjs's decoder.js, counting instead of building: `l` is the length of a nested message. */
