@@ -31,6 +31,7 @@ import type { SnapshotCapturer } from '../snapshot/capture';
 import { checkSnapshotGating } from '../snapshot/config';
 import type { AgentOptions } from './agent-options';
 import { WaveTimeline } from './timeline';
+import { WaveEnds } from './wave-ends';
 import { DEFAULT_ARTIFACT_MODES } from '../artifacts/artifact-mode';
 
 export type { AgentOptions } from './agent-options';
@@ -74,9 +75,8 @@ export class Agent {
   /** Arrived vectors, ended waves, the floor, end_of_wave waits. */
   private readonly waves = new WaveBook();
   private readonly ended = this.waves.ended;
-  /** The last wave a dueDumps answer gave up because the coordinator was lost (never copied here). */
-  private forfeitedTo = -1;
-  private writes: Promise<void> = Promise.resolve();
+  /** end_of_wave, due_dumps, missed waves and the dump writes behind the engine (wave-ends.ts). */
+  private readonly ends: WaveEnds;
   private stopped = false;
   private readonly clients: ClientServer;
   /** Wave timing for `wavebus trace` (a fixed ring; timeline.ts). */
@@ -112,6 +112,11 @@ export class Agent {
       () => this.stopped,
     );
     this.capturer = inputCapturer(opts.snapshot, opts.identity, this.log, opts.artifactModes);
+    this.ends = new WaveEnds({
+      identity: opts.identity, log: this.log, stats: this.stats, timeline: this.timeline, waves: this.waves, duties: this.duties, dumps: this.dumps, stagingBytes: opts.stagingBytes,
+      bus: () => this.bus, view: () => this.view, boundMs: () => this.endOfWaveTimeoutMs,
+      settle: (upTo, copyAt) => this.settle(upTo, copyAt), publishFeatures: () => this.publishFeatures(), writeTimeline: () => this.writeTimeline(),
+    });
     this.live = new LiveCaptures(opts.identity, opts.snapshot?.snapshotRoot ?? opts.roots?.snapshots, this.log, (r) => this.bus?.sendCaptureResult(r), opts.artifactModes);
   }
 
@@ -183,7 +188,7 @@ export class Agent {
   async stop(): Promise<void> {
     if (this.stopped) return;
     this.stopped = true;
-    await this.writes.catch(() => undefined);
+    await this.ends.writes.catch(() => undefined);
     this.writeTimeline();
     await this.bus?.stop();
     await this.direct?.stop();
@@ -204,7 +209,7 @@ export class Agent {
 
   /** Waits for every bundle write started so far (tests, shutdown). */
   async drain(): Promise<void> {
-    await this.writes;
+    await this.ends.writes;
   }
 
   private features(): number {
@@ -314,7 +319,7 @@ export class Agent {
       case 'endOfWave':
         if (req.id === 0) {
           // The client waited on the mailbox for the bound and went on without the vector.
-          if (req.endOfWave.missed && this.bus && !this.ended.has(req.endOfWave.wave)) this.missedWave(req.endOfWave.wave);
+          if (req.endOfWave.missed && this.bus && !this.ended.has(req.endOfWave.wave)) this.ends.missedWave(req.endOfWave.wave);
           // It waited and the vector came within the bound: counted (/metrics per rank).
           else if (req.endOfWave.late) {
             this.stats.lateVectors++;
@@ -322,9 +327,9 @@ export class Agent {
           }
           return {};
         }
-        return this.timeline.span('end_of_wave', Number(req.endOfWave.wave), () => this.endOfWave(req.endOfWave.wave));
+        return this.timeline.span('end_of_wave', Number(req.endOfWave.wave), () => this.ends.endOfWave(req.endOfWave.wave));
       case 'dueDumps':
-        return this.dueDumps(Number(req.dueDumps.wave));
+        return this.ends.dueDumps(Number(req.dueDumps.wave));
       case 'beforeForward':
         // An arm may be done here now: the mailbox says so (no more waits for late vectors).
         return this.timeline
@@ -353,88 +358,5 @@ export class Agent {
         endOfWaveTimeoutMs: this.endOfWaveTimeoutMs,
       },
     };
-  }
-
-  private async endOfWave(wave: number): Promise<Record<string, unknown>> {
-    if (!this.bus) return {};
-    // The coordinator is lost and this vector never came, or this wave was given up by a dueDumps
-    // answer: at once, nothing done (a wait would only cost the engine a bound per step).
-    if ((this.bus.coordinatorLost && !this.waves.known(wave)) || (wave <= this.forfeitedTo && !this.ended.has(wave))) {
-      this.missedWave(wave);
-      return { timedOut: true, coordinatorLost: true };
-    }
-    if (!(await this.waves.waitFor(wave, this.endOfWaveTimeoutMs))) {
-      this.missedWave(wave);
-      return { timedOut: true };
-    }
-    if (this.ended.has(wave)) return {};
-    this.ended.add(wave);
-    this.duties.lastEnded = wave;
-    this.settle(wave, wave);
-    const lane = this.dumpLanes.get(wave);
-    if (!lane || lane.jobs.length === 0) return {};
-    this.dumpLanes.delete(wave);
-    const jobs = jobsFor(this.identity, lane.jobs);
-    if (jobs.length === 0) return {};
-    this.publishFeatures(); // no job waits here any more (a rank off the vector goes back off it)
-    const { staged, refused } = await this.dumps.stage(jobs, {
-      format: this.view.format,
-      freeHeadroomBytes: this.view.freeHeadroomBytes,
-      stagingBytes: this.opts.stagingBytes ?? 1 << 30,
-    });
-    for (const r of refused) this.bus.sendDumpResult(r);
-    // The engine is released now; files are written behind it.
-    this.writes = this.writes.then(async () => {
-      const start = this.timeline.now();
-      const results = await this.dumps.write(staged, this.view.format);
-      for (const r of results) {
-        if (r.error) this.stats.dumpsFailed++;
-        else this.stats.dumpsWritten++;
-        this.bus?.sendDumpResult(r);
-      }
-      this.timeline.record('dump', wave, start, this.timeline.now() - start, staged.length);
-      this.writeTimeline();
-    });
-    return { dumpsWritten: staged.length };
-  }
-
-  /**
-   * dueDumps: with the coordinator lost and the vector not here, nothing is due, at once, and the
-   * wave is given up on this rank (forfeitedTo): a vector that arrives later for it is not copied,
-   * since the engine has freed the blocks this answer let go.
-   */
-  private async dueDumps(wave: number): Promise<Record<string, unknown>> {
-    if (this.bus?.coordinatorLost && !this.waves.known(wave)) {
-      if (wave > this.forfeitedTo) this.forfeitedTo = wave;
-      return { dueReqIds: [], coordinatorLost: true };
-    }
-    return { dueReqIds: await this.dueReqIds(wave) };
-  }
-
-  /**
-   * The req ids of the dump jobs due at the end of `wave` that this rank has not copied yet; waits
-   * (within the bound) for a vector not there yet. Throws ERR_TIMEOUT if it does not come: the
-   * client then keeps every finished request one more step.
-   */
-  private async dueReqIds(wave: number): Promise<string[]> {
-    if (!(await this.waves.waitFor(wave, this.endOfWaveTimeoutMs))) throw new WavebusError('ERR_TIMEOUT', `wave ${wave}'s vector did not arrive within ${this.endOfWaveTimeoutMs} ms`);
-    if (this.ended.has(wave)) return [];
-    const lane = this.dumpLanes.get(wave);
-    return lane ? lane.jobs.map((j) => j.reqId) : [];
-  }
-
-  /** The engine ended `wave` without its vector (the bound ran out): counted, logged, its jobs acked as wave_already_ended. */
-  private missedWave(wave: number): void {
-    this.timeline.record('missed_vector', wave, this.timeline.now());
-    this.stats.endOfWaveTimeouts++;
-    this.stats.missedWaves++;
-    this.ended.add(wave);
-    this.duties.lastEnded = wave;
-    // Rate-limited: a dead coordinator would otherwise log once per engine step.
-    if (this.stats.endOfWaveTimeouts === 1 || this.stats.endOfWaveTimeouts % 100 === 0) {
-      this.log.warn({ wave, boundMs: this.endOfWaveTimeoutMs, total: this.stats.endOfWaveTimeouts }, 'wave vector did not arrive before end_of_wave; the step goes on');
-    }
-    // Its jobs (their lane may come later: onWave settles it then) cannot be copied any more.
-    this.settle(wave);
   }
 }

@@ -14,11 +14,11 @@ import {
   decodeCoordinatorMessage,
   encodeAgentMessage,
   replicaTopic,
-  type CoordinatorMsg,
   type DecodedFrame,
 } from './frames';
 import { WaveAssembly } from './wave-assembly';
-import { FrameFreshness } from './frame-freshness';
+import { CoordinatorLiveness } from './coordinator-liveness';
+import { answerFileRequest } from './agent-file-requests';
 import type { AgentBusOptions, AgentBusStats, RequestHandler, ResyncReason, SnapshotReplyMsg } from './agent-bus-types';
 
 export type { AgentBusOptions, AgentBusStats, RequestHandler, ResyncReason, SnapshotReplyMsg, WaveEvent } from './agent-bus-types';
@@ -35,7 +35,6 @@ import { payloadOf } from './payload';
 type SyncState = 'connecting' | 'syncing' | 'live' | 'refused';
 
 const MAX_BUFFERED = 100000;
-const MAX_LEFT_EPOCHS = 16;
 
 export class AgentBus extends EventEmitter {
   readonly identity: RankIdentity;
@@ -65,13 +64,8 @@ export class AgentBus extends EventEmitter {
   private snapshotRequestId = 0;
   private nextRequestId = 1;
   private snapshotAskedAt = 0;
-  private lastFrameAt = 0;
-  /** Only a frame newer than any seen of its epoch counts as the coordinator's sign of life. */
-  private readonly freshness = new FrameFreshness();
-  private coordinatorAlive = false;
-  private coordinatorWasLost = false;
-  /** Epochs this agent moved away from; their late frames are dropped, not resynced on. */
-  private leftEpochs: number[] = [];
+  /** Signs of life, the coordinator lost, the epochs left (coordinator-liveness.ts). */
+  private readonly liveness: CoordinatorLiveness;
   private handler?: RequestHandler;
   /** The epoch of the coordinator that speaks another protocol version (state 'refused'). */
   private refusedEpoch = 0;
@@ -85,6 +79,7 @@ export class AgentBus extends EventEmitter {
     this.deadAfterMs = opts.deadAfterMs ?? 3 * this.heartbeatMs;
     this.maxFrameBytes = opts.maxFrameBytes ?? DEFAULT_MAX_FRAME_BYTES;
     this.log = opts.logger ?? createLogger(`wavebus-agent-rank${opts.identity.globalRank}`);
+    this.liveness = new CoordinatorLiveness(this.deadAfterMs, () => this.emit('coordinator-alive'));
     this.drops = new DropCounter(this.log, `agent rank ${opts.identity.globalRank}`);
     this.stats = { received: 0, dropped: this.drops.counts, resyncs: 0, waves: 0, covered: 0, unsent: 0, unproven: 0, connections: 0 };
     this.waves = new WaveAssembly(this.drops, this.log, (w) => {
@@ -104,7 +99,7 @@ export class AgentBus extends EventEmitter {
 
   /** No frame from the coordinator within the liveness window (deadAfterMs) since it was last heard. */
   get coordinatorLost(): boolean {
-    return this.coordinatorWasLost;
+    return this.liveness.lost;
   }
 
   /** The coordinator epoch this agent follows (0 before the first snapshot). */
@@ -215,13 +210,12 @@ export class AgentBus extends EventEmitter {
     this.stats.unproven = this.link?.unproven ?? 0;
     this.stats.connections = this.link?.connections ?? 0;
     this.send({ heartbeat: { wave: this.waves.lastWave, globalRank: this.rank, epochSeen: this.epoch, lastSeq: this.lastSeq, unixMs: now, ...this.opts.vectorCounts?.() } });
-    if (this.coordinatorAlive && now - this.lastFrameAt > this.deadAfterMs) {
-      this.coordinatorAlive = false;
-      this.coordinatorWasLost = true;
+    const silentMs = this.liveness.silence(now);
+    if (silentMs !== undefined) {
       this.state = 'connecting';
       this.buffer = [];
       this.waves.reset();
-      this.log.warn({ silentMs: now - this.lastFrameAt }, 'coordinator lost: no frame on the bus');
+      this.log.warn({ silentMs }, 'coordinator lost: no frame on the bus');
       // Its connection may be half dead (a frozen process) or gone: a new one is challenged.
       this.link?.renew();
       this.emit('coordinator-lost');
@@ -253,22 +247,14 @@ export class AgentBus extends EventEmitter {
       this.drops.drop('injected', `seq ${f.seq}`);
       return;
     }
-    if (this.leftEpochs.includes(f.epoch)) {
+    if (this.liveness.hasLeft(f.epoch)) {
       this.drops.drop('wrong_epoch', `epoch ${f.epoch} was left`);
       return;
     }
     // A frame seen before (a replay) is no sign of life; the stream never sends one twice.
-    if (!this.freshness.fresh(f.epoch, f.seq)) return this.drops.drop('stale', `seq ${f.seq} of epoch ${f.epoch} was already seen`);
-    this.lastFrameAt = Date.now();
-    if (!this.coordinatorAlive) {
-      this.coordinatorAlive = true;
-      this.emit('coordinator-alive');
-      if (this.coordinatorWasLost) {
-        this.coordinatorWasLost = false;
-        this.resync('coordinator-silent', f);
-        return;
-      }
-    }
+    const life = this.liveness.frame(f.epoch, f.seq, Date.now());
+    if (life === 'stale') return this.drops.drop('stale', `seq ${f.seq} of epoch ${f.epoch} was already seen`);
+    if (life === 'back') return this.resync('coordinator-silent', f);
     this.handleFrame(f);
   }
 
@@ -345,7 +331,7 @@ export class AgentBus extends EventEmitter {
       case 'fileList':
       case 'fileChunk':
       case 'fileServe':
-        this.answer(msg);
+        answerFileRequest(this.handler, msg, this.rank, (body, requestId) => this.send(body, requestId));
         return;
       default:
         return; // heartbeat / status: nothing to do
@@ -367,15 +353,12 @@ export class AgentBus extends EventEmitter {
   }
 
   private applySnapshot(snap: SnapshotReplyMsg): void {
-    if (this.leftEpochs.includes(snap.epoch)) {
+    if (this.liveness.hasLeft(snap.epoch)) {
       // A late reply from a coordinator incarnation we already left: ask again.
       this.requestSnapshot();
       return;
     }
-    if (this.epoch !== 0 && this.epoch !== snap.epoch) {
-      this.leftEpochs.push(this.epoch);
-      if (this.leftEpochs.length > MAX_LEFT_EPOCHS) this.leftEpochs.shift();
-    }
+    if (this.epoch !== snap.epoch) this.liveness.leave(this.epoch);
     if (Number(snap.replica ?? 0) !== this.replica) {
       // The coordinator derives the replica from our rank; another one means a layout mismatch.
       this.drops.drop('wrong_topic', `a snapshot of replica ${snap.replica} for replica ${this.replica}`);
@@ -409,18 +392,5 @@ export class AgentBus extends EventEmitter {
         this.handleFrame(f);
       }
     }
-  }
-
-  private answer(req: CoordinatorMsg): void {
-    const kind = req.body as 'fileList' | 'fileChunk' | 'fileServe';
-    const fail = (error: string) => this.send({ [kind]: { globalRank: this.rank, error } }, req.requestId);
-    if (!this.handler) {
-      fail(`rank ${this.rank}: this agent does not serve ${kind} requests`);
-      return;
-    }
-    this.handler(req).then(
-      (body) => this.send(body, req.requestId),
-      (e) => fail(`rank ${this.rank}: ${String((e as Error)?.message ?? e)}`),
-    );
   }
 }

@@ -2,14 +2,17 @@
 // They reach this module only once admitted (router-inbox.ts): the bus token's MAC, or a CURVE key
 // on the allow-list (the handshake), and this protocol version; anything else was refused there,
 // counted, and nothing was armed. A malformed request is answered with an error naming the field.
+// The plain status request (the one thing answered without the MAC) and an agent's token challenge
+// are answered here too: every request about the coordinator itself, apart from its bus traffic.
 import * as fs from 'fs';
 import * as path from 'path';
 import type { Coordinator } from './coordinator';
-import { statusJson } from './coordinator-replies';
+import { statusJson, statusReply } from './coordinator-replies';
+import { NONCE_BYTES } from './constants';
 import { PROTOCOL_VERSION } from './protocol-version';
 import { CaptureArms, DEFAULT_ARM_CAPTURES, DEFAULT_WITHIN_WAVES, type CaptureSpec } from './capture-arms';
 import type { ManualArms } from '../guard/manual-arms';
-import type { AgentMsg } from './frames';
+import type { AgentMsg, DropCounter } from './frames';
 import { counter } from '../metrics';
 
 /** Most ids, token targets or indices one capture may name, and its largest budget. */
@@ -57,6 +60,7 @@ export class CoordinatorControl {
   constructor(
     private readonly c: Coordinator,
     private readonly reply: (routingId: Buffer, msg: Record<string, unknown>) => void,
+    private readonly drops: DropCounter,
   ) {
     this.captures = new CaptureArms(c.layout);
     this.rates = Array.from({ length: c.layout.dp }, () => new WaveRate());
@@ -71,10 +75,23 @@ export class CoordinatorControl {
     return (this.c.policy as { manualArms?: ManualArms } | undefined)?.manualArms;
   }
 
-  /** An admitted control request (answered), or an agent's word on a capture (counted when its rank is known). */
+  /** An admitted status, challenge or control request (answered), or an agent's word on a capture (counted when its rank is known). */
   onMessage(routingId: Buffer, rank: number, msg: AgentMsg): void {
-    if (msg.body === 'control') return this.reply(routingId, { requestId: msg.requestId, control: this.answer(msg) });
-    if (this.c.rankTable.touch(rank, routingId)) this.captures.onResult({ ...msg.captureResult, globalRank: rank });
+    switch (msg.body) {
+      case 'status':
+        return this.reply(routingId, { requestId: msg.requestId, status: statusReply(this.c) });
+      case 'challenge': {
+        // An agent's new connection asks us to prove the bus token (coordinator-link.ts): the nonce
+        // back, under our MAC. Only with a token: without one there is nothing to prove.
+        const nonce = msg.challenge.nonce as Uint8Array | undefined;
+        if (!this.c.opts.busToken || !nonce || nonce.length !== NONCE_BYTES) return this.drops.drop('unexpected', `a challenge of ${nonce?.length ?? 0} bytes`);
+        return this.reply(routingId, { requestId: msg.requestId, proof: { nonce } });
+      }
+      case 'control':
+        return this.reply(routingId, { requestId: msg.requestId, control: this.answer(msg) });
+      default:
+        if (this.c.rankTable.touch(rank, routingId)) this.captures.onResult({ ...msg.captureResult, globalRank: rank });
+    }
   }
 
   /** Answer one admitted control request. */

@@ -13,7 +13,7 @@ import { CoordinatorFiles } from './coordinator-files';
 import { DumpLedger } from '../guard/dump-ledger';
 import { WaveStreams } from './wave-streams';
 import { dumpAckHandler } from './coordinator-dumps';
-import { snapshotReply, statusJson, statusReply } from './coordinator-replies';
+import { snapshotReply, statusJson } from './coordinator-replies';
 import { RankTable } from './rank-table';
 import { VectorMetrics } from './vector-metrics';
 import { SendQueue } from './send-queue';
@@ -29,7 +29,7 @@ import { CoordinatorControl } from './coordinator-control';
 import type { ZapHandler } from './zap-handler';
 import type { CoordinatorPolicy } from './policy';
 import type { CoordinatorOptions, CoordinatorStats } from './coordinator-options';
-import { DEFAULT_BUS_PORT, DEFAULT_HEARTBEAT_MS, DEFAULT_MAX_FRAME_BYTES, NONCE_BYTES, checkLookahead } from './constants';
+import { DEFAULT_BUS_PORT, DEFAULT_HEARTBEAT_MS, DEFAULT_MAX_FRAME_BYTES, checkLookahead } from './constants';
 
 export type { CoordinatorOptions, CoordinatorStats } from './coordinator-options';
 
@@ -70,7 +70,7 @@ export class Coordinator extends EventEmitter {
   private readonly admission: Admission;
   /** Late and missed wave vectors per rank, from the agents' heartbeats (/metrics, /healthz). */
   readonly vectors = new VectorMetrics();
-  /** `wavebus status / dump / capture` (coordinator-control.ts), and the captures armed by them. */
+  /** Status and control requests, token challenges (coordinator-control.ts), and the captures armed by control. */
   readonly control: CoordinatorControl;
   /** One rank's dump ack: counted in the ledger once (coordinator-dumps.ts). */
   private readonly onDumpResult: (result: DumpResult) => void;
@@ -116,7 +116,7 @@ export class Coordinator extends EventEmitter {
       },
     });
     this.ledger = opts.policy?.ledger ?? new DumpLedger({ ackTimeoutMs: this.dumpAckTimeoutMs, layout: this.layout, log: this.log });
-    this.control = new CoordinatorControl(this, (route, m) => this.reply(route, m));
+    this.control = new CoordinatorControl(this, (route, m) => this.reply(route, m), this.drops);
     this.onDumpResult = dumpAckHandler({ ledger: this.ledger, metrics: this.metrics, log: this.log, policy: this.policy, timeoutMs: this.dumpAckTimeoutMs, emit: (e, a) => this.emit(e, a) });
     this.streams = new WaveStreams({
       layout: this.layout,
@@ -322,17 +322,10 @@ export class Coordinator extends EventEmitter {
     const { routingId, msg, data } = opened;
     if (msg.epochSeen && msg.epochSeen !== this.epoch) this.stats.wrongEpochSeen++;
     switch (msg.body) {
-      case 'status':
-        this.reply(routingId, { requestId: msg.requestId, status: statusReply(this) });
-        return;
       case 'hello': {
         const id = msg.hello.identity ?? {};
         const r = id.globalRank ?? rank;
-        const s = this.rankTable.touch(r, routingId, true)!;
-        s.hello = true;
-        s.subscribed = false;
-        s.pid = id.pid ?? 0;
-        s.host = id.host ?? '';
+        this.rankTable.hello(r, routingId, id);
         this.control.hello(r, msg.hello.protocolVersion);
         // Readiness handshake: the agent waits for any frame on its SUB before asking for a snapshot.
         this.heartbeatSoon();
@@ -369,14 +362,8 @@ export class Coordinator extends EventEmitter {
         this.beginWave(msg.waveHead.wave, msg.waveHead.telemetry ?? null, replica);
         return;
       }
-      case 'challenge': {
-        // An agent's new connection asks us to prove the bus token (coordinator-link.ts): the nonce
-        // back, under our MAC. Only with a token: without one there is nothing to prove.
-        const nonce = msg.challenge.nonce as Uint8Array | undefined;
-        if (!this.opts.busToken || !nonce || nonce.length !== NONCE_BYTES) return this.drops.drop('unexpected', `a challenge of ${nonce?.length ?? 0} bytes`);
-        this.reply(routingId, { requestId: msg.requestId, proof: { nonce } });
-        return;
-      }
+      case 'status':
+      case 'challenge':
       case 'control':
       case 'captureResult':
         return this.control.onMessage(routingId, rank, msg);

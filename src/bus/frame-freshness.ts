@@ -4,7 +4,7 @@
 // believing its coordinator alive (issue 28); the seq, strictly increasing within an epoch and a
 // replica's stream (BusFrame), tells a replay from a frame just published.
 
-/** Epochs remembered: as many as the agent remembers having left (agent-bus.ts). */
+/** Epochs remembered: as many as the agent remembers having left (coordinator-liveness.ts). */
 const MAX_EPOCHS = 16;
 
 export class FrameFreshness {

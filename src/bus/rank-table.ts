@@ -66,6 +66,15 @@ export class RankTable {
     }
   }
 
+  /** A Hello from `rank` on `routingId`: its connection from now on; subscribed again only by the snapshot request after it. */
+  hello(rank: number, routingId: Buffer, identity: { pid?: number; host?: string }): void {
+    const s = this.touch(rank, routingId, true)!;
+    s.hello = true;
+    s.subscribed = false;
+    s.pid = identity.pid ?? 0;
+    s.host = identity.host ?? '';
+  }
+
   /**
    * Note a message from `rank` on connection `routingId`. `hello`: it registers that connection
    * for the rank. A message from a connection that never said Hello as the rank is dropped and

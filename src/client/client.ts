@@ -1,9 +1,8 @@
 // The TypeScript engine client: what an engine rank calls. Thin by design: with every feature off
 // it sends nothing; per step it reads the wave vector from the agent's shared-memory mailbox and
 // calls the agent only when this rank has work in that wave. The Python client mirrors it.
-import { ConfigError, CaptureError, WavebusError } from '../errors';
+import { ConfigError, WavebusError } from '../errors';
 import { MailboxReader, MailboxFeature } from './mailbox';
-import type { ForwardContext } from '../messages';
 import { AgentAvailability } from './availability';
 import { AgentHello } from './hello';
 import { validateRegion, type ClientRegion } from './region';
@@ -11,6 +10,7 @@ import { AgentTransport, type Reply } from './transport';
 import { isWaveNumber, WaveHeadSender, type WaveTelemetry } from './wave-head';
 import { dueDumpsAsker, PendingDumps } from './pending-dumps';
 import { VectorStall } from './vector-stall';
+import { ForwardCapture, type Context, type Inputs } from './live-capture';
 
 import { openConnection, type BeforeForwardResult, type ClientFeatures, type ConnectOptions, type EndOfWaveResult } from './options';
 
@@ -18,9 +18,6 @@ export type { ClientRegion } from './region';
 export type { BeforeForwardResult, ClientFeatures, ConnectOptions, EndOfWaveResult } from './options';
 
 const MARGIN_MS = 20;
-
-type Context = Partial<ForwardContext> & { compilationHash: string; globalStep: number };
-type Inputs = { region: string; offset?: number; dtype: string; shape: number[] }[];
 
 export class WavebusClient {
   readonly stats = {
@@ -48,16 +45,15 @@ export class WavebusClient {
   private readonly head: WaveHeadSender;
   private readonly hello: AgentHello;
   private ping: Promise<unknown> | null = null;
-  /** The engine's last waveHead and endOfWave waves: which wave a forward belongs to (liveCaptureDue). */
-  private headWave = 0;
-  private endedWave = 0;
+  /** beforeForward and the wave a forward belongs to (live-capture.ts). */
+  private readonly forward: ForwardCapture;
   private readonly pending: PendingDumps;
   private readonly stall: VectorStall;
 
   private constructor(
     private readonly endpoint: string,
     private readonly mailbox: MailboxReader,
-    private readonly asyncScheduling: boolean,
+    asyncScheduling: boolean,
     private readonly bounds: { call?: number; hello: number; capture: number; probe: number },
   ) {
     this.transport = new AgentTransport(endpoint, this.stats, {
@@ -78,6 +74,10 @@ export class WavebusClient {
     this.hello = new AgentHello(endpoint, this.transport, mailbox, asyncScheduling, this.stats);
     this.head = new WaveHeadSender(this.transport, (message) => (this.availability.lastError = message));
     this.stall = new VectorStall(mailbox);
+    this.forward = new ForwardCapture({
+      mailbox, asyncScheduling, transport: this.transport, availability: this.availability, hello: this.hello, stats: this.stats,
+      captureMs: bounds.capture, callBoundMs: () => this.callBoundMs(), marginMs: MARGIN_MS,
+    });
     this.pending = new PendingDumps(
       mailbox,
       dueDumpsAsker({
@@ -163,7 +163,7 @@ export class WavebusClient {
   waveHead(wave: number, telemetry?: WaveTelemetry): Promise<void> {
     const bad = waveError(wave, 'waveHead');
     if (bad) return bad;
-    this.headWave = wave;
+    this.forward.headWave = wave;
     const bits = this.mailbox.features();
     if (bits === 0) {
       this.head.reset(); // requests freed meanwhile go unseen: start over when sending again
@@ -206,7 +206,7 @@ export class WavebusClient {
   endOfWave(wave: number): Promise<EndOfWaveResult> {
     const bad = waveError(wave, 'endOfWave');
     if (bad) return bad;
-    this.endedWave = wave;
+    this.forward.endedWave = wave;
     this.stats.endOfWaveCalls++;
     this.pending.ended(wave);
     const bits = this.mailbox.features();
@@ -318,105 +318,8 @@ export class WavebusClient {
    * the caller aborts the forward (fail loud). An agent that does not answer within the call bound
    * is not a failed capture: the result says `unavailable` (captured false) and the forward goes on.
    */
-  beforeForward(
-    context: Context,
-    inputs: Inputs,
-  ): Promise<BeforeForwardResult> {
-    // Snapshots off at startup: a forward is offered only when its wave's vector says a capture
-    // armed on the running job covers it (docs/control.md): a memory load, no system call.
-    const bits = this.mailbox.features();
-    if ((bits & MailboxFeature.SNAPSHOTS) === 0) {
-      const due = this.liveCaptureDue(bits);
-      if (due === false) return NOT_CAPTURED;
-      if (due === undefined) return this.afterVector(context, inputs);
-    }
-    return this.offer(context, inputs);
-  }
-
-  /** The forward's vector is late (a rank on the vector): wait for it within the bound, as endOfWave would, then offer if due. */
-  private async afterVector(context: Context, inputs: Inputs): Promise<BeforeForwardResult> {
-    const got = await this.mailbox.waitFor(this.forwardWave, this.callBoundMs()).catch(() => 'timeout' as const);
-    if (typeof got === 'string' || !got.snapshotDue) return { captured: false };
-    return this.offer(context, inputs);
-  }
-
-  private offer(context: Context, inputs: Inputs): Promise<BeforeForwardResult> {
-    for (const [i, inp] of inputs.entries()) {
-      if (!this.hello.registered.some((r) => r.name === inp.region)) {
-        return Promise.reject(new ConfigError(`beforeForward(): inputs[${i}].region '${inp.region}' is not a registered region`));
-      }
-    }
-    if (this.agentUnavailable) return Promise.resolve(this.snapshotSkipped());
-    return this.capture(context, inputs);
-  }
-
-  /** The wave a forward now belongs to: the last head's, or the one after the last ended. */
-  private get forwardWave(): number {
-    return Math.max(this.headWave, this.endedWave + 1);
-  }
-
-  /**
-   * Whether the vector of the forward's wave says snapshot_due (never under async scheduling: the
-   * seed's gating); undefined when it has not arrived while a capture is in force here (wait for it).
-   */
-  private liveCaptureDue(bits: number): boolean | undefined {
-    if (this.asyncScheduling) return false;
-    const v = this.mailbox.read(this.forwardWave);
-    if (v) return Boolean(v.snapshotDue);
-    return (bits & MailboxFeature.LIVE_CAPTURES) !== 0 && !this.agentUnavailable ? undefined : false;
-  }
-
-  private snapshotSkipped(): BeforeForwardResult {
-    this.stats.snapshotsSkipped++;
-    this.stats.skippedUnavailable++;
-    this.availability.probe();
-    return { captured: false, unavailable: true };
-  }
-
-  private async capture(
-    context: Context,
-    inputs: Inputs,
-  ): Promise<BeforeForwardResult> {
-    const bound = this.callBoundMs() + MARGIN_MS;
-    const started = Date.now();
-    try {
-      await this.hello.ensure(bound);
-    } catch (e) {
-      if (!this.availability.lostOn(e, 'beforeForward()')) throw e;
-      return this.snapshotSkipped();
-    }
-    // The agent drops a capture it reaches after we stopped waiting (it was frozen meanwhile).
-    const acceptBy = started + bound - MARGIN_MS;
-    const request = {
-      beforeForward: {
-        context: {
-          compilationHash: context.compilationHash,
-          globalStep: context.globalStep,
-          isPrompt: context.isPrompt ?? false,
-          reqIds: context.reqIds ?? [],
-          positions: context.positions ?? [],
-          rowRequest: context.rowRequest ?? [],
-          numSpeculativeTokens: context.numSpeculativeTokens ?? 0,
-          warmup: context.warmup ?? false,
-        },
-        inputs: inputs.map((x) => ({ region: x.region, offset: x.offset ?? 0, dtype: x.dtype, shape: x.shape })),
-        acceptByUnixMs: acceptBy,
-        finishByUnixMs: acceptBy + this.bounds.capture,
-        wave: this.forwardWave,
-      },
-    };
-    let reply: Reply;
-    try {
-      reply = await this.transport.request(request, Math.max(1, acceptBy + MARGIN_MS - Date.now()), this.bounds.capture);
-      if (!reply.ok && reply.errorCode === 'ERR_NO_HELLO') reply = await this.hello.rejoin(request, Math.max(1, acceptBy + MARGIN_MS - Date.now()), this.bounds.capture);
-    } catch (e) {
-      if (!this.availability.lostOn(e, 'beforeForward()')) throw e;
-      // Begun but not finished: a failed capture (fail loud), and the agent is not answering.
-      if ((e as WavebusError).code === 'ERR_CAPTURE_TIMEOUT') throw new CaptureError(`input snapshot failed: ${(e as Error).message}`, 'ERR_CAPTURE_TIMEOUT');
-      return this.snapshotSkipped();
-    }
-    if (!reply.ok) throw new CaptureError(`input snapshot failed: ${reply.error}`, reply.errorCode || 'ERR_CAPTURE');
-    return { captured: reply.captured, callDir: reply.callDir || undefined };
+  beforeForward(context: Context, inputs: Inputs): Promise<BeforeForwardResult> {
+    return this.forward.beforeForward(context, inputs);
   }
 
   async close(): Promise<void> {
@@ -447,6 +350,5 @@ const SETTLED: Promise<void> = Promise.resolve();
 const FALSE: Promise<boolean> = Promise.resolve(false);
 const NOTHING_DUE: Promise<EndOfWaveResult> = Promise.resolve(Object.freeze({ due: false, timedOut: false }));
 const TIMED_OUT: Promise<EndOfWaveResult> = Promise.resolve(Object.freeze({ due: false, timedOut: true }));
-const NOT_CAPTURED: Promise<BeforeForwardResult> = Promise.resolve(Object.freeze({ captured: false }));
 
 export { MailboxFeature };

@@ -24,8 +24,9 @@ import type { ReqState } from './requests';
 import type { KeepIds } from './step-pass';
 import { ReplicaState } from './replica-state';
 import { replicaHead, type WorldLayout } from '../layout';
-import { IncidentReport, writeReport } from './reports';
-import { ManualArms, type ManualArmJob } from './manual-arms';
+import { writeReport } from './reports';
+import { incidentReport } from './incident-report';
+import { ManualArms, manualDumpJobs, type ArmOutcome } from './manual-arms';
 import { TelemetryColumnizer } from '../client/telemetry';
 import { dumpRootOf, loadStartupConfig, StartupConfig, StartupIssue, StartupOptions } from './startup';
 
@@ -217,7 +218,7 @@ export class Guard implements CoordinatorPolicy {
   }
 
   /** Arm one request's dump or refuse it; a dump dir that cannot be made safely fails this dump alone, never the wave. */
-  private armOne(rs: ReplicaState, type: string, st: ReqState, detectWave: number, wave: number, dumps: DumpJob[], info: Record<string, unknown>): { job?: DumpJob; skipped?: string; dir?: string; failed?: boolean } {
+  private armOne(rs: ReplicaState, type: string, st: ReqState, detectWave: number, wave: number, dumps: DumpJob[], info: Record<string, unknown>): ArmOutcome {
     try {
       return this.armOrRefuse(rs, type, st, detectWave, wave, dumps, info);
     } catch (e) {
@@ -317,29 +318,7 @@ export class Guard implements CoordinatorPolicy {
       }
     }
     if (actions.includes('report')) {
-      const detail: Record<string, unknown> = { ...hit.detail, prompt_token_count: st.promptLen, output_token_count: st.outputTokens };
-      if (cfg.report.save_sensitive_info && st.tail) {
-        if (type === 'token_repeat') detail.recent_token_ids = st.tail.slice(-32);
-        detail.output_token_ids = cfg.report.max_output_token_ids > 0 ? st.tail.slice(-cfg.report.max_output_token_ids) : [];
-      }
-      if (cfg.report.save_sensitive_info && st.prompt) detail.prompt_token_ids = st.prompt.slice(0, cfg.report.max_prompt_token_ids);
-      const report: IncidentReport = {
-        ts: new Date().toISOString(),
-        incident_type: type,
-        req_id: st.reqId,
-        rank: rs.headRank,
-        dp_rank: rs.replica,
-        detect_wave: detectWave,
-        dump_attempted: wantDump,
-        dump_arm_wave: dumpArmWave,
-        dump_count: rs.autoQuota.used,
-        dump_max_times: cfg.dump.auto_max_times,
-        dump_dir: dumpDir,
-        detail,
-      };
-      if (cfg.report.include_block_ids) report.block_ids = st.blockIds;
-      if (finishedAtDump) report.request_finished_at_dump = true;
-      if (skippedReason) (report as unknown as Record<string, unknown>).dump_skipped_reason = skippedReason;
+      const report = incidentReport(cfg, rs, hit, st, detectWave, { attempted: wantDump, armWave: dumpArmWave, dir: dumpDir, finishedAtDump, skippedReason });
       try {
         // Token ids in it (save_sensitive_info): created owner-only, never readable by the group.
         const modes = this.opts.artifactModes ?? DEFAULT_ARTIFACT_MODES;
@@ -354,35 +333,17 @@ export class Guard implements CoordinatorPolicy {
     }
   }
 
-  /**
-   * dump.manual_dump watermark, per replica: while a replica is behind it, one manual dump of all its running requests per
-   * head of that replica (one raise reaches every replica). Then what `wavebus dump` asked of it (manual-arms.ts), the same way.
-   */
+  /** The dump.manual_dump watermark and what `wavebus dump` asked of this replica, armed at its head (manual-arms.ts). */
   private manualTrigger(rs: ReplicaState, detectWave: number, wave: number, dumps: DumpJob[]): void {
-    if (this.cfg.dump.manual_dump > rs.manualDone) {
-      rs.manualDone++;
-      this.manualDump(rs, detectWave, wave, dumps, () => true, { manual_dump: rs.manualDone });
-    }
-    for (const arm of this.manualArms.take(rs.replica)) {
-      arm.armed.set(rs.replica, { wave, jobs: this.manualDump(rs, detectWave, wave, dumps, (id) => ManualArms.wants(arm, id), { manual_request: arm.id }) });
-    }
-  }
-
-  private manualDump(rs: ReplicaState, detectWave: number, wave: number, dumps: DumpJob[], wants: (reqId: string) => boolean, info: Record<string, unknown>): ManualArmJob[] {
-    const running = [...rs.requests.reqs.values()].filter((st) => !st.finished && !st.freed && wants(st.reqId));
-    this.log.info({ dp_rank: rs.replica, wave, ...info, requests: running.length }, 'manual dump');
-    if (running.length === 0) {
-      const dir = this.ledger.refuse(this.dumpRoot(), { incidentType: MANUAL_TRIGGER, reqId: '', wave, replica: rs.replica, reason: 'no_dump_targets' });
-      this.count(MANUAL_TRIGGER, 'dump_skipped');
-      return [{ jobId: '', dir: dir.replace(/[/\\]dump_skipped\.json$/, ''), skippedReason: 'no_dump_targets' }];
-    }
-    const out: ManualArmJob[] = [];
-    for (const st of running) {
-      const r = this.armOne(rs, MANUAL_TRIGGER, st, detectWave, wave, dumps, info);
-      this.count(MANUAL_TRIGGER, r.job ? 'dump_kv' : r.dir ? 'dump_skipped' : r.failed ? 'dump_failed' : 'duplicate');
-      if (r.job || r.dir) out.push(r.job ? { jobId: r.job.jobId, dir: r.job.dumpDir } : { jobId: '', dir: r.dir!.replace(/[/\\]dump_skipped\.json$/, ''), skippedReason: r.skipped });
-    }
-    return out;
+    this.manualArms.atHead(rs, this.cfg.dump.manual_dump, wave, (wants, info) => {
+      const running = [...rs.requests.reqs.values()].filter((st) => !st.finished && !st.freed && wants(st.reqId));
+      this.log.info({ dp_rank: rs.replica, wave, ...info, requests: running.length }, 'manual dump');
+      return manualDumpJobs(running, {
+        armOne: (st) => this.armOne(rs, MANUAL_TRIGGER, st, detectWave, wave, dumps, info),
+        refuseNone: () => this.ledger.refuse(this.dumpRoot(), { incidentType: MANUAL_TRIGGER, reqId: '', wave, replica: rs.replica, reason: 'no_dump_targets' }),
+        count: (action) => this.count(MANUAL_TRIGGER, action),
+      });
+    });
   }
 
   status(): Record<string, unknown> {

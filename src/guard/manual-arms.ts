@@ -1,8 +1,46 @@
 // Manual KV dumps asked for on a running job (`wavebus dump`, docs/control.md): each is armed at
 // the next wave head of every replica it names, exactly as a raise of dump.manual_dump is (the
-// guard's manualDump: same ledger, same request_info.json and manifest), and remembers the jobs it
+// guard's armOne, through manualDumpJobs: same ledger, request_info.json and manifest), and remembers the jobs it
 // armed there so that the tool can follow them to their manifests.
 import { requestMatches } from '../snapshot/selector';
+import type { DumpJob } from '../messages';
+import type { ReplicaState } from './replica-state';
+import type { ReqState } from './requests';
+
+/** What arming one request's dump came to (the guard's armOne): a job, a refusal's file, or a failure. */
+export interface ArmOutcome {
+  job?: DumpJob;
+  skipped?: string;
+  /** The refusal's dump_skipped.json. */
+  dir?: string;
+  failed?: boolean;
+}
+
+/** How the guard arms one manual dump: each request as an incident's dump is, a refusal when none runs, its counter. */
+export interface ManualDumpArming {
+  armOne(st: ReqState): ArmOutcome;
+  /** Writes the no_dump_targets refusal; its dump_skipped.json. */
+  refuseNone(): string;
+  count(action: string): void;
+}
+
+const SKIPPED_FILE = /[/\\]dump_skipped\.json$/;
+
+/** One manual dump of `running` (a replica's running requests it names): the jobs and refusals it made. */
+export function manualDumpJobs(running: ReqState[], a: ManualDumpArming): ManualArmJob[] {
+  if (running.length === 0) {
+    const dir = a.refuseNone();
+    a.count('dump_skipped');
+    return [{ jobId: '', dir: dir.replace(SKIPPED_FILE, ''), skippedReason: 'no_dump_targets' }];
+  }
+  const out: ManualArmJob[] = [];
+  for (const st of running) {
+    const r = a.armOne(st);
+    a.count(r.job ? 'dump_kv' : r.dir ? 'dump_skipped' : r.failed ? 'dump_failed' : 'duplicate');
+    if (r.job || r.dir) out.push(r.job ? { jobId: r.job.jobId, dir: r.job.dumpDir } : { jobId: '', dir: r.dir!.replace(SKIPPED_FILE, ''), skippedReason: r.skipped });
+  }
+  return out;
+}
 
 /** One dump job (or refusal) a manual arm made on one replica. */
 export interface ManualArmJob {
@@ -41,6 +79,19 @@ export class ManualArms {
     const out: ManualArm[] = [];
     for (const a of this.arms.values()) if (a.replicas.includes(replica) && !a.armed.has(replica)) out.push(a);
     return out;
+  }
+
+  /**
+   * At a head of `rs`: while the replica is behind the dump.manual_dump `watermark`, one manual dump
+   * of all its running requests per head (one raise reaches every replica); then each arm it has not
+   * taken, the same way. `dump` arms one (the guard's) and says what it made.
+   */
+  atHead(rs: ReplicaState, watermark: number, wave: number, dump: (wants: (reqId: string) => boolean, info: Record<string, unknown>) => ManualArmJob[]): void {
+    if (watermark > rs.manualDone) {
+      rs.manualDone++;
+      dump(() => true, { manual_dump: rs.manualDone });
+    }
+    for (const arm of this.take(rs.replica)) arm.armed.set(rs.replica, { wave, jobs: dump((id) => ManualArms.wants(arm, id), { manual_request: arm.id }) });
   }
 
   get(id: string): ManualArm | undefined {

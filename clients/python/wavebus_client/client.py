@@ -10,23 +10,23 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import Dict, Iterable, Optional, Tuple
+from typing import Dict, Optional
 
 from . import mailbox as mb
 from . import wavebus_pb2 as pb
 from .availability import Availability
-from .errors import AgentError, AgentUnavailableError, CaptureError, ConfigError, ProtocolError
+from .errors import AgentError, AgentUnavailableError, ConfigError, ProtocolError
 from .features import DEFAULT_END_OF_WAVE_TIMEOUT_MS, Features
-from .forward import context_proto, input_proto
+from .live_capture import CaptureMixin
 from .protocol import CLIENT_PROTOCOL_VERSION, protocol_mismatch
-from .region import Region, from_any, validate
+from .region import Region
+from .registration import RegionsMixin
 from .transport import AgentSocket
 from .paths import env_paths
 from .pending import PendingDumps, VectorStall, due_dumps_asker
 from .wave_head import WaveHeadBuilder, check_wave
 
 log = logging.getLogger("wavebus_client")
-
 
 
 @dataclass
@@ -39,7 +39,7 @@ class EndOfWaveResult:
     error: str = ""
 
 
-class Client:
+class Client(RegionsMixin, CaptureMixin):
     """Use ``Client.connect()``; see docs/python-client.md."""
 
     def __init__(self, endpoint: str, mailbox_path: str, *, async_scheduling: bool = False,
@@ -198,68 +198,6 @@ class Client:
             self._avail.mark_unavailable(why)
             raise AgentUnavailableError(why)
 
-    # ------------------------------------------------------------------ regions
-
-    def register(self, region) -> bool:
-        """Tell the agent about a block of memory it may read. Sent once per region name.
-        Returns True when it was sent (False: everything off, or already registered)."""
-        r = validate(from_any(region))
-        prev = self._regions.get(r.name)
-        if prev is not None and prev != r:
-            raise ConfigError(f"register(): region {r.name!r} is already registered with different fields")
-        if r.name in self._sent_regions:
-            return False
-        self._regions[r.name] = r
-        if not self.enabled:
-            return False  # kept, and sent once something turns on
-        self._ensure_hello("register()")  # the region stays kept: it is sent once the agent answers
-        if not self._send_region(r, time.monotonic() + self.hello_timeout_ms / 1000):
-            why = f"register(): the wavebus agent did not answer within {self.hello_timeout_ms} ms (region {r.name!r})"
-            self._avail.mark_unavailable(why)
-            raise AgentUnavailableError(why)
-        return True
-
-    def _send_region(self, r: Region, deadline: float) -> bool:
-        reply = self._sock.request(pb.ClientRequest(register=r.to_proto()), deadline)
-        if reply is None:
-            return False
-        if not reply.ok:
-            self._regions.pop(r.name, None)  # never accepted: not a region of this client
-            raise AgentError(f"register(): the agent refused region {r.name!r}: {reply.error}", reply.error_code or "ERR_AGENT")
-        self._sent_regions[r.name] = r
-        return True
-
-    def _flush_regions(self, deadline: float, step: bool = False) -> bool:
-        """Send regions registered while everything was off (once the agent turned something on).
-        In a step (``step``) a refusal is logged and counted instead of raised."""
-        for name, r in list(self._regions.items()):
-            if name in self._sent_regions:
-                continue
-            try:
-                if not self._send_region(r, deadline):
-                    return False
-            except AgentError as e:
-                if not step:
-                    raise
-                self.stats["register_errors"] += 1
-                self.last_error = str(e)
-                log.warning("%s", e)
-        return True
-
-    def register_all(self, regions: Iterable) -> int:
-        """register() each region; how many were sent. An agent that does not answer does not cut
-        the list short: every region is kept (sent once the agent answers), then the first
-        AgentUnavailableError is raised."""
-        sent, unavailable = 0, None
-        for r in regions:
-            try:
-                sent += bool(self.register(r))
-            except AgentUnavailableError as e:
-                unavailable = unavailable or e
-        if unavailable is not None:
-            raise unavailable
-        return sent
-
     # ------------------------------------------------------------------ per step
 
     def call_bound_ms(self) -> float:
@@ -394,73 +332,6 @@ class Client:
         if not self._mb.features & mb.FEATURE_BUS:
             return False
         return self._pending.check(req_id)
-
-    # ------------------------------------------------------------------ snapshots
-
-    def before_forward(self, context, inputs) -> Tuple[bool, str]:
-        """Offer this forward for capture; returns (captured, call_dir). Sends only when snapshots
-        are on. Raises CaptureError when a selected capture failed: abort the forward. An agent that
-        does not answer within the call bound is not a failed capture: (False, "") with
-        ``agent_unavailable`` set, and the forward goes on."""
-        if not self._mb.features & mb.FEATURE_SNAPSHOTS and not self._live_capture_due():
-            return False, ""
-        ctx = context_proto(context)
-        if not isinstance(inputs, (list, tuple)):
-            raise ConfigError(f"before_forward(): inputs must be a list, got {type(inputs).__name__}")
-        tins = [input_proto(x, self._regions, f"before_forward(): inputs[{i}]") for i, x in enumerate(inputs)]
-        if self._avail.still_unavailable():
-            self.stats["snapshots_skipped"] += 1
-            return False, ""
-        bound_s = self._bound_s()
-        deadline = time.monotonic() + bound_s
-        # Wall clock for the agent (same host): it drops a capture it reaches after we stopped waiting.
-        accept_by = int((time.time() + bound_s) * 1000) - self.end_of_wave_margin_ms
-        reply = self._capture_request(ctx, tins, deadline, accept_by)
-        if reply is not None and not reply.ok and reply.error_code == "ERR_NO_HELLO":
-            self._rejoin()  # the agent restarted: introduce ourselves and our regions again, then retry
-            reply = self._capture_request(ctx, tins, deadline, accept_by)
-        if reply is None:
-            self._avail.mark_unavailable(f"before_forward(): no answer within {self.call_bound_ms()} ms")
-            self.stats["snapshots_skipped"] += 1
-            return False, ""
-        if reply.capturing:
-            # Begun: the agent has capture_timeout_ms to finish. Not finishing is a failed capture.
-            reply = self._sock.wait(reply.id, time.monotonic() + self.capture_timeout_ms / 1000)
-            if reply is None:
-                self._avail.mark_unavailable(f"before_forward(): a begun capture did not finish within {self.capture_timeout_ms} ms")
-                raise CaptureError(f"before_forward(): the agent began the capture but did not finish it within {self.capture_timeout_ms} ms; abort this forward", "ERR_CAPTURE_TIMEOUT")
-        if not reply.ok:
-            raise CaptureError(f"before_forward(): capture failed: {reply.error}", reply.error_code or "ERR_CAPTURE")
-        if reply.captured:
-            self.stats["captures"] += 1
-        return reply.captured, reply.call_dir
-
-    def _forward_wave(self) -> int:
-        """The wave a forward now belongs to: the last wave_head's, or the one after the last ended."""
-        return max(self._head_wave, self._ended_wave + 1)
-
-    def _live_capture_due(self) -> bool:
-        """Snapshots off at startup: offer the forward only when its wave's vector says a capture
-        armed on the running job covers it (docs/control.md). Never under async scheduling. A
-        vector not there yet while a capture is in force here is waited for within the bound, as
-        end_of_wave would."""
-        if self.async_scheduling:
-            return False
-        wave = self._forward_wave()
-        v = self._mb.read_wave(wave)
-        if v is None and self._mb.features & mb.FEATURE_LIVE_CAPTURES and self._mb.can_wait and not self._avail.still_unavailable():
-            got = self._mb.wait_wave(wave, self.call_bound_ms() / 1000)
-            v = got if isinstance(got, mb.WaveVector) else None
-        return v is not None and v.snapshot_due
-
-    def _capture_request(self, ctx, tins, deadline: float, accept_by: int) -> Optional["pb.ClientReply"]:
-        """Hello and regions if needed, then the before_forward request: its first answer by ``deadline``."""
-        if not self._hello(deadline) or not self._flush_regions(deadline):
-            return None
-        req = pb.ClientRequest(before_forward=pb.BeforeForward(
-            context=ctx, inputs=tins, accept_by_unix_ms=accept_by,
-            finish_by_unix_ms=accept_by + self.capture_timeout_ms, wave=self._forward_wave()))
-        return self._sock.request(req, deadline)
 
     # ------------------------------------------------------------------ shutdown
 

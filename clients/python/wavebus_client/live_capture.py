@@ -1,0 +1,79 @@
+"""before_forward (input snapshots) and the live-capture wave logic (which wave a forward belongs to,
+whether a capture armed on the running job covers it): a mixin of Client, apart from client.py
+because it is the one call that may wait a begun capture out, beyond the per-step bound."""
+import time
+from typing import Optional, Tuple
+
+from . import mailbox as mb
+from . import wavebus_pb2 as pb
+from .errors import CaptureError, ConfigError
+from .forward import context_proto, input_proto
+
+
+class CaptureMixin:
+    """Client's before_forward; ``_head_wave`` / ``_ended_wave`` are kept by wave_head / end_of_wave."""
+
+    def before_forward(self, context, inputs) -> Tuple[bool, str]:
+        """Offer this forward for capture; returns (captured, call_dir). Sends only when snapshots
+        are on. Raises CaptureError when a selected capture failed: abort the forward. An agent that
+        does not answer within the call bound is not a failed capture: (False, "") with
+        ``agent_unavailable`` set, and the forward goes on."""
+        if not self._mb.features & mb.FEATURE_SNAPSHOTS and not self._live_capture_due():
+            return False, ""
+        ctx = context_proto(context)
+        if not isinstance(inputs, (list, tuple)):
+            raise ConfigError(f"before_forward(): inputs must be a list, got {type(inputs).__name__}")
+        tins = [input_proto(x, self._regions, f"before_forward(): inputs[{i}]") for i, x in enumerate(inputs)]
+        if self._avail.still_unavailable():
+            self.stats["snapshots_skipped"] += 1
+            return False, ""
+        bound_s = self._bound_s()
+        deadline = time.monotonic() + bound_s
+        # Wall clock for the agent (same host): it drops a capture it reaches after we stopped waiting.
+        accept_by = int((time.time() + bound_s) * 1000) - self.end_of_wave_margin_ms
+        reply = self._capture_request(ctx, tins, deadline, accept_by)
+        if reply is not None and not reply.ok and reply.error_code == "ERR_NO_HELLO":
+            self._rejoin()  # the agent restarted: introduce ourselves and our regions again, then retry
+            reply = self._capture_request(ctx, tins, deadline, accept_by)
+        if reply is None:
+            self._avail.mark_unavailable(f"before_forward(): no answer within {self.call_bound_ms()} ms")
+            self.stats["snapshots_skipped"] += 1
+            return False, ""
+        if reply.capturing:
+            # Begun: the agent has capture_timeout_ms to finish. Not finishing is a failed capture.
+            reply = self._sock.wait(reply.id, time.monotonic() + self.capture_timeout_ms / 1000)
+            if reply is None:
+                self._avail.mark_unavailable(f"before_forward(): a begun capture did not finish within {self.capture_timeout_ms} ms")
+                raise CaptureError(f"before_forward(): the agent began the capture but did not finish it within {self.capture_timeout_ms} ms; abort this forward", "ERR_CAPTURE_TIMEOUT")
+        if not reply.ok:
+            raise CaptureError(f"before_forward(): capture failed: {reply.error}", reply.error_code or "ERR_CAPTURE")
+        if reply.captured:
+            self.stats["captures"] += 1
+        return reply.captured, reply.call_dir
+
+    def _forward_wave(self) -> int:
+        """The wave a forward now belongs to: the last wave_head's, or the one after the last ended."""
+        return max(self._head_wave, self._ended_wave + 1)
+
+    def _live_capture_due(self) -> bool:
+        """Snapshots off at startup: offer the forward only when its wave's vector says a capture
+        armed on the running job covers it (docs/control.md). Never under async scheduling. A
+        vector not there yet while a capture is in force here is waited for within the bound, as
+        end_of_wave would."""
+        if self.async_scheduling:
+            return False
+        wave = self._forward_wave()
+        v = self._mb.read_wave(wave)
+        if v is None and self._mb.features & mb.FEATURE_LIVE_CAPTURES and self._mb.can_wait and not self._avail.still_unavailable():
+            got = self._mb.wait_wave(wave, self.call_bound_ms() / 1000)
+            v = got if isinstance(got, mb.WaveVector) else None
+        return v is not None and v.snapshot_due
+
+    def _capture_request(self, ctx, tins, deadline: float, accept_by: int) -> Optional["pb.ClientReply"]:
+        """Hello and regions if needed, then the before_forward request: its first answer by ``deadline``."""
+        if not self._hello(deadline) or not self._flush_regions(deadline):
+            return None
+        req = pb.ClientRequest(before_forward=pb.BeforeForward(
+            context=ctx, inputs=tins, accept_by_unix_ms=accept_by,
+            finish_by_unix_ms=accept_by + self.capture_timeout_ms, wave=self._forward_wave()))
+        return self._sock.request(req, deadline)

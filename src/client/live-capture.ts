@@ -1,0 +1,144 @@
+// beforeForward (input snapshots) and the live-capture wave logic: which wave a forward belongs to,
+// and whether a capture armed on the running job covers it. Apart from client.ts because it is the
+// one call that may wait a begun capture out, beyond the per-step bound.
+import { ConfigError, CaptureError, WavebusError } from '../errors';
+import type { ForwardContext } from '../messages';
+import type { AgentAvailability } from './availability';
+import type { AgentHello } from './hello';
+import { MailboxFeature, type MailboxReader } from './mailbox';
+import type { BeforeForwardResult } from './options';
+import type { AgentTransport, Reply } from './transport';
+
+export type Context = Partial<ForwardContext> & { compilationHash: string; globalStep: number };
+export type Inputs = { region: string; offset?: number; dtype: string; shape: number[] }[];
+
+/** What a forward's capture needs of its client. */
+export interface CaptureDeps {
+  mailbox: MailboxReader;
+  asyncScheduling: boolean;
+  transport: AgentTransport;
+  availability: AgentAvailability;
+  hello: AgentHello;
+  stats: { snapshotsSkipped: number; skippedUnavailable: number };
+  /** How long a begun capture may take (ms). */
+  captureMs: number;
+  callBoundMs: () => number;
+  marginMs: number;
+}
+
+const NOT_CAPTURED: Promise<BeforeForwardResult> = Promise.resolve(Object.freeze({ captured: false }));
+
+export class ForwardCapture {
+  /** The engine's last waveHead and endOfWave waves: which wave a forward belongs to (liveCaptureDue). */
+  headWave = 0;
+  endedWave = 0;
+
+  constructor(private readonly d: CaptureDeps) {}
+
+  /**
+   * Before a forward: the agent decides whether this forward is selected for an input snapshot and,
+   * if so, copies and writes the inputs before returning. A failed capture throws CaptureError:
+   * the caller aborts the forward (fail loud). An agent that does not answer within the call bound
+   * is not a failed capture: the result says `unavailable` (captured false) and the forward goes on.
+   */
+  beforeForward(
+    context: Context,
+    inputs: Inputs,
+  ): Promise<BeforeForwardResult> {
+    // Snapshots off at startup: a forward is offered only when its wave's vector says a capture
+    // armed on the running job covers it (docs/control.md): a memory load, no system call.
+    const bits = this.d.mailbox.features();
+    if ((bits & MailboxFeature.SNAPSHOTS) === 0) {
+      const due = this.liveCaptureDue(bits);
+      if (due === false) return NOT_CAPTURED;
+      if (due === undefined) return this.afterVector(context, inputs);
+    }
+    return this.offer(context, inputs);
+  }
+
+  /** The forward's vector is late (a rank on the vector): wait for it within the bound, as endOfWave would, then offer if due. */
+  private async afterVector(context: Context, inputs: Inputs): Promise<BeforeForwardResult> {
+    const got = await this.d.mailbox.waitFor(this.forwardWave, this.d.callBoundMs()).catch(() => 'timeout' as const);
+    if (typeof got === 'string' || !got.snapshotDue) return { captured: false };
+    return this.offer(context, inputs);
+  }
+
+  private offer(context: Context, inputs: Inputs): Promise<BeforeForwardResult> {
+    for (const [i, inp] of inputs.entries()) {
+      if (!this.d.hello.registered.some((r) => r.name === inp.region)) {
+        return Promise.reject(new ConfigError(`beforeForward(): inputs[${i}].region '${inp.region}' is not a registered region`));
+      }
+    }
+    if (this.d.availability.unavailable) return Promise.resolve(this.snapshotSkipped());
+    return this.capture(context, inputs);
+  }
+
+  /** The wave a forward now belongs to: the last head's, or the one after the last ended. */
+  private get forwardWave(): number {
+    return Math.max(this.headWave, this.endedWave + 1);
+  }
+
+  /**
+   * Whether the vector of the forward's wave says snapshot_due (never under async scheduling: the
+   * seed's gating); undefined when it has not arrived while a capture is in force here (wait for it).
+   */
+  private liveCaptureDue(bits: number): boolean | undefined {
+    if (this.d.asyncScheduling) return false;
+    const v = this.d.mailbox.read(this.forwardWave);
+    if (v) return Boolean(v.snapshotDue);
+    return (bits & MailboxFeature.LIVE_CAPTURES) !== 0 && !this.d.availability.unavailable ? undefined : false;
+  }
+
+  private snapshotSkipped(): BeforeForwardResult {
+    this.d.stats.snapshotsSkipped++;
+    this.d.stats.skippedUnavailable++;
+    this.d.availability.probe();
+    return { captured: false, unavailable: true };
+  }
+
+  private async capture(
+    context: Context,
+    inputs: Inputs,
+  ): Promise<BeforeForwardResult> {
+    const bound = this.d.callBoundMs() + this.d.marginMs;
+    const started = Date.now();
+    try {
+      await this.d.hello.ensure(bound);
+    } catch (e) {
+      if (!this.d.availability.lostOn(e, 'beforeForward()')) throw e;
+      return this.snapshotSkipped();
+    }
+    // The agent drops a capture it reaches after we stopped waiting (it was frozen meanwhile).
+    const acceptBy = started + bound - this.d.marginMs;
+    const request = {
+      beforeForward: {
+        context: {
+          compilationHash: context.compilationHash,
+          globalStep: context.globalStep,
+          isPrompt: context.isPrompt ?? false,
+          reqIds: context.reqIds ?? [],
+          positions: context.positions ?? [],
+          rowRequest: context.rowRequest ?? [],
+          numSpeculativeTokens: context.numSpeculativeTokens ?? 0,
+          warmup: context.warmup ?? false,
+        },
+        inputs: inputs.map((x) => ({ region: x.region, offset: x.offset ?? 0, dtype: x.dtype, shape: x.shape })),
+        acceptByUnixMs: acceptBy,
+        finishByUnixMs: acceptBy + this.d.captureMs,
+        wave: this.forwardWave,
+      },
+    };
+    let reply: Reply;
+    try {
+      reply = await this.d.transport.request(request, Math.max(1, acceptBy + this.d.marginMs - Date.now()), this.d.captureMs);
+      if (!reply.ok && reply.errorCode === 'ERR_NO_HELLO') reply = await this.d.hello.rejoin(request, Math.max(1, acceptBy + this.d.marginMs - Date.now()), this.d.captureMs);
+    } catch (e) {
+      if (!this.d.availability.lostOn(e, 'beforeForward()')) throw e;
+      // Begun but not finished: a failed capture (fail loud), and the agent is not answering.
+      if ((e as WavebusError).code === 'ERR_CAPTURE_TIMEOUT') throw new CaptureError(`input snapshot failed: ${(e as Error).message}`, 'ERR_CAPTURE_TIMEOUT');
+      return this.snapshotSkipped();
+    }
+    if (!reply.ok) throw new CaptureError(`input snapshot failed: ${reply.error}`, reply.errorCode || 'ERR_CAPTURE');
+    return { captured: reply.captured, callDir: reply.callDir || undefined };
+  }
+}
