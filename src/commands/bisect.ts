@@ -1,9 +1,12 @@
 // `wavebus bisect A B`: the first module where probe tree A leaves reference B. Exit 0 when no
 // module is out of tolerance, 1 when one is, 2 on bad input (a missing rank, a module on one side
-// only, a bad flag: named).
+// only, a bad flag: named) or when --out cannot be written.
+import * as path from 'path';
 import type { CommandModule } from 'yargs';
 import { ConfigError } from '../errors';
-import { intFlag, numberFlag } from './flags';
+import { writeFileAtomic, artifactWrite } from '../artifacts/atomic-write';
+import { DEFAULT_ARTIFACT_MODES } from '../artifacts/artifact-mode';
+import { intFlag, nonEmpty, numberFlag } from './flags';
 import { bisect, formatBisect } from '../tools/bisect';
 import { DEFAULT_TOLERANCES, type TolClass, type Tolerance } from '../tools/bisect-compare';
 import { jsonSafe } from '../tools/compare';
@@ -30,6 +33,13 @@ export function parseTolerances(raw: unknown): Partial<Record<TolClass, Toleranc
   return out;
 }
 
+/** `--out FILE.json`: a name without .json is a slip (a path meant for something else), refused as `wavebus trace` does. */
+function outFlag(raw: unknown): string {
+  const out = nonEmpty(raw, '--out');
+  if (!/\.json$/.test(out)) throw new ConfigError(`--out ${JSON.stringify(out.slice(0, 200))}: expected a .json file name`);
+  return path.resolve(out);
+}
+
 const defaults = Object.entries(DEFAULT_TOLERANCES).map(([k, t]) => `${k}=${t.atol},${t.rtol}`).join(' ');
 
 export const command: CommandModule = {
@@ -41,15 +51,18 @@ export const command: CommandModule = {
       .positional('b', { type: 'string', demandOption: true, describe: 'reference probe tree, e.g. the TP=1 replay' })
       .option('tol', { type: 'string', array: true, nargs: 1, describe: `DTYPE=ATOL,RTOL, repeatable; |a-b| <= atol + rtol*|b|; defaults ${defaults}` })
       .option('call', { type: 'string', describe: 'the call index to compare when a tree holds several' })
-      .option('json', { type: 'boolean', default: false, describe: 'print one JSON document' }),
+      .option('json', { type: 'boolean', default: false, describe: 'print one JSON document' })
+      .option('out', { type: 'string', describe: 'also write the --json document to FILE.json (whole, 0640); <tree>/bisect/<name>.json puts it on `wavebus report <tree>`' }),
   handler: async (argv) => {
     const fail = (e: unknown) => {
       process.stderr.write(`wavebus bisect: ${(e as Error).message}\n`);
       process.exit(2);
     };
     let opts;
+    let out: string | undefined;
     try {
       opts = { tolerances: parseTolerances(argv.tol), call: argv.call === undefined ? undefined : intFlag(argv.call, '--call', 0) };
+      out = argv.out === undefined ? undefined : outFlag(argv.out);
     } catch (e) {
       return fail(e);
     }
@@ -59,7 +72,17 @@ export const command: CommandModule = {
     } catch (e) {
       return fail(e);
     }
-    process.stdout.write(argv.json ? `${JSON.stringify(jsonSafe(r), null, 2)}\n` : formatBisect(r));
+    const doc = `${JSON.stringify(jsonSafe(r), null, 2)}\n`;
+    if (out !== undefined) {
+      try {
+        // Whole or not at all (a report reading the tree meanwhile never sees half); missing
+        // folders (<tree>/bisect/) are made with the artifacts' directory mode.
+        writeFileAtomic(out, doc, artifactWrite(DEFAULT_ARTIFACT_MODES));
+      } catch (e) {
+        return fail(new Error(`--out ${JSON.stringify(out)}: ${(e as Error).message}`));
+      }
+    }
+    process.stdout.write(argv.json ? doc : formatBisect(r));
     process.exit(r.ok ? 0 : 1);
   },
 };

@@ -88,3 +88,6 @@ export function formatBisect(r: BisectResult): string {
   for (const row of [head, ...rows]) out.push(row.map((cell, c) => (c === 0 ? cell.padStart(width[c]) : cell.padEnd(width[c]))).join('  ').trimEnd());
   return `${out.join('\n')}\n`;
 }
+
+/** The number and module spellings of the text report, for other views of a result (the report page). */
+export { num as bisectNumber, what as bisectWhat };

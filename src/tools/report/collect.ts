@@ -8,6 +8,7 @@ import { inspectTree, type BundleReport, type InspectResult } from '../inspect';
 import { readLayoutJson } from '../../paths';
 import type { WorldLayout } from '../../layout';
 import { ConfigError } from '../../errors';
+import { bisectOf, MAX_BISECT_BYTES, MAX_BISECT_FILES, type BisectDoc } from './bisect-section';
 
 /** Reports and records are a few KiB; a timeline is at most a few MiB. */
 const MAX_JSON_BYTES = 16 << 20;
@@ -43,17 +44,20 @@ export interface ReportTree {
   /** The coordinator's config history: [replica, wave, config_version, sent_ms]. */
   configHistory: number[][];
   layout?: WorldLayout;
+  /** `wavebus bisect --out` results saved as bisect/<name>.json, by name; those past the cap are counted. */
+  bisects: BisectDoc[];
+  bisectsLeftOut: number;
   /** Files the tree has that could not be read as what their name says. */
   unreadable: string[];
 }
 
 /** Parse a JSON file, refusing links, non-files and anything over the cap. */
-export function readJsonFile(file: string): unknown {
+export function readJsonFile(file: string, maxBytes = MAX_JSON_BYTES): unknown {
   const fd = fs.openSync(file, fs.constants.O_RDONLY | fs.constants.O_NOFOLLOW);
   try {
     const st = fs.fstatSync(fd);
     if (!st.isFile()) throw new Error('not a regular file');
-    if (st.size > MAX_JSON_BYTES) throw new Error(`${st.size} bytes, over the ${MAX_JSON_BYTES}-byte cap`);
+    if (st.size > maxBytes) throw new Error(`${st.size} bytes, over the ${maxBytes}-byte cap`);
     return JSON.parse(fs.readFileSync(fd, 'utf8'));
   } finally {
     fs.closeSync(fd);
@@ -114,15 +118,15 @@ export function collectTree(root: string, opts: { verify?: boolean } = {}): Repo
   }
   if (!st.isDirectory()) throw new ConfigError(`${root}: not a directory`);
   const inspect = inspectTree(abs, { verify: opts.verify ?? true });
-  const tree: ReportTree = { root: abs, inspect, incidents: [], configs: [], timelines: [], configHistory: [], unreadable: [] };
+  const tree: ReportTree = { root: abs, inspect, incidents: [], configs: [], timelines: [], configHistory: [], bisects: [], bisectsLeftOut: 0, unreadable: [] };
   const waves = inspect.bundles.filter((b) => b.kind === 'dump_wave');
   enrich(abs, inspect.bundles);
   for (const f of walkFiles(abs)) {
     const parts = f.split('/');
     const base = parts[parts.length - 1];
-    const read = (): any => {
+    const read = (maxBytes?: number): any => {
       try {
-        return readJsonFile(path.join(abs, f));
+        return readJsonFile(path.join(abs, f), maxBytes);
       } catch (e) {
         tree.unreadable.push(`${f}: ${(e as Error).message}`);
         return undefined;
@@ -141,6 +145,15 @@ export function collectTree(root: string, opts: { verify?: boolean } = {}): Repo
       if (doc?.kind === 'wavebus_config_history' && Array.isArray(doc.entries)) {
         tree.configHistory.push(...(doc.entries as unknown[]).filter((e): e is number[] => Array.isArray(e) && e.length >= 4 && e.every((x) => Number.isFinite(x))));
       } else if (doc !== undefined) tree.unreadable.push(`${f}: not a wavebus_config_history`);
+    } else if (parts.length === 2 && parts[0] === 'bisect' && base.endsWith('.json')) {
+      if (tree.bisects.length >= MAX_BISECT_FILES) {
+        tree.bisectsLeftOut++;
+        continue;
+      }
+      const doc = read(MAX_BISECT_BYTES);
+      const b = doc === undefined ? undefined : bisectOf(f, doc);
+      if (typeof b === 'string') tree.unreadable.push(`${f}: not a wavebus bisect result (${b})`);
+      else if (b) tree.bisects.push(b);
     } else if (/^rank\d+\.json$/.test(base) && parts[parts.length - 2] === 'timeline') {
       const doc = read();
       const t = doc === undefined ? undefined : timelineOf(f, doc);

@@ -39,8 +39,8 @@ code,.mono{font-family:ui-monospace,monospace}
 .cell.complete,.key.complete{background:#34a853}.cell.missing,.key.missing{background:#ea4335}.cell.skipped,.key.skipped{background:#fbbc04}
 .cell.corrupt,.key.corrupt{background:#7b1fa2}.cell.na,.key.na{background:#eee}
 .legend span{display:inline-block;margin-right:12px}.legend i{display:inline-block;width:10px;height:10px;margin-right:4px;vertical-align:middle}
-details.incident{border:1px solid #ddd;border-radius:4px;padding:4px 8px;margin:6px 0}
-details.incident>summary{cursor:pointer;font-weight:600}
+details.incident,details.bisect{border:1px solid #ddd;border-radius:4px;padding:4px 8px;margin:6px 0}
+details.incident>summary,details.bisect>summary{cursor:pointer;font-weight:600}
 .tokens span{display:inline-block;border:1px solid #ccc;border-radius:3px;margin:1px;padding:0 3px;font-family:ui-monospace,monospace}
 .tokens span.hit{background:#fde293}
 svg text{font:11px system-ui,sans-serif}

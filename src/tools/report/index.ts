@@ -3,6 +3,7 @@
 import { writeFileAtomic } from '../../artifacts/atomic-write';
 import { DEFAULT_FILE_MODE, SENSITIVE_FILE_MODE } from '../../artifacts/artifact-mode';
 import * as path from 'path';
+import { bisectSection } from './bisect-section';
 import { collectTree } from './collect';
 import { page } from './html';
 import { hasTokenIds, incidentsSection } from './incidents';
@@ -30,6 +31,7 @@ export function buildReport(dir: string, opts: ReportOptions): { html: string; f
     timelineSection(tree),
     gridSection(tree),
     incidentsSection(tree, { pageDir, vocab: opts.vocab, heatmapBudget: HEATMAP_BUDGET }),
+    bisectSection(tree, { pageDir }),
     verificationSection(v),
   ]);
   // Token ids (save_sensitive_info) make the page as sensitive as the reports that hold them.

@@ -66,5 +66,6 @@ ${kvTable(facts)}
 <h3>Versions</h3>${kvTable(versions)}
 ${configs}
 <h3>Fingerprint differences</h3><p id="fingerprints">none recorded (this job's ranks record no fingerprints)</p>
+<h3>Recorder flushes</h3><p id="recorder-flushes">none: wavebus has no flight recorder yet, so no tree holds recorder flushes</p>
 </section>`;
 }
