@@ -59,6 +59,10 @@ const BENCH = 'a benchmark: runs for seconds to minutes and measures this host (
 const ENGINE = 'starts an engine that is not in this repository (serve.py) on GPU hosts';
 const FAR_HOST = 'talks to another host (10.0.0.x): tests use loopback or network namespaces of their own only';
 
+const BISECT_WALK = 'a step of the walk from a TP=2 PyTorch capture to the first wrong layer (a minute or more of CPU); test/bisect.test.ts runs the same launch, replays and bisects';
+const LIVE_JOB = 'talks to a running job\'s coordinator on port 29600; test/control.test.ts runs status, dump and capture against a simulated job of its own';
+const DEMO_TREE = 'reads the output of a `wavebus demo` (about two minutes of CPU; test/demo.test.ts checks the demo writes the page and the trace)';
+
 /** Commands that cannot run here, each with why. */
 const SKIPPED: Record<string, string> = {
   'npm install && npx wavebus demo': 'npm install would rewrite the node_modules the suite runs from; test/demo.test.ts runs `wavebus demo` with its defaults',
@@ -108,6 +112,28 @@ const SKIPPED: Record<string, string> = {
   'wavebus launch --nproc-per-node 2 --tp 2 -- python3 examples/torch-engine/torchrun_env.py examples/torch-engine/engine.py --out /tmp/eng --max-tokens 48':
     'two PyTorch ranks for a minute or more; test/torch-engine.test.ts runs this launch (with a port and an out dir of its own)',
   'python3 examples/torch-engine/replay.py --snapshots $WAVEBUS_CACHE_ROOT/snapshots/torch-engine-tp2 --call 5 --engine-out /tmp/eng': 'replays the capture of the launch above (test/torch-engine.test.ts runs replay.py on one)',
+  'wavebus bisect A B [--tol DTYPE=ATOL,RTOL ...] [--call N] [--json] [--out FILE.json]': SYNOPSIS,
+  'export WAVEBUS_CACHE_ROOT=/tmp/wb-bisect/cache': BISECT_WALK,
+  'WAVEBUS_SNAPSHOT_ENABLE=1 WAVEBUS_SNAPSHOT_CAPTURE_REQUEST=req-1 WAVEBUS_SNAPSHOT_CAPTURE_TOKEN=20 WAVEBUS_SNAPSHOT_MAX_CAPTURES=1 wavebus launch --nproc-per-node 2 --tp 2 -- python3 examples/torch-engine/torchrun_env.py examples/torch-engine/engine.py --out /tmp/wb-bisect/eng --max-tokens 12': BISECT_WALK,
+  'SNAP=$WAVEBUS_CACHE_ROOT/snapshots/torch-engine-tp2': BISECT_WALK,
+  'CALL=$(ls $SNAP/rank0 | head -1 | cut -c5-)': BISECT_WALK,
+  'python3 examples/torch-engine/replay.py --snapshots $SNAP --call $CALL --engine-out /tmp/wb-bisect/eng --probe /tmp/wb-bisect/tp2': BISECT_WALK,
+  'python3 examples/torch-engine/replay.py --snapshots $SNAP --call $CALL --tp 1 --probe /tmp/wb-bisect/tp1': BISECT_WALK,
+  'wavebus bisect /tmp/wb-bisect/tp2 /tmp/wb-bisect/tp1': BISECT_WALK,
+  'python3 examples/torch-engine/replay.py --snapshots $SNAP --call $CALL --probe /tmp/wb-bisect/bad --fault weight:1:layers.1.up': BISECT_WALK,
+  'wavebus bisect /tmp/wb-bisect/bad /tmp/wb-bisect/tp1': BISECT_WALK,
+  'wavebus bisect /tmp/wb-bisect/bad /tmp/wb-bisect/tp1 --out $WAVEBUS_CACHE_ROOT/bisect/tp2-vs-tp1.json': BISECT_WALK,
+  'wavebus report $WAVEBUS_CACHE_ROOT -o /tmp/wb-bisect/report.html': `${BISECT_WALK}; test/report-bisect.test.ts runs bisect --out and report on probe trees`,
+  'wavebus status --coordinator 127.0.0.1:29600': LIVE_JOB,
+  'wavebus status --coordinator 127.0.0.1:29600 --json': LIVE_JOB,
+  'wavebus dump --coordinator 127.0.0.1:29600 --request abc --wait': LIVE_JOB,
+  'wavebus capture --coordinator 127.0.0.1:29600 --request abc --wait': LIVE_JOB,
+  'wavebus dump --coordinator 127.0.0.1:29600 --all --wait': LIVE_JOB,
+  'wavebus dump --coordinator 127.0.0.1:29600 --request abc --replica 1': LIVE_JOB,
+  'wavebus capture --coordinator 127.0.0.1:29600 --token 104 --ranks 0 --format npy': LIVE_JOB,
+  'wavebus capture --coordinator 127.0.0.1:29600 --next --wait': LIVE_JOB,
+  'npx wavebus report wavebus-demo -o incident.html': `${DEMO_TREE} (test/report.test.ts runs report on a real job's tree in Chromium)`,
+  'npx wavebus trace wavebus-demo -o job.trace.json': `${DEMO_TREE} (test/trace.test.ts runs trace on a real job's tree)`,
   'npm run install': 'rebuilds the native addon from nothing (a minute of CPU) under the running suite; npm test\'s pretest builds it',
 };
 
