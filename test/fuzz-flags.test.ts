@@ -84,6 +84,7 @@ const COMMANDS: Record<string, { base: (b: Bases) => Promise<string[]>; small?: 
   demo: { base: async (b) => ['demo', '--out', b.own(), '--steps', '3', '--tp', '1'], small: ['*'] },
   report: { base: async (b) => ['report', b.own()] },
   trace: { base: async (b) => ['trace', b.own()] },
+  bisect: { base: async (b) => ['bisect', b.own(), b.own()] },
 };
 /** Commands whose flags are not fuzzed here, their flags (a new one still fails the listing test), and why. */
 const NOT_FUZZED: Record<string, { flags: string[]; why: string }> = {
