@@ -4,6 +4,7 @@
 // every string is escaped.
 import * as path from 'path';
 import { bisectNumber as num, bisectWhat as what } from '../bisect';
+import type { ModuleResult } from '../bisect-compare';
 import type { ReportTree } from './collect';
 import { esc, fileLink } from './html';
 
@@ -21,26 +22,8 @@ interface TreeView {
   ranks: number[];
 }
 
-interface ModuleView {
-  key: string;
-  module: string;
-  call: number;
-  io: 'input' | 'output';
-  arg: number;
-  split: string;
-  dtype_a: string;
-  dtype_b: string;
-  shape: number[];
-  atol: number;
-  rtol: number;
-  max_abs_diff: number;
-  rel_err: number;
-  mismatched: number;
-  numel: number;
-  out_of_tolerance: boolean;
-  ranks: number[];
-  worst?: { index: number[]; rank: number; shard_index: number[]; a: number; b: number };
-}
+/** A module's row as `--json` writes it (bisect-compare.ts); dtypes are read as the strings they are in the file. */
+type ModuleView = Omit<ModuleResult, 'per_rank' | 'dtype_a' | 'dtype_b'> & { dtype_a: string; dtype_b: string };
 
 interface NanView {
   module: string;
