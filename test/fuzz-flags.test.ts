@@ -151,7 +151,9 @@ interface Outcome {
 /** Run one command line in a process group of its own; after `ms` the whole group is stopped. */
 async function runCmd(cmd: string[], env: Record<string, string>, ms: number): Promise<Outcome> {
   // In a directory of its own: a relative path among the values lands there, not in the checkout.
-  const cwd = tmpDir('wavebus-fuzz-cwd-');
+  // Deep enough that a relative value ('../../etc/passwd') stays inside the test's own dir.
+  const cwd = path.join(tmpDir('wavebus-fuzz-cwd-'), 'a', 'b', 'c', 'd');
+  fs.mkdirSync(cwd, { recursive: true });
   const child = spawn(process.execPath, [CLI, ...cmd], { cwd, env: { ...process.env, WAVEBUS_LOG_LEVEL: 'warn', ...env }, stdio: ['ignore', 'ignore', 'pipe'], detached: true });
   let stderr = '';
   child.stderr!.on('data', (b) => (stderr = (stderr + b.toString()).slice(-20000)));

@@ -167,6 +167,24 @@ describe('startup config load', () => {
     expect(JSON.parse(fs.readFileSync(file, 'utf8'))).toEqual(JSON.parse(JSON.stringify(defaultConfig())));
   });
 
+  test('a file that is not a JSON object at all (--runtime-config-path ../../etc/passwd) is kept, never replaced; the job runs on the in-memory config', () => {
+    const d = tmpDir();
+    const file = path.join(d, 'passwd');
+    const text = 'root:x:0:0:root:/root:/bin/bash\n';
+    fs.writeFileSync(file, text);
+    const o = parseStartupOptions(JSON.stringify({ runtime_config_path: file, runtime_config: { detector: { token_repeat: { enabled: true } } } }), {}, d);
+    const q = quiet();
+    const { config, issues } = loadStartupConfig(o, q.log);
+    expect(config.detector.token_repeat.enabled).toBe(true);
+    expect(issues.map((i) => i.source)).toEqual(['file', 'write']);
+    expect(issues[1].error).toMatch(/not a JSON object \(not a runtime config\); it is kept as it is/);
+    expect(fs.readFileSync(file, 'utf8')).toBe(text);
+    // a config with comments before its brace is a config (replaced, as the seed does)
+    fs.writeFileSync(file, '// ours\n/* x */ { "report": { ');
+    expect(loadStartupConfig(o, quiet().log).issues.map((i) => i.source)).toEqual(['file']);
+    expect(JSON.parse(fs.readFileSync(file, 'utf8')).detector.token_repeat.enabled).toBe(true);
+  });
+
   test('writes go through a temp file plus rename under <path>.lock; a live holder blocks, a stale lock from a dead pid is broken', () => {
     const d = tmpDir();
     const file = path.join(d, 'runtime_config.json');

@@ -145,6 +145,12 @@ type StartupLog = { error: (o: object, msg: string) => void; warn: (o: object, m
  * an invalid old file is logged (it is replaced all the same); a failed write is logged and the
  * job runs on the in-memory config. Never throws over configuration.
  */
+/** Whether `text` starts, after blanks and JSONC comments, with '{' (or is empty): a runtime config, valid or not. */
+export function looksLikeJsonObject(text: string): boolean {
+  const rest = text.replace(/^(?:\s+|\/\/[^\n]*(?:\n|$)|\/\*[\s\S]*?\*\/)*/, '');
+  return rest === '' || rest.startsWith('{');
+}
+
 /** The config startup puts in force (seed): defaults ← overlay, plus an explicit runtime_dump_dir. Reads and writes nothing. */
 export function effectiveStartupConfig(opts: Pick<StartupOptions, 'overlay' | 'dumpDir' | 'dumpDirExplicit'>): RuntimeConfig {
   const config = mergeConfig(defaultConfig(), opts.overlay);
@@ -173,6 +179,13 @@ export function loadStartupConfig(opts: StartupOptions, log?: StartupLog, lock?:
   const text = configJson(config) + '\n';
   let fileHash: string | null;
   try {
+    // A file there that is not a JSON object at all is not a runtime config with a typo but some
+    // other file (`--runtime-config-path ../../etc/passwd` as root replaced the system's user list):
+    // it is kept, and the job runs on the in-memory config.
+    // (A link there is replaced by the rename, its target untouched.)
+    if (old !== null && !looksLikeJsonObject(old.toString('utf8')) && fs.lstatSync(opts.configPath).isFile()) {
+      throw new Error('the file there is not a JSON object (not a runtime config); it is kept as it is; point --runtime-config-path at a runtime_config.json, or remove that file');
+    }
     writeConfigFile(opts.configPath, text, lock);
     fileHash = sha256(Buffer.from(text));
   } catch (e) {
