@@ -189,15 +189,15 @@ describe('the import rule (docs/architecture.md, "Layers")', () => {
   test('the engine client\'s imports reach neither the launcher nor the CLI', () => {
     const files = srcTexts();
     const seen = new Set<string>();
-    const todo = [...files.keys()].filter((f) => f.startsWith('client/'));
-    while (todo.length > 0) {
-      const f = todo.pop()!;
+    const toVisit = [...files.keys()].filter((f) => f.startsWith('client/'));
+    while (toVisit.length > 0) {
+      const f = toVisit.pop()!;
       if (seen.has(f)) continue;
       seen.add(f);
       for (const spec of importsOf(files.get(f) ?? '')) {
         const t = path.posix.normalize(path.posix.join(path.posix.dirname(f), spec));
         const ts = files.has(`${t}/index.ts`) ? `${t}/index.ts` : `${t}.ts`;
-        if (files.has(ts)) todo.push(ts);
+        if (files.has(ts)) toVisit.push(ts);
       }
     }
     expect([...seen].filter((f) => f.startsWith('launch/') || f.startsWith('commands/'))).toEqual([]);
