@@ -210,3 +210,6 @@ export function inKvRankDirOf(relPath: string, g: number, layout: WorldLayout | 
     }
   });
 }
+
+/** The folder under the dump root that holds the ranks' and the coordinator's wave timing (`wavebus trace`), not an incident type. */
+export const TIMELINE_DIR = 'timeline';

@@ -102,7 +102,7 @@ describe('a message without the MAC', () => {
     expect(unauthenticatedRefusal(encodeAgentMessage({ requestId: 1, relay: { rank: 0, fileList: { root: 'dumps' } } }), undefined)).toBeUndefined();
     expect(unauthenticatedRefusal(status, Buffer.alloc(1))).toMatch(/with a data frame/);
     expect(unauthenticatedRefusal(encodeAgentMessage({ heartbeat: { wave: 1 } }), undefined)).toMatch(/body field 5 without the bus token's MAC/);
-    expect(unauthenticatedRefusal(emptyRows(12_000_000), undefined)).toMatch(/^\d+ bytes without the bus token's MAC \(only a status request of at most 4096 bytes/);
+    expect(unauthenticatedRefusal(emptyRows(12_000_000), undefined)).toMatch(/^\d+ bytes without the bus token's MAC \(only a status, relay or control request of at most 4096 bytes/);
     expect(unauthenticatedRefusal(Buffer.concat([status, Buffer.alloc(MAX_UNAUTHENTICATED_BYTES)]), undefined)).toMatch(/without the bus token's MAC/);
   });
 

@@ -9,7 +9,7 @@ import * as fs from 'fs';
 import * as path from 'path';
 import { isMainThread, parentPort, Worker, workerData } from 'worker_threads';
 import { replicaDumpRanks, type WorldLayout } from '../../src/layout';
-import { isKvRankDirName, kvRankDirFor } from '../../src/paths';
+import { isKvRankDirName, kvRankDirFor, TIMELINE_DIR } from '../../src/paths';
 import { inspectTree } from '../../src/tools/inspect';
 
 export interface ReplicaTally {
@@ -73,6 +73,7 @@ export function checkDump(wdir: string, replica: number, wave: number, layout: W
 export function collectDumps(kvRoot: string, layout: WorldLayout, t: Tally = emptyTally(layout.dp)): Tally {
   if (!fs.existsSync(kvRoot)) return t;
   for (const incident of fs.readdirSync(kvRoot)) {
+    if (incident === TIMELINE_DIR) continue; // the ranks' wave timing, not an incident
     const idir = path.join(kvRoot, incident);
     for (const e of fs.readdirSync(idir)) {
       // <incident>/wave_<W>[_dp<R>]/dump_skipped.json: a manual dump with no running request

@@ -6,6 +6,8 @@
 // `<dump_root>/timeline/rank<g>.json` (docs/report.md).
 import { performance } from 'perf_hooks';
 import * as path from 'path';
+import { mkdirTrustedSync } from '../artifacts/safe-mkdir';
+import { TIMELINE_DIR } from '../paths';
 import * as fs from 'fs';
 import { writeFileAtomic } from '../artifacts/atomic-write';
 import type { ArtifactModes } from '../artifacts/artifact-mode';
@@ -23,7 +25,7 @@ const F = TIMELINE_FIELDS.length;
 /** 8192 entries: about two minutes of a 40 ms-step engine's vectors, and 320 KiB in memory. */
 export const TIMELINE_CAPACITY = 8192;
 
-export const timelineFile = (dumpRoot: string, globalRank: number): string => path.join(dumpRoot, 'timeline', `rank${globalRank}.json`);
+export const timelineFile = (dumpRoot: string, globalRank: number): string => path.join(dumpRoot, TIMELINE_DIR, `rank${globalRank}.json`);
 
 export class WaveTimeline {
   private readonly ring: Float64Array;
@@ -113,7 +115,7 @@ export class WaveTimeline {
     // where its parent is gone: a job's dir removed under a stopping agent is not made again.
     if (!fs.existsSync(path.dirname(dumpRoot))) return undefined;
     const file = timelineFile(dumpRoot, id.globalRank);
-    fs.mkdirSync(path.dirname(file), { recursive: true, mode: modes.dir });
+    mkdirTrustedSync(path.dirname(file), modes.dir, 'wave timeline directory');
     writeFileAtomic(file, `${JSON.stringify(this.toJson(id))}\n`, { mode: modes.file });
     return file;
   }

@@ -5,6 +5,8 @@
 import * as fs from 'fs';
 import * as path from 'path';
 import { writeFileAtomic } from '../artifacts/atomic-write';
+import { mkdirTrustedSync } from '../artifacts/safe-mkdir';
+import { TIMELINE_DIR } from '../paths';
 import type { ArtifactModes } from '../artifacts/artifact-mode';
 import type { Logger } from '../log';
 
@@ -38,9 +40,9 @@ export class ConfigHistory {
     // As the ranks' timelines: the root is made if need be, never where its parent is gone.
     if (!fs.existsSync(path.dirname(dumpRoot))) return;
     try {
-      fs.mkdirSync(path.join(dumpRoot, 'timeline'), { recursive: true, mode: this.modes.dir });
+      mkdirTrustedSync(path.join(dumpRoot, TIMELINE_DIR), this.modes.dir, 'wave timeline directory');
       const doc = { kind: 'wavebus_config_history', version: 1, fields: ['replica', 'wave', 'config_version', 'sent_ms'], entries: this.entries };
-      writeFileAtomic(path.join(dumpRoot, 'timeline', 'coordinator.json'), `${JSON.stringify(doc)}\n`, { mode: this.modes.file });
+      writeFileAtomic(path.join(dumpRoot, TIMELINE_DIR, 'coordinator.json'), `${JSON.stringify(doc)}\n`, { mode: this.modes.file });
       this.unwritten = false;
     } catch (e) {
       this.log.warn({ err: (e as Error).message }, 'could not write the config history');

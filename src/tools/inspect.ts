@@ -132,7 +132,8 @@ function inspectSnapshot(dir: string, rel: string, verify: boolean): BundleRepor
     const inputs: { index: number; dtype: string }[] = Array.isArray(meta.inputs) ? meta.inputs : [];
     const ext = isTensorFormat(meta.format) ? tensorFileExtension(meta.format) : `.${String(meta.format)}`;
     const files = meta.files ?? inputs.map((i) => ({ name: `tensor${i.index}${ext}` }));
-    const dtypeOf = (name: string) => inputs.find((i) => name === `tensor${i.index}${ext}`)?.dtype;
+    // By index, whatever the file's extension: a bundle may mix formats (an npy for a dtype .pt cannot hold).
+    const dtypeOf = (name: string) => inputs.find((i) => path.parse(name).name === `tensor${i.index}`)?.dtype;
     checkFiles(dir, files, verify && Array.isArray(meta.files), r, 'meta.json', dtypeOf);
     if (Array.isArray(meta.inputs) && r.files.length !== meta.inputs.length) {
       r.problems.push(`${rel}: meta.json lists ${meta.inputs.length} inputs but ${r.files.length} files`);
