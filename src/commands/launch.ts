@@ -64,6 +64,7 @@ export const command: CommandModule = {
       process.stderr.write(`wavebus launch: warning: ${startup.overlayError}; the runtime guard will use the defaults\n`);
     }
     for (const [flag, key] of [['additional-config', 'additionalConfig'], ['runtime-config-path', 'runtimeConfigPath'], ['runtime-report-dir', 'runtimeReportDir'], ['runtime-dump-dir', 'runtimeDumpDir']] as const) {
+      if (flag !== 'additional-config' && guardFlags[key] !== undefined) checkPathLength(String(guardFlags[key]), `--${flag}`);
       if (guardFlags[key] !== undefined) opts.coordinatorArgs.push(`--${flag}=${guardFlags[key]}`);
     }
     if (guardFlags.runtimeConfigHotReload !== undefined) opts.coordinatorArgs.push(`--runtime-config-hot-reload=${guardFlags.runtimeConfigHotReload}`);
@@ -93,3 +94,13 @@ export const command: CommandModule = {
     process.exit(code);
   },
 };
+
+/**
+ * A path the kernel cannot take (a component over NAME_MAX, the whole over PATH_MAX) is refused
+ * here, naming its flag: the processes it is handed to would otherwise fail with ENAMETOOLONG.
+ */
+function checkPathLength(value: string, flag: string): void {
+  const long = value.split('/').find((c) => Buffer.byteLength(c) > 255);
+  if (long !== undefined) throw new ConfigError(`${flag}: a path component of ${Buffer.byteLength(long)} bytes (at most 255)`);
+  if (Buffer.byteLength(value) > 4095) throw new ConfigError(`${flag}: a path of ${Buffer.byteLength(value)} bytes (at most 4095)`);
+}
