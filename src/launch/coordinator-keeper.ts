@@ -35,7 +35,7 @@ export class CoordinatorKeeper {
       if (Date.now() - startedAt >= RESTART_STABLE_MS) this.backoffMs = RESTART_BACKOFF_MS;
       const wait = this.backoffMs;
       this.backoffMs = Math.min(RESTART_BACKOFF_MAX_MS, 2 * this.backoffMs);
-      this.say(`the coordinator ${s.describeExit()}; starting it again in ${wait} ms (a new epoch; the agents rejoin it)`);
+      this.say(`the coordinator ${s.exitDescription()}; starting it again in ${wait} ms (a new epoch; the agents rejoin it)`);
       this.timer = setTimeout(() => {
         this.timer = undefined;
         if (this.stopped) return;

@@ -154,7 +154,7 @@ export async function launch(opts: LaunchOptions, logger?: Logger): Promise<numb
         // Name the flags that put arguments on its command line: a bad one shows up only there.
         const [extra, flag] = s.name === 'coordinator' ? [opts.coordinatorArgs, '--coordinator-arg'] : [opts.agentArgs, '--agent-arg'];
         const given = extra.length ? ` (started with the extra arguments ${JSON.stringify(extra)} from ${flag} and launch's own flags)` : '';
-        abortStartup(new LaunchError(`${s.name} ${s.describeExit()} before the job was ready${given}${tail ? `; its output ends with:\n${tail}` : ''}`));
+        abortStartup(new LaunchError(`${s.name} ${s.exitDescription()} before the job was ready${given}${tail ? `; its output ends with:\n${tail}` : ''}`));
       });
     }
 
@@ -202,7 +202,7 @@ export async function launch(opts: LaunchOptions, logger?: Logger): Promise<numb
       if (s.name === 'coordinator') continue;
       void s.exited.then(() => {
         if (command && command.exitCode === null && command.signalCode === null) {
-          process.stderr.write(`wavebus launch: warning: ${s.name} ${s.describeExit()} while the command runs\n`);
+          process.stderr.write(`wavebus launch: warning: ${s.name} ${s.exitDescription()} while the command runs\n`);
         }
       });
     }

@@ -71,7 +71,7 @@ export class Sidecar {
     return this.tail.trim().split('\n').slice(-20).join('\n');
   }
 
-  describeExit(): string {
+  exitDescription(): string {
     const e = this.exit;
     if (!e) return 'is running';
     if (e.code === null && e.signal === null) return 'could not be started';
