@@ -66,6 +66,9 @@ def main(argv: List[str]) -> int:
     ap.add_argument("--draft-noise", type=float, default=2.0, help="std of the noise a draft:STEP fault adds to the draft's LM head")
     ap.add_argument("--fault", action="append", default=[], help="none | nan:STEP:REQ | garble:STEP | draft:STEP (repeatable)")
     ap.add_argument("--result-dir", help="write <dir>/rank<g>.json (forwards, waves, endOfWaveTimeouts) at the end")
+    ap.add_argument("--dp", type=int, default=1, help="data-parallel replicas: the world splits into DP groups of world/dp TP ranks")
+    ap.add_argument("--flip-byte", action="append", default=[], help="RANK:WEIGHT:BYTE: flip one byte of that weight shard on that rank at load (a fingerprint test)")
+    ap.add_argument("--env-on-rank", action="append", default=[], help="RANK:NAME=VALUE: set an environment variable on that rank only, before meeting the agent")
     ap.add_argument("--linger", type=int, default=3, help="idle waves after the last request (a dump armed late still runs)")
     args = ap.parse_args(argv)
     faults = [f for f in (parse_fault(x) for x in args.fault) if f is not None]
@@ -75,26 +78,43 @@ def main(argv: List[str]) -> int:
         raise SystemExit("engine: --fault draft:STEP needs --spec-tokens > 0 (there is no draft model otherwise)")
     rank, world = env_int("RANK"), env_int("WORLD_SIZE")
     env_int("LOCAL_RANK")
+    if args.dp < 1 or world % args.dp:
+        raise SystemExit(f"engine: --dp must divide WORLD_SIZE ({world}), got {args.dp}")
+    tp, tp_rank = world // args.dp, rank % (world // args.dp)
+    for spec in args.env_on_rank:
+        r, _, kv = spec.partition(":")
+        name, eq, value = kv.partition("=")
+        if not r.isdigit() or not name or not eq:
+            raise SystemExit(f"engine: --env-on-rank must be RANK:NAME=VALUE, got {spec!r}")
+        if int(r) == rank:
+            os.environ[name] = value
     torch.set_num_threads(1)  # one thread: the same reduction order on-line and in replay.py
     os.makedirs(args.out, exist_ok=True)
     if world > 1:
         import torch.distributed as dist
         addr, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), env_int("MASTER_PORT")
         dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=rank, world_size=world)
+    group = None
+    if world > 1 and args.dp > 1:
+        # Every rank makes every replica's TP group (torch.distributed's rule), then keeps its own.
+        groups = [dist.new_group(list(range(d * tp, (d + 1) * tp))) for d in range(args.dp)]
+        group = groups[rank // tp]
     cfg = ModelConfig(seed=args.seed)
-    w = shard(cfg, full_weights(cfg), rank, world)
-    comm = Comm(world)
-    kv_heads = cfg.kv_heads // world
+    w = shard(cfg, full_weights(cfg), tp_rank, tp)
+    flip_bytes(w, args.flip_byte, rank)
+    comm = Comm(tp, group)
+    kv_heads = cfg.kv_heads // tp
     max_tokens = (max(len(p) for p in PROMPTS) + 1 + args.spec_tokens) * args.requests
     max_blocks = -(-(max(len(p) for p in PROMPTS) + args.max_tokens + args.spec_tokens) // args.block_size)
     hooks = WavebusHooks(tag=f"wbtorch-{os.getpid()}", layers=cfg.layer_names(), num_blocks=args.num_blocks,
                          block_size=args.block_size, kv_heads=kv_heads, head_dim=cfg.head_dim, max_tokens=max_tokens,
-                         max_seqs=args.requests, max_blocks_per_seq=max_blocks, num_spec_tokens=args.spec_tokens)
+                         max_seqs=args.requests, max_blocks_per_seq=max_blocks, num_spec_tokens=args.spec_tokens,
+                         weights=w)
     drafter = Drafter(cfg, w, comm, args.num_blocks, args.block_size, kv_heads) if args.spec_tokens else None
     reqs = [Request(f"req-{i}", list(PROMPTS[i % len(PROMPTS)].encode()), args.max_tokens, 1 + i * args.arrive_every)
             for i in range(args.requests)]
     sched = Scheduler(reqs, args.num_blocks, args.block_size, max_running=args.requests)
-    graph = f"torch-engine-tp{world}"
+    graph = f"torch-engine-tp{tp}"
     wave, step, idle, tel, timeouts, freed = 0, 0, 0, None, 0, []
     spec_log = {r.req_id: [] for r in reqs}  # [forward, draft_len, accepted] per verified draft, as sent
     while idle < args.linger:
@@ -152,7 +172,7 @@ def main(argv: List[str]) -> int:
                           "tokens": r.output, "spec": spec_log[r.req_id]} for r in sched.done}
         spec = {"spec_tokens": args.spec_tokens, "draft_forwards": drafter.forwards if drafter else 0}
         with open(os.path.join(args.out, "outputs.json"), "w") as f:
-            json.dump({"tp": world, "steps": step, "waves": wave, "spec": spec, "requests": out}, f, indent=1)
+            json.dump({"tp": tp, "dp": args.dp, "steps": step, "waves": wave, "spec": spec, "requests": out}, f, indent=1)
         for r in sched.done:
             print(f"{r.req_id}: {bytes(r.prompt).decode('latin-1')!r} -> {bytes(r.output).decode('latin-1')!r}", flush=True)
     if args.result_dir:
@@ -164,6 +184,17 @@ def main(argv: List[str]) -> int:
         import torch.distributed as dist
         dist.destroy_process_group()
     return 0
+
+
+def flip_bytes(w, specs, rank):
+    """--flip-byte RANK:WEIGHT:BYTE: one byte of one weight shard inverted on one rank (a silent corruption)."""
+    for spec in specs:
+        parts = spec.split(":")
+        if len(parts) != 3 or not parts[0].isdigit() or parts[1] not in w or not parts[2].isdigit():
+            raise SystemExit(f"engine: --flip-byte must be RANK:WEIGHT:BYTE with a weight of {sorted(w)}, got {spec!r}")
+        if int(parts[0]) == rank:
+            raw = w[parts[1]].view(-1).view(torch.uint8)
+            raw[int(parts[2])] ^= 0xFF
 
 
 def plant(fault, step, batch, w, reqs, cfg, rank):

@@ -21,13 +21,15 @@ from wavebus_client.shm import kv_pool_shm, shm_tensor
 # The persistent input buffers (vLLM's model runner keeps the same ones: input_ids, positions,
 # slot_mapping, block_table, seq_lens, query_start_loc, and logits_indices, the rows sampled, which
 # a speculative step needs), all int64, sized for the largest step.
+ENGINE_VERSION = "torch-engine 1.0"  # sent in the rank's fingerprint (docs/fingerprints.md)
+
 INPUTS = ("input_ids", "positions", "slot_mapping", "block_table", "seq_lens", "query_start_loc", "logits_indices")
 
 
 class WavebusHooks:
     def __init__(self, *, tag: str, layers: List[str], num_blocks: int, block_size: int, kv_heads: int,
                  head_dim: int, max_tokens: int, max_seqs: int, max_blocks_per_seq: int, num_spec_tokens: int = 0,
-                 client: Optional[Client] = None):
+                 client: Optional[Client] = None, weights: Optional[Dict[str, torch.Tensor]] = None):
         self.num_spec_tokens = num_spec_tokens
         # 1a. The paged KV pool, vLLM's layout: per layer K and V of [num_blocks, block_size, kv_heads, head_dim].
         self.kv, regions = kv_pool_shm(f"{tag}-kv", layers, num_blocks, block_size, kv_heads, head_dim, torch.float32)
@@ -47,9 +49,13 @@ class WavebusHooks:
             self.buf[name], r = shm_tensor(f"{tag}-{name}", shapes[name], torch.int64, region_name=name)
             regions.append(r)
         # 1d. Meet the rank's agent (WAVEBUS_RUN_DIR and LOCAL_RANK come from `wavebus launch`).
-        self.client = client or Client.connect()
+        self.client = client or Client.connect(engine_version=ENGINE_VERSION)
         self.client.register_all(regions)
         feats = self.client.hello()
+        # 1e. Optional: a checksum per weight shard in this rank's fingerprint (the agent reads them
+        # once, now, off the step); an incident report names the shards that differ across replicas.
+        if weights:
+            self.client.register_weights(weights)
         self.gate = LogitsFiniteGate(item_sync=bool(feats and feats.item_sync))
         self._sent_prompt = set()
 

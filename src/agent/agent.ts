@@ -11,6 +11,8 @@ import { DumpExecutor } from './dump-executor';
 import { WaveBook, WAVE_HISTORY } from './wave-book';
 import { agentDutyHooks, jobsFor, WaveDuties } from './wave-duties';
 import { RegionTable } from './regions';
+import { FingerprintKeeper } from './fingerprint-keeper';
+import { RegionRole } from '../client/protocol';
 import { FileServer } from './file-server';
 import { agentDirectFiles, fileRequestHandler, type DirectFiles } from './direct-files';
 import { RootGate } from './roots';
@@ -55,6 +57,8 @@ export class Agent {
   private readonly log: Logger;
   private readonly opts: AgentOptions;
   private readonly regions: RegionTable;
+  /** This rank's fingerprint: the client's hello and the weight checksums (fingerprint-keeper.ts). */
+  private readonly fingerprint: FingerprintKeeper;
   private readonly dumps: DumpExecutor;
   private readonly gate: RootGate;
   /** The dumps root served now: the bus's dump.dump_dir when it narrows the local root, else the local root. */
@@ -98,6 +102,7 @@ export class Agent {
     this.gate = new RootGate(opts.identity.globalRank, opts.roots ?? {}, this.log);
     this.servedDumps = this.gate.local.dumps;
     this.regions = new RegionTable(opts.cudaStagingBytes);
+    this.fingerprint = new FingerprintKeeper((fp) => this.bus?.setFingerprint(fp), opts.cudaStagingBytes);
     this.dumps = new DumpExecutor(opts.identity, this.regions, this.log, this.gate, opts.artifactModes);
     this.clients = new ClientServer(
       this.stats,
@@ -200,6 +205,7 @@ export class Agent {
     const sock = agentEndpoint(this.opts.runDir, this.identity.localRank).slice('ipc://'.length);
     fs.rmSync(sock, { force: true });
     this.regions.closeAll();
+    this.fingerprint.close();
   }
 
   /** The timeline beside the local dumps (none without a dump root). */
@@ -308,6 +314,7 @@ export class Agent {
       case 'hello':
         return this.onHello(req.hello);
       case 'register':
+        if (req.register.role === RegionRole.WEIGHT) return this.fingerprint.addWeight(req.register);
         this.regions.register(req.register);
         return {};
       case 'waveHead':
@@ -343,7 +350,8 @@ export class Agent {
     }
   }
 
-  private onHello(hello: { pid: number; asyncScheduling: boolean }): Record<string, unknown> {
+  private onHello(hello: { pid: number; asyncScheduling: boolean; fingerprint?: unknown }): Record<string, unknown> {
+    if (hello.fingerprint) this.fingerprint.hello(hello.fingerprint);
     if (this.opts.snapshot?.enabled) {
       checkSnapshotGating(this.opts.snapshot, { asyncScheduling: hello.asyncScheduling, backendHasMemoryAccess: true });
     }

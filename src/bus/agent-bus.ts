@@ -55,6 +55,7 @@ export class AgentBus extends EventEmitter {
   private loops: Promise<void>[] = [];
 
   private state: SyncState = 'connecting';
+  private fingerprint: Record<string, unknown> | null = null;
   private epoch = 0;
   private lastSeq = 0;
   /** seq covered by the last snapshot applied in this epoch. */
@@ -174,6 +175,15 @@ export class AgentBus extends EventEmitter {
     this.send({ captureResult: { ...result, globalRank: this.rank } });
   }
 
+  /**
+   * This rank's fingerprint (docs/fingerprints.md): sent now if the coordinator has our Hello, and
+   * again after every Hello that asks for a snapshot (a restarted coordinator learns it again).
+   */
+  setFingerprint(fp: Record<string, unknown>): void {
+    this.fingerprint = fp;
+    if (this.state === 'live' || this.state === 'syncing') this.send({ fingerprint: fp });
+  }
+
   private send(body: Record<string, unknown>, requestId = 0): void {
     if (!this.running) return;
     const payload = payloadOf(body);
@@ -200,6 +210,7 @@ export class AgentBus extends EventEmitter {
     this.snapshotAskedAt = Date.now();
     // Hello first, on the same connection: the coordinator counts us subscribed on the request after it.
     this.sendHello(true);
+    if (this.fingerprint) this.send({ fingerprint: this.fingerprint });
     this.send({ snapshot: { globalRank: this.rank } }, this.snapshotRequestId);
   }
 

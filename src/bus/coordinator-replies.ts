@@ -33,6 +33,8 @@ export function statusJson(c: Coordinator): Record<string, unknown> {
     replicas,
     dumps: c.ledger.status(),
     late_vectors: c.vectors.status().late,
+    // Which ranks sent a fingerprint, and what differs between them now (docs/fingerprints.md).
+    fingerprints: c.fingerprints.status(),
     missed_vectors: c.vectors.status().missed,
     // Every message the ROUTER took in, and what it dropped of them by reason (the rest it handled).
     received: c.stats.received,

@@ -14,6 +14,7 @@ import { DumpLedger } from '../guard/dump-ledger';
 import { WaveStreams } from './wave-streams';
 import { dumpAckHandler } from './coordinator-dumps';
 import { snapshotReply, statusJson } from './coordinator-replies';
+import { FingerprintBook } from '../guard/fingerprint-diff';
 import { RankTable } from './rank-table';
 import { VectorMetrics } from './vector-metrics';
 import { SendQueue } from './send-queue';
@@ -64,6 +65,8 @@ export class Coordinator extends EventEmitter {
   private heartbeatTimer?: NodeJS.Timeout;
   private promptHeartbeat = false;
   readonly rankTable: RankTable;
+  /** Each rank's fingerprint (the policy's, so its reports diff them; else the coordinator's own). */
+  readonly fingerprints: FingerprintBook;
   private readonly agentRequests: AgentRequests;
   private readonly ownFiles?: CoordinatorFiles;
   private readonly versions = new VersionGate();
@@ -115,6 +118,7 @@ export class Coordinator extends EventEmitter {
         this.emit('agent-lost', rank);
       },
     });
+    this.fingerprints = opts.policy?.fingerprints ?? new FingerprintBook(this.layout);
     this.ledger = opts.policy?.ledger ?? new DumpLedger({ ackTimeoutMs: this.dumpAckTimeoutMs, layout: this.layout, log: this.log });
     this.control = new CoordinatorControl(this, (route, m) => this.reply(route, m), this.drops);
     this.onDumpResult = dumpAckHandler({ ledger: this.ledger, metrics: this.metrics, log: this.log, policy: this.policy, timeoutMs: this.dumpAckTimeoutMs, emit: (e, a) => this.emit(e, a) });
@@ -341,6 +345,10 @@ export class Coordinator extends EventEmitter {
         this.checkReady();
         return;
       }
+      case 'fingerprint':
+        // Only from the connection the rank said Hello on; cut to local limits by the book.
+        if (this.rankTable.touch(rank, routingId)) this.fingerprints.set(rank, msg.fingerprint);
+        return;
       case 'heartbeat': {
         const s = this.rankTable.touch(rank, routingId);
         if (!s) return;

@@ -2,6 +2,7 @@
 // The bus moves frames; the policy decides which lanes each wave of each replica carries.
 import type { AgentConfig, DumpJob, DumpResult, StepTelemetry } from '../messages';
 import type { DumpLedger } from '../guard/dump-ledger';
+import type { FingerprintBook } from '../guard/fingerprint-diff';
 
 export interface DueLanes {
   /** A new effective config, applied by every rank of the replica at the end of the vector's wave (head + decideAheadWaves(pp), src/bus/constants.ts). */
@@ -24,6 +25,8 @@ export interface CoordinatorPolicy {
    * same object (one ledger); without one it keeps its own.
    */
   readonly ledger?: DumpLedger;
+  /** Each rank's fingerprint; the coordinator stores what ranks send in this same book when given. */
+  readonly fingerprints?: FingerprintBook;
   /** A rank acked (or failed) a dump job (already counted in the ledger). */
   onDumpResult?(result: DumpResult): void;
   /** Ranks that have not acked `jobId` when its ack timeout expired (already in the ledger). */

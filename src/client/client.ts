@@ -12,6 +12,7 @@ import { dueDumpsAsker, PendingDumps } from './pending-dumps';
 import { VectorStall } from './vector-stall';
 import { ForwardCapture, type Context, type Inputs } from './live-capture';
 
+import { clientFingerprint } from './fingerprint';
 import { openConnection, type BeforeForwardResult, type ClientFeatures, type ConnectOptions, type EndOfWaveResult } from './options';
 
 export type { ClientRegion } from './region';
@@ -55,6 +56,7 @@ export class WavebusClient {
     private readonly mailbox: MailboxReader,
     asyncScheduling: boolean,
     private readonly bounds: { call?: number; hello: number; capture: number; probe: number },
+    fingerprint: Record<string, unknown>,
   ) {
     this.transport = new AgentTransport(endpoint, this.stats, {
       heard: () => this.availability.heard(),
@@ -71,7 +73,7 @@ export class WavebusClient {
       (ms) => (this.transport.closed ? undefined : this.transport.request({ ping: {} }, ms)),
       () => this.hello.forget(), // it may be a new agent: introduce ourselves again
     );
-    this.hello = new AgentHello(endpoint, this.transport, mailbox, asyncScheduling, this.stats);
+    this.hello = new AgentHello(endpoint, this.transport, mailbox, asyncScheduling, this.stats, fingerprint);
     this.head = new WaveHeadSender(this.transport, (message) => (this.availability.lastError = message));
     this.stall = new VectorStall(mailbox);
     this.forward = new ForwardCapture({
@@ -123,7 +125,8 @@ export class WavebusClient {
   /** Maps the mailbox once the agent has written its header (at most mailboxWaitMs); sends nothing. */
   static async connect(opts: ConnectOptions = {}): Promise<WavebusClient> {
     const c = await openConnection(opts);
-    return new WavebusClient(c.endpoint, c.mailbox, c.asyncScheduling, c.bounds);
+    const fingerprint = clientFingerprint({ engineVersion: opts.engineVersion, deviceName: opts.deviceName, env: opts.env });
+    return new WavebusClient(c.endpoint, c.mailbox, c.asyncScheduling, c.bounds, fingerprint);
   }
 
   /** Feature bits the agent publishes in the mailbox header; 0 means everything is off. */

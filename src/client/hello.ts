@@ -23,6 +23,8 @@ export class AgentHello {
     private readonly mailbox: MailboxReader,
     private readonly asyncScheduling: boolean,
     private readonly stats: { rejoins: number },
+    /** ClientHello.fingerprint (fingerprint.ts): taken once at connect, sent with every hello. */
+    private readonly fingerprint: Record<string, unknown> = {},
   ) {}
 
   /** The features while the mailbox still shows `bits` (the usual step: no hello needed), else undefined. */
@@ -45,7 +47,7 @@ export class AgentHello {
     this.sent.clear();
     // Hello and the regions go out back to back (the agent takes them in order), then both are checked.
     const hello = this.transport.request(
-      { hello: { pid: process.pid, asyncScheduling: this.asyncScheduling, language: 'typescript', protocolVersion: CLIENT_PROTOCOL_VERSION } },
+      { hello: { pid: process.pid, asyncScheduling: this.asyncScheduling, language: 'typescript', protocolVersion: CLIENT_PROTOCOL_VERSION, fingerprint: this.fingerprint } },
       timeoutMs,
     );
     const regions = this.flushRegistrations(timeoutMs);

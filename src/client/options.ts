@@ -44,6 +44,10 @@ export interface ConnectOptions {
    * may start before its agent; default 10000 ms, 0: one try).
    */
   mailboxWaitMs?: number;
+  /** The engine's own version string, sent in this rank's fingerprint (docs/fingerprints.md). */
+  engineVersion?: string;
+  /** The device this rank computes on, for its fingerprint (default "cpu"). */
+  deviceName?: string;
 }
 
 export interface BeforeForwardResult {

@@ -12,7 +12,7 @@ const roles = enumValues('RegionRole');
 export const CLIENT_PROTOCOL_VERSION: number = protocol.PROTOCOL_VERSION_CURRENT;
 
 export const RegionKind = { SHM: kinds.REGION_SHM, CUDA: kinds.REGION_CUDA } as const;
-export const RegionRole = { KV_POOL: roles.ROLE_KV_POOL, INPUT: roles.ROLE_INPUT } as const;
+export const RegionRole = { KV_POOL: roles.ROLE_KV_POOL, INPUT: roles.ROLE_INPUT, WEIGHT: roles.ROLE_WEIGHT } as const;
 
 function describe(v: number): string {
   return v === protocol.PROTOCOL_VERSION_UNSPECIFIED ? `${v} (from before protocol versions)` : String(v);

@@ -17,6 +17,7 @@ import { actionsFor, DetectorName, RuntimeConfig } from './config';
 import { agentConfig } from './agent-config';
 import { Hit, MUTE_BIT, splitNonFinite } from './detectors';
 import { findOrphanDumps } from './orphan-dumps';
+import { FingerprintBook } from './fingerprint-diff';
 import { DumpLedger } from './dump-ledger';
 import { admitIncident } from './quotas';
 import { ConfigFollower } from './reload';
@@ -79,6 +80,8 @@ export class Guard implements CoordinatorPolicy {
   private readonly startupIssues: StartupIssue[];
   /** Manual dumps asked for by `wavebus dump` (docs/control.md). */
   readonly manualArms = new ManualArms();
+  /** Each rank's fingerprint (the coordinator stores them here): every report carries their diff. */
+  readonly fingerprints: FingerprintBook;
 
   constructor(opts: GuardOptions) {
     this.opts = opts;
@@ -102,6 +105,7 @@ export class Guard implements CoordinatorPolicy {
     const { layout } = opts;
     this.replicas = Array.from({ length: layout.dp }, (_, r) => new ReplicaState(r, replicaHead(layout, r), opts.manualDumpDone ?? 0, this.cfg, 0));
     this.configHistory = new ConfigHistory(opts.artifactModes ?? DEFAULT_ARTIFACT_MODES, this.log);
+    this.fingerprints = new FingerprintBook(layout);
     this.ledger = new DumpLedger({ ackTimeoutMs: opts.dumpAckTimeoutMs, layout, log: this.log, modes: opts.artifactModes });
     // Dumps a killed predecessor left without a manifest get one that says so.
     for (const o of findOrphanDumps(this.dumpRoot(), layout, this.log)) this.ledger.adopt(o.job, o.ppStages);
@@ -319,6 +323,7 @@ export class Guard implements CoordinatorPolicy {
     }
     if (actions.includes('report')) {
       const report = incidentReport(cfg, rs, hit, st, detectWave, { attempted: wantDump, armWave: dumpArmWave, dir: dumpDir, finishedAtDump, skippedReason });
+      report.fingerprint_diff = this.fingerprints.diff();
       try {
         // Token ids in it (save_sensitive_info): created owner-only, never readable by the group.
         const modes = this.opts.artifactModes ?? DEFAULT_ARTIFACT_MODES;

@@ -5,6 +5,7 @@ import * as path from 'path';
 import { DEFAULT_ARTIFACT_MODES, type ArtifactModes } from '../artifacts/artifact-mode';
 import { joinUnder, safeComponent } from '../artifacts/sanitize';
 import { artifactWrite, writeJsonAtomic } from '../artifacts/atomic-write';
+import type { FingerprintDiff } from './fingerprint-diff';
 
 /** Local time as YYYYmmdd_HHMMSS_mmm (the seed's report file stamp). */
 export function reportStamp(d: Date): string {
@@ -28,6 +29,8 @@ export interface IncidentReport {
   detail: Record<string, unknown>;
   block_ids?: number[];
   request_finished_at_dump?: boolean;
+  /** What differs between ranks that should agree (fingerprint-diff.ts; docs/fingerprints.md). */
+  fingerprint_diff?: FingerprintDiff;
 }
 
 /**

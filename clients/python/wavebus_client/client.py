@@ -14,6 +14,7 @@ from typing import Dict, Optional
 
 from . import mailbox as mb
 from . import wavebus_pb2 as pb
+from .fingerprint import client_fingerprint
 from .availability import Availability
 from .errors import AgentError, AgentUnavailableError, ConfigError, ProtocolError
 from .features import DEFAULT_END_OF_WAVE_TIMEOUT_MS, Features
@@ -45,7 +46,7 @@ class Client(RegionsMixin, CaptureMixin):
     def __init__(self, endpoint: str, mailbox_path: str, *, async_scheduling: bool = False,
                  hello_timeout_ms: int = 1000, capture_timeout_ms: int = 120000,
                  end_of_wave_margin_ms: int = 20, mailbox_wait_s: float = 10.0,
-                 call_timeout_ms: Optional[int] = None, probe_interval_ms: int = 1000):
+                 call_timeout_ms: Optional[int] = None, probe_interval_ms: int = 1000, engine_version: str = ""):
         for name, v in (("hello_timeout_ms", hello_timeout_ms), ("capture_timeout_ms", capture_timeout_ms),
                         ("end_of_wave_margin_ms", end_of_wave_margin_ms), ("probe_interval_ms", probe_interval_ms),
                         ("call_timeout_ms", 1 if call_timeout_ms is None else call_timeout_ms)):
@@ -64,6 +65,10 @@ class Client(RegionsMixin, CaptureMixin):
         self.end_of_wave_margin_ms = end_of_wave_margin_ms
         self.call_timeout_ms = call_timeout_ms
         self.probe_interval_ms = probe_interval_ms
+        if not isinstance(engine_version, str):
+            raise ConfigError(f"Client.connect(): engine_version must be a string, got {engine_version!r}")
+        self.engine_version = engine_version
+        self._fingerprint = None  # taken at the first hello (the engine has loaded torch and its device by then)
         self.stats: Dict[str, int] = {
             "requests_sent": 0, "end_of_wave_fast": 0, "end_of_wave_waited": 0, "end_of_wave_sent": 0, "end_of_wave_timeouts": 0,
             "end_of_wave_errors": 0, "wave_head_sent": 0, "wave_head_errors": 0, "wave_head_skipped": 0,
@@ -167,7 +172,7 @@ class Client(RegionsMixin, CaptureMixin):
         hello_id = self._sock.in_flight("hello")  # a late answer to an earlier hello is still applied
         if not hello_id:
             req = pb.ClientRequest(hello=pb.ClientHello(pid=os.getpid(), async_scheduling=self.async_scheduling, language="python",
-                                                        protocol_version=CLIENT_PROTOCOL_VERSION))
+                                                        protocol_version=CLIENT_PROTOCOL_VERSION, fingerprint=self._own_fingerprint()))
             if not self._sock.send(req, later=("hello", self._apply_hello)):
                 return False
             hello_id = req.id
@@ -175,6 +180,11 @@ class Client(RegionsMixin, CaptureMixin):
         if reply is not None:
             self._apply_hello(reply)
         return self.agent_features is not None
+
+    def _own_fingerprint(self) -> "pb.Fingerprint":
+        if self._fingerprint is None:
+            self._fingerprint = client_fingerprint(self.engine_version)
+        return self._fingerprint
 
     def hello(self) -> Optional[Features]:
         """Say hello now (normally lazy). None when everything is off (nothing is sent)."""

@@ -7,7 +7,7 @@ from . import wavebus_pb2 as pb
 from .errors import ConfigError
 
 KINDS = {"shm": pb.REGION_SHM, "cuda": pb.REGION_CUDA}
-ROLES = {"kv_pool": pb.ROLE_KV_POOL, "input": pb.ROLE_INPUT}
+ROLES = {"kv_pool": pb.ROLE_KV_POOL, "input": pb.ROLE_INPUT, "weight": pb.ROLE_WEIGHT}
 CUDA_IPC_HANDLE_SIZE = 64
 
 

@@ -60,6 +60,13 @@ class RegionsMixin:
                 log.warning("%s", e)
         return True
 
+    def register_weights(self, weights) -> int:
+        """A checksum per weight shard in this rank's fingerprint (name -> torch tensor), computed by
+        the agent off the step (weights.py). Returns how many the agent took (0: everything off)."""
+        from .weights import send_weights
+
+        return send_weights(self, weights)
+
     def register_all(self, regions: Iterable) -> int:
         """register() each region; how many were sent. An agent that does not answer does not cut
         the list short: every region is kept (sent once the agent answers), then the first

@@ -1,0 +1,88 @@
+// This rank's fingerprint in the agent: what its client said in the hello, plus a crc32c per weight
+// shard the engine registered (register_weights), which the agent reads itself through the native
+// copy path, once, off the step. Sent to the coordinator through the bus (AgentBus.setFingerprint).
+import { ConfigError } from '../errors';
+import { parseDType, itemSize } from '../artifacts/dtype';
+import { crc32c, formatChecksum } from '../artifacts/checksum';
+import { DeviceRegion, Staging, DEFAULT_CUDA_STAGING_BYTES } from '../memory';
+import { RegionKind } from '../client/protocol';
+import { LIMITS, sanitizeFingerprint, type Fingerprint, type WeightChecksum } from '../guard/fingerprint';
+import type { RegionMessage } from './regions';
+
+/** Weight checksums arriving back to back go out in one message: this long after the last. */
+const PUBLISH_AFTER_MS = 100;
+
+export class FingerprintKeeper {
+  private client: Fingerprint | null = null;
+  private readonly weights = new Map<string, WeightChecksum>();
+  private staging: Staging | null = null;
+  private timer: NodeJS.Timeout | null = null;
+
+  constructor(
+    private readonly publish: (fp: Record<string, unknown>) => void,
+    private readonly stagingBytes = DEFAULT_CUDA_STAGING_BYTES,
+  ) {}
+
+  /** The client's hello: its fingerprint (cut to local limits), sent at once. */
+  hello(raw: unknown): void {
+    this.client = sanitizeFingerprint(raw);
+    this.client.weights = []; // only the agent says what the weights are
+    this.send();
+  }
+
+  /** What the coordinator gets: the client's part and the weights checksummed so far; null before a hello. */
+  current(): Record<string, unknown> | null {
+    if (!this.client) return null;
+    return { ...this.client, weights: [...this.weights.values()] };
+  }
+
+  /** A weight shard (Region, role WEIGHT): read it whole, checksum it, let it go. Answers once done. */
+  async addWeight(msg: RegionMessage): Promise<Record<string, unknown>> {
+    const field = `weight '${String(msg.name).slice(0, 80)}'`;
+    if (!msg.name || msg.name.length > LIMITS.weightName) throw new ConfigError(`${field}: region.name must be 1..${LIMITS.weightName} characters`);
+    if (!this.weights.has(msg.name) && this.weights.size >= LIMITS.weights) throw new ConfigError(`${field}: more than ${LIMITS.weights} weight shards`);
+    const dtype = parseDType(msg.dtype, `${field}.dtype`);
+    const want = msg.shape.reduce((a, b) => a * Number(b), 1) * itemSize(dtype);
+    if (want !== Number(msg.nbytes)) throw new ConfigError(`${field}: shape [${msg.shape.join(', ')}] of ${dtype} is ${want} bytes but region.nbytes is ${msg.nbytes}`);
+    const region = DeviceRegion.open(
+      msg.kind === RegionKind.CUDA
+        ? { kind: 'cuda', cudaIpcHandle: msg.cudaIpcHandle, device: msg.device, offset: Number(msg.offset), nbytes: Number(msg.nbytes) }
+        : { kind: 'shm', shmName: msg.shmName, offset: Number(msg.offset), nbytes: Number(msg.nbytes) },
+      { field, stagingBytes: this.stagingBytes },
+    );
+    try {
+      let crc = 0;
+      if (region.nbytes > 0) {
+        this.staging ??= new Staging(this.stagingBytes);
+        for await (const chunk of this.staging.stream(region)) crc = crc32c(chunk, crc);
+      }
+      const sum = { name: msg.name, checksum: formatChecksum(crc), bytes: region.nbytes, dtype };
+      this.weights.set(msg.name, sum);
+      this.sendSoon();
+      return {};
+    } finally {
+      region.close();
+    }
+  }
+
+  /** Timers and the staging buffer. */
+  close(): void {
+    if (this.timer) clearTimeout(this.timer);
+    this.timer = null;
+    this.staging = null;
+  }
+
+  private sendSoon(): void {
+    if (this.timer) return;
+    this.timer = setTimeout(() => {
+      this.timer = null;
+      this.send();
+    }, PUBLISH_AFTER_MS);
+    this.timer.unref();
+  }
+
+  private send(): void {
+    const fp = this.current();
+    if (fp) this.publish(fp);
+  }
+}
