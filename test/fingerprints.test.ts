@@ -2,6 +2,7 @@
 // weight checksums reach the coordinator, and every incident report carries `fingerprint_diff`.
 // The end-to-end case is a real DP=2 torch job under `wavebus launch`: one rank with one flipped
 // weight byte, one rank with a different NCCL_ALGO; the incident's diff names both, nothing else.
+import * as crypto from 'crypto';
 import * as fs from 'fs';
 import * as path from 'path';
 import { FingerprintBook } from '../src/guard/fingerprint-diff';
@@ -75,13 +76,23 @@ describe('fingerprint_diff', () => {
   });
 });
 
-test('a DP=2 torch job, one flipped weight byte on rank 1 and NCCL_ALGO=Tree on rank 0: the incident diff names both and nothing else', async () => {
+test('a DP=2 torch job, one flipped weight byte on rank 1 and NCCL_ALGO=Tree on rank 0: the incident diff names both and nothing else; token ids hashed with the key file given', async () => {
   const dir = tmpDir('wavebus-fp-');
   const out = path.join(dir, 'out');
   const engine = path.join(ROOT, 'examples', 'torch-engine');
   const runtimeConfig = {
     detector: { logits_finite: { enabled: true }, token_repeat: { enabled: false }, garbled: { enabled: false }, spec_acceptance: { enabled: false } },
     actions: { defaults: { on_trigger: ['report'] } },
+    report: { save_sensitive_info: 'hashed' },
+  };
+  // The key the coordinator hashes token ids with: a file of ours, 0600, named by the environment.
+  const keyFile = path.join(dir, 'hash.key');
+  const key = crypto.randomBytes(32);
+  fs.writeFileSync(keyFile, key.toString('hex') + '\n', { mode: 0o600 });
+  const hash = (id: number) => {
+    const b = Buffer.alloc(4);
+    b.writeUInt32LE(id, 0);
+    return crypto.createHmac('sha256', key).update('wavebus token id v1\0').update(b).digest('hex').slice(0, 16);
   };
   const port = await freePort();
   const launch = spawnWavebus(
@@ -93,11 +104,12 @@ test('a DP=2 torch job, one flipped weight byte on rank 1 and NCCL_ALGO=Tree on 
       '--dp', '2', '--requests', '2', '--max-tokens', '8', '--fault', 'nan:6:0',
       '--flip-byte', '1:layers.0.q:0', '--env-on-rank', '0:NCCL_ALGO=Tree',
     ],
-    { env: { ...process.env, NCCL_ALGO: 'Ring', NCCL_TEST_TOKEN: 'never-in-a-report', WAVEBUS_CACHE_ROOT: path.join(dir, 'cache') }, cwd: dir },
+    { env: { ...process.env, NCCL_ALGO: 'Ring', NCCL_TEST_TOKEN: 'never-in-a-report', WAVEBUS_TOKEN_HASH_KEY_FILE: keyFile, WAVEBUS_CACHE_ROOT: path.join(dir, 'cache') }, cwd: dir },
   );
   const { code } = await launch.exited;
   if (code !== 0) throw new Error(`launch exited ${code}\n${launch.stdout().slice(-4000)}\n${launch.stderr().slice(-6000)}`);
   const reportDir = path.join(dir, 'runtime', 'report', 'logits_finite');
+  const outputs = JSON.parse(fs.readFileSync(path.join(out, 'outputs.json'), 'utf8'));
   const reports = fs.readdirSync(reportDir).map((f) => JSON.parse(fs.readFileSync(path.join(reportDir, f), 'utf8')));
   expect(reports.length).toBeGreaterThan(0);
   for (const r of reports) {
@@ -107,5 +119,11 @@ test('a DP=2 torch job, one flipped weight byte on rank 1 and NCCL_ALGO=Tree on 
       { kind: 'weight', name: 'layers.0.q', among: 'pp0_tp0_cp0', values: [{ value: expect.stringMatching(/^crc32c:[0-9a-f]{8}$/), ranks: [0] }, { value: expect.stringMatching(/^crc32c:[0-9a-f]{8}$/), ranks: [1] }] },
     ]);
     expect(JSON.stringify(r)).not.toContain('never-in-a-report');
+    // Hashed, not in clear: the prompt's ids (its bytes) under the key, and how they were made.
+    const prompt = [...Buffer.from(outputs.requests[r.req_id].prompt, 'latin1')];
+    expect(r.detail.prompt_token_ids).toEqual(prompt.map(hash));
+    expect(r.detail.token_id_hash).toMatchObject({ alg: 'hmac-sha256/64', key_source: 'file', key_id: expect.stringMatching(/^[0-9a-f]{16}$/) });
+    expect(JSON.stringify(r)).not.toContain(key.toString('hex'));
   }
+  expect((fs.statSync(path.join(reportDir, fs.readdirSync(reportDir)[0])).mode & 0o777).toString(8)).toBe('600');
 }, 240000);

@@ -110,6 +110,10 @@ def main(argv: List[str]) -> int:
                          block_size=args.block_size, kv_heads=kv_heads, head_dim=cfg.head_dim, max_tokens=max_tokens,
                          max_seqs=args.requests, max_blocks_per_seq=max_blocks, num_spec_tokens=args.spec_tokens,
                          weights=w)
+    if world > 1:
+        # Every rank has loaded and met its agent (weight checksums sent) before any serves: what a
+        # real engine's startup collective gives, and what makes every report's fingerprint_diff whole.
+        dist.barrier()
     drafter = Drafter(cfg, w, comm, args.num_blocks, args.block_size, kv_heads) if args.spec_tokens else None
     reqs = [Request(f"req-{i}", list(PROMPTS[i % len(PROMPTS)].encode()), args.max_tokens, 1 + i * args.arrive_every)
             for i in range(args.requests)]

@@ -9,14 +9,14 @@ import { RegionKind } from '../client/protocol';
 import { LIMITS, sanitizeFingerprint, type Fingerprint, type WeightChecksum } from '../guard/fingerprint';
 import type { RegionMessage } from './regions';
 
-/** Weight checksums arriving back to back go out in one message: this long after the last. */
-const PUBLISH_AFTER_MS = 100;
 
 export class FingerprintKeeper {
   private client: Fingerprint | null = null;
   private readonly weights = new Map<string, WeightChecksum>();
   private staging: Staging | null = null;
-  private timer: NodeJS.Timeout | null = null;
+  /** Weight shards are read one at a time (one staging buffer); the fingerprint goes out when none is left queued. */
+  private queue: Promise<unknown> = Promise.resolve();
+  private queued = 0;
 
   constructor(
     private readonly publish: (fp: Record<string, unknown>) => void,
@@ -36,8 +36,21 @@ export class FingerprintKeeper {
     return { ...this.client, weights: [...this.weights.values()] };
   }
 
-  /** A weight shard (Region, role WEIGHT): read it whole, checksum it, let it go. Answers once done. */
-  async addWeight(msg: RegionMessage): Promise<Record<string, unknown>> {
+  /**
+   * A weight shard (Region, role WEIGHT): read it whole, checksum it, let it go. Answers once done,
+   * after the fingerprint went to the coordinator if no other shard is queued behind it: an engine
+   * whose register_weights returned has its checksums on their way.
+   */
+  addWeight(msg: RegionMessage): Promise<Record<string, unknown>> {
+    this.queued++;
+    const run = this.queue.then(() => this.checksum(msg));
+    this.queue = run.catch(() => undefined);
+    return run.finally(() => {
+      if (--this.queued === 0) this.send();
+    });
+  }
+
+  private async checksum(msg: RegionMessage): Promise<Record<string, unknown>> {
     const field = `weight '${String(msg.name).slice(0, 80)}'`;
     if (!msg.name || msg.name.length > LIMITS.weightName) throw new ConfigError(`${field}: region.name must be 1..${LIMITS.weightName} characters`);
     if (!this.weights.has(msg.name) && this.weights.size >= LIMITS.weights) throw new ConfigError(`${field}: more than ${LIMITS.weights} weight shards`);
@@ -58,27 +71,15 @@ export class FingerprintKeeper {
       }
       const sum = { name: msg.name, checksum: formatChecksum(crc), bytes: region.nbytes, dtype };
       this.weights.set(msg.name, sum);
-      this.sendSoon();
       return {};
     } finally {
       region.close();
     }
   }
 
-  /** Timers and the staging buffer. */
+  /** The staging buffer. */
   close(): void {
-    if (this.timer) clearTimeout(this.timer);
-    this.timer = null;
     this.staging = null;
-  }
-
-  private sendSoon(): void {
-    if (this.timer) return;
-    this.timer = setTimeout(() => {
-      this.timer = null;
-      this.send();
-    }, PUBLISH_AFTER_MS);
-    this.timer.unref();
   }
 
   private send(): void {

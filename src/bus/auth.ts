@@ -5,13 +5,13 @@
 // CoordinatorMessage): HMAC-SHA256, keyed by the token, over a direction label, the message bytes
 // before the field, and the data frame that follows a file chunk. A receiver with the token
 // drops what has no MAC or a wrong one before decoding anything.
-import { createHmac, randomBytes, timingSafeEqual } from 'crypto';
-import * as fs from 'fs';
+import { createHmac, timingSafeEqual } from 'crypto';
 import * as path from 'path';
 import { ConfigError } from '../errors';
+import { createSecretFile, readSecretFile, SECRET_BYTES } from '../artifacts/secret-file';
 
 /** The token's bytes. */
-export const TOKEN_BYTES = 32;
+export const TOKEN_BYTES = SECRET_BYTES;
 export const MAC_BYTES = 32;
 /** The file name the launcher gives the token in its run directory. */
 export const TOKEN_FILE_NAME = 'bus.token';
@@ -45,30 +45,7 @@ export class BusToken {
    * digits (and an optional newline). `flag` names where the path came from, for errors.
    */
   static load(file: string, flag: string): BusToken {
-    let fd: number;
-    try {
-      fd = fs.openSync(file, fs.constants.O_RDONLY | fs.constants.O_NOFOLLOW | fs.constants.O_NONBLOCK);
-    } catch (e) {
-      const code = (e as NodeJS.ErrnoException).code;
-      const why = code === 'ELOOP' ? 'is a symbolic link (refused)' : code === 'ENOENT' ? 'does not exist' : String((e as Error).message);
-      throw new ConfigError(`${flag} ${file}: ${why}`);
-    }
-    try {
-      const st = fs.fstatSync(fd);
-      if (!st.isFile()) throw new ConfigError(`${flag} ${file}: not a regular file`);
-      if ((st.mode & 0o077) !== 0) {
-        throw new ConfigError(`${flag} ${file}: permissions 0${(st.mode & 0o777).toString(8)} are too open for the bus token (group or others can read it); it must be 0600`);
-      }
-      const uid = process.getuid?.();
-      if (uid !== undefined && uid !== 0 && st.uid !== uid) throw new ConfigError(`${flag} ${file}: owned by uid ${st.uid}, not by this user (uid ${uid})`);
-      const buf = Buffer.alloc(2 * TOKEN_BYTES + 2);
-      const n = fs.readSync(fd, buf, 0, buf.length, 0);
-      const text = buf.subarray(0, n).toString('latin1').replace(/\n$/, '');
-      if (!/^[0-9a-f]{64}$/.test(text)) throw new ConfigError(`${flag} ${file}: expected ${2 * TOKEN_BYTES} lowercase hex digits (a file written by \`wavebus launch\`)`);
-      return new BusToken(Buffer.from(text, 'hex'));
-    } finally {
-      fs.closeSync(fd);
-    }
+    return new BusToken(readSecretFile(file, flag, 'the bus token'));
   }
 
   /** The MAC of `msg` (and `data`, a chunk's frame) sent in `dir`. */
@@ -112,24 +89,7 @@ export class BusToken {
  * through a link, mode 0600 whatever the umask. Returns its path.
  */
 export function createTokenFile(dir: string): string {
-  const file = path.join(dir, TOKEN_FILE_NAME);
-  // One left by a launcher that was killed: removed (a link planted there is removed, not followed).
-  fs.rmSync(file, { force: true });
-  const { O_CREAT, O_EXCL, O_NOFOLLOW, O_WRONLY } = fs.constants;
-  let fd: number;
-  try {
-    fd = fs.openSync(file, O_CREAT | O_EXCL | O_NOFOLLOW | O_WRONLY, 0o600);
-  } catch (e) {
-    throw new ConfigError(`cannot create the bus token ${file}: ${(e as Error).message}`, 'ERR_TOKEN_FILE');
-  }
-  try {
-    fs.fchmodSync(fd, 0o600);
-    fs.writeSync(fd, `${randomBytes(TOKEN_BYTES).toString('hex')}\n`);
-    fs.fsyncSync(fd);
-  } finally {
-    fs.closeSync(fd);
-  }
-  return file;
+  return createSecretFile(path.join(dir, TOKEN_FILE_NAME), 'the bus token');
 }
 
 /** --bus-token-file, else $WAVEBUS_BUS_TOKEN_FILE (a path, never the token itself), else none. */

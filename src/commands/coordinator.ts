@@ -1,4 +1,5 @@
 // `wavebus coordinator`: run the wave-bus coordinator beside global rank 0 until SIGINT/SIGTERM.
+import { TokenHasher } from '../guard/token-hash';
 import { flagOrEnv, intFlag, msFlag, portFlag } from './flags';
 import type { CommandModule } from 'yargs';
 import { artifactModeOption, parseArtifactMode } from '../artifacts/artifact-mode';
@@ -48,6 +49,7 @@ export const command: CommandModule = {
       .option('artifact-mode', artifactModeOption)
       .option('insecure', { type: 'boolean', default: false, describe: 'allow binding a non-loopback --host without encryption' })
       .option('curve-secret-key', { type: 'string', describe: 'CURVE: this coordinator\'s key pair file (NAME.key from `wavebus keys`); needs --curve-allow' })
+      .option('token-hash-key-file', { type: 'string', describe: 'report.save_sensitive_info "hashed": the key (0600, 64 hex digits) token ids are hashed with; `wavebus launch` makes one per job (default $WAVEBUS_TOKEN_HASH_KEY_FILE, else a key of this process only)' })
       .option('bus-token-file', { type: 'string', describe: 'the launcher\'s bus token file (0600): frames and replies carry its MAC; agent messages without it are dropped (default $WAVEBUS_BUS_TOKEN_FILE)' })
       .option('curve-allow', { type: 'string', describe: 'CURVE: allowed client public keys: a file (one Z85 key per line) or a directory of *.pub' });
   },
@@ -78,7 +80,8 @@ export const command: CommandModule = {
     const lookaheadFrom = flagOrEnv(argv['lookahead-waves'], '--lookahead-waves', env, 'WAVEBUS_LOOKAHEAD_WAVES');
     const lookaheadWaves = lookaheadFrom ? intFlag(lookaheadFrom.raw, lookaheadFrom.from) : undefined;
     // The guard's dump ledger is the coordinator's too (policy.ledger): one count of every ack.
-    const guard = new Guard({ startup, layout, dumpAckTimeoutMs, log, artifactModes });
+    const tokenHasher = TokenHasher.fromFlags(argv['token-hash-key-file'], env);
+    const guard = new Guard({ startup, layout, dumpAckTimeoutMs, log, artifactModes, tokenHasher });
     const coordinator = new Coordinator({
       host: String(argv.host),
       port,

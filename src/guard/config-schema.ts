@@ -15,6 +15,8 @@ export interface DetectorCommon {
 
 export type Field =
   | { kind: 'bool'; def: boolean }
+  /** A boolean, or one of a few named settings (report.save_sensitive_info: "hashed"). */
+  | { kind: 'bool_or'; def: boolean; values: readonly string[] }
   | { kind: 'int'; def: number; min: number; max?: number }
   | { kind: 'number'; def: number; min?: number; max?: number; exclusiveMin?: boolean }
   | { kind: 'enum'; def: string; values: readonly string[] }

@@ -30,7 +30,8 @@ export interface RuntimeConfig {
     max_prompt_token_ids: number;
     max_output_token_ids: number;
     include_block_ids: boolean;
-    save_sensitive_info: boolean;
+    /** true: token ids as they are; "hashed": a keyed hash of each (token-hash.ts); false: none. */
+    save_sensitive_info: boolean | 'hashed';
   };
 }
 
@@ -74,7 +75,7 @@ export const SCHEMA: Field = {
         max_prompt_token_ids: int(1000, 0),
         max_output_token_ids: int(1000, 0),
         include_block_ids: bool(true),
-        save_sensitive_info: bool(false),
+        save_sensitive_info: { kind: 'bool_or', def: false, values: ['hashed'] },
       },
     },
   },
@@ -89,6 +90,8 @@ function expected(f: Field): string {
   switch (f.kind) {
     case 'bool':
       return 'a boolean';
+    case 'bool_or':
+      return `a boolean or ${f.values.map((v) => JSON.stringify(v)).join(' | ')}`;
     case 'int':
       return `an integer in [${f.min}, ${f.max ?? 'inf'}]`;
     case 'number':
@@ -114,6 +117,9 @@ function checkPartial(v: unknown, f: Field, path: string, source: string): unkno
   switch (f.kind) {
     case 'bool':
       if (typeof v !== 'boolean') bad();
+      return v;
+    case 'bool_or':
+      if (typeof v !== 'boolean' && !(typeof v === 'string' && f.values.includes(v))) bad();
       return v;
     case 'int':
       if (typeof v !== 'number' || !Number.isSafeInteger(v) || v < f.min || (f.max !== undefined && v > f.max)) bad();

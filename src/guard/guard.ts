@@ -18,6 +18,7 @@ import { agentConfig } from './agent-config';
 import { Hit, MUTE_BIT, splitNonFinite } from './detectors';
 import { findOrphanDumps } from './orphan-dumps';
 import { FingerprintBook } from './fingerprint-diff';
+import { TokenHasher } from './token-hash';
 import { DumpLedger } from './dump-ledger';
 import { admitIncident } from './quotas';
 import { ConfigFollower } from './reload';
@@ -52,6 +53,8 @@ export interface GuardOptions {
   manualDumpDone?: number;
   /** --artifact-mode: reports and dump JSON files (reports with token ids are 0600 regardless). */
   artifactModes?: ArtifactModes;
+  /** report.save_sensitive_info "hashed": the key token ids are hashed with (default: an ephemeral one). */
+  tokenHasher?: TokenHasher;
 }
 
 export class Guard implements CoordinatorPolicy {
@@ -82,6 +85,7 @@ export class Guard implements CoordinatorPolicy {
   readonly manualArms = new ManualArms();
   /** Each rank's fingerprint (the coordinator stores them here): every report carries their diff. */
   readonly fingerprints: FingerprintBook;
+  private readonly hasher: TokenHasher;
 
   constructor(opts: GuardOptions) {
     this.opts = opts;
@@ -101,11 +105,12 @@ export class Guard implements CoordinatorPolicy {
           log: this.log,
         })
       : null;
-    this.keepTail = this.cfg.report.save_sensitive_info;
+    this.keepTail = this.cfg.report.save_sensitive_info !== false;
     const { layout } = opts;
     this.replicas = Array.from({ length: layout.dp }, (_, r) => new ReplicaState(r, replicaHead(layout, r), opts.manualDumpDone ?? 0, this.cfg, 0));
     this.configHistory = new ConfigHistory(opts.artifactModes ?? DEFAULT_ARTIFACT_MODES, this.log);
     this.fingerprints = new FingerprintBook(layout);
+    this.hasher = opts.tokenHasher ?? TokenHasher.ephemeral();
     this.ledger = new DumpLedger({ ackTimeoutMs: opts.dumpAckTimeoutMs, layout, log: this.log, modes: opts.artifactModes });
     // Dumps a killed predecessor left without a manifest get one that says so.
     for (const o of findOrphanDumps(this.dumpRoot(), layout, this.log)) this.ledger.adopt(o.job, o.ppStages);
@@ -133,7 +138,7 @@ export class Guard implements CoordinatorPolicy {
     if (r.kind !== 'changed') return;
     const detectorsChanged = JSON.stringify(r.config.detector) !== JSON.stringify(this.cfg.detector);
     this.cfg = r.config;
-    this.keepTail = this.cfg.report.save_sensitive_info;
+    this.keepTail = this.cfg.report.save_sensitive_info !== false;
     this.version = r.version;
     this.refreshLane();
     // New windows/thresholds: detector state restarts (a new, zeroed slab under the same slots,
@@ -322,7 +327,7 @@ export class Guard implements CoordinatorPolicy {
       }
     }
     if (actions.includes('report')) {
-      const report = incidentReport(cfg, rs, hit, st, detectWave, { attempted: wantDump, armWave: dumpArmWave, dir: dumpDir, finishedAtDump, skippedReason });
+      const report = incidentReport(cfg, rs, hit, st, detectWave, { attempted: wantDump, armWave: dumpArmWave, dir: dumpDir, finishedAtDump, skippedReason }, this.hasher);
       report.fingerprint_diff = this.fingerprints.diff();
       try {
         // Token ids in it (save_sensitive_info): created owner-only, never readable by the group.

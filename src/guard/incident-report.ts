@@ -5,6 +5,7 @@ import type { Hit } from './detectors';
 import type { ReplicaState } from './replica-state';
 import type { IncidentReport } from './reports';
 import type { ReqState } from './requests';
+import { TokenHasher } from './token-hash';
 
 /** What the incident's dump came to (guard.ts incident()). */
 export interface ReportDump {
@@ -15,14 +16,19 @@ export interface ReportDump {
   skippedReason?: string;
 }
 
-export function incidentReport(cfg: RuntimeConfig, rs: ReplicaState, hit: Hit, st: ReqState, detectWave: number, dump: ReportDump): IncidentReport {
+export function incidentReport(cfg: RuntimeConfig, rs: ReplicaState, hit: Hit, st: ReqState, detectWave: number, dump: ReportDump, hasher?: TokenHasher): IncidentReport {
   const type = hit.type;
   const detail: Record<string, unknown> = { ...hit.detail, prompt_token_count: st.promptLen, output_token_count: st.outputTokens };
-  if (cfg.report.save_sensitive_info && st.tail) {
-    if (type === 'token_repeat') detail.recent_token_ids = st.tail.slice(-32);
-    detail.output_token_ids = cfg.report.max_output_token_ids > 0 ? st.tail.slice(-cfg.report.max_output_token_ids) : [];
+  // "hashed": the same lists, each id a keyed hash (token-hash.ts), and how they were made.
+  const sensitive = cfg.report.save_sensitive_info;
+  const hashed = sensitive === 'hashed' ? (hasher ?? TokenHasher.ephemeral()) : undefined;
+  const ids = (list: number[]): number[] | string[] => (hashed ? hashed.hashAll(list) : list);
+  if (sensitive !== false && st.tail) {
+    if (type === 'token_repeat') detail.recent_token_ids = ids(st.tail.slice(-32));
+    detail.output_token_ids = cfg.report.max_output_token_ids > 0 ? ids(st.tail.slice(-cfg.report.max_output_token_ids)) : [];
   }
-  if (cfg.report.save_sensitive_info && st.prompt) detail.prompt_token_ids = st.prompt.slice(0, cfg.report.max_prompt_token_ids);
+  if (sensitive !== false && st.prompt) detail.prompt_token_ids = ids(st.prompt.slice(0, cfg.report.max_prompt_token_ids));
+  if (hashed && (st.tail || st.prompt)) detail.token_id_hash = hashed.scheme;
   const report: IncidentReport = {
     ts: new Date().toISOString(),
     incident_type: type,

@@ -2,6 +2,7 @@
 // agent per local rank, waits until the bus is ready (by asking the coordinator, never by
 // sleeping), runs the user's command with the wavebus environment, forwards signals to it, and
 // tears everything down when it exits, exiting with its code.
+import { createTokenHashKeyFile } from '../guard/token-hash';
 import { ChildProcess, spawn } from 'child_process';
 import * as fs from 'fs';
 import * as net from 'net';
@@ -98,6 +99,17 @@ export async function launch(opts: LaunchOptions, logger?: Logger): Promise<numb
     }
     env.WAVEBUS_BUS_TOKEN_FILE = tokenFile;
   }
+  // report.save_sensitive_info "hashed": a per-job key, 0600 in the run dir, unless the user named
+  // one (the same file for jobs whose reports are to be compared; docs/fingerprints.md).
+  let hashKeyArgs: string[] = [];
+  if (startCoordinator && !env.WAVEBUS_TOKEN_HASH_KEY_FILE && !opts.coordinatorArgs.some((a) => a.startsWith('--token-hash-key-file'))) {
+    try {
+      hashKeyArgs = ['--token-hash-key-file', createTokenHashKeyFile(runDir)];
+    } catch (e) {
+      releaseRunDir(rd);
+      throw e;
+    }
+  }
   const sidecars: Sidecar[] = [];
   let command: ChildProcess | undefined;
   let keeper: CoordinatorKeeper | undefined;
@@ -143,7 +155,7 @@ export async function launch(opts: LaunchOptions, logger?: Logger): Promise<numb
     startupFailed.catch(() => undefined);
 
     const tokenArgs = tokenFile !== undefined ? ['--bus-token-file', tokenFile] : [];
-    const coordinatorSidecar = () => new Sidecar('coordinator', bin, [...coordinatorArgv(opts, bindHost!), ...tokenArgs], env, COORDINATOR_NODE_FLAGS);
+    const coordinatorSidecar = () => new Sidecar('coordinator', bin, [...coordinatorArgv(opts, bindHost!), ...tokenArgs, ...hashKeyArgs], env, COORDINATOR_NODE_FLAGS);
     if (startCoordinator) sidecars.push(coordinatorSidecar());
     for (let l = 0; l < opts.nprocPerNode; l++) {
       sidecars.push(new Sidecar(`agent local${l}/rank${globalRankOfLocal(opts, l)}`, bin, agentArgv(opts, l, runDir, { dumpRoot, tokenFile }), env));

@@ -6,6 +6,7 @@ import type { BundleReport } from '../inspect';
 import type { Incident, ReportTree } from './collect';
 import { esc, fileLink, kvTable, typeColour } from './html';
 import { heatmapSvg, kvHeatmap } from './kv-heatmap';
+import { fingerprintHtml } from './fingerprint-section';
 import type { Vocabulary } from './vocab';
 
 export interface IncidentOptions {
@@ -40,11 +41,12 @@ function tokensHtml(inc: Incident, vocab: Vocabulary | undefined, sensitive: boo
   const note = vocab === undefined ? 'ids only (give <code>--vocab FILE</code> for text)' : sensitive ? `text from ${esc(vocab.source)}` : 'ids only: the config in force does not set report.save_sensitive_info, so no text is shown';
   return lists
     .map(([k, raw]) => {
-      const ids = raw.map(Number);
+      // "hashed" reports hold keyed hashes (strings): shown as they are, never looked up as text.
+      const ids = raw.map((x) => (typeof x === 'string' ? x : Number(x)));
       const shown = ids.slice(-MAX_TOKENS_SHOWN);
       const spans = shown.map((id, i) => {
         const last = i === shown.length - 1 && k !== 'prompt_token_ids';
-        const label = text ? vocab!.text(id) : String(id);
+        const label = text && typeof id === 'number' ? vocab!.text(id) : String(id);
         return `<span${last ? ' class="hit"' : ''} title="${esc(`id ${id}`)}">${esc(label)}</span>`;
       });
       return `<h4>${esc(k)} (${ids.length}${ids.length > shown.length ? `, last ${shown.length} shown` : ''}; ${note})</h4><div class="tokens">${spans.join('')}</div>`;
@@ -97,7 +99,7 @@ export function incidentsSection(tree: ReportTree, opts: IncidentOptions): strin
   const types = [...new Set(tree.incidents.map((i) => i.type))].sort();
   const body = tree.incidents.map((inc, n) => {
     const r = inc.report;
-    const { detail, block_ids: blocks, ...fields } = r as Record<string, unknown>;
+    const { detail, block_ids: blocks, fingerprint_diff: _fp, ...fields } = r as Record<string, unknown>;
     if (Array.isArray(blocks)) fields.block_ids = blocks.length > 32 ? `${blocks.slice(0, 32).join(',')} … (${blocks.length})` : blocks.join(',');
     for (const k of TOKEN_KEYS) if (Array.isArray(fields[k])) fields[k] = `${(fields[k] as unknown[]).length} ids (below)`;
     const shownDetail = detail && typeof detail === 'object' ? { ...(detail as Record<string, unknown>) } : detail;
@@ -108,6 +110,7 @@ export function incidentsSection(tree: ReportTree, opts: IncidentOptions): strin
 <p>Report: ${reportLink}</p>
 <div class="flex"><div><h4>Report fields</h4>${kvTable(fields)}</div><div><h4>Detector detail</h4>${shownDetail && typeof shownDetail === 'object' ? kvTable(shownDetail as Record<string, unknown>) : '<p>none</p>'}</div></div>
 <h4>Token stream</h4>${tokensHtml(inc, opts.vocab, sensitive)}
+<h4>Fingerprint differences</h4>${fingerprintHtml(r as Record<string, unknown>)}
 <h4>KV dump</h4>${dumpHtml(tree, inc, opts, budget, byDir)}
 </details>`;
   });
