@@ -8,7 +8,8 @@ import * as path from 'path';
 import { FingerprintBook } from '../src/guard/fingerprint-diff';
 import { sanitizeFingerprint } from '../src/guard/fingerprint';
 import { clientFingerprint, fingerprintEnv } from '../src/client/fingerprint';
-import { PYTHON, ROOT, cleanup, freePort, spawnWavebus, tmpDir } from './helpers';
+import { PYTHON, ROOT, cleanup, freePort, spawnWavebus, tmpDir, waitFor } from './helpers';
+import { runReplicaWave, startHarnessJob, stopHarnessJob } from './job-harness';
 
 afterAll(cleanup);
 
@@ -74,6 +75,22 @@ describe('fingerprint_diff', () => {
     book.set(2, { ...BASE });
     expect(book.diff()).toEqual({ ranks: [0, 2], differences: [] });
   });
+});
+
+test('TypeScript clients: the hello carries the fingerprint to the coordinator, shown in its status (/healthz)', async () => {
+  const job = await startHarnessJob({ tp: 1, dp: 2, runtimeConfig: { detector: { token_repeat: { enabled: true } } } });
+  try {
+    // Wavebus is on (a detector): each client says hello by its first step.
+    for (const replica of [0, 1]) await runReplicaWave(job, replica, 1, undefined);
+    await waitFor(() => job.coordinator.fingerprints.size === 2, 'both fingerprints at the coordinator');
+    const fp = job.coordinator.fingerprints.get(1)!;
+    expect(fp).toMatchObject({ language: 'typescript', runtimeVersion: `node ${process.versions.node}`, deviceName: 'cpu', weights: [] });
+    expect(fp.wavebusVersion).toBe(JSON.parse(fs.readFileSync(path.join(ROOT, 'package.json'), 'utf8')).version);
+    expect(job.guard.fingerprints).toBe(job.coordinator.fingerprints); // one book: the guard's reports diff what the coordinator stored
+    expect(job.coordinator.status().fingerprints).toEqual({ ranks: [0, 1], differences: [] });
+  } finally {
+    await stopHarnessJob(job);
+  }
 });
 
 test('a DP=2 torch job, one flipped weight byte on rank 1 and NCCL_ALGO=Tree on rank 0: the incident diff names both and nothing else; token ids hashed with the key file given', async () => {
