@@ -30,6 +30,11 @@ export {
 export { Coordinator } from './bus/coordinator';
 export { Agent } from './agent/agent';
 export { launch } from './launch/launcher';
+
+// ---- fingerprints and hashed token ids (docs/fingerprints.md)
+export { FingerprintBook, type FingerprintDiff, type DiffEntry } from './guard/fingerprint-diff';
+export type { Fingerprint } from './guard/fingerprint';
+export { TokenHasher } from './guard/token-hash';
 export { parseLaunchOptions } from './launch/options';
 export type { LaunchOptions } from './launch/options';
 

@@ -136,6 +136,7 @@ export const AGENT_BODIES = perKind<BodyRule>('AgentMessage', 'body', {
   relay: { withoutMac: 'refusal', fate: () => ({ reply: 'relay' }) },
   control: { withoutMac: 'refusal', fate: () => ({ reply: 'control' }) }, // answered, armed or refused in words
   captureResult: { claims: ownRank, fate: fromThisConnection },
+  fingerprint: { claims: ownRank, fate: fromThisConnection }, // stored only from the connection the rank said Hello on
   fileList: { claims: ownRank, fate: unasked },
   fileChunk: { claims: ownRank, fate: unasked },
   fileServe: { claims: ownRank, fate: unasked },
