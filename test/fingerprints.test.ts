@@ -74,6 +74,9 @@ describe('fingerprint_diff', () => {
     book.set(0, { ...BASE, weights: w('crc32c:00000001') });
     book.set(2, { ...BASE });
     expect(book.diff()).toEqual({ ranks: [0, 2], differences: [] });
+    // A fingerprint that comes in later counts in the next diff (the cached one is dropped).
+    book.set(2, { ...BASE, weights: w('crc32c:0000000f') });
+    expect(book.diff().differences.map((d) => `${d.kind}:${d.name}@${d.among}`)).toEqual(['weight:lm_head@pp0_tp0_cp0']);
   });
 });
 

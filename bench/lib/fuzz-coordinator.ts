@@ -57,6 +57,9 @@ export function agentCorpus(): Buffer[] {
     { requestId: 93, control: { protocolVersion: PROTOCOL_VERSION, query: { id: 'capture-1' } } },
     { globalRank: 0, captureResult: { globalRank: 0, armId: 'capture-1', wave: 5, callDir: '/x/call0', error: '', done: true } },
     { globalRank: 7, captureResult: { globalRank: 7, armId: 'capture-1', wave: 5, callDir: '', error: 'x', done: false } },
+    // a rank's fingerprint (stored cut to local limits; mutations make garbage of its strings and lists)
+    { globalRank: 0, fingerprint: { wavebusVersion: '0.1.0', language: 'python', env: [{ name: 'NCCL_ALGO', value: 'Ring' }, { name: 'NCCL_X_TOKEN', redacted: true }], weights: [{ name: 'w', checksum: 'crc32c:0123abcd', bytes: 4, dtype: 'float32' }] } },
+    { globalRank: 7, fingerprint: { wavebusVersion: '0.1.0' } },
   ].map((m) => encodeAgentMessage(m));
   coversOneof('AgentMessage', 'body', corpusKinds(out), 'coordinator ROUTER');
   return out;

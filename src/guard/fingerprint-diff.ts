@@ -40,6 +40,8 @@ function disagreement(kind: DiffEntry['kind'], name: string, among: string, byRa
 
 export class FingerprintBook {
   private readonly byRank = new Map<number, Fingerprint>();
+  /** The last diff, until a fingerprint comes in: a burst of reports computes it once. */
+  private cached: FingerprintDiff | null = null;
 
   constructor(private readonly layout: WorldLayout) {}
 
@@ -47,6 +49,7 @@ export class FingerprintBook {
   set(rank: number, raw: unknown): boolean {
     if (!Number.isInteger(rank) || rank < 0 || rank >= this.layout.worldSize) return false;
     this.byRank.set(rank, sanitizeFingerprint(raw));
+    this.cached = null;
     return true;
   }
 
@@ -58,7 +61,13 @@ export class FingerprintBook {
     return this.byRank.size;
   }
 
+  /** What differs now (a fresh copy: a report may keep it). */
   diff(): FingerprintDiff {
+    this.cached ??= this.compute();
+    return structuredClone(this.cached);
+  }
+
+  private compute(): FingerprintDiff {
     const ranks = [...this.byRank.keys()].sort((a, b) => a - b);
     const fps = ranks.map((r) => [r, this.byRank.get(r)!] as const);
     const differences: DiffEntry[] = [];
