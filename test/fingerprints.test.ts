@@ -9,7 +9,7 @@ import { FingerprintBook } from '../src/guard/fingerprint-diff';
 import { sanitizeFingerprint } from '../src/guard/fingerprint';
 import { clientFingerprint, fingerprintEnv } from '../src/client/fingerprint';
 import { PYTHON, ROOT, cleanup, freePort, spawnWavebus, tmpDir, waitFor } from './helpers';
-import { runReplicaWave, startHarnessJob, stopHarnessJob } from './job-harness';
+import { startHarnessJob, stopHarnessJob } from './job-harness';
 
 afterAll(cleanup);
 
@@ -83,8 +83,12 @@ describe('fingerprint_diff', () => {
 test('TypeScript clients: the hello carries the fingerprint to the coordinator, shown in its status (/healthz)', async () => {
   const job = await startHarnessJob({ tp: 1, dp: 2, runtimeConfig: { detector: { token_repeat: { enabled: true } } } });
   try {
-    // Wavebus is on (a detector): each client says hello by its first step.
-    for (const replica of [0, 1]) await runReplicaWave(job, replica, 1, undefined);
+    // Wavebus is on (a detector): each client says hello by its first step once its agent has the config.
+    for (const r of job.ranks) await waitFor(() => r.client.featureFlags() !== 0, 'the agent has the config');
+    for (const r of job.ranks) {
+      await r.client.waveHead(1);
+      await r.client.endOfWave(1);
+    }
     await waitFor(() => job.coordinator.fingerprints.size === 2, 'both fingerprints at the coordinator');
     const fp = job.coordinator.fingerprints.get(1)!;
     expect(fp).toMatchObject({ language: 'typescript', runtimeVersion: `node ${process.versions.node}`, deviceName: 'cpu', weights: [] });
