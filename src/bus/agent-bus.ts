@@ -175,10 +175,7 @@ export class AgentBus extends EventEmitter {
     this.send({ captureResult: { ...result, globalRank: this.rank } });
   }
 
-  /**
-   * This rank's fingerprint (docs/fingerprints.md): sent now if the coordinator has our Hello, and
-   * again after every Hello that asks for a snapshot (a restarted coordinator learns it again).
-   */
+  /** This rank's fingerprint: sent now if the coordinator has our Hello, again after each Hello asking for a snapshot. */
   setFingerprint(fp: Record<string, unknown>): void {
     this.fingerprint = fp;
     if (this.state === 'live' || this.state === 'syncing') this.send({ fingerprint: fp });

@@ -345,8 +345,7 @@ export class Coordinator extends EventEmitter {
         this.checkReady();
         return;
       }
-      case 'fingerprint':
-        // Only from the connection the rank said Hello on; cut to local limits by the book.
+      case 'fingerprint': // only from the connection the rank said Hello on; the book cuts it to local limits
         if (this.rankTable.touch(rank, routingId)) this.fingerprints.set(rank, msg.fingerprint);
         return;
       case 'heartbeat': {
