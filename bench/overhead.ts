@@ -110,8 +110,8 @@ export const flags = {
   'seed-baseline': { type: 'boolean', default: true, describe: "also run the seed's path each round (bench/seed_guard.py: a gloo broadcast of the due vector on the TP group and the detectors in Python, against the same Python engine without it); skipped with a reason when /usr/bin/python3 lacks torch" },
   'seed-rows': { type: 'int', default: 40, describe: "the seed baseline's running requests (token_repeat's rows, the logits' rows)" },
   'seed-vocab': { type: 'int', default: 1024, describe: "the width of the seed baseline's logits (torch.isfinite runs on the CPU here, on the accelerator in the seed)" },
-  syscalls: { type: 'boolean', default: false, describe: 'after the rounds, one more detectors-on run with strace -c attached to each process for --syscall-seconds: system calls per wave by process (not in the ratios)' },
-  'syscall-seconds': { type: 'int', default: 3, describe: "the strace window's length" },
+  syscalls: { type: 'boolean', default: false, describe: 'after the rounds, one more detectors-on run with strace attached to each process for --syscall-waves waves: system calls per wave by process (not in the ratios)' },
+  'syscall-waves': { type: 'int', default: 300, describe: "the strace window's length in waves (after 50 waves of warm-up; at most 180 s)" },
   'wave-path': WAVE_PATH_FLAG,
 } satisfies BenchFlags;
 
@@ -189,8 +189,8 @@ export async function run(a: BenchArgs<typeof flags>): Promise<Record<string, un
     if (a.syscalls) {
       const dir = path.join(work, 'syscalls');
       // Ended by its stop file once the window is over: as long as strace needs, whatever the rate.
-      syscalls = await syscallsPerWave(a.ranks, a['syscall-seconds'], dir, (stopFile, onSpawn) =>
-        runCli(launch(onConfig, sim(dir, ['--step-times', '--stop-file', stopFile], 1_000_000)), env, path.join(work, 'syscalls.cpu'), onSpawn),
+      syscalls = await syscallsPerWave(a.ranks, a['syscall-waves'], dir, (stopFile, onSpawn) =>
+        runCli(launch(onConfig, sim(dir, ['--stop-file', stopFile], 1_000_000)), env, path.join(work, 'syscalls.cpu'), onSpawn),
       );
     }
   } finally {

@@ -1,7 +1,7 @@
 // What `bench overhead` measures beside the rates: the sidecar's CPU per wave, all processes of
 // the host together (from --cpu-by-process lines), and the system calls per wave of each process
-// of a running job (strace -c attached for a window of the steady state, counted against the waves
-// rank 0 ended inside that window).
+// of a running job (strace -ttt attached to each process, its calls counted inside a window of
+// the steady state measured in waves of an engine rank).
 import { spawn, spawnSync, type ChildProcess } from 'child_process';
 import * as fs from 'fs';
 import * as path from 'path';
@@ -69,56 +69,71 @@ export function jobProcesses(root: number): { pid: number; role: string }[] {
   return out;
 }
 
-/** The `calls` of strace -c's total line (0 when the process made none). */
-export function straceTotal(text: string): number | null {
-  const line = text.split('\n').find((l) => /\btotal\s*$/.test(l));
-  if (!line) return text.includes('% time') ? 0 : null;
-  const calls = Number(line.trim().split(/\s+/)[3]);
-  return Number.isInteger(calls) ? calls : null;
+/** A traced system call's wall time (strace -ttt), or null for a line that starts none (a resumption, a signal, an exit). */
+export function syscallTime(line: string): number | null {
+  const m = /^(?:\d+\s+)?(\d+\.\d+)\s+([a-z_0-9]+)\(/.exec(line);
+  return m ? Number(m[1]) * 1000 : null;
 }
 
 export interface StraceWindow {
-  startedAt: number;
-  endedAt: number;
+  /** Waves in the window: rank 0's stop-file checks, one per step. */
+  waves: number;
+  seconds: number;
   /** By role (numbered when several, in pid order) → system calls in the window. */
   calls: Record<string, number | null>;
 }
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
+function readLines(file: string): string[] {
+  return fs.existsSync(file) ? fs.readFileSync(file, 'utf8').split('\n') : [];
+}
+
 /**
- * Waits until `root` has `engineRanks` engine processes and every sidecar process, `delayMs`
- * more (start-up and warm-up), then attaches one `strace -f -c` per process for `seconds`.
+ * Once `root` has `engineRanks` engine ranks and `sidecarProcs` other processes, attaches one
+ * `strace -f -ttt` per process. The first engine rank checks `stopFile` once per step, so its
+ * trace counts the waves: the window runs from its check number `warmupWaves` to its last check
+ * (`warmupWaves + waves` of them, or what `maxSeconds` allowed), and each process's system calls
+ * inside that window are counted afterwards from its trace.
  */
-export async function straceJob(root: number, engineRanks: number, sidecarProcs: number, delayMs: number, seconds: number, dir: string): Promise<StraceWindow> {
+export async function straceJob(root: number, o: { engineRanks: number; sidecarProcs: number; stopFile: string; warmupWaves: number; waves: number; maxSeconds: number; dir: string }): Promise<StraceWindow> {
   const by = Date.now() + 60000;
   let procs = jobProcesses(root);
-  while (procs.filter((p) => p.role === 'sim-rank').length < engineRanks || procs.filter((p) => !ENGINE_ROLES.includes(p.role) && p.role !== LAUNCHER).length < sidecarProcs) {
+  while (procs.filter((p) => p.role === 'sim-rank').length < o.engineRanks || procs.filter((p) => !ENGINE_ROLES.includes(p.role) && p.role !== LAUNCHER).length < o.sidecarProcs) {
     if (Date.now() > by) throw new Error(`bench overhead: the job's processes did not all start (${procs.map((p) => p.role).join(', ')})`);
     await sleep(100);
     procs = jobProcesses(root);
   }
-  await sleep(delayMs);
   procs.sort((a, b) => a.pid - b.pid);
   const seen: Record<string, number> = {};
   const tracers: { name: string; file: string; child: ChildProcess; done: Promise<void> }[] = [];
   for (const p of procs) {
     const n = (seen[p.role] = (seen[p.role] ?? 0) + 1);
     const name = n > 1 ? `${p.role} #${n}` : p.role;
-    const file = path.join(dir, `strace-${p.pid}.txt`);
-    const child = spawn(STRACE, ['-f', '-c', '-o', file, '-p', String(p.pid)], { stdio: 'ignore' });
+    const file = path.join(o.dir, `strace-${p.pid}.txt`);
+    const child = spawn(STRACE, ['-f', '-ttt', '-o', file, '-p', String(p.pid)], { stdio: 'ignore' });
     tracers.push({ name, file, child, done: new Promise((r) => child.once('exit', () => r())) });
   }
-  await sleep(300); // attached (strace prints nothing to wait on)
-  const startedAt = Date.now();
-  await sleep(seconds * 1000);
-  const endedAt = Date.now();
+  const counter = tracers.find((t) => t.name === 'sim-rank')!;
+  const checks = () => readLines(counter.file).filter((l) => l.includes(o.stopFile) && syscallTime(l) !== null);
+  const until = Date.now() + o.maxSeconds * 1000;
+  while (checks().length < o.warmupWaves + o.waves + 1 && Date.now() < until) await sleep(200);
   for (const t of tracers) t.child.kill('SIGINT');
   await Promise.race([Promise.all(tracers.map((t) => t.done)), sleep(10000)]);
   for (const t of tracers) if (t.child.exitCode === null) t.child.kill('SIGKILL');
+  const times = checks().map((l) => syscallTime(l)!);
+  const waves = times.length - 1 - o.warmupWaves;
   const calls: Record<string, number | null> = {};
-  for (const t of tracers) calls[t.name] = fs.existsSync(t.file) ? straceTotal(fs.readFileSync(t.file, 'utf8')) : null;
-  return { startedAt, endedAt, calls };
+  if (waves < 1) return { waves: 0, seconds: 0, calls };
+  const [from, to] = [times[o.warmupWaves], times[times.length - 1]];
+  for (const t of tracers) {
+    const lines = readLines(t.file);
+    calls[t.name] = lines.length === 0 ? null : lines.reduce((n, l) => {
+      const at = syscallTime(l);
+      return at !== null && at >= from && at < to ? n + 1 : n;
+    }, 0);
+  }
+  return { waves, seconds: (to - from) / 1000, calls };
 }
 
 /** Whether strace can attach to a process of ours here (installed, and ptrace allowed). */
