@@ -3,7 +3,7 @@
 // inside a window of the steady state, divided by the waves an engine rank stepped inside it.
 import * as fs from 'fs';
 import * as path from 'path';
-import { ENGINE_ROLES, straceJob, straceUsable } from './overhead-probes';
+import { ENGINE_ROLES, straceJob, straceUsable, type StraceWindow } from './overhead-probes';
 
 const LAUNCHER = 'launch';
 /** Waves of the engine rank before the window opens: the sidecar's warm-up. */
@@ -19,14 +19,19 @@ export async function syscallsPerWave(ranks: number, waves: number, dir: string,
   const stopFile = path.join(dir, 'stop');
   let root: number | undefined;
   const done = start(stopFile, (pid) => (root = pid));
-  let window;
+  let window: StraceWindow | undefined;
+  let failure: unknown;
   try {
     if (root === undefined) throw new Error('bench overhead --syscalls: the run did not start');
     window = await straceJob(root, { engineRanks: ranks, sidecarProcs: ranks + 1, stopFile, warmupWaves: WARMUP_WAVES, waves, maxSeconds: MAX_SECONDS, dir });
-  } finally {
-    fs.writeFileSync(stopFile, '');
+  } catch (e) {
+    failure = e;
   }
+  // The run ends at its next step either way; waited for, so it writes nothing after the bench
+  // removed its work dir.
+  fs.writeFileSync(stopFile, '');
   const { code } = await done;
+  if (failure !== undefined || !window) throw failure ?? new Error('bench overhead --syscalls: no strace window');
   if (code !== 0) throw new Error(`bench overhead --syscalls: the traced run exited ${code}`);
   if (window.waves === 0) return { skipped: `the engine did not step ${WARMUP_WAVES + 1} times in ${MAX_SECONDS} s under strace` };
   const perWave = (n: number | null) => (n === null ? null : Number((n / window.waves).toFixed(1)));
