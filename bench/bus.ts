@@ -26,6 +26,7 @@ import { bareBus } from './lib/bus-bare';
 import { cpuHops } from './lib/bus-hops';
 import { hop, lastReceipt, p50p99, ReceiptLog, Receipts, round, type ReceiptTimes } from './lib/bus-receipts';
 import type { BenchArgs, BenchFlags } from './lib/flags';
+import { WAVE_PATH_FLAG, wavePathArgs, type WavePath } from './lib/wave-path';
 
 export const summary = 'Wave-head latency from the coordinator to N agent processes on loopback, against bare zeromq.js PUB/SUB (and gloo when torch is there), in the same run.';
 export const flags = {
@@ -37,6 +38,8 @@ export const flags = {
   mailbox: { type: 'boolean', default: true, describe: "agents write each vector to a mailbox; a client stand-in waits on rank 0's" },
   bare: { type: 'boolean', default: true, describe: 'also run the floor: bare zeromq.js PUB to N SUB processes' },
   baseline: { type: 'boolean', describe: 'also run the gloo baseline (default: when /usr/bin/python3 has torch)' },
+  'bare-one': { type: 'boolean', default: true, describe: "also run bare zeromq.js PUB to ONE SUB process each round (issue #34's floor: one subscriber per host)" },
+  'wave-path': WAVE_PATH_FLAG,
 } satisfies BenchFlags;
 
 const PYTHON = '/usr/bin/python3';
@@ -140,7 +143,7 @@ interface WavebusRun {
   begun: Map<number, bigint>;
 }
 
-async function wavebusRun(n: number, endWave: number, pace: number, tokenFile: string | undefined, mailbox: boolean): Promise<WavebusRun> {
+async function wavebusRun(n: number, endWave: number, pace: number, tokenFile: string | undefined, mailbox: boolean, wavePath: WavePath): Promise<WavebusRun> {
   const port = await freePortPair();
   const busToken = tokenFile ? BusToken.load(tokenFile, 'bench bus token') : undefined;
   const coordinator = new Coordinator({ port, layout: { worldSize: n, tp: n, pp: 1, dp: 1, cp: 1 }, busToken, logger: createLogger('bench-bus', 'warn') });
@@ -150,7 +153,8 @@ async function wavebusRun(n: number, endWave: number, pace: number, tokenFile: s
   const mailboxDir = mailbox ? fs.mkdtempSync(path.join(fs.existsSync('/dev/shm') ? '/dev/shm' : os.tmpdir(), 'wavebus-bench-')) : '-';
   const children: ChildProcess[] = [];
   for (let r = 0; r < n; r++) {
-    const args = [__filename, '--child', String(r), String(n), String(port), String(receipts.port), String(endWave), tokenFile ?? '-', mailboxDir];
+    // The wave path's agent flags follow the positional ones (none for per-rank).
+    const args = [__filename, '--child', String(r), String(n), String(port), String(receipts.port), String(endWave), tokenFile ?? '-', mailboxDir, ...wavePathArgs(wavePath, 'agent')];
     children.push(spawn(process.execPath, args, { stdio: ['ignore', 'ignore', 'inherit'] }));
   }
   if (mailbox) children.push(spawn(process.execPath, [__filename, '--reader', path.join(mailboxDir, 'mailbox-0'), String(receipts.port), String(endWave)], { stdio: ['ignore', 'ignore', 'inherit'] }));
@@ -197,17 +201,26 @@ export async function run(args: BenchArgs<typeof flags>): Promise<Record<string,
   const tokenFile = tokenDir ? createTokenFile(tokenDir) : undefined;
   const lat: number[] = [];
   const bareLat: number[] = [];
-  const roundP50: { wavebus: number[]; bare: number[] } = { wavebus: [], bare: [] };
+  const bare1Lat: number[] = [];
+  let bare1Lost = 0;
+  const roundP50: { wavebus: number[]; bare: number[]; bare_one: number[] } = { wavebus: [], bare: [], bare_one: [] };
   let lost = 0;
   let bareLost = 0;
   const hops: Record<string, number[]> = { coordinator_begin_wave: [], pub_to_sub: [], agent_frame_to_wave: [], agent_mailbox_write: [], wave_to_client: [], bare_send: [], bare_pub_to_sub: [] };
   try {
     for (let r = 0; r < rounds; r++) {
-      const order = r % 2 === 0 ? ['wavebus', 'bare'] : ['bare', 'wavebus'];
+      const order = r % 2 === 0 ? ['wavebus', 'bare', 'bare_one'] : ['bare_one', 'bare', 'wavebus'];
       for (const what of order) {
         if (what === 'bare' && !args.bare) continue;
-        if (what === 'wavebus') {
-          const w = await wavebusRun(n, endWave, pace, tokenFile, args.mailbox);
+        if (what === 'bare_one') {
+          if (!args['bare-one']) continue;
+          const b = await bareBus(1, endWave, pace);
+          const got = lastReceipt(b.receipts.times, b.published, from, endWave, 1);
+          bare1Lat.push(...got.lat);
+          bare1Lost += got.lost;
+          roundP50.bare_one.push(p50p99([...got.lat]).p50_us);
+        } else if (what === 'wavebus') {
+          const w = await wavebusRun(n, endWave, pace, tokenFile, args.mailbox, args['wave-path'] as WavePath);
           const got = lastReceipt(w.times, w.published, from, endWave, n);
           lat.push(...got.lat);
           lost += got.lost;
@@ -244,6 +257,19 @@ export async function run(args: BenchArgs<typeof flags>): Promise<Record<string,
       ratio_p99_bare: Math.round((main.p99_us / bare.p99_us) * 1000) / 1000,
     });
   }
+  if (args['bare-one']) {
+    // Issue #34: from the publish to the last rank's vector, against one bare subscriber: ≤ 1.0 at p50, ≤ 1.5 at p99.
+    const one = p50p99(bare1Lat);
+    Object.assign(result, {
+      bare_one_p50_us: one.p50_us,
+      bare_one_p99_us: one.p99_us,
+      bare_one_lost: bare1Lost,
+      ratio_p50_bare_one: Math.round((main.p50_us / one.p50_us) * 1000) / 1000,
+      ratio_p99_bare_one: Math.round((main.p99_us / one.p99_us) * 1000) / 1000,
+      target: { ratio_p50_bare_one: 1.0, ratio_p99_bare_one: 1.5 },
+    });
+  }
+  result.wave_path = args['wave-path'];
   result.round_p50_us = roundP50;
   result.hops = Object.fromEntries(Object.entries(hops).filter(([, xs]) => xs.length > 0).map(([k, xs]) => { const s = p50p99(xs); return [k, { p50_us: s.p50_us, p99_us: s.p99_us }]; }));
   result.cpu_hops = cpuHops();

@@ -12,6 +12,10 @@ import * as os from 'os';
 import * as path from 'path';
 import type { BenchArgs, BenchFlags } from './lib/flags';
 import { offPathCost } from './lib/off-path';
+import { sidecarCpu } from './lib/overhead-probes';
+import { syscallsPerWave } from './lib/overhead-syscalls';
+import { seedAvailable, seedRun, type SeedRun } from './lib/seed-baseline';
+import { WAVE_PATH_FLAG, wavePathLaunchArgs, type WavePath } from './lib/wave-path';
 import { packageRoot } from '../src/paths';
 
 const BIN = path.resolve(__dirname, '..', '..', 'bin', 'wavebus.js');
@@ -20,13 +24,14 @@ const BIN = path.resolve(__dirname, '..', '..', 'bin', 'wavebus.js');
 const TIME = '/usr/bin/time';
 
 /** Exit code, and the CPU seconds (user + system) of the run's process tree when GNU time is there (else NaN). */
-function runCli(args: string[], env: NodeJS.ProcessEnv, cpuFile: string): Promise<{ code: number; cpuS: number }> {
+function runCli(args: string[], env: NodeJS.ProcessEnv, cpuFile: string, onSpawn?: (pid: number) => void): Promise<{ code: number; cpuS: number }> {
   return new Promise((resolve) => {
     const timed = fs.existsSync(TIME);
     const argv = [BIN, ...args];
     const child = timed
       ? spawn(TIME, ['-f', '%U %S', '-o', cpuFile, process.execPath, ...argv], { env, stdio: ['ignore', 'ignore', 'pipe'] })
       : spawn(process.execPath, argv, { env, stdio: ['ignore', 'ignore', 'pipe'] });
+    if (child.pid !== undefined) onSpawn?.(child.pid);
     let err = '';
     child.stderr.on('data', (b) => (err = (err + b.toString()).slice(-4000)));
     child.on('exit', (code) => {
@@ -101,7 +106,13 @@ export const flags = {
   rounds: { type: 'int', default: 5, describe: 'interleaved rounds; the best of each mode is kept' },
   requests: { type: 'int', describe: 'requests in the workload (default: two arrive every step, 2 x steps)' },
   'lookahead-waves': { type: 'int', min: 1, describe: "the coordinator's --lookahead-waves (default: the coordinator's default)" },
-  'cpu-by-process': { type: 'boolean', default: false, describe: "also report each process's CPU per step, by thread (scripts/cpu-by-process.js preloaded into every node process)" },
+  'cpu-by-process': { type: 'boolean', default: false, describe: "also report each process's CPU per step, by thread (scripts/cpu-by-process.js preloaded into every node process), and the host's sidecar total per wave" },
+  'seed-baseline': { type: 'boolean', default: true, describe: "also run the seed's path each round (bench/seed_guard.py: a gloo broadcast of the due vector on the TP group and the detectors in Python, against the same Python engine without it); skipped with a reason when /usr/bin/python3 lacks torch" },
+  'seed-rows': { type: 'int', default: 40, describe: "the seed baseline's running requests (token_repeat's rows, the logits' rows)" },
+  'seed-vocab': { type: 'int', default: 1024, describe: "the width of the seed baseline's logits (torch.isfinite runs on the CPU here, on the accelerator in the seed)" },
+  syscalls: { type: 'boolean', default: false, describe: 'after the rounds, one more detectors-on run with strace attached to each process for --syscall-waves waves: system calls per wave by process (not in the ratios)' },
+  'syscall-waves': { type: 'int', default: 300, describe: "the strace window's length in waves (after 50 waves of warm-up; at most 180 s)" },
+  'wave-path': WAVE_PATH_FLAG,
 } satisfies BenchFlags;
 
 /** µs of CPU per step by process (its command) and thread kind, from scripts/cpu-by-process.js lines. */
@@ -121,14 +132,15 @@ function cpuByProcess(file: string, steps: number): Record<string, Record<string
 export async function run(a: BenchArgs<typeof flags>): Promise<Record<string, unknown>> {
   const requests = a.requests ?? 2 * a.steps;
   const work = fs.mkdtempSync(path.join(os.tmpdir(), 'wavebus-bench-overhead-'));
-  const sim = (resultDir: string, extra: string[] = []) => [
-    'sim', '--steps', String(a.steps), '--step-ms', '0', '--compute-us', String(a['compute-us']), '--forward-ms', String(a['forward-ms']),
+  const sim = (resultDir: string, extra: string[] = [], steps = a.steps) => [
+    'sim', '--steps', String(steps), '--step-ms', '0', '--compute-us', String(a['compute-us']), '--forward-ms', String(a['forward-ms']),
     '--requests', String(requests), '--result-dir', resultDir, '--nproc-per-node', String(a.ranks), ...extra,
   ];
   const launch = (config: string, cmd: string[]) => [
     'launch', '--nproc-per-node', String(a.ranks), '--tp', String(a.ranks), '--port', String(20000 + (process.pid % 20000)),
     `--coordinator-arg=--runtime-config-path`, `--coordinator-arg=${config}`,
     ...(a['lookahead-waves'] !== undefined ? [`--coordinator-arg=--lookahead-waves=${a['lookahead-waves']}`] : []),
+    ...wavePathLaunchArgs(a['wave-path'] as WavePath),
     // startup writes defaults <- overlay to the live file (seed): the mode's config is the overlay
     `--coordinator-arg=--additional-config`, `--coordinator-arg=${JSON.stringify({ runtime_config: JSON.parse(fs.readFileSync(config, 'utf8')) })}`,
     '--', process.execPath, BIN, ...cmd,
@@ -147,6 +159,10 @@ export async function run(a: BenchArgs<typeof flags>): Promise<Record<string, un
   const cpu: Record<'absent' | 'off' | 'on', number[]> = { absent: [], off: [], on: [] };
   /** With --cpu-by-process: the last round's per-process CPU per step, by mode. */
   const byProcess: Record<string, Record<string, Record<string, number>>> = {};
+  const seedShape = { ranks: a.ranks, steps: a.steps, forwardMs: a['forward-ms'], computeUs: a['compute-us'], rows: a['seed-rows'], vocab: a['seed-vocab'] };
+  const seedOk = a['seed-baseline'] && (await seedAvailable());
+  const seedRuns: { absent: SeedRun[]; seed: SeedRun[] } = { absent: [], seed: [] };
+  let syscalls: Record<string, unknown> | undefined;
   try {
     for (let round = 0; round < a.rounds; round++) {
       for (const mode of ['absent', 'off', 'on'] as const) {
@@ -167,6 +183,15 @@ export async function run(a: BenchArgs<typeof flags>): Promise<Record<string, un
         cpu[mode].push((cpuS * 1e6) / a.steps);
         best[mode] = Math.max(best[mode], r.rate);
       }
+      // The seed's path in the same round, on its own Python engine with and without it.
+      if (seedOk) for (const m of ['absent', 'seed'] as const) seedRuns[m].push(await seedRun(m, seedShape));
+    }
+    if (a.syscalls) {
+      const dir = path.join(work, 'syscalls');
+      // Ended by its stop file once the window is over: as long as strace needs, whatever the rate.
+      syscalls = await syscallsPerWave(a.ranks, a['syscall-waves'], dir, (stopFile, onSpawn) =>
+        runCli(launch(onConfig, sim(dir, ['--stop-file', stopFile], 1_000_000)), env, path.join(work, 'syscalls.cpu'), onSpawn),
+      );
     }
   } finally {
     fs.rmSync(work, { recursive: true, force: true });
@@ -222,7 +247,36 @@ export async function run(a: BenchArgs<typeof flags>): Promise<Record<string, un
     // With everything off, the client's calls of one step in a tight loop (best of 3 x 200 000):
     // what the engine pays per step, against the ±3 % spread of the rates on a busy host.
     off_path: offPath,
-    ...(a['cpu-by-process'] ? { cpu_us_per_step_by_process: byProcess } : {}),
-    target: { off_ratio: 0.995, detectors_ratio: 0.98, detectors_ratio_1ms: 0.95, waited_fraction: 0 },
+    ...(a['cpu-by-process'] ? { cpu_us_per_step_by_process: byProcess, sidecar_cpu_us_per_wave: sidecarByMode(byProcess) } : {}),
+    wave_path: a['wave-path'],
+    // The comparison a user makes: each path's steps/s against its own engine without it, same run.
+    ...(seedOk ? { side_by_side: { wavebus_off: Number(ratio('off').toFixed(4)), wavebus_detectors: Number(ratio('on').toFixed(4)), seed: seedSummary(seedRuns, median).median_ratio } } : {}),
+    seed_baseline: seedOk ? seedSummary(seedRuns, median) : { skipped: a['seed-baseline'] ? `${'/usr/bin/python3'} has no torch with gloo` : '--no-seed-baseline' },
+    ...(syscalls ? { syscalls } : {}),
+    target: { off_ratio: 0.995, detectors_ratio: 0.97, detectors_ratio_1ms: 0.9, sidecar_syscalls_per_wave_tp8: 30, waited_fraction: 0 },
+  };
+}
+
+/** The host's sidecar CPU per wave by mode (last round, start-up included), from the by-process lines. */
+function sidecarByMode(byProcess: Record<string, Record<string, Record<string, number>>>): Record<string, unknown> {
+  return Object.fromEntries(Object.entries(byProcess).map(([mode, procs]) => [mode, sidecarCpu(procs)]));
+}
+
+/** The seed baseline's figures: its ratio to its own absent engine per round (median), and the proof it ran. */
+function seedSummary(runs: { absent: SeedRun[]; seed: SeedRun[] }, median: (xs: number[]) => number): Record<string, unknown> {
+  const ratio = (k: 'steps_per_s' | 'steady_steps_per_s') => Number(median(runs.seed.map((r, i) => r[k] / runs.absent[i][k])).toFixed(4));
+  const best = (rs: SeedRun[]) => Math.max(...rs.map((r) => r.steps_per_s));
+  const last = runs.seed[runs.seed.length - 1];
+  return {
+    absent_steps_per_s: Number(best(runs.absent).toFixed(1)),
+    seed_steps_per_s: Number(best(runs.seed).toFixed(1)),
+    ratio: Number((best(runs.seed) / best(runs.absent)).toFixed(4)),
+    median_ratio: ratio('steps_per_s'),
+    median_steady_ratio: ratio('steady_steps_per_s'),
+    rank_cpu_us_per_step: { absent: Number(median(runs.absent.map((r) => r.cpu_us_per_step)).toFixed(1)), seed: Number(median(runs.seed.map((r) => r.cpu_us_per_step)).toFixed(1)) },
+    // The last seed round, per rank: the gloo collectives each completed (one broadcast and one
+    // broadcast_object_list per step) and TP0's detector passes.
+    collectives: { broadcasts: last.broadcasts, broadcast_objects: last.broadcast_objects, detector_runs: last.detector_runs },
+    rounds: runs.seed.length,
   };
 }

@@ -20,6 +20,7 @@ import type { BenchArgs, BenchFlags } from './lib/flags';
 import type { StepTelemetry } from '../src/messages';
 import type { WavebusClient } from '../src/client/client';
 import { alive, POOL_BLOCKS, ProcJob } from './lib/proc-job';
+import { WAVE_PATH_FLAG, wavePathArgs, type WavePath } from './lib/wave-path';
 import { SoakWorkload } from './lib/soak-workload';
 import { Collector, unfinishedDumps } from './lib/soak-collector';
 
@@ -38,6 +39,17 @@ function usage(pid: number): Usage {
   const status = fs.readFileSync(`/proc/${pid}/status`, 'utf8');
   const rssKb = Number(/VmRSS:\s+(\d+)/.exec(status)?.[1] ?? 0);
   return { rssKb, fds: fs.readdirSync(`/proc/${pid}/fd`).length };
+}
+
+/** CPU µs (user + system, all threads) a process has used so far: /proc/<pid>/stat, USER_HZ 100. */
+export function cpuUs(pid: number): number {
+  try {
+    const stat = fs.readFileSync(`/proc/${pid}/stat`, 'utf8');
+    const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+    return (Number(f[11]) + Number(f[12])) * 10000;
+  } catch {
+    return 0; // exited: counted as a death elsewhere
+  }
 }
 
 /** The flatness verdict for processes sampled after warm-up and at the end (same order). */
@@ -69,11 +81,12 @@ export const flags = {
   'dump-every': { type: 'int', default: 100, describe: 'a manual dump (hot reload of dump.manual_dump) every N waves of replica 0' },
   'pace-ms': { type: 'number', default: 1, describe: 'the forward: ms between a wave head and its end' },
   'bound-ms': { type: 'int', default: 1000, max: MAX_TIMER_MS, describe: "agents' end_of_wave bound (a wave later than this is lost)" },
+  'wave-path': WAVE_PATH_FLAG,
 } satisfies BenchFlags;
 
 export async function run(a: BenchArgs<typeof flags>): Promise<Record<string, unknown>> {
   if (a.agents % a.dp !== 0) throw new ConfigError(`bench soak: --agents ${a.agents} must be a multiple of --dp ${a.dp}`);
-  return soak({ agents: a.agents, dp: a.dp, waves: a.waves, dumpEvery: a['dump-every'], paceMs: a['pace-ms'], boundMs: a['bound-ms'] });
+  return soak({ agents: a.agents, dp: a.dp, waves: a.waves, dumpEvery: a['dump-every'], paceMs: a['pace-ms'], boundMs: a['bound-ms'], wavePath: a['wave-path'] as WavePath });
 }
 
 export interface SoakOptions {
@@ -83,6 +96,8 @@ export interface SoakOptions {
   dumpEvery: number;
   paceMs: number;
   boundMs: number;
+  /** How vectors reach the mailboxes (bench/lib/wave-path.ts); default per-rank. */
+  wavePath?: WavePath;
 }
 
 /** The requests among `ids` with a dump still to be copied (the engine keeps their blocks a wave). */
@@ -95,7 +110,11 @@ async function pendingOf(client: WavebusClient, ids: string[]): Promise<Set<stri
 export async function soak(o: SoakOptions): Promise<Record<string, unknown>> {
   const t0 = Date.now();
   const config = { detector: { logits_finite: { enabled: true, on_trigger: ['report'] } }, dump: { manual_dump: 0, free_headroom_bytes: 0, format: 'npy' } };
-  const job = new ProcJob({ world: o.agents, dp: o.dp, boundMs: o.boundMs, ackTimeoutMs: 30000, heartbeatMs: 500, config });
+  const job = new ProcJob({
+    world: o.agents, dp: o.dp, boundMs: o.boundMs, ackTimeoutMs: 30000, heartbeatMs: 500, config,
+    coordinatorArgs: wavePathArgs(o.wavePath ?? 'per-rank', 'coordinator'),
+    agentArgs: () => wavePathArgs(o.wavePath ?? 'per-rank', 'agent'),
+  });
   const lost = Array.from({ length: o.dp }, () => ({ lost: 0, settle: 0 }));
   const problems: string[] = [];
   const problem = (p: string) => problems.length < 40 && problems.push(p);
@@ -140,9 +159,13 @@ export async function soak(o: SoakOptions): Promise<Record<string, unknown>> {
     await job.start();
     collector = new Collector(job.kvRoot, job.layout);
     const waveStart = Date.now();
+    // The sidecar of this host (coordinator and every agent) from the first wave to the last.
+    const sidecarCpu = () => [job.coordinator, ...job.agents].reduce((a, p) => a + cpuUs(p.child.pid!), 0);
+    const cpuStart = sidecarCpu();
     // Every replica steps on its own: concurrent loops, not lockstep.
     await Promise.all(Array.from({ length: o.dp }, (_, r) => replicaLoop(r, 1, o.waves, false)));
     const waveSeconds = (Date.now() - waveStart) / 1000;
+    const sidecarCpuUs = sidecarCpu() - cpuStart;
     // Keep stepping (counted apart) until every replica served every manual dump and no dump is pending.
     let next = o.waves + 1;
     let st: Record<string, any> = {};
@@ -211,6 +234,10 @@ export async function soak(o: SoakOptions): Promise<Record<string, unknown>> {
       waves: o.waves,
       waves_per_sec: +((o.waves * o.dp) / waveSeconds).toFixed(1),
       lost_waves: replicas.reduce((n, x) => n + x.lost_waves, 0),
+      // Per wave of one replica (waves x dp of them): the coordinator's and every agent's CPU, the
+      // dumps' copies included (one every --dump-every waves), from the first wave to the last.
+      sidecar_cpu_us_per_wave: Math.round(sidecarCpuUs / (o.waves * o.dp)),
+      wave_path: o.wavePath ?? 'per-rank',
       dumps_asked: dumpsAsked,
       jobs_complete: replicas.reduce((n, x) => n + x.jobs_complete, 0),
       jobs_incomplete: replicas.reduce((n, x) => n + x.jobs_incomplete, 0),
