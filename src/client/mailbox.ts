@@ -82,6 +82,25 @@ export class MailboxWriter {
   }
 
   /**
+   * Write the vectors of a mailbox another local agent created (the host receiver: docs/bus.md,
+   * "One receiver per host"): nothing in it is reset, and it must already have its header.
+   */
+  static attach(path: string): MailboxWriter {
+    const p = checkPath(path, 'path');
+    return new MailboxWriter(p, nativeCall(() => native.MailboxWriter.attach(p)));
+  }
+
+  /**
+   * Take the exclusive lock on `path` (flock): its fd when taken (held until fs.closeSync(fd) or
+   * this process ends), -1 when another open of the file holds it. The kernel drops it when its
+   * holder dies.
+   */
+  static holdLock(path: string): number {
+    const p = checkPath(path, 'path');
+    return nativeCall(() => native.MailboxWriter.holdLock(p));
+  }
+
+  /**
    * Write one wave's vector; with `floor`, raise (or move) the floor after it: every wave below
    * `floor` is decided (its vector, if anything was due, is in its slot).
    */
