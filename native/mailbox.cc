@@ -200,6 +200,7 @@ Napi::Function MailboxWriter::Define(Napi::Env env) {
                          StaticMethod<&MailboxWriter::Attach>("attach"),
                          StaticMethod<&MailboxWriter::HoldLock>("holdLock"),
                          InstanceMethod<&MailboxWriter::Publish>("publish"),
+                         InstanceMethod<&MailboxWriter::Announce>("announce"),
                          InstanceMethod<&MailboxWriter::SetFeatures>("setFeatures"),
                          InstanceMethod<&MailboxWriter::SetEpoch>("setEpoch"),
                          InstanceMethod<&MailboxWriter::SetFloor>("setFloor"),
@@ -323,8 +324,16 @@ Napi::Value MailboxWriter::Publish(const Napi::CallbackInfo& info) {
   WriteSlot(base, static_cast<uint32_t>(wave % kSlots), wave, config, dump, snapshot);
   // The floor that covers this slot goes after it (release): one wake for both.
   if (info.Length() > 4 && !info[4].IsUndefined()) __atomic_store_n(U64(base, kOffFloor), ArgU64(info, 4, "floor"), __ATOMIC_RELEASE);
+  // wake false: the host receiver stores every local rank's slot first and wakes them after
+  // (announce), so the last rank's vector is readable without waiting for the others' wakes.
+  if (info.Length() > 5 && info[5].IsBoolean() && !info[5].As<Napi::Boolean>().Value()) return env.Undefined();
   AnnouncePublish(base);
   return env.Undefined();
+}
+
+Napi::Value MailboxWriter::Announce(const Napi::CallbackInfo& info) {
+  AnnouncePublish(Live(info.Env()));
+  return info.Env().Undefined();
 }
 
 Napi::Value MailboxWriter::SetFeatures(const Napi::CallbackInfo& info) {

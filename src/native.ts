@@ -54,7 +54,9 @@ export type MailboxVector = [number, number, number, number, number];
 
 export interface NativeMailboxWriter {
   /** With `floor`: the header's floor is stored after the slot (one wake for both). */
-  publish(wave: number, configDue: number, dumpDue: number, snapshotDue: number, floor?: number): void;
+  publish(wave: number, configDue: number, dumpDue: number, snapshotDue: number, floor?: number, wake?: boolean): void;
+  /** Bump `published` and wake its sleepers (after publishes made with wake false). */
+  announce(): void;
   setFeatures(bits: number): void;
   setEpoch(epoch: number): void;
   setFloor(floor: number): void;

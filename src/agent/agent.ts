@@ -332,8 +332,10 @@ export class Agent {
   private arrive(wave: number, configDue: boolean, dumpDue: boolean, floor?: number, snapshotDue = this.live.covers(wave)): void {
     // Lanes-only (--wave-path host), the host receiver writes this rank's vectors.
     if (this.writesVectors) {
-      this.mailbox?.publish({ wave, configDue, dumpDue, snapshotDue }, floor);
+      // The host receiver stores every slot before any wake (HostFanout.publish).
+      this.mailbox?.publish({ wave, configDue, dumpDue, snapshotDue }, floor, !this.fanout);
       this.fanout?.publish({ wave, configDue, dumpDue, snapshotDue }, floor);
+      if (this.fanout) this.mailbox?.announce();
     }
     this.timeline.record('vector', wave, this.timeline.now());
     this.waves.arrive(wave, floor);

@@ -104,8 +104,13 @@ export class HostFanout {
     }
   }
 
+  /**
+   * Every peer's slot first, then the wakes: a peer's vector is readable without waiting for the
+   * system calls of the wakes before it (the engines seldom sleep: the vector comes a wave ahead).
+   */
   publish(v: { wave: number; configDue: boolean; dumpDue: boolean; snapshotDue: boolean }, floor?: number): void {
-    this.each((w) => w.publish(v, floor));
+    this.each((w) => w.publish(v, floor, false));
+    for (const w of this.writers.values()) w.announce();
   }
 
   setFloor(floor: number): void {
