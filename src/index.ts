@@ -29,6 +29,7 @@ export {
 // ---- the processes, for embedding them instead of running `wavebus launch`
 export { Coordinator } from './bus/coordinator';
 export { Agent } from './agent/agent';
+export { WAVE_PATHS, parseWavePath, type WavePath } from './agent/host-receiver';
 export { launch } from './launch/launcher';
 export { parseLaunchOptions } from './launch/options';
 export type { LaunchOptions } from './launch/options';
