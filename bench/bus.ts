@@ -23,10 +23,11 @@ import { resolveIdentity } from '../src/launch/identity';
 import { createLogger } from '../src/log';
 import { freePort, freePortPair } from '../src/bus/ports';
 import { bareBus } from './lib/bus-bare';
+import { parseWavePath, type WavePath } from '../src/agent/host-receiver';
 import { cpuHops } from './lib/bus-hops';
 import { hop, lastReceipt, p50p99, ReceiptLog, Receipts, round, type ReceiptTimes } from './lib/bus-receipts';
 import type { BenchArgs, BenchFlags } from './lib/flags';
-import { WAVE_PATH_FLAG, wavePathArgs, type WavePath } from './lib/wave-path';
+import { WAVE_PATH_FLAG } from './lib/wave-path';
 
 export const summary = 'Wave-head latency from the coordinator to N agent processes on loopback, against bare zeromq.js PUB/SUB (and gloo when torch is there), in the same run.';
 export const flags = {
@@ -37,6 +38,7 @@ export const flags = {
   'bus-token': { type: 'boolean', default: true, describe: 'MAC every frame with a bus token, as `wavebus launch` does on one host' },
   mailbox: { type: 'boolean', default: true, describe: "agents write each vector to a mailbox; a client stand-in waits on rank 0's" },
   bare: { type: 'boolean', default: true, describe: 'also run the floor: bare zeromq.js PUB to N SUB processes' },
+  'bare-subscribers': { type: 'int', default: 0, describe: 'SUB processes of the floor (0: as many as --agents; 1: the floor a host receiver is held to)' },
   baseline: { type: 'boolean', describe: 'also run the gloo baseline (default: when /usr/bin/python3 has torch)' },
   'bare-one': { type: 'boolean', default: true, describe: "also run bare zeromq.js PUB to ONE SUB process each round (issue #34's floor: one subscriber per host)" },
   'wave-path': WAVE_PATH_FLAG,
@@ -83,11 +85,18 @@ async function glooBaseline(agents: number): Promise<{ gloo_p50_us?: number; glo
  * Child mode: one agent. Per wave it notes [the 'wave' event, the arrival of the frame that
  * completed it (before MAC and decode), the vector written to its mailbox].
  */
-async function child(rank: number, world: number, port: number, reportPort: number, endWave: number, tokenFile: string, mailboxDir: string): Promise<void> {
+async function child(rank: number, world: number, port: number, reportPort: number, endWave: number, tokenFile: string, mailboxDir: string, wavePath: WavePath): Promise<void> {
   const identity = resolveIdentity({}, { rank, worldSize: world });
   const busToken = tokenFile === '-' ? undefined : BusToken.load(tokenFile, 'bench bus token');
-  const bus = new AgentBus({ coordinator: { host: '127.0.0.1', port }, identity, busToken, logger: createLogger(`bench-agent-${rank}`, 'warn') });
-  const mailbox = mailboxDir === '-' ? undefined : MailboxWriter.create(path.join(mailboxDir, `mailbox-${rank}`));
+  // --wave-path host: agent 0 is the host's receiver (it writes every rank's mailbox); the others
+  // follow only heads with work, so they never wake here (the bench publishes plain heads).
+  const host = wavePath === 'host';
+  const bus = new AgentBus({ coordinator: { host: '127.0.0.1', port }, identity, busToken, lanesOnly: host && rank !== 0, logger: createLogger(`bench-agent-${rank}`, 'warn') });
+  if (host && rank !== 0) return keepAlive(bus);
+  const owned = host ? Array.from({ length: world }, (_, r) => r) : [rank];
+  const mailboxes = mailboxDir === '-' ? [] : owned.map((r) => MailboxWriter.create(path.join(mailboxDir, `mailbox-${r}`)));
+  if (host) return receiver(bus, mailboxes, owned, reportPort, endWave);
+  const mailbox = mailboxes[0];
   const log = new ReceiptLog(rank, reportPort);
   // Bench-only instrumentation: the time each SUB message left zeromq.js, before the bus reads it.
   let arrived = 0n;
@@ -108,6 +117,55 @@ async function child(rank: number, world: number, port: number, reportPort: numb
     await bus.stop();
     log.close();
     mailbox?.close();
+    process.exit(0);
+  };
+  process.once('SIGTERM', stop);
+  process.once('SIGINT', stop);
+  process.once('disconnect', stop);
+}
+
+/** A lanes-only agent (--wave-path host): on the bus, asleep through plain waves. */
+async function keepAlive(bus: AgentBus): Promise<void> {
+  await bus.start();
+  const stop = async () => {
+    await bus.stop();
+    process.exit(0);
+  };
+  process.once('SIGTERM', stop);
+  process.once('SIGINT', stop);
+}
+
+/**
+ * The host receiver (--wave-path host): per wave it writes every rank's mailbox and notes, under
+ * each rank, [the 'wave' event, the frame's arrival, that rank's vector written].
+ */
+async function receiver(bus: AgentBus, mailboxes: MailboxWriter[], ranks: number[], reportPort: number, endWave: number): Promise<void> {
+  const logs = ranks.map((r) => new ReceiptLog(r, reportPort));
+  let arrived = 0n;
+  const inner = bus as unknown as { onSubMessage(parts: Buffer[]): void };
+  const onSubMessage = inner.onSubMessage.bind(bus);
+  inner.onSubMessage = (parts) => {
+    arrived = process.hrtime.bigint();
+    onSubMessage(parts);
+  };
+  const written: bigint[] = ranks.map(() => 0n);
+  bus.on('wave', (w) => {
+    const t = process.hrtime.bigint();
+    const v = { wave: w.head.wave, configDue: w.head.configDue, dumpDue: w.head.dumpDue };
+    // As the agent's HostFanout does: every slot, then the wakes.
+    for (let i = 0; i < mailboxes.length; i++) {
+      mailboxes[i].publish(v, undefined, false);
+      written[i] = process.hrtime.bigint();
+    }
+    for (const m of mailboxes) m.announce();
+    for (let i = 0; i < logs.length; i++) logs[i].note(w.head.wave, t, arrived, mailboxes.length > 0 ? written[i] : t);
+    if (w.head.wave >= endWave) for (const l of logs) void l.flush();
+  });
+  await bus.start();
+  const stop = async () => {
+    await bus.stop();
+    for (const l of logs) l.close();
+    for (const m of mailboxes) m.close();
     process.exit(0);
   };
   process.once('SIGTERM', stop);
@@ -153,8 +211,7 @@ async function wavebusRun(n: number, endWave: number, pace: number, tokenFile: s
   const mailboxDir = mailbox ? fs.mkdtempSync(path.join(fs.existsSync('/dev/shm') ? '/dev/shm' : os.tmpdir(), 'wavebus-bench-')) : '-';
   const children: ChildProcess[] = [];
   for (let r = 0; r < n; r++) {
-    // The wave path's agent flags follow the positional ones (none for per-rank).
-    const args = [__filename, '--child', String(r), String(n), String(port), String(receipts.port), String(endWave), tokenFile ?? '-', mailboxDir, ...wavePathArgs(wavePath, 'agent')];
+    const args = [__filename, '--child', String(r), String(n), String(port), String(receipts.port), String(endWave), tokenFile ?? '-', mailboxDir, wavePath];
     children.push(spawn(process.execPath, args, { stdio: ['ignore', 'ignore', 'inherit'] }));
   }
   if (mailbox) children.push(spawn(process.execPath, [__filename, '--reader', path.join(mailboxDir, 'mailbox-0'), String(receipts.port), String(endWave)], { stdio: ['ignore', 'ignore', 'inherit'] }));
@@ -194,12 +251,16 @@ export async function run(args: BenchArgs<typeof flags>): Promise<Record<string,
   const waves = args.waves;
   const rounds = args.rounds;
   const pace = args['pace-ms'];
+  const wavePath = parseWavePath(args['wave-path'], '--wave-path');
+  const bareN = args['bare-subscribers'] > 0 ? args['bare-subscribers'] : n;
 
   const endWave = WARMUP + waves + 1;
   const from = WARMUP + 1;
   const tokenDir = args['bus-token'] ? fs.mkdtempSync(path.join(os.tmpdir(), 'wavebus-bench-token-')) : undefined;
   const tokenFile = tokenDir ? createTokenFile(tokenDir) : undefined;
   const lat: number[] = [];
+  /** Publish → the last rank's vector written in its mailbox (readable by its engine). */
+  const readable: number[] = [];
   const bareLat: number[] = [];
   const bare1Lat: number[] = [];
   let bare1Lost = 0;
@@ -212,18 +273,12 @@ export async function run(args: BenchArgs<typeof flags>): Promise<Record<string,
       const order = r % 2 === 0 ? ['wavebus', 'bare', 'bare_one'] : ['bare_one', 'bare', 'wavebus'];
       for (const what of order) {
         if (what === 'bare' && !args.bare) continue;
-        if (what === 'bare_one') {
-          if (!args['bare-one']) continue;
-          const b = await bareBus(1, endWave, pace);
-          const got = lastReceipt(b.receipts.times, b.published, from, endWave, 1);
-          bare1Lat.push(...got.lat);
-          bare1Lost += got.lost;
-          roundP50.bare_one.push(p50p99([...got.lat]).p50_us);
-        } else if (what === 'wavebus') {
-          const w = await wavebusRun(n, endWave, pace, tokenFile, args.mailbox, args['wave-path'] as WavePath);
+        if (what === 'wavebus') {
+          const w = await wavebusRun(n, endWave, pace, tokenFile, args.mailbox, wavePath);
           const got = lastReceipt(w.times, w.published, from, endWave, n);
           lat.push(...got.lat);
           lost += got.lost;
+          if (args.mailbox) readable.push(...lastReceipt(w.times, w.published, from, endWave, n, 2).lat);
           roundP50.wavebus.push(p50p99([...got.lat]).p50_us);
           for (let x = from; x < endWave; x++) hops.coordinator_begin_wave.push(Number(w.begun.get(x)! - w.published.get(x)!) / 1000);
           hops.pub_to_sub.push(...hop(w.times, from, endWave, (x) => w.begun.get(x), 1));
@@ -232,8 +287,8 @@ export async function run(args: BenchArgs<typeof flags>): Promise<Record<string,
           const rank0 = w.times.get(0);
           if (w.reader && rank0) hops.wave_to_client.push(...hop(new Map([[0, w.reader]]), from, endWave, (x) => rank0.get(x)?.[0], 0));
         } else {
-          const b = await bareBus(n, endWave, pace);
-          const got = lastReceipt(b.receipts.times, b.published, from, endWave, n);
+          const b = await bareBus(bareN, endWave, pace);
+          const got = lastReceipt(b.receipts.times, b.published, from, endWave, bareN);
           bareLat.push(...got.lat);
           bareLost += got.lost;
           roundP50.bare.push(p50p99([...got.lat]).p50_us);
@@ -246,16 +301,20 @@ export async function run(args: BenchArgs<typeof flags>): Promise<Record<string,
     if (tokenDir) fs.rmSync(tokenDir, { recursive: true, force: true });
   }
   const main = p50p99(lat);
-  const result: Record<string, unknown> = { agents: n, waves, pace_ms: pace, rounds, bus_token: args['bus-token'], curve: false, mailbox: args.mailbox, p50_us: main.p50_us, p99_us: main.p99_us, lost };
+  const result: Record<string, unknown> = { agents: n, waves, pace_ms: pace, rounds, wave_path: wavePath, bus_token: args['bus-token'], curve: false, mailbox: args.mailbox, p50_us: main.p50_us, p99_us: main.p99_us, lost };
+  const read = args.mailbox ? p50p99(readable) : undefined;
+  if (read) Object.assign(result, { readable_p50_us: read.p50_us, readable_p99_us: read.p99_us });
   if (args.bare) {
     const bare = p50p99(bareLat);
     Object.assign(result, {
+      bare_subscribers: bareN,
       bare_p50_us: bare.p50_us,
       bare_p99_us: bare.p99_us,
       bare_lost: bareLost,
       ratio_p50_bare: Math.round((main.p50_us / bare.p50_us) * 1000) / 1000,
       ratio_p99_bare: Math.round((main.p99_us / bare.p99_us) * 1000) / 1000,
     });
+    if (read) Object.assign(result, { ratio_readable_p50_bare: Math.round((read.p50_us / bare.p50_us) * 1000) / 1000, ratio_readable_p99_bare: Math.round((read.p99_us / bare.p99_us) * 1000) / 1000 });
   }
   if (args['bare-one']) {
     // Issue #34: from the publish to the last rank's vector, against one bare subscriber: ≤ 1.0 at p50, ≤ 1.5 at p99.
@@ -269,7 +328,6 @@ export async function run(args: BenchArgs<typeof flags>): Promise<Record<string,
       target: { ratio_p50_bare_one: 1.0, ratio_p99_bare_one: 1.5 },
     });
   }
-  result.wave_path = args['wave-path'];
   result.round_p50_us = roundP50;
   result.hops = Object.fromEntries(Object.entries(hops).filter(([, xs]) => xs.length > 0).map(([k, xs]) => { const s = p50p99(xs); return [k, { p50_us: s.p50_us, p99_us: s.p99_us }]; }));
   result.cpu_hops = cpuHops();
@@ -284,8 +342,8 @@ export async function run(args: BenchArgs<typeof flags>): Promise<Record<string,
 
 if (require.main === module && process.argv[2] === '--child') {
   const [rank, world, port, reportPort, endWave] = process.argv.slice(3, 8).map(Number);
-  const [tokenFile, mailboxDir] = process.argv.slice(8, 10);
-  child(rank, world, port, reportPort, endWave, tokenFile, mailboxDir).catch((e) => {
+  const [tokenFile, mailboxDir, wavePath] = process.argv.slice(8, 11);
+  child(rank, world, port, reportPort, endWave, tokenFile, mailboxDir, parseWavePath(wavePath, 'bench bus --child wave path')).catch((e) => {
     process.stderr.write(`bench agent ${rank}: ${String(e)}\n`);
     process.exit(1);
   });

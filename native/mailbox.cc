@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <linux/futex.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <sys/stat.h>
@@ -196,7 +197,10 @@ Napi::Function MailboxWriter::Define(Napi::Env env) {
   return DefineClass(env, "MailboxWriter",
                      {
                          StaticMethod<&MailboxWriter::Create>("create"),
+                         StaticMethod<&MailboxWriter::Attach>("attach"),
+                         StaticMethod<&MailboxWriter::HoldLock>("holdLock"),
                          InstanceMethod<&MailboxWriter::Publish>("publish"),
+                         InstanceMethod<&MailboxWriter::Announce>("announce"),
                          InstanceMethod<&MailboxWriter::SetFeatures>("setFeatures"),
                          InstanceMethod<&MailboxWriter::SetEpoch>("setEpoch"),
                          InstanceMethod<&MailboxWriter::SetFloor>("setFloor"),
@@ -222,11 +226,18 @@ MailboxWriter::~MailboxWriter() {
 // A taken-over file must be a regular file of ours with no other name (a planted link or hard
 // link to someone's file is refused, never written). The file only ever grows, so a reader's
 // mapping never loses pages under it (which would be SIGBUS).
-Napi::Value MailboxWriter::Create(const Napi::CallbackInfo& info) {
+Napi::Value MailboxWriter::Create(const Napi::CallbackInfo& info) { return OpenWriter(info, false); }
+
+// Attach: the host receiver (docs/bus.md, "One receiver per host") writes the vectors of another
+// local rank's mailbox, which that rank's agent created. Nothing is reset (the features and epoch
+// are that agent's); the file must exist, be ours, have one name and a valid header.
+Napi::Value MailboxWriter::Attach(const Napi::CallbackInfo& info) { return OpenWriter(info, true); }
+
+Napi::Value MailboxWriter::OpenWriter(const Napi::CallbackInfo& info, bool attach) {
   Napi::Env env = info.Env();
   std::string path = ArgString(info, 0, "path");
-  int fd = open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-  bool existed = fd < 0 && errno == EEXIST;
+  int fd = attach ? -1 : open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  bool existed = attach || (fd < 0 && errno == EEXIST);
   if (existed) fd = open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) {
     int err = errno;
@@ -253,6 +264,10 @@ Napi::Value MailboxWriter::Create(const Napi::CallbackInfo& info) {
     close(fd);
     ThrowCoded(env, "ERR_MAILBOX_OPEN", ErrnoText("fchmod(" + path + ", 0600)", err));
   }
+  if (attach && static_cast<uint64_t>(st.st_size) < kFileBytes) {
+    close(fd);
+    ThrowCoded(env, "ERR_MAILBOX_FORMAT", path + " is shorter than a mailbox; not attached");
+  }
   if (static_cast<uint64_t>(st.st_size) < kFileBytes && ftruncate(fd, kFileBytes) != 0) {
     int err = errno;
     close(fd);
@@ -265,6 +280,14 @@ Napi::Value MailboxWriter::Create(const Napi::CallbackInfo& info) {
   uint8_t* base = static_cast<uint8_t*>(addr);
 
   uint64_t magic = __atomic_load_n(U64(base, 0), __ATOMIC_ACQUIRE);
+  if (attach) {
+    if (magic != MagicWord() || __atomic_load_n(U32(base, kOffSlots), __ATOMIC_RELAXED) != kSlots) {
+      munmap(base, kFileBytes);
+      ThrowCoded(env, "ERR_MAILBOX_FORMAT", path + " is not a ready wavebus mailbox (no header yet); not attached");
+    }
+    auto ext = Napi::External<uint8_t>::New(env, base);
+    return GetAddonData(env)->mailboxWriter.New({ext, Napi::String::New(env, path)});
+  }
   if (magic != MagicWord() && st.st_size > 0) {
     bool zero = true;
     for (uint64_t i = 0; i < kFileBytes && zero; i++) zero = base[i] == 0;
@@ -301,8 +324,16 @@ Napi::Value MailboxWriter::Publish(const Napi::CallbackInfo& info) {
   WriteSlot(base, static_cast<uint32_t>(wave % kSlots), wave, config, dump, snapshot);
   // The floor that covers this slot goes after it (release): one wake for both.
   if (info.Length() > 4 && !info[4].IsUndefined()) __atomic_store_n(U64(base, kOffFloor), ArgU64(info, 4, "floor"), __ATOMIC_RELEASE);
+  // wake false: the host receiver stores every local rank's slot first and wakes them after
+  // (announce), so the last rank's vector is readable without waiting for the others' wakes.
+  if (info.Length() > 5 && info[5].IsBoolean() && !info[5].As<Napi::Boolean>().Value()) return env.Undefined();
   AnnouncePublish(base);
   return env.Undefined();
+}
+
+Napi::Value MailboxWriter::Announce(const Napi::CallbackInfo& info) {
+  AnnouncePublish(Live(info.Env()));
+  return info.Env().Undefined();
 }
 
 Napi::Value MailboxWriter::SetFeatures(const Napi::CallbackInfo& info) {
@@ -323,6 +354,27 @@ Napi::Value MailboxWriter::SetFloor(const Napi::CallbackInfo& info) {
   __atomic_store_n(U64(base, kOffFloor), ArgU64(info, 0, "floor"), __ATOMIC_RELEASE);
   AnnouncePublish(base);
   return info.Env().Undefined();
+}
+
+// The host receiver's role is an exclusive flock on a file in the run dir: the kernel drops it
+// when its holder dies, however it dies, so another local agent takes the role over and two
+// processes never write one mailbox's slots. Returns the lock's fd (>= 0: held until it is closed
+// or this process ends; close-on-exec), or -1 when another open of the file holds it.
+Napi::Value MailboxWriter::HoldLock(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  std::string path = ArgString(info, 0, "path");
+  int fd = open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    int err = errno;
+    if (err == ELOOP) ThrowCoded(env, "ERR_MAILBOX_OPEN", path + " is a symbolic link; refusing to follow it");
+    ThrowCoded(env, "ERR_MAILBOX_OPEN", ErrnoText("open(" + path + ")", err));
+  }
+  if (flock(fd, LOCK_EX | LOCK_NB) == 0) return Napi::Number::New(env, fd);
+  int err = errno;
+  close(fd);
+  if (err == EWOULDBLOCK) return Napi::Number::New(env, -1);
+  ThrowCoded(env, "ERR_MAILBOX_OPEN", ErrnoText("flock(" + path + ")", err));
+  return env.Undefined();
 }
 
 Napi::Value MailboxWriter::Close(const Napi::CallbackInfo& info) {

@@ -44,7 +44,11 @@ class MailboxWriter : public Napi::ObjectWrap<MailboxWriter> {
 
  private:
   static Napi::Value Create(const Napi::CallbackInfo& info);
+  static Napi::Value Attach(const Napi::CallbackInfo& info);
+  static Napi::Value HoldLock(const Napi::CallbackInfo& info);
+  static Napi::Value OpenWriter(const Napi::CallbackInfo& info, bool attach);
   Napi::Value Publish(const Napi::CallbackInfo& info);
+  Napi::Value Announce(const Napi::CallbackInfo& info);
   Napi::Value SetFeatures(const Napi::CallbackInfo& info);
   Napi::Value SetEpoch(const Napi::CallbackInfo& info);
   Napi::Value SetFloor(const Napi::CallbackInfo& info);

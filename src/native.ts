@@ -54,7 +54,9 @@ export type MailboxVector = [number, number, number, number, number];
 
 export interface NativeMailboxWriter {
   /** With `floor`: the header's floor is stored after the slot (one wake for both). */
-  publish(wave: number, configDue: number, dumpDue: number, snapshotDue: number, floor?: number): void;
+  publish(wave: number, configDue: number, dumpDue: number, snapshotDue: number, floor?: number, wake?: boolean): void;
+  /** Bump `published` and wake its sleepers (after publishes made with wake false). */
+  announce(): void;
   setFeatures(bits: number): void;
   setEpoch(epoch: number): void;
   setFloor(floor: number): void;
@@ -151,7 +153,7 @@ export interface NativeBinding {
   cudaAvailable(): { available: boolean; reason: string };
   /** Host memory for staging: pinned (cudaHostAlloc) when asked and CUDA is there, else plain. */
   allocHost(nbytes: number, pinned: boolean): { buffer: Buffer; pinned: boolean };
-  MailboxWriter: { create(path: string): NativeMailboxWriter };
+  MailboxWriter: { create(path: string): NativeMailboxWriter; attach(path: string): NativeMailboxWriter; holdLock(path: string): number };
   MailboxReader: { open(path: string): NativeMailboxReader };
   mailboxLayout: { headerBytes: number; slotBytes: number; slots: number; fileBytes: number; magic: string; version: number };
   /** The detector pass's record layout, defined in native/detector_pass.cc (read by guard/detectors/kernel.ts). */

@@ -422,7 +422,7 @@ describe('wave bus', () => {
     const good = head(999, 6)[1];
     await pub.send(['r0.W', good.subarray(0, good.length - 3)]); // truncated
     await pub.send(['r0.W', Buffer.alloc(5000, 0x08)]); // oversized
-    await pub.send(['r0.X', head(seq + 1, 6)[1]]); // unknown topic
+    await pub.send(['r0.Q', head(seq + 1, 6)[1]]); // unknown topic (X is a head with work: frames.ts)
     await pub.send(['r0.C', head(seq + 1, 6)[1]]); // topic does not match the body
     await pub.send(['r0.W', encodeBusFrame(E, seq + 1, 'head', { epoch: E, seq: seq + 1, wave: 6 }, false, 1)[1]]); // a replica-1 frame under replica 0's topic
     await pub.send(['r1.W', head(seq + 1, 6)[1]]); // another replica's stream: filtered by the subscription, never seen

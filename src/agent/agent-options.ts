@@ -6,6 +6,7 @@ import type { Logger } from '../log';
 import type { SnapshotConfig } from '../snapshot/config';
 import type { DirectFilesSettings } from './direct-files';
 import type { LocalRoots } from './roots';
+import type { WavePath } from './host-receiver';
 
 export interface AgentOptions {
   identity: RankIdentity;
@@ -39,4 +40,10 @@ export interface AgentOptions {
    * address toward the coordinator, an ephemeral port).
    */
   directFiles?: DirectFilesSettings;
+  /**
+   * --wave-path (or $WAVEBUS_WAVE_PATH): 'per-rank' (default) follows the whole stream and writes
+   * this rank's mailbox; 'host' has one receiver per host and replica write every local mailbox
+   * (host-receiver.ts, docs/bus.md "One receiver per host").
+   */
+  wavePath?: WavePath;
 }

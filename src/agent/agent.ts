@@ -34,6 +34,7 @@ import { checkSnapshotGating } from '../snapshot/config';
 import type { AgentOptions } from './agent-options';
 import { WaveTimeline } from './timeline';
 import { WaveEnds } from './wave-ends';
+import { HostFanout } from './host-receiver';
 import { DEFAULT_ARTIFACT_MODES } from '../artifacts/artifact-mode';
 
 export type { AgentOptions } from './agent-options';
@@ -69,6 +70,9 @@ export class Agent {
   private bus?: AgentBus;
   private router?: zmq.Router;
   private mailbox?: MailboxWriter;
+  /** --wave-path host: the receiver role and its writes into the local peers' mailboxes. */
+  private fanout?: HostFanout;
+  private receiverTimer?: NodeJS.Timeout;
   private files?: FileServer;
   private direct?: DirectFiles;
   private view: RuntimeView = { ...DEFAULT_VIEW };
@@ -161,8 +165,14 @@ export class Agent {
     void this.clients.serve(this.router);
     const served = () => ({ snapshots: this.opts.roots?.snapshots, dumps: this.servedDumps });
     this.files = new FileServer(identity.globalRank, served, this.log);
+    if (this.opts.coordinator && this.opts.wavePath === 'host') {
+      this.fanout = new HostFanout(runDir, identity, this.log);
+      if (this.fanout.tryTake()) this.log.info({ rank: identity.globalRank, replica: identity.dpRank }, 'host receiver: this agent follows the wave stream and writes every local mailbox of its replica');
+      else this.log.info({ rank: identity.globalRank, replica: identity.dpRank }, 'lanes-only: another local agent is the host receiver; this one wakes for waves with work');
+    }
     if (this.opts.coordinator) {
       this.bus = new AgentBus({
+        lanesOnly: this.fanout !== undefined && !this.fanout.isReceiver,
         coordinator: this.opts.coordinator,
         identity,
         heartbeatMs: this.opts.heartbeatMs,
@@ -183,6 +193,7 @@ export class Agent {
       this.direct = agentDirectFiles(Boolean(this.opts.curve), this.opts.directFiles, { globalRank: identity.globalRank, roots: served, coordinator: this.opts.coordinator, log: this.log });
       this.bus.onRequest(fileRequestHandler(this.files, this.direct, identity.globalRank));
       await this.bus.start();
+      if (this.fanout && !this.fanout.isReceiver) this.watchReceiver(this.bus);
       this.log.info({ rank: identity.globalRank, ppRank: identity.ppRank, pp: identity.pp, lastPp: identity.isLastPp }, busRoleLine(identity));
     } else {
       this.log.warn({ rank: identity.globalRank }, 'no coordinator address: not joining the wave bus (no KV dumps or detector traffic)');
@@ -190,9 +201,34 @@ export class Agent {
     this.publishFeatures();
   }
 
+  /** The bus's counters (frames received, resyncs...); undefined off the bus. */
+  get busStats(): Readonly<AgentBus['stats']> | undefined {
+    return this.bus?.stats;
+  }
+
+  /** Whether this agent is its host's receiver (--wave-path host), or writes its own mailbox (per-rank). */
+  get writesVectors(): boolean {
+    return !this.fanout || this.fanout.isReceiver;
+  }
+
+  /**
+   * Lanes-only (--wave-path host): ask for the receiver role once per heartbeat. The receiver's
+   * death drops its lock; whoever takes it follows the whole stream from a fresh snapshot, whose
+   * floor ends the waves its engine and the peers' engines waited on (each wait bounded).
+   */
+  private watchReceiver(bus: AgentBus): void {
+    this.receiverTimer = setInterval(() => {
+      if (this.stopped || !this.fanout?.tryTake()) return;
+      clearInterval(this.receiverTimer);
+      this.log.warn({ rank: this.identity.globalRank, replica: this.identity.dpRank }, 'host receiver gone: this agent takes over and writes every local mailbox of its replica');
+      bus.setLanesOnly(false);
+    }, bus.heartbeatMs);
+  }
+
   async stop(): Promise<void> {
     if (this.stopped) return;
     this.stopped = true;
+    if (this.receiverTimer) clearInterval(this.receiverTimer);
     await this.ends.writes.catch(() => undefined);
     this.writeTimeline();
     await this.bus?.stop();
@@ -202,6 +238,7 @@ export class Agent {
     // mapping, sees everything off, and a successor agent takes the same file over.
     this.mailbox?.setFeatures(0);
     this.mailbox?.close();
+    this.fanout?.close();
     const sock = agentEndpoint(this.opts.runDir, this.identity.localRank).slice('ipc://'.length);
     fs.rmSync(sock, { force: true });
     this.regions.closeAll();
@@ -256,6 +293,7 @@ export class Agent {
     this.live.add(s.captures);
     this.live.seen(s.wave);
     this.mailbox?.setEpoch(s.epoch);
+    this.fanout?.setEpoch(s.epoch);
     // A lane of a wave already ended here was copied (its acks may still be on their way) or given up.
     for (const lane of s.pending) if (!this.ended.has(lane.wave)) this.dumpLanes.set(lane.wave, lane);
     // The snapshot covers the vectors published up to it (the last head's wave + decide_ahead):
@@ -298,14 +336,23 @@ export class Agent {
    * and wake end_of_wave waiters.
    */
   private arrive(wave: number, configDue: boolean, dumpDue: boolean, floor?: number, snapshotDue = this.live.covers(wave)): void {
-    this.mailbox?.publish({ wave, configDue, dumpDue, snapshotDue }, floor);
+    // Lanes-only (--wave-path host), the host receiver writes this rank's vectors.
+    if (this.writesVectors) {
+      // The host receiver stores every slot before any wake (HostFanout.publish).
+      this.mailbox?.publish({ wave, configDue, dumpDue, snapshotDue }, floor, !this.fanout);
+      this.fanout?.publish({ wave, configDue, dumpDue, snapshotDue }, floor);
+      if (this.fanout) this.mailbox?.announce();
+    }
     this.timeline.record('vector', wave, this.timeline.now());
     this.waves.arrive(wave, floor);
     this.duties.forgetBefore(wave - WAVE_HISTORY);
   }
 
   private raiseFloor(floor: number): void {
-    this.mailbox?.setFloor(floor);
+    if (this.writesVectors) {
+      this.mailbox?.setFloor(floor);
+      this.fanout?.setFloor(floor);
+    }
     this.waves.setFloor(floor);
   }
 

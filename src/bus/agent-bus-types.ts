@@ -34,6 +34,12 @@ export interface AgentBusOptions {
   busToken?: BusToken;
   /** The agent's late and missed wave-vector counts, sent with every heartbeat (/metrics per rank). */
   vectorCounts?: () => { lateVectors: number; missedVectors: number };
+  /**
+   * Follow only the waves with work (heads under X, the C and D lanes, heartbeats: frames.ts
+   * workTopics): the host receiver writes this rank's plain vectors (docs/bus.md, "One receiver
+   * per host"). The stream's seqs then jump over the plain heads, so a jump is no gap here.
+   */
+  lanesOnly?: boolean;
 }
 
 export interface WaveEvent {
@@ -59,7 +65,7 @@ export interface SnapshotReplyMsg {
   captures?: Record<string, any>[];
 }
 
-export type ResyncReason = 'gap' | 'epoch' | 'coordinator-silent' | 'reconnect';
+export type ResyncReason = 'gap' | 'epoch' | 'coordinator-silent' | 'reconnect' | 'receiver';
 
 export interface AgentBusStats {
   received: number;

@@ -14,6 +14,7 @@ import {
   decodeCoordinatorMessage,
   encodeAgentMessage,
   replicaTopic,
+  workTopics,
   type DecodedFrame,
 } from './frames';
 import { WaveAssembly } from './wave-assembly';
@@ -70,6 +71,8 @@ export class AgentBus extends EventEmitter {
   private handler?: RequestHandler;
   /** The epoch of the coordinator that speaks another protocol version (state 'refused'). */
   private refusedEpoch = 0;
+  /** Following only the waves with work (AgentBusOptions.lanesOnly); setLanesOnly switches. */
+  private lanesOnly: boolean;
 
   constructor(opts: AgentBusOptions) {
     super();
@@ -79,6 +82,7 @@ export class AgentBus extends EventEmitter {
     this.heartbeatMs = opts.heartbeatMs ?? DEFAULT_HEARTBEAT_MS;
     this.deadAfterMs = opts.deadAfterMs ?? 3 * this.heartbeatMs;
     this.maxFrameBytes = opts.maxFrameBytes ?? DEFAULT_MAX_FRAME_BYTES;
+    this.lanesOnly = opts.lanesOnly ?? false;
     this.log = opts.logger ?? createLogger(`wavebus-agent-rank${opts.identity.globalRank}`);
     this.liveness = new CoordinatorLiveness(this.deadAfterMs, () => this.emit('coordinator-alive'));
     this.drops = new DropCounter(this.log, `agent rank ${opts.identity.globalRank}`);
@@ -124,7 +128,7 @@ export class AgentBus extends EventEmitter {
     // Subscribe before anything else: frames published after the snapshot must not be missed.
     const sub = new Subscriber({ linger: 0, maxMessageSize: 2 * this.maxFrameBytes, receiveHighWaterMark: 100000, ...ip });
     // This replica's stream only ("r<dp>." never prefixes another replica's topic).
-    sub.subscribe(replicaTopic(this.replica));
+    this.subscribeTopics(sub, true);
     sub.connect(tcpEndpoint(host, port));
     this.sub = sub;
     // With the bus token, nothing but a challenge goes out until the peer proves the token (coordinator-link.ts).
@@ -141,6 +145,30 @@ export class AgentBus extends EventEmitter {
     this.timer = setInterval(() => this.tick(), this.heartbeatMs);
     this.sendHello(false);
     this.log.info({ rank: this.rank, replica: this.replica, pub: tcpEndpoint(host, port), router: tcpEndpoint(host, port + 1), curve: this.opts.curve !== undefined, token: this.opts.busToken !== undefined }, 'agent bus started');
+  }
+
+  /** Whether this agent follows only the waves with work. */
+  get followsLanesOnly(): boolean {
+    return this.lanesOnly;
+  }
+
+  /**
+   * Follow the whole stream (false: this agent became its host's receiver) or only the waves with
+   * work (true). The stream is then taken up again from a fresh snapshot, so nothing published
+   * between the two subscriptions is lost.
+   */
+  setLanesOnly(on: boolean): void {
+    if (on === this.lanesOnly) return;
+    if (this.sub) this.subscribeTopics(this.sub, false);
+    this.lanesOnly = on;
+    if (this.sub) this.subscribeTopics(this.sub, true);
+    if (this.running && this.state === 'live') this.resync('receiver');
+  }
+
+  private subscribeTopics(sub: Subscriber, on: boolean): void {
+    const topics = this.lanesOnly ? workTopics(this.replica) : [replicaTopic(this.replica)];
+    if (on) sub.subscribe(...topics);
+    else sub.unsubscribe(...topics);
   }
 
   async stop(): Promise<void> {
@@ -291,7 +319,8 @@ export class AgentBus extends EventEmitter {
           return;
         }
         if (f.seq <= this.lastSeq) return this.drops.drop('stale', `seq ${f.seq} <= ${this.lastSeq}`);
-        if (f.seq !== this.lastSeq + 1) return this.resync('gap', f);
+        // Lanes-only, the seqs of the plain heads never come here: a jump is expected.
+        if (f.seq !== this.lastSeq + 1 && !this.lanesOnly) return this.resync('gap', f);
         this.lastSeq = f.seq;
         this.apply(f);
     }

@@ -13,7 +13,25 @@ const RequestStep = messageType('RequestStep');
 /** One letter per frame kind, after the replica's prefix. */
 export const TOPIC = { head: 'W', config: 'C', dump: 'D', heartbeat: 'H' } as const;
 export type FrameKind = keyof typeof TOPIC;
-const KIND_OF_TOPIC: Record<string, FrameKind> = { W: 'head', C: 'config', D: 'dump', H: 'heartbeat' };
+/**
+ * A head that carries work for the ranks (a config, a dump or a snapshot due, or captures) goes
+ * out under "X" instead of "W": an agent that follows only the waves with work (the host receiver
+ * writes everyone's plain vectors: docs/bus.md, "One receiver per host") subscribes to X, C, D and
+ * H, and the publisher's filter keeps plain heads from waking it.
+ */
+export const WORK_HEAD_TOPIC = 'X';
+const KIND_OF_TOPIC: Record<string, FrameKind> = { W: 'head', X: 'head', C: 'config', D: 'dump', H: 'heartbeat' };
+
+/** The topics an agent that follows only the waves with work subscribes to (lanes-only). */
+export function workTopics(replica: number): string[] {
+  return [WORK_HEAD_TOPIC, TOPIC.config, TOPIC.dump, TOPIC.heartbeat].map((k) => `${replicaTopic(replica)}${k}`);
+}
+
+/** Whether a head's body carries work for the ranks (it then goes out under WORK_HEAD_TOPIC). */
+export function headHasWork(head: Record<string, unknown>): boolean {
+  const caps = head.captures as unknown[] | undefined;
+  return Boolean(head.configDue || head.dumpDue || head.snapshotDue || (caps && caps.length > 0));
+}
 
 /**
  * The topic prefix of one replica's wave stream. ZeroMQ subscriptions match prefixes: the dot ends
@@ -23,12 +41,12 @@ export function replicaTopic(replica: number): string {
   return `r${replica}.`;
 }
 
-/** The full topic of a frame: "r<replica>.<W|C|D|H>". */
+/** The full topic of a frame: "r<replica>.<W|C|D|H>" (a head with work: X, encodeBusFrame). */
 export function topicOf(replica: number, kind: FrameKind): string {
   return `${replicaTopic(replica)}${TOPIC[kind]}`;
 }
 
-const TOPIC_RE = /^r(0|[1-9]\d{0,4})\.([WCDH])$/;
+const TOPIC_RE = /^r(0|[1-9]\d{0,4})\.([WXCDH])$/;
 
 export interface BusHeartbeat {
   wave: number;
@@ -82,7 +100,8 @@ export type Decoded<T> = { ok: true; value: T } | { ok: false; reason: DropReaso
  */
 export function encodeBusFrame(epoch: number, seq: number, kind: FrameKind, body: Record<string, unknown>, trusted = false, replica = 0): [string, Buffer] {
   const msg = { epoch, seq, replica, [kind]: body };
-  return [topicOf(replica, kind), trusted ? encodeTrusted(BusFrame, msg) : encode(BusFrame, msg)];
+  const topic = kind === 'head' && headHasWork(body) ? `${replicaTopic(replica)}${WORK_HEAD_TOPIC}` : topicOf(replica, kind);
+  return [topic, trusted ? encodeTrusted(BusFrame, msg) : encode(BusFrame, msg)];
 }
 
 function classify(e: unknown): DropReason {

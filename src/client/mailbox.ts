@@ -82,17 +82,42 @@ export class MailboxWriter {
   }
 
   /**
-   * Write one wave's vector; with `floor`, raise (or move) the floor after it: every wave below
-   * `floor` is decided (its vector, if anything was due, is in its slot).
+   * Write the vectors of a mailbox another local agent created (the host receiver: docs/bus.md,
+   * "One receiver per host"): nothing in it is reset, and it must already have its header.
    */
-  publish(v: WaveVector | { wave: number; configDue: number | boolean; dumpDue: number | boolean; snapshotDue?: number | boolean }, floor?: number): void {
+  static attach(path: string): MailboxWriter {
+    const p = checkPath(path, 'path');
+    return new MailboxWriter(p, nativeCall(() => native.MailboxWriter.attach(p)));
+  }
+
+  /**
+   * Take the exclusive lock on `path` (flock): its fd when taken (held until fs.closeSync(fd) or
+   * this process ends), -1 when another open of the file holds it. The kernel drops it when its
+   * holder dies.
+   */
+  static holdLock(path: string): number {
+    const p = checkPath(path, 'path');
+    return nativeCall(() => native.MailboxWriter.holdLock(p));
+  }
+
+  /**
+   * Write one wave's vector; with `floor`, raise (or move) the floor after it: every wave below
+   * `floor` is decided (its vector, if anything was due, is in its slot). With `wake` false the
+   * sleepers are not woken: announce() does it (the host receiver stores every rank's slot first).
+   */
+  publish(v: WaveVector | { wave: number; configDue: number | boolean; dumpDue: number | boolean; snapshotDue?: number | boolean }, floor?: number, wake = true): void {
     if (v === null || typeof v !== 'object') throw new NativeError('wave vector must be an object', 'ERR_INVALID_ARG');
     const wave = checkWave(v.wave, 'wave vector.wave');
     const c = checkU32(v.configDue, 'wave vector.configDue');
     const d = checkU32(v.dumpDue, 'wave vector.dumpDue');
     const s = checkU32(v.snapshotDue ?? 0, 'wave vector.snapshotDue');
     const f = floor === undefined ? undefined : checkWave(floor, 'floor');
-    nativeCall(() => this.w.publish(wave, c, d, s, f));
+    nativeCall(() => this.w.publish(wave, c, d, s, f, wake));
+  }
+
+  /** Wake whoever sleeps on this mailbox (after publishes made with wake false). */
+  announce(): void {
+    nativeCall(() => this.w.announce());
   }
 
   /** The floor alone (after a snapshot): waves below it need no vector. */

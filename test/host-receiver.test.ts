@@ -1,0 +1,142 @@
+// One receiver per host (--wave-path host, docs/bus.md "One receiver per host"): one agent of the
+// replica holds the receiver lock, follows the whole wave stream and writes every local mailbox;
+// the others follow only the waves with work and still copy every dump. Killed mid-run (kill -9),
+// the receiver's lock goes with it: another agent takes the role over within a heartbeat, the
+// engine's waits stay bounded, and the restarted agent comes back without the role.
+import * as fs from 'fs';
+import * as path from 'path';
+import { spawnSync } from 'child_process';
+import { HostFanout, parseWavePath, receiverLockPath, replicaPeers } from '../src/agent/host-receiver';
+import { MailboxReader, MailboxWriter } from '../src/client/mailbox';
+import { encodeBusFrame } from '../src/bus/frames';
+import { resolveIdentity } from '../src/launch/identity';
+import { createLogger } from '../src/log';
+import { mailboxPath } from '../src/paths';
+import { wholeDumpAfter } from './dump-waits';
+import { cleanup, tmpDir } from './helpers';
+import { Job, sleep, type JobOptions } from './sim-job';
+
+jest.setTimeout(180000);
+
+const jobs: Job[] = [];
+afterEach(async () => {
+  for (const j of jobs.splice(0)) await j.stop();
+  await cleanup();
+});
+
+async function startJob(o: JobOptions): Promise<Job> {
+  const j = new Job(o);
+  jobs.push(j);
+  await j.start();
+  return j;
+}
+
+const RECEIVER = 'host receiver: this agent follows';
+const LANES_ONLY = 'lanes-only: another local agent is the host receiver';
+const TAKES_OVER = 'host receiver gone: this agent takes over';
+
+describe('wave path flag and pieces', () => {
+  test('--wave-path takes per-rank or host; anything else names the flag', () => {
+    expect(parseWavePath(undefined, '--wave-path')).toBe('per-rank');
+    expect(parseWavePath('host', '--wave-path')).toBe('host');
+    expect(() => parseWavePath('hosts', 'WAVEBUS_WAVE_PATH')).toThrow(/WAVEBUS_WAVE_PATH must be one of per-rank, host, got "hosts"/);
+  });
+
+  test("a receiver's peers are the local ranks of its replica (TP fastest, consecutive global ranks per host)", () => {
+    const id = (g: number, l: number) => resolveIdentity({ RANK: String(g), LOCAL_RANK: String(l), WORLD_SIZE: '16', LOCAL_WORLD_SIZE: '8', WAVEBUS_TP: '4', WAVEBUS_DP: '4' });
+    expect(replicaPeers(id(0, 0))).toEqual([1, 2, 3]);
+    expect(replicaPeers(id(13, 5))).toEqual([4, 6, 7]); // host 1 holds ranks 8..15: replica 3 is 12..15
+  });
+
+  test('heads with work go out under X, plain heads under W', () => {
+    expect(encodeBusFrame(1, 1, 'head', { epoch: 1, seq: 1, wave: 2 }, true)[0]).toBe('r0.W');
+    expect(encodeBusFrame(1, 1, 'head', { epoch: 1, seq: 1, wave: 2, dumpDue: true }, true, 3)[0]).toBe('r3.X');
+    expect(encodeBusFrame(1, 1, 'head', { epoch: 1, seq: 1, wave: 2, captures: [{}] }, false)[0]).toBe('r0.X');
+  });
+
+  test('the receiver lock is exclusive across processes and dropped when its holder dies; attach never resets a mailbox', () => {
+    const dir = tmpDir('wavebus-hostrx-');
+    const lock = receiverLockPath(dir, 0);
+    // Another process takes the lock and dies holding it.
+    const child = spawnSync(process.execPath, ['-e', `const m=require(${JSON.stringify(path.resolve(__dirname, '../dist/client/mailbox'))});const fd=m.MailboxWriter.holdLock(${JSON.stringify(lock)});process.stdout.write(String(fd));`]);
+    expect(Number(child.stdout.toString())).toBeGreaterThanOrEqual(0);
+    const fd = MailboxWriter.holdLock(lock);
+    expect(fd).toBeGreaterThanOrEqual(0); // the dead holder's lock went with it
+    expect(MailboxWriter.holdLock(lock)).toBe(-1); // held (another open of the file conflicts)
+    fs.closeSync(fd);
+    const again = MailboxWriter.holdLock(lock);
+    expect(again).toBeGreaterThanOrEqual(0);
+    fs.closeSync(again);
+
+    // Attach: nothing to attach to yet; a file that is not a mailbox is refused, never written.
+    expect(() => MailboxWriter.attach(mailboxPath(dir, 1))).toThrow(/ENOENT|no such file/i);
+    fs.writeFileSync(path.join(dir, 'junk'), Buffer.alloc(8192, 1), { mode: 0o600 });
+    expect(() => MailboxWriter.attach(path.join(dir, 'junk'))).toThrow(/not a ready wavebus mailbox/);
+    expect(fs.readFileSync(path.join(dir, 'junk')).every((b) => b === 1)).toBe(true);
+    fs.symlinkSync(path.join(dir, 'junk'), path.join(dir, 'link'));
+    expect(() => MailboxWriter.attach(path.join(dir, 'link'))).toThrow(/symbolic link/);
+
+    // A fan-out writes its peer's vectors and leaves the peer's own features alone.
+    const own = MailboxWriter.create(mailboxPath(dir, 1));
+    own.setFeatures(5);
+    const identity = resolveIdentity({ RANK: '0', LOCAL_RANK: '0', WORLD_SIZE: '2', LOCAL_WORLD_SIZE: '2', WAVEBUS_TP: '2' });
+    const fan = new HostFanout(dir, identity, createLogger('test-hostrx', 'silent'));
+    fan.publish({ wave: 3, configDue: false, dumpDue: false, snapshotDue: false }, 4); // not the receiver: nothing written
+    const r = MailboxReader.open(mailboxPath(dir, 1));
+    expect(r.floor()).toBe(0);
+    expect(fan.tryTake()).toBe(true);
+    fan.publish({ wave: 3, configDue: false, dumpDue: true, snapshotDue: false }, 4);
+    expect(r.read(3)).toMatchObject({ wave: 3, dumpDue: 1 });
+    expect(r.floor()).toBe(4);
+    expect(r.features()).toBe(5);
+    fan.close();
+    expect(MailboxWriter.holdLock(lock)).not.toBe(-1); // close gave the role up
+    r.close();
+    own.close();
+  });
+});
+
+describe('--wave-path host on a job of real processes', () => {
+  test('lanes-only agents copy every dump; kill -9 of the receiver mid-run: another takes over, waits stay bounded, the restarted agent comes back lanes-only', async () => {
+    const world = 3;
+    const job = await startJob({ world, steps: 4000, stepMs: 30, requests: 6, ackTimeoutMs: 3000, boundMs: 200, untilStopped: true, agentEnv: { WAVEBUS_WAVE_PATH: 'host', WAVEBUS_LOG_LEVEL: 'info' } });
+    const roleOf = (g: number) => {
+      const e = job.agents[g].stderr();
+      return e.includes(RECEIVER) ? 'receiver' : e.includes(LANES_ONLY) ? 'lanes' : 'unknown';
+    };
+    await job.until(() => job.agents.every((_, g) => roleOf(g) !== 'unknown'), 'every agent to say its role', 20000);
+    const roles = job.agents.map((_, g) => roleOf(g));
+    expect(roles.filter((r) => r === 'receiver')).toHaveLength(1);
+    const victim = roles.indexOf('receiver');
+
+    // Dumps copied by every rank: the lanes-only ones get their lanes, the receiver writes their vectors.
+    await job.waitWave(10);
+    const first = await wholeDumpAfter(() => job.manifests(), 0, 1, (n) => job.manualDump(n), (fn, what, ms) => job.until(fn, what, ms, 100), 30000);
+    expect(first.completed_ranks).toEqual([0, 1, 2]);
+
+    const before = (await job.status()).wave;
+    job.agents[victim].child.kill('SIGKILL');
+    await job.agents[victim].exited;
+    const heir = await job.until(() => {
+      const g = job.agents.findIndex((a, i) => i !== victim && a.stderr().includes(TAKES_OVER));
+      return g >= 0 ? g : undefined;
+    }, 'another agent to take the receiver role over', 10000);
+    expect(heir).not.toBe(victim);
+    await sleep(300); // the engine steps without the victim's agent for a while
+    job.startAgent(victim);
+    await job.until(() => roleOf(victim) !== 'unknown', 'the restarted agent to say its role', 20000);
+    expect(roleOf(victim)).toBe('lanes');
+    await job.until(async () => (await job.status()).liveRanks.length === world, 'every rank live again', 20000, 100);
+
+    const resumed = (await job.status()).wave;
+    expect(resumed).toBeGreaterThan(before);
+    const later = await wholeDumpAfter(() => job.manifests(), resumed, 2, (n) => job.manualDump(n), (fn, what, ms) => job.until(fn, what, ms, 100), 40000);
+    expect(later.completed_ranks).toEqual([0, 1, 2]);
+
+    const results = await job.engineResults();
+    for (const r of results) {
+      // Every missed vector cost at most the bound: the engine went on.
+      expect(r.wallMs).toBeLessThan(r.steps * (job.o.stepMs + 50) + r.endOfWaveTimeouts * ((job.o.boundMs ?? 200) + 50) + 30000);
+    }
+  });
+});
