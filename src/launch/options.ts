@@ -6,7 +6,7 @@ import { loadCurveDirClient, type CurveClientKeys } from '../bus/curve';
 import { HostPort, isLoopback, parseBusPort, parseHostPort } from '../bus/endpoints';
 import { DEFAULT_BUS_PORT } from '../bus/constants';
 import { boundedLayout, type WorldLayout } from '../layout';
-import { flagOrEnv, intFlag, lastOf } from '../commands/flags';
+import { flagOrEnv, intFlag, lastOf, nonEmpty } from '../commands/flags';
 
 export interface LaunchOptions {
   nnodes: number;
@@ -19,6 +19,8 @@ export interface LaunchOptions {
   coordinator: HostPort;
   layout: WorldLayout;
   runDir?: string;
+  /** Where a one-host job's fresh bus token is written (default the run dir). */
+  busTokenDir?: string;
   metricsPort?: number;
   insecure: boolean;
   readyTimeoutMs: number;
@@ -133,6 +135,7 @@ export function parseLaunchOptions(argv: Record<string, unknown>, env: NodeJS.Pr
   }
 
   const runDir = given(argv['run-dir']) ? path.resolve(String(lastOf(argv['run-dir']))) : undefined;
+  const busTokenDir = given(argv['bus-token-dir']) ? path.resolve(nonEmpty(lastOf(argv['bus-token-dir']), '--bus-token-dir')) : undefined;
   const metricsPort = given(argv['metrics-port']) ? parseIntArg(argv['metrics-port'], '--metrics-port', 0, 65535) : undefined;
   const readyTimeoutMs = given(argv['ready-timeout-ms']) ? parseIntArg(argv['ready-timeout-ms'], '--ready-timeout-ms', 1) : 30000;
   const graceMs = given(argv['grace-ms']) ? parseIntArg(argv['grace-ms'], '--grace-ms', 0) : 5000;
@@ -148,6 +151,7 @@ export function parseLaunchOptions(argv: Record<string, unknown>, env: NodeJS.Pr
     coordinator,
     layout,
     runDir,
+    ...(busTokenDir !== undefined ? { busTokenDir } : {}),
     metricsPort,
     insecure: argv.insecure === true,
     readyTimeoutMs,

@@ -138,6 +138,8 @@ export async function runDemo(opts: DemoOptions): Promise<{ ok: boolean; summary
   const nproc = world / opts.hosts;
   const startAt = Date.now() + 4000;
   log(`wavebus demo: TP=${opts.tp} PP=${opts.pp} DP=${opts.dp} on ${opts.hosts} simulated host(s), ${opts.steps} steps, engine ${torch ? 'torch (examples/torch-engine)' : 'sim'}; faults: ${Object.keys(faults).join(', ')}`);
+  const at = `--coordinator 127.0.0.1:${port}${opts.hosts === 1 ? ` --bus-token-file ${path.join(opts.out, 'bus.token')}` : ''}`;
+  log(`while it runs: wavebus status ${at}   (also wavebus dump / capture, docs/control.md)`);
   const codes = await Promise.all(
     Array.from({ length: opts.hosts }, (_, node) =>
       run(
@@ -149,6 +151,8 @@ export async function runDemo(opts: DemoOptions): Promise<{ ok: boolean; summary
           '--tp', String(opts.tp), '--pp', String(opts.pp), '--dp', String(opts.dp),
           // The runtime config is the startup overlay: startup writes defaults <- overlay to the file (seed).
           '--runtime-config-path', configPath, '--runtime-config-hot-reload',
+          // The job's bus token beside its artifacts while it runs: `wavebus status --bus-token-file DIR/bus.token`.
+          '--bus-token-dir', out,
           '--additional-config', JSON.stringify({ runtime_config: expect.overlay }),
           ...snapshotArgs(expect.snapshotFlags),
           // A shared 2-core machine can delay a wave vector by tens of ms; real forwards are longer.
