@@ -20,7 +20,7 @@ const EVERY = Number(process.env.WAVEBUS_FUZZ_INPUTS) || undefined;
 const FUZZ_INPUTS: Record<string, number> = {
   control_request: EVERY ?? 100000,
   status_reply: EVERY ?? 100000,
-  probe_bundle: EVERY ?? (FULL ? 100000 : 1000),
+  probe_bundle: EVERY ?? (FULL ? 100000 : 300),
   report_tree: EVERY ?? (FULL ? 100000 : 300),
 };
 
