@@ -126,7 +126,7 @@ const SKIPPED: Record<string, string> = {
   'wavebus bisect /tmp/wb-bisect/bad /tmp/wb-bisect/tp1 --out $WAVEBUS_CACHE_ROOT/bisect/tp2-vs-tp1.json': BISECT_WALK,
   'wavebus report $WAVEBUS_CACHE_ROOT -o /tmp/wb-bisect/report.html': `${BISECT_WALK}; test/report-bisect.test.ts runs bisect --out and report on probe trees`,
   'wavebus demo': WALK,
-  'wavebus demo --engine torch --tp 2 --steps 300 --port 29600 &': WALK,
+  'wavebus demo --engine torch --tp 2 --steps 120 --port 29600 &': WALK,
   'wavebus status --coordinator 127.0.0.1:29600 --bus-token-file wavebus-demo/bus.token --timeout 30000': WALK,
   'wavebus capture --coordinator 127.0.0.1:29600 --bus-token-file wavebus-demo/bus.token --next --wait': WALK,
   wait: WALK,

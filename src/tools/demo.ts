@@ -234,7 +234,15 @@ function summarize(out: string, runtimeRoot: string, opts: DemoOptions, expect: 
   const snaps = fs.existsSync(snapRoot) ? inspectTree(snapRoot, { verify: true }) : { bundles: [], problems: [`${snapRoot} missing`], incomplete: [] as string[] };
   problems.push(...snaps.problems);
   const snapByRank: Record<number, number> = {};
-  for (const b of snaps.bundles.filter((x) => x.kind === 'snapshot')) snapByRank[b.ranks[0]] = (snapByRank[b.ranks[0]] ?? 0) + 1;
+  // A bundle no rule of the demo's selected was armed on the running job (`wavebus capture`): its own budget, listed apart.
+  const sc = expect.snapshot;
+  const own = new Set<string>([...(sc.tokenTargets.size > 0 ? ['token'] : []), ...(sc.requestIds.length > 0 ? ['request'] : []), ...(sc.callRule.kind !== 'first' || (sc.tokenTargets.size === 0 && sc.requestIds.length === 0) ? ['call_index'] : [])]);
+  const armedByRank: Record<number, number> = {};
+  for (const b of snaps.bundles.filter((x) => x.kind === 'snapshot')) {
+    const by = ((b.info as { selected_by?: unknown } | undefined)?.selected_by ?? []) as string[];
+    const count = Array.isArray(by) && by.some((r) => own.has(r)) ? snapByRank : armedByRank;
+    count[b.ranks[0]] = (count[b.ranks[0]] ?? 0) + 1;
+  }
   for (let g = 0; g < world; g++) {
     const want = expect.snapshotRanks.includes(g);
     const n = snapByRank[g] ?? 0;
@@ -270,6 +278,7 @@ function summarize(out: string, runtimeRoot: string, opts: DemoOptions, expect: 
   for (const [g, b] of Object.entries(bytesByRank)) log(`  rank${g.padEnd(4)} ${String(b).padStart(10)} B`);
   log('');
   log(`input snapshots by rank: ${Object.entries(snapByRank).map(([g, n]) => `rank${g}=${n}`).join(' ') || 'none'}${expect.snapshotWhy ? ` (${expect.snapshotWhy})` : ''}`);
+  if (Object.keys(armedByRank).length > 0) log(`  and armed while it ran (wavebus capture): ${Object.entries(armedByRank).map(([g, n]) => `rank${g}=${n}`).join(' ')}`);
   log(`end_of_wave waits past the bound: ${timeouts}`);
   log('');
   log(`reports:   ${reportDir}`);
