@@ -25,6 +25,8 @@ interface Ran {
 interface Step {
   /** What the step must show; `dir` is the walk's directory. */
   check: (r: Ran, dir: string) => void;
+  /** Checked once before the step's first try (after any wait for what the page says appears). */
+  before?: (dir: string) => void;
   /** Run again (a few times) while it returns true: what a person does with a job still starting. */
   again?: (r: Ran) => boolean;
 }
@@ -38,6 +40,8 @@ const STEPS: Array<[RegExp, Step]> = [
   // the background demo: checked at `wait`
   [/^wavebus demo --engine torch .*&$/, { check: () => undefined }],
   [/^wavebus status /, {
+    // the token the demo put beside its output (launch --bus-token-dir), 0600
+    before: (d) => expect(fs.statSync(path.join(d, 'wavebus-demo', 'bus.token')).mode & 0o777).toBe(0o600),
     again: (r) => r.code !== 0 || /never joined/.test(r.stdout) || !/^1 +0 +0 +1 +yes /m.test(r.stdout),
     check: (r) => {
       expect({ code: r.code, stderr: r.stderr }).toEqual({ code: 0, stderr: '' });
@@ -121,10 +125,13 @@ test('the walk from an incident to an answer runs as written, each step showing 
       if (line === 'wait') {
         const r = await background!.done;
         expect({ line: background!.line, code: r.code, ok: /^demo OK/m.test(r.stdout), tail: r.code === 0 ? '' : `${r.stdout.slice(-1500)}${r.stderr.slice(-1500)}` }).toEqual({ line: background!.line, code: 0, ok: true, tail: '' });
+        // The job's bus token (launch --bus-token-dir) lived beside the demo's output only while it ran.
+        expect(fs.existsSync(path.join(dir, 'wavebus-demo', 'bus.token'))).toBe(false);
         background = undefined;
         timings.push(`${line}: ${Date.now() - t0} ms`);
         continue;
       }
+      if (step.before) await waitFor(() => { step.before!(dir); return true; }, `what \`${line}\` needs`, 60000, 250);
       let r = await bash(line, dir, env, pre).done;
       if (step.again) {
         // A person runs it again while the job is still starting (at most 60 s).

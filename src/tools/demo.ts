@@ -236,7 +236,7 @@ function summarize(out: string, runtimeRoot: string, opts: DemoOptions, expect: 
   const snapByRank: Record<number, number> = {};
   // A bundle no rule of the demo's selected was armed on the running job (`wavebus capture`): its own budget, listed apart.
   const sc = expect.snapshot;
-  const own = new Set<string>([...(sc.tokenTargets.size > 0 ? ['token'] : []), ...(sc.requestIds.length > 0 ? ['request'] : []), ...(sc.callRule.kind !== 'first' || (sc.tokenTargets.size === 0 && sc.requestIds.length === 0) ? ['call_index'] : [])]);
+  const own = new Set<string>([...(sc.tokenTargets.size > 0 ? ['token'] : []), ...(sc.requestIds.length > 0 ? ['request'] : []), ...(sc.callRule.kind !== 'never' ? ['call_index'] : [])]);
   const armedByRank: Record<number, number> = {};
   for (const b of snaps.bundles.filter((x) => x.kind === 'snapshot')) {
     const by = ((b.info as { selected_by?: unknown } | undefined)?.selected_by ?? []) as string[];
