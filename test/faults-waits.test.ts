@@ -4,7 +4,7 @@
 // flight recorder's and the wave receiver's waits join here when they land).
 import * as fs from 'fs';
 import * as path from 'path';
-import { cleanup, exitedWithin, freePortPair, spawnWavebus, tmpDir, waitFor, type Spawned } from './helpers';
+import { GiveUp, cleanup, exitedWithin, freePortPair, spawnWavebus, tmpDir, waitFor, type Spawned } from './helpers';
 
 jest.setTimeout(120000);
 afterEach(cleanup);
@@ -48,7 +48,11 @@ async function startCoordinator(): Promise<{ proc: Spawned; at: string }> {
 test.each(WAITS.map((w) => [w.name, w] as const))('kill -9 of the coordinator while %s: it ends by itself with a clear error', async (_name, w) => {
   const { proc, at } = await startCoordinator();
   const waiter = spawnWavebus(w.args(at));
-  await waitFor(() => w.waiting.test(waiter.stdout()) || (waiter.child.exitCode !== null ? Promise.reject(new Error(`it exited first: ${waiter.stderr()}`)) : undefined), `${w.name} to wait`, 30000);
+  await waitFor(() => {
+    if (w.waiting.test(waiter.stdout())) return true;
+    if (waiter.child.exitCode !== null) throw new GiveUp(`it exited first: ${waiter.stderr()}`);
+    return undefined;
+  }, `${w.name} to wait`, 30000);
   // Still waiting a moment later (a poll or two in): then the fault.
   await new Promise((r) => setTimeout(r, 600));
   expect(waiter.child.exitCode).toBeNull();
