@@ -61,6 +61,7 @@ const FAR_HOST = 'talks to another host (10.0.0.x): tests use loopback or networ
 
 const BISECT_WALK = 'a step of the walk from a TP=2 PyTorch capture to the first wrong layer (a minute or more of CPU); test/bisect.test.ts runs the same launch, replays and bisects';
 const LIVE_JOB = 'talks to a running job\'s coordinator on port 29600; test/control.test.ts runs status, dump and capture against a simulated job of its own';
+const WALK = 'a step of docs/walkthrough.md, which test/newcomer-walk.test.ts runs in order, as written, read from the page (two demos, a live job, replays: a few minutes of CPU)';
 const DEMO_TREE = 'reads the output of a `wavebus demo` (about two minutes of CPU; test/demo.test.ts checks the demo writes the page and the trace)';
 
 /** Commands that cannot run here, each with why. */
@@ -129,6 +130,16 @@ const SKIPPED: Record<string, string> = {
   'wavebus bisect /tmp/wb-bisect/bad /tmp/wb-bisect/tp1': BISECT_WALK,
   'wavebus bisect /tmp/wb-bisect/bad /tmp/wb-bisect/tp1 --out $WAVEBUS_CACHE_ROOT/bisect/tp2-vs-tp1.json': BISECT_WALK,
   'wavebus report $WAVEBUS_CACHE_ROOT -o /tmp/wb-bisect/report.html': `${BISECT_WALK}; test/report-bisect.test.ts runs bisect --out and report on probe trees`,
+  'wavebus demo': WALK,
+  'wavebus demo --engine torch --tp 2 --steps 120 --port 29600 &': WALK,
+  'wavebus status --coordinator 127.0.0.1:29600 --bus-token-file wavebus-demo/bus.token --timeout 30000': WALK,
+  'wavebus capture --coordinator 127.0.0.1:29600 --bus-token-file wavebus-demo/bus.token --next --wait': WALK,
+  wait: WALK,
+  'wavebus report wavebus-demo -o incident.html': WALK,
+  'SNAP=wavebus-demo/snapshots/torch-engine-tp2': WALK,
+  'python3 examples/torch-engine/replay.py --snapshots $SNAP --call $CALL --tp 1 --probe tp1': WALK,
+  'python3 examples/torch-engine/replay.py --snapshots $SNAP --call $CALL --probe bad --fault weight:1:layers.1.up': WALK,
+  'wavebus bisect bad tp1': WALK,
   'wavebus status --coordinator 127.0.0.1:29600': LIVE_JOB,
   'wavebus status --coordinator 127.0.0.1:29600 --json': LIVE_JOB,
   'wavebus dump --coordinator 127.0.0.1:29600 --request abc --wait': LIVE_JOB,

@@ -31,6 +31,7 @@ export const command: CommandModule = {
         dp: identityOptions.dp,
         cp: identityOptions.cp,
         'run-dir': { type: 'string', describe: 'directory for agent sockets and mailboxes: created 0700 (and removed at the end), or an existing one of yours with mode 0700', defaultDescription: 'a fresh /dev/shm/wavebus-XXXXXX' },
+        'bus-token-dir': { type: 'string', describe: "a one-host job's fresh bus token goes to DIR/bus.token (0600, removed at the end) instead of the run dir, for `wavebus status / dump / capture --bus-token-file DIR/bus.token` from outside the job" },
         'metrics-port': { type: 'string', describe: 'coordinator /healthz and /metrics port' },
         insecure: { type: 'boolean', describe: 'allow the coordinator to bind a non-loopback address without CURVE keys (plain text)' },
         'curve-dir': { type: 'string', describe: 'CURVE keys: DIR/coordinator.key (node 0), coordinator.pub, agent.key, and DIR/allowed or agent.pub as the allow-list (see docs/security.md)' },

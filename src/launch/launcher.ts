@@ -91,7 +91,7 @@ export async function launch(opts: LaunchOptions, logger?: Logger): Promise<numb
   let token: BusToken | undefined;
   if (startCoordinator && opts.nnodes === 1 && opts.curveDir === undefined) {
     try {
-      tokenFile = createTokenFile(runDir);
+      tokenFile = createTokenFile(opts.busTokenDir ?? runDir);
       token = BusToken.load(tokenFile, 'the bus token');
     } catch (e) {
       releaseRunDir(rd);

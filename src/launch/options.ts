@@ -1,12 +1,13 @@
 // `wavebus launch` flags: parsed and checked against each other (world = nnodes * nproc-per-node =
 // tp * pp * dp * cp) into LaunchOptions. Errors name the flag or variable.
+import * as fs from 'fs';
 import * as path from 'path';
 import { ConfigError } from '../errors';
 import { loadCurveDirClient, type CurveClientKeys } from '../bus/curve';
 import { HostPort, isLoopback, parseBusPort, parseHostPort } from '../bus/endpoints';
 import { DEFAULT_BUS_PORT } from '../bus/constants';
 import { boundedLayout, type WorldLayout } from '../layout';
-import { flagOrEnv, intFlag, lastOf } from '../commands/flags';
+import { flagOrEnv, intFlag, lastOf, nonEmpty } from '../commands/flags';
 
 export interface LaunchOptions {
   nnodes: number;
@@ -19,6 +20,8 @@ export interface LaunchOptions {
   coordinator: HostPort;
   layout: WorldLayout;
   runDir?: string;
+  /** Where a one-host job's fresh bus token is written (default the run dir). */
+  busTokenDir?: string;
   metricsPort?: number;
   insecure: boolean;
   readyTimeoutMs: number;
@@ -133,6 +136,7 @@ export function parseLaunchOptions(argv: Record<string, unknown>, env: NodeJS.Pr
   }
 
   const runDir = given(argv['run-dir']) ? path.resolve(String(lastOf(argv['run-dir']))) : undefined;
+  const busTokenDir = given(argv['bus-token-dir']) ? tokenDirFlag(argv['bus-token-dir']) : undefined;
   const metricsPort = given(argv['metrics-port']) ? parseIntArg(argv['metrics-port'], '--metrics-port', 0, 65535) : undefined;
   const readyTimeoutMs = given(argv['ready-timeout-ms']) ? parseIntArg(argv['ready-timeout-ms'], '--ready-timeout-ms', 1) : 30000;
   const graceMs = given(argv['grace-ms']) ? parseIntArg(argv['grace-ms'], '--grace-ms', 0) : 5000;
@@ -148,6 +152,7 @@ export function parseLaunchOptions(argv: Record<string, unknown>, env: NodeJS.Pr
     coordinator,
     layout,
     runDir,
+    ...(busTokenDir !== undefined ? { busTokenDir } : {}),
     metricsPort,
     insecure: argv.insecure === true,
     readyTimeoutMs,
@@ -158,4 +163,18 @@ export function parseLaunchOptions(argv: Record<string, unknown>, env: NodeJS.Pr
     command,
     ...(curveDir !== undefined ? { curveDir, curve } : {}),
   };
+}
+
+/** --bus-token-dir: an existing directory, reached without a link (the token is written into it, 0600). */
+function tokenDirFlag(raw: unknown): string {
+  const dir = path.resolve(nonEmpty(lastOf(raw), '--bus-token-dir'));
+  const shown = JSON.stringify(dir.length > 200 ? `${dir.slice(0, 200)}...` : dir);
+  let st: fs.Stats;
+  try {
+    st = fs.lstatSync(dir);
+  } catch (e) {
+    throw new ConfigError(`--bus-token-dir ${shown}: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message} (an existing directory)`);
+  }
+  if (!st.isDirectory()) throw new ConfigError(`--bus-token-dir ${shown}: not a directory (a link is not followed)`);
+  return dir;
 }

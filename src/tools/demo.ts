@@ -138,6 +138,8 @@ export async function runDemo(opts: DemoOptions): Promise<{ ok: boolean; summary
   const nproc = world / opts.hosts;
   const startAt = Date.now() + 4000;
   log(`wavebus demo: TP=${opts.tp} PP=${opts.pp} DP=${opts.dp} on ${opts.hosts} simulated host(s), ${opts.steps} steps, engine ${torch ? 'torch (examples/torch-engine)' : 'sim'}; faults: ${Object.keys(faults).join(', ')}`);
+  const at = `--coordinator 127.0.0.1:${port}${opts.hosts === 1 ? ` --bus-token-file ${path.join(opts.out, 'bus.token')}` : ''}`;
+  log(`while it runs: wavebus status ${at}   (also wavebus dump / capture, docs/control.md)`);
   const codes = await Promise.all(
     Array.from({ length: opts.hosts }, (_, node) =>
       run(
@@ -149,6 +151,8 @@ export async function runDemo(opts: DemoOptions): Promise<{ ok: boolean; summary
           '--tp', String(opts.tp), '--pp', String(opts.pp), '--dp', String(opts.dp),
           // The runtime config is the startup overlay: startup writes defaults <- overlay to the file (seed).
           '--runtime-config-path', configPath, '--runtime-config-hot-reload',
+          // The job's bus token beside its artifacts while it runs: `wavebus status --bus-token-file DIR/bus.token`.
+          '--bus-token-dir', out,
           '--additional-config', JSON.stringify({ runtime_config: expect.overlay }),
           ...snapshotArgs(expect.snapshotFlags),
           // A shared 2-core machine can delay a wave vector by tens of ms; real forwards are longer.
@@ -230,7 +234,15 @@ function summarize(out: string, runtimeRoot: string, opts: DemoOptions, expect: 
   const snaps = fs.existsSync(snapRoot) ? inspectTree(snapRoot, { verify: true }) : { bundles: [], problems: [`${snapRoot} missing`], incomplete: [] as string[] };
   problems.push(...snaps.problems);
   const snapByRank: Record<number, number> = {};
-  for (const b of snaps.bundles.filter((x) => x.kind === 'snapshot')) snapByRank[b.ranks[0]] = (snapByRank[b.ranks[0]] ?? 0) + 1;
+  // A bundle no rule of the demo's selected was armed on the running job (`wavebus capture`): its own budget, listed apart.
+  const sc = expect.snapshot;
+  const own = new Set<string>([...(sc.tokenTargets.size > 0 ? ['token'] : []), ...(sc.requestIds.length > 0 ? ['request'] : []), ...(sc.callRule.kind !== 'never' ? ['call_index'] : [])]);
+  const armedByRank: Record<number, number> = {};
+  for (const b of snaps.bundles.filter((x) => x.kind === 'snapshot')) {
+    const by = ((b.info as { selected_by?: unknown } | undefined)?.selected_by ?? []) as string[];
+    const count = Array.isArray(by) && by.some((r) => own.has(r)) ? snapByRank : armedByRank;
+    count[b.ranks[0]] = (count[b.ranks[0]] ?? 0) + 1;
+  }
   for (let g = 0; g < world; g++) {
     const want = expect.snapshotRanks.includes(g);
     const n = snapByRank[g] ?? 0;
@@ -266,6 +278,7 @@ function summarize(out: string, runtimeRoot: string, opts: DemoOptions, expect: 
   for (const [g, b] of Object.entries(bytesByRank)) log(`  rank${g.padEnd(4)} ${String(b).padStart(10)} B`);
   log('');
   log(`input snapshots by rank: ${Object.entries(snapByRank).map(([g, n]) => `rank${g}=${n}`).join(' ') || 'none'}${expect.snapshotWhy ? ` (${expect.snapshotWhy})` : ''}`);
+  if (Object.keys(armedByRank).length > 0) log(`  and armed while it ran (wavebus capture): ${Object.entries(armedByRank).map(([g, n]) => `rank${g}=${n}`).join(' ')}`);
   log(`end_of_wave waits past the bound: ${timeouts}`);
   log('');
   log(`reports:   ${reportDir}`);

@@ -64,11 +64,19 @@ function tensorsOf(file: string, rel: string, dtypeOf: (name: string) => string 
 
 /** One listed file: present, its size, its checksum (verify). Messages are the same for every caller, so duplicates collapse. */
 function checkOne(p: string, rel: string, bytes: number, checksum: string, verify: boolean, problems: string[]): { present: boolean; size: number; verified?: boolean } {
-  if (!fs.existsSync(p)) {
+  let st: fs.Stats;
+  try {
+    st = fs.lstatSync(p);
+  } catch {
     problems.push(`${rel}: missing`);
     return { present: false, size: 0 };
   }
-  const size = fs.statSync(p).size;
+  // A listed name may be a directory or a link in a tree from anywhere: never read through it.
+  if (!st.isFile()) {
+    problems.push(`${rel}: not a regular file`);
+    return { present: false, size: 0 };
+  }
+  const size = st.size;
   if (size !== bytes) problems.push(`${rel}: ${size} bytes, recorded ${bytes}`);
   let verified: boolean | undefined;
   if (verify) {
@@ -82,6 +90,10 @@ function checkOne(p: string, rel: string, bytes: number, checksum: string, verif
 /** Check the files a bundle JSON lists (name or path, bytes, checksum), and that nothing else is there. */
 function checkFiles(dir: string, listed: any[], verify: boolean, report: BundleReport, jsonName: string, dtypeOf: (name: string) => string | undefined): void {
   const names = new Set<string>();
+  if (!Array.isArray(listed) || !listed.every((f) => f !== null && typeof f === 'object')) {
+    report.problems.push(`${relJoin(report.dir, jsonName)}: files is not a list of objects`);
+    listed = [];
+  }
   for (const f of listed) {
     const name = path.basename(String(f.path ?? f.name ?? ''));
     names.add(name);
@@ -218,6 +230,16 @@ function waveRankDirs(dir: string, rel: string, names: string[], layout: WorldLa
   return out;
 }
 
+/** A list of ranks a wave's JSON records (absent: none); anything else is a problem named by file and field. */
+function rankList(v: unknown, file: string, field: string, problems: string[]): number[] {
+  if (v === undefined || v === null) return [];
+  if (!Array.isArray(v) || !v.every((x) => Number.isSafeInteger(x) && x >= 0)) {
+    problems.push(`${file}: ${field} is not a list of ranks`);
+    return [];
+  }
+  return v as number[];
+}
+
 function inspectDumpWave(dir: string, rel: string, names: string[], verify: boolean): BundleReport {
   const r = newReport('dump_wave', rel);
   const info = readJson(path.join(dir, 'request_info.json'), relJoin(rel, 'request_info.json'), r.problems) ?? {};
@@ -227,8 +249,8 @@ function inspectDumpWave(dir: string, rel: string, names: string[], verify: bool
   const dirs = waveRankDirs(dir, rel, names, layout, r.problems);
   const present = [...dirs.present.keys()].sort((a, b) => a - b);
   const skipped = dirs.skipped;
-  const expected: number[] = (manifest?.expected_ranks ?? info.expected_ranks ?? []).map(Number);
-  const manifestMissing: number[] = (manifest?.missing_ranks ?? []).map(Number);
+  const expected = rankList(manifest?.expected_ranks ?? info.expected_ranks, relJoin(rel, manifest ? 'manifest.json' : 'request_info.json'), 'expected_ranks', r.problems);
+  const manifestMissing = rankList(manifest?.missing_ranks, relJoin(rel, 'manifest.json'), 'missing_ranks', r.problems);
   r.ranks = present;
   r.info = { req_id: info.req_id, incident_type: info.incident_type, arm_wave: info.arm_wave, expected_ranks: expected, skipped_ranks: skipped, manifest_missing: manifest ? manifestMissing : null, rank_dirs: Object.fromEntries(dirs.present) };
   for (const e of [...new Set([...expected, ...manifestMissing])].sort((a, b) => a - b)) {

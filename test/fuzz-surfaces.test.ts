@@ -1,0 +1,65 @@
+// Fuzzing the parser and file surfaces (test/fuzz-surfaces.ts SURFACES; docs/fuzzing.md): the
+// control requests as the coordinator's ROUTER path takes them, the status document `wavebus
+// status` draws, the probe trees `wavebus bisect` reads, the trees `wavebus report` reads. Each
+// surface gets FUZZ_INPUTS[name] inputs here (100 000 for the in-process parsers; the file
+// surfaces read a whole tree per input, so fewer here and 100 000 with WAVEBUS_FUZZ_FULL=1, the run
+// docs/fuzzing.md reports). Every input is accepted or refused for a named reason; the counts by
+// reason are checked to show the garbage reached past the first check.
+import * as fs from 'fs';
+import * as path from 'path';
+import { fuzzSurface, SURFACES, type SurfaceResult } from './fuzz-surfaces';
+import { cleanup, tmpDir } from './helpers';
+
+jest.setTimeout(1200000);
+afterAll(cleanup);
+
+const FULL = process.env.WAVEBUS_FUZZ_FULL === '1';
+/** WAVEBUS_FUZZ_INPUTS=N: N inputs for every surface (a quick look, or a longer run). */
+const EVERY = Number(process.env.WAVEBUS_FUZZ_INPUTS) || undefined;
+/** Inputs per surface in this run. */
+const FUZZ_INPUTS: Record<string, number> = {
+  control_request: EVERY ?? 100000,
+  status_reply: EVERY ?? 100000,
+  probe_bundle: EVERY ?? (FULL ? 100000 : 300),
+  report_tree: EVERY ?? (FULL ? 100000 : 300),
+};
+
+const results: Record<string, SurfaceResult> = {};
+
+afterAll(() => {
+  // The figures docs/fuzzing.md quotes (printed, so a run's numbers can be copied with its commit).
+  if (process.env.WAVEBUS_FUZZ_PRINT === '1') process.stdout.write(`${JSON.stringify(results, null, 1)}\n`);
+});
+
+test('every surface has an input count here', () => {
+  expect(Object.keys(FUZZ_INPUTS).sort()).toEqual(SURFACES.map((s) => s.name).sort());
+});
+
+describe.each(SURFACES.map((s) => [s.name, s] as const))('%s', (name, surface) => {
+  test(`garbage and mutations: every input accepted or refused with a named reason, still working afterwards`, async () => {
+    const dir = tmpDir(`wavebus-fuzz-${name}-`);
+    fs.mkdirSync(path.join(dir, 'tree'));
+    const r = await fuzzSurface(surface, path.join(dir, 'tree'), FUZZ_INPUTS[name], 20261202);
+    results[name] = r;
+    expect(r.problems).toEqual([]);
+    expect(r.unaccounted).toBe(0);
+    expect(r.alive).toBe(true);
+    const accepted = Object.values(r.accepted).reduce((a, b) => a + b, 0);
+    const refused = Object.values(r.refused).reduce((a, b) => a + b, 0);
+    expect(accepted + refused).toBe(r.inputs);
+    // Both happened, and the refusals came from more than the first check.
+    expect(accepted).toBeGreaterThan(0);
+    expect(Object.keys(r.refused).length).toBeGreaterThanOrEqual(name === 'status_reply' ? 1 : 3);
+    for (const reason of Object.keys(r.refused)) expect(reason).toMatch(/^(drop|refused|control|status|report):\w+|^\w+Error:ERR_[A-Z_]+$/);
+  });
+});
+
+test('control requests: refusals by the coordinator name their error code, and each kind is answered', async () => {
+  const r = results.control_request ?? (await fuzzSurface(SURFACES[0], tmpDir('wavebus-fuzz-ctl-'), 20000, 5));
+  for (const k of ['control:status', 'control:dump', 'control:capture', 'control:query']) expect(r.accepted[k]).toBeGreaterThan(0);
+  // Refused by code and by the field the reason names first (capture.format, dump.request_id, ...).
+  const named = Object.keys(r.refused).filter((k) => k.startsWith('control:'));
+  expect(named.length).toBeGreaterThanOrEqual(4);
+  for (const k of named) expect(k).toMatch(/^control:ERR_[A-Z_]+:(control|dump|capture|query)\b/);
+  expect(Object.keys(r.refused).filter((k) => k.startsWith('drop:')).length).toBeGreaterThanOrEqual(3);
+});
