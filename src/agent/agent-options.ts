@@ -5,6 +5,7 @@ import type { RankIdentity } from '../layout';
 import type { Logger } from '../log';
 import type { SnapshotConfig } from '../snapshot/config';
 import type { DirectFilesSettings } from './direct-files';
+import type { RecorderSettings } from './recorder-ring';
 import type { LocalRoots } from './roots';
 
 export interface AgentOptions {
@@ -39,4 +40,6 @@ export interface AgentOptions {
    * address toward the coordinator, an ephemeral port).
    */
   directFiles?: DirectFilesSettings;
+  /** The flight recorder (WAVEBUS_RECORD_FORWARDS): off when absent (docs/recorder.md). */
+  recorder?: RecorderSettings;
 }

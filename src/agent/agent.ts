@@ -5,6 +5,7 @@
 // aggregation. Every rank applies a config, and copies a dump, at the end of the wave its vector
 // names (settle(): one path for every rank).
 import * as fs from 'fs';
+import * as path from 'path';
 import * as zmq from 'zeromq';
 import { AgentBus, type WaveEvent, type SnapshotReplyMsg } from '../bus/agent-bus';
 import { DumpExecutor } from './dump-executor';
@@ -20,7 +21,8 @@ import type { RankIdentity } from '../layout';
 import { createLogger, type Logger } from '../log';
 import { MailboxWriter, MailboxFeature } from '../client/mailbox';
 import type { AgentConfig, DumpLane } from '../messages';
-import { agentEndpoint, mailboxPath } from '../paths';
+import { agentEndpoint, mailboxPath, recorderPath } from '../paths';
+import { FlightRecorder } from './flight-recorder';
 import { claimRunDir } from '../launch/run-dir';
 import { bindClientSocket, ClientServer } from './client-server';
 import { busRoleLine } from './bus-role';
@@ -65,6 +67,8 @@ export class Agent {
   private bus?: AgentBus;
   private router?: zmq.Router;
   private mailbox?: MailboxWriter;
+  /** The flight recorder (WAVEBUS_RECORD_FORWARDS): none when off. */
+  recorder?: FlightRecorder;
   private files?: FileServer;
   private direct?: DirectFiles;
   private view: RuntimeView = { ...DEFAULT_VIEW };
@@ -151,6 +155,17 @@ export class Agent {
     // Ours and 0700 (created so if missing): nobody else can plant a link or a file in it.
     claimRunDir(runDir, 'run dir (--run-dir / WAVEBUS_RUN_DIR)');
     this.mailbox = MailboxWriter.create(mailboxPath(runDir, identity.localRank));
+    if (this.opts.recorder) {
+      this.recorder = new FlightRecorder({
+        file: recorderPath(runDir, identity.localRank),
+        settings: this.opts.recorder,
+        root: this.opts.roots?.snapshots ?? this.opts.snapshot?.snapshotRoot ?? this.gate.local.dumps,
+        identity,
+        log: this.log,
+        artifactModes: this.opts.artifactModes,
+        crashName: `crash-${path.basename(runDir)}`,
+      });
+    }
     this.publishFeatures(); // what is known before the bus syncs (snapshots), so clients never see a stale 0
     this.router = await bindClientSocket(agentEndpoint(runDir, identity.localRank));
     void this.clients.serve(this.router);
@@ -189,6 +204,7 @@ export class Agent {
     if (this.stopped) return;
     this.stopped = true;
     await this.ends.writes.catch(() => undefined);
+    await this.recorder?.stop();
     this.writeTimeline();
     await this.bus?.stop();
     await this.direct?.stop();
@@ -219,6 +235,7 @@ export class Agent {
     if (this.view.detectors.length > 0) bits |= MailboxFeature.DETECTORS;
     if (this.capturer) bits |= MailboxFeature.SNAPSHOTS;
     if (this.live.inForce) bits |= MailboxFeature.LIVE_CAPTURES;
+    if (this.recorder) bits |= MailboxFeature.RECORDER;
     return bits;
   }
 
@@ -336,6 +353,8 @@ export class Agent {
           .captureSpan(Number(req.beforeForward.context?.globalStep ?? 0), () => offerForward(this.capturer, this.live, this.regions, req.beforeForward, interim, () => this.stats.snapshotsWritten++))
           .finally(() => this.live.changed() && this.publishFeatures());
       case 'close':
+        this.recorder?.engineClosed();
+        return {};
       case 'ping':
         return {};
       default:
@@ -347,8 +366,10 @@ export class Agent {
     if (this.opts.snapshot?.enabled) {
       checkSnapshotGating(this.opts.snapshot, { asyncScheduling: hello.asyncScheduling, backendHasMemoryAccess: true });
     }
+    this.recorder?.engine(hello.pid);
     return {
       mailboxPath: mailboxPath(this.opts.runDir, this.identity.localRank),
+      recorderPath: this.recorder ? recorderPath(this.opts.runDir, this.identity.localRank) : '',
       features: {
         tp0: this.isHead,
         bus: this.view.busActive && Boolean(this.bus) && this.onVector,
@@ -356,6 +377,7 @@ export class Agent {
         itemSync: this.view.itemSync,
         snapshots: Boolean(this.capturer),
         endOfWaveTimeoutMs: this.endOfWaveTimeoutMs,
+        recorderForwards: this.recorder?.forwards ?? 0,
       },
     };
   }

@@ -15,6 +15,7 @@ import type { RankIdentity } from '../layout';
 import { ConfigError } from '../errors';
 import { createLogger, type Logger } from '../log';
 import { claimRunDir, makeRunDir, releaseRunDir } from '../launch/run-dir';
+import { recorderSettingsFromEnv } from '../agent/flight-recorder';
 import { resolveSnapshotConfig, snapshotFlagsFromArgv, snapshotOptions } from '../snapshot/config';
 import { checkRunDirFits } from '../paths';
 import { waitForSignal } from './coordinator';
@@ -147,6 +148,7 @@ export const command: CommandModule = {
       directFiles: a.directFiles,
       snapshot,
       roots: { dumps: a.dumpRoot, snapshots: snapshot.snapshotRoot },
+      recorder: recorderSettingsFromEnv(process.env),
       logger: log,
     });
     const signal = waitForSignal();

@@ -1,0 +1,108 @@
+// The flight recorder against the PyTorch engine (examples/torch-engine) under `wavebus launch`:
+// kill -9 every engine rank mid-run, and an uncaught Python exception inside a forward on one
+// rank. Each agent flushes its ring after the engine dies; the last K forwards replay off-line bit
+// for bit (replay.py, the same check as snapshots) and crash-rank<g>.json says what happened.
+import * as fs from 'fs';
+import * as path from 'path';
+import { spawnSync } from 'child_process';
+import { PYTHON, ROOT, cleanup, freePort, spawnWavebus, tmpDir, waitFor } from './helpers';
+
+afterAll(cleanup);
+
+const ENGINE = path.join(ROOT, 'examples', 'torch-engine');
+const K = 4;
+
+function python(args: string[]): { code: number | null; stdout: string; stderr: string } {
+  const r = spawnSync(PYTHON, args, { encoding: 'utf8', timeout: 120000, env: { ...process.env, PYTHONPATH: path.join(ROOT, 'clients', 'python') } });
+  return { code: r.status, stdout: r.stdout, stderr: r.stderr };
+}
+
+async function launch(engineArgs: string[]) {
+  const dir = tmpDir('wavebus-recorder-');
+  const out = path.join(dir, 'out');
+  const port = await freePort();
+  const proc = spawnWavebus(
+    ['launch', '--nproc-per-node', '2', '--tp', '2', '--port', String(port), '--run-dir', path.join(dir, 'run'),
+      '--', PYTHON, path.join(ENGINE, 'torchrun_env.py'), path.join(ENGINE, 'engine.py'), '--out', out, '--save-every-forward', ...engineArgs],
+    { env: { ...process.env, WAVEBUS_CACHE_ROOT: path.join(dir, 'cache'), WAVEBUS_RECORD_FORWARDS: String(K) }, cwd: dir },
+  );
+  return { dir, out, proc, flushRoot: path.join(dir, 'cache', 'snapshots', 'recorder') };
+}
+
+/** The crash flush folder (one per launch) once both ranks wrote their crash-rank<g>.json. */
+function crashFlush(flushRoot: string): { dir: string; crash: any[] } | undefined {
+  if (!fs.existsSync(flushRoot)) return undefined;
+  const names = fs.readdirSync(flushRoot).filter((n) => n.startsWith('crash-'));
+  if (names.length !== 1) return undefined;
+  const dir = path.join(flushRoot, names[0]);
+  const files = [0, 1].map((g) => path.join(dir, `crash-rank${g}.json`));
+  if (!files.every((f) => fs.existsSync(f))) return undefined;
+  return { dir, crash: files.map((f) => JSON.parse(fs.readFileSync(f, 'utf8'))) };
+}
+
+/** Every flushed call of both ranks replays bit for bit against the engine's own logits. */
+function replayAll(snaps: string, out: string): number[] {
+  const calls = [0, 1].map((g) => fs.readdirSync(path.join(snaps, `rank${g}`)).filter((n) => /^call\d+$/.test(n)).map((n) => Number(n.slice(4))).sort((a, b) => a - b));
+  expect(calls[1]).toEqual(calls[0]);
+  for (const call of calls[0]) {
+    const meta = JSON.parse(fs.readFileSync(path.join(snaps, 'rank0', `call${call}`, 'meta.json'), 'utf8'));
+    expect(meta.selected_by).toEqual(['recorder']);
+    expect(meta.recorder.forward).toBe(call);
+    expect(fs.statSync(path.join(snaps, 'rank0', `call${call}`, 'meta.json')).mode & 0o777).toBe(0o600);
+    const r = python([path.join(ENGINE, 'replay.py'), '--snapshots', snaps, '--call', String(call), '--engine-out', out]);
+    if (r.code !== 0) throw new Error(`replay call${call}: ${r.stdout}${r.stderr}`);
+    const lines = r.stdout.trim().split('\n').map((l) => JSON.parse(l));
+    expect(lines.map((l) => [l.rank, l.bitwise_equal, l.max_abs_diff])).toEqual([[0, true, 0], [1, true, 0]]);
+  }
+  return calls[0];
+}
+
+test('kill -9 of every engine rank mid-run: each agent flushes its last K forwards, which replay off-line bit for bit', async () => {
+  const run = await launch(['--requests', '4', '--max-tokens', '400', '--arrive-every', '1', '--step-sleep-ms', '30']);
+  // Mid-run: both ranks past forward 12 (their logits saved), far from the end (400 tokens).
+  await waitFor(() => [0, 1].every((g) => fs.existsSync(path.join(run.out, `forward_rank${g}_step12.pt`))), 'forward 12 on both ranks', 60000);
+  const pids = [0, 1].map((g) => Number(fs.readFileSync(path.join(run.out, `pid_rank${g}`), 'utf8')));
+  for (const pid of pids) process.kill(pid, 'SIGKILL');
+  const flush = await waitFor(() => crashFlush(run.flushRoot), 'crash-rank0.json and crash-rank1.json', 30000);
+  await run.proc.exited;
+  for (const [g, c] of flush.crash.entries()) {
+    expect(c.global_rank).toBe(g);
+    expect(c.engine_pid).toBe(pids[g]);
+    expect(c.forwards_recorded).toBeGreaterThanOrEqual(12);
+    // The last K forwards, oldest first (one being written when the kill came is left out and named).
+    const want = Array.from({ length: K }, (_, i) => c.forwards_recorded - K + 1 + i);
+    const got = [...c.flushed.map((f: any) => f.forward), ...c.left_out.map((t: any) => t.forward)].sort((a: number, b: number) => a - b);
+    expect(got).toEqual(want);
+    expect(c.last_forward.compilation_hash).toBe('torch-engine-tp2');
+    expect(fs.statSync(path.join(flush.dir, `crash-rank${g}.json`)).mode & 0o777).toBe(0o600);
+  }
+  const snaps = path.join(flush.dir, 'torch-engine-tp2');
+  // The engine saves a forward's logits after it: the kill may come between the record and the save.
+  const calls = fs.readdirSync(path.join(snaps, 'rank0')).map((n) => Number(n.slice(4)));
+  const withLogits = (call: number) => {
+    const meta = JSON.parse(fs.readFileSync(path.join(snaps, 'rank0', `call${call}`, 'meta.json'), 'utf8'));
+    return [0, 1].every((g) => fs.existsSync(path.join(run.out, `forward_rank${g}_step${meta.global_step}.pt`)));
+  };
+  const unsaved = calls.filter((c) => !withLogits(c));
+  expect(unsaved.length).toBeLessThanOrEqual(1);
+  for (const c of unsaved) for (const g of [0, 1]) fs.rmSync(path.join(snaps, `rank${g}`, `call${c}`), { recursive: true });
+  expect(replayAll(snaps, run.out).length).toBeGreaterThanOrEqual(K - 1);
+}, 180000);
+
+test('an uncaught Python exception inside a forward on one rank: crash-rank<g>.json names it, and the flushed forwards include that one', async () => {
+  const run = await launch(['--requests', '2', '--max-tokens', '40', '--arrive-every', '1', '--raise-at', '9:1']);
+  const flush = await waitFor(() => crashFlush(run.flushRoot), 'crash-rank0.json and crash-rank1.json', 60000);
+  await run.proc.exited;
+  const [c0, c1] = flush.crash;
+  expect(c1.note).toContain('uncaught RuntimeError: engine: --raise-at 9:1');
+  // Rank 1 recorded forward 9 (its inputs were staged and offered) before raising inside it.
+  expect(c1.last_forward.global_step).toBe(9);
+  expect(c1.flushed.map((f: any) => f.global_step)).toContain(9);
+  expect(c0.forwards_recorded).toBeGreaterThanOrEqual(8);
+  // The forwards before 9 replay bit for bit (9 itself never finished: no logits to compare with).
+  const snaps = path.join(flush.dir, 'torch-engine-tp2');
+  const step9 = fs.readdirSync(path.join(snaps, 'rank1')).find((n) => JSON.parse(fs.readFileSync(path.join(snaps, 'rank1', n, 'meta.json'), 'utf8')).global_step === 9);
+  expect(step9).toBeDefined();
+  for (const g of [0, 1]) fs.rmSync(path.join(snaps, `rank${g}`, step9!), { recursive: true, force: true });
+  expect(replayAll(snaps, run.out).length).toBeGreaterThanOrEqual(K - 1);
+}, 180000);
