@@ -17,16 +17,23 @@ function python(args: string[]): { code: number | null; stdout: string; stderr: 
   return { code: r.status, stdout: r.stdout, stderr: r.stderr };
 }
 
-async function launch(engineArgs: string[]) {
+async function launch(engineArgs: string[], launchArgs: string[] = []) {
   const dir = tmpDir('wavebus-recorder-');
   const out = path.join(dir, 'out');
   const port = await freePort();
   const proc = spawnWavebus(
-    ['launch', '--nproc-per-node', '2', '--tp', '2', '--port', String(port), '--run-dir', path.join(dir, 'run'),
+    ['launch', '--nproc-per-node', '2', '--tp', '2', '--port', String(port), '--run-dir', path.join(dir, 'run'), ...launchArgs,
       '--', PYTHON, path.join(ENGINE, 'torchrun_env.py'), path.join(ENGINE, 'engine.py'), '--out', out, '--save-every-forward', ...engineArgs],
     { env: { ...process.env, WAVEBUS_CACHE_ROOT: path.join(dir, 'cache'), WAVEBUS_RECORD_FORWARDS: String(K) }, cwd: dir },
   );
-  return { dir, out, proc, flushRoot: path.join(dir, 'cache', 'snapshots', 'recorder') };
+  const until = async <T>(fn: () => T, what: string, ms: number) => {
+    try {
+      return await waitFor(fn, what, ms);
+    } catch (e) {
+      throw new Error(`${(e as Error).message}\n${proc.stderr().slice(-6000)}`);
+    }
+  };
+  return { dir, out, proc, port, until, flushRoot: path.join(dir, 'cache', 'snapshots', 'recorder') };
 }
 
 /** The crash flush folder (one per launch) once both ranks wrote their crash-rank<g>.json. */
@@ -60,10 +67,10 @@ function replayAll(snaps: string, out: string): number[] {
 test('kill -9 of every engine rank mid-run: each agent flushes its last K forwards, which replay off-line bit for bit', async () => {
   const run = await launch(['--requests', '4', '--max-tokens', '400', '--arrive-every', '1', '--step-sleep-ms', '30']);
   // Mid-run: both ranks past forward 12 (their logits saved), far from the end (400 tokens).
-  await waitFor(() => [0, 1].every((g) => fs.existsSync(path.join(run.out, `forward_rank${g}_step12.pt`))), 'forward 12 on both ranks', 60000);
+  await run.until(() => [0, 1].every((g) => fs.existsSync(path.join(run.out, `forward_rank${g}_step12.pt`))), 'forward 12 on both ranks', 90000);
   const pids = [0, 1].map((g) => Number(fs.readFileSync(path.join(run.out, `pid_rank${g}`), 'utf8')));
   for (const pid of pids) process.kill(pid, 'SIGKILL');
-  const flush = await waitFor(() => crashFlush(run.flushRoot), 'crash-rank0.json and crash-rank1.json', 30000);
+  const flush = await run.until(() => crashFlush(run.flushRoot), 'crash-rank0.json and crash-rank1.json', 30000);
   await run.proc.exited;
   for (const [g, c] of flush.crash.entries()) {
     expect(c.global_rank).toBe(g);
@@ -91,7 +98,7 @@ test('kill -9 of every engine rank mid-run: each agent flushes its last K forwar
 
 test('an uncaught Python exception inside a forward on one rank: crash-rank<g>.json names it, and the flushed forwards include that one', async () => {
   const run = await launch(['--requests', '2', '--max-tokens', '40', '--arrive-every', '1', '--raise-at', '9:1']);
-  const flush = await waitFor(() => crashFlush(run.flushRoot), 'crash-rank0.json and crash-rank1.json', 60000);
+  const flush = await run.until(() => crashFlush(run.flushRoot), 'crash-rank0.json and crash-rank1.json', 90000);
   await run.proc.exited;
   const [c0, c1] = flush.crash;
   expect(c1.note).toContain('uncaught RuntimeError: engine: --raise-at 9:1');
@@ -105,4 +112,28 @@ test('an uncaught Python exception inside a forward on one rank: crash-rank<g>.j
   expect(step9).toBeDefined();
   for (const g of [0, 1]) fs.rmSync(path.join(snaps, `rank${g}`, step9!), { recursive: true, force: true });
   expect(replayAll(snaps, run.out).length).toBeGreaterThanOrEqual(K - 1);
+}, 180000);
+
+test('wavebus capture --flush-recorder on a running TP=2 job: both ranks write out the same forwards, which replay bit for bit', async () => {
+  // A detector on (report only) keeps the wave bus in use: the flush travels as a capture arm on it.
+  const config = { runtime_config: { detector: { token_repeat: { enabled: true } }, actions: { defaults: { on_trigger: ['report'] } } } };
+  const run = await launch(['--requests', '2', '--max-tokens', '120', '--arrive-every', '1', '--step-sleep-ms', '30'],
+    ['--additional-config', JSON.stringify(config), '--agent-arg=--end-of-wave-timeout-ms', '--agent-arg=2000']);
+  await run.until(() => [0, 1].every((g) => fs.existsSync(path.join(run.out, `forward_rank${g}_step10.pt`))), 'forward 10 on both ranks', 90000);
+  const token = path.join(run.dir, 'run', 'bus.token');
+  const cap = spawnWavebus(['capture', '--coordinator', `127.0.0.1:${run.port}`, '--bus-token-file', token, '--flush-recorder', '--wait', '--timeout', '60000']);
+  const capExit = await cap.exited;
+  expect({ code: capExit.code, stderr: cap.stderr() }).toEqual({ code: 0, stderr: '' });
+  const lines = [...cap.stdout().matchAll(/^rank (\d+) wave (\d+): (.+)$/gm)].map((m) => ({ rank: Number(m[1]), wave: Number(m[2]), dir: m[3] }));
+  expect(lines.map((l) => l.rank).sort()).toEqual([0, 1]);
+  expect(lines[0].dir).toBe(lines[1].dir);
+  expect(path.dirname(lines[0].dir)).toBe(run.flushRoot);
+  const { code } = await run.proc.exited;
+  expect(code).toBe(0);
+  const snaps = path.join(lines[0].dir, 'torch-engine-tp2');
+  const calls = replayAll(snaps, run.out);
+  expect(calls.length).toBe(K - 1);
+  // Consecutive forwards, none past the arm's wave.
+  expect(calls).toEqual(Array.from({ length: K - 1 }, (_, i) => calls[0] + i));
+  for (const c of calls) expect(JSON.parse(fs.readFileSync(path.join(snaps, 'rank0', `call${c}`, 'meta.json'), 'utf8')).recorder.wave).toBeLessThanOrEqual(lines[0].wave);
 }, 180000);

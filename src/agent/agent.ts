@@ -22,7 +22,7 @@ import { createLogger, type Logger } from '../log';
 import { MailboxWriter, MailboxFeature } from '../client/mailbox';
 import type { AgentConfig, DumpLane } from '../messages';
 import { agentEndpoint, mailboxPath, recorderPath } from '../paths';
-import { FlightRecorder } from './flight-recorder';
+import { FlightRecorder, takeFlushArms } from './flight-recorder';
 import { claimRunDir } from '../launch/run-dir';
 import { bindClientSocket, ClientServer } from './client-server';
 import { busRoleLine } from './bus-role';
@@ -69,6 +69,8 @@ export class Agent {
   private mailbox?: MailboxWriter;
   /** The flight recorder (WAVEBUS_RECORD_FORWARDS): none when off. */
   recorder?: FlightRecorder;
+  /** Recorder flush arms already taken (a snapshot may carry one again). */
+  private readonly flushArms = new Set<string>();
   private files?: FileServer;
   private direct?: DirectFiles;
   private view: RuntimeView = { ...DEFAULT_VIEW };
@@ -265,6 +267,7 @@ export class Agent {
     this.duties.clearConfigs();
     this.applyConfig(s.config, 'SnapshotReply.config');
     this.live.add(s.captures);
+    this.recorderArms(s.captures);
     this.live.seen(s.wave);
     this.mailbox?.setEpoch(s.epoch);
     // A lane of a wave already ended here was copied (its acks may still be on their way) or given up.
@@ -288,7 +291,10 @@ export class Agent {
     if (this.log.isLevelEnabled('debug')) this.log.debug({ wave, seq: w.head.seq, config: w.config?.version, dumps: w.dump?.jobs.map((j) => j.jobId) }, 'wave');
     if (w.dump) this.dumpLanes.set(wave, w.dump);
     this.live.seen(wave);
-    if (w.head.captures?.length) this.live.add(w.head.captures);
+    if (w.head.captures?.length) {
+      this.live.add(w.head.captures);
+      this.recorderArms(w.head.captures);
+    }
     // Every rank takes a config at the end of its wave, through settle(): a rank whose engine is off
     // the vector goes on it now (publishFeatures), before its engine reaches that wave.
     if (w.config) this.duties.addConfig(wave, w.config.config);
@@ -297,6 +303,10 @@ export class Agent {
     if (this.live.changed() || w.config || w.dump) this.publishFeatures();
     // The newest vector: every wave up to it is decided (a skipped wave has nothing due).
     this.arrive(wave, w.head.configDue, w.head.dumpDue, wave + 1, w.head.snapshotDue);
+  }
+
+  private recorderArms(arms: readonly Record<string, any>[] | undefined): void {
+    takeFlushArms(arms, this.flushArms, this.recorder, this.identity.dpRank, (r) => this.bus?.sendCaptureResult(r));
   }
 
   /** The engine has ended every wave up to `upTo` (`copyAt`: the one ending now): wave-duties.ts. */

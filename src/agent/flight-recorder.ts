@@ -137,6 +137,21 @@ export class FlightRecorder {
     this.o.onCrash?.({ file, exit, flush });
   }
 
+  /**
+   * A flush armed for `wave` (every rank of the replica gets the same): once the engine has
+   * recorded a forward past `wave` (or died, or `waitMs` went by), the newest K-1 forwards recorded
+   * at or before it. K-1: the engine may be overwriting the oldest slot while the ring is read.
+   */
+  async flushAtWave(name: string, wave: number, reason: string, waitMs = 10000): Promise<FlushResult | undefined> {
+    const until = Date.now() + waitMs;
+    while (Date.now() < until && !this.crashed && this.ring.newestWave() <= wave) await new Promise((r) => setTimeout(r, 5));
+    const read = this.ring.read();
+    const keep = read.entries.filter((e) => Number(e.entry.wave ?? 0) <= wave).slice(-Math.max(1, this.forwards - 1));
+    const r = await this.flush(name, reason, { ...read, entries: keep, torn: read.torn.filter((t) => keep.length === 0 || t.forward >= keep[0].forward) });
+    this.o.log.info({ name, wave, written: r?.forwards.filter((f) => f.callDir).length ?? 0, dir: r?.dir }, 'flight recorder flushed');
+    return r;
+  }
+
   /** Write the ring out under <root>/recorder/<name> (undefined without a root: logged). */
   async flush(name: string, reason: string, read = this.ring.read()): Promise<FlushResult | undefined> {
     if (!this.o.root) {
@@ -147,5 +162,32 @@ export class FlightRecorder {
     this.flushes.push(r);
     if (this.flushes.length > 64) this.flushes.shift();
     return r;
+  }
+}
+
+/**
+ * `capture --flush-recorder` arms of replica `dpRank` (each taken once: `seen`): the recorder
+ * writes its ring out at the arm's wave; each rank says where (or why not) as a capture result.
+ */
+export function takeFlushArms(
+  arms: readonly Record<string, any>[] | undefined,
+  seen: Set<string>,
+  recorder: FlightRecorder | undefined,
+  dpRank: number,
+  send: (r: { armId: string; wave: number; callDir: string; error: string; done: boolean }) => void,
+): void {
+  for (const a of arms ?? []) {
+    if (!a.flushRecorder || a.replica !== dpRank || seen.has(a.id)) continue;
+    seen.add(a.id);
+    if (seen.size > 64) seen.delete(seen.values().next().value as string);
+    const say = (callDir: string, error: string) => send({ armId: a.id, wave: Number(a.wave), callDir, error, done: true });
+    if (!recorder) {
+      say('', 'the flight recorder is off on this rank (set WAVEBUS_RECORD_FORWARDS)');
+      continue;
+    }
+    recorder.flushAtWave(`flush-${a.id}`, Number(a.wave), 'user').then(
+      (r) => say(r?.dir ?? '', r ? '' : 'this agent has no snapshot or dump root'),
+      (e) => say('', String((e as Error)?.message ?? e)),
+    );
   }
 }

@@ -85,6 +85,16 @@ export class RecorderRing {
     return new RecorderRing(file, fd, s.forwards, stride);
   }
 
+  /** The newest wave of a whole forward in the ring (0: none), reading only the entries. */
+  newestWave(): number {
+    let w = 0;
+    for (let slot = 0; slot < this.slots; slot++) {
+      const r = this.readSlot(slot, false);
+      if (r && !('why' in r)) w = Math.max(w, Number(r.entry.wave ?? 0));
+    }
+    return w;
+  }
+
   /** Whatever the ring holds now, oldest forward first; slots being written are named, not read. */
   read(): RingRead {
     const head = Buffer.alloc(H);
@@ -105,7 +115,7 @@ export class RecorderRing {
     return { entries, torn, forwards, note, pid };
   }
 
-  private readSlot(slot: number): RingEntry | TornSlot | null {
+  private readSlot(slot: number, withData = true): RingEntry | TornSlot | null {
     const off = H + slot * this.stride;
     const sh = Buffer.alloc(SH);
     fs.readSync(this.fd, sh, 0, SH, off);
@@ -118,7 +128,7 @@ export class RecorderRing {
     const dataLen = Number(sh.readBigUInt64LE(RECORDER.RECORDER_SLOT_OFF_DATA_LEN));
     const dataAt = SH + align8(entryLen);
     if (SH + entryLen > this.stride || dataAt + dataLen > this.stride) return { slot, forward, why: `lengths past the slot (entry ${entryLen}, data ${dataLen}, slot ${this.stride})` };
-    const body = Buffer.alloc(dataAt + dataLen - SH);
+    const body = Buffer.alloc((withData ? dataAt + dataLen : SH + entryLen) - SH);
     fs.readSync(this.fd, body, 0, body.length, off + SH);
     // The same whole forward before and after: else it was overwritten while read.
     fs.readSync(this.fd, sh, 0, 8, off);
@@ -131,7 +141,7 @@ export class RecorderRing {
     }
     const tooLarge = (flags & RECORDER.RECORDER_FLAG_TOO_LARGE) !== 0;
     const data: Buffer[] = [];
-    if (!tooLarge) {
+    if (!tooLarge && withData) {
       const sizes = (entry.inputBytes ?? []).map(Number);
       if (sizes.length !== (entry.inputs ?? []).length || sizes.reduce((a: number, b: number) => a + b, 0) !== dataLen) {
         return { slot, forward, why: `input sizes ${JSON.stringify(sizes)} do not add up to the slot's ${dataLen} bytes` };
