@@ -139,7 +139,7 @@ export class CoordinatorControl {
       captures: this.captures.statusJson(),
       manual_dumps_waiting: this.manualArms?.waiting() ?? 0,
       // The flight recorder is the agents' (WAVEBUS_RECORD_FORWARDS); a flush is a capture arm.
-      recorder: 'per agent (WAVEBUS_RECORD_FORWARDS); capture --flush-recorder flushes it',
+      recorder: 'per agent (WAVEBUS_RECORD_FORWARDS)',
     };
   }
 
