@@ -97,8 +97,19 @@ test('kill -9 of every engine rank mid-run: each agent flushes its last K forwar
 }, 180000);
 
 test('an uncaught Python exception inside a forward on one rank: crash-rank<g>.json names it, and the flushed forwards include that one', async () => {
-  const run = await launch(['--requests', '2', '--max-tokens', '40', '--arrive-every', '1', '--raise-at', '9:1']);
+  // The coordinator lingers after the engine ended: /healthz and /metrics say what the agents reported.
+  const metricsPort = await freePort();
+  const run = await launch(['--requests', '2', '--max-tokens', '40', '--arrive-every', '1', '--raise-at', '9:1'], ['--linger-ms', '60000', '--metrics-port', String(metricsPort)]);
   const flush = await run.until(() => crashFlush(run.flushRoot), 'crash-rank0.json and crash-rank1.json', 90000);
+  const health = await run.until(async () => {
+    const h = (await (await fetch(`http://127.0.0.1:${metricsPort}/healthz`)).json()) as any;
+    return h.engine_crashes?.length === 2 ? h : undefined;
+  }, 'both crashes in /healthz', 30000);
+  const byRank = new Map<number, any>(health.engine_crashes.map((c: any) => [c.rank, c]));
+  expect(byRank.get(1)).toMatchObject({ note: 'RuntimeError', forwards_flushed: K, flush_dir: flush.dir, engine_pid: Number(fs.readFileSync(path.join(run.out, 'pid_rank1'), 'utf8')) });
+  const metrics = await (await fetch(`http://127.0.0.1:${metricsPort}/metrics`)).text();
+  expect(metrics).toMatch(/^wavebus_engine_crashes_total\{rank="1"\} 1$/m);
+  run.proc.child.kill('SIGTERM');
   await run.proc.exited;
   const [c0, c1] = flush.crash;
   expect(c1.note).toContain('uncaught RuntimeError: engine: --raise-at 9:1');

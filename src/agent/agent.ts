@@ -166,6 +166,12 @@ export class Agent {
         log: this.log,
         artifactModes: this.opts.artifactModes,
         crashName: `crash-${path.basename(runDir)}`,
+        onCrash: ({ exit, flush, note }) =>
+          this.bus?.sendEngineCrash({
+            enginePid: exit.pid, exitKnown: exit.code !== null || exit.signal !== null, exitCode: exit.code ?? 0, signal: exit.signal ?? '',
+            lastWave: Math.max(0, ...flush.forwards.map((f) => f.wave)), forwardsFlushed: flush.forwards.filter((f) => f.callDir).length,
+            flushDir: flush.dir, note: /^uncaught ([\w.]+):/.exec(note)?.[1] ?? '', // the type: its message may hold a prompt
+          }),
       });
     }
     this.publishFeatures(); // what is known before the bus syncs (snapshots), so clients never see a stale 0

@@ -73,7 +73,7 @@ export interface FlightRecorderOptions {
   /** The name of this host's crash flush (the same for every rank of one launch on this host). */
   crashName: string;
   /** A crash was flushed (the agent tells the coordinator). */
-  onCrash?: (c: { file: string; exit: EngineExit; flush: FlushResult }) => void;
+  onCrash?: (c: { file: string; exit: EngineExit; flush: FlushResult; note: string }) => void;
 }
 
 export class FlightRecorder {
@@ -134,7 +134,7 @@ export class FlightRecorder {
     const last = read.entries[read.entries.length - 1];
     const file = writeCrash(flush, exit, read, this.o.identity, Number(last?.entry.wave ?? 0), this.o.artifactModes);
     this.o.log.warn({ crash: file, dir: flush.dir, written: flush.forwards.filter((f) => f.callDir).length, leftOut: flush.torn.length }, 'flight recorder flushed after the engine died');
-    this.o.onCrash?.({ file, exit, flush });
+    this.o.onCrash?.({ file, exit, flush, note: read.note });
   }
 
   /**
