@@ -17,14 +17,14 @@ function python(args: string[]): { code: number | null; stdout: string; stderr: 
   return { code: r.status, stdout: r.stdout, stderr: r.stderr };
 }
 
-async function launch(engineArgs: string[], launchArgs: string[] = []) {
+async function launch(engineArgs: string[], launchArgs: string[] = [], k = K) {
   const dir = tmpDir('wavebus-recorder-');
   const out = path.join(dir, 'out');
   const port = await freePort();
   const proc = spawnWavebus(
     ['launch', '--nproc-per-node', '2', '--tp', '2', '--port', String(port), '--run-dir', path.join(dir, 'run'), ...launchArgs,
       '--', PYTHON, path.join(ENGINE, 'torchrun_env.py'), path.join(ENGINE, 'engine.py'), '--out', out, '--save-every-forward', ...engineArgs],
-    { env: { ...process.env, WAVEBUS_CACHE_ROOT: path.join(dir, 'cache'), WAVEBUS_RECORD_FORWARDS: String(K) }, cwd: dir },
+    { env: { ...process.env, WAVEBUS_CACHE_ROOT: path.join(dir, 'cache'), WAVEBUS_RECORD_FORWARDS: String(k) }, cwd: dir },
   );
   const until = async <T>(fn: () => T, what: string, ms: number) => {
     try {
@@ -58,8 +58,9 @@ function replayAll(snaps: string, out: string): number[] {
     expect(fs.statSync(path.join(snaps, 'rank0', `call${call}`, 'meta.json')).mode & 0o777).toBe(0o600);
     const r = python([path.join(ENGINE, 'replay.py'), '--snapshots', snaps, '--call', String(call), '--engine-out', out]);
     if (r.code !== 0) throw new Error(`replay call${call}: ${r.stdout}${r.stderr}`);
-    const lines = r.stdout.trim().split('\n').map((l) => JSON.parse(l));
-    expect(lines.map((l) => [l.rank, l.bitwise_equal, l.max_abs_diff])).toEqual([[0, true, 0], [1, true, 0]]);
+    // Python's json writes NaN: logits holding a NaN (after the NaN incident) give a NaN difference even when bit for bit equal.
+    const lines = r.stdout.trim().split('\n').map((l) => JSON.parse(l.replace(/\bNaN\b/g, 'null')));
+    expect(lines.map((l) => [l.rank, l.bitwise_equal, l.max_abs_diff ?? 0])).toEqual([[0, true, 0], [1, true, 0]]);
   }
   return calls[0];
 }
@@ -147,4 +148,26 @@ test('wavebus capture --flush-recorder on a running TP=2 job: both ranks write o
   // Consecutive forwards, none past the arm's wave.
   expect(calls).toEqual(Array.from({ length: K - 1 }, (_, i) => calls[0] + i));
   for (const c of calls) expect(JSON.parse(fs.readFileSync(path.join(snaps, 'rank0', `call${c}`, 'meta.json'), 'utf8')).recorder.wave).toBeLessThanOrEqual(lines[0].wave);
+}, 180000);
+
+test('a NaN incident (logits_finite, dump_kv): every rank flushes the same forwards, the one where the NaN appeared among them; the others replay bit for bit', async () => {
+  const config = { runtime_config: { detector: { logits_finite: { enabled: true } }, actions: { defaults: { on_trigger: ['report', 'dump_kv'] } }, dump: { auto_max_times: 4, free_headroom_bytes: 0 } } };
+  const run = await launch(['--requests', '4', '--max-tokens', '24', '--fault', 'nan:8:1'], ['--additional-config', JSON.stringify(config), '--agent-arg=--end-of-wave-timeout-ms', '--agent-arg=2000'], 8);
+  const { code } = await run.proc.exited;
+  expect(code).toBe(0);
+  const flushes = fs.existsSync(run.flushRoot) ? fs.readdirSync(run.flushRoot).filter((n) => n.startsWith('incident-wave')) : [];
+  if (flushes.length === 0) throw new Error(`no incident flush in ${run.flushRoot}:\n${run.proc.stderr().split('\n').filter((l) => /recorder|dump|incident|logits/i.test(l)).join('\n').slice(-4000)}`);
+  const snaps = path.join(run.flushRoot, flushes.sort()[0], 'torch-engine-tp2');
+  const stepOf = (g: number, call: string) => JSON.parse(fs.readFileSync(path.join(snaps, `rank${g}`, call, 'meta.json'), 'utf8')).global_step;
+  const nanCall = fs.readdirSync(path.join(snaps, 'rank0')).find((c) => stepOf(0, c) === 8);
+  expect(nanCall).toBeDefined();
+  expect(stepOf(1, nanCall!)).toBe(8);
+  // The fault is planted in the weights during forward 8 (not an input): its replay with clean
+  // weights differs; every other flushed forward, those after it reading the NaN in their KV cache
+  // included, replays bit for bit.
+  for (const g of [0, 1]) fs.rmSync(path.join(snaps, `rank${g}`, nanCall!), { recursive: true });
+  expect(replayAll(snaps, run.out).length).toBeGreaterThanOrEqual(3);
+  // The forward where the NaN appeared: its logits hold one.
+  const logits = python(['-c', `import torch,sys; print(bool(torch.isnan(torch.load(sys.argv[1])["logits"]).any()))`, path.join(run.out, 'forward_rank0_step8.pt')]);
+  expect(logits.stdout.trim()).toBe('True');
 }, 180000);

@@ -122,6 +122,9 @@ export class Agent {
       identity: opts.identity, log: this.log, stats: this.stats, timeline: this.timeline, waves: this.waves, duties: this.duties, dumps: this.dumps, stagingBytes: opts.stagingBytes,
       bus: () => this.bus, view: () => this.view, boundMs: () => this.endOfWaveTimeoutMs,
       settle: (upTo, copyAt) => this.settle(upTo, copyAt), publishFeatures: () => this.publishFeatures(), writeTimeline: () => this.writeTimeline(),
+      // The same name on every rank of the replica: the wave every rank copies at.
+      recorderAtIncident: (wave, jobs) =>
+        this.recorder?.atIncident(`incident-wave${wave}${this.opts.identity.dp > 1 ? `-dp${this.identity.dpRank}` : ''}`, wave, { jobs: jobs.map((j) => j.jobId) }).catch((e) => this.log.error({ err: String((e as Error)?.message ?? e) }, 'flight recorder: incident flush failed')),
     });
     this.live = new LiveCaptures(opts.identity, opts.snapshot?.snapshotRoot ?? opts.roots?.snapshots, this.log, (r) => this.bus?.sendCaptureResult(r), opts.artifactModes);
   }

@@ -152,6 +152,20 @@ export class FlightRecorder {
     return r;
   }
 
+  /**
+   * An incident's dump is copied at the end of `wave` on this rank: the engine waits in
+   * end_of_wave, so the ring is read now, whole and the same on every rank of the replica (each
+   * has recorded the same forwards up to `wave`); the bundles are written behind the engine.
+   */
+  atIncident(name: string, wave: number, what: Record<string, unknown>): Promise<FlushResult | undefined> {
+    const read = this.ring.read();
+    const keep = read.entries.filter((e) => Number(e.entry.wave ?? 0) <= wave);
+    return this.flush(name, 'incident', { ...read, entries: keep }).then((r) => {
+      this.o.log.warn({ ...what, wave, dir: r?.dir, forwards: r?.forwards.map((f) => f.forward) }, 'flight recorder flushed for an incident');
+      return r;
+    });
+  }
+
   /** Write the ring out under <root>/recorder/<name> (undefined without a root: logged). */
   async flush(name: string, reason: string, read = this.ring.read()): Promise<FlushResult | undefined> {
     if (!this.o.root) {
