@@ -124,6 +124,14 @@ export function mailboxPath(runDir: string, localRank: number): string {
   return path.join(runDir, `mailbox-local${localRank}`);
 }
 
+/** The flight recorder's ring beside the mailbox (docs/recorder.md). */
+export function recorderPath(runDir: string, localRank: number): string {
+  if (!Number.isInteger(localRank) || localRank < 0) {
+    throw new RangeError(`local rank must be a non-negative integer, got ${localRank}`);
+  }
+  return path.join(runDir, `recorder-local${localRank}`);
+}
+
 /** The package root: walk up from here (src/ under ts-jest, dist/src/ when built) to wavebus's package.json. */
 export function packageRoot(from: string = __dirname): string {
   let dir = from;

@@ -29,6 +29,7 @@ export const AgentMessage = messageType('AgentMessage');
 export const CoordinatorMessage = messageType('CoordinatorMessage');
 export const ClientRequest = messageType('ClientRequest');
 export const ClientReply = messageType('ClientReply');
+export const RecorderEntry = messageType('RecorderEntry');
 
 /** Encode a plain object as `type`; fields are checked by protobufjs's verify first. */
 export function encode(type: protobuf.Type, value: Record<string, unknown>): Buffer {

@@ -70,7 +70,7 @@ test('status, dump and capture on a running simulated TP=2 job with a bus token;
   expect(table.stdout).toMatch(/^0 +0 +0 +0 +yes /m);
   expect(table.stdout).toMatch(/^1 +0 +0 +1 +yes /m);
   expect(table.stdout).toMatch(/^config v1 from .*runtime_config\.json \(hot reload on\)$/m);
-  expect(table.stdout).toMatch(/^recorder: not available$/m);
+  expect(table.stdout).toMatch(/^recorder: per agent \(WAVEBUS_RECORD_FORWARDS\)$/m);
   expect(widest(table.stdout)).toBeLessThanOrEqual(WIDTH);
 
   const json = async () => {
@@ -84,7 +84,7 @@ test('status, dump and capture on a running simulated TP=2 job with a bus token;
   expect(s0.ranks['1'].live).toBe(true);
   expect(s0.replicas['0'].waves_per_s).toBeGreaterThan(0);
   expect(s0.captures).toEqual([]);
-  expect(s0.recorder).toBe('not available');
+  expect(s0.recorder).toBe('per agent (WAVEBUS_RECORD_FORWARDS)');
 
   // Without the token: refused in words, counted, and nothing armed.
   const rogue = await cli(['capture', '--next', ...at]);
@@ -155,9 +155,11 @@ test('status, dump and capture on a running simulated TP=2 job with a bus token;
   expect(none.code).toBe(1);
   expect(none.stdout).toMatch(/^skipped \(no_dump_targets\): .*dump_skipped\.json$/m);
 
-  const flush = await cli(['capture', '--flush-recorder', ...auth]);
+  // These agents run without WAVEBUS_RECORD_FORWARDS: each rank says so (docs/recorder.md).
+  const flush = await cli(['capture', '--flush-recorder', '--wait', '--timeout', '30000', ...auth]);
   expect(flush.code).toBe(1);
-  expect(flush.stderr).toMatch(/flight recorder is not available in this build \[ERR_RECORDER_UNAVAILABLE\]/);
+  expect(flush.stderr).toMatch(/rank 0 wave \d+: capture failed: the flight recorder is off on this rank \(set WAVEBUS_RECORD_FORWARDS\)/);
+  expect(flush.stderr).toMatch(/rank 1 wave \d+: capture failed: the flight recorder is off on this rank/);
 
   // The job ends while a command waits: a clear answer, not a hang.
   const waiting = spawnWavebus(['capture', '--request', 'never-arrives', '--wait', '--timeout', '60000', ...auth]);

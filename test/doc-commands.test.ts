@@ -148,6 +148,12 @@ const SKIPPED: Record<string, string> = {
   'wavebus dump --coordinator 127.0.0.1:29600 --request abc --replica 1': LIVE_JOB,
   'wavebus capture --coordinator 127.0.0.1:29600 --token 104 --ranks 0 --format npy': LIVE_JOB,
   'wavebus capture --coordinator 127.0.0.1:29600 --next --wait': LIVE_JOB,
+  'wavebus capture --coordinator 127.0.0.1:29600 --flush-recorder --wait': LIVE_JOB,
+  'WAVEBUS_RECORD_FORWARDS=8 wavebus launch --nproc-per-node 2 --tp 2 -- python3 examples/torch-engine/torchrun_env.py examples/torch-engine/engine.py --out /tmp/eng':
+    'runs the torch engine to its end with the recorder on (minutes on this host); test/recorder-torch.test.ts launches it with the recorder and kills it mid-run',
+  'python3 examples/torch-engine/replay.py --snapshots $WAVEBUS_CACHE_ROOT/snapshots/recorder/crash-run/torch-engine-tp2 --call 12 --engine-out /tmp/eng':
+    'replays a crash flush of the launch above after a kill (test/recorder-torch.test.ts replays every flushed forward)',
+  'node bin/wavebus.js bench recorder --json': BENCH,
   'npx wavebus report wavebus-demo -o incident.html': `${DEMO_TREE} (test/report.test.ts runs report on a real job's tree in Chromium)`,
   'npx wavebus trace wavebus-demo -o job.trace.json': `${DEMO_TREE} (test/trace.test.ts runs trace on a real job's tree)`,
   'npm run install': 'rebuilds the native addon from nothing (a minute of CPU) under the running suite; npm test\'s pretest builds it',

@@ -8,6 +8,7 @@ gloo. Requests arrive over the first steps, are batched continuously and decoded
 import argparse
 import json
 import os
+import time
 import sys
 from typing import List
 
@@ -65,6 +66,9 @@ def main(argv: List[str]) -> int:
     ap.add_argument("--spec-tokens", type=int, default=0, help="speculative decoding: draft tokens per step (0: off)")
     ap.add_argument("--draft-noise", type=float, default=2.0, help="std of the noise a draft:STEP fault adds to the draft's LM head")
     ap.add_argument("--fault", action="append", default=[], help="none | nan:STEP:REQ | garble:STEP | draft:STEP (repeatable)")
+    ap.add_argument("--save-every-forward", action="store_true", help="save every forward's logits (replay.py compares a flight recorder flush with them)")
+    ap.add_argument("--step-sleep-ms", type=int, default=0, help="sleep this long after each forward (a test kills the engine mid-run)")
+    ap.add_argument("--raise-at", help="STEP:RANK: raise an uncaught RuntimeError inside forward STEP on RANK (after its inputs are staged)")
     ap.add_argument("--result-dir", help="write <dir>/rank<g>.json (forwards, waves, endOfWaveTimeouts) at the end")
     ap.add_argument("--dp", type=int, default=1, help="data-parallel replicas: the world splits into DP groups of world/dp TP ranks")
     ap.add_argument("--flip-byte", action="append", default=[], help="RANK:WEIGHT:BYTE: flip one byte of that weight shard on that rank at load (a fingerprint test)")
@@ -90,6 +94,9 @@ def main(argv: List[str]) -> int:
             os.environ[name] = value
     torch.set_num_threads(1)  # one thread: the same reduction order on-line and in replay.py
     os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, f"pid_rank{rank}"), "w") as f:  # a test kills this process by it
+        f.write(str(os.getpid()))
+    raise_at = tuple(int(x) for x in args.raise_at.split(":")) if args.raise_at else None
     if world > 1:
         import torch.distributed as dist
         addr, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), env_int("MASTER_PORT")
@@ -134,15 +141,19 @@ def main(argv: List[str]) -> int:
             views = hooks.stage_inputs(batch)
             restores = [plant(f, step, batch, w, reqs, cfg, rank) for f in faults]
             captured, call_dir = hooks.before_forward(step, batch, views, graph)
+            if raise_at == (step, rank):
+                raise RuntimeError(f"engine: --raise-at {step}:{rank}: an error inside forward {step}")
             logits = forward(cfg, w, comm, hooks.kv, views["input_ids"], views["positions"], views["slot_mapping"],
                              views["block_table"], views["seq_lens"], views["query_start_loc"], args.block_size,
                              views["logits_indices"])
             for restore in restores:
                 if restore is not None:
                     restore()
-            if captured:  # the engine's own result of the captured forward, for replay.py to compare with
+            if captured or args.save_every_forward:  # the engine's own result of the forward, for replay.py to compare with
                 torch.save({"logits": logits.clone(), "call_dir": call_dir, "step": step},
                            os.path.join(args.out, f"forward_rank{rank}_step{step}.pt"))
+            if args.step_sleep_ms:
+                time.sleep(args.step_sleep_ms / 1000)
             hooks.check_logits(logits, batch)
             logp = torch.log_softmax(logits, dim=-1)
             argmax = logits.argmax(dim=-1).tolist()

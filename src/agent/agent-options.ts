@@ -5,6 +5,7 @@ import type { RankIdentity } from '../layout';
 import type { Logger } from '../log';
 import type { SnapshotConfig } from '../snapshot/config';
 import type { DirectFilesSettings } from './direct-files';
+import type { RecorderSettings } from './recorder-ring';
 import type { LocalRoots } from './roots';
 import type { WavePath } from './host-receiver';
 
@@ -46,4 +47,6 @@ export interface AgentOptions {
    * (host-receiver.ts, docs/bus.md "One receiver per host").
    */
   wavePath?: WavePath;
+  /** The flight recorder (WAVEBUS_RECORD_FORWARDS): off when absent (docs/recorder.md). */
+  recorder?: RecorderSettings;
 }

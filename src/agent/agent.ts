@@ -5,6 +5,7 @@
 // aggregation. Every rank applies a config, and copies a dump, at the end of the wave its vector
 // names (settle(): one path for every rank).
 import * as fs from 'fs';
+import * as path from 'path';
 import * as zmq from 'zeromq';
 import { AgentBus, type WaveEvent, type SnapshotReplyMsg } from '../bus/agent-bus';
 import { DumpExecutor } from './dump-executor';
@@ -22,7 +23,8 @@ import type { RankIdentity } from '../layout';
 import { createLogger, type Logger } from '../log';
 import { MailboxWriter, MailboxFeature } from '../client/mailbox';
 import type { AgentConfig, DumpLane } from '../messages';
-import { agentEndpoint, mailboxPath } from '../paths';
+import { agentEndpoint, mailboxPath, recorderPath } from '../paths';
+import { FlightRecorder, takeFlushArms } from './flight-recorder';
 import { claimRunDir } from '../launch/run-dir';
 import { bindClientSocket, ClientServer } from './client-server';
 import { busRoleLine } from './bus-role';
@@ -73,6 +75,10 @@ export class Agent {
   /** --wave-path host: the receiver role and its writes into the local peers' mailboxes. */
   private fanout?: HostFanout;
   private receiverTimer?: NodeJS.Timeout;
+  /** The flight recorder (WAVEBUS_RECORD_FORWARDS): none when off. */
+  recorder?: FlightRecorder;
+  /** Recorder flush arms already taken (a snapshot may carry one again). */
+  private readonly flushArms = new Set<string>();
   private files?: FileServer;
   private direct?: DirectFiles;
   private view: RuntimeView = { ...DEFAULT_VIEW };
@@ -125,6 +131,9 @@ export class Agent {
       identity: opts.identity, log: this.log, stats: this.stats, timeline: this.timeline, waves: this.waves, duties: this.duties, dumps: this.dumps, stagingBytes: opts.stagingBytes,
       bus: () => this.bus, view: () => this.view, boundMs: () => this.endOfWaveTimeoutMs,
       settle: (upTo, copyAt) => this.settle(upTo, copyAt), publishFeatures: () => this.publishFeatures(), writeTimeline: () => this.writeTimeline(),
+      // The same name on every rank of the replica: the wave every rank copies at.
+      recorderAtIncident: (wave, jobs) =>
+        this.recorder?.atIncident(`incident-wave${wave}${this.opts.identity.dp > 1 ? `-dp${this.identity.dpRank}` : ''}`, wave, { jobs: jobs.map((j) => j.jobId) }).catch((e) => this.log.error({ err: String((e as Error)?.message ?? e) }, 'flight recorder: incident flush failed')),
     });
     this.live = new LiveCaptures(opts.identity, opts.snapshot?.snapshotRoot ?? opts.roots?.snapshots, this.log, (r) => this.bus?.sendCaptureResult(r), opts.artifactModes);
   }
@@ -160,6 +169,23 @@ export class Agent {
     // Ours and 0700 (created so if missing): nobody else can plant a link or a file in it.
     claimRunDir(runDir, 'run dir (--run-dir / WAVEBUS_RUN_DIR)');
     this.mailbox = MailboxWriter.create(mailboxPath(runDir, identity.localRank));
+    if (this.opts.recorder) {
+      this.recorder = new FlightRecorder({
+        file: recorderPath(runDir, identity.localRank),
+        settings: this.opts.recorder,
+        root: this.opts.roots?.snapshots ?? this.opts.snapshot?.snapshotRoot ?? this.gate.local.dumps,
+        identity,
+        log: this.log,
+        artifactModes: this.opts.artifactModes,
+        crashName: `crash-${path.basename(runDir)}`,
+        onCrash: ({ exit, flush, note }) =>
+          this.bus?.sendEngineCrash({
+            enginePid: exit.pid, exitKnown: exit.code !== null || exit.signal !== null, exitCode: exit.code ?? 0, signal: exit.signal ?? '',
+            lastWave: Math.max(0, ...flush.forwards.map((f) => f.wave)), forwardsFlushed: flush.forwards.filter((f) => f.callDir).length,
+            flushDir: flush.dir, note: /^uncaught ([\w.]+):/.exec(note)?.[1] ?? '', // the type: its message may hold a prompt
+          }),
+      });
+    }
     this.publishFeatures(); // what is known before the bus syncs (snapshots), so clients never see a stale 0
     this.router = await bindClientSocket(agentEndpoint(runDir, identity.localRank));
     void this.clients.serve(this.router);
@@ -230,6 +256,7 @@ export class Agent {
     this.stopped = true;
     if (this.receiverTimer) clearInterval(this.receiverTimer);
     await this.ends.writes.catch(() => undefined);
+    await this.recorder?.stop();
     this.writeTimeline();
     await this.bus?.stop();
     await this.direct?.stop();
@@ -262,6 +289,7 @@ export class Agent {
     if (this.view.detectors.length > 0) bits |= MailboxFeature.DETECTORS;
     if (this.capturer) bits |= MailboxFeature.SNAPSHOTS;
     if (this.live.inForce) bits |= MailboxFeature.LIVE_CAPTURES;
+    if (this.recorder) bits |= MailboxFeature.RECORDER;
     return bits;
   }
 
@@ -291,6 +319,7 @@ export class Agent {
     this.duties.clearConfigs();
     this.applyConfig(s.config, 'SnapshotReply.config');
     this.live.add(s.captures);
+    this.recorderArms(s.captures);
     this.live.seen(s.wave);
     this.mailbox?.setEpoch(s.epoch);
     this.fanout?.setEpoch(s.epoch);
@@ -315,7 +344,10 @@ export class Agent {
     if (this.log.isLevelEnabled('debug')) this.log.debug({ wave, seq: w.head.seq, config: w.config?.version, dumps: w.dump?.jobs.map((j) => j.jobId) }, 'wave');
     if (w.dump) this.dumpLanes.set(wave, w.dump);
     this.live.seen(wave);
-    if (w.head.captures?.length) this.live.add(w.head.captures);
+    if (w.head.captures?.length) {
+      this.live.add(w.head.captures);
+      this.recorderArms(w.head.captures);
+    }
     // Every rank takes a config at the end of its wave, through settle(): a rank whose engine is off
     // the vector goes on it now (publishFeatures), before its engine reaches that wave.
     if (w.config) this.duties.addConfig(wave, w.config.config);
@@ -324,6 +356,10 @@ export class Agent {
     if (this.live.changed() || w.config || w.dump) this.publishFeatures();
     // The newest vector: every wave up to it is decided (a skipped wave has nothing due).
     this.arrive(wave, w.head.configDue, w.head.dumpDue, wave + 1, w.head.snapshotDue);
+  }
+
+  private recorderArms(arms: readonly Record<string, any>[] | undefined): void {
+    takeFlushArms(arms, this.flushArms, this.recorder, this.identity.dpRank, (r) => this.bus?.sendCaptureResult(r));
   }
 
   /** The engine has ended every wave up to `upTo` (`copyAt`: the one ending now): wave-duties.ts. */
@@ -390,6 +426,8 @@ export class Agent {
           .captureSpan(Number(req.beforeForward.context?.globalStep ?? 0), () => offerForward(this.capturer, this.live, this.regions, req.beforeForward, interim, () => this.stats.snapshotsWritten++))
           .finally(() => this.live.changed() && this.publishFeatures());
       case 'close':
+        this.recorder?.engineClosed();
+        return {};
       case 'ping':
         return {};
       default:
@@ -402,8 +440,10 @@ export class Agent {
     if (this.opts.snapshot?.enabled) {
       checkSnapshotGating(this.opts.snapshot, { asyncScheduling: hello.asyncScheduling, backendHasMemoryAccess: true });
     }
+    this.recorder?.engine(hello.pid);
     return {
       mailboxPath: mailboxPath(this.opts.runDir, this.identity.localRank),
+      recorderPath: this.recorder ? recorderPath(this.opts.runDir, this.identity.localRank) : '',
       features: {
         tp0: this.isHead,
         bus: this.view.busActive && Boolean(this.bus) && this.onVector,
@@ -411,6 +451,7 @@ export class Agent {
         itemSync: this.view.itemSync,
         snapshots: Boolean(this.capturer),
         endOfWaveTimeoutMs: this.endOfWaveTimeoutMs,
+        recorderForwards: this.recorder?.forwards ?? 0,
       },
     };
   }

@@ -44,7 +44,8 @@ export class LiveCaptures {
   /** Arms from a head or a snapshot; one already known keeps its capturer (its counts and budget). */
   add(arms: readonly Record<string, any>[] | undefined): void {
     for (const a of arms ?? []) {
-      if (this.arms.has(a.id) || a.replica !== this.identity.dpRank) continue;
+      // A flight recorder flush is not a selection: the agent's recorder takes it (agent.ts).
+      if (this.arms.has(a.id) || a.replica !== this.identity.dpRank || a.flushRecorder) continue;
       const arm = a as CaptureArmMsg;
       if (!this.snapshotRoot) {
         this.log.warn({ id: arm.id }, 'capture arm ignored: this agent has no snapshot root');

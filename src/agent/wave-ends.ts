@@ -28,6 +28,8 @@ export interface WaveEndHost {
   settle: (upTo: number, copyAt?: number) => void;
   publishFeatures: () => void;
   writeTimeline: () => void;
+  /** A dump job of this rank is copied at the end of `wave` (an incident): the flight recorder, if on, reads its ring now (the engine waits) and writes it out behind. */
+  recorderAtIncident?: (wave: number, jobs: readonly { jobId: string; incidentType: string; reqId: string }[]) => Promise<unknown> | undefined;
 }
 
 export class WaveEnds {
@@ -63,6 +65,8 @@ export class WaveEnds {
     const jobs = jobsFor(h.identity, lane.jobs);
     if (jobs.length === 0) return {};
     h.publishFeatures(); // no job waits here any more (a rank off the vector goes back off it)
+    const flushed = h.recorderAtIncident?.(wave, jobs);
+    if (flushed) this.writes = this.writes.then(() => flushed.then(() => undefined));
     const view = h.view();
     const { staged, refused } = await h.dumps.stage(jobs, {
       format: view.format,

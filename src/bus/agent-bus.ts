@@ -199,6 +199,11 @@ export class AgentBus extends EventEmitter {
   }
 
   /** An input snapshot armed on the running job: a bundle written, a failure, or the arm done here. */
+  /** This rank's engine died (the flight recorder flushed): EngineCrash. */
+  sendEngineCrash(crash: Record<string, unknown>): void {
+    this.send({ engineCrash: crash });
+  }
+
   sendCaptureResult(result: Record<string, unknown>): void {
     this.send({ captureResult: { ...result, globalRank: this.rank } });
   }

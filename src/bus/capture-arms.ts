@@ -18,6 +18,8 @@ export interface CaptureArmMsg {
   tpRanks: number[];
   format: number;
   maxCaptures: number;
+  /** A flight recorder flush (`capture --flush-recorder`), not a selection. */
+  flushRecorder?: boolean;
 }
 
 export interface CaptureSpec {
@@ -30,6 +32,7 @@ export interface CaptureSpec {
   maxCaptures: number;
   replicas: number[];
   withinWaves: number;
+  flushRecorder?: boolean;
 }
 
 export interface CaptureResultMsg {
@@ -85,6 +88,7 @@ export class CaptureArms {
         tpRanks: spec.tpRanks,
         format: spec.format,
         maxCaptures: spec.maxCaptures,
+        flushRecorder: Boolean(spec.flushRecorder),
       },
       armed: false,
       // The ranks that capture: every stage's (every rank's agent follows its replica's stream), narrowed by tp rank.
@@ -122,8 +126,11 @@ export class CaptureArms {
           captures.push(e.arm);
         }
         // The engine has begun headWave: every forward up to headWave - 1 has been offered.
-        if (headWave > e.arm.untilWave + 1) e.expired = true;
-        if (!this.finished(e) && wave >= e.arm.wave && wave <= e.arm.untilWave) snapshotDue = true;
+        // A recorder flush is done when every rank answered (its engine may be idle past the wave
+        // for a while: the tool's --timeout bounds the wait).
+        if (!e.arm.flushRecorder && headWave > e.arm.untilWave + 1) e.expired = true;
+        // A recorder flush selects nothing: its engines never offer a forward for it.
+        if (!e.arm.flushRecorder && !this.finished(e) && wave >= e.arm.wave && wave <= e.arm.untilWave) snapshotDue = true;
       }
     }
     return { snapshotDue, captures };

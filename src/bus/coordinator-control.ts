@@ -138,8 +138,8 @@ export class CoordinatorControl {
       protocol_version: PROTOCOL_VERSION,
       captures: this.captures.statusJson(),
       manual_dumps_waiting: this.manualArms?.waiting() ?? 0,
-      // The flight recorder is another feature, not in this build yet.
-      recorder: 'not available',
+      // The flight recorder is the agents' (WAVEBUS_RECORD_FORWARDS); a flush is a capture arm.
+      recorder: 'per agent (WAVEBUS_RECORD_FORWARDS)',
     };
   }
 
@@ -163,7 +163,13 @@ export class CoordinatorControl {
   }
 
   private capture(r: Record<string, any>): Record<string, unknown> {
-    if (r.flushRecorder) throw new Refused('capture --flush-recorder: the flight recorder is not available in this build', 'ERR_RECORDER_UNAVAILABLE');
+    if (r.flushRecorder) {
+      // Every rank of each replica writes out its ring at the same wave (docs/recorder.md).
+      const replicas = this.replicasOf(r, 'capture');
+      const id = this.captures.queue({ requestIds: [], tokenTargets: [], callIndices: [], next: true, tpRanks: [], format: 0, maxCaptures: 1, replicas, withinWaves: 1, flushRecorder: true });
+      this.c.log.info({ id, replicas }, 'flight recorder flush asked for by a control request');
+      return { id };
+    }
     const list = (v: unknown, field: string, ok: (x: any) => boolean, what: string): any[] => {
       const a = Array.isArray(v) ? v : [];
       if (a.length > MAX_CAPTURE_RULES) throw new Refused(`capture.${field}: ${a.length} entries, at most ${MAX_CAPTURE_RULES}`);

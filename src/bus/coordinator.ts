@@ -17,6 +17,7 @@ import { snapshotReply, statusJson } from './coordinator-replies';
 import { FingerprintBook } from '../guard/fingerprint-diff';
 import { RankTable } from './rank-table';
 import { VectorMetrics } from './vector-metrics';
+import { EngineCrashes } from './engine-crashes';
 import { SendQueue } from './send-queue';
 import { ColumnScratch } from '../client/telemetry';
 import { busMetrics, startMetricsServer, type MetricsServer } from '../metrics';
@@ -73,6 +74,8 @@ export class Coordinator extends EventEmitter {
   private readonly admission: Admission;
   /** Late and missed wave vectors per rank, from the agents' heartbeats (/metrics, /healthz). */
   readonly vectors = new VectorMetrics();
+  /** Engines that died under their agents (EngineCrash; /healthz, /metrics). */
+  readonly crashes = new EngineCrashes();
   /** Status and control requests, token challenges (coordinator-control.ts), and the captures armed by control. */
   readonly control: CoordinatorControl;
   /** One rank's dump ack: counted in the ledger once (coordinator-dumps.ts). */
@@ -369,6 +372,9 @@ export class Coordinator extends EventEmitter {
         this.beginWave(msg.waveHead.wave, msg.waveHead.telemetry ?? null, replica);
         return;
       }
+      case 'engineCrash':
+        if (this.rankTable.touch(rank, routingId)) this.crashes.record(rank, msg.engineCrash);
+        return;
       case 'status':
       case 'challenge':
       case 'control':

@@ -17,6 +17,8 @@ export const MailboxFeature = {
   SNAPSHOTS: 8,
   /** A capture armed on the running job is in force here: a forward whose vector is late is waited for (docs/control.md). */
   LIVE_CAPTURES: 16,
+  /** The flight recorder is on: the engine copies each forward's inputs into its ring (docs/recorder.md). */
+  RECORDER: 32,
 } as const;
 
 /** Layout constants (from the addon, the single source of truth). */

@@ -16,6 +16,7 @@ import type { RankIdentity } from '../layout';
 import { ConfigError } from '../errors';
 import { createLogger, type Logger } from '../log';
 import { claimRunDir, makeRunDir, releaseRunDir } from '../launch/run-dir';
+import { recorderSettingsFromEnv } from '../agent/flight-recorder';
 import { resolveSnapshotConfig, snapshotFlagsFromArgv, snapshotOptions } from '../snapshot/config';
 import { checkRunDirFits } from '../paths';
 import { waitForSignal } from './coordinator';
@@ -154,6 +155,7 @@ export const command: CommandModule = {
       wavePath: a.wavePath,
       snapshot,
       roots: { dumps: a.dumpRoot, snapshots: snapshot.snapshotRoot },
+      recorder: recorderSettingsFromEnv(process.env),
       logger: log,
     });
     const signal = waitForSignal();

@@ -59,7 +59,7 @@ export const command: CommandModule = {
       .option('replica', { type: 'string', describe: 'only this DP replica (default: every replica)' })
       .option('within-waves', { type: 'string', describe: 'the capture expires after this many waves (default 10000; --next: 1)' })
       .option('wait', { type: 'boolean', default: false, describe: "wait until every rank's capture is done and print the bundles' paths" })
-      .option('flush-recorder', { type: 'boolean', default: false, describe: "write the flight recorder's buffer (needs a build with the recorder)" }),
+      .option('flush-recorder', { type: 'boolean', default: false, describe: "write out every rank's flight recorder (its last K-1 forwards at the arm's wave; docs/recorder.md)" }),
   handler: (argv) =>
     runControl('capture', argv, () => captureRequest(argv), async (client, capture, deadline) => {
       const { id } = await client.request({ capture }, Math.max(1, deadline - Date.now()));

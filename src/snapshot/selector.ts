@@ -4,7 +4,7 @@ import { ProtocolError } from '../errors';
 import type { ForwardContext } from '../messages';
 import type { SnapshotConfig } from './config';
 
-export type SelectionReason = 'call_index' | 'request' | 'token';
+export type SelectionReason = 'call_index' | 'request' | 'token' | 'recorder';
 
 export interface SelectionMatch {
   /** The request's index in req_ids (upstream's batch_index), for both rules. */

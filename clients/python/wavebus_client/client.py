@@ -83,6 +83,7 @@ class Client(RegionsMixin, CaptureMixin):
         self._sent_regions: Dict[str, Region] = {}
         self._head = WaveHeadBuilder()
         self._closed = False
+        self._rec, self._recorder_path = None, ""  # the flight recorder's ring (live_capture.py)
         self._mb = mb.Mailbox.wait_open(mailbox_path, mailbox_wait_s)
         self._stall = VectorStall(lambda: self._mb)
         self._pending = PendingDumps(lambda: self._mb, due_dumps_asker(self._sock, self._avail, self._bound_s, self._hello, self.stats, self._stall),
@@ -160,6 +161,10 @@ class Client(RegionsMixin, CaptureMixin):
         if not reply.ok:
             raise AgentError(f"the wavebus agent refused hello: {reply.error}", reply.error_code or "ERR_AGENT")
         self.agent_features = Features.from_reply(reply)
+        self._recorder_path = reply.recorder_path
+        if self._rec is not None:  # a new hello may be a new agent with a new ring: mapped again when used
+            self._rec.close()
+            self._rec = None
         if reply.mailbox_path and os.path.realpath(reply.mailbox_path) != os.path.realpath(self.mailbox_path):
             self._mb.close()
             self._mb = mb.Mailbox(reply.mailbox_path)
@@ -356,4 +361,6 @@ class Client(RegionsMixin, CaptureMixin):
                     self._sock.request(pb.ClientRequest(close=pb.Close()), time.monotonic() + 0.2)
             finally:
                 self._sock.close()
+        if self._rec is not None:
+            self._rec.close()
         self._mb.close()

@@ -8,6 +8,7 @@ from . import mailbox as mb
 from . import wavebus_pb2 as pb
 from .errors import CaptureError, ConfigError
 from .forward import context_proto, input_proto
+from .recorder import Recorder, input_source, install_excepthook
 
 
 class CaptureMixin:
@@ -18,12 +19,21 @@ class CaptureMixin:
         are on. Raises CaptureError when a selected capture failed: abort the forward. An agent that
         does not answer within the call bound is not a failed capture: (False, "") with
         ``agent_unavailable`` set, and the forward goes on."""
-        if not self._mb.features & mb.FEATURE_SNAPSHOTS and not self._live_capture_due():
+        feats = self._mb.features
+        rec = self._recorder() if feats & mb.FEATURE_RECORDER else None
+        snap = bool(feats & mb.FEATURE_SNAPSHOTS) or self._live_capture_due()
+        if not snap and rec is None:
             return False, ""
         ctx = context_proto(context)
         if not isinstance(inputs, (list, tuple)):
             raise ConfigError(f"before_forward(): inputs must be a list, got {type(inputs).__name__}")
         tins = [input_proto(x, self._regions, f"before_forward(): inputs[{i}]") for i, x in enumerate(inputs)]
+        if rec is not None:
+            # The flight recorder: one copy into the ring, no message (docs/recorder.md).
+            rec.record(ctx, tins, [input_source(x, t, self._regions) for x, t in zip(inputs, tins)], self._forward_wave())
+            self.stats["recorded"] = self.stats.get("recorded", 0) + 1
+        if not snap:
+            return False, ""
         if self._avail.still_unavailable():
             self.stats["snapshots_skipped"] += 1
             return False, ""
@@ -50,6 +60,17 @@ class CaptureMixin:
         if reply.captured:
             self.stats["captures"] += 1
         return reply.captured, reply.call_dir
+
+    def _recorder(self) -> Optional[Recorder]:
+        """The ring the agent's hello named, mapped once (a hello if none was said yet). None while
+        the agent does not answer: nothing is recorded then, the forward goes on."""
+        if self._rec is not None:
+            return self._rec
+        if self._avail.still_unavailable() or not self._hello(time.monotonic() + self._bound_s()) or not self._recorder_path:
+            return None
+        self._rec = Recorder(self._recorder_path)
+        install_excepthook(self._rec)
+        return self._rec
 
     def _forward_wave(self) -> int:
         """The wave a forward now belongs to: the last wave_head's, or the one after the last ended."""

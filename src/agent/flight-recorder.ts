@@ -1,0 +1,207 @@
+// The flight recorder on the agent (docs/recorder.md): off unless WAVEBUS_RECORD_FORWARDS=K. It
+// owns the ring its engine copies each forward into, watches the engine's pid (from its hello),
+// and writes the ring out when the engine dies without saying goodbye (crash-rank<g>.json beside
+// the forwards) or when asked (a flush named the same on every rank). The engine's per-forward
+// path never reaches the agent.
+import * as fs from 'fs';
+import * as os from 'os';
+import type { ArtifactModes } from '../artifacts/artifact-mode';
+import { ConfigError } from '../errors';
+import type { RankIdentity } from '../layout';
+import type { Logger } from '../log';
+import { flushRing, writeCrash, type EngineExit, type FlushResult } from './recorder-flush';
+import { RecorderRing, type RecorderSettings } from './recorder-ring';
+
+export const DEFAULT_RECORD_MAX_BYTES = 256 * 2 ** 20;
+/** Slots at most (each is a copy of every input of one forward). */
+export const MAX_RECORD_FORWARDS = 4096;
+/** The ring's data bytes at most: it lives in the run dir (tmpfs). */
+export const MAX_RECORD_BYTES = 64 * 2 ** 30;
+/** How often the engine's pid is looked at. */
+export const ENGINE_WATCH_MS = 100;
+
+function intVar(env: NodeJS.ProcessEnv, name: string, lo: number, hi: number): number | undefined {
+  const raw = env[name];
+  if (raw === undefined || raw === '') return undefined;
+  if (!/^\d+$/.test(raw.trim()) || Number(raw) < lo || Number(raw) > hi) throw new ConfigError(`${name} must be an integer in ${lo}..${hi}, got ${JSON.stringify(raw)}`, 'ERR_RECORDER');
+  return Number(raw);
+}
+
+/** WAVEBUS_RECORD_FORWARDS (K; 0 or unset: off) and WAVEBUS_RECORD_MAX_BYTES (the ring's data, default 256 MiB). */
+export function recorderSettingsFromEnv(env: NodeJS.ProcessEnv): RecorderSettings | undefined {
+  const forwards = intVar(env, 'WAVEBUS_RECORD_FORWARDS', 0, MAX_RECORD_FORWARDS) ?? 0;
+  const maxBytes = intVar(env, 'WAVEBUS_RECORD_MAX_BYTES', 1, MAX_RECORD_BYTES) ?? DEFAULT_RECORD_MAX_BYTES;
+  return forwards > 0 ? { forwards, maxBytes } : undefined;
+}
+
+/** What /proc says of a pid: alive, gone (unknown how), or a zombie with its wait status. */
+export function engineState(pid: number): { alive: true } | { alive: false; code: number | null; signal: string | null } {
+  let stat: string;
+  try {
+    stat = fs.readFileSync(`/proc/${pid}/stat`, 'utf8');
+  } catch {
+    try {
+      process.kill(pid, 0);
+      return { alive: true }; // no /proc here
+    } catch (e) {
+      if ((e as NodeJS.ErrnoException).code === 'EPERM') return { alive: true };
+      return { alive: false, code: null, signal: null };
+    }
+  }
+  const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+  if (fields[0] !== 'Z' && fields[0] !== 'X') return { alive: true };
+  // Field 52 (exit_code, Linux 3.5+), the wait status: readable while the parent has not reaped it.
+  const status = Number(fields[49]);
+  if (!Number.isInteger(status)) return { alive: false, code: null, signal: null };
+  const sig = status & 0x7f;
+  return sig ? { alive: false, code: null, signal: signalName(sig) } : { alive: false, code: (status >> 8) & 0xff, signal: null };
+}
+
+function signalName(n: number): string {
+  const found = Object.entries(os.constants.signals).find(([, v]) => v === n);
+  return found ? found[0] : `signal ${n}`;
+}
+
+export interface FlightRecorderOptions {
+  file: string;
+  settings: RecorderSettings;
+  /** Where flushes go (the snapshot root, else the dump root). */
+  root: string | undefined;
+  identity: RankIdentity;
+  log: Logger;
+  artifactModes?: ArtifactModes;
+  /** The name of this host's crash flush (the same for every rank of one launch on this host). */
+  crashName: string;
+  /** A crash was flushed (the agent tells the coordinator). */
+  onCrash?: (c: { file: string; exit: EngineExit; flush: FlushResult; note: string }) => void;
+}
+
+export class FlightRecorder {
+  readonly ring: RecorderRing;
+  private pid = 0;
+  private closedCleanly = false;
+  private timer?: NodeJS.Timeout;
+  private crashed?: Promise<void>;
+  /** Flushes done (name -> result), newest last. */
+  readonly flushes: FlushResult[] = [];
+
+  constructor(private readonly o: FlightRecorderOptions) {
+    this.ring = RecorderRing.create(o.file, o.settings);
+  }
+
+  get forwards(): number {
+    return this.o.settings.forwards;
+  }
+
+  /** The engine said hello (its pid): watch it. */
+  engine(pid: number): void {
+    if (!Number.isSafeInteger(pid) || pid <= 1 || pid === process.pid || pid === this.pid) return;
+    this.pid = pid;
+    this.closedCleanly = false;
+    clearInterval(this.timer);
+    this.timer = setInterval(() => this.check(), ENGINE_WATCH_MS);
+    this.timer.unref();
+  }
+
+  /** The engine closed its client: its end is not a crash. */
+  engineClosed(): void {
+    this.closedCleanly = true;
+    clearInterval(this.timer);
+  }
+
+  /** Checks the engine once more (the agent is stopping) and waits for a crash flush under way. */
+  async stop(): Promise<void> {
+    clearInterval(this.timer);
+    this.check();
+    await this.crashed;
+    this.ring.close({ unlink: true });
+  }
+
+  private check(): void {
+    if (!this.pid || this.closedCleanly || this.crashed) return;
+    const st = engineState(this.pid);
+    if (st.alive) return;
+    clearInterval(this.timer);
+    const exit: EngineExit = { pid: this.pid, code: st.code, signal: st.signal, how: 'the engine process is gone (pid watch)' };
+    this.crashed = this.flushCrash(exit).catch((e) => this.o.log.error({ err: String((e as Error)?.message ?? e) }, 'flight recorder: crash flush failed'));
+  }
+
+  private async flushCrash(exit: EngineExit): Promise<void> {
+    const read = this.ring.read();
+    this.o.log.warn({ pid: exit.pid, code: exit.code, signal: exit.signal, forwards: read.entries.length, note: read.note || undefined }, 'engine died: flushing the flight recorder');
+    const flush = await this.flush(this.o.crashName, 'crash', read);
+    if (!flush) return;
+    const last = read.entries[read.entries.length - 1];
+    const file = writeCrash(flush, exit, read, this.o.identity, Number(last?.entry.wave ?? 0), this.o.artifactModes);
+    this.o.log.warn({ crash: file, dir: flush.dir, written: flush.forwards.filter((f) => f.callDir).length, leftOut: flush.torn.length }, 'flight recorder flushed after the engine died');
+    this.o.onCrash?.({ file, exit, flush, note: read.note });
+  }
+
+  /**
+   * A flush armed for `wave` (every rank of the replica gets the same): once the engine has
+   * recorded a forward past `wave` (or died, or `waitMs` went by), the newest K-1 forwards recorded
+   * at or before it. K-1: the engine may be overwriting the oldest slot while the ring is read.
+   */
+  async flushAtWave(name: string, wave: number, reason: string, waitMs = 10000): Promise<FlushResult | undefined> {
+    const until = Date.now() + waitMs;
+    while (Date.now() < until && !this.crashed && this.ring.newestWave() <= wave) await new Promise((r) => setTimeout(r, 5));
+    const read = this.ring.read();
+    const keep = read.entries.filter((e) => Number(e.entry.wave ?? 0) <= wave).slice(-Math.max(1, this.forwards - 1));
+    const r = await this.flush(name, reason, { ...read, entries: keep, torn: read.torn.filter((t) => keep.length === 0 || t.forward >= keep[0].forward) });
+    this.o.log.info({ name, wave, written: r?.forwards.filter((f) => f.callDir).length ?? 0, dir: r?.dir }, 'flight recorder flushed');
+    return r;
+  }
+
+  /**
+   * An incident's dump is copied at the end of `wave` on this rank: the engine waits in
+   * end_of_wave, so the ring is read now, whole and the same on every rank of the replica (each
+   * has recorded the same forwards up to `wave`); the bundles are written behind the engine.
+   */
+  atIncident(name: string, wave: number, what: Record<string, unknown>): Promise<FlushResult | undefined> {
+    const read = this.ring.read();
+    const keep = read.entries.filter((e) => Number(e.entry.wave ?? 0) <= wave);
+    return this.flush(name, 'incident', { ...read, entries: keep }).then((r) => {
+      this.o.log.warn({ ...what, wave, dir: r?.dir, forwards: r?.forwards.map((f) => f.forward) }, 'flight recorder flushed for an incident');
+      return r;
+    });
+  }
+
+  /** Write the ring out under <root>/recorder/<name> (undefined without a root: logged). */
+  async flush(name: string, reason: string, read = this.ring.read()): Promise<FlushResult | undefined> {
+    if (!this.o.root) {
+      this.o.log.error({ name }, 'flight recorder: no snapshot or dump root on this agent; nothing flushed');
+      return undefined;
+    }
+    const r = await flushRing(read, this.o.root, name, reason, this.o.identity, this.o.artifactModes);
+    this.flushes.push(r);
+    if (this.flushes.length > 64) this.flushes.shift();
+    return r;
+  }
+}
+
+/**
+ * `capture --flush-recorder` arms of replica `dpRank` (each taken once: `seen`): the recorder
+ * writes its ring out at the arm's wave; each rank says where (or why not) as a capture result.
+ */
+export function takeFlushArms(
+  arms: readonly Record<string, any>[] | undefined,
+  seen: Set<string>,
+  recorder: FlightRecorder | undefined,
+  dpRank: number,
+  send: (r: { armId: string; wave: number; callDir: string; error: string; done: boolean }) => void,
+): void {
+  for (const a of arms ?? []) {
+    if (!a.flushRecorder || a.replica !== dpRank || seen.has(a.id)) continue;
+    seen.add(a.id);
+    if (seen.size > 64) seen.delete(seen.values().next().value as string);
+    const say = (callDir: string, error: string) => send({ armId: a.id, wave: Number(a.wave), callDir, error, done: true });
+    if (!recorder) {
+      say('', 'the flight recorder is off on this rank (set WAVEBUS_RECORD_FORWARDS)');
+      continue;
+    }
+    recorder.flushAtWave(`flush-${a.id}`, Number(a.wave), 'user').then(
+      (r) => say(r?.dir ?? '', r ? '' : 'this agent has no snapshot or dump root'),
+      (e) => say('', String((e as Error)?.message ?? e)),
+    );
+  }
+}
