@@ -6,7 +6,7 @@ import * as path from 'path';
 import pino from 'pino';
 import { DumpLedger, MAX_COMPLETE_JOBS_KEPT, MAX_INCOMPLETE_JOBS_KEPT } from '../src/guard/dump-ledger';
 import { WaveStreams } from '../src/bus/wave-streams';
-import { topicOf } from '../src/bus/frames';
+import { replicaTopic, topicOf, WORK_HEAD_TOPIC } from '../src/bus/frames';
 import { busMetrics } from '../src/metrics';
 import { findOrphanDumps, orphanJob } from '../src/guard/orphan-dumps';
 import { kvRankDirFor } from '../src/paths';
@@ -265,7 +265,8 @@ describe('request_info.json is written after the vector that carries the job is 
     expect(head).toMatchObject({ wave: 12, dumpDue: true });
     const job = armed as unknown as DumpJob;
     expect(job.dumpDir).toBe(path.join(root, 'nan', 'q', 'wave_12_dp1'));
-    expect(sent.map((f) => f.topic)).toEqual([topicOf(1, 'head'), topicOf(1, 'dump')]);
+    // A head that carries work goes out under the work topic (lanes-only agents follow only those).
+    expect(sent.map((f) => f.topic)).toEqual([`${replicaTopic(1)}${WORK_HEAD_TOPIC}`, topicOf(1, 'dump')]);
     for (const f of sent) expect(f).toMatchObject({ dir: true, info: false });
     // begin() returned: the record is on disk, whole, with what was decided at arm.
     const info = JSON.parse(fs.readFileSync(path.join(job.dumpDir, 'request_info.json'), 'utf8'));

@@ -60,6 +60,8 @@ export function agentCorpus(): Buffer[] {
     // a rank's fingerprint (stored cut to local limits; mutations make garbage of its strings and lists)
     { globalRank: 0, fingerprint: { wavebusVersion: '0.1.0', language: 'python', env: [{ name: 'NCCL_ALGO', value: 'Ring' }, { name: 'NCCL_X_TOKEN', redacted: true }], weights: [{ name: 'w', checksum: 'crc32c:0123abcd', bytes: 4, dtype: 'float32' }] } },
     { globalRank: 7, fingerprint: { wavebusVersion: '0.1.0' } },
+    // an agent's word that its engine died (kept in /healthz engine_crashes, bounded)
+    { globalRank: 0, engineCrash: { enginePid: 4242, exitKnown: true, signal: 'SIGKILL', lastWave: 12, forwardsFlushed: 3, flushDir: '/x/recorder/crash-a', note: 'RuntimeError' } },
   ].map((m) => encodeAgentMessage(m));
   coversOneof('AgentMessage', 'body', corpusKinds(out), 'coordinator ROUTER');
   return out;
@@ -140,6 +142,7 @@ export const AGENT_BODIES = perKind<BodyRule>('AgentMessage', 'body', {
   control: { withoutMac: 'refusal', fate: () => ({ reply: 'control' }) }, // answered, armed or refused in words
   captureResult: { claims: ownRank, fate: fromThisConnection },
   fingerprint: { claims: ownRank, fate: fromThisConnection }, // stored only from the connection the rank said Hello on
+  engineCrash: { claims: ownRank, fate: fromThisConnection }, // recorded only from the connection the rank said Hello on
   fileList: { claims: ownRank, fate: unasked },
   fileChunk: { claims: ownRank, fate: unasked },
   fileServe: { claims: ownRank, fate: unasked },
