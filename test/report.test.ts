@@ -147,6 +147,12 @@ test('recorder flushes: incident, crash and user flushes listed with their forwa
   // The flushed forwards are snapshots to inspect, not counted as the job's input snapshots.
   expect(page.dom).toMatch(/<th>recorder flushes<\/th><td>3<\/td>/);
   await screenshot(out, path.join(ARTIFACTS, 'report-recorder.png'));
+  // wavebus trace marks the crash on rank 1's track.
+  const traceOut = path.join(work, 'recorder.trace.json');
+  expect(runWavebus(['trace', root, '-o', traceOut]).code).toBe(0);
+  const crashes = JSON.parse(fs.readFileSync(traceOut, 'utf8')).traceEvents.filter((e: any) => e.cat === 'crash');
+  expect(crashes).toHaveLength(1);
+  expect(crashes[0]).toMatchObject({ name: 'engine crash (SIGKILL)', ph: 'i', args: { last_wave: 14, signal: 'SIGKILL', exception: 'RuntimeError', left_out: [5] } });
 });
 
 test('a flipped byte and a missing rank: both in red on the page, the banner says so, exit 1', async () => {

@@ -18,6 +18,8 @@ export interface CrashSummary {
   /** The uncaught exception's type (the note up to its first ':'), never its message. */
   exception: string | null;
   leftOut: number[];
+  /** When the agent wrote it (ms since the epoch), for `wavebus trace`; null when unreadable. */
+  timeMs: number | null;
 }
 
 export interface RecorderFlush {
@@ -77,6 +79,7 @@ export function addRecorderFile(tree: ReportTree, parts: string[], read: () => a
       signal: typeof doc.signal === 'string' ? doc.signal.slice(0, 32) : null,
       lastWave: nat(doc.last_wave),
       exception: exc ? exc[1].slice(0, 128) : null,
+      timeMs: typeof doc.time === 'string' && Number.isFinite(Date.parse(doc.time)) ? Date.parse(doc.time) : null,
       leftOut: Array.isArray(doc.left_out) ? doc.left_out.map((t: any) => nat(t?.forward)).filter((n: number | null): n is number => n !== null).slice(0, 4096) : [],
     });
   } else {
