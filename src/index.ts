@@ -36,6 +36,7 @@ export { launch } from './launch/launcher';
 export { FingerprintBook, type FingerprintDiff, type DiffEntry } from './guard/fingerprint-diff';
 export type { Fingerprint } from './guard/fingerprint';
 export { TokenHasher } from './guard/token-hash';
+export type { RecorderFlushListing } from './guard/recorder-listing';
 export { parseLaunchOptions } from './launch/options';
 export type { LaunchOptions } from './launch/options';
 
@@ -60,5 +61,6 @@ export { bisect } from './tools/bisect';
 export type { BisectOptions, BisectResult } from './tools/bisect';
 export { buildReport, writeReport } from './tools/report';
 export type { ReportOptions } from './tools/report';
+export type { RecorderFlush, CrashSummary } from './tools/report/recorder-section';
 export { buildTrace, writeTrace } from './tools/trace';
 export type { TraceEvent, TraceFile } from './tools/trace';

@@ -221,3 +221,8 @@ export function inKvRankDirOf(relPath: string, g: number, layout: WorldLayout | 
 
 /** The folder under the dump root that holds the ranks' and the coordinator's wave timing (`wavebus trace`), not an incident type. */
 export const TIMELINE_DIR = 'timeline';
+
+/** A flight recorder's incident flush folder (under recorder/): the agents write it, the guard lists it. */
+export function incidentFlushName(wave: number, layout: { dp: number }, replica: number): string {
+  return `incident-wave${wave}${layout.dp > 1 ? `-dp${replica}` : ''}`;
+}

@@ -8,6 +8,10 @@ import * as path from 'path';
 import { CHROMIUM, count, loadPage, screenshot } from './chromium';
 import { cleanup, ROOT, runWavebus, tmpDir } from './helpers';
 import { generatedTree, realJobTree, type JobTree } from './report-trees';
+import { RecorderRing } from '../src/agent/recorder-ring';
+import { flushRing, writeCrash } from '../src/agent/recorder-flush';
+import { resolveIdentity } from '../src/launch/identity';
+import { runPython } from './helpers';
 
 jest.setTimeout(300000);
 
@@ -79,6 +83,76 @@ test("a real job's page: sections, counts read from the DOM match the tree, no c
 
   await screenshot(out, path.join(ARTIFACTS, 'report-job.png'));
   expect(fs.statSync(path.join(ARTIFACTS, 'report-job.png')).size).toBeGreaterThan(10000);
+});
+
+/** Records forwards 1..n into a real ring (the Python client's writer); `die`: dies inside that forward's copy. */
+const RING_WRITER = `import os, sys, ctypes, numpy as np
+from wavebus_client.recorder import Recorder
+from wavebus_client import wavebus_pb2 as pb
+path, n, die = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+rec = Recorder(path)
+bufs = [np.full(16, i + 1, dtype=np.int64) for i in range(n)]
+real = ctypes.memmove
+for i in range(n):
+    if i + 1 == die:
+        rec.note("uncaught RuntimeError: boom <b>")
+        def dying(dst, src, nb):
+            real(dst, src, nb // 2)
+            os._exit(9)
+        ctypes.memmove = dying
+    ctx = pb.ForwardContext(compilation_hash="g", global_step=100 + i, req_ids=["r"], positions=[0] * 16)
+    rec.record(ctx, [pb.TensorInput(region="ids", offset=0, dtype="int64", shape=[16])], [(bufs[i].ctypes.data, bufs[i].nbytes)], 10 + i)
+`;
+
+test('recorder flushes: incident, crash and user flushes listed with their forwards per rank and the crash summary', async () => {
+  const root = path.join(work, 'recorder-tree');
+  fs.cpSync(tree.root, root, { recursive: true });
+  const snaps = path.join(root, 'snapshots');
+  const env = { PYTHONPATH: path.join(ROOT, 'clients', 'python') };
+  const id = (rank: number) => resolveIdentity({}, { rank, worldSize: 2, tp: 2, pp: 1 });
+  // Ring A: forwards 1..6 (waves 10..15) whole. An incident at dump wave 13 flushes forwards <= wave 13 on both ranks; a user flush writes all.
+  const a = RecorderRing.create(path.join(work, 'ring-a'), { forwards: 4, maxBytes: 4 * 4096 });
+  runPython(RING_WRITER, [path.join(work, 'ring-a'), '6', '0'], { env });
+  const readA = a.read();
+  const upTo13 = { ...readA, entries: readA.entries.filter((e) => Number(e.entry.wave) <= 13) };
+  for (const r of [0, 1]) await flushRing(upTo13, snaps, 'incident-wave13', 'incident', id(r));
+  await flushRing(readA, snaps, 'flush-capture-1', 'user', id(0));
+  a.close({ unlink: true });
+  // Ring B: the engine dies inside forward 5's copy: forwards 2..4 flushed, 5 left out, crash-rank1.json.
+  const b = RecorderRing.create(path.join(work, 'ring-b'), { forwards: 4, maxBytes: 4 * 4096 });
+  expect(() => runPython(RING_WRITER, [path.join(work, 'ring-b'), '5', '5'], { env })).toThrow();
+  const readB = b.read();
+  const crash = await flushRing(readB, snaps, 'crash-run', 'crash', id(1));
+  writeCrash(crash, { pid: 4242, code: null, signal: 'SIGKILL', how: 'pid gone' }, readB, id(1), 14);
+  b.close({ unlink: true });
+
+  const out = path.join(work, 'recorder.html');
+  const r = runWavebus(['report', root, '-o', out]);
+  expect(r.stderr).toBe('');
+  expect(r.code).toBe(0);
+  const page = await loadPage(out);
+  expect(page.console).toEqual([]);
+  expect(page.dom).toMatch(/id="recorder-flushes" data-count="3"/);
+  const rowOf = (kind: string) => new RegExp(`<tr class="recorder-flush" data-kind="${kind}">([\\s\\S]*?)</tr>`).exec(page.dom)?.[1] ?? '';
+  const inc = rowOf('incident');
+  expect(inc).toContain('snapshots/recorder/incident-wave13');
+  expect(inc).toContain('dump wave 13');
+  expect(inc).toContain('rank 0: 3-4; rank 1: 3-4');
+  expect(rowOf('user')).toContain('rank 0: 3-6');
+  const cr = rowOf('crash');
+  expect(cr).toContain('rank 1: 2-4');
+  expect(cr).toMatch(/crash-rank1\.json<\/a>: signal SIGKILL, last wave 14, <code>RuntimeError<\/code>, left out: forward 5/);
+  // The exception's message is not shown (only its type), and nothing from the tree runs.
+  expect(page.dom).not.toContain('boom');
+  // The flushed forwards are snapshots to inspect, not counted as the job's input snapshots.
+  expect(page.dom).toMatch(/<th>recorder flushes<\/th><td>3<\/td>/);
+  await screenshot(out, path.join(ARTIFACTS, 'report-recorder.png'));
+  // wavebus trace marks the crash on rank 1's track.
+  const traceOut = path.join(work, 'recorder.trace.json');
+  expect(runWavebus(['trace', root, '-o', traceOut]).code).toBe(0);
+  const crashes = JSON.parse(fs.readFileSync(traceOut, 'utf8')).traceEvents.filter((e: any) => e.cat === 'crash');
+  expect(crashes).toHaveLength(1);
+  expect(crashes[0]).toMatchObject({ name: 'engine crash (SIGKILL)', ph: 'i', args: { last_wave: 14, signal: 'SIGKILL', exception: 'RuntimeError', left_out: [5] } });
 });
 
 test('a flipped byte and a missing rank: both in red on the page, the banner says so, exit 1', async () => {

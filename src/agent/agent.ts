@@ -23,7 +23,7 @@ import type { RankIdentity } from '../layout';
 import { createLogger, type Logger } from '../log';
 import { MailboxWriter, MailboxFeature } from '../client/mailbox';
 import type { AgentConfig, DumpLane } from '../messages';
-import { agentEndpoint, mailboxPath, recorderPath } from '../paths';
+import { agentEndpoint, incidentFlushName, mailboxPath, recorderPath } from '../paths';
 import { FlightRecorder, takeFlushArms } from './flight-recorder';
 import { claimRunDir } from '../launch/run-dir';
 import { bindClientSocket, ClientServer } from './client-server';
@@ -133,7 +133,7 @@ export class Agent {
       settle: (upTo, copyAt) => this.settle(upTo, copyAt), publishFeatures: () => this.publishFeatures(), writeTimeline: () => this.writeTimeline(),
       // The same name on every rank of the replica: the wave every rank copies at.
       recorderAtIncident: (wave, jobs) =>
-        this.recorder?.atIncident(`incident-wave${wave}${this.opts.identity.dp > 1 ? `-dp${this.identity.dpRank}` : ''}`, wave, { jobs: jobs.map((j) => j.jobId) }).catch((e) => this.log.error({ err: String((e as Error)?.message ?? e) }, 'flight recorder: incident flush failed')),
+        this.recorder?.atIncident(incidentFlushName(wave, this.opts.identity, this.identity.dpRank), wave, { jobs: jobs.map((j) => j.jobId) }).catch((e) => this.log.error({ err: String((e as Error)?.message ?? e) }, 'flight recorder: incident flush failed')),
     });
     this.live = new LiveCaptures(opts.identity, opts.snapshot?.snapshotRoot ?? opts.roots?.snapshots, this.log, (r) => this.bus?.sendCaptureResult(r), opts.artifactModes);
   }
@@ -202,6 +202,7 @@ export class Agent {
         coordinator: this.opts.coordinator,
         identity,
         heartbeatMs: this.opts.heartbeatMs,
+        recorderForwards: this.recorder?.forwards ?? 0,
         logger: this.log,
         dropSeqs: this.opts.dropSeqs,
         curve: this.opts.curve,

@@ -21,6 +21,8 @@ export interface AgentBusOptions {
    */
   dropSeqs?: (seq: number) => boolean;
   agentVersion?: string;
+  /** The flight recorder's K (0: off), told in Hello so incident reports can list the flush. */
+  recorderForwards?: number;
   /**
    * CURVE client keys: SUB and DEALER encrypt and authenticate to a coordinator with this server
    * key; this agent's public key must be on the coordinator's allow-list.

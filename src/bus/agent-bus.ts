@@ -232,7 +232,7 @@ export class AgentBus extends EventEmitter {
   }
 
   private sendHello(subscribed: boolean): void {
-    this.send({ hello: { identity: identityToProto(this.identity), subscribed, agentVersion: this.opts.agentVersion ?? '', protocolVersion: PROTOCOL_VERSION } });
+    this.send({ hello: { identity: identityToProto(this.identity), subscribed, agentVersion: this.opts.agentVersion ?? '', protocolVersion: PROTOCOL_VERSION, recorderForwards: this.opts.recorderForwards ?? 0 } });
   }
 
   private requestSnapshot(): void {

@@ -334,6 +334,7 @@ export class Coordinator extends EventEmitter {
         const r = id.globalRank ?? rank;
         this.rankTable.hello(r, routingId, id);
         this.control.hello(r, msg.hello.protocolVersion);
+        this.policy?.onAgentHello?.(r, { recorderForwards: Number(msg.hello.recorderForwards ?? 0) });
         // Readiness handshake: the agent waits for any frame on its SUB before asking for a snapshot.
         this.heartbeatSoon();
         return;

@@ -31,6 +31,8 @@ export interface CoordinatorPolicy {
   onDumpResult?(result: DumpResult): void;
   /** Ranks that have not acked `jobId` when its ack timeout expired (already in the ledger). */
   onDumpTimeout?(jobId: string, missingRanks: number[]): void;
+  /** An agent said hello (what it runs that the policy's records name: its flight recorder's K). */
+  onAgentHello?(rank: number, hello: { recorderForwards: number }): void;
   /** Merged into /healthz and StatusReply.status_json. */
   status(): Record<string, unknown>;
   /** What a (re)joining agent of `replica` needs beyond its stream's position. */

@@ -63,6 +63,8 @@ export interface LedgerOptions {
   log?: Pick<Logger, 'info' | 'warn' | 'error'>;
   /** Modes of request_info.json, manifest.json, dump_skipped.json and the folders made for them. */
   modes?: ArtifactModes;
+  /** What request_info.json says of the incident's flight recorder flush (recorder-listing.ts), from the job's ranks. */
+  recorderFlush?: (job: DumpJob) => Record<string, unknown> | undefined;
 }
 
 interface Entry {
@@ -211,7 +213,8 @@ export class DumpLedger {
       throw fsFailure('mkdir', dir, e);
     }
     this.add({ job, recorded: true, ppStages, acks: new Map(), timedOut: false, finished: false, ok: false, windowOpen: spec.copyWindow ?? false, held: false });
-    this.info.defer(job.jobId, dir, requestInfoJson(job, ppStages, this.writerOf(spec.replica), this.opts.layout, spec.info));
+    const recorder = this.opts.recorderFlush?.(job);
+    this.info.defer(job.jobId, dir, requestInfoJson(job, ppStages, this.writerOf(spec.replica), this.opts.layout, recorder ? { ...spec.info, recorder_flush: recorder } : spec.info));
     this.armed++;
     return job;
   }

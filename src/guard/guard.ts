@@ -31,6 +31,7 @@ import { incidentReport } from './incident-report';
 import { ManualArms, manualDumpJobs, type ArmOutcome } from './manual-arms';
 import { TelemetryColumnizer } from '../client/telemetry';
 import { dumpRootOf, loadStartupConfig, StartupConfig, StartupIssue, StartupOptions } from './startup';
+import { RecorderRanks, type RecorderFlushListing } from './recorder-listing';
 
 export const MANUAL_TRIGGER = 'manual_trigger';
 
@@ -58,6 +59,8 @@ export interface GuardOptions {
 }
 
 export class Guard implements CoordinatorPolicy {
+  /** Each rank's flight recorder K (its Hello): incident reports list the flush a dump causes. */
+  private readonly recorderRanks: RecorderRanks;
   private readonly opts: GuardOptions;
   private readonly log: Logger;
   /** Configs sent per replica, for `wavebus trace`'s coordinator track. */
@@ -111,7 +114,11 @@ export class Guard implements CoordinatorPolicy {
     this.configHistory = new ConfigHistory(opts.artifactModes ?? DEFAULT_ARTIFACT_MODES, this.log);
     this.fingerprints = new FingerprintBook(layout);
     this.hasher = opts.tokenHasher ?? TokenHasher.ephemeral();
-    this.ledger = new DumpLedger({ ackTimeoutMs: opts.dumpAckTimeoutMs, layout, log: this.log, modes: opts.artifactModes });
+    this.recorderRanks = new RecorderRanks(layout.worldSize);
+    this.ledger = new DumpLedger({
+      ackTimeoutMs: opts.dumpAckTimeoutMs, layout, log: this.log, modes: opts.artifactModes,
+      recorderFlush: (job) => this.recorderRanks.listing(job.armWave, job.replica, job.ranks, layout) as Record<string, unknown> | undefined,
+    });
     // Dumps a killed predecessor left without a manifest get one that says so.
     for (const o of findOrphanDumps(this.dumpRoot(), layout, this.log)) this.ledger.adopt(o.job, o.ppStages);
     this.metric = counter('wavebus_incidents_total', 'Runtime guard incidents, by type and action taken', ['incident_type', 'action'] as const);
@@ -290,6 +297,7 @@ export class Guard implements CoordinatorPolicy {
     let dumpDir: string | null = null;
     let skippedReason: string | undefined;
     let finishedAtDump = false;
+    let recorderFlush: RecorderFlushListing | undefined;
     if (wantDump) {
       const taken = rs.autoQuota.tryTake(this.clock(), cfg.dump);
       if (!taken.ok) {
@@ -310,6 +318,7 @@ export class Guard implements CoordinatorPolicy {
           dumpArmWave = wave;
           dumpDir = own.job.dumpDir;
           finishedAtDump = own.job.requestFinishedAtDump;
+          recorderFlush = this.recorderRanks.listing(wave, rs.replica, own.job.ranks, this.opts.layout);
           this.count(type, 'dump_kv');
         } else if (own.failed) {
           this.count(type, 'dump_failed');
@@ -329,6 +338,7 @@ export class Guard implements CoordinatorPolicy {
     if (actions.includes('report')) {
       const report = incidentReport(cfg, rs, hit, st, detectWave, { attempted: wantDump, armWave: dumpArmWave, dir: dumpDir, finishedAtDump, skippedReason }, this.hasher);
       report.fingerprint_diff = this.fingerprints.diff();
+      if (recorderFlush) report.recorder_flush = recorderFlush;
       try {
         // Token ids in it (save_sensitive_info): created owner-only, never readable by the group.
         const modes = this.opts.artifactModes ?? DEFAULT_ARTIFACT_MODES;
@@ -354,6 +364,10 @@ export class Guard implements CoordinatorPolicy {
         count: (action) => this.count(MANUAL_TRIGGER, action),
       });
     });
+  }
+
+  onAgentHello(rank: number, hello: { recorderForwards: number }): void {
+    this.recorderRanks.hello(rank, hello.recorderForwards);
   }
 
   status(): Record<string, unknown> {

@@ -6,6 +6,7 @@ import { DEFAULT_ARTIFACT_MODES, type ArtifactModes } from '../artifacts/artifac
 import { joinUnder, safeComponent } from '../artifacts/sanitize';
 import { artifactWrite, writeJsonAtomic } from '../artifacts/atomic-write';
 import type { FingerprintDiff } from './fingerprint-diff';
+import type { RecorderFlushListing } from './recorder-listing';
 
 /** Local time as YYYYmmdd_HHMMSS_mmm (the seed's report file stamp). */
 export function reportStamp(d: Date): string {
@@ -31,6 +32,8 @@ export interface IncidentReport {
   request_finished_at_dump?: boolean;
   /** What differs between ranks that should agree (fingerprint-diff.ts; docs/fingerprints.md). */
   fingerprint_diff?: FingerprintDiff;
+  /** The flight recorder flush this incident's dump causes on its ranks (recorder-listing.ts; docs/recorder.md). */
+  recorder_flush?: RecorderFlushListing;
 }
 
 /**

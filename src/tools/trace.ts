@@ -59,6 +59,8 @@ export function buildTrace(tree: ReportTree): TraceFile {
   for (const c of tree.configHistory) times.push(c[3]);
   const incidentMs = tree.incidents.map((i) => Date.parse(String(i.report.ts)));
   for (const m of incidentMs) if (Number.isFinite(m)) times.push(m);
+  const crashes = tree.recorderFlushes.flatMap((f) => f.crashes.filter((c) => c.timeMs !== null && c.rank >= 0).map((c) => ({ ...c, dir: f.dir })));
+  for (const c of crashes) times.push(c.timeMs!);
   const t0 = times.length ? Math.min(...times) : 0;
   const us = (ms: number) => Math.round((ms - t0) * 1000);
   const events: TraceEvent[] = [meta(COORDINATOR_PID, 0, 'process_name', 'coordinator'), meta(COORDINATOR_PID, 0, 'process_sort_index', 0), meta(COORDINATOR_PID, 0, 'thread_name', 'config changes')];
@@ -83,6 +85,11 @@ export function buildTrace(tree: ReportTree): TraceFile {
     nameRank(g);
     events.push({ name: `${inc.type} ${String(inc.report.req_id)}`, cat: 'incident', ph: 'i', s: 't', ts: us(incidentMs[i]), pid: rankPid(g), tid: TRACE_THREADS.waves, args: { incident_type: inc.type, req_id: inc.report.req_id, detect_wave: inc.report.detect_wave, dump_arm_wave: inc.report.dump_arm_wave, report: inc.file } });
   });
+  // An engine death its agent recorded (crash-rank<g>.json): when the agent noticed it.
+  for (const c of crashes) {
+    nameRank(c.rank);
+    events.push({ name: `engine crash${c.signal ? ` (${c.signal})` : ''}`, cat: 'crash', ph: 'i', s: 'p', ts: us(c.timeMs!), pid: rankPid(c.rank), tid: TRACE_THREADS.waves, args: { last_wave: c.lastWave, exit_code: c.exitCode, signal: c.signal, exception: c.exception, left_out: c.leftOut, record: c.file } });
+  }
   // Metadata first, then by time: each track's events in order.
   events.sort((a, b) => (a.ph === 'M' ? 0 : 1) - (b.ph === 'M' ? 0 : 1) || a.ts - b.ts);
   return {

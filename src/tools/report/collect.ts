@@ -9,6 +9,7 @@ import { readLayoutJson } from '../../paths';
 import type { WorldLayout } from '../../layout';
 import { ConfigError } from '../../errors';
 import { bisectOf, MAX_BISECT_BYTES, MAX_BISECT_FILES, type BisectDoc } from './bisect-section';
+import { addRecorderFile, type RecorderFlush } from './recorder-section';
 
 /** Reports and records are a few KiB; a timeline is at most a few MiB. */
 const MAX_JSON_BYTES = 16 << 20;
@@ -47,6 +48,9 @@ export interface ReportTree {
   /** `wavebus bisect --out` results saved as bisect/<name>.json, by name; those past the cap are counted. */
   bisects: BisectDoc[];
   bisectsLeftOut: number;
+  /** Flight recorder flushes (recorder/<name>/ folders); those past the cap are counted. */
+  recorderFlushes: RecorderFlush[];
+  recorderFlushesLeftOut: number;
   /** Files the tree has that could not be read as what their name says. */
   unreadable: string[];
 }
@@ -118,7 +122,7 @@ export function collectTree(root: string, opts: { verify?: boolean } = {}): Repo
   }
   if (!st.isDirectory()) throw new ConfigError(`${root}: not a directory`);
   const inspect = inspectTree(abs, { verify: opts.verify ?? true });
-  const tree: ReportTree = { root: abs, inspect, incidents: [], configs: [], timelines: [], configHistory: [], bisects: [], bisectsLeftOut: 0, unreadable: [] };
+  const tree: ReportTree = { root: abs, inspect, incidents: [], configs: [], timelines: [], configHistory: [], bisects: [], bisectsLeftOut: 0, recorderFlushes: [], recorderFlushesLeftOut: 0, unreadable: [] };
   const waves = inspect.bundles.filter((b) => b.kind === 'dump_wave');
   enrich(abs, inspect.bundles);
   for (const f of walkFiles(abs)) {
@@ -132,6 +136,7 @@ export function collectTree(root: string, opts: { verify?: boolean } = {}): Repo
         return undefined;
       }
     };
+    if (addRecorderFile(tree, parts, read)) continue;
     if (REPORT_FILE.test(base) && parts.length >= 2 && parts[parts.length - 2] !== 'kv_cache') {
       const doc = read();
       if (doc && typeof doc === 'object' && typeof doc.incident_type === 'string') {

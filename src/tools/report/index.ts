@@ -27,7 +27,7 @@ export function buildReport(dir: string, opts: ReportOptions): { html: string; f
   const v = verification(tree);
   const pageDir = path.dirname(path.resolve(opts.out));
   const html = page(`wavebus report: ${path.basename(tree.root)}`, banner(v), [
-    jobSection(tree),
+    jobSection(tree, pageDir),
     timelineSection(tree),
     gridSection(tree),
     incidentsSection(tree, { pageDir, vocab: opts.vocab, heatmapBudget: HEATMAP_BUDGET }),

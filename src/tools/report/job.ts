@@ -4,6 +4,7 @@ import * as path from 'path';
 import { packageRoot } from '../../paths';
 import type { ReportTree } from './collect';
 import { esc, jsonCell, kvTable } from './html';
+import { recorderFlushes } from './recorder-section';
 
 function wavebusVersion(): string {
   try {
@@ -42,7 +43,7 @@ export function rankRanges(ranks: number[]): string {
   return out.join(',');
 }
 
-export function jobSection(tree: ReportTree): string {
+export function jobSection(tree: ReportTree, pageDir: string = process.cwd()): string {
   const l = tree.layout;
   const hosts = hostsOf(tree);
   const facts: Record<string, unknown> = {
@@ -51,7 +52,8 @@ export function jobSection(tree: ReportTree): string {
     hosts: hosts.size ? [...hosts].map(([h, r]) => `${h}: ranks ${rankRanges(r)}`).join('; ') : 'not recorded (no rank timeline in the tree)',
     incidents: tree.incidents.length,
     'KV dumps': tree.inspect.bundles.filter((b) => b.kind === 'dump_wave').length,
-    'input snapshots': tree.inspect.bundles.filter((b) => b.kind === 'snapshot').length,
+    'input snapshots': tree.inspect.bundles.filter((b) => b.kind === 'snapshot' && !b.dir.split('/').includes('recorder')).length,
+    'recorder flushes': tree.recorderFlushes.length + tree.recorderFlushesLeftOut,
   };
   const versions: Record<string, unknown> = {
     'wavebus (this page)': wavebusVersion(),
@@ -66,6 +68,6 @@ ${kvTable(facts)}
 <h3>Versions</h3>${kvTable(versions)}
 ${configs}
 <h3>Fingerprint differences</h3><p id="fingerprints">none recorded (this job's ranks record no fingerprints)</p>
-<h3>Recorder flushes</h3><p id="recorder-flushes">none: wavebus has no flight recorder yet, so no tree holds recorder flushes</p>
+<h3>Recorder flushes</h3>${recorderFlushes(tree, pageDir)}
 </section>`;
 }
