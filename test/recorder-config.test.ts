@@ -6,6 +6,9 @@
 import * as fs from 'fs';
 import * as path from 'path';
 import { runtimeView } from '../src/agent/runtime-view';
+import { applyRecorderConfig, FlightRecorder, takeFlushArms } from '../src/agent/flight-recorder';
+import { resolveIdentity } from '../src/launch/identity';
+import { createLogger } from '../src/log';
 import { crashNote } from '../src/agent/recorder-flush';
 import { agentConfig } from '../src/guard/agent-config';
 import { configFromRaw, defaultConfig } from '../src/guard/config';
@@ -46,6 +49,30 @@ test('the ring is not resized live: a size other than the startup one is named, 
   expect(recorderSizeMismatch(ring, 8, 0)).toMatch(/recorder\.forwards = 8 \(the ring has 4\).*restart the agents/);
   expect(recorderSizeMismatch(ring, 0, 2048)).toMatch(/recorder\.max_bytes = 2048 \(the ring has 1024\)/);
   expect(recorderSizeMismatch(undefined, 8, 0)).toMatch(/started without the flight recorder: set WAVEBUS_RECORD_FORWARDS/);
+});
+
+test('an agent applies recorder.on live, and refuses to resize its ring (once per setting)', async () => {
+  const dir = tmpDir('wavebus-reccfg-unit-');
+  const identity = resolveIdentity({ RANK: '0', LOCAL_RANK: '0', WORLD_SIZE: '1', LOCAL_WORLD_SIZE: '1' });
+  const rec = new FlightRecorder({ file: path.join(dir, 'ring'), settings: { forwards: 4, maxBytes: 4096 }, root: path.join(dir, 'out'), identity, log: createLogger('t', 'silent'), crashName: 'crash-t' });
+  try {
+    const warned = new Set<string>();
+    const view = (on: string[], forwards = 0) => ({ recorder: { on: on as any, forwards, maxBytes: 0 }, sensitive: false as const });
+    expect(applyRecorderConfig(rec, view(['crash']), createLogger('t', 'silent'), warned)).toBeUndefined();
+    const said: any[] = [];
+    takeFlushArms([{ id: 'capture-1', flushRecorder: true, replica: 0, wave: 3 }], new Set(), rec, 0, (r) => said.push(r));
+    expect(said).toEqual([{ armId: 'capture-1', wave: 3, callDir: '', error: 'recorder.on leaves out "flush" on this rank (the runtime config)', done: true }]);
+    expect(await rec.atIncident('incident-wave3', 3, {})).toBeUndefined();
+    expect(fs.existsSync(path.join(dir, 'out'))).toBe(false);
+    expect(applyRecorderConfig(rec, view(['crash', 'incident', 'flush'], 8), createLogger('t', 'silent'), warned)).toMatch(/recorder\.forwards = 8 \(the ring has 4\)/);
+    expect(warned.size).toBe(1);
+    applyRecorderConfig(rec, view(['flush'], 8), createLogger('t', 'silent'), warned);
+    expect(warned.size).toBe(1);
+    expect(rec.writesOn('flush') && !rec.writesOn('crash')).toBe(true);
+    expect(rec.forwards).toBe(4);
+  } finally {
+    await rec.stop();
+  }
 });
 
 test('crash-rank<g>.json keeps the exception message only with save_sensitive_info true', () => {
