@@ -26,6 +26,13 @@ export interface AgentConfig {
   dumpRoot: string;
   /** dump.pp_stages is "all". */
   allPpStages: boolean;
+  /** recorder.on: the flight recorder's triggers in force (src/guard/recorder-config.ts). */
+  recorderOn: string[];
+  /** recorder.forwards / max_bytes; 0: as the agent started (the ring is sized at startup only). */
+  recorderForwards: number;
+  recorderMaxBytes: number;
+  /** proto SensitiveInfo number: report.save_sensitive_info (src/guard/recorder-config.ts maps it). */
+  saveSensitiveInfo: number;
 }
 
 export interface ConfigLane {

@@ -36,6 +36,10 @@ describe('agentConfig (the one builder)', () => {
       freeHeadroomBytes: d.dump.free_headroom_bytes,
       dumpRoot: '/dumps',
       allPpStages: d.dump.pp_stages === 'all',
+      recorderOn: d.recorder.on,
+      recorderForwards: d.recorder.forwards,
+      recorderMaxBytes: d.recorder.max_bytes,
+      saveSensitiveInfo: 0,
     });
     expect(agentConfig(d, { hotReload: true, dumpRoot: '' }).busActive).toBe(true);
     expect(agentConfig(configFromRaw({ dump: { manual_dump: 1 } }, 't'), { hotReload: false, dumpRoot: '' }).busActive).toBe(true);
@@ -113,13 +117,17 @@ describe('coordinator -> agent over real sockets', () => {
       freeHeadroomBytes: d.dump.free_headroom_bytes,
       dumpRoot: got.dumpDir,
       ppStages: d.dump.pp_stages,
+      recorder: { on: d.recorder.on, forwards: d.recorder.forwards, maxBytes: d.recorder.max_bytes },
+      sensitive: d.report.save_sensitive_info,
     });
   });
 
-  test('what the operator set arrives typed: detectors, item_sync, format, headroom, dump root, pp_stages', async () => {
+  test('what the operator set arrives typed: detectors, item_sync, format, headroom, dump root, pp_stages, recorder, save_sensitive_info', async () => {
     const got = await roundTrip({
       detector: { garbled: { enabled: true }, logits_finite: { enabled: true, item_sync: true } },
       dump: { format: 'safetensors', free_headroom_bytes: 12345, manual_dump: 0, pp_stages: 'all' },
+      recorder: { on: ['flush', 'crash'], forwards: 8 },
+      report: { save_sensitive_info: 'hashed' },
     });
     expect(got.lane).toEqual(got.built);
     expect(got.snap).toEqual(got.built);
@@ -132,6 +140,8 @@ describe('coordinator -> agent over real sockets', () => {
       freeHeadroomBytes: 12345,
       dumpRoot: got.dumpDir,
       ppStages: 'all',
+      recorder: { on: ['crash', 'flush'], forwards: 8, maxBytes: 0 },
+      sensitive: 'hashed',
     });
   });
 });
@@ -144,7 +154,7 @@ test('the agent acts on the typed config: its hello gives the TypeScript client 
     await client.waveHead(1);
     await client.endOfWave(1);
     await waitFor(() => client.reportedFeatures()?.detectors.length === 2, 'features with detectors');
-    expect(client.reportedFeatures()).toEqual({ tp0: true, bus: true, detectors: ['logits_finite', 'garbled'], itemSync: true, snapshots: false, endOfWaveTimeoutMs: 5000 });
+    expect(client.reportedFeatures()).toEqual({ tp0: true, bus: true, detectors: ['logits_finite', 'garbled'], itemSync: true, snapshots: false, endOfWaveTimeoutMs: 5000, recorderForwards: 0 });
   } finally {
     await stopHarnessJob(job);
   }

@@ -100,7 +100,9 @@ test('kill -9 of every engine rank mid-run: each agent flushes its last K forwar
 test('an uncaught Python exception inside a forward on one rank: crash-rank<g>.json names it, and the flushed forwards include that one', async () => {
   // The coordinator lingers after the engine ended: /healthz and /metrics say what the agents reported.
   const metricsPort = await freePort();
-  const run = await launch(['--requests', '2', '--max-tokens', '40', '--arrive-every', '1', '--raise-at', '9:1'], ['--linger-ms', '60000', '--metrics-port', String(metricsPort)]);
+  // save_sensitive_info true: crash-rank<g>.json keeps the exception's message (else its type only).
+  const config = { runtime_config: { report: { save_sensitive_info: true } } };
+  const run = await launch(['--requests', '2', '--max-tokens', '40', '--arrive-every', '1', '--raise-at', '9:1'], ['--linger-ms', '60000', '--metrics-port', String(metricsPort), '--additional-config', JSON.stringify(config)]);
   const flush = await run.until(() => crashFlush(run.flushRoot), 'crash-rank0.json and crash-rank1.json', 90000);
   const health = await run.until(async () => {
     const h = (await (await fetch(`http://127.0.0.1:${metricsPort}/healthz`)).json()) as any;

@@ -24,7 +24,7 @@ import { createLogger, type Logger } from '../log';
 import { MailboxWriter, MailboxFeature } from '../client/mailbox';
 import type { AgentConfig, DumpLane } from '../messages';
 import { agentEndpoint, incidentFlushName, mailboxPath, recorderPath } from '../paths';
-import { FlightRecorder, takeFlushArms } from './flight-recorder';
+import { applyRecorderConfig, FlightRecorder, takeFlushArms } from './flight-recorder';
 import { claimRunDir } from '../launch/run-dir';
 import { bindClientSocket, ClientServer } from './client-server';
 import { busRoleLine } from './bus-role';
@@ -77,6 +77,8 @@ export class Agent {
   private receiverTimer?: NodeJS.Timeout;
   /** The flight recorder (WAVEBUS_RECORD_FORWARDS): none when off. */
   recorder?: FlightRecorder;
+  /** recorder.forwards / max_bytes warnings already logged (the ring is not resized live). */
+  private readonly recorderWarned = new Set<string>();
   /** Recorder flush arms already taken (a snapshot may carry one again). */
   private readonly flushArms = new Set<string>();
   private files?: FileServer;
@@ -310,6 +312,7 @@ export class Agent {
     // A new bus dump root is checked once here, not on every file request.
     if (view.dumpRoot !== this.view.dumpRoot) this.servedDumps = this.gate.servedDumps(view.dumpRoot);
     this.view = view;
+    applyRecorderConfig(this.recorder, view, this.log, this.recorderWarned);
   }
 
   private onSnapshot(s: SnapshotReplyMsg): void {

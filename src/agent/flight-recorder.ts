@@ -7,16 +7,15 @@ import * as fs from 'fs';
 import * as os from 'os';
 import type { ArtifactModes } from '../artifacts/artifact-mode';
 import { ConfigError } from '../errors';
+import { MAX_RECORD_BYTES, MAX_RECORD_FORWARDS, recorderSizeMismatch, RECORDER_TRIGGERS, type RecorderTrigger, type SensitiveInfo } from '../guard/recorder-config';
 import type { RankIdentity } from '../layout';
 import type { Logger } from '../log';
 import { flushRing, writeCrash, type EngineExit, type FlushResult } from './recorder-flush';
 import { RecorderRing, type RecorderSettings } from './recorder-ring';
 
 export const DEFAULT_RECORD_MAX_BYTES = 256 * 2 ** 20;
-/** Slots at most (each is a copy of every input of one forward). */
-export const MAX_RECORD_FORWARDS = 4096;
-/** The ring's data bytes at most: it lives in the run dir (tmpfs). */
-export const MAX_RECORD_BYTES = 64 * 2 ** 30;
+// The limits are the config key's too (recorder.forwards / max_bytes).
+export { MAX_RECORD_BYTES, MAX_RECORD_FORWARDS } from '../guard/recorder-config';
 /** How often the engine's pid is looked at. */
 export const ENGINE_WATCH_MS = 100;
 
@@ -84,6 +83,10 @@ export class FlightRecorder {
   private crashed?: Promise<void>;
   /** Flushes done (name -> result), newest last. */
   readonly flushes: FlushResult[] = [];
+  /** recorder.on in force (all until the coordinator's config says otherwise). */
+  private triggers = new Set<RecorderTrigger>(RECORDER_TRIGGERS);
+  /** report.save_sensitive_info in force: what crash-rank<g>.json keeps of the engine's last words. */
+  private sensitive: SensitiveInfo = false;
 
   constructor(private readonly o: FlightRecorderOptions) {
     this.ring = RecorderRing.create(o.file, o.settings);
@@ -91,6 +94,21 @@ export class FlightRecorder {
 
   get forwards(): number {
     return this.o.settings.forwards;
+  }
+
+  get settings(): RecorderSettings {
+    return this.o.settings;
+  }
+
+  /** Whether the ring is written out on `t` now (recorder.on). */
+  writesOn(t: RecorderTrigger): boolean {
+    return this.triggers.has(t);
+  }
+
+  /** The runtime config's recorder.on and report.save_sensitive_info, from now on. */
+  configure(on: readonly RecorderTrigger[], sensitive: SensitiveInfo): void {
+    this.triggers = new Set(on);
+    this.sensitive = sensitive;
   }
 
   /** The engine said hello (its pid): watch it. */
@@ -122,6 +140,11 @@ export class FlightRecorder {
     const st = engineState(this.pid);
     if (st.alive) return;
     clearInterval(this.timer);
+    if (!this.writesOn('crash')) {
+      this.crashed = Promise.resolve();
+      this.o.log.warn({ pid: this.pid }, 'engine died; recorder.on leaves out "crash": the flight recorder is not written out');
+      return;
+    }
     const exit: EngineExit = { pid: this.pid, code: st.code, signal: st.signal, how: 'the engine process is gone (pid watch)' };
     this.crashed = this.flushCrash(exit).catch((e) => this.o.log.error({ err: String((e as Error)?.message ?? e) }, 'flight recorder: crash flush failed'));
   }
@@ -132,7 +155,7 @@ export class FlightRecorder {
     const flush = await this.flush(this.o.crashName, 'crash', read);
     if (!flush) return;
     const last = read.entries[read.entries.length - 1];
-    const file = writeCrash(flush, exit, read, this.o.identity, Number(last?.entry.wave ?? 0), this.o.artifactModes);
+    const file = writeCrash(flush, exit, read, this.o.identity, Number(last?.entry.wave ?? 0), this.o.artifactModes, this.sensitive);
     this.o.log.warn({ crash: file, dir: flush.dir, written: flush.forwards.filter((f) => f.callDir).length, leftOut: flush.torn.length }, 'flight recorder flushed after the engine died');
     this.o.onCrash?.({ file, exit, flush, note: read.note });
   }
@@ -158,6 +181,7 @@ export class FlightRecorder {
    * has recorded the same forwards up to `wave`); the bundles are written behind the engine.
    */
   atIncident(name: string, wave: number, what: Record<string, unknown>): Promise<FlushResult | undefined> {
+    if (!this.writesOn('incident')) return Promise.resolve(undefined);
     const read = this.ring.read();
     const keep = read.entries.filter((e) => Number(e.entry.wave ?? 0) <= wave);
     return this.flush(name, 'incident', { ...read, entries: keep }).then((r) => {
@@ -199,9 +223,34 @@ export function takeFlushArms(
       say('', 'the flight recorder is off on this rank (set WAVEBUS_RECORD_FORWARDS)');
       continue;
     }
+    if (!recorder.writesOn('flush')) {
+      say('', 'recorder.on leaves out "flush" on this rank (the runtime config)');
+      continue;
+    }
     recorder.flushAtWave(`flush-${a.id}`, Number(a.wave), 'user').then(
       (r) => say(r?.dir ?? '', r ? '' : 'this agent has no snapshot or dump root'),
       (e) => say('', String((e as Error)?.message ?? e)),
     );
   }
+}
+
+/**
+ * The runtime config's `recorder` and `report.save_sensitive_info` on an agent: the triggers and
+ * the sensitive setting apply at once; a size other than the ring's (or a recorder asked of an
+ * agent started without one) is logged, once per setting, and not applied: the ring is sized at
+ * startup (WAVEBUS_RECORD_*). Returns the warning, if any.
+ */
+export function applyRecorderConfig(
+  recorder: FlightRecorder | undefined,
+  view: { recorder: { on: readonly RecorderTrigger[]; forwards: number; maxBytes: number }; sensitive: SensitiveInfo },
+  log: Logger,
+  warned: Set<string>,
+): string | undefined {
+  recorder?.configure(view.recorder.on, view.sensitive);
+  const why = recorderSizeMismatch(recorder?.settings, view.recorder.forwards, view.recorder.maxBytes);
+  if (why && !warned.has(why)) {
+    warned.add(why);
+    log.warn({ forwards: view.recorder.forwards, max_bytes: view.recorder.maxBytes }, `flight recorder: ${why}`);
+  }
+  return why;
 }

@@ -97,8 +97,19 @@ export interface EngineExit {
   how: string;
 }
 
-/** crash-rank<g>.json beside the flushed forwards (0600). */
-export function writeCrash(flush: FlushResult, exit: EngineExit, read: RingRead, identity: RankIdentity, lastWave: number, modes: ArtifactModes = DEFAULT_ARTIFACT_MODES): string {
+/**
+ * The engine's note (an uncaught exception's "uncaught <Type>: <message>") as crash-rank<g>.json
+ * keeps it: whole with report.save_sensitive_info true; else only its type (the message may hold a
+ * prompt or token ids, and cannot be hashed per token id).
+ */
+export function crashNote(note: string, sensitive: boolean | 'hashed'): string {
+  if (sensitive === true) return note;
+  const m = /^uncaught ([\w.]+)/.exec(note);
+  return m ? `uncaught ${m[1]}` : note ? '(withheld: report.save_sensitive_info is not true)' : '';
+}
+
+/** crash-rank<g>.json beside the flushed forwards (0600); `sensitive`: report.save_sensitive_info (crashNote). */
+export function writeCrash(flush: FlushResult, exit: EngineExit, read: RingRead, identity: RankIdentity, lastWave: number, modes: ArtifactModes = DEFAULT_ARTIFACT_MODES, sensitive: boolean | 'hashed' = false): string {
   const last = read.entries[read.entries.length - 1];
   const ctx = last?.entry.context;
   const file = path.join(flush.dir, `crash-${rankDirName(identity.globalRank)}.json`);
@@ -112,7 +123,7 @@ export function writeCrash(flush: FlushResult, exit: EngineExit, read: RingRead,
     exit_code: exit.code,
     signal: exit.signal,
     detected_by: exit.how,
-    note: read.note,
+    note: crashNote(read.note, sensitive),
     time: new Date().toISOString(),
     last_wave: lastWave,
     forwards_recorded: read.forwards,

@@ -3,6 +3,7 @@
 import { tensorFormatFromProto } from '../artifacts/tensor-format';
 import { agentConfig } from '../guard/agent-config';
 import { defaultConfig } from '../guard/config';
+import { RECORDER_TRIGGERS, sensitiveFromProto, type RecorderTrigger, type SensitiveInfo } from '../guard/recorder-config';
 import type { AgentConfig } from '../messages';
 import type { DumpFormat } from './dump-executor';
 
@@ -17,6 +18,10 @@ export interface RuntimeView {
   dumpRoot?: string;
   /** dump.pp_stages: "all" puts every stage's ranks (not only the last's) on the wave vector. */
   ppStages: 'last' | 'all';
+  /** recorder.on (names this side does not know are left out); forwards / maxBytes 0: no wish. */
+  recorder: { on: readonly RecorderTrigger[]; forwards: number; maxBytes: number };
+  /** report.save_sensitive_info: what the recorder's files keep of token ids and messages. */
+  sensitive: SensitiveInfo;
 }
 
 /** The view of a config as the agent receives it. Throws ProtocolError on a TensorFormat this side does not know. */
@@ -30,6 +35,12 @@ export function runtimeView(cfg: AgentConfig): RuntimeView {
     freeHeadroomBytes: cfg.freeHeadroomBytes,
     dumpRoot: cfg.dumpRoot || undefined,
     ppStages: cfg.allPpStages ? 'all' : 'last',
+    recorder: {
+      on: RECORDER_TRIGGERS.filter((t) => (cfg.recorderOn ?? []).includes(t)),
+      forwards: Number(cfg.recorderForwards ?? 0),
+      maxBytes: Number(cfg.recorderMaxBytes ?? 0),
+    },
+    sensitive: sensitiveFromProto(cfg.saveSensitiveInfo, 'AgentConfig.save_sensitive_info'),
   };
 }
 

@@ -20,6 +20,9 @@ export const MAX_CAPTURE_RULES = 64;
 export const MAX_ARM_CAPTURES = 1000;
 const MAX_U32 = 0xffffffff;
 
+/** A flight recorder flush as a capture arm (every rank of each replica writes its ring at the arm's wave). */
+const FLUSH_ARM: Omit<CaptureSpec, 'replicas'> = { requestIds: [], tokenTargets: [], callIndices: [], next: true, tpRanks: [], format: 0, maxCaptures: 1, withinWaves: 1, flushRecorder: true };
+
 /** A control request the coordinator does not act on: its reason names the field. */
 class Refused extends Error {
   constructor(message: string, readonly code = 'ERR_CONTROL') {
@@ -64,7 +67,27 @@ export class CoordinatorControl {
   ) {
     this.captures = new CaptureArms(c.layout);
     this.rates = Array.from({ length: c.layout.dp }, () => new WaveRate());
-    c.on('wave', (head: { wave: number }, replica: number) => this.rates[replica]?.note(head.wave, Date.now()));
+    c.on('wave', (head: { wave: number }, replica: number) => {
+      this.rates[replica]?.note(head.wave, Date.now());
+      this.recorderBump();
+    });
+  }
+
+  /** The recorder.flush watermark served: starts at 0, as dump.manual_dump's (the file found at start is not read). */
+  private recorderFlushDone = 0;
+
+  /**
+   * A raise of recorder.flush (runtime config, docs/recorder.md): one flush of every replica per
+   * head while the watermark is ahead, armed exactly as `capture --flush-recorder` is.
+   */
+  private recorderBump(): void {
+    const cfg = (this.c.policy as { config?: () => { recorder?: { flush: number } } } | undefined)?.config?.();
+    const mark = cfg?.recorder?.flush ?? 0;
+    if (mark <= this.recorderFlushDone) return;
+    this.recorderFlushDone++;
+    const replicas = Array.from({ length: this.c.layout.dp }, (_, r) => r);
+    const id = this.captures.queue({ ...FLUSH_ARM, replicas });
+    this.c.log.info({ id, replicas, recorder_flush: this.recorderFlushDone }, 'flight recorder flush asked for by a recorder.flush raise');
   }
 
   hello(rank: number, protocolVersion: number): void {
@@ -166,7 +189,7 @@ export class CoordinatorControl {
     if (r.flushRecorder) {
       // Every rank of each replica writes out its ring at the same wave (docs/recorder.md).
       const replicas = this.replicasOf(r, 'capture');
-      const id = this.captures.queue({ requestIds: [], tokenTargets: [], callIndices: [], next: true, tpRanks: [], format: 0, maxCaptures: 1, replicas, withinWaves: 1, flushRecorder: true });
+      const id = this.captures.queue({ ...FLUSH_ARM, replicas });
       this.c.log.info({ id, replicas }, 'flight recorder flush asked for by a control request');
       return { id };
     }

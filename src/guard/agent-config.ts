@@ -4,6 +4,7 @@
 import { tensorFormatToProto } from '../artifacts/tensor-format';
 import type { AgentConfig } from '../messages';
 import { DETECTOR_NAMES, type RuntimeConfig } from './config';
+import { sensitiveToProto } from './recorder-config';
 
 /** What the ranks need beside the config: startup switches the config file does not hold. */
 export interface AgentConfigFacts {
@@ -25,5 +26,9 @@ export function agentConfig(cfg: RuntimeConfig, facts: AgentConfigFacts): AgentC
     freeHeadroomBytes: cfg.dump.free_headroom_bytes,
     dumpRoot: facts.dumpRoot,
     allPpStages: cfg.dump.pp_stages === 'all',
+    recorderOn: [...cfg.recorder.on],
+    recorderForwards: cfg.recorder.forwards,
+    recorderMaxBytes: cfg.recorder.max_bytes,
+    saveSensitiveInfo: sensitiveToProto(cfg.report.save_sensitive_info),
   };
 }

@@ -6,6 +6,7 @@ import { DEFAULT_TENSOR_FORMAT, TENSOR_FORMATS, type TensorFormat } from '../art
 import { ConfigError } from '../errors';
 import { ACTIONS, bool, detectorFields, int, num, type Action, type Field } from './config-schema';
 import { DETECTORS, type DetectorConfigs, type DetectorName } from './detectors/registry';
+import { RECORDER_FIELDS, type RecorderConfig } from './recorder-config';
 
 export type { Action, DumpScope, DetectorCommon } from './config-schema';
 export type DumpFormat = TensorFormat;
@@ -33,6 +34,8 @@ export interface RuntimeConfig {
     /** true: token ids as they are; "hashed": a keyed hash of each (token-hash.ts); false: none. */
     save_sensitive_info: boolean | 'hashed';
   };
+  /** The flight recorder (docs/recorder.md): its triggers, live; its size, startup only (WAVEBUS_RECORD_*). */
+  recorder: RecorderConfig;
 }
 
 export { DETECTOR_NAMES, type DetectorName } from './detectors/registry';
@@ -78,6 +81,7 @@ export const SCHEMA: Field = {
         save_sensitive_info: { kind: 'bool_or', def: false, values: ['hashed'] },
       },
     },
+    recorder: RECORDER_FIELDS,
   },
 };
 
