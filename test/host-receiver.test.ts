@@ -99,7 +99,10 @@ describe('wave path flag and pieces', () => {
 describe('--wave-path host on a job of real processes', () => {
   test('lanes-only agents copy every dump; kill -9 of the receiver mid-run: another takes over, waits stay bounded, the restarted agent comes back lanes-only', async () => {
     const world = 3;
-    const job = await startJob({ world, steps: 4000, stepMs: 30, requests: 6, ackTimeoutMs: 3000, boundMs: 200, untilStopped: true, agentEnv: { WAVEBUS_WAVE_PATH: 'host', WAVEBUS_LOG_LEVEL: 'info' } });
+    // Requests arrive two a step and a few hold the 64 blocks at a time: some are running for as
+    // long as the test lasts (6 requests all ended near wave 100, and a dump asked after that on a
+    // slow machine found no target).
+    const job = await startJob({ world, steps: 4000, stepMs: 30, requests: 4000, ackTimeoutMs: 3000, boundMs: 200, untilStopped: true, simArgs: ['--num-blocks', '64'], agentEnv: { WAVEBUS_WAVE_PATH: 'host', WAVEBUS_LOG_LEVEL: 'info' } });
     const roleOf = (g: number) => {
       const e = job.agents[g].stderr();
       return e.includes(RECEIVER) ? 'receiver' : e.includes(LANES_ONLY) ? 'lanes' : 'unknown';
