@@ -5,7 +5,6 @@
 // aggregation. Every rank applies a config, and copies a dump, at the end of the wave its vector
 // names (settle(): one path for every rank).
 import * as fs from 'fs';
-import * as path from 'path';
 import * as zmq from 'zeromq';
 import { AgentBus, type WaveEvent, type SnapshotReplyMsg } from '../bus/agent-bus';
 import { DumpExecutor } from './dump-executor';
@@ -21,10 +20,11 @@ import { decideAheadWaves } from '../bus/constants';
 import { ConfigError, WavebusError } from '../errors';
 import type { RankIdentity } from '../layout';
 import { createLogger, type Logger } from '../log';
-import { MailboxWriter, MailboxFeature } from '../client/mailbox';
+import { MailboxFeature } from '../client/mailbox';
 import type { AgentConfig, DumpLane } from '../messages';
-import { agentEndpoint, incidentFlushName, mailboxPath, recorderPath } from '../paths';
-import { applyRecorderConfig, FlightRecorder, takeFlushArms } from './flight-recorder';
+import { agentEndpoint, mailboxPath, recorderPath } from '../paths';
+import { applyRecorderConfig, type FlightRecorder } from './flight-recorder';
+import { AgentRecorder } from './agent-recorder';
 import { claimRunDir } from '../launch/run-dir';
 import { bindClientSocket, ClientServer } from './client-server';
 import { busRoleLine } from './bus-role';
@@ -36,7 +36,7 @@ import { checkSnapshotGating } from '../snapshot/config';
 import type { AgentOptions } from './agent-options';
 import { WaveTimeline } from './timeline';
 import { WaveEnds } from './wave-ends';
-import { HostFanout } from './host-receiver';
+import { VectorWrites } from './vector-writes';
 import { DEFAULT_ARTIFACT_MODES } from '../artifacts/artifact-mode';
 
 export type { AgentOptions } from './agent-options';
@@ -71,16 +71,12 @@ export class Agent {
   private readonly live: LiveCaptures;
   private bus?: AgentBus;
   private router?: zmq.Router;
-  private mailbox?: MailboxWriter;
-  /** --wave-path host: the receiver role and its writes into the local peers' mailboxes. */
-  private fanout?: HostFanout;
-  private receiverTimer?: NodeJS.Timeout;
-  /** The flight recorder (WAVEBUS_RECORD_FORWARDS): none when off. */
-  recorder?: FlightRecorder;
+  /** This rank's mailbox, and with --wave-path host the receiver role (vector-writes.ts). */
+  private vectors?: VectorWrites;
+  /** The flight recorder and its arms (agent-recorder.ts). */
+  private rec?: AgentRecorder;
   /** recorder.forwards / max_bytes warnings already logged (the ring is not resized live). */
   private readonly recorderWarned = new Set<string>();
-  /** Recorder flush arms already taken (a snapshot may carry one again). */
-  private readonly flushArms = new Set<string>();
   private files?: FileServer;
   private direct?: DirectFiles;
   private view: RuntimeView = { ...DEFAULT_VIEW };
@@ -134,13 +130,17 @@ export class Agent {
       bus: () => this.bus, view: () => this.view, boundMs: () => this.endOfWaveTimeoutMs,
       settle: (upTo, copyAt) => this.settle(upTo, copyAt), publishFeatures: () => this.publishFeatures(), writeTimeline: () => this.writeTimeline(),
       // The same name on every rank of the replica: the wave every rank copies at.
-      recorderAtIncident: (wave, jobs) =>
-        this.recorder?.atIncident(incidentFlushName(wave, this.opts.identity, this.identity.dpRank), wave, { jobs: jobs.map((j) => j.jobId) }).catch((e) => this.log.error({ err: String((e as Error)?.message ?? e) }, 'flight recorder: incident flush failed')),
+      recorderAtIncident: (wave, jobs) => this.rec?.atIncident(wave, jobs),
     });
     this.live = new LiveCaptures(opts.identity, opts.snapshot?.snapshotRoot ?? opts.roots?.snapshots, this.log, (r) => this.bus?.sendCaptureResult(r), opts.artifactModes);
   }
 
   /** The rank that heads its replica's wave stream (last-PP TP0, CP 0): it relays its engine's wave heads. */
+  /** The flight recorder (WAVEBUS_RECORD_FORWARDS): none when off. */
+  get recorder(): FlightRecorder | undefined {
+    return this.rec?.recorder;
+  }
+
   get isHead(): boolean {
     return this.identity.isLastPp && this.identity.tpRank === 0 && this.identity.cpRank === 0;
   }
@@ -170,37 +170,17 @@ export class Agent {
     if (!runDir) throw new ConfigError('--run-dir (WAVEBUS_RUN_DIR) is required for an agent');
     // Ours and 0700 (created so if missing): nobody else can plant a link or a file in it.
     claimRunDir(runDir, 'run dir (--run-dir / WAVEBUS_RUN_DIR)');
-    this.mailbox = MailboxWriter.create(mailboxPath(runDir, identity.localRank));
-    if (this.opts.recorder) {
-      this.recorder = new FlightRecorder({
-        file: recorderPath(runDir, identity.localRank),
-        settings: this.opts.recorder,
-        root: this.opts.roots?.snapshots ?? this.opts.snapshot?.snapshotRoot ?? this.gate.local.dumps,
-        identity,
-        log: this.log,
-        artifactModes: this.opts.artifactModes,
-        crashName: `crash-${path.basename(runDir)}`,
-        onCrash: ({ exit, flush, note }) =>
-          this.bus?.sendEngineCrash({
-            enginePid: exit.pid, exitKnown: exit.code !== null || exit.signal !== null, exitCode: exit.code ?? 0, signal: exit.signal ?? '',
-            lastWave: Math.max(0, ...flush.forwards.map((f) => f.wave)), forwardsFlushed: flush.forwards.filter((f) => f.callDir).length,
-            flushDir: flush.dir, note: /^uncaught ([\w.]+):/.exec(note)?.[1] ?? '', // the type: its message may hold a prompt
-          }),
-      });
-    }
+    this.vectors = new VectorWrites(runDir, identity, this.log);
+    this.rec = new AgentRecorder(this.opts, this.opts.roots?.snapshots ?? this.opts.snapshot?.snapshotRoot ?? this.gate.local.dumps, this.log, () => this.bus);
     this.publishFeatures(); // what is known before the bus syncs (snapshots), so clients never see a stale 0
     this.router = await bindClientSocket(agentEndpoint(runDir, identity.localRank));
     void this.clients.serve(this.router);
     const served = () => ({ snapshots: this.opts.roots?.snapshots, dumps: this.servedDumps });
     this.files = new FileServer(identity.globalRank, served, this.log);
-    if (this.opts.coordinator && this.opts.wavePath === 'host') {
-      this.fanout = new HostFanout(runDir, identity, this.log);
-      if (this.fanout.tryTake()) this.log.info({ rank: identity.globalRank, replica: identity.dpRank }, 'host receiver: this agent follows the wave stream and writes every local mailbox of its replica');
-      else this.log.info({ rank: identity.globalRank, replica: identity.dpRank }, 'lanes-only: another local agent is the host receiver; this one wakes for waves with work');
-    }
+    if (this.opts.coordinator && this.opts.wavePath === 'host') this.vectors.hostPath();
     if (this.opts.coordinator) {
       this.bus = new AgentBus({
-        lanesOnly: this.fanout !== undefined && !this.fanout.isReceiver,
+        lanesOnly: this.vectors.lanesOnly,
         coordinator: this.opts.coordinator,
         identity,
         heartbeatMs: this.opts.heartbeatMs,
@@ -222,7 +202,7 @@ export class Agent {
       this.direct = agentDirectFiles(Boolean(this.opts.curve), this.opts.directFiles, { globalRank: identity.globalRank, roots: served, coordinator: this.opts.coordinator, log: this.log });
       this.bus.onRequest(fileRequestHandler(this.files, this.direct, identity.globalRank));
       await this.bus.start();
-      if (this.fanout && !this.fanout.isReceiver) this.watchReceiver(this.bus);
+      this.vectors.watchReceiver(this.bus);
       this.log.info({ rank: identity.globalRank, ppRank: identity.ppRank, pp: identity.pp, lastPp: identity.isLastPp }, busRoleLine(identity));
     } else {
       this.log.warn({ rank: identity.globalRank }, 'no coordinator address: not joining the wave bus (no KV dumps or detector traffic)');
@@ -237,38 +217,20 @@ export class Agent {
 
   /** Whether this agent is its host's receiver (--wave-path host), or writes its own mailbox (per-rank). */
   get writesVectors(): boolean {
-    return !this.fanout || this.fanout.isReceiver;
-  }
-
-  /**
-   * Lanes-only (--wave-path host): ask for the receiver role once per heartbeat. The receiver's
-   * death drops its lock; whoever takes it follows the whole stream from a fresh snapshot, whose
-   * floor ends the waves its engine and the peers' engines waited on (each wait bounded).
-   */
-  private watchReceiver(bus: AgentBus): void {
-    this.receiverTimer = setInterval(() => {
-      if (this.stopped || !this.fanout?.tryTake()) return;
-      clearInterval(this.receiverTimer);
-      this.log.warn({ rank: this.identity.globalRank, replica: this.identity.dpRank }, 'host receiver gone: this agent takes over and writes every local mailbox of its replica');
-      bus.setLanesOnly(false);
-    }, bus.heartbeatMs);
+    return this.vectors?.writesVectors ?? true;
   }
 
   async stop(): Promise<void> {
     if (this.stopped) return;
     this.stopped = true;
-    if (this.receiverTimer) clearInterval(this.receiverTimer);
+    this.vectors?.stopWatch();
     await this.ends.writes.catch(() => undefined);
     await this.recorder?.stop();
     this.writeTimeline();
     await this.bus?.stop();
     await this.direct?.stop();
     this.router?.close();
-    // The file stays (the launcher owns the run dir): an engine that keeps running keeps a valid
-    // mapping, sees everything off, and a successor agent takes the same file over.
-    this.mailbox?.setFeatures(0);
-    this.mailbox?.close();
-    this.fanout?.close();
+    this.vectors?.close();
     const sock = agentEndpoint(this.opts.runDir, this.identity.localRank).slice('ipc://'.length);
     fs.rmSync(sock, { force: true });
     this.regions.closeAll();
@@ -297,7 +259,7 @@ export class Agent {
   }
 
   private publishFeatures(): void {
-    this.mailbox?.setFeatures(this.features());
+    this.vectors?.mailbox.setFeatures(this.features());
   }
 
   /** Act on the coordinator's config from now on (a snapshot's, or one at its wave: wave-duties.ts); one this side cannot read leaves the view as it was. */
@@ -323,10 +285,9 @@ export class Agent {
     this.duties.clearConfigs();
     this.applyConfig(s.config, 'SnapshotReply.config');
     this.live.add(s.captures);
-    this.recorderArms(s.captures);
+    this.rec?.arms(s.captures);
     this.live.seen(s.wave);
-    this.mailbox?.setEpoch(s.epoch);
-    this.fanout?.setEpoch(s.epoch);
+    this.vectors?.setEpoch(s.epoch);
     // A lane of a wave already ended here was copied (its acks may still be on their way) or given up.
     for (const lane of s.pending) if (!this.ended.has(lane.wave)) this.dumpLanes.set(lane.wave, lane);
     // The snapshot covers the vectors published up to it (the last head's wave + decide_ahead):
@@ -350,7 +311,7 @@ export class Agent {
     this.live.seen(wave);
     if (w.head.captures?.length) {
       this.live.add(w.head.captures);
-      this.recorderArms(w.head.captures);
+      this.rec?.arms(w.head.captures);
     }
     // Every rank takes a config at the end of its wave, through settle(): a rank whose engine is off
     // the vector goes on it now (publishFeatures), before its engine reaches that wave.
@@ -360,10 +321,6 @@ export class Agent {
     if (this.live.changed() || w.config || w.dump) this.publishFeatures();
     // The newest vector: every wave up to it is decided (a skipped wave has nothing due).
     this.arrive(wave, w.head.configDue, w.head.dumpDue, wave + 1, w.head.snapshotDue);
-  }
-
-  private recorderArms(arms: readonly Record<string, any>[] | undefined): void {
-    takeFlushArms(arms, this.flushArms, this.recorder, this.identity.dpRank, (r) => this.bus?.sendCaptureResult(r));
   }
 
   /** The engine has ended every wave up to `upTo` (`copyAt`: the one ending now): wave-duties.ts. */
@@ -377,22 +334,14 @@ export class Agent {
    */
   private arrive(wave: number, configDue: boolean, dumpDue: boolean, floor?: number, snapshotDue = this.live.covers(wave)): void {
     // Lanes-only (--wave-path host), the host receiver writes this rank's vectors.
-    if (this.writesVectors) {
-      // The host receiver stores every slot before any wake (HostFanout.publish).
-      this.mailbox?.publish({ wave, configDue, dumpDue, snapshotDue }, floor, !this.fanout);
-      this.fanout?.publish({ wave, configDue, dumpDue, snapshotDue }, floor);
-      if (this.fanout) this.mailbox?.announce();
-    }
+    this.vectors?.publish({ wave, configDue, dumpDue, snapshotDue }, floor);
     this.timeline.record('vector', wave, this.timeline.now());
     this.waves.arrive(wave, floor);
     this.duties.forgetBefore(wave - WAVE_HISTORY);
   }
 
   private raiseFloor(floor: number): void {
-    if (this.writesVectors) {
-      this.mailbox?.setFloor(floor);
-      this.fanout?.setFloor(floor);
-    }
+    this.vectors?.setFloor(floor);
     this.waves.setFloor(floor);
   }
 

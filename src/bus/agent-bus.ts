@@ -7,7 +7,8 @@ import { Subscriber } from 'zeromq';
 import { identityToProto, type RankIdentity } from '../layout';
 import { createLogger, type Logger } from '../log';
 import type { DumpResult, StepTelemetry, WaveHead } from '../messages';
-import { DEFAULT_HEARTBEAT_MS, DEFAULT_MAX_FRAME_BYTES, validDecideAhead } from './constants';
+import { DEFAULT_HEARTBEAT_MS, DEFAULT_MAX_FRAME_BYTES } from './constants';
+import { snapshotMismatch } from './snapshot-checks';
 import {
   DropCounter,
   decodeBusFrame,
@@ -274,24 +275,12 @@ export class AgentBus extends EventEmitter {
   private onSubMessage(parts: Buffer[]): void {
     this.stats.received++;
     const d = decodeBusFrame(parts, this.maxFrameBytes, this.opts.busToken);
-    if (!d.ok) {
-      this.drops.drop(d.reason, d.detail);
-      return;
-    }
+    if (!d.ok) return this.drops.drop(d.reason, d.detail);
     const f = d.value;
-    if (f.replica !== this.replica) {
-      // ZeroMQ filtered on our prefix; a frame of another replica here is garbage, never applied.
-      this.drops.drop('wrong_topic', `a frame of replica ${f.replica} on replica ${this.replica}'s stream`);
-      return;
-    }
-    if (this.opts.dropSeqs?.(f.seq)) {
-      this.drops.drop('injected', `seq ${f.seq}`);
-      return;
-    }
-    if (this.liveness.hasLeft(f.epoch)) {
-      this.drops.drop('wrong_epoch', `epoch ${f.epoch} was left`);
-      return;
-    }
+    // ZeroMQ filtered on our prefix; a frame of another replica here is garbage, never applied.
+    if (f.replica !== this.replica) return this.drops.drop('wrong_topic', `a frame of replica ${f.replica} on replica ${this.replica}'s stream`);
+    if (this.opts.dropSeqs?.(f.seq)) return this.drops.drop('injected', `seq ${f.seq}`);
+    if (this.liveness.hasLeft(f.epoch)) return this.drops.drop('wrong_epoch', `epoch ${f.epoch} was left`);
     // A frame seen before (a replay) is no sign of life; the stream never sends one twice.
     const life = this.liveness.frame(f.epoch, f.seq, Date.now());
     if (life === 'stale') return this.drops.drop('stale', `seq ${f.seq} of epoch ${f.epoch} was already seen`);
@@ -401,17 +390,8 @@ export class AgentBus extends EventEmitter {
       return;
     }
     if (this.epoch !== snap.epoch) this.liveness.leave(this.epoch);
-    if (Number(snap.replica ?? 0) !== this.replica) {
-      // The coordinator derives the replica from our rank; another one means a layout mismatch.
-      this.drops.drop('wrong_topic', `a snapshot of replica ${snap.replica} for replica ${this.replica}`);
-      return;
-    }
-    if (!validDecideAhead(snap.decideAhead, this.opts.identity.pp)) {
-      // How far ahead the stream decides sets the wave every rank copies and switches at: a value
-      // this layout cannot have is a coordinator of another layout (or a bug). Ask again later.
-      this.drops.drop('bad_snapshot', `decide_ahead ${snap.decideAhead} for pp=${this.opts.identity.pp}`);
-      return;
-    }
+    const mismatch = snapshotMismatch(snap, this.replica, this.opts.identity.pp);
+    if (mismatch) return this.drops.drop(mismatch.reason, mismatch.detail);
     this.stats.refused = undefined;
     this.epoch = snap.epoch;
     this.lastSeq = snap.seq;
