@@ -121,6 +121,10 @@ const ENV: Record<string, { cmd: string; small?: boolean; extra?: Record<string,
   WAVEBUS_SNAPSHOT_MAX_CAPTURES: { cmd: 'agent', extra: { WAVEBUS_SNAPSHOT_ENABLE: '1' } },
   WAVEBUS_SNAPSHOT_RANKS: { cmd: 'agent', extra: { WAVEBUS_SNAPSHOT_ENABLE: '1' } },
   WAVEBUS_SNAPSHOT_FORMAT: { cmd: 'agent', extra: { WAVEBUS_SNAPSHOT_ENABLE: '1' } },
+  WAVEBUS_RECORD_FORWARDS: { cmd: 'agent' },
+  WAVEBUS_RECORD_MAX_BYTES: { cmd: 'agent', extra: { WAVEBUS_RECORD_FORWARDS: '2' } },
+  WAVEBUS_WAVE_PATH: { cmd: 'agent' },
+  WAVEBUS_TOKEN_HASH_KEY_FILE: { cmd: 'coordinator' },
 };
 
 test('every flag of every command and every WAVEBUS_* variable is listed here (a new one must be added)', () => {

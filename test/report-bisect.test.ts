@@ -90,8 +90,8 @@ test("the page's Bisect section: first module and rank from the DOM, the healthy
   expect(healthy).not.toContain('bmod first');
   // The link to each result resolves from the page.
   expect(page.dom).toContain('href="tree/bisect/boundary.json"');
-  // Recorder flushes: there is no flight recorder, and the Job section says so.
-  expect(textOf(page.dom, 'recorder-flushes')).toBe('none: wavebus has no flight recorder yet, so no tree holds recorder flushes');
+  // Recorder flushes: this tree holds none, and the Job section says so and how to turn it on.
+  expect(textOf(page.dom, 'recorder-flushes')).toMatch(/^none in this tree \(no recorder\/ folder .*WAVEBUS_RECORD_FORWARDS/);
 });
 
 test('a malformed result is a red failure naming the file; strings are escaped; none: the section says so', async () => {

@@ -1,6 +1,6 @@
 // `wavebus coordinator`: run the wave-bus coordinator beside global rank 0 until SIGINT/SIGTERM.
 import { TokenHasher } from '../guard/token-hash';
-import { flagOrEnv, intFlag, msFlag, portFlag } from './flags';
+import { checkPathLength, flagOrEnv, intFlag, msFlag, portFlag } from './flags';
 import type { CommandModule } from 'yargs';
 import { artifactModeOption, parseArtifactMode } from '../artifacts/artifact-mode';
 import { Coordinator } from '../bus/coordinator';
@@ -61,6 +61,9 @@ export const command: CommandModule = {
     const port = portFrom ? parseBusPort(portFrom.raw, portFrom.from) : DEFAULT_BUS_PORT;
     // The runtime guard decides what each wave carries. A malformed startup key stops the start
     // here; a bad runtime_config overlay or config file does not (logged, /healthz, metric).
+    for (const flag of ['runtime-config-path', 'runtime-report-dir', 'runtime-dump-dir'] as const) {
+      if (argv[flag] !== undefined) checkPathLength(String(argv[flag]), `--${flag}`);
+    }
     const startup = parseStartupOptions(
       argv['additional-config'] as string | undefined,
       {
