@@ -14,7 +14,7 @@ import { namedReason, type Outcome, type Surface } from '../fuzz-surfaces';
 
 const IDENTITY = { globalRank: 1, tpRank: 1, ppRank: 0, dpRank: 0, cpRank: 0, localRank: 1 } as never;
 /** The flush writes bundles (fsync, rename): one input in FLUSH_EVERY that read whole forwards is also flushed, with its crash file. */
-export const FLUSH_EVERY = 25;
+export const FLUSH_EVERY = 500;
 
 /** One whole forward in slot `slot`, as clients/python/wavebus_client/recorder.py commits it (layout: proto RecorderLayout). */
 function writeSlot(fd: number, stride: number, slot: number, forward: number, inputs: Array<{ dtype: string; shape: number[]; data: Buffer }>, tooLarge = false): void {
@@ -68,11 +68,36 @@ export const recorderRingSurface: Surface = {
     if (first.entries.length !== 4 || first.torn.length !== 0 || first.note !== 'RuntimeError') throw new Error(`the valid ring reads as ${first.entries.length} forwards, ${first.torn.length} torn`);
     let n = 0;
     const flushRoot = path.join(dir, 'flush');
+    // Where each part lies: the header's fields, and each slot's written bytes (its header, entry, data).
+    const used = (slot: number) => {
+      const at = RECORDER.RECORDER_HEADER_BYTES + slot * ring.stride;
+      const e = valid.readUInt32LE(at + RECORDER.RECORDER_SLOT_OFF_ENTRY_LEN);
+      return [at, at + RECORDER.RECORDER_SLOT_HEADER_BYTES + Math.ceil(e / 8) * 8 + Number(valid.readBigUInt64LE(at + RECORDER.RECORDER_SLOT_OFF_DATA_LEN))];
+    };
+    const parts = [[0, 64], ...[0, 1, 2, 3].map(used)];
     const feed = async (input: Buffer, m: Mutator): Promise<Outcome> => {
-      // A fifth the input itself (garbage or a mutation of the header's first bytes), the rest the whole file mutated.
-      const bytes = m.rand() < 0.2 ? Buffer.concat([input, valid.subarray(Math.min(input.length, valid.length))]) : m.mutate(valid);
-      fs.ftruncateSync(fd, 0);
-      fs.writeSync(fd, bytes, 0, bytes.length, 0);
+      // One part rewritten in place (the input itself, or a mutation of the part: a length past the
+      // slot, a torn commit word, an entry that does not decode), or now and then the file cut
+      // short; restored afterwards. The whole file is not rewritten per input: it is 4 strides.
+      const cut = m.rand() < 0.03;
+      let at = 0;
+      let bytes: Buffer = Buffer.alloc(0);
+      if (cut) fs.ftruncateSync(fd, m.int(valid.length));
+      else {
+        const [from, to] = m.pick(parts);
+        at = from;
+        bytes = m.rand() < 0.2 ? input : m.mutate(valid.subarray(from, to));
+        if (at + bytes.length > valid.length) bytes = bytes.subarray(0, valid.length - at);
+        fs.writeSync(fd, bytes, 0, bytes.length, at);
+      }
+      try {
+        return await readRing(m);
+      } finally {
+        if (cut) fs.writeSync(fd, valid, 0, valid.length, 0);
+        else fs.writeSync(fd, valid, at, bytes.length, at);
+      }
+    };
+    const readRing = async (_m: Mutator): Promise<Outcome> => {
       const r = ring.read();
       if (ring.newestWave() < 0 || !Number.isSafeInteger(r.pid) || r.note.length > RECORDER.RECORDER_NOTE_MAX) throw new Error('ring header read out of range');
       if (++n % FLUSH_EVERY === 0 && r.entries.length > 0) {
@@ -90,10 +115,9 @@ export const recorderRingSurface: Surface = {
       return { accepted: `ring:${r.entries.length}_forwards` };
     };
     return {
-      valid: [valid.subarray(0, 64)],
+      valid: parts.map(([from, to]) => valid.subarray(from, to)),
       feed,
       alive() {
-        fs.writeFileSync(file, valid);
         const r = ring.read();
         if (r.entries.length !== 4 || r.torn.length !== 0) throw new Error('the restored ring does not read whole');
       },
