@@ -281,9 +281,17 @@ Napi::Value MailboxWriter::OpenWriter(const Napi::CallbackInfo& info, bool attac
 
   uint64_t magic = __atomic_load_n(U64(base, 0), __ATOMIC_ACQUIRE);
   if (attach) {
-    if (magic != MagicWord() || __atomic_load_n(U32(base, kOffSlots), __ATOMIC_RELAXED) != kSlots) {
+    // The version too, as the reader checks it: a mailbox of another layout is never written into.
+    uint32_t version = __atomic_load_n(U32(base, kOffVersion), __ATOMIC_RELAXED);
+    uint32_t slots = __atomic_load_n(U32(base, kOffSlots), __ATOMIC_RELAXED);
+    if (magic != MagicWord()) {
       munmap(base, kFileBytes);
       ThrowCoded(env, "ERR_MAILBOX_FORMAT", path + " is not a ready wavebus mailbox (no header yet); not attached");
+    }
+    if (version != kVersion || slots != kSlots) {
+      munmap(base, kFileBytes);
+      ThrowCoded(env, "ERR_MAILBOX_FORMAT", path + " is not a version-" + std::to_string(kVersion) + " wavebus mailbox (version " + std::to_string(version) +
+                                                ", " + std::to_string(slots) + " slots); not attached");
     }
     auto ext = Napi::External<uint8_t>::New(env, base);
     return GetAddonData(env)->mailboxWriter.New({ext, Napi::String::New(env, path)});

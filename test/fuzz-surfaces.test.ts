@@ -22,6 +22,11 @@ const FUZZ_INPUTS: Record<string, number> = {
   status_reply: EVERY ?? 100000,
   probe_bundle: EVERY ?? (FULL ? 100000 : 300),
   report_tree: EVERY ?? (FULL ? 100000 : 300),
+  recorder_ring: EVERY ?? 100000,
+  // Each input writes, maps and unmaps a 4 KiB+ file through the addon: cheap, so all of them.
+  mailbox_attach: EVERY ?? 100000,
+  engine_crash: EVERY ?? 100000,
+  fingerprint: EVERY ?? 100000,
 };
 
 const results: Record<string, SurfaceResult> = {};
@@ -50,7 +55,7 @@ describe.each(SURFACES.map((s) => [s.name, s] as const))('%s', (name, surface) =
     // Both happened, and the refusals came from more than the first check.
     expect(accepted).toBeGreaterThan(0);
     expect(Object.keys(r.refused).length).toBeGreaterThanOrEqual(name === 'status_reply' ? 1 : 3);
-    for (const reason of Object.keys(r.refused)) expect(reason).toMatch(/^(drop|refused|control|status|report):\w+|^\w+Error:ERR_[A-Z_]+$/);
+    for (const reason of Object.keys(r.refused)) expect(reason).toMatch(/^(drop|refused|control|status|report|torn|flush|mailbox):\w+|^\w+Error:ERR_[A-Z_]+$/);
   });
 });
 
@@ -62,4 +67,13 @@ test('control requests: refusals by the coordinator name their error code, and e
   expect(named.length).toBeGreaterThanOrEqual(4);
   for (const k of named) expect(k).toMatch(/^control:ERR_[A-Z_]+:(control|dump|capture|query)\b/);
   expect(Object.keys(r.refused).filter((k) => k.startsWith('drop:')).length).toBeGreaterThanOrEqual(3);
+});
+
+test('host files: a mailbox of another version, a link or a second name is refused by name; a ring slot past its bounds is left out by name', async () => {
+  const mb = results.mailbox_attach ?? (await fuzzSurface(SURFACES.find((s) => s.name === 'mailbox_attach')!, tmpDir('wavebus-fuzz-mb-'), 3000, 5));
+  // The version check is the fix this fuzz found: attach wrote into a mailbox of any version with the magic.
+  for (const k of ['mailbox:ERR_MAILBOX_FORMAT:version', 'mailbox:ERR_MAILBOX_FORMAT:shorter', 'mailbox:ERR_MAILBOX_OPEN:symbolic_link', 'mailbox:ERR_MAILBOX_OPEN:links']) expect(mb.refused[k]).toBeGreaterThan(0);
+  const ring = results.recorder_ring ?? (await fuzzSurface(SURFACES.find((s) => s.name === 'recorder_ring')!, tmpDir('wavebus-fuzz-ring-'), 3000, 5));
+  for (const k of ['torn:lengths_past_the_slot', 'torn:input_sizes']) expect(ring.refused[k]).toBeGreaterThan(0);
+  expect(ring.accepted['ring:4_forwards']).toBeGreaterThan(0);
 });

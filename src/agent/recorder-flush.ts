@@ -25,6 +25,8 @@ export interface FlushedForward {
   callDir: string;
   tooLarge?: boolean;
   error?: string;
+  /** The error's code (proto/errors.json) when it has one: a forward left out is accounted for by it. */
+  errorCode?: string;
 }
 
 export interface FlushResult {
@@ -57,6 +59,8 @@ export async function flushRing(read: RingRead, root: string, name: string, reas
       f.callDir = await writeEntry(e, dir, reason, identity, m);
     } catch (err) {
       f.error = (err as Error).message;
+      const code = (err as { code?: unknown }).code;
+      if (typeof code === 'string') f.errorCode = code;
     }
     out.push(f);
   }
@@ -128,7 +132,7 @@ export function writeCrash(flush: FlushResult, exit: EngineExit, read: RingRead,
     last_wave: lastWave,
     forwards_recorded: read.forwards,
     last_forward: ctx ? { forward: last.forward, wave: Number(last.entry.wave ?? 0), compilation_hash: ctx.compilationHash, global_step: Number(ctx.globalStep ?? 0), is_prompt: Boolean(ctx.isPrompt), req_ids: ctx.reqIds ?? [], num_speculative_tokens: ctx.numSpeculativeTokens ?? 0 } : null,
-    flushed: flush.forwards.map((f) => ({ forward: f.forward, slot: f.slot, wave: f.wave, global_step: f.globalStep, call_dir: f.callDir, ...(f.tooLarge ? { too_large: true } : {}), ...(f.error ? { error: f.error } : {}) })),
+    flushed: flush.forwards.map((f) => ({ forward: f.forward, slot: f.slot, wave: f.wave, global_step: f.globalStep, call_dir: f.callDir, ...(f.tooLarge ? { too_large: true } : {}), ...(f.error ? { error: f.error } : {}), ...(f.errorCode ? { error_code: f.errorCode } : {}) })),
     left_out: flush.torn.map((t) => ({ forward: t.forward, slot: t.slot, why: t.why })),
   }, artifactWrite(sensitiveModes(modes)));
   return file;
