@@ -273,7 +273,14 @@ export async function run(args: BenchArgs<typeof flags>): Promise<Record<string,
       const order = r % 2 === 0 ? ['wavebus', 'bare', 'bare_one'] : ['bare_one', 'bare', 'wavebus'];
       for (const what of order) {
         if (what === 'bare' && !args.bare) continue;
-        if (what === 'wavebus') {
+        if (what === 'bare_one') {
+          if (!args['bare-one']) continue;
+          const b = await bareBus(1, endWave, pace);
+          const got = lastReceipt(b.receipts.times, b.published, from, endWave, 1);
+          bare1Lat.push(...got.lat);
+          bare1Lost += got.lost;
+          roundP50.bare_one.push(p50p99([...got.lat]).p50_us);
+        } else if (what === 'wavebus') {
           const w = await wavebusRun(n, endWave, pace, tokenFile, args.mailbox, wavePath);
           const got = lastReceipt(w.times, w.published, from, endWave, n);
           lat.push(...got.lat);

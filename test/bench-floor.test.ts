@@ -71,7 +71,7 @@ describe('bench overhead: the seed baseline, sidecar CPU and system calls per wa
   test('an unknown --wave-path is refused naming the flag and its choices', () => {
     const r = runWavebus(['bench', 'overhead', '--wave-path', 'carrier-pigeon'], { timeout: 30000 });
     expect(r.code).not.toBe(0);
-    expect(r.stderr).toContain('--wave-path: expected one of per-rank, got "carrier-pigeon"');
+    expect(r.stderr).toContain('--wave-path: expected one of per-rank, host, got "carrier-pigeon"');
   });
 
   test("a real strace -ttt trace's calls are read with their times, and garbage reads as none", () => {
