@@ -81,6 +81,18 @@ async function glooBaseline(agents: number): Promise<{ gloo_p50_us?: number; glo
   });
 }
 
+/** Bench-only instrumentation: the time the last SUB message left zeromq.js, before the bus read it. */
+function arrivalStamps(bus: AgentBus): () => bigint {
+  let arrived = 0n;
+  const inner = bus as unknown as { onSubMessage(parts: Buffer[]): void };
+  const onSubMessage = inner.onSubMessage.bind(bus);
+  inner.onSubMessage = (parts) => {
+    arrived = process.hrtime.bigint();
+    onSubMessage(parts);
+  };
+  return () => arrived;
+}
+
 /**
  * Child mode: one agent. Per wave it notes [the 'wave' event, the arrival of the frame that
  * completed it (before MAC and decode), the vector written to its mailbox].
@@ -98,18 +110,11 @@ async function child(rank: number, world: number, port: number, reportPort: numb
   if (host) return receiver(bus, mailboxes, owned, reportPort, endWave);
   const mailbox = mailboxes[0];
   const log = new ReceiptLog(rank, reportPort);
-  // Bench-only instrumentation: the time each SUB message left zeromq.js, before the bus reads it.
-  let arrived = 0n;
-  const inner = bus as unknown as { onSubMessage(parts: Buffer[]): void };
-  const onSubMessage = inner.onSubMessage.bind(bus);
-  inner.onSubMessage = (parts) => {
-    arrived = process.hrtime.bigint();
-    onSubMessage(parts);
-  };
+  const arrived = arrivalStamps(bus);
   bus.on('wave', (w) => {
     const t = process.hrtime.bigint();
     mailbox?.publish({ wave: w.head.wave, configDue: w.head.configDue, dumpDue: w.head.dumpDue });
-    log.note(w.head.wave, t, arrived, process.hrtime.bigint());
+    log.note(w.head.wave, t, arrived(), process.hrtime.bigint());
     if (w.head.wave >= endWave) void log.flush();
   });
   await bus.start();
@@ -141,13 +146,7 @@ async function keepAlive(bus: AgentBus): Promise<void> {
  */
 async function receiver(bus: AgentBus, mailboxes: MailboxWriter[], ranks: number[], reportPort: number, endWave: number): Promise<void> {
   const logs = ranks.map((r) => new ReceiptLog(r, reportPort));
-  let arrived = 0n;
-  const inner = bus as unknown as { onSubMessage(parts: Buffer[]): void };
-  const onSubMessage = inner.onSubMessage.bind(bus);
-  inner.onSubMessage = (parts) => {
-    arrived = process.hrtime.bigint();
-    onSubMessage(parts);
-  };
+  const arrived = arrivalStamps(bus);
   const written: bigint[] = ranks.map(() => 0n);
   bus.on('wave', (w) => {
     const t = process.hrtime.bigint();
@@ -158,7 +157,7 @@ async function receiver(bus: AgentBus, mailboxes: MailboxWriter[], ranks: number
       written[i] = process.hrtime.bigint();
     }
     for (const m of mailboxes) m.announce();
-    for (let i = 0; i < logs.length; i++) logs[i].note(w.head.wave, t, arrived, mailboxes.length > 0 ? written[i] : t);
+    for (let i = 0; i < logs.length; i++) logs[i].note(w.head.wave, t, arrived(), mailboxes.length > 0 ? written[i] : t);
     if (w.head.wave >= endWave) for (const l of logs) void l.flush();
   });
   await bus.start();

@@ -122,7 +122,7 @@ def main():
     bad = [p.exitcode for p in procs if p.exitcode != 0]
     if bad:
         print(json.dumps({"error": f"seed_guard workers exited with {bad}"}))
-        sys.exit(1)
+        raise SystemExit(1)
     ranks = sorted((out.get() for _ in range(world)), key=lambda r: r["rank"])
     mean = lambda k: sum(r[k] for r in ranks) / len(ranks)
     print(json.dumps({
