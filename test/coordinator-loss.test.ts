@@ -247,6 +247,8 @@ describeAsRoot('a second local user squats the bus ports after kill -9 of the co
         const st = await status(j.port);
         return st && st.epoch !== before.epoch && st.ready && st.wave > 0 ? st : undefined;
       }, 'the restarted coordinator', 90000, 100);
+      // While the ports were held, launch probed them instead of starting coordinators that die on bind.
+      expect(j.launch.stderr()).toMatch(/not starting the coordinator: --port \d+: 127\.0\.0\.1:\d+ is already in use/);
       await manualDump(j, after.wave);
       const ranks = await finish(j);
       for (const r of ranks) {

@@ -207,6 +207,15 @@ export async function launch(opts: LaunchOptions, logger?: Logger): Promise<numb
         sidecars[0],
         () => (sidecars[0] = coordinatorSidecar()),
         (line) => process.stderr.write(`wavebus launch: warning: ${line}\n`),
+        async () => {
+          try {
+            await checkPortFree(bindHost!, opts.port, 'PUB');
+            await checkPortFree(bindHost!, opts.port + 1, 'ROUTER');
+            return undefined;
+          } catch (e) {
+            return (e as Error).message;
+          }
+        },
       );
       keeper.watch();
     }
