@@ -78,6 +78,15 @@ export interface DumpResult {
   skippedReason: string;
   /** The KV layers this rank copied (absent from older agents). */
   layers?: string[];
+  /** This rank's flight recorder flush at the dump's wave (proto RecorderFlushAccount). */
+  recorderFlush?: RecorderFlushAccount;
+}
+
+export interface RecorderFlushAccount {
+  dir: string;
+  forwards: number[];
+  leftOut: number[];
+  error: string;
 }
 
 export interface RequestStep {

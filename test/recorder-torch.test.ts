@@ -5,7 +5,7 @@
 import * as fs from 'fs';
 import * as path from 'path';
 import { spawnSync } from 'child_process';
-import { PYTHON, ROOT, cleanup, freePort, spawnWavebus, tmpDir, waitFor } from './helpers';
+import { PYTHON, ROOT, cleanup, freePort, readManifests, spawnWavebus, tmpDir, waitFor } from './helpers';
 
 afterAll(cleanup);
 
@@ -167,6 +167,16 @@ test('a NaN incident (logits_finite, dump_kv): every rank flushes the same forwa
   const nanCall = fs.readdirSync(path.join(snaps, 'rank0')).find((c) => stepOf(0, c) === 8);
   expect(nanCall).toBeDefined();
   expect(stepOf(1, nanCall!)).toBe(8);
+  // Each rank's dump ack accounts for its flush: the manifest lists the forwards on disk, no more.
+  const flushName = flushes.sort()[0];
+  const manifests = readManifests<{ arm_wave: number; recorder_flush?: Record<string, { dir: string; forwards: number[]; left_out: number[] }> }>(run.dir).filter(
+    (m) => m.recorder_flush && Object.values(m.recorder_flush).some((r) => r.dir === path.join('recorder', flushName)),
+  );
+  expect(manifests.length).toBeGreaterThan(0);
+  for (const g of [0, 1]) {
+    const onDisk = fs.readdirSync(path.join(snaps, `rank${g}`)).filter((n) => /^call\d+$/.test(n)).map((n) => Number(n.slice(4))).sort((a, b) => a - b);
+    expect(manifests[0].recorder_flush![g]).toEqual({ dir: path.join('recorder', flushName), forwards: onDisk, left_out: [] });
+  }
   // The fault is planted in the weights during forward 8 (not an input): its replay with clean
   // weights differs; every other flushed forward, those after it reading the NaN in their KV cache
   // included, replays bit for bit.

@@ -6,7 +6,9 @@ import type { AgentBus } from '../bus/agent-bus';
 import type { Logger } from '../log';
 import { incidentFlushName, recorderPath } from '../paths';
 import type { AgentOptions } from './agent-options';
+import type { RecorderFlushAccount } from '../messages';
 import { FlightRecorder, takeFlushArms } from './flight-recorder';
+import type { FlushResult } from './recorder-flush';
 
 export class AgentRecorder {
   /** The flight recorder (WAVEBUS_RECORD_FORWARDS): none when off. */
@@ -16,7 +18,7 @@ export class AgentRecorder {
 
   constructor(
     private readonly opts: AgentOptions,
-    root: string | undefined,
+    private readonly root: string | undefined,
     private readonly log: Logger,
     private readonly bus: () => AgentBus | undefined,
   ) {
@@ -39,16 +41,40 @@ export class AgentRecorder {
     });
   }
 
-  /** The ring written out at a dump's wave: the same name on every rank of the replica (the wave every rank copies at). */
-  atIncident(wave: number, jobs: readonly { jobId: string }[]): Promise<unknown> | undefined {
+  /**
+   * The ring written out at a dump's wave: the same name on every rank of the replica (the wave
+   * every rank copies at). Resolves with this rank's account for the dump acks (undefined: the
+   * recorder is off here).
+   */
+  atIncident(wave: number, jobs: readonly { jobId: string }[]): Promise<RecorderFlushAccount> | undefined {
     const { identity } = this.opts;
-    return this.recorder
-      ?.atIncident(incidentFlushName(wave, identity, identity.dpRank), wave, { jobs: jobs.map((j) => j.jobId) })
-      .catch((e) => this.log.error({ err: String((e as Error)?.message ?? e) }, 'flight recorder: incident flush failed'));
+    const rec = this.recorder;
+    if (!rec) return undefined;
+    const name = incidentFlushName(wave, identity, identity.dpRank);
+    const account = (error: string): RecorderFlushAccount => ({ dir: path.join('recorder', name), forwards: [], leftOut: [], error });
+    if (!rec.writesOn('incident')) return Promise.resolve(account('recorder.on leaves out "incident" on this rank'));
+    return rec.atIncident(name, wave, { jobs: jobs.map((j) => j.jobId) }).then(
+      (r) => (r ? flushAccount(r, this.root) : account('this agent has no snapshot or dump root')),
+      (e) => {
+        const err = String((e as Error)?.message ?? e);
+        this.log.error({ err }, 'flight recorder: incident flush failed');
+        return account(err);
+      },
+    );
   }
 
   /** `capture --flush-recorder` arms of this replica among `arms` (a snapshot's or a wave head's captures). */
   arms(arms: readonly Record<string, any>[] | undefined): void {
     takeFlushArms(arms, this.flushArms, this.recorder, this.opts.identity.dpRank, (r) => this.bus()?.sendCaptureResult(r));
   }
+}
+
+/** What a flush wrote, for the dump acks: the forwards whole on disk, and those recorded but not written. */
+export function flushAccount(r: FlushResult, root: string | undefined): RecorderFlushAccount {
+  return {
+    dir: root ? path.relative(root, r.dir) : r.dir,
+    forwards: r.forwards.filter((f) => f.callDir).map((f) => f.forward),
+    leftOut: [...r.forwards.filter((f) => !f.callDir).map((f) => f.forward), ...r.torn.map((t) => t.forward)].sort((a, b) => a - b),
+    error: '',
+  };
 }

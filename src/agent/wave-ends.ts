@@ -5,6 +5,7 @@ import type { AgentBus } from '../bus/agent-bus';
 import { WavebusError } from '../errors';
 import type { RankIdentity } from '../layout';
 import type { Logger } from '../log';
+import type { RecorderFlushAccount } from '../messages';
 import type { DumpExecutor } from './dump-executor';
 import type { RuntimeView } from './runtime-view';
 import type { WaveTimeline } from './timeline';
@@ -29,7 +30,7 @@ export interface WaveEndHost {
   publishFeatures: () => void;
   writeTimeline: () => void;
   /** A dump job of this rank is copied at the end of `wave` (an incident): the flight recorder, if on, reads its ring now (the engine waits) and writes it out behind. */
-  recorderAtIncident?: (wave: number, jobs: readonly { jobId: string; incidentType: string; reqId: string }[]) => Promise<unknown> | undefined;
+  recorderAtIncident?: (wave: number, jobs: readonly { jobId: string; incidentType: string; reqId: string }[]) => Promise<RecorderFlushAccount> | undefined;
 }
 
 export class WaveEnds {
@@ -65,8 +66,8 @@ export class WaveEnds {
     const jobs = jobsFor(h.identity, lane.jobs);
     if (jobs.length === 0) return {};
     h.publishFeatures(); // no job waits here any more (a rank off the vector goes back off it)
+    // Read now (the engine waits), written behind; its account goes with this wave's dump acks.
     const flushed = h.recorderAtIncident?.(wave, jobs);
-    if (flushed) this.writes = this.writes.then(() => flushed.then(() => undefined));
     const view = h.view();
     const { staged, refused } = await h.dumps.stage(jobs, {
       format: view.format,
@@ -78,7 +79,9 @@ export class WaveEnds {
     this.writes = this.writes.then(async () => {
       const start = h.timeline.now();
       const results = await h.dumps.write(staged, h.view().format);
+      const recorderFlush = await flushed;
       for (const r of results) {
+        if (recorderFlush) r.recorderFlush = recorderFlush;
         if (r.error) h.stats.dumpsFailed++;
         else h.stats.dumpsWritten++;
         h.bus()?.sendDumpResult(r);

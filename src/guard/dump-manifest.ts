@@ -1,6 +1,7 @@
 // What a dump's manifest.json says (the ledger, dump-ledger.ts, decides when to write it): each
 // expected rank's ack sorted into completed / failed / skipped / missing, the stages and layers the
 // dump holds, and why a dump whose ranks all copied is still not a good one.
+import { MAX_RECORD_FORWARDS } from './recorder-config';
 import { rankCoordinates, type PpStages, type WorldLayout } from '../layout';
 import type { DumpJob, DumpResult, FileEntry } from '../messages';
 import { kvRankDirFor, layoutJson } from '../paths';
@@ -99,6 +100,24 @@ export function manifestJson(f: ManifestFacts): Record<string, unknown> {
     timed_out: f.timedOut,
     files: m.files,
     bytes: m.bytes,
+    ...recorderFlushFields(f.acks),
     ts: new Date().toISOString(),
   };
+}
+
+/**
+ * `recorder_flush`: what each acking rank's flight recorder wrote at the dump's wave (the forwards
+ * whole on disk, those left out, or why nothing); absent when no rank records. request_info.json
+ * says what was wanted, this what is there.
+ */
+function recorderFlushFields(acks: ReadonlyMap<number, DumpResult>): Record<string, unknown> {
+  const per: Record<string, unknown> = {};
+  for (const [g, a] of [...acks.entries()].sort((x, y) => x[0] - y[0])) {
+    const r = a.recorderFlush;
+    if (!r) continue;
+    // From the network: bounded by the ring's own limits before it goes into a file.
+    const list = (xs: number[] | undefined) => (xs ?? []).slice(0, MAX_RECORD_FORWARDS);
+    per[g] = { dir: r.dir.slice(0, 1024), forwards: list(r.forwards), left_out: list(r.leftOut), ...(r.error ? { error: r.error.slice(0, 1024) } : {}) };
+  }
+  return Object.keys(per).length ? { recorder_flush: per } : {};
 }
