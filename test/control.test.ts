@@ -13,24 +13,13 @@ import { resolveIdentity } from '../src/launch/identity';
 import { createLogger } from '../src/log';
 import { loadCallDir } from '../src/snapshot/loader';
 import { WIDTH } from '../src/tools/status-table';
-import { cleanup, freePortPair, spawnWavebus, tmpDir, waitFor } from './helpers';
-import { Job, type JobOptions } from './sim-job';
+import { freePortPair, spawnWavebus, tmpDir, waitFor } from './helpers';
+import { jobStarter } from './sim-job';
 
 jest.setTimeout(240000);
 
 const quiet = createLogger('control-test', 'error');
-const jobs: Job[] = [];
-afterEach(async () => {
-  for (const j of jobs.splice(0)) await j.stop();
-  await cleanup();
-});
-
-async function startJob(o: JobOptions): Promise<Job> {
-  const j = new Job(o);
-  jobs.push(j);
-  await j.start();
-  return j;
-}
+const startJob = jobStarter();
 
 /** The CLI as a child process, this process's event loop free meanwhile (an in-process coordinator answers it). */
 async function cliAsync(args: string[]): Promise<{ code: number | null; stdout: string; stderr: string }> {

@@ -13,23 +13,12 @@ import { resolveIdentity } from '../src/launch/identity';
 import { createLogger } from '../src/log';
 import { mailboxPath } from '../src/paths';
 import { wholeDumpAfter } from './dump-waits';
-import { cleanup, tmpDir } from './helpers';
-import { Job, sleep, type JobOptions } from './sim-job';
+import { tmpDir } from './helpers';
+import { jobStarter, sleep } from './sim-job';
 
 jest.setTimeout(180000);
 
-const jobs: Job[] = [];
-afterEach(async () => {
-  for (const j of jobs.splice(0)) await j.stop();
-  await cleanup();
-});
-
-async function startJob(o: JobOptions): Promise<Job> {
-  const j = new Job(o);
-  jobs.push(j);
-  await j.start();
-  return j;
-}
+const startJob = jobStarter();
 
 const RECEIVER = 'host receiver: this agent follows';
 const LANES_ONLY = 'lanes-only: another local agent is the host receiver';

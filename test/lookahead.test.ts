@@ -19,24 +19,13 @@ import type { StepTelemetry } from '../src/messages';
 import { inspectTree } from '../src/tools/inspect';
 import { mailboxPath } from '../src/paths';
 import { SimScheduler } from '../src/sim/scheduler';
-import { cleanup, runWavebus, tmpDir, waitFor } from './helpers';
+import { runWavebus, tmpDir, waitFor } from './helpers';
 import { G, POOL, startHarnessJob, step, stopHarnessJob, type HarnessJob } from './job-harness';
-import { Job, type JobOptions } from './sim-job';
+import { jobStarter, type Job } from './sim-job';
 
 jest.setTimeout(180000);
 
-const jobs: Job[] = [];
-afterEach(async () => {
-  for (const j of jobs.splice(0)) await j.stop();
-  await cleanup();
-});
-
-async function startJob(o: JobOptions): Promise<Job> {
-  const j = new Job(o);
-  jobs.push(j);
-  await j.start();
-  return j;
-}
+const startJob = jobStarter();
 
 interface LookaheadResult {
   rank: number;

@@ -5,7 +5,7 @@ import * as fs from 'fs';
 import * as path from 'path';
 import { requestStatus, type StatusReplyMsg } from '../src/bus/coordinator';
 import { createTokenFile } from '../src/bus/auth';
-import { CLI, freePortPair, spawnTracked, spawnWavebus, tmpDir, waitFor, readManifests, type Spawned } from './helpers';
+import { CLI, cleanup, freePortPair, spawnTracked, spawnWavebus, tmpDir, waitFor, readManifests, type Spawned } from './helpers';
 
 export const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 /** A timer that does not keep jest alive (for races against a process exit). */
@@ -235,3 +235,21 @@ export function tryKill(pid: number, sig: NodeJS.Signals): void {
   }
 }
 
+
+/**
+ * A test file's job starter: each job started is stopped after its test (with cleanup()), so a
+ * failed assertion never leaves a job running into the next test.
+ */
+export function jobStarter(): (o: JobOptions) => Promise<Job> {
+  const jobs: Job[] = [];
+  afterEach(async () => {
+    for (const j of jobs.splice(0)) await j.stop();
+    await cleanup();
+  });
+  return async (o) => {
+    const j = new Job(o);
+    jobs.push(j);
+    await j.start();
+    return j;
+  };
+}
