@@ -8,6 +8,9 @@ import * as path from 'path';
 import { FingerprintBook } from '../src/guard/fingerprint-diff';
 import { sanitizeFingerprint } from '../src/guard/fingerprint';
 import { clientFingerprint, fingerprintEnv } from '../src/client/fingerprint';
+import { FingerprintKeeper, WEIGHTS_SETTLE_MS } from '../src/agent/fingerprint-keeper';
+import { RegionKind } from '../src/client/protocol';
+import { ShmSegment } from '../src/memory';
 import { PYTHON, ROOT, cleanup, freePort, spawnWavebus, tmpDir, waitFor } from './helpers';
 import { startHarnessJob, stopHarnessJob } from './job-harness';
 
@@ -78,6 +81,32 @@ describe('fingerprint_diff', () => {
     book.set(2, { ...BASE, weights: w('crc32c:0000000f') });
     expect(book.diff().differences.map((d) => `${d.kind}:${d.name}@${d.among}`)).toEqual(['weight:lm_head@pp0_tp0_cp0']);
   });
+});
+
+test('weight shards registered one at a time: the checksums go to the coordinator once per burst, not once per shard', async () => {
+  const seg = ShmSegment.create(`/wavebus-fp-settle-${process.pid}`, 64 * 4);
+  const sent: Record<string, any>[] = [];
+  const keeper = new FingerprintKeeper((fp) => sent.push(fp));
+  try {
+    seg.buffer().fill(7);
+    keeper.hello(BASE);
+    expect(sent).toHaveLength(1);
+    // As register_weights does: each shard's answer awaited before the next is sent.
+    for (let i = 0; i < 64; i++) {
+      const region = { name: `layer${i}.w`, kind: RegionKind.SHM, shmName: seg.name, offset: i * 4, nbytes: 4, cudaIpcHandle: Buffer.alloc(0), device: 0, dtype: 'float32', shape: [1], role: 2, layer: '', kv: '' };
+      await keeper.addWeight(region);
+    }
+    expect(sent).toHaveLength(1);
+    await waitFor(() => sent.length === 2, 'the settled fingerprint', 5000, 10);
+    expect(sent[1].weights).toHaveLength(64);
+    expect(new Set(sent[1].weights.map((w: any) => w.checksum)).size).toBe(1); // the same four bytes each
+    await new Promise((r) => setTimeout(r, 2 * WEIGHTS_SETTLE_MS));
+    expect(sent).toHaveLength(2);
+  } finally {
+    keeper.close();
+    seg.close();
+    ShmSegment.unlink(seg.name);
+  }
 });
 
 test('TypeScript clients: the hello carries the fingerprint to the coordinator, shown in its status (/healthz)', async () => {

@@ -10,8 +10,16 @@ import { LIMITS, sanitizeFingerprint, type Fingerprint, type WeightChecksum } fr
 import type { RegionMessage } from './regions';
 
 
+/**
+ * How long after the last queued weight shard the fingerprint goes out. An engine registers its
+ * shards one request at a time: sent on each, the whole list would go out once per shard (bytes
+ * growing with the square of the shard count); this sends it once per burst.
+ */
+export const WEIGHTS_SETTLE_MS = 100;
+
 export class FingerprintKeeper {
   private client: Fingerprint | null = null;
+  private settle?: NodeJS.Timeout;
   private readonly weights = new Map<string, WeightChecksum>();
   private staging: Staging | null = null;
   /** Weight shards are read one at a time (one staging buffer); the fingerprint goes out when none is left queued. */
@@ -37,16 +45,20 @@ export class FingerprintKeeper {
   }
 
   /**
-   * A weight shard (Region, role WEIGHT): read it whole, checksum it, let it go. Answers once done,
-   * after the fingerprint went to the coordinator if no other shard is queued behind it: an engine
-   * whose register_weights returned has its checksums on their way.
+   * A weight shard (Region, role WEIGHT): read it whole, checksum it, let it go. Answers once done;
+   * the fingerprint goes to the coordinator WEIGHTS_SETTLE_MS after the last shard of a burst (an
+   * engine whose register_weights returned has its checksums on their way within that).
    */
   addWeight(msg: RegionMessage): Promise<Record<string, unknown>> {
     this.queued++;
+    clearTimeout(this.settle);
     const run = this.queue.then(() => this.checksum(msg));
     this.queue = run.catch(() => undefined);
     return run.finally(() => {
-      if (--this.queued === 0) this.send();
+      if (--this.queued > 0) return;
+      clearTimeout(this.settle);
+      this.settle = setTimeout(() => this.send(), WEIGHTS_SETTLE_MS);
+      this.settle.unref();
     });
   }
 
@@ -77,8 +89,13 @@ export class FingerprintKeeper {
     }
   }
 
-  /** The staging buffer. */
+  /** The staging buffer; a fingerprint still settling goes out now. */
   close(): void {
+    if (this.settle) {
+      clearTimeout(this.settle);
+      this.settle = undefined;
+      this.send();
+    }
     this.staging = null;
   }
 
