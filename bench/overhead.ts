@@ -13,6 +13,7 @@ import * as path from 'path';
 import type { BenchArgs, BenchFlags } from './lib/flags';
 import { offPathCost } from './lib/off-path';
 import { sidecarCpu } from './lib/overhead-probes';
+import { cpuWindowRun, type CpuWindow } from './lib/cpu-window';
 import { syscallsPerWave } from './lib/overhead-syscalls';
 import { seedAvailable, seedRun, type SeedRun } from './lib/seed-baseline';
 import { WAVE_PATH_FLAG, wavePathLaunchArgs, type WavePath } from './lib/wave-path';
@@ -112,6 +113,8 @@ export const flags = {
   'seed-vocab': { type: 'int', default: 1024, describe: "the width of the seed baseline's logits (torch.isfinite runs on the CPU here, on the accelerator in the seed)" },
   syscalls: { type: 'boolean', default: false, describe: 'after the rounds, one more detectors-on run with strace attached to each process for --syscall-waves waves: system calls per wave by process (not in the ratios)' },
   'syscall-waves': { type: 'int', default: 300, describe: "the strace window's length in waves (after 50 waves of warm-up; at most 180 s)" },
+  'cpu-window': { type: 'boolean', default: false, describe: "after the rounds, one off and one detectors-on run: each process's CPU per wave inside a window of the steady state (from /proc schedstat, start-up and exit left out; the waves are rank 0's steps inside it), the host's sidecar together" },
+  'cpu-window-s': { type: 'int', default: 5, describe: "the CPU window's length in seconds, from the end of the engine's 200th step (sampled for 12 s more than this)" },
   'wave-path': WAVE_PATH_FLAG,
 } satisfies BenchFlags;
 
@@ -131,13 +134,14 @@ function cpuByProcess(file: string, steps: number): Record<string, Record<string
 
 export async function run(a: BenchArgs<typeof flags>): Promise<Record<string, unknown>> {
   const requests = a.requests ?? 2 * a.steps;
+  const port = 20000 + (process.pid % 20000);
   const work = fs.mkdtempSync(path.join(os.tmpdir(), 'wavebus-bench-overhead-'));
   const sim = (resultDir: string, extra: string[] = [], steps = a.steps) => [
     'sim', '--steps', String(steps), '--step-ms', '0', '--compute-us', String(a['compute-us']), '--forward-ms', String(a['forward-ms']),
     '--requests', String(requests), '--result-dir', resultDir, '--nproc-per-node', String(a.ranks), ...extra,
   ];
   const launch = (config: string, cmd: string[]) => [
-    'launch', '--nproc-per-node', String(a.ranks), '--tp', String(a.ranks), '--port', String(20000 + (process.pid % 20000)),
+    'launch', '--nproc-per-node', String(a.ranks), '--tp', String(a.ranks), '--port', String(port),
     `--coordinator-arg=--runtime-config-path`, `--coordinator-arg=${config}`,
     ...(a['lookahead-waves'] !== undefined ? [`--coordinator-arg=--lookahead-waves=${a['lookahead-waves']}`] : []),
     ...wavePathLaunchArgs(a['wave-path'] as WavePath),
@@ -163,6 +167,7 @@ export async function run(a: BenchArgs<typeof flags>): Promise<Record<string, un
   const seedOk = a['seed-baseline'] && (await seedAvailable());
   const seedRuns: { absent: SeedRun[]; seed: SeedRun[] } = { absent: [], seed: [] };
   let syscalls: Record<string, unknown> | undefined;
+  const steadyCpu: Record<string, CpuWindow> = {};
   try {
     for (let round = 0; round < a.rounds; round++) {
       for (const mode of ['absent', 'off', 'on'] as const) {
@@ -185,6 +190,15 @@ export async function run(a: BenchArgs<typeof flags>): Promise<Record<string, un
       }
       // The seed's path in the same round, on its own Python engine with and without it.
       if (seedOk) for (const m of ['absent', 'seed'] as const) seedRuns[m].push(await seedRun(m, seedShape));
+    }
+    if (a['cpu-window']) {
+      for (const mode of ['off', 'on'] as const) {
+        const dir = path.join(work, `window-${mode}`);
+        fs.mkdirSync(dir, { recursive: true });
+        steadyCpu[mode] = await cpuWindowRun(dir, path.join(dir, 'stop'), (stopFile, onSpawn) => runCli(launch(mode === 'off' ? offConfig : onConfig, sim(dir, ['--stop-file', stopFile, '--step-times'], 1_000_000)), env, path.join(dir, 'cpu'), onSpawn), {
+          engineRanks: a.ranks, sidecarProcs: a.ranks + 1, warmupS: 12, seconds: a['cpu-window-s'],
+        });
+      }
     }
     if (a.syscalls) {
       const dir = path.join(work, 'syscalls');
@@ -253,6 +267,8 @@ export async function run(a: BenchArgs<typeof flags>): Promise<Record<string, un
     ...(seedOk ? { side_by_side: { wavebus_off: Number(ratio('off').toFixed(4)), wavebus_detectors: Number(ratio('on').toFixed(4)), seed: seedSummary(seedRuns, median).median_ratio } } : {}),
     seed_baseline: seedOk ? seedSummary(seedRuns, median) : { skipped: a['seed-baseline'] ? `${'/usr/bin/python3'} has no torch with gloo` : '--no-seed-baseline' },
     ...(syscalls ? { syscalls } : {}),
+    // µs of CPU per wave in the steady state, start-up left out (--cpu-window).
+    ...(a['cpu-window'] ? { steady_cpu_us_per_wave: steadyCpu } : {}),
     target: { off_ratio: 0.995, detectors_ratio: 0.97, detectors_ratio_1ms: 0.9, sidecar_syscalls_per_wave_tp8: 30, waited_fraction: 0 },
   };
 }

@@ -9,7 +9,7 @@ import * as path from 'path';
 /** Engine ranks and the launcher are not the sidecar; everything else a job starts is. */
 /** The sim's job process and its rank processes (engine ranks are `sim-rank`). */
 export const ENGINE_ROLES = ['sim', 'sim-rank'];
-const LAUNCHER = 'launch';
+export const LAUNCHER = 'launch';
 
 /** By process name (`agent #2`) → thread → µs per wave: per role and the host's sidecar total. */
 export function sidecarCpu(byProcess: Record<string, Record<string, number>>): { sidecar: number; engine: number; launcher: number; processes: number } {
@@ -96,15 +96,20 @@ function readLines(file: string): string[] {
  * (`warmupWaves + waves` of them, or what `maxSeconds` allowed), and each process's system calls
  * inside that window are counted afterwards from its trace.
  */
-export async function straceJob(root: number, o: { engineRanks: number; sidecarProcs: number; stopFile: string; warmupWaves: number; waves: number; maxSeconds: number; dir: string }): Promise<StraceWindow> {
+/** The job's processes once it has `engineRanks` engine ranks and `sidecarProcs` others (within a minute), in pid order. */
+export async function waitForJob(root: number, engineRanks: number, sidecarProcs: number): Promise<{ pid: number; role: string }[]> {
   const by = Date.now() + 60000;
   let procs = jobProcesses(root);
-  while (procs.filter((p) => p.role === 'sim-rank').length < o.engineRanks || procs.filter((p) => !ENGINE_ROLES.includes(p.role) && p.role !== LAUNCHER).length < o.sidecarProcs) {
+  while (procs.filter((p) => p.role === 'sim-rank').length < engineRanks || procs.filter((p) => !ENGINE_ROLES.includes(p.role) && p.role !== LAUNCHER).length < sidecarProcs) {
     if (Date.now() > by) throw new Error(`bench overhead: the job's processes did not all start (${procs.map((p) => p.role).join(', ')})`);
     await sleep(100);
     procs = jobProcesses(root);
   }
-  procs.sort((a, b) => a.pid - b.pid);
+  return procs.sort((a, b) => a.pid - b.pid);
+}
+
+export async function straceJob(root: number, o: { engineRanks: number; sidecarProcs: number; stopFile: string; warmupWaves: number; waves: number; maxSeconds: number; dir: string }): Promise<StraceWindow> {
+  const procs = await waitForJob(root, o.engineRanks, o.sidecarProcs);
   const seen: Record<string, number> = {};
   const tracers: { name: string; file: string; child: ChildProcess; done: Promise<void> }[] = [];
   for (const p of procs) {

@@ -3,9 +3,7 @@
 // inside a window of the steady state, divided by the waves an engine rank stepped inside it.
 import * as fs from 'fs';
 import * as path from 'path';
-import { ENGINE_ROLES, straceJob, straceUsable, type StraceWindow } from './overhead-probes';
-
-const LAUNCHER = 'launch';
+import { ENGINE_ROLES, LAUNCHER, straceJob, straceUsable, type StraceWindow } from './overhead-probes';
 /** Waves of the engine rank before the window opens: the sidecar's warm-up. */
 const WARMUP_WAVES = 50;
 const MAX_SECONDS = 180;
