@@ -59,6 +59,7 @@ function replayAll(snaps: string, out: string): number[] {
     const meta = JSON.parse(fs.readFileSync(path.join(snaps, 'rank0', `call${call}`, 'meta.json'), 'utf8'));
     expect(meta.selected_by).toEqual(['recorder']);
     expect(meta.recorder.forward).toBe(call);
+    expect([meta.recorder.save_sensitive_info, meta.withheld, meta.hashed]).toEqual([true, undefined, undefined]);
     expect(fs.statSync(path.join(snaps, 'rank0', `call${call}`, 'meta.json')).mode & 0o777).toBe(0o600);
     const r = python([path.join(ENGINE, 'replay.py'), '--snapshots', snaps, '--call', String(call), '--engine-out', out]);
     if (r.code !== 0) throw new Error(`replay call${call}: ${r.stdout}${r.stderr}`);
