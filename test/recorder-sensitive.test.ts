@@ -3,13 +3,16 @@
 // (input_ids by name, a "draft" region declared token ids, positions not), and the setting sent
 // through the AgentConfig proto. false: the token-id files are not written and meta.json names
 // them; true: as recorded; "hashed": the keyed hash of each id under the coordinator's key, equal
-// for equal tokens across flushes. Every file 0600; every bundle loads and inspects clean.
+// for equal tokens across flushes. Every file 0600; every bundle loads and inspects clean. The
+// region declaration on both clients and the agent, and the agent's key file checks.
 import * as fs from 'fs';
 import * as path from 'path';
 import pino from 'pino';
 import { Agent } from '../src/agent/agent';
 import { applyRecorderConfig } from '../src/agent/flight-recorder';
-import { holdsTokenIds } from '../src/agent/regions';
+import { holdsTokenIds, RegionTable } from '../src/agent/regions';
+import { regionMessage, validateRegion } from '../src/client/region';
+import { RegionKind, RegionRole } from '../src/client/protocol';
 import { hashTokenIds } from '../src/agent/recorder-sensitive';
 import { runtimeView } from '../src/agent/runtime-view';
 import { agentConfig } from '../src/guard/agent-config';
@@ -21,7 +24,7 @@ import { decode, encode, enumValues, messageType } from '../src/proto';
 import { loadCallDir } from '../src/snapshot/loader';
 import { resolveSnapshotConfig } from '../src/snapshot/config';
 import { inspectTree } from '../src/tools/inspect';
-import { PYTHON, ROOT, cleanup, runPython, spawnTracked, tmpDir } from './helpers';
+import { PYTHON, ROOT, cleanup, runPython, runWavebus, spawnTracked, tmpDir } from './helpers';
 
 afterAll(cleanup);
 
@@ -112,6 +115,15 @@ test('which input holds token ids: the engine says (TokenIds), else the name inp
   expect(holdsTokenIds('input_ids', T.TOKEN_IDS_NO)).toBe(false);
   expect(holdsTokenIds('draft', T.TOKEN_IDS_YES)).toBe(true);
   expect(holdsTokenIds('positions', T.TOKEN_IDS_BY_NAME)).toBe(false);
+  // The TypeScript client's wire form, and its refusals.
+  const base = { name: 'toks', shmName: '/x', nbytes: 8, dtype: 'int64', shape: [1], role: 'input' as const };
+  expect([undefined, true, false].map((tokenIds) => regionMessage({ ...base, tokenIds }).tokenIds)).toEqual([T.TOKEN_IDS_BY_NAME, T.TOKEN_IDS_YES, T.TOKEN_IDS_NO]);
+  expect(() => validateRegion({ ...base, role: 'kv_pool', layer: 'l', kv: 'k', shape: [1, 1, 1, 1], tokenIds: true })).toThrow(/region 'toks'\.tokenIds must be a boolean, and only on an input region/);
+  // The agent refuses a TokenIds it does not know (a newer peer), naming the region and field.
+  const table = new RegionTable();
+  expect(() => table.register({ name: 'toks', kind: RegionKind.SHM, shmName: '/wbtest-none', offset: 0, nbytes: 8, cudaIpcHandle: Buffer.alloc(0), device: 0, dtype: 'int64', shape: [1], role: RegionRole.INPUT, layer: '', kv: '', tokenIds: 7 }))
+    .toThrow(/region 'toks'\.token_ids: unknown TokenIds 7/);
+  expect(table.tokenIds('toks')).toBe(false);
   // The Python client refuses a token_ids that is not a bool, and on a KV region.
   const out = runPython(
     `
@@ -216,6 +228,19 @@ test('save_sensitive_info "hashed": each id as its keyed hash, equal for equal t
   // Another key gives other values: the hash is keyed.
   const other = hashTokenIds(Buffer.from(new BigInt64Array(IDS[0].map(BigInt)).buffer), 'int64', TokenHasher.ephemeral())!;
   expect(int64s(other)).not.toEqual(await ids(a, 1, 0));
+});
+
+test('wavebus agent refuses a key file others can read, naming the flag or the variable', () => {
+  const key = path.join(dir, 'open.key');
+  fs.writeFileSync(key, `${'ab'.repeat(32)}\n`, { mode: 0o644 });
+  fs.chmodSync(key, 0o644);
+  const env = { ...process.env, RANK: '0', WORLD_SIZE: '1', LOCAL_RANK: '0', LOCAL_WORLD_SIZE: '1', WAVEBUS_RECORD_FORWARDS: '2' };
+  const byFlag = runWavebus(['agent', '--token-hash-key-file', key], { env, cwd: dir, timeout: 30000 });
+  expect(byFlag.code).not.toBe(0);
+  expect(byFlag.stderr).toContain(`--token-hash-key-file ${key}: permissions 0644 are too open for the token hash key`);
+  const byEnv = runWavebus(['agent'], { env: { ...env, WAVEBUS_TOKEN_HASH_KEY_FILE: key }, cwd: dir, timeout: 30000 });
+  expect(byEnv.code).not.toBe(0);
+  expect(byEnv.stderr).toContain(`WAVEBUS_TOKEN_HASH_KEY_FILE ${key}: permissions 0644`);
 });
 
 test('every file the flushes wrote is 0600', () => {
