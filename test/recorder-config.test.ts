@@ -127,4 +127,8 @@ test('a recorder.flush raise in the config file of a running TP=2 job: both rank
   const meta = JSON.parse(fs.readFileSync(path.join(flushRoot, fs.readdirSync(flushRoot)[0], 'torch-engine-tp2', 'rank1', calls(1)[0], 'meta.json'), 'utf8'));
   expect(meta.selected_by).toEqual(['recorder']);
   expect(meta.recorder.reason).toBe('user');
+  // save_sensitive_info false (the default): the engine's input_ids (declared token ids) is not written.
+  expect(meta.recorder.save_sensitive_info).toBe(false);
+  expect(meta.withheld).toEqual([{ index: 0, name: 'input_ids', reason: 'save_sensitive_info is false' }]);
+  expect(fs.existsSync(path.join(flushRoot, fs.readdirSync(flushRoot)[0], 'torch-engine-tp2', 'rank1', calls(1)[0], 'tensor0.npy'))).toBe(false);
 }, 180000);

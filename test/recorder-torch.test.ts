@@ -17,6 +17,10 @@ function python(args: string[]): { code: number | null; stdout: string; stderr: 
   return { code: r.status, stdout: r.stdout, stderr: r.stderr };
 }
 
+// Replay needs the token ids: every job here runs with report.save_sensitive_info true (with false
+// the recorder withholds input_ids, with "hashed" it writes their keyed hashes; docs/recorder.md).
+const KEEP_TOKENS = { report: { save_sensitive_info: true } };
+
 async function launch(engineArgs: string[], launchArgs: string[] = [], k = K) {
   const dir = tmpDir('wavebus-recorder-');
   const out = path.join(dir, 'out');
@@ -55,6 +59,7 @@ function replayAll(snaps: string, out: string): number[] {
     const meta = JSON.parse(fs.readFileSync(path.join(snaps, 'rank0', `call${call}`, 'meta.json'), 'utf8'));
     expect(meta.selected_by).toEqual(['recorder']);
     expect(meta.recorder.forward).toBe(call);
+    expect([meta.recorder.save_sensitive_info, meta.withheld, meta.hashed]).toEqual([true, undefined, undefined]);
     expect(fs.statSync(path.join(snaps, 'rank0', `call${call}`, 'meta.json')).mode & 0o777).toBe(0o600);
     const r = python([path.join(ENGINE, 'replay.py'), '--snapshots', snaps, '--call', String(call), '--engine-out', out]);
     if (r.code !== 0) throw new Error(`replay call${call}: ${r.stdout}${r.stderr}`);
@@ -66,7 +71,7 @@ function replayAll(snaps: string, out: string): number[] {
 }
 
 test('kill -9 of every engine rank mid-run: each agent flushes its last K forwards, which replay off-line bit for bit', async () => {
-  const run = await launch(['--requests', '4', '--max-tokens', '400', '--arrive-every', '1', '--step-sleep-ms', '30']);
+  const run = await launch(['--requests', '4', '--max-tokens', '400', '--arrive-every', '1', '--step-sleep-ms', '30'], ['--additional-config', JSON.stringify({ runtime_config: KEEP_TOKENS })]);
   // Mid-run: both ranks past forward 12 (their logits saved), far from the end (400 tokens).
   await run.until(() => [0, 1].every((g) => fs.existsSync(path.join(run.out, `forward_rank${g}_step12.pt`))), 'forward 12 on both ranks', 90000);
   const pids = [0, 1].map((g) => Number(fs.readFileSync(path.join(run.out, `pid_rank${g}`), 'utf8')));
@@ -101,7 +106,7 @@ test('an uncaught Python exception inside a forward on one rank: crash-rank<g>.j
   // The coordinator lingers after the engine ended: /healthz and /metrics say what the agents reported.
   const metricsPort = await freePort();
   // save_sensitive_info true: crash-rank<g>.json keeps the exception's message (else its type only).
-  const config = { runtime_config: { report: { save_sensitive_info: true } } };
+  const config = { runtime_config: KEEP_TOKENS };
   const run = await launch(['--requests', '2', '--max-tokens', '40', '--arrive-every', '1', '--raise-at', '9:1'], ['--linger-ms', '60000', '--metrics-port', String(metricsPort), '--additional-config', JSON.stringify(config)]);
   const flush = await run.until(() => crashFlush(run.flushRoot), 'crash-rank0.json and crash-rank1.json', 90000);
   const health = await run.until(async () => {
@@ -130,7 +135,7 @@ test('an uncaught Python exception inside a forward on one rank: crash-rank<g>.j
 
 test('wavebus capture --flush-recorder on a running TP=2 job: both ranks write out the same forwards, which replay bit for bit', async () => {
   // A detector on (report only) keeps the wave bus in use: the flush travels as a capture arm on it.
-  const config = { runtime_config: { detector: { token_repeat: { enabled: true } }, actions: { defaults: { on_trigger: ['report'] } } } };
+  const config = { runtime_config: { ...KEEP_TOKENS, detector: { token_repeat: { enabled: true } }, actions: { defaults: { on_trigger: ['report'] } } } };
   const run = await launch(['--requests', '2', '--max-tokens', '120', '--arrive-every', '1', '--step-sleep-ms', '30'],
     ['--additional-config', JSON.stringify(config), '--agent-arg=--end-of-wave-timeout-ms', '--agent-arg=2000']);
   await run.until(() => [0, 1].every((g) => fs.existsSync(path.join(run.out, `forward_rank${g}_step10.pt`))), 'forward 10 on both ranks', 90000);
@@ -156,7 +161,7 @@ test('wavebus capture --flush-recorder on a running TP=2 job: both ranks write o
 }, 180000);
 
 test('a NaN incident (logits_finite, dump_kv): every rank flushes the same forwards, the one where the NaN appeared among them; the others replay bit for bit', async () => {
-  const config = { runtime_config: { detector: { logits_finite: { enabled: true } }, actions: { defaults: { on_trigger: ['report', 'dump_kv'] } }, dump: { auto_max_times: 4, free_headroom_bytes: 0 } } };
+  const config = { runtime_config: { ...KEEP_TOKENS, detector: { logits_finite: { enabled: true } }, actions: { defaults: { on_trigger: ['report', 'dump_kv'] } }, dump: { auto_max_times: 4, free_headroom_bytes: 0 } } };
   const run = await launch(['--requests', '4', '--max-tokens', '24', '--fault', 'nan:8:1'], ['--additional-config', JSON.stringify(config), '--agent-arg=--end-of-wave-timeout-ms', '--agent-arg=2000'], 8);
   const { code } = await run.proc.exited;
   expect(code).toBe(0);

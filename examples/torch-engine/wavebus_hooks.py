@@ -45,8 +45,11 @@ class WavebusHooks:
         shapes = {"input_ids": [max_tokens], "positions": [max_tokens], "slot_mapping": [max_tokens],
                   "block_table": [max_seqs * max_blocks_per_seq], "seq_lens": [max_seqs], "query_start_loc": [max_seqs + 1],
                   "logits_indices": [max_tokens]}
+        # input_ids holds token ids (said, though the name alone would tell the agent): the flight
+        # recorder's bundles keep them only as report.save_sensitive_info allows (docs/recorder.md).
         for name in INPUTS:
-            self.buf[name], r = shm_tensor(f"{tag}-{name}", shapes[name], torch.int64, region_name=name)
+            self.buf[name], r = shm_tensor(f"{tag}-{name}", shapes[name], torch.int64, region_name=name,
+                                           token_ids=True if name == "input_ids" else None)
             regions.append(r)
         # 1d. Meet the rank's agent (WAVEBUS_RUN_DIR and LOCAL_RANK come from `wavebus launch`).
         self.client = client or Client.connect(engine_version=ENGINE_VERSION)

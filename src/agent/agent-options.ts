@@ -1,6 +1,7 @@
 // What an agent is started with (the `agent` command's flags, a test's or the simulated job's choices).
 import type { ArtifactModes } from '../artifacts/artifact-mode';
 import type { BusToken } from '../bus/auth';
+import type { TokenHasher } from '../guard/token-hash';
 import type { RankIdentity } from '../layout';
 import type { Logger } from '../log';
 import type { SnapshotConfig } from '../snapshot/config';
@@ -49,4 +50,10 @@ export interface AgentOptions {
   wavePath?: WavePath;
   /** The flight recorder (WAVEBUS_RECORD_FORWARDS): off when absent (docs/recorder.md). */
   recorder?: RecorderSettings;
+  /**
+   * report.save_sensitive_info "hashed": the key the recorder's bundles hash token ids with
+   * (--token-hash-key-file / $WAVEBUS_TOKEN_HASH_KEY_FILE, the coordinator's; absent: a key of this
+   * agent's life only, made at the first hashed flush).
+   */
+  tokenHasher?: TokenHasher;
 }

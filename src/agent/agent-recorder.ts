@@ -6,6 +6,7 @@ import type { AgentBus } from '../bus/agent-bus';
 import type { Logger } from '../log';
 import { incidentFlushName, recorderPath } from '../paths';
 import type { AgentOptions } from './agent-options';
+import { TokenHasher } from '../guard/token-hash';
 import type { RecorderFlushAccount } from '../messages';
 import { FlightRecorder, takeFlushArms } from './flight-recorder';
 import type { FlushResult } from './recorder-flush';
@@ -21,9 +22,12 @@ export class AgentRecorder {
     private readonly root: string | undefined,
     private readonly log: Logger,
     private readonly bus: () => AgentBus | undefined,
+    /** Whether an input region holds token ids (the agent's RegionTable). */
+    tokenIds: (region: string) => boolean,
   ) {
     const { runDir, identity } = opts;
     if (!opts.recorder) return;
+    let hasher = opts.tokenHasher;
     this.recorder = new FlightRecorder({
       file: recorderPath(runDir, identity.localRank),
       settings: opts.recorder,
@@ -32,6 +36,7 @@ export class AgentRecorder {
       log,
       artifactModes: opts.artifactModes,
       crashName: `crash-${path.basename(runDir)}`,
+      privacy: { tokenIds, hasher: () => (hasher ??= TokenHasher.ephemeral()) },
       onCrash: ({ exit, flush, note }) =>
         this.bus()?.sendEngineCrash({
           enginePid: exit.pid, exitKnown: exit.code !== null || exit.signal !== null, exitCode: exit.code ?? 0, signal: exit.signal ?? '',

@@ -171,7 +171,7 @@ export class Agent {
     // Ours and 0700 (created so if missing): nobody else can plant a link or a file in it.
     claimRunDir(runDir, 'run dir (--run-dir / WAVEBUS_RUN_DIR)');
     this.vectors = new VectorWrites(runDir, identity, this.log);
-    this.rec = new AgentRecorder(this.opts, this.opts.roots?.snapshots ?? this.opts.snapshot?.snapshotRoot ?? this.gate.local.dumps, this.log, () => this.bus);
+    this.rec = new AgentRecorder(this.opts, this.opts.roots?.snapshots ?? this.opts.snapshot?.snapshotRoot ?? this.gate.local.dumps, this.log, () => this.bus, (name) => this.regions.tokenIds(name));
     this.publishFeatures(); // what is known before the bus syncs (snapshots), so clients never see a stale 0
     this.router = await bindClientSocket(agentEndpoint(runDir, identity.localRank));
     void this.clients.serve(this.router);

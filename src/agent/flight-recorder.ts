@@ -11,6 +11,7 @@ import { MAX_RECORD_BYTES, MAX_RECORD_FORWARDS, recorderSizeMismatch, RECORDER_T
 import type { RankIdentity } from '../layout';
 import type { Logger } from '../log';
 import { flushRing, writeCrash, type EngineExit, type FlushResult } from './recorder-flush';
+import { DEFAULT_FLUSH_PRIVACY, type FlushPrivacy } from './recorder-sensitive';
 import { RecorderRing, type RecorderSettings } from './recorder-ring';
 
 export const DEFAULT_RECORD_MAX_BYTES = 256 * 2 ** 20;
@@ -73,6 +74,8 @@ export interface FlightRecorderOptions {
   crashName: string;
   /** A crash was flushed (the agent tells the coordinator). */
   onCrash?: (c: { file: string; exit: EngineExit; flush: FlushResult; note: string }) => void;
+  /** Which inputs hold token ids and the key to hash them with (save_sensitive_info comes from configure()). */
+  privacy?: Omit<FlushPrivacy, 'sensitive'>;
 }
 
 export class FlightRecorder {
@@ -85,7 +88,7 @@ export class FlightRecorder {
   readonly flushes: FlushResult[] = [];
   /** recorder.on in force (all until the coordinator's config says otherwise). */
   private triggers = new Set<RecorderTrigger>(RECORDER_TRIGGERS);
-  /** report.save_sensitive_info in force: what crash-rank<g>.json keeps of the engine's last words. */
+  /** report.save_sensitive_info in force: what crash-rank<g>.json keeps of the engine's last words, and the flushes of token ids. */
   private sensitive: SensitiveInfo = false;
 
   constructor(private readonly o: FlightRecorderOptions) {
@@ -196,7 +199,9 @@ export class FlightRecorder {
       this.o.log.error({ name }, 'flight recorder: no snapshot or dump root on this agent; nothing flushed');
       return undefined;
     }
-    const r = await flushRing(read, this.o.root, name, reason, this.o.identity, this.o.artifactModes);
+    // The setting in force now, not when the forwards were recorded: a flush never keeps more than it allows.
+    const privacy: FlushPrivacy = { ...DEFAULT_FLUSH_PRIVACY, ...this.o.privacy, sensitive: this.sensitive };
+    const r = await flushRing(read, this.o.root, name, reason, this.o.identity, this.o.artifactModes, privacy);
     this.flushes.push(r);
     if (this.flushes.length > 64) this.flushes.shift();
     return r;

@@ -2,7 +2,8 @@
 // a snapshot bundle (the snapshot layout, meta.json with selected_by ["recorder"] and the ring
 // position), under <root>/recorder/<flush>/<hash>/rank<g>/call<forward>, so replay tools read it
 // as any snapshot. A slot being written is left out and named. After an engine death the agent
-// also writes crash-rank<g>.json beside them. Everything is 0600: the inputs hold token ids.
+// also writes crash-rank<g>.json beside them. Everything is 0600. Token-id inputs are kept as
+// report.save_sensitive_info says at flush time (recorder-sensitive.ts): raw, hashed or withheld.
 import * as path from 'path';
 import { sensitiveModes, type ArtifactModes, DEFAULT_ARTIFACT_MODES } from '../artifacts/artifact-mode';
 import { artifactWrite, writeJsonAtomic } from '../artifacts/atomic-write';
@@ -15,6 +16,7 @@ import { rankDirName } from '../paths';
 import { checkForwardContext } from '../snapshot/selector';
 import { buildCallMeta, META_FILE, type MetaFile, type MetaInput, tensorFileName } from '../snapshot/meta';
 import type { RingEntry, RingRead, TornSlot } from './recorder-ring';
+import { DEFAULT_FLUSH_PRIVACY, keepInput, type FlushPrivacy, type HashedInput, type WithheldInput } from './recorder-sensitive';
 
 export interface FlushedForward {
   forward: number;
@@ -42,8 +44,11 @@ export function flushDir(root: string, name: string): string {
   return path.join(root, 'recorder', safeComponent(name, 'recorder flush name'));
 }
 
-/** Write every whole forward of `read` as a bundle under flushDir(root, name). Never throws for one bad entry. */
-export async function flushRing(read: RingRead, root: string, name: string, reason: string, identity: RankIdentity, modes: ArtifactModes = DEFAULT_ARTIFACT_MODES): Promise<FlushResult> {
+/**
+ * Write every whole forward of `read` as a bundle under flushDir(root, name). Never throws for one
+ * bad entry. `privacy`: what is kept of token ids (default: withheld, known by name).
+ */
+export async function flushRing(read: RingRead, root: string, name: string, reason: string, identity: RankIdentity, modes: ArtifactModes = DEFAULT_ARTIFACT_MODES, privacy: FlushPrivacy = DEFAULT_FLUSH_PRIVACY): Promise<FlushResult> {
   const dir = flushDir(root, name);
   const out: FlushedForward[] = [];
   const m = sensitiveModes(modes);
@@ -56,7 +61,7 @@ export async function flushRing(read: RingRead, root: string, name: string, reas
       continue;
     }
     try {
-      f.callDir = await writeEntry(e, dir, reason, identity, m);
+      f.callDir = await writeEntry(e, dir, reason, identity, m, privacy);
     } catch (err) {
       f.error = (err as Error).message;
       const code = (err as { code?: unknown }).code;
@@ -67,23 +72,41 @@ export async function flushRing(read: RingRead, root: string, name: string, reas
   return { dir, reason, forwards: out, torn: read.torn };
 }
 
-async function writeEntry(e: RingEntry, dir: string, reason: string, identity: RankIdentity, modes: ArtifactModes): Promise<string> {
+async function writeEntry(e: RingEntry, dir: string, reason: string, identity: RankIdentity, modes: ArtifactModes, privacy: FlushPrivacy): Promise<string> {
   const ctx = checkForwardContext(e.entry.context);
   const inputs: MetaInput[] = (e.entry.inputs ?? []).map((inp: any, index: number) => ({ index, dtype: parseDType(inp.dtype, `inputs[${index}].dtype`), shape: (inp.shape ?? []).map(Number) }));
+  // Token ids: as recorded, hashed (another dtype: meta.json's inputs say the file's) or withheld.
+  const kept = inputs.map((mi) => keepInput(mi.index, String(e.entry.inputs[mi.index].region ?? ''), mi.dtype as DType, e.data[mi.index], privacy));
+  const withheld: WithheldInput[] = [];
+  const hashed: HashedInput[] = [];
+  for (const [i, k] of kept.entries()) {
+    if (k.keep === 'withheld') withheld.push(k.note);
+    if (k.keep === 'hashed') {
+      hashed.push(k.note);
+      inputs[i] = { ...inputs[i], dtype: k.dtype };
+    }
+  }
   const format = inputs.some((i) => formatRefusal(i.dtype as DType, 'npy')) ? 'pt' : 'npy';
   const callDir = path.join(dir, safeComponent(ctx.compilationHash, 'compilation hash'), rankDirName(identity.globalRank), `call${e.forward}`);
   const bundle = Bundle.begin(callDir, { replace: true, modes });
   try {
     const files: MetaFile[] = [];
     for (const mi of inputs) {
-      const tensor = Tensor.fromBuffer(mi.dtype as DType, mi.shape, [e.data[mi.index]]);
+      const k = kept[mi.index];
+      if (k.keep === 'withheld') continue;
+      const tensor = Tensor.fromBuffer(mi.dtype as DType, mi.shape, [k.keep === 'hashed' ? k.data : e.data[mi.index]]);
       const entry = await bundle.writeTensor(tensorFileName(mi.index, format), format, tensor);
       files.push({ name: entry.path, bytes: entry.bytes, checksum: entry.checksum });
     }
     const meta = buildCallMeta({
       hash: ctx.compilationHash, format, rank: identity, callIndex: e.forward, selectedBy: ['recorder'], inputs, ctx, matches: [], files,
     });
-    const value = { ...meta, recorder: { forward: e.forward, slot: e.slot, wave: Number(e.entry.wave ?? 0), unix_ms: Number(e.entry.unixMs ?? 0), reason } };
+    const value = {
+      ...meta,
+      ...(withheld.length ? { withheld } : {}),
+      ...(hashed.length ? { hashed } : {}),
+      recorder: { forward: e.forward, slot: e.slot, wave: Number(e.entry.wave ?? 0), unix_ms: Number(e.entry.unixMs ?? 0), reason, save_sensitive_info: privacy.sensitive },
+    };
     await bundle.commit({ name: META_FILE, value, sortKeys: true, indent: 2 });
     return callDir;
   } catch (err) {

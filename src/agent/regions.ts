@@ -3,6 +3,21 @@ import { ConfigError } from '../errors';
 import { parseDType, itemSize, type DType } from '../artifacts/dtype';
 import { cudaAvailable, DeviceRegion } from '../memory';
 import { RegionKind, RegionRole } from '../client/protocol';
+import { enumValues } from '../proto';
+
+const TOKEN_IDS = enumValues('TokenIds');
+/** The input every engine we know names its token ids (vLLM's model runner, examples/torch-engine). */
+export const TOKEN_IDS_REGION_NAME = 'input_ids';
+
+/**
+ * Whether input region `name` holds token ids: as its registration said (proto TokenIds), else by
+ * its name (TOKEN_IDS_BY_NAME, or a region this agent never saw registered).
+ */
+export function holdsTokenIds(name: string, said: number | undefined): boolean {
+  if (said === TOKEN_IDS.TOKEN_IDS_YES) return true;
+  if (said === TOKEN_IDS.TOKEN_IDS_NO) return false;
+  return name === TOKEN_IDS_REGION_NAME;
+}
 
 export interface RegisteredRegion {
   name: string;
@@ -29,6 +44,8 @@ export interface RegionMessage {
   role: number;
   layer: string;
   kv: string;
+  /** proto TokenIds; absent from older clients (then: by name). */
+  tokenIds?: number;
 }
 
 export class RegionTable {
@@ -38,6 +55,8 @@ export class RegionTable {
    * loads), with why: capturing from them is the seed's stated no-op, not an error.
    */
   private readonly unreadableInputs = new Map<string, string>();
+  /** What each input region's registration said of token ids (unreadable ones too: the recorder's ring still holds them). */
+  private readonly tokenIdsSaid = new Map<string, number>();
 
   /** cudaStagingBytes: each CUDA region's pinned bounce chunk (memory.ts default when absent). */
   constructor(private readonly cudaStagingBytes?: number) {}
@@ -64,6 +83,11 @@ export class RegionTable {
       if (msg.shape.length !== 4) throw new ConfigError(`region '${msg.name}'.shape must be [num_blocks, block_size, num_kv_heads, head_dim]`);
       if (msg.kv !== 'k' && msg.kv !== 'v') throw new ConfigError(`region '${msg.name}'.kv must be 'k' or 'v', got '${msg.kv}'`);
       if (!msg.layer) throw new ConfigError(`region '${msg.name}'.layer is empty`);
+    }
+    if (role === 'input') {
+      const said = Number(msg.tokenIds ?? TOKEN_IDS.TOKEN_IDS_BY_NAME);
+      if (!Object.values(TOKEN_IDS).includes(said)) throw new ConfigError(`region '${msg.name}'.token_ids: unknown TokenIds ${said}`);
+      this.tokenIdsSaid.set(msg.name, said);
     }
     if (msg.kind === RegionKind.CUDA && role === 'input') {
       const cuda = cudaAvailable();
@@ -96,6 +120,11 @@ export class RegionTable {
     return this.byName.get(name);
   }
 
+  /** Whether input region `name` holds token ids (holdsTokenIds). */
+  tokenIds(name: string): boolean {
+    return holdsTokenIds(name, this.tokenIdsSaid.get(name));
+  }
+
   /** Why input region `name` cannot be read here, or undefined when it can (or is unknown). */
   unreadable(name: string): string | undefined {
     return this.unreadableInputs.get(name);
@@ -123,5 +152,6 @@ export class RegionTable {
     }
     this.byName.clear();
     this.unreadableInputs.clear();
+    this.tokenIdsSaid.clear();
   }
 }

@@ -1,6 +1,9 @@
 // A region the engine registers (KV pool layer or input buffer): its checks and its wire form.
 import { ConfigError } from '../errors';
+import { enumValues } from '../proto';
 import { RegionKind, RegionRole } from './protocol';
+
+const TOKEN_IDS = enumValues('TokenIds');
 
 export interface ClientRegion {
   name: string;
@@ -15,6 +18,8 @@ export interface ClientRegion {
   role: 'kv_pool' | 'input';
   layer?: string;
   kv?: 'k' | 'v';
+  /** Input regions: whether it holds token ids (docs/recorder.md "Sensitive data"); unset: the name "input_ids" decides. */
+  tokenIds?: boolean;
 }
 
 /** The wire form of a registered region (proto Region). */
@@ -32,6 +37,7 @@ export function regionMessage(r: ClientRegion): Record<string, unknown> {
     role: r.role === 'input' ? RegionRole.INPUT : RegionRole.KV_POOL,
     layer: r.layer ?? '',
     kv: r.kv ?? '',
+    tokenIds: r.tokenIds === undefined ? TOKEN_IDS.TOKEN_IDS_BY_NAME : r.tokenIds ? TOKEN_IDS.TOKEN_IDS_YES : TOKEN_IDS.TOKEN_IDS_NO,
   };
 }
 
@@ -51,6 +57,7 @@ export function validateRegion(r: ClientRegion): void {
     if (!Number.isSafeInteger(d) || d < 0) throw new ConfigError(`register(): region '${r.name}'.shape[${i}] = ${d} is not a non-negative integer`);
   });
   if (r.role !== 'kv_pool' && r.role !== 'input') throw new ConfigError(`register(): region '${r.name}'.role '${String(r.role)}' must be 'kv_pool' or 'input'`);
+  if (r.tokenIds !== undefined && (typeof r.tokenIds !== 'boolean' || r.role !== 'input')) throw new ConfigError(`register(): region '${r.name}'.tokenIds must be a boolean, and only on an input region`);
   if (r.role === 'kv_pool') {
     if (!r.layer) throw new ConfigError(`register(): KV region '${r.name}' needs layer`);
     if (r.kv !== 'k' && r.kv !== 'v') throw new ConfigError(`register(): KV region '${r.name}'.kv must be 'k' or 'v'`);

@@ -9,6 +9,7 @@ import { artifactModeOption, parseArtifactMode, type ArtifactModes } from '../ar
 import { DEFAULT_BUS_PORT, DEFAULT_HEARTBEAT_MS } from '../bus/constants';
 import { loadClientKeys, type CurveClientKeys } from '../bus/curve';
 import { loadBusToken, type BusToken } from '../bus/auth';
+import { TokenHasher } from '../guard/token-hash';
 import { parseStartupOptions } from '../guard/startup';
 import { checkHost, parseBusPort, parseHostPort, type HostPort } from '../bus/endpoints';
 import { identityFlagsFromArgv, identityOptions, resolveIdentity } from '../launch/identity';
@@ -54,6 +55,8 @@ export interface AgentSetup {
   curve?: CurveClientKeys;
   /** --bus-token-file / WAVEBUS_BUS_TOKEN_FILE: the launcher's token (the coordinator must hold the same). */
   busToken?: BusToken;
+  /** --token-hash-key-file / WAVEBUS_TOKEN_HASH_KEY_FILE: the recorder's key for save_sensitive_info "hashed". */
+  tokenHasher?: TokenHasher;
   /** --dump-root / WAVEBUS_DUMP_ROOT: the only place this agent writes or serves KV dumps. */
   dumpRoot: string;
   /** --artifact-mode: KV dumps and input snapshots. */
@@ -95,13 +98,15 @@ export function setupAgent(argv: Record<string, unknown>, env: NodeJS.ProcessEnv
   if (given) checkRunDirFits(given, identity.localRank, runDirFlag);
   const curve = loadClientKeys(argv['curve-server-key'] as string | undefined, argv['curve-key'] as string | undefined);
   const busToken = loadBusToken(argv['bus-token-file'], env);
+  const keyFlag = argv['token-hash-key-file'];
+  const tokenHasher = keyFlag || env.WAVEBUS_TOKEN_HASH_KEY_FILE ? TokenHasher.fromFlags(keyFlag, env) : undefined;
   const dumpRoot = localDumpRoot(argv['dump-root'], env, process.cwd());
   const log = createLogger(`wavebus-agent-rank${identity.globalRank}`);
   const artifactModes = parseArtifactMode(argv['artifact-mode'], '--artifact-mode');
   const directFiles = directFilesSetup(argv, env, identity.localRank);
   const flagPath = argv['wave-path'] as string | undefined;
   const wavePath = flagPath ? parseWavePath(flagPath, '--wave-path') : parseWavePath(env.WAVEBUS_WAVE_PATH, 'WAVEBUS_WAVE_PATH');
-  return { identity, coordinator, heartbeatMs, runDir: given, runDirFlag, endOfWaveTimeoutMs, stagingBytes, cudaStagingBytes, curve, busToken, dumpRoot, artifactModes, directFiles, wavePath, log };
+  return { identity, coordinator, heartbeatMs, runDir: given, runDirFlag, endOfWaveTimeoutMs, stagingBytes, cudaStagingBytes, curve, busToken, tokenHasher, dumpRoot, artifactModes, directFiles, wavePath, log };
 }
 
 export const command: CommandModule = {
@@ -127,6 +132,7 @@ export const command: CommandModule = {
       .option('curve-server-key', { type: 'string', describe: 'CURVE: the coordinator\'s public key file (its NAME.pub); needs --curve-key' })
       .option('dump-root', { type: 'string', describe: 'the only directory this agent writes and serves KV dumps under; a dump_dir from the bus must be it or below it (default $WAVEBUS_DUMP_ROOT, else <cwd>/runtime/report/kv_cache)' })
       .option('bus-token-file', { type: 'string', describe: 'the launcher\'s bus token file (0600): coordinator messages without its MAC are dropped (default $WAVEBUS_BUS_TOKEN_FILE)' })
+      .option('token-hash-key-file', { type: 'string', describe: 'report.save_sensitive_info "hashed": the key (0600, 64 hex digits; the coordinator\'s) the flight recorder hashes token ids with (default $WAVEBUS_TOKEN_HASH_KEY_FILE, else a key of this agent only)' })
       .options(DIRECT_FILES_FLAGS)
       .option('curve-key', { type: 'string', describe: 'CURVE: this agent\'s key pair file (NAME.key from `wavebus keys`); its public key must be on the coordinator\'s allow-list' });
   },
@@ -150,6 +156,7 @@ export const command: CommandModule = {
       cudaStagingBytes: a.cudaStagingBytes,
       curve: a.curve,
       busToken: a.busToken,
+      tokenHasher: a.tokenHasher,
       artifactModes: a.artifactModes,
       directFiles: a.directFiles,
       wavePath: a.wavePath,

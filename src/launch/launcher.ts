@@ -100,11 +100,13 @@ export async function launch(opts: LaunchOptions, logger?: Logger): Promise<numb
     env.WAVEBUS_BUS_TOKEN_FILE = tokenFile;
   }
   // report.save_sensitive_info "hashed": a per-job key, 0600 in the run dir, unless the user named
-  // one (the same file for jobs whose reports are to be compared; docs/fingerprints.md).
+  // one (the same file for jobs whose reports are to be compared; docs/fingerprints.md). The agents
+  // get it too ($WAVEBUS_TOKEN_HASH_KEY_FILE, a path): their recorder bundles hash with the same key.
   let hashKeyArgs: string[] = [];
   if (startCoordinator && !env.WAVEBUS_TOKEN_HASH_KEY_FILE && !opts.coordinatorArgs.some((a) => a.startsWith('--token-hash-key-file'))) {
     try {
       hashKeyArgs = ['--token-hash-key-file', createTokenHashKeyFile(runDir)];
+      env.WAVEBUS_TOKEN_HASH_KEY_FILE = hashKeyArgs[1];
     } catch (e) {
       releaseRunDir(rd);
       throw e;

@@ -9,7 +9,7 @@ import { CaptureError } from '../errors';
 import { DType, isDType, itemSize } from '../artifacts/dtype';
 import { readBytes } from '../artifacts/read-range';
 import { tensorFile } from '../artifacts/tensor-files';
-import { CallMeta, META_FILE, parseMeta, tensorFileName } from './meta';
+import { CallMeta, META_FILE, parseMeta, tensorFileName, withheldIndices } from './meta';
 
 export interface LoadedTensor {
   index: number;
@@ -72,7 +72,10 @@ export async function loadCallDir(callDir: string): Promise<LoadedCall> {
 
   // Exactly tensor0..tensor<n-1> plus meta.json, each listed once in files (when there is a files
   // list: the seed's layout has none, and then only dtype and shape can be checked).
-  const expected = meta.inputs.map((inp) => tensorFileName(inp.index, meta.format));
+  // A withheld input (recorder, save_sensitive_info false) has no file: the others load.
+  const withheld = withheldIndices(meta);
+  const presentInputs = meta.inputs.filter((inp) => !withheld.has(inp.index));
+  const expected = presentInputs.map((inp) => tensorFileName(inp.index, meta.format));
   const listed = meta.files?.map((f) => f.name);
   if (listed && (listed.length !== expected.length || !expected.every((n) => listed.includes(n)))) {
     throw bad(metaPath, `files lists [${listed.join(', ')}] but inputs need [${expected.join(', ')}]`);
@@ -84,7 +87,7 @@ export async function loadCallDir(callDir: string): Promise<LoadedCall> {
   if (extra.length > 0) throw bad(path.join(dir, extra[0]), `not listed in meta.json (the directory holds ${present.length} files, meta.json lists ${expected.length})`);
 
   const tensors: LoadedTensor[] = [];
-  for (const inp of meta.inputs) {
+  for (const inp of presentInputs) {
     const name = tensorFileName(inp.index, meta.format);
     const file = path.join(dir, name);
     const entry = meta.files?.find((f) => f.name === name);

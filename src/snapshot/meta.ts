@@ -48,6 +48,17 @@ export interface CallMeta {
   matches: SelectionMatch[];
   /** Written by wavebus; absent in the seed's layout (then sizes and checksums cannot be checked). */
   files?: MetaFile[];
+  /**
+   * Flight recorder bundles (docs/recorder.md "Sensitive data"): inputs whose file was not written
+   * (token ids with save_sensitive_info false), and inputs written as keyed hashes of token ids.
+   */
+  withheld?: { index: number; name: string; reason: string }[];
+  hashed?: { index: number; name: string; from_dtype: string; alg: string; key_id: string; key_source: string }[];
+}
+
+/** The indices of the inputs meta.json says were withheld (no file). */
+export function withheldIndices(meta: Pick<CallMeta, 'withheld'>): Set<number> {
+  return new Set((meta.withheld ?? []).map((w) => w.index));
 }
 
 /** The file name of input i in a call dir. */
@@ -98,6 +109,12 @@ export function parseMeta(text: string, file = META_FILE): CallMeta {
     need(file, r, 'name', isStr, 'a string');
     need(file, r, 'bytes', isNat, 'a non-negative integer');
     need(file, r, 'checksum', isStr, 'a string');
+  }
+  if ('withheld' in o) {
+    for (const w of need<Record<string, unknown>[]>(file, o, 'withheld', isArr(isObj), 'a list of objects')) {
+      need(file, w, 'index', (v) => isNat(v) && (v as number) < inputs.length, `an input index below ${inputs.length}`);
+      need(file, w, 'reason', isStr, 'a string');
+    }
   }
   need(file, o, 'hash', isStr, 'a string');
   for (const k of ['global_rank', 'tp_rank', 'call_index']) need(file, o, k, isNat, 'a non-negative integer');

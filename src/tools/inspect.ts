@@ -147,8 +147,10 @@ function inspectSnapshot(dir: string, rel: string, verify: boolean): BundleRepor
     // By index, whatever the file's extension: a bundle may mix formats (an npy for a dtype .pt cannot hold).
     const dtypeOf = (name: string) => inputs.find((i) => path.parse(name).name === `tensor${i.index}`)?.dtype;
     checkFiles(dir, files, verify && Array.isArray(meta.files), r, 'meta.json', dtypeOf);
-    if (Array.isArray(meta.inputs) && r.files.length !== meta.inputs.length) {
-      r.problems.push(`${rel}: meta.json lists ${meta.inputs.length} inputs but ${r.files.length} files`);
+    // Inputs withheld by the recorder (save_sensitive_info false) have no file, by design.
+    const withheld = Array.isArray(meta.withheld) ? meta.withheld.length : 0;
+    if (Array.isArray(meta.inputs) && r.files.length !== meta.inputs.length - withheld) {
+      r.problems.push(`${rel}: meta.json lists ${meta.inputs.length} inputs${withheld ? ` (${withheld} withheld)` : ''} but ${r.files.length} files`);
     }
   }
   return r;

@@ -1,5 +1,6 @@
 """CUDA regions: a device tensor shared with the agent through a CUDA IPC handle."""
 
+from typing import Optional
 
 from . import dtypes
 from .errors import ConfigError, CudaUnavailableError
@@ -14,7 +15,7 @@ def cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
-def cuda_region(tensor, name: str, *, role: str = "input", layer: str = "", kv: str = "") -> Region:
+def cuda_region(tensor, name: str, *, role: str = "input", layer: str = "", kv: str = "", token_ids: Optional[bool] = None) -> Region:
     """Describe a contiguous CUDA tensor as a Region the agent opens with cudaIpcOpenMemHandle.
 
     The IPC handle names the caching allocator's whole block; ``offset`` is where the tensor's
@@ -40,7 +41,7 @@ def cuda_region(tensor, name: str, *, role: str = "input", layer: str = "", kv: 
     dt = dtypes.from_torch(tensor.dtype)
     return validate(Region(name=name, kind="cuda", cuda_ipc_handle=bytes(handle[:CUDA_IPC_HANDLE_SIZE]), offset=offset,
                            nbytes=tensor.numel() * tensor.element_size(), device=int(device), dtype=dt,
-                           shape=list(tensor.shape), role=role, layer=layer, kv=kv, base_ptr=tensor.data_ptr(),
+                           shape=list(tensor.shape), role=role, layer=layer, kv=kv, token_ids=token_ids, base_ptr=tensor.data_ptr(),
                            owner=tensor), where)
 
 

@@ -8,6 +8,8 @@ from .errors import ConfigError
 
 KINDS = {"shm": pb.REGION_SHM, "cuda": pb.REGION_CUDA}
 ROLES = {"kv_pool": pb.ROLE_KV_POOL, "input": pb.ROLE_INPUT, "weight": pb.ROLE_WEIGHT}
+# token_ids: None leaves it to the name ("input_ids"); True / False say it (docs/recorder.md).
+TOKEN_IDS = {None: pb.TOKEN_IDS_BY_NAME, True: pb.TOKEN_IDS_YES, False: pb.TOKEN_IDS_NO}
 CUDA_IPC_HANDLE_SIZE = 64
 
 
@@ -15,6 +17,8 @@ CUDA_IPC_HANDLE_SIZE = 64
 class Region:
     """Fields of wavebus.Region. ``kind`` is 'shm' | 'cuda', ``role`` is 'kv_pool' | 'input'.
 
+    ``token_ids`` (input regions): whether it holds token ids, which the flight recorder's bundles
+    keep only as report.save_sensitive_info allows; None: the agent goes by the name "input_ids".
     ``base_ptr`` (not sent) is the address of the region's first byte in this process, so that
     before_forward can turn a tensor into (region, offset); ``owner`` keeps its memory alive.
     """
@@ -31,6 +35,7 @@ class Region:
     role: str = "input"
     layer: str = ""
     kv: str = ""
+    token_ids: Optional[bool] = None
     base_ptr: Optional[int] = field(default=None, repr=False, compare=False)
     owner: Any = field(default=None, repr=False, compare=False)
 
@@ -39,7 +44,7 @@ class Region:
         return pb.Region(
             name=r.name, kind=KINDS[r.kind], shm_name=r.shm_name, offset=r.offset, nbytes=r.nbytes,
             cuda_ipc_handle=r.cuda_ipc_handle, device=r.device, dtype=r.dtype, shape=r.shape,
-            role=ROLES[r.role], layer=r.layer, kv=r.kv,
+            role=ROLES[r.role], layer=r.layer, kv=r.kv, token_ids=TOKEN_IDS[r.token_ids],
         )
 
 
@@ -88,6 +93,10 @@ def validate(r: Region, where: str = "register()") -> Region:
         raise ConfigError(f"{w}: kind must be one of {', '.join(KINDS)}, got {r.kind!r}")
     if r.role not in ROLES:
         raise ConfigError(f"{w}: role must be one of {', '.join(ROLES)}, got {r.role!r}")
+    if r.token_ids is not None and not isinstance(r.token_ids, bool):
+        raise ConfigError(f"{w}: token_ids must be True, False or None, got {r.token_ids!r}")
+    if r.token_ids is not None and r.role != "input":
+        raise ConfigError(f"{w}: token_ids is only for input regions")
     r.dtype = dtypes.parse_dtype(r.dtype, f"{w}: dtype")
     r.shape = check_shape(r.shape, w)
     _nat(r.offset, f"{w}: offset")

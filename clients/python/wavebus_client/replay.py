@@ -206,10 +206,12 @@ def verify_files(call_dir: str, meta: Dict[str, Any], checksums: bool = True) ->
                 raise _fail(path, f"checksum {got} does not match meta.json's {f['checksum']}")
 
 
-def load_call_dir(call_dir: str, verify: bool = True) -> Tuple[Dict[str, Any], list]:
+def load_call_dir(call_dir: str, verify: bool = True, withheld_ok: bool = False) -> Tuple[Dict[str, Any], list]:
     """(meta, [tensor0, tensor1, ...]) of one call dir (the rules of docs/snapshots.md).
 
     Sizes are always checked against meta.json; ``verify`` (default) also checks every CRC-32C.
+    An input the flight recorder withheld (token ids, save_sensitive_info false; meta.json's
+    ``withheld``) has no file: an error naming it, or None in its place with ``withheld_ok``.
     """
     call_dir = os.path.expanduser(call_dir)  # docs show "~/.cache/..."
     if not os.path.isdir(call_dir):
@@ -218,6 +220,7 @@ def load_call_dir(call_dir: str, verify: bool = True) -> Tuple[Dict[str, Any], l
     fmt = meta["format"]
     inputs = meta["inputs"]
     verify_files(call_dir, meta, checksums=verify)
+    withheld = {w["index"]: w for w in meta.get("withheld", []) if isinstance(w, dict) and isinstance(w.get("index"), int)}
     expected = [f"tensor{i}.{fmt}" for i in range(len(inputs))]
     listed = {f["name"] for f in meta.get("files", [])}
     for name in sorted(os.listdir(call_dir)):
@@ -230,6 +233,13 @@ def load_call_dir(call_dir: str, verify: bool = True) -> Tuple[Dict[str, Any], l
     tensors = []
     for i, inp in enumerate(inputs):
         path = os.path.join(call_dir, expected[i])
+        if i in withheld:
+            if not withheld_ok:
+                w = withheld[i]
+                raise _fail(path, f"input {i} ({w.get('name', '?')}) was withheld: {w.get('reason', '?')}; "
+                                  "replay needs the flush written with report.save_sensitive_info true")
+            tensors.append(None)
+            continue
         if not os.path.isfile(path):
             raise _fail(path, f"missing (meta.json lists {len(inputs)} inputs, format {fmt})")
         t, shape = _LOADERS[fmt](path, inp["dtype"])

@@ -67,7 +67,7 @@ def _view(shm: shared_memory.SharedMemory, offset: int, shape: List[int], dtype_
 
 
 def shm_tensor(name: str, shape: Sequence[int], dtype, *, region_name: Optional[str] = None, role: str = "input",
-               layer: str = "", kv: str = "") -> Tuple["object", Region]:
+               layer: str = "", kv: str = "", token_ids: Optional[bool] = None) -> Tuple["object", Region]:
     """A zero-filled tensor in a new shm segment ``/<name>``, and the Region that describes it."""
     where = "shm_tensor()"
     dims = check_shape(shape, where)
@@ -76,7 +76,7 @@ def shm_tensor(name: str, shape: Sequence[int], dtype, *, region_name: Optional[
     shm = _create(name, nbytes, where)
     t = _view(shm, 0, dims, dt)
     region = Region(name=region_name or name.lstrip("/"), kind="shm", shm_name="/" + shm.name, offset=0, nbytes=nbytes,
-                    dtype=dt, shape=dims, role=role, layer=layer, kv=kv, base_ptr=t.data_ptr() if nbytes else None, owner=shm)
+                    dtype=dt, shape=dims, role=role, layer=layer, kv=kv, token_ids=token_ids, base_ptr=t.data_ptr() if nbytes else None, owner=shm)
     try:
         validate(region, where)
     except ConfigError:
