@@ -185,6 +185,11 @@ export class FlightRecorder {
     if (this.lost) this.decideLost(this.pid); // a connection dropped just before the stop: decided now
     await this.crashed;
     this.ring.close({ unlink: true });
+    try {
+      if (this.o.faultFile) fs.unlinkSync(this.o.faultFile); // its words are in crash-rank<g>.json by now
+    } catch {
+      /* none, or not ours to remove (a directory) */
+    }
   }
 
   private check(): void {
