@@ -5,6 +5,7 @@
 // (Python's faulthandler, pointed at the run dir by the client); an engine in another pid
 // namespace, whose pid means nothing here, is seen dying by its connection alone; a clean close is
 // no crash.
+import { execFileSync } from 'child_process';
 import * as fs from 'fs';
 import * as path from 'path';
 import pino from 'pino';
@@ -156,4 +157,35 @@ const why = rootOnlyReason();
   } finally {
     await r.done();
   }
+});
+
+test("the engine's fault file is read bounded, without following a link, and garbage in it is no signal", () => {
+  const dir = tmpDir('wavebus-faultfile-');
+  const file = path.join(dir, 'engine-fault-local0.txt');
+  // Garbage, then no fatal line at all: nothing said.
+  fs.writeFileSync(file, Buffer.from([0, 255, 10, 13, 0x1b, 0x5b, 50, 74]));
+  expect(readEngineFault(file)).toBeUndefined();
+  // 1 MiB of noise before the block, control bytes in it, 200 frames: the tail is read, 64 lines kept, printable only.
+  const frames = Array.from({ length: 200 }, (_, i) => `  File "/x/eng\x07ine.py", line ${i} in f${i}`);
+  fs.writeFileSync(file, `${'x'.repeat(2 ** 20)}\nFatal Python error: Bus error\n\nCurrent thread 0x1 (most recent call first):\n${frames.join('\n')}\n\nExtension modules: numpy (total: 1)\n`);
+  const got = readEngineFault(file)!;
+  expect(got.signal).toBe('SIGBUS');
+  expect(got.traceback).toHaveLength(64);
+  expect(got.traceback[1]).toBe('  File "/x/eng?ine.py", line 0 in f0');
+  // Written before the engine's hello: a previous engine's words, not taken.
+  expect(readEngineFault(file, Date.now() + 60000)).toBeUndefined();
+  // An unknown fatal error: its words kept, no signal made up.
+  fs.writeFileSync(file, 'Fatal Python error: _PyMem_DebugMalloc: something\n');
+  expect(readEngineFault(file)).toMatchObject({ signal: null, said: 'Fatal Python error: _PyMem_DebugMalloc: something' });
+  // A link where the file should be is not followed (it points at a real fault block).
+  const real = path.join(dir, 'elsewhere.txt');
+  fs.writeFileSync(real, 'Fatal Python error: Segmentation fault\n');
+  fs.rmSync(file);
+  fs.symlinkSync(real, file);
+  expect(readEngineFault(real)?.signal).toBe('SIGSEGV');
+  expect(readEngineFault(file)).toBeUndefined();
+  // A fifo is refused without blocking.
+  fs.rmSync(file);
+  execFileSync('mkfifo', [file]);
+  expect(readEngineFault(file)).toBeUndefined();
 });
