@@ -132,6 +132,14 @@ export function recorderPath(runDir: string, localRank: number): string {
   return path.join(runDir, `recorder-local${localRank}`);
 }
 
+/** The engine's faulthandler file beside the ring: the Python client writes a fatal signal's traceback there, the agent reads it after a death (docs/recorder.md). */
+export function engineFaultPath(runDir: string, localRank: number): string {
+  if (!Number.isInteger(localRank) || localRank < 0) {
+    throw new RangeError(`local rank must be a non-negative integer, got ${localRank}`);
+  }
+  return path.join(runDir, `engine-fault-local${localRank}.txt`);
+}
+
 /** The package root: walk up from here (src/ under ts-jest, dist/src/ when built) to wavebus's package.json. */
 export function packageRoot(from: string = __dirname): string {
   let dir = from;

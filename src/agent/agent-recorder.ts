@@ -4,7 +4,7 @@
 import * as path from 'path';
 import type { AgentBus } from '../bus/agent-bus';
 import type { Logger } from '../log';
-import { incidentFlushName, recorderPath } from '../paths';
+import { engineFaultPath, incidentFlushName, recorderPath } from '../paths';
 import type { AgentOptions } from './agent-options';
 import { TokenHasher } from '../guard/token-hash';
 import type { RecorderFlushAccount } from '../messages';
@@ -30,6 +30,7 @@ export class AgentRecorder {
     let hasher = opts.tokenHasher;
     this.recorder = new FlightRecorder({
       file: recorderPath(runDir, identity.localRank),
+      faultFile: engineFaultPath(runDir, identity.localRank),
       settings: opts.recorder,
       root,
       identity,

@@ -22,7 +22,7 @@ import type { RankIdentity } from '../layout';
 import { createLogger, type Logger } from '../log';
 import { MailboxFeature } from '../client/mailbox';
 import type { AgentConfig, DumpLane } from '../messages';
-import { agentEndpoint, mailboxPath, recorderPath } from '../paths';
+import { agentEndpoint, engineFaultPath, mailboxPath, recorderPath } from '../paths';
 import { applyRecorderConfig, type FlightRecorder } from './flight-recorder';
 import { AgentRecorder } from './agent-recorder';
 import { claimRunDir } from '../launch/run-dir';
@@ -123,6 +123,7 @@ export class Agent {
         }
       },
       () => this.stopped,
+      (pid) => this.recorder?.connectionLost(pid),
     );
     this.capturer = inputCapturer(opts.snapshot, opts.identity, this.log, opts.artifactModes);
     this.ends = new WaveEnds({
@@ -173,8 +174,10 @@ export class Agent {
     this.vectors = new VectorWrites(runDir, identity, this.log);
     this.rec = new AgentRecorder(this.opts, this.opts.roots?.snapshots ?? this.opts.snapshot?.snapshotRoot ?? this.gate.local.dumps, this.log, () => this.bus, (name) => this.regions.tokenIds(name));
     this.publishFeatures(); // what is known before the bus syncs (snapshots), so clients never see a stale 0
-    this.router = await bindClientSocket(agentEndpoint(runDir, identity.localRank));
-    void this.clients.serve(this.router);
+    const bound = await bindClientSocket(agentEndpoint(runDir, identity.localRank), Boolean(this.recorder));
+    if (this.recorder && !bound.notify) this.log.warn('this zeromq build has no ROUTER_NOTIFY: a closed engine connection is not seen (the pid watch remains)');
+    this.router = bound.router;
+    void this.clients.serve(this.router, bound.notify);
     const served = () => ({ snapshots: this.opts.roots?.snapshots, dumps: this.servedDumps });
     this.files = new FileServer(identity.globalRank, served, this.log);
     if (this.opts.coordinator && this.opts.wavePath === 'host') this.vectors.hostPath();
@@ -388,15 +391,16 @@ export class Agent {
     }
   }
 
-  private onHello(hello: { pid: number; asyncScheduling: boolean; fingerprint?: unknown }): Record<string, unknown> {
+  private onHello(hello: { pid: number; asyncScheduling: boolean; fingerprint?: unknown; pidNamespace?: string }): Record<string, unknown> {
     if (hello.fingerprint) this.fingerprint.hello(hello.fingerprint);
     if (this.opts.snapshot?.enabled) {
       checkSnapshotGating(this.opts.snapshot, { asyncScheduling: hello.asyncScheduling, backendHasMemoryAccess: true });
     }
-    this.recorder?.engine(hello.pid);
+    this.recorder?.engine(hello.pid, hello.pidNamespace);
     return {
       mailboxPath: mailboxPath(this.opts.runDir, this.identity.localRank),
       recorderPath: this.recorder ? recorderPath(this.opts.runDir, this.identity.localRank) : '',
+      faultPath: this.recorder ? engineFaultPath(this.opts.runDir, this.identity.localRank) : '',
       features: {
         tp0: this.isHead,
         bus: this.view.busActive && Boolean(this.bus) && this.onVector,

@@ -11,6 +11,8 @@ import { oneWayWaveHead, waveHeadBytes } from '../bus/wave-head-relay';
 import { wireCensus } from '../bus/wire-census';
 import { CLIENT_PROTOCOL_VERSION, protocolMismatch } from '../client/protocol';
 
+const ZMQ_ROUTER_NOTIFY = 97;
+
 export type ClientHandler = (req: Record<string, any>, interim: () => void) => Promise<Record<string, unknown>>;
 
 export interface ClientServerStats {
@@ -43,19 +45,33 @@ function onlyBodySet(msg: Record<string, unknown>): boolean {
  * The agent's ROUTER for its engine client, bound at `endpoint` (ipc, in the run dir). A socket
  * file left there by a killed agent of this rank is taken over; anything else is refused.
  */
-export async function bindClientSocket(endpoint: string): Promise<zmq.Router> {
+export async function bindClientSocket(endpoint: string, notify = false): Promise<{ router: zmq.Router; notify: boolean }> {
   const sockPath = endpoint.slice('ipc://'.length);
   const there = staleSocketOrNothing(sockPath);
   if (there === 'stale') fs.unlinkSync(sockPath); // left by a killed agent of this rank
   else if (there !== 'none') throw new ConfigError(`agent socket ${sockPath}: something else is there (${there}); refusing to remove it`, 'ERR_RUN_DIR');
   const router = new zmq.Router({ linger: 0, maxMessageSize: 16 * 2 ** 20 });
   try {
+    // ZMQ_ROUTER_NOTIFY (draft API, in zeromq.js's build): an empty message from a peer when it
+    // connects and when its connection goes, so a client's closed socket is seen (only with the
+    // flight recorder on: nothing is added to the socket otherwise).
+    notify = notify && routerNotify(router);
     await router.bind(endpoint);
   } catch (e) {
     router.close();
     throw e;
   }
-  return router;
+  return { router, notify };
+}
+
+/** Turn ROUTER_NOTIFY on; false where this zeromq build lacks the draft API (no throw: the pid watch remains). */
+export function routerNotify(router: zmq.Router): boolean {
+  try {
+    (router as unknown as { setInt32Option(o: number, v: number): void }).setInt32Option(ZMQ_ROUTER_NOTIFY, 3);
+    return (router as unknown as { getInt32Option(o: number): number }).getInt32Option(ZMQ_ROUTER_NOTIFY) === 3;
+  } catch {
+    return false;
+  }
 }
 
 export class ClientServer {
@@ -65,6 +81,9 @@ export class ClientServer {
   private readonly greeted = new Set<string>();
   /** Clients refused for their protocol version (logged once each). */
   private readonly refused = new Set<string>();
+  /** With ROUTER_NOTIFY: the peers connected now, and the pid each greeted one said hello with. */
+  private readonly connected = new Set<string>();
+  private readonly helloPid = new Map<string, number>();
 
   constructor(
     private readonly stats: ClientServerStats,
@@ -74,13 +93,20 @@ export class ClientServer {
     /** The per-step one-way wave head, as the client's bytes (returns without waiting). */
     private readonly relayWaveHead: (raw: Uint8Array) => void,
     private readonly stopped: () => boolean,
+    /** A greeted client's connection went without its goodbye being known here (`notify` on): its hello's pid. */
+    private readonly dropped?: (pid: number) => void,
   ) {}
 
-  async serve(router: zmq.Router): Promise<void> {
+  /** `notify`: the router was bound with ROUTER_NOTIFY, whose empty messages say a peer came or went. */
+  async serve(router: zmq.Router, notify = false): Promise<void> {
     try {
       for await (const [peer, frame] of router) {
         if (!frame) {
           this.stats.badClientFrames++;
+          continue;
+        }
+        if (notify && frame.length === 0 && peer) {
+          this.peerNotice(peer.toString('hex'));
           continue;
         }
         // The per-step one-way wave head: its bytes go on to the coordinator as they came, undecoded.
@@ -155,10 +181,25 @@ export class ClientServer {
         throw mismatch;
       }
       this.greeted.add(key);
+      this.helloPid.set(key, Number(req.hello.pid));
     } else if ((req.body === 'endOfWave' || req.body === 'beforeForward' || req.body === 'register' || req.body === 'dueDumps') && !this.greeted.has(key)) {
       throw new WavebusError('ERR_NO_HELLO', 'this agent has not met this client (the agent restarted?): say hello and register again');
     }
     return this.handle(req, interim);
+  }
+
+  /** ROUTER_NOTIFY's empty message: the first from a peer is its connect, the second its disconnect (routing ids are not reused). */
+  private peerNotice(key: string): void {
+    if (!this.connected.has(key)) {
+      this.connected.add(key);
+      return;
+    }
+    this.connected.delete(key);
+    this.greeted.delete(key);
+    this.refused.delete(key);
+    const pid = this.helloPid.get(key);
+    this.helloPid.delete(key);
+    if (pid !== undefined) this.dropped?.(pid);
   }
 
   // zeromq allows one send in flight per socket (a second one throws EBUSY, synchronously):

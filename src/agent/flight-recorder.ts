@@ -10,6 +10,7 @@ import { ConfigError } from '../errors';
 import { MAX_RECORD_BYTES, MAX_RECORD_FORWARDS, recorderSizeMismatch, RECORDER_TRIGGERS, type RecorderTrigger, type SensitiveInfo } from '../guard/recorder-config';
 import type { RankIdentity } from '../layout';
 import type { Logger } from '../log';
+import { readEngineFault } from './engine-fault';
 import { flushRing, writeCrash, type EngineExit, type FlushResult } from './recorder-flush';
 import { DEFAULT_FLUSH_PRIVACY, type FlushPrivacy } from './recorder-sensitive';
 import { RecorderRing, type RecorderSettings } from './recorder-ring';
@@ -19,6 +20,8 @@ export const DEFAULT_RECORD_MAX_BYTES = 256 * 2 ** 20;
 export { MAX_RECORD_BYTES, MAX_RECORD_FORWARDS } from '../guard/recorder-config';
 /** How often the engine's pid is looked at. */
 export const ENGINE_WATCH_MS = 100;
+/** After its connection drops, how long the engine has to be seen gone by its pid (its exit status read first). */
+export const CONNECTION_GRACE_MS = 250;
 
 function intVar(env: NodeJS.ProcessEnv, name: string, lo: number, hi: number): number | undefined {
   const raw = env[name];
@@ -57,6 +60,15 @@ export function engineState(pid: number): { alive: true } | { alive: false; code
   return sig ? { alive: false, code: null, signal: signalName(sig) } : { alive: false, code: (status >> 8) & 0xff, signal: null };
 }
 
+/** This process's pid namespace as /proc/self/ns/pid reads ("pid:[4026531836]"), or '' (no /proc). */
+export function ownPidNamespace(): string {
+  try {
+    return fs.readlinkSync('/proc/self/ns/pid');
+  } catch {
+    return '';
+  }
+}
+
 function signalName(n: number): string {
   const found = Object.entries(os.constants.signals).find(([, v]) => v === n);
   return found ? found[0] : `signal ${n}`;
@@ -70,6 +82,8 @@ export interface FlightRecorderOptions {
   identity: RankIdentity;
   log: Logger;
   artifactModes?: ArtifactModes;
+  /** The engine's faulthandler file (engine-fault.ts), read after a death. */
+  faultFile?: string;
   /** The name of this host's crash flush (the same for every rank of one launch on this host). */
   crashName: string;
   /** A crash was flushed (the agent tells the coordinator). */
@@ -81,8 +95,13 @@ export interface FlightRecorderOptions {
 export class FlightRecorder {
   readonly ring: RecorderRing;
   private pid = 0;
+  /** The engine's pid means something here (same pid namespace, seen alive at its hello). */
+  private pidVisible = false;
+  private helloMs = 0;
   private closedCleanly = false;
   private timer?: NodeJS.Timeout;
+  /** A dropped connection's grace under way (connectionLost). */
+  private lost?: NodeJS.Timeout;
   private crashed?: Promise<void>;
   /** Flushes done (name -> result), newest last. */
   readonly flushes: FlushResult[] = [];
@@ -114,12 +133,23 @@ export class FlightRecorder {
     this.sensitive = sensitive;
   }
 
-  /** The engine said hello (its pid): watch it. */
-  engine(pid: number): void {
-    if (!Number.isSafeInteger(pid) || pid <= 1 || pid === process.pid || pid === this.pid) return;
+  /**
+   * The engine said hello (its pid, its pid namespace): watch the pid when it means something
+   * here. An engine in another pid namespace (its link differs from ours, or its pid is not alive
+   * here) is watched by its connection only (connectionLost).
+   */
+  engine(pid: number, pidNamespace = ''): void {
+    if (!Number.isSafeInteger(pid) || pid <= 0 || pid === process.pid || (pid === this.pid && !this.closedCleanly)) return;
     this.pid = pid;
+    this.helloMs = Date.now();
     this.closedCleanly = false;
     clearInterval(this.timer);
+    const ours = ownPidNamespace();
+    this.pidVisible = pid > 1 && !(pidNamespace && ours && pidNamespace !== ours) && engineState(pid).alive;
+    if (!this.pidVisible) {
+      this.o.log.info({ pid, pidNamespace, ours }, "the engine's pid is not visible to this agent (another pid namespace?): its death is seen by its connection only");
+      return;
+    }
     this.timer = setInterval(() => this.check(), ENGINE_WATCH_MS);
     this.timer.unref();
   }
@@ -130,25 +160,63 @@ export class FlightRecorder {
     clearInterval(this.timer);
   }
 
+  /**
+   * The connection of the client that said hello with `pid` closed without its goodbye. Given
+   * CONNECTION_GRACE_MS for a pid gone to be read as such (with its exit status), it is then a
+   * death whatever the pid says: an engine alive without its connection records for nobody.
+   */
+  connectionLost(pid: number): void {
+    if (pid !== this.pid || this.closedCleanly || this.crashed || this.lost) return;
+    this.lost = setTimeout(() => this.decideLost(pid), CONNECTION_GRACE_MS);
+    this.lost.unref();
+  }
+
+  private decideLost(pid: number): void {
+    clearTimeout(this.lost);
+    this.lost = undefined;
+    if (pid !== this.pid || this.closedCleanly || this.crashed) return;
+    const st = this.pidVisible ? engineState(pid) : undefined;
+    if (st && !st.alive) return this.crash({ pid, code: st.code, signal: st.signal, how: 'the connection closed without goodbye; the engine process is gone' });
+    const how = st ? `the connection closed without goodbye; pid ${pid} is still alive` : `the connection closed without goodbye; pid ${pid} is not visible to this agent`;
+    this.crash({ pid, code: null, signal: null, how, pidAlive: Boolean(st), pidVisible: this.pidVisible });
+  }
+
   /** Checks the engine once more (the agent is stopping) and waits for a crash flush under way. */
   async stop(): Promise<void> {
     clearInterval(this.timer);
     this.check();
+    if (this.lost) this.decideLost(this.pid); // a connection dropped just before the stop: decided now
     await this.crashed;
     this.ring.close({ unlink: true });
+    try {
+      if (this.o.faultFile) fs.unlinkSync(this.o.faultFile); // its words are in crash-rank<g>.json by now
+    } catch {
+      /* none, or not ours to remove (a directory) */
+    }
   }
 
   private check(): void {
-    if (!this.pid || this.closedCleanly || this.crashed) return;
+    if (!this.pid || !this.pidVisible || this.closedCleanly || this.crashed) return;
     const st = engineState(this.pid);
     if (st.alive) return;
+    this.crash({ pid: this.pid, code: st.code, signal: st.signal, how: 'the engine process is gone (pid watch)' });
+  }
+
+  /** The one way to a crash flush (the pid watch and a dropped connection race: the first wins). */
+  private crash(exit: EngineExit): void {
+    if (this.crashed) return;
     clearInterval(this.timer);
     if (!this.writesOn('crash')) {
       this.crashed = Promise.resolve();
-      this.o.log.warn({ pid: this.pid }, 'engine died; recorder.on leaves out "crash": the flight recorder is not written out');
+      this.o.log.warn({ pid: this.pid, how: exit.how }, 'engine died; recorder.on leaves out "crash": the flight recorder is not written out');
       return;
     }
-    const exit: EngineExit = { pid: this.pid, code: st.code, signal: st.signal, how: 'the engine process is gone (pid watch)' };
+    // What the engine could say itself: its faulthandler's signal and traceback (written since its hello).
+    const fault = this.o.faultFile ? readEngineFault(this.o.faultFile, this.helloMs - 2000) : undefined;
+    if (fault) {
+      exit.faultTraceback = fault.traceback;
+      if (exit.signal === null && exit.code === null && fault.signal) Object.assign(exit, { signal: fault.signal, signalFrom: 'faulthandler' });
+    }
     this.crashed = this.flushCrash(exit).catch((e) => this.o.log.error({ err: String((e as Error)?.message ?? e) }, 'flight recorder: crash flush failed'));
   }
 

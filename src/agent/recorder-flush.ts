@@ -14,6 +14,7 @@ import { Tensor } from '../artifacts/tensor';
 import type { RankIdentity } from '../layout';
 import { rankDirName } from '../paths';
 import { checkForwardContext } from '../snapshot/selector';
+import { describeExit } from './engine-fault';
 import { buildCallMeta, META_FILE, type MetaFile, type MetaInput, tensorFileName } from '../snapshot/meta';
 import type { RingEntry, RingRead, TornSlot } from './recorder-ring';
 import { DEFAULT_FLUSH_PRIVACY, keepInput, type FlushPrivacy, type HashedInput, type WithheldInput } from './recorder-sensitive';
@@ -122,6 +123,13 @@ export interface EngineExit {
   signal: string | null;
   /** How the agent learned of it: the pid gone, or its client's connection closed. */
   how: string;
+  /** Where `signal` came from: "proc" (the zombie's status) or "faulthandler" (engine-fault.ts). */
+  signalFrom?: string;
+  /** The pid still alive when its connection closed; not visible to this agent (another pid namespace). */
+  pidAlive?: boolean;
+  pidVisible?: boolean;
+  /** The engine's faulthandler traceback lines, capped (engine-fault.ts). */
+  faultTraceback?: string[];
 }
 
 /**
@@ -150,6 +158,9 @@ export function writeCrash(flush: FlushResult, exit: EngineExit, read: RingRead,
     exit_code: exit.code,
     signal: exit.signal,
     detected_by: exit.how,
+    exit: describeExit(exit, read.note),
+    signal_from: exit.signal ? exit.signalFrom ?? 'proc' : null,
+    fault_traceback: exit.faultTraceback ?? [],
     note: crashNote(read.note, sensitive),
     time: new Date().toISOString(),
     last_wave: lastWave,

@@ -14,6 +14,7 @@ from typing import Dict, Optional
 
 from . import mailbox as mb
 from . import wavebus_pb2 as pb
+from .fault_file import disable_fault_file, enable_fault_file, pid_namespace
 from .fingerprint import client_fingerprint
 from .availability import Availability
 from .errors import AgentError, AgentUnavailableError, ConfigError, ProtocolError
@@ -84,6 +85,7 @@ class Client(RegionsMixin, CaptureMixin):
         self._head = WaveHeadBuilder()
         self._closed = False
         self._rec, self._recorder_path = None, ""  # the flight recorder's ring (live_capture.py)
+        self.fault_file = ""  # what enable_fault_file did at the last hello (fault_file.py)
         self._mb = mb.Mailbox.wait_open(mailbox_path, mailbox_wait_s)
         self._stall = VectorStall(lambda: self._mb)
         self._pending = PendingDumps(lambda: self._mb, due_dumps_asker(self._sock, self._avail, self._bound_s, self._hello, self.stats, self._stall),
@@ -162,6 +164,9 @@ class Client(RegionsMixin, CaptureMixin):
             raise AgentError(f"the wavebus agent refused hello: {reply.error}", reply.error_code or "ERR_AGENT")
         self.agent_features = Features.from_reply(reply)
         self._recorder_path = reply.recorder_path
+        if reply.recorder_path and reply.fault_path:
+            # The recorder is on: a fatal signal's traceback goes where the agent reads it after a death.
+            self.fault_file = enable_fault_file(reply.fault_path, os.path.dirname(self.mailbox_path))
         if self._rec is not None:  # a new hello may be a new agent with a new ring: mapped again when used
             self._rec.close()
             self._rec = None
@@ -177,7 +182,8 @@ class Client(RegionsMixin, CaptureMixin):
         hello_id = self._sock.in_flight("hello")  # a late answer to an earlier hello is still applied
         if not hello_id:
             req = pb.ClientRequest(hello=pb.ClientHello(pid=os.getpid(), async_scheduling=self.async_scheduling, language="python",
-                                                        protocol_version=CLIENT_PROTOCOL_VERSION, fingerprint=self._own_fingerprint()))
+                                                        protocol_version=CLIENT_PROTOCOL_VERSION, fingerprint=self._own_fingerprint(),
+                                                        pid_namespace=pid_namespace()))
             if not self._sock.send(req, later=("hello", self._apply_hello)):
                 return False
             hello_id = req.id
@@ -363,4 +369,5 @@ class Client(RegionsMixin, CaptureMixin):
                 self._sock.close()
         if self._rec is not None:
             self._rec.close()
+        disable_fault_file()
         self._mb.close()
