@@ -83,7 +83,7 @@ describe('fingerprint_diff', () => {
   });
 });
 
-test('weight shards registered one at a time: the checksums go to the coordinator once per burst, not once per shard', async () => {
+test('weight shards registered one at a time: the checksums go to the coordinator once per register_weights call (before its last answer), not once per shard', async () => {
   const seg = ShmSegment.create(`/wavebus-fp-settle-${process.pid}`, 64 * 4);
   const sent: Record<string, any>[] = [];
   const keeper = new FingerprintKeeper((fp) => sent.push(fp));
@@ -91,17 +91,21 @@ test('weight shards registered one at a time: the checksums go to the coordinato
     seg.buffer().fill(7);
     keeper.hello(BASE);
     expect(sent).toHaveLength(1);
-    // As register_weights does: each shard's answer awaited before the next is sent.
+    const shard = (i: number, lastWeight: boolean) => ({ name: `layer${i}.w`, kind: RegionKind.SHM, shmName: seg.name, offset: i * 4, nbytes: 4, cudaIpcHandle: Buffer.alloc(0), device: 0, dtype: 'float32', shape: [1], role: 2, layer: '', kv: '', lastWeight });
+    // As register_weights does: each shard's answer awaited before the next is sent; the last says so.
     for (let i = 0; i < 64; i++) {
-      const region = { name: `layer${i}.w`, kind: RegionKind.SHM, shmName: seg.name, offset: i * 4, nbytes: 4, cudaIpcHandle: Buffer.alloc(0), device: 0, dtype: 'float32', shape: [1], role: 2, layer: '', kv: '' };
-      await keeper.addWeight(region);
+      await keeper.addWeight(shard(i, i === 63));
+      // Sent before the last shard's answer, never before.
+      expect(sent).toHaveLength(i === 63 ? 2 : 1);
     }
-    expect(sent).toHaveLength(1);
-    await waitFor(() => sent.length === 2, 'the settled fingerprint', 5000, 10);
     expect(sent[1].weights).toHaveLength(64);
     expect(new Set(sent[1].weights.map((w: any) => w.checksum)).size).toBe(1); // the same four bytes each
-    await new Promise((r) => setTimeout(r, 2 * WEIGHTS_SETTLE_MS));
+    // A call cut short (no shard said it was the last): sent once, WEIGHTS_SETTLE_MS later.
+    await keeper.addWeight(shard(0, false));
     expect(sent).toHaveLength(2);
+    await waitFor(() => sent.length === 3, 'the settled fingerprint', 5000, 10);
+    await new Promise((r) => setTimeout(r, WEIGHTS_SETTLE_MS + 200));
+    expect(sent).toHaveLength(3);
   } finally {
     keeper.close();
     seg.close();

@@ -11,11 +11,12 @@ import type { RegionMessage } from './regions';
 
 
 /**
- * How long after the last queued weight shard the fingerprint goes out. An engine registers its
- * shards one request at a time: sent on each, the whole list would go out once per shard (bytes
- * growing with the square of the shard count); this sends it once per burst.
+ * How long after a weight shard with no shard queued behind it the fingerprint goes out anyway,
+ * when no shard said it was its call's last (a client that died mid-call, an older client).
+ * Sending on every shard would send the whole list once per shard: bytes growing with the square
+ * of the shard count.
  */
-export const WEIGHTS_SETTLE_MS = 100;
+export const WEIGHTS_SETTLE_MS = 1000;
 
 export class FingerprintKeeper {
   private client: Fingerprint | null = null;
@@ -45,19 +46,27 @@ export class FingerprintKeeper {
   }
 
   /**
-   * A weight shard (Region, role WEIGHT): read it whole, checksum it, let it go. Answers once done;
-   * the fingerprint goes to the coordinator WEIGHTS_SETTLE_MS after the last shard of a burst (an
-   * engine whose register_weights returned has its checksums on their way within that).
+   * A weight shard (Region, role WEIGHT): read it whole, checksum it, let it go. The fingerprint
+   * goes to the coordinator once per register_weights call: before the answer to the shard that
+   * says it is the call's last (an engine whose call returned has its checksums on their way), or
+   * WEIGHTS_SETTLE_MS after the last shard when none said so.
    */
   addWeight(msg: RegionMessage): Promise<Record<string, unknown>> {
     this.queued++;
     clearTimeout(this.settle);
+    this.settle = undefined;
     const run = this.queue.then(() => this.checksum(msg));
     this.queue = run.catch(() => undefined);
     return run.finally(() => {
       if (--this.queued > 0) return;
-      clearTimeout(this.settle);
-      this.settle = setTimeout(() => this.send(), WEIGHTS_SETTLE_MS);
+      if (msg.lastWeight) {
+        this.send();
+        return;
+      }
+      this.settle = setTimeout(() => {
+        this.settle = undefined;
+        this.send();
+      }, WEIGHTS_SETTLE_MS);
       this.settle.unref();
     });
   }

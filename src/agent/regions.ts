@@ -46,6 +46,8 @@ export interface RegionMessage {
   kv: string;
   /** proto TokenIds; absent from older clients (then: by name). */
   tokenIds?: number;
+  /** Weight: the last shard of one register_weights call. */
+  lastWeight?: boolean;
 }
 
 export class RegionTable {

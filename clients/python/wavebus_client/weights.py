@@ -52,10 +52,14 @@ def send_weights(client, weights: Mapping[str, object]) -> int:
     from .shm import release
 
     sent = 0
-    for name, tensor in weights.items():
+    items = list(weights.items())
+    for i, (name, tensor) in enumerate(items):
         r = weight_region(name, tensor)
+        msg = r.to_proto()
+        # The last shard: the agent sends the fingerprint once, before answering it.
+        msg.last_weight = i == len(items) - 1
         try:
-            reply = client._sock.request(pb.ClientRequest(register=r.to_proto()), time.monotonic() + client.capture_timeout_ms / 1000)
+            reply = client._sock.request(pb.ClientRequest(register=msg), time.monotonic() + client.capture_timeout_ms / 1000)
         finally:
             if r.kind == "shm":
                 release(r)  # the agent mapped it while answering; the copy goes with its last mapping
