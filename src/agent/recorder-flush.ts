@@ -112,11 +112,16 @@ export function crashNote(note: string, sensitive: boolean | 'hashed'): string {
   return m ? `uncaught ${m[1]}` : note ? '(withheld: report.save_sensitive_info is not true)' : '';
 }
 
+/** `crash-rank<g>.json`: the crash file's name. */
+export function crashFileName(identity: RankIdentity): string {
+  return `crash-${rankDirName(identity.globalRank)}.json`;
+}
+
 /** crash-rank<g>.json beside the flushed forwards (0600); `sensitive`: report.save_sensitive_info (crashNote). */
 export function writeCrash(flush: FlushResult, exit: EngineExit, read: RingRead, identity: RankIdentity, lastWave: number, modes: ArtifactModes = DEFAULT_ARTIFACT_MODES, sensitive: boolean | 'hashed' = false): string {
   const last = read.entries[read.entries.length - 1];
   const ctx = last?.entry.context;
-  const file = path.join(flush.dir, `crash-${rankDirName(identity.globalRank)}.json`);
+  const file = path.join(flush.dir, crashFileName(identity));
   writeJsonAtomic(file, {
     schema: 1,
     global_rank: identity.globalRank,
