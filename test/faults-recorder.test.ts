@@ -54,9 +54,9 @@ interface Job {
 }
 
 /** An agent (K forwards of `bytes`, snapshot root under `cacheRoot`; no coordinator answers) and its engine, with the ring filled. */
-async function start(cacheRoot: string, k: number, bytes: number, forwards = k): Promise<Job> {
+async function start(cacheRoot: string, k: number, bytes: number, forwards = k, runDir?: string): Promise<Job> {
   const dir = tmpDir('wavebus-faults-recorder-');
-  const runDir = path.join(dir, 'run');
+  runDir ??= path.join(dir, 'run');
   const port = await freePortPair();
   const env = { ...process.env, WAVEBUS_RECORD_FORWARDS: String(k), WAVEBUS_RECORD_MAX_BYTES: String(k * bytes), WAVEBUS_CACHE_ROOT: cacheRoot };
   // cwd: the agent's default dump root is relative to it.
@@ -140,6 +140,18 @@ test('kill -9 of the agent while it writes out a large ring: nothing partial und
   // `wavebus report` on the tree: the whole forwards only, the temp dirs not counted.
   expect(reportedForwards(cache)).toBe(whole.length ? `rank 0: ${whole[0]}${whole.length > 1 ? `-${whole[whole.length - 1]}` : ''}` : 'no flush');
   job.engine.child.kill('SIGKILL');
+  await job.engine.exited;
+
+  // The agent restarted on the same run dir, its engine too, which dies: the crash flush (the same
+  // name) removes the dead agent's temp dirs and writes all four forwards.
+  const again = await start(cache, 4, 1 * MiB, 4, job.runDir);
+  process.kill(again.enginePid, 'SIGKILL');
+  const crash2 = await waitFor(() => crashFile(again.flushDir), 'crash-rank0.json after the restart', 60000);
+  expect(crash2.flushed.map((f: any) => [f.forward, f.call_dir !== ''])).toEqual([[1, true], [2, true], [3, true], [4, true]]);
+  expect(wholeForwards(again.flushDir, 1 * MiB)).toEqual([1, 2, 3, 4]);
+  expect(names(rankDir).sort()).toEqual(['call1', 'call2', 'call3', 'call4']);
+  again.agent.child.kill('SIGTERM');
+  expect((await again.agent.exited).code).toBe(0);
 });
 
 describeAsRoot('a snapshot root that fills during a crash flush (tmpfs)', () => {

@@ -6,7 +6,7 @@
 import * as path from 'path';
 import { sensitiveModes, type ArtifactModes, DEFAULT_ARTIFACT_MODES } from '../artifacts/artifact-mode';
 import { artifactWrite, writeJsonAtomic } from '../artifacts/atomic-write';
-import { Bundle } from '../artifacts/bundle';
+import { Bundle, removeStaleTemps } from '../artifacts/bundle';
 import { formatRefusal, parseDType, type DType } from '../artifacts/dtype';
 import { safeComponent } from '../artifacts/sanitize';
 import { Tensor } from '../artifacts/tensor';
@@ -72,6 +72,8 @@ async function writeEntry(e: RingEntry, dir: string, reason: string, identity: R
   const inputs: MetaInput[] = (e.entry.inputs ?? []).map((inp: any, index: number) => ({ index, dtype: parseDType(inp.dtype, `inputs[${index}].dtype`), shape: (inp.shape ?? []).map(Number) }));
   const format = inputs.some((i) => formatRefusal(i.dtype as DType, 'npy')) ? 'pt' : 'npy';
   const callDir = path.join(dir, safeComponent(ctx.compilationHash, 'compilation hash'), rankDirName(identity.globalRank), `call${e.forward}`);
+  // An agent killed mid-flush left its temp dir here (the crash flush of a restarted agent has the same name).
+  removeStaleTemps(path.dirname(callDir));
   const bundle = Bundle.begin(callDir, { replace: true, modes });
   try {
     const files: MetaFile[] = [];
