@@ -27,6 +27,8 @@ const FUZZ_INPUTS: Record<string, number> = {
   mailbox_attach: EVERY ?? 100000,
   engine_crash: EVERY ?? 100000,
   fingerprint: EVERY ?? 100000,
+  // A small tree (two ranks' crash files, four call bundles) read whole per input: a few ms each.
+  recorder_flush: EVERY ?? (FULL ? 100000 : 5000),
 };
 
 const results: Record<string, SurfaceResult> = {};

@@ -18,6 +18,7 @@ import { generatedTree } from './report-trees';
 import { engineCrashSurface, fingerprintSurface } from './fuzz-surfaces/agent-reports';
 import { controlSurface, statusReplySurface } from './fuzz-surfaces/control';
 import { mailboxAttachSurface, recorderRingSurface } from './fuzz-surfaces/host-files';
+import { recorderFlushSurface } from './fuzz-surfaces/recorder-files';
 
 /** What one input came to: accepted (of a kind), or refused for a named reason. */
 export type Outcome = { accepted: string } | { refused: string; detail?: string };
@@ -93,7 +94,7 @@ function mutateFile(m: Mutator, file: string, valid: Buffer): Buffer {
  * mutation (the input fed is the file's index, as one byte) and `read` run on the tree; the file
  * is restored afterwards. Reading really goes through the file system, links refused and all.
  */
-function fileSurface(name: string, from: string, make: (dir: string) => string[] | Promise<string[]>, read: (dir: string) => Promise<Outcome> | Outcome): Surface {
+export function fileSurface(name: string, from: string, make: (dir: string) => string[] | Promise<string[]>, read: (dir: string) => Promise<Outcome> | Outcome): Surface {
   return {
     name,
     from,
@@ -125,16 +126,16 @@ function fileSurface(name: string, from: string, make: (dir: string) => string[]
 }
 
 /** A page that lists files it could not use (reported on the page, not thrown by `wavebus report`). */
-class ReportRefusal extends Error {
+export class ReportRefusal extends Error {
   readonly reason: string;
   constructor(failures: string[]) {
     super(failures.join('; '));
     // Counted by the kind of the first failure the page lists.
-    this.reason = `report:${/not a regular file|missing|checksum|unreadable|bytes, recorded|not a list|must be|expected|JSON/.exec(failures[0])?.[0].replace(/\W+/g, '_') ?? 'other'}`;
+    this.reason = `report:${/not a regular file|missing|checksum|unreadable|bytes, recorded|not a list|must be|expected|JSON|does not match|not a crash record|not a call meta/.exec(failures[0])?.[0].replace(/\W+/g, '_') ?? 'other'}`;
   }
 }
 
-async function named(f: () => Promise<string> | string): Promise<Outcome> {
+export async function named(f: () => Promise<string> | string): Promise<Outcome> {
   try {
     return { accepted: await f() };
   } catch (e) {
@@ -223,7 +224,7 @@ const reportSurface = fileSurface(
  * Every parser and file surface, in the order they run, one entry per surface; the groups of
  * test/fuzz-surfaces/ (control requests, host files, agent reports) and the file trees here.
  */
-export const SURFACES: Surface[] = [controlSurface, statusReplySurface, probeSurface, reportSurface, recorderRingSurface, mailboxAttachSurface, engineCrashSurface, fingerprintSurface];
+export const SURFACES: Surface[] = [controlSurface, statusReplySurface, probeSurface, reportSurface, recorderRingSurface, mailboxAttachSurface, engineCrashSurface, fingerprintSurface, recorderFlushSurface];
 
 export interface SurfaceResult {
   surface: string;

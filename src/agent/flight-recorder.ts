@@ -11,7 +11,7 @@ import { MAX_RECORD_BYTES, MAX_RECORD_FORWARDS, recorderSizeMismatch, RECORDER_T
 import type { RankIdentity } from '../layout';
 import type { Logger } from '../log';
 import { readEngineFault } from './engine-fault';
-import { flushRing, writeCrash, type EngineExit, type FlushResult } from './recorder-flush';
+import { crashFileName, flushRing, writeCrash, type EngineExit, type FlushResult } from './recorder-flush';
 import { DEFAULT_FLUSH_PRIVACY, type FlushPrivacy } from './recorder-sensitive';
 import { RecorderRing, type RecorderSettings } from './recorder-ring';
 
@@ -86,7 +86,7 @@ export interface FlightRecorderOptions {
   faultFile?: string;
   /** The name of this host's crash flush (the same for every rank of one launch on this host). */
   crashName: string;
-  /** A crash was flushed (the agent tells the coordinator). */
+  /** A crash was flushed (the agent tells the coordinator); `file` is empty when crash-rank<g>.json could not be written. */
   onCrash?: (c: { file: string; exit: EngineExit; flush: FlushResult; note: string }) => void;
   /** Which inputs hold token ids and the key to hash them with (save_sensitive_info comes from configure()). */
   privacy?: Omit<FlushPrivacy, 'sensitive'>;
@@ -226,8 +226,15 @@ export class FlightRecorder {
     const flush = await this.flush(this.o.crashName, 'crash', read);
     if (!flush) return;
     const last = read.entries[read.entries.length - 1];
-    const file = writeCrash(flush, exit, read, this.o.identity, Number(last?.entry.wave ?? 0), this.o.artifactModes, this.sensitive);
-    this.o.log.warn({ crash: file, dir: flush.dir, written: flush.forwards.filter((f) => f.callDir).length, leftOut: flush.torn.length }, 'flight recorder flushed after the engine died');
+    const failed = flush.forwards.filter((f) => !f.callDir).map((f) => ({ forward: f.forward, ...(f.tooLarge ? { too_large: true } : { error_code: f.errorCode ?? '' }) }));
+    let file = '';
+    try {
+      file = writeCrash(flush, exit, read, this.o.identity, Number(last?.entry.wave ?? 0), this.o.artifactModes, this.sensitive);
+    } catch (e) {
+      // A full disk: the log (and the coordinator, below) say what the file would have.
+      this.o.log.error({ err: String((e as Error)?.message ?? e), dir: flush.dir, written: flush.forwards.filter((f) => f.callDir).map((f) => f.forward), failed }, `flight recorder: ${crashFileName(this.o.identity)} could not be written`);
+    }
+    if (file) this.o.log.warn({ crash: file, dir: flush.dir, written: flush.forwards.filter((f) => f.callDir).length, failed, leftOut: flush.torn.length }, 'flight recorder flushed after the engine died');
     this.o.onCrash?.({ file, exit, flush, note: read.note });
   }
 

@@ -7,7 +7,7 @@
 import * as path from 'path';
 import { sensitiveModes, type ArtifactModes, DEFAULT_ARTIFACT_MODES } from '../artifacts/artifact-mode';
 import { artifactWrite, writeJsonAtomic } from '../artifacts/atomic-write';
-import { Bundle } from '../artifacts/bundle';
+import { Bundle, removeStaleTemps } from '../artifacts/bundle';
 import { formatRefusal, parseDType, type DType } from '../artifacts/dtype';
 import { safeComponent } from '../artifacts/sanitize';
 import { Tensor } from '../artifacts/tensor';
@@ -89,6 +89,8 @@ async function writeEntry(e: RingEntry, dir: string, reason: string, identity: R
   }
   const format = inputs.some((i) => formatRefusal(i.dtype as DType, 'npy')) ? 'pt' : 'npy';
   const callDir = path.join(dir, safeComponent(ctx.compilationHash, 'compilation hash'), rankDirName(identity.globalRank), `call${e.forward}`);
+  // An agent killed mid-flush left its temp dir here (the crash flush of a restarted agent has the same name).
+  removeStaleTemps(path.dirname(callDir));
   const bundle = Bundle.begin(callDir, { replace: true, modes });
   try {
     const files: MetaFile[] = [];
@@ -143,11 +145,16 @@ export function crashNote(note: string, sensitive: boolean | 'hashed'): string {
   return m ? `uncaught ${m[1]}` : note ? '(withheld: report.save_sensitive_info is not true)' : '';
 }
 
+/** `crash-rank<g>.json`: the crash file's name. */
+export function crashFileName(identity: RankIdentity): string {
+  return `crash-${rankDirName(identity.globalRank)}.json`;
+}
+
 /** crash-rank<g>.json beside the flushed forwards (0600); `sensitive`: report.save_sensitive_info (crashNote). */
 export function writeCrash(flush: FlushResult, exit: EngineExit, read: RingRead, identity: RankIdentity, lastWave: number, modes: ArtifactModes = DEFAULT_ARTIFACT_MODES, sensitive: boolean | 'hashed' = false): string {
   const last = read.entries[read.entries.length - 1];
   const ctx = last?.entry.context;
-  const file = path.join(flush.dir, `crash-${rankDirName(identity.globalRank)}.json`);
+  const file = path.join(flush.dir, crashFileName(identity));
   writeJsonAtomic(file, {
     schema: 1,
     global_rank: identity.globalRank,

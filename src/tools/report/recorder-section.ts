@@ -68,13 +68,20 @@ export function addRecorderFile(tree: ReportTree, parts: string[], read: () => a
     tree.recorderFlushes.push(f);
   }
   const doc = read();
-  if (doc === undefined || typeof doc !== 'object' || doc === null) return true;
+  if (doc === undefined) return true;
+  const file = parts.join('/');
+  // What the file's name and folder say must be what it says: else it is listed, not shown.
+  const wrong = isCrash ? crashRecordProblem(doc, Number(/\d+/.exec(base)![0])) : callMetaProblem(doc, Number(/^rank(\d+)$/.exec(parts[at + 3])![1]), Number(call![1]));
+  if (wrong) {
+    tree.unreadable.push(`${file}: ${wrong}`);
+    return true;
+  }
   if (isCrash) {
     const note = typeof doc.note === 'string' ? doc.note : '';
     const exc = /^(?:uncaught )?([A-Za-z_][\w.]*)(?::|$)/.exec(note.trim());
     f.crashes.push({
-      file: parts.join('/'),
-      rank: nat(doc.global_rank) ?? -1,
+      file,
+      rank: doc.global_rank,
       exitCode: Number.isSafeInteger(doc.exit_code) ? doc.exit_code : null,
       signal: typeof doc.signal === 'string' ? doc.signal.slice(0, 32) : null,
       lastWave: nat(doc.last_wave),
@@ -92,6 +99,25 @@ export function addRecorderFile(tree: ReportTree, parts: string[], read: () => a
     f.forwards.set(rank, list.sort((a, b) => a - b));
   }
   return true;
+}
+
+const isObject = (v: unknown): v is Record<string, any> => typeof v === 'object' && v !== null && !Array.isArray(v);
+
+/** Why crash-rank<g>.json (g: its name's) is not a crash record to show, or '' when it is one. */
+function crashRecordProblem(doc: unknown, g: number): string {
+  if (!isObject(doc)) return 'not a crash record (a JSON object)';
+  if (doc.global_rank !== g) return `global_rank ${JSON.stringify(doc.global_rank)?.slice(0, 32)} does not match its name (rank ${g})`;
+  for (const k of ['flushed', 'left_out']) if (doc[k] !== undefined && !Array.isArray(doc[k])) return `${k} is not a list`;
+  return '';
+}
+
+/** Why a recorder flush's rank<g>/call<n>/meta.json is not one to count, or '' (a meta of another kind is '' and skipped by the caller). */
+function callMetaProblem(doc: unknown, g: number, n: number): string {
+  if (!isObject(doc)) return 'not a call meta (a JSON object)';
+  if (doc.recorder === undefined) return '';
+  if (!isObject(doc.recorder) || doc.recorder.forward !== n) return `recorder.forward ${JSON.stringify(isObject(doc.recorder) ? doc.recorder.forward : doc.recorder)?.slice(0, 32)} does not match its folder (call${n})`;
+  if (doc.global_rank !== undefined && doc.global_rank !== g) return `global_rank ${JSON.stringify(doc.global_rank)?.slice(0, 32)} does not match its folder (rank${g})`;
+  return '';
 }
 
 const ranges = (ns: number[]): string => {
