@@ -14,15 +14,16 @@ run() {
   fi
 }
 run bus --agents 8
-run overhead --forward-ms 3 --rounds 5
-run overhead --forward-ms 1 --rounds 5
-run overhead --forward-ms 3 --rounds 5 --lookahead-waves 3
+run bus --agents 8 --wave-path host
+run overhead --forward-ms 3 --rounds 5 --lookahead-waves 3 --cpu-window --syscalls
+run overhead --forward-ms 3 --rounds 5 --lookahead-waves 3 --cpu-window --syscalls --wave-path host
 run overhead --forward-ms 1 --rounds 5 --lookahead-waves 3
 run detectors --requests 1024
 run dump --size-mb 256 --format all --runs 3
 run aggregate --size-mb 64
 run aggregate --netns --runs 3
 run auth
+run recorder
 run fuzz --frames 100000
 run soak --agents 64 --waves 10000 --dp 2
 echo "results: $out" >&2

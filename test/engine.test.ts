@@ -5,6 +5,8 @@ import * as path from 'path';
 import { Agent } from '../src/agent/agent';
 import { Coordinator } from '../src/bus/coordinator';
 import { WavebusClient } from '../src/client/client';
+import { MailboxReader } from '../src/client/mailbox';
+import { mailboxPath } from '../src/paths';
 import { Guard } from '../src/guard/guard';
 import { parseStartupOptions } from '../src/guard/startup';
 import { resolveIdentity } from '../src/launch/identity';
@@ -279,6 +281,14 @@ test('end_of_wave never waits past its bound when the wave vector does not come'
   const ok = await runWave(job, 7, undefined);
   expect(ok.map((r) => r.timedOut)).toEqual([false, true]);
   // (Wave 8 carries the startup config, as the first head's vector does: due, applied by every rank.)
+  // Rank 1's vectors still count as stalled, so its end_of_wave reads its mailbox without waiting:
+  // the vector of wave 8 is let arrive first (on a loaded host it can take longer than the bound).
+  const mailbox = MailboxReader.open(mailboxPath(path.join(job.root, 'run'), 1));
+  try {
+    await waitFor(() => mailbox.read(8) !== undefined, "wave 8's vector in rank 1's mailbox", 10000, 5);
+  } finally {
+    mailbox.close();
+  }
   expect(await job.ranks[1].client.endOfWave(8)).toEqual({ due: true, timedOut: false });
   await waitFor(() => job.ranks[0].agent.stats.lateVectors >= 1, 'the late vector of wave 7 to be counted');
   // Never silent: the agent's heartbeats carry its counts to the coordinator's /healthz and /metrics, per rank.

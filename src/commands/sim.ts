@@ -38,13 +38,16 @@ export const command: CommandModule = {
   handler: async (argv) => {
     const env = process.env;
     // Each error names where the value came from: the flag, else the variable `wavebus launch` set.
+    const from: Record<string, string> = {};
     const fromFlagOrEnv = (flag: string, v: unknown, name: string, def: number, min = 1): number => {
       const given = flagOrEnv(v, flag, env, name);
+      from[flag] = given?.from ?? flag;
       return given ? intFlag(given.raw, given.from, min) : def;
     };
     const nproc = fromFlagOrEnv('--nproc-per-node', argv['nproc-per-node'], 'WAVEBUS_NPROC_PER_NODE', 1);
     const nnodes = fromFlagOrEnv('--nnodes', argv.nnodes, 'WAVEBUS_NNODES', 1);
     const nodeRank = fromFlagOrEnv('--node-rank', argv['node-rank'], 'WAVEBUS_NODE_RANK', 0, 0);
+    if (nodeRank >= nnodes) throw new ConfigError(`${from['--node-rank']} ${nodeRank} must be < ${from['--nnodes']} ${nnodes}`);
     const res = await runSimJob({
       nnodes,
       nodeRank,

@@ -101,12 +101,12 @@ export async function launch(opts: LaunchOptions, logger?: Logger): Promise<numb
   }
   // report.save_sensitive_info "hashed": a per-job key, 0600 in the run dir, unless the user named
   // one (the same file for jobs whose reports are to be compared; docs/fingerprints.md). The agents
-  // get it too ($WAVEBUS_TOKEN_HASH_KEY_FILE, a path): their recorder bundles hash with the same key.
+  // get it too (--token-hash-key-file): their recorder bundles hash with the same key. Not the
+  // command: the key is as sensitive as the token ids, and the engine has no use for it.
   let hashKeyArgs: string[] = [];
   if (startCoordinator && !env.WAVEBUS_TOKEN_HASH_KEY_FILE && !opts.coordinatorArgs.some((a) => a.startsWith('--token-hash-key-file'))) {
     try {
       hashKeyArgs = ['--token-hash-key-file', createTokenHashKeyFile(runDir)];
-      env.WAVEBUS_TOKEN_HASH_KEY_FILE = hashKeyArgs[1];
     } catch (e) {
       releaseRunDir(rd);
       throw e;
@@ -160,7 +160,7 @@ export async function launch(opts: LaunchOptions, logger?: Logger): Promise<numb
     const coordinatorSidecar = () => new Sidecar('coordinator', bin, [...coordinatorArgv(opts, bindHost!), ...tokenArgs, ...hashKeyArgs], env, COORDINATOR_NODE_FLAGS);
     if (startCoordinator) sidecars.push(coordinatorSidecar());
     for (let l = 0; l < opts.nprocPerNode; l++) {
-      sidecars.push(new Sidecar(`agent local${l}/rank${globalRankOfLocal(opts, l)}`, bin, agentArgv(opts, l, runDir, { dumpRoot, tokenFile }), env));
+      sidecars.push(new Sidecar(`agent local${l}/rank${globalRankOfLocal(opts, l)}`, bin, agentArgv(opts, l, runDir, { dumpRoot, tokenFile, tokenHashKeyFile: hashKeyArgs[1] }), env));
     }
     for (const s of sidecars) {
       void s.exited.then(() => {

@@ -50,7 +50,7 @@ export function launchDumpRoot(coordinatorArgs: string[], cwd: string = process.
 }
 
 /** Arguments of `wavebus agent` for local rank `l` (after the script path). */
-export function agentArgv(opts: LaunchOptions, localRank: number, runDir: string, local: { dumpRoot?: string; tokenFile?: string } = {}): string[] {
+export function agentArgv(opts: LaunchOptions, localRank: number, runDir: string, local: { dumpRoot?: string; tokenFile?: string; tokenHashKeyFile?: string } = {}): string[] {
   return [
     'agent',
     '--coordinator', `${opts.coordinator.host}:${opts.coordinator.port}`,
@@ -63,6 +63,7 @@ export function agentArgv(opts: LaunchOptions, localRank: number, runDir: string
     '--run-dir', runDir,
     ...(local.dumpRoot !== undefined ? ['--dump-root', local.dumpRoot] : []),
     ...(local.tokenFile !== undefined ? ['--bus-token-file', local.tokenFile] : []),
+    ...(local.tokenHashKeyFile !== undefined ? ['--token-hash-key-file', local.tokenHashKeyFile] : []),
     ...(opts.curveDir !== undefined ? ['--curve-server-key', curveDirFiles(opts.curveDir).serverPub, '--curve-key', curveDirFiles(opts.curveDir).clientKey] : []),
     ...opts.agentArgs,
   ];
