@@ -26,6 +26,13 @@ test('WAVEBUS_LOG_LEVEL=bogus names the variable and the levels it takes', () =>
   expect(r.code).toBe(2);
 });
 
+test('sim: a node rank past the node count names where it came from, the variable launch sets or the flag', () => {
+  const fromEnv = runWavebus(['sim', '--steps', '1', '--result-dir', tmpDir()], { env: env({ WAVEBUS_NODE_RANK: '2' }) });
+  expect({ code: fromEnv.code, stderr: fromEnv.stderr.trim() }).toEqual({ code: 2, stderr: 'wavebus: WAVEBUS_NODE_RANK 2 must be < --nnodes 1 [ERR_CONFIG]' });
+  const fromFlags = runWavebus(['sim', '--steps', '1', '--node-rank', '3', '--result-dir', tmpDir()], { env: env({ WAVEBUS_NNODES: '2' }) });
+  expect(fromFlags.stderr.trim()).toBe('wavebus: --node-rank 3 must be < WAVEBUS_NNODES 2 [ERR_CONFIG]');
+});
+
 test('coordinator --world-size 100000000 is refused at once, naming the flag and MAX_WORLD_SIZE', () => {
   const r = runWavebus(['coordinator', '--port', String(port), '--world-size', '100000000'], { env: env(), timeout: 20000 });
   expect(r.stderr).toContain('--world-size=100000000 is over the largest world wavebus serves, 65536 ranks (MAX_WORLD_SIZE)');
