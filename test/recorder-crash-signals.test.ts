@@ -13,7 +13,7 @@ import { Agent } from '../src/agent/agent';
 import { readEngineFault } from '../src/agent/engine-fault';
 import { resolveIdentity } from '../src/launch/identity';
 import { engineFaultPath } from '../src/paths';
-import { PYTHON, ROOT, cleanup, rootOnlyReason, spawnTracked, tmpDir, waitFor } from './helpers';
+import { PYTHON, ROOT, cleanup, describeAsRoot, spawnTracked, tmpDir, waitFor } from './helpers';
 
 afterAll(cleanup);
 
@@ -141,22 +141,23 @@ test('a clean close is no crash, though the connection goes', async () => {
   }
 });
 
-const why = rootOnlyReason();
-(why ? test.skip : test)(`an engine in another pid namespace exits: its connection alone tells${why ? ` (skipped: ${why})` : ''}`, async () => {
-  const r = await run('exit', ['unshare', '--pid', '--fork', '--kill-child', '--mount-proc']);
-  try {
-    const first = await r.said();
-    expect(first.pid).toBe(1); // its own namespace's init: the number means nothing to the agent
-    const crash = await r.crash();
-    expect(crash).toMatchObject({
-      engine_pid: 1, exit_code: null, signal: null,
-      detected_by: 'the connection closed without goodbye; pid 1 is not visible to this agent',
-      exit: "unknown: the engine's pid is not visible to this agent (another pid namespace) and it left no word",
-      last_forward: { forward: 3 },
-    });
-  } finally {
-    await r.done();
-  }
+describeAsRoot('an engine in another pid namespace (unshare needs root)', () => {
+  test('it exits: its connection alone tells', async () => {
+    const r = await run('exit', ['unshare', '--pid', '--fork', '--kill-child', '--mount-proc']);
+    try {
+      const first = await r.said();
+      expect(first.pid).toBe(1); // its own namespace's init: the number means nothing to the agent
+      const crash = await r.crash();
+      expect(crash).toMatchObject({
+        engine_pid: 1, exit_code: null, signal: null,
+        detected_by: 'the connection closed without goodbye; pid 1 is not visible to this agent',
+        exit: "unknown: the engine's pid is not visible to this agent (another pid namespace) and it left no word",
+        last_forward: { forward: 3 },
+      });
+    } finally {
+      await r.done();
+    }
+  });
 });
 
 test("the engine's fault file is read bounded, without following a link, and garbage in it is no signal", () => {

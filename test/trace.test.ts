@@ -5,7 +5,11 @@
 // to each replica on the coordinator's track.
 import * as fs from 'fs';
 import * as path from 'path';
-import { cleanup, runWavebus, tmpDir } from './helpers';
+import { cleanup, runWavebus, tmpDir, waitFor } from './helpers';
+import { WaveTimeline, TIMELINE_WRITE_GAP_MS, timelineFile } from '../src/agent/timeline';
+import type { RankIdentity } from '../src/layout';
+import type { ArtifactModes } from '../src/artifacts/artifact-mode';
+import type { Logger } from '../src/log';
 import { realJobTree, type JobTree } from './report-trees';
 
 jest.setTimeout(180000);
@@ -119,4 +123,43 @@ test('a tree without timelines still gives incidents; a missing dir is a usage e
   expect(events.filter((e) => e.cat === 'incident').length).toBe(2);
   expect(events.filter((e) => e.cat === 'wave').length).toBe(0);
   expect(runWavebus(['trace', path.join(work, 'nope'), '-o', out]).code).toBe(2);
+});
+
+describe("the agent's timeline file (src/agent/timeline.ts)", () => {
+  const id = { globalRank: 5, localRank: 1, worldSize: 8, tpRank: 1, ppRank: 0, dpRank: 1, cpRank: 0, host: 'h' } as unknown as RankIdentity;
+  const modes = { file: 0o640, dir: 0o750 } as ArtifactModes;
+  const log = { warn: jest.fn(), info: () => undefined } as unknown as Logger;
+
+  test('dumps close together share one write, off the loop; the next comes after the gap; settled() ends it', async () => {
+    const root = path.join(tmpDir('wavebus-timeline-'), 'dumps');
+    const t = new WaveTimeline();
+    const file = timelineFile(root, 5);
+    t.writeSoon(root, id, modes, log); // nothing recorded yet: nothing to write
+    await new Promise((r) => setTimeout(r, 50));
+    expect(fs.existsSync(file)).toBe(false);
+    t.record('dump', 1, 1.7e12, 2, 1);
+    t.writeSoon(root, id, modes, log);
+    t.record('dump', 2, 1.7e12 + 5, 2, 1);
+    t.writeSoon(root, id, modes, log); // while the first is scheduled: folded into the next
+    const first = Date.now();
+    await waitFor(() => fs.existsSync(file), 'the first write', 5000);
+    expect(fs.statSync(file).mode & 0o777).toBe(0o640);
+    const second = JSON.parse(fs.readFileSync(file, 'utf8')).recorded;
+    expect(second).toBeGreaterThanOrEqual(2); // the two dumps in one file
+    t.record('dump', 3, 1.7e12 + 9, 2, 1);
+    t.writeSoon(root, id, modes, log);
+    await waitFor(() => JSON.parse(fs.readFileSync(file, 'utf8')).recorded === 3, 'the write after the gap', 10000);
+    expect(Date.now() - first).toBeGreaterThanOrEqual(TIMELINE_WRITE_GAP_MS - 100);
+    // Stopping: a scheduled write is dropped (the agent writes the last state itself), nothing runs after.
+    t.record('dump', 4, 1.7e12 + 12, 2, 1);
+    t.writeSoon(root, id, modes, log);
+    await t.settled();
+    await new Promise((r) => setTimeout(r, TIMELINE_WRITE_GAP_MS + 200));
+    expect(JSON.parse(fs.readFileSync(file, 'utf8')).recorded).toBe(3);
+    expect(t.write(root, id, modes)).toBe(file);
+    expect(JSON.parse(fs.readFileSync(file, 'utf8')).recorded).toBe(4);
+    // No temp file left beside it, and no failure logged.
+    expect(fs.readdirSync(path.dirname(file))).toEqual(['rank5.json']);
+    expect(log.warn).not.toHaveBeenCalled();
+  });
 });

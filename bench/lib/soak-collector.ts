@@ -45,7 +45,7 @@ export function checkDump(wdir: string, replica: number, wave: number, layout: W
   if (!c.dumpWaves.includes(wave)) c.dumpWaves.push(wave);
   if (!m.complete) {
     c.jobsIncomplete++;
-    return void note(t, `${wdir}: incomplete (missing ${JSON.stringify(m.missing_ranks)}, failed ${JSON.stringify(m.failed_ranks)}${m.incomplete_reason ? `, ${m.incomplete_reason}` : ''})`);
+    return void note(t, `${wdir}: incomplete (missing ${JSON.stringify(m.missing_ranks)}, failed ${JSON.stringify(m.failed_ranks)}, skipped ${JSON.stringify(m.skipped_ranks)}${m.incomplete_reason ? `, ${m.incomplete_reason}` : ''})`);
   }
   const want = replicaDumpRanks(layout, replica);
   const dirs = fs.readdirSync(wdir).filter(isKvRankDirName).sort();

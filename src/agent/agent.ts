@@ -229,7 +229,8 @@ export class Agent {
     this.vectors?.stopWatch();
     await this.ends.writes.catch(() => undefined);
     await this.recorder?.stop();
-    this.writeTimeline();
+    await this.timeline.settled();
+    this.timeline.writeLogged(this.gate.local.dumps, this.identity, this.opts.artifactModes ?? DEFAULT_ARTIFACT_MODES, this.log);
     await this.bus?.stop();
     await this.direct?.stop();
     this.router?.close();
@@ -240,9 +241,9 @@ export class Agent {
     this.fingerprint.close();
   }
 
-  /** The timeline beside the local dumps (none without a dump root). */
+  /** The timeline beside the local dumps, soon and off the loop (none without a dump root). */
   private writeTimeline(): void {
-    this.timeline.writeLogged(this.gate.local.dumps, this.identity, this.opts.artifactModes ?? DEFAULT_ARTIFACT_MODES, this.log);
+    this.timeline.writeSoon(this.gate.local.dumps, this.identity, this.opts.artifactModes ?? DEFAULT_ARTIFACT_MODES, this.log);
   }
 
   /** Waits for every bundle write started so far (tests, shutdown). */

@@ -2,14 +2,15 @@
 // end_of_wave waits on this agent, late and missed vectors, dump writes and input captures. A
 // fixed ring of numbers allocated once: recording one costs a clock read and five stores, nothing
 // is allocated per wave, and the oldest entries are overwritten. Written (atomically, the
-// artifact mode of the dumps) beside the dumps after each dump and when the agent stops:
-// `<dump_root>/timeline/rank<g>.json` (docs/report.md).
+// artifact mode of the dumps) beside the dumps after a dump, at most once per TIMELINE_WRITE_GAP_MS
+// and off the event loop (the host receiver writes every local rank's vectors from that loop), and
+// once more when the agent stops: `<dump_root>/timeline/rank<g>.json` (docs/report.md).
 import { performance } from 'perf_hooks';
 import * as path from 'path';
 import { mkdirTrustedSync } from '../artifacts/safe-mkdir';
 import { TIMELINE_DIR } from '../paths';
 import * as fs from 'fs';
-import { writeFileAtomic } from '../artifacts/atomic-write';
+import { writeFileAtomic, writeFileAtomicAsync } from '../artifacts/atomic-write';
 import type { ArtifactModes } from '../artifacts/artifact-mode';
 import type { RankIdentity } from '../layout';
 import type { Logger } from '../log';
@@ -24,6 +25,13 @@ export const TIMELINE_FIELDS = ['kind', 'wave', 'start_ms', 'dur_ms', 'arg'] as 
 const F = TIMELINE_FIELDS.length;
 /** 8192 entries: about two minutes of a 40 ms-step engine's vectors, and 320 KiB in memory. */
 export const TIMELINE_CAPACITY = 8192;
+/**
+ * The least time between two writes of the file while the agent runs: a full ring is about 270 KB
+ * of JSON, and 64 agents that each rewrote it (with an fsync) after every dump of a dump every 100
+ * waves spent a fifth of a 2-vCPU host on it (docs/benchmarks.md, the soak). Dumps closer together
+ * share one write; the last state is written at stop.
+ */
+export const TIMELINE_WRITE_GAP_MS = 2000;
 
 export const timelineFile = (dumpRoot: string, globalRank: number): string => path.join(dumpRoot, TIMELINE_DIR, `rank${globalRank}.json`);
 
@@ -32,6 +40,12 @@ export class WaveTimeline {
   private next = 0;
   /** Entries recorded in all (those over the capacity were overwritten). */
   recorded = 0;
+  /** writeSoon's state: a write waiting for its gap, one under way, dumps since it began. */
+  private scheduled?: NodeJS.Timeout;
+  private writing?: Promise<void>;
+  private dirty = false;
+  private stopped = false;
+  private lastWriteMs = 0;
 
   constructor(readonly capacity = TIMELINE_CAPACITY) {
     this.ring = new Float64Array(capacity * F);
@@ -109,14 +123,58 @@ export class WaveTimeline {
     }
   }
 
-  /** Replace the rank's timeline file (temp + fsync + rename, the dumps' modes). */
-  write(dumpRoot: string, id: RankIdentity, modes: ArtifactModes): string | undefined {
+  /**
+   * After a dump: the file is replaced soon, off the event loop (writeFileAtomicAsync), at most once
+   * per TIMELINE_WRITE_GAP_MS; dumps meanwhile are in that write or the next. Failures are logged.
+   */
+  writeSoon(dumpRoot: string | undefined, id: RankIdentity, modes: ArtifactModes, log: Logger): void {
+    if (dumpRoot === undefined || this.recorded === 0) return;
+    if (this.scheduled || this.writing) {
+      this.dirty = true;
+      return;
+    }
+    const run = (): void => {
+      this.scheduled = undefined;
+      this.dirty = false;
+      this.lastWriteMs = Date.now();
+      this.writing = this.writeAsync(dumpRoot, id, modes)
+        .catch((e) => log.warn({ err: (e as Error).message }, 'could not write the wave timeline'))
+        .finally(() => {
+          this.writing = undefined;
+          if (this.dirty && !this.stopped) this.writeSoon(dumpRoot, id, modes, log);
+        });
+    };
+    this.scheduled = setTimeout(run, Math.max(0, this.lastWriteMs + TIMELINE_WRITE_GAP_MS - Date.now()));
+    this.scheduled.unref();
+  }
+
+  /** No write is scheduled any more, and the one under way has ended (the agent is stopping). */
+  async settled(): Promise<void> {
+    this.stopped = true;
+    clearTimeout(this.scheduled);
+    this.scheduled = undefined;
+    await this.writing;
+  }
+
+  private async writeAsync(dumpRoot: string, id: RankIdentity, modes: ArtifactModes): Promise<void> {
+    const file = this.fileFor(dumpRoot, id, modes);
+    if (file) await writeFileAtomicAsync(file, `${JSON.stringify(this.toJson(id))}\n`, { mode: modes.file });
+  }
+
+  /** The file's path with its folder made, or undefined when the dump root's parent is gone. */
+  private fileFor(dumpRoot: string, id: RankIdentity, modes: ArtifactModes): string | undefined {
     // The root is made if need be (a rank that dumped nothing still has its waves), but never
     // where its parent is gone: a job's dir removed under a stopping agent is not made again.
     if (!fs.existsSync(path.dirname(dumpRoot))) return undefined;
     const file = timelineFile(dumpRoot, id.globalRank);
     mkdirTrustedSync(path.dirname(file), modes.dir, 'wave timeline directory');
-    writeFileAtomic(file, `${JSON.stringify(this.toJson(id))}\n`, { mode: modes.file });
+    return file;
+  }
+
+  /** Replace the rank's timeline file (temp + fsync + rename, the dumps' modes). */
+  write(dumpRoot: string, id: RankIdentity, modes: ArtifactModes): string | undefined {
+    const file = this.fileFor(dumpRoot, id, modes);
+    if (file) writeFileAtomic(file, `${JSON.stringify(this.toJson(id))}\n`, { mode: modes.file });
     return file;
   }
 }

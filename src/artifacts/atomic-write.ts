@@ -57,6 +57,44 @@ export function writeFileAtomic(file: string, data: string | Buffer, opts: Atomi
   fsyncDir(path.dirname(file));
 }
 
+/**
+ * writeFileAtomic with its writes and fsyncs on libuv's thread pool: for a file replaced while the
+ * process serves a running engine (the agent's wave timeline), where a synchronous fsync would hold
+ * the event loop for as long as the disk takes. Same temp name, modes, order and cleanup.
+ */
+export async function writeFileAtomicAsync(file: string, data: string | Buffer, opts: AtomicWriteOptions): Promise<void> {
+  if (opts.dirMode !== undefined) mkdirTrustedSync(path.dirname(file), opts.dirMode, 'artifact directory');
+  const tmp = atomicTempName(file);
+  try {
+    const fh = await fs.promises.open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, opts.mode);
+    try {
+      ownCreatedFile(fh.fd);
+      await fh.writeFile(data);
+      await fh.sync();
+    } finally {
+      await fh.close();
+    }
+    await fs.promises.rename(tmp, file);
+  } catch (e) {
+    await fs.promises.rm(tmp, { force: true });
+    throw e;
+  }
+  const dir = path.dirname(file);
+  let dh: fs.promises.FileHandle;
+  try {
+    dh = await fs.promises.open(dir, 'r');
+  } catch (e) {
+    throw fsFailure('open', dir, e);
+  }
+  try {
+    await dh.sync();
+  } catch (e) {
+    throw fsFailure('fsync', dir, e);
+  } finally {
+    await dh.close();
+  }
+}
+
 /** writeFileAtomic of `value` as indented JSON with a final newline. */
 export function writeJsonAtomic(file: string, value: unknown, opts: AtomicWriteOptions): void {
   writeFileAtomic(file, `${JSON.stringify(value, null, 2)}\n`, opts);

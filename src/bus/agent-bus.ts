@@ -24,7 +24,7 @@ import { answerFileRequest } from './agent-file-requests';
 import type { AgentBusOptions, AgentBusStats, RequestHandler, ResyncReason, SnapshotReplyMsg } from './agent-bus-types';
 
 export type { AgentBusOptions, AgentBusStats, RequestHandler, ResyncReason, SnapshotReplyMsg, WaveEvent } from './agent-bus-types';
-import { socketIpOptions, tcpEndpoint } from './endpoints';
+import { socketIpOptions, tcpEndpoint, connectTo } from './endpoints';
 import { receiveLoop } from './receive-loop';
 import { CoordinatorLink } from './coordinator-link';
 import { PROTOCOL_VERSION, versionMismatch } from './protocol-version';
@@ -130,7 +130,7 @@ export class AgentBus extends EventEmitter {
     const sub = new Subscriber({ linger: 0, maxMessageSize: 2 * this.maxFrameBytes, receiveHighWaterMark: 100000, ...ip });
     // This replica's stream only ("r<dp>." never prefixes another replica's topic).
     this.subscribeTopics(sub, true);
-    sub.connect(tcpEndpoint(host, port));
+    connectTo(sub, tcpEndpoint(host, port));
     this.sub = sub;
     // With the bus token, nothing but a challenge goes out until the peer proves the token (coordinator-link.ts).
     this.link = new CoordinatorLink({

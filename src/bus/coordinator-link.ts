@@ -12,7 +12,7 @@ import { Dealer } from 'zeromq';
 import type { Logger } from '../log';
 import type { BusToken } from './auth';
 import { NONCE_BYTES } from './constants';
-import { tcpEndpoint } from './endpoints';
+import { tcpEndpoint, connectTo } from './endpoints';
 import { encodeAgentMessage } from './frames';
 import { receiveLoop } from './receive-loop';
 import { SendQueue } from './send-queue';
@@ -135,7 +135,7 @@ export class CoordinatorLink {
         if (gen === this.generation) this.gone = true;
       });
     }
-    dealer.connect(tcpEndpoint(this.o.host, this.o.port + 1));
+    connectTo(dealer, tcpEndpoint(this.o.host, this.o.port + 1));
     this.dealer = dealer;
     // sendTimeout 0: each send completes inside send(), so nothing is ever queued (send-queue.ts).
     this.queue = new SendQueue(dealer, () => this.o.onUnsent(), true);

@@ -3,7 +3,7 @@
 // own frame, attached to the reply (payload.ts).
 import { Dealer } from 'zeromq';
 import { DEFAULT_MAX_FRAME_BYTES } from './constants';
-import { socketIpOptions, tcpEndpoint, type HostPort } from './endpoints';
+import { socketIpOptions, tcpEndpoint, type HostPort, connectTo } from './endpoints';
 import { DropCounter, decodeCoordinatorMessage, encodeAgentMessage, type CoordinatorMsg } from './frames';
 import { payloadOf, withPayload } from './payload';
 import { AggregateError } from '../errors';
@@ -40,7 +40,7 @@ export class RelayClient {
     this.dealer = new Dealer({ linger: 0, maxMessageSize: 2 * maxFrameBytes, ...socketIpOptions(coordinator.host), ...clientSocketOptions(curve) });
     this.sends = new SendQueue(this.dealer, () => undefined);
     this.watchHandshakes();
-    this.dealer.connect(this.endpoint);
+    connectTo(this.dealer, this.endpoint);
     this.loop = this.receive();
   }
 

@@ -4,7 +4,7 @@ import { Dealer } from 'zeromq';
 import { ProtocolError, WavebusError } from '../errors';
 import { PROTOCOL_VERSION, versionMismatch } from './protocol-version';
 import { DEFAULT_MAX_FRAME_BYTES } from './constants';
-import { socketIpOptions, tcpEndpoint } from './endpoints';
+import { socketIpOptions, tcpEndpoint, connectTo } from './endpoints';
 import { decodeCoordinatorMessage, encodeAgentMessage } from './frames';
 import { clientSocketOptions, type CurveClientKeys } from './curve';
 import type { BusToken } from './auth';
@@ -31,7 +31,7 @@ export async function requestStatus(coordinator: { host: string; port: number },
   // and a send without a pipe would wait forever.
   const dealer = new Dealer({ linger: 0, receiveTimeout: timeoutMs, sendTimeout: timeoutMs, ...socketIpOptions(coordinator.host), ...clientSocketOptions(curve) });
   try {
-    dealer.connect(tcpEndpoint(coordinator.host, coordinator.port + 1));
+    connectTo(dealer, tcpEndpoint(coordinator.host, coordinator.port + 1));
     const ask = encodeAgentMessage({ requestId: 1, status: { protocolVersion: PROTOCOL_VERSION } });
     try {
       await dealer.send(token ? token.seal('to-coordinator', ask) : ask);

@@ -4,6 +4,7 @@ import * as zmq from 'zeromq';
 import { WavebusError } from '../errors';
 import { ClientReply, ClientRequest, decode, encode } from '../proto';
 import { wireCensus } from '../bus/wire-census';
+import { connectTo } from '../bus/endpoints';
 
 export type Reply = Record<string, any>;
 
@@ -113,7 +114,7 @@ export class AgentTransport {
     if (this.socket) return this.socket;
     // sendTimeout 0: a send to an agent that stopped reading fails at once instead of parking every later send.
     const s = new zmq.Dealer({ linger: 0, sendHighWaterMark: 1000, sendTimeout: 0 });
-    s.connect(this.endpoint);
+    connectTo(s, this.endpoint);
     this.socket = s;
     void this.receiveLoop(s);
     return s;

@@ -3,7 +3,7 @@
 import * as zmq from 'zeromq';
 import type { BusToken } from '../bus/auth';
 import { clientSocketOptions, type CurveClientKeys } from '../bus/curve';
-import { HostPort, socketIpOptions, tcpEndpoint } from '../bus/endpoints';
+import { HostPort, socketIpOptions, tcpEndpoint, connectTo } from '../bus/endpoints';
 import { CoordinatorMessage, decode, AgentMessage, encode } from '../proto';
 import { ProtocolError } from '../errors';
 import { PROTOCOL_VERSION } from '../bus/protocol-version';
@@ -30,7 +30,7 @@ export async function waitForCoordinator(
   token?: BusToken,
 ): Promise<StatusSnapshot> {
   const sock = new zmq.Dealer({ linger: 0, receiveTimeout: STATUS_POLL_MS, sendTimeout: 0, ...socketIpOptions(coordinator.host), ...clientSocketOptions(curve) });
-  sock.connect(tcpEndpoint(coordinator.host, coordinator.port + 1));
+  connectTo(sock, tcpEndpoint(coordinator.host, coordinator.port + 1));
   let last: StatusSnapshot | undefined;
   const ask = encode(AgentMessage, { status: { protocolVersion: PROTOCOL_VERSION } });
   const request = token ? token.seal('to-coordinator', ask) : ask;

@@ -16,6 +16,7 @@ import { receiveLoop } from '../bus/receive-loop';
 import { RequestMap } from '../bus/request-map';
 import { SendQueue } from '../bus/send-queue';
 import type { ChunkRequest, ChunkSource, Planned } from './aggregate-fetch';
+import { connectTo } from '../bus/endpoints';
 
 /** How long a rank's file socket has to be named and to answer a first (empty) chunk before the relay is used. */
 export const DEFAULT_DIRECT_TIMEOUT_MS = 3000;
@@ -67,7 +68,7 @@ export class DirectClient implements ChunkSource {
     this.dealer.events.on('handshake:error:protocol', () => failed('the CURVE handshake failed (the agent does not hold the key the coordinator named)'));
     this.dealer.events.on('handshake:error:auth', () => failed("the agent refused this tool's CURVE key (not on the coordinator's allow-list)"));
     this.sends = new SendQueue(this.dealer, () => undefined);
-    this.dealer.connect(endpoint);
+    connectTo(this.dealer, endpoint);
     this.loop = this.receive();
   }
 
