@@ -85,7 +85,7 @@ const CONNECT_EINTR_TRIES = 1000;
  * pending commands and fails with EINTR when a signal lands meanwhile: a sampling profiler's
  * SIGPROF in the engine's process, or the engine's own timers. zeromq.js retries EINTR for send
  * and receive but not here, and an engine's client that took it as a failure would give up on a
- * healthy agent (test/client-signals.test.ts).
+ * healthy agent (test/client-transport.test.ts).
  */
 export function connectTo(socket: { connect(endpoint: string): void }, endpoint: string): void {
   for (let i = 1; ; i++) {

@@ -46,20 +46,14 @@ export class AgentTransport {
     this.hooks.beforeSend();
     const id = this.nextId++;
     return new Promise((resolve, reject) => {
-      let timer = setTimeout(() => {
-        this.pending.delete(id);
-        reject(new WavebusError('ERR_TIMEOUT', `agent did not answer within ${timeoutMs} ms`));
-      }, timeoutMs);
+      let timer = setTimeout(() => this.expire(id, () => reject(new WavebusError('ERR_TIMEOUT', `agent did not answer within ${timeoutMs} ms`))), timeoutMs);
       this.pending.set(id, {
         capturing:
           capturingMs === undefined
             ? undefined
             : () => {
                 clearTimeout(timer);
-                timer = setTimeout(() => {
-                  this.pending.delete(id);
-                  reject(new WavebusError('ERR_CAPTURE_TIMEOUT', `the agent began the capture but did not finish it within ${capturingMs} ms`));
-                }, capturingMs);
+                timer = setTimeout(() => this.expire(id, () => reject(new WavebusError('ERR_CAPTURE_TIMEOUT', `the agent began the capture but did not finish it within ${capturingMs} ms`))), capturingMs);
               },
         resolve: (r) => {
           clearTimeout(timer);
@@ -76,6 +70,19 @@ export class AgentTransport {
         // The agent's queue is full (it stopped reading): the same as no answer.
         reject(new WavebusError('ERR_TIMEOUT', `cannot send to the agent: ${e.message}`));
       });
+    });
+  }
+
+  /**
+   * A request's time is up. Timers run before the event loop reads its sockets, so a process that
+   * was not scheduled for a while (a busy host) finds both the timer and the answer ready at once:
+   * the answer already in the socket is read first (setImmediate runs after the loop's I/O), and
+   * only a request still unanswered then has timed out. The wait is no longer than the bound.
+   */
+  private expire(id: number, fail: () => void): void {
+    setImmediate(() => {
+      if (!this.pending.delete(id)) return;
+      fail();
     });
   }
 

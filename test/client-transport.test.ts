@@ -1,3 +1,5 @@
+// The transport of an engine's client (src/client/transport.ts) on a hostile host.
+//
 // A signal that lands while a client connects (a sampling profiler's SIGPROF in the engine's
 // process, the engine's own timers) must not cost the engine its agent. zmq_connect fails with
 // EINTR then, and zeromq.js does not retry it; connectTo() does (src/bus/endpoints.ts), and every
@@ -86,6 +88,44 @@ test("an engine's client under the storm reaches its agent on every new connecti
     });
     expect(answered).toBe(400);
   } finally {
+    router.close();
+    await serving;
+  }
+});
+
+test('an answer that came in time is taken even when the loop was held past the bound', async () => {
+  // A stand-in agent that answers after 30 ms; this process then holds its event loop for 300 ms
+  // (an engine process not scheduled on a busy host). The 100 ms timer and the answer are both
+  // ready when the loop turns: the answer wins. With no answer at all the bound still holds.
+  const endpoint = `ipc://${path.join(dir, 'slow-agent.sock')}`;
+  const router = new zmq.Router({ linger: 0 });
+  await router.bind(endpoint);
+  let answer = true;
+  const serving = (async () => {
+    for await (const [who, frame] of router) {
+      const req = decode(ClientRequest, frame);
+      if (!answer) continue;
+      await new Promise((r) => setTimeout(r, 30));
+      await router.send([who, encode(ClientReply, { id: req.id, ok: true })]);
+    }
+  })().catch(() => undefined);
+  const t = new AgentTransport(endpoint, { sent: 0 }, { heard: () => undefined, beforeSend: () => undefined, oneWayFailed: () => undefined });
+  try {
+    await expect(t.request({ ping: {} }, 5000)).resolves.toMatchObject({ ok: true }); // connected
+    const held = t.request({ ping: {} }, 100);
+    await new Promise((r) => setTimeout(r, 5)); // the request is on its way
+    const until = Date.now() + 300;
+    while (Date.now() < until) {
+      /* the loop is held: the answer arrives in the socket meanwhile */
+    }
+    await expect(held).resolves.toMatchObject({ ok: true });
+    answer = false;
+    const started = Date.now();
+    await expect(t.request({ ping: {} }, 100)).rejects.toThrow('agent did not answer within 100 ms');
+    expect(Date.now() - started).toBeLessThan(1000);
+  } finally {
+    t.closed = true;
+    await t.close();
     router.close();
     await serving;
   }
