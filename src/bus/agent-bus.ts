@@ -24,7 +24,7 @@ import { answerFileRequest } from './agent-file-requests';
 import type { AgentBusOptions, AgentBusStats, RequestHandler, ResyncReason, SnapshotReplyMsg } from './agent-bus-types';
 
 export type { AgentBusOptions, AgentBusStats, RequestHandler, ResyncReason, SnapshotReplyMsg, WaveEvent } from './agent-bus-types';
-import { socketIpOptions, tcpEndpoint, connectTo } from './endpoints';
+import { socketIpOptions, tcpEndpoint } from './endpoints';
 import { receiveLoop } from './receive-loop';
 import { CoordinatorLink } from './coordinator-link';
 import { PROTOCOL_VERSION, versionMismatch } from './protocol-version';
@@ -32,6 +32,7 @@ import { ProtocolError } from '../errors';
 import { clientSocketOptions } from './curve';
 import { agentWaveHead } from './wave-head-relay';
 import { payloadOf } from './payload';
+import { connectTo } from '../client/connect';
 
 /** 'refused': the coordinator speaks another protocol version; nothing is sent until its epoch changes. */
 type SyncState = 'connecting' | 'syncing' | 'live' | 'refused';

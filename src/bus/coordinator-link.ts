@@ -12,10 +12,11 @@ import { Dealer } from 'zeromq';
 import type { Logger } from '../log';
 import type { BusToken } from './auth';
 import { NONCE_BYTES } from './constants';
-import { tcpEndpoint, connectTo } from './endpoints';
+import { tcpEndpoint } from './endpoints';
 import { encodeAgentMessage } from './frames';
 import { receiveLoop } from './receive-loop';
 import { SendQueue } from './send-queue';
+import { connectTo } from '../client/connect';
 
 export interface CoordinatorLinkOptions {
   host: string;

@@ -3,7 +3,7 @@
 // own frame, attached to the reply (payload.ts).
 import { Dealer } from 'zeromq';
 import { DEFAULT_MAX_FRAME_BYTES } from './constants';
-import { socketIpOptions, tcpEndpoint, type HostPort, connectTo } from './endpoints';
+import { socketIpOptions, tcpEndpoint, type HostPort } from './endpoints';
 import { DropCounter, decodeCoordinatorMessage, encodeAgentMessage, type CoordinatorMsg } from './frames';
 import { payloadOf, withPayload } from './payload';
 import { AggregateError } from '../errors';
@@ -15,6 +15,7 @@ import { SendQueue } from './send-queue';
 import { PROTOCOL_VERSION, versionMismatch } from './protocol-version';
 import type { WorldLayout } from '../layout';
 import { readLayoutJson } from '../paths';
+import { connectTo } from '../client/connect';
 
 /** A DEALER on the coordinator's ROUTER; requests correlated by request id. */
 export class RelayClient {

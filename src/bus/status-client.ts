@@ -4,10 +4,11 @@ import { Dealer } from 'zeromq';
 import { ProtocolError, WavebusError } from '../errors';
 import { PROTOCOL_VERSION, versionMismatch } from './protocol-version';
 import { DEFAULT_MAX_FRAME_BYTES } from './constants';
-import { socketIpOptions, tcpEndpoint, connectTo } from './endpoints';
+import { socketIpOptions, tcpEndpoint } from './endpoints';
 import { decodeCoordinatorMessage, encodeAgentMessage } from './frames';
 import { clientSocketOptions, type CurveClientKeys } from './curve';
 import type { BusToken } from './auth';
+import { connectTo } from '../client/connect';
 
 export interface StatusReplyMsg {
   epoch: number;

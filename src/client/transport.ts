@@ -4,7 +4,7 @@ import * as zmq from 'zeromq';
 import { WavebusError } from '../errors';
 import { ClientReply, ClientRequest, decode, encode } from '../proto';
 import { wireCensus } from '../bus/wire-census';
-import { connectTo } from '../bus/endpoints';
+import { connectTo } from './connect';
 
 export type Reply = Record<string, any>;
 

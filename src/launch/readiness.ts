@@ -3,11 +3,12 @@
 import * as zmq from 'zeromq';
 import type { BusToken } from '../bus/auth';
 import { clientSocketOptions, type CurveClientKeys } from '../bus/curve';
-import { HostPort, socketIpOptions, tcpEndpoint, connectTo } from '../bus/endpoints';
+import { HostPort, socketIpOptions, tcpEndpoint } from '../bus/endpoints';
 import { CoordinatorMessage, decode, AgentMessage, encode } from '../proto';
 import { ProtocolError } from '../errors';
 import { PROTOCOL_VERSION } from '../bus/protocol-version';
 import { wireCensus } from '../bus/wire-census';
+import { connectTo } from '../client/connect';
 
 const STATUS_POLL_MS = 250;
 

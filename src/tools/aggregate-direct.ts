@@ -16,7 +16,7 @@ import { receiveLoop } from '../bus/receive-loop';
 import { RequestMap } from '../bus/request-map';
 import { SendQueue } from '../bus/send-queue';
 import type { ChunkRequest, ChunkSource, Planned } from './aggregate-fetch';
-import { connectTo } from '../bus/endpoints';
+import { connectTo } from '../client/connect';
 
 /** How long a rank's file socket has to be named and to answer a first (empty) chunk before the relay is used. */
 export const DEFAULT_DIRECT_TIMEOUT_MS = 3000;
