@@ -76,4 +76,3 @@ export function checkBindAllowed(host: string, opts: { insecure: boolean; curve?
   }
   opts.logger?.warn({ host }, 'binding the bus to a non-loopback address WITHOUT encryption or authentication (--insecure)');
 }
-
