@@ -23,11 +23,9 @@ import { resolveIdentity } from '../src/launch/identity';
 import { createLogger } from '../src/log';
 import { freePort, freePortPair } from '../src/bus/ports';
 import { bareBus } from './lib/bus-bare';
-import { parseWavePath, type WavePath } from '../src/agent/host-receiver';
 import { cpuHops } from './lib/bus-hops';
 import { hop, lastReceipt, p50p99, ReceiptLog, Receipts, round, type ReceiptTimes } from './lib/bus-receipts';
 import type { BenchArgs, BenchFlags } from './lib/flags';
-import { WAVE_PATH_FLAG } from './lib/wave-path';
 
 export const summary = 'Wave-head latency from the coordinator to N agent processes on loopback, against bare zeromq.js PUB/SUB (and gloo when torch is there), in the same run.';
 export const flags = {
@@ -41,7 +39,6 @@ export const flags = {
   'bare-subscribers': { type: 'int', default: 0, describe: 'SUB processes of the floor (0: as many as --agents; 1: the floor a host receiver is held to)' },
   baseline: { type: 'boolean', describe: 'also run the gloo baseline (default: when /usr/bin/python3 has torch)' },
   'bare-one': { type: 'boolean', default: true, describe: "also run bare zeromq.js PUB to ONE SUB process each round (issue #34's floor: one subscriber per host)" },
-  'wave-path': WAVE_PATH_FLAG,
 } satisfies BenchFlags;
 
 const PYTHON = '/usr/bin/python3';
@@ -94,42 +91,21 @@ function arrivalStamps(bus: AgentBus): () => bigint {
 }
 
 /**
- * Child mode: one agent. Per wave it notes [the 'wave' event, the arrival of the frame that
- * completed it (before MAC and decode), the vector written to its mailbox].
+ * Child mode: one agent. As on a host of `wavebus launch` (docs/bus.md, "One receiver per host"),
+ * agent 0 is the host's receiver (it writes every rank's mailbox); the others follow only heads
+ * with work, so they never wake here (the bench publishes plain heads).
  */
-async function child(rank: number, world: number, port: number, reportPort: number, endWave: number, tokenFile: string, mailboxDir: string, wavePath: WavePath): Promise<void> {
+async function child(rank: number, world: number, port: number, reportPort: number, endWave: number, tokenFile: string, mailboxDir: string): Promise<void> {
   const identity = resolveIdentity({}, { rank, worldSize: world });
   const busToken = tokenFile === '-' ? undefined : BusToken.load(tokenFile, 'bench bus token');
-  // --wave-path host: agent 0 is the host's receiver (it writes every rank's mailbox); the others
-  // follow only heads with work, so they never wake here (the bench publishes plain heads).
-  const host = wavePath === 'host';
-  const bus = new AgentBus({ coordinator: { host: '127.0.0.1', port }, identity, busToken, lanesOnly: host && rank !== 0, logger: createLogger(`bench-agent-${rank}`, 'warn') });
-  if (host && rank !== 0) return keepAlive(bus);
-  const owned = host ? Array.from({ length: world }, (_, r) => r) : [rank];
-  const mailboxes = mailboxDir === '-' ? [] : owned.map((r) => MailboxWriter.create(path.join(mailboxDir, `mailbox-${r}`)));
-  if (host) return receiver(bus, mailboxes, owned, reportPort, endWave);
-  const mailbox = mailboxes[0];
-  const log = new ReceiptLog(rank, reportPort);
-  const arrived = arrivalStamps(bus);
-  bus.on('wave', (w) => {
-    const t = process.hrtime.bigint();
-    mailbox?.publish({ wave: w.head.wave, configDue: w.head.configDue, dumpDue: w.head.dumpDue });
-    log.note(w.head.wave, t, arrived(), process.hrtime.bigint());
-    if (w.head.wave >= endWave) void log.flush();
-  });
-  await bus.start();
-  const stop = async () => {
-    await bus.stop();
-    log.close();
-    mailbox?.close();
-    process.exit(0);
-  };
-  process.once('SIGTERM', stop);
-  process.once('SIGINT', stop);
-  process.once('disconnect', stop);
+  const bus = new AgentBus({ coordinator: { host: '127.0.0.1', port }, identity, busToken, lanesOnly: rank !== 0, logger: createLogger(`bench-agent-${rank}`, 'warn') });
+  if (rank !== 0) return keepAlive(bus);
+  const owned = Array.from({ length: world }, (_, r) => r);
+  const mailboxes = mailboxDir === '-' ? [] : owned.map((r) => MailboxWriter.create(path.join(mailboxDir, `mailbox-${r}`), r));
+  return receiver(bus, mailboxes, owned, reportPort, endWave);
 }
 
-/** A lanes-only agent (--wave-path host): on the bus, asleep through plain waves. */
+/** A lanes-only agent: on the bus, asleep through plain waves. */
 async function keepAlive(bus: AgentBus): Promise<void> {
   await bus.start();
   const stop = async () => {
@@ -141,7 +117,7 @@ async function keepAlive(bus: AgentBus): Promise<void> {
 }
 
 /**
- * The host receiver (--wave-path host): per wave it writes every rank's mailbox and notes, under
+ * The host receiver: per wave it writes every rank's mailbox and notes, under
  * each rank, [the 'wave' event, the frame's arrival, that rank's vector written].
  */
 async function receiver(bus: AgentBus, mailboxes: MailboxWriter[], ranks: number[], reportPort: number, endWave: number): Promise<void> {
@@ -200,7 +176,7 @@ interface WavebusRun {
   begun: Map<number, bigint>;
 }
 
-async function wavebusRun(n: number, endWave: number, pace: number, tokenFile: string | undefined, mailbox: boolean, wavePath: WavePath): Promise<WavebusRun> {
+async function wavebusRun(n: number, endWave: number, pace: number, tokenFile: string | undefined, mailbox: boolean): Promise<WavebusRun> {
   const port = await freePortPair();
   const busToken = tokenFile ? BusToken.load(tokenFile, 'bench bus token') : undefined;
   const coordinator = new Coordinator({ port, layout: { worldSize: n, tp: n, pp: 1, dp: 1, cp: 1 }, busToken, logger: createLogger('bench-bus', 'warn') });
@@ -210,7 +186,7 @@ async function wavebusRun(n: number, endWave: number, pace: number, tokenFile: s
   const mailboxDir = mailbox ? fs.mkdtempSync(path.join(fs.existsSync('/dev/shm') ? '/dev/shm' : os.tmpdir(), 'wavebus-bench-')) : '-';
   const children: ChildProcess[] = [];
   for (let r = 0; r < n; r++) {
-    const args = [__filename, '--child', String(r), String(n), String(port), String(receipts.port), String(endWave), tokenFile ?? '-', mailboxDir, wavePath];
+    const args = [__filename, '--child', String(r), String(n), String(port), String(receipts.port), String(endWave), tokenFile ?? '-', mailboxDir];
     children.push(spawn(process.execPath, args, { stdio: ['ignore', 'ignore', 'inherit'] }));
   }
   if (mailbox) children.push(spawn(process.execPath, [__filename, '--reader', path.join(mailboxDir, 'mailbox-0'), String(receipts.port), String(endWave)], { stdio: ['ignore', 'ignore', 'inherit'] }));
@@ -250,7 +226,6 @@ export async function run(args: BenchArgs<typeof flags>): Promise<Record<string,
   const waves = args.waves;
   const rounds = args.rounds;
   const pace = args['pace-ms'];
-  const wavePath = parseWavePath(args['wave-path'], '--wave-path');
   const bareN = args['bare-subscribers'] > 0 ? args['bare-subscribers'] : n;
 
   const endWave = WARMUP + waves + 1;
@@ -280,7 +255,7 @@ export async function run(args: BenchArgs<typeof flags>): Promise<Record<string,
           bare1Lost += got.lost;
           roundP50.bare_one.push(p50p99([...got.lat]).p50_us);
         } else if (what === 'wavebus') {
-          const w = await wavebusRun(n, endWave, pace, tokenFile, args.mailbox, wavePath);
+          const w = await wavebusRun(n, endWave, pace, tokenFile, args.mailbox);
           const got = lastReceipt(w.times, w.published, from, endWave, n);
           lat.push(...got.lat);
           lost += got.lost;
@@ -307,7 +282,7 @@ export async function run(args: BenchArgs<typeof flags>): Promise<Record<string,
     if (tokenDir) fs.rmSync(tokenDir, { recursive: true, force: true });
   }
   const main = p50p99(lat);
-  const result: Record<string, unknown> = { agents: n, waves, pace_ms: pace, rounds, wave_path: wavePath, bus_token: args['bus-token'], curve: false, mailbox: args.mailbox, p50_us: main.p50_us, p99_us: main.p99_us, lost };
+  const result: Record<string, unknown> = { agents: n, waves, pace_ms: pace, rounds, bus_token: args['bus-token'], curve: false, mailbox: args.mailbox, p50_us: main.p50_us, p99_us: main.p99_us, lost };
   const read = args.mailbox ? p50p99(readable) : undefined;
   if (read) Object.assign(result, { readable_p50_us: read.p50_us, readable_p99_us: read.p99_us });
   if (args.bare) {
@@ -348,8 +323,8 @@ export async function run(args: BenchArgs<typeof flags>): Promise<Record<string,
 
 if (require.main === module && process.argv[2] === '--child') {
   const [rank, world, port, reportPort, endWave] = process.argv.slice(3, 8).map(Number);
-  const [tokenFile, mailboxDir, wavePath] = process.argv.slice(8, 11);
-  child(rank, world, port, reportPort, endWave, tokenFile, mailboxDir, parseWavePath(wavePath, 'bench bus --child wave path')).catch((e) => {
+  const [tokenFile, mailboxDir] = process.argv.slice(8, 10);
+  child(rank, world, port, reportPort, endWave, tokenFile, mailboxDir).catch((e) => {
     process.stderr.write(`bench agent ${rank}: ${String(e)}\n`);
     process.exit(1);
   });

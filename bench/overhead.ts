@@ -16,7 +16,6 @@ import { sidecarCpu } from './lib/overhead-probes';
 import { cpuWindowRun, type CpuWindow } from './lib/cpu-window';
 import { syscallsPerWave } from './lib/overhead-syscalls';
 import { seedAvailable, seedRun, type SeedRun } from './lib/seed-baseline';
-import { WAVE_PATH_FLAG, wavePathLaunchArgs, type WavePath } from './lib/wave-path';
 import { packageRoot } from '../src/paths';
 
 const BIN = path.resolve(__dirname, '..', '..', 'bin', 'wavebus.js');
@@ -115,7 +114,6 @@ export const flags = {
   'syscall-waves': { type: 'int', default: 300, describe: "the strace window's length in waves (after 50 waves of warm-up; at most 180 s)" },
   'cpu-window': { type: 'boolean', default: false, describe: "after the rounds, one off and one detectors-on run: each process's CPU per wave inside a window of the steady state (from /proc schedstat, start-up and exit left out; the waves are rank 0's steps inside it), the host's sidecar together" },
   'cpu-window-s': { type: 'int', default: 5, describe: "the CPU window's length in seconds, from the end of the engine's 200th step (sampled for 12 s more than this)" },
-  'wave-path': WAVE_PATH_FLAG,
 } satisfies BenchFlags;
 
 /** µs of CPU per step by process (its command) and thread kind, from scripts/cpu-by-process.js lines. */
@@ -144,7 +142,6 @@ export async function run(a: BenchArgs<typeof flags>): Promise<Record<string, un
     'launch', '--nproc-per-node', String(a.ranks), '--tp', String(a.ranks), '--port', String(port),
     `--coordinator-arg=--runtime-config-path`, `--coordinator-arg=${config}`,
     ...(a['lookahead-waves'] !== undefined ? [`--coordinator-arg=--lookahead-waves=${a['lookahead-waves']}`] : []),
-    ...wavePathLaunchArgs(a['wave-path'] as WavePath),
     // startup writes defaults <- overlay to the live file (seed): the mode's config is the overlay
     `--coordinator-arg=--additional-config`, `--coordinator-arg=${JSON.stringify({ runtime_config: JSON.parse(fs.readFileSync(config, 'utf8')) })}`,
     '--', process.execPath, BIN, ...cmd,
@@ -262,7 +259,6 @@ export async function run(a: BenchArgs<typeof flags>): Promise<Record<string, un
     // what the engine pays per step, against the ±3 % spread of the rates on a busy host.
     off_path: offPath,
     ...(a['cpu-by-process'] ? { cpu_us_per_step_by_process: byProcess, sidecar_cpu_us_per_wave: sidecarByMode(byProcess) } : {}),
-    wave_path: a['wave-path'],
     // The comparison a user makes: each path's steps/s against its own engine without it, same run.
     ...(seedOk ? { side_by_side: { wavebus_off: Number(ratio('off').toFixed(4)), wavebus_detectors: Number(ratio('on').toFixed(4)), seed: seedSummary(seedRuns, median).median_ratio } } : {}),
     seed_baseline: seedOk ? seedSummary(seedRuns, median) : { skipped: a['seed-baseline'] ? `${'/usr/bin/python3'} has no torch with gloo` : '--no-seed-baseline' },

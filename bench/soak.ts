@@ -20,7 +20,6 @@ import type { BenchArgs, BenchFlags } from './lib/flags';
 import type { StepTelemetry } from '../src/messages';
 import type { WavebusClient } from '../src/client/client';
 import { alive, POOL_BLOCKS, ProcJob } from './lib/proc-job';
-import { WAVE_PATH_FLAG, wavePathArgs, type WavePath } from './lib/wave-path';
 import { SoakWorkload } from './lib/soak-workload';
 import { Collector, unfinishedDumps } from './lib/soak-collector';
 
@@ -81,12 +80,11 @@ export const flags = {
   'dump-every': { type: 'int', default: 100, describe: 'a manual dump (hot reload of dump.manual_dump) every N waves of replica 0' },
   'pace-ms': { type: 'number', default: 1, describe: 'the forward: ms between a wave head and its end' },
   'bound-ms': { type: 'int', default: 1000, max: MAX_TIMER_MS, describe: "agents' end_of_wave bound (a wave later than this is lost)" },
-  'wave-path': WAVE_PATH_FLAG,
 } satisfies BenchFlags;
 
 export async function run(a: BenchArgs<typeof flags>): Promise<Record<string, unknown>> {
   if (a.agents % a.dp !== 0) throw new ConfigError(`bench soak: --agents ${a.agents} must be a multiple of --dp ${a.dp}`);
-  return soak({ agents: a.agents, dp: a.dp, waves: a.waves, dumpEvery: a['dump-every'], paceMs: a['pace-ms'], boundMs: a['bound-ms'], wavePath: a['wave-path'] as WavePath });
+  return soak({ agents: a.agents, dp: a.dp, waves: a.waves, dumpEvery: a['dump-every'], paceMs: a['pace-ms'], boundMs: a['bound-ms'] });
 }
 
 export interface SoakOptions {
@@ -96,8 +94,6 @@ export interface SoakOptions {
   dumpEvery: number;
   paceMs: number;
   boundMs: number;
-  /** How vectors reach the mailboxes (bench/lib/wave-path.ts); default per-rank. */
-  wavePath?: WavePath;
 }
 
 /** The requests among `ids` with a dump still to be copied (the engine keeps their blocks a wave). */
@@ -112,8 +108,6 @@ export async function soak(o: SoakOptions): Promise<Record<string, unknown>> {
   const config = { detector: { logits_finite: { enabled: true, on_trigger: ['report'] } }, dump: { manual_dump: 0, free_headroom_bytes: 0, format: 'npy' } };
   const job = new ProcJob({
     world: o.agents, dp: o.dp, boundMs: o.boundMs, ackTimeoutMs: 30000, heartbeatMs: 500, config,
-    coordinatorArgs: wavePathArgs(o.wavePath ?? 'per-rank', 'coordinator'),
-    agentArgs: () => wavePathArgs(o.wavePath ?? 'per-rank', 'agent'),
   });
   const lost = Array.from({ length: o.dp }, () => ({ lost: 0, settle: 0 }));
   const problems: string[] = [];
@@ -237,7 +231,6 @@ export async function soak(o: SoakOptions): Promise<Record<string, unknown>> {
       // Per wave of one replica (waves x dp of them): the coordinator's and every agent's CPU, the
       // dumps' copies included (one every --dump-every waves), from the first wave to the last.
       sidecar_cpu_us_per_wave: Math.round(sidecarCpuUs / (o.waves * o.dp)),
-      wave_path: o.wavePath ?? 'per-rank',
       dumps_asked: dumpsAsked,
       jobs_complete: replicas.reduce((n, x) => n + x.jobs_complete, 0),
       jobs_incomplete: replicas.reduce((n, x) => n + x.jobs_incomplete, 0),

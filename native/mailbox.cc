@@ -204,6 +204,7 @@ Napi::Function MailboxWriter::Define(Napi::Env env) {
                          InstanceMethod<&MailboxWriter::SetFeatures>("setFeatures"),
                          InstanceMethod<&MailboxWriter::SetEpoch>("setEpoch"),
                          InstanceMethod<&MailboxWriter::SetFloor>("setFloor"),
+                         InstanceMethod<&MailboxWriter::Owner>("owner"),
                          InstanceMethod<&MailboxWriter::Close>("close"),
                      });
 }
@@ -225,7 +226,8 @@ MailboxWriter::~MailboxWriter() {
 // restart): readers that still have it mapped keep working, they just see the slots emptied.
 // A taken-over file must be a regular file of ours with no other name (a planted link or hard
 // link to someone's file is refused, never written). The file only ever grows, so a reader's
-// mapping never loses pages under it (which would be SIGBUS).
+// mapping never loses pages under it (which would be SIGBUS). The optional second argument is the
+// owner (global rank + 1), stored in the header before its magic.
 Napi::Value MailboxWriter::Create(const Napi::CallbackInfo& info) { return OpenWriter(info, false); }
 
 // Attach: the host receiver (docs/bus.md, "One receiver per host") writes the vectors of another
@@ -236,6 +238,7 @@ Napi::Value MailboxWriter::Attach(const Napi::CallbackInfo& info) { return OpenW
 Napi::Value MailboxWriter::OpenWriter(const Napi::CallbackInfo& info, bool attach) {
   Napi::Env env = info.Env();
   std::string path = ArgString(info, 0, "path");
+  uint64_t owner = !attach && info.Length() > 1 && !info[1].IsUndefined() ? ArgU64(info, 1, "owner") : 0;
   int fd = attach ? -1 : open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   bool existed = attach || (fd < 0 && errno == EEXIST);
   if (existed) fd = open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC);
@@ -308,6 +311,7 @@ Napi::Value MailboxWriter::OpenWriter(const Napi::CallbackInfo& info, bool attac
   __atomic_store_n(U32(base, kOffSlots), kSlots, __ATOMIC_RELAXED);
   __atomic_store_n(U64(base, kOffFeatures), 0, __ATOMIC_RELAXED);
   __atomic_store_n(U64(base, kOffFloor), 0, __ATOMIC_RELAXED);
+  __atomic_store_n(U64(base, kOffOwner), owner, __ATOMIC_RELAXED);
   for (uint32_t i = 0; i < kSlots; i++) WriteSlot(base, i, kEmptyWave, 0, 0, 0);
   __atomic_store_n(U64(base, 0), MagicWord(), __ATOMIC_RELEASE);  // magic last: the header is now valid
   AnnouncePublish(base);  // a client asleep on the previous agent's file looks again
@@ -362,6 +366,12 @@ Napi::Value MailboxWriter::SetFloor(const Napi::CallbackInfo& info) {
   __atomic_store_n(U64(base, kOffFloor), ArgU64(info, 0, "floor"), __ATOMIC_RELEASE);
   AnnouncePublish(base);
   return info.Env().Undefined();
+}
+
+// Who created the file: global rank + 1, 0 when its creator did not say (read once at attach).
+Napi::Value MailboxWriter::Owner(const Napi::CallbackInfo& info) {
+  uint8_t* base = Live(info.Env());
+  return Napi::Number::New(info.Env(), static_cast<double>(__atomic_load_n(U64(base, kOffOwner), __ATOMIC_ACQUIRE)));
 }
 
 // The host receiver's role is an exclusive flock on a file in the run dir: the kernel drops it

@@ -3,7 +3,7 @@
 // wave N?" with plain loads, no system call. Layout (docs/native.md has it byte by byte):
 //
 //   header, 64 bytes: magic "WBMBOX01" | u32 version = 2 | u32 slots = 8 | u64 features |
-//                     u64 epoch | u32 published | u32 zero | u64 floor | zero padding
+//                     u64 epoch | u32 published | u32 zero | u64 floor | u64 owner | zero padding
 //   slot i at 64 + 64*i: u64 seq | u64 wave | u32 config_due | u32 dump_due |
 //                        u32 snapshot_due | zero padding
 //
@@ -14,6 +14,8 @@
 // `floor` (version 2): every wave below it has been decided, so a wave below the floor whose slot
 // does not hold it has nothing due (vectors are published one wave ahead: docs/architecture.md).
 // The writer stores a slot before the floor that covers it; readers load the floor first.
+// `owner`: the global rank + 1 of the agent that created the file (0: not said), so the host
+// receiver writes only the mailboxes of its own replica, whatever the placement of ranks.
 #pragma once
 #include <napi.h>
 
@@ -32,7 +34,7 @@ constexpr uint32_t kVersion = 2;
 constexpr char kMagic[9] = "WBMBOX01";
 constexpr uint64_t kEmptyWave = ~0ull;
 // Byte offsets.
-constexpr uint64_t kOffVersion = 8, kOffSlots = 12, kOffFeatures = 16, kOffEpoch = 24, kOffPublished = 32, kOffFloor = 40;
+constexpr uint64_t kOffVersion = 8, kOffSlots = 12, kOffFeatures = 16, kOffEpoch = 24, kOffPublished = 32, kOffFloor = 40, kOffOwner = 48;
 constexpr uint64_t kSlotSeq = 0, kSlotWave = 8, kSlotConfig = 16, kSlotDump = 20, kSlotSnapshot = 24;
 }  // namespace mailbox
 
@@ -52,6 +54,7 @@ class MailboxWriter : public Napi::ObjectWrap<MailboxWriter> {
   Napi::Value SetFeatures(const Napi::CallbackInfo& info);
   Napi::Value SetEpoch(const Napi::CallbackInfo& info);
   Napi::Value SetFloor(const Napi::CallbackInfo& info);
+  Napi::Value Owner(const Napi::CallbackInfo& info);
   Napi::Value Close(const Napi::CallbackInfo& info);
   uint8_t* Live(Napi::Env env);
 

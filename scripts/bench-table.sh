@@ -14,9 +14,7 @@ run() {
   fi
 }
 run bus --agents 8
-run bus --agents 8 --wave-path host
 run overhead --forward-ms 3 --rounds 5 --lookahead-waves 3 --cpu-window --syscalls
-run overhead --forward-ms 3 --rounds 5 --lookahead-waves 3 --cpu-window --syscalls --wave-path host
 run overhead --forward-ms 1 --rounds 5 --lookahead-waves 3
 run detectors --requests 1024
 run dump --size-mb 256 --format all --runs 3

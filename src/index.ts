@@ -29,7 +29,6 @@ export {
 // ---- the processes, for embedding them instead of running `wavebus launch`
 export { Coordinator } from './bus/coordinator';
 export { Agent } from './agent/agent';
-export { WAVE_PATHS, parseWavePath, type WavePath } from './agent/host-receiver';
 export { launch } from './launch/launcher';
 
 // ---- fingerprints and hashed token ids (docs/fingerprints.md)

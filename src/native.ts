@@ -60,6 +60,8 @@ export interface NativeMailboxWriter {
   setFeatures(bits: number): void;
   setEpoch(epoch: number): void;
   setFloor(floor: number): void;
+  /** Global rank + 1 of the file's creator (0: not said). */
+  owner(): number;
   close(): void;
 }
 
@@ -153,7 +155,7 @@ export interface NativeBinding {
   cudaAvailable(): { available: boolean; reason: string };
   /** Host memory for staging: pinned (cudaHostAlloc) when asked and CUDA is there, else plain. */
   allocHost(nbytes: number, pinned: boolean): { buffer: Buffer; pinned: boolean };
-  MailboxWriter: { create(path: string): NativeMailboxWriter; attach(path: string): NativeMailboxWriter; holdLock(path: string): number };
+  MailboxWriter: { create(path: string, owner?: number): NativeMailboxWriter; attach(path: string): NativeMailboxWriter; holdLock(path: string): number };
   MailboxReader: { open(path: string): NativeMailboxReader };
   mailboxLayout: { headerBytes: number; slotBytes: number; slots: number; fileBytes: number; magic: string; version: number };
   /** The detector pass's record layout, defined in native/detector_pass.cc (read by guard/detectors/kernel.ts). */

@@ -26,7 +26,7 @@ describe('bench overhead: the seed baseline, sidecar CPU and system calls per wa
     const before = tmpDirs('wavebus-bench-overhead-');
     const steps = 60;
     const out = bench(['overhead', '--ranks', '2', '--steps', String(steps), '--rounds', '1', '--forward-ms', '3', '--cpu-by-process', '--syscalls', '--syscall-waves', '20']);
-    expect(out).toMatchObject({ bench: 'overhead', ranks: 2, steps, wave_path: 'per-rank' });
+    expect(out).toMatchObject({ bench: 'overhead', ranks: 2, steps });
     expect(out.target).toMatchObject({ off_ratio: 0.995, detectors_ratio: 0.97, detectors_ratio_1ms: 0.9, sidecar_syscalls_per_wave_tp8: 30 });
 
     // The seed's path: every rank completed one gloo broadcast and one broadcast_object_list per
@@ -68,12 +68,6 @@ describe('bench overhead: the seed baseline, sidecar CPU and system calls per wa
     expect(tmpDirs('wavebus-bench-overhead-')).toEqual(before);
   });
 
-  test('an unknown --wave-path is refused naming the flag and its choices', () => {
-    const r = runWavebus(['bench', 'overhead', '--wave-path', 'carrier-pigeon'], { timeout: 30000 });
-    expect(r.code).not.toBe(0);
-    expect(r.stderr).toContain('--wave-path: expected one of per-rank, host, got "carrier-pigeon"');
-  });
-
   test("a real strace -ttt trace's calls are read with their times, and garbage reads as none", () => {
     const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'wavebus-test-strace-'));
     try {
@@ -102,7 +96,7 @@ describe('bench overhead: the seed baseline, sidecar CPU and system calls per wa
 describe('bench bus and soak: the floor of one subscriber, the sidecar CPU per wave', () => {
   test('bus: the wave path against one bare subscriber in the same run', () => {
     const out = bench(['bus', '--agents', '2', '--waves', '40', '--rounds', '1', '--no-baseline'], 120000);
-    expect(out).toMatchObject({ agents: 2, lost: 0, bare_one_lost: 0, wave_path: 'per-rank', target: { ratio_p50_bare_one: 1.0, ratio_p99_bare_one: 1.5 } });
+    expect(out).toMatchObject({ agents: 2, lost: 0, bare_one_lost: 0, target: { ratio_p50_bare_one: 1.0, ratio_p99_bare_one: 1.5 } });
     expect(out.round_p50_us.bare_one).toHaveLength(1);
     expect(out.bare_one_p50_us).toBeGreaterThan(0);
     expect(out.ratio_p50_bare_one).toBeCloseTo(out.p50_us / out.bare_one_p50_us, 2);
@@ -111,7 +105,7 @@ describe('bench bus and soak: the floor of one subscriber, the sidecar CPU per w
 
   test('soak: nothing lost, and the sidecar CPU per wave is in its JSON', () => {
     const out = bench(['soak', '--agents', '2', '--dp', '2', '--waves', '60', '--dump-every', '30'], 180000);
-    expect(out).toMatchObject({ pass: true, lost_waves: 0, wave_path: 'per-rank' });
+    expect(out).toMatchObject({ pass: true, lost_waves: 0 });
     expect(out.sidecar_cpu_us_per_wave).toBeGreaterThan(0);
   });
 });

@@ -123,7 +123,6 @@ const ENV: Record<string, { cmd: string; small?: boolean; extra?: Record<string,
   WAVEBUS_SNAPSHOT_FORMAT: { cmd: 'agent', extra: { WAVEBUS_SNAPSHOT_ENABLE: '1' } },
   WAVEBUS_RECORD_FORWARDS: { cmd: 'agent' },
   WAVEBUS_RECORD_MAX_BYTES: { cmd: 'agent', extra: { WAVEBUS_RECORD_FORWARDS: '2' } },
-  WAVEBUS_WAVE_PATH: { cmd: 'agent' },
   WAVEBUS_TOKEN_HASH_KEY_FILE: { cmd: 'coordinator' },
 };
 

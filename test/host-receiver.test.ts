@@ -1,4 +1,4 @@
-// One receiver per host (--wave-path host, docs/bus.md "One receiver per host"): one agent of the
+// One receiver per host (docs/bus.md "One receiver per host"): one agent of the
 // replica holds the receiver lock, follows the whole wave stream and writes every local mailbox;
 // the others follow only the waves with work and still copy every dump. Killed mid-run (kill -9),
 // the receiver's lock goes with it: another agent takes the role over within a heartbeat, the
@@ -6,7 +6,7 @@
 import * as fs from 'fs';
 import * as path from 'path';
 import { spawnSync } from 'child_process';
-import { HostFanout, parseWavePath, receiverLockPath, replicaPeers } from '../src/agent/host-receiver';
+import { HostFanout, receiverLockPath } from '../src/agent/host-receiver';
 import { MailboxReader, MailboxWriter } from '../src/client/mailbox';
 import { encodeBusFrame } from '../src/bus/frames';
 import { resolveIdentity } from '../src/launch/identity';
@@ -24,17 +24,49 @@ const RECEIVER = 'host receiver: this agent follows';
 const LANES_ONLY = 'lanes-only: another local agent is the host receiver';
 const TAKES_OVER = 'host receiver gone: this agent takes over';
 
-describe('wave path flag and pieces', () => {
-  test('--wave-path takes per-rank or host; anything else names the flag', () => {
-    expect(parseWavePath(undefined, '--wave-path')).toBe('per-rank');
-    expect(parseWavePath('host', '--wave-path')).toBe('host');
-    expect(() => parseWavePath('hosts', 'WAVEBUS_WAVE_PATH')).toThrow(/WAVEBUS_WAVE_PATH must be one of per-rank, host, got "hosts"/);
-  });
-
-  test("a receiver's peers are the local ranks of its replica (TP fastest, consecutive global ranks per host)", () => {
-    const id = (g: number, l: number) => resolveIdentity({ RANK: String(g), LOCAL_RANK: String(l), WORLD_SIZE: '16', LOCAL_WORLD_SIZE: '8', WAVEBUS_TP: '4', WAVEBUS_DP: '4' });
-    expect(replicaPeers(id(0, 0))).toEqual([1, 2, 3]);
-    expect(replicaPeers(id(13, 5))).toEqual([4, 6, 7]); // host 1 holds ranks 8..15: replica 3 is 12..15
+describe('the host receiver, piece by piece', () => {
+  test("a receiver writes the local mailboxes its replica owns, whatever the placement (each header names its rank)", () => {
+    const quiet = createLogger('test-hostrx', 'silent');
+    // TP 2, DP 2 over 2 hosts, placed cyclically (Slurm --distribution=cyclic): this host holds
+    // global ranks 0 and 2 as local ranks 0 and 1. Rank 2 is replica 1: not rank 0's to write.
+    const cyclic = tmpDir('wavebus-hostrx-cyclic-');
+    const id = (g: number, l: number) => resolveIdentity({ RANK: String(g), LOCAL_RANK: String(l), WORLD_SIZE: '4', LOCAL_WORLD_SIZE: '2', WAVEBUS_TP: '2', WAVEBUS_DP: '2' });
+    const mine = MailboxWriter.create(mailboxPath(cyclic, 0), 0);
+    const theirs = MailboxWriter.create(mailboxPath(cyclic, 1), 2);
+    expect(theirs.ownerRank).toBe(2);
+    const r1 = MailboxReader.open(mailboxPath(cyclic, 1));
+    const fan0 = new HostFanout(cyclic, id(0, 0), quiet);
+    expect(fan0.tryTake()).toBe(true);
+    fan0.publish({ wave: 5, configDue: false, dumpDue: true, snapshotDue: false }, 6);
+    expect(r1.read(5)).toBeUndefined(); // replica 1's mailbox: never written by replica 0's receiver
+    expect(r1.floor()).toBe(0);
+    expect(fan0.attached).toBe(0);
+    // Replica 1's receiver on the same host (its own lock) would be rank 2's own agent: no peer of replica 1 here.
+    const fan2 = new HostFanout(cyclic, id(2, 1), quiet);
+    expect(fan2.tryTake()).toBe(true);
+    fan2.publish({ wave: 5, configDue: false, dumpDue: false, snapshotDue: false }, 6);
+    expect(fan2.attached).toBe(0);
+    // Block placement (ranks 0 and 1 on this host, both replica 0): the peer is written.
+    const block = tmpDir('wavebus-hostrx-block-');
+    const peer = MailboxWriter.create(mailboxPath(block, 1), 1);
+    const rb = MailboxReader.open(mailboxPath(block, 1));
+    const fanB = new HostFanout(block, id(0, 0), quiet);
+    expect(fanB.tryTake()).toBe(true);
+    fanB.publish({ wave: 5, configDue: false, dumpDue: true, snapshotDue: false }, 6);
+    expect(rb.read(5)).toMatchObject({ wave: 5, dumpDue: 1 });
+    expect(fanB.attached).toBe(1);
+    // A mailbox whose creator named no rank is not written (retried on every wave until it does).
+    const anon = tmpDir('wavebus-hostrx-anon-');
+    const unnamed = MailboxWriter.create(mailboxPath(anon, 1));
+    expect(unnamed.ownerRank).toBeUndefined();
+    const ra = MailboxReader.open(mailboxPath(anon, 1));
+    const fanA = new HostFanout(anon, id(0, 0), quiet);
+    expect(fanA.tryTake()).toBe(true);
+    fanA.publish({ wave: 5, configDue: false, dumpDue: true, snapshotDue: false }, 6);
+    expect(ra.read(5)).toBeUndefined();
+    for (const f of [fan0, fan2, fanB, fanA]) f.close();
+    for (const x of [r1, rb, ra]) x.close();
+    for (const w of [mine, theirs, peer, unnamed]) w.close();
   });
 
   test('heads with work go out under X, plain heads under W', () => {
@@ -66,7 +98,7 @@ describe('wave path flag and pieces', () => {
     expect(() => MailboxWriter.attach(path.join(dir, 'link'))).toThrow(/symbolic link/);
 
     // A fan-out writes its peer's vectors and leaves the peer's own features alone.
-    const own = MailboxWriter.create(mailboxPath(dir, 1));
+    const own = MailboxWriter.create(mailboxPath(dir, 1), 1);
     own.setFeatures(5);
     const identity = resolveIdentity({ RANK: '0', LOCAL_RANK: '0', WORLD_SIZE: '2', LOCAL_WORLD_SIZE: '2', WAVEBUS_TP: '2' });
     const fan = new HostFanout(dir, identity, createLogger('test-hostrx', 'silent'));
@@ -85,13 +117,13 @@ describe('wave path flag and pieces', () => {
   });
 });
 
-describe('--wave-path host on a job of real processes', () => {
+describe('one receiver per host on a job of real processes', () => {
   test('lanes-only agents copy every dump; kill -9 of the receiver mid-run: another takes over, waits stay bounded, the restarted agent comes back lanes-only', async () => {
     const world = 3;
     // Requests arrive two a step and a few hold the 64 blocks at a time: some are running for as
     // long as the test lasts (6 requests all ended near wave 100, and a dump asked after that on a
     // slow machine found no target).
-    const job = await startJob({ world, steps: 4000, stepMs: 30, requests: 4000, ackTimeoutMs: 3000, boundMs: 200, untilStopped: true, simArgs: ['--num-blocks', '64'], agentEnv: { WAVEBUS_WAVE_PATH: 'host', WAVEBUS_LOG_LEVEL: 'info' } });
+    const job = await startJob({ world, steps: 4000, stepMs: 30, requests: 4000, ackTimeoutMs: 3000, boundMs: 200, untilStopped: true, simArgs: ['--num-blocks', '64'], agentEnv: { WAVEBUS_LOG_LEVEL: 'info' } });
     const roleOf = (g: number) => {
       const e = job.agents[g].stderr();
       return e.includes(RECEIVER) ? 'receiver' : e.includes(LANES_ONLY) ? 'lanes' : 'unknown';

@@ -76,7 +76,9 @@ describeAsRoot('a local user replays recorded bus frames on the port of a dead c
       const events = () => replayer!.stdout().split('\n').filter((l) => l.startsWith('{')).map((l) => JSON.parse(l));
       await waitFor(() => events().some((e) => e.event === 'bound'), 'the replayer to bind the PUB port', 10000);
       await waitFor(() => lost > 0, 'the agent to find its coordinator lost', 10000);
-      await waitFor(() => events().some((e) => e.event === 'replayed' && e.frames >= 40), 'frames replayed to the agent', 20000);
+      await waitFor(() => events().some((e) => e.event === 'replayed' && e.frames >= 40), 'frames replayed to the agent', 20000).catch((e: Error) => {
+        throw new Error(`${e.message}; the replayer said ${JSON.stringify(events())}, stderr ${JSON.stringify(replayer!.stderr().slice(-400))}; agent bus ${JSON.stringify(bus.stats)}`);
+      });
       // Every replay arrived and was refused as a sign of life: the coordinator never came back.
       await waitFor(() => (bus.stats.dropped.stale ?? 0) >= 30, 'replays counted as stale drops', 10000);
       expect(alive).toBe(aliveBefore);

@@ -29,3 +29,35 @@ test('a waiter wakes when its wave arrives or falls below the floor, and times o
   expect(await b).toBe(true);
   expect(await c).toBe(false);
 });
+
+test("a lanes-only agent's waits end on what the host receiver wrote: decided with nothing due; a wave with work waits for its head", async () => {
+  // The mailbox the receiver writes, as the agent reads it (vector-writes.ts decidedNothingDue).
+  const mailbox = new Map<number, 'nothing' | 'due'>();
+  const book = new WaveBook();
+  book.followMailbox((w) => mailbox.get(w) === 'nothing');
+  expect(book.known(7)).toBe(false);
+  mailbox.set(7, 'nothing');
+  expect(book.known(7)).toBe(true); // no head of its own ever comes for a plain wave
+
+  // A wait started before the receiver wrote ends soon after it does, long before the bound.
+  const t0 = Date.now();
+  const waiting = book.waitFor(8, 10000);
+  setTimeout(() => mailbox.set(8, 'nothing'), 30);
+  await expect(waiting).resolves.toBe(true);
+  expect(Date.now() - t0).toBeLessThan(5000);
+
+  // A wave with work is not decided by the mailbox: its head (with its lanes) ends the wait.
+  mailbox.set(9, 'due');
+  const work = book.waitFor(9, 10000);
+  await new Promise((r) => setTimeout(r, 20));
+  let settled = false;
+  void work.then(() => (settled = true));
+  await new Promise((r) => setTimeout(r, 20));
+  expect(settled).toBe(false);
+  book.arrive(9, 10);
+  await expect(work).resolves.toBe(true);
+
+  // Nothing written at all: the bound ends the wait (false), and no poll is left running.
+  await expect(book.waitFor(20, 50)).resolves.toBe(false);
+  book.close();
+});

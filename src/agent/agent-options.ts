@@ -8,7 +8,6 @@ import type { SnapshotConfig } from '../snapshot/config';
 import type { DirectFilesSettings } from './direct-files';
 import type { RecorderSettings } from './recorder-ring';
 import type { LocalRoots } from './roots';
-import type { WavePath } from './host-receiver';
 
 export interface AgentOptions {
   identity: RankIdentity;
@@ -42,12 +41,6 @@ export interface AgentOptions {
    * address toward the coordinator, an ephemeral port).
    */
   directFiles?: DirectFilesSettings;
-  /**
-   * --wave-path (or $WAVEBUS_WAVE_PATH): 'per-rank' (default) follows the whole stream and writes
-   * this rank's mailbox; 'host' has one receiver per host and replica write every local mailbox
-   * (host-receiver.ts, docs/bus.md "One receiver per host").
-   */
-  wavePath?: WavePath;
   /** The flight recorder (WAVEBUS_RECORD_FORWARDS): off when absent (docs/recorder.md). */
   recorder?: RecorderSettings;
   /**

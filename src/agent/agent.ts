@@ -71,7 +71,7 @@ export class Agent {
   private readonly live: LiveCaptures;
   private bus?: AgentBus;
   private router?: zmq.Router;
-  /** This rank's mailbox, and with --wave-path host the receiver role (vector-writes.ts). */
+  /** This rank's mailbox, and on the bus the host receiver role (vector-writes.ts). */
   private vectors?: VectorWrites;
   /** The flight recorder and its arms (agent-recorder.ts). */
   private rec?: AgentRecorder;
@@ -180,7 +180,7 @@ export class Agent {
     void this.clients.serve(this.router, bound.notify);
     const served = () => ({ snapshots: this.opts.roots?.snapshots, dumps: this.servedDumps });
     this.files = new FileServer(identity.globalRank, served, this.log);
-    if (this.opts.coordinator && this.opts.wavePath === 'host') this.vectors.hostPath();
+    if (this.opts.coordinator) this.vectors.hostPath();
     if (this.opts.coordinator) {
       this.bus = new AgentBus({
         lanesOnly: this.vectors.lanesOnly,
@@ -206,6 +206,9 @@ export class Agent {
       this.bus.onRequest(fileRequestHandler(this.files, this.direct, identity.globalRank));
       await this.bus.start();
       this.vectors.watchReceiver(this.bus);
+      // Lanes-only: a plain wave's vector is known from the mailbox the host receiver writes.
+      const bus = this.bus;
+      this.waves.followMailbox((wave) => this.vectors?.decidedNothingDue(wave, bus.currentEpoch) ?? false);
       this.log.info({ rank: identity.globalRank, ppRank: identity.ppRank, pp: identity.pp, lastPp: identity.isLastPp }, busRoleLine(identity));
     } else {
       this.log.warn({ rank: identity.globalRank }, 'no coordinator address: not joining the wave bus (no KV dumps or detector traffic)');
@@ -218,7 +221,7 @@ export class Agent {
     return this.bus?.stats;
   }
 
-  /** Whether this agent is its host's receiver (--wave-path host), or writes its own mailbox (per-rank). */
+  /** Whether this agent writes vectors: its host's receiver (docs/bus.md, "One receiver per host"). */
   get writesVectors(): boolean {
     return this.vectors?.writesVectors ?? true;
   }
@@ -227,6 +230,7 @@ export class Agent {
     if (this.stopped) return;
     this.stopped = true;
     this.vectors?.stopWatch();
+    this.waves.close();
     await this.ends.writes.catch(() => undefined);
     await this.recorder?.stop();
     await this.timeline.settled();
@@ -337,7 +341,7 @@ export class Agent {
    * and wake end_of_wave waiters.
    */
   private arrive(wave: number, configDue: boolean, dumpDue: boolean, floor?: number, snapshotDue = this.live.covers(wave)): void {
-    // Lanes-only (--wave-path host), the host receiver writes this rank's vectors.
+    // Lanes-only: the host receiver writes this rank's vectors.
     this.vectors?.publish({ wave, configDue, dumpDue, snapshotDue }, floor);
     this.timeline.record('vector', wave, this.timeline.now());
     this.waves.arrive(wave, floor);

@@ -1,4 +1,4 @@
-// One receiver per host (docs/bus.md, "One receiver per host"): with `--wave-path host`, one agent
+// One receiver per host (docs/bus.md, "One receiver per host"): one agent
 // of each replica on a host follows the replica's whole wave stream and writes every vector once
 // into the mailboxes of all the replica's ranks on the host; the other agents follow only the waves
 // with work (their config and dump lanes) and never wake on a plain wave. The role is an exclusive
@@ -12,18 +12,6 @@ import { replicaOf } from '../layout';
 import type { Logger } from '../log';
 import { MailboxWriter } from '../client/mailbox';
 import { mailboxPath } from '../paths';
-import { ConfigError } from '../errors';
-
-/** The wave paths an agent can take: its own SUB and mailbox (per-rank), or one receiver per host. */
-export const WAVE_PATHS = ['per-rank', 'host'] as const;
-export type WavePath = (typeof WAVE_PATHS)[number];
-
-/** `--wave-path` / $WAVEBUS_WAVE_PATH, checked: the error names where the value came from. */
-export function parseWavePath(raw: string | undefined, from: string): WavePath {
-  if (raw === undefined || raw === '') return 'per-rank';
-  if ((WAVE_PATHS as readonly string[]).includes(raw)) return raw as WavePath;
-  throw new ConfigError(`${from} must be one of ${WAVE_PATHS.join(', ')}, got ${JSON.stringify(raw.slice(0, 40))}`);
-}
 
 /** The lock file of `replica`'s receiver role in a run dir. */
 export function receiverLockPath(runDir: string, replica: number): string {
@@ -31,33 +19,22 @@ export function receiverLockPath(runDir: string, replica: number): string {
 }
 
 /**
- * The local ranks on this host that follow the same replica as `id`, itself excluded. A host's
- * ranks are consecutive global ranks (wavebus launch, torchrun and Slurm's block placement), so
- * local rank l is global rank globalRank - localRank + l.
- */
-export function replicaPeers(id: RankIdentity): number[] {
-  const base = id.globalRank - id.localRank;
-  const peers: number[] = [];
-  for (let l = 0; l < id.localWorldSize; l++) {
-    const g = base + l;
-    if (l === id.localRank || g < 0 || g >= id.worldSize) continue;
-    if (replicaOf(g, id) === id.dpRank) peers.push(l);
-  }
-  return peers;
-}
-
-/**
- * The receiver's writes into its peers' mailboxes. A peer's mailbox is attached once its agent has
- * created it (retried on every write until then: a peer that starts later is picked up); a peer
- * whose agent restarts re-creates its file in place, so the mapping stays valid.
+ * The receiver's writes into its peers' mailboxes. Each local mailbox names the global rank of the
+ * agent that created it (its header's owner), so the receiver writes exactly those of its own
+ * replica, whatever the placement of ranks on hosts (block, cyclic or any other). A peer's mailbox
+ * is attached once its agent has created it (retried on every write until then: a peer that
+ * starts later is picked up); a peer whose agent restarts re-creates its file in place, so the
+ * mapping stays valid.
  */
 export class HostFanout {
   private readonly writers = new Map<number, MailboxWriter>();
   /** The lock's fd while this agent is the receiver, else -1. */
   private lockFd = -1;
   private lastEpoch = 0;
-  /** Peer mailboxes that could not be attached, by local rank (logged once each). */
+  /** Peer mailboxes not attached yet, by local rank (logged once each). */
   private readonly missing = new Set<number>();
+  /** Local ranks whose mailbox belongs to another replica: its own receiver writes them. */
+  private readonly foreign = new Set<number>();
   private readonly peers: number[];
 
   constructor(
@@ -65,7 +42,8 @@ export class HostFanout {
     private readonly identity: RankIdentity,
     private readonly log: Logger,
   ) {
-    this.peers = replicaPeers(identity);
+    this.peers = [];
+    for (let l = 0; l < identity.localWorldSize; l++) if (l !== identity.localRank) this.peers.push(l);
   }
 
   /** Whether this agent is the receiver now (it holds the lock). */
@@ -87,21 +65,41 @@ export class HostFanout {
   private each(fn: (w: MailboxWriter) => void): void {
     if (this.lockFd < 0) return;
     for (const l of this.peers) {
-      let w = this.writers.get(l);
-      if (!w) {
-        try {
-          w = MailboxWriter.attach(mailboxPath(this.runDir, l));
-        } catch (e) {
-          if (!this.missing.has(l)) this.log.info({ localRank: l, err: (e as Error).message }, 'host receiver: a peer mailbox is not there yet; retried on every wave');
-          this.missing.add(l);
-          continue;
-        }
-        this.missing.delete(l);
-        this.writers.set(l, w);
-        if (this.lastEpoch > 0) w.setEpoch(this.lastEpoch);
-      }
-      fn(w);
+      const w = this.writers.get(l) ?? this.attach(l);
+      if (w) fn(w);
     }
+  }
+
+  /** Local rank l's mailbox when it is there and of this replica; undefined (retried later) or foreign. */
+  private attach(l: number): MailboxWriter | undefined {
+    if (this.foreign.has(l)) return undefined;
+    let w: MailboxWriter;
+    try {
+      w = MailboxWriter.attach(mailboxPath(this.runDir, l));
+    } catch (e) {
+      return this.notYet(l, (e as Error).message);
+    }
+    const owner = w.ownerRank;
+    if (owner === undefined || owner >= this.identity.worldSize) {
+      w.close();
+      return this.notYet(l, owner === undefined ? 'its header names no owner rank' : `its owner rank ${owner} is outside the world of ${this.identity.worldSize}`);
+    }
+    if (replicaOf(owner, this.identity) !== this.identity.dpRank) {
+      w.close();
+      this.foreign.add(l);
+      this.log.info({ localRank: l, rank: owner, replica: replicaOf(owner, this.identity) }, 'host receiver: this local mailbox is another replica\'s; its own receiver writes it');
+      return undefined;
+    }
+    this.missing.delete(l);
+    this.writers.set(l, w);
+    if (this.lastEpoch > 0) w.setEpoch(this.lastEpoch);
+    return w;
+  }
+
+  private notYet(l: number, why: string): undefined {
+    if (!this.missing.has(l)) this.log.info({ localRank: l, err: why }, 'host receiver: a peer mailbox is not there yet; retried on every wave');
+    this.missing.add(l);
+    return undefined;
   }
 
   /**

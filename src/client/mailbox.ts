@@ -77,10 +77,15 @@ const MAILBOX_NOT_READY = new Set(['ERR_MAILBOX_OPEN', 'ERR_MAILBOX_FORMAT']);
 export class MailboxWriter {
   private constructor(readonly path: string, private readonly w: NativeMailboxWriter) {}
 
-  /** Create the file (or take over one a previous agent left at the same path; its slots are emptied). */
-  static create(path: string): MailboxWriter {
+  /**
+   * Create the file (or take over one a previous agent left at the same path; its slots are
+   * emptied). `ownerRank`: the global rank of the agent creating it, stored in the header so the
+   * host receiver writes only its own replica's mailboxes (host-receiver.ts).
+   */
+  static create(path: string, ownerRank?: number): MailboxWriter {
     const p = checkPath(path, 'path');
-    return new MailboxWriter(p, nativeCall(() => native.MailboxWriter.create(p)));
+    const owner = ownerRank === undefined ? undefined : checkU32(ownerRank, 'ownerRank') + 1;
+    return new MailboxWriter(p, nativeCall(() => native.MailboxWriter.create(p, owner)));
   }
 
   /**
@@ -137,6 +142,12 @@ export class MailboxWriter {
   /** The coordinator epoch the vectors belong to. */
   setEpoch(epoch: number): void {
     nativeCall(() => this.w.setEpoch(checkWave(epoch, 'epoch')));
+  }
+
+  /** The global rank of the agent that created the file; undefined when it did not say. */
+  get ownerRank(): number | undefined {
+    const o = nativeCall(() => this.w.owner());
+    return o === 0 ? undefined : o - 1;
   }
 
   /** Unmap; with { unlink: true } also remove the file (readers that have it mapped keep their mapping). */

@@ -1,6 +1,5 @@
 // `wavebus agent`: one per rank. Every agent joins the wave bus; what it acts on there depends on
 // its pipeline stage (src/agent/bus-role.ts). Thin on purpose: flags → identity → Agent (src/agent/agent.ts).
-import { parseWavePath, type WavePath } from '../agent/host-receiver';
 import type { CommandModule } from 'yargs';
 import * as os from 'os';
 import * as path from 'path';
@@ -63,8 +62,6 @@ export interface AgentSetup {
   artifactModes: ArtifactModes;
   /** --direct-files, --direct-files-host, --direct-files-port (docs/aggregate.md). */
   directFiles: DirectFilesSetup;
-  /** --wave-path / WAVEBUS_WAVE_PATH: per-rank (default) or host (one receiver per host: docs/bus.md). */
-  wavePath: WavePath;
   log: Logger;
 }
 
@@ -104,9 +101,7 @@ export function setupAgent(argv: Record<string, unknown>, env: NodeJS.ProcessEnv
   const log = createLogger(`wavebus-agent-rank${identity.globalRank}`);
   const artifactModes = parseArtifactMode(argv['artifact-mode'], '--artifact-mode');
   const directFiles = directFilesSetup(argv, env, identity.localRank);
-  const flagPath = argv['wave-path'] as string | undefined;
-  const wavePath = flagPath ? parseWavePath(flagPath, '--wave-path') : parseWavePath(env.WAVEBUS_WAVE_PATH, 'WAVEBUS_WAVE_PATH');
-  return { identity, coordinator, heartbeatMs, runDir: given, runDirFlag, endOfWaveTimeoutMs, stagingBytes, cudaStagingBytes, curve, busToken, tokenHasher, dumpRoot, artifactModes, directFiles, wavePath, log };
+  return { identity, coordinator, heartbeatMs, runDir: given, runDirFlag, endOfWaveTimeoutMs, stagingBytes, cudaStagingBytes, curve, busToken, tokenHasher, dumpRoot, artifactModes, directFiles, log };
 }
 
 export const command: CommandModule = {
@@ -125,7 +120,6 @@ export const command: CommandModule = {
       .option('heartbeat-ms', { type: 'string', default: String(DEFAULT_HEARTBEAT_MS), describe: 'heartbeat period; a coordinator silent for 3 periods is lost' })
       .option('run-dir', { type: 'string', describe: 'directory for the engine-client socket and mailbox (default $WAVEBUS_RUN_DIR, else a fresh private one): created 0700, or an existing one of yours with mode 0700' })
       .option('end-of-wave-timeout-ms', { type: 'string', default: '50', describe: 'longest an engine waits at end_of_wave for a wave vector that has not arrived' })
-      .option('wave-path', { type: 'string', describe: 'per-rank: every agent follows the whole wave stream and writes its own mailbox; host: one agent per host and replica writes every local mailbox, the others wake only for their work (default $WAVEBUS_WAVE_PATH, else per-rank; docs/bus.md)' })
       .option('artifact-mode', artifactModeOption)
       .option('staging-mb', { type: 'string', default: '1024', describe: 'host staging bound for KV dump copies' })
       .option('cuda-staging-mb', { type: 'string', default: String(DEFAULT_CUDA_STAGING_BYTES / 2 ** 20), describe: `pinned bounce chunk per CUDA region, in MiB (1..${MAX_CUDA_STAGING_MB}); allocated on a region's first copy` })
@@ -159,7 +153,6 @@ export const command: CommandModule = {
       tokenHasher: a.tokenHasher,
       artifactModes: a.artifactModes,
       directFiles: a.directFiles,
-      wavePath: a.wavePath,
       snapshot,
       roots: { dumps: a.dumpRoot, snapshots: snapshot.snapshotRoot },
       recorder: recorderSettingsFromEnv(process.env),

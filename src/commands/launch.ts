@@ -1,5 +1,4 @@
 // `wavebus launch [options] -- <command...>`: run once per host, like torchrun (see docs/launch.md).
-import { parseWavePath } from '../agent/host-receiver';
 import type { CommandModule } from 'yargs';
 import { ConfigError, WavebusError } from '../errors';
 import { artifactModeOption, parseArtifactMode } from '../artifacts/artifact-mode';
@@ -41,7 +40,6 @@ export const command: CommandModule = {
         'coordinator-arg': { type: 'string', array: true, describe: 'extra argument for `wavebus coordinator` (repeatable, verbatim)' },
         'agent-arg': { type: 'string', array: true, describe: 'extra argument for every `wavebus agent` (repeatable, verbatim)' },
         'artifact-mode': artifactModeOption,
-        'wave-path': { type: 'string', describe: 'per-rank: every agent follows the wave stream and writes its own mailbox; host: one agent per host and replica writes every local mailbox (passed to every agent as --wave-path; docs/bus.md)', defaultDescription: '$WAVEBUS_WAVE_PATH, else per-rank' },
         'direct-files': { type: 'string', describe: 'with --curve-dir: agents serve their files to `wavebus aggregate` directly (on|off), passed to every agent as --direct-files', defaultDescription: 'on' },
         'direct-files-host': { type: 'string', describe: 'the address agents of this host serve files on, passed as --direct-files-host', defaultDescription: "this host's address toward the coordinator" },
         'direct-files-port': { type: 'string', describe: 'port base of those sockets (local rank L: PORT + L), passed as --direct-files-port', defaultDescription: 'ephemeral' },
@@ -78,8 +76,6 @@ export const command: CommandModule = {
       opts.coordinatorArgs.push(`--artifact-mode=${a['artifact-mode']}`);
       opts.agentArgs.push(`--artifact-mode=${a['artifact-mode']}`);
     }
-    // One wave path for every agent of the host: checked here (a bad value stops the launch).
-    if (a['wave-path'] !== undefined) opts.agentArgs.push(`--wave-path=${parseWavePath(String(a['wave-path']), '--wave-path')}`);
     // Direct file serving: checked here (a bad value stops the launch), passed to every agent.
     directFilesSetup(a, {}, opts.nprocPerNode - 1);
     for (const flag of ['direct-files', 'direct-files-host', 'direct-files-port']) {

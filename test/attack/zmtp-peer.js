@@ -71,11 +71,15 @@ if (mode === 'dealer') {
   const server = net.createServer((sock) => {
     sock.write(greeting(true));
     sock.write(ready('PUB'));
-    sock.on('data', () => undefined); // the subscriber's greeting and subscriptions: every frame goes to it anyway
-    sock.on('error', () => peers.delete(sock));
-    sock.on('close', () => peers.delete(sock));
+    let got = 0;
+    sock.on('data', (d) => (got += d.length)); // the subscriber's greeting and subscriptions: every frame goes to it anyway
+    sock.on('error', (e) => say({ event: 'subscriber-error', error: String(e.message) }));
+    sock.on('close', () => {
+      peers.delete(sock);
+      say({ event: 'subscriber-gone', bytesFromIt: got, sent });
+    });
     peers.add(sock);
-    say({ event: 'subscriber' });
+    say({ event: 'subscriber', from: sock.remotePort });
   });
   server.listen(Number(port), host, () => say({ event: 'bound' }));
   server.on('error', (e) => {
