@@ -15,6 +15,7 @@ run() {
 }
 run bus --agents 8
 run overhead --forward-ms 3 --rounds 5 --lookahead-waves 3 --cpu-window --syscalls
+run overhead --ranks 8 --forward-ms 3 --rounds 1 --steps 1000 --lookahead-waves 3 --cpu-window --syscalls
 run overhead --forward-ms 1 --rounds 5 --lookahead-waves 3
 run detectors --requests 1024
 run dump --size-mb 256 --format all --runs 3
