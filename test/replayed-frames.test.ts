@@ -92,4 +92,65 @@ describeAsRoot('a local user replays recorded bus frames on the port of a dead c
       await c.stop();
     }
   }, 60000);
+
+  test.each([
+    ['with the bus token', true],
+    ['without a token (both ports squatted)', false],
+  ])('a squatter that breaks the ZMTP handshake does not cut the agent off, %s: its sockets are renewed, and it syncs with the coordinator once it is back', async (_what, withToken) => {
+    const user = otherUser('zmtpbad');
+    const dir = tmpDir('wavebus-badhs-');
+    fs.chmodSync(dir, 0o755);
+    const script = path.join(dir, 'peer.js');
+    fs.copyFileSync(path.join(ROOT, 'test', 'attack', 'zmtp-peer.js'), script);
+    fs.chmodSync(script, 0o644);
+    const file = path.join(dir, 'frames.json');
+    fs.writeFileSync(file, JSON.stringify([[Buffer.from('r0.H').toString('base64'), Buffer.alloc(32, 7).toString('base64')]]));
+    fs.chmodSync(file, 0o644);
+    const token = withToken ? BusToken.load(createTokenFile(tmpDir('wavebus-badhs-token-')), 'test token') : undefined;
+    const port = await freePortPair();
+    const layout = { worldSize: 1, tp: 1, pp: 1, dp: 1, cp: 1 };
+    let c = new Coordinator({ port, layout, logger: quiet, busToken: token, heartbeatMs: 100 });
+    await c.start();
+    const bus = new AgentBus({ coordinator: { host: '127.0.0.1', port }, identity: resolveIdentity({}, { rank: 0, worldSize: 1 }), heartbeatMs: 100, busToken: token, logger: quiet });
+    let lost = 0;
+    bus.on('coordinator-lost', () => lost++);
+    await bus.start();
+    let squatter: ReturnType<typeof spawnAs> | undefined;
+    let routerSquatter: ReturnType<typeof spawnAs> | undefined;
+    try {
+      await waitFor(() => bus.synced, 'the agent to sync');
+      await c.stop();
+      await waitFor(() => lost > 0, 'the agent to find its coordinator lost', 10000);
+      // Every connection gets a message where the PUB's READY belongs: libzmq ends that endpoint
+      // for good on such a protocol error. Only a renewed SUB connects again.
+      squatter = spawnAs(user, process.execPath, [script, 'pub-no-ready', '127.0.0.1', String(port), '20', file], { stdio: ['pipe', 'pipe', 'pipe'] });
+      // Without a token the DEALER reconnects as ZeroMQ does: the same bad handshake on port+1.
+      if (!withToken) routerSquatter = spawnAs(user, process.execPath, [script, 'pub-no-ready', '127.0.0.1', String(port + 1), '20', file], { stdio: ['pipe', 'pipe', 'pipe'] });
+      const events = () => squatter!.stdout().split('\n').filter((l) => l.startsWith('{')).map((l) => JSON.parse(l));
+      await waitFor(() => events().filter((e) => e.event === 'subscriber-gone').length >= 2, 'the agent to connect again after a broken handshake', 20000).catch((e: Error) => {
+        throw new Error(`${e.message}; the squatter said ${JSON.stringify(events())}; agent bus ${JSON.stringify(bus.stats)}`);
+      });
+      expect(bus.stats.subRenewals).toBeGreaterThanOrEqual(1);
+      if (routerSquatter) {
+        const said = () => routerSquatter!.stdout().split('\n').filter((l) => l.startsWith('{')).map((l) => JSON.parse(l));
+        await waitFor(() => said().filter((e) => e.event === 'subscriber-gone').length >= 1, 'the DEALER to meet the bad handshake on port+1', 20000);
+      }
+      for (const sq of [squatter, routerSquatter]) {
+        sq?.child.stdin?.end();
+        await sq?.exited;
+      }
+      squatter = routerSquatter = undefined;
+      // The coordinator comes back on its port: the agent syncs again within a few windows.
+      c = new Coordinator({ port, layout, logger: quiet, busToken: token, heartbeatMs: 100 });
+      await c.start();
+      await waitFor(() => bus.synced, 'the agent to sync with the coordinator that came back', 20000);
+    } finally {
+      for (const sq of [squatter, routerSquatter]) {
+        sq?.child.stdin?.end();
+        await sq?.exited;
+      }
+      await bus.stop();
+      await c.stop();
+    }
+  }, 60000);
 });

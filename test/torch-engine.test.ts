@@ -287,7 +287,11 @@ test('wavebus demo --engine torch: the demo\'s summary and verification over the
   const out = path.join(tmpDir('wavebus-torch-demo-'), 'demo');
   const port = await freePort();
   const r = runWavebus(['demo', '--engine', 'torch', '--tp', '2', '--out', out, '--port', String(port)], { timeout: 150000 });
-  if (r.code !== 0) throw new Error(`demo exited ${r.code}\n${r.stdout}\n${r.stderr}`);
+  if (r.code !== 0) {
+    // The launch logs say what the agents and the engine did (kept in the error: the dir goes at the end).
+    const logs = fs.existsSync(out) ? fs.readdirSync(out).filter((f) => f.startsWith('launch-host')).map((f) => `--- ${f}\n${fs.readFileSync(path.join(out, f), 'utf8').slice(-6000)}`) : [];
+    throw new Error(`demo exited ${r.code}\n${r.stdout}\n${r.stderr}\n${logs.join('\n')}`);
+  }
   expect(r.stdout).toContain('engine torch');
   expect(r.stdout).toContain('demo OK: every expected artifact was written and verified');
   for (const t of ['token_repeat', 'logits_finite', 'garbled']) expect(r.stdout).toMatch(new RegExp(`^  ${t}\\s+[1-9]`, 'm'));

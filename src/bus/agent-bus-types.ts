@@ -85,6 +85,8 @@ export interface AgentBusStats {
    */
   unproven: number;
   connections: number;
+  /** SUBs replaced while the coordinator was lost and nothing was heard (bus-subscription.ts). */
+  subRenewals: number;
   /** Why the coordinator and this agent do not talk (protocol versions), when they do not. */
   refused?: string;
 }

@@ -3,7 +3,6 @@
 // epoch or a silent coordinator, resync from a fresh snapshot. Emits one 'wave' per wave once its
 // due lanes are in (wave-assembly.ts).
 import { EventEmitter } from 'events';
-import { Subscriber } from 'zeromq';
 import { identityToProto, type RankIdentity } from '../layout';
 import { createLogger, type Logger } from '../log';
 import type { DumpResult, StepTelemetry, WaveHead } from '../messages';
@@ -25,14 +24,13 @@ import type { AgentBusOptions, AgentBusStats, RequestHandler, ResyncReason, Snap
 
 export type { AgentBusOptions, AgentBusStats, RequestHandler, ResyncReason, SnapshotReplyMsg, WaveEvent } from './agent-bus-types';
 import { socketIpOptions, tcpEndpoint } from './endpoints';
-import { receiveLoop } from './receive-loop';
+import { BusSubscription } from './bus-subscription';
 import { CoordinatorLink } from './coordinator-link';
 import { PROTOCOL_VERSION, versionMismatch } from './protocol-version';
 import { ProtocolError } from '../errors';
 import { clientSocketOptions } from './curve';
 import { agentWaveHead } from './wave-head-relay';
 import { payloadOf } from './payload';
-import { connectTo } from '../client/connect';
 
 /** 'refused': the coordinator speaks another protocol version; nothing is sent until its epoch changes. */
 type SyncState = 'connecting' | 'syncing' | 'live' | 'refused';
@@ -51,11 +49,10 @@ export class AgentBus extends EventEmitter {
   private readonly opts: AgentBusOptions;
   private readonly log: Logger;
   private readonly drops: DropCounter;
-  private sub?: Subscriber;
+  private sub?: BusSubscription;
   private link?: CoordinatorLink;
   private timer?: NodeJS.Timeout;
   private running = false;
-  private loops: Promise<void>[] = [];
 
   private state: SyncState = 'connecting';
   private fingerprint: Record<string, unknown> | null = null;
@@ -88,7 +85,7 @@ export class AgentBus extends EventEmitter {
     this.log = opts.logger ?? createLogger(`wavebus-agent-rank${opts.identity.globalRank}`);
     this.liveness = new CoordinatorLiveness(this.deadAfterMs, () => this.emit('coordinator-alive'));
     this.drops = new DropCounter(this.log, `agent rank ${opts.identity.globalRank}`);
-    this.stats = { received: 0, dropped: this.drops.counts, resyncs: 0, waves: 0, covered: 0, unsent: 0, unproven: 0, connections: 0 };
+    this.stats = { received: 0, dropped: this.drops.counts, resyncs: 0, waves: 0, covered: 0, unsent: 0, unproven: 0, connections: 0, subRenewals: 0 };
     this.waves = new WaveAssembly(this.drops, this.log, (w) => {
       this.stats.waves++;
       this.emit('wave', w);
@@ -128,11 +125,11 @@ export class AgentBus extends EventEmitter {
     const { host, port } = this.opts.coordinator;
     const ip = { ...socketIpOptions(host), ...clientSocketOptions(this.opts.curve) };
     // Subscribe before anything else: frames published after the snapshot must not be missed.
-    const sub = new Subscriber({ linger: 0, maxMessageSize: 2 * this.maxFrameBytes, receiveHighWaterMark: 100000, ...ip });
-    // This replica's stream only ("r<dp>." never prefixes another replica's topic).
-    this.subscribeTopics(sub, true);
-    connectTo(sub, tcpEndpoint(host, port));
-    this.sub = sub;
+    this.sub = new BusSubscription({
+      endpoint: tcpEndpoint(host, port), socketOptions: ip, maxMessageBytes: 2 * this.maxFrameBytes,
+      topics: () => this.topics(), onMessage: (parts) => this.onSubMessage(parts), running: () => this.running, log: this.log,
+    });
+    this.sub.open();
     // With the bus token, nothing but a challenge goes out until the peer proves the token (coordinator-link.ts).
     this.link = new CoordinatorLink({
       host, port, socketOptions: ip, maxFrameBytes: this.maxFrameBytes, token: this.opts.busToken, rank: this.rank, retryMs: this.deadAfterMs, log: this.log,
@@ -143,7 +140,6 @@ export class AgentBus extends EventEmitter {
     });
     this.running = true;
     this.link.start();
-    this.loops = [this.receiveSub(sub)];
     this.timer = setInterval(() => this.tick(), this.heartbeatMs);
     this.sendHello(false);
     this.log.info({ rank: this.rank, replica: this.replica, pub: tcpEndpoint(host, port), router: tcpEndpoint(host, port + 1), curve: this.opts.curve !== undefined, token: this.opts.busToken !== undefined }, 'agent bus started');
@@ -161,25 +157,23 @@ export class AgentBus extends EventEmitter {
    */
   setLanesOnly(on: boolean): void {
     if (on === this.lanesOnly) return;
-    if (this.sub) this.subscribeTopics(this.sub, false);
+    const before = this.topics();
     this.lanesOnly = on;
-    if (this.sub) this.subscribeTopics(this.sub, true);
+    this.sub?.retopic(before, this.topics());
     if (this.running && this.state === 'live') this.resync('receiver');
   }
 
-  private subscribeTopics(sub: Subscriber, on: boolean): void {
-    const topics = this.lanesOnly ? workTopics(this.replica) : [replicaTopic(this.replica)];
-    if (on) sub.subscribe(...topics);
-    else sub.unsubscribe(...topics);
+  /** This replica's stream only ("r<dp>." never prefixes another replica's topic); lanes-only, its work topics. */
+  private topics(): string[] {
+    return this.lanesOnly ? workTopics(this.replica) : [replicaTopic(this.replica)];
   }
 
   async stop(): Promise<void> {
     if (!this.running) return;
     this.running = false;
     if (this.timer) clearInterval(this.timer);
-    this.sub?.close();
     await this.link?.stop();
-    await Promise.all(this.loops);
+    await this.sub?.close();
   }
 
   // ------------------------------------------------------------------ to the coordinator
@@ -263,15 +257,17 @@ export class AgentBus extends EventEmitter {
       this.link?.renew();
       this.emit('coordinator-lost');
     }
+    // Lost: a SUB that hears nothing may have been ended by a squatter's bad handshake (bus-subscription.ts).
+    if (this.state === 'connecting' && this.sub?.renewIfSilent(now, this.deadAfterMs)) this.stats.subRenewals = this.sub.renewals;
     if (this.state === 'connecting') this.sendHello(false);
-    else if (this.state === 'syncing' && now - this.snapshotAskedAt > this.deadAfterMs) this.requestSnapshot();
+    else if (this.state === 'syncing' && now - this.snapshotAskedAt > this.deadAfterMs) {
+      // Unanswered: without a token the DEALER may be one a bad handshake ended (with one, the link renews itself).
+      if (!this.opts.busToken) this.link?.renew();
+      this.requestSnapshot();
+    }
   }
 
   // ------------------------------------------------------------------ SUB
-
-  private receiveSub(sub: Subscriber): Promise<void> {
-    return receiveLoop(sub, { role: 'SUB', what: 'a bus frame', running: () => this.running, log: this.log }, (parts) => this.onSubMessage(parts));
-  }
 
   private onSubMessage(parts: Buffer[]): void {
     this.stats.received++;

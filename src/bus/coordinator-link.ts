@@ -88,9 +88,13 @@ export class CoordinatorLink {
     }
   }
 
-  /** The coordinator is lost or was replaced (a new epoch): challenge a new connection. */
+  /**
+   * The coordinator is lost or was replaced (a new epoch), or does not answer: a new socket (with a
+   * token, challenged again). Without a token too: after a ZMTP protocol error (a process on the
+   * port that broke the handshake) libzmq never reconnects the old one.
+   */
   renew(): void {
-    if (this.o.token) this.open();
+    this.open();
   }
 
   /** A proof arrived (already MAC-checked by the caller): believed only for this socket's nonce. */

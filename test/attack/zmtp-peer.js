@@ -4,8 +4,13 @@
 //                                                (a FILE may repeat), exit once every byte is sent
 //   node zmtp-peer.js pub HOST PORT EVERY_MS FILE   bind as a PUB and send the recorded frames in
 //                                                FILE (JSON: [[topic base64, body base64], ...]) to
-//                                                every subscriber, over and over, one every EVERY_MS,
-//                                                until stdin closes
+//                                                every subscriber whose handshake is done (its
+//                                                greeting and READY arrived), over and over, one
+//                                                every EVERY_MS, until stdin closes
+//   node zmtp-peer.js pub-no-ready HOST PORT EVERY_MS FILE   the same, but each subscriber gets a
+//                                                message where the PUB's READY should be: a ZMTP
+//                                                protocol error for libzmq, which then ends that
+//                                                endpoint instead of reconnecting
 'use strict';
 const fs = require('fs');
 const net = require('net');
@@ -42,6 +47,17 @@ function frame(bytes, more = false) {
   return Buffer.concat([head, bytes]);
 }
 
+/** The peer's greeting (64 bytes) and then one whole command frame (its READY) have arrived. */
+function handshakeDone(buf) {
+  if (buf.length < 66) return false;
+  const flags = buf[64];
+  if ((flags & 0x04) === 0) return false; // not a command: never READY
+  const long = (flags & 0x02) !== 0;
+  if (long && buf.length < 73) return false;
+  const size = long ? Number(buf.readBigUInt64BE(65)) : buf[65];
+  return buf.length >= 64 + (long ? 9 : 2) + size;
+}
+
 if (mode === 'dealer') {
   const files = rest;
   const sock = net.connect(Number(port), host, () => {
@@ -62,7 +78,7 @@ if (mode === 'dealer') {
     say({ event: 'error', error: String(e.message) });
     process.exitCode = 1;
   });
-} else if (mode === 'pub') {
+} else if (mode === 'pub' || mode === 'pub-no-ready') {
   const everyMs = Number(rest[0]);
   const frames = JSON.parse(fs.readFileSync(rest[1], 'utf8')).map(([t, b]) => Buffer.concat([frame(Buffer.from(t, 'base64'), true), frame(Buffer.from(b, 'base64'))]));
   const peers = new Set();
@@ -70,16 +86,26 @@ if (mode === 'dealer') {
   let sent = 0;
   const server = net.createServer((sock) => {
     sock.write(greeting(true));
-    sock.write(ready('PUB'));
-    let got = 0;
-    sock.on('data', (d) => (got += d.length)); // the subscriber's greeting and subscriptions: every frame goes to it anyway
+    // pub-no-ready: a message where the READY command belongs (libzmq: a protocol error, always).
+    sock.write(mode === 'pub-no-ready' ? frames[0] : ready('PUB'));
+    let got = Buffer.alloc(0);
+    // Frames go to a subscriber once its handshake is done: its 64-byte greeting, then its READY
+    // command (a real PUB never sends a message earlier; libzmq takes one as a protocol error).
+    sock.on('data', (d) => {
+      if (peers.has(sock)) return; // its subscriptions: every frame goes to it anyway
+      got = Buffer.concat([got, d]);
+      if (handshakeDone(got)) {
+        peers.add(sock);
+        say({ event: 'subscriber-ready' });
+      }
+    });
     sock.on('error', (e) => say({ event: 'subscriber-error', error: String(e.message) }));
     sock.on('close', () => {
       peers.delete(sock);
-      say({ event: 'subscriber-gone', bytesFromIt: got, sent });
+      say({ event: 'subscriber-gone', bytesFromIt: got.length, sent });
     });
-    peers.add(sock);
     say({ event: 'subscriber', from: sock.remotePort });
+    if (mode === 'pub-no-ready') say({ event: 'sent-no-ready' });
   });
   server.listen(Number(port), host, () => say({ event: 'bound' }));
   server.on('error', (e) => {
