@@ -9,9 +9,7 @@ import * as fs from 'fs';
 import * as path from 'path';
 import { requestStatus } from '../src/bus/coordinator';
 import { AgentMessage } from '../src/proto';
-import {
-  CLI, cleanup, cleanupUsers, describeAsRoot, freePortPair, otherUser, readManifests, rootOnlyReason, spawnAs, spawnWavebus, tmpDir, waitFor, type Spawned,
-} from './helpers';
+import { cleanup, cleanupUsers, CLI, describeAsRoot, freePortPair, jsonEvents, otherUser, readManifests, rootOnlyReason, spawnAs, spawnWavebus, tmpDir, type Spawned, waitFor } from './helpers';
 
 jest.setTimeout(300000);
 
@@ -212,7 +210,7 @@ describeAsRoot('a second local user squats the bus ports after kill -9 of the co
       await sleep(500);
       const killedAt = Date.now();
       process.kill(before.pid, 'SIGKILL');
-      const events = () => squatter!.stdout().split('\n').filter((l) => l.startsWith('{')).map((l) => JSON.parse(l));
+      const events = () => jsonEvents(squatter!);
       await waitFor(() => events().filter((e) => e.event === 'bound').length === 2, 'the squatter to hold both ports', 10000, 5);
       // Long enough for every agent to see its coordinator lost and challenge new connections.
       await waitFor(() => new Set(events().filter((e) => e.event === 'data' && e.key === 'router').map((e) => e.conn)).size >= 4, 'the agents to connect to the squatter', 30000, 50);

@@ -394,6 +394,24 @@ export interface OtherUser {
 const users: string[] = [];
 
 /**
+ * A script of test/attack/ where another uid can run it (otherUser): a fresh 0755 directory of its
+ * own (`prefix`), the script in it 0644 under `as`. Data files for it go in the same directory.
+ */
+export function attackScript(name: string, prefix: string, as = name): { dir: string; script: string } {
+  const dir = tmpDir(prefix);
+  fs.chmodSync(dir, 0o755);
+  const script = path.join(dir, as);
+  fs.copyFileSync(path.join(ROOT, 'test', 'attack', name), script);
+  fs.chmodSync(script, 0o644);
+  return { dir, script };
+}
+
+/** The JSON lines a process printed so far (an attack script's events), a partial last line left out. */
+export function jsonEvents(p: { stdout(): string }): Record<string, any>[] {
+  return p.stdout().split('\n').filter((l) => l.startsWith('{') && l.endsWith('}')).map((l) => JSON.parse(l));
+}
+
+/**
  * A real unprivileged user for attack tests (`useradd`, root only): `tag` keeps test files apart
  * (at most 8 letters). Removed by cleanupUsers(). Skip with rootOnlyReason() where not root.
  */

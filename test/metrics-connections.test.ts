@@ -11,7 +11,7 @@ import { requestStatus } from '../src/bus/status-client';
 import { PROTOCOL_VERSION } from '../src/bus/protocol-version';
 import { startMetricsServer } from '../src/metrics';
 import { MAX_METRICS_CONNECTIONS, MAX_METRICS_CONNECTIONS_PER_CLIENT } from '../src/metrics';
-import { cleanup, cleanupUsers, CLI, describeAsRoot, freePortPair, otherUser, ROOT, spawnAs, spawnTracked, tmpDir, waitFor } from './helpers';
+import { attackScript, cleanup, cleanupUsers, CLI, describeAsRoot, freePortPair, jsonEvents, otherUser, spawnAs, spawnTracked, tmpDir, waitFor } from './helpers';
 
 afterAll(async () => {
   await cleanup();
@@ -60,11 +60,7 @@ test('200 idle connections from one address: the server keeps the per-client cap
 describeAsRoot('a local user opens 2000 idle connections to the metrics port of a coordinator limited to 1024 descriptors', () => {
   test('the coordinator keeps a bounded number, /healthz answers, its bus accepts a new client', async () => {
     const user = otherUser('idle');
-    const dir = tmpDir('wavebus-idle-');
-    fs.chmodSync(dir, 0o755);
-    const script = path.join(dir, 'idle.js');
-    fs.copyFileSync(path.join(ROOT, 'test', 'attack', 'idle-connections.js'), script);
-    fs.chmodSync(script, 0o644);
+    const { dir, script } = attackScript('idle-connections.js', 'wavebus-idle-', 'idle.js');
     const tokenFile = createTokenFile(tmpDir('wavebus-idle-token-'));
     const port = await freePortPair();
     // 1024 descriptors: without the caps, 2000 idle connections would take every one.
@@ -76,7 +72,7 @@ describeAsRoot('a local user opens 2000 idle connections to the metrics port of 
     const fds = () => fs.readdirSync(`/proc/${c.child.pid}/fd`).length;
     const before = fds();
     const attacker = spawnAs(user, process.execPath, [script, '127.0.0.1', String(metricsPort), '2000'], { stdio: ['pipe', 'pipe', 'pipe'] });
-    const events = () => attacker.stdout().split('\n').filter((l) => l.startsWith('{')).map((l) => JSON.parse(l));
+    const events = () => jsonEvents(attacker);
     try {
       const opened = await waitFor(() => events().find((e) => e.event === 'opened'), 'the 2000 connections to be answered', 60000);
       expect(opened.connected + opened.failed).toBe(2000);

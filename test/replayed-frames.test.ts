@@ -11,7 +11,7 @@ import { Coordinator } from '../src/bus/coordinator';
 import { FrameFreshness } from '../src/bus/frame-freshness';
 import { resolveIdentity } from '../src/launch/identity';
 import { createLogger } from '../src/log';
-import { cleanup, cleanupUsers, describeAsRoot, freePortPair, otherUser, ROOT, spawnAs, tmpDir, waitFor } from './helpers';
+import { attackScript, cleanup, cleanupUsers, describeAsRoot, freePortPair, jsonEvents, otherUser, spawnAs, tmpDir, waitFor } from './helpers';
 
 const quiet = createLogger('replayed-frames-test', 'silent');
 
@@ -34,11 +34,7 @@ test('freshness: newer than every frame seen of its epoch, per epoch', () => {
 describeAsRoot('a local user replays recorded bus frames on the port of a dead coordinator', () => {
   test('the agent finds its coordinator lost all the same, and counts the replays as stale', async () => {
     const user = otherUser('replay');
-    const dir = tmpDir('wavebus-replay-');
-    fs.chmodSync(dir, 0o755);
-    const script = path.join(dir, 'peer.js');
-    fs.copyFileSync(path.join(ROOT, 'test', 'attack', 'zmtp-peer.js'), script);
-    fs.chmodSync(script, 0o644);
+    const { dir, script } = attackScript('zmtp-peer.js', 'wavebus-replay-', 'peer.js');
     const token = BusToken.load(createTokenFile(tmpDir('wavebus-replay-token-')), 'test token');
     const port = await freePortPair();
     const c = new Coordinator({ port, layout: { worldSize: 1, tp: 1, pp: 1, dp: 1, cp: 1 }, logger: quiet, busToken: token, heartbeatMs: 100 });
@@ -73,7 +69,7 @@ describeAsRoot('a local user replays recorded bus frames on the port of a dead c
       // The second uid takes the PUB port and replays, one frame every 20 ms: far more often
       // than the 300 ms after which a silent coordinator is lost.
       replayer = spawnAs(user, process.execPath, [script, 'pub', '127.0.0.1', String(port), '20', file], { stdio: ['pipe', 'pipe', 'pipe'] });
-      const events = () => replayer!.stdout().split('\n').filter((l) => l.startsWith('{')).map((l) => JSON.parse(l));
+      const events = () => jsonEvents(replayer!);
       await waitFor(() => events().some((e) => e.event === 'bound'), 'the replayer to bind the PUB port', 10000);
       await waitFor(() => lost > 0, 'the agent to find its coordinator lost', 10000);
       await waitFor(() => events().some((e) => e.event === 'replayed' && e.frames >= 40), 'frames replayed to the agent', 20000).catch((e: Error) => {
@@ -98,11 +94,7 @@ describeAsRoot('a local user replays recorded bus frames on the port of a dead c
     ['without a token (both ports squatted)', false],
   ])('a squatter that breaks the ZMTP handshake does not cut the agent off, %s: its sockets are renewed, and it syncs with the coordinator once it is back', async (_what, withToken) => {
     const user = otherUser('zmtpbad');
-    const dir = tmpDir('wavebus-badhs-');
-    fs.chmodSync(dir, 0o755);
-    const script = path.join(dir, 'peer.js');
-    fs.copyFileSync(path.join(ROOT, 'test', 'attack', 'zmtp-peer.js'), script);
-    fs.chmodSync(script, 0o644);
+    const { dir, script } = attackScript('zmtp-peer.js', 'wavebus-badhs-', 'peer.js');
     const file = path.join(dir, 'frames.json');
     fs.writeFileSync(file, JSON.stringify([[Buffer.from('r0.H').toString('base64'), Buffer.alloc(32, 7).toString('base64')]]));
     fs.chmodSync(file, 0o644);
@@ -126,13 +118,13 @@ describeAsRoot('a local user replays recorded bus frames on the port of a dead c
       squatter = spawnAs(user, process.execPath, [script, 'pub-no-ready', '127.0.0.1', String(port), '20', file], { stdio: ['pipe', 'pipe', 'pipe'] });
       // Without a token the DEALER reconnects as ZeroMQ does: the same bad handshake on port+1.
       if (!withToken) routerSquatter = spawnAs(user, process.execPath, [script, 'pub-no-ready', '127.0.0.1', String(port + 1), '20', file], { stdio: ['pipe', 'pipe', 'pipe'] });
-      const events = () => squatter!.stdout().split('\n').filter((l) => l.startsWith('{')).map((l) => JSON.parse(l));
+      const events = () => jsonEvents(squatter!);
       await waitFor(() => events().filter((e) => e.event === 'subscriber-gone').length >= 2, 'the agent to connect again after a broken handshake', 20000).catch((e: Error) => {
         throw new Error(`${e.message}; the squatter said ${JSON.stringify(events())}; agent bus ${JSON.stringify(bus.stats)}`);
       });
       expect(bus.stats.subRenewals).toBeGreaterThanOrEqual(1);
       if (routerSquatter) {
-        const said = () => routerSquatter!.stdout().split('\n').filter((l) => l.startsWith('{')).map((l) => JSON.parse(l));
+        const said = () => jsonEvents(routerSquatter!);
         await waitFor(() => said().filter((e) => e.event === 'subscriber-gone').length >= 1, 'the DEALER to meet the bad handshake on port+1', 20000);
       }
       for (const sq of [squatter, routerSquatter]) {

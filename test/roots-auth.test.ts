@@ -18,7 +18,7 @@ import { createLogger } from '../src/log';
 import { ShmSegment } from '../src/memory';
 import { launchDumpRoot } from '../src/launch/sidecar-args';
 import { agentEndpoint, mailboxPath } from '../src/paths';
-import { cleanup, cleanupUsers, freePortPair, describeAsRoot, otherUser, PYTHON, ROOT, spawnAs, spawnWavebus, tmpDir, waitFor, type Spawned } from './helpers';
+import { cleanup, cleanupUsers, describeAsRoot, freePortPair, jsonEvents, otherUser, PYTHON, ROOT, spawnAs, spawnWavebus, tmpDir, type Spawned, waitFor } from './helpers';
 import { DEFAULT_LOOKAHEAD_WAVES } from '../src/bus/constants';
 
 const quiet = createLogger('roots-auth-test', 'silent');
@@ -333,7 +333,7 @@ describeAsRoot('a local user squats the bus port before a root agent starts', ()
     fs.chmodSync(path.join(pbDir, 'rogue.py'), 0o644);
     const port = await freePortPair();
     const rogue = spawnAs(user, PYTHON, [path.join(pbDir, 'rogue.py'), pbDir, String(port)], { stdio: ['pipe', 'pipe', 'pipe'] });
-    const events = () => rogue.stdout().split('\n').filter((l) => l.startsWith('{')).map((l) => JSON.parse(l));
+    const events = () => jsonEvents(rogue);
     await waitFor(() => events().some((e) => e.event === 'bound') || rogue.child.exitCode !== null, 'the rogue to bind the bus ports');
     expect(rogue.child.exitCode).toBe(null);
     const base = tmpDir('wavebus-squat-');

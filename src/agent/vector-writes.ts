@@ -1,6 +1,7 @@
 // Where an agent writes the wave vectors it learns: every local mailbox of its replica (its own
-// included) while it holds its host's receiver role (host-receiver.ts), else none. A lanes-only agent writes no vector; it asks for the role once per heartbeat
-// and, once it has it, follows the whole stream from a fresh snapshot.
+// included) while it holds its host's receiver role (host-receiver.ts), else none. A lanes-only
+// agent writes no vector; it asks for the role once per heartbeat and, once it has it, follows the
+// whole stream from a fresh snapshot.
 import type { AgentBus } from '../bus/agent-bus';
 import type { RankIdentity } from '../layout';
 import type { Logger } from '../log';
