@@ -10,10 +10,11 @@ import * as path from 'path';
 import { fuzzSurface, SURFACES, type SurfaceResult } from './fuzz-surfaces';
 import { cleanup, tmpDir } from './helpers';
 
-jest.setTimeout(1200000);
+const FULL = process.env.WAVEBUS_FUZZ_FULL === '1';
+// A full run's file surfaces read a whole tree 100 000 times: tens of minutes each on a loaded host.
+jest.setTimeout(FULL || process.env.WAVEBUS_FUZZ_INPUTS ? 6 * 3600000 : 1200000);
 afterAll(cleanup);
 
-const FULL = process.env.WAVEBUS_FUZZ_FULL === '1';
 /** WAVEBUS_FUZZ_INPUTS=N: N inputs for every surface (a quick look, or a longer run). */
 const EVERY = Number(process.env.WAVEBUS_FUZZ_INPUTS) || undefined;
 /** Inputs per surface in this run. */
