@@ -244,6 +244,9 @@ describe('key files', () => {
     expectErr(() => loadPublicKey(kp.keyFile, '--curve-server-key'), `--curve-server-key ${kp.keyFile}`, /secret \.key file; pass the public \.pub/);
     const twoKeys = f('two.pub', `${curveKeyPair().publicKey}\n${curveKeyPair().publicKey}\n`);
     expectErr(() => loadPublicKey(twoKeys, '--curve-server-key'), `--curve-server-key ${twoKeys}`, /exactly one public key, found 2/);
+    // Z85's alphabet has '{': a public key that starts with one is a key, not a .key document.
+    const brace = `{${curveKeyPair().publicKey.slice(1)}`;
+    expect(loadPublicKey(f('brace.pub', `${brace}\n`), '--curve-server-key')).toBe(brace);
     const garbage = f('garbage.txt', `# ok\n${kp.publicKey}\nnot-a-key here\n`);
     expectErr(() => loadAllowList(garbage, '--curve-allow'), `--curve-allow ${garbage}:3`, /"not-a-key"/);
     const empty = path.join(dir, 'bad', 'emptydir');

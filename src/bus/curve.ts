@@ -168,10 +168,21 @@ function keyLines(text: string, flag: string, file: string): Array<[number, stri
   return out;
 }
 
+/** A JSON document (a .key file), not a key line: Z85 has '{' in its alphabet, so a key may start with one. */
+function isJsonObject(text: string): boolean {
+  if (!text.trimStart().startsWith('{')) return false;
+  try {
+    const doc: unknown = JSON.parse(text);
+    return typeof doc === 'object' && doc !== null;
+  } catch {
+    return false;
+  }
+}
+
 /** Load a NAME.pub file: exactly one Z85 public key. */
 export function loadPublicKey(file: string, flag: string): string {
   const text = readKeyFile(file, flag);
-  if (text.trimStart().startsWith('{')) {
+  if (isJsonObject(text)) {
     throw new ConfigError(`${flag} ${file}: this is a secret .key file; pass the public .pub file (never copy a .key to other hosts)`, 'ERR_KEY_FILE');
   }
   const keys = keyLines(text, flag, file);
