@@ -205,6 +205,7 @@ Napi::Function MailboxWriter::Define(Napi::Env env) {
                          InstanceMethod<&MailboxWriter::SetEpoch>("setEpoch"),
                          InstanceMethod<&MailboxWriter::SetFloor>("setFloor"),
                          InstanceMethod<&MailboxWriter::Owner>("owner"),
+                         InstanceMethod<&MailboxWriter::CaptureWaiting>("captureWaiting"),
                          InstanceMethod<&MailboxWriter::Close>("close"),
                      });
 }
@@ -374,6 +375,15 @@ Napi::Value MailboxWriter::Owner(const Napi::CallbackInfo& info) {
   return Napi::Number::New(info.Env(), static_cast<double>(__atomic_load_n(U64(base, kOffOwner), __ATOMIC_ACQUIRE)));
 }
 
+// The engine's capture_waiting word, loaded after the inputs were copied (seq-cst: the copy's reads
+// come before it). The client stores 0 before its engine may touch the inputs again, so reading the
+// request's ticket here means the engine was still waiting when the copy ended.
+Napi::Value MailboxWriter::CaptureWaiting(const Napi::CallbackInfo& info) {
+  uint8_t* base = Live(info.Env());
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+  return Napi::Number::New(info.Env(), static_cast<double>(__atomic_load_n(U64(base, kOffCaptureWaiting), __ATOMIC_SEQ_CST)));
+}
+
 // The host receiver's role is an exclusive flock on a file in the run dir: the kernel drops it
 // when its holder dies, however it dies, so another local agent takes the role over and two
 // processes never write one mailbox's slots. Returns the lock's fd (>= 0: held until it is closed
@@ -412,6 +422,7 @@ Napi::Function MailboxReader::Define(Napi::Env env) {
                          InstanceMethod<&MailboxReader::Epoch>("epoch"),
                          InstanceMethod<&MailboxReader::Floor>("floor"),
                          InstanceMethod<&MailboxReader::WaitFor>("waitFor"),
+                         InstanceMethod<&MailboxReader::SetCaptureWaiting>("setCaptureWaiting"),
                          InstanceMethod<&MailboxReader::Close>("close"),
                      });
 }
@@ -430,7 +441,8 @@ MailboxReader::~MailboxReader() = default;
 Napi::Value MailboxReader::Open(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   std::string path = ArgString(info, 0, "path");
-  int fd = open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);  // the agent never makes it a link
+  // Read-write for one word, capture_waiting (the client's); everything else is only read here.
+  int fd = open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC);  // the agent never makes it a link
   if (fd < 0) ThrowCoded(env, "ERR_MAILBOX_OPEN", ErrnoText("open(" + path + ")", errno));
   struct stat st;
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) < kFileBytes) {
@@ -438,7 +450,7 @@ Napi::Value MailboxReader::Open(const Napi::CallbackInfo& info) {
     ThrowCoded(env, "ERR_MAILBOX_FORMAT",
                path + " is not a wavebus mailbox (needs a regular file of at least " + std::to_string(kFileBytes) + " bytes)");
   }
-  void* addr = mmap(nullptr, kFileBytes, PROT_READ, MAP_SHARED, fd, 0);
+  void* addr = mmap(nullptr, kFileBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   int err = errno;
   close(fd);
   if (addr == MAP_FAILED) ThrowCoded(env, "ERR_MAILBOX_OPEN", ErrnoText("mmap(" + path + ")", err));
@@ -496,6 +508,15 @@ Napi::Value MailboxReader::Epoch(const Napi::CallbackInfo& info) {
 Napi::Value MailboxReader::Floor(const Napi::CallbackInfo& info) {
   const uint8_t* base = Live(info.Env());
   return Napi::Number::New(info.Env(), static_cast<double>(__atomic_load_n(U64(base, kOffFloor), __ATOMIC_ACQUIRE)));
+}
+
+// The client's only store into the file: the ticket of the before_forward it waits on (0: none).
+// Seq-cst with a fence after it, so storing 0 is visible before the engine touches its inputs again.
+Napi::Value MailboxReader::SetCaptureWaiting(const Napi::CallbackInfo& info) {
+  uint8_t* base = const_cast<uint8_t*>(Live(info.Env()));
+  __atomic_store_n(U64(base, kOffCaptureWaiting), ArgU64(info, 0, "ticket"), __ATOMIC_SEQ_CST);
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+  return info.Env().Undefined();
 }
 
 Napi::Value MailboxReader::Close(const Napi::CallbackInfo& info) {

@@ -3,7 +3,8 @@
 // wave N?" with plain loads, no system call. Layout (docs/native.md has it byte by byte):
 //
 //   header, 64 bytes: magic "WBMBOX01" | u32 version = 2 | u32 slots = 8 | u64 features |
-//                     u64 epoch | u32 published | u32 zero | u64 floor | u64 owner | zero padding
+//                     u64 epoch | u32 published | u32 zero | u64 floor | u64 owner |
+//                     u64 capture_waiting
 //   slot i at 64 + 64*i: u64 seq | u64 wave | u32 config_due | u32 dump_due |
 //                        u32 snapshot_due | zero padding
 //
@@ -16,6 +17,9 @@
 // The writer stores a slot before the floor that covers it; readers load the floor first.
 // `owner`: the global rank + 1 of the agent that created the file (0: not said), so the host
 // receiver writes only the mailboxes of its own replica, whatever the placement of ranks.
+// `capture_waiting` is the one word the engine client writes: the ticket of the before_forward it
+// is waiting on, 0 once it stops waiting. The agent loads it after copying a forward's inputs: any
+// other value means the engine may have changed them during the copy, so the capture is dropped.
 #pragma once
 #include <napi.h>
 
@@ -34,7 +38,8 @@ constexpr uint32_t kVersion = 2;
 constexpr char kMagic[9] = "WBMBOX01";
 constexpr uint64_t kEmptyWave = ~0ull;
 // Byte offsets.
-constexpr uint64_t kOffVersion = 8, kOffSlots = 12, kOffFeatures = 16, kOffEpoch = 24, kOffPublished = 32, kOffFloor = 40, kOffOwner = 48;
+constexpr uint64_t kOffVersion = 8, kOffSlots = 12, kOffFeatures = 16, kOffEpoch = 24, kOffPublished = 32, kOffFloor = 40, kOffOwner = 48,
+                   kOffCaptureWaiting = 56;
 constexpr uint64_t kSlotSeq = 0, kSlotWave = 8, kSlotConfig = 16, kSlotDump = 20, kSlotSnapshot = 24;
 }  // namespace mailbox
 
@@ -55,6 +60,7 @@ class MailboxWriter : public Napi::ObjectWrap<MailboxWriter> {
   Napi::Value SetEpoch(const Napi::CallbackInfo& info);
   Napi::Value SetFloor(const Napi::CallbackInfo& info);
   Napi::Value Owner(const Napi::CallbackInfo& info);
+  Napi::Value CaptureWaiting(const Napi::CallbackInfo& info);
   Napi::Value Close(const Napi::CallbackInfo& info);
   uint8_t* Live(Napi::Env env);
 
@@ -75,6 +81,7 @@ class MailboxReader : public Napi::ObjectWrap<MailboxReader> {
   Napi::Value Epoch(const Napi::CallbackInfo& info);
   Napi::Value Floor(const Napi::CallbackInfo& info);
   Napi::Value WaitFor(const Napi::CallbackInfo& info);
+  Napi::Value SetCaptureWaiting(const Napi::CallbackInfo& info);
   Napi::Value Close(const Napi::CallbackInfo& info);
   const uint8_t* Live(Napi::Env env);
 

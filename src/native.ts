@@ -62,6 +62,8 @@ export interface NativeMailboxWriter {
   setFloor(floor: number): void;
   /** Global rank + 1 of the file's creator (0: not said). */
   owner(): number;
+  /** The engine client's capture_waiting word (seq-cst load): the ticket it waits on, 0: none. */
+  captureWaiting(): number;
   close(): void;
 }
 
@@ -79,6 +81,8 @@ export interface NativeMailboxReader {
    * the vector; false when timeoutMs ran out; undefined when the slot moved past `wave`.
    */
   waitFor(wave: number, timeoutMs: number): Promise<MailboxVector | false | undefined>;
+  /** Stores capture_waiting (seq-cst, then a fence): the before_forward ticket waited on, 0: none. */
+  setCaptureWaiting(ticket: number): void;
   close(): void;
 }
 

@@ -6,7 +6,7 @@
 import * as fs from 'fs';
 import * as path from 'path';
 import { WavebusClient } from '../src/client/client';
-import { MailboxFeature } from '../src/client/mailbox';
+import { MailboxFeature, MailboxReader } from '../src/client/mailbox';
 import { ShmSegment } from '../src/memory';
 import { PYTHON, ROOT, cleanup, freePortPair, runQueueMs, spawnTracked, spawnWavebus, tmpDir, waitFor, type Spawned } from './helpers';
 
@@ -172,6 +172,62 @@ test('SIGSTOP of the agent: bounded and counted; after SIGCONT the client uses i
     // The capture the frozen agent got to after the engine gave up was dropped whole.
     const names = bundles(bus.cacheRoot);
     expect(names.length).toBeLessThan(w - 1);
+  } finally {
+    await client.close();
+  }
+}, 60000);
+
+/** The mailbox's capture_waiting word (offset 56, docs/native.md), as the agent reads it. */
+function captureWaiting(runDir: string): bigint {
+  const b = Buffer.alloc(8);
+  const fd = fs.openSync(path.join(runDir, 'mailbox-local0'), 'r');
+  try {
+    fs.readSync(fd, b, 0, 8, 56);
+  } finally {
+    fs.closeSync(fd);
+  }
+  return b.readBigUInt64LE(0);
+}
+
+test('a copy made after the engine stopped waiting is dropped, even inside its deadlines: the mailbox word says whether it still waits', async () => {
+  const bus = await startBus();
+  const client = await connect(bus);
+  try {
+    const w = await untilCaptured(client, 1);
+    // The client cleared its word on the way out of every beforeForward.
+    expect(captureWaiting(bus.runDir)).toBe(0n);
+    const before = bundles(bus.cacheRoot).length;
+    // The race this closes: an agent descheduled between its deadline check and its "capturing"
+    // reply past the client's margin. The client gave up and cleared its word; the deadlines in the
+    // request still lie ahead. Here that request is sent as such a client sent it.
+    const transport = (client as unknown as { transport: { request(b: unknown, t: number, c?: number): Promise<Record<string, any>> } }).transport;
+    const request = (ticket: number) => ({
+      beforeForward: {
+        context: { compilationHash: 'h', globalStep: w },
+        inputs: [{ region: 'input0', offset: 0, dtype: 'int32', shape: [16] }],
+        acceptByUnixMs: Date.now() + 60000,
+        finishByUnixMs: Date.now() + 120000,
+        wave: w,
+        waitTicket: ticket,
+      },
+    });
+    const gone = await transport.request(request(777), 10000, 10000);
+    expect(gone).toMatchObject({ ok: false, errorCode: 'ERR_CLIENT_GONE' });
+    expect(gone.error).toContain('no longer holds ticket 777');
+    expect(bundles(bus.cacheRoot)).toHaveLength(before); // nothing left under a call name
+    // The same request while the word holds its ticket (the client still waits) is captured.
+    const reader = MailboxReader.open(path.join(bus.runDir, 'mailbox-local0'));
+    try {
+      reader.setCaptureWaiting(778);
+      expect(captureWaiting(bus.runDir)).toBe(778n);
+      const kept = await transport.request(request(778), 10000, 10000);
+      expect(kept).toMatchObject({ ok: true, captured: true });
+      expect(fs.existsSync(path.join(kept.callDir, 'meta.json'))).toBe(true);
+    } finally {
+      reader.setCaptureWaiting(0);
+      reader.close();
+    }
+    expect(bundles(bus.cacheRoot)).toHaveLength(before + 1);
   } finally {
     await client.close();
   }

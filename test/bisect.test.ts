@@ -162,6 +162,15 @@ test('bad input exits 2 naming it: a missing rank, a module on one side only, a 
   const lost = bisect('tp2-lost', 'tp1');
   expect(lost.code).toBe(2);
   expect(lost.stderr).toContain('no bundle for tp_rank 1 of tp_size 2 (a rank is missing)');
+  // A tp_size of 10^9 in a file is named, not enumerated (the fuzz found it exhausting the heap).
+  fs.cpSync(path.join(dir, 'tp1'), path.join(dir, 'tp-huge'), { recursive: true });
+  const metaFile = path.join(dir, 'tp-huge', 'rank0', fs.readdirSync(path.join(dir, 'tp-huge', 'rank0'))[0], 'meta.json');
+  const meta = JSON.parse(fs.readFileSync(metaFile, 'utf8'));
+  meta.probe.tp_size = 1e9;
+  fs.writeFileSync(metaFile, JSON.stringify(meta));
+  const huge = bisect('tp-huge', 'tp1');
+  expect(huge.code).toBe(2);
+  expect(huge.stderr).toContain('no bundle for tp_rank 1, 2, 3, 4, 5, 6, 7, 8 and 999999991 more of tp_size 1000000000');
   probe('layer1', ['--probe-layers', '1']);
   const one = bisect('layer1', 'tp1');
   expect(one.code).toBe(2);

@@ -20,6 +20,9 @@ import { controlSurface, statusReplySurface } from './fuzz-surfaces/control';
 import { mailboxAttachSurface, recorderRingSurface } from './fuzz-surfaces/host-files';
 import { recorderFlushSurface } from './fuzz-surfaces/recorder-files';
 
+/** WAVEBUS_FUZZ_TRACE=FILE: each input is written there before it is fed (the one that killed a run). */
+const TRACE = process.env.WAVEBUS_FUZZ_TRACE;
+
 /** What one input came to: accepted (of a kind), or refused for a named reason. */
 export type Outcome = { accepted: string } | { refused: string; detail?: string };
 
@@ -248,6 +251,7 @@ export async function fuzzSurface(s: Surface, dir: string, inputs: number, seed:
     for (let i = 0; i < inputs; i++) {
       const r = m.rand();
       const input = run.craft && r < 0.2 ? run.craft(m) : r < 0.4 ? m.bytes(m.int(256)) : r < 0.85 ? m.mutate(m.pick(run.valid)) : m.mutate(m.mutate(m.pick(run.valid)));
+      if (TRACE) fs.writeFileSync(TRACE, JSON.stringify({ surface: s.name, seed, input: i, hex: input.toString('hex') }));
       try {
         const o = await run.feed(input, m);
         if ('accepted' in o) res.accepted[o.accepted] = (res.accepted[o.accepted] ?? 0) + 1;

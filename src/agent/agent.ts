@@ -384,7 +384,7 @@ export class Agent {
       case 'beforeForward':
         // An arm may be done here now: the mailbox says so (no more waits for late vectors).
         return this.timeline
-          .captureSpan(Number(req.beforeForward.context?.globalStep ?? 0), () => offerForward(this.capturer, this.live, this.regions, req.beforeForward, interim, () => this.stats.snapshotsWritten++))
+          .captureSpan(Number(req.beforeForward.context?.globalStep ?? 0), () => offerForward(this.capturer, this.live, this.regions, req.beforeForward, interim, () => this.stats.snapshotsWritten++, () => this.vectors?.mailbox.captureWaiting() ?? 0))
           .finally(() => this.live.changed() && this.publishFeatures());
       case 'close':
         this.recorder?.engineClosed();

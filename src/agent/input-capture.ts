@@ -17,7 +17,12 @@ export interface BeforeForwardRequest {
   finishByUnixMs?: number | string;
   /** The engine's wave this forward belongs to (0: unknown). */
   wave?: number | string;
+  /** What the client keeps in its mailbox's capture_waiting word while it waits (0: not said). */
+  waitTicket?: number | string;
 }
+
+/** The engine client's capture_waiting word (MailboxWriter.captureWaiting), read after each copy. */
+export type WaitingWord = () => number;
 
 /** The agent's input-snapshot capturer: none unless snapshots are on (--snapshot). */
 export function inputCapturer(snapshot: SnapshotConfig | undefined, identity: RankIdentity, log: Logger, artifactModes?: ArtifactModes): SnapshotCapturer | undefined {
@@ -29,16 +34,21 @@ export function inputCapturer(snapshot: SnapshotConfig | undefined, identity: Ra
   });
 }
 
-/** `interim`: tells the client the capture has begun; `written`: counts a written snapshot. */
+/**
+ * `interim`: tells the client the capture has begun; `written`: counts a written snapshot;
+ * `waiting`: the client's capture_waiting word.
+ */
 export async function captureInputs(
   capturer: SnapshotCapturer,
   regions: RegionTable,
   bf: BeforeForwardRequest,
   interim: () => void,
   written: () => void,
+  waiting: WaitingWord,
 ): Promise<Record<string, unknown>> {
   const acceptBy = Number(bf.acceptByUnixMs ?? 0);
   const finishBy = Number(bf.finishByUnixMs ?? 0);
+  const ticket = Number(bf.waitTicket ?? 0);
   // The engine gave up waiting if we are past its deadline (this agent was frozen): its inputs
   // may have changed since, so nothing is copied. Else it hears at once that we are alive and
   // waits for the decision and the capture (disk work may take longer than its call bound).
@@ -59,6 +69,9 @@ export async function captureInputs(
         await r.region.copyTo(buf, 0, inp.offset, nbytes);
         // Copied after the engine went on: the bytes may be the next forward's. Nothing is kept.
         if (finishBy > 0 && Date.now() > finishBy) throw new CaptureError(`inputs[${i}] copied after the engine stopped waiting; capture dropped`, 'ERR_CLIENT_GONE');
+        // The deadlines cannot see a client that gave up before our "capturing" reached it (we were
+        // descheduled past its margin): its word, cleared before the engine goes on, can.
+        if (ticket > 0 && waiting() !== ticket) throw new CaptureError(`inputs[${i}]: the engine stopped waiting for this forward during the copy (its mailbox no longer holds ticket ${ticket}); capture dropped`, 'ERR_CLIENT_GONE');
         return buf;
       },
     };

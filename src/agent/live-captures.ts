@@ -13,7 +13,7 @@ import { CaptureBudget } from '../snapshot/budget';
 import { SnapshotCapturer } from '../snapshot/capture';
 import type { SnapshotConfig } from '../snapshot/config';
 import type { CaptureArmMsg, CaptureResultMsg } from '../bus/capture-arms';
-import { captureInputs, type BeforeForwardRequest } from './input-capture';
+import { captureInputs, type BeforeForwardRequest, type WaitingWord } from './input-capture';
 import type { RegionTable } from './regions';
 
 interface Live {
@@ -113,7 +113,7 @@ export class LiveCaptures {
    * Offer one forward to every arm whose waves cover its global step. Returns the first bundle
    * written (a forward two arms select is written by each). Throws CaptureError (abort the forward).
    */
-  async offer(regions: RegionTable, bf: BeforeForwardRequest, interim: () => void, written: () => void): Promise<{ captured: boolean; callDir: string }> {
+  async offer(regions: RegionTable, bf: BeforeForwardRequest, interim: () => void, written: () => void, waiting: WaitingWord): Promise<{ captured: boolean; callDir: string }> {
     // The forward's wave, as its client knows it (an older client sends none: its global step).
     const step = Number(bf.wave || bf.context?.globalStep || 0);
     let out = { captured: false, callDir: '' };
@@ -122,7 +122,7 @@ export class LiveCaptures {
       if (l.done || step < arm.wave || step > arm.untilWave) continue;
       let r: Record<string, unknown>;
       try {
-        r = await captureInputs(l.capturer, regions, bf, interim, written);
+        r = await captureInputs(l.capturer, regions, bf, interim, written, waiting);
       } catch (e) {
         this.send({ armId: arm.id, wave: step, callDir: '', error: (e as Error).message, done: false });
         throw e instanceof CaptureError ? e : new CaptureError(String((e as Error)?.message ?? e), 'ERR_CAPTURE');
@@ -140,13 +140,13 @@ export class LiveCaptures {
  * before_forward on the agent: the startup capturer (WAVEBUS_SNAPSHOT_*) when snapshots are on,
  * then the arms of the running job. The client hears "capturing" once at most.
  */
-export async function offerForward(capturer: SnapshotCapturer | undefined, live: LiveCaptures, regions: RegionTable, bf: BeforeForwardRequest, interim: () => void, written: () => void): Promise<Record<string, unknown>> {
+export async function offerForward(capturer: SnapshotCapturer | undefined, live: LiveCaptures, regions: RegionTable, bf: BeforeForwardRequest, interim: () => void, written: () => void, waiting: WaitingWord): Promise<Record<string, unknown>> {
   let told = false;
   const once = () => {
     if (!told) interim();
     told = true;
   };
-  const own = capturer ? await captureInputs(capturer, regions, bf, once, written) : { captured: false, callDir: '' };
-  const armed = await live.offer(regions, bf, once, written);
+  const own = capturer ? await captureInputs(capturer, regions, bf, once, written, waiting) : { captured: false, callDir: '' };
+  const armed = await live.offer(regions, bf, once, written, waiting);
   return own.captured ? own : armed;
 }

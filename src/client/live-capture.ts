@@ -33,6 +33,9 @@ export class ForwardCapture {
   headWave = 0;
   endedWave = 0;
 
+  /** The last before_forward ticket (docs/snapshots.md): random start, so a restarted client's differ. */
+  private ticket = 1 + Math.floor(Math.random() * 2 ** 40);
+
   constructor(private readonly d: CaptureDeps) {}
 
   /**
@@ -126,8 +129,21 @@ export class ForwardCapture {
         acceptByUnixMs: acceptBy,
         finishByUnixMs: acceptBy + this.d.captureMs,
         wave: this.forwardWave,
+        waitTicket: ++this.ticket,
       },
     };
+    // The mailbox says which request we wait on until we stop, whatever stops us: the agent keeps
+    // only a copy made while the word still held it (the engine had not touched the inputs).
+    this.d.mailbox.setCaptureWaiting(this.ticket);
+    try {
+      return await this.request(request);
+    } finally {
+      this.d.mailbox.setCaptureWaiting(0);
+    }
+  }
+
+  private async request(request: { beforeForward: { acceptByUnixMs: number } }): Promise<BeforeForwardResult> {
+    const acceptBy = request.beforeForward.acceptByUnixMs;
     let reply: Reply;
     try {
       reply = await this.d.transport.request(request, Math.max(1, acceptBy + this.d.marginMs - Date.now()), this.d.captureMs);

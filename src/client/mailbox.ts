@@ -150,6 +150,14 @@ export class MailboxWriter {
     return o === 0 ? undefined : o - 1;
   }
 
+  /**
+   * The ticket of the before_forward the engine client waits on (0: none), loaded after a
+   * capture's copy: any other ticket means the engine may have changed the inputs meanwhile.
+   */
+  captureWaiting(): number {
+    return nativeCall(() => this.w.captureWaiting());
+  }
+
   /** Unmap; with { unlink: true } also remove the file (readers that have it mapped keep their mapping). */
   close(opts: { unlink?: boolean } = {}): void {
     this.w.close();
@@ -216,6 +224,15 @@ export class MailboxReader {
     if (got === false) return 'timeout';
     if (got === undefined) return 'overwritten';
     return toVector(got);
+  }
+
+  /**
+   * Says which before_forward this client waits on (a ticket > 0), or that it waits on none (0):
+   * stored before the request and cleared before the engine may touch the inputs again, so the
+   * agent keeps only a copy made while the engine still waited (docs/snapshots.md).
+   */
+  setCaptureWaiting(ticket: number): void {
+    nativeCall(() => this.r.setCaptureWaiting(checkWave(ticket, 'ticket')));
   }
 
   features(): number {

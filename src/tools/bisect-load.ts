@@ -111,6 +111,19 @@ function checkRecords(file: string, probe: unknown, n: number): { tpSize: number
   return { tpSize: p.tp_size, ppSize: p.pp_size, records: p.records as RawRecord[] };
 }
 
+/**
+ * The tp ranks below `size` not in `present` (each below `size`), as text: the first 8, then how
+ * many more. `size` comes from a file, so it is never enumerated (a tp_size of 10^9 once exhausted
+ * the heap): the scan ends within the present ranks and 8 more.
+ */
+function absentRanks(size: number, present: Iterable<number>): string {
+  const have = new Set(present);
+  const first: number[] = [];
+  for (let i = 0; i < size && first.length < 8; i++) if (!have.has(i)) first.push(i);
+  const more = size - have.size - first.length;
+  return more > 0 ? `${first.join(', ')} and ${more} more` : first.join(', ');
+}
+
 export const moduleKey = (r: Pick<RawRecord, 'module' | 'call' | 'io' | 'arg'>): string =>
   `${r.module}#${r.call}${r.io === 'input' ? `:in${r.arg}` : r.arg > 0 ? `:out${r.arg}` : ''}`;
 
@@ -164,15 +177,15 @@ export async function loadProbeTree(root: string, which: string, call?: number):
   }
   for (let p = 0; p < ppSize; p++) {
     const have = stages.get(p) ?? new Set<number>();
-    const missing = Array.from({ length: tpSize }, (_, i) => i).filter((i) => !have.has(i));
-    if (missing.length) throw new CompareInputError(`${which} ${root}: call ${callIndex}, pp_rank ${p}: no bundle for tp_rank ${missing.join(', ')} of tp_size ${tpSize} (a rank is missing)`);
+    const missing = absentRanks(tpSize, have);
+    if (missing) throw new CompareInputError(`${which} ${root}: call ${callIndex}, pp_rank ${p}: no bundle for tp_rank ${missing} of tp_size ${tpSize} (a rank is missing)`);
   }
   const modules = [...byKey.values()];
   for (const m of modules) {
     m.shards.sort((x, y) => x.tpRank - y.tpRank);
     if (m.shards.length !== tpSize) {
-      const lacking = Array.from({ length: tpSize }, (_, i) => i).filter((i) => !m.shards.some((s) => s.tpRank === i));
-      throw new CompareInputError(`${which} ${root}: ${m.key} was recorded by tp_rank ${m.shards.map((s) => s.tpRank).join(', ')} but not by tp_rank ${lacking.join(', ')}`);
+      const lacking = absentRanks(tpSize, m.shards.map((s) => s.tpRank));
+      throw new CompareInputError(`${which} ${root}: ${m.key} was recorded by tp_rank ${m.shards.map((s) => s.tpRank).join(', ')} but not by tp_rank ${lacking}`);
     }
     if (m.shards.some((s) => s.dtype !== m.dtype)) throw new CompareInputError(`${which} ${root}: ${m.key}: shards have dtypes ${[...new Set(m.shards.map((s) => s.dtype))].join(', ')}`);
   }

@@ -8,6 +8,7 @@ Not thread-safe: call it from the engine's step thread only.
 """
 import logging
 import os
+import random
 import time
 from dataclasses import dataclass
 from typing import Dict, Optional
@@ -61,6 +62,8 @@ class Client(RegionsMixin, CaptureMixin):
         # The engine's last wave_head and end_of_wave waves: which wave a forward belongs to.
         self._head_wave = 0
         self._ended_wave = 0
+        # The last before_forward ticket (live_capture.py): random start, so a restarted client's differ.
+        self._capture_ticket = random.randrange(1, 2**40)
         self.hello_timeout_ms = hello_timeout_ms
         self.capture_timeout_ms = capture_timeout_ms
         self.end_of_wave_margin_ms = end_of_wave_margin_ms

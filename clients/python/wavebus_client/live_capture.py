@@ -37,14 +37,25 @@ class CaptureMixin:
         if self._avail.still_unavailable():
             self.stats["snapshots_skipped"] += 1
             return False, ""
+        # The mailbox says which request we wait on until we stop, whatever stops us: the agent keeps
+        # only a copy made while the word still held it (the engine had not touched the inputs).
+        self._capture_ticket += 1
+        self._mb.set_capture_waiting(self._capture_ticket)
+        try:
+            return self._offer_capture(ctx, tins, self._capture_ticket)
+        finally:
+            self._mb.set_capture_waiting(0)
+
+    def _offer_capture(self, ctx, tins, ticket: int) -> Tuple[bool, str]:
+        """The request and its answers (before_forward's result), while the mailbox holds ``ticket``."""
         bound_s = self._bound_s()
         deadline = time.monotonic() + bound_s
         # Wall clock for the agent (same host): it drops a capture it reaches after we stopped waiting.
         accept_by = int((time.time() + bound_s) * 1000) - self.end_of_wave_margin_ms
-        reply = self._capture_request(ctx, tins, deadline, accept_by)
+        reply = self._capture_request(ctx, tins, deadline, accept_by, ticket)
         if reply is not None and not reply.ok and reply.error_code == "ERR_NO_HELLO":
             self._rejoin()  # the agent restarted: introduce ourselves and our regions again, then retry
-            reply = self._capture_request(ctx, tins, deadline, accept_by)
+            reply = self._capture_request(ctx, tins, deadline, accept_by, ticket)
         if reply is None:
             self._avail.mark_unavailable(f"before_forward(): no answer within {self.call_bound_ms()} ms")
             self.stats["snapshots_skipped"] += 1
@@ -90,11 +101,11 @@ class CaptureMixin:
             v = got if isinstance(got, mb.WaveVector) else None
         return v is not None and v.snapshot_due
 
-    def _capture_request(self, ctx, tins, deadline: float, accept_by: int) -> Optional["pb.ClientReply"]:
+    def _capture_request(self, ctx, tins, deadline: float, accept_by: int, ticket: int) -> Optional["pb.ClientReply"]:
         """Hello and regions if needed, then the before_forward request: its first answer by ``deadline``."""
         if not self._hello(deadline) or not self._flush_regions(deadline):
             return None
         req = pb.ClientRequest(before_forward=pb.BeforeForward(
             context=ctx, inputs=tins, accept_by_unix_ms=accept_by,
-            finish_by_unix_ms=accept_by + self.capture_timeout_ms, wave=self._forward_wave()))
+            finish_by_unix_ms=accept_by + self.capture_timeout_ms, wave=self._forward_wave(), wait_ticket=ticket))
         return self._sock.request(req, deadline)

@@ -1,11 +1,12 @@
 """The agent's shared-memory mailbox: a seqlock ring of the latest wave vectors.
 
-The agent writes it; the client maps it read-only and reads it with struct, so the per-step
-check costs no system call. Layout (little-endian), fixed by docs/native.md / src/client/mailbox.ts:
+The agent writes it; the client maps it and reads it with struct, so the per-step check costs no
+system call. The client writes one word, capture_waiting. Layout (little-endian), fixed by docs/native.md / src/client/mailbox.ts:
 
   header (64 bytes): magic b"WBMBOX01", u32 version=2, u32 slots=8, u64 features, u64 epoch,
                      u32 published (bumped by the writer after every slot write; a futex word), u32 0,
-                     u64 floor (every wave below it is decided), 0-pad
+                     u64 floor (every wave below it is decided), u64 owner,
+                     u64 capture_waiting (the client's: the before_forward ticket it waits on)
   slot i at 64 + 64*i (64 bytes): u64 seq (odd while written), u64 wave,
                                    u32 config_due, u32 dump_due, u32 snapshot_due, 0-pad
   the slot of wave N is N % slots; it belongs to wave N only if its wave field equals N.
@@ -50,6 +51,8 @@ _PUBLISHED = struct.Struct("<I")
 _PUBLISHED_OFFSET = 32
 _FLOOR = struct.Struct("<Q")
 _FLOOR_OFFSET = 40
+# The one word the client writes: the before_forward ticket it waits on, 0 when none (docs/snapshots.md).
+_CAPTURE_WAITING_OFFSET = 56
 
 # futex(2) through libc's syscall(): the writer wakes the `published` word after every slot write.
 _SYS_FUTEX = {"x86_64": 202, "aarch64": 98}.get(platform.machine())
@@ -101,13 +104,14 @@ class WaveVector:
 
 
 class Mailbox:
-    """Read-only view of one mailbox file. Reads are plain memory loads (no system call)."""
+    """View of one mailbox file. Reads are plain memory loads (no system call); the one store is
+    capture_waiting (set_capture_waiting)."""
 
     def __init__(self, path: str):
         self.path = path
         self._futex_map = None
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)  # the agent never makes it a link
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)  # the agent never makes it a link
         except FileNotFoundError:
             raise ProtocolError(f"mailbox {path} does not exist (is the wavebus agent of this rank running?)", "ERR_MAILBOX_MISSING") from None
         except OSError as e:
@@ -116,7 +120,7 @@ class Mailbox:
             size = os.fstat(fd).st_size
             if size < SIZE:
                 raise ProtocolError(f"mailbox {path}: {size} bytes, expected at least {SIZE}", "ERR_MAILBOX_FORMAT")
-            self._map = mmap.mmap(fd, SIZE, access=mmap.ACCESS_READ)
+            self._map = mmap.mmap(fd, SIZE, access=mmap.ACCESS_WRITE)
             self._map_futex_word(fd)
         finally:
             os.close(fd)
@@ -142,6 +146,15 @@ class Mailbox:
         if addr is None or addr == ctypes.c_void_p(-1).value:
             return
         self._futex_map = addr
+
+    def set_capture_waiting(self, ticket: int) -> None:
+        """Say which before_forward this client waits on (a ticket > 0), or none (0): set before the
+        request, cleared before the engine may touch its inputs again. The agent keeps a capture only
+        if the word still holds its ticket once the inputs are copied. One aligned 8-byte store (a
+        ctypes view made and dropped at once, so close() finds no exported buffer); x86-64 keeps it
+        ordered before the engine's later stores."""
+        if self._map is not None:
+            ctypes.c_uint64.from_buffer(self._map, _CAPTURE_WAITING_OFFSET).value = ticket
 
     @property
     def can_wait(self) -> bool:
