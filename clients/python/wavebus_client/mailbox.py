@@ -1,7 +1,8 @@
 """The agent's shared-memory mailbox: a seqlock ring of the latest wave vectors.
 
 The agent writes it; the client maps it and reads it with struct, so the per-step check costs no
-system call. The client writes one word, capture_waiting. Layout (little-endian), fixed by docs/native.md / src/client/mailbox.ts:
+system call. The client writes one word, capture_waiting. Layout (little-endian), fixed by
+docs/native.md / src/client/mailbox.ts:
 
   header (64 bytes): magic b"WBMBOX01", u32 version=2, u32 slots=8, u64 features, u64 epoch,
                      u32 published (bumped by the writer after every slot write; a futex word), u32 0,
