@@ -201,4 +201,29 @@ describe('inspect', () => {
     expect(runWavebus(['inspect', root]).code).toBe(1);
     expect(runWavebus(['inspect', path.join(root, 'nope')]).code).toBe(1);
   });
+
+  test('a manifest entry that is not an object, or a list that is not one, is a problem named by field, never a TypeError', async () => {
+    // The report_tree fuzz found `null` in a dump manifest's files throwing in inspect (and report).
+    const root = await fresh();
+    const mf = path.join(root, WAVE, 'manifest.json');
+    const m = JSON.parse(fs.readFileSync(mf, 'utf8'));
+    m.files['0'] = [null, ...m.files['0'], 7];
+    m.files['1'] = 'a/b';
+    fs.writeFileSync(mf, JSON.stringify(m));
+    fs.writeFileSync(path.join(root, 'manifest.json'), JSON.stringify({ kind: 'wavebus_aggregate', present_ranks: 'all', missing_ranks: 5, files: [null], missing_files: [null], refused: {} }));
+    const r = inspectTree(root);
+    expect(r.problems).toEqual(
+      expect.arrayContaining([
+        `${WAVE}/manifest.json: files.0[0] is not an object`,
+        `${WAVE}/manifest.json: files.0[${m.files['0'].length - 1}] is not an object`,
+        `${WAVE}/manifest.json: files.1 is not a list`,
+        'manifest.json: present_ranks is not a list of ranks',
+        'manifest.json: missing_ranks is not a list of ranks',
+        'manifest.json: files[0] is not an object',
+        'manifest.json: missing_files[0] is not an object',
+        'manifest.json: refused is not a list',
+      ]),
+    );
+    expect(cli(root).code).toBe(1);
+  });
 });

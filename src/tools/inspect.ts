@@ -242,6 +242,21 @@ function rankList(v: unknown, file: string, field: string, problems: string[]): 
   return v as number[];
 }
 
+/**
+ * The object entries of a list read from a file: a list that is not one, or an entry that is not an
+ * object, is a problem named by its field (a manifest entry of `null` once threw a TypeError).
+ */
+function objectEntries(v: unknown, where: string, problems: string[]): Record<string, any>[] {
+  if (v === undefined || v === null) return [];
+  if (!Array.isArray(v)) {
+    problems.push(`${where} is not a list`);
+    return [];
+  }
+  const out: Record<string, any>[] = [];
+  v.forEach((x, i) => (x !== null && typeof x === 'object' && !Array.isArray(x) ? out.push(x) : problems.push(`${where}[${i}] is not an object`)));
+  return out;
+}
+
 function inspectDumpWave(dir: string, rel: string, names: string[], verify: boolean): BundleReport {
   const r = newReport('dump_wave', rel);
   const info = readJson(path.join(dir, 'request_info.json'), relJoin(rel, 'request_info.json'), r.problems) ?? {};
@@ -271,8 +286,10 @@ function inspectDumpWave(dir: string, rel: string, names: string[], verify: bool
     }
   }
   // Every file the coordinator recorded from the ranks' acks (dump.json included).
-  for (const list of Object.values((manifest?.files ?? {}) as Record<string, any[]>)) {
-    for (const f of Array.isArray(list) ? list : []) {
+  const files = manifest?.files ?? {};
+  if (typeof files !== 'object' || Array.isArray(files)) r.problems.push(`${relJoin(rel, 'manifest.json')}: files is not an object of lists`);
+  for (const [g, list] of typeof files === 'object' && !Array.isArray(files) ? Object.entries(files) : []) {
+    for (const f of objectEntries(list, `${relJoin(rel, 'manifest.json')}: files.${g}`, r.problems)) {
       const fp = String(f.path ?? '');
       if (!fp || fp.split('/').some((c) => c === '..' || c === '')) {
         r.problems.push(`${relJoin(rel, 'manifest.json')}: file path ${JSON.stringify(fp)} is not a path inside the wave dir`);
@@ -287,15 +304,16 @@ function inspectDumpWave(dir: string, rel: string, names: string[], verify: bool
 
 function inspectAggregate(dir: string, rel: string, m: any, verify: boolean): BundleReport {
   const r = newReport('aggregate', rel);
-  r.ranks = (m.present_ranks ?? []).map(Number);
+  const where = relJoin(rel, 'manifest.json');
+  r.ranks = rankList(m.present_ranks, where, 'present_ranks', r.problems);
   r.info = { coordinator: m.coordinator, what: m.what, prefix: m.prefix, expected_ranks: m.expected_ranks, missing_ranks: m.missing_ranks, complete: m.complete, totals: m.totals };
-  for (const g of (m.missing_ranks ?? []) as number[]) {
-    const errs = m.ranks?.[String(g)]?.errors ?? [];
-    r.problems.push(`${rel}: rank ${g} missing from the aggregate${errs.length ? ` (${errs.join('; ')})` : ''}`);
+  for (const g of rankList(m.missing_ranks, where, 'missing_ranks', r.problems)) {
+    const errs = m.ranks?.[String(g)]?.errors;
+    r.problems.push(`${rel}: rank ${g} missing from the aggregate${Array.isArray(errs) && errs.length ? ` (${errs.join('; ')})` : ''}`);
   }
-  for (const x of (m.missing_files ?? []) as any[]) r.problems.push(`${rel}: dumps/${String(x.path)} missing (rank ${String(x.rank)} wrote it, says its dump manifest: ${String(x.reason)})`);
-  for (const x of (m.refused ?? []) as any[]) r.problems.push(`${rel}: refused ${x.root} path ${JSON.stringify(x.path)} from rank ${x.rank} (${x.reason})`);
-  for (const f of (m.files ?? []) as any[]) {
+  for (const x of objectEntries(m.missing_files, `${where}: missing_files`, r.problems)) r.problems.push(`${rel}: dumps/${String(x.path)} missing (rank ${String(x.rank)} wrote it, says its dump manifest: ${String(x.reason)})`);
+  for (const x of objectEntries(m.refused, `${where}: refused`, r.problems)) r.problems.push(`${rel}: refused ${String(x.root)} path ${JSON.stringify(x.path)} from rank ${String(x.rank)} (${String(x.reason)})`);
+  for (const f of objectEntries(m.files, `${where}: files`, r.problems)) {
     const fp = `${f.root}/${f.path}`;
     if (f.status === 'failed') {
       r.problems.push(`${relJoin(rel, fp)}: not aggregated (${f.error})`);
