@@ -92,7 +92,9 @@ async function startJob(opts: {
     await client.register({ name: 'input0', shmName, offset: 2 * G.layers * POOL, nbytes: 4096, dtype: 'int32', shape: [1024], role: 'input' });
     ranks.push({ agent, client, seg, shmName });
   }
-  await waitFor(() => coordinator.liveRanks().length === ranks.length, 'agents live');
+  // Live is not enough: until an agent has applied its snapshot its mailbox shows no bus, and its
+  // engine sends no wave head (a step right after start would wait for a head never sent).
+  await waitFor(() => coordinator.liveRanks().length === ranks.length && ranks.every((r) => r.agent.synced), 'agents live and synced');
   return { coordinator, guard, ranks, root, dumpRoot: startup.dumpDir };
 }
 

@@ -99,7 +99,9 @@ export async function startHarnessJob(opts: {
     }
     await client.register({ name: 'input0', shmName, offset: 2 * layers * POOL, nbytes: 4096, dtype: 'int32', shape: [1024], role: 'input' });
   }
-  await waitFor(() => coordinator.liveRanks().length === job.ranks.length, 'agents live');
+  // Live is not enough: until an agent has applied its snapshot its mailbox shows no bus, and its
+  // engine sends no wave head (a step right after start would wait for a head never sent).
+  await waitFor(() => coordinator.liveRanks().length === job.ranks.length && job.ranks.every((r) => r.agent.synced), 'agents live and synced');
   return job;
 }
 

@@ -216,6 +216,14 @@ export class Agent {
     this.publishFeatures();
   }
 
+  /**
+   * Whether this agent's bus has applied the coordinator's snapshot (and no resync is under way):
+   * only then does its mailbox show the job's features, and its engine send wave heads.
+   */
+  get synced(): boolean {
+    return this.bus?.synced ?? false;
+  }
+
   /** The bus's counters (frames received, resyncs...); undefined off the bus. */
   get busStats(): Readonly<AgentBus['stats']> | undefined {
     return this.bus?.stats;
