@@ -52,19 +52,25 @@ export function cpuUs(pid: number): number {
 }
 
 /** The flatness verdict for processes sampled after warm-up and at the end (same order). */
-export function flatness(start: Usage[], end: Usage[]): { rssRatioMax: number; fdGrowthMax: number; rssFlat: boolean; fdsFlat: boolean } {
-  const rssRatioMax = Math.max(...end.map((e, i) => e.rssKb / Math.max(1, start[i].rssKb)));
+export function flatness(start: Usage[], end: Usage[]): { rssRatioMax: number; rssWorst: number; fdGrowthMax: number; rssFlat: boolean; fdsFlat: boolean } {
+  const ratios = end.map((e, i) => e.rssKb / Math.max(1, start[i].rssKb));
+  const rssRatioMax = Math.max(...ratios);
   const fdGrowthMax = Math.max(...end.map((e, i) => e.fds - start[i].fds));
-  return { rssRatioMax: +rssRatioMax.toFixed(3), fdGrowthMax, rssFlat: rssRatioMax <= RSS_MAX_RATIO, fdsFlat: fdGrowthMax <= FD_MAX_GROWTH };
+  // Which process (its index in the samples): a failure must say whose memory grew, not only how much.
+  const rssWorst = ratios.indexOf(rssRatioMax);
+  return { rssRatioMax: +rssRatioMax.toFixed(3), rssWorst, fdGrowthMax, rssFlat: rssRatioMax <= RSS_MAX_RATIO, fdsFlat: fdGrowthMax <= FD_MAX_GROWTH };
 }
 
-function summarize(start: Usage[], end: Usage[]): Record<string, unknown> {
+/** The agents' usage; `roleOf(g)` names global rank g's part in the job (a replica head does more per wave). */
+function summarize(start: Usage[], end: Usage[], roleOf: (g: number) => string): Record<string, unknown> {
   const sum = (xs: number[]) => xs.reduce((a, b) => a + b, 0);
   const f = flatness(start, end);
+  const mb = (kb: number) => +(kb / 1024).toFixed(1);
   return {
-    rss_start_mb_mean: +(sum(start.map((u) => u.rssKb)) / start.length / 1024).toFixed(1),
-    rss_end_mb_mean: +(sum(end.map((u) => u.rssKb)) / end.length / 1024).toFixed(1),
+    rss_start_mb_mean: mb(sum(start.map((u) => u.rssKb)) / start.length),
+    rss_end_mb_mean: mb(sum(end.map((u) => u.rssKb)) / end.length),
     rss_ratio_max: f.rssRatioMax,
+    rss_worst: { global_rank: f.rssWorst, role: roleOf(f.rssWorst), start_mb: mb(start[f.rssWorst].rssKb), end_mb: mb(end[f.rssWorst].rssKb) },
     fds_start_max: Math.max(...start.map((u) => u.fds)),
     fds_end_max: Math.max(...end.map((u) => u.fds)),
     fds_growth_max: f.fdGrowthMax,
@@ -190,6 +196,8 @@ export async function soak(o: SoakOptions): Promise<Record<string, unknown>> {
     if (dead.length > 0) problem(`${dead.length} wavebus process(es) died: ${dead.flatMap((p) => p.stderr.slice(-2)).join(' | ').slice(0, 1500)}`);
     const coordFlat = flatness([su.coordinator], [endUsage.coordinator]);
     const agentsFlat = flatness(su.agents, endUsage.agents);
+    const headOf = new Map(Array.from({ length: o.dp }, (_, r) => [job.head(r), r]));
+    const agentRole = (g: number) => (headOf.has(g) ? `replica ${headOf.get(g)}'s head` : 'not a replica head');
     const stats = job.clients.map((c) => c.stats);
     const replicas = tally.replicas.map((c, r) => {
       const ranks = job.ranksOf(r);
@@ -219,7 +227,8 @@ export async function soak(o: SoakOptions): Promise<Record<string, unknown>> {
     }
     if ((st.dumps?.freed_before_copy ?? 0) > 0) failures.push(`${st.dumps.freed_before_copy} dump(s) freed before their copy`);
     if (dead.length > 0) failures.push(`${dead.length} process(es) died`);
-    if (!coordFlat.rssFlat || !agentsFlat.rssFlat) failures.push(`RSS grew: coordinator x${coordFlat.rssRatioMax}, agents max x${agentsFlat.rssRatioMax}`);
+    if (!coordFlat.rssFlat) failures.push(`RSS grew: coordinator x${coordFlat.rssRatioMax}`);
+    if (!agentsFlat.rssFlat) failures.push(`RSS grew: agent of global rank ${agentsFlat.rssWorst} (${agentRole(agentsFlat.rssWorst)}) x${agentsFlat.rssRatioMax}`);
     if (!coordFlat.fdsFlat || !agentsFlat.fdsFlat) failures.push(`fds grew: coordinator +${coordFlat.fdGrowthMax}, agents max +${agentsFlat.fdGrowthMax}`);
     if (problems.length > 0 && failures.length === 0) failures.push(`${problems.length} problem(s)`);
     return {
@@ -251,7 +260,7 @@ export async function soak(o: SoakOptions): Promise<Record<string, unknown>> {
         fds_end: endUsage.coordinator.fds,
         flat: coordFlat.rssFlat && coordFlat.fdsFlat,
       },
-      agents_usage: summarize(su.agents, endUsage.agents),
+      agents_usage: summarize(su.agents, endUsage.agents, agentRole),
       rule: RULE,
       pass: failures.length === 0,
       failures,

@@ -35,6 +35,9 @@ test('a wave head before the agent has synced is skipped by the client; once syn
   try {
     expect(agent.synced).toBe(false);
     await client.waveHead(1); // returns at once: nothing to send it to
+    // A head the client had sent would reach its agent within a turn or two of the loop; the check
+    // that decides is the coordinator's, below (a head queued now would reach it once it starts).
+    await new Promise((r) => setTimeout(r, 200));
     expect(agent.stats.waveHeadsRelayed + agent.stats.waveHeadsReencoded).toBe(0);
 
     const startup = parseStartupOptions(JSON.stringify({ runtime_config: runtimeConfig }), {}, root);

@@ -3,128 +3,35 @@
 import * as fs from 'fs';
 import * as path from 'path';
 import { Agent } from '../src/agent/agent';
-import { Coordinator } from '../src/bus/coordinator';
 import { WavebusClient } from '../src/client/client';
 import { MailboxReader } from '../src/client/mailbox';
 import { mailboxPath } from '../src/paths';
-import { Guard } from '../src/guard/guard';
-import { parseStartupOptions } from '../src/guard/startup';
-import { resolveIdentity } from '../src/launch/identity';
-import type { WorldLayout } from '../src/layout';
 import { inspectTree } from '../src/tools/inspect';
-import { ShmSegment } from '../src/memory';
-import type { RequestStep, StepTelemetry } from '../src/messages';
+import type { StepTelemetry } from '../src/messages';
 import { readBytes } from '../src/artifacts/read-range';
 import { readPt } from '../src/artifacts/pt-reader';
-import { fillKvPool, kvBlockBytes, type KvGeometry } from '../src/sim/kv-pattern';
+import { kvBlockBytes } from '../src/sim/kv-pattern';
 import { resolveSnapshotConfig } from '../src/snapshot/config';
 import { loadCallDir } from '../src/snapshot/loader';
 import { registry } from '../src/metrics';
-import { cleanup, freePortPair, runPython, tmpDir, waitFor } from './helpers';
+import { cleanup, runPython, waitFor } from './helpers';
+import { G, startHarnessJob, step, stopHarnessJob, type HarnessJob } from './job-harness';
 import { DEFAULT_LOOKAHEAD_WAVES } from '../src/bus/constants';
 
-const G: KvGeometry = { layers: 2, numBlocks: 32, blockSize: 4, kvHeads: 2, headDim: 8, dtype: 'bfloat16' };
-const POOL = G.numBlocks * G.blockSize * G.kvHeads * G.headDim * 2;
-
-interface Rank {
-  agent: Agent;
-  client: WavebusClient;
-  seg: ShmSegment;
-  shmName: string;
-}
-
-interface Job {
-  coordinator: Coordinator;
-  guard: Guard;
-  ranks: Rank[];
-  root: string;
-  dumpRoot: string;
-}
-
-async function startJob(opts: {
-  tp: number;
-  runtimeConfig: Record<string, unknown>;
-  hotReload?: boolean;
-  agents?: number;
-  endOfWaveTimeoutMs?: number;
-  dumpAckTimeoutMs?: number;
-  snapshotEnv?: NodeJS.ProcessEnv;
-}): Promise<Job> {
-  const root = tmpDir('wavebus-engine-');
-  const layout: WorldLayout = { worldSize: opts.tp, tp: opts.tp, pp: 1, dp: 1, cp: 1 };
-  const startup = parseStartupOptions(
-    JSON.stringify({ runtime_config_hot_reload: opts.hotReload ?? false, runtime_config: opts.runtimeConfig }),
-    {},
-    root,
-  );
-  const guard = new Guard({ startup, layout });
-  const port = await freePortPair();
-  const coordinator = new Coordinator({
-    port,
-    layout,
-    heartbeatMs: 300,
-    dumpAckTimeoutMs: opts.dumpAckTimeoutMs ?? 10000,
-    policy: guard,
-  });
-  await coordinator.start();
-  const ranks: Rank[] = [];
-  const runDir = path.join(root, 'run');
-  for (let g = 0; g < (opts.agents ?? opts.tp); g++) {
-    const env = { RANK: String(g), LOCAL_RANK: String(g), WORLD_SIZE: String(opts.tp), LOCAL_WORLD_SIZE: String(opts.tp), WAVEBUS_TP: String(opts.tp) };
-    const identity = resolveIdentity(env);
-    const snapshot = resolveSnapshotConfig({ WAVEBUS_CACHE_ROOT: root, ...(opts.snapshotEnv ?? {}) });
-    const agent = new Agent({ identity, runDir, coordinator: { host: '127.0.0.1', port }, heartbeatMs: 300, endOfWaveTimeoutMs: opts.endOfWaveTimeoutMs ?? 5000, snapshot, roots: { dumps: startup.dumpDir } });
-    await agent.start();
-    const shmName = `/wavebus-test-${process.pid}-${port}-r${g}`;
-    const seg = ShmSegment.create(shmName, 2 * G.layers * POOL + 4096);
-    const mem = seg.buffer();
-    for (let l = 0; l < G.layers; l++) {
-      fillKvPool(mem.subarray(2 * l * POOL, (2 * l + 1) * POOL), G, l, 'k', g);
-      fillKvPool(mem.subarray((2 * l + 1) * POOL, (2 * l + 2) * POOL), G, l, 'v', g);
-    }
-    mem.fill(7, 2 * G.layers * POOL);
-    const client = await WavebusClient.connect({ env: { WAVEBUS_RUN_DIR: runDir, LOCAL_RANK: String(g) } });
-    for (let l = 0; l < G.layers; l++) {
-      for (const [i, kv] of (['k', 'v'] as const).entries()) {
-        await client.register({ name: `layers.${l}.${kv}`, shmName, offset: (2 * l + i) * POOL, nbytes: POOL, dtype: G.dtype, shape: [G.numBlocks, G.blockSize, G.kvHeads, G.headDim], role: 'kv_pool', layer: `layers.${l}`, kv });
-      }
-    }
-    await client.register({ name: 'input0', shmName, offset: 2 * G.layers * POOL, nbytes: 4096, dtype: 'int32', shape: [1024], role: 'input' });
-    ranks.push({ agent, client, seg, shmName });
-  }
-  // Live is not enough: until an agent has applied its snapshot its mailbox shows no bus, and its
-  // engine sends no wave head (a step right after start would wait for a head never sent).
-  await waitFor(() => coordinator.liveRanks().length === ranks.length && ranks.every((r) => r.agent.synced), 'agents live and synced');
-  return { coordinator, guard, ranks, root, dumpRoot: startup.dumpDir };
-}
-
-let jobs: Job[] = [];
+let jobs: HarnessJob[] = [];
 
 afterEach(async () => {
-  for (const j of jobs) {
-    for (const r of j.ranks) {
-      await r.client.close();
-      await r.agent.stop();
-      r.seg.close();
-      try {
-        ShmSegment.unlink(r.shmName);
-      } catch {
-        /* gone */
-      }
-    }
-    await j.coordinator.stop();
-    j.guard.close();
-  }
+  for (const j of jobs) await stopHarnessJob(j);
   jobs = [];
   await cleanup();
 });
 
-function step(reqId: string, tokens: number[], blockIds: number[], extra: Partial<RequestStep> = {}): RequestStep {
-  return { reqId, newTokenIds: tokens, newTokenLogprobs: [], newTokenRanks: [], draftLen: 0, accepted: 0, blockIds, finished: false, freed: false, promptLen: 8, numOutputTokens: 0, ...extra };
-}
-
-/** One engine step on every rank: TP0 opens the wave with last wave's telemetry; all end it. */
-async function runWave(job: Job, wave: number, prev: StepTelemetry | undefined) {
+/**
+ * One engine step on every rank: TP0 opens the wave with last wave's telemetry; all end it. Unlike
+ * the harness's runWave it does not wait for the coordinator to handle the head: these tests watch
+ * what the engine sees, including heads that go nowhere.
+ */
+async function runWave(job: HarnessJob, wave: number, prev: StepTelemetry | undefined) {
   await job.ranks[0].client.waveHead(wave, prev);
   return Promise.all(job.ranks.map((r) => r.client.endOfWave(wave)));
 }
@@ -132,7 +39,7 @@ async function runWave(job: Job, wave: number, prev: StepTelemetry | undefined) 
 const REPEAT_ON = { detector: { token_repeat: { enabled: true, on_trigger: ['report', 'dump_kv'] } }, dump: { auto_max_times: 4, auto_cooldown_seconds: 0, free_headroom_bytes: 0 } };
 
 test('with every feature off, no client call sends anything and end_of_wave returns at once', async () => {
-  const job = await startJob({ tp: 2, runtimeConfig: {} });
+  const job = await startHarnessJob({ tp: 2, runtimeConfig: {} });
   jobs.push(job);
   for (let w = 1; w <= 1000; w++) {
     await job.ranks[0].client.waveHead(w, { requests: [step('r', [1], [0])], nonFinite: [] });
@@ -147,7 +54,7 @@ test('with every feature off, no client call sends anything and end_of_wave retu
 });
 
 test('a detector hit dumps the request from every TP rank, byte for byte, loadable by torch', async () => {
-  const job = await startJob({ tp: 4, runtimeConfig: REPEAT_ON });
+  const job = await startHarnessJob({ tp: 4, runtimeConfig: REPEAT_ON });
   jobs.push(job);
   await waitFor(() => job.ranks.every((r) => r.client.featureFlags() !== 0), 'bus active on every rank');
   const blocks = [3, 9, 4];
@@ -210,7 +117,7 @@ print(d['req_id'], d['tp_rank'], list(d['block_ids']), d['k'].dtype, tuple(d['k'
 
 test('a rank that never acks is named missing in the manifest; the others are complete', async () => {
   // Four ranks expected, three agents running: rank 3 never answers.
-  const job = await startJob({ tp: 4, agents: 3, runtimeConfig: { ...REPEAT_ON, dump: { ...REPEAT_ON.dump, manual_dump: 1 } }, dumpAckTimeoutMs: 1500 });
+  const job = await startHarnessJob({ tp: 4, agents: 3, runtimeConfig: { ...REPEAT_ON, dump: { ...REPEAT_ON.dump, manual_dump: 1 } }, dumpAckTimeoutMs: 1500 });
   jobs.push(job);
   await waitFor(() => job.ranks.every((r) => r.client.featureFlags() !== 0), 'bus active');
   const tel: StepTelemetry = { wave: 0, requests: [step('req-a-1', [1], [1, 2])], nonFinite: [] };
@@ -230,7 +137,7 @@ test('a rank that never acks is named missing in the manifest; the others are co
 });
 
 test('a request that finished in the detect wave is dumped with request_finished_at_dump', async () => {
-  const job = await startJob({ tp: 2, runtimeConfig: REPEAT_ON });
+  const job = await startHarnessJob({ tp: 2, runtimeConfig: REPEAT_ON });
   jobs.push(job);
   await waitFor(() => job.ranks.every((r) => r.client.featureFlags() !== 0), 'bus active');
   let prev: StepTelemetry | undefined;
@@ -256,7 +163,7 @@ test('a request that finished in the detect wave is dumped with request_finished
 });
 
 test('end_of_wave never waits past its bound when the wave vector does not come', async () => {
-  const job = await startJob({ tp: 2, runtimeConfig: REPEAT_ON, endOfWaveTimeoutMs: 30 });
+  const job = await startHarnessJob({ tp: 2, runtimeConfig: REPEAT_ON, endOfWaveTimeoutMs: 30 });
   jobs.push(job);
   await waitFor(() => job.ranks.every((r) => r.client.featureFlags() !== 0), 'bus active');
   // Wave 1 needs no vector: nothing can be due before the first head (the snapshot's floor).
@@ -308,7 +215,7 @@ test('end_of_wave never waits past its bound when the wave vector does not come'
 });
 
 test('waveHead refuses bad telemetry naming the field, and the next good head still opens its wave', async () => {
-  const job = await startJob({ tp: 2, runtimeConfig: REPEAT_ON });
+  const job = await startHarnessJob({ tp: 2, runtimeConfig: REPEAT_ON });
   jobs.push(job);
   await waitFor(() => job.ranks.every((r) => r.client.featureFlags() !== 0), 'bus active');
   expect((await runWave(job, 1, undefined)).every((r) => !r.timedOut)).toBe(true); // the clients meet their agents
@@ -324,7 +231,7 @@ test('waveHead refuses bad telemetry naming the field, and the next good head st
 });
 
 test('a vector that comes after end_of_wave gave up: that rank acks its job wave_already_ended, the other dumps', async () => {
-  const job = await startJob({ tp: 2, runtimeConfig: { ...REPEAT_ON, dump: { ...REPEAT_ON.dump, manual_dump: 1 } }, endOfWaveTimeoutMs: 200 });
+  const job = await startHarnessJob({ tp: 2, runtimeConfig: { ...REPEAT_ON, dump: { ...REPEAT_ON.dump, manual_dump: 1 } }, endOfWaveTimeoutMs: 200 });
   jobs.push(job);
   await waitFor(() => job.ranks.every((r) => r.client.featureFlags() !== 0), 'bus active');
   // Wave 1 needs no vector (nothing is decided before the first head): it ends at once on both ranks.
@@ -354,7 +261,7 @@ test('a vector that comes after end_of_wave gave up: that rank acks its job wave
 });
 
 test('before_forward writes an input snapshot on every rank, and a bad region is refused', async () => {
-  const job = await startJob({ tp: 2, runtimeConfig: {}, snapshotEnv: { WAVEBUS_SNAPSHOT_ENABLE: '1' } });
+  const job = await startHarnessJob({ tp: 2, runtimeConfig: {}, snapshotEnv: { WAVEBUS_SNAPSHOT_ENABLE: '1' } });
   jobs.push(job);
   const ctx = { compilationHash: 'graph-a', globalStep: 1, isPrompt: true, reqIds: ['r-1'], positions: [0, 1, 2], rowRequest: [0, 0, 0] };
   for (const [g, r] of job.ranks.entries()) {
@@ -371,7 +278,7 @@ test('before_forward writes an input snapshot on every rank, and a bad region is
 });
 
 test('an engine that schedules asynchronously is refused at connect when snapshots are on', async () => {
-  const job = await startJob({ tp: 1, runtimeConfig: {}, snapshotEnv: { WAVEBUS_SNAPSHOT_ENABLE: '1' } });
+  const job = await startHarnessJob({ tp: 1, runtimeConfig: {}, snapshotEnv: { WAVEBUS_SNAPSHOT_ENABLE: '1' } });
   jobs.push(job);
   const env = { WAVEBUS_RUN_DIR: path.join(job.root, 'run'), LOCAL_RANK: '0' };
   await expect(WavebusClient.connect({ env, asyncScheduling: true })).rejects.toThrow(/input snapshots need sync scheduling.*Disable async scheduling/);
@@ -388,7 +295,7 @@ except ConfigError as e:
 });
 
 test('an agent restarted under a running engine learns its regions again and the next dump is whole', async () => {
-  const job = await startJob({ tp: 2, runtimeConfig: REPEAT_ON });
+  const job = await startHarnessJob({ tp: 2, runtimeConfig: REPEAT_ON });
   jobs.push(job);
   await waitFor(() => job.ranks.every((r) => r.client.featureFlags() !== 0), 'bus active');
   await runWave(job, 1, undefined);
@@ -417,7 +324,7 @@ test('an agent restarted under a running engine learns its regions again and the
 });
 
 test('a client the agent has not met (it restarted behind the same mailbox) is asked to rejoin, and the step still completes', async () => {
-  const job = await startJob({ tp: 1, runtimeConfig: REPEAT_ON });
+  const job = await startHarnessJob({ tp: 1, runtimeConfig: REPEAT_ON });
   jobs.push(job);
   await waitFor(() => job.ranks[0].client.featureFlags() !== 0, 'bus active');
   await runWave(job, 1, undefined); // the client has said hello and registered

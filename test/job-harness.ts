@@ -1,7 +1,6 @@
 // An in-process job for tests that need real dumps, reports and snapshots: a coordinator running
 // the guard, one Agent per rank, and a TypeScript client per rank with its KV pool in real shared
-// memory (the same set-up as test/engine.test.ts, with the knobs other feature tests need: layer
-// names and artifact modes).
+// memory. test/engine.test.ts and the feature tests all start their jobs here.
 import * as path from 'path';
 import { Agent } from '../src/agent/agent';
 import type { ArtifactModes } from '../src/artifacts/artifact-mode';
@@ -59,6 +58,10 @@ export async function startHarnessJob(opts: {
   lookaheadWaves?: number;
   /** The coordinator's /metrics port (0: a free one); none by default. */
   metricsPort?: number;
+  /** Start only the first `agents` ranks (default all): the rest stay missing. */
+  agents?: number;
+  /** The coordinator's dump-ack bound (default 10000 ms). */
+  dumpAckTimeoutMs?: number;
 }): Promise<HarnessJob> {
   const layers = opts.layers ?? G.layers;
   const layerName = opts.layerName ?? ((l: number) => `layers.${l}`);
@@ -70,11 +73,11 @@ export async function startHarnessJob(opts: {
   const startup = parseStartupOptions(JSON.stringify({ runtime_config_hot_reload: opts.hotReload ?? false, runtime_config: opts.runtimeConfig }), {}, root);
   const guard = new Guard({ startup, layout, artifactModes: opts.artifactModes, ...(opts.hotReload ? { pollIntervalMs: 0, verifyIntervalMs: 0 } : {}) });
   const port = await freePortPair();
-  const coordinator = new Coordinator({ port, layout, heartbeatMs: 300, dumpAckTimeoutMs: 10000, policy: guard, lookaheadWaves: opts.lookaheadWaves, metricsPort: opts.metricsPort });
+  const coordinator = new Coordinator({ port, layout, heartbeatMs: 300, dumpAckTimeoutMs: opts.dumpAckTimeoutMs ?? 10000, policy: guard, lookaheadWaves: opts.lookaheadWaves, metricsPort: opts.metricsPort });
   await coordinator.start();
   const job: HarnessJob = { coordinator, guard, ranks: [], root, dumpRoot: startup.dumpDir, reportRoot: startup.reportDir, layout, configPath: startup.configPath };
   const runDir = path.join(root, 'run');
-  for (let g = 0; g < world; g++) {
+  for (let g = 0; g < (opts.agents ?? world); g++) {
     const env = { RANK: String(g), LOCAL_RANK: String(g), WORLD_SIZE: String(world), LOCAL_WORLD_SIZE: String(world), WAVEBUS_TP: String(opts.tp), WAVEBUS_PP: String(pp), WAVEBUS_DP: String(dp) };
     const identity = resolveIdentity(env);
     const snapshot = resolveSnapshotConfig({ WAVEBUS_CACHE_ROOT: root, ...(opts.snapshotEnv ?? {}) });

@@ -287,8 +287,9 @@ function inspectDumpWave(dir: string, rel: string, names: string[], verify: bool
   }
   // Every file the coordinator recorded from the ranks' acks (dump.json included).
   const files = manifest?.files ?? {};
-  if (typeof files !== 'object' || Array.isArray(files)) r.problems.push(`${relJoin(rel, 'manifest.json')}: files is not an object of lists`);
-  for (const [g, list] of typeof files === 'object' && !Array.isArray(files) ? Object.entries(files) : []) {
+  const filesIsObject = typeof files === 'object' && !Array.isArray(files);
+  if (!filesIsObject) r.problems.push(`${relJoin(rel, 'manifest.json')}: files is not an object of lists`);
+  for (const [g, list] of filesIsObject ? Object.entries(files) : []) {
     for (const f of objectEntries(list, `${relJoin(rel, 'manifest.json')}: files.${g}`, r.problems)) {
       const fp = String(f.path ?? '');
       if (!fp || fp.split('/').some((c) => c === '..' || c === '')) {
