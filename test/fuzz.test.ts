@@ -4,8 +4,9 @@
 // edits of a hot-reloaded JSONC config. Flags and environment variables: test/fuzz-flags.test.ts.
 import * as fs from 'fs';
 import * as path from 'path';
-import { Dealer } from 'zeromq';
+import { Dealer, Subscriber, XPublisher } from 'zeromq';
 import { fuzz, Mutator, TARGETS } from '../bench/fuzz';
+import { sendWhenRoom } from '../bench/lib/fuzz-agent';
 import { AGENT_BODIES } from '../bench/lib/fuzz-coordinator';
 import { DIRECT_BODIES } from '../bench/lib/fuzz-direct';
 import { coversOneof, oneofMembers, perKind } from '../bench/lib/fuzz-kinds';
@@ -32,6 +33,39 @@ function stackTrace(s: string): string | undefined {
   const m = /^ {4}at .+$/m.exec(s) ?? /\\n {4}at .+?\\n/.exec(s) ?? /\b(TypeError|RangeError|ReferenceError|SyntaxError: Unexpected)\b.*$/m.exec(s);
   return m?.[0];
 }
+
+test("the rogue PUB waits for room at its high-water mark instead of failing the run (zeromq.js's XPUB rejects with EAGAIN)", async () => {
+  const port = await freePortPair();
+  const pub = new XPublisher({ linger: 0, sendHighWaterMark: 4, noDrop: true });
+  const sub = new Subscriber({ receiveHighWaterMark: 4 });
+  try {
+    await pub.bind(`tcp://127.0.0.1:${port}`);
+    sub.connect(`tcp://127.0.0.1:${port}`);
+    sub.subscribe('');
+    await pub.receive(); // the subscription
+    const body = Buffer.alloc(256 * 1024); // larger than the socket buffers: the queue fills
+    // A plain send fails once the subscriber lags: the failure the bench saw.
+    let refused: unknown;
+    let queued = 0;
+    while (!refused && queued < 200) await pub.send([Buffer.from('t'), body]).then(() => queued++, (e) => (refused = e));
+    expect((refused as { code?: string }).code).toBe('EAGAIN');
+    let got = 0;
+    const reader = (async () => {
+      for await (const [topic] of sub) {
+        if (topic.toString() === 'end') return;
+        got++;
+        await sleep(1); // a slow agent
+      }
+    })();
+    for (let i = 0; i < 100; i++) await sendWhenRoom(pub, [Buffer.from('t'), body]);
+    await sendWhenRoom(pub, [Buffer.from('end'), Buffer.alloc(0)]);
+    await reader;
+    expect(got).toBe(queued + 100); // nothing dropped: those queued before the refusal and every one after
+  } finally {
+    pub.close();
+    sub.close();
+  }
+});
 
 test('garbage and mutated frames on every socket: no crash, no hang, every frame accounted for', async () => {
   const r = await fuzz({ frames: 1500, seed: 7, oversized: true });

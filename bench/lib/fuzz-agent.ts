@@ -123,6 +123,23 @@ export function clientTarget(name: string, jobName: string): FuzzTarget {
   };
 }
 
+/**
+ * Send on an XPUB with noDrop (every frame must reach the agents the model counts it for). At the
+ * high-water mark zeromq.js rejects with EAGAIN instead of waiting (XPUB always reads as writable),
+ * so a busy agent would end the run: wait for room, within a bound.
+ */
+export async function sendWhenRoom(pub: XPublisher, parts: Buffer[], boundMs = 30000): Promise<void> {
+  const deadline = Date.now() + boundMs;
+  for (;;) {
+    try {
+      return await pub.send(parts);
+    } catch (e) {
+      if ((e as { code?: string }).code !== 'EAGAIN' || Date.now() > deadline) throw e;
+      await sleep(2);
+    }
+  }
+}
+
 /** Drops the agent counts after decoding (its stream state), not predicted from the bytes alone. */
 const STATE_REASONS = new Set(['wrong_epoch', 'stale']);
 
@@ -171,7 +188,7 @@ export function subTarget(name: string, opts: { token?: boolean }): FuzzTarget {
           }
         }
         sent++;
-        await pub.send(parts);
+        await sendWhenRoom(pub, parts);
       };
       const seal = (topic: string, body: Buffer) => (token ? token.seal('pub', body, undefined, Buffer.from(topic)) : body);
       for (let i = 0; i < ctx.frames; i++) {
