@@ -7,7 +7,7 @@
 import * as fs from 'fs';
 import * as path from 'path';
 import { spawnSync } from 'child_process';
-import { PYTHON, ROOT, cleanup, freePort, runWavebus, spawnWavebus, tmpDir } from './helpers';
+import { PYTHON, ROOT, cleanup, freePortPair, runWavebus, spawnWavebus, tmpDir } from './helpers';
 
 afterAll(cleanup);
 
@@ -35,7 +35,7 @@ function bisect(a: string, b: string, ...flags: string[]) {
 
 beforeAll(async () => {
   dir = tmpDir('wavebus-bisect-');
-  const port = await freePort();
+  const port = await freePortPair();
   const engine = path.join(ROOT, 'examples', 'torch-engine');
   const launch = spawnWavebus(
     ['launch', '--nproc-per-node', '2', '--tp', '2', '--port', String(port), '--', PYTHON, path.join(engine, 'torchrun_env.py'), path.join(engine, 'engine.py'), '--out', path.join(dir, 'eng'), '--max-tokens', '12'],

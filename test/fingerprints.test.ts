@@ -11,7 +11,7 @@ import { clientFingerprint, fingerprintEnv } from '../src/client/fingerprint';
 import { FingerprintKeeper, WEIGHTS_SETTLE_MS } from '../src/agent/fingerprint-keeper';
 import { RegionKind } from '../src/client/protocol';
 import { ShmSegment } from '../src/memory';
-import { PYTHON, ROOT, cleanup, freePort, spawnWavebus, tmpDir, waitFor } from './helpers';
+import { PYTHON, ROOT, cleanup, freePortPair, spawnWavebus, tmpDir, waitFor } from './helpers';
 import { startHarnessJob, stopHarnessJob } from './job-harness';
 
 afterAll(cleanup);
@@ -151,7 +151,7 @@ test('a DP=2 torch job, one flipped weight byte on rank 1 and NCCL_ALGO=Tree on 
     b.writeUInt32LE(id, 0);
     return crypto.createHmac('sha256', key).update('wavebus token id v1\0').update(b).digest('hex').slice(0, 16);
   };
-  const port = await freePort();
+  const port = await freePortPair();
   const launch = spawnWavebus(
     [
       'launch', '--nproc-per-node', '2', '--tp', '1', '--dp', '2', '--port', String(port),

@@ -8,7 +8,7 @@ import * as zmq from 'zeromq';
 import { ClientReply, ClientRequest, decode, encode } from '../src/proto';
 import { columnsFromWire } from '../src/client/telemetry';
 import { CLIENT_PROTOCOL_VERSION, RegionRole } from '../src/client/protocol';
-import { PYTHON, ROOT, cleanup, freePort, runPython, spawnTracked, tmpDir, waitFor } from './helpers';
+import { PYTHON, ROOT, cleanup, freePortPair, runPython, spawnTracked, tmpDir, waitFor } from './helpers';
 
 const PKG = path.join(ROOT, 'clients', 'python');
 const PYDIR = path.join(ROOT, 'test', 'python');
@@ -980,7 +980,7 @@ test('a real coordinator, agent and Python client: wave_head drives the bus, end
     status: () => ({}),
     snapshotState: () => ({ configVersion: 1, config: cfg, manualDumpDone: 0 }),
   };
-  const port = await freePort();
+  const port = await freePortPair();
   const coordinator = new Coordinator({ host: '127.0.0.1', port, layout: identity, heartbeatMs: 200, policy, logger: silent });
   await coordinator.start();
   const agent = new Agent({ identity, runDir, coordinator: { host: '127.0.0.1', port }, endOfWaveTimeoutMs: 5000, logger: silent });

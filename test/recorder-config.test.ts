@@ -15,7 +15,7 @@ import { configFromRaw, defaultConfig } from '../src/guard/config';
 import { recorderSizeMismatch } from '../src/guard/recorder-config';
 import { ConfigError } from '../src/errors';
 import { decode, encode, messageType } from '../src/proto';
-import { PYTHON, ROOT, cleanup, freePort, spawnWavebus, tmpDir, waitFor } from './helpers';
+import { PYTHON, ROOT, cleanup, freePortPair, spawnWavebus, tmpDir, waitFor } from './helpers';
 
 afterAll(cleanup);
 
@@ -89,7 +89,7 @@ test('a recorder.flush raise in the config file of a running TP=2 job: both rank
   const dir = tmpDir('wavebus-reccfg-');
   const out = path.join(dir, 'out');
   const configPath = path.join(dir, 'runtime_config.json');
-  const port = await freePort();
+  const port = await freePortPair();
   const proc = spawnWavebus(
     ['launch', '--nproc-per-node', '2', '--tp', '2', '--port', String(port), '--run-dir', path.join(dir, 'run'),
       '--runtime-config-path', configPath, '--runtime-config-hot-reload', '--agent-arg=--end-of-wave-timeout-ms', '--agent-arg=2000',

@@ -5,7 +5,7 @@
 import * as fs from 'fs';
 import * as path from 'path';
 import { spawnSync } from 'child_process';
-import { PYTHON, ROOT, cleanup, freePort, readManifests, spawnWavebus, tmpDir, waitFor } from './helpers';
+import { PYTHON, ROOT, cleanup, freePort, freePortPair, readManifests, spawnWavebus, tmpDir, waitFor } from './helpers';
 
 afterAll(cleanup);
 
@@ -24,7 +24,7 @@ const KEEP_TOKENS = { report: { save_sensitive_info: true } };
 async function launch(engineArgs: string[], launchArgs: string[] = [], k = K) {
   const dir = tmpDir('wavebus-recorder-');
   const out = path.join(dir, 'out');
-  const port = await freePort();
+  const port = await freePortPair();
   const proc = spawnWavebus(
     ['launch', '--nproc-per-node', '2', '--tp', '2', '--port', String(port), '--run-dir', path.join(dir, 'run'), ...launchArgs,
       '--', PYTHON, path.join(ENGINE, 'torchrun_env.py'), path.join(ENGINE, 'engine.py'), '--out', out, '--save-every-forward', ...engineArgs],

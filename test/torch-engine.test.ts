@@ -5,7 +5,7 @@
 import * as fs from 'fs';
 import * as path from 'path';
 import { spawnSync } from 'child_process';
-import { PYTHON, ROOT, cleanup, freePort, readManifests, runWavebus, spawnWavebus, tmpDir } from './helpers';
+import { PYTHON, ROOT, cleanup, freePortPair, readManifests, runWavebus, spawnWavebus, tmpDir } from './helpers';
 
 afterAll(cleanup);
 
@@ -33,7 +33,7 @@ async function runEngine(opts: { tp: number; detectors: string[]; engineArgs?: s
     actions: { defaults: { on_trigger: ['report', 'dump_kv'] } },
     dump: { auto_max_times: 4, free_headroom_bytes: 0 },
   };
-  const port = await freePort();
+  const port = await freePortPair();
   const launch = spawnWavebus(
     [
       'launch', '--nproc-per-node', String(opts.tp), '--tp', String(opts.tp), '--port', String(port),
@@ -117,7 +117,7 @@ test('wavebus capture --request on a running TP=2 job: both ranks capture the sa
   const dir = tmpDir('wavebus-torch-capture-');
   const out = path.join(dir, 'out');
   const runDir = path.join(dir, 'run');
-  const port = await freePort();
+  const port = await freePortPair();
   const detector: Record<string, unknown> = {};
   for (const d of DETECTORS) detector[d] = { enabled: true };
   // Requests arrive 30 waves apart: req-5 comes at wave 151, long after the capture is armed.
@@ -285,7 +285,7 @@ test('a perturbed draft model makes acceptance really drop: spec_acceptance repo
 
 test('wavebus demo --engine torch: the demo\'s summary and verification over the real engine', async () => {
   const out = path.join(tmpDir('wavebus-torch-demo-'), 'demo');
-  const port = await freePort();
+  const port = await freePortPair();
   const r = runWavebus(['demo', '--engine', 'torch', '--tp', '2', '--out', out, '--port', String(port)], { timeout: 150000 });
   if (r.code !== 0) {
     // The launch logs say what the agents and the engine did (kept in the error: the dir goes at the end).
