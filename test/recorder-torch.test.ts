@@ -91,9 +91,9 @@ test('kill -9 of every engine rank mid-run: each agent flushes its last K forwar
   }
   const snaps = path.join(flush.dir, 'torch-engine-tp2');
   // The ranks die one after the other and record a forward's inputs before its first collective,
-  // so their newest forwards may differ by one (CI saw rank 0 flush 10..13, rank 1 9..12). A call
-  // on one rank only is outside the other's last K, or the one the other was writing when its kill
-  // came (named in its left_out).
+  // so their newest forwards may differ by one (CI saw call 13 on rank 0 only; killing rank 1 first
+  // gives rank 0 10..13 and rank 1 9..12). A call on one rank only is outside the other's last K,
+  // or the one the other was writing when its kill came (named in its left_out).
   const callsOf = (g: number) => fs.readdirSync(path.join(snaps, `rank${g}`)).filter((n) => /^call\d+$/.test(n)).map((n) => Number(n.slice(4)));
   const flushed = [0, 1].map((g) => new Set(callsOf(g)));
   const oneRankOnly: number[] = [];
