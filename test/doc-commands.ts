@@ -164,13 +164,12 @@ export function helpFlags(help: string): Set<string> {
  * `wavebus` is `<dir>/bin/wavebus` -> `<dir>/lib/node_modules/wavebus` -> the clone, as npm's
  * global bin would hold it. `--ignore-scripts`: the build `npm link` repeats is `npm install`'s,
  * already done (npm test's pretest rebuilds dist/), and rebuilding build/ under a running suite
- * would pull the addon from under other tests. Directories of `inherited` that hold a `wavebus`
- * are dropped, so a command finds the linked one or none.
+ * would pull the addon from under other tests. The link's bin comes first: a `wavebus` elsewhere on
+ * `inherited` (a global install) is never the one a command finds.
  */
 export function readerPath(root: string, dir: string, inherited: string): string {
   const env = { ...process.env, npm_config_prefix: dir, npm_config_cache: path.join(dir, 'npm-cache'), npm_config_logs_dir: path.join(dir, 'npm-logs') };
   const r = spawnSync('npm', ['link', '--ignore-scripts', '--offline', '--no-audit', '--no-fund'], { cwd: root, env, encoding: 'utf8', timeout: 60000 });
   if (r.status !== 0) throw new Error(`npm link (prefix ${dir}) failed: ${r.stdout}${r.stderr}`);
-  const others = inherited.split(':').filter((d) => d !== '' && !fs.existsSync(path.join(d, 'wavebus')));
-  return [path.join(dir, 'bin'), ...others].join(':');
+  return `${path.join(dir, 'bin')}:${inherited}`;
 }
