@@ -9,7 +9,7 @@ import * as fs from 'fs';
 import * as path from 'path';
 import { promisify } from 'util';
 import { CLI, ROOT, cleanup, tmpDir } from './helpers';
-import { COMMAND_WORDS, blocks, docCommands, docFiles, wavebusCalls, words, type DocCommand } from './doc-commands';
+import { COMMAND_WORDS, blocks, docCommands, docFiles, readerPath, wavebusCalls, words, type DocCommand } from './doc-commands';
 
 afterAll(cleanup);
 
@@ -66,7 +66,8 @@ const DEMO_TREE = 'reads the output of a `wavebus demo` (about two minutes of CP
 
 /** Commands that cannot run here, each with why. */
 const SKIPPED: Record<string, string> = {
-  'npm install && npx wavebus demo': 'npm install would rewrite the node_modules the suite runs from; test/demo.test.ts runs `wavebus demo` with its defaults',
+  'npm install && npm link && wavebus demo':
+    'npm install would rewrite the node_modules the suite runs from; the last test here runs its `npm link` (into a temp prefix) and every runnable command with the `wavebus` it links; test/demo.test.ts runs `wavebus demo` and test/package.test.ts `npx wavebus demo` from the installed package',
   'npm test': 'the suite this test is part of',
   'wavebus launch --nnodes 2 --node-rank $NODE_RANK --nproc-per-node 8 --master-addr $MASTER --tp 8 --pp 2 --runtime-config-hot-reload --curve-dir /etc/wavebus/keys -- torchrun ... serve.py': `two hosts of eight GPUs; ${ENGINE}`,
   'wavebus aggregate --coordinator HOST:PORT --out DIR [--what all|snapshots|dumps] [--prefix REL] [--call N] [--chunk-mb 2] [--window 4] [--timeout-ms 30000] [--bus-token-file FILE] [--json] [--curve-dir DIR] [--relay] [--direct-timeout-ms 3000]': SYNOPSIS,
@@ -231,15 +232,20 @@ test('every npm script and repository path a command names exists', () => {
 });
 
 test('the commands that can run here run as written, each doc in a temp dir of its own, in the doc\'s order', () => {
-  // `wavebus` is this checkout's CLI, as `npm install -g` or npx would give it.
-  const bin = tmpDir('wavebus-doc-bin-');
-  fs.writeFileSync(path.join(bin, 'wavebus'), `#!/bin/sh\nexec "${process.execPath}" "${CLI}" "$@"\n`, { mode: 0o755 });
+  // `wavebus` is what the README's set-up puts on the PATH (`npm link` in the clone), nothing else.
+  const setup = commands.find((c) => c.file === 'README.md')!;
+  expect(words(setup.text)).toEqual(expect.arrayContaining(['npm', 'link']));
+  const prefix = tmpDir('wavebus-doc-prefix-');
+  const PATH = readerPath(ROOT, prefix, process.env.PATH ?? '');
+  const found = spawnSync('bash', ['-c', 'command -v wavebus'], { env: { ...process.env, PATH }, encoding: 'utf8' }).stdout.trim();
+  expect(found).toBe(path.join(prefix, 'bin', 'wavebus'));
+  expect(fs.realpathSync(found)).toBe(fs.realpathSync(CLI)); // the clone's CLI, through npm's links
   const ran: string[] = [];
   const byFile = new Map<string, DocCommand[]>();
   for (const c of commands.filter((c) => c.text in RUNNABLE)) byFile.set(c.file, [...(byFile.get(c.file) ?? []), c]);
   for (const [, list] of byFile) {
     const dir = tmpDir('wavebus-doc-');
-    const env = { ...process.env, HOME: dir, PATH: `${bin}:${process.env.PATH}` };
+    const env = { ...process.env, HOME: dir, PATH };
     for (const c of list) {
       const spec = RUNNABLE[c.text];
       const cwd = spec.cwd === 'repo' ? ROOT : dir;

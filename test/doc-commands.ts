@@ -1,6 +1,7 @@
 // The command lines shown in README.md and docs/*.md, for test/doc-commands.test.ts: every line
 // of a `sh` / `bash` / `shell` code block, and the `$ ` lines of a `console` block, with `\`
-// continuations joined and `# comments` dropped.
+// continuations joined and `# comments` dropped; and the PATH they run with, set up as the README says.
+import { spawnSync } from 'child_process';
 import * as fs from 'fs';
 import * as path from 'path';
 
@@ -155,4 +156,20 @@ export function wavebusCalls(text: string): WavebusCall[] {
 /** The flags a `--help` text lists (yargs: `--name`, and `--no-name` for booleans is implied). */
 export function helpFlags(help: string): Set<string> {
   return new Set(help.match(/(?<![\w-])--[a-z][a-z0-9-]*/g) ?? []);
+}
+
+/**
+ * The PATH a reader has after the README's set-up (`npm install && npm link`): `npm link` in the
+ * clone, here into a global prefix under `dir` (npm_config_prefix, never the machine's), so that
+ * `wavebus` is `<dir>/bin/wavebus` -> `<dir>/lib/node_modules/wavebus` -> the clone, as npm's
+ * global bin would hold it. `--ignore-scripts`: the build `npm link` repeats is `npm install`'s,
+ * already done (npm test's pretest rebuilds dist/), and rebuilding build/ under a running suite
+ * would pull the addon from under other tests. The link's bin comes first: a `wavebus` elsewhere on
+ * `inherited` (a global install) is never the one a command finds.
+ */
+export function readerPath(root: string, dir: string, inherited: string): string {
+  const env = { ...process.env, npm_config_prefix: dir, npm_config_cache: path.join(dir, 'npm-cache'), npm_config_logs_dir: path.join(dir, 'npm-logs') };
+  const r = spawnSync('npm', ['link', '--ignore-scripts', '--offline', '--no-audit', '--no-fund'], { cwd: root, env, encoding: 'utf8', timeout: 60000 });
+  if (r.status !== 0) throw new Error(`npm link (prefix ${dir}) failed: ${r.stdout}${r.stderr}`);
+  return `${path.join(dir, 'bin')}:${inherited}`;
 }

@@ -1,13 +1,13 @@
 // A newcomer's walk (docs/walkthrough.md), as a test: the page's command block, read from the page,
-// run line by line in a fresh directory with a fresh $HOME, `wavebus` on the PATH as the built CLI
-// (dist/, as `npm install` leaves it), `python3` the one with torch, and `examples/` and `clients/`
-// linked in as the page says. The only change to a line: the bus port, when 29600 is taken. Each
+// run line by line in a fresh directory with a fresh $HOME, `wavebus` on the PATH as the README's
+// set-up puts it there (`npm link` of this clone, built by `npm install`), `python3` the one with
+// torch, and `examples/` and `clients/` linked in as the page says. The only change to a line: the bus port, when 29600 is taken. Each
 // step's check is what the page says the newcomer sees. A line of the block without a check here
 // fails the test, so the page and this test cannot drift apart.
-import { spawn } from 'child_process';
+import { spawn, spawnSync } from 'child_process';
 import * as fs from 'fs';
 import * as path from 'path';
-import { blocks, commandsOf } from './doc-commands';
+import { blocks, commandsOf, readerPath } from './doc-commands';
 import { CLI, PYTHON, ROOT, cleanup, freePortPair, tmpDir, waitFor } from './helpers';
 
 jest.setTimeout(600000);
@@ -105,10 +105,12 @@ test('the walk from an incident to an answer runs as written, each step showing 
   const dir = tmpDir('wavebus-walk-');
   const home = tmpDir('wavebus-walk-home-');
   const bin = tmpDir('wavebus-walk-bin-');
-  fs.writeFileSync(path.join(bin, 'wavebus'), `#!/bin/sh\nexec "${process.execPath}" "${CLI}" "$@"\n`, { mode: 0o755 });
   fs.symlinkSync(PYTHON, path.join(bin, 'python3'));
   for (const d of ['examples', 'clients']) fs.symlinkSync(path.join(ROOT, d), path.join(dir, d));
-  const env: NodeJS.ProcessEnv = { PATH: `${bin}:${path.dirname(process.execPath)}:/usr/bin:/bin`, HOME: home, LANG: 'C.UTF-8', WAVEBUS_LOG_LEVEL: 'warn' };
+  // `wavebus` as the README's set-up links it (`npm link`, into a prefix of the test's own).
+  const PATH = readerPath(ROOT, tmpDir('wavebus-walk-prefix-'), `${bin}:${path.dirname(process.execPath)}:/usr/bin:/bin`);
+  const env: NodeJS.ProcessEnv = { PATH, HOME: home, LANG: 'C.UTF-8', WAVEBUS_LOG_LEVEL: 'warn' };
+  expect(fs.realpathSync(spawnSync('bash', ['-c', 'command -v wavebus'], { env, encoding: 'utf8' }).stdout.trim())).toBe(fs.realpathSync(CLI));
   const port = (await freePortPair()) ;
   const pre: string[] = [];
   let background: { line: string; done: Promise<Ran>; pid?: number } | undefined;
