@@ -140,6 +140,14 @@ export function capConnections(server: http.Server, closed: Counter<'reason'>, c
   });
 }
 
+/** Headers of one request to /healthz or /metrics (a scraper sends a few hundred bytes; Node's default is 16 KiB). */
+export const METRICS_MAX_HEADER_BYTES = 8192;
+
+function hasBody(req: http.IncomingMessage): boolean {
+  const len = req.headers['content-length'];
+  return req.headers['transfer-encoding'] !== undefined || (len !== undefined && len !== '0');
+}
+
 export interface MetricsServer {
   host: string;
   port: number;
@@ -153,10 +161,16 @@ export interface MetricsServer {
 export async function startMetricsServer(opts: { host?: string; port: number; health: () => Record<string, unknown> }): Promise<MetricsServer> {
   const host = opts.host ?? '127.0.0.1';
   // Timeouts are checked this often (Node's default, 30 s, let idle connections pile up that long).
-  const server = http.createServer({ connectionsCheckingInterval: Math.min(1000, METRICS_IDLE_TIMEOUT_MS) }, (req, res) => {
+  const server = http.createServer({ connectionsCheckingInterval: Math.min(1000, METRICS_IDLE_TIMEOUT_MS), maxHeaderSize: METRICS_MAX_HEADER_BYTES }, (req, res) => {
     const url = (req.url ?? '/').split('?')[0];
     if (req.method !== 'GET' && req.method !== 'HEAD') {
-      res.writeHead(405, { allow: 'GET, HEAD' }).end();
+      res.writeHead(405, { allow: 'GET, HEAD', connection: 'close' }).end();
+      return;
+    }
+    // A GET has no body. Node would read and discard one, however long, to reach the next request
+    // on the connection: answer 413 and close it instead.
+    if (hasBody(req)) {
+      res.writeHead(413, { 'content-type': 'text/plain', connection: 'close' }).end('a request to /healthz or /metrics has no body\n');
       return;
     }
     if (url === '/healthz') {

@@ -8,6 +8,7 @@ import * as path from 'path';
 import * as protobuf from 'protobufjs';
 import { Dealer } from 'zeromq';
 import { BusToken, createTokenFile } from '../src/bus/auth';
+import { writeKeyPair } from '../src/bus/curve';
 import { Coordinator, requestStatus } from '../src/bus/coordinator';
 import { decodeAgentMessage, decodeBusFrame, decodeCoordinatorMessage, encodeAgentMessage, encodeBusFrame } from '../src/bus/frames';
 import { MAX_UNAUTHENTICATED_BYTES, unauthenticatedRefusal } from '../src/bus/router-inbox';
@@ -215,5 +216,95 @@ describeAsRoot('a local user floods the coordinator ROUTER without the token', (
     console.log(`flood: RSS ${rssBefore} KiB before, peak +${growthMiB.toFixed(1)} MiB; worst /healthz ${worstMs} ms over ${asks} asks`);
     c.child.kill('SIGTERM');
     await c.exited;
+  }, 90000);
+});
+
+// ------------------------------------------------------------------ issue 45 item 1: the PUB port
+
+function getText(port: number, p: string): Promise<string> {
+  return new Promise((resolve, reject) => {
+    http.get({ host: '127.0.0.1', port, path: p, timeout: 5000, agent: false }, (res) => {
+      let s = '';
+      res.on('data', (b) => (s += b));
+      res.on('end', () => resolve(s));
+    }).on('error', reject);
+  });
+}
+
+describeAsRoot('a local user subscribes to the coordinator PUB with a 24 MB topic', () => {
+  /**
+   * A second uid's XSUB (ZMTP 3.0, NULL) sends one subscription of `mib` MiB to the PUB of a
+   * coordinator started with `extra` flags; returns the coordinator's RSS growth and what the peer saw.
+   */
+  async function attack(extra: (dir: string) => string[]): Promise<{ growthMiB: number; peer: string; metricsPort: number; port: number; tokenFile: string; c: ReturnType<typeof spawnWavebus> }> {
+    const user = otherUser('subbomb');
+    const dir = tmpDir('wavebus-subbomb-');
+    fs.chmodSync(dir, 0o755);
+    const script = path.join(dir, 'xsub.js');
+    fs.copyFileSync(path.join(ROOT, 'test', 'attack', 'zmtp-peer.js'), script);
+    const topic = path.join(dir, 'topic.bin');
+    fs.writeFileSync(topic, Buffer.alloc(24 * 2 ** 20, 0x61));
+    for (const f of [script, topic]) fs.chmodSync(f, 0o644);
+    const tokenFile = createTokenFile(tmpDir('wavebus-subbomb-token-'));
+    const port = await freePortPair();
+    const c = spawnWavebus(['coordinator', '--port', String(port), '--world-size', '1', '--metrics-port', '0', '--bus-token-file', tokenFile, '--runtime-config-path', path.join(dir, 'none.json'), ...extra(dir)], {
+      env: { ...process.env, WAVEBUS_LOG_LEVEL: 'warn' },
+    });
+    const started = await waitFor(() => c.stdout().split('\n').find((l) => l.includes('"started"')), 'the coordinator to start', 20000);
+    const metricsPort: number = JSON.parse(started).metrics.port;
+    for (let i = 0; i < 3; i++) await getJson(metricsPort);
+    const before = rssKiB(c.child.pid!);
+    const peer = spawnAs(user, process.execPath, [script, 'xsub', '127.0.0.1', String(port), topic], { stdio: ['pipe', 'pipe', 'pipe'] });
+    let peak = before;
+    // The subscription is applied (or refused) within a second or two of arriving; sample for 4 s
+    // after the last byte went out, or until the coordinator has dropped the connection.
+    await waitFor(() => peer.stdout().includes('"event":"sent"') || peer.stdout().includes('"event":"closed"'), 'the subscription to be sent', 20000);
+    const t0 = Date.now();
+    while (Date.now() - t0 < 4000 && !peer.stdout().includes('"event":"closed"')) {
+      peak = Math.max(peak, rssKiB(c.child.pid!));
+      await new Promise((res) => setTimeout(res, 100));
+    }
+    await new Promise((res) => setTimeout(res, 500));
+    peak = Math.max(peak, rssKiB(c.child.pid!));
+    peer.child.stdin?.end();
+    await peer.exited;
+    return { growthMiB: (peak - before) / 1024, peer: peer.stdout(), metricsPort, port, tokenFile, c };
+  }
+
+  test('plain text: the PUB drops the peer at its first oversized message, the coordinator does not grow, and still answers', async () => {
+    const r = await attack(() => []);
+    try {
+      // eslint-disable-next-line no-console
+      console.log(`subscription bomb (plain): coordinator RSS +${r.growthMiB.toFixed(1)} MiB`);
+      // Before the PUB's limit: +2.4 GiB, kept for as long as the peer stayed connected.
+      expect(r.growthMiB).toBeLessThan(50);
+      expect(r.peer).toContain('"event":"closed"');
+      expect((await getJson(r.metricsPort)).ms).toBeLessThan(1000);
+      const st = await requestStatus({ host: '127.0.0.1', port: r.port }, 3000, undefined, BusToken.load(r.tokenFile, 'token'));
+      expect(st.protocolVersion).toBe(PROTOCOL_VERSION);
+      expect(r.c.child.exitCode).toBeNull();
+    } finally {
+      r.c.child.kill('SIGTERM');
+      await r.c.exited;
+    }
+  }, 90000);
+
+  test('CURVE: the peer without keys is refused at the handshake, before any subscription is read', async () => {
+    const r = await attack((dir) => {
+      const server = writeKeyPair(path.join(dir, 'keys'), 'coordinator');
+      const client = writeKeyPair(path.join(dir, 'keys'), 'agent');
+      fs.writeFileSync(path.join(dir, 'allow'), `${client.publicKey}\n`);
+      return ['--curve-secret-key', server.keyFile, '--curve-allow', path.join(dir, 'allow'), '--host', '127.0.0.1'];
+    });
+    try {
+      expect(r.growthMiB).toBeLessThan(50);
+      expect(r.peer).toContain('"event":"closed"');
+      const metrics = await getText(r.metricsPort, '/metrics');
+      expect(metrics).toMatch(/wavebus_curve_refusals_total\{reason="handshake_failed"\} [1-9]/);
+      expect(r.c.child.exitCode).toBeNull();
+    } finally {
+      r.c.child.kill('SIGTERM');
+      await r.c.exited;
+    }
   }, 90000);
 });

@@ -185,6 +185,19 @@ describe('startup config load', () => {
     expect(JSON.parse(fs.readFileSync(file, 'utf8')).detector.token_repeat.enabled).toBe(true);
   });
 
+  test('an empty file and a comments-only file have no brace either: kept, never replaced (issue 45)', () => {
+    const d = tmpDir();
+    const file = path.join(d, 'notes');
+    const o = parseStartupOptions(JSON.stringify({ runtime_config_path: file, runtime_config: { detector: { token_repeat: { enabled: true } } } }), {}, d);
+    for (const text of ['', '  \n', '// only a note\n/* and a block */\n']) {
+      fs.writeFileSync(file, text);
+      const { config, issues } = loadStartupConfig(o, quiet().log);
+      expect(config.detector.token_repeat.enabled).toBe(true);
+      expect(issues.find((i) => i.source === 'write')?.error).toMatch(/not a JSON object \(not a runtime config\); it is kept as it is/);
+      expect(fs.readFileSync(file, 'utf8')).toBe(text);
+    }
+  });
+
   test('writes go through a temp file plus rename under <path>.lock; a live holder blocks, a stale lock from a dead pid is broken', () => {
     const d = tmpDir();
     const file = path.join(d, 'runtime_config.json');

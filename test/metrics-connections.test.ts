@@ -57,6 +57,43 @@ test('200 idle connections from one address: the server keeps the per-client cap
   }
 });
 
+// Issue 45 item 1: the server takes what a scrape sends (a GET's headers) and no more.
+test('a GET with a 1 GiB body is answered 413 and its connection closed; headers past 8 KiB get 431', async () => {
+  const server = await startMetricsServer({ port: 0, health: () => ({ ok: true }) });
+  try {
+    const s = net.connect(server.port, '127.0.0.1');
+    let reply = '';
+    let closed = false;
+    s.on('data', (b) => (reply += b.toString('latin1')));
+    s.on('error', () => undefined);
+    s.on('close', () => (closed = true));
+    await new Promise((r) => s.once('connect', r));
+    s.write(`GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: ${2 ** 30}\r\n\r\n`);
+    // Send the body 1 MiB at a time while the connection stands, 64 MiB at most.
+    const chunk = Buffer.alloc(2 ** 20, 0x61);
+    let sent = 0;
+    while (!closed && sent < 64 * 2 ** 20) {
+      if (!s.write(chunk)) await new Promise((r) => setTimeout(r, 5));
+      sent += chunk.length;
+    }
+    await waitFor(() => closed, 'the server to close the connection', 5000).catch(() => undefined);
+    s.destroy();
+    expect(reply).toMatch(/^HTTP\/1\.1 413 /);
+    expect(closed).toBe(true);
+    const big = await new Promise<string>((resolve) => {
+      const c = net.connect(server.port, '127.0.0.1', () => c.write(`GET /healthz HTTP/1.1\r\nHost: x\r\nX-Pad: ${'a'.repeat(9000)}\r\n\r\n`));
+      let r = '';
+      c.on('data', (b) => (r += b.toString('latin1')));
+      c.on('error', () => undefined);
+      c.on('close', () => resolve(r));
+    });
+    expect(big).toMatch(/^HTTP\/1\.1 431 /);
+    expect(await get(server.port, '/healthz')).toMatchObject({ status: 200, body: '{"ok":true}' });
+  } finally {
+    await server.close();
+  }
+});
+
 describeAsRoot('a local user opens 2000 idle connections to the metrics port of a coordinator limited to 1024 descriptors', () => {
   test('the coordinator keeps a bounded number, /healthz answers, its bus accepts a new client', async () => {
     const user = otherUser('idle');

@@ -185,6 +185,32 @@ test('a flipped byte and a missing rank: both in red on the page, the banner say
   await screenshot(out, path.join(ARTIFACTS, 'report-bad.png'));
 });
 
+// Issue 45 item 5: escaping is not the only barrier. The policy admits the page's own script by
+// its hash; a script that an escaping bug let through would be refused by Chromium.
+test("the page's policy admits its own script by hash only: an inline script that got past escaping does not run, the page's own does", async () => {
+  const out = path.join(work, 'csp.html');
+  runWavebus(['report', tree.root, '-o', out]);
+  const html = fs.readFileSync(out, 'utf8');
+  const csp = /<meta http-equiv="Content-Security-Policy" content="([^"]*)">/.exec(html)?.[1] ?? '';
+  const scriptSrc = csp.split(';').map((d) => d.trim()).find((d) => d.startsWith('script-src')) ?? '';
+  expect(scriptSrc).toMatch(/^script-src 'sha256-[A-Za-z0-9+/]{43}='$/);
+  const own = /<script>([\s\S]*?)<\/script>/.exec(html)![1];
+  expect(scriptSrc).toContain(require('crypto').createHash('sha256').update(own).digest('base64'));
+  // What an escaping bug would let through: a script and an inline handler in the page's body.
+  const hurt = path.join(work, 'csp-injected.html');
+  fs.writeFileSync(hurt, html.replace('<h1>', `<script>document.title='pwned'</script><img src="data:," onerror="document.title='pwned2'"><h1>`));
+  const page = await loadPage(hurt);
+  expect(page.dom).not.toMatch(/<title>pwned/);
+  // Chromium says why it refused them; nothing else is on the console.
+  expect(page.console.length).toBeGreaterThan(0);
+  expect(page.console.every((l) => /Content Security Policy/.test(l))).toBe(true);
+  // The page's own script ran: it shows the type filter it drives.
+  expect(page.dom).toMatch(/<label>type <select id="type-filter">/);
+  const clean = await loadPage(out);
+  expect(clean.console).toEqual([]);
+  expect(clean.dom).toMatch(/<label>type <select id="type-filter">/);
+});
+
 test('strings from the tree are escaped: a report field holding <script> does not run', async () => {
   const evil = path.join(work, 'evil-tree');
   fs.cpSync(tree.root, evil, { recursive: true });

@@ -299,7 +299,7 @@ describe('the launcher', () => {
     expect(launchDumpRoot([`--runtime-config-path=${cfg}`, '--additional-config', overlay], cwd)).toBe('/srv/from-overlay');
   });
 
-  test('a launch hands its coordinator and agents one 0600 token by path, and the job comes up with it', async () => {
+  test('a launch gives its command one 0600 token by path and its coordinator and agents the token on a pipe, and the job comes up with it', async () => {
     const port = await freePortPair();
     const runDir = path.join(tmpDir('wavebus-launchtok-'), 'run');
     const out = path.join(path.dirname(runDir), 'seen.json');
@@ -312,8 +312,9 @@ describe('the launcher', () => {
     expect(seen.f).toBe(path.join(runDir, TOKEN_FILE_NAME));
     expect(seen.mode).toBe(0o600);
     const args = (seen.ps as string).split('\n').filter((l) => l.includes(`--port ${port}`) || l.includes(`127.0.0.1:${port}`));
-    expect(args.filter((l) => / coordinator /.test(l) && l.includes(`--bus-token-file ${seen.f}`))).toHaveLength(1);
-    expect(args.filter((l) => / agent /.test(l) && l.includes(`--bus-token-file ${seen.f}`) && l.includes('--dump-root '))).toHaveLength(1);
+    // The sidecars read the token from descriptor 3 once (a restarted coordinator too), never the path.
+    expect(args.filter((l) => / coordinator /.test(l) && l.includes('--bus-token-fd 3') && !l.includes('--bus-token-file'))).toHaveLength(1);
+    expect(args.filter((l) => / agent /.test(l) && l.includes('--bus-token-fd 3') && !l.includes('--bus-token-file') && l.includes('--dump-root '))).toHaveLength(1);
     // The token itself is on no command line.
     expect(seen.ps).not.toMatch(/[0-9a-f]{64}/);
     expect(fs.existsSync(runDir)).toBe(false);

@@ -9,7 +9,7 @@ import type { Logger } from '../log';
 import { ClientReply, ClientRequest, encode, toPlain } from '../proto';
 import { oneWayWaveHead, waveHeadBytes } from '../bus/wave-head-relay';
 import { wireCensus } from '../bus/wire-census';
-import { CLIENT_PROTOCOL_VERSION, protocolMismatch } from '../client/protocol';
+import { CLIENT_PROTOCOL_VERSION, CLIENT_SOCKET_MAX_MESSAGE_BYTES, protocolMismatch } from '../client/protocol';
 
 const ZMQ_ROUTER_NOTIFY = 97;
 
@@ -50,7 +50,7 @@ export async function bindClientSocket(endpoint: string, notify = false): Promis
   const there = staleSocketOrNothing(sockPath);
   if (there === 'stale') fs.unlinkSync(sockPath); // left by a killed agent of this rank
   else if (there !== 'none') throw new ConfigError(`agent socket ${sockPath}: something else is there (${there}); refusing to remove it`, 'ERR_RUN_DIR');
-  const router = new zmq.Router({ linger: 0, maxMessageSize: 16 * 2 ** 20 });
+  const router = new zmq.Router({ linger: 0, maxMessageSize: CLIENT_SOCKET_MAX_MESSAGE_BYTES });
   try {
     // ZMQ_ROUTER_NOTIFY (draft API, in zeromq.js's build): an empty message from a peer when it
     // connects and when its connection goes, so a client's closed socket is seen (only with the

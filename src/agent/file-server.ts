@@ -14,6 +14,7 @@ import { crc32c, crc32cOfFd } from '../artifacts/checksum';
 import type { Logger } from '../log';
 import type { FileEntry } from '../messages';
 import { ownerName } from '../artifacts/safe-mkdir';
+import { parseArtifactJson } from '../artifacts/json-file';
 import { fdPath, openBeneath, openBeneathSync, openChildSync, splitRelative, type OpenedSync } from '../artifacts/safe-fs';
 
 export const MAX_CHUNK_BYTES = 4 * 2 ** 20;
@@ -63,7 +64,7 @@ function recordedChecksums(dirFd: number): Map<string, string> {
     }
     try {
       if (f.stat.size > MAX_BUNDLE_JSON_BYTES || !ours(f.stat)) continue; // another user's JSON feeds no checksum
-      const doc = JSON.parse(fs.readFileSync(f.fd, 'utf8'));
+      const doc = parseArtifactJson(fs.readFileSync(f.fd, 'utf8')) as any;
       for (const e of doc.files ?? []) {
         const n = e.path ?? e.name;
         if (typeof n === 'string' && typeof e.checksum === 'string') out.set(path.posix.basename(n), e.checksum);

@@ -1,6 +1,8 @@
 // The bus token: without CURVE, the coordinator and the agents its launcher started prove to each
 // other that they belong to the same job. The launcher writes 32 random bytes (hex) to a 0600
-// file in its run directory; the coordinator and the agents get the file's path (never the value).
+// file in its run directory (or --bus-token-dir), reads it back once and hands its coordinator and
+// agents the value on a pipe (--bus-token-fd): a restarted coordinator never reads a path again.
+// The engine and the tools get the file's path (WAVEBUS_BUS_TOKEN_FILE), never the value.
 // Every message on the bus then ends in a `mac` field (field 15 of BusFrame, AgentMessage and
 // CoordinatorMessage): HMAC-SHA256, keyed by the token, over a direction label, the message bytes
 // before the field, and the data frame that follows a file chunk. A receiver with the token
@@ -8,7 +10,7 @@
 import { createHmac, timingSafeEqual } from 'crypto';
 import * as path from 'path';
 import { ConfigError } from '../errors';
-import { createSecretFile, readSecretFile, SECRET_BYTES } from '../artifacts/secret-file';
+import { createSecretFile, readSecretFd, readSecretFile, SECRET_BYTES } from '../artifacts/secret-file';
 
 /** The token's bytes. */
 export const TOKEN_BYTES = SECRET_BYTES;
@@ -92,8 +94,19 @@ export function createTokenFile(dir: string): string {
   return createSecretFile(path.join(dir, TOKEN_FILE_NAME), 'the bus token');
 }
 
-/** --bus-token-file, else $WAVEBUS_BUS_TOKEN_FILE (a path, never the token itself), else none. */
-export function loadBusToken(flagValue: unknown, env: NodeJS.ProcessEnv): BusToken | undefined {
+/** The descriptor a launcher's sidecar reads its token from (sidecar.ts: the pipe after stderr). */
+export const TOKEN_FD = 3;
+
+/**
+ * --bus-token-fd (a pipe from the launcher), else --bus-token-file, else $WAVEBUS_BUS_TOKEN_FILE (a
+ * path, never the token itself), else none.
+ */
+export function loadBusToken(flagValue: unknown, env: NodeJS.ProcessEnv, fdValue?: unknown): BusToken | undefined {
+  if (fdValue !== undefined && fdValue !== '') {
+    const fd = Number(fdValue);
+    if (!Number.isSafeInteger(fd) || fd < 3) throw new ConfigError(`--bus-token-fd ${JSON.stringify(fdValue)}: expected a descriptor number of 3 or more (a pipe from \`wavebus launch\`)`);
+    return BusToken.fromBytes(readSecretFd(fd, '--bus-token-fd'));
+  }
   if (flagValue !== undefined && flagValue !== '') return BusToken.load(String(flagValue), '--bus-token-file');
   if (env.WAVEBUS_BUS_TOKEN_FILE) return BusToken.load(env.WAVEBUS_BUS_TOKEN_FILE, 'WAVEBUS_BUS_TOKEN_FILE');
   return undefined;

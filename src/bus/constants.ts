@@ -16,6 +16,13 @@ export const COORDINATOR_NODE_FLAGS: readonly string[] = ['--max-semi-space-size
 /** Largest frame any bus socket accepts (ZeroMQ maxMessageSize). */
 export const DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024;
 /**
+ * Largest message the coordinator's PUB takes from a peer (its maxMessageSize). A PUB receives only
+ * subscriptions (a topic of at most 8 bytes, frames.ts) and the handshake's commands (a CURVE
+ * INITIATE with its metadata: a few hundred bytes). Without a limit libzmq added one subscription
+ * of 24 MB to its topic trie a node per byte: the coordinator grew to 2.5 GB and kept it.
+ */
+export const MAX_PUB_INBOUND_BYTES = 1024;
+/**
  * How many waves ahead the coordinator decides by default (the coordinator's `--lookahead-waves`,
  * `$WAVEBUS_LOOKAHEAD_WAVES`): the head of wave N (telemetry of N-1) publishes the vector of wave
  * N + lookahead, so each vector has `lookahead` whole forwards to reach the mailboxes before any

@@ -14,6 +14,7 @@ import { CaptureArms, DEFAULT_ARM_CAPTURES, DEFAULT_WITHIN_WAVES, type CaptureSp
 import type { ManualArms } from '../guard/manual-arms';
 import type { AgentMsg, DropCounter } from './frames';
 import { counter } from '../metrics';
+import { parseArtifactJson } from '../artifacts/json-file';
 
 /** Most ids, token targets or indices one capture may name, and its largest budget. */
 export const MAX_CAPTURE_RULES = 64;
@@ -244,7 +245,7 @@ function manifestOf(dir: string, skippedReason?: string): Record<string, unknown
   }
   try {
     if (fs.fstatSync(fd).size > 4 << 20) return { settled: true, complete: false, skippedReason: 'manifest_unreadable' };
-    const m = JSON.parse(fs.readFileSync(fd, 'utf8')) as Record<string, unknown>;
+    const m = parseArtifactJson(fs.readFileSync(fd, 'utf8')) as Record<string, unknown>;
     return { settled: true, complete: m.complete === true, expectedRanks: m.expected_ranks ?? [], completedRanks: m.completed_ranks ?? [] };
   } catch {
     return { settled: true, complete: false, skippedReason: 'manifest_unreadable' };

@@ -5,6 +5,7 @@ import { Context, Publisher, Router } from 'zeromq';
 import { ConfigError } from '../errors';
 import type { Logger } from '../log';
 import { counter } from '../metrics';
+import { MAX_PUB_INBOUND_BYTES } from './constants';
 import { serverSocketOptions, type CurveServerKeys } from './curve';
 import { ZapHandler } from './zap-handler';
 import { socketIpOptions, tcpEndpoint } from './endpoints';
@@ -36,7 +37,9 @@ export async function bindServerSockets(host: string, port: number, maxFrameByte
   const sec = { ...(context ? { context } : {}), ...serverSocketOptions(curve) };
   // sendTimeout 0: a PUB never blocks (beyond its high-water mark it drops), and zeromq.js then
   // sends inside send() every time, never a turn later (send-queue.ts, `immediate`).
-  const pub = new Publisher({ linger: 0, sendTimeout: 0, sendHighWaterMark: 100000, ...ip, ...sec });
+  // maxMessageSize: a peer's subscription (or any message) beyond it is a protocol error and
+  // libzmq drops the connection before anything is added to its topic trie.
+  const pub = new Publisher({ linger: 0, sendTimeout: 0, sendHighWaterMark: 100000, maxMessageSize: MAX_PUB_INBOUND_BYTES, ...ip, ...sec });
   // libzmq cuts a peer off beyond maxMessageSize; up to it we drop and count ourselves.
   const router = new Router({ linger: 0, maxMessageSize: 2 * maxFrameBytes, ...ip, ...sec });
   if (zap) for (const s of [pub, router]) watchHandshakes(s, zap);

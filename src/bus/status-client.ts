@@ -30,7 +30,7 @@ export interface StatusReplyMsg {
 export async function requestStatus(coordinator: { host: string; port: number }, timeoutMs = 2000, curve?: CurveClientKeys, token?: BusToken): Promise<StatusReplyMsg> {
   // sendTimeout too: after a refused CURVE handshake libzmq drops the pipe while it reconnects,
   // and a send without a pipe would wait forever.
-  const dealer = new Dealer({ linger: 0, receiveTimeout: timeoutMs, sendTimeout: timeoutMs, ...socketIpOptions(coordinator.host), ...clientSocketOptions(curve) });
+  const dealer = new Dealer({ linger: 0, receiveTimeout: timeoutMs, sendTimeout: timeoutMs, maxMessageSize: 2 * DEFAULT_MAX_FRAME_BYTES, ...socketIpOptions(coordinator.host), ...clientSocketOptions(curve) });
   try {
     connectTo(dealer, tcpEndpoint(coordinator.host, coordinator.port + 1));
     const ask = encodeAgentMessage({ requestId: 1, status: { protocolVersion: PROTOCOL_VERSION } });

@@ -5,6 +5,7 @@ import { WavebusError } from '../errors';
 import { ClientReply, ClientRequest, decode, encode } from '../proto';
 import { wireCensus } from '../bus/wire-census';
 import { connectTo } from './connect';
+import { CLIENT_SOCKET_MAX_MESSAGE_BYTES } from './protocol';
 
 export type Reply = Record<string, any>;
 
@@ -120,7 +121,7 @@ export class AgentTransport {
   private socketOrOpen(): zmq.Dealer {
     if (this.socket) return this.socket;
     // sendTimeout 0: a send to an agent that stopped reading fails at once instead of parking every later send.
-    const s = new zmq.Dealer({ linger: 0, sendHighWaterMark: 1000, sendTimeout: 0 });
+    const s = new zmq.Dealer({ linger: 0, sendHighWaterMark: 1000, sendTimeout: 0, maxMessageSize: CLIENT_SOCKET_MAX_MESSAGE_BYTES });
     connectTo(s, this.endpoint);
     this.socket = s;
     void this.receiveLoop(s);

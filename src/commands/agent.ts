@@ -94,7 +94,7 @@ export function setupAgent(argv: Record<string, unknown>, env: NodeJS.ProcessEnv
   const runDirFlag = flagDir ? '--run-dir' : 'WAVEBUS_RUN_DIR';
   if (given) checkRunDirFits(given, identity.localRank, runDirFlag);
   const curve = loadClientKeys(argv['curve-server-key'] as string | undefined, argv['curve-key'] as string | undefined);
-  const busToken = loadBusToken(argv['bus-token-file'], env);
+  const busToken = loadBusToken(argv['bus-token-file'], env, argv['bus-token-fd']);
   const keyFlag = argv['token-hash-key-file'];
   const tokenHasher = keyFlag || env.WAVEBUS_TOKEN_HASH_KEY_FILE ? TokenHasher.fromFlags(keyFlag, env) : undefined;
   const dumpRoot = localDumpRoot(argv['dump-root'], env, process.cwd());
@@ -125,6 +125,7 @@ export const command: CommandModule = {
       .option('cuda-staging-mb', { type: 'string', default: String(DEFAULT_CUDA_STAGING_BYTES / 2 ** 20), describe: `pinned bounce chunk per CUDA region, in MiB (1..${MAX_CUDA_STAGING_MB}); allocated on a region's first copy` })
       .option('curve-server-key', { type: 'string', describe: 'CURVE: the coordinator\'s public key file (its NAME.pub); needs --curve-key' })
       .option('dump-root', { type: 'string', describe: 'the only directory this agent writes and serves KV dumps under; a dump_dir from the bus must be it or below it (default $WAVEBUS_DUMP_ROOT, else <cwd>/runtime/report/kv_cache)' })
+      .option('bus-token-fd', { type: 'string', describe: 'read the bus token from this descriptor (how `wavebus launch` hands it to its agents; takes the place of --bus-token-file)' })
       .option('bus-token-file', { type: 'string', describe: 'the launcher\'s bus token file (0600): coordinator messages without its MAC are dropped (default $WAVEBUS_BUS_TOKEN_FILE)' })
       .option('token-hash-key-file', { type: 'string', describe: 'report.save_sensitive_info "hashed": the key (0600, 64 hex digits; the coordinator\'s) the flight recorder hashes token ids with (default $WAVEBUS_TOKEN_HASH_KEY_FILE, else a key of this agent only)' })
       .options(DIRECT_FILES_FLAGS)

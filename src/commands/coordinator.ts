@@ -50,6 +50,7 @@ export const command: CommandModule = {
       .option('insecure', { type: 'boolean', default: false, describe: 'allow binding a non-loopback --host without encryption' })
       .option('curve-secret-key', { type: 'string', describe: 'CURVE: this coordinator\'s key pair file (NAME.key from `wavebus keys`); needs --curve-allow' })
       .option('token-hash-key-file', { type: 'string', describe: 'report.save_sensitive_info "hashed": the key (0600, 64 hex digits) token ids are hashed with; `wavebus launch` makes one per job (default $WAVEBUS_TOKEN_HASH_KEY_FILE, else a key of this process only)' })
+      .option('bus-token-fd', { type: 'string', describe: 'read the bus token from this descriptor (how `wavebus launch` hands it to its coordinator; takes the place of --bus-token-file)' })
       .option('bus-token-file', { type: 'string', describe: 'the launcher\'s bus token file (0600): frames and replies carry its MAC; agent messages without it are dropped (default $WAVEBUS_BUS_TOKEN_FILE)' })
       .option('curve-allow', { type: 'string', describe: 'CURVE: allowed client public keys: a file (one Z85 key per line) or a directory of *.pub' });
   },
@@ -76,7 +77,7 @@ export const command: CommandModule = {
     );
     checkStartupPaths(startup);
     const curve = loadServerKeys(argv['curve-secret-key'] as string | undefined, argv['curve-allow'] as string | undefined);
-    const busToken = loadBusToken(argv['bus-token-file'], env);
+    const busToken = loadBusToken(argv['bus-token-file'], env, argv['bus-token-fd']);
     const artifactModes = parseArtifactMode(argv['artifact-mode'], '--artifact-mode');
     const dumpAckTimeoutMs = msFlag(argv['dump-ack-timeout-ms'], '--dump-ack-timeout-ms');
     // Bounds by the layout are the coordinator's (checkLookahead); here only "an integer".

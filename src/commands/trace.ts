@@ -24,6 +24,7 @@ export const command: CommandModule = {
       process.stderr.write(`wavebus trace: ${(e as Error).message}\n`);
       process.exit(2);
     }
+    for (const s of r.skipped) process.stderr.write(`wavebus trace: skipped ${s}\n`);
     if (r.ranks === 0) process.stderr.write(`wavebus trace: no rank timeline (timeline/rank<g>.json) under ${String(argv.dir)}: the trace has incidents and config changes only\n`);
     process.stdout.write(`${path.resolve(r.file)}: ${r.events} events, ${r.ranks} rank(s)\n`);
   },

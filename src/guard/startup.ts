@@ -148,7 +148,8 @@ type StartupLog = { error: (o: object, msg: string) => void; warn: (o: object, m
 /** Whether `text` starts, after blanks and JSONC comments, with '{' (or is empty): a runtime config, valid or not. */
 export function looksLikeJsonObject(text: string): boolean {
   const rest = text.replace(/^(?:\s+|\/\/[^\n]*(?:\n|$)|\/\*[\s\S]*?\*\/)*/, '');
-  return rest === '' || rest.startsWith('{');
+  // An empty or comments-only file has no brace either: kept, as the rule says (docs/runtime-guard.md).
+  return rest.startsWith('{');
 }
 
 /** The config startup puts in force (seed): defaults ← overlay, plus an explicit runtime_dump_dir. Reads and writes nothing. */

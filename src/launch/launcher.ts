@@ -8,7 +8,8 @@ import * as fs from 'fs';
 import * as net from 'net';
 import * as os from 'os';
 import * as path from 'path';
-import { BusToken, createTokenFile } from '../bus/auth';
+import { BusToken, createTokenFile, TOKEN_FD } from '../bus/auth';
+import { readSecretFile, secretText } from '../artifacts/secret-file';
 import { LaunchError } from '../errors';
 import { loadCurveDirServer } from '../bus/curve';
 import { checkBindAllowed, isLoopback } from '../bus/endpoints';
@@ -89,10 +90,15 @@ export async function launch(opts: LaunchOptions, logger?: Logger): Promise<numb
   // by path. Several hosts cannot share a file from here: they use CURVE (docs/security.md).
   let tokenFile: string | undefined;
   let token: BusToken | undefined;
+  // The token's text, read back once: the sidecars get it on a pipe (--bus-token-fd), so a
+  // restarted coordinator never reads a path someone could have changed meanwhile.
+  let tokenText: string | undefined;
   if (startCoordinator && opts.nnodes === 1 && opts.curveDir === undefined) {
     try {
       tokenFile = createTokenFile(opts.busTokenDir ?? runDir);
-      token = BusToken.load(tokenFile, 'the bus token');
+      const bytes = readSecretFile(tokenFile, opts.busTokenDir !== undefined ? '--bus-token-dir' : 'the bus token', 'the bus token');
+      token = BusToken.fromBytes(bytes);
+      tokenText = secretText(bytes);
     } catch (e) {
       releaseRunDir(rd);
       throw e;
@@ -156,11 +162,11 @@ export async function launch(opts: LaunchOptions, logger?: Logger): Promise<numb
     });
     startupFailed.catch(() => undefined);
 
-    const tokenArgs = tokenFile !== undefined ? ['--bus-token-file', tokenFile] : [];
-    const coordinatorSidecar = () => new Sidecar('coordinator', bin, [...coordinatorArgv(opts, bindHost!), ...tokenArgs, ...hashKeyArgs], env, COORDINATOR_NODE_FLAGS);
+    const tokenArgs = tokenText !== undefined ? ['--bus-token-fd', String(TOKEN_FD)] : [];
+    const coordinatorSidecar = () => new Sidecar('coordinator', bin, [...coordinatorArgv(opts, bindHost!), ...tokenArgs, ...hashKeyArgs], env, COORDINATOR_NODE_FLAGS, tokenText);
     if (startCoordinator) sidecars.push(coordinatorSidecar());
     for (let l = 0; l < opts.nprocPerNode; l++) {
-      sidecars.push(new Sidecar(`agent local${l}/rank${globalRankOfLocal(opts, l)}`, bin, agentArgv(opts, l, runDir, { dumpRoot, tokenFile, tokenHashKeyFile: hashKeyArgs[1] }), env));
+      sidecars.push(new Sidecar(`agent local${l}/rank${globalRankOfLocal(opts, l)}`, bin, [...agentArgv(opts, l, runDir, { dumpRoot, tokenHashKeyFile: hashKeyArgs[1] }), ...tokenArgs], env, [], tokenText));
     }
     for (const s of sidecars) {
       void s.exited.then(() => {

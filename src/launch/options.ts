@@ -3,6 +3,7 @@
 import * as fs from 'fs';
 import * as path from 'path';
 import { ConfigError } from '../errors';
+import { checkSecretDirPath } from '../artifacts/secret-file';
 import { loadCurveDirClient, type CurveClientKeys } from '../bus/curve';
 import { HostPort, isLoopback, parseBusPort, parseHostPort } from '../bus/endpoints';
 import { DEFAULT_BUS_PORT } from '../bus/constants';
@@ -176,5 +177,7 @@ function tokenDirFlag(raw: unknown): string {
     throw new ConfigError(`--bus-token-dir ${shown}: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message} (an existing directory)`);
   }
   if (!st.isDirectory()) throw new ConfigError(`--bus-token-dir ${shown}: not a directory (a link is not followed)`);
+  // Whoever owns or may write it could swap the token for one of theirs (ERR_PATH_UNTRUSTED).
+  checkSecretDirPath(dir, '--bus-token-dir');
   return dir;
 }

@@ -8,6 +8,7 @@ import { CoordinatorMessage, decode, AgentMessage, encode } from '../proto';
 import { ProtocolError } from '../errors';
 import { PROTOCOL_VERSION } from '../bus/protocol-version';
 import { wireCensus } from '../bus/wire-census';
+import { DEFAULT_MAX_FRAME_BYTES } from '../bus/constants';
 import { connectTo } from '../client/connect';
 
 const STATUS_POLL_MS = 250;
@@ -30,7 +31,7 @@ export async function waitForCoordinator(
   curve?: CurveClientKeys,
   token?: BusToken,
 ): Promise<StatusSnapshot> {
-  const sock = new zmq.Dealer({ linger: 0, receiveTimeout: STATUS_POLL_MS, sendTimeout: 0, ...socketIpOptions(coordinator.host), ...clientSocketOptions(curve) });
+  const sock = new zmq.Dealer({ linger: 0, receiveTimeout: STATUS_POLL_MS, sendTimeout: 0, maxMessageSize: 2 * DEFAULT_MAX_FRAME_BYTES, ...socketIpOptions(coordinator.host), ...clientSocketOptions(curve) });
   connectTo(sock, tcpEndpoint(coordinator.host, coordinator.port + 1));
   let last: StatusSnapshot | undefined;
   const ask = encode(AgentMessage, { status: { protocolVersion: PROTOCOL_VERSION } });

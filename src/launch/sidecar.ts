@@ -31,11 +31,18 @@ export class Sidecar {
     env: NodeJS.ProcessEnv,
     /** Flags for node itself (the coordinator's COORDINATOR_NODE_FLAGS). */
     nodeFlags: readonly string[] = [],
+    /** Written to the child's descriptor 3 (a pipe, then closed): the bus token, from the launcher's memory. */
+    secret?: string,
   ) {
     // Own process group: a Ctrl-C on the terminal reaches the command, not the sidecars, which
     // must outlive the command's shutdown; we stop them after it exits.
-    this.child = spawn(process.execPath, [...nodeFlags, '-e', WATCHDOG, '--', bin, ...args], { detached: true, stdio: ['pipe', 'pipe', 'pipe'], env });
+    this.child = spawn(process.execPath, [...nodeFlags, '-e', WATCHDOG, '--', bin, ...args], { detached: true, stdio: secret === undefined ? ['pipe', 'pipe', 'pipe'] : ['pipe', 'pipe', 'pipe', 'pipe'], env });
     this.child.stdin?.on('error', () => undefined); // EPIPE once it has exited
+    if (secret !== undefined) {
+      const pipe = this.child.stdio[3] as NodeJS.WritableStream & { on(e: 'error', f: () => void): void };
+      pipe.on('error', () => undefined);
+      pipe.end(secret);
+    }
     const forward = (b: Buffer) => {
       const s = b.toString();
       this.tail = (this.tail + s).slice(-TAIL_CHARS);

@@ -3,6 +3,7 @@
 // dtype/shape a replay needs to reinterpret raw bytes, and the size/checksum of every file.
 // Written last (the bundle is complete only once it exists); sorted keys, indent 2.
 import { isTensorFormat, TENSOR_FORMATS, tensorFileExtension } from '../artifacts/tensor-format';
+import { parseArtifactJson } from '../artifacts/json-file';
 import { CaptureError } from '../errors';
 import type { RankIdentity } from '../layout';
 import type { ForwardContext } from '../messages';
@@ -86,7 +87,7 @@ const isObj = (v: unknown) => v !== null && typeof v === 'object' && !Array.isAr
 export function parseMeta(text: string, file = META_FILE): CallMeta {
   let raw: unknown;
   try {
-    raw = JSON.parse(text);
+    raw = parseArtifactJson(text);
   } catch (e) {
     fail(file, `not valid JSON (${(e as Error).message})`);
   }

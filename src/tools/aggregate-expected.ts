@@ -5,6 +5,7 @@
 import * as fs from 'fs';
 import * as path from 'path';
 import type { AggregatedFile } from './aggregate-types';
+import { parseArtifactJson } from '../artifacts/json-file';
 
 /** A dump manifest is a few KiB per rank; a bigger one is not read. */
 const MAX_DUMP_MANIFEST_BYTES = 16 * 2 ** 20;
@@ -29,7 +30,7 @@ function readManifest(local: string): Record<string, unknown> | string {
     return `cannot read it: ${(e as Error).message}`;
   }
   try {
-    const v = JSON.parse(text) as unknown;
+    const v = parseArtifactJson(text);
     return typeof v === 'object' && v !== null && !Array.isArray(v) ? (v as Record<string, unknown>) : 'not a JSON object';
   } catch (e) {
     return `not JSON: ${(e as Error).message}`;

@@ -12,6 +12,7 @@ import { CompareInputError } from '../errors';
 import { readBytes } from '../artifacts/read-range';
 import { kvDumpFileName, resolveDtype, tensorFileOf } from '../artifacts/tensor-files';
 import { isTensorFormat, TENSOR_FORMATS, tensorFileExtension } from '../artifacts/tensor-format';
+import { readArtifactJson } from '../artifacts/json-file';
 import { checkKvDirIdentity, kvRankDirName, readKvRankDirName } from '../paths';
 
 export interface LoadedTensor {
@@ -36,7 +37,7 @@ function dtypeHints(dir: string): Map<string, DType> {
   try {
     const dump = path.join(dir, 'dump.json');
     if (fs.existsSync(dump)) {
-      const doc = JSON.parse(fs.readFileSync(dump, 'utf8'));
+      const doc = readArtifactJson(dump) as any;
       if (isTensorFormat(doc.format)) {
         for (const l of doc.layers ?? []) {
           if (typeof l.layer === 'string' && isDType(l.dtype)) for (const kv of ['k', 'v'] as const) hints.set(kvDumpFileName(l.layer, doc.format, kv), l.dtype);
@@ -45,7 +46,7 @@ function dtypeHints(dir: string): Map<string, DType> {
     }
     const meta = path.join(dir, 'meta.json');
     if (fs.existsSync(meta)) {
-      const doc = JSON.parse(fs.readFileSync(meta, 'utf8'));
+      const doc = readArtifactJson(meta) as any;
       if (isTensorFormat(doc.format)) for (const i of doc.inputs ?? []) if (isDType(i.dtype)) hints.set(`tensor${i.index}${tensorFileExtension(doc.format)}`, i.dtype);
     }
   } catch {
@@ -84,7 +85,7 @@ function dumpIdentity(dir: string): Record<string, unknown> | undefined {
   const f = path.join(dir, 'dump.json');
   if (!fs.existsSync(f)) return undefined;
   try {
-    return JSON.parse(fs.readFileSync(f, 'utf8')).identity ?? {};
+    return (readArtifactJson(f) as any)?.identity ?? {};
   } catch (e) {
     throw new CompareInputError(`${f}: unreadable JSON (${(e as Error).message})`);
   }

@@ -11,6 +11,7 @@ import { loadCallDir } from '../snapshot/loader';
 import { META_FILE } from '../snapshot/meta';
 import { concatAlong } from './assemble';
 import { CompareInputError } from '../errors';
+import { readArtifactJson } from '../artifacts/json-file';
 
 export type SplitKind = 'column' | 'row' | 'replicated';
 
@@ -71,7 +72,7 @@ function findBundles(root: string): Map<number, string[]> {
       const file = path.join(dir, META_FILE);
       let doc: Record<string, unknown>;
       try {
-        doc = JSON.parse(fs.readFileSync(file, 'utf8'));
+        doc = readArtifactJson(file) as Record<string, unknown>;
       } catch (e) {
         throw new CompareInputError(`${file}: unreadable JSON (${(e as Error).message})`);
       }

@@ -9,6 +9,7 @@ import { crc32cOfFile } from '../artifacts/checksum';
 import { resolveDtype, tensorFileOf } from '../artifacts/tensor-files';
 import { isTensorFormat, tensorFileExtension } from '../artifacts/tensor-format';
 import type { WorldLayout } from '../layout';
+import { readArtifactJson } from '../artifacts/json-file';
 import { checkKvDirIdentity, kvRankDirFor, kvRankOfDir, readLayoutJson, readKvRankDirName, type KvRankDir } from '../paths';
 
 export type BundleKind = 'kv_dump' | 'snapshot' | 'dump_wave' | 'aggregate';
@@ -46,7 +47,7 @@ const relJoin = (a: string, b: string) => (a === '.' || a === '' ? b : `${a}/${b
 
 function readJson(p: string, rel: string, problems: string[]): any | undefined {
   try {
-    return JSON.parse(fs.readFileSync(p, 'utf8'));
+    return readArtifactJson(p);
   } catch (e) {
     problems.push(`${rel}: unreadable JSON (${(e as Error).message})`);
     return undefined;

@@ -99,9 +99,10 @@ export function buildTrace(tree: ReportTree): TraceFile {
   };
 }
 
-export function writeTrace(dir: string, out: string): { file: string; events: number; ranks: number } {
+export function writeTrace(dir: string, out: string): { file: string; events: number; ranks: number; skipped: string[] } {
   const tree = collectTree(dir, { verify: false });
   const t = buildTrace(tree);
   writeFileAtomic(path.resolve(out), JSON.stringify(t), { mode: DEFAULT_FILE_MODE });
-  return { file: out, events: t.traceEvents.length, ranks: tree.timelines.length };
+  // Files left out of the trace (too deep, too big, not what their name says), each with why.
+  return { file: out, events: t.traceEvents.length, ranks: tree.timelines.length, skipped: tree.unreadable };
 }

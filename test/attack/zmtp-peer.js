@@ -2,6 +2,9 @@
 // unprivileged uid can run it without the project's node_modules. Prints one JSON line per event.
 //   node zmtp-peer.js dealer HOST PORT FILE...   connect as a DEALER, send each FILE as one message
 //                                                (a FILE may repeat), exit once every byte is sent
+//   node zmtp-peer.js xsub HOST PORT FILE...     connect as an XSUB and send each FILE's bytes as one
+//                                                subscription (byte 1, then the topic); hold the
+//                                                connection until stdin closes or the PUB drops it
 //   node zmtp-peer.js pub HOST PORT EVERY_MS FILE   bind as a PUB and send the recorded frames in
 //                                                FILE (JSON: [[topic base64, body base64], ...]) to
 //                                                every subscriber whose handshake is done (its
@@ -78,6 +81,27 @@ if (mode === 'dealer') {
     say({ event: 'error', error: String(e.message) });
     process.exitCode = 1;
   });
+} else if (mode === 'xsub') {
+  const sock = net.connect(Number(port), host, () => {
+    say({ event: 'connected' });
+    sock.write(greeting(false));
+    sock.write(ready('XSUB'));
+    let sent = 0;
+    for (const f of rest) {
+      const topic = fs.readFileSync(f);
+      sock.write(frame(Buffer.concat([Buffer.from([1]), topic])));
+      sent += topic.length;
+    }
+    sock.write(Buffer.alloc(0), () => say({ event: 'sent', subscriptions: rest.length, bytes: sent }));
+  });
+  sock.on('data', () => undefined);
+  sock.on('error', (e) => say({ event: 'error', error: String(e.message) }));
+  sock.on('close', () => {
+    say({ event: 'closed' });
+    process.exit(0);
+  });
+  process.stdin.on('end', () => sock.destroy());
+  process.stdin.resume();
 } else if (mode === 'pub' || mode === 'pub-no-ready') {
   const everyMs = Number(rest[0]);
   const frames = JSON.parse(fs.readFileSync(rest[1], 'utf8')).map(([t, b]) => Buffer.concat([frame(Buffer.from(t, 'base64'), true), frame(Buffer.from(b, 'base64'))]));

@@ -8,11 +8,10 @@ import { inspectTree, type BundleReport, type InspectResult } from '../inspect';
 import { readLayoutJson } from '../../paths';
 import type { WorldLayout } from '../../layout';
 import { ConfigError } from '../../errors';
+import { MAX_ARTIFACT_JSON_BYTES, readArtifactJson } from '../../artifacts/json-file';
 import { bisectOf, MAX_BISECT_BYTES, MAX_BISECT_FILES, type BisectDoc } from './bisect-section';
 import { addRecorderFile, type RecorderFlush } from './recorder-section';
 
-/** Reports and records are a few KiB; a timeline is at most a few MiB. */
-const MAX_JSON_BYTES = 16 << 20;
 /** A tree deeper than this is not one wavebus wrote. */
 const MAX_DEPTH = 16;
 
@@ -55,17 +54,9 @@ export interface ReportTree {
   unreadable: string[];
 }
 
-/** Parse a JSON file, refusing links, non-files and anything over the cap. */
-export function readJsonFile(file: string, maxBytes = MAX_JSON_BYTES): unknown {
-  const fd = fs.openSync(file, fs.constants.O_RDONLY | fs.constants.O_NOFOLLOW);
-  try {
-    const st = fs.fstatSync(fd);
-    if (!st.isFile()) throw new Error('not a regular file');
-    if (st.size > maxBytes) throw new Error(`${st.size} bytes, over the ${maxBytes}-byte cap`);
-    return JSON.parse(fs.readFileSync(fd, 'utf8'));
-  } finally {
-    fs.closeSync(fd);
-  }
+/** Parse a JSON file, refusing links, non-files, anything over the cap and deep nesting (json-file.ts). */
+export function readJsonFile(file: string, maxBytes = MAX_ARTIFACT_JSON_BYTES): unknown {
+  return readArtifactJson(file, maxBytes);
 }
 
 const rel = (root: string, p: string) => path.relative(root, p).split(path.sep).join('/');

@@ -114,7 +114,7 @@ export function incidentsSection(tree: ReportTree, opts: IncidentOptions): strin
 <h4>KV dump</h4>${dumpHtml(tree, inc, opts, budget, byDir)}
 </details>`;
   });
-  const filter = `<label>type <select id="type-filter"><option value="">all</option>${types.map((t) => `<option value="${esc(t)}">${esc(t)}</option>`).join('')}</select></label> showing <span id="type-count">${tree.incidents.length}</span>`;
+  const filter = `<label hidden>type <select id="type-filter"><option value="">all</option>${types.map((t) => `<option value="${esc(t)}">${esc(t)}</option>`).join('')}</select></label> showing <span id="type-count">${tree.incidents.length}</span>`;
   return `<section id="incidents"><h2>Incidents (<span id="incident-count">${tree.incidents.length}</span>)</h2>
 <p>${filter}</p>
 ${body.join('\n')}
