@@ -1,0 +1,177 @@
+// Wake on demand (docs/control.md, "An idle job"): `wavebus dump` and `wavebus capture` on jobs
+// started by `wavebus launch` with the defaults (no hot reload, no detector: the engines send
+// nothing), with the simulated engine and with the PyTorch engine (examples/torch-engine). The
+// commands complete, the files exist, and afterwards every mailbox's feature bits are 0 again.
+// And the answers at once where nothing can serve an arm.
+import * as fs from 'fs';
+import * as path from 'path';
+import { MailboxReader } from '../src/client/mailbox';
+import { CLI, PYTHON, ROOT, cleanup, freePortPair, readManifests, spawnWavebus, tmpDir, waitFor, type Spawned } from './helpers';
+
+jest.setTimeout(300000);
+afterAll(cleanup);
+
+const ENGINE = path.join(ROOT, 'examples', 'torch-engine');
+// The only flag: each agent's end-of-wave bound, wider than the default 50 ms, because this
+// 2-vCPU machine runs several suites at once (the bound is not a feature: nothing is turned on).
+const BOUND = ['--agent-arg=--end-of-wave-timeout-ms', '--agent-arg=2000'];
+
+interface Launched {
+  dir: string;
+  port: number;
+  runDir: string;
+  launch: Spawned;
+  env: NodeJS.ProcessEnv;
+}
+
+async function launch(command: string[], tag: string): Promise<Launched> {
+  const dir = tmpDir(`wavebus-wake-${tag}-`);
+  const runDir = path.join(dir, 'run');
+  const port = await freePortPair();
+  const env = { ...process.env, WAVEBUS_CACHE_ROOT: path.join(dir, 'cache') };
+  const l = spawnWavebus(['launch', '--nproc-per-node', '2', '--tp', '2', '--port', String(port), '--run-dir', runDir, ...BOUND, '--', ...command], { env, cwd: dir });
+  await waitFor(() => fs.existsSync(path.join(runDir, 'bus.token')) && fs.existsSync(path.join(runDir, 'mailbox-local1')), 'the job to start', 60000, 50);
+  const j = { dir, port, runDir, launch: l, env: { ...env, WAVEBUS_BUS_TOKEN_FILE: path.join(runDir, 'bus.token') } };
+  // Every agent live and synced (the launcher starts the command only then).
+  await waitFor(async () => {
+    const r = await cli(j, ['status', '--json']);
+    return r.code === 0 && JSON.parse(r.stdout).ready === true;
+  }, 'every agent on the bus', 60000, 200);
+  return j;
+}
+
+async function cli(j: Launched, args: string[]): Promise<{ code: number | null; stdout: string; stderr: string; ms: number }> {
+  const t0 = Date.now();
+  const p = spawnWavebus([...args, '--coordinator', `127.0.0.1:${j.port}`], { env: j.env, cwd: j.dir });
+  const e = await p.exited;
+  return { code: e.code, stdout: p.stdout(), stderr: p.stderr(), ms: Date.now() - t0 };
+}
+
+async function statusJson(j: Launched): Promise<Record<string, any>> {
+  const r = await cli(j, ['status', '--json']);
+  expect({ code: r.code, stderr: r.stderr }).toEqual({ code: 0, stderr: '' });
+  return JSON.parse(r.stdout);
+}
+
+/** Every rank's mailbox feature bits (what the engine reads each step). */
+function features(j: Launched): number[] {
+  return [0, 1].map((l) => {
+    const r = MailboxReader.open(path.join(j.runDir, `mailbox-local${l}`));
+    try {
+      return r.features();
+    } finally {
+      r.close();
+    }
+  });
+}
+
+/** Dump every running request and capture the next forward; both complete; then the bus sleeps again. */
+async function dumpAndCapture(j: Launched, kvRoot: string): Promise<void> {
+  expect(features(j)).toEqual([0, 0]); // asleep: the engines send nothing
+  const s0 = await statusJson(j);
+  expect({ wave: s0.replicas['0'].wave, wake: s0.replicas['0'].wake }).toEqual({ wave: 0, wake: 'off' });
+
+  const dump = await cli(j, ['dump', '--all', '--wait', '--timeout', '120000']);
+  expect({ code: dump.code, stderr: dump.stderr, out: dump.code === 0 ? '' : dump.stdout + j.launch.stderr().split('\n').filter((l) => /already ended|did not arrive|incomplete/.test(l)).slice(0, 6).join('\n') }).toEqual({ code: 0, stderr: '', out: '' });
+  const manifests = [...dump.stdout.matchAll(/^complete: (.+manifest\.json)$/gm)].map((m) => m[1]);
+  expect(manifests.length).toBeGreaterThan(0);
+  for (const f of manifests) {
+    expect(f.startsWith(kvRoot)).toBe(true);
+    const m = JSON.parse(fs.readFileSync(f, 'utf8'));
+    expect({ complete: m.complete, ranks: m.completed_ranks }).toEqual({ complete: true, ranks: [0, 1] });
+    // Each rank's bundle is there: its dump.json and a KV file per layer and kind.
+    for (const d of fs.readdirSync(path.dirname(f)).filter((n) => /^dp0_tp\d_pp0_cp0$/.test(n))) {
+      const files = fs.readdirSync(path.join(path.dirname(f), d));
+      expect(files).toContain('dump.json');
+      expect(files.filter((n) => n.endsWith('.pt')).length).toBeGreaterThan(0);
+    }
+  }
+  expect(readManifests(kvRoot).length).toBe(manifests.length);
+
+  const cap = await cli(j, ['capture', '--next', '--wait', '--timeout', '120000']);
+  expect({ code: cap.code, stderr: cap.stderr }).toEqual({ code: 0, stderr: '' });
+  const bundles = [...cap.stdout.matchAll(/^rank (\d+) wave (\d+): (.+)$/gm)].map((m) => ({ rank: Number(m[1]), wave: Number(m[2]), dir: m[3] }));
+  expect(bundles.map((b) => b.rank).sort()).toEqual([0, 1]);
+  expect(bundles[0].wave).toBe(bundles[1].wave);
+  for (const b of bundles) {
+    expect(b.dir.startsWith(path.join(j.dir, 'cache'))).toBe(true);
+    expect(fs.existsSync(path.join(b.dir, 'meta.json'))).toBe(true);
+  }
+
+  // Nothing armed any more: the replica sleeps and every engine's bits are back to 0.
+  await waitFor(async () => (await statusJson(j)).replicas['0'].wake === 'off', 'the replica to sleep again', 30000, 200);
+  await waitFor(() => features(j).every((b) => b === 0), 'every mailbox to say everything off', 30000, 100);
+  const s1 = await statusJson(j);
+  expect(s1.replicas['0'].wave).toBeGreaterThan(0); // it did step on the bus while awake
+}
+
+test('a simulated TP=2 job started with the defaults: dump --all --wait and capture --next --wait complete, then the bus sleeps', async () => {
+  const stop = path.join(tmpDir('wavebus-wake-stop-'), 'stop');
+  const j = await launch([process.execPath, CLI, 'sim', '--nproc-per-node', '2', '--steps', '100000', '--step-ms', '20', '--requests', '4000', '--stop-file', stop, '--result-dir', path.join(path.dirname(stop), 'ranks')], 'sim');
+  try {
+    // The sim's ranks have started stepping once their regions are in shared memory; give them a moment.
+    await new Promise((r) => setTimeout(r, 2000));
+    await dumpAndCapture(j, path.join(j.dir, 'runtime', 'report', 'kv_cache'));
+  } finally {
+    fs.writeFileSync(stop, '');
+  }
+  const { code } = await j.launch.exited;
+  expect({ code, stderr: code === 0 ? '' : j.launch.stderr().slice(-3000) }).toEqual({ code: 0, stderr: '' });
+});
+
+test('the PyTorch engine (TP=2) started with the defaults: dump --all --wait and capture --next --wait complete, then the bus sleeps', async () => {
+  const dirOut = tmpDir('wavebus-wake-torch-out-');
+  const j = await launch([PYTHON, path.join(ENGINE, 'torchrun_env.py'), path.join(ENGINE, 'engine.py'), '--out', dirOut, '--requests', '2', '--max-tokens', '200', '--arrive-every', '2', '--step-sleep-ms', '40'], 'torch');
+  // Python and torch take a while to start: until the engine steps, an arm finds no wave head
+  // within the grace and says so at once (that answer is checked below); then it is served.
+  let tries = 0;
+  for (;;) {
+    const probe = await cli(j, ['capture', '--next', '--wait', '--timeout', '60000']);
+    if (probe.code === 0) break;
+    expect(probe.stderr).toMatch(/not served on replica 0: its engine sent no wave head within 5 s of the wake: is an engine client connected to rank 0's agent, and is the engine stepping\?/);
+    expect(++tries).toBeLessThan(12);
+  }
+  // The probe's capture was served: the replica sleeps again before the test proper.
+  await waitFor(() => features(j).every((b) => b === 0), 'every mailbox to say everything off', 30000, 100);
+  await dumpAndCapture(j, path.join(j.dir, 'runtime', 'report', 'kv_cache'));
+  const { code } = await j.launch.exited;
+  if (code !== 0) throw new Error(`launch exited ${code}\n${j.launch.stderr().slice(-6000)}`);
+});
+
+test('where nothing can serve an arm the command says why at once: no engine stepping, no live head rank', async () => {
+  // The job's command is no engine at all: the agents run, nobody sends a wave head.
+  const j = await launch(['sleep', '60'], 'idle');
+  try {
+    const dump = await cli(j, ['dump', '--all', '--wait', '--timeout', '120000']);
+    expect(dump.code).toBe(1);
+    expect(dump.stderr).toMatch(/wavebus dump: dump-1 not served on replica 0: its engine sent no wave head within 5 s of the wake: is an engine client connected to rank 0's agent, and is the engine stepping\?/);
+    expect(dump.ms).toBeLessThan(30000); // the grace and a heartbeat, never the 2-minute --timeout
+    const cap = await cli(j, ['capture', '--request', 'abc', '--wait', '--timeout', '120000']);
+    expect(cap.code).toBe(1);
+    expect(cap.stderr).toMatch(/wavebus capture: capture-1 not served on replica 0: its engine sent no wave head within 5 s/);
+    expect(cap.ms).toBeLessThan(30000);
+    const s = await statusJson(j);
+    expect(s.replicas['0'].wake).toBe('off');
+    expect(s.captures.map((c: { state: string }) => c.state)).toEqual(['unserved']);
+    expect(features(j)).toEqual([0, 0]);
+  } finally {
+    j.launch.child.kill('SIGTERM');
+    await j.launch.exited;
+  }
+
+  // A coordinator whose agents are not there: refused at once, nothing armed.
+  const dir = tmpDir('wavebus-wake-noagents-');
+  const port = await freePortPair();
+  const coord = spawnWavebus(['coordinator', '--port', String(port), '--world-size', '2', '--tp', '2', '--runtime-config-path', path.join(dir, 'runtime_config.json'), '--runtime-dump-dir', path.join(dir, 'kv')], { cwd: dir });
+  try {
+    const at = { dir, port, runDir: dir, launch: coord, env: process.env };
+    await waitFor(async () => (await cli(at, ['status', '--timeout', '1000'])).code === 0, 'the coordinator to answer', 30000, 200);
+    const r = await cli(at, ['dump', '--all', '--wait', '--timeout', '120000']);
+    expect(r.code).toBe(1);
+    expect(r.stderr).toMatch(/dump: replica 0 \(its head rank 0\) has no live agent on the bus, so no wave of it can carry the dump; nothing was armed \(live ranks: none\) \[ERR_CONTROL_UNSERVABLE\]/);
+    expect(r.ms).toBeLessThan(10000);
+  } finally {
+    coord.child.kill('SIGTERM');
+    await coord.exited;
+  }
+});
