@@ -72,7 +72,7 @@ async function dumpAndCapture(j: Launched, kvRoot: string): Promise<void> {
   expect(s0.replicas['0'].wake).toBe('off');
 
   const dump = await cli(j, ['dump', '--all', '--wait', '--timeout', '120000']);
-  expect({ code: dump.code, stderr: dump.stderr, out: dump.code === 0 ? '' : dump.stdout + j.launch.stderr().split('\n').filter((l) => /already ended|did not arrive|incomplete/.test(l)).slice(0, 6).join('\n') }).toEqual({ code: 0, stderr: '', out: '' });
+  expect({ code: dump.code, stderr: dump.stderr, out: dump.code === 0 ? '' : dump.stdout + j.launch.stderr().split('\n').filter((l) => /did not arrive|config applied|level":[45]0|manual dump|held|wake/.test(l) && !/dump job incomplete|not acked by every|no proof/.test(l)).slice(0, 12).join('\n') }).toEqual({ code: 0, stderr: '', out: '' });
   const manifests = [...dump.stdout.matchAll(/^complete: (.+manifest\.json)$/gm)].map((m) => m[1]);
   expect(manifests.length).toBeGreaterThan(0);
   for (const f of manifests) {
@@ -109,7 +109,8 @@ test('a simulated TP=2 job started with the defaults: dump --all --wait and capt
   const stop = path.join(tmpDir('wavebus-wake-stop-'), 'stop');
   const j = await launch([process.execPath, CLI, 'sim', '--nproc-per-node', '2', '--steps', '100000', '--step-ms', '20', '--requests', '4000', '--stop-file', stop, '--result-dir', path.join(path.dirname(stop), 'ranks')], 'sim');
   try {
-    // The sim's ranks have started stepping once their regions are in shared memory; give them a moment.
+    // Armed once the sim has run a few hundred waves: an arm in its first ~100 waves was seen to end
+    // incomplete (both ranks wave_already_ended, or not acked), not understood yet.
     await new Promise((r) => setTimeout(r, 2000));
     expect((await statusJson(j)).replicas['0'].wave).toBe(0); // stepping, and no wave head sent
     await dumpAndCapture(j, path.join(j.dir, 'runtime', 'report', 'kv_cache'));

@@ -149,6 +149,7 @@ export class Coordinator extends EventEmitter {
       failQueued: (r, why) => this.control.failQueued(r, why),
       headRank: (r) => replicaHead(this.layout, r),
       announce: (r) => this.running && this.streams.heartbeat(r),
+      settleMs: 2 * this.heartbeatMs,
     });
     this.agentRequests = new AgentRequests(this.rankTable, (route, msg, payload) => this.reply(route, msg, payload), this.drops, () => this.running, () => (this.opts.curve ? [...this.opts.curve.allow.keys()] : undefined), () => this.stats.relaysRefusedBusy++);
     if (opts.ownFiles) this.ownFiles = new CoordinatorFiles(opts.ownFiles, this.expectedRanks[0] ?? 0, this.log);

@@ -2,9 +2,12 @@
 // reload, no detector) costs its engines nothing per step, and `wavebus dump` / `capture` still
 // work on it. While something is armed on a replica, the coordinator's heartbeats on that
 // replica's stream say so (proto Wake): HEADS, and the replica's head rank sends its wave heads;
-// at the first head the coordinator arms nothing and says ON right after that head's vector, so
-// every rank is on the vector a whole wave before anything is due (the margin a vector decided a
-// wave ahead always has). Once nothing is armed (served, failed, expired) it says OFF again.
+// at the first head the coordinator arms nothing and says ON right after that head's vector, and
+// it arms nothing at the heads that come within settleMs of that ON either. An engine reads its
+// bits at every step, but one catching up (a burst of steps after a slow call) can be waves ahead
+// of the bus: arming only at a head its engine sent well after every agent had the ON keeps every
+// rank on the vector before anything is due for it, as a vector decided a wave ahead would be with
+// the bus on. Once nothing is armed (served, failed, expired) it says OFF again.
 // A replica whose engine sends no head within WAKE_GRACE_MS of the wake cannot be served: what is
 // queued there is failed with the reason, at once, rather than left to the tool's --timeout.
 
@@ -28,6 +31,8 @@ export interface WakeDeps {
   /** Say the replica's state on its stream now (a heartbeat). */
   announce(replica: number): void;
   graceMs?: number;
+  /** How long after the ON a head still arms nothing (the coordinator: two heartbeats). */
+  settleMs: number;
   now?: () => number;
 }
 
@@ -35,6 +40,8 @@ export class ReplicaWake {
   private readonly state: WakeState[];
   /** When each replica went to HEADS (its first head is awaited since). */
   private readonly wokeAt: number[];
+  /** When each replica went ON (its arms wait for a head settleMs later). */
+  private readonly onAt: number[];
   private readonly now: () => number;
   private readonly graceMs: number;
   /** Replicas woken, in all (status). */
@@ -43,6 +50,7 @@ export class ReplicaWake {
   constructor(private readonly d: WakeDeps) {
     this.state = Array.from({ length: d.dp }, () => WAKE.OFF);
     this.wokeAt = Array.from({ length: d.dp }, () => 0);
+    this.onAt = Array.from({ length: d.dp }, () => 0);
     this.now = d.now ?? Date.now;
     this.graceMs = d.graceMs ?? WAKE_GRACE_MS;
   }
@@ -78,18 +86,20 @@ export class ReplicaWake {
   }
 
   /**
-   * A head of `replica` arrived, before its vector is decided. True when it is the replica's first
-   * since the wake: nothing is armed at it (the caller holds the arms), and the replica is ON once
-   * its vector is out (afterHead).
+   * A head of `replica` arrived, before its vector is decided. True when nothing may be armed at it
+   * (the caller holds the arms): the replica's first head since the wake (it is ON once that
+   * head's vector is out: afterHead), or one within settleMs of the ON.
    */
   holdAtHead(replica: number): boolean {
-    return this.state[replica] === WAKE.HEADS;
+    const s = this.state[replica];
+    return s === WAKE.HEADS || (s === WAKE.ON && this.now() - this.onAt[replica] < this.d.settleMs);
   }
 
   /** That head's vector is published: a replica at HEADS is ON now, said right after it on the stream. */
   afterHead(replica: number): void {
     if (this.state[replica] !== WAKE.HEADS) return;
     this.state[replica] = WAKE.ON;
+    this.onAt[replica] = this.now();
     this.d.announce(replica);
   }
 
