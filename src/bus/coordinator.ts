@@ -28,7 +28,7 @@ import { receiveLoop } from './receive-loop';
 import { admitRouterMessage, openRouterMessage, type Admission } from './router-inbox';
 import { VersionGate } from './protocol-version';
 import { CoordinatorControl } from './coordinator-control';
-import { ReplicaWake } from './replica-wake';
+import { coordinatorWake, type ReplicaWake } from './replica-wake';
 import type { ZapHandler } from './zap-handler';
 import type { CoordinatorPolicy } from './policy';
 import type { CoordinatorOptions, CoordinatorStats } from './coordinator-options';
@@ -142,15 +142,7 @@ export class Coordinator extends EventEmitter {
       captures: this.control.captures,
       wake: (r) => this.wake.of(r),
     });
-    this.wake = new ReplicaWake({
-      dp: this.layout.dp,
-      armed: (r) => this.control.armedOn(r) || this.ledger.unfinished(r),
-      busActive: (r) => Boolean((this.policy ? this.policy.snapshotState(r).config : this.streams.stream(r).lastConfig.config)?.busActive),
-      failQueued: (r, why) => this.control.failQueued(r, why),
-      headRank: (r) => replicaHead(this.layout, r),
-      announce: (r) => this.running && this.streams.heartbeat(r),
-      settleMs: 2 * this.heartbeatMs,
-    });
+    this.wake = coordinatorWake(this, () => this.running);
     this.agentRequests = new AgentRequests(this.rankTable, (route, msg, payload) => this.reply(route, msg, payload), this.drops, () => this.running, () => (this.opts.curve ? [...this.opts.curve.allow.keys()] : undefined), () => this.stats.relaysRefusedBusy++);
     if (opts.ownFiles) this.ownFiles = new CoordinatorFiles(opts.ownFiles, this.expectedRanks[0] ?? 0, this.log);
   }

@@ -10,6 +10,8 @@
 // the bus on. Once nothing is armed (served, failed, expired) it says OFF again.
 // A replica whose engine sends no head within WAKE_GRACE_MS of the wake cannot be served: what is
 // queued there is failed with the reason, at once, rather than left to the tool's --timeout.
+import { replicaHead } from '../layout';
+import type { Coordinator } from './coordinator';
 
 /** proto Wake. */
 export const WAKE = { OFF: 0, HEADS: 1, ON: 2 } as const;
@@ -106,4 +108,17 @@ export class ReplicaWake {
   statusJson(replica: number): string {
     return ['off', 'heads', 'on'][this.of(replica)];
   }
+}
+
+/** A coordinator's wake: what is armed by control or in its ledger, its config, its streams' heartbeats. */
+export function coordinatorWake(c: Coordinator, running: () => boolean): ReplicaWake {
+  return new ReplicaWake({
+    dp: c.layout.dp,
+    armed: (r) => c.control.armedOn(r) || c.ledger.unfinished(r),
+    busActive: (r) => Boolean((c.policy ? c.policy.snapshotState(r).config : c.streams.stream(r).lastConfig.config)?.busActive),
+    failQueued: (r, why) => c.control.failQueued(r, why),
+    headRank: (r) => replicaHead(c.layout, r),
+    announce: (r) => running() && c.streams.heartbeat(r),
+    settleMs: 2 * c.heartbeatMs,
+  });
 }
