@@ -7,6 +7,7 @@ import * as fs from 'fs';
 import * as path from 'path';
 import { MailboxReader } from '../src/client/mailbox';
 import { ReplicaWake, WAKE } from '../src/bus/replica-wake';
+import { Job } from './sim-job';
 import { CLI, PYTHON, ROOT, cleanup, freePortPair, readManifests, spawnWavebus, tmpDir, waitFor, type Spawned } from './helpers';
 
 jest.setTimeout(300000);
@@ -146,7 +147,7 @@ test('the PyTorch engine (TP=2) started with the defaults: dump --all --wait and
   if (code !== 0) throw new Error(`launch exited ${code}\n${j.launch.stderr().slice(-6000)}`);
 });
 
-test('where nothing can serve an arm the command says why at once: no engine stepping, no live head rank', async () => {
+test('where nothing can serve an arm the command says why at once: no engine stepping, a lost head rank', async () => {
   // The job's command is no engine at all: the agents run, nobody sends a wave head.
   const j = await launch(['sleep', '60'], 'idle');
   try {
@@ -167,26 +168,33 @@ test('where nothing can serve an arm the command says why at once: no engine ste
     await j.launch.exited;
   }
 
-  // A coordinator whose agents are not there: refused at once, nothing armed.
-  const dir = tmpDir('wavebus-wake-noagents-');
-  const port = await freePortPair();
-  const coord = spawnWavebus(['coordinator', '--port', String(port), '--world-size', '2', '--tp', '2', '--runtime-config-path', path.join(dir, 'runtime_config.json'), '--runtime-dump-dir', path.join(dir, 'kv')], { cwd: dir });
+  // A replica whose head rank's agent was lost: refused at once, nothing armed.
+  const job = new Job({ world: 2, steps: 1, stepMs: 20 });
+  job.port = await freePortPair();
+  job.startCoordinator();
+  job.startAgent(0);
+  job.startAgent(1);
   try {
-    const at = { dir, port, runDir: dir, launch: coord, env: process.env };
-    await waitFor(async () => (await cli(at, ['status', '--timeout', '1000'])).code === 0, 'the coordinator to answer', 30000, 200);
+    await waitFor(async () => (await job.status()).ready, 'the bus to be ready', 30000, 100);
+    job.agents[0].child.kill('SIGKILL');
+    await waitFor(async () => !(await job.status()).liveRanks.includes(0), 'rank 0 to be lost', 30000, 100);
+    const at = { dir: job.dir, port: job.port, runDir: job.runDir, launch: job.coordinator, env: process.env };
     const r = await cli(at, ['dump', '--all', '--wait', '--timeout', '120000']);
     expect(r.code).toBe(1);
-    expect(r.stderr).toMatch(/dump: replica 0 \(its head rank 0\) has no live agent on the bus, so no wave of it can carry the dump; nothing was armed \(live ranks: none\) \[ERR_CONTROL_UNSERVABLE\]/);
+    expect(r.stderr).toMatch(/dump: replica 0 \(its head rank 0\) lost its agent, so no wave of it can carry the dump; nothing was armed \(live ranks: 1\) \[ERR_CONTROL_UNSERVABLE\]/);
     expect(r.ms).toBeLessThan(10000);
+    expect((await statusJson(at)).manual_dumps_waiting).toBe(0);
   } finally {
-    coord.child.kill('SIGTERM');
-    await coord.exited;
+    job.agents[1].child.kill('SIGTERM');
+    job.coordinator.child.kill('SIGTERM');
+    await Promise.all([job.agents[1].exited, job.coordinator.exited]);
   }
 });
 
 test('the wake states of one replica: heads on an arm, nothing armed at the first head nor within the settle time, off when nothing is armed, failed after the grace', () => {
   let now = 1000;
   let armed = false;
+  let headLive = true;
   const announced: number[] = [];
   const failed: string[] = [];
   const w = new ReplicaWake({
@@ -198,6 +206,7 @@ test('the wake states of one replica: heads on an arm, nothing armed at the firs
       armed = false;
     },
     headRank: () => 0,
+    headLive: () => headLive,
     announce: () => announced.push(w.of(0)),
     settleMs: 1000,
     graceMs: 5000,
@@ -219,14 +228,23 @@ test('the wake states of one replica: heads on an arm, nothing armed at the firs
   w.refresh();
   expect([w.of(0), announced]).toEqual([WAKE.OFF, [WAKE.HEADS, WAKE.ON, WAKE.OFF]]);
   // Woken, and no head within the grace: what waits fails with the reason, and it sleeps again.
+  // The grace counts only while the head rank's agent is live (a job starting is waited for).
   armed = true;
+  headLive = false;
   w.refresh();
-  now += 5001;
+  now += 60000;
+  w.refresh();
+  expect([w.of(0), failed]).toEqual([WAKE.HEADS, []]);
+  headLive = true;
+  now += 4000;
+  w.refresh();
+  expect(failed).toEqual([]);
+  now += 1001;
   w.refresh();
   expect(failed).toEqual([expect.stringMatching(/^its engine sent no wave head within 5 s of the wake: is an engine client connected to rank 0's agent/)]);
   expect(w.of(0)).toBe(WAKE.OFF);
   // A config that keeps the bus on never needs a wake.
-  const on = new ReplicaWake({ dp: 1, armed: () => true, busActive: () => true, failQueued: () => undefined, headRank: () => 0, announce: () => undefined, settleMs: 0 });
+  const on = new ReplicaWake({ dp: 1, armed: () => true, busActive: () => true, failQueued: () => undefined, headRank: () => 0, headLive: () => true, announce: () => undefined, settleMs: 0 });
   on.refresh();
   expect([on.of(0), on.holdAtHead(0)]).toEqual([WAKE.OFF, false]);
 });

@@ -109,14 +109,16 @@ export class CoordinatorControl {
 
   /**
    * Refuse at once an arm no head of `replicas` can take: the replica's head rank (its wave heads
-   * decide every vector) has no live agent on the bus. Nothing is armed.
+   * decide every vector) joined the bus and its agent was lost since. Nothing is armed. One that has
+   * not joined yet (a job starting) is not refused: the arm waits for it.
    */
   private servable(replicas: number[], what: string): void {
     const live = new Set(this.c.liveRanks());
-    const dead = replicas.filter((r) => !live.has(replicaHead(this.c.layout, r)));
+    const lost = (g: number) => !live.has(g) && this.c.rankTable.get(g) !== undefined;
+    const dead = replicas.filter((r) => lost(replicaHead(this.c.layout, r)));
     if (dead.length === 0) return;
     const which = dead.map((r) => `replica ${r} (its head rank ${replicaHead(this.c.layout, r)})`).join(', ');
-    throw new Refused(`${what}: ${which} has no live agent on the bus, so no wave of it can carry the ${what}; nothing was armed (live ranks: ${[...live].sort((a, b) => a - b).join(',') || 'none'})`, 'ERR_CONTROL_UNSERVABLE');
+    throw new Refused(`${what}: ${which} lost its agent, so no wave of it can carry the ${what}; nothing was armed (live ranks: ${[...live].sort((a, b) => a - b).join(',') || 'none'})`, 'ERR_CONTROL_UNSERVABLE');
   }
 
   private get manualArms(): ManualArms | undefined {

@@ -30,6 +30,8 @@ export interface WakeDeps {
   failQueued(replica: number, why: string): void;
   /** The replica's head rank (named in the reason). */
   headRank(replica: number): number;
+  /** Whether that rank's agent is live on the bus (the grace counts only while it is: a job starting). */
+  headLive(replica: number): boolean;
   /** Say the replica's state on its stream now (a heartbeat). */
   announce(replica: number): void;
   graceMs?: number;
@@ -70,6 +72,7 @@ export class ReplicaWake {
   refresh(): void {
     for (let r = 0; r < this.state.length; r++) {
       let s = this.state[r];
+      if (s === WAKE.HEADS && !this.d.headLive(r)) this.wokeAt[r] = this.now();
       if (s === WAKE.HEADS && this.now() - this.wokeAt[r] > this.graceMs) {
         const why = `its engine sent no wave head within ${this.graceMs / 1000} s of the wake: is an engine client connected to rank ${this.d.headRank(r)}'s agent, and is the engine stepping?`;
         this.d.failQueued(r, why);
@@ -118,6 +121,7 @@ export function coordinatorWake(c: Coordinator, running: () => boolean): Replica
     busActive: (r) => Boolean((c.policy ? c.policy.snapshotState(r).config : c.streams.stream(r).lastConfig.config)?.busActive),
     failQueued: (r, why) => c.control.failQueued(r, why),
     headRank: (r) => replicaHead(c.layout, r),
+    headLive: (r) => c.liveRanks().includes(replicaHead(c.layout, r)),
     announce: (r) => running() && c.streams.heartbeat(r),
     settleMs: 2 * c.heartbeatMs,
   });
