@@ -67,6 +67,20 @@ function features(j: Launched): number[] {
   });
 }
 
+/**
+ * Until the engine steps: an engine still starting (node, or python and torch) sends no wave head,
+ * so an arm finds none within the grace and says so at once (the answer checked here); then one is
+ * served. The replica sleeps again before the caller goes on.
+ */
+async function untilStepping(j: Launched): Promise<void> {
+  for (let tries = 1; ; tries++) {
+    const probe = await cli(j, ['capture', '--next', '--wait', '--timeout', '60000']);
+    if (probe.code === 0) return;
+    expect(probe.stderr).toMatch(/not served on replica 0: its engine sent no wave head within 5 s of the wake: is an engine client connected to rank 0's agent, and is the engine stepping\?/);
+    expect(tries).toBeLessThan(12);
+  }
+}
+
 /** Dump every running request and capture the next forward; both complete; then the bus sleeps again. */
 async function dumpAndCapture(j: Launched, kvRoot: string): Promise<void> {
   expect(features(j)).toEqual([0, 0]); // asleep: the engines send nothing
@@ -111,10 +125,8 @@ test('a simulated TP=2 job started with the defaults: dump --all --wait and capt
   const stop = path.join(tmpDir('wavebus-wake-stop-'), 'stop');
   const j = await launch([process.execPath, CLI, 'sim', '--nproc-per-node', '2', '--steps', '100000', '--step-ms', '20', '--requests', '4000', '--stop-file', stop, '--result-dir', path.join(path.dirname(stop), 'ranks')], 'sim');
   try {
-    // The sim's ranks start stepping shortly after the launcher starts them (its startup: a second or
-    // two here). An arm before that fails after the grace, which the last test checks.
-    await new Promise((r) => setTimeout(r, 2000));
-    expect((await statusJson(j)).replicas['0'].wave).toBe(0); // stepping, and no wave head sent
+    await untilStepping(j);
+    await waitFor(() => features(j).every((b) => b === 0), 'every mailbox to say everything off', 30000, 100);
     await dumpAndCapture(j, path.join(j.dir, 'runtime', 'report', 'kv_cache'));
   } finally {
     fs.writeFileSync(stop, '');
@@ -126,19 +138,10 @@ test('a simulated TP=2 job started with the defaults: dump --all --wait and capt
 test('the PyTorch engine (TP=2) started with the defaults: dump --all --wait and capture --next --wait complete, then the bus sleeps', async () => {
   const dirOut = tmpDir('wavebus-wake-torch-out-');
   const j = await launch([PYTHON, path.join(ENGINE, 'torchrun_env.py'), path.join(ENGINE, 'engine.py'), '--out', dirOut, '--requests', '2', '--max-tokens', '200', '--arrive-every', '2', '--step-sleep-ms', '40'], 'torch');
-  // Python and torch take a while to start: until the engine steps, an arm finds no wave head
-  // within the grace and says so at once (that answer is checked below); then it is served.
-  let tries = 0;
   try {
-  for (;;) {
-    const probe = await cli(j, ['capture', '--next', '--wait', '--timeout', '60000']);
-    if (probe.code === 0) break;
-    expect(probe.stderr).toMatch(/not served on replica 0: its engine sent no wave head within 5 s of the wake: is an engine client connected to rank 0's agent, and is the engine stepping\?/);
-    expect(++tries).toBeLessThan(12);
-  }
-  // The probe's capture was served: the replica sleeps again before the test proper.
-  await waitFor(() => features(j).every((b) => b === 0), 'every mailbox to say everything off', 30000, 100);
-  await dumpAndCapture(j, path.join(j.dir, 'runtime', 'report', 'kv_cache'));
+    await untilStepping(j);
+    await waitFor(() => features(j).every((b) => b === 0), 'every mailbox to say everything off', 30000, 100);
+    await dumpAndCapture(j, path.join(j.dir, 'runtime', 'report', 'kv_cache'));
   } catch (e) {
     j.launch.child.kill('SIGTERM');
     throw e;
