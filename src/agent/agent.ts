@@ -21,6 +21,7 @@ import { ConfigError, WavebusError } from '../errors';
 import type { RankIdentity } from '../layout';
 import { createLogger, type Logger } from '../log';
 import { MailboxFeature } from '../client/mailbox';
+import { WAKE } from '../bus/replica-wake';
 import type { AgentConfig, DumpLane } from '../messages';
 import { agentEndpoint, engineFaultPath, mailboxPath, recorderPath } from '../paths';
 import { applyRecorderConfig, type FlightRecorder } from './flight-recorder';
@@ -202,6 +203,7 @@ export class Agent {
       }
       this.bus.on('snapshot', (s: SnapshotReplyMsg) => this.onSnapshot(s));
       this.bus.on('wave', (w: WaveEvent) => this.onWave(w));
+      this.bus.on('wake', () => this.publishFeatures());
       this.direct = agentDirectFiles(Boolean(this.opts.curve), this.opts.directFiles, { globalRank: identity.globalRank, roots: served, coordinator: this.opts.coordinator, log: this.log });
       this.bus.onRequest(fileRequestHandler(this.files, this.direct, identity.globalRank));
       await this.bus.start();
@@ -263,9 +265,23 @@ export class Agent {
     await this.ends.writes;
   }
 
+  /**
+   * This rank's engine reads the vector: the config puts the bus on, or the coordinator woke it for
+   * something armed (wake ON, src/bus/replica-wake.ts); and the rank is on the vector at all.
+   */
+  private get busOn(): boolean {
+    return (this.view.busActive || this.bus?.wake === WAKE.ON) && Boolean(this.bus) && this.onVector;
+  }
+
+  /** Wake HEADS: this rank heads its replica and something is armed there: its engine sends heads only. */
+  private get headsOnly(): boolean {
+    return !this.busOn && this.isHead && (this.bus?.wake ?? WAKE.OFF) !== WAKE.OFF;
+  }
+
   private features(): number {
     let bits = 0;
-    if (this.view.busActive && this.bus && this.onVector) bits |= MailboxFeature.BUS_ACTIVE;
+    if (this.busOn) bits |= MailboxFeature.BUS_ACTIVE;
+    else if (this.headsOnly) bits |= MailboxFeature.HEADS;
     if (this.view.hotReload) bits |= MailboxFeature.HOT_RELOAD;
     if (this.view.detectors.length > 0) bits |= MailboxFeature.DETECTORS;
     if (this.capturer) bits |= MailboxFeature.SNAPSHOTS;
@@ -416,7 +432,8 @@ export class Agent {
       faultPath: this.recorder ? engineFaultPath(this.opts.runDir, this.identity.localRank) : '',
       features: {
         tp0: this.isHead,
-        bus: this.view.busActive && Boolean(this.bus) && this.onVector,
+        // The client sends heads while this is true: with the bus on, or woken (HEADS) on the head rank.
+        bus: this.busOn || this.headsOnly,
         detectors: [...this.view.detectors],
         itemSync: this.view.itemSync,
         snapshots: Boolean(this.capturer),

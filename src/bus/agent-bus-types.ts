@@ -65,6 +65,8 @@ export interface SnapshotReplyMsg {
   decideAhead: number;
   /** Captures armed on the running job and in force for this replica (protocol 7; CaptureArm). */
   captures?: Record<string, any>[];
+  /** The replica's wake on demand (proto Wake: 0 off, 1 heads, 2 on). */
+  wake?: number;
 }
 
 export type ResyncReason = 'gap' | 'epoch' | 'coordinator-silent' | 'reconnect' | 'receiver';

@@ -96,6 +96,13 @@ export class AgentBus extends EventEmitter {
     return this.identity.globalRank;
   }
 
+  /**
+   * The replica's wake on demand as the coordinator last said it (proto Wake: 0 off, 1 heads, 2 on;
+   * src/bus/replica-wake.ts), from its snapshot and then its heartbeats, in stream order. A change
+   * is emitted as 'wake' (a snapshot's comes with 'snapshot').
+   */
+  wake = 0;
+
   /** True once a snapshot was applied and no resync is in progress. */
   get synced(): boolean {
     return this.state === 'live';
@@ -328,6 +335,13 @@ export class AgentBus extends EventEmitter {
   }
 
   private apply(f: DecodedFrame): void {
+    if (f.kind === 'heartbeat') {
+      const wake = Number(f.heartbeat?.wake ?? 0);
+      if (wake !== this.wake) {
+        this.wake = wake;
+        this.emit('wake', wake);
+      }
+    }
     this.waves.apply(f);
   }
 
@@ -395,6 +409,7 @@ export class AgentBus extends EventEmitter {
     this.snapshotSeq = snap.seq;
     this.waves.snapshot(snap.wave);
     this.state = 'live';
+    this.wake = Number(snap.wake ?? 0);
     this.log.info({ epoch: snap.epoch, replica: this.replica, seq: snap.seq, wave: snap.wave, pending: snap.pending.length }, 'snapshot applied');
     this.emit('snapshot', snap);
     // Replay what arrived while we waited; anything the snapshot covers is skipped.

@@ -54,6 +54,8 @@ interface Entry {
   expired: boolean;
   /** Waves after arm.wave it stays in force (--next: 0). */
   span: number;
+  /** Why the replica could not take it (no head came after the wake); finished then. */
+  unserved?: string;
 }
 
 /** The seed's budget default (MAX_CAPTURES). */
@@ -111,12 +113,14 @@ export class CaptureArms {
    * The head of `replica` publishes the vector of `wave`: the arms it carries (taking effect at
    * `wave`) and whether any arm in force covers `wave`.
    */
-  atHead(replica: number, headWave: number, wave: number): { snapshotDue: boolean; captures: CaptureArmMsg[] } {
+  atHead(replica: number, headWave: number, wave: number, hold = false): { snapshotDue: boolean; captures: CaptureArmMsg[] } {
     const captures: CaptureArmMsg[] = [];
     let snapshotDue = false;
     for (const list of this.entries.values()) {
       for (const e of list) {
-        if (e.arm.replica !== replica) continue;
+        if (e.arm.replica !== replica || e.unserved) continue;
+        // hold: the first head after a wake arms nothing (src/bus/replica-wake.ts).
+        if (!e.armed && hold) continue;
         if (!e.armed) {
           // In force from the wave after the vector that carries it: every agent then knows it (and
           // says so in its mailbox) a wave before its first forward, so a late vector is waited for.
@@ -158,14 +162,25 @@ export class CaptureArms {
   }
 
   private finished(e: Entry): boolean {
-    return e.expired || (e.armed && e.ranks.every((g) => e.done.has(g)));
+    return e.expired || e.unserved !== undefined || (e.armed && e.ranks.every((g) => e.done.has(g)));
+  }
+
+  /** Whether an arm of `replica` waits for a head or is in force (its ranks need the waves). */
+  open(replica: number): boolean {
+    for (const list of this.entries.values()) for (const e of list) if (e.arm.replica === replica && !this.finished(e)) return true;
+    return false;
+  }
+
+  /** Every arm of `replica` no head has carried yet gives it up: `why` is what the tool says. */
+  fail(replica: number, why: string): void {
+    for (const list of this.entries.values()) for (const e of list) if (e.arm.replica === replica && !e.armed && !e.unserved) e.unserved = why;
   }
 
   /** The CaptureProgress of each replica's arm of `id`, or undefined for an unknown id. */
   progress(id: string): Record<string, unknown>[] | undefined {
     const list = this.entries.get(id);
     if (!list) return undefined;
-    return list.map((e) => ({ arm: e.arm, results: e.results, ranks: e.ranks, doneRanks: [...e.done].sort((a, b) => a - b), expired: e.expired, armed: e.armed }));
+    return list.map((e) => ({ arm: e.arm, results: e.results, ranks: e.ranks, doneRanks: [...e.done].sort((a, b) => a - b), expired: e.expired, armed: e.armed, unserved: e.unserved ?? '' }));
   }
 
   /** For `wavebus status`: every arm kept, in force or finished. */
@@ -173,7 +188,7 @@ export class CaptureArms {
     const out: Record<string, unknown>[] = [];
     for (const list of this.entries.values()) {
       for (const e of list) {
-        const state = !e.armed ? 'queued' : this.finished(e) ? (e.expired && !e.ranks.every((g) => e.done.has(g)) ? 'expired' : 'done') : 'armed';
+        const state = e.unserved ? 'unserved' : !e.armed ? 'queued' : this.finished(e) ? (e.expired && !e.ranks.every((g) => e.done.has(g)) ? 'expired' : 'done') : 'armed';
         out.push({ id: e.arm.id, replica: e.arm.replica, state, wave: e.arm.wave, until_wave: e.arm.untilWave, ranks: e.ranks, done_ranks: [...e.done].sort((a, b) => a - b), bundles: e.results.filter((r) => r.callDir).length, errors: e.results.filter((r) => r.error).length });
       }
     }

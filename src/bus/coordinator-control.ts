@@ -15,6 +15,7 @@ import type { ManualArms } from '../guard/manual-arms';
 import type { AgentMsg, DropCounter } from './frames';
 import { counter } from '../metrics';
 import { parseArtifactJson } from '../artifacts/json-file';
+import { replicaHead } from '../layout';
 
 /** Most ids, token targets or indices one capture may name, and its largest budget. */
 export const MAX_CAPTURE_RULES = 64;
@@ -93,6 +94,32 @@ export class CoordinatorControl {
 
   hello(rank: number, protocolVersion: number): void {
     this.agentVersions.set(rank, protocolVersion);
+  }
+
+  /** Something armed by control on `replica` waits for a head or is in force (replica-wake.ts). */
+  armedOn(replica: number): boolean {
+    return (this.manualArms?.waitingFor(replica) ?? false) || this.captures.open(replica);
+  }
+
+  /** What waits for `replica`'s next head gives it up, with `why` (replica-wake.ts). */
+  failQueued(replica: number, why: string): void {
+    this.manualArms?.fail(replica, why);
+    this.captures.fail(replica, why);
+    this.c.log.warn({ replica, why }, 'what was armed on this replica could not be served');
+  }
+
+  /**
+   * Refuse at once an arm no head of `replicas` can take: the replica's head rank (its wave heads
+   * decide every vector) joined the bus and its agent was lost since. Nothing is armed. One that has
+   * not joined yet (a job starting) is not refused: the arm waits for it.
+   */
+  private servable(replicas: number[], what: string): void {
+    const live = new Set(this.c.liveRanks());
+    const lost = (g: number) => !live.has(g) && this.c.rankTable.get(g) !== undefined;
+    const dead = replicas.filter((r) => lost(replicaHead(this.c.layout, r)));
+    if (dead.length === 0) return;
+    const which = dead.map((r) => `replica ${r} (its head rank ${replicaHead(this.c.layout, r)})`).join(', ');
+    throw new Refused(`${what}: ${which} lost its agent, so no wave of it can carry the ${what}; nothing was armed (live ranks: ${[...live].sort((a, b) => a - b).join(',') || 'none'})`, 'ERR_CONTROL_UNSERVABLE');
   }
 
   private get manualArms(): ManualArms | undefined {
@@ -181,7 +208,10 @@ export class CoordinatorControl {
     const requestId = String(r.requestId ?? '');
     if (r.all === Boolean(requestId)) throw new Refused('dump: give either request_id or all, not both and not neither');
     if (requestId.length > 256) throw new Refused(`dump.request_id: ${requestId.length} characters, at most 256`);
-    const arm = arms.queue(requestId || undefined, this.replicasOf(r, 'dump'));
+    const replicas = this.replicasOf(r, 'dump');
+    this.servable(replicas, 'dump');
+    const arm = arms.queue(requestId || undefined, replicas);
+    this.c.wake.refresh(); // a job whose bus sleeps wakes for it
     this.c.log.info({ id: arm.id, request: arm.requestId ?? '(all)', replicas: arm.replicas }, 'manual dump asked for by a control request');
     return { id: arm.id };
   }
@@ -190,7 +220,9 @@ export class CoordinatorControl {
     if (r.flushRecorder) {
       // Every rank of each replica writes out its ring at the same wave (docs/recorder.md).
       const replicas = this.replicasOf(r, 'capture');
+      this.servable(replicas, 'capture');
       const id = this.captures.queue({ ...FLUSH_ARM, replicas });
+      this.c.wake.refresh();
       this.c.log.info({ id, replicas }, 'flight recorder flush asked for by a control request');
       return { id };
     }
@@ -219,7 +251,9 @@ export class CoordinatorControl {
     if (!(spec.format >= 0 && spec.format <= 3)) throw new Refused(`capture.format = ${spec.format}: not a TensorFormat`);
     if (spec.maxCaptures > MAX_ARM_CAPTURES) throw new Refused(`capture.max_captures = ${spec.maxCaptures}: at most ${MAX_ARM_CAPTURES}`);
     if (spec.withinWaves > MAX_U32) throw new Refused(`capture.within_waves = ${spec.withinWaves}: too large`);
+    this.servable(spec.replicas, 'capture');
     const id = this.captures.queue(spec);
+    this.c.wake.refresh(); // a job whose bus sleeps wakes for it
     this.c.log.info({ id, requests: spec.requestIds, tokens: spec.tokenTargets, calls: spec.callIndices, next: spec.next, tpRanks: spec.tpRanks, replicas: spec.replicas }, 'input snapshot armed by a control request');
     return { id };
   }
@@ -230,7 +264,8 @@ export class CoordinatorControl {
     const arm = this.manualArms?.get(id);
     if (!arm) throw new Refused(`query: no arm ${JSON.stringify(id)} on this coordinator (it keeps the last 64; a restarted coordinator knows none)`);
     const jobs = [...arm.armed.values()].flatMap((a) => a.jobs.map((j) => ({ ...j, ...manifestOf(j.dir, j.skippedReason) })));
-    return { id, dump: { id, replicas: arm.replicas, replicasArmed: [...arm.armed.keys()], jobs } };
+    const unserved = [...arm.unserved].map(([replica, why]) => `replica ${replica}: ${why}`);
+    return { id, dump: { id, replicas: arm.replicas, replicasArmed: [...arm.armed.keys()], jobs, unserved } };
   }
 }
 

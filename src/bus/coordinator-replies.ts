@@ -15,7 +15,8 @@ export function statusJson(c: Coordinator): Record<string, unknown> {
   }
   const replicas: Record<string, unknown> = {};
   for (const s of c.streams.all()) {
-    replicas[String(s.replica)] = { wave: s.wave, seq: s.seq, config_version: s.lastConfig.version, pending_dumps: c.ledger.pendingIds(s.replica) };
+    // wake: on demand (off, heads, on; docs/control.md, "An idle job").
+    replicas[String(s.replica)] = { wave: s.wave, seq: s.seq, config_version: s.lastConfig.version, pending_dumps: c.ledger.pendingIds(s.replica), wake: c.wake.statusJson(s.replica) };
   }
   return {
     epoch: c.epoch,
@@ -103,5 +104,6 @@ export function snapshotReply(c: Coordinator, replica: number): Record<string, u
     protocolVersion: PROTOCOL_VERSION,
     decideAhead: c.decideAhead,
     captures: c.control.captures.inForce(replica),
+    wake: c.wake.of(replica),
   };
 }

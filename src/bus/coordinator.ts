@@ -28,6 +28,7 @@ import { receiveLoop } from './receive-loop';
 import { admitRouterMessage, openRouterMessage, type Admission } from './router-inbox';
 import { VersionGate } from './protocol-version';
 import { CoordinatorControl } from './coordinator-control';
+import { coordinatorWake, type ReplicaWake } from './replica-wake';
 import type { ZapHandler } from './zap-handler';
 import type { CoordinatorPolicy } from './policy';
 import type { CoordinatorOptions, CoordinatorStats } from './coordinator-options';
@@ -78,6 +79,8 @@ export class Coordinator extends EventEmitter {
   readonly crashes = new EngineCrashes();
   /** Status and control requests, token challenges (coordinator-control.ts), and the captures armed by control. */
   readonly control: CoordinatorControl;
+  /** Wake on demand: each replica's state, said in its heartbeats (replica-wake.ts). */
+  readonly wake: ReplicaWake;
   /** One rank's dump ack: counted in the ledger once (coordinator-dumps.ts). */
   private readonly onDumpResult: (result: DumpResult) => void;
   private readyEmitted = false;
@@ -137,7 +140,9 @@ export class Coordinator extends EventEmitter {
       log: this.log,
       onPublished: () => this.stats.published++,
       captures: this.control.captures,
+      wake: (r) => this.wake.of(r),
     });
+    this.wake = coordinatorWake(this, () => this.running);
     this.agentRequests = new AgentRequests(this.rankTable, (route, msg, payload) => this.reply(route, msg, payload), this.drops, () => this.running, () => (this.opts.curve ? [...this.opts.curve.allow.keys()] : undefined), () => this.stats.relaysRefusedBusy++);
     if (opts.ownFiles) this.ownFiles = new CoordinatorFiles(opts.ownFiles, this.expectedRanks[0] ?? 0, this.log);
   }
@@ -262,7 +267,8 @@ export class Coordinator extends EventEmitter {
   beginWave(headWave: number, telemetry: StepTelemetry | null, replica = 0): WaveHead {
     if (!this.running) throw new WavebusError('ERR_NOT_RUNNING', 'coordinator is not running');
     if (!Number.isSafeInteger(headWave) || headWave < 0) throw new ProtocolError(`wave must be a non-negative integer, got ${headWave}`);
-    const head = this.streams.begin(replica, headWave, telemetry);
+    const head = this.streams.begin(replica, headWave, telemetry, this.wake.holdAtHead(replica));
+    this.wake.afterHead(replica);
     this.emit('wave', head, replica);
     return head;
   }
@@ -308,6 +314,7 @@ export class Coordinator extends EventEmitter {
   private tick(): void {
     this.rankTable.expire();
     this.metrics.liveAgents.set(this.liveRanks().length);
+    this.wake.refresh();
     this.publishHeartbeat();
   }
 

@@ -54,6 +54,8 @@ export interface BusHeartbeat {
   epochSeen: number;
   lastSeq: number;
   unixMs: number;
+  /** The coordinator's: its replica's wake on demand (proto Wake). */
+  wake?: number;
 }
 
 export interface DecodedFrame {

@@ -13,6 +13,7 @@ import { jobIdOf } from '../guard/dump-names';
 import { encodeBusFrame, type FrameKind } from './frames';
 import type { CoordinatorPolicy, DueLanes } from './policy';
 import type { CaptureArms } from './capture-arms';
+import type { ManualArms } from '../guard/manual-arms';
 
 export interface ConfigDue {
   version: number;
@@ -46,6 +47,8 @@ export interface StreamDeps {
   onPublished(): void;
   /** Input snapshots armed on the running job (capture-arms.ts): their heads say snapshot_due. */
   captures?: CaptureArms;
+  /** The replica's wake on demand (replica-wake.ts; proto Wake), said in its heartbeats. */
+  wake?: (replica: number) => number;
 }
 
 /**
@@ -109,8 +112,13 @@ export class WaveStreams {
 
   /** A heartbeat on every replica's stream (each stream's seq is gap-checked on its own). */
   heartbeats(): void {
-    const unixMs = Date.now();
-    for (const s of this.streams) this.publish(s, 'heartbeat', { wave: s.wave, unixMs });
+    for (const s of this.streams) this.heartbeat(s.replica);
+  }
+
+  /** A heartbeat on one replica's stream now (its wake changed: replica-wake.ts). */
+  heartbeat(replica: number): void {
+    const s = this.stream(replica);
+    this.publish(s, 'heartbeat', { wave: s.wave, unixMs: Date.now(), wake: this.deps.wake?.(replica) ?? 0 });
   }
 
   /** Queue a config for every replica's next wave head. */
@@ -129,29 +137,35 @@ export class WaveStreams {
    * and then its due lanes (consecutive seqs of the stream, so a subscriber sees a wave whole or a gap).
    * A config in it applies on every rank of the replica at the end of that wave: the ledger's stage
    * schedule learns it before the jobs are merged, so they name the stages in force at their copy wave.
+   * `hold`: the replica's first head after a wake (replica-wake.ts): the policy sees its telemetry,
+   * but nothing queued is armed at it (manual dumps, captures, queued jobs wait for the next head).
    */
-  begin(replica: number, headWave: number, telemetry: StepTelemetry | null): WaveHead {
+  begin(replica: number, headWave: number, telemetry: StepTelemetry | null, hold = false): WaveHead {
     const s = this.stream(replica);
     const { log, policy, metrics } = this.deps;
     const wave = headWave + this.deps.decideAhead;
     let due: DueLanes = { dumps: [] };
     if (policy) {
+      const arms = (policy as { manualArms?: ManualArms }).manualArms;
+      if (hold) arms?.held.add(replica);
       try {
         due = policy.onWaveHead(replica, headWave, telemetry, wave);
       } catch (e) {
         // A policy bug must not stop the bus: the wave goes out with only what was queued.
         log.error({ replica, wave, err: String((e as Error)?.stack ?? e) }, 'policy.onWaveHead failed; publishing the wave without its lanes');
+      } finally {
+        arms?.held.delete(replica);
       }
     }
     const config = due.config ?? s.queuedConfig;
     s.queuedConfig = undefined;
     if (config?.config) this.deps.ledger.configFrom(replica, wave, config.config.allPpStages ? 'all' : 'last');
-    const jobs = mergeJobs(replica, wave, [...s.queuedDumps, ...(due.dumps ?? [])], this.deps.layout, log, this.deps.ledger.stagesAt(replica, wave));
-    s.queuedDumps = [];
+    const jobs = mergeJobs(replica, wave, [...(hold ? [] : s.queuedDumps), ...(due.dumps ?? [])], this.deps.layout, log, this.deps.ledger.stagesAt(replica, wave));
+    if (!hold) s.queuedDumps = [];
     if (headWave < s.wave) log.warn({ replica, wave: headWave, previous: s.wave }, 'wave went backwards (engine restarted?)');
     // The stream's `wave` (status, heartbeats, snapshots) is the engine's: the last head; its vector is wave + decideAheadWaves(pp).
     s.wave = headWave;
-    const cap = this.deps.captures?.atHead(replica, headWave, wave);
+    const cap = this.deps.captures?.atHead(replica, headWave, wave, hold);
     const head: WaveHead = { epoch: this.deps.epoch(), seq: s.seq + 1, wave, configDue: config !== undefined, dumpDue: jobs.length > 0, snapshotDue: cap?.snapshotDue ?? false };
     this.publish(s, 'head', cap && cap.captures.length > 0 ? { ...head, captures: cap.captures } : { ...head });
     metrics.waves.inc();

@@ -19,6 +19,11 @@ export const MailboxFeature = {
   LIVE_CAPTURES: 16,
   /** The flight recorder is on: the engine copies each forward's inputs into its ring (docs/recorder.md). */
   RECORDER: 32,
+  /**
+   * Wake on demand (docs/control.md, "An idle job"): this rank heads its replica and something is
+   * armed on a job whose bus sleeps: send wave heads (the vector is not read until BUS_ACTIVE).
+   */
+  HEADS: 64,
 } as const;
 
 /** Layout constants (from the addon, the single source of truth). */

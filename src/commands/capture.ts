@@ -9,7 +9,7 @@ import { pollUntil } from '../tools/control-client';
 import { CONTROL_FLAGS, runControl } from './control-flags';
 import { intFlag, lastOf } from './flags';
 
-type Progress = { arm: Record<string, any>; results: Record<string, any>[]; ranks: number[]; doneRanks: number[]; expired: boolean; armed: boolean };
+type Progress = { arm: Record<string, any>; results: Record<string, any>[]; ranks: number[]; doneRanks: number[]; expired: boolean; armed: boolean; unserved?: string };
 
 const raw = (argv: Record<string, unknown>, flag: string) => (argv[flag] === undefined ? undefined : { name: `--${flag}`, value: String(lastOf(argv[flag])) });
 
@@ -65,10 +65,16 @@ export const command: CommandModule = {
       const { id } = await client.request({ capture }, Math.max(1, deadline - Date.now()));
       process.stdout.write(`armed ${id}: takes effect at the next wave head of ${capture.hasReplica ? `replica ${capture.replica}` : 'every replica'}\n`);
       if (!argv.wait) return 0;
-      const finished = (ps: Progress[]) => ps.every((p) => p.armed && (p.expired || p.ranks.every((g) => p.doneRanks.includes(g))));
+      // A replica that could not take it (no wave head after the wake) is finished too: said below.
+      const finished = (ps: Progress[]) => ps.every((p) => Boolean(p.unserved) || (p.armed && (p.expired || p.ranks.every((g) => p.doneRanks.includes(g)))));
       const { value: ps, timedOut } = await pollUntil(client, async (t) => (await client.request({ query: { id } }, t)).capture as Progress[], finished, deadline, `waiting for ${id}`);
       let ok = !timedOut;
       for (const p of ps) {
+        if (p.unserved) {
+          ok = false;
+          process.stderr.write(`wavebus capture: ${id} not served on replica ${p.arm.replica}: ${p.unserved}\n`);
+          continue;
+        }
         for (const r of p.results) {
           if (r.callDir) process.stdout.write(`rank ${r.globalRank} wave ${r.wave}: ${r.callDir}\n`);
           else process.stderr.write(`wavebus capture: rank ${r.globalRank} wave ${r.wave}: capture failed: ${r.error}\n`);

@@ -7,7 +7,7 @@ import { pollUntil } from '../tools/control-client';
 import { CONTROL_FLAGS, runControl } from './control-flags';
 import { intFlag, nonEmpty } from './flags';
 
-type Progress = { replicas: number[]; replicasArmed: number[]; jobs: Record<string, any>[] };
+type Progress = { replicas: number[]; replicasArmed: number[]; jobs: Record<string, any>[]; unserved?: string[] };
 
 export const command: CommandModule = {
   command: 'dump',
@@ -34,9 +34,11 @@ export const command: CommandModule = {
         const { id } = await client.request({ dump: ask }, Math.max(1, deadline - Date.now()));
         process.stdout.write(`armed ${id}: a manual dump of ${o.request ? `request ${o.request}` : 'every running request'} at the next wave of ${o.replica === undefined ? 'every replica' : `replica ${o.replica}`}\n`);
         if (!argv.wait) return 0;
-        const settled = (p: Progress) => p.replicasArmed.length === p.replicas.length && p.jobs.every((j) => j.settled);
+        // A replica that could not take it (no wave head after the wake) is settled too: said below.
+        const settled = (p: Progress) => p.replicasArmed.length + (p.unserved?.length ?? 0) === p.replicas.length && p.jobs.every((j) => j.settled);
         const { value: p, timedOut } = await pollUntil(client, async (t) => (await client.request({ query: { id } }, t)).dump as Progress, settled, deadline, `waiting for ${id}`);
-        let ok = !timedOut && p.jobs.length > 0;
+        let ok = !timedOut && p.jobs.length > 0 && (p.unserved?.length ?? 0) === 0;
+        for (const why of p.unserved ?? []) process.stderr.write(`wavebus dump: ${id} not served on ${why}\n`);
         for (const j of p.jobs) {
           if (j.skippedReason) process.stdout.write(`skipped (${j.skippedReason}): ${path.join(j.dir, 'dump_skipped.json')}\n`);
           else process.stdout.write(`${j.complete ? 'complete' : j.settled ? 'incomplete' : 'pending'}: ${path.join(j.dir, 'manifest.json')}${j.settled && !j.complete ? ` (completed ranks ${(j.completedRanks ?? []).join(',') || '-'} of ${(j.expectedRanks ?? []).join(',')})` : ''}\n`);

@@ -365,6 +365,12 @@ export class DumpLedger {
     return out;
   }
 
+  /** Whether a job of `replica` is armed and not finished (its ranks must stay on the vector). */
+  unfinished(replica: number): boolean {
+    for (const e of this.jobs.values()) if (!e.finished && e.job.replica === replica) return true;
+    return false;
+  }
+
   /** Jobs armed and not finished (published or about to be). */
   pending(): number {
     let n = 0;

@@ -57,6 +57,8 @@ export interface ManualArm {
   replicas: number[];
   /** Per replica whose head took it: the arm wave and the jobs. */
   armed: Map<number, { wave: number; jobs: ManualArmJob[] }>;
+  /** Per replica that could not take it: why (nothing was armed there). */
+  unserved: Map<number, string>;
 }
 
 /** Arms kept for the tool to follow; the oldest go first. */
@@ -65,10 +67,12 @@ const KEPT = 64;
 export class ManualArms {
   private readonly arms = new Map<string, ManualArm>();
   private next = 1;
+  /** Replicas whose head takes nothing now (the first head after a wake: src/bus/replica-wake.ts). */
+  readonly held = new Set<number>();
 
   /** Queue a manual dump for the next head of each of `replicas`; returns its id. */
   queue(requestId: string | undefined, replicas: number[]): ManualArm {
-    const arm: ManualArm = { id: `dump-${this.next++}`, requestId, replicas, armed: new Map() };
+    const arm: ManualArm = { id: `dump-${this.next++}`, requestId, replicas, armed: new Map(), unserved: new Map() };
     this.arms.set(arm.id, arm);
     if (this.arms.size > KEPT) this.arms.delete(this.arms.keys().next().value as string);
     return arm;
@@ -77,8 +81,23 @@ export class ManualArms {
   /** The arms `replica`'s head takes now (each replica takes each arm once). */
   take(replica: number): ManualArm[] {
     const out: ManualArm[] = [];
-    for (const a of this.arms.values()) if (a.replicas.includes(replica) && !a.armed.has(replica)) out.push(a);
+    for (const a of this.arms.values()) if (ManualArms.waitsOn(a, replica)) out.push(a);
     return out;
+  }
+
+  private static waitsOn(a: ManualArm, replica: number): boolean {
+    return a.replicas.includes(replica) && !a.armed.has(replica) && !a.unserved.has(replica);
+  }
+
+  /** Whether an arm waits for `replica`'s next head. */
+  waitingFor(replica: number): boolean {
+    for (const a of this.arms.values()) if (ManualArms.waitsOn(a, replica)) return true;
+    return false;
+  }
+
+  /** Every arm waiting for `replica` gives it up: `why` is what the tool says (nothing is armed there). */
+  fail(replica: number, why: string): void {
+    for (const a of this.arms.values()) if (ManualArms.waitsOn(a, replica)) a.unserved.set(replica, why);
   }
 
   /**
@@ -87,6 +106,7 @@ export class ManualArms {
    * taken, the same way. `dump` arms one (the guard's) and says what it made.
    */
   atHead(rs: ReplicaState, watermark: number, wave: number, dump: (wants: (reqId: string) => boolean, info: Record<string, unknown>) => ManualArmJob[]): void {
+    if (this.held.has(rs.replica)) return;
     if (watermark > rs.manualDone) {
       rs.manualDone++;
       dump(() => true, { manual_dump: rs.manualDone });
@@ -106,7 +126,7 @@ export class ManualArms {
   /** Arms queued and not yet taken by every replica they name. */
   waiting(): number {
     let n = 0;
-    for (const a of this.arms.values()) if (a.armed.size < a.replicas.length) n++;
+    for (const a of this.arms.values()) if (a.armed.size + a.unserved.size < a.replicas.length) n++;
     return n;
   }
 }

@@ -239,7 +239,7 @@ class Client(RegionsMixin, CaptureMixin):
         check_wave(wave, "wave_head()")
         self._head_wave = wave
         feats = self._mb.features
-        if not feats & mb.FEATURE_BUS:  # also covers "everything off"
+        if not feats & (mb.FEATURE_BUS | mb.FEATURE_HEADS):  # also covers "everything off"
             self._head.reset()  # requests freed meanwhile go unseen: start over when sending again
             return False
         if self._avail.still_unavailable():

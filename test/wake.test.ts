@@ -1,0 +1,253 @@
+// Wake on demand (docs/control.md, "An idle job"): `wavebus dump` and `wavebus capture` on jobs
+// started by `wavebus launch` with the defaults (no hot reload, no detector: the engines send
+// nothing), with the simulated engine and with the PyTorch engine (examples/torch-engine). The
+// commands complete, the files exist, and afterwards every mailbox's feature bits are 0 again.
+// And the answers at once where nothing can serve an arm.
+import * as fs from 'fs';
+import * as path from 'path';
+import { MailboxReader } from '../src/client/mailbox';
+import { ReplicaWake, WAKE } from '../src/bus/replica-wake';
+import { Job } from './sim-job';
+import { CLI, PYTHON, ROOT, cleanup, freePortPair, readManifests, spawnWavebus, tmpDir, waitFor, type Spawned } from './helpers';
+
+jest.setTimeout(300000);
+afterAll(cleanup);
+
+const ENGINE = path.join(ROOT, 'examples', 'torch-engine');
+// The only flag: each agent's end-of-wave bound, wider than the default 50 ms, because this
+// 2-vCPU machine runs several suites at once (the bound is not a feature: nothing is turned on).
+const BOUND = ['--agent-arg=--end-of-wave-timeout-ms', '--agent-arg=2000'];
+
+interface Launched {
+  dir: string;
+  port: number;
+  runDir: string;
+  launch: Spawned;
+  env: NodeJS.ProcessEnv;
+}
+
+async function launch(command: string[], tag: string): Promise<Launched> {
+  const dir = tmpDir(`wavebus-wake-${tag}-`);
+  const runDir = path.join(dir, 'run');
+  const port = await freePortPair();
+  const env = { ...process.env, WAVEBUS_CACHE_ROOT: path.join(dir, 'cache') };
+  const l = spawnWavebus(['launch', '--nproc-per-node', '2', '--tp', '2', '--port', String(port), '--run-dir', runDir, ...BOUND, '--', ...command], { env, cwd: dir });
+  await waitFor(() => fs.existsSync(path.join(runDir, 'bus.token')) && fs.existsSync(path.join(runDir, 'mailbox-local1')), 'the job to start', 60000, 50);
+  const j = { dir, port, runDir, launch: l, env: { ...env, WAVEBUS_BUS_TOKEN_FILE: path.join(runDir, 'bus.token') } };
+  // Every agent live and synced (the launcher starts the command only then).
+  await waitFor(async () => {
+    const r = await cli(j, ['status', '--json']);
+    return r.code === 0 && JSON.parse(r.stdout).ready === true;
+  }, 'every agent on the bus', 60000, 200);
+  return j;
+}
+
+async function cli(j: Launched, args: string[]): Promise<{ code: number | null; stdout: string; stderr: string; ms: number }> {
+  const t0 = Date.now();
+  const p = spawnWavebus([...args, '--coordinator', `127.0.0.1:${j.port}`], { env: j.env, cwd: j.dir });
+  const e = await p.exited;
+  return { code: e.code, stdout: p.stdout(), stderr: p.stderr(), ms: Date.now() - t0 };
+}
+
+async function statusJson(j: Launched): Promise<Record<string, any>> {
+  const r = await cli(j, ['status', '--json']);
+  expect({ code: r.code, stderr: r.stderr }).toEqual({ code: 0, stderr: '' });
+  return JSON.parse(r.stdout);
+}
+
+/** Every rank's mailbox feature bits (what the engine reads each step). */
+function features(j: Launched): number[] {
+  return [0, 1].map((l) => {
+    const r = MailboxReader.open(path.join(j.runDir, `mailbox-local${l}`));
+    try {
+      return r.features();
+    } finally {
+      r.close();
+    }
+  });
+}
+
+/**
+ * Until the engine steps: an engine still starting (node, or python and torch) sends no wave head,
+ * so an arm finds none within the grace and says so at once (the answer checked here); then one is
+ * served. The replica sleeps again before the caller goes on.
+ */
+async function untilStepping(j: Launched): Promise<void> {
+  for (let tries = 1; ; tries++) {
+    const probe = await cli(j, ['capture', '--next', '--wait', '--timeout', '60000']);
+    if (probe.code === 0) return;
+    expect(probe.stderr).toMatch(/not served on replica 0: its engine sent no wave head within 5 s of the wake: is an engine client connected to rank 0's agent, and is the engine stepping\?/);
+    expect(tries).toBeLessThan(12);
+  }
+}
+
+/** Dump every running request and capture the next forward; both complete; then the bus sleeps again. */
+async function dumpAndCapture(j: Launched, kvRoot: string): Promise<void> {
+  expect(features(j)).toEqual([0, 0]); // asleep: the engines send nothing
+  const s0 = await statusJson(j);
+  expect(s0.replicas['0'].wake).toBe('off');
+
+  const dump = await cli(j, ['dump', '--all', '--wait', '--timeout', '120000']);
+  expect({ code: dump.code, stderr: dump.stderr, out: dump.code === 0 ? '' : dump.stdout + j.launch.stderr().split('\n').filter((l) => /did not arrive|config applied|level":[45]0|manual dump|held|wake/.test(l) && !/dump job incomplete|not acked by every|no proof/.test(l)).slice(0, 12).join('\n') }).toEqual({ code: 0, stderr: '', out: '' });
+  const manifests = [...dump.stdout.matchAll(/^complete: (.+manifest\.json)$/gm)].map((m) => m[1]);
+  expect(manifests.length).toBeGreaterThan(0);
+  for (const f of manifests) {
+    expect(f.startsWith(kvRoot)).toBe(true);
+    const m = JSON.parse(fs.readFileSync(f, 'utf8'));
+    expect({ complete: m.complete, ranks: m.completed_ranks }).toEqual({ complete: true, ranks: [0, 1] });
+    // Each rank's bundle is there: its dump.json and a KV file per layer and kind.
+    for (const d of fs.readdirSync(path.dirname(f)).filter((n) => /^dp0_tp\d_pp0_cp0$/.test(n))) {
+      const files = fs.readdirSync(path.join(path.dirname(f), d));
+      expect(files).toContain('dump.json');
+      expect(files.filter((n) => n.endsWith('.pt')).length).toBeGreaterThan(0);
+    }
+  }
+  expect(readManifests(kvRoot).length).toBe(manifests.length);
+
+  const cap = await cli(j, ['capture', '--next', '--wait', '--timeout', '120000']);
+  expect({ code: cap.code, stderr: cap.stderr }).toEqual({ code: 0, stderr: '' });
+  const bundles = [...cap.stdout.matchAll(/^rank (\d+) wave (\d+): (.+)$/gm)].map((m) => ({ rank: Number(m[1]), wave: Number(m[2]), dir: m[3] }));
+  expect(bundles.map((b) => b.rank).sort()).toEqual([0, 1]);
+  expect(bundles[0].wave).toBe(bundles[1].wave);
+  for (const b of bundles) {
+    expect(b.dir.startsWith(path.join(j.dir, 'cache'))).toBe(true);
+    expect(fs.existsSync(path.join(b.dir, 'meta.json'))).toBe(true);
+  }
+
+  // Nothing armed any more: the replica sleeps and every engine's bits are back to 0.
+  await waitFor(async () => (await statusJson(j)).replicas['0'].wake === 'off', 'the replica to sleep again', 30000, 200);
+  await waitFor(() => features(j).every((b) => b === 0), 'every mailbox to say everything off', 30000, 100);
+  const s1 = await statusJson(j);
+  expect(s1.replicas['0'].wave).toBeGreaterThan(s0.replicas['0'].wave); // it did step on the bus while awake
+}
+
+test('a simulated TP=2 job started with the defaults: dump --all --wait and capture --next --wait complete, then the bus sleeps', async () => {
+  const stop = path.join(tmpDir('wavebus-wake-stop-'), 'stop');
+  const j = await launch([process.execPath, CLI, 'sim', '--nproc-per-node', '2', '--steps', '100000', '--step-ms', '20', '--requests', '4000', '--stop-file', stop, '--result-dir', path.join(path.dirname(stop), 'ranks')], 'sim');
+  try {
+    await untilStepping(j);
+    await waitFor(() => features(j).every((b) => b === 0), 'every mailbox to say everything off', 30000, 100);
+    await dumpAndCapture(j, path.join(j.dir, 'runtime', 'report', 'kv_cache'));
+  } finally {
+    fs.writeFileSync(stop, '');
+  }
+  const { code } = await j.launch.exited;
+  expect({ code, stderr: code === 0 ? '' : j.launch.stderr().slice(-3000) }).toEqual({ code: 0, stderr: '' });
+});
+
+test('the PyTorch engine (TP=2) started with the defaults: dump --all --wait and capture --next --wait complete, then the bus sleeps', async () => {
+  const dirOut = tmpDir('wavebus-wake-torch-out-');
+  const j = await launch([PYTHON, path.join(ENGINE, 'torchrun_env.py'), path.join(ENGINE, 'engine.py'), '--out', dirOut, '--requests', '2', '--max-tokens', '200', '--arrive-every', '2', '--step-sleep-ms', '40'], 'torch');
+  try {
+    await untilStepping(j);
+    await waitFor(() => features(j).every((b) => b === 0), 'every mailbox to say everything off', 30000, 100);
+    await dumpAndCapture(j, path.join(j.dir, 'runtime', 'report', 'kv_cache'));
+  } catch (e) {
+    j.launch.child.kill('SIGTERM');
+    throw e;
+  }
+  const { code } = await j.launch.exited;
+  if (code !== 0) throw new Error(`launch exited ${code}\n${j.launch.stderr().slice(-6000)}`);
+});
+
+test('where nothing can serve an arm the command says why at once: no engine stepping, a lost head rank', async () => {
+  // The job's command is no engine at all: the agents run, nobody sends a wave head.
+  const j = await launch(['sleep', '60'], 'idle');
+  try {
+    const dump = await cli(j, ['dump', '--all', '--wait', '--timeout', '120000']);
+    expect(dump.code).toBe(1);
+    expect(dump.stderr).toMatch(/wavebus dump: dump-1 not served on replica 0: its engine sent no wave head within 5 s of the wake: is an engine client connected to rank 0's agent, and is the engine stepping\?/);
+    expect(dump.ms).toBeLessThan(30000); // the grace and a heartbeat, never the 2-minute --timeout
+    const cap = await cli(j, ['capture', '--request', 'abc', '--wait', '--timeout', '120000']);
+    expect(cap.code).toBe(1);
+    expect(cap.stderr).toMatch(/wavebus capture: capture-1 not served on replica 0: its engine sent no wave head within 5 s/);
+    expect(cap.ms).toBeLessThan(30000);
+    const s = await statusJson(j);
+    expect(s.replicas['0'].wake).toBe('off');
+    expect(s.captures.map((c: { state: string }) => c.state)).toEqual(['unserved']);
+    expect(features(j)).toEqual([0, 0]);
+  } finally {
+    j.launch.child.kill('SIGTERM');
+    await j.launch.exited;
+  }
+
+  // A replica whose head rank's agent was lost: refused at once, nothing armed.
+  const job = new Job({ world: 2, steps: 1, stepMs: 20 });
+  job.port = await freePortPair();
+  job.startCoordinator();
+  job.startAgent(0);
+  job.startAgent(1);
+  try {
+    await waitFor(async () => (await job.status()).ready, 'the bus to be ready', 30000, 100);
+    job.agents[0].child.kill('SIGKILL');
+    await waitFor(async () => !(await job.status()).liveRanks.includes(0), 'rank 0 to be lost', 30000, 100);
+    const at = { dir: job.dir, port: job.port, runDir: job.runDir, launch: job.coordinator, env: process.env };
+    const r = await cli(at, ['dump', '--all', '--wait', '--timeout', '120000']);
+    expect(r.code).toBe(1);
+    expect(r.stderr).toMatch(/dump: replica 0 \(its head rank 0\) lost its agent, so no wave of it can carry the dump; nothing was armed \(live ranks: 1\) \[ERR_CONTROL_UNSERVABLE\]/);
+    expect(r.ms).toBeLessThan(10000);
+    expect((await statusJson(at)).manual_dumps_waiting).toBe(0);
+  } finally {
+    job.agents[1].child.kill('SIGTERM');
+    job.coordinator.child.kill('SIGTERM');
+    await Promise.all([job.agents[1].exited, job.coordinator.exited]);
+  }
+});
+
+test('the wake states of one replica: heads on an arm, nothing armed at the first head nor within the settle time, off when nothing is armed, failed after the grace', () => {
+  let now = 1000;
+  let armed = false;
+  let headLive = true;
+  const announced: number[] = [];
+  const failed: string[] = [];
+  const w = new ReplicaWake({
+    dp: 1,
+    armed: () => armed,
+    busActive: () => false,
+    failQueued: (_r, why) => {
+      failed.push(why);
+      armed = false;
+    },
+    headRank: () => 0,
+    headLive: () => headLive,
+    announce: () => announced.push(w.of(0)),
+    settleMs: 1000,
+    graceMs: 5000,
+    now: () => now,
+  });
+  w.refresh();
+  expect(w.of(0)).toBe(WAKE.OFF);
+  armed = true;
+  w.refresh();
+  expect([w.of(0), announced]).toEqual([WAKE.HEADS, [WAKE.HEADS]]);
+  expect(w.holdAtHead(0)).toBe(true); // the first head: nothing armed at it
+  w.afterHead(0);
+  expect([w.of(0), announced]).toEqual([WAKE.ON, [WAKE.HEADS, WAKE.ON]]);
+  now += 999;
+  expect(w.holdAtHead(0)).toBe(true); // within the settle time
+  now += 2;
+  expect(w.holdAtHead(0)).toBe(false); // armed here
+  armed = false;
+  w.refresh();
+  expect([w.of(0), announced]).toEqual([WAKE.OFF, [WAKE.HEADS, WAKE.ON, WAKE.OFF]]);
+  // Woken, and no head within the grace: what waits fails with the reason, and it sleeps again.
+  // The grace counts only while the head rank's agent is live (a job starting is waited for).
+  armed = true;
+  headLive = false;
+  w.refresh();
+  now += 60000;
+  w.refresh();
+  expect([w.of(0), failed]).toEqual([WAKE.HEADS, []]);
+  headLive = true;
+  now += 4000;
+  w.refresh();
+  expect(failed).toEqual([]);
+  now += 1001;
+  w.refresh();
+  expect(failed).toEqual([expect.stringMatching(/^its engine sent no wave head within 5 s of the wake: is an engine client connected to rank 0's agent/)]);
+  expect(w.of(0)).toBe(WAKE.OFF);
+  // A config that keeps the bus on never needs a wake.
+  const on = new ReplicaWake({ dp: 1, armed: () => true, busActive: () => true, failQueued: () => undefined, headRank: () => 0, headLive: () => true, announce: () => undefined, settleMs: 0 });
+  on.refresh();
+  expect([on.of(0), on.holdAtHead(0)]).toEqual([WAKE.OFF, false]);
+});
