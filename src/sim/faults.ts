@@ -18,6 +18,8 @@ export interface SimFaults {
   slowRank?: { rank: number; extraMs: number };
   /** From step `from` the engine frees finished requests' blocks without asking pendingDump (a non-deferring engine). */
   eagerFree?: { from: number };
+  /** Global rank whose first weight shard has one byte flipped (with --weights): a corrupted load the fingerprint diff names. */
+  weightFlip?: { rank: number };
 }
 
 const KEYS: Record<string, string[]> = {
@@ -28,6 +30,7 @@ const KEYS: Record<string, string[]> = {
   rankDies: ['rank', 'at'],
   slowRank: ['rank', 'extraMs'],
   eagerFree: ['from'],
+  weightFlip: ['rank'],
 };
 
 /** Parse `--faults` (inline JSON or a file path); unknown keys and bad values name the field. */
