@@ -37,7 +37,7 @@ export interface Layout {
 
 type RawField = { at?: unknown; type?: unknown; bytes?: unknown };
 type RawStruct = { bytes?: unknown; fields?: Record<string, RawField> };
-type RawLayout = { constants?: Record<string, { value?: unknown }>; structs?: Record<string, RawStruct> };
+export type RawLayout = { constants?: Record<string, { value?: unknown }>; structs?: Record<string, RawStruct> };
 
 const FILE = 'proto/layouts.json';
 
@@ -72,7 +72,8 @@ function checkStruct(name: string, s: RawStruct, where: string): LayoutStruct {
   return Object.freeze({ name, bytes, fields: Object.freeze(fields) });
 }
 
-function checkLayout(name: string, raw: RawLayout): Layout {
+/** A layout description checked as the file's are (exported for tests: the loaders must refuse alike). */
+export function checkLayout(name: string, raw: RawLayout): Layout {
   const where = `layouts.${name}`;
   const constants: Record<string, number> = {};
   for (const [c, v] of Object.entries(raw.constants ?? {})) constants[c] = count(v.value, `${where}.constants.${c}.value`);

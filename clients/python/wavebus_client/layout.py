@@ -2,6 +2,7 @@
 proto/layouts.json (docs/layouts.md), which this package carries as layouts_data.py (generated).
 The same checks as src/layouts.ts: a field outside its struct, two that overlap, a misaligned
 number or an unknown type is refused naming the field."""
+import json
 import struct
 from typing import Dict
 
@@ -18,7 +19,7 @@ def _bad(where: str, why: str) -> WavebusError:
 
 def _count(v, where: str) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise _bad(where, f"expected a non-negative integer, got {v!r}")
+        raise _bad(where, f"expected a non-negative integer, got {json.dumps(v)}")
     return v
 
 
@@ -49,7 +50,7 @@ class Struct:
             fw = f"{where}.fields.{fname}"
             t = f.get("type")
             if t != "bytes" and t not in _FMT:
-                raise _bad(fw, f"unknown type {t!r} (one of {', '.join([*_FMT, 'bytes'])})")
+                raise _bad(fw, f"unknown type {json.dumps(t)} (one of {', '.join([*_FMT, 'bytes'])})")
             at = _count(f.get("at"), f"{fw}.at")
             n = _count(f.get("bytes"), f"{fw}.bytes") if t == "bytes" else struct.calcsize("<" + _FMT[t])
             if t != "bytes" and at % n:
