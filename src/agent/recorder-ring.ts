@@ -1,12 +1,12 @@
 // The flight recorder's ring on the agent's side (docs/recorder.md): the agent creates the file
 // (0600, beside the mailbox) that its engine client maps and copies each forward's inputs into,
-// and reads it back when it is flushed. The layout is proto/layouts.json's "recorder" (src/layouts.ts);
+// and reads it back when it is flushed. The layout is proto/layouts.json's "recorder" (src/shm-layouts.ts);
 // the writers are clients/python/wavebus_client/recorder.py and src/client/recorder.ts. The agent reads with pread on its own
 // descriptor: the same page cache as the engine's mapping, and nothing the engine can point
 // elsewhere (every length read is checked against the slot it lies in).
 import * as fs from 'fs';
 import { ConfigError } from '../errors';
-import { layout, readField, writeField } from '../layouts';
+import { layout, readField, writeField } from '../shm-layouts';
 import { RecorderEntry, toPlain } from '../proto';
 
 /** The ring's layout (proto/layouts.json "recorder"). */

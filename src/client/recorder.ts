@@ -1,11 +1,11 @@
 // The flight recorder's writer in the TypeScript client (docs/recorder.md): each forward's inputs
 // and context copied into the ring of the last K forwards that the agent created and reads back
 // after a crash. Per forward: the entry encoded, one memcpy per input into the mapped file, no
-// message, no system call. The layout is proto/layouts.json's "recorder" (src/layouts.ts); the
+// message, no system call. The layout is proto/layouts.json's "recorder" (src/shm-layouts.ts); the
 // agent's reader is src/agent/recorder-ring.ts, the Python writer wavebus_client/recorder.py.
 import { ConfigError, WavebusError } from '../errors';
 import { parseDType, itemSize } from '../artifacts/dtype';
-import { layout, readField, writeField } from '../layouts';
+import { layout, readField, writeField } from '../shm-layouts';
 import { ShmSegment } from '../memory';
 import { native, nativeCall } from '../native';
 import { encodeTrusted, RecorderEntry } from '../proto';

@@ -1,7 +1,7 @@
 """The flight recorder's writer (docs/recorder.md): each forward's inputs and context copied into a
 ring of the last K forwards in a file the agent created and maps out after a crash. Per forward:
 one copy of the inputs, no message, no system call. The layout is proto/layouts.json's "recorder"
-(layout.py; the agent reads it with src/agent/recorder-ring.ts, the TypeScript client writes it
+(shm_layout.py; the agent reads it with src/agent/recorder-ring.ts, the TypeScript client writes it
 with src/client/recorder.ts)."""
 import ctypes
 import mmap
@@ -11,7 +11,7 @@ import time
 
 from . import wavebus_pb2 as pb
 from .errors import ConfigError
-from .layout import layout
+from .shm_layout import layout
 
 _L = layout("recorder")
 _H, _S = _L.struct("header"), _L.struct("slot")

@@ -1,13 +1,13 @@
 """The shared-memory byte layouts between processes and languages, from their one description,
-proto/layouts.json (docs/layouts.md), which this package carries as layouts_data.py (generated).
-The same checks as src/layouts.ts: a field outside its struct, two that overlap, a misaligned
+proto/layouts.json (docs/layouts.md), which this package carries as shm_layouts_data.py (generated).
+The same checks as src/shm-layouts.ts: a field outside its struct, two that overlap, a misaligned
 number or an unknown type is refused naming the field."""
 import json
 import struct
 from typing import Dict
 
 from .errors import WavebusError
-from .layouts_data import LAYOUTS
+from .shm_layouts_data import LAYOUTS
 
 _FMT = {"u8": "B", "u16": "H", "u32": "I", "u64": "Q", "i32": "i", "i64": "q", "f64": "d"}
 _FILE = "proto/layouts.json"

@@ -1,10 +1,10 @@
 // proto/layouts.json, the one description of the shared-memory layouts (docs/layouts.md): every
-// side loads it (src/layouts.ts; the Python client through its generated layouts_data.py) and
+// side loads it (src/shm-layouts.ts; the Python client through its generated shm_layouts_data.py) and
 // sees the same offsets, types and constants; both loaders refuse a bad description alike; and the
 // recorder ring written by the TypeScript and the Python client is one ring the agent reads.
 import * as fs from 'fs';
 import * as path from 'path';
-import { checkLayout, layout, layoutNames, type RawLayout } from '../src/layouts';
+import { checkLayout, layout, layoutNames, type RawLayout } from '../src/shm-layouts';
 import { RecorderRing } from '../src/agent/recorder-ring';
 import { RingWriter } from '../src/client/recorder';
 import { ROOT, cleanup, runPython, tmpDir } from './helpers';
@@ -30,7 +30,7 @@ function tsView(): Record<string, unknown> {
 }
 
 const PY_VIEW = `import json
-from wavebus_client.layout import layout, layout_names
+from wavebus_client.shm_layout import layout, layout_names
 out = {}
 for name in layout_names():
     l = layout(name)
@@ -38,7 +38,7 @@ for name in layout_names():
 print(json.dumps(out))
 `;
 
-test('the Python package carries what proto/layouts.json says (layouts_data.py is current: node scripts/gen-layouts.js)', () => {
+test('the Python package carries what proto/layouts.json says (shm_layouts_data.py is current: node scripts/gen-layouts.js)', () => {
   expect(fs.readFileSync(GENERATED, 'utf8')).toBe(render());
 });
 
@@ -72,7 +72,7 @@ test.each(BAD)('both loaders refuse a description with a field %s, naming it (ER
   expect(ts.message).toMatch(message);
   const py = runPython(
     `import json, sys
-from wavebus_client.layout import Layout
+from wavebus_client.shm_layout import Layout
 from wavebus_client.errors import WavebusError
 try:
     Layout("bad", json.loads(sys.argv[1]))

@@ -1,6 +1,6 @@
 // The shared-memory byte layouts between processes and languages, read from their one
 // description, proto/layouts.json (format: docs/layouts.md). TypeScript loads the JSON here; the
-// Python client loads the same data (wavebus_client/layout.py, generated layouts_data.py). Each
+// Python client loads the same data (wavebus_client/shm_layout.py, generated shm_layouts_data.py). Each
 // layout is checked when first asked for: a field outside its struct, two fields that overlap, a
 // misaligned number or an unknown type is a defect of the file, refused naming the field.
 import { WavebusError } from './errors';

@@ -1,6 +1,6 @@
 """The shared-memory layouts (generated from proto/layouts.json by scripts/gen-layouts.js; do not edit).
 
-layout.py checks and serves them; test/layouts.test.ts checks this file is current."""
+shm_layout.py checks and serves them; test/layouts.test.ts checks this file is current."""
 import json
 
 LAYOUTS = json.loads(r'''
