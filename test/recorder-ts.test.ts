@@ -3,7 +3,8 @@
 // weight byte flipped on rank 1 and a NaN incident. The incident report's fingerprint_diff names
 // the flipped shard; then kill -9 of both sim ranks leaves crash-rank<g>.json with each rank's
 // last K forwards flushed, which `wavebus inspect --verify` accepts and whose bytes are the inputs
-// the sim wrote for that step.
+// the sim wrote for that step. And an uncaught exception in a sim rank leaves its note (the
+// client's uncaughtExceptionMonitor) in crash-rank0.json.
 import * as fs from 'fs';
 import * as path from 'path';
 import { loadCallDir } from '../src/snapshot/loader';
@@ -100,3 +101,30 @@ test('a sim job records its last K forwards through the TypeScript client: kill 
   if (inspect.code !== 0) throw new Error(`inspect --verify: ${inspect.stdout}${inspect.stderr}`);
   expect(inspect.stdout).toMatch(/snapshot/i);
 }, 240000);
+
+test('an uncaught exception in a TypeScript engine (the sim rank, at forward 6): crash-rank0.json carries its note and the forwards up to 6', async () => {
+  const dir = tmpDir('wavebus-recorder-ts-');
+  const port = await freePortPair();
+  // save_sensitive_info true: the note keeps the exception's message (else its type only).
+  const launch = spawnWavebus(
+    [
+      'launch', '--nproc-per-node', '1', '--port', String(port), '--run-dir', path.join(dir, 'run'),
+      '--additional-config', JSON.stringify({ runtime_config: { report: { save_sensitive_info: true } } }),
+      '--', process.execPath, CLI, 'sim', '--steps', '1000', '--step-ms', '20', '--requests', '2', '--layers', '1', '--num-blocks', '16',
+      '--result-dir', path.join(dir, 'ranks'), '--faults', JSON.stringify({ uncaught: { rank: 0, at: 6 } }),
+    ],
+    { env: { ...process.env, WAVEBUS_CACHE_ROOT: path.join(dir, 'cache'), WAVEBUS_RECORD_FORWARDS: String(K), WAVEBUS_LOG_LEVEL: 'warn' }, cwd: dir },
+  );
+  const { code } = await launch.exited;
+  expect(code).not.toBe(0); // the engine died
+  const flushRoot = path.join(dir, 'cache', 'snapshots', 'recorder');
+  const names = fs.readdirSync(flushRoot).filter((n) => n.startsWith('crash-'));
+  expect(names).toHaveLength(1);
+  const crash = JSON.parse(fs.readFileSync(path.join(flushRoot, names[0], 'crash-rank0.json'), 'utf8'));
+  expect(crash.note).toBe('uncaught Error: injected fault: uncaught exception in forward 6');
+  expect(crash.forwards_recorded).toBe(6);
+  expect(crash.flushed.map((f: any) => f.forward)).toEqual([3, 4, 5, 6]);
+  expect(crash.left_out).toEqual([]);
+  const inspect = runWavebus(['inspect', path.join(flushRoot, names[0]), '--verify']);
+  if (inspect.code !== 0) throw new Error(`inspect --verify: ${inspect.stdout}${inspect.stderr}`);
+}, 180000);

@@ -290,6 +290,13 @@ export async function runSimRank(opts: SimRankOptions, onReady: () => Promise<nu
       if (snap.captured && snap.callDir) snapshots.push(snap.callDir);
       clientNs += process.hrtime.bigint() - c0;
     }
+    if (opts.faults.uncaught?.rank === id.globalRank && opts.faults.uncaught.at === step) {
+      // Thrown outside any promise chain, as an engine's bug would be: Node's uncaught-exception path.
+      setImmediate(() => {
+        throw new Error(`injected fault: uncaught exception in forward ${step}`);
+      });
+      await new Promise<never>(() => undefined);
+    }
     // The forward itself: half the step, longer on an injected slow rank.
     if (opts.computeUs) busyWork(opts.computeUs);
     if (opts.forwardMs) {
