@@ -359,6 +359,7 @@ export class WavebusClient {
     this.head.flush(); // the last head still goes out
     await this.transport.close();
     this.mailbox.close();
+    this.forward.close();
   }
 
   /** The features the agent reported; undefined until the first call that needed the agent. */

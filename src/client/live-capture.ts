@@ -58,9 +58,10 @@ export class ForwardCapture {
     if ((bits & MailboxFeature.RECORDER) !== 0) {
       // The flight recorder: one copy into the ring, no message (docs/recorder.md). The ring is
       // mapped once, after the hello that names it; the usual forward records synchronously.
-      if (this.ring && this.ringHello === this.d.hello.hellos && this.d.hello.current(bits)) {
+      if (this.ringHello === this.d.hello.hellos && this.d.hello.current(bits)) {
+        // Mapped at this hello (no ring: the agent named none, or it could not be mapped: lastError).
         try {
-          this.record(this.ring, context, inputs);
+          if (this.ring) this.record(this.ring, context, inputs);
         } catch (e) {
           return Promise.reject(e);
         }
@@ -80,10 +81,10 @@ export class ForwardCapture {
       if (!this.d.availability.lostOn(e, 'beforeForward()')) throw e;
       return; // nothing is recorded while the agent does not answer; the forward goes on
     }
-    if (!this.d.hello.recorderPath) return;
     if (this.ringHello !== this.d.hello.hellos) {
       this.ring = undefined;
       this.ringHello = this.d.hello.hellos;
+      if (!this.d.hello.recorderPath) return; // the agent keeps no ring for us
       try {
         this.ring = RingWriter.open(this.d.hello.recorderPath);
       } catch (e) {
@@ -94,6 +95,13 @@ export class ForwardCapture {
       noteUncaught(this.ring);
     }
     if (this.ring) this.record(this.ring, context, inputs);
+  }
+
+  /** Lets go of the ring and the input segments' mappings (unmapped once collected). */
+  close(): void {
+    this.ring = undefined;
+    this.ringHello = -1;
+    this.regionBytes.close();
   }
 
   private record(ring: RingWriter, context: Context, inputs: Inputs): void {

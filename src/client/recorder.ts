@@ -118,6 +118,9 @@ export class RegionBytes {
   /** Input `inp`'s bytes (checked against its region), or the reason it cannot be recorded. */
   bytesOf(inp: RecordedInput, region: ClientRegion, where: string): Uint8Array | string {
     const dtype = parseDType(inp.dtype, `${where}.dtype`);
+    if (!Array.isArray(inp.shape) || inp.shape.some((d) => !Number.isSafeInteger(d) || d < 0)) {
+      throw new ConfigError(`${where}.shape must be a list of non-negative integers, got ${JSON.stringify(inp.shape)}`);
+    }
     const offset = inp.offset ?? 0;
     const nbytes = inp.shape.reduce((a, b) => a * b, 1) * itemSize(dtype);
     if (!Number.isSafeInteger(offset) || offset < 0 || offset + nbytes > region.nbytes) {
@@ -132,6 +135,10 @@ export class RegionBytes {
     const at = (region.offset ?? 0) + offset;
     if (at + nbytes > seg.length) throw new ConfigError(`${where}: region '${region.name}' ends past its segment ${region.shmName} (${seg.length} bytes)`);
     return seg.subarray(at, at + nbytes);
+  }
+
+  close(): void {
+    this.segments.clear();
   }
 }
 
