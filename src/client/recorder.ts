@@ -5,7 +5,7 @@
 // agent's reader is src/agent/recorder-ring.ts, the Python writer wavebus_client/recorder.py.
 import { ConfigError, WavebusError } from '../errors';
 import { parseDType, itemSize } from '../artifacts/dtype';
-import { layout, readField, writeField } from '../shm-layouts';
+import { layout, readField, writeField, type LayoutField } from '../shm-layouts';
 import { ShmSegment } from '../memory';
 import { native, nativeCall } from '../native';
 import { encodeTrusted, RecorderEntry } from '../proto';
@@ -19,6 +19,17 @@ const S = SLOT.fields;
 const MAGIC = L.constant('magic');
 const VERSION = L.constant('version');
 const TOO_LARGE = L.constant('flag_too_large');
+
+/** The per-forward writes use plain offsets: the field types they assume are checked once, here. */
+function expectType(f: LayoutField, type: LayoutField['type']): number {
+  if (f.type !== type) throw new WavebusError('ERR_LAYOUT', `proto/layouts.json: recorder.${f.name} is ${f.type}; src/client/recorder.ts writes it as ${type}`);
+  return f.at;
+}
+const COMMIT_AT = expectType(S.commit, 'u64');
+const FORWARDS_AT = expectType(F.forwards, 'u64');
+const ENTRY_LEN_AT = expectType(S.entry_len, 'u32');
+const FLAGS_AT = expectType(S.flags, 'u32');
+const DATA_LEN_AT = expectType(S.data_len, 'u64');
 
 const align8 = (n: number): number => Math.ceil(n / 8) * 8;
 
@@ -71,9 +82,9 @@ export class RingWriter {
     const off = HEAD.bytes + (n % this.slots) * this.stride;
     const mem = this.mem;
     // Odd: forward n is being written; a reader (or a death now) leaves this slot out.
-    Atomics.store(this.words, (off + S.commit.at) / 8, BigInt(2 * n + 1));
+    Atomics.store(this.words, (off + COMMIT_AT) / 8, BigInt(2 * n + 1));
     this.forwards = n + 1;
-    Atomics.store(this.words, F.forwards.at / 8, BigInt(n + 1));
+    Atomics.store(this.words, FORWARDS_AT / 8, BigInt(n + 1));
     let body = encodeTrusted(RecorderEntry, { ...entry, forward: n + 1 });
     let total = 0;
     for (const d of data) total += d.length;
@@ -92,11 +103,11 @@ export class RingWriter {
         pos += d.length;
       }
     }
-    writeField(mem, off, S.entry_len, body.length);
-    writeField(mem, off, S.flags, flags);
-    writeField(mem, off, S.data_len, total);
+    mem.writeUInt32LE(body.length, off + ENTRY_LEN_AT);
+    mem.writeUInt32LE(flags, off + FLAGS_AT);
+    mem.writeBigUInt64LE(BigInt(total), off + DATA_LEN_AT);
     mem.set(body, off + SLOT.bytes);
-    Atomics.store(this.words, (off + S.commit.at) / 8, BigInt(2 * n + 2)); // whole
+    Atomics.store(this.words, (off + COMMIT_AT) / 8, BigInt(2 * n + 2)); // whole
   }
 
   /** Why the engine is about to die (an uncaught exception), for the agent's crash-rank<g>.json. */
