@@ -8,11 +8,30 @@
 import * as fs from 'fs';
 import * as path from 'path';
 import { loadCallDir } from '../src/snapshot/loader';
+import { recorderPath } from '../src/paths';
+import { layout } from '../src/shm-layouts';
 import { CLI, cleanup, freePortPair, runWavebus, spawnWavebus, tmpDir, waitFor } from './helpers';
 
 afterAll(cleanup);
 
 const K = 4;
+
+/** Forwards the engine client has begun in its ring (the header's count, read as the agent reads it). */
+function forwardsIn(ring: string): number {
+  const f = layout('recorder').field('header', 'forwards');
+  try {
+    const fd = fs.openSync(ring, 'r');
+    try {
+      const b = Buffer.alloc(f.bytes);
+      fs.readSync(fd, b, 0, f.bytes, f.at);
+      return Number(b.readBigUInt64LE(0));
+    } finally {
+      fs.closeSync(fd);
+    }
+  } catch {
+    return 0;
+  }
+}
 
 test('a sim job records its last K forwards through the TypeScript client: kill -9 leaves crash files inspect --verify accepts; registerWeights puts the flipped shard in the incident diff', async () => {
   const dir = tmpDir('wavebus-recorder-ts-');
@@ -54,7 +73,10 @@ test('a sim job records its last K forwards through the TypeScript client: kill 
     },
   ]);
 
-  // kill -9 of both sim ranks, mid-run (each past K forwards: the incident came at step 10).
+  // kill -9 of both sim ranks, mid-run, once each has filled its ring twice over (DP replicas step
+  // apart: the incident's replica may be ahead of the other).
+  const runDir = path.join(dir, 'run');
+  await until(() => ([0, 1].every((r) => forwardsIn(recorderPath(runDir, r)) >= 2 * K) ? true : undefined), `both rings past ${2 * K} forwards`, 60000);
   const pids = [0, 1].map((g) => Number(fs.readFileSync(path.join(ranks, `pid-rank${g}`), 'utf8')));
   for (const pid of pids) process.kill(pid, 'SIGKILL');
   const flushRoot = path.join(dir, 'cache', 'snapshots', 'recorder');
@@ -72,7 +94,7 @@ test('a sim job records its last K forwards through the TypeScript client: kill 
   for (const [g, c] of flush.crash.entries()) {
     expect(c.global_rank).toBe(g);
     expect(c.engine_pid).toBe(pids[g]);
-    expect(c.forwards_recorded).toBeGreaterThanOrEqual(10);
+    expect(c.forwards_recorded).toBeGreaterThanOrEqual(2 * K);
     const want = Array.from({ length: K }, (_, i) => c.forwards_recorded - K + 1 + i);
     const got = [...c.flushed.map((f: any) => f.forward), ...c.left_out.map((t: any) => t.forward)].sort((a: number, b: number) => a - b);
     expect(got).toEqual(want);
