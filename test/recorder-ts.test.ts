@@ -10,6 +10,11 @@ import * as path from 'path';
 import { loadCallDir } from '../src/snapshot/loader';
 import { recorderPath } from '../src/paths';
 import { layout } from '../src/shm-layouts';
+import { Agent } from '../src/agent/agent';
+import { WavebusClient } from '../src/client/client';
+import { resolveIdentity } from '../src/launch/identity';
+import { createLogger } from '../src/log';
+import { ShmSegment } from '../src/memory';
 import { CLI, cleanup, freePortPair, runWavebus, spawnWavebus, tmpDir, waitFor } from './helpers';
 
 afterAll(cleanup);
@@ -150,3 +155,32 @@ test('an uncaught exception in a TypeScript engine (the sim rank, at forward 6):
   const inspect = runWavebus(['inspect', path.join(flushRoot, names[0]), '--verify']);
   if (inspect.code !== 0) throw new Error(`inspect --verify: ${inspect.stdout}${inspect.stderr}`);
 }, 180000);
+
+test('the client never fails a forward for the recorder: an input whose segment is gone is not recorded (counted, lastError), a bad shape is refused naming it, the others are recorded', async () => {
+  const runDir = tmpDir('wavebus-recorder-ts-run-');
+  const identity = resolveIdentity({ RANK: '0', LOCAL_RANK: '0', WORLD_SIZE: '1', LOCAL_WORLD_SIZE: '1' });
+  const agent = new Agent({ identity, runDir, logger: createLogger('recorder-ts', 'error'), roots: { dumps: path.join(runDir, 'dumps') }, recorder: { forwards: K, maxBytes: K * 8192 } });
+  await agent.start();
+  const names = [`/wbrec-ts-${process.pid}-a`, `/wbrec-ts-${process.pid}-b`];
+  const segs = names.map((n) => ShmSegment.create(n, 1024));
+  const client = await WavebusClient.connect({ env: { WAVEBUS_RUN_DIR: runDir, LOCAL_RANK: '0' } });
+  try {
+    await client.register({ name: 'input_ids', shmName: names[0], nbytes: 1024, dtype: 'int32', shape: [256], role: 'input' });
+    await client.register({ name: 'gone', shmName: names[1], nbytes: 1024, dtype: 'int32', shape: [256], role: 'input' });
+    segs[1].close();
+    ShmSegment.unlink(names[1]);
+    const ctx = { compilationHash: 'h', globalStep: 1 };
+    await expect(client.beforeForward(ctx, [{ region: 'gone', dtype: 'int32', shape: [4] }])).resolves.toEqual({ captured: false });
+    expect(client.stats).toMatchObject({ recorded: 0, notRecorded: 1 });
+    expect(client.lastError).toMatch(/not recorded: region 'gone': its segment \/wbrec-ts-\d+-b cannot be mapped/);
+    await expect(client.beforeForward(ctx, [{ region: 'input_ids', dtype: 'int32', shape: [-1] }])).rejects.toThrow(/inputs\[0\]\.shape must be a list of non-negative integers/);
+    segs[0].buffer().writeInt32LE(42, 0);
+    await client.beforeForward({ ...ctx, globalStep: 2 }, [{ region: 'input_ids', dtype: 'int32', shape: [4] }]);
+    expect(client.stats).toMatchObject({ recorded: 1, notRecorded: 1 });
+  } finally {
+    await client.close();
+    await agent.stop();
+    segs[0].close();
+    ShmSegment.unlink(names[0]);
+  }
+}, 60000);

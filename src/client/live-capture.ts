@@ -119,16 +119,15 @@ export class ForwardCapture {
       }
       data.push(got);
     }
-    ring.record(
-      {
-        context: contextMessage(context),
-        inputs: inputs.map(inputMessage),
-        inputBytes: data.map((d) => d.length),
-        wave: this.forwardWave,
-        unixMs: Date.now(),
-      },
-      data,
-    );
+    const entry = { context: contextMessage(context), inputs: inputs.map(inputMessage), inputBytes: data.map((d) => d.length), wave: this.forwardWave, unixMs: Date.now() };
+    try {
+      ring.record(entry, data);
+    } catch (e) {
+      // A context protobuf cannot encode (the agent names what is wrong in a snapshot): unrecorded, not fatal.
+      this.d.stats.notRecorded++;
+      this.d.availability.lastError = `beforeForward(): not recorded: ${(e as Error).message}`;
+      return;
+    }
     this.d.stats.recorded++;
   }
 

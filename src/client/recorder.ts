@@ -81,11 +81,12 @@ export class RingWriter {
     const n = this.forwards;
     const off = HEAD.bytes + (n % this.slots) * this.stride;
     const mem = this.mem;
+    // Encoded first: an entry that does not encode leaves the ring as it was.
+    let body = encodeTrusted(RecorderEntry, { ...entry, forward: n + 1 });
     // Odd: forward n is being written; a reader (or a death now) leaves this slot out.
     Atomics.store(this.words, (off + COMMIT_AT) / 8, BigInt(2 * n + 1));
     this.forwards = n + 1;
     Atomics.store(this.words, FORWARDS_AT / 8, BigInt(n + 1));
-    let body = encodeTrusted(RecorderEntry, { ...entry, forward: n + 1 });
     let total = 0;
     for (const d of data) total += d.length;
     const dataAt = off + SLOT.bytes + align8(body.length);
@@ -140,7 +141,11 @@ export class RegionBytes {
     if (region.kind === 'cuda') return `region '${region.name}' is CUDA memory, which the TypeScript client cannot copy into the ring`;
     let seg = this.segments.get(region.shmName as string);
     if (!seg) {
-      seg = ShmSegment.open(region.shmName as string, { readonly: false }).buffer();
+      try {
+        seg = ShmSegment.open(region.shmName as string, { readonly: false }).buffer();
+      } catch (e) {
+        return `region '${region.name}': its segment ${region.shmName} cannot be mapped (${(e as Error).message})`;
+      }
       this.segments.set(region.shmName as string, seg);
     }
     const at = (region.offset ?? 0) + offset;
