@@ -15,6 +15,7 @@
         "native/host_memory.cc",
         "native/mailbox.cc",
         "native/malloc_tuning.cc",
+        "native/mapped_file.cc",
         "native/shm_segment.cc"
       ],
       "include_dirs": ["<!(node -p \"require('node-addon-api').include_dir\")"],

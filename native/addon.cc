@@ -11,6 +11,7 @@
 #include "host_memory.h"
 #include "mailbox.h"
 #include "malloc_tuning.h"
+#include "mapped_file.h"
 #include "shm_segment.h"
 
 using namespace wavebus;
@@ -45,6 +46,7 @@ static Napi::Object Init(Napi::Env env, Napi::Object exports) {
   RegisterCudaBackend(env, exports);
   RegisterHostMemory(env, exports);
   RegisterMailboxLayout(env, exports);
+  RegisterMappedFile(env, exports);
   return exports;
 }
 

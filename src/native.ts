@@ -183,6 +183,12 @@ export interface NativeBinding {
     accepted: Uint32Array,
     hits: Float64Array,
   ): number;
+  /**
+   * A regular file mapped read-write and shared (native/mapped_file.cc): opened O_NOFOLLOW (a link:
+   * ERR_PATH_LINK), ERR_NOT_REGULAR / ERR_MAP_FILE otherwise. The Buffer holds the mapping: it is
+   * unmapped when the Buffer is collected. The engine client's view of its recorder ring.
+   */
+  mapFile(path: string): Buffer;
   /** glibc mallopt(M_MMAP_THRESHOLD, M_TRIM_THRESHOLD) (native/malloc_tuning.cc); false elsewhere. */
   tuneMalloc(mmapThresholdBytes: number, trimThresholdBytes: number): boolean;
 }

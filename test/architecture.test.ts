@@ -56,7 +56,7 @@ test('docs/architecture.md names every source file, and only files that exist', 
 test('no source file is at the top of src/ that belongs to a role folder', () => {
   // Cross-cutting modules only: each process and concept lives in its folder.
   const top = fs.readdirSync(path.join(ROOT, 'src')).filter((f) => f.endsWith('.ts')).sort();
-  expect(top).toEqual(['cli.ts', 'errors.ts', 'index.ts', 'layout.ts', 'log.ts', 'malloc-tuning.ts', 'memory.ts', 'messages.ts', 'metrics.ts', 'native.ts', 'paths.ts', 'prng.ts', 'proto.ts']);
+  expect(top).toEqual(['cli.ts', 'errors.ts', 'index.ts', 'layout.ts', 'log.ts', 'malloc-tuning.ts', 'memory.ts', 'messages.ts', 'metrics.ts', 'native.ts', 'paths.ts', 'prng.ts', 'proto.ts', 'shm-layouts.ts']);
 });
 
 test('messages.ts is a leaf: it imports no other module, so no import circle runs through it', () => {

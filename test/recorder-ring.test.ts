@@ -89,12 +89,12 @@ test('garbage in a slot (lengths past it, an entry that does not decode) is left
   try {
     runPython(WRITER, [file, '2', '8', '0'], { env: PY_ENV });
     const fd = fs.openSync(file, 'r+');
-    const H = RECORDER.RECORDER_HEADER_BYTES;
+    const H = RECORDER.structs.header.bytes;
     // Slot 0: an entry length far past the slot. Slot 1: its entry bytes overwritten with 0xff.
     const big = Buffer.alloc(4);
     big.writeUInt32LE(0xffffffff);
-    fs.writeSync(fd, big, 0, 4, H + RECORDER.RECORDER_SLOT_OFF_ENTRY_LEN);
-    fs.writeSync(fd, Buffer.alloc(16, 0xff), 0, 16, H + r.stride + RECORDER.RECORDER_SLOT_HEADER_BYTES);
+    fs.writeSync(fd, big, 0, 4, H + RECORDER.field('slot', 'entry_len').at);
+    fs.writeSync(fd, Buffer.alloc(16, 0xff), 0, 16, H + r.stride + RECORDER.structs.slot.bytes);
     fs.closeSync(fd);
     const read = r.read();
     expect(read.entries).toEqual([]);

@@ -1,16 +1,22 @@
 // The flight recorder's ring on the agent's side (docs/recorder.md): the agent creates the file
 // (0600, beside the mailbox) that its engine client maps and copies each forward's inputs into,
-// and reads it back when it is flushed. The layout is proto/wavebus.proto's RecorderLayout; the
-// writer is clients/python/wavebus_client/recorder.py. The agent reads with pread on its own
+// and reads it back when it is flushed. The layout is proto/layouts.json's "recorder" (src/shm-layouts.ts);
+// the writers are clients/python/wavebus_client/recorder.py and src/client/recorder.ts. The agent reads with pread on its own
 // descriptor: the same page cache as the engine's mapping, and nothing the engine can point
 // elsewhere (every length read is checked against the slot it lies in).
 import * as fs from 'fs';
 import { ConfigError } from '../errors';
-import { enumValues, RecorderEntry, toPlain } from '../proto';
+import { layout, readField, writeField } from '../shm-layouts';
+import { RecorderEntry, toPlain } from '../proto';
 
-export const RECORDER = enumValues('RecorderLayout') as Record<string, number>;
-const H = RECORDER.RECORDER_HEADER_BYTES;
-const SH = RECORDER.RECORDER_SLOT_HEADER_BYTES;
+/** The ring's layout (proto/layouts.json "recorder"). */
+export const RECORDER = layout('recorder');
+const HEAD = RECORDER.structs.header;
+const SLOT = RECORDER.structs.slot;
+const H = HEAD.bytes;
+const SH = SLOT.bytes;
+const F = HEAD.fields;
+const S = SLOT.fields;
 
 export interface RecorderSettings {
   /** K: forwards kept. */
@@ -73,10 +79,10 @@ export class RecorderRing {
     try {
       fs.ftruncateSync(fd, size);
       const head = Buffer.alloc(H);
-      head.writeUInt32LE(RECORDER.RECORDER_MAGIC, 0);
-      head.writeUInt32LE(RECORDER.RECORDER_VERSION, 4);
-      head.writeUInt32LE(s.forwards, RECORDER.RECORDER_OFF_SLOTS);
-      head.writeBigUInt64LE(BigInt(stride), RECORDER.RECORDER_OFF_STRIDE);
+      writeField(head, 0, F.magic, RECORDER.constant('magic'));
+      writeField(head, 0, F.version, RECORDER.constant('version'));
+      writeField(head, 0, F.slots, s.forwards);
+      writeField(head, 0, F.stride, stride);
       fs.writeSync(fd, head, 0, H, 0);
     } catch (e) {
       fs.closeSync(fd);
@@ -99,10 +105,10 @@ export class RecorderRing {
   read(): RingRead {
     const head = Buffer.alloc(H);
     fs.readSync(this.fd, head, 0, H, 0);
-    const forwards = Number(head.readBigUInt64LE(RECORDER.RECORDER_OFF_FORWARDS));
-    const noteLen = Math.min(head.readUInt32LE(RECORDER.RECORDER_OFF_NOTE_LEN), RECORDER.RECORDER_NOTE_MAX);
-    const note = head.subarray(RECORDER.RECORDER_OFF_NOTE, RECORDER.RECORDER_OFF_NOTE + noteLen).toString('utf8');
-    const pid = head.readUInt32LE(RECORDER.RECORDER_OFF_PID);
+    const forwards = Number(readField(head, 0, F.forwards));
+    const noteLen = Math.min(Number(readField(head, 0, F.note_len)), F.note.bytes);
+    const note = head.subarray(F.note.at, F.note.at + noteLen).toString('utf8');
+    const pid = Number(readField(head, 0, F.pid));
     const entries: RingEntry[] = [];
     const torn: TornSlot[] = [];
     for (let slot = 0; slot < this.slots; slot++) {
@@ -119,27 +125,27 @@ export class RecorderRing {
     const off = H + slot * this.stride;
     const sh = Buffer.alloc(SH);
     fs.readSync(this.fd, sh, 0, SH, off);
-    const c1 = sh.readBigUInt64LE(0);
+    const c1 = readField(sh, 0, S.commit) as bigint;
     if (c1 === 0n) return null;
     if (c1 % 2n === 1n) return { slot, forward: Number((c1 - 1n) / 2n) + 1, why: 'being written (the commit word is odd)' };
     const forward = Number(c1 / 2n);
-    const entryLen = sh.readUInt32LE(RECORDER.RECORDER_SLOT_OFF_ENTRY_LEN);
-    const flags = sh.readUInt32LE(RECORDER.RECORDER_SLOT_OFF_FLAGS);
-    const dataLen = Number(sh.readBigUInt64LE(RECORDER.RECORDER_SLOT_OFF_DATA_LEN));
+    const entryLen = Number(readField(sh, 0, S.entry_len));
+    const flags = Number(readField(sh, 0, S.flags));
+    const dataLen = Number(readField(sh, 0, S.data_len));
     const dataAt = SH + align8(entryLen);
     if (SH + entryLen > this.stride || dataAt + dataLen > this.stride) return { slot, forward, why: `lengths past the slot (entry ${entryLen}, data ${dataLen}, slot ${this.stride})` };
     const body = Buffer.alloc((withData ? dataAt + dataLen : SH + entryLen) - SH);
     fs.readSync(this.fd, body, 0, body.length, off + SH);
     // The same whole forward before and after: else it was overwritten while read.
-    fs.readSync(this.fd, sh, 0, 8, off);
-    if (sh.readBigUInt64LE(0) !== c1) return { slot, forward, why: 'overwritten while read' };
+    fs.readSync(this.fd, sh, S.commit.at, S.commit.bytes, off + S.commit.at);
+    if (readField(sh, 0, S.commit) !== c1) return { slot, forward, why: 'overwritten while read' };
     let entry: Record<string, any>;
     try {
       entry = toPlain<Record<string, any>>(RecorderEntry, RecorderEntry.decode(body.subarray(0, entryLen)));
     } catch (e) {
       return { slot, forward, why: `entry does not decode: ${(e as Error).message}` };
     }
-    const tooLarge = (flags & RECORDER.RECORDER_FLAG_TOO_LARGE) !== 0;
+    const tooLarge = (flags & RECORDER.constant('flag_too_large')) !== 0;
     const data: Buffer[] = [];
     if (!tooLarge && withData) {
       const sizes = (entry.inputBytes ?? []).map(Number);

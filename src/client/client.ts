@@ -13,9 +13,11 @@ import { VectorStall } from './vector-stall';
 import { ForwardCapture, type Context, type Inputs } from './live-capture';
 
 import { clientFingerprint } from './fingerprint';
+import { sendWeights, type WeightShard } from './weights';
 import { openConnection, type BeforeForwardResult, type ClientFeatures, type ConnectOptions, type EndOfWaveResult } from './options';
 
 export type { ClientRegion } from './region';
+export type { WeightShard, HostWeight, SharedWeight } from './weights';
 export type { BeforeForwardResult, ClientFeatures, ConnectOptions, EndOfWaveResult } from './options';
 
 const MARGIN_MS = 20;
@@ -40,6 +42,10 @@ export class WavebusClient {
     stalledSkips: 0,
     /** Answers in which the agent said its coordinator is lost. */
     coordinatorLost: 0,
+    /** Forwards copied into the flight recorder's ring (docs/recorder.md). */
+    recorded: 0,
+    /** Forwards the recorder was on for but could not copy (an input in CUDA memory; lastError says why). */
+    notRecorded: 0,
   };
   private readonly transport: AgentTransport;
   private readonly availability: AgentAvailability;
@@ -152,6 +158,29 @@ export class WavebusClient {
       if (!this.availability.lostOn(e, `register('${region.name}')`)) throw e;
       throw unavailable();
     }
+  }
+
+  /**
+   * Weight checksums for this rank's fingerprint (docs/fingerprints.md): optional, once, after
+   * loading and before serving. The agent reads each shard itself and adds its crc32c; the call
+   * returns once every shard is checksummed and the fingerprint is on its way to the coordinator
+   * (each shard bounded by captureTimeoutMs). Returns the shards the agent took (0 when everything is off).
+   */
+  registerWeights(weights: Record<string, WeightShard>): Promise<number> {
+    return sendWeights(
+      {
+        enabled: () => this.mailbox.features() !== 0,
+        unavailable: () => this.agentUnavailable,
+        hello: () => this.hello.ensure(this.bounds.hello),
+        request: (body) =>
+          this.transport.request(body, this.bounds.capture).catch((e) => {
+            if (this.availability.lostOn(e, 'registerWeights()')) return undefined;
+            throw e;
+          }),
+        endpoint: this.endpoint,
+      },
+      weights,
+    );
   }
 
   /** The bound of a per-step call: the configured one, else the agent's end-of-wave bound. */
@@ -330,6 +359,7 @@ export class WavebusClient {
     this.head.flush(); // the last head still goes out
     await this.transport.close();
     this.mailbox.close();
+    this.forward.close();
   }
 
   /** The features the agent reported; undefined until the first call that needed the agent. */

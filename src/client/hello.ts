@@ -13,6 +13,10 @@ export class AgentHello {
   /** The features the agent reported; undefined until a hello was answered (or after forget()). */
   features: ClientFeatures | undefined;
   private featureBits = -1;
+  /** The flight recorder's ring the last hello named ('' : the recorder is off); ClientReply.recorder_path. */
+  recorderPath = '';
+  /** Hellos answered: a new one may be a new agent with a new ring (mapped again). */
+  hellos = 0;
   /** Every region register() accepted, in order; kept to send again to a new agent. */
   readonly registered: ClientRegion[] = [];
   private readonly sent = new Set<string>();
@@ -61,6 +65,8 @@ export class AgentHello {
     if (!reply.features) throw new ProtocolError(`the agent at ${this.endpoint} answered hello without its features (ClientReply.features)`);
     this.features = reply.features as ClientFeatures;
     this.featureBits = bits;
+    this.recorderPath = typeof reply.recorderPath === 'string' ? reply.recorderPath : '';
+    this.hellos++;
     await regions;
     return this.features;
   }

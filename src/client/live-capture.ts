@@ -8,6 +8,7 @@ import type { AgentHello } from './hello';
 import { MailboxFeature, type MailboxReader } from './mailbox';
 import type { BeforeForwardResult } from './options';
 import type { AgentTransport, Reply } from './transport';
+import { noteUncaught, RegionBytes, RingWriter } from './recorder';
 
 export type Context = Partial<ForwardContext> & { compilationHash: string; globalStep: number };
 export type Inputs = { region: string; offset?: number; dtype: string; shape: number[] }[];
@@ -19,7 +20,7 @@ export interface CaptureDeps {
   transport: AgentTransport;
   availability: AgentAvailability;
   hello: AgentHello;
-  stats: { snapshotsSkipped: number; skippedUnavailable: number };
+  stats: { snapshotsSkipped: number; skippedUnavailable: number; recorded: number; notRecorded: number };
   /** How long a begun capture may take (ms). */
   captureMs: number;
   callBoundMs: () => number;
@@ -36,6 +37,11 @@ export class ForwardCapture {
   /** The last before_forward ticket (docs/snapshots.md): random start, so a restarted client's differ. */
   private ticket = 1 + Math.floor(Math.random() * 2 ** 40);
 
+  /** The flight recorder's ring, mapped at the hello that named it (hellos: which one). */
+  private ring: RingWriter | undefined;
+  private ringHello = -1;
+  private readonly regionBytes = new RegionBytes();
+
   constructor(private readonly d: CaptureDeps) {}
 
   /**
@@ -48,9 +54,86 @@ export class ForwardCapture {
     context: Context,
     inputs: Inputs,
   ): Promise<BeforeForwardResult> {
+    const bits = this.d.mailbox.features();
+    if ((bits & MailboxFeature.RECORDER) !== 0) {
+      // The flight recorder: one copy into the ring, no message (docs/recorder.md). The ring is
+      // mapped once, after the hello that names it; the usual forward records synchronously.
+      if (this.ringHello === this.d.hello.hellos && this.d.hello.current(bits)) {
+        // Mapped at this hello (no ring: the agent named none, or it could not be mapped: lastError).
+        try {
+          if (this.ring) this.record(this.ring, context, inputs);
+        } catch (e) {
+          return Promise.reject(e);
+        }
+      } else {
+        return this.recordAfterHello(context, inputs).then(() => this.offerIfDue(context, inputs, bits));
+      }
+    }
+    return this.offerIfDue(context, inputs, bits);
+  }
+
+  /** The first forward to record (or the first after a new hello): hello, map the ring, record. */
+  private async recordAfterHello(context: Context, inputs: Inputs): Promise<void> {
+    if (this.d.availability.unavailable) return;
+    try {
+      await this.d.hello.ensure(this.d.callBoundMs() + this.d.marginMs);
+    } catch (e) {
+      if (!this.d.availability.lostOn(e, 'beforeForward()')) throw e;
+      return; // nothing is recorded while the agent does not answer; the forward goes on
+    }
+    if (this.ringHello !== this.d.hello.hellos) {
+      this.ring = undefined;
+      this.ringHello = this.d.hello.hellos;
+      if (!this.d.hello.recorderPath) return; // the agent keeps no ring for us
+      try {
+        this.ring = RingWriter.open(this.d.hello.recorderPath);
+      } catch (e) {
+        // Debugging never takes the job down: the forward goes on unrecorded, the error is kept.
+        this.d.availability.lastError = `beforeForward(): ${(e as Error).message}`;
+        return;
+      }
+      noteUncaught(this.ring);
+    }
+    if (this.ring) this.record(this.ring, context, inputs);
+  }
+
+  /** Lets go of the ring and the input segments' mappings (unmapped once collected). */
+  close(): void {
+    this.ring = undefined;
+    this.ringHello = -1;
+    this.regionBytes.close();
+  }
+
+  private record(ring: RingWriter, context: Context, inputs: Inputs): void {
+    const data: Uint8Array[] = [];
+    for (const [i, inp] of inputs.entries()) {
+      const where = `beforeForward(): inputs[${i}]`;
+      const region = this.d.hello.registered.find((r) => r.name === inp.region);
+      if (!region) throw new ConfigError(`${where}.region '${inp.region}' is not a registered region`);
+      if (region.role !== 'input') throw new ConfigError(`${where}: region '${inp.region}' has role '${region.role}'; inputs must be in 'input' regions`);
+      const got = this.regionBytes.bytesOf(inp, region, where);
+      if (typeof got === 'string') {
+        this.d.stats.notRecorded++;
+        this.d.availability.lastError = `beforeForward(): not recorded: ${got}`;
+        return;
+      }
+      data.push(got);
+    }
+    const entry = { context: contextMessage(context), inputs: inputs.map(inputMessage), inputBytes: data.map((d) => d.length), wave: this.forwardWave, unixMs: Date.now() };
+    try {
+      ring.record(entry, data);
+    } catch (e) {
+      // A context protobuf cannot encode (the agent names what is wrong in a snapshot): unrecorded, not fatal.
+      this.d.stats.notRecorded++;
+      this.d.availability.lastError = `beforeForward(): not recorded: ${(e as Error).message}`;
+      return;
+    }
+    this.d.stats.recorded++;
+  }
+
+  private offerIfDue(context: Context, inputs: Inputs, bits: number): Promise<BeforeForwardResult> {
     // Snapshots off at startup: a forward is offered only when its wave's vector says a capture
     // armed on the running job covers it (docs/control.md): a memory load, no system call.
-    const bits = this.d.mailbox.features();
     if ((bits & MailboxFeature.SNAPSHOTS) === 0) {
       const due = this.liveCaptureDue(bits);
       if (due === false) return NOT_CAPTURED;
@@ -115,17 +198,8 @@ export class ForwardCapture {
     const acceptBy = started + bound - this.d.marginMs;
     const request = {
       beforeForward: {
-        context: {
-          compilationHash: context.compilationHash,
-          globalStep: context.globalStep,
-          isPrompt: context.isPrompt ?? false,
-          reqIds: context.reqIds ?? [],
-          positions: context.positions ?? [],
-          rowRequest: context.rowRequest ?? [],
-          numSpeculativeTokens: context.numSpeculativeTokens ?? 0,
-          warmup: context.warmup ?? false,
-        },
-        inputs: inputs.map((x) => ({ region: x.region, offset: x.offset ?? 0, dtype: x.dtype, shape: x.shape })),
+        context: contextMessage(context),
+        inputs: inputs.map(inputMessage),
         acceptByUnixMs: acceptBy,
         finishByUnixMs: acceptBy + this.d.captureMs,
         wave: this.forwardWave,
@@ -157,4 +231,22 @@ export class ForwardCapture {
     if (!reply.ok) throw new CaptureError(`input snapshot failed: ${reply.error}`, reply.errorCode || 'ERR_CAPTURE');
     return { captured: reply.captured, callDir: reply.callDir || undefined };
   }
+}
+
+/** The wire form of a forward's context (proto ForwardContext). */
+function contextMessage(context: Context): Record<string, unknown> {
+  return {
+    compilationHash: context.compilationHash,
+    globalStep: context.globalStep,
+    isPrompt: context.isPrompt ?? false,
+    reqIds: context.reqIds ?? [],
+    positions: context.positions ?? [],
+    rowRequest: context.rowRequest ?? [],
+    numSpeculativeTokens: context.numSpeculativeTokens ?? 0,
+    warmup: context.warmup ?? false,
+  };
+}
+
+function inputMessage(x: Inputs[number]): Record<string, unknown> {
+  return { region: x.region, offset: x.offset ?? 0, dtype: x.dtype, shape: x.shape };
 }

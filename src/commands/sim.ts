@@ -33,6 +33,7 @@ export const command: CommandModule = {
       .option('forward-ms', { type: 'string', default: '0', describe: 'idle wait per step standing in for a forward on the accelerator' })
       .option('tp-lockstep', { type: 'boolean', default: true, describe: 'TP ranks step together, as the forward\'s all-reduce keeps a real TP group (--no-tp-lockstep: each rank alone)' })
       .option('detached', { type: 'boolean', default: false, describe: 'run without wavebus (a baseline)' })
+      .option('weights', { type: 'boolean', default: false, describe: 'register synthetic weights (one shard per layer) for each rank\'s fingerprint (registerWeights)' })
       .option('start-at', { type: 'string', describe: 'wall-clock ms for step 1 (align hosts)' })
       .option('result-dir', { type: 'string', demandOption: true, describe: 'where each rank writes rank<g>.json' }),
   handler: async (argv) => {
@@ -73,6 +74,7 @@ export const command: CommandModule = {
       computeUs: intFlag(argv['compute-us'], '--compute-us', 0),
       forwardMs: msFlag(argv['forward-ms'], '--forward-ms', 0),
       detached: Boolean(argv.detached),
+      weights: argv.weights === true,
       tpLockstep: argv['tp-lockstep'] !== false,
     });
     const failed = res.exits.filter((e) => e.code !== 0);

@@ -14,10 +14,14 @@ export interface SimFaults {
   specDrift?: { request: number; from: number };
   /** Global rank that exits (code 1) at step `at`. */
   rankDies?: { rank: number; at: number };
+  /** Global rank whose engine raises an uncaught exception at step `at`, after that forward's beforeForward (the recorder's note). */
+  uncaught?: { rank: number; at: number };
   /** Global rank that is `extraMs` slower per step. */
   slowRank?: { rank: number; extraMs: number };
   /** From step `from` the engine frees finished requests' blocks without asking pendingDump (a non-deferring engine). */
   eagerFree?: { from: number };
+  /** Global rank whose first weight shard has one byte flipped (with --weights): a corrupted load the fingerprint diff names. */
+  weightFlip?: { rank: number };
 }
 
 const KEYS: Record<string, string[]> = {
@@ -26,8 +30,10 @@ const KEYS: Record<string, string[]> = {
   garbled: ['request', 'from'],
   specDrift: ['request', 'from'],
   rankDies: ['rank', 'at'],
+  uncaught: ['rank', 'at'],
   slowRank: ['rank', 'extraMs'],
   eagerFree: ['from'],
+  weightFlip: ['rank'],
 };
 
 /** Parse `--faults` (inline JSON or a file path); unknown keys and bad values name the field. */

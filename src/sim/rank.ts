@@ -43,6 +43,8 @@ export interface SimRankOptions {
    * forward's all-reduce, which keeps a real TP group in lockstep); unset: each rank steps alone.
    */
   lockstepDir?: string;
+  /** Register synthetic weights (one shard per owned layer) for the fingerprint (registerWeights). */
+  weights?: boolean;
 }
 
 export interface SimRankResult {
@@ -152,6 +154,22 @@ function openBarrier(dir: string, id: ReturnType<typeof resolveIdentity>): Promi
   return TpBarrier.open(dir, group, id.tpRank, peers);
 }
 
+/**
+ * The weights a sim rank "loaded": one bfloat16 shard per layer it owns, the same bytes on every DP
+ * replica of its TP / PP place (so replicas agree), one byte flipped when `flip` (a corrupted load).
+ */
+function simWeights(layers: number, own: (l: number) => boolean, id: ReturnType<typeof resolveIdentity>, flip: boolean): Record<string, { data: Buffer; dtype: string; shape: number[] }> {
+  const out: Record<string, { data: Buffer; dtype: string; shape: number[] }> = {};
+  for (let l = 0; l < layers; l++) {
+    if (!own(l)) continue;
+    const data = Buffer.alloc(4096);
+    for (let i = 0; i < data.length; i++) data[i] = (i * 31 + l * 7 + id.tpRank * 13 + id.cpRank * 17) & 0xff;
+    if (flip && Object.keys(out).length === 0) data[100] ^= 0x01;
+    out[`model.layers.${l}.mlp.weight`] = { data, dtype: 'bfloat16', shape: [2048] };
+  }
+  return out;
+}
+
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, Math.max(0, ms)));
 
 export async function runSimRank(opts: SimRankOptions, onReady: () => Promise<number | undefined>): Promise<SimRankResult> {
@@ -193,6 +211,17 @@ export async function runSimRank(opts: SimRankOptions, onReady: () => Promise<nu
   }
   await register({ name: 'input_ids', kind: 'shm', shmName, offset: inputsOff, nbytes: MAX_ROWS * 4, dtype: 'int32', shape: [MAX_ROWS], role: 'input' });
   await register({ name: 'positions', kind: 'shm', shmName, offset: inputsOff + MAX_ROWS * 4, nbytes: MAX_ROWS * 8, dtype: 'int64', shape: [MAX_ROWS], role: 'input' });
+  if (opts.weights && client) {
+    try {
+      await client.registerWeights(simWeights(g.layers, ownLayer, id, opts.faults.weightFlip?.rank === id.globalRank));
+    } catch (e) {
+      if ((e as { code?: string }).code !== 'ERR_AGENT_UNAVAILABLE') throw e;
+      process.stderr.write(`sim rank ${id.globalRank}: ${(e as Error).message}; stepping on\n`);
+    }
+  }
+  // Where a test (or a user) finds this rank's process, e.g. to kill it.
+  mkdirTrustedSync(opts.resultDir, 0o755, 'sim result directory');
+  fs.writeFileSync(path.join(opts.resultDir, `pid-rank${id.globalRank}`), String(process.pid));
 
   const barrier = opts.lockstepDir ? await openBarrier(opts.lockstepDir, id) : undefined;
   const sched = new SimScheduler({ requests: opts.requests, numBlocks: g.numBlocks, blockSize: g.blockSize, speculative: opts.speculative, replica: id.dpRank }, opts.faults);
@@ -260,6 +289,13 @@ export async function runSimRank(opts: SimRankOptions, onReady: () => Promise<nu
         });
       if (snap.captured && snap.callDir) snapshots.push(snap.callDir);
       clientNs += process.hrtime.bigint() - c0;
+    }
+    if (opts.faults.uncaught?.rank === id.globalRank && opts.faults.uncaught.at === step) {
+      // Thrown outside any promise chain, as an engine's bug would be: Node's uncaught-exception path.
+      setImmediate(() => {
+        throw new Error(`injected fault: uncaught exception in forward ${step}`);
+      });
+      await new Promise<never>(() => undefined);
     }
     // The forward itself: half the step, longer on an injected slow rank.
     if (opts.computeUs) busyWork(opts.computeUs);

@@ -16,7 +16,7 @@ const IDENTITY = { globalRank: 1, tpRank: 1, ppRank: 0, dpRank: 0, cpRank: 0, lo
 /** The flush writes bundles (fsync, rename): one input in FLUSH_EVERY that read whole forwards is also flushed, with its crash file. */
 export const FLUSH_EVERY = 500;
 
-/** One whole forward in slot `slot`, as clients/python/wavebus_client/recorder.py commits it (layout: proto RecorderLayout). */
+/** One whole forward in slot `slot`, as clients/python/wavebus_client/recorder.py commits it (layout: proto/layouts.json "recorder"). */
 function writeSlot(fd: number, stride: number, slot: number, forward: number, inputs: Array<{ dtype: string; shape: number[]; data: Buffer }>, tooLarge = false): void {
   const entry = Buffer.from(RecorderEntry.encode(RecorderEntry.fromObject({
     context: { compilationHash: 'h0', globalStep: String(forward), isPrompt: forward === 1, reqIds: ['req-1'], positions: inputs[0] ? Array.from({ length: inputs[0].shape[0] }, (_, i) => String(i)) : [], rowRequest: [] },
@@ -24,16 +24,16 @@ function writeSlot(fd: number, stride: number, slot: number, forward: number, in
     inputBytes: inputs.map((i) => String(i.data.length)), forward: String(forward), wave: String(10 + forward), unixMs: String(Date.now()),
   })).finish());
   const data = tooLarge ? Buffer.alloc(0) : Buffer.concat(inputs.map((i) => i.data));
-  const sh = RECORDER.RECORDER_SLOT_HEADER_BYTES;
+  const sh = RECORDER.structs.slot.bytes;
   const slotBuf = Buffer.alloc(sh + Math.ceil(entry.length / 8) * 8 + data.length);
   slotBuf.writeBigUInt64LE(BigInt(2 * (forward - 1) + 2), 0);
-  slotBuf.writeUInt32LE(entry.length, RECORDER.RECORDER_SLOT_OFF_ENTRY_LEN);
-  slotBuf.writeUInt32LE(tooLarge ? RECORDER.RECORDER_FLAG_TOO_LARGE : 0, RECORDER.RECORDER_SLOT_OFF_FLAGS);
-  slotBuf.writeBigUInt64LE(BigInt(data.length), RECORDER.RECORDER_SLOT_OFF_DATA_LEN);
+  slotBuf.writeUInt32LE(entry.length, RECORDER.field('slot', 'entry_len').at);
+  slotBuf.writeUInt32LE(tooLarge ? RECORDER.constant('flag_too_large') : 0, RECORDER.field('slot', 'flags').at);
+  slotBuf.writeBigUInt64LE(BigInt(data.length), RECORDER.field('slot', 'data_len').at);
   entry.copy(slotBuf, sh);
   data.copy(slotBuf, sh + Math.ceil(entry.length / 8) * 8);
   if (slotBuf.length > stride) throw new Error('test slot larger than the stride');
-  fs.writeSync(fd, slotBuf, 0, slotBuf.length, RECORDER.RECORDER_HEADER_BYTES + slot * stride);
+  fs.writeSync(fd, slotBuf, 0, slotBuf.length, RECORDER.structs.header.bytes + slot * stride);
 }
 
 /**
@@ -57,12 +57,12 @@ export const recorderRingSurface: Surface = {
     writeSlot(fd, ring.stride, 3, 8, [{ dtype: 'int32', shape: [3], data: ids }]);
     const head = Buffer.alloc(64);
     fs.readSync(fd, head, 0, 64, 0);
-    head.writeBigUInt64LE(8n, RECORDER.RECORDER_OFF_FORWARDS);
-    head.writeUInt32LE(4242, RECORDER.RECORDER_OFF_PID);
+    head.writeBigUInt64LE(8n, RECORDER.field('header', 'forwards').at);
+    head.writeUInt32LE(4242, RECORDER.field('header', 'pid').at);
     const note = Buffer.from('RuntimeError');
-    head.writeUInt32LE(note.length, RECORDER.RECORDER_OFF_NOTE_LEN);
+    head.writeUInt32LE(note.length, RECORDER.field('header', 'note_len').at);
     fs.writeSync(fd, head, 0, 64, 0);
-    fs.writeSync(fd, note, 0, note.length, RECORDER.RECORDER_OFF_NOTE);
+    fs.writeSync(fd, note, 0, note.length, RECORDER.field('header', 'note').at);
     const valid = fs.readFileSync(file);
     const first = ring.read();
     if (first.entries.length !== 4 || first.torn.length !== 0 || first.note !== 'RuntimeError') throw new Error(`the valid ring reads as ${first.entries.length} forwards, ${first.torn.length} torn`);
@@ -70,9 +70,9 @@ export const recorderRingSurface: Surface = {
     const flushRoot = path.join(dir, 'flush');
     // Where each part lies: the header's fields, and each slot's written bytes (its header, entry, data).
     const used = (slot: number) => {
-      const at = RECORDER.RECORDER_HEADER_BYTES + slot * ring.stride;
-      const e = valid.readUInt32LE(at + RECORDER.RECORDER_SLOT_OFF_ENTRY_LEN);
-      return [at, at + RECORDER.RECORDER_SLOT_HEADER_BYTES + Math.ceil(e / 8) * 8 + Number(valid.readBigUInt64LE(at + RECORDER.RECORDER_SLOT_OFF_DATA_LEN))];
+      const at = RECORDER.structs.header.bytes + slot * ring.stride;
+      const e = valid.readUInt32LE(at + RECORDER.field('slot', 'entry_len').at);
+      return [at, at + RECORDER.structs.slot.bytes + Math.ceil(e / 8) * 8 + Number(valid.readBigUInt64LE(at + RECORDER.field('slot', 'data_len').at))];
     };
     const parts = [[0, 64], ...[0, 1, 2, 3].map(used)];
     const feed = async (input: Buffer, m: Mutator): Promise<Outcome> => {
@@ -99,7 +99,7 @@ export const recorderRingSurface: Surface = {
     };
     const readRing = async (_m: Mutator): Promise<Outcome> => {
       const r = ring.read();
-      if (ring.newestWave() < 0 || !Number.isSafeInteger(r.pid) || r.note.length > RECORDER.RECORDER_NOTE_MAX) throw new Error('ring header read out of range');
+      if (ring.newestWave() < 0 || !Number.isSafeInteger(r.pid) || r.note.length > RECORDER.field('header', 'note').bytes) throw new Error('ring header read out of range');
       if (++n % FLUSH_EVERY === 0 && r.entries.length > 0) {
         const flush = await flushRing(r, flushRoot, `crash-${n}`, 'engine_died', IDENTITY);
         const crash = JSON.parse(fs.readFileSync(writeCrash(flush, { pid: r.pid, code: null, signal: 'SIGKILL', how: 'pid_gone' }, r, IDENTITY, 0), 'utf8'));

@@ -1,20 +1,27 @@
 """The flight recorder's writer (docs/recorder.md): each forward's inputs and context copied into a
 ring of the last K forwards in a file the agent created and maps out after a crash. Per forward:
-one copy of the inputs, no message, no system call. The layout is proto/wavebus.proto's
-RecorderLayout (the agent reads it with src/agent/recorder-ring.ts)."""
+one copy of the inputs, no message, no system call. The layout is proto/layouts.json's "recorder"
+(shm_layout.py; the agent reads it with src/agent/recorder-ring.ts, the TypeScript client writes it
+with src/client/recorder.ts)."""
 import ctypes
 import mmap
 import os
-import struct
 import sys
 import time
 
 from . import wavebus_pb2 as pb
 from .errors import ConfigError
+from .shm_layout import layout
 
-HEADER = pb.RECORDER_HEADER_BYTES
-SLOT_HEADER = pb.RECORDER_SLOT_HEADER_BYTES
-NOTE_MAX = pb.RECORDER_NOTE_MAX
+_L = layout("recorder")
+_H, _S = _L.struct("header"), _L.struct("slot")
+HEADER = _H.nbytes
+SLOT_HEADER = _S.nbytes
+NOTE_MAX = _H["note"].nbytes
+MAGIC, VERSION, FLAG_TOO_LARGE = _L.constant("magic"), _L.constant("version"), _L.constant("flag_too_large")
+_MAGIC, _VERSION, _SLOTS, _STRIDE = _H["magic"], _H["version"], _H["slots"], _H["stride"]
+_FORWARDS, _PID, _NOTE_LEN, _NOTE = _H["forwards"], _H["pid"], _H["note_len"], _H["note"]
+_COMMIT, _ENTRY_LEN, _FLAGS, _DATA_LEN = _S["commit"], _S["entry_len"], _S["flags"], _S["data_len"]
 
 
 def _align8(n: int) -> int:
@@ -35,18 +42,18 @@ class Recorder:
             self._mm = mmap.mmap(fd, size)
         finally:
             os.close(fd)
-        magic, version, slots = struct.unpack_from("<III", self._mm, 0)
-        stride = struct.unpack_from("<Q", self._mm, pb.RECORDER_OFF_STRIDE)[0]
-        if magic != pb.RECORDER_MAGIC or version != pb.RECORDER_VERSION:
+        magic, version, slots = _MAGIC.read(self._mm), _VERSION.read(self._mm), _SLOTS.read(self._mm)
+        stride = _STRIDE.read(self._mm)
+        if magic != MAGIC or version != VERSION:
             self._mm.close()
-            raise ConfigError(f"{where}: not a version {pb.RECORDER_VERSION} ring (magic {magic:#x}, version {version})")
+            raise ConfigError(f"{where}: not a version {VERSION} ring (magic {magic:#x}, version {version})")
         if slots < 1 or stride <= SLOT_HEADER or stride % 8 or HEADER + slots * stride > size:
             self._mm.close()
             raise ConfigError(f"{where}: {slots} slots of {stride} bytes do not fit its {size} bytes")
         self.path, self.slots, self.stride = path, slots, stride
         # A client that comes back to the same ring goes on numbering where the last one stopped.
-        self.forwards = struct.unpack_from("<Q", self._mm, pb.RECORDER_OFF_FORWARDS)[0]
-        struct.pack_into("<I", self._mm, pb.RECORDER_OFF_PID, os.getpid())
+        self.forwards = _FORWARDS.read(self._mm)
+        _PID.write(self._mm, 0, os.getpid())
         self._base = ctypes.c_char.from_buffer(self._mm)
         self._addr = ctypes.addressof(self._base)
         self.too_large = 0
@@ -57,9 +64,9 @@ class Recorder:
         off = HEADER + (n % self.slots) * self.stride
         mm = self._mm
         # Odd: forward n is being written; a reader (or a crash now) leaves this slot out.
-        struct.pack_into("<Q", mm, off, 2 * n + 1)
+        _COMMIT.write(mm, off, 2 * n + 1)
         self.forwards = n + 1
-        struct.pack_into("<Q", mm, pb.RECORDER_OFF_FORWARDS, n + 1)
+        _FORWARDS.write(mm, 0, n + 1)
         nbytes = [s[1] for s in sources]
         entry = pb.RecorderEntry(context=ctx, inputs=tins, input_bytes=nbytes, forward=n + 1, wave=wave,
                                  unix_ms=int(time.time() * 1000)).SerializeToString()
@@ -67,7 +74,7 @@ class Recorder:
         flags, total = 0, sum(nbytes)
         if data + total > off + self.stride:
             # Never half a forward: the entry alone (if it fits) says what did not.
-            flags, total = pb.RECORDER_FLAG_TOO_LARGE, 0
+            flags, total = FLAG_TOO_LARGE, 0
             self.too_large += 1
             if off + SLOT_HEADER + len(entry) > off + self.stride:
                 entry = b""
@@ -82,15 +89,17 @@ class Recorder:
 
                         torch.frombuffer(mm, dtype=torch.uint8, count=nb, offset=pos).copy_(src)
                 pos += nb
-        struct.pack_into("<IIQ", mm, off + pb.RECORDER_SLOT_OFF_ENTRY_LEN, len(entry), flags, total)
+        _ENTRY_LEN.write(mm, off, len(entry))
+        _FLAGS.write(mm, off, flags)
+        _DATA_LEN.write(mm, off, total)
         mm[off + SLOT_HEADER:off + SLOT_HEADER + len(entry)] = entry
-        struct.pack_into("<Q", mm, off, 2 * n + 2)  # whole
+        _COMMIT.write(mm, off, 2 * n + 2)  # whole
 
     def note(self, text: str) -> None:
         """Why the engine is about to die (an uncaught exception), for the agent's crash.json."""
         b = text.encode("utf-8", "replace")[:NOTE_MAX]
-        self._mm[pb.RECORDER_OFF_NOTE:pb.RECORDER_OFF_NOTE + len(b)] = b
-        struct.pack_into("<I", self._mm, pb.RECORDER_OFF_NOTE_LEN, len(b))
+        self._mm[_NOTE.at:_NOTE.at + len(b)] = b
+        _NOTE_LEN.write(self._mm, 0, len(b))
 
     def close(self) -> None:
         del self._base
