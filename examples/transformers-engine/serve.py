@@ -5,7 +5,7 @@
 The model is loaded with tp_plan="auto" when WORLD_SIZE > 1 (DTensor over gloo on CPU); requests
 are served by transformers' own ContinuousBatchingManager (paged cache, FIFO scheduler). The lines
 that concern wavebus are marked "wavebus:". Test switches: --nan STEP:REQ puts a NaN into request
-REQ's rows of the embedding output at step STEP (a forward hook, on every rank); --save-copies keeps,
+REQ's rows of the final norm's output at step STEP (a forward hook, on every rank); --save-copies keeps,
 at every wave whose end_of_wave copied a KV dump, each request's pages as the engine reads them.
 """
 import argparse
@@ -60,8 +60,9 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--num-blocks", type=int, default=32, help="cache size in blocks (docs/transformers.md, cache sizing)")
     ap.add_argument("--page-size", type=int, default=16)
-    ap.add_argument("--nan", help="STEP:REQ: a NaN in request REQ's embedding rows at step STEP")
+    ap.add_argument("--nan", help="STEP:REQ: a NaN in request REQ's rows of the last hidden state at step STEP")
     ap.add_argument("--save-copies", action="store_true")
+    ap.add_argument("--save-logits", action="store_true", help="keep every step's logits (OUT/logits_rank<r>_wave<w>.pt; replay.py compares)")
     ap.add_argument("--no-wavebus", action="store_true", help="serve without wavebus (a baseline)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -93,7 +94,16 @@ def main() -> int:
                         output[0, first:first + n] = float("nan")
             return output
 
-        model.model.embed_tokens.register_forward_hook(inject)
+        # After the last attention: a NaN earlier (the embedding) reaches every request of a packed
+        # paged|sdpa batch, whose masked attention still multiplies the NaN values by zero weights.
+        model.model.norm.register_forward_hook(inject)
+
+    if args.save_logits:
+        def keep(_module, _args, output):
+            if wb is not None:
+                torch.save(output.logits.detach().clone(), os.path.join(args.out, f"logits_rank{rank}_wave{wb.wave}.pt"))
+
+        model.register_forward_hook(keep)
 
     manager.start()
     t0 = time.monotonic()

@@ -15,6 +15,7 @@ step and registered as one K and one V region per layer (block_stride: transform
 every layer's pages in one block), so the agent reads it without the engine's help.
 With every wavebus feature off each call is a memory load; nothing else is added to the step.
 """
+import logging
 import os
 from typing import Any, Callable, Dict, List, Optional
 
@@ -28,6 +29,7 @@ from ..shm import _create, _view
 from ..telemetry import LogitsFiniteGate, RequestStep, StepTelemetry
 from .transformers_cache import kv_regions, layer_name
 
+log = logging.getLogger("wavebus_client")
 SNAPSHOT_FEATURES = mb.FEATURE_SNAPSHOTS | mb.FEATURE_RECORDER | mb.FEATURE_LIVE_CAPTURES
 
 
@@ -57,6 +59,7 @@ class TransformersWavebus:
         if weights:
             self.client.register_weights(local_weights(self.model))
         self.wave = 0
+        self.stats = {"snapshot_errors": 0}
         self.processor = None
         self.kv: List[Region] = []
         self._staging: Dict[str, torch.Tensor] = {}
@@ -101,7 +104,12 @@ class TransformersWavebus:
         self.send_head(self.wave, self._telemetry)
         self._telemetry = None
         if self.client.features & SNAPSHOT_FEATURES:
-            self._offer_forward(io)
+            try:
+                self._offer_forward(io)
+            except Exception as e:  # noqa: BLE001  a failed capture is reported, never the end of serving
+                self.stats["snapshot_errors"] += 1
+                self.client.last_error = f"before_forward (wave {self.wave}): {e}"
+                log.warning("wavebus: %s", self.client.last_error)
         step(model)
         res = self.client.end_of_wave(self.wave)
         if res.dumps_written and self.on_copy is not None:
@@ -194,7 +202,7 @@ class TransformersWavebus:
                "req_ids": [b[0] for b in self._batch], "positions": positions, "row_request": rows}
         self.client.before_forward(ctx, inputs)
 
-    def _stage(self, name: str, t: torch.Tensor) -> torch.Tensor:
+    def _stage(self, name: str, t: torch.Tensor) -> tuple:
         buf = self._staging.get(name)
         if buf is None or buf.dtype != t.dtype:
             cap = max(t.untyped_storage().nbytes() // t.element_size(), t.numel(), 1)
@@ -205,9 +213,9 @@ class TransformersWavebus:
                                      token_ids=True if name == "input_ids" else None))
             self.client.register(region)
             self._staging[name] = buf
-        view = buf[: t.numel()].view(t.shape)
-        view.copy_(t)
-        return view
+        buf[: t.numel()].view(t.shape).copy_(t)
+        # By region and offset: an empty tensor (no cache read in a prefill) has no address to look up.
+        return (name, 0, _dtype_name(t.dtype), list(t.shape))
 
     def close(self) -> None:
         for h in self._hooks:
@@ -221,16 +229,25 @@ def _dtype_name(dt) -> str:
     return dtypes.from_torch(dt)
 
 
+# What a snapshot holds, in this order (replay.py reads it back by position): the tensors of the
+# forward's kwargs that the paged attention reads, then the whole cache as it was before the forward.
+# read_index / write_index are one-element lists (one attention type); attention_mask is absent with
+# a flash kernel, so a snapshot has len(SNAPSHOT_INPUTS) + 1 inputs with it and one fewer without.
+SNAPSHOT_INPUTS = ("input_ids", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k", "logits_indices", "read_index",
+                   "write_index", "attention_mask")
+
+
 def flatten_inputs(kwargs) -> List[tuple]:
-    """The forward's tensor inputs with stable names: lists and dicts of tensors as name.i / name.key."""
+    """The forward's tensor inputs named in SNAPSHOT_INPUTS, in that order (absent ones left out)."""
     out = []
-    for k, v in kwargs.items():
+    for k in SNAPSHOT_INPUTS:
+        v = kwargs.get(k)
+        if isinstance(v, (list, tuple)):
+            if len(v) != 1:
+                raise ConfigError(f"attach(): {k} has {len(v)} attention groups; only one is mapped so far")
+            v = v[0]
         if isinstance(v, torch.Tensor):
             out.append((k, v.contiguous()))
-        elif isinstance(v, (list, tuple)):
-            out += [(f"{k}.{i}", x.contiguous()) for i, x in enumerate(v) if isinstance(x, torch.Tensor)]
-        elif isinstance(v, dict):
-            out += [(f"{k}.{n}", x.contiguous()) for n, x in v.items() if isinstance(x, torch.Tensor)]
     return out
 
 
@@ -262,4 +279,4 @@ def share_cache(cache, tag: str) -> List[Region]:
     return kv_regions(cache, shm, new.data_ptr()) + [validate(alias)]
 
 
-__all__ = ["attach", "TransformersWavebus", "share_cache", "local_weights", "flatten_inputs", "layer_name"]
+__all__ = ["attach", "TransformersWavebus", "share_cache", "local_weights", "flatten_inputs", "layer_name", "SNAPSHOT_INPUTS"]
