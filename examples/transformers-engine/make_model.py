@@ -1,6 +1,8 @@
 """A small Llama with random weights, saved with save_pretrained (no hub): the model serve.py loads.
 
-    python make_model.py DIR [--layers 2] [--seed 0]
+    python make_model.py DIR [DIR:SEED ...] [--layers 2] [--seed 0]
+
+Several directories in one run (one import of transformers): DIR:SEED gives that one its own seed.
 """
 import argparse
 
@@ -10,18 +12,20 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("dir")
+    ap.add_argument("dirs", nargs="+", metavar="DIR[:SEED]")
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--vocab", type=int, default=256)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    torch.manual_seed(args.seed)
     # 4 query heads and 2 KV heads: TP=2 gives each rank one KV head (the cache is sharded by head).
     cfg = LlamaConfig(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=2 * args.hidden,
                       num_hidden_layers=args.layers, num_attention_heads=4, num_key_value_heads=2,
                       max_position_embeddings=512, bos_token_id=None, eos_token_id=None, pad_token_id=None)
-    LlamaForCausalLM(cfg).save_pretrained(args.dir)
+    for spec in args.dirs:
+        path, _, seed = spec.partition(":")
+        torch.manual_seed(int(seed) if seed else args.seed)
+        LlamaForCausalLM(cfg).save_pretrained(path)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Replay a captured forward through transformers' own model; compare with the engine's logits.
 
-    torchrun --standalone --nproc-per-node 2 replay.py --model DIR --snapshots CACHE/snapshots/HASH --call N --engine-out OUT
+    torchrun --standalone --nproc-per-node 2 replay.py --model DIR --snapshots CACHE/snapshots/HASH --call 0,1 --engine-out OUT
 
 Every rank loads the model as serve.py does (tp_plan="auto" when WORLD_SIZE > 1), builds a paged
 cache of the same geometry through transformers' own manager, puts the captured cache bytes into it,
@@ -32,7 +32,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--model", required=True)
     ap.add_argument("--snapshots", required=True, help="<cache_root>/snapshots/<compilation_hash>")
-    ap.add_argument("--call", type=int, required=True)
+    ap.add_argument("--call", type=lambda v: [int(x) for x in v.split(",")], required=True, help="N[,N...]: the call dirs to replay")
     ap.add_argument("--engine-out", required=True, help="serve.py's --out (run with --save-logits)")
     ap.add_argument("--num-blocks", type=int, default=32, help="as serve.py was run")
     ap.add_argument("--page-size", type=int, default=16, help="as serve.py was run")
@@ -46,7 +46,14 @@ def main() -> int:
     manager = model.init_continuous_batching(generation_config=gen, continuous_batching_config=cb)
     cache = manager._create_batch_processor().cache  # never started: only its cache is used
 
-    meta, tensors = load_call_dir(os.path.join(args.snapshots, f"rank{rank}", f"call{args.call}"))
+    exact = True
+    for call in args.call:
+        exact = replay(args, rank, model, cache, call) and exact
+    return 0 if exact else 1
+
+
+def replay(args, rank: int, model, cache, call: int) -> bool:
+    meta, tensors = load_call_dir(os.path.join(args.snapshots, f"rank{rank}", f"call{call}"))
     *inputs, kv = tensors
     if kv.numel() != cache.cache_tensor.numel():
         raise SystemExit(f"replay: the captured cache holds {kv.numel()} bytes, this one {cache.cache_tensor.numel()}: run with serve.py's --num-blocks/--page-size")
@@ -66,9 +73,9 @@ def main() -> int:
     want = torch.load(os.path.join(args.engine_out, f"logits_rank{rank}_wave{meta['global_step']}.pt"))
     same = logits.shape == want.shape and torch.equal(logits.view(torch.int32), want.view(torch.int32))
     diff = float((logits - want).abs().max()) if logits.shape == want.shape else float("inf")
-    print(json.dumps({"rank": rank, "call": args.call, "wave": meta["global_step"], "req_ids": meta["req_ids"],
+    print(json.dumps({"rank": rank, "call": call, "wave": meta["global_step"], "req_ids": meta["req_ids"],
                       "bitwise_equal": bool(same), "max_abs_diff": diff}), flush=True)
-    return 0 if same else 1
+    return bool(same)
 
 
 if __name__ == "__main__":

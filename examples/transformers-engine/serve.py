@@ -10,6 +10,7 @@ at every wave whose end_of_wave copied a KV dump, each request's pages as the en
 """
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -63,6 +64,7 @@ def main() -> int:
     ap.add_argument("--nan", help="STEP:REQ: a NaN in request REQ's rows of the last hidden state at step STEP")
     ap.add_argument("--save-copies", action="store_true")
     ap.add_argument("--save-logits", action="store_true", help="keep every step's logits (OUT/logits_rank<r>_wave<w>.pt; replay.py compares)")
+    ap.add_argument("--step-sleep-ms", type=int, default=0, help="sleep this long in every forward (a live job for status/dump/capture)")
     ap.add_argument("--no-wavebus", action="store_true", help="serve without wavebus (a baseline)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -105,6 +107,9 @@ def main() -> int:
 
         model.register_forward_hook(keep)
 
+    if args.step_sleep_ms:
+        model.register_forward_pre_hook(lambda *_: time.sleep(args.step_sleep_ms / 1000))
+
     manager.start()
     t0 = time.monotonic()
     prompts = [[(7 * i + 3 * j + 1) % 250 + 1 for j in range(5 + i % 3)] for i in range(args.requests)]
@@ -122,7 +127,7 @@ def main() -> int:
     manager.stop(block=True)
     if rank == 0:
         out = {"requests": {rid: {"prompt": p, "tokens": list(results[rid].generated_tokens),
-                                  "logprobs": [float(x) for x in (results[rid].logprobs or [])]} for rid, p in zip(ids, prompts)},
+                                  "logprobs": [float(x) if math.isfinite(x) else None for x in (results[rid].logprobs or [])]} for rid, p in zip(ids, prompts)},
                "waves": wb.wave if wb else 0, "seconds": seconds}
         with open(os.path.join(args.out, "outputs.json"), "w") as f:
             json.dump(out, f)

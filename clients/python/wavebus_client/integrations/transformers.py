@@ -30,7 +30,6 @@ from ..telemetry import LogitsFiniteGate, RequestStep, StepTelemetry
 from .transformers_cache import kv_regions, layer_name
 
 log = logging.getLogger("wavebus_client")
-SNAPSHOT_FEATURES = mb.FEATURE_SNAPSHOTS | mb.FEATURE_RECORDER | mb.FEATURE_LIVE_CAPTURES
 
 
 def attach(manager, *, client: Optional[Client] = None, weights: bool = True, tag: Optional[str] = None,
@@ -103,7 +102,7 @@ class TransformersWavebus:
         self._batch_blocks = {rid: self.block_ids(rid) for rid, *_ in self._batch}
         self.send_head(self.wave, self._telemetry)
         self._telemetry = None
-        if self.client.features & SNAPSHOT_FEATURES:
+        if self.client.wants_forward():
             try:
                 self._offer_forward(io)
             except Exception as e:  # noqa: BLE001  a failed capture is reported, never the end of serving
