@@ -187,3 +187,49 @@ test('wavebus status, dump and capture on the live TP=2 transformers job', async
   expect(fs.readdirSync(path.join(snaps, 'rank0'))).toHaveLength(1);
   expect(fs.readdirSync(path.join(snaps, 'rank1'))).toHaveLength(1);
 }, 300000);
+
+test('kill -9 of both TP ranks mid-run: each agent flushes its last K forwards, which replay through transformers bit for bit', async () => {
+  const K = 4;
+  // Replay needs the token ids: save_sensitive_info true (docs/recorder.md).
+  const job = await startServe({
+    runtimeConfig: { detector: { token_repeat: { enabled: false }, logits_finite: { enabled: true } }, report: { save_sensitive_info: true } },
+    serveArgs: ['--requests', '2', '--max-tokens', '400', '--num-blocks', '64', '--step-sleep-ms', '30', '--save-logits'],
+    env: { WAVEBUS_RECORD_FORWARDS: String(K) },
+  });
+  await waitWhileRunning(job.launch, () => [0, 1].every((g) => fs.existsSync(path.join(job.out, `logits_rank${g}_wave12.pt`))), 'wave 12 on both ranks', 90000);
+  const pids = [0, 1].map((g) => Number(fs.readFileSync(path.join(job.out, `pid_rank${g}`), 'utf8')));
+  for (const pid of pids) process.kill(pid, 'SIGKILL');
+  const flushRoot = path.join(job.dir, 'cache', 'snapshots', 'recorder');
+  const crashDir = await waitWhileRunning(job.launch, () => {
+    const names = fs.existsSync(flushRoot) ? fs.readdirSync(flushRoot).filter((n) => n.startsWith('crash-')) : [];
+    const dir = names.length === 1 ? path.join(flushRoot, names[0]) : undefined;
+    return dir && [0, 1].every((g) => fs.existsSync(path.join(dir, `crash-rank${g}.json`))) ? dir : undefined;
+  }, 'crash-rank0.json and crash-rank1.json', 30000).catch(async (e) => {
+    // The agents flush before launch tears the job down; if launch is gone first, say what it printed.
+    throw new Error(`${(e as Error).message}\n${job.launch.stderr().slice(-6000)}`);
+  });
+  await job.launch.exited; // torchrun reports its killed workers; launch ends with it
+  for (const g of [0, 1]) {
+    const c = JSON.parse(fs.readFileSync(path.join(crashDir, `crash-rank${g}.json`), 'utf8'));
+    expect([c.global_rank, c.engine_pid, c.last_forward.compilation_hash]).toEqual([g, pids[g], 'transformers-LlamaForCausalLM-tp2']);
+    expect(c.forwards_recorded).toBeGreaterThanOrEqual(12);
+    expect(c.flushed.length + c.left_out.length).toBe(K);
+  }
+  // The ranks die one after the other, so their newest forwards may differ by one, and a forward's
+  // logits are saved after it: replay the calls both ranks flushed whose logits both ranks saved.
+  const snaps = path.join(crashDir, 'transformers-LlamaForCausalLM-tp2');
+  const callsOf = (g: number) => new Set(fs.readdirSync(path.join(snaps, `rank${g}`)).filter((n) => /^call\d+$/.test(n)));
+  const [c0, c1] = [callsOf(0), callsOf(1)];
+  const both = [...c0].filter((c) => c1.has(c)).filter((c) => {
+    const meta = JSON.parse(fs.readFileSync(path.join(snaps, 'rank0', c, 'meta.json'), 'utf8'));
+    expect(meta.selected_by).toEqual(['recorder']);
+    return [0, 1].every((g) => fs.existsSync(path.join(job.out, `logits_rank${g}_wave${meta.global_step}.pt`)));
+  });
+  expect(both.length).toBeGreaterThanOrEqual(K - 2);
+  const r = spawnSync(venv.torchrun, ['--standalone', '--nproc-per-node', '2', path.join(ENGINE, 'replay.py'), '--model', path.join(base, 'model'), '--num-blocks', '64',
+    '--snapshots', snaps, '--call', both.map((c) => c.slice(4)).join(','), '--engine-out', job.out], { encoding: 'utf8', timeout: 180000 });
+  if (r.status !== 0) throw new Error(`replay: ${r.stdout}${r.stderr.slice(-3000)}`);
+  const lines = (r.stdout.match(/\{"rank"[^{}]*\}/g) ?? []).map((l) => JSON.parse(l));
+  expect(lines).toHaveLength(2 * both.length);
+  expect(lines.every((l) => l.bitwise_equal && l.max_abs_diff === 0)).toBe(true);
+}, 300000);

@@ -110,6 +110,8 @@ def main() -> int:
     if args.step_sleep_ms:
         model.register_forward_pre_hook(lambda *_: time.sleep(args.step_sleep_ms / 1000))
 
+    with open(os.path.join(args.out, f"pid_rank{rank}"), "w") as f:
+        f.write(str(os.getpid()))  # a test kills a rank by it
     manager.start()
     t0 = time.monotonic()
     prompts = [[(7 * i + 3 * j + 1) % 250 + 1 for j in range(5 + i % 3)] for i in range(args.requests)]
