@@ -28,11 +28,12 @@ beforeAll(() => {
   venv = torch2();
   base = tmpDir('wavebus-hf-');
   // model-other: the same architecture with other weights; a replay against it must not be bit-exact.
-  py([path.join(ENGINE, 'make_model.py'), path.join(base, 'model'), `${path.join(base, 'model-other')}:1`, '--layers', String(LAYERS)]);
+  // model-peaked: its LM head scaled up, a confident model (greedy log-probs near 0) for garbled.
+  py([path.join(ENGINE, 'make_model.py'), path.join(base, 'model'), `${path.join(base, 'model-other')}:1`, `${path.join(base, 'model-peaked')}:0:40`, '--layers', String(LAYERS)]);
 }, 120000);
 
 /** `wavebus launch --tp 2 -- torchrun --nproc-per-node 2 serve.py ...`, started. */
-async function startServe(opts: { runtimeConfig: object; serveArgs?: string[]; env?: NodeJS.ProcessEnv }) {
+async function startServe(opts: { runtimeConfig: object; serveArgs?: string[]; env?: NodeJS.ProcessEnv; model?: string }) {
   const dir = tmpDir('wavebus-hf-run-');
   const out = path.join(dir, 'out');
   const runDir = path.join(dir, 'run');
@@ -44,7 +45,7 @@ async function startServe(opts: { runtimeConfig: object; serveArgs?: string[]; e
       '--agent-arg=--end-of-wave-timeout-ms', '--agent-arg=2000',
       // --standalone: torchrun's rendezvous on a free port of its own (tests run side by side).
       '--', venv.torchrun, '--standalone', '--nproc-per-node', '2', path.join(ENGINE, 'serve.py'),
-      '--model', path.join(base, 'model'), '--out', out, ...(opts.serveArgs ?? []),
+      '--model', path.join(base, opts.model ?? 'model'), '--out', out, ...(opts.serveArgs ?? []),
     ],
     { env: { ...process.env, WAVEBUS_CACHE_ROOT: path.join(dir, 'cache'), ...opts.env }, cwd: dir, detached: true },
   );
@@ -233,3 +234,20 @@ test('kill -9 of both TP ranks mid-run: each agent flushes its last K forwards, 
   expect(lines).toHaveLength(2 * both.length);
   expect(lines.every((l) => l.bitwise_equal && l.max_abs_diff === 0)).toBe(true);
 }, 300000);
+
+test('garbled fires from a corrupted LM head (every rank\'s shard overwritten with noise at step 40), not before', async () => {
+  const job = await startServe({
+    model: 'model-peaked',
+    runtimeConfig: { detector: { token_repeat: { enabled: false }, garbled: { enabled: true } } },
+    serveArgs: ['--requests', '2', '--max-tokens', '80', '--garble', '40'],
+  });
+  const run = await finish(job);
+  const reports = run.reports('garbled');
+  // Healthy windows (waves 32..40: full, confident picks) do not fire; noise picks near log(1/256) do.
+  expect(reports.map((r) => r.req_id).sort()).toEqual(['req-0', 'req-1']);
+  for (const r of reports) expect(r.detect_wave).toBeGreaterThan(40);
+  for (const req of Object.values(run.outputs.requests)) {
+    expect(req.logprobs.slice(0, 39).every((x) => x !== null && x > -5)).toBe(true);
+    expect(req.logprobs.slice(40).every((x) => x !== null && x < -5)).toBe(true);
+  }
+}, 180000);

@@ -1,8 +1,11 @@
 """A small Llama with random weights, saved with save_pretrained (no hub): the model serve.py loads.
 
-    python make_model.py DIR [DIR:SEED ...] [--layers 2] [--seed 0]
+    python make_model.py DIR [DIR:SEED[:SCALE] ...] [--layers 2] [--seed 0]
 
-Several directories in one run (one import of transformers): DIR:SEED gives that one its own seed.
+Several directories in one run (one import of transformers): DIR:SEED gives that one its own seed;
+SCALE multiplies its LM head, which makes the model confident (greedy log-probs near 0), so that a
+garbled head (serve.py --garble) stands out to the garbled detector; random weights alone are near
+uniform over the vocabulary, which that detector rightly calls gibberish.
 """
 import argparse
 
@@ -23,9 +26,13 @@ def main() -> None:
                       num_hidden_layers=args.layers, num_attention_heads=4, num_key_value_heads=2,
                       max_position_embeddings=512, bos_token_id=None, eos_token_id=None, pad_token_id=None)
     for spec in args.dirs:
-        path, _, seed = spec.partition(":")
+        path, seed, scale = (spec.split(":") + ["", ""])[:3]
         torch.manual_seed(int(seed) if seed else args.seed)
-        LlamaForCausalLM(cfg).save_pretrained(path)
+        model = LlamaForCausalLM(cfg)
+        if scale:
+            with torch.no_grad():
+                model.lm_head.weight.mul_(float(scale))
+        model.save_pretrained(path)
 
 
 if __name__ == "__main__":

@@ -62,6 +62,7 @@ def main() -> int:
     ap.add_argument("--num-blocks", type=int, default=32, help="cache size in blocks (docs/transformers.md, cache sizing)")
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--nan", help="STEP:REQ: a NaN in request REQ's rows of the last hidden state at step STEP")
+    ap.add_argument("--garble", type=int, help="STEP: from step STEP on, this rank's LM head shard is small noise (a corrupted head)")
     ap.add_argument("--save-copies", action="store_true")
     ap.add_argument("--save-logits", action="store_true", help="keep every step's logits (OUT/logits_rank<r>_wave<w>.pt; replay.py compares)")
     ap.add_argument("--step-sleep-ms", type=int, default=0, help="sleep this long in every forward (a live job for status/dump/capture)")
@@ -99,6 +100,17 @@ def main() -> int:
         # After the last attention: a NaN earlier (the embedding) reaches every request of a packed
         # paged|sdpa batch, whose masked attention still multiplies the NaN values by zero weights.
         model.model.norm.register_forward_hook(inject)
+
+    if args.garble is not None:
+        def garble(_module, _args):
+            w = model.lm_head.weight
+            if wb is not None and wb.wave == args.garble:
+                local = w.to_local() if hasattr(w, "to_local") else w
+                noise = torch.randn(local.shape, generator=torch.Generator().manual_seed(1000 + rank)) * 1e-3
+                with torch.no_grad():
+                    local.copy_(noise)
+
+        model.register_forward_pre_hook(garble)
 
     if args.save_logits:
         def keep(_module, _args, output):
