@@ -58,13 +58,15 @@ class TransformersWavebus:
         if weights:
             self.client.register_weights(local_weights(self.model))
         self.wave = 0
+        self._bus = False
         self.stats = {"snapshot_errors": 0}
         self.processor = None
         self.kv: List[Region] = []
         self._staging: Dict[str, torch.Tensor] = {}
         self._telemetry: Optional[StepTelemetry] = None   # of the last step, sent with the next head
         self._freed: List[tuple] = []                      # (wave ended before the free, its freed row)
-        self._holding: Dict[str, List[int]] = {}           # finished, kept for a dump decided ahead
+        self._holding: Dict[str, bool] = {}                # finished, blocks kept for a dump decided ahead (-> no_cache)
+        self._finishing: Optional[str] = None               # the request finish_request is finishing now
         self._sent_prompt = set()
         self._batch: List[tuple] = []                      # (req_id, first row, rows) of the running step
         self._batch_blocks: Dict[str, List[int]] = {}
@@ -89,6 +91,9 @@ class TransformersWavebus:
         p._generation_step = lambda model: self._step(step, model)
         p.update_batch = lambda: self._update(update)
         p.scheduler.finish_request = lambda request_id: self._finish(finish, request_id)
+        # Every give-back goes through the cache: a finish, and an offload when the cache is full.
+        self._free_cache = p.cache.free_blocks
+        p.cache.free_blocks = lambda request_id, no_cache=False: self._free(request_id, no_cache)
 
     # -- one step = one wave
     def _step(self, step, model) -> None:
@@ -98,8 +103,10 @@ class TransformersWavebus:
         for fs in io.requests_in_batch:
             self._batch.append((fs.state.request_id, row, fs.query_length, fs.has_new_token))
             row += fs.query_length
-        # Block tables as they are now: a request finished in this step gives its blocks back in update_batch.
-        self._batch_blocks = {rid: self.block_ids(rid) for rid, *_ in self._batch}
+        # Block tables as they are now: a request finished in this step gives its blocks back in
+        # update_batch. Only while the bus is on: with everything off a step builds no telemetry.
+        self._bus = bool(self.client.features & mb.FEATURE_BUS)
+        self._batch_blocks = {rid: self.block_ids(rid) for rid, *_ in self._batch} if self._bus else {}
         self.send_head(self.wave, self._telemetry)
         self._telemetry = None
         if self.client.wants_forward():
@@ -123,6 +130,10 @@ class TransformersWavebus:
         io = self.processor.inputs_and_outputs
         _, tokens, logprobs = io.prepare_batch_update()
         update()
+        if not self._bus:
+            self._telemetry, self._finished_states = None, {}
+            self._freed = [(after, row) for after, row in self._freed if after >= self.wave]
+            return
         reqs, k = [], 0
         active = self.processor.scheduler.active_requests
         for rid, _row, _n, has_token in self._batch:
@@ -147,23 +158,38 @@ class TransformersWavebus:
         self._finished_states = {}
 
     def _finish(self, finish, request_id: str) -> None:
-        """The scheduler gives a finished request's blocks back: unless a dump of it is decided for a
-        wave still to end on this rank (pending_dump), then they are kept until that wave ended."""
+        """The scheduler finishes a request (and gives its blocks back through _free)."""
         state = self.processor.scheduler.active_requests.get(request_id)
         if state is not None:
             self._finished_states[request_id] = state
-        if self.client.pending_dump(request_id):
-            self._holding[request_id] = self.block_ids(request_id)
-            self.processor.scheduler.active_requests.pop(request_id, None)
-            return
+        self._finishing = request_id
+        try:
+            finish(request_id)
+        finally:
+            self._finishing = None
+
+    def _free(self, request_id: str, no_cache: bool = False) -> None:
+        """Blocks going back. A finished request whose dump is decided for a wave still to end on
+        this rank (pending_dump) keeps them until that wave ended. Any other give-back (an offload
+        under cache pressure, which must not wait) is reported freed, so a dump copied after it is
+        marked incomplete (freed_before_copy) rather than trusted."""
         blocks = self.block_ids(request_id)
-        finish(request_id)
-        self._freed.append((self.wave, RequestStep(req_id=request_id, block_ids=blocks, finished=True, freed=True)))
+        finishing = self._finishing == request_id
+        if blocks and finishing and self.client.pending_dump(request_id):
+            self._holding[request_id] = no_cache
+            return
+        self._free_cache(request_id, no_cache)
+        if finishing:
+            self._sent_prompt.discard(request_id)
+        if blocks:
+            self._freed.append((self.wave, RequestStep(req_id=request_id, block_ids=blocks, finished=finishing, freed=True)))
 
     def _release_held(self) -> None:
         for rid in [r for r in self._holding if not self.client.pending_dump(r)]:
-            blocks = self._holding.pop(rid)
-            self.processor.cache.free_blocks(rid)
+            no_cache = self._holding.pop(rid)
+            blocks = self.block_ids(rid)
+            self._free_cache(rid, no_cache)
+            self._sent_prompt.discard(rid)
             self._freed.append((self.wave, RequestStep(req_id=rid, block_ids=blocks, finished=True, freed=True)))
 
     def block_ids(self, request_id: str) -> List[int]:
