@@ -251,3 +251,30 @@ test('garbled fires from a corrupted LM head (every rank\'s shard overwritten wi
     expect(req.logprobs.slice(40).every((x) => x !== null && x < -5)).toBe(true);
   }
 }, 180000);
+
+test('under cache pressure (transformers offloads running requests): a dump whose blocks were given back says freed_before_copy; the others are bit for bit', async () => {
+  const job = await startServe({
+    runtimeConfig: {
+      detector: { token_repeat: { enabled: true } },
+      actions: { defaults: { on_trigger: ['report', 'dump_kv'] } },
+      dump: { auto_max_times: 8, auto_cooldown_seconds: 0, free_headroom_bytes: 0 },
+    },
+    // 6 requests of up to 157 tokens in 16 blocks of 16: the cache cannot hold them all.
+    serveArgs: ['--requests', '6', '--max-tokens', '150', '--num-blocks', '16', '--save-copies'],
+  });
+  const run = await finish(job);
+  expect(run.outputs.waves).toBeGreaterThan(200); // offloaded requests are prefilled again
+  const dumps = run.dumps as { complete: boolean; incomplete_reason?: string; completed_ranks: number[]; dir: string }[];
+  expect(dumps.filter((d) => d.complete).length).toBeGreaterThanOrEqual(1);
+  // The schedule is deterministic (greedy, the same requests): req-5 is offloaded between its
+  // detection and its copy wave, so that path is taken on every run.
+  expect(dumps.filter((d) => !d.complete).length).toBeGreaterThanOrEqual(1);
+  for (const d of dumps) {
+    if (!d.complete) {
+      expect(d.incomplete_reason).toBe('freed_before_copy');
+      continue;
+    }
+    expect(d.completed_ranks).toEqual([0, 1]);
+    expect(py(['-c', CHECK_DUMP, d.dir, job.out]).trim()).toBe(`${2 * LAYERS * 2} True`);
+  }
+}, 180000);
