@@ -77,16 +77,21 @@ Napi::Value StartGatherTo(const Napi::CallbackInfo& info, std::shared_ptr<ByteSo
   Napi::Uint32Array ids = info[2].As<Napi::Uint32Array>();
   uint64_t blockBytes = ArgU64(info, 3, "blockBytes");
   uint64_t baseOffset = ArgU64(info, 4, "baseOffset");
+  // Optional: bytes from one block's start to the next's (an interleaved pool); default back to back.
+  uint64_t stride = info.Length() > 5 && !info[5].IsUndefined() ? ArgU64(info, 5, "blockStride") : blockBytes;
+  if (stride < blockBytes) {
+    ThrowCoded(env, "ERR_INVALID_ARG", "blockStride (" + std::to_string(stride) + ") is below blockBytes (" + std::to_string(blockBytes) + ")");
+  }
   std::vector<Span> spans;
   spans.reserve(ids.ElementLength());
   const uint64_t limit = 9007199254740991ull;
   for (size_t i = 0; i < ids.ElementLength(); i++) {
     uint64_t id = ids[i];
     // Keep id * blockBytes + baseOffset from wrapping; Queue() then checks it against the source.
-    if (blockBytes != 0 && id > (limit - baseOffset) / blockBytes) {
+    if (stride != 0 && id > (limit - baseOffset) / stride) {
       ThrowCoded(env, "ERR_OUT_OF_RANGE", "blockIds[" + std::to_string(i) + "] = " + std::to_string(id) + " overflows");
     }
-    if (blockBytes > 0) spans.push_back(Span{baseOffset + id * blockBytes, blockBytes});
+    if (blockBytes > 0) spans.push_back(Span{baseOffset + id * stride, blockBytes});
   }
   return Queue(info, std::move(source), dst, dstOffset, std::move(spans));
 }

@@ -32,7 +32,8 @@ class CopyWorker : public Napi::AsyncWorker {
 
 // JS: copyTo(dst, dstOffset, srcOffset, nbytes) -> Promise<void>
 Napi::Value StartCopyTo(const Napi::CallbackInfo& info, std::shared_ptr<ByteSource> source);
-// JS: gatherTo(dst, dstOffset, blockIds: Uint32Array, blockBytes, baseOffset) -> Promise<void>
+// JS: gatherTo(dst, dstOffset, blockIds: Uint32Array, blockBytes, baseOffset, blockStride?) -> Promise<void>
+// (block i at baseOffset + id * blockStride; blockStride defaults to blockBytes)
 Napi::Value StartGatherTo(const Napi::CallbackInfo& info, std::shared_ptr<ByteSource> source);
 
 }  // namespace wavebus

@@ -5,7 +5,8 @@
 // passes on a fresh Debian machine with nothing installed by hand; otherwise (or with
 // WAVEBUS_PREFLIGHT_INSTALL=0) it stops at once with one message naming what to install, instead
 // of letting dozens of tests fail one by one. Then it rebuilds dist/ and the native addon so
-// spawned CLI processes run the current sources, never a stale build.
+// spawned CLI processes run the current sources, never a stale build, and makes (or reuses) the
+// torch 2.x venv (scripts/torch2-venv.js) the transformers tests run in.
 'use strict';
 const { spawnSync } = require('child_process');
 const fs = require('fs');
@@ -93,3 +94,12 @@ step('building dist/ (tsc)', process.execPath, [path.join(root, 'node_modules', 
 // npm names its own node-gyp to the scripts it runs; `build` is incremental (make), quick when nothing changed.
 const gyp = process.env.npm_config_node_gyp;
 if (gyp) step('building the native addon (node-gyp build)', process.execPath, [gyp, 'build']);
+
+// The torch 2.x venv the transformers tests run in (scripts/torch2-venv.js): made from this
+// machine's local pip indexes the first time, reused while its stamp matches.
+try {
+  require('./torch2-venv').ensure();
+} catch (e) {
+  process.stderr.write(`wavebus tests: ${e.message}\n`);
+  process.exit(1);
+}

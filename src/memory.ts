@@ -229,21 +229,26 @@ export class DeviceRegion {
   }
 
   /**
-   * Gather blocks of a paged KV pool: block b is the blockBytes at baseOffset + b * blockBytes
-   * (relative to the region). Blocks land in dst contiguously, in the order given, from dstOffset.
+   * Gather blocks of a paged KV pool: block b is the blockBytes at baseOffset + b * blockStride
+   * (relative to the region; blockStride defaults to blockBytes, blocks back to back; a larger one
+   * skips the other layers' pages of an interleaved pool). Blocks land in dst contiguously, in the
+   * order given, from dstOffset.
    */
-  async gatherTo(dst: Uint8Array, dstOffset: number, blockIds: ArrayLike<number>, blockBytes: number, baseOffset = 0): Promise<void> {
+  async gatherTo(dst: Uint8Array, dstOffset: number, blockIds: ArrayLike<number>, blockBytes: number, baseOffset = 0, blockStride?: number): Promise<void> {
     const src = this.live();
     checkDst(dst);
     const d = checkCount(dstOffset, 'dstOffset');
     const bb = checkCount(blockBytes, 'blockBytes');
     const base = checkCount(baseOffset, 'baseOffset');
     if (bb === 0) throw invalid('blockBytes must be positive');
+    const stride = blockStride === undefined ? bb : checkCount(blockStride, 'blockStride');
+    if (stride < bb) throw invalid(`blockStride (${stride}) must be at least blockBytes (${bb})`);
     if (base > this.nbytes) throw new NativeError(`baseOffset (${base}) exceeds region.nbytes (${this.nbytes})`, 'ERR_OUT_OF_RANGE');
-    const nblocks = Math.floor((this.nbytes - base) / bb);
-    const ids = blockIdArray(blockIds, nblocks, `the region holds ${nblocks} blocks of ${bb} bytes after baseOffset ${base}`);
+    // The last block needs only its own bytes, not a whole stride.
+    const nblocks = this.nbytes - base < bb ? 0 : Math.floor((this.nbytes - base - bb) / stride) + 1;
+    const ids = blockIdArray(blockIds, nblocks, `the region holds ${nblocks} blocks of ${bb} bytes (stride ${stride}) after baseOffset ${base}`);
     checkFits(dst, d, ids.length * bb);
-    await nativeAsync(() => src.gatherTo(dst, d, ids, bb, this.offset + base));
+    await nativeAsync(() => src.gatherTo(dst, d, ids, bb, this.offset + base, stride));
   }
 
   /** Release the mapping / IPC handle (after copies in flight finish). Later copies throw ERR_CLOSED. */

@@ -20,8 +20,8 @@ export interface NativeShmSegment {
   stat(): { size: number; linked: boolean };
   /** Copy [srcOffset, srcOffset + nbytes) into dst[dstOffset..], off the JS thread. */
   copyTo(dst: Uint8Array, dstOffset: number, srcOffset: number, nbytes: number): Promise<void>;
-  /** Copy each block b from baseOffset + b * blockBytes, in order, contiguously into dst[dstOffset..]. */
-  gatherTo(dst: Uint8Array, dstOffset: number, blockIds: Uint32Array, blockBytes: number, baseOffset: number): Promise<void>;
+  /** Copy blockBytes of each block b from baseOffset + b * blockStride (default blockBytes), in order, contiguously into dst[dstOffset..]. */
+  gatherTo(dst: Uint8Array, dstOffset: number, blockIds: Uint32Array, blockBytes: number, baseOffset: number, blockStride?: number): Promise<void>;
   /** Unmap (once every buffer handed out is collected) and close the descriptor. Idempotent. */
   close(): void;
 }
@@ -37,7 +37,7 @@ export interface NativeCudaRegion {
   readonly device: number;
   readonly closed: boolean;
   copyTo(dst: Uint8Array, dstOffset: number, srcOffset: number, nbytes: number): Promise<void>;
-  gatherTo(dst: Uint8Array, dstOffset: number, blockIds: Uint32Array, blockBytes: number, baseOffset: number): Promise<void>;
+  gatherTo(dst: Uint8Array, dstOffset: number, blockIds: Uint32Array, blockBytes: number, baseOffset: number, blockStride?: number): Promise<void>;
   close(): void;
 }
 

@@ -51,6 +51,8 @@ const RUNNABLE: Record<string, Runnable> = {
     setup: 'mkdir -p pubs && cp keys/agent.pub pubs/host0.pub',
     check: (d) => allowList(path.join(d, 'keys', 'allowed'), ['host0']),
   },
+  // transformers.md: makes the torch 2 venv, or (as here, after npm test's preflight) checks and reuses it.
+  'node scripts/torch2-venv.js': { cwd: 'repo', check: (_d, out) => expect(out).toMatch(/\.venv-torch2\/bin\/python \((reused|made) in/) },
   'bash scripts/host-costs.sh': { cwd: 'repo', check: (_d, out) => expect(JSON.parse(out)).toMatchObject({ syscall_us: expect.any(Number), round_trip_us: expect.any(Number) }) },
 };
 
@@ -69,6 +71,8 @@ const SKIPPED: Record<string, string> = {
   'npm install && npm link && wavebus demo':
     'npm install would rewrite the node_modules the suite runs from; the last test here runs its `npm link` (into a temp prefix) and every runnable command with the `wavebus` it links; test/demo.test.ts runs `wavebus demo` and test/package.test.ts `npx wavebus demo` from the installed package',
   'npm test': 'the suite this test is part of',
+  'wavebus launch --nproc-per-node 2 --tp 2 -- torchrun --standalone --nproc-per-node 2 examples/transformers-engine/serve.py --model MODEL_DIR --out OUT':
+    'a placeholder (MODEL_DIR: a model make_model.py writes) and torch 2\'s torchrun from the venv; test/transformers.test.ts runs the same launch',
   'wavebus launch --nnodes 2 --node-rank $NODE_RANK --nproc-per-node 8 --master-addr $MASTER --tp 8 --pp 2 --runtime-config-hot-reload --curve-dir /etc/wavebus/keys -- torchrun ... serve.py': `two hosts of eight GPUs; ${ENGINE}`,
   'wavebus aggregate --coordinator HOST:PORT --out DIR [--what all|snapshots|dumps] [--prefix REL] [--call N] [--chunk-mb 2] [--window 4] [--timeout-ms 30000] [--bus-token-file FILE] [--json] [--curve-dir DIR] [--relay] [--direct-timeout-ms 3000]': SYNOPSIS,
   'wavebus aggregate --coordinator 10.0.0.1:29600 --out ./incident --what dumps --prefix token_repeat/req-17/wave_342': FAR_HOST,

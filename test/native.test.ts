@@ -189,6 +189,25 @@ print(shm._name)
     seg.close();
   });
 
+  test('gatherTo with a block stride reads one page of each interleaved block (a layer of an interleaved pool)', async () => {
+    // 6 blocks of 4 pages (L0.k, L0.v, L1.k, L1.v) of 32 bytes: layer 1's V is page 3 of each block.
+    const page = 32;
+    const stride = 4 * page;
+    const { name, seg, data } = createFilled('stride', 6 * stride);
+    // The region ends with the last block's page: (6 - 1) strides and one page after its offset.
+    const region = DeviceRegion.open({ kind: 'shm', shmName: name, offset: 3 * page, nbytes: 5 * stride + page });
+    const ids = [4, 1, 5];
+    const dst = Buffer.alloc(ids.length * page);
+    await region.gatherTo(dst, 0, ids, page, 0, stride);
+    ids.forEach((b, k) => expect(dst.subarray(k * page, (k + 1) * page).equals(data.subarray(b * stride + 3 * page, b * stride + 4 * page))).toBe(true));
+    await expectCode(region.gatherTo(dst, 0, [6], page, 0, stride), 'ERR_OUT_OF_RANGE', /the region holds 6 blocks of 32 bytes \(stride 128\)/);
+    await expectCode(region.gatherTo(dst, 0, [1], page, 0, page - 1), 'ERR_INVALID_ARG', /blockStride \(31\) must be at least blockBytes \(32\)/);
+    // The native layer checks the stride too, for callers that bypass the wrapper.
+    expect(() => seg.handle.gatherTo(dst, 0, new Uint32Array([1]), page, 0, page - 1)).toThrow(/blockStride \(31\) is below blockBytes \(32\)/);
+    region.close();
+    seg.close();
+  });
+
   test('bounds and spec errors name the field', async () => {
     const { name, seg } = createFilled('bounds', 4096);
     await expectCode(

@@ -584,6 +584,10 @@ cases = {
   "unknown_field": lambda: c.register({"name": "x", "shm_name": "/x", "nbytes": 16, "dtype": "float32", "shape": [4], "colour": 1}),
   "kv_shape": lambda: c.register({"name": "k", "shm_name": "/x", "nbytes": 16, "dtype": "float32", "shape": [4], "role": "kv_pool", "layer": "l0", "kv": "k"}),
   "kv_kv": lambda: c.register({"name": "k", "shm_name": "/x", "nbytes": 16, "dtype": "float32", "shape": [1, 1, 1, 4], "role": "kv_pool", "layer": "l0", "kv": "q"}),
+  # block_stride (an interleaved pool): at least one block; nbytes = (blocks - 1) strides + one block; kv_pool only
+  "stride_small": lambda: c.register({"name": "k", "shm_name": "/x", "nbytes": 64, "dtype": "float32", "shape": [2, 2, 1, 4], "role": "kv_pool", "layer": "l0", "kv": "k", "block_stride": 16}),
+  "stride_nbytes": lambda: c.register({"name": "k", "shm_name": "/x", "nbytes": 64, "dtype": "float32", "shape": [2, 2, 1, 4], "role": "kv_pool", "layer": "l0", "kv": "k", "block_stride": 96}),
+  "stride_input": lambda: c.register({"name": "x", "shm_name": "/x", "nbytes": 16, "dtype": "float32", "shape": [4], "block_stride": 32}),
   "cuda_handle": lambda: c.register({"name": "g", "kind": "cuda", "cuda_ipc_handle": b"short", "nbytes": 16, "dtype": "float32", "shape": [4]}),
   "no_shm_name": lambda: c.register({"name": "x", "nbytes": 16, "dtype": "float32", "shape": [4]}),
   "wave": lambda: c.end_of_wave(-1),
@@ -613,6 +617,9 @@ print(json.dumps(out))`,
   expect(got.unknown_field).toMatch(/unknown region field\(s\) colour/);
   expect(got.kv_shape).toMatch(/kv_pool region has shape \[num_blocks, block_size, num_kv_heads, head_dim\], got \[4\]/);
   expect(got.kv_kv).toMatch(/kv must be 'k' or 'v'.*got 'q'/);
+  expect(got.stride_small).toMatch(/region 'k': block_stride 16 is below one block \(32 bytes\)/);
+  expect(got.stride_nbytes).toMatch(/region 'k': nbytes 64 does not match shape \[2, 2, 1, 4\] of float32 \(128 bytes\)/);
+  expect(got.stride_input).toMatch(/region 'x': block_stride is only for kv_pool regions/);
   expect(got.cuda_handle).toMatch(/cuda_ipc_handle must be 64 bytes, got 5/);
   expect(got.no_shm_name).toMatch(/shm_name is required/);
   expect(got.wave).toBe('end_of_wave(): wave must be a non-negative integer, got -1');

@@ -20,6 +20,10 @@ test('pip install ./clients/python works offline; the import and `-m wavebus_cli
   r = run(path.join(venv, 'bin', 'python'), ['-c', 'import wavebus_client, sys; print(wavebus_client.__file__); print(wavebus_client.__version__)'], outside);
   expect(r.status).toBe(0);
   expect(r.stdout).toContain(path.join(venv, 'lib'));
+  // The subpackage is installed too (pyproject lists it): the transformers integration's layout module.
+  r = run(path.join(venv, 'bin', 'python'), ['-c', 'import wavebus_client.integrations.transformers_cache as m; print(m.__file__)'], outside);
+  expect({ status: r.status, err: r.stderr }).toEqual({ status: 0, err: '' });
+  expect(r.stdout).toContain(path.join(venv, 'lib'));
   r = run(path.join(venv, 'bin', 'python'), ['-m', 'wavebus_client', '--version'], outside);
   expect(r.status).toBe(0);
   const version = JSON.parse(fs.readFileSync(path.join(ROOT, 'package.json'), 'utf8')).version;

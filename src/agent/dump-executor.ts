@@ -141,7 +141,7 @@ export class DumpExecutor {
         }
         const data = Buffer.allocUnsafe(bb * job.blockIds.length);
         gathers.push(() =>
-          r.region.gatherTo(data, 0, job.blockIds, bb, 0).catch((e: Error & { code?: string }) => {
+          r.region.gatherTo(data, 0, job.blockIds, bb, 0, r.blockStride || bb).catch((e: Error & { code?: string }) => {
             // The ack is all the coordinator sees: it must say which rank and region, and why.
             throw new CaptureError(`rank ${this.identity.globalRank}: copy of region '${r.name}' (${r.region.describe}) failed: ${e.message}`, e.code ?? 'ERR_CAPTURE');
           }),

@@ -27,6 +27,8 @@ export interface RegisteredRegion {
   layer: string;
   kv: 'k' | 'v' | '';
   nbytes: number;
+  /** KV pool: bytes from one block's start to the next's (block_stride; the block's own size when 0). */
+  blockStride: number;
   region: DeviceRegion;
 }
 
@@ -48,6 +50,8 @@ export interface RegionMessage {
   tokenIds?: number;
   /** Weight: the last shard of one register_weights call. */
   lastWeight?: boolean;
+  /** KV pool: bytes between blocks' starts (0 or absent: back to back). */
+  blockStride?: number;
 }
 
 export class RegionTable {
@@ -70,14 +74,19 @@ export class RegionTable {
     if (known) {
       // A client that says hello again (after an agent restart, or a feature change) re-sends its
       // regions: the same description is accepted as is; a different one under the same name is not.
-      const same = known.dtype === parseDType(msg.dtype, `region '${msg.name}'.dtype`) && known.nbytes === msg.nbytes && known.shape.join(',') === msg.shape.map(Number).join(',') && known.layer === msg.layer;
+      const same = known.dtype === parseDType(msg.dtype, `region '${msg.name}'.dtype`) && known.nbytes === msg.nbytes && known.blockStride === Number(msg.blockStride ?? 0) && known.shape.join(',') === msg.shape.map(Number).join(',') && known.layer === msg.layer;
       if (same) return known;
       throw new ConfigError(`region.name '${msg.name}' is already registered with a different description`);
     }
     const dtype = parseDType(msg.dtype, `region '${msg.name}'.dtype`);
     const role = msg.role === RegionRole.INPUT ? 'input' : 'kv_pool';
     const numel = msg.shape.reduce((a, b) => a * b, 1);
-    const want = numel * itemSize(dtype);
+    const stride = Number(msg.blockStride ?? 0);
+    const blockBytes = msg.shape.length === 4 ? numel / Math.max(1, Number(msg.shape[0])) * itemSize(dtype) : 0;
+    if (stride !== 0 && role !== 'kv_pool') throw new ConfigError(`region '${msg.name}'.block_stride is only for kv_pool regions`);
+    if (stride !== 0 && stride < blockBytes) throw new ConfigError(`region '${msg.name}'.block_stride ${stride} is below one block (${blockBytes} bytes)`);
+    // Strided: the last block needs only its own bytes after (num_blocks - 1) strides.
+    const want = stride !== 0 && Number(msg.shape[0]) > 0 ? (Number(msg.shape[0]) - 1) * stride + blockBytes : numel * itemSize(dtype);
     if (want > msg.nbytes) {
       throw new ConfigError(`region '${msg.name}': shape [${msg.shape.join(', ')}] of ${dtype} needs ${want} bytes but region.nbytes is ${msg.nbytes}`);
     }
@@ -112,6 +121,7 @@ export class RegionTable {
       layer: msg.layer,
       kv: role === 'kv_pool' ? (msg.kv as 'k' | 'v') : '',
       nbytes: msg.nbytes,
+      blockStride: stride,
       region,
     };
     this.byName.set(r.name, r);

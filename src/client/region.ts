@@ -20,6 +20,8 @@ export interface ClientRegion {
   kv?: 'k' | 'v';
   /** Input regions: whether it holds token ids (docs/recorder.md "Sensitive data"); unset: the name "input_ids" decides. */
   tokenIds?: boolean;
+  /** KV pool: bytes from one block's start to the next's, for a pool whose blocks are not back to back (proto Region.block_stride). */
+  blockStride?: number;
 }
 
 /** The wire form of a registered region (proto Region). */
@@ -38,6 +40,7 @@ export function regionMessage(r: ClientRegion): Record<string, unknown> {
     layer: r.layer ?? '',
     kv: r.kv ?? '',
     tokenIds: r.tokenIds === undefined ? TOKEN_IDS.TOKEN_IDS_BY_NAME : r.tokenIds ? TOKEN_IDS.TOKEN_IDS_YES : TOKEN_IDS.TOKEN_IDS_NO,
+    blockStride: r.blockStride ?? 0,
   };
 }
 
@@ -62,5 +65,8 @@ export function validateRegion(r: ClientRegion): void {
     if (!r.layer) throw new ConfigError(`register(): KV region '${r.name}' needs layer`);
     if (r.kv !== 'k' && r.kv !== 'v') throw new ConfigError(`register(): KV region '${r.name}'.kv must be 'k' or 'v'`);
     if (r.shape.length !== 4) throw new ConfigError(`register(): KV region '${r.name}'.shape must be [num_blocks, block_size, num_kv_heads, head_dim]`);
+  }
+  if (r.blockStride !== undefined && (!Number.isSafeInteger(r.blockStride) || r.blockStride < 0 || r.role !== 'kv_pool')) {
+    throw new ConfigError(`register(): region '${r.name}'.blockStride must be a non-negative integer, and only on a kv_pool region`);
   }
 }

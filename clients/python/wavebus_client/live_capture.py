@@ -87,6 +87,16 @@ class CaptureMixin:
         """The wave a forward now belongs to: the last wave_head's, or the one after the last ended."""
         return max(self._head_wave, self._ended_wave + 1)
 
+    def wants_forward(self) -> bool:
+        """Whether before_forward would do anything for the coming forward (snapshots, the flight
+        recorder, or a capture armed on the running job covering its wave): an engine that must
+        copy its inputs somewhere first (transformers' integration) asks this. Memory loads only,
+        unless a live capture is in force and its vector is late (then as before_forward waits)."""
+        feats = self._mb.features
+        if feats & (mb.FEATURE_SNAPSHOTS | mb.FEATURE_RECORDER):
+            return True
+        return bool(feats & mb.FEATURE_BUS) and self._live_capture_due()
+
     def _live_capture_due(self) -> bool:
         """Snapshots off at startup: offer the forward only when its wave's vector says a capture
         armed on the running job covers it (docs/control.md). Never under async scheduling. A

@@ -36,6 +36,9 @@ class Region:
     layer: str = ""
     kv: str = ""
     token_ids: Optional[bool] = None
+    # kv_pool: bytes from one block's start to the next's; 0: back to back. An interleaved pool
+    # (transformers' paged cache) registers each layer's K or V at its offset with the block stride.
+    block_stride: int = 0
     base_ptr: Optional[int] = field(default=None, repr=False, compare=False)
     owner: Any = field(default=None, repr=False, compare=False)
 
@@ -45,6 +48,7 @@ class Region:
             name=r.name, kind=KINDS[r.kind], shm_name=r.shm_name, offset=r.offset, nbytes=r.nbytes,
             cuda_ipc_handle=r.cuda_ipc_handle, device=r.device, dtype=r.dtype, shape=r.shape,
             role=ROLES[r.role], layer=r.layer, kv=r.kv, token_ids=TOKEN_IDS[r.token_ids],
+            block_stride=r.block_stride,
         )
 
 
@@ -102,10 +106,18 @@ def validate(r: Region, where: str = "register()") -> Region:
     _nat(r.offset, f"{w}: offset")
     _nat(r.nbytes, f"{w}: nbytes")
     _nat(r.device, f"{w}: device")
+    _nat(r.block_stride, f"{w}: block_stride")
     numel = 1
     for d in r.shape:
         numel *= d
     need = numel * dtypes.itemsize(r.dtype)
+    if r.block_stride:
+        if r.role != "kv_pool" or len(r.shape) != 4:
+            raise ConfigError(f"{w}: block_stride is only for kv_pool regions")
+        block = need // r.shape[0] if r.shape[0] else 0
+        if r.block_stride < block:
+            raise ConfigError(f"{w}: block_stride {r.block_stride} is below one block ({block} bytes)")
+        need = (r.shape[0] - 1) * r.block_stride + block if r.shape[0] else 0
     if r.nbytes != need:
         raise ConfigError(f"{w}: nbytes {r.nbytes} does not match shape {r.shape} of {r.dtype} ({need} bytes)")
     if r.kind == "shm":

@@ -1,0 +1,155 @@
+"""A transformers continuous-batching server, one process per rank, with wavebus attached.
+
+    wavebus launch --tp 2 -- torchrun --nproc-per-node 2 serve.py --model DIR --out OUT
+
+The model is loaded with tp_plan="auto" when WORLD_SIZE > 1 (DTensor over gloo on CPU); requests
+are served by transformers' own ContinuousBatchingManager (paged cache, FIFO scheduler). The lines
+that concern wavebus are marked "wavebus:". Test switches: --nan STEP:REQ puts a NaN into request
+REQ's rows of the final norm's output at step STEP (a forward hook, on every rank); --save-copies keeps,
+at every wave whose end_of_wave copied a KV dump, each request's pages as the engine reads them.
+"""
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+try:
+    import wavebus_client  # noqa: F401  (installed, or on PYTHONPATH)
+except ImportError:  # running from a checkout
+    sys.path.insert(0, os.path.join(HERE, "..", "..", "clients", "python"))
+
+from transformers import AutoModelForCausalLM, GenerationConfig  # noqa: E402
+from transformers.generation.configuration_utils import ContinuousBatchingConfig  # noqa: E402
+
+from wavebus_client.integrations.transformers import attach  # noqa: E402  (wavebus:)
+
+
+def parse_nan(spec):
+    try:
+        step, req = spec.split(":")
+        return int(step), req
+    except ValueError:
+        raise SystemExit(f"serve: --nan must be STEP:REQ, got {spec!r}") from None
+
+
+def save_copy(out: str, rank: int, wave: int, wb) -> None:
+    """Each live request's K and V pages at this wave, read through transformers' own page views."""
+    cache = wb.processor.cache
+    alloc = next(iter(cache.cache_allocators.values()))
+    pages_per_block = alloc.block_physical_stride // alloc.tokens_per_page
+    reqs = {}
+    for rid, blocks in alloc.block_table.items():
+        layers = {}
+        for idx in alloc.layer_indices:
+            k_pages, v_pages = alloc._kv_page_views[idx]
+            rows = torch.tensor(blocks, dtype=torch.long) * pages_per_block
+            layers[f"model.layers.{idx}.self_attn"] = {"k": k_pages[rows].clone(), "v": v_pages[rows].clone()}
+        reqs[rid] = {"block_ids": list(blocks), "layers": layers}
+    torch.save(reqs, os.path.join(out, f"copy_rank{rank}_wave{wave}.pt"))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--model", required=True, help="a directory written by make_model.py (or any causal LM)")
+    ap.add_argument("--out", required=True, help="outputs.json (rank 0) and the test copies go here")
+    ap.add_argument("--requests", type=int, default=4)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--num-blocks", type=int, default=32, help="cache size in blocks (docs/transformers.md, cache sizing)")
+    ap.add_argument("--page-size", type=int, default=16)
+    ap.add_argument("--nan", help="STEP:REQ: a NaN in request REQ's rows of the last hidden state at step STEP")
+    ap.add_argument("--garble", type=int, help="STEP: from step STEP on, this rank's LM head shard is small noise (a corrupted head)")
+    ap.add_argument("--save-copies", action="store_true")
+    ap.add_argument("--save-logits", action="store_true", help="keep every step's logits (OUT/logits_rank<r>_wave<w>.pt; replay.py compares)")
+    ap.add_argument("--step-sleep-ms", type=int, default=0, help="sleep this long in every forward (a live job for status/dump/capture)")
+    ap.add_argument("--no-wavebus", action="store_true", help="serve without wavebus (a baseline)")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    torch.manual_seed(0)
+
+    tp = {"tp_plan": "auto"} if world > 1 else {}
+    model = AutoModelForCausalLM.from_pretrained(args.model, attn_implementation="paged|sdpa", dtype=torch.float32, **tp)
+    gen = GenerationConfig(max_new_tokens=args.max_tokens, do_sample=False, eos_token_id=-1, pad_token_id=0)
+    # Cache sizing: transformers sizes the cache from free memory by default (max_memory_percent of
+    # it); on CPU under TP=2 that is several GB per rank. num_blocks and max_batch_tokens fix it.
+    cb = ContinuousBatchingConfig(num_blocks=args.num_blocks, max_batch_tokens=256, page_size=args.page_size,
+                                  return_logprobs=True, use_async_batching=False, allow_block_sharing=False)
+    manager = model.init_continuous_batching(generation_config=gen, continuous_batching_config=cb)
+
+    wb = None
+    if not args.no_wavebus:
+        on_copy = (lambda wave, _p: save_copy(args.out, rank, wave, wb)) if args.save_copies else None
+        wb = attach(manager, on_copy=on_copy)  # wavebus: the one line (and wb.close() at the end)
+
+    if args.nan:
+        step, req = parse_nan(args.nan)
+
+        def inject(_module, _args, output):
+            if wb is not None and wb.wave == step:
+                for rid, first, n, _has in wb.batch():
+                    if rid == req:
+                        output[0, first:first + n] = float("nan")
+            return output
+
+        # After the last attention: a NaN earlier (the embedding) reaches every request of a packed
+        # paged|sdpa batch, whose masked attention still multiplies the NaN values by zero weights.
+        model.model.norm.register_forward_hook(inject)
+
+    if args.garble is not None:
+        def garble(_module, _args):
+            w = model.lm_head.weight
+            if wb is not None and wb.wave == args.garble:
+                local = w.to_local() if hasattr(w, "to_local") else w
+                noise = torch.randn(local.shape, generator=torch.Generator().manual_seed(1000 + rank)) * 1e-3
+                with torch.no_grad():
+                    local.copy_(noise)
+
+        model.register_forward_pre_hook(garble)
+
+    if args.save_logits:
+        def keep(_module, _args, output):
+            if wb is not None:
+                torch.save(output.logits.detach().clone(), os.path.join(args.out, f"logits_rank{rank}_wave{wb.wave}.pt"))
+
+        model.register_forward_hook(keep)
+
+    if args.step_sleep_ms:
+        model.register_forward_pre_hook(lambda *_: time.sleep(args.step_sleep_ms / 1000))
+
+    with open(os.path.join(args.out, f"pid_rank{rank}"), "w") as f:
+        f.write(str(os.getpid()))  # a test kills a rank by it
+    manager.start()
+    t0 = time.monotonic()
+    prompts = [[(7 * i + 3 * j + 1) % 250 + 1 for j in range(5 + i % 3)] for i in range(args.requests)]
+    ids = [f"req-{i}" for i in range(args.requests)]
+    for rid, p in zip(ids, prompts):
+        manager.add_request(p, request_id=rid, max_new_tokens=args.max_tokens)
+    results = {}
+    while len(results) < len(ids):
+        r = manager.get_result(timeout=60)
+        if r is None:
+            raise SystemExit(f"serve: rank {rank}: no result within 60 s ({len(results)} of {len(ids)} done)")
+        if r.is_finished():
+            results[r.request_id] = r
+    seconds = time.monotonic() - t0
+    manager.stop(block=True)
+    if rank == 0:
+        out = {"requests": {rid: {"prompt": p, "tokens": list(results[rid].generated_tokens),
+                                  "logprobs": [float(x) if math.isfinite(x) else None for x in (results[rid].logprobs or [])]} for rid, p in zip(ids, prompts)},
+               "waves": wb.wave if wb else 0, "seconds": seconds}
+        with open(os.path.join(args.out, "outputs.json"), "w") as f:
+            json.dump(out, f)
+    if wb is not None:
+        wb.close()
+    print(f"rank {rank} done: {len(results)} requests, {wb.wave if wb else 0} waves, {seconds:.2f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
