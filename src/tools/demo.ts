@@ -253,7 +253,7 @@ function summarize(out: string, runtimeRoot: string, opts: DemoOptions, expect: 
 
   // Engine side.
   const rankResults = fs.existsSync(path.join(out, 'ranks'))
-    ? fs.readdirSync(path.join(out, 'ranks')).map((f) => JSON.parse(fs.readFileSync(path.join(out, 'ranks', f), 'utf8')))
+    ? fs.readdirSync(path.join(out, 'ranks')).filter((f) => /^rank\d+\.json$/.test(f)).map((f) => JSON.parse(fs.readFileSync(path.join(out, 'ranks', f), 'utf8')))
     : [];
   const timeouts = rankResults.reduce((n, r) => n + r.endOfWaveTimeouts, 0);
   if (rankResults.length !== world) problems.push(`${world - rankResults.length} engine rank(s) did not finish`);
