@@ -19,6 +19,8 @@ export const MailboxFeature = {
   LIVE_CAPTURES: 16,
   /** The flight recorder is on: the engine copies each forward's inputs into its ring (docs/recorder.md). */
   RECORDER: 32,
+  /** rank_divergence is on: the engine writes its decision ring each wave (docs/runtime-guard.md). */
+  RANK_DIGEST: 64,
 } as const;
 
 /** Layout constants (from the addon, the single source of truth). */
