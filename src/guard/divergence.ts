@@ -99,7 +99,7 @@ export class DivergenceWatch {
       inputs_differed: d.inputsDiffered,
       divergence: d.inputsDiffered === true ? 'inputs' : d.inputsDiffered === false ? 'outputs' : 'unknown_inputs',
       unknown_ranks: d.unknownRanks,
-      divergent_ranks: d.tokenGroups.slice(1).flatMap((g) => g.ranks),
+      divergent_ranks: (d.tokenGroups.length > 1 ? d.tokenGroups : d.inputGroups).slice(1).flatMap((g) => g.ranks),
       first_row: row,
     };
     if (row !== null) detail.row_tokens = rowTokens;

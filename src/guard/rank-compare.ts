@@ -28,7 +28,7 @@ export interface RankGroup {
 export interface Divergence {
   replica: number;
   wave: number;
-  /** Ranks that agree on the token column, largest group first. */
+  /** Ranks that agree on the token column, largest group first (one group: only the inputs differ). */
   tokenGroups: RankGroup[];
   /** The same by input digest; empty when a rank wrote none. */
   inputGroups: RankGroup[];
@@ -139,13 +139,15 @@ export class RankCompare {
     }
     if (unknownRanks.length > 0) rd.counts.partial++;
     const tokenGroups = groupsBy(known, (d) => `${hex(d.tokenCrc)}/${d.rows}`);
-    if (tokenGroups.length === 1) {
+    const withInputs = known.every(([, d]) => (d.flags & FLAG.DECISION_FLAG_INPUTS) !== 0);
+    const inputGroups = withInputs ? groupsBy(known, (d) => `${hex(d.inputCrc)}/${d.inputTokens}`) : [];
+    // Inputs that differ are a divergence even when this wave's tokens happen to agree: the KV
+    // written from them differs, and the next waves' tokens follow.
+    if (tokenGroups.length === 1 && inputGroups.length <= 1) {
       rd.counts.agreed++;
       return null;
     }
     rd.counts.diverged++;
-    const withInputs = known.every(([, d]) => (d.flags & FLAG.DECISION_FLAG_INPUTS) !== 0);
-    const inputGroups = withInputs ? groupsBy(known, (d) => `${hex(d.inputCrc)}/${d.inputTokens}`) : [];
     return { replica: rd.replica, wave, tokenGroups, inputGroups, inputsDiffered: withInputs ? inputGroups.length > 1 : null, unknownRanks };
   }
 
