@@ -6,7 +6,7 @@
 import { decisionPath } from '../paths';
 import type { Logger } from '../log';
 import type { RankIdentity } from '../layout';
-import { DecisionRing, type Decision } from './decision-ring';
+import { DECISION, DecisionRing, type Decision } from './decision-ring';
 
 /** How often the ring is read while the detector is on: well under a forward of a real engine. */
 export const DIGEST_POLL_MS = 2;
@@ -64,7 +64,7 @@ export class RankDigests {
     }
     const newest = fresh.reduce((m, d) => Math.max(m, d.wave), -1);
     // The engine started its waves again (a restart): take them from there.
-    if (newest >= 0 && newest + 8 < this.lastSent) this.lastSent = -1;
+    if (newest >= 0 && newest + DECISION.DECISION_SLOTS < this.lastSent) this.lastSent = -1;
     const out = fresh.filter((d) => d.wave > this.lastSent).sort((a, b) => a.wave - b.wave);
     if (out.length === 0) return;
     this.lastSent = out[out.length - 1].wave;

@@ -14,7 +14,7 @@ import type { ReqState, RequestTable } from './requests';
 export type ColumnAsker = (rank: number, wave: number) => Promise<{ column: Buffer | null; error?: string }>;
 
 /** Telemetry row maps kept per replica: a divergence is named within a few waves of its wave. */
-const ROW_MAPS = 16;
+const ROW_MAPS = 64;
 
 export interface DivergenceHit {
   divergence: Divergence;

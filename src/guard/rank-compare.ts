@@ -1,7 +1,8 @@
 // rank_divergence on the coordinator (docs/runtime-guard.md): the digests every last-PP rank of a
-// replica sent for each wave, compared once every such rank reported the wave, or once the
-// replica's newest digest is grace_waves past it (the ranks still silent are then "unknown", never
-// "divergent"). The comparison runs here, not on an agent, because only the coordinator hears
+// replica sent for each wave, compared once every such rank reported the wave or went past it
+// without (its agent sends every wave its ring holds, oldest first, so a wave it skipped never
+// comes), or once the replica's newest digest is grace_waves past it (a silent rank: a frozen
+// agent). Ranks without the wave's digest are then "unknown", never "divergent". The comparison runs here, not on an agent, because only the coordinator hears
 // every rank of a replica, remote hosts included, and it already holds the telemetry that maps a
 // row to its request. A mismatch gives the groups of ranks that agree (tokens, and inputs).
 import { replicaDumpRanks, type WorldLayout } from '../layout';
@@ -67,6 +68,8 @@ class ReplicaDigests {
   readonly expected: number[];
   readonly waves = new Map<number, Map<number, RankDecisionMsg>>();
   newest = -1;
+  /** Per rank: the newest wave it reported. */
+  readonly rankNewest = new Map<number, number>();
   readonly counts: CompareCounts = { agreed: 0, diverged: 0, partial: 0, unknown: 0 };
   /** Per rank: waves that rank never reported by the time they were compared. */
   readonly unknownByRank = new Map<number, number>();
@@ -103,6 +106,7 @@ export class RankCompare {
       // An engine that numbers its waves again from below (a restart): start over.
       if (wave + MAX_OPEN_WAVES < rd.newest) {
         rd.waves.clear();
+        rd.rankNewest.clear();
         rd.newest = -1;
       }
       if (wave + graceWaves <= rd.newest && !rd.waves.has(wave)) continue; // settled already
@@ -110,6 +114,7 @@ export class RankCompare {
       if (!m) rd.waves.set(wave, (m = new Map()));
       if (!m.has(rank)) m.set(rank, { wave, tokenCrc: d.tokenCrc >>> 0, rows: d.rows >>> 0, inputCrc: d.inputCrc >>> 0, inputTokens: d.inputTokens >>> 0, flags: d.flags >>> 0 });
       if (wave > rd.newest) rd.newest = wave;
+      if (wave > (rd.rankNewest.get(rank) ?? -1)) rd.rankNewest.set(rank, wave);
     }
     return this.settle(rd, graceWaves);
   }
@@ -119,7 +124,7 @@ export class RankCompare {
     const waves = [...rd.waves.keys()].sort((a, b) => a - b);
     for (const wave of waves) {
       const m = rd.waves.get(wave)!;
-      const whole = rd.expected.every((g) => m.has(g));
+      const whole = rd.expected.every((g) => m.has(g) || (rd.rankNewest.get(g) ?? -1) > wave);
       const due = whole || wave + graceWaves <= rd.newest || rd.waves.size > MAX_OPEN_WAVES;
       if (!due) continue;
       rd.waves.delete(wave);

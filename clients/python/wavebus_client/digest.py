@@ -23,11 +23,11 @@ from .mailbox import FEATURE_RANK_DIGEST
 SLOTS = pb.DECISION_SLOTS
 MAX_ROWS = pb.DECISION_MAX_ROWS
 _SEQ = struct.Struct("<Q")
-_WAVE = struct.Struct("<Q")
-_TOKENS = struct.Struct("<II")   # token_crc, rows
-_INPUTS = struct.Struct("<II")   # input_crc, input_tokens
-_FLAGS = struct.Struct("<I")
-_EMPTY = np.zeros(0, dtype=np.int32)
+# A slot header as DecisionLayout has it: seq, wave, token_crc, rows, input_crc, input_tokens, flags.
+_SLOT = struct.Struct("<QQIIIII")
+_BODY = struct.Struct("<QIIIII")  # the same from wave on
+assert _SLOT.size == pb.DECISION_SLOT_OFF_FLAGS + 4 and pb.DECISION_SLOT_OFF_WAVE == 8 and pb.DECISION_SLOT_OFF_TOKEN_CRC == 16
+assert (pb.DECISION_SLOT_OFF_ROWS, pb.DECISION_SLOT_OFF_INPUT_CRC, pb.DECISION_SLOT_OFF_INPUT_TOKENS) == (20, 24, 28)
 
 
 def as_array(column) -> np.ndarray:
@@ -35,10 +35,10 @@ def as_array(column) -> np.ndarray:
     if isinstance(column, np.ndarray):
         a = column
     elif hasattr(column, "detach") and hasattr(column, "numpy"):  # a torch tensor
-        t = column.detach()
-        if t.device.type != "cpu":
-            t = t.cpu()
-        a = t.numpy()
+        try:
+            a = column.numpy()  # a CPU tensor without grad: in place, the common case
+        except (RuntimeError, TypeError):
+            a = column.detach().cpu().numpy()
     else:
         a = np.asarray(column)
     if a.ndim != 1:
@@ -88,23 +88,24 @@ class DecisionRing:
         whole = np.frombuffer(self._mm, dtype="<i4", count=SLOTS * max_rows, offset=pb.DECISION_COLUMNS)
         self._columns = [whole[i * max_rows:(i + 1) * max_rows] for i in range(SLOTS)]
 
-    def _open_slot(self, wave: int) -> int:
-        """Begin writing wave's slot (seq odd); a slot still holding an older wave starts empty."""
+    def _write(self, wave: int, tokens, inputs) -> None:
+        """One slot update: seq made odd, the fields written, seq even again (whole). ``tokens`` /
+        ``inputs``: (crc, count, flags) or None to keep what the slot holds for this wave."""
         mm = self._mm
         off = pb.DECISION_SLOT_HEADERS + (wave % SLOTS) * pb.DECISION_SLOT_BYTES
-        seq = _SEQ.unpack_from(mm, off)[0]
-        _SEQ.pack_into(mm, off, seq if seq & 1 else seq + 1)  # odd: a reader leaves the slot out
-        if _WAVE.unpack_from(mm, off + pb.DECISION_SLOT_OFF_WAVE)[0] != wave:
-            _WAVE.pack_into(mm, off + pb.DECISION_SLOT_OFF_WAVE, wave)
-            _FLAGS.pack_into(mm, off + pb.DECISION_SLOT_OFF_FLAGS, 0)
-        return off
-
-    def _close_slot(self, off: int, flags: int) -> None:
-        mm = self._mm
-        old = _FLAGS.unpack_from(mm, off + pb.DECISION_SLOT_OFF_FLAGS)[0]
-        _FLAGS.pack_into(mm, off + pb.DECISION_SLOT_OFF_FLAGS, old | flags)
-        seq = _SEQ.unpack_from(mm, off)[0]
-        _SEQ.pack_into(mm, off, seq + 1)  # even again: whole
+        seq, old_wave, tcrc, rows, icrc, itok, flags = _SLOT.unpack_from(mm, off)
+        seq |= 1  # odd: a reader leaves the slot out (still odd after a writer that died mid-write)
+        _SEQ.pack_into(mm, off, seq)
+        if old_wave != wave:
+            tcrc = rows = icrc = itok = flags = 0
+        if tokens is not None:
+            tcrc, rows, f = tokens
+            flags = (flags & pb.DECISION_FLAG_INPUTS) | f
+        if inputs is not None:
+            icrc, itok, f = inputs
+            flags |= f
+        _BODY.pack_into(mm, off + 8, wave, tcrc, rows, icrc, itok, flags)
+        _SEQ.pack_into(mm, off, seq + 1)
 
     def inputs(self, wave: int, token_ids, positions=None) -> int:
         """The forward of ``wave`` takes these inputs (before_forward). Returns the digest."""
@@ -112,26 +113,22 @@ class DecisionRing:
         crc = zlib.crc32(ids)
         if positions is not None:
             crc = zlib.crc32(as_array(positions), crc)
-        off = self._open_slot(wave)
-        _INPUTS.pack_into(self._mm, off + pb.DECISION_SLOT_OFF_INPUT_CRC, crc, ids.size & 0xFFFFFFFF)
-        self._close_slot(off, pb.DECISION_FLAG_INPUTS)
+        self._write(wave, None, (crc, ids.size & 0xFFFFFFFF, pb.DECISION_FLAG_INPUTS))
         return crc
 
     def decided(self, wave: int, token_ids) -> int:
         """The rank decided ``token_ids`` (one per row, row order) in ``wave``. Returns the digest."""
         a = as_array(token_ids)
         n = a.size
-        off = self._open_slot(wave)
         if n <= self.max_rows:
             col = self._columns[wave % SLOTS][:n]
-            np.copyto(col, a, casting="unsafe")
+            col[...] = a  # as int32, whatever the integer dtype (unsafe cast: token ids fit)
             crc = zlib.crc32(col)
             flags = pb.DECISION_FLAG_TOKENS | pb.DECISION_FLAG_COLUMN
         else:  # too long for the slot: the digest alone (the incident then names no row)
             crc = zlib.crc32(a.astype("<i4", copy=False))
             flags = pb.DECISION_FLAG_TOKENS
-        _TOKENS.pack_into(self._mm, off + pb.DECISION_SLOT_OFF_TOKEN_CRC, crc, n & 0xFFFFFFFF)
-        self._close_slot(off, flags)
+        self._write(wave, (crc, n & 0xFFFFFFFF, flags), None)
         return crc
 
     def close(self) -> None:

@@ -8,12 +8,13 @@ import type { DetectorSpec } from './spec';
 export interface RankDivergenceConfig extends DetectorCommon {
   /**
    * Waves a replica's newest digest may run ahead of a wave before that wave is compared without
-   * the ranks that have not reported it (they are "unknown", never "divergent").
+   * the ranks that have said nothing since (a frozen agent): they are "unknown", never "divergent".
+   * A rank that reported a later wave but not this one is unknown at once.
    */
   grace_waves: number;
 }
 
 export const RANK_DIVERGENCE: DetectorSpec<'rank_divergence', RankDivergenceConfig> = {
   name: 'rank_divergence',
-  params: { grace_waves: int(4, 1, 6) },
+  params: { grace_waves: int(32, 1, 4096) },
 };
