@@ -7,7 +7,7 @@
 import * as fs from 'fs';
 import * as http from 'http';
 import * as path from 'path';
-import { PYTHON, ROOT, cleanup, freePortPair, readManifests, spawnWavebus, tmpDir } from './helpers';
+import { PYTHON, ROOT, cleanup, freePortPair, readManifests, runWavebus, spawnWavebus, tmpDir } from './helpers';
 import { RankCompare } from '../src/guard/rank-compare';
 import type { WorldLayout } from '../src/layout';
 
@@ -67,6 +67,7 @@ interface Run {
   reports: Report[];
   dumps: { incident_type: string; req_id?: string; arm_wave: number; complete: boolean; completed_ranks: number[] }[];
   metrics: string;
+  runtime: string;
 }
 
 /** One TP=2 launch of the engine with rank_divergence alone on (report + dump_kv); `during` runs while it does. */
@@ -107,7 +108,7 @@ async function runEngine(engineArgs: string[], during?: (launchPid: number, metr
   const rd = path.join(reportDir, 'rank_divergence');
   const reports = fs.existsSync(rd) ? fs.readdirSync(rd).filter((n) => n.endsWith('.json')).map((n) => JSON.parse(fs.readFileSync(path.join(rd, n), 'utf8')) as Report) : [];
   reports.sort((a, b) => a.detect_wave - b.detect_wave);
-  return { reports, dumps: readManifests(path.join(reportDir, 'kv_cache')), metrics };
+  return { reports, dumps: readManifests(path.join(reportDir, 'kv_cache')), metrics, runtime: path.join(dir, 'runtime') };
 }
 
 function metric(text: string, name: string, labels: string): number {
@@ -142,6 +143,14 @@ test("one rank's logits pushed to another argmax at step 6: the incident names t
   expect(dump!.completed_ranks).toEqual([0, 1]);
   expect(metric(run.metrics, 'wavebus_rank_digest_waves_total', 'result="diverged"')).toBeGreaterThanOrEqual(1);
   expect(metric(run.metrics, 'wavebus_incidents_total', 'incident_type="rank_divergence",action="report"')).toBeGreaterThanOrEqual(1);
+  // The incident page shows it, with its groups and the divergent rank.
+  const page = path.join(run.runtime, 'report.html');
+  const r = runWavebus(['report', run.runtime, '-o', page]);
+  expect(r.code).toBe(0);
+  const html = fs.readFileSync(page, 'utf8');
+  expect(html).toContain('rank_divergence');
+  expect(html).toContain('divergent_ranks');
+  expect(html).toContain('req-1');
   // Before the fault every wave agreed.
   expect(metric(run.metrics, 'wavebus_rank_digest_waves_total', 'result="agreed"')).toBeGreaterThanOrEqual(4);
 }, 180000);
