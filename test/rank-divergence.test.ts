@@ -9,6 +9,9 @@ import * as http from 'http';
 import * as path from 'path';
 import { PYTHON, ROOT, cleanup, freePortPair, readManifests, runWavebus, spawnWavebus, tmpDir } from './helpers';
 import { RankCompare } from '../src/guard/rank-compare';
+import { DecisionRing } from '../src/agent/decision-ring';
+import { DecisionWriter, tokenDigest } from '../src/client/digest';
+import { spawnSync } from 'child_process';
 import type { WorldLayout } from '../src/layout';
 
 afterAll(cleanup);
@@ -248,5 +251,56 @@ describe('the comparator (src/guard/rank-compare.ts) on the same digests', () =>
     expect(inp.tokenGroups).toHaveLength(1);
     expect(inp.inputGroups.map((g) => g.ranks)).toEqual([[0, 1, 2], [3]]);
     expect(inp.inputsDiffered).toBe(true);
+  });
+});
+
+describe('the decision ring: one layout (proto DecisionLayout) for the agent, the Python and the TypeScript writer', () => {
+  test('both clients write the same digests of the same column and inputs; the agent reads both, and the column back', () => {
+    const dir = tmpDir('wavebus-ring-');
+    const ring = DecisionRing.create(path.join(dir, 'decided-local0'));
+    try {
+      const column = [101, 7, 65000, 3, 42];
+      // Python: the column as int64 numpy, inputs as int64 torch tensors (ids, positions), wave 3.
+      const py = spawnSync(PYTHON, ['-c', `import sys, json, numpy as np, torch
+from wavebus_client.digest import DecisionRing, token_digest
+r = DecisionRing(sys.argv[1])
+i = r.inputs(3, torch.tensor([5, 6, 7], dtype=torch.int64), torch.tensor([10, 11, 12], dtype=torch.int64))
+t = r.decided(3, np.array(${JSON.stringify(column)}, dtype=np.int64))
+print(json.dumps([t, i, token_digest(${JSON.stringify(column)})]))`, ring.path], { encoding: 'utf8', env: { ...process.env, PYTHONPATH: path.join(ROOT, 'clients', 'python') } });
+      if (py.status !== 0) throw new Error(py.stderr);
+      const [pyToken, pyInput, pyDigest] = JSON.parse(py.stdout.trim()) as number[];
+      // TypeScript: the same column as plain numbers, the same inputs as int64 arrays, wave 4.
+      const w = DecisionWriter.open(ring.path);
+      const tsInput = w.inputs(4, new BigInt64Array([5n, 6n, 7n]), new BigInt64Array([10n, 11n, 12n]));
+      const tsToken = w.decided(4, column);
+      w.close();
+      expect(tsToken).toBe(pyToken);
+      expect(pyDigest).toBe(pyToken);
+      expect(tokenDigest(new Int32Array(column))).toBe(pyToken);
+      expect(tsInput).toBe(pyInput);
+      const got = ring.decided().sort((a, b) => a.wave - b.wave);
+      expect(got.map((d) => [d.wave, d.tokenCrc, d.rows, d.inputCrc, d.inputTokens, d.flags])).toEqual([
+        [3, pyToken >>> 0, 5, pyInput >>> 0, 3, 7],
+        [4, pyToken >>> 0, 5, pyInput >>> 0, 3, 7],
+      ]);
+      for (const wave of [3, 4]) {
+        const c = ring.column(wave);
+        expect('column' in c && [...new Int32Array(c.column.buffer, c.column.byteOffset, c.column.length / 4)]).toEqual(column);
+      }
+      // A slot the engine is writing (odd seq) is left out; a wave in another wave's slot is garbage.
+      const fd = fs.openSync(ring.path, 'r+');
+      const seq = Buffer.alloc(8);
+      seq.writeBigUInt64LE(5n);
+      fs.writeSync(fd, seq, 0, 8, 64 + 3 * 48);
+      const wrong = Buffer.alloc(8);
+      wrong.writeBigUInt64LE(5n);
+      fs.writeSync(fd, wrong, 0, 8, 64 + 4 * 48 + 8);
+      fs.closeSync(fd);
+      expect(ring.decided()).toEqual([]);
+      expect(ring.column(3)).toEqual({ error: expect.stringContaining('no longer holds wave 3') });
+    } finally {
+      ring.close();
+    }
+    expect(fs.existsSync(path.join(dir, 'decided-local0'))).toBe(false);
   });
 });

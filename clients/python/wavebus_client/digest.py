@@ -88,14 +88,20 @@ class DecisionRing:
         whole = np.frombuffer(self._mm, dtype="<i4", count=SLOTS * max_rows, offset=pb.DECISION_COLUMNS)
         self._columns = [whole[i * max_rows:(i + 1) * max_rows] for i in range(SLOTS)]
 
-    def _write(self, wave: int, tokens, inputs) -> None:
-        """One slot update: seq made odd, the fields written, seq even again (whole). ``tokens`` /
-        ``inputs``: (crc, count, flags) or None to keep what the slot holds for this wave."""
-        mm = self._mm
+    def _begin(self, wave: int):
+        """Seq made odd (a reader leaves the slot out; still odd after a writer that died
+        mid-write) before anything of the slot, its column included, changes."""
         off = pb.DECISION_SLOT_HEADERS + (wave % SLOTS) * pb.DECISION_SLOT_BYTES
-        seq, old_wave, tcrc, rows, icrc, itok, flags = _SLOT.unpack_from(mm, off)
-        seq |= 1  # odd: a reader leaves the slot out (still odd after a writer that died mid-write)
-        _SEQ.pack_into(mm, off, seq)
+        head = _SLOT.unpack_from(self._mm, off)
+        _SEQ.pack_into(self._mm, off, head[0] | 1)
+        return off, head
+
+    def _write(self, wave: int, begun, tokens, inputs) -> None:
+        """The fields written, seq even again (whole). ``tokens`` / ``inputs``: (crc, count, flags)
+        or None to keep what the slot holds for this wave."""
+        mm = self._mm
+        off, (seq, old_wave, tcrc, rows, icrc, itok, flags) = begun
+        seq |= 1
         if old_wave != wave:
             tcrc = rows = icrc = itok = flags = 0
         if tokens is not None:
@@ -113,13 +119,14 @@ class DecisionRing:
         crc = zlib.crc32(ids)
         if positions is not None:
             crc = zlib.crc32(as_array(positions), crc)
-        self._write(wave, None, (crc, ids.size & 0xFFFFFFFF, pb.DECISION_FLAG_INPUTS))
+        self._write(wave, self._begin(wave), None, (crc, ids.size & 0xFFFFFFFF, pb.DECISION_FLAG_INPUTS))
         return crc
 
     def decided(self, wave: int, token_ids) -> int:
         """The rank decided ``token_ids`` (one per row, row order) in ``wave``. Returns the digest."""
         a = as_array(token_ids)
         n = a.size
+        begun = self._begin(wave)
         if n <= self.max_rows:
             col = self._columns[wave % SLOTS][:n]
             col[...] = a  # as int32, whatever the integer dtype (unsafe cast: token ids fit)
@@ -128,7 +135,7 @@ class DecisionRing:
         else:  # too long for the slot: the digest alone (the incident then names no row)
             crc = zlib.crc32(a.astype("<i4", copy=False))
             flags = pb.DECISION_FLAG_TOKENS
-        self._write(wave, (crc, n & 0xFFFFFFFF, flags), None)
+        self._write(wave, begun, (crc, n & 0xFFFFFFFF, flags), None)
         return crc
 
     def close(self) -> None:
