@@ -57,7 +57,10 @@ export class DivergenceWatch {
     this.publishCounts();
     for (const d of found) {
       this.log.warn({ dp_rank: d.replica, wave: d.wave, groups: d.tokenGroups.map((g) => g.ranks), inputs_differed: d.inputsDiffered, unknown: d.unknownRanks }, 'rank_divergence: ranks decided different tokens');
-      void this.resolve(d, ask).then((hit) => this.ready[d.replica].push(hit));
+      this.resolve(d, ask).then(
+        (hit) => this.ready[d.replica].push(hit),
+        (e) => this.log.error({ dp_rank: d.replica, wave: d.wave, err: String((e as Error)?.message ?? e) }, 'rank_divergence: the divergence could not be resolved; no incident'),
+      );
     }
   }
 
