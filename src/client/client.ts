@@ -81,7 +81,13 @@ export class WavebusClient {
     this.stall = new VectorStall(mailbox);
     this.digests = new ClientDigests(() => mailbox.features(), MailboxFeature.RANK_DIGEST, async () => {
       if (this.agentUnavailable) return '';
-      await this.hello.ensure(this.bounds.hello);
+      try {
+        await this.hello.ensure(this.bounds.hello);
+      } catch (e) {
+        // An agent that does not answer is marked lost once and probed, never waited on per step.
+        if (!this.availability.lostOn(e, 'decided()')) throw e;
+        return '';
+      }
       return this.hello.decisionPath;
     });
     this.forward = new ForwardCapture({

@@ -11,13 +11,12 @@ engine that samples on the device already brings its tokens back to append them)
 import mmap
 import os
 import struct
-import time
 import zlib
 
 import numpy as np
 
 from . import wavebus_pb2 as pb
-from .errors import ConfigError
+from .errors import AgentUnavailableError, ConfigError
 from .mailbox import FEATURE_RANK_DIGEST
 
 SLOTS = pb.DECISION_SLOTS
@@ -157,9 +156,13 @@ class DigestMixin:
         if not self._mb.features & FEATURE_RANK_DIGEST:
             return None
         if self._ring is None:
-            # The ring's path comes with the hello (said once, within the bound, then remembered).
-            if self.agent_features is None and (self._avail.still_unavailable() or not self._hello(time.monotonic() + self.hello_timeout_ms / 1000)):
-                return None
+            # The ring's path comes with the hello (said once, within the bound, then remembered); an
+            # agent that does not answer is marked lost once and probed, never waited on per step.
+            if self.agent_features is None:
+                try:
+                    self._ensure_hello("decided()")
+                except AgentUnavailableError:
+                    return None
             if not self._ring_path:
                 return None
             try:
