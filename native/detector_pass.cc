@@ -42,8 +42,9 @@ constexpr const char* kHitTypes[] = {"token_repeat", "spec_acceptance", "garbled
 // figures each hit type writes after row and type (Repeat/Spec/Garbled::Step's out[])
 constexpr int kHitFigures[] = {4, 5, 3};
 
-// muted bits of a request (a detector the quota stopped for it); logits_finite runs in TypeScript
-constexpr int32_t kMuteRepeat = 1, kMuteLogitsFinite = 2, kMuteSpec = 4, kMuteGarbled = 8;
+// muted bits of a request (a detector the quota stopped for it); logits_finite and rank_divergence
+// run in TypeScript
+constexpr int32_t kMuteRepeat = 1, kMuteLogitsFinite = 2, kMuteSpec = 4, kMuteGarbled = 8, kMuteRankDivergence = 16;
 
 // One header word: its name, offset, and whether it holds a float64 (two words, even offset).
 struct Word {
@@ -454,6 +455,7 @@ void RegisterDetectorPass(Napi::Env env, Napi::Object exports) {
   mute.Set("logits_finite", Napi::Number::New(env, kMuteLogitsFinite));
   mute.Set("spec_acceptance", Napi::Number::New(env, kMuteSpec));
   mute.Set("garbled", Napi::Number::New(env, kMuteGarbled));
+  mute.Set("rank_divergence", Napi::Number::New(env, kMuteRankDivergence));
   mute.Freeze();
   layout.Set("muteBits", mute);
   for (const Header& h : kHeaders) {

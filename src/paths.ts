@@ -125,6 +125,14 @@ export function mailboxPath(runDir: string, localRank: number): string {
 }
 
 /** The flight recorder's ring beside the mailbox (docs/recorder.md). */
+/** rank_divergence's decision ring of a local rank (src/agent/decision-ring.ts). */
+export function decisionPath(runDir: string, localRank: number): string {
+  if (!Number.isInteger(localRank) || localRank < 0) {
+    throw new RangeError(`local rank must be a non-negative integer, got ${localRank}`);
+  }
+  return path.join(runDir, `decided-local${localRank}`);
+}
+
 export function recorderPath(runDir: string, localRank: number): string {
   if (!Number.isInteger(localRank) || localRank < 0) {
     throw new RangeError(`local rank must be a non-negative integer, got ${localRank}`);

@@ -209,7 +209,7 @@ describe('record layout: defined once in native/detector_pass.cc, read by TypeSc
     expect(Object.values(PARAM).sort((a, b) => a - b)).toEqual(Array.from({ length: PARAM_COUNT }, (_, i) => i));
     expect(Object.keys(PARAM)).toEqual(expect.arrayContaining(['recordWords', 'repeatHead', 'tableAt', 'specBody', 'garbledWindow', 'limitMbits']));
     expect([...LAYOUT.hitTypes]).toEqual(['token_repeat', 'spec_acceptance', 'garbled']);
-    expect(LAYOUT.muteBits).toEqual({ token_repeat: 1, logits_finite: 2, spec_acceptance: 4, garbled: 8 });
+    expect(LAYOUT.muteBits).toEqual({ token_repeat: 1, logits_finite: 2, spec_acceptance: 4, garbled: 8, rank_divergence: 16 });
     expect(Object.keys(LAYOUT.tokenRepeat as object).sort()).toEqual(['alerted', 'consecutive', 'headerWords', 'lastScore', 'scorePos', 'seen', 'sum', 'tokLen', 'tokPos']);
     expect(Object.keys(LAYOUT.specAcceptance as object).sort()).toEqual(['headerWords', 'len', 'pos', 'sumAcc', 'sumDraft']);
     expect(Object.keys(LAYOUT.garbled as object).sort()).toEqual(['headerWords', 'len', 'pos', 'seen', 'sum', 'surprising']);

@@ -62,6 +62,9 @@ export function agentCorpus(): Buffer[] {
     { globalRank: 7, fingerprint: { wavebusVersion: '0.1.0' } },
     // an agent's word that its engine died (kept in /healthz engine_crashes, bounded)
     { globalRank: 0, engineCrash: { enginePid: 4242, exitKnown: true, signal: 'SIGKILL', lastWave: 12, forwardsFlushed: 3, flushDir: '/x/recorder/crash-a', note: 'RuntimeError' } },
+    // rank_divergence: a rank's digests (compared only with the detector on), an answer to a column ask
+    { globalRank: 0, decided: { decisions: [{ wave: 5, tokenCrc: 1, rows: 3, inputCrc: 2, inputTokens: 3, flags: 7 }] } },
+    { globalRank: 7, requestId: 92, decidedColumn: { wave: 5, found: true, column: Buffer.alloc(12) } },
   ].map((m) => encodeAgentMessage(m));
   coversOneof('AgentMessage', 'body', corpusKinds(out), 'coordinator ROUTER');
   return out;
@@ -146,6 +149,8 @@ export const AGENT_BODIES = perKind<BodyRule>('AgentMessage', 'body', {
   fileList: { claims: ownRank, fate: unasked },
   fileChunk: { claims: ownRank, fate: unasked },
   fileServe: { claims: ownRank, fate: unasked },
+  decided: { claims: ownRank, fate: fromThisConnection }, // taken only from the connection the rank said Hello on
+  decidedColumn: { claims: ownRank, fate: unasked },
   // A new agent connection's challenge (coordinator-link.ts): the nonce back under the token's MAC.
   challenge: { claims: ownRank, fate: (s, m) => (s.token && m.challenge?.nonce?.length === NONCE_BYTES ? { reply: 'proof' } : { drop: 'unexpected' }) },
 }, 'the coordinator model (AGENT_BODIES)');

@@ -40,7 +40,11 @@ def env_int(name: str) -> int:
 def parse_fault(spec: str):
     """'none' | 'nan:STEP:REQ' (a NaN in the embedding row request REQ feeds at forward STEP) |
     'garble:STEP' (the LM head overwritten with small garbage from forward STEP on) |
-    'draft:STEP' (noise on the draft model's LM head from forward STEP on; needs --spec-tokens)."""
+    'draft:STEP' (noise on the draft model's LM head from forward STEP on; needs --spec-tokens) |
+    'diverge:STEP:REQ:RANK' (on RANK only, request REQ's logits row at forward STEP pushed so its
+    argmax is another token: a rank that samples apart) |
+    'drop:STEP:REQ:RANK' (on RANK only, the scheduler leaves request REQ out of forward STEP, its
+    tokens padded (id 0, position 0) so the collectives keep their shape: inputs that differ)."""
     parts = spec.split(":")
     try:
         if parts == ["none"]:
@@ -49,9 +53,11 @@ def parse_fault(spec: str):
             return ("nan", int(parts[1]), int(parts[2]))
         if parts[0] in ("garble", "draft") and len(parts) == 2:
             return (parts[0], int(parts[1]))
+        if parts[0] in ("diverge", "drop") and len(parts) == 4:
+            return (parts[0], int(parts[1]), int(parts[2]), int(parts[3]))
     except ValueError:
         pass
-    raise SystemExit(f"engine: --fault must be none, nan:STEP:REQ, garble:STEP or draft:STEP, got {spec!r}")
+    raise SystemExit(f"engine: --fault must be none, nan:STEP:REQ, garble:STEP, draft:STEP, diverge:STEP:REQ:RANK or drop:STEP:REQ:RANK, got {spec!r}")
 
 
 def main(argv: List[str]) -> int:
@@ -139,7 +145,9 @@ def main(argv: List[str]) -> int:
         if batch is not None:
             step += 1
             views = hooks.stage_inputs(batch)
-            restores = [plant(f, step, batch, w, reqs, cfg, rank) for f in faults]
+            restores = [plant(f, step, batch, w, reqs, cfg, rank, views) for f in faults]
+            # rank_divergence: a digest of this forward's inputs (a ring write; nothing when off).
+            hooks.client.decided_inputs(wave, views["input_ids"], views["positions"])
             captured, call_dir = hooks.before_forward(step, batch, views, graph)
             if raise_at == (step, rank):
                 raise RuntimeError(f"engine: --raise-at {step}:{rank}: an error inside forward {step}")
@@ -155,8 +163,16 @@ def main(argv: List[str]) -> int:
             if args.step_sleep_ms:
                 time.sleep(args.step_sleep_ms / 1000)
             hooks.check_logits(logits, batch)
+            for f in faults:
+                if f is not None and f[0] == "diverge" and f[1] == step and f[3] == rank:
+                    row = batch.reqs.index(reqs[f[2]])
+                    top = int(logits[row].argmax())
+                    logits[row, (top + 1) % logits.shape[1]] = logits[row, top] + 1.0
             logp = torch.log_softmax(logits, dim=-1)
-            argmax = logits.argmax(dim=-1).tolist()
+            argmax_t = logits.argmax(dim=-1)
+            # rank_divergence: a digest of the token column this rank decided, in the telemetry's row order.
+            hooks.client.decided(wave, argmax_t)
+            argmax = argmax_t.tolist()
             tokens, lps, row = [], [], 0
             for r, d in zip(batch.reqs, batch.drafts):  # greedy: a plain row keeps its argmax, a draft the verified prefix + bonus
                 new = verify(argmax[row:row + len(d) + 1], d)
@@ -212,9 +228,16 @@ def flip_bytes(w, specs, rank):
             raw[int(parts[2])] ^= 0xFF
 
 
-def plant(fault, step, batch, w, reqs, cfg, rank):
+def plant(fault, step, batch, w, reqs, cfg, rank, views):
     """Faults by real means; returns how to undo a transient one after the forward."""
-    if fault is None or fault[0] == "draft" or step != fault[1]:  # draft: applied to the drafter before scheduling
+    if fault is None or fault[0] in ("draft", "diverge") or step != fault[1]:  # draft: on the drafter; diverge: on the logits
+        return None
+    if fault[0] == "drop":
+        if fault[3] == rank:  # this rank's scheduler left the request out: its tokens are padding here
+            i = batch.reqs.index(reqs[fault[2]])
+            lo, hi = batch.query_start_loc[i], batch.query_start_loc[i + 1]
+            views["input_ids"][lo:hi] = 0
+            views["positions"][lo:hi] = 0
         return None
     if fault[0] == "garble":  # a corrupted LM head: its slice on every rank overwritten with small garbage
         g = torch.Generator().manual_seed(99 + rank)

@@ -38,6 +38,7 @@ import type { AgentOptions } from './agent-options';
 import { WaveTimeline } from './timeline';
 import { WaveEnds } from './wave-ends';
 import { VectorWrites } from './vector-writes';
+import { RankDigests } from './rank-digests';
 import { DEFAULT_ARTIFACT_MODES } from '../artifacts/artifact-mode';
 
 export type { AgentOptions } from './agent-options';
@@ -74,6 +75,8 @@ export class Agent {
   private router?: zmq.Router;
   /** This rank's mailbox, and on the bus the host receiver role (vector-writes.ts). */
   private vectors?: VectorWrites;
+  /** rank_divergence: the decision ring and its poll (rank-digests.ts). */
+  private digests?: RankDigests;
   /** The flight recorder and its arms (agent-recorder.ts). */
   private rec?: AgentRecorder;
   /** recorder.forwards / max_bytes warnings already logged (the ring is not resized live). */
@@ -173,6 +176,8 @@ export class Agent {
     // Ours and 0700 (created so if missing): nobody else can plant a link or a file in it.
     claimRunDir(runDir, 'run dir (--run-dir / WAVEBUS_RUN_DIR)');
     this.vectors = new VectorWrites(runDir, identity, this.log);
+    this.digests = new RankDigests(runDir, identity, this.log, () => this.bus);
+    this.digests.open();
     this.rec = new AgentRecorder(this.opts, this.opts.roots?.snapshots ?? this.opts.snapshot?.snapshotRoot ?? this.gate.local.dumps, this.log, () => this.bus, (name) => this.regions.tokenIds(name));
     this.publishFeatures(); // what is known before the bus syncs (snapshots), so clients never see a stale 0
     const bound = await bindClientSocket(agentEndpoint(runDir, identity.localRank), Boolean(this.recorder));
@@ -205,7 +210,8 @@ export class Agent {
       this.bus.on('wave', (w: WaveEvent) => this.onWave(w));
       this.bus.on('wake', () => this.publishFeatures());
       this.direct = agentDirectFiles(Boolean(this.opts.curve), this.opts.directFiles, { globalRank: identity.globalRank, roots: served, coordinator: this.opts.coordinator, log: this.log });
-      this.bus.onRequest(fileRequestHandler(this.files, this.direct, identity.globalRank));
+      const files = fileRequestHandler(this.files, this.direct, identity.globalRank);
+      this.bus.onRequest((req) => (req.body === 'decidedColumn' ? Promise.resolve(this.digests!.column(Number(req.decidedColumn.wave))) : files(req)));
       await this.bus.start();
       this.vectors.watchReceiver(this.bus);
       // Lanes-only: a plain wave's vector is known from the mailbox the host receiver writes.
@@ -249,6 +255,7 @@ export class Agent {
     await this.direct?.stop();
     this.router?.close();
     this.vectors?.close();
+    this.digests?.close();
     const sock = agentEndpoint(this.opts.runDir, this.identity.localRank).slice('ipc://'.length);
     fs.rmSync(sock, { force: true });
     this.regions.closeAll();
@@ -287,10 +294,17 @@ export class Agent {
     if (this.capturer) bits |= MailboxFeature.SNAPSHOTS;
     if (this.live.inForce) bits |= MailboxFeature.LIVE_CAPTURES;
     if (this.recorder) bits |= MailboxFeature.RECORDER;
+    if (this.digestsOn) bits |= MailboxFeature.RANK_DIGEST;
     return bits;
   }
 
+  /** rank_divergence is on and this rank's digests are compared: a last-PP rank on the bus. */
+  private get digestsOn(): boolean {
+    return Boolean(this.bus) && this.identity.isLastPp && this.view.detectors.includes('rank_divergence');
+  }
+
   private publishFeatures(): void {
+    this.digests?.setOn(this.digestsOn);
     this.vectors?.mailbox.setFeatures(this.features());
   }
 
@@ -430,6 +444,7 @@ export class Agent {
       mailboxPath: mailboxPath(this.opts.runDir, this.identity.localRank),
       recorderPath: this.recorder ? recorderPath(this.opts.runDir, this.identity.localRank) : '',
       faultPath: this.recorder ? engineFaultPath(this.opts.runDir, this.identity.localRank) : '',
+      decisionPath: this.digests?.path ?? '',
       features: {
         tp0: this.isHead,
         // The client sends heads while this is true: with the bus on, or woken (HEADS) on the head rank.

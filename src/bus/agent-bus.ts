@@ -207,6 +207,11 @@ export class AgentBus extends EventEmitter {
     this.send({ engineCrash: crash });
   }
 
+  /** rank_divergence: the digests of the waves this rank's engine decided since the last send. */
+  sendDecisions(decisions: object[]): void {
+    this.send({ decided: { decisions } });
+  }
+
   sendCaptureResult(result: Record<string, unknown>): void {
     this.send({ captureResult: { ...result, globalRank: this.rank } });
   }
@@ -373,6 +378,7 @@ export class AgentBus extends EventEmitter {
       case 'fileList':
       case 'fileChunk':
       case 'fileServe':
+      case 'decidedColumn':
         answerFileRequest(this.handler, msg, this.rank, (body, requestId) => this.send(body, requestId));
         return;
       default:

@@ -288,6 +288,14 @@ export class Coordinator extends EventEmitter {
     return this.agentRequests.request(rank, body, timeoutMs);
   }
 
+  /** rank_divergence: one rank's token column of `wave`, asked of its agent after a mismatch. */
+  private async askColumn(rank: number, wave: number): Promise<{ column: Buffer | null; error?: string }> {
+    const m = await this.agentRequests.request(rank, { decidedColumn: { wave } }, 2000);
+    const c = (m.body === 'decidedColumn' ? m.decidedColumn : {}) as { found?: boolean; column?: Uint8Array; error?: string };
+    if (!c.found || !c.column) return { column: null, error: c.error || `rank ${rank} answered ${m.body}` };
+    return { column: Buffer.from(c.column.buffer, c.column.byteOffset, c.column.byteLength) };
+  }
+
   // ------------------------------------------------------------------ status, readiness, liveness
 
   liveRanks(): number[] {
@@ -380,6 +388,10 @@ export class Coordinator extends EventEmitter {
         this.beginWave(msg.waveHead.wave, msg.waveHead.telemetry ?? null, replica);
         return;
       }
+      case 'decided':
+        if (!this.rankTable.touch(rank, routingId)) return;
+        this.policy?.onRankDecisions?.(rank, (msg.decided.decisions ?? []).map((d: Record<string, unknown>) => ({ ...d, wave: Number(d.wave ?? 0) })), (r, wave) => this.askColumn(r, wave));
+        return;
       case 'engineCrash':
         if (this.rankTable.touch(rank, routingId)) this.crashes.record(rank, msg.engineCrash);
         return;
@@ -395,7 +407,8 @@ export class Coordinator extends EventEmitter {
         return;
       case 'fileList':
       case 'fileChunk':
-      case 'fileServe': {
+      case 'fileServe':
+      case 'decidedColumn': {
         this.agentRequests.onAnswer(msg, rank, routingId, data);
         return;
       }

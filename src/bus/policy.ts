@@ -33,6 +33,11 @@ export interface CoordinatorPolicy {
   onDumpTimeout?(jobId: string, missingRanks: number[]): void;
   /** An agent said hello (what it runs that the policy's records name: its flight recorder's K). */
   onAgentHello?(rank: number, hello: { recorderForwards: number }): void;
+  /**
+   * rank_divergence: a rank's digests of the waves its engine decided; `ask` fetches one rank's
+   * token column of a wave from its agent (only after a mismatch).
+   */
+  onRankDecisions?(rank: number, decisions: { wave: number; tokenCrc: number; rows: number; inputCrc: number; inputTokens: number; flags: number }[], ask: (rank: number, wave: number) => Promise<{ column: Buffer | null; error?: string }>): void;
   /** Merged into /healthz and StatusReply.status_json. */
   status(): Record<string, unknown>;
   /** What a (re)joining agent of `replica` needs beyond its stream's position. */

@@ -3,6 +3,7 @@
 // calls the agent only when this rank has work in that wave. The Python client mirrors it.
 import { ConfigError, WavebusError } from '../errors';
 import { MailboxReader, MailboxFeature } from './mailbox';
+import { ClientDigests, type IntColumn } from './digest';
 import { AgentAvailability } from './availability';
 import { AgentHello } from './hello';
 import { validateRegion, type ClientRegion } from './region';
@@ -56,6 +57,8 @@ export class WavebusClient {
   private readonly forward: ForwardCapture;
   private readonly pending: PendingDumps;
   private readonly stall: VectorStall;
+  /** rank_divergence: the decision ring's writer (digest.ts). */
+  private readonly digests: ClientDigests;
 
   private constructor(
     private readonly endpoint: string,
@@ -82,6 +85,17 @@ export class WavebusClient {
     this.hello = new AgentHello(endpoint, this.transport, mailbox, asyncScheduling, this.stats, fingerprint);
     this.head = new WaveHeadSender(this.transport, (message) => (this.availability.lastError = message));
     this.stall = new VectorStall(mailbox);
+    this.digests = new ClientDigests(() => mailbox.features(), MailboxFeature.RANK_DIGEST, async () => {
+      if (this.agentUnavailable) return '';
+      try {
+        await this.hello.ensure(this.bounds.hello);
+      } catch (e) {
+        // An agent that does not answer is marked lost once and probed, never waited on per step.
+        if (!this.availability.lostOn(e, 'decided()')) throw e;
+        return '';
+      }
+      return this.hello.decisionPath;
+    });
     this.forward = new ForwardCapture({
       mailbox, asyncScheduling, transport: this.transport, availability: this.availability, hello: this.hello, stats: this.stats,
       captureMs: bounds.capture, callBoundMs: () => this.callBoundMs(), marginMs: MARGIN_MS,
@@ -354,8 +368,22 @@ export class WavebusClient {
     return this.forward.beforeForward(context, inputs);
   }
 
+  /**
+   * rank_divergence: this rank decided `column` (one token id per row, in the telemetry's row order)
+   * in `wave`. Off (the mailbox's RANK_DIGEST bit clear): false at once. docs/runtime-guard.md.
+   */
+  decided(wave: number, column: IntColumn): Promise<boolean> {
+    return this.digests.decided(wave, column);
+  }
+
+  /** rank_divergence: the forward of `wave` takes these token ids and positions (before_forward). */
+  decidedInputs(wave: number, tokenIds: ArrayBufferView, positions?: ArrayBufferView): Promise<boolean> {
+    return this.digests.inputs(wave, tokenIds, positions);
+  }
+
   async close(): Promise<void> {
     if (this.transport.closed) return;
+    this.digests.close();
     this.head.flush(); // the last head still goes out
     await this.transport.close();
     this.mailbox.close();

@@ -12,6 +12,8 @@ import type { AgentTransport, Reply } from './transport';
 export class AgentHello {
   /** The features the agent reported; undefined until a hello was answered (or after forget()). */
   features: ClientFeatures | undefined;
+  /** The decision ring the agent's hello named (rank_divergence; '' when none). */
+  decisionPath = '';
   private featureBits = -1;
   /** The flight recorder's ring the last hello named ('' : the recorder is off); ClientReply.recorder_path. */
   recorderPath = '';
@@ -64,6 +66,7 @@ export class AgentHello {
     if (!reply.ok) throw new WavebusError(reply.errorCode || 'ERR_AGENT', `agent refused the client: ${reply.error}`);
     if (!reply.features) throw new ProtocolError(`the agent at ${this.endpoint} answered hello without its features (ClientReply.features)`);
     this.features = reply.features as ClientFeatures;
+    this.decisionPath = String((reply as { decisionPath?: string }).decisionPath ?? '');
     this.featureBits = bits;
     this.recorderPath = typeof reply.recorderPath === 'string' ? reply.recorderPath : '';
     this.hellos++;

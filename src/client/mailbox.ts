@@ -24,6 +24,8 @@ export const MailboxFeature = {
    * armed on a job whose bus sleeps: send wave heads (the vector is not read until BUS_ACTIVE).
    */
   HEADS: 64,
+  /** rank_divergence is on: the engine writes its decision ring each wave (docs/runtime-guard.md). */
+  RANK_DIGEST: 128,
 } as const;
 
 /** Layout constants (from the addon, the single source of truth). */

@@ -32,6 +32,8 @@ import { ManualArms, manualDumpJobs, type ArmOutcome } from './manual-arms';
 import { TelemetryColumnizer } from '../client/telemetry';
 import { dumpRootOf, loadStartupConfig, StartupConfig, StartupIssue, StartupOptions } from './startup';
 import { RecorderRanks, type RecorderFlushListing } from './recorder-listing';
+import { DivergenceWatch, type ColumnAsker } from './divergence';
+import type { RankDecisionMsg } from './rank-compare';
 
 export const MANUAL_TRIGGER = 'manual_trigger';
 
@@ -89,6 +91,8 @@ export class Guard implements CoordinatorPolicy {
   /** Each rank's fingerprint (the coordinator stores them here): every report carries their diff. */
   readonly fingerprints: FingerprintBook;
   private readonly hasher: TokenHasher;
+  /** rank_divergence: the ranks' digests compared, and the incidents they give (divergence.ts). */
+  readonly divergence: DivergenceWatch;
 
   constructor(opts: GuardOptions) {
     this.opts = opts;
@@ -115,6 +119,7 @@ export class Guard implements CoordinatorPolicy {
     this.fingerprints = new FingerprintBook(layout);
     this.hasher = opts.tokenHasher ?? TokenHasher.ephemeral();
     this.recorderRanks = new RecorderRanks(layout.worldSize);
+    this.divergence = new DivergenceWatch(layout, this.log);
     this.ledger = new DumpLedger({
       ackTimeoutMs: opts.dumpAckTimeoutMs, layout, log: this.log, modes: opts.artifactModes,
       recorderFlush: (job) => this.recorderRanks.listing(job.armWave, job.replica, job.ranks, layout) as Record<string, unknown> | undefined,
@@ -193,6 +198,7 @@ export class Guard implements CoordinatorPolicy {
       hitStates.length = 0;
       const c: TelemetryColumns | null = telemetry.columns ?? (telemetry.requests ? this.rowColumns.columns(telemetry.requests) : null);
       if (c) freedNow = rs.pass.run(c, rs.requests, rs.detectors, this.keepIds(), hits, hitStates);
+      if (c && this.cfg.detector.rank_divergence.enabled) this.divergence.noteRows(replica, Number(telemetry.wave ?? detectWave), c, rs.requests);
       const nonFinite = telemetry.nonFinite ?? [];
       if (rs.detectors.logitsFinite && nonFinite.length > 0) {
         const split = splitNonFinite(nonFinite);
@@ -213,6 +219,13 @@ export class Guard implements CoordinatorPolicy {
       for (let k = 0; k < hits.length; k++) this.incident(rs, hits[k], hitStates[k], detectWave, wave, dumps);
       hits.length = 0;
       hitStates.length = 0;
+    }
+    if (this.cfg.detector.rank_divergence.enabled) {
+      for (const { hit, st } of this.divergence.take(replica, detectWave)) {
+        // No request named (no column, or no telemetry of that wave): the report alone, no dump.
+        const who = st ?? rs.requests.detached('');
+        this.incident(rs, { type: 'rank_divergence', detail: hit.detail }, who, hit.divergence.wave, wave, dumps);
+      }
     }
     this.manualTrigger(rs, detectWave, wave, dumps);
     if (freedNow) {
@@ -366,6 +379,13 @@ export class Guard implements CoordinatorPolicy {
     });
   }
 
+  /** rank_divergence: a last-PP rank's digests of the waves its engine decided (off: ignored). */
+  onRankDecisions(rank: number, decisions: RankDecisionMsg[], ask: ColumnAsker): void {
+    const cfg = this.cfg.detector.rank_divergence;
+    if (!cfg.enabled) return;
+    this.divergence.add(rank, decisions, cfg.grace_waves, ask);
+  }
+
   onAgentHello(rank: number, hello: { recorderForwards: number }): void {
     this.recorderRanks.hello(rank, hello.recorderForwards);
   }
@@ -391,6 +411,7 @@ export class Guard implements CoordinatorPolicy {
       unattributed_non_finite: this.replicas.reduce((n, r) => n + r.unattributedNonFinite, 0),
       unbound_telemetry_rows: this.replicas.reduce((n, r) => n + r.pass.unboundRows, 0),
       tracked_requests: this.replicas.reduce((n, r) => n + r.requests.reqs.size, 0),
+      rank_divergence: this.divergence.compare.status(),
       report_dir: this.opts.startup.reportDir,
       dump_dir: this.dumpRoot(),
     };

@@ -31,6 +31,11 @@ export class RequestTable {
   bySlot: (ReqState | undefined)[] = [];
   private readonly freedIds = new Set<string>();
 
+  /** A state in no table (an incident that names no request: no blocks, so no dump). */
+  detached(reqId: string): ReqState {
+    return { reqId, promptLen: 0, outputTokens: 0, blockIds: [], finished: false, freed: false, slot: -1, muted: 0, quota: null, tail: null, prompt: null };
+  }
+
   /** The state of `reqId`, created unbound (no slot) when it is new. */
   state(reqId: string): ReqState {
     let st = this.reqs.get(reqId);

@@ -18,6 +18,7 @@ from . import wavebus_pb2 as pb
 from .fault_file import disable_fault_file, enable_fault_file, pid_namespace
 from .fingerprint import client_fingerprint
 from .availability import Availability
+from .digest import DigestMixin
 from .errors import AgentError, AgentUnavailableError, ConfigError, ProtocolError
 from .features import DEFAULT_END_OF_WAVE_TIMEOUT_MS, Features
 from .live_capture import CaptureMixin
@@ -42,7 +43,7 @@ class EndOfWaveResult:
     error: str = ""
 
 
-class Client(RegionsMixin, CaptureMixin):
+class Client(RegionsMixin, CaptureMixin, DigestMixin):
     """Use ``Client.connect()``; see docs/python-client.md."""
 
     def __init__(self, endpoint: str, mailbox_path: str, *, async_scheduling: bool = False,
@@ -167,6 +168,7 @@ class Client(RegionsMixin, CaptureMixin):
             raise AgentError(f"the wavebus agent refused hello: {reply.error}", reply.error_code or "ERR_AGENT")
         self.agent_features = Features.from_reply(reply)
         self._recorder_path = reply.recorder_path
+        self._forget_decision_ring(reply.decision_path)
         if reply.recorder_path and reply.fault_path:
             # The recorder is on: a fatal signal's traceback goes where the agent reads it after a death.
             self.fault_file = enable_fault_file(reply.fault_path, os.path.dirname(self.mailbox_path))
@@ -372,5 +374,6 @@ class Client(RegionsMixin, CaptureMixin):
                 self._sock.close()
         if self._rec is not None:
             self._rec.close()
+        self._forget_decision_ring("")
         disable_fault_file()
         self._mb.close()

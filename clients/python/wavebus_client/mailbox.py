@@ -43,6 +43,7 @@ FEATURE_SNAPSHOTS = 1 << 3
 FEATURE_LIVE_CAPTURES = 1 << 4  # a capture armed on the running job is in force (docs/control.md)
 FEATURE_RECORDER = 1 << 5  # the flight recorder is on: before_forward copies the inputs into its ring (docs/recorder.md)
 FEATURE_HEADS = 1 << 6  # wake on demand: this rank heads its replica and something is armed: send wave heads (docs/control.md)
+FEATURE_RANK_DIGEST = 1 << 7  # rank_divergence is on: decided()/decided_inputs() write the decision ring (digest.py)
 
 _HEADER = struct.Struct("<8sIIQQ")  # magic, version, slots, features, epoch
 _FEATURES = struct.Struct("<Q")

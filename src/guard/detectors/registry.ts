@@ -7,9 +7,10 @@ import { LOGITS_FINITE } from './logits-finite';
 import { SPEC_ACCEPTANCE } from './spec-acceptance';
 import type { DetectorSpec } from './spec';
 import { TOKEN_REPEAT } from './token-repeat';
+import { RANK_DIVERGENCE } from './rank-divergence';
 
 /** In the order runtime_config.json, reports and the docs list them. */
-export const DETECTORS = [TOKEN_REPEAT, LOGITS_FINITE, SPEC_ACCEPTANCE, GARBLED] as const;
+export const DETECTORS = [TOKEN_REPEAT, LOGITS_FINITE, SPEC_ACCEPTANCE, GARBLED, RANK_DIVERGENCE] as const;
 
 type Spec = (typeof DETECTORS)[number];
 type ConfigOf<S> = S extends DetectorSpec<string, infer C> ? C : never;

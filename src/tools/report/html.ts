@@ -92,6 +92,7 @@ const TYPE_COLOURS: Record<string, string> = {
   garbled: '#fbbc04',
   spec_acceptance: '#34a853',
   manual_trigger: '#9334e6',
+  rank_divergence: '#e8710a',
 };
 
 export function typeColour(type: string): string {

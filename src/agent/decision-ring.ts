@@ -1,0 +1,114 @@
+// rank_divergence's decision ring on the agent's side (docs/runtime-guard.md): the agent creates
+// the file (0600, beside the mailbox) that its engine client maps and writes, per wave, a digest of
+// the forward's inputs and of the token column it decided, with the column itself. The layout is
+// proto/wavebus.proto's DecisionLayout; the writer is clients/python/wavebus_client/digest.py
+// (src/client/digest.ts in TypeScript). The agent reads with pread on its own descriptor, and every
+// number read is checked before use: the engine's process writes the file.
+import * as fs from 'fs';
+import { ConfigError } from '../errors';
+import { enumValues } from '../proto';
+
+export const DECISION = enumValues('DecisionLayout') as Record<string, number>;
+const SLOTS = DECISION.DECISION_SLOTS;
+const SB = DECISION.DECISION_SLOT_BYTES;
+const HEADERS_END = DECISION.DECISION_SLOT_HEADERS + SLOTS * SB;
+
+/** One wave's digests as the ring held them, whole. */
+export interface Decision {
+  wave: number;
+  tokenCrc: number;
+  rows: number;
+  inputCrc: number;
+  inputTokens: number;
+  flags: number;
+}
+
+export function ringBytes(maxRows = DECISION.DECISION_MAX_ROWS): number {
+  return DECISION.DECISION_COLUMNS + SLOTS * 4 * maxRows;
+}
+
+export class DecisionRing {
+  private readonly heads = Buffer.alloc(HEADERS_END);
+
+  private constructor(
+    readonly path: string,
+    private fd: number,
+    readonly maxRows: number,
+  ) {}
+
+  /** A fresh ring at `file` (a previous agent's is replaced: an engine still mapping it keeps its copy). */
+  static create(file: string, maxRows = DECISION.DECISION_MAX_ROWS): DecisionRing {
+    fs.rmSync(file, { force: true });
+    const fd = fs.openSync(file, fs.constants.O_RDWR | fs.constants.O_CREAT | fs.constants.O_EXCL | fs.constants.O_NOFOLLOW, 0o600);
+    try {
+      fs.ftruncateSync(fd, ringBytes(maxRows));
+      const head = Buffer.alloc(16);
+      head.writeUInt32LE(DECISION.DECISION_MAGIC, 0);
+      head.writeUInt32LE(DECISION.DECISION_VERSION, 4);
+      head.writeUInt32LE(SLOTS, DECISION.DECISION_OFF_SLOTS);
+      head.writeUInt32LE(maxRows, DECISION.DECISION_OFF_MAX_ROWS);
+      fs.writeSync(fd, head, 0, head.length, 0);
+    } catch (e) {
+      fs.closeSync(fd);
+      throw new ConfigError(`decision ring ${file}: ${(e as Error).message}`, 'ERR_CONFIG');
+    }
+    return new DecisionRing(file, fd, maxRows);
+  }
+
+  /** The whole decided waves the ring holds now (a slot being written, or not decided yet, is left out). */
+  decided(): Decision[] {
+    if (this.fd < 0) return [];
+    const h = this.heads;
+    fs.readSync(this.fd, h, 0, HEADERS_END, 0);
+    const out: Decision[] = [];
+    for (let i = 0; i < SLOTS; i++) {
+      const d = this.slotAt(h, DECISION.DECISION_SLOT_HEADERS + i * SB);
+      if (d && (d.flags & DECISION.DECISION_FLAG_TOKENS) !== 0) out.push(d);
+    }
+    // A slot that changed between the two reads is left for the next poll.
+    fs.readSync(this.fd, h, 0, HEADERS_END, 0);
+    return out.filter((d) => {
+      const again = this.slotAt(h, DECISION.DECISION_SLOT_HEADERS + (d.wave % SLOTS) * SB);
+      return again !== null && again.wave === d.wave && again.tokenCrc === d.tokenCrc && again.flags === d.flags && again.inputCrc === d.inputCrc;
+    });
+  }
+
+  private slotAt(h: Buffer, off: number): Decision | null {
+    const seq = h.readBigUInt64LE(off + DECISION.DECISION_SLOT_OFF_SEQ);
+    if (seq === 0n || seq % 2n === 1n) return null;
+    const wave = h.readBigUInt64LE(off + DECISION.DECISION_SLOT_OFF_WAVE);
+    if (wave > BigInt(Number.MAX_SAFE_INTEGER)) return null;
+    const w = Number(wave);
+    if (DECISION.DECISION_SLOT_HEADERS + (w % SLOTS) * SB !== off) return null; // a wave in another's slot: garbage
+    return {
+      wave: w,
+      tokenCrc: h.readUInt32LE(off + DECISION.DECISION_SLOT_OFF_TOKEN_CRC),
+      rows: h.readUInt32LE(off + DECISION.DECISION_SLOT_OFF_ROWS),
+      inputCrc: h.readUInt32LE(off + DECISION.DECISION_SLOT_OFF_INPUT_CRC),
+      inputTokens: h.readUInt32LE(off + DECISION.DECISION_SLOT_OFF_INPUT_TOKENS),
+      flags: h.readUInt32LE(off + DECISION.DECISION_SLOT_OFF_FLAGS),
+    };
+  }
+
+  /**
+   * The token column of `wave` (int32 little-endian, row order), if the ring still holds it whole;
+   * else why not.
+   */
+  column(wave: number): { column: Buffer } | { error: string } {
+    if (this.fd < 0) return { error: 'the decision ring is closed' };
+    const before = this.decided().find((d) => d.wave === wave);
+    if (!before) return { error: `the ring no longer holds wave ${wave} (it keeps the last ${SLOTS})` };
+    if ((before.flags & DECISION.DECISION_FLAG_COLUMN) === 0 || before.rows > this.maxRows) return { error: `wave ${wave}: ${before.rows} rows, more than the ring's ${this.maxRows}: digest only` };
+    const column = Buffer.alloc(before.rows * 4);
+    fs.readSync(this.fd, column, 0, column.length, DECISION.DECISION_COLUMNS + (wave % SLOTS) * 4 * this.maxRows);
+    const after = this.decided().find((d) => d.wave === wave);
+    if (!after || after.tokenCrc !== before.tokenCrc) return { error: `wave ${wave} was overwritten while read` };
+    return { column };
+  }
+
+  close(): void {
+    if (this.fd >= 0) fs.closeSync(this.fd);
+    this.fd = -1;
+    fs.rmSync(this.path, { force: true });
+  }
+}

@@ -1,0 +1,306 @@
+// rank_divergence against a real engine: examples/torch-engine at TP=2 under `wavebus launch`,
+// each rank's client writing the digests of its forward's inputs and of its sampled token column
+// into its decision ring, the agents carrying them to the coordinator. Faults are made by real
+// means inside the engine: one rank's logits row pushed to another argmax, one rank's scheduler
+// leaving a request out of its batch; and a healthy greedy run (both ranks sample alike) with one
+// rank's agent frozen (SIGSTOP) for a while.
+import * as fs from 'fs';
+import * as http from 'http';
+import * as path from 'path';
+import { PYTHON, ROOT, cleanup, freePortPair, readManifests, runWavebus, spawnWavebus, tmpDir } from './helpers';
+import { RankCompare } from '../src/guard/rank-compare';
+import { DecisionRing } from '../src/agent/decision-ring';
+import { DecisionWriter, tokenDigest } from '../src/client/digest';
+import { spawnSync } from 'child_process';
+import type { WorldLayout } from '../src/layout';
+
+afterAll(cleanup);
+
+const ENGINE = path.join(ROOT, 'examples', 'torch-engine');
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+interface Report {
+  req_id: string;
+  incident_type: string;
+  detect_wave: number;
+  dump_arm_wave: number | null;
+  detail: Record<string, any>;
+}
+
+function get(port: number, p: string): Promise<string> {
+  return new Promise((resolve, reject) => {
+    const req = http.get({ host: '127.0.0.1', port, path: p, timeout: 3000, agent: false }, (res) => {
+      let body = '';
+      res.on('data', (c) => (body += c));
+      res.on('end', () => resolve(body));
+    });
+    req.on('error', reject);
+    req.on('timeout', () => req.destroy(new Error(`${p}: no answer`)));
+  });
+}
+
+function descendants(pid: number): number[] {
+  const parent = new Map<number, number>();
+  for (const d of fs.readdirSync('/proc')) {
+    if (!/^\d+$/.test(d)) continue;
+    try {
+      const stat = fs.readFileSync(`/proc/${d}/stat`, 'utf8');
+      parent.set(Number(d), Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]));
+    } catch {
+      /* gone */
+    }
+  }
+  const out: number[] = [];
+  const walk = (p: number) => {
+    for (const [c, pp] of parent) if (pp === p) (out.push(c), walk(c));
+  };
+  walk(pid);
+  return out;
+}
+
+const cmdline = (pid: number) => {
+  try {
+    return fs.readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0');
+  } catch {
+    return [];
+  }
+};
+
+interface Run {
+  reports: Report[];
+  dumps: { incident_type: string; req_id?: string; arm_wave: number; complete: boolean; completed_ranks: number[] }[];
+  metrics: string;
+  runtime: string;
+}
+
+/** One TP=2 launch of the engine with rank_divergence alone on (report + dump_kv); `during` runs while it does. */
+async function runEngine(engineArgs: string[], during?: (launchPid: number, metricsPort: number) => Promise<void>): Promise<Run> {
+  const dir = tmpDir('wavebus-rankdiv-');
+  const runtimeConfig = {
+    detector: { rank_divergence: { enabled: true } },
+    actions: { defaults: { on_trigger: ['report', 'dump_kv'] } },
+    dump: { auto_max_times: 4, free_headroom_bytes: 0 },
+  };
+  const port = await freePortPair();
+  const metricsPort = await freePortPair();
+  const launch = spawnWavebus(
+    [
+      'launch', '--nproc-per-node', '2', '--tp', '2', '--port', String(port), '--metrics-port', String(metricsPort),
+      '--additional-config', JSON.stringify({ runtime_config: runtimeConfig }),
+      '--agent-arg=--end-of-wave-timeout-ms', '--agent-arg=2000',
+      '--', PYTHON, path.join(ENGINE, 'torchrun_env.py'), path.join(ENGINE, 'engine.py'), '--out', path.join(dir, 'out'), ...engineArgs,
+    ],
+    { env: { ...process.env, WAVEBUS_CACHE_ROOT: path.join(dir, 'cache') }, cwd: dir },
+  );
+  let metrics = '';
+  let polling = true;
+  // The coordinator's /metrics, read while the job runs (it goes with the job).
+  const poll = (async () => {
+    while (polling) {
+      const m = await get(metricsPort, '/metrics').catch(() => '');
+      if (m.includes('wavebus_')) metrics = m;
+      await sleep(200);
+    }
+  })();
+  if (during) await during(launch.child.pid!, metricsPort);
+  const { code } = await launch.exited;
+  polling = false;
+  await poll;
+  if (code !== 0) throw new Error(`launch exited ${code}\n${launch.stdout().slice(-4000)}\n${launch.stderr().slice(-6000)}`);
+  const reportDir = path.join(dir, 'runtime', 'report');
+  const rd = path.join(reportDir, 'rank_divergence');
+  const reports = fs.existsSync(rd) ? fs.readdirSync(rd).filter((n) => n.endsWith('.json')).map((n) => JSON.parse(fs.readFileSync(path.join(rd, n), 'utf8')) as Report) : [];
+  reports.sort((a, b) => a.detect_wave - b.detect_wave);
+  return { reports, dumps: readManifests(path.join(reportDir, 'kv_cache')), metrics, runtime: path.join(dir, 'runtime') };
+}
+
+function metric(text: string, name: string, labels: string): number {
+  const line = text.split('\n').find((l) => l.startsWith(`${name}{`) && l.includes(labels));
+  return line ? Number(line.split(' ').pop()) : 0;
+}
+
+test("one rank's logits pushed to another argmax at step 6: the incident names the wave, that rank, the row and the request; both ranks dump", async () => {
+  // Requests arrive every 2 steps: at forward 6 the batch holds req-0, req-1, req-2 (rows 0..2).
+  // 30 ms forwards (a small real model's): the digests and the column round trip take a few ms.
+  const run = await runEngine(['--requests', '3', '--max-tokens', '12', '--step-sleep-ms', '30', '--fault', 'diverge:6:1:1']);
+  expect(run.reports.length).toBeGreaterThanOrEqual(1);
+  const first = run.reports[0];
+  expect(first.detect_wave).toBe(6);
+  expect(first.detail.wave).toBe(6);
+  expect(first.detail.groups.map((g: { ranks: number[] }) => g.ranks)).toEqual([[0], [1]]);
+  expect(first.detail.divergent_ranks).toEqual([1]);
+  expect(first.detail.first_row).toBe(1);
+  expect(first.req_id).toBe('req-1');
+  expect(first.detail.inputs_differed).toBe(false);
+  expect(first.detail.divergence).toBe('outputs');
+  expect(first.detail.unknown_ranks).toEqual([]);
+  const [t0, t1] = [first.detail.row_tokens['0'], first.detail.row_tokens['1']];
+  expect(t0).not.toBe(t1);
+  // Taken at the first head after the digests and the column are in (the head of wave 7 or 8 at
+  // this forward length), and armed decide_ahead (1) wave after that head.
+  expect(first.dump_arm_wave).not.toBeNull();
+  expect(first.dump_arm_wave! - 6).toBeLessThanOrEqual(3);
+  // Its KV dump was copied on every rank of the replica.
+  const dump = run.dumps.find((d) => d.incident_type === 'rank_divergence' && d.req_id === 'req-1' && d.arm_wave === first.dump_arm_wave);
+  expect(dump).toBeDefined();
+  expect(dump!.completed_ranks).toEqual([0, 1]);
+  expect(metric(run.metrics, 'wavebus_rank_digest_waves_total', 'result="diverged"')).toBeGreaterThanOrEqual(1);
+  expect(metric(run.metrics, 'wavebus_incidents_total', 'incident_type="rank_divergence",action="report"')).toBeGreaterThanOrEqual(1);
+  // The incident page shows it, with its groups and the divergent rank.
+  const page = path.join(run.runtime, 'report.html');
+  const r = runWavebus(['report', run.runtime, '-o', page]);
+  expect(r.code).toBe(0);
+  const html = fs.readFileSync(page, 'utf8');
+  expect(html).toContain('rank_divergence');
+  expect(html).toContain('divergent_ranks');
+  expect(html).toContain('req-1');
+  // Before the fault every wave agreed.
+  expect(metric(run.metrics, 'wavebus_rank_digest_waves_total', 'result="agreed"')).toBeGreaterThanOrEqual(4);
+}, 180000);
+
+test("one rank's scheduler leaves a request out of forward 6: the incident says the inputs already differed", async () => {
+  const run = await runEngine(['--requests', '3', '--max-tokens', '12', '--fault', 'drop:6:2:1']);
+  expect(run.reports.length).toBeGreaterThanOrEqual(1);
+  const first = run.reports[0];
+  expect(first.detail.wave).toBe(6);
+  expect(first.detail.inputs_differed).toBe(true);
+  expect(first.detail.divergence).toBe('inputs');
+  expect(first.detail.input_groups.map((g: { ranks: number[] }) => g.ranks)).toEqual([[0], [1]]);
+  // This wave's tokens agreed (the padded row still took the same argmax): one token group. The
+  // ring keeps the token column only, so an input-only divergence names no row or request.
+  expect(first.detail.groups.map((g: { ranks: number[] }) => g.ranks)).toEqual([[0, 1]]);
+  expect(first.detail.divergent_ranks).toEqual([1]);
+  expect(first.detail.first_row).toBeNull();
+  expect(first.req_id).toBe('');
+}, 180000);
+
+test('healthy greedy run (both ranks sample alike): no alert over a long run, nor while one agent is frozen (SIGSTOP) and after it runs again', async () => {
+  let froze = false;
+  let frozenRank = -1;
+  const run = await runEngine(['--requests', '4', '--max-tokens', '120', '--num-blocks', '256', '--step-sleep-ms', '10'], async (launchPid, metricsPort) => {
+    // An agent that is not its host's receiver (the receiver writes every local mailbox: freezing
+    // it stops both engines at their next wave end, so nothing goes unreported), once waves agree.
+    // Every agent holds its mailbox's flock; the receiver one more (wave-receiver.r0.lock).
+    const flocks = (pid: number) => fs.readFileSync('/proc/locks', 'utf8').split('\n').filter((l) => l.includes('FLOCK') && Number(l.trim().split(/\s+/)[4]) === pid).length;
+    let agent: number | undefined;
+    const until = Date.now() + 60000;
+    while (Date.now() < until) {
+      const m = await get(metricsPort, '/metrics').catch(() => '');
+      const agents = descendants(launchPid).filter((p) => cmdline(p).includes('agent'));
+      const counts = agents.map(flocks);
+      agent = agents.length === 2 && counts[0] !== counts[1] ? agents[counts[0] < counts[1] ? 0 : 1] : undefined;
+      if (agent && metric(m, 'wavebus_rank_digest_waves_total', 'result="agreed"') >= 10) break;
+      await sleep(100);
+    }
+    expect(agent).toBeDefined();
+    const c = cmdline(agent!);
+    frozenRank = Number(c[c.indexOf('--rank') + 1]);
+    process.kill(agent!, 'SIGSTOP');
+    froze = true;
+    await sleep(1500);
+    process.kill(agent!, 'SIGCONT');
+  });
+  expect(froze).toBe(true);
+  expect(run.reports).toEqual([]);
+  expect(metric(run.metrics, 'wavebus_rank_digest_waves_total', 'result="diverged"')).toBe(0);
+  expect(metric(run.metrics, 'wavebus_rank_digest_waves_total', 'result="agreed"')).toBeGreaterThanOrEqual(40);
+  // Every wave was compared with both ranks: the frozen agent's ring (8 waves) held what its
+  // engine decided meanwhile, and it sent them once it ran again (a wave it never sends would be
+  // unknown: the comparator's test below).
+  expect(frozenRank).toBeGreaterThanOrEqual(0);
+  expect(metric(run.metrics, 'wavebus_rank_digest_waves_total', 'result="partial"')).toBe(0);
+}, 240000);
+
+describe('the comparator (src/guard/rank-compare.ts) on the same digests', () => {
+  const layout = { worldSize: 4, tp: 4, pp: 1, dp: 1, cp: 1 } as WorldLayout;
+  const d = (wave: number, tokenCrc: number, inputCrc = 7) => ({ wave, tokenCrc, rows: 3, inputCrc, inputTokens: 3, flags: 7 });
+
+  test('a rank that reports nothing for a wave is unknown, not divergent; the others are still compared', () => {
+    const c = new RankCompare(layout);
+    expect(c.add(0, [d(1, 11)], 2)).toEqual([]);
+    expect(c.add(1, [d(1, 11)], 2)).toEqual([]);
+    expect(c.add(2, [d(1, 11)], 2)).toEqual([]);
+    expect((c.status()['0'] as Record<string, any>).open_waves).toBe(1); // waiting for rank 3
+    // Rank 3 is silent; wave 1 settles once the replica is grace (2) waves past it.
+    expect(c.add(0, [d(2, 5), d(3, 5)], 2)).toEqual([]);
+    let s = c.status()['0'] as Record<string, any>;
+    expect(s.partial).toBe(1);
+    expect(s.agreed).toBe(1);
+    expect(s.diverged).toBe(0);
+    expect(s.unknown_by_rank).toEqual({ '3': 1 });
+    // A rank that reports a later wave without an earlier one skipped it: unknown at once.
+    c.add(1, [d(2, 5)], 100);
+    c.add(2, [d(2, 5)], 100);
+    c.add(3, [d(3, 5)], 100);
+    s = c.status()['0'] as Record<string, any>;
+    expect(s.partial).toBe(2);
+    expect(s.unknown_by_rank).toEqual({ '3': 2 });
+  });
+
+  test('groups of ranks that agree, the largest first; inputs that differ with equal tokens are a divergence too', () => {
+    const c = new RankCompare(layout);
+    c.add(0, [d(4, 1)], 4);
+    c.add(1, [d(4, 1)], 4);
+    c.add(2, [d(4, 2)], 4);
+    const [div] = c.add(3, [d(4, 1)], 4);
+    expect(div.tokenGroups.map((g) => g.ranks)).toEqual([[0, 1, 3], [2]]);
+    expect(div.inputsDiffered).toBe(false);
+    const c2 = new RankCompare(layout);
+    for (const r of [0, 1, 2]) c2.add(r, [d(9, 1)], 4);
+    const [inp] = c2.add(3, [d(9, 1, 8)], 4);
+    expect(inp.tokenGroups).toHaveLength(1);
+    expect(inp.inputGroups.map((g) => g.ranks)).toEqual([[0, 1, 2], [3]]);
+    expect(inp.inputsDiffered).toBe(true);
+  });
+});
+
+describe('the decision ring: one layout (proto DecisionLayout) for the agent, the Python and the TypeScript writer', () => {
+  test('both clients write the same digests of the same column and inputs; the agent reads both, and the column back', () => {
+    const dir = tmpDir('wavebus-ring-');
+    const ring = DecisionRing.create(path.join(dir, 'decided-local0'));
+    try {
+      const column = [101, 7, 65000, 3, 42];
+      // Python: the column as int64 numpy, inputs as int64 torch tensors (ids, positions), wave 3.
+      const py = spawnSync(PYTHON, ['-c', `import sys, json, numpy as np, torch
+from wavebus_client.digest import DecisionRing, token_digest
+r = DecisionRing(sys.argv[1])
+i = r.inputs(3, torch.tensor([5, 6, 7], dtype=torch.int64), torch.tensor([10, 11, 12], dtype=torch.int64))
+t = r.decided(3, np.array(${JSON.stringify(column)}, dtype=np.int64))
+print(json.dumps([t, i, token_digest(${JSON.stringify(column)})]))`, ring.path], { encoding: 'utf8', env: { ...process.env, PYTHONPATH: path.join(ROOT, 'clients', 'python') } });
+      if (py.status !== 0) throw new Error(py.stderr);
+      const [pyToken, pyInput, pyDigest] = JSON.parse(py.stdout.trim()) as number[];
+      // TypeScript: the same column as plain numbers, the same inputs as int64 arrays, wave 4.
+      const w = DecisionWriter.open(ring.path);
+      const tsInput = w.inputs(4, new BigInt64Array([5n, 6n, 7n]), new BigInt64Array([10n, 11n, 12n]));
+      const tsToken = w.decided(4, column);
+      w.close();
+      expect(tsToken).toBe(pyToken);
+      expect(pyDigest).toBe(pyToken);
+      expect(tokenDigest(new Int32Array(column))).toBe(pyToken);
+      expect(tsInput).toBe(pyInput);
+      const got = ring.decided().sort((a, b) => a.wave - b.wave);
+      expect(got.map((d) => [d.wave, d.tokenCrc, d.rows, d.inputCrc, d.inputTokens, d.flags])).toEqual([
+        [3, pyToken >>> 0, 5, pyInput >>> 0, 3, 7],
+        [4, pyToken >>> 0, 5, pyInput >>> 0, 3, 7],
+      ]);
+      for (const wave of [3, 4]) {
+        const c = ring.column(wave);
+        expect('column' in c && [...new Int32Array(c.column.buffer, c.column.byteOffset, c.column.length / 4)]).toEqual(column);
+      }
+      // A slot the engine is writing (odd seq) is left out; a wave in another wave's slot is garbage.
+      const fd = fs.openSync(ring.path, 'r+');
+      const seq = Buffer.alloc(8);
+      seq.writeBigUInt64LE(5n);
+      fs.writeSync(fd, seq, 0, 8, 64 + 3 * 48);
+      const wrong = Buffer.alloc(8);
+      wrong.writeBigUInt64LE(5n);
+      fs.writeSync(fd, wrong, 0, 8, 64 + 4 * 48 + 8);
+      fs.closeSync(fd);
+      expect(ring.decided()).toEqual([]);
+      expect(ring.column(3)).toEqual({ error: expect.stringContaining('no longer holds wave 3') });
+    } finally {
+      ring.close();
+    }
+    expect(fs.existsSync(path.join(dir, 'decided-local0'))).toBe(false);
+  });
+});
