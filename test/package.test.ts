@@ -88,7 +88,7 @@ test('the packed tarball holds no tests, installs into an empty project (buildin
   // `wavebus bench` ships: every benchmark built here is listed, and one runs from the package.
   const built = fs.readdirSync(path.join(ROOT, 'dist', 'bench')).filter((f) => f.endsWith('.js')).map((f) => f.slice(0, -3));
   const help = ok(spawnSync('npx', ['wavebus', 'bench', '--help'], { cwd: project, env, encoding: 'utf8', timeout: 60000 }), 'wavebus bench --help');
-  expect([...help.matchAll(/^ {2}(\w+) {2,}/gm)].map((m) => m[1]).sort()).toEqual(built.sort());
+  expect([...help.matchAll(/^ {2}([\w-]+) {2,}/gm)].map((m) => m[1]).sort()).toEqual(built.sort());
   const bench = ok(spawnSync('npx', ['wavebus', 'bench', 'detectors', '--requests', '64', '--steps', '50', '--json'], { cwd: project, env, encoding: 'utf8', timeout: 60000 }), 'wavebus bench detectors');
   expect(JSON.parse(bench.trim().split('\n').pop()!)).toMatchObject({ bench: 'detectors', requests: 64, cpu_us_per_step: expect.any(Number) });
 }, 240000);

@@ -41,7 +41,9 @@ const isHelp = (a: string) => a === '--help' || a === '-h';
 
 /** `wavebus bench --help`: every bench with its one-line summary. */
 function benchList(): string {
-  const rows = listBenches().map((n) => `  ${n.padEnd(10)}  ${loadBench(n).summary}`);
+  const names = listBenches();
+  const width = Math.max(...names.map((n) => n.length));
+  const rows = names.map((n) => `  ${n.padEnd(width)}  ${loadBench(n).summary}`);
   return [
     'wavebus bench <name> [flags]',
     '',
