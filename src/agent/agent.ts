@@ -22,7 +22,9 @@ import type { RankIdentity } from '../layout';
 import { createLogger, type Logger } from '../log';
 import { MailboxFeature } from '../client/mailbox';
 import type { AgentConfig, DumpLane } from '../messages';
-import { agentEndpoint, engineFaultPath, mailboxPath, recorderPath } from '../paths';
+import { agentEndpoint, engineFaultPath, mailboxPath, recorderPath, telemetryRingPath } from '../paths';
+import { newRingStats, RingHeads } from './ring-heads';
+import { checkRingAsk } from './telemetry-ring';
 import { applyRecorderConfig, type FlightRecorder } from './flight-recorder';
 import { AgentRecorder } from './agent-recorder';
 import { claimRunDir } from '../launch/run-dir';
@@ -57,8 +59,11 @@ export class Agent {
     missedWaves: 0,
     snapshotsWritten: 0,
   };
+  /** Heads relayed from the telemetry ring and the garbage dropped there (ring-heads.ts). */
+  readonly ringStats = newRingStats();
   private readonly log: Logger;
   private readonly opts: AgentOptions;
+  private readonly ringHeads: RingHeads;
   private readonly regions: RegionTable;
   /** This rank's fingerprint: the client's hello and the weight checksums (fingerprint-keeper.ts). */
   private readonly fingerprint: FingerprintKeeper;
@@ -98,6 +103,7 @@ export class Agent {
     this.opts = opts;
     this.identity = opts.identity;
     this.log = opts.logger ?? createLogger(`wavebus-agent-rank${opts.identity.globalRank}`);
+    this.ringHeads = new RingHeads(telemetryRingPath(opts.runDir, opts.identity.localRank), this.ringStats, this.log);
     const hooks = agentDutyHooks(
       this.log,
       (cfg, where) => this.applyConfig(cfg, where),
@@ -118,7 +124,7 @@ export class Agent {
       (req, interim) => this.handle(req, interim),
       (raw) => {
         if (this.bus && this.isHead) {
-          this.bus.relayWaveHead(raw);
+          this.bus.relayWaveHead(this.ringHeads.active ? this.ringHeads.fill(raw) : raw);
           this.stats.waveHeadsRelayed++;
         }
       },
@@ -192,7 +198,7 @@ export class Agent {
         dropSeqs: this.opts.dropSeqs,
         curve: this.opts.curve,
         busToken: this.opts.busToken,
-        vectorCounts: () => ({ lateVectors: this.stats.lateVectors, missedVectors: this.stats.endOfWaveTimeouts }),
+        vectorCounts: () => ({ lateVectors: this.stats.lateVectors, missedVectors: this.stats.endOfWaveTimeouts, ringGarbage: this.ringStats.ringGarbage }),
       });
       if (!this.opts.curve && !this.opts.busToken) {
         this.log.warn(
@@ -247,6 +253,7 @@ export class Agent {
     await this.direct?.stop();
     this.router?.close();
     this.vectors?.close();
+    this.ringHeads.close();
     const sock = agentEndpoint(this.opts.runDir, this.identity.localRank).slice('ipc://'.length);
     fs.rmSync(sock, { force: true });
     this.regions.closeAll();
@@ -404,7 +411,7 @@ export class Agent {
     }
   }
 
-  private onHello(hello: { pid: number; asyncScheduling: boolean; fingerprint?: unknown; pidNamespace?: string }): Record<string, unknown> {
+  private onHello(hello: { pid: number; asyncScheduling: boolean; fingerprint?: unknown; pidNamespace?: string; ringRows?: number }): Record<string, unknown> {
     if (hello.fingerprint) this.fingerprint.hello(hello.fingerprint);
     if (this.opts.snapshot?.enabled) {
       checkSnapshotGating(this.opts.snapshot, { asyncScheduling: hello.asyncScheduling, backendHasMemoryAccess: true });
@@ -414,6 +421,7 @@ export class Agent {
       mailboxPath: mailboxPath(this.opts.runDir, this.identity.localRank),
       recorderPath: this.recorder ? recorderPath(this.opts.runDir, this.identity.localRank) : '',
       faultPath: this.recorder ? engineFaultPath(this.opts.runDir, this.identity.localRank) : '',
+      ringPath: this.isHead && hello.ringRows ? this.ringHeads.open(checkRingAsk(hello)) : '',
       features: {
         tp0: this.isHead,
         bus: this.view.busActive && Boolean(this.bus) && this.onVector,
