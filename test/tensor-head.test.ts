@@ -22,6 +22,12 @@ from wavebus_client.wave_head import WaveHeadBuilder
 run_dir, garbage = sys.argv[1], sys.argv[2] == "1"
 c = Client.connect(env={"WAVEBUS_RUN_DIR": run_dir, "LOCAL_RANK": "0"})
 batch = c.tensor_batch(8, vocab=1000)
+import time
+from wavebus_client.mailbox import FEATURE_BUS
+t_end = time.monotonic() + 30  # the agent turns the bus on once its coordinator's config is in force
+while not c.features & FEATURE_BUS and time.monotonic() < t_end:
+    time.sleep(0.01)
+c.hello()  # at once (the ring is made then), not lazily within the first head's bound
 ref = WaveHeadBuilder()
 live = {}     # row -> req id
 tables = {}
@@ -56,11 +62,12 @@ for wave in range(1, 41):
         live.pop(r)
     ended = c.end_of_wave(wave)
 out["stats"] = batch.stats
+out["client"] = dict(c.stats, last_error=c.last_error)
 c.close()
 print(json.dumps(out))
 `;
 
-async function drive(job: HarnessJob, garbage: boolean): Promise<{ dict: string[]; sent: number; stats: Record<string, number> }> {
+async function drive(job: HarnessJob, garbage: boolean): Promise<{ dict: string[]; sent: number; stats: Record<string, number>; client: Record<string, unknown> }> {
   const p = spawnTracked(PYTHON, ['-c', DRIVER, path.join(job.root, 'run'), garbage ? '1' : '0'], { env: ENV });
   const { code } = await p.exited;
   if (code !== 0) throw new Error(`python exited ${code}: ${p.stderr()}`);
@@ -84,7 +91,7 @@ test('the ring path gives the coordinator the dict path\'s columns, and token_re
   try {
     const seen = record(job);
     const got = await drive(job, false);
-    expect(got.sent).toBe(40);
+    if (got.sent !== 40) throw new Error(`sent ${got.sent} of 40 heads: ${JSON.stringify(got.client)}`);
     expect(got.stats.ring_heads).toBe(40);
     await waitFor(() => seen.length === 40, 'every head at the coordinator');
     const { messageType, decode } = require('../src/proto') as typeof import('../src/proto');

@@ -103,7 +103,12 @@ export class Agent {
     this.opts = opts;
     this.identity = opts.identity;
     this.log = opts.logger ?? createLogger(`wavebus-agent-rank${opts.identity.globalRank}`);
-    this.ringHeads = new RingHeads(telemetryRingPath(opts.runDir, opts.identity.localRank), this.ringStats, this.log);
+    this.ringHeads = new RingHeads(telemetryRingPath(opts.runDir, opts.identity.localRank), this.ringStats, this.log, (head) => {
+      if (this.bus && this.isHead) {
+        this.bus.relayWaveHead(head);
+        this.stats.waveHeadsRelayed++;
+      }
+    });
     const hooks = agentDutyHooks(
       this.log,
       (cfg, where) => this.applyConfig(cfg, where),

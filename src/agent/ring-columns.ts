@@ -6,7 +6,7 @@
 // (clients/python/wavebus_client/tensor_inline.py builds the same when there is no ring).
 import type { RingAsk, RingSlotRead } from './telemetry-ring';
 
-export type RingGarbage = 'torn' | 'bad_seq' | 'bad_counts' | 'no_ring' | 'row_out_of_range' | 'token_count' | 'token_out_of_range' | 'nan_logprob' | 'bad_event';
+export type RingGarbage = 'torn' | 'bad_seq' | 'bad_counts' | 'no_ring' | 'row_out_of_range' | 'token_count' | 'token_out_of_range' | 'nan_logprob' | 'bad_event' | 'bad_extra';
 
 export interface RingColumnsOut {
   /** camelCase TelemetryColumns fields (bytes as Uint8Array), without bind/blocks. */

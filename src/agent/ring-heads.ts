@@ -1,4 +1,7 @@
-// Wave heads that name a telemetry-ring slot: the agent reads the slot, checks it
+// Wave heads from the telemetry ring: a slot whose extra column holds the head's sparse part is a
+// whole head, which the agent finds by polling the ring's written word (every POLL_MS: the engine
+// sends no message and makes no system call); a head too large for the extra column comes as a
+// message naming its slot (ring_seq). Either way the agent reads the slot, checks it
 // (ring-columns.ts), and relays the head with the columns in it. The coordinator sees the same
 // TelemetryColumns as from an inline head: the columns go as the bytes the engine wrote, one copy
 // each, never re-encoded per element. Garbage is counted per kind and reported per rank
@@ -6,7 +9,11 @@
 import type { Logger } from '../log';
 import { encodeTrusted, messageType } from '../proto';
 import { ringColumns, RowIndex, type RingGarbage } from './ring-columns';
-import { TelemetryRingReader, type RingAsk } from './telemetry-ring';
+import { RING_LAYOUT } from '../client/ring-layout';
+import { TelemetryRingReader, type RingAsk, type RingSlotRead } from './telemetry-ring';
+
+/** How often the agent looks for whole heads in the ring: at most this much latency per head. */
+export const POLL_MS = 1;
 
 const WaveHeadRequest = messageType('WaveHeadRequest');
 const StepTelemetry = messageType('StepTelemetry');
@@ -27,17 +34,68 @@ export class RingHeads {
   private readonly index = new RowIndex();
   private lastWarn = 0;
 
+  private polled = 0;
+  private timer: NodeJS.Timeout | null = null;
+
   constructor(
     private readonly file: string,
     readonly stats: RingStats,
     private readonly log: Logger,
+    /** Relays a head's bytes to the coordinator (when this rank heads its stream and the bus is on). */
+    private readonly relay: (head: Uint8Array) => void,
   ) {}
 
   /** A client asked for a ring at hello: a fresh one (a previous client's is replaced). */
   open(ask: RingAsk): string {
     this.close();
     this.ring = TelemetryRingReader.create(this.file, ask);
+    this.polled = 0;
+    this.timer = setInterval(() => this.poll(), POLL_MS);
+    this.timer.unref();
     return this.ring.path;
+  }
+
+  /** The heads written whole since the last poll, relayed in order. */
+  poll(): void {
+    const ring = this.ring;
+    if (!ring) return;
+    const word = ring.written();
+    const written = word - (word % 2); // an odd word is garbage: its slot is checked like any other
+    if (!Number.isSafeInteger(written) || written <= this.polled) return;
+    // Older than the ring holds: overwritten before this poll (the agent was not scheduled), one miss for them all.
+    const oldest = Math.max(this.polled + 2, written - 2 * (RING_LAYOUT.slots - 1));
+    if (oldest > this.polled + 2) this.miss(['torn'], `${(oldest - this.polled - 2) / 2} slots overwritten before the agent read them`);
+    for (let s = oldest; s <= written; s += 2) {
+      const head = this.wholeHead(ring, s);
+      if (head) this.relay(head);
+    }
+    this.polled = written;
+  }
+
+  private wholeHead(ring: TelemetryRingReader, seq: number): Uint8Array | null {
+    const slot = ring.read(seq);
+    if ('garbage' in slot) {
+      this.miss([slot.garbage], slot.detail);
+      return null;
+    }
+    if (slot.extraLen === 0) return null; // its head comes as a message (ring_seq)
+    let head: Record<string, any>;
+    try {
+      head = WaveHeadRequest.decode(slot.columns.get('extra')!) as unknown as Record<string, any>;
+    } catch (e) {
+      this.miss(['bad_extra'], `slot of seq ${seq}: ${String((e as Error).message)}`);
+      return null;
+    }
+    this.stats.ringHeads++;
+    return this.merge(head, this.slotColumns(slot, seq, Number(head.wave)));
+  }
+
+  private merge(head: Record<string, any>, columns: Record<string, unknown>): Uint8Array {
+    const tel = (head.telemetry ??= StepTelemetry.create({ wave: Math.max(0, Number(head.wave) - 1) })) as Record<string, any>;
+    const cols = (tel.columns ??= TelemetryColumns.create()) as Record<string, any>;
+    for (const [k, v] of Object.entries(columns)) cols[k] = v;
+    head.ringSeq = 0;
+    return encodeTrusted(WaveHeadRequest, head as never);
   }
 
   get active(): boolean {
@@ -55,19 +113,15 @@ export class RingHeads {
     const seq = Number(head.ringSeq ?? 0);
     if (!seq) return raw;
     this.stats.ringHeads++;
-    const tel = (head.telemetry ??= StepTelemetry.create({ wave: Math.max(0, Number(head.wave) - 1) })) as Record<string, any>;
-    const cols = (tel.columns ??= TelemetryColumns.create()) as Record<string, any>;
-    for (const [k, v] of Object.entries(this.columnsOf(seq, Number(head.wave)))) cols[k] = v;
-    head.ringSeq = 0;
-    return encodeTrusted(WaveHeadRequest, head as never);
+    if (!this.ring) return this.merge(head, this.miss(['no_ring'], 'a head named a ring slot, and this agent has no ring'));
+    const slot = this.ring.read(seq);
+    if ('garbage' in slot) return this.merge(head, this.miss([slot.garbage], slot.detail));
+    return this.merge(head, this.slotColumns(slot, seq, Number(head.wave)));
   }
 
-  private columnsOf(seq: number, wave: number): Record<string, unknown> {
-    if (!this.ring) return this.miss(['no_ring'], 'a head named a ring slot, and this agent has no ring');
-    const slot = this.ring.read(seq);
-    if ('garbage' in slot) return this.miss([slot.garbage], slot.detail);
+  private slotColumns(slot: RingSlotRead, seq: number, wave: number): Record<string, unknown> {
     if (slot.wave !== wave) return this.miss(['torn'], `slot of seq ${seq} holds wave ${slot.wave}, the head is wave ${wave}`);
-    const out = ringColumns(slot, this.ring.ask, this.index);
+    const out = ringColumns(slot, this.ring!.ask, this.index);
     if (out.garbage.length > 0) this.miss(out.garbage, `wave ${wave}`);
     return out.columns ?? { rows: 0 };
   }
@@ -84,6 +138,8 @@ export class RingHeads {
   }
 
   close(): void {
+    if (this.timer) clearInterval(this.timer);
+    this.timer = null;
     this.ring?.close();
     this.ring = null;
   }

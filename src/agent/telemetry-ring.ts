@@ -22,6 +22,8 @@ export interface RingSlotRead {
   rows: number;
   tokens: number;
   events: number;
+  /** Bytes of the extra column; 0 when absent. */
+  extraLen: number;
   columns: Map<string, Uint8Array>;
 }
 
@@ -35,13 +37,16 @@ export function checkRingAsk(a: { ringRows?: number; ringTokens?: number; ringEv
   if (!(rows >= 1 && rows <= RING_MAX_ROWS)) throw new ConfigError(`hello.ring_rows ${rows} is out of range (1..${RING_MAX_ROWS})`);
   if (!(tokens >= 0 && tokens <= RING_MAX_TOKENS)) throw new ConfigError(`hello.ring_tokens ${tokens} is out of range (0..${RING_MAX_TOKENS})`);
   if (!(events >= 0 && events <= RING_MAX_EVENTS)) throw new ConfigError(`hello.ring_events ${events} is out of range (0..${RING_MAX_EVENTS})`);
-  return { maxRows: rows, maxTokens: tokens, maxEvents: events, vocab: Number(a.ringVocab ?? 0) };
+  // The head's sparse part: a few bindings and tables a step; a larger one goes as a message.
+  const maxExtra = Math.min(16 << 20, Math.max(64 << 10, 64 * rows));
+  return { maxRows: rows, maxTokens: tokens, maxEvents: events, maxExtra, vocab: Number(a.ringVocab ?? 0) };
 }
 
 export class TelemetryRingReader {
   private readonly places: ColumnPlace[];
   readonly slotBytes: number;
   private readonly head = Buffer.alloc(RING_LAYOUT.slot_header_bytes);
+  private readonly word = Buffer.alloc(8);
 
   private constructor(
     readonly path: string,
@@ -70,6 +75,7 @@ export class TelemetryRingReader {
       h.writeUInt32LE(ask.maxEvents, RING_HEADER.max_events);
       h.writeUInt32LE(ask.vocab >>> 0, RING_HEADER.vocab);
       h.writeBigUInt64LE(BigInt(slotBytes), RING_HEADER.slot_bytes);
+      h.writeUInt32LE(ask.maxExtra, RING_HEADER.max_extra);
       fs.writeSync(fd, h, 0, h.length, 0);
     } catch (e) {
       fs.closeSync(fd);
@@ -81,6 +87,13 @@ export class TelemetryRingReader {
 
   get closed(): boolean {
     return this.fd < 0;
+  }
+
+  /** The header's written word: the seq of the last whole write that carries its head (extra). */
+  written(): number {
+    if (this.fd < 0) return 0;
+    fs.readSync(this.fd, this.word, 0, 8, RING_HEADER.written);
+    return Number(this.word.readBigUInt64LE(0));
   }
 
   private seqAt(base: number): number {
@@ -101,7 +114,8 @@ export class TelemetryRingReader {
     const tokens = h.readUInt32LE(RING_SLOT.tokens);
     const events = h.readUInt32LE(RING_SLOT.events);
     const present = h.readUInt32LE(RING_SLOT.present);
-    const count = { row: rows, token: tokens, event: events };
+    const extraLen = h.readUInt32LE(RING_SLOT.extra_len);
+    const count = { row: rows, token: tokens, event: events, extra: extraLen };
     const columns = new Map<string, Uint8Array>();
     for (const p of this.places) {
       if (!(present & (1 << p.bit))) continue;
@@ -113,7 +127,7 @@ export class TelemetryRingReader {
     }
     const after = this.seqAt(base);
     if (after !== seq) return { garbage: 'torn', detail: `slot rewritten while read (seq ${seq} -> ${after})` };
-    return { wave, rows, tokens, events, columns };
+    return { wave, rows, tokens, events, extraLen, columns };
   }
 
   close(): void {

@@ -13,7 +13,7 @@ export interface RingField {
 export interface RingColumnSpec {
   name: string;
   type: 'u8' | 'u32' | 'f32';
-  per: 'row' | 'token' | 'event';
+  per: 'row' | 'token' | 'event' | 'extra';
   what: string;
 }
 
@@ -32,6 +32,8 @@ export interface RingSizes {
   maxRows: number;
   maxTokens: number;
   maxEvents: number;
+  /** Bytes of the head's sparse part (the extra column) a slot holds. */
+  maxExtra: number;
 }
 
 /** One column's place in a slot: byte offset, capacity in values, element size. */
@@ -67,7 +69,7 @@ const align8 = (n: number): number => Math.ceil(n / 8) * 8;
 
 /** Every column's place in a slot, and the slot's bytes (the Python writer computes the same). */
 export function columnPlaces(s: RingSizes): { places: ColumnPlace[]; slotBytes: number } {
-  const cap = { row: s.maxRows, token: s.maxTokens, event: s.maxEvents };
+  const cap = { row: s.maxRows, token: s.maxTokens, event: s.maxEvents, extra: s.maxExtra };
   let at = RING_LAYOUT.slot_header_bytes;
   const places = RING_LAYOUT.columns.map((c, bit) => {
     const p = { name: c.name, offset: at, capacity: cap[c.per], size: SIZE[c.type], bit, per: c.per };

@@ -32,9 +32,9 @@ def _align8(n: int) -> int:
     return (n + 7) & ~7
 
 
-def column_offsets(max_rows: int, max_tokens: int, max_events: int):
+def column_offsets(max_rows: int, max_tokens: int, max_events: int, max_extra: int):
     """(offset in the slot, capacity, numpy dtype) per column, and the slot's bytes: as the agent computes them."""
-    cap = {"row": max_rows, "token": max_tokens, "event": max_events}
+    cap = {"row": max_rows, "token": max_tokens, "event": max_events, "extra": max_extra}
     at = LAYOUT["slot_header_bytes"]
     out = {}
     for c in LAYOUT["columns"]:
@@ -66,8 +66,9 @@ class TelemetryRing:
             self.close()
             raise ConfigError(f"{where}: not a version {LAYOUT['version']} telemetry ring")
         self.slots, self.max_rows, self.max_tokens, self.max_events = u32("slots"), u32("max_rows"), u32("max_tokens"), u32("max_events")
+        self.max_extra = u32("max_extra")
         stride = struct.unpack_from("<Q", mm, HEADER["slot_bytes"])[0]
-        self._cols, want = column_offsets(self.max_rows, self.max_tokens, self.max_events)
+        self._cols, want = column_offsets(self.max_rows, self.max_tokens, self.max_events, self.max_extra)
         if self.slots < 1 or stride != want or LAYOUT["header_bytes"] + self.slots * stride > size:
             self.close()
             raise ConfigError(f"{where}: {self.slots} slots of {stride} bytes do not fit its {size} bytes")
@@ -77,16 +78,23 @@ class TelemetryRing:
         # numpy views over every column of every slot, made once: a step only assigns into them.
         self._views = [{name: np.frombuffer(mm, dtype=dt, count=n, offset=b + off) for name, (off, n, dt) in self._cols.items()}
                        for b in self._base]
-        self._seq = 0  # writes so far (k of the last one)
         self._pack = struct.Struct("<QIII")  # wave, rows, tokens, events
         self._present_bit = {name: 1 << i for i, name in enumerate(COLUMNS)}
+        self._extra_off = self._cols["extra"][0]
+        # A client that comes back to the ring goes on numbering after the last write.
+        self._seq = struct.unpack_from("<Q", mm, HEADER["written"])[0] // 2
 
     def fits(self, rows: int, tokens: int, events: int) -> bool:
         return rows <= self.max_rows and tokens <= self.max_tokens and events <= self.max_events
 
-    def write(self, wave: int, columns: Dict[str, object], rows: int, tokens: int, events: int) -> int:
+    def fits_extra(self, nbytes: int) -> bool:
+        return nbytes <= self.max_extra
+
+    def write(self, wave: int, columns: Dict[str, object], rows: int, tokens: int, events: int, extra: bytes = b"") -> int:
         """Copy one step's columns (numpy arrays, already of the right length) into the next slot;
-        returns its seq for the wave head. The caller checked fits()."""
+        returns its seq. The caller checked fits(). With ``extra`` (the head's sparse part, at most
+        max_extra bytes) the slot is the whole head: ``written`` says so and the agent takes it on
+        its own; without, the head goes as a message naming the seq."""
         k = self._seq + 1
         i = (k - 1) % self.slots
         base, views, mm = self._base[i], self._views[i], self._mm
@@ -96,9 +104,14 @@ class TelemetryRing:
             view = views[name]
             view[: len(arr)] = arr  # one copy (a cast where the engine's dtype differs)
             present |= self._present_bit[name]
+        if extra:
+            mm[base + self._extra_off: base + self._extra_off + len(extra)] = extra
+            present |= self._present_bit["extra"]
         self._pack.pack_into(mm, base + SLOT["wave"], wave, rows, tokens, events)
-        struct.pack_into("<I", mm, base + SLOT["present"], present)
+        struct.pack_into("<II", mm, base + SLOT["present"], present, len(extra))
         struct.pack_into("<Q", mm, base + SLOT["seq"], 2 * k)
+        if extra:
+            struct.pack_into("<Q", mm, HEADER["written"], 2 * k)  # after the slot: the agent's poll takes it
         self._seq = k
         return 2 * k
 

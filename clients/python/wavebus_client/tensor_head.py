@@ -94,19 +94,27 @@ class TensorBatch(SlotEvents):
             self.resend_all()
         body = pb.WaveHeadRequest(wave=wave)
         body.telemetry.wave = wave - 1 if wave > 0 else 0
+        self.fill(body.telemetry.columns)
+        if non_finite is not None and feats & mb.FEATURE_DETECTORS:
+            rows_nf = _nonfinite_list(non_finite, "wave_head(): non_finite")
+            body.telemetry.non_finite.extend(nonfinite_row_proto(x, f"wave_head(): non_finite[{i}]") for i, x in enumerate(rows_nf))
         ring = c._telemetry_ring()
         if ring is not None and ring.fits(n, tokens, len(ev_rows)):
-            body.ring_seq = ring.write(wave, cols, n, tokens, len(ev_rows))
+            extra = body.SerializeToString()
+            if ring.fits_extra(len(extra)):
+                # The whole head in the ring: no message, no system call; the agent polls for it.
+                ring.write(wave, cols, n, tokens, len(ev_rows), extra)
+                self.stats["ring_heads"] += 1
+                c.stats["wave_head_sent"] += 1
+                self.sent()
+                return True
+            body.ring_seq = ring.write(wave, cols, n, tokens, len(ev_rows))  # the sparse part is large: a message names the slot
             self.stats["ring_heads"] += 1
         else:
             from .tensor_inline import inline_columns
 
             inline_columns(body.telemetry.columns, cols, n)
             self.stats["inline_heads"] += 1
-        self.fill(body.telemetry.columns)
-        if non_finite is not None and feats & mb.FEATURE_DETECTORS:
-            rows_nf = _nonfinite_list(non_finite, "wave_head(): non_finite")
-            body.telemetry.non_finite.extend(nonfinite_row_proto(x, f"wave_head(): non_finite[{i}]") for i, x in enumerate(rows_nf))
         if not c._send_head(body):
             self.resend_all()  # its bindings may have been in this one
             return False
