@@ -142,7 +142,6 @@ def main():
                 batch.arrive(r, req[r], prompt_len=16)
                 batch.blocks(r, tables[r])
             prev = done.tolist()
-    sys.stderr.write(repr((c and c.stats, c and c.last_error, c and c.agent_features)) + "\n")
     q = lambda a, p: float(np.percentile(np.array(a), p)) if a else 0.0  # noqa: E731
     out = {"mode": mode, "requests": n, "steps": steps, "p50_us": q(totals, 50), "p99_us": q(totals, 99),
            "calls": {k: {"p50_us": q(v, 50), "p99_us": q(v, 99)} for k, v in per.items()}}
