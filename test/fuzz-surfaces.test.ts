@@ -30,6 +30,8 @@ const FUZZ_INPUTS: Record<string, number> = {
   fingerprint: EVERY ?? 100000,
   // A small tree (two ranks' crash files, four call bundles) read whole per input: a few ms each.
   recorder_flush: EVERY ?? (FULL ? 100000 : 5000),
+  // One part of a slot rewritten, the slot read back with a few preads: cheap.
+  telemetry_ring: EVERY ?? 100000,
 };
 
 const results: Record<string, SurfaceResult> = {};

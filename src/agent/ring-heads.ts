@@ -35,6 +35,7 @@ export class RingHeads {
   private lastWarn = 0;
 
   private polled = 0;
+  private lastMiss: RingGarbage[] = [];
   private timer: NodeJS.Timeout | null = null;
 
   constructor(
@@ -70,6 +71,13 @@ export class RingHeads {
       if (head) this.relay(head);
     }
     this.polled = written;
+  }
+
+  /** One slot as the poll takes it: the head to relay and what was dropped of it, or why not (null head, no drops: its head comes as a message). */
+  take(seq: number): { head: Uint8Array | null; dropped: RingGarbage[] } {
+    this.lastMiss = [];
+    const head = this.ring ? this.wholeHead(this.ring, seq) : null;
+    return { head, dropped: this.lastMiss };
   }
 
   private wholeHead(ring: TelemetryRingReader, seq: number): Uint8Array | null {
@@ -127,6 +135,7 @@ export class RingHeads {
   }
 
   private miss(kinds: RingGarbage[], detail: string): Record<string, unknown> {
+    this.lastMiss = kinds;
     this.stats.ringGarbage++;
     for (const k of kinds) this.stats.ringGarbageByKind[k] = (this.stats.ringGarbageByKind[k] ?? 0) + 1;
     const now = Date.now();
