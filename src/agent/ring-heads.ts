@@ -25,6 +25,17 @@ export interface RingStats {
   ringGarbageByKind: Record<string, number>;
 }
 
+/** Why a head's sparse part (the extra column) cannot go on: bindings and tables of rows past the ring, an empty request id. */
+export function extraError(head: Record<string, any>, maxRows: number): string | undefined {
+  const cols = head.telemetry?.columns;
+  for (const [i, b] of (cols?.bind ?? []).entries()) {
+    if (!(b.slot < maxRows)) return `bind[${i}].slot ${b.slot} is past the ring's ${maxRows} rows`;
+    if (typeof b.reqId !== 'string' || b.reqId === '') return `bind[${i}].req_id is empty`;
+  }
+  for (const [i, b] of (cols?.blocks ?? []).entries()) if (!(b.slot < maxRows)) return `blocks[${i}].slot ${b.slot} is past the ring's ${maxRows} rows`;
+  return undefined;
+}
+
 export function newRingStats(): RingStats {
   return { ringHeads: 0, ringGarbage: 0, ringGarbageByKind: {} };
 }
@@ -94,13 +105,21 @@ export class RingHeads {
       this.miss(['bad_extra'], `slot of seq ${seq}: ${String((e as Error).message)}`);
       return null;
     }
+    const bad = extraError(head, ring.ask.maxRows);
+    if (bad) {
+      this.miss(['bad_extra'], `slot of seq ${seq}: ${bad}`);
+      return null;
+    }
     this.stats.ringHeads++;
     return this.merge(head, this.slotColumns(slot, seq, Number(head.wave)));
   }
 
   private merge(head: Record<string, any>, columns: Record<string, unknown>): Uint8Array {
     const tel = (head.telemetry ??= StepTelemetry.create({ wave: Math.max(0, Number(head.wave) - 1) })) as Record<string, any>;
-    const cols = (tel.columns ??= TelemetryColumns.create()) as Record<string, any>;
+    const sent = tel.columns as Record<string, any> | undefined;
+    // Of the message's columns only the sparse part is kept: the per-row ones are the slot's.
+    const cols = TelemetryColumns.create({ bind: sent?.bind ?? [], blocks: sent?.blocks ?? [] }) as unknown as Record<string, any>;
+    tel.columns = cols;
     for (const [k, v] of Object.entries(columns)) cols[k] = v;
     head.ringSeq = 0;
     return encodeTrusted(WaveHeadRequest, head as never);

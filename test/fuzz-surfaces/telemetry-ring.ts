@@ -78,7 +78,7 @@ export const telemetryRingSurface: Surface = {
     const take = (seq: number): Outcome => {
       const r = heads.take(seq);
       if (r.head) return { accepted: r.dropped.length ? `head_dropped_${r.dropped.join('+')}` : check(r.head) };
-      return { refused: r.dropped.length ? `garbage:${r.dropped.join('+')}` : 'via_message' };
+      return { refused: r.dropped.length ? `ring:${r.dropped.join('+')}` : 'ring:via_message' };
     };
     const feed = (input: Buffer, m: Mutator): Outcome => {
       const [k, from, to] = m.pick(parts);
