@@ -83,11 +83,11 @@ test('host files: a mailbox of another version, a link or a second name is refus
   expect(ring.accepted['ring:4_forwards']).toBeGreaterThan(0);
 });
 
-test('telemetry ring: whole heads relayed with columns the coordinator accepts; torn slots, counts past the ring, bad rows, tokens and extras dropped by name', async () => {
+test('telemetry ring: whole heads relayed with columns the coordinator accepts; torn slots, counts past the ring, bad rows, events, tokens and extras dropped by name', async () => {
   const r = results.telemetry_ring ?? (await fuzzSurface(SURFACES.find((s) => s.name === 'telemetry_ring')!, tmpDir('wavebus-fuzz-ring-'), 5000, 5));
   expect(r.accepted.head_4rows_3tokens).toBeGreaterThan(0);
   const refused = Object.keys(r.refused).join(' ');
   for (const kind of ['torn', 'bad_counts', 'bad_extra']) expect([kind, refused.includes(kind)]).toEqual([kind, true]);
   const dropped = Object.keys(r.accepted).filter((k) => k.startsWith('head_dropped_')).join(' ');
-  for (const kind of ['token_out_of_range', 'nan_logprob']) expect([kind, dropped.includes(kind)]).toEqual([kind, true]);
+  for (const kind of ['token_out_of_range', 'row_out_of_range', 'bad_event']) expect([kind, dropped.includes(kind)]).toEqual([kind, true]);
 });

@@ -113,21 +113,23 @@ test('the ring path gives the coordinator the dict path\'s columns, and token_re
   }
 });
 
-test('garbage in the ring (NaN log-prob, token id past the vocab) is dropped and counted per rank; the heads go on', async () => {
+test('garbage in the ring (a token id past the vocab) is dropped and counted per rank; a NaN log-prob goes on as from the dict path; the heads go on', async () => {
   const job = await startHarnessJob({ tp: 1, runtimeConfig: CFG });
   try {
     const seen = record(job);
     const got = await drive(job, true);
     expect(got.sent).toBe(40);
     await waitFor(() => seen.length === 40, 'every head at the coordinator');
-    expect(job.ranks[0].agent.ringStats.ringGarbage).toBe(2);
-    expect(job.ranks[0].agent.ringStats.ringGarbageByKind).toEqual({ nan_logprob: 1, token_out_of_range: 1 });
-    // The bad steps keep their rows and flags, without tokens.
-    expect(seen[29].columns!.tokenIds.length).toBe(0);
-    expect(seen[29].columns!.rows).toBe(3);
+    expect(job.ranks[0].agent.ringStats.ringGarbage).toBe(1);
+    expect(job.ranks[0].agent.ringStats.ringGarbageByKind).toEqual({ token_out_of_range: 1 });
+    // A NaN log-prob (a model gone bad makes them) reaches the detectors as the dict path sends it.
+    expect(seen[29].columns!.tokenIds.length).toBe(3);
+    expect(Number.isNaN(seen[29].columns!.tokenLogprobs[0])).toBe(true);
+    // The bad step keeps its rows and flags, without tokens.
     expect(seen[30].columns!.tokenIds.length).toBe(0);
+    expect(seen[30].columns!.rows).toBe(3);
     expect(seen[31].columns!.tokenIds.length).toBe(3);
-    await waitFor(() => (job.coordinator as any).vectors.status().ringGarbage['0'] === 2, 'ring garbage in the coordinator status (heartbeat)');
+    await waitFor(() => (job.coordinator as any).vectors.status().ringGarbage['0'] === 1, 'ring garbage in the coordinator status (heartbeat)');
   } finally {
     await stopHarnessJob(job);
   }

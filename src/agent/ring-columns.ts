@@ -1,12 +1,13 @@
 // A telemetry-ring slot to the wire's TelemetryColumns (proto), checked where it is read: rows
-// and event rows below the ring's max_rows, token counts adding up, token ids below the vocab,
-// log-probs not NaN. Garbage is never passed on: bad rows drop the step's columns, bad tokens
+// and event rows below the ring's max_rows, token counts adding up, token ids below the vocab.
+// A NaN log-prob is not garbage: a model gone bad makes them (logits_finite and garbled are there
+// for it), and the columns read NaN as "no log-prob", exactly as from the dict path. Garbage is never passed on: bad rows drop the step's columns, bad tokens
 // drop its per-token columns (rows, flags and speculative counts still go). Finish/free events
 // become the flags column; an event row that sampled nothing this step is appended with no tokens
 // (clients/python/wavebus_client/tensor_inline.py builds the same when there is no ring).
 import type { RingAsk, RingSlotRead } from './telemetry-ring';
 
-export type RingGarbage = 'torn' | 'bad_seq' | 'bad_counts' | 'no_ring' | 'row_out_of_range' | 'token_count' | 'token_out_of_range' | 'nan_logprob' | 'bad_event' | 'bad_extra';
+export type RingGarbage = 'torn' | 'bad_seq' | 'bad_counts' | 'no_ring' | 'row_out_of_range' | 'token_count' | 'token_out_of_range' | 'bad_event' | 'bad_extra';
 
 export interface RingColumnsOut {
   /** camelCase TelemetryColumns fields (bytes as Uint8Array), without bind/blocks. */
@@ -62,7 +63,6 @@ export function ringColumns(slot: RingSlotRead, ask: RingAsk, index: RowIndex): 
     if (sum !== ids.length || (lps && lps.length !== ids.length)) garbage.push('token_count');
     else {
       if (ask.vocab > 0) for (let i = 0; i < ids.length; i++) if (ids[i] >= ask.vocab) { garbage.push('token_out_of_range'); break; }
-      if (lps) for (let i = 0; i < lps.length; i++) if (Number.isNaN(lps[i])) { garbage.push('nan_logprob'); break; }
     }
     if (garbage.length > 0) ids = counts = lps = undefined;
     else if (!counts) counts = new Uint32Array(n).fill(1);

@@ -62,6 +62,7 @@ export class RingHeads {
     this.close();
     this.ring = TelemetryRingReader.create(this.file, ask);
     this.polled = 0;
+    this.consumed = 0;
     this.timer = setInterval(() => this.poll(), POLL_MS);
     this.timer.unref();
     return this.ring.path;
@@ -82,6 +83,7 @@ export class RingHeads {
       if (head) this.relay(head);
     }
     this.polled = written;
+    this.consume(written);
   }
 
   /** One slot as the poll takes it: the head to relay and what was dropped of it, or why not (null head, no drops: its head comes as a message). */
@@ -114,6 +116,15 @@ export class RingHeads {
     return this.merge(head, this.slotColumns(slot, seq, Number(head.wave)));
   }
 
+  private consumed = 0;
+
+  /** The client writes over a slot only once it was taken (telemetry-ring.ts markConsumed). */
+  private consume(seq: number): void {
+    if (seq <= this.consumed || !this.ring) return;
+    this.consumed = seq;
+    this.ring.markConsumed(seq);
+  }
+
   private merge(head: Record<string, any>, columns: Record<string, unknown>): Uint8Array {
     const tel = (head.telemetry ??= StepTelemetry.create({ wave: Math.max(0, Number(head.wave) - 1) })) as Record<string, any>;
     const sent = tel.columns as Record<string, any> | undefined;
@@ -139,9 +150,11 @@ export class RingHeads {
     }
     const seq = Number(head.ringSeq ?? 0);
     if (!seq) return raw;
+    this.poll(); // whole heads written before this one go first: the coordinator sees them in order
     this.stats.ringHeads++;
     if (!this.ring) return this.merge(head, this.miss(['no_ring'], 'a head named a ring slot, and this agent has no ring'));
     const slot = this.ring.read(seq);
+    this.consume(seq);
     if ('garbage' in slot) return this.merge(head, this.miss([slot.garbage], slot.detail));
     return this.merge(head, this.slotColumns(slot, seq, Number(head.wave)));
   }

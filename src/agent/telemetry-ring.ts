@@ -96,6 +96,13 @@ export class TelemetryRingReader {
     return Number(this.word.readBigUInt64LE(0));
   }
 
+  /** Tells the client the slots up to `seq` were taken: it may write over them. */
+  markConsumed(seq: number): void {
+    if (this.fd < 0) return;
+    this.word.writeBigUInt64LE(BigInt(seq), 0);
+    fs.writeSync(this.fd, this.word, 0, 8, RING_HEADER.consumed);
+  }
+
   private seqAt(base: number): number {
     fs.readSync(this.fd, this.head, 0, this.head.length, base);
     return Number(this.head.readBigUInt64LE(RING_SLOT.seq));

@@ -14,7 +14,7 @@ export interface VectorCounts {
 export class VectorMetrics {
   private readonly byRank = new Map<number, VectorCounts>();
   private readonly late = gauge('wavebus_late_vectors', 'end_of_wave calls that waited for a late wave vector (it came within the bound), per rank, since its agent started', ['rank'] as const);
-  private readonly ringGarbage = gauge('wavebus_ring_garbage', 'telemetry-ring steps whose columns the agent dropped as garbage (torn write, row or token id out of range, NaN log-prob), per rank, since its agent started', ['rank'] as const);
+  private readonly ringGarbage = gauge('wavebus_ring_garbage', 'telemetry-ring steps whose columns the agent dropped as garbage (torn write, row or token id out of range, bad counts), per rank, since its agent started', ['rank'] as const);
   private readonly missed = gauge('wavebus_missed_vectors', 'end_of_wave calls that went on without their wave vector (the bound ran out), per rank, since its agent started', ['rank'] as const);
 
   /** A heartbeat from `rank` (its counters; absent fields, as from an older agent, read 0). */

@@ -99,7 +99,7 @@ class TensorBatch(SlotEvents):
             rows_nf = _nonfinite_list(non_finite, "wave_head(): non_finite")
             body.telemetry.non_finite.extend(nonfinite_row_proto(x, f"wave_head(): non_finite[{i}]") for i, x in enumerate(rows_nf))
         ring = c._telemetry_ring()
-        if ring is not None and ring.fits(n, tokens, len(ev_rows)):
+        if ring is not None and ring.fits(n, tokens, len(ev_rows)) and ring.free():
             extra = body.SerializeToString()
             if ring.fits_extra(len(extra)):
                 # The whole head in the ring: no message, no system call; the agent polls for it.
