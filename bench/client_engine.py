@@ -149,6 +149,7 @@ def main():
         out["wave_heads_sent"] = c.stats["wave_head_sent"]
         if batch is not None:
             out["ring_heads"] = batch.stats["ring_heads"]
+            out["inline_heads"] = batch.stats["inline_heads"]
         c.close()
     print(json.dumps(out))
 
