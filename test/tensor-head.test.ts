@@ -19,7 +19,7 @@ import json, sys, numpy as np
 from wavebus_client import Client, RequestStep
 from wavebus_client.wave_head import WaveHeadBuilder
 
-run_dir, garbage = sys.argv[1], sys.argv[2] == "1"
+run_dir, garbage, rehello = sys.argv[1], sys.argv[2] == "1", sys.argv[2] == "2"
 c = Client.connect(env={"WAVEBUS_RUN_DIR": run_dir, "LOCAL_RANK": "0"})
 batch = c.tensor_batch(8, vocab=1000)
 import time
@@ -53,6 +53,8 @@ for wave in range(1, 41):
                                 finished=r in fin, freed=r in freed, prompt_len=5 if live[r] != "d" else 3))
     body = ref.build(wave, {"requests": reqs}, True, c._mb.epoch)
     out["dict"].append(body.telemetry.columns.SerializeToString().hex())
+    if rehello and wave == 20:
+        c._rejoin(); c.hello()  # a hello again (an agent back, a second tensor_batch): a fresh ring file
     if garbage and wave == 30:
         lps[0] = float("nan")
     if garbage and wave == 31:
@@ -67,8 +69,8 @@ c.close()
 print(json.dumps(out))
 `;
 
-async function drive(job: HarnessJob, garbage: boolean): Promise<{ dict: string[]; sent: number; stats: Record<string, number>; client: Record<string, unknown> }> {
-  const p = spawnTracked(PYTHON, ['-c', DRIVER, path.join(job.root, 'run'), garbage ? '1' : '0'], { env: ENV });
+async function drive(job: HarnessJob, garbage: boolean | 'rehello'): Promise<{ dict: string[]; sent: number; stats: Record<string, number>; client: Record<string, unknown> }> {
+  const p = spawnTracked(PYTHON, ['-c', DRIVER, path.join(job.root, 'run'), garbage === 'rehello' ? '2' : garbage ? '1' : '0'], { env: ENV });
   const { code } = await p.exited;
   if (code !== 0) throw new Error(`python exited ${code}: ${p.stderr()}`);
   return JSON.parse(p.stdout());
@@ -130,6 +132,24 @@ test('garbage in the ring (a token id past the vocab) is dropped and counted per
     expect(seen[30].columns!.rows).toBe(3);
     expect(seen[31].columns!.tokenIds.length).toBe(3);
     await waitFor(() => (job.coordinator as any).vectors.status().ringGarbage['0'] === 1, 'ring garbage in the coordinator status (heartbeat)');
+  } finally {
+    await stopHarnessJob(job);
+  }
+});
+
+test('a hello again makes a fresh ring file at the same path: the client maps the new one and no head is lost', async () => {
+  const job = await startHarnessJob({ tp: 1, runtimeConfig: CFG });
+  try {
+    const seen = record(job);
+    const got = await drive(job, 'rehello');
+    if (got.sent !== 40) throw new Error(`sent ${got.sent} of 40 heads: ${JSON.stringify(got.client)}`);
+    expect(got.stats.ring_heads).toBe(40);
+    await waitFor(() => {
+      if (seen.length !== 40) throw new Error(`${seen.length} heads: ${seen.map((t) => t.wave).join(',')}; agent ${JSON.stringify(job.ranks[0].agent.ringStats)}`);
+      return true;
+    }, 'every head at the coordinator');
+    expect(seen.map((t) => t.wave)).toEqual(Array.from({ length: 40 }, (_, i) => i));
+    expect(job.ranks[0].agent.ringStats.ringGarbage).toBe(0);
   } finally {
     await stopHarnessJob(job);
   }

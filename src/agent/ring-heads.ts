@@ -59,6 +59,7 @@ export class RingHeads {
 
   /** A client asked for a ring at hello: a fresh one (a previous client's is replaced). */
   open(ask: RingAsk): string {
+    this.poll(); // heads the client wrote before this hello go on first (else the next poll's tick would have taken them)
     this.close();
     this.ring = TelemetryRingReader.create(this.file, ask);
     this.polled = 0;

@@ -176,10 +176,10 @@ class Client(RegionsMixin, CaptureMixin, TensorHeadMixin):
         if self._rec is not None:  # a new hello may be a new agent with a new ring: mapped again when used
             self._rec.close()
             self._rec = None
-        if reply.ring_path != self._ring_path:  # a new hello may be a new agent with a new ring
-            if self._ring is not None:
-                self._ring.close()
-            self._ring, self._ring_path = None, reply.ring_path
+        # Every hello that asks makes a fresh ring file (the same path, a new file): mapped again when used.
+        if self._ring is not None:
+            self._ring.close()
+        self._ring, self._ring_path = None, reply.ring_path
         if reply.mailbox_path and os.path.realpath(reply.mailbox_path) != os.path.realpath(self.mailbox_path):
             self._mb.close()
             self._mb = mb.Mailbox(reply.mailbox_path)
