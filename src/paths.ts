@@ -242,3 +242,11 @@ export const TIMELINE_DIR = 'timeline';
 export function incidentFlushName(wave: number, layout: { dp: number }, replica: number): string {
   return `incident-wave${wave}${layout.dp > 1 ? `-dp${replica}` : ''}`;
 }
+
+/** The telemetry ring beside the mailbox (proto/ring-layout.json; docs/python-client.md, "The tensor hot path"). */
+export function telemetryRingPath(runDir: string, localRank: number): string {
+  if (!Number.isInteger(localRank) || localRank < 0) {
+    throw new RangeError(`local rank must be a non-negative integer, got ${localRank}`);
+  }
+  return path.join(runDir, `telemetry-ring-local${localRank}`);
+}

@@ -30,6 +30,8 @@ const FUZZ_INPUTS: Record<string, number> = {
   fingerprint: EVERY ?? 100000,
   // A small tree (two ranks' crash files, four call bundles) read whole per input: a few ms each.
   recorder_flush: EVERY ?? (FULL ? 100000 : 5000),
+  // One part of a slot rewritten, the slot read back with a few preads: cheap.
+  telemetry_ring: EVERY ?? 100000,
 };
 
 const results: Record<string, SurfaceResult> = {};
@@ -58,7 +60,7 @@ describe.each(SURFACES.map((s) => [s.name, s] as const))('%s', (name, surface) =
     // Both happened, and the refusals came from more than the first check.
     expect(accepted).toBeGreaterThan(0);
     expect(Object.keys(r.refused).length).toBeGreaterThanOrEqual(name === 'status_reply' ? 1 : 3);
-    for (const reason of Object.keys(r.refused)) expect(reason).toMatch(/^(drop|refused|control|status|report|torn|flush|mailbox):\w+|^\w+Error:ERR_[A-Z_]+$/);
+    for (const reason of Object.keys(r.refused)) expect(reason).toMatch(/^(drop|refused|control|status|report|torn|flush|mailbox|ring):\w+|^\w+Error:ERR_[A-Z_]+$/);
   });
 });
 
@@ -79,4 +81,13 @@ test('host files: a mailbox of another version, a link or a second name is refus
   const ring = results.recorder_ring ?? (await fuzzSurface(SURFACES.find((s) => s.name === 'recorder_ring')!, tmpDir('wavebus-fuzz-ring-'), 3000, 5));
   for (const k of ['torn:lengths_past_the_slot', 'torn:input_sizes']) expect(ring.refused[k]).toBeGreaterThan(0);
   expect(ring.accepted['ring:4_forwards']).toBeGreaterThan(0);
+});
+
+test('telemetry ring: whole heads relayed with columns the coordinator accepts; torn slots, counts past the ring, bad rows, events, tokens and extras dropped by name', async () => {
+  const r = results.telemetry_ring ?? (await fuzzSurface(SURFACES.find((s) => s.name === 'telemetry_ring')!, tmpDir('wavebus-fuzz-ring-'), 5000, 5));
+  expect(r.accepted.head_4rows_3tokens).toBeGreaterThan(0);
+  const refused = Object.keys(r.refused).join(' ');
+  for (const kind of ['torn', 'bad_counts', 'bad_extra']) expect([kind, refused.includes(kind)]).toEqual([kind, true]);
+  const dropped = Object.keys(r.accepted).filter((k) => k.startsWith('head_dropped_')).join(' ');
+  for (const kind of ['token_out_of_range', 'row_out_of_range', 'bad_event']) expect([kind, dropped.includes(kind)]).toEqual([kind, true]);
 });

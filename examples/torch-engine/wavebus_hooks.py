@@ -15,7 +15,9 @@ from typing import Dict, List, Optional
 
 import torch
 
-from wavebus_client import Client, LogitsFiniteGate, RequestStep, StepTelemetry
+import numpy as np
+
+from wavebus_client import Client, LogitsFiniteGate
 from wavebus_client.shm import kv_pool_shm, shm_tensor
 
 # The persistent input buffers (vLLM's model runner keeps the same ones: input_ids, positions,
@@ -54,13 +56,18 @@ class WavebusHooks:
         # 1d. Meet the rank's agent (WAVEBUS_RUN_DIR and LOCAL_RANK come from `wavebus launch`).
         self.client = client or Client.connect(engine_version=ENGINE_VERSION)
         self.client.register_all(regions)
+        # 1e. The persistent batch as wavebus sees it (the tensor hot path, docs/python-client.md):
+        # a row per running request, asked for before the hello so that the agent makes the ring.
+        self.batch = self.client.tensor_batch(max_seqs)
+        self._row: Dict[str, int] = {}
+        self._free_rows = list(range(max_seqs - 1, -1, -1))
+        self._rows_after_head: List[int] = []  # freed rows: taken again once the head carrying the free went
         feats = self.client.hello()
         # 1e. Optional: a checksum per weight shard in this rank's fingerprint (the agent reads them
         # once, now, off the step); an incident report names the shards that differ across replicas.
         if weights:
             self.client.register_weights(weights)
         self.gate = LogitsFiniteGate(item_sync=bool(feats and feats.item_sync))
-        self._sent_prompt = set()
 
     # -- 2a. fill the persistent buffers (views into shared memory) for this step
     def stage_inputs(self, batch) -> Dict[str, torch.Tensor]:
@@ -80,8 +87,12 @@ class WavebusHooks:
         return views
 
     # -- 2b. head of the wave: the previous step's telemetry (only TP0 of the last PP stage sends)
-    def wave_head(self, wave: int, telemetry: Optional[StepTelemetry]) -> None:
-        self.client.wave_head(wave, telemetry)
+    def wave_head(self, wave: int, telemetry: Optional[dict]) -> None:
+        t = telemetry or {"rows": []}
+        self.batch.wave_head(wave, t["rows"], t.get("token_ids"), logprobs=t.get("logprobs"), token_counts=t.get("token_counts"),
+                             draft_len=t.get("draft_len"), accepted=t.get("accepted"), non_finite=t.get("non_finite"))
+        self._free_rows += self._rows_after_head
+        self._rows_after_head = []
 
     # -- 2c. offer the forward for an input snapshot: the inputs in the order the forward takes them
     def before_forward(self, step: int, batch, views: Dict[str, torch.Tensor], graph: str):
@@ -104,25 +115,39 @@ class WavebusHooks:
     # included (accepted drafts + 1: the guard counts max(0, accepted - 1) as accepted drafts).
     # `freed`: the requests whose blocks went back after the previous wave's end_of_wave (reported in
     # this wave: blocks free before its end); they are not in the batch any more.
-    def telemetry(self, batch, tokens: List[List[int]], logprobs: List[List[float]], finished, freed=()) -> StepTelemetry:
-        reqs = []
-        for r, d, t, lp in zip(batch.reqs, batch.drafts, tokens, logprobs):
-            first = r.req_id not in self._sent_prompt
-            self._sent_prompt.add(r.req_id)
-            reqs.append(RequestStep(req_id=r.req_id, new_token_ids=t, new_token_logprobs=lp, block_ids=list(r.blocks),
-                                    draft_len=len(d), accepted=len(t) if d else 0,
-                                    finished=r in finished, freed=False, prompt_len=len(r.prompt),
-                                    num_output_tokens=len(r.output), prompt_token_ids=list(r.prompt) if first else []))
-        reqs += self._freed_rows(freed)
-        return StepTelemetry(requests=reqs, non_finite=self.gate.collect())  # waits for check_logits' rows
+    def telemetry(self, batch, tokens: List[List[int]], logprobs: List[List[float]], finished, freed=()) -> dict:
+        rows, counts, ids, lps = [], [], [], []
+        for r, t, lp in zip(batch.reqs, tokens, logprobs):
+            row = self._row.get(r.req_id)
+            if row is None:  # a new request takes a row (sparse: once per request)
+                row = self._row[r.req_id] = self._free_rows.pop()
+                self.batch.arrive(row, r.req_id, prompt_len=len(r.prompt), prompt_token_ids=r.prompt)
+            self.batch.blocks(row, r.blocks)  # sent only when it changed
+            rows.append(row)
+            counts.append(len(t))
+            ids += t
+            lps += lp
+            if r in finished:
+                self.batch.finish(row)
+        self._free(freed)
+        t = {"rows": np.array(rows, dtype=np.int64), "token_ids": np.array(ids, dtype=np.int64),
+             "logprobs": np.array(lps, dtype=np.float32), "token_counts": np.array(counts, dtype=np.int64),
+             "non_finite": self.gate.collect()}  # waits for check_logits' rows
+        if self.num_spec_tokens:
+            t["draft_len"] = np.array([len(d) for d in batch.drafts], dtype=np.int64)
+            t["accepted"] = np.array([len(x) if d else 0 for d, x in zip(batch.drafts, tokens)], dtype=np.int64)
+        return t
 
-    def freed_telemetry(self, freed) -> StepTelemetry:
-        """A wave without a forward that gives kept blocks back: only their freed rows."""
-        return StepTelemetry(requests=self._freed_rows(freed))
+    def freed_telemetry(self, freed) -> dict:
+        """A wave without a forward that gives kept blocks back: only their frees."""
+        self._free(freed)
+        return {"rows": np.zeros(0, dtype=np.int64)}
 
-    def _freed_rows(self, rs) -> List[RequestStep]:
-        return [RequestStep(req_id=r.req_id, block_ids=list(r.blocks), finished=True, freed=True, prompt_len=len(r.prompt),
-                            num_output_tokens=len(r.output)) for r in rs]
+    def _free(self, rs) -> None:
+        for r in rs:
+            row = self._row.pop(r.req_id)
+            self.batch.free(row)
+            self._rows_after_head.append(row)
 
     # -- 2g. after end_of_wave, before giving a finished request's blocks back: a dump armed for it
     # for the next wave (decided a wave ahead) keeps them one more step. A memory load when nothing is due.

@@ -23,7 +23,9 @@ import { createLogger, type Logger } from '../log';
 import { MailboxFeature } from '../client/mailbox';
 import { WAKE } from '../bus/replica-wake';
 import type { AgentConfig, DumpLane } from '../messages';
-import { agentEndpoint, engineFaultPath, mailboxPath, recorderPath } from '../paths';
+import { agentEndpoint, engineFaultPath, mailboxPath, recorderPath, telemetryRingPath } from '../paths';
+import { newRingStats, RingHeads } from './ring-heads';
+import { checkRingAsk } from './telemetry-ring';
 import { applyRecorderConfig, type FlightRecorder } from './flight-recorder';
 import { AgentRecorder } from './agent-recorder';
 import { claimRunDir } from '../launch/run-dir';
@@ -59,8 +61,11 @@ export class Agent {
     missedWaves: 0,
     snapshotsWritten: 0,
   };
+  /** Heads relayed from the telemetry ring and the garbage dropped there (ring-heads.ts). */
+  readonly ringStats = newRingStats();
   private readonly log: Logger;
   private readonly opts: AgentOptions;
+  private readonly ringHeads: RingHeads;
   private readonly regions: RegionTable;
   /** This rank's fingerprint: the client's hello and the weight checksums (fingerprint-keeper.ts). */
   private readonly fingerprint: FingerprintKeeper;
@@ -102,6 +107,12 @@ export class Agent {
     this.opts = opts;
     this.identity = opts.identity;
     this.log = opts.logger ?? createLogger(`wavebus-agent-rank${opts.identity.globalRank}`);
+    this.ringHeads = new RingHeads(telemetryRingPath(opts.runDir, opts.identity.localRank), this.ringStats, this.log, (head) => {
+      if (this.bus && this.isHead) {
+        this.bus.relayWaveHead(head);
+        this.stats.waveHeadsRelayed++;
+      }
+    });
     const hooks = agentDutyHooks(
       this.log,
       (cfg, where) => this.applyConfig(cfg, where),
@@ -122,7 +133,7 @@ export class Agent {
       (req, interim) => this.handle(req, interim),
       (raw) => {
         if (this.bus && this.isHead) {
-          this.bus.relayWaveHead(raw);
+          this.bus.relayWaveHead(this.ringHeads.active ? this.ringHeads.fill(raw) : raw);
           this.stats.waveHeadsRelayed++;
         }
       },
@@ -198,7 +209,7 @@ export class Agent {
         dropSeqs: this.opts.dropSeqs,
         curve: this.opts.curve,
         busToken: this.opts.busToken,
-        vectorCounts: () => ({ lateVectors: this.stats.lateVectors, missedVectors: this.stats.endOfWaveTimeouts }),
+        vectorCounts: () => ({ lateVectors: this.stats.lateVectors, missedVectors: this.stats.endOfWaveTimeouts, ringGarbage: this.ringStats.ringGarbage }),
       });
       if (!this.opts.curve && !this.opts.busToken) {
         this.log.warn(
@@ -256,6 +267,7 @@ export class Agent {
     this.router?.close();
     this.vectors?.close();
     this.digests?.close();
+    this.ringHeads.close();
     const sock = agentEndpoint(this.opts.runDir, this.identity.localRank).slice('ipc://'.length);
     fs.rmSync(sock, { force: true });
     this.regions.closeAll();
@@ -434,7 +446,7 @@ export class Agent {
     }
   }
 
-  private onHello(hello: { pid: number; asyncScheduling: boolean; fingerprint?: unknown; pidNamespace?: string }): Record<string, unknown> {
+  private onHello(hello: { pid: number; asyncScheduling: boolean; fingerprint?: unknown; pidNamespace?: string; ringRows?: number }): Record<string, unknown> {
     if (hello.fingerprint) this.fingerprint.hello(hello.fingerprint);
     if (this.opts.snapshot?.enabled) {
       checkSnapshotGating(this.opts.snapshot, { asyncScheduling: hello.asyncScheduling, backendHasMemoryAccess: true });
@@ -445,6 +457,7 @@ export class Agent {
       recorderPath: this.recorder ? recorderPath(this.opts.runDir, this.identity.localRank) : '',
       faultPath: this.recorder ? engineFaultPath(this.opts.runDir, this.identity.localRank) : '',
       decisionPath: this.digests?.path ?? '',
+      ringPath: this.isHead && hello.ringRows ? this.ringHeads.open(checkRingAsk(hello)) : '',
       features: {
         tp0: this.isHead,
         // The client sends heads while this is true: with the bus on, or woken (HEADS) on the head rank.

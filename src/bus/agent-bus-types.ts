@@ -35,7 +35,7 @@ export interface AgentBusOptions {
    */
   busToken?: BusToken;
   /** The agent's late and missed wave-vector counts, sent with every heartbeat (/metrics per rank). */
-  vectorCounts?: () => { lateVectors: number; missedVectors: number };
+  vectorCounts?: () => { lateVectors: number; missedVectors: number; ringGarbage?: number };
   /**
    * Follow only the waves with work (heads under X, the C and D lanes, heartbeats: frames.ts
    * workTopics): the host receiver writes this rank's plain vectors (docs/bus.md, "One receiver

@@ -37,6 +37,8 @@ export function statusJson(c: Coordinator): Record<string, unknown> {
     // Which ranks sent a fingerprint, and what differs between them now (docs/fingerprints.md).
     fingerprints: c.fingerprints.status(),
     missed_vectors: c.vectors.status().missed,
+    // Telemetry-ring steps each rank's agent dropped as garbage (docs/python-client.md, "The tensor hot path").
+    ring_garbage: c.vectors.status().ringGarbage,
     // Engines that died under their agents, newest last (each agent flushed its flight recorder).
     engine_crashes: c.crashes.status(),
     // Every message the ROUTER took in, and what it dropped of them by reason (the rest it handled).

@@ -212,7 +212,7 @@ function waveHeadOf(m: Record<string, any>, scratch?: ColumnScratch): Decoded<Ag
       columns,
     };
   }
-  return { ok: true, value: { globalRank: m.globalRank, epochSeen: Number(m.epochSeen), requestId: Number(m.requestId), body: 'waveHead', waveHead: { wave: Number(wh.wave), telemetry } } };
+  return { ok: true, value: { globalRank: m.globalRank, epochSeen: Number(m.epochSeen), requestId: Number(m.requestId), body: 'waveHead', waveHead: { wave: Number(wh.wave), telemetry, ringSeq: Number(wh.ringSeq ?? 0) } } };
 }
 
 /** Validate and decode one CoordinatorMessage payload received on an agent's DEALER; with `token`, its MAC first. */

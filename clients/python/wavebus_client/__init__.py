@@ -7,10 +7,11 @@ from .errors import (AgentError, AgentUnavailableError, CaptureError, ConfigErro
 from .forward import ForwardContext
 from .mailbox import Mailbox, MailboxWriter, WaveVector
 from .region import Region
+from .tensor_head import TensorBatch
 from .telemetry import LogitsFiniteGate, NonFiniteRow, PendingNonFinite, RequestStep, StepTelemetry, nonfinite_rows
 
 __all__ = [
-    "Client", "EndOfWaveResult", "Features", "ForwardContext", "Mailbox", "MailboxWriter", "WaveVector",
+    "Client", "TensorBatch", "EndOfWaveResult", "Features", "ForwardContext", "Mailbox", "MailboxWriter", "WaveVector",
     "Region", "RequestStep", "NonFiniteRow", "StepTelemetry", "nonfinite_rows", "PendingNonFinite", "LogitsFiniteGate",
     "WavebusError", "ConfigError", "ProtocolError", "AgentError", "AgentUnavailableError", "CaptureError",
     "CudaUnavailableError", "ReplayError", "CLIENT_PROTOCOL_VERSION", "protocol_version", "proto_fingerprint", "__version__",

@@ -28,6 +28,7 @@ from .registration import RegionsMixin
 from .transport import AgentSocket
 from .paths import env_paths
 from .pending import PendingDumps, VectorStall, due_dumps_asker
+from .tensor_head import TensorHeadMixin
 from .wave_head import WaveHeadBuilder, check_wave
 
 log = logging.getLogger("wavebus_client")
@@ -43,7 +44,7 @@ class EndOfWaveResult:
     error: str = ""
 
 
-class Client(RegionsMixin, CaptureMixin, DigestMixin):
+class Client(RegionsMixin, CaptureMixin, DigestMixin, TensorHeadMixin):
     """Use ``Client.connect()``; see docs/python-client.md."""
 
     def __init__(self, endpoint: str, mailbox_path: str, *, async_scheduling: bool = False,
@@ -87,6 +88,8 @@ class Client(RegionsMixin, CaptureMixin, DigestMixin):
         self._regions: Dict[str, Region] = {}
         self._sent_regions: Dict[str, Region] = {}
         self._head = WaveHeadBuilder()
+        self._ring_request: Dict[str, int] = {}  # tensor_batch(): the ring asked for at hello
+        self._ring_path, self._ring = "", None
         self._closed = False
         self._rec, self._recorder_path = None, ""  # the flight recorder's ring (live_capture.py)
         self.fault_file = ""  # what enable_fault_file did at the last hello (fault_file.py)
@@ -175,6 +178,10 @@ class Client(RegionsMixin, CaptureMixin, DigestMixin):
         if self._rec is not None:  # a new hello may be a new agent with a new ring: mapped again when used
             self._rec.close()
             self._rec = None
+        # Every hello that asks makes a fresh ring file (the same path, a new file): mapped again when used.
+        if self._ring is not None:
+            self._ring.close()
+        self._ring, self._ring_path = None, reply.ring_path
         if reply.mailbox_path and os.path.realpath(reply.mailbox_path) != os.path.realpath(self.mailbox_path):
             self._mb.close()
             self._mb = mb.Mailbox(reply.mailbox_path)
@@ -188,7 +195,7 @@ class Client(RegionsMixin, CaptureMixin, DigestMixin):
         if not hello_id:
             req = pb.ClientRequest(hello=pb.ClientHello(pid=os.getpid(), async_scheduling=self.async_scheduling, language="python",
                                                         protocol_version=CLIENT_PROTOCOL_VERSION, fingerprint=self._own_fingerprint(),
-                                                        pid_namespace=pid_namespace()))
+                                                        pid_namespace=pid_namespace(), **self._ring_request))
             if not self._sock.send(req, later=("hello", self._apply_hello)):
                 return False
             hello_id = req.id
@@ -237,34 +244,49 @@ class Client(RegionsMixin, CaptureMixin, DigestMixin):
 
     def wave_head(self, wave: int, telemetry=None) -> bool:
         """Mark the head of ``wave`` (with the telemetry of the previous wave). Only TP0 of the last
-        PP stage sends, only while the bus is active; never waits for the answer. True if sent."""
+        PP stage sends, only while the bus is active; never waits for the answer. True if sent.
+        The dict / dataclass form; ``tensor_batch()`` is the per-step path whose cost does not grow
+        with the batch."""
+        feats = self._head_gate(wave, self._head)
+        if feats is None:
+            return False
+        body = self._head.build(wave, telemetry, bool(feats & mb.FEATURE_DETECTORS), self._mb.epoch)
+        if not self._send_head(body):
+            self._head.resend()  # its bindings may have been in this one
+            return False
+        return True
+
+    def _head_gate(self, wave: int, builder):
+        """The checks every wave head passes: the features when this rank sends now, else None
+        (``builder.reset()`` when sending paused)."""
         check_wave(wave, "wave_head()")
         self._head_wave = wave
         feats = self._mb.features
         if not feats & (mb.FEATURE_BUS | mb.FEATURE_HEADS):  # also covers "everything off"
-            self._head.reset()  # requests freed meanwhile go unseen: start over when sending again
-            return False
+            builder.reset()  # requests freed meanwhile go unseen: start over when sending again
+            return None
         if self._avail.still_unavailable():
             # Nothing queues up for an agent that is gone; the bindings go again once it is back.
-            self._head.reset()
+            builder.reset()
             self.stats["wave_head_skipped"] += 1
-            return False
+            return None
         if self.agent_features is None and not self._hello(time.monotonic() + self._bound_s()):
             self._avail.mark_unavailable(f"wave_head({wave}): no answer to hello within {self.call_bound_ms()} ms")
             self.stats["wave_head_skipped"] += 1
-            return False
+            return None
         if not self.agent_features.tp0:
-            self._head.reset()
-            return False
+            builder.reset()
+            return None
         if len(self._sent_regions) != len(self._regions) and not self._flush_regions(time.monotonic() + self._bound_s(), step=True):
             self.stats["wave_head_skipped"] += 1
-            return False
+            return None
         self._sock.drain()
-        body = self._head.build(wave, telemetry, bool(feats & mb.FEATURE_DETECTORS), self._mb.epoch)
+        return feats
+
+    def _send_head(self, body: "pb.WaveHeadRequest") -> bool:
         # One-way: the engine never waits for the agent or the coordinator at the head of a wave.
         if not self._sock.send(pb.ClientRequest(wave_head=body), one_way=True):
             self.stats["wave_head_skipped"] += 1
-            self._head.resend()  # its bindings may have been in this one
             return False
         self.stats["wave_head_sent"] += 1
         return True
@@ -375,5 +397,7 @@ class Client(RegionsMixin, CaptureMixin, DigestMixin):
         if self._rec is not None:
             self._rec.close()
         self._forget_decision_ring("")
+        if self._ring is not None:
+            self._ring.close()
         disable_fault_file()
         self._mb.close()

@@ -95,8 +95,9 @@ class AgentSocket:
                     later[1](reply)
 
     def drain(self) -> None:
-        """Read whatever came, without waiting."""
-        if self._sock is not None:
+        """Read whatever came, without waiting. Only answers come, and only to requests still
+        listed: with none, nothing can have come and no system call is made (zmq_poll would)."""
+        if self._sock is not None and self._later:
             self.wait(-1, time.monotonic())
 
     def request(self, req: "pb.ClientRequest", deadline: float) -> Optional["pb.ClientReply"]:

@@ -1,0 +1,113 @@
+// `wavebus bench client [--lang python] [--requests 1,64,256,1024,4096] [--steps N] --json`
+//
+// The engine's own cost per step at real batch sizes: the calls an engine makes every step
+// (wave_head, before_forward, end_of_wave, pending_dump for the requests that finished), timed in
+// the engine's thread (bench/client_engine.py), p50/p99 of their sum and of each. Each size runs,
+// in the same run: the tensor path (TensorBatch, the telemetry ring) and the dict path against a
+// live coordinator (this process, detectors token_repeat, spec_acceptance and garbled on) and
+// agent; everything off (an agent without a bus: the mailbox says off); the same loop without
+// wavebus; and the seed's path (its Python detectors in the engine).
+import { spawn } from 'child_process';
+import * as fs from 'fs';
+import * as os from 'os';
+import * as path from 'path';
+import { Agent } from '../src/agent/agent';
+import { Coordinator } from '../src/bus/coordinator';
+import { ConfigError } from '../src/errors';
+import { Guard } from '../src/guard/guard';
+import { parseStartupOptions } from '../src/guard/startup';
+import { resolveIdentity } from '../src/launch/identity';
+import { createLogger } from '../src/log';
+import { packageRoot } from '../src/paths';
+import { freePortPair } from '../src/bus/ports';
+import type { BenchArgs, BenchFlags } from './lib/flags';
+
+export const summary = "The engine's own per-step cost of the client's calls at N running requests (tensor and dict paths, everything off, no wavebus, the seed's Python detectors), in the engine's thread.";
+export const flags = {
+  lang: { type: 'string', default: 'python', choices: ['python'], describe: "the engine's language (python; the TypeScript client's tensor path is not built yet)" },
+  requests: { type: 'string', default: '1,64,256,1024,4096', describe: 'running requests per step, comma-separated' },
+  steps: { type: 'int', default: 300, describe: 'timed steps per size and mode (after 30 untimed)' },
+} satisfies BenchFlags;
+
+const PY = fs.existsSync('/usr/bin/python3') ? '/usr/bin/python3' : 'python3';
+const MODES = ['tensor', 'dict', 'off', 'none', 'seed'] as const;
+const CFG = { detector: { token_repeat: { enabled: true }, spec_acceptance: { enabled: true }, garbled: { enabled: true } } };
+
+function engineScript(): string {
+  // dist/bench -> bench/client_engine.py in the package (tsc does not copy it); from the sources, beside this file.
+  const p = path.join(packageRoot(), 'bench', 'client_engine.py');
+  if (!fs.existsSync(p)) throw new ConfigError(`bench client: ${p} is missing`);
+  return p;
+}
+
+function runEngine(mode: string, n: number, steps: number, runDir: string): Promise<Record<string, any>> {
+  return new Promise((resolve, reject) => {
+    const child = spawn(PY, [engineScript(), mode, String(n), String(steps), runDir], { env: { ...process.env, PYTHONPATH: path.join(packageRoot(), 'clients', 'python') }, stdio: ['ignore', 'pipe', 'pipe'] });
+    let out = '';
+    let err = '';
+    child.stdout.on('data', (b) => (out += b));
+    child.stderr.on('data', (b) => (err = (err + b).slice(-4000)));
+    child.on('exit', (code) => (code === 0 ? resolve(JSON.parse(out.trim().split('\n').pop()!)) : reject(new Error(`bench client: the ${mode} engine exited ${code}: ${err}`))));
+  });
+}
+
+/** A live one-rank job: coordinator and guard (detectors on) and agent, in this process. */
+export async function withJob<T>(bus: boolean, fn: (runDir: string) => Promise<T>): Promise<T> {
+  const root = fs.mkdtempSync(path.join(os.tmpdir(), 'wavebus-bench-client-'));
+  const log = createLogger('bench-client', 'error');
+  const layout = { worldSize: 1, tp: 1, pp: 1, dp: 1, cp: 1 };
+  let guard: Guard | undefined;
+  let coordinator: Coordinator | undefined;
+  let agent: Agent | undefined;
+  try {
+    const startup = parseStartupOptions(JSON.stringify({ runtime_config: CFG }), {}, root);
+    const identity = resolveIdentity({ RANK: '0', LOCAL_RANK: '0', WORLD_SIZE: '1', LOCAL_WORLD_SIZE: '1' });
+    const runDir = path.join(root, 'run');
+    if (bus) {
+      guard = new Guard({ startup, layout });
+      const port = await freePortPair();
+      coordinator = new Coordinator({ port, layout, heartbeatMs: 300, policy: guard, logger: log });
+      await coordinator.start();
+      agent = new Agent({ identity, runDir, logger: log, coordinator: { host: '127.0.0.1', port }, heartbeatMs: 300, roots: { dumps: startup.dumpDir } });
+    } else {
+      agent = new Agent({ identity, runDir, logger: log, roots: { dumps: startup.dumpDir } });
+    }
+    await agent.start();
+    const t0 = Date.now();
+    while (bus && !(agent.synced && coordinator!.liveRanks().length === 1)) {
+      if (Date.now() - t0 > 20000) throw new Error('bench client: the agent did not sync with its coordinator within 20 s');
+      await new Promise((r) => setTimeout(r, 20));
+    }
+    return await fn(runDir);
+  } finally {
+    await agent?.stop();
+    await coordinator?.stop();
+    guard?.close();
+    fs.rmSync(root, { recursive: true, force: true });
+  }
+}
+
+export async function run(args: BenchArgs<typeof flags>): Promise<Record<string, unknown>> {
+  const sizes = args.requests.split(',').map((s) => {
+    const n = Number(s.trim());
+    if (!Number.isInteger(n) || n < 1 || n > 1 << 20) throw new ConfigError(`--requests: ${JSON.stringify(s)} is not a whole number in 1..${1 << 20}`);
+    return n;
+  });
+  const results: Record<string, unknown>[] = [];
+  for (const n of sizes) {
+    const row: Record<string, unknown> = { requests: n };
+    for (const mode of MODES) {
+      const r = mode === 'tensor' || mode === 'dict' ? await withJob(true, (dir) => runEngine(mode, n, args.steps, dir)) : mode === 'off' ? await withJob(false, (dir) => runEngine(mode, n, args.steps, dir)) : await runEngine(mode, n, args.steps, os.tmpdir());
+      if (mode === 'tensor' && r.ring_heads + r.inline_heads !== args.steps + 30) throw new Error(`bench client: ${r.ring_heads} ring and ${r.inline_heads} inline heads of ${args.steps + 30}`);
+      if ((mode === 'tensor' || mode === 'dict') && r.wave_heads_sent !== args.steps + 30) throw new Error(`bench client: the ${mode} engine sent ${r.wave_heads_sent} of ${args.steps + 30} heads`);
+      // Tensor heads that went inline: the agent had not taken the slot yet (it fell behind), or the step did not fit the ring.
+      row[mode] = { p50_us: round(r.p50_us), p99_us: round(r.p99_us), calls: r.calls, ...(mode === 'tensor' ? { ring_heads: r.ring_heads, inline_heads: r.inline_heads } : {}) };
+    }
+    results.push(row);
+  }
+  return { bench: 'client', lang: args.lang, steps: args.steps, detectors: Object.keys(CFG.detector), results };
+}
+
+function round(x: number): number {
+  return Math.round(x * 100) / 100;
+}

@@ -1,0 +1,157 @@
+"""`wavebus bench client`'s engine: one Python engine loop at N running requests, timing in its own
+thread the calls it makes every step. Modes:
+  tensor  - TensorBatch.wave_head (the ring) + before_forward + end_of_wave + pending_dump(finished)
+  dict    - the same with Client.wave_head and the dict telemetry (the convenience path)
+  off     - the tensor loop against a mailbox with every feature off (nothing is sent)
+  none    - the same loop without wavebus (the engine's own arrays only: the floor)
+  seed    - the seed's path: its Python detectors in the engine (token_repeat, spec_acceptance per
+            request, logits_finite's isfinite on [N, 1024] float32 logits), ported from the seed's
+            description (token_repeat: window 32, threshold 64, min 32; spec_acceptance: window 10)
+Prints one JSON line: per-step p50/p99 µs of the calls' sum, and per call.
+usage: client_engine.py MODE N STEPS RUN_DIR
+"""
+import json
+import sys
+import time
+from collections import deque
+
+import numpy as np
+
+mode, n, steps, run_dir = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+WARM = 30
+rng = np.random.default_rng(1)
+FINISH_EVERY = 200  # each request runs ~200 steps: about n / 200 finish per step
+FORWARD_S = 0.003  # a 3 ms forward, as bench overhead
+
+
+class SeedTokenRepeat:
+    __slots__ = ("content", "scores", "seen", "over")
+
+    def __init__(self):
+        self.content, self.scores, self.seen, self.over = deque(maxlen=32), deque(maxlen=32), 0, 0
+
+    def step(self, t):
+        score = self.content.count(t)
+        self.content.append(t)
+        self.seen += 1
+        self.scores.append(score)
+        if self.seen >= 32 and sum(self.scores) > 64:
+            self.over += 1
+            return self.over >= 1
+        self.over = 0
+        return False
+
+
+class SeedSpec:
+    __slots__ = ("win",)
+
+    def __init__(self):
+        self.win = deque(maxlen=10)
+
+    def step(self, draft, accepted):
+        if draft == 0:
+            return False
+        self.win.append((max(0, accepted - 1), draft))
+        if len(self.win) < 10:
+            return False
+        acc = sum(a for a, _ in self.win)
+        rate, length = acc / sum(d for _, d in self.win), acc / len(self.win)
+        return (rate < 0.3 and length < 1.4) or (rate > 0.96 and length > 2.8)
+
+
+def main():
+    c = batch = None
+    torch = None
+    if mode in ("tensor", "dict", "off"):
+        from wavebus_client import Client
+        c = Client.connect(env={"WAVEBUS_RUN_DIR": run_dir, "LOCAL_RANK": "0"})
+        if mode != "dict":
+            batch = c.tensor_batch(max(n, 1), vocab=32000)
+        if mode != "off":  # the agent turns the bus on once its coordinator's config is in force
+            from wavebus_client.mailbox import FEATURE_BUS
+            t_end = time.monotonic() + 20
+            while not c.features & FEATURE_BUS and time.monotonic() < t_end:
+                time.sleep(0.01)
+            c.hello()  # at once (the ring is made then), not lazily within the first head's bound
+    if mode == "seed":
+        import torch
+        logits = torch.zeros(n, 1024)
+        tr = [SeedTokenRepeat() for _ in range(n)]
+        sp = [SeedSpec() for _ in range(n)]
+    rows = np.arange(n, dtype=np.int64)
+    req = [f"req-{r}" for r in range(n)]
+    tables = {r: [r, r + n] for r in range(n)}
+    age = rng.integers(0, FINISH_EVERY, n)
+    next_id = n
+    prev = []
+    if batch is not None:
+        for r in range(n):
+            batch.arrive(r, req[r], prompt_len=16)
+            batch.blocks(r, tables[r])
+    ctx = {"compilation_hash": "bench", "global_step": 0, "req_ids": [], "positions": []}
+    totals, per = [], {"wave_head": [], "before_forward": [], "end_of_wave": [], "pending_dump": []}
+    pc = time.perf_counter_ns
+    for wave in range(1, steps + WARM + 1):
+        time.sleep(FORWARD_S)  # the forward on the device (not timed): the vectors arrive meanwhile
+        toks = rng.integers(0, 32000, n).astype(np.int32)  # the engine's sampled ids (not timed)
+        lps = np.full(n, -1.0, dtype=np.float32)
+        age += 1
+        done = np.flatnonzero(age >= FINISH_EVERY)
+        t0 = pc()
+        if mode in ("tensor", "off"):
+            for r in done.tolist():
+                batch.finish(r)
+            batch.wave_head(wave, rows, toks, lps)
+        elif mode == "dict":
+            doneset = set(done.tolist())
+            tl = toks.tolist()
+            c.wave_head(wave, {"requests": [{"req_id": req[r], "new_token_ids": [tl[r]], "new_token_logprobs": [-1.0], "block_ids": tables[r],
+                                             "finished": r in doneset, "freed": r in doneset} for r in range(n)]})
+        elif mode == "seed":
+            tl = toks.tolist()
+            for r in range(n):
+                tr[r].step(tl[r])
+                sp[r].step(3, 2)
+            bool(torch.isfinite(logits).all())
+        t1 = pc()
+        if c is not None:
+            ctx["global_step"] = wave
+            c.before_forward(ctx, [])
+        t2 = pc()
+        if c is not None:
+            c.end_of_wave(wave)
+        t3 = pc()
+        keep = [c.pending_dump(req[r]) for r in done.tolist()] if c is not None else []
+        if batch is not None:
+            for r, k in zip(done.tolist(), keep):
+                batch.free(r)
+        t4 = pc()
+        # The engine reuses the rows (not timed): new requests arrive where the finished ones were.
+        for r in done.tolist():
+            req[r] = f"req-{next_id}"
+            next_id += 1
+            age[r] = 0
+        if wave > WARM:
+            totals.append((t4 - t0) / 1e3)
+            for k, a, b in (("wave_head", t0, t1), ("before_forward", t1, t2), ("end_of_wave", t2, t3), ("pending_dump", t3, t4)):
+                per[k].append((b - a) / 1e3)
+        if batch is not None:
+            # Rows freed at the last step take their new requests now, after the head that carried
+            # the free (not timed: an engine pays each arrival once, as it schedules it).
+            for r in prev:
+                batch.arrive(r, req[r], prompt_len=16)
+                batch.blocks(r, tables[r])
+            prev = done.tolist()
+    q = lambda a, p: float(np.percentile(np.array(a), p)) if a else 0.0  # noqa: E731
+    out = {"mode": mode, "requests": n, "steps": steps, "p50_us": q(totals, 50), "p99_us": q(totals, 99),
+           "calls": {k: {"p50_us": q(v, 50), "p99_us": q(v, 99)} for k, v in per.items()}}
+    if c is not None:
+        out["wave_heads_sent"] = c.stats["wave_head_sent"]
+        if batch is not None:
+            out["ring_heads"] = batch.stats["ring_heads"]
+            out["inline_heads"] = batch.stats["inline_heads"]
+        c.close()
+    print(json.dumps(out))
+
+
+main()

@@ -1,0 +1,147 @@
+"""The telemetry ring's writer: per step, one copy per column into a slot of a file the agent
+created and reads when the wave head naming the slot's seq arrives. No per-element Python, no
+protobuf, no system call. The layout is proto/ring-layout.json (a copy ships as ring_layout.json;
+the agent's reader is src/agent/telemetry-ring.ts).
+
+Seqlock: the slot's seq word goes odd, the columns and counts are stored, then seq goes even
+(2k for write k). The agent reads seq before and after it copies the slot out and drops a slot
+whose seq changed or is not the one its head named (a torn write, counted as garbage). Stores
+from one thread are seen in order on x86-64 and, through the GIL's barriers, on arm64.
+"""
+import json
+import mmap
+import os
+import struct
+from typing import Dict, Optional
+
+from .errors import ConfigError
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+with open(os.path.join(_HERE, "ring_layout.json"), encoding="utf-8") as _f:
+    LAYOUT = json.load(_f)
+
+_TYPES = {"u8": ("B", 1), "u32": ("I", 4), "u64": ("Q", 8), "f32": ("f", 4)}
+_NUMPY = {"u8": "<u1", "u32": "<u4", "f32": "<f4"}
+HEADER = {f["name"]: f["offset"] for f in LAYOUT["header"]}
+SLOT = {f["name"]: f["offset"] for f in LAYOUT["slot_header"]}
+COLUMNS = [c["name"] for c in LAYOUT["columns"]]
+MAX_ROWS = 1 << 20  # the coordinator's slot limit (src/client/telemetry.ts MAX_SLOTS)
+
+
+def _align8(n: int) -> int:
+    return (n + 7) & ~7
+
+
+def column_offsets(max_rows: int, max_tokens: int, max_events: int, max_extra: int):
+    """(offset in the slot, capacity, numpy dtype) per column, and the slot's bytes: as the agent computes them."""
+    cap = {"row": max_rows, "token": max_tokens, "event": max_events, "extra": max_extra}
+    at = LAYOUT["slot_header_bytes"]
+    out = {}
+    for c in LAYOUT["columns"]:
+        n = cap[c["per"]]
+        out[c["name"]] = (at, n, _NUMPY[c["type"]])
+        at += _align8(n * _TYPES[c["type"]][1])
+    return out, _align8(at)
+
+
+class TelemetryRing:
+    """The client's side of one ring file (from the path the agent's hello gave)."""
+
+    def __init__(self, path: str):
+        import numpy as np
+
+        where = f"telemetry ring {path}"
+        # No link followed: the path came from the agent's socket; the file is the agent's, 0600.
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+        try:
+            size = os.fstat(fd).st_size
+            if size < LAYOUT["header_bytes"]:
+                raise ConfigError(f"{where}: {size} bytes, shorter than its header")
+            self._mm = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        mm = self._mm
+        u32 = lambda name: struct.unpack_from("<I", mm, HEADER[name])[0]  # noqa: E731
+        if bytes(mm[0:8]) != LAYOUT["magic"].encode() or u32("version") != LAYOUT["version"]:
+            self.close()
+            raise ConfigError(f"{where}: not a version {LAYOUT['version']} telemetry ring")
+        self.slots, self.max_rows, self.max_tokens, self.max_events = u32("slots"), u32("max_rows"), u32("max_tokens"), u32("max_events")
+        self.max_extra = u32("max_extra")
+        stride = struct.unpack_from("<Q", mm, HEADER["slot_bytes"])[0]
+        self._cols, want = column_offsets(self.max_rows, self.max_tokens, self.max_events, self.max_extra)
+        if self.slots < 1 or stride != want or LAYOUT["header_bytes"] + self.slots * stride > size:
+            self.close()
+            raise ConfigError(f"{where}: {self.slots} slots of {stride} bytes do not fit its {size} bytes")
+        struct.pack_into("<I", mm, HEADER["pid"], os.getpid())
+        self.path, self.stride = path, stride
+        self._base = [LAYOUT["header_bytes"] + i * stride for i in range(self.slots)]
+        # numpy views over every column of every slot, made once: a step only assigns into them.
+        self._views = [{name: np.frombuffer(mm, dtype=dt, count=n, offset=b + off) for name, (off, n, dt) in self._cols.items()}
+                       for b in self._base]
+        self._pack = struct.Struct("<QIII")  # wave, rows, tokens, events
+        self._present_bit = {name: 1 << i for i, name in enumerate(COLUMNS)}
+        self._extra_off = self._cols["extra"][0]
+        # A client that comes back to the ring goes on numbering after the last write.
+        self._seq = struct.unpack_from("<Q", mm, HEADER["written"])[0] // 2
+
+    def fits(self, rows: int, tokens: int, events: int) -> bool:
+        return rows <= self.max_rows and tokens <= self.max_tokens and events <= self.max_events
+
+    def fits_extra(self, nbytes: int) -> bool:
+        return nbytes <= self.max_extra
+
+    def free(self) -> bool:
+        """Whether the next write's slot was taken by the agent: never overwrite a head it has not
+        read (the caller sends that head as a message instead; nothing is lost when the agent lags)."""
+        k = self._seq + 1
+        return k <= self.slots or struct.unpack_from("<Q", self._mm, HEADER["consumed"])[0] >= 2 * (k - self.slots)
+
+    def write(self, wave: int, columns: Dict[str, object], rows: int, tokens: int, events: int, extra: bytes = b"") -> int:
+        """Copy one step's columns (numpy arrays, already of the right length) into the next slot;
+        returns its seq. The caller checked fits(). With ``extra`` (the head's sparse part, at most
+        max_extra bytes) the slot is the whole head: ``written`` says so and the agent takes it on
+        its own; without, the head goes as a message naming the seq."""
+        k = self._seq + 1
+        i = (k - 1) % self.slots
+        base, views, mm = self._base[i], self._views[i], self._mm
+        struct.pack_into("<Q", mm, base + SLOT["seq"], 2 * k - 1)  # odd: being written
+        present = 0
+        for name, arr in columns.items():
+            view = views[name]
+            view[: len(arr)] = arr  # one copy (a cast where the engine's dtype differs)
+            present |= self._present_bit[name]
+        if extra:
+            mm[base + self._extra_off: base + self._extra_off + len(extra)] = extra
+            present |= self._present_bit["extra"]
+        self._pack.pack_into(mm, base + SLOT["wave"], wave, rows, tokens, events)
+        struct.pack_into("<II", mm, base + SLOT["present"], present, len(extra))
+        struct.pack_into("<Q", mm, base + SLOT["seq"], 2 * k)
+        if extra:
+            struct.pack_into("<Q", mm, HEADER["written"], 2 * k)  # after the slot: the agent's poll takes it
+        self._seq = k
+        return 2 * k
+
+    def close(self) -> None:
+        self._views = []
+        mm, self._mm = self._mm, None
+        if mm is not None:
+            try:
+                mm.close()
+            except BufferError:
+                pass  # a view still held by the engine: the mapping goes with it
+
+
+def ring_sizes(max_rows, max_tokens: Optional[int], max_events: Optional[int], vocab: int):
+    """The hello's ring request, checked: (rows, tokens, events, vocab)."""
+    for name, v in (("max_rows", max_rows), ("max_tokens", max_tokens), ("max_events", max_events), ("vocab", vocab)):
+        if v is None and name in ("max_tokens", "max_events"):
+            continue
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ConfigError(f"Client.tensor_batch(): {name} must be a non-negative integer, got {v!r}")
+    if not 1 <= max_rows <= MAX_ROWS:
+        raise ConfigError(f"Client.tensor_batch(): max_rows must be in 1..{MAX_ROWS}, got {max_rows}")
+    tokens = max_rows if max_tokens is None else max_tokens
+    events = max(64, max_rows // 4) if max_events is None else max_events
+    if tokens > 16 * MAX_ROWS or events > MAX_ROWS or vocab > 0xFFFFFFFF:
+        raise ConfigError("Client.tensor_batch(): max_tokens, max_events or vocab is too large")
+    return max_rows, tokens, events, vocab

@@ -1,0 +1,141 @@
+"""The engine's persistent batch as wavebus sees it (the tensor hot path, docs/python-client.md).
+
+Each running request keeps a stable row (vLLM's InputBatch row, a continuous-batching slot) from
+``arrive`` to ``free``; wavebus uses the row as the telemetry's slot. Arrivals, block-table
+changes, finishes and frees are sparse events, paid once each; a step passes only columns
+(``TensorBatch.wave_head``). The events wait here until the next wave head carries them.
+"""
+import itertools
+from typing import Dict, List, Optional, Tuple
+
+from . import wavebus_pb2 as pb
+from .errors import ConfigError
+
+FLAG_FINISHED = 1
+FLAG_FREED = 2
+# Live bindings and block tables re-sent per head, round-robin: a lost head heals within
+# live / RESEND_PER_STEP steps, at a cost that does not grow with the batch.
+RESEND_PER_STEP = 4
+
+
+def _row(row, max_rows: int, where: str) -> int:
+    if hasattr(row, "item"):
+        row = row.item()
+    if isinstance(row, bool) or not isinstance(row, int) or not 0 <= row < max_rows:
+        raise ConfigError(f"{where}: row must be an integer in 0..{max_rows - 1}, got {row!r}")
+    return row
+
+
+class SlotEvents:
+    """Bindings (row -> request), block tables and finish/free flags, with what the next head sends."""
+
+    def __init__(self, max_rows: int):
+        self.max_rows = max_rows
+        self._live: Dict[int, Tuple[str, int]] = {}  # row -> (req_id, prompt_len)
+        self._tables: Dict[int, List[int]] = {}
+        self._new_bind: Dict[int, Tuple[str, int, List[int]]] = {}
+        self._new_blocks: Dict[int, List[int]] = {}
+        self._flags: Dict[int, int] = {}
+        self._resend_all = False
+        self._cycle = iter(())
+
+    @property
+    def live(self) -> int:
+        return len(self._live)
+
+    def arrive(self, row, req_id: str, prompt_len: int = 0, prompt_token_ids=None) -> None:
+        """Request ``req_id`` now holds ``row`` (until ``free(row)``)."""
+        row = _row(row, self.max_rows, "arrive()")
+        if not isinstance(req_id, str) or not req_id:
+            raise ConfigError(f"arrive(): req_id must be a non-empty string, got {req_id!r}")
+        if isinstance(prompt_len, bool) or not isinstance(prompt_len, int) or not 0 <= prompt_len <= 0xFFFFFFFF:
+            raise ConfigError(f"arrive(): prompt_len must be an integer in 0..2^32-1, got {prompt_len!r}")
+        held = self._live.get(row)
+        if held is not None:
+            raise ConfigError(f"arrive(): row {row} still holds request {held[0]!r}; free(row) it first")
+        if self._flags.get(row, 0) & FLAG_FREED:
+            # Its free and this arrival would reach the coordinator in one head, the free last.
+            raise ConfigError(f"arrive(): row {row} was freed since the last wave_head; bind it after the next wave_head")
+        ids: List[int] = []
+        if prompt_token_ids is not None:
+            ids = prompt_token_ids.tolist() if hasattr(prompt_token_ids, "tolist") else list(prompt_token_ids)
+            if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= 0xFFFFFFFF for t in ids):
+                raise ConfigError("arrive(): prompt_token_ids must be integers in 0..2^32-1")
+        self._live[row] = (req_id, prompt_len)
+        self._tables.pop(row, None)
+        self._new_bind[row] = (req_id, prompt_len, ids)
+
+    def blocks(self, row, block_ids) -> None:
+        """``row``'s whole block table, when it changed (sent with the next head)."""
+        row = _row(row, self.max_rows, "blocks()")
+        if row not in self._live:
+            raise ConfigError(f"blocks(): row {row} holds no request (arrive() first)")
+        table = block_ids.tolist() if hasattr(block_ids, "tolist") else list(block_ids)
+        if not all(isinstance(b, int) and not isinstance(b, bool) and 0 <= b <= 0xFFFFFFFF for b in table):
+            raise ConfigError(f"blocks(): block ids of row {row} must be integers in 0..2^32-1")
+        if self._tables.get(row) != table:
+            self._tables[row] = table
+            self._new_blocks[row] = table
+
+    def finish(self, row) -> None:
+        """``row``'s request finished in the step the next head reports."""
+        row = _row(row, self.max_rows, "finish()")
+        if row not in self._live:
+            raise ConfigError(f"finish(): row {row} holds no request")
+        self._flags[row] = self._flags.get(row, 0) | FLAG_FINISHED
+
+    def free(self, row) -> None:
+        """``row``'s blocks were given back (ask ``pending_dump`` first): its binding ends with the next head."""
+        row = _row(row, self.max_rows, "free()")
+        if row not in self._live:
+            raise ConfigError(f"free(): row {row} holds no request")
+        self._flags[row] = self._flags.get(row, 0) | FLAG_FREED
+
+    def resend_all(self) -> None:
+        """The next head carries every live binding and table (a new coordinator, a lost head)."""
+        self._resend_all = True
+
+    def pending_events(self) -> int:
+        return len(self._flags)
+
+    def event_columns(self):
+        """(rows, flags) of this step's finish/free events, as lists (few)."""
+        return list(self._flags.keys()), list(self._flags.values())
+
+    def fill(self, cols: "pb.TelemetryColumns") -> None:
+        """Put the pending bindings and tables into the head's columns (sparse: new ones, a few
+        re-sends, or all after resend_all()), then apply this step's frees."""
+        binds, tables = self._new_bind, self._new_blocks
+        if self._resend_all:
+            self._resend_all = False
+            for row, (req, plen) in self._live.items():
+                if row not in binds:
+                    cols.bind.add(slot=row, req_id=req, prompt_len=plen)
+            tables = dict(self._tables)
+        else:
+            for row in itertools.islice(self._next_resend(), RESEND_PER_STEP):
+                held = self._live.get(row)
+                if held is not None and row not in binds:
+                    cols.bind.add(slot=row, req_id=held[0], prompt_len=held[1])
+                    if row in self._tables and row not in tables:
+                        cols.blocks.add(slot=row, block_ids=self._tables[row])
+        for row, (req, plen, ids) in binds.items():
+            cols.bind.add(slot=row, req_id=req, prompt_len=plen, prompt_token_ids=ids)
+        for row, table in tables.items():
+            cols.blocks.add(slot=row, block_ids=table)
+        self._new_bind, self._new_blocks = {}, {}
+
+    def sent(self) -> None:
+        """The head went out: frees take effect (the row is free for a later arrive)."""
+        for row, f in self._flags.items():
+            if f & FLAG_FREED:
+                self._live.pop(row, None)
+                self._tables.pop(row, None)
+        self._flags = {}
+
+    def _next_resend(self):
+        for _ in range(2):
+            for row in self._cycle:
+                yield row
+            self._cycle = iter(list(self._live))  # once per cycle through the live rows
+        return

@@ -1,0 +1,161 @@
+"""The tensor hot path of wave_head (docs/python-client.md, "The tensor hot path").
+
+Per step the engine passes what it already holds as arrays (numpy, or CPU torch tensors): the rows
+that sampled, their token ids and optionally log-probs, token counts and speculative counts. They
+go into the telemetry ring with one copy per column; the head itself carries only the sparse
+events (SlotEvents). Nothing here touches an element in Python: values are checked where the
+agent reads them (src/agent/telemetry-ring.ts), and garbage is counted there per rank.
+"""
+import logging
+from typing import Optional
+
+from . import mailbox as mb
+from . import wavebus_pb2 as pb
+from .errors import ConfigError
+from .ring import ring_sizes
+from .slot_batch import SlotEvents
+from .telemetry import _nonfinite_list, nonfinite_row_proto
+
+_INT_KINDS = "iu"
+_log = logging.getLogger("wavebus_client")
+
+
+def _host(x, name: str, kinds: str):
+    """A 1-d numpy array over ``x`` (no copy for numpy and CPU tensors); checks rank and dtype kind only."""
+    import numpy as np
+
+    if hasattr(x, "detach") and hasattr(x, "numpy"):  # torch.Tensor
+        x = x.detach()
+        if x.device.type != "cpu":
+            x = x.cpu()  # waits for the device: pass host tensors (sampled ids usually are)
+        x = x.numpy()
+    elif not isinstance(x, np.ndarray):
+        x = np.asarray(x)  # a list: converted element by element (the small-engine convenience)
+    if x.ndim != 1:
+        raise ConfigError(f"wave_head(): {name} must be 1-d, got shape {list(x.shape)}")
+    if x.dtype.kind not in kinds and not (x.size == 0):
+        raise ConfigError(f"wave_head(): {name} must hold {'integers' if kinds == _INT_KINDS else 'floats'}, got {x.dtype}")
+    return x
+
+
+class TensorBatch(SlotEvents):
+    """``Client.tensor_batch()``: the engine's rows, their sparse events, and the per-step head."""
+
+    def __init__(self, client, max_rows: int, max_tokens: Optional[int] = None, max_events: Optional[int] = None, vocab: int = 0):
+        rows, tokens, events, vocab = ring_sizes(max_rows, max_tokens, max_events, vocab)
+        super().__init__(rows)
+        self.max_tokens, self.max_events, self.vocab = tokens, events, vocab
+        self._client = client
+        self._epoch = -1
+        self.stats = {"ring_heads": 0, "inline_heads": 0}
+
+    def ring_request(self) -> dict:
+        """The hello's fields asking the agent for a ring of this batch's sizes."""
+        return dict(ring_rows=self.max_rows, ring_tokens=self.max_tokens, ring_events=self.max_events, ring_vocab=self.vocab)
+
+    def wave_head(self, wave: int, rows, token_ids=None, logprobs=None, token_counts=None,
+                  draft_len=None, accepted=None, non_finite=None) -> bool:
+        """Mark the head of ``wave`` with the telemetry of wave - 1, in columns: ``rows[i]`` sampled
+        ``token_ids`` (one each, or ``token_counts[i]`` each, row by row), with ``logprobs``
+        (same length, optional), and ``draft_len``/``accepted`` per row (speculative, optional).
+        Like ``Client.wave_head``: one-way, never waits; True if sent."""
+        c = self._client
+        feats = c._head_gate(wave, self)
+        if feats is None:
+            return False
+        r = _host(rows, "rows", _INT_KINDS)
+        n = r.shape[0]
+        cols = {"row": r}
+        tokens = 0
+        if feats & mb.FEATURE_DETECTORS and token_ids is not None:
+            ids = _host(token_ids, "token_ids", _INT_KINDS)
+            tokens = ids.shape[0]
+            if token_counts is not None:
+                cols["token_count"] = self._per_row(token_counts, "token_counts", n, _INT_KINDS)
+            elif tokens != n:
+                raise ConfigError(f"wave_head(): {tokens} token_ids for {n} rows; pass token_counts when a row sampled more than one")
+            cols["token_ids"] = ids
+            if logprobs is not None:
+                lp = _host(logprobs, "logprobs", "f")
+                if lp.shape[0] != tokens:
+                    raise ConfigError(f"wave_head(): {lp.shape[0]} logprobs for {tokens} token_ids")
+                cols["token_logprobs"] = lp
+        if draft_len is not None or accepted is not None:
+            if draft_len is None or accepted is None:
+                raise ConfigError("wave_head(): draft_len and accepted go together")
+            cols["draft_len"] = self._per_row(draft_len, "draft_len", n, _INT_KINDS)
+            cols["accepted"] = self._per_row(accepted, "accepted", n, _INT_KINDS)
+        ev_rows, ev_flags = self.event_columns()
+        if ev_rows:
+            cols["event_row"], cols["event_flags"] = ev_rows, ev_flags
+        epoch = c._mb.epoch
+        if epoch != self._epoch:  # a new coordinator knows no bindings
+            self._epoch = epoch
+            self.resend_all()
+        body = pb.WaveHeadRequest(wave=wave)
+        body.telemetry.wave = wave - 1 if wave > 0 else 0
+        self.fill(body.telemetry.columns)
+        if non_finite is not None and feats & mb.FEATURE_DETECTORS:
+            rows_nf = _nonfinite_list(non_finite, "wave_head(): non_finite")
+            body.telemetry.non_finite.extend(nonfinite_row_proto(x, f"wave_head(): non_finite[{i}]") for i, x in enumerate(rows_nf))
+        ring = c._telemetry_ring()
+        if ring is not None and ring.fits(n, tokens, len(ev_rows)) and ring.free():
+            extra = body.SerializeToString()
+            if ring.fits_extra(len(extra)):
+                # The whole head in the ring: no message, no system call; the agent polls for it.
+                ring.write(wave, cols, n, tokens, len(ev_rows), extra)
+                self.stats["ring_heads"] += 1
+                c.stats["wave_head_sent"] += 1
+                self.sent()
+                return True
+            body.ring_seq = ring.write(wave, cols, n, tokens, len(ev_rows))  # the sparse part is large: a message names the slot
+            self.stats["ring_heads"] += 1
+        else:
+            from .tensor_inline import inline_columns
+
+            inline_columns(body.telemetry.columns, cols, n)
+            self.stats["inline_heads"] += 1
+        if not c._send_head(body):
+            self.resend_all()  # its bindings may have been in this one
+            return False
+        self.sent()
+        return True
+
+    def reset(self) -> None:
+        """Sending paused (bus off, agent gone, not the head rank): the events are dropped, frees
+        take effect, and the next head re-sends every binding."""
+        self.sent()
+        self.resend_all()
+
+    @staticmethod
+    def _per_row(x, name: str, n: int, kinds: str):
+        a = _host(x, name, kinds)
+        if a.shape[0] != n:
+            raise ConfigError(f"wave_head(): {name} has {a.shape[0]} entries for {n} rows")
+        return a
+
+
+class TensorHeadMixin:
+    """Client's side of the tensor path: the batch, and the ring the agent's hello named."""
+
+    def tensor_batch(self, max_rows: int, *, max_tokens=None, max_events=None, vocab: int = 0):
+        """The tensor hot path (docs/python-client.md): a ``TensorBatch`` of ``max_rows`` stable
+        rows whose ``wave_head`` takes columns. Asks the agent for a telemetry ring at hello."""
+        batch = TensorBatch(self, max_rows, max_tokens, max_events, vocab)
+        self._ring_request = batch.ring_request()
+        if self.agent_features is not None:
+            self._rejoin()  # hello again, asking for the ring
+        return batch
+
+    def _telemetry_ring(self):
+        """The ring the agent's hello named, mapped once (None: no ring, inline columns)."""
+        if self._ring is None and self._ring_path:
+            from .ring import TelemetryRing
+
+            try:
+                self._ring = TelemetryRing(self._ring_path)
+            except (OSError, ConfigError) as e:
+                _log.warning("wavebus: telemetry ring %s unusable, sending columns inline: %s", self._ring_path, e)
+                self._ring_path = ""
+        return self._ring
+

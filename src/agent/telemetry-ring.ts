@@ -1,0 +1,146 @@
+// The telemetry ring on the agent's side (proto/ring-layout.json): the agent creates the file
+// (0600, beside the mailbox) that its engine client maps and fills, one copy per column, and reads
+// a slot when the wave head naming its seq arrives. Reads are pread on the agent's own descriptor:
+// every count read is checked against the ring's capacities, so nothing the engine writes can make
+// the agent read outside the slot or allocate more than a slot's bytes.
+import * as fs from 'fs';
+import { ConfigError } from '../errors';
+import { columnPlaces, RING_HEADER, RING_LAYOUT, RING_SLOT, type ColumnPlace, type RingSizes } from '../client/ring-layout';
+
+/** The sizes a client asked for at hello: at most these (a slot of 4096 rows is ~100 KiB). */
+export const RING_MAX_ROWS = 1 << 20;
+export const RING_MAX_TOKENS = 1 << 22;
+export const RING_MAX_EVENTS = 1 << 20;
+
+export interface RingAsk extends RingSizes {
+  vocab: number;
+}
+
+/** One slot as read: its counts and the present columns' bytes (each its own aligned buffer). */
+export interface RingSlotRead {
+  wave: number;
+  rows: number;
+  tokens: number;
+  events: number;
+  /** Bytes of the extra column; 0 when absent. */
+  extraLen: number;
+  columns: Map<string, Uint8Array>;
+}
+
+/** Why a slot was not taken: torn (seq changed or not the one named), counts past the capacity. */
+export type RingMiss = { garbage: 'torn' | 'bad_seq' | 'bad_counts'; detail: string };
+
+export function checkRingAsk(a: { ringRows?: number; ringTokens?: number; ringEvents?: number; ringVocab?: number }): RingAsk {
+  const rows = Number(a.ringRows ?? 0);
+  const tokens = Number(a.ringTokens ?? 0);
+  const events = Number(a.ringEvents ?? 0);
+  if (!(rows >= 1 && rows <= RING_MAX_ROWS)) throw new ConfigError(`hello.ring_rows ${rows} is out of range (1..${RING_MAX_ROWS})`);
+  if (!(tokens >= 0 && tokens <= RING_MAX_TOKENS)) throw new ConfigError(`hello.ring_tokens ${tokens} is out of range (0..${RING_MAX_TOKENS})`);
+  if (!(events >= 0 && events <= RING_MAX_EVENTS)) throw new ConfigError(`hello.ring_events ${events} is out of range (0..${RING_MAX_EVENTS})`);
+  // The head's sparse part: a few bindings and tables a step; a larger one goes as a message.
+  const maxExtra = Math.min(16 << 20, Math.max(64 << 10, 64 * rows));
+  return { maxRows: rows, maxTokens: tokens, maxEvents: events, maxExtra, vocab: Number(a.ringVocab ?? 0) };
+}
+
+export class TelemetryRingReader {
+  private readonly places: ColumnPlace[];
+  readonly slotBytes: number;
+  private readonly head = Buffer.alloc(RING_LAYOUT.slot_header_bytes);
+  private readonly word = Buffer.alloc(8);
+
+  private constructor(
+    readonly path: string,
+    private fd: number,
+    readonly ask: RingAsk,
+  ) {
+    const { places, slotBytes } = columnPlaces(ask);
+    this.places = places;
+    this.slotBytes = slotBytes;
+  }
+
+  /** A fresh ring at `file` (a previous one is replaced: an engine still mapping it keeps its copy). */
+  static create(file: string, ask: RingAsk): TelemetryRingReader {
+    const { slotBytes } = columnPlaces(ask);
+    const size = RING_LAYOUT.header_bytes + RING_LAYOUT.slots * slotBytes;
+    fs.rmSync(file, { force: true });
+    const fd = fs.openSync(file, fs.constants.O_RDWR | fs.constants.O_CREAT | fs.constants.O_EXCL | fs.constants.O_NOFOLLOW, 0o600);
+    try {
+      fs.ftruncateSync(fd, size);
+      const h = Buffer.alloc(RING_LAYOUT.header_bytes);
+      h.write(RING_LAYOUT.magic, RING_HEADER.magic, 'latin1');
+      h.writeUInt32LE(RING_LAYOUT.version, RING_HEADER.version);
+      h.writeUInt32LE(RING_LAYOUT.slots, RING_HEADER.slots);
+      h.writeUInt32LE(ask.maxRows, RING_HEADER.max_rows);
+      h.writeUInt32LE(ask.maxTokens, RING_HEADER.max_tokens);
+      h.writeUInt32LE(ask.maxEvents, RING_HEADER.max_events);
+      h.writeUInt32LE(ask.vocab >>> 0, RING_HEADER.vocab);
+      h.writeBigUInt64LE(BigInt(slotBytes), RING_HEADER.slot_bytes);
+      h.writeUInt32LE(ask.maxExtra, RING_HEADER.max_extra);
+      fs.writeSync(fd, h, 0, h.length, 0);
+    } catch (e) {
+      fs.closeSync(fd);
+      fs.rmSync(file, { force: true });
+      throw e;
+    }
+    return new TelemetryRingReader(file, fd, ask);
+  }
+
+  get closed(): boolean {
+    return this.fd < 0;
+  }
+
+  /** The header's written word: the seq of the last whole write that carries its head (extra). */
+  written(): number {
+    if (this.fd < 0) return 0;
+    fs.readSync(this.fd, this.word, 0, 8, RING_HEADER.written);
+    return Number(this.word.readBigUInt64LE(0));
+  }
+
+  /** Tells the client the slots up to `seq` were taken: it may write over them. */
+  markConsumed(seq: number): void {
+    if (this.fd < 0) return;
+    this.word.writeBigUInt64LE(BigInt(seq), 0);
+    fs.writeSync(this.fd, this.word, 0, 8, RING_HEADER.consumed);
+  }
+
+  private seqAt(base: number): number {
+    fs.readSync(this.fd, this.head, 0, this.head.length, base);
+    return Number(this.head.readBigUInt64LE(RING_SLOT.seq));
+  }
+
+  /** The slot written as `seq` (2k for write k), whole, or why not. */
+  read(seq: number): RingSlotRead | RingMiss {
+    if (this.fd < 0) return { garbage: 'bad_seq', detail: 'the ring is closed' };
+    if (!Number.isSafeInteger(seq) || seq < 2 || seq % 2 !== 0) return { garbage: 'bad_seq', detail: `ring_seq ${seq} is not a whole write's seq` };
+    const base = RING_LAYOUT.header_bytes + ((seq / 2 - 1) % RING_LAYOUT.slots) * this.slotBytes;
+    const before = this.seqAt(base);
+    if (before !== seq) return { garbage: 'torn', detail: `slot holds seq ${before}, the head named ${seq}` };
+    const h = this.head;
+    const wave = Number(h.readBigUInt64LE(RING_SLOT.wave));
+    const rows = h.readUInt32LE(RING_SLOT.rows);
+    const tokens = h.readUInt32LE(RING_SLOT.tokens);
+    const events = h.readUInt32LE(RING_SLOT.events);
+    const present = h.readUInt32LE(RING_SLOT.present);
+    const extraLen = h.readUInt32LE(RING_SLOT.extra_len);
+    const count = { row: rows, token: tokens, event: events, extra: extraLen };
+    const columns = new Map<string, Uint8Array>();
+    for (const p of this.places) {
+      if (!(present & (1 << p.bit))) continue;
+      const n = count[p.per];
+      if (n > p.capacity) return { garbage: 'bad_counts', detail: `${p.name}: ${n} values, the ring holds ${p.capacity}` };
+      const buf = new Uint8Array(n * p.size);
+      if (buf.length > 0) fs.readSync(this.fd, buf, 0, buf.length, base + p.offset);
+      columns.set(p.name, buf);
+    }
+    const after = this.seqAt(base);
+    if (after !== seq) return { garbage: 'torn', detail: `slot rewritten while read (seq ${seq} -> ${after})` };
+    return { wave, rows, tokens, events, extraLen, columns };
+  }
+
+  close(): void {
+    if (this.fd < 0) return;
+    fs.closeSync(this.fd);
+    this.fd = -1;
+    fs.rmSync(this.path, { force: true });
+  }
+}

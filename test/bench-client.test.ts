@@ -1,0 +1,27 @@
+// `wavebus bench client` runs end to end at a tiny size: every mode at every size reports per-step
+// p50/p99 and each call's, the tensor engine's heads all went through the ring, and the dict and
+// tensor engines sent every head (the bench refuses to report otherwise). No figure is asserted.
+import { runWavebus } from './helpers';
+
+jest.setTimeout(180000);
+
+test('bench client --requests 1,16 --steps 5 reports every mode at every size', () => {
+  const r = runWavebus(['bench', 'client', '--requests', '1,16', '--steps', '5', '--json'], { timeout: 170000 });
+  expect({ code: r.code, stderr: r.code === 0 ? '' : r.stderr }).toEqual({ code: 0, stderr: '' });
+  const out = JSON.parse(r.stdout.trim().split('\n').pop()!);
+  expect(out).toMatchObject({ bench: 'client', lang: 'python', steps: 5 });
+  expect(out.results.map((x: { requests: number }) => x.requests)).toEqual([1, 16]);
+  for (const row of out.results) {
+    for (const mode of ['tensor', 'dict', 'off', 'none', 'seed']) {
+      const m = row[mode];
+      expect([mode, Number.isFinite(m.p50_us) && m.p50_us > 0 && m.p99_us >= m.p50_us]).toEqual([mode, true]);
+      expect(Object.keys(m.calls).sort()).toEqual(['before_forward', 'end_of_wave', 'pending_dump', 'wave_head']);
+    }
+  }
+});
+
+test('bench client refuses a bad --requests naming the value', () => {
+  const r = runWavebus(['bench', 'client', '--requests', '1,x', '--json'], { timeout: 60000 });
+  expect(r.code).not.toBe(0);
+  expect(r.stderr).toMatch(/--requests: "x"/);
+});

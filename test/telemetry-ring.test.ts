@@ -1,0 +1,116 @@
+// The telemetry ring's one layout description (proto/ring-layout.json): the Python client's copy,
+// its column offsets, and docs/native.md's table agree with it; and the agent's reader takes
+// whatever an engine leaves in the file (torn slots, counts past the capacity, a garbage written
+// word, random bytes) without crashing or reading outside a slot, counting each as garbage.
+import * as fs from 'fs';
+import * as path from 'path';
+import { columnPlaces, RING_HEADER, RING_LAYOUT, RING_SLOT } from '../src/client/ring-layout';
+import { RingHeads, newRingStats } from '../src/agent/ring-heads';
+import { checkRingAsk } from '../src/agent/telemetry-ring';
+import { createLogger } from '../src/log';
+import { ROOT, cleanup, runPython, tmpDir } from './helpers';
+
+afterAll(cleanup);
+jest.setTimeout(60000);
+
+const ENV = { ...process.env, PYTHONPATH: path.join(ROOT, 'clients', 'python'), PYTHONDONTWRITEBYTECODE: '1' };
+
+test('the Python package ships proto/ring-layout.json as it is (regenerate with clients/python/gen_proto.sh)', () => {
+  const copy = fs.readFileSync(path.join(ROOT, 'clients', 'python', 'wavebus_client', 'ring_layout.json'), 'utf8');
+  expect(JSON.parse(copy)).toEqual(JSON.parse(fs.readFileSync(path.join(ROOT, 'proto', 'ring-layout.json'), 'utf8')));
+});
+
+test('Python and TypeScript place every column at the same offset for the same sizes', () => {
+  const sizes = [
+    [1, 1, 64, 65536],
+    [1024, 1024, 256, 65536],
+    [4096, 8192, 1024, 262144],
+    [7, 13, 3, 100],
+  ];
+  const py = JSON.parse(
+    runPython(
+      `import json, sys
+from wavebus_client.ring import column_offsets
+out = []
+for r, t, e, x in json.loads(sys.argv[1]):
+    cols, total = column_offsets(r, t, e, x)
+    out.append({"cols": {k: [v[0], v[1]] for k, v in cols.items()}, "total": total})
+print(json.dumps(out))`,
+      [JSON.stringify(sizes)],
+      { env: ENV },
+    ),
+  );
+  sizes.forEach(([maxRows, maxTokens, maxEvents, maxExtra], i) => {
+    const { places, slotBytes } = columnPlaces({ maxRows, maxTokens, maxEvents, maxExtra });
+    expect(py[i].total).toBe(slotBytes);
+    expect(py[i].cols).toEqual(Object.fromEntries(places.map((p) => [p.name, [p.offset, p.capacity]])));
+  });
+});
+
+test('docs/native.md shows every header, slot-header field and column of the layout', () => {
+  const doc = fs.readFileSync(path.join(ROOT, 'docs', 'native.md'), 'utf8');
+  for (const f of [...RING_LAYOUT.header, ...RING_LAYOUT.slot_header]) expect([f.name, doc.includes(`| \`${f.name}\` | ${f.offset} | ${f.type} |`)]).toEqual([f.name, true]);
+  for (const c of RING_LAYOUT.columns) expect([c.name, doc.includes(`| \`${c.name}\` | ${c.type} | ${c.per} |`)]).toEqual([c.name, true]);
+  expect(doc).toContain(`\`${RING_LAYOUT.magic}\``);
+});
+
+test('whatever the engine leaves in the ring, the agent counts it as garbage and relays nothing of it', () => {
+  const dir = tmpDir('wavebus-ring-');
+  const relayed: Uint8Array[] = [];
+  const stats = newRingStats();
+  const heads = new RingHeads(path.join(dir, 'telemetry-ring-local0'), stats, createLogger('ring-test', 'silent'), (h) => relayed.push(h));
+  const file = heads.open(checkRingAsk({ ringRows: 8, ringTokens: 8, ringEvents: 4 }));
+  try {
+    const ask = checkRingAsk({ ringRows: 8, ringTokens: 8, ringEvents: 4 });
+    const { slotBytes } = columnPlaces(ask);
+    const fd = fs.openSync(file, 'r+');
+    const put = (buf: Buffer, at: number) => fs.writeSync(fd, buf, 0, buf.length, at);
+    const u64 = (v: number) => {
+      const b = Buffer.alloc(8);
+      b.writeBigUInt64LE(BigInt(v));
+      return b;
+    };
+    const slot0 = RING_LAYOUT.header_bytes;
+    // 1: written names seq 2, its slot says seq 3 (being written): torn.
+    put(u64(3), slot0 + RING_SLOT.seq);
+    put(u64(2), RING_HEADER.written);
+    heads.poll();
+    // 2: seq 4 whole, but rows past the capacity.
+    const h = Buffer.alloc(RING_LAYOUT.slot_header_bytes);
+    h.writeBigUInt64LE(4n, RING_SLOT.seq);
+    h.writeUInt32LE(1000, RING_SLOT.rows);
+    h.writeUInt32LE(1, RING_SLOT.present);
+    h.writeUInt32LE(4, RING_SLOT.extra_len);
+    put(h, slot0 + slotBytes);
+    put(u64(4), RING_HEADER.written);
+    heads.poll();
+    // 3: a huge odd written word: one miss for the slots it skips, and no loop over them.
+    put(u64(2 ** 52 + 1), RING_HEADER.written);
+    heads.poll();
+    // 4: random bytes over the whole file, then polls: nothing throws.
+    let seed = 7;
+    const rnd = () => (seed = (seed * 1103515245 + 12345) & 0x7fffffff);
+    const size = fs.fstatSync(fd).size;
+    for (let round = 0; round < 50; round++) {
+      const junk = Buffer.alloc(size - 64);
+      for (let i = 0; i < junk.length; i++) junk[i] = rnd() & 0xff;
+      put(junk, 64);
+      put(u64(2 * (round + 1) + 2 ** 52), RING_HEADER.written);
+      expect(() => heads.poll()).not.toThrow();
+    }
+    fs.closeSync(fd);
+    expect(relayed.length).toBe(0);
+    expect(stats.ringGarbageByKind.torn).toBeGreaterThanOrEqual(2);
+    expect(stats.ringGarbageByKind.bad_counts).toBeGreaterThanOrEqual(1);
+    expect(stats.ringGarbage).toBeGreaterThanOrEqual(4);
+  } finally {
+    heads.close();
+  }
+  expect(fs.existsSync(file)).toBe(false);
+});
+
+test('a ring ask past the limits is refused naming the hello field', () => {
+  expect(() => checkRingAsk({ ringRows: 0 })).toThrow(/hello\.ring_rows 0/);
+  expect(() => checkRingAsk({ ringRows: 8, ringTokens: 2 ** 30 })).toThrow(/hello\.ring_tokens/);
+  expect(() => checkRingAsk({ ringRows: 8, ringEvents: -1 })).toThrow(/hello\.ring_events/);
+});

@@ -1,0 +1,156 @@
+// The tensor hot path (docs/python-client.md, "The tensor hot path"): a Python engine passes
+// columns through the telemetry ring; the coordinator's detectors get exactly the columns the
+// dict path gives for the same steps, a detector fires on them, and garbage in the ring is
+// counted per rank and never passed on.
+import * as fs from 'fs';
+import * as path from 'path';
+import type { StepTelemetry } from '../src/messages';
+import { PYTHON, ROOT, cleanup, spawnTracked, waitFor } from './helpers';
+import { startHarnessJob, stopHarnessJob, type HarnessJob } from './job-harness';
+
+afterAll(cleanup);
+jest.setTimeout(120000);
+
+const ENV = { ...process.env, PYTHONPATH: path.join(ROOT, 'clients', 'python'), PYTHONDONTWRITEBYTECODE: '1' };
+
+// The steps: arrivals, tokens per row, finishes and frees; a repeated token on row 0 (req "a").
+const DRIVER = `
+import json, sys, numpy as np
+from wavebus_client import Client, RequestStep
+from wavebus_client.wave_head import WaveHeadBuilder
+
+run_dir, garbage, rehello = sys.argv[1], sys.argv[2] == "1", sys.argv[2] == "2"
+c = Client.connect(env={"WAVEBUS_RUN_DIR": run_dir, "LOCAL_RANK": "0"})
+batch = c.tensor_batch(8, vocab=1000)
+import time
+from wavebus_client.mailbox import FEATURE_BUS
+t_end = time.monotonic() + 30  # the agent turns the bus on once its coordinator's config is in force
+while not c.features & FEATURE_BUS and time.monotonic() < t_end:
+    time.sleep(0.01)
+c.hello()  # at once (the ring is made then), not lazily within the first head's bound
+ref = WaveHeadBuilder()
+live = {}     # row -> req id
+tables = {}
+out = {"dict": [], "sent": 0}
+for wave in range(1, 41):
+    rows, toks, lps, reqs = [], [], [], []
+    if wave == 1:
+        for r, q in ((0, "a"), (1, "b"), (2, "c")):
+            batch.arrive(r, q, prompt_len=5); live[r] = q; tables[r] = [r, r + 8]
+            batch.blocks(r, tables[r])
+    if wave == 12:
+        batch.arrive(1, "d", prompt_len=3); live[1] = "d"; tables[1] = [9]; batch.blocks(1, [9])
+    if wave == 20:
+        tables[2] = [2, 10, 11]; batch.blocks(2, tables[2])
+    for r in sorted(live):
+        rows.append(r); toks.append(7 if r == 0 else (wave * 13 + r) % 1000); lps.append(-0.5 - r)
+    fin = [1] if wave == 10 else []
+    freed = [1] if wave == 11 else []
+    for r in fin: batch.finish(r)
+    for r in freed: batch.free(r)
+    for i, r in enumerate(rows):
+        reqs.append(RequestStep(req_id=live[r], new_token_ids=[toks[i]], new_token_logprobs=[lps[i]], block_ids=tables[r],
+                                finished=r in fin, freed=r in freed, prompt_len=5 if live[r] != "d" else 3))
+    body = ref.build(wave, {"requests": reqs}, True, c._mb.epoch)
+    out["dict"].append(body.telemetry.columns.SerializeToString().hex())
+    if rehello and wave == 20:
+        c._rejoin(); c.hello()  # a hello again (an agent back, a second tensor_batch): a fresh ring file
+    if garbage and wave == 30:
+        lps[0] = float("nan")
+    if garbage and wave == 31:
+        toks[0] = 5000
+    out["sent"] += batch.wave_head(wave, np.array(rows, dtype=np.int64), np.array(toks, dtype=np.int32), np.array(lps, dtype=np.float32))
+    for r in freed:
+        live.pop(r)
+    ended = c.end_of_wave(wave)
+out["stats"] = batch.stats
+out["client"] = dict(c.stats, last_error=c.last_error)
+c.close()
+print(json.dumps(out))
+`;
+
+async function drive(job: HarnessJob, garbage: boolean | 'rehello'): Promise<{ dict: string[]; sent: number; stats: Record<string, number>; client: Record<string, unknown> }> {
+  const p = spawnTracked(PYTHON, ['-c', DRIVER, path.join(job.root, 'run'), garbage === 'rehello' ? '2' : garbage ? '1' : '0'], { env: ENV });
+  const { code } = await p.exited;
+  if (code !== 0) throw new Error(`python exited ${code}: ${p.stderr()}`);
+  return JSON.parse(p.stdout());
+}
+
+function record(job: HarnessJob): StepTelemetry[] {
+  const seen: StepTelemetry[] = [];
+  const orig = job.guard.onWaveHead.bind(job.guard);
+  job.guard.onWaveHead = (replica, wave, tel, vw) => {
+    if (tel?.columns) seen.push(structuredClone({ ...tel, columns: { ...tel.columns } }));
+    return orig(replica, wave, tel, vw);
+  };
+  return seen;
+}
+
+const CFG = { detector: { token_repeat: { enabled: true, window: 8, min_tokens: 8, repeat_sum_threshold: 20, on_trigger: ['report'] } } };
+
+test('the ring path gives the coordinator the dict path\'s columns, and token_repeat fires on them', async () => {
+  const job = await startHarnessJob({ tp: 1, runtimeConfig: CFG });
+  try {
+    const seen = record(job);
+    const got = await drive(job, false);
+    if (got.sent !== 40) throw new Error(`sent ${got.sent} of 40 heads: ${JSON.stringify(got.client)}`);
+    expect(got.stats.ring_heads).toBe(40);
+    await waitFor(() => seen.length === 40, 'every head at the coordinator');
+    const { messageType, decode } = require('../src/proto') as typeof import('../src/proto');
+    const TelemetryColumns = messageType('TelemetryColumns');
+    const { columnsFromWire } = require('../src/client/telemetry') as typeof import('../src/client/telemetry');
+    for (let i = 0; i < 40; i++) {
+      const want = columnsFromWire(decode(TelemetryColumns, Buffer.from(got.dict[i], 'hex')));
+      const have = seen[i].columns!;
+      for (const k of ['rows', 'slot', 'tokenCount', 'tokenIds', 'tokenLogprobs', 'flags', 'draftLen', 'accepted'] as const) {
+        expect([k, i, Array.from(have[k] as ArrayLike<number> | number[] ?? [])]).toEqual([k, i, Array.from((want[k] ?? []) as ArrayLike<number>)]);
+      }
+      // New bindings and changed tables arrive in the same head (the ring path re-sends a few more).
+      for (const b of want.bind) expect(have.bind).toEqual(expect.arrayContaining([expect.objectContaining({ slot: b.slot, reqId: b.reqId })]));
+      for (const b of want.blocks) expect(have.blocks).toEqual(expect.arrayContaining([{ slot: b.slot, blockIds: b.blockIds }]));
+    }
+    await waitFor(() => fs.existsSync(job.reportRoot) && fs.readdirSync(job.reportRoot).length > 0, 'the token_repeat incident report');
+  } finally {
+    await stopHarnessJob(job);
+  }
+});
+
+test('garbage in the ring (a token id past the vocab) is dropped and counted per rank; a NaN log-prob goes on as from the dict path; the heads go on', async () => {
+  const job = await startHarnessJob({ tp: 1, runtimeConfig: CFG });
+  try {
+    const seen = record(job);
+    const got = await drive(job, true);
+    expect(got.sent).toBe(40);
+    await waitFor(() => seen.length === 40, 'every head at the coordinator');
+    expect(job.ranks[0].agent.ringStats.ringGarbage).toBe(1);
+    expect(job.ranks[0].agent.ringStats.ringGarbageByKind).toEqual({ token_out_of_range: 1 });
+    // A NaN log-prob (a model gone bad makes them) reaches the detectors as the dict path sends it.
+    expect(seen[29].columns!.tokenIds.length).toBe(3);
+    expect(Number.isNaN(seen[29].columns!.tokenLogprobs[0])).toBe(true);
+    // The bad step keeps its rows and flags, without tokens.
+    expect(seen[30].columns!.tokenIds.length).toBe(0);
+    expect(seen[30].columns!.rows).toBe(3);
+    expect(seen[31].columns!.tokenIds.length).toBe(3);
+    await waitFor(() => (job.coordinator as any).vectors.status().ringGarbage['0'] === 1, 'ring garbage in the coordinator status (heartbeat)');
+  } finally {
+    await stopHarnessJob(job);
+  }
+});
+
+test('a hello again makes a fresh ring file at the same path: the client maps the new one and no head is lost', async () => {
+  const job = await startHarnessJob({ tp: 1, runtimeConfig: CFG });
+  try {
+    const seen = record(job);
+    const got = await drive(job, 'rehello');
+    if (got.sent !== 40) throw new Error(`sent ${got.sent} of 40 heads: ${JSON.stringify(got.client)}`);
+    expect(got.stats.ring_heads).toBe(40);
+    await waitFor(() => {
+      if (seen.length !== 40) throw new Error(`${seen.length} heads: ${seen.map((t) => t.wave).join(',')}; agent ${JSON.stringify(job.ranks[0].agent.ringStats)}`);
+      return true;
+    }, 'every head at the coordinator');
+    expect(seen.map((t) => t.wave)).toEqual(Array.from({ length: 40 }, (_, i) => i));
+    expect(job.ranks[0].agent.ringStats.ringGarbage).toBe(0);
+  } finally {
+    await stopHarnessJob(job);
+  }
+});
