@@ -308,3 +308,37 @@ describeAsRoot('a local user subscribes to the coordinator PUB with a 24 MB topi
     }
   }, 90000);
 });
+
+describe('the Python client socket to its agent', () => {
+  test('a reply over the one limit (enum ClientSocketLimit) is never read into the engine, and the wait for it ends at its bound', () => {
+    const dir = tmpDir('wavebus-limits-pyclient-');
+    const script = `
+import collections, sys, time, zmq
+from wavebus_client import wavebus_pb2 as pb
+from wavebus_client.transport import AgentSocket
+ep = "ipc://" + sys.argv[1] + "/agent.sock"
+ctx = zmq.Context()
+router = ctx.socket(zmq.ROUTER); router.setsockopt(zmq.LINGER, 0); router.bind(ep)
+stats = collections.defaultdict(int)
+s = AgentSocket(ep, stats, lambda: None)
+limit = pb.CLIENT_SOCKET_MAX_MESSAGE_BYTES
+def ping():
+    req = pb.ClientRequest(); req.ping.SetInParent(); s.send(req); return req.id
+first = ping()
+ident, body = router.recv_multipart()
+router.send_multipart([ident, b"\\0" * (limit + 1)])  # libzmq drops the peer at it, unread
+t0 = time.monotonic()
+lost = s.wait(first, time.monotonic() + 1)
+waited = time.monotonic() - t0
+print(limit, lost is None, waited < 1.5, s._socket().getsockopt(zmq.MAXMSGSIZE))
+s.close(); router.close(); ctx.term()
+`;
+    const r = require('child_process').spawnSync('/usr/bin/python3', ['-c', script, dir], {
+      env: { ...process.env, PYTHONPATH: path.join(ROOT, 'clients', 'python'), PYTHONDONTWRITEBYTECODE: '1' }, encoding: 'utf8', timeout: 30000,
+    });
+    expect(r.stderr).toBe('');
+    // libzmq drops the oversized reply with its connection, unread (the link stays down: only a hostile
+    // process answering on the agent's socket sends one; the client then treats its agent as lost).
+    expect(r.stdout.trim()).toBe(`${16 * 2 ** 20} True True ${16 * 2 ** 20}`);
+  });
+});

@@ -11,11 +11,8 @@ const roles = enumValues('RegionRole');
 /** The client <-> agent protocol version this build speaks (ProtocolVersion.PROTOCOL_VERSION_CURRENT). */
 export const CLIENT_PROTOCOL_VERSION: number = protocol.PROTOCOL_VERSION_CURRENT;
 
-/**
- * Largest message either side of the client <-> agent socket takes (its maxMessageSize): requests
- * carry a forward's context and replies a wave's due request ids, far below it.
- */
-export const CLIENT_SOCKET_MAX_MESSAGE_BYTES = 16 * 2 ** 20;
+/** Largest message either side of the client <-> agent socket takes (its maxMessageSize; enum ClientSocketLimit). */
+export const CLIENT_SOCKET_MAX_MESSAGE_BYTES: number = enumValues('ClientSocketLimit').CLIENT_SOCKET_MAX_MESSAGE_BYTES;
 
 export const RegionKind = { SHM: kinds.REGION_SHM, CUDA: kinds.REGION_CUDA } as const;
 export const RegionRole = { KV_POOL: roles.ROLE_KV_POOL, INPUT: roles.ROLE_INPUT, WEIGHT: roles.ROLE_WEIGHT } as const;

@@ -33,6 +33,8 @@ class AgentSocket:
             self._ctx = zmq.Context()
             s = self._ctx.socket(zmq.DEALER)
             s.setsockopt(zmq.LINGER, 0)
+            # The agent's replies are small; a larger message is dropped by libzmq, never buffered.
+            s.setsockopt(zmq.MAXMSGSIZE, pb.CLIENT_SOCKET_MAX_MESSAGE_BYTES)
             s.connect(self.endpoint)
             self._sock = s
         return self._sock
