@@ -7,6 +7,7 @@ import * as fs from 'fs';
 import * as path from 'path';
 import { writeFileAtomic, artifactWrite } from '../artifacts/atomic-write';
 import { DEFAULT_ARTIFACT_MODES } from '../artifacts/artifact-mode';
+import { VerdictError } from '../errors';
 import { bisect } from './bisect';
 import { DEFAULT_TOLERANCES, type Tolerances } from './bisect-compare';
 import { jsonSafe } from './compare';
@@ -108,6 +109,8 @@ export async function verdict(o: VerdictOptions): Promise<Verdict> {
   const same: ReplaySpec = { role: 'same', host: here.host, devices: here.devices, ranksOnDevices: inc.ranks };
   let other: ReplaySpec | string;
   if (o.otherHost !== undefined) {
+    // Without its environment a replay "on" it would run as this host: no second host at all.
+    if (!o.hostEnvs.has(o.otherHost)) throw new VerdictError(`--other-host ${o.otherHost}: no --host-env ${o.otherHost}=FILE says what a process there sees`);
     other = { role: 'other', host: o.otherHost, devices: here.devices, ranksOnDevices: [] };
   } else {
     const d = Array.from({ length: o.dp }, (_, i) => i).find((i) => i !== inc.replica);
