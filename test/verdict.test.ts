@@ -113,6 +113,15 @@ test('the bad-device double on hostA: device-local, naming hostA and its devices
   expect(same.tensors.every((t: any) => t.bit_exact)).toBe(true);
   expect(other.tensors.every((t: any) => !t.within_tolerance)).toBe(true);
   expect(v.reason).toContain('host hostB devices 2,3');
+  // The page: the flush's row carries the verdict and the replays' per-tensor errors.
+  const page = path.join(j.dir, 'report.html');
+  const rep = runWavebus(['report', j.dir, '-o', page], { timeout: 120000 });
+  expect(rep.code).toBe(0);
+  const html = fs.readFileSync(page, 'utf8');
+  expect(html).toContain('<div class="verdict" data-verdict="device-local"><b>device-local</b>: the recorded outputs reproduce on host hostA devices 0,1 only');
+  expect(html).toContain(`same on hostA devices 0,1: ${same.tensors.length}/${same.tensors.length} outputs reproduce (${same.tensors.length} bit-exact)`);
+  expect(html).toContain(`other on hostB devices 2,3: 0/${other.tensors.length} outputs reproduce`);
+  expect(html).toMatch(/<li>call \d+ rank 1: max\|diff\| [0-9.e-]+, \d+\/\d+ out of tolerance<\/li>/);
 }, 300000);
 
 test('a wrong value in tp_rank 1\'s checkpoint shard: deterministic, and bisect against TP=1 names layer 1\'s up_proj on rank 1', async () => {
