@@ -162,9 +162,10 @@ export function formatVerdict(v: Verdict): string {
   for (const r of v.replays) {
     const bad = r.tensors.filter((t) => !t.within_tolerance);
     const worst = r.tensors.reduce((m, t) => Math.max(m, t.max_abs_diff), 0);
-    lines.push(`  replay ${r.role.padEnd(5)} host ${r.host} devices ${r.devices.join(',')}: ${r.ok ? `${r.tensors.length - bad.length}/${r.tensors.length} outputs within tolerance (${r.tensors.filter((t) => t.bit_exact).length} bit-exact), max|diff| ${worst.toPrecision(3)}` : `not run: ${r.error}`}`);
+    lines.push(`  replay ${r.role.padEnd(5)} host ${r.host} devices ${r.devices.join(',')}: ${r.ok ? `${r.tensors.length - bad.length}/${r.tensors.length} outputs within tolerance (${r.tensors.filter((t) => t.bit_exact).length} bit-exact), max|diff| ${worst.toPrecision(3)}` : `not run: ${r.error}`}${r.wall_ms !== undefined ? ` [${(r.wall_ms / 1000).toFixed(1)} s]` : ''}`);
     for (const t of bad.slice(0, 8)) lines.push(`    call ${t.call} rank ${t.rank}: max|diff| ${t.max_abs_diff.toPrecision(3)}, ${t.mismatched}/${t.numel} beyond atol ${t.atol} + rtol ${t.rtol}`);
   }
   if (v.bisect) lines.push(`  bisect (call ${v.bisect.call}, TP=${i.tp} vs TP=1): ${v.bisect.first ? `first out of tolerance: ${v.bisect.first.module} rank ${v.bisect.first.ranks.join(',')}` : v.bisect.error ?? 'no module out of tolerance'}`);
+  lines.push(`  ${(v.wall_ms / 1000).toFixed(1)} s in all`);
   return `${lines.join('\n')}\n`;
 }
