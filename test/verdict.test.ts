@@ -147,6 +147,10 @@ test('no second replica (DP=1): inconclusive with the reason; a serving engine i
   expect(v.reason).toContain('no second replica holds the shard (DP=1');
   expect(v.replays).toHaveLength(1);
   expect(v.replays[0].tensors.every((t: any) => t.bit_exact)).toBe(true);
+  // A replay that fails (here: killed by its bound) is named.
+  const failed = verdict(j, '--replay-timeout-ms', '1');
+  expect(failed.verdict).toBe('inconclusive');
+  expect(failed.reason).toMatch(/^the same-host replay failed: the replay exited null: .*killed after 1 ms: --replay-timeout-ms/);
   // A host the user names instead: hostB (no fault file) does not reproduce: device-local.
   fs.writeFileSync(path.join(j.dir, 'hostB.env'), `TORCH_ENGINE_DEVICE_FAULT_FILE=${path.join(j.dir, 'hostB', 'device-fault.json')}\n`);
   const named = verdict(j, '--host-env', `hostB=${path.join(j.dir, 'hostB.env')}`, '--other-host', 'hostB', '--no-reference');
