@@ -1,0 +1,179 @@
+// `wavebus verdict` against the PyTorch engine (examples/torch-engine) under `wavebus launch`, DP=2 x
+// TP=2 on the CPU, the flight recorder on. A manual dump of replica 0 is the incident: its agents
+// flush recorder/incident-wave<w>-dp0/. Two "hosts" share this machine: replica 0 (ranks 0, 1) is
+// hostA, replica 1 (ranks 2, 3) hostB; what makes them two is each one's environment (the engine
+// ranks get it with --env-on-rank, the replays with --host-env). The faulty device is a test double
+// (examples/torch-engine/device_fault.py): a host-level file that every process on hostA reads.
+// Replays run as local processes from the CLI (not through the agents and the bus), and no network
+// namespace separates the hosts here: docs/verdict.md says so.
+import * as fs from 'fs';
+import * as path from 'path';
+import { PYTHON, ROOT, cleanup, freePortPair, runWavebus, spawnTracked, spawnWavebus, tmpDir, waitFor } from './helpers';
+
+afterAll(cleanup);
+
+const ENGINE = path.join(ROOT, 'examples', 'torch-engine');
+const CONFIG = {
+  runtime_config: {
+    report: { save_sensitive_info: true }, // replay needs the token ids (docs/recorder.md)
+    detector: { token_repeat: { enabled: true } },
+    actions: { defaults: { on_trigger: ['report'] } },
+  },
+};
+
+interface Job {
+  dir: string;
+  out: string;
+  hostFlags: string[];
+}
+
+/** A DP=dp x TP=2 job with the recorder on (K=32: every forward up to the dump), dumped on replica 0 once rank 1 saved forward `dumpAfter`. */
+async function job(engineArgs: string[], opts: { dp?: number; badDevice?: boolean; dumpAfter?: number } = {}): Promise<Job> {
+  const dp = opts.dp ?? 2;
+  const dir = tmpDir('wavebus-verdict-');
+  const out = path.join(dir, 'out');
+  const hosts = ['hostA', 'hostB'].slice(0, dp);
+  const hostFlags: string[] = [];
+  const envOnRank: string[] = [];
+  for (const [d, h] of hosts.entries()) {
+    fs.mkdirSync(path.join(dir, h));
+    const faultFile = path.join(dir, h, 'device-fault.json');
+    fs.writeFileSync(path.join(dir, `${h}.env`), `# what a process on ${h} sees\nTORCH_ENGINE_DEVICE_FAULT_FILE=${faultFile}\n`);
+    hostFlags.push('--host-env', `${h}=${path.join(dir, `${h}.env`)}`);
+    for (const t of [0, 1]) {
+      hostFlags.push('--rank-host', `${d * 2 + t}=${h}`);
+      envOnRank.push('--env-on-rank', `${d * 2 + t}:TORCH_ENGINE_DEVICE_FAULT_FILE=${faultFile}`);
+    }
+  }
+  // The bad device: hostA's device 1 (rank 1's) adds 0.25 to one column of layer 1's up-projection.
+  if (opts.badDevice) fs.writeFileSync(path.join(dir, 'hostA', 'device-fault.json'), JSON.stringify({ device: 1, layer: 1, add: 0.25 }));
+  const port = await freePortPair();
+  const launch = spawnWavebus(
+    ['launch', '--nproc-per-node', String(2 * dp), '--tp', '2', '--dp', String(dp), '--port', String(port), '--run-dir', path.join(dir, 'run'),
+      '--additional-config', JSON.stringify(CONFIG), '--agent-arg=--end-of-wave-timeout-ms', '--agent-arg=2000',
+      '--', PYTHON, path.join(ENGINE, 'torchrun_env.py'), path.join(ENGINE, 'engine.py'), '--out', out, '--dp', String(dp), '--save-every-forward',
+      '--requests', '2', '--max-tokens', '30', '--step-sleep-ms', '50', ...envOnRank, ...engineArgs],
+    { env: { ...process.env, WAVEBUS_CACHE_ROOT: path.join(dir, 'cache'), WAVEBUS_RECORD_FORWARDS: '32' }, cwd: dir },
+  );
+  const after = opts.dumpAfter ?? 8;
+  try {
+    await waitFor(() => fs.existsSync(path.join(out, `forward_rank1_step${after}.pt`)), `forward ${after} on rank 1`, 120000, 20);
+  } catch (e) {
+    throw new Error(`${(e as Error).message}\n${launch.stderr().slice(-4000)}`);
+  }
+  const dump = spawnWavebus(['dump', '--coordinator', `127.0.0.1:${port}`, '--bus-token-file', path.join(dir, 'run', 'bus.token'), '--request', 'req-0', '--replica', '0', '--wait']);
+  const d = await dump.exited;
+  expect({ code: d.code, stderr: dump.stderr() }).toEqual({ code: 0, stderr: '' });
+  const { code } = await launch.exited;
+  if (code !== 0) throw new Error(`launch exited ${code}\n${launch.stderr().slice(-4000)}`);
+  return { dir, out, hostFlags };
+}
+
+function verdict(j: Job, ...flags: string[]) {
+  const r = runWavebus(['verdict', j.dir, '--engine-out', j.out, '--python', PYTHON, ...j.hostFlags, '--json', ...flags], { timeout: 240000 });
+  if (r.code !== 0) throw new Error(`verdict exited ${r.code}\n${r.stdout}${r.stderr}`);
+  return JSON.parse(r.stdout);
+}
+
+/** The call index of the forward at engine step `step` in the incident's flush. */
+function callOfStep(v: any, step: number): number | undefined {
+  const snaps = fs.readdirSync(v.incident.dir).filter((n) => n.startsWith('torch-engine-'))[0];
+  return v.incident.calls.find((c: number) => JSON.parse(fs.readFileSync(path.join(v.incident.dir, snaps, 'rank1', `call${c}`, 'meta.json'), 'utf8')).global_step === step);
+}
+
+test('a one-off bit flip in rank 1\'s output at step 6, in the live process only: transient, naming that forward and rank', async () => {
+  const j = await job(['--flip-output', '6:1'], { dumpAfter: 7 });
+  const v = verdict(j, '--dp', '2');
+  expect(v.incident).toMatchObject({ id: expect.stringMatching(/^incident-wave\d+-dp0$/), replica: 0, tp: 2, ranks: [0, 1] });
+  const call = callOfStep(v, 6);
+  expect(call).toBeDefined(); // the flush holds the forward with the flip
+  expect(v.verdict).toBe('transient');
+  expect(v.calls).toEqual([{ call, rank: 1 }]);
+  // Both replays ran; each gives the same single output out of tolerance, with its per-tensor error.
+  expect(v.replays.map((r: any) => [r.role, r.host, r.devices, r.ok])).toEqual([['same', 'hostA', [0, 1], true], ['other', 'hostB', [2, 3], true]]);
+  for (const r of v.replays) {
+    const bad = r.tensors.filter((t: any) => !t.within_tolerance);
+    expect(bad.map((t: any) => [t.call, t.rank, t.mismatched])).toEqual([[call, 1, 1]]);
+    expect(bad[0].max_abs_diff).toBeGreaterThan(bad[0].atol);
+    // On the CPU every other output replays bit for bit.
+    expect(r.tensors.filter((t: any) => !t.bit_exact)).toHaveLength(1);
+  }
+  const file = path.join(v.incident.dir, 'verdict.json');
+  expect(JSON.parse(fs.readFileSync(file, 'utf8')).verdict).toBe('transient');
+  expect((fs.statSync(file).mode & 0o777).toString(8)).toBe('640');
+}, 300000);
+
+test('the bad-device double on hostA: device-local, naming hostA and its devices; hostB does not reproduce the outputs', async () => {
+  const j = await job([], { badDevice: true });
+  const v = verdict(j, '--dp', '2');
+  expect(v.verdict).toBe('device-local');
+  expect([v.host, v.devices]).toEqual(['hostA', [0, 1]]);
+  const [same, other] = v.replays;
+  expect(same.tensors.length).toBeGreaterThan(0);
+  expect(same.tensors.every((t: any) => t.bit_exact)).toBe(true);
+  expect(other.tensors.every((t: any) => !t.within_tolerance)).toBe(true);
+  expect(v.reason).toContain('host hostB devices 2,3');
+  // The page: the flush's row carries the verdict and the replays' per-tensor errors.
+  const page = path.join(j.dir, 'report.html');
+  const rep = runWavebus(['report', j.dir, '-o', page], { timeout: 120000 });
+  expect(rep.code).toBe(0);
+  const html = fs.readFileSync(page, 'utf8');
+  expect(html).toContain('<div class="verdict" data-verdict="device-local"><b>device-local</b>: the recorded outputs reproduce on host hostA devices 0,1 only');
+  expect(html).toContain(`same on hostA devices 0,1: ${same.tensors.length}/${same.tensors.length} outputs reproduce (${same.tensors.length} bit-exact)`);
+  expect(html).toContain(`other on hostB devices 2,3: 0/${other.tensors.length} outputs reproduce`);
+  expect(html).toMatch(/<li>call \d+ rank 1: max\|diff\| [0-9.e-]+, \d+\/\d+ out of tolerance<\/li>/);
+}, 300000);
+
+test('a wrong value in tp_rank 1\'s checkpoint shard: deterministic, and bisect against TP=1 names layer 1\'s up_proj on rank 1', async () => {
+  const dir = tmpDir('wavebus-verdict-patch-');
+  const patch = path.join(dir, 'shard-patch.json');
+  fs.writeFileSync(patch, JSON.stringify([{ tp_size: 2, tp_rank: 1, weight: 'layers.1.up', index: 5, add: 2.0 }]));
+  const j = await job(['--shard-patch', patch]);
+  const v = verdict(j, '--dp', '2', `--replayer-arg=--shard-patch`, `--replayer-arg=${patch}`);
+  expect(v.verdict).toBe('deterministic');
+  for (const r of v.replays) expect(r.tensors.every((t: any) => t.bit_exact)).toBe(true);
+  expect(v.bisect.first).toMatchObject({ module: 'model.layers.1.mlp.up_proj', ranks: [1] });
+  expect(v.bisect.call).toBe(v.incident.calls[v.incident.calls.length - 1]);
+  expect(JSON.parse(fs.readFileSync(v.bisect.out, 'utf8')).first.module).toBe('model.layers.1.mlp.up_proj');
+  // Without the patch the replays load the right shard: what the engine computed does not reproduce anywhere.
+  const without = verdict(j, '--dp', '2', '--no-reference');
+  expect(without.verdict).toBe('transient');
+}, 300000);
+
+test('no second replica (DP=1): inconclusive with the reason; a serving engine is not replayed on; bad flags are named', async () => {
+  const j = await job([], { dp: 1, badDevice: true });
+  const v = verdict(j);
+  expect(v.verdict).toBe('inconclusive');
+  expect(v.reason).toContain('no second replica holds the shard (DP=1');
+  expect(v.replays).toHaveLength(1);
+  expect(v.replays[0].tensors.every((t: any) => t.bit_exact)).toBe(true);
+  // A replay that fails (here: killed by its bound) is named.
+  const failed = verdict(j, '--replay-timeout-ms', '1');
+  expect(failed.verdict).toBe('inconclusive');
+  expect(failed.reason).toMatch(/^the same-host replay failed: the replay exited null: .*killed after 1 ms: --replay-timeout-ms/);
+  // A host the user names instead: hostB (no fault file) does not reproduce: device-local.
+  fs.writeFileSync(path.join(j.dir, 'hostB.env'), `TORCH_ENGINE_DEVICE_FAULT_FILE=${path.join(j.dir, 'hostB', 'device-fault.json')}\n`);
+  const named = verdict(j, '--host-env', `hostB=${path.join(j.dir, 'hostB.env')}`, '--other-host', 'hostB', '--no-reference');
+  expect([named.verdict, named.host, named.replays[1].host]).toEqual(['device-local', 'hostA', 'hostB']);
+  // Rank 0's engine "still serving" (its pid file names a live process): not replayed on its device.
+  const live = spawnTracked('sleep', ['60']);
+  fs.writeFileSync(path.join(j.out, 'pid_rank0'), String(live.child.pid));
+  const refused = verdict(j);
+  expect(refused.verdict).toBe('inconclusive');
+  expect(refused.reason).toContain(`rank 0's engine (pid ${live.child.pid}) still serves on host hostA device 0`);
+  expect(refused.reason).toContain('--allow-live-device');
+  expect(verdict(j, '--allow-live-device').replays[0].ok).toBe(true);
+  live.child.kill('SIGKILL');
+  // Bad input: exit 2, naming what was wrong.
+  const bad = (flags: string[], want: string) => {
+    const r = runWavebus(['verdict', j.dir, ...flags]);
+    expect({ code: r.code, stderr: r.stderr }).toEqual({ code: 2, stderr: expect.stringContaining(want) });
+  };
+  bad(['--engine-out', j.out, '--incident', 'incident-wave999'], '--incident incident-wave999: no recorder/incident-wave999 under');
+  bad([], '--engine-out: required');
+  bad(['--engine-out', j.out, '--rank-host', '0=host A'], '--rank-host: expected G=HOST[:DEVICE]');
+  bad(['--engine-out', j.out, '--rank-host', '0=a', '--rank-host', '1=b'], 'lie on hosts a, b');
+  fs.writeFileSync(path.join(j.dir, 'bad.env'), 'OK=1\nnot a line\n');
+  bad(['--engine-out', j.out, '--host-env', `x=${path.join(j.dir, 'bad.env')}`], 'bad.env:2: expected KEY=VALUE');
+  bad(['--engine-out', j.out, '--other-host', 'nowhere'], '--other-host nowhere: no --host-env nowhere');
+}, 300000);
