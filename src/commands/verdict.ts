@@ -3,12 +3,16 @@
 // (<incident flush>/verdict.json). Exit 0 with a verdict (any of the four), 2 on bad input.
 import * as path from 'path';
 import type { CommandModule } from 'yargs';
-import { ConfigError } from '../errors';
+import { ConfigError, WavebusError } from '../errors';
 import { intFlag, msFlag, nonEmpty } from './flags';
 import { parseTolerances } from './bisect';
 import { jsonSafe } from '../tools/compare';
 import { parseHostEnvs, parseRankHosts } from '../tools/verdict-plan';
 import { formatVerdict, verdict, writeVerdict } from '../tools/verdict';
+import { reportVerdict } from '../tools/verdict-report';
+import { parseHostPort } from '../bus/endpoints';
+import { loadBusToken } from '../bus/auth';
+import { CURVE_CLIENT_FLAGS, curveClientKeysFromFlags } from '../bus/curve-client-flags';
 
 const REPLAY = path.join(__dirname, '..', '..', '..', 'examples', 'torch-engine', 'replay.py');
 const list = (v: unknown): string[] => (v === undefined ? [] : Array.isArray(v) ? v.map(String) : [String(v)]);
@@ -32,13 +36,24 @@ export const command: CommandModule = {
       .option('replayer-arg', { type: 'string', array: true, nargs: 1, describe: 'an argument for every replay, repeatable (the torch example: --shard-patch FILE)' })
       .option('tol', { type: 'string', array: true, nargs: 1, describe: "DTYPE=ATOL,RTOL, repeatable (bisect's; defaults fp32=1e-5,1e-4 ...)" })
       .option('replay-timeout-ms', { type: 'string', default: '600000', describe: 'each replay process is killed after this long (the verdict is then inconclusive)' })
-      .option('json', { type: 'boolean', default: false, describe: 'print verdict.json' }),
+      .option('json', { type: 'boolean', default: false, describe: 'print verdict.json' })
+      .option('coordinator', { type: 'string', describe: "also tell the job's coordinator HOST:PORT (its status and /metrics show the verdict)" })
+      .option('bus-token-file', { type: 'string', describe: "with --coordinator: the job's bus token file (default $WAVEBUS_BUS_TOKEN_FILE)" })
+      .options(CURVE_CLIENT_FLAGS)
+      .option('timeout', { type: 'string', default: '5000', describe: 'with --coordinator: milliseconds to wait for its answer' }),
   handler: async (argv) => {
     const fail = (e: unknown) => {
       process.stderr.write(`wavebus verdict: ${(e as Error).message}\n`);
       process.exit(2);
     };
     try {
+      // The coordinator's flags are checked before any replay runs.
+      const target = argv.coordinator === undefined ? undefined : {
+        coordinator: parseHostPort(String(argv.coordinator), '--coordinator'),
+        busToken: loadBusToken(argv['bus-token-file'], process.env),
+        curve: curveClientKeysFromFlags(argv),
+      };
+      const timeoutMs = msFlag(argv.timeout, '--timeout', 1);
       if (argv['engine-out'] === undefined) throw new ConfigError("--engine-out: required: the engine's own outputs are what each replay is compared with");
       const v = await verdict({
         tree: path.resolve(nonEmpty(argv.tree, 'TREE')),
@@ -57,6 +72,16 @@ export const command: CommandModule = {
       });
       const file = writeVerdict(v);
       process.stdout.write(argv.json ? `${JSON.stringify(jsonSafe(v), null, 2)}\n` : `${formatVerdict(v)}  written: ${file}\n`);
+      if (target) {
+        try {
+          await reportVerdict(target, v, timeoutMs);
+        } catch (e) {
+          // The verdict stands (written); only the coordinator does not know it: exit 3 (no answer) or 1 (refused).
+          const c = e instanceof WavebusError ? e.code : '';
+          process.stderr.write(`wavebus verdict: ${file} written, but the coordinator was not told: ${(e as Error).message}${c ? ` [${c}]` : ''}\n`);
+          process.exit(['ERR_TIMEOUT', 'ERR_HANDSHAKE'].includes(c) ? 3 : 1);
+        }
+      }
       process.exit(0);
     } catch (e) {
       fail(e);
