@@ -5,7 +5,9 @@
 // ranks get it with --env-on-rank, the replays with --host-env). The faulty device is a test double
 // (examples/torch-engine/device_fault.py): a host-level file that every process on hostA reads.
 // Replays run as local processes from the CLI (not through the agents and the bus), and no network
-// namespace separates the hosts here: docs/verdict.md says so.
+// namespace separates the hosts here: docs/verdict.md says so. The transient case is judged by
+// verdict.auto (replica 0's head agent, while the job serves) and told to the coordinator; the
+// bad-device job serves the device-local case and, judged as if DP=1, the inconclusive one.
 import * as fs from 'fs';
 import * as path from 'path';
 import { PYTHON, ROOT, cleanup, freePortPair, runWavebus, spawnTracked, spawnWavebus, tmpDir, waitFor } from './helpers';
@@ -27,8 +29,16 @@ interface Job {
   hostFlags: string[];
 }
 
+interface JobOptions {
+  dp?: number;
+  badDevice?: boolean;
+  dumpAfter?: number;
+  /** verdict.auto on (allow_live_device: the CPU), its --verdict-args; `whileServing` runs before the job is stopped. */
+  auto?: { whileServing: (j: Job, at: { port: number; tokenFile: string }) => Promise<void> };
+}
+
 /** A DP=dp x TP=2 job with the recorder on (K=32: every forward up to the dump), dumped on replica 0 once rank 1 saved forward `dumpAfter`. */
-async function job(engineArgs: string[], opts: { dp?: number; badDevice?: boolean; dumpAfter?: number } = {}): Promise<Job> {
+async function job(engineArgs: string[], opts: JobOptions = {}): Promise<Job> {
   const dp = opts.dp ?? 2;
   const dir = tmpDir('wavebus-verdict-');
   const out = path.join(dir, 'out');
@@ -48,9 +58,12 @@ async function job(engineArgs: string[], opts: { dp?: number; badDevice?: boolea
   // The bad device: hostA's device 1 (rank 1's) adds 0.25 to one column of layer 1's up-projection.
   if (opts.badDevice) fs.writeFileSync(path.join(dir, 'hostA', 'device-fault.json'), JSON.stringify({ device: 1, layer: 1, add: 0.25 }));
   const port = await freePortPair();
+  const config = opts.auto ? { runtime_config: { ...CONFIG.runtime_config, verdict: { auto: true, allow_live_device: true } } } : CONFIG;
+  // What `wavebus verdict` needs beside the flush: the engine's outputs, the layout, the hosts.
+  const auto = opts.auto ? ['--linger-ms', '240000', ...[`--engine-out=${out}`, `--python=${PYTHON}`, `--dp=${dp}`, '--no-reference', ...flagsWithEq(hostFlags)].map((a) => `--agent-arg=--verdict-arg=${a}`)] : [];
   const launch = spawnWavebus(
     ['launch', '--nproc-per-node', String(2 * dp), '--tp', '2', '--dp', String(dp), '--port', String(port), '--run-dir', path.join(dir, 'run'),
-      '--additional-config', JSON.stringify(CONFIG), '--agent-arg=--end-of-wave-timeout-ms', '--agent-arg=2000',
+      '--additional-config', JSON.stringify(config), '--agent-arg=--end-of-wave-timeout-ms', '--agent-arg=2000', ...auto,
       '--', PYTHON, path.join(ENGINE, 'torchrun_env.py'), path.join(ENGINE, 'engine.py'), '--out', out, '--dp', String(dp), '--save-every-forward',
       '--requests', '2', '--max-tokens', '30', '--step-sleep-ms', '50', ...envOnRank, ...engineArgs],
     { env: { ...process.env, WAVEBUS_CACHE_ROOT: path.join(dir, 'cache'), WAVEBUS_RECORD_FORWARDS: '32' }, cwd: dir },
@@ -64,10 +77,25 @@ async function job(engineArgs: string[], opts: { dp?: number; badDevice?: boolea
   const dump = spawnWavebus(['dump', '--coordinator', `127.0.0.1:${port}`, '--bus-token-file', path.join(dir, 'run', 'bus.token'), '--request', 'req-0', '--replica', '0', '--wait']);
   const d = await dump.exited;
   expect({ code: d.code, stderr: dump.stderr() }).toEqual({ code: 0, stderr: '' });
+  if (opts.auto) {
+    await opts.auto.whileServing({ dir, out, hostFlags }, { port, tokenFile: path.join(dir, 'run', 'bus.token') });
+    launch.child.kill('SIGTERM'); // the agents linger for it; the command itself exited 0
+  }
   const { code } = await launch.exited;
   if (code !== 0) throw new Error(`launch exited ${code}\n${launch.stderr().slice(-4000)}`);
   return { dir, out, hostFlags };
 }
+
+/** ["--x", "v", ...] as ["--x=v", ...]: each one argument for --verdict-arg. */
+function flagsWithEq(flags: string[]): string[] {
+  const out: string[] = [];
+  for (let i = 0; i < flags.length; i += 2) out.push(`${flags[i]}=${flags[i + 1]}`);
+  return out;
+}
+
+/** Once: the DP=2 job with the bad device on hostA (two cases judge it). */
+let badDeviceJob: Promise<Job> | undefined;
+const badDevice = () => (badDeviceJob ??= job([], { badDevice: true }));
 
 function verdict(j: Job, ...flags: string[]) {
   const r = runWavebus(['verdict', j.dir, '--engine-out', j.out, '--python', PYTHON, ...j.hostFlags, '--json', ...flags], { timeout: 240000 });
@@ -81,9 +109,27 @@ function callOfStep(v: any, step: number): number | undefined {
   return v.incident.calls.find((c: number) => JSON.parse(fs.readFileSync(path.join(v.incident.dir, snaps, 'rank1', `call${c}`, 'meta.json'), 'utf8')).global_step === step);
 }
 
-test('a one-off bit flip in rank 1\'s output at step 6, in the live process only: transient, naming that forward and rank', async () => {
-  const j = await job(['--flip-output', '6:1'], { dumpAfter: 7 });
-  const v = verdict(j, '--dp', '2');
+test('a one-off bit flip in rank 1\'s output at step 6, in the live process only: verdict.auto judges it transient, naming that forward and rank, and tells the coordinator', async () => {
+  let v: any;
+  let doc: any;
+  await job(['--flip-output', '6:1'], {
+    dumpAfter: 7,
+    auto: {
+      whileServing: async (j, at) => {
+        // Replica 0's head agent judges its incident flush once it is whole, and the coordinator learns the verdict.
+        const file = await waitFor(() => listFlushVerdicts(path.join(j.dir, 'cache'))[0], 'verdict.auto\'s verdict.json', 200000, 200);
+        v = JSON.parse(fs.readFileSync(file, 'utf8'));
+        doc = await waitFor(async () => {
+          const s = spawnWavebus(['status', '--coordinator', `127.0.0.1:${at.port}`, '--bus-token-file', at.tokenFile, '--json']);
+          const e = await s.exited;
+          const d = e.code === 0 ? JSON.parse(s.stdout()) : undefined;
+          return d?.verdicts?.latest?.length ? d : undefined;
+        }, 'the verdict in the coordinator\'s status', 30000, 500);
+      },
+    },
+  });
+  expect(doc.verdicts.counts.transient).toBe(1);
+  expect(doc.verdicts.latest).toEqual([expect.objectContaining({ incident: v.incident.id, verdict: 'transient', host: 'hostA', devices: [0, 1], ranks: [0, 1], replica: 0 })]);
   expect(v.incident).toMatchObject({ id: expect.stringMatching(/^incident-wave\d+-dp0$/), replica: 0, tp: 2, ranks: [0, 1] });
   const call = callOfStep(v, 6);
   expect(call).toBeDefined(); // the flush holds the forward with the flip
@@ -99,12 +145,11 @@ test('a one-off bit flip in rank 1\'s output at step 6, in the live process only
     expect(r.tensors.filter((t: any) => !t.bit_exact)).toHaveLength(1);
   }
   const file = path.join(v.incident.dir, 'verdict.json');
-  expect(JSON.parse(fs.readFileSync(file, 'utf8')).verdict).toBe('transient');
   expect((fs.statSync(file).mode & 0o777).toString(8)).toBe('640');
 }, 300000);
 
 test('the bad-device double on hostA: device-local, naming hostA and its devices; hostB does not reproduce the outputs', async () => {
-  const j = await job([], { badDevice: true });
+  const j = await badDevice();
   const v = verdict(j, '--dp', '2');
   expect(v.verdict).toBe('device-local');
   expect([v.host, v.devices]).toEqual(['hostA', [0, 1]]);
@@ -140,8 +185,9 @@ test('a wrong value in tp_rank 1\'s checkpoint shard: deterministic, and bisect 
   expect(without.verdict).toBe('transient');
 }, 300000);
 
-test('no second replica (DP=1): inconclusive with the reason; a serving engine is not replayed on; bad flags are named', async () => {
-  const j = await job([], { dp: 1, badDevice: true });
+test('no second replica (judged as DP=1): inconclusive with the reason; a serving engine is not replayed on; bad flags are named', async () => {
+  // The bad-device job judged without its second replica (no --dp: the verdict knows of one replica).
+  const j = await badDevice();
   const v = verdict(j);
   expect(v.verdict).toBe('inconclusive');
   expect(v.reason).toContain('no second replica holds the shard (DP=1');
@@ -151,9 +197,8 @@ test('no second replica (DP=1): inconclusive with the reason; a serving engine i
   const failed = verdict(j, '--replay-timeout-ms', '1');
   expect(failed.verdict).toBe('inconclusive');
   expect(failed.reason).toMatch(/^the same-host replay failed: the replay exited null: .*killed after 1 ms: --replay-timeout-ms/);
-  // A host the user names instead: hostB (no fault file) does not reproduce: device-local.
-  fs.writeFileSync(path.join(j.dir, 'hostB.env'), `TORCH_ENGINE_DEVICE_FAULT_FILE=${path.join(j.dir, 'hostB', 'device-fault.json')}\n`);
-  const named = verdict(j, '--host-env', `hostB=${path.join(j.dir, 'hostB.env')}`, '--other-host', 'hostB', '--no-reference');
+  // A host the user names instead: hostB (no fault file; its --host-env is in j.hostFlags) does not reproduce: device-local.
+  const named = verdict(j, '--other-host', 'hostB', '--no-reference');
   expect([named.verdict, named.host, named.replays[1].host]).toEqual(['device-local', 'hostA', 'hostB']);
   // Rank 0's engine "still serving" (its pid file names a live process): not replayed on its device.
   const live = spawnTracked('sleep', ['60']);
@@ -176,4 +221,19 @@ test('no second replica (DP=1): inconclusive with the reason; a serving engine i
   fs.writeFileSync(path.join(j.dir, 'bad.env'), 'OK=1\nnot a line\n');
   bad(['--engine-out', j.out, '--host-env', `x=${path.join(j.dir, 'bad.env')}`], 'bad.env:2: expected KEY=VALUE');
   bad(['--engine-out', j.out, '--other-host', 'nowhere'], '--other-host nowhere: no --host-env nowhere');
+  bad(['--engine-out', j.out, '--coordinator', 'nohost'], '--coordinator');
 }, 300000);
+
+/** Every verdict.json beside a recorder flush under `root`. */
+function listFlushVerdicts(root: string): string[] {
+  const out: string[] = [];
+  const walk = (d: string, depth: number) => {
+    for (const e of fs.readdirSync(d, { withFileTypes: true })) {
+      const p = path.join(d, e.name);
+      if (e.isDirectory() && depth < 6) walk(p, depth + 1);
+      else if (e.name === 'verdict.json' && path.basename(path.dirname(path.dirname(p))) === 'recorder') out.push(p);
+    }
+  };
+  if (fs.existsSync(root)) walk(root, 0);
+  return out.sort();
+}
