@@ -41,11 +41,6 @@ export class AutoVerdict {
 
   constructor(private readonly o: AutoVerdictOptions) {}
 
-  /** Whether this rank runs the verdicts of its replica's flushes. */
-  get runsHere(): boolean {
-    return this.o.identity.tpRank === 0;
-  }
-
   /** After this rank's incident flush `dir` (relative to root) holding `forwards`: queue a verdict on it. */
   afterFlush(dir: string, forwards: readonly number[], allowLiveDevice: boolean): Promise<void> {
     const run = this.chain.then(() => this.run(dir, forwards, allowLiveDevice)).catch((e) => this.o.log.error({ err: String((e as Error)?.message ?? e), flush: dir }, 'verdict.auto: failed'));
