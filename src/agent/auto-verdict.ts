@@ -87,7 +87,8 @@ export class AutoVerdict {
 
   private spawnCli(argv: string[]): Promise<{ code: number | null; stdout: string; stderr: string }> {
     return new Promise((resolve, reject) => {
-      const child = spawn(process.execPath, argv, { stdio: ['ignore', 'pipe', 'pipe'] });
+      // Its own process group: stopping it stops its replays too.
+      const child = spawn(process.execPath, argv, { stdio: ['ignore', 'pipe', 'pipe'], detached: true });
       this.child = child;
       const out: Buffer[] = [];
       const err: Buffer[] = [];
@@ -95,11 +96,11 @@ export class AutoVerdict {
       const keep = (into: Buffer[]) => (b: Buffer) => {
         bytes += b.length;
         if (bytes <= MAX_OUTPUT) into.push(b);
-        else child.kill('SIGKILL'); // a CLI that says this much is not answering
+        else killGroup(child, 'SIGKILL'); // a CLI that says this much is not answering
       };
       child.stdout!.on('data', keep(out));
       child.stderr!.on('data', keep(err));
-      const timer = setTimeout(() => child.kill('SIGKILL'), RUN_BOUND_MS);
+      const timer = setTimeout(() => killGroup(child, 'SIGKILL'), RUN_BOUND_MS);
       child.on('error', (e) => {
         clearTimeout(timer);
         reject(e);
@@ -112,9 +113,17 @@ export class AutoVerdict {
     });
   }
 
-  /** Stop: a verdict in progress is killed (its replays with it: they are its children and die with their pipes). */
+  /** Stop: a verdict in progress is killed, its replays with it (one process group). */
   stop(): void {
     this.stopped = true;
-    this.child?.kill('SIGTERM');
+    if (this.child) killGroup(this.child, 'SIGTERM');
+  }
+}
+
+function killGroup(child: ChildProcess, signal: NodeJS.Signals): void {
+  try {
+    if (child.pid !== undefined) process.kill(-child.pid, signal);
+  } catch {
+    child.kill(signal); // the group is gone already
   }
 }
