@@ -10,6 +10,9 @@
 // bad-device job serves the device-local case and, judged as if DP=1, the inconclusive one.
 import * as fs from 'fs';
 import * as path from 'path';
+import { Coordinator } from '../src/bus/coordinator';
+import { createTokenFile, loadBusToken } from '../src/bus/auth';
+import { createLogger } from '../src/log';
 import { PYTHON, ROOT, cleanup, freePortPair, runWavebus, spawnTracked, spawnWavebus, tmpDir, waitFor } from './helpers';
 
 afterAll(cleanup);
@@ -188,7 +191,21 @@ test('a wrong value in tp_rank 1\'s checkpoint shard: deterministic, and bisect 
 test('no second replica (judged as DP=1): inconclusive with the reason; a serving engine is not replayed on; bad flags are named', async () => {
   // The bad-device job judged without its second replica (no --dp: the verdict knows of one replica).
   const j = await badDevice();
-  const v = verdict(j);
+  // Judged with --coordinator: the CLI tells a running coordinator (with the job's bus token) the verdict.
+  const tokenFile = createTokenFile(tmpDir('wavebus-verdict-token-'));
+  const port = await freePortPair();
+  const coordinator = new Coordinator({ port, layout: { worldSize: 4, tp: 2, pp: 1, dp: 2, cp: 1 }, busToken: loadBusToken(tokenFile, {}), logger: createLogger('verdict-test', 'error') });
+  await coordinator.start();
+  let v: any;
+  try {
+    const told = spawnWavebus(['verdict', j.dir, '--engine-out', j.out, '--python', PYTHON, ...j.hostFlags, '--json', '--coordinator', `127.0.0.1:${port}`, '--bus-token-file', tokenFile]);
+    const e = await told.exited; // asynchronous: this process's coordinator answers it
+    expect({ code: e.code, stderr: told.stderr() }).toEqual({ code: 0, stderr: '' });
+    v = JSON.parse(told.stdout());
+    expect(coordinator.verdicts.status().latest).toEqual([expect.objectContaining({ incident: v.incident.id, verdict: 'inconclusive', host: 'hostA', devices: [0, 1], ranks: [0, 1] })]);
+  } finally {
+    await coordinator.stop();
+  }
   expect(v.verdict).toBe('inconclusive');
   expect(v.reason).toContain('no second replica holds the shard (DP=1');
   expect(v.replays).toHaveLength(1);
