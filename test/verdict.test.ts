@@ -177,6 +177,8 @@ test('a wrong value in tp_rank 1\'s checkpoint shard: deterministic, and bisect 
   const patch = path.join(dir, 'shard-patch.json');
   fs.writeFileSync(patch, JSON.stringify([{ tp_size: 2, tp_rank: 1, weight: 'layers.1.up', index: 5, add: 2.0 }]));
   const j = await job(['--shard-patch', patch]);
+  // verdict.auto is off by default: the job's agents judged nothing.
+  expect(listFlushVerdicts(path.join(j.dir, 'cache'))).toEqual([]);
   const v = verdict(j, '--dp', '2', `--replayer-arg=--shard-patch`, `--replayer-arg=${patch}`);
   expect(v.verdict).toBe('deterministic');
   for (const r of v.replays) expect(r.tensors.every((t: any) => t.bit_exact)).toBe(true);
