@@ -129,3 +129,10 @@ export class LaunchError extends WavebusError {
     super(code, message);
   }
 }
+
+/** `wavebus verdict` was asked something it cannot answer from this tree and these flags (names which). */
+export class VerdictError extends WavebusError {
+  constructor(message: string) {
+    super('ERR_VERDICT', message);
+  }
+}

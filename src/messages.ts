@@ -33,6 +33,9 @@ export interface AgentConfig {
   recorderMaxBytes: number;
   /** proto SensitiveInfo number: report.save_sensitive_info (src/guard/recorder-config.ts maps it). */
   saveSensitiveInfo: number;
+  /** verdict.auto / verdict.allow_live_device (docs/verdict.md "Automatically after an incident"). */
+  verdictAuto: boolean;
+  verdictAllowLiveDevice: boolean;
 }
 
 export interface ConfigLane {

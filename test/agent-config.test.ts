@@ -40,6 +40,8 @@ describe('agentConfig (the one builder)', () => {
       recorderForwards: d.recorder.forwards,
       recorderMaxBytes: d.recorder.max_bytes,
       saveSensitiveInfo: 0,
+      verdictAuto: false,
+      verdictAllowLiveDevice: false,
     });
     expect(agentConfig(d, { hotReload: true, dumpRoot: '' }).busActive).toBe(true);
     expect(agentConfig(configFromRaw({ dump: { manual_dump: 1 } }, 't'), { hotReload: false, dumpRoot: '' }).busActive).toBe(true);
@@ -102,6 +104,14 @@ async function roundTrip(runtimeConfig: Record<string, unknown>): Promise<{ lane
   }
 }
 
+test('verdict: off by default; auto and allow_live_device are booleans; an unknown key is refused naming its path', () => {
+  expect(defaultConfig().verdict).toEqual({ auto: false, allow_live_device: false });
+  expect(configFromRaw({ verdict: { auto: true } }, 'f').verdict).toEqual({ auto: true, allow_live_device: false });
+  expect(() => configFromRaw({ verdict: { auto: 'yes' } }, 'f')).toThrow('f: verdict.auto: expected a boolean, got "yes"');
+  expect(() => configFromRaw({ verdict: { allow_live_device: 1 } }, 'f')).toThrow('f: verdict.allow_live_device: expected a boolean, got 1');
+  expect(() => configFromRaw({ verdict: { auto: true, engine_out: '/x' } }, 'f')).toThrow("f: unknown key 'verdict.engine_out' (allowed here: auto, allow_live_device)");
+});
+
 describe('coordinator -> agent over real sockets', () => {
   test('a config without dump keys reaches the agent with config.ts defaults, in the lane and in the snapshot', async () => {
     const d = defaultConfig();
@@ -119,15 +129,17 @@ describe('coordinator -> agent over real sockets', () => {
       ppStages: d.dump.pp_stages,
       recorder: { on: d.recorder.on, forwards: d.recorder.forwards, maxBytes: d.recorder.max_bytes },
       sensitive: d.report.save_sensitive_info,
+      verdict: { auto: false, allowLiveDevice: false },
     });
   });
 
-  test('what the operator set arrives typed: detectors, item_sync, format, headroom, dump root, pp_stages, recorder, save_sensitive_info', async () => {
+  test('what the operator set arrives typed: detectors, item_sync, format, headroom, dump root, pp_stages, recorder, save_sensitive_info, verdict', async () => {
     const got = await roundTrip({
       detector: { garbled: { enabled: true }, logits_finite: { enabled: true, item_sync: true } },
       dump: { format: 'safetensors', free_headroom_bytes: 12345, manual_dump: 0, pp_stages: 'all' },
       recorder: { on: ['flush', 'crash'], forwards: 8 },
       report: { save_sensitive_info: 'hashed' },
+      verdict: { auto: true, allow_live_device: true },
     });
     expect(got.lane).toEqual(got.built);
     expect(got.snap).toEqual(got.built);
@@ -142,6 +154,7 @@ describe('coordinator -> agent over real sockets', () => {
       ppStages: 'all',
       recorder: { on: ['crash', 'flush'], forwards: 8, maxBytes: 0 },
       sensitive: 'hashed',
+      verdict: { auto: true, allowLiveDevice: true },
     });
   });
 });

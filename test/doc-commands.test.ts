@@ -125,6 +125,7 @@ const SKIPPED: Record<string, string> = {
     'two PyTorch ranks for a minute or more; test/torch-engine.test.ts runs this launch (with a port and an out dir of its own)',
   'python3 examples/torch-engine/replay.py --snapshots $WAVEBUS_CACHE_ROOT/snapshots/torch-engine-tp2 --call 5 --engine-out /tmp/eng': 'replays the capture of the launch above (test/torch-engine.test.ts runs replay.py on one)',
   'wavebus bisect A B [--tol DTYPE=ATOL,RTOL ...] [--call N] [--json] [--out FILE.json]': SYNOPSIS,
+  'wavebus verdict TREE --engine-out DIR [--incident ID] [--dp N] [--rank-host G=HOST[:DEVICE] ...] [--host-env HOST=FILE ...] [--other-host HOST] [--allow-live-device] [--no-reference] [--tol DTYPE=ATOL,RTOL ...] [--replayer-arg ARG ...] [--json] [--coordinator HOST:PORT [--bus-token-file FILE] [--curve-dir DIR] [--timeout MS]]': SYNOPSIS,
   'export WAVEBUS_CACHE_ROOT=/tmp/wb-bisect/cache': BISECT_WALK,
   'WAVEBUS_SNAPSHOT_ENABLE=1 WAVEBUS_SNAPSHOT_CAPTURE_REQUEST=req-1 WAVEBUS_SNAPSHOT_CAPTURE_TOKEN=20 WAVEBUS_SNAPSHOT_MAX_CAPTURES=1 wavebus launch --nproc-per-node 2 --tp 2 -- python3 examples/torch-engine/torchrun_env.py examples/torch-engine/engine.py --out /tmp/wb-bisect/eng --max-tokens 12': BISECT_WALK,
   'SNAP=$WAVEBUS_CACHE_ROOT/snapshots/torch-engine-tp2': BISECT_WALK,

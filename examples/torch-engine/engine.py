@@ -21,7 +21,8 @@ except ImportError:  # running from a checkout
     sys.path.insert(0, os.path.join(HERE, "..", "..", "clients", "python"))
 
 sys.path.insert(0, HERE)
-from model import VOCAB, Comm, ModelConfig, forward, full_weights, shard  # noqa: E402
+import device_fault  # noqa: E402
+from model import VOCAB, Comm, ModelConfig, forward, full_weights, patch_shard, shard  # noqa: E402
 from scheduler import Request, Scheduler  # noqa: E402
 from spec import Drafter, verify  # noqa: E402
 from wavebus_hooks import WavebusHooks  # noqa: E402
@@ -79,6 +80,8 @@ def main(argv: List[str]) -> int:
     ap.add_argument("--dp", type=int, default=1, help="data-parallel replicas: the world splits into DP groups of world/dp TP ranks")
     ap.add_argument("--flip-byte", action="append", default=[], help="RANK:WEIGHT:BYTE: flip one byte of that weight shard on that rank at load (a fingerprint test)")
     ap.add_argument("--env-on-rank", action="append", default=[], help="RANK:NAME=VALUE: set an environment variable on that rank only, before meeting the agent")
+    ap.add_argument("--shard-patch", help="JSON file: a wrong value in one TP shard's checkpoint (model.patch_shard; docs/verdict.md)")
+    ap.add_argument("--flip-output", action="append", default=[], help="STEP:RANK: flip the top mantissa bit of logits[0, 0] of forward STEP on RANK, in this process only (a one-off fault)")
     ap.add_argument("--linger", type=int, default=3, help="idle waves after the last request (a dump armed late still runs)")
     args = ap.parse_args(argv)
     faults = [f for f in (parse_fault(x) for x in args.fault) if f is not None]
@@ -87,7 +90,13 @@ def main(argv: List[str]) -> int:
     if args.spec_tokens == 0 and any(f[0] == "draft" for f in faults):
         raise SystemExit("engine: --fault draft:STEP needs --spec-tokens > 0 (there is no draft model otherwise)")
     rank, world = env_int("RANK"), env_int("WORLD_SIZE")
-    env_int("LOCAL_RANK")
+    device_fault.set_device(env_int("LOCAL_RANK"))  # the faulty-device test double keys on the device index
+    flips = set()
+    for spec in args.flip_output:
+        st, _, rk = spec.partition(":")
+        if not st.isdigit() or not rk.isdigit():
+            raise SystemExit(f"engine: --flip-output must be STEP:RANK, got {spec!r}")
+        flips.add((int(st), int(rk)))
     if args.dp < 1 or world % args.dp:
         raise SystemExit(f"engine: --dp must divide WORLD_SIZE ({world}), got {args.dp}")
     tp, tp_rank = world // args.dp, rank % (world // args.dp)
@@ -115,6 +124,8 @@ def main(argv: List[str]) -> int:
     cfg = ModelConfig(seed=args.seed)
     w = shard(cfg, full_weights(cfg), tp_rank, tp)
     flip_bytes(w, args.flip_byte, rank)
+    if args.shard_patch:
+        patch_shard(w, args.shard_patch, tp_rank, tp)
     comm = Comm(tp, group)
     kv_heads = cfg.kv_heads // tp
     max_tokens = (max(len(p) for p in PROMPTS) + 1 + args.spec_tokens) * args.requests
@@ -154,6 +165,8 @@ def main(argv: List[str]) -> int:
             logits = forward(cfg, w, comm, hooks.kv, views["input_ids"], views["positions"], views["slot_mapping"],
                              views["block_table"], views["seq_lens"], views["query_start_loc"], args.block_size,
                              views["logits_indices"])
+            if (step, rank) in flips:  # a bit flipped in this forward's output, nowhere else (no replay can reproduce it)
+                logits.view(-1)[:1].view(torch.int32).bitwise_xor_(1 << 22)
             for restore in restores:
                 if restore is not None:
                     restore()

@@ -10,6 +10,8 @@ from typing import Dict, FrozenSet, List
 
 import torch
 
+import device_fault
+
 VOCAB = 256  # byte-level: token id = byte value
 
 
@@ -88,6 +90,24 @@ def shard(cfg: ModelConfig, w: Dict[str, torch.Tensor], tp_rank: int, tp_size: i
     return s
 
 
+def patch_shard(w: Dict[str, torch.Tensor], path: str, tp_rank: int, tp_size: int) -> None:
+    """--shard-patch FILE: a wrong value in one TP shard's checkpoint (a resharding bug stands in for
+    it: the model's full weights, TP=1, stay right). FILE is JSON [{"tp_size", "tp_rank", "weight",
+    "index", "add"}]: `add` is added to element `index` (flat) of that shard of `weight`."""
+    import json
+    with open(path) as f:
+        items = json.load(f)
+    for i, it in enumerate(items if isinstance(items, list) else [None]):
+        try:
+            n, r, key, at, add = int(it["tp_size"]), int(it["tp_rank"]), str(it["weight"]), int(it["index"]), float(it["add"])
+        except (TypeError, KeyError, ValueError) as e:
+            raise SystemExit(f"--shard-patch {path}: item {i}: expected {{tp_size, tp_rank, weight, index, add}}: {e}")
+        if key not in w or not 0 <= at < w[key].numel():
+            raise SystemExit(f"--shard-patch {path}: item {i}: no weight {key!r} with element {at}")
+        if (n, r) == (tp_size, tp_rank):
+            w[key].view(-1)[at] += add
+
+
 class Comm:
     """The two collectives a TP forward needs. tp_size 1: no-ops."""
 
@@ -145,7 +165,8 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc,
 
 def mlp(cfg: ModelConfig, w: Dict[str, torch.Tensor], comm: Comm, p: str, x: torch.Tensor) -> torch.Tensor:
     h = rms_norm(x, w[p + "mlp_norm"], cfg.eps)
-    m = torch.nn.functional.silu(h @ w[p + "gate"].t()) * (h @ w[p + "up"].t())
+    # device_fault: a test double of a faulty device (off unless its file exists; docs/verdict.md)
+    m = torch.nn.functional.silu(h @ w[p + "gate"].t()) * device_fault.corrupt(int(p.split(".")[1]), h @ w[p + "up"].t())
     return comm.all_reduce(m @ w[p + "down"].t())
 
 

@@ -15,6 +15,10 @@ ranks' KV caches are joined along the head dim and re-split, so a TP=2 capture r
 (the reference for `wavebus bisect`; its logits are not compared with the engine's: no --engine-out).
 --probe DIR runs the module tree of modules.py (the same bits) with wavebus_client.probe on and
 writes DIR/rank<g>/call<N> per rank. --fault makes a wrong forward on purpose (docs/bisect.md).
+For `wavebus verdict` (docs/verdict.md): --call takes a list (N,M,...: one process replays them all),
+--save-logits DIR writes DIR/call<N>/replay_rank<g>.npy and, with --engine-out, engine_rank<g>.npy
+(g: the global rank that recorded the forward), --device T=D runs TP rank T's thread as device index
+D (the faulty-device test double keys on it), --shard-patch FILE loads the same wrong shard as the engine.
 """
 import argparse
 import json
@@ -30,7 +34,8 @@ try:
 except ImportError:
     sys.path.insert(0, os.path.join(HERE, "..", "..", "clients", "python"))
 sys.path.insert(0, HERE)
-from model import Comm, ModelConfig, forward, full_weights, shard  # noqa: E402
+import device_fault  # noqa: E402
+from model import Comm, ModelConfig, forward, full_weights, patch_shard, shard  # noqa: E402
 from wavebus_client.probe import Probe, parse_layers  # noqa: E402
 from wavebus_client.replay import load_call_dir  # noqa: E402
 
@@ -128,7 +133,7 @@ def load_inputs(snapshots: str, call: int, tp: int, cfg: ModelConfig):
     return metas, first[:7], kv
 
 
-def replay(snapshots: str, call: int, tp: int, seed: int, block_size: int, probe: dict = None, faults=()):
+def replay(snapshots: str, call: int, tp: int, seed: int, block_size: int, probe: dict = None, faults=(), devices=None, shard_patch=None):
     cfg = ModelConfig(seed=seed)
     if tp < 1 or cfg.kv_heads % tp:
         raise SystemExit(f"replay: --tp {tp} does not divide kv_heads ({cfg.kv_heads})")
@@ -140,7 +145,10 @@ def replay(snapshots: str, call: int, tp: int, seed: int, block_size: int, probe
         try:
             ids, pos, slots, table, seq_lens, qsl, rows = inputs
             kv = {layer: tuple(kvs[rank][layer]) for layer in cfg.layer_names()}
+            device_fault.set_device((devices or {}).get(rank))
             w = shard(cfg, full, rank, tp)
+            if shard_patch:
+                patch_shard(w, shard_patch, rank, tp)
             comm = ThreadComm(tp, rank, shared, barrier)
             meta = metas[rank] if rank < len(metas) else metas[0]
             if probe is None:
@@ -173,7 +181,7 @@ def replay(snapshots: str, call: int, tp: int, seed: int, block_size: int, probe
 def main(argv) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--snapshots", required=True, help="<cache_root>/snapshots/<compilation_hash>")
-    ap.add_argument("--call", type=int, required=True)
+    ap.add_argument("--call", required=True, help="N, or N,M,... (each replayed in turn)")
     ap.add_argument("--engine-out", help="compare each rank's logits with the engine's (bit for bit)")
     ap.add_argument("--tp", type=int, help="TP size to replay at (default: the capture's)")
     ap.add_argument("--seed", type=int, default=1234)
@@ -183,29 +191,58 @@ def main(argv) -> int:
     ap.add_argument("--probe-layers", help="N or LO-HI: only these decoder layers (modules outside layers stay)")
     ap.add_argument("--probe-inputs", action="store_true", help="record module inputs too")
     ap.add_argument("--probe-format", default="npy", choices=("npy", "pt"))
+    ap.add_argument("--save-logits", help="write DIR/call<N>/replay_rank<g>.npy (and engine_rank<g>.npy with --engine-out)")
+    ap.add_argument("--device", action="append", default=[], help="T=D: TP rank T's thread computes as device index D")
+    ap.add_argument("--shard-patch", help="the engine's --shard-patch file (a wrong value in a shard's checkpoint)")
     ap.add_argument("--fault", action="append", default=[], help="weight:RANK:KEY | drop:MODULE:RANK | nan:MODULE:RANK (with --probe)")
     a = ap.parse_args(argv)
     if not os.path.isdir(a.snapshots):
         raise SystemExit(f"replay: --snapshots {a.snapshots}: not a directory")
+    try:
+        calls = [int(c) for c in a.call.split(",")]
+        devices = {int(k): int(v) for k, v in (d.split("=") for d in a.device)}
+    except ValueError:
+        raise SystemExit(f"replay: --call must be N or N,M,... and --device T=D (integers), got --call {a.call!r} --device {a.device!r}")
     if a.tp is None:
-        a.tp = sum(1 for d in os.listdir(a.snapshots) if os.path.isdir(os.path.join(a.snapshots, d, f"call{a.call}")))
+        a.tp = sum(1 for d in os.listdir(a.snapshots) if os.path.isdir(os.path.join(a.snapshots, d, f"call{calls[0]}")))
     faults = [parse_fault(f, a.tp) for f in a.fault]
     if faults and not a.probe:
         raise SystemExit("replay: --fault needs --probe (faults are planted in the module tree)")
     probe = None if a.probe is None else {"dir": a.probe, "include": a.probe_include, "layers": parse_layers(a.probe_layers),
                                           "inputs": a.probe_inputs, "format": a.probe_format}
     ok = True
-    for rank, (meta, logits) in sorted(replay(a.snapshots, a.call, a.tp, a.seed, a.block_size, probe, faults).items()):
-        line = {"rank": rank, "global_step": meta["global_step"], "call_index": meta["call_index"], "shape": list(logits.shape)}
-        if a.engine_out:
-            want = torch.load(os.path.join(a.engine_out, f"forward_rank{rank}_step{meta['global_step']}.pt"))["logits"]
-            same = logits.shape == want.shape and torch.equal(logits.view(torch.int32), want.view(torch.int32))
-            line.update(bitwise_equal=same, max_abs_diff=(logits - want).abs().max().item() if logits.shape == want.shape else None)
-            ok = ok and same
-        if a.probe:
-            line["probe"] = os.path.join(a.probe, f"rank{rank}", f"call{a.call}")
-        print(json.dumps(line), flush=True)
+    for call in calls:
+        ok = replay_one(a, call, probe, faults, devices) and ok
     return 0 if ok else 1
+
+
+def replay_one(a, call: int, probe, faults, devices) -> bool:
+    ok = True
+    for rank, (meta, logits) in sorted(replay(a.snapshots, call, a.tp, a.seed, a.block_size, probe, faults, devices, a.shard_patch).items()):
+        # The engine saved its logits under its global rank (= the TP rank with DP=1).
+        g = meta.get("global_rank", rank)
+        line = {"rank": rank, "global_rank": g, "global_step": meta["global_step"], "call_index": meta["call_index"], "shape": list(logits.shape)}
+        want = None
+        if a.engine_out:
+            saved = os.path.join(a.engine_out, f"forward_rank{g}_step{meta['global_step']}.pt")
+            if a.save_logits and not os.path.exists(saved):
+                line.update(engine_output=None, reason=f"no {saved}")
+            else:
+                want = torch.load(saved)["logits"]
+                same = logits.shape == want.shape and torch.equal(logits.view(torch.int32), want.view(torch.int32))
+                line.update(bitwise_equal=same, max_abs_diff=(logits - want).abs().max().item() if logits.shape == want.shape else None)
+                ok = ok and same
+        if a.save_logits:
+            import numpy as np
+            d = os.path.join(a.save_logits, f"call{call}")
+            os.makedirs(d, mode=0o700, exist_ok=True)
+            np.save(os.path.join(d, f"replay_rank{g}.npy"), logits.numpy())
+            if want is not None:
+                np.save(os.path.join(d, f"engine_rank{g}.npy"), want.numpy())
+        if a.probe:
+            line["probe"] = os.path.join(a.probe, f"rank{rank}", f"call{call}")
+        print(json.dumps(line), flush=True)
+    return ok
 
 
 if __name__ == "__main__":

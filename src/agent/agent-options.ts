@@ -49,4 +49,6 @@ export interface AgentOptions {
    * agent's life only, made at the first hashed flush).
    */
   tokenHasher?: TokenHasher;
+  /** --verdict-arg: what `wavebus verdict` needs beside the flush under verdict.auto (auto-verdict.ts). */
+  verdictArgs?: string[];
 }

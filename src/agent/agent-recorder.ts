@@ -10,12 +10,16 @@ import { TokenHasher } from '../guard/token-hash';
 import type { RecorderFlushAccount } from '../messages';
 import { FlightRecorder, takeFlushArms } from './flight-recorder';
 import type { FlushResult } from './recorder-flush';
+import { AutoVerdict } from './auto-verdict';
+import type { RuntimeView } from './runtime-view';
 
 export class AgentRecorder {
   /** The flight recorder (WAVEBUS_RECORD_FORWARDS): none when off. */
   readonly recorder?: FlightRecorder;
   /** Recorder flush arms already taken (a snapshot may carry one again). */
   private readonly flushArms = new Set<string>();
+  /** verdict.auto's runner, on the replica head's agent (auto-verdict.ts). */
+  private readonly verdicts?: AutoVerdict;
 
   constructor(
     private readonly opts: AgentOptions,
@@ -24,9 +28,15 @@ export class AgentRecorder {
     private readonly bus: () => AgentBus | undefined,
     /** Whether an input region holds token ids (the agent's RegionTable). */
     tokenIds: (region: string) => boolean,
+    /** The runtime config in force (verdict.auto). */
+    private readonly view: () => RuntimeView = () => ({ verdict: { auto: false, allowLiveDevice: false } }) as RuntimeView,
   ) {
     const { runDir, identity } = opts;
     if (!opts.recorder) return;
+    if (root && identity.tpRank === 0 && identity.pp === 1) {
+      const target = opts.coordinator ? { coordinator: opts.coordinator, busToken: opts.busToken, curve: opts.curve } : undefined;
+      this.verdicts = new AutoVerdict({ identity, root, args: opts.verdictArgs ?? [], target, log });
+    }
     let hasher = opts.tokenHasher;
     this.recorder = new FlightRecorder({
       file: recorderPath(runDir, identity.localRank),
@@ -60,13 +70,25 @@ export class AgentRecorder {
     const account = (error: string): RecorderFlushAccount => ({ dir: path.join('recorder', name), forwards: [], leftOut: [], error });
     if (!rec.writesOn('incident')) return Promise.resolve(account('recorder.on leaves out "incident" on this rank'));
     return rec.atIncident(name, wave, { jobs: jobs.map((j) => j.jobId) }).then(
-      (r) => (r ? flushAccount(r, this.root) : account('this agent has no snapshot or dump root')),
+      (r) => {
+        if (!r) return account('this agent has no snapshot or dump root');
+        const acc = flushAccount(r, this.root);
+        const v = this.view().verdict;
+        // Off the dump's path: the ack does not wait for the verdict.
+        if (v.auto && this.verdicts) void this.verdicts.afterFlush(acc.dir, acc.forwards, v.allowLiveDevice);
+        return acc;
+      },
       (e) => {
         const err = String((e as Error)?.message ?? e);
         this.log.error({ err }, 'flight recorder: incident flush failed');
         return account(err);
       },
     );
+  }
+
+  /** A verdict in progress is killed (the agent stops). */
+  stop(): void {
+    this.verdicts?.stop();
   }
 
   /** `capture --flush-recorder` arms of this replica among `arms` (a snapshot's or a wave head's captures). */

@@ -189,7 +189,7 @@ export class Agent {
     this.vectors = new VectorWrites(runDir, identity, this.log);
     this.digests = new RankDigests(runDir, identity, this.log, () => this.bus);
     this.digests.open();
-    this.rec = new AgentRecorder(this.opts, this.opts.roots?.snapshots ?? this.opts.snapshot?.snapshotRoot ?? this.gate.local.dumps, this.log, () => this.bus, (name) => this.regions.tokenIds(name));
+    this.rec = new AgentRecorder(this.opts, this.opts.roots?.snapshots ?? this.opts.snapshot?.snapshotRoot ?? this.gate.local.dumps, this.log, () => this.bus, (name) => this.regions.tokenIds(name), () => this.view);
     this.publishFeatures(); // what is known before the bus syncs (snapshots), so clients never see a stale 0
     const bound = await bindClientSocket(agentEndpoint(runDir, identity.localRank), Boolean(this.recorder));
     if (this.recorder && !bound.notify) this.log.warn('this zeromq build has no ROUTER_NOTIFY: a closed engine connection is not seen (the pid watch remains)');
@@ -256,6 +256,7 @@ export class Agent {
   async stop(): Promise<void> {
     if (this.stopped) return;
     this.stopped = true;
+    this.rec?.stop();
     this.vectors?.stopWatch();
     this.waves.close();
     await this.ends.writes.catch(() => undefined);

@@ -22,6 +22,8 @@ export interface RuntimeView {
   recorder: { on: readonly RecorderTrigger[]; forwards: number; maxBytes: number };
   /** report.save_sensitive_info: what the recorder's files keep of token ids and messages. */
   sensitive: SensitiveInfo;
+  /** verdict.auto: this replica's head runs `wavebus verdict` after an incident flush (src/agent/auto-verdict.ts). */
+  verdict: { auto: boolean; allowLiveDevice: boolean };
 }
 
 /** The view of a config as the agent receives it. Throws ProtocolError on a TensorFormat this side does not know. */
@@ -41,6 +43,7 @@ export function runtimeView(cfg: AgentConfig): RuntimeView {
       maxBytes: Number(cfg.recorderMaxBytes ?? 0),
     },
     sensitive: sensitiveFromProto(cfg.saveSensitiveInfo, 'AgentConfig.save_sensitive_info'),
+    verdict: { auto: Boolean(cfg.verdictAuto), allowLiveDevice: Boolean(cfg.verdictAllowLiveDevice) },
   };
 }
 

@@ -16,6 +16,7 @@ import type { AgentMsg, DropCounter } from './frames';
 import { counter } from '../metrics';
 import { parseArtifactJson } from '../artifacts/json-file';
 import { replicaHead } from '../layout';
+import { BadVerdictNote } from './verdict-book';
 
 /** Most ids, token targets or indices one capture may name, and its largest budget. */
 export const MAX_CAPTURE_RULES = 64;
@@ -171,8 +172,16 @@ export class CoordinatorControl {
         return this.capture(req.capture);
       case 'query':
         return this.query(String(req.query.id ?? ''));
+      case 'verdict':
+        try {
+          const v = this.c.verdicts.note(req.verdict);
+          this.c.log.info({ incident: v.incident, verdict: v.verdict, host: v.host }, 'incident verdict');
+          return { id: v.incident };
+        } catch (e) {
+          throw e instanceof BadVerdictNote ? new Refused(e.message) : e;
+        }
       default:
-        throw new Refused('control: the request names no known kind (status, dump, capture, query)');
+        throw new Refused('control: the request names no known kind (status, dump, capture, query, verdict)');
     }
   }
 

@@ -41,6 +41,8 @@ export function statusJson(c: Coordinator): Record<string, unknown> {
     ring_garbage: c.vectors.status().ringGarbage,
     // Engines that died under their agents, newest last (each agent flushed its flight recorder).
     engine_crashes: c.crashes.status(),
+    // Incidents' verdicts (wavebus verdict --coordinator, docs/verdict.md): counts and the newest.
+    verdicts: c.verdicts.status(),
     // Every message the ROUTER took in, and what it dropped of them by reason (the rest it handled).
     received: c.stats.received,
     dropped: { ...c.stats.dropped },

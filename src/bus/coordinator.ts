@@ -32,6 +32,7 @@ import { coordinatorWake, type ReplicaWake } from './replica-wake';
 import type { ZapHandler } from './zap-handler';
 import type { CoordinatorPolicy } from './policy';
 import type { CoordinatorOptions, CoordinatorStats } from './coordinator-options';
+import { VerdictBook } from './verdict-book';
 import { DEFAULT_BUS_PORT, DEFAULT_HEARTBEAT_MS, DEFAULT_MAX_FRAME_BYTES, checkLookahead } from './constants';
 
 export type { CoordinatorOptions, CoordinatorStats } from './coordinator-options';
@@ -77,6 +78,8 @@ export class Coordinator extends EventEmitter {
   readonly vectors = new VectorMetrics();
   /** Engines that died under their agents (EngineCrash; /healthz, /metrics). */
   readonly crashes = new EngineCrashes();
+  /** Incidents' verdicts as `wavebus verdict --coordinator` reports them (status, /metrics). */
+  readonly verdicts: VerdictBook;
   /** Status and control requests, token challenges (coordinator-control.ts), and the captures armed by control. */
   readonly control: CoordinatorControl;
   /** Wake on demand: each replica's state, said in its heartbeats (replica-wake.ts). */
@@ -125,6 +128,7 @@ export class Coordinator extends EventEmitter {
       },
     });
     this.fingerprints = opts.policy?.fingerprints ?? new FingerprintBook(this.layout);
+    this.verdicts = new VerdictBook(this.layout.worldSize);
     this.ledger = opts.policy?.ledger ?? new DumpLedger({ ackTimeoutMs: this.dumpAckTimeoutMs, layout: this.layout, log: this.log });
     this.control = new CoordinatorControl(this, (route, m) => this.reply(route, m), this.drops);
     this.onDumpResult = dumpAckHandler({ ledger: this.ledger, metrics: this.metrics, log: this.log, policy: this.policy, timeoutMs: this.dumpAckTimeoutMs, emit: (e, a) => this.emit(e, a) });

@@ -56,6 +56,8 @@ export interface AgentSetup {
   busToken?: BusToken;
   /** --token-hash-key-file / WAVEBUS_TOKEN_HASH_KEY_FILE: the recorder's key for save_sensitive_info "hashed". */
   tokenHasher?: TokenHasher;
+  /** --verdict-arg (verdict.auto). */
+  verdictArgs: string[];
   /** --dump-root / WAVEBUS_DUMP_ROOT: the only place this agent writes or serves KV dumps. */
   dumpRoot: string;
   /** --artifact-mode: KV dumps and input snapshots. */
@@ -101,7 +103,8 @@ export function setupAgent(argv: Record<string, unknown>, env: NodeJS.ProcessEnv
   const log = createLogger(`wavebus-agent-rank${identity.globalRank}`);
   const artifactModes = parseArtifactMode(argv['artifact-mode'], '--artifact-mode');
   const directFiles = directFilesSetup(argv, env, identity.localRank);
-  return { identity, coordinator, heartbeatMs, runDir: given, runDirFlag, endOfWaveTimeoutMs, stagingBytes, cudaStagingBytes, curve, busToken, tokenHasher, dumpRoot, artifactModes, directFiles, log };
+  const verdictArgs = argv['verdict-arg'] === undefined ? [] : ([] as unknown[]).concat(argv['verdict-arg']).map(String);
+  return { identity, coordinator, heartbeatMs, runDir: given, runDirFlag, endOfWaveTimeoutMs, stagingBytes, cudaStagingBytes, curve, busToken, tokenHasher, verdictArgs, dumpRoot, artifactModes, directFiles, log };
 }
 
 export const command: CommandModule = {
@@ -127,6 +130,7 @@ export const command: CommandModule = {
       .option('dump-root', { type: 'string', describe: 'the only directory this agent writes and serves KV dumps under; a dump_dir from the bus must be it or below it (default $WAVEBUS_DUMP_ROOT, else <cwd>/runtime/report/kv_cache)' })
       .option('bus-token-fd', { type: 'string', describe: 'read the bus token from this descriptor (how `wavebus launch` hands it to its agents; takes the place of --bus-token-file)' })
       .option('bus-token-file', { type: 'string', describe: 'the launcher\'s bus token file (0600): coordinator messages without its MAC are dropped (default $WAVEBUS_BUS_TOKEN_FILE)' })
+      .option('verdict-arg', { type: 'string', array: true, nargs: 1, describe: 'verdict.auto: an argument for `wavebus verdict` on this replica\'s incident flushes, repeatable, written with = (--verdict-arg=--engine-out=DIR)' })
       .option('token-hash-key-file', { type: 'string', describe: 'report.save_sensitive_info "hashed": the key (0600, 64 hex digits; the coordinator\'s) the flight recorder hashes token ids with (default $WAVEBUS_TOKEN_HASH_KEY_FILE, else a key of this agent only)' })
       .options(DIRECT_FILES_FLAGS)
       .option('curve-key', { type: 'string', describe: 'CURVE: this agent\'s key pair file (NAME.key from `wavebus keys`); its public key must be on the coordinator\'s allow-list' });
@@ -157,6 +161,7 @@ export const command: CommandModule = {
       snapshot,
       roots: { dumps: a.dumpRoot, snapshots: snapshot.snapshotRoot },
       recorder: recorderSettingsFromEnv(process.env),
+      verdictArgs: a.verdictArgs,
       logger: log,
     });
     const signal = waitForSignal();

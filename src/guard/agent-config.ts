@@ -30,5 +30,7 @@ export function agentConfig(cfg: RuntimeConfig, facts: AgentConfigFacts): AgentC
     recorderForwards: cfg.recorder.forwards,
     recorderMaxBytes: cfg.recorder.max_bytes,
     saveSensitiveInfo: sensitiveToProto(cfg.report.save_sensitive_info),
+    verdictAuto: cfg.verdict.auto,
+    verdictAllowLiveDevice: cfg.verdict.allow_live_device,
   };
 }

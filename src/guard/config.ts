@@ -36,6 +36,8 @@ export interface RuntimeConfig {
   };
   /** The flight recorder (docs/recorder.md): its triggers, live; its size, startup only (WAVEBUS_RECORD_*). */
   recorder: RecorderConfig;
+  /** `wavebus verdict` after each incident's recorder flush, on the replica head's agent (docs/verdict.md): off by default. */
+  verdict: { auto: boolean; allow_live_device: boolean };
 }
 
 export { DETECTOR_NAMES, type DetectorName } from './detectors/registry';
@@ -82,6 +84,7 @@ export const SCHEMA: Field = {
       },
     },
     recorder: RECORDER_FIELDS,
+    verdict: { kind: 'object', fields: { auto: bool(false), allow_live_device: bool(false) } },
   },
 };
 

@@ -77,6 +77,11 @@ export function renderStatus(doc: unknown, endpoint: string): string {
     lines.push(`capture ${c.id} replica ${c.replica}: ${c.state}, waves ${c.wave}..${c.until_wave}, ranks ${rankRanges(arr(c.ranks))}, done ${arr(c.done_ranks).length}/${arr(c.ranks).length}, bundles ${c.bundles}, errors ${c.errors}`);
   }
   lines.push(`recorder: ${d.recorder ?? 'not available'}`);
+  // Incidents' verdicts (docs/verdict.md): the counts, then the newest three.
+  const vd = obj(d.verdicts);
+  const vc = Object.entries(obj(vd.counts)).filter(([, n]) => Number(n) > 0);
+  lines.push(`verdicts: ${vc.map(([k, n]) => `${k} ${n}`).join(', ') || 'none reported'}`);
+  for (const v of arr(vd.latest).map(obj).slice(-3)) lines.push(`  ${v.incident} ${String(v.verdict).toUpperCase()} host ${v.host}${arr(v.devices).length ? ` devices ${arr(v.devices).join(',')}` : ''}: ${v.reason}`);
   return `${lines.map(clip).join('\n')}\n`;
 }
 

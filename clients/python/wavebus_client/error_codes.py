@@ -111,6 +111,7 @@ CODES = frozenset({
     "ERR_UNKNOWN_RANK",
     "ERR_UNSAFE_NAME",
     "ERR_UNSAFE_PATH",
+    "ERR_VERDICT",
     "ERR_WAVEBUS",
     "ERR_WRITE",
     "ERR_ZIP",

@@ -5,6 +5,7 @@
 import * as path from 'path';
 import { esc, fileLink } from './html';
 import type { ReportTree } from './collect';
+import { readVerdict, verdictCell, type VerdictSummary } from './verdict-section';
 
 /** More flushes than this on one page are counted, not listed. */
 export const MAX_FLUSHES = 256;
@@ -32,6 +33,8 @@ export interface RecorderFlush {
   /** Global rank → forward numbers written (sorted). */
   forwards: Map<number, number[]>;
   crashes: CrashSummary[];
+  /** Its verdict.json (`wavebus verdict`), when one was written. */
+  verdict?: VerdictSummary;
 }
 
 const nat = (v: unknown): number | null => (Number.isSafeInteger(v) && (v as number) >= 0 ? (v as number) : null);
@@ -54,8 +57,9 @@ export function addRecorderFile(tree: ReportTree, parts: string[], read: () => a
   if (at < 0 || parts.length < at + 3) return false;
   const base = parts[parts.length - 1];
   const isCrash = parts.length === at + 3 && /^crash-rank\d+\.json$/.test(base);
+  const isVerdict = parts.length === at + 3 && base === 'verdict.json';
   const call = parts.length === at + 6 && base === 'meta.json' ? /^rank(\d+)$/.exec(parts[at + 3]) && /^call(\d+)$/.exec(parts[at + 4]) : null;
-  if (!isCrash && !call) return false;
+  if (!isCrash && !isVerdict && !call) return false;
   const dir = parts.slice(0, at + 2).join('/');
   let f = tree.recorderFlushes.find((x) => x.dir === dir);
   if (!f) {
@@ -70,6 +74,12 @@ export function addRecorderFile(tree: ReportTree, parts: string[], read: () => a
   const doc = read();
   if (doc === undefined) return true;
   const file = parts.join('/');
+  if (isVerdict) {
+    const v = readVerdict(file, doc);
+    if (typeof v === 'string') tree.unreadable.push(`${file}: ${v}`);
+    else f.verdict = v;
+    return true;
+  }
   // What the file's name and folder say must be what it says: else it is listed, not shown.
   const wrong = isCrash ? crashRecordProblem(doc, Number(/\d+/.exec(base)![0])) : callMetaProblem(doc, Number(/^rank(\d+)$/.exec(parts[at + 3])![1]), Number(call![1]));
   if (wrong) {
@@ -144,9 +154,9 @@ export function recorderFlushes(tree: ReportTree, pageDir: string): string {
       .sort((a, b) => a.rank - b.rank)
       .map((c) => `<li class="recorder-crash" data-rank="${c.rank}">${link(c.file, `crash-rank${c.rank}.json`)}: ${c.signal ? `signal ${esc(c.signal)}` : c.exitCode !== null ? `exit ${c.exitCode}` : 'exit unknown'}, last wave ${c.lastWave ?? '?'}${c.exception ? `, <code>${esc(c.exception)}</code>` : ''}${c.leftOut.length ? `, left out: forward ${ranges([...c.leftOut].sort((a, b) => a - b))}` : ''}</li>`)
       .join('');
-    return `<tr class="recorder-flush" data-kind="${f.kind}"><td>${link(f.dir, f.dir)}</td><td>${KIND_TEXT[f.kind]}${f.wave !== undefined ? ` (dump wave ${f.wave})` : ''}</td><td class="forwards">${esc(fw)}</td><td>${crashes ? `<ul>${crashes}</ul>` : ''}</td></tr>`;
+    return `<tr class="recorder-flush" data-kind="${f.kind}"><td>${link(f.dir, f.dir)}</td><td>${KIND_TEXT[f.kind]}${f.wave !== undefined ? ` (dump wave ${f.wave})` : ''}</td><td class="forwards">${esc(fw)}</td><td>${crashes ? `<ul>${crashes}</ul>` : ''}</td><td>${verdictCell(f.verdict)}</td></tr>`;
   });
   const more = tree.recorderFlushesLeftOut ? `<p>${tree.recorderFlushesLeftOut} more flushes not listed (over ${MAX_FLUSHES}).</p>` : '';
   return `<p id="recorder-flushes" data-count="${fl.length}">${fl.length} flight recorder flush${fl.length === 1 ? '' : 'es'} (replay any <code>call&lt;N&gt;</code> as a snapshot)</p>
-<table id="recorder-table"><tr><th>folder</th><th>why</th><th>forwards written, per rank</th><th>crashes</th></tr>${rows.join('')}</table>${more}`;
+<table id="recorder-table"><tr><th>folder</th><th>why</th><th>forwards written, per rank</th><th>crashes</th><th>verdict (<code>wavebus verdict</code>)</th></tr>${rows.join('')}</table>${more}`;
 }

@@ -1,0 +1,171 @@
+// `wavebus verdict`: device or software? The incident's recorded forwards are replayed (1) in a
+// fresh process on the rank's own host and devices, (2) on another host or device holding the same
+// shard (the same TP ranks of another DP replica, or a host the user names), and, when both
+// reproduce what the engine computed, (3) at TP=1 with the probe on, for bisect to name the first
+// module. Verdict: deterministic | device-local | transient | inconclusive (docs/verdict.md).
+import * as fs from 'fs';
+import * as path from 'path';
+import { writeFileAtomic, artifactWrite } from '../artifacts/atomic-write';
+import { DEFAULT_ARTIFACT_MODES } from '../artifacts/artifact-mode';
+import { VerdictError } from '../errors';
+import { bisect } from './bisect';
+import { DEFAULT_TOLERANCES, type Tolerances } from './bisect-compare';
+import { jsonSafe } from './compare';
+import { findIncident, placementOf, replicaHost, servingPid, type Incident, type Placement } from './verdict-plan';
+import { compareSaved, runProcess, type ReplayResult, type ReplaySpec } from './verdict-run';
+
+export type VerdictKind = 'deterministic' | 'device-local' | 'transient' | 'inconclusive';
+
+export interface VerdictOptions {
+  tree: string;
+  incident?: string;
+  /** Where the engine saved what it computed (the torch example: forward_rank<g>_step<S>.pt, pid_rank<g>). */
+  engineOut: string;
+  /** The replayer's argv prefix (default: python3 examples/torch-engine/replay.py). */
+  replayer: string[];
+  /** Appended to every replay (e.g. --shard-patch FILE: what the engine loaded). */
+  replayerArgs: string[];
+  dp: number;
+  hosts: Map<number, Placement>;
+  hostEnvs: Map<string, Record<string, string>>;
+  /** A host the user names for replay (2) instead of another replica's. */
+  otherHost?: string;
+  allowLiveDevice: boolean;
+  reference: boolean;
+  tolerances?: Partial<Tolerances>;
+  timeoutMs: number;
+}
+
+export interface Verdict {
+  incident: { id: string; dir: string; replica: number; tp: number; ranks: number[]; calls: number[] };
+  verdict: VerdictKind;
+  reason: string;
+  /** device-local: where it reproduces. */
+  host?: string;
+  devices?: number[];
+  /** transient / device-local: the forwards that did not reproduce (call, rank). */
+  calls?: { call: number; rank: number }[];
+  /** deterministic: bisect of the TP=N replay against TP=1 on the newest forward. */
+  bisect?: { call: number; first: { module: string; ranks: number[]; max_abs_diff: number } | null; out?: string; error?: string };
+  replays: ReplayResult[];
+  tolerances: Tolerances;
+  time: string;
+  wall_ms: number;
+}
+
+const notReproduced = (r: ReplayResult) => r.tensors.filter((t) => !t.within_tolerance).map((t) => ({ call: t.call, rank: t.rank }));
+
+/** The env of a replay "on" host: this process's environment with the host's lines over it. */
+function envFor(o: VerdictOptions, host: string): NodeJS.ProcessEnv {
+  return { ...process.env, ...(o.hostEnvs.get(host) ?? {}) };
+}
+
+async function replayOn(o: VerdictOptions, inc: Incident, spec: ReplaySpec, work: string, tols: Tolerances): Promise<ReplayResult> {
+  const base: ReplayResult = { ...spec, ok: false, tensors: [] };
+  if (!o.allowLiveDevice) {
+    const live = spec.ranksOnDevices.map((g) => [g, servingPid(o.engineOut, g)] as const).filter(([, pid]) => pid !== undefined);
+    if (live.length) {
+      return { ...base, error: `rank ${live[0][0]}'s engine (pid ${live[0][1]}) still serves on host ${spec.host} device ${spec.devices[inc.ranks.indexOf(live[0][0])] ?? spec.devices[0]}: not replayed there (--allow-live-device to replay anyway)` };
+    }
+  }
+  const out = path.join(work, spec.role);
+  fs.rmSync(out, { recursive: true, force: true });
+  const argv = [...o.replayer, '--snapshots', inc.snapshots, '--call', inc.calls.join(','), '--engine-out', o.engineOut, '--save-logits', out,
+    ...spec.devices.flatMap((d, t) => ['--device', `${t}=${d}`]), ...o.replayerArgs];
+  const run = await runProcess(argv, envFor(o, spec.host), o.timeoutMs);
+  // Exit 1 is replay.py's "not bit-exact": a result, not a failure. Anything else failed.
+  if (run.code !== 0 && run.code !== 1) return { ...base, wall_ms: run.ms, error: `the replay exited ${run.code}: ${run.tail.trim().split('\n').slice(-3).join(' | ')}` };
+  const { tensors, missing } = compareSaved(out, inc.calls, inc.ranks, tols);
+  if (tensors.length === 0) return { ...base, wall_ms: run.ms, error: `nothing to compare: ${missing.slice(0, 3).join('; ')}` };
+  return { ...base, ok: true, wall_ms: run.ms, tensors };
+}
+
+/** Replay (3): the newest forward at TP=N and TP=1 with the probe on, and bisect between them. */
+async function reference(o: VerdictOptions, inc: Incident, same: ReplaySpec, work: string, tols: Tolerances): Promise<NonNullable<Verdict['bisect']>> {
+  const call = inc.calls[inc.calls.length - 1];
+  const dirs = { a: path.join(work, 'probe-tp' + inc.tp), b: path.join(work, 'probe-tp1') };
+  for (const [d, extra] of [[dirs.a, same.devices.flatMap((dev, t) => ['--device', `${t}=${dev}`])], [dirs.b, ['--tp', '1', '--device', `0=${same.devices[0]}`]]] as const) {
+    fs.rmSync(d, { recursive: true, force: true });
+    const run = await runProcess([...o.replayer, '--snapshots', inc.snapshots, '--call', String(call), '--probe', d, ...extra, ...o.replayerArgs], envFor(o, same.host), o.timeoutMs);
+    if (run.code !== 0) return { call, first: null, error: `the probe replay ${path.basename(d)} exited ${run.code}: ${run.tail.trim().split('\n').slice(-2).join(' | ')}` };
+  }
+  try {
+    const r = await bisect(dirs.a, dirs.b, { tolerances: tols });
+    const out = path.join(path.dirname(work), 'verdict-bisect.json');
+    writeFileAtomic(out, `${JSON.stringify(jsonSafe(r), null, 2)}\n`, artifactWrite(DEFAULT_ARTIFACT_MODES));
+    return { call, out, first: r.first ? { module: r.first.module, ranks: r.first.ranks, max_abs_diff: r.first.max_abs_diff } : null };
+  } catch (e) {
+    return { call, first: null, error: `bisect: ${(e as Error).message}` };
+  }
+}
+
+export async function verdict(o: VerdictOptions): Promise<Verdict> {
+  const t0 = Date.now();
+  const inc = findIncident(o.tree, o.incident);
+  const tols: Tolerances = { ...DEFAULT_TOLERANCES, ...(o.tolerances ?? {}) };
+  const work = path.join(inc.dir, 'verdict');
+  fs.mkdirSync(work, { recursive: true, mode: 0o700 });
+  const here = replicaHost(o.hosts, inc.ranks);
+  const same: ReplaySpec = { role: 'same', host: here.host, devices: here.devices, ranksOnDevices: inc.ranks };
+  let other: ReplaySpec | string;
+  if (o.otherHost !== undefined) {
+    // Without its environment a replay "on" it would run as this host: no second host at all.
+    if (!o.hostEnvs.has(o.otherHost)) throw new VerdictError(`--other-host ${o.otherHost}: no --host-env ${o.otherHost}=FILE says what a process there sees`);
+    other = { role: 'other', host: o.otherHost, devices: here.devices, ranksOnDevices: [] };
+  } else {
+    const d = Array.from({ length: o.dp }, (_, i) => i).find((i) => i !== inc.replica);
+    if (d === undefined) {
+      other = `no second replica holds the shard (DP=${o.dp}; name one with --other-host)`;
+    } else {
+      const ranks = inc.ranks.map((_, t) => d * inc.tp + t);
+      const there = replicaHost(o.hosts, ranks);
+      other = { role: 'other', host: there.host, devices: there.devices, ranksOnDevices: ranks };
+    }
+  }
+  const replays: ReplayResult[] = [await replayOn(o, inc, same, work, tols)];
+  if (typeof other !== 'string') replays.push(await replayOn(o, inc, other, work, tols));
+  const done = (v: Omit<Verdict, 'incident' | 'replays' | 'tolerances' | 'time' | 'wall_ms'>): Verdict => ({
+    incident: { id: inc.id, dir: inc.dir, replica: inc.replica, tp: inc.tp, ranks: inc.ranks, calls: inc.calls },
+    ...v, replays, tolerances: tols, time: new Date().toISOString(), wall_ms: Date.now() - t0,
+  });
+  const [s, x] = [replays[0], replays[1] as ReplayResult | undefined];
+  if (!s.ok) return done({ verdict: 'inconclusive', reason: `the same-host replay failed: ${s.error}` });
+  const sameMiss = notReproduced(s);
+  if (sameMiss.length) {
+    const xMiss = x?.ok ? notReproduced(x) : undefined;
+    if (xMiss && xMiss.length === 0) {
+      return done({ verdict: 'inconclusive', reason: `the engine's output reproduces on host ${x!.host} but not on its own host ${s.host}`, calls: sameMiss });
+    }
+    return done({ verdict: 'transient', reason: `${sameMiss.length} recorded output(s) do not reproduce in a fresh process on host ${s.host} devices ${s.devices.join(',')}${xMiss ? ` nor on host ${x!.host} devices ${x!.devices.join(',')}` : ''}`, calls: sameMiss });
+  }
+  if (typeof other === 'string') return done({ verdict: 'inconclusive', reason: `every recorded output reproduces on host ${s.host}, and ${other}` });
+  if (!x!.ok) return done({ verdict: 'inconclusive', reason: `every recorded output reproduces on host ${s.host}; the replay on host ${x!.host} devices ${x!.devices.join(',')} did not run: ${x!.error}` });
+  const xMiss = notReproduced(x!);
+  if (xMiss.length) {
+    return done({ verdict: 'device-local', reason: `the recorded outputs reproduce on host ${s.host} devices ${s.devices.join(',')} only: ${xMiss.length} of them differ on host ${x!.host} devices ${x!.devices.join(',')}`, host: s.host, devices: s.devices, calls: xMiss });
+  }
+  const b = o.reference ? await reference(o, inc, same, work, tols) : undefined;
+  const found = b?.first ? `; bisect against TP=1 names ${b.first.module} (rank ${b.first.ranks.join(',')})` : b?.error ? `; the TP=1 reference failed: ${b.error}` : b ? '; bisect against TP=1 finds no module out of tolerance' : '';
+  return done({ verdict: 'deterministic', reason: `every recorded output reproduces on host ${s.host} and on host ${x!.host} devices ${x!.devices.join(',')}: software, weights or input${found}`, bisect: b });
+}
+
+/** Write <incident dir>/verdict.json (whole, 0640); returns its path. */
+export function writeVerdict(v: Verdict): string {
+  const file = path.join(v.incident.dir, 'verdict.json');
+  writeFileAtomic(file, `${JSON.stringify(jsonSafe(v), null, 2)}\n`, artifactWrite(DEFAULT_ARTIFACT_MODES));
+  return file;
+}
+
+export function formatVerdict(v: Verdict): string {
+  const i = v.incident;
+  const lines = [`incident ${i.id} (replica ${i.replica}, ranks ${i.ranks.join(',')}, forwards ${i.calls[0]}..${i.calls[i.calls.length - 1]}): ${v.verdict.toUpperCase()}`, `  ${v.reason}`];
+  for (const r of v.replays) {
+    const bad = r.tensors.filter((t) => !t.within_tolerance);
+    const worst = r.tensors.reduce((m, t) => Math.max(m, t.max_abs_diff), 0);
+    lines.push(`  replay ${r.role.padEnd(5)} host ${r.host} devices ${r.devices.join(',')}: ${r.ok ? `${r.tensors.length - bad.length}/${r.tensors.length} outputs within tolerance (${r.tensors.filter((t) => t.bit_exact).length} bit-exact), max|diff| ${worst.toPrecision(3)}` : `not run: ${r.error}`}${r.wall_ms !== undefined ? ` [${(r.wall_ms / 1000).toFixed(1)} s]` : ''}`);
+    for (const t of bad.slice(0, 8)) lines.push(`    call ${t.call} rank ${t.rank}: max|diff| ${t.max_abs_diff.toPrecision(3)}, ${t.mismatched}/${t.numel} beyond atol ${t.atol} + rtol ${t.rtol}`);
+  }
+  if (v.bisect) lines.push(`  bisect (call ${v.bisect.call}, TP=${i.tp} vs TP=1): ${v.bisect.first ? `first out of tolerance: ${v.bisect.first.module} rank ${v.bisect.first.ranks.join(',')}` : v.bisect.error ?? 'no module out of tolerance'}`);
+  lines.push(`  ${(v.wall_ms / 1000).toFixed(1)} s in all`);
+  return `${lines.join('\n')}\n`;
+}

@@ -1,0 +1,258 @@
+// `wavebus verdict` against the PyTorch engine (examples/torch-engine) under `wavebus launch`, DP=2 x
+// TP=2 on the CPU, the flight recorder on. A manual dump of replica 0 is the incident: its agents
+// flush recorder/incident-wave<w>-dp0/. Two "hosts" share this machine: replica 0 (ranks 0, 1) is
+// hostA, replica 1 (ranks 2, 3) hostB; what makes them two is each one's environment (the engine
+// ranks get it with --env-on-rank, the replays with --host-env). The faulty device is a test double
+// (examples/torch-engine/device_fault.py): a host-level file that every process on hostA reads.
+// Replays run as local processes from the CLI (not through the agents and the bus), and no network
+// namespace separates the hosts here: docs/verdict.md says so. The transient case is judged by
+// verdict.auto (replica 0's head agent, while the job serves) and told to the coordinator; the
+// bad-device job serves the device-local case and, judged as if DP=1, the inconclusive one.
+import * as fs from 'fs';
+import * as path from 'path';
+import { Coordinator } from '../src/bus/coordinator';
+import { createTokenFile, loadBusToken } from '../src/bus/auth';
+import { createLogger } from '../src/log';
+import { PYTHON, ROOT, cleanup, freePortPair, runWavebus, spawnTracked, spawnWavebus, tmpDir, waitFor } from './helpers';
+
+afterAll(cleanup);
+
+const ENGINE = path.join(ROOT, 'examples', 'torch-engine');
+const CONFIG = {
+  runtime_config: {
+    report: { save_sensitive_info: true }, // replay needs the token ids (docs/recorder.md)
+    detector: { token_repeat: { enabled: true } },
+    actions: { defaults: { on_trigger: ['report'] } },
+  },
+};
+
+interface Job {
+  dir: string;
+  out: string;
+  hostFlags: string[];
+}
+
+interface JobOptions {
+  dp?: number;
+  badDevice?: boolean;
+  dumpAfter?: number;
+  /** verdict.auto on (allow_live_device: the CPU), its --verdict-args; `whileServing` runs before the job is stopped. */
+  auto?: { whileServing: (j: Job, at: { port: number; tokenFile: string }) => Promise<void> };
+}
+
+/** A DP=dp x TP=2 job with the recorder on (K=32: every forward up to the dump), dumped on replica 0 once rank 1 saved forward `dumpAfter`. */
+async function job(engineArgs: string[], opts: JobOptions = {}): Promise<Job> {
+  const dp = opts.dp ?? 2;
+  const dir = tmpDir('wavebus-verdict-');
+  const out = path.join(dir, 'out');
+  const hosts = ['hostA', 'hostB'].slice(0, dp);
+  const hostFlags: string[] = [];
+  const envOnRank: string[] = [];
+  for (const [d, h] of hosts.entries()) {
+    fs.mkdirSync(path.join(dir, h));
+    const faultFile = path.join(dir, h, 'device-fault.json');
+    fs.writeFileSync(path.join(dir, `${h}.env`), `# what a process on ${h} sees\nTORCH_ENGINE_DEVICE_FAULT_FILE=${faultFile}\n`);
+    hostFlags.push('--host-env', `${h}=${path.join(dir, `${h}.env`)}`);
+    for (const t of [0, 1]) {
+      hostFlags.push('--rank-host', `${d * 2 + t}=${h}`);
+      envOnRank.push('--env-on-rank', `${d * 2 + t}:TORCH_ENGINE_DEVICE_FAULT_FILE=${faultFile}`);
+    }
+  }
+  // The bad device: hostA's device 1 (rank 1's) adds 0.25 to one column of layer 1's up-projection.
+  if (opts.badDevice) fs.writeFileSync(path.join(dir, 'hostA', 'device-fault.json'), JSON.stringify({ device: 1, layer: 1, add: 0.25 }));
+  const port = await freePortPair();
+  const config = opts.auto ? { runtime_config: { ...CONFIG.runtime_config, verdict: { auto: true, allow_live_device: true } } } : CONFIG;
+  // What `wavebus verdict` needs beside the flush: the engine's outputs, the layout, the hosts.
+  const auto = opts.auto ? ['--linger-ms', '240000', ...[`--engine-out=${out}`, `--python=${PYTHON}`, `--dp=${dp}`, '--no-reference', ...flagsWithEq(hostFlags)].map((a) => `--agent-arg=--verdict-arg=${a}`)] : [];
+  const launch = spawnWavebus(
+    ['launch', '--nproc-per-node', String(2 * dp), '--tp', '2', '--dp', String(dp), '--port', String(port), '--run-dir', path.join(dir, 'run'),
+      '--additional-config', JSON.stringify(config), '--agent-arg=--end-of-wave-timeout-ms', '--agent-arg=2000', ...auto,
+      '--', PYTHON, path.join(ENGINE, 'torchrun_env.py'), path.join(ENGINE, 'engine.py'), '--out', out, '--dp', String(dp), '--save-every-forward',
+      '--requests', '2', '--max-tokens', '30', '--step-sleep-ms', '50', ...envOnRank, ...engineArgs],
+    { env: { ...process.env, WAVEBUS_CACHE_ROOT: path.join(dir, 'cache'), WAVEBUS_RECORD_FORWARDS: '32' }, cwd: dir },
+  );
+  const after = opts.dumpAfter ?? 8;
+  try {
+    await waitFor(() => fs.existsSync(path.join(out, `forward_rank1_step${after}.pt`)), `forward ${after} on rank 1`, 120000, 20);
+  } catch (e) {
+    throw new Error(`${(e as Error).message}\n${launch.stderr().slice(-4000)}`);
+  }
+  const dump = spawnWavebus(['dump', '--coordinator', `127.0.0.1:${port}`, '--bus-token-file', path.join(dir, 'run', 'bus.token'), '--request', 'req-0', '--replica', '0', '--wait']);
+  const d = await dump.exited;
+  expect({ code: d.code, stderr: dump.stderr() }).toEqual({ code: 0, stderr: '' });
+  if (opts.auto) {
+    await opts.auto.whileServing({ dir, out, hostFlags }, { port, tokenFile: path.join(dir, 'run', 'bus.token') });
+    launch.child.kill('SIGTERM'); // the agents linger for it; the command itself exited 0
+  }
+  const { code } = await launch.exited;
+  if (code !== 0) throw new Error(`launch exited ${code}\n${launch.stderr().slice(-4000)}`);
+  return { dir, out, hostFlags };
+}
+
+/** ["--x", "v", ...] as ["--x=v", ...]: each one argument for --verdict-arg. */
+function flagsWithEq(flags: string[]): string[] {
+  const out: string[] = [];
+  for (let i = 0; i < flags.length; i += 2) out.push(`${flags[i]}=${flags[i + 1]}`);
+  return out;
+}
+
+/** Once: the DP=2 job with the bad device on hostA (two cases judge it). */
+let badDeviceJob: Promise<Job> | undefined;
+const badDevice = () => (badDeviceJob ??= job([], { badDevice: true }));
+
+function verdict(j: Job, ...flags: string[]) {
+  const r = runWavebus(['verdict', j.dir, '--engine-out', j.out, '--python', PYTHON, ...j.hostFlags, '--json', ...flags], { timeout: 240000 });
+  if (r.code !== 0) throw new Error(`verdict exited ${r.code}\n${r.stdout}${r.stderr}`);
+  return JSON.parse(r.stdout);
+}
+
+/** The call index of the forward at engine step `step` in the incident's flush. */
+function callOfStep(v: any, step: number): number | undefined {
+  const snaps = fs.readdirSync(v.incident.dir).filter((n) => n.startsWith('torch-engine-'))[0];
+  return v.incident.calls.find((c: number) => JSON.parse(fs.readFileSync(path.join(v.incident.dir, snaps, 'rank1', `call${c}`, 'meta.json'), 'utf8')).global_step === step);
+}
+
+test('a one-off bit flip in rank 1\'s output at step 6, in the live process only: verdict.auto judges it transient, naming that forward and rank, and tells the coordinator', async () => {
+  let v: any;
+  let doc: any;
+  await job(['--flip-output', '6:1'], {
+    dumpAfter: 7,
+    auto: {
+      whileServing: async (j, at) => {
+        // Replica 0's head agent judges its incident flush once it is whole, and the coordinator learns the verdict.
+        const file = await waitFor(() => listFlushVerdicts(path.join(j.dir, 'cache'))[0], 'verdict.auto\'s verdict.json', 200000, 200);
+        v = JSON.parse(fs.readFileSync(file, 'utf8'));
+        doc = await waitFor(async () => {
+          const s = spawnWavebus(['status', '--coordinator', `127.0.0.1:${at.port}`, '--bus-token-file', at.tokenFile, '--json']);
+          const e = await s.exited;
+          const d = e.code === 0 ? JSON.parse(s.stdout()) : undefined;
+          return d?.verdicts?.latest?.length ? d : undefined;
+        }, 'the verdict in the coordinator\'s status', 30000, 500);
+      },
+    },
+  });
+  expect(doc.verdicts.counts.transient).toBe(1);
+  expect(doc.verdicts.latest).toEqual([expect.objectContaining({ incident: v.incident.id, verdict: 'transient', host: 'hostA', devices: [0, 1], ranks: [0, 1], replica: 0 })]);
+  expect(v.incident).toMatchObject({ id: expect.stringMatching(/^incident-wave\d+-dp0$/), replica: 0, tp: 2, ranks: [0, 1] });
+  const call = callOfStep(v, 6);
+  expect(call).toBeDefined(); // the flush holds the forward with the flip
+  expect(v.verdict).toBe('transient');
+  expect(v.calls).toEqual([{ call, rank: 1 }]);
+  // Both replays ran; each gives the same single output out of tolerance, with its per-tensor error.
+  expect(v.replays.map((r: any) => [r.role, r.host, r.devices, r.ok])).toEqual([['same', 'hostA', [0, 1], true], ['other', 'hostB', [2, 3], true]]);
+  for (const r of v.replays) {
+    const bad = r.tensors.filter((t: any) => !t.within_tolerance);
+    expect(bad.map((t: any) => [t.call, t.rank, t.mismatched])).toEqual([[call, 1, 1]]);
+    expect(bad[0].max_abs_diff).toBeGreaterThan(bad[0].atol);
+    // On the CPU every other output replays bit for bit.
+    expect(r.tensors.filter((t: any) => !t.bit_exact)).toHaveLength(1);
+  }
+  const file = path.join(v.incident.dir, 'verdict.json');
+  expect((fs.statSync(file).mode & 0o777).toString(8)).toBe('640');
+}, 300000);
+
+test('the bad-device double on hostA: device-local, naming hostA and its devices; hostB does not reproduce the outputs', async () => {
+  const j = await badDevice();
+  const v = verdict(j, '--dp', '2');
+  expect(v.verdict).toBe('device-local');
+  expect([v.host, v.devices]).toEqual(['hostA', [0, 1]]);
+  const [same, other] = v.replays;
+  expect(same.tensors.length).toBeGreaterThan(0);
+  expect(same.tensors.every((t: any) => t.bit_exact)).toBe(true);
+  expect(other.tensors.every((t: any) => !t.within_tolerance)).toBe(true);
+  expect(v.reason).toContain('host hostB devices 2,3');
+  // The page: the flush's row carries the verdict and the replays' per-tensor errors.
+  const page = path.join(j.dir, 'report.html');
+  const rep = runWavebus(['report', j.dir, '-o', page], { timeout: 120000 });
+  expect(rep.code).toBe(0);
+  const html = fs.readFileSync(page, 'utf8');
+  expect(html).toContain('<div class="verdict" data-verdict="device-local"><b>device-local</b>: the recorded outputs reproduce on host hostA devices 0,1 only');
+  expect(html).toContain(`same on hostA devices 0,1: ${same.tensors.length}/${same.tensors.length} outputs reproduce (${same.tensors.length} bit-exact)`);
+  expect(html).toContain(`other on hostB devices 2,3: 0/${other.tensors.length} outputs reproduce`);
+  expect(html).toMatch(/<li>call \d+ rank 1: max\|diff\| [0-9.e-]+, \d+\/\d+ out of tolerance<\/li>/);
+}, 300000);
+
+test('a wrong value in tp_rank 1\'s checkpoint shard: deterministic, and bisect against TP=1 names layer 1\'s up_proj on rank 1', async () => {
+  const dir = tmpDir('wavebus-verdict-patch-');
+  const patch = path.join(dir, 'shard-patch.json');
+  fs.writeFileSync(patch, JSON.stringify([{ tp_size: 2, tp_rank: 1, weight: 'layers.1.up', index: 5, add: 2.0 }]));
+  const j = await job(['--shard-patch', patch]);
+  // verdict.auto is off by default: the job's agents judged nothing.
+  expect(listFlushVerdicts(path.join(j.dir, 'cache'))).toEqual([]);
+  const v = verdict(j, '--dp', '2', `--replayer-arg=--shard-patch`, `--replayer-arg=${patch}`);
+  expect(v.verdict).toBe('deterministic');
+  for (const r of v.replays) expect(r.tensors.every((t: any) => t.bit_exact)).toBe(true);
+  expect(v.bisect.first).toMatchObject({ module: 'model.layers.1.mlp.up_proj', ranks: [1] });
+  expect(v.bisect.call).toBe(v.incident.calls[v.incident.calls.length - 1]);
+  expect(JSON.parse(fs.readFileSync(v.bisect.out, 'utf8')).first.module).toBe('model.layers.1.mlp.up_proj');
+  // Without the patch the replays load the right shard: what the engine computed does not reproduce anywhere.
+  const without = verdict(j, '--dp', '2', '--no-reference');
+  expect(without.verdict).toBe('transient');
+}, 300000);
+
+test('no second replica (judged as DP=1): inconclusive with the reason; a serving engine is not replayed on; bad flags are named', async () => {
+  // The bad-device job judged without its second replica (no --dp: the verdict knows of one replica).
+  const j = await badDevice();
+  // Judged with --coordinator: the CLI tells a running coordinator (with the job's bus token) the verdict.
+  const tokenFile = createTokenFile(tmpDir('wavebus-verdict-token-'));
+  const port = await freePortPair();
+  const coordinator = new Coordinator({ port, layout: { worldSize: 4, tp: 2, pp: 1, dp: 2, cp: 1 }, busToken: loadBusToken(tokenFile, {}), logger: createLogger('verdict-test', 'error') });
+  await coordinator.start();
+  let v: any;
+  try {
+    const told = spawnWavebus(['verdict', j.dir, '--engine-out', j.out, '--python', PYTHON, ...j.hostFlags, '--json', '--coordinator', `127.0.0.1:${port}`, '--bus-token-file', tokenFile]);
+    const e = await told.exited; // asynchronous: this process's coordinator answers it
+    expect({ code: e.code, stderr: told.stderr() }).toEqual({ code: 0, stderr: '' });
+    v = JSON.parse(told.stdout());
+    expect(coordinator.verdicts.status().latest).toEqual([expect.objectContaining({ incident: v.incident.id, verdict: 'inconclusive', host: 'hostA', devices: [0, 1], ranks: [0, 1] })]);
+  } finally {
+    await coordinator.stop();
+  }
+  expect(v.verdict).toBe('inconclusive');
+  expect(v.reason).toContain('no second replica holds the shard (DP=1');
+  expect(v.replays).toHaveLength(1);
+  expect(v.replays[0].tensors.every((t: any) => t.bit_exact)).toBe(true);
+  // A replay that fails (here: killed by its bound) is named.
+  const failed = verdict(j, '--replay-timeout-ms', '1');
+  expect(failed.verdict).toBe('inconclusive');
+  expect(failed.reason).toMatch(/^the same-host replay failed: the replay exited null: .*killed after 1 ms: --replay-timeout-ms/);
+  // A host the user names instead: hostB (no fault file; its --host-env is in j.hostFlags) does not reproduce: device-local.
+  const named = verdict(j, '--other-host', 'hostB', '--no-reference');
+  expect([named.verdict, named.host, named.replays[1].host]).toEqual(['device-local', 'hostA', 'hostB']);
+  // Rank 0's engine "still serving" (its pid file names a live process): not replayed on its device.
+  const live = spawnTracked('sleep', ['60']);
+  fs.writeFileSync(path.join(j.out, 'pid_rank0'), String(live.child.pid));
+  const refused = verdict(j);
+  expect(refused.verdict).toBe('inconclusive');
+  expect(refused.reason).toContain(`rank 0's engine (pid ${live.child.pid}) still serves on host hostA device 0`);
+  expect(refused.reason).toContain('--allow-live-device');
+  expect(verdict(j, '--allow-live-device').replays[0].ok).toBe(true);
+  live.child.kill('SIGKILL');
+  // Bad input: exit 2, naming what was wrong.
+  const bad = (flags: string[], want: string) => {
+    const r = runWavebus(['verdict', j.dir, ...flags]);
+    expect({ code: r.code, stderr: r.stderr }).toEqual({ code: 2, stderr: expect.stringContaining(want) });
+  };
+  bad(['--engine-out', j.out, '--incident', 'incident-wave999'], '--incident incident-wave999: no recorder/incident-wave999 under');
+  bad([], '--engine-out: required');
+  bad(['--engine-out', j.out, '--rank-host', '0=host A'], '--rank-host: expected G=HOST[:DEVICE]');
+  bad(['--engine-out', j.out, '--rank-host', '0=a', '--rank-host', '1=b'], 'lie on hosts a, b');
+  fs.writeFileSync(path.join(j.dir, 'bad.env'), 'OK=1\nnot a line\n');
+  bad(['--engine-out', j.out, '--host-env', `x=${path.join(j.dir, 'bad.env')}`], 'bad.env:2: expected KEY=VALUE');
+  bad(['--engine-out', j.out, '--other-host', 'nowhere'], '--other-host nowhere: no --host-env nowhere');
+  bad(['--engine-out', j.out, '--coordinator', 'nohost'], '--coordinator');
+}, 300000);
+
+/** Every verdict.json beside a recorder flush under `root`. */
+function listFlushVerdicts(root: string): string[] {
+  const out: string[] = [];
+  const walk = (d: string, depth: number) => {
+    for (const e of fs.readdirSync(d, { withFileTypes: true })) {
+      const p = path.join(d, e.name);
+      if (e.isDirectory() && depth < 6) walk(p, depth + 1);
+      else if (e.name === 'verdict.json' && path.basename(path.dirname(path.dirname(p))) === 'recorder') out.push(p);
+    }
+  };
+  if (fs.existsSync(root)) walk(root, 0);
+  return out.sort();
+}
