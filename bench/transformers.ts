@@ -40,6 +40,8 @@ interface RankResult {
   rows_max: number;
   cpu_us_per_step: number;
   layer_us_per_step: number;
+  send_head_us_per_step: number;
+  logits_hook_us_per_step: number;
   seed_alerts: number;
   waves: number | null;
   wavebus_imported: boolean;
@@ -133,6 +135,9 @@ export async function run(a: BenchArgs<typeof flags>): Promise<Record<string, un
         ratio: fixed(rate(rs) / absent, 4),
         // attach's wrappers (off, on) or the seed's work (seed); in absent, the timers' own cost.
         layer_us_per_step_by_rank: rs.map((r) => fixed(r.layer_us_per_step, 1)),
+        // Parts of the layer: attach's send_head (the wave head with the telemetry) and the logits hook.
+        ...(m === 'off' || m === 'on' ? { send_head_us_per_step_by_rank: rs.map((r) => fixed(r.send_head_us_per_step, 1)) } : {}),
+        logits_hook_us_per_step_by_rank: rs.map((r) => fixed(r.logits_hook_us_per_step, 1)),
         cpu_us_per_step_by_rank: rs.map((r) => fixed(r.cpu_us_per_step, 0)),
         running_requests: [Math.min(...rs.map((r) => r.rows_min)), Math.max(...rs.map((r) => r.rows_max))],
         wavebus_imported: rs.some((r) => r.wavebus_imported),

@@ -42,6 +42,8 @@ class Timers:
         self.starts, self.layer_us, self.cpu, self.rows = [], [], [], []
         self.inner = 0.0  # the engine's own step + update time of the current step (s)
         self.hook = 0.0   # time in the layer's logits hook of the current step (s)
+        self.send = 0.0   # time in attach's send_head of the current step (s), part of the layer's
+        self.send_us, self.hook_us = [], []
 
 
 def time_inner(p, t: Timers) -> None:
@@ -69,7 +71,9 @@ def time_outer(p, t: Timers) -> None:
     def outer_step(model):
         if t.starts:  # close the previous step: its update ran after its step
             t.layer_us.append((state["outer"] - t.inner + t.hook) * 1e6)
-        state["outer"], t.inner, t.hook = 0.0, 0.0, 0.0
+            t.send_us.append(t.send * 1e6)
+            t.hook_us.append(t.hook * 1e6)
+        state["outer"], t.inner, t.hook, t.send = 0.0, 0.0, 0.0, 0.0
         t.starts.append(time.perf_counter())
         t.cpu.append(time.process_time())
         t.rows.append(len(p.inputs_and_outputs.requests_in_batch))
@@ -232,6 +236,16 @@ def main() -> int:
                 t.hook += time.perf_counter() - s
 
         wb.gate.check = timed_check
+        send = wb.send_head
+
+        def timed_send(*a, **k):  # the wave head with the last step's telemetry: apart from building it
+            s = time.perf_counter()
+            try:
+                return send(*a, **k)
+            finally:
+                t.send += time.perf_counter() - s
+
+        wb.send_head = timed_send
     attached = manager._create_batch_processor
 
     def with_outer():
@@ -268,6 +282,8 @@ def main() -> int:
         "rows_min": min(t.rows[w0:w1]), "rows_max": max(t.rows[w0:w1]),
         "cpu_us_per_step": (t.cpu[w1] - t.cpu[w0]) * 1e6 / args.measure_steps,
         "layer_us_per_step": sum(t.layer_us[w0:w1]) / args.measure_steps,
+        "send_head_us_per_step": sum(t.send_us[w0:w1]) / args.measure_steps,
+        "logits_hook_us_per_step": sum(t.hook_us[w0:w1]) / args.measure_steps,
         "seed_alerts": len(alerts), "waves": wb.wave if wb is not None else None,
         "wavebus_imported": "wavebus_client" in sys.modules,
         "num_blocks": cb.num_blocks, "max_batch_tokens": batch_tokens,
