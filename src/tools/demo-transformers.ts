@@ -53,7 +53,8 @@ export function transformersEngineCommand(opts: { tp: number; pp: number; dp: nu
   if (made.status !== 0) throw new ConfigError(`--engine transformers: make_model.py failed: ${(made.stderr ?? '').slice(-2000)}`);
   return [
     v.torchrun, '--standalone', '--nproc-per-node', String(opts.tp), serve, '--model', model, '--out', opts.out,
-    '--requests', String(REQUESTS), '--max-tokens', String(opts.steps), '--nan', `${NAN_AT}:req-1`, '--garble', String(GARBLE_AT),
+    // A cache that holds every request whole (prompts of at most 7 tokens, pages of 16): no offload under pressure.
+    '--requests', String(REQUESTS), '--max-tokens', String(opts.steps), '--num-blocks', String(REQUESTS * Math.ceil((opts.steps + 8) / 16) + 4), '--nan', `${NAN_AT}:req-1`, '--garble', String(GARBLE_AT),
     '--save-copies', '--result-dir', opts.resultDir,
   ];
 }
