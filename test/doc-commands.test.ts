@@ -86,6 +86,7 @@ const SKIPPED: Record<string, string> = {
   'wavebus bench client --requests 1,64,256,1024,4096 --steps 150 --json': BENCH,
   'node bin/wavebus.js bench dump --size-mb 256 --format all --json': BENCH,
   'node bin/wavebus.js bench overhead --json': BENCH,
+  'node bin/wavebus.js bench transformers --json': BENCH,
   'node bin/wavebus.js bench overhead --lookahead-waves 3 --cpu-by-process --json': BENCH,
   'node bin/wavebus.js bench overhead --forward-ms 3 --lookahead-waves 3 --ranks 2 --rounds 3 --cpu-by-process --syscalls --json': BENCH,
   'node bin/wavebus.js bench overhead --forward-ms 3 --lookahead-waves 3 --ranks 8 --rounds 1 --steps 1000 --cpu-by-process --syscalls --json': BENCH,

@@ -67,6 +67,7 @@ def main() -> int:
     ap.add_argument("--save-logits", action="store_true", help="keep every step's logits (OUT/logits_rank<r>_wave<w>.pt; replay.py compares)")
     ap.add_argument("--step-sleep-ms", type=int, default=0, help="sleep this long in every forward (a live job for status/dump/capture)")
     ap.add_argument("--no-wavebus", action="store_true", help="serve without wavebus (a baseline)")
+    ap.add_argument("--result-dir", help="write <dir>/rank<g>.json (waves, endOfWaveTimeouts) at the end (wavebus demo reads it)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     rank = int(os.environ.get("RANK", "0"))
@@ -145,6 +146,11 @@ def main() -> int:
                "waves": wb.wave if wb else 0, "seconds": seconds}
         with open(os.path.join(args.out, "outputs.json"), "w") as f:
             json.dump(out, f)
+    if args.result_dir:
+        os.makedirs(args.result_dir, exist_ok=True)
+        with open(os.path.join(args.result_dir, f"rank{rank}.json"), "w") as f:
+            json.dump({"rank": rank, "waves": wb.wave if wb else 0,
+                       "endOfWaveTimeouts": wb.client.stats.get("end_of_wave_timeouts", 0) if wb else 0}, f)
     if wb is not None:
         wb.close()
     print(f"rank {rank} done: {len(results)} requests, {wb.wave if wb else 0} waves, {seconds:.2f} s", flush=True)

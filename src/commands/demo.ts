@@ -20,7 +20,7 @@ export const command: CommandModule = {
       .option('format', { choices: TENSOR_FORMATS, default: DEFAULT_TENSOR_FORMAT, describe: 'KV dump and snapshot format' })
       .option('runtime-config', { type: 'string', describe: 'use this runtime_config.json instead of the demo one' })
       .option('port', { type: 'string', describe: 'bus base port (default: a free one)' })
-      .option('engine', { choices: ['sim', 'torch'] as const, default: 'sim' as const, describe: 'sim: the simulator; torch: examples/torch-engine, a real TP transformer (python3-torch)' }),
+      .option('engine', { choices: ['sim', 'torch', 'transformers'] as const, default: 'sim' as const, describe: "sim: the simulator; torch: examples/torch-engine, a real TP transformer (python3-torch); transformers: Hugging Face transformers' continuous batching under torchrun (the torch 2.x venv)" }),
   handler: async (argv) => {
     const res = await runDemo({
       out: String(argv.out),
@@ -32,7 +32,7 @@ export const command: CommandModule = {
       format: argv.format as TensorFormat,
       runtimeConfig: argv['runtime-config'] as string | undefined,
       port: argv.port === undefined ? undefined : parseBusPort(argv.port, '--port'),
-      engine: argv.engine as 'sim' | 'torch',
+      engine: argv.engine as 'sim' | 'torch' | 'transformers',
     });
     process.exit(res.ok ? 0 : 1);
   },

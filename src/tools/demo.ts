@@ -16,6 +16,7 @@ import { kvBlockBytes, type KvGeometry } from '../sim/kv-pattern';
 import { DEMO_FAULTS } from '../sim/faults';
 import { replicaDumpRanks } from '../layout';
 import { TORCH_CAPTURE_TOKEN, TORCH_FAULTS, torchEngineCommand, torchPoolBlocks } from './demo-torch';
+import { HF_CAPTURE_TOKEN, HF_FAULTS, checkTransformersDump, transformersEngineCommand } from './demo-transformers';
 import { loadCallDir } from '../snapshot/loader';
 import { demoExpectations, type DemoExpectations } from './demo-expect';
 import type { SnapshotFlags } from '../snapshot/config';
@@ -33,8 +34,9 @@ export interface DemoOptions {
   format: TensorFormat;
   runtimeConfig?: string;
   port?: number;
-  /** 'sim' (default): the simulator; 'torch': examples/torch-engine (needs python3-torch). */
-  engine?: 'sim' | 'torch';
+  /** 'sim' (default): the simulator; 'torch': examples/torch-engine (needs python3-torch);
+   *  'transformers': examples/transformers-engine (the torch 2.x venv, scripts/torch2-venv.js). */
+  engine?: 'sim' | 'torch' | 'transformers';
   log?: (line: string) => void;
 }
 
@@ -130,14 +132,17 @@ export async function runDemo(opts: DemoOptions): Promise<{ ok: boolean; summary
   const env: NodeJS.ProcessEnv = { ...process.env, WAVEBUS_CACHE_ROOT: out, VLLM_CACHE_ROOT: path.join(out, 'vllm-cache') };
   const layout = { worldSize: world, tp: opts.tp, pp: opts.pp, dp: opts.dp, cp: 1 };
   const torch = opts.engine === 'torch';
-  const faults = torch ? TORCH_FAULTS : DEMO_FAULTS;
-  const expect = demoExpectations({ runtimeConfig: opts.runtimeConfig, format: opts.format, layout, faults, env, captureToken: torch ? TORCH_CAPTURE_TOKEN : undefined });
+  const hf = opts.engine === 'transformers';
+  const faults = torch ? TORCH_FAULTS : hf ? HF_FAULTS : DEMO_FAULTS;
+  const expect = demoExpectations({ runtimeConfig: opts.runtimeConfig, format: opts.format, layout, faults, env, captureToken: torch ? TORCH_CAPTURE_TOKEN : hf ? HF_CAPTURE_TOKEN : undefined });
   const job = torch
     ? torchEngineCommand({ ...opts, out: path.join(out, 'engine'), resultDir })
-    : [process.execPath, bin, 'sim', '--steps', String(opts.steps), '--step-ms', '40', '--faults', JSON.stringify(DEMO_FAULTS), '--result-dir', resultDir];
+    : hf
+      ? transformersEngineCommand({ ...opts, out: path.join(out, 'engine'), resultDir, log })
+      : [process.execPath, bin, 'sim', '--steps', String(opts.steps), '--step-ms', '40', '--faults', JSON.stringify(DEMO_FAULTS), '--result-dir', resultDir];
   const nproc = world / opts.hosts;
   const startAt = Date.now() + 4000;
-  log(`wavebus demo: TP=${opts.tp} PP=${opts.pp} DP=${opts.dp} on ${opts.hosts} simulated host(s), ${opts.steps} steps, engine ${torch ? 'torch (examples/torch-engine)' : 'sim'}; faults: ${Object.keys(faults).join(', ')}`);
+  log(`wavebus demo: TP=${opts.tp} PP=${opts.pp} DP=${opts.dp} on ${opts.hosts} simulated host(s), ${opts.steps} steps, engine ${torch ? 'torch (examples/torch-engine)' : hf ? 'transformers (examples/transformers-engine, torchrun)' : 'sim'}; faults: ${Object.keys(faults).join(', ')}`);
   const at = `--coordinator 127.0.0.1:${port}${opts.hosts === 1 ? ` --bus-token-file ${path.join(opts.out, 'bus.token')}` : ''}`;
   log(`while it runs: wavebus status ${at}   (also wavebus dump / capture, docs/control.md)`);
   const codes = await Promise.all(
@@ -158,7 +163,7 @@ export async function runDemo(opts: DemoOptions): Promise<{ ok: boolean; summary
           // A shared 2-core machine can delay a wave vector by tens of ms; real forwards are longer.
           '--agent-arg=--end-of-wave-timeout-ms', '--agent-arg=250',
           '--',
-          ...job, ...(torch ? [] : ['--start-at', String(startAt)]),
+          ...job, ...(torch || hf ? [] : ['--start-at', String(startAt)]),
         ],
         env,
         path.join(out, `launch-host${node}.log`),
@@ -218,7 +223,8 @@ function summarize(out: string, runtimeRoot: string, opts: DemoOptions, expect: 
     for (const g of expected) if (!w.ranks.includes(g)) dc.problems.push(`${w.dir}: rank ${g} missing`);
     for (const g of w.ranks) if (!expected.includes(g)) dc.problems.push(`${w.dir}: rank ${g} copied a dump of replica ${replica} (expected only [${expected.join(', ')}])`);
     if (JSON.stringify(info.expected_ranks) !== JSON.stringify(expected)) dc.problems.push(`${w.dir}: request_info.json expected_ranks ${JSON.stringify(info.expected_ranks)}, want [${expected.join(',')}]`);
-    for (const r of mine) dc.problems.push(...checkDumpContents(r, kvRoot, opts.tp, opts.engine === 'torch' ? path.join(out, 'engine') : undefined));
+    if (opts.engine === 'transformers') dc.problems.push(...checkTransformersDump(path.join(kvRoot, w.dir), path.join(out, 'engine')));
+    else for (const r of mine) dc.problems.push(...checkDumpContents(r, kvRoot, opts.tp, opts.engine === 'torch' ? path.join(out, 'engine') : undefined));
     problems.push(...dc.problems);
     return dc;
   });

@@ -100,12 +100,15 @@ class TransformersWavebus:
         self.wave += 1
         io = self.processor.inputs_and_outputs
         self._batch, row = [], 0
-        for fs in io.requests_in_batch:
-            self._batch.append((fs.state.request_id, row, fs.query_length, fs.has_new_token))
-            row += fs.query_length
+        # The step's rows by request: only while some feature is on (with everything off a step
+        # walks no request: at 256 running requests the walk alone was ~0.1 ms a step).
+        self._bus = bool(self.client.features & mb.FEATURE_BUS)
+        if self.client.features:
+            for fs in io.requests_in_batch:
+                self._batch.append((fs.state.request_id, row, fs.query_length, fs.has_new_token))
+                row += fs.query_length
         # Block tables as they are now: a request finished in this step gives its blocks back in
         # update_batch. Only while the bus is on: with everything off a step builds no telemetry.
-        self._bus = bool(self.client.features & mb.FEATURE_BUS)
         self._batch_blocks = {rid: self.block_ids(rid) for rid, *_ in self._batch} if self._bus else {}
         self.send_head(self.wave, self._telemetry)
         self._telemetry = None
@@ -127,13 +130,13 @@ class TransformersWavebus:
         self.client.wave_head(wave, telemetry)
 
     def _update(self, update) -> None:
-        io = self.processor.inputs_and_outputs
-        _, tokens, logprobs = io.prepare_batch_update()
-        update()
         if not self._bus:
+            update()
             self._telemetry, self._finished_states = None, {}
             self._freed = [(after, row) for after, row in self._freed if after >= self.wave]
             return
+        _, tokens, logprobs = self.processor.inputs_and_outputs.prepare_batch_update()
+        update()
         reqs, k = [], 0
         active = self.processor.scheduler.active_requests
         for rid, _row, _n, has_token in self._batch:
