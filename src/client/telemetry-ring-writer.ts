@@ -102,8 +102,12 @@ export class TelemetryRingWriter {
     Atomics.store(this.words, seqWord, BigInt(2 * k - 1)); // odd: being written
     let present = 0;
     for (const name in columns) {
-      const a = columns[name]!;
-      views.get(name)!.set(a); // one copy (a conversion where the engine's array type differs)
+      let a = columns[name]!;
+      const v = views.get(name)!;
+      // An Int32Array into a u32 column: the same bits, copied as they are (a negative value reads
+      // as >= 2^31 and is garbage where the agent checks it); other types are converted in the copy.
+      if (a instanceof Int32Array && v instanceof Uint32Array) a = new Uint32Array(a.buffer, a.byteOffset, a.length);
+      v.set(a); // one copy
       present |= this.bit[name];
     }
     const extraLen = extra ? extra.length : 0;
