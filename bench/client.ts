@@ -1,8 +1,9 @@
-// `wavebus bench client [--lang python] [--requests 1,64,256,1024,4096] [--steps N] --json`
+// `wavebus bench client [--lang python|ts] [--requests 1,64,256,1024,4096] [--steps N] --json`
 //
 // The engine's own cost per step at real batch sizes: the calls an engine makes every step
 // (wave_head, before_forward, end_of_wave, pending_dump for the requests that finished), timed in
-// the engine's thread (bench/client_engine.py), p50/p99 of their sum and of each. Each size runs,
+// the engine's thread (bench/client_engine.py; with --lang ts bench/lib/client-engine-ts.ts, whose
+// seed row is still the Python one: the seed's detectors are Python), p50/p99 of their sum and of each. Each size runs,
 // in the same run: the tensor path (TensorBatch, the telemetry ring) and the dict path against a
 // live coordinator (this process, detectors token_repeat, spec_acceptance and garbled on) and
 // agent; everything off (an agent without a bus: the mailbox says off); the same loop without
@@ -24,7 +25,7 @@ import type { BenchArgs, BenchFlags } from './lib/flags';
 
 export const summary = "The engine's own per-step cost of the client's calls at N running requests (tensor and dict paths, everything off, no wavebus, the seed's Python detectors), in the engine's thread.";
 export const flags = {
-  lang: { type: 'string', default: 'python', choices: ['python'], describe: "the engine's language (python; the TypeScript client's tensor path is not built yet)" },
+  lang: { type: 'string', default: 'python', choices: ['python', 'ts'], describe: "the engine's language: python (wavebus_client) or ts (the TypeScript client, typed arrays)" },
   requests: { type: 'string', default: '1,64,256,1024,4096', describe: 'running requests per step, comma-separated' },
   steps: { type: 'int', default: 300, describe: 'timed steps per size and mode (after 30 untimed)' },
 } satisfies BenchFlags;
@@ -40,9 +41,11 @@ function engineScript(): string {
   return p;
 }
 
-function runEngine(mode: string, n: number, steps: number, runDir: string): Promise<Record<string, any>> {
+function runEngine(lang: string, mode: string, n: number, steps: number, runDir: string): Promise<Record<string, any>> {
+  // The seed's path is Python whatever the engine's language (its detectors are).
+  const cmd = lang === 'ts' && mode !== 'seed' ? [process.execPath, path.join(__dirname, 'lib', 'client-engine-ts.js')] : [PY, engineScript()];
   return new Promise((resolve, reject) => {
-    const child = spawn(PY, [engineScript(), mode, String(n), String(steps), runDir], { env: { ...process.env, PYTHONPATH: path.join(packageRoot(), 'clients', 'python') }, stdio: ['ignore', 'pipe', 'pipe'] });
+    const child = spawn(cmd[0], [cmd[1], mode, String(n), String(steps), runDir], { env: { ...process.env, PYTHONPATH: path.join(packageRoot(), 'clients', 'python') }, stdio: ['ignore', 'pipe', 'pipe'] });
     let out = '';
     let err = '';
     child.stdout.on('data', (b) => (out += b));
@@ -52,7 +55,7 @@ function runEngine(mode: string, n: number, steps: number, runDir: string): Prom
 }
 
 /** A live one-rank job: coordinator and guard (detectors on) and agent, in this process. */
-export async function withJob<T>(bus: boolean, fn: (runDir: string) => Promise<T>): Promise<T> {
+export async function withJob<T>(bus: boolean, fn: (runDir: string, agent: Agent) => Promise<T>): Promise<T> {
   const root = fs.mkdtempSync(path.join(os.tmpdir(), 'wavebus-bench-client-'));
   const log = createLogger('bench-client', 'error');
   const layout = { worldSize: 1, tp: 1, pp: 1, dp: 1, cp: 1 };
@@ -78,7 +81,7 @@ export async function withJob<T>(bus: boolean, fn: (runDir: string) => Promise<T
       if (Date.now() - t0 > 20000) throw new Error('bench client: the agent did not sync with its coordinator within 20 s');
       await new Promise((r) => setTimeout(r, 20));
     }
-    return await fn(runDir);
+    return await fn(runDir, agent);
   } finally {
     await agent?.stop();
     await coordinator?.stop();
@@ -97,7 +100,13 @@ export async function run(args: BenchArgs<typeof flags>): Promise<Record<string,
   for (const n of sizes) {
     const row: Record<string, unknown> = { requests: n };
     for (const mode of MODES) {
-      const r = mode === 'tensor' || mode === 'dict' ? await withJob(true, (dir) => runEngine(mode, n, args.steps, dir)) : mode === 'off' ? await withJob(false, (dir) => runEngine(mode, n, args.steps, dir)) : await runEngine(mode, n, args.steps, os.tmpdir());
+      const live = (dir: string, agent: Agent): Promise<Record<string, any>> =>
+        runEngine(args.lang, mode, n, args.steps, dir).then(async (r) => {
+          // The TypeScript engine's heads are counted where they arrive: the agent relayed each (the last within its poll).
+          for (let t0 = Date.now(); args.lang === 'ts' && agent.stats.waveHeadsRelayed < args.steps + 30 && Date.now() - t0 < 2000; ) await new Promise((res) => setTimeout(res, 10));
+          return args.lang === 'ts' ? { ...r, wave_heads_sent: agent.stats.waveHeadsRelayed } : r;
+        });
+      const r = mode === 'tensor' || mode === 'dict' ? await withJob(true, live) : mode === 'off' ? await withJob(false, (dir) => runEngine(args.lang, mode, n, args.steps, dir)) : await runEngine(args.lang, mode, n, args.steps, os.tmpdir());
       if (mode === 'tensor' && r.ring_heads + r.inline_heads !== args.steps + 30) throw new Error(`bench client: ${r.ring_heads} ring and ${r.inline_heads} inline heads of ${args.steps + 30}`);
       if ((mode === 'tensor' || mode === 'dict') && r.wave_heads_sent !== args.steps + 30) throw new Error(`bench client: the ${mode} engine sent ${r.wave_heads_sent} of ${args.steps + 30} heads`);
       // Tensor heads that went inline: the agent had not taken the slot yet (it fell behind), or the step did not fit the ring.

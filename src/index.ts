@@ -3,7 +3,7 @@
 
 // ---- in the engine: the client, and shared memory for regions it registers
 export { WavebusClient, MailboxFeature } from './client/client';
-export type { ClientRegion, ClientFeatures, ConnectOptions, EndOfWaveResult, WeightShard, HostWeight, SharedWeight } from './client/client';
+export type { ClientRegion, ClientFeatures, ConnectOptions, EndOfWaveResult, WeightShard, HostWeight, SharedWeight, TensorBatch, TensorBatchOptions, TensorStep } from './client/client';
 export type { StepTelemetry, RequestStep, NonFiniteRow, ForwardContext } from './messages';
 export { ShmSegment, cudaAvailable } from './memory';
 

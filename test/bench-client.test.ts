@@ -20,6 +20,21 @@ test('bench client --requests 1,16 --steps 5 reports every mode at every size', 
   }
 });
 
+test('bench client --lang ts runs the TypeScript engine at every size: every head relayed, the tensor ones all through the ring', () => {
+  const r = runWavebus(['bench', 'client', '--lang', 'ts', '--requests', '1,16', '--steps', '5', '--json'], { timeout: 170000 });
+  expect({ code: r.code, stderr: r.code === 0 ? '' : r.stderr }).toEqual({ code: 0, stderr: '' });
+  const out = JSON.parse(r.stdout.trim().split('\n').pop()!);
+  expect(out).toMatchObject({ bench: 'client', lang: 'ts', steps: 5 });
+  for (const row of out.results) {
+    expect(row.tensor).toMatchObject({ ring_heads: 35, inline_heads: 0 });
+    for (const mode of ['tensor', 'dict', 'off', 'none', 'seed']) {
+      const m = row[mode];
+      expect([mode, Number.isFinite(m.p50_us) && m.p50_us > 0 && m.p99_us >= m.p50_us]).toEqual([mode, true]);
+      expect(Object.keys(m.calls).sort()).toEqual(['before_forward', 'end_of_wave', 'pending_dump', 'wave_head']);
+    }
+  }
+});
+
 test('bench client refuses a bad --requests naming the value', () => {
   const r = runWavebus(['bench', 'client', '--requests', '1,x', '--json'], { timeout: 60000 });
   expect(r.code).not.toBe(0);

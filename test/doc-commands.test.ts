@@ -84,6 +84,7 @@ const SKIPPED: Record<string, string> = {
   'npm run build': 'the tsc build npm test\'s pretest has just run before the suite',
   'node bin/wavebus.js bench bus --agents 8 --json': BENCH,
   'wavebus bench client --requests 1,64,256,1024,4096 --steps 150 --json': BENCH,
+  'wavebus bench client --lang ts --requests 1,64,256,1024,4096 --json': BENCH,
   'node bin/wavebus.js bench dump --size-mb 256 --format all --json': BENCH,
   'node bin/wavebus.js bench overhead --json': BENCH,
   'node bin/wavebus.js bench transformers --json': BENCH,

@@ -19,9 +19,9 @@ import json, sys, numpy as np
 from wavebus_client import Client, RequestStep
 from wavebus_client.wave_head import WaveHeadBuilder
 
-run_dir, garbage, rehello = sys.argv[1], sys.argv[2] == "1", sys.argv[2] == "2"
+run_dir, garbage, rehello, few_events = sys.argv[1], sys.argv[2] == "1", sys.argv[2] == "2", sys.argv[2] == "3"
 c = Client.connect(env={"WAVEBUS_RUN_DIR": run_dir, "LOCAL_RANK": "0"})
-batch = c.tensor_batch(8, vocab=1000)
+batch = c.tensor_batch(8, vocab=1000, max_events=0 if few_events else None)
 import time
 from wavebus_client.mailbox import FEATURE_BUS
 t_end = time.monotonic() + 30  # the agent turns the bus on once its coordinator's config is in force
@@ -69,8 +69,8 @@ c.close()
 print(json.dumps(out))
 `;
 
-async function drive(job: HarnessJob, garbage: boolean | 'rehello'): Promise<{ dict: string[]; sent: number; stats: Record<string, number>; client: Record<string, unknown> }> {
-  const p = spawnTracked(PYTHON, ['-c', DRIVER, path.join(job.root, 'run'), garbage === 'rehello' ? '2' : garbage ? '1' : '0'], { env: ENV });
+async function drive(job: HarnessJob, garbage: boolean | 'rehello' | 'few_events'): Promise<{ dict: string[]; sent: number; stats: Record<string, number>; client: Record<string, unknown> }> {
+  const p = spawnTracked(PYTHON, ['-c', DRIVER, path.join(job.root, 'run'), garbage === 'rehello' ? '2' : garbage === 'few_events' ? '3' : garbage ? '1' : '0'], { env: ENV });
   const { code } = await p.exited;
   if (code !== 0) throw new Error(`python exited ${code}: ${p.stderr()}`);
   return JSON.parse(p.stdout());
@@ -150,6 +150,28 @@ test('a hello again makes a fresh ring file at the same path: the client maps th
     }, 'every head at the coordinator');
     expect(seen.map((t) => t.wave)).toEqual(Array.from({ length: 40 }, (_, i) => i));
     expect(job.ranks[0].agent.ringStats.ringGarbage).toBe(0);
+  } finally {
+    await stopHarnessJob(job);
+  }
+});
+
+test('a step with more finish/free events than the ring holds goes inline; the whole ring heads after it never overtake it', async () => {
+  const job = await startHarnessJob({ tp: 1, runtimeConfig: CFG });
+  try {
+    const seen = record(job);
+    const got = await drive(job, 'few_events');
+    expect(got.sent).toBe(40);
+    expect(got.stats).toEqual({ ring_heads: 38, inline_heads: 2 }); // waves 10 (finish) and 11 (free)
+    await waitFor(() => seen.length === 40, 'every head at the coordinator');
+    expect(seen.map((t) => t.wave)).toEqual(Array.from({ length: 40 }, (_, i) => i));
+    const { messageType, decode } = require('../src/proto') as typeof import('../src/proto');
+    const { columnsFromWire } = require('../src/client/telemetry') as typeof import('../src/client/telemetry');
+    for (let i = 0; i < 40; i++) {
+      const want = columnsFromWire(decode(messageType('TelemetryColumns'), Buffer.from(got.dict[i], 'hex')));
+      for (const k of ['rows', 'slot', 'tokenCount', 'tokenIds', 'flags'] as const) {
+        expect([k, i, Array.from(seen[i].columns![k] as ArrayLike<number>)]).toEqual([k, i, Array.from(want[k] as ArrayLike<number>)]);
+      }
+    }
   } finally {
     await stopHarnessJob(job);
   }

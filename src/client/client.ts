@@ -13,6 +13,8 @@ import { dueDumpsAsker, PendingDumps } from './pending-dumps';
 import { VectorStall } from './vector-stall';
 import { ForwardCapture, type Context, type Inputs } from './live-capture';
 
+import { TensorBatch, type TensorBatchOptions } from './tensor-batch';
+import { RingAtHello } from './telemetry-ring-writer';
 import { clientFingerprint } from './fingerprint';
 import { sendWeights, type WeightShard } from './weights';
 import { openConnection, type BeforeForwardResult, type ClientFeatures, type ConnectOptions, type EndOfWaveResult } from './options';
@@ -20,6 +22,7 @@ import { openConnection, type BeforeForwardResult, type ClientFeatures, type Con
 export type { ClientRegion } from './region';
 export type { WeightShard, HostWeight, SharedWeight } from './weights';
 export type { BeforeForwardResult, ClientFeatures, ConnectOptions, EndOfWaveResult } from './options';
+export type { TensorBatch, TensorBatchOptions, TensorStep } from './tensor-batch';
 
 const MARGIN_MS = 20;
 
@@ -59,6 +62,9 @@ export class WavebusClient {
   private readonly stall: VectorStall;
   /** rank_divergence: the decision ring's writer (digest.ts). */
   private readonly digests: ClientDigests;
+  /** The tensor hot path (tensorBatch()) and the telemetry ring its hello asked for. */
+  private tensor: TensorBatch | null = null;
+  private readonly ring: RingAtHello;
 
   private constructor(
     private readonly endpoint: string,
@@ -73,6 +79,7 @@ export class WavebusClient {
       oneWayFailed: (what, e) => {
         this.availability.lastError = `${what}: ${e.message}`;
         this.head.resendBindings(); // a wave head's bindings may have been in this one
+        this.tensor?.resendAll();
       },
     });
     this.availability = new AgentAvailability(
@@ -83,7 +90,11 @@ export class WavebusClient {
       () => this.hello.forget(), // it may be a new agent: introduce ourselves again
     );
     this.hello = new AgentHello(endpoint, this.transport, mailbox, asyncScheduling, this.stats, fingerprint);
-    this.head = new WaveHeadSender(this.transport, (message) => (this.availability.lastError = message));
+    this.head = new WaveHeadSender(this.transport, (message) => {
+      this.availability.lastError = message;
+      this.tensor?.resendAll();
+    });
+    this.ring = new RingAtHello(this.hello, (message) => (this.availability.lastError = message));
     this.stall = new VectorStall(mailbox);
     this.digests = new ClientDigests(() => mailbox.features(), MailboxFeature.RANK_DIGEST, async () => {
       if (this.agentUnavailable) return '';
@@ -238,6 +249,39 @@ export class WavebusClient {
         if (!this.availability.lostOn(e, `waveHead(${wave})`)) throw e;
       },
     );
+  }
+
+  /**
+   * The tensor hot path (docs/typescript-client.md): a TensorBatch of `maxRows` stable rows whose
+   * waveHead takes typed-array columns, copied into a telemetry ring the agent makes at the next hello.
+   */
+  tensorBatch(maxRows: number, opts: TensorBatchOptions = {}): TensorBatch {
+    const host = { gate: (w: number) => this.tensorGate(w), ring: () => this.ring.get(), send: (b: Record<string, unknown>) => this.head.enqueue(b), epoch: () => this.mailbox.epoch() };
+    const batch = new TensorBatch(host, maxRows, opts);
+    this.tensor = batch;
+    this.hello.ringRequest = batch.ringRequest();
+    if (this.hello.features) this.hello.forget(); // hello again, asking for the ring
+    return batch;
+  }
+
+  /** The checks every tensor head passes (as waveHead's): the features when this rank sends now, else null. */
+  private tensorGate(wave: number): ClientFeatures | null | Promise<ClientFeatures | null> {
+    if (!isWaveNumber(wave)) throw new ConfigError(`waveHead(): wave ${wave} is not a non-negative integer`);
+    this.forward.headWave = wave;
+    const bits = this.mailbox.features();
+    if (bits === 0) return null;
+    if (this.agentUnavailable) {
+      this.stats.skippedUnavailable++;
+      this.availability.probe();
+      return null;
+    }
+    const sends = (f: ClientFeatures): ClientFeatures | null => (f.tp0 && f.bus ? f : null);
+    const known = this.hello.current(bits);
+    if (known) return sends(known);
+    return this.hello.ensure(this.callBoundMs() + MARGIN_MS).then(sends, (e) => {
+      if (!this.availability.lostOn(e, `waveHead(${wave})`)) throw e;
+      return null;
+    });
   }
 
   private sendWaveHead(f: ClientFeatures, wave: number, telemetry?: WaveTelemetry): void {

@@ -17,6 +17,9 @@ export class AgentHello {
   private featureBits = -1;
   /** The flight recorder's ring the last hello named ('' : the recorder is off); ClientReply.recorder_path. */
   recorderPath = '';
+  /** The telemetry ring asked for at hello (tensorBatch(); empty: none) and the path the agent answered ('' : no ring). */
+  ringRequest: Record<string, number> = {};
+  ringPath = '';
   /** Hellos answered: a new one may be a new agent with a new ring (mapped again). */
   hellos = 0;
   /** Every region register() accepted, in order; kept to send again to a new agent. */
@@ -53,7 +56,7 @@ export class AgentHello {
     this.sent.clear();
     // Hello and the regions go out back to back (the agent takes them in order), then both are checked.
     const hello = this.transport.request(
-      { hello: { pid: process.pid, asyncScheduling: this.asyncScheduling, language: 'typescript', protocolVersion: CLIENT_PROTOCOL_VERSION, fingerprint: this.fingerprint } },
+      { hello: { pid: process.pid, asyncScheduling: this.asyncScheduling, language: 'typescript', protocolVersion: CLIENT_PROTOCOL_VERSION, fingerprint: this.fingerprint, ...this.ringRequest } },
       timeoutMs,
     );
     const regions = this.flushRegistrations(timeoutMs);
@@ -69,6 +72,8 @@ export class AgentHello {
     this.decisionPath = String((reply as { decisionPath?: string }).decisionPath ?? '');
     this.featureBits = bits;
     this.recorderPath = typeof reply.recorderPath === 'string' ? reply.recorderPath : '';
+    // Every hello that asks makes a fresh ring file (the same path, a new file): mapped again (hellos says when).
+    this.ringPath = typeof reply.ringPath === 'string' ? reply.ringPath : '';
     this.hellos++;
     await regions;
     return this.features;

@@ -69,6 +69,11 @@ export class WaveHeadSender {
     this.queue(body);
   }
 
+  /** Queues a head built elsewhere (the tensor path, tensor-batch.ts), checked by its builder. */
+  enqueue(body: Record<string, unknown>): void {
+    this.queue(body);
+  }
+
   /**
    * One-way (id 0): the engine never waits for the agent or the coordinator at the head of a wave.
    * Encoding and the socket send (~50 µs of CPU when the process wakes cold) run when the engine
@@ -104,7 +109,7 @@ export class WaveHeadSender {
 }
 
 /** A checked copy of one non-finite logits row for the wire. */
-function nonFiniteRow(r: NonFiniteRow, i: number): NonFiniteRow {
+export function nonFiniteRow(r: NonFiniteRow, i: number): NonFiniteRow {
   if (!Number.isInteger(r?.row) || r.row < 0 || r.row > 0xffffffff) throw new ConfigError(`waveHead(): telemetry.nonFinite[${i}].row ${String(r?.row)} is not a non-negative integer`);
   if (typeof r.reqId !== 'string') throw new ConfigError(`waveHead(): telemetry.nonFinite[${i}].reqId must be a string`);
   if (typeof r.kind !== 'string') throw new ConfigError(`waveHead(): telemetry.nonFinite[${i}].kind must be a string`);

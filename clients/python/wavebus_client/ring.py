@@ -90,11 +90,15 @@ class TelemetryRing:
     def fits_extra(self, nbytes: int) -> bool:
         return nbytes <= self.max_extra
 
+    def consumed(self) -> int:
+        """The seq of the last slot the agent took (the header's consumed word)."""
+        return struct.unpack_from("<Q", self._mm, HEADER["consumed"])[0]
+
     def free(self) -> bool:
         """Whether the next write's slot was taken by the agent: never overwrite a head it has not
         read (the caller sends that head as a message instead; nothing is lost when the agent lags)."""
         k = self._seq + 1
-        return k <= self.slots or struct.unpack_from("<Q", self._mm, HEADER["consumed"])[0] >= 2 * (k - self.slots)
+        return k <= self.slots or self.consumed() >= 2 * (k - self.slots)
 
     def write(self, wave: int, columns: Dict[str, object], rows: int, tokens: int, events: int, extra: bytes = b"") -> int:
         """Copy one step's columns (numpy arrays, already of the right length) into the next slot;

@@ -17,6 +17,7 @@ from .slot_batch import SlotEvents
 from .telemetry import _nonfinite_list, nonfinite_row_proto
 
 _INT_KINDS = "iu"
+_PENDING = float("inf")
 _log = logging.getLogger("wavebus_client")
 
 
@@ -47,6 +48,12 @@ class TensorBatch(SlotEvents):
         self.max_tokens, self.max_events, self.vocab = tokens, events, vocab
         self._client = client
         self._epoch = -1
+        # Order across the two ways a head travels: the agent relays whole heads from its poll of
+        # the ring and message heads as it reads its socket (a timer may run before the socket is
+        # read), so a whole head written while a message head is unread could overtake it. After a
+        # message head, heads go as messages naming their slot until the agent took the last such
+        # slot. _PENDING: a message went and no slot was named since; 0: nothing pending.
+        self._fence, self._fence_ring = 0, None
         self.stats = {"ring_heads": 0, "inline_heads": 0}
 
     def ring_request(self) -> dict:
@@ -99,22 +106,30 @@ class TensorBatch(SlotEvents):
             rows_nf = _nonfinite_list(non_finite, "wave_head(): non_finite")
             body.telemetry.non_finite.extend(nonfinite_row_proto(x, f"wave_head(): non_finite[{i}]") for i, x in enumerate(rows_nf))
         ring = c._telemetry_ring()
+        if ring is not self._fence_ring:
+            self._fence_ring = ring  # a fresh ring (a new hello): nothing of the old one is pending in it
+            if self._fence != _PENDING:
+                self._fence = 0
+        if 0 < self._fence < _PENDING and ring is not None and ring.consumed() >= self._fence:
+            self._fence = 0
         if ring is not None and ring.fits(n, tokens, len(ev_rows)) and ring.free():
-            extra = body.SerializeToString()
-            if ring.fits_extra(len(extra)):
+            extra = body.SerializeToString() if self._fence == 0 else None
+            if extra is not None and ring.fits_extra(len(extra)):
                 # The whole head in the ring: no message, no system call; the agent polls for it.
                 ring.write(wave, cols, n, tokens, len(ev_rows), extra)
                 self.stats["ring_heads"] += 1
                 c.stats["wave_head_sent"] += 1
                 self.sent()
                 return True
-            body.ring_seq = ring.write(wave, cols, n, tokens, len(ev_rows))  # the sparse part is large: a message names the slot
+            # The sparse part is large, or a message head is pending: a message names the slot.
+            body.ring_seq = self._fence = ring.write(wave, cols, n, tokens, len(ev_rows))
             self.stats["ring_heads"] += 1
         else:
             from .tensor_inline import inline_columns
 
             inline_columns(body.telemetry.columns, cols, n)
             self.stats["inline_heads"] += 1
+            self._fence = _PENDING
         if not c._send_head(body):
             self.resend_all()  # its bindings may have been in this one
             return False

@@ -1,0 +1,138 @@
+// `wavebus bench client --lang ts`'s engine: one TypeScript engine loop at N running requests in its
+// own process, timing in its own thread the calls it makes every step (the Python engine is
+// bench/client_engine.py; the loop is the same). Modes:
+//   tensor - TensorBatch.waveHead (typed arrays into the ring) + beforeForward + endOfWave + pendingDump(finished)
+//   dict   - the same with WavebusClient.waveHead and the request list (the convenience path)
+//   off    - the tensor loop against a mailbox with every feature off (nothing is sent)
+//   none   - the same loop without wavebus (the engine's own arrays only: the floor)
+// Prints one JSON line: per-step p50/p99 µs of the calls' sum, and per call.
+// usage: node client-engine-ts.js MODE N STEPS RUN_DIR
+import { WavebusClient } from '../../src/client/client';
+import { MailboxFeature } from '../../src/client/mailbox';
+import type { TensorBatch } from '../../src/client/tensor-batch';
+import type { RequestStep } from '../../src/messages';
+
+const WARM = 30;
+const FINISH_EVERY = 200; // each request runs ~200 steps: about n / 200 finish per step
+const FORWARD_MS = 3; // a 3 ms forward, as bench overhead
+
+/** xorshift32: the same random stream every run, without a dependency. */
+function rng(seed: number): () => number {
+  let x = seed >>> 0 || 1;
+  return () => {
+    x ^= x << 13;
+    x ^= x >>> 17;
+    x ^= x << 5;
+    return (x >>> 0) / 2 ** 32;
+  };
+}
+
+const pct = (a: number[], p: number): number => {
+  if (a.length === 0) return 0;
+  const s = [...a].sort((x, y) => x - y);
+  const at = (p / 100) * (s.length - 1);
+  const lo = Math.floor(at);
+  return s[lo] + (s[Math.min(lo + 1, s.length - 1)] - s[lo]) * (at - lo);
+};
+
+async function main(): Promise<void> {
+  const [mode, nArg, stepsArg, runDir] = process.argv.slice(2);
+  const n = Number(nArg);
+  const steps = Number(stepsArg);
+  const rand = rng(1);
+  let c: WavebusClient | undefined;
+  let batch: TensorBatch | undefined;
+  if (mode === 'tensor' || mode === 'dict' || mode === 'off') {
+    c = await WavebusClient.connect({ env: { WAVEBUS_RUN_DIR: runDir, LOCAL_RANK: '0' } });
+    if (mode !== 'dict') batch = c.tensorBatch(Math.max(n, 1), { vocab: 32000 });
+    if (mode !== 'off') {
+      // The agent turns the bus on once its coordinator's config is in force.
+      const end = Date.now() + 20000;
+      while ((c.featureFlags() & MailboxFeature.BUS_ACTIVE) === 0 && Date.now() < end) await new Promise((r) => setTimeout(r, 10));
+    }
+  }
+  const rows = new Uint32Array(n).map((_, i) => i);
+  const req = Array.from({ length: n }, (_, r) => `req-${r}`);
+  const tables = Array.from({ length: n }, (_, r) => [r, r + n]);
+  const age = new Uint32Array(n).map(() => Math.floor(rand() * FINISH_EVERY));
+  let nextId = n;
+  let prev: number[] = [];
+  if (batch) {
+    for (let r = 0; r < n; r++) {
+      batch.arrive(r, req[r], { promptLen: 16 });
+      batch.blocks(r, tables[r]);
+    }
+  }
+  const ctx = { compilationHash: 'bench', globalStep: 0, reqIds: [] as string[], positions: [] as number[] };
+  const totals: number[] = [];
+  const per: Record<string, number[]> = { wave_head: [], before_forward: [], end_of_wave: [], pending_dump: [] };
+  const toks = new Int32Array(n);
+  const lps = new Float32Array(n).fill(-1);
+  const now = (): number => performance.now() * 1000;
+  for (let wave = 1; wave <= steps + WARM; wave++) {
+    await new Promise((r) => setTimeout(r, FORWARD_MS)); // the forward on the device (not timed): the vectors arrive meanwhile
+    for (let i = 0; i < n; i++) toks[i] = Math.floor(rand() * 32000); // the engine's sampled ids (not timed)
+    const done: number[] = [];
+    for (let r = 0; r < n; r++) if (++age[r] >= FINISH_EVERY) done.push(r);
+    const t0 = now();
+    if (batch) {
+      for (const r of done) batch.finish(r);
+      await batch.waveHead(wave, { rows, tokenIds: toks, logprobs: lps });
+    } else if (c) {
+      const doneSet = new Set(done);
+      const requests = Array.from({ length: n }, (_, r) => ({ reqId: req[r], newTokenIds: [toks[r]], newTokenLogprobs: [-1], blockIds: tables[r], finished: doneSet.has(r), freed: doneSet.has(r) }) as unknown as RequestStep);
+      await c.waveHead(wave, { requests, nonFinite: [] });
+    }
+    const t1 = now();
+    if (c) {
+      ctx.globalStep = wave;
+      await c.beforeForward(ctx, []);
+    }
+    const t2 = now();
+    if (c) await c.endOfWave(wave);
+    const t3 = now();
+    const keep: boolean[] = [];
+    if (c) for (const r of done) keep.push(await c.pendingDump(req[r]));
+    if (batch) for (const r of done) batch.free(r);
+    const t4 = now();
+    // The engine reuses the rows (not timed): new requests arrive where the finished ones were.
+    for (const r of done) {
+      req[r] = `req-${nextId++}`;
+      age[r] = 0;
+    }
+    if (wave > WARM) {
+      totals.push(t4 - t0);
+      per.wave_head.push(t1 - t0);
+      per.before_forward.push(t2 - t1);
+      per.end_of_wave.push(t3 - t2);
+      per.pending_dump.push(t4 - t3);
+    }
+    if (batch) {
+      // Rows freed at the last step take their new requests now, after the head that carried the free.
+      for (const r of prev) {
+        batch.arrive(r, req[r], { promptLen: 16 });
+        batch.blocks(r, tables[r]);
+      }
+      prev = done;
+    }
+  }
+  const out: Record<string, unknown> = {
+    mode, requests: n, steps, p50_us: pct(totals, 50), p99_us: pct(totals, 99),
+    calls: Object.fromEntries(Object.entries(per).map(([k, v]) => [k, { p50_us: pct(v, 50), p99_us: pct(v, 99) }])),
+  };
+  if (c) {
+    // The heads that went are counted where they arrive (bench/client.ts asks the agent).
+    if (batch) Object.assign(out, { ring_heads: batch.stats.ringHeads, inline_heads: batch.stats.inlineHeads });
+    out.last_error = c.lastError;
+    await c.close();
+  }
+  process.stdout.write(`${JSON.stringify(out)}\n`);
+}
+
+main().then(
+  () => process.exit(0),
+  (e) => {
+    process.stderr.write(`${(e as Error).stack ?? String(e)}\n`);
+    process.exit(1);
+  },
+);

@@ -1,0 +1,160 @@
+// The engine's persistent batch as wavebus sees it (the tensor hot path, docs/typescript-client.md):
+// each running request keeps a stable row from arrive() to free(); wavebus uses the row as the
+// telemetry's slot. Arrivals, block-table changes, finishes and frees are sparse events, paid once
+// each, held here until the next wave head carries them. The Python client's slot_batch.py is the
+// same state machine: both send the same bindings, tables and flags for the same calls.
+import { ConfigError } from '../errors';
+import type { SlotBinding, SlotBlocks } from '../messages';
+import { FLAG_FINISHED, FLAG_FREED } from './telemetry';
+
+/** Live bindings and tables re-sent per head, round-robin: a lost head heals within live / RESEND_PER_STEP steps. */
+export const RESEND_PER_STEP = 4;
+
+function checkRow(row: number, maxRows: number, where: string): number {
+  if (!Number.isInteger(row) || row < 0 || row >= maxRows) throw new ConfigError(`${where}: row must be an integer in 0..${maxRows - 1}, got ${String(row)}`);
+  return row;
+}
+
+function u32List(values: ArrayLike<number>, where: string): number[] {
+  const out = Array.from(values);
+  for (const v of out) if (!Number.isInteger(v) || v < 0 || v > 0xffffffff) throw new ConfigError(`${where} must be integers in 0..2^32-1, got ${String(v)}`);
+  return out;
+}
+
+function sameTable(a: readonly number[] | undefined, b: readonly number[]): boolean {
+  if (a === undefined || a.length !== b.length) return false;
+  for (let i = 0; i < a.length; i++) if (a[i] !== b[i]) return false;
+  return true;
+}
+
+export class SlotEvents {
+  private readonly liveRows = new Map<number, { reqId: string; promptLen: number }>();
+  private readonly tables = new Map<number, number[]>();
+  private newBind = new Map<number, SlotBinding>();
+  private newBlocks = new Map<number, number[]>();
+  private flags = new Map<number, number>();
+  private resendEverything = false;
+  private cycle: number[] = [];
+  private cycleAt = 0;
+  /** This step's finish/free events as the ring's columns (reused; few per step). */
+  protected evRows = new Uint32Array(64);
+  protected evFlags = new Uint8Array(64);
+
+  constructor(readonly maxRows: number) {}
+
+  get live(): number {
+    return this.liveRows.size;
+  }
+
+  /** Request `reqId` now holds `row` (until free(row)). */
+  arrive(row: number, reqId: string, opts: { promptLen?: number; promptTokenIds?: ArrayLike<number> } = {}): void {
+    checkRow(row, this.maxRows, 'arrive()');
+    if (typeof reqId !== 'string' || reqId === '') throw new ConfigError(`arrive(): reqId must be a non-empty string, got ${JSON.stringify(reqId)}`);
+    const promptLen = opts.promptLen ?? 0;
+    if (!Number.isInteger(promptLen) || promptLen < 0 || promptLen > 0xffffffff) throw new ConfigError(`arrive(): promptLen must be an integer in 0..2^32-1, got ${String(promptLen)}`);
+    const held = this.liveRows.get(row);
+    if (held) throw new ConfigError(`arrive(): row ${row} still holds request '${held.reqId}'; free(row) it first`);
+    // Its free and this arrival would reach the coordinator in one head, the free last.
+    if ((this.flags.get(row) ?? 0) & FLAG_FREED) throw new ConfigError(`arrive(): row ${row} was freed since the last waveHead; bind it after the next waveHead`);
+    const ids = opts.promptTokenIds ? u32List(opts.promptTokenIds, 'arrive(): promptTokenIds') : [];
+    this.liveRows.set(row, { reqId, promptLen });
+    this.tables.delete(row);
+    this.newBind.set(row, ids.length > 0 ? { slot: row, reqId, promptLen, promptTokenIds: ids } : { slot: row, reqId, promptLen });
+  }
+
+  /** `row`'s whole block table, when it changed (sent with the next head). */
+  blocks(row: number, blockIds: ArrayLike<number>): void {
+    checkRow(row, this.maxRows, 'blocks()');
+    if (!this.liveRows.has(row)) throw new ConfigError(`blocks(): row ${row} holds no request (arrive() first)`);
+    const table = u32List(blockIds, `blocks(): block ids of row ${row}`);
+    if (!sameTable(this.tables.get(row), table)) {
+      this.tables.set(row, table);
+      this.newBlocks.set(row, table);
+    }
+  }
+
+  /** `row`'s request finished in the step the next head reports. */
+  finish(row: number): void {
+    this.flag(row, 'finish()', FLAG_FINISHED);
+  }
+
+  /** `row`'s blocks were given back (ask pendingDump first): its binding ends with the next head. */
+  free(row: number): void {
+    this.flag(row, 'free()', FLAG_FREED);
+  }
+
+  private flag(row: number, where: string, bit: number): void {
+    checkRow(row, this.maxRows, where);
+    if (!this.liveRows.has(row)) throw new ConfigError(`${where}: row ${row} holds no request`);
+    this.flags.set(row, (this.flags.get(row) ?? 0) | bit);
+  }
+
+  /** The next head carries every live binding and table (a new coordinator, a lost head). */
+  resendAll(): void {
+    this.resendEverything = true;
+  }
+
+  /** This step's finish/free events as columns: views valid until the next call. */
+  protected eventColumns(): { rows: Uint32Array; flags: Uint8Array } {
+    const n = this.flags.size;
+    if (this.evRows.length < n) {
+      this.evRows = new Uint32Array(2 * n);
+      this.evFlags = new Uint8Array(2 * n);
+    }
+    let i = 0;
+    for (const [row, f] of this.flags) {
+      this.evRows[i] = row;
+      this.evFlags[i++] = f;
+    }
+    return { rows: this.evRows.subarray(0, n), flags: this.evFlags.subarray(0, n) };
+  }
+
+  /** The head's sparse part: the pending bindings and tables (new ones, a few re-sends, or all after resendAll()). */
+  protected sparse(): { bind: SlotBinding[]; blocks: SlotBlocks[] } {
+    const bind: SlotBinding[] = [];
+    const blocks: SlotBlocks[] = [];
+    let tables = this.newBlocks;
+    if (this.resendEverything) {
+      this.resendEverything = false;
+      for (const [row, h] of this.liveRows) if (!this.newBind.has(row)) bind.push({ slot: row, reqId: h.reqId, promptLen: h.promptLen });
+      tables = new Map(this.tables);
+    } else {
+      for (const row of this.nextResend()) {
+        const h = this.liveRows.get(row);
+        if (!h || this.newBind.has(row)) continue;
+        bind.push({ slot: row, reqId: h.reqId, promptLen: h.promptLen });
+        const t = this.tables.get(row);
+        if (t && !tables.has(row)) blocks.push({ slot: row, blockIds: t });
+      }
+    }
+    for (const b of this.newBind.values()) bind.push(b);
+    for (const [row, t] of tables) blocks.push({ slot: row, blockIds: t });
+    this.newBind = new Map();
+    this.newBlocks = new Map();
+    return { bind, blocks };
+  }
+
+  /** The head went out: frees take effect (the row is free for a later arrive). */
+  protected sent(): void {
+    for (const [row, f] of this.flags) {
+      if (f & FLAG_FREED) {
+        this.liveRows.delete(row);
+        this.tables.delete(row);
+      }
+    }
+    if (this.flags.size > 0) this.flags = new Map();
+  }
+
+  /** Up to RESEND_PER_STEP live rows, once per cycle through them. */
+  private nextResend(): number[] {
+    const out: number[] = [];
+    for (let pass = 0; pass < 2 && out.length < RESEND_PER_STEP; pass++) {
+      while (this.cycleAt < this.cycle.length && out.length < RESEND_PER_STEP) out.push(this.cycle[this.cycleAt++]);
+      if (out.length < RESEND_PER_STEP) {
+        this.cycle = [...this.liveRows.keys()];
+        this.cycleAt = 0;
+      }
+    }
+    return out;
+  }
+}

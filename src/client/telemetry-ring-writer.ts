@@ -1,0 +1,165 @@
+// The telemetry ring's writer in the TypeScript client (the tensor hot path, docs/typescript-client.md):
+// per step one copy per column (TypedArray.set into a view made once) into a slot of the file the
+// agent created and reads (src/agent/telemetry-ring.ts). No per-element JS, no protobuf for the
+// columns, no system call. The layout comes from src/client/ring-layout.ts (one description for
+// both clients); clients/python/wavebus_client/ring.py is the Python writer of the same bytes.
+//
+// Seqlock: the slot's seq word goes odd, the columns and counts are stored, then seq goes even
+// (2k for write k). The seq and written words are stored with Atomics (never torn, never reordered
+// before the bytes they commit); the agent drops a slot whose seq changed while it read it.
+import { ConfigError, WavebusError } from '../errors';
+import { native, nativeCall } from '../native';
+import { columnPlaces, RING_HEADER, RING_LAYOUT, RING_SLOT, type ColumnPlace } from './ring-layout';
+
+type View = Uint8Array | Uint32Array | Float32Array;
+
+/** A step's columns as the batch hands them over: each already checked to fit its view. */
+export type RingColumns = Partial<Record<string, ArrayLike<number>>>;
+
+export class TelemetryRingWriter {
+  readonly slots: number;
+  readonly maxRows: number;
+  readonly maxTokens: number;
+  readonly maxEvents: number;
+  readonly maxExtra: number;
+  private readonly words: BigUint64Array;
+  private readonly dv: DataView;
+  private readonly base: number[];
+  /** Per slot, per column: a typed view over its place, made once (a step only assigns into them). */
+  private readonly views: Map<string, View>[];
+  private readonly bit: Record<string, number> = {};
+  private readonly extraAt: number;
+  private seq: number;
+
+  private constructor(readonly path: string, private readonly mem: Buffer) {
+    const where = `telemetry ring ${path}`;
+    if (mem.length < RING_LAYOUT.header_bytes) throw new ConfigError(`${where}: ${mem.length} bytes, shorter than its header`);
+    this.dv = new DataView(mem.buffer, mem.byteOffset, mem.length);
+    const u32 = (name: string): number => this.dv.getUint32(RING_HEADER[name], true);
+    if (mem.subarray(0, 8).toString('latin1') !== RING_LAYOUT.magic || u32('version') !== RING_LAYOUT.version) {
+      throw new ConfigError(`${where}: not a version ${RING_LAYOUT.version} telemetry ring`);
+    }
+    this.slots = u32('slots');
+    this.maxRows = u32('max_rows');
+    this.maxTokens = u32('max_tokens');
+    this.maxEvents = u32('max_events');
+    this.maxExtra = u32('max_extra');
+    const stride = Number(this.dv.getBigUint64(RING_HEADER.slot_bytes, true));
+    const { places, slotBytes } = columnPlaces({ maxRows: this.maxRows, maxTokens: this.maxTokens, maxEvents: this.maxEvents, maxExtra: this.maxExtra });
+    if (this.slots < 1 || stride !== slotBytes || RING_LAYOUT.header_bytes + this.slots * stride > mem.length) {
+      throw new ConfigError(`${where}: ${this.slots} slots of ${stride} bytes do not fit its ${mem.length} bytes`);
+    }
+    this.words = new BigUint64Array(mem.buffer, mem.byteOffset, Math.floor(mem.length / 8));
+    this.dv.setUint32(RING_HEADER.pid, process.pid, true);
+    this.base = Array.from({ length: this.slots }, (_, i) => RING_LAYOUT.header_bytes + i * stride);
+    this.views = this.base.map((b) => new Map(places.map((p) => [p.name, view(mem, b, p)])));
+    for (const p of places) this.bit[p.name] = 1 << p.bit;
+    this.extraAt = places.find((p) => p.name === 'extra')!.offset;
+    // A client that comes back to the ring goes on numbering after the last write.
+    this.seq = Number(this.words[RING_HEADER.written / 8]) / 2;
+  }
+
+  /** Maps the ring the agent's hello named (opened without following a link). */
+  static open(path: string): TelemetryRingWriter {
+    let mem: Buffer;
+    try {
+      mem = nativeCall(() => native.mapFile(path));
+    } catch (e) {
+      throw new WavebusError((e as WavebusError).code ?? 'ERR_MAP_FILE', `telemetry ring ${path}: ${(e as Error).message}`);
+    }
+    return new TelemetryRingWriter(path, mem);
+  }
+
+  fits(rows: number, tokens: number, events: number): boolean {
+    return rows <= this.maxRows && tokens <= this.maxTokens && events <= this.maxEvents;
+  }
+
+  /**
+   * Whether the next write's slot was taken by the agent: a head it has not read is never
+   * overwritten (the caller sends that head inline instead; nothing is lost when the agent lags).
+   */
+  free(): boolean {
+    const k = this.seq + 1;
+    return k <= this.slots || this.consumed() >= 2 * (k - this.slots);
+  }
+
+  /** The seq of the last slot the agent took (the header's consumed word). */
+  consumed(): number {
+    return Number(Atomics.load(this.words, RING_HEADER.consumed / 8));
+  }
+
+  /**
+   * Copies one step's columns (each at most its capacity; the caller checked fits()) into the next
+   * slot; returns its seq. With `extra` (the head's sparse part, at most maxExtra bytes) the slot is
+   * the whole head: `written` says so and the agent's poll takes it; without, a message names the seq.
+   */
+  write(wave: number, columns: RingColumns, rows: number, tokens: number, events: number, extra?: Uint8Array): number {
+    const k = this.seq + 1;
+    const i = (k - 1) % this.slots;
+    const base = this.base[i];
+    const views = this.views[i];
+    const seqWord = (base + RING_SLOT.seq) / 8;
+    Atomics.store(this.words, seqWord, BigInt(2 * k - 1)); // odd: being written
+    let present = 0;
+    for (const name in columns) {
+      let a = columns[name]!;
+      const v = views.get(name)!;
+      // An Int32Array into a u32 column: the same bits, copied as they are (a negative value reads
+      // as >= 2^31 and is garbage where the agent checks it); other types are converted in the copy.
+      if (a instanceof Int32Array && v instanceof Uint32Array) a = new Uint32Array(a.buffer, a.byteOffset, a.length);
+      v.set(a); // one copy
+      present |= this.bit[name];
+    }
+    const extraLen = extra ? extra.length : 0;
+    if (extraLen > 0) {
+      this.mem.set(extra!, base + this.extraAt);
+      present |= this.bit.extra;
+    }
+    const dv = this.dv;
+    dv.setBigUint64(base + RING_SLOT.wave, BigInt(wave), true);
+    dv.setUint32(base + RING_SLOT.rows, rows, true);
+    dv.setUint32(base + RING_SLOT.tokens, tokens, true);
+    dv.setUint32(base + RING_SLOT.events, events, true);
+    dv.setUint32(base + RING_SLOT.present, present, true);
+    dv.setUint32(base + RING_SLOT.extra_len, extraLen, true);
+    Atomics.store(this.words, seqWord, BigInt(2 * k)); // whole
+    if (extraLen > 0) Atomics.store(this.words, RING_HEADER.written / 8, BigInt(2 * k)); // after the slot: the agent's poll takes it
+    this.seq = k;
+    return 2 * k;
+  }
+}
+
+function view(mem: Buffer, slotBase: number, p: ColumnPlace): View {
+  const at = mem.byteOffset + slotBase + p.offset;
+  if (p.size === 1) return new Uint8Array(mem.buffer, at, p.capacity);
+  // The layout's 4-byte columns: u32 but for token_logprobs (f32); read from the one description.
+  const type = RING_LAYOUT.columns[p.bit].type;
+  return type === 'f32' ? new Float32Array(mem.buffer, at, p.capacity) : new Uint32Array(mem.buffer, at, p.capacity);
+}
+
+/** The ring the last hello named, mapped once per hello (each hello that asks makes a fresh file). */
+export class RingAtHello {
+  private ring: TelemetryRingWriter | null = null;
+  private at = -1;
+
+  constructor(
+    private readonly hello: { readonly hellos: number; readonly ringPath: string },
+    /** A ring that cannot be mapped: the heads go inline, the reason is the client's last error. */
+    private readonly failed: (message: string) => void,
+  ) {}
+
+  get(): TelemetryRingWriter | null {
+    if (this.at !== this.hello.hellos) {
+      this.at = this.hello.hellos;
+      this.ring = null; // the old mapping goes with its Buffer
+      if (this.hello.ringPath) {
+        try {
+          this.ring = TelemetryRingWriter.open(this.hello.ringPath);
+        } catch (e) {
+          this.failed(`telemetry ring unusable, sending columns inline: ${(e as Error).message}`);
+        }
+      }
+    }
+    return this.ring;
+  }
+}

@@ -1,0 +1,223 @@
+// The tensor hot path of waveHead in the TypeScript client (docs/typescript-client.md): per step
+// the engine passes what it already holds as typed arrays (the rows that sampled, their token ids,
+// optionally log-probs, token counts and speculative counts). They go into the telemetry ring with
+// one copy per column; the head carries only the sparse events (slot-events.ts), written into the
+// slot too, so a step makes no system call and sends no message. Nothing here touches an element:
+// values are checked where the agent reads them (src/agent/ring-columns.ts), garbage counted there.
+// The agent cannot tell these heads from the Python client's (clients/python/wavebus_client/tensor_head.py).
+import { ConfigError } from '../errors';
+import type { NonFiniteRow } from '../messages';
+import { encodeTrusted, messageType } from '../proto';
+import { ringColumns, RowIndex } from '../agent/ring-columns';
+import type { ClientFeatures } from './options';
+import { SlotEvents } from './slot-events';
+import { MAX_SLOTS } from './telemetry';
+import type { RingColumns, TelemetryRingWriter } from './telemetry-ring-writer';
+import { nonFiniteRow } from './wave-head';
+
+const WaveHeadRequest = messageType('WaveHeadRequest');
+
+/** A column as the engine holds it: a typed array (one copy into the ring), or a plain array (the small-engine convenience). */
+export type Column = Uint32Array | Int32Array | Uint16Array | Int16Array | Uint8Array | Float32Array | Float64Array | readonly number[];
+
+export interface TensorStep {
+  /** The batch rows that sampled this step. */
+  rows: Column;
+  /** Their sampled token ids: one per row, or tokenCounts[i] for row i, row by row. */
+  tokenIds?: Column;
+  /** The token ids' log-probabilities (same length). */
+  logprobs?: Column;
+  tokenCounts?: Column;
+  /** Speculative decoding, per row: tokens proposed and accepted (with the bonus); both or neither. */
+  draftLen?: Column;
+  accepted?: Column;
+  nonFinite?: NonFiniteRow[];
+}
+
+export interface TensorBatchOptions {
+  /** Sampled tokens a step holds (default maxRows). */
+  maxTokens?: number;
+  /** Finish/free events between two heads (default max(64, maxRows / 4)). */
+  maxEvents?: number;
+  /** Token ids must be below it where the agent reads them (0: not checked). */
+  vocab?: number;
+}
+
+/** What the batch needs of its client: the gate every head passes, the ring, the queue for messages. */
+export interface TensorHost {
+  /** The agent's features when this rank sends now; null when not (sending paused); a promise while a hello is due. */
+  gate(wave: number): ClientFeatures | null | Promise<ClientFeatures | null>;
+  ring(): TelemetryRingWriter | null;
+  /** Queue a head (one-way; sent when the engine yields). */
+  send(body: Record<string, unknown>): void;
+  epoch(): number;
+}
+
+const TRUE = Promise.resolve(true);
+const FALSE = Promise.resolve(false);
+
+function isColumn(x: unknown): x is Column {
+  return Array.isArray(x) || (ArrayBuffer.isView(x) && !(x instanceof DataView) && !(x instanceof BigInt64Array) && !(x instanceof BigUint64Array));
+}
+
+function column(x: unknown, name: string): Column {
+  if (!isColumn(x)) throw new ConfigError(`waveHead(): ${name} must be a typed array (Uint32Array, Int32Array, Float32Array, ...) or an array of numbers`);
+  return x;
+}
+
+export function ringSizes(maxRows: number, o: TensorBatchOptions): { rows: number; tokens: number; events: number; vocab: number } {
+  const tokens = o.maxTokens ?? maxRows;
+  const events = o.maxEvents ?? Math.max(64, Math.floor(maxRows / 4));
+  const vocab = o.vocab ?? 0;
+  for (const [name, v] of [['maxRows', maxRows], ['maxTokens', tokens], ['maxEvents', events], ['vocab', vocab]] as const) {
+    if (!Number.isInteger(v) || v < 0) throw new ConfigError(`tensorBatch(): ${name} must be a non-negative integer, got ${String(v)}`);
+  }
+  if (maxRows < 1 || maxRows > MAX_SLOTS) throw new ConfigError(`tensorBatch(): maxRows must be in 1..${MAX_SLOTS}, got ${maxRows}`);
+  if (tokens > 16 * MAX_SLOTS || events > MAX_SLOTS || vocab > 0xffffffff) throw new ConfigError('tensorBatch(): maxTokens, maxEvents or vocab is too large');
+  return { rows: maxRows, tokens, events, vocab };
+}
+
+export class TensorBatch extends SlotEvents {
+  readonly maxTokens: number;
+  readonly maxEvents: number;
+  readonly vocab: number;
+  readonly stats = { ringHeads: 0, inlineHeads: 0 };
+  private epoch = -1;
+  /**
+   * Order across the two ways a head travels: the agent relays whole heads from its poll of the
+   * ring and message heads as it reads its socket, so a whole head written while a message head is
+   * still on its way could overtake it. After a message head, heads go as messages naming their
+   * slot until the agent took the last such slot (the ring's consumed word): by then it has read
+   * every message before it. Infinity: a message went and no slot was named since; 0: none pending.
+   */
+  private fence = 0;
+  private fenceRing: TelemetryRingWriter | null = null;
+  private readonly index = new RowIndex();
+
+  constructor(private readonly host: TensorHost, maxRows: number, opts: TensorBatchOptions = {}) {
+    const s = ringSizes(maxRows, opts);
+    super(s.rows);
+    this.maxTokens = s.tokens;
+    this.maxEvents = s.events;
+    this.vocab = s.vocab;
+  }
+
+  /** The hello's fields asking the agent for a ring of this batch's sizes. */
+  ringRequest(): Record<string, number> {
+    return { ringRows: this.maxRows, ringTokens: this.maxTokens, ringEvents: this.maxEvents, ringVocab: this.vocab };
+  }
+
+  /**
+   * Marks the head of `wave` with the telemetry of wave - 1, in columns. Like WavebusClient.waveHead:
+   * one-way, never waits for the agent; resolves true if the head went (into the ring or queued).
+   * With the features known (the usual step) everything happens before this returns.
+   */
+  waveHead(wave: number, step: TensorStep): Promise<boolean> {
+    let gate: ReturnType<TensorHost['gate']>;
+    try {
+      gate = this.host.gate(wave);
+    } catch (e) {
+      return Promise.reject(e);
+    }
+    if (gate === null) {
+      this.reset();
+      return FALSE;
+    }
+    if (gate instanceof Promise) return gate.then((f) => (f ? this.head(f, wave, step) : (this.reset(), false)));
+    try {
+      return this.head(gate, wave, step) ? TRUE : FALSE;
+    } catch (e) {
+      return Promise.reject(e);
+    }
+  }
+
+  /** Sending paused (bus off, agent gone, not the head rank): the events are dropped, frees take effect, and the next head re-sends every binding. */
+  reset(): void {
+    this.sent();
+    this.resendAll();
+  }
+
+  private head(f: ClientFeatures, wave: number, step: TensorStep): boolean {
+    const rows = column(step.rows, 'rows');
+    const n = rows.length;
+    const cols: RingColumns = { row: rows };
+    let tokens = 0;
+    if (f.detectors.length > 0 && step.tokenIds !== undefined) {
+      const ids = column(step.tokenIds, 'tokenIds');
+      tokens = ids.length;
+      if (step.tokenCounts !== undefined) cols.token_count = perRow(step.tokenCounts, 'tokenCounts', n);
+      else if (tokens !== n) throw new ConfigError(`waveHead(): ${tokens} tokenIds for ${n} rows; pass tokenCounts when a row sampled more than one`);
+      cols.token_ids = ids;
+      if (step.logprobs !== undefined) {
+        const lp = column(step.logprobs, 'logprobs');
+        if (lp.length !== tokens) throw new ConfigError(`waveHead(): ${lp.length} logprobs for ${tokens} tokenIds`);
+        cols.token_logprobs = lp;
+      }
+    }
+    if (step.draftLen !== undefined || step.accepted !== undefined) {
+      if (step.draftLen === undefined || step.accepted === undefined) throw new ConfigError('waveHead(): draftLen and accepted go together');
+      cols.draft_len = perRow(step.draftLen, 'draftLen', n);
+      cols.accepted = perRow(step.accepted, 'accepted', n);
+    }
+    const ev = this.eventColumns();
+    const events = ev.rows.length;
+    if (events > 0) {
+      cols.event_row = ev.rows;
+      cols.event_flags = ev.flags;
+    }
+    const nonFinite = f.detectors.length > 0 && step.nonFinite ? step.nonFinite.map(nonFiniteRow) : [];
+    const epoch = this.host.epoch();
+    if (epoch !== this.epoch) {
+      this.epoch = epoch; // a new coordinator knows no bindings
+      this.resendAll();
+    }
+    const telemetry: Record<string, unknown> = { wave: wave > 0 ? wave - 1 : 0, columns: this.sparse(), nonFinite };
+    const body: Record<string, unknown> = { wave, telemetry };
+    const ring = this.host.ring();
+    if (ring !== this.fenceRing) {
+      this.fenceRing = ring; // a fresh ring (a new hello): nothing of the old one is pending in it
+      if (this.fence !== Infinity) this.fence = 0;
+    }
+    if (this.fence > 0 && this.fence !== Infinity && ring && ring.consumed() >= this.fence) this.fence = 0;
+    if (ring && ring.fits(n, tokens, events) && ring.free()) {
+      const extra = this.fence === 0 ? encodeTrusted(WaveHeadRequest, body) : null;
+      this.stats.ringHeads++;
+      if (extra && extra.length <= ring.maxExtra) {
+        // The whole head in the ring: no message, no system call; the agent polls for it.
+        ring.write(wave, cols, n, tokens, events, extra);
+        this.sent();
+        return true;
+      }
+      // The sparse part is large, or a message head is pending: a message names the slot.
+      body.ringSeq = this.fence = ring.write(wave, cols, n, tokens, events);
+    } else {
+      Object.assign(telemetry.columns as object, this.inline(cols, n, tokens, events));
+      this.stats.inlineHeads++;
+      this.fence = Infinity;
+    }
+    this.host.send(body);
+    this.sent();
+    return true;
+  }
+
+  /** No ring (or a step larger than it, or the agent behind): the columns go in the head, built as the agent builds them from a slot. */
+  private inline(cols: RingColumns, rows: number, tokens: number, events: number): Record<string, unknown> {
+    const bytes = new Map<string, Uint8Array>();
+    for (const name in cols) {
+      const a = cols[name]!;
+      const T = name === 'token_logprobs' ? Float32Array : name === 'event_flags' ? Uint8Array : Uint32Array;
+      const copy = new T(a.length);
+      copy.set(a);
+      bytes.set(name, new Uint8Array(copy.buffer));
+    }
+    const ask = { maxRows: this.maxRows, maxTokens: this.maxTokens, maxEvents: this.maxEvents, maxExtra: 0, vocab: this.vocab };
+    // Garbage (a row past maxRows, counts not adding up) leaves the step without columns, as from the ring.
+    return ringColumns({ wave: 0, rows, tokens, events, extraLen: 0, columns: bytes }, ask, this.index).columns ?? { rows: 0 };
+  }
+}
+
+function perRow(x: unknown, name: string, n: number): Column {
+  const a = column(x, name);
+  if (a.length !== n) throw new ConfigError(`waveHead(): ${name} has ${a.length} entries for ${n} rows`);
+  return a;
+}

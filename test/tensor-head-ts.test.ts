@@ -1,0 +1,159 @@
+// The TypeScript client's tensor hot path (docs/typescript-client.md, "The tensor hot path"):
+// typed-array columns through the telemetry ring (mapped with native.mapFile). The coordinator
+// gets exactly the columns the dict path (TelemetryColumnizer) gives for the same steps, whether
+// the head went whole into the ring or inline (a step with more events than the ring holds);
+// a detector fires on them; garbage in the ring is counted per rank and never passed on.
+import * as fs from 'fs';
+import type { RequestStep, StepTelemetry } from '../src/messages';
+import { MailboxFeature } from '../src/client/mailbox';
+import { columnsToWire, columnsFromWire, TelemetryColumnizer } from '../src/client/telemetry';
+import type { TensorBatchOptions } from '../src/client/tensor-batch';
+import { cleanup, waitFor } from './helpers';
+import { startHarnessJob, stopHarnessJob, type HarnessJob } from './job-harness';
+
+afterAll(cleanup);
+jest.setTimeout(120000);
+
+const CFG = { detector: { token_repeat: { enabled: true, window: 8, min_tokens: 8, repeat_sum_threshold: 20, on_trigger: ['report'] } } };
+
+function record(job: HarnessJob): StepTelemetry[] {
+  const seen: StepTelemetry[] = [];
+  const orig = job.guard.onWaveHead.bind(job.guard);
+  job.guard.onWaveHead = (replica, wave, tel, vw) => {
+    if (tel?.columns) seen.push(structuredClone({ ...tel, columns: { ...tel.columns } }));
+    return orig(replica, wave, tel, vw);
+  };
+  return seen;
+}
+
+/** The steps of test/tensor-head.test.ts's Python driver: arrivals, a finish, a free, a new request in the freed row, a table change; row 0 repeats a token. */
+async function drive(job: HarnessJob, opts: TensorBatchOptions, garbage = false) {
+  const c = job.ranks[0].client;
+  await waitFor(() => (c.featureFlags() & MailboxFeature.BUS_ACTIVE) !== 0, 'the bus on');
+  const batch = c.tensorBatch(8, { vocab: 1000, ...opts });
+  const ref = new TelemetryColumnizer();
+  const dict: ReturnType<typeof columnsToWire>[] = [];
+  const live = new Map<number, string>();
+  const tables = new Map<number, number[]>();
+  let sent = 0;
+  for (let wave = 1; wave <= 40; wave++) {
+    if (wave === 1) {
+      for (const [r, q] of [[0, 'a'], [1, 'b'], [2, 'c']] as const) {
+        batch.arrive(r, q, { promptLen: 5 });
+        live.set(r, q);
+        tables.set(r, [r, r + 8]);
+        batch.blocks(r, tables.get(r)!);
+      }
+    }
+    if (wave === 12) {
+      batch.arrive(1, 'd', { promptLen: 3 });
+      live.set(1, 'd');
+      tables.set(1, [9]);
+      batch.blocks(1, [9]);
+    }
+    if (wave === 20) {
+      tables.set(2, [2, 10, 11]);
+      batch.blocks(2, tables.get(2)!);
+    }
+    const rows = [...live.keys()].sort((a, b) => a - b);
+    const toks = rows.map((r) => (r === 0 ? 7 : (wave * 13 + r) % 1000));
+    const lps = rows.map((r) => -0.5 - r);
+    const fin = wave === 10 ? [1] : [];
+    const freed = wave === 11 ? [1] : [];
+    for (const r of fin) batch.finish(r);
+    for (const r of freed) batch.free(r);
+    const reqs: RequestStep[] = rows.map((r, i) => ({
+      reqId: live.get(r)!, newTokenIds: [toks[i]], newTokenLogprobs: [lps[i]], blockIds: tables.get(r)!, finished: fin.includes(r), freed: freed.includes(r),
+      promptLen: live.get(r) === 'd' ? 3 : 5, draftLen: 0, accepted: 0, numOutputTokens: 0,
+    } as RequestStep));
+    dict.push(columnsToWire(ref.columns(reqs)));
+    if (garbage && wave === 31) toks[0] = 5000;
+    // The engine's own arrays: Int32Array rows and ids, Float64Array log-probs (converted in the one copy).
+    if (await batch.waveHead(wave, { rows: Int32Array.from(rows), tokenIds: Int32Array.from(toks), logprobs: Float64Array.from(lps) })) sent++;
+    for (const r of freed) live.delete(r);
+    await c.endOfWave(wave);
+  }
+  return { dict, sent, stats: batch.stats, lastError: c.lastError };
+}
+
+function expectDictColumns(seen: StepTelemetry[], dict: ReturnType<typeof columnsToWire>[]): void {
+  for (let i = 0; i < 40; i++) {
+    const want = columnsFromWire(dict[i]);
+    const have = seen[i].columns!;
+    for (const k of ['rows', 'slot', 'tokenCount', 'tokenIds', 'tokenLogprobs', 'flags', 'draftLen', 'accepted'] as const) {
+      expect([k, i, Array.from((have[k] ?? []) as ArrayLike<number>)]).toEqual([k, i, Array.from((want[k] ?? []) as ArrayLike<number>)]);
+    }
+    // New bindings and changed tables arrive in the same head (the tensor path re-sends a few more).
+    for (const b of want.bind) expect(have.bind).toEqual(expect.arrayContaining([expect.objectContaining({ slot: b.slot, reqId: b.reqId })]));
+    for (const b of want.blocks) expect(have.blocks).toEqual(expect.arrayContaining([{ slot: b.slot, blockIds: b.blockIds }]));
+  }
+}
+
+test('typed arrays through the ring give the coordinator the dict path\'s columns, every head whole in the ring; token_repeat fires on them', async () => {
+  const job = await startHarnessJob({ tp: 1, runtimeConfig: CFG });
+  try {
+    const seen = record(job);
+    const got = await drive(job, {});
+    if (got.sent !== 40) throw new Error(`sent ${got.sent} of 40 heads: ${got.lastError}`);
+    expect(got.stats).toEqual({ ringHeads: 40, inlineHeads: 0 });
+    await waitFor(() => seen.length === 40, 'every head at the coordinator');
+    expect(seen.map((t) => t.wave)).toEqual(Array.from({ length: 40 }, (_, i) => i));
+    expectDictColumns(seen, got.dict);
+    expect(job.ranks[0].agent.ringStats.ringGarbage).toBe(0);
+    await waitFor(() => fs.existsSync(job.reportRoot) && fs.readdirSync(job.reportRoot).length > 0, 'the token_repeat incident report');
+  } finally {
+    await stopHarnessJob(job);
+  }
+});
+
+test('a step with more finish/free events than the ring holds goes inline with the same columns, in order', async () => {
+  const job = await startHarnessJob({ tp: 1, runtimeConfig: CFG });
+  try {
+    const seen = record(job);
+    const got = await drive(job, { maxEvents: 0 });
+    expect(got.sent).toBe(40);
+    expect(got.stats).toEqual({ ringHeads: 38, inlineHeads: 2 }); // waves 10 (finish) and 11 (free)
+    await waitFor(() => seen.length === 40, 'every head at the coordinator');
+    expect(seen.map((t) => t.wave)).toEqual(Array.from({ length: 40 }, (_, i) => i));
+    expectDictColumns(seen, got.dict);
+  } finally {
+    await stopHarnessJob(job);
+  }
+});
+
+test('garbage in the ring (a token id past the vocab) is dropped and counted per rank; the step keeps its rows; the heads go on', async () => {
+  const job = await startHarnessJob({ tp: 1, runtimeConfig: CFG });
+  try {
+    const seen = record(job);
+    const got = await drive(job, {}, true);
+    expect(got.sent).toBe(40);
+    await waitFor(() => seen.length === 40, 'every head at the coordinator');
+    expect(job.ranks[0].agent.ringStats.ringGarbageByKind).toEqual({ token_out_of_range: 1 });
+    expect(seen[30].columns!.tokenIds.length).toBe(0);
+    expect(seen[30].columns!.rows).toBe(3);
+    expect(seen[31].columns!.tokenIds.length).toBe(3);
+    await waitFor(() => (job.coordinator as any).vectors.status().ringGarbage['0'] === 1, 'ring garbage in the coordinator status (heartbeat)');
+  } finally {
+    await stopHarnessJob(job);
+  }
+});
+
+test('bad columns are refused at the call, naming the argument', async () => {
+  const job = await startHarnessJob({ tp: 1, runtimeConfig: CFG });
+  try {
+    const c = job.ranks[0].client;
+    await waitFor(() => (c.featureFlags() & MailboxFeature.BUS_ACTIVE) !== 0, 'the bus on');
+    const batch = c.tensorBatch(4);
+    expect(() => c.tensorBatch(0)).toThrow(/maxRows must be in 1\.\./);
+    expect(() => batch.arrive(4, 'x')).toThrow(/arrive\(\): row must be an integer in 0\.\.3/);
+    batch.arrive(0, 'x');
+    expect(() => batch.arrive(0, 'y')).toThrow(/row 0 still holds request 'x'/);
+    await expect(batch.waveHead(1, { rows: new BigUint64Array(1) as never })).rejects.toThrow(/rows must be a typed array/);
+    await expect(batch.waveHead(1, { rows: Uint32Array.of(0), tokenIds: Uint32Array.of(1, 2) })).rejects.toThrow(/2 tokenIds for 1 rows/);
+    await expect(batch.waveHead(1, { rows: Uint32Array.of(0), draftLen: Uint32Array.of(1) })).rejects.toThrow(/draftLen and accepted go together/);
+    await expect(batch.waveHead(1.5, { rows: Uint32Array.of(0) })).rejects.toThrow(/wave 1.5 is not a non-negative integer/);
+    await expect(batch.waveHead(1, { rows: Uint32Array.of(0), tokenIds: Uint32Array.of(3) })).resolves.toBe(true);
+  } finally {
+    await stopHarnessJob(job);
+  }
+});
