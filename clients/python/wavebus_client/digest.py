@@ -149,13 +149,14 @@ class DigestMixin:
     """``Client.decided`` and ``Client.decided_inputs``: with rank_divergence off (the mailbox's
     RANK_DIGEST bit clear) each returns at once; on, each is one ring write (no message)."""
 
-    _ring = None
-    _ring_path = ""
+    # Named apart from the telemetry ring's _ring / _ring_path (tensor_head.py): one Client holds both.
+    _decision_ring = None
+    _decision_path = ""
 
-    def _decision_ring(self):
+    def _decision_ring_open(self):
         if not self._mb.features & FEATURE_RANK_DIGEST:
             return None
-        if self._ring is None:
+        if self._decision_ring is None:
             # The ring's path comes with the hello (said once, within the bound, then remembered); an
             # agent that does not answer is marked lost once and probed, never waited on per step.
             if self.agent_features is None:
@@ -163,20 +164,20 @@ class DigestMixin:
                     self._ensure_hello("decided()")
                 except AgentUnavailableError:
                     return None
-            if not self._ring_path:
+            if not self._decision_path:
                 return None
             try:
-                self._ring = DecisionRing(self._ring_path)
+                self._decision_ring = DecisionRing(self._decision_path)
             except (OSError, ConfigError) as e:
                 self.stats["decision_ring_errors"] = self.stats.get("decision_ring_errors", 0) + 1
                 self.last_error = f"decision ring: {e}"
-                self._ring_path = ""  # not asked again until a new hello names one
+                self._decision_path = ""  # not asked again until a new hello names one
                 return None
-        return self._ring
+        return self._decision_ring
 
     def decided_inputs(self, wave: int, token_ids, positions=None) -> bool:
         """At before_forward of ``wave``: digest of the forward's token ids (and positions). True if written."""
-        ring = self._decision_ring()
+        ring = self._decision_ring_open()
         if ring is None:
             return False
         ring.inputs(wave, token_ids, positions)
@@ -185,7 +186,7 @@ class DigestMixin:
     def decided(self, wave: int, token_ids) -> bool:
         """After sampling in ``wave``: digest of the token column (one id per row, in the wave head
         telemetry's row order). True if written."""
-        ring = self._decision_ring()
+        ring = self._decision_ring_open()
         if ring is None:
             return False
         ring.decided(wave, token_ids)
@@ -193,7 +194,7 @@ class DigestMixin:
 
     def _forget_decision_ring(self, path: str) -> None:
         """A hello named ``path`` (empty: none): a new agent may have a new ring."""
-        if self._ring is not None and path != self._ring.path:
-            self._ring.close()
-            self._ring = None
-        self._ring_path = path
+        if self._decision_ring is not None and path != self._decision_ring.path:
+            self._decision_ring.close()
+            self._decision_ring = None
+        self._decision_path = path
