@@ -243,7 +243,7 @@ export function incidentFlushName(wave: number, layout: { dp: number }, replica:
   return `incident-wave${wave}${layout.dp > 1 ? `-dp${replica}` : ''}`;
 }
 
-/** The telemetry ring beside the mailbox (proto/ring-layout.json; docs/python-client.md, "The tensor hot path"). */
+/** The telemetry ring beside the mailbox (proto/layouts.json's "telemetry"; docs/python-client.md, "The tensor hot path"). */
 export function telemetryRingPath(runDir: string, localRank: number): string {
   if (!Number.isInteger(localRank) || localRank < 0) {
     throw new RangeError(`local rank must be a non-negative integer, got ${localRank}`);

@@ -7,7 +7,8 @@ import { WavebusError } from './errors';
 import layoutFile from '../proto/layouts.json';
 
 /** Bytes of each numeric field type (`bytes` fields give their own length). */
-export const FIELD_TYPE_BYTES = { u8: 1, u16: 2, u32: 4, u64: 8, i32: 4, i64: 8, f64: 8 } as const;
+export const FIELD_TYPE_BYTES = { u8: 1, u16: 2, u32: 4, u64: 8, i32: 4, i64: 8, f32: 4, f64: 8 } as const;
+export type NumberType = keyof typeof FIELD_TYPE_BYTES;
 export type FieldType = keyof typeof FIELD_TYPE_BYTES | 'bytes';
 
 export interface LayoutField {
@@ -25,10 +26,45 @@ export interface LayoutStruct {
   fields: Readonly<Record<string, LayoutField>>;
 }
 
+/** One array of a layout's `columns`: `count` values of `type`, the count a header field names. */
+export interface LayoutColumn {
+  name: string;
+  type: NumberType;
+  /** Bytes of one value. */
+  size: number;
+  /** The struct and the field whose value is the column's capacity. */
+  count: { struct: string; field: string };
+  /** The column's index: its bit in a `present` word. */
+  bit: number;
+}
+
+/** One column's place in its repeated unit (a ring's slot). */
+export interface ColumnPlace {
+  name: string;
+  type: NumberType;
+  /** Byte offset from the unit's start. */
+  at: number;
+  /** Values it holds. */
+  capacity: number;
+  size: number;
+  bit: number;
+  /** The name of the field that gives its capacity (e.g. max_rows). */
+  count: string;
+}
+
 export interface Layout {
   name: string;
   constants: Readonly<Record<string, number>>;
   structs: Readonly<Record<string, LayoutStruct>>;
+  /** The arrays that follow a struct (`columns.after`), in order; [] where the layout has none. */
+  columns: readonly LayoutColumn[];
+  /** The struct the columns follow, or null. */
+  columnsAfter: string | null;
+  /**
+   * Every column's place for these capacities (keyed by the count field's name, e.g. max_rows), and
+   * the unit's bytes: the struct, then each column 8-aligned after the one before.
+   */
+  placeColumns(counts: Readonly<Record<string, number>>): { places: ColumnPlace[]; bytes: number };
   /** The struct's field, or an error naming the layout, the struct and the field. */
   field(struct: string, field: string): LayoutField;
   /** The constant, or an error naming it. */
@@ -37,7 +73,12 @@ export interface Layout {
 
 type RawField = { at?: unknown; type?: unknown; bytes?: unknown };
 type RawStruct = { bytes?: unknown; fields?: Record<string, RawField> };
-export type RawLayout = { constants?: Record<string, { value?: unknown }>; structs?: Record<string, RawStruct> };
+type RawColumn = { name?: unknown; type?: unknown; count?: unknown };
+export type RawLayout = {
+  constants?: Record<string, { value?: unknown }>;
+  structs?: Record<string, RawStruct>;
+  columns?: { after?: unknown; items?: RawColumn[] };
+};
 
 const FILE = 'proto/layouts.json';
 
@@ -72,6 +113,29 @@ function checkStruct(name: string, s: RawStruct, where: string): LayoutStruct {
   return Object.freeze({ name, bytes, fields: Object.freeze(fields) });
 }
 
+const align8 = (n: number): number => Math.ceil(n / 8) * 8;
+
+function checkColumns(raw: RawLayout['columns'], structs: Record<string, LayoutStruct>, where: string): { after: string | null; items: LayoutColumn[] } {
+  if (raw === undefined) return { after: null, items: [] };
+  const cw = `${where}.columns`;
+  const after = raw.after;
+  if (typeof after !== 'string' || !structs[after]) throw bad(`${cw}.after`, `names no struct of the layout: ${JSON.stringify(after)}`);
+  if (structs[after].bytes % 8 !== 0) throw bad(`${cw}.after`, `struct ${after}'s ${structs[after].bytes} bytes are not 8-aligned`);
+  const items: LayoutColumn[] = [];
+  (Array.isArray(raw.items) ? raw.items : []).forEach((c, bit) => {
+    const iw = `${cw}.items[${bit}]`;
+    if (typeof c.name !== 'string' || !/^[a-z][a-z0-9_]*$/.test(c.name)) throw bad(`${iw}.name`, `expected a snake_case name, got ${JSON.stringify(c.name)}`);
+    if (items.some((o) => o.name === c.name)) throw bad(`${iw}.name`, `a second column ${c.name}`);
+    const type = c.type as NumberType;
+    if (!(type in FIELD_TYPE_BYTES)) throw bad(`${iw}.type`, `unknown type ${JSON.stringify(c.type)} (one of ${Object.keys(FIELD_TYPE_BYTES).join(', ')})`);
+    const [cs, cf] = typeof c.count === 'string' ? c.count.split('.') : [];
+    const countField = structs[cs]?.fields[cf];
+    if (!countField || countField.type !== 'u32') throw bad(`${iw}.count`, `names no u32 field (struct.field) of the layout: ${JSON.stringify(c.count)}`);
+    items.push(Object.freeze({ name: c.name, type, size: FIELD_TYPE_BYTES[type], count: Object.freeze({ struct: cs, field: cf }), bit }));
+  });
+  return { after, items };
+}
+
 /** A layout description checked as the file's are (exported for tests: the loaders must refuse alike). */
 export function checkLayout(name: string, raw: RawLayout): Layout {
   const where = `layouts.${name}`;
@@ -79,10 +143,24 @@ export function checkLayout(name: string, raw: RawLayout): Layout {
   for (const [c, v] of Object.entries(raw.constants ?? {})) constants[c] = count(v.value, `${where}.constants.${c}.value`);
   const structs: Record<string, LayoutStruct> = {};
   for (const [s, v] of Object.entries(raw.structs ?? {})) structs[s] = checkStruct(s, v, `${where}.structs.${s}`);
+  const columns = checkColumns(raw.columns, structs, where);
   return Object.freeze({
     name,
     constants: Object.freeze(constants),
     structs: Object.freeze(structs),
+    columns: Object.freeze(columns.items),
+    columnsAfter: columns.after,
+    placeColumns(counts: Readonly<Record<string, number>>): { places: ColumnPlace[]; bytes: number } {
+      let at = columns.after ? structs[columns.after].bytes : 0;
+      const places = columns.items.map((c) => {
+        const capacity = counts[c.count.field];
+        if (!Number.isSafeInteger(capacity) || capacity < 0) throw bad(`${where}.columns.${c.name}`, `capacity ${c.count.field} is ${JSON.stringify(capacity)}, not a non-negative integer`);
+        const p = { name: c.name, type: c.type, at, capacity, size: c.size, bit: c.bit, count: c.count.field };
+        at += align8(capacity * c.size);
+        return p;
+      });
+      return { places, bytes: align8(at) };
+    },
     field(struct: string, field: string): LayoutField {
       const f = structs[struct]?.fields[field];
       if (!f) throw bad(where, `no field ${struct}.${field}`);
@@ -122,6 +200,7 @@ export function readField(buf: Buffer, base: number, f: LayoutField): number | b
     case 'u16': return buf.readUInt16LE(at);
     case 'u32': return buf.readUInt32LE(at);
     case 'i32': return buf.readInt32LE(at);
+    case 'f32': return buf.readFloatLE(at);
     case 'u64': return buf.readBigUInt64LE(at);
     case 'i64': return buf.readBigInt64LE(at);
     case 'f64': return buf.readDoubleLE(at);
@@ -137,6 +216,7 @@ export function writeField(buf: Buffer, base: number, f: LayoutField, v: number 
     case 'u16': buf.writeUInt16LE(Number(v), at); return;
     case 'u32': buf.writeUInt32LE(Number(v), at); return;
     case 'i32': buf.writeInt32LE(Number(v), at); return;
+    case 'f32': buf.writeFloatLE(Number(v), at); return;
     case 'u64': buf.writeBigUInt64LE(BigInt(v), at); return;
     case 'i64': buf.writeBigInt64LE(BigInt(v), at); return;
     case 'f64': buf.writeDoubleLE(Number(v), at); return;

@@ -9,7 +9,7 @@ import * as http from 'http';
 import * as path from 'path';
 import { PYTHON, ROOT, cleanup, freePortPair, readManifests, runWavebus, spawnWavebus, tmpDir } from './helpers';
 import { RankCompare } from '../src/guard/rank-compare';
-import { DecisionRing } from '../src/agent/decision-ring';
+import { DECISION, DecisionRing } from '../src/agent/decision-ring';
 import { DecisionWriter, tokenDigest } from '../src/client/digest';
 import { spawnSync } from 'child_process';
 import type { WorldLayout } from '../src/layout';
@@ -254,7 +254,7 @@ describe('the comparator (src/guard/rank-compare.ts) on the same digests', () =>
   });
 });
 
-describe('the decision ring: one layout (proto DecisionLayout) for the agent, the Python and the TypeScript writer', () => {
+describe('the decision ring: one layout (proto/layouts.json, "decision") for the agent, the Python and the TypeScript writer', () => {
   test('both clients write the same digests of the same column and inputs; the agent reads both, and the column back', () => {
     const dir = tmpDir('wavebus-ring-');
     const ring = DecisionRing.create(path.join(dir, 'decided-local0'));
@@ -291,10 +291,10 @@ print(json.dumps([t, i, token_digest(${JSON.stringify(column)})]))`, ring.path],
       const fd = fs.openSync(ring.path, 'r+');
       const seq = Buffer.alloc(8);
       seq.writeBigUInt64LE(5n);
-      fs.writeSync(fd, seq, 0, 8, 64 + 3 * 48);
+      fs.writeSync(fd, seq, 0, 8, DECISION.slotHeaders + 3 * DECISION.slotBytes + DECISION.slot.seq);
       const wrong = Buffer.alloc(8);
       wrong.writeBigUInt64LE(5n);
-      fs.writeSync(fd, wrong, 0, 8, 64 + 4 * 48 + 8);
+      fs.writeSync(fd, wrong, 0, 8, DECISION.slotHeaders + 4 * DECISION.slotBytes + DECISION.slot.wave);
       fs.closeSync(fd);
       expect(ring.decided()).toEqual([]);
       expect(ring.column(3)).toEqual({ error: expect.stringContaining('no longer holds wave 3') });

@@ -24,7 +24,14 @@ function tsView(): Record<string, unknown> {
     for (const [s, st] of Object.entries(l.structs)) {
       structs[s] = { bytes: st.bytes, fields: Object.fromEntries(Object.values(st.fields).map((f) => [f.name, [f.at, f.type, f.bytes]])) };
     }
-    out[name] = { constants: l.constants, structs };
+    // The columns, and where they lie for two sets of capacities (every count field 3, then 1000).
+    const places = [3, 1000].map((n) => {
+      const counts = Object.fromEntries(l.columns.map((c) => [c.count.field, n]));
+      const { places: ps, bytes } = l.placeColumns(counts);
+      return { bytes, at: Object.fromEntries(ps.map((p) => [p.name, [p.at, p.capacity]])) };
+    });
+    const columns = { after: l.columnsAfter, items: l.columns.map((c) => [c.name, c.type, c.size, `${c.count.struct}.${c.count.field}`, c.bit]), places };
+    out[name] = { constants: l.constants, structs, columns };
   }
   return out;
 }
@@ -34,7 +41,12 @@ from wavebus_client.shm_layout import layout, layout_names
 out = {}
 for name in layout_names():
     l = layout(name)
-    out[name] = {"constants": l.constants, "structs": {s: {"bytes": st.nbytes, "fields": {f.name: [f.at, f.type, f.nbytes] for f in st.fields.values()}} for s, st in l.structs.items()}}
+    places = []
+    for n in (3, 1000):
+        ps, nbytes = l.place_columns({c.count: n for c in l.columns})
+        places.append({"bytes": nbytes, "at": {k: [at, cap] for k, (at, cap, _c) in ps.items()}})
+    columns = {"after": l.columns_after, "items": [[c.name, c.type, c.size, f"{c.count_struct}.{c.count}", c.bit] for c in l.columns], "places": places}
+    out[name] = {"constants": l.constants, "structs": {s: {"bytes": st.nbytes, "fields": {f.name: [f.at, f.type, f.nbytes] for f in st.fields.values()}} for s, st in l.structs.items()}, "columns": columns}
 print(json.dumps(out))
 `;
 
@@ -44,7 +56,8 @@ test('the Python package carries what proto/layouts.json says (shm_layouts_data.
 
 test('TypeScript and Python load the same layouts: every struct, field offset, type, length and constant', () => {
   const ts = tsView();
-  expect(Object.keys(ts)).toContain('recorder');
+  expect(Object.keys(ts)).toEqual(expect.arrayContaining(['recorder', 'telemetry', 'decision']));
+  expect((ts.telemetry as any).columns.items).toHaveLength(9);
   const py = JSON.parse(runPython(PY_VIEW, [], { env: PY_ENV }));
   expect(py).toEqual(ts);
   // And what the file says, read without either loader.
@@ -59,6 +72,9 @@ const BAD: Array<[string, RawLayout, RegExp]> = [
   ['overlap', { structs: { s: { bytes: 16, fields: { a: { at: 0, type: 'bytes', bytes: 6 }, b: { at: 4, type: 'u32' } } } } }, /s\.fields\.b: bytes 4\.\.8 overlap field a \(0\.\.6\)/],
   ['unknown type', { structs: { s: { bytes: 8, fields: { a: { at: 0, type: 'u128' } } } } }, /s\.fields\.a: unknown type "u128"/],
   ['bad constant', { constants: { k: { value: -1 } } }, /constants\.k\.value: expected a non-negative integer/],
+  ['column counted by a missing field', { structs: { h: { bytes: 8, fields: { n: { at: 0, type: 'u32' } } } }, columns: { after: 'h', items: [{ name: 'c', type: 'u32', count: 'h.m' }] } }, /columns\.items\[0\]\.count: names no u32 field/],
+  ['column of an unknown type', { structs: { h: { bytes: 8, fields: { n: { at: 0, type: 'u32' } } } }, columns: { after: 'h', items: [{ name: 'c', type: 'f16', count: 'h.n' }] } }, /columns\.items\[0\]\.type: unknown type "f16"/],
+  ['column after a struct of unaligned size', { structs: { h: { bytes: 4, fields: { n: { at: 0, type: 'u32' } } } }, columns: { after: 'h', items: [] } }, /columns\.after: struct h's 4 bytes are not 8-aligned/],
 ];
 
 test.each(BAD)('both loaders refuse a description with a field %s, naming it (ERR_LAYOUT)', (_what, raw, message) => {

@@ -1,10 +1,12 @@
-// The telemetry ring's one layout description (proto/ring-layout.json): the Python client's copy,
-// its column offsets, and docs/native.md's table agree with it; and the agent's reader takes
+// The telemetry ring's one layout description (proto/layouts.json's "telemetry"; test/shm-layouts.test.ts
+// checks both loaders read it alike): the Python writer's column offsets and docs/native.md's table
+// agree with it; and the agent's reader takes
 // whatever an engine leaves in the file (torn slots, counts past the capacity, a garbage written
 // word, random bytes) without crashing or reading outside a slot, counting each as garbage.
 import * as fs from 'fs';
 import * as path from 'path';
 import { columnPlaces, RING_HEADER, RING_LAYOUT, RING_SLOT } from '../src/client/ring-layout';
+import { layout } from '../src/shm-layouts';
 import { RingHeads, newRingStats } from '../src/agent/ring-heads';
 import { checkRingAsk } from '../src/agent/telemetry-ring';
 import { createLogger } from '../src/log';
@@ -14,11 +16,6 @@ afterAll(cleanup);
 jest.setTimeout(60000);
 
 const ENV = { ...process.env, PYTHONPATH: path.join(ROOT, 'clients', 'python'), PYTHONDONTWRITEBYTECODE: '1' };
-
-test('the Python package ships proto/ring-layout.json as it is (regenerate with clients/python/gen_proto.sh)', () => {
-  const copy = fs.readFileSync(path.join(ROOT, 'clients', 'python', 'wavebus_client', 'ring_layout.json'), 'utf8');
-  expect(JSON.parse(copy)).toEqual(JSON.parse(fs.readFileSync(path.join(ROOT, 'proto', 'ring-layout.json'), 'utf8')));
-});
 
 test('Python and TypeScript place every column at the same offset for the same sizes', () => {
   const sizes = [
@@ -43,14 +40,19 @@ print(json.dumps(out))`,
   sizes.forEach(([maxRows, maxTokens, maxEvents, maxExtra], i) => {
     const { places, slotBytes } = columnPlaces({ maxRows, maxTokens, maxEvents, maxExtra });
     expect(py[i].total).toBe(slotBytes);
-    expect(py[i].cols).toEqual(Object.fromEntries(places.map((p) => [p.name, [p.offset, p.capacity]])));
+    expect(py[i].cols).toEqual(Object.fromEntries(places.map((p) => [p.name, [p.at, p.capacity]])));
   });
 });
 
 test('docs/native.md shows every header, slot-header field and column of the layout', () => {
   const doc = fs.readFileSync(path.join(ROOT, 'docs', 'native.md'), 'utf8');
-  for (const f of [...RING_LAYOUT.header, ...RING_LAYOUT.slot_header]) expect([f.name, doc.includes(`| \`${f.name}\` | ${f.offset} | ${f.type} |`)]).toEqual([f.name, true]);
-  for (const c of RING_LAYOUT.columns) expect([c.name, doc.includes(`| \`${c.name}\` | ${c.type} | ${c.per} |`)]).toEqual([c.name, true]);
+  const l = layout('telemetry');
+  const fields = [...Object.values(l.structs.header.fields), ...Object.values(l.structs.slot.fields)];
+  expect(fields.length).toBeGreaterThan(15);
+  for (const f of fields) expect([f.name, doc.includes(`| \`${f.name}\` | ${f.at} | ${f.type} |`)]).toEqual([f.name, true]);
+  expect(l.columns.length).toBe(9);
+  for (const c of l.columns) expect([c.name, doc.includes(`| \`${c.name}\` | ${c.type} | ${c.count.field} |`)]).toEqual([c.name, true]);
+  expect(RING_LAYOUT.magic).toBe('WBTRING1');
   expect(doc).toContain(`\`${RING_LAYOUT.magic}\``);
 });
 

@@ -4,6 +4,7 @@
 // wavebus attached by wavebus_client.integrations.transformers (examples/transformers-engine).
 // The model is a small Llama with random weights saved with save_pretrained in the test's dir.
 import * as fs from 'fs';
+import * as http from 'http';
 import * as path from 'path';
 import { spawnSync } from 'child_process';
 import { ROOT, cleanup, freePortPair, readManifests, spawnWavebus, tmpDir, waitWhileRunning } from './helpers';
@@ -33,14 +34,15 @@ beforeAll(() => {
 }, 120000);
 
 /** `wavebus launch --tp 2 -- torchrun --nproc-per-node 2 serve.py ...`, started. */
-async function startServe(opts: { runtimeConfig: object; serveArgs?: string[]; env?: NodeJS.ProcessEnv; model?: string }) {
+async function startServe(opts: { runtimeConfig: object; serveArgs?: string[]; env?: NodeJS.ProcessEnv; model?: string; metricsPort?: number }) {
   const dir = tmpDir('wavebus-hf-run-');
   const out = path.join(dir, 'out');
   const runDir = path.join(dir, 'run');
   const port = await freePortPair();
+  const metrics = opts.metricsPort === undefined ? [] : ['--metrics-port', String(opts.metricsPort)];
   const launch = spawnWavebus(
     [
-      'launch', '--nproc-per-node', '2', '--tp', '2', '--port', String(port), '--run-dir', runDir,
+      'launch', '--nproc-per-node', '2', '--tp', '2', '--port', String(port), '--run-dir', runDir, ...metrics,
       '--additional-config', JSON.stringify({ runtime_config: opts.runtimeConfig }),
       '--agent-arg=--end-of-wave-timeout-ms', '--agent-arg=2000',
       // --standalone: torchrun's rendezvous on a free port of its own (tests run side by side).
@@ -126,6 +128,53 @@ test('TP=2 under torchrun: token_repeat and logits_finite fire from real generat
     expect(differ).toBe('True'); // each rank holds its own KV head
   }
 }, 240000);
+
+/** The coordinator's /metrics text ('' while it does not answer). */
+function getMetrics(port: number): Promise<string> {
+  return new Promise((resolve) => {
+    const req = http.get({ host: '127.0.0.1', port, path: '/metrics', timeout: 2000 }, (res) => {
+      let body = '';
+      res.on('data', (c) => (body += c));
+      res.on('end', () => resolve(body));
+    });
+    req.on('error', () => resolve(''));
+    req.on('timeout', () => req.destroy());
+  });
+}
+
+test('rank_divergence on a healthy TP=2 transformers run: both ranks write their digests, the coordinator compares the waves, and nothing fires', async () => {
+  const metricsPort = await freePortPair();
+  const job = await startServe({
+    runtimeConfig: { detector: { rank_divergence: { enabled: true }, token_repeat: { enabled: false } } },
+    serveArgs: ['--requests', '2', '--max-tokens', '40', '--step-sleep-ms', '20'],
+    metricsPort,
+  });
+  // The coordinator's counters go with the job: read them while it runs.
+  let metrics = '';
+  let polling = true;
+  const poll = (async () => {
+    while (polling) {
+      const m = await getMetrics(metricsPort);
+      if (m.includes('wavebus_rank_digest_waves_total')) metrics = m;
+      await new Promise((r) => setTimeout(r, 200));
+    }
+  })();
+  let run;
+  try {
+    run = await finish(job);
+  } finally {
+    polling = false;
+    await poll;
+  }
+  expect(run.reports('rank_divergence')).toEqual([]);
+  const count = (result: string) => {
+    const line = metrics.split('\n').find((l) => l.startsWith('wavebus_rank_digest_waves_total{') && l.includes(`result="${result}"`));
+    return line ? Number(line.split(' ').pop()) : 0;
+  };
+  // Both ranks' digests of most waves met (the first and last few may settle without one rank).
+  expect(count('agreed')).toBeGreaterThanOrEqual(20);
+  expect(count('diverged')).toBe(0);
+}, 180000);
 
 test('an input snapshot of TP=2 replays through transformers\' own model under torchrun, bit for bit; other weights do not', async () => {
   const job = await startServe({

@@ -8,5 +8,3 @@ root="$(cd "$here/../.." && pwd)"
 out="${1:-$here/wavebus_client}"
 mkdir -p "$out"
 protoc -I "$root/proto" --python_out="$out" "$root/proto/wavebus.proto"
-# The telemetry ring's layout travels with the package as a copy (the client may be installed alone).
-cp "$root/proto/ring-layout.json" "$out/ring_layout.json"

@@ -64,7 +64,7 @@ export class RankDigests {
     }
     const newest = fresh.reduce((m, d) => Math.max(m, d.wave), -1);
     // The engine started its waves again (a restart): take them from there.
-    if (newest >= 0 && newest + DECISION.DECISION_SLOTS < this.lastSent) this.lastSent = -1;
+    if (newest >= 0 && newest + DECISION.slots < this.lastSent) this.lastSent = -1;
     const out = fresh.filter((d) => d.wave > this.lastSent).sort((a, b) => a.wave - b.wave);
     if (out.length === 0) return;
     this.lastSent = out[out.length - 1].wave;

@@ -1,4 +1,4 @@
-// The telemetry ring on the agent's side (proto/ring-layout.json): the agent creates the file
+// The telemetry ring on the agent's side (proto/layouts.json's "telemetry"): the agent creates the file
 // (0600, beside the mailbox) that its engine client maps and fills, one copy per column, and reads
 // a slot when the wave head naming its seq arrives. Reads are pread on the agent's own descriptor:
 // every count read is checked against the ring's capacities, so nothing the engine writes can make
@@ -67,7 +67,7 @@ export class TelemetryRingReader {
     try {
       fs.ftruncateSync(fd, size);
       const h = Buffer.alloc(RING_LAYOUT.header_bytes);
-      h.write(RING_LAYOUT.magic, RING_HEADER.magic, 'latin1');
+      h.write(RING_LAYOUT.magic, RING_HEADER.magic, 'latin1'); // and magic_hi: the 8 bytes WBTRING1
       h.writeUInt32LE(RING_LAYOUT.version, RING_HEADER.version);
       h.writeUInt32LE(RING_LAYOUT.slots, RING_HEADER.slots);
       h.writeUInt32LE(ask.maxRows, RING_HEADER.max_rows);
@@ -122,14 +122,14 @@ export class TelemetryRingReader {
     const events = h.readUInt32LE(RING_SLOT.events);
     const present = h.readUInt32LE(RING_SLOT.present);
     const extraLen = h.readUInt32LE(RING_SLOT.extra_len);
-    const count = { row: rows, token: tokens, event: events, extra: extraLen };
+    const count: Record<string, number> = { max_rows: rows, max_tokens: tokens, max_events: events, max_extra: extraLen };
     const columns = new Map<string, Uint8Array>();
     for (const p of this.places) {
       if (!(present & (1 << p.bit))) continue;
-      const n = count[p.per];
+      const n = count[p.count];
       if (n > p.capacity) return { garbage: 'bad_counts', detail: `${p.name}: ${n} values, the ring holds ${p.capacity}` };
       const buf = new Uint8Array(n * p.size);
-      if (buf.length > 0) fs.readSync(this.fd, buf, 0, buf.length, base + p.offset);
+      if (buf.length > 0) fs.readSync(this.fd, buf, 0, buf.length, base + p.at);
       columns.set(p.name, buf);
     }
     const after = this.seqAt(base);

@@ -1,17 +1,16 @@
 // rank_divergence's engine side in TypeScript (docs/runtime-guard.md), the twin of
 // clients/python/wavebus_client/digest.py: per wave, a CRC-32 (zlib's) of the forward's inputs
 // (token ids' bytes, then positions') and of the token column the rank decided (as int32 LE, row
-// order), written into the decision ring the agent created. The layout is proto/wavebus.proto's
-// DecisionLayout. Node cannot map a file, so a write here is one pwrite of the slot (and one of the
+// order), written into the decision ring the agent created. The layout is proto/layouts.json's
+// "decision" (decision-layout.ts). Node cannot map a file, so a write here is one pwrite of the slot (and one of the
 // column): a system call per call, unlike the Python client's plain stores.
 import * as fs from 'fs';
 import * as zlib from 'zlib';
 import { ConfigError } from '../errors';
-import { enumValues } from '../proto';
+import { DECISION as D } from './decision-layout';
 
-const D = enumValues('DecisionLayout') as Record<string, number>;
-const SLOTS = D.DECISION_SLOTS;
-const SB = D.DECISION_SLOT_BYTES;
+const SLOTS = D.slots;
+const SB = D.slotBytes;
 
 export type IntColumn = Int32Array | Uint32Array | BigInt64Array | Float64Array | number[];
 
@@ -55,10 +54,10 @@ export class DecisionWriter {
     try {
       const size = fs.fstatSync(fd).size;
       const head = Buffer.alloc(16);
-      if (size < D.DECISION_COLUMNS || fs.readSync(fd, head, 0, 16, 0) !== 16) throw new Error(`${size} bytes, shorter than its header`);
+      if (size < D.columns || fs.readSync(fd, head, 0, 16, 0) !== 16) throw new Error(`${size} bytes, shorter than its header`);
       const [magic, version, slots, maxRows] = [0, 4, 8, 12].map((o) => head.readUInt32LE(o));
-      if (magic !== D.DECISION_MAGIC || version !== D.DECISION_VERSION || slots !== SLOTS) throw new Error(`not a version ${D.DECISION_VERSION} ring of ${SLOTS} slots (magic ${magic.toString(16)}, version ${version}, slots ${slots})`);
-      if (maxRows < 1 || D.DECISION_COLUMNS + SLOTS * 4 * maxRows > size) throw new Error(`columns of ${maxRows} rows do not fit its ${size} bytes`);
+      if (magic !== D.magic || version !== D.version || slots !== SLOTS) throw new Error(`not a version ${D.version} ring of ${SLOTS} slots (magic ${magic.toString(16)}, version ${version}, slots ${slots})`);
+      if (maxRows < 1 || D.columns + SLOTS * 4 * maxRows > size) throw new Error(`columns of ${maxRows} rows do not fit its ${size} bytes`);
       return new DecisionWriter(file, fd, maxRows);
     } catch (e) {
       fs.closeSync(fd);
@@ -68,27 +67,27 @@ export class DecisionWriter {
 
   /** One slot update: odd seq, then `during` (the column), the fields, even seq (digest.py's _begin/_write). */
   private write(wave: number, tokens: [number, number, number] | null, inputs: [number, number, number] | null, during?: () => void): void {
-    const off = D.DECISION_SLOT_HEADERS + (wave % SLOTS) * SB;
+    const off = D.slotHeaders + (wave % SLOTS) * SB;
     const s = this.slot;
     fs.readSync(this.fd, s, 0, SB, off);
     const seq = s.readBigUInt64LE(0) | 1n;
     s.writeBigUInt64LE(seq, 0);
     fs.writeSync(this.fd, s, 0, 8, off);
     during?.();
-    if (s.readBigUInt64LE(D.DECISION_SLOT_OFF_WAVE) !== BigInt(wave)) s.fill(0, 8);
-    let flags = s.readUInt32LE(D.DECISION_SLOT_OFF_FLAGS);
+    if (s.readBigUInt64LE(D.slot.wave) !== BigInt(wave)) s.fill(0, 8);
+    let flags = s.readUInt32LE(D.slot.flags);
     if (tokens) {
-      s.writeUInt32LE(tokens[0] >>> 0, D.DECISION_SLOT_OFF_TOKEN_CRC);
-      s.writeUInt32LE(tokens[1] >>> 0, D.DECISION_SLOT_OFF_ROWS);
-      flags = (flags & D.DECISION_FLAG_INPUTS) | tokens[2];
+      s.writeUInt32LE(tokens[0] >>> 0, D.slot.token_crc);
+      s.writeUInt32LE(tokens[1] >>> 0, D.slot.rows);
+      flags = (flags & D.flagInputs) | tokens[2];
     }
     if (inputs) {
-      s.writeUInt32LE(inputs[0] >>> 0, D.DECISION_SLOT_OFF_INPUT_CRC);
-      s.writeUInt32LE(inputs[1] >>> 0, D.DECISION_SLOT_OFF_INPUT_TOKENS);
+      s.writeUInt32LE(inputs[0] >>> 0, D.slot.input_crc);
+      s.writeUInt32LE(inputs[1] >>> 0, D.slot.input_tokens);
       flags |= inputs[2];
     }
-    s.writeBigUInt64LE(BigInt(wave), D.DECISION_SLOT_OFF_WAVE);
-    s.writeUInt32LE(flags >>> 0, D.DECISION_SLOT_OFF_FLAGS);
+    s.writeBigUInt64LE(BigInt(wave), D.slot.wave);
+    s.writeUInt32LE(flags >>> 0, D.slot.flags);
     fs.writeSync(this.fd, s, 8, SB - 8, off + 8);
     s.writeBigUInt64LE(seq + 1n, 0);
     fs.writeSync(this.fd, s, 0, 8, off);
@@ -98,7 +97,7 @@ export class DecisionWriter {
   inputs(wave: number, tokenIds: ArrayBufferView, positions?: ArrayBufferView): number {
     const crc = inputDigest(tokenIds, positions);
     const count = (tokenIds as unknown as { length?: number }).length ?? tokenIds.byteLength;
-    this.write(wave, null, [crc, count, D.DECISION_FLAG_INPUTS]);
+    this.write(wave, null, [crc, count, D.flagInputs]);
     return crc;
   }
 
@@ -107,9 +106,9 @@ export class DecisionWriter {
     const c = int32Column(column);
     const crc = c.length ? zlib.crc32(bytesOf(c)) : 0;
     const fits = c.length <= this.maxRows;
-    const flags = D.DECISION_FLAG_TOKENS | (fits ? D.DECISION_FLAG_COLUMN : 0);
+    const flags = D.flagTokens | (fits ? D.flagColumn : 0);
     // The column while the slot's seq is odd: a reader never takes a half-written one.
-    const writeColumn = fits ? () => void fs.writeSync(this.fd, bytesOf(c), 0, c.byteLength, D.DECISION_COLUMNS + (wave % SLOTS) * 4 * this.maxRows) : undefined;
+    const writeColumn = fits ? () => void fs.writeSync(this.fd, bytesOf(c), 0, c.byteLength, D.columns + (wave % SLOTS) * 4 * this.maxRows) : undefined;
     this.write(wave, [crc, c.length, flags], null, writeColumn);
     return crc;
   }

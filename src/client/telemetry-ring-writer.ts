@@ -54,7 +54,7 @@ export class TelemetryRingWriter {
     this.base = Array.from({ length: this.slots }, (_, i) => RING_LAYOUT.header_bytes + i * stride);
     this.views = this.base.map((b) => new Map(places.map((p) => [p.name, view(mem, b, p)])));
     for (const p of places) this.bit[p.name] = 1 << p.bit;
-    this.extraAt = places.find((p) => p.name === 'extra')!.offset;
+    this.extraAt = places.find((p) => p.name === 'extra')!.at;
     // A client that comes back to the ring goes on numbering after the last write.
     this.seq = Number(this.words[RING_HEADER.written / 8]) / 2;
   }
@@ -130,11 +130,10 @@ export class TelemetryRingWriter {
 }
 
 function view(mem: Buffer, slotBase: number, p: ColumnPlace): View {
-  const at = mem.byteOffset + slotBase + p.offset;
+  const at = mem.byteOffset + slotBase + p.at;
   if (p.size === 1) return new Uint8Array(mem.buffer, at, p.capacity);
   // The layout's 4-byte columns: u32 but for token_logprobs (f32); read from the one description.
-  const type = RING_LAYOUT.columns[p.bit].type;
-  return type === 'f32' ? new Float32Array(mem.buffer, at, p.capacity) : new Uint32Array(mem.buffer, at, p.capacity);
+  return p.type === 'f32' ? new Float32Array(mem.buffer, at, p.capacity) : new Uint32Array(mem.buffer, at, p.capacity);
 }
 
 /** The ring the last hello named, mapped once per hello (each hello that asks makes a fresh file). */

@@ -6,9 +6,8 @@
 // every rank of a replica, remote hosts included, and it already holds the telemetry that maps a
 // row to its request. A mismatch gives the groups of ranks that agree (tokens, and inputs).
 import { replicaDumpRanks, type WorldLayout } from '../layout';
-import { enumValues } from '../proto';
+import { DECISION as FLAG } from '../client/decision-layout';
 
-const FLAG = enumValues('DecisionLayout') as Record<string, number>;
 /** Waves kept per replica before the oldest is dropped unsettled (a replica far ahead of a rank). */
 const MAX_OPEN_WAVES = 64;
 
@@ -144,7 +143,7 @@ export class RankCompare {
     }
     if (unknownRanks.length > 0) rd.counts.partial++;
     const tokenGroups = groupsBy(known, (d) => `${hex(d.tokenCrc)}/${d.rows}`);
-    const withInputs = known.every(([, d]) => (d.flags & FLAG.DECISION_FLAG_INPUTS) !== 0);
+    const withInputs = known.every(([, d]) => (d.flags & FLAG.flagInputs) !== 0);
     const inputGroups = withInputs ? groupsBy(known, (d) => `${hex(d.inputCrc)}/${d.inputTokens}`) : [];
     // Inputs that differ are a divergence even when this wave's tokens happen to agree: the KV
     // written from them differs, and the next waves' tokens follow.

@@ -1,6 +1,6 @@
 // The telemetry ring as the agent reads it (test/fuzz-surfaces.ts SURFACES; docs/fuzzing.md): a ring
 // made by the agent's own code (TelemetryRingReader.create), four whole heads written in the layout
-// of proto/ring-layout.json as the Python writer lays them out (columns at columnPlaces, the head's
+// of proto/layouts.json's "telemetry" as the Python writer lays them out (columns at columnPlaces, the head's
 // sparse part in the extra column), then per input one part rewritten in place (a slot's header,
 // one of its columns, its extra, the written word) and the slot taken as the poll takes it
 // (RingHeads.take). Every input comes out as a relayed head (whose columns the coordinator's
@@ -45,7 +45,7 @@ export const telemetryRingSurface: Surface = {
       let present = 0;
       for (const p of places) {
         if (!cols[p.name]) continue;
-        fs.writeSync(fd, cols[p.name], 0, cols[p.name].length, base + p.offset);
+        fs.writeSync(fd, cols[p.name], 0, cols[p.name].length, base + p.at);
         present |= 1 << p.bit;
       }
       const h = Buffer.alloc(RING_LAYOUT.slot_header_bytes);
@@ -67,7 +67,7 @@ export const telemetryRingSurface: Surface = {
     for (let k = 1; k <= 4; k++) {
       const base = slotAt(k - 1);
       parts.push([k, base, base + RING_LAYOUT.slot_header_bytes]);
-      for (const p of places) parts.push([k, base + p.offset, base + p.offset + Math.min(p.capacity * p.size, 64)]);
+      for (const p of places) parts.push([k, base + p.at, base + p.at + Math.min(p.capacity * p.size, 64)]);
     }
     /** A relayed head: it decodes, and its columns pass the coordinator's own check (else garbage went through). */
     const check = (head: Uint8Array): string => {

@@ -1,7 +1,7 @@
 """rank_divergence's engine side (docs/runtime-guard.md): per wave, a digest of the forward's inputs
 (token ids, positions; at before_forward) and of the token column the rank decided (row order),
 written into the decision ring, a file the agent created and reads without a message. The layout is
-proto/wavebus.proto's DecisionLayout (the agent reads it with src/agent/decision-ring.ts).
+proto/layouts.json's "decision" (through shm_layout.py; the agent reads it with src/agent/decision-ring.ts).
 
 Cost per call: one copy of the column into the ring as int32 (any integer dtype, so ranks that hold
 int64 and int32 columns still agree) and one zlib CRC-32 over it; no message, no system call.
@@ -15,18 +15,35 @@ import zlib
 
 import numpy as np
 
-from . import wavebus_pb2 as pb
-from .errors import AgentUnavailableError, ConfigError
+from .errors import AgentUnavailableError, ConfigError, WavebusError
 from .mailbox import FEATURE_RANK_DIGEST
+from .shm_layout import layout
 
-SLOTS = pb.DECISION_SLOTS
-MAX_ROWS = pb.DECISION_MAX_ROWS
-_SEQ = struct.Struct("<Q")
-# A slot header as DecisionLayout has it: seq, wave, token_crc, rows, input_crc, input_tokens, flags.
-_SLOT = struct.Struct("<QQIIIII")
-_BODY = struct.Struct("<QIIIII")  # the same from wave on
-assert _SLOT.size == pb.DECISION_SLOT_OFF_FLAGS + 4 and pb.DECISION_SLOT_OFF_WAVE == 8 and pb.DECISION_SLOT_OFF_TOKEN_CRC == 16
-assert (pb.DECISION_SLOT_OFF_ROWS, pb.DECISION_SLOT_OFF_INPUT_CRC, pb.DECISION_SLOT_OFF_INPUT_TOKENS) == (20, 24, 28)
+_L = layout("decision")
+SLOTS = _L.constant("slots")
+MAX_ROWS = _L.constant("max_rows")
+MAGIC, VERSION, COLUMNS = _L.constant("magic"), _L.constant("version"), _L.constant("columns")
+FLAG_TOKENS, FLAG_INPUTS, FLAG_COLUMN = _L.constant("flag_tokens"), _L.constant("flag_inputs"), _L.constant("flag_column")
+SLOT_HEADERS, SLOT_BYTES = _L.struct("header").nbytes, _L.struct("slot").nbytes
+_HEADER = [_L.struct("header")[f] for f in ("magic", "version", "slots", "max_rows")]
+
+
+def _packed(sname: str, names):
+    """One struct.Struct for these fields of the layout's struct, read and written in one call: they
+    must lie back to back in this order (the per-wave write is two packs, not one per field)."""
+    fields = [_L.struct(sname)[n] for n in names]
+    for a, b in zip(fields, fields[1:]):
+        if a.at + a.nbytes != b.at:
+            raise WavebusError(f"proto/layouts.json: layouts.decision.structs.{sname}: {b.name} does not follow {a.name}", "ERR_LAYOUT")
+    return fields[0].at, struct.Struct("<" + "".join(f.st.format.lstrip("<") for f in fields))
+
+
+_SEQ_AT, _SEQ = _packed("slot", ("seq",))
+# The slot's fields in the order _write unpacks them: seq, wave, token_crc, rows, input_crc, input_tokens, flags.
+_SLOT_AT, _SLOT = _packed("slot", ("seq", "wave", "token_crc", "rows", "input_crc", "input_tokens", "flags"))
+_BODY_AT, _BODY = _packed("slot", ("wave", "token_crc", "rows", "input_crc", "input_tokens", "flags"))
+if COLUMNS < SLOT_HEADERS + SLOTS * SLOT_BYTES:
+    raise WavebusError(f"proto/layouts.json: layouts.decision.constants.columns: {COLUMNS} lies inside the {SLOTS} slot structs", "ERR_LAYOUT")
 
 
 def as_array(column) -> np.ndarray:
@@ -70,29 +87,29 @@ class DecisionRing:
         fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
         try:
             size = os.fstat(fd).st_size
-            if size < pb.DECISION_COLUMNS:
-                raise ConfigError(f"{where}: {size} bytes, shorter than its header ({pb.DECISION_COLUMNS})")
+            if size < COLUMNS:
+                raise ConfigError(f"{where}: {size} bytes, shorter than its header ({COLUMNS})")
             self._mm = mmap.mmap(fd, size)
         finally:
             os.close(fd)
-        magic, version, slots, max_rows = struct.unpack_from("<IIII", self._mm, 0)
-        if magic != pb.DECISION_MAGIC or version != pb.DECISION_VERSION or slots != SLOTS:
+        magic, version, slots, max_rows = (f.read(self._mm) for f in _HEADER)
+        if magic != MAGIC or version != VERSION or slots != SLOTS:
             self._mm.close()
-            raise ConfigError(f"{where}: not a version {pb.DECISION_VERSION} ring of {SLOTS} slots (magic {magic:#x}, version {version}, slots {slots})")
-        if max_rows < 1 or pb.DECISION_COLUMNS + SLOTS * 4 * max_rows > size:
+            raise ConfigError(f"{where}: not a version {VERSION} ring of {SLOTS} slots (magic {magic:#x}, version {version}, slots {slots})")
+        if max_rows < 1 or COLUMNS + SLOTS * 4 * max_rows > size:
             self._mm.close()
             raise ConfigError(f"{where}: columns of {max_rows} rows do not fit its {size} bytes")
         self.path, self.max_rows = path, max_rows
         # One int32 view per slot's column, made once: a write is np.copyto into it.
-        whole = np.frombuffer(self._mm, dtype="<i4", count=SLOTS * max_rows, offset=pb.DECISION_COLUMNS)
+        whole = np.frombuffer(self._mm, dtype="<i4", count=SLOTS * max_rows, offset=COLUMNS)
         self._columns = [whole[i * max_rows:(i + 1) * max_rows] for i in range(SLOTS)]
 
     def _begin(self, wave: int):
         """Seq made odd (a reader leaves the slot out; still odd after a writer that died
         mid-write) before anything of the slot, its column included, changes."""
-        off = pb.DECISION_SLOT_HEADERS + (wave % SLOTS) * pb.DECISION_SLOT_BYTES
-        head = _SLOT.unpack_from(self._mm, off)
-        _SEQ.pack_into(self._mm, off, head[0] | 1)
+        off = SLOT_HEADERS + (wave % SLOTS) * SLOT_BYTES
+        head = _SLOT.unpack_from(self._mm, off + _SLOT_AT)
+        _SEQ.pack_into(self._mm, off + _SEQ_AT, head[0] | 1)
         return off, head
 
     def _write(self, wave: int, begun, tokens, inputs) -> None:
@@ -105,12 +122,12 @@ class DecisionRing:
             tcrc = rows = icrc = itok = flags = 0
         if tokens is not None:
             tcrc, rows, f = tokens
-            flags = (flags & pb.DECISION_FLAG_INPUTS) | f
+            flags = (flags & FLAG_INPUTS) | f
         if inputs is not None:
             icrc, itok, f = inputs
             flags |= f
-        _BODY.pack_into(mm, off + 8, wave, tcrc, rows, icrc, itok, flags)
-        _SEQ.pack_into(mm, off, seq + 1)
+        _BODY.pack_into(mm, off + _BODY_AT, wave, tcrc, rows, icrc, itok, flags)
+        _SEQ.pack_into(mm, off + _SEQ_AT, seq + 1)
 
     def inputs(self, wave: int, token_ids, positions=None) -> int:
         """The forward of ``wave`` takes these inputs (before_forward). Returns the digest."""
@@ -118,7 +135,7 @@ class DecisionRing:
         crc = zlib.crc32(ids)
         if positions is not None:
             crc = zlib.crc32(as_array(positions), crc)
-        self._write(wave, self._begin(wave), None, (crc, ids.size & 0xFFFFFFFF, pb.DECISION_FLAG_INPUTS))
+        self._write(wave, self._begin(wave), None, (crc, ids.size & 0xFFFFFFFF, FLAG_INPUTS))
         return crc
 
     def decided(self, wave: int, token_ids) -> int:
@@ -130,10 +147,10 @@ class DecisionRing:
             col = self._columns[wave % SLOTS][:n]
             col[...] = a  # as int32, whatever the integer dtype (unsafe cast: token ids fit)
             crc = zlib.crc32(col)
-            flags = pb.DECISION_FLAG_TOKENS | pb.DECISION_FLAG_COLUMN
+            flags = FLAG_TOKENS | FLAG_COLUMN
         else:  # too long for the slot: the digest alone (the incident then names no row)
             crc = zlib.crc32(a.astype("<i4", copy=False))
-            flags = pb.DECISION_FLAG_TOKENS
+            flags = FLAG_TOKENS
         self._write(wave, begun, (crc, n & 0xFFFFFFFF, flags), None)
         return crc
 
@@ -149,14 +166,14 @@ class DigestMixin:
     """``Client.decided`` and ``Client.decided_inputs``: with rank_divergence off (the mailbox's
     RANK_DIGEST bit clear) each returns at once; on, each is one ring write (no message)."""
 
-    # Named apart from the telemetry ring's _ring / _ring_path (tensor_head.py): one Client holds both.
-    _decision_ring = None
+    # Not _ring / _ring_path: those are the telemetry ring's (tensor_head.py), a file of its own.
+    _decision = None
     _decision_path = ""
 
-    def _decision_ring_open(self):
+    def _decision_ring(self):
         if not self._mb.features & FEATURE_RANK_DIGEST:
             return None
-        if self._decision_ring is None:
+        if self._decision is None:
             # The ring's path comes with the hello (said once, within the bound, then remembered); an
             # agent that does not answer is marked lost once and probed, never waited on per step.
             if self.agent_features is None:
@@ -167,17 +184,17 @@ class DigestMixin:
             if not self._decision_path:
                 return None
             try:
-                self._decision_ring = DecisionRing(self._decision_path)
+                self._decision = DecisionRing(self._decision_path)
             except (OSError, ConfigError) as e:
                 self.stats["decision_ring_errors"] = self.stats.get("decision_ring_errors", 0) + 1
                 self.last_error = f"decision ring: {e}"
                 self._decision_path = ""  # not asked again until a new hello names one
                 return None
-        return self._decision_ring
+        return self._decision
 
     def decided_inputs(self, wave: int, token_ids, positions=None) -> bool:
         """At before_forward of ``wave``: digest of the forward's token ids (and positions). True if written."""
-        ring = self._decision_ring_open()
+        ring = self._decision_ring()
         if ring is None:
             return False
         ring.inputs(wave, token_ids, positions)
@@ -186,7 +203,7 @@ class DigestMixin:
     def decided(self, wave: int, token_ids) -> bool:
         """After sampling in ``wave``: digest of the token column (one id per row, in the wave head
         telemetry's row order). True if written."""
-        ring = self._decision_ring_open()
+        ring = self._decision_ring()
         if ring is None:
             return False
         ring.decided(wave, token_ids)
@@ -194,7 +211,7 @@ class DigestMixin:
 
     def _forget_decision_ring(self, path: str) -> None:
         """A hello named ``path`` (empty: none): a new agent may have a new ring."""
-        if self._decision_ring is not None and path != self._decision_ring.path:
-            self._decision_ring.close()
-            self._decision_ring = None
+        if self._decision is not None and path != self._decision.path:
+            self._decision.close()
+            self._decision = None
         self._decision_path = path

@@ -1,6 +1,6 @@
 """The telemetry ring's writer: per step, one copy per column into a slot of a file the agent
 created and reads when the wave head naming the slot's seq arrives. No per-element Python, no
-protobuf, no system call. The layout is proto/ring-layout.json (a copy ships as ring_layout.json;
+protobuf, no system call. The layout is proto/layouts.json's "telemetry" (through shm_layout.py;
 the agent's reader is src/agent/telemetry-ring.ts).
 
 Seqlock: the slot's seq word goes odd, the columns and counts are stored, then seq goes even
@@ -8,40 +8,28 @@ Seqlock: the slot's seq word goes odd, the columns and counts are stored, then s
 whose seq changed or is not the one its head named (a torn write, counted as garbage). Stores
 from one thread are seen in order on x86-64 and, through the GIL's barriers, on arm64.
 """
-import json
 import mmap
 import os
 import struct
 from typing import Dict, Optional
 
 from .errors import ConfigError
+from .shm_layout import layout
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
-with open(os.path.join(_HERE, "ring_layout.json"), encoding="utf-8") as _f:
-    LAYOUT = json.load(_f)
-
-_TYPES = {"u8": ("B", 1), "u32": ("I", 4), "u64": ("Q", 8), "f32": ("f", 4)}
-_NUMPY = {"u8": "<u1", "u32": "<u4", "f32": "<f4"}
-HEADER = {f["name"]: f["offset"] for f in LAYOUT["header"]}
-SLOT = {f["name"]: f["offset"] for f in LAYOUT["slot_header"]}
-COLUMNS = [c["name"] for c in LAYOUT["columns"]]
+_L = layout("telemetry")
+HEADER = {f.name: f.at for f in _L.struct("header").fields.values()}
+SLOT = {f.name: f.at for f in _L.struct("slot").fields.values()}
+HEADER_BYTES = _L.struct("header").nbytes
+MAGIC = struct.pack("<II", _L.constant("magic"), _L.constant("magic_hi"))  # b"WBTRING1"
+VERSION = _L.constant("version")
+COLUMNS = [c.name for c in _L.columns]
 MAX_ROWS = 1 << 20  # the coordinator's slot limit (src/client/telemetry.ts MAX_SLOTS)
-
-
-def _align8(n: int) -> int:
-    return (n + 7) & ~7
 
 
 def column_offsets(max_rows: int, max_tokens: int, max_events: int, max_extra: int):
     """(offset in the slot, capacity, numpy dtype) per column, and the slot's bytes: as the agent computes them."""
-    cap = {"row": max_rows, "token": max_tokens, "event": max_events, "extra": max_extra}
-    at = LAYOUT["slot_header_bytes"]
-    out = {}
-    for c in LAYOUT["columns"]:
-        n = cap[c["per"]]
-        out[c["name"]] = (at, n, _NUMPY[c["type"]])
-        at += _align8(n * _TYPES[c["type"]][1])
-    return out, _align8(at)
+    places, nbytes = _L.place_columns({"max_rows": max_rows, "max_tokens": max_tokens, "max_events": max_events, "max_extra": max_extra})
+    return {name: (at, n, col.dtype) for name, (at, n, col) in places.items()}, nbytes
 
 
 class TelemetryRing:
@@ -55,26 +43,26 @@ class TelemetryRing:
         fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
         try:
             size = os.fstat(fd).st_size
-            if size < LAYOUT["header_bytes"]:
+            if size < HEADER_BYTES:
                 raise ConfigError(f"{where}: {size} bytes, shorter than its header")
             self._mm = mmap.mmap(fd, size)
         finally:
             os.close(fd)
         mm = self._mm
         u32 = lambda name: struct.unpack_from("<I", mm, HEADER[name])[0]  # noqa: E731
-        if bytes(mm[0:8]) != LAYOUT["magic"].encode() or u32("version") != LAYOUT["version"]:
+        if bytes(mm[0:8]) != MAGIC or u32("version") != VERSION:
             self.close()
-            raise ConfigError(f"{where}: not a version {LAYOUT['version']} telemetry ring")
+            raise ConfigError(f"{where}: not a version {VERSION} telemetry ring")
         self.slots, self.max_rows, self.max_tokens, self.max_events = u32("slots"), u32("max_rows"), u32("max_tokens"), u32("max_events")
         self.max_extra = u32("max_extra")
         stride = struct.unpack_from("<Q", mm, HEADER["slot_bytes"])[0]
         self._cols, want = column_offsets(self.max_rows, self.max_tokens, self.max_events, self.max_extra)
-        if self.slots < 1 or stride != want or LAYOUT["header_bytes"] + self.slots * stride > size:
+        if self.slots < 1 or stride != want or HEADER_BYTES + self.slots * stride > size:
             self.close()
             raise ConfigError(f"{where}: {self.slots} slots of {stride} bytes do not fit its {size} bytes")
         struct.pack_into("<I", mm, HEADER["pid"], os.getpid())
         self.path, self.stride = path, stride
-        self._base = [LAYOUT["header_bytes"] + i * stride for i in range(self.slots)]
+        self._base = [HEADER_BYTES + i * stride for i in range(self.slots)]
         # numpy views over every column of every slot, made once: a step only assigns into them.
         self._views = [{name: np.frombuffer(mm, dtype=dt, count=n, offset=b + off) for name, (off, n, dt) in self._cols.items()}
                        for b in self._base]

@@ -94,6 +94,302 @@ LAYOUTS = json.loads(r'''
         }
       }
     }
+  },
+  "telemetry": {
+    "doc": "docs/native.md",
+    "what": "The telemetry ring of the tensor hot path: one per engine client that asked for it at hello, created by its agent (src/agent/telemetry-ring.ts; 0600, beside the mailbox), written by the client (clients/python/wavebus_client/ring.py: one copy per column, no system call, no message), read by the agent, which polls header.written. The header at 0; slot i at header.bytes + i * header.slot_bytes, slot k's write (k from 1) in slot (k - 1) % slots; a slot is the slot struct followed by the columns (bit i of slot.present: column i holds this step's values).",
+    "constants": {
+      "magic": {
+        "value": 1381253719,
+        "doc": "header.magic: \"WBTR\" read as a little-endian u32"
+      },
+      "magic_hi": {
+        "value": 826756681,
+        "doc": "header.magic_hi: \"ING1\" read as a little-endian u32"
+      },
+      "version": {
+        "value": 1,
+        "doc": "header.version"
+      },
+      "slots": {
+        "value": 8,
+        "doc": "slots in a ring the agent creates"
+      }
+    },
+    "structs": {
+      "header": {
+        "bytes": 64,
+        "fields": {
+          "magic": {
+            "at": 0,
+            "type": "u32",
+            "doc": "\"WBTR\" read as a little-endian u32 (constant magic)"
+          },
+          "magic_hi": {
+            "at": 4,
+            "type": "u32",
+            "doc": "\"ING1\" read as a little-endian u32 (constant magic_hi): the file starts with the text WBTRING1"
+          },
+          "version": {
+            "at": 8,
+            "type": "u32",
+            "doc": "this layout's version"
+          },
+          "slots": {
+            "at": 12,
+            "type": "u32",
+            "doc": "slots in the ring"
+          },
+          "max_rows": {
+            "at": 16,
+            "type": "u32",
+            "doc": "rows a slot holds (the client's max_rows at hello)"
+          },
+          "max_tokens": {
+            "at": 20,
+            "type": "u32",
+            "doc": "sampled tokens a slot holds"
+          },
+          "max_events": {
+            "at": 24,
+            "type": "u32",
+            "doc": "finish/free events a slot holds"
+          },
+          "vocab": {
+            "at": 28,
+            "type": "u32",
+            "doc": "token ids must be below it (0: not checked)"
+          },
+          "slot_bytes": {
+            "at": 32,
+            "type": "u64",
+            "doc": "bytes from one slot to the next"
+          },
+          "pid": {
+            "at": 40,
+            "type": "u32",
+            "doc": "the writing client's pid"
+          },
+          "max_extra": {
+            "at": 44,
+            "type": "u32",
+            "doc": "bytes of the extra column a slot holds"
+          },
+          "written": {
+            "at": 48,
+            "type": "u64",
+            "doc": "seq of the last whole write the agent may take on its own (its slot holds the head's extra)"
+          },
+          "consumed": {
+            "at": 56,
+            "type": "u64",
+            "doc": "seq of the last slot the agent took (written by the agent): the client writes slot k only once consumed >= 2 (k - slots), else sends that head as a message"
+          }
+        }
+      },
+      "slot": {
+        "bytes": 64,
+        "doc": "A slot's header; the columns follow it.",
+        "fields": {
+          "seq": {
+            "at": 0,
+            "type": "u64",
+            "doc": "0 empty; odd while written; 2k once write k (k from 1) is whole; slot (k - 1) % slots"
+          },
+          "wave": {
+            "at": 8,
+            "type": "u64",
+            "doc": "the wave whose head carries this slot"
+          },
+          "rows": {
+            "at": 16,
+            "type": "u32",
+            "doc": "rows in this step (<= max_rows)"
+          },
+          "tokens": {
+            "at": 20,
+            "type": "u32",
+            "doc": "entries in the per-token columns (<= max_tokens)"
+          },
+          "events": {
+            "at": 24,
+            "type": "u32",
+            "doc": "entries in the per-event columns (<= max_events)"
+          },
+          "present": {
+            "at": 28,
+            "type": "u32",
+            "doc": "bit i: column i of 'columns' holds this step's values"
+          },
+          "extra_len": {
+            "at": 32,
+            "type": "u32",
+            "doc": "bytes in the extra column"
+          }
+        }
+      }
+    },
+    "columns": {
+      "after": "slot",
+      "items": [
+        {
+          "name": "row",
+          "type": "u32",
+          "count": "header.max_rows",
+          "doc": "the batch row (slot) of each sampled request; always present"
+        },
+        {
+          "name": "token_count",
+          "type": "u32",
+          "count": "header.max_rows",
+          "doc": "tokens each row sampled; absent: one each"
+        },
+        {
+          "name": "token_ids",
+          "type": "u32",
+          "count": "header.max_tokens",
+          "doc": "the sampled token ids, row by row"
+        },
+        {
+          "name": "token_logprobs",
+          "type": "f32",
+          "count": "header.max_tokens",
+          "doc": "their log-probabilities"
+        },
+        {
+          "name": "draft_len",
+          "type": "u32",
+          "count": "header.max_rows",
+          "doc": "speculative tokens proposed"
+        },
+        {
+          "name": "accepted",
+          "type": "u32",
+          "count": "header.max_rows",
+          "doc": "speculative tokens accepted (with the bonus)"
+        },
+        {
+          "name": "event_row",
+          "type": "u32",
+          "count": "header.max_events",
+          "doc": "rows finished or freed since the last head"
+        },
+        {
+          "name": "event_flags",
+          "type": "u8",
+          "count": "header.max_events",
+          "doc": "bit 0 finished, bit 1 freed"
+        },
+        {
+          "name": "extra",
+          "type": "u8",
+          "count": "header.max_extra",
+          "doc": "the head's sparse part: a WaveHeadRequest (wave, telemetry.wave, bindings, block tables, non-finite rows); absent: the head comes as a message naming ring_seq"
+        }
+      ]
+    }
+  },
+  "decision": {
+    "doc": "docs/runtime-guard.md",
+    "what": "rank_divergence's decision ring: created by the agent beside the mailbox (0600, src/agent/decision-ring.ts, read with pread), mapped by the engine client (clients/python/wavebus_client/digest.py; src/client/digest.ts writes with pwrite), which writes per wave a digest of the forward's inputs and of the token column it decided, with the column. The header at 0; wave w's slot i = w % header.slots: its slot struct at header.bytes + i * slot.bytes, its token column (i32[header.max_rows], row order) at constant columns + i * 4 * header.max_rows.",
+    "constants": {
+      "magic": {
+        "value": 1145324119,
+        "doc": "header.magic: \"WBDD\" read as a little-endian u32"
+      },
+      "version": {
+        "value": 1,
+        "doc": "header.version"
+      },
+      "slots": {
+        "value": 32,
+        "doc": "header.slots: the waves a ring keeps"
+      },
+      "columns": {
+        "value": 2048,
+        "doc": "the byte offset of slot 0's token column (after the 32 slot structs)"
+      },
+      "max_rows": {
+        "value": 4096,
+        "doc": "header.max_rows of a ring the agent creates"
+      },
+      "flag_tokens": {
+        "value": 1,
+        "doc": "slot.flags: the token digest is written (the wave is decided)"
+      },
+      "flag_inputs": {
+        "value": 2,
+        "doc": "slot.flags: the input digest is written"
+      },
+      "flag_column": {
+        "value": 4,
+        "doc": "slot.flags: the column is in the slot (rows <= max_rows)"
+      }
+    },
+    "structs": {
+      "header": {
+        "bytes": 64,
+        "fields": {
+          "magic": {
+            "at": 0,
+            "type": "u32"
+          },
+          "version": {
+            "at": 4,
+            "type": "u32"
+          },
+          "slots": {
+            "at": 8,
+            "type": "u32",
+            "doc": "slots (constant slots)"
+          },
+          "max_rows": {
+            "at": 12,
+            "type": "u32",
+            "doc": "rows a slot's column holds"
+          }
+        }
+      },
+      "slot": {
+        "bytes": 48,
+        "fields": {
+          "seq": {
+            "at": 0,
+            "type": "u64",
+            "doc": "odd while the client writes the slot; a reader keeps it only if even, non-zero and the same before and after it read"
+          },
+          "wave": {
+            "at": 8,
+            "type": "u64"
+          },
+          "token_crc": {
+            "at": 16,
+            "type": "u32",
+            "doc": "CRC-32 (zlib's) of the token column as int32 little-endian in row order"
+          },
+          "rows": {
+            "at": 20,
+            "type": "u32",
+            "doc": "rows of the token column"
+          },
+          "input_crc": {
+            "at": 24,
+            "type": "u32",
+            "doc": "CRC-32 of the forward's inputs (token ids' bytes, then positions')"
+          },
+          "input_tokens": {
+            "at": 28,
+            "type": "u32",
+            "doc": "token ids in the forward's inputs"
+          },
+          "flags": {
+            "at": 32,
+            "type": "u32",
+            "doc": "flag_tokens, flag_inputs, flag_column"
+          }
+        }
+      }
+    }
   }
 }
 ''')

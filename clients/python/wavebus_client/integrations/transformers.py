@@ -7,8 +7,9 @@
     manager.stop(block=True); wb.close()
 
 attach() wraps the manager's own step (docs/transformers.md): each generation step is one wave.
-Before the forward: wave_head(N) with step N-1's telemetry (TP0 only) and the forward offered for an
-input snapshot / the flight recorder; after it: end_of_wave(N) (a due KV dump is copied there). The
+Before the forward: wave_head(N) with step N-1's telemetry (TP0 only), the forward offered for an
+input snapshot / the flight recorder and, on every rank, its inputs' digest (rank_divergence);
+after it: end_of_wave(N) (a due KV dump is copied there), and the sampled token column's digest. The
 telemetry is the step's real sampled tokens and log-probs, the allocator's block tables and the
 requests finished and freed. The paged KV cache is moved into POSIX shared memory before the first
 step and registered as one K and one V region per layer (block_stride: transformers interleaves
@@ -112,6 +113,10 @@ class TransformersWavebus:
         self._batch_blocks = {rid: self.block_ids(rid) for rid, *_ in self._batch} if self._bus else {}
         self.send_head(self.wave, self._telemetry)
         self._telemetry = None
+        if self.client.features & mb.FEATURE_RANK_DIGEST:
+            # rank_divergence: every TP rank digests the forward's inputs (a ring write, no message).
+            kw = io.get_model_kwargs(use_padding=self.processor.model_runner.pad_inputs)
+            self.client.decided_inputs(self.wave, kw["input_ids"], kw["position_ids"])
         if self.client.wants_forward():
             try:
                 self._offer_forward(io)
@@ -130,13 +135,23 @@ class TransformersWavebus:
         self.client.wave_head(wave, telemetry)
 
     def _update(self, update) -> None:
-        if not self._bus:
+        digest = bool(self.client.features & mb.FEATURE_RANK_DIGEST)
+        if not self._bus and not digest:  # everything off: nothing is read from the step's outputs
             update()
             self._telemetry, self._finished_states = None, {}
             self._freed = [(after, row) for after, row in self._freed if after >= self.wave]
             return
         _, tokens, logprobs = self.processor.inputs_and_outputs.prepare_batch_update()
         update()
+        if digest:
+            # rank_divergence: the token column this rank sampled, in the telemetry's row order (the
+            # requests of the batch that sampled, in batch order), from the engine's own tensor.
+            sampled = sum(1 for b in self._batch if b[3])
+            self.client.decided(self.wave, tokens[:sampled])
+        if not self._bus:
+            self._telemetry, self._finished_states = None, {}
+            self._freed = [(after, row) for after, row in self._freed if after >= self.wave]
+            return
         reqs, k = [], 0
         active = self.processor.scheduler.active_requests
         for rid, _row, _n, has_token in self._batch:
