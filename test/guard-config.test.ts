@@ -35,7 +35,7 @@ describe('runtime_config schema', () => {
 
   test('unknown keys name the dotted path', () => {
     expect(messageOf(() => configFromRaw({ detector: { token_repeat: { windw: 3 } } }, 'cfg.json'))).toMatch(/^cfg\.json: unknown key 'detector\.token_repeat\.windw'/);
-    expect(messageOf(() => configFromRaw({ dumps: {} }, 'cfg.json'))).toMatch(/unknown key 'dumps' \(allowed here: detector, actions, dump, report, recorder\)/);
+    expect(messageOf(() => configFromRaw({ dumps: {} }, 'cfg.json'))).toMatch(/unknown key 'dumps' \(allowed here: detector, actions, dump, report, recorder, verdict\)/);
     expect(messageOf(() => configFromRaw({ detector: { token_repeat: { dump_kv: { scope: 'request', x: 1 } } } }, 'c'))).toMatch(/unknown key 'detector\.token_repeat\.dump_kv\.x'/);
   });
 
