@@ -85,6 +85,7 @@ const COMMANDS: Record<string, { base: (b: Bases) => Promise<string[]>; small?: 
   report: { base: async (b) => ['report', b.own()] },
   trace: { base: async (b) => ['trace', b.own()] },
   bisect: { base: async (b) => ['bisect', b.own(), b.own()] },
+  verdict: { base: async (b) => ['verdict', b.own(), '--engine-out', b.own(), '--timeout', '300'] },
 };
 /** Commands whose flags are not fuzzed here, their flags (a new one still fails the listing test), and why. */
 const NOT_FUZZED: Record<string, { flags: string[]; why: string }> = {
