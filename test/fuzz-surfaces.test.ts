@@ -70,7 +70,7 @@ test('control requests: refusals by the coordinator name their error code, and e
   // Refused by code and by the field the reason names first (capture.format, dump.request_id, ...).
   const named = Object.keys(r.refused).filter((k) => k.startsWith('control:'));
   expect(named.length).toBeGreaterThanOrEqual(4);
-  for (const k of named) expect(k).toMatch(/^control:ERR_[A-Z_]+:(control|dump|capture|query)\b/);
+  for (const k of named) expect(k).toMatch(/^control:ERR_[A-Z_]+:(control|dump|capture|query|verdict)\b/);
   expect(Object.keys(r.refused).filter((k) => k.startsWith('drop:')).length).toBeGreaterThanOrEqual(3);
 });
 
