@@ -79,12 +79,17 @@ export class RingHeads {
     // Older than the ring holds: overwritten before this poll (the agent was not scheduled), one miss for them all.
     const oldest = Math.max(this.polled + 2, written - 2 * (RING_LAYOUT.slots - 1));
     if (oldest > this.polled + 2) this.miss(['torn'], `${(oldest - this.polled - 2) / 2} slots overwritten before the agent read them`);
+    // A slot whose head comes as a message (ring_seq) is not released here: the client writes whole
+    // heads again only once the agent took that message, so a later whole head never overtakes it.
+    let release = written;
     for (let s = oldest; s <= written; s += 2) {
+      this.lastMiss = [];
       const head = this.wholeHead(ring, s);
       if (head) this.relay(head);
+      else if (this.lastMiss.length === 0 && release === written) release = s - 2;
     }
     this.polled = written;
-    this.consume(written);
+    this.consume(release);
   }
 
   /** One slot as the poll takes it: the head to relay and what was dropped of it, or why not (null head, no drops: its head comes as a message). */
