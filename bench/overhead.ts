@@ -17,6 +17,10 @@ import { cpuWindowRun, type CpuWindow } from './lib/cpu-window';
 import { syscallsPerWave } from './lib/overhead-syscalls';
 import { seedAvailable, seedRun, type SeedRun } from './lib/seed-baseline';
 import { packageRoot } from '../src/paths';
+import { ConfigError } from '../src/errors';
+import { freePort } from '../src/bus/ports';
+
+const PY = fs.existsSync('/usr/bin/python3') ? '/usr/bin/python3' : 'python3';
 
 const BIN = path.resolve(__dirname, '..', '..', 'bin', 'wavebus.js');
 
@@ -24,13 +28,15 @@ const BIN = path.resolve(__dirname, '..', '..', 'bin', 'wavebus.js');
 const TIME = '/usr/bin/time';
 
 /** Exit code, and the CPU seconds (user + system) of the run's process tree when GNU time is there (else NaN). */
-function runCli(args: string[], env: NodeJS.ProcessEnv, cpuFile: string, onSpawn?: (pid: number) => void): Promise<{ code: number; cpuS: number }> {
+function runCli(args: string[], env: NodeJS.ProcessEnv, cpuFile: string, onSpawn?: (pid: number) => void, bare = false): Promise<{ code: number; cpuS: number }> {
   return new Promise((resolve) => {
     const timed = fs.existsSync(TIME);
-    const argv = [BIN, ...args];
+    // bare: `args` is a whole command line (the Python engine without wavebus), not a wavebus command.
+    const argv = bare ? args.slice(1) : [BIN, ...args];
+    const exe = bare ? args[0] : process.execPath;
     const child = timed
-      ? spawn(TIME, ['-f', '%U %S', '-o', cpuFile, process.execPath, ...argv], { env, stdio: ['ignore', 'ignore', 'pipe'] })
-      : spawn(process.execPath, argv, { env, stdio: ['ignore', 'ignore', 'pipe'] });
+      ? spawn(TIME, ['-f', '%U %S', '-o', cpuFile, exe, ...argv], { env, stdio: ['ignore', 'ignore', 'pipe'] })
+      : spawn(exe, argv, { env, stdio: ['ignore', 'ignore', 'pipe'] });
     if (child.pid !== undefined) onSpawn?.(child.pid);
     let err = '';
     child.stderr.on('data', (b) => (err = (err + b.toString()).slice(-4000)));
@@ -97,7 +103,9 @@ const fixed = (x: number, d: number): number | null => (Number.isFinite(x) ? Num
 
 export const summary = "The simulated engine's steps/s with wavebus absent, attached with everything off, and attached with every detector on, as ratios to the absent baseline, in one run.";
 export const flags = {
-  ranks: { type: 'int', default: 2, describe: 'simulated ranks (= agents), one TP group' },
+  engine: { type: 'string', default: 'sim', choices: ['sim', 'python'], describe: "the engine: sim (the simulated engine, TypeScript, about 40 running requests) or python (bench/overhead_engine.py: wavebus_client's tensor path at --running requests, a gloo all_reduce per step)" },
+  running: { type: 'int', default: 1024, min: 1, describe: "--engine python: running requests per step (the seed baseline's rows follow it)" },
+  ranks: { type: 'int', default: 2, describe: 'engine ranks (= agents), one TP group' },
   steps: { type: 'int', default: 1500, describe: 'engine steps per run' },
   'forward-ms': { type: 'int', default: 3, min: 0, describe: 'idle wait per step: the forward runs on the accelerator' },
   'compute-us': { type: 'int', default: 200, min: 0, describe: "CPU work per step: the engine's own host-side work" },
@@ -134,7 +142,16 @@ export async function run(a: BenchArgs<typeof flags>): Promise<Record<string, un
   const requests = a.requests ?? 2 * a.steps;
   const port = 20000 + (process.pid % 20000);
   const work = fs.mkdtempSync(path.join(os.tmpdir(), 'wavebus-bench-overhead-'));
-  const sim = (resultDir: string, extra: string[] = [], steps = a.steps) => [
+  if (a.engine === 'python' && a.syscalls) throw new ConfigError('--syscalls: the strace window counts the simulated engine\'s waves; use it with --engine sim');
+  const pyPort = a.engine === 'python' ? await freePort() : 0;
+  const engineCmd = (resultDir: string, extra: string[], steps: number): string[] => {
+    const stop = extra.indexOf('--stop-file');
+    return [PY, path.join(packageRoot(), 'bench', 'overhead_engine.py'), '--running', String(a.running), '--steps', String(steps),
+      '--forward-ms', String(a['forward-ms']), '--compute-us', String(a['compute-us']), '--port', String(pyPort), '--result-dir', resultDir,
+      '--nproc', String(a.ranks), ...(extra.includes('--detached') ? ['--detached'] : []), ...(stop >= 0 ? ['--stop-file', extra[stop + 1]] : []),
+      ...(extra.includes('--step-times') ? ['--step-times'] : [])];
+  };
+  const sim = (resultDir: string, extra: string[] = [], steps = a.steps) => a.engine === 'python' ? engineCmd(resultDir, extra, steps) : [
     'sim', '--steps', String(steps), '--step-ms', '0', '--compute-us', String(a['compute-us']), '--forward-ms', String(a['forward-ms']),
     '--requests', String(requests), '--result-dir', resultDir, '--nproc-per-node', String(a.ranks), ...extra,
   ];
@@ -144,7 +161,7 @@ export async function run(a: BenchArgs<typeof flags>): Promise<Record<string, un
     ...(a['lookahead-waves'] !== undefined ? [`--coordinator-arg=--lookahead-waves=${a['lookahead-waves']}`] : []),
     // startup writes defaults <- overlay to the live file (seed): the mode's config is the overlay
     `--coordinator-arg=--additional-config`, `--coordinator-arg=${JSON.stringify({ runtime_config: JSON.parse(fs.readFileSync(config, 'utf8')) })}`,
-    '--', process.execPath, BIN, ...cmd,
+    '--', ...(a.engine === 'python' ? cmd : [process.execPath, BIN, ...cmd]),
   ];
   const offConfig = path.join(work, 'off', 'config', 'runtime_config.json');
   const onConfig = path.join(work, 'on', 'config', 'runtime_config.json');
@@ -153,14 +170,15 @@ export async function run(a: BenchArgs<typeof flags>): Promise<Record<string, un
   fs.writeFileSync(offConfig, '{}\n');
   const on = { enabled: true };
   fs.writeFileSync(onConfig, JSON.stringify({ detector: { token_repeat: on, logits_finite: on, spec_acceptance: on, garbled: on } }));
-  const env: NodeJS.ProcessEnv = { ...process.env, WAVEBUS_LOG_LEVEL: 'error' };
+  const env: NodeJS.ProcessEnv = { ...process.env, WAVEBUS_LOG_LEVEL: 'error', PYTHONPATH: path.join(packageRoot(), 'clients', 'python'), OMP_NUM_THREADS: '1' };
   const best = { absent: 0, off: 0, on: 0 };
   const runs: Record<'absent' | 'off' | 'on', RunStats[]> = { absent: [], off: [], on: [] };
   /** CPU µs per step of each run's whole process tree (start-up included). */
   const cpu: Record<'absent' | 'off' | 'on', number[]> = { absent: [], off: [], on: [] };
   /** With --cpu-by-process: the last round's per-process CPU per step, by mode. */
   const byProcess: Record<string, Record<string, Record<string, number>>> = {};
-  const seedShape = { ranks: a.ranks, steps: a.steps, forwardMs: a['forward-ms'], computeUs: a['compute-us'], rows: a['seed-rows'], vocab: a['seed-vocab'] };
+  const seedRows = a.engine === 'python' ? a.running : a['seed-rows'];
+  const seedShape = { ranks: a.ranks, steps: a.steps, forwardMs: a['forward-ms'], computeUs: a['compute-us'], rows: seedRows, vocab: a['seed-vocab'] };
   const seedOk = a['seed-baseline'] && (await seedAvailable());
   const seedRuns: { absent: SeedRun[]; seed: SeedRun[] } = { absent: [], seed: [] };
   let syscalls: Record<string, unknown> | undefined;
@@ -176,7 +194,7 @@ export async function run(a: BenchArgs<typeof flags>): Promise<Record<string, un
           : env;
         const { code, cpuS } =
           mode === 'absent'
-            ? await runCli(sim(dir, ['--detached']), runEnv, cpuFile)
+            ? await runCli(sim(dir, ['--detached']), runEnv, cpuFile, undefined, a.engine === 'python')
             : await runCli(launch(mode === 'off' ? offConfig : onConfig, sim(dir)), runEnv, cpuFile);
         if (a['cpu-by-process']) byProcess[mode] = cpuByProcess(procFile, a.steps);
         if (code !== 0) throw new Error(`${mode} run failed (exit ${code})`);
@@ -208,15 +226,17 @@ export async function run(a: BenchArgs<typeof flags>): Promise<Record<string, un
     fs.rmSync(work, { recursive: true, force: true });
   }
   // The client's own share of the off ratio, measured in a loop here (no host noise).
-  const offPath = await offPathCost();
+  // The TypeScript client's off path (the sim's); the Python client's is `bench client`'s "off" mode.
+  const offPath = a.engine === 'sim' ? await offPathCost() : { skipped: 'the Python client: see bench client, mode off' };
   // Per round ratios against that round's absent run (interleaved, so drift hits both), then the median.
   const ratio = (mode: 'off' | 'on') => median(runs[mode].map((r, i) => r.rate / runs.absent[i].rate));
   const steadyRatio = (mode: 'off' | 'on') => median(runs[mode].map((r, i) => r.steadyRate / runs.absent[i].steadyRate));
   const onRuns = runs.on;
   return {
+    engine: a.engine,
     ranks: a.ranks,
     steps: a.steps,
-    requests,
+    ...(a.engine === 'python' ? { running: a.running } : { requests }),
     compute_us: a['compute-us'],
     lookahead_waves: a['lookahead-waves'] ?? null,
     forward_ms: a['forward-ms'],

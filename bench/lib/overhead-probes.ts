@@ -7,8 +7,12 @@ import * as fs from 'fs';
 import * as path from 'path';
 
 /** Engine ranks and the launcher are not the sidecar; everything else a job starts is. */
-/** The sim's job process and its rank processes (engine ranks are `sim-rank`). */
-export const ENGINE_ROLES = ['sim', 'sim-rank'];
+/** The engine's processes: the sim's job process and its ranks (`sim-rank`), or the Python engine's (`py-rank`). */
+export const ENGINE_ROLES = ['sim', 'sim-rank', 'py-engine', 'py-rank'];
+/** The engine's rank processes (the others in ENGINE_ROLES fork them). */
+const RANK_ROLES = ['sim-rank', 'py-rank'];
+/** `bench overhead --engine python`'s engine script: its process forks the ranks (same command line). */
+const PY_ENGINE = 'overhead_engine.py';
 export const LAUNCHER = 'launch';
 
 /** By process name (`agent #2`) → thread → µs per wave: per role and the host's sidecar total. */
@@ -40,6 +44,7 @@ function roleOf(pid: number): string | null {
   } catch {
     return null;
   }
+  if (argv.some((a) => a.endsWith(PY_ENGINE))) return 'py-engine';
   const bin = argv.findIndex((a) => a.endsWith(path.join('bin', 'wavebus.js')));
   if (bin < 0) return null;
   return argv.slice(bin + 1).find((a) => !a.startsWith('-')) ?? null;
@@ -59,12 +64,14 @@ export function jobProcesses(root: number): { pid: number; role: string }[] {
     }
   }
   const out: { pid: number; role: string }[] = [];
-  const todo = [root];
+  const todo: [number, string | null][] = [[root, null]];
   while (todo.length) {
-    const p = todo.pop()!;
-    const role = roleOf(p);
+    const [p, parentRole] = todo.pop()!;
+    let role = roleOf(p);
+    // The Python engine's ranks are forks of it, with its command line.
+    if (role === 'py-engine' && parentRole === 'py-engine') role = 'py-rank';
     if (role) out.push({ pid: p, role });
-    todo.push(...(children.get(p) ?? []));
+    todo.push(...(children.get(p) ?? []).map((c): [number, string | null] => [c, role]));
   }
   return out;
 }
@@ -100,7 +107,7 @@ function readLines(file: string): string[] {
 export async function waitForJob(root: number, engineRanks: number, sidecarProcs: number): Promise<{ pid: number; role: string }[]> {
   const by = Date.now() + 60000;
   let procs = jobProcesses(root);
-  while (procs.filter((p) => p.role === 'sim-rank').length < engineRanks || procs.filter((p) => !ENGINE_ROLES.includes(p.role) && p.role !== LAUNCHER).length < sidecarProcs) {
+  while (procs.filter((p) => RANK_ROLES.includes(p.role)).length < engineRanks || procs.filter((p) => !ENGINE_ROLES.includes(p.role) && p.role !== LAUNCHER).length < sidecarProcs) {
     if (Date.now() > by) throw new Error(`bench overhead: the job's processes did not all start (${procs.map((p) => p.role).join(', ')})`);
     await sleep(100);
     procs = jobProcesses(root);
