@@ -72,6 +72,9 @@ interface RunStats {
   clientUs: number;
   rankCpuUs: number;
   overrunUs: number;
+  /** The Python engine's TP0: wave heads its client sent, and those through the telemetry ring. */
+  headsSent?: number;
+  ringHeads?: number;
 }
 
 function readRun(dir: string): RunStats {
@@ -92,6 +95,8 @@ function readRun(dir: string): RunStats {
     clientUs: sum('clientUsPerStep') / rs.length,
     rankCpuUs: sum('cpuUsPerStep') / rs.length,
     overrunUs: sum('forwardOverrunUsPerStep') / rs.length,
+    headsSent: rs.find((r) => r.rank === 0)?.waveHeadsSent,
+    ringHeads: rs.find((r) => r.rank === 0)?.ringHeads,
   };
 }
 
@@ -262,6 +267,8 @@ export async function run(a: BenchArgs<typeof flags>): Promise<Record<string, un
     detectors_slow_end_of_wave_fraction: onRuns.map((r) => fixed(r.slowFraction, 5)),
     detectors_late_vectors: onRuns.map((r) => r.lateVectors),
     detectors_timeouts: onRuns.map((r) => r.timeouts),
+    // The Python engine: TP0's heads sent per detectors-on round, and how many went through the ring.
+    ...(a.engine === 'python' ? { detectors_heads_sent: onRuns.map((r) => r.headsSent ?? null), detectors_ring_heads: onRuns.map((r) => r.ringHeads ?? null) } : {}),
     // CPU of the whole process tree per step (median of the rounds), and what wavebus adds to it:
     // far less sensitive to this host's load than the rates. Start-up is included (spread over --steps).
     cpu_us_per_step: { absent: fixed(median(cpu.absent), 1), off: fixed(median(cpu.off), 1), on: fixed(median(cpu.on), 1) },

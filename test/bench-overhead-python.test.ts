@@ -1,0 +1,44 @@
+// `wavebus bench overhead --engine python`, run tiny: a forked Python TP group (bench/overhead_engine.py)
+// on wavebus_client's tensor path at N running requests, absent / off / detectors on, the seed's
+// path at the same rows, and the sidecar's CPU per wave in a steady window (--cpu-window). The
+// JSON's shape and sanity are checked (every mode stepped, TP0's heads went to the agent, the seed
+// ran its collectives, CPU > 0 by process), never a speed: the figures live in docs/benchmarks.md.
+import * as fs from 'fs';
+import * as os from 'os';
+import { runWavebus } from './helpers';
+
+jest.setTimeout(300000);
+
+const tmpDirs = (prefix: string) => fs.readdirSync(os.tmpdir()).filter((d) => d.startsWith(prefix)).sort();
+
+test('bench overhead --engine python --running 256: every mode steps, heads reach the agent, the seed and the CPU window ran, nothing left behind', () => {
+  const before = tmpDirs('wavebus-bench-overhead-');
+  const steps = 60;
+  const r = runWavebus(['bench', 'overhead', '--engine', 'python', '--running', '256', '--steps', String(steps), '--rounds', '1', '--cpu-window', '--cpu-window-s', '2', '--json'], { timeout: 280000 });
+  expect({ code: r.code, stderr: r.code === 0 ? '' : r.stderr.slice(-3000) }).toEqual({ code: 0, stderr: '' });
+  const out = JSON.parse(r.stdout.trim().split('\n').pop()!);
+  expect(out).toMatchObject({ bench: 'overhead', engine: 'python', ranks: 2, steps, running: 256 });
+  for (const k of ['absent_steps_per_s', 'off_steps_per_s', 'detectors_steps_per_s']) expect([k, out[k] > 0]).toEqual([k, true]);
+  // TP0 sent its heads on the tensor path (the agent answered within its bound on nearly every step).
+  expect(out.detectors_heads_sent[0]).toBeGreaterThan(0.9 * steps);
+  expect(out.detectors_ring_heads[0]).toBeGreaterThan(0);
+  // The seed's path at the same rows: one broadcast and one broadcast_object_list per step on each rank.
+  if (out.seed_baseline.skipped === undefined) {
+    expect(out.seed_baseline.collectives).toEqual({ broadcasts: [steps, steps], broadcast_objects: [steps, steps], detector_runs: [steps, 0] });
+  }
+  // The steady window: both engine ranks and every sidecar process measured, per wave.
+  for (const mode of ['off', 'on']) {
+    const w = out.steady_cpu_us_per_wave[mode];
+    expect(w.waves).toBeGreaterThan(0);
+    expect(Object.keys(w.byProcess)).toEqual(expect.arrayContaining(['py-rank', 'py-rank #2', 'coordinator', 'agent', 'agent #2']));
+    expect(w.engine).toBeGreaterThan(0);
+  }
+  expect(out.steady_cpu_us_per_wave.on.sidecar).toBeGreaterThan(0);
+  expect(tmpDirs('wavebus-bench-overhead-')).toEqual(before);
+});
+
+test('bench overhead --engine python refuses --syscalls, naming the flag', () => {
+  const r = runWavebus(['bench', 'overhead', '--engine', 'python', '--syscalls', '--json'], { timeout: 60000 });
+  expect(r.code).not.toBe(0);
+  expect(r.stderr).toMatch(/--syscalls/);
+});
