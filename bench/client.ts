@@ -110,7 +110,7 @@ export async function run(args: BenchArgs<typeof flags>): Promise<Record<string,
       if (mode === 'tensor' && r.ring_heads + r.inline_heads !== args.steps + 30) throw new Error(`bench client: ${r.ring_heads} ring and ${r.inline_heads} inline heads of ${args.steps + 30}`);
       if ((mode === 'tensor' || mode === 'dict') && r.wave_heads_sent !== args.steps + 30) throw new Error(`bench client: the ${mode} engine sent ${r.wave_heads_sent} of ${args.steps + 30} heads`);
       // Tensor heads that went inline: the agent had not taken the slot yet (it fell behind), or the step did not fit the ring.
-      row[mode] = { p50_us: round(r.p50_us), p99_us: round(r.p99_us), calls: r.calls, ...(mode === 'tensor' ? { ring_heads: r.ring_heads, inline_heads: r.inline_heads } : {}) };
+      row[mode] = { p50_us: round(r.p50_us), p99_us: round(r.p99_us), calls: r.calls, ...(mode === 'tensor' ? { ring_heads: r.ring_heads, inline_heads: r.inline_heads } : {}), ...(mode === 'off' && r.off_loop_us !== undefined ? { loop_us: round(r.off_loop_us) } : {}) };
     }
     results.push(row);
   }

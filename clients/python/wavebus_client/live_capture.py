@@ -20,6 +20,8 @@ class CaptureMixin:
         does not answer within the call bound is not a failed capture: (False, "") with
         ``agent_unavailable`` set, and the forward goes on."""
         feats = self._mb.features
+        if not feats:  # everything off (no capture can be in force either): one memory load
+            return False, ""
         rec = self._recorder() if feats & mb.FEATURE_RECORDER else None
         snap = bool(feats & mb.FEATURE_SNAPSHOTS) or self._live_capture_due()
         if not snap and rec is None:

@@ -89,6 +89,8 @@ class PendingDumps:
     def ended(self, wave: int) -> None:
         """end_of_wave(wave) ran: its dumps are copied (or failed); older answers are dropped."""
         self.last_ended = wave
+        if not self._due:  # the usual case: nothing was asked (every step pays this call)
+            return
         for w in [w for w in self._due if w <= wave]:
             del self._due[w]
 

@@ -15,8 +15,10 @@ from .errors import ConfigError
 from .ring import ring_sizes
 from .slot_batch import SlotEvents
 from .telemetry import _nonfinite_list, nonfinite_row_proto
+from .wave_head import _MAX_U64
 
 _INT_KINDS = "iu"
+_SENDS = mb.FEATURE_BUS | mb.FEATURE_HEADS
 _PENDING = float("inf")
 _log = logging.getLogger("wavebus_client")
 
@@ -67,6 +69,8 @@ class TensorBatch(SlotEvents):
         (same length, optional), and ``draft_len``/``accepted`` per row (speculative, optional).
         Like ``Client.wave_head``: one-way, never waits; True if sent."""
         c = self._client
+        if not c._mb.features & _SENDS and self._idle(wave):
+            return False  # everything off: a wave check, one memory load, no event pending
         feats = c._head_gate(wave, self)
         if feats is None:
             return False
@@ -134,6 +138,16 @@ class TensorBatch(SlotEvents):
             self.resend_all()  # its bindings may have been in this one
             return False
         self.sent()
+        return True
+
+    def _idle(self, wave) -> bool:
+        """The bus is off and no finish/free waits: what _head_gate does then, without its calls (the
+        off path every step pays; the next head that goes re-sends every binding). False hands the
+        call to _head_gate (a bad wave gets its error there)."""
+        if self._flags or type(wave) is not int or not 0 <= wave <= _MAX_U64:
+            return False
+        self._client._head_wave = wave
+        self._resend_all = True
         return True
 
     def reset(self) -> None:
