@@ -117,7 +117,7 @@ test('the agent refuses a hello from a client of another version at once, naming
     // The same version is greeted, and the reply says which version the agent speaks.
     const [ok] = await rawRequest(endpoint, [{ hello: { pid: 2, language: 'typescript', protocolVersion: CLIENT_PROTOCOL_VERSION } }]);
     expect(ok).toMatchObject({ ok: true, protocolVersion: CLIENT_PROTOCOL_VERSION });
-    expect(ok.features).toEqual({ tp0: true, bus: false, detectors: [], itemSync: false, snapshots: false, endOfWaveTimeoutMs: 50, recorderForwards: 0 });
+    expect(ok.features).toEqual({ tp0: true, bus: false, detectors: [], itemSync: false, snapshots: false, endOfWaveTimeoutMs: 50, recorderForwards: 0, snapshotSelection: null });
   } finally {
     await a.close();
   }

@@ -31,7 +31,7 @@ import { AgentRecorder } from './agent-recorder';
 import { claimRunDir } from '../launch/run-dir';
 import { bindClientSocket, ClientServer } from './client-server';
 import { busRoleLine } from './bus-role';
-import { inputCapturer } from './input-capture';
+import { inputCapturer, snapshotSelection } from './input-capture';
 import { LiveCaptures, offerForward } from './live-captures';
 import { DEFAULT_VIEW, viewOf, type RuntimeView } from './runtime-view';
 import type { SnapshotCapturer } from '../snapshot/capture';
@@ -468,6 +468,7 @@ export class Agent {
         snapshots: Boolean(this.capturer),
         endOfWaveTimeoutMs: this.endOfWaveTimeoutMs,
         recorderForwards: this.recorder?.forwards ?? 0,
+        ...(this.capturer ? { snapshotSelection: snapshotSelection(this.capturer) } : {}),
       },
     };
   }

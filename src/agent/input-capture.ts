@@ -19,10 +19,25 @@ export interface BeforeForwardRequest {
   wave?: number | string;
   /** What the client keeps in its mailbox's capture_waiting word while it waits (0: not said). */
   waitTicket?: number | string;
+  /** The call index the client counted, plus one (0: not counted). */
+  callIndexPlus1?: number | string;
 }
 
 /** The engine client's capture_waiting word (MailboxWriter.captureWaiting), read after each copy. */
 export type WaitingWord = () => number;
+
+/** The rules a client pre-checks before offering a forward (proto SnapshotSelection). */
+export function snapshotSelection(capturer: SnapshotCapturer): Record<string, unknown> {
+  const c = capturer.config;
+  const rule = c.callRule;
+  return {
+    callRule: { first: 0, all: 1, indices: 2, never: 3 }[rule.kind],
+    callIndices: rule.kind === 'indices' ? [...rule.indices] : [],
+    tokenTargets: [...c.tokenTargets],
+    requestIds: [...c.requestIds],
+    rankSelected: capturer.rankSelected,
+  };
+}
 
 /** The agent's input-snapshot capturer: none unless snapshots are on (--snapshot). */
 export function inputCapturer(snapshot: SnapshotConfig | undefined, identity: RankIdentity, log: Logger, artifactModes?: ArtifactModes): SnapshotCapturer | undefined {
@@ -76,7 +91,8 @@ export async function captureInputs(
       },
     };
   });
-  const res = await capturer.capture(bf.context, inputs);
+  const plus1 = Number(bf.callIndexPlus1 ?? 0);
+  const res = await capturer.capture(bf.context, inputs, plus1 > 0 && Number.isSafeInteger(plus1) ? plus1 - 1 : undefined);
   if (res.captured) written();
   return { captured: res.captured, callDir: res.callDir ?? '' };
 }

@@ -129,13 +129,13 @@ export class SnapshotCapturer {
    * Decide on one forward and, when it is selected, write its inputs. Call it before the plain
    * execute, on synchronized inputs. Throws CaptureError on any failure; nothing is left behind.
    */
-  async capture(given: ForwardContext, inputs: readonly CaptureInput[]): Promise<CaptureResult> {
+  async capture(given: ForwardContext, inputs: readonly CaptureInput[], counted?: number): Promise<CaptureResult> {
     if (!this.config.enabled) return { captured: false, reason: 'disabled' };
     let selection: Selection;
     let ctx: ForwardContext;
     try {
       ctx = checkForwardContext(given); // rowRequest filled in, so meta.json records every row's request
-      selection = this.selector.evaluate(ctx);
+      selection = this.selector.evaluate(ctx, counted);
     } catch (e) {
       this.counts.failed += 1;
       throw asCaptureError(e, 'evaluating the forward context');

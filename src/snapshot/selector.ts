@@ -84,13 +84,17 @@ export class CaptureSelector {
     return this.calls.get(compilationHash) ?? 0;
   }
 
-  /** Evaluate one forward; `ctx` should come from checkForwardContext (it is checked again here). */
-  evaluate(given: ForwardContext): Selection {
+  /**
+   * Evaluate one forward; `ctx` should come from checkForwardContext (it is checked again here).
+   * `counted`: its call index as the client counted it (a client that offers only the forwards a
+   * rule could select counts the others too); absent, this selector counts the forwards it sees.
+   */
+  evaluate(given: ForwardContext, counted?: number): Selection {
     const ctx = checkForwardContext(given);
     // Warmup forwards are neither counted nor captured: call 0 is the first real call.
     if (ctx.warmup) return { selected: false, selectedBy: [], matches: [], callIndex: null };
     // Count before checking: this forward's index is the number of calls before it.
-    const callIndex = this.callsSeen(ctx.compilationHash);
+    const callIndex = counted ?? this.callsSeen(ctx.compilationHash);
     this.calls.set(ctx.compilationHash, callIndex + 1);
 
     const selectedBy: SelectionReason[] = [];

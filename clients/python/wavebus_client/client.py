@@ -20,6 +20,7 @@ from .fingerprint import client_fingerprint
 from .availability import Availability
 from .digest import DigestMixin
 from .errors import AgentError, AgentUnavailableError, ConfigError, ProtocolError
+from .snapshot_select import CallCounter, SnapshotPrecheck
 from .features import DEFAULT_END_OF_WAVE_TIMEOUT_MS, Features
 from .live_capture import CaptureMixin
 from .protocol import CLIENT_PROTOCOL_VERSION, protocol_mismatch
@@ -78,7 +79,7 @@ class Client(RegionsMixin, CaptureMixin, DigestMixin, TensorHeadMixin):
         self.stats: Dict[str, int] = {
             "requests_sent": 0, "end_of_wave_fast": 0, "end_of_wave_waited": 0, "end_of_wave_sent": 0, "end_of_wave_timeouts": 0,
             "end_of_wave_errors": 0, "wave_head_sent": 0, "wave_head_errors": 0, "wave_head_skipped": 0,
-            "stale_replies": 0, "bad_replies": 0, "captures": 0, "register_errors": 0,
+            "stale_replies": 0, "bad_replies": 0, "captures": 0, "forwards_not_offered": 0, "register_errors": 0,
             "agent_lost": 0, "agent_back": 0, "skipped_unavailable": 0, "snapshots_skipped": 0, "probes": 0,
             "late_vectors": 0, "due_dumps_asked": 0, "stalled_skips": 0, "coordinator_lost": 0,
         }
@@ -95,6 +96,8 @@ class Client(RegionsMixin, CaptureMixin, DigestMixin, TensorHeadMixin):
         self.fault_file = ""  # what enable_fault_file did at the last hello (fault_file.py)
         self._mb = mb.Mailbox.wait_open(mailbox_path, mailbox_wait_s)
         self._stall = VectorStall(lambda: self._mb)
+        # Input snapshots: the forwards counted per compilation hash, and the rules of the agent's hello.
+        self._calls, self._snap_pre = CallCounter(), None
         self._pending = PendingDumps(lambda: self._mb, due_dumps_asker(self._sock, self._avail, self._bound_s, self._hello, self.stats, self._stall),
                                      self._stall)
         if self.async_scheduling and self._mb.features & mb.FEATURE_SNAPSHOTS:
@@ -170,6 +173,7 @@ class Client(RegionsMixin, CaptureMixin, DigestMixin, TensorHeadMixin):
         if not reply.ok:
             raise AgentError(f"the wavebus agent refused hello: {reply.error}", reply.error_code or "ERR_AGENT")
         self.agent_features = Features.from_reply(reply)
+        self._snap_pre = SnapshotPrecheck.from_reply(reply)
         self._recorder_path = reply.recorder_path
         self._forget_decision_ring(reply.decision_path)
         if reply.recorder_path and reply.fault_path:

@@ -23,7 +23,16 @@ class CaptureMixin:
         if not feats:  # everything off (no capture can be in force either): one memory load
             return False, ""
         rec = self._recorder() if feats & mb.FEATURE_RECORDER else None
-        snap = bool(feats & mb.FEATURE_SNAPSHOTS) or self._live_capture_due()
+        call_index = None
+        snap = False
+        if feats & mb.FEATURE_SNAPSHOTS:
+            # Counted here, whether offered or not: the agent only sees what a rule could select.
+            call_index = self._calls.count(context)
+            pre = self._snap_pre
+            snap = pre is None or pre.could_fire(context, call_index)
+            if not snap:
+                self.stats["forwards_not_offered"] += 1
+        snap = snap or self._live_capture_due()
         if not snap and rec is None:
             return False, ""
         ctx = context_proto(context)
@@ -44,20 +53,21 @@ class CaptureMixin:
         self._capture_ticket += 1
         self._mb.set_capture_waiting(self._capture_ticket)
         try:
-            return self._offer_capture(ctx, tins, self._capture_ticket)
+            return self._offer_capture(ctx, tins, self._capture_ticket, call_index)
         finally:
             self._mb.set_capture_waiting(0)
 
-    def _offer_capture(self, ctx, tins, ticket: int) -> Tuple[bool, str]:
+    def _offer_capture(self, ctx, tins, ticket: int, call_index: Optional[int] = None) -> Tuple[bool, str]:
         """The request and its answers (before_forward's result), while the mailbox holds ``ticket``."""
         bound_s = self._bound_s()
         deadline = time.monotonic() + bound_s
         # Wall clock for the agent (same host): it drops a capture it reaches after we stopped waiting.
         accept_by = int((time.time() + bound_s) * 1000) - self.end_of_wave_margin_ms
-        reply = self._capture_request(ctx, tins, deadline, accept_by, ticket)
+        plus1 = call_index + 1 if call_index is not None and call_index >= 0 else 0
+        reply = self._capture_request(ctx, tins, deadline, accept_by, ticket, plus1)
         if reply is not None and not reply.ok and reply.error_code == "ERR_NO_HELLO":
             self._rejoin()  # the agent restarted: introduce ourselves and our regions again, then retry
-            reply = self._capture_request(ctx, tins, deadline, accept_by, ticket)
+            reply = self._capture_request(ctx, tins, deadline, accept_by, ticket, plus1)
         if reply is None:
             self._avail.mark_unavailable(f"before_forward(): no answer within {self.call_bound_ms()} ms")
             self.stats["snapshots_skipped"] += 1
@@ -113,11 +123,12 @@ class CaptureMixin:
             v = got if isinstance(got, mb.WaveVector) else None
         return v is not None and v.snapshot_due
 
-    def _capture_request(self, ctx, tins, deadline: float, accept_by: int, ticket: int) -> Optional["pb.ClientReply"]:
+    def _capture_request(self, ctx, tins, deadline: float, accept_by: int, ticket: int, call_index_plus1: int = 0) -> Optional["pb.ClientReply"]:
         """Hello and regions if needed, then the before_forward request: its first answer by ``deadline``."""
         if not self._hello(deadline) or not self._flush_regions(deadline):
             return None
         req = pb.ClientRequest(before_forward=pb.BeforeForward(
             context=ctx, inputs=tins, accept_by_unix_ms=accept_by,
-            finish_by_unix_ms=accept_by + self.capture_timeout_ms, wave=self._forward_wave(), wait_ticket=ticket))
+            finish_by_unix_ms=accept_by + self.capture_timeout_ms, wave=self._forward_wave(), wait_ticket=ticket,
+            call_index_plus1=call_index_plus1))
         return self._sock.request(req, deadline)
