@@ -2,9 +2,11 @@
 // snapshot_select.py): with snapshots on, a forward no rule could select never reaches the agent,
 // the client counts every post-warmup forward itself, and the agent numbers captures by that count.
 // Its own file: the capture budget is per process (the seed's), and these captures spend it.
+import * as fs from 'fs';
 import * as path from 'path';
 import pino from 'pino';
 import { Agent } from '../src/agent/agent';
+import { WavebusClient } from '../src/client/client';
 import { resolveIdentity } from '../src/launch/identity';
 import { resolveSnapshotConfig } from '../src/snapshot/config';
 import { PYTHON, ROOT, cleanup, spawnTracked, tmpDir } from './helpers';
@@ -35,7 +37,7 @@ async function withAgent(env: Record<string, string>, body: (runDir: string) => 
 }
 
 test('a forward no rule could select is not offered to the agent, and captures keep the call index the client counted', async () => {
-  await withAgent({ WAVEBUS_SNAPSHOT_CAPTURE_AT_CALL: '3', WAVEBUS_SNAPSHOT_CAPTURE_TOKEN: '50', WAVEBUS_SNAPSHOT_FORMAT: 'pt' }, async (runDir) => {
+  await withAgent({ WAVEBUS_SNAPSHOT_CAPTURE_AT_CALL: '3', WAVEBUS_SNAPSHOT_CAPTURE_TOKEN: '50', WAVEBUS_SNAPSHOT_FORMAT: 'pt', WAVEBUS_SNAPSHOT_MAX_CAPTURES: '10' }, async (runDir) => {
     const got = await py(
       `
 import json, os, torch
@@ -60,6 +62,29 @@ print(json.dumps({"out": [[a, os.path.basename(b)] for a, b in out], "not_offere
   });
 });
 
+
+test('the TypeScript client offers only what the agent selects, with its own count', async () => {
+  await withAgent({ WAVEBUS_SNAPSHOT_CAPTURE_AT_CALL: '3', WAVEBUS_SNAPSHOT_CAPTURE_TOKEN: '50', WAVEBUS_SNAPSHOT_FORMAT: 'npy', WAVEBUS_SNAPSHOT_MAX_CAPTURES: '10' }, async (runDir) => {
+    const shmName = `wbtest-snap-pre-ts-${process.pid}`;
+    fs.writeFileSync(path.join('/dev/shm', shmName), Buffer.alloc(64));
+    const client = await WavebusClient.connect({ env: { WAVEBUS_RUN_DIR: runDir, LOCAL_RANK: '0' } });
+    try {
+      await client.register({ name: 'input_ids', kind: 'shm', shmName, offset: 0, nbytes: 64, dtype: 'int64', shape: [8], role: 'input' });
+      const input = [{ region: 'input_ids', dtype: 'int64', shape: [2] }];
+      const ctx = (positions: number[], warmup = false) => ({ compilationHash: 'g', globalStep: 1, reqIds: ['a'], positions, warmup });
+      const out: [boolean, string][] = [];
+      for (const c of [ctx([5]), ctx([5]), ctx([5]), ctx([5], true), ctx([5]), ctx([49])]) {
+        const r = await client.beforeForward(c, input);
+        out.push([r.captured, path.basename(r.callDir ?? '')]);
+      }
+      expect(out).toEqual([[false, ''], [false, ''], [false, ''], [false, ''], [true, 'call3'], [true, 'call4']]);
+      expect(client.stats.forwardsNotOffered).toBe(4);
+    } finally {
+      await client.close();
+      fs.rmSync(path.join('/dev/shm', shmName), { force: true });
+    }
+  });
+});
 
 test("the client's pre-check never says no where the agent's selector selects (random forwards, every rule kind)", () => {
   const { CaptureSelector } = require('../src/snapshot/selector') as typeof import('../src/snapshot/selector');

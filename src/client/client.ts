@@ -50,6 +50,8 @@ export class WavebusClient {
     recorded: 0,
     /** Forwards the recorder was on for but could not copy (an input in CUDA memory; lastError says why). */
     notRecorded: 0,
+    /** Snapshots on: forwards the agent's selection rules do not select, not offered (no message). */
+    forwardsNotOffered: 0,
   };
   private readonly transport: AgentTransport;
   private readonly availability: AgentAvailability;

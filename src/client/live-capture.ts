@@ -9,6 +9,7 @@ import { MailboxFeature, type MailboxReader } from './mailbox';
 import type { BeforeForwardResult } from './options';
 import type { AgentTransport, Reply } from './transport';
 import { noteUncaught, RegionBytes, RingWriter } from './recorder';
+import { CallCounter, SnapshotPrecheck } from './snapshot-precheck';
 
 export type Context = Partial<ForwardContext> & { compilationHash: string; globalStep: number };
 export type Inputs = { region: string; offset?: number; dtype: string; shape: number[] }[];
@@ -20,7 +21,7 @@ export interface CaptureDeps {
   transport: AgentTransport;
   availability: AgentAvailability;
   hello: AgentHello;
-  stats: { snapshotsSkipped: number; skippedUnavailable: number; recorded: number; notRecorded: number };
+  stats: { snapshotsSkipped: number; skippedUnavailable: number; recorded: number; notRecorded: number; forwardsNotOffered: number };
   /** How long a begun capture may take (ms). */
   captureMs: number;
   callBoundMs: () => number;
@@ -41,6 +42,11 @@ export class ForwardCapture {
   private ring: RingWriter | undefined;
   private ringHello = -1;
   private readonly regionBytes = new RegionBytes();
+
+  /** Snapshots on: the forwards counted per compilation hash, and the rules of the last hello. */
+  private readonly calls = new CallCounter();
+  private pre: SnapshotPrecheck | undefined;
+  private preOf: unknown;
 
   constructor(private readonly d: CaptureDeps) {}
 
@@ -134,29 +140,47 @@ export class ForwardCapture {
   private offerIfDue(context: Context, inputs: Inputs, bits: number): Promise<BeforeForwardResult> {
     // Snapshots off at startup: a forward is offered only when its wave's vector says a capture
     // armed on the running job covers it (docs/control.md): a memory load, no system call.
-    if ((bits & MailboxFeature.SNAPSHOTS) === 0) {
-      const due = this.liveCaptureDue(bits);
-      if (due === false) return NOT_CAPTURED;
-      if (due === undefined) return this.afterVector(context, inputs);
+    // Snapshots on: counted here whether offered or not, and offered when the agent's rules select
+    // it (the hello names them) or, as above, a live capture covers its wave.
+    let callIndex: number | null = null;
+    if ((bits & MailboxFeature.SNAPSHOTS) !== 0) {
+      const ctx = contextMessage(context) as unknown as ForwardContext;
+      callIndex = this.calls.count(ctx);
+      const pre = this.precheck();
+      if (pre === undefined || pre.selects(ctx, callIndex)) return this.offer(context, inputs, callIndex);
+      this.d.stats.forwardsNotOffered++;
     }
-    return this.offer(context, inputs);
+    const due = this.liveCaptureDue(bits);
+    if (due === false) return NOT_CAPTURED;
+    if (due === undefined) return this.afterVector(context, inputs, callIndex);
+    return this.offer(context, inputs, callIndex);
+  }
+
+  /** The selection rules of the hello in force (undefined before one, or when it named none). */
+  private precheck(): SnapshotPrecheck | undefined {
+    const f = this.d.hello.features;
+    if (f !== this.preOf) {
+      this.preOf = f;
+      this.pre = SnapshotPrecheck.of(f as { snapshotSelection?: null } | undefined);
+    }
+    return this.pre;
   }
 
   /** The forward's vector is late (a rank on the vector): wait for it within the bound, as endOfWave would, then offer if due. */
-  private async afterVector(context: Context, inputs: Inputs): Promise<BeforeForwardResult> {
+  private async afterVector(context: Context, inputs: Inputs, callIndex: number | null): Promise<BeforeForwardResult> {
     const got = await this.d.mailbox.waitFor(this.forwardWave, this.d.callBoundMs()).catch(() => 'timeout' as const);
     if (typeof got === 'string' || !got.snapshotDue) return { captured: false };
-    return this.offer(context, inputs);
+    return this.offer(context, inputs, callIndex);
   }
 
-  private offer(context: Context, inputs: Inputs): Promise<BeforeForwardResult> {
+  private offer(context: Context, inputs: Inputs, callIndex: number | null): Promise<BeforeForwardResult> {
     for (const [i, inp] of inputs.entries()) {
       if (!this.d.hello.registered.some((r) => r.name === inp.region)) {
         return Promise.reject(new ConfigError(`beforeForward(): inputs[${i}].region '${inp.region}' is not a registered region`));
       }
     }
     if (this.d.availability.unavailable) return Promise.resolve(this.snapshotSkipped());
-    return this.capture(context, inputs);
+    return this.capture(context, inputs, callIndex);
   }
 
   /** The wave a forward now belongs to: the last head's, or the one after the last ended. */
@@ -185,6 +209,7 @@ export class ForwardCapture {
   private async capture(
     context: Context,
     inputs: Inputs,
+    callIndex: number | null,
   ): Promise<BeforeForwardResult> {
     const bound = this.d.callBoundMs() + this.d.marginMs;
     const started = Date.now();
@@ -204,6 +229,7 @@ export class ForwardCapture {
         finishByUnixMs: acceptBy + this.d.captureMs,
         wave: this.forwardWave,
         waitTicket: ++this.ticket,
+        callIndexPlus1: callIndex === null ? 0 : callIndex + 1,
       },
     };
     // The mailbox says which request we wait on until we stop, whatever stops us: the agent keeps
