@@ -73,13 +73,15 @@ function features(j: Launched): number[] {
 /**
  * Until the engine steps: an engine still starting (node, or python and torch) sends no wave head,
  * so an arm finds none within the grace and says so at once (the answer checked here); then one is
- * served. The replica sleeps again before the caller goes on.
+ * served. Or one rank's forward was not offered: a client whose agent, busy starting up, missed a
+ * call's bound skips it until its next probe of the agent, so a probe may miss that rank (the
+ * capture after the dump is checked on every rank). The replica sleeps again before the caller goes on.
  */
 async function untilStepping(j: Launched): Promise<void> {
   for (let tries = 1; ; tries++) {
     const probe = await cli(j, ['capture', '--next', '--wait', '--timeout', '60000']);
     if (probe.code === 0) return;
-    expect(probe.stderr).toMatch(/not served on replica 0: its engine sent no wave head within 5 s of the wake: is an engine client connected to rank 0's agent, and is the engine stepping\?/);
+    expect(probe.stderr).toMatch(/not served on replica 0: its engine sent no wave head within 5 s of the wake: is an engine client connected to rank 0's agent, and is the engine stepping\?|^wavebus capture: replica 0: no bundle from rank\(s\) [01] \(waves \d+\.\.\d+, expired\)\n$/);
     expect(tries).toBeLessThan(12);
   }
 }
@@ -156,7 +158,7 @@ test('a simulated TP=2 job started with the defaults: dump --all --wait and capt
 
 test('the PyTorch engine (TP=2) started with the defaults: dump --all --wait and capture --next --wait complete, then the bus sleeps', async () => {
   const dirOut = tmpDir('wavebus-wake-torch-out-');
-  const j = await launch([PYTHON, path.join(ENGINE, 'torchrun_env.py'), path.join(ENGINE, 'engine.py'), '--out', dirOut, '--requests', '2', '--max-tokens', '200', '--arrive-every', '2', '--step-sleep-ms', '40'], 'torch');
+  const j = await launch([PYTHON, path.join(ENGINE, 'torchrun_env.py'), path.join(ENGINE, 'engine.py'), '--out', dirOut, '--requests', '2', '--max-tokens', '400', '--num-blocks', '256', '--arrive-every', '2', '--step-sleep-ms', '40'], 'torch');
   try {
     await untilStepping(j);
     await waitFor(() => features(j).every((b) => b === 0), 'every mailbox to say everything off', 30000, 100);
