@@ -19,20 +19,10 @@ class CaptureMixin:
         are on. Raises CaptureError when a selected capture failed: abort the forward. An agent that
         does not answer within the call bound is not a failed capture: (False, "") with
         ``agent_unavailable`` set, and the forward goes on."""
-        feats = self._mb.features
-        if not feats:  # everything off (no capture can be in force either): one memory load
+        if not self._mb.features:  # everything off (no capture can be in force either): one memory load
             return False, ""
-        rec = self._recorder() if feats & mb.FEATURE_RECORDER else None
-        call_index = None
-        snap = False
-        if feats & mb.FEATURE_SNAPSHOTS:
-            # Counted here, whether offered or not: the agent only sees what a rule could select.
-            call_index = self._calls.count(context)
-            pre = self._snap_pre
-            snap = pre is None or pre.could_fire(context, call_index)
-            if not snap:
-                self.stats["forwards_not_offered"] += 1
-        snap = snap or self._live_capture_due()
+        snap, recording, call_index = self._forward_wanted(context)
+        rec = self._recorder() if recording else None
         if not snap and rec is None:
             return False, ""
         ctx = context_proto(context)
@@ -102,19 +92,38 @@ class CaptureMixin:
     def wants_forward(self) -> bool:
         """Whether before_forward would do anything for the coming forward (snapshots, the flight
         recorder, or a capture armed on the running job covering its wave): an engine that must
-        copy its inputs somewhere first (transformers' integration) asks this. Memory loads only,
-        unless a live capture is in force and its vector is late (then as before_forward waits)."""
+        copy its inputs somewhere first (transformers' integration) asks this. The same rule as
+        before_forward's (_forward_wanted). Memory loads only, unless a live capture is in force
+        and its vector is late (then as before_forward waits)."""
+        snap, recording, _ = self._forward_wanted()
+        return snap or recording
+
+    def _forward_wanted(self, context=None) -> Tuple[bool, bool, Optional[int]]:
+        """The one rule for offering a forward: (a snapshot or a live capture takes it, the flight
+        recorder takes it, its call index). With snapshots on, before_forward passes the context:
+        the forward is counted (whether offered or not: the agent sees only what a rule could
+        select) and offered when the rules of the agent's hello could select it. Without one
+        (wants_forward, ahead of before_forward for the same forward) nothing is counted and a
+        snapshot is wanted whenever snapshots are on."""
         feats = self._mb.features
-        if feats & (mb.FEATURE_SNAPSHOTS | mb.FEATURE_RECORDER):
-            return True
-        return bool(feats & mb.FEATURE_BUS) and self._live_capture_due()
+        snap, call_index = False, None
+        if feats & mb.FEATURE_SNAPSHOTS:
+            if context is None:
+                snap = True
+            else:
+                call_index = self._calls.count(context)
+                pre = self._snap_pre
+                snap = pre is None or pre.could_fire(context, call_index)
+                if not snap:
+                    self.stats["forwards_not_offered"] += 1
+        return snap or self._live_capture_due(), bool(feats & mb.FEATURE_RECORDER), call_index
 
     def _live_capture_due(self) -> bool:
         """Snapshots off at startup: offer the forward only when its wave's vector says a capture
-        armed on the running job covers it (docs/control.md). Never under async scheduling. A
-        vector not there yet while a capture is in force here is waited for within the bound, as
-        end_of_wave would."""
-        if self.async_scheduling:
+        armed on the running job covers it (docs/control.md). Never under async scheduling, and
+        no vector is read with the bus off (as end_of_wave). A vector not there yet while a
+        capture is in force here is waited for within the bound, as end_of_wave would."""
+        if self.async_scheduling or not self._mb.features & mb.FEATURE_BUS:
             return False
         wave = self._forward_wave()
         v = self._mb.read_wave(wave)

@@ -248,6 +248,9 @@ class TransformersWavebus:
     def _stage(self, name: str, t: torch.Tensor) -> tuple:
         buf = self._staging.get(name)
         if buf is None or buf.dtype != t.dtype:
+            # Sized to the engine's own buffer behind the tensor (every step's slice of it fits), not
+            # to this step's slice: attention_mask's [.., :q, :k] grows with the context, and a
+            # staging region is registered once.
             cap = max(t.untyped_storage().nbytes() // t.element_size(), t.numel(), 1)
             shm = _create(f"{self.tag}-in-{name}", cap * t.element_size(), "attach()")
             buf = _view(shm, 0, [cap], _dtype_name(t.dtype))
@@ -256,6 +259,9 @@ class TransformersWavebus:
                                      token_ids=True if name == "input_ids" else None))
             self.client.register(region)
             self._staging[name] = buf
+        if t.numel() > buf.numel():
+            raise ConfigError(f"attach(): input {name!r} has {t.numel()} elements, more than its staging region's {buf.numel()} "
+                              "(the engine's buffer behind it grew after the region was registered)")
         buf[: t.numel()].view(t.shape).copy_(t)
         # By region and offset: an empty tensor (no cache read in a prefill) has no address to look up.
         return (name, 0, _dtype_name(t.dtype), list(t.shape))
@@ -281,7 +287,8 @@ SNAPSHOT_INPUTS = ("input_ids", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k"
 
 
 def flatten_inputs(kwargs) -> List[tuple]:
-    """The forward's tensor inputs named in SNAPSHOT_INPUTS, in that order (absent ones left out)."""
+    """The forward's tensor inputs named in SNAPSHOT_INPUTS, in that order (absent ones left out),
+    as the engine holds them: slices of its preallocated buffers, maybe strided (attention_mask)."""
     out = []
     for k in SNAPSHOT_INPUTS:
         v = kwargs.get(k)
@@ -290,7 +297,7 @@ def flatten_inputs(kwargs) -> List[tuple]:
                 raise ConfigError(f"attach(): {k} has {len(v)} attention groups; only one is mapped so far")
             v = v[0]
         if isinstance(v, torch.Tensor):
-            out.append((k, v.contiguous()))
+            out.append((k, v))
     return out
 
 
