@@ -96,10 +96,15 @@ export function kvRankOfDir(d: KvRankDir, layout: WorldLayout): number {
  * the run dir is per host and every launcher (torchrun, Slurm) gives each process LOCAL_RANK.
  */
 export function agentEndpoint(runDir: string, localRank: number): string {
+  return `ipc://${localRankFile(runDir, localRank, 'agent-local', '.sock')}`;
+}
+
+/** `<runDir>/<stem><l><suffix>`: a file of local rank `l` in the run dir (a local rank is a non-negative integer). */
+function localRankFile(runDir: string, localRank: number, stem: string, suffix = ''): string {
   if (!Number.isInteger(localRank) || localRank < 0) {
     throw new RangeError(`local rank must be a non-negative integer, got ${localRank}`);
   }
-  return `ipc://${path.join(runDir, `agent-local${localRank}.sock`)}`;
+  return path.join(runDir, `${stem}${localRank}${suffix}`);
 }
 
 /** Longest path a unix socket address holds (sun_path is 108 bytes with the NUL). */
@@ -118,34 +123,22 @@ export function checkRunDirFits(runDir: string, localRank: number, flag: string,
 
 /** The shared-memory wave-vector mailbox of local rank `l`, written by its agent, mapped by its client. */
 export function mailboxPath(runDir: string, localRank: number): string {
-  if (!Number.isInteger(localRank) || localRank < 0) {
-    throw new RangeError(`local rank must be a non-negative integer, got ${localRank}`);
-  }
-  return path.join(runDir, `mailbox-local${localRank}`);
+  return localRankFile(runDir, localRank, 'mailbox-local');
+}
+
+/** rank_divergence's decision ring of a local rank (src/agent/decision-ring.ts). */
+export function decisionPath(runDir: string, localRank: number): string {
+  return localRankFile(runDir, localRank, 'decided-local');
 }
 
 /** The flight recorder's ring beside the mailbox (docs/recorder.md). */
-/** rank_divergence's decision ring of a local rank (src/agent/decision-ring.ts). */
-export function decisionPath(runDir: string, localRank: number): string {
-  if (!Number.isInteger(localRank) || localRank < 0) {
-    throw new RangeError(`local rank must be a non-negative integer, got ${localRank}`);
-  }
-  return path.join(runDir, `decided-local${localRank}`);
-}
-
 export function recorderPath(runDir: string, localRank: number): string {
-  if (!Number.isInteger(localRank) || localRank < 0) {
-    throw new RangeError(`local rank must be a non-negative integer, got ${localRank}`);
-  }
-  return path.join(runDir, `recorder-local${localRank}`);
+  return localRankFile(runDir, localRank, 'recorder-local');
 }
 
 /** The engine's faulthandler file beside the ring: the Python client writes a fatal signal's traceback there, the agent reads it after a death (docs/recorder.md). */
 export function engineFaultPath(runDir: string, localRank: number): string {
-  if (!Number.isInteger(localRank) || localRank < 0) {
-    throw new RangeError(`local rank must be a non-negative integer, got ${localRank}`);
-  }
-  return path.join(runDir, `engine-fault-local${localRank}.txt`);
+  return localRankFile(runDir, localRank, 'engine-fault-local', '.txt');
 }
 
 /** The package root: walk up from here (src/ under ts-jest, dist/src/ when built) to wavebus's package.json. */
@@ -245,8 +238,5 @@ export function incidentFlushName(wave: number, layout: { dp: number }, replica:
 
 /** The telemetry ring beside the mailbox (proto/layouts.json's "telemetry"; docs/python-client.md, "The tensor hot path"). */
 export function telemetryRingPath(runDir: string, localRank: number): string {
-  if (!Number.isInteger(localRank) || localRank < 0) {
-    throw new RangeError(`local rank must be a non-negative integer, got ${localRank}`);
-  }
-  return path.join(runDir, `telemetry-ring-local${localRank}`);
+  return localRankFile(runDir, localRank, 'telemetry-ring-local');
 }

@@ -84,9 +84,6 @@ const UPWARD_EXCEPTIONS: ReadonlyArray<[from: string, to: string]> = [
   // The engine client counts a reply's repeated fields with the bus's census before decoding it
   // (one set of limits for every socket); the census imports only protobufjs.
   ['client/transport.ts', 'bus/wire-census.ts'],
-  // A TypeScript head the ring cannot take goes inline with the columns the agent builds from a
-  // ring slot: one implementation of the columns for both (ring-columns imports only types).
-  ['client/tensor-batch.ts', 'agent/ring-columns.ts'],
   // verdict.auto runs the verdict `wavebus verdict` runs and reports it with the tools' control
   // client: one implementation of the replays, the verdict and its note.
   ['agent/auto-verdict.ts', 'tools/verdict.ts'],

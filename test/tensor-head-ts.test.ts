@@ -4,27 +4,16 @@
 // the head went whole into the ring or inline (a step with more events than the ring holds);
 // a detector fires on them; garbage in the ring is counted per rank and never passed on.
 import * as fs from 'fs';
-import type { RequestStep, StepTelemetry } from '../src/messages';
+import type { RequestStep } from '../src/messages';
 import { MailboxFeature } from '../src/client/mailbox';
-import { columnsToWire, columnsFromWire, TelemetryColumnizer } from '../src/client/telemetry';
+import { columnsToWire, TelemetryColumnizer } from '../src/client/telemetry';
 import type { TensorBatchOptions } from '../src/client/tensor-batch';
 import { cleanup, waitFor } from './helpers';
 import { startHarnessJob, stopHarnessJob, type HarnessJob } from './job-harness';
+import { TENSOR_HEAD_CFG as CFG, expectDictColumns, expectEveryWaveInOrder, recordHeads as record } from './tensor-head-parity';
 
 afterAll(cleanup);
 jest.setTimeout(120000);
-
-const CFG = { detector: { token_repeat: { enabled: true, window: 8, min_tokens: 8, repeat_sum_threshold: 20, on_trigger: ['report'] } } };
-
-function record(job: HarnessJob): StepTelemetry[] {
-  const seen: StepTelemetry[] = [];
-  const orig = job.guard.onWaveHead.bind(job.guard);
-  job.guard.onWaveHead = (replica, wave, tel, vw) => {
-    if (tel?.columns) seen.push(structuredClone({ ...tel, columns: { ...tel.columns } }));
-    return orig(replica, wave, tel, vw);
-  };
-  return seen;
-}
 
 /** The steps of test/tensor-head.test.ts's Python driver: arrivals, a finish, a free, a new request in the freed row, a table change; row 0 repeats a token. */
 async function drive(job: HarnessJob, opts: TensorBatchOptions, garbage = false) {
@@ -76,19 +65,6 @@ async function drive(job: HarnessJob, opts: TensorBatchOptions, garbage = false)
   return { dict, sent, stats: batch.stats, lastError: c.lastError };
 }
 
-function expectDictColumns(seen: StepTelemetry[], dict: ReturnType<typeof columnsToWire>[]): void {
-  for (let i = 0; i < 40; i++) {
-    const want = columnsFromWire(dict[i]);
-    const have = seen[i].columns!;
-    for (const k of ['rows', 'slot', 'tokenCount', 'tokenIds', 'tokenLogprobs', 'flags', 'draftLen', 'accepted'] as const) {
-      expect([k, i, Array.from((have[k] ?? []) as ArrayLike<number>)]).toEqual([k, i, Array.from((want[k] ?? []) as ArrayLike<number>)]);
-    }
-    // New bindings and changed tables arrive in the same head (the tensor path re-sends a few more).
-    for (const b of want.bind) expect(have.bind).toEqual(expect.arrayContaining([expect.objectContaining({ slot: b.slot, reqId: b.reqId })]));
-    for (const b of want.blocks) expect(have.blocks).toEqual(expect.arrayContaining([{ slot: b.slot, blockIds: b.blockIds }]));
-  }
-}
-
 test('typed arrays through the ring give the coordinator the dict path\'s columns, every head whole in the ring; token_repeat fires on them', async () => {
   const job = await startHarnessJob({ tp: 1, runtimeConfig: CFG });
   try {
@@ -97,7 +73,7 @@ test('typed arrays through the ring give the coordinator the dict path\'s column
     if (got.sent !== 40) throw new Error(`sent ${got.sent} of 40 heads: ${got.lastError}`);
     expect(got.stats).toEqual({ ringHeads: 40, inlineHeads: 0 });
     await waitFor(() => seen.length === 40, 'every head at the coordinator');
-    expect(seen.map((t) => t.wave)).toEqual(Array.from({ length: 40 }, (_, i) => i));
+    expectEveryWaveInOrder(seen);
     expectDictColumns(seen, got.dict);
     expect(job.ranks[0].agent.ringStats.ringGarbage).toBe(0);
     await waitFor(() => fs.existsSync(job.reportRoot) && fs.readdirSync(job.reportRoot).length > 0, 'the token_repeat incident report');
@@ -114,7 +90,7 @@ test('a step with more finish/free events than the ring holds goes inline with t
     expect(got.sent).toBe(40);
     expect(got.stats).toEqual({ ringHeads: 38, inlineHeads: 2 }); // waves 10 (finish) and 11 (free)
     await waitFor(() => seen.length === 40, 'every head at the coordinator');
-    expect(seen.map((t) => t.wave)).toEqual(Array.from({ length: 40 }, (_, i) => i));
+    expectEveryWaveInOrder(seen);
     expectDictColumns(seen, got.dict);
   } finally {
     await stopHarnessJob(job);

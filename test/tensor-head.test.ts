@@ -4,9 +4,10 @@
 // counted per rank and never passed on.
 import * as fs from 'fs';
 import * as path from 'path';
-import type { StepTelemetry } from '../src/messages';
+import { decode, messageType } from '../src/proto';
 import { PYTHON, ROOT, cleanup, spawnTracked, waitFor } from './helpers';
 import { startHarnessJob, stopHarnessJob, type HarnessJob } from './job-harness';
+import { TENSOR_HEAD_CFG as CFG, expectDictColumns, expectEveryWaveInOrder, recordHeads as record } from './tensor-head-parity';
 
 afterAll(cleanup);
 jest.setTimeout(120000);
@@ -76,17 +77,11 @@ async function drive(job: HarnessJob, garbage: boolean | 'rehello' | 'few_events
   return JSON.parse(p.stdout());
 }
 
-function record(job: HarnessJob): StepTelemetry[] {
-  const seen: StepTelemetry[] = [];
-  const orig = job.guard.onWaveHead.bind(job.guard);
-  job.guard.onWaveHead = (replica, wave, tel, vw) => {
-    if (tel?.columns) seen.push(structuredClone({ ...tel, columns: { ...tel.columns } }));
-    return orig(replica, wave, tel, vw);
-  };
-  return seen;
+/** The driver's dict-path columns (hex of TelemetryColumns), in wire form. */
+function dictColumns(hex: string[]): Record<string, any>[] {
+  const TelemetryColumns = messageType('TelemetryColumns');
+  return hex.map((h) => decode(TelemetryColumns, Buffer.from(h, 'hex')) as Record<string, any>);
 }
-
-const CFG = { detector: { token_repeat: { enabled: true, window: 8, min_tokens: 8, repeat_sum_threshold: 20, on_trigger: ['report'] } } };
 
 test('the ring path gives the coordinator the dict path\'s columns, and token_repeat fires on them', async () => {
   const job = await startHarnessJob({ tp: 1, runtimeConfig: CFG });
@@ -96,19 +91,7 @@ test('the ring path gives the coordinator the dict path\'s columns, and token_re
     if (got.sent !== 40) throw new Error(`sent ${got.sent} of 40 heads: ${JSON.stringify(got.client)}`);
     expect(got.stats.ring_heads).toBe(40);
     await waitFor(() => seen.length === 40, 'every head at the coordinator');
-    const { messageType, decode } = require('../src/proto') as typeof import('../src/proto');
-    const TelemetryColumns = messageType('TelemetryColumns');
-    const { columnsFromWire } = require('../src/client/telemetry') as typeof import('../src/client/telemetry');
-    for (let i = 0; i < 40; i++) {
-      const want = columnsFromWire(decode(TelemetryColumns, Buffer.from(got.dict[i], 'hex')));
-      const have = seen[i].columns!;
-      for (const k of ['rows', 'slot', 'tokenCount', 'tokenIds', 'tokenLogprobs', 'flags', 'draftLen', 'accepted'] as const) {
-        expect([k, i, Array.from(have[k] as ArrayLike<number> | number[] ?? [])]).toEqual([k, i, Array.from((want[k] ?? []) as ArrayLike<number>)]);
-      }
-      // New bindings and changed tables arrive in the same head (the ring path re-sends a few more).
-      for (const b of want.bind) expect(have.bind).toEqual(expect.arrayContaining([expect.objectContaining({ slot: b.slot, reqId: b.reqId })]));
-      for (const b of want.blocks) expect(have.blocks).toEqual(expect.arrayContaining([{ slot: b.slot, blockIds: b.blockIds }]));
-    }
+    expectDictColumns(seen, dictColumns(got.dict));
     await waitFor(() => fs.existsSync(job.reportRoot) && fs.readdirSync(job.reportRoot).length > 0, 'the token_repeat incident report');
   } finally {
     await stopHarnessJob(job);
@@ -148,7 +131,7 @@ test('a hello again makes a fresh ring file at the same path: the client maps th
       if (seen.length !== 40) throw new Error(`${seen.length} heads: ${seen.map((t) => t.wave).join(',')}; agent ${JSON.stringify(job.ranks[0].agent.ringStats)}`);
       return true;
     }, 'every head at the coordinator');
-    expect(seen.map((t) => t.wave)).toEqual(Array.from({ length: 40 }, (_, i) => i));
+    expectEveryWaveInOrder(seen);
     expect(job.ranks[0].agent.ringStats.ringGarbage).toBe(0);
   } finally {
     await stopHarnessJob(job);
@@ -163,15 +146,8 @@ test('a step with more finish/free events than the ring holds goes inline; the w
     expect(got.sent).toBe(40);
     expect(got.stats).toEqual({ ring_heads: 38, inline_heads: 2 }); // waves 10 (finish) and 11 (free)
     await waitFor(() => seen.length === 40, 'every head at the coordinator');
-    expect(seen.map((t) => t.wave)).toEqual(Array.from({ length: 40 }, (_, i) => i));
-    const { messageType, decode } = require('../src/proto') as typeof import('../src/proto');
-    const { columnsFromWire } = require('../src/client/telemetry') as typeof import('../src/client/telemetry');
-    for (let i = 0; i < 40; i++) {
-      const want = columnsFromWire(decode(messageType('TelemetryColumns'), Buffer.from(got.dict[i], 'hex')));
-      for (const k of ['rows', 'slot', 'tokenCount', 'tokenIds', 'flags'] as const) {
-        expect([k, i, Array.from(seen[i].columns![k] as ArrayLike<number>)]).toEqual([k, i, Array.from(want[k] as ArrayLike<number>)]);
-      }
-    }
+    expectEveryWaveInOrder(seen);
+    expectDictColumns(seen, dictColumns(got.dict));
   } finally {
     await stopHarnessJob(job);
   }

@@ -1,6 +1,7 @@
 // What an agent is started with (the `agent` command's flags, a test's or the simulated job's choices).
 import type { ArtifactModes } from '../artifacts/artifact-mode';
 import type { BusToken } from '../bus/auth';
+import type { AgentBusOptions } from '../bus/agent-bus-types';
 import type { TokenHasher } from '../guard/token-hash';
 import type { RankIdentity } from '../layout';
 import type { Logger } from '../log';
@@ -51,4 +52,12 @@ export interface AgentOptions {
   tokenHasher?: TokenHasher;
   /** --verdict-arg: what `wavebus verdict` needs beside the flush under verdict.auto (auto-verdict.ts). */
   verdictArgs?: string[];
+}
+
+/** What the agent runs besides its options that its bus says: the receiver role, the recorder's K, the counts in each heartbeat. */
+export type AgentBusState = Pick<AgentBusOptions, 'lanesOnly' | 'recorderForwards' | 'vectorCounts'>;
+
+/** The options of the bus an agent with these options joins at `coordinator`. */
+export function agentBusOptions(opts: AgentOptions, coordinator: { host: string; port: number }, logger: Logger, state: AgentBusState): AgentBusOptions {
+  return { ...state, coordinator, identity: opts.identity, heartbeatMs: opts.heartbeatMs, logger, dropSeqs: opts.dropSeqs, curve: opts.curve, busToken: opts.busToken };
 }

@@ -20,12 +20,11 @@ import { decideAheadWaves } from '../bus/constants';
 import { ConfigError, WavebusError } from '../errors';
 import type { RankIdentity } from '../layout';
 import { createLogger, type Logger } from '../log';
-import { MailboxFeature } from '../client/mailbox';
-import { WAKE } from '../bus/replica-wake';
 import type { AgentConfig, DumpLane } from '../messages';
-import { agentEndpoint, engineFaultPath, mailboxPath, recorderPath, telemetryRingPath } from '../paths';
-import { newRingStats, RingHeads } from './ring-heads';
-import { checkRingAsk } from './telemetry-ring';
+import { agentEndpoint, engineFaultPath, mailboxPath, recorderPath } from '../paths';
+import { EngineRings } from './engine-rings';
+import { EngineFeatures, headsStream } from './engine-features';
+import type { RingStats } from './ring-heads';
 import { applyRecorderConfig, type FlightRecorder } from './flight-recorder';
 import { AgentRecorder } from './agent-recorder';
 import { claimRunDir } from '../launch/run-dir';
@@ -36,11 +35,10 @@ import { LiveCaptures, offerForward } from './live-captures';
 import { DEFAULT_VIEW, viewOf, type RuntimeView } from './runtime-view';
 import type { SnapshotCapturer } from '../snapshot/capture';
 import { checkSnapshotGating } from '../snapshot/config';
-import type { AgentOptions } from './agent-options';
+import { agentBusOptions, type AgentOptions } from './agent-options';
 import { WaveTimeline } from './timeline';
 import { WaveEnds } from './wave-ends';
 import { VectorWrites } from './vector-writes';
-import { RankDigests } from './rank-digests';
 import { DEFAULT_ARTIFACT_MODES } from '../artifacts/artifact-mode';
 
 export type { AgentOptions } from './agent-options';
@@ -62,10 +60,13 @@ export class Agent {
     snapshotsWritten: 0,
   };
   /** Heads relayed from the telemetry ring and the garbage dropped there (ring-heads.ts). */
-  readonly ringStats = newRingStats();
+  readonly ringStats: RingStats;
   private readonly log: Logger;
   private readonly opts: AgentOptions;
-  private readonly ringHeads: RingHeads;
+  /** The telemetry ring and the decision ring shared with the engine client (engine-rings.ts). */
+  private readonly rings: EngineRings;
+  /** What the engine is told is on: the mailbox's bits, the hello's features (engine-features.ts). */
+  private readonly features: EngineFeatures;
   private readonly regions: RegionTable;
   /** This rank's fingerprint: the client's hello and the weight checksums (fingerprint-keeper.ts). */
   private readonly fingerprint: FingerprintKeeper;
@@ -80,8 +81,6 @@ export class Agent {
   private router?: zmq.Router;
   /** This rank's mailbox, and on the bus the host receiver role (vector-writes.ts). */
   private vectors?: VectorWrites;
-  /** rank_divergence: the decision ring and its poll (rank-digests.ts). */
-  private digests?: RankDigests;
   /** The flight recorder and its arms (agent-recorder.ts). */
   private rec?: AgentRecorder;
   /** recorder.forwards / max_bytes warnings already logged (the ring is not resized live). */
@@ -107,12 +106,11 @@ export class Agent {
     this.opts = opts;
     this.identity = opts.identity;
     this.log = opts.logger ?? createLogger(`wavebus-agent-rank${opts.identity.globalRank}`);
-    this.ringHeads = new RingHeads(telemetryRingPath(opts.runDir, opts.identity.localRank), this.ringStats, this.log, (head) => {
-      if (this.bus && this.isHead) {
-        this.bus.relayWaveHead(head);
-        this.stats.waveHeadsRelayed++;
-      }
+    this.rings = new EngineRings({
+      runDir: opts.runDir, identity: opts.identity, log: this.log, counts: this.stats,
+      bus: () => this.bus, relayBus: () => (this.isHead ? this.bus : undefined),
     });
+    this.ringStats = this.rings.stats;
     const hooks = agentDutyHooks(
       this.log,
       (cfg, where) => this.applyConfig(cfg, where),
@@ -131,12 +129,7 @@ export class Agent {
       this.stats,
       this.log,
       (req, interim) => this.handle(req, interim),
-      (raw) => {
-        if (this.bus && this.isHead) {
-          this.bus.relayWaveHead(this.ringHeads.active ? this.ringHeads.fill(raw) : raw);
-          this.stats.waveHeadsRelayed++;
-        }
-      },
+      (raw) => this.rings.clientHead(raw),
       () => this.stopped,
       (pid) => this.recorder?.connectionLost(pid),
     );
@@ -149,27 +142,20 @@ export class Agent {
       recorderAtIncident: (wave, jobs) => this.rec?.atIncident(wave, jobs),
     });
     this.live = new LiveCaptures(opts.identity, opts.snapshot?.snapshotRoot ?? opts.roots?.snapshots, this.log, (r) => this.bus?.sendCaptureResult(r), opts.artifactModes);
+    this.features = new EngineFeatures({
+      identity: opts.identity, view: () => this.view, bus: () => this.bus, due: () => this.duties.due, snapshots: () => Boolean(this.capturer), snapshotSelection: () => (this.capturer ? snapshotSelection(this.capturer) : undefined),
+      liveCaptures: () => this.live.inForce, recorder: () => this.recorder, endOfWaveTimeoutMs: this.endOfWaveTimeoutMs,
+    });
   }
 
-  /** The rank that heads its replica's wave stream (last-PP TP0, CP 0): it relays its engine's wave heads. */
   /** The flight recorder (WAVEBUS_RECORD_FORWARDS): none when off. */
   get recorder(): FlightRecorder | undefined {
     return this.rec?.recorder;
   }
 
+  /** The rank that heads its replica's wave stream (last-PP TP0, CP 0): it relays its engine's wave heads. */
   get isHead(): boolean {
-    return this.identity.isLastPp && this.identity.tpRank === 0 && this.identity.cpRank === 0;
-  }
-
-  /**
-   * Whether this rank's engine reads the wave vector at end_of_wave: a last-PP rank always (dumps,
-   * config); another stage with dump.pp_stages "all" (it copies its layers), and otherwise only
-   * while a config or a job naming it is due (from the vector that carries it through its wave,
-   * which the stream decides far enough ahead: decide_ahead). With nothing due there it costs
-   * its engine nothing per step.
-   */
-  private get onVector(): boolean {
-    return this.identity.isLastPp || this.view.ppStages === 'all' || this.duties.due;
+    return headsStream(this.identity);
   }
 
   /** Dump roots from the bus refused (outside the local dump root), in all. */
@@ -187,8 +173,7 @@ export class Agent {
     // Ours and 0700 (created so if missing): nobody else can plant a link or a file in it.
     claimRunDir(runDir, 'run dir (--run-dir / WAVEBUS_RUN_DIR)');
     this.vectors = new VectorWrites(runDir, identity, this.log);
-    this.digests = new RankDigests(runDir, identity, this.log, () => this.bus);
-    this.digests.open();
+    this.rings.openDigests();
     this.rec = new AgentRecorder(this.opts, this.opts.roots?.snapshots ?? this.opts.snapshot?.snapshotRoot ?? this.gate.local.dumps, this.log, () => this.bus, (name) => this.regions.tokenIds(name), () => this.view);
     this.publishFeatures(); // what is known before the bus syncs (snapshots), so clients never see a stale 0
     const bound = await bindClientSocket(agentEndpoint(runDir, identity.localRank), Boolean(this.recorder));
@@ -197,20 +182,13 @@ export class Agent {
     void this.clients.serve(this.router, bound.notify);
     const served = () => ({ snapshots: this.opts.roots?.snapshots, dumps: this.servedDumps });
     this.files = new FileServer(identity.globalRank, served, this.log);
-    if (this.opts.coordinator) this.vectors.hostPath();
     if (this.opts.coordinator) {
-      this.bus = new AgentBus({
+      this.vectors.hostPath();
+      this.bus = new AgentBus(agentBusOptions(this.opts, this.opts.coordinator, this.log, {
         lanesOnly: this.vectors.lanesOnly,
-        coordinator: this.opts.coordinator,
-        identity,
-        heartbeatMs: this.opts.heartbeatMs,
         recorderForwards: this.recorder?.forwards ?? 0,
-        logger: this.log,
-        dropSeqs: this.opts.dropSeqs,
-        curve: this.opts.curve,
-        busToken: this.opts.busToken,
         vectorCounts: () => ({ lateVectors: this.stats.lateVectors, missedVectors: this.stats.endOfWaveTimeouts, ringGarbage: this.ringStats.ringGarbage }),
-      });
+      }));
       if (!this.opts.curve && !this.opts.busToken) {
         this.log.warn(
           { rank: identity.globalRank, coordinator: this.opts.coordinator, roots: this.gate.local },
@@ -222,7 +200,7 @@ export class Agent {
       this.bus.on('wake', () => this.publishFeatures());
       this.direct = agentDirectFiles(Boolean(this.opts.curve), this.opts.directFiles, { globalRank: identity.globalRank, roots: served, coordinator: this.opts.coordinator, log: this.log });
       const files = fileRequestHandler(this.files, this.direct, identity.globalRank);
-      this.bus.onRequest((req) => (req.body === 'decidedColumn' ? Promise.resolve(this.digests!.column(Number(req.decidedColumn.wave))) : files(req)));
+      this.bus.onRequest((req) => (req.body === 'decidedColumn' ? Promise.resolve(this.rings.decidedColumn(Number(req.decidedColumn.wave))) : files(req)));
       await this.bus.start();
       this.vectors.watchReceiver(this.bus);
       // Lanes-only: a plain wave's vector is known from the mailbox the host receiver writes.
@@ -267,8 +245,7 @@ export class Agent {
     await this.direct?.stop();
     this.router?.close();
     this.vectors?.close();
-    this.digests?.close();
-    this.ringHeads.close();
+    this.rings.close();
     const sock = agentEndpoint(this.opts.runDir, this.identity.localRank).slice('ipc://'.length);
     fs.rmSync(sock, { force: true });
     this.regions.closeAll();
@@ -285,40 +262,9 @@ export class Agent {
     await this.ends.writes;
   }
 
-  /**
-   * This rank's engine reads the vector: the config puts the bus on, or the coordinator woke it for
-   * something armed (wake ON, src/bus/replica-wake.ts); and the rank is on the vector at all.
-   */
-  private get busOn(): boolean {
-    return (this.view.busActive || this.bus?.wake === WAKE.ON) && Boolean(this.bus) && this.onVector;
-  }
-
-  /** Wake HEADS: this rank heads its replica and something is armed there: its engine sends heads only. */
-  private get headsOnly(): boolean {
-    return !this.busOn && this.isHead && (this.bus?.wake ?? WAKE.OFF) !== WAKE.OFF;
-  }
-
-  private features(): number {
-    let bits = 0;
-    if (this.busOn) bits |= MailboxFeature.BUS_ACTIVE;
-    else if (this.headsOnly) bits |= MailboxFeature.HEADS;
-    if (this.view.hotReload) bits |= MailboxFeature.HOT_RELOAD;
-    if (this.view.detectors.length > 0) bits |= MailboxFeature.DETECTORS;
-    if (this.capturer) bits |= MailboxFeature.SNAPSHOTS;
-    if (this.live.inForce) bits |= MailboxFeature.LIVE_CAPTURES;
-    if (this.recorder) bits |= MailboxFeature.RECORDER;
-    if (this.digestsOn) bits |= MailboxFeature.RANK_DIGEST;
-    return bits;
-  }
-
-  /** rank_divergence is on and this rank's digests are compared: a last-PP rank on the bus. */
-  private get digestsOn(): boolean {
-    return Boolean(this.bus) && this.identity.isLastPp && this.view.detectors.includes('rank_divergence');
-  }
-
   private publishFeatures(): void {
-    this.digests?.setOn(this.digestsOn);
-    this.vectors?.mailbox.setFeatures(this.features());
+    this.rings.setDigestsOn(this.features.digestsOn);
+    this.vectors?.mailbox.setFeatures(this.features.bits());
   }
 
   /** Act on the coordinator's config from now on (a snapshot's, or one at its wave: wave-duties.ts); one this side cannot read leaves the view as it was. */
@@ -457,19 +403,8 @@ export class Agent {
       mailboxPath: mailboxPath(this.opts.runDir, this.identity.localRank),
       recorderPath: this.recorder ? recorderPath(this.opts.runDir, this.identity.localRank) : '',
       faultPath: this.recorder ? engineFaultPath(this.opts.runDir, this.identity.localRank) : '',
-      decisionPath: this.digests?.path ?? '',
-      ringPath: this.isHead && hello.ringRows ? this.ringHeads.open(checkRingAsk(hello)) : '',
-      features: {
-        tp0: this.isHead,
-        // The client sends heads while this is true: with the bus on, or woken (HEADS) on the head rank.
-        bus: this.busOn || this.headsOnly,
-        detectors: [...this.view.detectors],
-        itemSync: this.view.itemSync,
-        snapshots: Boolean(this.capturer),
-        endOfWaveTimeoutMs: this.endOfWaveTimeoutMs,
-        recorderForwards: this.recorder?.forwards ?? 0,
-        ...(this.capturer ? { snapshotSelection: snapshotSelection(this.capturer) } : {}),
-      },
+      ...this.rings.helloPaths(hello, this.isHead),
+      features: this.features.hello(),
     };
   }
 }

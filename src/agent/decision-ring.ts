@@ -6,22 +6,12 @@
 // number read is checked before use: the engine's process writes the file.
 import * as fs from 'fs';
 import { ConfigError } from '../errors';
-import { DECISION } from '../client/decision-layout';
+import { DECISION, type Decision } from '../client/decision-layout';
 
-export { DECISION } from '../client/decision-layout';
+export { DECISION, type Decision } from '../client/decision-layout';
 const SLOTS = DECISION.slots;
 const SB = DECISION.slotBytes;
 const HEADERS_END = DECISION.slotHeaders + SLOTS * SB;
-
-/** One wave's digests as the ring held them, whole. */
-export interface Decision {
-  wave: number;
-  tokenCrc: number;
-  rows: number;
-  inputCrc: number;
-  inputTokens: number;
-  flags: number;
-}
 
 export function ringBytes(maxRows = DECISION.maxRows): number {
   return DECISION.columns + SLOTS * 4 * maxRows;

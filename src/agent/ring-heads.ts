@@ -8,9 +8,9 @@
 // (Heartbeat.ring_garbage, /metrics wavebus_ring_garbage{rank}); the head itself always goes on.
 import type { Logger } from '../log';
 import { encodeTrusted, messageType } from '../proto';
-import { ringColumns, RowIndex, type RingGarbage } from './ring-columns';
-import { RING_LAYOUT } from '../client/ring-layout';
-import { TelemetryRingReader, type RingAsk, type RingSlotRead } from './telemetry-ring';
+import { ringColumns, RowIndex, type RingGarbage } from '../client/ring-columns';
+import { RING_LAYOUT, type RingAsk, type RingSlotRead } from '../client/ring-layout';
+import { TelemetryRingReader } from './telemetry-ring';
 
 /** How often the agent looks for whole heads in the ring: at most this much latency per head. */
 export const POLL_MS = 1;

@@ -5,27 +5,12 @@
 // the agent read outside the slot or allocate more than a slot's bytes.
 import * as fs from 'fs';
 import { ConfigError } from '../errors';
-import { columnPlaces, RING_HEADER, RING_LAYOUT, RING_SLOT, type ColumnPlace, type RingSizes } from '../client/ring-layout';
+import { columnPlaces, RING_HEADER, RING_LAYOUT, RING_SLOT, type ColumnPlace, type RingAsk, type RingSlotRead } from '../client/ring-layout';
 
 /** The sizes a client asked for at hello: at most these (a slot of 4096 rows is ~100 KiB). */
 export const RING_MAX_ROWS = 1 << 20;
 export const RING_MAX_TOKENS = 1 << 22;
 export const RING_MAX_EVENTS = 1 << 20;
-
-export interface RingAsk extends RingSizes {
-  vocab: number;
-}
-
-/** One slot as read: its counts and the present columns' bytes (each its own aligned buffer). */
-export interface RingSlotRead {
-  wave: number;
-  rows: number;
-  tokens: number;
-  events: number;
-  /** Bytes of the extra column; 0 when absent. */
-  extraLen: number;
-  columns: Map<string, Uint8Array>;
-}
 
 /** Why a slot was not taken: torn (seq changed or not the one named), counts past the capacity. */
 export type RingMiss = { garbage: 'torn' | 'bad_seq' | 'bad_counts'; detail: string };

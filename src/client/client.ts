@@ -6,14 +6,17 @@ import { MailboxReader, MailboxFeature } from './mailbox';
 import { ClientDigests, type IntColumn } from './digest';
 import { AgentAvailability } from './availability';
 import { AgentHello } from './hello';
+import { newClientStats, type ClientStats } from './client-stats';
 import { validateRegion, type ClientRegion } from './region';
 import { AgentTransport, type Reply } from './transport';
-import { isWaveNumber, WaveHeadSender, type WaveTelemetry } from './wave-head';
+import { waveError, WaveHeadSender, type WaveTelemetry } from './wave-head';
 import { dueDumpsAsker, PendingDumps } from './pending-dumps';
 import { VectorStall } from './vector-stall';
 import { ForwardCapture, type Context, type Inputs } from './live-capture';
 
-import { TensorBatch, type TensorBatchOptions } from './tensor-batch';
+import type { TensorBatch, TensorBatchOptions } from './tensor-batch';
+import { attachTensorBatch } from './tensor-batch-host';
+import { decisionPathGate } from './digest-gate';
 import { RingAtHello } from './telemetry-ring-writer';
 import { clientFingerprint } from './fingerprint';
 import { sendWeights, type WeightShard } from './weights';
@@ -27,32 +30,8 @@ export type { TensorBatch, TensorBatchOptions, TensorStep } from './tensor-batch
 const MARGIN_MS = 20;
 
 export class WavebusClient {
-  readonly stats = {
-    sent: 0, endOfWaveTimeouts: 0, endOfWaveCalls: 0, dueWaves: 0, rejoins: 0, endOfWaveErrors: 0,
-    /** Times the agent stopped answering (each starts a stretch of degraded mode). */
-    agentLost: 0,
-    /** Times it answered again afterwards. */
-    agentBack: 0,
-    /** Calls that returned at once, without the agent, because it was unavailable. */
-    skippedUnavailable: 0,
-    /** beforeForward calls that went on uncaptured because the agent was unavailable. */
-    snapshotsSkipped: 0,
-    probes: 0,
-    /** endOfWave calls that found no vector and slept on the mailbox (0 in a healthy steady state). */
-    vectorWaits: 0,
-    /** ... of which the vector came within the bound (the agent is told: /metrics per rank). */
-    lateVectors: 0,
-    /** endOfWave calls that returned at once because the vectors had stalled (vector-stall.ts). */
-    stalledSkips: 0,
-    /** Answers in which the agent said its coordinator is lost. */
-    coordinatorLost: 0,
-    /** Forwards copied into the flight recorder's ring (docs/recorder.md). */
-    recorded: 0,
-    /** Forwards the recorder was on for but could not copy (an input in CUDA memory; lastError says why). */
-    notRecorded: 0,
-    /** Snapshots on: forwards the agent's selection rules do not select, not offered (no message). */
-    forwardsNotOffered: 0,
-  };
+  /** What the client did and skipped, counted (client-stats.ts). */
+  readonly stats: ClientStats = newClientStats();
   private readonly transport: AgentTransport;
   private readonly availability: AgentAvailability;
   private readonly head: WaveHeadSender;
@@ -98,17 +77,7 @@ export class WavebusClient {
     });
     this.ring = new RingAtHello(this.hello, (message) => (this.availability.lastError = message));
     this.stall = new VectorStall(mailbox);
-    this.digests = new ClientDigests(() => mailbox.features(), MailboxFeature.RANK_DIGEST, async () => {
-      if (this.agentUnavailable) return '';
-      try {
-        await this.hello.ensure(this.bounds.hello);
-      } catch (e) {
-        // An agent that does not answer is marked lost once and probed, never waited on per step.
-        if (!this.availability.lostOn(e, 'decided()')) throw e;
-        return '';
-      }
-      return this.hello.decisionPath;
-    });
+    this.digests = new ClientDigests(() => mailbox.features(), MailboxFeature.RANK_DIGEST, decisionPathGate(this.hello, this.availability, bounds.hello));
     this.forward = new ForwardCapture({
       mailbox, asyncScheduling, transport: this.transport, availability: this.availability, hello: this.hello, stats: this.stats,
       captureMs: bounds.capture, callBoundMs: () => this.callBoundMs(), marginMs: MARGIN_MS,
@@ -258,32 +227,13 @@ export class WavebusClient {
    * waveHead takes typed-array columns, copied into a telemetry ring the agent makes at the next hello.
    */
   tensorBatch(maxRows: number, opts: TensorBatchOptions = {}): TensorBatch {
-    const host = { gate: (w: number) => this.tensorGate(w), ring: () => this.ring.get(), send: (b: Record<string, unknown>) => this.head.enqueue(b), epoch: () => this.mailbox.epoch() };
-    const batch = new TensorBatch(host, maxRows, opts);
-    this.tensor = batch;
-    this.hello.ringRequest = batch.ringRequest();
-    if (this.hello.features) this.hello.forget(); // hello again, asking for the ring
-    return batch;
-  }
-
-  /** The checks every tensor head passes (as waveHead's): the features when this rank sends now, else null. */
-  private tensorGate(wave: number): ClientFeatures | null | Promise<ClientFeatures | null> {
-    if (!isWaveNumber(wave)) throw new ConfigError(`waveHead(): wave ${wave} is not a non-negative integer`);
-    this.forward.headWave = wave;
-    const bits = this.mailbox.features();
-    if (bits === 0) return null;
-    if (this.agentUnavailable) {
-      this.stats.skippedUnavailable++;
-      this.availability.probe();
-      return null;
-    }
-    const sends = (f: ClientFeatures): ClientFeatures | null => (f.tp0 && f.bus ? f : null);
-    const known = this.hello.current(bits);
-    if (known) return sends(known);
-    return this.hello.ensure(this.callBoundMs() + MARGIN_MS).then(sends, (e) => {
-      if (!this.availability.lostOn(e, `waveHead(${wave})`)) throw e;
-      return null;
-    });
+    const { mailbox, hello, availability, head, ring, stats } = this;
+    this.tensor = attachTensorBatch(
+      { mailbox, hello, availability, head, ring, stats, helloBoundMs: () => this.callBoundMs() + MARGIN_MS, headWave: (w) => (this.forward.headWave = w) },
+      maxRows,
+      opts,
+    );
+    return this.tensor;
   }
 
   private sendWaveHead(f: ClientFeatures, wave: number, telemetry?: WaveTelemetry): void {
@@ -445,12 +395,6 @@ export class WavebusClient {
     this.stats.endOfWaveErrors++;
     this.availability.lastError = message;
   }
-}
-
-/** A rejected promise for a bad wave number (the per-step calls never throw synchronously). */
-function waveError(wave: number, where: string): Promise<never> | undefined {
-  if (isWaveNumber(wave)) return undefined;
-  return Promise.reject(new ConfigError(`${where}(): wave ${wave} is not a non-negative integer`));
 }
 
 const SETTLED: Promise<void> = Promise.resolve();

@@ -27,6 +27,19 @@ export const DECISION = Object.freeze({
   slot: offsets('slot'),
 });
 
+/**
+ * One wave's digests as a ring slot held them, whole: what the agent reads (agent/decision-ring.ts)
+ * and sends, and what the coordinator compares (guard/rank-compare.ts).
+ */
+export interface Decision {
+  wave: number;
+  tokenCrc: number;
+  rows: number;
+  inputCrc: number;
+  inputTokens: number;
+  flags: number;
+}
+
 // The columns follow the slot structs: a description that puts them inside is a defect of the file.
 if (DECISION.columns < DECISION.slotHeaders + DECISION.slots * DECISION.slotBytes) {
   throw new WavebusError('ERR_LAYOUT', `proto/layouts.json: layouts.decision.constants.columns: ${DECISION.columns} lies inside the ${DECISION.slots} slot structs`);

@@ -38,6 +38,22 @@ export interface RingSizes {
   maxExtra: number;
 }
 
+/** The sizes a client asked for at hello, and the vocabulary its token ids are checked against. */
+export interface RingAsk extends RingSizes {
+  vocab: number;
+}
+
+/** One slot as the agent read it: its counts and the present columns' bytes (each its own aligned buffer). */
+export interface RingSlotRead {
+  wave: number;
+  rows: number;
+  tokens: number;
+  events: number;
+  /** Bytes of the extra column; 0 when absent. */
+  extraLen: number;
+  columns: Map<string, Uint8Array>;
+}
+
 /** Every column's place in a slot, and the slot's bytes (the Python writer computes the same). */
 export function columnPlaces(s: RingSizes): { places: ColumnPlace[]; slotBytes: number } {
   const { places, bytes } = L.placeColumns({ max_rows: s.maxRows, max_tokens: s.maxTokens, max_events: s.maxEvents, max_extra: s.maxExtra });

@@ -3,12 +3,12 @@
 // optionally log-probs, token counts and speculative counts). They go into the telemetry ring with
 // one copy per column; the head carries only the sparse events (slot-events.ts), written into the
 // slot too, so a step makes no system call and sends no message. Nothing here touches an element:
-// values are checked where the agent reads them (src/agent/ring-columns.ts), garbage counted there.
+// values are checked where the agent reads them (src/client/ring-columns.ts), garbage counted there.
 // The agent cannot tell these heads from the Python client's (clients/python/wavebus_client/tensor_head.py).
 import { ConfigError } from '../errors';
 import type { NonFiniteRow } from '../messages';
 import { encodeTrusted, messageType } from '../proto';
-import { ringColumns, RowIndex } from '../agent/ring-columns';
+import { ringColumns, RowIndex } from './ring-columns';
 import type { ClientFeatures } from './options';
 import { SlotEvents } from './slot-events';
 import { MAX_SLOTS } from './telemetry';

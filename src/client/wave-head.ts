@@ -12,6 +12,12 @@ export type WaveTelemetry = Omit<StepTelemetry, 'wave'> & { wave?: number };
 
 export const isWaveNumber = (n: unknown): boolean => Number.isSafeInteger(n) && (n as number) >= 0;
 
+/** A rejected promise for a bad wave number (the per-step calls never throw synchronously). */
+export function waveError(wave: number, where: string): Promise<never> | undefined {
+  if (isWaveNumber(wave)) return undefined;
+  return Promise.reject(new ConfigError(`${where}(): wave ${wave} is not a non-negative integer`));
+}
+
 export class WaveHeadSender {
   /** Request slots and last-sent block tables of the telemetry; null after a pause in sending. */
   private columnizer: TelemetryColumnizer | null = null;

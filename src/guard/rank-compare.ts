@@ -6,19 +6,13 @@
 // every rank of a replica, remote hosts included, and it already holds the telemetry that maps a
 // row to its request. A mismatch gives the groups of ranks that agree (tokens, and inputs).
 import { replicaDumpRanks, type WorldLayout } from '../layout';
-import { DECISION as FLAG } from '../client/decision-layout';
+import { DECISION as FLAG, type Decision } from '../client/decision-layout';
 
 /** Waves kept per replica before the oldest is dropped unsettled (a replica far ahead of a rank). */
 const MAX_OPEN_WAVES = 64;
 
-export interface RankDecisionMsg {
-  wave: number;
-  tokenCrc: number;
-  rows: number;
-  inputCrc: number;
-  inputTokens: number;
-  flags: number;
-}
+/** A rank's digests of one wave, as its agent read them from its decision ring. */
+export type RankDecisionMsg = Decision;
 
 export interface RankGroup {
   ranks: number[];

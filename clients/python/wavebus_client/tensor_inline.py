@@ -1,6 +1,6 @@
 """The tensor head's columns sent inline in the head (no telemetry ring: the agent made none, or a
 step larger than the ring), built with numpy as the agent builds them from a ring slot
-(src/agent/ring-columns.ts): finish/free events become the flags column, and an event row that
+(src/client/ring-columns.ts): finish/free events become the flags column, and an event row that
 sampled nothing this step is appended with no tokens."""
 import numpy as np
 

@@ -5,7 +5,7 @@
 // drop its per-token columns (rows, flags and speculative counts still go). Finish/free events
 // become the flags column; an event row that sampled nothing this step is appended with no tokens
 // (clients/python/wavebus_client/tensor_inline.py builds the same when there is no ring).
-import type { RingAsk, RingSlotRead } from './telemetry-ring';
+import type { RingAsk, RingSlotRead } from './ring-layout';
 
 export type RingGarbage = 'torn' | 'bad_seq' | 'bad_counts' | 'no_ring' | 'row_out_of_range' | 'token_count' | 'token_out_of_range' | 'bad_event' | 'bad_extra';
 
