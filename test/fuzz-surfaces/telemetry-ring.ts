@@ -21,7 +21,7 @@ const ASK = { ringRows: 8, ringTokens: 8, ringEvents: 4, ringVocab: 1000 };
 
 export const telemetryRingSurface: Surface = {
   name: 'telemetry_ring',
-  from: 'the telemetry ring file the engine client fills per wave head and the agent polls (telemetry-ring.ts, ring-columns.ts, ring-heads.ts)',
+  from: 'the telemetry ring file the engine client fills per wave head and the agent polls (agent/telemetry-ring.ts, client/ring-columns.ts, agent/ring-heads.ts)',
   async open(dir) {
     const relayed: Uint8Array[] = [];
     const heads = new RingHeads(path.join(dir, 'telemetry-ring-local0'), newRingStats(), createLogger('fuzz-ring', 'silent'), (h) => relayed.push(h));
