@@ -20,9 +20,19 @@ import json, sys, numpy as np
 from wavebus_client import Client, RequestStep
 from wavebus_client.wave_head import WaveHeadBuilder
 
-run_dir, garbage, rehello, few_events = sys.argv[1], sys.argv[2] == "1", sys.argv[2] == "2", sys.argv[2] == "3"
+run_dir, garbage, rehello, few_events, bt_mode = sys.argv[1], sys.argv[2] == "1", sys.argv[2] == "2", sys.argv[2] == "3", sys.argv[2] == "4"
 c = Client.connect(env={"WAVEBUS_RUN_DIR": run_dir, "LOCAL_RANK": "0"})
 batch = c.tensor_batch(8, vocab=1000, max_events=0 if few_events else None)
+# bt_mode: the engine's own block table (written in place) registered once, instead of blocks() calls.
+bt, bn = np.full((8, 4), -1, dtype=np.int32), np.zeros(8, dtype=np.int32)
+if bt_mode:
+    batch.block_table(bt, bn)
+def set_blocks(r, ids):
+    tables[r] = ids
+    if bt_mode:
+        bt[r, :] = -1; bt[r, :len(ids)] = ids; bn[r] = len(ids)
+    else:
+        batch.blocks(r, ids)
 import time
 from wavebus_client.mailbox import FEATURE_BUS
 t_end = time.monotonic() + 30  # the agent turns the bus on once its coordinator's config is in force
@@ -37,12 +47,12 @@ for wave in range(1, 41):
     rows, toks, lps, reqs = [], [], [], []
     if wave == 1:
         for r, q in ((0, "a"), (1, "b"), (2, "c")):
-            batch.arrive(r, q, prompt_len=5); live[r] = q; tables[r] = [r, r + 8]
-            batch.blocks(r, tables[r])
+            batch.arrive(r, q, prompt_len=5); live[r] = q
+            set_blocks(r, [r, r + 8])
     if wave == 12:
-        batch.arrive(1, "d", prompt_len=3); live[1] = "d"; tables[1] = [9]; batch.blocks(1, [9])
+        batch.arrive(1, "d", prompt_len=3); live[1] = "d"; set_blocks(1, [9])
     if wave == 20:
-        tables[2] = [2, 10, 11]; batch.blocks(2, tables[2])
+        set_blocks(2, [2, 10, 11])
     for r in sorted(live):
         rows.append(r); toks.append(7 if r == 0 else (wave * 13 + r) % 1000); lps.append(-0.5 - r)
     fin = [1] if wave == 10 else []
@@ -70,8 +80,8 @@ c.close()
 print(json.dumps(out))
 `;
 
-async function drive(job: HarnessJob, garbage: boolean | 'rehello' | 'few_events'): Promise<{ dict: string[]; sent: number; stats: Record<string, number>; client: Record<string, unknown> }> {
-  const p = spawnTracked(PYTHON, ['-c', DRIVER, path.join(job.root, 'run'), garbage === 'rehello' ? '2' : garbage === 'few_events' ? '3' : garbage ? '1' : '0'], { env: ENV });
+async function drive(job: HarnessJob, garbage: boolean | 'rehello' | 'few_events' | 'block_table'): Promise<{ dict: string[]; sent: number; stats: Record<string, number>; client: Record<string, unknown> }> {
+  const p = spawnTracked(PYTHON, ['-c', DRIVER, path.join(job.root, 'run'), garbage === 'rehello' ? '2' : garbage === 'few_events' ? '3' : garbage === 'block_table' ? '4' : garbage ? '1' : '0'], { env: ENV });
   const { code } = await p.exited;
   if (code !== 0) throw new Error(`python exited ${code}: ${p.stderr()}`);
   return JSON.parse(p.stdout());
@@ -93,6 +103,21 @@ test('the ring path gives the coordinator the dict path\'s columns, and token_re
     await waitFor(() => seen.length === 40, 'every head at the coordinator');
     expectDictColumns(seen, dictColumns(got.dict));
     await waitFor(() => fs.existsSync(job.reportRoot) && fs.readdirSync(job.reportRoot).length > 0, 'the token_repeat incident report');
+  } finally {
+    await stopHarnessJob(job);
+  }
+});
+
+test('a registered block table (the engine writes it in place, no blocks() calls) gives the coordinator the same columns', async () => {
+  const job = await startHarnessJob({ tp: 1, runtimeConfig: CFG });
+  try {
+    const seen = record(job);
+    const got = await drive(job, 'block_table');
+    if (got.sent !== 40) throw new Error(`sent ${got.sent} of 40 heads: ${JSON.stringify(got.client)}`);
+    // Rows 0-2 at wave 1, row 1's new request at wave 12, row 2's third block at wave 20: five tables.
+    expect(got.stats).toMatchObject({ ring_heads: 40, block_rows_sent: 5, bad_block_rows: 0 });
+    await waitFor(() => seen.length === 40, 'every head at the coordinator');
+    expectDictColumns(seen, dictColumns(got.dict));
   } finally {
     await stopHarnessJob(job);
   }
@@ -144,7 +169,7 @@ test('a step with more finish/free events than the ring holds goes inline; the w
     const seen = record(job);
     const got = await drive(job, 'few_events');
     expect(got.sent).toBe(40);
-    expect(got.stats).toEqual({ ring_heads: 38, inline_heads: 2 }); // waves 10 (finish) and 11 (free)
+    expect(got.stats).toMatchObject({ ring_heads: 38, inline_heads: 2 }); // waves 10 (finish) and 11 (free)
     await waitFor(() => seen.length === 40, 'every head at the coordinator');
     expectEveryWaveInOrder(seen);
     expectDictColumns(seen, dictColumns(got.dict));

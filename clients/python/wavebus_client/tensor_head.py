@@ -41,6 +41,22 @@ def _host(x, name: str, kinds: str):
     return x
 
 
+def _host2d(x, where: str):
+    """A 2-d numpy integer array over ``x`` (no copy for numpy and CPU tensors)."""
+    import numpy as np
+
+    if hasattr(x, "detach") and hasattr(x, "numpy"):
+        x = x.detach()
+        if x.device.type != "cpu":
+            raise ConfigError(f"{where} must be on the CPU (a view the client can read each step), got {x.device}")
+        x = x.numpy()
+    elif not isinstance(x, np.ndarray):
+        raise ConfigError(f"{where} must be a numpy array or a CPU torch tensor, got {type(x).__name__}")
+    if x.ndim != 2 or x.dtype.kind not in _INT_KINDS:
+        raise ConfigError(f"{where} must be a 2-d integer array, got shape {list(x.shape)} {x.dtype}")
+    return x
+
+
 class TensorBatch(SlotEvents):
     """``Client.tensor_batch()``: the engine's rows, their sparse events, and the per-step head."""
 
@@ -56,7 +72,8 @@ class TensorBatch(SlotEvents):
         # message head, heads go as messages naming their slot until the agent took the last such
         # slot. _PENDING: a message went and no slot was named since; 0: nothing pending.
         self._fence, self._fence_ring = 0, None
-        self.stats = {"ring_heads": 0, "inline_heads": 0}
+        self.stats = {"ring_heads": 0, "inline_heads": 0, "block_rows_sent": 0, "bad_block_rows": 0}
+        self._bt = None  # block_table(): the engine's table and counts, and what the last head saw of them
 
     def ring_request(self) -> dict:
         """The hello's fields asking the agent for a ring of this batch's sizes."""
@@ -96,6 +113,8 @@ class TensorBatch(SlotEvents):
                 raise ConfigError("wave_head(): draft_len and accepted go together")
             cols["draft_len"] = self._per_row(draft_len, "draft_len", n, _INT_KINDS)
             cols["accepted"] = self._per_row(accepted, "accepted", n, _INT_KINDS)
+        if self._bt is not None:
+            self._diff_block_table()
         ev_rows, ev_flags = self.event_columns()
         if ev_rows:
             cols["event_row"], cols["event_flags"] = ev_rows, ev_flags
@@ -139,6 +158,52 @@ class TensorBatch(SlotEvents):
             return False
         self.sent()
         return True
+
+    def block_table(self, table, num_blocks) -> None:
+        """Register the engine's block-table tensor ``table`` ([rows, max_blocks], integers, updated
+        in place by the engine, as vLLM's and transformers' are) and its per-row block counts
+        ``num_blocks`` ([rows]), numpy or CPU torch, once. Each head that is sent compares them with
+        what the previous head saw (numpy, two vectorized comparisons), and the live rows whose
+        blocks changed, or that a request took since, go with it as block-table events: the engine
+        calls ``blocks()`` no more. Nothing is read while the bus is off."""
+        t = _host2d(table, "block_table(): table")
+        n = _host(num_blocks, "num_blocks", _INT_KINDS)
+        if t.shape[0] < self.max_rows or n.shape[0] < self.max_rows:
+            raise ConfigError(f"block_table(): table has {t.shape[0]} rows and num_blocks {n.shape[0]}; the batch has {self.max_rows}")
+        import numpy as np
+
+        rows = self.max_rows
+        self._bt = (t[:rows], n[:rows], np.full((rows, t.shape[1]), -1, dtype=np.int64), np.full(rows, -1, dtype=np.int64))
+
+    def arrive(self, row, req_id: str, prompt_len: int = 0, prompt_token_ids=None) -> None:
+        super().arrive(row, req_id, prompt_len, prompt_token_ids)
+        if self._bt is not None:
+            self._bt[3][int(row)] = -1  # its table goes with the next head, whatever the last head saw
+
+    def _diff_block_table(self) -> None:
+        import numpy as np
+
+        t, n, seen_t, seen_n = self._bt
+        counts = n.astype(np.int64)  # a copy: the engine may write on
+        width = min(max(int(counts.max()) if counts.size else 0, 0), t.shape[1])
+        changed = counts != seen_n
+        if width:
+            changed |= (t[:, :width] != seen_t[:, :width]).any(axis=1)
+        seen_t[:, :width] = t[:, :width]
+        seen_n[:] = counts
+        live = self._live
+        for r in np.flatnonzero(changed).tolist():
+            if r not in live:
+                continue
+            k = int(counts[r])
+            try:
+                if not 0 <= k <= t.shape[1]:
+                    raise ConfigError(f"num_blocks[{r}] = {k} is not in 0..{t.shape[1]}")
+                self.blocks(r, t[r, :k])
+                self.stats["block_rows_sent"] += 1
+            except ConfigError:
+                # Garbage in the engine's table costs that row's update, never the step.
+                self.stats["bad_block_rows"] += 1
 
     def _idle(self, wave) -> bool:
         """The bus is off and no finish/free waits: what _head_gate does then, without its calls (the
