@@ -16,10 +16,21 @@ afterAll(cleanup);
 jest.setTimeout(120000);
 
 /** The steps of test/tensor-head.test.ts's Python driver: arrivals, a finish, a free, a new request in the freed row, a table change; row 0 repeats a token. */
-async function drive(job: HarnessJob, opts: TensorBatchOptions, garbage = false) {
+async function drive(job: HarnessJob, opts: TensorBatchOptions, garbage = false, registered = false) {
   const c = job.ranks[0].client;
   await waitFor(() => (c.featureFlags() & MailboxFeature.BUS_ACTIVE) !== 0, 'the bus on');
   const batch = c.tensorBatch(8, { vocab: 1000, ...opts });
+  // registered: the engine's own block table (written in place) given once, instead of blocks() calls.
+  const bt = new Int32Array(8 * 4).fill(-1);
+  const bn = new Int32Array(8);
+  if (registered) batch.blockTable(bt, 4, bn);
+  const setBlocks = (r: number, ids: number[]) => {
+    tables.set(r, ids);
+    if (!registered) return batch.blocks(r, ids);
+    bt.fill(-1, r * 4, r * 4 + 4);
+    bt.set(ids, r * 4);
+    bn[r] = ids.length;
+  };
   const ref = new TelemetryColumnizer();
   const dict: ReturnType<typeof columnsToWire>[] = [];
   const live = new Map<number, string>();
@@ -30,19 +41,16 @@ async function drive(job: HarnessJob, opts: TensorBatchOptions, garbage = false)
       for (const [r, q] of [[0, 'a'], [1, 'b'], [2, 'c']] as const) {
         batch.arrive(r, q, { promptLen: 5 });
         live.set(r, q);
-        tables.set(r, [r, r + 8]);
-        batch.blocks(r, tables.get(r)!);
+        setBlocks(r, [r, r + 8]);
       }
     }
     if (wave === 12) {
       batch.arrive(1, 'd', { promptLen: 3 });
       live.set(1, 'd');
-      tables.set(1, [9]);
-      batch.blocks(1, [9]);
+      setBlocks(1, [9]);
     }
     if (wave === 20) {
-      tables.set(2, [2, 10, 11]);
-      batch.blocks(2, tables.get(2)!);
+      setBlocks(2, [2, 10, 11]);
     }
     const rows = [...live.keys()].sort((a, b) => a - b);
     const toks = rows.map((r) => (r === 0 ? 7 : (wave * 13 + r) % 1000));
@@ -62,7 +70,7 @@ async function drive(job: HarnessJob, opts: TensorBatchOptions, garbage = false)
     for (const r of freed) live.delete(r);
     await c.endOfWave(wave);
   }
-  return { dict, sent, stats: batch.stats, lastError: c.lastError };
+  return { dict, sent, stats: batch.stats, blockStats: batch.blockStats, lastError: c.lastError };
 }
 
 test('typed arrays through the ring give the coordinator the dict path\'s columns, every head whole in the ring; token_repeat fires on them', async () => {
@@ -82,6 +90,21 @@ test('typed arrays through the ring give the coordinator the dict path\'s column
   }
 });
 
+
+test('a registered block table (written in place, no blocks() calls) gives the coordinator the same columns', async () => {
+  const job = await startHarnessJob({ tp: 1, runtimeConfig: CFG });
+  try {
+    const seen = record(job);
+    const got = await drive(job, {}, false, true);
+    if (got.sent !== 40) throw new Error(`sent ${got.sent} of 40 heads: ${got.lastError}`);
+    // Rows 0-2 at wave 1, row 1's new request at wave 12, row 2's third block at wave 20.
+    expect(got.blockStats).toEqual({ blockRowsSent: 5, badBlockRows: 0 });
+    await waitFor(() => seen.length === 40, 'every head at the coordinator');
+    expectDictColumns(seen, got.dict);
+  } finally {
+    await stopHarnessJob(job);
+  }
+});
 test('a step with more finish/free events than the ring holds goes inline with the same columns, in order', async () => {
   const job = await startHarnessJob({ tp: 1, runtimeConfig: CFG });
   try {

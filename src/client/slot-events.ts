@@ -28,7 +28,7 @@ function sameTable(a: readonly number[] | undefined, b: readonly number[]): bool
 }
 
 export class SlotEvents {
-  private readonly liveRows = new Map<number, { reqId: string; promptLen: number }>();
+  protected readonly liveRows = new Map<number, { reqId: string; promptLen: number }>();
   private readonly tables = new Map<number, number[]>();
   private newBind = new Map<number, SlotBinding>();
   private newBlocks = new Map<number, number[]>();

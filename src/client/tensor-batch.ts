@@ -5,6 +5,7 @@
 // slot too, so a step makes no system call and sends no message. Nothing here touches an element:
 // values are checked where the agent reads them (src/client/ring-columns.ts), garbage counted there.
 // The agent cannot tell these heads from the Python client's (clients/python/wavebus_client/tensor_head.py).
+import { BlockTableWatch } from './block-table';
 import { ConfigError } from '../errors';
 import type { NonFiniteRow } from '../messages';
 import { encodeTrusted, messageType } from '../proto';
@@ -83,6 +84,7 @@ export class TensorBatch extends SlotEvents {
   readonly vocab: number;
   readonly stats = { ringHeads: 0, inlineHeads: 0 };
   private epoch = -1;
+  private watch: BlockTableWatch | undefined;
   /**
    * Order across the two ways a head travels: the agent relays whole heads from its poll of the
    * ring and message heads as it reads its socket, so a whole head written while a message head is
@@ -137,6 +139,25 @@ export class TensorBatch extends SlotEvents {
     this.resendAll();
   }
 
+  /**
+   * Register the engine's block table once (`table`: rows x `width` block ids, row-major, written
+   * in place; `numBlocks`: the blocks in use per row): each head that is sent passes on the live
+   * rows whose blocks changed, or that a request took since, and blocks() is needed no more.
+   */
+  blockTable(table: Int32Array | Uint32Array, width: number, numBlocks: Int32Array | Uint32Array): void {
+    this.watch = new BlockTableWatch(table, width, numBlocks, this.maxRows);
+  }
+
+  /** blockTable()'s counts: the tables sent, and the rows skipped as garbage. */
+  get blockStats(): { blockRowsSent: number; badBlockRows: number } {
+    return this.watch ? { ...this.watch.stats } : { blockRowsSent: 0, badBlockRows: 0 };
+  }
+
+  override arrive(row: number, reqId: string, opts: { promptLen?: number; promptTokenIds?: ArrayLike<number> } = {}): void {
+    super.arrive(row, reqId, opts);
+    this.watch?.invalidate(row);
+  }
+
   private head(f: ClientFeatures, wave: number, step: TensorStep): boolean {
     const rows = column(step.rows, 'rows');
     const n = rows.length;
@@ -159,6 +180,7 @@ export class TensorBatch extends SlotEvents {
       cols.draft_len = perRow(step.draftLen, 'draftLen', n);
       cols.accepted = perRow(step.accepted, 'accepted', n);
     }
+    this.watch?.diff((r) => this.liveRows.has(r), (r, ids) => this.blocks(r, ids));
     const ev = this.eventColumns();
     const events = ev.rows.length;
     if (events > 0) {
