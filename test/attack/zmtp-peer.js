@@ -5,6 +5,9 @@
 //   node zmtp-peer.js xsub HOST PORT FILE...     connect as an XSUB and send each FILE's bytes as one
 //                                                subscription (byte 1, then the topic); hold the
 //                                                connection until stdin closes or the PUB drops it
+//   node zmtp-peer.js xsub-many HOST PORT COUNT BYTES   connect as an XSUB and send COUNT distinct
+//                                                random subscriptions of BYTES bytes each; hold the
+//                                                connection until stdin closes or the PUB drops it
 //   node zmtp-peer.js pub HOST PORT EVERY_MS FILE   bind as a PUB and send the recorded frames in
 //                                                FILE (JSON: [[topic base64, body base64], ...]) to
 //                                                every subscriber whose handshake is done (its
@@ -15,6 +18,7 @@
 //                                                protocol error for libzmq, which then ends that
 //                                                endpoint instead of reconnecting
 'use strict';
+const crypto = require('crypto');
 const fs = require('fs');
 const net = require('net');
 
@@ -93,6 +97,28 @@ if (mode === 'dealer') {
       sent += topic.length;
     }
     sock.write(Buffer.alloc(0), () => say({ event: 'sent', subscriptions: rest.length, bytes: sent }));
+  });
+  sock.on('data', () => undefined);
+  sock.on('error', (e) => say({ event: 'error', error: String(e.message) }));
+  sock.on('close', () => {
+    say({ event: 'closed' });
+    process.exit(0);
+  });
+  process.stdin.on('end', () => sock.destroy());
+  process.stdin.resume();
+} else if (mode === 'xsub-many') {
+  const [count, bytes] = rest.map(Number);
+  const sock = net.connect(Number(port), host, () => {
+    say({ event: 'connected' });
+    sock.write(greeting(false));
+    sock.write(ready('XSUB'));
+    for (let i = 0; i < count; i++) {
+      const sub = Buffer.alloc(1 + bytes);
+      sub[0] = 1;
+      crypto.randomFillSync(sub, 1);
+      sock.write(frame(sub));
+    }
+    sock.write(Buffer.alloc(0), () => say({ event: 'sent', subscriptions: count, bytes: count * bytes }));
   });
   sock.on('data', () => undefined);
   sock.on('error', (e) => say({ event: 'error', error: String(e.message) }));
