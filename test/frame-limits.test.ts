@@ -6,14 +6,16 @@ import * as fs from 'fs';
 import * as http from 'http';
 import * as path from 'path';
 import * as protobuf from 'protobufjs';
-import { Dealer } from 'zeromq';
-import { BusToken, createTokenFile } from '../src/bus/auth';
+import { Dealer, Subscriber } from 'zeromq';
+import { BusToken, createTokenFile, SUBSCRIBER_USER } from '../src/bus/auth';
 import { writeKeyPair } from '../src/bus/curve';
+import { AgentBus } from '../src/bus/agent-bus';
 import { Coordinator, requestStatus } from '../src/bus/coordinator';
 import { decodeAgentMessage, decodeBusFrame, decodeCoordinatorMessage, encodeAgentMessage, encodeBusFrame } from '../src/bus/frames';
 import { MAX_UNAUTHENTICATED_BYTES, unauthenticatedRefusal } from '../src/bus/router-inbox';
 import { MAX_FRAME_MESSAGES, MAX_FRAME_VALUES, MAX_LISTING_FILES, wireCensus } from '../src/bus/wire-census';
 import { listBundleFiles } from '../src/agent/file-server';
+import { resolveIdentity } from '../src/launch/identity';
 import { createLogger } from '../src/log';
 import { AgentMessage, ClientRequest, CoordinatorMessage } from '../src/proto';
 import { PROTOCOL_VERSION } from '../src/bus/protocol-version';
@@ -236,25 +238,33 @@ describeAsRoot('a local user subscribes to the coordinator PUB with a 24 MB topi
    * A second uid's XSUB (ZMTP 3.0, NULL) sends one subscription of `mib` MiB to the PUB of a
    * coordinator started with `extra` flags; returns the coordinator's RSS growth and what the peer saw.
    */
-  async function attack(extra: (dir: string) => string[]): Promise<{ growthMiB: number; peer: string; metricsPort: number; port: number; tokenFile: string; c: ReturnType<typeof spawnWavebus> }> {
+  async function attack(
+    extra: (dir: string) => string[],
+    peerArgs: (dir: string) => string[] = (dir) => {
+      const topic = path.join(dir, 'topic.bin');
+      fs.writeFileSync(topic, Buffer.alloc(24 * 2 ** 20, 0x61));
+      fs.chmodSync(topic, 0o644);
+      return ['xsub', topic];
+    },
+    withToken = true,
+  ): Promise<{ growthMiB: number; peer: string; metricsPort: number; port: number; tokenFile: string; c: ReturnType<typeof spawnWavebus> }> {
     const user = otherUser('subbomb');
     const dir = tmpDir('wavebus-subbomb-');
     fs.chmodSync(dir, 0o755);
     const script = path.join(dir, 'xsub.js');
     fs.copyFileSync(path.join(ROOT, 'test', 'attack', 'zmtp-peer.js'), script);
-    const topic = path.join(dir, 'topic.bin');
-    fs.writeFileSync(topic, Buffer.alloc(24 * 2 ** 20, 0x61));
-    for (const f of [script, topic]) fs.chmodSync(f, 0o644);
+    fs.chmodSync(script, 0o644);
+    const [peerMode, ...peerRest] = peerArgs(dir);
     const tokenFile = createTokenFile(tmpDir('wavebus-subbomb-token-'));
     const port = await freePortPair();
-    const c = spawnWavebus(['coordinator', '--port', String(port), '--world-size', '1', '--metrics-port', '0', '--bus-token-file', tokenFile, '--runtime-config-path', path.join(dir, 'none.json'), ...extra(dir)], {
+    const c = spawnWavebus(['coordinator', '--port', String(port), '--world-size', '1', '--metrics-port', '0', ...(withToken ? ['--bus-token-file', tokenFile] : []), '--runtime-config-path', path.join(dir, 'none.json'), ...extra(dir)], {
       env: { ...process.env, WAVEBUS_LOG_LEVEL: 'warn' },
     });
     const started = await waitFor(() => c.stdout().split('\n').find((l) => l.includes('"started"')), 'the coordinator to start', 20000);
     const metricsPort: number = JSON.parse(started).metrics.port;
     for (let i = 0; i < 3; i++) await getJson(metricsPort);
     const before = rssKiB(c.child.pid!);
-    const peer = spawnAs(user, process.execPath, [script, 'xsub', '127.0.0.1', String(port), topic], { stdio: ['pipe', 'pipe', 'pipe'] });
+    const peer = spawnAs(user, process.execPath, [script, peerMode, '127.0.0.1', String(port), ...peerRest], { stdio: ['pipe', 'pipe', 'pipe'] });
     let peak = before;
     // The subscription is applied (or refused) within a second or two of arriving; sample for 4 s
     // after the last byte went out, or until the coordinator has dropped the connection.
@@ -272,7 +282,8 @@ describeAsRoot('a local user subscribes to the coordinator PUB with a 24 MB topi
   }
 
   test('plain text: the PUB drops the peer at its first oversized message, the coordinator does not grow, and still answers', async () => {
-    const r = await attack(() => []);
+    // Without the token: the PUB's size limit is all that stands (with it, the handshake refuses the peer first).
+    const r = await attack(() => [], undefined, false);
     try {
       // eslint-disable-next-line no-console
       console.log(`subscription bomb (plain): coordinator RSS +${r.growthMiB.toFixed(1)} MiB`);
@@ -280,10 +291,38 @@ describeAsRoot('a local user subscribes to the coordinator PUB with a 24 MB topi
       expect(r.growthMiB).toBeLessThan(50);
       expect(r.peer).toContain('"event":"closed"');
       expect((await getJson(r.metricsPort)).ms).toBeLessThan(1000);
-      const st = await requestStatus({ host: '127.0.0.1', port: r.port }, 3000, undefined, BusToken.load(r.tokenFile, 'token'));
+      const st = await requestStatus({ host: '127.0.0.1', port: r.port }, 3000);
       expect(st.protocolVersion).toBe(PROTOCOL_VERSION);
       expect(r.c.child.exitCode).toBeNull();
     } finally {
+      r.c.child.kill('SIGTERM');
+      await r.c.exited;
+    }
+  }, 90000);
+
+  test('plain text with the token: 24 000 distinct 1000-byte subscriptions are refused with the connection (no subscriber password), the coordinator does not grow, and a real agent still gets its vectors', async () => {
+    // Each subscription is within the PUB's 1 KiB limit; before the PUB asked for the token's
+    // subscriber password, libzmq kept them all in its topic trie (about +500 MiB, kept).
+    const r = await attack(() => [], () => ['xsub-many', '24000', '1000']);
+    const bus = new AgentBus({ coordinator: { host: '127.0.0.1', port: r.port }, identity: resolveIdentity({}, { rank: 0, worldSize: 1 }), heartbeatMs: 100, busToken: BusToken.load(r.tokenFile, 'token'), logger: quiet });
+    try {
+      // eslint-disable-next-line no-console
+      console.log(`subscription bomb (plain, 24 000 distinct): coordinator RSS +${r.growthMiB.toFixed(1)} MiB`);
+      expect(r.growthMiB).toBeLessThan(50);
+      expect(r.peer).toContain('"event":"closed"');
+      const h = await getJson(r.metricsPort);
+      expect(h.body.security.subscribers_refused.handshake_failed).toBeGreaterThanOrEqual(1);
+      expect(await getText(r.metricsPort, '/metrics')).toMatch(/wavebus_subscriber_refusals_total\{reason="handshake_failed"\} [1-9]/);
+      // The job's own agent subscribes with the password, syncs, and receives the vector of each head it sends.
+      await bus.start();
+      await waitFor(() => bus.synced, 'the agent to sync', 20000);
+      for (let w = 1; w <= 3; w++) {
+        bus.sendWaveHead(w, null);
+        await waitFor(() => (bus.latest()?.wave ?? 0) > w, `the vector published by head ${w}`, 10000);
+      }
+      expect(r.c.child.exitCode).toBeNull();
+    } finally {
+      await bus.stop();
       r.c.child.kill('SIGTERM');
       await r.c.exited;
     }
@@ -307,6 +346,44 @@ describeAsRoot('a local user subscribes to the coordinator PUB with a 24 MB topi
       await r.c.exited;
     }
   }, 90000);
+});
+
+describe('the PUB of a plain-text bus with the token', () => {
+  test('admits a subscriber only with the token\'s subscriber password: none, or a wrong one, is refused and counted; the right one gets frames', async () => {
+    const tokenFile = createTokenFile(tmpDir('wavebus-limits-token-'));
+    const tok = BusToken.load(tokenFile, 'test token');
+    const port = await freePortPair();
+    const c = new Coordinator({ port, layout: LAYOUT1, logger: quiet, busToken: tok, heartbeatMs: 50 });
+    await c.start();
+    const subs: Subscriber[] = [];
+    /** A subscriber with `opts`; resolves to whether it received a frame within `ms`. */
+    const hears = async (opts: Record<string, unknown>, ms: number): Promise<boolean> => {
+      const sub = new Subscriber({ linger: 0, receiveTimeout: ms, ...opts });
+      subs.push(sub);
+      sub.subscribe('r0.');
+      sub.connect(`tcp://127.0.0.1:${port}`);
+      try {
+        await sub.receive();
+        return true;
+      } catch {
+        return false;
+      }
+    };
+    try {
+      expect(await hears({ plainUsername: SUBSCRIBER_USER, plainPassword: tok.subscriberPassword() }, 5000)).toBe(true);
+      expect(await hears({}, 1000)).toBe(false);
+      expect(await hears({ plainUsername: SUBSCRIBER_USER, plainPassword: token().subscriberPassword() }, 1000)).toBe(false);
+      const refused = (c.status().security as Record<string, any>).subscribers_refused;
+      expect(refused.handshake_failed).toBeGreaterThanOrEqual(1); // NULL against PLAIN: libzmq ends it before ZAP
+      expect(refused.wrong_password).toBeGreaterThanOrEqual(1);
+      // The password is derived from the token, never the token itself (PLAIN sends it in clear).
+      expect(tok.subscriberPassword()).toMatch(/^[0-9a-f]{64}$/);
+      expect(tok.subscriberPassword()).not.toBe(fs.readFileSync(tokenFile, 'utf8').trim());
+    } finally {
+      for (const s of subs) s.close();
+      await c.stop();
+    }
+  }, 30000);
 });
 
 describe('the Python client socket to its agent', () => {

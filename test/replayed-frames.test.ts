@@ -6,7 +6,7 @@ import * as fs from 'fs';
 import * as path from 'path';
 import { Subscriber } from 'zeromq';
 import { AgentBus } from '../src/bus/agent-bus';
-import { BusToken, createTokenFile } from '../src/bus/auth';
+import { BusToken, createTokenFile, SUBSCRIBER_USER } from '../src/bus/auth';
 import { Coordinator } from '../src/bus/coordinator';
 import { FrameFreshness } from '../src/bus/frame-freshness';
 import { resolveIdentity } from '../src/launch/identity';
@@ -39,8 +39,10 @@ describeAsRoot('a local user replays recorded bus frames on the port of a dead c
     const port = await freePortPair();
     const c = new Coordinator({ port, layout: { worldSize: 1, tp: 1, pp: 1, dp: 1, cp: 1 }, logger: quiet, busToken: token, heartbeatMs: 100 });
     await c.start();
-    // What anyone on the host can record: the coordinator's frames, MACs and all.
-    const recorder = new Subscriber({ linger: 0 });
+    // What a local user that learned the subscriber password can record (a squatter after an
+    // earlier death hears it from a reconnecting agent: PLAIN sends it in clear, as the replayer
+    // below shows): the coordinator's frames, MACs and all.
+    const recorder = new Subscriber({ linger: 0, plainUsername: SUBSCRIBER_USER, plainPassword: token.subscriberPassword() });
     recorder.subscribe();
     recorder.connect(`tcp://127.0.0.1:${port}`);
     const recorded: [string, string][] = [];
@@ -68,7 +70,7 @@ describeAsRoot('a local user replays recorded bus frames on the port of a dead c
       const aliveBefore = alive;
       // The second uid takes the PUB port and replays, one frame every 20 ms: far more often
       // than the 300 ms after which a silent coordinator is lost.
-      replayer = spawnAs(user, process.execPath, [script, 'pub', '127.0.0.1', String(port), '20', file], { stdio: ['pipe', 'pipe', 'pipe'] });
+      replayer = spawnAs(user, process.execPath, [script, 'pub-plain', '127.0.0.1', String(port), '20', file], { stdio: ['pipe', 'pipe', 'pipe'] });
       const events = () => jsonEvents(replayer!);
       await waitFor(() => events().some((e) => e.event === 'bound'), 'the replayer to bind the PUB port', 10000);
       await waitFor(() => lost > 0, 'the agent to find its coordinator lost', 10000);
@@ -81,6 +83,8 @@ describeAsRoot('a local user replays recorded bus frames on the port of a dead c
       expect(lost).toBe(1);
       expect(bus.synced).toBe(false);
       expect(bus.stats.dropped.bad_mac ?? 0).toBe(0); // they carry good MACs: only their seq gives them away
+      // The squatter heard the subscriber password (the documented limit of PLAIN), never the token.
+      expect(events().find((e) => e.event === 'plain-hello')).toMatchObject({ user: SUBSCRIBER_USER, password: token.subscriberPassword() });
     } finally {
       replayer?.child.stdin?.end();
       await replayer?.exited;

@@ -2,12 +2,13 @@
 // roots, and with the launcher's bus token the agents and the coordinator believe only each other.
 import * as fs from 'fs';
 import * as path from 'path';
-import { Dealer, Publisher } from 'zeromq';
+import { Context, Dealer, Publisher } from 'zeromq';
+import { ZapHandler } from '../src/bus/zap-handler';
 import { Agent } from '../src/agent/agent';
 import { aggregate } from '../src/tools/aggregate';
 import { narrowRoot } from '../src/agent/roots';
 import { AgentBus } from '../src/bus/agent-bus';
-import { BusToken, createTokenFile, TOKEN_FILE_NAME } from '../src/bus/auth';
+import { BusToken, createTokenFile, SUBSCRIBER_USER, TOKEN_FILE_NAME } from '../src/bus/auth';
 import { Coordinator, requestStatus } from '../src/bus/coordinator';
 import { encodeAgentMessage, encodeBusFrame } from '../src/bus/frames';
 import { WavebusClient } from '../src/client/client';
@@ -175,15 +176,16 @@ describe('an agent writes only under its local dump root', () => {
 describe('the bus token', () => {
   const identity = resolveIdentity({}, { rank: 0, worldSize: 1 });
 
-  test('an agent drops coordinator frames without the MAC or with a wrong one, and never syncs', async () => {
-    for (const [coordToken, reason] of [[undefined, 'no_mac'], [token(), 'bad_mac']] as const) {
+  test('an agent never syncs with a coordinator of another token or none: its PUB refuses the agent\'s subscription (another token) or the handshake fails (none)', async () => {
+    for (const coordToken of [undefined, token()]) {
       const port = await freePortPair();
       const c = new Coordinator({ port, layout: LAYOUT1, heartbeatMs: 100, busToken: coordToken, logger: quiet });
       await c.start();
       const bus = new AgentBus({ coordinator: { host: '127.0.0.1', port }, identity, heartbeatMs: 100, deadAfterMs: 5000, busToken: token(), logger: quiet });
       await bus.start();
       try {
-        await waitFor(() => (bus.stats.dropped[reason] ?? 0) >= 5, `agent drops counted as ${reason}`);
+        if (coordToken) await waitFor(() => (c.stats.subscribersRefused.wrong_password ?? 0) >= 1, "the PUB to refuse the agent's subscriber password");
+        else await waitFor(() => bus.stats.subRenewals >= 1, "the agent's SUB, whose handshake failed, to be renewed");
         expect(bus.synced).toBe(false);
         expect(bus.stats.waves).toBe(0);
         // A coordinator with another token does not count this agent either (one without a token
@@ -242,21 +244,33 @@ describe('the bus token', () => {
     }
   });
 
-  test('a rogue publisher on the port is ignored by an agent with the token (frames dropped before reading)', async () => {
+  test('a rogue publisher on the port is ignored by an agent with the token (frames without the MAC or with a wrong one dropped before reading)', async () => {
     const port = await freePortPair();
-    const pub = new Publisher({ linger: 0 });
+    const tok = token();
+    // A rogue that admits the agent's PLAIN subscription (it learned the subscriber password, or
+    // takes any: a NULL publisher fails the agent's handshake before any frame).
+    const context = new Context();
+    const zap = new ZapHandler(context, { plain: { user: SUBSCRIBER_USER, password: tok.subscriberPassword() } });
+    await zap.start();
+    const pub = new Publisher({ linger: 0, context, plainServer: true, zapDomain: 'rogue' });
     await pub.bind(`tcp://127.0.0.1:${port}`);
-    const bus = new AgentBus({ coordinator: { host: '127.0.0.1', port }, identity, heartbeatMs: 100, deadAfterMs: 5000, busToken: token(), logger: quiet });
+    const bus = new AgentBus({ coordinator: { host: '127.0.0.1', port }, identity, heartbeatMs: 100, deadAfterMs: 5000, busToken: tok, logger: quiet });
     await bus.start();
+    const other = token();
     try {
-      await waitFor(async () => {
-        await pub.send(encodeBusFrame(1, 1, 'heartbeat', { wave: 1, unixMs: 1 }));
-        return (bus.stats.dropped.no_mac ?? 0) >= 3;
-      }, 'the rogue frames to be dropped');
+      for (const reason of ['no_mac', 'bad_mac'] as const) {
+        await waitFor(async () => {
+          const [topic, body] = encodeBusFrame(1, 1, 'heartbeat', { wave: 1, unixMs: 1 });
+          await pub.send([topic, reason === 'no_mac' ? body : other.seal('pub', body, undefined, Buffer.from(topic))]);
+          return (bus.stats.dropped[reason] ?? 0) >= 3;
+        }, `the rogue frames to be dropped as ${reason}`);
+      }
       expect(bus.synced).toBe(false);
+      expect(bus.stats.waves).toBe(0);
     } finally {
       await bus.stop();
       pub.close();
+      await zap.stop();
     }
   });
 
@@ -324,7 +338,7 @@ describe('the launcher', () => {
 // ------------------------------------------------------------------ the attack, with a real second uid
 
 describeAsRoot('a local user squats the bus port before a root agent starts', () => {
-  async function attack(agentArgs: string[]): Promise<{ rogue: Spawned; agent: Spawned; events: () => Record<string, any>[]; local: string; victimDir: string; runDir: string; done: () => Promise<void> }> {
+  async function attack(agentArgs: string[], roguePlain = false): Promise<{ rogue: Spawned; agent: Spawned; events: () => Record<string, any>[]; local: string; victimDir: string; runDir: string; done: () => Promise<void> }> {
     const user = otherUser('roots');
     const pbDir = tmpDir('wavebus-rogue-pb-');
     fs.chmodSync(pbDir, 0o755);
@@ -333,7 +347,7 @@ describeAsRoot('a local user squats the bus port before a root agent starts', ()
     fs.chmodSync(path.join(pbDir, 'wavebus_pb2.py'), 0o644);
     fs.chmodSync(path.join(pbDir, 'rogue.py'), 0o644);
     const port = await freePortPair();
-    const rogue = spawnAs(user, PYTHON, [path.join(pbDir, 'rogue.py'), pbDir, String(port)], { stdio: ['pipe', 'pipe', 'pipe'] });
+    const rogue = spawnAs(user, PYTHON, [path.join(pbDir, 'rogue.py'), pbDir, String(port), ...(roguePlain ? ['plain'] : [])], { stdio: ['pipe', 'pipe', 'pipe'] });
     const events = () => jsonEvents(rogue);
     await waitFor(() => events().some((e) => e.event === 'bound') || rogue.child.exitCode !== null, 'the rogue to bind the bus ports');
     expect(rogue.child.exitCode).toBe(null);
@@ -406,9 +420,12 @@ describeAsRoot('a local user squats the bus port before a root agent starts', ()
   test('with the token: every rogue frame is dropped and counted, the agent never follows it', async () => {
     const tokDir = tmpDir('wavebus-squat-token-');
     const file = createTokenFile(tokDir);
-    const a = await attack(['--bus-token-file', file]);
+    // The agent's SUB proves the token with PLAIN (a NULL squatter fails its handshake): this
+    // rogue speaks PLAIN and admits whatever password it is given, so its frames reach the agent.
+    const a = await attack(['--bus-token-file', file], true);
     try {
       await waitFor(() => /"reason":"no_mac"/.test(a.agent.stderr()), 'the agent to drop the rogue frames', 30000);
+      expect(a.events().some((e) => e.event === 'plain_hello' && e.user === SUBSCRIBER_USER)).toBe(true);
       // The rogue's frames never made the agent ask it for anything beyond Hello.
       a.rogue.child.stdin!.write('files\n');
       await new Promise((r) => setTimeout(r, 1500));

@@ -4,10 +4,11 @@
 // without and with the bus token. With CURVE a rogue PUB cannot even complete the handshake.
 import * as fs from 'fs';
 import * as path from 'path';
-import { Dealer, XPublisher } from 'zeromq';
-import { BusToken, createTokenFile } from '../../src/bus/auth';
+import { Context, Dealer, XPublisher } from 'zeromq';
+import { BusToken, createTokenFile, SUBSCRIBER_USER } from '../../src/bus/auth';
 import { DEFAULT_MAX_FRAME_BYTES } from '../../src/bus/constants';
-import { newKeyPair, writeKeyPair } from '../../src/bus/curve';
+import { newKeyPair, writeKeyPair, ZAP_DOMAIN } from '../../src/bus/curve';
+import { ZapHandler } from '../../src/bus/zap-handler';
 import { decodeBusFrame, encodeBusFrame, replicaTopic, TOPIC } from '../../src/bus/frames';
 import { freePortPair } from '../../src/bus/ports';
 import { PROTOCOL_VERSION } from '../../src/bus/protocol-version';
@@ -162,7 +163,13 @@ export function subTarget(name: string, opts: { token?: boolean }): FuzzTarget {
       const token = tokenFile ? BusToken.load(tokenFile, 'fuzz') : undefined;
       const sec = tokenFile ? ['--bus-token-file', tokenFile] : [];
       const rogue = await freePortPair();
-      const pub = new XPublisher({ linger: 0, sendHighWaterMark: 1000, noDrop: true });
+      // With the token the agents' SUB subscribes with PLAIN and the token's subscriber password: the
+      // fuzzing PUB, a holder of the token, admits it as the coordinator does (server-sockets.ts).
+      const context = token ? new Context() : undefined;
+      const zap = context && token ? new ZapHandler(context, { plain: { user: SUBSCRIBER_USER, password: token.subscriberPassword() } }) : undefined;
+      await zap?.start();
+      const plain = context ? { context, plainServer: true, zapDomain: ZAP_DOMAIN, zapEnforceDomain: true } : {};
+      const pub = new XPublisher({ linger: 0, sendHighWaterMark: 1000, noDrop: true, ...plain });
       await pub.bind(`tcp://127.0.0.1:${rogue}`);
       const agents: Array<{ replica: number; proc: Proc; runDir: string; expected: Record<string, number>; samples: Record<string, Buffer[]>; decoded: number }> = [];
       for (const replica of [0, 1]) {
@@ -231,6 +238,7 @@ export function subTarget(name: string, opts: { token?: boolean }): FuzzTarget {
         decoded += a.decoded;
       }
       pub.close();
+      await zap?.stop();
       // A real coordinator takes over the address the agents were pointed at: both must sync to it.
       const cfgDir = path.join(dir, 'runtime', 'config');
       fs.mkdirSync(cfgDir, { recursive: true });

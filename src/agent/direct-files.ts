@@ -114,7 +114,7 @@ export class DirectFiles {
     // An own context: its ZAP handler (one per context) answers for this socket alone.
     const context = new Context();
     // Refusals are counted by reason (refused) and logged with their running total.
-    const zap = new ZapHandler(context, this.allow, this.opts.log);
+    const zap = new ZapHandler(context, { curve: this.allow }, this.opts.log);
     await zap.start();
     const router = new Router({ context, linger: 0, maxMessageSize: MAX_REQUEST_BYTES, ...socketIpOptions(host), ...serverSocketOptions({ keyPair, allow: this.allow }) });
     watchHandshakes(router, zap);

@@ -29,6 +29,7 @@ import { CoordinatorLink } from './coordinator-link';
 import { PROTOCOL_VERSION, versionMismatch } from './protocol-version';
 import { ProtocolError } from '../errors';
 import { clientSocketOptions } from './curve';
+import { subscriberSocketOptions } from './auth';
 import { agentWaveHead } from './wave-head-relay';
 import { payloadOf } from './payload';
 
@@ -133,7 +134,8 @@ export class AgentBus extends EventEmitter {
     const ip = { ...socketIpOptions(host), ...clientSocketOptions(this.opts.curve) };
     // Subscribe before anything else: frames published after the snapshot must not be missed.
     this.sub = new BusSubscription({
-      endpoint: tcpEndpoint(host, port), socketOptions: ip, maxMessageBytes: 2 * this.maxFrameBytes,
+      // With the token and without CURVE, the PUB admits only subscribers with the token's password (server-sockets.ts).
+      endpoint: tcpEndpoint(host, port), socketOptions: { ...ip, ...subscriberSocketOptions(this.opts.busToken, this.opts.curve !== undefined) }, maxMessageBytes: 2 * this.maxFrameBytes,
       topics: () => this.topics(), onMessage: (parts) => this.onSubMessage(parts), running: () => this.running, log: this.log,
     });
     this.sub.open();

@@ -31,6 +31,15 @@ const LABEL: Record<MacDirection, Buffer> = {
   'from-coordinator': Buffer.from('wavebus coordinator message v1\0'),
   'to-coordinator': Buffer.from('wavebus agent message v1\0'),
 };
+/** What the PUB's subscriber credential is derived from (subscriberPassword). */
+const SUBSCRIBER_LABEL = Buffer.from('wavebus subscriber v1\0');
+
+/**
+ * The ZMTP PLAIN user name a subscriber gives the coordinator's PUB on a bus with the token and
+ * without CURVE (server-sockets.ts): libzmq keeps every subscription a connected peer sends in a
+ * topic trie with no limit, so only peers that hold the token may connect at all.
+ */
+export const SUBSCRIBER_USER = 'wavebus-subscriber';
 
 export type Opened = { ok: true; msg: Buffer } | { ok: false; reason: 'no_mac' | 'bad_mac' };
 
@@ -75,6 +84,14 @@ export class BusToken {
     return out;
   }
 
+  /**
+   * The PLAIN password of a subscriber (SUBSCRIBER_USER): derived from the token, never the token
+   * itself, since PLAIN sends it in clear; it admits a subscription and proves nothing else.
+   */
+  subscriberPassword(): string {
+    return createHmac('sha256', this.key).update(SUBSCRIBER_LABEL).digest('hex');
+  }
+
   /** The message without its MAC field, when the MAC is there and right. */
   open(dir: MacDirection, bytes: Buffer, data?: Uint8Array, topic?: Uint8Array): Opened {
     const n = bytes.length - TRAILER_BYTES;
@@ -110,4 +127,13 @@ export function loadBusToken(flagValue: unknown, env: NodeJS.ProcessEnv, fdValue
   if (flagValue !== undefined && flagValue !== '') return BusToken.load(String(flagValue), '--bus-token-file');
   if (env.WAVEBUS_BUS_TOKEN_FILE) return BusToken.load(env.WAVEBUS_BUS_TOKEN_FILE, 'WAVEBUS_BUS_TOKEN_FILE');
   return undefined;
+}
+
+/**
+ * A subscriber's socket options (the agents' SUB) on a bus with the token and without CURVE: PLAIN
+ * with the derived password, which the coordinator's PUB checks (server-sockets.ts). With CURVE,
+ * CURVE alone (its keys admit the peer); without either, none.
+ */
+export function subscriberSocketOptions(token: BusToken | undefined, curve: boolean): Record<string, unknown> {
+  return token && !curve ? { plainUsername: SUBSCRIBER_USER, plainPassword: token.subscriberPassword() } : {};
 }

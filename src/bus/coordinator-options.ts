@@ -56,6 +56,11 @@ export interface CoordinatorStats {
   wrongEpochSeen: number;
   /** CURVE peers refused, by reason (unknown_key, wrong_mechanism, bad_zap_request, handshake_failed). */
   refused: Record<string, number>;
+  /**
+   * Without CURVE, with the token: peers the PUB refused at the handshake for want of the
+   * subscriber password, by reason (wrong_mechanism: no PLAIN at all, wrong_password, handshake_failed).
+   */
+  subscribersRefused: Record<string, number>;
   /** Relayed requests answered at once with a refusal: their rank already had MAX_RELAYS_IN_FLIGHT waiting. */
   relaysRefusedBusy: number;
 }

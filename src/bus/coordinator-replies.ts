@@ -51,6 +51,8 @@ export function statusJson(c: Coordinator): Record<string, unknown> {
     security: {
       ...(c.curve ? { curve: true, allowed_keys: c.opts.curve!.allow.size, refused: { ...c.stats.refused } } : { curve: false }),
       bus_token: c.opts.busToken !== undefined,
+      // Without CURVE, with the token: peers the PUB refused for want of the subscriber password.
+      ...(!c.curve && c.opts.busToken ? { subscribers_refused: { ...c.stats.subscribersRefused } } : {}),
     },
     ranks: c.rankTable.statusJson(),
     memory: memoryJson(),

@@ -62,6 +62,7 @@ export class Coordinator extends EventEmitter {
   private readonly drops: DropCounter;
   private readonly metrics = busMetrics();
   private zap?: ZapHandler;
+  private subscriberZap?: ZapHandler;
   private pub?: Publisher;
   private router?: Router;
   private metricsServer?: MetricsServer;
@@ -112,7 +113,7 @@ export class Coordinator extends EventEmitter {
     }
     if (!(this.heartbeatMs > 0)) throw new ConfigError(`--heartbeat-ms: expected a positive number, got ${this.heartbeatMs}`);
     this.expectedRanks = lastPpRanks(this.layout);
-    this.stats = { published: 0, received: 0, dropped: {}, wrongEpochSeen: 0, refused: {}, relaysRefusedBusy: 0 };
+    this.stats = { published: 0, received: 0, dropped: {}, wrongEpochSeen: 0, refused: {}, subscribersRefused: {}, relaysRefusedBusy: 0 };
     this.drops = new DropCounter(this.log, 'coordinator ROUTER', (reason) => this.metrics.dropped.inc({ reason }));
     this.admission = { drops: this.drops, versions: this.versions, worldSize: opts.layout.worldSize, reply: (route, m) => this.reply(route, m) };
     this.stats.dropped = this.drops.counts;
@@ -167,9 +168,11 @@ export class Coordinator extends EventEmitter {
     checkBindAllowed(this.host, { insecure: this.opts.insecure ?? false, curve: this.curve, logger: this.log });
     // One epoch per incarnation; must be exact in a JS number and non-zero (0 means "none").
     this.epoch = randomInt(1, 2 ** 48);
-    const { pub, router, zap } = await bindServerSockets(this.host, this.port, this.maxFrameBytes, this.opts.curve, this.log);
+    const { pub, router, zap, subscriberZap } = await bindServerSockets(this.host, this.port, this.maxFrameBytes, this.opts.curve, this.log, this.opts.busToken);
     this.zap = zap;
+    this.subscriberZap = subscriberZap;
     if (zap) this.stats.refused = zap.refused;
+    if (subscriberZap) this.stats.subscribersRefused = subscriberZap.refused;
     if (this.opts.metricsPort !== undefined) {
       try {
         this.metricsServer = await startMetricsServer({
@@ -181,7 +184,8 @@ export class Coordinator extends EventEmitter {
         pub.close();
         router.close();
         await this.zap?.stop();
-        this.zap = undefined;
+        await this.subscriberZap?.stop();
+        this.zap = this.subscriberZap = undefined;
         throw e;
       }
     }
@@ -219,7 +223,8 @@ export class Coordinator extends EventEmitter {
     this.router?.close();
     await this.receiveLoop;
     await this.zap?.stop();
-    this.zap = undefined;
+    await this.subscriberZap?.stop();
+    this.zap = this.subscriberZap = undefined;
     await this.metricsServer?.close();
     this.metricsServer = undefined;
     this.policy?.close?.();

@@ -1,14 +1,20 @@
-// The ZAP handler (RFC 27) of a ZeroMQ context: admits only allow-listed CURVE client keys, and
-// counts and logs the refusals by reason.
+// The ZAP handler (RFC 27) of a ZeroMQ context: admits only allow-listed CURVE client keys (or, on
+// a plain-text bus with the token, only PLAIN subscribers with the token's subscriber password),
+// and counts and logs the refusals by reason.
+import { timingSafeEqual } from 'crypto';
 import { Context, Router } from 'zeromq';
 import type { Logger } from '../log';
 import { ZAP_ENDPOINT, z85Encode, type AllowList } from './curve';
 
-export type RefusalReason = 'unknown_key' | 'wrong_mechanism' | 'bad_zap_request' | 'handshake_failed';
+export type RefusalReason = 'unknown_key' | 'wrong_password' | 'wrong_mechanism' | 'bad_zap_request' | 'handshake_failed';
+
+/** Whom a handler admits: CURVE clients with an allow-listed key, or PLAIN peers with this user and password. */
+export type ZapAdmits = { curve: AllowList } | { plain: { user: string; password: string } };
 
 /**
- * The ZAP handler (RFC 27) of one ZeroMQ context: answers every CURVE handshake of that
- * context's server sockets with 200 for an allow-listed client key and 400 otherwise. It must be
+ * The ZAP handler (RFC 27) of one ZeroMQ context: answers every CURVE (or PLAIN) handshake of that
+ * context's server sockets with 200 for an allow-listed client key (the right user and password)
+ * and 400 otherwise. It must be
  * bound before the server sockets accept anyone; each coordinator uses its own context, so
  * several coordinators in one process keep separate allow-lists.
  */
@@ -21,10 +27,14 @@ export class ZapHandler {
 
   constructor(
     private readonly context: Context,
-    private readonly allow: AllowList,
+    private readonly admits: ZapAdmits,
     private readonly log?: Logger,
     private readonly onRefuse?: (reason: RefusalReason) => void,
   ) {}
+
+  private get mechanism(): 'CURVE' | 'PLAIN' {
+    return 'curve' in this.admits ? 'CURVE' : 'PLAIN';
+  }
 
   async start(): Promise<void> {
     const router = new Router({ context: this.context, linger: 0 });
@@ -46,7 +56,7 @@ export class ZapHandler {
     const last = this.lastLog.get(reason);
     if (last === undefined || now - last >= 5000) {
       this.lastLog.set(reason, now);
-      this.log?.warn({ reason, total: this.refused[reason], ...detail }, 'refused a bus peer (CURVE)');
+      this.log?.warn({ reason, total: this.refused[reason], ...detail }, `refused a bus peer (${this.mechanism})`);
     }
   }
 
@@ -81,19 +91,39 @@ export class ZapHandler {
       await send('500', 'unsupported ZAP version');
       return;
     }
-    if (mechanism.toString() !== 'CURVE' || creds.length !== 1 || creds[0].length !== 32) {
-      this.refuse('wrong_mechanism', { address: address.toString(), mechanism: mechanism.toString('latin1').slice(0, 16) });
-      await send('400', 'CURVE with an allow-listed key required');
-      return;
-    }
-    const key = z85Encode(creds[0]);
-    const label = this.allow.get(key);
+    const label = 'curve' in this.admits ? this.curveLabel(this.admits.curve, mechanism, creds, address) : this.plainLabel(this.admits.plain, mechanism, creds, address);
     if (label === undefined) {
-      this.refuse('unknown_key', { address: address.toString(), key });
-      await send('400', 'client key not allowed');
+      await send('400', `${this.mechanism} with ${'curve' in this.admits ? 'an allow-listed key' : "the bus token's subscriber password"} required`);
       return;
     }
     this.admitted++;
     await send('200', 'OK', label);
+  }
+
+  /** The allow-list's label of a CURVE client's key; undefined (counted) when refused. */
+  private curveLabel(allow: AllowList, mechanism: Buffer, creds: Buffer[], address: Buffer): string | undefined {
+    if (mechanism.toString() !== 'CURVE' || creds.length !== 1 || creds[0].length !== 32) {
+      this.refuse('wrong_mechanism', { address: address.toString(), mechanism: mechanism.toString('latin1').slice(0, 16) });
+      return undefined;
+    }
+    const key = z85Encode(creds[0]);
+    const label = allow.get(key);
+    if (label === undefined) this.refuse('unknown_key', { address: address.toString(), key });
+    return label;
+  }
+
+  /** The user name of a PLAIN peer with the right user and password; undefined (counted) when refused. */
+  private plainLabel(want: { user: string; password: string }, mechanism: Buffer, creds: Buffer[], address: Buffer): string | undefined {
+    if (mechanism.toString() !== 'PLAIN' || creds.length !== 2) {
+      this.refuse('wrong_mechanism', { address: address.toString(), mechanism: mechanism.toString('latin1').slice(0, 16) });
+      return undefined;
+    }
+    const password = Buffer.from(want.password);
+    const ok = creds[0].equals(Buffer.from(want.user)) && creds[1].length === password.length && timingSafeEqual(creds[1], password);
+    if (!ok) {
+      this.refuse('wrong_password', { address: address.toString(), user: creds[0].toString('latin1').slice(0, 32) });
+      return undefined;
+    }
+    return want.user;
   }
 }

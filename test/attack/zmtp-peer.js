@@ -5,28 +5,35 @@
 //   node zmtp-peer.js xsub HOST PORT FILE...     connect as an XSUB and send each FILE's bytes as one
 //                                                subscription (byte 1, then the topic); hold the
 //                                                connection until stdin closes or the PUB drops it
+//   node zmtp-peer.js xsub-many HOST PORT COUNT BYTES   connect as an XSUB and send COUNT distinct
+//                                                random subscriptions of BYTES bytes each; hold the
+//                                                connection until stdin closes or the PUB drops it
 //   node zmtp-peer.js pub HOST PORT EVERY_MS FILE   bind as a PUB and send the recorded frames in
 //                                                FILE (JSON: [[topic base64, body base64], ...]) to
 //                                                every subscriber whose handshake is done (its
 //                                                greeting and READY arrived), over and over, one
 //                                                every EVERY_MS, until stdin closes
+//   node zmtp-peer.js pub-plain HOST PORT EVERY_MS FILE   the same, but speaking PLAIN as the
+//                                                server: it admits any user and password, and says
+//                                                what each subscriber gave ("plain-hello")
 //   node zmtp-peer.js pub-no-ready HOST PORT EVERY_MS FILE   the same, but each subscriber gets a
 //                                                message where the PUB's READY should be: a ZMTP
 //                                                protocol error for libzmq, which then ends that
 //                                                endpoint instead of reconnecting
 'use strict';
+const crypto = require('crypto');
 const fs = require('fs');
 const net = require('net');
 
 const [mode, host, port, ...rest] = process.argv.slice(2);
 const say = (o) => process.stdout.write(`${JSON.stringify(o)}\n`);
 
-function greeting(asServer) {
+function greeting(asServer, mechanism = 'NULL') {
   const g = Buffer.alloc(64);
   g[0] = 0xff;
   g[9] = 0x7f;
   g[10] = 3; // ZMTP 3.0
-  g.write('NULL', 12, 'latin1');
+  g.write(mechanism, 12, 'latin1');
   g[32] = asServer ? 1 : 0;
   return g;
 }
@@ -38,6 +45,26 @@ function ready(socketType) {
   len.writeUInt32BE(value.length);
   const body = Buffer.concat([Buffer.from([5]), Buffer.from('READY', 'latin1'), Buffer.from([name.length]), name, len, value]);
   return Buffer.concat([Buffer.from([0x04, body.length]), body]);
+}
+
+/** A short command frame: its name, then `body`. */
+function command(name, body = Buffer.alloc(0)) {
+  const b = Buffer.concat([Buffer.from([name.length]), Buffer.from(name, 'latin1'), body]);
+  return Buffer.concat([Buffer.from([0x04, b.length]), b]);
+}
+
+/** The whole command frames after the peer's 64-byte greeting in `buf`: [{ name, data }], and the bytes they took. */
+function commandsIn(buf) {
+  const out = [];
+  let at = 64;
+  while (buf.length >= at + 2 && (buf[at] & 0x04) !== 0 && (buf[at] & 0x02) === 0) {
+    const size = buf[at + 1];
+    if (buf.length < at + 2 + size) break;
+    const body = buf.subarray(at + 2, at + 2 + size);
+    out.push({ name: body.subarray(1, 1 + body[0]).toString('latin1'), data: body.subarray(1 + body[0]) });
+    at += 2 + size;
+  }
+  return out;
 }
 
 /** One frame; `more`: another frame of the same message follows. */
@@ -102,23 +129,63 @@ if (mode === 'dealer') {
   });
   process.stdin.on('end', () => sock.destroy());
   process.stdin.resume();
-} else if (mode === 'pub' || mode === 'pub-no-ready') {
+} else if (mode === 'xsub-many') {
+  const [count, bytes] = rest.map(Number);
+  const sock = net.connect(Number(port), host, () => {
+    say({ event: 'connected' });
+    sock.write(greeting(false));
+    sock.write(ready('XSUB'));
+    for (let i = 0; i < count; i++) {
+      const sub = Buffer.alloc(1 + bytes);
+      sub[0] = 1;
+      crypto.randomFillSync(sub, 1);
+      sock.write(frame(sub));
+    }
+    sock.write(Buffer.alloc(0), () => say({ event: 'sent', subscriptions: count, bytes: count * bytes }));
+  });
+  sock.on('data', () => undefined);
+  sock.on('error', (e) => say({ event: 'error', error: String(e.message) }));
+  sock.on('close', () => {
+    say({ event: 'closed' });
+    process.exit(0);
+  });
+  process.stdin.on('end', () => sock.destroy());
+  process.stdin.resume();
+} else if (mode === 'pub' || mode === 'pub-no-ready' || mode === 'pub-plain') {
   const everyMs = Number(rest[0]);
   const frames = JSON.parse(fs.readFileSync(rest[1], 'utf8')).map(([t, b]) => Buffer.concat([frame(Buffer.from(t, 'base64'), true), frame(Buffer.from(b, 'base64'))]));
   const peers = new Set();
   let next = 0;
   let sent = 0;
   const server = net.createServer((sock) => {
-    sock.write(greeting(true));
+    const plain = mode === 'pub-plain';
+    sock.write(greeting(true, plain ? 'PLAIN' : 'NULL'));
     // pub-no-ready: a message where the READY command belongs (libzmq: a protocol error, always).
-    sock.write(mode === 'pub-no-ready' ? frames[0] : ready('PUB'));
+    if (!plain) sock.write(mode === 'pub-no-ready' ? frames[0] : ready('PUB'));
     let got = Buffer.alloc(0);
+    let welcomed = false;
+    // PLAIN (RFC 24): the client's HELLO (user, password) gets WELCOME, its INITIATE gets READY.
+    const plainDone = () => {
+      for (const c of commandsIn(got)) {
+        if (c.name === 'HELLO' && !welcomed) {
+          const user = c.data.subarray(1, 1 + c.data[0]);
+          const password = c.data.subarray(2 + c.data[0], 2 + c.data[0] + c.data[1 + c.data[0]]);
+          say({ event: 'plain-hello', user: user.toString('latin1'), password: password.toString('latin1') });
+          sock.write(command('WELCOME'));
+          welcomed = true;
+        } else if (c.name === 'INITIATE') {
+          sock.write(ready('PUB'));
+          return true;
+        }
+      }
+      return false;
+    };
     // Frames go to a subscriber once its handshake is done: its 64-byte greeting, then its READY
     // command (a real PUB never sends a message earlier; libzmq takes one as a protocol error).
     sock.on('data', (d) => {
       if (peers.has(sock)) return; // its subscriptions: every frame goes to it anyway
       got = Buffer.concat([got, d]);
-      if (handshakeDone(got)) {
+      if (plain ? plainDone() : handshakeDone(got)) {
         peers.add(sock);
         say({ event: 'subscriber-ready' });
       }

@@ -3,7 +3,9 @@
 `wave N DIR` publishes wave N with a dump job into DIR; `files` asks for /etc/shadow every way it
 can. Prints one JSON line per event on stdout.
 
-Usage: rogue_coordinator.py PB_DIR PORT
+Usage: rogue_coordinator.py PB_DIR PORT [plain]
+`plain`: the PUB speaks ZMTP PLAIN and admits any user and password (an agent with the bus token
+subscribes with PLAIN; a squatter simply takes whatever it is given).
 """
 import json
 import sys
@@ -15,8 +17,17 @@ import zmq  # noqa: E402
 
 port = int(sys.argv[2])
 EPOCH = 777
+PLAIN = len(sys.argv) > 3 and sys.argv[3] == "plain"
 ctx = zmq.Context()
+zap = None
+if PLAIN:
+    # A ZAP handler that admits everyone: libzmq's PLAIN server asks one for every handshake.
+    zap = ctx.socket(zmq.ROUTER)
+    zap.bind("inproc://zeromq.zap.01")
 pub = ctx.socket(zmq.PUB)
+if PLAIN:
+    pub.plain_server = True
+    pub.zap_domain = b"rogue"
 pub.bind(f"tcp://127.0.0.1:{port}")
 router = ctx.socket(zmq.ROUTER)
 router.bind(f"tcp://127.0.0.1:{port + 1}")
@@ -62,6 +73,8 @@ def ask(**body):
 say(event="bound")
 poller = zmq.Poller()
 poller.register(router, zmq.POLLIN)
+if zap is not None:
+    poller.register(zap, zmq.POLLIN)
 poller.register(sys.stdin, zmq.POLLIN)
 last_hb = 0.0
 while True:
@@ -69,7 +82,12 @@ while True:
         heartbeat()
         last_hb = time.time()
     for sock, _ in poller.poll(50):
-        if sock is router:
+        if sock is zap:
+            # [routing id, empty, version, request id, domain, address, identity, mechanism, user, password]
+            req = zap.recv_multipart()
+            say(event="plain_hello", user=req[8].decode("latin1") if len(req) > 8 else "")
+            zap.send_multipart([req[0], b"", b"1.0", req[3], b"200", b"OK", b"", b""])
+        elif sock is router:
             parts = router.recv_multipart()
             peer = parts[0]
             m = pb.AgentMessage()
