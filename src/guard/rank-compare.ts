@@ -157,7 +157,12 @@ export class RankCompare {
 
   status(): Record<string, unknown> {
     return Object.fromEntries(
-      this.replicas.map((rd) => [String(rd.replica), { ...rd.counts, newest_wave: rd.newest, open_waves: rd.waves.size, unknown_by_rank: Object.fromEntries(rd.unknownByRank) }]),
+      this.replicas.map((rd) => [
+        String(rd.replica),
+        // waves_with_unknown: waves settled without some rank's digest (partial + unknown): those
+        // ranks were not compared there, which is no divergence and no agreement either.
+        { ...rd.counts, waves_with_unknown: rd.counts.partial + rd.counts.unknown, newest_wave: rd.newest, open_waves: rd.waves.size, unknown_by_rank: Object.fromEntries(rd.unknownByRank) },
+      ]),
     );
   }
 
