@@ -95,8 +95,9 @@ function rankDigestLines(rd: Doc): string[] {
   for (const [r, v] of Object.entries(rd).map(([r, v]) => [r, obj(v)] as const)) {
     const settled = ['agreed', 'diverged', 'partial', 'unknown'].reduce((n, k) => n + (typeof v[k] === 'number' ? v[k] : 0), 0);
     if (settled === 0) continue;
-    const byRank = Object.entries(obj(v.unknown_by_rank)).map(([k, n]) => `${k}: ${n}`).join(', ');
-    out.push(`rank digests replica ${r}: agreed ${num(v.agreed)}, diverged ${num(v.diverged)}, waves with an unknown rank ${num(v.waves_with_unknown)}${byRank ? ` (waves unknown per rank ${byRank})` : ''}`);
+    // Per rank: the waves it was unknown in.
+    const byRank = Object.entries(obj(v.unknown_by_rank)).map(([k, n]) => `rank ${k}: ${n}`).join(', ');
+    out.push(`rank digests replica ${r}: waves agreed ${num(v.agreed)}, diverged ${num(v.diverged)}, with an unknown rank ${num(v.waves_with_unknown)}${byRank ? ` (${byRank})` : ''}`);
   }
   return out;
 }
