@@ -14,6 +14,7 @@ import * as os from 'os';
 import * as path from 'path';
 import { DecisionRing } from '../src/agent/decision-ring';
 import { packageRoot } from '../src/paths';
+import { runDirBase } from '../src/launch/run-dir';
 import type { BenchArgs, BenchFlags } from './lib/flags';
 
 export const summary = "rank_divergence's cost per step in the engine (Python client: decided() and decided_inputs() at R running requests) and per poll in the agent.";
@@ -64,7 +65,9 @@ function runEngine(file: string, n: number, rows: number): Promise<Record<string
 }
 
 export async function run(args: BenchArgs<typeof flags>): Promise<Record<string, unknown>> {
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'wavebus-bench-digest-'));
+  // Where a job's ring lies: the run dir's base (/dev/shm, tmpfs). A ring on a disk-backed file
+  // pays page faults after each writeback, which the engine of a real job does not.
+  const dir = fs.mkdtempSync(path.join(runDirBase(), 'wavebus-bench-digest-'));
   try {
     const ring = DecisionRing.create(path.join(dir, 'decided-local0'));
     try {
