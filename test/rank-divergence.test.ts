@@ -3,7 +3,8 @@
 // into its decision ring, the agents carrying them to the coordinator. Faults are made by real
 // means inside the engine: one rank's logits row pushed to another argmax, one rank's scheduler
 // leaving a request out of its batch; and a healthy greedy run (both ranks sample alike) with one
-// rank's agent frozen (SIGSTOP) for a while.
+// rank's agent frozen (SIGSTOP) for a while; and a rank whose engine writes no digests for a few
+// forwards (the engine's nodigest fault, a test double for a client that lost its ring).
 import * as fs from 'fs';
 import * as http from 'http';
 import * as path from 'path';
@@ -269,6 +270,7 @@ describe('the comparator (src/guard/rank-compare.ts) on the same digests', () =>
     expect(s.agreed).toBe(1);
     expect(s.diverged).toBe(0);
     expect(s.unknown_by_rank).toEqual({ '3': 1 });
+    expect(s.waves_with_unknown).toBe(1);
     // A rank that reports a later wave without an earlier one skipped it: unknown at once.
     c.add(1, [d(2, 5)], 100);
     c.add(2, [d(2, 5)], 100);
