@@ -4,19 +4,24 @@
 // means inside the engine: one rank's logits row pushed to another argmax, one rank's scheduler
 // leaving a request out of its batch; and a healthy greedy run (both ranks sample alike) with one
 // rank's agent frozen (SIGSTOP) for a while; and a rank whose engine writes no digests for a few
-// forwards (the engine's nodigest fault, a test double for a client that lost its ring).
+// forwards (the engine's nodigest fault, a test double for a client that lost its ring). Cross-host:
+// the same divergence with TP=2 spanning two network namespaces (needs root), rank 1's digests and
+// column coming to the coordinator over the veth link.
 import * as fs from 'fs';
 import * as http from 'http';
 import * as path from 'path';
 import * as zlib from 'zlib';
-import { PYTHON, ROOT, cleanup, freePortPair, readManifests, runWavebus, spawnWavebus, tmpDir } from './helpers';
+import { CLI, PYTHON, ROOT, cleanup, cleanupNetns, createNetnsPair, describeAsRoot, exitedWithin, readManifests, runWavebus, freePortPair, sh, spawnOnHost, spawnWavebus, tmpDir } from './helpers';
 import { RankCompare } from '../src/guard/rank-compare';
 import { DECISION, DecisionRing } from '../src/agent/decision-ring';
 import { DecisionWriter, tokenDigest } from '../src/client/digest';
 import { spawnSync } from 'child_process';
 import type { WorldLayout } from '../src/layout';
 
-afterAll(cleanup);
+afterAll(async () => {
+  await cleanup();
+  cleanupNetns();
+});
 
 const ENGINE = path.join(ROOT, 'examples', 'torch-engine');
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
@@ -252,6 +257,69 @@ test('a rank whose engine writes no digest for forwards 6..9 is unknown there, n
   expect(metric(run.metrics, 'wavebus_rank_digest_waves_total', 'result="diverged"')).toBe(0);
   expect(run.reports).toEqual([]);
 }, 180000);
+
+describeAsRoot('cross-host: TP=2 spanning two network namespaces (one rank each, joined by a veth pair)', () => {
+  test("rank 1 on host B decides apart at step 6: its digests and its column come over the link, and the incident names it, row 1 and req-1", async () => {
+    const net = createNetnsPair();
+    const dir = tmpDir('wavebus-rankdiv-netns-');
+    const PORT = 29600; // fresh namespaces have every port free
+    const runtimeConfig = {
+      detector: { rank_divergence: { enabled: true } },
+      actions: { defaults: { on_trigger: ['report', 'dump_kv'] } },
+      dump: { auto_max_times: 4, free_headroom_bytes: 0 },
+    };
+    // Every host the same paths under `disk` (runtime dir, cache), each on its own disk (host<i>/),
+    // as real hosts; gloo between the engines over the veth pair.
+    const disk = path.join(dir, 'disk');
+    fs.mkdirSync(disk);
+    const launch = (ns: string, node: number, veth: string) => {
+      const hd = disk;
+      return spawnOnHost(
+        ns,
+        { dir: path.join(dir, `host${node}`), at: disk },
+        process.execPath,
+        [
+          CLI, 'launch', '--nnodes', '2', '--node-rank', String(node), '--nproc-per-node', '1', '--tp', '2',
+          '--master-addr', net.addrA, '--port', String(PORT), '--insecure', '--ready-timeout-ms', '60000',
+          '--additional-config', JSON.stringify({ runtime_config: runtimeConfig }),
+          '--agent-arg=--end-of-wave-timeout-ms', '--agent-arg=2000',
+          '--', PYTHON, path.join(ENGINE, 'torchrun_env.py'), path.join(ENGINE, 'engine.py'), '--out', path.join(hd, 'out'),
+          '--requests', '3', '--max-tokens', '12', '--step-sleep-ms', '30', '--fault', 'diverge:6:1:1',
+        ],
+        { env: { ...process.env, WAVEBUS_CACHE_ROOT: path.join(hd, 'cache'), MASTER_ADDR: net.addrA, MASTER_PORT: '29500', GLOO_SOCKET_IFNAME: veth }, cwd: hd },
+      );
+    };
+    // Host B reaches host A only over the veth link (its namespace has no other route).
+    expect(sh('ip', ['netns', 'exec', net.b, 'ip', '-4', 'route']).trim().split('\n').length).toBe(1);
+    const hostA = launch(net.a, 0, net.vethA);
+    const hostB = launch(net.b, 1, net.vethB);
+    const [ea, eb] = await Promise.all([exitedWithin(hostA, 150000, "host A's launch"), exitedWithin(hostB, 150000, "host B's launch")]);
+    const diag = `\nhost A: ${hostA.stderr().slice(-3000)}\nhost B: ${hostB.stderr().slice(-3000)}`;
+    expect({ a: ea.code, b: eb.code, diag: ea.code || eb.code ? diag : '' }).toEqual({ a: 0, b: 0, diag: '' });
+    // The coordinator (host A) wrote the report; rank 1's digests and token column came from host B.
+    const rd = path.join(dir, 'host0', 'runtime', 'report', 'rank_divergence');
+    const reports = (fs.existsSync(rd) ? fs.readdirSync(rd).filter((n) => n.endsWith('.json')) : []).map((n) => JSON.parse(fs.readFileSync(path.join(rd, n), 'utf8')) as Report);
+    reports.sort((a, b) => a.detect_wave - b.detect_wave);
+    expect(reports.length).toBeGreaterThanOrEqual(1);
+    const first = reports[0];
+    expect(first.detail.wave).toBe(6);
+    expect(first.detail.groups.map((g: { ranks: number[] }) => g.ranks)).toEqual([[0], [1]]);
+    expect(first.detail.divergent_ranks).toEqual([1]);
+    expect(first.detail.first_row).toBe(1);
+    expect(first.req_id).toBe('req-1');
+    expect(first.detail.row_tokens['1']).not.toBe(first.detail.row_tokens['0']);
+    expect(first.detail.column_errors).toBeUndefined();
+    // Its KV dump: rank 0's files on host A, rank 1's on host B, the manifest on the coordinator's host.
+    const wave = path.join('runtime', 'report', 'kv_cache', 'rank_divergence', 'req-1', `wave_${first.dump_arm_wave}`);
+    expect(fs.existsSync(path.join(dir, 'host0', wave, 'dp0_tp0_pp0_cp0', 'dump.json'))).toBe(true);
+    expect(fs.existsSync(path.join(dir, 'host1', wave, 'dp0_tp1_pp0_cp0', 'dump.json'))).toBe(true);
+    expect(fs.existsSync(path.join(dir, 'host1', wave, 'dp0_tp0_pp0_cp0'))).toBe(false);
+    const dump = readManifests<{ incident_type: string; req_id?: string; arm_wave: number; completed_ranks: number[] }>(path.join(dir, 'host0', 'runtime', 'report', 'kv_cache')).find(
+      (d) => d.incident_type === 'rank_divergence' && d.req_id === 'req-1' && d.arm_wave === first.dump_arm_wave,
+    );
+    expect(dump?.completed_ranks).toEqual([0, 1]);
+  }, 200000);
+});
 
 describe('the comparator (src/guard/rank-compare.ts) on the same digests', () => {
   const layout = { worldSize: 4, tp: 4, pp: 1, dp: 1, cp: 1 } as WorldLayout;
