@@ -2,7 +2,8 @@
 //
 // rank_divergence's cost per step on the engine's side, in Python: the client's decided() (the
 // sampled token column: one int32 copy into the decision ring and one CRC-32) and
-// decided_inputs() (token ids and positions: two CRC-32s) at R running requests, each on a CPU
+// decided_inputs() (token ids and positions: two CRC-32s; and with the row starts, as the example
+// engines call it: three int32 copies into the ring more) at R running requests, each on a CPU
 // torch int64 tensor as an engine holds them, into a real decision ring this process created as the
 // agent does (src/agent/decision-ring.ts). Also the agent's side: one poll of the ring (a pread of
 // the slot headers) in µs. Times are the best of 5 chunks and their median (a busy host inflates
@@ -13,6 +14,7 @@ import * as os from 'os';
 import * as path from 'path';
 import { DecisionRing } from '../src/agent/decision-ring';
 import { packageRoot } from '../src/paths';
+import { runDirBase } from '../src/launch/run-dir';
 import type { BenchArgs, BenchFlags } from './lib/flags';
 
 export const summary = "rank_divergence's cost per step in the engine (Python client: decided() and decided_inputs() at R running requests) and per poll in the agent.";
@@ -31,6 +33,7 @@ g = torch.Generator().manual_seed(1)
 tokens = torch.randint(0, 150000, (rows,), generator=g)
 ids = torch.randint(0, 150000, (rows,), generator=g)
 pos = torch.arange(rows) + 1000
+starts = torch.arange(rows + 1, dtype=torch.int32)  # a decode step: one input token per row
 def timed(f):
     for w in range(200):
         f(w)
@@ -42,9 +45,10 @@ def timed(f):
         chunks.append((time.perf_counter() - t0) / n * 1e6)
     chunks.sort()
     return {"best": chunks[0], "median": chunks[2]}
-out = {"decided": timed(lambda w: ring.decided(w, tokens)), "inputs": timed(lambda w: ring.inputs(w, ids, pos))}
+out = {"decided": timed(lambda w: ring.decided(w, tokens)), "inputs": timed(lambda w: ring.inputs(w, ids, pos)),
+       "inputs_rows": timed(lambda w: ring.inputs(w, ids, pos, starts))}
 for w in range(n, n + 64):  # as an engine does each step: inputs, then the decided column
-    ring.inputs(w, ids, pos)
+    ring.inputs(w, ids, pos, starts)
     ring.decided(w, tokens)
 print(json.dumps(out))
 `;
@@ -61,7 +65,9 @@ function runEngine(file: string, n: number, rows: number): Promise<Record<string
 }
 
 export async function run(args: BenchArgs<typeof flags>): Promise<Record<string, unknown>> {
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'wavebus-bench-digest-'));
+  // Where a job's ring lies: the run dir's base (/dev/shm, tmpfs). A ring on a disk-backed file
+  // pays page faults after each writeback, which the engine of a real job does not.
+  const dir = fs.mkdtempSync(path.join(runDirBase(), 'wavebus-bench-digest-'));
   try {
     const ring = DecisionRing.create(path.join(dir, 'decided-local0'));
     try {
@@ -78,7 +84,9 @@ export async function run(args: BenchArgs<typeof flags>): Promise<Record<string,
         bench: 'rank-digest', rows: args.rows, steps: args.steps,
         decided_us_best: round(py.decided.best), decided_us_median: round(py.decided.median),
         inputs_us_best: round(py.inputs.best), inputs_us_median: round(py.inputs.median),
+        inputs_rows_us_best: round(py.inputs_rows.best), inputs_rows_us_median: round(py.inputs_rows.median),
         per_step_us_median: round(py.decided.median + py.inputs.median),
+        per_step_rows_us_median: round(py.decided.median + py.inputs_rows.median),
         agent_poll_us: round(pollUs), waves_in_ring: seen,
         loadavg: os.loadavg().map(round),
       };

@@ -3,18 +3,25 @@
 // into its decision ring, the agents carrying them to the coordinator. Faults are made by real
 // means inside the engine: one rank's logits row pushed to another argmax, one rank's scheduler
 // leaving a request out of its batch; and a healthy greedy run (both ranks sample alike) with one
-// rank's agent frozen (SIGSTOP) for a while.
+// rank's agent frozen (SIGSTOP) for a while; and a rank whose engine writes no digests for a few
+// forwards (the engine's nodigest fault, a test double for a client that lost its ring). Cross-host:
+// the same divergence with TP=2 spanning two network namespaces (needs root), rank 1's digests and
+// column coming to the coordinator over the veth link.
 import * as fs from 'fs';
 import * as http from 'http';
 import * as path from 'path';
-import { PYTHON, ROOT, cleanup, freePortPair, readManifests, runWavebus, spawnWavebus, tmpDir } from './helpers';
+import * as zlib from 'zlib';
+import { CLI, PYTHON, ROOT, cleanup, cleanupNetns, createNetnsPair, describeAsRoot, exitedWithin, readManifests, runWavebus, freePortPair, sh, spawnOnHost, spawnWavebus, tmpDir } from './helpers';
 import { RankCompare } from '../src/guard/rank-compare';
 import { DECISION, DecisionRing } from '../src/agent/decision-ring';
 import { DecisionWriter, tokenDigest } from '../src/client/digest';
 import { spawnSync } from 'child_process';
 import type { WorldLayout } from '../src/layout';
 
-afterAll(cleanup);
+afterAll(async () => {
+  await cleanup();
+  cleanupNetns();
+});
 
 const ENGINE = path.join(ROOT, 'examples', 'torch-engine');
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
@@ -74,7 +81,7 @@ interface Run {
 }
 
 /** One TP=2 launch of the engine with rank_divergence alone on (report + dump_kv); `during` runs while it does. */
-async function runEngine(engineArgs: string[], during?: (launchPid: number, metricsPort: number) => Promise<void>): Promise<Run> {
+async function runEngine(engineArgs: string[], during?: (launchPid: number, metricsPort: number, control: string[]) => Promise<void>): Promise<Run> {
   const dir = tmpDir('wavebus-rankdiv-');
   const runtimeConfig = {
     detector: { rank_divergence: { enabled: true } },
@@ -83,9 +90,10 @@ async function runEngine(engineArgs: string[], during?: (launchPid: number, metr
   };
   const port = await freePortPair();
   const metricsPort = await freePortPair();
+  fs.mkdirSync(path.join(dir, 'token'), { mode: 0o700 });
   const launch = spawnWavebus(
     [
-      'launch', '--nproc-per-node', '2', '--tp', '2', '--port', String(port), '--metrics-port', String(metricsPort),
+      'launch', '--nproc-per-node', '2', '--tp', '2', '--port', String(port), '--metrics-port', String(metricsPort), '--bus-token-dir', path.join(dir, 'token'),
       '--additional-config', JSON.stringify({ runtime_config: runtimeConfig }),
       '--agent-arg=--end-of-wave-timeout-ms', '--agent-arg=2000',
       '--', PYTHON, path.join(ENGINE, 'torchrun_env.py'), path.join(ENGINE, 'engine.py'), '--out', path.join(dir, 'out'), ...engineArgs,
@@ -102,7 +110,9 @@ async function runEngine(engineArgs: string[], during?: (launchPid: number, metr
       await sleep(200);
     }
   })();
-  if (during) await during(launch.child.pid!, metricsPort);
+  // What `wavebus status` needs to reach this job's coordinator.
+  const control = ['--coordinator', `127.0.0.1:${port}`, '--bus-token-file', path.join(dir, 'token', 'bus.token')];
+  if (during) await during(launch.child.pid!, metricsPort, control);
   const { code } = await launch.exited;
   polling = false;
   await poll;
@@ -158,7 +168,7 @@ test("one rank's logits pushed to another argmax at step 6: the incident names t
   expect(metric(run.metrics, 'wavebus_rank_digest_waves_total', 'result="agreed"')).toBeGreaterThanOrEqual(4);
 }, 180000);
 
-test("one rank's scheduler leaves a request out of forward 6: the incident says the inputs already differed", async () => {
+test("one rank's scheduler leaves a request out of forward 6: the incident says the inputs already differed, and names that row and request", async () => {
   const run = await runEngine(['--requests', '3', '--max-tokens', '12', '--fault', 'drop:6:2:1']);
   expect(run.reports.length).toBeGreaterThanOrEqual(1);
   const first = run.reports[0];
@@ -167,11 +177,15 @@ test("one rank's scheduler leaves a request out of forward 6: the incident says 
   expect(first.detail.divergence).toBe('inputs');
   expect(first.detail.input_groups.map((g: { ranks: number[] }) => g.ranks)).toEqual([[0], [1]]);
   // This wave's tokens agreed (the padded row still took the same argmax): one token group. The
-  // ring keeps the token column only, so an input-only divergence names no row or request.
+  // ring kept each rank's inputs with their row starts (query_start_loc): the agents' per-row input
+  // digests name the first row whose inputs differ, req-2's (rows: req-0, req-1, req-2).
   expect(first.detail.groups.map((g: { ranks: number[] }) => g.ranks)).toEqual([[0, 1]]);
   expect(first.detail.divergent_ranks).toEqual([1]);
-  expect(first.detail.first_row).toBeNull();
-  expect(first.req_id).toBe('');
+  expect(first.detail.first_input_row).toBe(2);
+  expect(first.detail.first_row).toBe(2);
+  expect(first.detail.first_token_row).toBeNull();
+  expect(first.detail.column_errors).toBeUndefined();
+  expect(first.req_id).toBe('req-2');
 }, 180000);
 
 test('healthy greedy run (both ranks sample alike): no alert over a long run, nor while one agent is frozen (SIGSTOP) and after it runs again', async () => {
@@ -211,6 +225,102 @@ test('healthy greedy run (both ranks sample alike): no alert over a long run, no
   expect(metric(run.metrics, 'wavebus_rank_digest_waves_total', 'result="partial"')).toBe(0);
 }, 240000);
 
+test('a rank whose engine writes no digest for forwards 6..9 is unknown there, not divergent: counted per replica and rank in /metrics and `wavebus status`, no incident', async () => {
+  let seen: { json: Record<string, any>; table: string; metrics: string } | undefined;
+  // nodigest: a test double for a rank whose client lost its ring (engine.py --fault).
+  const run = await runEngine(['--requests', '3', '--max-tokens', '60', '--step-sleep-ms', '30', '--fault', 'nodigest:6:4:1'], async (_pid, metricsPort, control) => {
+    const until = Date.now() + 60000;
+    while (Date.now() < until) {
+      const m = await get(metricsPort, '/metrics').catch(() => '');
+      if (metric(m, 'wavebus_rank_digest_waves_with_unknown', 'dp_rank="0"') >= 4 && metric(m, 'wavebus_rank_digest_waves_total', 'result="agreed"') >= 8) {
+        // Live, while the job runs: the status document and its table.
+        const js = spawnWavebus(['status', '--json', ...control]);
+        const tb = spawnWavebus(['status', ...control]);
+        const [j, t] = await Promise.all([js.exited, tb.exited]);
+        if (j.code !== 0 || t.code !== 0) throw new Error(`wavebus status exited ${j.code}/${t.code}: ${js.stderr()} ${tb.stderr()}`);
+        seen = { json: JSON.parse(js.stdout()), table: tb.stdout(), metrics: m };
+        break;
+      }
+      await sleep(100);
+    }
+  });
+  expect(seen).toBeDefined();
+  const rd = seen!.json.rank_divergence['0'];
+  expect(rd.waves_with_unknown).toBe(4);
+  expect(rd.unknown).toBe(4); // TP=2: one rank known, nothing to compare it with
+  expect(rd.unknown_by_rank).toEqual({ '1': 4 });
+  expect(rd.diverged).toBe(0);
+  expect(seen!.table).toMatch(/^rank digests replica 0: waves agreed \d+, diverged 0, with an unknown rank 4 \(rank 1: 4\)$/m);
+  expect(metric(seen!.metrics, 'wavebus_rank_digest_unknown_waves', 'rank="1"')).toBe(4);
+  expect(metric(seen!.metrics, 'wavebus_rank_digest_unknown_waves', 'rank="0"')).toBe(0);
+  expect(metric(run.metrics, 'wavebus_rank_digest_waves_total', 'result="unknown"')).toBe(4);
+  expect(metric(run.metrics, 'wavebus_rank_digest_waves_total', 'result="diverged"')).toBe(0);
+  expect(run.reports).toEqual([]);
+}, 180000);
+
+describeAsRoot('cross-host: TP=2 spanning two network namespaces (one rank each, joined by a veth pair)', () => {
+  test("rank 1 on host B decides apart at step 6: its digests and its column come over the link, and the incident names it, row 1 and req-1", async () => {
+    const net = createNetnsPair();
+    const dir = tmpDir('wavebus-rankdiv-netns-');
+    const PORT = 29600; // fresh namespaces have every port free
+    const runtimeConfig = {
+      detector: { rank_divergence: { enabled: true } },
+      actions: { defaults: { on_trigger: ['report', 'dump_kv'] } },
+      dump: { auto_max_times: 4, free_headroom_bytes: 0 },
+    };
+    // Every host the same paths under `disk` (runtime dir, cache), each on its own disk (host<i>/),
+    // as real hosts; gloo between the engines over the veth pair.
+    const disk = path.join(dir, 'disk');
+    fs.mkdirSync(disk);
+    const launch = (ns: string, node: number, veth: string) => {
+      const hd = disk;
+      return spawnOnHost(
+        ns,
+        { dir: path.join(dir, `host${node}`), at: disk },
+        process.execPath,
+        [
+          CLI, 'launch', '--nnodes', '2', '--node-rank', String(node), '--nproc-per-node', '1', '--tp', '2',
+          '--master-addr', net.addrA, '--port', String(PORT), '--insecure', '--ready-timeout-ms', '60000',
+          '--additional-config', JSON.stringify({ runtime_config: runtimeConfig }),
+          '--agent-arg=--end-of-wave-timeout-ms', '--agent-arg=2000',
+          '--', PYTHON, path.join(ENGINE, 'torchrun_env.py'), path.join(ENGINE, 'engine.py'), '--out', path.join(hd, 'out'),
+          '--requests', '3', '--max-tokens', '12', '--step-sleep-ms', '30', '--fault', 'diverge:6:1:1',
+        ],
+        { env: { ...process.env, WAVEBUS_CACHE_ROOT: path.join(hd, 'cache'), MASTER_ADDR: net.addrA, MASTER_PORT: '29500', GLOO_SOCKET_IFNAME: veth }, cwd: hd },
+      );
+    };
+    // Host B reaches host A only over the veth link (its namespace has no other route).
+    expect(sh('ip', ['netns', 'exec', net.b, 'ip', '-4', 'route']).trim().split('\n').length).toBe(1);
+    const hostA = launch(net.a, 0, net.vethA);
+    const hostB = launch(net.b, 1, net.vethB);
+    const [ea, eb] = await Promise.all([exitedWithin(hostA, 150000, "host A's launch"), exitedWithin(hostB, 150000, "host B's launch")]);
+    const diag = `\nhost A: ${hostA.stderr().slice(-3000)}\nhost B: ${hostB.stderr().slice(-3000)}`;
+    expect({ a: ea.code, b: eb.code, diag: ea.code || eb.code ? diag : '' }).toEqual({ a: 0, b: 0, diag: '' });
+    // The coordinator (host A) wrote the report; rank 1's digests and token column came from host B.
+    const rd = path.join(dir, 'host0', 'runtime', 'report', 'rank_divergence');
+    const reports = (fs.existsSync(rd) ? fs.readdirSync(rd).filter((n) => n.endsWith('.json')) : []).map((n) => JSON.parse(fs.readFileSync(path.join(rd, n), 'utf8')) as Report);
+    reports.sort((a, b) => a.detect_wave - b.detect_wave);
+    expect(reports.length).toBeGreaterThanOrEqual(1);
+    const first = reports[0];
+    expect(first.detail.wave).toBe(6);
+    expect(first.detail.groups.map((g: { ranks: number[] }) => g.ranks)).toEqual([[0], [1]]);
+    expect(first.detail.divergent_ranks).toEqual([1]);
+    expect(first.detail.first_row).toBe(1);
+    expect(first.req_id).toBe('req-1');
+    expect(first.detail.row_tokens['1']).not.toBe(first.detail.row_tokens['0']);
+    expect(first.detail.column_errors).toBeUndefined();
+    // Its KV dump: rank 0's files on host A, rank 1's on host B, the manifest on the coordinator's host.
+    const wave = path.join('runtime', 'report', 'kv_cache', 'rank_divergence', 'req-1', `wave_${first.dump_arm_wave}`);
+    expect(fs.existsSync(path.join(dir, 'host0', wave, 'dp0_tp0_pp0_cp0', 'dump.json'))).toBe(true);
+    expect(fs.existsSync(path.join(dir, 'host1', wave, 'dp0_tp1_pp0_cp0', 'dump.json'))).toBe(true);
+    expect(fs.existsSync(path.join(dir, 'host1', wave, 'dp0_tp0_pp0_cp0'))).toBe(false);
+    const dump = readManifests<{ incident_type: string; req_id?: string; arm_wave: number; completed_ranks: number[] }>(path.join(dir, 'host0', 'runtime', 'report', 'kv_cache')).find(
+      (d) => d.incident_type === 'rank_divergence' && d.req_id === 'req-1' && d.arm_wave === first.dump_arm_wave,
+    );
+    expect(dump?.completed_ranks).toEqual([0, 1]);
+  }, 200000);
+});
+
 describe('the comparator (src/guard/rank-compare.ts) on the same digests', () => {
   const layout = { worldSize: 4, tp: 4, pp: 1, dp: 1, cp: 1 } as WorldLayout;
   const d = (wave: number, tokenCrc: number, inputCrc = 7) => ({ wave, tokenCrc, rows: 3, inputCrc, inputTokens: 3, flags: 7 });
@@ -228,6 +338,7 @@ describe('the comparator (src/guard/rank-compare.ts) on the same digests', () =>
     expect(s.agreed).toBe(1);
     expect(s.diverged).toBe(0);
     expect(s.unknown_by_rank).toEqual({ '3': 1 });
+    expect(s.waves_with_unknown).toBe(1);
     // A rank that reports a later wave without an earlier one skipped it: unknown at once.
     c.add(1, [d(2, 5)], 100);
     c.add(2, [d(2, 5)], 100);
@@ -264,14 +375,14 @@ describe('the decision ring: one layout (proto/layouts.json, "decision") for the
       const py = spawnSync(PYTHON, ['-c', `import sys, json, numpy as np, torch
 from wavebus_client.digest import DecisionRing, token_digest
 r = DecisionRing(sys.argv[1])
-i = r.inputs(3, torch.tensor([5, 6, 7], dtype=torch.int64), torch.tensor([10, 11, 12], dtype=torch.int64))
+i = r.inputs(3, torch.tensor([5, 6, 7], dtype=torch.int64), torch.tensor([10, 11, 12], dtype=torch.int64), torch.tensor([0, 2, 3], dtype=torch.int32))
 t = r.decided(3, np.array(${JSON.stringify(column)}, dtype=np.int64))
 print(json.dumps([t, i, token_digest(${JSON.stringify(column)})]))`, ring.path], { encoding: 'utf8', env: { ...process.env, PYTHONPATH: path.join(ROOT, 'clients', 'python') } });
       if (py.status !== 0) throw new Error(py.stderr);
       const [pyToken, pyInput, pyDigest] = JSON.parse(py.stdout.trim()) as number[];
       // TypeScript: the same column as plain numbers, the same inputs as int64 arrays, wave 4.
       const w = DecisionWriter.open(ring.path);
-      const tsInput = w.inputs(4, new BigInt64Array([5n, 6n, 7n]), new BigInt64Array([10n, 11n, 12n]));
+      const tsInput = w.inputs(4, new BigInt64Array([5n, 6n, 7n]), new BigInt64Array([10n, 11n, 12n]), [0, 2, 3]);
       const tsToken = w.decided(4, column);
       w.close();
       expect(tsToken).toBe(pyToken);
@@ -280,9 +391,17 @@ print(json.dumps([t, i, token_digest(${JSON.stringify(column)})]))`, ring.path],
       expect(tsInput).toBe(pyInput);
       const got = ring.decided().sort((a, b) => a.wave - b.wave);
       expect(got.map((d) => [d.wave, d.tokenCrc, d.rows, d.inputCrc, d.inputTokens, d.flags])).toEqual([
-        [3, pyToken >>> 0, 5, pyInput >>> 0, 3, 7],
-        [4, pyToken >>> 0, 5, pyInput >>> 0, 3, 7],
+        [3, pyToken >>> 0, 5, pyInput >>> 0, 3, 15],
+        [4, pyToken >>> 0, 5, pyInput >>> 0, 3, 15],
       ]);
+      // The inputs kept with their row starts (rows [5, 6] and [7]): the agent's per-row digests,
+      // the same from both writers: CRC-32 of the row's ids, then its positions, as int32.
+      const i32 = (a: number[]) => Buffer.from(new Int32Array(a).buffer);
+      const want = [zlib.crc32(i32([10, 11]), zlib.crc32(i32([5, 6]))), zlib.crc32(i32([12]), zlib.crc32(i32([7])))];
+      for (const wave of [3, 4]) {
+        const r = ring.inputRowDigests(wave);
+        expect('column' in r && [...new Uint32Array(r.column.buffer, r.column.byteOffset, r.column.length / 4)]).toEqual(want);
+      }
       for (const wave of [3, 4]) {
         const c = ring.column(wave);
         expect('column' in c && [...new Int32Array(c.column.buffer, c.column.byteOffset, c.column.length / 4)]).toEqual(column);
@@ -298,6 +417,18 @@ print(json.dumps([t, i, token_digest(${JSON.stringify(column)})]))`, ring.path],
       fs.closeSync(fd);
       expect(ring.decided()).toEqual([]);
       expect(ring.column(3)).toEqual({ error: expect.stringContaining('no longer holds wave 3') });
+      // Row starts out of order (written by a faulty engine) are an error, never a read past the tokens.
+      const bad = DecisionWriter.open(ring.path);
+      bad.inputs(5, new Int32Array([1, 2]), new Int32Array([0, 1]), [0, 3, 2]);
+      bad.decided(5, [9, 9]);
+      bad.close();
+      expect(ring.inputRowDigests(5)).toEqual({ error: expect.stringContaining('outside the forward') });
+      // Without row starts the digest alone: no per-row digests to give.
+      const plain = DecisionWriter.open(ring.path);
+      plain.inputs(6, new Int32Array([1, 2]));
+      plain.decided(6, [9]);
+      plain.close();
+      expect(ring.inputRowDigests(6)).toEqual({ error: expect.stringContaining('no input columns') });
     } finally {
       ring.close();
     }

@@ -45,7 +45,9 @@ def parse_fault(spec: str):
     'diverge:STEP:REQ:RANK' (on RANK only, request REQ's logits row at forward STEP pushed so its
     argmax is another token: a rank that samples apart) |
     'drop:STEP:REQ:RANK' (on RANK only, the scheduler leaves request REQ out of forward STEP, its
-    tokens padded (id 0, position 0) so the collectives keep their shape: inputs that differ)."""
+    tokens padded (id 0, position 0) so the collectives keep their shape: inputs that differ) |
+    'nodigest:STEP:COUNT:RANK' (a test double for a rank whose client lost its decision ring: on RANK
+    only, forwards STEP..STEP+COUNT-1 write no rank_divergence digest; the rank is "unknown" there)."""
     parts = spec.split(":")
     try:
         if parts == ["none"]:
@@ -54,11 +56,11 @@ def parse_fault(spec: str):
             return ("nan", int(parts[1]), int(parts[2]))
         if parts[0] in ("garble", "draft") and len(parts) == 2:
             return (parts[0], int(parts[1]))
-        if parts[0] in ("diverge", "drop") and len(parts) == 4:
+        if parts[0] in ("diverge", "drop", "nodigest") and len(parts) == 4:
             return (parts[0], int(parts[1]), int(parts[2]), int(parts[3]))
     except ValueError:
         pass
-    raise SystemExit(f"engine: --fault must be none, nan:STEP:REQ, garble:STEP, draft:STEP, diverge:STEP:REQ:RANK or drop:STEP:REQ:RANK, got {spec!r}")
+    raise SystemExit(f"engine: --fault must be none, nan:STEP:REQ, garble:STEP, draft:STEP, diverge:STEP:REQ:RANK, drop:STEP:REQ:RANK or nodigest:STEP:COUNT:RANK, got {spec!r}")
 
 
 def main(argv: List[str]) -> int:
@@ -158,7 +160,9 @@ def main(argv: List[str]) -> int:
             views = hooks.stage_inputs(batch)
             restores = [plant(f, step, batch, w, reqs, cfg, rank, views) for f in faults]
             # rank_divergence: a digest of this forward's inputs (a ring write; nothing when off).
-            hooks.client.decided_inputs(wave, views["input_ids"], views["positions"])
+            silent = any(f[0] == "nodigest" and f[1] <= step < f[1] + f[2] and f[3] == rank for f in faults)
+            if not silent:
+                hooks.client.decided_inputs(wave, views["input_ids"], views["positions"], views["query_start_loc"])
             captured, call_dir = hooks.before_forward(step, batch, views, graph)
             if raise_at == (step, rank):
                 raise RuntimeError(f"engine: --raise-at {step}:{rank}: an error inside forward {step}")
@@ -184,7 +188,8 @@ def main(argv: List[str]) -> int:
             logp = torch.log_softmax(logits, dim=-1)
             argmax_t = logits.argmax(dim=-1)
             # rank_divergence: a digest of the token column this rank decided, in the telemetry's row order.
-            hooks.client.decided(wave, argmax_t)
+            if not silent:
+                hooks.client.decided(wave, argmax_t)
             argmax = argmax_t.tolist()
             tokens, lps, row = [], [], 0
             for r, d in zip(batch.reqs, batch.drafts):  # greedy: a plain row keeps its argmax, a draft the verified prefix + bonus
@@ -243,7 +248,7 @@ def flip_bytes(w, specs, rank):
 
 def plant(fault, step, batch, w, reqs, cfg, rank, views):
     """Faults by real means; returns how to undo a transient one after the forward."""
-    if fault is None or fault[0] in ("draft", "diverge") or step != fault[1]:  # draft: on the drafter; diverge: on the logits
+    if fault is None or fault[0] in ("draft", "diverge", "nodigest") or step != fault[1]:  # draft: on the drafter; diverge: on the logits
         return None
     if fault[0] == "drop":
         if fault[3] == rank:  # this rank's scheduler left the request out: its tokens are padding here

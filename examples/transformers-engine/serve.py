@@ -6,7 +6,13 @@ The model is loaded with tp_plan="auto" when WORLD_SIZE > 1 (DTensor over gloo o
 are served by transformers' own ContinuousBatchingManager (paged cache, FIFO scheduler). The lines
 that concern wavebus are marked "wavebus:". Test switches: --nan STEP:REQ puts a NaN into request
 REQ's rows of the final norm's output at step STEP (a forward hook, on every rank); --save-copies keeps,
-at every wave whose end_of_wave copied a KV dump, each request's pages as the engine reads them.
+at every wave whose end_of_wave copied a KV dump, each request's pages as the engine reads them;
+--sample SEED samples (multinomial) with transformers' TP-shared seed instead of greedy.
+
+Test doubles for faulty hardware (rank_divergence's tests set them; nothing else should):
+WAVEBUS_TEST_DOUBLE_DIVERGE=WAVE:REQ:RANK pushes request REQ's logits row on rank RANK at wave WAVE
+to another argmax (a rank that decides apart); WAVEBUS_TEST_DOUBLE_SEED_APART=1 reseeds each rank's
+sampler with its own seed before the first forward (a sampler seeded apart).
 """
 import argparse
 import json
@@ -37,6 +43,14 @@ def parse_nan(spec):
         raise SystemExit(f"serve: --nan must be STEP:REQ, got {spec!r}") from None
 
 
+def parse_diverge(spec):
+    try:
+        wave, req, rank = spec.split(":")
+        return int(wave), req, int(rank)
+    except ValueError:
+        raise SystemExit(f"serve: WAVEBUS_TEST_DOUBLE_DIVERGE must be WAVE:REQ:RANK, got {spec!r}") from None
+
+
 def save_copy(out: str, rank: int, wave: int, wb) -> None:
     """Each live request's K and V pages at this wave, read through transformers' own page views."""
     cache = wb.processor.cache
@@ -64,6 +78,7 @@ def main() -> int:
     ap.add_argument("--nan", help="STEP:REQ: a NaN in request REQ's rows of the last hidden state at step STEP")
     ap.add_argument("--garble", type=int, help="STEP: from step STEP on, this rank's LM head shard is small noise (a corrupted head)")
     ap.add_argument("--save-copies", action="store_true")
+    ap.add_argument("--sample", type=int, metavar="SEED", help="sample (do_sample) with this seed, which transformers shares across the TP group")
     ap.add_argument("--save-logits", action="store_true", help="keep every step's logits (OUT/logits_rank<r>_wave<w>.pt; replay.py compares)")
     ap.add_argument("--step-sleep-ms", type=int, default=0, help="sleep this long in every forward (a live job for status/dump/capture)")
     ap.add_argument("--no-wavebus", action="store_true", help="serve without wavebus (a baseline)")
@@ -76,11 +91,12 @@ def main() -> int:
 
     tp = {"tp_plan": "auto"} if world > 1 else {}
     model = AutoModelForCausalLM.from_pretrained(args.model, attn_implementation="paged|sdpa", dtype=torch.float32, **tp)
-    gen = GenerationConfig(max_new_tokens=args.max_tokens, do_sample=False, eos_token_id=-1, pad_token_id=0)
+    gen = GenerationConfig(max_new_tokens=args.max_tokens, do_sample=args.sample is not None, eos_token_id=-1, pad_token_id=0)
     # Cache sizing: transformers sizes the cache from free memory by default (max_memory_percent of
     # it); on CPU under TP=2 that is several GB per rank. num_blocks and max_batch_tokens fix it.
     cb = ContinuousBatchingConfig(num_blocks=args.num_blocks, max_batch_tokens=256, page_size=args.page_size,
-                                  return_logprobs=True, use_async_batching=False, allow_block_sharing=False)
+                                  return_logprobs=True, use_async_batching=False, allow_block_sharing=False,
+                                  **({"seed": args.sample} if args.sample is not None else {}))
     manager = model.init_continuous_batching(generation_config=gen, continuous_batching_config=cb)
 
     wb = None
@@ -112,6 +128,36 @@ def main() -> int:
                     local.copy_(noise)
 
         model.register_forward_pre_hook(garble)
+
+    diverge = os.environ.get("WAVEBUS_TEST_DOUBLE_DIVERGE")
+    if diverge:
+        d_wave, d_req, d_rank = parse_diverge(diverge)
+
+        def push(_module, _args, output):
+            # Test double: this rank's logits row of the request given another argmax at that wave.
+            if wb is None or wb.wave != d_wave or rank != d_rank:
+                return output
+            logits = output.logits
+            sampled = [(rid, first + n - 1) for rid, first, n, has in wb.batch() if has]
+            rows = [k for k, (rid, _last) in enumerate(sampled) if rid == d_req]
+            if not rows:
+                raise SystemExit(f"serve: WAVEBUS_TEST_DOUBLE_DIVERGE: {d_req} samples nothing at wave {d_wave}")
+            # The model kept only the sampled rows (logits_to_keep), or every token's (its last row).
+            row = rows[0] if logits.shape[1] == len(sampled) else sampled[rows[0]][1]
+            with torch.no_grad():
+                top = int(logits[0, row].argmax())
+                logits[0, row, (top + 1) % logits.shape[-1]] = logits[0, row, top] + 1000.0
+            return output
+
+        model.register_forward_hook(push)
+
+    if os.environ.get("WAVEBUS_TEST_DOUBLE_SEED_APART") == "1":
+        def reseed(_module, _args):
+            # Test double: after transformers seeded the TP group alike, each rank reseeded apart.
+            if wb is not None and wb.wave == 1:
+                torch.manual_seed(1000 + rank)
+
+        model.register_forward_pre_hook(reseed)
 
     if args.save_logits:
         def keep(_module, _args, output):

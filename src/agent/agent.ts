@@ -200,7 +200,7 @@ export class Agent {
       this.bus.on('wake', () => this.publishFeatures());
       this.direct = agentDirectFiles(Boolean(this.opts.curve), this.opts.directFiles, { globalRank: identity.globalRank, roots: served, coordinator: this.opts.coordinator, log: this.log });
       const files = fileRequestHandler(this.files, this.direct, identity.globalRank);
-      this.bus.onRequest((req) => (req.body === 'decidedColumn' ? Promise.resolve(this.rings.decidedColumn(Number(req.decidedColumn.wave))) : files(req)));
+      this.bus.onRequest((req) => (req.body === 'decidedColumn' ? Promise.resolve(this.rings.decidedColumn(Number(req.decidedColumn.wave), Boolean(req.decidedColumn.inputs))) : files(req)));
       await this.bus.start();
       this.vectors.watchReceiver(this.bus);
       // Lanes-only: a plain wave's vector is known from the mailbox the host receiver writes.

@@ -5,16 +5,17 @@
 // (src/client/digest.ts in TypeScript). The agent reads with pread on its own descriptor, and every
 // number read is checked before use: the engine's process writes the file.
 import * as fs from 'fs';
+import * as zlib from 'zlib';
 import { ConfigError } from '../errors';
-import { DECISION, type Decision } from '../client/decision-layout';
+import { DECISION, inputColumnsAt, inputSlotBytes, type Decision } from '../client/decision-layout';
 
 export { DECISION, type Decision } from '../client/decision-layout';
 const SLOTS = DECISION.slots;
 const SB = DECISION.slotBytes;
 const HEADERS_END = DECISION.slotHeaders + SLOTS * SB;
 
-export function ringBytes(maxRows = DECISION.maxRows): number {
-  return DECISION.columns + SLOTS * 4 * maxRows;
+export function ringBytes(maxRows = DECISION.maxRows, maxInputTokens = DECISION.maxInputTokens): number {
+  return inputColumnsAt(maxRows) + SLOTS * inputSlotBytes(maxRows, maxInputTokens);
 }
 
 export class DecisionRing {
@@ -24,25 +25,27 @@ export class DecisionRing {
     readonly path: string,
     private fd: number,
     readonly maxRows: number,
+    readonly maxInputTokens: number,
   ) {}
 
   /** A fresh ring at `file` (a previous agent's is replaced: an engine still mapping it keeps its copy). */
-  static create(file: string, maxRows = DECISION.maxRows): DecisionRing {
+  static create(file: string, maxRows = DECISION.maxRows, maxInputTokens = DECISION.maxInputTokens): DecisionRing {
     fs.rmSync(file, { force: true });
     const fd = fs.openSync(file, fs.constants.O_RDWR | fs.constants.O_CREAT | fs.constants.O_EXCL | fs.constants.O_NOFOLLOW, 0o600);
     try {
-      fs.ftruncateSync(fd, ringBytes(maxRows));
-      const head = Buffer.alloc(16);
+      fs.ftruncateSync(fd, ringBytes(maxRows, maxInputTokens));
+      const head = Buffer.alloc(20);
       head.writeUInt32LE(DECISION.magic, 0);
       head.writeUInt32LE(DECISION.version, 4);
       head.writeUInt32LE(SLOTS, DECISION.header.slots);
       head.writeUInt32LE(maxRows, DECISION.header.max_rows);
+      head.writeUInt32LE(maxInputTokens, DECISION.header.max_input_tokens);
       fs.writeSync(fd, head, 0, head.length, 0);
     } catch (e) {
       fs.closeSync(fd);
       throw new ConfigError(`decision ring ${file}: ${(e as Error).message}`, 'ERR_CONFIG');
     }
-    return new DecisionRing(file, fd, maxRows);
+    return new DecisionRing(file, fd, maxRows, maxInputTokens);
   }
 
   /** The whole decided waves the ring holds now (a slot being written, or not decided yet, is left out). */
@@ -77,6 +80,7 @@ export class DecisionRing {
       inputCrc: h.readUInt32LE(off + DECISION.slot.input_crc),
       inputTokens: h.readUInt32LE(off + DECISION.slot.input_tokens),
       flags: h.readUInt32LE(off + DECISION.slot.flags),
+      inputRows: h.readUInt32LE(off + DECISION.slot.input_rows),
     };
   }
 
@@ -94,6 +98,39 @@ export class DecisionRing {
     const after = this.decided().find((d) => d.wave === wave);
     if (!after || after.tokenCrc !== before.tokenCrc) return { error: `wave ${wave} was overwritten while read` };
     return { column };
+  }
+
+  /**
+   * One digest per row of the forward's inputs of `wave` (u32 LE, row order): CRC-32 of the row's
+   * token ids, then its positions (as int32), from the input columns the engine kept. Asked only
+   * after an inputs mismatch, to name the first row whose inputs differ. Every number the engine
+   * wrote is checked first: a row start out of order or past the tokens is an error, not a read.
+   */
+  inputRowDigests(wave: number): { column: Buffer } | { error: string } {
+    if (this.fd < 0) return { error: 'the decision ring is closed' };
+    const before = this.decided().find((d) => d.wave === wave);
+    if (!before) return { error: `the ring no longer holds wave ${wave} (it keeps the last ${SLOTS})` };
+    const rows = before.inputRows;
+    const n = before.inputTokens;
+    if ((before.flags & DECISION.flagInputColumns) === 0) return { error: `wave ${wave}: the engine kept no input columns (no row starts given, or more than ${this.maxInputTokens} tokens)` };
+    if (rows > this.maxRows || n > this.maxInputTokens) return { error: `wave ${wave}: ${rows} input rows / ${n} tokens do not fit the ring` };
+    const at = inputColumnsAt(this.maxRows) + (wave % SLOTS) * inputSlotBytes(this.maxRows, this.maxInputTokens);
+    const ids = Buffer.alloc(n * 4);
+    const pos = Buffer.alloc(n * 4);
+    const starts = Buffer.alloc((rows + 1) * 4);
+    fs.readSync(this.fd, ids, 0, ids.length, at);
+    fs.readSync(this.fd, pos, 0, pos.length, at + 4 * this.maxInputTokens);
+    fs.readSync(this.fd, starts, 0, starts.length, at + 8 * this.maxInputTokens);
+    const after = this.decided().find((d) => d.wave === wave);
+    if (!after || after.inputCrc !== before.inputCrc || after.inputRows !== rows) return { error: `wave ${wave} was overwritten while read` };
+    const out = Buffer.alloc(rows * 4);
+    for (let r = 0; r < rows; r++) {
+      const a = starts.readInt32LE(r * 4);
+      const b = starts.readInt32LE((r + 1) * 4);
+      if (a < 0 || b < a || b > n) return { error: `wave ${wave}: row ${r}'s tokens ${a}..${b} lie outside the forward's ${n} tokens` };
+      out.writeUInt32LE(zlib.crc32(pos.subarray(a * 4, b * 4), zlib.crc32(ids.subarray(a * 4, b * 4))) >>> 0, r * 4);
+    }
+    return { column: out };
   }
 
   close(): void {

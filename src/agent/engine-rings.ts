@@ -52,9 +52,9 @@ export class EngineRings {
     this.digests?.setOn(on);
   }
 
-  /** The coordinator's ask for one wave's token column (after a mismatch). */
-  decidedColumn(wave: number): Record<string, unknown> {
-    return this.digests!.column(wave);
+  /** The coordinator's ask for one wave's token column, or its inputs' per-row digests (after a mismatch). */
+  decidedColumn(wave: number, inputs = false): Record<string, unknown> {
+    return this.digests!.column(wave, inputs);
   }
 
   /** A wave head from the client's socket, as its bytes: the ring slot it names put in, then relayed. */

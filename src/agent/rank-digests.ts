@@ -72,10 +72,10 @@ export class RankDigests {
     sink.sendDecisions(out);
   }
 
-  /** The coordinator's ask: the token column of `wave`. */
-  column(wave: number): Record<string, unknown> {
+  /** The coordinator's ask: the token column of `wave`, or (inputs) the per-row digests of its inputs. */
+  column(wave: number, inputs = false): Record<string, unknown> {
     if (!this.ring) return { decidedColumn: { wave, found: false, error: 'no decision ring on this agent' } };
-    const r = this.ring.column(wave);
+    const r = inputs ? this.ring.inputRowDigests(wave) : this.ring.column(wave);
     if ('error' in r) return { decidedColumn: { wave, found: false, error: r.error } };
     return { decidedColumn: { wave, found: true, column: r.column } };
   }

@@ -297,9 +297,12 @@ export class Coordinator extends EventEmitter {
     return this.agentRequests.request(rank, body, timeoutMs);
   }
 
-  /** rank_divergence: one rank's token column of `wave`, asked of its agent after a mismatch. */
-  private async askColumn(rank: number, wave: number): Promise<{ column: Buffer | null; error?: string }> {
-    const m = await this.agentRequests.request(rank, { decidedColumn: { wave } }, 2000);
+  /**
+   * rank_divergence: one rank's token column of `wave` (inputs: its per-row digests of the forward's
+   * inputs), asked of its agent after a mismatch.
+   */
+  private async askColumn(rank: number, wave: number, inputs = false): Promise<{ column: Buffer | null; error?: string }> {
+    const m = await this.agentRequests.request(rank, { decidedColumn: { wave, inputs } }, 2000);
     const c = (m.body === 'decidedColumn' ? m.decidedColumn : {}) as { found?: boolean; column?: Uint8Array; error?: string };
     if (!c.found || !c.column) return { column: null, error: c.error || `rank ${rank} answered ${m.body}` };
     return { column: Buffer.from(c.column.buffer, c.column.byteOffset, c.column.byteLength) };
@@ -399,7 +402,7 @@ export class Coordinator extends EventEmitter {
       }
       case 'decided':
         if (!this.rankTable.touch(rank, routingId)) return;
-        this.policy?.onRankDecisions?.(rank, (msg.decided.decisions ?? []).map((d: Record<string, unknown>) => ({ ...d, wave: Number(d.wave ?? 0) })), (r, wave) => this.askColumn(r, wave));
+        this.policy?.onRankDecisions?.(rank, (msg.decided.decisions ?? []).map((d: Record<string, unknown>) => ({ ...d, wave: Number(d.wave ?? 0) })), (r, wave, inputs) => this.askColumn(r, wave, inputs));
         return;
       case 'engineCrash':
         if (this.rankTable.touch(rank, routingId)) this.crashes.record(rank, msg.engineCrash);

@@ -35,9 +35,10 @@ export interface CoordinatorPolicy {
   onAgentHello?(rank: number, hello: { recorderForwards: number }): void;
   /**
    * rank_divergence: a rank's digests of the waves its engine decided; `ask` fetches one rank's
-   * token column of a wave from its agent (only after a mismatch).
+   * token column of a wave from its agent, or with `inputs` the per-row digests of its forward's
+   * inputs (only after a mismatch).
    */
-  onRankDecisions?(rank: number, decisions: { wave: number; tokenCrc: number; rows: number; inputCrc: number; inputTokens: number; flags: number }[], ask: (rank: number, wave: number) => Promise<{ column: Buffer | null; error?: string }>): void;
+  onRankDecisions?(rank: number, decisions: { wave: number; tokenCrc: number; rows: number; inputCrc: number; inputTokens: number; flags: number }[], ask: (rank: number, wave: number, inputs?: boolean) => Promise<{ column: Buffer | null; error?: string }>): void;
   /** Merged into /healthz and StatusReply.status_json. */
   status(): Record<string, unknown>;
   /** What a (re)joining agent of `replica` needs beyond its stream's position. */

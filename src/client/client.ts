@@ -372,9 +372,12 @@ export class WavebusClient {
     return this.digests.decided(wave, column);
   }
 
-  /** rank_divergence: the forward of `wave` takes these token ids and positions (before_forward). */
-  decidedInputs(wave: number, tokenIds: ArrayBufferView, positions?: ArrayBufferView): Promise<boolean> {
-    return this.digests.inputs(wave, tokenIds, positions);
+  /**
+   * rank_divergence: the forward of `wave` takes these token ids and positions (before_forward);
+   * with `rowStarts` (rows + 1 offsets into tokenIds) an inputs mismatch names its first row.
+   */
+  decidedInputs(wave: number, tokenIds: ArrayBufferView, positions?: ArrayBufferView, rowStarts?: IntColumn): Promise<boolean> {
+    return this.digests.inputs(wave, tokenIds, positions, rowStarts);
   }
 
   async close(): Promise<void> {

@@ -23,6 +23,9 @@ export const DECISION = Object.freeze({
   flagTokens: L.constant('flag_tokens'),
   flagInputs: L.constant('flag_inputs'),
   flagColumn: L.constant('flag_column'),
+  flagInputColumns: L.constant('flag_input_columns'),
+  /** Input token ids (and positions) a slot's input columns hold (header.max_input_tokens of a new ring). */
+  maxInputTokens: L.constant('max_input_tokens'),
   header: offsets('header'),
   slot: offsets('slot'),
 });
@@ -38,6 +41,18 @@ export interface Decision {
   inputCrc: number;
   inputTokens: number;
   flags: number;
+  /** Rows of the forward's inputs kept in the slot (flag_input_columns). */
+  inputRows: number;
+}
+
+/** Bytes of one slot's input columns: ids and positions i32[maxInputTokens], row starts i32[maxRows + 1]. */
+export function inputSlotBytes(maxRows: number, maxInputTokens: number): number {
+  return 4 * (2 * maxInputTokens + maxRows + 1);
+}
+
+/** Where slot 0's input columns start: after every slot's token column. */
+export function inputColumnsAt(maxRows: number): number {
+  return DECISION.columns + DECISION.slots * 4 * maxRows;
 }
 
 // The columns follow the slot structs: a description that puts them inside is a defect of the file.

@@ -7,7 +7,7 @@
 import * as fs from 'fs';
 import * as zlib from 'zlib';
 import { ConfigError } from '../errors';
-import { DECISION as D } from './decision-layout';
+import { DECISION as D, inputColumnsAt, inputSlotBytes } from './decision-layout';
 
 const SLOTS = D.slots;
 const SB = D.slotBytes;
@@ -46,6 +46,7 @@ export class DecisionWriter {
     readonly path: string,
     private fd: number,
     readonly maxRows: number,
+    readonly maxInputTokens: number,
   ) {}
 
   /** The ring at `file` (the path the agent's hello gave; no link followed). */
@@ -53,12 +54,12 @@ export class DecisionWriter {
     const fd = fs.openSync(file, fs.constants.O_RDWR | fs.constants.O_NOFOLLOW);
     try {
       const size = fs.fstatSync(fd).size;
-      const head = Buffer.alloc(16);
-      if (size < D.columns || fs.readSync(fd, head, 0, 16, 0) !== 16) throw new Error(`${size} bytes, shorter than its header`);
-      const [magic, version, slots, maxRows] = [0, 4, 8, 12].map((o) => head.readUInt32LE(o));
+      const head = Buffer.alloc(20);
+      if (size < D.columns || fs.readSync(fd, head, 0, 20, 0) !== 20) throw new Error(`${size} bytes, shorter than its header`);
+      const [magic, version, slots, maxRows, maxIn] = [0, 4, 8, D.header.max_rows, D.header.max_input_tokens].map((o) => head.readUInt32LE(o));
       if (magic !== D.magic || version !== D.version || slots !== SLOTS) throw new Error(`not a version ${D.version} ring of ${SLOTS} slots (magic ${magic.toString(16)}, version ${version}, slots ${slots})`);
-      if (maxRows < 1 || D.columns + SLOTS * 4 * maxRows > size) throw new Error(`columns of ${maxRows} rows do not fit its ${size} bytes`);
-      return new DecisionWriter(file, fd, maxRows);
+      if (maxRows < 1 || inputColumnsAt(maxRows) + SLOTS * inputSlotBytes(maxRows, maxIn) > size) throw new Error(`columns of ${maxRows} rows and ${maxIn} input tokens do not fit its ${size} bytes`);
+      return new DecisionWriter(file, fd, maxRows, maxIn);
     } catch (e) {
       fs.closeSync(fd);
       throw new ConfigError(`decision ring ${file}: ${(e as Error).message}`, 'ERR_CONFIG');
@@ -66,7 +67,7 @@ export class DecisionWriter {
   }
 
   /** One slot update: odd seq, then `during` (the column), the fields, even seq (digest.py's _begin/_write). */
-  private write(wave: number, tokens: [number, number, number] | null, inputs: [number, number, number] | null, during?: () => void): void {
+  private write(wave: number, tokens: [number, number, number] | null, inputs: [number, number, number, number] | null, during?: () => void): void {
     const off = D.slotHeaders + (wave % SLOTS) * SB;
     const s = this.slot;
     fs.readSync(this.fd, s, 0, SB, off);
@@ -79,12 +80,13 @@ export class DecisionWriter {
     if (tokens) {
       s.writeUInt32LE(tokens[0] >>> 0, D.slot.token_crc);
       s.writeUInt32LE(tokens[1] >>> 0, D.slot.rows);
-      flags = (flags & D.flagInputs) | tokens[2];
+      flags = (flags & (D.flagInputs | D.flagInputColumns)) | tokens[2];
     }
     if (inputs) {
       s.writeUInt32LE(inputs[0] >>> 0, D.slot.input_crc);
       s.writeUInt32LE(inputs[1] >>> 0, D.slot.input_tokens);
-      flags |= inputs[2];
+      s.writeUInt32LE(inputs[3] >>> 0, D.slot.input_rows);
+      flags = (flags & ~(D.flagInputs | D.flagInputColumns)) | inputs[2];
     }
     s.writeBigUInt64LE(BigInt(wave), D.slot.wave);
     s.writeUInt32LE(flags >>> 0, D.slot.flags);
@@ -93,11 +95,29 @@ export class DecisionWriter {
     fs.writeSync(this.fd, s, 0, 8, off);
   }
 
-  /** The forward of `wave` takes these inputs (before_forward). Returns the digest. */
-  inputs(wave: number, tokenIds: ArrayBufferView, positions?: ArrayBufferView): number {
+  /**
+   * The forward of `wave` takes these inputs (before_forward). Returns the digest. `rowStarts`:
+   * where each row's tokens start, then their end (rows + 1 values, query_start_loc): given, the
+   * inputs are kept in the slot so that an inputs-only divergence names its first row.
+   */
+  inputs(wave: number, tokenIds: ArrayBufferView, positions?: ArrayBufferView, rowStarts?: IntColumn): number {
     const crc = inputDigest(tokenIds, positions);
     const count = (tokenIds as unknown as { length?: number }).length ?? tokenIds.byteLength;
-    this.write(wave, null, [crc, count, D.flagInputs]);
+    const ids = int32Column(tokenIds as unknown as IntColumn);
+    const pos = positions ? int32Column(positions as unknown as IntColumn) : new Int32Array(ids.length);
+    const starts = rowStarts ? int32Column(rowStarts) : null;
+    const rows = starts ? starts.length - 1 : -1;
+    if (!starts || rows < 0 || rows > this.maxRows || ids.length > this.maxInputTokens || pos.length !== ids.length) {
+      this.write(wave, null, [crc, count, D.flagInputs, 0]);
+      return crc;
+    }
+    const at = inputColumnsAt(this.maxRows) + (wave % SLOTS) * inputSlotBytes(this.maxRows, this.maxInputTokens);
+    // The columns while the slot's seq is odd, like the token column.
+    this.write(wave, null, [crc, count, D.flagInputs | D.flagInputColumns, rows], () => {
+      fs.writeSync(this.fd, bytesOf(ids), 0, ids.byteLength, at);
+      fs.writeSync(this.fd, bytesOf(pos), 0, pos.byteLength, at + 4 * this.maxInputTokens);
+      fs.writeSync(this.fd, bytesOf(starts), 0, starts.byteLength, at + 8 * this.maxInputTokens);
+    });
     return crc;
   }
 
@@ -157,10 +177,10 @@ export class ClientDigests {
     return true;
   }
 
-  async inputs(wave: number, tokenIds: ArrayBufferView, positions?: ArrayBufferView): Promise<boolean> {
+  async inputs(wave: number, tokenIds: ArrayBufferView, positions?: ArrayBufferView, rowStarts?: IntColumn): Promise<boolean> {
     const w = await this.ring();
     if (!w) return false;
-    w.inputs(wave, tokenIds, positions);
+    w.inputs(wave, tokenIds, positions, rowStarts);
     return true;
   }
 

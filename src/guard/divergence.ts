@@ -7,11 +7,11 @@ import type { Logger } from '../log';
 import type { WorldLayout } from '../layout';
 import type { TelemetryColumns } from '../messages';
 import { counter, gauge } from '../metrics';
-import { firstDifferingRow, RankCompare, type Divergence, type RankDecisionMsg } from './rank-compare';
+import { firstDifferingRow, RankCompare, type Divergence, type RankDecisionMsg, type RankGroup } from './rank-compare';
 import type { ReqState, RequestTable } from './requests';
 
-/** Asks one rank's agent for its token column of a wave (int32 LE), or null with why not. */
-export type ColumnAsker = (rank: number, wave: number) => Promise<{ column: Buffer | null; error?: string }>;
+/** Asks one rank's agent for its token column of a wave (int32 LE; inputs: its per-row input digests, u32 LE), or null with why not. */
+export type ColumnAsker = (rank: number, wave: number, inputs?: boolean) => Promise<{ column: Buffer | null; error?: string }>;
 
 /** Telemetry row maps kept per replica: a divergence is named within a few waves of its wave. */
 const ROW_MAPS = 64;
@@ -31,6 +31,7 @@ export class DivergenceWatch {
   private readonly ready: DivergenceHit[][];
   private readonly waves = counter('wavebus_rank_digest_waves_total', 'rank_divergence: waves compared per replica, by result (agreed, diverged, partial: without some ranks, unknown: fewer than two ranks reported)', ['dp_rank', 'result'] as const);
   private readonly unknown = gauge('wavebus_rank_digest_unknown_waves', 'rank_divergence: waves compared without this rank\'s digest (it reported none in time: unknown, not divergent)', ['rank'] as const);
+  private readonly withUnknown = gauge('wavebus_rank_digest_waves_with_unknown', 'rank_divergence: waves of this replica settled without some rank\'s digest (partial + unknown results): unknown, not divergent', ['dp_rank'] as const);
   private readonly seen = new Map<number, { agreed: number; diverged: number; partial: number; unknown: number }>();
 
   constructor(
@@ -71,30 +72,21 @@ export class DivergenceWatch {
         if (counts[k] > before[k]) this.waves.inc({ dp_rank: String(replica), result: k }, counts[k] - before[k]);
       }
       this.seen.set(replica, { ...counts });
+      this.withUnknown.set({ dp_rank: String(replica) }, counts.partial + counts.unknown);
       for (const [rank, n] of unknownByRank) this.unknown.set({ rank: String(rank) }, n);
     }
   }
 
-  /** The columns of one rank per group; the first row where any group differs from the largest. */
+  /**
+   * The token columns of one rank per token group and, when the inputs differed, the per-row input
+   * digests of one rank per input group; the first row where any group differs from the largest.
+   * first_row is where the divergence began: the inputs' row when they differed, else the tokens'.
+   */
   private async resolve(d: Divergence, ask: ColumnAsker): Promise<DivergenceHit> {
-    const columns = await Promise.all(d.tokenGroups.map((g) => ask(g.ranks[0], d.wave).catch((e) => ({ column: null, error: String((e as Error)?.message ?? e) }))));
     const errors: Record<string, string> = {};
-    columns.forEach((c, k) => {
-      if (!c.column) errors[String(d.tokenGroups[k].ranks[0])] = c.error ?? 'no column';
-    });
-    let row: number | null = null;
-    const ref = columns[0].column;
-    const cols: (Int32Array | null)[] = columns.map((c) => (c.column ? new Int32Array(c.column.buffer.slice(c.column.byteOffset, c.column.byteOffset + (c.column.length & ~3))) : null));
-    const rowTokens: Record<string, number | null> = {};
-    if (ref && cols[0]) {
-      for (let k = 1; k < cols.length; k++) {
-        const other = cols[k];
-        if (!other) continue;
-        const r = firstDifferingRow(cols[0]!, other);
-        if (r !== null && (row === null || r < row)) row = r;
-      }
-      if (row !== null) d.tokenGroups.forEach((g, k) => (rowTokens[String(g.ranks[0])] = cols[k] && row! < cols[k]!.length ? cols[k]![row!] : null));
-    }
+    const tokens = d.tokenGroups.length > 1 ? await firstRow(d.tokenGroups, d.wave, ask, false, errors) : { row: null, cols: [] };
+    const inputs = d.inputsDiffered === true ? await firstRow(d.inputGroups, d.wave, ask, true, errors) : { row: null, cols: [] };
+    const row = d.inputsDiffered === true ? inputs.row : tokens.row;
     const detail: Record<string, unknown> = {
       wave: d.wave,
       groups: d.tokenGroups.map((g) => ({ ranks: g.ranks, token_digest: g.digest })),
@@ -104,8 +96,11 @@ export class DivergenceWatch {
       unknown_ranks: d.unknownRanks,
       divergent_ranks: (d.tokenGroups.length > 1 ? d.tokenGroups : d.inputGroups).slice(1).flatMap((g) => g.ranks),
       first_row: row,
+      first_token_row: tokens.row,
     };
-    if (row !== null) detail.row_tokens = rowTokens;
+    if (d.inputsDiffered === true) detail.first_input_row = inputs.row;
+    const tr = tokens.row;
+    if (tr !== null) detail.row_tokens = Object.fromEntries(d.tokenGroups.map((g, k) => [String(g.ranks[0]), tokens.cols[k] && tr < tokens.cols[k]!.length ? tokens.cols[k]![tr] : null]));
     if (Object.keys(errors).length > 0) detail.column_errors = errors;
     return { divergence: d, detail, row };
   }
@@ -133,4 +128,30 @@ export class DivergenceWatch {
     this.ready[replica] = keep;
     return out;
   }
+}
+
+/**
+ * One rank per group asked for its column of `wave`; the first row where any group's column differs
+ * from the first (largest) group's, or null (a column missing, or the columns agree). A rank that
+ * could not answer is noted in `errors` (keyed "rank" or "rank inputs").
+ */
+async function firstRow(groups: RankGroup[], wave: number, ask: ColumnAsker, inputs: boolean, errors: Record<string, string>): Promise<{ row: number | null; cols: (Int32Array | null)[] }> {
+  const answers = await Promise.all(groups.map((g) => ask(g.ranks[0], wave, inputs).catch((e) => ({ column: null, error: String((e as Error)?.message ?? e) }))));
+  const cols = answers.map((c, k) => {
+    if (!c.column) {
+      errors[inputs ? `${groups[k].ranks[0]} inputs` : String(groups[k].ranks[0])] = c.error ?? 'no column';
+      return null;
+    }
+    return new Int32Array(c.column.buffer.slice(c.column.byteOffset, c.column.byteOffset + (c.column.length & ~3)));
+  });
+  let row: number | null = null;
+  const ref = cols[0];
+  if (ref) {
+    for (const other of cols.slice(1)) {
+      if (!other) continue;
+      const r = firstDifferingRow(ref, other);
+      if (r !== null && (row === null || r < row)) row = r;
+    }
+  }
+  return { row, cols };
 }

@@ -11,8 +11,8 @@ import { DECISION as FLAG, type Decision } from '../client/decision-layout';
 /** Waves kept per replica before the oldest is dropped unsettled (a replica far ahead of a rank). */
 const MAX_OPEN_WAVES = 64;
 
-/** A rank's digests of one wave, as its agent read them from its decision ring. */
-export type RankDecisionMsg = Decision;
+/** A rank's digests of one wave, as its agent read them from its decision ring and sent them (without the ring's input-row count). */
+export type RankDecisionMsg = Omit<Decision, 'inputRows'>;
 
 export interface RankGroup {
   ranks: number[];
@@ -151,7 +151,12 @@ export class RankCompare {
 
   status(): Record<string, unknown> {
     return Object.fromEntries(
-      this.replicas.map((rd) => [String(rd.replica), { ...rd.counts, newest_wave: rd.newest, open_waves: rd.waves.size, unknown_by_rank: Object.fromEntries(rd.unknownByRank) }]),
+      this.replicas.map((rd) => [
+        String(rd.replica),
+        // waves_with_unknown: waves settled without some rank's digest (partial + unknown): those
+        // ranks were not compared there, which is no divergence and no agreement either.
+        { ...rd.counts, waves_with_unknown: rd.counts.partial + rd.counts.unknown, newest_wave: rd.newest, open_waves: rd.waves.size, unknown_by_rank: Object.fromEntries(rd.unknownByRank) },
+      ]),
     );
   }
 

@@ -69,6 +69,7 @@ export function renderStatus(doc: unknown, endpoint: string): string {
   } else {
     lines.push('config: no runtime guard on this coordinator');
   }
+  lines.push(...rankDigestLines(obj(d.rank_divergence)));
   const du = obj(d.dumps);
   lines.push(`dumps: armed ${num(du.armed)}, complete ${num(du.completed)}, incomplete ${num(du.incomplete)}, in flight ${num(du.pending)}${arr(d.pending_dumps).length ? ` (${arr(d.pending_dumps).join(' ')})` : ''}, asked and waiting ${num(d.manual_dumps_waiting)}`);
   const caps = arr(d.captures).map(obj);
@@ -83,6 +84,22 @@ export function renderStatus(doc: unknown, endpoint: string): string {
   lines.push(`verdicts: ${vc.map(([k, n]) => `${k} ${n}`).join(', ') || 'none reported'}`);
   for (const v of arr(vd.latest).map(obj).slice(-3)) lines.push(`  ${v.incident} ${String(v.verdict).toUpperCase()} host ${v.host}${arr(v.devices).length ? ` devices ${arr(v.devices).join(',')}` : ''}: ${v.reason}`);
   return `${lines.map(clip).join('\n')}\n`;
+}
+
+/**
+ * rank_divergence's comparisons per replica (docs/runtime-guard.md): a rank without a digest for a
+ * wave is "unknown" there, shown apart from the divergences. Nothing when no wave was compared.
+ */
+function rankDigestLines(rd: Doc): string[] {
+  const out: string[] = [];
+  for (const [r, v] of Object.entries(rd).map(([r, v]) => [r, obj(v)] as const)) {
+    const settled = ['agreed', 'diverged', 'partial', 'unknown'].reduce((n, k) => n + (typeof v[k] === 'number' ? v[k] : 0), 0);
+    if (settled === 0) continue;
+    // Per rank: the waves it was unknown in.
+    const byRank = Object.entries(obj(v.unknown_by_rank)).map(([k, n]) => `rank ${k}: ${n}`).join(', ');
+    out.push(`rank digests replica ${r}: waves agreed ${num(v.agreed)}, diverged ${num(v.diverged)}, with an unknown rank ${num(v.waves_with_unknown)}${byRank ? ` (${byRank})` : ''}`);
+  }
+  return out;
 }
 
 function safeCoords(rank: number, layout: WorldLayout): ReturnType<typeof rankCoordinates> | undefined {

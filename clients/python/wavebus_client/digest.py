@@ -22,10 +22,12 @@ from .shm_layout import layout
 _L = layout("decision")
 SLOTS = _L.constant("slots")
 MAX_ROWS = _L.constant("max_rows")
+MAX_INPUT_TOKENS = _L.constant("max_input_tokens")
 MAGIC, VERSION, COLUMNS = _L.constant("magic"), _L.constant("version"), _L.constant("columns")
 FLAG_TOKENS, FLAG_INPUTS, FLAG_COLUMN = _L.constant("flag_tokens"), _L.constant("flag_inputs"), _L.constant("flag_column")
+FLAG_INPUT_COLUMNS = _L.constant("flag_input_columns")
 SLOT_HEADERS, SLOT_BYTES = _L.struct("header").nbytes, _L.struct("slot").nbytes
-_HEADER = [_L.struct("header")[f] for f in ("magic", "version", "slots", "max_rows")]
+_HEADER = [_L.struct("header")[f] for f in ("magic", "version", "slots", "max_rows", "max_input_tokens")]
 
 
 def _packed(sname: str, names):
@@ -39,9 +41,9 @@ def _packed(sname: str, names):
 
 
 _SEQ_AT, _SEQ = _packed("slot", ("seq",))
-# The slot's fields in the order _write unpacks them: seq, wave, token_crc, rows, input_crc, input_tokens, flags.
-_SLOT_AT, _SLOT = _packed("slot", ("seq", "wave", "token_crc", "rows", "input_crc", "input_tokens", "flags"))
-_BODY_AT, _BODY = _packed("slot", ("wave", "token_crc", "rows", "input_crc", "input_tokens", "flags"))
+# The slot's fields in the order _write unpacks them: seq, wave, token_crc, rows, input_crc, input_tokens, flags, input_rows.
+_SLOT_AT, _SLOT = _packed("slot", ("seq", "wave", "token_crc", "rows", "input_crc", "input_tokens", "flags", "input_rows"))
+_BODY_AT, _BODY = _packed("slot", ("wave", "token_crc", "rows", "input_crc", "input_tokens", "flags", "input_rows"))
 if COLUMNS < SLOT_HEADERS + SLOTS * SLOT_BYTES:
     raise WavebusError(f"proto/layouts.json: layouts.decision.constants.columns: {COLUMNS} lies inside the {SLOTS} slot structs", "ERR_LAYOUT")
 
@@ -92,17 +94,23 @@ class DecisionRing:
             self._mm = mmap.mmap(fd, size)
         finally:
             os.close(fd)
-        magic, version, slots, max_rows = (f.read(self._mm) for f in _HEADER)
+        magic, version, slots, max_rows, max_in = (f.read(self._mm) for f in _HEADER)
         if magic != MAGIC or version != VERSION or slots != SLOTS:
             self._mm.close()
             raise ConfigError(f"{where}: not a version {VERSION} ring of {SLOTS} slots (magic {magic:#x}, version {version}, slots {slots})")
-        if max_rows < 1 or COLUMNS + SLOTS * 4 * max_rows > size:
+        per_slot = 2 * max_in + max_rows + 1  # int32s of one slot's input columns
+        if max_rows < 1 or COLUMNS + SLOTS * 4 * (max_rows + per_slot) > size:
             self._mm.close()
-            raise ConfigError(f"{where}: columns of {max_rows} rows do not fit its {size} bytes")
-        self.path, self.max_rows = path, max_rows
+            raise ConfigError(f"{where}: columns of {max_rows} rows and {max_in} input tokens do not fit its {size} bytes")
+        self.path, self.max_rows, self.max_input_tokens = path, max_rows, max_in
         # One int32 view per slot's column, made once: a write is np.copyto into it.
         whole = np.frombuffer(self._mm, dtype="<i4", count=SLOTS * max_rows, offset=COLUMNS)
         self._columns = [whole[i * max_rows:(i + 1) * max_rows] for i in range(SLOTS)]
+        # The input columns (ids, positions, row starts) per slot, kept for the agent to name the
+        # first row whose inputs differ after an inputs mismatch (it reads them only then).
+        ins = np.frombuffer(self._mm, dtype="<i4", count=SLOTS * per_slot, offset=COLUMNS + SLOTS * 4 * max_rows)
+        self._inputs = [(ins[i * per_slot:i * per_slot + max_in], ins[i * per_slot + max_in:i * per_slot + 2 * max_in],
+                         ins[i * per_slot + 2 * max_in:(i + 1) * per_slot]) for i in range(SLOTS)]
 
     def _begin(self, wave: int):
         """Seq made odd (a reader leaves the slot out; still odd after a writer that died
@@ -116,26 +124,45 @@ class DecisionRing:
         """The fields written, seq even again (whole). ``tokens`` / ``inputs``: (crc, count, flags)
         or None to keep what the slot holds for this wave."""
         mm = self._mm
-        off, (seq, old_wave, tcrc, rows, icrc, itok, flags) = begun
+        off, (seq, old_wave, tcrc, rows, icrc, itok, flags, irows) = begun
         seq |= 1
         if old_wave != wave:
-            tcrc = rows = icrc = itok = flags = 0
+            tcrc = rows = icrc = itok = flags = irows = 0
         if tokens is not None:
             tcrc, rows, f = tokens
-            flags = (flags & FLAG_INPUTS) | f
+            flags = (flags & (FLAG_INPUTS | FLAG_INPUT_COLUMNS)) | f
         if inputs is not None:
-            icrc, itok, f = inputs
-            flags |= f
-        _BODY.pack_into(mm, off + _BODY_AT, wave, tcrc, rows, icrc, itok, flags)
+            icrc, itok, f, irows = inputs
+            flags = (flags & ~(FLAG_INPUTS | FLAG_INPUT_COLUMNS)) | f
+        _BODY.pack_into(mm, off + _BODY_AT, wave, tcrc, rows, icrc, itok, flags, irows)
         _SEQ.pack_into(mm, off + _SEQ_AT, seq + 1)
 
-    def inputs(self, wave: int, token_ids, positions=None) -> int:
-        """The forward of ``wave`` takes these inputs (before_forward). Returns the digest."""
+    def inputs(self, wave: int, token_ids, positions=None, row_starts=None) -> int:
+        """The forward of ``wave`` takes these inputs (before_forward). Returns the digest.
+        ``row_starts``: where each row's tokens start in ``token_ids``, then their end (the engine's
+        query_start_loc / cu_seq_lens_q, rows + 1 values): given, the inputs are kept in the slot (three
+        copies, no digest per row: the agent makes that only after a mismatch) so an inputs-only
+        divergence names its first row."""
         ids = as_array(token_ids)
+        pos = as_array(positions) if positions is not None else None
         crc = zlib.crc32(ids)
-        if positions is not None:
-            crc = zlib.crc32(as_array(positions), crc)
-        self._write(wave, self._begin(wave), None, (crc, ids.size & 0xFFFFFFFF, FLAG_INPUTS))
+        if pos is not None:
+            crc = zlib.crc32(pos, crc)
+        begun = self._begin(wave)
+        flags, irows = FLAG_INPUTS, 0
+        if row_starts is not None:
+            starts = as_array(row_starts)
+            n, r = ids.size, starts.size - 1
+            if 0 <= r <= self.max_rows and n <= self.max_input_tokens and (pos is None or pos.size == n):
+                c_ids, c_pos, c_starts = self._inputs[wave % SLOTS]
+                c_ids[:n] = ids  # as int32, like the token column
+                if pos is None:
+                    c_pos[:n] = 0
+                else:
+                    c_pos[:n] = pos
+                c_starts[:r + 1] = starts
+                flags, irows = FLAG_INPUTS | FLAG_INPUT_COLUMNS, r
+        self._write(wave, begun, None, (crc, ids.size & 0xFFFFFFFF, flags, irows))
         return crc
 
     def decided(self, wave: int, token_ids) -> int:
@@ -156,6 +183,7 @@ class DecisionRing:
 
     def close(self) -> None:
         self._columns = []
+        self._inputs = []
         try:
             self._mm.close()
         except BufferError:  # a caller still holds a view; the mapping goes with the process
@@ -192,12 +220,14 @@ class DigestMixin:
                 return None
         return self._decision
 
-    def decided_inputs(self, wave: int, token_ids, positions=None) -> bool:
-        """At before_forward of ``wave``: digest of the forward's token ids (and positions). True if written."""
+    def decided_inputs(self, wave: int, token_ids, positions=None, row_starts=None) -> bool:
+        """At before_forward of ``wave``: digest of the forward's token ids (and positions); with
+        ``row_starts`` (rows + 1 offsets into token_ids) the inputs are kept so that a mismatch names
+        its first row. True if written."""
         ring = self._decision_ring()
         if ring is None:
             return False
-        ring.inputs(wave, token_ids, positions)
+        ring.inputs(wave, token_ids, positions, row_starts)
         return True
 
     def decided(self, wave: int, token_ids) -> bool:

@@ -291,14 +291,14 @@ LAYOUTS = json.loads(r'''
   },
   "decision": {
     "doc": "docs/runtime-guard.md",
-    "what": "rank_divergence's decision ring: created by the agent beside the mailbox (0600, src/agent/decision-ring.ts, read with pread), mapped by the engine client (clients/python/wavebus_client/digest.py; src/client/digest.ts writes with pwrite), which writes per wave a digest of the forward's inputs and of the token column it decided, with the column. The header at 0; wave w's slot i = w % header.slots: its slot struct at header.bytes + i * slot.bytes, its token column (i32[header.max_rows], row order) at constant columns + i * 4 * header.max_rows.",
+    "what": "rank_divergence's decision ring: created by the agent beside the mailbox (0600, src/agent/decision-ring.ts, read with pread), mapped by the engine client (clients/python/wavebus_client/digest.py; src/client/digest.ts writes with pwrite), which writes per wave a digest of the forward's inputs and of the token column it decided, with the column. The header at 0; wave w's slot i = w % header.slots: its slot struct at header.bytes + i * slot.bytes, its token column (i32[header.max_rows], row order) at constant columns + i * 4 * header.max_rows. With the inputs' row starts (flag_input_columns), the forward's inputs too: slot i's input columns at inputs = columns + header.slots * 4 * header.max_rows, then i * 4 * (2 * header.max_input_tokens + header.max_rows + 1): token ids i32[max_input_tokens], positions i32[max_input_tokens], row starts i32[max_rows + 1] (slot.input_rows + 1 of them used); the agent makes a per-row digest of them when the coordinator asks after an inputs mismatch, to name the first row whose inputs differ.",
     "constants": {
       "magic": {
         "value": 1145324119,
         "doc": "header.magic: \"WBDD\" read as a little-endian u32"
       },
       "version": {
-        "value": 1,
+        "value": 2,
         "doc": "header.version"
       },
       "slots": {
@@ -324,6 +324,14 @@ LAYOUTS = json.loads(r'''
       "flag_column": {
         "value": 4,
         "doc": "slot.flags: the column is in the slot (rows <= max_rows)"
+      },
+      "max_input_tokens": {
+        "value": 8192,
+        "doc": "header.max_input_tokens of a ring the agent creates: a forward with more input tokens gets its digest only"
+      },
+      "flag_input_columns": {
+        "value": 8,
+        "doc": "slot.flags: the forward's token ids, positions and row starts are in the slot's input columns"
       }
     },
     "structs": {
@@ -347,6 +355,11 @@ LAYOUTS = json.loads(r'''
             "at": 12,
             "type": "u32",
             "doc": "rows a slot's column holds"
+          },
+          "max_input_tokens": {
+            "at": 16,
+            "type": "u32",
+            "doc": "input token ids (and positions) a slot's input columns hold"
           }
         }
       },
@@ -385,7 +398,12 @@ LAYOUTS = json.loads(r'''
           "flags": {
             "at": 32,
             "type": "u32",
-            "doc": "flag_tokens, flag_inputs, flag_column"
+            "doc": "flag_tokens, flag_inputs, flag_column, flag_input_columns"
+          },
+          "input_rows": {
+            "at": 36,
+            "type": "u32",
+            "doc": "rows of the forward's inputs (row starts written: input_rows + 1)"
           }
         }
       }

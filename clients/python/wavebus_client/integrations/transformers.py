@@ -116,7 +116,8 @@ class TransformersWavebus:
         if self.client.features & mb.FEATURE_RANK_DIGEST:
             # rank_divergence: every TP rank digests the forward's inputs (a ring write, no message).
             kw = io.get_model_kwargs(use_padding=self.processor.model_runner.pad_inputs)
-            self.client.decided_inputs(self.wave, kw["input_ids"], kw["position_ids"])
+            # The row starts (cu_seq_lens_q) let an inputs mismatch name its first row and request.
+            self.client.decided_inputs(self.wave, kw["input_ids"], kw["position_ids"], kw.get("cu_seq_lens_q"))
         if self.client.wants_forward():
             try:
                 self._offer_forward(io)
