@@ -87,11 +87,6 @@ const UPWARD_EXCEPTIONS: ReadonlyArray<[from: string, to: string]> = [
   // A TypeScript head the ring cannot take goes inline with the columns the agent builds from a
   // ring slot: one implementation of the columns for both (ring-columns imports only types).
   ['client/tensor-batch.ts', 'agent/ring-columns.ts'],
-  // verdict.auto runs the verdict `wavebus verdict` runs and reports it with the tools' control
-  // client: one implementation of the replays, the verdict and its note.
-  ['agent/auto-verdict.ts', 'tools/verdict.ts'],
-  ['agent/auto-verdict.ts', 'tools/verdict-report.ts'],
-  ['agent/auto-verdict.ts', 'tools/control-client.ts'],
 ];
 
 /** The layer table of docs/architecture.md: unit (`bus/` or `paths.ts`) → layer. */
