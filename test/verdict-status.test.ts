@@ -29,7 +29,7 @@ test('verdict notes: kept, re-judged without double counting, refused with the f
     const note = (v: Record<string, unknown>) => client.request({ verdict: { incident: 'incident-wave12-dp0', verdict: 'transient', host: 'hostA', devices: [0, 1], replica: 0, ranks: [0, 1], reason: 'r', ...v } }, 5000);
     expect((await note({})).id).toBe('incident-wave12-dp0');
     // The same incident judged again moves to its new verdict; another incident adds.
-    await note({ verdict: 'device-local', reason: 'the recorded outputs reproduce on host hostA devices 0,1 only' });
+    await note({ verdict: 'device-local', reason: 'the recorded outputs reproduce on host hostA devices 0,1 only', fingerprint: 'device 0: hostname a1, cpu Test CPU\nmicrocode 0x1' });
     await note({ incident: 'incident-wave30-dp1', verdict: 'deterministic', host: 'hostB', devices: [2, 3], replica: 1, ranks: [2, 3], bisectModule: 'model.layers.1.mlp.up_proj' });
     // Garbage is refused, naming the field; nothing is kept.
     const refused = async (v: Record<string, unknown>, want: string) => {
@@ -47,6 +47,8 @@ test('verdict notes: kept, re-judged without double counting, refused with the f
     expect({ code: st.code, stderr: st.stderr }).toEqual({ code: 0, stderr: '' });
     const doc = JSON.parse(st.stdout);
     expect(doc.verdicts.counts).toEqual({ deterministic: 1, 'device-local': 1, transient: 0, inconclusive: 0 });
+    // The device fingerprint comes as one line (control characters from the bus become spaces).
+    expect(doc.verdicts.latest.map((v: any) => v.fingerprint)).toEqual(['device 0: hostname a1, cpu Test CPU microcode 0x1', null]);
     expect(doc.verdicts.latest.map((v: any) => [v.incident, v.verdict, v.host, v.devices, v.bisect_module])).toEqual([
       ['incident-wave12-dp0', 'device-local', 'hostA', [0, 1], null],
       ['incident-wave30-dp1', 'deterministic', 'hostB', [2, 3], 'model.layers.1.mlp.up_proj'],
@@ -55,7 +57,7 @@ test('verdict notes: kept, re-judged without double counting, refused with the f
     expect(table.stdout).toContain('verdicts: deterministic 1, device-local 1\n');
     // Clipped to the table's width.
     expect(table.stdout).toContain('  incident-wave12-dp0 DEVICE-LOCAL host hostA devices 0,1: the recorded outputs reproduce on host...\n');
-    expect(table.stdout).toContain('  incident-wave30-dp1 DETERMINISTIC host hostB devices 2,3: r\n');
+    expect(table.stdout).toContain('...\n    device 0: hostname a1, cpu Test CPU microcode 0x1\n  incident-wave30-dp1 DETERMINISTIC host hostB devices 2,3: r\n');
 
     const text = await (await fetch(`http://127.0.0.1:${c.metricsAddress!.port}/metrics`)).text();
     const series = (verdict: string, host: string) => Number(text.match(new RegExp(`^wavebus_incident_verdicts\\{verdict="${verdict}",host="${host}"\\} (\\d+)$`, 'm'))?.[1]);
