@@ -12,6 +12,8 @@ export interface ReportVerdict {
   verdict: string;
   host: string;
   devices: number[];
+  replica: number;
+  ranks: number[];
   reason: string;
   bisect_module: string | null;
   fingerprint: string | null;
