@@ -117,13 +117,16 @@ def load_inputs(snapshots: str, call: int, tp: int, cfg: ModelConfig):
     """(metas, inputs, kv per rank of a TP=tp run) from a capture of any TP size."""
     ranks = sorted(int(d[4:]) for d in os.listdir(snapshots)
                    if d.startswith("rank") and d[4:].isdigit() and os.path.isdir(os.path.join(snapshots, d, f"call{call}")))
-    if not ranks or ranks != list(range(len(ranks))):
-        raise SystemExit(f"replay: {snapshots}: need rank0..rank<n-1>/call{call}, found ranks {ranks}")
+    # One TP group: consecutive global ranks (any DP replica's: replica * tp + tp rank), tp ranks 0..n-1.
+    if not ranks or ranks != list(range(ranks[0], ranks[0] + len(ranks))):
+        raise SystemExit(f"replay: {snapshots}: need one TP group's rank<g>/call{call} (consecutive global ranks), found ranks {ranks}")
     loaded = [load_call_dir(os.path.join(snapshots, f"rank{r}", f"call{call}")) for r in ranks]
     metas, first = [m for m, _ in loaded], loaded[0][1]
-    for r, (_, t) in enumerate(loaded):
+    for i, (m, t) in enumerate(loaded):
+        if int(m.get("tp_rank", i)) != i:
+            raise SystemExit(f"replay: rank{ranks[i]}/call{call}: tp_rank {m.get('tp_rank')}, expected {i} (not one TP group's forward)")
         if any(not torch.equal(a, b) for a, b in zip(t[:7], first[:7])):
-            raise SystemExit(f"replay: rank{r}/call{call}: its batch inputs differ from rank0's (not one TP group's forward)")
+            raise SystemExit(f"replay: rank{ranks[i]}/call{call}: its batch inputs differ from rank{ranks[0]}'s (not one TP group's forward)")
     per = cfg.kv_heads // tp
     kv = [{} for _ in range(tp)]
     for i, layer in enumerate(cfg.layer_names()):

@@ -80,7 +80,7 @@ async function replayOn(o: VerdictOptions, inc: Incident, spec: ReplaySpec, work
   const fp = readReplayFingerprint(out);
   const seen = 'devices' in fp ? { fingerprint: fp.devices } : { fingerprint_error: fp.error };
   const { tensors, missing } = compareSaved(out, inc.calls, inc.ranks, tols);
-  if (tensors.length === 0) return { ...base, ...seen, wall_ms: run.ms, error: `nothing to compare: ${missing.slice(0, 3).join('; ')}` };
+  if (tensors.length === 0) return { ...base, ...seen, wall_ms: run.ms, error: `nothing to compare: ${missing.slice(0, 3).join('; ')}${run.code ? ` (the replay exited ${run.code}: ${run.tail.trim().split('\n').slice(-2).join(' | ')})` : ''}` };
   return { ...base, ...seen, ok: true, wall_ms: run.ms, tensors };
 }
 
