@@ -80,7 +80,7 @@ describeAsRoot('verdict across two hosts in network namespaces', () => {
         '--', PYTHON, path.join(ENGINE, 'torchrun_env.py'), path.join(ENGINE, 'engine.py'), '--out', out, '--dp', '2', '--save-every-forward',
         '--requests', '2', '--max-tokens', '60', '--step-sleep-ms', '200', '--flip-output', '6:1',
       ], {
-        cwd: h.dir,
+        cwd: dir, // one dump root path on both hosts (each agent checks the coordinator's dump_dir against its own)
         // The host's environment: its fault file (every process on the host), its cache root, its end of the link for gloo.
         env: { ...process.env, TORCH_ENGINE_DEVICE_FAULT_FILE: h.fault, WAVEBUS_CACHE_ROOT: path.join(h.dir, 'cache'), WAVEBUS_RECORD_FORWARDS: '32',
           MASTER_ADDR: net.addrA, MASTER_PORT: String(GLOO_PORT), GLOO_SOCKET_IFNAME: h.veth },
