@@ -13,7 +13,7 @@ import * as fs from 'fs';
 import * as path from 'path';
 import type { Logger } from '../log';
 import type { RankIdentity } from '../layout';
-import type { BusToken } from '../bus/auth';
+import { TOKEN_FD, type BusToken } from '../bus/auth';
 import { packageRoot, rankDirName } from '../paths';
 
 /** How long the replica's other ranks may take to finish their flush of the same incident. */
@@ -128,9 +128,6 @@ export class AutoVerdict {
     if (this.child) killGroup(this.child, 'SIGTERM');
   }
 }
-
-/** The CLI's fd for the bus token (--bus-token-fd). */
-const TOKEN_FD = 3;
 
 const hostPort = (c: { host: string; port: number }) => (c.host.includes(':') ? `[${c.host}]:${c.port}` : `${c.host}:${c.port}`);
 
