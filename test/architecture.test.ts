@@ -84,11 +84,6 @@ const UPWARD_EXCEPTIONS: ReadonlyArray<[from: string, to: string]> = [
   // The engine client counts a reply's repeated fields with the bus's census before decoding it
   // (one set of limits for every socket); the census imports only protobufjs.
   ['client/transport.ts', 'bus/wire-census.ts'],
-  // verdict.auto runs the verdict `wavebus verdict` runs and reports it with the tools' control
-  // client: one implementation of the replays, the verdict and its note.
-  ['agent/auto-verdict.ts', 'tools/verdict.ts'],
-  ['agent/auto-verdict.ts', 'tools/verdict-report.ts'],
-  ['agent/auto-verdict.ts', 'tools/control-client.ts'],
 ];
 
 /** The layer table of docs/architecture.md: unit (`bus/` or `paths.ts`) → layer. */

@@ -5,15 +5,16 @@
 // ranks get it with --env-on-rank, the replays with --host-env). The faulty device is a test double
 // (examples/torch-engine/device_fault.py): a host-level file that every process on hostA reads.
 // Replays run as local processes from the CLI (not through the agents and the bus), and no network
-// namespace separates the hosts here: docs/verdict.md says so. The transient case is judged by
+// namespace separates the hosts here (test/verdict-netns.test.ts runs two): docs/verdict.md says so. The transient case is judged by
 // verdict.auto (replica 0's head agent, while the job serves) and told to the coordinator; the
 // bad-device job serves the device-local case and, judged as if DP=1, the inconclusive one.
 import * as fs from 'fs';
+import * as os from 'os';
 import * as path from 'path';
 import { Coordinator } from '../src/bus/coordinator';
 import { createTokenFile, loadBusToken } from '../src/bus/auth';
 import { createLogger } from '../src/log';
-import { PYTHON, ROOT, cleanup, freePortPair, runWavebus, spawnTracked, spawnWavebus, tmpDir, waitFor } from './helpers';
+import { PYTHON, ROOT, cleanup, freePortPair, runPython, runWavebus, spawnTracked, spawnWavebus, tmpDir, waitFor } from './helpers';
 
 afterAll(cleanup);
 
@@ -112,6 +113,19 @@ function callOfStep(v: any, step: number): number | undefined {
   return v.incident.calls.find((c: number) => JSON.parse(fs.readFileSync(path.join(v.incident.dir, snaps, 'rank1', `call${c}`, 'meta.json'), 'utf8')).global_step === step);
 }
 
+test('device_fingerprint (the replayer\'s): the host, the CPU\'s model, microcode and a digest of its flags from a cpuinfo file, the torch build; a missing file is named', () => {
+  const dir = tmpDir('wavebus-verdict-fp-');
+  const info = path.join(dir, 'cpuinfo');
+  const block = (p: number, flags: string) => `processor\t: ${p}\nvendor_id\t: GenuineTest\nmodel name\t: Test CPU 9000\nmicrocode\t: 0xdeadbeef\nflags\t\t: ${flags}\n`;
+  fs.writeFileSync(info, `${block(0, 'sse2 avx fpu avx')}\n${block(1, 'other flags here')}`);
+  const script = `import json, sys, torch\nsys.path.insert(0, ${JSON.stringify(path.join(ROOT, 'clients', 'python'))})\nfrom wavebus_client.fingerprint import device_fingerprint\nprint(json.dumps([device_fingerprint(3, sys.argv[1]), device_fingerprint(0, sys.argv[2])]))`;
+  const [fp, missing] = JSON.parse(runPython(script, [info, path.join(dir, 'absent')]));
+  // The first processor's block only; the flags sorted and deduplicated before the digest.
+  const digest = require('crypto').createHash('sha256').update('avx fpu sse2').digest('hex').slice(0, 16);
+  expect(fp).toEqual({ hostname: os.hostname(), index: 3, kind: 'cpu', device_name: 'cpu', torch: expect.stringMatching(/^\d+\.\d+\S* git /), cpu_vendor: 'GenuineTest', cpu_model: 'Test CPU 9000', cpu_microcode: '0xdeadbeef', cpu_flags: `3 flags, sha256 ${digest}` });
+  expect(missing.cpu_error).toBe(`${path.join(dir, 'absent')}: No such file or directory`);
+});
+
 test('a one-off bit flip in rank 1\'s output at step 6, in the live process only: verdict.auto judges it transient, naming that forward and rank, and tells the coordinator', async () => {
   let v: any;
   let doc: any;
@@ -161,6 +175,14 @@ test('the bad-device double on hostA: device-local, naming hostA and its devices
   expect(same.tensors.every((t: any) => t.bit_exact)).toBe(true);
   expect(other.tensors.every((t: any) => !t.within_tolerance)).toBe(true);
   expect(v.reason).toContain('host hostB devices 2,3');
+  // The devices named, as the replay on hostA saw them: this machine's name, CPU (from /proc/cpuinfo) and torch.
+  const cpu = (key: string) => new RegExp(`^${key}\\s*:\\s*(.*)$`, 'm').exec(fs.readFileSync('/proc/cpuinfo', 'utf8'))?.[1].trim();
+  expect(v.fingerprint).toEqual([0, 1].map((index) => expect.objectContaining({
+    index, tp_rank: index, kind: 'cpu', hostname: os.hostname(), cpu_model: cpu('model name'), cpu_flags: expect.stringMatching(/^\d+ flags, sha256 [0-9a-f]{16}$/),
+    ...(cpu('microcode') ? { cpu_microcode: cpu('microcode') } : {}), torch: expect.stringMatching(/^\d+\.\d+/),
+  })));
+  expect(same.fingerprint).toEqual(v.fingerprint);
+  expect(other.fingerprint).toHaveLength(2);
   // The page: the flush's row carries the verdict and the replays' per-tensor errors.
   const page = path.join(j.dir, 'report.html');
   const rep = runWavebus(['report', j.dir, '-o', page], { timeout: 120000 });
@@ -169,6 +191,7 @@ test('the bad-device double on hostA: device-local, naming hostA and its devices
   expect(html).toContain('<div class="verdict" data-verdict="device-local"><b>device-local</b>: the recorded outputs reproduce on host hostA devices 0,1 only');
   expect(html).toContain(`same on hostA devices 0,1: ${same.tensors.length}/${same.tensors.length} outputs reproduce (${same.tensors.length} bit-exact)`);
   expect(html).toContain(`other on hostB devices 2,3: 0/${other.tensors.length} outputs reproduce`);
+  expect(html).toContain(`<span class="verdict-device">device 1 on hostA: hostname ${os.hostname()}, cpu ${cpu('model name')}`);
   expect(html).toMatch(/<li>call \d+ rank 1: max\|diff\| [0-9.e-]+, \d+\/\d+ out of tolerance<\/li>/);
 }, 300000);
 

@@ -17,7 +17,8 @@ ranks' KV caches are joined along the head dim and re-split, so a TP=2 capture r
 writes DIR/rank<g>/call<N> per rank. --fault makes a wrong forward on purpose (docs/bisect.md).
 For `wavebus verdict` (docs/verdict.md): --call takes a list (N,M,...: one process replays them all),
 --save-logits DIR writes DIR/call<N>/replay_rank<g>.npy and, with --engine-out, engine_rank<g>.npy
-(g: the global rank that recorded the forward), --device T=D runs TP rank T's thread as device index
+(g: the global rank that recorded the forward) and DIR/fingerprint.json (the host and each TP
+rank's device: wavebus_client.fingerprint.device_fingerprint), --device T=D runs TP rank T's thread as device index
 D (the faulty-device test double keys on it), --shard-patch FILE loads the same wrong shard as the engine.
 """
 import argparse
@@ -116,13 +117,16 @@ def load_inputs(snapshots: str, call: int, tp: int, cfg: ModelConfig):
     """(metas, inputs, kv per rank of a TP=tp run) from a capture of any TP size."""
     ranks = sorted(int(d[4:]) for d in os.listdir(snapshots)
                    if d.startswith("rank") and d[4:].isdigit() and os.path.isdir(os.path.join(snapshots, d, f"call{call}")))
-    if not ranks or ranks != list(range(len(ranks))):
-        raise SystemExit(f"replay: {snapshots}: need rank0..rank<n-1>/call{call}, found ranks {ranks}")
+    # One TP group: consecutive global ranks (any DP replica's: replica * tp + tp rank), tp ranks 0..n-1.
+    if not ranks or ranks != list(range(ranks[0], ranks[0] + len(ranks))):
+        raise SystemExit(f"replay: {snapshots}: need one TP group's rank<g>/call{call} (consecutive global ranks), found ranks {ranks}")
     loaded = [load_call_dir(os.path.join(snapshots, f"rank{r}", f"call{call}")) for r in ranks]
     metas, first = [m for m, _ in loaded], loaded[0][1]
-    for r, (_, t) in enumerate(loaded):
+    for i, (m, t) in enumerate(loaded):
+        if int(m.get("tp_rank", i)) != i:
+            raise SystemExit(f"replay: rank{ranks[i]}/call{call}: tp_rank {m.get('tp_rank')}, expected {i} (not one TP group's forward)")
         if any(not torch.equal(a, b) for a, b in zip(t[:7], first[:7])):
-            raise SystemExit(f"replay: rank{r}/call{call}: its batch inputs differ from rank0's (not one TP group's forward)")
+            raise SystemExit(f"replay: rank{ranks[i]}/call{call}: its batch inputs differ from rank{ranks[0]}'s (not one TP group's forward)")
     per = cfg.kv_heads // tp
     kv = [{} for _ in range(tp)]
     for i, layer in enumerate(cfg.layer_names()):
@@ -210,10 +214,22 @@ def main(argv) -> int:
         raise SystemExit("replay: --fault needs --probe (faults are planted in the module tree)")
     probe = None if a.probe is None else {"dir": a.probe, "include": a.probe_include, "layers": parse_layers(a.probe_layers),
                                           "inputs": a.probe_inputs, "format": a.probe_format}
+    if a.save_logits:
+        save_fingerprint(a.save_logits, [devices.get(t, t) for t in range(a.tp)])
     ok = True
     for call in calls:
         ok = replay_one(a, call, probe, faults, devices) and ok
     return 0 if ok else 1
+
+
+def save_fingerprint(out: str, devices) -> None:
+    """DIR/fingerprint.json: the host and each TP rank's device as this process sees them (`wavebus
+    verdict` names them in a device-local verdict)."""
+    from wavebus_client.fingerprint import device_fingerprint
+    os.makedirs(out, mode=0o700, exist_ok=True)
+    doc = {"devices": [dict(device_fingerprint(d), tp_rank=t) for t, d in enumerate(devices)]}
+    with open(os.path.join(out, "fingerprint.json"), "w") as f:
+        json.dump(doc, f)
 
 
 def replay_one(a, call: int, probe, faults, devices) -> bool:

@@ -32,6 +32,8 @@ export interface AgentOptions {
   dropSeqs?: (seq: number) => boolean;
   /** CURVE client keys for the bus (see src/bus/curve.ts). */
   curve?: { serverPublicKey: string; publicKey: string; secretKey: string };
+  /** The files those keys came from (--curve-server-key, --curve-key), for verdict.auto's CLI. */
+  curveFiles?: { serverKey: string; key: string };
   /** The launcher's bus token (src/bus/auth.ts): coordinator messages without its MAC are dropped. */
   busToken?: BusToken;
   /** --artifact-mode: KV dumps and input snapshots (default: DEFAULT_ARTIFACT_MODES). */

@@ -34,7 +34,7 @@ export class AgentRecorder {
     const { runDir, identity } = opts;
     if (!opts.recorder) return;
     if (root && identity.tpRank === 0 && identity.pp === 1) {
-      const target = opts.coordinator ? { coordinator: opts.coordinator, busToken: opts.busToken, curve: opts.curve } : undefined;
+      const target = opts.coordinator ? { coordinator: opts.coordinator, busToken: opts.busToken, curveFiles: opts.curveFiles } : undefined;
       this.verdicts = new AutoVerdict({ identity, root, args: opts.verdictArgs ?? [], target, log });
     }
     let hasher = opts.tokenHasher;

@@ -10,7 +10,7 @@
 import { createHmac, timingSafeEqual } from 'crypto';
 import * as path from 'path';
 import { ConfigError } from '../errors';
-import { createSecretFile, readSecretFd, readSecretFile, SECRET_BYTES } from '../artifacts/secret-file';
+import { createSecretFile, readSecretFd, readSecretFile, secretText, SECRET_BYTES } from '../artifacts/secret-file';
 
 /** The token's bytes. */
 export const TOKEN_BYTES = SECRET_BYTES;
@@ -57,6 +57,11 @@ export class BusToken {
    */
   static load(file: string, flag: string): BusToken {
     return new BusToken(readSecretFile(file, flag, 'the bus token'));
+  }
+
+  /** The token as `--bus-token-fd` reads it, for a child this process starts (verdict.auto's CLI): on a pipe only, never an argument or a file. */
+  pipeText(): string {
+    return secretText(this.key);
   }
 
   /** The MAC of `msg` (and `data`, a chunk's frame) sent in `dir`. */

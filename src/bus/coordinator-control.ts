@@ -175,7 +175,14 @@ export class CoordinatorControl {
       case 'verdict':
         try {
           const v = this.c.verdicts.note(req.verdict);
-          this.c.log.info({ incident: v.incident, verdict: v.verdict, host: v.host }, 'incident verdict');
+          let report: string | undefined;
+          try {
+            report = this.c.policy?.onVerdict?.(v);
+          } catch (e) {
+            // A full disk loses the report's copy only: the verdict is kept for status and /metrics.
+            this.c.log.error({ incident: v.incident, err: (e as Error).message }, 'cannot write the verdict into the incident report');
+          }
+          this.c.log.info({ incident: v.incident, verdict: v.verdict, host: v.host, report }, 'incident verdict');
           return { id: v.incident };
         } catch (e) {
           throw e instanceof BadVerdictNote ? new Refused(e.message) : e;

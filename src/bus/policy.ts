@@ -3,6 +3,7 @@
 import type { AgentConfig, DumpJob, DumpResult, StepTelemetry } from '../messages';
 import type { DumpLedger } from '../guard/dump-ledger';
 import type { FingerprintBook } from '../guard/fingerprint-diff';
+import type { ReportVerdict } from '../guard/report-verdicts';
 
 export interface DueLanes {
   /** A new effective config, applied by every rank of the replica at the end of the vector's wave (head + decideAheadWaves(pp), src/bus/constants.ts). */
@@ -39,6 +40,8 @@ export interface CoordinatorPolicy {
    * inputs (only after a mismatch).
    */
   onRankDecisions?(rank: number, decisions: { wave: number; tokenCrc: number; rows: number; inputCrc: number; inputTokens: number; flags: number }[], ask: (rank: number, wave: number, inputs?: boolean) => Promise<{ column: Buffer | null; error?: string }>): void;
+  /** A checked verdict note (docs/verdict.md): written into the incident report naming its flush; that report's path, or undefined when none does. */
+  onVerdict?(v: ReportVerdict): string | undefined;
   /** Merged into /healthz and StatusReply.status_json. */
   status(): Record<string, unknown>;
   /** What a (re)joining agent of `replica` needs beyond its stream's position. */

@@ -15,6 +15,7 @@ const REMEMBERED = 4096;
 /** Distinct host labels on the gauge; a host beyond them is counted under `other` (bounded series). */
 const MAX_HOSTS = 64;
 const MAX_REASON = 512;
+const MAX_FINGERPRINT = 1024;
 const FLUSH = /^(incident-wave\d+(-dp\d+)?|crash-[A-Za-z0-9._-]{1,128}|flush-capture-\d+)$/;
 const HOST = /^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$/;
 const MODULE = /^[A-Za-z0-9_.]{0,256}$/;
@@ -28,6 +29,8 @@ export interface VerdictRecord {
   ranks: number[];
   reason: string;
   bisect_module: string | null;
+  /** device-local: the devices named (host, CPU or CUDA device, torch), one line. */
+  fingerprint: string | null;
   time: string;
 }
 
@@ -72,6 +75,7 @@ export class VerdictBook {
       ranks,
       reason: String(n.reason ?? '').slice(0, MAX_REASON),
       bisect_module: module || null,
+      fingerprint: String(n.fingerprint ?? '').slice(0, MAX_FINGERPRINT).replace(/[\x00-\x1f\x7f]/g, ' ') || null, // printed by `wavebus status`
       time: new Date().toISOString(),
     };
     const old = this.byIncident.get(incident);

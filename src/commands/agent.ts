@@ -52,6 +52,8 @@ export interface AgentSetup {
   cudaStagingBytes: number;
   /** CURVE client keys (--curve-server-key + --curve-key), when the coordinator uses CURVE. */
   curve?: CurveClientKeys;
+  /** The files of `curve` (verdict.auto's CLI loads them). */
+  curveFiles?: { serverKey: string; key: string };
   /** --bus-token-file / WAVEBUS_BUS_TOKEN_FILE: the launcher's token (the coordinator must hold the same). */
   busToken?: BusToken;
   /** --token-hash-key-file / WAVEBUS_TOKEN_HASH_KEY_FILE: the recorder's key for save_sensitive_info "hashed". */
@@ -96,6 +98,8 @@ export function setupAgent(argv: Record<string, unknown>, env: NodeJS.ProcessEnv
   const runDirFlag = flagDir ? '--run-dir' : 'WAVEBUS_RUN_DIR';
   if (given) checkRunDirFits(given, identity.localRank, runDirFlag);
   const curve = loadClientKeys(argv['curve-server-key'] as string | undefined, argv['curve-key'] as string | undefined);
+  // Their paths too: verdict.auto's CLI loads the same files (auto-verdict.ts).
+  const curveFiles = curve ? { serverKey: String(argv['curve-server-key']), key: String(argv['curve-key']) } : undefined;
   const busToken = loadBusToken(argv['bus-token-file'], env, argv['bus-token-fd']);
   const keyFlag = argv['token-hash-key-file'];
   const tokenHasher = keyFlag || env.WAVEBUS_TOKEN_HASH_KEY_FILE ? TokenHasher.fromFlags(keyFlag, env) : undefined;
@@ -104,7 +108,7 @@ export function setupAgent(argv: Record<string, unknown>, env: NodeJS.ProcessEnv
   const artifactModes = parseArtifactMode(argv['artifact-mode'], '--artifact-mode');
   const directFiles = directFilesSetup(argv, env, identity.localRank);
   const verdictArgs = argv['verdict-arg'] === undefined ? [] : ([] as unknown[]).concat(argv['verdict-arg']).map(String);
-  return { identity, coordinator, heartbeatMs, runDir: given, runDirFlag, endOfWaveTimeoutMs, stagingBytes, cudaStagingBytes, curve, busToken, tokenHasher, verdictArgs, dumpRoot, artifactModes, directFiles, log };
+  return { identity, coordinator, heartbeatMs, runDir: given, runDirFlag, endOfWaveTimeoutMs, stagingBytes, cudaStagingBytes, curve, curveFiles, busToken, tokenHasher, verdictArgs, dumpRoot, artifactModes, directFiles, log };
 }
 
 export const command: CommandModule = {
@@ -154,6 +158,7 @@ export const command: CommandModule = {
       stagingBytes: a.stagingBytes,
       cudaStagingBytes: a.cudaStagingBytes,
       curve: a.curve,
+      curveFiles: a.curveFiles,
       busToken: a.busToken,
       tokenHasher: a.tokenHasher,
       artifactModes: a.artifactModes,

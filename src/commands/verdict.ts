@@ -39,6 +39,7 @@ export const command: CommandModule = {
       .option('json', { type: 'boolean', default: false, describe: 'print verdict.json' })
       .option('coordinator', { type: 'string', describe: "also tell the job's coordinator HOST:PORT (its status and /metrics show the verdict)" })
       .option('bus-token-file', { type: 'string', describe: "with --coordinator: the job's bus token file (default $WAVEBUS_BUS_TOKEN_FILE)" })
+      .option('bus-token-fd', { type: 'string', describe: 'with --coordinator: read the bus token from this descriptor (how verdict.auto\'s agent hands it on; takes the place of --bus-token-file)' })
       .options(CURVE_CLIENT_FLAGS)
       .option('timeout', { type: 'string', default: '5000', describe: 'with --coordinator: milliseconds to wait for its answer' }),
   handler: async (argv) => {
@@ -50,7 +51,7 @@ export const command: CommandModule = {
       // The coordinator's flags are checked before any replay runs.
       const target = argv.coordinator === undefined ? undefined : {
         coordinator: parseHostPort(String(argv.coordinator), '--coordinator'),
-        busToken: loadBusToken(argv['bus-token-file'], process.env),
+        busToken: loadBusToken(argv['bus-token-file'], process.env, argv['bus-token-fd']),
         curve: curveClientKeysFromFlags(argv),
       };
       const timeoutMs = msFlag(argv.timeout, '--timeout', 1);

@@ -27,6 +27,7 @@ import type { KeepIds } from './step-pass';
 import { ReplicaState } from './replica-state';
 import { replicaHead, type WorldLayout } from '../layout';
 import { writeReport } from './reports';
+import { ReportVerdicts, type ReportVerdict } from './report-verdicts';
 import { incidentReport } from './incident-report';
 import { ManualArms, manualDumpJobs, type ArmOutcome } from './manual-arms';
 import { TelemetryColumnizer } from '../client/telemetry';
@@ -77,6 +78,8 @@ export class Guard implements CoordinatorPolicy {
   private readonly replicas: ReplicaState[];
   /** Row-form telemetry (tests, older clients) is turned into columns here. */
   private readonly rowColumns = new TelemetryColumnizer();
+  /** Reports that name a recorder flush, for its verdict (report-verdicts.ts). */
+  private readonly reportVerdicts = new ReportVerdicts();
   /** Per-step scratch, reused: hits of this wave head and the request each belongs to. */
   private readonly hits: Hit[] = [];
   private readonly hitStates: ReqState[] = [];
@@ -355,7 +358,9 @@ export class Guard implements CoordinatorPolicy {
       try {
         // Token ids in it (save_sensitive_info): created owner-only, never readable by the group.
         const modes = this.opts.artifactModes ?? DEFAULT_ARTIFACT_MODES;
-        const file = writeReport(this.opts.startup.reportDir, report, new Date(), this.opts.pid, cfg.report.save_sensitive_info ? sensitiveModes(modes) : modes);
+        const reportModes = cfg.report.save_sensitive_info ? sensitiveModes(modes) : modes;
+        const file = writeReport(this.opts.startup.reportDir, report, new Date(), this.opts.pid, reportModes);
+        this.reportVerdicts.remember(report, file, reportModes);
         this.count(type, 'report');
         this.log.warn({ incident_type: type, req_id: st.reqId, dp_rank: rs.replica, wave: detectWave, file }, 'runtime guard incident');
       } catch (e) {
@@ -419,6 +424,11 @@ export class Guard implements CoordinatorPolicy {
 
   snapshotState(replica: number): { configVersion: number; config: AgentConfig; manualDumpDone: number } {
     return { configVersion: this.version, config: this.lane, manualDumpDone: this.replica(replica).manualDone };
+  }
+
+  /** A verdict on an incident's recorder flush (docs/verdict.md): into the incident report that names the flush. */
+  onVerdict(v: ReportVerdict): string | undefined {
+    return this.reportVerdicts.attach(v);
   }
 
   close(): void {

@@ -82,7 +82,10 @@ export function renderStatus(doc: unknown, endpoint: string): string {
   const vd = obj(d.verdicts);
   const vc = Object.entries(obj(vd.counts)).filter(([, n]) => Number(n) > 0);
   lines.push(`verdicts: ${vc.map(([k, n]) => `${k} ${n}`).join(', ') || 'none reported'}`);
-  for (const v of arr(vd.latest).map(obj).slice(-3)) lines.push(`  ${v.incident} ${String(v.verdict).toUpperCase()} host ${v.host}${arr(v.devices).length ? ` devices ${arr(v.devices).join(',')}` : ''}: ${v.reason}`);
+  for (const v of arr(vd.latest).map(obj).slice(-3)) {
+    lines.push(`  ${v.incident} ${String(v.verdict).toUpperCase()} host ${v.host}${arr(v.devices).length ? ` devices ${arr(v.devices).join(',')}` : ''}: ${v.reason}`);
+    if (v.fingerprint) lines.push(`    ${v.fingerprint}`);
+  }
   return `${lines.map(clip).join('\n')}\n`;
 }
 

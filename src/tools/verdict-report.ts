@@ -4,6 +4,7 @@
 // note, not verdict.json: the replays' tensors stay where the artifacts are.
 import { ControlClient, type ControlTarget } from './control-client';
 import type { Verdict } from './verdict';
+import { describeDevice } from './verdict-fingerprint';
 
 /** The note for ControlRequest.verdict: the incident's host and devices (device-local: the ones named). */
 export function verdictNote(v: Verdict): Record<string, unknown> {
@@ -17,6 +18,7 @@ export function verdictNote(v: Verdict): Record<string, unknown> {
     ranks: v.incident.ranks,
     reason: v.reason,
     bisectModule: v.bisect?.first?.module ?? '',
+    fingerprint: (v.fingerprint ?? []).map((d) => `device ${d.index}: ${describeDevice(d)}`).join('; ').slice(0, 1024),
   };
 }
 

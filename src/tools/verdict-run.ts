@@ -10,6 +10,7 @@ import { readNpyHeader } from '../artifacts/npy-reader';
 import { readRange } from '../artifacts/read-range';
 import { toleranceFor, type Tolerances } from './bisect-compare';
 import { decodeElements } from './compare';
+import type { DeviceFingerprint } from './verdict-fingerprint';
 
 export interface ReplaySpec {
   /** same (the rank's own host and devices), other (another replica's, or a host the user named), reference (TP=1). */
@@ -39,6 +40,9 @@ export interface ReplayResult extends ReplaySpec {
   /** Why it did not run or failed (the process's last words). */
   error?: string;
   wall_ms?: number;
+  /** The devices it ran on, as the replay process saw them (its fingerprint.json), or why none. */
+  fingerprint?: DeviceFingerprint[];
+  fingerprint_error?: string;
   tensors: TensorError[];
 }
 

@@ -13,6 +13,7 @@ import { DEFAULT_TOLERANCES, type Tolerances } from './bisect-compare';
 import { jsonSafe } from './compare';
 import { findIncident, placementOf, replicaHost, servingPid, type Incident, type Placement } from './verdict-plan';
 import { compareSaved, runProcess, type ReplayResult, type ReplaySpec } from './verdict-run';
+import { describeDevice, readReplayFingerprint, type DeviceFingerprint } from './verdict-fingerprint';
 
 export type VerdictKind = 'deterministic' | 'device-local' | 'transient' | 'inconclusive';
 
@@ -40,9 +41,10 @@ export interface Verdict {
   incident: { id: string; dir: string; replica: number; tp: number; ranks: number[]; calls: number[] };
   verdict: VerdictKind;
   reason: string;
-  /** device-local: where it reproduces. */
+  /** device-local: where it reproduces, and those devices as the replay there saw them. */
   host?: string;
   devices?: number[];
+  fingerprint?: DeviceFingerprint[];
   /** transient / device-local: the forwards that did not reproduce (call, rank). */
   calls?: { call: number; rank: number }[];
   /** deterministic: bisect of the TP=N replay against TP=1 on the newest forward. */
@@ -75,9 +77,11 @@ async function replayOn(o: VerdictOptions, inc: Incident, spec: ReplaySpec, work
   const run = await runProcess(argv, envFor(o, spec.host), o.timeoutMs);
   // Exit 1 is replay.py's "not bit-exact": a result, not a failure. Anything else failed.
   if (run.code !== 0 && run.code !== 1) return { ...base, wall_ms: run.ms, error: `the replay exited ${run.code}: ${run.tail.trim().split('\n').slice(-3).join(' | ')}` };
+  const fp = readReplayFingerprint(out);
+  const seen = 'devices' in fp ? { fingerprint: fp.devices } : { fingerprint_error: fp.error };
   const { tensors, missing } = compareSaved(out, inc.calls, inc.ranks, tols);
-  if (tensors.length === 0) return { ...base, wall_ms: run.ms, error: `nothing to compare: ${missing.slice(0, 3).join('; ')}` };
-  return { ...base, ok: true, wall_ms: run.ms, tensors };
+  if (tensors.length === 0) return { ...base, ...seen, wall_ms: run.ms, error: `nothing to compare: ${missing.slice(0, 3).join('; ')}${run.code ? ` (the replay exited ${run.code}: ${run.tail.trim().split('\n').slice(-2).join(' | ')})` : ''}` };
+  return { ...base, ...seen, ok: true, wall_ms: run.ms, tensors };
 }
 
 /** Replay (3): the newest forward at TP=N and TP=1 with the probe on, and bisect between them. */
@@ -142,7 +146,7 @@ export async function verdict(o: VerdictOptions): Promise<Verdict> {
   if (!x!.ok) return done({ verdict: 'inconclusive', reason: `every recorded output reproduces on host ${s.host}; the replay on host ${x!.host} devices ${x!.devices.join(',')} did not run: ${x!.error}` });
   const xMiss = notReproduced(x!);
   if (xMiss.length) {
-    return done({ verdict: 'device-local', reason: `the recorded outputs reproduce on host ${s.host} devices ${s.devices.join(',')} only: ${xMiss.length} of them differ on host ${x!.host} devices ${x!.devices.join(',')}`, host: s.host, devices: s.devices, calls: xMiss });
+    return done({ verdict: 'device-local', reason: `the recorded outputs reproduce on host ${s.host} devices ${s.devices.join(',')} only: ${xMiss.length} of them differ on host ${x!.host} devices ${x!.devices.join(',')}`, host: s.host, devices: s.devices, fingerprint: s.fingerprint, calls: xMiss });
   }
   const b = o.reference ? await reference(o, inc, same, work, tols) : undefined;
   const found = b?.first ? `; bisect against TP=1 names ${b.first.module} (rank ${b.first.ranks.join(',')})` : b?.error ? `; the TP=1 reference failed: ${b.error}` : b ? '; bisect against TP=1 finds no module out of tolerance' : '';
@@ -165,6 +169,7 @@ export function formatVerdict(v: Verdict): string {
     lines.push(`  replay ${r.role.padEnd(5)} host ${r.host} devices ${r.devices.join(',')}: ${r.ok ? `${r.tensors.length - bad.length}/${r.tensors.length} outputs within tolerance (${r.tensors.filter((t) => t.bit_exact).length} bit-exact), max|diff| ${worst.toPrecision(3)}` : `not run: ${r.error}`}${r.wall_ms !== undefined ? ` [${(r.wall_ms / 1000).toFixed(1)} s]` : ''}`);
     for (const t of bad.slice(0, 8)) lines.push(`    call ${t.call} rank ${t.rank}: max|diff| ${t.max_abs_diff.toPrecision(3)}, ${t.mismatched}/${t.numel} beyond atol ${t.atol} + rtol ${t.rtol}`);
   }
+  for (const d of v.verdict === 'device-local' ? v.fingerprint ?? [] : []) lines.push(`  device ${d.index} on host ${v.host}: ${describeDevice(d)}`);
   if (v.bisect) lines.push(`  bisect (call ${v.bisect.call}, TP=${i.tp} vs TP=1): ${v.bisect.first ? `first out of tolerance: ${v.bisect.first.module} rank ${v.bisect.first.ranks.join(',')}` : v.bisect.error ?? 'no module out of tolerance'}`);
   lines.push(`  ${(v.wall_ms / 1000).toFixed(1)} s in all`);
   return `${lines.join('\n')}\n`;

@@ -2,12 +2,15 @@
 // its reason, and each replay's outputs out of tolerance with their errors. Read from the tree:
 // bounded, checked, escaped.
 import { esc } from './html';
+import { describeDevice, type DeviceFingerprint } from '../verdict-fingerprint';
 
 export interface VerdictSummary {
   file: string;
   verdict: string;
   reason: string;
   bisectFirst: string | null;
+  /** device-local: the devices named, one line each (host, CPU or CUDA device, torch). */
+  devices: string[];
   replays: { role: string; host: string; devices: number[]; ok: boolean; error: string; compared: number; bitExact: number; badCount: number; bad: { call: number; rank: number; maxAbs: number; mismatched: number; numel: number }[] }[];
 }
 
@@ -27,7 +30,9 @@ export function readVerdict(file: string, doc: any): VerdictSummary | string {
     };
   });
   const first = doc.bisect?.first;
-  return { file, verdict: doc.verdict, reason: str(doc.reason, 1000), bisectFirst: first && typeof first.module === 'string' ? `${first.module.slice(0, 200)} (rank ${Array.isArray(first.ranks) ? first.ranks.join(',') : '?'})` : null, replays };
+  const fps: DeviceFingerprint[] = doc.verdict === 'device-local' && Array.isArray(doc.fingerprint) ? doc.fingerprint.slice(0, 64).filter((d: unknown) => d && typeof d === 'object') : [];
+  const devices = fps.map((d) => `device ${Number.isSafeInteger(d.index) ? d.index : '?'} on ${str(doc.host, 64)}: ${describeDevice(d).slice(0, 600)}`);
+  return { file, verdict: doc.verdict, reason: str(doc.reason, 1000), devices, bisectFirst: first && typeof first.module === 'string' ? `${first.module.slice(0, 200)} (rank ${Array.isArray(first.ranks) ? first.ranks.join(',') : '?'})` : null, replays };
 }
 
 /** The verdict cell of a flush's row. */
@@ -38,5 +43,5 @@ export function verdictCell(v: VerdictSummary | undefined): string {
     const what = r.ok ? `${r.compared - r.badCount}/${r.compared} outputs reproduce (${r.bitExact} bit-exact)${r.badCount > r.bad.length ? `; the first ${r.bad.length} out of tolerance:` : ''}` : `not run: ${esc(r.error)}`;
     return `<li class="verdict-replay" data-role="${esc(r.role)}">${esc(r.role)} on ${esc(r.host)} devices ${r.devices.join(',')}: ${what}${bad ? `<ul>${bad}</ul>` : ''}</li>`;
   }).join('');
-  return `<div class="verdict" data-verdict="${esc(v.verdict)}"><b>${esc(v.verdict)}</b>: ${esc(v.reason)}${v.bisectFirst ? `<br>bisect: <code>${esc(v.bisectFirst)}</code>` : ''}<ul>${replays}</ul></div>`;
+  return `<div class="verdict" data-verdict="${esc(v.verdict)}"><b>${esc(v.verdict)}</b>: ${esc(v.reason)}${v.bisectFirst ? `<br>bisect: <code>${esc(v.bisectFirst)}</code>` : ''}${v.devices.map((d) => `<br><span class="verdict-device">${esc(d)}</span>`).join('')}<ul>${replays}</ul></div>`;
 }

@@ -1,0 +1,140 @@
+// `wavebus verdict` on two hosts: two network namespaces joined by a veth pair, each running
+// `wavebus launch --nnodes 2` with the PyTorch engine (examples/torch-engine), DP=2 x TP=2 on the
+// CPU: replica 0 (ranks 0, 1) on host A, replica 1 (ranks 2, 3) on host B. The bus runs with CURVE
+// (launch --curve-dir; no --insecure): the coordinator binds host A's veth address, host B's agents
+// reach it only over the link. Each host has its own cache root and engine output, as two machines
+// would; the gloo process group spans the link too.
+// Two faults, each judged by verdict.auto on the host of the incident's replica (its head agent
+// runs `wavebus verdict` there and tells the coordinator over the authenticated bus):
+// - the bad-device test double (examples/torch-engine/device_fault.py) on host B: a host-level
+//   file that host B's engine ranks read (their environment names it) and any replay "on host B"
+//   reads: device-local, naming host B and its devices with their fingerprint;
+// - a one-off bit flip in rank 1's output (host A), in the live process only: transient.
+// What runs where (docs/verdict.md "What runs where"): the replays are child processes of the CLI
+// in the incident host's namespace; the replay "on the other host" is one of them too, given that
+// host's environment (--host-env), not a process on the other host.
+// Needs root (CI runs as root); a failure to create the namespaces fails the test.
+import * as fs from 'fs';
+import * as path from 'path';
+import { writeKeyPair } from '../src/bus/curve';
+import { CLI, PYTHON, ROOT, cleanup, cleanupNetns, createNetnsPair, describeAsRoot, spawnInNetns, tmpDir, waitFor, type NetnsPair, type Spawned } from './helpers';
+
+jest.setTimeout(420000);
+
+const PORT = 29600; // a fresh namespace has every port free
+const GLOO_PORT = 29650; // the engines' process group (torch.distributed's TCP store on host A)
+const ENGINE = path.join(ROOT, 'examples', 'torch-engine');
+
+afterAll(async () => {
+  await cleanup();
+  cleanupNetns();
+});
+
+/** Every verdict.json beside a recorder flush under `root`. */
+function flushVerdicts(root: string): string[] {
+  const out: string[] = [];
+  const walk = (d: string, depth: number) => {
+    for (const e of fs.readdirSync(d, { withFileTypes: true })) {
+      const p = path.join(d, e.name);
+      if (e.isDirectory() && depth < 6) walk(p, depth + 1);
+      else if (e.name === 'verdict.json' && path.basename(path.dirname(path.dirname(p))) === 'recorder') out.push(p);
+    }
+  };
+  if (fs.existsSync(root)) walk(root, 0);
+  return out.sort();
+}
+
+describeAsRoot('verdict across two hosts in network namespaces', () => {
+  test('DP=2 x TP=2 over CURVE: the bad device on host B is device-local naming host B and its fingerprint; a live-only bit flip on host A is transient; both in the coordinator\'s status', async () => {
+    const net: NetnsPair = createNetnsPair(7);
+    const dir = tmpDir('wavebus-verdict-netns-');
+    const keyDir = path.join(dir, 'keys');
+    fs.mkdirSync(keyDir, { mode: 0o700 });
+    writeKeyPair(keyDir, 'coordinator');
+    writeKeyPair(keyDir, 'agent');
+    const hosts = [
+      { name: 'hostA', ns: net.a, veth: net.vethA, node: 0 },
+      { name: 'hostB', ns: net.b, veth: net.vethB, node: 1 },
+    ].map((h) => ({ ...h, dir: path.join(dir, h.name), fault: path.join(dir, h.name, 'device-fault.json'), envFile: path.join(dir, `${h.name}.env`) }));
+    for (const h of hosts) {
+      fs.mkdirSync(h.dir);
+      fs.writeFileSync(h.envFile, `# what a process on ${h.name} sees\nTORCH_ENGINE_DEVICE_FAULT_FILE=${h.fault}\n`);
+    }
+    // The bad device: host B's device 1 (rank 3's, LOCAL_RANK 1) adds 0.25 to one column of layer 1's up-projection.
+    fs.writeFileSync(hosts[1].fault, JSON.stringify({ device: 1, layer: 1, add: 0.25 }));
+    // Where each rank runs (device = its local rank), and each host's environment: the verdict's layout.
+    const layout = ['--dp=2', '--rank-host=0=hostA:0', '--rank-host=1=hostA:1', '--rank-host=2=hostB:0', '--rank-host=3=hostB:1', ...hosts.map((h) => `--host-env=${h.name}=${h.envFile}`)];
+    const config = {
+      runtime_config: {
+        report: { save_sensitive_info: true }, // replay needs the token ids (docs/recorder.md)
+        verdict: { auto: true, allow_live_device: true }, // the CPU: a replay only shares the cores
+      },
+    };
+    const launch = (h: (typeof hosts)[number]): Spawned => {
+      const out = path.join(h.dir, 'out');
+      const verdictArgs = [`--engine-out=${out}`, `--python=${PYTHON}`, '--no-reference', ...layout].map((a) => `--agent-arg=--verdict-arg=${a}`);
+      return spawnInNetns(h.ns, process.execPath, [
+        CLI, 'launch', '--nnodes', '2', '--node-rank', String(h.node), '--nproc-per-node', '2', '--tp', '2', '--dp', '2',
+        '--master-addr', net.addrA, '--port', String(PORT), '--curve-dir', keyDir, '--ready-timeout-ms', '120000', '--linger-ms', '300000',
+        '--additional-config', JSON.stringify(config), '--agent-arg=--end-of-wave-timeout-ms', '--agent-arg=2000', ...verdictArgs,
+        '--', PYTHON, path.join(ENGINE, 'torchrun_env.py'), path.join(ENGINE, 'engine.py'), '--out', out, '--dp', '2', '--save-every-forward',
+        '--requests', '2', '--max-tokens', '60', '--step-sleep-ms', '200', '--flip-output', '6:1',
+      ], {
+        cwd: dir, // one dump root path on both hosts (each agent checks the coordinator's dump_dir against its own)
+        // The host's environment: its fault file (every process on the host), its cache root, its end of the link for gloo.
+        env: { ...process.env, TORCH_ENGINE_DEVICE_FAULT_FILE: h.fault, WAVEBUS_CACHE_ROOT: path.join(h.dir, 'cache'), WAVEBUS_RECORD_FORWARDS: '32',
+          MASTER_ADDR: net.addrA, MASTER_PORT: String(GLOO_PORT), GLOO_SOCKET_IFNAME: h.veth },
+      });
+    };
+    const jobs = hosts.map(launch);
+    const diag = () => jobs.map((j, i) => `\n${hosts[i].name}: ${j.stderr().slice(-3000)}`).join('');
+    const cli = async (ns: string, args: string[]) => {
+      const p = spawnInNetns(ns, process.execPath, [CLI, ...args]);
+      const { code } = await p.exited;
+      return { code, stdout: p.stdout(), stderr: p.stderr() };
+    };
+    const coordinator = ['--coordinator', `${net.addrA}:${PORT}`, '--curve-dir', keyDir];
+    try {
+      // Both replicas past step 8 (rank 1 flipped step 6): dump each replica's req-0; each dump's recorder flush is an incident.
+      await waitFor(() => [1, 3].every((g) => fs.existsSync(path.join(hosts[Math.floor(g / 2)].dir, 'out', `forward_rank${g}_step8.pt`))), 'forward 8 on ranks 1 and 3', 180000, 50).catch((e) => Promise.reject(new Error(`${(e as Error).message}${diag()}`)));
+      // From host B: the requests cross the link, authenticated with CURVE.
+      const dumps = await Promise.all([0, 1].map((replica) => cli(net.b, ['dump', ...coordinator, '--request', 'req-0', '--replica', String(replica), '--wait'])));
+      expect(dumps.map((d, replica) => ({ replica, code: d.code, stderr: d.stderr, stdout: d.code ? d.stdout : '' }))).toEqual([0, 1].map((replica) => ({ replica, code: 0, stderr: '', stdout: '' })));
+      // Each replica's head agent judges its incident on its own host, and tells the coordinator on host A.
+      const [aFile, bFile] = await Promise.all(hosts.map((h) => waitFor(() => flushVerdicts(path.join(h.dir, 'cache'))[0], `${h.name}'s verdict.json`, 300000, 200))).catch((e) => Promise.reject(new Error(`${(e as Error).message}${diag()}`)));
+      const a = JSON.parse(fs.readFileSync(aFile, 'utf8'));
+      const b = JSON.parse(fs.readFileSync(bFile, 'utf8'));
+
+      // Host B: the recorded outputs reproduce on host B only (the fault file is there), not on host A's devices.
+      expect(b.incident).toMatchObject({ id: expect.stringMatching(/^incident-wave\d+-dp1$/), replica: 1, ranks: [2, 3] });
+      expect([b.verdict, b.host, b.devices]).toEqual(['device-local', 'hostB', [0, 1]]);
+      expect(b.replays.map((r: any) => [r.role, r.host, r.devices, r.ok])).toEqual([['same', 'hostB', [0, 1], true], ['other', 'hostA', [0, 1], true]]);
+      expect(b.replays[0].tensors.every((t: any) => t.bit_exact)).toBe(true);
+      expect(b.replays[1].tensors.every((t: any) => !t.within_tolerance)).toBe(true);
+      expect(b.fingerprint).toEqual([0, 1].map((index) => expect.objectContaining({ index, kind: 'cpu', hostname: expect.any(String), cpu_model: expect.any(String), torch: expect.any(String) })));
+
+      // Host A: the flipped output of step 6 on rank 1 does not reproduce in a fresh process there: transient.
+      expect(a.incident).toMatchObject({ id: expect.stringMatching(/^incident-wave\d+-dp0$/), replica: 0, ranks: [0, 1] });
+      expect([a.verdict, a.replays[0].host]).toEqual(['transient', 'hostA']);
+      expect(a.calls).toHaveLength(1);
+      expect(a.calls[0].rank).toBe(1);
+      const snaps = fs.readdirSync(a.incident.dir).find((n) => n.startsWith('torch-engine-'))!;
+      const meta = JSON.parse(fs.readFileSync(path.join(a.incident.dir, snaps, 'rank1', `call${a.calls[0].call}`, 'meta.json'), 'utf8'));
+      expect(meta.global_step).toBe(6);
+
+      // The coordinator (host A) learned both over the bus; asked from host B with CURVE.
+      const doc = await waitFor(async () => {
+        const s = await cli(net.b, ['status', ...coordinator, '--json']);
+        const j = s.code === 0 ? JSON.parse(s.stdout) : undefined;
+        return j?.verdicts?.latest?.length === 2 ? j : undefined;
+      }, 'both verdicts in the coordinator\'s status', 60000, 500);
+      expect(doc.verdicts.counts).toMatchObject({ 'device-local': 1, transient: 1 });
+      const byReplica = Object.fromEntries(doc.verdicts.latest.map((v: any) => [v.replica, v]));
+      expect(byReplica[1]).toMatchObject({ incident: b.incident.id, verdict: 'device-local', host: 'hostB', devices: [0, 1], fingerprint: expect.stringContaining('device 0: hostname ') });
+      expect(byReplica[0]).toMatchObject({ incident: a.incident.id, verdict: 'transient', host: 'hostA' });
+    } finally {
+      for (const j of jobs) j.child.kill('SIGTERM');
+      await Promise.all(jobs.map((j) => j.exited));
+    }
+  });
+});
