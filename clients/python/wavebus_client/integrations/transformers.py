@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from ..client import Client
-from ..errors import ConfigError
+from ..errors import AgentUnavailableError, ConfigError
 from .. import mailbox as mb
 from ..region import Region, validate
 from ..ring import MAX_ROWS
@@ -98,7 +98,10 @@ class TransformersWavebus:
         alloc = next(iter(p.cache.cache_allocators.values()))
         max_rows = min(MAX_ROWS, alloc.num_blocks + p.cache.max_batch_tokens)
         self.tensor_batch = self.client.tensor_batch(max_rows, vocab=int(getattr(self.model.config, "vocab_size", 0) or 0))
-        self.client.hello()
+        try:
+            self.client.hello()  # now, so that the agent makes the ring before the first step
+        except AgentUnavailableError as e:  # the first head says hello again within its bound
+            log.warning("wavebus: %s", e)
         self.rows = RequestRows(self.tensor_batch, alloc)
         step, update, finish = p._generation_step, p.update_batch, p.scheduler.finish_request
         p._generation_step = lambda model: self._step(step, model)
