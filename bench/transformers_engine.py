@@ -266,6 +266,8 @@ def main() -> int:
         "send_head_us_per_step": sum(t.send_us[w0:w1]) / args.measure_steps,
         "logits_hook_us_per_step": sum(t.hook_us[w0:w1]) / args.measure_steps,
         "seed_alerts": len(alerts), "waves": wb.wave if wb is not None else None,
+        # the whole run's wave heads through the telemetry ring and inline (a ring slot the agent had not taken yet)
+        "heads": {k: wb.tensor_batch.stats[k] for k in ("ring_heads", "inline_heads")} if wb is not None else None,
         "wavebus_imported": "wavebus_client" in sys.modules,
         "num_blocks": cb.num_blocks, "max_batch_tokens": batch_tokens,
     }
