@@ -12,9 +12,10 @@ input snapshot / the flight recorder and, on every rank, its inputs' digest (ran
 after it: end_of_wave(N) (a due KV dump is copied there), and the sampled token column's digest. The
 telemetry goes through the client's tensor path (Client.tensor_batch): each request holds a stable
 row (transformers_rows.py), a step passes the sampled token and log-prob columns straight from the
-engine's output tensor, and arrivals, block-table changes, finishes and frees are sparse events. The paged KV cache is moved into POSIX shared memory before the first
-step and registered as one K and one V region per layer (block_stride: transformers interleaves
-every layer's pages in one block), so the agent reads it without the engine's help.
+engine's output tensor, and arrivals, block-table changes, finishes and frees are sparse events.
+The paged KV cache is moved into POSIX shared memory before the first step and registered as one
+K and one V region per layer (block_stride: transformers interleaves every layer's pages in one
+block), so the agent reads it without the engine's help.
 With every wavebus feature off each call is a memory load; nothing else is added to the step.
 """
 import logging
