@@ -45,6 +45,7 @@ interface RankResult {
   seed_alerts: number;
   waves: number | null;
   wavebus_imported: boolean;
+  heads: { ring_heads: number; inline_heads: number } | null;
 }
 
 function engineScript(): string {
@@ -137,6 +138,8 @@ export async function run(a: BenchArgs<typeof flags>): Promise<Record<string, un
         layer_us_per_step_by_rank: rs.map((r) => fixed(r.layer_us_per_step, 1)),
         // Parts of the layer: attach's send_head (the wave head with the telemetry) and the logits hook.
         ...(m === 'off' || m === 'on' ? { send_head_us_per_step_by_rank: rs.map((r) => fixed(r.send_head_us_per_step, 1)) } : {}),
+        // The tensor path's wave heads over the whole run (TP0 sends; the others' are paused): through the ring, or inline.
+        ...(m === 'off' || m === 'on' ? { heads_by_rank: rs.map((r) => r.heads) } : {}),
         logits_hook_us_per_step_by_rank: rs.map((r) => fixed(r.logits_hook_us_per_step, 1)),
         cpu_us_per_step_by_rank: rs.map((r) => fixed(r.cpu_us_per_step, 0)),
         running_requests: [Math.min(...rs.map((r) => r.rows_min)), Math.max(...rs.map((r) => r.rows_max))],

@@ -45,28 +45,34 @@ class Timers:
         self.send = 0.0   # time in attach's send_head of the current step (s), part of the layer's
         self.send_us, self.hook_us = [], []
 
+    def add(self, field: str):
+        """An accumulator into one of inner / hook / send (seconds)."""
+        return lambda s: setattr(self, field, getattr(self, field) + s)
+
+
+def timed(fn, add):
+    """``fn`` wrapped: the wall time of each call goes to ``add(seconds)``. The one timing wrapper
+    of this file (the engine's methods, the whole step, attach's send_head and logits check)."""
+    def wrapper(*a, **k):
+        s = time.perf_counter()
+        try:
+            return fn(*a, **k)
+        finally:
+            add(time.perf_counter() - s)
+
+    return wrapper
+
 
 def time_inner(p, t: Timers) -> None:
     """Time the engine's own methods (installed before any layer wraps them)."""
-    step, update = p._generation_step, p.update_batch
-
-    def inner_step(model):
-        a = time.perf_counter()
-        step(model)
-        t.inner += time.perf_counter() - a
-
-    def inner_update():
-        a = time.perf_counter()
-        update()
-        t.inner += time.perf_counter() - a
-
-    p._generation_step, p.update_batch = inner_step, inner_update
+    p._generation_step, p.update_batch = timed(p._generation_step, t.add("inner")), timed(p.update_batch, t.add("inner"))
 
 
 def time_outer(p, t: Timers) -> None:
-    """Time the whole step with its layers (installed after them): layer = outer - inner - 0."""
-    step, update = p._generation_step, p.update_batch
+    """Time the whole step with its layers (installed after them): layer = outer - inner + hook."""
     state = {"outer": 0.0}
+    outer = lambda s: state.__setitem__("outer", state["outer"] + s)  # noqa: E731
+    step = timed(p._generation_step, outer)
 
     def outer_step(model):
         if t.starts:  # close the previous step: its update ran after its step
@@ -77,16 +83,9 @@ def time_outer(p, t: Timers) -> None:
         t.starts.append(time.perf_counter())
         t.cpu.append(time.process_time())
         t.rows.append(len(p.inputs_and_outputs.requests_in_batch))
-        a = time.perf_counter()
         step(model)
-        state["outer"] += time.perf_counter() - a
 
-    def outer_update():
-        a = time.perf_counter()
-        update()
-        state["outer"] += time.perf_counter() - a
-
-    p._generation_step, p.update_batch = outer_step, outer_update
+    p._generation_step, p.update_batch = outer_step, timed(p.update_batch, outer)
 
 
 class TokenRepeat:
@@ -226,26 +225,8 @@ def main() -> int:
         from wavebus_client.integrations.transformers import attach
 
         wb = attach(manager)
-        check = wb.gate.check
-
-        def timed_check(*a, **k):
-            s = time.perf_counter()
-            try:
-                return check(*a, **k)
-            finally:
-                t.hook += time.perf_counter() - s
-
-        wb.gate.check = timed_check
-        send = wb.send_head
-
-        def timed_send(*a, **k):  # the wave head with the last step's telemetry: apart from building it
-            s = time.perf_counter()
-            try:
-                return send(*a, **k)
-            finally:
-                t.send += time.perf_counter() - s
-
-        wb.send_head = timed_send
+        wb.gate.check = timed(wb.gate.check, t.add("hook"))
+        wb.send_head = timed(wb.send_head, t.add("send"))  # the wave head with the last step's columns
     attached = manager._create_batch_processor
 
     def with_outer():
@@ -285,6 +266,8 @@ def main() -> int:
         "send_head_us_per_step": sum(t.send_us[w0:w1]) / args.measure_steps,
         "logits_hook_us_per_step": sum(t.hook_us[w0:w1]) / args.measure_steps,
         "seed_alerts": len(alerts), "waves": wb.wave if wb is not None else None,
+        # the whole run's wave heads through the telemetry ring and inline (a ring slot the agent had not taken yet)
+        "heads": {k: wb.tensor_batch.stats[k] for k in ("ring_heads", "inline_heads")} if wb is not None else None,
         "wavebus_imported": "wavebus_client" in sys.modules,
         "num_blocks": cb.num_blocks, "max_batch_tokens": batch_tokens,
     }

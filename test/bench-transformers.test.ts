@@ -30,6 +30,10 @@ test('bench transformers: four modes at 16 running requests, TP=2; reports where
     expect(m.layer_us_per_step_by_rank).toHaveLength(2);
     expect({ mode, imported: m.wavebus_imported }).toEqual({ mode, imported: mode === 'off' || mode === 'on' });
   }
+  // TP0 sent its wave heads through the tensor path (the ring, or inline when a slot was not taken yet); TP1 sent none.
+  const heads = out.modes.on.heads_by_rank;
+  expect(heads[0].ring_heads + heads[0].inline_heads).toBeGreaterThan(0);
+  expect(heads[1]).toEqual({ ring_heads: 0, inline_heads: 0 });
   // Detectors on: token_repeat reported the looping requests; everything off: no report at all.
   expect(out.modes.off.incident_reports_by_round).toEqual([0]);
   expect(out.modes.on.incident_reports_by_round[0]).toBeGreaterThan(0);

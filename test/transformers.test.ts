@@ -62,7 +62,7 @@ async function finish(job: Awaited<ReturnType<typeof startServe>>) {
     const d = path.join(reportDir, type);
     return fs.existsSync(d) ? fs.readdirSync(d).filter((n) => n.endsWith('.json')).map((n) => JSON.parse(fs.readFileSync(path.join(d, n), 'utf8'))) : [];
   };
-  const outputs = JSON.parse(fs.readFileSync(path.join(job.out, 'outputs.json'), 'utf8')) as { requests: Record<string, { tokens: number[]; logprobs: (number | null)[] }>; waves: number };
+  const outputs = JSON.parse(fs.readFileSync(path.join(job.out, 'outputs.json'), 'utf8')) as { requests: Record<string, { tokens: number[]; logprobs: (number | null)[] }>; waves: number; telemetry: { ring_heads: number; inline_heads: number; rows_exhausted: number; live_rows: number } };
   return { reports, outputs, dumps: readManifests<{ arm_wave: number; complete: boolean; completed_ranks: number[]; incident_type: string }>(path.join(reportDir, 'kv_cache')) };
 }
 
@@ -119,6 +119,10 @@ test('TP=2 under torchrun: token_repeat and logits_finite fire from real generat
   expect(nan.map((r) => [r.req_id, r.detect_wave, r.detail.kind])).toEqual([['req-1', 5, 'nan']]);
   expect(run.outputs.requests['req-1'].logprobs[4]).toBeNull(); // its 5th token's log-prob was NaN
   expect(run.outputs.requests['req-0'].logprobs.every((x) => x !== null)).toBe(true);
+  // The telemetry went through the tensor path's ring (docs/transformers.md, "Telemetry"), every
+  // request had a row, and every row was given back by the end.
+  expect(run.outputs.telemetry.ring_heads).toBeGreaterThan(0);
+  expect([run.outputs.telemetry.rows_exhausted, run.outputs.telemetry.live_rows]).toEqual([0, 0]);
   // Every dump (the NaN one and the loops) complete on both ranks, and equal to the engine's pages.
   expect(run.dumps.length).toBe(nan.length + repeats.length);
   for (const d of run.dumps) {

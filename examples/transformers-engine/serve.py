@@ -189,7 +189,9 @@ def main() -> int:
     if rank == 0:
         out = {"requests": {rid: {"prompt": p, "tokens": list(results[rid].generated_tokens),
                                   "logprobs": [float(x) if math.isfinite(x) else None for x in (results[rid].logprobs or [])]} for rid, p in zip(ids, prompts)},
-               "waves": wb.wave if wb else 0, "seconds": seconds}
+               "waves": wb.wave if wb else 0, "seconds": seconds,
+               # the tensor path's heads (through the ring or inline) and rows it could not give
+               "telemetry": {**wb.tensor_batch.stats, **wb.rows.stats, "live_rows": wb.rows.live} if wb else None}
         with open(os.path.join(args.out, "outputs.json"), "w") as f:
             json.dump(out, f)
     if args.result_dir:

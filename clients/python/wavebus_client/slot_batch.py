@@ -131,6 +131,9 @@ class SlotEvents:
             if f & FLAG_FREED:
                 self._live.pop(row, None)
                 self._tables.pop(row, None)
+                # Unsent while sending paused (reset): a binding of a row already freed must not go later.
+                self._new_bind.pop(row, None)
+                self._new_blocks.pop(row, None)
         self._flags = {}
 
     def _next_resend(self):

@@ -10,27 +10,33 @@ attach() wraps the manager's own step (docs/transformers.md): each generation st
 Before the forward: wave_head(N) with step N-1's telemetry (TP0 only), the forward offered for an
 input snapshot / the flight recorder and, on every rank, its inputs' digest (rank_divergence);
 after it: end_of_wave(N) (a due KV dump is copied there), and the sampled token column's digest. The
-telemetry is the step's real sampled tokens and log-probs, the allocator's block tables and the
-requests finished and freed. The paged KV cache is moved into POSIX shared memory before the first
-step and registered as one K and one V region per layer (block_stride: transformers interleaves
-every layer's pages in one block), so the agent reads it without the engine's help.
+telemetry goes through the client's tensor path (Client.tensor_batch): each request holds a stable
+row (transformers_rows.py), a step passes the sampled token and log-prob columns straight from the
+engine's output tensor, and arrivals, block-table changes, finishes and frees are sparse events.
+The paged KV cache is moved into POSIX shared memory before the first step and registered as one
+K and one V region per layer (block_stride: transformers interleaves every layer's pages in one
+block), so the agent reads it without the engine's help.
 With every wavebus feature off each call is a memory load; nothing else is added to the step.
 """
 import logging
 import os
 from typing import Any, Callable, Dict, List, Optional
 
+import numpy as np
 import torch
 
 from ..client import Client
-from ..errors import ConfigError
+from ..errors import AgentUnavailableError, ConfigError
 from .. import mailbox as mb
 from ..region import Region, validate
+from ..ring import MAX_ROWS
 from ..shm import _create, _view
-from ..telemetry import LogitsFiniteGate, RequestStep, StepTelemetry
+from ..telemetry import LogitsFiniteGate
 from .transformers_cache import kv_regions, layer_name
+from .transformers_rows import RequestRows
 
 log = logging.getLogger("wavebus_client")
+_NO_ROWS = np.zeros(0, dtype=np.int64)
 
 
 def attach(manager, *, client: Optional[Client] = None, weights: bool = True, tag: Optional[str] = None,
@@ -47,6 +53,8 @@ class TransformersWavebus:
 
         if getattr(manager, "is_running", lambda: False)():
             raise ConfigError("attach(): the manager is already running; attach before manager.start()")
+        if getattr(getattr(manager, "continuous_batching_config", None), "use_async_batching", False):
+            raise ConfigError("attach(): use_async_batching=True is not mapped (two IO pairs); set it to False (docs/transformers.md)")
         self.manager, self.on_copy = manager, on_copy
         self.model = manager.model
         helper = manager.distributed_helper
@@ -64,14 +72,12 @@ class TransformersWavebus:
         self.processor = None
         self.kv: List[Region] = []
         self._staging: Dict[str, torch.Tensor] = {}
-        self._telemetry: Optional[StepTelemetry] = None   # of the last step, sent with the next head
-        self._freed: List[tuple] = []                      # (wave ended before the free, its freed row)
-        self._holding: Dict[str, bool] = {}                # finished, blocks kept for a dump decided ahead (-> no_cache)
-        self._finishing: Optional[str] = None               # the request finish_request is finishing now
-        self._sent_prompt = set()
-        self._batch: List[tuple] = []                      # (req_id, first row, rows) of the running step
-        self._batch_blocks: Dict[str, List[int]] = {}
-        self._finished_states: Dict[str, Any] = {}          # finished in this step (gone from the scheduler)
+        self.tensor_batch = None                     # the client's TensorBatch, made with the cache
+        self.rows: Optional[RequestRows] = None
+        self._columns: Optional[tuple] = None        # (rows, token ids, log-probs) of the last step, sent with the next head
+        self._non_finite: list = []
+        self._holding: Dict[str, bool] = {}          # finished, blocks kept for a dump decided ahead (-> no_cache)
+        self._finishing: Optional[str] = None        # the request finish_request is finishing now
         self._hooks = [self.model.register_forward_hook(self._check_logits)]
         create = manager._create_batch_processor
 
@@ -83,11 +89,21 @@ class TransformersWavebus:
 
         manager._create_batch_processor = create_and_attach
 
-    # -- startup: the cache into shared memory, the per-step wrappers
+    # -- startup: the cache into shared memory, the telemetry's rows, the per-step wrappers
     def _attach_processor(self, p) -> None:
         self.processor = p
         self.kv = share_cache(p.cache, self.tag)
         self.client.register_all(self.kv)
+        # The tensor path: a row per request holding blocks (at most one per block) plus the rows
+        # freed in a step, which come back after the next head; the hello asks the agent for a ring.
+        alloc = next(iter(p.cache.cache_allocators.values()))
+        max_rows = min(MAX_ROWS, alloc.num_blocks + p.cache.max_batch_tokens)
+        self.tensor_batch = self.client.tensor_batch(max_rows, vocab=int(getattr(self.model.config, "vocab_size", 0) or 0))
+        try:
+            self.client.hello()  # now, so that the agent makes the ring before the first step
+        except AgentUnavailableError as e:  # the first head says hello again within its bound
+            log.warning("wavebus: %s", e)
+        self.rows = RequestRows(self.tensor_batch, alloc)
         step, update, finish = p._generation_step, p.update_batch, p.scheduler.finish_request
         p._generation_step = lambda model: self._step(step, model)
         p.update_batch = lambda: self._update(update)
@@ -100,19 +116,15 @@ class TransformersWavebus:
     def _step(self, step, model) -> None:
         self.wave += 1
         io = self.processor.inputs_and_outputs
-        self._batch, row = [], 0
-        # The step's rows by request: only while some feature is on (with everything off a step
-        # walks no request: at 256 running requests the walk alone was ~0.1 ms a step).
-        self._bus = bool(self.client.features & mb.FEATURE_BUS)
-        if self.client.features:
-            for fs in io.requests_in_batch:
-                self._batch.append((fs.state.request_id, row, fs.query_length, fs.has_new_token))
-                row += fs.query_length
-        # Block tables as they are now: a request finished in this step gives its blocks back in
-        # update_batch. Only while the bus is on: with everything off a step builds no telemetry.
-        self._batch_blocks = {rid: self.block_ids(rid) for rid, *_ in self._batch} if self._bus else {}
-        self.send_head(self.wave, self._telemetry)
-        self._telemetry = None
+        # Telemetry only while the bus is on and this rank heads its replica; with everything off a
+        # step walks no request and builds nothing.
+        af = self.client.agent_features
+        self._bus = bool(self.client.features & mb.FEATURE_BUS) and af is not None and bool(af.tp0)
+        self.send_head(self.wave)
+        if self._bus:
+            # Requests scheduled for this step that got blocks take rows now, after the head: their
+            # bindings and tables go with the next head, beside this step's tokens.
+            self.rows.sync(self.processor.scheduler.active_requests)
         if self.client.features & mb.FEATURE_RANK_DIGEST:
             # rank_divergence: every TP rank digests the forward's inputs (a ring write, no message).
             kw = io.get_model_kwargs(use_padding=self.processor.model_runner.pad_inputs)
@@ -131,56 +143,45 @@ class TransformersWavebus:
             self.on_copy(self.wave, self.processor)
         self._release_held()
 
-    def send_head(self, wave: int, telemetry: Optional[StepTelemetry]) -> None:
-        """The one place telemetry leaves the engine (the dict API today; the tensor path later)."""
-        self.client.wave_head(wave, telemetry)
+    def send_head(self, wave: int) -> None:
+        """The one place telemetry leaves the engine: the last step's columns through the tensor path."""
+        cols, self._columns = self._columns, None
+        nf, self._non_finite = self._non_finite, []
+        if cols is None:
+            self.tensor_batch.wave_head(wave, _NO_ROWS)
+        else:
+            rows, ids, lps = cols
+            self.tensor_batch.wave_head(wave, rows, ids, logprobs=lps, non_finite=nf or None)
+        self.rows.head_sent()
 
     def _update(self, update) -> None:
+        io = self.processor.inputs_and_outputs
         digest = bool(self.client.features & mb.FEATURE_RANK_DIGEST)
-        if not self._bus and not digest:  # everything off: nothing is read from the step's outputs
-            update()
-            self._telemetry, self._finished_states = None, {}
-            self._freed = [(after, row) for after, row in self._freed if after >= self.wave]
-            return
-        _, tokens, logprobs = self.processor.inputs_and_outputs.prepare_batch_update()
-        update()
-        if digest:
-            # rank_divergence: the token column this rank sampled, in the telemetry's row order (the
-            # requests of the batch that sampled, in batch order), from the engine's own tensor.
-            sampled = sum(1 for b in self._batch if b[3])
-            self.client.decided(self.wave, tokens[:sampled])
-        if not self._bus:
-            self._telemetry, self._finished_states = None, {}
-            self._freed = [(after, row) for after, row in self._freed if after >= self.wave]
-            return
-        reqs, k = [], 0
-        active = self.processor.scheduler.active_requests
-        for rid, _row, _n, has_token in self._batch:
-            state = active.get(rid) or self._finished_states.pop(rid, None)
-            if state is None:
-                continue
-            new, lps = [], []
-            if has_token:
-                new = [int(tokens[k])]
-                lps = [float(logprobs[k])] if logprobs is not None else []
-                k += 1
-            first = rid not in self._sent_prompt
-            self._sent_prompt.add(rid)
-            prompt = list(state.initial_tokens) if hasattr(state, "initial_tokens") else []
-            reqs.append(RequestStep(req_id=rid, new_token_ids=new, new_token_logprobs=lps, block_ids=self._batch_blocks.get(rid, []),
-                                    finished=state.status.name == "FINISHED", prompt_len=len(prompt),
-                                    num_output_tokens=len(state.generated_tokens), prompt_token_ids=prompt if first else []))
+        if self._bus or digest:
+            # The step's sampled tokens: output_ids[0, :n] (log-probs bit-cast in row 1), one per
+            # request that sampled, in the order of req_id_to_new_token_position (batch order).
+            # Copied now: the next step's batch preparation zeroes output_ids before our head.
+            sampled = io.req_id_to_new_token_position
+            n = len(sampled)
+            tokens = io.output_ids[0, :n]
+            if digest:
+                self.client.decided(self.wave, tokens)
+            if self._bus:
+                ids = tokens.numpy().copy()
+                lps = io.output_ids[1, :n].view(torch.float32).numpy().copy() if io.return_logprobs else None
+                rows = self.rows.rows_of(sampled)
+                if n and rows.min() < 0:  # requests without a row (none left): their tokens are left out
+                    keep = rows >= 0
+                    rows, ids, lps = rows[keep], ids[keep], (lps[keep] if lps is not None else None)
+                self._columns = (rows, ids, lps)
+                self._non_finite = self.gate.collect()
+        update()  # finishes (-> _finish) and gives blocks back (-> _free)
         # Blocks given back after end_of_wave(W) count as freed in wave W+1 (the coordinator's copy-window rule).
-        freed = [row for after, row in self._freed if after < self.wave]
-        self._freed = [(after, row) for after, row in self._freed if after >= self.wave]
-        self._telemetry = StepTelemetry(requests=reqs + freed, non_finite=self.gate.collect())
-        self._finished_states = {}
+        self.rows.issue_frees(self.wave)
 
     def _finish(self, finish, request_id: str) -> None:
         """The scheduler finishes a request (and gives its blocks back through _free)."""
-        state = self.processor.scheduler.active_requests.get(request_id)
-        if state is not None:
-            self._finished_states[request_id] = state
+        self.rows.finish(request_id)
         self._finishing = request_id
         try:
             finish(request_id)
@@ -192,24 +193,18 @@ class TransformersWavebus:
         this rank (pending_dump) keeps them until that wave ended. Any other give-back (an offload
         under cache pressure, which must not wait) is reported freed, so a dump copied after it is
         marked incomplete (freed_before_copy) rather than trusted."""
-        blocks = self.block_ids(request_id)
         finishing = self._finishing == request_id
-        if blocks and finishing and self.client.pending_dump(request_id):
+        if finishing and self.block_ids(request_id) and self.client.pending_dump(request_id):
             self._holding[request_id] = no_cache
             return
         self._free_cache(request_id, no_cache)
-        if finishing:
-            self._sent_prompt.discard(request_id)
-        if blocks:
-            self._freed.append((self.wave, RequestStep(req_id=request_id, block_ids=blocks, finished=finishing, freed=True)))
+        self.rows.released(request_id, self.wave)
 
     def _release_held(self) -> None:
         for rid in [r for r in self._holding if not self.client.pending_dump(r)]:
             no_cache = self._holding.pop(rid)
-            blocks = self.block_ids(rid)
             self._free_cache(rid, no_cache)
-            self._sent_prompt.discard(rid)
-            self._freed.append((self.wave, RequestStep(req_id=rid, block_ids=blocks, finished=True, freed=True)))
+            self.rows.released(rid, self.wave)
 
     def block_ids(self, request_id: str) -> List[int]:
         """The request's block table (the full-attention allocator's: the pages the KV regions index)."""
@@ -217,19 +212,24 @@ class TransformersWavebus:
         return list(alloc.block_table.get(request_id, []))
 
     def batch(self) -> List[tuple]:
-        """The running step: (req_id, first row, rows, samples a token) per request, in row order."""
-        return list(self._batch)
+        """The running step: (req_id, first row, rows, samples a token) per request, in row order
+        (built on demand: a test's fault hook, a snapshot's row_request)."""
+        out, row = [], 0
+        for fs in self.processor.inputs_and_outputs.requests_in_batch:
+            out.append((fs.state.request_id, row, fs.query_length, fs.has_new_token))
+            row += fs.query_length
+        return out
 
     # -- logits_finite: the real logits, one row per request that samples
     def _check_logits(self, module, args, output) -> None:
-        if not (self.client.features & mb.FEATURE_DETECTORS) or self.tp_rank != 0 or not self._batch:
+        if not (self.client.features & mb.FEATURE_DETECTORS) or not self._bus or self.processor is None:
             return
         logits = getattr(output, "logits", None)
         if logits is None:
             return
-        rows = [rid for rid, _r, _n, has in self._batch if has]
-        if logits.shape[1] == len(rows):  # the model kept only the sampled rows (logits_to_keep)
-            self.gate.check(logits[0], rows)
+        sampled = self.processor.inputs_and_outputs.req_id_to_new_token_position
+        if sampled and logits.shape[1] == len(sampled):  # the model kept only the sampled rows (logits_to_keep)
+            self.gate.check(logits[0], list(sampled))
 
     # -- input snapshots / flight recorder: the forward's real inputs, copied into shm staging
     def _offer_forward(self, io) -> None:
@@ -237,13 +237,14 @@ class TransformersWavebus:
         named = flatten_inputs(kwargs)
         inputs = [self._stage(name, t) for name, t in named]
         inputs.append(("kv_cache", 0, "uint8", [self.processor.cache.cache_tensor.numel()]))
+        batch = self.batch()
         rows, positions = [], kwargs["position_ids"][0].tolist()
-        for i, (_rid, _first, n, _has) in enumerate(self._batch):
+        for i, (_rid, _first, n, _has) in enumerate(batch):
             rows += [i] * n
         rows += [-1] * (len(positions) - len(rows))
         ctx = {"compilation_hash": f"transformers-{type(self.model).__name__}-tp{self.tp_size}", "global_step": self.wave,
                "is_prompt": any(s.state.status.name.startswith("PREFILLING") for s in io.requests_in_batch),
-               "req_ids": [b[0] for b in self._batch], "positions": positions, "row_request": rows}
+               "req_ids": [b[0] for b in batch], "positions": positions, "row_request": rows}
         self.client.before_forward(ctx, inputs)
 
     def _stage(self, name: str, t: torch.Tensor) -> tuple:
