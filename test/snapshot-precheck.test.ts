@@ -146,3 +146,23 @@ print(json.dumps(out))`;
   expect(cases.filter((c) => c.agent).length).toBeGreaterThan(10);
   expect(cases.filter((c) => !client[c.config][c.i][1]).length).toBeGreaterThan(cases.length / 3);
 });
+
+test("a capture armed on the running job counts its own calls: the client's count (the startup rules') never reaches an arm", async () => {
+  const { LiveCaptures, offerForward } = require('../src/agent/live-captures') as typeof import('../src/agent/live-captures');
+  const { RegionTable } = require('../src/agent/regions') as typeof import('../src/agent/regions');
+  const { inputCapturer } = require('../src/agent/input-capture') as typeof import('../src/agent/input-capture');
+  const identity = resolveIdentity({ RANK: '0', WORLD_SIZE: '1', LOCAL_RANK: '0', LOCAL_WORLD_SIZE: '1' });
+  const root = tmpDir();
+  const log = pino({ level: 'silent' });
+  // Startup rules that select nothing here (token 999), as the walkthrough's job: the client counts and offers.
+  const startup = inputCapturer(resolveSnapshotConfig({ WAVEBUS_SNAPSHOT_ENABLE: '1', WAVEBUS_SNAPSHOT_CAPTURE_TOKEN: '999', WAVEBUS_CACHE_ROOT: root }), identity, log);
+  const results: Record<string, unknown>[] = [];
+  const live = new LiveCaptures(identity, path.join(root, 'live'), log, (r) => results.push(r));
+  // `wavebus capture --next` at wave 40: call 0 of the arm's own count, in wave 40 only.
+  live.add([{ id: 'capture-1', replica: 0, wave: 40, untilWave: 40, requestIds: [], tokenTargets: [], callIndices: [0], tpRanks: [], format: 1, maxCaptures: 1, flushRecorder: false }]);
+  const bf = { context: { compilationHash: 'g', globalStep: 40, isPrompt: false, reqIds: ['a'], positions: [5], rowRequest: [], numSpeculativeTokens: 0, warmup: false }, inputs: [], wave: 40, callIndexPlus1: 38 };
+  const got = await offerForward(startup, live, new RegionTable(), bf, () => {}, () => {}, () => 0);
+  expect(got).toMatchObject({ captured: true });
+  expect(path.basename(String(got.callDir))).toBe('call0');
+  expect(results).toEqual([expect.objectContaining({ armId: 'capture-1', wave: 40, done: true, error: '' })]);
+});

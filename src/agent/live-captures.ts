@@ -147,6 +147,8 @@ export async function offerForward(capturer: SnapshotCapturer | undefined, live:
     told = true;
   };
   const own = capturer ? await captureInputs(capturer, regions, bf, once, written, waiting) : { captured: false, callDir: '' };
-  const armed = await live.offer(regions, bf, once, written, waiting);
+  // An arm counts the calls of its own waves (all offered: their vectors say snapshot_due); the
+  // client's count is the startup rules' (snapshot-precheck), never an arm's.
+  const armed = await live.offer(regions, { ...bf, callIndexPlus1: 0 }, once, written, waiting);
   return own.captured ? own : armed;
 }
