@@ -167,7 +167,7 @@ test('the agent acts on the typed config: its hello gives the TypeScript client 
     await client.waveHead(1);
     await client.endOfWave(1);
     await waitFor(() => client.reportedFeatures()?.detectors.length === 2, 'features with detectors');
-    expect(client.reportedFeatures()).toEqual({ tp0: true, bus: true, detectors: ['logits_finite', 'garbled'], itemSync: true, snapshots: false, endOfWaveTimeoutMs: 5000, recorderForwards: 0 });
+    expect(client.reportedFeatures()).toEqual({ tp0: true, bus: true, detectors: ['logits_finite', 'garbled'], itemSync: true, snapshots: false, endOfWaveTimeoutMs: 5000, recorderForwards: 0, snapshotSelection: null });
   } finally {
     await stopHarnessJob(job);
   }

@@ -116,3 +116,24 @@ test('a ring ask past the limits is refused naming the hello field', () => {
   expect(() => checkRingAsk({ ringRows: 8, ringTokens: 2 ** 30 })).toThrow(/hello\.ring_tokens/);
   expect(() => checkRingAsk({ ringRows: 8, ringEvents: -1 })).toThrow(/hello\.ring_events/);
 });
+
+test('a head that comes inline (the ring was full) never overtakes a whole head still in the ring: the agent polls before relaying it', () => {
+  const { TelemetryRingWriter } = require('../src/client/telemetry-ring-writer') as typeof import('../src/client/telemetry-ring-writer');
+  const { encodeTrusted, messageType, decode } = require('../src/proto') as typeof import('../src/proto');
+  const WaveHeadRequest = messageType('WaveHeadRequest');
+  const dir = tmpDir('wavebus-ring-');
+  const relayed: number[] = [];
+  const heads = new RingHeads(path.join(dir, 'telemetry-ring-local0'), newRingStats(), createLogger('ring-test', 'silent'), (h) => relayed.push(Number((decode(WaveHeadRequest, Buffer.from(h)) as any).wave)));
+  const file = heads.open(checkRingAsk({ ringRows: 8, ringTokens: 8, ringEvents: 4 }));
+  const writer = TelemetryRingWriter.open(file);
+  try {
+    const body = (wave: number) => ({ wave, telemetry: { wave: wave - 1, columns: {} } });
+    // Wave 8 whole in the ring; before the agent's poll timer runs, wave 9 arrives on the socket inline.
+    writer.write(8, { row: Uint32Array.of(0) }, 1, 0, 0, encodeTrusted(WaveHeadRequest, body(8)));
+    const nine = heads.fill(encodeTrusted(WaveHeadRequest, body(9)));
+    relayed.push(Number((decode(WaveHeadRequest, Buffer.from(nine)) as any).wave)); // what the agent relays next
+    expect(relayed).toEqual([8, 9]);
+  } finally {
+    heads.close();
+  }
+});

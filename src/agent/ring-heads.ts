@@ -148,6 +148,9 @@ export class RingHeads {
 
   /** The head's bytes to relay: as they came, or with the ring slot's columns put in. */
   fill(raw: Uint8Array): Uint8Array {
+    // Whole heads written before this one go first, whatever this one is (one naming a slot, or
+    // inline: the ring was full, or the step too large for it): the coordinator sees them in order.
+    this.poll();
     let head: Record<string, any>;
     try {
       head = WaveHeadRequest.decode(raw) as unknown as Record<string, any>;
@@ -156,7 +159,6 @@ export class RingHeads {
     }
     const seq = Number(head.ringSeq ?? 0);
     if (!seq) return raw;
-    this.poll(); // whole heads written before this one go first: the coordinator sees them in order
     this.stats.ringHeads++;
     if (!this.ring) return this.merge(head, this.miss(['no_ring'], 'a head named a ring slot, and this agent has no ring'));
     const slot = this.ring.read(seq);

@@ -144,6 +144,9 @@ export class ForwardCapture {
     // it (the hello names them) or, as above, a live capture covers its wave.
     let callIndex: number | null = null;
     if ((bits & MailboxFeature.SNAPSHOTS) !== 0) {
+      // A region not registered is refused on every forward, offered or not (a name lookup per input).
+      const bad = this.unregistered(inputs);
+      if (bad) return Promise.reject(bad);
       const ctx = contextMessage(context) as unknown as ForwardContext;
       callIndex = this.calls.count(ctx);
       const pre = this.precheck();
@@ -161,7 +164,7 @@ export class ForwardCapture {
     const f = this.d.hello.features;
     if (f !== this.preOf) {
       this.preOf = f;
-      this.pre = SnapshotPrecheck.of(f as { snapshotSelection?: null } | undefined);
+      this.pre = SnapshotPrecheck.of(f);
     }
     return this.pre;
   }
@@ -173,12 +176,17 @@ export class ForwardCapture {
     return this.offer(context, inputs, callIndex);
   }
 
-  private offer(context: Context, inputs: Inputs, callIndex: number | null): Promise<BeforeForwardResult> {
+  /** The error for the first input whose region is not registered, if any. */
+  private unregistered(inputs: Inputs): ConfigError | undefined {
     for (const [i, inp] of inputs.entries()) {
-      if (!this.d.hello.registered.some((r) => r.name === inp.region)) {
-        return Promise.reject(new ConfigError(`beforeForward(): inputs[${i}].region '${inp.region}' is not a registered region`));
-      }
+      if (!this.d.hello.registered.some((r) => r.name === inp.region)) return new ConfigError(`beforeForward(): inputs[${i}].region '${inp.region}' is not a registered region`);
     }
+    return undefined;
+  }
+
+  private offer(context: Context, inputs: Inputs, callIndex: number | null): Promise<BeforeForwardResult> {
+    const bad = this.unregistered(inputs);
+    if (bad) return Promise.reject(bad);
     if (this.d.availability.unavailable) return Promise.resolve(this.snapshotSkipped());
     return this.capture(context, inputs, callIndex);
   }

@@ -3,6 +3,7 @@ import { ConfigError } from '../errors';
 import { agentEndpoint, mailboxPath } from '../paths';
 import { checkSnapshotGating, type SnapshotConfig } from '../snapshot/config';
 import { MailboxFeature, MailboxReader } from './mailbox';
+import type { SnapshotSelectionMsg } from './snapshot-precheck';
 
 const DEFAULT_HELLO_TIMEOUT_MS = 1000;
 const DEFAULT_CAPTURE_TIMEOUT_MS = 120000;
@@ -18,6 +19,8 @@ export interface ClientFeatures {
   itemSync: boolean;
   snapshots: boolean;
   endOfWaveTimeoutMs: number;
+  /** With snapshots on: the agent's selection rules (proto SnapshotSelection; null when none). */
+  snapshotSelection?: SnapshotSelectionMsg | null;
 }
 
 export interface ConnectOptions {
