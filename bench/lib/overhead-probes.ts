@@ -44,7 +44,8 @@ function roleOf(pid: number): string | null {
   } catch {
     return null;
   }
-  if (argv.some((a) => a.endsWith(PY_ENGINE))) return 'py-engine';
+  // A Python running the script (not GNU time, whose arguments name it too).
+  if (/^python/.test(path.basename(argv[0] ?? '')) && argv.some((a) => a.endsWith(PY_ENGINE))) return 'py-engine';
   const bin = argv.findIndex((a) => a.endsWith(path.join('bin', 'wavebus.js')));
   if (bin < 0) return null;
   return argv.slice(bin + 1).find((a) => !a.startsWith('-')) ?? null;
