@@ -414,6 +414,19 @@ describe('wavebus launch end to end', () => {
     for (const { pid } of readProbe(out).pids) expect(alive(pid)).toBe(false);
   });
 
+  test('SIGTERM while the command runs stops it, and the launcher does not linger after it (--linger-ms is for a command that ended on its own)', async () => {
+    const port = await freePortPair();
+    const started = path.join(dir, 'sigterm-started');
+    const r = spawnWavebus(['launch', ...READY, '--nproc-per-node', '2', '--tp', '2', '--port', String(port), '--linger-ms', '120000', '--', process.execPath, '-e', `require('fs').writeFileSync(${JSON.stringify(started)}, ''); setTimeout(() => {}, 60000)`]);
+    await waitFor(() => fs.existsSync(started), 'the command running', 30000);
+    const t0 = Date.now();
+    r.child.kill('SIGTERM');
+    const { code } = await r.exited;
+    expect(code).toBe(143); // the command's SIGTERM, passed on
+    expect(r.stderr()).not.toMatch(/agents keep serving files/);
+    expect(Date.now() - t0).toBeLessThan(30000); // not the 120 s linger
+  });
+
   test('guard and snapshot flags are validated before anything starts, naming the flag', async () => {
     const bad = spawnWavebus(['launch', '--snapshot-enable', '--snapshot-capture-token', '3,,4', '--', 'true']);
     expect((await bad.exited).code).toBe(2);

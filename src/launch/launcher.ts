@@ -133,11 +133,18 @@ export async function launch(opts: LaunchOptions, logger?: Logger): Promise<numb
 
   let signalled: NodeJS.Signals | undefined;
   let abortStartup: (e: Error) => void = () => undefined;
-  let stopLinger: () => void = () => undefined;
+  // A signal before the linger began (while the command ran, or between its exit and the linger):
+  // the linger is skipped, never waited out.
+  let stopped = false;
+  let stopLinger: () => void = () => {
+    stopped = true;
+  };
   const onSignal = (sig: NodeJS.Signals) => {
     if (command && (command.exitCode !== null || command.signalCode !== null)) {
       stopLinger();
     } else if (command) {
+      // Stopped while the command runs: it stops, and the agents do not linger after it.
+      stopped = true;
       command.kill(sig);
     } else {
       signalled = sig;
@@ -246,7 +253,7 @@ export async function launch(opts: LaunchOptions, logger?: Logger): Promise<numb
       cmd.once('exit', (code, signal) => resolve(signal ? signalExitCode(signal) : (code ?? 1)));
     });
     releaseShm();
-    if (opts.lingerMs && opts.lingerMs > 0) {
+    if (opts.lingerMs && opts.lingerMs > 0 && !stopped) {
       // Agents keep serving their bundles so `wavebus aggregate` can still collect them.
       process.stderr.write(`wavebus launch: the command exited (${result}); agents keep serving files for ${opts.lingerMs} ms (SIGTERM stops them)\n`);
       await new Promise<void>((resolve) => {
