@@ -9,6 +9,7 @@ import * as fs from 'fs';
 import * as path from 'path';
 import { requestStatus } from '../src/bus/coordinator';
 import { AgentMessage } from '../src/proto';
+import { childrenOf, cmdline } from './procs';
 import { cleanup, cleanupUsers, CLI, describeAsRoot, freePortPair, jsonEvents, otherUser, readManifests, rootOnlyReason, spawnAs, spawnWavebus, tmpDir, type Spawned, waitFor } from './helpers';
 
 jest.setTimeout(300000);
@@ -20,28 +21,6 @@ afterAll(async () => {
 
 const STEP_MS = 40;
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
-
-function childrenOf(pid: number): number[] {
-  const out: number[] = [];
-  for (const d of fs.readdirSync('/proc')) {
-    if (!/^\d+$/.test(d)) continue;
-    try {
-      const stat = fs.readFileSync(`/proc/${d}/stat`, 'utf8');
-      if (Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]) === pid) out.push(Number(d));
-    } catch {
-      /* gone */
-    }
-  }
-  return out;
-}
-
-const cmdline = (pid: number) => {
-  try {
-    return fs.readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0').join(' ');
-  } catch {
-    return '';
-  }
-};
 
 interface LaunchedJob {
   launch: Spawned;

@@ -11,6 +11,7 @@ import * as fs from 'fs';
 import * as http from 'http';
 import * as path from 'path';
 import * as zlib from 'zlib';
+import { argsOf, descendants } from './procs';
 import { CLI, PYTHON, ROOT, cleanup, cleanupNetns, createNetnsPair, describeAsRoot, exitedWithin, readManifests, runWavebus, freePortPair, sh, spawnOnHost, spawnWavebus, tmpDir } from './helpers';
 import { RankCompare } from '../src/guard/rank-compare';
 import { DECISION, DecisionRing } from '../src/agent/decision-ring';
@@ -45,33 +46,6 @@ function get(port: number, p: string): Promise<string> {
     req.on('timeout', () => req.destroy(new Error(`${p}: no answer`)));
   });
 }
-
-function descendants(pid: number): number[] {
-  const parent = new Map<number, number>();
-  for (const d of fs.readdirSync('/proc')) {
-    if (!/^\d+$/.test(d)) continue;
-    try {
-      const stat = fs.readFileSync(`/proc/${d}/stat`, 'utf8');
-      parent.set(Number(d), Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]));
-    } catch {
-      /* gone */
-    }
-  }
-  const out: number[] = [];
-  const walk = (p: number) => {
-    for (const [c, pp] of parent) if (pp === p) (out.push(c), walk(c));
-  };
-  walk(pid);
-  return out;
-}
-
-const cmdline = (pid: number) => {
-  try {
-    return fs.readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0');
-  } catch {
-    return [];
-  }
-};
 
 interface Run {
   reports: Report[];
@@ -200,14 +174,14 @@ test('healthy greedy run (both ranks sample alike): no alert over a long run, no
     const until = Date.now() + 60000;
     while (Date.now() < until) {
       const m = await get(metricsPort, '/metrics').catch(() => '');
-      const agents = descendants(launchPid).filter((p) => cmdline(p).includes('agent'));
+      const agents = descendants(launchPid).filter((p) => argsOf(p).includes('agent'));
       const counts = agents.map(flocks);
       agent = agents.length === 2 && counts[0] !== counts[1] ? agents[counts[0] < counts[1] ? 0 : 1] : undefined;
       if (agent && metric(m, 'wavebus_rank_digest_waves_total', 'result="agreed"') >= 10) break;
       await sleep(100);
     }
     expect(agent).toBeDefined();
-    const c = cmdline(agent!);
+    const c = argsOf(agent!);
     frozenRank = Number(c[c.indexOf('--rank') + 1]);
     process.kill(agent!, 'SIGSTOP');
     froze = true;

@@ -7,7 +7,8 @@ import * as path from 'path';
 import { MailboxWriter } from '../src/client/mailbox';
 import { removeShmSegments, newShmPrefix } from '../src/launch/run-dir';
 import { MAX_ROWS } from '../src/sim/rank';
-import { CLI, cleanup, cleanupUsers, freePort, freePortPair, describeAsRoot, otherUser, runAs, runWavebus, sh, spawnTracked, spawnWavebus, tmpDir, waitFor, type OtherUser } from './helpers';
+import { childrenOf, cmdline } from './procs';
+import { CLI, cleanup, cleanupUsers, freePort, freePortPair, describeAsRoot, otherUser, runAs, runWavebus, spawnTracked, spawnWavebus, tmpDir, waitFor, type OtherUser } from './helpers';
 
 jest.setTimeout(180000);
 
@@ -226,19 +227,6 @@ function simShmEntries(): Set<string> {
 function stepping(name: string): boolean {
   const buf = fs.readFileSync(path.join('/dev/shm', name));
   return buf.subarray(buf.length - MAX_ROWS * 12).some((b) => b !== 0);
-}
-
-function childrenOf(pid: number): number[] {
-  const r = sh('sh', ['-c', `pgrep -P ${pid} || true`]);
-  return r.split('\n').filter(Boolean).map(Number);
-}
-
-function cmdline(pid: number): string {
-  try {
-    return fs.readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0').join(' ');
-  } catch {
-    return '';
-  }
 }
 
 const SIM = ['sim', '--steps', '100000', '--step-ms', '20', '--layers', '2', '--num-blocks', '64'];

@@ -6,6 +6,7 @@ import * as fs from 'fs';
 import * as path from 'path';
 import { BusToken, createTokenFile, TOKEN_FILE_NAME } from '../src/bus/auth';
 import { requestStatus } from '../src/bus/status-client';
+import { argsOf, childrenOf } from './procs';
 import { cleanup, cleanupUsers, CLI, describeAsRoot, freePortPair, otherUser, runWavebus, spawnWavebus, tmpDir, waitFor } from './helpers';
 
 jest.setTimeout(180000);
@@ -103,24 +104,30 @@ describeAsRoot('a bus token another user could have swapped', () => {
         return s && s.ready && s.epoch !== epochNot ? s : undefined;
       }, 'the job to be ready', 120000, 100);
     const before = await ready();
+    // The launcher restarts a coordinator only once it has seen the job ready itself and started the
+    // command; one killed before that fails the launch (as it should at startup). This test's status
+    // poll can see ready first, so wait for the command, the launcher's child after its sidecars.
+    await waitFor(() => childrenOf(launch.child.pid!).some((p) => argsOf(p).includes('sim')), 'the launcher to start the command', 60000, 50);
     // Swap the file for another token (as another user did in a directory of theirs), then kill -9
     // the coordinator: launch starts it again.
     fs.rmSync(tokenFile);
     createTokenFile(tokDir);
-    const coord = fs.readdirSync('/proc').filter((p) => /^\d+$/.test(p)).find((p) => {
-      try {
-        return / coordinator /.test(fs.readFileSync(`/proc/${p}/cmdline`, 'utf8').split('\0').join(' ')) && fs.readFileSync(`/proc/${p}/cmdline`, 'utf8').includes(`${port}`);
-      } catch {
-        return false;
-      }
-    });
-    expect(coord).toBeDefined();
-    const argv = fs.readFileSync(`/proc/${coord}/cmdline`, 'utf8').split('\0');
+    // The launcher's own coordinator (its child): a pattern over all of /proc can match another
+    // coordinator still winding down from an earlier test (the port is a substring of many command
+    // lines); killed instead, it would leave this test waiting for a restart that never comes.
+    const coords = childrenOf(launch.child.pid!).filter((p) => argsOf(p).includes('coordinator'));
+    expect(coords).toHaveLength(1);
+    const coord = coords[0];
+    const argv = argsOf(coord);
+    expect(argv.join(' ')).toContain(`--port ${port} `);
     expect(argv).toContain('--bus-token-fd');
     expect(argv.join(' ')).not.toContain(tokenFile);
     process.kill(Number(coord), 'SIGKILL');
     // Ready again with the launcher's token: the agent (which holds it too) synced with the new coordinator.
-    const after = await ready(before.epoch);
+    // On a timeout, what the launcher said (its restarts, the agents' warnings) goes with the error.
+    const after = await ready(before.epoch).catch((e: Error) => {
+      throw new Error(`${e.message}; the launcher said:\n${launch.stderr().slice(-6000)}`);
+    });
     expect(after.epoch).not.toBe(before.epoch);
     expect(launch.stderr()).toMatch(/the coordinator was killed by SIGKILL; starting it again/);
     fs.writeFileSync(stop, '');
