@@ -207,12 +207,13 @@ def replay(a, rank: int, model, cache, call: int, probe) -> bool:
     finally:
         if probe is not None:
             probe.detach()
-    g = int(meta.get("global_rank", rank)) if a.tp > 1 else 0
+    as_captured = a.tp == a.capture_tp  # else the TP=1 reference of a TP=N capture: no engine output to compare
+    g = int(meta.get("global_rank", rank)) if as_captured else 0
     line = {"rank": rank, "global_rank": g, "call": call, "wave": meta["global_step"], "req_ids": meta["req_ids"]}
     if probe is not None:
         line["probe"] = probe.write(a.probe, call)
     exact, want = True, None
-    if a.engine_out and a.tp > 1:
+    if a.engine_out and as_captured:
         saved = os.path.join(a.engine_out, f"logits_rank{g}_wave{meta['global_step']}.pt")
         if a.save_logits and not os.path.exists(saved):
             line.update(engine_output=None, reason=f"no {saved}")
