@@ -61,6 +61,7 @@ const BENCH = 'a benchmark: runs for seconds to minutes and measures this host (
 const ENGINE = 'starts an engine that is not in this repository (serve.py) on GPU hosts';
 const FAR_HOST = 'talks to another host (10.0.0.x): tests use loopback or network namespaces of their own only';
 
+const HF_BISECT_WALK = 'a step of the walk from a TP=2 transformers capture to the first wrong module (torch 2\'s venv, a few minutes of CPU); test/transformers-bisect.test.ts runs the same launch, replays and bisects';
 const BISECT_WALK = 'a step of the walk from a TP=2 PyTorch capture to the first wrong layer (a minute or more of CPU); test/bisect.test.ts runs the same launch, replays and bisects';
 const LIVE_JOB = 'talks to a running job\'s coordinator on port 29600; test/control.test.ts runs status, dump and capture against a simulated job of its own';
 const WALK = 'a step of docs/walkthrough.md, which test/newcomer-walk.test.ts runs in order, as written, read from the page (two demos, a live job, replays: a few minutes of CPU)';
@@ -138,6 +139,16 @@ const SKIPPED: Record<string, string> = {
   'python3 examples/torch-engine/replay.py --snapshots $SNAP --call $CALL --engine-out /tmp/wb-bisect/eng --probe /tmp/wb-bisect/tp2': BISECT_WALK,
   'python3 examples/torch-engine/replay.py --snapshots $SNAP --call $CALL --tp 1 --probe /tmp/wb-bisect/tp1': BISECT_WALK,
   'wavebus bisect /tmp/wb-bisect/tp2 /tmp/wb-bisect/tp1': BISECT_WALK,
+  'export WAVEBUS_CACHE_ROOT=/tmp/wb-hf-bisect/cache': HF_BISECT_WALK,
+  '.venv-torch2/bin/python examples/transformers-engine/make_model.py /tmp/wb-hf-bisect/model': HF_BISECT_WALK,
+  'WAVEBUS_SNAPSHOT_ENABLE=1 WAVEBUS_SNAPSHOT_CAPTURE_REQUEST=req-1 WAVEBUS_SNAPSHOT_MAX_CAPTURES=2 wavebus launch --nproc-per-node 2 --tp 2 -- .venv-torch2/bin/torchrun --standalone --nproc-per-node 2 examples/transformers-engine/serve.py --model /tmp/wb-hf-bisect/model --out /tmp/wb-hf-bisect/out --requests 3 --max-tokens 6 --save-logits': HF_BISECT_WALK,
+  'SNAP=$WAVEBUS_CACHE_ROOT/snapshots/transformers-LlamaForCausalLM-tp2': HF_BISECT_WALK,
+  'PY=.venv-torch2/bin/python': HF_BISECT_WALK,
+  '$PY examples/transformers-engine/replay.py --model /tmp/wb-hf-bisect/model --snapshots $SNAP --call 1 --engine-out /tmp/wb-hf-bisect/out --probe /tmp/wb-hf-bisect/tp2': HF_BISECT_WALK,
+  '$PY examples/transformers-engine/replay.py --model /tmp/wb-hf-bisect/model --snapshots $SNAP --call 1 --tp 1 --probe /tmp/wb-hf-bisect/tp1': HF_BISECT_WALK,
+  'wavebus bisect /tmp/wb-hf-bisect/tp2 /tmp/wb-hf-bisect/tp1': HF_BISECT_WALK,
+  '$PY examples/transformers-engine/replay.py --model /tmp/wb-hf-bisect/model --snapshots $SNAP --call 1 --probe /tmp/wb-hf-bisect/bad --fault weight:1:model.layers.1.mlp.up_proj.weight': HF_BISECT_WALK,
+  'wavebus bisect /tmp/wb-hf-bisect/bad /tmp/wb-hf-bisect/tp1': HF_BISECT_WALK,
   'python3 examples/torch-engine/replay.py --snapshots $SNAP --call $CALL --probe /tmp/wb-bisect/bad --fault weight:1:layers.1.up': BISECT_WALK,
   'wavebus bisect /tmp/wb-bisect/bad /tmp/wb-bisect/tp1': BISECT_WALK,
   'wavebus bisect /tmp/wb-bisect/bad /tmp/wb-bisect/tp1 --out $WAVEBUS_CACHE_ROOT/bisect/tp2-vs-tp1.json': BISECT_WALK,

@@ -12,7 +12,10 @@ at every wave whose end_of_wave copied a KV dump, each request's pages as the en
 Test doubles for faulty hardware (rank_divergence's tests set them; nothing else should):
 WAVEBUS_TEST_DOUBLE_DIVERGE=WAVE:REQ:RANK pushes request REQ's logits row on rank RANK at wave WAVE
 to another argmax (a rank that decides apart); WAVEBUS_TEST_DOUBLE_SEED_APART=1 reseeds each rank's
-sampler with its own seed before the first forward (a sampler seeded apart).
+sampler with its own seed before the first forward (a sampler seeded apart). `wavebus verdict`'s
+tests (faults.py): --shard-patch FILE loads a wrong value into one TP shard; --flip-output WAVE:RANK
+flips the top mantissa bit of the first logit of wave WAVE on RANK, in this process only (before
+--save-logits keeps it: the engine's output is the flipped one).
 """
 import argparse
 import json
@@ -33,6 +36,9 @@ from transformers import AutoModelForCausalLM, GenerationConfig  # noqa: E402
 from transformers.generation.configuration_utils import ContinuousBatchingConfig  # noqa: E402
 
 from wavebus_client.integrations.transformers import attach  # noqa: E402  (wavebus:)
+
+sys.path.insert(0, HERE)
+import faults  # noqa: E402  (test doubles)
 
 
 def parse_nan(spec):
@@ -81,6 +87,8 @@ def main() -> int:
     ap.add_argument("--sample", type=int, metavar="SEED", help="sample (do_sample) with this seed, which transformers shares across the TP group")
     ap.add_argument("--save-logits", action="store_true", help="keep every step's logits (OUT/logits_rank<r>_wave<w>.pt; replay.py compares)")
     ap.add_argument("--step-sleep-ms", type=int, default=0, help="sleep this long in every forward (a live job for status/dump/capture)")
+    ap.add_argument("--shard-patch", help="test double: JSON [{tp_size, tp_rank, weight, index, add}] (faults.py)")
+    ap.add_argument("--flip-output", help="WAVE:RANK: test double, a one-off bit flip in that wave's first logit on RANK")
     ap.add_argument("--no-wavebus", action="store_true", help="serve without wavebus (a baseline)")
     ap.add_argument("--result-dir", help="write <dir>/rank<g>.json (waves, endOfWaveTimeouts) at the end (wavebus demo reads it)")
     args = ap.parse_args()
@@ -91,6 +99,8 @@ def main() -> int:
 
     tp = {"tp_plan": "auto"} if world > 1 else {}
     model = AutoModelForCausalLM.from_pretrained(args.model, attn_implementation="paged|sdpa", dtype=torch.float32, **tp)
+    if args.shard_patch:
+        faults.shard_patch(model, args.shard_patch, rank, world)
     gen = GenerationConfig(max_new_tokens=args.max_tokens, do_sample=args.sample is not None, eos_token_id=-1, pad_token_id=0)
     # Cache sizing: transformers sizes the cache from free memory by default (max_memory_percent of
     # it); on CPU under TP=2 that is several GB per rank. num_blocks and max_batch_tokens fix it.
@@ -158,6 +168,19 @@ def main() -> int:
                 torch.manual_seed(1000 + rank)
 
         model.register_forward_pre_hook(reseed)
+
+    if args.flip_output:
+        try:
+            f_wave, f_rank = (int(x) for x in args.flip_output.split(":"))
+        except ValueError:
+            raise SystemExit(f"serve: --flip-output must be WAVE:RANK, got {args.flip_output!r}") from None
+
+        def flip(_module, _args, output):
+            if wb is not None and wb.wave == f_wave and rank == f_rank:
+                faults.flip_top_mantissa(output.logits)
+            return output
+
+        model.register_forward_hook(flip)  # before keep's: the saved logits are the flipped ones
 
     if args.save_logits:
         def keep(_module, _args, output):

@@ -20,7 +20,9 @@ Split kinds (declared once per module type, ``splits={ColumnParallelLinear: COLU
 
 Default: a type whose name has ``ColumnParallel`` is column, every other type (``torch.nn.Linear``
 included: an unsharded linear computes the whole output on every rank; a ``RowParallel`` one
-all-reduces inside) is replicated.
+all-reduces inside) is replicated. An engine whose split is a property of the module's name, not
+its type (transformers' ``tp_plan``: every projection is an ``nn.Linear``), passes
+``split_for(name, module, io)``, consulted first (``None``: fall back to the types).
 """
 import fnmatch
 import json
@@ -29,7 +31,7 @@ import re
 import secrets
 import shutil
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 from . import dtypes
 from .checksum import crc32c_file, format_checksum
@@ -109,7 +111,8 @@ class Probe:
     def __init__(self, model, *, global_rank: int = 0, tp_rank: int = 0, tp_size: int = 1, pp_rank: int = 0,
                  pp_size: int = 1, dp_rank: int = 0, cp_rank: int = 0, splits: Optional[Dict[type, Split]] = None,
                  include: Optional[Iterable[str]] = None, layers: Optional[Tuple[int, int]] = None,
-                 inputs: bool = False, fmt: str = "npy", label: str = "probe"):
+                 inputs: bool = False, fmt: str = "npy", label: str = "probe",
+                 split_for: Optional[Callable[[str, Any, str], Optional[Split]]] = None):
         if fmt not in ("npy", "pt"):
             raise ConfigError(f"probe format must be npy or pt, got {fmt!r}")
         for k, v in (("global_rank", global_rank), ("tp_rank", tp_rank), ("pp_rank", pp_rank), ("dp_rank", dp_rank),
@@ -123,6 +126,7 @@ class Probe:
                          "cp_rank": cp_rank}
         self.tp_size, self.pp_size = tp_size, pp_size
         self.splits = dict(splits or {})
+        self.split_for = split_for
         self.want = _matcher(include)
         self.layers = layers
         self.handles: List[Any] = []
@@ -138,7 +142,13 @@ class Probe:
         li = layer_index(name)
         return self.layers is None or li is None or self.layers[0] <= li <= self.layers[1]
 
-    def split_of(self, module) -> Split:
+    def split_of(self, module, name: Optional[str] = None, io: str = "output") -> Split:
+        if self.split_for is not None and name is not None:
+            s = self.split_for(name, module, io)
+            if s is not None:
+                return s
+        if io == "input":
+            return getattr(module, "probe_input_split", REPLICATED)
         for cls in type(module).__mro__:  # the most specific declared type wins
             if cls in self.splits:
                 return self.splits[cls]
@@ -150,7 +160,7 @@ class Probe:
         for name, module in self.model.named_modules():
             if not self.selected(name):
                 continue
-            split = self.split_of(module)
+            split = self.split_of(module, name)
             if self.inputs:
                 self.handles.append(module.register_forward_pre_hook(self._pre_hook(name)))
             self.handles.append(module.register_forward_hook(self._hook(name, split)))
@@ -192,8 +202,8 @@ class Probe:
 
         if not isinstance(t, torch.Tensor):
             return
-        if split is None:  # an input: its module type's probe_input_split (a row-parallel linear's is column), else replicated
-            split = getattr(module, "probe_input_split", REPLICATED)
+        if split is None:  # an input: split_for's, else its module type's probe_input_split (a row-parallel linear's is column), else replicated
+            split = self.split_of(module, name, "input")
         if t.dim() == 0:
             split = REPLICATED
         try:

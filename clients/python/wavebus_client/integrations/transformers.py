@@ -32,6 +32,7 @@ from ..region import Region, validate
 from ..ring import MAX_ROWS
 from ..shm import _create, _view
 from ..telemetry import LogitsFiniteGate
+from . import transformers_cache
 from .transformers_cache import kv_regions, layer_name
 from .transformers_rows import RequestRows
 
@@ -70,6 +71,7 @@ class TransformersWavebus:
         self._bus = False
         self.stats = {"snapshot_errors": 0}
         self.processor = None
+        self._on_cuda = False
         self.kv: List[Region] = []
         self._staging: Dict[str, torch.Tensor] = {}
         self.tensor_batch = None                     # the client's TensorBatch, made with the cache
@@ -93,6 +95,7 @@ class TransformersWavebus:
     def _attach_processor(self, p) -> None:
         self.processor = p
         self.kv = share_cache(p.cache, self.tag)
+        self._on_cuda = p.cache.cache_tensor.device.type == "cuda"
         self.client.register_all(self.kv)
         # The tensor path: a row per request holding blocks (at most one per block) plus the rows
         # freed in a step, which come back after the next head; the hello asks the agent for a ring.
@@ -138,6 +141,10 @@ class TransformersWavebus:
                 self.client.last_error = f"before_forward (wave {self.wave}): {e}"
                 log.warning("wavebus: %s", self.client.last_error)
         step(model)
+        if self._on_cuda and self.client.features & mb.FEATURE_BUS:
+            # The agent copies a due dump from its own process and stream: the forward's cache writes
+            # must be done (the step waits for its sampled tokens right after anyway).
+            torch.cuda.current_stream(self.processor.cache.cache_tensor.device).synchronize()
         res = self.client.end_of_wave(self.wave)
         if res.dumps_written and self.on_copy is not None:
             self.on_copy(self.wave, self.processor)
@@ -313,11 +320,16 @@ def local_weights(model) -> Dict[str, torch.Tensor]:
 
 
 def share_cache(cache, tag: str) -> List[Region]:
-    """Move the paged cache's one flat tensor into a new POSIX shm segment (same bytes, same layout)
-    and let every allocator rebuild its views on it; the KV regions describing it."""
+    """The cache as regions the agent reads: the KV regions and the whole tensor (``kv_cache``, the
+    input snapshots' cache). On the CPU the paged cache's one flat tensor is moved into a new POSIX
+    shm segment (same bytes, same layout) and every allocator rebuilds its views on it; on a GPU the
+    cache's own allocation is exported through CUDA IPC (nothing moves)."""
     old = cache.cache_tensor
+    if old.device.type == "cuda":
+        whole = transformers_cache.cuda_cache_region(cache)
+        return kv_regions(cache, whole) + [whole]
     if old.device.type != "cpu":
-        raise ConfigError("attach(): the cache is on the GPU; its CUDA IPC export is not built yet (docs/transformers.md)")
+        raise ConfigError(f"attach(): the cache is on {old.device.type}; only the CPU (shm) and CUDA (IPC) are mapped")
     nbytes = old.numel() * old.element_size()
     shm = _create(f"{tag}-kv", nbytes, "attach()")
     new = _view(shm, 0, [old.numel()], "uint8")
@@ -326,9 +338,9 @@ def share_cache(cache, tag: str) -> List[Region]:
     non_trash = cache.num_sectors * cache.bytes_per_sector
     for alloc in cache.cache_allocators.values():
         alloc.register_cache_tensor(cache.bytes_per_sector, non_trash, new, cache.pool)
-    alias = Region(name="kv_cache", kind="shm", shm_name="/" + shm.name, nbytes=nbytes, dtype="uint8", shape=[nbytes],
-                   role="input", base_ptr=new.data_ptr(), owner=shm)
-    return kv_regions(cache, shm, new.data_ptr()) + [validate(alias)]
+    whole = validate(Region(name="kv_cache", kind="shm", shm_name="/" + shm.name, nbytes=nbytes, dtype="uint8", shape=[nbytes],
+                            role="input", base_ptr=new.data_ptr(), owner=shm))
+    return kv_regions(cache, whole) + [whole]
 
 
 __all__ = ["attach", "TransformersWavebus", "share_cache", "local_weights", "flatten_inputs", "layer_name", "SNAPSHOT_INPUTS"]
