@@ -164,5 +164,7 @@ test("a capture armed on the running job counts its own calls: the client's coun
   const got = await offerForward(startup, live, new RegionTable(), bf, () => {}, () => {}, () => 0);
   expect(got).toMatchObject({ captured: true });
   expect(path.basename(String(got.callDir))).toBe('call0');
+  // Under the arm's own folder (its id and wave), so another arm's call0 never replaces it.
+  expect(String(got.callDir)).toBe(path.join(root, 'live', 'live', 'capture-1-wave40', 'g', 'rank0', 'call0'));
   expect(results).toEqual([expect.objectContaining({ armId: 'capture-1', wave: 40, done: true, error: '' })]);
 });

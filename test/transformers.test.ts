@@ -237,7 +237,10 @@ test('wavebus status, dump and capture on the live TP=2 transformers job', async
   expect([manual.complete, manual.completed_ranks]).toEqual([true, [0, 1]]);
   const [n] = py(['-c', CHECK_DUMP, manual.dir, job.out]).trim().split(' ');
   expect(Number(n)).toBe(2 * LAYERS * 2);
-  const snaps = path.join(job.dir, 'cache', 'snapshots', 'transformers-LlamaForCausalLM-tp2');
+  // The capture's own folder (docs/control.md, "Where the bundles go").
+  const live = fs.readdirSync(path.join(job.dir, 'cache', 'snapshots', 'live'));
+  expect(live).toEqual([expect.stringMatching(/^capture-1-wave\d+$/)]);
+  const snaps = path.join(job.dir, 'cache', 'snapshots', 'live', live[0], 'transformers-LlamaForCausalLM-tp2');
   expect(fs.readdirSync(path.join(snaps, 'rank0'))).toHaveLength(1);
   expect(fs.readdirSync(path.join(snaps, 'rank1'))).toHaveLength(1);
 }, 300000);

@@ -10,7 +10,7 @@ import { CaptureError } from '../errors';
 import type { RankIdentity } from '../layout';
 import type { Logger } from '../log';
 import { CaptureBudget } from '../snapshot/budget';
-import { SnapshotCapturer } from '../snapshot/capture';
+import { liveCaptureRoot, SnapshotCapturer } from '../snapshot/capture';
 import type { SnapshotConfig } from '../snapshot/config';
 import type { CaptureArmMsg, CaptureResultMsg } from '../bus/capture-arms';
 import { captureInputs, type BeforeForwardRequest, type WaitingWord } from './input-capture';
@@ -52,8 +52,10 @@ export class LiveCaptures {
         continue;
       }
       let format;
+      let root: string;
       try {
         format = tensorFormatFromProto(arm.format, 'CaptureArm.format');
+        root = liveCaptureRoot(this.snapshotRoot, arm.id, Number(arm.wave));
       } catch (e) {
         this.log.warn({ id: arm.id, err: (e as Error).message }, 'capture arm refused');
         continue;
@@ -67,7 +69,7 @@ export class LiveCaptures {
         maxCaptures: max,
         ranks: arm.tpRanks.length > 0 ? new Set(arm.tpRanks) : null,
         format,
-        snapshotRoot: this.snapshotRoot,
+        snapshotRoot: root,
         rootSource: 'the agent\'s snapshot root',
       };
       const log = { info: (m: string) => this.log.info({ id: arm.id }, m), warn: (m: string) => this.log.warn({ id: arm.id }, m) };
