@@ -50,8 +50,18 @@ export function inputCapturer(snapshot: SnapshotConfig | undefined, identity: Ra
 }
 
 /**
+ * The call index the client counted (BeforeForward.callIndexPlus1), when it counted one. The
+ * client counts by the startup rules only (snapshot-precheck), so only the startup capturer takes it.
+ */
+export function countedCallIndex(bf: BeforeForwardRequest): number | undefined {
+  const plus1 = Number(bf.callIndexPlus1 ?? 0);
+  return plus1 > 0 && Number.isSafeInteger(plus1) ? plus1 - 1 : undefined;
+}
+
+/**
  * `interim`: tells the client the capture has begun; `written`: counts a written snapshot;
- * `waiting`: the client's capture_waiting word.
+ * `waiting`: the client's capture_waiting word; `counted`: the forward's call index as the client
+ * counted it (countedCallIndex), or undefined: the capturer counts the forwards it is offered.
  */
 export async function captureInputs(
   capturer: SnapshotCapturer,
@@ -60,6 +70,7 @@ export async function captureInputs(
   interim: () => void,
   written: () => void,
   waiting: WaitingWord,
+  counted?: number,
 ): Promise<Record<string, unknown>> {
   const acceptBy = Number(bf.acceptByUnixMs ?? 0);
   const finishBy = Number(bf.finishByUnixMs ?? 0);
@@ -91,8 +102,7 @@ export async function captureInputs(
       },
     };
   });
-  const plus1 = Number(bf.callIndexPlus1 ?? 0);
-  const res = await capturer.capture(bf.context, inputs, plus1 > 0 && Number.isSafeInteger(plus1) ? plus1 - 1 : undefined);
+  const res = await capturer.capture(bf.context, inputs, counted);
   if (res.captured) written();
   return { captured: res.captured, callDir: res.callDir ?? '' };
 }

@@ -13,7 +13,7 @@ import { CaptureBudget } from '../snapshot/budget';
 import { liveCaptureRoot, SnapshotCapturer } from '../snapshot/capture';
 import type { SnapshotConfig } from '../snapshot/config';
 import type { CaptureArmMsg, CaptureResultMsg } from '../bus/capture-arms';
-import { captureInputs, type BeforeForwardRequest, type WaitingWord } from './input-capture';
+import { captureInputs, countedCallIndex, type BeforeForwardRequest, type WaitingWord } from './input-capture';
 import type { RegionTable } from './regions';
 
 interface Live {
@@ -148,9 +148,9 @@ export async function offerForward(capturer: SnapshotCapturer | undefined, live:
     if (!told) interim();
     told = true;
   };
-  const own = capturer ? await captureInputs(capturer, regions, bf, once, written, waiting) : { captured: false, callDir: '' };
-  // An arm counts the calls of its own waves (all offered: their vectors say snapshot_due); the
-  // client's count is the startup rules' (snapshot-precheck), never an arm's.
-  const armed = await live.offer(regions, { ...bf, callIndexPlus1: 0 }, once, written, waiting);
+  // The client's count is the startup rules' (snapshot-precheck); an arm counts the calls of its
+  // own waves (all offered: their vectors say snapshot_due), so it never takes the client's.
+  const own = capturer ? await captureInputs(capturer, regions, bf, once, written, waiting, countedCallIndex(bf)) : { captured: false, callDir: '' };
+  const armed = await live.offer(regions, bf, once, written, waiting);
   return own.captured ? own : armed;
 }
