@@ -21,6 +21,18 @@ export interface BeforeForwardRequest {
   waitTicket?: number | string;
   /** The call index the client counted, plus one (0: not counted). */
   callIndexPlus1?: number | string;
+  /** The engine could not stage this forward's inputs: why ('' or absent: staged). */
+  stagingError?: string;
+}
+
+/** What an agent keeps of an engine's staging error (a log line and a capture result, not a file). */
+const MAX_STAGING_ERROR = 1024;
+
+/** The engine's reason it could not stage the forward's inputs, cut to a bound; undefined: staged. */
+export function stagingError(bf: BeforeForwardRequest): string | undefined {
+  const why = typeof bf.stagingError === 'string' ? bf.stagingError : '';
+  if (why === '') return undefined;
+  return why.length > MAX_STAGING_ERROR ? `${why.slice(0, MAX_STAGING_ERROR)}...` : why;
 }
 
 /** The engine client's capture_waiting word (MailboxWriter.captureWaiting), read after each copy. */

@@ -13,7 +13,7 @@ import { CaptureBudget } from '../snapshot/budget';
 import { liveCaptureRoot, SnapshotCapturer } from '../snapshot/capture';
 import type { SnapshotConfig } from '../snapshot/config';
 import type { CaptureArmMsg, CaptureResultMsg } from '../bus/capture-arms';
-import { captureInputs, countedCallIndex, type BeforeForwardRequest, type WaitingWord } from './input-capture';
+import { captureInputs, countedCallIndex, stagingError, type BeforeForwardRequest, type WaitingWord } from './input-capture';
 import type { RegionTable } from './regions';
 
 interface Live {
@@ -136,6 +136,22 @@ export class LiveCaptures {
     }
     return out;
   }
+
+  /** A forward of `wave` its engine could not stage: logged, and each arm covering it fails with `why` here. */
+  notStaged(wave: number, why: string): CaptureError {
+    const text = `rank ${this.identity.globalRank}: the engine could not stage the inputs of its forward of wave ${wave}: ${why}`;
+    const arms: string[] = [];
+    for (const l of this.arms.values()) {
+      const { arm } = l;
+      if (l.done || wave < arm.wave || wave > arm.untilWave) continue;
+      arms.push(arm.id);
+      // The arm's last wave: done here (nothing more will be offered), so the tool's --wait ends now.
+      l.done = wave >= arm.untilWave;
+      this.send({ armId: arm.id, wave, callDir: '', error: text, done: l.done });
+    }
+    this.log.error({ wave, arms, err: why }, 'input snapshot failed: the engine could not stage the forward\'s inputs');
+    return new CaptureError(text, 'ERR_SNAPSHOT_INPUT');
+  }
 }
 
 /**
@@ -143,6 +159,10 @@ export class LiveCaptures {
  * then the arms of the running job. The client hears "capturing" once at most.
  */
 export async function offerForward(capturer: SnapshotCapturer | undefined, live: LiveCaptures, regions: RegionTable, bf: BeforeForwardRequest, interim: () => void, written: () => void, waiting: WaitingWord): Promise<Record<string, unknown>> {
+  // The engine could not stage the inputs (BeforeForward.staging_error): nothing to copy; the arms
+  // covering the forward fail with the cause, and so does the client's call.
+  const why = stagingError(bf);
+  if (why !== undefined) throw live.notStaged(Number(bf.wave || bf.context?.globalStep || 0), why);
   let told = false;
   const once = () => {
     if (!told) interim();
