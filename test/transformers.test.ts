@@ -205,12 +205,8 @@ test('an input snapshot of TP=2 replays through transformers\' own model under t
   expect(results(wrong.stdout).map((l) => l.bitwise_equal)).toEqual([false, false]);
 }, 300000);
 
-test('wavebus status, dump and capture on the live TP=2 transformers job', async () => {
-  const job = await startServe({
-    // A detector on puts the bus on (waves, control); with everything off nothing is sent.
-    runtimeConfig: { detector: { token_repeat: { enabled: false }, logits_finite: { enabled: true } } },
-    serveArgs: ['--requests', '2', '--max-tokens', '400', '--num-blocks', '64', '--step-sleep-ms', '30', '--save-copies'],
-  });
+/** A live job's control flags and the CLI against it, once its coordinator answers and the job ran a few waves. */
+async function liveControl(job: Awaited<ReturnType<typeof startServe>>) {
   const token = path.join(job.runDir, 'bus.token');
   const co = ['--coordinator', `127.0.0.1:${job.port}`, '--bus-token-file', token];
   // The CLI runs asynchronously: a synchronous wait would leave the job's output pipes undrained.
@@ -227,6 +223,16 @@ test('wavebus status, dump and capture on the live TP=2 transformers job', async
     return s.replicas?.['0']?.wave > 3 ? s : undefined;
   }, 'the job to run a few waves', 90000);
   expect(Object.entries(status.ranks).map(([g, r]) => [g, (r as { live: boolean }).live])).toEqual([['0', true], ['1', true]]);
+  return { co, cli };
+}
+
+test('wavebus status, dump and capture on the live TP=2 transformers job', async () => {
+  const job = await startServe({
+    // A detector on puts the bus on (waves, control); with everything off nothing is sent.
+    runtimeConfig: { detector: { token_repeat: { enabled: false }, logits_finite: { enabled: true } } },
+    serveArgs: ['--requests', '2', '--max-tokens', '400', '--num-blocks', '64', '--step-sleep-ms', '30', '--save-copies'],
+  });
+  const { co, cli } = await liveControl(job);
   const cap = await cli(['capture', ...co, '--request', 'req-1', '--max-captures', '1', '--wait']);
   expect({ code: cap.code, err: cap.stderr }).toEqual({ code: 0, err: '' });
   const dump = await cli(['dump', ...co, '--request', 'req-0', '--wait']);
@@ -243,6 +249,31 @@ test('wavebus status, dump and capture on the live TP=2 transformers job', async
   const snaps = path.join(job.dir, 'cache', 'snapshots', 'live', live[0], 'transformers-LlamaForCausalLM-tp2');
   expect(fs.readdirSync(path.join(snaps, 'rank0'))).toHaveLength(1);
   expect(fs.readdirSync(path.join(snaps, 'rank1'))).toHaveLength(1);
+}, 300000);
+
+test("a forward rank 1 could not stage for a capture (its staging segment's name was taken): `wavebus capture` names the cause, rank 0's bundle is written, the agent logs it", async () => {
+  const tag = `wbstage${process.pid}`;
+  const job = await startServe({
+    runtimeConfig: { detector: { token_repeat: { enabled: false }, logits_finite: { enabled: true } } },
+    serveArgs: ['--requests', '2', '--max-tokens', '300', '--num-blocks', '64', '--step-sleep-ms', '30', '--wavebus-tag', tag],
+  });
+  const { co, cli } = await liveControl(job);
+  // Rank 1's KV segment carries the job's shm prefix; its input_ids staging segment is made at the
+  // first forward offered (none before the capture): a real segment of that name is there first.
+  const kv = fs.readdirSync('/dev/shm').find((n) => n.endsWith(`${tag}-r1-kv`));
+  expect(kv).toBeDefined();
+  const taken = path.join('/dev/shm', kv!.replace(/-kv$/, '-in-input_ids'));
+  fs.writeFileSync(taken, '', { flag: 'wx', mode: 0o600 });
+  try {
+    const cap = await cli(['capture', ...co, '--next', '--wait']);
+    expect(cap.code).toBe(1);
+    expect(cap.stderr).toMatch(/^wavebus capture: rank 1 wave (\d+): capture failed: rank 1: the engine could not stage the inputs of its forward of wave \1: ConfigError: attach\(\): shared memory \/\S+-in-input_ids already exists/m);
+    expect(cap.stdout).toMatch(/^rank 0 wave \d+: .+\/rank0\/call0$/m);
+  } finally {
+    fs.rmSync(taken, { force: true });
+  }
+  await finish(job);
+  expect(job.launch.stderr() + job.launch.stdout()).toContain("input snapshot failed: the engine could not stage the forward's inputs");
 }, 300000);
 
 test('kill -9 of both TP ranks mid-run: each agent flushes its last K forwards, which replay through transformers bit for bit', async () => {
