@@ -4,11 +4,11 @@
 // wavebus attached by wavebus_client.integrations.transformers (examples/transformers-engine).
 // The model is a small Llama with random weights saved with save_pretrained in the test's dir.
 import * as fs from 'fs';
-import * as http from 'http';
 import * as path from 'path';
 import { spawnSync } from 'child_process';
 import { ROOT, cleanup, freePortPair, readManifests, spawnWavebus, tmpDir, waitWhileRunning } from './helpers';
 import { torch2 } from './torch2';
+import { metric, pollMetrics } from './rank-divergence-checks';
 
 afterAll(cleanup);
 
@@ -133,19 +133,6 @@ test('TP=2 under torchrun: token_repeat and logits_finite fire from real generat
   }
 }, 240000);
 
-/** The coordinator's /metrics text ('' while it does not answer). */
-function getMetrics(port: number): Promise<string> {
-  return new Promise((resolve) => {
-    const req = http.get({ host: '127.0.0.1', port, path: '/metrics', timeout: 2000 }, (res) => {
-      let body = '';
-      res.on('data', (c) => (body += c));
-      res.on('end', () => resolve(body));
-    });
-    req.on('error', () => resolve(''));
-    req.on('timeout', () => req.destroy());
-  });
-}
-
 test('rank_divergence on a healthy TP=2 transformers run: both ranks write their digests, the coordinator compares the waves, and nothing fires', async () => {
   const metricsPort = await freePortPair();
   const job = await startServe({
@@ -154,27 +141,16 @@ test('rank_divergence on a healthy TP=2 transformers run: both ranks write their
     metricsPort,
   });
   // The coordinator's counters go with the job: read them while it runs.
-  let metrics = '';
-  let polling = true;
-  const poll = (async () => {
-    while (polling) {
-      const m = await getMetrics(metricsPort);
-      if (m.includes('wavebus_rank_digest_waves_total')) metrics = m;
-      await new Promise((r) => setTimeout(r, 200));
-    }
-  })();
+  const metricsPoll = pollMetrics(metricsPort);
   let run;
+  let metrics: string;
   try {
     run = await finish(job);
   } finally {
-    polling = false;
-    await poll;
+    metrics = await metricsPoll.stop();
   }
   expect(run.reports('rank_divergence')).toEqual([]);
-  const count = (result: string) => {
-    const line = metrics.split('\n').find((l) => l.startsWith('wavebus_rank_digest_waves_total{') && l.includes(`result="${result}"`));
-    return line ? Number(line.split(' ').pop()) : 0;
-  };
+  const count = (result: string) => metric(metrics, 'wavebus_rank_digest_waves_total', `result="${result}"`);
   // Both ranks' digests of most waves met (the first and last few may settle without one rank).
   expect(count('agreed')).toBeGreaterThanOrEqual(20);
   expect(count('diverged')).toBe(0);
