@@ -1,7 +1,7 @@
 // What the rank_divergence tests share (rank-divergence.test.ts on the PyTorch engine,
-// rank-divergence-transformers.test.ts and transformers.test.ts on transformers): the coordinator's /metrics read while a job
-// runs, its rank_divergence reports, and the checks of the incident one rank's logits row pushed to
-// another argmax makes, whichever engine ran it.
+// rank-divergence-transformers.test.ts and transformers.test.ts on transformers): the coordinator's
+// /metrics read while a job runs, its rank_divergence reports, and the checks of the incident one
+// rank's logits row pushed to another argmax makes, whichever engine ran it.
 import * as fs from 'fs';
 import * as http from 'http';
 import * as path from 'path';
