@@ -126,6 +126,14 @@ test('status, dump and capture on a running simulated TP=2 job with a bus token;
     }),
   );
   expect({ steps: steps[1], out: cap.stdout, sim: steps[0].join() === steps[1].join() ? '' : job.sim?.stderr().slice(-3000) }).toEqual({ steps: steps[0], out: cap.stdout, sim: '' });
+  // Each capture writes under a folder of its own (docs/control.md, "Where the bundles go"): the
+  // second one's call0 sits beside the first's, which is still the --next forward it was.
+  for (const r of [0, 1]) {
+    expect(nb.get(r)![0]).toMatch(new RegExp(`/live/capture-1-wave\\d+/[^/]+/rank${r}/call0$`));
+    expect(cb.get(r)!.every((d) => /\/live\/capture-2-wave\d+\//.test(d))).toBe(true);
+    const kept = (await loadCallDir(nb.get(r)![0])).meta;
+    expect({ by: kept.selected_by, step: kept.global_step }).toEqual({ by: ['call_index'], step: metas[r].global_step });
+  }
   const s2 = await json();
   expect(s2.captures.map((c: { state: string }) => c.state)).toEqual(['done', 'done']);
 

@@ -147,6 +147,35 @@ print(json.dumps({"first": list(first), "captured": captured, "dtype": meta["inp
   });
 });
 
+test("a forward whose inputs the engine could not stage: before_forward(staging_error=...) fails loudly with the cause, and the next forward is offered as usual", async () => {
+  await withAgent({ WAVEBUS_SNAPSHOT_CAPTURE_AT_CALL: '0,1' }, async (runDir) => {
+    const got = await pyAsync(
+      `
+import json, torch
+from wavebus_client import Client
+from wavebus_client.errors import CaptureError
+from wavebus_client.shm import shm_tensor
+c = Client.connect()
+ids, r = shm_tensor("wbtest-snap-stage-${process.pid}", [2], torch.int64, region_name="input_ids"); c.register(r)
+ctx = {"compilation_hash": "g", "global_step": 1, "req_ids": ["a"], "positions": [4]}
+try:
+    c.before_forward(ctx, [], staging_error="ConfigError: attach(): input 'attention_mask' did not fit")
+    failed = None
+except CaptureError as e:
+    failed = [str(e), e.code]
+captured, d = c.before_forward(ctx, [ids])   # call 1: staged and captured
+c.close()
+print(json.dumps({"failed": failed, "captured": captured, "call": d.rsplit("/", 1)[-1]}))`,
+      { ...ENV, WAVEBUS_RUN_DIR: runDir, LOCAL_RANK: '0' },
+    );
+    expect(got.failed).toEqual([
+      "before_forward(): capture failed: rank 0: the engine could not stage the inputs of its forward of wave 1: ConfigError: attach(): input 'attention_mask' did not fit",
+      'ERR_SNAPSHOT_INPUT',
+    ]);
+    expect(got).toMatchObject({ captured: true, call: 'call1' });
+  });
+});
+
 test('load_call_dir("~/...") works (expanduser)', async () => {
   await withAgent({}, async (runDir, root) => {
     const home = path.dirname(root);

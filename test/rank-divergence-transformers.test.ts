@@ -6,20 +6,17 @@
 // logits row pushed to another argmax at one wave, and a sampler reseeded apart on each rank. The
 // healthy case samples (multinomial) with transformers' TP-shared seed.
 import * as fs from 'fs';
-import * as http from 'http';
 import * as path from 'path';
 import { spawnSync } from 'child_process';
 import { ROOT, cleanup, freePortPair, readManifests, spawnWavebus, tmpDir } from './helpers';
 import { torch2 } from './torch2';
+import { divergenceReports, expectOutputsDivergence, metric, pollMetrics } from './rank-divergence-checks';
 
 afterAll(cleanup);
 
 const ENGINE = path.join(ROOT, 'examples', 'transformers-engine');
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 let venv: { python: string; torchrun: string };
 let model: string;
-
-interface Report { req_id: string; incident_type: string; detect_wave: number; dump_arm_wave: number | null; detail: Record<string, any> }
 
 beforeAll(() => {
   venv = torch2();
@@ -27,23 +24,6 @@ beforeAll(() => {
   const r = spawnSync(venv.python, [path.join(ENGINE, 'make_model.py'), model, '--layers', '2'], { encoding: 'utf8', timeout: 180000 });
   if (r.status !== 0) throw new Error(`make_model.py exited ${r.status ?? r.signal}\n${r.stderr}`);
 }, 240000);
-
-function getMetrics(port: number): Promise<string> {
-  return new Promise((resolve) => {
-    const req = http.get({ host: '127.0.0.1', port, path: '/metrics', timeout: 2000, agent: false }, (res) => {
-      let body = '';
-      res.on('data', (c) => (body += c));
-      res.on('end', () => resolve(body));
-    });
-    req.on('error', () => resolve(''));
-    req.on('timeout', () => req.destroy());
-  });
-}
-
-function metric(text: string, name: string, labels: string): number {
-  const line = text.split('\n').find((l) => l.startsWith(`${name}{`) && l.includes(labels));
-  return line ? Number(line.split(' ').pop()) : 0;
-}
 
 /** One TP=2 serve.py run with rank_divergence alone on (report + dump_kv); its reports, dumps, last /metrics and outputs. */
 async function serve(serveArgs: string[], env: NodeJS.ProcessEnv = {}, report: object = {}) {
@@ -66,24 +46,12 @@ async function serve(serveArgs: string[], env: NodeJS.ProcessEnv = {}, report: o
     ],
     { env: { ...process.env, WAVEBUS_CACHE_ROOT: path.join(dir, 'cache'), ...env }, cwd: dir, detached: true },
   );
-  let metrics = '';
-  let polling = true;
-  // The coordinator's /metrics, read while the job runs (it goes with the job).
-  const poll = (async () => {
-    while (polling) {
-      const m = await getMetrics(metricsPort);
-      if (m.includes('wavebus_')) metrics = m;
-      await sleep(200);
-    }
-  })();
+  const metricsPoll = pollMetrics(metricsPort);
   const { code } = await launch.exited;
-  polling = false;
-  await poll;
+  const metrics = await metricsPoll.stop();
   if (code !== 0) throw new Error(`launch exited ${code}\n${launch.stdout().slice(-4000)}\n${launch.stderr().slice(-8000)}`);
   const reportDir = path.join(dir, 'runtime', 'report');
-  const rd = path.join(reportDir, 'rank_divergence');
-  const reports = fs.existsSync(rd) ? fs.readdirSync(rd).filter((n) => n.endsWith('.json')).map((n) => JSON.parse(fs.readFileSync(path.join(rd, n), 'utf8')) as Report) : [];
-  reports.sort((a, b) => a.detect_wave - b.detect_wave);
+  const reports = divergenceReports(reportDir);
   const outputs = JSON.parse(fs.readFileSync(path.join(out, 'outputs.json'), 'utf8')) as { requests: Record<string, { tokens: number[] }>; waves: number };
   return { reports, metrics, outputs, dumps: readManifests<{ incident_type: string; req_id?: string; arm_wave: number; completed_ranks: number[] }>(path.join(reportDir, 'kv_cache')) };
 }
@@ -92,29 +60,14 @@ test("rank 1's logits row of req-1 pushed to another argmax at wave 6: the incid
   // The four requests are all in the batch from wave 1 (rows req-0..req-3); 30 ms forwards (a small
   // real model's), as the digests and the column round trip take a few ms under load.
   const run = await serve(['--requests', '4', '--max-tokens', '16', '--step-sleep-ms', '30'], { WAVEBUS_TEST_DOUBLE_DIVERGE: '6:req-1:1' }, { backoff_waves: 1, max_per_req: 2 });
-  expect(run.reports.length).toBeGreaterThanOrEqual(1);
-  const first = run.reports[0];
-  expect(first.detect_wave).toBe(6);
-  expect(first.detail.wave).toBe(6);
-  expect(first.detail.groups.map((g: { ranks: number[] }) => g.ranks)).toEqual([[0], [1]]);
-  expect(first.detail.divergent_ranks).toEqual([1]);
-  expect(first.detail.inputs_differed).toBe(false);
-  expect(first.detail.divergence).toBe('outputs');
-  expect(first.detail.first_row).toBe(1);
-  expect(first.req_id).toBe('req-1');
-  expect(first.detail.row_tokens['0']).not.toBe(first.detail.row_tokens['1']);
-  expect(first.detail.unknown_ranks).toEqual([]);
-  // Rank 0 returned the engine's tokens: its req-1 token at wave 6 is the one the incident names
-  // for rank 0 (wave 1 was the prefill that sampled the first token).
-  expect(run.outputs.requests['req-1'].tokens[5]).toBe(first.detail.row_tokens['0']);
   // Taken at the first head after both ranks' digests of wave 6 and their columns are in: wave 7's
   // on an idle machine, 9 seen under a loaded one (the engine never waits for it; the digests and
   // the column round trip take a few ms each, more under load). Its dump is armed decide_ahead (1)
   // wave after that head.
-  expect(first.dump_arm_wave).not.toBeNull();
-  expect(first.dump_arm_wave! - 6).toBeLessThanOrEqual(4);
-  const dump = run.dumps.find((d) => d.incident_type === 'rank_divergence' && d.req_id === 'req-1' && d.arm_wave === first.dump_arm_wave);
-  expect(dump?.completed_ranks).toEqual([0, 1]);
+  const first = expectOutputsDivergence(run.reports, run.dumps, { wave: 6, rank: 1, row: 1, req: 'req-1', armedWithin: 4 });
+  // Rank 0 returned the engine's tokens: its req-1 token at wave 6 is the one the incident names
+  // for rank 0 (wave 1 was the prefill that sampled the first token).
+  expect(run.outputs.requests['req-1'].tokens[5]).toBe(first.detail.row_tokens['0']);
   // Before the fault every wave agreed; after it rank 1 feeds its own token back: its inputs differ.
   expect(metric(run.metrics, 'wavebus_rank_digest_waves_total', 'result="agreed"')).toBeGreaterThanOrEqual(5);
   // Wave 7: rank 1 fed its own req-1 token back, so its inputs already differ there; the agents'

@@ -8,7 +8,6 @@
 // the same divergence with TP=2 spanning two network namespaces (needs root), rank 1's digests and
 // column coming to the coordinator over the veth link.
 import * as fs from 'fs';
-import * as http from 'http';
 import * as path from 'path';
 import * as zlib from 'zlib';
 import { argsOf, descendants } from './procs';
@@ -18,6 +17,7 @@ import { DECISION, DecisionRing } from '../src/agent/decision-ring';
 import { DecisionWriter, tokenDigest } from '../src/client/digest';
 import { spawnSync } from 'child_process';
 import type { WorldLayout } from '../src/layout';
+import { divergenceReports, expectOutputsDivergence, getMetrics, metric, pollMetrics, type DivergenceReport } from './rank-divergence-checks';
 
 afterAll(async () => {
   await cleanup();
@@ -27,28 +27,9 @@ afterAll(async () => {
 const ENGINE = path.join(ROOT, 'examples', 'torch-engine');
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
-interface Report {
-  req_id: string;
-  incident_type: string;
-  detect_wave: number;
-  dump_arm_wave: number | null;
-  detail: Record<string, any>;
-}
-
-function get(port: number, p: string): Promise<string> {
-  return new Promise((resolve, reject) => {
-    const req = http.get({ host: '127.0.0.1', port, path: p, timeout: 3000, agent: false }, (res) => {
-      let body = '';
-      res.on('data', (c) => (body += c));
-      res.on('end', () => resolve(body));
-    });
-    req.on('error', reject);
-    req.on('timeout', () => req.destroy(new Error(`${p}: no answer`)));
-  });
-}
 
 interface Run {
-  reports: Report[];
+  reports: DivergenceReport[];
   dumps: { incident_type: string; req_id?: string; arm_wave: number; complete: boolean; completed_ranks: number[] }[];
   metrics: string;
   runtime: string;
@@ -74,60 +55,24 @@ async function runEngine(engineArgs: string[], during?: (launchPid: number, metr
     ],
     { env: { ...process.env, WAVEBUS_CACHE_ROOT: path.join(dir, 'cache') }, cwd: dir },
   );
-  let metrics = '';
-  let polling = true;
-  // The coordinator's /metrics, read while the job runs (it goes with the job).
-  const poll = (async () => {
-    while (polling) {
-      const m = await get(metricsPort, '/metrics').catch(() => '');
-      if (m.includes('wavebus_')) metrics = m;
-      await sleep(200);
-    }
-  })();
+  const metricsPoll = pollMetrics(metricsPort);
   // What `wavebus status` needs to reach this job's coordinator.
   const control = ['--coordinator', `127.0.0.1:${port}`, '--bus-token-file', path.join(dir, 'token', 'bus.token')];
   if (during) await during(launch.child.pid!, metricsPort, control);
   const { code } = await launch.exited;
-  polling = false;
-  await poll;
+  const metrics = await metricsPoll.stop();
   if (code !== 0) throw new Error(`launch exited ${code}\n${launch.stdout().slice(-4000)}\n${launch.stderr().slice(-6000)}`);
   const reportDir = path.join(dir, 'runtime', 'report');
-  const rd = path.join(reportDir, 'rank_divergence');
-  const reports = fs.existsSync(rd) ? fs.readdirSync(rd).filter((n) => n.endsWith('.json')).map((n) => JSON.parse(fs.readFileSync(path.join(rd, n), 'utf8')) as Report) : [];
-  reports.sort((a, b) => a.detect_wave - b.detect_wave);
-  return { reports, dumps: readManifests(path.join(reportDir, 'kv_cache')), metrics, runtime: path.join(dir, 'runtime') };
-}
-
-function metric(text: string, name: string, labels: string): number {
-  const line = text.split('\n').find((l) => l.startsWith(`${name}{`) && l.includes(labels));
-  return line ? Number(line.split(' ').pop()) : 0;
+  return { reports: divergenceReports(reportDir), dumps: readManifests(path.join(reportDir, 'kv_cache')), metrics, runtime: path.join(dir, 'runtime') };
 }
 
 test("one rank's logits pushed to another argmax at step 6: the incident names the wave, that rank, the row and the request; both ranks dump", async () => {
   // Requests arrive every 2 steps: at forward 6 the batch holds req-0, req-1, req-2 (rows 0..2).
   // 30 ms forwards (a small real model's): the digests and the column round trip take a few ms.
   const run = await runEngine(['--requests', '3', '--max-tokens', '12', '--step-sleep-ms', '30', '--fault', 'diverge:6:1:1']);
-  expect(run.reports.length).toBeGreaterThanOrEqual(1);
-  const first = run.reports[0];
-  expect(first.detect_wave).toBe(6);
-  expect(first.detail.wave).toBe(6);
-  expect(first.detail.groups.map((g: { ranks: number[] }) => g.ranks)).toEqual([[0], [1]]);
-  expect(first.detail.divergent_ranks).toEqual([1]);
-  expect(first.detail.first_row).toBe(1);
-  expect(first.req_id).toBe('req-1');
-  expect(first.detail.inputs_differed).toBe(false);
-  expect(first.detail.divergence).toBe('outputs');
-  expect(first.detail.unknown_ranks).toEqual([]);
-  const [t0, t1] = [first.detail.row_tokens['0'], first.detail.row_tokens['1']];
-  expect(t0).not.toBe(t1);
   // Taken at the first head after the digests and the column are in (the head of wave 7 or 8 at
-  // this forward length), and armed decide_ahead (1) wave after that head.
-  expect(first.dump_arm_wave).not.toBeNull();
-  expect(first.dump_arm_wave! - 6).toBeLessThanOrEqual(3);
-  // Its KV dump was copied on every rank of the replica.
-  const dump = run.dumps.find((d) => d.incident_type === 'rank_divergence' && d.req_id === 'req-1' && d.arm_wave === first.dump_arm_wave);
-  expect(dump).toBeDefined();
-  expect(dump!.completed_ranks).toEqual([0, 1]);
+  // this forward length), armed decide_ahead (1) wave after that head, copied on both ranks.
+  expectOutputsDivergence(run.reports, run.dumps, { wave: 6, rank: 1, row: 1, req: 'req-1', armedWithin: 3 });
   expect(metric(run.metrics, 'wavebus_rank_digest_waves_total', 'result="diverged"')).toBeGreaterThanOrEqual(1);
   expect(metric(run.metrics, 'wavebus_incidents_total', 'incident_type="rank_divergence",action="report"')).toBeGreaterThanOrEqual(1);
   // The incident page shows it, with its groups and the divergent rank.
@@ -173,7 +118,7 @@ test('healthy greedy run (both ranks sample alike): no alert over a long run, no
     let agent: number | undefined;
     const until = Date.now() + 60000;
     while (Date.now() < until) {
-      const m = await get(metricsPort, '/metrics').catch(() => '');
+      const m = await getMetrics(metricsPort);
       const agents = descendants(launchPid).filter((p) => argsOf(p).includes('agent'));
       const counts = agents.map(flocks);
       agent = agents.length === 2 && counts[0] !== counts[1] ? agents[counts[0] < counts[1] ? 0 : 1] : undefined;
@@ -205,7 +150,7 @@ test('a rank whose engine writes no digest for forwards 6..9 is unknown there, n
   const run = await runEngine(['--requests', '3', '--max-tokens', '60', '--step-sleep-ms', '30', '--fault', 'nodigest:6:4:1'], async (_pid, metricsPort, control) => {
     const until = Date.now() + 60000;
     while (Date.now() < until) {
-      const m = await get(metricsPort, '/metrics').catch(() => '');
+      const m = await getMetrics(metricsPort);
       if (metric(m, 'wavebus_rank_digest_waves_with_unknown', 'dp_rank="0"') >= 4 && metric(m, 'wavebus_rank_digest_waves_total', 'result="agreed"') >= 8) {
         // Live, while the job runs: the status document and its table.
         const js = spawnWavebus(['status', '--json', ...control]);
@@ -272,7 +217,7 @@ describeAsRoot('cross-host: TP=2 spanning two network namespaces (one rank each,
     expect({ a: ea.code, b: eb.code, diag: ea.code || eb.code ? diag : '' }).toEqual({ a: 0, b: 0, diag: '' });
     // The coordinator (host A) wrote the report; rank 1's digests and token column came from host B.
     const rd = path.join(dir, 'host0', 'runtime', 'report', 'rank_divergence');
-    const reports = (fs.existsSync(rd) ? fs.readdirSync(rd).filter((n) => n.endsWith('.json')) : []).map((n) => JSON.parse(fs.readFileSync(path.join(rd, n), 'utf8')) as Report);
+    const reports = (fs.existsSync(rd) ? fs.readdirSync(rd).filter((n) => n.endsWith('.json')) : []).map((n) => JSON.parse(fs.readFileSync(path.join(rd, n), 'utf8')) as DivergenceReport);
     reports.sort((a, b) => a.detect_wave - b.detect_wave);
     expect(reports.length).toBeGreaterThanOrEqual(1);
     const first = reports[0];

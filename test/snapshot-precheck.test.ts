@@ -164,5 +164,37 @@ test("a capture armed on the running job counts its own calls: the client's coun
   const got = await offerForward(startup, live, new RegionTable(), bf, () => {}, () => {}, () => 0);
   expect(got).toMatchObject({ captured: true });
   expect(path.basename(String(got.callDir))).toBe('call0');
+  // Under the arm's own folder (its id and wave), so another arm's call0 never replaces it.
+  expect(String(got.callDir)).toBe(path.join(root, 'live', 'live', 'capture-1-wave40', 'g', 'rank0', 'call0'));
   expect(results).toEqual([expect.objectContaining({ armId: 'capture-1', wave: 40, done: true, error: '' })]);
+});
+
+test("an engine that could not stage a forward's inputs: every capture armed over that wave fails on this rank with the cause, logged, and before_forward answers an error", async () => {
+  const { LiveCaptures, offerForward } = require('../src/agent/live-captures') as typeof import('../src/agent/live-captures');
+  const { RegionTable } = require('../src/agent/regions') as typeof import('../src/agent/regions');
+  const identity = resolveIdentity({ RANK: '0', WORLD_SIZE: '1', LOCAL_RANK: '0', LOCAL_WORLD_SIZE: '1' });
+  const root = tmpDir();
+  const lines: string[] = [];
+  const log = pino({ level: 'info' }, { write: (s: string) => lines.push(s) });
+  const results: Record<string, unknown>[] = [];
+  const live = new LiveCaptures(identity, root, log, (r) => results.push(r));
+  const arm = { replica: 0, requestIds: [], tokenTargets: [], tpRanks: [], format: 1, maxCaptures: 4, flushRecorder: false };
+  // --next at wave 40; a --request capture over waves 30..100; one over waves 50..60 does not cover 40.
+  live.add([
+    { ...arm, id: 'capture-1', wave: 40, untilWave: 40, callIndices: [0] },
+    { ...arm, id: 'capture-2', wave: 30, untilWave: 100, callIndices: [], requestIds: ['a'] },
+    { ...arm, id: 'capture-3', wave: 50, untilWave: 60, callIndices: [0] },
+  ]);
+  const cause = "ConfigError: attach(): input 'attention_mask' has 900 elements, more than its staging region's 600";
+  const bf = { context: { compilationHash: 'g', globalStep: 40, isPrompt: false, reqIds: ['a'], positions: [5], rowRequest: [], numSpeculativeTokens: 0, warmup: false }, inputs: [], wave: 40, stagingError: cause };
+  const err = await offerForward(undefined, live, new RegionTable(), bf, () => {}, () => {}, () => 0).then(() => undefined, (e: Error & { code?: string }) => e);
+  expect({ code: err?.code, message: err?.message }).toEqual({ code: 'ERR_SNAPSHOT_INPUT', message: `rank 0: the engine could not stage the inputs of its forward of wave 40: ${cause}` });
+  // What `wavebus capture` prints per rank; the --next arm is done here (its only wave), the other goes on.
+  expect(results).toEqual([
+    { armId: 'capture-1', wave: 40, callDir: '', error: err!.message, done: true },
+    { armId: 'capture-2', wave: 40, callDir: '', error: err!.message, done: false },
+  ]);
+  expect(fs.existsSync(path.join(root, 'live'))).toBe(false); // nothing that looks captured
+  const logged = lines.map((l) => JSON.parse(l)).filter((l) => l.level === 50);
+  expect(logged).toEqual([expect.objectContaining({ wave: 40, arms: ['capture-1', 'capture-2'], err: cause, msg: "input snapshot failed: the engine could not stage the forward's inputs" })]);
 });

@@ -144,7 +144,10 @@ test('wavebus capture --request on a running TP=2 job: both ranks capture the sa
   // Two forwards of req-5 (its prefill and first decode), the same ones on both ranks.
   expect(bundles.filter((b) => b.rank === 0).map((b) => b.wave)).toEqual(bundles.filter((b) => b.rank === 1).map((b) => b.wave));
   expect(bundles.length).toBe(4);
-  const snaps = path.join(dir, 'cache', 'snapshots', 'torch-engine-tp2');
+  // The capture's own folder (docs/control.md, "Where the bundles go"), the seed's layout inside it.
+  const live = fs.readdirSync(path.join(dir, 'cache', 'snapshots', 'live'));
+  expect(live).toEqual([expect.stringMatching(/^capture-1-wave\d+$/)]);
+  const snaps = path.join(dir, 'cache', 'snapshots', 'live', live[0], 'torch-engine-tp2');
   for (const b of bundles.filter((x) => x.rank === 0)) {
     expect(path.dirname(path.dirname(b.dir))).toBe(snaps);
     const meta = JSON.parse(fs.readFileSync(path.join(b.dir, 'meta.json'), 'utf8'));

@@ -4,11 +4,11 @@
 // wavebus attached by wavebus_client.integrations.transformers (examples/transformers-engine).
 // The model is a small Llama with random weights saved with save_pretrained in the test's dir.
 import * as fs from 'fs';
-import * as http from 'http';
 import * as path from 'path';
 import { spawnSync } from 'child_process';
 import { ROOT, cleanup, freePortPair, readManifests, spawnWavebus, tmpDir, waitWhileRunning } from './helpers';
 import { torch2 } from './torch2';
+import { metric, pollMetrics } from './rank-divergence-checks';
 
 afterAll(cleanup);
 
@@ -133,19 +133,6 @@ test('TP=2 under torchrun: token_repeat and logits_finite fire from real generat
   }
 }, 240000);
 
-/** The coordinator's /metrics text ('' while it does not answer). */
-function getMetrics(port: number): Promise<string> {
-  return new Promise((resolve) => {
-    const req = http.get({ host: '127.0.0.1', port, path: '/metrics', timeout: 2000 }, (res) => {
-      let body = '';
-      res.on('data', (c) => (body += c));
-      res.on('end', () => resolve(body));
-    });
-    req.on('error', () => resolve(''));
-    req.on('timeout', () => req.destroy());
-  });
-}
-
 test('rank_divergence on a healthy TP=2 transformers run: both ranks write their digests, the coordinator compares the waves, and nothing fires', async () => {
   const metricsPort = await freePortPair();
   const job = await startServe({
@@ -154,27 +141,16 @@ test('rank_divergence on a healthy TP=2 transformers run: both ranks write their
     metricsPort,
   });
   // The coordinator's counters go with the job: read them while it runs.
-  let metrics = '';
-  let polling = true;
-  const poll = (async () => {
-    while (polling) {
-      const m = await getMetrics(metricsPort);
-      if (m.includes('wavebus_rank_digest_waves_total')) metrics = m;
-      await new Promise((r) => setTimeout(r, 200));
-    }
-  })();
+  const metricsPoll = pollMetrics(metricsPort);
   let run;
+  let metrics: string;
   try {
     run = await finish(job);
   } finally {
-    polling = false;
-    await poll;
+    metrics = await metricsPoll.stop();
   }
   expect(run.reports('rank_divergence')).toEqual([]);
-  const count = (result: string) => {
-    const line = metrics.split('\n').find((l) => l.startsWith('wavebus_rank_digest_waves_total{') && l.includes(`result="${result}"`));
-    return line ? Number(line.split(' ').pop()) : 0;
-  };
+  const count = (result: string) => metric(metrics, 'wavebus_rank_digest_waves_total', `result="${result}"`);
   // Both ranks' digests of most waves met (the first and last few may settle without one rank).
   expect(count('agreed')).toBeGreaterThanOrEqual(20);
   expect(count('diverged')).toBe(0);
@@ -205,12 +181,8 @@ test('an input snapshot of TP=2 replays through transformers\' own model under t
   expect(results(wrong.stdout).map((l) => l.bitwise_equal)).toEqual([false, false]);
 }, 300000);
 
-test('wavebus status, dump and capture on the live TP=2 transformers job', async () => {
-  const job = await startServe({
-    // A detector on puts the bus on (waves, control); with everything off nothing is sent.
-    runtimeConfig: { detector: { token_repeat: { enabled: false }, logits_finite: { enabled: true } } },
-    serveArgs: ['--requests', '2', '--max-tokens', '400', '--num-blocks', '64', '--step-sleep-ms', '30', '--save-copies'],
-  });
+/** A live job's control flags and the CLI against it, once its coordinator answers and the job ran a few waves. */
+async function liveControl(job: Awaited<ReturnType<typeof startServe>>) {
   const token = path.join(job.runDir, 'bus.token');
   const co = ['--coordinator', `127.0.0.1:${job.port}`, '--bus-token-file', token];
   // The CLI runs asynchronously: a synchronous wait would leave the job's output pipes undrained.
@@ -227,6 +199,16 @@ test('wavebus status, dump and capture on the live TP=2 transformers job', async
     return s.replicas?.['0']?.wave > 3 ? s : undefined;
   }, 'the job to run a few waves', 90000);
   expect(Object.entries(status.ranks).map(([g, r]) => [g, (r as { live: boolean }).live])).toEqual([['0', true], ['1', true]]);
+  return { co, cli };
+}
+
+test('wavebus status, dump and capture on the live TP=2 transformers job', async () => {
+  const job = await startServe({
+    // A detector on puts the bus on (waves, control); with everything off nothing is sent.
+    runtimeConfig: { detector: { token_repeat: { enabled: false }, logits_finite: { enabled: true } } },
+    serveArgs: ['--requests', '2', '--max-tokens', '400', '--num-blocks', '64', '--step-sleep-ms', '30', '--save-copies'],
+  });
+  const { co, cli } = await liveControl(job);
   const cap = await cli(['capture', ...co, '--request', 'req-1', '--max-captures', '1', '--wait']);
   expect({ code: cap.code, err: cap.stderr }).toEqual({ code: 0, err: '' });
   const dump = await cli(['dump', ...co, '--request', 'req-0', '--wait']);
@@ -237,9 +219,37 @@ test('wavebus status, dump and capture on the live TP=2 transformers job', async
   expect([manual.complete, manual.completed_ranks]).toEqual([true, [0, 1]]);
   const [n] = py(['-c', CHECK_DUMP, manual.dir, job.out]).trim().split(' ');
   expect(Number(n)).toBe(2 * LAYERS * 2);
-  const snaps = path.join(job.dir, 'cache', 'snapshots', 'transformers-LlamaForCausalLM-tp2');
+  // The capture's own folder (docs/control.md, "Where the bundles go").
+  const live = fs.readdirSync(path.join(job.dir, 'cache', 'snapshots', 'live'));
+  expect(live).toEqual([expect.stringMatching(/^capture-1-wave\d+$/)]);
+  const snaps = path.join(job.dir, 'cache', 'snapshots', 'live', live[0], 'transformers-LlamaForCausalLM-tp2');
   expect(fs.readdirSync(path.join(snaps, 'rank0'))).toHaveLength(1);
   expect(fs.readdirSync(path.join(snaps, 'rank1'))).toHaveLength(1);
+}, 300000);
+
+test("a forward rank 1 could not stage for a capture (its staging segment's name was taken): `wavebus capture` names the cause, rank 0's bundle is written, the agent logs it", async () => {
+  const tag = `wbstage${process.pid}`;
+  const job = await startServe({
+    runtimeConfig: { detector: { token_repeat: { enabled: false }, logits_finite: { enabled: true } } },
+    serveArgs: ['--requests', '2', '--max-tokens', '300', '--num-blocks', '64', '--step-sleep-ms', '30', '--wavebus-tag', tag],
+  });
+  const { co, cli } = await liveControl(job);
+  // Rank 1's KV segment carries the job's shm prefix; its input_ids staging segment is made at the
+  // first forward offered (none before the capture): a real segment of that name is there first.
+  const kv = fs.readdirSync('/dev/shm').find((n) => n.endsWith(`${tag}-r1-kv`));
+  expect(kv).toBeDefined();
+  const taken = path.join('/dev/shm', kv!.replace(/-kv$/, '-in-input_ids'));
+  fs.writeFileSync(taken, '', { flag: 'wx', mode: 0o600 });
+  try {
+    const cap = await cli(['capture', ...co, '--next', '--wait']);
+    expect(cap.code).toBe(1);
+    expect(cap.stderr).toMatch(/^wavebus capture: rank 1 wave (\d+): capture failed: rank 1: the engine could not stage the inputs of its forward of wave \1: ConfigError: attach\(\): shared memory \/\S+-in-input_ids already exists/m);
+    expect(cap.stdout).toMatch(/^rank 0 wave \d+: .+\/rank0\/call0$/m);
+  } finally {
+    fs.rmSync(taken, { force: true });
+  }
+  await finish(job);
+  expect(job.launch.stderr() + job.launch.stdout()).toContain("input snapshot failed: the engine could not stage the forward's inputs");
 }, 300000);
 
 test('kill -9 of both TP ranks mid-run: each agent flushes its last K forwards, which replay through transformers bit for bit', async () => {

@@ -18,6 +18,7 @@ import * as fs from 'fs';
 import * as path from 'path';
 import { writeKeyPair } from '../src/bus/curve';
 import { CLI, PYTHON, ROOT, cleanup, cleanupNetns, createNetnsPair, describeAsRoot, spawnInNetns, tmpDir, waitFor, type NetnsPair, type Spawned } from './helpers';
+import { flushVerdicts, makeVerdictHosts } from './verdict-hosts';
 
 jest.setTimeout(420000);
 
@@ -30,20 +31,6 @@ afterAll(async () => {
   cleanupNetns();
 });
 
-/** Every verdict.json beside a recorder flush under `root`. */
-function flushVerdicts(root: string): string[] {
-  const out: string[] = [];
-  const walk = (d: string, depth: number) => {
-    for (const e of fs.readdirSync(d, { withFileTypes: true })) {
-      const p = path.join(d, e.name);
-      if (e.isDirectory() && depth < 6) walk(p, depth + 1);
-      else if (e.name === 'verdict.json' && path.basename(path.dirname(path.dirname(p))) === 'recorder') out.push(p);
-    }
-  };
-  if (fs.existsSync(root)) walk(root, 0);
-  return out.sort();
-}
-
 describeAsRoot('verdict across two hosts in network namespaces', () => {
   test('DP=2 x TP=2 over CURVE: the bad device on host B is device-local naming host B and its fingerprint; a live-only bit flip on host A is transient; both in the coordinator\'s status', async () => {
     const net: NetnsPair = createNetnsPair(7);
@@ -52,14 +39,11 @@ describeAsRoot('verdict across two hosts in network namespaces', () => {
     fs.mkdirSync(keyDir, { mode: 0o700 });
     writeKeyPair(keyDir, 'coordinator');
     writeKeyPair(keyDir, 'agent');
+    const [a, b] = makeVerdictHosts(dir, ['hostA', 'hostB']);
     const hosts = [
-      { name: 'hostA', ns: net.a, veth: net.vethA, node: 0 },
-      { name: 'hostB', ns: net.b, veth: net.vethB, node: 1 },
-    ].map((h) => ({ ...h, dir: path.join(dir, h.name), fault: path.join(dir, h.name, 'device-fault.json'), envFile: path.join(dir, `${h.name}.env`) }));
-    for (const h of hosts) {
-      fs.mkdirSync(h.dir);
-      fs.writeFileSync(h.envFile, `# what a process on ${h.name} sees\nTORCH_ENGINE_DEVICE_FAULT_FILE=${h.fault}\n`);
-    }
+      { ...a, ns: net.a, veth: net.vethA, node: 0 },
+      { ...b, ns: net.b, veth: net.vethB, node: 1 },
+    ];
     // The bad device: host B's device 1 (rank 3's, LOCAL_RANK 1) adds 0.25 to one column of layer 1's up-projection.
     fs.writeFileSync(hosts[1].fault, JSON.stringify({ device: 1, layer: 1, add: 0.25 }));
     // Where each rank runs (device = its local rank), and each host's environment: the verdict's layout.

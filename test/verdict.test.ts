@@ -15,6 +15,7 @@ import { Coordinator } from '../src/bus/coordinator';
 import { createTokenFile, loadBusToken } from '../src/bus/auth';
 import { createLogger } from '../src/log';
 import { PYTHON, ROOT, cleanup, freePortPair, runPython, runWavebus, spawnTracked, spawnWavebus, tmpDir, waitFor } from './helpers';
+import { flushVerdicts, makeVerdictHosts } from './verdict-hosts';
 
 afterAll(cleanup);
 
@@ -49,14 +50,11 @@ async function job(engineArgs: string[], opts: JobOptions = {}): Promise<Job> {
   const hosts = ['hostA', 'hostB'].slice(0, dp);
   const hostFlags: string[] = [];
   const envOnRank: string[] = [];
-  for (const [d, h] of hosts.entries()) {
-    fs.mkdirSync(path.join(dir, h));
-    const faultFile = path.join(dir, h, 'device-fault.json');
-    fs.writeFileSync(path.join(dir, `${h}.env`), `# what a process on ${h} sees\nTORCH_ENGINE_DEVICE_FAULT_FILE=${faultFile}\n`);
-    hostFlags.push('--host-env', `${h}=${path.join(dir, `${h}.env`)}`);
+  for (const [d, h] of makeVerdictHosts(dir, hosts).entries()) {
+    hostFlags.push('--host-env', `${h.name}=${h.envFile}`);
     for (const t of [0, 1]) {
-      hostFlags.push('--rank-host', `${d * 2 + t}=${h}`);
-      envOnRank.push('--env-on-rank', `${d * 2 + t}:TORCH_ENGINE_DEVICE_FAULT_FILE=${faultFile}`);
+      hostFlags.push('--rank-host', `${d * 2 + t}=${h.name}`);
+      envOnRank.push('--env-on-rank', `${d * 2 + t}:TORCH_ENGINE_DEVICE_FAULT_FILE=${h.fault}`);
     }
   }
   // The bad device: hostA's device 1 (rank 1's) adds 0.25 to one column of layer 1's up-projection.
@@ -134,7 +132,7 @@ test('a one-off bit flip in rank 1\'s output at step 6, in the live process only
     auto: {
       whileServing: async (j, at) => {
         // Replica 0's head agent judges its incident flush once it is whole, and the coordinator learns the verdict.
-        const file = await waitFor(() => listFlushVerdicts(path.join(j.dir, 'cache'))[0], 'verdict.auto\'s verdict.json', 200000, 200);
+        const file = await waitFor(() => flushVerdicts(path.join(j.dir, 'cache'))[0], 'verdict.auto\'s verdict.json', 200000, 200);
         v = JSON.parse(fs.readFileSync(file, 'utf8'));
         doc = await waitFor(async () => {
           const s = spawnWavebus(['status', '--coordinator', `127.0.0.1:${at.port}`, '--bus-token-file', at.tokenFile, '--json']);
@@ -201,7 +199,7 @@ test('a wrong value in tp_rank 1\'s checkpoint shard: deterministic, and bisect 
   fs.writeFileSync(patch, JSON.stringify([{ tp_size: 2, tp_rank: 1, weight: 'layers.1.up', index: 5, add: 2.0 }]));
   const j = await job(['--shard-patch', patch]);
   // verdict.auto is off by default: the job's agents judged nothing.
-  expect(listFlushVerdicts(path.join(j.dir, 'cache'))).toEqual([]);
+  expect(flushVerdicts(path.join(j.dir, 'cache'))).toEqual([]);
   const v = verdict(j, '--dp', '2', `--replayer-arg=--shard-patch`, `--replayer-arg=${patch}`);
   expect(v.verdict).toBe('deterministic');
   for (const r of v.replays) expect(r.tensors.every((t: any) => t.bit_exact)).toBe(true);
@@ -266,16 +264,3 @@ test('no second replica (judged as DP=1): inconclusive with the reason; a servin
   bad(['--engine-out', j.out, '--coordinator', 'nohost'], '--coordinator');
 }, 300000);
 
-/** Every verdict.json beside a recorder flush under `root`. */
-function listFlushVerdicts(root: string): string[] {
-  const out: string[] = [];
-  const walk = (d: string, depth: number) => {
-    for (const e of fs.readdirSync(d, { withFileTypes: true })) {
-      const p = path.join(d, e.name);
-      if (e.isDirectory() && depth < 6) walk(p, depth + 1);
-      else if (e.name === 'verdict.json' && path.basename(path.dirname(path.dirname(p))) === 'recorder') out.push(p);
-    }
-  };
-  if (fs.existsSync(root)) walk(root, 0);
-  return out.sort();
-}

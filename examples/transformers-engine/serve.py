@@ -90,6 +90,7 @@ def main() -> int:
     ap.add_argument("--shard-patch", help="test double: JSON [{tp_size, tp_rank, weight, index, add}] (faults.py)")
     ap.add_argument("--flip-output", help="WAVE:RANK: test double, a one-off bit flip in that wave's first logit on RANK")
     ap.add_argument("--no-wavebus", action="store_true", help="serve without wavebus (a baseline)")
+    ap.add_argument("--wavebus-tag", help="attach()'s tag (each rank adds -r<rank>): names the rank's shared-memory segments (default hf<pid>)")
     ap.add_argument("--result-dir", help="write <dir>/rank<g>.json (waves, endOfWaveTimeouts) at the end (wavebus demo reads it)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -112,7 +113,8 @@ def main() -> int:
     wb = None
     if not args.no_wavebus:
         on_copy = (lambda wave, _p: save_copy(args.out, rank, wave, wb)) if args.save_copies else None
-        wb = attach(manager, on_copy=on_copy)  # wavebus: the one line (and wb.close() at the end)
+        tag = f"{args.wavebus_tag}-r{rank}" if args.wavebus_tag else None
+        wb = attach(manager, on_copy=on_copy, tag=tag)  # wavebus: the one line (and wb.close() at the end)
 
     if args.nan:
         step, req = parse_nan(args.nan)

@@ -21,6 +21,18 @@ export interface BeforeForwardRequest {
   waitTicket?: number | string;
   /** The call index the client counted, plus one (0: not counted). */
   callIndexPlus1?: number | string;
+  /** The engine could not stage this forward's inputs: why ('' or absent: staged). */
+  stagingError?: string;
+}
+
+/** What an agent keeps of an engine's staging error (a log line and a capture result, not a file). */
+const MAX_STAGING_ERROR = 1024;
+
+/** The engine's reason it could not stage the forward's inputs, cut to a bound; undefined: staged. */
+export function stagingError(bf: BeforeForwardRequest): string | undefined {
+  const why = typeof bf.stagingError === 'string' ? bf.stagingError : '';
+  if (why === '') return undefined;
+  return why.length > MAX_STAGING_ERROR ? `${why.slice(0, MAX_STAGING_ERROR)}...` : why;
 }
 
 /** The engine client's capture_waiting word (MailboxWriter.captureWaiting), read after each copy. */
@@ -50,8 +62,18 @@ export function inputCapturer(snapshot: SnapshotConfig | undefined, identity: Ra
 }
 
 /**
+ * The call index the client counted (BeforeForward.callIndexPlus1), when it counted one. The
+ * client counts by the startup rules only (snapshot-precheck), so only the startup capturer takes it.
+ */
+export function countedCallIndex(bf: BeforeForwardRequest): number | undefined {
+  const plus1 = Number(bf.callIndexPlus1 ?? 0);
+  return plus1 > 0 && Number.isSafeInteger(plus1) ? plus1 - 1 : undefined;
+}
+
+/**
  * `interim`: tells the client the capture has begun; `written`: counts a written snapshot;
- * `waiting`: the client's capture_waiting word.
+ * `waiting`: the client's capture_waiting word; `counted`: the forward's call index as the client
+ * counted it (countedCallIndex), or undefined: the capturer counts the forwards it is offered.
  */
 export async function captureInputs(
   capturer: SnapshotCapturer,
@@ -60,6 +82,7 @@ export async function captureInputs(
   interim: () => void,
   written: () => void,
   waiting: WaitingWord,
+  counted?: number,
 ): Promise<Record<string, unknown>> {
   const acceptBy = Number(bf.acceptByUnixMs ?? 0);
   const finishBy = Number(bf.finishByUnixMs ?? 0);
@@ -91,8 +114,7 @@ export async function captureInputs(
       },
     };
   });
-  const plus1 = Number(bf.callIndexPlus1 ?? 0);
-  const res = await capturer.capture(bf.context, inputs, plus1 > 0 && Number.isSafeInteger(plus1) ? plus1 - 1 : undefined);
+  const res = await capturer.capture(bf.context, inputs, counted);
   if (res.captured) written();
   return { captured: res.captured, callDir: res.callDir ?? '' };
 }

@@ -10,10 +10,10 @@ import { CaptureError } from '../errors';
 import type { RankIdentity } from '../layout';
 import type { Logger } from '../log';
 import { CaptureBudget } from '../snapshot/budget';
-import { SnapshotCapturer } from '../snapshot/capture';
+import { liveCaptureRoot, SnapshotCapturer } from '../snapshot/capture';
 import type { SnapshotConfig } from '../snapshot/config';
 import type { CaptureArmMsg, CaptureResultMsg } from '../bus/capture-arms';
-import { captureInputs, type BeforeForwardRequest, type WaitingWord } from './input-capture';
+import { captureInputs, countedCallIndex, stagingError, type BeforeForwardRequest, type WaitingWord } from './input-capture';
 import type { RegionTable } from './regions';
 
 interface Live {
@@ -52,8 +52,10 @@ export class LiveCaptures {
         continue;
       }
       let format;
+      let root: string;
       try {
         format = tensorFormatFromProto(arm.format, 'CaptureArm.format');
+        root = liveCaptureRoot(this.snapshotRoot, arm.id, Number(arm.wave));
       } catch (e) {
         this.log.warn({ id: arm.id, err: (e as Error).message }, 'capture arm refused');
         continue;
@@ -67,7 +69,7 @@ export class LiveCaptures {
         maxCaptures: max,
         ranks: arm.tpRanks.length > 0 ? new Set(arm.tpRanks) : null,
         format,
-        snapshotRoot: this.snapshotRoot,
+        snapshotRoot: root,
         rootSource: 'the agent\'s snapshot root',
       };
       const log = { info: (m: string) => this.log.info({ id: arm.id }, m), warn: (m: string) => this.log.warn({ id: arm.id }, m) };
@@ -134,6 +136,22 @@ export class LiveCaptures {
     }
     return out;
   }
+
+  /** A forward of `wave` its engine could not stage: logged, and each arm covering it fails with `why` here. */
+  notStaged(wave: number, why: string): CaptureError {
+    const text = `rank ${this.identity.globalRank}: the engine could not stage the inputs of its forward of wave ${wave}: ${why}`;
+    const arms: string[] = [];
+    for (const l of this.arms.values()) {
+      const { arm } = l;
+      if (l.done || wave < arm.wave || wave > arm.untilWave) continue;
+      arms.push(arm.id);
+      // The arm's last wave: done here (nothing more will be offered), so the tool's --wait ends now.
+      l.done = wave >= arm.untilWave;
+      this.send({ armId: arm.id, wave, callDir: '', error: text, done: l.done });
+    }
+    this.log.error({ wave, arms, err: why }, 'input snapshot failed: the engine could not stage the forward\'s inputs');
+    return new CaptureError(text, 'ERR_SNAPSHOT_INPUT');
+  }
 }
 
 /**
@@ -141,14 +159,18 @@ export class LiveCaptures {
  * then the arms of the running job. The client hears "capturing" once at most.
  */
 export async function offerForward(capturer: SnapshotCapturer | undefined, live: LiveCaptures, regions: RegionTable, bf: BeforeForwardRequest, interim: () => void, written: () => void, waiting: WaitingWord): Promise<Record<string, unknown>> {
+  // The engine could not stage the inputs (BeforeForward.staging_error): nothing to copy; the arms
+  // covering the forward fail with the cause, and so does the client's call.
+  const why = stagingError(bf);
+  if (why !== undefined) throw live.notStaged(Number(bf.wave || bf.context?.globalStep || 0), why);
   let told = false;
   const once = () => {
     if (!told) interim();
     told = true;
   };
-  const own = capturer ? await captureInputs(capturer, regions, bf, once, written, waiting) : { captured: false, callDir: '' };
-  // An arm counts the calls of its own waves (all offered: their vectors say snapshot_due); the
-  // client's count is the startup rules' (snapshot-precheck), never an arm's.
-  const armed = await live.offer(regions, { ...bf, callIndexPlus1: 0 }, once, written, waiting);
+  // The client's count is the startup rules' (snapshot-precheck); an arm counts the calls of its
+  // own waves (all offered: their vectors say snapshot_due), so it never takes the client's.
+  const own = capturer ? await captureInputs(capturer, regions, bf, once, written, waiting, countedCallIndex(bf)) : { captured: false, callDir: '' };
+  const armed = await live.offer(regions, bf, once, written, waiting);
   return own.captured ? own : armed;
 }

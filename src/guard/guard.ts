@@ -5,34 +5,31 @@
 // effective config when the file changed (applied by every rank of the replica at the end of that
 // same arm wave, before its copies). State per replica: replica-state.ts (with its copy window,
 // copy-window.ts); dump jobs: dump-ledger.ts.
-import type { Counter } from 'prom-client';
-import { DEFAULT_ARTIFACT_MODES, sensitiveModes, type ArtifactModes } from '../artifacts/artifact-mode';
+import { DEFAULT_ARTIFACT_MODES, type ArtifactModes } from '../artifacts/artifact-mode';
 import type { CoordinatorPolicy, DueLanes } from '../bus/policy';
 import { decideAheadWaves } from '../bus/constants';
 import { createLogger, Logger } from '../log';
 import { ConfigHistory } from './config-history';
 import type { AgentConfig, DumpJob, StepTelemetry, TelemetryColumns } from '../messages';
 import { counter } from '../metrics';
-import { actionsFor, DetectorName, RuntimeConfig } from './config';
+import type { RuntimeConfig } from './config';
 import { agentConfig } from './agent-config';
 import { Hit, MUTE_BIT, splitNonFinite } from './detectors';
+import { IncidentActions } from './incident-actions';
 import { findOrphanDumps } from './orphan-dumps';
 import { FingerprintBook } from './fingerprint-diff';
 import { TokenHasher } from './token-hash';
 import { DumpLedger } from './dump-ledger';
-import { admitIncident } from './quotas';
 import { ConfigFollower } from './reload';
 import type { ReqState } from './requests';
 import type { KeepIds } from './step-pass';
 import { ReplicaState } from './replica-state';
 import { replicaHead, type WorldLayout } from '../layout';
-import { writeReport } from './reports';
 import { ReportVerdicts, type ReportVerdict } from './report-verdicts';
-import { incidentReport } from './incident-report';
-import { ManualArms, manualDumpJobs, type ArmOutcome } from './manual-arms';
+import { ManualArms, manualDumpJobs } from './manual-arms';
 import { TelemetryColumnizer } from '../client/telemetry';
 import { dumpRootOf, loadStartupConfig, StartupConfig, StartupIssue, StartupOptions } from './startup';
-import { RecorderRanks, type RecorderFlushListing } from './recorder-listing';
+import { RecorderRanks } from './recorder-listing';
 import { DivergenceWatch, type ColumnAsker } from './divergence';
 import type { RankDecisionMsg } from './rank-compare';
 
@@ -86,8 +83,8 @@ export class Guard implements CoordinatorPolicy {
   private keepTail = false;
   /** The one dump ledger (the coordinator counts acks in it too). */
   readonly ledger: DumpLedger;
-  private readonly incidents: Record<string, Record<string, number>> = {};
-  private readonly metric: Counter<'incident_type' | 'action'>;
+  /** What each incident does: quota, dump armed or refused, report (incident-actions.ts). */
+  private readonly incidents: IncidentActions;
   private readonly startupIssues: StartupIssue[];
   /** Manual dumps asked for by `wavebus dump` (docs/control.md). */
   readonly manualArms = new ManualArms();
@@ -129,7 +126,11 @@ export class Guard implements CoordinatorPolicy {
     });
     // Dumps a killed predecessor left without a manifest get one that says so.
     for (const o of findOrphanDumps(this.dumpRoot(), layout, this.log)) this.ledger.adopt(o.job, o.ppStages);
-    this.metric = counter('wavebus_incidents_total', 'Runtime guard incidents, by type and action taken', ['incident_type', 'action'] as const);
+    this.incidents = new IncidentActions({
+      layout, ledger: this.ledger, recorderRanks: this.recorderRanks, fingerprints: this.fingerprints, reportVerdicts: this.reportVerdicts,
+      hasher: this.hasher, log: this.log, clock: this.clock, reportDir: opts.startup.reportDir, pid: opts.pid, artifactModes: opts.artifactModes,
+      config: () => this.cfg, configVersion: () => this.version, dumpRoot: () => this.dumpRoot(),
+    });
     this.refreshLane();
   }
 
@@ -219,7 +220,7 @@ export class Guard implements CoordinatorPolicy {
           hitStates.push(st);
         }
       }
-      for (let k = 0; k < hits.length; k++) this.incident(rs, hits[k], hitStates[k], detectWave, wave, dumps);
+      for (let k = 0; k < hits.length; k++) this.incidents.take(rs, hits[k], hitStates[k], detectWave, wave, dumps);
       hits.length = 0;
       hitStates.length = 0;
     }
@@ -227,7 +228,7 @@ export class Guard implements CoordinatorPolicy {
       for (const { hit, st } of this.divergence.take(replica, detectWave)) {
         // No request named (no column, or no telemetry of that wave): the report alone, no dump.
         const who = st ?? rs.requests.detached('');
-        this.incident(rs, { type: 'rank_divergence', detail: hit.detail }, who, hit.divergence.wave, wave, dumps);
+        this.incidents.take(rs, { type: 'rank_divergence', detail: hit.detail }, who, hit.divergence.wave, wave, dumps);
       }
     }
     this.manualTrigger(rs, detectWave, wave, dumps);
@@ -243,143 +244,15 @@ export class Guard implements CoordinatorPolicy {
     return lanes;
   }
 
-  private count(type: string, action: string): void {
-    const m = this.incidents[type] ?? (this.incidents[type] = {});
-    m[action] = (m[action] ?? 0) + 1;
-    this.metric.inc({ incident_type: type, action });
-  }
-
-  /** Arm one request's dump or refuse it; a dump dir that cannot be made safely fails this dump alone, never the wave. */
-  private armOne(rs: ReplicaState, type: string, st: ReqState, detectWave: number, wave: number, dumps: DumpJob[], info: Record<string, unknown>): ArmOutcome {
-    try {
-      return this.armOrRefuse(rs, type, st, detectWave, wave, dumps, info);
-    } catch (e) {
-      this.log.error({ incident_type: type, req_id: st.reqId, wave, err: (e as Error).message, code: (e as { code?: string }).code }, 'dump not armed: cannot write its directory');
-      return { failed: true };
-    }
-  }
-
-  /** freed → finished_or_reaped; no blocks → empty_block_ids; else the job. */
-  private armOrRefuse(rs: ReplicaState, type: string, st: ReqState, detectWave: number, wave: number, dumps: DumpJob[], info: Record<string, unknown>): { job?: DumpJob; skipped?: string; dir?: string } {
-    const root = this.dumpRoot();
-    const replica = rs.replica;
-    if (st.freed) {
-      return { skipped: 'finished_or_reaped', dir: this.ledger.refuse(root, { incidentType: type, reqId: st.reqId, wave, replica, reason: 'finished_or_reaped' }) };
-    }
-    if (st.blockIds.length === 0) {
-      return { skipped: 'empty_block_ids', dir: this.ledger.refuse(root, { incidentType: type, reqId: st.reqId, wave, replica, reason: 'empty_block_ids' }) };
-    }
-    // The ranks that copy it are the ledger's to name: the stages in force at its copy wave.
-    const job = this.ledger.arm(root, {
-      incidentType: type,
-      reqId: st.reqId,
-      blockIds: st.blockIds,
-      detectWave,
-      armWave: wave,
-      requestFinishedAtDump: st.finished,
-      replica,
-      copyWindow: true,
-      info: {
-        prompt_token_count: st.promptLen,
-        output_token_count: st.outputTokens,
-        format: this.cfg.dump.format,
-        config_version: this.version,
-        ...info,
-      },
-    });
-    if (job) {
-      dumps.push(job);
-      rs.window.arm(job);
-    }
-    return job ? { job } : {};
-  }
-
-  private incident(rs: ReplicaState, hit: Hit, st: ReqState, detectWave: number, wave: number, dumps: DumpJob[]): void {
-    const type: DetectorName = hit.type;
-    const cfg = this.cfg;
-    const quota = st.quota ?? (st.quota = new Map());
-    let c = quota.get(type);
-    if (!c) quota.set(type, (c = { count: 0, lastWave: 0 }));
-    const adm = admitIncident(c, detectWave, cfg.report);
-    if (!adm.ok) {
-      this.count(type, `suppressed_${adm.reason}`);
-      if (adm.reason === 'max_per_req') st.muted |= MUTE_BIT[type];
-      return;
-    }
-    if (adm.capReached) st.muted |= MUTE_BIT[type]; // stop detection for it
-    const actions = actionsFor(cfg, type);
-    const wantDump = actions.includes('dump_kv');
-    let dumpArmWave: number | null = null;
-    let dumpDir: string | null = null;
-    let skippedReason: string | undefined;
-    let finishedAtDump = false;
-    let recorderFlush: RecorderFlushListing | undefined;
-    if (wantDump) {
-      const taken = rs.autoQuota.tryTake(this.clock(), cfg.dump);
-      if (!taken.ok) {
-        skippedReason = 'quota_or_cooldown_blocked';
-        dumpDir = this.ledger.refuse(this.dumpRoot(), {
-          incidentType: type,
-          reqId: st.reqId,
-          wave,
-          replica: rs.replica,
-          reason: 'quota_or_cooldown_blocked',
-          detail: { blocked_by: taken.reason, auto_dumps_used: rs.autoQuota.used, auto_max_times: cfg.dump.auto_max_times, auto_cooldown_seconds: cfg.dump.auto_cooldown_seconds },
-        }).replace(/[/\\]dump_skipped\.json$/, '');
-        this.count(type, 'dump_skipped');
-      } else {
-        const info = { detector_detail: hit.detail };
-        const own = this.armOne(rs, type, st, detectWave, wave, dumps, info);
-        if (own.job) {
-          dumpArmWave = wave;
-          dumpDir = own.job.dumpDir;
-          finishedAtDump = own.job.requestFinishedAtDump;
-          recorderFlush = this.recorderRanks.listing(wave, rs.replica, own.job.ranks, this.opts.layout);
-          this.count(type, 'dump_kv');
-        } else if (own.failed) {
-          this.count(type, 'dump_failed');
-        } else if (own.dir) {
-          skippedReason = own.skipped;
-          dumpDir = own.dir.replace(/[/\\]dump_skipped\.json$/, '');
-          this.count(type, 'dump_skipped');
-        }
-        if ((cfg.detector[type].dump_kv?.scope ?? 'request') === 'all_requests') {
-          for (const other of rs.requests.reqs.values()) {
-            if (other === st || other.finished || other.freed) continue;
-            this.armOne(rs, type, other, detectWave, wave, dumps, { triggered_by_req_id: st.reqId });
-          }
-        }
-      }
-    }
-    if (actions.includes('report')) {
-      const report = incidentReport(cfg, rs, hit, st, detectWave, { attempted: wantDump, armWave: dumpArmWave, dir: dumpDir, finishedAtDump, skippedReason }, this.hasher);
-      report.fingerprint_diff = this.fingerprints.diff();
-      if (recorderFlush) report.recorder_flush = recorderFlush;
-      try {
-        // Token ids in it (save_sensitive_info): created owner-only, never readable by the group.
-        const modes = this.opts.artifactModes ?? DEFAULT_ARTIFACT_MODES;
-        const reportModes = cfg.report.save_sensitive_info ? sensitiveModes(modes) : modes;
-        const file = writeReport(this.opts.startup.reportDir, report, new Date(), this.opts.pid, reportModes);
-        this.reportVerdicts.remember(report, file, reportModes);
-        this.count(type, 'report');
-        this.log.warn({ incident_type: type, req_id: st.reqId, dp_rank: rs.replica, wave: detectWave, file }, 'runtime guard incident');
-      } catch (e) {
-        // A full disk must not take the coordinator down; the counter shows it.
-        this.count(type, 'report_failed');
-        this.log.error({ incident_type: type, req_id: st.reqId, err: (e as Error).message }, 'cannot write incident report');
-      }
-    }
-  }
-
   /** The dump.manual_dump watermark and what `wavebus dump` asked of this replica, armed at its head (manual-arms.ts). */
   private manualTrigger(rs: ReplicaState, detectWave: number, wave: number, dumps: DumpJob[]): void {
     this.manualArms.atHead(rs, this.cfg.dump.manual_dump, wave, (wants, info) => {
       const running = [...rs.requests.reqs.values()].filter((st) => !st.finished && !st.freed && wants(st.reqId));
       this.log.info({ dp_rank: rs.replica, wave, ...info, requests: running.length }, 'manual dump');
       return manualDumpJobs(running, {
-        armOne: (st) => this.armOne(rs, MANUAL_TRIGGER, st, detectWave, wave, dumps, info),
+        armOne: (st) => this.incidents.armOne(rs, MANUAL_TRIGGER, st, detectWave, wave, dumps, info),
         refuseNone: () => this.ledger.refuse(this.dumpRoot(), { incidentType: MANUAL_TRIGGER, reqId: '', wave, replica: rs.replica, reason: 'no_dump_targets' }),
-        count: (action) => this.count(MANUAL_TRIGGER, action),
+        count: (action) => this.incidents.count(MANUAL_TRIGGER, action),
       });
     });
   }
@@ -410,7 +283,7 @@ export class Guard implements CoordinatorPolicy {
       auto_dumps_used: this.replicas.reduce((n, r) => n + r.autoQuota.used, 0),
       auto_max_times: this.cfg.dump.auto_max_times,
       pp_stages: this.cfg.dump.pp_stages,
-      incidents: this.incidents,
+      incidents: this.incidents.counts,
       dumps: this.ledger.status(),
       guard_replicas: Object.fromEntries(this.replicas.map((r) => [String(r.replica), r.status()])),
       unattributed_non_finite: this.replicas.reduce((n, r) => n + r.unattributedNonFinite, 0),

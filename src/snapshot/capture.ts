@@ -95,6 +95,17 @@ export function snapshotRankDir(snapshotRoot: string, compilationHash: string, g
   return path.join(snapshotRoot, safeComponent(compilationHash, 'compilation hash'), rankDirName(globalRank));
 }
 
+/**
+ * `<snapshotRoot>/live/<arm id>-wave<W>`: the root of one capture armed on the running job
+ * (`wavebus capture`), W the wave it takes effect at. An arm counts its calls from W, so each arm
+ * writes under a root of its own: a second capture's call0 never replaces the first's. The name is
+ * the same on every rank of the replica (the arm's id and wave come with the head); the wave keeps
+ * it unique when a restarted coordinator numbers its captures from 1 again.
+ */
+export function liveCaptureRoot(snapshotRoot: string, armId: string, wave: number): string {
+  return path.join(snapshotRoot, 'live', safeComponent(`${armId}-wave${wave}`, 'capture arm id'));
+}
+
 export function callDirName(callIndex: number): string {
   return `call${callIndex}`;
 }

@@ -14,11 +14,14 @@ from .recorder import Recorder, input_source, install_excepthook
 class CaptureMixin:
     """Client's before_forward; ``_head_wave`` / ``_ended_wave`` are kept by wave_head / end_of_wave."""
 
-    def before_forward(self, context, inputs) -> Tuple[bool, str]:
+    def before_forward(self, context, inputs, staging_error: str = "") -> Tuple[bool, str]:
         """Offer this forward for capture; returns (captured, call_dir). Sends only when snapshots
         are on. Raises CaptureError when a selected capture failed: abort the forward. An agent that
         does not answer within the call bound is not a failed capture: (False, "") with
-        ``agent_unavailable`` set, and the forward goes on."""
+        ``agent_unavailable`` set, and the forward goes on. ``staging_error``: the engine could not
+        stage this forward's inputs (why; ``inputs`` empty): a forward a capture would take is
+        offered without inputs, and the agent fails those captures with the cause (CaptureError
+        here, the error in ``wavebus capture``) rather than letting them expire unseen."""
         if not self._mb.features:  # everything off (no capture can be in force either): one memory load
             return False, ""
         snap, recording, call_index = self._forward_wanted(context)
@@ -29,7 +32,7 @@ class CaptureMixin:
         if not isinstance(inputs, (list, tuple)):
             raise ConfigError(f"before_forward(): inputs must be a list, got {type(inputs).__name__}")
         tins = [input_proto(x, self._regions, f"before_forward(): inputs[{i}]") for i, x in enumerate(inputs)]
-        if rec is not None:
+        if rec is not None and not staging_error:
             # The flight recorder: one copy into the ring, no message (docs/recorder.md).
             rec.record(ctx, tins, [input_source(x, t, self._regions) for x, t in zip(inputs, tins)], self._forward_wave())
             self.stats["recorded"] = self.stats.get("recorded", 0) + 1
@@ -43,21 +46,21 @@ class CaptureMixin:
         self._capture_ticket += 1
         self._mb.set_capture_waiting(self._capture_ticket)
         try:
-            return self._offer_capture(ctx, tins, self._capture_ticket, call_index)
+            return self._offer_capture(ctx, tins, self._capture_ticket, call_index, staging_error)
         finally:
             self._mb.set_capture_waiting(0)
 
-    def _offer_capture(self, ctx, tins, ticket: int, call_index: Optional[int] = None) -> Tuple[bool, str]:
+    def _offer_capture(self, ctx, tins, ticket: int, call_index: Optional[int] = None, staging_error: str = "") -> Tuple[bool, str]:
         """The request and its answers (before_forward's result), while the mailbox holds ``ticket``."""
         bound_s = self._bound_s()
         deadline = time.monotonic() + bound_s
         # Wall clock for the agent (same host): it drops a capture it reaches after we stopped waiting.
         accept_by = int((time.time() + bound_s) * 1000) - self.end_of_wave_margin_ms
         plus1 = call_index + 1 if call_index is not None and call_index >= 0 else 0
-        reply = self._capture_request(ctx, tins, deadline, accept_by, ticket, plus1)
+        reply = self._capture_request(ctx, tins, deadline, accept_by, ticket, plus1, staging_error)
         if reply is not None and not reply.ok and reply.error_code == "ERR_NO_HELLO":
             self._rejoin()  # the agent restarted: introduce ourselves and our regions again, then retry
-            reply = self._capture_request(ctx, tins, deadline, accept_by, ticket, plus1)
+            reply = self._capture_request(ctx, tins, deadline, accept_by, ticket, plus1, staging_error)
         if reply is None:
             self._avail.mark_unavailable(f"before_forward(): no answer within {self.call_bound_ms()} ms")
             self.stats["snapshots_skipped"] += 1
@@ -132,12 +135,13 @@ class CaptureMixin:
             v = got if isinstance(got, mb.WaveVector) else None
         return v is not None and v.snapshot_due
 
-    def _capture_request(self, ctx, tins, deadline: float, accept_by: int, ticket: int, call_index_plus1: int = 0) -> Optional["pb.ClientReply"]:
+    def _capture_request(self, ctx, tins, deadline: float, accept_by: int, ticket: int, call_index_plus1: int = 0,
+                         staging_error: str = "") -> Optional["pb.ClientReply"]:
         """Hello and regions if needed, then the before_forward request: its first answer by ``deadline``."""
         if not self._hello(deadline) or not self._flush_regions(deadline):
             return None
         req = pb.ClientRequest(before_forward=pb.BeforeForward(
             context=ctx, inputs=tins, accept_by_unix_ms=accept_by,
             finish_by_unix_ms=accept_by + self.capture_timeout_ms, wave=self._forward_wave(), wait_ticket=ticket,
-            call_index_plus1=call_index_plus1))
+            call_index_plus1=call_index_plus1, staging_error=staging_error))
         return self._sock.request(req, deadline)

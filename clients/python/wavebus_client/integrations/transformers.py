@@ -241,9 +241,6 @@ class TransformersWavebus:
     # -- input snapshots / flight recorder: the forward's real inputs, copied into shm staging
     def _offer_forward(self, io) -> None:
         kwargs = io.get_model_kwargs(use_padding=self.processor.model_runner.pad_inputs)
-        named = flatten_inputs(kwargs)
-        inputs = [self._stage(name, t) for name, t in named]
-        inputs.append(("kv_cache", 0, "uint8", [self.processor.cache.cache_tensor.numel()]))
         batch = self.batch()
         rows, positions = [], kwargs["position_ids"][0].tolist()
         for i, (_rid, _first, n, _has) in enumerate(batch):
@@ -252,6 +249,14 @@ class TransformersWavebus:
         ctx = {"compilation_hash": f"transformers-{type(self.model).__name__}-tp{self.tp_size}", "global_step": self.wave,
                "is_prompt": any(s.state.status.name.startswith("PREFILLING") for s in io.requests_in_batch),
                "req_ids": [b[0] for b in batch], "positions": positions, "row_request": rows}
+        try:
+            inputs = [self._stage(name, t) for name, t in flatten_inputs(kwargs)]
+        except Exception as e:  # noqa: BLE001  whatever it was, the captures waiting on this forward must hear it
+            # Not staged: the forward is offered without inputs and the cause, so a capture that
+            # would take it fails loudly on the agent and in `wavebus capture` instead of expiring.
+            self.client.before_forward(ctx, [], staging_error=f"{type(e).__name__}: {e}")
+            raise
+        inputs.append(("kv_cache", 0, "uint8", [self.processor.cache.cache_tensor.numel()]))
         self.client.before_forward(ctx, inputs)
 
     def _stage(self, name: str, t: torch.Tensor) -> tuple:
