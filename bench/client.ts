@@ -107,10 +107,12 @@ export async function run(args: BenchArgs<typeof flags>): Promise<Record<string,
           return args.lang === 'ts' ? { ...r, wave_heads_sent: agent.stats.waveHeadsRelayed } : r;
         });
       const r = mode === 'tensor' || mode === 'dict' ? await withJob(true, live) : mode === 'off' ? await withJob(false, (dir) => runEngine(args.lang, mode, n, args.steps, dir)) : await runEngine(args.lang, mode, n, args.steps, os.tmpdir());
-      if (mode === 'tensor' && r.ring_heads + r.inline_heads !== args.steps + 30) throw new Error(`bench client: ${r.ring_heads} ring and ${r.inline_heads} inline heads of ${args.steps + 30}`);
-      if ((mode === 'tensor' || mode === 'dict') && r.wave_heads_sent !== args.steps + 30) throw new Error(`bench client: the ${mode} engine sent ${r.wave_heads_sent} of ${args.steps + 30} heads`);
+      // A head not sent: the agent missed its bound (a loaded host) and the client skipped it, as it
+      // must. Such a run is reported with heads_skipped, never as if every head went; none sent is an error.
+      const skipped = mode === 'tensor' || mode === 'dict' ? args.steps + 30 - r.wave_heads_sent : 0;
+      if (skipped === args.steps + 30) throw new Error(`bench client: the ${mode} engine sent none of its ${args.steps + 30} heads`);
       // Tensor heads that went inline: the agent had not taken the slot yet (it fell behind), or the step did not fit the ring.
-      row[mode] = { p50_us: round(r.p50_us), p99_us: round(r.p99_us), calls: r.calls, ...(mode === 'tensor' ? { ring_heads: r.ring_heads, inline_heads: r.inline_heads } : {}), ...(mode === 'off' && r.off_loop_us !== undefined ? { loop_us: round(r.off_loop_us) } : {}) };
+      row[mode] = { p50_us: round(r.p50_us), p99_us: round(r.p99_us), calls: r.calls, ...(mode === 'tensor' ? { ring_heads: r.ring_heads, inline_heads: r.inline_heads } : {}), ...(skipped > 0 ? { heads_skipped: skipped } : {}), ...(mode === 'off' && r.off_loop_us !== undefined ? { loop_us: round(r.off_loop_us) } : {}) };
     }
     results.push(row);
   }

@@ -17,10 +17,11 @@ from collections import deque
 
 import numpy as np
 
+from engine_requests import BenchRequests
+
 mode, n, steps, run_dir = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 WARM = 30
 rng = np.random.default_rng(1)
-FINISH_EVERY = 200  # each request runs ~200 steps: about n / 200 finish per step
 FORWARD_S = 0.003  # a 3 ms forward, as bench overhead
 
 
@@ -78,33 +79,26 @@ def main():
         logits = torch.zeros(n, 1024)
         tr = [SeedTokenRepeat() for _ in range(n)]
         sp = [SeedSpec() for _ in range(n)]
-    rows = np.arange(n, dtype=np.int64)
-    req = [f"req-{r}" for r in range(n)]
-    tables = {r: [r, r + n] for r in range(n)}
-    age = rng.integers(0, FINISH_EVERY, n)
-    next_id = n
-    prev = []
+    reqs = BenchRequests(n, rng)
+    rows, req = reqs.rows, reqs.req
     if batch is not None:
-        for r in range(n):
-            batch.arrive(r, req[r], prompt_len=16)
-            batch.blocks(r, tables[r])
+        reqs.bind_all(batch)
     ctx = {"compilation_hash": "bench", "global_step": 0, "req_ids": [], "positions": []}
     totals, per = [], {"wave_head": [], "before_forward": [], "end_of_wave": [], "pending_dump": []}
     pc = time.perf_counter_ns
     for wave in range(1, steps + WARM + 1):
         toks = rng.integers(0, 32000, n).astype(np.int32)  # the engine's sampled ids (not timed)
         lps = np.full(n, -1.0, dtype=np.float32)
-        age += 1
-        done = np.flatnonzero(age >= FINISH_EVERY)
+        done = reqs.finishing()
         t0 = pc()
         if mode in ("tensor", "off"):
-            for r in done.tolist():
+            for r in done:
                 batch.finish(r)
             batch.wave_head(wave, rows, toks, lps)
         elif mode == "dict":
-            doneset = set(done.tolist())
+            doneset = set(done)
             tl = toks.tolist()
-            c.wave_head(wave, {"requests": [{"req_id": req[r], "new_token_ids": [tl[r]], "new_token_logprobs": [-1.0], "block_ids": tables[r],
+            c.wave_head(wave, {"requests": [{"req_id": req[r], "new_token_ids": [tl[r]], "new_token_logprobs": [-1.0], "block_ids": reqs.table(r),
                                              "finished": r in doneset, "freed": r in doneset} for r in range(n)]})
         elif mode == "seed":
             tl = toks.tolist()
@@ -124,27 +118,18 @@ def main():
         if c is not None:
             c.end_of_wave(wave)
         t3 = pc()
-        keep = [c.pending_dump(req[r]) for r in done.tolist()] if c is not None else []
+        keep = [c.pending_dump(req[r]) for r in done] if c is not None else []
         if batch is not None:
-            for r, k in zip(done.tolist(), keep):
+            for r, k in zip(done, keep):
                 batch.free(r)
         t4 = pc()
         # The engine reuses the rows (not timed): new requests arrive where the finished ones were.
-        for r in done.tolist():
-            req[r] = f"req-{next_id}"
-            next_id += 1
-            age[r] = 0
+        reqs.renew(done)
         if wave > WARM:
             totals.append((t4 - t0 - (t2f - t2)) / 1e3)
             for k, a, b in (("wave_head", t0, t1), ("before_forward", t1, t2), ("end_of_wave", t2f, t3), ("pending_dump", t3, t4)):
                 per[k].append((b - a) / 1e3)
-        if batch is not None:
-            # Rows freed at the last step take their new requests now, after the head that carried
-            # the free (not timed: an engine pays each arrival once, as it schedules it).
-            for r in prev:
-                batch.arrive(r, req[r], prompt_len=16)
-                batch.blocks(r, tables[r])
-            prev = done.tolist()
+        reqs.arrive_after_head(batch, done)  # not timed: an engine pays each arrival once, as it schedules it
     q = lambda a, p: float(np.percentile(np.array(a), p)) if a else 0.0  # noqa: E731
     out = {"mode": mode, "requests": n, "steps": steps, "p50_us": q(totals, 50), "p99_us": q(totals, 99),
            "calls": {k: {"p50_us": q(v, 50), "p99_us": q(v, 99)} for k, v in per.items()}}

@@ -23,7 +23,7 @@ import resource
 import sys
 import time
 
-FINISH_EVERY = 200
+from engine_requests import BenchRequests
 
 
 def spin(us):
@@ -49,16 +49,11 @@ def rank_main(a, rank, world):
         batch = c.tensor_batch(a.running, vocab=32000)
     n = a.running
     rng = np.random.default_rng(1)  # the same stream on every rank: TP ranks sample the same tokens
-    rows = np.arange(n, dtype=np.int64)
+    reqs = BenchRequests(n, rng)
+    rows, req = reqs.rows, reqs.req
     lps = np.full(n, -1.0, dtype=np.float32)
-    req = [f"req-{r}" for r in range(n)]
-    age = rng.integers(0, FINISH_EVERY, n)
-    next_id = n
-    arrivals = []
     if batch is not None:
-        for r in range(n):
-            batch.arrive(r, req[r], prompt_len=16)
-            batch.blocks(r, [r, r + n])
+        reqs.bind_all(batch)
     ctx = {"compilation_hash": "bench", "global_step": 0}
     steady_from = max(1, a.steps // 5)
     client_ns = eow_ns = overrun_ns = 0
@@ -74,8 +69,7 @@ def rank_main(a, rank, world):
         if wave == steady_from + 1:
             steady_at = time.perf_counter()
         toks = rng.integers(0, 32000, n).astype(np.int32)
-        age += 1
-        done = np.flatnonzero(age >= FINISH_EVERY).tolist()
+        done = reqs.finishing()
         s0 = time.perf_counter_ns()
         if batch is not None:
             for r in done:
@@ -102,16 +96,9 @@ def rank_main(a, rank, world):
         client_ns += (s1 - s0) + (s4 - s2)
         eow_ns += s3 - s2
         eow.append((s3 - s2) / 1000)
-        for r in done:
-            req[r] = f"req-{next_id}"
-            next_id += 1
-            age[r] = 0
-        if batch is not None:
-            # Rows freed at this step take their new requests after the next head (that carries the free).
-            for r in arrivals:
-                batch.arrive(r, req[r], prompt_len=16)
-                batch.blocks(r, [r, r + n])
-            arrivals = done
+        reqs.renew(done)
+        # Rows freed at this step take their new requests after the next head (that carries the free).
+        reqs.arrive_after_head(batch, done)
         steps = wave
         if ends is not None:
             ends.append(time.time() * 1000)

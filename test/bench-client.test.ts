@@ -1,6 +1,6 @@
 // `wavebus bench client` runs end to end at a tiny size: every mode at every size reports per-step
 // p50/p99 and each call's, the tensor engine's heads all went through the ring, and the dict and
-// tensor engines sent every head (the bench refuses to report otherwise). No figure is asserted.
+// tensor engines sent every head (none reported as heads_skipped). No figure is asserted.
 import { runWavebus } from './helpers';
 
 jest.setTimeout(180000);
@@ -16,6 +16,7 @@ test('bench client --requests 1,16 --steps 5 reports every mode at every size', 
       const m = row[mode];
       expect([mode, Number.isFinite(m.p50_us) && m.p50_us > 0 && m.p99_us >= m.p50_us]).toEqual([mode, true]);
       expect(Object.keys(m.calls).sort()).toEqual(['before_forward', 'end_of_wave', 'pending_dump', 'wave_head']);
+      expect([mode, m.heads_skipped]).toEqual([mode, undefined]);
     }
   }
 });

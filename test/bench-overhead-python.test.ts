@@ -4,17 +4,17 @@
 // JSON's shape and sanity are checked (every mode stepped, TP0's heads went to the agent, the seed
 // ran its collectives, CPU > 0 by process), never a speed: the figures live in docs/benchmarks.md.
 import * as fs from 'fs';
-import * as os from 'os';
-import { runWavebus } from './helpers';
+import { cleanup, runWavebus, tmpDir } from './helpers';
 
+afterAll(cleanup);
 jest.setTimeout(300000);
 
-const tmpDirs = (prefix: string) => fs.readdirSync(os.tmpdir()).filter((d) => d.startsWith(prefix)).sort();
-
 test('bench overhead --engine python --running 256: every mode steps, heads reach the agent, the seed and the CPU window ran, nothing left behind', () => {
-  const before = tmpDirs('wavebus-bench-overhead-');
+  // The bench's own temp dirs go under this test's (TMPDIR): another bench running on the host
+  // neither adds to nor takes from what is checked as left behind.
+  const tmp = tmpDir('wavebus-bench-py-');
   const steps = 60;
-  const r = runWavebus(['bench', 'overhead', '--engine', 'python', '--running', '256', '--steps', String(steps), '--rounds', '1', '--cpu-window', '--cpu-window-s', '2', '--json'], { timeout: 280000 });
+  const r = runWavebus(['bench', 'overhead', '--engine', 'python', '--running', '256', '--steps', String(steps), '--rounds', '1', '--cpu-window', '--cpu-window-s', '2', '--json'], { timeout: 280000, env: { ...process.env, TMPDIR: tmp } });
   expect({ code: r.code, stderr: r.code === 0 ? '' : r.stderr.slice(-3000) }).toEqual({ code: 0, stderr: '' });
   const out = JSON.parse(r.stdout.trim().split('\n').pop()!);
   expect(out).toMatchObject({ bench: 'overhead', engine: 'python', ranks: 2, steps, running: 256 });
@@ -34,7 +34,7 @@ test('bench overhead --engine python --running 256: every mode steps, heads reac
     expect(w.engine).toBeGreaterThan(0);
   }
   expect(out.steady_cpu_us_per_wave.on.sidecar).toBeGreaterThan(0);
-  expect(tmpDirs('wavebus-bench-overhead-')).toEqual(before);
+  expect(fs.readdirSync(tmp)).toEqual([]);
 });
 
 test('bench overhead --engine python refuses --syscalls, naming the flag', () => {

@@ -8,6 +8,8 @@ import type { RequestStep } from '../src/messages';
 import { MailboxFeature } from '../src/client/mailbox';
 import { columnsToWire, TelemetryColumnizer } from '../src/client/telemetry';
 import type { TensorBatchOptions } from '../src/client/tensor-batch';
+import { bindBytes, blocksBytes, HeadBytes, nonFiniteBytes } from '../src/client/head-bytes';
+import { encodeTrusted, messageType } from '../src/proto';
 import { cleanup, waitFor } from './helpers';
 import { startHarnessJob, stopHarnessJob, type HarnessJob } from './job-harness';
 import { TENSOR_HEAD_CFG as CFG, expectDictColumns, expectEveryWaveInOrder, recordHeads as record } from './tensor-head-parity';
@@ -154,5 +156,32 @@ test('bad columns are refused at the call, naming the argument', async () => {
     await expect(batch.waveHead(1, { rows: Uint32Array.of(0), tokenIds: Uint32Array.of(3) })).resolves.toBe(true);
   } finally {
     await stopHarnessJob(job);
+  }
+});
+
+test("the head's sparse part, joined from bytes encoded once per event, is protobufjs's message byte for byte", () => {
+  // head-bytes.ts builds the head from each binding's and table's bytes (encoded when reported)
+  // inside a hand-written frame: it must be what protobufjs writes for the same message.
+  const WaveHeadRequest = messageType('WaveHeadRequest');
+  const hb = new HeadBytes();
+  let x = 7;
+  const rand = (n: number): number => {
+    x = (x * 1103515245 + 12345) % 2 ** 31;
+    return x % n;
+  };
+  for (let i = 0; i < 2000; i++) {
+    const wave = [0, 1, 127, 128, 2 ** 40 + i, 2 ** 53 - 1][rand(6)];
+    const teleWave = wave > 0 ? wave - 1 : 0;
+    const bind = Array.from({ length: rand(5) }, (_, j) => ({ slot: rand(5000), reqId: `q${i}-${j}`, promptLen: rand(300), promptTokenIds: rand(4) === 0 ? [1, 2 ** 32 - 1] : [] }));
+    const blocks = Array.from({ length: rand(5) }, () => ({ slot: rand(5000), blockIds: Array.from({ length: rand(40) }, () => rand(2 ** 31) * 2) }));
+    const nonFinite = rand(5) === 0 ? [{ row: 1 + rand(9), reqId: 'r', kind: 'nan' }] : [];
+    const got = hb.build(wave, teleWave, bind.map((b) => bindBytes(b.slot, b.reqId, b.promptLen, b.promptTokenIds)), blocks.map((b) => blocksBytes(b.slot, b.blockIds)), nonFiniteBytes(nonFinite));
+    // protobufjs writes a field that is set, even to zero: the reference sets only what the head carries.
+    const tel: Record<string, unknown> = {};
+    if (teleWave > 0) tel.wave = teleWave;
+    if (nonFinite.length > 0) tel.nonFinite = nonFinite;
+    if (bind.length + blocks.length > 0) tel.columns = { bind, blocks };
+    const ref = encodeTrusted(WaveHeadRequest, wave > 0 ? { wave, telemetry: tel } : { telemetry: tel });
+    expect(Buffer.from(got).equals(ref)).toBe(true);
   }
 });

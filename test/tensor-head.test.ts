@@ -5,7 +5,7 @@
 import * as fs from 'fs';
 import * as path from 'path';
 import { decode, messageType } from '../src/proto';
-import { PYTHON, ROOT, cleanup, spawnTracked, waitFor } from './helpers';
+import { PYTHON, ROOT, cleanup, runPython, spawnTracked, waitFor } from './helpers';
 import { startHarnessJob, stopHarnessJob, type HarnessJob } from './job-harness';
 import { TENSOR_HEAD_CFG as CFG, expectDictColumns, expectEveryWaveInOrder, recordHeads as record } from './tensor-head-parity';
 
@@ -176,4 +176,47 @@ test('a step with more finish/free events than the ring holds goes inline; the w
   } finally {
     await stopHarnessJob(job);
   }
+});
+
+// The head's sparse part is joined from bytes each binding and table was encoded to once
+// (head_bytes.py): it must be what the protobuf library writes for the same message, byte for byte,
+// through arrivals, re-sends, tables, finishes, frees and resend_all in random order.
+const BYTES = `
+import random
+from wavebus_client import wavebus_pb2 as pb
+from wavebus_client.errors import ConfigError
+from wavebus_client.head_bytes import head_bytes
+from wavebus_client.slot_batch import SlotEvents
+random.seed(7)
+checked = 0
+for trial in range(40):
+    s = SlotEvents(random.choice([3, 8, 64]))
+    for step in range(150):
+        for _ in range(random.randint(0, 8)):
+            op, row = random.random(), random.randrange(s.max_rows)
+            try:
+                if op < 0.3: s.arrive(row, f"q{trial}-{step}-{row}", random.choice([0, 5, 300]), [1, 2**32 - 1] if random.random() < 0.2 else None)
+                elif op < 0.55: s.blocks(row, [random.randrange(2**32) for _ in range(random.randint(0, 40))])
+                elif op < 0.7: s.finish(row)
+                elif op < 0.85: s.free(row)
+                else: s.resend_all()
+            except ConfigError:
+                pass
+        wave = random.choice([0, 1, 127, 128, 2**40 + step])
+        cols = s.sparse_bytes()
+        nf = pb.NonFiniteRow(row=3) if random.random() < 0.2 else None
+        got = head_bytes(wave, wave - 1 if wave else 0, cols, pb.StepTelemetry(non_finite=[nf]).SerializeToString() if nf else b"")
+        ref = pb.WaveHeadRequest(wave=wave)
+        ref.telemetry.wave = wave - 1 if wave else 0
+        if cols: ref.telemetry.columns.MergeFromString(cols)  # nothing added leaves it unset, as fill() did
+        if nf: ref.telemetry.non_finite.append(nf)
+        assert got == ref.SerializeToString(), (trial, step, got, ref.SerializeToString())
+        assert pb.TelemetryColumns.FromString(cols).SerializeToString() == cols
+        checked += 1
+        if random.random() < 0.9: s.sent()
+print(checked)
+`;
+
+test("the head's sparse part, joined from bytes encoded once per event, is the protobuf library's message byte for byte", () => {
+  expect(runPython(BYTES, [], { env: ENV }).trim()).toBe('6000');
 });

@@ -2,9 +2,11 @@
 // each running request keeps a stable row from arrive() to free(); wavebus uses the row as the
 // telemetry's slot. Arrivals, block-table changes, finishes and frees are sparse events, paid once
 // each, held here until the next wave head carries them. The Python client's slot_batch.py is the
-// same state machine: both send the same bindings, tables and flags for the same calls.
+// same state machine: both send the same bindings, tables and flags for the same calls. Each
+// binding and table is encoded to its wire bytes once, when reported (head-bytes.ts): a head joins
+// the bytes it carries, re-sends included, and encodes no message.
 import { ConfigError } from '../errors';
-import type { SlotBinding, SlotBlocks } from '../messages';
+import { bindBytes, blocksBytes } from './head-bytes';
 import { FLAG_FINISHED, FLAG_FREED } from './telemetry';
 
 /** Live bindings and tables re-sent per head, round-robin: a lost head heals within live / RESEND_PER_STEP steps. */
@@ -29,9 +31,14 @@ function sameTable(a: readonly number[] | undefined, b: readonly number[]): bool
 
 export class SlotEvents {
   protected readonly liveRows = new Map<number, { reqId: string; promptLen: number }>();
-  private readonly tables = new Map<number, number[]>();
-  private newBind = new Map<number, SlotBinding>();
-  private newBlocks = new Map<number, number[]>();
+  /** A live row's binding as re-sent (without the prompt's ids), encoded on its first re-send. */
+  private readonly bindB = new Map<number, Uint8Array>();
+  private readonly tables = new Map<number, { ids: number[]; bytes: Uint8Array }>();
+  private newBind = new Map<number, Uint8Array>();
+  private newBlocks = new Map<number, Uint8Array>();
+  /** sparse()'s lists, reused step to step. */
+  private readonly outBind: Uint8Array[] = [];
+  private readonly outBlocks: Uint8Array[] = [];
   private flags = new Map<number, number>();
   private resendEverything = false;
   private cycle: number[] = [];
@@ -57,9 +64,12 @@ export class SlotEvents {
     // Its free and this arrival would reach the coordinator in one head, the free last.
     if ((this.flags.get(row) ?? 0) & FLAG_FREED) throw new ConfigError(`arrive(): row ${row} was freed since the last waveHead; bind it after the next waveHead`);
     const ids = opts.promptTokenIds ? u32List(opts.promptTokenIds, 'arrive(): promptTokenIds') : [];
+    const first = bindBytes(row, reqId, promptLen, ids);
     this.liveRows.set(row, { reqId, promptLen });
+    if (ids.length > 0) this.bindB.delete(row);
+    else this.bindB.set(row, first);
     this.tables.delete(row);
-    this.newBind.set(row, ids.length > 0 ? { slot: row, reqId, promptLen, promptTokenIds: ids } : { slot: row, reqId, promptLen });
+    this.newBind.set(row, first);
   }
 
   /** `row`'s whole block table, when it changed (sent with the next head). */
@@ -67,9 +77,10 @@ export class SlotEvents {
     checkRow(row, this.maxRows, 'blocks()');
     if (!this.liveRows.has(row)) throw new ConfigError(`blocks(): row ${row} holds no request (arrive() first)`);
     const table = u32List(blockIds, `blocks(): block ids of row ${row}`);
-    if (!sameTable(this.tables.get(row), table)) {
-      this.tables.set(row, table);
-      this.newBlocks.set(row, table);
+    if (!sameTable(this.tables.get(row)?.ids, table)) {
+      const bytes = blocksBytes(row, table);
+      this.tables.set(row, { ids: table, bytes });
+      this.newBlocks.set(row, bytes);
     }
   }
 
@@ -109,29 +120,43 @@ export class SlotEvents {
     return { rows: this.evRows.subarray(0, n), flags: this.evFlags.subarray(0, n) };
   }
 
-  /** The head's sparse part: the pending bindings and tables (new ones, a few re-sends, or all after resendAll()). */
-  protected sparse(): { bind: SlotBinding[]; blocks: SlotBlocks[] } {
-    const bind: SlotBinding[] = [];
-    const blocks: SlotBlocks[] = [];
+  /** The head's sparse part as TelemetryColumns entries' bytes: the pending bindings and tables (new ones, a few re-sends, or all after resendAll()). Valid until the next call. */
+  protected sparse(): { binds: Uint8Array[]; blocks: Uint8Array[] } {
+    const binds = this.outBind;
+    const blocks = this.outBlocks;
+    binds.length = 0;
+    blocks.length = 0;
     let tables = this.newBlocks;
     if (this.resendEverything) {
       this.resendEverything = false;
-      for (const [row, h] of this.liveRows) if (!this.newBind.has(row)) bind.push({ slot: row, reqId: h.reqId, promptLen: h.promptLen });
-      tables = new Map(this.tables);
+      for (const row of this.liveRows.keys()) if (!this.newBind.has(row)) binds.push(this.resendBytes(row));
+      tables = new Map();
+      for (const [row, t] of this.tables) tables.set(row, t.bytes);
     } else {
       for (const row of this.nextResend()) {
-        const h = this.liveRows.get(row);
-        if (!h || this.newBind.has(row)) continue;
-        bind.push({ slot: row, reqId: h.reqId, promptLen: h.promptLen });
+        if (!this.liveRows.has(row) || this.newBind.has(row)) continue;
+        binds.push(this.resendBytes(row));
         const t = this.tables.get(row);
-        if (t && !tables.has(row)) blocks.push({ slot: row, blockIds: t });
+        if (t && !tables.has(row)) blocks.push(t.bytes);
       }
     }
-    for (const b of this.newBind.values()) bind.push(b);
-    for (const [row, t] of tables) blocks.push({ slot: row, blockIds: t });
-    this.newBind = new Map();
-    this.newBlocks = new Map();
-    return { bind, blocks };
+    if (this.newBind.size > 0) {
+      for (const b of this.newBind.values()) binds.push(b);
+      this.newBind = new Map();
+    }
+    if (tables.size > 0) for (const b of tables.values()) blocks.push(b);
+    if (this.newBlocks.size > 0) this.newBlocks = new Map();
+    return { binds, blocks };
+  }
+
+  private resendBytes(row: number): Uint8Array {
+    let b = this.bindB.get(row);
+    if (b === undefined) {
+      const h = this.liveRows.get(row)!;
+      b = bindBytes(row, h.reqId, h.promptLen);
+      this.bindB.set(row, b);
+    }
+    return b;
   }
 
   /** The head went out: frees take effect (the row is free for a later arrive). */
@@ -139,6 +164,7 @@ export class SlotEvents {
     for (const [row, f] of this.flags) {
       if (f & FLAG_FREED) {
         this.liveRows.delete(row);
+        this.bindB.delete(row);
         this.tables.delete(row);
       }
     }

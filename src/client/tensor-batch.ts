@@ -8,7 +8,8 @@
 import { BlockTableWatch } from './block-table';
 import { ConfigError } from '../errors';
 import type { NonFiniteRow } from '../messages';
-import { encodeTrusted, messageType } from '../proto';
+import { messageType } from '../proto';
+import { HeadBytes, nonFiniteBytes } from './head-bytes';
 import { ringColumns, RowIndex } from './ring-columns';
 import type { ClientFeatures } from './options';
 import { SlotEvents } from './slot-events';
@@ -95,6 +96,7 @@ export class TensorBatch extends SlotEvents {
   private fence = 0;
   private fenceRing: TelemetryRingWriter | null = null;
   private readonly index = new RowIndex();
+  private readonly headBytes = new HeadBytes();
 
   constructor(private readonly host: TensorHost, maxRows: number, opts: TensorBatchOptions = {}) {
     const s = ringSizes(maxRows, opts);
@@ -193,27 +195,30 @@ export class TensorBatch extends SlotEvents {
       this.epoch = epoch; // a new coordinator knows no bindings
       this.resendAll();
     }
-    const telemetry: Record<string, unknown> = { wave: wave > 0 ? wave - 1 : 0, columns: this.sparse(), nonFinite };
-    const body: Record<string, unknown> = { wave, telemetry };
+    // The head's sparse part, joined from the bytes each event was encoded to once (head-bytes.ts).
+    const sp = this.sparse();
+    const extra = this.headBytes.build(wave, wave > 0 ? wave - 1 : 0, sp.binds, sp.blocks, nonFiniteBytes(nonFinite));
     const ring = this.host.ring();
     if (ring !== this.fenceRing) {
       this.fenceRing = ring; // a fresh ring (a new hello): nothing of the old one is pending in it
       if (this.fence !== Infinity) this.fence = 0;
     }
     if (this.fence > 0 && this.fence !== Infinity && ring && ring.consumed() >= this.fence) this.fence = 0;
+    let body: Record<string, any>;
     if (ring && ring.fits(n, tokens, events) && ring.free()) {
-      const extra = this.fence === 0 ? encodeTrusted(WaveHeadRequest, body) : null;
       this.stats.ringHeads++;
-      if (extra && extra.length <= ring.maxExtra) {
+      if (this.fence === 0 && extra.length <= ring.maxExtra) {
         // The whole head in the ring: no message, no system call; the agent polls for it.
         ring.write(wave, cols, n, tokens, events, extra);
         this.sent();
         return true;
       }
       // The sparse part is large, or a message head is pending: a message names the slot.
+      body = messageBody(extra);
       body.ringSeq = this.fence = ring.write(wave, cols, n, tokens, events);
     } else {
-      Object.assign(telemetry.columns as object, this.inline(cols, n, tokens, events));
+      body = messageBody(extra);
+      Object.assign(body.telemetry.columns, this.inline(cols, n, tokens, events));
       this.stats.inlineHeads++;
       this.fence = Infinity;
     }
@@ -236,6 +241,14 @@ export class TensorBatch extends SlotEvents {
     // Garbage (a row past maxRows, counts not adding up) leaves the step without columns, as from the ring.
     return ringColumns({ wave: 0, rows, tokens, events, extraLen: 0, columns: bytes }, ask, this.index).columns ?? { rows: 0 };
   }
+}
+
+/** A head that goes as a message (rare: no ring, or behind a pending one): its sparse part as the plain object the queue encodes. */
+function messageBody(extra: Uint8Array): Record<string, any> {
+  // No defaults filled in: the fields the head left out stay out, as when it was built as an object.
+  const body = WaveHeadRequest.toObject(WaveHeadRequest.decode(extra), { longs: Number, bytes: Buffer }) as Record<string, any>;
+  body.telemetry.columns ??= {};
+  return body;
 }
 
 function perRow(x: unknown, name: string, n: number): Column {

@@ -219,10 +219,11 @@ class Mailbox:
         if m is None:
             return None
         for _ in range(_MAX_SPINS):
-            s1 = _SEQ.unpack_from(m, off)[0]
+            # One load of seq and the fields (seq is the first field: read before them, as a separate
+            # load of it would be), then seq again: two loads, not three, on every end_of_wave.
+            s1, wave, config_due, dump_due, snapshot_due = _SLOT.unpack_from(m, off)
             if s1 & 1:
                 continue
-            _s, wave, config_due, dump_due, snapshot_due = _SLOT.unpack_from(m, off)
             if _SEQ.unpack_from(m, off)[0] == s1:
                 if s1 == 0 or wave == EMPTY_WAVE:
                     return None

@@ -85,6 +85,10 @@ class PendingDumps:
         # the last wave given up without asking (vectors stalled): its dumps are never copied here
         self.forfeited_to = -1
         self._due: Dict[int, Optional[Set[str]]] = {}
+        # (mailbox, epoch, first, last) of a range of decided waves whose vectors were all there with
+        # no dump due: the step's other finished requests are answered without reading them again (a
+        # published vector does not change within its epoch; the floor moving changes the range).
+        self._clear = None
 
     def ended(self, wave: int) -> None:
         """end_of_wave(wave) ran: its dumps are copied (or failed); older answers are dropped."""
@@ -99,10 +103,15 @@ class PendingDumps:
         box = self._mailbox_of()
         # The decided waves: below the floor, never more than the ring holds (a stale floor).
         decided_to = min(box.floor - 1, nxt + mb.SLOTS - 1)
+        key = (box, box.epoch, nxt, decided_to)
+        if key == self._clear:
+            return False
+        clear = True
         for w in range(nxt, max(nxt, decided_to) + 1):
             v = box.read_wave(w)
             if v is not None and not v.dump_due:
                 continue
+            clear = False
             if w not in self._due:
                 if v is None and self._stall.active():
                     # No vector and none coming: not asked (a bound each), given up on this rank.
@@ -117,4 +126,6 @@ class PendingDumps:
             ids = self._due[w]
             if ids is ALL or req_id in ids:
                 return True
+        if clear:
+            self._clear = key
         return False

@@ -24,6 +24,11 @@ MAGIC = struct.pack("<II", _L.constant("magic"), _L.constant("magic_hi"))  # b"W
 VERSION = _L.constant("version")
 COLUMNS = [c.name for c in _L.columns]
 MAX_ROWS = 1 << 20  # the coordinator's slot limit (src/client/telemetry.ts MAX_SLOTS)
+_U64 = struct.Struct("<Q")
+_SEQ_AT = SLOT["seq"]
+# wave, rows, tokens, events, present, extra_len: one store when the layout keeps them together (it does)
+_COUNTS = struct.Struct("<QIIIII")
+_COUNTS_TOGETHER = [SLOT[f] - SLOT["wave"] for f in ("rows", "tokens", "events", "present", "extra_len")] == [8, 12, 16, 20, 24]
 
 
 def column_offsets(max_rows: int, max_tokens: int, max_events: int, max_extra: int):
@@ -94,22 +99,25 @@ class TelemetryRing:
         max_extra bytes) the slot is the whole head: ``written`` says so and the agent takes it on
         its own; without, the head goes as a message naming the seq."""
         k = self._seq + 1
-        i = (k - 1) % self.slots
-        base, views, mm = self._base[i], self._views[i], self._mm
-        struct.pack_into("<Q", mm, base + SLOT["seq"], 2 * k - 1)  # odd: being written
+        base = self._base[(k - 1) % self.slots]
+        views, mm, bits = self._views[(k - 1) % self.slots], self._mm, self._present_bit
+        _U64.pack_into(mm, base + _SEQ_AT, 2 * k - 1)  # seq odd: being written
         present = 0
         for name, arr in columns.items():
-            view = views[name]
-            view[: len(arr)] = arr  # one copy (a cast where the engine's dtype differs)
-            present |= self._present_bit[name]
+            views[name][: len(arr)] = arr  # one copy (a cast where the engine's dtype differs)
+            present |= bits[name]
         if extra:
-            mm[base + self._extra_off: base + self._extra_off + len(extra)] = extra
-            present |= self._present_bit["extra"]
-        self._pack.pack_into(mm, base + SLOT["wave"], wave, rows, tokens, events)
-        struct.pack_into("<II", mm, base + SLOT["present"], present, len(extra))
-        struct.pack_into("<Q", mm, base + SLOT["seq"], 2 * k)
+            at = base + self._extra_off
+            mm[at: at + len(extra)] = extra
+            present |= bits["extra"]
+        if _COUNTS_TOGETHER:
+            _COUNTS.pack_into(mm, base + SLOT["wave"], wave, rows, tokens, events, present, len(extra))
+        else:
+            self._pack.pack_into(mm, base + SLOT["wave"], wave, rows, tokens, events)
+            struct.pack_into("<II", mm, base + SLOT["present"], present, len(extra))
+        _U64.pack_into(mm, base + _SEQ_AT, 2 * k)  # seq even: written
         if extra:
-            struct.pack_into("<Q", mm, HEADER["written"], 2 * k)  # after the slot: the agent's poll takes it
+            _U64.pack_into(mm, HEADER["written"], 2 * k)  # after the slot: the agent's poll takes it
         self._seq = k
         return 2 * k
 

@@ -3,13 +3,14 @@
 Each running request keeps a stable row (vLLM's InputBatch row, a continuous-batching slot) from
 ``arrive`` to ``free``; wavebus uses the row as the telemetry's slot. Arrivals, block-table
 changes, finishes and frees are sparse events, paid once each; a step passes only columns
-(``TensorBatch.wave_head``). The events wait here until the next wave head carries them.
+(``TensorBatch.wave_head``). The events wait here until the next wave head carries them. Each
+binding and block table is encoded to its wire bytes once, when reported (head_bytes.py): a head
+joins the bytes it carries, re-sends included, and builds no protobuf object.
 """
-import itertools
 from typing import Dict, List, Optional, Tuple
 
-from . import wavebus_pb2 as pb
 from .errors import ConfigError
+from .head_bytes import bind_bytes, blocks_bytes
 
 FLAG_FINISHED = 1
 FLAG_FREED = 2
@@ -32,12 +33,14 @@ class SlotEvents:
     def __init__(self, max_rows: int):
         self.max_rows = max_rows
         self._live: Dict[int, Tuple[str, int]] = {}  # row -> (req_id, prompt_len)
-        self._tables: Dict[int, List[int]] = {}
-        self._new_bind: Dict[int, Tuple[str, int, List[int]]] = {}
-        self._new_blocks: Dict[int, List[int]] = {}
+        self._bind_b: Dict[int, Optional[bytes]] = {}  # row -> its binding's bytes for re-sends (None: not encoded yet)
+        self._tables: Dict[int, Tuple[List[int], bytes]] = {}  # row -> (block ids, their bytes)
+        self._new_bind: Dict[int, bytes] = {}
+        self._new_blocks: Dict[int, bytes] = {}
         self._flags: Dict[int, int] = {}
         self._resend_all = False
-        self._cycle = iter(())
+        self._cycle: List[int] = []  # the live rows of this round of re-sends, and how far it got
+        self._cycle_at = 0
 
     @property
     def live(self) -> int:
@@ -61,9 +64,11 @@ class SlotEvents:
             ids = prompt_token_ids.tolist() if hasattr(prompt_token_ids, "tolist") else list(prompt_token_ids)
             if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= 0xFFFFFFFF for t in ids):
                 raise ConfigError("arrive(): prompt_token_ids must be integers in 0..2^32-1")
+        first = bind_bytes(row, req_id, prompt_len, ids)
         self._live[row] = (req_id, prompt_len)
+        self._bind_b[row] = None if ids else first  # re-sends go without the prompt's ids
         self._tables.pop(row, None)
-        self._new_bind[row] = (req_id, prompt_len, ids)
+        self._new_bind[row] = first
 
     def blocks(self, row, block_ids) -> None:
         """``row``'s whole block table, when it changed (sent with the next head)."""
@@ -73,9 +78,11 @@ class SlotEvents:
         table = block_ids.tolist() if hasattr(block_ids, "tolist") else list(block_ids)
         if not all(isinstance(b, int) and not isinstance(b, bool) and 0 <= b <= 0xFFFFFFFF for b in table):
             raise ConfigError(f"blocks(): block ids of row {row} must be integers in 0..2^32-1")
-        if self._tables.get(row) != table:
-            self._tables[row] = table
-            self._new_blocks[row] = table
+        held = self._tables.get(row)
+        if held is None or held[0] != table:
+            b = blocks_bytes(row, table)
+            self._tables[row] = (table, b)
+            self._new_blocks[row] = b
 
     def finish(self, row) -> None:
         """``row``'s request finished in the step the next head reports."""
@@ -102,43 +109,61 @@ class SlotEvents:
         """(rows, flags) of this step's finish/free events, as lists (few)."""
         return list(self._flags.keys()), list(self._flags.values())
 
-    def fill(self, cols: "pb.TelemetryColumns") -> None:
-        """Put the pending bindings and tables into the head's columns (sparse: new ones, a few
-        re-sends, or all after resend_all()), then apply this step's frees."""
-        binds, tables = self._new_bind, self._new_blocks
+    def _resend_bytes(self, row: int) -> bytes:
+        b = self._bind_b.get(row)
+        if b is None:
+            req, plen = self._live[row]
+            b = self._bind_b[row] = bind_bytes(row, req, plen)
+        return b
+
+    def sparse_bytes(self) -> bytes:
+        """TelemetryColumns' wire bytes of the pending bindings and tables (new ones, a few
+        re-sends, or all after resend_all()): bindings first, then tables, as the library orders them."""
+        new_bind, tables = self._new_bind, self._new_blocks
+        binds: List[bytes] = []
+        blocks: List[bytes] = []
         if self._resend_all:
             self._resend_all = False
-            for row, (req, plen) in self._live.items():
-                if row not in binds:
-                    cols.bind.add(slot=row, req_id=req, prompt_len=plen)
-            tables = dict(self._tables)
+            binds = [self._resend_bytes(row) for row in self._live if row not in new_bind]
+            tables = {row: t[1] for row, t in self._tables.items()}
         else:
-            for row in itertools.islice(self._next_resend(), RESEND_PER_STEP):
-                held = self._live.get(row)
-                if held is not None and row not in binds:
-                    cols.bind.add(slot=row, req_id=held[0], prompt_len=held[1])
-                    if row in self._tables and row not in tables:
-                        cols.blocks.add(slot=row, block_ids=self._tables[row])
-        for row, (req, plen, ids) in binds.items():
-            cols.bind.add(slot=row, req_id=req, prompt_len=plen, prompt_token_ids=ids)
-        for row, table in tables.items():
-            cols.blocks.add(slot=row, block_ids=table)
+            for row in self._resend_rows():
+                if row in self._live and row not in new_bind:
+                    binds.append(self._resend_bytes(row))
+                    t = self._tables.get(row)
+                    if t is not None and row not in tables:
+                        blocks.append(t[1])
+        if new_bind:
+            binds.extend(new_bind.values())
+        if tables:
+            blocks.extend(tables.values())
         self._new_bind, self._new_blocks = {}, {}
+        return b"".join(binds) + b"".join(blocks) if blocks else b"".join(binds)
 
     def sent(self) -> None:
         """The head went out: frees take effect (the row is free for a later arrive)."""
         for row, f in self._flags.items():
             if f & FLAG_FREED:
                 self._live.pop(row, None)
+                self._bind_b.pop(row, None)
                 self._tables.pop(row, None)
                 # Unsent while sending paused (reset): a binding of a row already freed must not go later.
                 self._new_bind.pop(row, None)
                 self._new_blocks.pop(row, None)
         self._flags = {}
 
-    def _next_resend(self):
-        for _ in range(2):
-            for row in self._cycle:
-                yield row
-            self._cycle = iter(list(self._live))  # once per cycle through the live rows
-        return
+    def _resend_rows(self) -> List[int]:
+        """The next RESEND_PER_STEP rows of the round; a new round (the rows live now) when it ends."""
+        at = self._cycle_at
+        out = self._cycle[at:at + RESEND_PER_STEP]
+        at += len(out)
+        if len(out) < RESEND_PER_STEP:
+            self._cycle = list(self._live)  # once per round through the live rows
+            need = RESEND_PER_STEP - len(out)
+            more = self._cycle[:need]
+            out += more
+            at = len(more)
+            if at < need:  # fewer live rows than a step re-sends: the next step starts a round again
+                at = 0
+        self._cycle_at = at
+        return out

@@ -12,6 +12,7 @@ from typing import Optional
 from . import mailbox as mb
 from . import wavebus_pb2 as pb
 from .errors import ConfigError
+from .head_bytes import head_bytes
 from .ring import ring_sizes
 from .slot_batch import SlotEvents
 from .telemetry import _nonfinite_list, nonfinite_row_proto
@@ -21,10 +22,13 @@ _INT_KINDS = "iu"
 _SENDS = mb.FEATURE_BUS | mb.FEATURE_HEADS
 _PENDING = float("inf")
 _log = logging.getLogger("wavebus_client")
+_ndarray = None  # numpy.ndarray once a TensorBatch exists (numpy is imported only by the tensor path)
 
 
 def _host(x, name: str, kinds: str):
     """A 1-d numpy array over ``x`` (no copy for numpy and CPU tensors); checks rank and dtype kind only."""
+    if type(x) is _ndarray and x.ndim == 1 and x.dtype.kind in kinds:
+        return x  # the usual step: the engine's own numpy column, nothing to convert
     import numpy as np
 
     if hasattr(x, "detach") and hasattr(x, "numpy"):  # torch.Tensor
@@ -61,6 +65,10 @@ class TensorBatch(SlotEvents):
     """``Client.tensor_batch()``: the engine's rows, their sparse events, and the per-step head."""
 
     def __init__(self, client, max_rows: int, max_tokens: Optional[int] = None, max_events: Optional[int] = None, vocab: int = 0):
+        global _ndarray
+        import numpy as np
+
+        _ndarray = np.ndarray
         rows, tokens, events, vocab = ring_sizes(max_rows, max_tokens, max_events, vocab)
         super().__init__(rows)
         self.max_tokens, self.max_events, self.vocab = tokens, events, vocab
@@ -122,12 +130,12 @@ class TensorBatch(SlotEvents):
         if epoch != self._epoch:  # a new coordinator knows no bindings
             self._epoch = epoch
             self.resend_all()
-        body = pb.WaveHeadRequest(wave=wave)
-        body.telemetry.wave = wave - 1 if wave > 0 else 0
-        self.fill(body.telemetry.columns)
+        nf = b""
         if non_finite is not None and feats & mb.FEATURE_DETECTORS:
             rows_nf = _nonfinite_list(non_finite, "wave_head(): non_finite")
-            body.telemetry.non_finite.extend(nonfinite_row_proto(x, f"wave_head(): non_finite[{i}]") for i, x in enumerate(rows_nf))
+            nf = pb.StepTelemetry(non_finite=[nonfinite_row_proto(x, f"wave_head(): non_finite[{i}]") for i, x in enumerate(rows_nf)]).SerializeToString()
+        # The head's sparse part, joined from the bytes each event was encoded to once (head_bytes.py).
+        extra = head_bytes(wave, wave - 1 if wave > 0 else 0, self.sparse_bytes(), nf)
         ring = c._telemetry_ring()
         if ring is not self._fence_ring:
             self._fence_ring = ring  # a fresh ring (a new hello): nothing of the old one is pending in it
@@ -136,8 +144,7 @@ class TensorBatch(SlotEvents):
         if 0 < self._fence < _PENDING and ring is not None and ring.consumed() >= self._fence:
             self._fence = 0
         if ring is not None and ring.fits(n, tokens, len(ev_rows)) and ring.free():
-            extra = body.SerializeToString() if self._fence == 0 else None
-            if extra is not None and ring.fits_extra(len(extra)):
+            if self._fence == 0 and ring.fits_extra(len(extra)):
                 # The whole head in the ring: no message, no system call; the agent polls for it.
                 ring.write(wave, cols, n, tokens, len(ev_rows), extra)
                 self.stats["ring_heads"] += 1
@@ -145,11 +152,13 @@ class TensorBatch(SlotEvents):
                 self.sent()
                 return True
             # The sparse part is large, or a message head is pending: a message names the slot.
+            body = pb.WaveHeadRequest.FromString(extra)
             body.ring_seq = self._fence = ring.write(wave, cols, n, tokens, len(ev_rows))
             self.stats["ring_heads"] += 1
         else:
             from .tensor_inline import inline_columns
 
+            body = pb.WaveHeadRequest.FromString(extra)
             inline_columns(body.telemetry.columns, cols, n)
             self.stats["inline_heads"] += 1
             self._fence = _PENDING
