@@ -111,8 +111,12 @@ export class RingHeads {
   private tick(): void {
     this.timer = null;
     this.found = 0;
-    this.poll();
-    if (this.ring) this.arm(this.schedule.next(performance.now(), this.found));
+    try {
+      this.poll();
+    } finally {
+      // Re-armed whatever the poll did (a relay that threw must not stop the heads).
+      if (this.ring) this.arm(this.schedule.next(performance.now(), this.found));
+    }
   }
 
   /** The heads written whole since the last poll, relayed in order. */

@@ -29,7 +29,7 @@ import { CoordinatorLink } from './coordinator-link';
 import { PROTOCOL_VERSION, versionMismatch } from './protocol-version';
 import { ProtocolError } from '../errors';
 import { clientSocketOptions } from './curve';
-import { subscriberSocketOptions } from './auth';
+import { subscriberSocketOptions, TRAILER_BYTES } from './auth';
 import { agentWaveHead } from './wave-head-relay';
 import { payloadOf } from './payload';
 
@@ -195,8 +195,10 @@ export class AgentBus extends EventEmitter {
   /** The same, with the client's WaveHeadRequest bytes forwarded as they came (wave-head-relay.ts). */
   relayWaveHead(waveHead: Uint8Array): void {
     if (!this.running) return;
-    const msg = agentWaveHead(this.rank, this.epoch, waveHead);
-    this.link?.send(this.opts.busToken ? this.opts.busToken.seal('to-coordinator', msg) : msg);
+    const token = this.opts.busToken;
+    if (!token) return this.link?.send(agentWaveHead(this.rank, this.epoch, waveHead));
+    const msg = agentWaveHead(this.rank, this.epoch, waveHead, TRAILER_BYTES);
+    this.link?.send(token.sealInPlace('to-coordinator', msg, msg.length - TRAILER_BYTES));
   }
 
   sendDumpResult(result: DumpResult): void {
