@@ -14,22 +14,26 @@ import { TelemetryRingReader } from './telemetry-ring';
 
 /** How often the agent looks for whole heads in the ring once one is due: at most this much latency per head. */
 export const POLL_MS = 1;
-/** The part of the engine's step the poll sleeps after a head: the next one is not due before. */
+/** The part of the engine's (shortest recent) step the poll sleeps after a head: the next one is not due before. */
 export const QUIET_FRACTION = 0.75;
 /** The longest quiet after a head, whatever the steps' length (a paused engine is polled every POLL_MS again after it). */
 export const MAX_QUIET_MS = 50;
+
+/** How many of the last gaps between heads the quiet time is taken from (the shortest of them). */
+export const GAPS_KEPT = 8;
 
 /**
  * When the agent next looks at the ring. A poll wakes the agent (a timer, a pread) whether or not a
  * head is there; at a 6 ms step, one every POLL_MS cost TP0's agent ~6 wake-ups a wave, the most
  * of its CPU at 1024 running requests. The engine writes one head a step, so after a head the poll
- * sleeps QUIET_FRACTION of the recent steps' length (an average of the gaps between heads), then
- * looks every POLL_MS until the next one: ~2 wake-ups a wave. A head written earlier than that (a
- * short step) waits at most the quiet time; one written later costs at most POLL_MS, as before.
+ * sleeps QUIET_FRACTION of the shortest of the last GAPS_KEPT gaps between heads (steps vary:
+ * the shortest keeps a short step from waiting), then looks every POLL_MS until the next one:
+ * ~2 wake-ups a wave. A head written sooner than that waits at most the quiet time; one written
+ * later costs at most POLL_MS, as before.
  */
 export class PollSchedule {
   private lastHeadMs = -1;
-  private stepMs = 0;
+  private readonly gaps: number[] = [];
 
   /** A poll at `now` found `heads` new heads: the delay to the next poll. */
   next(now: number, heads: number): number {
@@ -37,10 +41,13 @@ export class PollSchedule {
       const gap = this.lastHeadMs < 0 ? 0 : (now - this.lastHeadMs) / heads;
       this.lastHeadMs = now;
       // Gaps past MAX_QUIET_MS (a pause, the first head) say nothing about the step's length.
-      if (gap > 0 && gap < MAX_QUIET_MS) this.stepMs = this.stepMs === 0 ? gap : 0.8 * this.stepMs + 0.2 * gap;
+      if (gap > 0 && gap < MAX_QUIET_MS) {
+        this.gaps.push(gap);
+        if (this.gaps.length > GAPS_KEPT) this.gaps.shift();
+      }
     }
-    if (this.lastHeadMs < 0) return POLL_MS;
-    const quiet = Math.min(MAX_QUIET_MS, QUIET_FRACTION * this.stepMs) - (now - this.lastHeadMs);
+    if (this.lastHeadMs < 0 || this.gaps.length === 0) return POLL_MS;
+    const quiet = QUIET_FRACTION * Math.min(...this.gaps) - (now - this.lastHeadMs);
     return Math.max(POLL_MS, quiet);
   }
 }
