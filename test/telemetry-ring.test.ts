@@ -7,7 +7,7 @@ import * as fs from 'fs';
 import * as path from 'path';
 import { columnPlaces, RING_HEADER, RING_LAYOUT, RING_SLOT } from '../src/client/ring-layout';
 import { layout } from '../src/shm-layouts';
-import { RingHeads, newRingStats } from '../src/agent/ring-heads';
+import { GAPS_KEPT, MAX_QUIET_MS, POLL_MS, PollSchedule, QUIET_FRACTION, RingHeads, newRingStats } from '../src/agent/ring-heads';
 import { checkRingAsk } from '../src/agent/telemetry-ring';
 import { createLogger } from '../src/log';
 import { ROOT, cleanup, runPython, tmpDir } from './helpers';
@@ -109,6 +109,36 @@ test('whatever the engine leaves in the ring, the agent counts it as garbage and
     heads.close();
   }
   expect(fs.existsSync(file)).toBe(false);
+});
+
+test("the ring poll sleeps most of a step after each head and looks every POLL_MS once the next one is due", () => {
+  const s = new PollSchedule();
+  // Before any head: every POLL_MS.
+  expect(s.next(0, 0)).toBe(POLL_MS);
+  expect(s.next(1, 1)).toBe(POLL_MS); // the first head: no step length known yet
+  // Heads every 6 ms: after each, the poll sleeps QUIET_FRACTION of the step.
+  let t = 1;
+  for (let k = 0; k < 10; k++) expect(s.next((t += 6), 1)).toBeGreaterThanOrEqual(POLL_MS);
+  expect(s.next(t, 0)).toBeCloseTo(QUIET_FRACTION * 6, 5);
+  // Once the quiet time is over and no head came: every POLL_MS, however long the engine pauses.
+  expect(s.next(t + 0.8 * 6, 0)).toBe(POLL_MS);
+  expect(s.next(t + 500, 0)).toBe(POLL_MS);
+  // A long pause is not taken for a step: the next head's quiet is still about the 6 ms step's.
+  expect(s.next(t + 501, 1)).toBeCloseTo(QUIET_FRACTION * 6, 5);
+  // One short step among long ones: the quiet follows the shortest of the last GAPS_KEPT steps.
+  const mixed = new PollSchedule();
+  let v = 0;
+  for (let k = 0; k < 5; k++) mixed.next((v += 40), 1);
+  mixed.next((v += 4), 1);
+  for (let k = 0; k < GAPS_KEPT - 1; k++) mixed.next((v += 40), 1);
+  expect(mixed.next(v, 0)).toBeCloseTo(QUIET_FRACTION * 4, 5);
+  mixed.next((v += 40), 1); // the short step is now GAPS_KEPT heads back: forgotten
+  expect(mixed.next(v, 0)).toBeCloseTo(QUIET_FRACTION * 40, 5);
+  // Gaps of MAX_QUIET_MS or more are pauses, not steps: the poll never sleeps past it.
+  const slow = new PollSchedule();
+  let u = 0;
+  for (let k = 0; k < 10; k++) slow.next((u += 2 * MAX_QUIET_MS), 1);
+  expect(slow.next(u, 0)).toBe(POLL_MS);
 });
 
 test('a ring ask past the limits is refused naming the hello field', () => {

@@ -1,5 +1,6 @@
 // The agent relays its client's one-way wave head to the coordinator byte for byte
 // (src/bus/wave-head-relay.ts): what the coordinator decodes must be exactly what the client sent.
+import { BusToken, TOKEN_BYTES, TRAILER_BYTES } from '../src/bus/auth';
 import { agentWaveHead, oneWayWaveHead, waveHeadBytes } from '../src/bus/wave-head-relay';
 import { decodeAgentMessage } from '../src/bus/frames';
 import type { RequestStep } from '../src/messages';
@@ -20,6 +21,7 @@ function waveHeadBody(wave: number, requests: RequestStep[]): Record<string, unk
 }
 
 test('the wave head the client encodes reaches the coordinator unchanged, whatever the rank and epoch', () => {
+  const token = BusToken.fromBytes(Buffer.alloc(TOKEN_BYTES, 7));
   const requests = [step('a-1', [5, 6], [3, 4], { promptTokenIds: [1, 2, 3] }), step('b-2', [7], [9]), step('c-3', [], [0, 1, 2], { finished: true })];
   for (const wave of [0, 1, 300, 2 ** 40 + 3]) {
     const body = waveHeadBody(wave, requests);
@@ -37,6 +39,12 @@ test('the wave head the client encodes reaches the coordinator unchanged, whatev
         const d = decodeAgentMessage(msg, 1 << 20);
         expect(d.ok).toBe(true);
         if (d.ok) expect(d.value.waveHead.telemetry.columns.rows).toBe(3);
+        // Built with room for the MAC and sealed in place: the same bytes as seal() of the plain one.
+        const roomy = agentWaveHead(rank, epoch, raw, TRAILER_BYTES);
+        const sealed = token.sealInPlace('to-coordinator', roomy, roomy.length - TRAILER_BYTES);
+        expect(sealed.equals(token.seal('to-coordinator', msg))).toBe(true);
+        const opened = token.open('to-coordinator', sealed);
+        expect(opened.ok && Buffer.from(opened.msg).equals(msg)).toBe(true);
       }
     }
   }

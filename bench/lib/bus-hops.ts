@@ -5,7 +5,7 @@ import * as fs from 'fs';
 import * as os from 'os';
 import * as path from 'path';
 import { randomBytes } from 'crypto';
-import { BusToken } from '../../src/bus/auth';
+import { BusToken, TRAILER_BYTES } from '../../src/bus/auth';
 import { DropCounter, decodeBusFrame, encodeBusFrame } from '../../src/bus/frames';
 import { openRouterMessage } from '../../src/bus/router-inbox';
 import { agentWaveHead, oneWayWaveHead, waveHeadBytes } from '../../src/bus/wave-head-relay';
@@ -40,6 +40,18 @@ export function cpuHops(): Record<string, { p50_us: number; p99_us: number }> {
   const sealed = token.seal('pub', frame, undefined, topicBuf);
   const waveHeadReq = encodeTrusted(messageType('WaveHeadRequest'), { wave: 1000 });
   const relayed = token.seal('to-coordinator', agentWaveHead(3, epoch, waveHeadReq));
+  // A tensor-path head of 1024 running requests, as TP0's agent relays it from the ring: what the
+  // columns add to a wave against a head without them (the detectors-in-the-agent question,
+  // docs/benchmarks.md).
+  const rows = 1024;
+  const u32 = (f: (i: number) => number) => Buffer.from(Uint32Array.from({ length: rows }, (_, i) => f(i)).buffer);
+  const columns = { rows, slot: u32((i) => i), flags: Buffer.alloc(rows), tokenCount: u32(() => 1), tokenIds: u32((i) => (i * 7) % 32000), tokenLogprobs: Buffer.from(new Float32Array(rows).fill(-0.5).buffer), draftLen: u32(() => 3), accepted: u32(() => 2) };
+  const columnsHead = encodeTrusted(messageType('WaveHeadRequest'), { wave: 1000, telemetry: { wave: 999, columns } });
+  const relaySealed = (h: Uint8Array): Buffer => {
+    const m = agentWaveHead(3, epoch, h, TRAILER_BYTES);
+    return token.sealInPlace('to-coordinator', m, m.length - TRAILER_BYTES);
+  };
+  const relayedColumns = relaySealed(columnsHead);
   // The client's wave head as the engine sends it: telemetry of a 64-request batch.
   const batch = Array.from({ length: 64 }, (_, i) => ({ reqId: `req-${i}`, newTokenIds: [100 + i], newTokenLogprobs: [-0.5], newTokenRanks: [], draftLen: 0, accepted: 0, blockIds: [i, i + 64], finished: false, freed: false, promptLen: 100, numOutputTokens: 10 }));
   const clientHead = encodeTrusted(ClientRequest, { id: 0, waveHead: { wave: 1000, telemetry: { wave: 999, columns: columnsToWire(new TelemetryColumnizer().columns(batch)) } } });
@@ -62,6 +74,9 @@ export function cpuHops(): Record<string, { p50_us: number; p99_us: number }> {
       agent_relay_seal: time(() => token.seal('to-coordinator', agentWaveHead(3, epoch, waveHeadReq))),
       // coordinator: open + decode the relayed wave head (no telemetry)
       coordinator_open_wave_head: time(() => openRouterMessage([routingId, relayed], DEFAULT_MAX_FRAME_BYTES, token, scratch, drops)),
+      // the same two hops for a head with 1024 requests' columns (~25 KB)
+      agent_relay_seal_1024_columns: time(() => relaySealed(columnsHead)),
+      coordinator_open_wave_head_1024_columns: time(() => openRouterMessage([routingId, relayedColumns], DEFAULT_MAX_FRAME_BYTES, token, scratch, drops)),
       // coordinator: the head frame published
       coordinator_encode_head: time((i) => encodeBusFrame(epoch, i + 1, 'head', head(i + 1), true)),
       coordinator_seal_head: time(() => token.seal('pub', frame, undefined, topicBuf)),

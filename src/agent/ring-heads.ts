@@ -1,6 +1,6 @@
 // Wave heads from the telemetry ring: a slot whose extra column holds the head's sparse part is a
-// whole head, which the agent finds by polling the ring's written word (every POLL_MS: the engine
-// sends no message and makes no system call); a head too large for the extra column comes as a
+// whole head, which the agent finds by polling the ring's written word (the engine sends no message
+// and makes no system call; when it polls: PollSchedule below); a head too large for the extra column comes as a
 // message naming its slot (ring_seq). Either way the agent reads the slot, checks it
 // (ring-columns.ts), and relays the head with the columns in it. The coordinator sees the same
 // TelemetryColumns as from an inline head: the columns go as the bytes the engine wrote, one copy
@@ -12,8 +12,45 @@ import { ringColumns, RowIndex, type RingGarbage } from '../client/ring-columns'
 import { RING_LAYOUT, type RingAsk, type RingSlotRead } from '../client/ring-layout';
 import { TelemetryRingReader } from './telemetry-ring';
 
-/** How often the agent looks for whole heads in the ring: at most this much latency per head. */
+/** How often the agent looks for whole heads in the ring once one is due: at most this much latency per head. */
 export const POLL_MS = 1;
+/** The part of the engine's (shortest recent) step the poll sleeps after a head: the next one is not due before. */
+export const QUIET_FRACTION = 0.75;
+/** The longest quiet after a head, whatever the steps' length (a paused engine is polled every POLL_MS again after it). */
+export const MAX_QUIET_MS = 50;
+
+/** How many of the last gaps between heads the quiet time is taken from (the shortest of them). */
+export const GAPS_KEPT = 8;
+
+/**
+ * When the agent next looks at the ring. A poll wakes the agent (a timer, a pread) whether or not a
+ * head is there; at a 6 ms step, one every POLL_MS cost TP0's agent ~6 wake-ups a wave, the most
+ * of its CPU at 1024 running requests. The engine writes one head a step, so after a head the poll
+ * sleeps QUIET_FRACTION of the shortest of the last GAPS_KEPT gaps between heads (steps vary:
+ * the shortest keeps a short step from waiting), then looks every POLL_MS until the next one:
+ * ~2 wake-ups a wave. A head written sooner than that waits at most the quiet time; one written
+ * later costs at most POLL_MS, as before.
+ */
+export class PollSchedule {
+  private lastHeadMs = -1;
+  private readonly gaps: number[] = [];
+
+  /** A poll at `now` found `heads` new heads: the delay to the next poll. */
+  next(now: number, heads: number): number {
+    if (heads > 0) {
+      const gap = this.lastHeadMs < 0 ? 0 : (now - this.lastHeadMs) / heads;
+      this.lastHeadMs = now;
+      // Gaps past MAX_QUIET_MS (a pause, the first head) say nothing about the step's length.
+      if (gap > 0 && gap < MAX_QUIET_MS) {
+        this.gaps.push(gap);
+        if (this.gaps.length > GAPS_KEPT) this.gaps.shift();
+      }
+    }
+    if (this.lastHeadMs < 0 || this.gaps.length === 0) return POLL_MS;
+    const quiet = QUIET_FRACTION * Math.min(...this.gaps) - (now - this.lastHeadMs);
+    return Math.max(POLL_MS, quiet);
+  }
+}
 
 const WaveHeadRequest = messageType('WaveHeadRequest');
 const StepTelemetry = messageType('StepTelemetry');
@@ -48,6 +85,9 @@ export class RingHeads {
   private polled = 0;
   private lastMiss: RingGarbage[] = [];
   private timer: NodeJS.Timeout | null = null;
+  private schedule = new PollSchedule();
+  /** Heads relayed by poll() since the timer last ran (the schedule learns the steps' length from them). */
+  private found = 0;
 
   constructor(
     private readonly file: string,
@@ -64,9 +104,26 @@ export class RingHeads {
     this.ring = TelemetryRingReader.create(this.file, ask);
     this.polled = 0;
     this.consumed = 0;
-    this.timer = setInterval(() => this.poll(), POLL_MS);
-    this.timer.unref();
+    this.schedule = new PollSchedule();
+    this.found = 0;
+    this.arm(POLL_MS);
     return this.ring.path;
+  }
+
+  private arm(ms: number): void {
+    this.timer = setTimeout(() => this.tick(), ms);
+    this.timer.unref();
+  }
+
+  private tick(): void {
+    this.timer = null;
+    this.found = 0;
+    try {
+      this.poll();
+    } finally {
+      // Re-armed whatever the poll did (a relay that threw must not stop the heads).
+      if (this.ring) this.arm(this.schedule.next(performance.now(), this.found));
+    }
   }
 
   /** The heads written whole since the last poll, relayed in order. */
@@ -85,7 +142,10 @@ export class RingHeads {
     for (let s = oldest; s <= written; s += 2) {
       this.lastMiss = [];
       const head = this.wholeHead(ring, s);
-      if (head) this.relay(head);
+      if (head) {
+        this.found++;
+        this.relay(head);
+      }
       else if (this.lastMiss.length === 0 && release === written) release = s - 2;
     }
     this.polled = written;
@@ -187,7 +247,7 @@ export class RingHeads {
   }
 
   close(): void {
-    if (this.timer) clearInterval(this.timer);
+    if (this.timer) clearTimeout(this.timer);
     this.timer = null;
     this.ring?.close();
     this.ring = null;

@@ -8,28 +8,20 @@ import { createLogger, type Logger } from '../log';
 import type { DumpResult, StepTelemetry, WaveHead } from '../messages';
 import { DEFAULT_HEARTBEAT_MS, DEFAULT_MAX_FRAME_BYTES } from './constants';
 import { snapshotMismatch } from './snapshot-checks';
-import {
-  DropCounter,
-  decodeBusFrame,
-  decodeCoordinatorMessage,
-  encodeAgentMessage,
-  replicaTopic,
-  workTopics,
-  type DecodedFrame,
-} from './frames';
+import { DropCounter, decodeBusFrame, encodeAgentMessage, replicaTopic, workTopics, type DecodedFrame } from './frames';
 import { WaveAssembly } from './wave-assembly';
 import { CoordinatorLiveness } from './coordinator-liveness';
-import { answerFileRequest } from './agent-file-requests';
+import { onCoordinatorMessage, type DealerHost } from './agent-dealer';
 import type { AgentBusOptions, AgentBusStats, RequestHandler, ResyncReason, SnapshotReplyMsg } from './agent-bus-types';
 
 export type { AgentBusOptions, AgentBusStats, RequestHandler, ResyncReason, SnapshotReplyMsg, WaveEvent } from './agent-bus-types';
 import { socketIpOptions, tcpEndpoint } from './endpoints';
 import { BusSubscription } from './bus-subscription';
 import { CoordinatorLink } from './coordinator-link';
-import { PROTOCOL_VERSION, versionMismatch } from './protocol-version';
+import { PROTOCOL_VERSION } from './protocol-version';
 import { ProtocolError } from '../errors';
 import { clientSocketOptions } from './curve';
-import { subscriberSocketOptions } from './auth';
+import { subscriberSocketOptions, TRAILER_BYTES } from './auth';
 import { agentWaveHead } from './wave-head-relay';
 import { payloadOf } from './payload';
 
@@ -73,6 +65,8 @@ export class AgentBus extends EventEmitter {
   private refusedEpoch = 0;
   /** Following only the waves with work (AgentBusOptions.lanesOnly); setLanesOnly switches. */
   private lanesOnly: boolean;
+  /** This bus as its DEALER's messages see it (agent-dealer.ts). */
+  private readonly dealerHost: DealerHost;
 
   constructor(opts: AgentBusOptions) {
     super();
@@ -91,6 +85,14 @@ export class AgentBus extends EventEmitter {
       this.stats.waves++;
       this.emit('wave', w);
     });
+    this.dealerHost = {
+      rank: this.rank, maxFrameBytes: this.maxFrameBytes, token: opts.busToken, drops: this.drops,
+      link: () => this.link, handler: () => this.handler,
+      awaitsSnapshot: (id) => this.state === 'syncing' && id === this.snapshotRequestId,
+      refused: () => this.state === 'refused',
+      applySnapshot: (snap) => this.applySnapshot(snap), refuse: (epoch, error) => this.refuse(epoch, error),
+      send: (body, id) => this.send(body, id),
+    };
   }
 
   get rank(): number {
@@ -143,7 +145,7 @@ export class AgentBus extends EventEmitter {
     this.link = new CoordinatorLink({
       host, port, socketOptions: ip, maxFrameBytes: this.maxFrameBytes, token: this.opts.busToken, rank: this.rank, retryMs: this.deadAfterMs, log: this.log,
       running: () => this.running,
-      onMessage: (parts, generation) => this.onCoordinatorMessage(parts, generation),
+      onMessage: (parts, generation) => onCoordinatorMessage(this.dealerHost, parts, generation),
       onProven: () => this.onProven(),
       onUnsent: () => this.stats.unsent++,
     });
@@ -195,8 +197,10 @@ export class AgentBus extends EventEmitter {
   /** The same, with the client's WaveHeadRequest bytes forwarded as they came (wave-head-relay.ts). */
   relayWaveHead(waveHead: Uint8Array): void {
     if (!this.running) return;
-    const msg = agentWaveHead(this.rank, this.epoch, waveHead);
-    this.link?.send(this.opts.busToken ? this.opts.busToken.seal('to-coordinator', msg) : msg);
+    const token = this.opts.busToken;
+    if (!token) return this.link?.send(agentWaveHead(this.rank, this.epoch, waveHead));
+    const msg = agentWaveHead(this.rank, this.epoch, waveHead, TRAILER_BYTES);
+    this.link?.send(token.sealInPlace('to-coordinator', msg, msg.length - TRAILER_BYTES));
   }
 
   sendDumpResult(result: DumpResult): void {
@@ -352,41 +356,7 @@ export class AgentBus extends EventEmitter {
     this.waves.apply(f);
   }
 
-  // ------------------------------------------------------------------ DEALER
-
-  private onCoordinatorMessage(parts: Buffer[], generation: number): void {
-    if (parts.length !== 1) return this.drops.drop('frame_count', `${parts.length} frames from the coordinator`);
-    const d = decodeCoordinatorMessage(parts[0], this.maxFrameBytes, this.opts.busToken);
-    if (!d.ok) return this.drops.drop(d.reason, d.detail);
-    const msg = d.value;
-    if (msg.body === 'proof') {
-      if (!this.link?.proof(msg.proof.nonce, generation)) this.drops.drop('stale_proof', 'a proof for another connection or nonce');
-      return;
-    }
-    // A message on a connection replaced since (or not proven yet): never acted on.
-    if (!this.link?.current(generation)) return this.drops.drop('old_connection', `a ${msg.body} message on a replaced connection`);
-    switch (msg.body) {
-      case 'snapshot':
-        if (this.state !== 'syncing' || msg.requestId !== this.snapshotRequestId) return; // an answer to an older ask
-        if (Number(msg.snapshot.protocolVersion ?? 0) !== PROTOCOL_VERSION) {
-          this.refuse(msg.epoch, versionMismatch('coordinator', Number(msg.snapshot.protocolVersion ?? 0), `agent (rank ${this.rank})`, PROTOCOL_VERSION));
-          return;
-        }
-        this.applySnapshot(msg.snapshot as SnapshotReplyMsg);
-        return;
-      case 'refused':
-        if (this.state !== 'refused') this.refuse(msg.epoch, msg.refused.error || versionMismatch(`agent (rank ${this.rank})`, PROTOCOL_VERSION, 'coordinator', msg.refused.protocolVersion));
-        return;
-      case 'fileList':
-      case 'fileChunk':
-      case 'fileServe':
-      case 'decidedColumn':
-        answerFileRequest(this.handler, msg, this.rank, (body, requestId) => this.send(body, requestId));
-        return;
-      default:
-        return; // heartbeat / status: nothing to do
-    }
-  }
+  // ------------------------------------------------------------------ DEALER (agent-dealer.ts)
 
   /**
    * The coordinator speaks another protocol version: say so once, loudly, and stay off its bus

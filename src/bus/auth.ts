@@ -19,7 +19,8 @@ export const MAC_BYTES = 32;
 export const TOKEN_FILE_NAME = 'bus.token';
 /** Field 15, wire type 2 (length-delimited), then the length 32: the MAC field's first two bytes. */
 const MAC_TAG = (15 << 3) | 2;
-const TRAILER_BYTES = 2 + MAC_BYTES;
+/** What seal() appends: field 15's tag, its length and the MAC. */
+export const TRAILER_BYTES = 2 + MAC_BYTES;
 
 /**
  * Who sent a message, bound into its MAC, so that bytes sent one way can never be replayed the
@@ -87,6 +88,18 @@ export class BusToken {
     out[msg.length + 1] = MAC_BYTES;
     this.mac(dir, msg, data, topic).copy(out, msg.length + 2);
     return out;
+  }
+
+  /**
+   * seal() in place: `buf` holds the message in its first `msgLen` bytes and TRAILER_BYTES of room
+   * after them (the agent's relayed wave head is built so: no copy of its columns here).
+   */
+  sealInPlace(dir: MacDirection, buf: Buffer, msgLen: number): Buffer {
+    if (buf.length !== msgLen + TRAILER_BYTES) throw new RangeError(`sealInPlace: ${buf.length} bytes, expected ${msgLen} + ${TRAILER_BYTES}`);
+    buf[msgLen] = MAC_TAG;
+    buf[msgLen + 1] = MAC_BYTES;
+    this.mac(dir, buf.subarray(0, msgLen)).copy(buf, msgLen + 2);
+    return buf;
   }
 
   /**

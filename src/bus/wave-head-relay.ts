@@ -123,12 +123,19 @@ function walks(msg: Uint8Array): boolean {
   return true;
 }
 
-/** AgentMessage { global_rank = 1, epoch_seen = 2, wave_head = 7 (raw WaveHeadRequest bytes) }. */
-export function agentWaveHead(globalRank: number, epochSeen: number, waveHead: Uint8Array): Buffer {
+/**
+ * AgentMessage { global_rank = 1, epoch_seen = 2, wave_head = 7 (raw WaveHeadRequest bytes) }, in one
+ * buffer with `room` bytes left after it (a MAC trailer: BusToken.sealInPlace), so the head's
+ * columns are copied once on their way to the coordinator.
+ */
+export function agentWaveHead(globalRank: number, epochSeen: number, waveHead: Uint8Array, room = 0): Buffer {
   const w = protobuf.Writer.create();
   if (globalRank > 0) w.uint32(0x08).uint32(globalRank);
   if (epochSeen > 0) w.uint32(0x10).uint64(epochSeen);
-  w.uint32(0x3a).bytes(waveHead);
-  const u8 = w.finish();
-  return Buffer.from(u8.buffer, u8.byteOffset, u8.byteLength); // a view, as proto.ts gives
+  w.uint32(0x3a).uint32(waveHead.length);
+  const header = w.finish();
+  const out = Buffer.allocUnsafe(header.length + waveHead.length + room);
+  out.set(header, 0);
+  out.set(waveHead, header.length);
+  return out;
 }
