@@ -380,6 +380,7 @@ export class AgentBus extends EventEmitter {
       case 'fileList':
       case 'fileChunk':
       case 'fileServe':
+      case 'replay':
       case 'decidedColumn':
         answerFileRequest(this.handler, msg, this.rank, (body, requestId) => this.send(body, requestId));
         return;
