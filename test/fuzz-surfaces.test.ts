@@ -32,6 +32,8 @@ const FUZZ_INPUTS: Record<string, number> = {
   recorder_flush: EVERY ?? (FULL ? 100000 : 5000),
   // One part of a slot rewritten, the slot read back with a few preads: cheap.
   telemetry_ring: EVERY ?? 100000,
+  // An accepted request stages its files and starts a process (the stand-in replay): a few ms each.
+  replay_request: EVERY ?? (FULL ? 100000 : 3000),
 };
 
 const results: Record<string, SurfaceResult> = {};

@@ -10,9 +10,11 @@
 //   file that host B's engine ranks read (their environment names it) and any replay "on host B"
 //   reads: device-local, naming host B and its devices with their fingerprint;
 // - a one-off bit flip in rank 1's output (host A), in the live process only: transient.
-// What runs where (docs/verdict.md "What runs where"): the replays are child processes of the CLI
-// in the incident host's namespace; the replay "on the other host" is one of them too, given that
-// host's environment (--host-env), not a process on the other host.
+// What runs where (docs/verdict.md "What runs where"): the same-host replay is a child of the CLI
+// in the incident host's namespace; the replay on the other host goes to the other replica's head
+// agent through the coordinator (CURVE on both hops) and runs in that host's namespace, with that
+// host's environment: no --host-env is given, so only a process on the other host could see the
+// fault file differently.
 // Needs root (CI runs as root); a failure to create the namespaces fails the test.
 import * as fs from 'fs';
 import * as path from 'path';
@@ -55,15 +57,12 @@ describeAsRoot('verdict across two hosts in network namespaces', () => {
     const hosts = [
       { name: 'hostA', ns: net.a, veth: net.vethA, node: 0 },
       { name: 'hostB', ns: net.b, veth: net.vethB, node: 1 },
-    ].map((h) => ({ ...h, dir: path.join(dir, h.name), fault: path.join(dir, h.name, 'device-fault.json'), envFile: path.join(dir, `${h.name}.env`) }));
-    for (const h of hosts) {
-      fs.mkdirSync(h.dir);
-      fs.writeFileSync(h.envFile, `# what a process on ${h.name} sees\nTORCH_ENGINE_DEVICE_FAULT_FILE=${h.fault}\n`);
-    }
+    ].map((h) => ({ ...h, dir: path.join(dir, h.name), fault: path.join(dir, h.name, 'device-fault.json') }));
+    for (const h of hosts) fs.mkdirSync(h.dir);
     // The bad device: host B's device 1 (rank 3's, LOCAL_RANK 1) adds 0.25 to one column of layer 1's up-projection.
     fs.writeFileSync(hosts[1].fault, JSON.stringify({ device: 1, layer: 1, add: 0.25 }));
-    // Where each rank runs (device = its local rank), and each host's environment: the verdict's layout.
-    const layout = ['--dp=2', '--rank-host=0=hostA:0', '--rank-host=1=hostA:1', '--rank-host=2=hostB:0', '--rank-host=3=hostB:1', ...hosts.map((h) => `--host-env=${h.name}=${h.envFile}`)];
+    // Where each rank runs (device = its local rank): the verdict's layout. No --host-env: each replay runs on its host.
+    const layout = ['--dp=2', '--rank-host=0=hostA:0', '--rank-host=1=hostA:1', '--rank-host=2=hostB:0', '--rank-host=3=hostB:1'];
     const config = {
       runtime_config: {
         report: { save_sensitive_info: true }, // replay needs the token ids (docs/recorder.md)
@@ -109,6 +108,9 @@ describeAsRoot('verdict across two hosts in network namespaces', () => {
       expect(b.incident).toMatchObject({ id: expect.stringMatching(/^incident-wave\d+-dp1$/), replica: 1, ranks: [2, 3] });
       expect([b.verdict, b.host, b.devices]).toEqual(['device-local', 'hostB', [0, 1]]);
       expect(b.replays.map((r: any) => [r.role, r.host, r.devices, r.ok])).toEqual([['same', 'hostB', [0, 1], true], ['other', 'hostA', [0, 1], true]]);
+      // Host A's replay ran in host A's namespace, by replica 0's head agent (rank 0), asked over the bus.
+      expect(b.replays.map((r: any) => r.agent_rank)).toEqual([undefined, 0]);
+      expect(b.replays[1].fingerprint).toHaveLength(2);
       expect(b.replays[0].tensors.every((t: any) => t.bit_exact)).toBe(true);
       expect(b.replays[1].tensors.every((t: any) => !t.within_tolerance)).toBe(true);
       expect(b.fingerprint).toEqual([0, 1].map((index) => expect.objectContaining({ index, kind: 'cpu', hostname: expect.any(String), cpu_model: expect.any(String), torch: expect.any(String) })));
@@ -116,6 +118,7 @@ describeAsRoot('verdict across two hosts in network namespaces', () => {
       // Host A: the flipped output of step 6 on rank 1 does not reproduce in a fresh process there: transient.
       expect(a.incident).toMatchObject({ id: expect.stringMatching(/^incident-wave\d+-dp0$/), replica: 0, ranks: [0, 1] });
       expect([a.verdict, a.replays[0].host]).toEqual(['transient', 'hostA']);
+      expect(a.replays.map((r: any) => [r.role, r.host, r.ok, r.agent_rank])).toEqual([['same', 'hostA', true, undefined], ['other', 'hostB', true, 2]]);
       expect(a.calls).toHaveLength(1);
       expect(a.calls[0].rank).toBe(1);
       const snaps = fs.readdirSync(a.incident.dir).find((n) => n.startsWith('torch-engine-'))!;

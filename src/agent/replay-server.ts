@@ -22,7 +22,7 @@ const SLACK_MS = 30_000;
 const MAX_OUTPUT = 8 * 2 ** 20;
 const MAX_FINGERPRINT = 64 * 1024;
 
-const FILE = /^(?:snapshots\/rank(\d{1,9})\/call(\d{1,9})\/[A-Za-z0-9_][A-Za-z0-9._-]{0,127}|engine\/forward_rank(\d{1,9})_step\d{1,15}\.pt)$/;
+const FILE = /^(?:snapshots\/rank(0|[1-9]\d{0,8})\/call(0|[1-9]\d{0,8})\/[A-Za-z0-9_][A-Za-z0-9._-]{0,127}|engine\/forward_rank(0|[1-9]\d{0,8})_step(?:0|[1-9]\d{0,14})\.pt)$/;
 const TOL = /^[a-z0-9_]{1,24}=[0-9.eE+-]{1,24},[0-9.eE+-]{1,24}$/;
 const INCIDENT = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
 
@@ -96,6 +96,8 @@ export interface ReplayServerOptions {
   /** --verdict-arg: this host's replayer and its arguments, --engine-out (the serving check). */
   args: readonly string[];
   log: Logger;
+  /** The program run with `verdict DIR --replay-request ...` (default this package's CLI under this Node). */
+  cli?: string[];
 }
 
 export class ReplayServer {
@@ -132,7 +134,7 @@ export class ReplayServer {
       const { files: _files, tolerances, ...staged } = c;
       fs.writeFileSync(path.join(dir, 'request.json'), JSON.stringify(staged), { flag: 'wx', mode: 0o600 });
       this.o.log.info({ incident: c.incident, calls: c.calls.length, devices: c.devices }, 'replaying an incident for a verdict on another host');
-      const argv = [path.join(packageRoot(), 'bin', 'wavebus.js'), 'verdict', dir, '--replay-request', ...this.o.args, ...tolerances.map((t) => `--tol=${t}`)];
+      const argv = [...(this.o.cli ?? [process.execPath, path.join(packageRoot(), 'bin', 'wavebus.js')]), 'verdict', dir, '--replay-request', ...this.o.args, ...tolerances.map((t) => `--tol=${t}`)];
       const run = await this.spawnCli(argv, c.timeoutMs + SLACK_MS);
       if (run.code !== 0) return answer({ error: `wavebus verdict --replay-request exited ${run.code}: ${run.stderr.trim().split('\n').slice(-3).join(' | ').slice(-2000)}` });
       return answer(replyOf(JSON.parse(run.stdout)));
@@ -146,7 +148,7 @@ export class ReplayServer {
 
   private spawnCli(argv: string[], boundMs: number): Promise<{ code: number | null; stdout: string; stderr: string }> {
     return new Promise((resolve, reject) => {
-      const child = spawn(process.execPath, argv, { stdio: ['ignore', 'pipe', 'pipe'], detached: true });
+      const child = spawn(argv[0], argv.slice(1), { stdio: ['ignore', 'pipe', 'pipe'], detached: true });
       this.child = child;
       const out: Buffer[] = [];
       const err: Buffer[] = [];
