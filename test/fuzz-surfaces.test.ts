@@ -93,3 +93,11 @@ test('telemetry ring: whole heads relayed with columns the coordinator accepts; 
   const dropped = Object.keys(r.accepted).filter((k) => k.startsWith('head_dropped_')).join(' ');
   for (const kind of ['token_out_of_range', 'row_out_of_range', 'bad_event']) expect([kind, dropped.includes(kind)]).toEqual([kind, true]);
 });
+
+test('replay requests: the agent refuses each bad field by name, replays the rest, and leaves nothing staged', async () => {
+  const r = results.replay_request ?? (await fuzzSurface(SURFACES.find((s) => s.name === 'replay_request')!, tmpDir('wavebus-fuzz-replay-'), 1500, 5));
+  expect(r.accepted.replayed).toBeGreaterThan(0);
+  // The refusals reach past the first check: paths, the lists' bounds, tolerances, the timeout.
+  for (const field of ['refused:files', 'refused:calls', 'refused:incident', 'refused:tolerances', 'refused:timeout_ms']) expect([field, r.refused[field] > 0]).toEqual([field, true]);
+  expect(Object.keys(r.refused).some((k) => k.startsWith('drop:'))).toBe(true);
+});

@@ -6,9 +6,11 @@
 // its snapshot root and runs `wavebus verdict --replay-request DIR` there: replayHere with that
 // host's replayer, shard, environment and devices. Its answer is the replay's per-tensor errors.
 import * as fs from 'fs';
+import * as os from 'os';
 import * as path from 'path';
 import { RelayClient } from '../bus/relay-client';
 import { DEFAULT_MAX_FRAME_BYTES } from '../bus/constants';
+import { PROTOCOL_VERSION } from '../bus/protocol-version';
 import { VerdictError } from '../errors';
 import type { ControlTarget } from './control-client';
 import type { Tolerances } from './bisect-compare';
@@ -82,9 +84,16 @@ export async function replayViaAgent(inc: Incident, engineOut: string, spec: Rep
   const client = new RelayClient(r.target.coordinator, DEFAULT_MAX_FRAME_BYTES, r.target.busToken, r.target.curve);
   let reply: Record<string, any>;
   try {
-    reply = await client.relay(r.rank, 'replay', request, timeoutMs + RELAY_SLACK_MS);
+    // The agent's own refusal comes back as its ReplayReply (error, fingerprint): read it whole.
+    const m = await client.request({ relay: { rank: r.rank, replay: request, timeoutMs: timeoutMs + RELAY_SLACK_MS, protocolVersion: PROTOCOL_VERSION } }, timeoutMs + RELAY_SLACK_MS + 5000);
+    if (m.body === 'refused') throw new Error(m.refused.error);
+    const rr = (m.body === 'relay' ? m.relay : {}) as Record<string, any>;
+    if (m.body !== 'relay') throw new Error(`the coordinator answered ${m.body} to a relay request`);
+    if (rr.error) throw new Error(`the coordinator: ${rr.error}`);
+    if (rr.reply !== 'replay') throw new Error(`the relay's answer carries ${rr.reply ?? 'nothing'}, not a replay`);
+    reply = rr.replay as Record<string, any>;
   } catch (e) {
-    return { ...base, wall_ms: Date.now() - t0, error: `through rank ${r.rank}'s agent: ${(e as Error).message}` };
+    return { ...base, wall_ms: Date.now() - t0, error: `not run through rank ${r.rank}'s agent: ${(e as Error).message}` };
   } finally {
     await client.close().catch(() => undefined);
   }
@@ -144,7 +153,7 @@ export async function runReplayRequest(dir: string, o: { replayer: string[]; rep
     replayer: o.replayer, replayerArgs: o.replayerArgs, env: process.env, allowLiveDevice: req.allowLiveDevice, timeoutMs: req.timeoutMs,
   };
   if (!req.allowLiveDevice && o.servingOut === undefined) {
-    return { role: 'other', host: 'this', devices: req.devices, ranksOnDevices: req.ranksOnDevices, ok: false, tensors: [], error: "no --engine-out on this host's agent (--verdict-arg=--engine-out=DIR): whether its engines serve on those devices cannot be told, so nothing is replayed (--allow-live-device to replay anyway)" };
+    return { role: 'other', host: os.hostname(), devices: req.devices, ranksOnDevices: req.ranksOnDevices, ok: false, tensors: [], error: "no --engine-out on this host's agent (--verdict-arg=--engine-out=DIR): whether its engines serve on those devices cannot be told, so nothing is replayed (--allow-live-device to replay anyway)" };
   }
-  return replayHere({ role: 'other', host: 'this', devices: req.devices, ranksOnDevices: req.ranksOnDevices }, run, path.join(dir, 'out'), o.tolerances);
+  return replayHere({ role: 'other', host: os.hostname(), devices: req.devices, ranksOnDevices: req.ranksOnDevices }, run, path.join(dir, 'out'), o.tolerances);
 }

@@ -103,6 +103,8 @@ export async function verdict(o: VerdictOptions): Promise<Verdict> {
   const tols: Tolerances = { ...DEFAULT_TOLERANCES, ...(o.tolerances ?? {}) };
   const work = path.join(inc.dir, 'verdict');
   fs.mkdirSync(work, { recursive: true, mode: 0o700 });
+  // The incident's replica is the job's: a replica past --dp would make "another replica" a guess.
+  if (inc.replica >= o.dp) throw new VerdictError(`--dp ${o.dp}: the incident ${inc.id} is of replica ${inc.replica}: give the job's DP (replicas 0..DP-1)`);
   const here = replicaHost(o.hosts, inc.ranks);
   const same: ReplaySpec = { role: 'same', host: here.host, devices: here.devices, ranksOnDevices: inc.ranks };
   let other: ReplaySpec | string;
