@@ -186,12 +186,17 @@ function replyOf(r: Record<string, any>): Record<string, unknown> {
   return {
     error: r.ok ? '' : String(r.error ?? 'the replay did not run'),
     tensors: ((r.tensors ?? []) as Record<string, any>[]).map((t) => ({
-      call: t.call, rank: t.rank, shape: t.shape, dtype: t.dtype, atol: t.atol, rtol: t.rtol, maxAbsDiff: Number(t.max_abs_diff),
+      call: t.call, rank: t.rank, shape: t.shape, dtype: t.dtype, atol: t.atol, rtol: t.rtol, maxAbsDiff: unsafeNumber(t.max_abs_diff),
       mismatched: t.mismatched, numel: t.numel, bitExact: t.bit_exact, withinTolerance: t.within_tolerance,
     })),
     fingerprintJson: fp !== undefined && fp.length <= MAX_FINGERPRINT ? fp : '',
     fingerprintError: fp !== undefined && fp.length > MAX_FINGERPRINT ? `fingerprint of ${fp.length} bytes (at most ${MAX_FINGERPRINT})` : String(r.fingerprint_error ?? ''),
   };
+}
+
+/** The CLI's JSON writes non-finite numbers as 'inf' / '-inf' / 'nan' (jsonSafe): a double again. */
+function unsafeNumber(v: unknown): number {
+  return v === 'inf' ? Infinity : v === '-inf' ? -Infinity : v === 'nan' ? NaN : Number(v);
 }
 
 function killGroup(child: ChildProcess, signal: NodeJS.Signals): void {

@@ -115,7 +115,7 @@ export class RelayClient {
    * Relay a fileList / fileChunk / fileServe request to `rank`; throws on a relay or agent error. A chunk's
    * data frame, when the reply has one, is attached to the result (payloadOf).
    */
-  async relay(rank: number, kind: 'fileList' | 'fileChunk' | 'fileServe' | 'replay', req: Record<string, unknown>, timeoutMs: number): Promise<Record<string, any>> {
+  async relay(rank: number, kind: 'fileList' | 'fileChunk' | 'fileServe', req: Record<string, unknown>, timeoutMs: number): Promise<Record<string, any>> {
     const m = this.checkVersion(await this.request({ relay: { rank, [kind]: req, timeoutMs, protocolVersion: PROTOCOL_VERSION } }, timeoutMs + 5000));
     if (m.body !== 'relay') throw new AggregateError(`coordinator answered ${m.body} to a relay request`);
     const r = m.relay as Record<string, any>;

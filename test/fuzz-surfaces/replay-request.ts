@@ -15,7 +15,7 @@ import { ReplayServer } from '../../src/agent/replay-server';
 import type { Outcome, Surface, SurfaceRun } from '../fuzz-surfaces';
 
 /** The stand-in replay: one output within tolerance. */
-const STAND_IN = ['/bin/sh', '-c', `printf '%s' '{"ok":true,"tensors":[{"call":3,"rank":0,"shape":[1,8],"dtype":"float32","atol":1e-5,"rtol":1e-4,"max_abs_diff":0,"mismatched":0,"numel":8,"bit_exact":true,"within_tolerance":true}],"fingerprint":[{"index":0,"kind":"cpu"}]}'`, 'replay-stand-in'];
+const STAND_IN = ['/bin/sh', '-c', `printf '%s' '{"ok":true,"tensors":[{"call":3,"rank":0,"shape":[1,8],"dtype":"float32","atol":1e-5,"rtol":1e-4,"max_abs_diff":0,"mismatched":0,"numel":8,"bit_exact":true,"within_tolerance":true},{"call":4,"rank":1,"shape":[1,9],"dtype":"float32","atol":1e-5,"rtol":1e-4,"max_abs_diff":"inf","mismatched":9,"numel":9,"bit_exact":false,"within_tolerance":false}],"fingerprint":[{"index":0,"kind":"cpu"}]}'`, 'replay-stand-in'];
 
 const file = (p: string, n = 16) => ({ path: p, data: Buffer.alloc(n, 7) });
 const VALID = [
@@ -72,6 +72,10 @@ export const replayRequestSurface: Surface = {
       async alive() {
         const o = await feed(valid[0]);
         if (!('accepted' in o) || o.accepted !== 'replayed') throw new Error(`a valid replay request afterwards: ${JSON.stringify(o)}`);
+        // The answer keeps each tensor's error: a shape mismatch's infinite difference stays infinite.
+        const r = (await server.handle((decodeCoordinatorMessage(valid[0], DEFAULT_MAX_FRAME_BYTES) as { value: never }).value)).replay as Record<string, any>;
+        const diffs = (r.tensors as Record<string, any>[]).map((t) => [t.call, t.rank, t.maxAbsDiff, t.withinTolerance]);
+        if (JSON.stringify(diffs) !== JSON.stringify([[3, 0, 0, true], [4, 1, null, false]]) || diffs[1][2] !== Infinity) throw new Error(`the replay's tensors as answered: ${JSON.stringify(diffs)}`);
       },
       close: () => server.stop(),
     };
