@@ -73,7 +73,9 @@ export const replayRequestSurface: Surface = {
         const o = await feed(valid[0]);
         if (!('accepted' in o) || o.accepted !== 'replayed') throw new Error(`a valid replay request afterwards: ${JSON.stringify(o)}`);
         // The answer keeps each tensor's error: a shape mismatch's infinite difference stays infinite.
-        const r = (await server.handle((decodeCoordinatorMessage(valid[0], DEFAULT_MAX_FRAME_BYTES) as { value: never }).value)).replay as Record<string, any>;
+        const d = decodeCoordinatorMessage(valid[0], DEFAULT_MAX_FRAME_BYTES);
+        if (!d.ok) throw new Error(`the valid request does not decode: ${d.reason}`);
+        const r = (await server.handle(d.value)).replay as Record<string, any>;
         const diffs = (r.tensors as Record<string, any>[]).map((t) => [t.call, t.rank, t.maxAbsDiff, t.withinTolerance]);
         if (JSON.stringify(diffs) !== JSON.stringify([[3, 0, 0, true], [4, 1, null, false]]) || diffs[1][2] !== Infinity) throw new Error(`the replay's tensors as answered: ${JSON.stringify(diffs)}`);
       },
