@@ -151,6 +151,7 @@ export const AGENT_BODIES = perKind<BodyRule>('AgentMessage', 'body', {
   fileServe: { claims: ownRank, fate: unasked },
   decided: { claims: ownRank, fate: fromThisConnection }, // taken only from the connection the rank said Hello on
   decidedColumn: { claims: ownRank, fate: unasked },
+  replay: { claims: ownRank, fate: unasked }, // a ReplayReply nobody asked this connection for
   // A new agent connection's challenge (coordinator-link.ts): the nonce back under the token's MAC.
   challenge: { claims: ownRank, fate: (s, m) => (s.token && m.challenge?.nonce?.length === NONCE_BYTES ? { reply: 'proof' } : { drop: 'unexpected' }) },
 }, 'the coordinator model (AGENT_BODIES)');

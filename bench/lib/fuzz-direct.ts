@@ -27,7 +27,7 @@ import { sameCounts, type FuzzTarget } from './fuzz-types';
 export const DIRECT_BODIES = perKind<'served' | 'unexpected'>(
   'CoordinatorMessage',
   'body',
-  { fileList: 'served', fileChunk: 'served', snapshot: 'unexpected', status: 'unexpected', heartbeat: 'unexpected', relay: 'unexpected', refused: 'unexpected', fileServe: 'unexpected', proof: 'unexpected', control: 'unexpected', decidedColumn: 'unexpected' },
+  { fileList: 'served', fileChunk: 'served', snapshot: 'unexpected', status: 'unexpected', heartbeat: 'unexpected', relay: 'unexpected', refused: 'unexpected', fileServe: 'unexpected', proof: 'unexpected', control: 'unexpected', decidedColumn: 'unexpected', replay: 'unexpected' },
   'the direct file socket model (DIRECT_BODIES)',
 );
 
