@@ -65,6 +65,8 @@ export function agentCorpus(): Buffer[] {
     // rank_divergence: a rank's digests (compared only with the detector on), an answer to a column ask
     { globalRank: 0, decided: { decisions: [{ wave: 5, tokenCrc: 1, rows: 3, inputCrc: 2, inputTokens: 3, flags: 7 }] } },
     { globalRank: 7, requestId: 92, decidedColumn: { wave: 5, found: true, column: Buffer.alloc(12) } },
+    // a verdict's replay answer nobody asked this connection for
+    { globalRank: 0, requestId: 91, replay: { globalRank: 0, error: 'x', tensors: [{ call: 1, rank: 0, shape: [1, 8], dtype: 'float32', maxAbsDiff: 0.5, withinTolerance: false }] } },
   ].map((m) => encodeAgentMessage(m));
   coversOneof('AgentMessage', 'body', corpusKinds(out), 'coordinator ROUTER');
   return out;
