@@ -28,8 +28,11 @@ const GLOO_PORT = 29650; // the engines' process group (torch.distributed's TCP 
 const ENGINE = path.join(ROOT, 'examples', 'torch-engine');
 
 afterAll(async () => {
-  await cleanup();
-  cleanupNetns();
+  try {
+    await cleanup();
+  } finally {
+    cleanupNetns(); // also when a temp dir could not be removed
+  }
 });
 
 /** Every verdict.json beside a recorder flush under `root`. */
