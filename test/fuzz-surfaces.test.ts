@@ -32,6 +32,8 @@ const FUZZ_INPUTS: Record<string, number> = {
   recorder_flush: EVERY ?? (FULL ? 100000 : 5000),
   // One part of a slot rewritten, the slot read back with a few preads: cheap.
   telemetry_ring: EVERY ?? 100000,
+  // An accepted request stages its files and starts a process (the stand-in replay): a few ms each.
+  replay_request: EVERY ?? (FULL ? 100000 : 3000),
 };
 
 const results: Record<string, SurfaceResult> = {};
@@ -90,4 +92,12 @@ test('telemetry ring: whole heads relayed with columns the coordinator accepts; 
   for (const kind of ['torn', 'bad_counts', 'bad_extra']) expect([kind, refused.includes(kind)]).toEqual([kind, true]);
   const dropped = Object.keys(r.accepted).filter((k) => k.startsWith('head_dropped_')).join(' ');
   for (const kind of ['token_out_of_range', 'row_out_of_range', 'bad_event']) expect([kind, dropped.includes(kind)]).toEqual([kind, true]);
+});
+
+test('replay requests: the agent refuses each bad field by name, replays the rest, and leaves nothing staged', async () => {
+  const r = results.replay_request ?? (await fuzzSurface(SURFACES.find((s) => s.name === 'replay_request')!, tmpDir('wavebus-fuzz-replay-'), 1500, 5));
+  expect(r.accepted.replayed).toBeGreaterThan(0);
+  // The refusals reach past the first check: paths, the lists' bounds, tolerances, the timeout.
+  for (const field of ['refused:files', 'refused:calls', 'refused:incident', 'refused:tolerances', 'refused:timeout_ms']) expect([field, r.refused[field] > 0]).toEqual([field, true]);
+  expect(Object.keys(r.refused).some((k) => k.startsWith('drop:'))).toBe(true);
 });

@@ -20,6 +20,7 @@ import { controlSurface, statusReplySurface } from './fuzz-surfaces/control';
 import { mailboxAttachSurface, recorderRingSurface } from './fuzz-surfaces/host-files';
 import { recorderFlushSurface } from './fuzz-surfaces/recorder-files';
 import { telemetryRingSurface } from './fuzz-surfaces/telemetry-ring';
+import { replayRequestSurface } from './fuzz-surfaces/replay-request';
 
 /** WAVEBUS_FUZZ_TRACE=FILE: each input is written there before it is fed (the one that killed a run). */
 const TRACE = process.env.WAVEBUS_FUZZ_TRACE;
@@ -228,7 +229,7 @@ const reportSurface = fileSurface(
  * Every parser and file surface, in the order they run, one entry per surface; the groups of
  * test/fuzz-surfaces/ (control requests, host files, agent reports) and the file trees here.
  */
-export const SURFACES: Surface[] = [controlSurface, statusReplySurface, probeSurface, reportSurface, recorderRingSurface, mailboxAttachSurface, engineCrashSurface, fingerprintSurface, recorderFlushSurface, telemetryRingSurface];
+export const SURFACES: Surface[] = [controlSurface, statusReplySurface, probeSurface, reportSurface, recorderRingSurface, mailboxAttachSurface, engineCrashSurface, fingerprintSurface, recorderFlushSurface, telemetryRingSurface, replayRequestSurface];
 
 export interface SurfaceResult {
   surface: string;

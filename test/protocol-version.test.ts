@@ -23,7 +23,7 @@ const identity = (rank: number) => resolveIdentity({}, { rank, worldSize: 2, tp:
 test('the version is the proto enum PROTOCOL_VERSION_CURRENT', () => {
   const proto = require('fs').readFileSync(require('path').join(__dirname, '..', 'proto', 'wavebus.proto'), 'utf8') as string;
   expect(PROTOCOL_VERSION).toBe(Number(/PROTOCOL_VERSION_CURRENT = (\d+);/.exec(proto)?.[1]));
-  expect(PROTOCOL_VERSION).toBe(9);
+  expect(PROTOCOL_VERSION).toBe(10);
 });
 
 describe('a new coordinator and old peers', () => {
@@ -67,7 +67,7 @@ describe('a new coordinator and old peers', () => {
     const { reply, dealer } = await ask([hello(0)]);
     expect(reply?.body).toBe('refused');
     expect(reply?.refused).toMatchObject({ protocolVersion: PROTOCOL_VERSION, peerVersion: 0 });
-    expect(reply?.refused.error).toMatch(/the agent \(rank 0\) speaks no version .*the coordinator version 9; upgrade the agent/);
+    expect(reply?.refused.error).toMatch(/the agent \(rank 0\) speaks no version .*the coordinator version 10; upgrade the agent/);
     // The old agent carries on as it would: snapshot ask and heartbeats on the same connection.
     await dealer.send(encodeAgentMessage({ globalRank: 0, requestId: 5, snapshot: { globalRank: 0 } }));
     await dealer.send(encodeAgentMessage({ globalRank: 0, heartbeat: { wave: 1, globalRank: 0 } }));
@@ -88,11 +88,13 @@ describe('a new coordinator and old peers', () => {
     // Protocol 8: Region.block_stride, wake on demand, the decision ring and the telemetry ring
     // (docs/bus.md): a protocol-7 agent would read a strided pool's wrong bytes and drop ring heads.
     // Protocol 9: on a token bus without CURVE the agent logs in to the PUB port with PLAIN.
-    expect(PROTOCOL_VERSION).toBe(9);
-    const older = await ask([hello(1, 8)]);
-    expect(older.reply?.refused.error).toMatch(/speaks version 8, the coordinator version 9; upgrade the agent/);
-    const newer = await ask([hello(1, 10)]);
-    expect(newer.reply?.refused.error).toMatch(/speaks version 10, the coordinator version 9; upgrade the coordinator/);
+    // Protocol 10: a verdict's replay on another host through its agent (ReplayRequest): a
+    // protocol-9 agent would leave it unanswered until the relay's timeout.
+    expect(PROTOCOL_VERSION).toBe(10);
+    const older = await ask([hello(1, 9)]);
+    expect(older.reply?.refused.error).toMatch(/speaks version 9, the coordinator version 10; upgrade the agent/);
+    const newer = await ask([hello(1, 11)]);
+    expect(newer.reply?.refused.error).toMatch(/speaks version 11, the coordinator version 10; upgrade the coordinator/);
     expect(coord.liveRanks()).toEqual([]);
   });
 
@@ -179,7 +181,7 @@ describe('an old coordinator (answers without a version) and new peers', () => {
     try {
       const e = await mismatch;
       expect(e).toMatchObject({ code: 'ERR_PROTOCOL_VERSION' });
-      expect(e.message).toMatch(/the coordinator speaks no version \(a release from before versions\), the agent \(rank 0\) version 9; upgrade the coordinator/);
+      expect(e.message).toMatch(/the coordinator speaks no version \(a release from before versions\), the agent \(rank 0\) version 10; upgrade the coordinator/);
       expect(bus.stats.refused).toBe(e.message);
       await new Promise((r) => setTimeout(r, 300));
       const after = received;

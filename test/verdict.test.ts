@@ -4,10 +4,12 @@
 // hostA, replica 1 (ranks 2, 3) hostB; what makes them two is each one's environment (the engine
 // ranks get it with --env-on-rank, the replays with --host-env). The faulty device is a test double
 // (examples/torch-engine/device_fault.py): a host-level file that every process on hostA reads.
-// Replays run as local processes from the CLI (not through the agents and the bus), and no network
-// namespace separates the hosts here (test/verdict-netns.test.ts runs two): docs/verdict.md says so. The transient case is judged by
-// verdict.auto (replica 0's head agent, while the job serves) and told to the coordinator; the
-// bad-device job serves the device-local case and, judged as if DP=1, the inconclusive one.
+// A verdict run by hand replays here, as the CLI's children (hostB's replay with hostB's
+// environment); verdict.auto's, which knows the coordinator, replays on hostB through hostB's head
+// agent over the bus (docs/verdict.md "What runs where"). No network namespace separates the hosts
+// here (test/verdict-netns.test.ts runs two). The transient case is judged by verdict.auto (replica
+// 0's head agent, while the job serves) and told to the coordinator; the bad-device job serves the
+// device-local case and, judged as if DP=1, the inconclusive one.
 import * as fs from 'fs';
 import * as os from 'os';
 import * as path from 'path';
@@ -152,6 +154,8 @@ test('a one-off bit flip in rank 1\'s output at step 6, in the live process only
   expect(v.calls).toEqual([{ call, rank: 1 }]);
   // Both replays ran; each gives the same single output out of tolerance, with its per-tensor error.
   expect(v.replays.map((r: any) => [r.role, r.host, r.devices, r.ok])).toEqual([['same', 'hostA', [0, 1], true], ['other', 'hostB', [2, 3], true]]);
+  // hostB's replay ran through replica 1's head agent (rank 2), relayed by the coordinator.
+  expect([v.replays[0].agent_rank, v.replays[1].agent_rank, v.replays[1].agent_hostname]).toEqual([undefined, 2, os.hostname()]);
   for (const r of v.replays) {
     const bad = r.tensors.filter((t: any) => !t.within_tolerance);
     expect(bad.map((t: any) => [t.call, t.rank, t.mismatched])).toEqual([[call, 1, 1]]);

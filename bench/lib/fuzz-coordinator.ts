@@ -65,6 +65,8 @@ export function agentCorpus(): Buffer[] {
     // rank_divergence: a rank's digests (compared only with the detector on), an answer to a column ask
     { globalRank: 0, decided: { decisions: [{ wave: 5, tokenCrc: 1, rows: 3, inputCrc: 2, inputTokens: 3, flags: 7 }] } },
     { globalRank: 7, requestId: 92, decidedColumn: { wave: 5, found: true, column: Buffer.alloc(12) } },
+    // a verdict's replay answer nobody asked this connection for
+    { globalRank: 0, requestId: 91, replay: { globalRank: 0, error: 'x', tensors: [{ call: 1, rank: 0, shape: [1, 8], dtype: 'float32', maxAbsDiff: 0.5, withinTolerance: false }] } },
   ].map((m) => encodeAgentMessage(m));
   coversOneof('AgentMessage', 'body', corpusKinds(out), 'coordinator ROUTER');
   return out;
@@ -151,6 +153,7 @@ export const AGENT_BODIES = perKind<BodyRule>('AgentMessage', 'body', {
   fileServe: { claims: ownRank, fate: unasked },
   decided: { claims: ownRank, fate: fromThisConnection }, // taken only from the connection the rank said Hello on
   decidedColumn: { claims: ownRank, fate: unasked },
+  replay: { claims: ownRank, fate: unasked }, // a ReplayReply nobody asked this connection for
   // A new agent connection's challenge (coordinator-link.ts): the nonce back under the token's MAC.
   challenge: { claims: ownRank, fate: (s, m) => (s.token && m.challenge?.nonce?.length === NONCE_BYTES ? { reply: 'proof' } : { drop: 'unexpected' }) },
 }, 'the coordinator model (AGENT_BODIES)');

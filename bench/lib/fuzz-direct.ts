@@ -27,7 +27,7 @@ import { sameCounts, type FuzzTarget } from './fuzz-types';
 export const DIRECT_BODIES = perKind<'served' | 'unexpected'>(
   'CoordinatorMessage',
   'body',
-  { fileList: 'served', fileChunk: 'served', snapshot: 'unexpected', status: 'unexpected', heartbeat: 'unexpected', relay: 'unexpected', refused: 'unexpected', fileServe: 'unexpected', proof: 'unexpected', control: 'unexpected', decidedColumn: 'unexpected' },
+  { fileList: 'served', fileChunk: 'served', snapshot: 'unexpected', status: 'unexpected', heartbeat: 'unexpected', relay: 'unexpected', refused: 'unexpected', fileServe: 'unexpected', proof: 'unexpected', control: 'unexpected', decidedColumn: 'unexpected', replay: 'unexpected' },
   'the direct file socket model (DIRECT_BODIES)',
 );
 
@@ -64,6 +64,7 @@ export function directCorpus(allowKey: string): Buffer[] {
     encodeCoordinatorMessage({ requestId: id(), proof: { nonce: Buffer.alloc(16, 7) } }),
     encodeCoordinatorMessage({ requestId: id(), control: { protocolVersion: 1, error: 'x' } }),
     encodeCoordinatorMessage({ requestId: id(), decidedColumn: { wave: 5 } }),
+    encodeCoordinatorMessage({ requestId: id(), replay: { incident: 'incident-wave1-dp0', calls: [1] } }),
   );
   for (const b of validChunks()) out.push(b);
   coversOneof('CoordinatorMessage', 'body', out.map((b) => (decodeCoordinatorMessage(b, MAX_REQUEST_BYTES) as { value?: { body?: string } }).value?.body), 'direct file socket');

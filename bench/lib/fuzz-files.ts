@@ -66,6 +66,8 @@ export function relayCorpus(): Buffer[] {
   out.push(encodeAgentMessage({ requestId: 10, relay: { rank: 0, fileList: { root: 'reports' }, protocolVersion: PROTOCOL_VERSION + 1 } }));
   // agent A's direct file socket (the tool sends it empty; the coordinator fills in its allow-list)
   for (const rank of [0, 1]) out.push(encodeAgentMessage({ requestId: 11 + rank, relay: { rank, fileServe: {}, protocolVersion: PROTOCOL_VERSION } }));
+  // a verdict's replay on rank 0's host: the agent refuses it by field (no files), on no live rank the coordinator does
+  for (const rank of [0, 2 ** 32 - 1]) out.push(encodeAgentMessage({ requestId: 13 + rank, relay: { rank, replay: { incident: 'incident-wave1-dp0', calls: [1], ranks: [0], devices: [0], timeoutMs: 1000 }, protocolVersion: PROTOCOL_VERSION } }));
   coversOneof('RelayRequest', 'request', out.map((b) => (decode(AgentMessage, b).relay as { request?: string } | undefined)?.request), 'relay');
   return out;
 }

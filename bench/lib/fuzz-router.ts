@@ -37,7 +37,7 @@ export function routerMessage(m: Mutator, corpus: Buffer[], token?: BusToken): B
 export const ROUTER_REPLIES = perKind<'reply' | 'relay' | 'forwarded' | 'never'>(
   'CoordinatorMessage',
   'body',
-  { snapshot: 'reply', status: 'reply', refused: 'reply', proof: 'reply', control: 'reply', relay: 'relay', fileList: 'forwarded', fileChunk: 'forwarded', fileServe: 'forwarded', heartbeat: 'never', decidedColumn: 'never' /* asked only after two ranks' digests differ, with rank_divergence on (off here) */ },
+  { snapshot: 'reply', status: 'reply', refused: 'reply', proof: 'reply', control: 'reply', relay: 'relay', fileList: 'forwarded', fileChunk: 'forwarded', fileServe: 'forwarded', replay: 'forwarded', heartbeat: 'never', decidedColumn: 'never' /* asked only after two ranks' digests differ, with rank_divergence on (off here) */ },
   'the coordinator model (ROUTER_REPLIES)',
 );
 

@@ -244,7 +244,8 @@ def replay_one(a, call: int, probe, faults, devices) -> bool:
             if a.save_logits and not os.path.exists(saved):
                 line.update(engine_output=None, reason=f"no {saved}")
             else:
-                want = torch.load(saved)["logits"]
+                # weights_only: the file may come from another host (a verdict's replay request): never unpickle code.
+                want = torch.load(saved, map_location="cpu", weights_only=True)["logits"]
                 same = logits.shape == want.shape and torch.equal(logits.view(torch.int32), want.view(torch.int32))
                 line.update(bitwise_equal=same, max_abs_diff=(logits - want).abs().max().item() if logits.shape == want.shape else None)
                 ok = ok and same

@@ -16,6 +16,7 @@ import { RegionRole } from '../client/protocol';
 import { FileServer } from './file-server';
 import { agentDirectFiles, fileRequestHandler, type DirectFiles } from './direct-files';
 import { RootGate } from './roots';
+import { ReplayServer } from './replay-server';
 import { decideAheadWaves } from '../bus/constants';
 import { ConfigError, WavebusError } from '../errors';
 import type { RankIdentity } from '../layout';
@@ -87,6 +88,8 @@ export class Agent {
   private readonly recorderWarned = new Set<string>();
   private files?: FileServer;
   private direct?: DirectFiles;
+  /** A verdict's replay asked over the bus (replay-server.ts). */
+  private replays?: ReplayServer;
   private view: RuntimeView = { ...DEFAULT_VIEW };
   private pendingView?: RuntimeView;
   /** Configs and dump lanes by the wave at whose end they are due; the engine's last known wave. */
@@ -200,7 +203,8 @@ export class Agent {
       this.bus.on('wake', () => this.publishFeatures());
       this.direct = agentDirectFiles(Boolean(this.opts.curve), this.opts.directFiles, { globalRank: identity.globalRank, roots: served, coordinator: this.opts.coordinator, log: this.log });
       const files = fileRequestHandler(this.files, this.direct, identity.globalRank);
-      this.bus.onRequest((req) => (req.body === 'decidedColumn' ? Promise.resolve(this.rings.decidedColumn(Number(req.decidedColumn.wave), Boolean(req.decidedColumn.inputs))) : files(req)));
+      const replays = (this.replays = new ReplayServer({ globalRank: identity.globalRank, root: this.opts.roots?.snapshots ?? this.opts.snapshot?.snapshotRoot, args: this.opts.verdictArgs ?? [], log: this.log }));
+      this.bus.onRequest((req) => (req.body === 'decidedColumn' ? Promise.resolve(this.rings.decidedColumn(Number(req.decidedColumn.wave), Boolean(req.decidedColumn.inputs))) : req.body === 'replay' ? replays.handle(req) : files(req)));
       await this.bus.start();
       this.vectors.watchReceiver(this.bus);
       // Lanes-only: a plain wave's vector is known from the mailbox the host receiver writes.
@@ -235,6 +239,7 @@ export class Agent {
     if (this.stopped) return;
     this.stopped = true;
     this.rec?.stop();
+    this.replays?.stop();
     this.vectors?.stopWatch();
     this.waves.close();
     await this.ends.writes.catch(() => undefined);

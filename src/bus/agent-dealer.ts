@@ -52,6 +52,7 @@ export function onCoordinatorMessage(h: DealerHost, parts: Buffer[], generation:
     case 'fileList':
     case 'fileChunk':
     case 'fileServe':
+    case 'replay':
     case 'decidedColumn':
       answerFileRequest(h.handler(), msg, h.rank, (body, requestId) => h.send(body, requestId));
       return;

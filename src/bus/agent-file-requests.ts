@@ -5,7 +5,7 @@ import type { CoordinatorMsg } from './frames';
 
 /** Answer `req` with `handler`'s body, or with an error naming the rank (no handler, or it failed). */
 export function answerFileRequest(handler: RequestHandler | undefined, req: CoordinatorMsg, rank: number, send: (body: Record<string, unknown>, requestId: number) => void): void {
-  const kind = req.body as 'fileList' | 'fileChunk' | 'fileServe' | 'decidedColumn';
+  const kind = req.body as 'fileList' | 'fileChunk' | 'fileServe' | 'decidedColumn' | 'replay';
   const fail = (error: string) => send({ [kind]: { globalRank: rank, error } }, req.requestId);
   if (!handler) {
     fail(`rank ${rank}: this agent does not serve ${kind} requests`);

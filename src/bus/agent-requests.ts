@@ -1,5 +1,6 @@
 // Requests from the coordinator to one rank's agent (file lists and chunks), and the relay that
-// forwards a tool's request (`wavebus aggregate`) to that rank and its answer back. Replies are
+// forwards a tool's request (`wavebus aggregate`'s files, `wavebus verdict`'s replay) to that rank
+// and its answer back. Replies are
 // correlated by request id (request-map.ts) and only count from the rank that was asked.
 import { WavebusError } from '../errors';
 import type { AgentMsg, DropCounter } from './frames';
@@ -54,7 +55,7 @@ export class AgentRequests {
   }
 
   /**
-   * A fileList / fileChunk / fileServe answer from `rank`. Only an answer to a request this coordinator sent
+   * A fileList / fileChunk / fileServe / replay answer from `rank`. Only an answer to a request this coordinator sent
    * that rank counts (and only then does it refresh the rank's route): a stray reply must not
    * take over a rank's routing id.
    */
@@ -84,8 +85,8 @@ export class AgentRequests {
     const rank = Number(relay.rank ?? 0);
     const kind = relay.request as string | undefined;
     const answer = (body: Record<string, unknown>, data?: Buffer) => this.send(routingId, { requestId: msg.requestId, relay: { rank, protocolVersion: PROTOCOL_VERSION, ...body } }, data);
-    if (kind !== 'fileList' && kind !== 'fileChunk' && kind !== 'fileServe') {
-      answer({ error: 'relay request carries none of file_list, file_chunk, file_serve' });
+    if (kind !== 'fileList' && kind !== 'fileChunk' && kind !== 'fileServe' && kind !== 'replay') {
+      answer({ error: 'relay request carries none of file_list, file_chunk, file_serve, replay' });
       return;
     }
     const allow = this.allowKeys();

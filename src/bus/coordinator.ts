@@ -420,6 +420,7 @@ export class Coordinator extends EventEmitter {
       case 'fileList':
       case 'fileChunk':
       case 'fileServe':
+      case 'replay':
       case 'decidedColumn': {
         this.agentRequests.onAnswer(msg, rank, routingId, data);
         return;

@@ -10,6 +10,8 @@ import { jsonSafe } from '../tools/compare';
 import { parseHostEnvs, parseRankHosts } from '../tools/verdict-plan';
 import { formatVerdict, verdict, writeVerdict } from '../tools/verdict';
 import { reportVerdict } from '../tools/verdict-report';
+import { runReplayRequest } from '../tools/verdict-remote';
+import { DEFAULT_TOLERANCES } from '../tools/bisect-compare';
 import { parseHostPort } from '../bus/endpoints';
 import { loadBusToken } from '../bus/auth';
 import { CURVE_CLIENT_FLAGS, curveClientKeysFromFlags } from '../bus/curve-client-flags';
@@ -37,6 +39,7 @@ export const command: CommandModule = {
       .option('tol', { type: 'string', array: true, nargs: 1, describe: "DTYPE=ATOL,RTOL, repeatable (bisect's; defaults fp32=1e-5,1e-4 ...)" })
       .option('replay-timeout-ms', { type: 'string', default: '600000', describe: 'each replay process is killed after this long (the verdict is then inconclusive)' })
       .option('json', { type: 'boolean', default: false, describe: 'print verdict.json' })
+      .option('replay-request', { type: 'boolean', default: false, describe: "an agent's replay for another host's verdict: TREE is the request it wrote (request.json, snapshots/, engine/); prints the replay's per-tensor errors as JSON (docs/verdict.md)" })
       .option('coordinator', { type: 'string', describe: "also tell the job's coordinator HOST:PORT (its status and /metrics show the verdict)" })
       .option('bus-token-file', { type: 'string', describe: "with --coordinator: the job's bus token file (default $WAVEBUS_BUS_TOKEN_FILE)" })
       .option('bus-token-fd', { type: 'string', describe: 'with --coordinator: read the bus token from this descriptor (how verdict.auto\'s agent hands it on; takes the place of --bus-token-file)' })
@@ -55,12 +58,22 @@ export const command: CommandModule = {
         curve: curveClientKeysFromFlags(argv),
       };
       const timeoutMs = msFlag(argv.timeout, '--timeout', 1);
+      const replayer = [nonEmpty(argv.python, '--python'), argv.replayer === undefined ? REPLAY : path.resolve(nonEmpty(argv.replayer, '--replayer'))];
+      if (argv['replay-request']) {
+        // The agent's child (src/agent/replay-server.ts): this host's replayer, shard and engines.
+        const r = await runReplayRequest(path.resolve(nonEmpty(argv.tree, 'TREE')), {
+          replayer, replayerArgs: list(argv['replayer-arg']), tolerances: { ...DEFAULT_TOLERANCES, ...parseTolerances(argv.tol) },
+          servingOut: argv['engine-out'] === undefined ? undefined : path.resolve(nonEmpty(argv['engine-out'], '--engine-out')),
+        });
+        process.stdout.write(`${JSON.stringify(jsonSafe(r))}\n`);
+        process.exit(0);
+      }
       if (argv['engine-out'] === undefined) throw new ConfigError("--engine-out: required: the engine's own outputs are what each replay is compared with");
       const v = await verdict({
         tree: path.resolve(nonEmpty(argv.tree, 'TREE')),
         incident: argv.incident === undefined ? undefined : nonEmpty(argv.incident, '--incident'),
         engineOut: path.resolve(nonEmpty(argv['engine-out'], '--engine-out')),
-        replayer: [nonEmpty(argv.python, '--python'), argv.replayer === undefined ? REPLAY : path.resolve(nonEmpty(argv.replayer, '--replayer'))],
+        replayer,
         replayerArgs: list(argv['replayer-arg']),
         dp: intFlag(argv.dp, '--dp', 1, 4096),
         hosts: parseRankHosts(list(argv['rank-host'])),
@@ -70,6 +83,7 @@ export const command: CommandModule = {
         reference: argv.reference !== false,
         tolerances: parseTolerances(argv.tol),
         timeoutMs: msFlag(argv['replay-timeout-ms'], '--replay-timeout-ms'),
+        remote: target ? { target, tol: list(argv.tol) } : undefined,
       });
       const file = writeVerdict(v);
       process.stdout.write(argv.json ? `${JSON.stringify(jsonSafe(v), null, 2)}\n` : `${formatVerdict(v)}  written: ${file}\n`);

@@ -43,6 +43,9 @@ export interface ReplayResult extends ReplaySpec {
   /** The devices it ran on, as the replay process saw them (its fingerprint.json), or why none. */
   fingerprint?: DeviceFingerprint[];
   fingerprint_error?: string;
+  /** A replay on another host through its agent (verdict-remote.ts): the rank asked and its machine's name. */
+  agent_rank?: number;
+  agent_hostname?: string;
   tensors: TensorError[];
 }
 

@@ -11,9 +11,12 @@ import { VerdictError } from '../errors';
 import { bisect } from './bisect';
 import { DEFAULT_TOLERANCES, type Tolerances } from './bisect-compare';
 import { jsonSafe } from './compare';
-import { findIncident, placementOf, replicaHost, servingPid, type Incident, type Placement } from './verdict-plan';
-import { compareSaved, runProcess, type ReplayResult, type ReplaySpec } from './verdict-run';
-import { describeDevice, readReplayFingerprint, type DeviceFingerprint } from './verdict-fingerprint';
+import { findIncident, replicaHost, type Incident, type Placement } from './verdict-plan';
+import { runProcess, type ReplayResult, type ReplaySpec } from './verdict-run';
+import { describeDevice, type DeviceFingerprint } from './verdict-fingerprint';
+import { replayHere } from './verdict-replay';
+import { replayViaAgent } from './verdict-remote';
+import type { ControlTarget } from './control-client';
 
 export type VerdictKind = 'deterministic' | 'device-local' | 'transient' | 'inconclusive';
 
@@ -35,6 +38,11 @@ export interface VerdictOptions {
   reference: boolean;
   tolerances?: Partial<Tolerances>;
   timeoutMs: number;
+  /**
+   * The job's coordinator: replay (2) on another replica's host runs through that replica's head
+   * agent over the authenticated bus (verdict-remote.ts), not here. `tol`: the --tol flags, sent as given.
+   */
+  remote?: { target: ControlTarget; tol: string[] };
 }
 
 export interface Verdict {
@@ -62,26 +70,12 @@ function envFor(o: VerdictOptions, host: string): NodeJS.ProcessEnv {
   return { ...process.env, ...(o.hostEnvs.get(host) ?? {}) };
 }
 
-async function replayOn(o: VerdictOptions, inc: Incident, spec: ReplaySpec, work: string, tols: Tolerances): Promise<ReplayResult> {
-  const base: ReplayResult = { ...spec, ok: false, tensors: [] };
-  if (!o.allowLiveDevice) {
-    const live = spec.ranksOnDevices.map((g) => [g, servingPid(o.engineOut, g)] as const).filter(([, pid]) => pid !== undefined);
-    if (live.length) {
-      return { ...base, error: `rank ${live[0][0]}'s engine (pid ${live[0][1]}) still serves on host ${spec.host} device ${spec.devices[inc.ranks.indexOf(live[0][0])] ?? spec.devices[0]}: not replayed there (--allow-live-device to replay anyway)` };
-    }
-  }
-  const out = path.join(work, spec.role);
-  fs.rmSync(out, { recursive: true, force: true });
-  const argv = [...o.replayer, '--snapshots', inc.snapshots, '--call', inc.calls.join(','), '--engine-out', o.engineOut, '--save-logits', out,
-    ...spec.devices.flatMap((d, t) => ['--device', `${t}=${d}`]), ...o.replayerArgs];
-  const run = await runProcess(argv, envFor(o, spec.host), o.timeoutMs);
-  // Exit 1 is replay.py's "not bit-exact": a result, not a failure. Anything else failed.
-  if (run.code !== 0 && run.code !== 1) return { ...base, wall_ms: run.ms, error: `the replay exited ${run.code}: ${run.tail.trim().split('\n').slice(-3).join(' | ')}` };
-  const fp = readReplayFingerprint(out);
-  const seen = 'devices' in fp ? { fingerprint: fp.devices } : { fingerprint_error: fp.error };
-  const { tensors, missing } = compareSaved(out, inc.calls, inc.ranks, tols);
-  if (tensors.length === 0) return { ...base, ...seen, wall_ms: run.ms, error: `nothing to compare: ${missing.slice(0, 3).join('; ')}${run.code ? ` (the replay exited ${run.code}: ${run.tail.trim().split('\n').slice(-2).join(' | ')})` : ''}` };
-  return { ...base, ...seen, ok: true, wall_ms: run.ms, tensors };
+/** A replay run here, as a child of this process, with `spec.host`'s environment (--host-env). */
+function replayOn(o: VerdictOptions, inc: Incident, spec: ReplaySpec, work: string, tols: Tolerances): Promise<ReplayResult> {
+  return replayHere(spec, {
+    snapshots: inc.snapshots, engineOut: o.engineOut, calls: inc.calls, ranks: inc.ranks, replayer: o.replayer, replayerArgs: o.replayerArgs,
+    env: envFor(o, spec.host), allowLiveDevice: o.allowLiveDevice, timeoutMs: o.timeoutMs,
+  }, path.join(work, spec.role), tols);
 }
 
 /** Replay (3): the newest forward at TP=N and TP=1 with the probe on, and bisect between them. */
@@ -109,6 +103,8 @@ export async function verdict(o: VerdictOptions): Promise<Verdict> {
   const tols: Tolerances = { ...DEFAULT_TOLERANCES, ...(o.tolerances ?? {}) };
   const work = path.join(inc.dir, 'verdict');
   fs.mkdirSync(work, { recursive: true, mode: 0o700 });
+  // The incident's replica is the job's: a replica past --dp would make "another replica" a guess.
+  if (inc.replica >= o.dp) throw new VerdictError(`--dp ${o.dp}: the incident ${inc.id} is of replica ${inc.replica}: give the job's DP (replicas 0..DP-1)`);
   const here = replicaHost(o.hosts, inc.ranks);
   const same: ReplaySpec = { role: 'same', host: here.host, devices: here.devices, ranksOnDevices: inc.ranks };
   let other: ReplaySpec | string;
@@ -127,7 +123,14 @@ export async function verdict(o: VerdictOptions): Promise<Verdict> {
     }
   }
   const replays: ReplayResult[] = [await replayOn(o, inc, same, work, tols)];
-  if (typeof other !== 'string') replays.push(await replayOn(o, inc, other, work, tols));
+  if (typeof other !== 'string') {
+    // Another replica's host is reached through its agent when the coordinator is known; --other-host
+    // names a host by its environment only, so that replay runs here.
+    const via = o.remote && o.otherHost === undefined ? { ...o.remote, rank: other.ranksOnDevices[0] } : undefined;
+    replays.push(via
+      ? await replayViaAgent(inc, o.engineOut, other, { target: via.target, rank: via.rank, tol: via.tol, allowLiveDevice: o.allowLiveDevice, timeoutMs: o.timeoutMs })
+      : await replayOn(o, inc, other, work, tols));
+  }
   const done = (v: Omit<Verdict, 'incident' | 'replays' | 'tolerances' | 'time' | 'wall_ms'>): Verdict => ({
     incident: { id: inc.id, dir: inc.dir, replica: inc.replica, tp: inc.tp, ranks: inc.ranks, calls: inc.calls },
     ...v, replays, tolerances: tols, time: new Date().toISOString(), wall_ms: Date.now() - t0,
@@ -166,7 +169,7 @@ export function formatVerdict(v: Verdict): string {
   for (const r of v.replays) {
     const bad = r.tensors.filter((t) => !t.within_tolerance);
     const worst = r.tensors.reduce((m, t) => Math.max(m, t.max_abs_diff), 0);
-    lines.push(`  replay ${r.role.padEnd(5)} host ${r.host} devices ${r.devices.join(',')}: ${r.ok ? `${r.tensors.length - bad.length}/${r.tensors.length} outputs within tolerance (${r.tensors.filter((t) => t.bit_exact).length} bit-exact), max|diff| ${worst.toPrecision(3)}` : `not run: ${r.error}`}${r.wall_ms !== undefined ? ` [${(r.wall_ms / 1000).toFixed(1)} s]` : ''}`);
+    lines.push(`  replay ${r.role.padEnd(5)} host ${r.host}${r.agent_rank !== undefined ? ` (rank ${r.agent_rank}'s agent${r.agent_hostname ? ` on ${r.agent_hostname}` : ''})` : ''} devices ${r.devices.join(',')}: ${r.ok ? `${r.tensors.length - bad.length}/${r.tensors.length} outputs within tolerance (${r.tensors.filter((t) => t.bit_exact).length} bit-exact), max|diff| ${worst.toPrecision(3)}` : `not run: ${r.error}`}${r.wall_ms !== undefined ? ` [${(r.wall_ms / 1000).toFixed(1)} s]` : ''}`);
     for (const t of bad.slice(0, 8)) lines.push(`    call ${t.call} rank ${t.rank}: max|diff| ${t.max_abs_diff.toPrecision(3)}, ${t.mismatched}/${t.numel} beyond atol ${t.atol} + rtol ${t.rtol}`);
   }
   for (const d of v.verdict === 'device-local' ? v.fingerprint ?? [] : []) lines.push(`  device ${d.index} on host ${v.host}: ${describeDevice(d)}`);
