@@ -32,6 +32,10 @@ const FUZZ_INPUTS: Record<string, number> = {
   recorder_flush: EVERY ?? (FULL ? 100000 : 5000),
   // One part of a slot rewritten, the slot read back with a few preads: cheap.
   telemetry_ring: EVERY ?? 100000,
+  // A slot part rewritten, the ring polled and each wave's two columns asked: a few preads each.
+  decision_ring: EVERY ?? (FULL ? 100000 : 5000),
+  // A frame through the ROUTER path into a fresh comparison, the column asks settled: in process.
+  rank_digests: EVERY ?? (FULL ? 100000 : 5000),
 };
 
 const results: Record<string, SurfaceResult> = {};
@@ -66,7 +70,7 @@ describe.each(SURFACES.map((s) => [s.name, s] as const))('%s', (name, surface) =
 
 test('control requests: refusals by the coordinator name their error code, and each kind is answered', async () => {
   const r = results.control_request ?? (await fuzzSurface(SURFACES[0], tmpDir('wavebus-fuzz-ctl-'), 20000, 5));
-  for (const k of ['control:status', 'control:dump', 'control:capture', 'control:query']) expect(r.accepted[k]).toBeGreaterThan(0);
+  for (const k of ['control:status', 'control:dump', 'control:capture', 'control:query', 'control:verdict']) expect(r.accepted[k]).toBeGreaterThan(0);
   // Refused by code and by the field the reason names first (capture.format, dump.request_id, ...).
   const named = Object.keys(r.refused).filter((k) => k.startsWith('control:'));
   expect(named.length).toBeGreaterThanOrEqual(4);
@@ -90,4 +94,20 @@ test('telemetry ring: whole heads relayed with columns the coordinator accepts; 
   for (const kind of ['torn', 'bad_counts', 'bad_extra']) expect([kind, refused.includes(kind)]).toEqual([kind, true]);
   const dropped = Object.keys(r.accepted).filter((k) => k.startsWith('head_dropped_')).join(' ');
   for (const kind of ['token_out_of_range', 'row_out_of_range', 'bad_event']) expect([kind, dropped.includes(kind)]).toEqual([kind, true]);
+});
+
+test('decision ring: every wave the agent sends is whole; a column it cannot give names why (counts past the ring, row starts outside the forward, a slot gone)', async () => {
+  const r = results.decision_ring ?? (await fuzzSurface(SURFACES.find((s) => s.name === 'decision_ring')!, tmpDir('wavebus-fuzz-dr-'), 3000, 5));
+  expect(r.accepted.waves_4).toBeGreaterThan(0);
+  // Fewer waves sent: a slot torn (odd seq), its wave moved to another slot, or undecided.
+  expect(Object.keys(r.accepted).filter((k) => k !== 'waves_4').length).toBeGreaterThan(0);
+  const refused = Object.keys(r.refused).join(' ');
+  for (const kind of ['digest_only', 'inputs_do_not_fit', 'row_starts_outside']) expect([kind, refused.includes(kind)]).toEqual([kind, true]);
+});
+
+test('rank digests: hostile digests and column answers are compared or dropped by name, never an unresolved divergence', async () => {
+  const r = results.rank_digests ?? (await fuzzSurface(SURFACES.find((s) => s.name === 'rank_digests')!, tmpDir('wavebus-fuzz-rd-'), 3000, 5));
+  const accepted = Object.keys(r.accepted).join(' ');
+  for (const kind of ['agreed', 'diverged']) expect([kind, accepted.includes(kind)]).toEqual([kind, true]);
+  for (const k of ['drop:truncated', 'drop:rank_out_of_range']) expect(r.refused[k]).toBeGreaterThan(0);
 });
