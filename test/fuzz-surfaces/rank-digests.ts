@@ -181,7 +181,7 @@ export const rankDigestsSurface: Surface = {
     const drops = new DropCounter(undefined, 'fuzz', (reason) => (dropped = reason));
     const admission = { drops, versions: new VersionGate(), worldSize: layout.worldSize, reply: () => undefined };
     const scratch = new ColumnScratch();
-    const routingId = Buffer.from([0, 0, 0, 0, 1]);
+    let conn = 0;
     let answer: Buffer = Buffer.alloc(0);
     const ask = async (rank: number, w: number, inputs?: boolean) => {
       if (rank === 0) return { column: Buffer.from(Int32Array.from(inputs ? [1, 2, 3] : [100 + w, 7, 9]).buffer) };
@@ -201,6 +201,10 @@ export const rankDigestsSurface: Surface = {
       (divergence as { compare: RankCompare }).compare = new RankCompare(layout);
       const before = totals();
       const failed = failures.length;
+      // Each input on a connection of its own: a frame that reads as a hello of another version
+      // refuses its connection from then on (VersionGate), which would drop every later input.
+      const routingId = Buffer.alloc(5);
+      routingId.writeUInt32BE(++conn, 1);
       const opened = openRouterMessage([routingId, input], DEFAULT_MAX_FRAME_BYTES, undefined, scratch, drops);
       const rank = opened ? admitRouterMessage(opened, admission) : undefined;
       let out: Outcome;
