@@ -65,6 +65,7 @@ const HF_BISECT_WALK = 'a step of the walk from a TP=2 transformers capture to t
 const BISECT_WALK = 'a step of the walk from a TP=2 PyTorch capture to the first wrong layer (a minute or more of CPU); test/bisect.test.ts runs the same launch, replays and bisects';
 const LIVE_JOB = 'talks to a running job\'s coordinator on port 29600; test/control.test.ts runs status, dump and capture against a simulated job of its own';
 const WALK = 'a step of docs/walkthrough.md, which test/newcomer-walk.test.ts runs in order, as written, read from the page (two demos, a live job, replays: a few minutes of CPU)';
+const HF_WALK = 'a step of docs/transformers.md\'s first run, which test/newcomer-transformers.test.ts runs in order, as written, read from the page (a fresh venv, two TP=2 transformers jobs: minutes of CPU)';
 const DEMO_TREE = 'reads the output of a `wavebus demo` (about two minutes of CPU; test/demo.test.ts checks the demo writes the page and the trace)';
 
 /** Commands that cannot run here, each with why. */
@@ -158,12 +159,22 @@ const SKIPPED: Record<string, string> = {
   'wavebus demo --engine torch --tp 2 --steps 120 --port 29600 &': WALK,
   'wavebus status --coordinator 127.0.0.1:29600 --bus-token-file wavebus-demo/bus.token --timeout 30000': WALK,
   'wavebus capture --coordinator 127.0.0.1:29600 --bus-token-file wavebus-demo/bus.token --next --wait': WALK,
-  wait: WALK,
+  wait: `${WALK}; also ${HF_WALK}`,
   'wavebus report wavebus-demo -o incident.html': WALK,
   'SNAP=wavebus-demo/snapshots/torch-engine-tp2': WALK,
   'python3 examples/torch-engine/replay.py --snapshots $SNAP --call $CALL --tp 1 --probe tp1': WALK,
   'python3 examples/torch-engine/replay.py --snapshots $SNAP --call $CALL --probe bad --fault weight:1:layers.1.up': WALK,
   'wavebus bisect bad tp1': WALK,
+  "python3 -m venv hf-venv": HF_WALK,
+  "hf-venv/bin/pip install -q --index-url file:///opt/pypi/simple --extra-index-url file:///opt/pypi-more/simple --find-links /opt/wheels 'torch>=2,<3' 'transformers>=5,<6' accelerate safetensors numpy pyzmq protobuf ./clients/python": HF_WALK,
+  "export PATH=$PWD/hf-venv/bin:$PATH": HF_WALK,
+  "python examples/transformers-engine/make_model.py model": HF_WALK,
+  "wavebus launch --nproc-per-node 2 --tp 2 --port 29600 --bus-token-dir . --runtime-config-hot-reload -- torchrun --standalone --nproc-per-node 2 examples/transformers-engine/serve.py --model model --out out --max-tokens 100 --step-sleep-ms 100 &": HF_WALK,
+  "wavebus status --coordinator 127.0.0.1:29600 --bus-token-file bus.token": HF_WALK,
+  "echo '{\"detector\": {\"token_repeat\": {\"enabled\": true, \"on_trigger\": [\"report\", \"dump_kv\"]}}, \"dump\": {\"auto_max_times\": 1}}' > runtime/config/runtime_config.json": HF_WALK,
+  "wavebus launch --nproc-per-node 2 --tp 2 --port 29600 --bus-token-dir . -- torchrun --standalone --nproc-per-node 2 examples/transformers-engine/serve.py --model model --out out2 --max-tokens 100 --step-sleep-ms 200 &": HF_WALK,
+  "wavebus dump --coordinator 127.0.0.1:29600 --bus-token-file bus.token --all --wait": HF_WALK,
+  "wavebus report runtime -o incident.html": HF_WALK,
   'wavebus status --coordinator 127.0.0.1:29600': LIVE_JOB,
   'wavebus status --coordinator 127.0.0.1:29600 --json': LIVE_JOB,
   'wavebus dump --coordinator 127.0.0.1:29600 --request abc --wait': LIVE_JOB,

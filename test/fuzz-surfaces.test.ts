@@ -34,6 +34,10 @@ const FUZZ_INPUTS: Record<string, number> = {
   telemetry_ring: EVERY ?? 100000,
   // An accepted request stages its files and starts a process (the stand-in replay): a few ms each.
   replay_request: EVERY ?? (FULL ? 100000 : 3000),
+  // A slot part rewritten, the ring polled and each wave's two columns asked: a few preads each.
+  decision_ring: EVERY ?? (FULL ? 100000 : 5000),
+  // A frame through the ROUTER path into a fresh comparison, the column asks settled: in process.
+  rank_digests: EVERY ?? (FULL ? 100000 : 5000),
 };
 
 const results: Record<string, SurfaceResult> = {};
@@ -68,7 +72,7 @@ describe.each(SURFACES.map((s) => [s.name, s] as const))('%s', (name, surface) =
 
 test('control requests: refusals by the coordinator name their error code, and each kind is answered', async () => {
   const r = results.control_request ?? (await fuzzSurface(SURFACES[0], tmpDir('wavebus-fuzz-ctl-'), 20000, 5));
-  for (const k of ['control:status', 'control:dump', 'control:capture', 'control:query']) expect(r.accepted[k]).toBeGreaterThan(0);
+  for (const k of ['control:status', 'control:dump', 'control:capture', 'control:query', 'control:verdict']) expect(r.accepted[k]).toBeGreaterThan(0);
   // Refused by code and by the field the reason names first (capture.format, dump.request_id, ...).
   const named = Object.keys(r.refused).filter((k) => k.startsWith('control:'));
   expect(named.length).toBeGreaterThanOrEqual(4);
@@ -100,4 +104,23 @@ test('replay requests: the agent refuses each bad field by name, replays the res
   // The refusals reach past the first check: paths, the lists' bounds, tolerances, the timeout.
   for (const field of ['refused:files', 'refused:calls', 'refused:incident', 'refused:tolerances', 'refused:timeout_ms']) expect([field, r.refused[field] > 0]).toEqual([field, true]);
   expect(Object.keys(r.refused).some((k) => k.startsWith('drop:'))).toBe(true);
+});
+
+test('decision ring: every wave the agent sends is whole; a column it cannot give names why (counts past the ring, row starts outside the forward, a slot gone)', async () => {
+  const r = results.decision_ring ?? (await fuzzSurface(SURFACES.find((s) => s.name === 'decision_ring')!, tmpDir('wavebus-fuzz-dr-'), 3000, 5));
+  expect(r.accepted.waves_4).toBeGreaterThan(0);
+  // Fewer waves sent: a slot torn (odd seq), its wave moved to another slot, or undecided.
+  expect(Object.keys(r.accepted).filter((k) => k !== 'waves_4').length).toBeGreaterThan(0);
+  const refused = Object.keys(r.refused).join(' ');
+  for (const kind of ['digest_only', 'inputs_do_not_fit', 'row_starts_outside']) expect([kind, refused.includes(kind)]).toEqual([kind, true]);
+});
+
+test('rank digests: hostile digests and column answers are compared or dropped by name, never an unresolved divergence', async () => {
+  const r = results.rank_digests ?? (await fuzzSurface(SURFACES.find((s) => s.name === 'rank_digests')!, tmpDir('wavebus-fuzz-rd-'), 3000, 5));
+  const accepted = Object.keys(r.accepted).join(' ');
+  for (const kind of ['agreed', 'diverged']) expect([kind, accepted.includes(kind)]).toEqual([kind, true]);
+  for (const k of ['drop:truncated', 'drop:rank_out_of_range']) expect(r.refused[k]).toBeGreaterThan(0);
+  // A tenth of the inputs or more reach the comparison (a version refusal of one connection does not stop the rest).
+  const compared = Object.entries(r.accepted).filter(([k]) => k.startsWith('compared:')).reduce((a, [, n]) => a + n, 0);
+  expect(compared).toBeGreaterThan(r.inputs / 10);
 });

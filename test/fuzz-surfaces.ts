@@ -19,6 +19,7 @@ import { engineCrashSurface, fingerprintSurface } from './fuzz-surfaces/agent-re
 import { controlSurface, statusReplySurface } from './fuzz-surfaces/control';
 import { mailboxAttachSurface, recorderRingSurface } from './fuzz-surfaces/host-files';
 import { recorderFlushSurface } from './fuzz-surfaces/recorder-files';
+import { decisionRingSurface, rankDigestsSurface } from './fuzz-surfaces/rank-digests';
 import { telemetryRingSurface } from './fuzz-surfaces/telemetry-ring';
 import { replayRequestSurface } from './fuzz-surfaces/replay-request';
 
@@ -229,7 +230,7 @@ const reportSurface = fileSurface(
  * Every parser and file surface, in the order they run, one entry per surface; the groups of
  * test/fuzz-surfaces/ (control requests, host files, agent reports) and the file trees here.
  */
-export const SURFACES: Surface[] = [controlSurface, statusReplySurface, probeSurface, reportSurface, recorderRingSurface, mailboxAttachSurface, engineCrashSurface, fingerprintSurface, recorderFlushSurface, telemetryRingSurface, replayRequestSurface];
+export const SURFACES: Surface[] = [controlSurface, statusReplySurface, probeSurface, reportSurface, recorderRingSurface, mailboxAttachSurface, engineCrashSurface, fingerprintSurface, recorderFlushSurface, telemetryRingSurface, replayRequestSurface, decisionRingSurface, rankDigestsSurface];
 
 export interface SurfaceResult {
   surface: string;

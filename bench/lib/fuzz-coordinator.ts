@@ -55,6 +55,8 @@ export function agentCorpus(): Buffer[] {
     // a tool's control requests (answered: a status, an unknown arm), and agents' words on a capture
     { requestId: 94, control: { protocolVersion: PROTOCOL_VERSION, status: {} } },
     { requestId: 93, control: { protocolVersion: PROTOCOL_VERSION, query: { id: 'capture-1' } } },
+    // `wavebus verdict --coordinator`'s note (kept for the status document and /metrics, or refused naming its field)
+    { requestId: 91, control: { protocolVersion: PROTOCOL_VERSION, verdict: { incident: 'incident-wave5', verdict: 'device-local', host: 'node-1', devices: [0], ranks: [0], reason: 'rank 0 alone', fingerprint: 'node-1 cpu' } } },
     { globalRank: 0, captureResult: { globalRank: 0, armId: 'capture-1', wave: 5, callDir: '/x/call0', error: '', done: true } },
     { globalRank: 7, captureResult: { globalRank: 7, armId: 'capture-1', wave: 5, callDir: '', error: 'x', done: false } },
     // a rank's fingerprint (stored cut to local limits; mutations make garbage of its strings and lists)

@@ -31,6 +31,9 @@ export function controlCorpus(): Buffer[] {
     { capture: { callIndices: [3, 4], hasReplica: true, replica: 0 } },
     { query: { id: 'capture-1' } },
     { query: { id: 'dump-1' } },
+    // `wavebus verdict --coordinator`'s note (docs/verdict.md), as it sends one per incident judged
+    { verdict: { incident: 'incident-wave12', verdict: 'device-local', host: 'node-1', devices: [0], replica: 0, ranks: [0, 1], reason: 'rank 1 alone diverged on its device', fingerprint: 'node-1 cpu torch 2.13' } },
+    { verdict: { incident: 'crash-run7', verdict: 'deterministic', host: 'h', ranks: [1], bisectModule: 'model.layers.1.mlp.up_proj' } },
   ].map((body, i) => encodeAgentMessage({ requestId: 10 + i, control: { protocolVersion: v, ...body } }));
 }
 
@@ -57,6 +60,7 @@ function craftControl(m: Mutator): Record<string, unknown> {
     () => ({ dump: { requestId: m.rand() < 0.5 ? str() : '', all: m.rand() < 0.5, ...replica } }),
     () => ({ capture: { requestIds: list(str), tokenTargets: list(nat), callIndices: list(nat), next: m.rand() < 0.3, tpRanks: list(nat), format: m.pick([0, 1, 2, 3]), maxCaptures: nat(), withinWaves: nat(), flushRecorder: m.rand() < 0.1, ...replica } }),
     () => ({ query: { id: str() } }),
+    () => ({ verdict: { incident: m.pick(['incident-wave3', 'incident-wave3-dp1', 'crash-x', 'flush-capture-2', 'incident-wave', '../x', str()]), verdict: m.pick(['deterministic', 'device-local', 'transient', 'inconclusive', str()]), host: m.pick(['h', 'node-1', '-x', 'a'.repeat(64), 'a'.repeat(65), str()]), devices: list(nat), replica: nat(), ranks: list(nat), reason: str(), bisectModule: m.pick(['', 'model.layers.1', 'a b', str()]), fingerprint: str() } }),
     () => ({}),
   ])();
   return { protocolVersion: m.rand() < 0.95 ? PROTOCOL_VERSION : nat(), ...body };
