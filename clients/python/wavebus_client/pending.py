@@ -108,10 +108,11 @@ class PendingDumps:
         if box is None:
             box = self._mailbox_of()
         # The decided waves: below the floor, never more than the ring holds (a stale floor).
-        decided_to = min(box.floor - 1, nxt + mb.SLOTS - 1)
+        q = box._q  # the mailbox's words (None once closed: the properties say 0)
+        decided_to = min((q[mb._Q_FLOOR] if q is not None else box.floor) - 1, nxt + mb.SLOTS - 1)
         clear = self._clear
         # The step's other finished requests: the same waves, read already, nothing due (two loads).
-        if clear is not None and clear[0] is box and clear[2] == nxt and clear[3] == decided_to and clear[1] == box.epoch:
+        if clear is not None and q is not None and clear[0] is box and clear[2] == nxt and clear[3] == decided_to and clear[1] == q[mb._Q_EPOCH]:
             return False
         key = (box, box.epoch, nxt, decided_to)
         clear = True
