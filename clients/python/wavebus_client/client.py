@@ -387,7 +387,8 @@ class Client(RegionsMixin, CaptureMixin, DigestMixin, TensorHeadMixin):
         system call) when no vector in the mailbox has dump_due; else the due wave's req ids are asked
         of the agent once per wave (within the call bound; no answer counts as pending)."""
         box = self._mb
-        if not box.features & mb.FEATURE_BUS:
+        q = box._q  # the features word, read in place (None once closed: off)
+        if q is None or not q[mb._Q_FEATURES] & mb.FEATURE_BUS:
             return False
         return self._pending.check(req_id, box)
 

@@ -20,6 +20,8 @@ RESEND_PER_STEP = 4
 
 
 def _row(row, max_rows: int, where: str) -> int:
+    if type(row) is int and 0 <= row < max_rows:
+        return row  # the usual call: a Python int in range
     if hasattr(row, "item"):
         row = row.item()
     if isinstance(row, bool) or not isinstance(row, int) or not 0 <= row < max_rows:
