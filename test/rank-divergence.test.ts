@@ -14,7 +14,7 @@ import { argsOf, descendants } from './procs';
 import { CLI, PYTHON, ROOT, cleanup, cleanupNetns, createNetnsPair, describeAsRoot, exitedWithin, readManifests, runWavebus, freePortPair, sh, spawnOnHost, spawnWavebus, tmpDir } from './helpers';
 import { RankCompare } from '../src/guard/rank-compare';
 import { DECISION, DecisionRing } from '../src/agent/decision-ring';
-import { DecisionWriter, tokenDigest } from '../src/client/digest';
+import { DecisionWriter, inputDigest, tokenDigest } from '../src/client/digest';
 import { spawnSync } from 'child_process';
 import type { WorldLayout } from '../src/layout';
 import { divergenceReports, expectOutputsDivergence, getMetrics, metric, pollMetrics, type DivergenceReport } from './rank-divergence-checks';
@@ -292,13 +292,14 @@ describe('the decision ring: one layout (proto/layouts.json, "decision") for the
       const column = [101, 7, 65000, 3, 42];
       // Python: the column as int64 numpy, inputs as int64 torch tensors (ids, positions), wave 3.
       const py = spawnSync(PYTHON, ['-c', `import sys, json, numpy as np, torch
-from wavebus_client.digest import DecisionRing, token_digest
+from wavebus_client.digest import DecisionRing, token_digest, input_digest
 r = DecisionRing(sys.argv[1])
 i = r.inputs(3, torch.tensor([5, 6, 7], dtype=torch.int64), torch.tensor([10, 11, 12], dtype=torch.int64), torch.tensor([0, 2, 3], dtype=torch.int32))
 t = r.decided(3, np.array(${JSON.stringify(column)}, dtype=np.int64))
-print(json.dumps([t, i, token_digest(${JSON.stringify(column)})]))`, ring.path], { encoding: 'utf8', env: { ...process.env, PYTHONPATH: path.join(ROOT, 'clients', 'python') } });
+plain = [input_digest(np.array([5, 6, 7], dtype=np.int32), np.array([10, 11, 12], dtype=np.int32)), input_digest(torch.tensor([5, 6, 7]), torch.tensor([10, 11, 12]))]
+print(json.dumps([t, i, token_digest(${JSON.stringify(column)}), plain]))`, ring.path], { encoding: 'utf8', env: { ...process.env, PYTHONPATH: path.join(ROOT, 'clients', 'python') } });
       if (py.status !== 0) throw new Error(py.stderr);
-      const [pyToken, pyInput, pyDigest] = JSON.parse(py.stdout.trim()) as number[];
+      const [pyToken, pyInput, pyDigest, pyPlain] = JSON.parse(py.stdout.trim()) as [number, number, number, number[]];
       // TypeScript: the same column as plain numbers, the same inputs as int64 arrays, wave 4.
       const w = DecisionWriter.open(ring.path);
       const tsInput = w.inputs(4, new BigInt64Array([5n, 6n, 7n]), new BigInt64Array([10n, 11n, 12n]), [0, 2, 3]);
@@ -308,6 +309,14 @@ print(json.dumps([t, i, token_digest(${JSON.stringify(column)})]))`, ring.path],
       expect(pyDigest).toBe(pyToken);
       expect(tokenDigest(new Int32Array(column))).toBe(pyToken);
       expect(tsInput).toBe(pyInput);
+      // The input digest's one definition: CRC-32 of the ids, then the positions, as int32 LE, whatever
+      // integer type the engine holds them in, kept columns (row starts) or not, in either client.
+      const i32 = (a: number[]) => Buffer.from(new Int32Array(a).buffer);
+      const defined = zlib.crc32(i32([10, 11, 12]), zlib.crc32(i32([5, 6, 7]))) >>> 0;
+      expect([pyInput >>> 0, ...pyPlain.map((x) => x >>> 0)]).toEqual([defined, defined, defined]);
+      expect(inputDigest(new Int32Array([5, 6, 7]), new Int32Array([10, 11, 12])) >>> 0).toBe(defined);
+      expect(inputDigest(new BigInt64Array([5n, 6n, 7n]), new BigInt64Array([10n, 11n, 12n])) >>> 0).toBe(defined);
+      expect(inputDigest(new BigInt64Array([5n, 6n, 8n]), new BigInt64Array([10n, 11n, 12n])) >>> 0).not.toBe(defined);
       const got = ring.decided().sort((a, b) => a.wave - b.wave);
       expect(got.map((d) => [d.wave, d.tokenCrc, d.rows, d.inputCrc, d.inputTokens, d.flags])).toEqual([
         [3, pyToken >>> 0, 5, pyInput >>> 0, 3, 15],
@@ -315,7 +324,6 @@ print(json.dumps([t, i, token_digest(${JSON.stringify(column)})]))`, ring.path],
       ]);
       // The inputs kept with their row starts (rows [5, 6] and [7]): the agent's per-row digests,
       // the same from both writers: CRC-32 of the row's ids, then its positions, as int32.
-      const i32 = (a: number[]) => Buffer.from(new Int32Array(a).buffer);
       const want = [zlib.crc32(i32([10, 11]), zlib.crc32(i32([5, 6]))), zlib.crc32(i32([12]), zlib.crc32(i32([7])))];
       for (const wave of [3, 4]) {
         const r = ring.inputRowDigests(wave);

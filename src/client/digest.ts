@@ -32,10 +32,13 @@ export function tokenDigest(column: IntColumn): number {
   return c.length ? zlib.crc32(bytesOf(c)) : 0;
 }
 
-/** CRC-32 of the token ids' bytes, then the positions' bytes, as the engine holds them. */
+/**
+ * CRC-32 of the token ids as int32 little-endian, then the positions as int32 (the ring's form, as
+ * the token digest; the Python client's `input_digest`): ranks holding int64 and int32 columns agree.
+ */
 export function inputDigest(tokenIds: ArrayBufferView, positions?: ArrayBufferView): number {
-  let crc = zlib.crc32(bytesOf(tokenIds));
-  if (positions) crc = zlib.crc32(bytesOf(positions), crc);
+  let crc = zlib.crc32(bytesOf(int32Column(tokenIds as unknown as IntColumn)));
+  if (positions) crc = zlib.crc32(bytesOf(int32Column(positions as unknown as IntColumn)), crc);
   return crc;
 }
 
@@ -101,10 +104,12 @@ export class DecisionWriter {
    * inputs are kept in the slot so that an inputs-only divergence names its first row.
    */
   inputs(wave: number, tokenIds: ArrayBufferView, positions?: ArrayBufferView, rowStarts?: IntColumn): number {
-    const crc = inputDigest(tokenIds, positions);
     const count = (tokenIds as unknown as { length?: number }).length ?? tokenIds.byteLength;
     const ids = int32Column(tokenIds as unknown as IntColumn);
     const pos = positions ? int32Column(positions as unknown as IntColumn) : new Int32Array(ids.length);
+    // inputDigest's definition over the int32 columns just made (no second conversion).
+    let crc = zlib.crc32(bytesOf(ids));
+    if (positions) crc = zlib.crc32(bytesOf(pos), crc);
     const starts = rowStarts ? int32Column(rowStarts) : null;
     const rows = starts ? starts.length - 1 : -1;
     if (!starts || rows < 0 || rows > this.maxRows || ids.length > this.maxInputTokens || pos.length !== ids.length) {

@@ -30,7 +30,7 @@ from .transport import AgentSocket
 from .paths import env_paths
 from .pending import PendingDumps, VectorStall, due_dumps_asker
 from .tensor_head import TensorHeadMixin
-from .wave_head import WaveHeadBuilder, check_wave
+from .wave_head import _MAX_U64, WaveHeadBuilder, check_wave
 
 log = logging.getLogger("wavebus_client")
 
@@ -298,13 +298,18 @@ class Client(RegionsMixin, CaptureMixin, DigestMixin, TensorHeadMixin):
     def end_of_wave(self, wave: int) -> EndOfWaveResult:
         """End ``wave``. Returns at once when its vector is in the mailbox with nothing due; else asks
         the agent to do what is due, waiting at most the bound (then timed_out=True)."""
-        check_wave(wave, "end_of_wave()")
+        if type(wave) is not int or not 0 <= wave <= _MAX_U64:
+            check_wave(wave, "end_of_wave()")
         self._ended_wave = wave
-        self._pending.ended(wave)
-        if not self._mb.features & mb.FEATURE_BUS:  # also covers "everything off"
+        pending = self._pending
+        pending.last_ended = wave
+        if pending.asked:  # the usual step asked nothing: nothing to drop
+            pending.ended(wave)
+        box = self._mb
+        if not box.features & mb.FEATURE_BUS:  # also covers "everything off"
             return EndOfWaveResult(wave)
-        v = self._mb.read_wave(wave)
-        if v is not None and not v.anything_due:
+        v = box.read_wave(wave)
+        if v is not None and not (v.config_due or v.dump_due or v.snapshot_due):
             self.stats["end_of_wave_fast"] += 1
             return EndOfWaveResult(wave, vector=v)
         # Vectors stalled (one bound was spent on it), or a wave pending_dump gave up: no wait, no copy.
@@ -381,9 +386,11 @@ class Client(RegionsMixin, CaptureMixin, DigestMixin, TensorHeadMixin):
         yet: keep the request's blocks one more step before freeing them. A few memory loads (no
         system call) when no vector in the mailbox has dump_due; else the due wave's req ids are asked
         of the agent once per wave (within the call bound; no answer counts as pending)."""
-        if not self._mb.features & mb.FEATURE_BUS:
+        box = self._mb
+        q = box._q  # the features word, read in place (None once closed: off)
+        if q is None or not q[mb._Q_FEATURES] & mb.FEATURE_BUS:
             return False
-        return self._pending.check(req_id)
+        return self._pending.check(req_id, box)
 
     # ------------------------------------------------------------------ shutdown
 

@@ -4,7 +4,9 @@ written into the decision ring, a file the agent created and reads without a mes
 proto/layouts.json's "decision" (through shm_layout.py; the agent reads it with src/agent/decision-ring.ts).
 
 Cost per call: one copy of the column into the ring as int32 (any integer dtype, so ranks that hold
-int64 and int32 columns still agree) and one zlib CRC-32 over it; no message, no system call.
+int64 and int32 columns still agree) and one zlib CRC-32 over it; no message, no system call. The
+input digest is taken the same way: over the ids and positions as int32 (over the ring's copies
+when the inputs are kept).
 Columns are numpy arrays or CPU torch tensors (a device tensor is copied to the host first: the
 engine that samples on the device already brings its tokens back to append them).
 """
@@ -73,10 +75,11 @@ def token_digest(column) -> int:
 
 
 def input_digest(token_ids, positions=None) -> int:
-    """CRC-32 of the token ids' bytes, then the positions' bytes (as the engine holds them)."""
-    crc = zlib.crc32(as_array(token_ids))
+    """CRC-32 of the token ids as int32 little-endian, then the positions as int32 (the ring's form,
+    as the token digest: ranks holding int64 and int32 columns agree, and half the bytes of int64)."""
+    crc = zlib.crc32(as_array(token_ids).astype("<i4", copy=False))
     if positions is not None:
-        crc = zlib.crc32(as_array(positions), crc)
+        crc = zlib.crc32(as_array(positions).astype("<i4", copy=False), crc)
     return crc
 
 
@@ -145,23 +148,25 @@ class DecisionRing:
         divergence names its first row."""
         ids = as_array(token_ids)
         pos = as_array(positions) if positions is not None else None
-        crc = zlib.crc32(ids)
-        if pos is not None:
-            crc = zlib.crc32(pos, crc)
         begun = self._begin(wave)
-        flags, irows = FLAG_INPUTS, 0
+        flags, irows, crc = FLAG_INPUTS, 0, None
         if row_starts is not None:
             starts = as_array(row_starts)
             n, r = ids.size, starts.size - 1
             if 0 <= r <= self.max_rows and n <= self.max_input_tokens and (pos is None or pos.size == n):
                 c_ids, c_pos, c_starts = self._inputs[wave % SLOTS]
                 c_ids[:n] = ids  # as int32, like the token column
+                # The digest over the int32 copies just made: input_digest's definition, no second cast.
+                crc = zlib.crc32(c_ids[:n])
                 if pos is None:
                     c_pos[:n] = 0
                 else:
                     c_pos[:n] = pos
+                    crc = zlib.crc32(c_pos[:n], crc)
                 c_starts[:r + 1] = starts
                 flags, irows = FLAG_INPUTS | FLAG_INPUT_COLUMNS, r
+        if crc is None:
+            crc = input_digest(ids, pos)
         self._write(wave, begun, None, (crc, ids.size & 0xFFFFFFFF, flags, irows))
         return crc
 

@@ -34,7 +34,12 @@ _SMALL = [_varint(i) for i in range(128)]
 
 
 def _uv(v: int) -> bytes:
-    return _SMALL[v] if v < 128 else _varint(v)
+    # A head's wave and lengths: one or two bytes almost always (the loop only past 2^14).
+    if v < 128:
+        return _SMALL[v]
+    if v < 16384:
+        return bytes(((v & 0x7F) | 0x80, v >> 7))
+    return _varint(v)
 
 
 def bind_bytes(row: int, req_id: str, prompt_len: int, prompt_token_ids=()) -> bytes:
@@ -52,7 +57,9 @@ def head_bytes(wave: int, tele_wave: int, columns: bytes, non_finite: bytes = b"
     wire bytes (bind and blocks entries), ``non_finite`` StepTelemetry's non_finite entries'. Zero
     and empty fields are left out, as the library leaves them out; telemetry is always there (the
     head of every step carries one, if empty)."""
-    tele = (_TELE_WAVE + _uv(tele_wave) if tele_wave else b"") + non_finite
     if columns:
-        tele += _TELE_COLUMNS + _uv(len(columns)) + columns
+        # One join: the sparse part (kilobytes) is copied once, not once per enclosing field.
+        lead = (_TELE_WAVE + _uv(tele_wave) if tele_wave else b"") + non_finite + _TELE_COLUMNS + _uv(len(columns))
+        return b"".join(((_HEAD_WAVE + _uv(wave) if wave else b"") + _HEAD_TELEMETRY + _uv(len(lead) + len(columns)), lead, columns))
+    tele = (_TELE_WAVE + _uv(tele_wave) if tele_wave else b"") + non_finite
     return (_HEAD_WAVE + _uv(wave) if wave else b"") + _HEAD_TELEMETRY + _uv(len(tele)) + tele

@@ -10,6 +10,9 @@ from .errors import CaptureError, ConfigError
 from .forward import context_proto, input_proto
 from .recorder import Recorder, input_source, install_excepthook
 
+# The features under which before_forward counts or records every forward (its full path runs).
+_COUNTED = mb.FEATURE_SNAPSHOTS | mb.FEATURE_RECORDER
+
 
 class CaptureMixin:
     """Client's before_forward; ``_head_wave`` / ``_ended_wave`` are kept by wave_head / end_of_wave."""
@@ -22,7 +25,12 @@ class CaptureMixin:
         stage this forward's inputs (why; ``inputs`` empty): a forward a capture would take is
         offered without inputs, and the agent fails those captures with the cause (CaptureError
         here, the error in ``wavebus capture``) rather than letting them expire unseen."""
-        if not self._mb.features:  # everything off (no capture can be in force either): one memory load
+        feats = self._mb.features
+        if not feats:  # everything off (no capture can be in force either): one memory load
+            return False, ""
+        if not feats & _COUNTED and not self._live_capture_due():
+            # Neither snapshots nor the recorder: only a capture armed on the running job could
+            # take this forward, and its wave's vector says none does (the usual step: a few loads).
             return False, ""
         snap, recording, call_index = self._forward_wanted(context)
         rec = self._recorder() if recording else None

@@ -23,8 +23,7 @@ import os
 import platform
 import struct
 import time
-from dataclasses import dataclass
-from typing import Optional, Union
+from typing import NamedTuple, Optional, Union
 
 from .errors import ProtocolError
 
@@ -56,6 +55,12 @@ _FLOOR = struct.Struct("<Q")
 _FLOOR_OFFSET = 40
 # The one word the client writes: the before_forward ticket it waits on, 0 when none (docs/snapshots.md).
 _CAPTURE_WAITING_OFFSET = 56
+# The same fields as 8-byte words (the mapping viewed as u64, see Mailbox._q): the per-step wave
+# check indexes them directly, no struct call and no object per load.
+_Q_FEATURES, _Q_EPOCH, _Q_FLOOR = _FEATURES_OFFSET // 8, 24 // 8, _FLOOR_OFFSET // 8
+_Q_SLOT0, _Q_SLOT = HEADER_SIZE // 8, SLOT_SIZE // 8  # slot i's seq word; its wave word follows;
+# then config_due | dump_due << 32 in one word, snapshot_due in the low half of the next
+_U32 = 0xFFFFFFFF
 
 # futex(2) through libc's syscall(): the writer wakes the `published` word after every slot write.
 _SYS_FUTEX = {"x86_64": 202, "aarch64": 98}.get(platform.machine())
@@ -91,8 +96,8 @@ def _libc():
 _MAX_SPINS = 1000
 
 
-@dataclass(frozen=True)
-class WaveVector:
+class WaveVector(NamedTuple):
+    """One wave's vector (immutable; a tuple, so that the per-step check makes it in one call)."""
     wave: int
     config_due: bool
     dump_due: bool
@@ -112,7 +117,7 @@ class Mailbox:
 
     def __init__(self, path: str):
         self.path = path
-        self._futex_map = None
+        self._futex_map = self._q = None
         try:
             fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)  # the agent never makes it a link
         except FileNotFoundError:
@@ -124,6 +129,8 @@ class Mailbox:
             if size < SIZE:
                 raise ProtocolError(f"mailbox {path}: {size} bytes, expected at least {SIZE}", "ERR_MAILBOX_FORMAT")
             self._map = mmap.mmap(fd, SIZE, access=mmap.ACCESS_WRITE)
+            # The header and slots as u64 words: the hot reads (features, floor, a slot) are one index each.
+            self._q = memoryview(self._map).cast("Q")
             self._map_futex_word(fd)
         finally:
             os.close(fd)
@@ -199,41 +206,52 @@ class Mailbox:
 
     @property
     def features(self) -> int:
-        m = self._map
-        return 0 if m is None else _FEATURES.unpack_from(m, _FEATURES_OFFSET)[0]
+        q = self._q
+        return 0 if q is None else q[_Q_FEATURES]
 
     @property
     def epoch(self) -> int:
-        return _HEADER.unpack_from(self._map, 0)[4]
+        return self._q[_Q_EPOCH]
 
     @property
     def floor(self) -> int:
         """Waves below this need no vector (0: none yet)."""
-        m = self._map
-        return 0 if m is None else _FLOOR.unpack_from(m, _FLOOR_OFFSET)[0]
+        q = self._q
+        return 0 if q is None else q[_Q_FLOOR]
 
     def read_slot(self, index: int) -> Optional[WaveVector]:
         """A consistent copy of slot ``index``; None if empty or the writer kept it busy (never blocks)."""
-        off = HEADER_SIZE + SLOT_SIZE * index
-        m = self._map
-        if m is None:
+        q = self._q
+        if q is None:
             return None
+        at = _Q_SLOT0 + _Q_SLOT * index
         for _ in range(_MAX_SPINS):
-            # One load of seq and the fields (seq is the first field: read before them, as a separate
-            # load of it would be), then seq again: two loads, not three, on every end_of_wave.
-            s1, wave, config_due, dump_due, snapshot_due = _SLOT.unpack_from(m, off)
+            # seq, the fields, then seq again: word loads in program order (x86-64 keeps loads ordered).
+            s1 = q[at]
             if s1 & 1:
                 continue
-            if _SEQ.unpack_from(m, off)[0] == s1:
+            wave, cd, sd = q[at + 1], q[at + 2], q[at + 3]
+            if q[at] == s1:
                 if s1 == 0 or wave == EMPTY_WAVE:
                     return None
-                return WaveVector(wave, bool(config_due), bool(dump_due), bool(snapshot_due))
+                return WaveVector(wave, bool(cd & _U32), bool(cd >> 32), bool(sd & _U32))
         return None
 
     def _lookup(self, wave: int) -> Union[WaveVector, str, None]:
         """The vector of ``wave``, an implied nothing-due one (below the floor, not in its slot),
         "overwritten" (its slot holds a later wave), or None (not yet)."""
-        floor = self.floor  # first: a slot the floor covers was written before it
+        q = self._q
+        if q is None:
+            return None
+        floor = q[_Q_FLOOR]  # first: a slot the floor covers was written before it
+        at = _Q_SLOT0 + _Q_SLOT * (wave % SLOTS)
+        # The usual step inline (read_slot's loads, without its loop and calls): the slot holds the
+        # wave, not being written, unchanged across the loads.
+        s1 = q[at]
+        if not s1 & 1 and s1 != 0:
+            held, cd, sd = q[at + 1], q[at + 2], q[at + 3]
+            if q[at] == s1 and held == wave:
+                return WaveVector(wave, bool(cd & _U32), bool(cd >> 32), bool(sd & _U32))
         v = self.read_slot(wave % SLOTS)
         if v is not None and v.wave == wave:
             return v
@@ -250,6 +268,9 @@ class Mailbox:
         return v if isinstance(v, WaveVector) else None
 
     def close(self) -> None:
+        q, self._q = getattr(self, "_q", None), None
+        if q is not None:
+            q.release()  # an exported view would keep the mmap from closing
         m, self._map = getattr(self, "_map", None), None
         if m is not None:
             m.close()

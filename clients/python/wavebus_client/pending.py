@@ -90,22 +90,31 @@ class PendingDumps:
         # published vector does not change within its epoch; the floor moving changes the range).
         self._clear = None
 
+    @property
+    def asked(self) -> bool:
+        """Whether answers are kept (end_of_wave calls ended() only then: the usual step asked nothing)."""
+        return bool(self._due)
+
     def ended(self, wave: int) -> None:
         """end_of_wave(wave) ran: its dumps are copied (or failed); older answers are dropped."""
         self.last_ended = wave
-        if not self._due:  # the usual case: nothing was asked (every step pays this call)
+        if not self._due:  # the usual case: nothing was asked
             return
         for w in [w for w in self._due if w <= wave]:
             del self._due[w]
 
-    def check(self, req_id: str) -> bool:
+    def check(self, req_id: str, box: Optional["mb.Mailbox"] = None) -> bool:
         nxt = self.last_ended + 1
-        box = self._mailbox_of()
+        if box is None:
+            box = self._mailbox_of()
         # The decided waves: below the floor, never more than the ring holds (a stale floor).
-        decided_to = min(box.floor - 1, nxt + mb.SLOTS - 1)
-        key = (box, box.epoch, nxt, decided_to)
-        if key == self._clear:
+        q = box._q  # the mailbox's words (None once closed: the properties say 0)
+        decided_to = min((q[mb._Q_FLOOR] if q is not None else box.floor) - 1, nxt + mb.SLOTS - 1)
+        clear = self._clear
+        # The step's other finished requests: the same waves, read already, nothing due (two loads).
+        if clear is not None and q is not None and clear[0] is box and clear[2] == nxt and clear[3] == decided_to and clear[1] == q[mb._Q_EPOCH]:
             return False
+        key = (box, box.epoch, nxt, decided_to)
         clear = True
         for w in range(nxt, max(nxt, decided_to) + 1):
             v = box.read_wave(w)

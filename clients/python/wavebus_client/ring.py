@@ -31,6 +31,18 @@ _COUNTS = struct.Struct("<QIIIII")
 _COUNTS_TOGETHER = [SLOT[f] - SLOT["wave"] for f in ("rows", "tokens", "events", "present", "extra_len")] == [8, 12, 16, 20, 24]
 
 
+_STRUCT_CODE = {"<u4": "I", "<u1": "B", "<u2": "H", "<i4": "i"}
+_PACKERS: Dict[tuple, struct.Struct] = {}
+
+
+def _packer(code: str, n: int) -> struct.Struct:
+    """A little-endian struct of ``n`` values of ``code``, made once per count."""
+    st = _PACKERS.get((code, n))
+    if st is None:
+        st = _PACKERS[(code, n)] = struct.Struct(f"<{n}{code}")
+    return st
+
+
 def column_offsets(max_rows: int, max_tokens: int, max_events: int, max_extra: int):
     """(offset in the slot, capacity, numpy dtype) per column, and the slot's bytes: as the agent computes them."""
     places, nbytes = _L.place_columns({"max_rows": max_rows, "max_tokens": max_tokens, "max_events": max_events, "max_extra": max_extra})
@@ -74,6 +86,8 @@ class TelemetryRing:
         self._pack = struct.Struct("<QIII")  # wave, rows, tokens, events
         self._present_bit = {name: 1 << i for i, name in enumerate(COLUMNS)}
         self._extra_off = self._cols["extra"][0]
+        # struct codes of the integer columns a list may fill (the events): offset in the slot, code.
+        self._list_cols = {name: (off, _STRUCT_CODE[dt]) for name, (off, n, dt) in self._cols.items() if dt in _STRUCT_CODE}
         # A client that comes back to the ring goes on numbering after the last write.
         self._seq = struct.unpack_from("<Q", mm, HEADER["written"])[0] // 2
 
@@ -104,7 +118,13 @@ class TelemetryRing:
         _U64.pack_into(mm, base + _SEQ_AT, 2 * k - 1)  # seq odd: being written
         present = 0
         for name, arr in columns.items():
-            views[name][: len(arr)] = arr  # one copy (a cast where the engine's dtype differs)
+            if type(arr) is list:
+                # The few finish/free events, as Python ints: packed straight into the slot (numpy
+                # would first build an array of them). The client made them: rows and flags in range.
+                at, code = self._list_cols[name]
+                _packer(code, len(arr)).pack_into(mm, base + at, *arr)
+            else:
+                views[name][: len(arr)] = arr  # one copy (a cast where the engine's dtype differs)
             present |= bits[name]
         if extra:
             at = base + self._extra_off

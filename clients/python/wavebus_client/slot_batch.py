@@ -20,6 +20,8 @@ RESEND_PER_STEP = 4
 
 
 def _row(row, max_rows: int, where: str) -> int:
+    if type(row) is int and 0 <= row < max_rows:
+        return row  # the usual call: a Python int in range
     if hasattr(row, "item"):
         row = row.item()
     if isinstance(row, bool) or not isinstance(row, int) or not 0 <= row < max_rows:
@@ -127,10 +129,12 @@ class SlotEvents:
             binds = [self._resend_bytes(row) for row in self._live if row not in new_bind]
             tables = {row: t[1] for row, t in self._tables.items()}
         else:
+            live, bind_b, held = self._live, self._bind_b, self._tables
             for row in self._resend_rows():
-                if row in self._live and row not in new_bind:
-                    binds.append(self._resend_bytes(row))
-                    t = self._tables.get(row)
+                if row in live and row not in new_bind:
+                    b = bind_b.get(row)
+                    binds.append(b if b is not None else self._resend_bytes(row))
+                    t = held.get(row)
                     if t is not None and row not in tables:
                         blocks.append(t[1])
         if new_bind:
@@ -142,14 +146,19 @@ class SlotEvents:
 
     def sent(self) -> None:
         """The head went out: frees take effect (the row is free for a later arrive)."""
+        if not self._flags:
+            return
+        live, bind_b, tables, new_bind, new_blocks = self._live, self._bind_b, self._tables, self._new_bind, self._new_blocks
         for row, f in self._flags.items():
             if f & FLAG_FREED:
-                self._live.pop(row, None)
-                self._bind_b.pop(row, None)
-                self._tables.pop(row, None)
+                live.pop(row, None)
+                bind_b.pop(row, None)
+                tables.pop(row, None)
                 # Unsent while sending paused (reset): a binding of a row already freed must not go later.
-                self._new_bind.pop(row, None)
-                self._new_blocks.pop(row, None)
+                if new_bind:
+                    new_bind.pop(row, None)
+                if new_blocks:
+                    new_blocks.pop(row, None)
         self._flags = {}
 
     def _resend_rows(self) -> List[int]:
