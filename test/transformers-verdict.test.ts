@@ -13,6 +13,7 @@ import * as path from 'path';
 import { spawnSync } from 'child_process';
 import { ROOT, cleanup, freePortPair, runWavebus, spawnWavebus, tmpDir, waitFor, waitWhileRunning } from './helpers';
 import { torch2 } from './torch2';
+import { flushVerdicts } from './verdict-hosts';
 
 afterAll(cleanup);
 
@@ -59,7 +60,7 @@ async function job(serveArgs: string[], keep: number, dumpAfter: number, auto?: 
   expect({ code: d.code, stderr: dump.stderr() }).toEqual({ code: 0, stderr: '' });
   if (auto) {
     try {
-      auto.verdictFile = await waitFor(() => listFlushVerdicts(path.join(dir, 'cache'))[0], 'verdict.auto\'s verdict.json', 400000, 500);
+      auto.verdictFile = await waitFor(() => flushVerdicts(path.join(dir, 'cache'))[0], 'verdict.auto\'s verdict.json', 400000, 500);
       auto.status = await waitFor(async () => {
         const s = spawnWavebus(['status', '--coordinator', `127.0.0.1:${port}`, '--bus-token-file', token, '--json']);
         const e = await s.exited;
@@ -75,20 +76,6 @@ async function job(serveArgs: string[], keep: number, dumpAfter: number, auto?: 
   const { code } = await launch.exited;
   if (code !== 0) throw new Error(`launch exited ${code}\n${launch.stderr().slice(-4000)}`);
   return { dir, out };
-}
-
-/** The verdict.json files of recorder flushes under `root`. */
-function listFlushVerdicts(root: string): string[] {
-  const out: string[] = [];
-  const walk = (d: string, depth: number) => {
-    for (const e of fs.readdirSync(d, { withFileTypes: true })) {
-      const p = path.join(d, e.name);
-      if (e.isDirectory() && depth < 6) walk(p, depth + 1);
-      else if (e.name === 'verdict.json' && path.basename(path.dirname(path.dirname(p))) === 'recorder') out.push(p);
-    }
-  };
-  if (fs.existsSync(root)) walk(root, 0);
-  return out;
 }
 
 function verdict(j: { dir: string; out: string }, ...flags: string[]) {

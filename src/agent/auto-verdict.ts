@@ -15,6 +15,7 @@ import type { Logger } from '../log';
 import type { RankIdentity } from '../layout';
 import { TOKEN_FD, type BusToken } from '../bus/auth';
 import { packageRoot, rankDirName } from '../paths';
+import { collectBounded, killGroup, type ChildResult } from './bounded-child';
 
 /** How long the replica's other ranks may take to finish their flush of the same incident. */
 export const PEER_FLUSH_WAIT_MS = 60_000;
@@ -89,37 +90,20 @@ export class AutoVerdict {
     }
   }
 
-  private spawnCli(argv: string[], secret: string | undefined): Promise<{ code: number | null; stdout: string; stderr: string }> {
-    return new Promise((resolve, reject) => {
-      // Its own process group: stopping it stops its replays too. The bus token goes on a pipe (fd 3).
-      const child = spawn(process.execPath, argv, { stdio: ['ignore', 'pipe', 'pipe', secret === undefined ? 'ignore' : 'pipe'], detached: true });
-      this.child = child;
-      if (secret !== undefined) {
-        const pipe = child.stdio[3] as NodeJS.WritableStream & { on(e: 'error', f: () => void): void };
-        pipe.on('error', () => undefined); // a CLI that died first: its exit says why
-        pipe.end(secret);
-      }
-      const out: Buffer[] = [];
-      const err: Buffer[] = [];
-      let bytes = 0;
-      const keep = (into: Buffer[]) => (b: Buffer) => {
-        bytes += b.length;
-        if (bytes <= MAX_OUTPUT) into.push(b);
-        else killGroup(child, 'SIGKILL'); // a CLI that says this much is not answering
-      };
-      child.stdout!.on('data', keep(out));
-      child.stderr!.on('data', keep(err));
-      const timer = setTimeout(() => killGroup(child, 'SIGKILL'), RUN_BOUND_MS);
-      child.on('error', (e) => {
-        clearTimeout(timer);
-        reject(e);
-      });
-      child.on('close', (code) => {
-        clearTimeout(timer);
-        this.child = undefined;
-        resolve({ code, stdout: Buffer.concat(out).toString('utf8'), stderr: Buffer.concat(err).toString('utf8') });
-      });
-    });
+  private async spawnCli(argv: string[], secret: string | undefined): Promise<ChildResult> {
+    // Its own process group: stopping it stops its replays too. The bus token goes on a pipe (fd 3).
+    const child = spawn(process.execPath, argv, { stdio: ['ignore', 'pipe', 'pipe', secret === undefined ? 'ignore' : 'pipe'], detached: true });
+    this.child = child;
+    if (secret !== undefined) {
+      const pipe = child.stdio[3] as NodeJS.WritableStream & { on(e: 'error', f: () => void): void };
+      pipe.on('error', () => undefined); // a CLI that died first: its exit says why
+      pipe.end(secret);
+    }
+    try {
+      return await collectBounded(child, RUN_BOUND_MS, MAX_OUTPUT);
+    } finally {
+      this.child = undefined;
+    }
   }
 
   /** Stop: a verdict in progress is killed, its replays with it (one process group). */
@@ -131,10 +115,3 @@ export class AutoVerdict {
 
 const hostPort = (c: { host: string; port: number }) => (c.host.includes(':') ? `[${c.host}]:${c.port}` : `${c.host}:${c.port}`);
 
-function killGroup(child: ChildProcess, signal: NodeJS.Signals): void {
-  try {
-    if (child.pid !== undefined) process.kill(-child.pid, signal);
-  } catch {
-    child.kill(signal); // the group is gone already
-  }
-}

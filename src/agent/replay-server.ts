@@ -12,6 +12,7 @@ import * as os from 'os';
 import * as path from 'path';
 import type { CoordinatorMsg } from '../bus/frames';
 import type { Logger } from '../log';
+import { collectBounded, killGroup, type ChildResult } from './bounded-child';
 import { packageRoot } from '../paths';
 
 /** The limits of one request (the tool keeps to the same: src/tools/verdict-remote.ts). */
@@ -146,31 +147,14 @@ export class ReplayServer {
     }
   }
 
-  private spawnCli(argv: string[], boundMs: number): Promise<{ code: number | null; stdout: string; stderr: string }> {
-    return new Promise((resolve, reject) => {
-      const child = spawn(argv[0], argv.slice(1), { stdio: ['ignore', 'pipe', 'pipe'], detached: true });
-      this.child = child;
-      const out: Buffer[] = [];
-      const err: Buffer[] = [];
-      let bytes = 0;
-      const keep = (into: Buffer[]) => (b: Buffer) => {
-        bytes += b.length;
-        if (bytes <= MAX_OUTPUT) into.push(b);
-        else killGroup(child, 'SIGKILL');
-      };
-      child.stdout!.on('data', keep(out));
-      child.stderr!.on('data', keep(err));
-      const timer = setTimeout(() => killGroup(child, 'SIGKILL'), boundMs);
-      child.on('error', (e) => {
-        clearTimeout(timer);
-        reject(e);
-      });
-      child.on('close', (code) => {
-        clearTimeout(timer);
-        this.child = undefined;
-        resolve({ code, stdout: Buffer.concat(out).toString('utf8'), stderr: Buffer.concat(err).toString('utf8') });
-      });
-    });
+  private async spawnCli(argv: string[], boundMs: number): Promise<ChildResult> {
+    const child = spawn(argv[0], argv.slice(1), { stdio: ['ignore', 'pipe', 'pipe'], detached: true });
+    this.child = child;
+    try {
+      return await collectBounded(child, boundMs, MAX_OUTPUT);
+    } finally {
+      this.child = undefined;
+    }
   }
 
   /** A replay in progress is killed with its replayer (one process group). */
@@ -199,10 +183,3 @@ function unsafeNumber(v: unknown): number {
   return v === 'inf' ? Infinity : v === '-inf' ? -Infinity : v === 'nan' ? NaN : Number(v);
 }
 
-function killGroup(child: ChildProcess, signal: NodeJS.Signals): void {
-  try {
-    if (child.pid !== undefined) process.kill(-child.pid, signal);
-  } catch {
-    child.kill(signal);
-  }
-}
