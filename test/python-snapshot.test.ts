@@ -1,5 +1,6 @@
 // The Python client's snapshot side against the agent's: one forward-context rule on both sides,
-// any torch dtype in .pt, unselected forwards never failing over a dtype, and load_call_dir("~/...").
+// any torch dtype in .pt, unselected forwards never failing over a dtype, a late agent's answer not
+// taken for a failed capture, and load_call_dir("~/...").
 import * as path from 'path';
 import pino from 'pino';
 import { Agent } from '../src/agent/agent';
@@ -173,6 +174,37 @@ print(json.dumps({"failed": failed, "captured": captured, "call": d.rsplit("/", 
       'ERR_SNAPSHOT_INPUT',
     ]);
     expect(got).toMatchObject({ captured: true, call: 'call1' });
+  });
+});
+
+test('a forward the agent reaches after the engine\'s deadline is not captured, said and counted: not a failed capture, and the agent is not taken for lost', async () => {
+  // Call 0 only: the late forward spends no budget (the budget is the process's, shared by this file's tests).
+  await withAgent({ WAVEBUS_SNAPSHOT_CAPTURE_AT_CALL: '0' }, async (runDir) => {
+    // The late agent is a test double of the clock: the client's wall clock (what accept_by is
+    // computed from) runs 1 s behind for the first forward, so the agent reaches that request past
+    // accept_by while the client still waits for its answer (its own deadline is monotonic).
+    const got = await pyAsync(
+      `
+import json, time, torch
+import wavebus_client.live_capture as lc
+from wavebus_client import Client
+from wavebus_client.shm import shm_tensor
+c = Client.connect()
+ids, r = shm_tensor("wbtest-snap-late-${process.pid}", [2], torch.int64, region_name="input_ids"); c.register(r)
+ctx = {"compilation_hash": "g", "global_step": 1, "req_ids": ["a"], "positions": [4]}
+class BehindClock:
+    monotonic = staticmethod(time.monotonic)
+    time = staticmethod(lambda: time.time() - 1.0)
+lc.time = BehindClock
+late = c.before_forward(ctx, [ids])
+lc.time = time
+c.close()
+print(json.dumps({"late": list(late), "skipped": c.stats["snapshots_skipped"], "lost": c.stats["agent_lost"], "unavailable": c.agent_unavailable}))`,
+      { ...ENV, WAVEBUS_RUN_DIR: runDir, LOCAL_RANK: '0' },
+    );
+    // Offered and skipped (an answer that captured or refused nothing would not count it); the agent
+    // answered (ERR_CLIENT_GONE, nothing copied), so it is not marked lost.
+    expect(got).toEqual({ late: [false, ''], skipped: 1, lost: 0, unavailable: false });
   });
 });
 

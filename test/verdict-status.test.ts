@@ -2,7 +2,8 @@
 // /metrics"): a real coordinator with a bus token, notes sent over its control channel by the
 // control client `wavebus verdict --coordinator` uses, `wavebus status` (JSON and table) and
 // /metrics over HTTP; with the runtime guard, a verdict written into the incident report naming its
-// flush. test/verdict.test.ts sends one from the CLI after a real verdict.
+// flush. test/verdict.test.ts sends one from the CLI after a real verdict. And the CLI's refusal of
+// a --dp the incident's replica is past, on a flush made by hand (checked before any replay).
 import { Coordinator } from '../src/bus/coordinator';
 import { createTokenFile, loadBusToken } from '../src/bus/auth';
 import { createLogger } from '../src/log';
@@ -133,3 +134,21 @@ test('a verdict on an incident\'s recorder flush is written into the incident re
     guard.close();
   }
 }, 60000);
+
+test('verdict refuses a --dp the incident\'s replica is past, naming the flag and both numbers (nothing replayed)', async () => {
+  // A recorder flush of replica 3 (TP=2: ranks 6, 7), made by hand: the check comes before any replay.
+  const tree = tmpDir('wavebus-verdict-dp-');
+  for (const [t, g] of [[0, 6], [1, 7]]) {
+    const call = path.join(tree, 'recorder', 'incident-wave7-dp3', 'h0', `rank${g}`, 'call0');
+    fs.mkdirSync(call, { recursive: true });
+    fs.writeFileSync(path.join(call, 'meta.json'), JSON.stringify({ schema: 1, format: 'pt', inputs: [], hash: 'h0', global_rank: g, tp_rank: t, dp_rank: 3, call_index: 0, selected_by: ['recorder'] }));
+  }
+  const engineOut = tmpDir('wavebus-verdict-dp-out-');
+  const r = await cli(['verdict', tree, '--engine-out', engineOut, '--dp', '2']);
+  expect({ code: r.code, stdout: r.stdout }).toEqual({ code: 2, stdout: '' });
+  expect(r.stderr).toContain('--dp 2: the incident incident-wave7-dp3 is of replica 3');
+  // Without --dp the job is taken as DP=1: refused the same way, naming the default.
+  const dflt = await cli(['verdict', tree, '--engine-out', engineOut]);
+  expect(dflt.code).toBe(2);
+  expect(dflt.stderr).toContain('--dp 1: the incident incident-wave7-dp3 is of replica 3');
+});

@@ -115,7 +115,7 @@ interface ConnState {
   mine(r: number): boolean;
 }
 
-/** How the coordinator's ROUTER treats one AgentMessage body kind (coordinator.ts onRouterMessage). */
+/** How the coordinator's ROUTER treats one AgentMessage body kind (coordinator-dispatch.ts RouterDispatch.onMessage). */
 interface BodyRule {
   /** The rank the message claims, checked against the world (none: a tool's request, any rank). */
   claims?: (m: AgentMsg) => number;

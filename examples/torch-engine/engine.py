@@ -78,7 +78,7 @@ def main(argv: List[str]) -> int:
     ap.add_argument("--save-every-forward", action="store_true", help="save every forward's logits (replay.py compares a flight recorder flush with them)")
     ap.add_argument("--step-sleep-ms", type=int, default=0, help="sleep this long after each forward (a test kills the engine mid-run)")
     ap.add_argument("--raise-at", help="STEP:RANK: raise an uncaught RuntimeError inside forward STEP on RANK (after its inputs are staged)")
-    ap.add_argument("--result-dir", help="write <dir>/rank<g>.json (forwards, waves, endOfWaveTimeouts) at the end")
+    ap.add_argument("--result-dir", help="write <dir>/rank<g>.json (forwards, waves, endOfWaveTimeouts, captures, snapshotsSkipped) at the end")
     ap.add_argument("--dp", type=int, default=1, help="data-parallel replicas: the world splits into DP groups of world/dp TP ranks")
     ap.add_argument("--flip-byte", action="append", default=[], help="RANK:WEIGHT:BYTE: flip one byte of that weight shard on that rank at load (a fingerprint test)")
     ap.add_argument("--env-on-rank", action="append", default=[], help="RANK:NAME=VALUE: set an environment variable on that rank only, before meeting the agent")
@@ -215,6 +215,10 @@ def main(argv: List[str]) -> int:
         freed = [r for r in sched.holding if not hooks.pending_dump(r.req_id)]
         sched.release(freed)
         idle = idle + 1 if sched.idle() else 0
+    # Captures taken, and forwards a capture would have taken that were skipped because the agent did
+    # not answer before_forward within its bound (the client's warning says so too): a skipped
+    # forward is never captured later, so a run that needed the capture can tell a miss from a bug.
+    capture_counts = {"captures": hooks.client.stats["captures"], "snapshotsSkipped": hooks.client.stats["snapshots_skipped"]}
     hooks.close()
     if rank == 0:
         out = {r.req_id: {"prompt": bytes(r.prompt).decode("latin-1"), "text": bytes(r.output).decode("latin-1"),
@@ -227,8 +231,9 @@ def main(argv: List[str]) -> int:
     if args.result_dir:
         os.makedirs(args.result_dir, exist_ok=True)
         with open(os.path.join(args.result_dir, f"rank{rank}.json"), "w") as f:
-            json.dump({"rank": rank, "forwards": step, "waves": wave, "endOfWaveTimeouts": timeouts}, f)
-    print(f"rank {rank} done: {step} forwards, {wave} waves, end_of_wave timeouts {timeouts}", flush=True)
+            json.dump({"rank": rank, "forwards": step, "waves": wave, "endOfWaveTimeouts": timeouts, **capture_counts}, f)
+    print(f"rank {rank} done: {step} forwards, {wave} waves, end_of_wave timeouts {timeouts}, "
+          f"captures {capture_counts['captures']}, snapshots skipped {capture_counts['snapshotsSkipped']}", flush=True)
     if world > 1:
         import torch.distributed as dist
         dist.destroy_process_group()

@@ -8,7 +8,8 @@ import * as fs from 'fs';
 import * as zmq from 'zeromq';
 import { AgentBus, type WaveEvent, type SnapshotReplyMsg } from '../bus/agent-bus';
 import { DumpExecutor } from './dump-executor';
-import { WaveBook, WAVE_HISTORY } from './wave-book';
+import { WaveBook } from './wave-book';
+import { WaveArrivals } from './wave-arrivals';
 import { agentDutyHooks, jobsFor, WaveDuties } from './wave-duties';
 import { RegionTable } from './regions';
 import { FingerprintKeeper } from './fingerprint-keeper';
@@ -21,7 +22,7 @@ import { decideAheadWaves } from '../bus/constants';
 import { ConfigError, WavebusError } from '../errors';
 import type { RankIdentity } from '../layout';
 import { createLogger, type Logger } from '../log';
-import type { AgentConfig, DumpLane } from '../messages';
+import type { AgentConfig } from '../messages';
 import { agentEndpoint, engineFaultPath, mailboxPath, recorderPath } from '../paths';
 import { EngineRings } from './engine-rings';
 import { EngineFeatures, headsStream } from './engine-features';
@@ -94,7 +95,8 @@ export class Agent {
   private pendingView?: RuntimeView;
   /** Configs and dump lanes by the wave at whose end they are due; the engine's last known wave. */
   private readonly duties: WaveDuties;
-  private readonly dumpLanes: Map<number, DumpLane>;
+  /** The coordinator's snapshots and waves as they arrive, into duties and the mailbox (wave-arrivals.ts). */
+  private readonly arrivals: WaveArrivals;
   /** Arrived vectors, ended waves, the floor, end_of_wave waits. */
   private readonly waves = new WaveBook();
   private readonly ended = this.waves.ended;
@@ -122,7 +124,6 @@ export class Agent {
     // How far ahead the stream decides is the coordinator's (each snapshot says); until the first
     // one, the default for this layout.
     this.duties = new WaveDuties(opts.identity.isLastPp, decideAheadWaves(opts.identity.pp), (jobs) => jobsFor(this.identity, jobs), hooks);
-    this.dumpLanes = this.duties.lanes;
     this.gate = new RootGate(opts.identity.globalRank, opts.roots ?? {}, this.log);
     this.servedDumps = this.gate.local.dumps;
     this.regions = new RegionTable(opts.cudaStagingBytes);
@@ -148,6 +149,10 @@ export class Agent {
     this.features = new EngineFeatures({
       identity: opts.identity, view: () => this.view, bus: () => this.bus, due: () => this.duties.due, snapshots: () => Boolean(this.capturer), snapshotSelection: () => (this.capturer ? snapshotSelection(this.capturer) : undefined),
       liveCaptures: () => this.live.inForce, recorder: () => this.recorder, endOfWaveTimeoutMs: this.endOfWaveTimeoutMs,
+    });
+    this.arrivals = new WaveArrivals({
+      log: this.log, duties: this.duties, waves: this.waves, live: this.live, timeline: this.timeline, rec: () => this.rec, vectors: () => this.vectors,
+      applyConfig: (cfg, where) => this.applyConfig(cfg, where), settle: (upTo) => this.settle(upTo), publishFeatures: () => this.publishFeatures(),
     });
   }
 
@@ -198,8 +203,8 @@ export class Agent {
           'the coordinator is unauthenticated (no CURVE keys, no --bus-token-file): whoever holds its port can steer this agent, but it writes and serves only under its local roots (docs/security.md)',
         );
       }
-      this.bus.on('snapshot', (s: SnapshotReplyMsg) => this.onSnapshot(s));
-      this.bus.on('wave', (w: WaveEvent) => this.onWave(w));
+      this.bus.on('snapshot', (s: SnapshotReplyMsg) => this.arrivals.onSnapshot(s));
+      this.bus.on('wave', (w: WaveEvent) => this.arrivals.onWave(w));
       this.bus.on('wake', () => this.publishFeatures());
       this.direct = agentDirectFiles(Boolean(this.opts.curve), this.opts.directFiles, { globalRank: identity.globalRank, roots: served, coordinator: this.opts.coordinator, log: this.log });
       const files = fileRequestHandler(this.files, this.direct, identity.globalRank);
@@ -287,72 +292,9 @@ export class Agent {
     applyRecorderConfig(this.recorder, view, this.log, this.recorderWarned);
   }
 
-  private onSnapshot(s: SnapshotReplyMsg): void {
-    this.log.debug({ epoch: s.epoch, seq: s.seq, wave: s.wave, decideAhead: s.decideAhead }, 'snapshot');
-    // Checked by the bus (validDecideAhead): the coordinator's, the same for every rank of the job.
-    this.duties.ahead = s.decideAhead;
-    // The snapshot's config is the one in force now (configs it supersedes are dropped).
-    this.duties.clearConfigs();
-    this.applyConfig(s.config, 'SnapshotReply.config');
-    this.live.add(s.captures);
-    this.rec?.arms(s.captures);
-    this.live.seen(s.wave);
-    this.vectors?.setEpoch(s.epoch);
-    // A lane of a wave already ended here was copied (its acks may still be on their way) or given up.
-    for (const lane of s.pending) if (!this.ended.has(lane.wave)) this.dumpLanes.set(lane.wave, lane);
-    // The snapshot covers the vectors published up to it (the last head's wave + decide_ahead):
-    // their frames will never be delivered on their own, so the waves with a pending dump lane get
-    // their vector now, and every other wave up to the last one is decided with nothing due (the
-    // floor). A fresh coordinator (no head yet) has decided nothing, so nothing is due up to
-    // the look-ahead: the engine's first wave ends at once.
-    const last = s.wave + s.decideAhead;
-    this.settle(this.duties.knownEnded(last));
-    this.publishFeatures();
-    for (const lane of s.pending) if (lane.wave <= last && !this.ended.has(lane.wave)) this.arrive(lane.wave, false, true);
-    if (!this.waves.has(last)) this.arrive(last, false, this.dumpLanes.has(last), last + 1);
-    else this.raiseFloor(last + 1);
-  }
-
-  private onWave(w: WaveEvent): void {
-    const wave = w.head.wave;
-    // Guarded: the log line's object would be built on every wave even with debug off.
-    if (this.log.isLevelEnabled('debug')) this.log.debug({ wave, seq: w.head.seq, config: w.config?.version, dumps: w.dump?.jobs.map((j) => j.jobId) }, 'wave');
-    if (w.dump) this.dumpLanes.set(wave, w.dump);
-    this.live.seen(wave);
-    if (w.head.captures?.length) {
-      this.live.add(w.head.captures);
-      this.rec?.arms(w.head.captures);
-    }
-    // Every rank takes a config at the end of its wave, through settle(): a rank whose engine is off
-    // the vector goes on it now (publishFeatures), before its engine reaches that wave.
-    if (w.config) this.duties.addConfig(wave, w.config.config);
-    // What is due in a wave the engine has already ended is settled at once (acked, applied).
-    this.settle(this.duties.knownEnded(wave));
-    if (this.live.changed() || w.config || w.dump) this.publishFeatures();
-    // The newest vector: every wave up to it is decided (a skipped wave has nothing due).
-    this.arrive(wave, w.head.configDue, w.head.dumpDue, wave + 1, w.head.snapshotDue);
-  }
-
   /** The engine has ended every wave up to `upTo` (`copyAt`: the one ending now): wave-duties.ts. */
   private settle(upTo: number, copyAt?: number): void {
     if (this.duties.settle(upTo, copyAt)) this.publishFeatures();
-  }
-
-  /**
-   * Wave `wave`'s vector is known: publish it to the engine (with the floor after it, when given)
-   * and wake end_of_wave waiters.
-   */
-  private arrive(wave: number, configDue: boolean, dumpDue: boolean, floor?: number, snapshotDue = this.live.covers(wave)): void {
-    // Lanes-only: the host receiver writes this rank's vectors.
-    this.vectors?.publish({ wave, configDue, dumpDue, snapshotDue }, floor);
-    this.timeline.record('vector', wave, this.timeline.now());
-    this.waves.arrive(wave, floor);
-    this.duties.forgetBefore(wave - WAVE_HISTORY);
-  }
-
-  private raiseFloor(floor: number): void {
-    this.vectors?.setFloor(floor);
-    this.waves.setFloor(floor);
   }
 
   private async handle(req: Record<string, any>, interim: () => void = () => undefined): Promise<Record<string, unknown>> {

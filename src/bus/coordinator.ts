@@ -5,7 +5,7 @@ import { randomInt } from 'crypto';
 import { EventEmitter } from 'events';
 import type { Publisher, Router } from 'zeromq';
 import { ConfigError, ProtocolError, WavebusError } from '../errors';
-import { lastPpRanks, rankCoordinates, replicaHead, type WorldLayout } from '../layout';
+import { lastPpRanks, type WorldLayout } from '../layout';
 import { createLogger, type Logger } from '../log';
 import type { AgentConfig, DumpJob, DumpLane, DumpResult, StepTelemetry, WaveHead } from '../messages';
 import { AgentRequests } from './agent-requests';
@@ -13,20 +13,18 @@ import { CoordinatorFiles } from './coordinator-files';
 import { DumpLedger } from '../guard/dump-ledger';
 import { WaveStreams } from './wave-streams';
 import { dumpAckHandler } from './coordinator-dumps';
-import { snapshotReply, statusJson } from './coordinator-replies';
+import { statusJson } from './coordinator-replies';
+import { RouterDispatch } from './coordinator-dispatch';
 import { FingerprintBook } from '../guard/fingerprint-diff';
 import { RankTable } from './rank-table';
 import { VectorMetrics } from './vector-metrics';
 import { EngineCrashes } from './engine-crashes';
 import { SendQueue } from './send-queue';
-import { ColumnScratch } from '../client/telemetry';
 import { busMetrics, startMetricsServer, type MetricsServer } from '../metrics';
 import { DropCounter, encodeCoordinatorMessage, type AgentMsg } from './frames';
 import { checkBindAllowed, tcpEndpoint } from './endpoints';
 import { bindServerSockets } from './server-sockets';
 import { receiveLoop } from './receive-loop';
-import { admitRouterMessage, openRouterMessage, type Admission } from './router-inbox';
-import { VersionGate } from './protocol-version';
 import { CoordinatorControl } from './coordinator-control';
 import { coordinatorWake, type ReplicaWake } from './replica-wake';
 import type { ZapHandler } from './zap-handler';
@@ -72,9 +70,8 @@ export class Coordinator extends EventEmitter {
   /** Each rank's fingerprint (the policy's, so its reports diff them; else the coordinator's own). */
   readonly fingerprints: FingerprintBook;
   private readonly agentRequests: AgentRequests;
-  private readonly ownFiles?: CoordinatorFiles;
-  private readonly versions = new VersionGate();
-  private readonly admission: Admission;
+  /** Each ROUTER message, admitted, to the part that owns it (coordinator-dispatch.ts). */
+  private readonly dispatch: RouterDispatch;
   /** Late and missed wave vectors per rank, from the agents' heartbeats (/metrics, /healthz). */
   readonly vectors = new VectorMetrics();
   /** Engines that died under their agents (EngineCrash; /healthz, /metrics). */
@@ -89,8 +86,6 @@ export class Coordinator extends EventEmitter {
   private readonly onDumpResult: (result: DumpResult) => void;
   private readyEmitted = false;
   private running = false;
-  /** Telemetry columns of the wave head being handled (consumed before the next message is decoded). */
-  private readonly columnScratch = new ColumnScratch();
   private pubQueue?: SendQueue;
   private routerQueue?: SendQueue;
   private receiveLoop?: Promise<void>;
@@ -115,7 +110,6 @@ export class Coordinator extends EventEmitter {
     this.expectedRanks = lastPpRanks(this.layout);
     this.stats = { published: 0, received: 0, dropped: {}, wrongEpochSeen: 0, refused: {}, subscribersRefused: {}, relaysRefusedBusy: 0 };
     this.drops = new DropCounter(this.log, 'coordinator ROUTER', (reason) => this.metrics.dropped.inc({ reason }));
-    this.admission = { drops: this.drops, versions: this.versions, worldSize: opts.layout.worldSize, reply: (route, m) => this.reply(route, m) };
     this.stats.dropped = this.drops.counts;
     this.rankTable = new RankTable(this.expectedRanks, this.deadAfterMs, this.drops, {
       joined: (rank) => {
@@ -149,7 +143,11 @@ export class Coordinator extends EventEmitter {
     });
     this.wake = coordinatorWake(this, () => this.running);
     this.agentRequests = new AgentRequests(this.rankTable, (route, msg, payload) => this.reply(route, msg, payload), this.drops, () => this.running, () => (this.opts.curve ? [...this.opts.curve.allow.keys()] : undefined), () => this.stats.relaysRefusedBusy++);
-    if (opts.ownFiles) this.ownFiles = new CoordinatorFiles(opts.ownFiles, this.expectedRanks[0] ?? 0, this.log);
+    const ownFiles = opts.ownFiles ? new CoordinatorFiles(opts.ownFiles, this.expectedRanks[0] ?? 0, this.log) : undefined;
+    this.dispatch = new RouterDispatch(this, {
+      drops: this.drops, agentRequests: this.agentRequests, ownFiles, onDumpResult: this.onDumpResult,
+      reply: (route, m, payload) => this.reply(route, m, payload), heartbeatSoon: () => this.heartbeatSoon(), checkReady: () => this.checkReady(),
+    });
   }
 
   get pubEndpoint(): string { return tcpEndpoint(this.host, this.port); } // prettier-ignore
@@ -297,17 +295,6 @@ export class Coordinator extends EventEmitter {
     return this.agentRequests.request(rank, body, timeoutMs);
   }
 
-  /**
-   * rank_divergence: one rank's token column of `wave` (inputs: its per-row digests of the forward's
-   * inputs), asked of its agent after a mismatch.
-   */
-  private async askColumn(rank: number, wave: number, inputs = false): Promise<{ column: Buffer | null; error?: string }> {
-    const m = await this.agentRequests.request(rank, { decidedColumn: { wave, inputs } }, 2000);
-    const c = (m.body === 'decidedColumn' ? m.decidedColumn : {}) as { found?: boolean; column?: Uint8Array; error?: string };
-    if (!c.found || !c.column) return { column: null, error: c.error || `rank ${rank} answered ${m.body}` };
-    return { column: Buffer.from(c.column.buffer, c.column.byteOffset, c.column.byteLength) };
-  }
-
   // ------------------------------------------------------------------ status, readiness, liveness
 
   liveRanks(): number[] {
@@ -343,97 +330,8 @@ export class Coordinator extends EventEmitter {
   private receiveRouter(router: Router): Promise<void> {
     // Never let one message take the coordinator down: receiveLoop logs what a handler throws.
     return receiveLoop(router, { role: 'ROUTER', what: 'an agent message', running: () => this.running, log: this.log }, (parts) =>
-      this.onRouterMessage(parts),
+      this.dispatch.onMessage(parts),
     );
-  }
-
-  private onRouterMessage(parts: Buffer[]): void {
-    this.stats.received++;
-    const opened = openRouterMessage(parts, this.maxFrameBytes, this.opts.busToken, this.columnScratch, this.drops);
-    if (!opened) return;
-    const rank = admitRouterMessage(opened, this.admission);
-    if (rank === undefined) return;
-    const { routingId, msg, data } = opened;
-    if (msg.epochSeen && msg.epochSeen !== this.epoch) this.stats.wrongEpochSeen++;
-    switch (msg.body) {
-      case 'hello': {
-        const id = msg.hello.identity ?? {};
-        const r = id.globalRank ?? rank;
-        this.rankTable.hello(r, routingId, id);
-        this.control.hello(r, msg.hello.protocolVersion);
-        this.policy?.onAgentHello?.(r, { recorderForwards: Number(msg.hello.recorderForwards ?? 0) });
-        // Readiness handshake: the agent waits for any frame on its SUB before asking for a snapshot.
-        this.heartbeatSoon();
-        return;
-      }
-      case 'snapshot': {
-        const r = msg.snapshot.globalRank ?? rank;
-        const s = this.rankTable.touch(r, routingId);
-        if (!s) return;
-        if (s.hello) s.subscribed = true;
-        // The replica comes from the rank's place in the layout, never from what the agent claims.
-        this.reply(routingId, { requestId: msg.requestId, snapshot: snapshotReply(this, rankCoordinates(r, this.layout).dpRank) });
-        this.checkReady();
-        return;
-      }
-      case 'fingerprint': // only from the connection the rank said Hello on; the book cuts it to local limits
-        if (this.rankTable.touch(rank, routingId)) this.fingerprints.set(rank, msg.fingerprint);
-        return;
-      case 'heartbeat': {
-        const s = this.rankTable.touch(rank, routingId);
-        if (!s) return;
-        s.wave = msg.heartbeat.wave;
-        s.lastSeq = msg.heartbeat.lastSeq;
-        s.epochSeen = msg.heartbeat.epochSeen;
-        this.vectors.note(rank, msg.heartbeat);
-        this.checkReady();
-        return;
-      }
-      case 'dumpResult':
-        if (!this.rankTable.touch(rank, routingId)) return;
-        this.onDumpResult({ ...msg.dumpResult, globalRank: msg.dumpResult.globalRank || rank });
-        return;
-      case 'waveHead': {
-        if (!this.rankTable.touch(rank, routingId)) return;
-        const replica = rankCoordinates(rank, this.layout).dpRank;
-        if (rank !== replicaHead(this.layout, replica)) return this.drops.drop('not_head', `a wave head from rank ${rank}; replica ${replica} is headed by rank ${replicaHead(this.layout, replica)}`);
-        this.beginWave(msg.waveHead.wave, msg.waveHead.telemetry ?? null, replica);
-        return;
-      }
-      case 'decided':
-        if (!this.rankTable.touch(rank, routingId)) return;
-        this.policy?.onRankDecisions?.(rank, (msg.decided.decisions ?? []).map((d: Record<string, unknown>) => ({ ...d, wave: Number(d.wave ?? 0) })), (r, wave, inputs) => this.askColumn(r, wave, inputs));
-        return;
-      case 'engineCrash':
-        if (this.rankTable.touch(rank, routingId)) this.crashes.record(rank, msg.engineCrash);
-        return;
-      case 'status':
-      case 'challenge':
-      case 'control':
-      case 'captureResult':
-        return this.control.onMessage(routingId, rank, msg);
-      case 'relay':
-        this.emit('relay');
-        if (CoordinatorFiles.wants(msg)) this.answerOwnFiles(routingId, msg);
-        else this.agentRequests.relay(routingId, msg);
-        return;
-      case 'fileList':
-      case 'fileChunk':
-      case 'fileServe':
-      case 'replay':
-      case 'decidedColumn': {
-        this.agentRequests.onAnswer(msg, rank, routingId, data);
-        return;
-      }
-      default:
-        this.drops.drop('undecodable', `unexpected body ${msg.body}`);
-    }
-  }
-
-  /** A tool asks for the coordinator's own reports and dump records (coordinator-files.ts). */
-  private answerOwnFiles(routingId: Buffer, msg: AgentMsg): void {
-    const send = (route: Buffer, m: Record<string, unknown>, payload?: Buffer) => this.reply(route, m, payload);
-    (this.ownFiles ?? CoordinatorFiles.none).answer(routingId, msg, this.epoch, send).catch((e) => this.log.warn({ err: String(e) }, "answering a request for the coordinator's own files failed"));
   }
 }
 

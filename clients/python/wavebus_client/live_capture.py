@@ -1,6 +1,7 @@
 """before_forward (input snapshots) and the live-capture wave logic (which wave a forward belongs to,
 whether a capture armed on the running job covers it): a mixin of Client, apart from client.py
 because it is the one call that may wait a begun capture out, beyond the per-step bound."""
+import logging
 import time
 from typing import Optional, Tuple
 
@@ -9,6 +10,8 @@ from . import wavebus_pb2 as pb
 from .errors import CaptureError, ConfigError
 from .forward import context_proto, input_proto
 from .recorder import Recorder, input_source, install_excepthook
+
+log = logging.getLogger("wavebus_client")
 
 # The features under which before_forward counts or records every forward (its full path runs).
 _COUNTED = mb.FEATURE_SNAPSHOTS | mb.FEATURE_RECORDER
@@ -72,6 +75,14 @@ class CaptureMixin:
         if reply is None:
             self._avail.mark_unavailable(f"before_forward(): no answer within {self.call_bound_ms()} ms")
             self.stats["snapshots_skipped"] += 1
+            return False, ""
+        if not reply.ok and reply.error_code == "ERR_CLIENT_GONE":
+            # The agent reached the request past accept_by (the last margin of our wait, or later):
+            # it copied nothing, as if it had not answered. A late agent is not a failed capture:
+            # this forward is not captured, said and counted, and the forward goes on.
+            self.stats["snapshots_skipped"] += 1
+            log.warning("before_forward(): the agent reached this forward after the engine's deadline; not captured (%d skipped): %s",
+                        self.stats["snapshots_skipped"], reply.error)
             return False, ""
         if reply.capturing:
             # Begun: the agent has capture_timeout_ms to finish. Not finishing is a failed capture.
