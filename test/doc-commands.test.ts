@@ -87,6 +87,8 @@ const SKIPPED: Record<string, string> = {
   'node bin/wavebus.js bench bus --agents 8 --json': BENCH,
   'wavebus bench client --requests 1,64,256,1024,4096 --steps 150 --json': BENCH,
   'wavebus bench client --lang ts --requests 1,64,256,1024,4096 --json': BENCH,
+  'wavebus bench client --lang python --requests 1,256,1024,4096 --json': BENCH,
+  'wavebus bench client --lang ts --requests 1,256,1024,4096 --json': BENCH,
   'wavebus bench client --lang python --requests 256,1024,4096 --steps 300 --json': BENCH,
   'wavebus bench client --lang ts --requests 1024,4096 --steps 300 --json': BENCH,
   'wavebus bench overhead --engine python --running 1024 --forward-ms 3 --rounds 3 --lookahead-waves 3 --cpu-window --json': BENCH,
