@@ -179,6 +179,7 @@ test('a one-off bit flip in rank 1\'s output at step 6, in the live process only
   expect(v.replays.map((r: any) => [r.role, r.host, r.devices, r.ok])).toEqual([['same', 'hostA', [0, 1], true], ['other', 'hostB', [2, 3], true]]);
   // hostB's replay ran through replica 1's head agent (rank 2), relayed by the coordinator.
   expect([v.replays[0].agent_rank, v.replays[1].agent_rank, v.replays[1].agent_hostname]).toEqual([undefined, 2, os.hostname()]);
+  expect(v.replays.map((r: any) => r.ran)).toEqual(['here', "on hostB by rank 2's agent"]);
   for (const r of v.replays) {
     const bad = r.tensors.filter((t: any) => !t.within_tolerance);
     expect(bad.map((t: any) => [t.call, t.rank, t.mismatched])).toEqual([[call, 1, 1]]);
@@ -196,7 +197,7 @@ test('a one-off bit flip in rank 1\'s output at step 6, in the live process only
   expect(refused.replays[1].error).toContain('--allow-live-device');
   const file = path.join(v.incident.dir, 'verdict.json');
   expect((fs.statSync(file).mode & 0o777).toString(8)).toBe('640');
-}, 420000);
+}, 300000);
 
 test('the bad-device double on hostA: device-local, naming hostA and its devices; hostB does not reproduce the outputs', async () => {
   const j = await badDevice();
@@ -300,6 +301,8 @@ test('no second replica (judged as DP=1): inconclusive with the reason; a servin
   fs.writeFileSync(path.join(j.dir, 'bad.env'), 'OK=1\nnot a line\n');
   bad(['--engine-out', j.out, '--host-env', `x=${path.join(j.dir, 'bad.env')}`], 'bad.env:2: expected KEY=VALUE');
   bad(['--engine-out', j.out, '--other-host', 'nowhere'], '--other-host nowhere: no --host-env nowhere');
+  // With --coordinator too: no rank placed there, so no agent to ask and no environment to stand for it.
+  bad(['--engine-out', j.out, '--other-host', 'nowhere', '--coordinator', '127.0.0.1:1', '--bus-token-file', tokenFile], '--other-host nowhere: no --host-env nowhere=FILE says what a process there sees, and no --rank-host places a rank (an agent) there');
   bad(['--engine-out', j.out, '--coordinator', 'nohost'], '--coordinator');
 }, 300000);
 
