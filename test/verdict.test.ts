@@ -107,6 +107,15 @@ function verdict(j: Job, ...flags: string[]) {
   return JSON.parse(r.stdout);
 }
 
+/** `wavebus verdict --json` told to the job's coordinator (its replays on other hosts go through their agents), no reference. */
+async function cli(j: Job, at: { port: number; tokenFile: string }, ...flags: string[]) {
+  const r = spawnWavebus(['verdict', j.dir, '--engine-out', j.out, '--python', PYTHON, ...j.hostFlags, '--json', '--no-reference',
+    '--coordinator', `127.0.0.1:${at.port}`, '--bus-token-file', at.tokenFile, ...flags]);
+  const e = await r.exited;
+  if (e.code !== 0) throw new Error(`verdict exited ${e.code}\n${r.stdout()}${r.stderr()}`);
+  return JSON.parse(r.stdout());
+}
+
 /** The call index of the forward at engine step `step` in the incident's flush. */
 function callOfStep(v: any, step: number): number | undefined {
   const snaps = fs.readdirSync(v.incident.dir).filter((n) => n.startsWith('torch-engine-'))[0];
@@ -126,9 +135,12 @@ test('device_fingerprint (the replayer\'s): the host, the CPU\'s model, microcod
   expect(missing.cpu_error).toBe(`${path.join(dir, 'absent')}: No such file or directory`);
 });
 
-test('a one-off bit flip in rank 1\'s output at step 6, in the live process only: verdict.auto judges it transient, naming that forward and rank, and tells the coordinator', async () => {
+test('a one-off bit flip in rank 1\'s output at step 6, in the live process only: verdict.auto judges it transient, naming that forward and rank, and tells the coordinator; --other-host hostB with --coordinator replays through rank 2\'s agent, whose serving check holds', async () => {
   let v: any;
   let doc: any;
+  let named: any;
+  let refused: any;
+  let livePid = 0;
   await job(['--flip-output', '6:1'], {
     dumpAfter: 7,
     auto: {
@@ -142,6 +154,17 @@ test('a one-off bit flip in rank 1\'s output at step 6, in the live process only
           const d = e.code === 0 ? JSON.parse(s.stdout()) : undefined;
           return d?.verdicts?.latest?.length ? d : undefined;
         }, 'the verdict in the coordinator\'s status', 30000, 500);
+        // A host the user names, with --coordinator: hostB is where --rank-host places ranks 2 and 3, so
+        // rank 2's agent replays there (judged as DP=1: no second replica, only the named host).
+        named = await cli(j, at, '--other-host', 'hostB', '--allow-live-device');
+        // The serving-device rule holds there too: with hostB's ranks on the incident's device
+        // indices and rank 2's engine "serving" (its pid file names a live process), rank 2's agent
+        // refuses; rank 0's "serving" keeps the same-host replay here from running at all.
+        const live = spawnTracked('sleep', ['60']);
+        for (const g of [0, 2]) fs.writeFileSync(path.join(j.out, `pid_rank${g}`), String(live.child.pid));
+        refused = await cli(j, at, '--other-host', 'hostB', '--rank-host', '2=hostB:0', '--rank-host', '3=hostB:1');
+        livePid = live.child.pid!;
+        live.child.kill('SIGKILL');
       },
     },
   });
@@ -156,6 +179,7 @@ test('a one-off bit flip in rank 1\'s output at step 6, in the live process only
   expect(v.replays.map((r: any) => [r.role, r.host, r.devices, r.ok])).toEqual([['same', 'hostA', [0, 1], true], ['other', 'hostB', [2, 3], true]]);
   // hostB's replay ran through replica 1's head agent (rank 2), relayed by the coordinator.
   expect([v.replays[0].agent_rank, v.replays[1].agent_rank, v.replays[1].agent_hostname]).toEqual([undefined, 2, os.hostname()]);
+  expect(v.replays.map((r: any) => r.ran)).toEqual(['here', "on hostB by rank 2's agent"]);
   for (const r of v.replays) {
     const bad = r.tensors.filter((t: any) => !t.within_tolerance);
     expect(bad.map((t: any) => [t.call, t.rank, t.mismatched])).toEqual([[call, 1, 1]]);
@@ -163,6 +187,14 @@ test('a one-off bit flip in rank 1\'s output at step 6, in the live process only
     // On the CPU every other output replays bit for bit.
     expect(r.tensors.filter((t: any) => !t.bit_exact)).toHaveLength(1);
   }
+  // --other-host hostB with --coordinator: rank 2's agent ran it, with the incident's device indices, and found the flip too.
+  expect(named.verdict).toBe('transient');
+  expect(named.replays[1]).toMatchObject({ role: 'other', host: 'hostB', devices: [0, 1], ranksOnDevices: [], ok: true, agent_rank: 2, agent_hostname: os.hostname(), ran: "on hostB by rank 2's agent" });
+  expect(named.replays[1].tensors.filter((t: any) => !t.within_tolerance).map((t: any) => [t.call, t.rank])).toEqual([[call, 1]]);
+  expect(refused.verdict).toBe('inconclusive');
+  expect(refused.replays[1]).toMatchObject({ host: 'hostB', devices: [0, 1], ranksOnDevices: [2, 3], ok: false, agent_rank: 2, ran: "on hostB by rank 2's agent" });
+  expect(refused.replays[1].error).toContain(`rank 2's agent: rank 2's engine (pid ${livePid}) still serves on host`);
+  expect(refused.replays[1].error).toContain('--allow-live-device');
   const file = path.join(v.incident.dir, 'verdict.json');
   expect((fs.statSync(file).mode & 0o777).toString(8)).toBe('640');
 }, 300000);
@@ -177,6 +209,8 @@ test('the bad-device double on hostA: device-local, naming hostA and its devices
   expect(same.tensors.every((t: any) => t.bit_exact)).toBe(true);
   expect(other.tensors.every((t: any) => !t.within_tolerance)).toBe(true);
   expect(v.reason).toContain('host hostB devices 2,3');
+  // Judged by hand without --coordinator: hostB's replay ran here, with hostB's environment.
+  expect([same.ran, other.ran, other.agent_rank]).toEqual(['here', "here, with hostB's environment (--host-env)", undefined]);
   // The devices named, as the replay on hostA saw them: this machine's name, CPU (from /proc/cpuinfo) and torch.
   const cpu = (key: string) => new RegExp(`^${key}\\s*:\\s*(.*)$`, 'm').exec(fs.readFileSync('/proc/cpuinfo', 'utf8'))?.[1].trim();
   expect(v.fingerprint).toEqual([0, 1].map((index) => expect.objectContaining({
@@ -192,7 +226,7 @@ test('the bad-device double on hostA: device-local, naming hostA and its devices
   const html = fs.readFileSync(page, 'utf8');
   expect(html).toContain('<div class="verdict" data-verdict="device-local"><b>device-local</b>: the recorded outputs reproduce on host hostA devices 0,1 only');
   expect(html).toContain(`same on hostA devices 0,1: ${same.tensors.length}/${same.tensors.length} outputs reproduce (${same.tensors.length} bit-exact)`);
-  expect(html).toContain(`other on hostB devices 2,3: 0/${other.tensors.length} outputs reproduce`);
+  expect(html).toContain(`other on hostB devices 2,3 (here, with hostB&#39;s environment (--host-env)): 0/${other.tensors.length} outputs reproduce`);
   expect(html).toContain(`<span class="verdict-device">device 1 on hostA: hostname ${os.hostname()}, cpu ${cpu('model name')}`);
   expect(html).toMatch(/<li>call \d+ rank 1: max\|diff\| [0-9.e-]+, \d+\/\d+ out of tolerance<\/li>/);
 }, 300000);
@@ -244,6 +278,8 @@ test('no second replica (judged as DP=1): inconclusive with the reason; a servin
   // A host the user names instead: hostB (no fault file; its --host-env is in j.hostFlags) does not reproduce: device-local.
   const named = verdict(j, '--other-host', 'hostB', '--no-reference');
   expect([named.verdict, named.host, named.replays[1].host]).toEqual(['device-local', 'hostA', 'hostB']);
+  // No --coordinator: no agent is asked; the replay ran here with hostB's --host-env, with hostA's device indices.
+  expect([named.replays[1].ran, named.replays[1].agent_rank, named.replays[1].devices]).toEqual(["here, with hostB's environment (--host-env)", undefined, [0, 1]]);
   // Rank 0's engine "still serving" (its pid file names a live process): not replayed on its device.
   const live = spawnTracked('sleep', ['60']);
   fs.writeFileSync(path.join(j.out, 'pid_rank0'), String(live.child.pid));
@@ -265,6 +301,8 @@ test('no second replica (judged as DP=1): inconclusive with the reason; a servin
   fs.writeFileSync(path.join(j.dir, 'bad.env'), 'OK=1\nnot a line\n');
   bad(['--engine-out', j.out, '--host-env', `x=${path.join(j.dir, 'bad.env')}`], 'bad.env:2: expected KEY=VALUE');
   bad(['--engine-out', j.out, '--other-host', 'nowhere'], '--other-host nowhere: no --host-env nowhere');
+  // With --coordinator too: no rank placed there, so no agent to ask and no environment to stand for it.
+  bad(['--engine-out', j.out, '--other-host', 'nowhere', '--coordinator', '127.0.0.1:1', '--bus-token-file', tokenFile], '--other-host nowhere: no --host-env nowhere=FILE says what a process there sees, and no --rank-host places a rank (an agent) there');
   bad(['--engine-out', j.out, '--coordinator', 'nohost'], '--coordinator');
 }, 300000);
 

@@ -30,7 +30,7 @@ export const command: CommandModule = {
       .option('dp', { type: 'string', default: '1', describe: 'DP replicas of the job (global rank = replica * tp + tp rank)' })
       .option('rank-host', { type: 'string', array: true, nargs: 1, describe: 'G=HOST[:DEVICE], repeatable: where rank G ran (default host local, device G)' })
       .option('host-env', { type: 'string', array: true, nargs: 1, describe: 'HOST=FILE, repeatable: KEY=VALUE lines a replay "on HOST" runs with (replays run here, as local processes)' })
-      .option('other-host', { type: 'string', describe: 'replay (2) on this host (its --host-env), same device indices, instead of another replica' })
+      .option('other-host', { type: 'string', describe: "replay (2) on this host, same device indices, instead of another replica: with --coordinator, by the agent of a rank --rank-host places there; else here with the host's --host-env" })
       .option('allow-live-device', { type: 'boolean', default: false, describe: "replay on a device whose engine still serves (CPU: share the engine's cores)" })
       .option('reference', { type: 'boolean', default: true, describe: 'when it reproduces everywhere, replay at TP=1 with the probe on and bisect (--no-reference: skip)' })
       .option('python', { type: 'string', default: 'python3', describe: 'the Python the replayer runs under' })

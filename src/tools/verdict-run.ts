@@ -46,6 +46,8 @@ export interface ReplayResult extends ReplaySpec {
   /** A replay on another host through its agent (verdict-remote.ts): the rank asked and its machine's name. */
   agent_rank?: number;
   agent_hostname?: string;
+  /** Where it ran, as the verdict chose: `here`, `here, with HOST's environment (--host-env)`, `on HOST by rank G's agent`. */
+  ran?: string;
   tensors: TensorError[];
 }
 

@@ -11,7 +11,7 @@ import { VerdictError } from '../errors';
 import { bisect } from './bisect';
 import { DEFAULT_TOLERANCES, type Tolerances } from './bisect-compare';
 import { jsonSafe } from './compare';
-import { findIncident, replicaHost, type Incident, type Placement } from './verdict-plan';
+import { findIncident, placementOf, replicaHost, type Incident, type Placement } from './verdict-plan';
 import { runProcess, type ReplayResult, type ReplaySpec } from './verdict-run';
 import { describeDevice, type DeviceFingerprint } from './verdict-fingerprint';
 import { replayHere } from './verdict-replay';
@@ -32,15 +32,15 @@ export interface VerdictOptions {
   dp: number;
   hosts: Map<number, Placement>;
   hostEnvs: Map<string, Record<string, string>>;
-  /** A host the user names for replay (2) instead of another replica's. */
+  /** A host the user names for replay (2) instead of another replica's: its agent's (with `remote` and a --rank-host there), else here with its --host-env. */
   otherHost?: string;
   allowLiveDevice: boolean;
   reference: boolean;
   tolerances?: Partial<Tolerances>;
   timeoutMs: number;
   /**
-   * The job's coordinator: replay (2) on another replica's host runs through that replica's head
-   * agent over the authenticated bus (verdict-remote.ts), not here. `tol`: the --tol flags, sent as given.
+   * The job's coordinator: replay (2) on another replica's host (or on the --other-host where an
+   * agent of the job runs) runs through that agent over the authenticated bus (verdict-remote.ts), not here. `tol`: the --tol flags, sent as given.
    */
   remote?: { target: ControlTarget; tol: string[] };
 }
@@ -97,6 +97,27 @@ async function reference(o: VerdictOptions, inc: Incident, same: ReplaySpec, wor
   }
 }
 
+/**
+ * Replay (2) on the host the user names (--other-host), with the incident's device indices. With the
+ * coordinator known and an agent of the job on that host (a rank --rank-host places there), that
+ * agent runs it (its lowest rank's; the serving check covers the ranks there on those devices);
+ * otherwise it runs here with the host's --host-env, standing for that host as far as its
+ * environment goes.
+ */
+function otherHostSpec(o: VerdictOptions, host: string, devices: number[]): { spec: ReplaySpec; agentRank?: number } {
+  const onHost = [...o.hosts.entries()].filter(([, p]) => p.host === host).map(([g]) => g).sort((a, b) => a - b);
+  if (o.remote && onHost.length) {
+    const ranksOnDevices = onHost.filter((g) => devices.includes(placementOf(o.hosts, g).device));
+    return { spec: { role: 'other', host, devices, ranksOnDevices }, agentRank: onHost[0] };
+  }
+  // Without its environment a replay "on" it would run as this host: no second host at all.
+  if (!o.hostEnvs.has(host)) {
+    const why = o.remote ? 'and no --rank-host places a rank (an agent) there' : 'and without --coordinator no agent is asked';
+    throw new VerdictError(`--other-host ${host}: no --host-env ${host}=FILE says what a process there sees, ${why}`);
+  }
+  return { spec: { role: 'other', host, devices, ranksOnDevices: [] } };
+}
+
 export async function verdict(o: VerdictOptions): Promise<Verdict> {
   const t0 = Date.now();
   const inc = findIncident(o.tree, o.incident);
@@ -108,10 +129,12 @@ export async function verdict(o: VerdictOptions): Promise<Verdict> {
   const here = replicaHost(o.hosts, inc.ranks);
   const same: ReplaySpec = { role: 'same', host: here.host, devices: here.devices, ranksOnDevices: inc.ranks };
   let other: ReplaySpec | string;
+  /** The rank whose agent runs replay (2), when it runs on another host through the bus. */
+  let agentRank: number | undefined;
   if (o.otherHost !== undefined) {
-    // Without its environment a replay "on" it would run as this host: no second host at all.
-    if (!o.hostEnvs.has(o.otherHost)) throw new VerdictError(`--other-host ${o.otherHost}: no --host-env ${o.otherHost}=FILE says what a process there sees`);
-    other = { role: 'other', host: o.otherHost, devices: here.devices, ranksOnDevices: [] };
+    const named = otherHostSpec(o, o.otherHost, here.devices);
+    other = named.spec;
+    agentRank = named.agentRank;
   } else {
     const d = Array.from({ length: o.dp }, (_, i) => i).find((i) => i !== inc.replica);
     if (d === undefined) {
@@ -120,16 +143,15 @@ export async function verdict(o: VerdictOptions): Promise<Verdict> {
       const ranks = inc.ranks.map((_, t) => d * inc.tp + t);
       const there = replicaHost(o.hosts, ranks);
       other = { role: 'other', host: there.host, devices: there.devices, ranksOnDevices: ranks };
+      // Another replica's host is reached through its head agent when the coordinator is known.
+      if (o.remote) agentRank = ranks[0];
     }
   }
-  const replays: ReplayResult[] = [await replayOn(o, inc, same, work, tols)];
+  const replays: ReplayResult[] = [{ ...(await replayOn(o, inc, same, work, tols)), ran: 'here' }];
   if (typeof other !== 'string') {
-    // Another replica's host is reached through its agent when the coordinator is known; --other-host
-    // names a host by its environment only, so that replay runs here.
-    const via = o.remote && o.otherHost === undefined ? { ...o.remote, rank: other.ranksOnDevices[0] } : undefined;
-    replays.push(via
-      ? await replayViaAgent(inc, o.engineOut, other, { target: via.target, rank: via.rank, tol: via.tol, allowLiveDevice: o.allowLiveDevice, timeoutMs: o.timeoutMs })
-      : await replayOn(o, inc, other, work, tols));
+    replays.push(o.remote && agentRank !== undefined
+      ? { ...(await replayViaAgent(inc, o.engineOut, other, { target: o.remote.target, rank: agentRank, tol: o.remote.tol, allowLiveDevice: o.allowLiveDevice, timeoutMs: o.timeoutMs })), ran: `on ${other.host} by rank ${agentRank}'s agent` }
+      : { ...(await replayOn(o, inc, other, work, tols)), ran: o.hostEnvs.has(other.host) ? `here, with ${other.host}'s environment (--host-env)` : 'here' });
   }
   const done = (v: Omit<Verdict, 'incident' | 'replays' | 'tolerances' | 'time' | 'wall_ms'>): Verdict => ({
     incident: { id: inc.id, dir: inc.dir, replica: inc.replica, tp: inc.tp, ranks: inc.ranks, calls: inc.calls },
@@ -169,7 +191,7 @@ export function formatVerdict(v: Verdict): string {
   for (const r of v.replays) {
     const bad = r.tensors.filter((t) => !t.within_tolerance);
     const worst = r.tensors.reduce((m, t) => Math.max(m, t.max_abs_diff), 0);
-    lines.push(`  replay ${r.role.padEnd(5)} host ${r.host}${r.agent_rank !== undefined ? ` (rank ${r.agent_rank}'s agent${r.agent_hostname ? ` on ${r.agent_hostname}` : ''})` : ''} devices ${r.devices.join(',')}: ${r.ok ? `${r.tensors.length - bad.length}/${r.tensors.length} outputs within tolerance (${r.tensors.filter((t) => t.bit_exact).length} bit-exact), max|diff| ${worst.toPrecision(3)}` : `not run: ${r.error}`}${r.wall_ms !== undefined ? ` [${(r.wall_ms / 1000).toFixed(1)} s]` : ''}`);
+    lines.push(`  replay ${r.role.padEnd(5)} host ${r.host}${r.agent_rank !== undefined ? ` (rank ${r.agent_rank}'s agent${r.agent_hostname ? ` on ${r.agent_hostname}` : ''})` : r.ran && r.ran !== 'here' ? ` (${r.ran})` : ''} devices ${r.devices.join(',')}: ${r.ok ? `${r.tensors.length - bad.length}/${r.tensors.length} outputs within tolerance (${r.tensors.filter((t) => t.bit_exact).length} bit-exact), max|diff| ${worst.toPrecision(3)}` : `not run: ${r.error}`}${r.wall_ms !== undefined ? ` [${(r.wall_ms / 1000).toFixed(1)} s]` : ''}`);
     for (const t of bad.slice(0, 8)) lines.push(`    call ${t.call} rank ${t.rank}: max|diff| ${t.max_abs_diff.toPrecision(3)}, ${t.mismatched}/${t.numel} beyond atol ${t.atol} + rtol ${t.rtol}`);
   }
   for (const d of v.verdict === 'device-local' ? v.fingerprint ?? [] : []) lines.push(`  device ${d.index} on host ${v.host}: ${describeDevice(d)}`);

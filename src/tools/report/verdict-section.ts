@@ -11,7 +11,7 @@ export interface VerdictSummary {
   bisectFirst: string | null;
   /** device-local: the devices named, one line each (host, CPU or CUDA device, torch). */
   devices: string[];
-  replays: { role: string; host: string; devices: number[]; ok: boolean; error: string; compared: number; bitExact: number; badCount: number; bad: { call: number; rank: number; maxAbs: number; mismatched: number; numel: number }[] }[];
+  replays: { role: string; host: string; devices: number[]; ran: string; ok: boolean; error: string; compared: number; bitExact: number; badCount: number; bad: { call: number; rank: number; maxAbs: number; mismatched: number; numel: number }[] }[];
 }
 
 const KINDS = new Set(['deterministic', 'device-local', 'transient', 'inconclusive']);
@@ -24,7 +24,7 @@ export function readVerdict(file: string, doc: any): VerdictSummary | string {
   const replays = (Array.isArray(doc.replays) ? doc.replays.slice(0, 8) : []).map((r: any) => {
     const tensors = Array.isArray(r?.tensors) ? r.tensors.slice(0, 65536) : [];
     return {
-      role: str(r?.role, 16), host: str(r?.host, 64), devices: Array.isArray(r?.devices) ? r.devices.filter(Number.isSafeInteger).slice(0, 64) : [],
+      role: str(r?.role, 16), host: str(r?.host, 64), ran: str(r?.ran, 160), devices: Array.isArray(r?.devices) ? r.devices.filter(Number.isSafeInteger).slice(0, 64) : [],
       ok: r?.ok === true, error: str(r?.error, 400), compared: tensors.length, bitExact: tensors.filter((t: any) => t?.bit_exact === true).length, badCount: tensors.filter((t: any) => t?.within_tolerance === false).length,
       bad: tensors.filter((t: any) => t?.within_tolerance === false).slice(0, 32).map((t: any) => ({ call: num(t.call), rank: num(t.rank), maxAbs: num(t.max_abs_diff), mismatched: num(t.mismatched), numel: num(t.numel) })),
     };
@@ -41,7 +41,7 @@ export function verdictCell(v: VerdictSummary | undefined): string {
   const replays = v.replays.map((r) => {
     const bad = r.bad.map((b) => `<li>call ${b.call} rank ${b.rank}: max|diff| ${b.maxAbs.toPrecision(3)}, ${b.mismatched}/${b.numel} out of tolerance</li>`).join('');
     const what = r.ok ? `${r.compared - r.badCount}/${r.compared} outputs reproduce (${r.bitExact} bit-exact)${r.badCount > r.bad.length ? `; the first ${r.bad.length} out of tolerance:` : ''}` : `not run: ${esc(r.error)}`;
-    return `<li class="verdict-replay" data-role="${esc(r.role)}">${esc(r.role)} on ${esc(r.host)} devices ${r.devices.join(',')}: ${what}${bad ? `<ul>${bad}</ul>` : ''}</li>`;
+    return `<li class="verdict-replay" data-role="${esc(r.role)}">${esc(r.role)} on ${esc(r.host)} devices ${r.devices.join(',')}${r.ran && r.ran !== 'here' ? ` (${esc(r.ran)})` : ''}: ${what}${bad ? `<ul>${bad}</ul>` : ''}</li>`;
   }).join('');
   return `<div class="verdict" data-verdict="${esc(v.verdict)}"><b>${esc(v.verdict)}</b>: ${esc(v.reason)}${v.bisectFirst ? `<br>bisect: <code>${esc(v.bisectFirst)}</code>` : ''}${v.devices.map((d) => `<br><span class="verdict-device">${esc(d)}</span>`).join('')}<ul>${replays}</ul></div>`;
 }
