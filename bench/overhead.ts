@@ -153,9 +153,10 @@ function cpuByProcess(file: string, steps: number): Record<string, Record<string
 export async function run(a: BenchArgs<typeof flags>): Promise<Record<string, unknown>> {
   const requests = a.requests ?? 2 * a.steps;
   const port = 20000 + (process.pid % 20000);
-  const work = fs.mkdtempSync(path.join(os.tmpdir(), 'wavebus-bench-overhead-'));
   if (a.engine === 'python' && a.syscalls) throw new ConfigError('--syscalls: the strace window counts the simulated engine\'s waves; use it with --engine sim');
   if (a.engine !== 'python' && a['rank-divergence']) throw new ConfigError('--rank-divergence: the simulated engine writes no rank digests; use it with --engine python');
+  // After the refusals: a refused run leaves no temp dir behind.
+  const work = fs.mkdtempSync(path.join(os.tmpdir(), 'wavebus-bench-overhead-'));
   const pyPort = a.engine === 'python' ? await freePort() : 0;
   const engineCmd = (resultDir: string, extra: string[], steps: number): string[] => {
     const stop = extra.indexOf('--stop-file');
