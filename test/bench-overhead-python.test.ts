@@ -53,10 +53,14 @@ test('bench overhead --engine python --rank-divergence: the ranks write digests 
   // TP0 wrote its digests into the decision ring on nearly every step of the round (the first
   // steps may come before its agent's hello gave the ring).
   expect(rd.digest_waves[0]).toBeGreaterThan(0.8 * steps);
-  // The coordinator compared the window run's waves: every rank wrote the same columns, so every
-  // settled wave agreed and none diverged or lacked a rank.
-  expect(rd.compared_waves.agreed).toBeGreaterThan(100);
-  expect({ diverged: rd.compared_waves.diverged, unknown: rd.compared_waves.unknown }).toEqual({ diverged: 0, unknown: 0 });
+  // The coordinator compared the window run's waves: every rank wrote the same columns, so none
+  // diverged. A wave one rank wrote and the other did not (its first waves, before its agent's
+  // hello gave it the ring; a ring that moved on while a starved agent slept) is unknown, never
+  // divergent: allowed, but the waves compared are mostly agreed.
+  const w = rd.compared_waves;
+  expect(w.agreed).toBeGreaterThan(100);
+  expect(w.diverged).toBe(0);
+  expect(w.partial + w.unknown).toBeLessThan(w.agreed / 4);
   // Its steady window beside detectors on: every sidecar process measured per wave.
   for (const mode of ['on', 'rank_divergence']) {
     const w = out.steady_cpu_us_per_wave[mode];
