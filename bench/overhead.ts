@@ -112,7 +112,7 @@ const median = (xs: number[]): number => {
 };
 const fixed = (x: number, d: number): number | null => (Number.isFinite(x) ? Number(x.toFixed(d)) : null);
 
-export const summary = "The simulated engine's steps/s with wavebus absent, attached with everything off, and attached with every detector on, as ratios to the absent baseline, in one run.";
+export const summary = "The simulated engine's steps/s with wavebus absent, attached with everything off, and attached with every detector on (--rank-divergence: and rank_divergence with it), as ratios to the absent baseline, in one run.";
 export const flags = {
   engine: { type: 'string', default: 'sim', choices: ['sim', 'python'], describe: "the engine: sim (the simulated engine, TypeScript, about 40 running requests) or python (bench/overhead_engine.py: wavebus_client's tensor path at --running requests, a gloo all_reduce per step)" },
   running: { type: 'int', default: 1024, min: 1, describe: "--engine python: running requests per step (the seed baseline's rows follow it)" },
