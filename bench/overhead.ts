@@ -6,6 +6,8 @@
 // once the KV pool is full, a prefill step about every third step). The TP ranks meet once per
 // step (the sim's stand-in for the all-reduce) in every mode, absent included. The CPU of each
 // run's process tree (GNU time) is reported too: it moves far less with the host's load.
+// --rank-divergence (Python engine) adds a fourth mode: every detector and rank_divergence on,
+// each engine rank writing its digests every step.
 import { spawn } from 'child_process';
 import * as fs from 'fs';
 import * as os from 'os';
@@ -19,6 +21,7 @@ import { seedAvailable, seedRun, type SeedRun } from './lib/seed-baseline';
 import { packageRoot } from '../src/paths';
 import { ConfigError } from '../src/errors';
 import { freePort } from '../src/bus/ports';
+import { digestCounts, type DigestCounts } from './lib/rank-digest-counts';
 
 const PY = fs.existsSync('/usr/bin/python3') ? '/usr/bin/python3' : 'python3';
 
@@ -75,6 +78,8 @@ interface RunStats {
   /** The Python engine's TP0: wave heads its client sent, and those through the telemetry ring. */
   headsSent?: number;
   ringHeads?: number;
+  /** The Python engine's TP0 with --rank-digest: waves whose input digest went into the decision ring. */
+  digestWaves?: number;
 }
 
 function readRun(dir: string): RunStats {
@@ -97,6 +102,7 @@ function readRun(dir: string): RunStats {
     overrunUs: sum('forwardOverrunUsPerStep') / rs.length,
     headsSent: rs.find((r) => r.rank === 0)?.waveHeadsSent,
     ringHeads: rs.find((r) => r.rank === 0)?.ringHeads,
+    digestWaves: rs.find((r) => r.rank === 0)?.digestWaves,
   };
 }
 
@@ -106,7 +112,7 @@ const median = (xs: number[]): number => {
 };
 const fixed = (x: number, d: number): number | null => (Number.isFinite(x) ? Number(x.toFixed(d)) : null);
 
-export const summary = "The simulated engine's steps/s with wavebus absent, attached with everything off, and attached with every detector on, as ratios to the absent baseline, in one run.";
+export const summary = "The simulated engine's steps/s with wavebus absent, attached with everything off, and attached with every detector on (--rank-divergence: and rank_divergence with it), as ratios to the absent baseline, in one run.";
 export const flags = {
   engine: { type: 'string', default: 'sim', choices: ['sim', 'python'], describe: "the engine: sim (the simulated engine, TypeScript, about 40 running requests) or python (bench/overhead_engine.py: wavebus_client's tensor path at --running requests, a gloo all_reduce per step)" },
   running: { type: 'int', default: 1024, min: 1, describe: "--engine python: running requests per step (the seed baseline's rows follow it)" },
@@ -126,6 +132,7 @@ export const flags = {
   syscalls: { type: 'boolean', default: false, describe: 'after the rounds, one more detectors-on run with strace attached to each process for --syscall-waves waves: system calls per wave by process (not in the ratios)' },
   'syscall-waves': { type: 'int', default: 300, describe: "the strace window's length in waves (after 50 waves of warm-up; at most 180 s)" },
   'cpu-window': { type: 'boolean', default: false, describe: "after the rounds, one off and one detectors-on run: each process's CPU per wave inside a window of the steady state (from /proc schedstat, start-up and exit left out; the waves are rank 0's steps inside it), the host's sidecar together" },
+  'rank-divergence': { type: 'boolean', default: false, describe: "--engine python: a fourth mode in each round and in --cpu-window, every detector and rank_divergence on, each engine rank writing its digests every step (decided_inputs at before_forward, decided after the forward; the same columns on every rank, so the waves agree): its steps/s ratio, its sidecar CPU per wave beside detectors on, and (with --cpu-window) the waves the coordinator compared, from its /metrics" },
   'cpu-window-s': { type: 'int', default: 5, describe: "the CPU window's length in seconds, from the end of the engine's 200th step (sampled for 12 s more than this)" },
 } satisfies BenchFlags;
 
@@ -146,22 +153,25 @@ function cpuByProcess(file: string, steps: number): Record<string, Record<string
 export async function run(a: BenchArgs<typeof flags>): Promise<Record<string, unknown>> {
   const requests = a.requests ?? 2 * a.steps;
   const port = 20000 + (process.pid % 20000);
-  const work = fs.mkdtempSync(path.join(os.tmpdir(), 'wavebus-bench-overhead-'));
   if (a.engine === 'python' && a.syscalls) throw new ConfigError('--syscalls: the strace window counts the simulated engine\'s waves; use it with --engine sim');
+  if (a.engine !== 'python' && a['rank-divergence']) throw new ConfigError('--rank-divergence: the simulated engine writes no rank digests; use it with --engine python');
+  // After the refusals: a refused run leaves no temp dir behind.
+  const work = fs.mkdtempSync(path.join(os.tmpdir(), 'wavebus-bench-overhead-'));
   const pyPort = a.engine === 'python' ? await freePort() : 0;
   const engineCmd = (resultDir: string, extra: string[], steps: number): string[] => {
     const stop = extra.indexOf('--stop-file');
     return [PY, path.join(packageRoot(), 'bench', 'overhead_engine.py'), '--running', String(a.running), '--steps', String(steps),
       '--forward-ms', String(a['forward-ms']), '--compute-us', String(a['compute-us']), '--port', String(pyPort), '--result-dir', resultDir,
       '--nproc', String(a.ranks), ...(extra.includes('--detached') ? ['--detached'] : []), ...(stop >= 0 ? ['--stop-file', extra[stop + 1]] : []),
-      ...(extra.includes('--step-times') ? ['--step-times'] : [])];
+      ...(extra.includes('--step-times') ? ['--step-times'] : []), ...(extra.includes('--rank-digest') ? ['--rank-digest'] : [])];
   };
   const sim = (resultDir: string, extra: string[] = [], steps = a.steps) => a.engine === 'python' ? engineCmd(resultDir, extra, steps) : [
     'sim', '--steps', String(steps), '--step-ms', '0', '--compute-us', String(a['compute-us']), '--forward-ms', String(a['forward-ms']),
     '--requests', String(requests), '--result-dir', resultDir, '--nproc-per-node', String(a.ranks), ...extra,
   ];
-  const launch = (config: string, cmd: string[]) => [
+  const launch = (config: string, cmd: string[], metricsPort?: number) => [
     'launch', '--nproc-per-node', String(a.ranks), '--tp', String(a.ranks), '--port', String(port),
+    ...(metricsPort !== undefined ? ['--metrics-port', String(metricsPort)] : []),
     `--coordinator-arg=--runtime-config-path`, `--coordinator-arg=${config}`,
     ...(a['lookahead-waves'] !== undefined ? [`--coordinator-arg=--lookahead-waves=${a['lookahead-waves']}`] : []),
     // startup writes defaults <- overlay to the live file (seed): the mode's config is the overlay
@@ -174,12 +184,20 @@ export async function run(a: BenchArgs<typeof flags>): Promise<Record<string, un
   fs.mkdirSync(path.dirname(onConfig), { recursive: true });
   fs.writeFileSync(offConfig, '{}\n');
   const on = { enabled: true };
-  fs.writeFileSync(onConfig, JSON.stringify({ detector: { token_repeat: on, logits_finite: on, spec_acceptance: on, garbled: on } }));
+  const detectorsOn = { token_repeat: on, logits_finite: on, spec_acceptance: on, garbled: on };
+  fs.writeFileSync(onConfig, JSON.stringify({ detector: detectorsOn }));
+  const digestConfig = path.join(work, 'digest', 'config', 'runtime_config.json');
+  fs.mkdirSync(path.dirname(digestConfig), { recursive: true });
+  fs.writeFileSync(digestConfig, JSON.stringify({ detector: { ...detectorsOn, rank_divergence: on } }));
+  const modes = ['absent', 'off', 'on', ...(a['rank-divergence'] ? ['digest'] : [])] as Mode[];
+  const configOf = (mode: Exclude<Mode, 'absent'>) => ({ off: offConfig, on: onConfig, digest: digestConfig })[mode];
+  /** The engine's own flags per mode: only `digest` writes rank digests. */
+  const modeExtra = (mode: Mode, extra: string[] = []) => (mode === 'digest' ? [...extra, '--rank-digest'] : extra);
   const env: NodeJS.ProcessEnv = { ...process.env, WAVEBUS_LOG_LEVEL: 'error', PYTHONPATH: path.join(packageRoot(), 'clients', 'python'), OMP_NUM_THREADS: '1' };
-  const best = { absent: 0, off: 0, on: 0 };
-  const runs: Record<'absent' | 'off' | 'on', RunStats[]> = { absent: [], off: [], on: [] };
+  const best = { absent: 0, off: 0, on: 0, digest: 0 };
+  const runs: Record<Mode, RunStats[]> = { absent: [], off: [], on: [], digest: [] };
   /** CPU µs per step of each run's whole process tree (start-up included). */
-  const cpu: Record<'absent' | 'off' | 'on', number[]> = { absent: [], off: [], on: [] };
+  const cpu: Record<Mode, number[]> = { absent: [], off: [], on: [], digest: [] };
   /** With --cpu-by-process: the last round's per-process CPU per step, by mode. */
   const byProcess: Record<string, Record<string, Record<string, number>>> = {};
   const seedRows = a.engine === 'python' ? a.running : a['seed-rows'];
@@ -188,9 +206,10 @@ export async function run(a: BenchArgs<typeof flags>): Promise<Record<string, un
   const seedRuns: { absent: SeedRun[]; seed: SeedRun[] } = { absent: [], seed: [] };
   let syscalls: Record<string, unknown> | undefined;
   const steadyCpu: Record<string, CpuWindow> = {};
+  let digestWaves: DigestCounts | undefined;
   try {
     for (let round = 0; round < a.rounds; round++) {
-      for (const mode of ['absent', 'off', 'on'] as const) {
+      for (const mode of modes) {
         const dir = path.join(work, `r${round}-${mode}`);
         const cpuFile = path.join(work, `r${round}-${mode}.cpu`);
         const procFile = path.join(work, `r${round}-${mode}.procs`);
@@ -200,7 +219,7 @@ export async function run(a: BenchArgs<typeof flags>): Promise<Record<string, un
         const { code, cpuS } =
           mode === 'absent'
             ? await runCli(sim(dir, ['--detached']), runEnv, cpuFile, undefined, a.engine === 'python')
-            : await runCli(launch(mode === 'off' ? offConfig : onConfig, sim(dir)), runEnv, cpuFile);
+            : await runCli(launch(configOf(mode), sim(dir, modeExtra(mode))), runEnv, cpuFile);
         if (a['cpu-by-process']) byProcess[mode] = cpuByProcess(procFile, a.steps);
         if (code !== 0) throw new Error(`${mode} run failed (exit ${code})`);
         const r = readRun(dir);
@@ -212,12 +231,15 @@ export async function run(a: BenchArgs<typeof flags>): Promise<Record<string, un
       if (seedOk) for (const m of ['absent', 'seed'] as const) seedRuns[m].push(await seedRun(m, seedShape));
     }
     if (a['cpu-window']) {
-      for (const mode of ['off', 'on'] as const) {
+      for (const mode of modes.filter((m) => m !== 'absent') as Exclude<Mode, 'absent'>[]) {
         const dir = path.join(work, `window-${mode}`);
         fs.mkdirSync(dir, { recursive: true });
-        steadyCpu[mode] = await cpuWindowRun(dir, path.join(dir, 'stop'), (stopFile, onSpawn) => runCli(launch(mode === 'off' ? offConfig : onConfig, sim(dir, ['--stop-file', stopFile, '--step-times'], 1_000_000)), env, path.join(dir, 'cpu'), onSpawn), {
+        // rank_divergence's run: the coordinator's /metrics, read once the window is over, says how many waves it compared.
+        const metricsPort = mode === 'digest' ? await freePort() : undefined;
+        const readCounts = metricsPort !== undefined ? async () => void (digestWaves = await digestCounts(metricsPort)) : undefined;
+        steadyCpu[mode === 'digest' ? 'rank_divergence' : mode] = await cpuWindowRun(dir, path.join(dir, 'stop'), (stopFile, onSpawn) => runCli(launch(configOf(mode), sim(dir, modeExtra(mode, ['--stop-file', stopFile, '--step-times']), 1_000_000), metricsPort), env, path.join(dir, 'cpu'), onSpawn), {
           engineRanks: a.ranks, sidecarProcs: a.ranks + 1, warmupS: 12, seconds: a['cpu-window-s'],
-        });
+        }, readCounts);
       }
     }
     if (a.syscalls) {
@@ -234,8 +256,8 @@ export async function run(a: BenchArgs<typeof flags>): Promise<Record<string, un
   // The TypeScript client's off path (the sim's); the Python client's is `bench client`'s "off" mode.
   const offPath = a.engine === 'sim' ? await offPathCost() : { skipped: 'the Python client: see bench client, mode off' };
   // Per round ratios against that round's absent run (interleaved, so drift hits both), then the median.
-  const ratio = (mode: 'off' | 'on') => median(runs[mode].map((r, i) => r.rate / runs.absent[i].rate));
-  const steadyRatio = (mode: 'off' | 'on') => median(runs[mode].map((r, i) => r.steadyRate / runs.absent[i].steadyRate));
+  const ratio = (mode: Exclude<Mode, 'absent'>) => median(runs[mode].map((r, i) => r.rate / runs.absent[i].rate));
+  const steadyRatio = (mode: Exclude<Mode, 'absent'>) => median(runs[mode].map((r, i) => r.steadyRate / runs.absent[i].steadyRate));
   const onRuns = runs.on;
   return {
     engine: a.engine,
@@ -292,7 +314,28 @@ export async function run(a: BenchArgs<typeof flags>): Promise<Record<string, un
     ...(syscalls ? { syscalls } : {}),
     // µs of CPU per wave in the steady state, start-up left out (--cpu-window).
     ...(a['cpu-window'] ? { steady_cpu_us_per_wave: steadyCpu } : {}),
+    ...(a['rank-divergence'] ? rankDivergenceFields(runs, best, ratio, steadyRatio, digestWaves) : {}),
     target: { off_ratio: 0.995, detectors_ratio: 0.97, detectors_ratio_1ms: 0.9, sidecar_syscalls_per_wave_tp8: 30, waited_fraction: 0 },
+  };
+}
+
+type Mode = 'absent' | 'off' | 'on' | 'digest';
+
+/** --rank-divergence: its mode's rates beside detectors on, TP0's digests written, the coordinator's compared waves. */
+function rankDivergenceFields(runs: Record<Mode, RunStats[]>, best: Record<Mode, number>, ratio: (m: Exclude<Mode, 'absent'>) => number, steadyRatio: (m: Exclude<Mode, 'absent'>) => number, waves: DigestCounts | undefined): Record<string, unknown> {
+  return {
+    rank_divergence: {
+      steps_per_s: Number(best.digest.toFixed(1)),
+      median_ratio: Number(ratio('digest').toFixed(4)),
+      median_steady_ratio: Number(steadyRatio('digest').toFixed(4)),
+      // Against detectors on in the same rounds: what the detector adds beyond the others.
+      median_ratio_to_detectors: Number(median(runs.digest.map((r, i) => r.rate / runs.on[i].rate)).toFixed(4)),
+      client_us_per_step: fixed(median(runs.digest.map((r) => r.clientUs)), 1),
+      // TP0's waves whose digests went into its decision ring, per round (0: the feature bit never came).
+      digest_waves: runs.digest.map((r) => r.digestWaves ?? null),
+      // With --cpu-window: the coordinator's count of that run's waves by result.
+      ...(waves ? { compared_waves: waves } : {}),
+    },
   };
 }
 

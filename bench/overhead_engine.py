@@ -13,8 +13,15 @@ agent and the job's runtime config decides what is on; with --detached wavebus i
 baseline). Each rank writes RESULT_DIR/rank<R>.json in the simulated engine's result
 shape (src/sim/rank.ts), which bench/overhead.ts reads.
 
+With --rank-digest each rank also writes rank_divergence's digests every step, as
+examples/torch-engine does: decided_inputs (the head's token column as the forward's ids, the
+rows' ages as positions, one token per row) at before_forward and decided after the forward's
+collective. The bench samples no new column after the forward: decided takes the head's column,
+the same size (N int32) and the same on every rank (one random stream), so every wave agrees.
+Nothing is written while the job's config has the detector off.
+
 usage: overhead_engine.py --running N --steps S --forward-ms F --compute-us C --port P --result-dir D
-                          --nproc K [--detached] [--stop-file PATH] [--step-times]
+                          --nproc K [--detached] [--stop-file PATH] [--step-times] [--rank-digest]
 """
 import argparse
 import json
@@ -55,6 +62,9 @@ def rank_main(a, rank, world):
     if batch is not None:
         reqs.bind_all(batch)
     ctx = {"compilation_hash": "bench", "global_step": 0}
+    digest = a.rank_digest and c is not None
+    starts = np.arange(n + 1, dtype=np.int32)  # a decode step: one input token per row
+    digests = 0
     steady_from = max(1, a.steps // 5)
     client_ns = eow_ns = overrun_ns = 0
     eow = []
@@ -76,6 +86,8 @@ def rank_main(a, rank, world):
                 batch.finish(r)
             batch.wave_head(wave, rows, toks, lps)
             ctx["global_step"] = wave
+            if digest:
+                digests += c.decided_inputs(wave, toks, reqs.age, starts)
             c.before_forward(ctx, [])
         s1 = time.perf_counter_ns()
         spin(a.compute_us)
@@ -84,6 +96,10 @@ def rank_main(a, rank, world):
         overrun_ns += max(0, time.perf_counter_ns() - f0 - a.forward_ms * 1_000_000)
         dist.all_reduce(meet, op=dist.ReduceOp.MIN)
         stop = meet[0] < 0
+        if digest:  # timed as the client's, outside end_of_wave's own figures
+            d0 = time.perf_counter_ns()
+            c.decided(wave, toks)
+            client_ns += time.perf_counter_ns() - d0
         s2 = time.perf_counter_ns()
         if c is not None:
             c.end_of_wave(wave)
@@ -126,6 +142,7 @@ def rank_main(a, rank, world):
         "maxRssKiB": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
         "waveHeadsSent": st.get("wave_head_sent", 0),
         "ringHeads": batch.stats["ring_heads"] if batch is not None else 0,
+        "digestWaves": digests,  # waves whose input digest went into the decision ring
     }
     if ends is not None:
         out["stepEndsAt"] = ends
@@ -148,6 +165,7 @@ def main():
     p.add_argument("--nproc", type=int, default=1)
     p.add_argument("--stop-file", default="")
     p.add_argument("--step-times", action="store_true")
+    p.add_argument("--rank-digest", action="store_true")
     a = p.parse_args()
     os.makedirs(a.result_dir, exist_ok=True)
     import multiprocessing as mp

@@ -93,6 +93,7 @@ const SKIPPED: Record<string, string> = {
   'wavebus bench client --lang ts --requests 1024,4096 --steps 300 --json': BENCH,
   'wavebus bench overhead --engine python --running 1024 --forward-ms 3 --rounds 3 --lookahead-waves 3 --cpu-window --json': BENCH,
   'wavebus bench overhead --engine python --running 1024 --forward-ms 3 --rounds 1 --steps 300 --lookahead-waves 3 --cpu-window --no-seed-baseline --json': BENCH,
+  'wavebus bench overhead --engine python --running 1024 --forward-ms 3 --rounds 1 --steps 400 --lookahead-waves 3 --no-seed-baseline --cpu-window --rank-divergence --json': BENCH,
   'node bin/wavebus.js bench dump --size-mb 256 --format all --json': BENCH,
   'node bin/wavebus.js bench overhead --json': BENCH,
   'node bin/wavebus.js bench transformers --json': BENCH,

@@ -102,9 +102,9 @@ type Start = (stopFile: string, onSpawn: (pid: number) => void) => Promise<{ cod
 /**
  * One run started by `start` (a sim with --step-times writing `resultDir`), its processes' CPU
  * sampled, then stopped through its stop file; the waves are rank 0's steps that ended inside
- * the window.
+ * the window. `beforeStop` runs after the window, before the stop file.
  */
-export async function cpuWindowRun(resultDir: string, stopFile: string, start: Start, o: Parameters<typeof sample>[1]): Promise<CpuWindow> {
+export async function cpuWindowRun(resultDir: string, stopFile: string, start: Start, o: Parameters<typeof sample>[1], beforeStop?: () => Promise<void>): Promise<CpuWindow> {
   let root: number | undefined;
   const done = start(stopFile, (pid) => (root = pid));
   let s: Awaited<ReturnType<typeof sample>> | undefined;
@@ -112,6 +112,8 @@ export async function cpuWindowRun(resultDir: string, stopFile: string, start: S
   try {
     if (root === undefined) throw new Error('bench overhead --cpu-window: the run did not start');
     s = await sample(root, o);
+    // After the window, while the job still runs (e.g. its /metrics read): nothing in the window.
+    await beforeStop?.();
   } catch (e) {
     failure = e;
   }
