@@ -18,6 +18,7 @@ import { resolveIdentity } from '../src/launch/identity';
 import { createLogger } from '../src/log';
 import { ShmSegment } from '../src/memory';
 import { launchDumpRoot } from '../src/launch/sidecar-args';
+import { localDumpRoot } from '../src/commands/agent';
 import { agentEndpoint, mailboxPath } from '../src/paths';
 import { cleanup, cleanupUsers, describeAsRoot, freePortPair, jsonEvents, otherUser, PYTHON, ROOT, spawnAs, spawnWavebus, tmpDir, type Spawned, waitFor } from './helpers';
 import { DEFAULT_LOOKAHEAD_WAVES } from '../src/bus/constants';
@@ -128,6 +129,14 @@ async function manualDumpManifest(job: Awaited<ReturnType<typeof oneRankJob>>, g
 }
 
 describe('an agent writes only under its local dump root', () => {
+  test('a dump root the kernel cannot open (a component over 255 bytes, the whole over 4095) is refused naming its flag or variable', () => {
+    const long = '/tmp/' + 'x'.repeat(300);
+    expect(() => localDumpRoot(undefined, { WAVEBUS_DUMP_ROOT: long }, '/')).toThrow('WAVEBUS_DUMP_ROOT: a path component of 300 bytes (at most 255)');
+    expect(() => localDumpRoot(long, {}, '/')).toThrow('--dump-root: a path component of 300 bytes');
+    expect(() => localDumpRoot(`/tmp/${'y/'.repeat(2100)}`, {}, '/')).toThrow(/^--dump-root: a path of \d+ bytes \(at most 4095\)/);
+    expect(localDumpRoot('kv', {}, '/srv')).toBe('/srv/kv');
+  });
+
   test('a bus dump root below the local one is used: the dump is complete', async () => {
     const local = tmpDir('wavebus-local-root-');
     const guardRoot = path.join(local, 'narrower');

@@ -20,7 +20,7 @@ import { recorderSettingsFromEnv } from '../agent/flight-recorder';
 import { resolveSnapshotConfig, snapshotFlagsFromArgv, snapshotOptions } from '../snapshot/config';
 import { checkRunDirFits } from '../paths';
 import { waitForSignal } from './coordinator';
-import { envSetting, flagOrEnv, mibFlag, msFlag } from './flags';
+import { checkPathLength, envSetting, flagOrEnv, mibFlag, msFlag } from './flags';
 import { DIRECT_FILES_FLAGS, directFilesSetup, type DirectFilesSetup } from './direct-files-flags';
 import { DEFAULT_CUDA_STAGING_BYTES } from '../memory';
 import { checkLocalRoots } from '../agent/roots';
@@ -77,7 +77,9 @@ export interface AgentSetup {
 export function localDumpRoot(raw: unknown, env: NodeJS.ProcessEnv, cwd: string): string {
   const pick = (v: string, flag: string): string => {
     if (v.includes('\0')) throw new ConfigError(`${flag}: the path contains NUL`);
-    return path.resolve(cwd, v);
+    const resolved = path.resolve(cwd, v);
+    checkPathLength(resolved, flag); // the agent opens it component by component: ENAMETOOLONG otherwise
+    return resolved;
   };
   if (raw !== undefined && raw !== '') return pick(String(raw), '--dump-root');
   if (env.WAVEBUS_DUMP_ROOT) return pick(env.WAVEBUS_DUMP_ROOT, 'WAVEBUS_DUMP_ROOT');
