@@ -42,10 +42,12 @@ def grow(rid, n):  # the allocator's own path: n more tokens for rid
     st.position_offset += n
 
 def head():  # what the next wave_head carries new (not the round-robin re-sends), then the head went
-    binds = sorted([row, rid, plen, ids] for row, (rid, plen, ids) in batch._new_bind.items())
-    tables = sorted([row, list(t)] for row, t in batch._new_blocks.items())
+    # Each new binding and table is kept as its wire bytes (head_bytes.py): decoded here.
+    new = pb.TelemetryColumns.FromString(b"".join(batch._new_bind.values()) + b"".join(batch._new_blocks.values()))
+    binds = sorted([b.slot, b.req_id, b.prompt_len, list(b.prompt_token_ids)] for b in new.bind)
+    tables = sorted([t.slot, list(t.block_ids)] for t in new.blocks)
     ev = batch.event_columns()
-    batch.fill(pb.TelemetryColumns())
+    batch.sparse_bytes()  # what the head takes: the new ones go out with it
     batch.sent()
     rows.head_sent()
     return {"bind": binds, "blocks": tables, "events": sorted(zip(*ev)) if ev[0] else []}
