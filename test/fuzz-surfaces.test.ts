@@ -33,7 +33,7 @@ const FUZZ_INPUTS: Record<string, number> = {
   // One part of a slot rewritten, the slot read back with a few preads: cheap.
   telemetry_ring: EVERY ?? 100000,
   // An accepted request stages its files and starts a process (the stand-in replay): a few ms each.
-  replay_request: EVERY ?? (FULL ? 100000 : 3000),
+  replay_request: EVERY ?? (FULL ? 100000 : 1000),
   // A slot part rewritten, the ring polled and each wave's two columns asked: a few preads each.
   decision_ring: EVERY ?? (FULL ? 100000 : 5000),
   // A frame through the ROUTER path into a fresh comparison, the column asks settled: in process.
