@@ -12,7 +12,9 @@
 // Pass rule (printed as `rule`): 0 lost waves (an end_of_wave that timed out) in every replica;
 // every replica served every manual dump and every dump job completed; no wavebus process died;
 // and flat resources: for the coordinator and every agent, RSS at the end <= 1.25 x RSS after
-// warm-up and open fds at the end <= fds after warm-up + 2.
+// warm-up and open fds at the end <= fds after warm-up + 2. Reported beside the rule: which agent
+// held each replica's host-receiver role, and every process's RSS sampled across the run
+// (bench/lib/soak-samples.ts).
 import * as fs from 'fs';
 import { ConfigError } from '../src/errors';
 import { MAX_TIMER_MS } from '../src/commands/flags';
@@ -22,6 +24,7 @@ import type { WavebusClient } from '../src/client/client';
 import { alive, POOL_BLOCKS, ProcJob } from './lib/proc-job';
 import { SoakWorkload } from './lib/soak-workload';
 import { Collector, unfinishedDumps } from './lib/soak-collector';
+import { SoakSamples } from './lib/soak-samples';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
@@ -127,6 +130,8 @@ export async function soak(o: SoakOptions): Promise<Record<string, unknown>> {
   const coordMemory = () => job.status(5000).then((s) => s.json.memory as Record<string, number> | undefined, () => undefined);
   let startMemory: Promise<Record<string, number> | undefined> | undefined;
   const warmup = Math.min(200, Math.floor(o.waves / 5));
+  // RSS across the run (about 50 samples) and who receives for each replica (bench/lib/soak-samples.ts).
+  let samples: SoakSamples | undefined;
 
   const replicaLoop = async (r: number, from: number, to: number, settle: boolean): Promise<void> => {
     const head = job.clients[job.head(r)];
@@ -135,7 +140,8 @@ export async function soak(o: SoakOptions): Promise<Record<string, unknown>> {
         if (w === warmup) {
           startUsage = sample();
           startMemory = coordMemory();
-        }
+          samples?.take(w, true);
+        } else if (w > warmup) samples?.take(w);
         if (w % o.dumpEvery === 0) {
           job.manualDump(++dumpsAsked);
           collector?.collect();
@@ -158,6 +164,7 @@ export async function soak(o: SoakOptions): Promise<Record<string, unknown>> {
   try {
     await job.start();
     collector = new Collector(job.kvRoot, job.layout);
+    samples = new SoakSamples(() => [job.coordinator, ...job.agents].map((p) => p.child.pid!), job.runDir, o.dp, Math.max(1, Math.floor(o.waves / 50)));
     const waveStart = Date.now();
     // The sidecar of this host (coordinator and every agent) from the first wave to the last.
     const sidecarCpu = () => [job.coordinator, ...job.agents].reduce((a, p) => a + cpuUs(p.child.pid!), 0);
@@ -186,6 +193,8 @@ export async function soak(o: SoakOptions): Promise<Record<string, unknown>> {
     const tally = await collector!.tally();
     problems.push(...tally.problems);
     const endUsage = sample();
+    samples!.take(next, true);
+    const receiverRanks = Array.from({ length: o.dp }, (_, r) => [...samples!.receivers].reverse().find((x) => x.replica === r)?.global_rank ?? -1).filter((g) => g >= 0);
     const endMemory = await coordMemory();
     const memStart = (await startMemory) ?? endMemory;
     const mb = (m: Record<string, number> | undefined, k: string) => (m?.[k] === undefined ? null : +(m[k] / 2 ** 20).toFixed(1));
@@ -197,7 +206,7 @@ export async function soak(o: SoakOptions): Promise<Record<string, unknown>> {
     const coordFlat = flatness([su.coordinator], [endUsage.coordinator]);
     const agentsFlat = flatness(su.agents, endUsage.agents);
     const headOf = new Map(Array.from({ length: o.dp }, (_, r) => [job.head(r), r]));
-    const agentRole = (g: number) => (headOf.has(g) ? `replica ${headOf.get(g)}'s head` : 'not a replica head');
+    const agentRole = (g: number) => [headOf.has(g) ? `replica ${headOf.get(g)}'s head` : 'not a replica head', ...(receiverRanks.includes(g) ? ["its host's receiver"] : [])].join(', ');
     const stats = job.clients.map((c) => c.stats);
     const replicas = tally.replicas.map((c, r) => {
       const ranks = job.ranksOf(r);
@@ -261,6 +270,9 @@ export async function soak(o: SoakOptions): Promise<Record<string, unknown>> {
         flat: coordFlat.rssFlat && coordFlat.fdsFlat,
       },
       agents_usage: summarize(su.agents, endUsage.agents, agentRole),
+      // Which agent received for each replica (held the flock), and RSS sampled across the run.
+      receivers: receiverRanks.map((g) => ({ global_rank: g, role: agentRole(g) })),
+      rss_samples: samples!.summary(receiverRanks),
       rule: RULE,
       pass: failures.length === 0,
       failures,

@@ -7,6 +7,8 @@ import * as path from 'path';
 import { flatness, RULE } from '../bench/soak';
 import { checkDump, collectDumps, emptyTally } from '../bench/lib/soak-collector';
 import { SoakWorkload } from '../bench/lib/soak-workload';
+import { flockHolder } from '../bench/lib/soak-samples';
+import { spawn } from 'child_process';
 import { kvRankDirFor } from '../src/paths';
 import { cleanup, runWavebus, tmpDir } from './helpers';
 
@@ -38,6 +40,29 @@ test('the flatness rule: RSS ratio and fd growth per process', () => {
   expect(flatness([{ rssKb: 100, fds: 30 }], [{ rssKb: 125, fds: 32 }])).toEqual({ rssRatioMax: 1.25, rssWorst: 0, fdGrowthMax: 2, rssFlat: true, fdsFlat: true });
   expect(flatness([{ rssKb: 100, fds: 30 }, { rssKb: 100, fds: 30 }], [{ rssKb: 90, fds: 30 }, { rssKb: 130, fds: 33 }])).toMatchObject({ rssRatioMax: 1.3, rssWorst: 1, rssFlat: false, fdsFlat: false });
   expect(RULE).toMatch(/0 lost waves.*RSS end <= 1.25 x after warm-up.*fds end <= after warm-up \+ 2/);
+});
+
+test("flockHolder names the process that holds a file's flock (as the host receiver holds its role), and nobody once it is gone", async () => {
+  const dir = tmpDir('wavebus-soak-flock-');
+  const file = path.join(dir, 'wave-receiver.r0.lock');
+  const other = path.join(dir, 'other.lock');
+  fs.writeFileSync(other, '');
+  expect(flockHolder(file)).toBeUndefined(); // no file
+  // The agent's own way to take the role (MailboxWriter.holdLock, a flock), in a process of its own.
+  const js = `require(${JSON.stringify(path.resolve(__dirname, '..', 'dist', 'src', 'client', 'mailbox.js'))}).MailboxWriter.holdLock(${JSON.stringify(file)}); console.log('held'); setInterval(() => {}, 1000);`;
+  const child = spawn(process.execPath, ['-e', js], { stdio: ['ignore', 'pipe', 'inherit'] });
+  try {
+    await new Promise<void>((resolve, reject) => {
+      child.stdout.on('data', (b) => String(b).includes('held') && resolve());
+      child.on('exit', (c) => reject(new Error(`the lock holder exited ${c}`)));
+    });
+    expect(flockHolder(file)).toBe(child.pid);
+    expect(flockHolder(other)).toBeUndefined(); // a file nobody locked
+  } finally {
+    child.kill('SIGKILL');
+    await new Promise((r) => child.once('exit', r));
+  }
+  expect(flockHolder(file)).toBeUndefined(); // the kernel dropped it with its holder
 });
 
 test('the dump checker refuses a "complete" manifest that holds another replica\'s ranks, counts incomplete ones, and removes what it checked', () => {
@@ -80,4 +105,17 @@ test('a short DP=2 soak of real processes: every replica serves every manual dum
   }
   expect(out.rule).toBe(RULE);
   expect(out.pass).toBe(out.failures.length === 0);
+  // Who received for each replica (one of its own ranks, as the flock says), and RSS across the run.
+  expect(out.receivers).toHaveLength(2);
+  for (const [i, rec] of out.receivers.entries()) {
+    expect([2 * i, 2 * i + 1]).toContain(rec.global_rank);
+    expect(rec.role).toMatch(/its host's receiver/);
+  }
+  const s = out.rss_samples;
+  expect(s.waves.length).toBeGreaterThan(10);
+  expect(s.coordinator_mb).toHaveLength(s.waves.length);
+  expect(s.other_agents_max_mb).toHaveLength(s.waves.length);
+  for (const r of s.receivers_mb) expect(r.mb).toHaveLength(s.waves.length);
+  expect(Math.min(...s.coordinator_mb)).toBeGreaterThan(10);
+  expect(s.peak_ratio_max).toBeGreaterThanOrEqual(1);
 });
