@@ -95,8 +95,9 @@ const STEPS: Array<[RegExp, Step]> = [
   [/^wait$/, { check: () => undefined }], // the background job's own check runs there
   [/^wavebus launch (?!.*--runtime-config-hot-reload).*--out out2 .*&$/, { check: () => undefined }],
   [/^wavebus dump --coordinator 127\.0\.0\.1:29600 --bus-token-file bus\.token --all --wait$/, {
-    // Again while the job starts (no token, no coordinator yet) and while the engine loads the model (no wave head).
-    again: (r) => r.code !== 0 && /sent no wave head|no coordinator answered|bus\.token/.test(r.stdout + r.stderr),
+    // Again while the job starts (no token, no coordinator yet). While the engine loads the model
+    // the armed dump waits for its first steps: never "sent no wave head" (it failed so until 2026-12-07).
+    again: (r) => r.code !== 0 && /no coordinator answered|bus\.token/.test(r.stdout + r.stderr),
     check: (r) => {
       expect({ code: r.code, stderr: r.stderr }).toEqual({ code: 0, stderr: '' });
       expect(r.stdout).toMatch(/^armed dump-\d+: a manual dump of every running request/m);

@@ -12,6 +12,7 @@ import { Job } from './sim-job';
 import { spawnSync } from 'child_process';
 import { CLI, PYTHON, ROOT, cleanup, freePortPair, readManifests, spawnWavebus, tmpDir, waitFor, type Spawned } from './helpers';
 import { torch2 } from './torch2';
+import { argsOf, descendants } from './procs';
 
 jest.setTimeout(300000);
 afterAll(cleanup);
@@ -81,7 +82,7 @@ async function untilStepping(j: Launched): Promise<void> {
   for (let tries = 1; ; tries++) {
     const probe = await cli(j, ['capture', '--next', '--wait', '--timeout', '60000']);
     if (probe.code === 0) return;
-    expect(probe.stderr).toMatch(/not served on replica 0: its engine sent no wave head within 5 s of the wake: is an engine client connected to rank 0's agent, and is the engine stepping\?|^wavebus capture: replica 0: no bundle from rank\(s\) [01] \(waves \d+\.\.\d+, expired\)\n$/);
+    expect(probe.stderr).toMatch(/not served on replica 0: its engine sent no wave head within 5 s of the wake although its client said hello to rank 0's agent: is the engine stepping\?|^wavebus capture: replica 0: no bundle from rank\(s\) [01] \(waves \d+\.\.\d+, expired\)\n$/);
     expect(tries).toBeLessThan(12);
   }
 }
@@ -201,22 +202,68 @@ test('transformers continuous batching (TP=2, torch 2.x torchrun) started with t
   if (code !== 0) throw new Error(`launch exited ${code}\n${j.launch.stderr().slice(-6000)}`);
 });
 
-test('where nothing can serve an arm the command says why at once: no engine stepping, a lost head rank', async () => {
-  // The job's command is no engine at all: the agents run, nobody sends a wave head.
+test('an engine that connects late (loading its model) is waited for; one connected and not stepping fails after the grace; no engine: the --timeout says what the arm waits on', async () => {
+  // The engine starts 8 s after the job (a model loading): a dump armed at once waits for it and
+  // is served at its first steps (until this was fixed it failed after the 5 s grace).
+  const stop = path.join(tmpDir('wavebus-wake-late-'), 'stop');
+  const sim = [process.execPath, CLI, 'sim', '--nproc-per-node', '2', '--steps', '100000', '--step-ms', '20', '--requests', '4000', '--stop-file', stop, '--result-dir', path.join(path.dirname(stop), 'ranks')];
+  const late = await launch(['sh', '-c', 'sleep 8; exec "$@"', 'late-engine', ...sim], 'late');
+  try {
+    const t0 = Date.now();
+    const dump = await cli(late, ['dump', '--all', '--wait', '--timeout', '120000']);
+    expect({ code: dump.code, stderr: dump.stderr }).toEqual({ code: 0, stderr: '' });
+    expect(dump.stdout).toMatch(/^complete: .+manifest\.json$/m);
+    expect(Date.now() - t0).toBeGreaterThan(5000); // it did wait past the grace for the engine
+    await asleep(late);
+    const s = await statusJson(late);
+    expect(s.ranks['0'].engine_clients).toBeGreaterThan(0);
+  } finally {
+    fs.writeFileSync(stop, '');
+  }
+  expect((await late.launch.exited).code).toBe(0);
+
+  // An engine that said hello and stopped stepping (SIGSTOP, as a hang): the grace runs, the command says why.
+  const stop2 = path.join(tmpDir('wavebus-wake-hung-'), 'stop');
+  const h = await launch([process.execPath, CLI, 'sim', '--nproc-per-node', '2', '--steps', '100000', '--step-ms', '20', '--requests', '4000', '--stop-file', stop2, '--result-dir', path.join(path.dirname(stop2), 'ranks')], 'hung');
+  const engines = () => descendants(h.launch.child.pid!).filter((pid) => argsOf(pid).some((a) => a === 'sim' || a === 'sim-rank'));
+  try {
+    await untilStepping(h); // its client said hello at its first step after that wake
+    await asleep(h);
+    expect((await statusJson(h)).ranks['0'].engine_clients).toBeGreaterThan(0);
+    for (const pid of engines()) process.kill(pid, 'SIGSTOP');
+    const dump = await cli(h, ['dump', '--all', '--wait', '--timeout', '120000']);
+    expect(dump.code).toBe(1);
+    expect(dump.stderr).toMatch(/wavebus dump: dump-1 not served on replica 0: its engine sent no wave head within 5 s of the wake although its client said hello to rank 0's agent: is the engine stepping\?/);
+    expect(dump.ms).toBeLessThan(30000); // the grace and a heartbeat, never the 2-minute --timeout
+    const cap = await cli(h, ['capture', '--request', 'abc', '--wait', '--timeout', '120000']);
+    expect(cap.code).toBe(1);
+    expect(cap.stderr).toMatch(/wavebus capture: capture-\d+ not served on replica 0: its engine sent no wave head within 5 s/);
+    expect(cap.ms).toBeLessThan(30000);
+    const s = await statusJson(h);
+    expect(s.replicas['0'].wake).toBe('off');
+    expect(s.captures.map((c: { state: string }) => c.state)).toContain('unserved');
+    expect(features(h)).toEqual([0, 0]);
+  } finally {
+    for (const pid of engines()) process.kill(pid, 'SIGCONT');
+    fs.writeFileSync(stop2, '');
+  }
+  expect((await h.launch.exited).code).toBe(0);
+
+  // No engine at all: the arm waits; --timeout ends the command, which says what it waits on, and it stays armed.
   const j = await launch(['sleep', '60'], 'idle');
   try {
-    const dump = await cli(j, ['dump', '--all', '--wait', '--timeout', '120000']);
+    const dump = await cli(j, ['dump', '--all', '--wait', '--timeout', '4000']);
     expect(dump.code).toBe(1);
-    expect(dump.stderr).toMatch(/wavebus dump: dump-1 not served on replica 0: its engine sent no wave head within 5 s of the wake: is an engine client connected to rank 0's agent, and is the engine stepping\?/);
-    expect(dump.ms).toBeLessThan(30000); // the grace and a heartbeat, never the 2-minute --timeout
-    const cap = await cli(j, ['capture', '--request', 'abc', '--wait', '--timeout', '120000']);
+    expect(dump.stderr).toContain('wavebus dump: --timeout ran out before every dump of dump-1 settled; it stays armed\n');
+    expect(dump.stderr).toContain("wavebus dump: dump-1 waits on replica 0: no engine client has said hello to rank 0's agent yet");
+    const cap = await cli(j, ['capture', '--request', 'abc', '--wait', '--timeout', '4000']);
     expect(cap.code).toBe(1);
-    expect(cap.stderr).toMatch(/wavebus capture: capture-1 not served on replica 0: its engine sent no wave head within 5 s/);
-    expect(cap.ms).toBeLessThan(30000);
+    expect(cap.stderr).toContain("wavebus capture: capture-1 waits on replica 0: no engine client has said hello to rank 0's agent yet");
     const s = await statusJson(j);
-    expect(s.replicas['0'].wake).toBe('off');
-    expect(s.captures.map((c: { state: string }) => c.state)).toEqual(['unserved']);
-    expect(features(j)).toEqual([0, 0]);
+    expect(s.replicas['0'].wake).toBe('heads');
+    expect(s.ranks['0'].engine_clients).toBe(0);
+    expect(s.manual_dumps_waiting).toBe(1);
+    expect(s.captures.map((c: { state: string }) => c.state)).toEqual(['queued']);
   } finally {
     j.launch.child.kill('SIGTERM');
     await j.launch.exited;
@@ -248,7 +295,7 @@ test('where nothing can serve an arm the command says why at once: no engine ste
 test('the wake states of one replica: heads on an arm, nothing armed at the first head nor within the settle time, off when nothing is armed, failed after the grace', () => {
   let now = 1000;
   let armed = false;
-  let headLive = true;
+  let headWaiting: string | undefined;
   const announced: number[] = [];
   const failed: string[] = [];
   const w = new ReplicaWake({
@@ -260,7 +307,7 @@ test('the wake states of one replica: heads on an arm, nothing armed at the firs
       armed = false;
     },
     headRank: () => 0,
-    headLive: () => headLive,
+    headWaiting: () => headWaiting,
     announce: () => announced.push(w.of(0)),
     settleMs: 1000,
     graceMs: 5000,
@@ -282,23 +329,24 @@ test('the wake states of one replica: heads on an arm, nothing armed at the firs
   w.refresh();
   expect([w.of(0), announced]).toEqual([WAKE.OFF, [WAKE.HEADS, WAKE.ON, WAKE.OFF]]);
   // Woken, and no head within the grace: what waits fails with the reason, and it sleeps again.
-  // The grace counts only while the head rank's agent is live (a job starting is waited for).
+  // The grace counts only while the head rank's agent is live with an engine client connected (a
+  // job starting, an engine loading its model, is waited for, and what it waits on is said).
   armed = true;
-  headLive = false;
+  headWaiting = 'no engine client has said hello to rank 0\'s agent yet';
   w.refresh();
   now += 60000;
   w.refresh();
-  expect([w.of(0), failed]).toEqual([WAKE.HEADS, []]);
-  headLive = true;
+  expect([w.of(0), failed, w.waiting(0)]).toEqual([WAKE.HEADS, [], headWaiting]);
+  headWaiting = undefined;
   now += 4000;
   w.refresh();
   expect(failed).toEqual([]);
   now += 1001;
   w.refresh();
-  expect(failed).toEqual([expect.stringMatching(/^its engine sent no wave head within 5 s of the wake: is an engine client connected to rank 0's agent/)]);
-  expect(w.of(0)).toBe(WAKE.OFF);
+  expect(failed).toEqual([expect.stringMatching(/^its engine sent no wave head within 5 s of the wake although its client said hello to rank 0's agent: is the engine stepping\?$/)]);
+  expect([w.of(0), w.waiting(0)]).toEqual([WAKE.OFF, undefined]);
   // A config that keeps the bus on never needs a wake.
-  const on = new ReplicaWake({ dp: 1, armed: () => true, busActive: () => true, failQueued: () => undefined, headRank: () => 0, headLive: () => true, announce: () => undefined, settleMs: 0 });
+  const on = new ReplicaWake({ dp: 1, armed: () => true, busActive: () => true, failQueued: () => undefined, headRank: () => 0, headWaiting: () => undefined, announce: () => undefined, settleMs: 0 });
   on.refresh();
   expect([on.of(0), on.holdAtHead(0)]).toEqual([WAKE.OFF, false]);
 });

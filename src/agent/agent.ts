@@ -195,7 +195,7 @@ export class Agent {
       this.bus = new AgentBus(agentBusOptions(this.opts, this.opts.coordinator, this.log, {
         lanesOnly: this.vectors.lanesOnly,
         recorderForwards: this.recorder?.forwards ?? 0,
-        vectorCounts: () => ({ lateVectors: this.stats.lateVectors, missedVectors: this.stats.endOfWaveTimeouts, ringGarbage: this.ringStats.ringGarbage }),
+        vectorCounts: () => ({ lateVectors: this.stats.lateVectors, missedVectors: this.stats.endOfWaveTimeouts, ringGarbage: this.ringStats.ringGarbage, engineClients: this.clients.engineClients }),
       }));
       if (!this.opts.curve && !this.opts.busToken) {
         this.log.warn(

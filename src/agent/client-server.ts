@@ -188,6 +188,15 @@ export class ClientServer {
     return this.handle(req, interim);
   }
 
+  /**
+   * Engine clients that said hello to this agent (less those whose connection went, where
+   * ROUTER_NOTIFY tells): the heartbeat's engine_clients. With everything off a client says hello
+   * only at its first step after a wake; an engine still loading its model has said none.
+   */
+  get engineClients(): number {
+    return this.greeted.size;
+  }
+
   /** ROUTER_NOTIFY's empty message: the first from a peer is its connect, the second its disconnect (routing ids are not reused). */
   private peerNotice(key: string): void {
     if (!this.connected.has(key)) {

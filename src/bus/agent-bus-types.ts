@@ -34,8 +34,8 @@ export interface AgentBusOptions {
    * and every message to the coordinator carries one.
    */
   busToken?: BusToken;
-  /** The agent's late and missed wave-vector counts, sent with every heartbeat (/metrics per rank). */
-  vectorCounts?: () => { lateVectors: number; missedVectors: number; ringGarbage?: number };
+  /** The agent's late and missed wave-vector counts and its engine clients, sent with every heartbeat (/metrics per rank; the wake's grace). */
+  vectorCounts?: () => { lateVectors: number; missedVectors: number; ringGarbage?: number; engineClients?: number };
   /**
    * Follow only the waves with work (heads under X, the C and D lanes, heartbeats: frames.ts
    * workTopics): the host receiver writes this rank's plain vectors (docs/bus.md, "One receiver

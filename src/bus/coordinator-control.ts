@@ -276,12 +276,17 @@ export class CoordinatorControl {
 
   private query(id: string): Record<string, unknown> {
     const cap = this.captures.progress(id);
-    if (cap) return { id, capture: cap };
+    // A queued arm on a woken replica whose engine has not connected yet: what it waits for (the tool says it at its --timeout).
+    if (cap) return { id, capture: cap.map((p) => (!p.armed && !p.unserved ? { ...p, waiting: this.c.wake.waiting((p.arm as { replica: number }).replica) ?? '' } : p)) };
     const arm = this.manualArms?.get(id);
     if (!arm) throw new Refused(`query: no arm ${JSON.stringify(id)} on this coordinator (it keeps the last 64; a restarted coordinator knows none)`);
     const jobs = [...arm.armed.values()].flatMap((a) => a.jobs.map((j) => ({ ...j, ...manifestOf(j.dir, j.skippedReason) })));
     const unserved = [...arm.unserved].map(([replica, why]) => `replica ${replica}: ${why}`);
-    return { id, dump: { id, replicas: arm.replicas, replicasArmed: [...arm.armed.keys()], jobs, unserved } };
+    const waiting = arm.replicas.filter((r) => !arm.armed.has(r) && !arm.unserved.has(r)).flatMap((r) => {
+      const why = this.c.wake.waiting(r);
+      return why ? [`replica ${r}: ${why}`] : [];
+    });
+    return { id, dump: { id, replicas: arm.replicas, replicasArmed: [...arm.armed.keys()], jobs, unserved, waiting } };
   }
 }
 

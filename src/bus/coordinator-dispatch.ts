@@ -77,6 +77,7 @@ export class RouterDispatch {
         s.wave = msg.heartbeat.wave;
         s.lastSeq = msg.heartbeat.lastSeq;
         s.epochSeen = msg.heartbeat.epochSeen;
+        s.engineClients = Number(msg.heartbeat.engineClients ?? 0) >>> 0;
         c.vectors.note(rank, msg.heartbeat);
         p.checkReady();
         return;

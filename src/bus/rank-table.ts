@@ -23,6 +23,8 @@ export interface RankState {
   epochSeen: number;
   pid: number;
   host: string;
+  /** Engine clients connected to the rank's agent, as its last heartbeat said (0: none yet, or gone). */
+  engineClients: number;
 }
 
 export interface RankEvents {
@@ -89,7 +91,7 @@ export class RankTable {
     }
     const now = Date.now();
     if (!s) {
-      s = { rank, routingId: undefined, helloFrom: [], lastSeen: now, live: false, hello: false, subscribed: false, wave: 0, lastSeq: 0, epochSeen: 0, pid: 0, host: '' };
+      s = { rank, routingId: undefined, helloFrom: [], lastSeen: now, live: false, hello: false, subscribed: false, wave: 0, lastSeq: 0, epochSeen: 0, pid: 0, host: '', engineClients: 0 };
       this.ranks.set(rank, s);
     }
     if (hello && !s.helloFrom.includes(conn)) {
@@ -109,7 +111,7 @@ export class RankTable {
   statusJson(): Record<string, unknown> {
     const ranks: Record<string, unknown> = {};
     for (const s of [...this.ranks.values()].sort((a, b) => a.rank - b.rank)) {
-      ranks[String(s.rank)] = { live: s.live, subscribed: s.subscribed, wave: s.wave, last_seq: s.lastSeq, epoch_seen: s.epochSeen, pid: s.pid, host: s.host };
+      ranks[String(s.rank)] = { live: s.live, subscribed: s.subscribed, wave: s.wave, last_seq: s.lastSeq, epoch_seen: s.epochSeen, pid: s.pid, host: s.host, engine_clients: s.engineClients };
     }
     return ranks;
   }

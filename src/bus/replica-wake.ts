@@ -9,7 +9,10 @@
 // rank on the vector before anything is due for it, as a vector decided a wave ahead would be with
 // the bus on. Once nothing is armed (served, failed, expired) it says OFF again.
 // A replica whose engine sends no head within WAKE_GRACE_MS of the wake cannot be served: what is
-// queued there is failed with the reason, at once, rather than left to the tool's --timeout.
+// queued there is failed with the reason, at once, rather than left to the tool's --timeout. The
+// grace counts only while the head rank's agent is live and its engine client said hello (the
+// agent's heartbeats say how many did): an engine still loading its model has said none, and what
+// is armed then waits for it (the tool's --timeout bounds the wait, and says what is waited for).
 import { replicaHead } from '../layout';
 import type { Coordinator } from './coordinator';
 
@@ -30,8 +33,11 @@ export interface WakeDeps {
   failQueued(replica: number, why: string): void;
   /** The replica's head rank (named in the reason). */
   headRank(replica: number): number;
-  /** Whether that rank's agent is live on the bus (the grace counts only while it is: a job starting). */
-  headLive(replica: number): boolean;
+  /**
+   * Why the replica's head rank cannot send heads yet: its agent is not live on the bus, or no
+   * engine client said hello to it (an engine starting). Undefined when it can: the grace counts.
+   */
+  headWaiting(replica: number): string | undefined;
   /** Say the replica's state on its stream now (a heartbeat). */
   announce(replica: number): void;
   graceMs?: number;
@@ -72,9 +78,9 @@ export class ReplicaWake {
   refresh(): void {
     for (let r = 0; r < this.state.length; r++) {
       let s = this.state[r];
-      if (s === WAKE.HEADS && !this.d.headLive(r)) this.wokeAt[r] = this.now();
+      if (s === WAKE.HEADS && this.d.headWaiting(r) !== undefined) this.wokeAt[r] = this.now();
       if (s === WAKE.HEADS && this.now() - this.wokeAt[r] > this.graceMs) {
-        const why = `its engine sent no wave head within ${this.graceMs / 1000} s of the wake: is an engine client connected to rank ${this.d.headRank(r)}'s agent, and is the engine stepping?`;
+        const why = `its engine sent no wave head within ${this.graceMs / 1000} s of the wake although its client said hello to rank ${this.d.headRank(r)}'s agent: is the engine stepping?`;
         this.d.failQueued(r, why);
       }
       const armed = this.d.armed(r);
@@ -108,6 +114,11 @@ export class ReplicaWake {
     this.d.announce(replica);
   }
 
+  /** What a woken replica waits for before its grace counts (undefined: nothing, or not woken). */
+  waiting(replica: number): string | undefined {
+    return this.state[replica] === WAKE.HEADS ? this.d.headWaiting(replica) : undefined;
+  }
+
   statusJson(replica: number): string {
     return ['off', 'heads', 'on'][this.of(replica)];
   }
@@ -121,7 +132,12 @@ export function coordinatorWake(c: Coordinator, running: () => boolean): Replica
     busActive: (r) => Boolean((c.policy ? c.policy.snapshotState(r).config : c.streams.stream(r).lastConfig.config)?.busActive),
     failQueued: (r, why) => c.control.failQueued(r, why),
     headRank: (r) => replicaHead(c.layout, r),
-    headLive: (r) => c.liveRanks().includes(replicaHead(c.layout, r)),
+    headWaiting: (r) => {
+      const g = replicaHead(c.layout, r);
+      if (!c.liveRanks().includes(g)) return `rank ${g}'s agent is not live on the bus`;
+      if (!(c.rankTable.get(g)?.engineClients ?? 0)) return `no engine client has said hello to rank ${g}'s agent yet (an engine says it at its first step after the wake; one still loading its model is waited for)`;
+      return undefined;
+    },
     announce: (r) => running() && c.streams.heartbeat(r),
     settleMs: 2 * c.heartbeatMs,
   });

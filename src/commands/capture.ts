@@ -9,7 +9,7 @@ import { pollUntil } from '../tools/control-client';
 import { CONTROL_FLAGS, runControl } from './control-flags';
 import { intFlag, lastOf } from './flags';
 
-type Progress = { arm: Record<string, any>; results: Record<string, any>[]; ranks: number[]; doneRanks: number[]; expired: boolean; armed: boolean; unserved?: string };
+type Progress = { arm: Record<string, any>; results: Record<string, any>[]; ranks: number[]; doneRanks: number[]; expired: boolean; armed: boolean; unserved?: string; waiting?: string };
 
 const raw = (argv: Record<string, unknown>, flag: string) => (argv[flag] === undefined ? undefined : { name: `--${flag}`, value: String(lastOf(argv[flag])) });
 
@@ -86,7 +86,10 @@ export const command: CommandModule = {
           process.stderr.write(`wavebus capture: replica ${p.arm.replica}: no bundle from rank(s) ${none.join(',')}${p.armed ? ` (waves ${p.arm.wave}..${p.arm.untilWave}${p.expired ? ', expired' : ''})` : ' (not armed yet)'}\n`);
         }
       }
-      if (timedOut) process.stderr.write(`wavebus capture: --timeout ran out before ${id} was done on every rank\n`);
+      if (timedOut) {
+        process.stderr.write(`wavebus capture: --timeout ran out before ${id} was done on every rank\n`);
+        for (const p of ps) if (p.waiting) process.stderr.write(`wavebus capture: ${id} waits on replica ${p.arm.replica}: ${p.waiting}\n`);
+      }
       return ok ? 0 : 1;
     }),
 };

@@ -7,7 +7,7 @@ import { pollUntil } from '../tools/control-client';
 import { CONTROL_FLAGS, runControl } from './control-flags';
 import { intFlag, nonEmpty } from './flags';
 
-type Progress = { replicas: number[]; replicasArmed: number[]; jobs: Record<string, any>[]; unserved?: string[] };
+type Progress = { replicas: number[]; replicasArmed: number[]; jobs: Record<string, any>[]; unserved?: string[]; waiting?: string[] };
 
 export const command: CommandModule = {
   command: 'dump',
@@ -44,7 +44,10 @@ export const command: CommandModule = {
           else process.stdout.write(`${j.complete ? 'complete' : j.settled ? 'incomplete' : 'pending'}: ${path.join(j.dir, 'manifest.json')}${j.settled && !j.complete ? ` (completed ranks ${(j.completedRanks ?? []).join(',') || '-'} of ${(j.expectedRanks ?? []).join(',')})` : ''}\n`);
           if (!j.complete) ok = false;
         }
-        if (timedOut) process.stderr.write(`wavebus dump: --timeout ran out before every dump of ${id} settled\n`);
+        if (timedOut) {
+          process.stderr.write(`wavebus dump: --timeout ran out before every dump of ${id} settled; it stays armed\n`);
+          for (const why of p.waiting ?? []) process.stderr.write(`wavebus dump: ${id} waits on ${why}\n`);
+        }
         return ok ? 0 : 1;
       },
     ),
