@@ -115,6 +115,11 @@ class PendingDumps:
         if clear is not None and q is not None and clear[0] is box and clear[2] == nxt and clear[3] == decided_to and clear[1] == q[mb._Q_EPOCH]:
             return False
         key = (box, box.epoch, nxt, decided_to)
+        if q is not None and box.no_dump_due(nxt, max(nxt, decided_to)):
+            # The step's first finished request, the usual wave: every decided vector there, none
+            # with dump_due (what the loop below finds, without building a vector per wave).
+            self._clear = key
+            return False
         clear = True
         for w in range(nxt, max(nxt, decided_to) + 1):
             v = box.read_wave(w)
