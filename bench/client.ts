@@ -1,4 +1,4 @@
-// `wavebus bench client [--lang python|ts] [--requests 1,64,256,1024,4096] [--steps N] --json`
+// `wavebus bench client [--lang python|ts] [--requests 1,64,256,1024,4096] [--steps N] [--forward sleep|spin] --json`
 //
 // The engine's own cost per step at real batch sizes: the calls an engine makes every step
 // (wave_head, before_forward, end_of_wave, pending_dump for the requests that finished), timed in
@@ -28,6 +28,7 @@ export const flags = {
   lang: { type: 'string', default: 'python', choices: ['python', 'ts'], describe: "the engine's language: python (wavebus_client) or ts (the TypeScript client, typed arrays)" },
   requests: { type: 'string', default: '1,64,256,1024,4096', describe: 'running requests per step, comma-separated' },
   steps: { type: 'int', default: 300, describe: 'timed steps per size and mode (after 30 untimed)' },
+  forward: { type: 'string', default: 'sleep', choices: ['sleep', 'spin'], describe: "the 3 ms forward between before_forward and end_of_wave (not timed): sleep, or spin (busy-wait, as an engine thread in cudaStreamSynchronize; the caches stay warmer)" },
 } satisfies BenchFlags;
 
 const PY = fs.existsSync('/usr/bin/python3') ? '/usr/bin/python3' : 'python3';
@@ -41,11 +42,11 @@ function engineScript(): string {
   return p;
 }
 
-function runEngine(lang: string, mode: string, n: number, steps: number, runDir: string): Promise<Record<string, any>> {
+function runEngine(lang: string, mode: string, n: number, steps: number, runDir: string, forward: string): Promise<Record<string, any>> {
   // The seed's path is Python whatever the engine's language (its detectors are).
   const cmd = lang === 'ts' && mode !== 'seed' ? [process.execPath, path.join(__dirname, 'lib', 'client-engine-ts.js')] : [PY, engineScript()];
   return new Promise((resolve, reject) => {
-    const child = spawn(cmd[0], [cmd[1], mode, String(n), String(steps), runDir], { env: { ...process.env, PYTHONPATH: path.join(packageRoot(), 'clients', 'python') }, stdio: ['ignore', 'pipe', 'pipe'] });
+    const child = spawn(cmd[0], [cmd[1], mode, String(n), String(steps), runDir, forward], { env: { ...process.env, PYTHONPATH: path.join(packageRoot(), 'clients', 'python') }, stdio: ['ignore', 'pipe', 'pipe'] });
     let out = '';
     let err = '';
     child.stdout.on('data', (b) => (out += b));
@@ -101,12 +102,12 @@ export async function run(args: BenchArgs<typeof flags>): Promise<Record<string,
     const row: Record<string, unknown> = { requests: n };
     for (const mode of MODES) {
       const live = (dir: string, agent: Agent): Promise<Record<string, any>> =>
-        runEngine(args.lang, mode, n, args.steps, dir).then(async (r) => {
+        runEngine(args.lang, mode, n, args.steps, dir, args.forward).then(async (r) => {
           // The TypeScript engine's heads are counted where they arrive: the agent relayed each (the last within its poll).
           for (let t0 = Date.now(); args.lang === 'ts' && agent.stats.waveHeadsRelayed < args.steps + 30 && Date.now() - t0 < 2000; ) await new Promise((res) => setTimeout(res, 10));
           return args.lang === 'ts' ? { ...r, wave_heads_sent: agent.stats.waveHeadsRelayed } : r;
         });
-      const r = mode === 'tensor' || mode === 'dict' ? await withJob(true, live) : mode === 'off' ? await withJob(false, (dir) => runEngine(args.lang, mode, n, args.steps, dir)) : await runEngine(args.lang, mode, n, args.steps, os.tmpdir());
+      const r = mode === 'tensor' || mode === 'dict' ? await withJob(true, live) : mode === 'off' ? await withJob(false, (dir) => runEngine(args.lang, mode, n, args.steps, dir, args.forward)) : await runEngine(args.lang, mode, n, args.steps, os.tmpdir(), args.forward);
       // A head not sent: the agent missed its bound (a loaded host) and the client skipped it, as it
       // must. Such a run is reported with heads_skipped, never as if every head went; none sent is an error.
       const skipped = mode === 'tensor' || mode === 'dict' ? args.steps + 30 - r.wave_heads_sent : 0;
@@ -116,7 +117,7 @@ export async function run(args: BenchArgs<typeof flags>): Promise<Record<string,
     }
     results.push(row);
   }
-  return { bench: 'client', lang: args.lang, steps: args.steps, detectors: Object.keys(CFG.detector), results };
+  return { bench: 'client', lang: args.lang, steps: args.steps, forward: args.forward, detectors: Object.keys(CFG.detector), results };
 }
 
 function round(x: number): number {

@@ -7,8 +7,10 @@ thread the calls it makes every step. Modes:
   seed    - the seed's path: its Python detectors in the engine (token_repeat, spec_acceptance per
             request, logits_finite's isfinite on [N, 1024] float32 logits), ported from the seed's
             description (token_repeat: window 32, threshold 64, min 32; spec_acceptance: window 10)
+The forward (not timed) is 3 ms: FORWARD "sleep" (the default) sleeps it, "spin" busy-waits it, as an
+engine thread in cudaStreamSynchronize does by default (its caches stay warmer than after a sleep).
 Prints one JSON line: per-step p50/p99 µs of the calls' sum, and per call.
-usage: client_engine.py MODE N STEPS RUN_DIR
+usage: client_engine.py MODE N STEPS RUN_DIR [FORWARD]
 """
 import json
 import sys
@@ -20,6 +22,9 @@ import numpy as np
 from engine_requests import BenchRequests
 
 mode, n, steps, run_dir = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+forward = sys.argv[5] if len(sys.argv) > 5 else "sleep"
+if forward not in ("sleep", "spin"):
+    sys.exit(f"client_engine.py: FORWARD must be sleep or spin, got {forward!r}")
 WARM = 30
 rng = np.random.default_rng(1)
 FORWARD_S = 0.003  # a 3 ms forward, as bench overhead
@@ -113,7 +118,12 @@ def main():
         t2 = pc()
         # The forward on the device (not timed), between before_forward and end_of_wave as in an engine
         # (examples/torch-engine/engine.py): the vector of the next wave, decided by this head, arrives meanwhile.
-        time.sleep(FORWARD_S)
+        if forward == "spin":
+            until = pc() + int(FORWARD_S * 1e9)
+            while pc() < until:
+                pass
+        else:
+            time.sleep(FORWARD_S)
         t2f = pc()
         if c is not None:
             c.end_of_wave(wave)
@@ -131,7 +141,7 @@ def main():
                 per[k].append((b - a) / 1e3)
         reqs.arrive_after_head(batch, done)  # not timed: an engine pays each arrival once, as it schedules it
     q = lambda a, p: float(np.percentile(np.array(a), p)) if a else 0.0  # noqa: E731
-    out = {"mode": mode, "requests": n, "steps": steps, "p50_us": q(totals, 50), "p99_us": q(totals, 99),
+    out = {"mode": mode, "requests": n, "steps": steps, "forward": forward, "p50_us": q(totals, 50), "p99_us": q(totals, 99),
            "calls": {k: {"p50_us": q(v, 50), "p99_us": q(v, 99)} for k, v in per.items()}}
     if mode == "off":
         # The same four calls in a tight loop (best of 3 x 20 000 steps, one finished request per

@@ -9,7 +9,7 @@ test('bench client --requests 1,16 --steps 5 reports every mode at every size', 
   const r = runWavebus(['bench', 'client', '--requests', '1,16', '--steps', '5', '--json'], { timeout: 170000 });
   expect({ code: r.code, stderr: r.code === 0 ? '' : r.stderr }).toEqual({ code: 0, stderr: '' });
   const out = JSON.parse(r.stdout.trim().split('\n').pop()!);
-  expect(out).toMatchObject({ bench: 'client', lang: 'python', steps: 5 });
+  expect(out).toMatchObject({ bench: 'client', lang: 'python', steps: 5, forward: 'sleep' });
   expect(out.results.map((x: { requests: number }) => x.requests)).toEqual([1, 16]);
   for (const row of out.results) {
     for (const mode of ['tensor', 'dict', 'off', 'none', 'seed']) {
@@ -21,11 +21,11 @@ test('bench client --requests 1,16 --steps 5 reports every mode at every size', 
   }
 });
 
-test('bench client --lang ts runs the TypeScript engine at every size: every head relayed, the tensor ones all through the ring', () => {
-  const r = runWavebus(['bench', 'client', '--lang', 'ts', '--requests', '1,16', '--steps', '5', '--json'], { timeout: 170000 });
+test('bench client --lang ts --forward spin runs the TypeScript engine at every size: every head relayed, the tensor ones all through the ring', () => {
+  const r = runWavebus(['bench', 'client', '--lang', 'ts', '--requests', '1,16', '--steps', '5', '--forward', 'spin', '--json'], { timeout: 170000 });
   expect({ code: r.code, stderr: r.code === 0 ? '' : r.stderr }).toEqual({ code: 0, stderr: '' });
   const out = JSON.parse(r.stdout.trim().split('\n').pop()!);
-  expect(out).toMatchObject({ bench: 'client', lang: 'ts', steps: 5 });
+  expect(out).toMatchObject({ bench: 'client', lang: 'ts', steps: 5, forward: 'spin' });
   for (const row of out.results) {
     expect(row.tensor).toMatchObject({ ring_heads: 35, inline_heads: 0 });
     for (const mode of ['tensor', 'dict', 'off', 'none', 'seed']) {

@@ -6,7 +6,9 @@
 //   off    - the tensor loop against a mailbox with every feature off (nothing is sent)
 //   none   - the same loop without wavebus (the engine's own arrays only: the floor)
 // Prints one JSON line: per-step p50/p99 µs of the calls' sum, and per call.
-// usage: node client-engine-ts.js MODE N STEPS RUN_DIR
+// The forward (not timed) is 3 ms: FORWARD "sleep" (the default) waits it on a timer, "spin" busy-waits
+// it, as an engine thread in cudaStreamSynchronize does by default.
+// usage: node client-engine-ts.js MODE N STEPS RUN_DIR [FORWARD]
 import { WavebusClient } from '../../src/client/client';
 import { MailboxFeature } from '../../src/client/mailbox';
 import type { TensorBatch } from '../../src/client/tensor-batch';
@@ -36,7 +38,9 @@ const pct = (a: number[], p: number): number => {
 };
 
 async function main(): Promise<void> {
-  const [mode, nArg, stepsArg, runDir] = process.argv.slice(2);
+  const [mode, nArg, stepsArg, runDir, forwardArg] = process.argv.slice(2);
+  const forward = forwardArg ?? 'sleep';
+  if (forward !== 'sleep' && forward !== 'spin') throw new Error(`client-engine-ts: FORWARD must be sleep or spin, got ${JSON.stringify(forward)}`);
   const n = Number(nArg);
   const steps = Number(stepsArg);
   const rand = rng(1);
@@ -90,7 +94,8 @@ async function main(): Promise<void> {
     const t2 = now();
     // The forward on the device (not timed), between beforeForward and endOfWave as in an engine
     // (examples/torch-engine/engine.py): the vector of the next wave, decided by this head, arrives meanwhile.
-    await new Promise((r) => setTimeout(r, FORWARD_MS));
+    if (forward === 'spin') for (const until = performance.now() + FORWARD_MS; performance.now() < until; );
+    else await new Promise((r) => setTimeout(r, FORWARD_MS));
     const t2f = now();
     if (c) await c.endOfWave(wave);
     const t3 = now();
@@ -120,7 +125,7 @@ async function main(): Promise<void> {
     }
   }
   const out: Record<string, unknown> = {
-    mode, requests: n, steps, p50_us: pct(totals, 50), p99_us: pct(totals, 99),
+    mode, requests: n, steps, forward, p50_us: pct(totals, 50), p99_us: pct(totals, 99),
     calls: Object.fromEntries(Object.entries(per).map(([k, v]) => [k, { p50_us: pct(v, 50), p99_us: pct(v, 99) }])),
   };
   if (c) {

@@ -33,6 +33,8 @@ from .tensor_head import TensorHeadMixin
 from .wave_head import _MAX_U64, WaveHeadBuilder, check_wave
 
 log = logging.getLogger("wavebus_client")
+# The per-step calls' constants as module globals (one load each, no attribute lookup).
+_BUS, _SENDS, _Q_FEATURES = mb.FEATURE_BUS, mb.FEATURE_BUS | mb.FEATURE_HEADS, mb._Q_FEATURES
 
 
 @dataclass
@@ -260,6 +262,17 @@ class Client(RegionsMixin, CaptureMixin, DigestMixin, TensorHeadMixin):
             return False
         return True
 
+    def _head_ready(self, wave, feats: int) -> bool:
+        """_head_gate's usual outcome, in loads only: a valid wave, sending on, the agent answering
+        and known, this rank its replica's TP0, every region sent, no answer awaited (drain would
+        read nothing). Sets the head's wave as _head_gate does; False hands the call to _head_gate."""
+        af = self.agent_features
+        if (type(wave) is int and 0 <= wave <= _MAX_U64 and feats & _SENDS and af is not None and af.tp0
+                and not self._avail.unavailable and len(self._sent_regions) == len(self._regions) and not self._sock.awaiting):
+            self._head_wave = wave
+            return True
+        return False
+
     def _head_gate(self, wave: int, builder):
         """The checks every wave head passes: the features when this rank sends now, else None
         (``builder.reset()`` when sending paused)."""
@@ -303,15 +316,16 @@ class Client(RegionsMixin, CaptureMixin, DigestMixin, TensorHeadMixin):
         self._ended_wave = wave
         pending = self._pending
         pending.last_ended = wave
-        if pending.asked:  # the usual step asked nothing: nothing to drop
+        if pending._due:  # the usual step asked nothing: nothing to drop
             pending.ended(wave)
         box = self._mb
-        if not box.features & mb.FEATURE_BUS:  # also covers "everything off"
+        q = box._q  # the features word, read in place (None once closed: off)
+        if q is None or not q[_Q_FEATURES] & _BUS:  # also covers "everything off"
             return EndOfWaveResult(wave)
         v = box.read_wave(wave)
         if v is not None and not (v.config_due or v.dump_due or v.snapshot_due):
             self.stats["end_of_wave_fast"] += 1
-            return EndOfWaveResult(wave, vector=v)
+            return EndOfWaveResult(wave, False, False, 0, v)
         # Vectors stalled (one bound was spent on it), or a wave pending_dump gave up: no wait, no copy.
         if (v.dump_due and wave <= self._pending.forfeited_to) if v is not None else self._stall.active():
             self.stats["end_of_wave_timeouts"] += 1
@@ -388,7 +402,7 @@ class Client(RegionsMixin, CaptureMixin, DigestMixin, TensorHeadMixin):
         of the agent once per wave (within the call bound; no answer counts as pending)."""
         box = self._mb
         q = box._q  # the features word, read in place (None once closed: off)
-        if q is None or not q[mb._Q_FEATURES] & mb.FEATURE_BUS:
+        if q is None or not q[_Q_FEATURES] & _BUS:
             return False
         return self._pending.check(req_id, box)
 

@@ -15,6 +15,7 @@ log = logging.getLogger("wavebus_client")
 
 # The features under which before_forward counts or records every forward (its full path runs).
 _COUNTED = mb.FEATURE_SNAPSHOTS | mb.FEATURE_RECORDER
+_Q_FEATURES = mb._Q_FEATURES
 
 
 class CaptureMixin:
@@ -28,7 +29,8 @@ class CaptureMixin:
         stage this forward's inputs (why; ``inputs`` empty): a forward a capture would take is
         offered without inputs, and the agent fails those captures with the cause (CaptureError
         here, the error in ``wavebus capture``) rather than letting them expire unseen."""
-        feats = self._mb.features
+        q = self._mb._q  # the features word, read in place (None once closed: off)
+        feats = q[_Q_FEATURES] if q is not None else 0
         if not feats:  # everything off (no capture can be in force either): one memory load
             return False, ""
         if not feats & _COUNTED and not self._live_capture_due():

@@ -118,6 +118,9 @@ class Mailbox:
     def __init__(self, path: str):
         self.path = path
         self._futex_map = self._q = None
+        # The last nothing-due vector read (immutable): the step's reads of one wave (before_forward,
+        # end_of_wave) share it instead of building a tuple each.
+        self._nd = None
         try:
             fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)  # the agent never makes it a link
         except FileNotFoundError:
@@ -251,6 +254,11 @@ class Mailbox:
         if not s1 & 1 and s1 != 0:
             held, cd, sd = q[at + 1], q[at + 2], q[at + 3]
             if q[at] == s1 and held == wave:
+                if not cd and not sd & _U32:
+                    nd = self._nd
+                    if nd is None or nd[0] != wave:
+                        nd = self._nd = WaveVector(wave, False, False, False)
+                    return nd
                 return WaveVector(wave, bool(cd & _U32), bool(cd >> 32), bool(sd & _U32))
         v = self.read_slot(wave % SLOTS)
         if v is not None and v.wave == wave:
@@ -260,6 +268,20 @@ class Mailbox:
         if wave < floor:
             return WaveVector(wave, False, False, False, implied=True)
         return None
+
+    def no_dump_due(self, first: int, last: int) -> bool:
+        """True when the slot of every wave in first..last holds that wave, read consistently, with
+        dump_due 0: what read_wave would say of each (a vector without dump_due), in word loads only
+        (the per-step pending_dump check). False means "look wave by wave" (read_wave)."""
+        q = self._q
+        if q is None:
+            return False
+        for wave in range(first, last + 1):
+            at = _Q_SLOT0 + _Q_SLOT * (wave % SLOTS)
+            s1 = q[at]
+            if s1 & 1 or s1 == 0 or q[at + 1] != wave or q[at + 2] >> 32 or q[at] != s1:
+                return False
+        return True
 
     def read_wave(self, wave: int) -> Optional[WaveVector]:
         """The vector of ``wave`` if it has arrived (its slot holds that wave), an implied nothing-due

@@ -72,6 +72,8 @@ def due_dumps_asker(sock, avail, bound_s: Callable[[], float], hello: Callable[[
     return ask
 
 
+_Q_FLOOR, _Q_EPOCH = mb._Q_FLOOR, mb._Q_EPOCH
+
 # The agent could not say which requests are due: every request counts as pending until that wave ends.
 ALL = None
 
@@ -85,9 +87,10 @@ class PendingDumps:
         # the last wave given up without asking (vectors stalled): its dumps are never copied here
         self.forfeited_to = -1
         self._due: Dict[int, Optional[Set[str]]] = {}
-        # (mailbox, epoch, first, last) of a range of decided waves whose vectors were all there with
-        # no dump due: the step's other finished requests are answered without reading them again (a
-        # published vector does not change within its epoch; the floor moving changes the range).
+        # (floor, last ended wave, mailbox, epoch) of a range of decided waves (they follow from the
+        # floor and the last ended wave) whose vectors were all there with no dump due: the step's
+        # other finished requests are answered without reading them again (a published vector does
+        # not change within its epoch; the floor moving changes the range).
         self._clear = None
 
     @property
@@ -104,17 +107,24 @@ class PendingDumps:
             del self._due[w]
 
     def check(self, req_id: str, box: Optional["mb.Mailbox"] = None) -> bool:
-        nxt = self.last_ended + 1
         if box is None:
             box = self._mailbox_of()
-        # The decided waves: below the floor, never more than the ring holds (a stale floor).
         q = box._q  # the mailbox's words (None once closed: the properties say 0)
-        decided_to = min((q[mb._Q_FLOOR] if q is not None else box.floor) - 1, nxt + mb.SLOTS - 1)
         clear = self._clear
-        # The step's other finished requests: the same waves, read already, nothing due (two loads).
-        if clear is not None and q is not None and clear[0] is box and clear[2] == nxt and clear[3] == decided_to and clear[1] == q[mb._Q_EPOCH]:
+        # The step's other finished requests: the same waves (the same floor and last ended wave),
+        # read already, nothing due (two loads).
+        if clear is not None and q is not None and clear[0] == q[_Q_FLOOR] and clear[1] == self.last_ended and clear[2] is box and clear[3] == q[_Q_EPOCH]:
             return False
-        key = (box, box.epoch, nxt, decided_to)
+        nxt = self.last_ended + 1
+        floor = q[_Q_FLOOR] if q is not None else box.floor
+        # The decided waves: below the floor, never more than the ring holds (a stale floor).
+        decided_to = min(floor - 1, nxt + mb.SLOTS - 1)
+        key = (floor, self.last_ended, box, box.epoch)
+        if q is not None and box.no_dump_due(nxt, max(nxt, decided_to)):
+            # The step's first finished request, the usual wave: every decided vector there, none
+            # with dump_due (what the loop below finds, without building a vector per wave).
+            self._clear = key
+            return False
         clear = True
         for w in range(nxt, max(nxt, decided_to) + 1):
             v = box.read_wave(w)

@@ -26,6 +26,7 @@ COLUMNS = [c.name for c in _L.columns]
 MAX_ROWS = 1 << 20  # the coordinator's slot limit (src/client/telemetry.ts MAX_SLOTS)
 _U64 = struct.Struct("<Q")
 _SEQ_AT = SLOT["seq"]
+_WRITTEN_AT, _CONSUMED_Q = HEADER["written"], HEADER["consumed"] // 8
 # wave, rows, tokens, events, present, extra_len: one store when the layout keeps them together (it does)
 _COUNTS = struct.Struct("<QIIIII")
 _COUNTS_TOGETHER = [SLOT[f] - SLOT["wave"] for f in ("rows", "tokens", "events", "present", "extra_len")] == [8, 12, 16, 20, 24]
@@ -83,6 +84,11 @@ class TelemetryRing:
         # numpy views over every column of every slot, made once: a step only assigns into them.
         self._views = [{name: np.frombuffer(mm, dtype=dt, count=n, offset=b + off) for name, (off, n, dt) in self._cols.items()}
                        for b in self._base]
+        # Per slot and column, the view cut to the last length written there, and that length: a
+        # step of the same batch size assigns into it without making a new view.
+        self._cut = [{} for _ in self._base]
+        # The header as u64 words (written, consumed: one index each; both 8-aligned in the layout).
+        self._hq = memoryview(mm)[:HEADER_BYTES].cast("Q") if HEADER["consumed"] % 8 == 0 and HEADER["written"] % 8 == 0 else None
         self._pack = struct.Struct("<QIII")  # wave, rows, tokens, events
         self._present_bit = {name: 1 << i for i, name in enumerate(COLUMNS)}
         self._extra_off = self._cols["extra"][0]
@@ -99,7 +105,8 @@ class TelemetryRing:
 
     def consumed(self) -> int:
         """The seq of the last slot the agent took (the header's consumed word)."""
-        return struct.unpack_from("<Q", self._mm, HEADER["consumed"])[0]
+        hq = self._hq
+        return hq[_CONSUMED_Q] if hq is not None else struct.unpack_from("<Q", self._mm, HEADER["consumed"])[0]
 
     def free(self) -> bool:
         """Whether the next write's slot was taken by the agent: never overwrite a head it has not
@@ -113,8 +120,9 @@ class TelemetryRing:
         max_extra bytes) the slot is the whole head: ``written`` says so and the agent takes it on
         its own; without, the head goes as a message naming the seq."""
         k = self._seq + 1
-        base = self._base[(k - 1) % self.slots]
-        views, mm, bits = self._views[(k - 1) % self.slots], self._mm, self._present_bit
+        i = (k - 1) % self.slots
+        base = self._base[i]
+        cut, mm, bits = self._cut[i], self._mm, self._present_bit
         _U64.pack_into(mm, base + _SEQ_AT, 2 * k - 1)  # seq odd: being written
         present = 0
         for name, arr in columns.items():
@@ -124,7 +132,11 @@ class TelemetryRing:
                 at, code = self._list_cols[name]
                 _packer(code, len(arr)).pack_into(mm, base + at, *arr)
             else:
-                views[name][: len(arr)] = arr  # one copy (a cast where the engine's dtype differs)
+                n = len(arr)
+                held = cut.get(name)
+                if held is None or held[0] != n:
+                    held = cut[name] = (n, self._views[i][name][:n])
+                held[1][...] = arr  # one copy (a cast where the engine's dtype differs)
             present |= bits[name]
         if extra:
             at = base + self._extra_off
@@ -137,12 +149,15 @@ class TelemetryRing:
             struct.pack_into("<II", mm, base + SLOT["present"], present, len(extra))
         _U64.pack_into(mm, base + _SEQ_AT, 2 * k)  # seq even: written
         if extra:
-            _U64.pack_into(mm, HEADER["written"], 2 * k)  # after the slot: the agent's poll takes it
+            _U64.pack_into(mm, _WRITTEN_AT, 2 * k)  # after the slot: the agent's poll takes it
         self._seq = k
         return 2 * k
 
     def close(self) -> None:
-        self._views = []
+        self._views, self._cut = [], []
+        hq, self._hq = getattr(self, "_hq", None), None
+        if hq is not None:
+            hq.release()  # an exported view would keep the mmap from closing
         mm, self._mm = self._mm, None
         if mm is not None:
             try:

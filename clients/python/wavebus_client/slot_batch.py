@@ -88,14 +88,16 @@ class SlotEvents:
 
     def finish(self, row) -> None:
         """``row``'s request finished in the step the next head reports."""
-        row = _row(row, self.max_rows, "finish()")
+        if type(row) is not int or not 0 <= row < self.max_rows:
+            row = _row(row, self.max_rows, "finish()")
         if row not in self._live:
             raise ConfigError(f"finish(): row {row} holds no request")
         self._flags[row] = self._flags.get(row, 0) | FLAG_FINISHED
 
     def free(self, row) -> None:
         """``row``'s blocks were given back (ask ``pending_dump`` first): its binding ends with the next head."""
-        row = _row(row, self.max_rows, "free()")
+        if type(row) is not int or not 0 <= row < self.max_rows:
+            row = _row(row, self.max_rows, "free()")
         if row not in self._live:
             raise ConfigError(f"free(): row {row} holds no request")
         self._flags[row] = self._flags.get(row, 0) | FLAG_FREED

@@ -20,6 +20,7 @@ from .wave_head import _MAX_U64
 
 _INT_KINDS = "iu"
 _SENDS = mb.FEATURE_BUS | mb.FEATURE_HEADS
+_DETECTORS, _Q_FEATURES = mb.FEATURE_DETECTORS, mb._Q_FEATURES
 _PENDING = float("inf")
 _log = logging.getLogger("wavebus_client")
 _ndarray = None  # numpy.ndarray once a TensorBatch exists (numpy is imported only by the tensor path)
@@ -94,17 +95,24 @@ class TensorBatch(SlotEvents):
         (same length, optional), and ``draft_len``/``accepted`` per row (speculative, optional).
         Like ``Client.wave_head``: one-way, never waits; True if sent."""
         c = self._client
-        if not c._mb.features & _SENDS and self._idle(wave):
+        box = c._mb
+        q = box._q  # the features word, read in place (None once closed: off)
+        feats = q[_Q_FEATURES] if q is not None else 0
+        if not feats & _SENDS and self._idle(wave):
             return False  # everything off: a wave check, one memory load, no event pending
-        feats = c._head_gate(wave, self)
-        if feats is None:
-            return False
-        r = _host(rows, "rows", _INT_KINDS)
+        if not c._head_ready(wave, feats):
+            feats = c._head_gate(wave, self)
+            if feats is None:
+                return False
+        # The engine's own numpy columns pass as they are (the usual step); anything else via _host.
+        r = rows if type(rows) is _ndarray and rows.ndim == 1 and rows.dtype.kind in _INT_KINDS else _host(rows, "rows", _INT_KINDS)
         n = r.shape[0]
         cols = {"row": r}
         tokens = 0
-        if feats & mb.FEATURE_DETECTORS and token_ids is not None:
-            ids = _host(token_ids, "token_ids", _INT_KINDS)
+        if feats & _DETECTORS and token_ids is not None:
+            ids = token_ids
+            if not (type(ids) is _ndarray and ids.ndim == 1 and ids.dtype.kind in _INT_KINDS):
+                ids = _host(token_ids, "token_ids", _INT_KINDS)
             tokens = ids.shape[0]
             if token_counts is not None:
                 cols["token_count"] = self._per_row(token_counts, "token_counts", n, _INT_KINDS)
@@ -112,7 +120,9 @@ class TensorBatch(SlotEvents):
                 raise ConfigError(f"wave_head(): {tokens} token_ids for {n} rows; pass token_counts when a row sampled more than one")
             cols["token_ids"] = ids
             if logprobs is not None:
-                lp = _host(logprobs, "logprobs", "f")
+                lp = logprobs
+                if not (type(lp) is _ndarray and lp.ndim == 1 and lp.dtype.kind == "f"):
+                    lp = _host(logprobs, "logprobs", "f")
                 if lp.shape[0] != tokens:
                     raise ConfigError(f"wave_head(): {lp.shape[0]} logprobs for {tokens} token_ids")
                 cols["token_logprobs"] = lp
@@ -123,10 +133,13 @@ class TensorBatch(SlotEvents):
             cols["accepted"] = self._per_row(accepted, "accepted", n, _INT_KINDS)
         if self._bt is not None:
             self._diff_block_table()
-        ev_rows, ev_flags = self.event_columns()
-        if ev_rows:
-            cols["event_row"], cols["event_flags"] = ev_rows, ev_flags
-        epoch = c._mb.epoch
+        flags = self._flags  # this step's finish/free events (few), as lists (event_columns)
+        if flags:
+            ev_rows = cols["event_row"] = list(flags)
+            cols["event_flags"] = list(flags.values())
+        else:
+            ev_rows = ()
+        epoch = box.epoch
         if epoch != self._epoch:  # a new coordinator knows no bindings
             self._epoch = epoch
             self.resend_all()
@@ -136,7 +149,9 @@ class TensorBatch(SlotEvents):
             nf = pb.StepTelemetry(non_finite=[nonfinite_row_proto(x, f"wave_head(): non_finite[{i}]") for i, x in enumerate(rows_nf)]).SerializeToString()
         # The head's sparse part, joined from the bytes each event was encoded to once (head_bytes.py).
         extra = head_bytes(wave, wave - 1 if wave > 0 else 0, self.sparse_bytes(), nf)
-        ring = c._telemetry_ring()
+        ring = c._ring
+        if ring is None:
+            ring = c._telemetry_ring()
         if ring is not self._fence_ring:
             self._fence_ring = ring  # a fresh ring (a new hello): nothing of the old one is pending in it
             if self._fence != _PENDING:
@@ -144,12 +159,13 @@ class TensorBatch(SlotEvents):
         if 0 < self._fence < _PENDING and ring is not None and ring.consumed() >= self._fence:
             self._fence = 0
         if ring is not None and ring.fits(n, tokens, len(ev_rows)) and ring.free():
-            if self._fence == 0 and ring.fits_extra(len(extra)):
+            if self._fence == 0 and len(extra) <= ring.max_extra:
                 # The whole head in the ring: no message, no system call; the agent polls for it.
                 ring.write(wave, cols, n, tokens, len(ev_rows), extra)
                 self.stats["ring_heads"] += 1
                 c.stats["wave_head_sent"] += 1
-                self.sent()
+                if flags:
+                    self.sent()
                 return True
             # The sparse part is large, or a message head is pending: a message names the slot.
             body = pb.WaveHeadRequest.FromString(extra)
@@ -215,12 +231,14 @@ class TensorBatch(SlotEvents):
                 self.stats["bad_block_rows"] += 1
 
     def _idle(self, wave) -> bool:
-        """The bus is off and no finish/free waits: what _head_gate does then, without its calls (the
-        off path every step pays; the next head that goes re-sends every binding). False hands the
-        call to _head_gate (a bad wave gets its error there)."""
-        if self._flags or type(wave) is not int or not 0 <= wave <= _MAX_U64:
+        """The bus is off: what _head_gate does then (reset()), without its calls (the off path every
+        step pays; the next head that goes re-sends every binding). False hands the call to
+        _head_gate (a bad wave gets its error there)."""
+        if type(wave) is not int or not 0 <= wave <= _MAX_U64:
             return False
         self._client._head_wave = wave
+        if self._flags:
+            self.sent()  # as reset(): frees take effect, the finishes go unseen
         self._resend_all = True
         return True
 

@@ -56,6 +56,11 @@ class AgentSocket:
             self._later[req.id] = later
         return True
 
+    @property
+    def awaiting(self) -> bool:
+        """Whether an answer is still listed (drain would read the socket)."""
+        return bool(self._later)
+
     def in_flight(self, kind: str) -> int:
         """The id of a request of ``kind`` whose answer has not come yet, else 0."""
         for rid, (k, _) in self._later.items():
