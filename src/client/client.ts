@@ -2,7 +2,7 @@
 // it sends nothing; per step it reads the wave vector from the agent's shared-memory mailbox and
 // calls the agent only when this rank has work in that wave. The Python client mirrors it.
 import { ConfigError, WavebusError } from '../errors';
-import { MailboxReader, MailboxFeature } from './mailbox';
+import { DUE_CONFIG, DUE_DUMP, MailboxReader, MailboxFeature, NOT_KNOWN } from './mailbox';
 import { ClientDigests, type IntColumn } from './digest';
 import { AgentAvailability } from './availability';
 import { AgentHello } from './hello';
@@ -253,10 +253,11 @@ export class WavebusClient {
     this.pending.ended(wave);
     const bits = this.mailbox.features();
     if (bits === 0 || (bits & MailboxFeature.BUS_ACTIVE) === 0) return NOTHING_DUE;
-    const slot = this.mailbox.read(wave);
-    if (slot && !slot.configDue && !slot.dumpDue) return NOTHING_DUE;
+    const due = this.mailbox.dueBits(wave); // a few memory loads, no allocation
+    const slot = due !== NOT_KNOWN;
+    if (slot && (due & (DUE_CONFIG | DUE_DUMP)) === 0) return NOTHING_DUE;
     // Vectors stalled (one bound was spent on it), or a wave pendingDump gave up: no wait, no copy.
-    if (slot ? slot.dumpDue && wave <= this.pending.forfeitedTo : this.stall.active()) {
+    if (slot ? (due & DUE_DUMP) !== 0 && wave <= this.pending.forfeitedTo : this.stall.active()) {
       this.stats.endOfWaveTimeouts++;
       this.stats.stalledSkips++;
       this.transport.oneWay({ endOfWave: { wave, missed: true } });

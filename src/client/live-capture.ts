@@ -5,7 +5,7 @@ import { ConfigError, CaptureError, WavebusError } from '../errors';
 import type { ForwardContext } from '../messages';
 import type { AgentAvailability } from './availability';
 import type { AgentHello } from './hello';
-import { MailboxFeature, type MailboxReader } from './mailbox';
+import { DUE_SNAPSHOT, MailboxFeature, NOT_KNOWN, type MailboxReader } from './mailbox';
 import type { BeforeForwardResult } from './options';
 import type { AgentTransport, Reply } from './transport';
 import { noteUncaught, RegionBytes, RingWriter } from './recorder';
@@ -202,8 +202,8 @@ export class ForwardCapture {
    */
   private liveCaptureDue(bits: number): boolean | undefined {
     if (this.d.asyncScheduling) return false;
-    const v = this.d.mailbox.read(this.forwardWave);
-    if (v) return Boolean(v.snapshotDue);
+    const due = this.d.mailbox.dueBits(this.forwardWave);
+    if (due !== NOT_KNOWN) return (due & DUE_SNAPSHOT) !== 0;
     return (bits & MailboxFeature.LIVE_CAPTURES) !== 0 && !this.d.availability.unavailable ? undefined : false;
   }
 

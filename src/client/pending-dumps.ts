@@ -14,7 +14,7 @@
 // it, while no new vector arrives, a wave without a vector is not asked about but given up
 // (forfeitedTo: its dumps are never copied on this rank, end_of_wave skips them), so no block is
 // kept on account of an unanswered question beyond the end of the wave it was about.
-import { MAILBOX_LAYOUT, type MailboxReader } from './mailbox';
+import { DUE_DUMP, MAILBOX_LAYOUT, NOT_KNOWN, type MailboxReader } from './mailbox';
 import type { AgentTransport } from './transport';
 import type { VectorStall } from './vector-stall';
 
@@ -48,9 +48,9 @@ export class PendingDumps {
     const decidedTo = Math.min(this.mailbox.floor() - 1, next + MAILBOX_LAYOUT.slots - 1);
     let sets: Promise<DueSet>[] | undefined;
     for (let w = next; w <= Math.max(next, decidedTo); w++) {
-      const v = this.mailbox.read(w);
-      if (v && !v.dumpDue) continue;
-      if (!v && !this.due.has(w) && this.stall.active()) {
+      const due = this.mailbox.dueBits(w);
+      if (due !== NOT_KNOWN && (due & DUE_DUMP) === 0) continue;
+      if (due === NOT_KNOWN && !this.due.has(w) && this.stall.active()) {
         // No vector and none coming: not asked (a bound each), given up on this rank.
         if (w > this.forfeitedTo) this.forfeitedTo = w;
         continue;
