@@ -1,7 +1,8 @@
 // `wavebus bench client --lang ts`'s engine: one TypeScript engine loop at N running requests in its
 // own process, timing in its own thread the calls it makes every step (the Python engine is
 // bench/client_engine.py; the loop is the same). Modes:
-//   tensor - TensorBatch.waveHead (typed arrays into the ring) + beforeForward + endOfWave + pendingDump(finished)
+//   tensor - TensorBatch.waveHeadNow (typed arrays into the ring) + beforeForwardNow + endOfWaveNow + pendingDumpNow(finished)
+//            (the calls without a promise: a promise only when something is due, docs/typescript-client.md)
 //   dict   - the same with WavebusClient.waveHead and the request list (the convenience path)
 //   off    - the tensor loop against a mailbox with every feature off (nothing is sent)
 //   none   - the same loop without wavebus (the engine's own arrays only: the floor)
@@ -76,7 +77,8 @@ async function main(): Promise<void> {
     const t0 = now();
     if (batch) {
       for (const r of done) batch.finish(r);
-      await batch.waveHead(wave, { rows, tokenIds: toks, logprobs: lps });
+      const sent = batch.waveHeadNow(wave, { rows, tokenIds: toks, logprobs: lps });
+      if (sent instanceof Promise) await sent;
     } else if (c) {
       const doneSet = new Set(done);
       const requests = Array.from({ length: n }, (_, r) => ({ reqId: req[r], newTokenIds: [toks[r]], newTokenLogprobs: [-1], blockIds: tables[r], finished: doneSet.has(r), freed: doneSet.has(r) }) as unknown as RequestStep);
@@ -85,17 +87,24 @@ async function main(): Promise<void> {
     const t1 = now();
     if (c) {
       ctx.globalStep = wave;
-      await c.beforeForward(ctx, []);
+      const b = c.beforeForwardNow(ctx, []);
+      if (b instanceof Promise) await b;
     }
     const t2 = now();
     // The forward on the device (not timed), between beforeForward and endOfWave as in an engine
     // (examples/torch-engine/engine.py): the vector of the next wave, decided by this head, arrives meanwhile.
     await new Promise((r) => setTimeout(r, FORWARD_MS));
     const t2f = now();
-    if (c) await c.endOfWave(wave);
+    const e = c?.endOfWaveNow(wave);
+    if (e instanceof Promise) await e;
     const t3 = now();
     const keep: boolean[] = [];
-    if (c) for (const r of done) keep.push(await c.pendingDump(req[r]));
+    if (c) {
+      for (const r of done) {
+        const k = c.pendingDumpNow(req[r]);
+        keep.push(k instanceof Promise ? await k : k);
+      }
+    }
     if (batch) for (const r of done) batch.free(r);
     const t4 = now();
     // The engine reuses the rows (not timed): new requests arrive where the finished ones were.

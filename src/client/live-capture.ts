@@ -28,7 +28,8 @@ export interface CaptureDeps {
   marginMs: number;
 }
 
-const NOT_CAPTURED: Promise<BeforeForwardResult> = Promise.resolve(Object.freeze({ captured: false }));
+/** The usual forward's answer (not offered): one frozen object, nothing allocated per forward. */
+export const NOT_CAPTURED_R: BeforeForwardResult = Object.freeze({ captured: false });
 
 export class ForwardCapture {
   /** The engine's last waveHead and endOfWave waves: which wave a forward belongs to (liveCaptureDue). */
@@ -56,21 +57,14 @@ export class ForwardCapture {
    * the caller aborts the forward (fail loud). An agent that does not answer within the call bound
    * is not a failed capture: the result says `unavailable` (captured false) and the forward goes on.
    */
-  beforeForward(
-    context: Context,
-    inputs: Inputs,
-  ): Promise<BeforeForwardResult> {
+  beforeForwardNow(context: Context, inputs: Inputs): BeforeForwardResult | Promise<BeforeForwardResult> {
     const bits = this.d.mailbox.features();
     if ((bits & MailboxFeature.RECORDER) !== 0) {
       // The flight recorder: one copy into the ring, no message (docs/recorder.md). The ring is
       // mapped once, after the hello that names it; the usual forward records synchronously.
       if (this.ringHello === this.d.hello.hellos && this.d.hello.current(bits)) {
         // Mapped at this hello (no ring: the agent named none, or it could not be mapped: lastError).
-        try {
-          if (this.ring) this.record(this.ring, context, inputs);
-        } catch (e) {
-          return Promise.reject(e);
-        }
+        if (this.ring) this.record(this.ring, context, inputs);
       } else {
         return this.recordAfterHello(context, inputs).then(() => this.offerIfDue(context, inputs, bits));
       }
@@ -137,7 +131,7 @@ export class ForwardCapture {
     this.d.stats.recorded++;
   }
 
-  private offerIfDue(context: Context, inputs: Inputs, bits: number): Promise<BeforeForwardResult> {
+  private offerIfDue(context: Context, inputs: Inputs, bits: number): BeforeForwardResult | Promise<BeforeForwardResult> {
     // Snapshots off at startup: a forward is offered only when its wave's vector says a capture
     // armed on the running job covers it (docs/control.md): a memory load, no system call.
     // Snapshots on: counted here whether offered or not, and offered when the agent's rules select
@@ -146,7 +140,7 @@ export class ForwardCapture {
     if ((bits & MailboxFeature.SNAPSHOTS) !== 0) {
       // A region not registered is refused on every forward, offered or not (a name lookup per input).
       const bad = this.unregistered(inputs);
-      if (bad) return Promise.reject(bad);
+      if (bad) throw bad;
       const ctx = contextMessage(context) as unknown as ForwardContext;
       callIndex = this.calls.count(ctx);
       const pre = this.precheck();
@@ -154,7 +148,7 @@ export class ForwardCapture {
       this.d.stats.forwardsNotOffered++;
     }
     const due = this.liveCaptureDue(bits);
-    if (due === false) return NOT_CAPTURED;
+    if (due === false) return NOT_CAPTURED_R;
     if (due === undefined) return this.afterVector(context, inputs, callIndex);
     return this.offer(context, inputs, callIndex);
   }

@@ -42,7 +42,8 @@ export class PendingDumps {
     for (const w of this.due.keys()) if (w <= wave) this.due.delete(w);
   }
 
-  check(reqId: string): Promise<boolean> {
+  /** False at once when no decided wave has dump_due (no promise); else the agent's answer, once per wave. */
+  check(reqId: string): boolean | Promise<boolean> {
     const next = this.lastEnded + 1;
     // The decided waves: below the floor, never more than the ring holds (a stale floor).
     const decidedTo = Math.min(this.mailbox.floor() - 1, next + MAILBOX_LAYOUT.slots - 1);
@@ -57,7 +58,7 @@ export class PendingDumps {
       }
       (sets ??= []).push(this.setOf(w));
     }
-    if (!sets) return FALSE;
+    if (!sets) return false;
     return Promise.all(sets).then((all) => all.some((s) => s === ALL || s.has(reqId)));
   }
 
@@ -111,5 +112,3 @@ export function dueDumpsAsker(d: DueDumpsDeps): (wave: number) => Promise<string
     }
   };
 }
-
-const FALSE: Promise<boolean> = Promise.resolve(false);
