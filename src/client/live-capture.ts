@@ -247,14 +247,24 @@ export class ForwardCapture {
   private async request(request: { beforeForward: { acceptByUnixMs: number } }): Promise<BeforeForwardResult> {
     const acceptBy = request.beforeForward.acceptByUnixMs;
     let reply: Reply;
+    let begun = false;
     try {
-      reply = await this.d.transport.request(request, Math.max(1, acceptBy + this.d.marginMs - Date.now()), this.d.captureMs);
+      reply = await this.d.transport.request(request, Math.max(1, acceptBy + this.d.marginMs - Date.now()), this.d.captureMs, () => (begun = true));
       if (!reply.ok && reply.errorCode === 'ERR_NO_HELLO') reply = await this.d.hello.rejoin(request, Math.max(1, acceptBy + this.d.marginMs - Date.now()), this.d.captureMs);
     } catch (e) {
       if (!this.d.availability.lostOn(e, 'beforeForward()')) throw e;
       // Begun but not finished: a failed capture (fail loud), and the agent is not answering.
       if ((e as WavebusError).code === 'ERR_CAPTURE_TIMEOUT') throw new CaptureError(`input snapshot failed: ${(e as Error).message}`, 'ERR_CAPTURE_TIMEOUT');
       return this.snapshotSkipped();
+    }
+    if (!reply.ok && reply.errorCode === 'ERR_CLIENT_GONE' && !begun) {
+      // The agent reached the request past acceptBy (the last margin of our wait, or later): it
+      // copied nothing, as if it had not answered. A late agent is not a failed capture: this
+      // forward is not captured, said (lastError) and counted, and the forward goes on. The agent
+      // answered, so it is not taken for lost. (A begun capture that ends so is a failed one.)
+      this.d.stats.snapshotsSkipped++;
+      this.d.availability.lastError = `beforeForward(): the agent reached this forward after the engine's deadline; not captured: ${reply.error}`;
+      return { captured: false };
     }
     if (!reply.ok) throw new CaptureError(`input snapshot failed: ${reply.error}`, reply.errorCode || 'ERR_CAPTURE');
     return { captured: reply.captured, callDir: reply.callDir || undefined };
