@@ -12,7 +12,7 @@ import { AgentTransport, type Reply } from './transport';
 import { isWaveNumber, waveError, WaveHeadSender, type WaveTelemetry } from './wave-head';
 import { dueDumpsAsker, PendingDumps } from './pending-dumps';
 import { VectorStall } from './vector-stall';
-import { ForwardCapture, NOT_CAPTURED_R, type Context, type Inputs } from './live-capture';
+import { ForwardCapture, NOT_CAPTURED_R, type Context, type ForwardOptions, type Inputs } from './live-capture';
 
 import type { TensorBatch, TensorBatchOptions } from './tensor-batch';
 import { attachTensorBatch } from './tensor-batch-host';
@@ -380,11 +380,15 @@ export class WavebusClient {
    * if so, copies and writes the inputs before returning. A failed capture throws CaptureError:
    * the caller aborts the forward (fail loud). An agent that does not answer within the call bound
    * is not a failed capture: the result says `unavailable` (captured false) and the forward goes on.
+   * `opts.stagingError`: the engine could not stage this forward's inputs (why; `inputs` empty): a
+   * forward a capture would take is offered without inputs and the agent fails those captures with
+   * the cause (CaptureError ERR_SNAPSHOT_INPUT here, the error in `wavebus capture`), as the Python
+   * client's before_forward(staging_error=...).
    */
-  beforeForward(context: Context, inputs: Inputs): Promise<BeforeForwardResult> {
+  beforeForward(context: Context, inputs: Inputs, opts: ForwardOptions = {}): Promise<BeforeForwardResult> {
     let r: BeforeForwardResult | Promise<BeforeForwardResult>;
     try {
-      r = this.forward.beforeForwardNow(context, inputs);
+      r = this.forward.beforeForwardNow(context, inputs, opts.stagingError);
     } catch (e) {
       return Promise.reject(e);
     }
@@ -396,8 +400,8 @@ export class WavebusClient {
    * result, else the promise beforeForward would return. Errors beforeForward would reject with
    * (an unregistered region, an input the recorder refuses) are thrown here.
    */
-  beforeForwardNow(context: Context, inputs: Inputs): BeforeForwardResult | Promise<BeforeForwardResult> {
-    return this.forward.beforeForwardNow(context, inputs);
+  beforeForwardNow(context: Context, inputs: Inputs, opts: ForwardOptions = {}): BeforeForwardResult | Promise<BeforeForwardResult> {
+    return this.forward.beforeForwardNow(context, inputs, opts.stagingError);
   }
 
   /**
