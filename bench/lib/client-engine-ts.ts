@@ -13,9 +13,10 @@ import { MailboxFeature } from '../../src/client/mailbox';
 import type { TensorBatch } from '../../src/client/tensor-batch';
 import type { RequestStep } from '../../src/messages';
 
-// Untimed steps first: V8 optimizes a function only after enough calls (at 30 steps the per-step
-// calls still ran in its interpreter, at about twice the cost); an engine runs far longer than this.
-const WARM = 1000;
+// Untimed steps first, three times the timed ones (30 to 1000): V8 optimizes a function only after
+// enough calls (after 30 steps the per-step calls still ran in its interpreter, at about twice the
+// cost), and an engine runs far longer than this. A short run (a test's) stays short.
+const warmSteps = (steps: number): number => Math.max(30, Math.min(1000, 3 * steps));
 const FINISH_EVERY = 200; // each request runs ~200 steps: about n / 200 finish per step
 const FORWARD_MS = 3; // a 3 ms forward, as bench overhead
 
@@ -42,6 +43,7 @@ async function main(): Promise<void> {
   const [mode, nArg, stepsArg, runDir] = process.argv.slice(2);
   const n = Number(nArg);
   const steps = Number(stepsArg);
+  const WARM = warmSteps(steps);
   const rand = rng(1);
   let c: WavebusClient | undefined;
   let batch: TensorBatch | undefined;
