@@ -423,6 +423,7 @@ Napi::Function MailboxReader::Define(Napi::Env env) {
                          InstanceMethod<&MailboxReader::Floor>("floor"),
                          InstanceMethod<&MailboxReader::WaitFor>("waitFor"),
                          InstanceMethod<&MailboxReader::SetCaptureWaiting>("setCaptureWaiting"),
+                         InstanceMethod<&MailboxReader::View>("view"),
                          InstanceMethod<&MailboxReader::Close>("close"),
                      });
 }
@@ -517,6 +518,18 @@ Napi::Value MailboxReader::SetCaptureWaiting(const Napi::CallbackInfo& info) {
   __atomic_store_n(U64(base, kOffCaptureWaiting), ArgU64(info, 0, "ticket"), __ATOMIC_SEQ_CST);
   __atomic_thread_fence(__ATOMIC_SEQ_CST);
   return info.Env().Undefined();
+}
+
+// The mapping as a read-only-by-contract Buffer (the header and slots; the client stores nothing
+// through it: setCaptureWaiting does): the JS client reads vectors and the header with Atomics
+// loads on it, without an addon call per read. The Buffer holds the mapping (a share of map_), so
+// close() while it lives unmaps nothing under it.
+Napi::Value MailboxReader::View(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  uint8_t* base = const_cast<uint8_t*>(Live(env));
+  auto* hold = new std::shared_ptr<const uint8_t>(map_);
+  return Napi::Buffer<uint8_t>::New(
+      env, base, kFileBytes, [](Napi::Env, uint8_t*, std::shared_ptr<const uint8_t>* h) { delete h; }, hold);
 }
 
 Napi::Value MailboxReader::Close(const Napi::CallbackInfo& info) {

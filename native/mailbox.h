@@ -82,6 +82,7 @@ class MailboxReader : public Napi::ObjectWrap<MailboxReader> {
   Napi::Value Floor(const Napi::CallbackInfo& info);
   Napi::Value WaitFor(const Napi::CallbackInfo& info);
   Napi::Value SetCaptureWaiting(const Napi::CallbackInfo& info);
+  Napi::Value View(const Napi::CallbackInfo& info);
   Napi::Value Close(const Napi::CallbackInfo& info);
   const uint8_t* Live(Napi::Env env);
 

@@ -83,6 +83,12 @@ export interface NativeMailboxReader {
   waitFor(wave: number, timeoutMs: number): Promise<MailboxVector | false | undefined>;
   /** Stores capture_waiting (seq-cst, then a fence): the before_forward ticket waited on, 0: none. */
   setCaptureWaiting(ticket: number): void;
+  /**
+   * The mapping itself (the 576-byte header and slots) as a Buffer that keeps it mapped while it
+   * lives: the client loads the header's words and reads the slots' seqlock with Atomics on it
+   * (src/client/mailbox.ts), no addon call per read. Never written through.
+   */
+  view(): Buffer;
   close(): void;
 }
 

@@ -233,6 +233,36 @@ test('a copy made after the engine stopped waiting is dropped, even inside its d
   }
 }, 60000);
 
+test("a forward the agent reaches after the engine's deadline is not captured, counted as skipped: not a failed capture, and the agent is not taken for lost", async () => {
+  const bus = await startBus();
+  const client = await connect(bus);
+  try {
+    const w = await untilCaptured(client, 1);
+    const before = bundles(bus.cacheRoot).length;
+    const skipped = client.stats.snapshotsSkipped;
+    // The late agent is a test double of the clock: this process's wall clock (what acceptBy is
+    // computed from) runs 1 s behind for this forward, so the agent (its own process, the real
+    // clock) reaches the request past acceptBy while the client still waits (its wait is a timer).
+    const real = Date.now.bind(Date);
+    const behind = jest.spyOn(Date, 'now').mockImplementation(() => real() - 1000);
+    let late: Awaited<ReturnType<WavebusClient['beforeForward']>>;
+    try {
+      late = await client.beforeForward({ compilationHash: 'h', globalStep: w }, [{ region: 'input0', dtype: 'int32', shape: [16] }]);
+    } finally {
+      behind.mockRestore();
+    }
+    // Offered and skipped (the agent answered ERR_CLIENT_GONE, nothing copied): not a CaptureError.
+    expect(late).toEqual({ captured: false });
+    expect(client.stats.snapshotsSkipped).toBe(skipped + 1);
+    expect(client.lastError).toMatch(/after the engine's deadline; not captured/);
+    expect(client.agentUnavailable).toBe(false);
+    expect(client.stats.agentLost).toBe(0);
+    expect(bundles(bus.cacheRoot)).toHaveLength(before);
+  } finally {
+    await client.close();
+  }
+}, 60000);
+
 /** The same engine loop in python3 with clients/python's Client; the agent is killed or frozen from there. */
 const PY_ENGINE = `
 import json, os, signal, sys, time

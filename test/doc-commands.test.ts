@@ -93,6 +93,7 @@ const SKIPPED: Record<string, string> = {
   'wavebus bench client --lang ts --requests 1024,4096 --steps 300 --json': BENCH,
   'wavebus bench client --lang python --requests 1024,4096 --json': BENCH,
   'wavebus bench client --lang python --requests 1024,4096 --forward spin --json': BENCH,
+  'wavebus bench client --lang ts --requests 1024 --json': BENCH,
   'wavebus bench overhead --engine python --running 1024 --forward-ms 3 --rounds 3 --lookahead-waves 3 --cpu-window --json': BENCH,
   'wavebus bench overhead --engine python --running 1024 --forward-ms 3 --rounds 1 --steps 300 --lookahead-waves 3 --cpu-window --no-seed-baseline --json': BENCH,
   'wavebus bench overhead --engine python --running 1024 --forward-ms 3 --rounds 1 --steps 400 --lookahead-waves 3 --no-seed-baseline --cpu-window --rank-divergence --json': BENCH,

@@ -287,6 +287,42 @@ describe("the seed's no-op rule: a backend that cannot read a rank's memory", ()
   });
 });
 
+describe('the TypeScript client offers a forward whose inputs it could not stage', () => {
+  test("beforeForward(ctx, [], { stagingError }) fails loudly with the cause (ERR_SNAPSHOT_INPUT), and the next forward is offered as usual", async () => {
+    const root = tmpDir('wb-snap-');
+    const runDir = path.join(root, 'run');
+    const shmName = `/wbtest-snap-stage-ts-${process.pid}`;
+    const seg = ShmSegment.create(shmName, 16);
+    seg.buffer().fill(7);
+    seg.close();
+    const identity = resolveIdentity({ RANK: '0', LOCAL_RANK: '0', WORLD_SIZE: '1', LOCAL_WORLD_SIZE: '1' });
+    const snapshot = resolveSnapshotConfig({ WAVEBUS_SNAPSHOT_ENABLE: '1', WAVEBUS_SNAPSHOT_CAPTURE_AT_CALL: '0,1', WAVEBUS_CACHE_ROOT: root });
+    const agent = new Agent({ identity, runDir, snapshot, logger: pino({ level: 'silent' }) });
+    await agent.start();
+    const client = await WavebusClient.connect({ env: { WAVEBUS_RUN_DIR: runDir, LOCAL_RANK: '0' } });
+    try {
+      await client.register({ name: 'input_ids', shmName, nbytes: 16, dtype: 'int64', shape: [2], role: 'input' });
+      const ctx = { compilationHash: 'g', globalStep: 1, reqIds: ['a'], positions: [4] };
+      const failed = await client.beforeForward(ctx, [], { stagingError: "ConfigError: attach(): input 'attention_mask' did not fit" }).then(
+        () => null,
+        (e: CaptureError) => [e.message, e.code],
+      );
+      expect(failed).toEqual([
+        "input snapshot failed: rank 0: the engine could not stage the inputs of its forward of wave 1: ConfigError: attach(): input 'attention_mask' did not fit",
+        'ERR_SNAPSHOT_INPUT',
+      ]);
+      const next = await client.beforeForward(ctx, [{ region: 'input_ids', dtype: 'int64', shape: [2] }]); // call 1: staged and captured
+      expect(next.captured).toBe(true);
+      expect(path.basename(next.callDir!)).toBe('call1');
+      await expect(client.beforeForward(ctx, [], { stagingError: 5 as unknown as string })).rejects.toThrow(/stagingError must be a string/);
+    } finally {
+      await client.close();
+      await agent.stop();
+      ShmSegment.unlink(shmName);
+    }
+  });
+});
+
 describe('fail loud, leave nothing', () => {
   function noCallDirs(root: string): void {
     const rankDir = snapshotRankDir(path.join(root, 'snapshots'), 'graphA', 5);

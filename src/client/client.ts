@@ -2,17 +2,17 @@
 // it sends nothing; per step it reads the wave vector from the agent's shared-memory mailbox and
 // calls the agent only when this rank has work in that wave. The Python client mirrors it.
 import { ConfigError, WavebusError } from '../errors';
-import { MailboxReader, MailboxFeature } from './mailbox';
+import { DUE_CONFIG, DUE_DUMP, MailboxReader, MailboxFeature, NOT_KNOWN } from './mailbox';
 import { ClientDigests, type IntColumn } from './digest';
 import { AgentAvailability } from './availability';
 import { AgentHello } from './hello';
 import { newClientStats, type ClientStats } from './client-stats';
 import { validateRegion, type ClientRegion } from './region';
 import { AgentTransport, type Reply } from './transport';
-import { waveError, WaveHeadSender, type WaveTelemetry } from './wave-head';
+import { isWaveNumber, waveError, WaveHeadSender, type WaveTelemetry } from './wave-head';
 import { dueDumpsAsker, PendingDumps } from './pending-dumps';
 import { VectorStall } from './vector-stall';
-import { ForwardCapture, type Context, type Inputs } from './live-capture';
+import { ForwardCapture, NOT_CAPTURED_R, type Context, type ForwardOptions, type Inputs } from './live-capture';
 
 import type { TensorBatch, TensorBatchOptions } from './tensor-batch';
 import { attachTensorBatch } from './tensor-batch-host';
@@ -105,7 +105,17 @@ export class WavebusClient {
    * mailbox has dump_due; else the due wave's req ids are asked of the agent once per wave.
    */
   pendingDump(reqId: string): Promise<boolean> {
-    if ((this.mailbox.features() & MailboxFeature.BUS_ACTIVE) === 0) return FALSE;
+    const r = this.pendingDumpNow(reqId);
+    return r === false ? FALSE : r === true ? TRUE : r;
+  }
+
+  /**
+   * pendingDump without a promise when the answer is known now (the usual step: nothing due):
+   * a boolean, else the promise pendingDump would return. The engine's hot loop takes it and awaits
+   * only a promise (docs/typescript-client.md, "The per-step calls without a promise").
+   */
+  pendingDumpNow(reqId: string): boolean | Promise<boolean> {
+    if ((this.mailbox.features() & MailboxFeature.BUS_ACTIVE) === 0) return false;
     return this.pending.check(reqId);
   }
 
@@ -248,19 +258,30 @@ export class WavebusClient {
   endOfWave(wave: number): Promise<EndOfWaveResult> {
     const bad = waveError(wave, 'endOfWave');
     if (bad) return bad;
+    const r = this.endOfWaveNow(wave);
+    return r === NOTHING_DUE_R ? NOTHING_DUE : r === TIMED_OUT_R ? TIMED_OUT : r instanceof Promise ? r : Promise.resolve(r);
+  }
+
+  /**
+   * endOfWave without a promise when nothing is due (the usual step): the result, else the promise
+   * endOfWave would return. A wave that is not a non-negative integer throws ConfigError here.
+   */
+  endOfWaveNow(wave: number): EndOfWaveResult | Promise<EndOfWaveResult> {
+    if (!isWaveNumber(wave)) throw new ConfigError(`endOfWave(): wave ${wave} is not a non-negative integer`);
     this.forward.endedWave = wave;
     this.stats.endOfWaveCalls++;
     this.pending.ended(wave);
     const bits = this.mailbox.features();
-    if (bits === 0 || (bits & MailboxFeature.BUS_ACTIVE) === 0) return NOTHING_DUE;
-    const slot = this.mailbox.read(wave);
-    if (slot && !slot.configDue && !slot.dumpDue) return NOTHING_DUE;
+    if (bits === 0 || (bits & MailboxFeature.BUS_ACTIVE) === 0) return NOTHING_DUE_R;
+    const due = this.mailbox.dueBits(wave); // a few memory loads, no allocation
+    const slot = due !== NOT_KNOWN;
+    if (slot && (due & (DUE_CONFIG | DUE_DUMP)) === 0) return NOTHING_DUE_R;
     // Vectors stalled (one bound was spent on it), or a wave pendingDump gave up: no wait, no copy.
-    if (slot ? slot.dumpDue && wave <= this.pending.forfeitedTo : this.stall.active()) {
+    if (slot ? (due & DUE_DUMP) !== 0 && wave <= this.pending.forfeitedTo : this.stall.active()) {
       this.stats.endOfWaveTimeouts++;
       this.stats.stalledSkips++;
       this.transport.oneWay({ endOfWave: { wave, missed: true } });
-      return TIMED_OUT;
+      return TIMED_OUT_R;
     }
     if (this.agentUnavailable) {
       // Its mailbox is not updated any more: no waiting, the step goes on (counted). A frozen
@@ -269,7 +290,7 @@ export class WavebusClient {
       this.stats.skippedUnavailable++;
       this.transport.oneWay({ endOfWave: { wave, missed: true } });
       this.availability.probe();
-      return Promise.resolve({ due: false, timedOut: true });
+      return { due: false, timedOut: true };
     }
     // Late vector, agent known: sleep on the mailbox (woken by the agent's publish), not a round trip.
     const known = this.hello.current(bits);
@@ -359,9 +380,28 @@ export class WavebusClient {
    * if so, copies and writes the inputs before returning. A failed capture throws CaptureError:
    * the caller aborts the forward (fail loud). An agent that does not answer within the call bound
    * is not a failed capture: the result says `unavailable` (captured false) and the forward goes on.
+   * `opts.stagingError`: the engine could not stage this forward's inputs (why; `inputs` empty): a
+   * forward a capture would take is offered without inputs and the agent fails those captures with
+   * the cause (CaptureError ERR_SNAPSHOT_INPUT here, the error in `wavebus capture`), as the Python
+   * client's before_forward(staging_error=...).
    */
-  beforeForward(context: Context, inputs: Inputs): Promise<BeforeForwardResult> {
-    return this.forward.beforeForward(context, inputs);
+  beforeForward(context: Context, inputs: Inputs, opts: ForwardOptions = {}): Promise<BeforeForwardResult> {
+    let r: BeforeForwardResult | Promise<BeforeForwardResult>;
+    try {
+      r = this.forward.beforeForwardNow(context, inputs, opts.stagingError);
+    } catch (e) {
+      return Promise.reject(e);
+    }
+    return r === NOT_CAPTURED_R ? NOT_CAPTURED : r instanceof Promise ? r : Promise.resolve(r);
+  }
+
+  /**
+   * beforeForward without a promise when the forward is not offered (the usual forward): the
+   * result, else the promise beforeForward would return. Errors beforeForward would reject with
+   * (an unregistered region, an input the recorder refuses) are thrown here.
+   */
+  beforeForwardNow(context: Context, inputs: Inputs, opts: ForwardOptions = {}): BeforeForwardResult | Promise<BeforeForwardResult> {
+    return this.forward.beforeForwardNow(context, inputs, opts.stagingError);
   }
 
   /**
@@ -402,7 +442,12 @@ export class WavebusClient {
 
 const SETTLED: Promise<void> = Promise.resolve();
 const FALSE: Promise<boolean> = Promise.resolve(false);
-const NOTHING_DUE: Promise<EndOfWaveResult> = Promise.resolve(Object.freeze({ due: false, timedOut: false }));
-const TIMED_OUT: Promise<EndOfWaveResult> = Promise.resolve(Object.freeze({ due: false, timedOut: true }));
+const TRUE: Promise<boolean> = Promise.resolve(true);
+const NOTHING_DUE_R: EndOfWaveResult = Object.freeze({ due: false, timedOut: false });
+const TIMED_OUT_R: EndOfWaveResult = Object.freeze({ due: false, timedOut: true });
+// The async calls' answers on the usual step: settled once, returned again (nothing allocated).
+const NOTHING_DUE: Promise<EndOfWaveResult> = Promise.resolve(NOTHING_DUE_R);
+const TIMED_OUT: Promise<EndOfWaveResult> = Promise.resolve(TIMED_OUT_R);
+const NOT_CAPTURED: Promise<BeforeForwardResult> = Promise.resolve(NOT_CAPTURED_R);
 
 export { MailboxFeature };

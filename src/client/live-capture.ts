@@ -5,7 +5,7 @@ import { ConfigError, CaptureError, WavebusError } from '../errors';
 import type { ForwardContext } from '../messages';
 import type { AgentAvailability } from './availability';
 import type { AgentHello } from './hello';
-import { MailboxFeature, type MailboxReader } from './mailbox';
+import { DUE_SNAPSHOT, MailboxFeature, NOT_KNOWN, type MailboxReader } from './mailbox';
 import type { BeforeForwardResult } from './options';
 import type { AgentTransport, Reply } from './transport';
 import { noteUncaught, RegionBytes, RingWriter } from './recorder';
@@ -13,6 +13,8 @@ import { CallCounter, SnapshotPrecheck } from './snapshot-precheck';
 
 export type Context = Partial<ForwardContext> & { compilationHash: string; globalStep: number };
 export type Inputs = { region: string; offset?: number; dtype: string; shape: number[] }[];
+/** beforeForward's options: `stagingError`, the engine could not stage this forward's inputs (why). */
+export type ForwardOptions = { stagingError?: string };
 
 /** What a forward's capture needs of its client. */
 export interface CaptureDeps {
@@ -28,7 +30,8 @@ export interface CaptureDeps {
   marginMs: number;
 }
 
-const NOT_CAPTURED: Promise<BeforeForwardResult> = Promise.resolve(Object.freeze({ captured: false }));
+/** The usual forward's answer (not offered): one frozen object, nothing allocated per forward. */
+export const NOT_CAPTURED_R: BeforeForwardResult = Object.freeze({ captured: false });
 
 export class ForwardCapture {
   /** The engine's last waveHead and endOfWave waves: which wave a forward belongs to (liveCaptureDue). */
@@ -56,26 +59,21 @@ export class ForwardCapture {
    * the caller aborts the forward (fail loud). An agent that does not answer within the call bound
    * is not a failed capture: the result says `unavailable` (captured false) and the forward goes on.
    */
-  beforeForward(
-    context: Context,
-    inputs: Inputs,
-  ): Promise<BeforeForwardResult> {
+  beforeForwardNow(context: Context, inputs: Inputs, staging = ''): BeforeForwardResult | Promise<BeforeForwardResult> {
+    if (typeof staging !== 'string') throw new ConfigError(`beforeForward(): stagingError must be a string, got ${typeof staging}`);
     const bits = this.d.mailbox.features();
-    if ((bits & MailboxFeature.RECORDER) !== 0) {
+    // Inputs not staged: nothing to record (the snapshot path still offers it, to fail loudly).
+    if ((bits & MailboxFeature.RECORDER) !== 0 && staging === '') {
       // The flight recorder: one copy into the ring, no message (docs/recorder.md). The ring is
       // mapped once, after the hello that names it; the usual forward records synchronously.
       if (this.ringHello === this.d.hello.hellos && this.d.hello.current(bits)) {
         // Mapped at this hello (no ring: the agent named none, or it could not be mapped: lastError).
-        try {
-          if (this.ring) this.record(this.ring, context, inputs);
-        } catch (e) {
-          return Promise.reject(e);
-        }
+        if (this.ring) this.record(this.ring, context, inputs);
       } else {
-        return this.recordAfterHello(context, inputs).then(() => this.offerIfDue(context, inputs, bits));
+        return this.recordAfterHello(context, inputs).then(() => this.offerIfDue(context, inputs, bits, staging));
       }
     }
-    return this.offerIfDue(context, inputs, bits);
+    return this.offerIfDue(context, inputs, bits, staging);
   }
 
   /** The first forward to record (or the first after a new hello): hello, map the ring, record. */
@@ -137,7 +135,7 @@ export class ForwardCapture {
     this.d.stats.recorded++;
   }
 
-  private offerIfDue(context: Context, inputs: Inputs, bits: number): Promise<BeforeForwardResult> {
+  private offerIfDue(context: Context, inputs: Inputs, bits: number, staging: string): BeforeForwardResult | Promise<BeforeForwardResult> {
     // Snapshots off at startup: a forward is offered only when its wave's vector says a capture
     // armed on the running job covers it (docs/control.md): a memory load, no system call.
     // Snapshots on: counted here whether offered or not, and offered when the agent's rules select
@@ -146,17 +144,17 @@ export class ForwardCapture {
     if ((bits & MailboxFeature.SNAPSHOTS) !== 0) {
       // A region not registered is refused on every forward, offered or not (a name lookup per input).
       const bad = this.unregistered(inputs);
-      if (bad) return Promise.reject(bad);
+      if (bad) throw bad;
       const ctx = contextMessage(context) as unknown as ForwardContext;
       callIndex = this.calls.count(ctx);
       const pre = this.precheck();
-      if (pre === undefined || pre.selects(ctx, callIndex)) return this.offer(context, inputs, callIndex);
+      if (pre === undefined || pre.selects(ctx, callIndex)) return this.offer(context, inputs, callIndex, staging);
       this.d.stats.forwardsNotOffered++;
     }
     const due = this.liveCaptureDue(bits);
-    if (due === false) return NOT_CAPTURED;
-    if (due === undefined) return this.afterVector(context, inputs, callIndex);
-    return this.offer(context, inputs, callIndex);
+    if (due === false) return NOT_CAPTURED_R;
+    if (due === undefined) return this.afterVector(context, inputs, callIndex, staging);
+    return this.offer(context, inputs, callIndex, staging);
   }
 
   /** The selection rules of the hello in force (undefined before one, or when it named none). */
@@ -170,10 +168,10 @@ export class ForwardCapture {
   }
 
   /** The forward's vector is late (a rank on the vector): wait for it within the bound, as endOfWave would, then offer if due. */
-  private async afterVector(context: Context, inputs: Inputs, callIndex: number | null): Promise<BeforeForwardResult> {
+  private async afterVector(context: Context, inputs: Inputs, callIndex: number | null, staging: string): Promise<BeforeForwardResult> {
     const got = await this.d.mailbox.waitFor(this.forwardWave, this.d.callBoundMs()).catch(() => 'timeout' as const);
     if (typeof got === 'string' || !got.snapshotDue) return { captured: false };
-    return this.offer(context, inputs, callIndex);
+    return this.offer(context, inputs, callIndex, staging);
   }
 
   /** The error for the first input whose region is not registered, if any. */
@@ -184,11 +182,11 @@ export class ForwardCapture {
     return undefined;
   }
 
-  private offer(context: Context, inputs: Inputs, callIndex: number | null): Promise<BeforeForwardResult> {
+  private offer(context: Context, inputs: Inputs, callIndex: number | null, staging: string): Promise<BeforeForwardResult> {
     const bad = this.unregistered(inputs);
     if (bad) return Promise.reject(bad);
     if (this.d.availability.unavailable) return Promise.resolve(this.snapshotSkipped());
-    return this.capture(context, inputs, callIndex);
+    return this.capture(context, inputs, callIndex, staging);
   }
 
   /** The wave a forward now belongs to: the last head's, or the one after the last ended. */
@@ -202,8 +200,8 @@ export class ForwardCapture {
    */
   private liveCaptureDue(bits: number): boolean | undefined {
     if (this.d.asyncScheduling) return false;
-    const v = this.d.mailbox.read(this.forwardWave);
-    if (v) return Boolean(v.snapshotDue);
+    const due = this.d.mailbox.dueBits(this.forwardWave);
+    if (due !== NOT_KNOWN) return (due & DUE_SNAPSHOT) !== 0;
     return (bits & MailboxFeature.LIVE_CAPTURES) !== 0 && !this.d.availability.unavailable ? undefined : false;
   }
 
@@ -218,6 +216,7 @@ export class ForwardCapture {
     context: Context,
     inputs: Inputs,
     callIndex: number | null,
+    staging: string,
   ): Promise<BeforeForwardResult> {
     const bound = this.d.callBoundMs() + this.d.marginMs;
     const started = Date.now();
@@ -238,6 +237,8 @@ export class ForwardCapture {
         wave: this.forwardWave,
         waitTicket: ++this.ticket,
         callIndexPlus1: callIndex === null ? 0 : callIndex + 1,
+        // The engine could not stage the inputs: the agent fails the captures that take this forward with the cause (ERR_SNAPSHOT_INPUT).
+        ...(staging !== '' ? { stagingError: staging } : {}),
       },
     };
     // The mailbox says which request we wait on until we stop, whatever stops us: the agent keeps
@@ -253,14 +254,24 @@ export class ForwardCapture {
   private async request(request: { beforeForward: { acceptByUnixMs: number } }): Promise<BeforeForwardResult> {
     const acceptBy = request.beforeForward.acceptByUnixMs;
     let reply: Reply;
+    let begun = false;
     try {
-      reply = await this.d.transport.request(request, Math.max(1, acceptBy + this.d.marginMs - Date.now()), this.d.captureMs);
+      reply = await this.d.transport.request(request, Math.max(1, acceptBy + this.d.marginMs - Date.now()), this.d.captureMs, () => (begun = true));
       if (!reply.ok && reply.errorCode === 'ERR_NO_HELLO') reply = await this.d.hello.rejoin(request, Math.max(1, acceptBy + this.d.marginMs - Date.now()), this.d.captureMs);
     } catch (e) {
       if (!this.d.availability.lostOn(e, 'beforeForward()')) throw e;
       // Begun but not finished: a failed capture (fail loud), and the agent is not answering.
       if ((e as WavebusError).code === 'ERR_CAPTURE_TIMEOUT') throw new CaptureError(`input snapshot failed: ${(e as Error).message}`, 'ERR_CAPTURE_TIMEOUT');
       return this.snapshotSkipped();
+    }
+    if (!reply.ok && reply.errorCode === 'ERR_CLIENT_GONE' && !begun) {
+      // The agent reached the request past acceptBy (the last margin of our wait, or later): it
+      // copied nothing, as if it had not answered. A late agent is not a failed capture: this
+      // forward is not captured, said (lastError) and counted, and the forward goes on. The agent
+      // answered, so it is not taken for lost. (A begun capture that ends so is a failed one.)
+      this.d.stats.snapshotsSkipped++;
+      this.d.availability.lastError = `beforeForward(): the agent reached this forward after the engine's deadline; not captured: ${reply.error}`;
+      return { captured: false };
     }
     if (!reply.ok) throw new CaptureError(`input snapshot failed: ${reply.error}`, reply.errorCode || 'ERR_CAPTURE');
     return { captured: reply.captured, callDir: reply.callDir || undefined };

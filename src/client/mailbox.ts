@@ -9,6 +9,13 @@ import { setTimeout as sleep } from 'timers/promises';
 import { NativeError, ProtocolError, type WavebusError } from '../errors';
 import { native, nativeAsync, nativeCall, type MailboxVector, NativeMailboxReader, NativeMailboxWriter } from '../native';
 
+// What a slot read found (the addon's SlotRead).
+const FOUND = 0;
+const OTHER = 1;
+const BUSY = 2;
+const IMPLIED = 3;
+const LATER = 4;
+
 /** Feature bits in the header, set by the agent so an all-off client can skip everything. */
 export const MailboxFeature = {
   BUS_ACTIVE: 1,
@@ -172,9 +179,42 @@ export class MailboxWriter {
   }
 }
 
-/** The engine client's side: map once, then read without system calls. */
+/** What dueBits() says of a wave: bits of what is due, or NOT_KNOWN (no vector yet: not published, overwritten, mid-update). */
+export const DUE_CONFIG = 1;
+export const DUE_DUMP = 2;
+export const DUE_SNAPSHOT = 4;
+export const NOT_KNOWN = -1;
+
+// Word indexes into the mapping (docs/native.md; the addon's constants are the source of the byte offsets).
+const H_FEATURES = 16 / 8;
+const H_EPOCH = 24 / 8;
+const H_FLOOR = 40 / 8;
+const S_SEQ = 0;
+const S_WAVE_LO = 8 / 4;
+const S_WAVE_HI = 12 / 4;
+const S_CONFIG = 16 / 4;
+const S_DUMP = 20 / 4;
+const S_SNAPSHOT = 24 / 4;
+const SPINS = 4096;
+
+/**
+ * The engine client's side: map once, then read without system calls. The header's words and the
+ * slots' seqlock are read with Atomics loads on the addon's mapping (view()), in JS: a read is a few
+ * memory loads, no addon call (the per-step calls make several). The byte layout: docs/native.md.
+ */
 export class MailboxReader {
-  private constructor(readonly path: string, private readonly r: NativeMailboxReader) {}
+  private readonly u64: BigUint64Array;
+  private readonly u32: Uint32Array;
+  private closed = false;
+  /** The last read's vector fields (readSlot's out parameters: no allocation per read). */
+  private got = { config: 0, dump: 0, snapshot: 0 };
+
+  private constructor(readonly path: string, private readonly r: NativeMailboxReader) {
+    const mem = nativeCall(() => r.view());
+    if (mem.length < MAILBOX_LAYOUT.fileBytes || mem.byteOffset % 8 !== 0) throw new NativeError(`mailbox ${path}: its mapping is not ${MAILBOX_LAYOUT.fileBytes} aligned bytes`, 'ERR_MAILBOX_FORMAT');
+    this.u64 = new BigUint64Array(mem.buffer, mem.byteOffset, MAILBOX_LAYOUT.fileBytes / 8);
+    this.u32 = new Uint32Array(mem.buffer, mem.byteOffset, MAILBOX_LAYOUT.fileBytes / 4);
+  }
 
   static open(path: string): MailboxReader {
     const p = checkPath(path, 'path');
@@ -207,6 +247,10 @@ export class MailboxReader {
     }
   }
 
+  private live(): void {
+    if (this.closed) throw new NativeError(`mailbox reader ${this.path} is closed`, 'ERR_CLOSED');
+  }
+
   /**
    * The vector of `wave` if slot wave % 8 holds it; `{ wave, 0, 0, implied: true }` when the wave is
    * below the floor and no slot holds it (nothing due); else undefined (not yet published,
@@ -214,8 +258,62 @@ export class MailboxReader {
    */
   read(wave: number): WaveVector | undefined {
     const w = checkWave(wave);
-    const got = nativeCall(() => this.r.read(w));
-    return got === undefined ? undefined : toVector(got);
+    this.live();
+    const r = this.lookup(w);
+    if (r === FOUND) return { wave: w, configDue: this.got.config, dumpDue: this.got.dump, snapshotDue: this.got.snapshot };
+    if (r === IMPLIED) return { wave: w, configDue: 0, dumpDue: 0, snapshotDue: 0, implied: true };
+    return undefined;
+  }
+
+  /**
+   * read() for the per-step calls, allocating nothing: DUE_CONFIG | DUE_DUMP | DUE_SNAPSHOT of
+   * what `wave`'s vector says is due (0: nothing, implied by the floor included), or NOT_KNOWN
+   * when read() would say undefined. `wave` must be a non-negative safe integer (the caller checked).
+   */
+  dueBits(wave: number): number {
+    this.live();
+    const r = this.lookup(wave);
+    if (r === IMPLIED) return 0;
+    if (r !== FOUND) return NOT_KNOWN;
+    const g = this.got;
+    return (g.config !== 0 ? DUE_CONFIG : 0) | (g.dump !== 0 ? DUE_DUMP : 0) | (g.snapshot !== 0 ? DUE_SNAPSHOT : 0);
+  }
+
+  /** The addon's Lookup, in JS (native/mailbox.cc): the floor first, then the slot's seqlock. */
+  private lookup(wave: number): number {
+    const floor = Number(Atomics.load(this.u64, H_FLOOR));
+    const r = this.readSlot(wave);
+    return r === OTHER && wave < floor ? IMPLIED : r;
+  }
+
+  /**
+   * Seqlock read of the slot for `wave` (the addon's ReadSlot): the seq word, the fields, the seq
+   * again; odd or changed is a writer mid-update (busy after the spin: treated as not arrived).
+   * Atomics loads are sequentially consistent, so the fields are read between the two seq loads.
+   */
+  private readSlot(wave: number): number {
+    const u32 = this.u32;
+    const slot = MAILBOX_LAYOUT.headerBytes + MAILBOX_LAYOUT.slotBytes * (wave % MAILBOX_LAYOUT.slots);
+    const seqAt = (slot >> 3) + S_SEQ;
+    const at = slot >> 2;
+    for (let attempt = 0; attempt < SPINS; attempt++) {
+      const s1 = Atomics.load(this.u64, seqAt);
+      if ((s1 & 1n) !== 0n) continue;
+      const lo = Atomics.load(u32, at + S_WAVE_LO);
+      const hi = Atomics.load(u32, at + S_WAVE_HI);
+      const config = Atomics.load(u32, at + S_CONFIG);
+      const dump = Atomics.load(u32, at + S_DUMP);
+      const snapshot = Atomics.load(u32, at + S_SNAPSHOT);
+      if (Atomics.load(this.u64, seqAt) !== s1) continue;
+      // An empty slot's wave is 2^64-1 (hi and lo all ones): never a safe integer, never later.
+      const w = hi * 0x100000000 + lo;
+      if (s1 === 0n || w !== wave) return s1 !== 0n && !(hi === 0xffffffff && lo === 0xffffffff) && w > wave ? LATER : OTHER;
+      this.got.config = config;
+      this.got.dump = dump;
+      this.got.snapshot = snapshot;
+      return FOUND;
+    }
+    return BUSY;
   }
 
   /**
@@ -243,19 +341,23 @@ export class MailboxReader {
   }
 
   features(): number {
-    return nativeCall(() => this.r.features());
+    this.live();
+    return Number(Atomics.load(this.u64, H_FEATURES));
   }
 
   epoch(): number {
-    return nativeCall(() => this.r.epoch());
+    this.live();
+    return Number(Atomics.load(this.u64, H_EPOCH));
   }
 
   /** Waves below this need no vector (0: none yet). */
   floor(): number {
-    return nativeCall(() => this.r.floor());
+    this.live();
+    return Number(Atomics.load(this.u64, H_FLOOR));
   }
 
   close(): void {
-    this.r.close();
+    this.closed = true;
+    this.r.close(); // the view's Buffer keeps the mapping until it is collected
   }
 }

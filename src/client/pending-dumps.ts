@@ -14,7 +14,7 @@
 // it, while no new vector arrives, a wave without a vector is not asked about but given up
 // (forfeitedTo: its dumps are never copied on this rank, end_of_wave skips them), so no block is
 // kept on account of an unanswered question beyond the end of the wave it was about.
-import { MAILBOX_LAYOUT, type MailboxReader } from './mailbox';
+import { DUE_DUMP, MAILBOX_LAYOUT, NOT_KNOWN, type MailboxReader } from './mailbox';
 import type { AgentTransport } from './transport';
 import type { VectorStall } from './vector-stall';
 
@@ -42,22 +42,23 @@ export class PendingDumps {
     for (const w of this.due.keys()) if (w <= wave) this.due.delete(w);
   }
 
-  check(reqId: string): Promise<boolean> {
+  /** False at once when no decided wave has dump_due (no promise); else the agent's answer, once per wave. */
+  check(reqId: string): boolean | Promise<boolean> {
     const next = this.lastEnded + 1;
     // The decided waves: below the floor, never more than the ring holds (a stale floor).
     const decidedTo = Math.min(this.mailbox.floor() - 1, next + MAILBOX_LAYOUT.slots - 1);
     let sets: Promise<DueSet>[] | undefined;
     for (let w = next; w <= Math.max(next, decidedTo); w++) {
-      const v = this.mailbox.read(w);
-      if (v && !v.dumpDue) continue;
-      if (!v && !this.due.has(w) && this.stall.active()) {
+      const due = this.mailbox.dueBits(w);
+      if (due !== NOT_KNOWN && (due & DUE_DUMP) === 0) continue;
+      if (due === NOT_KNOWN && !this.due.has(w) && this.stall.active()) {
         // No vector and none coming: not asked (a bound each), given up on this rank.
         if (w > this.forfeitedTo) this.forfeitedTo = w;
         continue;
       }
       (sets ??= []).push(this.setOf(w));
     }
-    if (!sets) return FALSE;
+    if (!sets) return false;
     return Promise.all(sets).then((all) => all.some((s) => s === ALL || s.has(reqId)));
   }
 
@@ -111,5 +112,3 @@ export function dueDumpsAsker(d: DueDumpsDeps): (wave: number) => Promise<string
     }
   };
 }
-
-const FALSE: Promise<boolean> = Promise.resolve(false);

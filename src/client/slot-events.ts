@@ -34,20 +34,31 @@ export class SlotEvents {
   /** A live row's binding as re-sent (without the prompt's ids), encoded on its first re-send. */
   private readonly bindB = new Map<number, Uint8Array>();
   private readonly tables = new Map<number, { ids: number[]; bytes: Uint8Array }>();
-  private newBind = new Map<number, Uint8Array>();
-  private newBlocks = new Map<number, Uint8Array>();
+  private readonly newBind = new Map<number, Uint8Array>();
+  private readonly newBlocks = new Map<number, Uint8Array>();
   /** sparse()'s lists, reused step to step. */
   private readonly outBind: Uint8Array[] = [];
   private readonly outBlocks: Uint8Array[] = [];
-  private flags = new Map<number, number>();
+  private readonly resendOut: number[] = [];
+  /**
+   * This step's finish/free flags by row (0: none), and the rows flagged in the order first
+   * flagged (a row flags once per step: at most maxRows). Typed arrays indexed by row, not a Map:
+   * a finish costs two stores, the head reads them without hashing or allocating.
+   */
+  private readonly flagOf: Uint8Array;
+  private flagged = 0;
   private resendEverything = false;
   private cycle: number[] = [];
   private cycleAt = 0;
-  /** This step's finish/free events as the ring's columns (reused; few per step). */
-  protected evRows = new Uint32Array(64);
-  protected evFlags = new Uint8Array(64);
+  /** This step's finish/free events as the ring's columns (rows in flag order; reused). */
+  protected readonly evRows: Uint32Array;
+  protected readonly evFlags: Uint8Array;
 
-  constructor(readonly maxRows: number) {}
+  constructor(readonly maxRows: number) {
+    this.flagOf = new Uint8Array(maxRows);
+    this.evRows = new Uint32Array(maxRows);
+    this.evFlags = new Uint8Array(maxRows);
+  }
 
   get live(): number {
     return this.liveRows.size;
@@ -62,7 +73,7 @@ export class SlotEvents {
     const held = this.liveRows.get(row);
     if (held) throw new ConfigError(`arrive(): row ${row} still holds request '${held.reqId}'; free(row) it first`);
     // Its free and this arrival would reach the coordinator in one head, the free last.
-    if ((this.flags.get(row) ?? 0) & FLAG_FREED) throw new ConfigError(`arrive(): row ${row} was freed since the last waveHead; bind it after the next waveHead`);
+    if (this.flagOf[row] & FLAG_FREED) throw new ConfigError(`arrive(): row ${row} was freed since the last waveHead; bind it after the next waveHead`);
     const ids = opts.promptTokenIds ? u32List(opts.promptTokenIds, 'arrive(): promptTokenIds') : [];
     const first = bindBytes(row, reqId, promptLen, ids);
     this.liveRows.set(row, { reqId, promptLen });
@@ -97,7 +108,8 @@ export class SlotEvents {
   private flag(row: number, where: string, bit: number): void {
     checkRow(row, this.maxRows, where);
     if (!this.liveRows.has(row)) throw new ConfigError(`${where}: row ${row} holds no request`);
-    this.flags.set(row, (this.flags.get(row) ?? 0) | bit);
+    if (this.flagOf[row] === 0) this.evRows[this.flagged++] = row;
+    this.flagOf[row] |= bit;
   }
 
   /** The next head carries every live binding and table (a new coordinator, a lost head). */
@@ -107,16 +119,8 @@ export class SlotEvents {
 
   /** This step's finish/free events as columns: views valid until the next call. */
   protected eventColumns(): { rows: Uint32Array; flags: Uint8Array } {
-    const n = this.flags.size;
-    if (this.evRows.length < n) {
-      this.evRows = new Uint32Array(2 * n);
-      this.evFlags = new Uint8Array(2 * n);
-    }
-    let i = 0;
-    for (const [row, f] of this.flags) {
-      this.evRows[i] = row;
-      this.evFlags[i++] = f;
-    }
+    const n = this.flagged;
+    for (let i = 0; i < n; i++) this.evFlags[i] = this.flagOf[this.evRows[i]];
     return { rows: this.evRows.subarray(0, n), flags: this.evFlags.subarray(0, n) };
   }
 
@@ -142,10 +146,10 @@ export class SlotEvents {
     }
     if (this.newBind.size > 0) {
       for (const b of this.newBind.values()) binds.push(b);
-      this.newBind = new Map();
+      this.newBind.clear();
     }
     if (tables.size > 0) for (const b of tables.values()) blocks.push(b);
-    if (this.newBlocks.size > 0) this.newBlocks = new Map();
+    if (this.newBlocks.size > 0) this.newBlocks.clear(); // after its bytes were taken (tables may be it)
     return { binds, blocks };
   }
 
@@ -161,19 +165,22 @@ export class SlotEvents {
 
   /** The head went out: frees take effect (the row is free for a later arrive). */
   protected sent(): void {
-    for (const [row, f] of this.flags) {
-      if (f & FLAG_FREED) {
+    for (let i = 0; i < this.flagged; i++) {
+      const row = this.evRows[i];
+      if (this.flagOf[row] & FLAG_FREED) {
         this.liveRows.delete(row);
         this.bindB.delete(row);
         this.tables.delete(row);
       }
+      this.flagOf[row] = 0;
     }
-    if (this.flags.size > 0) this.flags = new Map();
+    this.flagged = 0;
   }
 
   /** Up to RESEND_PER_STEP live rows, once per cycle through them. */
   private nextResend(): number[] {
-    const out: number[] = [];
+    const out = this.resendOut;
+    out.length = 0;
     for (let pass = 0; pass < 2 && out.length < RESEND_PER_STEP; pass++) {
       while (this.cycleAt < this.cycle.length && out.length < RESEND_PER_STEP) out.push(this.cycle[this.cycleAt++]);
       if (out.length < RESEND_PER_STEP) {

@@ -30,6 +30,8 @@ export class TelemetryRingWriter {
   private readonly bit: Record<string, number> = {};
   private readonly extraAt: number;
   private seq: number;
+  /** An Int32Array column's u32 view, by column: made when the engine hands a new array, reused while it hands the same. */
+  private readonly asU32: Record<string, [Int32Array, Uint32Array] | undefined> = {};
 
   private constructor(readonly path: string, private readonly mem: Buffer) {
     const where = `telemetry ring ${path}`;
@@ -106,7 +108,7 @@ export class TelemetryRingWriter {
       const v = views.get(name)!;
       // An Int32Array into a u32 column: the same bits, copied as they are (a negative value reads
       // as >= 2^31 and is garbage where the agent checks it); other types are converted in the copy.
-      if (a instanceof Int32Array && v instanceof Uint32Array) a = new Uint32Array(a.buffer, a.byteOffset, a.length);
+      if (a instanceof Int32Array && v instanceof Uint32Array) a = this.u32View(name, a);
       v.set(a); // one copy
       present |= this.bit[name];
     }
@@ -126,6 +128,14 @@ export class TelemetryRingWriter {
     if (extraLen > 0) Atomics.store(this.words, RING_HEADER.written / 8, BigInt(2 * k)); // after the slot: the agent's poll takes it
     this.seq = k;
     return 2 * k;
+  }
+
+  private u32View(name: string, a: Int32Array): Uint32Array {
+    const got = this.asU32[name];
+    if (got !== undefined && got[0] === a) return got[1];
+    const v = new Uint32Array(a.buffer, a.byteOffset, a.length);
+    this.asU32[name] = [a, v];
+    return v;
   }
 }
 

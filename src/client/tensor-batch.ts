@@ -117,22 +117,27 @@ export class TensorBatch extends SlotEvents {
    * With the features known (the usual step) everything happens before this returns.
    */
   waveHead(wave: number, step: TensorStep): Promise<boolean> {
-    let gate: ReturnType<TensorHost['gate']>;
+    let r: boolean | Promise<boolean>;
     try {
-      gate = this.host.gate(wave);
+      r = this.waveHeadNow(wave, step);
     } catch (e) {
       return Promise.reject(e);
     }
+    return r === true ? TRUE : r === false ? FALSE : r;
+  }
+
+  /**
+   * waveHead without a promise when the features are known (the usual step): whether the head
+   * went, else the promise waveHead would return (a hello is due). Bad columns throw here.
+   */
+  waveHeadNow(wave: number, step: TensorStep): boolean | Promise<boolean> {
+    const gate = this.host.gate(wave);
     if (gate === null) {
       this.reset();
-      return FALSE;
+      return false;
     }
     if (gate instanceof Promise) return gate.then((f) => (f ? this.head(f, wave, step) : (this.reset(), false)));
-    try {
-      return this.head(gate, wave, step) ? TRUE : FALSE;
-    } catch (e) {
-      return Promise.reject(e);
-    }
+    return this.head(gate, wave, step);
   }
 
   /** Sending paused (bus off, agent gone, not the head rank): the events are dropped, frees take effect, and the next head re-sends every binding. */

@@ -40,9 +40,10 @@ export class AgentTransport {
 
   /**
    * A request answered by the agent within `timeoutMs`. `capturingMs`: a before_forward whose
-   * interim answer (capture begun) gives the agent that long again to finish (ERR_CAPTURE_TIMEOUT).
+   * interim answer (capture begun) gives the agent that long again to finish (ERR_CAPTURE_TIMEOUT);
+   * `begun` is called when that interim answer comes.
    */
-  request(body: Record<string, unknown>, timeoutMs: number, capturingMs?: number): Promise<Reply> {
+  request(body: Record<string, unknown>, timeoutMs: number, capturingMs?: number, begun?: () => void): Promise<Reply> {
     if (this.closed && !('close' in body)) return Promise.reject(new WavebusError('ERR_CLOSED', 'client closed'));
     this.hooks.beforeSend();
     const id = this.nextId++;
@@ -53,6 +54,7 @@ export class AgentTransport {
           capturingMs === undefined
             ? undefined
             : () => {
+                begun?.();
                 clearTimeout(timer);
                 timer = setTimeout(() => this.expire(id, () => reject(new WavebusError('ERR_CAPTURE_TIMEOUT', `the agent began the capture but did not finish it within ${capturingMs} ms`))), capturingMs);
               },
