@@ -362,7 +362,7 @@ print(json.dumps([t, i, token_digest(${JSON.stringify(column)}), plain]))`, ring
     expect(fs.existsSync(path.join(dir, 'decided-local0'))).toBe(false);
   });
 
-  test("Python: columns sliced from an engine's buffers each step digest their own values (the root's view is made once), also after the root is refilled, moved to new storage or viewed as another dtype", () => {
+  test("Python: columns sliced from an engine's buffers each step digest their own values, also after the buffer is refilled, moved to new storage or viewed as another dtype", () => {
     const dir = tmpDir('wavebus-ring-');
     const ring = DecisionRing.create(path.join(dir, 'decided-local0'));
     try {
@@ -376,12 +376,12 @@ out = []
 def case(w, col):
     vals = [int(x) for x in col.reshape(-1).tolist()]
     out.append([w, r.decided(w, col) == token_digest(vals), r.inputs(w, col, col) == input_digest(vals, vals), vals])
-case(0, buf[:5])           # a slice: the root's view is made
-case(1, buf[:5])           # the same slice, a new object: from the cached view
+case(0, buf[:5])           # a slice of the buffer
+case(1, buf[:5])           # the same slice again, a new tensor object
 case(2, buf[3:9])          # another offset of the same root
 buf[3:9] = torch.tensor([7, 7, 7, 7, 7, 7])
 case(3, buf[3:9])          # refilled in place: the values of now
-buf.set_(torch.zeros(4096, dtype=torch.int64))  # moved to new storage: its old view must not be read
+buf.set_(torch.zeros(4096, dtype=torch.int64))  # moved to new storage: the new values digested
 buf[:4] = torch.tensor([1, 2, 3, 4])
 case(4, buf[:4])
 case(5, buf[:8].view(torch.int32))   # the same root as int32 (two values per int64)

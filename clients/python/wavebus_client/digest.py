@@ -51,39 +51,6 @@ if COLUMNS < SLOT_HEADERS + SLOTS * SLOT_BYTES:
 
 
 _I4 = np.dtype("<i4")
-# id(root tensor) -> (flat numpy view of the root's memory, dtype, its data_ptr, itemsize, bytes): an
-# engine's columns are slices of a few persistent buffers, so a slice's view is a slice of a view made
-# once rather than a Tensor.numpy() per column per step (0.8 µs warm; after the forward, cold, the
-# costliest call of a digest). The view holds the root's storage (through a detached alias), so no
-# other tensor's memory can lie in its range: a column whose data_ptr falls in it is a view of that
-# memory, whatever became of the root (moved to new storage by set_(): its new slices fall outside).
-_ROOTS: dict = {}
-_ROOTS_MAX = 8
-_ROOT_MAX_BYTES = 64 << 20  # a larger buffer is not held past the engine's own use of it
-
-
-def _torch_array(t) -> np.ndarray:
-    root = t._base  # a slice of an engine's buffer has one; a fresh tensor None (not cached)
-    if root is not None:
-        e = _ROOTS.get(id(root))
-        if e is not None and t.dtype is e[1]:
-            at, size = divmod(t.data_ptr() - e[2], e[3])
-            n = t.numel()
-            if size == 0 and 0 <= at and (at + n) * e[3] <= e[4] and t.is_contiguous():
-                return e[0][at:at + n]
-    try:
-        a = t.numpy()  # a CPU tensor without grad: in place, the common case
-    except (RuntimeError, TypeError):
-        return t.detach().cpu().numpy()
-    if root is not None and root.dtype is t.dtype and root.is_contiguous():
-        nbytes = root.numel() * a.itemsize
-        if nbytes <= _ROOT_MAX_BYTES:
-            if len(_ROOTS) >= _ROOTS_MAX:
-                _ROOTS.clear()
-            # On the CPU (t.numpy() succeeded); .numpy() also makes the storage unresizable, so the
-            # memory under the view stays put.
-            _ROOTS[id(root)] = (root.detach().numpy().reshape(-1), root.dtype, root.data_ptr(), a.itemsize, nbytes)
-    return a
 
 
 def as_array(column) -> np.ndarray:
@@ -91,8 +58,13 @@ def as_array(column) -> np.ndarray:
     contiguous (each use copies it into the ring, or checks)."""
     if type(column) is np.ndarray:
         a = column
-    elif hasattr(column, "_base") and hasattr(column, "numpy"):  # a torch tensor
-        a = _torch_array(column)
+    elif hasattr(column, "detach") and hasattr(column, "numpy"):  # a torch tensor
+        # Tensor.numpy() per column: a view made once of the engine's buffer and sliced per step
+        # measured slower after the forward (more torch calls to check it; docs/benchmarks.md).
+        try:
+            a = column.numpy()  # a CPU tensor without grad: in place, the common case
+        except (RuntimeError, TypeError):
+            a = column.detach().cpu().numpy()
     else:
         a = np.asarray(column)
     return a if a.ndim == 1 else a.reshape(-1)
