@@ -5,8 +5,8 @@ proto/layouts.json's "decision" (through shm_layout.py; the agent reads it with 
 
 Cost per call: one copy of the column into the ring as int32 (any integer dtype, so ranks that hold
 int64 and int32 columns still agree) and one zlib CRC-32 over it; no message, no system call. The
-input digest is taken the same way: over the ids and positions as int32 (over the ring's copies
-when the inputs are kept).
+input digest is taken the same way: over the ids and positions copied as int32 into the slot's
+input columns (kept there, flagged, when the row starts are given).
 Columns are numpy arrays or CPU torch tensors (a device tensor is copied to the host first: the
 engine that samples on the device already brings its tokens back to append them).
 """
