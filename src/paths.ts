@@ -111,6 +111,17 @@ function localRankFile(runDir: string, localRank: number, stem: string, suffix =
 export const MAX_IPC_PATH = 107;
 
 /**
+ * A path the kernel cannot take (a component over NAME_MAX, the whole over PATH_MAX) is refused
+ * here, naming its flag or variable: the processes it is handed to would otherwise fail with
+ * ENAMETOOLONG.
+ */
+export function checkPathLength(value: string, flag: string, code = 'ERR_CONFIG'): void {
+  const long = value.split('/').find((c) => Buffer.byteLength(c) > 255);
+  if (long !== undefined) throw new ConfigError(`${flag}: a path component of ${Buffer.byteLength(long)} bytes (at most 255)`, code);
+  if (Buffer.byteLength(value) > 4095) throw new ConfigError(`${flag}: a path of ${Buffer.byteLength(value)} bytes (at most 4095)`, code);
+}
+
+/**
  * Throws a ConfigError naming `flag` when the socket of local rank `localRank` (the highest one
  * that will live there) does not fit a unix socket address. Checked before anything is created.
  */

@@ -361,4 +361,49 @@ print(json.dumps([t, i, token_digest(${JSON.stringify(column)}), plain]))`, ring
     }
     expect(fs.existsSync(path.join(dir, 'decided-local0'))).toBe(false);
   });
+
+  test("Python: columns sliced from an engine's buffers each step digest their own values, also after the buffer is refilled, moved to new storage or viewed as another dtype", () => {
+    const dir = tmpDir('wavebus-ring-');
+    const ring = DecisionRing.create(path.join(dir, 'decided-local0'));
+    try {
+      // Each case: the ring's digest of a torch column against token_digest of its values as a list
+      // (no tensor, no cache), and the column the agent reads back.
+      const py = spawnSync(PYTHON, ['-c', `import sys, json, torch
+from wavebus_client.digest import DecisionRing, token_digest, input_digest
+r = DecisionRing(sys.argv[1])
+buf = torch.arange(100, 164, dtype=torch.int64)
+out = []
+def case(w, col):
+    vals = [int(x) for x in col.reshape(-1).tolist()]
+    out.append([w, r.decided(w, col) == token_digest(vals), r.inputs(w, col, col) == input_digest(vals, vals), vals])
+case(0, buf[:5])           # a slice of the buffer
+case(1, buf[:5])           # the same slice again, a new tensor object
+case(2, buf[3:9])          # another offset of the same root
+buf[3:9] = torch.tensor([7, 7, 7, 7, 7, 7])
+case(3, buf[3:9])          # refilled in place: the values of now
+buf.set_(torch.zeros(4096, dtype=torch.int64))  # moved to new storage: the new values digested
+buf[:4] = torch.tensor([1, 2, 3, 4])
+case(4, buf[:4])
+case(5, buf[:8].view(torch.int32))   # the same root as int32 (two values per int64)
+case(6, buf[0:8:2])        # not contiguous
+m = torch.zeros(2, 6, dtype=torch.int64)
+m[0] = torch.tensor([9, 8, 7, 6, 5, 4])
+case(7, m[0, :3])          # a row of a 2-D buffer (as transformers' output_ids)
+case(8, m[:, 1])           # a column of it: not contiguous
+print(json.dumps(out))`, ring.path], { encoding: 'utf8', env: { ...process.env, PYTHONPATH: path.join(ROOT, 'clients', 'python') } });
+      if (py.status !== 0) throw new Error(py.stderr);
+      const cases = JSON.parse(py.stdout.trim()) as [number, boolean, boolean, number[]][];
+      expect(cases).toHaveLength(9);
+      for (const [wave, tokenSame, inputSame, vals] of cases) {
+        expect([wave, tokenSame, inputSame]).toEqual([wave, true, true]);
+        const c = ring.column(wave);
+        expect('column' in c && [...new Int32Array(c.column.buffer, c.column.byteOffset, c.column.length / 4)]).toEqual(vals);
+      }
+      expect(cases[3][3]).toEqual([7, 7, 7, 7, 7, 7]);
+      expect(cases[4][3]).toEqual([1, 2, 3, 4]);
+      expect(cases[8][3]).toEqual([8, 0]);
+    } finally {
+      ring.close();
+    }
+  });
 });

@@ -1,5 +1,6 @@
 // Issue 13 item 1: a squatted bus port must not read or write anything outside an agent's local
 // roots, and with the launcher's bus token the agents and the coordinator believe only each other.
+import { spawnSync } from 'child_process';
 import * as fs from 'fs';
 import * as path from 'path';
 import { Context, Dealer, Publisher } from 'zeromq';
@@ -135,6 +136,17 @@ describe('an agent writes only under its local dump root', () => {
     expect(() => localDumpRoot(long, {}, '/')).toThrow('--dump-root: a path component of 300 bytes');
     expect(() => localDumpRoot(`/tmp/${'y/'.repeat(2100)}`, {}, '/')).toThrow(/^--dump-root: a path of \d+ bytes \(at most 4095\)/);
     expect(localDumpRoot('kv', {}, '/srv')).toBe('/srv/kv');
+  });
+
+  test('the snapshot root too: an agent given a WAVEBUS_CACHE_ROOT the kernel cannot open exits at startup naming the variable', () => {
+    const dir = tmpDir('wavebus-cache-root-');
+    const long = path.join(dir, 'x'.repeat(300));
+    const r = spawnSync(process.execPath, [path.join(ROOT, 'bin', 'wavebus.js'), 'agent', '--coordinator', '127.0.0.1:1', '--run-dir', path.join(dir, 'run'), '--local-rank', '0'], {
+      env: { ...process.env, WAVEBUS_CACHE_ROOT: long }, encoding: 'utf8', timeout: 30000,
+    });
+    expect(r.status).toBe(2);
+    expect(r.stderr).toContain('WAVEBUS_CACHE_ROOT: a path component of 300 bytes (at most 255) [ERR_SNAPSHOT_ROOT]');
+    expect(fs.existsSync(long)).toBe(false);
   });
 
   test('a bus dump root below the local one is used: the dump is complete', async () => {

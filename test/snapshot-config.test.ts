@@ -117,6 +117,21 @@ describe("where the seed's variables are used, the seed's root is used too", () 
     expect(e.message).toContain('WAVEBUS_CACHE_ROOT=""');
     expect(errorOf(() => root({ ...seedOn, VLLM_CACHE_ROOT: '' })).code).toBe('ERR_SNAPSHOT_ROOT');
   });
+  test('a root the kernel cannot open (a component over 255 bytes, the whole over 4095) is ERR_SNAPSHOT_ROOT naming its variable or flag, capture on or off', () => {
+    const long = '/tmp/' + 'x'.repeat(300);
+    const home = { HOME: '/home/someone' };
+    for (const on of ['0', '1']) {
+      const e = errorOf(() => root({ ...home, [`${W}ENABLE`]: on, WAVEBUS_CACHE_ROOT: long }));
+      expect(e.code).toBe('ERR_SNAPSHOT_ROOT');
+      expect(e.message).toBe('WAVEBUS_CACHE_ROOT: a path component of 300 bytes (at most 255)');
+    }
+    expect(errorOf(() => root(home, { cacheRoot: long })).message).toBe('--cache-root: a path component of 300 bytes (at most 255)');
+    expect(errorOf(() => root({ ...home, WAVEBUS_CACHE_ROOT: `/tmp/${'y/'.repeat(2100)}` })).message).toMatch(/^WAVEBUS_CACHE_ROOT: a path of \d+ bytes \(at most 4095\)$/);
+    expect(errorOf(() => root({ ...seedOn, VLLM_CACHE_ROOT: long })).message).toContain('VLLM_CACHE_ROOT: a path component of 300 bytes');
+    expect(errorOf(() => root({ HOME: long })).message).toContain('HOME: a path component of 300 bytes');
+    // 255 bytes is the kernel's limit, not over it.
+    expect(root({ ...home, WAVEBUS_CACHE_ROOT: '/tmp/' + 'z'.repeat(255) }).snapshotRoot).toBe(`/tmp/${'z'.repeat(255)}/snapshots`);
+  });
 });
 
 describe('call rule', () => {

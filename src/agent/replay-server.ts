@@ -29,7 +29,12 @@ const INCIDENT = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
 
 export class ReplayRefused extends Error {}
 
-interface Checked {
+/**
+ * DIR/request.json: the checked request as the agent stages it for `wavebus verdict DIR
+ * --replay-request` (src/tools/verdict-remote.ts reads it back); its files lie in DIR, its
+ * tolerances go on the command line.
+ */
+export interface StagedReplayRequest {
   incident: string;
   calls: number[];
   ranks: number[];
@@ -37,6 +42,9 @@ interface Checked {
   ranksOnDevices: number[];
   allowLiveDevice: boolean;
   timeoutMs: number;
+}
+
+interface Checked extends StagedReplayRequest {
   tolerances: string[];
   files: { path: string; data: Buffer }[];
 }
@@ -132,7 +140,8 @@ export class ReplayServer {
         fs.writeFileSync(to, f.data, { flag: 'wx', mode: 0o600 });
       }
       fs.mkdirSync(path.join(dir, 'engine'), { recursive: true, mode: 0o700 });
-      const { files: _files, tolerances, ...staged } = c;
+      const { files: _files, tolerances, ...rest } = c;
+      const staged: StagedReplayRequest = rest;
       fs.writeFileSync(path.join(dir, 'request.json'), JSON.stringify(staged), { flag: 'wx', mode: 0o600 });
       this.o.log.info({ incident: c.incident, calls: c.calls.length, devices: c.devices }, 'replaying an incident for a verdict on another host');
       const argv = [...(this.o.cli ?? [process.execPath, path.join(packageRoot(), 'bin', 'wavebus.js')]), 'verdict', dir, '--replay-request', ...this.o.args, ...tolerances.map((t) => `--tol=${t}`)];

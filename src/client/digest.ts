@@ -2,8 +2,8 @@
 // clients/python/wavebus_client/digest.py: per wave, a CRC-32 (zlib's) of the forward's inputs
 // (token ids' bytes, then positions') and of the token column the rank decided (as int32 LE, row
 // order), written into the decision ring the agent created. The layout is proto/layouts.json's
-// "decision" (decision-layout.ts). Node cannot map a file, so a write here is one pwrite of the slot (and one of the
-// column): a system call per call, unlike the Python client's plain stores.
+// "decision" (decision-layout.ts). Node cannot map a file, so a write here is three pwrites of the slot (seq odd, the
+// fields, seq even) and one per column: system calls, unlike the Python client's plain stores.
 import * as fs from 'fs';
 import * as zlib from 'zlib';
 import { ConfigError } from '../errors';
@@ -43,14 +43,18 @@ export function inputDigest(tokenIds: ArrayBufferView, positions?: ArrayBufferVi
 }
 
 export class DecisionWriter {
-  private readonly slot = Buffer.alloc(SB);
+  /** Every slot's struct as last written: the ring's one writer keeps them, so a write reads nothing back. */
+  private readonly slots: Buffer;
 
   private constructor(
     readonly path: string,
     private fd: number,
     readonly maxRows: number,
     readonly maxInputTokens: number,
-  ) {}
+  ) {
+    this.slots = Buffer.alloc(SLOTS * SB);
+    fs.readSync(fd, this.slots, 0, this.slots.length, D.slotHeaders);
+  }
 
   /** The ring at `file` (the path the agent's hello gave; no link followed). */
   static open(file: string): DecisionWriter {
@@ -72,8 +76,7 @@ export class DecisionWriter {
   /** One slot update: odd seq, then `during` (the column), the fields, even seq (digest.py's _begin/_write). */
   private write(wave: number, tokens: [number, number, number] | null, inputs: [number, number, number, number] | null, during?: () => void): void {
     const off = D.slotHeaders + (wave % SLOTS) * SB;
-    const s = this.slot;
-    fs.readSync(this.fd, s, 0, SB, off);
+    const s = this.slots.subarray((wave % SLOTS) * SB, (wave % SLOTS + 1) * SB);
     const seq = s.readBigUInt64LE(0) | 1n;
     s.writeBigUInt64LE(seq, 0);
     fs.writeSync(this.fd, s, 0, 8, off);

@@ -99,12 +99,5 @@ export function numberFlag(raw: unknown, flag: string, min: number, max = Infini
   return n;
 }
 
-/**
- * A path the kernel cannot take (a component over NAME_MAX, the whole over PATH_MAX) is refused
- * here, naming its flag: the processes it is handed to would otherwise fail with ENAMETOOLONG.
- */
-export function checkPathLength(value: string, flag: string): void {
-  const long = value.split('/').find((c) => Buffer.byteLength(c) > 255);
-  if (long !== undefined) throw new ConfigError(`${flag}: a path component of ${Buffer.byteLength(long)} bytes (at most 255)`);
-  if (Buffer.byteLength(value) > 4095) throw new ConfigError(`${flag}: a path of ${Buffer.byteLength(value)} bytes (at most 4095)`);
-}
+// checkPathLength lives in paths.ts (the snapshot root checks its variables with it too).
+export { checkPathLength } from '../paths';

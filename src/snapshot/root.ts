@@ -4,6 +4,7 @@ import * as os from 'os';
 import * as path from 'path';
 import { ConfigError } from '../errors';
 import type { SnapshotFlags } from './config';
+import { checkPathLength } from '../paths';
 
 /** `~` and `~/x` as Python's os.path.expanduser reads them (HOME first), then absolute. */
 function expandUser(p: string, env: NodeJS.ProcessEnv): string {
@@ -35,6 +36,8 @@ function rootVar(env: NodeJS.ProcessEnv, name: string, strict: boolean): string 
  *     vLLM's default for VLLM_CACHE_ROOT (`$XDG_CACHE_HOME/vllm`, else `~/.cache/vllm`, expanded);
  *  4. `~/.cache/wavebus/snapshots`.
  * `captureOn` false (capture off): a blank variable is skipped, as if unset, instead of refused.
+ * A root the kernel cannot open (a component over 255 bytes, the whole over 4095) is refused naming
+ * the flag or variable it came from, capture on or off (a live capture may turn it on later).
  */
 export function resolveSnapshotRoot(
   env: NodeJS.ProcessEnv,
@@ -42,17 +45,23 @@ export function resolveSnapshotRoot(
   enabledBySeed: boolean,
   captureOn: boolean,
 ): { root: string; source: string } {
-  if (flags.cacheRoot !== undefined && flags.cacheRoot !== '') return { root: path.join(path.resolve(flags.cacheRoot), 'snapshots'), source: '--cache-root' };
+  const r = pickSnapshotRoot(env, flags, enabledBySeed, captureOn);
+  checkPathLength(r.root, r.from, 'ERR_SNAPSHOT_ROOT');
+  return { root: r.root, source: r.source };
+}
+
+function pickSnapshotRoot(env: NodeJS.ProcessEnv, flags: Partial<SnapshotFlags>, enabledBySeed: boolean, captureOn: boolean): { root: string; source: string; from: string } {
+  if (flags.cacheRoot !== undefined && flags.cacheRoot !== '') return { root: path.join(path.resolve(flags.cacheRoot), 'snapshots'), source: '--cache-root', from: '--cache-root' };
   const ours = rootVar(env, 'WAVEBUS_CACHE_ROOT', captureOn);
-  if (ours !== undefined) return { root: path.join(expandUser(ours, env), 'snapshots'), source: 'WAVEBUS_CACHE_ROOT' };
+  if (ours !== undefined) return { root: path.join(expandUser(ours, env), 'snapshots'), source: 'WAVEBUS_CACHE_ROOT', from: 'WAVEBUS_CACHE_ROOT' };
   if (enabledBySeed) {
     const vllm = rootVar(env, 'VLLM_CACHE_ROOT', captureOn);
-    if (vllm !== undefined) return { root: path.join(expandUser(vllm, env), 'neuron', 'snapshots'), source: 'VLLM_CACHE_ROOT' };
+    if (vllm !== undefined) return { root: path.join(expandUser(vllm, env), 'neuron', 'snapshots'), source: 'VLLM_CACHE_ROOT', from: 'VLLM_CACHE_ROOT' };
     // vLLM: os.getenv("XDG_CACHE_HOME", "~/.cache") + "/vllm", expanded.
     const xdg = rootVar(env, 'XDG_CACHE_HOME', captureOn);
     const base = xdg !== undefined ? xdg : '~/.cache';
-    return { root: path.join(expandUser(path.join(base, 'vllm'), env), 'neuron', 'snapshots'), source: xdg !== undefined ? 'XDG_CACHE_HOME (vLLM default for VLLM_CACHE_ROOT)' : "vLLM's default VLLM_CACHE_ROOT (~/.cache/vllm)" };
+    return { root: path.join(expandUser(path.join(base, 'vllm'), env), 'neuron', 'snapshots'), source: xdg !== undefined ? 'XDG_CACHE_HOME (vLLM default for VLLM_CACHE_ROOT)' : "vLLM's default VLLM_CACHE_ROOT (~/.cache/vllm)", from: xdg !== undefined ? 'XDG_CACHE_HOME' : 'HOME' };
   }
-  return { root: path.join(expandUser('~/.cache/wavebus', env), 'snapshots'), source: 'default (~/.cache/wavebus)' };
+  return { root: path.join(expandUser('~/.cache/wavebus', env), 'snapshots'), source: 'default (~/.cache/wavebus)', from: 'HOME' };
 }
 

@@ -12,6 +12,7 @@ import { RelayClient } from '../bus/relay-client';
 import { DEFAULT_MAX_FRAME_BYTES } from '../bus/constants';
 import { PROTOCOL_VERSION } from '../bus/protocol-version';
 import { VerdictError } from '../errors';
+import type { StagedReplayRequest } from '../agent/replay-server';
 import type { ControlTarget } from './control-client';
 import type { Tolerances } from './bisect-compare';
 import type { Incident } from './verdict-plan';
@@ -124,26 +125,15 @@ function fingerprintOf(reply: Record<string, any>): { fingerprint: DeviceFingerp
   return { fingerprint_error: "the agent's fingerprint_json is not a JSON array" };
 }
 
-/** DIR/request.json, as the agent writes it (replay-server.ts) from a request it checked. */
-interface StagedRequest {
-  incident: string;
-  calls: number[];
-  ranks: number[];
-  devices: number[];
-  ranksOnDevices: number[];
-  allowLiveDevice: boolean;
-  timeoutMs: number;
-}
-
 /**
  * `wavebus verdict DIR --replay-request` (the agent's child): replay what DIR holds (snapshots/,
  * engine/, request.json) on this host with its replayer and environment; the engine serving here
  * is seen through this host's --engine-out (its pid_rank<g>).
  */
 export async function runReplayRequest(dir: string, o: { replayer: string[]; replayerArgs: string[]; servingOut?: string; tolerances: Tolerances }): Promise<ReplayResult> {
-  let req: StagedRequest;
+  let req: StagedReplayRequest;
   try {
-    req = JSON.parse(fs.readFileSync(path.join(dir, 'request.json'), 'utf8')) as StagedRequest;
+    req = JSON.parse(fs.readFileSync(path.join(dir, 'request.json'), 'utf8')) as StagedReplayRequest;
   } catch (e) {
     throw new VerdictError(`--replay-request ${dir}: request.json: ${(e as Error).message}`);
   }

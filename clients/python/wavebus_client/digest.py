@@ -5,8 +5,8 @@ proto/layouts.json's "decision" (through shm_layout.py; the agent reads it with 
 
 Cost per call: one copy of the column into the ring as int32 (any integer dtype, so ranks that hold
 int64 and int32 columns still agree) and one zlib CRC-32 over it; no message, no system call. The
-input digest is taken the same way: over the ids and positions as int32 (over the ring's copies
-when the inputs are kept).
+input digest is taken the same way: over the ids and positions copied as int32 into the slot's
+input columns (kept there, flagged, when the row starts are given).
 Columns are numpy arrays or CPU torch tensors (a device tensor is copied to the host first: the
 engine that samples on the device already brings its tokens back to append them).
 """
@@ -43,48 +43,60 @@ def _packed(sname: str, names):
 
 
 _SEQ_AT, _SEQ = _packed("slot", ("seq",))
-# The slot's fields in the order _write unpacks them: seq, wave, token_crc, rows, input_crc, input_tokens, flags, input_rows.
+# The slot's fields in the order the ring keeps them per slot: seq, wave, token_crc, rows, input_crc, input_tokens, flags, input_rows.
 _SLOT_AT, _SLOT = _packed("slot", ("seq", "wave", "token_crc", "rows", "input_crc", "input_tokens", "flags", "input_rows"))
 _BODY_AT, _BODY = _packed("slot", ("wave", "token_crc", "rows", "input_crc", "input_tokens", "flags", "input_rows"))
 if COLUMNS < SLOT_HEADERS + SLOTS * SLOT_BYTES:
     raise WavebusError(f"proto/layouts.json: layouts.decision.constants.columns: {COLUMNS} lies inside the {SLOTS} slot structs", "ERR_LAYOUT")
 
 
+_I4 = np.dtype("<i4")
+
+
 def as_array(column) -> np.ndarray:
-    """A 1-D contiguous numpy view of ``column`` (numpy array, torch tensor, or a sequence)."""
-    if isinstance(column, np.ndarray):
+    """A 1-D numpy view of ``column`` (numpy array, torch tensor, or a sequence), not necessarily
+    contiguous (each use copies it into the ring, or checks)."""
+    if type(column) is np.ndarray:
         a = column
     elif hasattr(column, "detach") and hasattr(column, "numpy"):  # a torch tensor
+        # Tensor.numpy() per column: a view made once of the engine's buffer and sliced per step
+        # measured slower after the forward (more torch calls to check it; docs/benchmarks.md).
         try:
             a = column.numpy()  # a CPU tensor without grad: in place, the common case
         except (RuntimeError, TypeError):
             a = column.detach().cpu().numpy()
     else:
         a = np.asarray(column)
-    if a.ndim != 1:
-        a = a.reshape(-1)
-    if not a.flags.c_contiguous:
-        a = np.ascontiguousarray(a)
-    return a
+    return a if a.ndim == 1 else a.reshape(-1)
+
+
+def _crc_i4(a: np.ndarray, crc: int = 0) -> int:
+    """CRC-32 of ``a``'s values as int32 little-endian (no copy when they already are)."""
+    if a.dtype is not _I4 or not a.flags.c_contiguous:
+        a = np.ascontiguousarray(a, dtype=_I4)  # an unsafe cast for int64: token ids fit
+    return zlib.crc32(a, crc)
 
 
 def token_digest(column) -> int:
     """The CRC-32 the ring holds for ``column``: of its values as int32 little-endian (tests, tools)."""
     a = as_array(column)
-    return zlib.crc32(a.astype("<i4", copy=False)) if a.size else 0
+    return _crc_i4(a.astype(_I4, copy=False)) if a.size else 0
 
 
 def input_digest(token_ids, positions=None) -> int:
     """CRC-32 of the token ids as int32 little-endian, then the positions as int32 (the ring's form,
     as the token digest: ranks holding int64 and int32 columns agree, and half the bytes of int64)."""
-    crc = zlib.crc32(as_array(token_ids).astype("<i4", copy=False))
+    crc = _crc_i4(as_array(token_ids).astype(_I4, copy=False))
     if positions is not None:
-        crc = zlib.crc32(as_array(positions).astype("<i4", copy=False), crc)
+        crc = _crc_i4(as_array(positions).astype(_I4, copy=False), crc)
     return crc
 
 
 class DecisionRing:
-    """The client's side of one decision ring (opened from the path the agent's hello gave)."""
+    """The client's side of one decision ring (opened from the path the agent's hello gave).
+
+    The only writer of its ring (one per rank): each slot's fields are kept here too, so a write is
+    three stores into the mapping (seq odd; the fields; seq even) and reads nothing back."""
 
     def __init__(self, path: str):
         where = f"decision ring {path}"
@@ -106,39 +118,44 @@ class DecisionRing:
             self._mm.close()
             raise ConfigError(f"{where}: columns of {max_rows} rows and {max_in} input tokens do not fit its {size} bytes")
         self.path, self.max_rows, self.max_input_tokens = path, max_rows, max_in
-        # One int32 view per slot's column, made once: a write is np.copyto into it.
-        whole = np.frombuffer(self._mm, dtype="<i4", count=SLOTS * max_rows, offset=COLUMNS)
+        # One int32 view per slot's column, made once: a write is a copy into it.
+        whole = np.frombuffer(self._mm, dtype=_I4, count=SLOTS * max_rows, offset=COLUMNS)
         self._columns = [whole[i * max_rows:(i + 1) * max_rows] for i in range(SLOTS)]
         # The input columns (ids, positions, row starts) per slot, kept for the agent to name the
         # first row whose inputs differ after an inputs mismatch (it reads them only then).
-        ins = np.frombuffer(self._mm, dtype="<i4", count=SLOTS * per_slot, offset=COLUMNS + SLOTS * 4 * max_rows)
+        ins = np.frombuffer(self._mm, dtype=_I4, count=SLOTS * per_slot, offset=COLUMNS + SLOTS * 4 * max_rows)
         self._inputs = [(ins[i * per_slot:i * per_slot + max_in], ins[i * per_slot + max_in:i * per_slot + 2 * max_in],
                          ins[i * per_slot + 2 * max_in:(i + 1) * per_slot]) for i in range(SLOTS)]
+        # Per slot: [its struct's offset, seq, wave, token_crc, rows, input_crc, input_tokens, flags, input_rows].
+        self._slots = []
+        for i in range(SLOTS):
+            off = SLOT_HEADERS + i * SLOT_BYTES
+            self._slots.append([off, *_SLOT.unpack_from(self._mm, off + _SLOT_AT)])
 
     def _begin(self, wave: int):
-        """Seq made odd (a reader leaves the slot out; still odd after a writer that died
-        mid-write) before anything of the slot, its column included, changes."""
-        off = SLOT_HEADERS + (wave % SLOTS) * SLOT_BYTES
-        head = _SLOT.unpack_from(self._mm, off + _SLOT_AT)
-        _SEQ.pack_into(self._mm, off + _SEQ_AT, head[0] | 1)
-        return off, head
+        """Seq made odd (a reader leaves the slot out; still odd after a writer that died mid-write)
+        before anything of the slot, its columns included, changes. Returns the slot's state."""
+        s = self._slots[wave % SLOTS]
+        s[1] |= 1
+        _SEQ.pack_into(self._mm, s[0] + _SEQ_AT, s[1])
+        return s
 
-    def _write(self, wave: int, begun, tokens, inputs) -> None:
-        """The fields written, seq even again (whole). ``tokens`` / ``inputs``: (crc, count, flags)
-        or None to keep what the slot holds for this wave."""
-        mm = self._mm
-        off, (seq, old_wave, tcrc, rows, icrc, itok, flags, irows) = begun
-        seq |= 1
-        if old_wave != wave:
-            tcrc = rows = icrc = itok = flags = irows = 0
+    def _end(self, s, wave: int, tokens, inputs) -> None:
+        """The fields of slot ``s`` written, then seq even again (whole). ``tokens`` / ``inputs``:
+        (crc, count, flags) / (crc, count, flags, rows), or None to keep what the slot holds for this
+        wave (the inputs and the token column of one wave share its slot)."""
+        if s[2] != wave:
+            s[2:] = (wave, 0, 0, 0, 0, 0, 0)
         if tokens is not None:
-            tcrc, rows, f = tokens
-            flags = (flags & (FLAG_INPUTS | FLAG_INPUT_COLUMNS)) | f
+            s[3], s[4], f = tokens
+            s[7] = (s[7] & (FLAG_INPUTS | FLAG_INPUT_COLUMNS)) | f
         if inputs is not None:
-            icrc, itok, f, irows = inputs
-            flags = (flags & ~(FLAG_INPUTS | FLAG_INPUT_COLUMNS)) | f
-        _BODY.pack_into(mm, off + _BODY_AT, wave, tcrc, rows, icrc, itok, flags, irows)
-        _SEQ.pack_into(mm, off + _SEQ_AT, seq + 1)
+            s[5], s[6], f, s[8] = inputs
+            s[7] = (s[7] & ~(FLAG_INPUTS | FLAG_INPUT_COLUMNS)) | f
+        off, seq, _, tcrc, rows, icrc, itok, flags, irows = s
+        _BODY.pack_into(self._mm, off + _BODY_AT, wave, tcrc, rows, icrc, itok, flags, irows)
+        s[1] = seq + 1
+        _SEQ.pack_into(self._mm, off + _SEQ_AT, seq + 1)
 
     def inputs(self, wave: int, token_ids, positions=None, row_starts=None) -> int:
         """The forward of ``wave`` takes these inputs (before_forward). Returns the digest.
@@ -147,43 +164,48 @@ class DecisionRing:
         copies, no digest per row: the agent makes that only after a mismatch) so an inputs-only
         divergence names its first row."""
         ids = as_array(token_ids)
-        pos = as_array(positions) if positions is not None else None
-        begun = self._begin(wave)
-        flags, irows, crc = FLAG_INPUTS, 0, None
-        if row_starts is not None:
-            starts = as_array(row_starts)
-            n, r = ids.size, starts.size - 1
-            if 0 <= r <= self.max_rows and n <= self.max_input_tokens and (pos is None or pos.size == n):
-                c_ids, c_pos, c_starts = self._inputs[wave % SLOTS]
-                c_ids[:n] = ids  # as int32, like the token column
-                # The digest over the int32 copies just made: input_digest's definition, no second cast.
-                crc = zlib.crc32(c_ids[:n])
-                if pos is None:
-                    c_pos[:n] = 0
-                else:
-                    c_pos[:n] = pos
-                    crc = zlib.crc32(c_pos[:n], crc)
-                c_starts[:r + 1] = starts
-                flags, irows = FLAG_INPUTS | FLAG_INPUT_COLUMNS, r
-        if crc is None:
+        pos = None if positions is None else as_array(positions)
+        n = ids.size
+        s = self._begin(wave)
+        c_ids, c_pos, c_starts = self._inputs[wave % SLOTS]
+        flags, irows = FLAG_INPUTS, 0
+        if n <= self.max_input_tokens and (pos is None or pos.size == n):
+            # As int32 into the slot's input columns (like the token column), the digest over them:
+            # input_digest's definition, one cast. Without row starts they are scratch (no flag).
+            c = c_ids[:n]
+            c[...] = ids
+            crc = zlib.crc32(c)
+            if pos is not None:
+                c = c_pos[:n]
+                c[...] = pos
+                crc = zlib.crc32(c, crc)
+            if row_starts is not None:
+                starts = as_array(row_starts)
+                r = starts.size - 1
+                if 0 <= r <= self.max_rows:
+                    if pos is None:
+                        c_pos[:n] = 0
+                    c_starts[:r + 1] = starts
+                    flags, irows = FLAG_INPUTS | FLAG_INPUT_COLUMNS, r
+        else:
             crc = input_digest(ids, pos)
-        self._write(wave, begun, None, (crc, ids.size & 0xFFFFFFFF, flags, irows))
+        self._end(s, wave, None, (crc, n & 0xFFFFFFFF, flags, irows))
         return crc
 
     def decided(self, wave: int, token_ids) -> int:
         """The rank decided ``token_ids`` (one per row, row order) in ``wave``. Returns the digest."""
         a = as_array(token_ids)
         n = a.size
-        begun = self._begin(wave)
+        s = self._begin(wave)
         if n <= self.max_rows:
             col = self._columns[wave % SLOTS][:n]
             col[...] = a  # as int32, whatever the integer dtype (unsafe cast: token ids fit)
             crc = zlib.crc32(col)
             flags = FLAG_TOKENS | FLAG_COLUMN
         else:  # too long for the slot: the digest alone (the incident then names no row)
-            crc = zlib.crc32(a.astype("<i4", copy=False))
+            crc = _crc_i4(a)
             flags = FLAG_TOKENS
-        self._write(wave, begun, (crc, n & 0xFFFFFFFF, flags), None)
+        self._end(s, wave, (crc, n & 0xFFFFFFFF, flags), None)
         return crc
 
     def close(self) -> None:
