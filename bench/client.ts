@@ -21,6 +21,7 @@ import { resolveIdentity } from '../src/launch/identity';
 import { createLogger } from '../src/log';
 import { packageRoot } from '../src/paths';
 import { freePortPair } from '../src/bus/ports';
+import { MAX_TIMER_MS } from '../src/commands/flags';
 import type { BenchArgs, BenchFlags } from './lib/flags';
 
 export const summary = "The engine's own per-step cost of the client's calls at N running requests (tensor and dict paths, everything off, no wavebus, the seed's Python detectors), in the engine's thread.";
@@ -28,6 +29,7 @@ export const flags = {
   lang: { type: 'string', default: 'python', choices: ['python', 'ts'], describe: "the engine's language: python (wavebus_client) or ts (the TypeScript client, typed arrays)" },
   requests: { type: 'string', default: '1,64,256,1024,4096', describe: 'running requests per step, comma-separated' },
   steps: { type: 'int', default: 300, describe: 'timed steps per size and mode (after 30 untimed; the TypeScript engine 3x the timed steps, 30 to 1000, for V8 to optimize the calls)' },
+  'bound-ms': { type: 'int', default: 50, max: MAX_TIMER_MS, describe: "the agent's end-of-wave bound, the bound of every per-step call (default the product's 50 ms; a head the agent cannot take within it is skipped and reported as heads_skipped)" },
   forward: { type: 'string', default: 'sleep', choices: ['sleep', 'spin'], describe: "the 3 ms forward between before_forward and end_of_wave (not timed): sleep, or spin (busy-wait, as an engine thread in cudaStreamSynchronize; the caches stay warmer)" },
 } satisfies BenchFlags;
 
@@ -56,7 +58,7 @@ function runEngine(lang: string, mode: string, n: number, steps: number, runDir:
 }
 
 /** A live one-rank job: coordinator and guard (detectors on) and agent, in this process. */
-export async function withJob<T>(bus: boolean, fn: (runDir: string, agent: Agent) => Promise<T>): Promise<T> {
+export async function withJob<T>(bus: boolean, fn: (runDir: string, agent: Agent) => Promise<T>, boundMs = 50): Promise<T> {
   const root = fs.mkdtempSync(path.join(os.tmpdir(), 'wavebus-bench-client-'));
   const log = createLogger('bench-client', 'error');
   const layout = { worldSize: 1, tp: 1, pp: 1, dp: 1, cp: 1 };
@@ -72,9 +74,9 @@ export async function withJob<T>(bus: boolean, fn: (runDir: string, agent: Agent
       const port = await freePortPair();
       coordinator = new Coordinator({ port, layout, heartbeatMs: 300, policy: guard, logger: log });
       await coordinator.start();
-      agent = new Agent({ identity, runDir, logger: log, coordinator: { host: '127.0.0.1', port }, heartbeatMs: 300, roots: { dumps: startup.dumpDir } });
+      agent = new Agent({ identity, runDir, logger: log, coordinator: { host: '127.0.0.1', port }, heartbeatMs: 300, roots: { dumps: startup.dumpDir }, endOfWaveTimeoutMs: boundMs });
     } else {
-      agent = new Agent({ identity, runDir, logger: log, roots: { dumps: startup.dumpDir } });
+      agent = new Agent({ identity, runDir, logger: log, roots: { dumps: startup.dumpDir }, endOfWaveTimeoutMs: boundMs });
     }
     await agent.start();
     const t0 = Date.now();
@@ -107,7 +109,7 @@ export async function run(args: BenchArgs<typeof flags>): Promise<Record<string,
           for (let t0 = Date.now(); args.lang === 'ts' && agent.stats.waveHeadsRelayed < args.steps + (r.warm ?? 30) && Date.now() - t0 < 2000; ) await new Promise((res) => setTimeout(res, 10));
           return args.lang === 'ts' ? { ...r, wave_heads_sent: agent.stats.waveHeadsRelayed } : r;
         });
-      const r = mode === 'tensor' || mode === 'dict' ? await withJob(true, live) : mode === 'off' ? await withJob(false, (dir) => runEngine(args.lang, mode, n, args.steps, dir, args.forward)) : await runEngine(args.lang, mode, n, args.steps, os.tmpdir(), args.forward);
+      const r = mode === 'tensor' || mode === 'dict' ? await withJob(true, live, args['bound-ms']) : mode === 'off' ? await withJob(false, (dir) => runEngine(args.lang, mode, n, args.steps, dir, args.forward), args['bound-ms']) : await runEngine(args.lang, mode, n, args.steps, os.tmpdir(), args.forward);
       // A head not sent: the agent missed its bound (a loaded host) and the client skipped it, as it
       // must. Such a run is reported with heads_skipped, never as if every head went; none sent is an error.
       const heads = args.steps + (r.warm ?? 30); // the engine's untimed steps sent heads too

@@ -1,12 +1,14 @@
 // `wavebus bench client` runs end to end at a tiny size: every mode at every size reports per-step
 // p50/p99 and each call's, the tensor engine's heads all went through the ring, and the dict and
-// tensor engines sent every head (none reported as heads_skipped). No figure is asserted.
+// tensor engines sent every head (none reported as heads_skipped). No figure is asserted: the
+// agent's bound is 2 s (--bound-ms), since what is checked is that every mode runs and reports,
+// not how fast this 2-vCPU host answers within the product's 50 ms while other suites run.
 import { runWavebus } from './helpers';
 
 jest.setTimeout(180000);
 
 test('bench client --requests 1,16 --steps 5 reports every mode at every size', () => {
-  const r = runWavebus(['bench', 'client', '--requests', '1,16', '--steps', '5', '--json'], { timeout: 170000 });
+  const r = runWavebus(['bench', 'client', '--requests', '1,16', '--steps', '5', '--bound-ms', '2000', '--json'], { timeout: 170000 });
   expect({ code: r.code, stderr: r.code === 0 ? '' : r.stderr }).toEqual({ code: 0, stderr: '' });
   const out = JSON.parse(r.stdout.trim().split('\n').pop()!);
   expect(out).toMatchObject({ bench: 'client', lang: 'python', steps: 5, forward: 'sleep' });
@@ -22,7 +24,7 @@ test('bench client --requests 1,16 --steps 5 reports every mode at every size', 
 });
 
 test('bench client --lang ts --forward spin runs the TypeScript engine at every size: every head relayed, the tensor ones all through the ring', () => {
-  const r = runWavebus(['bench', 'client', '--lang', 'ts', '--requests', '1,16', '--steps', '5', '--forward', 'spin', '--json'], { timeout: 170000 });
+  const r = runWavebus(['bench', 'client', '--lang', 'ts', '--requests', '1,16', '--steps', '5', '--forward', 'spin', '--bound-ms', '2000', '--json'], { timeout: 170000 });
   expect({ code: r.code, stderr: r.code === 0 ? '' : r.stderr }).toEqual({ code: 0, stderr: '' });
   const out = JSON.parse(r.stdout.trim().split('\n').pop()!);
   expect(out).toMatchObject({ bench: 'client', lang: 'ts', steps: 5, forward: 'spin' });
