@@ -18,8 +18,11 @@ run overhead --forward-ms 3 --rounds 5 --lookahead-waves 3 --cpu-window --syscal
 run overhead --ranks 8 --forward-ms 3 --rounds 1 --steps 1000 --lookahead-waves 3 --cpu-window --syscalls
 run overhead --forward-ms 1 --rounds 5 --lookahead-waves 3
 run overhead --engine python --running 1024 --forward-ms 3 --rounds 3 --lookahead-waves 3 --cpu-window
+run overhead --engine python --running 1024 --forward-ms 3 --rounds 1 --steps 400 --lookahead-waves 3 --no-seed-baseline --cpu-window --rank-divergence
 run client --lang python --requests 1,64,256,1024,4096
 run client --lang ts --requests 1,64,256,1024,4096
+run client --lang python --requests 1024,4096 --forward spin
+run client --lang ts --requests 1024,4096 --forward spin
 run transformers
 run rank-digest
 run detectors --requests 1024
