@@ -14,6 +14,8 @@
         "native/file_writer.cc",
         "native/host_memory.cc",
         "native/mailbox.cc",
+        "native/mailbox_reader.cc",
+        "native/mailbox_writer.cc",
         "native/malloc_tuning.cc",
         "native/mapped_file.cc",
         "native/shm_segment.cc"

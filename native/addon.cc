@@ -10,6 +10,8 @@
 #include "file_writer.h"
 #include "host_memory.h"
 #include "mailbox.h"
+#include "mailbox_reader.h"
+#include "mailbox_writer.h"
 #include "malloc_tuning.h"
 #include "mapped_file.h"
 #include "shm_segment.h"

@@ -1,4 +1,5 @@
-// The wave-vector mailbox: a 576-byte shared file (under /dev/shm) holding a seqlock ring of
+// The wave-vector mailbox's layout, shared by its writer (mailbox_writer.h, the agent) and its
+// reader (mailbox_reader.h, the TypeScript client). A 576-byte shared file (under /dev/shm) holding a seqlock ring of
 // the last 8 wave vectors. The agent writes it; the engine client reads "is anything due for
 // wave N?" with plain loads, no system call. Layout (docs/native.md has it byte by byte):
 //
@@ -24,8 +25,7 @@
 #include <napi.h>
 
 #include <cstdint>
-#include <memory>
-#include <string>
+#include <cstring>
 
 namespace wavebus {
 
@@ -41,56 +41,21 @@ constexpr uint64_t kEmptyWave = ~0ull;
 constexpr uint64_t kOffVersion = 8, kOffSlots = 12, kOffFeatures = 16, kOffEpoch = 24, kOffPublished = 32, kOffFloor = 40, kOffOwner = 48,
                    kOffCaptureWaiting = 56;
 constexpr uint64_t kSlotSeq = 0, kSlotWave = 8, kSlotConfig = 16, kSlotDump = 20, kSlotSnapshot = 24;
+
+// The mapped bytes are shared with other processes; every access is an __atomic builtin on a
+// naturally aligned field (mmap returns page-aligned memory), so no access is a data race.
+inline uint64_t* U64(uint8_t* base, uint64_t off) { return reinterpret_cast<uint64_t*>(base + off); }
+inline uint32_t* U32(uint8_t* base, uint64_t off) { return reinterpret_cast<uint32_t*>(base + off); }
+inline const uint64_t* U64(const uint8_t* base, uint64_t off) { return reinterpret_cast<const uint64_t*>(base + off); }
+inline const uint32_t* U32(const uint8_t* base, uint64_t off) { return reinterpret_cast<const uint32_t*>(base + off); }
+
+// The header's first word as the magic makes it (checked by the reader, stored last by the writer).
+inline uint64_t MagicWord() {
+  uint64_t m;
+  std::memcpy(&m, kMagic, 8);
+  return m;
+}
 }  // namespace mailbox
-
-class MailboxWriter : public Napi::ObjectWrap<MailboxWriter> {
- public:
-  static Napi::Function Define(Napi::Env env);
-  explicit MailboxWriter(const Napi::CallbackInfo& info);
-  ~MailboxWriter() override;
-
- private:
-  static Napi::Value Create(const Napi::CallbackInfo& info);
-  static Napi::Value Attach(const Napi::CallbackInfo& info);
-  static Napi::Value HoldLock(const Napi::CallbackInfo& info);
-  static Napi::Value OpenWriter(const Napi::CallbackInfo& info, bool attach);
-  Napi::Value Publish(const Napi::CallbackInfo& info);
-  Napi::Value Announce(const Napi::CallbackInfo& info);
-  Napi::Value SetFeatures(const Napi::CallbackInfo& info);
-  Napi::Value SetEpoch(const Napi::CallbackInfo& info);
-  Napi::Value SetFloor(const Napi::CallbackInfo& info);
-  Napi::Value Owner(const Napi::CallbackInfo& info);
-  Napi::Value CaptureWaiting(const Napi::CallbackInfo& info);
-  Napi::Value Close(const Napi::CallbackInfo& info);
-  uint8_t* Live(Napi::Env env);
-
-  std::string path_;
-  uint8_t* base_ = nullptr;
-};
-
-class MailboxReader : public Napi::ObjectWrap<MailboxReader> {
- public:
-  static Napi::Function Define(Napi::Env env);
-  explicit MailboxReader(const Napi::CallbackInfo& info);
-  ~MailboxReader() override;
-
- private:
-  static Napi::Value Open(const Napi::CallbackInfo& info);
-  Napi::Value Read(const Napi::CallbackInfo& info);
-  Napi::Value Features(const Napi::CallbackInfo& info);
-  Napi::Value Epoch(const Napi::CallbackInfo& info);
-  Napi::Value Floor(const Napi::CallbackInfo& info);
-  Napi::Value WaitFor(const Napi::CallbackInfo& info);
-  Napi::Value SetCaptureWaiting(const Napi::CallbackInfo& info);
-  Napi::Value View(const Napi::CallbackInfo& info);
-  Napi::Value Close(const Napi::CallbackInfo& info);
-  const uint8_t* Live(Napi::Env env);
-
-  std::string path_;
-  // Shared with WaitFor workers: close() while one sleeps must not unmap under it.
-  std::shared_ptr<const uint8_t> map_;
-  const uint8_t* base_ = nullptr;
-};
 
 // JS: mailboxLayout constants
 void RegisterMailboxLayout(Napi::Env env, Napi::Object exports);

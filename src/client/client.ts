@@ -2,16 +2,17 @@
 // it sends nothing; per step it reads the wave vector from the agent's shared-memory mailbox and
 // calls the agent only when this rank has work in that wave. The Python client mirrors it.
 import { ConfigError, WavebusError } from '../errors';
-import { DUE_CONFIG, DUE_DUMP, MailboxReader, MailboxFeature, NOT_KNOWN } from './mailbox';
+import { MailboxReader, MailboxFeature } from './mailbox';
 import { ClientDigests, type IntColumn } from './digest';
 import { AgentAvailability } from './availability';
 import { AgentHello } from './hello';
 import { newClientStats, type ClientStats } from './client-stats';
 import { validateRegion, type ClientRegion } from './region';
-import { AgentTransport, type Reply } from './transport';
-import { isWaveNumber, waveError, WaveHeadSender, type WaveTelemetry } from './wave-head';
+import { AgentTransport } from './transport';
+import { waveError, WaveHeadSender, type WaveTelemetry } from './wave-head';
 import { dueDumpsAsker, PendingDumps } from './pending-dumps';
 import { VectorStall } from './vector-stall';
+import { EndOfWaveCall } from './end-of-wave';
 import { ForwardCapture, NOT_CAPTURED_R, type Context, type ForwardOptions, type Inputs } from './live-capture';
 
 import type { TensorBatch, TensorBatchOptions } from './tensor-batch';
@@ -36,11 +37,12 @@ export class WavebusClient {
   private readonly availability: AgentAvailability;
   private readonly head: WaveHeadSender;
   private readonly hello: AgentHello;
-  private ping: Promise<unknown> | null = null;
   /** beforeForward and the wave a forward belongs to (live-capture.ts). */
   private readonly forward: ForwardCapture;
   private readonly pending: PendingDumps;
   private readonly stall: VectorStall;
+  /** endOfWave / endOfWaveNow (end-of-wave.ts). */
+  private readonly eow: EndOfWaveCall;
   /** rank_divergence: the decision ring's writer (digest.ts). */
   private readonly digests: ClientDigests;
   /** The tensor hot path (tensorBatch()) and the telemetry ring its hello asked for. */
@@ -96,6 +98,12 @@ export class WavebusClient {
       }),
       this.stall,
     );
+    this.eow = new EndOfWaveCall({
+      mailbox, transport: this.transport, availability: this.availability, hello: this.hello, stats: this.stats,
+      pending: this.pending, stall: this.stall, forward: this.forward, callBound: bounds.call,
+      callBoundMs: () => this.callBoundMs(), marginMs: MARGIN_MS,
+      noteError: (message) => this.noteError(message), coordinatorLost: () => this.onCoordinatorLost(),
+    });
   }
 
   /**
@@ -256,10 +264,7 @@ export class WavebusClient {
 
   /** End of `wave`: returns at once when nothing is due; never blocks longer than the configured bound. */
   endOfWave(wave: number): Promise<EndOfWaveResult> {
-    const bad = waveError(wave, 'endOfWave');
-    if (bad) return bad;
-    const r = this.endOfWaveNow(wave);
-    return r === NOTHING_DUE_R ? NOTHING_DUE : r === TIMED_OUT_R ? TIMED_OUT : r instanceof Promise ? r : Promise.resolve(r);
+    return this.eow.call(wave);
   }
 
   /**
@@ -267,112 +272,7 @@ export class WavebusClient {
    * endOfWave would return. A wave that is not a non-negative integer throws ConfigError here.
    */
   endOfWaveNow(wave: number): EndOfWaveResult | Promise<EndOfWaveResult> {
-    if (!isWaveNumber(wave)) throw new ConfigError(`endOfWave(): wave ${wave} is not a non-negative integer`);
-    this.forward.endedWave = wave;
-    this.stats.endOfWaveCalls++;
-    this.pending.ended(wave);
-    const bits = this.mailbox.features();
-    if (bits === 0 || (bits & MailboxFeature.BUS_ACTIVE) === 0) return NOTHING_DUE_R;
-    const due = this.mailbox.dueBits(wave); // a few memory loads, no allocation
-    const slot = due !== NOT_KNOWN;
-    if (slot && (due & (DUE_CONFIG | DUE_DUMP)) === 0) return NOTHING_DUE_R;
-    // Vectors stalled (one bound was spent on it), or a wave pendingDump gave up: no wait, no copy.
-    if (slot ? (due & DUE_DUMP) !== 0 && wave <= this.pending.forfeitedTo : this.stall.active()) {
-      this.stats.endOfWaveTimeouts++;
-      this.stats.stalledSkips++;
-      this.transport.oneWay({ endOfWave: { wave, missed: true } });
-      return TIMED_OUT_R;
-    }
-    if (this.agentUnavailable) {
-      // Its mailbox is not updated any more: no waiting, the step goes on (counted). A frozen
-      // agent still learns of the miss when it resumes (one-way; dropped if its queue is full).
-      this.stats.endOfWaveTimeouts++;
-      this.stats.skippedUnavailable++;
-      this.transport.oneWay({ endOfWave: { wave, missed: true } });
-      this.availability.probe();
-      return { due: false, timedOut: true };
-    }
-    // Late vector, agent known: sleep on the mailbox (woken by the agent's publish), not a round trip.
-    const known = this.hello.current(bits);
-    if (!slot && known) return this.awaitVector(wave, known.endOfWaveTimeoutMs);
-    return this.endOfWaveWithAgent(wave);
-  }
-
-  /** The vector of `wave` is late: wait for it on the mailbox, within the bound. */
-  private async awaitVector(wave: number, boundMs: number): Promise<EndOfWaveResult> {
-    let got: Awaited<ReturnType<MailboxReader['waitFor']>>;
-    // A late vector may mean a dead agent (nobody updates the mailbox): ask it, alongside the wait.
-    const since = performance.now();
-    if (!this.ping) {
-      this.ping = this.transport.request({ ping: {} }, boundMs + MARGIN_MS)
-        .catch(() => undefined)
-        .finally(() => (this.ping = null));
-    }
-    this.stats.vectorWaits++;
-    try {
-      got = await this.mailbox.waitFor(wave, boundMs);
-    } catch (e) {
-      this.noteError(`endOfWave(${wave}): ${(e as Error).message}`);
-      return this.endOfWaveWithAgent(wave); // the mailbox could not be read (closed?): the agent decides
-    }
-    if (got === 'timeout') {
-      // The step goes on; the agent counts the miss and fails the wave's dumps if any arrive.
-      this.stats.endOfWaveTimeouts++;
-      this.stall.begin();
-      if (this.availability.lastAnswerAt < since) {
-        // Not a word from the agent for the whole bound: the next calls do not wait for it.
-        this.availability.markUnavailable(`endOfWave(${wave}): no answer within ${boundMs} ms`);
-      }
-      this.transport.oneWay({ endOfWave: { wave, missed: true } });
-      return { due: false, timedOut: true };
-    }
-    if (got !== 'overwritten') {
-      // Late but within the bound: the agent counts it (one-way, nothing waits for it).
-      this.stats.lateVectors++;
-      this.transport.oneWay({ endOfWave: { wave, late: true } });
-    }
-    if (got !== 'overwritten' && !got.configDue && !got.dumpDue) return { due: false, timedOut: false };
-    return this.endOfWaveWithAgent(wave);
-  }
-
-  /** The vector has not arrived, or something is due: the agent does it, within the bound. */
-  private async endOfWaveWithAgent(wave: number): Promise<EndOfWaveResult> {
-    let f: ClientFeatures;
-    try {
-      // A (re-)hello here must fit the bound too: the engine never waits longer than that.
-      f = await this.hello.ensure(this.callBoundMs() + MARGIN_MS);
-    } catch (e) {
-      if (!this.availability.lostOn(e, `endOfWave(${wave})`)) throw e;
-      this.stats.endOfWaveTimeouts++;
-      return { due: false, timedOut: true };
-    }
-    const bound = this.bounds.call ?? f.endOfWaveTimeoutMs;
-    let reply: Reply | undefined;
-    const deadline = Date.now() + bound + MARGIN_MS;
-    try {
-      reply = await this.transport.request({ endOfWave: { wave } }, bound + MARGIN_MS);
-      if (reply && !reply.ok && reply.errorCode === 'ERR_NO_HELLO') {
-        // The agent restarted: introduce ourselves again (regions included) and retry, within the bound.
-        reply = await this.hello.rejoin({ endOfWave: { wave } }, Math.max(1, deadline - Date.now()));
-      }
-    } catch (e) {
-      // Out of time (the agent, or a rejoin, was too slow), or the socket failed: the step goes on.
-      reply = undefined;
-      if (!this.availability.lostOn(e, `endOfWave(${wave})`)) this.noteError(`endOfWave(${wave}): ${(e as Error).message}`);
-    }
-    if (reply?.coordinatorLost) this.onCoordinatorLost();
-    if (!reply || reply.timedOut) {
-      this.stats.endOfWaveTimeouts++;
-      if (reply) this.stall.begin(); // the agent waited the bound for the vector (or knows none is coming)
-      return { due: false, timedOut: true };
-    }
-    if (!reply.ok) {
-      // A debugging sidecar never fails the engine's step: the error is counted and kept.
-      this.noteError(`endOfWave(${wave}): ${reply.errorCode || 'ERR_AGENT'} ${reply.error}`);
-      return { due: false, timedOut: false, error: this.lastError };
-    }
-    this.stats.dueWaves++;
-    return { due: true, timedOut: false };
+    return this.eow.now(wave);
   }
 
   /**
@@ -443,11 +343,7 @@ export class WavebusClient {
 const SETTLED: Promise<void> = Promise.resolve();
 const FALSE: Promise<boolean> = Promise.resolve(false);
 const TRUE: Promise<boolean> = Promise.resolve(true);
-const NOTHING_DUE_R: EndOfWaveResult = Object.freeze({ due: false, timedOut: false });
-const TIMED_OUT_R: EndOfWaveResult = Object.freeze({ due: false, timedOut: true });
 // The async calls' answers on the usual step: settled once, returned again (nothing allocated).
-const NOTHING_DUE: Promise<EndOfWaveResult> = Promise.resolve(NOTHING_DUE_R);
-const TIMED_OUT: Promise<EndOfWaveResult> = Promise.resolve(TIMED_OUT_R);
 const NOT_CAPTURED: Promise<BeforeForwardResult> = Promise.resolve(NOT_CAPTURED_R);
 
 export { MailboxFeature };
