@@ -25,9 +25,9 @@ afterAll(cleanup);
 const ENGINE = path.join(ROOT, 'examples', 'torch-engine');
 
 // Not yet moved to torch 2.x's torchrun: under it the live `wavebus dump` below (after forward 7 of
-// 30) lost the race with the job's end in 2 of 2 runs here ("the coordinator stopped answering (the
-// job ended?)"); moving it needs the job kept alive until the dump settles. Until then: Debian's
-// torch 1.13 with the stand-in (docs/transformers.md, "Two torches").
+// 30) lost the race with the job's end on a loaded host ("the coordinator stopped answering (the job
+// ended?)": failed at load 8 and 20, passed at load 3); moving it needs the job kept alive until the
+// dump settles. Until then: Debian's torch 1.13 with the stand-in (docs/transformers.md, "Two torches").
 const RANKS = torchRanks({ compat: true });
 const CONFIG = {
   runtime_config: {
