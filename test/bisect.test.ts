@@ -7,9 +7,13 @@
 import * as fs from 'fs';
 import * as path from 'path';
 import { spawnSync } from 'child_process';
-import { PYTHON, ROOT, cleanup, freePortPair, runWavebus, spawnWavebus, tmpDir } from './helpers';
+import { ROOT, cleanup, freePortPair, runWavebus, spawnWavebus, tmpDir } from './helpers';
+import { torchRanks } from './torch2';
 
 afterAll(cleanup);
+
+// How the engine's ranks start: torch 2.x's torchrun (the stand-in where torch 2.x is absent); its python for what reads their files.
+const RANKS = torchRanks();
 
 const REPLAY = path.join(ROOT, 'examples', 'torch-engine', 'replay.py');
 let dir = '';
@@ -19,7 +23,7 @@ let call = '';
 let eng = '';
 
 function python(args: string[]): { code: number | null; stdout: string; stderr: string } {
-  const r = spawnSync(PYTHON, args, { encoding: 'utf8', timeout: 120000, env: { ...process.env, PYTHONPATH: path.join(ROOT, 'clients', 'python') } });
+  const r = spawnSync(RANKS.python, args, { encoding: 'utf8', timeout: 120000, env: { ...process.env, PYTHONPATH: path.join(ROOT, 'clients', 'python') } });
   return { code: r.status, stdout: r.stdout, stderr: r.stderr };
 }
 
@@ -46,7 +50,7 @@ function bisect(a: string, b: string, ...flags: string[]) {
 async function captureRun(run: string, port: number): Promise<{ snaps: string; call: string } | { missed: string }> {
   const engine = path.join(ROOT, 'examples', 'torch-engine');
   const launch = spawnWavebus(
-    ['launch', '--nproc-per-node', '2', '--tp', '2', '--port', String(port), '--', PYTHON, path.join(engine, 'torchrun_env.py'), path.join(engine, 'engine.py'), '--out', path.join(run, 'eng'), '--max-tokens', '12', '--result-dir', path.join(run, 'ranks')],
+    ['launch', '--nproc-per-node', '2', '--tp', '2', '--port', String(port), '--', ...RANKS.command(path.join(engine, 'engine.py'), { nproc: 2 }), '--out', path.join(run, 'eng'), '--max-tokens', '12', '--result-dir', path.join(run, 'ranks')],
     {
       cwd: run,
       env: { ...process.env, WAVEBUS_CACHE_ROOT: path.join(run, 'cache'), WAVEBUS_SNAPSHOT_ENABLE: '1', WAVEBUS_SNAPSHOT_CAPTURE_REQUEST: 'req-1', WAVEBUS_SNAPSHOT_CAPTURE_TOKEN: '20', WAVEBUS_SNAPSHOT_MAX_CAPTURES: '1' },

@@ -135,17 +135,19 @@ const SKIPPED: Record<string, string> = {
   'wavebus agent --coordinator 10.0.0.5:29600 --curve-server-key keys/coordinator.pub --curve-key keys/agent.key': `${FAR_HOST} (test/security.test.ts runs CURVE agents on loopback)`,
   'wavebus launch --curve-dir keys --nnodes 2 --node-rank $NODE_RANK --master-addr 10.0.0.5 ... -- python serve.py': `two hosts; ${ENGINE}`,
   'WAVEBUS_SNAPSHOT_ENABLE=1 WAVEBUS_SNAPSHOT_CAPTURE_TOKEN=104 WAVEBUS_SNAPSHOT_CAPTURE_REQUEST=abc WAVEBUS_SNAPSHOT_RANKS=0 WAVEBUS_SNAPSHOT_FORMAT=npy wavebus launch ...': `elided flags (...); ${ENGINE}`,
+  'wavebus launch --nproc-per-node 2 --tp 2 -- .venv-torch2/bin/torchrun --standalone --nproc-per-node 2 examples/torch-engine/engine.py --out /tmp/eng --max-tokens 48':
+    'two PyTorch ranks under torch 2\'s torchrun for a minute or more; test/torch-engine.test.ts runs this launch (with a port and an out dir of its own)',
   'wavebus launch --nproc-per-node 2 --tp 2 -- python3 examples/torch-engine/torchrun_env.py examples/torch-engine/engine.py --out /tmp/eng --max-tokens 48':
-    'two PyTorch ranks for a minute or more; test/torch-engine.test.ts runs this launch (with a port and an out dir of its own)',
-  'python3 examples/torch-engine/replay.py --snapshots $WAVEBUS_CACHE_ROOT/snapshots/torch-engine-tp2 --call 5 --engine-out /tmp/eng': 'replays the capture of the launch above (test/torch-engine.test.ts runs replay.py on one)',
+    'the stand-in where torch 2 is absent: two PyTorch ranks on Debian\'s torch for a minute or more; test/torch-engine.test.ts runs this launch in its torch 1.13 compatibility case',
+  '.venv-torch2/bin/python examples/torch-engine/replay.py --snapshots $WAVEBUS_CACHE_ROOT/snapshots/torch-engine-tp2 --call 5 --engine-out /tmp/eng': 'replays the capture of the launch above (test/torch-engine.test.ts runs replay.py on one)',
   'wavebus bisect A B [--tol DTYPE=ATOL,RTOL ...] [--call N] [--json] [--out FILE.json]': SYNOPSIS,
   'wavebus verdict TREE --engine-out DIR [--incident ID] [--dp N] [--rank-host G=HOST[:DEVICE] ...] [--host-env HOST=FILE ...] [--other-host HOST] [--allow-live-device] [--no-reference] [--tol DTYPE=ATOL,RTOL ...] [--replayer-arg ARG ...] [--json] [--coordinator HOST:PORT [--bus-token-file FILE] [--curve-dir DIR] [--timeout MS]]': SYNOPSIS,
   'export WAVEBUS_CACHE_ROOT=/tmp/wb-bisect/cache': BISECT_WALK,
-  'WAVEBUS_SNAPSHOT_ENABLE=1 WAVEBUS_SNAPSHOT_CAPTURE_REQUEST=req-1 WAVEBUS_SNAPSHOT_CAPTURE_TOKEN=20 WAVEBUS_SNAPSHOT_MAX_CAPTURES=1 wavebus launch --nproc-per-node 2 --tp 2 -- python3 examples/torch-engine/torchrun_env.py examples/torch-engine/engine.py --out /tmp/wb-bisect/eng --max-tokens 12': BISECT_WALK,
+  'WAVEBUS_SNAPSHOT_ENABLE=1 WAVEBUS_SNAPSHOT_CAPTURE_REQUEST=req-1 WAVEBUS_SNAPSHOT_CAPTURE_TOKEN=20 WAVEBUS_SNAPSHOT_MAX_CAPTURES=1 wavebus launch --nproc-per-node 2 --tp 2 -- .venv-torch2/bin/torchrun --standalone --nproc-per-node 2 examples/torch-engine/engine.py --out /tmp/wb-bisect/eng --max-tokens 12': BISECT_WALK,
   'SNAP=$WAVEBUS_CACHE_ROOT/snapshots/torch-engine-tp2': BISECT_WALK,
   'CALL=$(ls $SNAP/rank0 | head -1 | cut -c5-)': BISECT_WALK,
-  'python3 examples/torch-engine/replay.py --snapshots $SNAP --call $CALL --engine-out /tmp/wb-bisect/eng --probe /tmp/wb-bisect/tp2': BISECT_WALK,
-  'python3 examples/torch-engine/replay.py --snapshots $SNAP --call $CALL --tp 1 --probe /tmp/wb-bisect/tp1': BISECT_WALK,
+  '.venv-torch2/bin/python examples/torch-engine/replay.py --snapshots $SNAP --call $CALL --engine-out /tmp/wb-bisect/eng --probe /tmp/wb-bisect/tp2': BISECT_WALK,
+  '.venv-torch2/bin/python examples/torch-engine/replay.py --snapshots $SNAP --call $CALL --tp 1 --probe /tmp/wb-bisect/tp1': BISECT_WALK,
   'wavebus bisect /tmp/wb-bisect/tp2 /tmp/wb-bisect/tp1': BISECT_WALK,
   'export WAVEBUS_CACHE_ROOT=/tmp/wb-hf-bisect/cache': HF_BISECT_WALK,
   '.venv-torch2/bin/python examples/transformers-engine/make_model.py /tmp/wb-hf-bisect/model': HF_BISECT_WALK,
@@ -157,7 +159,7 @@ const SKIPPED: Record<string, string> = {
   'wavebus bisect /tmp/wb-hf-bisect/tp2 /tmp/wb-hf-bisect/tp1': HF_BISECT_WALK,
   '$PY examples/transformers-engine/replay.py --model /tmp/wb-hf-bisect/model --snapshots $SNAP --call 1 --probe /tmp/wb-hf-bisect/bad --fault weight:1:model.layers.1.mlp.up_proj.weight': HF_BISECT_WALK,
   'wavebus bisect /tmp/wb-hf-bisect/bad /tmp/wb-hf-bisect/tp1': HF_BISECT_WALK,
-  'python3 examples/torch-engine/replay.py --snapshots $SNAP --call $CALL --probe /tmp/wb-bisect/bad --fault weight:1:layers.1.up': BISECT_WALK,
+  '.venv-torch2/bin/python examples/torch-engine/replay.py --snapshots $SNAP --call $CALL --probe /tmp/wb-bisect/bad --fault weight:1:layers.1.up': BISECT_WALK,
   'wavebus bisect /tmp/wb-bisect/bad /tmp/wb-bisect/tp1': BISECT_WALK,
   'wavebus bisect /tmp/wb-bisect/bad /tmp/wb-bisect/tp1 --out $WAVEBUS_CACHE_ROOT/bisect/tp2-vs-tp1.json': BISECT_WALK,
   'wavebus report $WAVEBUS_CACHE_ROOT -o /tmp/wb-bisect/report.html': `${BISECT_WALK}; test/report-bisect.test.ts runs bisect --out and report on probe trees`,
@@ -190,9 +192,9 @@ const SKIPPED: Record<string, string> = {
   'wavebus capture --coordinator 127.0.0.1:29600 --token 104 --ranks 0 --format npy': LIVE_JOB,
   'wavebus capture --coordinator 127.0.0.1:29600 --next --wait': LIVE_JOB,
   'wavebus capture --coordinator 127.0.0.1:29600 --flush-recorder --wait': LIVE_JOB,
-  'WAVEBUS_RECORD_FORWARDS=8 wavebus launch --nproc-per-node 2 --tp 2 -- python3 examples/torch-engine/torchrun_env.py examples/torch-engine/engine.py --out /tmp/eng':
+  'WAVEBUS_RECORD_FORWARDS=8 wavebus launch --nproc-per-node 2 --tp 2 -- .venv-torch2/bin/torchrun --standalone --nproc-per-node 2 examples/torch-engine/engine.py --out /tmp/eng':
     'runs the torch engine to its end with the recorder on (minutes on this host); test/recorder-torch.test.ts launches it with the recorder and kills it mid-run',
-  'python3 examples/torch-engine/replay.py --snapshots $WAVEBUS_CACHE_ROOT/snapshots/recorder/crash-run/torch-engine-tp2 --call 12 --engine-out /tmp/eng':
+  '.venv-torch2/bin/python examples/torch-engine/replay.py --snapshots $WAVEBUS_CACHE_ROOT/snapshots/recorder/crash-run/torch-engine-tp2 --call 12 --engine-out /tmp/eng':
     'replays a crash flush of the launch above after a kill (test/recorder-torch.test.ts replays every flushed forward)',
   'node bin/wavebus.js bench recorder --json': BENCH,
   'npx wavebus report wavebus-demo -o incident.html': `${DEMO_TREE} (test/report.test.ts runs report on a real job's tree in Chromium)`,

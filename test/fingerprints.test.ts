@@ -11,10 +11,14 @@ import { clientFingerprint, fingerprintEnv } from '../src/client/fingerprint';
 import { FingerprintKeeper, WEIGHTS_SETTLE_MS } from '../src/agent/fingerprint-keeper';
 import { RegionKind } from '../src/client/protocol';
 import { ShmSegment } from '../src/memory';
-import { PYTHON, ROOT, cleanup, freePortPair, spawnWavebus, tmpDir, waitFor } from './helpers';
+import { ROOT, cleanup, freePortPair, spawnWavebus, tmpDir, waitFor } from './helpers';
+import { torchRanks } from './torch2';
 import { startHarnessJob, stopHarnessJob } from './job-harness';
 
 afterAll(cleanup);
+
+// How the engine's ranks start: torch 2.x's torchrun (the stand-in where torch 2.x is absent); its python for what reads their files.
+const RANKS = torchRanks();
 
 const BASE = { wavebusVersion: '0.1.0', language: 'python', runtimeVersion: 'python 3.11', torchVersion: '2.1', deviceName: 'cpu' };
 
@@ -157,7 +161,7 @@ test('a DP=2 torch job, one flipped weight byte on rank 1 and NCCL_ALGO=Tree on 
       'launch', '--nproc-per-node', '2', '--tp', '1', '--dp', '2', '--port', String(port),
       '--additional-config', JSON.stringify({ runtime_config: runtimeConfig }),
       '--agent-arg=--end-of-wave-timeout-ms', '--agent-arg=2000',
-      '--', PYTHON, path.join(engine, 'torchrun_env.py'), path.join(engine, 'engine.py'), '--out', out,
+      '--', ...RANKS.command(path.join(engine, 'engine.py'), { nproc: 2 }), '--out', out,
       '--dp', '2', '--requests', '2', '--max-tokens', '8', '--fault', 'nan:6:0',
       '--flip-byte', '1:layers.0.q:0', '--env-on-rank', '0:NCCL_ALGO=Tree',
     ],

@@ -12,6 +12,7 @@ import * as path from 'path';
 import * as zlib from 'zlib';
 import { argsOf, descendants } from './procs';
 import { CLI, PYTHON, ROOT, cleanup, cleanupNetns, createNetnsPair, describeAsRoot, exitedWithin, readManifests, runWavebus, freePortPair, sh, spawnOnHost, spawnWavebus, tmpDir } from './helpers';
+import { torchRanks } from './torch2';
 import { RankCompare } from '../src/guard/rank-compare';
 import { DECISION, DecisionRing } from '../src/agent/decision-ring';
 import { DecisionWriter, inputDigest, tokenDigest } from '../src/client/digest';
@@ -25,6 +26,9 @@ afterAll(async () => {
 });
 
 const ENGINE = path.join(ROOT, 'examples', 'torch-engine');
+
+// How the engine's ranks start: torch 2.x's torchrun (the stand-in where torch 2.x is absent); its python for what reads their files.
+const RANKS = torchRanks();
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 
@@ -51,7 +55,7 @@ async function runEngine(engineArgs: string[], during?: (launchPid: number, metr
       'launch', '--nproc-per-node', '2', '--tp', '2', '--port', String(port), '--metrics-port', String(metricsPort), '--bus-token-dir', path.join(dir, 'token'),
       '--additional-config', JSON.stringify({ runtime_config: runtimeConfig }),
       '--agent-arg=--end-of-wave-timeout-ms', '--agent-arg=2000',
-      '--', PYTHON, path.join(ENGINE, 'torchrun_env.py'), path.join(ENGINE, 'engine.py'), '--out', path.join(dir, 'out'), ...engineArgs,
+      '--', ...RANKS.command(path.join(ENGINE, 'engine.py'), { nproc: 2 }), '--out', path.join(dir, 'out'), ...engineArgs,
     ],
     { env: { ...process.env, WAVEBUS_CACHE_ROOT: path.join(dir, 'cache') }, cwd: dir },
   );
@@ -202,7 +206,7 @@ describeAsRoot('cross-host: TP=2 spanning two network namespaces (one rank each,
           '--master-addr', net.addrA, '--port', String(PORT), '--insecure', '--ready-timeout-ms', '60000',
           '--additional-config', JSON.stringify({ runtime_config: runtimeConfig }),
           '--agent-arg=--end-of-wave-timeout-ms', '--agent-arg=2000',
-          '--', PYTHON, path.join(ENGINE, 'torchrun_env.py'), path.join(ENGINE, 'engine.py'), '--out', path.join(hd, 'out'),
+          '--', ...RANKS.command(path.join(ENGINE, 'engine.py'), { nproc: 1, nnodes: 2, nodeRank: node, masterAddr: net.addrA, masterPort: 29500 }), '--out', path.join(hd, 'out'),
           '--requests', '3', '--max-tokens', '12', '--step-sleep-ms', '30', '--fault', 'diverge:6:1:1',
         ],
         { env: { ...process.env, WAVEBUS_CACHE_ROOT: path.join(hd, 'cache'), MASTER_ADDR: net.addrA, MASTER_PORT: '29500', GLOO_SOCKET_IFNAME: veth }, cwd: hd },

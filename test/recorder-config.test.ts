@@ -15,9 +15,13 @@ import { configFromRaw, defaultConfig } from '../src/guard/config';
 import { recorderSizeMismatch } from '../src/guard/recorder-config';
 import { ConfigError } from '../src/errors';
 import { decode, encode, messageType } from '../src/proto';
-import { PYTHON, ROOT, cleanup, freePortPair, spawnWavebus, tmpDir, waitFor } from './helpers';
+import { ROOT, cleanup, freePortPair, spawnWavebus, tmpDir, waitFor } from './helpers';
+import { torchRanks } from './torch2';
 
 afterAll(cleanup);
+
+// How the engine's ranks start: torch 2.x's torchrun (the stand-in where torch 2.x is absent); its python for what reads their files.
+const RANKS = torchRanks();
 
 test('recorder: defaults, and bad values refused naming the field', () => {
   expect(defaultConfig().recorder).toEqual({ forwards: 0, max_bytes: 0, on: ['crash', 'incident', 'flush'], flush: 0 });
@@ -93,7 +97,7 @@ test('a recorder.flush raise in the config file of a running TP=2 job: both rank
   const proc = spawnWavebus(
     ['launch', '--nproc-per-node', '2', '--tp', '2', '--port', String(port), '--run-dir', path.join(dir, 'run'),
       '--runtime-config-path', configPath, '--runtime-config-hot-reload', '--agent-arg=--end-of-wave-timeout-ms', '--agent-arg=2000',
-      '--', PYTHON, path.join(ENGINE, 'torchrun_env.py'), path.join(ENGINE, 'engine.py'), '--out', out, '--save-every-forward',
+      '--', ...RANKS.command(path.join(ENGINE, 'engine.py'), { nproc: 2 }), '--out', out, '--save-every-forward',
       '--requests', '2', '--max-tokens', '120', '--arrive-every', '1', '--step-sleep-ms', '30'],
     { env: { ...process.env, WAVEBUS_CACHE_ROOT: path.join(dir, 'cache'), WAVEBUS_RECORD_FORWARDS: '4' }, cwd: dir },
   );

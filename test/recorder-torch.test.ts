@@ -5,15 +5,19 @@
 import * as fs from 'fs';
 import * as path from 'path';
 import { spawnSync } from 'child_process';
-import { PYTHON, ROOT, cleanup, freePort, freePortPair, readManifests, spawnWavebus, tmpDir, waitFor } from './helpers';
+import { ROOT, cleanup, freePort, freePortPair, readManifests, spawnWavebus, tmpDir, waitFor } from './helpers';
+import { torchRanks } from './torch2';
 
 afterAll(cleanup);
 
 const ENGINE = path.join(ROOT, 'examples', 'torch-engine');
 const K = 4;
 
+// How the engine's ranks start: torch 2.x's torchrun (the stand-in where torch 2.x is absent); its python for what reads their files.
+const RANKS = torchRanks();
+
 function python(args: string[]): { code: number | null; stdout: string; stderr: string } {
-  const r = spawnSync(PYTHON, args, { encoding: 'utf8', timeout: 120000, env: { ...process.env, PYTHONPATH: path.join(ROOT, 'clients', 'python') } });
+  const r = spawnSync(RANKS.python, args, { encoding: 'utf8', timeout: 120000, env: { ...process.env, PYTHONPATH: path.join(ROOT, 'clients', 'python') } });
   return { code: r.status, stdout: r.stdout, stderr: r.stderr };
 }
 
@@ -27,7 +31,7 @@ async function launch(engineArgs: string[], launchArgs: string[] = [], k = K) {
   const port = await freePortPair();
   const proc = spawnWavebus(
     ['launch', '--nproc-per-node', '2', '--tp', '2', '--port', String(port), '--run-dir', path.join(dir, 'run'), ...launchArgs,
-      '--', PYTHON, path.join(ENGINE, 'torchrun_env.py'), path.join(ENGINE, 'engine.py'), '--out', out, '--save-every-forward', ...engineArgs],
+      '--', ...RANKS.command(path.join(ENGINE, 'engine.py'), { nproc: 2 }), '--out', out, '--save-every-forward', ...engineArgs],
     { env: { ...process.env, WAVEBUS_CACHE_ROOT: path.join(dir, 'cache'), WAVEBUS_RECORD_FORWARDS: String(k) }, cwd: dir },
   );
   const until = async <T>(fn: () => T, what: string, ms: number) => {

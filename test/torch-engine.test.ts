@@ -5,11 +5,16 @@
 import * as fs from 'fs';
 import * as path from 'path';
 import { spawnSync } from 'child_process';
-import { PYTHON, ROOT, cleanup, freePortPair, readManifests, runWavebus, spawnWavebus, tmpDir } from './helpers';
+import { ROOT, cleanup, freePortPair, readManifests, runWavebus, spawnWavebus, tmpDir } from './helpers';
+import { torchRanks, type TorchRanks } from './torch2';
 
 afterAll(cleanup);
 
 const ENGINE = path.join(ROOT, 'examples', 'torch-engine');
+// torch 2.x's torchrun (the stand-in only where torch 2.x is absent); COMPAT: the one compatibility
+// run on Debian's torch 1.13 with the stand-in (docs/transformers.md, "Two torches").
+const RANKS = torchRanks();
+const COMPAT = torchRanks({ compat: true });
 
 interface Run {
   dir: string;
@@ -23,7 +28,7 @@ interface Run {
 const DETECTORS = ['token_repeat', 'logits_finite', 'garbled', 'spec_acceptance'];
 
 /** One `wavebus launch` of the engine with these detectors on (report + dump_kv), to its end. */
-async function runEngine(opts: { tp: number; detectors: string[]; engineArgs?: string[]; env?: NodeJS.ProcessEnv }): Promise<Run> {
+async function runEngine(opts: { tp: number; detectors: string[]; engineArgs?: string[]; env?: NodeJS.ProcessEnv; ranks?: TorchRanks }): Promise<Run> {
   const dir = tmpDir('wavebus-torch-');
   const out = path.join(dir, 'out');
   const detector: Record<string, unknown> = {};
@@ -39,7 +44,7 @@ async function runEngine(opts: { tp: number; detectors: string[]; engineArgs?: s
       'launch', '--nproc-per-node', String(opts.tp), '--tp', String(opts.tp), '--port', String(port),
       '--additional-config', JSON.stringify({ runtime_config: runtimeConfig }),
       '--agent-arg=--end-of-wave-timeout-ms', '--agent-arg=2000',
-      '--', PYTHON, path.join(ENGINE, 'torchrun_env.py'), path.join(ENGINE, 'engine.py'), '--out', out, ...(opts.engineArgs ?? []),
+      '--', ...(opts.ranks ?? RANKS).command(path.join(ENGINE, 'engine.py'), { nproc: opts.tp }), '--out', out, ...(opts.engineArgs ?? []),
     ],
     { env: { ...process.env, WAVEBUS_CACHE_ROOT: path.join(dir, 'cache'), ...opts.env }, cwd: dir },
   );
@@ -59,8 +64,9 @@ async function runEngine(opts: { tp: number; detectors: string[]; engineArgs?: s
   };
 }
 
-function python(args: string[]): { code: number | null; stdout: string; stderr: string } {
-  const r = spawnSync(PYTHON, args, { encoding: 'utf8', timeout: 120000, env: { ...process.env, PYTHONPATH: path.join(ROOT, 'clients', 'python') } });
+/** A python of the torch the engine ran on (replays are bit for bit within one torch). */
+function python(args: string[], ranks: TorchRanks = RANKS): { code: number | null; stdout: string; stderr: string } {
+  const r = spawnSync(ranks.python, args, { encoding: 'utf8', timeout: 120000, env: { ...process.env, PYTHONPATH: path.join(ROOT, 'clients', 'python') } });
   return { code: r.status, stdout: r.stdout, stderr: r.stderr };
 }
 
@@ -85,9 +91,11 @@ for rd in sorted(d for d in os.listdir(wave_dir) if re.fullmatch(r'dp0_tp[0-9]+_
             n += 1
 print(n)`;
 
-test('healthy run: no incident with every detector on; a snapshot replays off-line bit for bit on every rank', async () => {
+// The compatibility run: Debian's torch 1.13 (the torch a Debian user has, and the client's oldest)
+// with the torchrun stand-in, the whole path once: client, agent, detectors, snapshots, replay.
+test('torch 1.13 compatibility (Debian, the torchrun stand-in): healthy run, no incident with every detector on; a snapshot replays off-line bit for bit on every rank', async () => {
   const run = await runEngine({
-    tp: 2, detectors: DETECTORS, engineArgs: ['--max-tokens', '24'],
+    tp: 2, detectors: DETECTORS, engineArgs: ['--max-tokens', '24'], ranks: COMPAT,
     env: { WAVEBUS_SNAPSHOT_ENABLE: '1', WAVEBUS_SNAPSHOT_CAPTURE_REQUEST: 'req-2', WAVEBUS_SNAPSHOT_CAPTURE_TOKEN: '30', WAVEBUS_SNAPSHOT_MAX_CAPTURES: '3' },
   });
   for (const d of DETECTORS) expect(run.reports(d)).toEqual([]);
@@ -102,13 +110,13 @@ test('healthy run: no incident with every detector on; a snapshot replays off-li
   expect(calls.length).toBeGreaterThanOrEqual(2);
   expect(fs.readdirSync(path.join(snaps, 'rank1')).sort()).toEqual(calls);
   for (const call of calls) {
-    const r = python([path.join(ENGINE, 'replay.py'), '--snapshots', snaps, '--call', call.slice(4), '--engine-out', run.out]);
+    const r = python([path.join(ENGINE, 'replay.py'), '--snapshots', snaps, '--call', call.slice(4), '--engine-out', run.out], COMPAT);
     if (r.code !== 0) throw new Error(`replay ${call}: ${r.stdout}${r.stderr}`);
     const lines = r.stdout.trim().split('\n').map((l) => JSON.parse(l));
     expect(lines.map((l) => [l.rank, l.bitwise_equal, l.max_abs_diff])).toEqual([[0, true, 0], [1, true, 0]]);
   }
   // The comparison can fail: the same inputs through another seed's weights are not equal.
-  const wrong = python([path.join(ENGINE, 'replay.py'), '--snapshots', snaps, '--call', calls[0].slice(4), '--engine-out', run.out, '--seed', '1235']);
+  const wrong = python([path.join(ENGINE, 'replay.py'), '--snapshots', snaps, '--call', calls[0].slice(4), '--engine-out', run.out, '--seed', '1235'], COMPAT);
   expect(wrong.code).toBe(1);
   expect(wrong.stdout).toContain('"bitwise_equal": false');
 }, 150000);
@@ -126,7 +134,7 @@ test('wavebus capture --request on a running TP=2 job: both ranks capture the sa
       'launch', '--nproc-per-node', '2', '--tp', '2', '--port', String(port), '--run-dir', runDir,
       '--additional-config', JSON.stringify({ runtime_config: { detector, actions: { defaults: { on_trigger: ['report'] } } } }),
       '--agent-arg=--end-of-wave-timeout-ms', '--agent-arg=2000',
-      '--', PYTHON, path.join(ENGINE, 'torchrun_env.py'), path.join(ENGINE, 'engine.py'), '--out', out, '--requests', '6', '--arrive-every', '30', '--max-tokens', '16',
+      '--', ...RANKS.command(path.join(ENGINE, 'engine.py'), { nproc: 2 }), '--out', out, '--requests', '6', '--arrive-every', '30', '--max-tokens', '16',
     ],
     { env: { ...process.env, WAVEBUS_CACHE_ROOT: path.join(dir, 'cache') }, cwd: dir },
   );
@@ -296,6 +304,9 @@ test('wavebus demo --engine torch: the demo\'s summary and verification over the
     throw new Error(`demo exited ${r.code}\n${r.stdout}\n${r.stderr}\n${logs.join('\n')}`);
   }
   expect(r.stdout).toContain('engine torch');
+  // The demo finds the checkout's torch 2.x venv as the tests do, and says so when it must fall back.
+  if (RANKS.kind === 'torchrun') expect(r.stderr).not.toContain('torch 2.x is absent');
+  else expect(r.stderr).toContain('wavebus demo: torch 2.x is absent');
   expect(r.stdout).toContain('demo OK: every expected artifact was written and verified');
   for (const t of ['token_repeat', 'logits_finite', 'garbled']) expect(r.stdout).toMatch(new RegExp(`^  ${t}\\s+[1-9]`, 'm'));
   // The engine saved its pool at every dump wave: the demo compared every dumped block with it.

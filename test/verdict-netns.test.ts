@@ -19,7 +19,8 @@
 import * as fs from 'fs';
 import * as path from 'path';
 import { writeKeyPair } from '../src/bus/curve';
-import { CLI, PYTHON, ROOT, cleanup, cleanupNetns, createNetnsPair, describeAsRoot, spawnInNetns, tmpDir, waitFor, type NetnsPair, type Spawned } from './helpers';
+import { CLI, ROOT, cleanup, cleanupNetns, createNetnsPair, describeAsRoot, spawnInNetns, tmpDir, waitFor, type NetnsPair, type Spawned } from './helpers';
+import { torchRanks } from './torch2';
 import { flushVerdicts, makeVerdictHosts } from './verdict-hosts';
 
 jest.setTimeout(420000);
@@ -27,6 +28,9 @@ jest.setTimeout(420000);
 const PORT = 29600; // a fresh namespace has every port free
 const GLOO_PORT = 29650; // the engines' process group (torch.distributed's TCP store on host A)
 const ENGINE = path.join(ROOT, 'examples', 'torch-engine');
+
+// How the engine's ranks start: torch 2.x's torchrun (the stand-in where torch 2.x is absent); its python for what reads their files.
+const RANKS = torchRanks();
 
 afterAll(async () => {
   try {
@@ -65,12 +69,12 @@ describeAsRoot('verdict across two hosts in network namespaces', () => {
     };
     const launch = (h: (typeof hosts)[number]): Spawned => {
       const out = path.join(h.dir, 'out');
-      const verdictArgs = [`--engine-out=${out}`, `--python=${PYTHON}`, ...patchArgs, ...layout].map((a) => `--agent-arg=--verdict-arg=${a}`);
+      const verdictArgs = [`--engine-out=${out}`, `--python=${RANKS.python}`, ...patchArgs, ...layout].map((a) => `--agent-arg=--verdict-arg=${a}`);
       return spawnInNetns(h.ns, process.execPath, [
         CLI, 'launch', '--nnodes', '2', '--node-rank', String(h.node), '--nproc-per-node', '2', '--tp', '2', '--dp', '2',
         '--master-addr', net.addrA, '--port', String(PORT), '--curve-dir', keyDir, '--ready-timeout-ms', '120000', '--linger-ms', '300000',
         '--additional-config', JSON.stringify(config), '--agent-arg=--end-of-wave-timeout-ms', '--agent-arg=2000', ...verdictArgs,
-        '--', PYTHON, path.join(ENGINE, 'torchrun_env.py'), path.join(ENGINE, 'engine.py'), '--out', out, '--dp', '2', '--save-every-forward',
+        '--', ...RANKS.command(path.join(ENGINE, 'engine.py'), { nproc: 2, nnodes: 2, nodeRank: h.node, masterAddr: net.addrA, masterPort: GLOO_PORT }), '--out', out, '--dp', '2', '--save-every-forward',
         '--requests', '2', '--max-tokens', '230', '--step-sleep-ms', '400', '--flip-output', '6:1', '--shard-patch', patch,
       ], {
         cwd: dir, // one dump root path on both hosts (each agent checks the coordinator's dump_dir against its own)
@@ -141,7 +145,7 @@ describeAsRoot('verdict across two hosts in network namespaces', () => {
       const servingA = Number(fs.readFileSync(path.join(hosts[0].dir, 'out', 'pid_rank0'), 'utf8'));
       expect(fs.existsSync(`/proc/${servingA}`)).toBe(true); // host A's engine still serves (its --max-tokens keeps it busy)
       const refused = spawnInNetns(net.b, process.execPath, [CLI, 'verdict', path.join(hosts[1].dir, 'cache'), '--incident', b.incident.id, '--engine-out', copy,
-        '--python', PYTHON, '--no-reference', ...patchArgs, ...layout, ...coordinator, '--json'], { env: { ...process.env, TORCH_ENGINE_DEVICE_FAULT_FILE: hosts[1].fault } });
+        '--python', RANKS.python, '--no-reference', ...patchArgs, ...layout, ...coordinator, '--json'], { env: { ...process.env, TORCH_ENGINE_DEVICE_FAULT_FILE: hosts[1].fault } });
       expect({ code: (await refused.exited).code, stderr: refused.stderr() }).toEqual({ code: 0, stderr: '' });
       const r = JSON.parse(refused.stdout());
       expect(r.verdict).toBe('inconclusive');

@@ -16,12 +16,19 @@ import * as path from 'path';
 import { Coordinator } from '../src/bus/coordinator';
 import { createTokenFile, loadBusToken } from '../src/bus/auth';
 import { createLogger } from '../src/log';
-import { PYTHON, ROOT, cleanup, freePortPair, runPython, runWavebus, spawnTracked, spawnWavebus, tmpDir, waitFor } from './helpers';
+import { ROOT, cleanup, freePortPair, runPython, runWavebus, spawnTracked, spawnWavebus, tmpDir, waitFor } from './helpers';
+import { torchRanks } from './torch2';
 import { flushVerdicts, makeVerdictHosts } from './verdict-hosts';
 
 afterAll(cleanup);
 
 const ENGINE = path.join(ROOT, 'examples', 'torch-engine');
+
+// Not yet moved to torch 2.x's torchrun: under it the live `wavebus dump` below (after forward 7 of
+// 30) lost the race with the job's end on a loaded host ("the coordinator stopped answering (the job
+// ended?)": failed at load 8 and 20, passed at load 3); moving it needs the job kept alive until the
+// dump settles. Until then: Debian's torch 1.13 with the stand-in (docs/transformers.md, "Two torches").
+const RANKS = torchRanks({ compat: true });
 const CONFIG = {
   runtime_config: {
     report: { save_sensitive_info: true }, // replay needs the token ids (docs/recorder.md)
@@ -64,11 +71,11 @@ async function job(engineArgs: string[], opts: JobOptions = {}): Promise<Job> {
   const port = await freePortPair();
   const config = opts.auto ? { runtime_config: { ...CONFIG.runtime_config, verdict: { auto: true, allow_live_device: true } } } : CONFIG;
   // What `wavebus verdict` needs beside the flush: the engine's outputs, the layout, the hosts.
-  const auto = opts.auto ? ['--linger-ms', '240000', ...[`--engine-out=${out}`, `--python=${PYTHON}`, `--dp=${dp}`, '--no-reference', ...flagsWithEq(hostFlags)].map((a) => `--agent-arg=--verdict-arg=${a}`)] : [];
+  const auto = opts.auto ? ['--linger-ms', '240000', ...[`--engine-out=${out}`, `--python=${RANKS.python}`, `--dp=${dp}`, '--no-reference', ...flagsWithEq(hostFlags)].map((a) => `--agent-arg=--verdict-arg=${a}`)] : [];
   const launch = spawnWavebus(
     ['launch', '--nproc-per-node', String(2 * dp), '--tp', '2', '--dp', String(dp), '--port', String(port), '--run-dir', path.join(dir, 'run'),
       '--additional-config', JSON.stringify(config), '--agent-arg=--end-of-wave-timeout-ms', '--agent-arg=2000', ...auto,
-      '--', PYTHON, path.join(ENGINE, 'torchrun_env.py'), path.join(ENGINE, 'engine.py'), '--out', out, '--dp', String(dp), '--save-every-forward',
+      '--', ...RANKS.command(path.join(ENGINE, 'engine.py'), { nproc: 2 * dp }), '--out', out, '--dp', String(dp), '--save-every-forward',
       '--requests', '2', '--max-tokens', '30', '--step-sleep-ms', '50', ...envOnRank, ...engineArgs],
     { env: { ...process.env, WAVEBUS_CACHE_ROOT: path.join(dir, 'cache'), WAVEBUS_RECORD_FORWARDS: '32' }, cwd: dir },
   );
@@ -102,14 +109,14 @@ let badDeviceJob: Promise<Job> | undefined;
 const badDevice = () => (badDeviceJob ??= job([], { badDevice: true }));
 
 function verdict(j: Job, ...flags: string[]) {
-  const r = runWavebus(['verdict', j.dir, '--engine-out', j.out, '--python', PYTHON, ...j.hostFlags, '--json', ...flags], { timeout: 240000 });
+  const r = runWavebus(['verdict', j.dir, '--engine-out', j.out, '--python', RANKS.python, ...j.hostFlags, '--json', ...flags], { timeout: 240000 });
   if (r.code !== 0) throw new Error(`verdict exited ${r.code}\n${r.stdout}${r.stderr}`);
   return JSON.parse(r.stdout);
 }
 
 /** `wavebus verdict --json` told to the job's coordinator (its replays on other hosts go through their agents), no reference. */
 async function cli(j: Job, at: { port: number; tokenFile: string }, ...flags: string[]) {
-  const r = spawnWavebus(['verdict', j.dir, '--engine-out', j.out, '--python', PYTHON, ...j.hostFlags, '--json', '--no-reference',
+  const r = spawnWavebus(['verdict', j.dir, '--engine-out', j.out, '--python', RANKS.python, ...j.hostFlags, '--json', '--no-reference',
     '--coordinator', `127.0.0.1:${at.port}`, '--bus-token-file', at.tokenFile, ...flags]);
   const e = await r.exited;
   if (e.code !== 0) throw new Error(`verdict exited ${e.code}\n${r.stdout()}${r.stderr()}`);
@@ -259,7 +266,7 @@ test('no second replica (judged as DP=1): inconclusive with the reason; a servin
   await coordinator.start();
   let v: any;
   try {
-    const told = spawnWavebus(['verdict', j.dir, '--engine-out', j.out, '--python', PYTHON, ...j.hostFlags, '--json', '--coordinator', `127.0.0.1:${port}`, '--bus-token-file', tokenFile]);
+    const told = spawnWavebus(['verdict', j.dir, '--engine-out', j.out, '--python', RANKS.python, ...j.hostFlags, '--json', '--coordinator', `127.0.0.1:${port}`, '--bus-token-file', tokenFile]);
     const e = await told.exited; // asynchronous: this process's coordinator answers it
     expect({ code: e.code, stderr: told.stderr() }).toEqual({ code: 0, stderr: '' });
     v = JSON.parse(told.stdout());

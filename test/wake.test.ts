@@ -10,14 +10,17 @@ import { MailboxReader } from '../src/client/mailbox';
 import { ReplicaWake, WAKE } from '../src/bus/replica-wake';
 import { Job } from './sim-job';
 import { spawnSync } from 'child_process';
-import { CLI, PYTHON, ROOT, cleanup, freePortPair, readManifests, spawnWavebus, tmpDir, waitFor, type Spawned } from './helpers';
-import { torch2 } from './torch2';
+import { CLI, ROOT, cleanup, freePortPair, readManifests, spawnWavebus, tmpDir, waitFor, type Spawned } from './helpers';
+import { torch2, torchRanks } from './torch2';
 import { argsOf, descendants } from './procs';
 
 jest.setTimeout(300000);
 afterAll(cleanup);
 
 const ENGINE = path.join(ROOT, 'examples', 'torch-engine');
+
+// How the engine's ranks start: torch 2.x's torchrun (the stand-in where torch 2.x is absent); its python for what reads their files.
+const RANKS = torchRanks();
 // The only flag: each agent's end-of-wave bound, wider than the default 50 ms, because this
 // 2-vCPU machine runs several suites at once (the bound is not a feature: nothing is turned on).
 const BOUND = ['--agent-arg=--end-of-wave-timeout-ms', '--agent-arg=2000'];
@@ -159,7 +162,7 @@ test('a simulated TP=2 job started with the defaults: dump --all --wait and capt
 
 test('the PyTorch engine (TP=2) started with the defaults: dump --all --wait and capture --next --wait complete, then the bus sleeps', async () => {
   const dirOut = tmpDir('wavebus-wake-torch-out-');
-  const j = await launch([PYTHON, path.join(ENGINE, 'torchrun_env.py'), path.join(ENGINE, 'engine.py'), '--out', dirOut, '--requests', '2', '--max-tokens', '400', '--num-blocks', '256', '--arrive-every', '2', '--step-sleep-ms', '40'], 'torch');
+  const j = await launch([...RANKS.command(path.join(ENGINE, 'engine.py'), { nproc: 2 }), '--out', dirOut, '--requests', '2', '--max-tokens', '400', '--num-blocks', '256', '--arrive-every', '2', '--step-sleep-ms', '40'], 'torch');
   try {
     await untilStepping(j);
     await waitFor(() => features(j).every((b) => b === 0), 'every mailbox to say everything off', 30000, 100);

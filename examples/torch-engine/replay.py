@@ -27,6 +27,12 @@ import os
 import sys
 import threading
 
+# torch 2.x's pip wheels compute matmuls in MKL, which picks its kernel by the operands' memory
+# alignment: without conditional numerical reproducibility, replay.py's logits can differ from the
+# engine's in the last bits (seen at 9- and 1-row forwards). Set before torch loads MKL; the engine
+# and replay.py both set it, so their bits agree. (Debian's torch 1.13 uses OpenBLAS: no effect.)
+os.environ.setdefault("MKL_CBWR", "COMPATIBLE")
+
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -20,7 +20,7 @@ export const command: CommandModule = {
       .option('format', { choices: TENSOR_FORMATS, default: DEFAULT_TENSOR_FORMAT, describe: 'KV dump and snapshot format' })
       .option('runtime-config', { type: 'string', describe: 'use this runtime_config.json instead of the demo one' })
       .option('port', { type: 'string', describe: 'bus base port (default: a free one)' })
-      .option('engine', { choices: ['sim', 'torch', 'transformers'] as const, default: 'sim' as const, describe: "sim: the simulator; torch: examples/torch-engine, a real TP transformer (python3-torch); transformers: Hugging Face transformers' continuous batching under torchrun (the torch 2.x venv)" }),
+      .option('engine', { choices: ['sim', 'torch', 'transformers'] as const, default: 'sim' as const, describe: "sim: the simulator; torch: examples/torch-engine, a real TP transformer (torch 2.x's torchrun from the torch 2.x venv, else python3-torch with a torchrun stand-in); transformers: Hugging Face transformers' continuous batching under torchrun (the torch 2.x venv)" }),
   handler: async (argv) => {
     const res = await runDemo({
       out: String(argv.out),

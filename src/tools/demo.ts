@@ -34,7 +34,7 @@ export interface DemoOptions {
   format: TensorFormat;
   runtimeConfig?: string;
   port?: number;
-  /** 'sim' (default): the simulator; 'torch': examples/torch-engine (needs python3-torch);
+  /** 'sim' (default): the simulator; 'torch': examples/torch-engine (torch 2.x's torchrun, or python3-torch with the stand-in);
    *  'transformers': examples/transformers-engine (the torch 2.x venv, scripts/torch2-venv.js). */
   engine?: 'sim' | 'torch' | 'transformers';
   log?: (line: string) => void;
