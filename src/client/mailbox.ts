@@ -279,7 +279,7 @@ export class MailboxReader {
     return (g.config !== 0 ? DUE_CONFIG : 0) | (g.dump !== 0 ? DUE_DUMP : 0) | (g.snapshot !== 0 ? DUE_SNAPSHOT : 0);
   }
 
-  /** The addon's Lookup, in JS (native/mailbox.cc): the floor first, then the slot's seqlock. */
+  /** The addon's Lookup, in JS (native/mailbox_reader.cc): the floor first, then the slot's seqlock. */
   private lookup(wave: number): number {
     const floor = Number(Atomics.load(this.u64, H_FLOOR));
     const r = this.readSlot(wave);

@@ -1,7 +1,7 @@
 // Files one process on a host maps that another wrote (test/fuzz-surfaces.ts SURFACES;
 // docs/fuzzing.md): the flight recorder's ring the engine's client writes and the agent reads back
 // (src/agent/recorder-ring.ts, then recorder-flush.ts writes it out with crash-rank<g>.json), and
-// another rank's mailbox the host receiver attaches to (MailboxWriter.attach, native/mailbox.cc).
+// another rank's mailbox the host receiver attaches to (MailboxWriter.attach, native/mailbox_writer.cc).
 // Both are real files in the test's temp dir, read the way the agent reads them.
 import * as fs from 'fs';
 import * as path from 'path';
@@ -136,7 +136,7 @@ export const recorderRingSurface: Surface = {
  */
 export const mailboxAttachSurface: Surface = {
   name: 'mailbox_attach',
-  from: 'the host receiver attaching another rank\'s mailbox file (MailboxWriter.attach, native/mailbox.cc)',
+  from: 'the host receiver attaching another rank\'s mailbox file (MailboxWriter.attach, native/mailbox_writer.cc)',
   async open(dir) {
     const file = path.join(dir, 'mailbox-1');
     MailboxWriter.create(file).close();
