@@ -24,11 +24,13 @@ afterAll(cleanup);
 
 const ENGINE = path.join(ROOT, 'examples', 'torch-engine');
 
-// Not yet moved to torch 2.x's torchrun: under it the live `wavebus dump` below (after forward 7 of
-// 30) lost the race with the job's end on a loaded host ("the coordinator stopped answering (the job
-// ended?)": failed at load 8 and 20, passed at load 3); moving it needs the job kept alive until the
-// dump settles. Until then: Debian's torch 1.13 with the stand-in (docs/transformers.md, "Two torches").
-const RANKS = torchRanks({ compat: true });
+// The engine's ranks under torch 2.x's own torchrun (test/torch2.ts).
+const RANKS = torchRanks();
+// The forward's length: long enough that the live `wavebus dump` below (armed after forward 7 or 8
+// of about 31) is served while req-0 still runs. With 50 ms the job's remaining 1.1 s lost that
+// race on a loaded host ("the coordinator stopped answering (the job ended?)", at load averages 8
+// and 20); 200 ms leaves 4.4 s, and the recorder's 32 forwards still hold every one of the job's.
+const STEP_SLEEP_MS = '200';
 const CONFIG = {
   runtime_config: {
     report: { save_sensitive_info: true }, // replay needs the token ids (docs/recorder.md)
@@ -76,7 +78,7 @@ async function job(engineArgs: string[], opts: JobOptions = {}): Promise<Job> {
     ['launch', '--nproc-per-node', String(2 * dp), '--tp', '2', '--dp', String(dp), '--port', String(port), '--run-dir', path.join(dir, 'run'),
       '--additional-config', JSON.stringify(config), '--agent-arg=--end-of-wave-timeout-ms', '--agent-arg=2000', ...auto,
       '--', ...RANKS.command(path.join(ENGINE, 'engine.py'), { nproc: 2 * dp }), '--out', out, '--dp', String(dp), '--save-every-forward',
-      '--requests', '2', '--max-tokens', '30', '--step-sleep-ms', '50', ...envOnRank, ...engineArgs],
+      '--requests', '2', '--max-tokens', '30', '--step-sleep-ms', STEP_SLEEP_MS, ...envOnRank, ...engineArgs],
     { env: { ...process.env, WAVEBUS_CACHE_ROOT: path.join(dir, 'cache'), WAVEBUS_RECORD_FORWARDS: '32' }, cwd: dir },
   );
   const after = opts.dumpAfter ?? 8;
