@@ -63,9 +63,9 @@ export function runWavebus(args: string[], opts: { env?: NodeJS.ProcessEnv; cwd?
 }
 
 /** Run a Python snippet with Debian's python3; throws with its stderr on failure. */
-export function runPython(code: string, args: string[] = [], opts: { env?: NodeJS.ProcessEnv; timeout?: number } = {}): string {
+export function runPython(code: string, args: string[] = [], opts: { env?: NodeJS.ProcessEnv; timeout?: number; python?: string } = {}): string {
   const timeout = opts.timeout ?? 120000;
-  const r = spawnSync(PYTHON, ['-c', code, ...args], { encoding: 'utf8', env: opts.env ?? process.env, timeout });
+  const r = spawnSync(opts.python ?? PYTHON, ['-c', code, ...args], { encoding: 'utf8', env: opts.env ?? process.env, timeout });
   if (r.status !== 0) throw new Error(`python ${r.signal ? `was stopped by ${r.signal} (its bound is ${timeout} ms)` : `exited ${r.status}`}: ${r.stderr}`);
   return r.stdout;
 }

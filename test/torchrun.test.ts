@@ -3,9 +3,13 @@
 // hot-reloaded config (edited live, as the seed describes), and every dumped .pt is compared bit-exact with the workers' tensors.
 import * as fs from 'fs';
 import * as path from 'path';
-import { PYTHON, ROOT, cleanup, exitedWithin, freePortPair, runPython, spawnWavebus, tmpDir, waitWhileRunning } from './helpers';
+import { ROOT, cleanup, exitedWithin, freePortPair, runPython, spawnWavebus, tmpDir, waitWhileRunning } from './helpers';
+import { torchRanks } from './torch2';
 
 afterAll(cleanup);
+
+// The workers' ranks under torch 2.x's own torchrun (test/torch2.ts; the stand-in only without the venv).
+const RANKS = torchRanks();
 
 /** The test's bound; every wait inside takes its share of what is left, so one of them, never jest, reports a slow run. */
 const TEST_MS = 180000;
@@ -25,7 +29,7 @@ test('python workers under wavebus launch: a manual dump matches the workers\' K
       // the seed's startup overlay (startup writes defaults ← overlay to the file)
       '--additional-config', '{"runtime_config": {"dump": {"free_headroom_bytes": 0}}}',
       '--agent-arg=--end-of-wave-timeout-ms', '--agent-arg=2000',
-      '--', PYTHON, path.join(ROOT, 'test', 'python', 'spawn_ranks.py'), path.join(ROOT, 'test', 'python', 'kv_worker.py'), dir, '3000', blocks,
+      '--', ...RANKS.command(path.join(ROOT, 'test', 'python', 'kv_worker.py'), { nproc: 2 }), dir, '3000', blocks,
     ],
     // Its own process group: cleanup() kills the command and its workers too, even if launch is gone.
     { env: { ...process.env, PYTHONPATH: path.join(ROOT, 'clients', 'python') }, cwd: dir, detached: true },
@@ -71,7 +75,7 @@ for rank in (0, 1):
             assert torch.equal(got.view(torch.int16), want.view(torch.int16)), (rank, layer, kv)
 print('bit-exact')`,
     [path.join(reqDir, waveDir), dir, blocks],
-    { timeout: within(60000) },
+    { timeout: within(60000), python: RANKS.python },
   );
   expect(check.trim()).toBe('bit-exact');
   const manifest = JSON.parse(fs.readFileSync(path.join(reqDir, waveDir, 'manifest.json'), 'utf8'));
