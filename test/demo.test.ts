@@ -3,6 +3,7 @@
 import * as fs from 'fs';
 import * as path from 'path';
 import { checkDumpContents } from '../src/tools/demo';
+import { findTorchrun } from '../src/tools/demo-torch';
 import { inspectTree } from '../src/tools/inspect';
 import { cleanup, runWavebus, tmpDir } from './helpers';
 
@@ -118,4 +119,18 @@ test('demo refuses an --out that holds someone else\'s files', () => {
   expect(r.code).not.toBe(0);
   expect(r.stderr).toMatch(/--out .* is not a wavebus demo directory/);
   expect(fs.readFileSync(path.join(out, 'precious.txt'), 'utf8')).toBe('keep me');
+});
+
+test("demo --engine torch's torchrun: WAVEBUS_TORCH2_VENV's when it holds bin/torchrun and bin/python; any other value (garbage, too long, a NUL, a dir without them) is absent, never a throw", () => {
+  const venv = tmpDir('wavebus-demo-venv-');
+  expect(findTorchrun({ WAVEBUS_TORCH2_VENV: venv })).toBeUndefined(); // empty dir
+  fs.mkdirSync(path.join(venv, 'bin'));
+  fs.writeFileSync(path.join(venv, 'bin', 'torchrun'), '');
+  expect(findTorchrun({ WAVEBUS_TORCH2_VENV: venv })).toBeUndefined(); // no python beside it
+  fs.writeFileSync(path.join(venv, 'bin', 'python'), '');
+  expect(findTorchrun({ WAVEBUS_TORCH2_VENV: venv })).toBe(path.join(venv, 'bin', 'torchrun'));
+  for (const bad of ['relative/nowhere', 'x\0y', 'x'.repeat(5000), `${'/a'.repeat(3000)}`, '\n', '\u00ff\u20ac']) {
+    expect(() => findTorchrun({ WAVEBUS_TORCH2_VENV: bad })).not.toThrow();
+    expect(findTorchrun({ WAVEBUS_TORCH2_VENV: bad })).toBeUndefined();
+  }
 });

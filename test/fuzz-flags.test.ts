@@ -125,6 +125,9 @@ const ENV: Record<string, { cmd: string; small?: boolean; extra?: Record<string,
   WAVEBUS_RECORD_FORWARDS: { cmd: 'agent' },
   WAVEBUS_RECORD_MAX_BYTES: { cmd: 'agent', extra: { WAVEBUS_RECORD_FORWARDS: '2' } },
   WAVEBUS_TOKEN_HASH_KEY_FILE: { cmd: 'coordinator' },
+  // Read only by `demo --engine torch` (findTorchrun: any value without a torchrun under it is
+  // absent, demo.test); fuzzed here on the default demo, which must not mind it either.
+  WAVEBUS_TORCH2_VENV: { cmd: 'demo' },
 };
 
 test('every flag of every command and every WAVEBUS_* variable is listed here (a new one must be added)', () => {
