@@ -32,7 +32,7 @@ export const flags = {
 
 const PY = fs.existsSync('/usr/bin/python3') ? '/usr/bin/python3' : 'python3';
 
-type PySize = Record<'decided' | 'inputs' | 'inputs_rows', { best: number; median: number }> & Record<'step_p50' | 'step_p90' | 'step_inputs_p50' | 'step_decided_p50' | 'crc_floor', number>;
+type PySize = Record<'decided' | 'inputs' | 'inputs_rows', { best: number; median: number }> & Record<'step_p50' | 'step_p90' | 'step_inputs_p50' | 'step_decided_p50' | 'crc_floor' | 'step_floor_ptr_p50' | 'step_floor_copy_p50', number>;
 
 function runEngine(file: string, args: BenchArgs<typeof flags>, sizes: number[]): Promise<Record<string, PySize>> {
   const clientDir = args['client-dir'] ? path.resolve(args['client-dir']) : path.join(packageRoot(), 'clients', 'python');

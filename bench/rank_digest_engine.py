@@ -10,9 +10,13 @@ positions, query_start_loc; the sampled tokens). Per row count:
   work (its argmax; staging the next inputs), timed with perf_counter_ns around each call: the p50
   and p90 of their sum in µs; what the engine pays once its caches went cold in the forward;
 - floor: three zlib.crc32 over int32 columns of the rows (ids, positions, tokens), warm: what the
-  digests' definition costs whatever the code around it.
+  digests' definition costs whatever the code around it;
+- step floor: the same step with two calls that do the least any client taking these tensors in
+  Python must (their data pointers read: step_floor_ptr; the columns also copied into a ring as int32
+  and a slot struct stored, no digest: step_floor_copy), p50 µs: what no digest design goes below.
 """
 import json
+import struct
 import sys
 import time
 import zlib
@@ -88,6 +92,46 @@ for rows in sizes:
             dec.append(t1 - t0)
             ins.append(t3 - t2)
     r["step_p50"], r["step_p90"] = pct(steps, 0.5), pct(steps, 0.9)
+    # The floor of any client taking these tensors in Python, in the same step order: two calls that
+    # only read the tensors' data pointers, and two that also copy them into a ring as int32 and
+    # store two slot structs (what the columns need so the agent can name a row), no digest.
+    ptrs, copies = [], []
+    scratch = np.zeros(3 * cap + 1, dtype="<i4")
+    d_tok, d_ids, d_pos, d_qsl = scratch[:rows], scratch[cap:cap + rows], scratch[2 * cap:2 * cap + rows], scratch[3 * cap - rows - 1:3 * cap]
+    head = bytearray(64)
+    st = struct.Struct("<QQIIIIII")
+
+    def take_ptr(w, t):
+        return t.data_ptr()
+
+    def take_ptrs(w, x, y, z):
+        return x.data_ptr() + y.data_ptr() + z.data_ptr()
+
+    def take_col(w, t):
+        d_tok[...] = t.numpy()
+        st.pack_into(head, 0, w, 0, 0, 0, 0, 0, 0, 0)
+
+    def take_cols(w, x, y, z):
+        d_ids[...] = x.numpy()
+        d_pos[...] = y.numpy()
+        d_qsl[...] = z.numpy()
+        st.pack_into(head, 0, w, 0, 0, 0, 0, 0, 0, 0)
+
+    for floor_of, one, three in ((ptrs, take_ptr, take_ptrs), (copies, take_col, take_cols)):
+        for i in range(cold_n + 20):
+            time.sleep(sleep_ms / 1000)
+            sampled = logits.argmax(dim=-1)
+            t0 = ns()
+            one(wave, sampled)
+            t1 = ns()
+            ids[:rows].copy_(src)
+            a, b, c = ids[:rows], pos[:rows], qsl[:rows + 1]
+            t2 = ns()
+            three(wave + 1, a, b, c)
+            t3 = ns()
+            if i >= 20:
+                floor_of.append(t1 - t0 + t3 - t2)
+    r["step_floor_ptr_p50"], r["step_floor_copy_p50"] = pct(ptrs, 0.5), pct(copies, 0.5)
     r["step_inputs_p50"], r["step_decided_p50"] = pct(ins, 0.5), pct(dec, 0.5)
     cols = [np.ascontiguousarray(x[:rows].numpy(), dtype="<i4") for x in (ids, pos, tok)]
     t0 = time.perf_counter()
