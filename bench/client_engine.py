@@ -9,7 +9,9 @@ thread the calls it makes every step. Modes:
             description (token_repeat: window 32, threshold 64, min 32; spec_acceptance: window 10)
 The forward (not timed) is 3 ms: FORWARD "sleep" (the default) sleeps it, "spin" busy-waits it, as an
 engine thread in cudaStreamSynchronize does by default (its caches stay warmer than after a sleep).
-Prints one JSON line: per-step p50/p99 µs of the calls' sum, and per call.
+Prints one JSON line: per-step p50/p99 µs of the step's calls in all, and per call; "events" is the
+finished requests' finish() and free() calls of the step (an engine pays each once per request, as
+arrive(), which is not timed), the other four exclude them.
 usage: client_engine.py MODE N STEPS RUN_DIR [FORWARD]
 """
 import json
@@ -89,16 +91,18 @@ def main():
     if batch is not None:
         reqs.bind_all(batch)
     ctx = {"compilation_hash": "bench", "global_step": 0, "req_ids": [], "positions": []}
-    totals, per = [], {"wave_head": [], "before_forward": [], "end_of_wave": [], "pending_dump": []}
+    totals, per = [], {"wave_head": [], "before_forward": [], "end_of_wave": [], "pending_dump": [], "events": []}
     pc = time.perf_counter_ns
     for wave in range(1, steps + WARM + 1):
         toks = rng.integers(0, 32000, n).astype(np.int32)  # the engine's sampled ids (not timed)
         lps = np.full(n, -1.0, dtype=np.float32)
         done = reqs.finishing()
         t0 = pc()
+        te = t0
         if mode in ("tensor", "off"):
             for r in done:
                 batch.finish(r)
+            te = pc()
             batch.wave_head(wave, rows, toks, lps)
         elif mode == "dict":
             doneset = set(done)
@@ -129,6 +133,7 @@ def main():
             c.end_of_wave(wave)
         t3 = pc()
         keep = [c.pending_dump(req[r]) for r in done] if c is not None else []
+        tp = pc()
         if batch is not None:
             for r, k in zip(done, keep):
                 batch.free(r)
@@ -137,8 +142,9 @@ def main():
         reqs.renew(done)
         if wave > WARM:
             totals.append((t4 - t0 - (t2f - t2)) / 1e3)
-            for k, a, b in (("wave_head", t0, t1), ("before_forward", t1, t2), ("end_of_wave", t2f, t3), ("pending_dump", t3, t4)):
+            for k, a, b in (("wave_head", te, t1), ("before_forward", t1, t2), ("end_of_wave", t2f, t3), ("pending_dump", t3, tp)):
                 per[k].append((b - a) / 1e3)
+            per["events"].append((te - t0 + t4 - tp) / 1e3)
         reqs.arrive_after_head(batch, done)  # not timed: an engine pays each arrival once, as it schedules it
     q = lambda a, p: float(np.percentile(np.array(a), p)) if a else 0.0  # noqa: E731
     out = {"mode": mode, "requests": n, "steps": steps, "forward": forward, "p50_us": q(totals, 50), "p99_us": q(totals, 99),

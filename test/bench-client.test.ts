@@ -17,7 +17,7 @@ test('bench client --requests 1,16 --steps 5 reports every mode at every size', 
     for (const mode of ['tensor', 'dict', 'off', 'none', 'seed']) {
       const m = row[mode];
       expect([mode, Number.isFinite(m.p50_us) && m.p50_us > 0 && m.p99_us >= m.p50_us]).toEqual([mode, true]);
-      expect(Object.keys(m.calls).sort()).toEqual(['before_forward', 'end_of_wave', 'pending_dump', 'wave_head']);
+      expect(Object.keys(m.calls).sort()).toEqual(['before_forward', 'end_of_wave', 'events', 'pending_dump', 'wave_head']);
       expect([mode, m.heads_skipped]).toEqual([mode, undefined]);
     }
   }
@@ -33,7 +33,7 @@ test('bench client --lang ts --forward spin runs the TypeScript engine at every 
     for (const mode of ['tensor', 'dict', 'off', 'none', 'seed']) {
       const m = row[mode];
       expect([mode, Number.isFinite(m.p50_us) && m.p50_us > 0 && m.p99_us >= m.p50_us]).toEqual([mode, true]);
-      expect(Object.keys(m.calls).sort()).toEqual(['before_forward', 'end_of_wave', 'pending_dump', 'wave_head']);
+      expect(Object.keys(m.calls).sort()).toEqual(['before_forward', 'end_of_wave', 'events', 'pending_dump', 'wave_head']);
     }
   }
 });

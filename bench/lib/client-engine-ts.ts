@@ -6,7 +6,9 @@
 //   dict   - the same with WavebusClient.waveHead and the request list (the convenience path)
 //   off    - the tensor loop against a mailbox with every feature off (nothing is sent)
 //   none   - the same loop without wavebus (the engine's own arrays only: the floor)
-// Prints one JSON line: per-step p50/p99 µs of the calls' sum, and per call.
+// Prints one JSON line: per-step p50/p99 µs of the step's calls in all, and per call; "events" is the
+// finished requests' finish() and free() (once per request, as arrive(), which is not timed), the other
+// four exclude them.
 // The forward (not timed) is 3 ms: FORWARD "sleep" (the default) waits it on a timer, "spin" busy-waits
 // it, as an engine thread in cudaStreamSynchronize does by default.
 // usage: node client-engine-ts.js MODE N STEPS RUN_DIR [FORWARD]
@@ -74,7 +76,7 @@ async function main(): Promise<void> {
   }
   const ctx = { compilationHash: 'bench', globalStep: 0, reqIds: [] as string[], positions: [] as number[] };
   const totals: number[] = [];
-  const per: Record<string, number[]> = { wave_head: [], before_forward: [], end_of_wave: [], pending_dump: [] };
+  const per: Record<string, number[]> = { wave_head: [], before_forward: [], end_of_wave: [], pending_dump: [], events: [] };
   const toks = new Int32Array(n);
   const lps = new Float32Array(n).fill(-1);
   const now = (): number => performance.now() * 1000;
@@ -83,8 +85,10 @@ async function main(): Promise<void> {
     const done: number[] = [];
     for (let r = 0; r < n; r++) if (++age[r] >= FINISH_EVERY) done.push(r);
     const t0 = now();
+    let te = t0;
     if (batch) {
       for (const r of done) batch.finish(r);
+      te = now();
       const sent = batch.waveHeadNow(wave, { rows, tokenIds: toks, logprobs: lps });
       if (sent instanceof Promise) await sent;
     } else if (c) {
@@ -114,6 +118,7 @@ async function main(): Promise<void> {
         keep.push(k instanceof Promise ? await k : k);
       }
     }
+    const tp = now();
     if (batch) for (const r of done) batch.free(r);
     const t4 = now();
     // The engine reuses the rows (not timed): new requests arrive where the finished ones were.
@@ -123,10 +128,11 @@ async function main(): Promise<void> {
     }
     if (wave > WARM) {
       totals.push(t4 - t0 - (t2f - t2));
-      per.wave_head.push(t1 - t0);
+      per.wave_head.push(t1 - te);
       per.before_forward.push(t2 - t1);
       per.end_of_wave.push(t3 - t2f);
-      per.pending_dump.push(t4 - t3);
+      per.pending_dump.push(tp - t3);
+      per.events.push(te - t0 + t4 - tp); // finish() and free() of the step's finished requests
     }
     if (batch) {
       // Rows freed at the last step take their new requests now, after the head that carried the free.
