@@ -24,7 +24,7 @@ import type { WavebusClient } from '../src/client/client';
 import { alive, POOL_BLOCKS, ProcJob } from './lib/proc-job';
 import { SoakWorkload } from './lib/soak-workload';
 import { Collector, unfinishedDumps } from './lib/soak-collector';
-import { SoakSamples } from './lib/soak-samples';
+import { SoakSamples, rssKb } from './lib/soak-samples';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
@@ -38,9 +38,7 @@ export interface Usage {
 }
 
 function usage(pid: number): Usage {
-  const status = fs.readFileSync(`/proc/${pid}/status`, 'utf8');
-  const rssKb = Number(/VmRSS:\s+(\d+)/.exec(status)?.[1] ?? 0);
-  return { rssKb, fds: fs.readdirSync(`/proc/${pid}/fd`).length };
+  return { rssKb: rssKb(pid), fds: fs.readdirSync(`/proc/${pid}/fd`).length };
 }
 
 /** CPU µs (user + system, all threads) a process has used so far: /proc/<pid>/stat, USER_HZ 100. */

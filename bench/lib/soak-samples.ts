@@ -70,8 +70,9 @@ export class SoakSamples {
   take(wave: number, force = false): void {
     if (!force && wave % this.every !== 0) return;
     this.waves.push(wave);
-    this.pids().forEach((pid, i) => this.rss[i].push(rssKb(pid)));
-    const agents = this.pids().slice(1);
+    const pids = this.pids();
+    pids.forEach((pid, i) => this.rss[i].push(rssKb(pid)));
+    const agents = pids.slice(1);
     for (let r = 0; r < this.dp; r++) {
       const pid = flockHolder(receiverLockPath(this.runDir, r));
       const g = pid === undefined ? -1 : agents.indexOf(pid);
