@@ -95,6 +95,9 @@ class PendingDumps:
         # its wave ends, and the floor moving or a wave ending changes the key.
         self._key = None
         self._dues: Optional[tuple] = None
+        # (the mailbox's words, epoch, lo, hi): waves lo..hi were read in their slots with no dump due.
+        # The next step's decided waves are mostly the same: only the new ones are read.
+        self._clear_to = (None, -1, 0, -1)
 
     @property
     def asked(self) -> bool:
@@ -139,11 +142,16 @@ class PendingDumps:
         if last < nxt:
             last = nxt
         if q is not None:
-            key = (q, floor, last_ended, q[_Q_EPOCH])
-            if box.no_dump_due(nxt, last):
+            epoch = q[_Q_EPOCH]
+            key = (q, floor, last_ended, epoch)
+            c_q, c_epoch, c_lo, c_hi = self._clear_to
+            first = c_hi + 1 if c_q is q and c_epoch == epoch and c_lo <= nxt <= c_hi + 1 else nxt
+            if first > last or box.no_dump_due(first, last):
                 # The usual step: every decided vector there, none with dump_due (what the loop below
-                # finds, without building a vector per wave).
+                # finds, without building a vector per wave); the waves read clear on an earlier step
+                # (same mailbox and epoch) are not read again.
                 self._key, self._dues = key, None
+                self._clear_to = (q, epoch, nxt, last if first == nxt or last > c_hi else c_hi)
                 return False
         dues = []
         for w in range(nxt, last + 1):
@@ -166,8 +174,9 @@ class PendingDumps:
             dues.append(ids)
             if ids is ALL or req_id in ids:
                 # Later waves are asked only when a request passes this one (as before); an answer of
-                # "everything" passes none, so the step's answer is settled all the same.
-                if ids is ALL and q is not None:
+                # "everything" passes none, and after the last wave there is none to ask: the step's
+                # answer is settled all the same.
+                if (ids is ALL or w == last) and q is not None:
                     self._key, self._dues = key, tuple(dues)
                 return True
         if q is not None:
