@@ -125,7 +125,9 @@ test('Python: the step\'s answer is settled by its first finished request (no ve
   );
   expect(JSON.parse(out.trim().split('\n').pop()!)).toEqual({
     a: true, asked_a: [21], b: true, asked_b: [21, 22],
-    rest: [false, true, true, false], reads_rest: 2, // settled by "c" (21 and 22 read once), then compares only
+    // "a"'s answer came from 21 with 22 still to ask: not settled; "b"'s from 22, the last decided
+    // wave, settles the step: the others compare only.
+    rest: [false, true, true, false], reads_rest: 0,
     c23: false, c24: true, asked24: [21, 22, 24],
     after22: [false, false, true], asked_end: [21, 22, 24],
     // Every decided wave ended: wave 25 (not decided, no vector) is read and asked about once, by "a".
