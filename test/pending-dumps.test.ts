@@ -91,3 +91,46 @@ test('the Python client does the same: one ask per unanswered wave, stalled wave
     stalled3: false, third: true, asked3: [21, 23],
   });
 });
+
+test('Python: the step\'s answer is settled by its first finished request (no vector read again), and a wave decided mid-step or ended unsettles it', () => {
+  const file = path.join(tmpDir('wavebus-pending-py-'), 'mailbox');
+  const out = runPython(
+    [
+      'import json, sys',
+      'from wavebus_client import mailbox as mb',
+      'from wavebus_client.pending import PendingDumps, VectorStall',
+      'w = mb.MailboxWriter(sys.argv[1]); box = mb.Mailbox(sys.argv[1])',
+      'asked = []; reads = []',
+      'due = {21: ["a"], 22: ["b"], 24: ["c"]}',
+      'def ask(wave):',
+      '    asked.append(wave); return due.get(wave, [])',
+      'read_wave = box.read_wave',
+      'def counted(wave):',
+      '    reads.append(wave); return read_wave(wave)',
+      'box.read_wave = counted  # the real read, counted',
+      'stall = VectorStall(lambda: box); pd = PendingDumps(lambda: box, ask, stall)',
+      'w.publish(20); w.publish(21, dump_due=1); w.publish(22, dump_due=1, floor=23); pd.ended(20)',
+      // "a" is due in 21: pending at once, 22 not asked yet (as before); "b" passes 21 and asks 22.
+      'r = {"a": pd.check("a"), "asked_a": list(asked), "b": pd.check("b"), "asked_b": list(asked)}',
+      'n = len(reads); r["rest"] = [pd.check(x) for x in ["c", "b", "a", "d"]]; r["reads_rest"] = len(reads) - n',
+      // Wave 23 decided mid-step with nothing due, then 24 with a dump: the key moved, read again.
+      'w.publish(23, floor=24); r["c23"] = pd.check("c"); w.publish(24, dump_due=1, floor=25)',
+      'r["c24"] = pd.check("c"); r["asked24"] = list(asked)',
+      'pd.ended(22); r["after22"] = [pd.check(x) for x in ["a", "b", "c"]]; r["asked_end"] = list(asked)',
+      'pd.ended(24); n = len(reads); r["after24"] = [pd.check(x) for x in ["a", "c"]]; r["reads24"] = len(reads) - n; r["asked25"] = list(asked)',
+      'print(json.dumps(r))',
+    ].join('\n'),
+    [file],
+    { env: { ...process.env, PYTHONPATH: path.join(ROOT, 'clients', 'python'), PYTHONDONTWRITEBYTECODE: '1' } },
+  );
+  expect(JSON.parse(out.trim().split('\n').pop()!)).toEqual({
+    a: true, asked_a: [21], b: true, asked_b: [21, 22],
+    // "a"'s answer came from 21 with 22 still to ask: not settled; "b"'s from 22, the last decided
+    // wave, settles the step: the others compare only.
+    rest: [false, true, true, false], reads_rest: 0,
+    c23: false, c24: true, asked24: [21, 22, 24],
+    after22: [false, false, true], asked_end: [21, 22, 24],
+    // Every decided wave ended: wave 25 (not decided, no vector) is read and asked about once, by "a".
+    after24: [false, false], reads24: 1, asked25: [21, 22, 24, 25],
+  });
+});

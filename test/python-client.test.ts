@@ -337,6 +337,48 @@ print(json.dumps(out))`,
   expect(agent.seen.filter((x) => x.body === 'dueDumps').map((x) => Number(x.req.dueDumps.wave))).toEqual([8, 9, 11]);
 });
 
+test('before_forward with only the bus on: no message while its wave\'s vector has no snapshot_due; a capture armed on the running job (snapshot_due) is offered; a slot being written is never read as nothing due', async () => {
+  const dir = tmpDir();
+  const mbox = path.join(dir, 'mailbox-local0');
+  writeMailboxFile(mbox, 1); // the bus alone: neither snapshots nor the recorder
+  const agent = await fakeAgentSocket(`ipc://${path.join(dir, 'agent-local0.sock')}`, { tp0: false, bus: true, endOfWaveTimeoutMs: 300 }, () => ({}));
+  const got = await pyAsync(
+    `
+import json
+from wavebus_client import Client, MailboxWriter
+c = Client.connect()
+c.hello()
+w = MailboxWriter.attach(${JSON.stringify(mbox)})  # play the agent's part in its file
+ctx = {"compilation_hash": "h", "global_step": 0}
+out = {}
+w.publish(4, floor=5)
+w.publish(5, config_due=1, dump_due=1, floor=6)  # due, but no snapshot: before_forward says no
+r4 = c.end_of_wave(4)
+sent0 = c.stats["requests_sent"]
+out["f5"] = [list(c.before_forward(ctx, [])), c.stats["requests_sent"] - sent0, r4.sent, r4.vector.wave]
+w.publish(6, snapshot_due=1, floor=7)  # a capture armed on the running job covers wave 6
+c.end_of_wave(5)
+sent0 = c.stats["requests_sent"]
+out["f6"] = [list(c.before_forward(ctx, [])), c.stats["requests_sent"] - sent0]
+w.begin(7)  # the writer died mid-write: the slot stays odd
+c.end_of_wave(6)
+fast0 = c.stats["end_of_wave_fast"]
+out["f7"] = list(c.before_forward(ctx, []))
+r7 = c.end_of_wave(7)
+out["e7"] = [r7.timed_out, c.stats["end_of_wave_fast"] - fast0]
+c.close()
+print(json.dumps(out))`,
+    { ...ENV, WAVEBUS_RUN_DIR: dir, LOCAL_RANK: '0' },
+  );
+  await agent.close();
+  expect(got.f5).toEqual([[false, ''], 0, false, 4]);
+  expect(got.f6).toEqual([[true, '/snap/h/rank0/call0'], 1]);
+  expect(agent.seen.filter((x) => x.body === 'beforeForward').map((x) => Number(x.req.beforeForward.wave))).toEqual([6]);
+  // Wave 7's slot is busy: not a vector, so no capture is offered and end_of_wave waits its bound for it.
+  expect(got.f7).toEqual([false, '']);
+  expect(got.e7).toEqual([true, 0]);
+});
+
 test('end_of_wave: fast path without a message when the wave is in the mailbox with nothing due; bounded wait with timed_out when it never arrives', async () => {
   const dir = tmpDir();
   const mbox = path.join(dir, 'mailbox-local0');

@@ -15,7 +15,7 @@ log = logging.getLogger("wavebus_client")
 
 # The features under which before_forward counts or records every forward (its full path runs).
 _COUNTED = mb.FEATURE_SNAPSHOTS | mb.FEATURE_RECORDER
-_Q_FEATURES = mb._Q_FEATURES
+_Q_FEATURES, _BUS, _SLOT_AT, _SLOT_MASK, _U32 = mb._Q_FEATURES, mb.FEATURE_BUS, mb._SLOT_AT, mb.SLOTS - 1, mb._U32
 
 
 class CaptureMixin:
@@ -33,6 +33,17 @@ class CaptureMixin:
         feats = q[_Q_FEATURES] if q is not None else 0
         if not feats:  # everything off (no capture can be in force either): one memory load
             return False, ""
+        if not feats & _COUNTED and not self.async_scheduling and feats & _BUS:
+            # The usual step in word loads (_live_capture_due's, its slot read inline): the forward's
+            # wave (_forward_wave) in its slot, not being written, unchanged across the loads, no
+            # snapshot_due. Anything else is _live_capture_due's to say.
+            wave = self._ended_wave + 1
+            if self._head_wave > wave:
+                wave = self._head_wave
+            at = _SLOT_AT[wave & _SLOT_MASK]
+            s1 = q[at]
+            if not s1 & 1 and s1 and q[at + 1] == wave and not q[at + 3] & _U32 and q[at] == s1:
+                return False, ""
         if not feats & _COUNTED and not self._live_capture_due():
             # Neither snapshots nor the recorder: only a capture armed on the running job could
             # take this forward, and its wave's vector says none does (the usual step: a few loads).

@@ -61,6 +61,10 @@ _Q_FEATURES, _Q_EPOCH, _Q_FLOOR = _FEATURES_OFFSET // 8, 24 // 8, _FLOOR_OFFSET 
 _Q_SLOT0, _Q_SLOT = HEADER_SIZE // 8, SLOT_SIZE // 8  # slot i's seq word; its wave word follows;
 # then config_due | dump_due << 32 in one word, snapshot_due in the low half of the next
 _U32 = 0xFFFFFFFF
+# Slot i's seq word (the inlined per-step reads: one index instead of the arithmetic); SLOTS is a
+# power of two, so a wave's slot is wave & (SLOTS - 1).
+_SLOT_AT = tuple(_Q_SLOT0 + _Q_SLOT * i for i in range(SLOTS))
+assert SLOTS & (SLOTS - 1) == 0
 
 # futex(2) through libc's syscall(): the writer wakes the `published` word after every slot write.
 _SYS_FUTEX = {"x86_64": 202, "aarch64": 98}.get(platform.machine())

@@ -87,11 +87,17 @@ class PendingDumps:
         # the last wave given up without asking (vectors stalled): its dumps are never copied here
         self.forfeited_to = -1
         self._due: Dict[int, Optional[Set[str]]] = {}
-        # (floor, last ended wave, mailbox, epoch) of a range of decided waves (they follow from the
-        # floor and the last ended wave) whose vectors were all there with no dump due: the step's
-        # other finished requests are answered without reading them again (a published vector does
-        # not change within its epoch; the floor moving changes the range).
-        self._clear = None
+        # The step's answer, settled by its first finished request: (the mailbox's words, floor, last
+        # ended wave, epoch) of the decided waves (they follow from the floor and the last ended wave)
+        # and, for those with dump_due, what was asked of each (_dues: None when none has dump_due).
+        # The step's other finished requests compare the key and read _dues, without reading the
+        # vectors again: a published vector does not change within its epoch, an answer is kept until
+        # its wave ends, and the floor moving or a wave ending changes the key.
+        self._key = None
+        self._dues: Optional[tuple] = None
+        # (the mailbox's words, epoch, lo, hi): waves lo..hi were read in their slots with no dump due.
+        # The next step's decided waves are mostly the same: only the new ones are read.
+        self._clear_to = (None, -1, 0, -1)
 
     @property
     def asked(self) -> bool:
@@ -110,30 +116,52 @@ class PendingDumps:
         if box is None:
             box = self._mailbox_of()
         q = box._q  # the mailbox's words (None once closed: the properties say 0)
-        clear = self._clear
-        # The step's other finished requests: the same waves (the same floor and last ended wave),
-        # read already, nothing due (two loads).
-        if clear is not None and q is not None and clear[0] == q[_Q_FLOOR] and clear[1] == self.last_ended and clear[2] is box and clear[3] == q[_Q_EPOCH]:
+        if q is not None and self._key == (q, q[_Q_FLOOR], self.last_ended, q[_Q_EPOCH]):
+            return self.settled(req_id)
+        return self._settle(req_id, box, q)
+
+    def settled(self, req_id: str) -> bool:
+        """The answer of the settled step (the key matched): pending when a decided wave's answer is
+        "everything" or names the request."""
+        dues = self._dues
+        if dues is None:
             return False
-        nxt = self.last_ended + 1
-        floor = q[_Q_FLOOR] if q is not None else box.floor
+        for ids in dues:
+            if ids is ALL or req_id in ids:
+                return True
+        return False
+
+    def _settle(self, req_id: str, box: "mb.Mailbox", q) -> bool:
+        """The step's first finished request (or the mailbox moved): read the decided waves' vectors,
+        ask the agent about a wave with dump_due once, and keep the step's answer (_key, _dues)."""
+        last_ended = self.last_ended
+        nxt = last_ended + 1
+        floor = q[_Q_FLOOR] if q is not None else box.floor  # first: a slot the floor covers was written before it
         # The decided waves: below the floor, never more than the ring holds (a stale floor).
-        decided_to = min(floor - 1, nxt + mb.SLOTS - 1)
-        key = (floor, self.last_ended, box, box.epoch)
-        if q is not None and box.no_dump_due(nxt, max(nxt, decided_to)):
-            # The step's first finished request, the usual wave: every decided vector there, none
-            # with dump_due (what the loop below finds, without building a vector per wave).
-            self._clear = key
-            return False
-        clear = True
-        for w in range(nxt, max(nxt, decided_to) + 1):
+        last = min(floor - 1, nxt + mb.SLOTS - 1)
+        if last < nxt:
+            last = nxt
+        if q is not None:
+            epoch = q[_Q_EPOCH]
+            key = (q, floor, last_ended, epoch)
+            c_q, c_epoch, c_lo, c_hi = self._clear_to
+            first = c_hi + 1 if c_q is q and c_epoch == epoch and c_lo <= nxt <= c_hi + 1 else nxt
+            if first > last or box.no_dump_due(first, last):
+                # The usual step: every decided vector there, none with dump_due (what the loop below
+                # finds, without building a vector per wave); the waves read clear on an earlier step
+                # (same mailbox and epoch) are not read again.
+                self._key, self._dues = key, None
+                self._clear_to = (q, epoch, nxt, last if first == nxt or last > c_hi else c_hi)
+                return False
+        dues = []
+        for w in range(nxt, last + 1):
             v = box.read_wave(w)
             if v is not None and not v.dump_due:
                 continue
-            clear = False
             if w not in self._due:
                 if v is None and self._stall.active():
-                    # No vector and none coming: not asked (a bound each), given up on this rank.
+                    # No vector and none coming: not asked (a bound each), given up on this rank. The
+                    # stall lasts while the floor and epoch stay (the key's), so settled skips it too.
                     self.forfeited_to = max(self.forfeited_to, w)
                     continue
                 got = self._ask(w)
@@ -143,8 +171,14 @@ class PendingDumps:
                 if got is None:
                     self._stall.begin()
             ids = self._due[w]
+            dues.append(ids)
             if ids is ALL or req_id in ids:
+                # Later waves are asked only when a request passes this one (as before); an answer of
+                # "everything" passes none, and after the last wave there is none to ask: the step's
+                # answer is settled all the same.
+                if (ids is ALL or w == last) and q is not None:
+                    self._key, self._dues = key, tuple(dues)
                 return True
-        if clear:
-            self._clear = key
+        if q is not None:
+            self._key, self._dues = key, tuple(dues) or None
         return False

@@ -17,6 +17,9 @@ from .wave_head import _MAX_U64, check_wave
 log = logging.getLogger("wavebus_client")
 # The per-step calls' constants as module globals (one load each, no attribute lookup).
 _BUS, _SENDS, _Q_FEATURES = mb.FEATURE_BUS, mb.FEATURE_BUS | mb.FEATURE_HEADS, mb._Q_FEATURES
+_Q_FLOOR, _Q_EPOCH, _SLOT_AT, _SLOT_MASK, _U32 = mb._Q_FLOOR, mb._Q_EPOCH, mb._SLOT_AT, mb.SLOTS - 1, mb._U32
+# A nothing-due vector made in C (WaveVector's own constructor is Python code).
+_tuple_new, _WaveVector = tuple.__new__, mb.WaveVector
 
 
 @dataclass
@@ -115,6 +118,13 @@ class StepCallsMixin:
         q = box._q  # the features word, read in place (None once closed: off)
         if q is None or not q[_Q_FEATURES] & _BUS:  # also covers "everything off"
             return EndOfWaveResult(wave)
+        # The usual step, in word loads (_lookup's, inline): the wave's slot holds it, not being written,
+        # unchanged across the loads, nothing due.
+        at = _SLOT_AT[wave & _SLOT_MASK]
+        s1 = q[at]
+        if not s1 & 1 and s1 and q[at + 1] == wave and not q[at + 2] and not q[at + 3] & _U32 and q[at] == s1:
+            self.stats["end_of_wave_fast"] += 1
+            return EndOfWaveResult(wave, False, False, 0, _tuple_new(_WaveVector, (wave, False, False, False, False)))
         v = box.read_wave(wave)
         if v is not None and not (v.config_due or v.dump_due or v.snapshot_due):
             self.stats["end_of_wave_fast"] += 1
@@ -193,8 +203,13 @@ class StepCallsMixin:
         yet: keep the request's blocks one more step before freeing them. A few memory loads (no
         system call) when no vector in the mailbox has dump_due; else the due wave's req ids are asked
         of the agent once per wave (within the call bound; no answer counts as pending)."""
-        box = self._mb
-        q = box._q  # the features word, read in place (None once closed: off)
+        q = self._mb._q  # the features word, read in place (None once closed: off)
         if q is None or not q[_Q_FEATURES] & _BUS:
             return False
-        return self._pending.check(req_id, box)
+        p = self._pending
+        # The step's later finished requests: the step's answer, settled by its first (one compare).
+        if p._key == (q, q[_Q_FLOOR], p.last_ended, q[_Q_EPOCH]):
+            if p._dues is None:
+                return False
+            return p.settled(req_id)
+        return p._settle(req_id, self._mb, q)
