@@ -145,7 +145,7 @@ class SlotEvents:
         # The usual step: a full slice of the round, every row of it still live with its binding
         # encoded (a freed row has no bytes: None) and none of them new this step.
         out = list(map(self._bind_b.get, rows))
-        if None in out or (new_bind and not new_bind.keys().isdisjoint(rows)) or (new_blocks and not new_blocks.keys().isdisjoint(rows)):
+        if None in out or not (new_bind.keys() | new_blocks.keys()).isdisjoint(rows):
             return self._sparse_slow()
         self._cycle_at = at + RESEND_PER_STEP
         out += new_bind.values()
