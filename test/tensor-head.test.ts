@@ -220,3 +220,86 @@ print(checked)
 test("the head's sparse part, joined from bytes encoded once per event, is the protobuf library's message byte for byte", () => {
   expect(runPython(BYTES, [], { env: ENV }).trim()).toBe('6000');
 });
+
+// What the head's sparse part carries, against a model of the engine's own rows (not of the
+// client's code): every new binding and changed table goes with the next head, only live rows'
+// current bindings and tables ever go, a freed row's never after the head that freed it, every
+// live binding within two rounds of re-sends, all of them after resend_all(); the events come in
+// call order; garbage rows are refused. The usual step takes a shortcut (map over the round's four
+// re-sends) and the rest go row by row; both must keep to this.
+const SELECTION = `
+import random
+from wavebus_client import wavebus_pb2 as pb
+from wavebus_client.errors import ConfigError
+from wavebus_client.slot_batch import RESEND_PER_STEP, SlotEvents
+random.seed(11)
+checked = 0
+for trial in range(30):
+    quiet = trial % 2 == 0  # a full batch with few events: the usual step's shortcut
+    m = random.choice([16, 64] if quiet else [2, 5, 16, 64])
+    s = SlotEvents(m)
+    live, tables, last, last_t = {}, {}, {}, {}  # last, last_t: the head a row's binding, its table last went with
+    new_b, new_t = set(), set()
+    head = 0
+    for row in range(m if quiet else 0):
+        live[row], tables[row] = f"q{trial}-{row}", [row]
+        s.arrive(row, live[row], 1); s.blocks(row, [row])
+        new_b.add(row); new_t.add(row)
+    for step in range(200):
+        events, everything = {}, False
+        for _ in range(int(random.random() < 0.1) if quiet else random.randint(0, 8)):
+            op, row = random.random(), random.randrange(m)
+            if op < 0.35 and row not in live:
+                live[row] = f"q{trial}-{step}-{row}"
+                s.arrive(row, live[row], 1)
+                tables.pop(row, None); new_t.discard(row); new_b.add(row)
+            elif op < 0.55 and row in live:
+                ids = [random.randrange(50) for _ in range(random.randint(0, 3))]
+                s.blocks(row, ids)
+                if tables.get(row) != ids:
+                    tables[row] = ids; new_t.add(row)
+            elif op < 0.7 and row in live:
+                s.finish(row); events[row] = events.get(row, 0) | 1
+            elif op < 0.85 and row in live:
+                s.free(row); events[row] = events.get(row, 0) | 2
+            elif op < 0.88:
+                s.resend_all(); everything = True
+            else:
+                bad = random.choice([row, 1.0, True, -1, m, "0"])
+                if bad in live and type(bad) is int:
+                    continue
+                for call in (s.finish, s.free):
+                    try:
+                        call(bad)
+                        raise AssertionError(f"{call.__name__}({bad!r}) passed")
+                    except ConfigError:
+                        pass
+        assert s.event_columns() == (list(events), list(events.values())), (trial, step)
+        if random.random() < 0.8:  # else: sending paused, nothing went (the frees still take effect)
+            head += 1
+            cols = pb.TelemetryColumns.FromString(s.sparse_bytes())
+            binds = {b.slot: b.req_id for b in cols.bind}
+            tabs = {t.slot: list(t.block_ids) for t in cols.blocks}
+            # (a row may go twice in a head when fewer rows are live than a head re-sends)
+            assert all(live.get(b.slot) == b.req_id for b in cols.bind), (trial, step, "not live or not current")
+            assert all(tables.get(t.slot) == list(t.block_ids) for t in cols.blocks), (trial, step, "a stale table")
+            assert new_b <= set(binds) and new_t <= set(tabs), (trial, step, "a new one left out")
+            if everything:
+                assert set(binds) == set(live) and set(tabs) == set(tables), (trial, step, "resend_all")
+            last.update(dict.fromkeys(binds, head))
+            last_t.update(dict.fromkeys(tabs, head))
+            new_b, new_t = set(), set()
+            bound = 2 * (m // RESEND_PER_STEP + 1)
+            late = [r for r in live if head - last[r] > bound] + [r for r in tables if head - last_t[r] > bound]
+            assert not late, (trial, step, late)
+        s.sent()
+        for r, f in events.items():
+            if f & 2:
+                del live[r]; tables.pop(r, None); last.pop(r, None); last_t.pop(r, None); new_b.discard(r); new_t.discard(r)
+        checked += 1
+print(checked)
+`;
+
+test("the head's sparse part carries what is new, re-sends every live row in turn and nothing freed; bad rows are refused", () => {
+  expect(runPython(SELECTION, [], { env: ENV }).trim()).toBe('6000');
+});

@@ -30,15 +30,16 @@ _HEAD_WAVE = _tag(pb.WaveHeadRequest, "wave", _VARINT)
 _HEAD_TELEMETRY = _tag(pb.WaveHeadRequest, "telemetry", _LEN)
 _TELE_WAVE = _tag(pb.StepTelemetry, "wave", _VARINT)
 _TELE_COLUMNS = _tag(pb.StepTelemetry, "columns", _LEN)
-_SMALL = [_varint(i) for i in range(128)]
+_SMALL = [_varint(i) for i in range(128)]  # one byte: 0..127
+_HIGH = [bytes((i | 0x80,)) for i in range(128)]  # a low 7 bits with more to come
 
 
 def _uv(v: int) -> bytes:
-    # A head's wave and lengths: one or two bytes almost always (the loop only past 2^14).
-    if v < 128:
-        return _SMALL[v]
+    # A head's wave and lengths: two or three table look-ups up to 2^21 (a wave a day at 30 ms a step).
     if v < 16384:
-        return bytes(((v & 0x7F) | 0x80, v >> 7))
+        return _SMALL[v] if v < 128 else _HIGH[v & 0x7F] + _SMALL[v >> 7]
+    if v < 2097152:
+        return _HIGH[v & 0x7F] + _HIGH[(v >> 7) & 0x7F] + _SMALL[v >> 14]
     return _varint(v)
 
 
@@ -58,8 +59,8 @@ def head_bytes(wave: int, tele_wave: int, columns: bytes, non_finite: bytes = b"
     and empty fields are left out, as the library leaves them out; telemetry is always there (the
     head of every step carries one, if empty)."""
     if columns:
-        # One join: the sparse part (kilobytes) is copied once, not once per enclosing field.
+        # The sparse part (kilobytes) is copied once, added last to the few bytes before it.
         lead = (_TELE_WAVE + _uv(tele_wave) if tele_wave else b"") + non_finite + _TELE_COLUMNS + _uv(len(columns))
-        return b"".join(((_HEAD_WAVE + _uv(wave) if wave else b"") + _HEAD_TELEMETRY + _uv(len(lead) + len(columns)), lead, columns))
+        return (_HEAD_WAVE + _uv(wave) if wave else b"") + _HEAD_TELEMETRY + _uv(len(lead) + len(columns)) + lead + columns
     tele = (_TELE_WAVE + _uv(tele_wave) if tele_wave else b"") + non_finite
     return (_HEAD_WAVE + _uv(wave) if wave else b"") + _HEAD_TELEMETRY + _uv(len(tele)) + tele

@@ -11,7 +11,9 @@ from one thread are seen in order on x86-64 and, through the GIL's barriers, on 
 import mmap
 import os
 import struct
-from typing import Dict, Optional
+from itertools import repeat
+from operator import setitem
+from typing import Dict, Optional, Sequence
 
 from .errors import ConfigError
 from .shm_layout import layout
@@ -23,27 +25,24 @@ HEADER_BYTES = _L.struct("header").nbytes
 MAGIC = struct.pack("<II", _L.constant("magic"), _L.constant("magic_hi"))  # b"WBTRING1"
 VERSION = _L.constant("version")
 COLUMNS = [c.name for c in _L.columns]
+BIT = {name: 1 << i for i, name in enumerate(COLUMNS)}  # the slot's present word
+# The numpy columns write() takes, in this order (those present); the per-row ones hold ``rows``
+# values, the others ``tokens``. The events come as lists, the head's sparse part as bytes.
+ARRAY_ORDER = ("row", "token_count", "token_ids", "token_logprobs", "draft_len", "accepted")
+_PER_TOKEN = ("token_ids", "token_logprobs")
+_ELLIPSES = repeat(Ellipsis)
 MAX_ROWS = 1 << 20  # the coordinator's slot limit (src/client/telemetry.ts MAX_SLOTS)
-_U64 = struct.Struct("<Q")
-_SEQ_AT = SLOT["seq"]
-_WRITTEN_AT, _CONSUMED_Q = HEADER["written"], HEADER["consumed"] // 8
+_SEQ_AT, _WAVE_AT = SLOT["seq"], SLOT["wave"]
+_WRITTEN_Q, _CONSUMED_Q = HEADER["written"] // 8, HEADER["consumed"] // 8
 # wave, rows, tokens, events, present, extra_len: one store when the layout keeps them together (it does)
 _COUNTS = struct.Struct("<QIIIII")
 _COUNTS_TOGETHER = [SLOT[f] - SLOT["wave"] for f in ("rows", "tokens", "events", "present", "extra_len")] == [8, 12, 16, 20, 24]
-
-
-_STRUCT_CODE = {"<u4": "I", "<u1": "B", "<u2": "H", "<i4": "i"}
-_PACKERS: Dict[tuple, struct.Struct] = {}
-
-
-def _packer(code: str, n: int) -> struct.Struct:
-    """A little-endian struct of ``n`` values of ``code``, made once per count."""
-    st = _PACKERS.get((code, n))
-    if st is None:
-        st = _PACKERS[(code, n)] = struct.Struct(f"<{n}{code}")
-    return st
-
-
+# The events are a few Python ints: the rows packed with a struct made once per count, the flags
+# (1..3) stored as bytes. A layout with other event dtypes fails here, at import.
+_EV_ROW_CODE = {"<u4": "I", "<u2": "H", "<i4": "i"}[{c.name: c.dtype for c in _L.columns}["event_row"]]
+assert {c.name: c.dtype for c in _L.columns}["event_flags"] == "<u1", "event_flags is one byte a flag"
+_EV_BITS = BIT["event_row"] | BIT["event_flags"]
+_EXTRA_BIT = BIT["extra"]
 def column_offsets(max_rows: int, max_tokens: int, max_events: int, max_extra: int):
     """(offset in the slot, capacity, numpy dtype) per column, and the slot's bytes: as the agent computes them."""
     places, nbytes = _L.place_columns({"max_rows": max_rows, "max_tokens": max_tokens, "max_events": max_events, "max_extra": max_extra})
@@ -84,80 +83,82 @@ class TelemetryRing:
         # numpy views over every column of every slot, made once: a step only assigns into them.
         self._views = [{name: np.frombuffer(mm, dtype=dt, count=n, offset=b + off) for name, (off, n, dt) in self._cols.items()}
                        for b in self._base]
-        # Per slot and column, the view cut to the last length written there, and that length: a
-        # step of the same batch size assigns into it without making a new view.
-        self._cut = [{} for _ in self._base]
-        # The header as u64 words (written, consumed: one index each; both 8-aligned in the layout).
-        self._hq = memoryview(mm)[:HEADER_BYTES].cast("Q") if HEADER["consumed"] % 8 == 0 and HEADER["written"] % 8 == 0 else None
+        # The file as u64 words: the header's written and consumed, each slot's seq (u64 fields,
+        # 8-aligned in the layout, as are the header's and a slot's sizes: shm_layout.py checks it).
+        self._q = memoryview(mm)[:size - size % 8].cast("Q")
         self._pack = struct.Struct("<QIII")  # wave, rows, tokens, events
-        self._present_bit = {name: 1 << i for i, name in enumerate(COLUMNS)}
-        self._extra_off = self._cols["extra"][0]
-        # struct codes of the integer columns a list may fill (the events): offset in the slot, code.
-        self._list_cols = {name: (off, _STRUCT_CODE[dt]) for name, (off, n, dt) in self._cols.items() if dt in _STRUCT_CODE}
+        # Per slot: where it starts, its extra, its event rows and flags (absolute offsets).
+        c = self._cols
+        self._at = [((b + _SEQ_AT) // 8, b + _WAVE_AT, b + c["extra"][0], b + c["event_row"][0], b + c["event_flags"][0]) for b in self._base]
+        # Per slot, the views of the last write's columns cut to its lengths, and what they were
+        # cut for ((present, rows, tokens)): a step like the last assigns into them as they are.
+        self._plan = [(None, ()) for _ in self._base]
+        self._ev_pack: Dict[int, struct.Struct] = {}  # event count -> its rows' struct
         # A client that comes back to the ring goes on numbering after the last write.
         self._seq = struct.unpack_from("<Q", mm, HEADER["written"])[0] // 2
 
-    def fits(self, rows: int, tokens: int, events: int) -> bool:
-        return rows <= self.max_rows and tokens <= self.max_tokens and events <= self.max_events
-
-    def fits_extra(self, nbytes: int) -> bool:
-        return nbytes <= self.max_extra
+    def room(self, rows: int, tokens: int, events: int) -> bool:
+        """Whether a step of these sizes fits a slot and the next write's slot was taken by the
+        agent: never overwrite a head it has not read (the caller sends that head as a message
+        instead; nothing is lost when the agent lags)."""
+        if rows <= self.max_rows and tokens <= self.max_tokens and events <= self.max_events:
+            k = self._seq + 1
+            return k <= self.slots or self._q[_CONSUMED_Q] >= 2 * (k - self.slots)
+        return False
 
     def consumed(self) -> int:
         """The seq of the last slot the agent took (the header's consumed word)."""
-        hq = self._hq
-        return hq[_CONSUMED_Q] if hq is not None else struct.unpack_from("<Q", self._mm, HEADER["consumed"])[0]
+        return self._q[_CONSUMED_Q]
 
-    def free(self) -> bool:
-        """Whether the next write's slot was taken by the agent: never overwrite a head it has not
-        read (the caller sends that head as a message instead; nothing is lost when the agent lags)."""
+    def write(self, wave: int, present: int, arrays: Sequence, rows: int, tokens: int, ev_rows: list, ev_flags: list, extra: bytes = b"") -> int:
+        """Copy one step's columns into the next slot; returns its seq. ``arrays`` are the numpy
+        columns named by ``present`` (BIT), in ARRAY_ORDER, each of ``rows`` or ``tokens`` values;
+        ``ev_rows``/``ev_flags`` the finish/free events (Python ints, made by the client: in range).
+        The caller checked room(). With ``extra`` (the head's sparse part, at most max_extra bytes)
+        the slot is the whole head: ``written`` says so and the agent takes it on its own; without,
+        the head goes as a message naming the seq."""
+        i = self._seq % self.slots
         k = self._seq + 1
-        return k <= self.slots or self.consumed() >= 2 * (k - self.slots)
-
-    def write(self, wave: int, columns: Dict[str, object], rows: int, tokens: int, events: int, extra: bytes = b"") -> int:
-        """Copy one step's columns (numpy arrays, already of the right length) into the next slot;
-        returns its seq. The caller checked fits(). With ``extra`` (the head's sparse part, at most
-        max_extra bytes) the slot is the whole head: ``written`` says so and the agent takes it on
-        its own; without, the head goes as a message naming the seq."""
-        k = self._seq + 1
-        i = (k - 1) % self.slots
-        base = self._base[i]
-        cut, mm, bits = self._cut[i], self._mm, self._present_bit
-        _U64.pack_into(mm, base + _SEQ_AT, 2 * k - 1)  # seq odd: being written
-        present = 0
-        for name, arr in columns.items():
-            if type(arr) is list:
-                # The few finish/free events, as Python ints: packed straight into the slot (numpy
-                # would first build an array of them). The client made them: rows and flags in range.
-                at, code = self._list_cols[name]
-                _packer(code, len(arr)).pack_into(mm, base + at, *arr)
-            else:
-                n = len(arr)
-                held = cut.get(name)
-                if held is None or held[0] != n:
-                    held = cut[name] = (n, self._views[i][name][:n])
-                held[1][...] = arr  # one copy (a cast where the engine's dtype differs)
-            present |= bits[name]
+        seq_q, wave_at, extra_at, ev_row_at, ev_flags_at = self._at[i]
+        mm, q = self._mm, self._q
+        q[seq_q] = 2 * k - 1  # seq odd: being written
+        plan = self._plan[i]
+        if plan[0] != (present, rows, tokens):
+            plan = self._plan[i] = ((present, rows, tokens), self._cut(i, present, rows, tokens))
+        list(map(setitem, plan[1], _ELLIPSES, arrays))  # one copy a column (a cast where the engine's dtype differs)
+        events = len(ev_rows)
+        if events:
+            try:
+                pk = self._ev_pack[events]
+            except KeyError:
+                pk = self._ev_pack[events] = struct.Struct(f"<{events}{_EV_ROW_CODE}")
+            pk.pack_into(mm, ev_row_at, *ev_rows)
+            mm[ev_flags_at:ev_flags_at + events] = bytes(ev_flags)
+            present |= _EV_BITS
         if extra:
-            at = base + self._extra_off
-            mm[at: at + len(extra)] = extra
-            present |= bits["extra"]
+            mm[extra_at:extra_at + len(extra)] = extra
+            present |= _EXTRA_BIT
         if _COUNTS_TOGETHER:
-            _COUNTS.pack_into(mm, base + SLOT["wave"], wave, rows, tokens, events, present, len(extra))
+            _COUNTS.pack_into(mm, wave_at, wave, rows, tokens, events, present, len(extra))
         else:
-            self._pack.pack_into(mm, base + SLOT["wave"], wave, rows, tokens, events)
-            struct.pack_into("<II", mm, base + SLOT["present"], present, len(extra))
-        _U64.pack_into(mm, base + _SEQ_AT, 2 * k)  # seq even: written
+            self._pack.pack_into(mm, wave_at, wave, rows, tokens, events)
+            struct.pack_into("<II", mm, wave_at - _WAVE_AT + SLOT["present"], present, len(extra))
+        q[seq_q] = 2 * k  # seq even: written
         if extra:
-            _U64.pack_into(mm, _WRITTEN_AT, 2 * k)  # after the slot: the agent's poll takes it
+            q[_WRITTEN_Q] = 2 * k  # after the slot: the agent's poll takes it
         self._seq = k
         return 2 * k
 
+    def _cut(self, i: int, present: int, rows: int, tokens: int) -> tuple:
+        """Slot ``i``'s views of the columns in ``present``, in ARRAY_ORDER, cut to their lengths."""
+        views = self._views[i]
+        return tuple(views[name][:tokens if name in _PER_TOKEN else rows] for name in ARRAY_ORDER if present & BIT[name])
+
     def close(self) -> None:
-        self._views, self._cut = [], []
-        hq, self._hq = getattr(self, "_hq", None), None
-        if hq is not None:
-            hq.release()  # an exported view would keep the mmap from closing
+        self._views, self._plan = [], []
+        q, self._q = getattr(self, "_q", None), None
+        if q is not None:
+            q.release()  # an exported view would keep the mmap from closing
         mm, self._mm = self._mm, None
         if mm is not None:
             try:

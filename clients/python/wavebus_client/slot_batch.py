@@ -7,6 +7,8 @@ changes, finishes and frees are sparse events, paid once each; a step passes onl
 binding and block table is encoded to its wire bytes once, when reported (head_bytes.py): a head
 joins the bytes it carries, re-sends included, and builds no protobuf object.
 """
+from itertools import compress, product, repeat, starmap
+from operator import and_, itemgetter
 from typing import Dict, List, Optional, Tuple
 
 from .errors import ConfigError
@@ -17,6 +19,10 @@ FLAG_FREED = 2
 # Live bindings and block tables re-sent per head, round-robin: a lost head heals within
 # live / RESEND_PER_STEP steps, at a cost that does not grow with the batch.
 RESEND_PER_STEP = 4
+# The per-step work below runs in C over the few rows it touches (map, compress), so its Python
+# bytecodes do not grow with the events of a step (docs/python-client.md, "What a step costs").
+_FREED_BITS, _POP, _NO_DEFAULT = repeat(FLAG_FREED), dict.pop, (None,)
+_BYTES_OF = itemgetter(1)  # a table's (block ids, bytes) -> its bytes
 
 
 def _row(row, max_rows: int, where: str) -> int:
@@ -88,19 +94,27 @@ class SlotEvents:
 
     def finish(self, row) -> None:
         """``row``'s request finished in the step the next head reports."""
-        if type(row) is not int or not 0 <= row < self.max_rows:
-            row = _row(row, self.max_rows, "finish()")
-        if row not in self._live:
-            raise ConfigError(f"finish(): row {row} holds no request")
-        self._flags[row] = self._flags.get(row, 0) | FLAG_FINISHED
+        if type(row) is not int or row not in self._live:  # a live row is an int in range
+            row = self._held(row, "finish()")
+        if row in self._flags:
+            self._flags[row] |= FLAG_FINISHED
+        else:
+            self._flags[row] = FLAG_FINISHED
 
     def free(self, row) -> None:
         """``row``'s blocks were given back (ask ``pending_dump`` first): its binding ends with the next head."""
-        if type(row) is not int or not 0 <= row < self.max_rows:
-            row = _row(row, self.max_rows, "free()")
+        if type(row) is not int or row not in self._live:
+            row = self._held(row, "free()")
+        if row in self._flags:
+            self._flags[row] |= FLAG_FREED
+        else:
+            self._flags[row] = FLAG_FREED
+
+    def _held(self, row, where: str) -> int:
+        row = _row(row, self.max_rows, where)
         if row not in self._live:
-            raise ConfigError(f"free(): row {row} holds no request")
-        self._flags[row] = self._flags.get(row, 0) | FLAG_FREED
+            raise ConfigError(f"{where}: row {row} holds no request")
+        return row
 
     def resend_all(self) -> None:
         """The next head carries every live binding and table (a new coordinator, a lost head)."""
@@ -123,6 +137,26 @@ class SlotEvents:
     def sparse_bytes(self) -> bytes:
         """TelemetryColumns' wire bytes of the pending bindings and tables (new ones, a few
         re-sends, or all after resend_all()): bindings first, then tables, as the library orders them."""
+        new_bind, new_blocks = self._new_bind, self._new_blocks
+        at = self._cycle_at
+        rows = self._cycle[at:at + RESEND_PER_STEP]
+        if self._resend_all or len(rows) < RESEND_PER_STEP:
+            return self._sparse_slow()
+        # The usual step: a full slice of the round, every row of it still live with its binding
+        # encoded (a freed row has no bytes: None) and none of them new this step.
+        out = list(map(self._bind_b.get, rows))
+        if None in out or not (new_bind.keys() | new_blocks.keys()).isdisjoint(rows):
+            return self._sparse_slow()
+        self._cycle_at = at + RESEND_PER_STEP
+        out += new_bind.values()
+        out += map(_BYTES_OF, filter(None, map(self._tables.get, rows)))
+        out += new_blocks.values()
+        self._new_bind, self._new_blocks = {}, {}
+        return b"".join(out)
+
+    def _sparse_slow(self) -> bytes:
+        """sparse_bytes() row by row: after resend_all(), at the end of a round, or when a re-sent
+        row was freed, bound anew or given a new table since the round began."""
         new_bind, tables = self._new_bind, self._new_blocks
         binds: List[bytes] = []
         blocks: List[bytes] = []
@@ -148,20 +182,15 @@ class SlotEvents:
 
     def sent(self) -> None:
         """The head went out: frees take effect (the row is free for a later arrive)."""
-        if not self._flags:
+        flags = self._flags
+        if not flags:
             return
-        live, bind_b, tables, new_bind, new_blocks = self._live, self._bind_b, self._tables, self._new_bind, self._new_blocks
-        for row, f in self._flags.items():
-            if f & FLAG_FREED:
-                live.pop(row, None)
-                bind_b.pop(row, None)
-                tables.pop(row, None)
-                # Unsent while sending paused (reset): a binding of a row already freed must not go later.
-                if new_bind:
-                    new_bind.pop(row, None)
-                if new_blocks:
-                    new_blocks.pop(row, None)
         self._flags = {}
+        # Frees take effect: the freed rows (compress: those whose flags have FLAG_FREED) leave
+        # every map, the unsent ones too (sending paused, reset(): a binding of a row already freed
+        # must not go later). In C, whatever the count.
+        list(starmap(_POP, product((self._live, self._bind_b, self._tables, self._new_bind, self._new_blocks),
+                                   compress(flags, map(and_, flags.values(), _FREED_BITS)), _NO_DEFAULT)))
 
     def _resend_rows(self) -> List[int]:
         """The next RESEND_PER_STEP rows of the round; a new round (the rows live now) when it ends."""

@@ -13,7 +13,7 @@ from . import mailbox as mb
 from . import wavebus_pb2 as pb
 from .errors import ConfigError
 from .head_bytes import head_bytes
-from .ring import ring_sizes
+from .ring import ARRAY_ORDER, BIT, ring_sizes
 from .slot_batch import SlotEvents
 from .telemetry import _nonfinite_list, nonfinite_row_proto
 from .wave_head import _MAX_U64
@@ -22,6 +22,8 @@ _INT_KINDS = "iu"
 _SENDS = mb.FEATURE_BUS | mb.FEATURE_HEADS
 _DETECTORS, _Q_FEATURES = mb.FEATURE_DETECTORS, mb._Q_FEATURES
 _PENDING = float("inf")
+_B_ROW, _B_COUNT, _B_IDS = BIT["row"], BIT["token_count"], BIT["token_ids"]
+_B_IDS_LPS, _B_SPEC = _B_IDS | BIT["token_logprobs"], BIT["draft_len"] | BIT["accepted"]
 _log = logging.getLogger("wavebus_client")
 _ndarray = None  # numpy.ndarray once a TensorBatch exists (numpy is imported only by the tensor path)
 
@@ -107,7 +109,8 @@ class TensorBatch(SlotEvents):
         # The engine's own numpy columns pass as they are (the usual step); anything else via _host.
         r = rows if type(rows) is _ndarray and rows.ndim == 1 and rows.dtype.kind in _INT_KINDS else _host(rows, "rows", _INT_KINDS)
         n = r.shape[0]
-        cols = {"row": r}
+        arrays = [r]  # in ring.ARRAY_ORDER, named by present
+        present = _B_ROW
         tokens = 0
         if feats & _DETECTORS and token_ids is not None:
             ids = token_ids
@@ -115,53 +118,65 @@ class TensorBatch(SlotEvents):
                 ids = _host(token_ids, "token_ids", _INT_KINDS)
             tokens = ids.shape[0]
             if token_counts is not None:
-                cols["token_count"] = self._per_row(token_counts, "token_counts", n, _INT_KINDS)
+                arrays.append(self._per_row(token_counts, "token_counts", n, _INT_KINDS))
+                present |= _B_COUNT
             elif tokens != n:
                 raise ConfigError(f"wave_head(): {tokens} token_ids for {n} rows; pass token_counts when a row sampled more than one")
-            cols["token_ids"] = ids
+            arrays.append(ids)
             if logprobs is not None:
                 lp = logprobs
                 if not (type(lp) is _ndarray and lp.ndim == 1 and lp.dtype.kind == "f"):
                     lp = _host(logprobs, "logprobs", "f")
                 if lp.shape[0] != tokens:
                     raise ConfigError(f"wave_head(): {lp.shape[0]} logprobs for {tokens} token_ids")
-                cols["token_logprobs"] = lp
+                arrays.append(lp)
+                present |= _B_IDS_LPS
+            else:
+                present |= _B_IDS
         if draft_len is not None or accepted is not None:
             if draft_len is None or accepted is None:
                 raise ConfigError("wave_head(): draft_len and accepted go together")
-            cols["draft_len"] = self._per_row(draft_len, "draft_len", n, _INT_KINDS)
-            cols["accepted"] = self._per_row(accepted, "accepted", n, _INT_KINDS)
+            arrays.append(self._per_row(draft_len, "draft_len", n, _INT_KINDS))
+            arrays.append(self._per_row(accepted, "accepted", n, _INT_KINDS))
+            present |= _B_SPEC
         if self._bt is not None:
             self._diff_block_table()
-        flags = self._flags  # this step's finish/free events (few), as lists (event_columns)
-        if flags:
-            ev_rows = cols["event_row"] = list(flags)
-            cols["event_flags"] = list(flags.values())
-        else:
-            ev_rows = ()
+        flags = self._flags  # this step's finish/free events (few), as lists
+        ev_rows, ev_flags = list(flags), list(flags.values())
         epoch = box.epoch
         if epoch != self._epoch:  # a new coordinator knows no bindings
             self._epoch = epoch
             self.resend_all()
         nf = b""
-        if non_finite is not None and feats & mb.FEATURE_DETECTORS:
+        if non_finite is not None and feats & _DETECTORS:
             rows_nf = _nonfinite_list(non_finite, "wave_head(): non_finite")
             nf = pb.StepTelemetry(non_finite=[nonfinite_row_proto(x, f"wave_head(): non_finite[{i}]") for i, x in enumerate(rows_nf)]).SerializeToString()
         # The head's sparse part, joined from the bytes each event was encoded to once (head_bytes.py).
         extra = head_bytes(wave, wave - 1 if wave > 0 else 0, self.sparse_bytes(), nf)
         ring = c._ring
+        if (self._fence == 0 and ring is self._fence_ring and ring is not None and ring.room(n, tokens, len(ev_rows))
+                and len(extra) <= ring.max_extra):
+            # The usual step, as below in one test: the whole head in the ring (no message, no
+            # system call; the agent polls for it), no message head pending, the same ring as before.
+            ring.write(wave, present, arrays, n, tokens, ev_rows, ev_flags, extra)
+            self.stats["ring_heads"] += 1
+            c.stats["wave_head_sent"] += 1
+            if flags:
+                self.sent()
+            return True
         if ring is None:
             ring = c._telemetry_ring()
+        fence = self._fence
         if ring is not self._fence_ring:
             self._fence_ring = ring  # a fresh ring (a new hello): nothing of the old one is pending in it
-            if self._fence != _PENDING:
-                self._fence = 0
-        if 0 < self._fence < _PENDING and ring is not None and ring.consumed() >= self._fence:
-            self._fence = 0
-        if ring is not None and ring.fits(n, tokens, len(ev_rows)) and ring.free():
-            if self._fence == 0 and len(extra) <= ring.max_extra:
+            if fence != _PENDING:
+                fence = self._fence = 0
+        if 0 < fence < _PENDING and ring is not None and ring.consumed() >= fence:
+            fence = self._fence = 0
+        if ring is not None and ring.room(n, tokens, len(ev_rows)):
+            if fence == 0 and len(extra) <= ring.max_extra:
                 # The whole head in the ring: no message, no system call; the agent polls for it.
-                ring.write(wave, cols, n, tokens, len(ev_rows), extra)
+                ring.write(wave, present, arrays, n, tokens, ev_rows, ev_flags, extra)
                 self.stats["ring_heads"] += 1
                 c.stats["wave_head_sent"] += 1
                 if flags:
@@ -169,11 +184,14 @@ class TensorBatch(SlotEvents):
                 return True
             # The sparse part is large, or a message head is pending: a message names the slot.
             body = pb.WaveHeadRequest.FromString(extra)
-            body.ring_seq = self._fence = ring.write(wave, cols, n, tokens, len(ev_rows))
+            body.ring_seq = self._fence = ring.write(wave, present, arrays, n, tokens, ev_rows, ev_flags)
             self.stats["ring_heads"] += 1
         else:
             from .tensor_inline import inline_columns
 
+            cols = dict(zip([name for name in ARRAY_ORDER if present & BIT[name]], arrays))
+            if ev_rows:
+                cols["event_row"], cols["event_flags"] = ev_rows, ev_flags
             body = pb.WaveHeadRequest.FromString(extra)
             inline_columns(body.telemetry.columns, cols, n)
             self.stats["inline_heads"] += 1
