@@ -380,3 +380,79 @@ test('wavebus sim keeps stepping after its agent is killed', async () => {
   expect(r.snapshots.length).toBeGreaterThan(0);
   expect(r.snapshots.length).toBeLessThan(steps);
 }, 180000);
+
+/**
+ * The tensor path's rows when heads cannot go: a free takes effect with the head that carries it,
+ * and an engine binds the freed row at once after wave_head whatever it returned. A head the agent
+ * cannot take (the hello unanswered by a frozen agent; the queue to it full) must let its frees take
+ * effect too, or the engine's next arrive() raises in the middle of its step.
+ */
+const PY_ROWS = `
+import json, os, signal, sys, time
+import numpy as np
+from wavebus_client import Client
+from wavebus_client.mailbox import FEATURE_BUS, FEATURE_HEADS
+pid, rows = int(sys.argv[1]), 8
+c = Client.connect()
+b = c.tensor_batch(rows, vocab=1000)
+deadline = time.monotonic() + 30
+while c.features & (FEATURE_BUS | FEATURE_HEADS) == 0:  # heads are sent only while the bus is on
+    assert time.monotonic() < deadline, "the bus never came on"
+    time.sleep(0.02)
+os.kill(pid, signal.SIGSTOP)  # before the first head: its hello goes unanswered
+out = {}
+r, toks, lps = np.arange(rows, dtype=np.int64), np.zeros(rows, dtype=np.int32), np.zeros(rows, dtype=np.float32)
+nxt, w = rows, 0
+def step():
+    # One step's rows: one request finishes and is freed, the head, and a new request takes the
+    # row at once, as a serving engine reuses its rows.
+    global nxt, w
+    w += 1
+    row = w % rows
+    b.finish(row)
+    b.free(row)
+    sent = b.wave_head(w, r, toks, lps)
+    b.arrive(row, f"req-{nxt}")
+    nxt += 1
+    return sent
+try:
+    for i in range(rows):
+        b.arrive(i, f"req-{i}")
+    out["first"] = {"sent": step(), "unavailable": c.agent_unavailable}
+    os.kill(pid, signal.SIGCONT)
+    deadline = time.monotonic() + 20
+    while not step():  # until the client found the agent back (its probe) and a head went
+        assert time.monotonic() < deadline, "no head went after SIGCONT"
+        time.sleep(0.01)
+    # Frozen again: heads go into the ring's slots, then as messages it never reads, until the
+    # queue to it is full and a head cannot go.
+    os.kill(pid, signal.SIGSTOP)
+    skipped0, n = c.stats["wave_head_skipped"], 0
+    while c.stats["wave_head_skipped"] == skipped0:
+        step()
+        n += 1
+        assert n < 200000, "the queue to the agent never filled"
+    for _ in range(100):
+        step()
+    out.update(after_back=n, skipped=c.stats["wave_head_skipped"] - skipped0, live=b.live, inline=b.stats["inline_heads"], unavailable=c.agent_unavailable)
+finally:
+    os.kill(pid, signal.SIGCONT)
+c.close()
+print(json.dumps(out))
+`;
+
+test('python client, tensor path: heads that cannot go (hello unanswered, queue to the agent full) let their frees take effect; the engine rebinds its rows at once', async () => {
+  const bus = await startBus();
+  const pyEnv = { ...process.env, PYTHONPATH: path.join(ROOT, 'clients', 'python'), PYTHONDONTWRITEBYTECODE: '1', WAVEBUS_RUN_DIR: bus.runDir, LOCAL_RANK: '0' };
+  const p = spawnTracked(PYTHON, ['-c', PY_ROWS, String(bus.agent.child.pid)], { env: pyEnv });
+  const done = await p.exited;
+  expect({ code: done.code, stderr: done.code === 0 ? '' : p.stderr().slice(-2000) }).toEqual({ code: 0, stderr: '' });
+  const out = JSON.parse(p.stdout().trim().split('\n').pop()!);
+  expect(out.first).toEqual({ sent: false, unavailable: true });
+  expect(out.live).toBe(8);
+  // With the agent frozen again, heads went into the ring's slots, then as messages, then the
+  // queue was full: the last 100 steps (and the one that filled it) were skipped, rows rebound.
+  expect(out.inline).toBeGreaterThan(0);
+  expect(out.skipped).toBeGreaterThanOrEqual(100);
+  expect(out.unavailable).toBe(false); // a full queue is not a lost agent: nothing asked it
+}, 60000);

@@ -85,12 +85,14 @@ class StepCallsMixin:
             return None
         if self.agent_features is None and not self._hello(time.monotonic() + self._bound_s()):
             self._avail.mark_unavailable(f"wave_head({wave}): no answer to hello within {self.call_bound_ms()} ms")
+            builder.reset()  # every head skipped lets its frees take effect: the engine rebinds rows at once
             self.stats["wave_head_skipped"] += 1
             return None
         if not self.agent_features.tp0:
             builder.reset()
             return None
         if len(self._sent_regions) != len(self._regions) and not self._flush_regions(time.monotonic() + self._bound_s(), step=True):
+            builder.reset()
             self.stats["wave_head_skipped"] += 1
             return None
         self._sock.drain()

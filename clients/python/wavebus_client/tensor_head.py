@@ -197,7 +197,10 @@ class TensorBatch(SlotEvents):
             self.stats["inline_heads"] += 1
             self._fence = _PENDING
         if not c._send_head(body):
-            self.resend_all()  # its bindings may have been in this one
+            # Not sent (the queue to the agent is full): as when sending pauses, its events are
+            # dropped, its frees take effect (the engine may bind those rows at once; an arrive()
+            # must never fail on a head wavebus could not send) and the next head re-sends every binding.
+            self.reset()
             return False
         self.sent()
         return True
