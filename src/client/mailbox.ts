@@ -280,15 +280,19 @@ export class MailboxReader {
   /**
    * A header word (u64) as a Number, from two u32 Atomics loads: no BigInt allocated per read (the
    * per-step calls read several). The high half is read on both sides of the low one and the read
-   * retried if it moved, so a value crossing 2^32 while read is never torn.
+   * retried if it moved, so a value crossing 2^32 while read is never torn. Bounded: a word that
+   * never holds still (garbage in the file) is read as it last was, never waited on.
    */
   private word(index: number): number {
     const u32 = this.u32;
-    for (;;) {
-      const hi = Atomics.load(u32, 2 * index + 1);
-      const lo = Atomics.load(u32, 2 * index);
-      if (Atomics.load(u32, 2 * index + 1) === hi) return hi * 0x100000000 + lo;
+    let hi = 0;
+    let lo = 0;
+    for (let attempt = 0; attempt < SPINS; attempt++) {
+      hi = Atomics.load(u32, 2 * index + 1);
+      lo = Atomics.load(u32, 2 * index);
+      if (Atomics.load(u32, 2 * index + 1) === hi) break;
     }
+    return hi * 0x100000000 + lo;
   }
 
   /** The addon's Lookup, in JS (native/mailbox_reader.cc): the floor first, then the slot's seqlock. */

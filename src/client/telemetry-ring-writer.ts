@@ -90,13 +90,17 @@ export class TelemetryRingWriter {
 
   /** The seq of the last slot the agent took (the header's consumed word). */
   consumed(): number {
-    // The high half on both sides of the low one: a value crossing 2^32 while read is read again.
+    // The high half on both sides of the low one: a value crossing 2^32 while read is read again
+    // (a bounded number of times: a word that never holds still is garbage, read as it last was).
     const at = RING_HEADER.consumed / 4;
-    for (;;) {
-      const hi = Atomics.load(this.halves, at + 1);
-      const lo = Atomics.load(this.halves, at);
-      if (Atomics.load(this.halves, at + 1) === hi) return hi * 0x100000000 + lo;
+    let hi = 0;
+    let lo = 0;
+    for (let attempt = 0; attempt < 64; attempt++) {
+      hi = Atomics.load(this.halves, at + 1);
+      lo = Atomics.load(this.halves, at);
+      if (Atomics.load(this.halves, at + 1) === hi) break;
     }
+    return hi * 0x100000000 + lo;
   }
 
   /**
