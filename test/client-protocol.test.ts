@@ -339,3 +339,25 @@ describe('connect() waits for the agent to write its mailbox header (as the Pyth
     }
   });
 });
+
+test('beforeForward with every feature off returns at once, even when a stale vector says a snapshot is due (as the Python client does)', async () => {
+  // A mailbox whose agent is gone (its close() clears the features) but whose slot still holds a
+  // vector with snapshot_due: off means no capture can be in force, so nothing is offered.
+  const dir = tmpDir('wb-proto-off-');
+  const mb = MailboxWriter.create(path.join(dir, 'mailbox'));
+  mb.publish({ wave: 1, configDue: 0, dumpDue: 0, snapshotDue: 1 });
+  const client = await WavebusClient.connect({ endpoint: `ipc://${path.join(dir, 'nobody.sock')}`, mailbox: mb.path, helloTimeoutMs: 200, callTimeoutMs: 50 });
+  try {
+    const ctx = { compilationHash: 'h', globalStep: 1 };
+    expect(client.beforeForwardNow(ctx, [])).toEqual({ captured: false }); // a value, not a promise
+    expect(client.agentUnavailable).toBe(false); // nothing was asked
+    // The same vector with a feature on: the forward is offered (to an agent that does not answer).
+    mb.setFeatures(MailboxFeature.BUS_ACTIVE);
+    const offered = client.beforeForwardNow(ctx, []);
+    expect(offered).toBeInstanceOf(Promise);
+    expect(await offered).toMatchObject({ captured: false, unavailable: true });
+  } finally {
+    await client.close();
+    mb.close();
+  }
+});

@@ -229,6 +229,34 @@ describe('mailbox', () => {
     r.close();
   });
 
+  test('64-bit words read in u32 halves: header words past 2^32, and a seq whose low half wrapped, read as written', () => {
+    const p = mailboxPath('halves');
+    const w = MailboxWriter.create(p);
+    const r = MailboxReader.open(p);
+    w.setFeatures(2 ** 40 + 5);
+    w.setEpoch(2 ** 33 + 1);
+    w.setFloor(2 ** 35 + 2);
+    expect([r.features(), r.epoch(), r.floor()]).toEqual([2 ** 40 + 5, 2 ** 33 + 1, 2 ** 35 + 2]);
+    const wave = 2 ** 35 + 3; // slot 3, below nothing: found by its own vector
+    w.publish({ wave, configDue: 0, dumpDue: 4 });
+    expect(r.read(wave)).toEqual({ wave, configDue: 0, dumpDue: 4, snapshotDue: 0 });
+    // The slot's seq at 2^32 (low half 0, even): written, not a never-written slot.
+    const fd = fs.openSync(p, 'r+');
+    const seq = Buffer.alloc(8);
+    seq.writeBigUInt64LE(2n ** 32n);
+    fs.writeSync(fd, seq, 0, 8, 64 + 64 * 3);
+    expect(r.read(wave)).toEqual({ wave, configDue: 0, dumpDue: 4, snapshotDue: 0 });
+    expect(r.dueBits(wave)).toBe(2); // DUE_DUMP
+    // Seq 0 is a slot never written: the wave is not there (below the floor: implied, nothing due).
+    seq.writeBigUInt64LE(0n);
+    fs.writeSync(fd, seq, 0, 8, 64 + 64 * 3);
+    fs.closeSync(fd);
+    expect(r.read(wave)).toBeUndefined();
+    expect(r.read(2 ** 35 + 1)).toEqual({ wave: 2 ** 35 + 1, configDue: 0, dumpDue: 0, snapshotDue: 0, implied: true });
+    w.close();
+    r.close();
+  });
+
   test('a restarted writer takes over the file; an existing reader sees emptied slots, then new waves', () => {
     const p = mailboxPath('restart');
     const w1 = MailboxWriter.create(p);

@@ -62,6 +62,9 @@ export class ForwardCapture {
   beforeForwardNow(context: Context, inputs: Inputs, staging = ''): BeforeForwardResult | Promise<BeforeForwardResult> {
     if (typeof staging !== 'string') throw new ConfigError(`beforeForward(): stagingError must be a string, got ${typeof staging}`);
     const bits = this.d.mailbox.features();
+    // Everything off: no recorder, no snapshots, and no capture can be in force either (the
+    // Python client's before_forward says the same): one memory load, nothing else read.
+    if (bits === 0) return NOT_CAPTURED_R;
     // Inputs not staged: nothing to record (the snapshot path still offers it, to fail loudly).
     if ((bits & MailboxFeature.RECORDER) !== 0 && staging === '') {
       // The flight recorder: one copy into the ring, no message (docs/recorder.md). The ring is

@@ -203,7 +203,6 @@ const SPINS = 4096;
  * memory loads, no addon call (the per-step calls make several). The byte layout: docs/native.md.
  */
 export class MailboxReader {
-  private readonly u64: BigUint64Array;
   private readonly u32: Uint32Array;
   private closed = false;
   /** The last read's vector fields (readSlot's out parameters: no allocation per read). */
@@ -212,7 +211,6 @@ export class MailboxReader {
   private constructor(readonly path: string, private readonly r: NativeMailboxReader) {
     const mem = nativeCall(() => r.view());
     if (mem.length < MAILBOX_LAYOUT.fileBytes || mem.byteOffset % 8 !== 0) throw new NativeError(`mailbox ${path}: its mapping is not ${MAILBOX_LAYOUT.fileBytes} aligned bytes`, 'ERR_MAILBOX_FORMAT');
-    this.u64 = new BigUint64Array(mem.buffer, mem.byteOffset, MAILBOX_LAYOUT.fileBytes / 8);
     this.u32 = new Uint32Array(mem.buffer, mem.byteOffset, MAILBOX_LAYOUT.fileBytes / 4);
   }
 
@@ -279,9 +277,27 @@ export class MailboxReader {
     return (g.config !== 0 ? DUE_CONFIG : 0) | (g.dump !== 0 ? DUE_DUMP : 0) | (g.snapshot !== 0 ? DUE_SNAPSHOT : 0);
   }
 
+  /**
+   * A header word (u64) as a Number, from two u32 Atomics loads: no BigInt allocated per read (the
+   * per-step calls read several). The high half is read on both sides of the low one and the read
+   * retried if it moved, so a value crossing 2^32 while read is never torn. Bounded: a word that
+   * never holds still (garbage in the file) is read as it last was, never waited on.
+   */
+  private word(index: number): number {
+    const u32 = this.u32;
+    let hi = 0;
+    let lo = 0;
+    for (let attempt = 0; attempt < SPINS; attempt++) {
+      hi = Atomics.load(u32, 2 * index + 1);
+      lo = Atomics.load(u32, 2 * index);
+      if (Atomics.load(u32, 2 * index + 1) === hi) break;
+    }
+    return hi * 0x100000000 + lo;
+  }
+
   /** The addon's Lookup, in JS (native/mailbox_reader.cc): the floor first, then the slot's seqlock. */
   private lookup(wave: number): number {
-    const floor = Number(Atomics.load(this.u64, H_FLOOR));
+    const floor = this.word(H_FLOOR);
     const r = this.readSlot(wave);
     return r === OTHER && wave < floor ? IMPLIED : r;
   }
@@ -290,24 +306,28 @@ export class MailboxReader {
    * Seqlock read of the slot for `wave` (the addon's ReadSlot): the seq word, the fields, the seq
    * again; odd or changed is a writer mid-update (busy after the spin: treated as not arrived).
    * Atomics loads are sequentially consistent, so the fields are read between the two seq loads.
+   * The seq word is compared by its low half (u32 loads, no BigInt per read): it moves by one per
+   * store, so the half changes whenever the word does within any read's few loads; the high half
+   * is read only to tell a never-written slot (seq 0) from one whose low half wrapped.
    */
   private readSlot(wave: number): number {
     const u32 = this.u32;
     const slot = MAILBOX_LAYOUT.headerBytes + MAILBOX_LAYOUT.slotBytes * (wave % MAILBOX_LAYOUT.slots);
-    const seqAt = (slot >> 3) + S_SEQ;
     const at = slot >> 2;
+    const seqLo = at + 2 * S_SEQ; // little-endian: the low half comes first
     for (let attempt = 0; attempt < SPINS; attempt++) {
-      const s1 = Atomics.load(this.u64, seqAt);
-      if ((s1 & 1n) !== 0n) continue;
+      const s1 = Atomics.load(u32, seqLo);
+      if ((s1 & 1) !== 0) continue;
       const lo = Atomics.load(u32, at + S_WAVE_LO);
       const hi = Atomics.load(u32, at + S_WAVE_HI);
       const config = Atomics.load(u32, at + S_CONFIG);
       const dump = Atomics.load(u32, at + S_DUMP);
       const snapshot = Atomics.load(u32, at + S_SNAPSHOT);
-      if (Atomics.load(this.u64, seqAt) !== s1) continue;
+      if (Atomics.load(u32, seqLo) !== s1) continue;
+      const unwritten = s1 === 0 && Atomics.load(u32, seqLo + 1) === 0;
       // An empty slot's wave is 2^64-1 (hi and lo all ones): never a safe integer, never later.
       const w = hi * 0x100000000 + lo;
-      if (s1 === 0n || w !== wave) return s1 !== 0n && !(hi === 0xffffffff && lo === 0xffffffff) && w > wave ? LATER : OTHER;
+      if (unwritten || w !== wave) return !unwritten && !(hi === 0xffffffff && lo === 0xffffffff) && w > wave ? LATER : OTHER;
       this.got.config = config;
       this.got.dump = dump;
       this.got.snapshot = snapshot;
@@ -342,18 +362,18 @@ export class MailboxReader {
 
   features(): number {
     this.live();
-    return Number(Atomics.load(this.u64, H_FEATURES));
+    return this.word(H_FEATURES);
   }
 
   epoch(): number {
     this.live();
-    return Number(Atomics.load(this.u64, H_EPOCH));
+    return this.word(H_EPOCH);
   }
 
   /** Waves below this need no vector (0: none yet). */
   floor(): number {
     this.live();
-    return Number(Atomics.load(this.u64, H_FLOOR));
+    return this.word(H_FLOOR);
   }
 
   close(): void {

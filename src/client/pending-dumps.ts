@@ -39,6 +39,7 @@ export class PendingDumps {
   /** end_of_wave(wave) ran: its dumps are copied (or failed); older answers are dropped. */
   ended(wave: number): void {
     this.lastEnded = wave;
+    if (this.due.size === 0) return; // the usual step: nothing asked, no iterator made
     for (const w of this.due.keys()) if (w <= wave) this.due.delete(w);
   }
 

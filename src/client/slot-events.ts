@@ -31,14 +31,20 @@ function sameTable(a: readonly number[] | undefined, b: readonly number[]): bool
 
 export class SlotEvents {
   protected readonly liveRows = new Map<number, { reqId: string; promptLen: number }>();
-  /** A live row's binding as re-sent (without the prompt's ids), encoded on its first re-send. */
-  private readonly bindB = new Map<number, Uint8Array>();
+  /** A live row's binding as re-sent (without the prompt's ids), encoded on its first re-send; by row. */
+  private readonly bindB: (Uint8Array | undefined)[];
   private readonly tables = new Map<number, { ids: number[]; bytes: Uint8Array }>();
-  private readonly newBind = new Map<number, Uint8Array>();
-  private readonly newBlocks = new Map<number, Uint8Array>();
-  /** sparse()'s lists, reused step to step. */
+  /**
+   * The bindings and tables reported since the last head, by row, and their rows in the order
+   * first reported (a Map's order, without a Map: the usual step reads and clears a few entries
+   * of arrays made once, no hashing, no table reallocated by a clear).
+   */
+  private readonly newBind: PendingByRow;
+  private readonly newBlocks: PendingByRow;
+  /** sparse()'s lists and answer, reused step to step. */
   private readonly outBind: Uint8Array[] = [];
   private readonly outBlocks: Uint8Array[] = [];
+  private readonly out = { binds: this.outBind, blocks: this.outBlocks };
   private readonly resendOut: number[] = [];
   /**
    * This step's finish/free flags by row (0: none), and the rows flagged in the order first
@@ -53,11 +59,17 @@ export class SlotEvents {
   /** This step's finish/free events as the ring's columns (rows in flag order; reused). */
   protected readonly evRows: Uint32Array;
   protected readonly evFlags: Uint8Array;
+  /** eventColumns()'s answer: its views are made again only when the count of events changes. */
+  private readonly evOut: { rows: Uint32Array; flags: Uint8Array };
 
   constructor(readonly maxRows: number) {
     this.flagOf = new Uint8Array(maxRows);
     this.evRows = new Uint32Array(maxRows);
     this.evFlags = new Uint8Array(maxRows);
+    this.evOut = { rows: this.evRows.subarray(0, 0), flags: this.evFlags.subarray(0, 0) };
+    this.bindB = new Array<Uint8Array | undefined>(maxRows).fill(undefined);
+    this.newBind = new PendingByRow(maxRows);
+    this.newBlocks = new PendingByRow(maxRows);
   }
 
   get live(): number {
@@ -77,8 +89,7 @@ export class SlotEvents {
     const ids = opts.promptTokenIds ? u32List(opts.promptTokenIds, 'arrive(): promptTokenIds') : [];
     const first = bindBytes(row, reqId, promptLen, ids);
     this.liveRows.set(row, { reqId, promptLen });
-    if (ids.length > 0) this.bindB.delete(row);
-    else this.bindB.set(row, first);
+    this.bindB[row] = ids.length > 0 ? undefined : first;
     this.tables.delete(row);
     this.newBind.set(row, first);
   }
@@ -121,7 +132,12 @@ export class SlotEvents {
   protected eventColumns(): { rows: Uint32Array; flags: Uint8Array } {
     const n = this.flagged;
     for (let i = 0; i < n; i++) this.evFlags[i] = this.flagOf[this.evRows[i]];
-    return { rows: this.evRows.subarray(0, n), flags: this.evFlags.subarray(0, n) };
+    const out = this.evOut;
+    if (out.rows.length !== n) {
+      out.rows = this.evRows.subarray(0, n);
+      out.flags = this.evFlags.subarray(0, n);
+    }
+    return out;
   }
 
   /** The head's sparse part as TelemetryColumns entries' bytes: the pending bindings and tables (new ones, a few re-sends, or all after resendAll()). Valid until the next call. */
@@ -130,35 +146,35 @@ export class SlotEvents {
     const blocks = this.outBlocks;
     binds.length = 0;
     blocks.length = 0;
-    let tables = this.newBlocks;
-    if (this.resendEverything) {
+    const everything = this.resendEverything;
+    if (everything) {
       this.resendEverything = false;
       for (const row of this.liveRows.keys()) if (!this.newBind.has(row)) binds.push(this.resendBytes(row));
-      tables = new Map();
-      for (const [row, t] of this.tables) tables.set(row, t.bytes);
     } else {
-      for (const row of this.nextResend()) {
+      const resend = this.nextResend();
+      for (let i = 0; i < resend.length; i++) {
+        const row = resend[i];
         if (!this.liveRows.has(row) || this.newBind.has(row)) continue;
         binds.push(this.resendBytes(row));
         const t = this.tables.get(row);
-        if (t && !tables.has(row)) blocks.push(t.bytes);
+        if (t && !this.newBlocks.has(row)) blocks.push(t.bytes);
       }
     }
-    if (this.newBind.size > 0) {
-      for (const b of this.newBind.values()) binds.push(b);
-      this.newBind.clear();
-    }
-    if (tables.size > 0) for (const b of tables.values()) blocks.push(b);
-    if (this.newBlocks.size > 0) this.newBlocks.clear(); // after its bytes were taken (tables may be it)
-    return { binds, blocks };
+    this.newBind.drainInto(binds);
+    // After resendAll every live table goes (the new ones among them, in the tables' order); else the new ones.
+    if (everything) {
+      for (const t of this.tables.values()) blocks.push(t.bytes);
+      this.newBlocks.drainInto(null);
+    } else this.newBlocks.drainInto(blocks);
+    return this.out;
   }
 
   private resendBytes(row: number): Uint8Array {
-    let b = this.bindB.get(row);
+    let b = this.bindB[row];
     if (b === undefined) {
       const h = this.liveRows.get(row)!;
       b = bindBytes(row, h.reqId, h.promptLen);
-      this.bindB.set(row, b);
+      this.bindB[row] = b;
     }
     return b;
   }
@@ -169,7 +185,7 @@ export class SlotEvents {
       const row = this.evRows[i];
       if (this.flagOf[row] & FLAG_FREED) {
         this.liveRows.delete(row);
-        this.bindB.delete(row);
+        this.bindB[row] = undefined;
         this.tables.delete(row);
       }
       this.flagOf[row] = 0;
@@ -189,5 +205,36 @@ export class SlotEvents {
       }
     }
     return out;
+  }
+}
+
+/** Bytes pending by row, and their rows in the order first set (as a Map iterates; set again keeps the place). */
+class PendingByRow {
+  private readonly of: (Uint8Array | undefined)[];
+  private readonly order: Uint32Array;
+  private count = 0;
+
+  constructor(maxRows: number) {
+    this.of = new Array<Uint8Array | undefined>(maxRows).fill(undefined);
+    this.order = new Uint32Array(maxRows);
+  }
+
+  has(row: number): boolean {
+    return this.of[row] !== undefined;
+  }
+
+  set(row: number, bytes: Uint8Array): void {
+    if (this.of[row] === undefined) this.order[this.count++] = row;
+    this.of[row] = bytes;
+  }
+
+  /** Appends the entries in order to `out` (none when null) and empties this. */
+  drainInto(out: Uint8Array[] | null): void {
+    for (let i = 0; i < this.count; i++) {
+      const row = this.order[i];
+      if (out !== null) out.push(this.of[row]!);
+      this.of[row] = undefined;
+    }
+    this.count = 0;
   }
 }

@@ -23,10 +23,12 @@ export class TelemetryRingWriter {
   readonly maxEvents: number;
   readonly maxExtra: number;
   private readonly words: BigUint64Array;
+  /** The same memory as u32s: the consumed word read in halves, no BigInt per step. */
+  private readonly halves: Uint32Array;
   private readonly dv: DataView;
   private readonly base: number[];
-  /** Per slot, per column: a typed view over its place, made once (a step only assigns into them). */
-  private readonly views: Map<string, View>[];
+  /** Per slot, per column: a typed view over its place, made once (a step only assigns into them); plain objects of one shape, not Maps. */
+  private readonly views: Record<string, View>[];
   private readonly bit: Record<string, number> = {};
   private readonly extraAt: number;
   private seq: number;
@@ -52,9 +54,10 @@ export class TelemetryRingWriter {
       throw new ConfigError(`${where}: ${this.slots} slots of ${stride} bytes do not fit its ${mem.length} bytes`);
     }
     this.words = new BigUint64Array(mem.buffer, mem.byteOffset, Math.floor(mem.length / 8));
+    this.halves = new Uint32Array(mem.buffer, mem.byteOffset, 2 * this.words.length);
     this.dv.setUint32(RING_HEADER.pid, process.pid, true);
     this.base = Array.from({ length: this.slots }, (_, i) => RING_LAYOUT.header_bytes + i * stride);
-    this.views = this.base.map((b) => new Map(places.map((p) => [p.name, view(mem, b, p)])));
+    this.views = this.base.map((b) => Object.fromEntries(places.map((p) => [p.name, view(mem, b, p)])));
     for (const p of places) this.bit[p.name] = 1 << p.bit;
     this.extraAt = places.find((p) => p.name === 'extra')!.at;
     // A client that comes back to the ring goes on numbering after the last write.
@@ -87,7 +90,17 @@ export class TelemetryRingWriter {
 
   /** The seq of the last slot the agent took (the header's consumed word). */
   consumed(): number {
-    return Number(Atomics.load(this.words, RING_HEADER.consumed / 8));
+    // The high half on both sides of the low one: a value crossing 2^32 while read is read again
+    // (a bounded number of times: a word that never holds still is garbage, read as it last was).
+    const at = RING_HEADER.consumed / 4;
+    let hi = 0;
+    let lo = 0;
+    for (let attempt = 0; attempt < 64; attempt++) {
+      hi = Atomics.load(this.halves, at + 1);
+      lo = Atomics.load(this.halves, at);
+      if (Atomics.load(this.halves, at + 1) === hi) break;
+    }
+    return hi * 0x100000000 + lo;
   }
 
   /**
@@ -105,7 +118,7 @@ export class TelemetryRingWriter {
     let present = 0;
     for (const name in columns) {
       let a = columns[name]!;
-      const v = views.get(name)!;
+      const v = views[name];
       // An Int32Array into a u32 column: the same bits, copied as they are (a negative value reads
       // as >= 2^31 and is garbage where the agent checks it); other types are converted in the copy.
       if (a instanceof Int32Array && v instanceof Uint32Array) a = this.u32View(name, a);
@@ -118,7 +131,8 @@ export class TelemetryRingWriter {
       present |= this.bit.extra;
     }
     const dv = this.dv;
-    dv.setBigUint64(base + RING_SLOT.wave, BigInt(wave), true);
+    dv.setUint32(base + RING_SLOT.wave, wave % 0x100000000, true); // the u64 as two halves: no BigInt per step
+    dv.setUint32(base + RING_SLOT.wave + 4, Math.floor(wave / 0x100000000), true);
     dv.setUint32(base + RING_SLOT.rows, rows, true);
     dv.setUint32(base + RING_SLOT.tokens, tokens, true);
     dv.setUint32(base + RING_SLOT.events, events, true);

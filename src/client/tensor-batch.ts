@@ -56,6 +56,7 @@ export interface TensorHost {
 }
 
 const TRUE = Promise.resolve(true);
+const NO_ROWS: unknown[] = [];
 const FALSE = Promise.resolve(false);
 
 function isColumn(x: unknown): x is Column {
@@ -194,7 +195,7 @@ export class TensorBatch extends SlotEvents {
       cols.event_row = ev.rows;
       cols.event_flags = ev.flags;
     }
-    const nonFinite = f.detectors.length > 0 && step.nonFinite ? step.nonFinite.map(nonFiniteRow) : [];
+    const nonFinite = f.detectors.length > 0 && step.nonFinite && step.nonFinite.length > 0 ? step.nonFinite.map(nonFiniteRow) : NO_ROWS;
     const epoch = this.host.epoch();
     if (epoch !== this.epoch) {
       this.epoch = epoch; // a new coordinator knows no bindings
