@@ -87,6 +87,9 @@ class Model {
         this.live.delete(row);
         this.bindB.delete(row);
         this.tables.delete(row);
+        // As the Python client's sent(): what the freed row got since the last head never goes.
+        this.newBind.delete(row);
+        this.newBlocks.delete(row);
       }
     }
     this.flags.clear();

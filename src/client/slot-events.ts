@@ -187,6 +187,10 @@ export class SlotEvents {
         this.liveRows.delete(row);
         this.bindB[row] = undefined;
         this.tables.delete(row);
+        // Sending paused (reset): a binding or table the freed row got since the last head must not
+        // go with a later one (after a head, sparse() has emptied these already: no-ops).
+        this.newBind.drop(row);
+        this.newBlocks.drop(row);
       }
       this.flagOf[row] = 0;
     }
@@ -226,6 +230,15 @@ class PendingByRow {
   set(row: number, bytes: Uint8Array): void {
     if (this.of[row] === undefined) this.order[this.count++] = row;
     this.of[row] = bytes;
+  }
+
+  /** Forgets `row`'s entry, keeping the others' order (rare: a row freed while sending paused). */
+  drop(row: number): void {
+    if (this.of[row] === undefined) return;
+    this.of[row] = undefined;
+    const i = this.order.subarray(0, this.count).indexOf(row);
+    this.order.copyWithin(i, i + 1, this.count);
+    this.count--;
   }
 
   /** Appends the entries in order to `out` (none when null) and empties this. */
