@@ -49,6 +49,16 @@ export function encodeTrusted(type: protobuf.Type, value: Record<string, unknown
   return Buffer.from(u8.buffer, u8.byteOffset, u8.byteLength);
 }
 
+/**
+ * A decoded uint64/int64 field as a number: protobufjs gives a Long for it, and Number(long) goes
+ * through Long.toString (a radix-10 division loop, several µs per field on the per-wave path);
+ * toNumber() gives the same double (both round the exact value once).
+ */
+export function longNumber(v: number | { toNumber(): number } | null | undefined): number {
+  if (typeof v === 'number') return v;
+  return v == null ? 0 : v.toNumber();
+}
+
 /** Decode to a plain object with longs as numbers and defaults filled in. Throws on malformed input. */
 export function decode<T = Record<string, any>>(type: protobuf.Type, bytes: Uint8Array): T {
   return toPlain<T>(type, type.decode(bytes));

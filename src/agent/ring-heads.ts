@@ -7,7 +7,7 @@
 // each, never re-encoded per element. Garbage is counted per kind and reported per rank
 // (Heartbeat.ring_garbage, /metrics wavebus_ring_garbage{rank}); the head itself always goes on.
 import type { Logger } from '../log';
-import { encodeTrusted, messageType } from '../proto';
+import { encodeTrusted, longNumber, messageType } from '../proto';
 import { ringColumns, RowIndex, type RingGarbage } from '../client/ring-columns';
 import { RING_LAYOUT, type RingAsk, type RingSlotRead } from '../client/ring-layout';
 import { TelemetryRingReader } from './telemetry-ring';
@@ -179,7 +179,7 @@ export class RingHeads {
       return null;
     }
     this.stats.ringHeads++;
-    return this.merge(head, this.slotColumns(slot, seq, Number(head.wave)));
+    return this.merge(head, this.slotColumns(slot, seq, longNumber(head.wave)));
   }
 
   private consumed = 0;
@@ -192,7 +192,7 @@ export class RingHeads {
   }
 
   private merge(head: Record<string, any>, columns: Record<string, unknown>): Uint8Array {
-    const tel = (head.telemetry ??= StepTelemetry.create({ wave: Math.max(0, Number(head.wave) - 1) })) as Record<string, any>;
+    const tel = (head.telemetry ??= StepTelemetry.create({ wave: Math.max(0, longNumber(head.wave) - 1) })) as Record<string, any>;
     const sent = tel.columns as Record<string, any> | undefined;
     // Of the message's columns only the sparse part is kept: the per-row ones are the slot's.
     const cols = TelemetryColumns.create({ bind: sent?.bind ?? [], blocks: sent?.blocks ?? [] }) as unknown as Record<string, any>;
@@ -217,14 +217,14 @@ export class RingHeads {
     } catch {
       return raw; // the coordinator counts it as garbage, as from any client
     }
-    const seq = Number(head.ringSeq ?? 0);
+    const seq = longNumber(head.ringSeq);
     if (!seq) return raw;
     this.stats.ringHeads++;
     if (!this.ring) return this.merge(head, this.miss(['no_ring'], 'a head named a ring slot, and this agent has no ring'));
     const slot = this.ring.read(seq);
     this.consume(seq);
     if ('garbage' in slot) return this.merge(head, this.miss([slot.garbage], slot.detail));
-    return this.merge(head, this.slotColumns(slot, seq, Number(head.wave)));
+    return this.merge(head, this.slotColumns(slot, seq, longNumber(head.wave)));
   }
 
   private slotColumns(slot: RingSlotRead, seq: number, wave: number): Record<string, unknown> {

@@ -1,7 +1,7 @@
 // Wire frames of the bus: [topic, BusFrame] on PUB/SUB, AgentMessage / CoordinatorMessage on
 // DEALER/ROUTER. Decoding never throws: a bad frame becomes a drop reason that callers count.
 import type * as protobuf from 'protobufjs';
-import { AgentMessage, BusFrame, CoordinatorMessage, decode, encode, encodeTrusted, messageType, toPlain } from '../proto';
+import { AgentMessage, BusFrame, CoordinatorMessage, decode, encode, encodeTrusted, longNumber, messageType, toPlain } from '../proto';
 import type { Logger } from '../log';
 import type { BusToken } from './auth';
 import type { ConfigLane, DumpLane, WaveHead } from '../messages';
@@ -206,13 +206,13 @@ function waveHeadOf(m: Record<string, any>, scratch?: ColumnScratch): Decoded<Ag
       if (bad) return { ok: false, reason: 'bad_telemetry', detail: bad };
     }
     telemetry = {
-      wave: Number(tel.wave),
+      wave: longNumber(tel.wave),
       requests,
       nonFinite: tel.nonFinite.map((r: Record<string, any>) => ({ row: r.row, reqId: r.reqId, kind: r.kind })),
       columns,
     };
   }
-  return { ok: true, value: { globalRank: m.globalRank, epochSeen: Number(m.epochSeen), requestId: Number(m.requestId), body: 'waveHead', waveHead: { wave: Number(wh.wave), telemetry, ringSeq: Number(wh.ringSeq ?? 0) } } };
+  return { ok: true, value: { globalRank: m.globalRank, epochSeen: longNumber(m.epochSeen), requestId: longNumber(m.requestId), body: 'waveHead', waveHead: { wave: longNumber(wh.wave), telemetry, ringSeq: longNumber(wh.ringSeq) } } };
 }
 
 /** Validate and decode one CoordinatorMessage payload received on an agent's DEALER; with `token`, its MAC first. */

@@ -35,8 +35,10 @@ export class VersionGate {
   private readonly refusedConns: string[] = [];
 
   check(msg: { body?: string } & Record<string, any>, routingId: Buffer, rank: number): GateResult {
-    const conn = routingId.toString('hex');
     const v = peerVersionOf(msg);
+    // No refused connection (the usual case): every message but a mismatch is let through without naming its connection.
+    if (this.refusedConns.length === 0 && (v === undefined || v === PROTOCOL_VERSION)) return { action: 'ok' };
+    const conn = routingId.toString('hex');
     if (v === undefined) return this.refusedConns.includes(conn) ? { action: 'drop' } : { action: 'ok' };
     if (v === PROTOCOL_VERSION) {
       if (msg.body === 'hello') this.forget(conn);
