@@ -11,10 +11,10 @@ export const DEFAULT_HEARTBEAT_MS = 500;
  * hand: `node --max-semi-space-size=1 --heap-growing-percent=50 $(which wavebus) coordinator`).
  * A busy coordinator's young generation otherwise grows from 1 MiB to V8's cap of 16 MiB per
  * semi-space (32 MiB of RSS) though it keeps ~12 MiB alive in all. What outlives two scavenges
- * (most of it what the dump ledger keeps of each job a while) dies in the old generation, which V8
- * otherwise lets grow to up to 4 x what is live before a full collection: the old space then rose
- * 10 -> 24 MB of mostly dead objects, the RSS the soak saw climb. 50 % growth (at the coordinator's
- * size, V8's 8 MB minimum step decides) collects it sooner (docs/bus.md, "Memory").
+ * (0.6-1 KB a wave in the soak, most of it with dumps) dies in the old generation, which V8 lets
+ * grow to several times what is live before a full collection: in the soak it rose 10 -> 24 MB of
+ * dead objects, the RSS that climbed. 50 % growth (at the coordinator's size V8's 8 MB minimum step
+ * decides) collects them sooner. Not settable in NODE_OPTIONS (docs/bus.md, "Memory").
  */
 export const COORDINATOR_NODE_FLAGS: readonly string[] = ['--max-semi-space-size=1', '--heap-growing-percent=50'];
 /** Largest frame any bus socket accepts (ZeroMQ maxMessageSize). */
