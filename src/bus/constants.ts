@@ -8,11 +8,15 @@ export const DEFAULT_BUS_PORT = 29600;
 export const DEFAULT_HEARTBEAT_MS = 500;
 /**
  * Node flags the coordinator is started with (the launcher and the benches' jobs pass them; run by
- * hand: `node --max-semi-space-size=1 $(which wavebus) coordinator`). A busy coordinator's young
- * generation otherwise grows from 1 MiB to V8's cap of 16 MiB per semi-space (32 MiB of RSS) though
- * it keeps ~12 MiB alive in all: most of the RSS the 64-agent soak saw grow (docs/bus.md, "Memory").
+ * hand: `node --max-semi-space-size=1 --heap-growing-percent=50 $(which wavebus) coordinator`).
+ * A busy coordinator's young generation otherwise grows from 1 MiB to V8's cap of 16 MiB per
+ * semi-space (32 MiB of RSS) though it keeps ~12 MiB alive in all. What outlives two scavenges
+ * (0.6-1 KB a wave in the soak, most of it with dumps) dies in the old generation, which V8 lets
+ * grow to several times what is live before a full collection: in the soak it rose 10 -> 24 MB of
+ * dead objects, the RSS that climbed. 50 % growth (at the coordinator's size V8's 8 MB minimum step
+ * decides) collects them sooner. Not settable in NODE_OPTIONS (docs/bus.md, "Memory").
  */
-export const COORDINATOR_NODE_FLAGS: readonly string[] = ['--max-semi-space-size=1'];
+export const COORDINATOR_NODE_FLAGS: readonly string[] = ['--max-semi-space-size=1', '--heap-growing-percent=50'];
 /** Largest frame any bus socket accepts (ZeroMQ maxMessageSize). */
 export const DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024;
 /**
