@@ -15,6 +15,7 @@ from itertools import repeat
 from operator import setitem
 from typing import Dict, Optional, Sequence
 
+from . import native
 from .errors import ConfigError
 from .shm_layout import layout
 
@@ -52,9 +53,10 @@ def column_offsets(max_rows: int, max_tokens: int, max_events: int, max_extra: i
 class TelemetryRing:
     """The client's side of one ring file (from the path the agent's hello gave)."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, stats: Optional[Dict[str, int]] = None):
         import numpy as np
 
+        nat = native.load()  # before the file is opened: a bad WAVEBUS_PY_NATIVE leaves nothing open
         where = f"telemetry ring {path}"
         # No link followed: the path came from the agent's socket; the file is the agent's, 0600.
         fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
@@ -96,6 +98,27 @@ class TelemetryRing:
         self._ev_pack: Dict[int, struct.Struct] = {}  # event count -> its rows' struct
         # A client that comes back to the ring goes on numbering after the last write.
         self._seq = struct.unpack_from("<Q", mm, HEADER["written"])[0] // 2
+        # The native path (native.py): per slot, its offsets packed once for _native.ring_write.
+        self._native = nat
+        self._nplan = [self._native_plan(b) for b in self._base] if nat is not None else []
+        # Which path wrote each slot (Client.stats when the client made the ring).
+        self.stats = stats if stats is not None else {}
+        self.stats.setdefault("ring_native_writes", 0)
+        self.stats.setdefault("ring_numpy_writes", 0)
+
+    def _native_plan(self, b: int) -> bytes:
+        """Slot ``b``'s offsets for _native.ring_write (its enum P_*, then C_* per column in
+        ARRAY_ORDER): absolute in the file, from the layout; the C side checks each against the slot."""
+        c = self._cols
+        ev_dt = c["event_row"][2]
+        head = [b, self.stride, b + SLOT["seq"], b + SLOT["wave"], b + SLOT["rows"], b + SLOT["tokens"], b + SLOT["events"],
+                b + SLOT["present"], b + SLOT["extra_len"], b + c["extra"][0], c["extra"][1], b + c["event_row"][0], c["event_row"][1],
+                ord(ev_dt[1]), int(ev_dt[2:]), b + c["event_flags"][0], c["event_flags"][1], _EV_BITS, _EXTRA_BIT, HEADER["written"],
+                len(ARRAY_ORDER)]
+        for name in ARRAY_ORDER:
+            at, n, dt = c[name]
+            head += [BIT[name], b + at, n, ord(dt[1]), int(dt[2:]), int(name in _PER_TOKEN)]
+        return struct.pack(f"<{len(head)}q", *head)
 
     def room(self, rows: int, tokens: int, events: int) -> bool:
         """Whether a step of these sizes fits a slot and the next write's slot was taken by the
@@ -119,6 +142,10 @@ class TelemetryRing:
         the head goes as a message naming the seq."""
         i = self._seq % self.slots
         k = self._seq + 1
+        if self._native is not None and self._native.ring_write(self._mm, self._nplan[i], 2 * k, wave, present, arrays, rows, tokens, ev_rows, ev_flags, extra):
+            self._seq = k  # the whole write in C: columns C-contiguous with a dtype it casts as numpy does
+            self.stats["ring_native_writes"] += 1
+            return 2 * k
         seq_q, wave_at, extra_at, ev_row_at, ev_flags_at = self._at[i]
         mm, q = self._mm, self._q
         q[seq_q] = 2 * k - 1  # seq odd: being written
@@ -147,6 +174,7 @@ class TelemetryRing:
         if extra:
             q[_WRITTEN_Q] = 2 * k  # after the slot: the agent's poll takes it
         self._seq = k
+        self.stats["ring_numpy_writes"] += 1
         return 2 * k
 
     def _cut(self, i: int, present: int, rows: int, tokens: int) -> tuple:
@@ -155,7 +183,7 @@ class TelemetryRing:
         return tuple(views[name][:tokens if name in _PER_TOKEN else rows] for name in ARRAY_ORDER if present & BIT[name])
 
     def close(self) -> None:
-        self._views, self._plan = [], []
+        self._views, self._plan, self._native = [], [], None
         q, self._q = getattr(self, "_q", None), None
         if q is not None:
             q.release()  # an exported view would keep the mmap from closing
