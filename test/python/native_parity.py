@@ -180,9 +180,12 @@ def garbage():
     ok = np.arange(8, dtype=np.uint32)
     q = list(struct.unpack(f"<{len(plan) // 8}q", plan))
 
-    def with_plan(i, v):
+    head, column = _native.RING_PLAN, _native.RING_PLAN_COLUMN
+
+    def with_plan(name, v, col=None):
+        """The plan with one field changed (a column's, of the first column, with ``col``)."""
         x = list(q)
-        x[i] = v
+        x[len(head) + column.index(name) if col else head.index(name)] = v
         return struct.pack(f"<{len(x)}q", *x)
 
     cases = {
@@ -202,11 +205,11 @@ def garbage():
         "extra_past_capacity": (mm, plan, 2, 1, BIT["row"], [ok], 8, 0, [], [], b"x" * 513),
         "seq_odd": (mm, plan, 3, 1, BIT["row"], [ok], 8, 0, [], [], b""),
         "plan_short": (mm, plan[:-8], 2, 1, BIT["row"], [ok], 8, 0, [], [], b""),
-        "plan_slot_past_file": (mm, with_plan(0, len(mm) - 10), 2, 1, BIT["row"], [ok], 8, 0, [], [], b""),
-        "plan_column_outside_slot": (mm, with_plan(21 + 1, hi - 4), 2, 1, BIT["row"], [ok], 8, 0, [], [], b""),
-        "plan_capacity_huge": (mm, with_plan(21 + 2, 1 << 50), 2, 1, BIT["row"], [ok], 8, 0, [], [], b""),
-        "plan_written_in_slot": (mm, with_plan(19, lo), 2, 1, BIT["row"], [ok], 8, 0, [], [], b"x"),
-        "plan_negative_base": (mm, with_plan(0, -8), 2, 1, BIT["row"], [ok], 8, 0, [], [], b""),
+        "plan_slot_past_file": (mm, with_plan("base", len(mm) - 10), 2, 1, BIT["row"], [ok], 8, 0, [], [], b""),
+        "plan_column_outside_slot": (mm, with_plan("at", hi - 4, col=True), 2, 1, BIT["row"], [ok], 8, 0, [], [], b""),
+        "plan_capacity_huge": (mm, with_plan("cap", 1 << 50, col=True), 2, 1, BIT["row"], [ok], 8, 0, [], [], b""),
+        "plan_written_in_slot": (mm, with_plan("written", lo), 2, 1, BIT["row"], [ok], 8, 0, [], [], b"x"),
+        "plan_negative_base": (mm, with_plan("base", -8), 2, 1, BIT["row"], [ok], 8, 0, [], [], b""),
         "read_only_map": (b"\0" * len(mm), plan, 2, 1, BIT["row"], [ok], 8, 0, [], [], b""),
         "wrong_arg_count": (mm, plan),
         "wave_negative": (mm, plan, 2, -1, BIT["row"], [ok], 8, 0, [], [], b""),

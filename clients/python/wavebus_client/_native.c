@@ -220,11 +220,17 @@ static void store_seq(unsigned char *base, long long at, uint64_t v, int release
 
 /* ---- the telemetry ring's slot write ---- */
 
-/* The plan ring.py packs per slot (int64s; absolute offsets in the mapping). */
+/* The plan ring.py packs per slot (int64s; absolute offsets in the mapping), in the order of these
+ * enums: the module exports their names (RING_PLAN, RING_PLAN_COLUMN), and ring.py packs its values
+ * by those names, so the order is written down here only. */
 enum { P_BASE, P_STRIDE, P_SEQ, P_WAVE, P_ROWS, P_TOKENS, P_EVENTS, P_PRESENT, P_EXTRA_LEN, P_EXTRA, P_EXTRA_CAP,
        P_EVROW, P_EVROW_CAP, P_EVROW_KIND, P_EVROW_SIZE, P_EVFLAGS, P_EVFLAGS_CAP, P_EV_BITS, P_EXTRA_BIT, P_WRITTEN,
        P_NCOLS, P_COLS };
+static const char *const plan_names[P_COLS] = {"base", "stride", "seq", "wave", "rows", "tokens", "events", "present", "extra_len",
+  "extra", "extra_cap", "event_row", "event_row_cap", "event_row_kind", "event_row_size", "event_flags", "event_flags_cap",
+  "event_bits", "extra_bit", "written", "columns"};
 enum { C_BIT, C_AT, C_CAP, C_KIND, C_SIZE, C_PER_TOKEN, C_FIELDS };
+static const char *const column_names[C_FIELDS] = {"bit", "at", "cap", "kind", "size", "per_token"};
 #define MAX_COLS 16
 
 /* ring_write(mm, plan, seq, wave, present, arrays, rows, tokens, ev_rows, ev_flags, extra) -> True,
@@ -482,5 +488,19 @@ PyMODINIT_FUNC PyInit__native(void) {
   config_error = PyObject_GetAttrString(errors, "ConfigError");
   Py_DECREF(errors);
   if (!config_error) return NULL;
-  return PyModule_Create(&module);
+  PyObject *m = PyModule_Create(&module);
+  if (!m) return NULL;
+  PyObject *plan = PyTuple_New(P_COLS), *column = PyTuple_New(C_FIELDS);
+  if (!plan || !column) goto fail;
+  for (int i = 0; i < P_COLS; i++) PyTuple_SET_ITEM(plan, i, PyUnicode_FromString(plan_names[i]));
+  for (int i = 0; i < C_FIELDS; i++) PyTuple_SET_ITEM(column, i, PyUnicode_FromString(column_names[i]));
+  if (PyErr_Occurred() || PyModule_AddObject(m, "RING_PLAN", plan) < 0) goto fail;
+  plan = NULL;
+  if (PyModule_AddObject(m, "RING_PLAN_COLUMN", column) < 0) goto fail;
+  return m;
+fail:
+  Py_XDECREF(plan);
+  Py_XDECREF(column);
+  Py_DECREF(m);
+  return NULL;
 }

@@ -99,26 +99,34 @@ class TelemetryRing:
         # A client that comes back to the ring goes on numbering after the last write.
         self._seq = struct.unpack_from("<Q", mm, HEADER["written"])[0] // 2
         # The native path (native.py): per slot, its offsets packed once for _native.ring_write.
-        self._native = nat
-        self._nplan = [self._native_plan(b) for b in self._base] if nat is not None else []
+        self._native, self._nplan = nat, []
+        if nat is not None:
+            try:
+                self._nplan = [self._native_plan(b) for b in self._base]
+            except (KeyError, AttributeError):  # a module built from other sources: the numpy path
+                self._native, self._nplan = None, []
         # Which path wrote each slot (Client.stats when the client made the ring).
         self.stats = stats if stats is not None else {}
         self.stats.setdefault("ring_native_writes", 0)
         self.stats.setdefault("ring_numpy_writes", 0)
 
     def _native_plan(self, b: int) -> bytes:
-        """Slot ``b``'s offsets for _native.ring_write (its enum P_*, then C_* per column in
-        ARRAY_ORDER): absolute in the file, from the layout; the C side checks each against the slot."""
+        """Slot ``b``'s offsets for _native.ring_write, absolute in the file, from the layout, packed
+        in the order the module names (RING_PLAN, then RING_PLAN_COLUMN per column in ARRAY_ORDER);
+        the C side checks each against the slot."""
         c = self._cols
         ev_dt = c["event_row"][2]
-        head = [b, self.stride, b + SLOT["seq"], b + SLOT["wave"], b + SLOT["rows"], b + SLOT["tokens"], b + SLOT["events"],
-                b + SLOT["present"], b + SLOT["extra_len"], b + c["extra"][0], c["extra"][1], b + c["event_row"][0], c["event_row"][1],
-                ord(ev_dt[1]), int(ev_dt[2:]), b + c["event_flags"][0], c["event_flags"][1], _EV_BITS, _EXTRA_BIT, HEADER["written"],
-                len(ARRAY_ORDER)]
+        at = {"base": b, "stride": self.stride, "extra": b + c["extra"][0], "extra_cap": c["extra"][1],
+              "event_row": b + c["event_row"][0], "event_row_cap": c["event_row"][1], "event_row_kind": ord(ev_dt[1]),
+              "event_row_size": int(ev_dt[2:]), "event_flags": b + c["event_flags"][0], "event_flags_cap": c["event_flags"][1],
+              "event_bits": _EV_BITS, "extra_bit": _EXTRA_BIT, "written": HEADER["written"], "columns": len(ARRAY_ORDER),
+              **{f: b + SLOT[f] for f in ("seq", "wave", "rows", "tokens", "events", "present", "extra_len")}}
+        plan = [at[name] for name in self._native.RING_PLAN]
         for name in ARRAY_ORDER:
-            at, n, dt = c[name]
-            head += [BIT[name], b + at, n, ord(dt[1]), int(dt[2:]), int(name in _PER_TOKEN)]
-        return struct.pack(f"<{len(head)}q", *head)
+            off, n, dt = c[name]
+            col = {"bit": BIT[name], "at": b + off, "cap": n, "kind": ord(dt[1]), "size": int(dt[2:]), "per_token": int(name in _PER_TOKEN)}
+            plan += [col[f] for f in self._native.RING_PLAN_COLUMN]
+        return struct.pack(f"<{len(plan)}q", *plan)
 
     def room(self, rows: int, tokens: int, events: int) -> bool:
         """Whether a step of these sizes fits a slot and the next write's slot was taken by the
