@@ -78,13 +78,20 @@ try:
 except Exception as e:
     print(type(e).__name__, e)`;
 
-test('WAVEBUS_PY_NATIVE picks the path; a bad value is a ConfigError naming the variable', () => {
+test('WAVEBUS_PY_NATIVE picks the path; a bad value is a ConfigError naming the variable, from Client.connect() too', () => {
   const pick = (v?: string) => spawnSync(PYTHON, ['-c', PICK], { encoding: 'utf8', env: env(v === undefined ? {} : { WAVEBUS_PY_NATIVE: v }) }).stdout.trim();
   expect(pick()).toBe('native');
   expect(pick('auto')).toBe('native');
   expect(pick('1')).toBe('native');
   expect(pick('0')).toBe('numpy');
   expect(pick('yes')).toMatch(/^ConfigError WAVEBUS_PY_NATIVE must be 0 .* got 'yes'/);
+  // ...and Client.connect() says so at once, at the engine's setup (not a ring left unused at its first head).
+  const connect = spawnSync(PYTHON, ['-c', `from wavebus_client import Client
+try:
+    Client.connect(env={"WAVEBUS_RUN_DIR": "/nonexistent", "LOCAL_RANK": "0"})
+except Exception as e:
+    print(type(e).__name__, e)`], { encoding: 'utf8', env: env({ WAVEBUS_PY_NATIVE: 'on' }) });
+  expect(connect.stdout.trim()).toMatch(/^ConfigError WAVEBUS_PY_NATIVE must be 0 .* got 'on'/);
 });
 
 test('a package without the built module runs the numpy path; WAVEBUS_PY_NATIVE=1 then says the module is missing', () => {
