@@ -4,7 +4,8 @@
 // (wave_head, before_forward, end_of_wave, pending_dump for the requests that finished), timed in
 // the engine's thread (bench/client_engine.py; with --lang ts bench/lib/client-engine-ts.ts, whose
 // seed row is still the Python one: the seed's detectors are Python), p50/p99 of their sum and of each. Each size runs,
-// in the same run: the tensor path (TensorBatch, the telemetry ring) and the dict path against a
+// in the same run: the tensor path (TensorBatch, the telemetry ring; in Python also tensor_py, the same
+// with WAVEBUS_PY_NATIVE=0: its numpy ring writes beside the native ones) and the dict path against a
 // live coordinator (this process, detectors token_repeat, spec_acceptance and garbled on) and
 // agent; everything off (an agent without a bus: the mailbox says off); the same loop without
 // wavebus; and the seed's path (its Python detectors in the engine).
@@ -24,7 +25,7 @@ import { freePortPair } from '../src/bus/ports';
 import { MAX_TIMER_MS } from '../src/commands/flags';
 import type { BenchArgs, BenchFlags } from './lib/flags';
 
-export const summary = "The engine's own per-step cost of the client's calls at N running requests (tensor and dict paths, everything off, no wavebus, the seed's Python detectors), in the engine's thread.";
+export const summary = "The engine's own per-step cost of the client's calls at N running requests (tensor path, native and numpy ring writes, and dict path, everything off, no wavebus, the seed's Python detectors), in the engine's thread.";
 export const flags = {
   lang: { type: 'string', default: 'python', choices: ['python', 'ts'], describe: "the engine's language: python (wavebus_client) or ts (the TypeScript client, typed arrays)" },
   requests: { type: 'string', default: '1,64,256,1024,4096', describe: 'running requests per step, comma-separated' },
@@ -34,7 +35,9 @@ export const flags = {
 } satisfies BenchFlags;
 
 const PY = fs.existsSync('/usr/bin/python3') ? '/usr/bin/python3' : 'python3';
-const MODES = ['tensor', 'dict', 'off', 'none', 'seed'] as const;
+const MODES = ['tensor', 'tensor_py', 'dict', 'off', 'none', 'seed'] as const;
+/** Modes that run the tensor engine against a live job; tensor_py is Python's with its native path off. */
+const TENSOR = new Set(['tensor', 'tensor_py']);
 const CFG = { detector: { token_repeat: { enabled: true }, spec_acceptance: { enabled: true }, garbled: { enabled: true } } };
 
 function engineScript(): string {
@@ -47,8 +50,10 @@ function engineScript(): string {
 function runEngine(lang: string, mode: string, n: number, steps: number, runDir: string, forward: string): Promise<Record<string, any>> {
   // The seed's path is Python whatever the engine's language (its detectors are).
   const cmd = lang === 'ts' && mode !== 'seed' ? [process.execPath, path.join(__dirname, 'lib', 'client-engine-ts.js')] : [PY, engineScript()];
+  // tensor_py: the tensor engine with the Python client's native path off (its numpy ring writes).
+  const native = mode === 'tensor_py' ? { WAVEBUS_PY_NATIVE: '0' } : {};
   return new Promise((resolve, reject) => {
-    const child = spawn(cmd[0], [cmd[1], mode, String(n), String(steps), runDir, forward], { env: { ...process.env, PYTHONPATH: path.join(packageRoot(), 'clients', 'python') }, stdio: ['ignore', 'pipe', 'pipe'] });
+    const child = spawn(cmd[0], [cmd[1], mode === 'tensor_py' ? 'tensor' : mode, String(n), String(steps), runDir, forward], { env: { ...process.env, ...native, PYTHONPATH: path.join(packageRoot(), 'clients', 'python') }, stdio: ['ignore', 'pipe', 'pipe'] });
     let out = '';
     let err = '';
     child.stdout.on('data', (b) => (out += b));
@@ -102,21 +107,21 @@ export async function run(args: BenchArgs<typeof flags>): Promise<Record<string,
   const results: Record<string, unknown>[] = [];
   for (const n of sizes) {
     const row: Record<string, unknown> = { requests: n };
-    for (const mode of MODES) {
+    for (const mode of MODES.filter((m) => m !== 'tensor_py' || args.lang === 'python')) {
       const live = (dir: string, agent: Agent): Promise<Record<string, any>> =>
         runEngine(args.lang, mode, n, args.steps, dir, args.forward).then(async (r) => {
           // The TypeScript engine's heads are counted where they arrive: the agent relayed each (the last within its poll).
           for (let t0 = Date.now(); args.lang === 'ts' && agent.stats.waveHeadsRelayed < args.steps + (r.warm ?? 30) && Date.now() - t0 < 2000; ) await new Promise((res) => setTimeout(res, 10));
           return args.lang === 'ts' ? { ...r, wave_heads_sent: agent.stats.waveHeadsRelayed } : r;
         });
-      const r = mode === 'tensor' || mode === 'dict' ? await withJob(true, live, args['bound-ms']) : mode === 'off' ? await withJob(false, (dir) => runEngine(args.lang, mode, n, args.steps, dir, args.forward), args['bound-ms']) : await runEngine(args.lang, mode, n, args.steps, os.tmpdir(), args.forward);
+      const r = TENSOR.has(mode) || mode === 'dict' ? await withJob(true, live, args['bound-ms']) : mode === 'off' ? await withJob(false, (dir) => runEngine(args.lang, mode, n, args.steps, dir, args.forward), args['bound-ms']) : await runEngine(args.lang, mode, n, args.steps, os.tmpdir(), args.forward);
       // A head not sent: the agent missed its bound (a loaded host) and the client skipped it, as it
       // must. Such a run is reported with heads_skipped, never as if every head went; none sent is an error.
       const heads = args.steps + (r.warm ?? 30); // the engine's untimed steps sent heads too
-      const skipped = mode === 'tensor' || mode === 'dict' ? heads - r.wave_heads_sent : 0;
+      const skipped = TENSOR.has(mode) || mode === 'dict' ? heads - r.wave_heads_sent : 0;
       if (skipped === heads) throw new Error(`bench client: the ${mode} engine sent none of its ${heads} heads`);
       // Tensor heads that went inline: the agent had not taken the slot yet (it fell behind), or the step did not fit the ring.
-      row[mode] = { p50_us: round(r.p50_us), p99_us: round(r.p99_us), calls: r.calls, ...(mode === 'tensor' ? { ring_heads: r.ring_heads, inline_heads: r.inline_heads } : {}), ...(skipped > 0 ? { heads_skipped: skipped } : {}), ...(mode === 'off' && r.off_loop_us !== undefined ? { loop_us: round(r.off_loop_us) } : {}) };
+      row[mode] = { p50_us: round(r.p50_us), p99_us: round(r.p99_us), calls: r.calls, ...(TENSOR.has(mode) ? { ring_heads: r.ring_heads, inline_heads: r.inline_heads } : {}), ...(TENSOR.has(mode) && r.ring_path ? { ring_path: r.ring_path } : {}), ...(skipped > 0 ? { heads_skipped: skipped } : {}), ...(mode === 'off' && r.off_loop_us !== undefined ? { loop_us: round(r.off_loop_us) } : {}) };
     }
     results.push(row);
   }

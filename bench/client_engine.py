@@ -1,6 +1,7 @@
 """`wavebus bench client`'s engine: one Python engine loop at N running requests, timing in its own
 thread the calls it makes every step. Modes:
-  tensor  - TensorBatch.wave_head (the ring) + before_forward + end_of_wave + pending_dump(finished)
+  tensor  - TensorBatch.wave_head (the ring) + before_forward + end_of_wave + pending_dump(finished);
+            WAVEBUS_PY_NATIVE=0 in its environment makes it bench client's tensor_py (the numpy ring writes)
   dict    - the same with Client.wave_head and the dict telemetry (the convenience path)
   off     - the tensor loop against a mailbox with every feature off (nothing is sent)
   none    - the same loop without wavebus (the engine's own arrays only: the floor)
@@ -168,6 +169,11 @@ def main():
         if batch is not None:
             out["ring_heads"] = batch.stats["ring_heads"]
             out["inline_heads"] = batch.stats["inline_heads"]
+            # Which path wrote the ring's slots (the client's native C call or its numpy path;
+            # WAVEBUS_PY_NATIVE picks): "native", "numpy", or "mixed" when both ran.
+            nat, npy = c.stats.get("ring_native_writes", 0), c.stats.get("ring_numpy_writes", 0)
+            if nat or npy:
+                out["ring_path"] = "mixed" if nat and npy else "native" if nat else "numpy"
         c.close()
     print(json.dumps(out))
 

@@ -10,6 +10,9 @@
 // step after a sleep of the forward's length (p50, p90: the engine's cost once its caches went
 // cold, as `bench client` measures the other calls). Also the agent's side: one poll of the ring.
 // `--client-dir` runs the Python side against another checkout's clients/python (an A/B in one run).
+// The Python side runs twice: with the client's native path (wavebus_client._native: the copy and
+// CRC-32 in one C call; "python", with "python_path" saying which path ran) and with
+// WAVEBUS_PY_NATIVE=0 (its numpy path: "python_numpy"), side by side.
 import { spawn } from 'child_process';
 import * as fs from 'fs';
 import * as path from 'path';
@@ -34,18 +37,18 @@ const PY = fs.existsSync('/usr/bin/python3') ? '/usr/bin/python3' : 'python3';
 
 type PySize = Record<'decided' | 'inputs' | 'inputs_rows', { best: number; median: number }> & Record<'step_p50' | 'step_p90' | 'step_inputs_p50' | 'step_decided_p50' | 'crc_floor' | 'step_floor_ptr_p50' | 'step_floor_copy_p50', number>;
 
-function runEngine(file: string, args: BenchArgs<typeof flags>, sizes: number[]): Promise<Record<string, PySize>> {
+function runEngine(file: string, args: BenchArgs<typeof flags>, sizes: number[], native: '0' | 'auto'): Promise<{ python: Record<string, PySize>; path: string }> {
   const clientDir = args['client-dir'] ? path.resolve(args['client-dir']) : path.join(packageRoot(), 'clients', 'python');
   if (!fs.existsSync(path.join(clientDir, 'wavebus_client', 'digest.py'))) throw new ConfigError(`bench rank-digest: --client-dir: ${clientDir} holds no wavebus_client/digest.py`);
   const script = path.join(packageRoot(), 'bench', 'rank_digest_engine.py');
   const argv = [script, file, String(args.steps), String(args['step-count']), String(args['sleep-ms']), ...sizes.map(String)];
   return new Promise((resolve, reject) => {
-    const child = spawn(PY, argv, { env: { ...process.env, PYTHONPATH: clientDir }, stdio: ['ignore', 'pipe', 'pipe'] });
+    const child = spawn(PY, argv, { env: { ...process.env, WAVEBUS_PY_NATIVE: native, PYTHONPATH: clientDir }, stdio: ['ignore', 'pipe', 'pipe'] });
     let out = '';
     let err = '';
     child.stdout.on('data', (b) => (out += b));
     child.stderr.on('data', (b) => (err = (err + b).slice(-4000)));
-    child.on('exit', (code) => (code === 0 ? resolve(JSON.parse(out.trim().split('\n').pop()!).python) : reject(new Error(`bench rank-digest: the engine exited ${code}: ${err}`))));
+    child.on('exit', (code) => (code === 0 ? resolve(JSON.parse(out.trim().split('\n').pop()!)) : reject(new Error(`bench rank-digest: the engine exited ${code}: ${err}`))));
   });
 }
 
@@ -109,7 +112,8 @@ export async function run(args: BenchArgs<typeof flags>): Promise<Record<string,
       const sizes = args['also-rows'] === args.rows ? [args.rows] : [args.rows, args['also-rows']];
       const round = (x: number) => Math.round(x * 100) / 100;
       const roundAll = (o: Record<string, unknown>): Record<string, unknown> => Object.fromEntries(Object.entries(o).map(([k, v]) => [k, typeof v === 'number' ? round(v) : roundAll(v as Record<string, unknown>)]));
-      const py = await runEngine(ring.path, args, sizes);
+      const py = await runEngine(ring.path, args, sizes, 'auto');
+      const pyNumpy = await runEngine(ring.path, args, sizes, '0');
       // The engine's last waves are whole in the ring: the agent's poll reads them.
       const t0 = process.hrtime.bigint();
       let seen = 0;
@@ -122,7 +126,7 @@ export async function run(args: BenchArgs<typeof flags>): Promise<Record<string,
       return {
         bench: 'rank-digest', rows: sizes, steps: args.steps, step_count: args['step-count'], sleep_ms: args['sleep-ms'],
         python_client: args['client-dir'] ? path.resolve(args['client-dir']) : 'this package',
-        python: roundAll(py), typescript: roundAll(ts),
+        python: roundAll(py.python), python_path: py.path, python_numpy: roundAll(pyNumpy.python), python_numpy_path: pyNumpy.path, typescript: roundAll(ts),
         agent_poll_us: round(pollUs), waves_in_ring: seen,
       };
     } finally {

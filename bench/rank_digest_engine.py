@@ -140,4 +140,6 @@ for rows in sizes:
             zlib.crc32(col)
     r["crc_floor"] = (time.perf_counter() - t0) / warm_n * 1e6
     result[str(rows)] = r
-print(json.dumps({"python": result, "waves": wave}))
+# Which path ran the digests' copies and CRCs (WAVEBUS_PY_NATIVE picks): "native", "numpy" or "mixed".
+nat, npy = ring.stats["digest_native_writes"], ring.stats["digest_numpy_writes"]
+print(json.dumps({"python": result, "waves": wave, "path": "mixed" if nat and npy else "native" if nat else "numpy"}))

@@ -25,6 +25,8 @@ const needs = [
   ['python3-venv', () => ok(python(), ['-c', 'import ensurepip, venv'])],
   ['python3-setuptools', () => ok(python(), ['-c', 'import setuptools'])],
   ['python3-pip', () => ok(python(), ['-m', 'pip', '--version'])],
+  // The Python client's native path (scripts/build-python-native.js) compiles against its headers.
+  ['python3-dev', () => ok(python(), ['-c', 'import sysconfig, os, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))'])],
   // node-gyp builds the native addon (npm install, and `npm test`'s rebuild) with these.
   ['gcc', () => ok('cc', ['--version'])],
   ['g++', () => ok('c++', ['--version'])],
@@ -94,6 +96,11 @@ step('building dist/ (tsc)', process.execPath, [path.join(root, 'node_modules', 
 // npm names its own node-gyp to the scripts it runs; `build` is incremental (make), quick when nothing changed.
 const gyp = process.env.npm_config_node_gyp;
 if (gyp) step('building the native addon (node-gyp build)', process.execPath, [gyp, 'build']);
+// The Python client's native path, from the current _native.c (python3-dev is checked above).
+if (!require('./build-python-native').build()) {
+  process.stderr.write('wavebus tests: building the Python client\'s native path failed; the suite would test a stale or absent build\n');
+  process.exit(1);
+}
 
 // The torch 2.x venv the transformers tests run in (scripts/torch2-venv.js): made from this
 // machine's local pip indexes the first time, reused while its stamp matches.

@@ -1,5 +1,6 @@
 // `wavebus bench client` runs end to end at a tiny size: every mode at every size reports per-step
-// p50/p99 and each call's, the tensor engine's heads all went through the ring, and the dict and
+// p50/p99 and each call's (in Python the tensor engine twice: its native ring writes and tensor_py,
+// its numpy ones, each saying which path ran), the tensor engine's heads all went through the ring, and the dict and
 // tensor engines sent every head (none reported as heads_skipped). No figure is asserted: the
 // agent's bound is 2 s (--bound-ms), since what is checked is that every mode runs and reports,
 // not how fast this 2-vCPU host answers within the product's 50 ms while other suites run.
@@ -14,7 +15,9 @@ test('bench client --requests 1,16 --steps 5 reports every mode at every size', 
   expect(out).toMatchObject({ bench: 'client', lang: 'python', steps: 5, forward: 'sleep' });
   expect(out.results.map((x: { requests: number }) => x.requests)).toEqual([1, 16]);
   for (const row of out.results) {
-    for (const mode of ['tensor', 'dict', 'off', 'none', 'seed']) {
+    // The tensor engine twice: the client's native ring writes, and tensor_py with WAVEBUS_PY_NATIVE=0 (numpy's).
+    expect([row.tensor.ring_path, row.tensor_py.ring_path]).toEqual(['native', 'numpy']);
+    for (const mode of ['tensor', 'tensor_py', 'dict', 'off', 'none', 'seed']) {
       const m = row[mode];
       expect([mode, Number.isFinite(m.p50_us) && m.p50_us > 0 && m.p99_us >= m.p50_us]).toEqual([mode, true]);
       expect(Object.keys(m.calls).sort()).toEqual(['before_forward', 'end_of_wave', 'events', 'pending_dump', 'wave_head']);
@@ -30,6 +33,7 @@ test('bench client --lang ts --forward spin runs the TypeScript engine at every 
   expect(out).toMatchObject({ bench: 'client', lang: 'ts', steps: 5, forward: 'spin' });
   for (const row of out.results) {
     expect(row.tensor).toMatchObject({ ring_heads: 35, inline_heads: 0 });
+    expect(row.tensor_py).toBeUndefined(); // the Python client's numpy path: a Python engine's mode
     for (const mode of ['tensor', 'dict', 'off', 'none', 'seed']) {
       const m = row[mode];
       expect([mode, Number.isFinite(m.p50_us) && m.p50_us > 0 && m.p99_us >= m.p50_us]).toEqual([mode, true]);

@@ -77,6 +77,8 @@ test('the packed tarball holds no tests, installs into an empty project (buildin
   ok(install, 'npm ci --offline of the packed tarball');
   const installed = path.join(project, 'node_modules', 'wavebus');
   expect(fs.existsSync(path.join(installed, 'build', 'Release', 'wavebus_native.node'))).toBe(true); // built by its install script
+  // ...and the Python client's native path beside its sources (scripts/build-python-native.js; python3-dev is on the preflight's list).
+  expect(fs.readdirSync(path.join(installed, 'clients', 'python', 'wavebus_client')).filter((f) => /^_native.*\.so$/.test(f)).length).toBe(1);
   expect(fs.existsSync(path.join(installed, 'test'))).toBe(false);
   expect(fs.realpathSync(ok(spawnSync('npx', ['-c', 'command -v wavebus'], { cwd: project, env, encoding: 'utf8' }), 'npx -c').trim())).toBe(fs.realpathSync(path.join(installed, 'bin', 'wavebus.js')));
 

@@ -1,5 +1,6 @@
 // clients/python as a package: `pip install` offline into a venv over Debian's python3 (its
-// --system-site-packages give zmq, protobuf, setuptools), imported from outside the repository.
+// --system-site-packages give zmq, protobuf, setuptools), imported from outside the repository, with
+// its native path (wavebus_client._native) built by pip.
 import * as path from 'path';
 import * as fs from 'fs';
 import { spawnSync } from 'child_process';
@@ -24,6 +25,10 @@ test('pip install ./clients/python works offline; the import and `-m wavebus_cli
   r = run(path.join(venv, 'bin', 'python'), ['-c', 'import wavebus_client.integrations.transformers_cache as m; print(m.__file__)'], outside);
   expect({ status: r.status, err: r.stderr }).toEqual({ status: 0, err: '' });
   expect(r.stdout).toContain(path.join(venv, 'lib'));
+  // The native path (setup.py's optional extension) is built by pip where a compiler and the headers are (here: python3-dev).
+  r = run(path.join(venv, 'bin', 'python'), ['-c', 'from wavebus_client import native, _native; print(_native.__file__); print(native.load() is _native)'], outside);
+  expect({ status: r.status, err: r.stderr }).toEqual({ status: 0, err: '' });
+  expect(r.stdout.trim().split('\n')).toEqual([expect.stringContaining(path.join(venv, 'lib')), 'True']);
   r = run(path.join(venv, 'bin', 'python'), ['-m', 'wavebus_client', '--version'], outside);
   expect(r.status).toBe(0);
   const version = JSON.parse(fs.readFileSync(path.join(ROOT, 'package.json'), 'utf8')).version;

@@ -80,8 +80,8 @@ c.close()
 print(json.dumps(out))
 `;
 
-async function drive(job: HarnessJob, garbage: boolean | 'rehello' | 'few_events' | 'block_table'): Promise<{ dict: string[]; sent: number; stats: Record<string, number>; client: Record<string, unknown> }> {
-  const p = spawnTracked(PYTHON, ['-c', DRIVER, path.join(job.root, 'run'), garbage === 'rehello' ? '2' : garbage === 'few_events' ? '3' : garbage === 'block_table' ? '4' : garbage ? '1' : '0'], { env: ENV });
+async function drive(job: HarnessJob, garbage: boolean | 'rehello' | 'few_events' | 'block_table', native = 'auto'): Promise<{ dict: string[]; sent: number; stats: Record<string, number>; client: Record<string, unknown> }> {
+  const p = spawnTracked(PYTHON, ['-c', DRIVER, path.join(job.root, 'run'), garbage === 'rehello' ? '2' : garbage === 'few_events' ? '3' : garbage === 'block_table' ? '4' : garbage ? '1' : '0'], { env: { ...ENV, WAVEBUS_PY_NATIVE: native } });
   const { code } = await p.exited;
   if (code !== 0) throw new Error(`python exited ${code}: ${p.stderr()}`);
   return JSON.parse(p.stdout());
@@ -93,13 +93,20 @@ function dictColumns(hex: string[]): Record<string, any>[] {
   return hex.map((h) => decode(TelemetryColumns, Buffer.from(h, 'hex')) as Record<string, any>);
 }
 
-test('the ring path gives the coordinator the dict path\'s columns, and token_repeat fires on them', async () => {
+// Both ring writers of the Python client: its native C call (test/python-native.test.ts builds it) and numpy's.
+beforeAll(() => {
+  // The Python client's native path from the current sources (npm install and the preflight build it too).
+  expect(require('../scripts/build-python-native').build()).toBe(true); // eslint-disable-line @typescript-eslint/no-var-requires
+});
+
+test.each([['native', '1'], ['numpy', '0']])('the ring path (%s writes) gives the coordinator the dict path\'s columns, and token_repeat fires on them', async (which, native) => {
   const job = await startHarnessJob({ tp: 1, runtimeConfig: CFG });
   try {
     const seen = record(job);
-    const got = await drive(job, false);
+    const got = await drive(job, false, native);
     if (got.sent !== 40) throw new Error(`sent ${got.sent} of 40 heads: ${JSON.stringify(got.client)}`);
     expect(got.stats.ring_heads).toBe(40);
+    expect(got.client[`ring_${which}_writes`]).toBe(40);
     await waitFor(() => seen.length === 40, 'every head at the coordinator');
     expectDictColumns(seen, dictColumns(got.dict));
     await waitFor(() => fs.existsSync(job.reportRoot) && fs.readdirSync(job.reportRoot).length > 0, 'the token_repeat incident report');

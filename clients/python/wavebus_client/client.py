@@ -113,6 +113,9 @@ class Client(StepCallsMixin, RegionsMixin, CaptureMixin, DigestMixin, TensorHead
     def connect(cls, endpoint: Optional[str] = None, mailbox: Optional[str] = None, *, env=None, **kw) -> "Client":
         """Attach to this rank's agent: ``ipc://$WAVEBUS_RUN_DIR/agent-local$LOCAL_RANK.sock`` and
         ``$WAVEBUS_RUN_DIR/mailbox-local$LOCAL_RANK`` unless given. Sends nothing."""
+        from . import native
+
+        native.load()  # a bad WAVEBUS_PY_NATIVE is an error here, at setup, not a ring left unused later
         if endpoint is None or mailbox is None:
             e, m = env_paths(os.environ if env is None else env)
             endpoint = e if endpoint is None else endpoint

@@ -17,6 +17,7 @@ import zlib
 
 import numpy as np
 
+from . import native
 from .errors import AgentUnavailableError, ConfigError, WavebusError
 from .mailbox import FEATURE_RANK_DIGEST
 from .shm_layout import layout
@@ -98,7 +99,8 @@ class DecisionRing:
     The only writer of its ring (one per rank): each slot's fields are kept here too, so a write is
     three stores into the mapping (seq odd; the fields; seq even) and reads nothing back."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, stats=None):
+        nat = native.load()  # before the file is opened: a bad WAVEBUS_PY_NATIVE leaves nothing open
         where = f"decision ring {path}"
         # No link followed: the path came from the agent's socket; the file is the agent's, 0600.
         fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
@@ -126,6 +128,16 @@ class DecisionRing:
         ins = np.frombuffer(self._mm, dtype=_I4, count=SLOTS * per_slot, offset=COLUMNS + SLOTS * 4 * max_rows)
         self._inputs = [(ins[i * per_slot:i * per_slot + max_in], ins[i * per_slot + max_in:i * per_slot + 2 * max_in],
                          ins[i * per_slot + 2 * max_in:(i + 1) * per_slot]) for i in range(SLOTS)]
+        # The native path (native.py): each call's copies and CRC in one C call, given each slot's
+        # column offsets (in the file) and the slot's bounds; counted per path in ``stats``.
+        self._native = nat
+        col_at, in_at = COLUMNS, COLUMNS + SLOTS * 4 * max_rows
+        self._ncol = [(col_at + 4 * max_rows * i, col_at + 4 * max_rows * (i + 1)) for i in range(SLOTS)]
+        self._nin = [(in_at + 4 * per_slot * i, in_at + 4 * per_slot * (i + 1), in_at + 4 * (per_slot * i + max_in), in_at + 4 * (per_slot * i + 2 * max_in))
+                     for i in range(SLOTS)]
+        self.stats = stats if stats is not None else {}
+        self.stats.setdefault("digest_native_writes", 0)
+        self.stats.setdefault("digest_numpy_writes", 0)
         # Per slot: [its struct's offset, seq, wave, token_crc, rows, input_crc, input_tokens, flags, input_rows].
         self._slots = []
         for i in range(SLOTS):
@@ -169,7 +181,25 @@ class DecisionRing:
         s = self._begin(wave)
         c_ids, c_pos, c_starts = self._inputs[wave % SLOTS]
         flags, irows = FLAG_INPUTS, 0
-        if n <= self.max_input_tokens and (pos is None or pos.size == n):
+        crc = None
+        nat = self._native
+        if nat is not None and n <= self.max_input_tokens and (pos is None or pos.size == n):
+            lo, hi, pos_at, starts_at = self._nin[wave % SLOTS]
+            mi = self.max_input_tokens
+            if row_starts is None:
+                crc = (nat.copy_i32_crc(self._mm, lo, hi, 0, 1, lo, mi, ids) if pos is None else
+                       nat.copy_i32_crc(self._mm, lo, hi, 0, 2, lo, mi, ids, pos_at, mi, pos))
+            elif pos is not None:
+                starts = as_array(row_starts)
+                r = starts.size - 1
+                if 0 <= r <= self.max_rows:
+                    crc = nat.copy_i32_crc(self._mm, lo, hi, 0, 2, lo, mi, ids, pos_at, mi, pos, starts_at, self.max_rows + 1, starts)
+                    flags, irows = FLAG_INPUTS | FLAG_INPUT_COLUMNS, r
+        if crc is not None:
+            self.stats["digest_native_writes"] += 1
+        elif n <= self.max_input_tokens and (pos is None or pos.size == n):
+            flags, irows = FLAG_INPUTS, 0
+            self.stats["digest_numpy_writes"] += 1
             # As int32 into the slot's input columns (like the token column), the digest over them:
             # input_digest's definition, one cast. Without row starts they are scratch (no flag).
             c = c_ids[:n]
@@ -189,6 +219,7 @@ class DecisionRing:
                     flags, irows = FLAG_INPUTS | FLAG_INPUT_COLUMNS, r
         else:
             crc = input_digest(ids, pos)
+            self.stats["digest_numpy_writes"] += 1
         self._end(s, wave, None, (crc, n & 0xFFFFFFFF, flags, irows))
         return crc
 
@@ -197,20 +228,30 @@ class DecisionRing:
         a = as_array(token_ids)
         n = a.size
         s = self._begin(wave)
+        crc = None
         if n <= self.max_rows:
-            col = self._columns[wave % SLOTS][:n]
-            col[...] = a  # as int32, whatever the integer dtype (unsafe cast: token ids fit)
-            crc = zlib.crc32(col)
+            if self._native is not None:
+                lo, hi = self._ncol[wave % SLOTS]
+                crc = self._native.copy_i32_crc(self._mm, lo, hi, 0, 1, lo, self.max_rows, a)
+            if crc is not None:  # copied as int32 and digested in C (int32 or int64, C-contiguous)
+                self.stats["digest_native_writes"] += 1
+            else:
+                col = self._columns[wave % SLOTS][:n]
+                col[...] = a  # as int32, whatever the integer dtype (unsafe cast: token ids fit)
+                crc = zlib.crc32(col)
+                self.stats["digest_numpy_writes"] += 1
             flags = FLAG_TOKENS | FLAG_COLUMN
         else:  # too long for the slot: the digest alone (the incident then names no row)
             crc = _crc_i4(a)
             flags = FLAG_TOKENS
+            self.stats["digest_numpy_writes"] += 1
         self._end(s, wave, (crc, n & 0xFFFFFFFF, flags), None)
         return crc
 
     def close(self) -> None:
         self._columns = []
         self._inputs = []
+        self._native = None
         try:
             self._mm.close()
         except BufferError:  # a caller still holds a view; the mapping goes with the process
@@ -239,7 +280,7 @@ class DigestMixin:
             if not self._decision_path:
                 return None
             try:
-                self._decision = DecisionRing(self._decision_path)
+                self._decision = DecisionRing(self._decision_path, self.stats)
             except (OSError, ConfigError) as e:
                 self.stats["decision_ring_errors"] = self.stats.get("decision_ring_errors", 0) + 1
                 self.last_error = f"decision ring: {e}"

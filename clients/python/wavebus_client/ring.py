@@ -15,6 +15,7 @@ from itertools import repeat
 from operator import setitem
 from typing import Dict, Optional, Sequence
 
+from . import native
 from .errors import ConfigError
 from .shm_layout import layout
 
@@ -52,9 +53,10 @@ def column_offsets(max_rows: int, max_tokens: int, max_events: int, max_extra: i
 class TelemetryRing:
     """The client's side of one ring file (from the path the agent's hello gave)."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, stats: Optional[Dict[str, int]] = None):
         import numpy as np
 
+        nat = native.load()  # before the file is opened: a bad WAVEBUS_PY_NATIVE leaves nothing open
         where = f"telemetry ring {path}"
         # No link followed: the path came from the agent's socket; the file is the agent's, 0600.
         fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
@@ -96,6 +98,35 @@ class TelemetryRing:
         self._ev_pack: Dict[int, struct.Struct] = {}  # event count -> its rows' struct
         # A client that comes back to the ring goes on numbering after the last write.
         self._seq = struct.unpack_from("<Q", mm, HEADER["written"])[0] // 2
+        # The native path (native.py): per slot, its offsets packed once for _native.ring_write.
+        self._native, self._nplan = nat, []
+        if nat is not None:
+            try:
+                self._nplan = [self._native_plan(b) for b in self._base]
+            except (KeyError, AttributeError):  # a module built from other sources: the numpy path
+                self._native, self._nplan = None, []
+        # Which path wrote each slot (Client.stats when the client made the ring).
+        self.stats = stats if stats is not None else {}
+        self.stats.setdefault("ring_native_writes", 0)
+        self.stats.setdefault("ring_numpy_writes", 0)
+
+    def _native_plan(self, b: int) -> bytes:
+        """Slot ``b``'s offsets for _native.ring_write, absolute in the file, from the layout, packed
+        in the order the module names (RING_PLAN, then RING_PLAN_COLUMN per column in ARRAY_ORDER);
+        the C side checks each against the slot."""
+        c = self._cols
+        ev_dt = c["event_row"][2]
+        at = {"base": b, "stride": self.stride, "extra": b + c["extra"][0], "extra_cap": c["extra"][1],
+              "event_row": b + c["event_row"][0], "event_row_cap": c["event_row"][1], "event_row_kind": ord(ev_dt[1]),
+              "event_row_size": int(ev_dt[2:]), "event_flags": b + c["event_flags"][0], "event_flags_cap": c["event_flags"][1],
+              "event_bits": _EV_BITS, "extra_bit": _EXTRA_BIT, "written": HEADER["written"], "columns": len(ARRAY_ORDER),
+              **{f: b + SLOT[f] for f in ("seq", "wave", "rows", "tokens", "events", "present", "extra_len")}}
+        plan = [at[name] for name in self._native.RING_PLAN]
+        for name in ARRAY_ORDER:
+            off, n, dt = c[name]
+            col = {"bit": BIT[name], "at": b + off, "cap": n, "kind": ord(dt[1]), "size": int(dt[2:]), "per_token": int(name in _PER_TOKEN)}
+            plan += [col[f] for f in self._native.RING_PLAN_COLUMN]
+        return struct.pack(f"<{len(plan)}q", *plan)
 
     def room(self, rows: int, tokens: int, events: int) -> bool:
         """Whether a step of these sizes fits a slot and the next write's slot was taken by the
@@ -119,6 +150,10 @@ class TelemetryRing:
         the head goes as a message naming the seq."""
         i = self._seq % self.slots
         k = self._seq + 1
+        if self._native is not None and self._native.ring_write(self._mm, self._nplan[i], 2 * k, wave, present, arrays, rows, tokens, ev_rows, ev_flags, extra):
+            self._seq = k  # the whole write in C: columns C-contiguous with a dtype it casts as numpy does
+            self.stats["ring_native_writes"] += 1
+            return 2 * k
         seq_q, wave_at, extra_at, ev_row_at, ev_flags_at = self._at[i]
         mm, q = self._mm, self._q
         q[seq_q] = 2 * k - 1  # seq odd: being written
@@ -147,6 +182,7 @@ class TelemetryRing:
         if extra:
             q[_WRITTEN_Q] = 2 * k  # after the slot: the agent's poll takes it
         self._seq = k
+        self.stats["ring_numpy_writes"] += 1
         return 2 * k
 
     def _cut(self, i: int, present: int, rows: int, tokens: int) -> tuple:
@@ -155,7 +191,7 @@ class TelemetryRing:
         return tuple(views[name][:tokens if name in _PER_TOKEN else rows] for name in ARRAY_ORDER if present & BIT[name])
 
     def close(self) -> None:
-        self._views, self._plan = [], []
+        self._views, self._plan, self._native = [], [], None
         q, self._q = getattr(self, "_q", None), None
         if q is not None:
             q.release()  # an exported view would keep the mmap from closing

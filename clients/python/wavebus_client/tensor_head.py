@@ -295,7 +295,7 @@ class TensorHeadMixin:
             from .ring import TelemetryRing
 
             try:
-                self._ring = TelemetryRing(self._ring_path)
+                self._ring = TelemetryRing(self._ring_path, self.stats)
             except (OSError, ConfigError) as e:
                 _log.warning("wavebus: telemetry ring %s unusable, sending columns inline: %s", self._ring_path, e)
                 self._ring_path = ""
