@@ -175,7 +175,13 @@ test("the head's sparse part, joined from bytes encoded once per event, is proto
     const bind = Array.from({ length: rand(5) }, (_, j) => ({ slot: rand(5000), reqId: `q${i}-${j}`, promptLen: rand(300), promptTokenIds: rand(4) === 0 ? [1, 2 ** 32 - 1] : [] }));
     const blocks = Array.from({ length: rand(5) }, () => ({ slot: rand(5000), blockIds: Array.from({ length: rand(40) }, () => rand(2 ** 31) * 2) }));
     const nonFinite = rand(5) === 0 ? [{ row: 1 + rand(9), reqId: 'r', kind: 'nan' }] : [];
-    const got = hb.build(wave, teleWave, bind.map((b) => bindBytes(b.slot, b.reqId, b.promptLen, b.promptTokenIds)), blocks.map((b) => blocksBytes(b.slot, b.blockIds)), nonFiniteBytes(nonFinite));
+    // Lists reused step to step hold stale entries past their counts: those never go.
+    const stale = bindBytes(9, 'stale', 1);
+    const bb = [...bind.map((b) => bindBytes(b.slot, b.reqId, b.promptLen, b.promptTokenIds)), stale];
+    const tb = [...blocks.map((b) => blocksBytes(b.slot, b.blockIds)), stale];
+    const len = hb.build(wave, teleWave, bb, bind.length, tb, blocks.length, nonFiniteBytes(nonFinite));
+    const got = hb.bytes();
+    expect(got.length).toBe(len);
     // protobufjs writes a field that is set, even to zero: the reference sets only what the head carries.
     const tel: Record<string, unknown> = {};
     if (teleWave > 0) tel.wave = teleWave;

@@ -44,11 +44,14 @@ function tensorGate(c: TensorClient, wave: number): ClientFeatures | null | Prom
     c.availability.probe();
     return null;
   }
-  const sends = (f: ClientFeatures): ClientFeatures | null => (f.tp0 && f.bus ? f : null);
   const known = c.hello.current(bits);
   if (known) return sends(known);
   return c.hello.ensure(c.helloBoundMs()).then(sends, (e) => {
     if (!c.availability.lostOn(e, `waveHead(${wave})`)) throw e;
     return null;
   });
+}
+
+function sends(f: ClientFeatures): ClientFeatures | null {
+  return f.tp0 && f.bus ? f : null;
 }
