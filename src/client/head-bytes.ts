@@ -50,10 +50,15 @@ const EMPTY = new Uint8Array(0);
 /** A head's buffer at most this long goes into a ring slot whole (telemetry-ring-writer.ts write()). */
 export const WHOLE_COPY_MAX = 8192;
 
+/** v / 128 rounded down, in integers while v fits 31 bits (a fraction would be a heap number in V8's baseline code: an allocation per call). */
+function shift7(v: number): number {
+  return v < 0x80000000 ? v >>> 7 : Math.floor(v / 128);
+}
+
 function varintSize(v: number): number {
   let n = 1;
   while (v > 0x7f) {
-    v = Math.floor(v / 128);
+    v = shift7(v);
     n++;
   }
   return n;
@@ -104,7 +109,7 @@ export class HeadBytes {
     buf[this.at++] = t;
     while (v > 0x7f) {
       buf[this.at++] = (v % 128) | 0x80;
-      v = Math.floor(v / 128);
+      v = shift7(v);
     }
     buf[this.at++] = v;
   }

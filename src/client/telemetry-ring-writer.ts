@@ -156,7 +156,7 @@ export class TelemetryRingWriter {
     }
     const dv = this.dv;
     dv.setUint32(base + RING_SLOT.wave, wave % 0x100000000, true); // the u64 as two halves: no BigInt per step
-    dv.setUint32(base + RING_SLOT.wave + 4, Math.floor(wave / 0x100000000), true);
+    dv.setUint32(base + RING_SLOT.wave + 4, high32(wave), true);
     dv.setUint32(base + RING_SLOT.rows, rows, true);
     dv.setUint32(base + RING_SLOT.tokens, tokens, true);
     dv.setUint32(base + RING_SLOT.events, events, true);
@@ -174,8 +174,8 @@ export class TelemetryRingWriter {
    * and no BigInt is made per step; a high half that changes goes as one BigInt store.
    */
   private store(w: number, value: number): void {
-    const hi = Math.floor(value / 0x100000000);
-    if (Atomics.load(this.halves, 2 * w + 1) === hi) Atomics.store(this.halves, 2 * w, value % 0x100000000);
+    const hi = high32(value);
+    if (Atomics.load(this.halves, 2 * w + 1) === hi) Atomics.store(this.halves, 2 * w, hi === 0 ? value : value % 0x100000000);
     else Atomics.store(this.words, w, BigInt(value));
   }
 
@@ -186,6 +186,11 @@ export class TelemetryRingWriter {
     this.asU32[c] = [a, v];
     return v;
   }
+}
+
+/** A u64's high half (0 below 2^32 without a division: a fraction would be a heap number, an allocation, in V8's baseline code). */
+function high32(v: number): number {
+  return v > 0xffffffff ? Math.floor(v / 0x100000000) : 0;
 }
 
 function view(mem: Buffer, slotBase: number, p: ColumnPlace): View {

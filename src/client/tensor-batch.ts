@@ -152,8 +152,17 @@ export class TensorBatch extends SlotEvents {
       this.reset();
       return false;
     }
-    if (gate instanceof Promise) return gate.then((f) => (f ? this.head(f, wave, step) : (this.reset(), false)));
+    if (gate instanceof Promise) return this.afterHello(gate, wave, step);
     return this.head(gate, wave, step);
+  }
+
+  // The slow paths' closures live in their own methods: a closure in a hot function makes V8 allocate its context on every call.
+  private afterHello(gate: Promise<ClientFeatures | null>, wave: number, step: TensorStep): Promise<boolean> {
+    return gate.then((f) => (f ? this.head(f, wave, step) : (this.reset(), false)));
+  }
+
+  private diffTable(watch: BlockTableWatch): void {
+    watch.diff((r) => this.isLive(r), (r, ids) => this.blocks(r, ids));
   }
 
   /** Sending paused (bus off, agent gone, not the head rank): the events are dropped, frees take effect, and the next head re-sends every binding. */
@@ -217,7 +226,7 @@ export class TensorBatch extends SlotEvents {
       cols[C_DRAFT] = this.perRow(step.draftLen, C_DRAFT, 'draftLen', n);
       cols[C_ACCEPTED] = this.perRow(step.accepted, C_ACCEPTED, 'accepted', n);
     }
-    if (this.watch !== undefined) this.watch.diff((r) => this.isLive(r), (r, ids) => this.blocks(r, ids));
+    if (this.watch !== undefined) this.diffTable(this.watch);
     // The events: the reused arrays, their first `events` entries (write() copies that many).
     const events = this.eventFlags();
     if (events > 0) {
