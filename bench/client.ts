@@ -1,4 +1,4 @@
-// `wavebus bench client [--lang python|ts] [--requests 1,64,256,1024,4096] [--steps N] [--forward sleep|spin] --json`
+// `wavebus bench client [--lang python|ts] [--requests 1,64,256,1024,4096] [--steps N] [--warm N] [--forward sleep|spin] --json`
 //
 // The engine's own cost per step at real batch sizes: the calls an engine makes every step
 // (wave_head, before_forward, end_of_wave, pending_dump for the requests that finished), timed in
@@ -30,6 +30,7 @@ export const flags = {
   lang: { type: 'string', default: 'python', choices: ['python', 'ts'], describe: "the engine's language: python (wavebus_client) or ts (the TypeScript client, typed arrays)" },
   requests: { type: 'string', default: '1,64,256,1024,4096', describe: 'running requests per step, comma-separated' },
   steps: { type: 'int', default: 300, describe: 'timed steps per size and mode (after 30 untimed; the TypeScript engine 3x the timed steps, 30 to 1000, for V8 to optimize the calls)' },
+  warm: { type: 'int', default: 0, min: 0, max: 100000, describe: "the TypeScript engine's untimed steps, run without the forward (V8 optimizes a call after enough calls, not time: a long-running engine's steady state, e.g. 6000); 0: 3x --steps, 30 to 1000, each with its forward" },
   'bound-ms': { type: 'int', default: 50, max: MAX_TIMER_MS, describe: "the agent's end-of-wave bound, the bound of every per-step call (default the product's 50 ms; a head the agent cannot take within it is skipped and reported as heads_skipped)" },
   forward: { type: 'string', default: 'sleep', choices: ['sleep', 'spin'], describe: "the 3 ms forward between before_forward and end_of_wave (not timed): sleep, or spin (busy-wait, as an engine thread in cudaStreamSynchronize; the caches stay warmer)" },
 } satisfies BenchFlags;
@@ -47,13 +48,13 @@ function engineScript(): string {
   return p;
 }
 
-function runEngine(lang: string, mode: string, n: number, steps: number, runDir: string, forward: string): Promise<Record<string, any>> {
+function runEngine(lang: string, mode: string, n: number, steps: number, runDir: string, forward: string, warm: number): Promise<Record<string, any>> {
   // The seed's path is Python whatever the engine's language (its detectors are).
   const cmd = lang === 'ts' && mode !== 'seed' ? [process.execPath, path.join(__dirname, 'lib', 'client-engine-ts.js')] : [PY, engineScript()];
   // tensor_py: the tensor engine with the Python client's native path off (its numpy ring writes).
   const native = mode === 'tensor_py' ? { WAVEBUS_PY_NATIVE: '0' } : {};
   return new Promise((resolve, reject) => {
-    const child = spawn(cmd[0], [cmd[1], mode === 'tensor_py' ? 'tensor' : mode, String(n), String(steps), runDir, forward], { env: { ...process.env, ...native, PYTHONPATH: path.join(packageRoot(), 'clients', 'python') }, stdio: ['ignore', 'pipe', 'pipe'] });
+    const child = spawn(cmd[0], [cmd[1], mode === 'tensor_py' ? 'tensor' : mode, String(n), String(steps), runDir, forward, ...(cmd[0] === process.execPath ? [String(warm)] : [])], { env: { ...process.env, ...native, PYTHONPATH: path.join(packageRoot(), 'clients', 'python') }, stdio: ['ignore', 'pipe', 'pipe'] });
     let out = '';
     let err = '';
     child.stdout.on('data', (b) => (out += b));
@@ -109,12 +110,12 @@ export async function run(args: BenchArgs<typeof flags>): Promise<Record<string,
     const row: Record<string, unknown> = { requests: n };
     for (const mode of MODES.filter((m) => m !== 'tensor_py' || args.lang === 'python')) {
       const live = (dir: string, agent: Agent): Promise<Record<string, any>> =>
-        runEngine(args.lang, mode, n, args.steps, dir, args.forward).then(async (r) => {
+        runEngine(args.lang, mode, n, args.steps, dir, args.forward, args.warm).then(async (r) => {
           // The TypeScript engine's heads are counted where they arrive: the agent relayed each (the last within its poll).
           for (let t0 = Date.now(); args.lang === 'ts' && agent.stats.waveHeadsRelayed < args.steps + (r.warm ?? 30) && Date.now() - t0 < 2000; ) await new Promise((res) => setTimeout(res, 10));
           return args.lang === 'ts' ? { ...r, wave_heads_sent: agent.stats.waveHeadsRelayed } : r;
         });
-      const r = TENSOR.has(mode) || mode === 'dict' ? await withJob(true, live, args['bound-ms']) : mode === 'off' ? await withJob(false, (dir) => runEngine(args.lang, mode, n, args.steps, dir, args.forward), args['bound-ms']) : await runEngine(args.lang, mode, n, args.steps, os.tmpdir(), args.forward);
+      const r = TENSOR.has(mode) || mode === 'dict' ? await withJob(true, live, args['bound-ms']) : mode === 'off' ? await withJob(false, (dir) => runEngine(args.lang, mode, n, args.steps, dir, args.forward, args.warm), args['bound-ms']) : await runEngine(args.lang, mode, n, args.steps, os.tmpdir(), args.forward, args.warm);
       // A head not sent: the agent missed its bound (a loaded host) and the client skipped it, as it
       // must. Such a run is reported with heads_skipped, never as if every head went; none sent is an error.
       const heads = args.steps + (r.warm ?? 30); // the engine's untimed steps sent heads too
@@ -125,7 +126,7 @@ export async function run(args: BenchArgs<typeof flags>): Promise<Record<string,
     }
     results.push(row);
   }
-  return { bench: 'client', lang: args.lang, steps: args.steps, forward: args.forward, detectors: Object.keys(CFG.detector), results };
+  return { bench: 'client', lang: args.lang, steps: args.steps, ...(args.warm > 0 ? { warm: args.warm } : {}), forward: args.forward, detectors: Object.keys(CFG.detector), results };
 }
 
 function round(x: number): number {

@@ -42,6 +42,17 @@ test('bench client --lang ts --forward spin runs the TypeScript engine at every 
   }
 });
 
+test('bench client --lang ts --warm 40 runs 40 untimed steps first, without the forward, and every head of them is relayed too', () => {
+  const r = runWavebus(['bench', 'client', '--lang', 'ts', '--requests', '1', '--steps', '5', '--warm', '40', '--bound-ms', '2000', '--json'], { timeout: 170000 });
+  expect({ code: r.code, stderr: r.code === 0 ? '' : r.stderr }).toEqual({ code: 0, stderr: '' });
+  const out = JSON.parse(r.stdout.trim().split('\n').pop()!);
+  expect(out).toMatchObject({ bench: 'client', lang: 'ts', steps: 5, warm: 40 });
+  const row = out.results[0];
+  // 45 heads: 40 untimed, 5 timed (the default would have run 30 untimed: 35).
+  expect(row.tensor.ring_heads + row.tensor.inline_heads).toBe(45);
+  for (const mode of ['tensor', 'dict']) expect([mode, row[mode].heads_skipped]).toEqual([mode, undefined]);
+});
+
 test('bench client refuses a bad --requests naming the value', () => {
   const r = runWavebus(['bench', 'client', '--requests', '1,x', '--json'], { timeout: 60000 });
   expect(r.code).not.toBe(0);

@@ -63,6 +63,38 @@ test('a restarted coordinator (a new epoch in the mailbox) ends the stall even w
   }
 });
 
+test("the step's answer is settled by its first finished request (no vector read again), and a wave decided mid-step or ended unsettles it", async () => {
+  const m = setup((w) => (w === 23 ? ['c'] : []));
+  try {
+    let reads = 0;
+    const dueBits = m.reader.dueBits.bind(m.reader);
+    m.reader.dueBits = (w: number) => (reads++, dueBits(w)); // the real read, counted
+    m.writer.publish({ wave: 20, configDue: false, dumpDue: false }, 21);
+    m.writer.publish({ wave: 21, configDue: false, dumpDue: false }, 22);
+    m.writer.publish({ wave: 22, configDue: false, dumpDue: false }, 23);
+    m.pending.ended(20);
+    expect(m.pending.check('a')).toBe(false);
+    expect(reads).toBe(2); // waves 21 and 22, decided, nothing due
+    expect(['b', 'c', 'd'].map((r) => m.pending.check(r))).toEqual([false, false, false]);
+    expect(reads).toBe(2); // settled: the others compare the floor, the last ended wave and the epoch only
+    // Wave 23 decided mid-step with a dump due: the floor moved, the vectors are read again and 23 asked.
+    m.writer.publish({ wave: 23, configDue: false, dumpDue: true }, 24);
+    expect(await m.pending.check('c')).toBe(true);
+    expect(await m.pending.check('a')).toBe(false);
+    expect(m.asked).toEqual([23]);
+    // The wave ends: the key moves again, and with nothing due the next step settles once more.
+    m.writer.publish({ wave: 24, configDue: false, dumpDue: false }, 25);
+    m.pending.ended(23);
+    const before = reads;
+    expect(m.pending.check('a')).toBe(false);
+    expect(m.pending.check('b')).toBe(false);
+    expect(reads - before).toBe(1); // wave 24, read once
+    expect(m.asked).toEqual([23]);
+  } finally {
+    m.close();
+  }
+});
+
 test('the Python client does the same: one ask per unanswered wave, stalled waves given up, a new vector ends the stall', () => {
   const file = path.join(tmpDir('wavebus-pending-py-'), 'mailbox');
   const out = runPython(

@@ -20,7 +20,8 @@ class Probe extends SlotEvents {
     const out = { rows: [...ev.rows], flags: [...ev.flags] };
     const sp = this.sparse();
     const hex = (b: Uint8Array): string => Buffer.from(b).toString('hex');
-    const r = { binds: sp.binds.map(hex), blocks: sp.blocks.map(hex), ...out };
+    // The lists are reused: their first nBinds / nBlocks entries are this head's.
+    const r = { binds: sp.binds.slice(0, sp.nBinds).map(hex), blocks: sp.blocks.slice(0, sp.nBlocks).map(hex), ...out };
     this.sent();
     return r;
   }

@@ -149,6 +149,7 @@ test('a ring ask past the limits is refused naming the hello field', () => {
 
 test('a head that comes inline (the ring was full) never overtakes a whole head still in the ring: the agent polls before relaying it', () => {
   const { TelemetryRingWriter } = require('../src/client/telemetry-ring-writer') as typeof import('../src/client/telemetry-ring-writer');
+  const { RING_COLUMN } = require('../src/client/ring-layout') as typeof import('../src/client/ring-layout');
   const { encodeTrusted, messageType, decode } = require('../src/proto') as typeof import('../src/proto');
   const WaveHeadRequest = messageType('WaveHeadRequest');
   const dir = tmpDir('wavebus-ring-');
@@ -159,11 +160,40 @@ test('a head that comes inline (the ring was full) never overtakes a whole head 
   try {
     const body = (wave: number) => ({ wave, telemetry: { wave: wave - 1, columns: {} } });
     // Wave 8 whole in the ring; before the agent's poll timer runs, wave 9 arrives on the socket inline.
-    writer.write(8, { row: Uint32Array.of(0) }, 1, 0, 0, encodeTrusted(WaveHeadRequest, body(8)));
+    const cols: (ArrayLike<number> | undefined)[] = [];
+    cols[RING_COLUMN.row] = Uint32Array.of(0);
+    writer.write(8, cols, 1, 0, 0, encodeTrusted(WaveHeadRequest, body(8)));
     const nine = heads.fill(encodeTrusted(WaveHeadRequest, body(9)));
     relayed.push(Number((decode(WaveHeadRequest, Buffer.from(nine)) as any).wave)); // what the agent relays next
     expect(relayed).toEqual([8, 9]);
   } finally {
     heads.close();
+  }
+});
+
+test("the client's seq and written words cross 2^32 whole: the u32 half store while the high half holds, one u64 store when it moves", () => {
+  const { TelemetryRingWriter } = require('../src/client/telemetry-ring-writer') as typeof import('../src/client/telemetry-ring-writer');
+  const { RING_COLUMN } = require('../src/client/ring-layout') as typeof import('../src/client/ring-layout');
+  const { TelemetryRingReader } = require('../src/agent/telemetry-ring') as typeof import('../src/agent/telemetry-ring');
+  const file = path.join(tmpDir('wavebus-ring-seq-'), 'telemetry-ring-local0');
+  const reader = TelemetryRingReader.create(file, checkRingAsk({ ringRows: 4, ringTokens: 4, ringEvents: 4 }));
+  try {
+    // A client that comes back to the ring numbers on after the last write: here write 2^31 - 1.
+    const w = Buffer.alloc(8);
+    w.writeBigUInt64LE(BigInt(2 ** 32 - 2));
+    const fd = fs.openSync(file, 'r+');
+    fs.writeSync(fd, w, 0, 8, RING_HEADER.written);
+    fs.closeSync(fd);
+    const writer = TelemetryRingWriter.open(file);
+    const cols: (ArrayLike<number> | undefined)[] = [];
+    cols[RING_COLUMN.row] = Uint32Array.of(3);
+    for (const [wave, seq] of [[7, 2 ** 32], [8, 2 ** 32 + 2], [9, 2 ** 32 + 4]]) {
+      expect(writer.write(wave, cols, 1, 0, 0, Uint8Array.of(8, wave))).toBe(seq);
+      expect(reader.written()).toBe(seq);
+      const got = reader.read(seq);
+      expect('garbage' in got ? got : { wave: got.wave, rows: got.rows, extraLen: got.extraLen }).toEqual({ wave, rows: 1, extraLen: 2 });
+    }
+  } finally {
+    reader.close();
   }
 });

@@ -11,7 +11,7 @@
 // four exclude them.
 // The forward (not timed) is 3 ms: FORWARD "sleep" (the default) waits it on a timer, "spin" busy-waits
 // it, as an engine thread in cudaStreamSynchronize does by default.
-// usage: node client-engine-ts.js MODE N STEPS RUN_DIR [FORWARD]
+// usage: node client-engine-ts.js MODE N STEPS RUN_DIR [FORWARD] [WARM]
 import { WavebusClient } from '../../src/client/client';
 import { MailboxFeature } from '../../src/client/mailbox';
 import type { TensorBatch } from '../../src/client/tensor-batch';
@@ -44,12 +44,16 @@ const pct = (a: number[], p: number): number => {
 };
 
 async function main(): Promise<void> {
-  const [mode, nArg, stepsArg, runDir, forwardArg] = process.argv.slice(2);
+  const [mode, nArg, stepsArg, runDir, forwardArg, warmArg] = process.argv.slice(2);
   const forward = forwardArg ?? 'sleep';
   if (forward !== 'sleep' && forward !== 'spin') throw new Error(`client-engine-ts: FORWARD must be sleep or spin, got ${JSON.stringify(forward)}`);
   const n = Number(nArg);
   const steps = Number(stepsArg);
-  const WARM = warmSteps(steps);
+  // --warm N: N untimed steps without the forward (only the calls: V8 tiers a function up by its
+  // calls), so that the timed steps run the code a long-running engine runs.
+  const warmGiven = Number(warmArg ?? 0);
+  if (!Number.isInteger(warmGiven) || warmGiven < 0) throw new Error(`client-engine-ts: WARM must be a non-negative integer, got ${JSON.stringify(warmArg)}`);
+  const WARM = warmGiven > 0 ? warmGiven : warmSteps(steps);
   const rand = rng(1);
   let c: WavebusClient | undefined;
   let batch: TensorBatch | undefined;
@@ -105,7 +109,9 @@ async function main(): Promise<void> {
     const t2 = now();
     // The forward on the device (not timed), between beforeForward and endOfWave as in an engine
     // (examples/torch-engine/engine.py): the vector of the next wave, decided by this head, arrives meanwhile.
-    if (forward === 'spin') for (const until = performance.now() + FORWARD_MS; performance.now() < until; );
+    if (warmGiven > 0 && wave <= WARM) {
+      // --warm's untimed steps: no forward.
+    } else if (forward === 'spin') for (const until = performance.now() + FORWARD_MS; performance.now() < until; );
     else await new Promise((r) => setTimeout(r, FORWARD_MS));
     const t2f = now();
     const e = c?.endOfWaveNow(wave);

@@ -232,6 +232,11 @@ export class WavebusClient {
       }
       return SETTLED;
     }
+    return this.headAfterHello(wave, telemetry);
+  }
+
+  /** waveHead's slow path apart: a closure in waveHead would make V8 allocate its context on every call. */
+  private headAfterHello(wave: number, telemetry?: WaveTelemetry): Promise<void> {
     return this.hello.ensure(this.callBoundMs() + MARGIN_MS).then(
       (f) => this.sendWaveHead(f, wave, telemetry),
       (e) => {

@@ -47,10 +47,18 @@ export function nonFiniteBytes(rows: unknown[]): Uint8Array {
 
 const EMPTY = new Uint8Array(0);
 
+/** A head's buffer at most this long goes into a ring slot whole (telemetry-ring-writer.ts write()). */
+export const WHOLE_COPY_MAX = 8192;
+
+/** v / 128 rounded down, in integers while v fits 31 bits (a fraction would be a heap number in V8's baseline code: an allocation per call). */
+function shift7(v: number): number {
+  return v < 0x80000000 ? v >>> 7 : Math.floor(v / 128);
+}
+
 function varintSize(v: number): number {
   let n = 1;
   while (v > 0x7f) {
-    v = Math.floor(v / 128);
+    v = shift7(v);
     n++;
   }
   return n;
@@ -58,21 +66,25 @@ function varintSize(v: number): number {
 
 /** Joins a head's pieces into one reused buffer: no allocation per step once it is large enough. */
 export class HeadBytes {
-  private buf = new Uint8Array(256);
+  /** The last build's bytes are its first `length` (a view of them would be an allocation per step). */
+  buf = new Uint8Array(256);
+  length = 0;
   private at = 0;
 
   /**
-   * WaveHeadRequest{wave, telemetry{wave, non_finite, columns}}: `binds` then `blocks` are
-   * TelemetryColumns entries' bytes. Zero and empty fields are left out as protobufjs leaves them
-   * out; telemetry is always there. The view is valid until the next build.
+   * WaveHeadRequest{wave, telemetry{wave, non_finite, columns}}: the first `nBinds` of `binds` then
+   * the first `nBlocks` of `blocks` are TelemetryColumns entries' bytes. Zero and empty fields are
+   * left out as protobufjs leaves them out; telemetry is always there. Into `buf`; returns the length.
    */
-  build(wave: number, teleWave: number, binds: readonly Uint8Array[], blocks: readonly Uint8Array[], nonFinite: Uint8Array): Uint8Array {
+  build(wave: number, teleWave: number, binds: readonly Uint8Array[], nBinds: number, blocks: readonly Uint8Array[], nBlocks: number, nonFinite: Uint8Array): number {
     let cols = 0;
-    for (const b of binds) cols += b.length;
-    for (const b of blocks) cols += b.length;
+    for (let i = 0; i < nBinds; i++) cols += binds[i].length;
+    for (let i = 0; i < nBlocks; i++) cols += blocks[i].length;
     const tele = (teleWave > 0 ? 1 + varintSize(teleWave) : 0) + nonFinite.length + (cols > 0 ? 1 + varintSize(cols) + cols : 0);
     const total = (wave > 0 ? 1 + varintSize(wave) : 0) + 1 + varintSize(tele) + tele;
-    if (this.buf.length < total) this.buf = new Uint8Array(2 * total);
+    // Grown for a large head (every binding after resendAll), shrunk again after it: the usual
+    // step's head is copied into the ring with its buffer whole (ring-writer write()), a few hundred bytes.
+    if (this.buf.length < total || (this.buf.length > WHOLE_COPY_MAX && this.buf.length > 8 * total)) this.buf = new Uint8Array(Math.max(256, 2 * total));
     this.at = 0;
     if (wave > 0) this.field(HEAD_WAVE, wave);
     this.field(HEAD_TELEMETRY, tele);
@@ -80,10 +92,16 @@ export class HeadBytes {
     this.put(nonFinite);
     if (cols > 0) {
       this.field(TELE_COLUMNS, cols);
-      for (const b of binds) this.put(b);
-      for (const b of blocks) this.put(b);
+      for (let i = 0; i < nBinds; i++) this.put(binds[i]);
+      for (let i = 0; i < nBlocks; i++) this.put(blocks[i]);
     }
-    return this.buf.subarray(0, total);
+    this.length = total;
+    return total;
+  }
+
+  /** The last build's bytes as a view (a message head, the rare path). */
+  bytes(): Uint8Array {
+    return this.buf.subarray(0, this.length);
   }
 
   private field(t: number, v: number): void {
@@ -91,7 +109,7 @@ export class HeadBytes {
     buf[this.at++] = t;
     while (v > 0x7f) {
       buf[this.at++] = (v % 128) | 0x80;
-      v = Math.floor(v / 128);
+      v = shift7(v);
     }
     buf[this.at++] = v;
   }

@@ -73,10 +73,15 @@ export class ForwardCapture {
         // Mapped at this hello (no ring: the agent named none, or it could not be mapped: lastError).
         if (this.ring) this.record(this.ring, context, inputs);
       } else {
-        return this.recordAfterHello(context, inputs).then(() => this.offerIfDue(context, inputs, bits, staging));
+        return this.recordThenOffer(context, inputs, bits, staging);
       }
     }
     return this.offerIfDue(context, inputs, bits, staging);
+  }
+
+  /** The slow path apart: a closure in beforeForwardNow would make V8 allocate its context on every call. */
+  private recordThenOffer(context: Context, inputs: Inputs, bits: number, staging: string): Promise<BeforeForwardResult> {
+    return this.recordAfterHello(context, inputs).then(() => this.offerIfDue(context, inputs, bits, staging));
   }
 
   /** The first forward to record (or the first after a new hello): hello, map the ring, record. */

@@ -28,6 +28,10 @@ export class PendingDumps {
   private readonly due = new Map<number, DueSet | Promise<DueSet>>();
   /** The last wave given up without asking (vectors stalled): its dumps are never copied here. */
   forfeitedTo = -1;
+  /** The floor, last ended wave and epoch of the last check that found every decided wave clear (no dump due). */
+  private clearFloor = -1;
+  private clearEnded = -1;
+  private clearEpoch = -1;
 
   constructor(
     private readonly mailbox: MailboxReader,
@@ -45,13 +49,20 @@ export class PendingDumps {
 
   /** False at once when no decided wave has dump_due (no promise); else the agent's answer, once per wave. */
   check(reqId: string): boolean | Promise<boolean> {
+    const floor = this.mailbox.floor(); // first: a slot the floor covers was written before it
+    const epoch = this.mailbox.epoch();
+    // The step's other finished requests: the same decided waves, read clear already (a published
+    // vector does not change within its epoch; the floor moving or a wave ending changes them).
+    if (floor === this.clearFloor && this.lastEnded === this.clearEnded && epoch === this.clearEpoch) return false;
     const next = this.lastEnded + 1;
     // The decided waves: below the floor, never more than the ring holds (a stale floor).
-    const decidedTo = Math.min(this.mailbox.floor() - 1, next + MAILBOX_LAYOUT.slots - 1);
+    const decidedTo = Math.min(floor - 1, next + MAILBOX_LAYOUT.slots - 1);
     let sets: Promise<DueSet>[] | undefined;
+    let clear = true;
     for (let w = next; w <= Math.max(next, decidedTo); w++) {
       const due = this.mailbox.dueBits(w);
       if (due !== NOT_KNOWN && (due & DUE_DUMP) === 0) continue;
+      clear = false;
       if (due === NOT_KNOWN && !this.due.has(w) && this.stall.active()) {
         // No vector and none coming: not asked (a bound each), given up on this rank.
         if (w > this.forfeitedTo) this.forfeitedTo = w;
@@ -59,8 +70,16 @@ export class PendingDumps {
       }
       (sets ??= []).push(this.setOf(w));
     }
-    if (!sets) return false;
-    return Promise.all(sets).then((all) => all.some((s) => s === ALL || s.has(reqId)));
+    if (!sets) {
+      // Every decided wave's vector there, none with dump_due: the step's answer, kept for its other requests.
+      if (clear) {
+        this.clearFloor = floor;
+        this.clearEnded = this.lastEnded;
+        this.clearEpoch = epoch;
+      }
+      return false;
+    }
+    return namesIt(sets, reqId);
   }
 
   private setOf(wave: number): Promise<DueSet> {
@@ -80,6 +99,11 @@ export class PendingDumps {
     });
     return p;
   }
+}
+
+/** Whether any of the waves' answers keeps `reqId` (apart from check(): its closure would cost every call an allocation). */
+function namesIt(sets: Promise<DueSet>[], reqId: string): Promise<boolean> {
+  return Promise.all(sets).then((all) => all.some((s) => s === ALL || s.has(reqId)));
 }
 
 export interface DueDumpsDeps {

@@ -59,3 +59,7 @@ export function columnPlaces(s: RingSizes): { places: ColumnPlace[]; slotBytes: 
   const { places, bytes } = L.placeColumns({ max_rows: s.maxRows, max_tokens: s.maxTokens, max_events: s.maxEvents, max_extra: s.maxExtra });
   return { places, slotBytes: bytes };
 }
+
+/** The columns in their layout order (write()'s index of each), and each one's index by name. */
+export const RING_COLUMN_NAMES: readonly string[] = Object.freeze(columnPlaces({ maxRows: 0, maxTokens: 0, maxEvents: 0, maxExtra: 0 }).places.map((p) => p.name));
+export const RING_COLUMN: Readonly<Record<string, number>> = Object.freeze(Object.fromEntries(RING_COLUMN_NAMES.map((n, i) => [n, i])));

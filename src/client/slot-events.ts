@@ -29,11 +29,22 @@ function sameTable(a: readonly number[] | undefined, b: readonly number[]): bool
   return true;
 }
 
+/** A row's live request: what its binding re-sends. */
+interface Held {
+  reqId: string;
+  promptLen: number;
+}
+
 export class SlotEvents {
-  protected readonly liveRows = new Map<number, { reqId: string; promptLen: number }>();
+  /** The live rows' requests by row, and the rows in the order they arrived (a Map's order, without a Map: no hashing in a step). */
+  private readonly held: (Held | undefined)[];
+  private readonly liveOrder: RowOrder;
   /** A live row's binding as re-sent (without the prompt's ids), encoded on its first re-send; by row. */
   private readonly bindB: (Uint8Array | undefined)[];
-  private readonly tables = new Map<number, { ids: number[]; bytes: Uint8Array }>();
+  /** The live rows' last reported tables by row, and their rows in the order first reported since the row's arrival. */
+  private readonly tableIds: (number[] | undefined)[];
+  private readonly tableB: (Uint8Array | undefined)[];
+  private readonly tableOrder: RowOrder;
   /**
    * The bindings and tables reported since the last head, by row, and their rows in the order
    * first reported (a Map's order, without a Map: the usual step reads and clears a few entries
@@ -41,11 +52,9 @@ export class SlotEvents {
    */
   private readonly newBind: PendingByRow;
   private readonly newBlocks: PendingByRow;
-  /** sparse()'s lists and answer, reused step to step. */
-  private readonly outBind: Uint8Array[] = [];
-  private readonly outBlocks: Uint8Array[] = [];
-  private readonly out = { binds: this.outBind, blocks: this.outBlocks };
-  private readonly resendOut: number[] = [];
+  /** sparse()'s lists and answer, reused step to step: the first nBinds / nBlocks entries are this head's (no array length set per step). */
+  private readonly out = { binds: [] as Uint8Array[], nBinds: 0, blocks: [] as Uint8Array[], nBlocks: 0 };
+  private readonly resendOut = new Uint32Array(RESEND_PER_STEP);
   /**
    * This step's finish/free flags by row (0: none), and the rows flagged in the order first
    * flagged (a row flags once per step: at most maxRows). Typed arrays indexed by row, not a Map:
@@ -54,9 +63,11 @@ export class SlotEvents {
   private readonly flagOf: Uint8Array;
   private flagged = 0;
   private resendEverything = false;
-  private cycle: number[] = [];
+  /** The round-robin of re-sends: the live rows as a cycle began (cycleLen of them), and the next to go. */
+  private readonly cycle: Uint32Array;
+  private cycleLen = 0;
   private cycleAt = 0;
-  /** This step's finish/free events as the ring's columns (rows in flag order; reused). */
+  /** This step's finish/free events as the ring's columns: the first `flagged` entries, rows in flag order (reused). */
   protected readonly evRows: Uint32Array;
   protected readonly evFlags: Uint8Array;
   /** eventColumns()'s answer: its views are made again only when the count of events changes. */
@@ -66,14 +77,25 @@ export class SlotEvents {
     this.flagOf = new Uint8Array(maxRows);
     this.evRows = new Uint32Array(maxRows);
     this.evFlags = new Uint8Array(maxRows);
+    this.cycle = new Uint32Array(maxRows);
     this.evOut = { rows: this.evRows.subarray(0, 0), flags: this.evFlags.subarray(0, 0) };
+    this.held = new Array<Held | undefined>(maxRows).fill(undefined);
     this.bindB = new Array<Uint8Array | undefined>(maxRows).fill(undefined);
+    this.tableIds = new Array<number[] | undefined>(maxRows).fill(undefined);
+    this.tableB = new Array<Uint8Array | undefined>(maxRows).fill(undefined);
+    this.liveOrder = new RowOrder(maxRows);
+    this.tableOrder = new RowOrder(maxRows);
     this.newBind = new PendingByRow(maxRows);
     this.newBlocks = new PendingByRow(maxRows);
   }
 
   get live(): number {
-    return this.liveRows.size;
+    return this.liveOrder.size;
+  }
+
+  /** Whether `row` holds a request (arrive() and not yet freed by a head). */
+  protected isLive(row: number): boolean {
+    return this.held[row] !== undefined;
   }
 
   /** Request `reqId` now holds `row` (until free(row)). */
@@ -82,26 +104,29 @@ export class SlotEvents {
     if (typeof reqId !== 'string' || reqId === '') throw new ConfigError(`arrive(): reqId must be a non-empty string, got ${JSON.stringify(reqId)}`);
     const promptLen = opts.promptLen ?? 0;
     if (!Number.isInteger(promptLen) || promptLen < 0 || promptLen > 0xffffffff) throw new ConfigError(`arrive(): promptLen must be an integer in 0..2^32-1, got ${String(promptLen)}`);
-    const held = this.liveRows.get(row);
+    const held = this.held[row];
     if (held) throw new ConfigError(`arrive(): row ${row} still holds request '${held.reqId}'; free(row) it first`);
     // Its free and this arrival would reach the coordinator in one head, the free last.
     if (this.flagOf[row] & FLAG_FREED) throw new ConfigError(`arrive(): row ${row} was freed since the last waveHead; bind it after the next waveHead`);
     const ids = opts.promptTokenIds ? u32List(opts.promptTokenIds, 'arrive(): promptTokenIds') : [];
     const first = bindBytes(row, reqId, promptLen, ids);
-    this.liveRows.set(row, { reqId, promptLen });
+    this.held[row] = { reqId, promptLen };
+    this.liveOrder.add(row);
     this.bindB[row] = ids.length > 0 ? undefined : first;
-    this.tables.delete(row);
+    this.dropTable(row);
     this.newBind.set(row, first);
   }
 
   /** `row`'s whole block table, when it changed (sent with the next head). */
   blocks(row: number, blockIds: ArrayLike<number>): void {
     checkRow(row, this.maxRows, 'blocks()');
-    if (!this.liveRows.has(row)) throw new ConfigError(`blocks(): row ${row} holds no request (arrive() first)`);
+    if (this.held[row] === undefined) throw new ConfigError(`blocks(): row ${row} holds no request (arrive() first)`);
     const table = u32List(blockIds, `blocks(): block ids of row ${row}`);
-    if (!sameTable(this.tables.get(row)?.ids, table)) {
+    if (!sameTable(this.tableIds[row], table)) {
       const bytes = blocksBytes(row, table);
-      this.tables.set(row, { ids: table, bytes });
+      if (this.tableIds[row] === undefined) this.tableOrder.add(row);
+      this.tableIds[row] = table;
+      this.tableB[row] = bytes;
       this.newBlocks.set(row, bytes);
     }
   }
@@ -117,8 +142,11 @@ export class SlotEvents {
   }
 
   private flag(row: number, where: string, bit: number): void {
-    checkRow(row, this.maxRows, where);
-    if (!this.liveRows.has(row)) throw new ConfigError(`${where}: row ${row} holds no request`);
+    // A live row is an integer in range: the usual call is one array load (a row past the array reads undefined).
+    if (this.held[row] === undefined || !Number.isInteger(row)) {
+      checkRow(row, this.maxRows, where);
+      throw new ConfigError(`${where}: row ${row} holds no request`);
+    }
     if (this.flagOf[row] === 0) this.evRows[this.flagged++] = row;
     this.flagOf[row] |= bit;
   }
@@ -128,10 +156,14 @@ export class SlotEvents {
     this.resendEverything = true;
   }
 
+  /** Finish/free events are pending for the next head. */
+  protected get hasEvents(): boolean {
+    return this.flagged > 0;
+  }
+
   /** This step's finish/free events as columns: views valid until the next call. */
   protected eventColumns(): { rows: Uint32Array; flags: Uint8Array } {
-    const n = this.flagged;
-    for (let i = 0; i < n; i++) this.evFlags[i] = this.flagOf[this.evRows[i]];
+    const n = this.eventFlags();
     const out = this.evOut;
     if (out.rows.length !== n) {
       out.rows = this.evRows.subarray(0, n);
@@ -140,43 +172,65 @@ export class SlotEvents {
     return out;
   }
 
-  /** The head's sparse part as TelemetryColumns entries' bytes: the pending bindings and tables (new ones, a few re-sends, or all after resendAll()). Valid until the next call. */
-  protected sparse(): { binds: Uint8Array[]; blocks: Uint8Array[] } {
-    const binds = this.outBind;
-    const blocks = this.outBlocks;
-    binds.length = 0;
-    blocks.length = 0;
+  /** This step's finish/free events: fills evFlags for the first n entries of evRows; n. */
+  protected eventFlags(): number {
+    const n = this.flagged;
+    for (let i = 0; i < n; i++) this.evFlags[i] = this.flagOf[this.evRows[i]];
+    return n;
+  }
+
+  /**
+   * The head's sparse part as TelemetryColumns entries' bytes: the pending bindings and tables (new
+   * ones, a few re-sends, or all after resendAll()). The first nBinds / nBlocks entries of the
+   * lists are this head's; valid until the next call.
+   */
+  protected sparse(): { binds: Uint8Array[]; nBinds: number; blocks: Uint8Array[]; nBlocks: number } {
+    const out = this.out;
+    const binds = out.binds;
+    const blocks = out.blocks;
+    let nb = 0;
+    let nt = 0;
     const everything = this.resendEverything;
     if (everything) {
       this.resendEverything = false;
-      for (const row of this.liveRows.keys()) if (!this.newBind.has(row)) binds.push(this.resendBytes(row));
+      for (let row = this.liveOrder.first(); row >= 0; row = this.liveOrder.next(row)) if (!this.newBind.has(row)) binds[nb++] = this.resendBytes(row);
     } else {
-      const resend = this.nextResend();
-      for (let i = 0; i < resend.length; i++) {
+      const resend = this.resendOut;
+      const k = this.nextResend();
+      for (let i = 0; i < k; i++) {
         const row = resend[i];
-        if (!this.liveRows.has(row) || this.newBind.has(row)) continue;
-        binds.push(this.resendBytes(row));
-        const t = this.tables.get(row);
-        if (t && !this.newBlocks.has(row)) blocks.push(t.bytes);
+        if (this.held[row] === undefined || this.newBind.has(row)) continue;
+        binds[nb++] = this.resendBytes(row);
+        const t = this.tableB[row];
+        if (t !== undefined && !this.newBlocks.has(row)) blocks[nt++] = t;
       }
     }
-    this.newBind.drainInto(binds);
+    nb = this.newBind.drainInto(binds, nb);
     // After resendAll every live table goes (the new ones among them, in the tables' order); else the new ones.
     if (everything) {
-      for (const t of this.tables.values()) blocks.push(t.bytes);
-      this.newBlocks.drainInto(null);
-    } else this.newBlocks.drainInto(blocks);
-    return this.out;
+      for (let row = this.tableOrder.first(); row >= 0; row = this.tableOrder.next(row)) blocks[nt++] = this.tableB[row]!;
+      this.newBlocks.drainInto(null, 0);
+    } else nt = this.newBlocks.drainInto(blocks, nt);
+    out.nBinds = nb;
+    out.nBlocks = nt;
+    return out;
   }
 
   private resendBytes(row: number): Uint8Array {
     let b = this.bindB[row];
     if (b === undefined) {
-      const h = this.liveRows.get(row)!;
+      const h = this.held[row]!;
       b = bindBytes(row, h.reqId, h.promptLen);
       this.bindB[row] = b;
     }
     return b;
+  }
+
+  private dropTable(row: number): void {
+    if (this.tableIds[row] === undefined) return;
+    this.tableIds[row] = undefined;
+    this.tableB[row] = undefined;
+    this.tableOrder.remove(row);
   }
 
   /** The head went out: frees take effect (the row is free for a later arrive). */
@@ -184,9 +238,10 @@ export class SlotEvents {
     for (let i = 0; i < this.flagged; i++) {
       const row = this.evRows[i];
       if (this.flagOf[row] & FLAG_FREED) {
-        this.liveRows.delete(row);
+        this.held[row] = undefined;
+        this.liveOrder.remove(row);
         this.bindB[row] = undefined;
-        this.tables.delete(row);
+        this.dropTable(row);
         // Sending paused (reset): a binding or table the freed row got since the last head must not
         // go with a later one (after a head, sparse() has emptied these already: no-ops).
         this.newBind.drop(row);
@@ -197,18 +252,66 @@ export class SlotEvents {
     this.flagged = 0;
   }
 
-  /** Up to RESEND_PER_STEP live rows, once per cycle through them. */
-  private nextResend(): number[] {
+  /** Up to RESEND_PER_STEP live rows into resendOut, once per cycle through them; how many. */
+  private nextResend(): number {
     const out = this.resendOut;
-    out.length = 0;
-    for (let pass = 0; pass < 2 && out.length < RESEND_PER_STEP; pass++) {
-      while (this.cycleAt < this.cycle.length && out.length < RESEND_PER_STEP) out.push(this.cycle[this.cycleAt++]);
-      if (out.length < RESEND_PER_STEP) {
-        this.cycle = [...this.liveRows.keys()];
+    let n = 0;
+    for (let pass = 0; pass < 2 && n < RESEND_PER_STEP; pass++) {
+      while (this.cycleAt < this.cycleLen && n < RESEND_PER_STEP) out[n++] = this.cycle[this.cycleAt++];
+      if (n < RESEND_PER_STEP) {
+        // A new cycle: the live rows now, in their order.
+        let len = 0;
+        for (let row = this.liveOrder.first(); row >= 0; row = this.liveOrder.next(row)) this.cycle[len++] = row;
+        this.cycleLen = len;
         this.cycleAt = 0;
       }
     }
-    return out;
+    return n;
+  }
+}
+
+/** Rows in the order added (as a Map's keys: added again after a remove goes last), as a linked list over arrays: add, remove and walk without hashing or allocating. */
+class RowOrder {
+  private readonly prev: Int32Array;
+  private readonly nextOf: Int32Array;
+  private head = -1;
+  private tail = -1;
+  size = 0;
+
+  constructor(maxRows: number) {
+    this.prev = new Int32Array(maxRows);
+    this.nextOf = new Int32Array(maxRows);
+  }
+
+  /** Appends `row` (the caller knows it is not in the list). */
+  add(row: number): void {
+    this.prev[row] = this.tail;
+    this.nextOf[row] = -1;
+    if (this.tail >= 0) this.nextOf[this.tail] = row;
+    else this.head = row;
+    this.tail = row;
+    this.size++;
+  }
+
+  /** Unlinks `row` (the caller knows it is in the list). */
+  remove(row: number): void {
+    const p = this.prev[row];
+    const n = this.nextOf[row];
+    if (p >= 0) this.nextOf[p] = n;
+    else this.head = n;
+    if (n >= 0) this.prev[n] = p;
+    else this.tail = p;
+    this.size--;
+  }
+
+  /** The first row, -1 when empty. */
+  first(): number {
+    return this.head;
+  }
+
+  /** The row after `row`, -1 at the end. */
+  next(row: number): number {
+    return this.nextOf[row];
   }
 }
 
@@ -241,13 +344,14 @@ class PendingByRow {
     this.count--;
   }
 
-  /** Appends the entries in order to `out` (none when null) and empties this. */
-  drainInto(out: Uint8Array[] | null): void {
+  /** Stores the entries in order into `out` from index `at` (none when null), empties this; the index after the last stored. */
+  drainInto(out: Uint8Array[] | null, at: number): number {
     for (let i = 0; i < this.count; i++) {
       const row = this.order[i];
-      if (out !== null) out.push(this.of[row]!);
+      if (out !== null) out[at++] = this.of[row]!;
       this.of[row] = undefined;
     }
     this.count = 0;
+    return at;
   }
 }

@@ -9,12 +9,20 @@
 // before the bytes they commit); the agent drops a slot whose seq changed while it read it.
 import { ConfigError, WavebusError } from '../errors';
 import { native, nativeCall } from '../native';
-import { columnPlaces, RING_HEADER, RING_LAYOUT, RING_SLOT, type ColumnPlace } from './ring-layout';
+import { WHOLE_COPY_MAX } from './head-bytes';
+import { columnPlaces, RING_COLUMN, RING_HEADER, RING_LAYOUT, RING_SLOT, type ColumnPlace } from './ring-layout';
 
 type View = Uint8Array | Uint32Array | Float32Array;
 
-/** A step's columns as the batch hands them over: each already checked to fit its view. */
-export type RingColumns = Partial<Record<string, ArrayLike<number>>>;
+/**
+ * A step's columns as the batch hands them over, by their index in the layout (RING_COLUMN; the
+ * extra column goes separately): each already checked to fit its view and holding at least its
+ * count's entries (rows, tokens or events), of which write() copies that many. One array the batch
+ * reuses step to step: no object built per step, no lookup by name.
+ */
+export type RingColumns = (ArrayLike<number> | undefined)[];
+
+const EXTRA = RING_COLUMN.extra;
 
 export class TelemetryRingWriter {
   readonly slots: number;
@@ -27,13 +35,16 @@ export class TelemetryRingWriter {
   private readonly halves: Uint32Array;
   private readonly dv: DataView;
   private readonly base: number[];
-  /** Per slot, per column: a typed view over its place, made once (a step only assigns into them); plain objects of one shape, not Maps. */
-  private readonly views: Record<string, View>[];
-  private readonly bit: Record<string, number> = {};
+  /** Per slot, per column (by index): a typed view over its place, made once (a step only assigns into them). */
+  private readonly views: View[][];
+  /** Per column: its bit in the slot's present word, and which count says its entries (0 rows, 1 tokens, 2 events). */
+  private readonly bit: number[];
+  private readonly countOf: number[];
   private readonly extraAt: number;
   private seq: number;
   /** An Int32Array column's u32 view, by column: made when the engine hands a new array, reused while it hands the same. */
-  private readonly asU32: Record<string, [Int32Array, Uint32Array] | undefined> = {};
+  private readonly asU32: ([Int32Array, Uint32Array] | undefined)[];
+  private readonly counts = [0, 0, 0];
 
   private constructor(readonly path: string, private readonly mem: Buffer) {
     const where = `telemetry ring ${path}`;
@@ -57,8 +68,11 @@ export class TelemetryRingWriter {
     this.halves = new Uint32Array(mem.buffer, mem.byteOffset, 2 * this.words.length);
     this.dv.setUint32(RING_HEADER.pid, process.pid, true);
     this.base = Array.from({ length: this.slots }, (_, i) => RING_LAYOUT.header_bytes + i * stride);
-    this.views = this.base.map((b) => Object.fromEntries(places.map((p) => [p.name, view(mem, b, p)])));
-    for (const p of places) this.bit[p.name] = 1 << p.bit;
+    this.views = this.base.map((b) => places.map((p) => view(mem, b, p)));
+    this.bit = places.map((p) => 1 << p.bit);
+    const countName = (p: ColumnPlace): string => p.count.replace(/^header\./, '');
+    this.countOf = places.map((p) => ['max_rows', 'max_tokens', 'max_events'].indexOf(countName(p)));
+    this.asU32 = places.map(() => undefined);
     this.extraAt = places.find((p) => p.name === 'extra')!.at;
     // A client that comes back to the ring goes on numbering after the last write.
     this.seq = Number(this.words[RING_HEADER.written / 8]) / 2;
@@ -105,52 +119,78 @@ export class TelemetryRingWriter {
 
   /**
    * Copies one step's columns (each at most its capacity; the caller checked fits()) into the next
-   * slot; returns its seq. With `extra` (the head's sparse part, at most maxExtra bytes) the slot is
-   * the whole head: `written` says so and the agent's poll takes it; without, a message names the seq.
+   * slot; returns its seq. With `extra` (the head's sparse part: its first `extraLen` bytes, at
+   * most maxExtra) the slot is the whole head: `written` says so and the agent's poll takes it;
+   * without, a message names the seq.
    */
-  write(wave: number, columns: RingColumns, rows: number, tokens: number, events: number, extra?: Uint8Array): number {
+  write(wave: number, columns: RingColumns, rows: number, tokens: number, events: number, extra?: Uint8Array, extraLen = extra ? extra.length : 0): number {
     const k = this.seq + 1;
     const i = (k - 1) % this.slots;
     const base = this.base[i];
     const views = this.views[i];
     const seqWord = (base + RING_SLOT.seq) / 8;
-    Atomics.store(this.words, seqWord, BigInt(2 * k - 1)); // odd: being written
+    this.store(seqWord, 2 * k - 1); // odd: being written
+    const counts = this.counts;
+    counts[0] = rows;
+    counts[1] = tokens;
+    counts[2] = events;
     let present = 0;
-    for (const name in columns) {
-      let a = columns[name]!;
-      const v = views[name];
+    for (let c = 0; c < columns.length; c++) {
+      let a = columns[c];
+      if (a === undefined || c === EXTRA) continue;
+      const v = views[c];
+      const n = counts[this.countOf[c]];
       // An Int32Array into a u32 column: the same bits, copied as they are (a negative value reads
       // as >= 2^31 and is garbage where the agent checks it); other types are converted in the copy.
-      if (a instanceof Int32Array && v instanceof Uint32Array) a = this.u32View(name, a);
-      v.set(a); // one copy
-      present |= this.bit[name];
+      if (a instanceof Int32Array && v instanceof Uint32Array) a = this.u32View(c, a);
+      if (a.length === n) v.set(a); // one copy
+      else for (let j = 0; j < n; j++) v[j] = a[j]; // a reused array longer than this step's count (the events: a few)
+      present |= this.bit[c];
     }
-    const extraLen = extra ? extra.length : 0;
     if (extraLen > 0) {
-      this.mem.set(extra!, base + this.extraAt);
-      present |= this.bit.extra;
+      // A small reused buffer whole when the slot's room takes it (bytes past extraLen are never
+      // read): no view made per step; a large one (rare) by a view of its extraLen bytes.
+      const e = extra!;
+      this.mem.set(e.length <= this.maxExtra && e.length <= WHOLE_COPY_MAX ? e : e.subarray(0, extraLen), base + this.extraAt);
+      present |= this.bit[EXTRA];
     }
     const dv = this.dv;
     dv.setUint32(base + RING_SLOT.wave, wave % 0x100000000, true); // the u64 as two halves: no BigInt per step
-    dv.setUint32(base + RING_SLOT.wave + 4, Math.floor(wave / 0x100000000), true);
+    dv.setUint32(base + RING_SLOT.wave + 4, high32(wave), true);
     dv.setUint32(base + RING_SLOT.rows, rows, true);
     dv.setUint32(base + RING_SLOT.tokens, tokens, true);
     dv.setUint32(base + RING_SLOT.events, events, true);
     dv.setUint32(base + RING_SLOT.present, present, true);
     dv.setUint32(base + RING_SLOT.extra_len, extraLen, true);
-    Atomics.store(this.words, seqWord, BigInt(2 * k)); // whole
-    if (extraLen > 0) Atomics.store(this.words, RING_HEADER.written / 8, BigInt(2 * k)); // after the slot: the agent's poll takes it
+    this.store(seqWord, 2 * k); // whole
+    if (extraLen > 0) this.store(RING_HEADER.written / 8, 2 * k); // after the slot: the agent's poll takes it
     this.seq = k;
     return 2 * k;
   }
 
-  private u32View(name: string, a: Int32Array): Uint32Array {
-    const got = this.asU32[name];
+  /**
+   * Stores u64 word `w` (a Number below 2^53) atomically. While its high half stays what it was
+   * (below 2^32 always: 2^31 writes) the low half's u32 Atomics store makes the same 64-bit value,
+   * and no BigInt is made per step; a high half that changes goes as one BigInt store.
+   */
+  private store(w: number, value: number): void {
+    const hi = high32(value);
+    if (Atomics.load(this.halves, 2 * w + 1) === hi) Atomics.store(this.halves, 2 * w, hi === 0 ? value : value % 0x100000000);
+    else Atomics.store(this.words, w, BigInt(value));
+  }
+
+  private u32View(c: number, a: Int32Array): Uint32Array {
+    const got = this.asU32[c];
     if (got !== undefined && got[0] === a) return got[1];
     const v = new Uint32Array(a.buffer, a.byteOffset, a.length);
-    this.asU32[name] = [a, v];
+    this.asU32[c] = [a, v];
     return v;
   }
+}
+
+/** A u64's high half (0 below 2^32 without a division: a fraction would be a heap number, an allocation, in V8's baseline code). */
+function high32(v: number): number {
+  return v > 0xffffffff ? Math.floor(v / 0x100000000) : 0;
 }
 
 function view(mem: Buffer, slotBase: number, p: ColumnPlace): View {

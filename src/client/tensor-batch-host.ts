@@ -44,9 +44,17 @@ function tensorGate(c: TensorClient, wave: number): ClientFeatures | null | Prom
     c.availability.probe();
     return null;
   }
-  const sends = (f: ClientFeatures): ClientFeatures | null => (f.tp0 && f.bus ? f : null);
   const known = c.hello.current(bits);
   if (known) return sends(known);
+  return helloFirst(c, wave);
+}
+
+function sends(f: ClientFeatures): ClientFeatures | null {
+  return f.tp0 && f.bus ? f : null;
+}
+
+/** The gate's slow path (a hello is due), apart: its closure would cost the usual call an allocation. */
+function helloFirst(c: TensorClient, wave: number): Promise<ClientFeatures | null> {
   return c.hello.ensure(c.helloBoundMs()).then(sends, (e) => {
     if (!c.availability.lostOn(e, `waveHead(${wave})`)) throw e;
     return null;

@@ -14,6 +14,7 @@ import { ringColumns, RowIndex } from './ring-columns';
 import type { ClientFeatures } from './options';
 import { SlotEvents } from './slot-events';
 import { MAX_SLOTS } from './telemetry';
+import { RING_COLUMN, RING_COLUMN_NAMES } from './ring-layout';
 import type { RingColumns, TelemetryRingWriter } from './telemetry-ring-writer';
 import { nonFiniteRow } from './wave-head';
 
@@ -56,7 +57,17 @@ export interface TensorHost {
 }
 
 const TRUE = Promise.resolve(true);
+// The columns' indexes in the step's RingColumns (the layout's order).
+const C_ROW = RING_COLUMN.row;
+const C_TOKEN_COUNT = RING_COLUMN.token_count;
+const C_TOKEN_IDS = RING_COLUMN.token_ids;
+const C_LOGPROBS = RING_COLUMN.token_logprobs;
+const C_DRAFT = RING_COLUMN.draft_len;
+const C_ACCEPTED = RING_COLUMN.accepted;
+const C_EVENT_ROW = RING_COLUMN.event_row;
+const C_EVENT_FLAGS = RING_COLUMN.event_flags;
 const NO_ROWS: unknown[] = [];
+const NO_BYTES = new Uint8Array(0);
 const FALSE = Promise.resolve(false);
 
 function isColumn(x: unknown): x is Column {
@@ -98,6 +109,10 @@ export class TensorBatch extends SlotEvents {
   private fenceRing: TelemetryRingWriter | null = null;
   private readonly index = new RowIndex();
   private readonly headBytes = new HeadBytes();
+  /** The step's columns for the ring, by layout index: one array, refilled per step. */
+  private readonly cols: RingColumns = RING_COLUMN_NAMES.map(() => undefined);
+  /** Per column index, the last array that passed column()'s kind check: the engine hands the same arrays step after step, checked once. */
+  private readonly checked: unknown[] = RING_COLUMN_NAMES.map(() => undefined);
 
   constructor(private readonly host: TensorHost, maxRows: number, opts: TensorBatchOptions = {}) {
     const s = ringSizes(maxRows, opts);
@@ -137,8 +152,17 @@ export class TensorBatch extends SlotEvents {
       this.reset();
       return false;
     }
-    if (gate instanceof Promise) return gate.then((f) => (f ? this.head(f, wave, step) : (this.reset(), false)));
+    if (gate instanceof Promise) return this.afterHello(gate, wave, step);
     return this.head(gate, wave, step);
+  }
+
+  // The slow paths' closures live in their own methods: a closure in a hot function makes V8 allocate its context on every call.
+  private afterHello(gate: Promise<ClientFeatures | null>, wave: number, step: TensorStep): Promise<boolean> {
+    return gate.then((f) => (f ? this.head(f, wave, step) : (this.reset(), false)));
+  }
+
+  private diffTable(watch: BlockTableWatch): void {
+    watch.diff((r) => this.isLive(r), (r, ids) => this.blocks(r, ids));
   }
 
   /** Sending paused (bus off, agent gone, not the head rank): the events are dropped, frees take effect, and the next head re-sends every binding. */
@@ -166,34 +190,48 @@ export class TensorBatch extends SlotEvents {
     this.watch?.invalidate(row);
   }
 
+  /** `x` as column `c` (its kind checked, once per array the engine hands). */
+  private col(x: unknown, c: number, name: string): Column {
+    if (x !== this.checked[c] || x === undefined) this.checked[c] = column(x, name);
+    return x as Column;
+  }
+
+  private perRow(x: unknown, c: number, name: string, n: number): Column {
+    const a = this.col(x, c, name);
+    if (a.length !== n) throw new ConfigError(`waveHead(): ${name} has ${a.length} entries for ${n} rows`);
+    return a;
+  }
+
   private head(f: ClientFeatures, wave: number, step: TensorStep): boolean {
-    const rows = column(step.rows, 'rows');
+    const cols = this.cols;
+    for (let c = 0; c < cols.length; c++) cols[c] = undefined;
+    const rows = this.col(step.rows, C_ROW, 'rows');
     const n = rows.length;
-    const cols: RingColumns = { row: rows };
+    cols[C_ROW] = rows;
     let tokens = 0;
     if (f.detectors.length > 0 && step.tokenIds !== undefined) {
-      const ids = column(step.tokenIds, 'tokenIds');
+      const ids = this.col(step.tokenIds, C_TOKEN_IDS, 'tokenIds');
       tokens = ids.length;
-      if (step.tokenCounts !== undefined) cols.token_count = perRow(step.tokenCounts, 'tokenCounts', n);
+      if (step.tokenCounts !== undefined) cols[C_TOKEN_COUNT] = this.perRow(step.tokenCounts, C_TOKEN_COUNT, 'tokenCounts', n);
       else if (tokens !== n) throw new ConfigError(`waveHead(): ${tokens} tokenIds for ${n} rows; pass tokenCounts when a row sampled more than one`);
-      cols.token_ids = ids;
+      cols[C_TOKEN_IDS] = ids;
       if (step.logprobs !== undefined) {
-        const lp = column(step.logprobs, 'logprobs');
+        const lp = this.col(step.logprobs, C_LOGPROBS, 'logprobs');
         if (lp.length !== tokens) throw new ConfigError(`waveHead(): ${lp.length} logprobs for ${tokens} tokenIds`);
-        cols.token_logprobs = lp;
+        cols[C_LOGPROBS] = lp;
       }
     }
     if (step.draftLen !== undefined || step.accepted !== undefined) {
       if (step.draftLen === undefined || step.accepted === undefined) throw new ConfigError('waveHead(): draftLen and accepted go together');
-      cols.draft_len = perRow(step.draftLen, 'draftLen', n);
-      cols.accepted = perRow(step.accepted, 'accepted', n);
+      cols[C_DRAFT] = this.perRow(step.draftLen, C_DRAFT, 'draftLen', n);
+      cols[C_ACCEPTED] = this.perRow(step.accepted, C_ACCEPTED, 'accepted', n);
     }
-    this.watch?.diff((r) => this.liveRows.has(r), (r, ids) => this.blocks(r, ids));
-    const ev = this.eventColumns();
-    const events = ev.rows.length;
+    if (this.watch !== undefined) this.diffTable(this.watch);
+    // The events: the reused arrays, their first `events` entries (write() copies that many).
+    const events = this.eventFlags();
     if (events > 0) {
-      cols.event_row = ev.rows;
-      cols.event_flags = ev.flags;
+      cols[C_EVENT_ROW] = this.evRows;
+      cols[C_EVENT_FLAGS] = this.evFlags;
     }
     const nonFinite = f.detectors.length > 0 && step.nonFinite && step.nonFinite.length > 0 ? step.nonFinite.map(nonFiniteRow) : NO_ROWS;
     const epoch = this.host.epoch();
@@ -203,7 +241,8 @@ export class TensorBatch extends SlotEvents {
     }
     // The head's sparse part, joined from the bytes each event was encoded to once (head-bytes.ts).
     const sp = this.sparse();
-    const extra = this.headBytes.build(wave, wave > 0 ? wave - 1 : 0, sp.binds, sp.blocks, nonFiniteBytes(nonFinite));
+    const hb = this.headBytes;
+    const extraLen = hb.build(wave, wave > 0 ? wave - 1 : 0, sp.binds, sp.nBinds, sp.blocks, sp.nBlocks, nonFinite === NO_ROWS ? NO_BYTES : nonFiniteBytes(nonFinite));
     const ring = this.host.ring();
     if (ring !== this.fenceRing) {
       this.fenceRing = ring; // a fresh ring (a new hello): nothing of the old one is pending in it
@@ -213,17 +252,17 @@ export class TensorBatch extends SlotEvents {
     let body: Record<string, any>;
     if (ring && ring.fits(n, tokens, events) && ring.free()) {
       this.stats.ringHeads++;
-      if (this.fence === 0 && extra.length <= ring.maxExtra) {
+      if (this.fence === 0 && extraLen <= ring.maxExtra) {
         // The whole head in the ring: no message, no system call; the agent polls for it.
-        ring.write(wave, cols, n, tokens, events, extra);
+        ring.write(wave, cols, n, tokens, events, hb.buf, extraLen);
         this.sent();
         return true;
       }
       // The sparse part is large, or a message head is pending: a message names the slot.
-      body = messageBody(extra);
+      body = messageBody(hb.bytes());
       body.ringSeq = this.fence = ring.write(wave, cols, n, tokens, events);
     } else {
-      body = messageBody(extra);
+      body = messageBody(hb.bytes());
       Object.assign(body.telemetry.columns, this.inline(cols, n, tokens, events));
       this.stats.inlineHeads++;
       this.fence = Infinity;
@@ -236,11 +275,15 @@ export class TensorBatch extends SlotEvents {
   /** No ring (or a step larger than it, or the agent behind): the columns go in the head, built as the agent builds them from a slot. */
   private inline(cols: RingColumns, rows: number, tokens: number, events: number): Record<string, unknown> {
     const bytes = new Map<string, Uint8Array>();
-    for (const name in cols) {
-      const a = cols[name]!;
+    for (let c = 0; c < cols.length; c++) {
+      const a = cols[c];
+      if (a === undefined) continue;
+      const name = RING_COLUMN_NAMES[c];
       const T = name === 'token_logprobs' ? Float32Array : name === 'event_flags' ? Uint8Array : Uint32Array;
-      const copy = new T(a.length);
-      copy.set(a);
+      const n = c === C_EVENT_ROW || c === C_EVENT_FLAGS ? events : a.length; // the event arrays are reused: their first `events`
+      const copy = new T(n);
+      if (a.length === n) copy.set(a);
+      else for (let j = 0; j < n; j++) copy[j] = a[j];
       bytes.set(name, new Uint8Array(copy.buffer));
     }
     const ask = { maxRows: this.maxRows, maxTokens: this.maxTokens, maxEvents: this.maxEvents, maxExtra: 0, vocab: this.vocab };
@@ -255,10 +298,4 @@ function messageBody(extra: Uint8Array): Record<string, any> {
   const body = WaveHeadRequest.toObject(WaveHeadRequest.decode(extra), { longs: Number, bytes: Buffer }) as Record<string, any>;
   body.telemetry.columns ??= {};
   return body;
-}
-
-function perRow(x: unknown, name: string, n: number): Column {
-  const a = column(x, name);
-  if (a.length !== n) throw new ConfigError(`waveHead(): ${name} has ${a.length} entries for ${n} rows`);
-  return a;
 }
