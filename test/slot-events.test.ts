@@ -16,8 +16,8 @@ class Probe extends SlotEvents {
   }
 
   head(): { binds: string[]; blocks: string[]; rows: number[]; flags: number[] } {
-    const ev = this.eventColumns();
-    const out = { rows: [...ev.rows], flags: [...ev.flags] };
+    const n = this.eventFlags(); // the head's events: the first n of evRows / evFlags
+    const out = { rows: [...this.evRows.subarray(0, n)], flags: [...this.evFlags.subarray(0, n)] };
     const sp = this.sparse();
     const hex = (b: Uint8Array): string => Buffer.from(b).toString('hex');
     // The lists are reused: their first nBinds / nBlocks entries are this head's.

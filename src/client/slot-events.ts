@@ -70,15 +70,12 @@ export class SlotEvents {
   /** This step's finish/free events as the ring's columns: the first `flagged` entries, rows in flag order (reused). */
   protected readonly evRows: Uint32Array;
   protected readonly evFlags: Uint8Array;
-  /** eventColumns()'s answer: its views are made again only when the count of events changes. */
-  private readonly evOut: { rows: Uint32Array; flags: Uint8Array };
 
   constructor(readonly maxRows: number) {
     this.flagOf = new Uint8Array(maxRows);
     this.evRows = new Uint32Array(maxRows);
     this.evFlags = new Uint8Array(maxRows);
     this.cycle = new Uint32Array(maxRows);
-    this.evOut = { rows: this.evRows.subarray(0, 0), flags: this.evFlags.subarray(0, 0) };
     this.held = new Array<Held | undefined>(maxRows).fill(undefined);
     this.bindB = new Array<Uint8Array | undefined>(maxRows).fill(undefined);
     this.tableIds = new Array<number[] | undefined>(maxRows).fill(undefined);
@@ -154,22 +151,6 @@ export class SlotEvents {
   /** The next head carries every live binding and table (a new coordinator, a lost head). */
   resendAll(): void {
     this.resendEverything = true;
-  }
-
-  /** Finish/free events are pending for the next head. */
-  protected get hasEvents(): boolean {
-    return this.flagged > 0;
-  }
-
-  /** This step's finish/free events as columns: views valid until the next call. */
-  protected eventColumns(): { rows: Uint32Array; flags: Uint8Array } {
-    const n = this.eventFlags();
-    const out = this.evOut;
-    if (out.rows.length !== n) {
-      out.rows = this.evRows.subarray(0, n);
-      out.flags = this.evFlags.subarray(0, n);
-    }
-    return out;
   }
 
   /** This step's finish/free events: fills evFlags for the first n entries of evRows; n. */
