@@ -122,7 +122,7 @@ export async function run(args: BenchArgs<typeof flags>): Promise<Record<string,
       const skipped = TENSOR.has(mode) || mode === 'dict' ? heads - r.wave_heads_sent : 0;
       if (skipped === heads) throw new Error(`bench client: the ${mode} engine sent none of its ${heads} heads`);
       // Tensor heads that went inline: the agent had not taken the slot yet (it fell behind), or the step did not fit the ring.
-      row[mode] = { p50_us: round(r.p50_us), p99_us: round(r.p99_us), calls: r.calls, ...(TENSOR.has(mode) ? { ring_heads: r.ring_heads, inline_heads: r.inline_heads } : {}), ...(TENSOR.has(mode) && r.ring_path ? { ring_path: r.ring_path } : {}), ...(skipped > 0 ? { heads_skipped: skipped } : {}), ...(mode === 'off' && r.off_loop_us !== undefined ? { loop_us: round(r.off_loop_us) } : {}) };
+      row[mode] = { p50_us: round(r.p50_us), p99_us: round(r.p99_us), calls: r.calls, ...(TENSOR.has(mode) ? { ring_heads: r.ring_heads, inline_heads: r.inline_heads } : {}), ...(TENSOR.has(mode) && r.ring_path ? { ring_path: r.ring_path } : {}), ...(TENSOR.has(mode) && r.slots ? { slots: r.slots } : {}), ...(skipped > 0 ? { heads_skipped: skipped } : {}), ...(mode === 'off' && r.off_loop_us !== undefined ? { loop_us: round(r.off_loop_us) } : {}) };
     }
     results.push(row);
   }

@@ -174,6 +174,7 @@ def main():
             nat, npy = c.stats.get("ring_native_writes", 0), c.stats.get("ring_numpy_writes", 0)
             if nat or npy:
                 out["ring_path"] = "mixed" if nat and npy else "native" if nat else "numpy"
+            out["slots"] = "native" if batch.native_slots else "python"  # the rows' and events' store (slot_batch.py)
         c.close()
     print(json.dumps(out))
 

@@ -17,6 +17,7 @@ test('bench client --requests 1,16 --steps 5 reports every mode at every size', 
   for (const row of out.results) {
     // The tensor engine twice: the client's native ring writes, and tensor_py with WAVEBUS_PY_NATIVE=0 (numpy's).
     expect([row.tensor.ring_path, row.tensor_py.ring_path]).toEqual(['native', 'numpy']);
+    expect([row.tensor.slots, row.tensor_py.slots]).toEqual(['native', 'python']);
     for (const mode of ['tensor', 'tensor_py', 'dict', 'off', 'none', 'seed']) {
       const m = row[mode];
       expect([mode, Number.isFinite(m.p50_us) && m.p50_us > 0 && m.p99_us >= m.p50_us]).toEqual([mode, true]);

@@ -4,7 +4,8 @@
 // numpy on the same inputs (every dtype an engine holds; columns C does not take go numpy's way),
 // its CRC-32 equals zlib's at every length 0..9000 and alignment, garbage never crashes and never
 // writes outside the slot, WAVEBUS_PY_NATIVE picks the path (a bad value named), and a package
-// without the built module falls back (or, with WAVEBUS_PY_NATIVE=1, says it is missing).
+// without the built module falls back (or, with WAVEBUS_PY_NATIVE=1, says it is missing). The
+// tensor batch's rows and events in C (_native.Slots) answer every call as slot_batch.py's SlotEvents.
 import { spawnSync } from 'child_process';
 import * as fs from 'fs';
 import * as path from 'path';
@@ -68,6 +69,17 @@ test('garbage to the C calls: a ConfigError or the numpy path, never a crash, no
     expect([k, v]).toEqual([k, want]);
   }
   expect(Object.keys(cases).length).toBeGreaterThan(40);
+});
+
+test("the tensor batch's rows and events in C (_native.Slots) answer every call as SlotEvents does: results, error texts, events and head bytes; garbage refused; references released", () => {
+  const r = spawnSync(PYTHON, [path.join(ROOT, 'test', 'python', 'native_slots.py')], { encoding: 'utf8', env: env(), timeout: 110000 });
+  if (r.status !== 0) throw new Error(`native_slots.py exited ${r.status ?? r.signal}: ${r.stderr}`);
+  const { heads_compared, errors_compared, still_one_live, held_more, released_on_free, released_on_dealloc, ...cases } = JSON.parse(r.stdout.trim().split('\n').pop()!);
+  expect(heads_compared).toBe(6000);
+  expect(errors_compared).toBeGreaterThan(500); // the refused calls were compared too, text and all
+  expect({ still_one_live, held_more, released_on_free, released_on_dealloc }).toEqual({ still_one_live: true, held_more: true, released_on_free: true, released_on_dealloc: true });
+  for (const [k, v] of Object.entries(cases)) expect([k, v]).toEqual([k, 'ConfigError']);
+  expect(Object.keys(cases).length).toBeGreaterThan(20);
 });
 
 const PICK = `import os

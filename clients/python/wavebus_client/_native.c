@@ -1,6 +1,6 @@
 /* wavebus_client._native: the Python client's optional C fast path for the per-step shared-memory
- * writes (docs/python-client.md, "The native path"). Plain C against the CPython API, no other
- * dependency. Nothing here knows a layout: every offset and capacity comes from the Python side
+ * writes and the tensor batch's per-step events (Slots, _native_slots.h; docs/python-client.md,
+ * "The native path"). Plain C against the CPython API, no other dependency. Nothing here knows a layout: every offset and capacity comes from the Python side
  * (ring.py and digest.py compute them from proto/layouts.json through shm_layout.py), and every
  * one is checked against the mapping and the slot on every call, so no argument makes a store
  * outside the slot. A bad length or offset raises the package's ConfigError; an array this code
@@ -30,6 +30,14 @@
 
 static PyObject *config_error; /* wavebus_client.errors.ConfigError */
 
+#if PY_VERSION_HEX < 0x030A0000 /* Py_NewRef is 3.10's; the package takes 3.9 */
+static inline PyObject *wb_new_ref(PyObject *o) {
+  Py_INCREF(o);
+  return o;
+}
+#define Py_NewRef(o) wb_new_ref((PyObject *)(o))
+#endif
+
 #include "_native_crc.h"
 #include "_native_cast.h"
 
@@ -53,6 +61,8 @@ static PyObject *bad_argument(const char *where) {
   }
   return NULL;
 }
+
+#include "_native_slots.h"
 
 /* [at, at + len) inside [lo, hi) */
 static int inside(long long at, long long len, long long lo, long long hi) {
@@ -333,8 +343,15 @@ PyMODINIT_FUNC PyInit__native(void) {
   config_error = PyObject_GetAttrString(errors, "ConfigError");
   Py_DECREF(errors);
   if (!config_error) return NULL;
+  if (PyType_Ready(&SlotsType) < 0) return NULL;
   PyObject *m = PyModule_Create(&module);
   if (!m) return NULL;
+  Py_INCREF(&SlotsType);
+  if (PyModule_AddIntConstant(m, "RESEND_PER_STEP", RESEND_PER_STEP) < 0 || PyModule_AddObject(m, "Slots", (PyObject *)&SlotsType) < 0) {
+    Py_DECREF(&SlotsType);
+    Py_DECREF(m);
+    return NULL;
+  }
   PyObject *plan = PyTuple_New(P_COLS), *column = PyTuple_New(C_FIELDS);
   if (!plan || !column) goto fail;
   for (int i = 0; i < P_COLS; i++) PyTuple_SET_ITEM(plan, i, PyUnicode_FromString(plan_names[i]));

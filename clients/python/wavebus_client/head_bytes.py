@@ -30,6 +30,7 @@ _HEAD_WAVE = _tag(pb.WaveHeadRequest, "wave", _VARINT)
 _HEAD_TELEMETRY = _tag(pb.WaveHeadRequest, "telemetry", _LEN)
 _TELE_WAVE = _tag(pb.StepTelemetry, "wave", _VARINT)
 _TELE_COLUMNS = _tag(pb.StepTelemetry, "columns", _LEN)
+TAGS = (_HEAD_WAVE, _HEAD_TELEMETRY, _TELE_WAVE, _TELE_COLUMNS)  # for _native.Slots.head, which writes the same bytes
 _SMALL = [_varint(i) for i in range(128)]  # one byte: 0..127
 _HIGH = [bytes((i | 0x80,)) for i in range(128)]  # a low 7 bits with more to come
 

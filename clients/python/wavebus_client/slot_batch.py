@@ -6,13 +6,18 @@ changes, finishes and frees are sparse events, paid once each; a step passes onl
 (``TensorBatch.wave_head``). The events wait here until the next wave head carries them. Each
 binding and block table is encoded to its wire bytes once, when reported (head_bytes.py): a head
 joins the bytes it carries, re-sends included, and builds no protobuf object.
+
+Two stores keep them, with the same behaviour: SlotEvents here (dictionaries), and with the native
+path NativeSlotEvents (_native.Slots, in C: arrays by row, so the per-step calls touch a few lines
+of memory). arrive() and blocks() check and encode in Python for both (_SlotCalls). The round of
+re-sends goes through the live rows by row in both, so they send the same bytes.
 """
 from itertools import compress, product, repeat, starmap
 from operator import and_, itemgetter
 from typing import Dict, List, Optional, Tuple
 
 from .errors import ConfigError
-from .head_bytes import bind_bytes, blocks_bytes
+from .head_bytes import TAGS, bind_bytes, blocks_bytes, head_bytes
 
 FLAG_FINISHED = 1
 FLAG_FREED = 2
@@ -35,24 +40,9 @@ def _row(row, max_rows: int, where: str) -> int:
     return row
 
 
-class SlotEvents:
-    """Bindings (row -> request), block tables and finish/free flags, with what the next head sends."""
-
-    def __init__(self, max_rows: int):
-        self.max_rows = max_rows
-        self._live: Dict[int, Tuple[str, int]] = {}  # row -> (req_id, prompt_len)
-        self._bind_b: Dict[int, Optional[bytes]] = {}  # row -> its binding's bytes for re-sends (None: not encoded yet)
-        self._tables: Dict[int, Tuple[List[int], bytes]] = {}  # row -> (block ids, their bytes)
-        self._new_bind: Dict[int, bytes] = {}
-        self._new_blocks: Dict[int, bytes] = {}
-        self._flags: Dict[int, int] = {}
-        self._resend_all = False
-        self._cycle: List[int] = []  # the live rows of this round of re-sends, and how far it got
-        self._cycle_at = 0
-
-    @property
-    def live(self) -> int:
-        return len(self._live)
+class _SlotCalls:
+    """arrive() and blocks(): their checks and encoding, once per request or table, in Python for
+    both stores (SlotEvents here, NativeSlotEvents in C); the store's primitives do the rest."""
 
     def arrive(self, row, req_id: str, prompt_len: int = 0, prompt_token_ids=None) -> None:
         """Request ``req_id`` now holds ``row`` (until ``free(row)``)."""
@@ -61,10 +51,10 @@ class SlotEvents:
             raise ConfigError(f"arrive(): req_id must be a non-empty string, got {req_id!r}")
         if isinstance(prompt_len, bool) or not isinstance(prompt_len, int) or not 0 <= prompt_len <= 0xFFFFFFFF:
             raise ConfigError(f"arrive(): prompt_len must be an integer in 0..2^32-1, got {prompt_len!r}")
-        held = self._live.get(row)
+        held = self.holder(row)
         if held is not None:
-            raise ConfigError(f"arrive(): row {row} still holds request {held[0]!r}; free(row) it first")
-        if self._flags.get(row, 0) & FLAG_FREED:
+            raise ConfigError(f"arrive(): row {row} still holds request {held!r}; free(row) it first")
+        if self.row_flags(row) & FLAG_FREED:
             # Its free and this arrival would reach the coordinator in one head, the free last.
             raise ConfigError(f"arrive(): row {row} was freed since the last wave_head; bind it after the next wave_head")
         ids: List[int] = []
@@ -73,24 +63,63 @@ class SlotEvents:
             if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= 0xFFFFFFFF for t in ids):
                 raise ConfigError("arrive(): prompt_token_ids must be integers in 0..2^32-1")
         first = bind_bytes(row, req_id, prompt_len, ids)
-        self._live[row] = (req_id, prompt_len)
-        self._bind_b[row] = None if ids else first  # re-sends go without the prompt's ids
-        self._tables.pop(row, None)
-        self._new_bind[row] = first
+        # The first head carries the prompt's ids; re-sends go without them.
+        self._bind(row, req_id, prompt_len, first, bind_bytes(row, req_id, prompt_len) if ids else first)
 
     def blocks(self, row, block_ids) -> None:
         """``row``'s whole block table, when it changed (sent with the next head)."""
         row = _row(row, self.max_rows, "blocks()")
-        if row not in self._live:
+        if self.holder(row) is None:
             raise ConfigError(f"blocks(): row {row} holds no request (arrive() first)")
         table = block_ids.tolist() if hasattr(block_ids, "tolist") else list(block_ids)
         if not all(isinstance(b, int) and not isinstance(b, bool) and 0 <= b <= 0xFFFFFFFF for b in table):
             raise ConfigError(f"blocks(): block ids of row {row} must be integers in 0..2^32-1")
+        if self.table_ids(row) != table:
+            self._set_table(row, table, blocks_bytes(row, table))
+
+
+class SlotEvents(_SlotCalls):
+    """Bindings (row -> request), block tables and finish/free flags, with what the next head sends."""
+
+    def __init__(self, max_rows: int):
+        self.max_rows = max_rows
+        self._live: Dict[int, Tuple[str, int]] = {}  # row -> (req_id, prompt_len)
+        self._bind_b: Dict[int, bytes] = {}  # row -> its binding's bytes for re-sends
+        self._tables: Dict[int, Tuple[List[int], bytes]] = {}  # row -> (block ids, their bytes)
+        self._new_bind: Dict[int, bytes] = {}
+        self._new_blocks: Dict[int, bytes] = {}
+        self._flags: Dict[int, int] = {}
+        self._resend_all = False
+        self._cycle: List[int] = []  # the live rows of this round of re-sends (by row), and how far it got
+        self._cycle_at = 0
+
+    @property
+    def live(self) -> int:
+        return len(self._live)
+
+    def holder(self, row) -> Optional[str]:
+        """``row``'s request id, or None."""
+        held = self._live.get(row)
+        return held[0] if held is not None else None
+
+    def row_flags(self, row) -> int:
+        """``row``'s finish/free flags since the last head."""
+        return self._flags.get(row, 0)
+
+    def table_ids(self, row) -> Optional[List[int]]:
+        """``row``'s block ids, or None."""
         held = self._tables.get(row)
-        if held is None or held[0] != table:
-            b = blocks_bytes(row, table)
-            self._tables[row] = (table, b)
-            self._new_blocks[row] = b
+        return held[0] if held is not None else None
+
+    def _bind(self, row: int, req_id: str, prompt_len: int, first: bytes, resend: bytes) -> None:
+        self._live[row] = (req_id, prompt_len)
+        self._bind_b[row] = resend
+        self._tables.pop(row, None)
+        self._new_bind[row] = first
+
+    def _set_table(self, row: int, table: List[int], b: bytes) -> None:
+        self._tables[row] = (table, b)
+        self._new_blocks[row] = b
 
     def finish(self, row) -> None:
         """``row``'s request finished in the step the next head reports."""
@@ -127,12 +156,14 @@ class SlotEvents:
         """(rows, flags) of this step's finish/free events, as lists (few)."""
         return list(self._flags.keys()), list(self._flags.values())
 
-    def _resend_bytes(self, row: int) -> bytes:
-        b = self._bind_b.get(row)
-        if b is None:
-            req, plen = self._live[row]
-            b = self._bind_b[row] = bind_bytes(row, req, plen)
-        return b
+    def new_bytes(self) -> bytes:
+        """The bytes of the bindings and tables new since the last head (not the re-sends), left pending."""
+        return b"".join(self._new_bind.values()) + b"".join(self._new_blocks.values())
+
+    def head(self, wave: int, tele_wave: int, non_finite: bytes = b"") -> bytes:
+        """The head's bytes with what it carries of this batch (head_bytes.py): takes the pending
+        bindings and tables as sparse_bytes() does."""
+        return head_bytes(wave, tele_wave, self.sparse_bytes(), non_finite)
 
     def sparse_bytes(self) -> bytes:
         """TelemetryColumns' wire bytes of the pending bindings and tables (new ones, a few
@@ -142,8 +173,8 @@ class SlotEvents:
         rows = self._cycle[at:at + RESEND_PER_STEP]
         if self._resend_all or len(rows) < RESEND_PER_STEP:
             return self._sparse_slow()
-        # The usual step: a full slice of the round, every row of it still live with its binding
-        # encoded (a freed row has no bytes: None) and none of them new this step.
+        # The usual step: a full slice of the round, every row of it still live (a freed row has no
+        # bytes: None) and none of them new this step.
         out = list(map(self._bind_b.get, rows))
         if None in out or not (new_bind.keys() | new_blocks.keys()).isdisjoint(rows):
             return self._sparse_slow()
@@ -162,14 +193,14 @@ class SlotEvents:
         blocks: List[bytes] = []
         if self._resend_all:
             self._resend_all = False
-            binds = [self._resend_bytes(row) for row in self._live if row not in new_bind]
-            tables = {row: t[1] for row, t in self._tables.items()}
+            bind_b = self._bind_b
+            binds = [bind_b[row] for row in sorted(self._live) if row not in new_bind]
+            tables = {row: self._tables[row][1] for row in sorted(self._tables)}
         else:
             live, bind_b, held = self._live, self._bind_b, self._tables
             for row in self._resend_rows():
                 if row in live and row not in new_bind:
-                    b = bind_b.get(row)
-                    binds.append(b if b is not None else self._resend_bytes(row))
+                    binds.append(bind_b[row])
                     t = held.get(row)
                     if t is not None and row not in tables:
                         blocks.append(t[1])
@@ -198,7 +229,7 @@ class SlotEvents:
         out = self._cycle[at:at + RESEND_PER_STEP]
         at += len(out)
         if len(out) < RESEND_PER_STEP:
-            self._cycle = list(self._live)  # once per round through the live rows
+            self._cycle = sorted(self._live)  # once per round through the live rows, by row (as in C)
             need = RESEND_PER_STEP - len(out)
             more = self._cycle[:need]
             out += more
@@ -207,3 +238,33 @@ class SlotEvents:
                 at = 0
         self._cycle_at = at
         return out
+
+
+def _held_row(s, row, where: str, need_live: int) -> int:
+    """NativeSlotEvents' slow path for a row that is not a live int in range: the row, or the same
+    ConfigError as SlotEvents raises."""
+    row = _row(row, s.max_rows, where)
+    if need_live and s.holder(row) is None:
+        raise ConfigError(f"{where}: row {row} holds no request")
+    return row
+
+
+_native_classes = {}  # the _native module -> its NativeSlotEvents
+
+
+def native_slot_events(mod):
+    """SlotEvents with its state and per-step calls in C (``mod.Slots``, _native_slots.h): the
+    same behaviour (test/python-native.test.ts compares them call by call), fewer lines of memory
+    touched per step. A class, so that TensorBatch's methods sit on top of either store."""
+    cls = _native_classes.get(mod)
+    if cls is None:
+        if mod.RESEND_PER_STEP != RESEND_PER_STEP:  # a module built from other sources
+            raise ConfigError(f"wavebus_client._native re-sends {mod.RESEND_PER_STEP} rows a step, this package {RESEND_PER_STEP}: rebuild it (docs/python-client.md)")
+        class NativeSlotEvents(_SlotCalls, mod.Slots):
+            __doc__ = SlotEvents.__doc__ + " In C."
+
+            def __init__(self, max_rows: int):
+                mod.Slots.__init__(self, max_rows, TAGS, _held_row)
+
+        cls = _native_classes[mod] = NativeSlotEvents
+    return cls

@@ -12,9 +12,8 @@ from typing import Optional
 from . import mailbox as mb
 from . import wavebus_pb2 as pb
 from .errors import ConfigError
-from .head_bytes import head_bytes
 from .ring import ARRAY_ORDER, BIT, ring_sizes
-from .slot_batch import SlotEvents
+from .slot_batch import SlotEvents, native_slot_events
 from .telemetry import _nonfinite_list, nonfinite_row_proto
 from .wave_head import _MAX_U64
 
@@ -64,8 +63,19 @@ def _host2d(x, where: str):
     return x
 
 
-class TensorBatch(SlotEvents):
-    """``Client.tensor_batch()``: the engine's rows, their sparse events, and the per-step head."""
+class TensorBatch:
+    """``Client.tensor_batch()``: the engine's rows, their sparse events, and the per-step head.
+    The rows and events are kept by a slot store below it in the class order: SlotEvents, or its
+    C twin when the native path is on (native.py; ``native_slots`` says which)."""
+
+    native_slots = False
+
+    def __new__(cls, *args, **kwargs):
+        if cls is TensorBatch:  # the concrete class on the store the native path picks (native.py)
+            from . import native
+
+            cls = _batch_class(native.load())
+        return super().__new__(cls)
 
     def __init__(self, client, max_rows: int, max_tokens: Optional[int] = None, max_events: Optional[int] = None, vocab: int = 0):
         global _ndarray
@@ -141,8 +151,7 @@ class TensorBatch(SlotEvents):
             present |= _B_SPEC
         if self._bt is not None:
             self._diff_block_table()
-        flags = self._flags  # this step's finish/free events (few), as lists
-        ev_rows, ev_flags = list(flags), list(flags.values())
+        ev_rows, ev_flags = self.event_columns()  # this step's finish/free events (few), as lists
         epoch = box.epoch
         if epoch != self._epoch:  # a new coordinator knows no bindings
             self._epoch = epoch
@@ -152,7 +161,7 @@ class TensorBatch(SlotEvents):
             rows_nf = _nonfinite_list(non_finite, "wave_head(): non_finite")
             nf = pb.StepTelemetry(non_finite=[nonfinite_row_proto(x, f"wave_head(): non_finite[{i}]") for i, x in enumerate(rows_nf)]).SerializeToString()
         # The head's sparse part, joined from the bytes each event was encoded to once (head_bytes.py).
-        extra = head_bytes(wave, wave - 1 if wave > 0 else 0, self.sparse_bytes(), nf)
+        extra = self.head(wave, wave - 1 if wave > 0 else 0, nf)
         ring = c._ring
         if (self._fence == 0 and ring is self._fence_ring and ring is not None and ring.room(n, tokens, len(ev_rows))
                 and len(extra) <= ring.max_extra):
@@ -161,7 +170,7 @@ class TensorBatch(SlotEvents):
             ring.write(wave, present, arrays, n, tokens, ev_rows, ev_flags, extra)
             self.stats["ring_heads"] += 1
             c.stats["wave_head_sent"] += 1
-            if flags:
+            if ev_rows:
                 self.sent()
             return True
         if ring is None:
@@ -179,7 +188,7 @@ class TensorBatch(SlotEvents):
                 ring.write(wave, present, arrays, n, tokens, ev_rows, ev_flags, extra)
                 self.stats["ring_heads"] += 1
                 c.stats["wave_head_sent"] += 1
-                if flags:
+                if ev_rows:
                     self.sent()
                 return True
             # The sparse part is large, or a message head is pending: a message names the slot.
@@ -237,9 +246,8 @@ class TensorBatch(SlotEvents):
             changed |= (t[:, :width] != seen_t[:, :width]).any(axis=1)
         seen_t[:, :width] = t[:, :width]
         seen_n[:] = counts
-        live = self._live
         for r in np.flatnonzero(changed).tolist():
-            if r not in live:
+            if self.holder(r) is None:
                 continue
             k = int(counts[r])
             try:
@@ -258,9 +266,7 @@ class TensorBatch(SlotEvents):
         if type(wave) is not int or not 0 <= wave <= _MAX_U64:
             return False
         self._client._head_wave = wave
-        if self._flags:
-            self.sent()  # as reset(): frees take effect, the finishes go unseen
-        self._resend_all = True
+        self.reset()  # frees take effect, the finishes go unseen
         return True
 
     def reset(self) -> None:
@@ -275,6 +281,22 @@ class TensorBatch(SlotEvents):
         if a.shape[0] != n:
             raise ConfigError(f"wave_head(): {name} has {a.shape[0]} entries for {n} rows")
         return a
+
+
+class PyTensorBatch(TensorBatch, SlotEvents):
+    """TensorBatch on SlotEvents (no native path)."""
+
+
+_batch_classes = {None: PyTensorBatch}
+
+
+def _batch_class(mod):
+    """The TensorBatch for a _native module (None: the Python store)."""
+    cls = _batch_classes.get(mod)
+    if cls is None:
+        cls = _batch_classes[mod] = type("NativeTensorBatch", (TensorBatch, native_slot_events(mod)),
+                                         {"__doc__": "TensorBatch on NativeSlotEvents (the native path).", "native_slots": True})
+    return cls
 
 
 class TensorHeadMixin:

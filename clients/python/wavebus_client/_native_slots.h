@@ -1,0 +1,421 @@
+/* _native.Slots: SlotEvents' state and per-step calls in C (slot_batch.py has the same behaviour in
+ * Python and the rules in its docstrings; test/python-native.test.ts runs both on the same random
+ * calls and compares every head's bytes and every event list). Included by _native.c.
+ *
+ * Why: right after the engine's forward the step runs with cold caches, and what it pays is the
+ * memory it touches. Here a row's binding, table and flags sit in arrays by row, a step's events
+ * and the new bindings and tables in short row lists, and a head's sparse part is written into one
+ * bytes object: no dictionary, tuple or intermediate list per step.
+ *
+ * The checks and the encoding of each binding and table stay in Python (arrive, blocks: once per
+ * request or table); what reaches _bind and _set_table is already encoded. Rows are checked
+ * against max_rows on every call, whatever the caller; a row that is not an int in range, or holds
+ * no request, goes to the `held` callable given at construction, which returns the row or raises
+ * the Python side's own ConfigError. */
+
+enum { F_FINISHED = 1, F_FREED = 2, M_NEW_BIND = 1, M_NEW_BLOCKS = 2, RESEND_PER_STEP = 4 };
+
+typedef struct {
+  PyObject_HEAD
+  Py_ssize_t max_rows, live;
+  PyObject **req;     /* row -> its request id (str), NULL: free */
+  PyObject **bind_b;  /* row -> its binding's bytes for re-sends */
+  PyObject **first;   /* row -> its new binding's bytes, while M_NEW_BIND */
+  PyObject **tbl_ids; /* row -> its block ids (list), NULL: no table */
+  PyObject **tbl_b;   /* row -> their bytes */
+  uint32_t *plen;
+  uint8_t *flags, *mark;
+  int32_t *ev, *nb, *nk, *cycle; /* events, new bindings, new tables: rows in call order; the round of re-sends */
+  Py_ssize_t n_ev, n_nb, n_nk, n_cycle, cycle_at;
+  int resend_all;
+  PyObject *held, *tags[4]; /* tags: WaveHeadRequest.wave, .telemetry, StepTelemetry.wave, .columns */
+} Slots;
+
+static void slots_clear(Slots *s) {
+  for (Py_ssize_t r = 0; s->req && r < s->max_rows; r++) {
+    Py_CLEAR(s->req[r]);
+    Py_CLEAR(s->bind_b[r]);
+    Py_CLEAR(s->first[r]);
+    Py_CLEAR(s->tbl_ids[r]);
+    Py_CLEAR(s->tbl_b[r]);
+  }
+  PyMem_Free(s->req);
+  s->req = s->bind_b = s->first = s->tbl_ids = s->tbl_b = NULL;
+  PyMem_Free(s->plen);
+  s->plen = NULL;
+  PyMem_Free(s->flags);
+  s->flags = s->mark = NULL;
+  PyMem_Free(s->ev);
+  s->ev = s->nb = s->nk = s->cycle = NULL;
+  Py_CLEAR(s->held);
+  for (int i = 0; i < 4; i++) Py_CLEAR(s->tags[i]);
+  s->max_rows = s->live = s->n_ev = s->n_nb = s->n_nk = s->n_cycle = s->cycle_at = 0;
+}
+
+static void slots_dealloc(Slots *s) {
+  slots_clear(s);
+  Py_TYPE(s)->tp_free((PyObject *)s);
+}
+
+/* Slots(max_rows, tags, held) */
+static int slots_init(Slots *s, PyObject *args, PyObject *kw) {
+  Py_ssize_t rows;
+  PyObject *tags, *held;
+  if (!PyArg_ParseTuple(args, "nO!O:Slots", &rows, &PyTuple_Type, &tags, &held)) return -1;
+  if (rows < 1 || rows > (1 << 24)) return bad("Slots(): max_rows must be in 1..2^24, got %zd", rows), -1;
+  if (PyTuple_GET_SIZE(tags) != 4) return bad("Slots(): 4 field tags, got %zd", PyTuple_GET_SIZE(tags)), -1;
+  for (int i = 0; i < 4; i++)
+    if (!PyBytes_Check(PyTuple_GET_ITEM(tags, i)) || PyBytes_GET_SIZE(PyTuple_GET_ITEM(tags, i)) > 5) return bad("Slots(): tag %d is not a field tag's bytes", i), -1;
+  if (!PyCallable_Check(held)) return bad("Slots(): held must be callable"), -1;
+  slots_clear(s);
+  s->req = PyMem_Calloc((size_t)rows * 5, sizeof(PyObject *));
+  s->plen = PyMem_Calloc((size_t)rows, sizeof(uint32_t));
+  s->flags = PyMem_Calloc((size_t)rows * 2, 1);
+  s->ev = PyMem_Calloc((size_t)rows * 4, sizeof(int32_t));
+  if (!s->req || !s->plen || !s->flags || !s->ev) {
+    PyMem_Free(s->req), PyMem_Free(s->plen), PyMem_Free(s->flags), PyMem_Free(s->ev);
+    s->req = NULL, s->plen = NULL, s->flags = NULL, s->ev = NULL;
+    PyErr_NoMemory();
+    return -1;
+  }
+  s->bind_b = s->req + rows, s->first = s->req + 2 * rows, s->tbl_ids = s->req + 3 * rows, s->tbl_b = s->req + 4 * rows;
+  s->mark = s->flags + rows;
+  s->nb = s->ev + rows, s->nk = s->ev + 2 * rows, s->cycle = s->ev + 3 * rows;
+  s->max_rows = rows;
+  for (int i = 0; i < 4; i++) s->tags[i] = Py_NewRef(PyTuple_GET_ITEM(tags, i));
+  s->held = Py_NewRef(held);
+  return 0;
+}
+
+/* The row of a call: a live row's int at once, anything else through held(self, row, where). -1: raised. */
+static Py_ssize_t slots_row(Slots *s, PyObject *row, const char *where, int need_live) {
+  if (PyLong_CheckExact(row)) {
+    Py_ssize_t r = PyLong_AsSsize_t(row);
+    if (r >= 0 && r < s->max_rows && (!need_live || s->req[r])) return r;
+    PyErr_Clear();
+  }
+  if (!s->req) return bad("%s: Slots not initialised", where), -1;
+  PyObject *got = PyObject_CallFunction(s->held, "OOsi", (PyObject *)s, row, where, need_live);
+  if (!got) return -1;
+  Py_ssize_t r = PyLong_Check(got) ? PyLong_AsSsize_t(got) : -1;
+  Py_DECREF(got);
+  if (r < 0 || r >= s->max_rows || (need_live && !s->req[r])) {
+    if (!PyErr_Occurred()) bad("%s: row %R is not a live row", where, row);
+    return -1;
+  }
+  return r;
+}
+
+static PyObject *slots_event(Slots *s, PyObject *row, uint8_t flag, const char *where) {
+  Py_ssize_t r = slots_row(s, row, where, 1);
+  if (r < 0) return NULL;
+  if (!s->flags[r]) s->ev[s->n_ev++] = (int32_t)r;
+  s->flags[r] |= flag;
+  Py_RETURN_NONE;
+}
+
+static PyObject *slots_finish(Slots *s, PyObject *row) { return slots_event(s, row, F_FINISHED, "finish()"); }
+static PyObject *slots_free(Slots *s, PyObject *row) { return slots_event(s, row, F_FREED, "free()"); }
+
+/* _bind(row, req_id, prompt_len, first, resend): arrive()'s store, after its checks (slot_batch.py). */
+static PyObject *slots_bind(Slots *s, PyObject *const *a, Py_ssize_t n) {
+  if (n != 5 || !PyUnicode_Check(a[1]) || !PyBytes_Check(a[3]) || !PyBytes_Check(a[4])) return bad("_bind(): row, req_id, prompt_len, first, resend");
+  Py_ssize_t r = slots_row(s, a[0], "arrive()", 0);
+  unsigned long plen = PyLong_AsUnsignedLong(a[2]);
+  if (r < 0 || PyErr_Occurred()) return r < 0 ? NULL : bad_argument("arrive(): prompt_len");
+  if (s->req[r] || s->flags[r] & F_FREED || plen > 0xFFFFFFFFul) return bad("_bind(): row %zd is live, freed since the last head, or prompt_len %lu too large", r, plen);
+  s->req[r] = Py_NewRef(a[1]);
+  s->plen[r] = (uint32_t)plen;
+  Py_XSETREF(s->bind_b[r], Py_NewRef(a[4]));
+  Py_XSETREF(s->first[r], Py_NewRef(a[3]));
+  Py_CLEAR(s->tbl_ids[r]);
+  Py_CLEAR(s->tbl_b[r]);
+  if (!(s->mark[r] & M_NEW_BIND)) s->nb[s->n_nb++] = (int32_t)r;
+  s->mark[r] |= M_NEW_BIND;
+  s->live++;
+  Py_RETURN_NONE;
+}
+
+/* _set_table(row, ids, bytes): blocks()'s store, after its checks and comparison. */
+static PyObject *slots_set_table(Slots *s, PyObject *const *a, Py_ssize_t n) {
+  if (n != 3 || !PyList_Check(a[1]) || !PyBytes_Check(a[2])) return bad("_set_table(): row, ids (a list), bytes");
+  Py_ssize_t r = slots_row(s, a[0], "blocks()", 1);
+  if (r < 0) return NULL;
+  Py_XSETREF(s->tbl_ids[r], Py_NewRef(a[1]));
+  Py_XSETREF(s->tbl_b[r], Py_NewRef(a[2]));
+  if (!(s->mark[r] & M_NEW_BLOCKS)) s->nk[s->n_nk++] = (int32_t)r;
+  s->mark[r] |= M_NEW_BLOCKS;
+  Py_RETURN_NONE;
+}
+
+static PyObject *row_or_none(PyObject **col, Slots *s, PyObject *row) {
+  Py_ssize_t r = PyLong_CheckExact(row) ? PyLong_AsSsize_t(row) : -1;
+  if (r < 0 || r >= s->max_rows || !col || !col[r]) {
+    PyErr_Clear();
+    Py_RETURN_NONE;
+  }
+  return Py_NewRef(col[r]);
+}
+
+/* holder(row): its request id, or None; table_ids(row): its block ids, or None. */
+static PyObject *slots_holder(Slots *s, PyObject *row) { return row_or_none(s->req, s, row); }
+static PyObject *slots_table_ids(Slots *s, PyObject *row) { return row_or_none(s->tbl_ids, s, row); }
+
+static PyObject *slots_row_flags(Slots *s, PyObject *row) {
+  Py_ssize_t r = PyLong_CheckExact(row) ? PyLong_AsSsize_t(row) : -1;
+  if (r < 0 || r >= s->max_rows || !s->flags) {
+    PyErr_Clear();
+    return PyLong_FromLong(0);
+  }
+  return PyLong_FromLong(s->flags[r]);
+}
+
+/* sent(): frees take effect, events dropped (slot_batch.py SlotEvents.sent). */
+static PyObject *slots_sent(Slots *s, PyObject *unused) {
+  int freed = 0;
+  for (Py_ssize_t i = 0; i < s->n_ev; i++) {
+    int32_t r = s->ev[i];
+    if (s->flags[r] & F_FREED) {
+      freed = 1;
+      if (s->req[r]) s->live--;
+      Py_CLEAR(s->req[r]);
+      Py_CLEAR(s->bind_b[r]);
+      Py_CLEAR(s->first[r]);
+      Py_CLEAR(s->tbl_ids[r]);
+      Py_CLEAR(s->tbl_b[r]);
+      s->mark[r] = 0;
+    }
+    s->flags[r] = 0;
+  }
+  s->n_ev = 0;
+  if (freed) { /* the new ones of freed rows leave their lists (never sent: a freed row's binding must not go later) */
+    Py_ssize_t k = 0;
+    for (Py_ssize_t i = 0; i < s->n_nb; i++)
+      if (s->mark[s->nb[i]] & M_NEW_BIND) s->nb[k++] = s->nb[i];
+    s->n_nb = k, k = 0;
+    for (Py_ssize_t i = 0; i < s->n_nk; i++)
+      if (s->mark[s->nk[i]] & M_NEW_BLOCKS) s->nk[k++] = s->nk[i];
+    s->n_nk = k;
+  }
+  Py_RETURN_NONE;
+}
+
+static PyObject *slots_resend_all(Slots *s, PyObject *unused) {
+  s->resend_all = 1;
+  Py_RETURN_NONE;
+}
+
+static PyObject *slots_pending_events(Slots *s, PyObject *unused) { return PyLong_FromSsize_t(s->n_ev); }
+
+/* event_columns(): (rows, flags) of this step's finish/free events, as lists. */
+static PyObject *slots_event_columns(Slots *s, PyObject *unused) {
+  PyObject *rows = PyList_New(s->n_ev), *flags = PyList_New(s->n_ev);
+  if (!rows || !flags) goto fail;
+  for (Py_ssize_t i = 0; i < s->n_ev; i++) {
+    PyObject *r = PyLong_FromLong(s->ev[i]), *f = PyLong_FromLong(s->flags[s->ev[i]]);
+    if (!r || !f) {
+      Py_XDECREF(r), Py_XDECREF(f);
+      goto fail;
+    }
+    PyList_SET_ITEM(rows, i, r);
+    PyList_SET_ITEM(flags, i, f);
+  }
+  return Py_BuildValue("(NN)", rows, flags);
+fail:
+  Py_XDECREF(rows), Py_XDECREF(flags);
+  return NULL;
+}
+
+/* The pieces a head's sparse part joins, in order (borrowed references: none is released before the join). */
+typedef struct {
+  PyObject **p;
+  Py_ssize_t n, cap, len;
+} Pieces;
+
+static int put(Pieces *q, PyObject *b) {
+  if (q->n == q->cap) {
+    Py_ssize_t cap = q->cap ? 2 * q->cap : 64;
+    PyObject **p = PyMem_Realloc(q->p, (size_t)cap * sizeof(PyObject *));
+    if (!p) return PyErr_NoMemory(), -1;
+    q->p = p, q->cap = cap;
+  }
+  q->p[q->n++] = b;
+  q->len += PyBytes_GET_SIZE(b);
+  return 0;
+}
+
+/* The next RESEND_PER_STEP rows of the round, into out; a new round (the live rows, by row) when it ends. */
+static Py_ssize_t resend_rows(Slots *s, int32_t *out) {
+  Py_ssize_t k = 0, at = s->cycle_at;
+  while (k < RESEND_PER_STEP && at < s->n_cycle) out[k++] = s->cycle[at++];
+  if (k < RESEND_PER_STEP) {
+    s->n_cycle = 0;
+    for (Py_ssize_t r = 0; r < s->max_rows; r++)
+      if (s->req[r]) s->cycle[s->n_cycle++] = (int32_t)r;
+    Py_ssize_t need = RESEND_PER_STEP - k, more = need < s->n_cycle ? need : s->n_cycle;
+    for (Py_ssize_t i = 0; i < more; i++) out[k++] = s->cycle[i];
+    at = more < need ? 0 : more; /* fewer live rows than a step re-sends: the next step starts a round again */
+  }
+  s->cycle_at = at;
+  return k;
+}
+
+/* SlotEvents.sparse_bytes' selection, as pieces (see there for the rules). */
+static int sparse_pieces(Slots *s, Pieces *q) {
+  if (s->resend_all) {
+    s->resend_all = 0;
+    for (Py_ssize_t r = 0; r < s->max_rows; r++)
+      if (s->req[r] && !(s->mark[r] & M_NEW_BIND) && put(q, s->bind_b[r]) < 0) return -1;
+    for (Py_ssize_t i = 0; i < s->n_nb; i++)
+      if (put(q, s->first[s->nb[i]]) < 0) return -1;
+    for (Py_ssize_t r = 0; r < s->max_rows; r++)
+      if (s->tbl_b[r] && put(q, s->tbl_b[r]) < 0) return -1;
+    return 0;
+  }
+  int32_t rows[RESEND_PER_STEP];
+  Py_ssize_t k = resend_rows(s, rows);
+  for (Py_ssize_t i = 0; i < k; i++)
+    if (s->req[rows[i]] && !(s->mark[rows[i]] & M_NEW_BIND) && put(q, s->bind_b[rows[i]]) < 0) return -1;
+  for (Py_ssize_t i = 0; i < s->n_nb; i++)
+    if (put(q, s->first[s->nb[i]]) < 0) return -1;
+  for (Py_ssize_t i = 0; i < k; i++) {
+    int32_t r = rows[i];
+    if (s->req[r] && !(s->mark[r] & M_NEW_BIND) && s->tbl_b[r] && !(s->mark[r] & M_NEW_BLOCKS) && put(q, s->tbl_b[r]) < 0) return -1;
+  }
+  for (Py_ssize_t i = 0; i < s->n_nk; i++)
+    if (put(q, s->tbl_b[s->nk[i]]) < 0) return -1;
+  return 0;
+}
+
+/* After a head took the new ones: the lists empty (the pieces are already joined). */
+static void sparse_taken(Slots *s) {
+  for (Py_ssize_t i = 0; i < s->n_nb; i++) {
+    s->mark[s->nb[i]] &= ~M_NEW_BIND;
+    Py_CLEAR(s->first[s->nb[i]]);
+  }
+  for (Py_ssize_t i = 0; i < s->n_nk; i++) s->mark[s->nk[i]] &= ~M_NEW_BLOCKS;
+  s->n_nb = s->n_nk = 0;
+}
+
+static size_t uv_len(unsigned long long v) {
+  size_t n = 1;
+  while (v > 0x7F) v >>= 7, n++;
+  return n;
+}
+
+static char *uv_put(char *o, unsigned long long v) {
+  while (v > 0x7F) *o++ = (char)((v & 0x7F) | 0x80), v >>= 7;
+  *o++ = (char)v;
+  return o;
+}
+
+static char *bytes_put(char *o, PyObject *b) {
+  memcpy(o, PyBytes_AS_STRING(b), (size_t)PyBytes_GET_SIZE(b));
+  return o + PyBytes_GET_SIZE(b);
+}
+
+/* head(wave, tele_wave, non_finite) -> head_bytes(wave, tele_wave, sparse_bytes(), non_finite), in
+ * one bytes object (head_bytes.py says what the fields are; zero and empty ones are left out). */
+static PyObject *slots_head(Slots *s, PyObject *const *a, Py_ssize_t n) {
+  if (n != 3 || !PyBytes_Check(a[2])) return bad("head(): wave, tele_wave, non_finite (bytes)");
+  unsigned long long wave = PyLong_AsUnsignedLongLong(a[0]), tele = PyLong_AsUnsignedLongLong(a[1]);
+  if (PyErr_Occurred()) return bad_argument("head(): wave");
+  if (!s->req) return bad("head(): Slots not initialised");
+  Pieces q = {0};
+  if (sparse_pieces(s, &q) < 0) {
+    PyMem_Free(q.p);
+    return NULL;
+  }
+  PyObject *hw = s->tags[0], *ht = s->tags[1], *tw = s->tags[2], *tc = s->tags[3], *nf = a[2];
+  Py_ssize_t cols = q.len;
+  Py_ssize_t lead = (tele ? PyBytes_GET_SIZE(tw) + (Py_ssize_t)uv_len(tele) : 0) + PyBytes_GET_SIZE(nf) + (cols ? PyBytes_GET_SIZE(tc) + (Py_ssize_t)uv_len((unsigned long long)cols) : 0);
+  Py_ssize_t tel = lead + cols;
+  Py_ssize_t total = (wave ? PyBytes_GET_SIZE(hw) + (Py_ssize_t)uv_len(wave) : 0) + PyBytes_GET_SIZE(ht) + (Py_ssize_t)uv_len((unsigned long long)tel) + tel;
+  PyObject *out = PyBytes_FromStringAndSize(NULL, total);
+  if (!out) {
+    PyMem_Free(q.p);
+    return NULL;
+  }
+  char *o = PyBytes_AS_STRING(out);
+  if (wave) o = uv_put(bytes_put(o, hw), wave);
+  o = uv_put(bytes_put(o, ht), (unsigned long long)tel);
+  if (tele) o = uv_put(bytes_put(o, tw), tele);
+  o = bytes_put(o, nf);
+  if (cols) o = uv_put(bytes_put(o, tc), (unsigned long long)cols);
+  for (Py_ssize_t i = 0; i < q.n; i++) o = bytes_put(o, q.p[i]);
+  PyMem_Free(q.p);
+  sparse_taken(s);
+  return out;
+}
+
+/* sparse_bytes(): TelemetryColumns' wire bytes of what the next head carries (tests and the inline path). */
+static PyObject *slots_sparse_bytes(Slots *s, PyObject *unused) {
+  if (!s->req) return bad("sparse_bytes(): Slots not initialised");
+  Pieces q = {0};
+  if (sparse_pieces(s, &q) < 0) {
+    PyMem_Free(q.p);
+    return NULL;
+  }
+  PyObject *out = PyBytes_FromStringAndSize(NULL, q.len);
+  if (out) {
+    char *o = PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < q.n; i++) o = bytes_put(o, q.p[i]);
+    sparse_taken(s);
+  }
+  PyMem_Free(q.p);
+  return out;
+}
+
+/* new_bytes(): the new bindings' and tables' bytes (not the re-sends), left pending. */
+static PyObject *slots_new_bytes(Slots *s, PyObject *unused) {
+  Pieces q = {0};
+  int ok = 0;
+  for (Py_ssize_t i = 0; i < s->n_nb && (ok = put(&q, s->first[s->nb[i]])) == 0; i++) {}
+  for (Py_ssize_t i = 0; ok == 0 && i < s->n_nk && (ok = put(&q, s->tbl_b[s->nk[i]])) == 0; i++) {}
+  PyObject *out = ok < 0 ? NULL : PyBytes_FromStringAndSize(NULL, q.len);
+  if (out) {
+    char *o = PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < q.n; i++) o = bytes_put(o, q.p[i]);
+  }
+  PyMem_Free(q.p);
+  return out;
+}
+
+static PyObject *slots_get_live(Slots *s, void *unused) { return PyLong_FromSsize_t(s->live); }
+static PyObject *slots_get_max_rows(Slots *s, void *unused) { return PyLong_FromSsize_t(s->max_rows); }
+
+static PyMethodDef slots_methods[] = {
+  {"finish", (PyCFunction)slots_finish, METH_O, "row's request finished in the step the next head reports."},
+  {"free", (PyCFunction)slots_free, METH_O, "row's blocks were given back: its binding ends with the next head."},
+  {"sent", (PyCFunction)slots_sent, METH_NOARGS, "The head went out: frees take effect."},
+  {"resend_all", (PyCFunction)slots_resend_all, METH_NOARGS, "The next head carries every live binding and table."},
+  {"pending_events", (PyCFunction)slots_pending_events, METH_NOARGS, "This step's finish/free events, counted."},
+  {"event_columns", (PyCFunction)slots_event_columns, METH_NOARGS, "(rows, flags) of this step's finish/free events."},
+  {"sparse_bytes", (PyCFunction)slots_sparse_bytes, METH_NOARGS, "TelemetryColumns' bytes of the pending bindings and tables."},
+  {"head", (PyCFunction)(void (*)(void))slots_head, METH_FASTCALL, "head_bytes(wave, tele_wave, sparse_bytes(), non_finite) in one bytes object."},
+  {"new_bytes", (PyCFunction)slots_new_bytes, METH_NOARGS, "The new bindings' and tables' bytes, left pending."},
+  {"holder", (PyCFunction)slots_holder, METH_O, "row's request id, or None."},
+  {"table_ids", (PyCFunction)slots_table_ids, METH_O, "row's block ids, or None."},
+  {"row_flags", (PyCFunction)slots_row_flags, METH_O, "row's finish/free flags since the last head."},
+  {"_bind", (PyCFunction)(void (*)(void))slots_bind, METH_FASTCALL, "arrive()'s store, after its checks."},
+  {"_set_table", (PyCFunction)(void (*)(void))slots_set_table, METH_FASTCALL, "blocks()'s store, after its checks."},
+  {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef slots_getset[] = {
+  {"live", (getter)slots_get_live, NULL, "rows holding a request", NULL},
+  {"max_rows", (getter)slots_get_max_rows, NULL, "the batch's rows", NULL},
+  {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject SlotsType = {
+  PyVarObject_HEAD_INIT(NULL, 0).tp_name = "wavebus_client._native.Slots",
+  .tp_basicsize = sizeof(Slots),
+  .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+  .tp_doc = "SlotEvents' state and per-step calls in C (slot_batch.py NativeSlotEvents).",
+  .tp_new = PyType_GenericNew,
+  .tp_init = (initproc)slots_init,
+  .tp_dealloc = (destructor)slots_dealloc,
+  .tp_methods = slots_methods,
+  .tp_getset = slots_getset,
+};
