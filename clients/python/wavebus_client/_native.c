@@ -62,6 +62,7 @@ static PyObject *bad_argument(const char *where) {
   return NULL;
 }
 
+#include "_native_bytes.h"
 #include "_native_slots.h"
 
 /* [at, at + len) inside [lo, hi) */

@@ -226,24 +226,6 @@ fail:
   return NULL;
 }
 
-/* The pieces a head's sparse part joins, in order (borrowed references: none is released before the join). */
-typedef struct {
-  PyObject **p;
-  Py_ssize_t n, cap, len;
-} Pieces;
-
-static int put(Pieces *q, PyObject *b) {
-  if (q->n == q->cap) {
-    Py_ssize_t cap = q->cap ? 2 * q->cap : 64;
-    PyObject **p = PyMem_Realloc(q->p, (size_t)cap * sizeof(PyObject *));
-    if (!p) return PyErr_NoMemory(), -1;
-    q->p = p, q->cap = cap;
-  }
-  q->p[q->n++] = b;
-  q->len += PyBytes_GET_SIZE(b);
-  return 0;
-}
-
 /* The next RESEND_PER_STEP rows of the round, into out; a new round (the live rows, by row) when it ends. */
 static Py_ssize_t resend_rows(Slots *s, int32_t *out) {
   Py_ssize_t k = 0, at = s->cycle_at;
@@ -295,23 +277,6 @@ static void sparse_taken(Slots *s) {
   }
   for (Py_ssize_t i = 0; i < s->n_nk; i++) s->mark[s->nk[i]] &= ~M_NEW_BLOCKS;
   s->n_nb = s->n_nk = 0;
-}
-
-static size_t uv_len(unsigned long long v) {
-  size_t n = 1;
-  while (v > 0x7F) v >>= 7, n++;
-  return n;
-}
-
-static char *uv_put(char *o, unsigned long long v) {
-  while (v > 0x7F) *o++ = (char)((v & 0x7F) | 0x80), v >>= 7;
-  *o++ = (char)v;
-  return o;
-}
-
-static char *bytes_put(char *o, PyObject *b) {
-  memcpy(o, PyBytes_AS_STRING(b), (size_t)PyBytes_GET_SIZE(b));
-  return o + PyBytes_GET_SIZE(b);
 }
 
 /* head(wave, tele_wave, non_finite) -> head_bytes(wave, tele_wave, sparse_bytes(), non_finite), in
