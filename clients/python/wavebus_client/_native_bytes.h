@@ -9,6 +9,7 @@ typedef struct {
 } Pieces;
 
 static int put(Pieces *q, PyObject *b) {
+  if (!b) return 0; /* none to send (a state no call sequence reaches: skipped, never dereferenced) */
   if (q->n == q->cap) {
     Py_ssize_t cap = q->cap ? 2 * q->cap : 64;
     PyObject **p = PyMem_Realloc(q->p, (size_t)cap * sizeof(PyObject *));

@@ -121,8 +121,9 @@ static PyObject *slots_free(Slots *s, PyObject *row) { return slots_event(s, row
 static PyObject *slots_bind(Slots *s, PyObject *const *a, Py_ssize_t n) {
   if (n != 5 || !PyUnicode_Check(a[1]) || !PyBytes_Check(a[3]) || !PyBytes_Check(a[4])) return bad("_bind(): row, req_id, prompt_len, first, resend");
   Py_ssize_t r = slots_row(s, a[0], "arrive()", 0);
+  if (r < 0) return NULL;
   unsigned long plen = PyLong_AsUnsignedLong(a[2]);
-  if (r < 0 || PyErr_Occurred()) return r < 0 ? NULL : bad_argument("arrive(): prompt_len");
+  if (PyErr_Occurred()) return bad_argument("arrive(): prompt_len");
   if (s->req[r] || s->flags[r] & F_FREED || plen > 0xFFFFFFFFul) return bad("_bind(): row %zd is live, freed since the last head, or prompt_len %lu too large", r, plen);
   s->req[r] = Py_NewRef(a[1]);
   s->plen[r] = (uint32_t)plen;
