@@ -11,8 +11,9 @@ thread the calls it makes every step. Modes:
 The forward (not timed) is 3 ms: FORWARD "sleep" (the default) sleeps it, "spin" busy-waits it, as an
 engine thread in cudaStreamSynchronize does by default (its caches stay warmer than after a sleep).
 Prints one JSON line: per-step p50/p99 µs of the step's calls in all, and per call; "events" is the
-finished requests' finish() and free() calls of the step (an engine pays each once per request, as
-arrive(), which is not timed), the other four exclude them.
+step's sparse calls: the finished requests' finish() and free(), and the arrivals (arrive() and
+blocks() of the requests taking the rows freed at the step before; ~N/200 a step, as many as
+finish), the other four exclude them.
 usage: client_engine.py MODE N STEPS RUN_DIR [FORWARD]
 """
 import json
@@ -138,15 +139,17 @@ def main():
         if batch is not None:
             for r, k in zip(done, keep):
                 batch.free(r)
+        t4f = pc()
+        reqs.renew(done)  # the engine's own bookkeeping (not timed): the next requests' ids
         t4 = pc()
-        # The engine reuses the rows (not timed): new requests arrive where the finished ones were.
-        reqs.renew(done)
+        # The engine reuses the rows: new requests arrive where the last step's finished ones were.
+        reqs.arrive_after_head(batch, done)
+        t5 = pc()
         if wave > WARM:
-            totals.append((t4 - t0 - (t2f - t2)) / 1e3)
+            totals.append((t5 - t0 - (t2f - t2) - (t4 - t4f)) / 1e3)
             for k, a, b in (("wave_head", te, t1), ("before_forward", t1, t2), ("end_of_wave", t2f, t3), ("pending_dump", t3, tp)):
                 per[k].append((b - a) / 1e3)
-            per["events"].append((te - t0 + t4 - tp) / 1e3)
-        reqs.arrive_after_head(batch, done)  # not timed: an engine pays each arrival once, as it schedules it
+            per["events"].append((te - t0 + t4f - tp + t5 - t4) / 1e3)
     q = lambda a, p: float(np.percentile(np.array(a), p)) if a else 0.0  # noqa: E731
     out = {"mode": mode, "requests": n, "steps": steps, "forward": forward, "p50_us": q(totals, 50), "p99_us": q(totals, 99),
            "calls": {k: {"p50_us": q(v, 50), "p99_us": q(v, 99)} for k, v in per.items()}}

@@ -7,8 +7,8 @@
 //   off    - the tensor loop against a mailbox with every feature off (nothing is sent)
 //   none   - the same loop without wavebus (the engine's own arrays only: the floor)
 // Prints one JSON line: per-step p50/p99 µs of the step's calls in all, and per call; "events" is the
-// finished requests' finish() and free() (once per request, as arrive(), which is not timed), the other
-// four exclude them.
+// step's sparse calls: the finished requests' finish() and free(), and the arrivals (arrive() and
+// blocks() of the requests taking the rows freed at the step before), the other four exclude them.
 // The forward (not timed) is 3 ms: FORWARD "sleep" (the default) waits it on a timer, "spin" busy-waits
 // it, as an engine thread in cudaStreamSynchronize does by default.
 // usage: node client-engine-ts.js MODE N STEPS RUN_DIR [FORWARD] [WARM]
@@ -126,20 +126,13 @@ async function main(): Promise<void> {
     }
     const tp = now();
     if (batch) for (const r of done) batch.free(r);
-    const t4 = now();
-    // The engine reuses the rows (not timed): new requests arrive where the finished ones were.
+    const t4f = now();
+    // The engine's own bookkeeping (not timed): the next requests' ids.
     for (const r of done) {
       req[r] = `req-${nextId++}`;
       age[r] = 0;
     }
-    if (wave > WARM) {
-      totals.push(t4 - t0 - (t2f - t2));
-      per.wave_head.push(t1 - te);
-      per.before_forward.push(t2 - t1);
-      per.end_of_wave.push(t3 - t2f);
-      per.pending_dump.push(tp - t3);
-      per.events.push(te - t0 + t4 - tp); // finish() and free() of the step's finished requests
-    }
+    const t4 = now();
     if (batch) {
       // Rows freed at the last step take their new requests now, after the head that carried the free.
       for (const r of prev) {
@@ -147,6 +140,15 @@ async function main(): Promise<void> {
         batch.blocks(r, tables[r]);
       }
       prev = done;
+    }
+    const t5 = now();
+    if (wave > WARM) {
+      totals.push(t5 - t0 - (t2f - t2) - (t4 - t4f));
+      per.wave_head.push(t1 - te);
+      per.before_forward.push(t2 - t1);
+      per.end_of_wave.push(t3 - t2f);
+      per.pending_dump.push(tp - t3);
+      per.events.push(te - t0 + t4f - tp + t5 - t4); // finish(), free() and the arrivals
     }
   }
   const out: Record<string, unknown> = {

@@ -3,4 +3,4 @@
 pure-Python package, whose numpy path writes the same bytes. Everything else is in pyproject.toml."""
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("wavebus_client._native", ["wavebus_client/_native.c"], depends=["wavebus_client/_native_crc.h", "wavebus_client/_native_cast.h", "wavebus_client/_native_bytes.h", "wavebus_client/_native_slots.h"], extra_compile_args=["-O2"], optional=True)])
+setup(ext_modules=[Extension("wavebus_client._native", ["wavebus_client/_native.c"], depends=["wavebus_client/_native_crc.h", "wavebus_client/_native_cast.h", "wavebus_client/_native_bytes.h", "wavebus_client/_native_slots.h", "wavebus_client/_native_arrive.h"], extra_compile_args=["-O2"], optional=True)])

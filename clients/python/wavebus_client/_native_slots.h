@@ -7,11 +7,10 @@
  * and the new bindings and tables in short row lists, and a head's sparse part is written into one
  * bytes object: no dictionary, tuple or intermediate list per step.
  *
- * The checks and the encoding of each binding and table stay in Python (arrive, blocks: once per
- * request or table); what reaches _bind and _set_table is already encoded. Rows are checked
- * against max_rows on every call, whatever the caller; a row that is not an int in range, or holds
- * no request, goes to the `held` callable given at construction, which returns the row or raises
- * the Python side's own ConfigError. */
+ * arrive() and blocks() check and encode each binding and table here too (_native_arrive.h). Rows
+ * are checked against max_rows on every call, whatever the caller; a row that is not an int in
+ * range, or holds no request, goes to the `held` callable given at construction, which returns the
+ * row or raises the Python side's own ConfigError. */
 
 enum { F_FINISHED = 1, F_FREED = 2, M_NEW_BIND = 1, M_NEW_BLOCKS = 2, RESEND_PER_STEP = 4 };
 
@@ -21,14 +20,13 @@ typedef struct {
   PyObject **req;     /* row -> its request id (str), NULL: free */
   PyObject **bind_b;  /* row -> its binding's bytes for re-sends */
   PyObject **first;   /* row -> its new binding's bytes, while M_NEW_BIND */
-  PyObject **tbl_ids; /* row -> its block ids (list), NULL: no table */
-  PyObject **tbl_b;   /* row -> their bytes */
+  PyObject **tbl_b;   /* row -> its block table's bytes (the ids are read back from them), NULL: no table */
   uint32_t *plen;
   uint8_t *flags, *mark;
   int32_t *ev, *nb, *nk, *cycle; /* events, new bindings, new tables: rows in call order; the round of re-sends */
   Py_ssize_t n_ev, n_nb, n_nk, n_cycle, cycle_at;
   int resend_all;
-  PyObject *held, *tags[4]; /* tags: WaveHeadRequest.wave, .telemetry, StepTelemetry.wave, .columns */
+  PyObject *held, *tags[12]; /* head_bytes.TAGS: WaveHeadRequest.wave, .telemetry, StepTelemetry.wave, .columns, then _native_arrive.h's */
 } Slots;
 
 static void slots_clear(Slots *s) {
@@ -36,11 +34,10 @@ static void slots_clear(Slots *s) {
     Py_CLEAR(s->req[r]);
     Py_CLEAR(s->bind_b[r]);
     Py_CLEAR(s->first[r]);
-    Py_CLEAR(s->tbl_ids[r]);
     Py_CLEAR(s->tbl_b[r]);
   }
   PyMem_Free(s->req);
-  s->req = s->bind_b = s->first = s->tbl_ids = s->tbl_b = NULL;
+  s->req = s->bind_b = s->first = s->tbl_b = NULL;
   PyMem_Free(s->plen);
   s->plen = NULL;
   PyMem_Free(s->flags);
@@ -48,7 +45,7 @@ static void slots_clear(Slots *s) {
   PyMem_Free(s->ev);
   s->ev = s->nb = s->nk = s->cycle = NULL;
   Py_CLEAR(s->held);
-  for (int i = 0; i < 4; i++) Py_CLEAR(s->tags[i]);
+  for (int i = 0; i < 12; i++) Py_CLEAR(s->tags[i]);
   s->max_rows = s->live = s->n_ev = s->n_nb = s->n_nk = s->n_cycle = s->cycle_at = 0;
 }
 
@@ -63,12 +60,12 @@ static int slots_init(Slots *s, PyObject *args, PyObject *kw) {
   PyObject *tags, *held;
   if (!PyArg_ParseTuple(args, "nO!O:Slots", &rows, &PyTuple_Type, &tags, &held)) return -1;
   if (rows < 1 || rows > (1 << 24)) return bad("Slots(): max_rows must be in 1..2^24, got %zd", rows), -1;
-  if (PyTuple_GET_SIZE(tags) != 4) return bad("Slots(): 4 field tags, got %zd", PyTuple_GET_SIZE(tags)), -1;
-  for (int i = 0; i < 4; i++)
+  if (PyTuple_GET_SIZE(tags) != 12) return bad("Slots(): 12 field tags, got %zd", PyTuple_GET_SIZE(tags)), -1;
+  for (int i = 0; i < 12; i++)
     if (!PyBytes_Check(PyTuple_GET_ITEM(tags, i)) || PyBytes_GET_SIZE(PyTuple_GET_ITEM(tags, i)) > 5) return bad("Slots(): tag %d is not a field tag's bytes", i), -1;
   if (!PyCallable_Check(held)) return bad("Slots(): held must be callable"), -1;
   slots_clear(s);
-  s->req = PyMem_Calloc((size_t)rows * 5, sizeof(PyObject *));
+  s->req = PyMem_Calloc((size_t)rows * 4, sizeof(PyObject *));
   s->plen = PyMem_Calloc((size_t)rows, sizeof(uint32_t));
   s->flags = PyMem_Calloc((size_t)rows * 2, 1);
   s->ev = PyMem_Calloc((size_t)rows * 4, sizeof(int32_t));
@@ -78,11 +75,11 @@ static int slots_init(Slots *s, PyObject *args, PyObject *kw) {
     PyErr_NoMemory();
     return -1;
   }
-  s->bind_b = s->req + rows, s->first = s->req + 2 * rows, s->tbl_ids = s->req + 3 * rows, s->tbl_b = s->req + 4 * rows;
+  s->bind_b = s->req + rows, s->first = s->req + 2 * rows, s->tbl_b = s->req + 3 * rows;
   s->mark = s->flags + rows;
   s->nb = s->ev + rows, s->nk = s->ev + 2 * rows, s->cycle = s->ev + 3 * rows;
   s->max_rows = rows;
-  for (int i = 0; i < 4; i++) s->tags[i] = Py_NewRef(PyTuple_GET_ITEM(tags, i));
+  for (int i = 0; i < 12; i++) s->tags[i] = Py_NewRef(PyTuple_GET_ITEM(tags, i));
   s->held = Py_NewRef(held);
   return 0;
 }
@@ -117,36 +114,24 @@ static PyObject *slots_event(Slots *s, PyObject *row, uint8_t flag, const char *
 static PyObject *slots_finish(Slots *s, PyObject *row) { return slots_event(s, row, F_FINISHED, "finish()"); }
 static PyObject *slots_free(Slots *s, PyObject *row) { return slots_event(s, row, F_FREED, "free()"); }
 
-/* _bind(row, req_id, prompt_len, first, resend): arrive()'s store, after its checks (slot_batch.py). */
-static PyObject *slots_bind(Slots *s, PyObject *const *a, Py_ssize_t n) {
-  if (n != 5 || !PyUnicode_Check(a[1]) || !PyBytes_Check(a[3]) || !PyBytes_Check(a[4])) return bad("_bind(): row, req_id, prompt_len, first, resend");
-  Py_ssize_t r = slots_row(s, a[0], "arrive()", 0);
-  if (r < 0) return NULL;
-  unsigned long plen = PyLong_AsUnsignedLong(a[2]);
-  if (PyErr_Occurred()) return bad_argument("arrive(): prompt_len");
-  if (s->req[r] || s->flags[r] & F_FREED || plen > 0xFFFFFFFFul) return bad("_bind(): row %zd is live, freed since the last head, or prompt_len %lu too large", r, plen);
-  s->req[r] = Py_NewRef(a[1]);
-  s->plen[r] = (uint32_t)plen;
-  Py_XSETREF(s->bind_b[r], Py_NewRef(a[4]));
-  Py_XSETREF(s->first[r], Py_NewRef(a[3]));
-  Py_CLEAR(s->tbl_ids[r]);
+/* arrive()'s store, after its checks (_native_arrive.h): row r, free and not freed since the last
+ * head, takes req with its binding's bytes (first for the next head, resend for the round). */
+static void bind_store(Slots *s, Py_ssize_t r, PyObject *req, uint32_t plen, PyObject *first, PyObject *resend) {
+  s->req[r] = Py_NewRef(req);
+  s->plen[r] = plen;
+  Py_XSETREF(s->bind_b[r], Py_NewRef(resend));
+  Py_XSETREF(s->first[r], Py_NewRef(first));
   Py_CLEAR(s->tbl_b[r]);
   if (!(s->mark[r] & M_NEW_BIND)) s->nb[s->n_nb++] = (int32_t)r;
   s->mark[r] |= M_NEW_BIND;
   s->live++;
-  Py_RETURN_NONE;
 }
 
-/* _set_table(row, ids, bytes): blocks()'s store, after its checks and comparison. */
-static PyObject *slots_set_table(Slots *s, PyObject *const *a, Py_ssize_t n) {
-  if (n != 3 || !PyList_Check(a[1]) || !PyBytes_Check(a[2])) return bad("_set_table(): row, ids (a list), bytes");
-  Py_ssize_t r = slots_row(s, a[0], "blocks()", 1);
-  if (r < 0) return NULL;
-  Py_XSETREF(s->tbl_ids[r], Py_NewRef(a[1]));
-  Py_XSETREF(s->tbl_b[r], Py_NewRef(a[2]));
+/* blocks()'s store, after its checks and comparison: the live row r's table's bytes (stolen). */
+static void table_store(Slots *s, Py_ssize_t r, PyObject *b) {
+  Py_XSETREF(s->tbl_b[r], b);
   if (!(s->mark[r] & M_NEW_BLOCKS)) s->nk[s->n_nk++] = (int32_t)r;
   s->mark[r] |= M_NEW_BLOCKS;
-  Py_RETURN_NONE;
 }
 
 static PyObject *row_or_none(PyObject **col, Slots *s, PyObject *row) {
@@ -158,9 +143,8 @@ static PyObject *row_or_none(PyObject **col, Slots *s, PyObject *row) {
   return Py_NewRef(col[r]);
 }
 
-/* holder(row): its request id, or None; table_ids(row): its block ids, or None. */
+/* holder(row): its request id, or None (table_ids(row), its block ids: _native_arrive.h). */
 static PyObject *slots_holder(Slots *s, PyObject *row) { return row_or_none(s->req, s, row); }
-static PyObject *slots_table_ids(Slots *s, PyObject *row) { return row_or_none(s->tbl_ids, s, row); }
 
 static PyObject *slots_row_flags(Slots *s, PyObject *row) {
   Py_ssize_t r = PyLong_CheckExact(row) ? PyLong_AsSsize_t(row) : -1;
@@ -182,7 +166,6 @@ static PyObject *slots_sent(Slots *s, PyObject *unused) {
       Py_CLEAR(s->req[r]);
       Py_CLEAR(s->bind_b[r]);
       Py_CLEAR(s->first[r]);
-      Py_CLEAR(s->tbl_ids[r]);
       Py_CLEAR(s->tbl_b[r]);
       s->mark[r] = 0;
     }
@@ -204,6 +187,13 @@ static PyObject *slots_sent(Slots *s, PyObject *unused) {
 static PyObject *slots_resend_all(Slots *s, PyObject *unused) {
   s->resend_all = 1;
   Py_RETURN_NONE;
+}
+
+/* reset(): sending paused (SlotEvents.reset): frees take effect, events dropped, everything re-sent. */
+static PyObject *slots_reset(Slots *s, PyObject *unused) {
+  PyObject *r = slots_sent(s, NULL);
+  s->resend_all = 1;
+  return r;
 }
 
 static PyObject *slots_pending_events(Slots *s, PyObject *unused) { return PyLong_FromSsize_t(s->n_ev); }
@@ -350,11 +340,14 @@ static PyObject *slots_new_bytes(Slots *s, PyObject *unused) {
 static PyObject *slots_get_live(Slots *s, void *unused) { return PyLong_FromSsize_t(s->live); }
 static PyObject *slots_get_max_rows(Slots *s, void *unused) { return PyLong_FromSsize_t(s->max_rows); }
 
+#include "_native_arrive.h"
+
 static PyMethodDef slots_methods[] = {
   {"finish", (PyCFunction)slots_finish, METH_O, "row's request finished in the step the next head reports."},
   {"free", (PyCFunction)slots_free, METH_O, "row's blocks were given back: its binding ends with the next head."},
   {"sent", (PyCFunction)slots_sent, METH_NOARGS, "The head went out: frees take effect."},
   {"resend_all", (PyCFunction)slots_resend_all, METH_NOARGS, "The next head carries every live binding and table."},
+  {"reset", (PyCFunction)slots_reset, METH_NOARGS, "Sending paused: sent(), and the next head carries every live binding and table."},
   {"pending_events", (PyCFunction)slots_pending_events, METH_NOARGS, "This step's finish/free events, counted."},
   {"event_columns", (PyCFunction)slots_event_columns, METH_NOARGS, "(rows, flags) of this step's finish/free events."},
   {"sparse_bytes", (PyCFunction)slots_sparse_bytes, METH_NOARGS, "TelemetryColumns' bytes of the pending bindings and tables."},
@@ -363,8 +356,8 @@ static PyMethodDef slots_methods[] = {
   {"holder", (PyCFunction)slots_holder, METH_O, "row's request id, or None."},
   {"table_ids", (PyCFunction)slots_table_ids, METH_O, "row's block ids, or None."},
   {"row_flags", (PyCFunction)slots_row_flags, METH_O, "row's finish/free flags since the last head."},
-  {"_bind", (PyCFunction)(void (*)(void))slots_bind, METH_FASTCALL, "arrive()'s store, after its checks."},
-  {"_set_table", (PyCFunction)(void (*)(void))slots_set_table, METH_FASTCALL, "blocks()'s store, after its checks."},
+  {"arrive", (PyCFunction)(void (*)(void))slots_arrive, METH_FASTCALL | METH_KEYWORDS, "arrive(row, req_id, prompt_len=0, prompt_token_ids=None): row holds req_id until free(row)."},
+  {"blocks", (PyCFunction)(void (*)(void))slots_blocks, METH_FASTCALL, "blocks(row, block_ids): row's whole block table, sent when it changed."},
   {NULL, NULL, 0, NULL},
 };
 

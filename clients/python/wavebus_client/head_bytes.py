@@ -30,7 +30,12 @@ _HEAD_WAVE = _tag(pb.WaveHeadRequest, "wave", _VARINT)
 _HEAD_TELEMETRY = _tag(pb.WaveHeadRequest, "telemetry", _LEN)
 _TELE_WAVE = _tag(pb.StepTelemetry, "wave", _VARINT)
 _TELE_COLUMNS = _tag(pb.StepTelemetry, "columns", _LEN)
-TAGS = (_HEAD_WAVE, _HEAD_TELEMETRY, _TELE_WAVE, _TELE_COLUMNS)  # for _native.Slots.head, which writes the same bytes
+# For _native.Slots, which writes the same bytes: a head's four tags, then those of a binding's and a
+# table's entries (_native_arrive.h names them in this order).
+TAGS = (_HEAD_WAVE, _HEAD_TELEMETRY, _TELE_WAVE, _TELE_COLUMNS,
+        _tag(pb.TelemetryColumns, "bind", _LEN), _tag(pb.TelemetryColumns, "blocks", _LEN),
+        _tag(pb.SlotBinding, "slot", _VARINT), _tag(pb.SlotBinding, "req_id", _LEN), _tag(pb.SlotBinding, "prompt_len", _VARINT),
+        _tag(pb.SlotBinding, "prompt_token_ids", _LEN), _tag(pb.SlotBlocks, "slot", _VARINT), _tag(pb.SlotBlocks, "block_ids", _LEN))
 _SMALL = [_varint(i) for i in range(128)]  # one byte: 0..127
 _HIGH = [bytes((i | 0x80,)) for i in range(128)]  # a low 7 bits with more to come
 

@@ -9,8 +9,9 @@ joins the bytes it carries, re-sends included, and builds no protobuf object.
 
 Two stores keep them, with the same behaviour: SlotEvents here (dictionaries), and with the native
 path NativeSlotEvents (_native.Slots, in C: arrays by row, so the per-step calls touch a few lines
-of memory). arrive() and blocks() check and encode in Python for both (_SlotCalls). The round of
-re-sends goes through the live rows by row in both, so they send the same bytes.
+of memory). arrive() and blocks() check and encode in Python here (with the protobuf
+library's encoding) and in C there (_native_arrive.h), with the same checks in the same order and
+the same bytes. The round of re-sends goes through the live rows by row in both.
 """
 from itertools import compress, product, repeat, starmap
 from operator import and_, itemgetter
@@ -40,45 +41,14 @@ def _row(row, max_rows: int, where: str) -> int:
     return row
 
 
-class _SlotCalls:
-    """arrive() and blocks(): their checks and encoding, once per request or table, in Python for
-    both stores (SlotEvents here, NativeSlotEvents in C); the store's primitives do the rest."""
-
-    def arrive(self, row, req_id: str, prompt_len: int = 0, prompt_token_ids=None) -> None:
-        """Request ``req_id`` now holds ``row`` (until ``free(row)``)."""
-        row = _row(row, self.max_rows, "arrive()")
-        if not isinstance(req_id, str) or not req_id:
-            raise ConfigError(f"arrive(): req_id must be a non-empty string, got {req_id!r}")
-        if isinstance(prompt_len, bool) or not isinstance(prompt_len, int) or not 0 <= prompt_len <= 0xFFFFFFFF:
-            raise ConfigError(f"arrive(): prompt_len must be an integer in 0..2^32-1, got {prompt_len!r}")
-        held = self.holder(row)
-        if held is not None:
-            raise ConfigError(f"arrive(): row {row} still holds request {held!r}; free(row) it first")
-        if self.row_flags(row) & FLAG_FREED:
-            # Its free and this arrival would reach the coordinator in one head, the free last.
-            raise ConfigError(f"arrive(): row {row} was freed since the last wave_head; bind it after the next wave_head")
-        ids: List[int] = []
-        if prompt_token_ids is not None:
-            ids = prompt_token_ids.tolist() if hasattr(prompt_token_ids, "tolist") else list(prompt_token_ids)
-            if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= 0xFFFFFFFF for t in ids):
-                raise ConfigError("arrive(): prompt_token_ids must be integers in 0..2^32-1")
-        first = bind_bytes(row, req_id, prompt_len, ids)
-        # The first head carries the prompt's ids; re-sends go without them.
-        self._bind(row, req_id, prompt_len, first, bind_bytes(row, req_id, prompt_len) if ids else first)
-
-    def blocks(self, row, block_ids) -> None:
-        """``row``'s whole block table, when it changed (sent with the next head)."""
-        row = _row(row, self.max_rows, "blocks()")
-        if self.holder(row) is None:
-            raise ConfigError(f"blocks(): row {row} holds no request (arrive() first)")
-        table = block_ids.tolist() if hasattr(block_ids, "tolist") else list(block_ids)
-        if not all(isinstance(b, int) and not isinstance(b, bool) and 0 <= b <= 0xFFFFFFFF for b in table):
-            raise ConfigError(f"blocks(): block ids of row {row} must be integers in 0..2^32-1")
-        if self.table_ids(row) != table:
-            self._set_table(row, table, blocks_bytes(row, table))
+def _as_list(x) -> list:
+    """A column's items as a new list: x.tolist() (numpy, torch) or list(x)."""
+    if type(x) is not list and hasattr(x, "tolist"):
+        x = x.tolist()
+    return list(x)
 
 
-class SlotEvents(_SlotCalls):
+class SlotEvents:
     """Bindings (row -> request), block tables and finish/free flags, with what the next head sends."""
 
     def __init__(self, max_rows: int):
@@ -97,6 +67,48 @@ class SlotEvents(_SlotCalls):
     def live(self) -> int:
         return len(self._live)
 
+    def arrive(self, row, req_id: str, prompt_len: int = 0, prompt_token_ids=None) -> None:
+        """Request ``req_id`` now holds ``row`` (until ``free(row)``)."""
+        row = _row(row, self.max_rows, "arrive()")
+        if not isinstance(req_id, str) or not req_id:
+            raise ConfigError(f"arrive(): req_id must be a non-empty string, got {req_id!r}")
+        try:
+            req_id.encode()
+        except UnicodeEncodeError as e:  # a lone surrogate: no wire form
+            raise ConfigError(f"arrive(): req_id must be valid UTF-8 ({e})") from None
+        if isinstance(prompt_len, bool) or not isinstance(prompt_len, int) or not 0 <= prompt_len <= 0xFFFFFFFF:
+            raise ConfigError(f"arrive(): prompt_len must be an integer in 0..2^32-1, got {prompt_len!r}")
+        held = self.holder(row)
+        if held is not None:
+            raise ConfigError(f"arrive(): row {row} still holds request {held!r}; free(row) it first")
+        if self.row_flags(row) & FLAG_FREED:
+            # Its free and this arrival would reach the coordinator in one head, the free last.
+            raise ConfigError(f"arrive(): row {row} was freed since the last wave_head; bind it after the next wave_head")
+        ids: List[int] = []
+        if prompt_token_ids is not None:
+            ids = _as_list(prompt_token_ids)
+            if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= 0xFFFFFFFF for t in ids):
+                raise ConfigError("arrive(): prompt_token_ids must be integers in 0..2^32-1")
+        first = bind_bytes(row, req_id, prompt_len, ids)
+        self._live[row] = (req_id, prompt_len)
+        # The first head carries the prompt's ids; re-sends go without them.
+        self._bind_b[row] = bind_bytes(row, req_id, prompt_len) if ids else first
+        self._tables.pop(row, None)
+        self._new_bind[row] = first
+
+    def blocks(self, row, block_ids) -> None:
+        """``row``'s whole block table, when it changed (sent with the next head)."""
+        row = _row(row, self.max_rows, "blocks()")
+        if self.holder(row) is None:
+            raise ConfigError(f"blocks(): row {row} holds no request (arrive() first)")
+        table = _as_list(block_ids)
+        if not all(isinstance(b, int) and not isinstance(b, bool) and 0 <= b <= 0xFFFFFFFF for b in table):
+            raise ConfigError(f"blocks(): block ids of row {row} must be integers in 0..2^32-1")
+        if self.table_ids(row) != table:
+            b = blocks_bytes(row, table)
+            self._tables[row] = (table, b)
+            self._new_blocks[row] = b
+
     def holder(self, row) -> Optional[str]:
         """``row``'s request id, or None."""
         held = self._live.get(row)
@@ -110,16 +122,6 @@ class SlotEvents(_SlotCalls):
         """``row``'s block ids, or None."""
         held = self._tables.get(row)
         return held[0] if held is not None else None
-
-    def _bind(self, row: int, req_id: str, prompt_len: int, first: bytes, resend: bytes) -> None:
-        self._live[row] = (req_id, prompt_len)
-        self._bind_b[row] = resend
-        self._tables.pop(row, None)
-        self._new_bind[row] = first
-
-    def _set_table(self, row: int, table: List[int], b: bytes) -> None:
-        self._tables[row] = (table, b)
-        self._new_blocks[row] = b
 
     def finish(self, row) -> None:
         """``row``'s request finished in the step the next head reports."""
@@ -144,6 +146,12 @@ class SlotEvents(_SlotCalls):
         if row not in self._live:
             raise ConfigError(f"{where}: row {row} holds no request")
         return row
+
+    def reset(self) -> None:
+        """Sending paused (bus off, agent gone, not the head rank): the events are dropped, frees
+        take effect, and the next head re-sends every binding."""
+        self.sent()
+        self._resend_all = True
 
     def resend_all(self) -> None:
         """The next head carries every live binding and table (a new coordinator, a lost head)."""
@@ -260,7 +268,7 @@ def native_slot_events(mod):
     if cls is None:
         if mod.RESEND_PER_STEP != RESEND_PER_STEP:  # a module built from other sources
             raise ConfigError(f"wavebus_client._native re-sends {mod.RESEND_PER_STEP} rows a step, this package {RESEND_PER_STEP}: rebuild it (docs/python-client.md)")
-        class NativeSlotEvents(_SlotCalls, mod.Slots):
+        class NativeSlotEvents(mod.Slots):
             __doc__ = SlotEvents.__doc__ + " In C."
 
             def __init__(self, max_rows: int):

@@ -110,8 +110,13 @@ class TensorBatch:
         box = c._mb
         q = box._q  # the features word, read in place (None once closed: off)
         feats = q[_Q_FEATURES] if q is not None else 0
-        if not feats & _SENDS and self._idle(wave):
-            return False  # everything off: a wave check, one memory load, no event pending
+        if not feats & _SENDS and type(wave) is int and 0 <= wave <= _MAX_U64:
+            # Everything off: what _head_gate does then, without its calls (a bad wave gets its
+            # error there). The store's reset(): frees take effect, the finishes go unseen, and the
+            # next head that goes re-sends every binding. One memory load and one C call.
+            c._head_wave = wave
+            self.reset()
+            return False
         if not c._head_ready(wave, feats):
             feats = c._head_gate(wave, self)
             if feats is None:
@@ -229,11 +234,13 @@ class TensorBatch:
 
         rows = self.max_rows
         self._bt = (t[:rows], n[:rows], np.full((rows, t.shape[1]), -1, dtype=np.int64), np.full(rows, -1, dtype=np.int64))
+        # From now on an arrival also marks its row's table unseen. Until then arrive() is the
+        # store's own call (one C call on the native path), with no Python frame in front.
+        self.arrive = self._arrive_registered
 
-    def arrive(self, row, req_id: str, prompt_len: int = 0, prompt_token_ids=None) -> None:
-        super().arrive(row, req_id, prompt_len, prompt_token_ids)
-        if self._bt is not None:
-            self._bt[3][int(row)] = -1  # its table goes with the next head, whatever the last head saw
+    def _arrive_registered(self, row, req_id: str, prompt_len: int = 0, prompt_token_ids=None) -> None:
+        type(self).arrive(self, row, req_id, prompt_len, prompt_token_ids)
+        self._bt[3][int(row)] = -1  # its table goes with the next head, whatever the last head saw
 
     def _diff_block_table(self) -> None:
         import numpy as np
@@ -258,22 +265,6 @@ class TensorBatch:
             except ConfigError:
                 # Garbage in the engine's table costs that row's update, never the step.
                 self.stats["bad_block_rows"] += 1
-
-    def _idle(self, wave) -> bool:
-        """The bus is off: what _head_gate does then (reset()), without its calls (the off path every
-        step pays; the next head that goes re-sends every binding). False hands the call to
-        _head_gate (a bad wave gets its error there)."""
-        if type(wave) is not int or not 0 <= wave <= _MAX_U64:
-            return False
-        self._client._head_wave = wave
-        self.reset()  # frees take effect, the finishes go unseen
-        return True
-
-    def reset(self) -> None:
-        """Sending paused (bus off, agent gone, not the head rank): the events are dropped, frees
-        take effect, and the next head re-sends every binding."""
-        self.sent()
-        self.resend_all()
 
     @staticmethod
     def _per_row(x, name: str, n: int, kinds: str):
