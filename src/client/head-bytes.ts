@@ -29,15 +29,88 @@ function copy(b: Uint8Array): Uint8Array {
   return Uint8Array.prototype.slice.call(b); // its own memory, not a view into the writer's pool
 }
 
-/** One TelemetryColumns.bind entry as its wire bytes (tag and length included). */
-export function bindBytes(slot: number, reqId: string, promptLen: number, promptTokenIds?: number[]): Uint8Array {
-  const bind = promptTokenIds && promptTokenIds.length > 0 ? { slot, reqId, promptLen, promptTokenIds } : { slot, reqId, promptLen };
-  return copy(encodeTrusted(TelemetryColumns, { bind: [bind] }));
+const SlotBinding = messageType('SlotBinding');
+const SlotBlocks = messageType('SlotBlocks');
+const COL_BIND = tag(TelemetryColumns, 'bind', LEN);
+const COL_BLOCKS = tag(TelemetryColumns, 'blocks', LEN);
+const BIND_SLOT = tag(SlotBinding, 'slot', VARINT);
+const BIND_REQ = tag(SlotBinding, 'reqId', LEN);
+const BIND_PLEN = tag(SlotBinding, 'promptLen', VARINT);
+const BIND_IDS = tag(SlotBinding, 'promptTokenIds', LEN);
+const BLOCKS_SLOT = tag(SlotBlocks, 'slot', VARINT);
+const BLOCKS_IDS = tag(SlotBlocks, 'blockIds', LEN);
+const utf8 = new TextEncoder();
+
+function putVarint(buf: Uint8Array, at: number, v: number): number {
+  while (v > 0x7f) {
+    buf[at++] = (v % 128) | 0x80;
+    v = shift7(v);
+  }
+  buf[at++] = v;
+  return at;
 }
 
-/** One TelemetryColumns.blocks entry as its wire bytes. */
+function packedSize(ids: readonly number[] | undefined): number {
+  let n = 0;
+  if (ids) for (let i = 0; i < ids.length; i++) n += varintSize(ids[i]);
+  return n;
+}
+
+function putPacked(buf: Uint8Array, at: number, t: number, ids: readonly number[], packed: number): number {
+  if (ids.length === 0) return at;
+  buf[at++] = t;
+  at = putVarint(buf, at, packed);
+  for (let i = 0; i < ids.length; i++) at = putVarint(buf, at, ids[i]);
+  return at;
+}
+
+/** A TelemetryColumns entry of field `t` around an inner message of `inner` bytes: the buffer and where the inner one starts. */
+function entry(t: number, inner: number): [Uint8Array, number] {
+  const out = new Uint8Array(1 + varintSize(inner) + inner);
+  out[0] = t;
+  return [out, putVarint(out, 1, inner)];
+}
+
+/**
+ * One TelemetryColumns.bind entry as its wire bytes (tag and length included), written directly
+ * (once per request: no protobufjs writer). Zero and empty fields are left out, fields in number
+ * order, as the library's proto3 form and the Python client's (_native_arrive.h) are.
+ */
+export function bindBytes(slot: number, reqId: string, promptLen: number, promptTokenIds?: number[]): Uint8Array {
+  const req = utf8.encode(reqId); // a lone surrogate becomes U+FFFD: always valid UTF-8 on the wire
+  const ids = promptTokenIds ?? [];
+  const packed = packedSize(ids);
+  const inner = (slot > 0 ? 1 + varintSize(slot) : 0) + 1 + varintSize(req.length) + req.length + (promptLen > 0 ? 1 + varintSize(promptLen) : 0) + (ids.length > 0 ? 1 + varintSize(packed) + packed : 0);
+  const [out, start] = entry(COL_BIND, inner);
+  let at = start;
+  if (slot > 0) {
+    out[at++] = BIND_SLOT;
+    at = putVarint(out, at, slot);
+  }
+  out[at++] = BIND_REQ;
+  at = putVarint(out, at, req.length);
+  out.set(req, at);
+  at += req.length;
+  if (promptLen > 0) {
+    out[at++] = BIND_PLEN;
+    at = putVarint(out, at, promptLen);
+  }
+  putPacked(out, at, BIND_IDS, ids, packed);
+  return out;
+}
+
+/** One TelemetryColumns.blocks entry as its wire bytes, written as bindBytes is. */
 export function blocksBytes(slot: number, blockIds: number[]): Uint8Array {
-  return copy(encodeTrusted(TelemetryColumns, { blocks: [{ slot, blockIds }] }));
+  const packed = packedSize(blockIds);
+  const inner = (slot > 0 ? 1 + varintSize(slot) : 0) + (blockIds.length > 0 ? 1 + varintSize(packed) + packed : 0);
+  const [out, start] = entry(COL_BLOCKS, inner);
+  let at = start;
+  if (slot > 0) {
+    out[at++] = BLOCKS_SLOT;
+    at = putVarint(out, at, slot);
+  }
+  putPacked(out, at, BLOCKS_IDS, blockIds, packed);
+  return out;
 }
 
 /** StepTelemetry.non_finite entries as their wire bytes (rare: a step that saw non-finite logits). */
@@ -105,13 +178,8 @@ export class HeadBytes {
   }
 
   private field(t: number, v: number): void {
-    const buf = this.buf;
-    buf[this.at++] = t;
-    while (v > 0x7f) {
-      buf[this.at++] = (v % 128) | 0x80;
-      v = shift7(v);
-    }
-    buf[this.at++] = v;
+    this.buf[this.at++] = t;
+    this.at = putVarint(this.buf, this.at, v);
   }
 
   private put(b: Uint8Array): void {
