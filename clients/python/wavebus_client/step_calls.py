@@ -6,8 +6,7 @@ wave, never waiting beyond the bound.
 """
 import logging
 import time
-from dataclasses import dataclass
-from typing import Optional
+from typing import NamedTuple, Optional
 
 from . import mailbox as mb
 from . import wavebus_pb2 as pb
@@ -22,8 +21,9 @@ _Q_FLOOR, _Q_EPOCH, _SLOT_AT, _SLOT_MASK, _U32 = mb._Q_FLOOR, mb._Q_EPOCH, mb._S
 _tuple_new, _WaveVector = tuple.__new__, mb.WaveVector
 
 
-@dataclass
-class EndOfWaveResult:
+class EndOfWaveResult(NamedTuple):
+    """end_of_wave()'s answer. A named tuple: the usual step's is made in C (tuple.__new__), with no
+    Python frame, right after the forward when every line of Python runs with cold caches."""
     wave: int
     sent: bool = False          # the agent was asked (something due, or the wave had not arrived)
     timed_out: bool = False     # the wave vector / the agent's answer did not come within the bound
@@ -119,14 +119,14 @@ class StepCallsMixin:
         box = self._mb
         q = box._q  # the features word, read in place (None once closed: off)
         if q is None or not q[_Q_FEATURES] & _BUS:  # also covers "everything off"
-            return EndOfWaveResult(wave)
+            return _tuple_new(EndOfWaveResult, (wave, False, False, 0, None, ""))
         # The usual step, in word loads (_lookup's, inline): the wave's slot holds it, not being written,
         # unchanged across the loads, nothing due.
         at = _SLOT_AT[wave & _SLOT_MASK]
         s1 = q[at]
         if not s1 & 1 and s1 and q[at + 1] == wave and not q[at + 2] and not q[at + 3] & _U32 and q[at] == s1:
             self.stats["end_of_wave_fast"] += 1
-            return EndOfWaveResult(wave, False, False, 0, _tuple_new(_WaveVector, (wave, False, False, False, False)))
+            return _tuple_new(EndOfWaveResult, (wave, False, False, 0, _tuple_new(_WaveVector, (wave, False, False, False, False)), ""))
         v = box.read_wave(wave)
         if v is not None and not (v.config_due or v.dump_due or v.snapshot_due):
             self.stats["end_of_wave_fast"] += 1
@@ -170,7 +170,6 @@ class StepCallsMixin:
                 if not v.anything_due:
                     return EndOfWaveResult(wave, vector=v)
         deadline = time.monotonic() + self._bound_s()
-        res = EndOfWaveResult(wave, sent=True, vector=v)
         self.stats["end_of_wave_sent"] += 1
         reply = None
         if self._hello(deadline) and (len(self._sent_regions) == len(self._regions) or self._flush_regions(deadline, step=True)):
@@ -186,19 +185,18 @@ class StepCallsMixin:
             self.stats["coordinator_lost"] += 1
         if reply is not None and reply.timed_out:
             self._stall.begin()  # the agent waited the bound for the vector (or knows none is coming)
-        if reply is None or reply.timed_out:
-            res.timed_out = True
+        timed_out = reply is None or reply.timed_out
+        if timed_out:
             self.stats["end_of_wave_timeouts"] += 1
+        written, error = 0, ""
         if reply is not None:
-            res.dumps_written = reply.dumps_written
+            written = reply.dumps_written
             if not reply.ok:
-                res.error = f"{reply.error_code} {reply.error}".strip()
+                error = f"{reply.error_code} {reply.error}".strip()
                 self.stats["end_of_wave_errors"] += 1
-                self.last_error = f"end_of_wave: {res.error}"
-                log.warning("wavebus end_of_wave(%d): %s", wave, res.error)
-        if res.vector is None:
-            res.vector = self._mb.read_wave(wave)
-        return res
+                self.last_error = f"end_of_wave: {error}"
+                log.warning("wavebus end_of_wave(%d): %s", wave, error)
+        return EndOfWaveResult(wave, True, timed_out, written, v if v is not None else self._mb.read_wave(wave), error)
 
     def pending_dump(self, req_id: str) -> bool:
         """True when a dump of ``req_id`` is armed for a wave whose end_of_wave has not run on this rank
