@@ -8,7 +8,8 @@
 // with WAVEBUS_PY_NATIVE=0: its numpy ring writes beside the native ones) and the dict path against a
 // live coordinator (this process, detectors token_repeat, spec_acceptance and garbled on) and
 // agent; everything off (an agent without a bus: the mailbox says off); the same loop without
-// wavebus; and the seed's path (its Python detectors in the engine).
+// wavebus; the floor (the same calls, each to a function that does nothing: what the calls alone
+// cost after the forward); and the seed's path (its Python detectors in the engine).
 import { spawn } from 'child_process';
 import * as fs from 'fs';
 import * as os from 'os';
@@ -25,7 +26,7 @@ import { freePortPair } from '../src/bus/ports';
 import { MAX_TIMER_MS } from '../src/commands/flags';
 import type { BenchArgs, BenchFlags } from './lib/flags';
 
-export const summary = "The engine's own per-step cost of the client's calls at N running requests (tensor path, native and numpy ring writes, and dict path, everything off, no wavebus, the seed's Python detectors), in the engine's thread.";
+export const summary = "The engine's own per-step cost of the client's calls at N running requests (tensor path, native and numpy ring writes, and dict path, everything off, no wavebus, the calls to no-ops, the seed's Python detectors), in the engine's thread.";
 export const flags = {
   lang: { type: 'string', default: 'python', choices: ['python', 'ts'], describe: "the engine's language: python (wavebus_client) or ts (the TypeScript client, typed arrays)" },
   requests: { type: 'string', default: '1,64,256,1024,4096', describe: 'running requests per step, comma-separated' },
@@ -36,7 +37,7 @@ export const flags = {
 } satisfies BenchFlags;
 
 const PY = fs.existsSync('/usr/bin/python3') ? '/usr/bin/python3' : 'python3';
-const MODES = ['tensor', 'tensor_py', 'dict', 'off', 'none', 'seed'] as const;
+const MODES = ['tensor', 'tensor_py', 'dict', 'off', 'none', 'floor', 'seed'] as const;
 /** Modes that run the tensor engine against a live job; tensor_py is Python's with its native path off. */
 const TENSOR = new Set(['tensor', 'tensor_py']);
 const CFG = { detector: { token_repeat: { enabled: true }, spec_acceptance: { enabled: true }, garbled: { enabled: true } } };

@@ -4,7 +4,10 @@ thread the calls it makes every step. Modes:
             WAVEBUS_PY_NATIVE=0 in its environment makes it bench client's tensor_py (the numpy ring writes)
   dict    - the same with Client.wave_head and the dict telemetry (the convenience path)
   off     - the tensor loop against a mailbox with every feature off (nothing is sent)
-  none    - the same loop without wavebus (the engine's own arrays only: the floor)
+  none    - the same loop without wavebus (the engine's own arrays only)
+  floor   - the same loop with each of the engine's wavebus calls (finish, free, arrive, blocks, the
+            four per-step calls) made to a C function that does nothing ("".format): what the calls
+            alone cost a step after the forward, whatever a client does in them
   seed    - the seed's path: its Python detectors in the engine (token_repeat, spec_acceptance per
             request, logits_finite's isfinite on [N, 1024] float32 logits), ported from the seed's
             description (token_repeat: window 32, threshold 64, min 32; spec_acceptance: window 10)
@@ -83,6 +86,11 @@ def main():
             while not c.features & FEATURE_BUS and time.monotonic() < t_end:
                 time.sleep(0.01)
             c.hello()  # at once (the ring is made then), not lazily within the first head's bound
+    if mode == "floor":
+        class Floor:  # a Python class, as the client's batch and Client are; each method a no-op in C
+            finish = free = arrive = blocks = wave_head = before_forward = end_of_wave = pending_dump = "".format
+
+        c = batch = Floor()
     if mode == "seed":
         import torch
         logits = torch.zeros(n, 1024)
@@ -101,7 +109,7 @@ def main():
         done = reqs.finishing()
         t0 = pc()
         te = t0
-        if mode in ("tensor", "off"):
+        if mode in ("tensor", "off", "floor"):
             for r in done:
                 batch.finish(r)
             te = pc()
@@ -167,7 +175,7 @@ def main():
                 c.pending_dump(req[0])
             best = min(best, (pc() - t0) / 20000 / 1e3)
         out["off_loop_us"] = best
-    if c is not None:
+    if c is not None and mode != "floor":
         out["wave_heads_sent"] = c.stats["wave_head_sent"]
         if batch is not None:
             out["ring_heads"] = batch.stats["ring_heads"]

@@ -18,7 +18,7 @@ test('bench client --requests 1,16 --steps 5 reports every mode at every size', 
     // The tensor engine twice: the client's native ring writes, and tensor_py with WAVEBUS_PY_NATIVE=0 (numpy's).
     expect([row.tensor.ring_path, row.tensor_py.ring_path]).toEqual(['native', 'numpy']);
     expect([row.tensor.slots, row.tensor_py.slots]).toEqual(['native', 'python']);
-    for (const mode of ['tensor', 'tensor_py', 'dict', 'off', 'none', 'seed']) {
+    for (const mode of ['tensor', 'tensor_py', 'dict', 'off', 'none', 'floor', 'seed']) {
       const m = row[mode];
       expect([mode, Number.isFinite(m.p50_us) && m.p50_us > 0 && m.p99_us >= m.p50_us]).toEqual([mode, true]);
       expect(Object.keys(m.calls).sort()).toEqual(['before_forward', 'end_of_wave', 'events', 'pending_dump', 'wave_head']);
@@ -35,7 +35,7 @@ test('bench client --lang ts --forward spin runs the TypeScript engine at every 
   for (const row of out.results) {
     expect(row.tensor).toMatchObject({ ring_heads: 35, inline_heads: 0 });
     expect(row.tensor_py).toBeUndefined(); // the Python client's numpy path: a Python engine's mode
-    for (const mode of ['tensor', 'dict', 'off', 'none', 'seed']) {
+    for (const mode of ['tensor', 'dict', 'off', 'none', 'floor', 'seed']) {
       const m = row[mode];
       expect([mode, Number.isFinite(m.p50_us) && m.p50_us > 0 && m.p99_us >= m.p50_us]).toEqual([mode, true]);
       expect(Object.keys(m.calls).sort()).toEqual(['before_forward', 'end_of_wave', 'events', 'pending_dump', 'wave_head']);

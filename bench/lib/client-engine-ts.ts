@@ -5,7 +5,9 @@
 //            (the calls without a promise: a promise only when something is due, docs/typescript-client.md)
 //   dict   - the same with WavebusClient.waveHead and the request list (the convenience path)
 //   off    - the tensor loop against a mailbox with every feature off (nothing is sent)
-//   none   - the same loop without wavebus (the engine's own arrays only: the floor)
+//   none   - the same loop without wavebus (the engine's own arrays only)
+//   floor  - the same loop with each of the engine's wavebus calls (finish, free, arrive, blocks, the
+//            four per-step calls) made to a method that does nothing: what the calls alone cost
 // Prints one JSON line: per-step p50/p99 µs of the step's calls in all, and per call; "events" is the
 // step's sparse calls: the finished requests' finish() and free(), and the arrivals (arrive() and
 // blocks() of the requests taking the rows freed at the step before), the other four exclude them.
@@ -65,6 +67,12 @@ async function main(): Promise<void> {
       const end = Date.now() + 20000;
       while ((c.featureFlags() & MailboxFeature.BUS_ACTIVE) === 0 && Date.now() < end) await new Promise((r) => setTimeout(r, 10));
     }
+  }
+  if (mode === 'floor') {
+    // Methods that do nothing, on objects the engine holds as it holds the client and its batch.
+    const nothing = (): boolean => false;
+    batch = { finish: nothing, free: nothing, arrive: nothing, blocks: nothing, waveHeadNow: nothing } as unknown as TensorBatch;
+    c = { beforeForwardNow: nothing, endOfWaveNow: nothing, pendingDumpNow: nothing } as unknown as WavebusClient;
   }
   const rows = new Uint32Array(n).map((_, i) => i);
   const req = Array.from({ length: n }, (_, r) => `req-${r}`);
@@ -155,7 +163,7 @@ async function main(): Promise<void> {
     mode, requests: n, steps, forward, warm: WARM, p50_us: pct(totals, 50), p99_us: pct(totals, 99),
     calls: Object.fromEntries(Object.entries(per).map(([k, v]) => [k, { p50_us: pct(v, 50), p99_us: pct(v, 99) }])),
   };
-  if (c) {
+  if (c && mode !== 'floor') {
     // The heads that went are counted where they arrive (bench/client.ts asks the agent).
     if (batch) Object.assign(out, { ring_heads: batch.stats.ringHeads, inline_heads: batch.stats.inlineHeads });
     out.last_error = c.lastError;

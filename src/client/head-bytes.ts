@@ -178,8 +178,14 @@ export class HeadBytes {
   }
 
   private field(t: number, v: number): void {
-    this.buf[this.at++] = t;
-    this.at = putVarint(this.buf, this.at, v);
+    // Written out here (not putVarint): the per-step head's own loop, as it was measured.
+    const buf = this.buf;
+    buf[this.at++] = t;
+    while (v > 0x7f) {
+      buf[this.at++] = (v % 128) | 0x80;
+      v = shift7(v);
+    }
+    buf[this.at++] = v;
   }
 
   private put(b: Uint8Array): void {
