@@ -37,6 +37,14 @@ PROMPTS = ["The quick brown fox ", "Hello, wavebus! ", "Tensor parallel ", "Page
            "Once upon a time ", "KV blocks: ", "Greedy decoding of ", "wave after wave "]
 
 
+def save_whole(obj, path: str) -> None:
+    """torch.save into a temporary file, then renamed: a rank killed mid-save (the recorder's kill -9
+    tests) leaves the earlier file or none, never a truncated one that replay.py would read."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
 def env_int(name: str) -> int:
     v = os.environ.get(name)
     if v is None or not v.strip().lstrip("-").isdigit():
@@ -181,7 +189,7 @@ def main(argv: List[str]) -> int:
                 if restore is not None:
                     restore()
             if captured or args.save_every_forward:  # the engine's own result of the forward, for replay.py to compare with
-                torch.save({"logits": logits.clone(), "call_dir": call_dir, "step": step},
+                save_whole({"logits": logits.clone(), "call_dir": call_dir, "step": step},
                            os.path.join(args.out, f"forward_rank{rank}_step{step}.pt"))
             if args.step_sleep_ms:
                 time.sleep(args.step_sleep_ms / 1000)
@@ -213,7 +221,7 @@ def main(argv: List[str]) -> int:
         res = hooks.end_of_wave(wave)
         timeouts += int(res.timed_out)
         if res.dumps_written:  # the agent copied KV blocks at this point: keep the pool as it was
-            torch.save({f"{l}.{kv}": hooks.kv[l][j].clone() for l in cfg.layer_names() for j, kv in enumerate("kv")},
+            save_whole({f"{l}.{kv}": hooks.kv[l][j].clone() for l in cfg.layer_names() for j, kv in enumerate("kv")},
                        os.path.join(args.out, f"pool_rank{rank}_wave{wave}.pt"))
         # Finished requests give their blocks back now, except one with a dump due at the end of a
         # wave already decided (armed lookahead waves ahead): kept a step, then asked again. The next
