@@ -45,6 +45,15 @@ def save_whole(obj, path: str) -> None:
     os.replace(tmp, path)
 
 
+def write_whole(path: str, text: str) -> None:
+    """A result file written whole (temporary file, then renamed): whoever waits for it to exist
+    reads all of it."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
 def env_int(name: str) -> int:
     v = os.environ.get(name)
     if v is None or not v.strip().lstrip("-").isdigit():
@@ -238,14 +247,14 @@ def main(argv: List[str]) -> int:
         out = {r.req_id: {"prompt": bytes(r.prompt).decode("latin-1"), "text": bytes(r.output).decode("latin-1"),
                           "tokens": r.output, "spec": spec_log[r.req_id]} for r in sched.done}
         spec = {"spec_tokens": args.spec_tokens, "draft_forwards": drafter.forwards if drafter else 0}
-        with open(os.path.join(args.out, "outputs.json"), "w") as f:
-            json.dump({"tp": tp, "dp": args.dp, "steps": step, "waves": wave, "spec": spec, "requests": out}, f, indent=1)
+        write_whole(os.path.join(args.out, "outputs.json"),
+                    json.dumps({"tp": tp, "dp": args.dp, "steps": step, "waves": wave, "spec": spec, "requests": out}, indent=1))
         for r in sched.done:
             print(f"{r.req_id}: {bytes(r.prompt).decode('latin-1')!r} -> {bytes(r.output).decode('latin-1')!r}", flush=True)
     if args.result_dir:
         os.makedirs(args.result_dir, exist_ok=True)
-        with open(os.path.join(args.result_dir, f"rank{rank}.json"), "w") as f:
-            json.dump({"rank": rank, "forwards": step, "waves": wave, "endOfWaveTimeouts": timeouts, **capture_counts}, f)
+        write_whole(os.path.join(args.result_dir, f"rank{rank}.json"),
+                    json.dumps({"rank": rank, "forwards": step, "waves": wave, "endOfWaveTimeouts": timeouts, **capture_counts}))
     print(f"rank {rank} done: {step} forwards, {wave} waves, end_of_wave timeouts {timeouts}, "
           f"captures {capture_counts['captures']}, snapshots skipped {capture_counts['snapshotsSkipped']}", flush=True)
     if world > 1:

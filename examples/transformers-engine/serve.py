@@ -41,6 +41,14 @@ sys.path.insert(0, HERE)
 import faults  # noqa: E402  (test doubles)
 
 
+def write_whole(path: str, text: str) -> None:
+    """A result file written whole (temporary file, then renamed): whoever waits for it reads all of it."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
 def parse_nan(spec):
     try:
         step, req = spec.split(":")
@@ -217,13 +225,12 @@ def main() -> int:
                "waves": wb.wave if wb else 0, "seconds": seconds,
                # the tensor path's heads (through the ring or inline) and rows it could not give
                "telemetry": {**wb.tensor_batch.stats, **wb.rows.stats, "live_rows": wb.rows.live} if wb else None}
-        with open(os.path.join(args.out, "outputs.json"), "w") as f:
-            json.dump(out, f)
+        write_whole(os.path.join(args.out, "outputs.json"), json.dumps(out))
     if args.result_dir:
         os.makedirs(args.result_dir, exist_ok=True)
-        with open(os.path.join(args.result_dir, f"rank{rank}.json"), "w") as f:
-            json.dump({"rank": rank, "waves": wb.wave if wb else 0,
-                       "endOfWaveTimeouts": wb.client.stats.get("end_of_wave_timeouts", 0) if wb else 0}, f)
+        write_whole(os.path.join(args.result_dir, f"rank{rank}.json"),
+                    json.dumps({"rank": rank, "waves": wb.wave if wb else 0,
+                                "endOfWaveTimeouts": wb.client.stats.get("end_of_wave_timeouts", 0) if wb else 0}))
     if wb is not None:
         wb.close()
     print(f"rank {rank} done: {len(results)} requests, {wb.wave if wb else 0} waves, {seconds:.2f} s", flush=True)

@@ -15,6 +15,7 @@ import { fillKvPool, type KvGeometry } from './kv-pattern';
 import { SimScheduler } from './scheduler';
 import { TpBarrier } from './tp-barrier';
 import { mkdirTrustedSync } from '../artifacts/safe-mkdir';
+import { writeJsonAtomic } from '../artifacts/atomic-write';
 
 export interface SimRankOptions {
   steps: number;
@@ -350,7 +351,8 @@ export async function runSimRank(opts: SimRankOptions, onReady: () => Promise<nu
   await client?.close();
   barrier?.close();
   mkdirTrustedSync(opts.resultDir, 0o755, 'sim result directory');
-  fs.writeFileSync(path.join(opts.resultDir, `rank${id.globalRank}.json`), JSON.stringify(result, null, 2));
+  // Whole or not there: a test or the launcher's caller waits for this file to exist, then reads it.
+  writeJsonAtomic(path.join(opts.resultDir, `rank${id.globalRank}.json`), result, { mode: 0o644 });
   seg.close();
   unlinkQuietly(shmName);
   process.off('exit', unlinkAtExit);
