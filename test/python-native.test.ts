@@ -71,11 +71,12 @@ test('garbage to the C calls: a ConfigError or the numpy path, never a crash, no
   expect(Object.keys(cases).length).toBeGreaterThan(40);
 });
 
-test("the tensor batch's rows and events in C (_native.Slots) answer every call as SlotEvents does (arrive and blocks with their checks and encoding too): results, error texts, events and head bytes; garbage refused; nothing leaked", () => {
+test("the tensor batch's rows and events in C (_native.Slots) answer every call as SlotEvents does (arrive and blocks with their checks and encoding too; through long pauses too): results, error texts, events and head bytes; garbage refused; nothing leaked", () => {
   const r = spawnSync(PYTHON, [path.join(ROOT, 'test', 'python', 'native_slots.py')], { encoding: 'utf8', env: env(), timeout: 110000 });
   if (r.status !== 0) throw new Error(`native_slots.py exited ${r.status ?? r.signal}: ${r.stderr}`);
-  const { heads_compared, errors_compared, still_one_live, held_more, released_on_free, released_on_dealloc, kept_bytes, left_bytes, no_leak, ...cases } = JSON.parse(r.stdout.trim().split('\n').pop()!);
+  const { heads_compared, paused_steps_compared, errors_compared, still_one_live, held_more, released_on_free, released_on_dealloc, kept_bytes, left_bytes, no_leak, ...cases } = JSON.parse(r.stdout.trim().split('\n').pop()!);
   expect(heads_compared).toBe(6000);
+  expect(paused_steps_compared).toBe(6000); // the same through long pauses: no head for ~20 steps at a time
   expect(errors_compared).toBeGreaterThan(500); // the refused calls were compared too, text and all
   expect({ still_one_live, held_more, released_on_free, released_on_dealloc }).toEqual({ still_one_live: true, held_more: true, released_on_free: true, released_on_dealloc: true });
   // 2000 lives of a row with prompt ids and a table: the store keeps its last rows' bytes only (a

@@ -129,8 +129,9 @@ class Model {
   }
 }
 
-test('the sparse part and event columns are the Map-based bookkeeping\'s, in order, through random calls', () => {
-  let x = 11;
+/** Random calls to a SlotEvents and the model, compared at every head; `paused` of 10 steps pause instead of sending a head. */
+function randomCalls(seed: number, paused: number): number {
+  let x = seed;
   const rand = (n: number): number => {
     x = (x * 1103515245 + 12345) % 2 ** 31;
     return x % n;
@@ -148,8 +149,9 @@ test('the sparse part and event columns are the Map-based bookkeeping\'s, in ord
           if (op < 30) {
             const ids = rand(5) === 0 ? [1, 2 ** 32 - 1] : [];
             const plen = [0, 5, 300][rand(3)];
-            s.arrive(row, `q${trial}-${step}-${row}`, { promptLen: plen, promptTokenIds: ids });
-            m.arrive(row, `q${trial}-${step}-${row}`, plen, ids);
+            const id = `q${trial}-${step}-${row}${rand(4) === 0 ? '-é' : ''}`; // ASCII ids and others (two encoding paths)
+            s.arrive(row, id, { promptLen: plen, promptTokenIds: ids });
+            m.arrive(row, id, plen, ids);
           } else if (op < 55) {
             const ids = Array.from({ length: rand(6) }, () => rand(3)); // small ids: a table often unchanged
             s.blocks(row, ids);
@@ -168,7 +170,7 @@ test('the sparse part and event columns are the Map-based bookkeeping\'s, in ord
           if (!(e instanceof ConfigError)) throw e; // refused by the batch: the model is not told
         }
       }
-      if (rand(10) === 0) {
+      if (rand(10) < paused) {
         s.pause();
         m.pause();
       } else expect(s.head()).toEqual(m.head());
@@ -176,5 +178,41 @@ test('the sparse part and event columns are the Map-based bookkeeping\'s, in ord
       heads++;
     }
   }
-  expect(heads).toBe(3600); // every step compared its live count, most a head too
+  return heads;
+}
+
+test('the sparse part and event columns are the Map-based bookkeeping\'s, in order, through random calls', () => {
+  expect(randomCalls(11, 1)).toBe(3600); // every step compared its live count, most a head too
+});
+
+test('through long pauses (many arrivals and frees with no head: the pending rows compacted) the first head after is the model\'s', () => {
+  expect(randomCalls(29, 9)).toBe(3600);
+});
+
+test('a pause of many arrive/free cycles (rows of different lifetimes: holes before live rows when compacted) sends the model\'s head after', () => {
+  const s = new Probe(4);
+  const m = new Model();
+  const live = [false, false, false, false];
+  for (let cycle = 0; cycle < 60; cycle++) {
+    for (let row = 0; row < 4; row++) {
+      if (live[row]) continue;
+      s.arrive(row, `c${cycle}-${row}`, { promptLen: cycle });
+      m.arrive(row, `c${cycle}-${row}`, cycle, []);
+      s.blocks(row, [cycle, row]);
+      m.blocks(row, [cycle, row]);
+      live[row] = true;
+    }
+    // Row r lives r + 1 cycles: the rows arrive and go in an order that keeps changing.
+    for (let row = 3; row >= 0; row--) {
+      if ((cycle + 1) % (row + 1) !== 0) continue;
+      s.free(row);
+      m.flag(row, 2);
+      live[row] = false;
+    }
+    s.pause();
+    m.pause();
+  }
+  const h = s.head();
+  expect(h).toEqual(m.head());
+  expect(h.binds.length).toBe(live.filter(Boolean).length);
 });

@@ -77,10 +77,13 @@ function entry(t: number, inner: number): [Uint8Array, number] {
  * order, as the library's proto3 form and the Python client's (_native_arrive.h) are.
  */
 export function bindBytes(slot: number, reqId: string, promptLen: number, promptTokenIds?: number[]): Uint8Array {
-  const req = utf8.encode(reqId); // a lone surrogate becomes U+FFFD: always valid UTF-8 on the wire
+  // An ASCII id (the usual one) is its own UTF-8: written char by char, no encoder's array. Else a
+  // lone surrogate becomes U+FFFD (TextEncoder): always valid UTF-8 on the wire.
+  const req = isAscii(reqId) ? null : utf8.encode(reqId);
+  const reqLen = req === null ? reqId.length : req.length;
   const ids = promptTokenIds ?? [];
   const packed = packedSize(ids);
-  const inner = (slot > 0 ? 1 + varintSize(slot) : 0) + 1 + varintSize(req.length) + req.length + (promptLen > 0 ? 1 + varintSize(promptLen) : 0) + (ids.length > 0 ? 1 + varintSize(packed) + packed : 0);
+  const inner = (slot > 0 ? 1 + varintSize(slot) : 0) + 1 + varintSize(reqLen) + reqLen + (promptLen > 0 ? 1 + varintSize(promptLen) : 0) + (ids.length > 0 ? 1 + varintSize(packed) + packed : 0);
   const [out, start] = entry(COL_BIND, inner);
   let at = start;
   if (slot > 0) {
@@ -88,15 +91,23 @@ export function bindBytes(slot: number, reqId: string, promptLen: number, prompt
     at = putVarint(out, at, slot);
   }
   out[at++] = BIND_REQ;
-  at = putVarint(out, at, req.length);
-  out.set(req, at);
-  at += req.length;
+  at = putVarint(out, at, reqLen);
+  if (req === null) for (let i = 0; i < reqLen; i++) out[at++] = reqId.charCodeAt(i);
+  else {
+    out.set(req, at);
+    at += reqLen;
+  }
   if (promptLen > 0) {
     out[at++] = BIND_PLEN;
     at = putVarint(out, at, promptLen);
   }
   putPacked(out, at, BIND_IDS, ids, packed);
   return out;
+}
+
+function isAscii(s: string): boolean {
+  for (let i = 0; i < s.length; i++) if (s.charCodeAt(i) > 0x7f) return false;
+  return true;
 }
 
 /** One TelemetryColumns.blocks entry as its wire bytes, written as bindBytes is. */

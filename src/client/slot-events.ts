@@ -3,8 +3,10 @@
 // telemetry's slot. Arrivals, block-table changes, finishes and frees are sparse events, paid once
 // each, held here until the next wave head carries them. The Python client's slot_batch.py is the
 // same state machine: both send the same bindings, tables and flags for the same calls. Each
-// binding and table is encoded to its wire bytes once, when reported (head-bytes.ts): a head joins
-// the bytes it carries, re-sends included, and encodes no message.
+// binding and table is encoded to its wire bytes once, by the first head that carries it
+// (head-bytes.ts), and kept for its re-sends: a head joins bytes and encodes no message. Encoding
+// at the head, not at the report, costs nothing while sending is paused (a rank that is not its
+// replica's head rank, or the bus off), when every live binding goes again anyway.
 import { ConfigError } from '../errors';
 import { bindBytes, blocksBytes } from './head-bytes';
 import { FLAG_FINISHED, FLAG_FREED } from './telemetry';
@@ -29,29 +31,30 @@ function sameTable(a: readonly number[] | undefined, b: readonly number[]): bool
   return true;
 }
 
-/** A row's live request: what its binding re-sends. */
+/** A row's live request: what its binding re-sends; the prompt's ids until its first binding is encoded (re-sends leave them out). */
 interface Held {
   reqId: string;
   promptLen: number;
+  ids: number[] | undefined;
 }
 
 export class SlotEvents {
   /** The live rows' requests by row, and the rows in the order they arrived (a Map's order, without a Map: no hashing in a step). */
   private readonly held: (Held | undefined)[];
   private readonly liveOrder: RowOrder;
-  /** A live row's binding as re-sent (without the prompt's ids), encoded on its first re-send; by row. */
+  /** A live row's binding as re-sent (without the prompt's ids), encoded when first carried; by row. */
   private readonly bindB: (Uint8Array | undefined)[];
-  /** The live rows' last reported tables by row, and their rows in the order first reported since the row's arrival. */
+  /** The live rows' last reported tables by row (bytes encoded when first carried), and their rows in the order first reported since the row's arrival. */
   private readonly tableIds: (number[] | undefined)[];
   private readonly tableB: (Uint8Array | undefined)[];
   private readonly tableOrder: RowOrder;
   /**
-   * The bindings and tables reported since the last head, by row, and their rows in the order
-   * first reported (a Map's order, without a Map: the usual step reads and clears a few entries
-   * of arrays made once, no hashing, no table reallocated by a clear).
+   * The rows whose binding or table was reported since the last head, in the order first reported
+   * (a Map's order, without a Map: the usual step reads and clears a few entries of arrays made
+   * once, no hashing, no table reallocated by a clear).
    */
-  private readonly newBind: PendingByRow;
-  private readonly newBlocks: PendingByRow;
+  private readonly newBind: PendingRows;
+  private readonly newBlocks: PendingRows;
   /** sparse()'s lists and answer, reused step to step: the first nBinds / nBlocks entries are this head's (no array length set per step). */
   private readonly out = { binds: [] as Uint8Array[], nBinds: 0, blocks: [] as Uint8Array[], nBlocks: 0 };
   private readonly resendOut = new Uint32Array(RESEND_PER_STEP);
@@ -82,8 +85,8 @@ export class SlotEvents {
     this.tableB = new Array<Uint8Array | undefined>(maxRows).fill(undefined);
     this.liveOrder = new RowOrder(maxRows);
     this.tableOrder = new RowOrder(maxRows);
-    this.newBind = new PendingByRow(maxRows);
-    this.newBlocks = new PendingByRow(maxRows);
+    this.newBind = new PendingRows(maxRows);
+    this.newBlocks = new PendingRows(maxRows);
   }
 
   get live(): number {
@@ -105,13 +108,12 @@ export class SlotEvents {
     if (held) throw new ConfigError(`arrive(): row ${row} still holds request '${held.reqId}'; free(row) it first`);
     // Its free and this arrival would reach the coordinator in one head, the free last.
     if (this.flagOf[row] & FLAG_FREED) throw new ConfigError(`arrive(): row ${row} was freed since the last waveHead; bind it after the next waveHead`);
-    const ids = opts.promptTokenIds ? u32List(opts.promptTokenIds, 'arrive(): promptTokenIds') : [];
-    const first = bindBytes(row, reqId, promptLen, ids);
-    this.held[row] = { reqId, promptLen };
+    const ids = opts.promptTokenIds ? u32List(opts.promptTokenIds, 'arrive(): promptTokenIds') : undefined;
+    this.held[row] = { reqId, promptLen, ids: ids !== undefined && ids.length > 0 ? ids : undefined };
     this.liveOrder.add(row);
-    this.bindB[row] = ids.length > 0 ? undefined : first;
+    this.bindB[row] = undefined;
     this.dropTable(row);
-    this.newBind.set(row, first);
+    this.newBind.add(row);
   }
 
   /** `row`'s whole block table, when it changed (sent with the next head). */
@@ -120,11 +122,10 @@ export class SlotEvents {
     if (this.held[row] === undefined) throw new ConfigError(`blocks(): row ${row} holds no request (arrive() first)`);
     const table = u32List(blockIds, `blocks(): block ids of row ${row}`);
     if (!sameTable(this.tableIds[row], table)) {
-      const bytes = blocksBytes(row, table);
       if (this.tableIds[row] === undefined) this.tableOrder.add(row);
       this.tableIds[row] = table;
-      this.tableB[row] = bytes;
-      this.newBlocks.set(row, bytes);
+      this.tableB[row] = undefined;
+      this.newBlocks.add(row);
     }
   }
 
@@ -182,19 +183,47 @@ export class SlotEvents {
         const row = resend[i];
         if (this.held[row] === undefined || this.newBind.has(row)) continue;
         binds[nb++] = this.resendBytes(row);
-        const t = this.tableB[row];
-        if (t !== undefined && !this.newBlocks.has(row)) blocks[nt++] = t;
+        if (this.tableIds[row] !== undefined && !this.newBlocks.has(row)) blocks[nt++] = this.tableBytes(row);
       }
     }
-    nb = this.newBind.drainInto(binds, nb);
+    const nb0 = this.newBind.count;
+    for (let i = 0; i < nb0; i++) {
+      const row = this.newBind.at(i);
+      if (row >= 0) binds[nb++] = this.firstBytes(row);
+    }
+    this.newBind.clear();
     // After resendAll every live table goes (the new ones among them, in the tables' order); else the new ones.
     if (everything) {
-      for (let row = this.tableOrder.first(); row >= 0; row = this.tableOrder.next(row)) blocks[nt++] = this.tableB[row]!;
-      this.newBlocks.drainInto(null, 0);
-    } else nt = this.newBlocks.drainInto(blocks, nt);
+      for (let row = this.tableOrder.first(); row >= 0; row = this.tableOrder.next(row)) blocks[nt++] = this.tableBytes(row);
+    } else {
+      const nt0 = this.newBlocks.count;
+      for (let i = 0; i < nt0; i++) {
+        const row = this.newBlocks.at(i);
+        if (row >= 0) blocks[nt++] = this.tableBytes(row);
+      }
+    }
+    this.newBlocks.clear();
     out.nBinds = nb;
     out.nBlocks = nt;
     return out;
+  }
+
+  /** `row`'s first binding since its arrival: with the prompt's ids when given (then re-sends encode their own), else the re-send's bytes. */
+  private firstBytes(row: number): Uint8Array {
+    const h = this.held[row]!;
+    if (h.ids === undefined) return this.resendBytes(row);
+    const b = bindBytes(row, h.reqId, h.promptLen, h.ids);
+    h.ids = undefined;
+    return b;
+  }
+
+  private tableBytes(row: number): Uint8Array {
+    let b = this.tableB[row];
+    if (b === undefined) {
+      b = blocksBytes(row, this.tableIds[row]!);
+      this.tableB[row] = b;
+    }
+    return b;
   }
 
   private resendBytes(row: number): Uint8Array {
@@ -296,43 +325,63 @@ class RowOrder {
   }
 }
 
-/** Bytes pending by row, and their rows in the order first set (as a Map iterates; set again keeps the place). */
-class PendingByRow {
-  private readonly of: (Uint8Array | undefined)[];
-  private readonly order: Uint32Array;
-  private count = 0;
+/**
+ * Rows pending for the next head, in the order first added (as a Map's keys: added again after a
+ * drop goes last). add, has and drop are O(1): a drop leaves a hole (-1) that the head skips, and a
+ * full order list is compacted, so a long pause (no head drains it) with arrivals and frees stays
+ * within its arrays.
+ */
+class PendingRows {
+  private readonly pos: Int32Array;
+  private readonly order: Int32Array;
+  count = 0;
 
   constructor(maxRows: number) {
-    this.of = new Array<Uint8Array | undefined>(maxRows).fill(undefined);
-    this.order = new Uint32Array(maxRows);
+    this.pos = new Int32Array(maxRows).fill(-1);
+    this.order = new Int32Array(2 * maxRows);
   }
 
   has(row: number): boolean {
-    return this.of[row] !== undefined;
+    return this.pos[row] >= 0;
   }
 
-  set(row: number, bytes: Uint8Array): void {
-    if (this.of[row] === undefined) this.order[this.count++] = row;
-    this.of[row] = bytes;
+  add(row: number): void {
+    if (this.pos[row] >= 0) return;
+    if (this.count === this.order.length) this.compact();
+    this.pos[row] = this.count;
+    this.order[this.count++] = row;
   }
 
-  /** Forgets `row`'s entry, keeping the others' order (rare: a row freed while sending paused). */
+  /** Forgets `row` (a row freed while sending paused): its place becomes a hole. */
   drop(row: number): void {
-    if (this.of[row] === undefined) return;
-    this.of[row] = undefined;
-    const i = this.order.subarray(0, this.count).indexOf(row);
-    this.order.copyWithin(i, i + 1, this.count);
-    this.count--;
+    const i = this.pos[row];
+    if (i < 0) return;
+    this.order[i] = -1;
+    this.pos[row] = -1;
   }
 
-  /** Stores the entries in order into `out` from index `at` (none when null), empties this; the index after the last stored. */
-  drainInto(out: Uint8Array[] | null, at: number): number {
+  /** The i-th entry in order: a row, or -1 for a hole. */
+  at(i: number): number {
+    return this.order[i];
+  }
+
+  clear(): void {
     for (let i = 0; i < this.count; i++) {
       const row = this.order[i];
-      if (out !== null) out[at++] = this.of[row]!;
-      this.of[row] = undefined;
+      if (row >= 0) this.pos[row] = -1;
     }
     this.count = 0;
-    return at;
+  }
+
+  /** Squeezes the holes out (each row is pending once, at most maxRows: at least half the list is free after). */
+  private compact(): void {
+    let k = 0;
+    for (let i = 0; i < this.count; i++) {
+      const row = this.order[i];
+      if (row < 0) continue;
+      this.pos[row] = k;
+      this.order[k++] = row;
+    }
+    this.count = k;
   }
 }

@@ -23,7 +23,11 @@ typedef struct {
   PyObject **tbl_b;   /* row -> its block table's bytes (the ids are read back from them), NULL: no table */
   uint32_t *plen;
   uint8_t *flags, *mark;
-  int32_t *ev, *nb, *nk, *cycle; /* events, new bindings, new tables: rows in call order; the round of re-sends */
+  /* ev: this step's events, rows in call order; cycle: the round of re-sends. nb / nk: the new
+   * bindings' and tables' rows in call order (2 * max_rows long), where a row freed before a head
+   * took it leaves a hole (-1) instead of a shift, so a long pause (no head: bus off, not the head
+   * rank) costs each free O(1); a full list is compacted. nb_at / nk_at: a marked row's index there. */
+  int32_t *ev, *nb, *nk, *cycle, *nb_at, *nk_at;
   Py_ssize_t n_ev, n_nb, n_nk, n_cycle, cycle_at;
   int resend_all;
   PyObject *held, *tags[12]; /* head_bytes.TAGS: WaveHeadRequest.wave, .telemetry, StepTelemetry.wave, .columns, then _native_arrive.h's */
@@ -43,7 +47,7 @@ static void slots_clear(Slots *s) {
   PyMem_Free(s->flags);
   s->flags = s->mark = NULL;
   PyMem_Free(s->ev);
-  s->ev = s->nb = s->nk = s->cycle = NULL;
+  s->ev = s->nb = s->nk = s->cycle = s->nb_at = s->nk_at = NULL;
   Py_CLEAR(s->held);
   for (int i = 0; i < 12; i++) Py_CLEAR(s->tags[i]);
   s->max_rows = s->live = s->n_ev = s->n_nb = s->n_nk = s->n_cycle = s->cycle_at = 0;
@@ -68,7 +72,7 @@ static int slots_init(Slots *s, PyObject *args, PyObject *kw) {
   s->req = PyMem_Calloc((size_t)rows * 4, sizeof(PyObject *));
   s->plen = PyMem_Calloc((size_t)rows, sizeof(uint32_t));
   s->flags = PyMem_Calloc((size_t)rows * 2, 1);
-  s->ev = PyMem_Calloc((size_t)rows * 4, sizeof(int32_t));
+  s->ev = PyMem_Calloc((size_t)rows * 8, sizeof(int32_t));
   if (!s->req || !s->plen || !s->flags || !s->ev) {
     PyMem_Free(s->req), PyMem_Free(s->plen), PyMem_Free(s->flags), PyMem_Free(s->ev);
     s->req = NULL, s->plen = NULL, s->flags = NULL, s->ev = NULL;
@@ -77,7 +81,8 @@ static int slots_init(Slots *s, PyObject *args, PyObject *kw) {
   }
   s->bind_b = s->req + rows, s->first = s->req + 2 * rows, s->tbl_b = s->req + 3 * rows;
   s->mark = s->flags + rows;
-  s->nb = s->ev + rows, s->nk = s->ev + 2 * rows, s->cycle = s->ev + 3 * rows;
+  s->nb = s->ev + rows, s->nk = s->ev + 3 * rows, s->cycle = s->ev + 5 * rows;
+  s->nb_at = s->ev + 6 * rows, s->nk_at = s->ev + 7 * rows;
   s->max_rows = rows;
   for (int i = 0; i < 12; i++) s->tags[i] = Py_NewRef(PyTuple_GET_ITEM(tags, i));
   s->held = Py_NewRef(held);
@@ -114,6 +119,19 @@ static PyObject *slots_event(Slots *s, PyObject *row, uint8_t flag, const char *
 static PyObject *slots_finish(Slots *s, PyObject *row) { return slots_event(s, row, F_FINISHED, "finish()"); }
 static PyObject *slots_free(Slots *s, PyObject *row) { return slots_event(s, row, F_FREED, "free()"); }
 
+/* Appends row r to a new-row list (list, its count, the rows' indexes there), squeezing out the
+ * holes first when it is full: each row is in it once, so at least half of it is free after. */
+static void pending_add(Slots *s, int32_t *list, Py_ssize_t *n, int32_t *at, Py_ssize_t r) {
+  if (*n == 2 * s->max_rows) {
+    Py_ssize_t k = 0;
+    for (Py_ssize_t i = 0; i < *n; i++)
+      if (list[i] >= 0) at[list[i]] = (int32_t)k, list[k++] = list[i];
+    *n = k;
+  }
+  at[r] = (int32_t)*n;
+  list[(*n)++] = (int32_t)r;
+}
+
 /* arrive()'s store, after its checks (_native_arrive.h): row r, free and not freed since the last
  * head, takes req with its binding's bytes (first for the next head, resend for the round). */
 static void bind_store(Slots *s, Py_ssize_t r, PyObject *req, uint32_t plen, PyObject *first, PyObject *resend) {
@@ -122,7 +140,7 @@ static void bind_store(Slots *s, Py_ssize_t r, PyObject *req, uint32_t plen, PyO
   Py_XSETREF(s->bind_b[r], Py_NewRef(resend));
   Py_XSETREF(s->first[r], Py_NewRef(first));
   Py_CLEAR(s->tbl_b[r]);
-  if (!(s->mark[r] & M_NEW_BIND)) s->nb[s->n_nb++] = (int32_t)r;
+  if (!(s->mark[r] & M_NEW_BIND)) pending_add(s, s->nb, &s->n_nb, s->nb_at, r);
   s->mark[r] |= M_NEW_BIND;
   s->live++;
 }
@@ -130,7 +148,7 @@ static void bind_store(Slots *s, Py_ssize_t r, PyObject *req, uint32_t plen, PyO
 /* blocks()'s store, after its checks and comparison: the live row r's table's bytes (stolen). */
 static void table_store(Slots *s, Py_ssize_t r, PyObject *b) {
   Py_XSETREF(s->tbl_b[r], b);
-  if (!(s->mark[r] & M_NEW_BLOCKS)) s->nk[s->n_nk++] = (int32_t)r;
+  if (!(s->mark[r] & M_NEW_BLOCKS)) pending_add(s, s->nk, &s->n_nk, s->nk_at, r);
   s->mark[r] |= M_NEW_BLOCKS;
 }
 
@@ -155,13 +173,14 @@ static PyObject *slots_row_flags(Slots *s, PyObject *row) {
   return PyLong_FromLong(s->flags[r]);
 }
 
-/* sent(): frees take effect, events dropped (slot_batch.py SlotEvents.sent). */
+/* sent(): frees take effect, events dropped (slot_batch.py SlotEvents.sent). A freed row's new
+ * binding and table leave their lists (never sent: a freed row's binding must not go later). */
 static PyObject *slots_sent(Slots *s, PyObject *unused) {
-  int freed = 0;
   for (Py_ssize_t i = 0; i < s->n_ev; i++) {
     int32_t r = s->ev[i];
     if (s->flags[r] & F_FREED) {
-      freed = 1;
+      if (s->mark[r] & M_NEW_BIND) s->nb[s->nb_at[r]] = -1;
+      if (s->mark[r] & M_NEW_BLOCKS) s->nk[s->nk_at[r]] = -1;
       if (s->req[r]) s->live--;
       Py_CLEAR(s->req[r]);
       Py_CLEAR(s->bind_b[r]);
@@ -172,15 +191,6 @@ static PyObject *slots_sent(Slots *s, PyObject *unused) {
     s->flags[r] = 0;
   }
   s->n_ev = 0;
-  if (freed) { /* the new ones of freed rows leave their lists (never sent: a freed row's binding must not go later) */
-    Py_ssize_t k = 0;
-    for (Py_ssize_t i = 0; i < s->n_nb; i++)
-      if (s->mark[s->nb[i]] & M_NEW_BIND) s->nb[k++] = s->nb[i];
-    s->n_nb = k, k = 0;
-    for (Py_ssize_t i = 0; i < s->n_nk; i++)
-      if (s->mark[s->nk[i]] & M_NEW_BLOCKS) s->nk[k++] = s->nk[i];
-    s->n_nk = k;
-  }
   Py_RETURN_NONE;
 }
 
@@ -240,7 +250,7 @@ static int sparse_pieces(Slots *s, Pieces *q) {
     for (Py_ssize_t r = 0; r < s->max_rows; r++)
       if (s->req[r] && !(s->mark[r] & M_NEW_BIND) && put(q, s->bind_b[r]) < 0) return -1;
     for (Py_ssize_t i = 0; i < s->n_nb; i++)
-      if (put(q, s->first[s->nb[i]]) < 0) return -1;
+      if (s->nb[i] >= 0 && put(q, s->first[s->nb[i]]) < 0) return -1;
     for (Py_ssize_t r = 0; r < s->max_rows; r++)
       if (s->tbl_b[r] && put(q, s->tbl_b[r]) < 0) return -1;
     return 0;
@@ -250,23 +260,25 @@ static int sparse_pieces(Slots *s, Pieces *q) {
   for (Py_ssize_t i = 0; i < k; i++)
     if (s->req[rows[i]] && !(s->mark[rows[i]] & M_NEW_BIND) && put(q, s->bind_b[rows[i]]) < 0) return -1;
   for (Py_ssize_t i = 0; i < s->n_nb; i++)
-    if (put(q, s->first[s->nb[i]]) < 0) return -1;
+    if (s->nb[i] >= 0 && put(q, s->first[s->nb[i]]) < 0) return -1;
   for (Py_ssize_t i = 0; i < k; i++) {
     int32_t r = rows[i];
     if (s->req[r] && !(s->mark[r] & M_NEW_BIND) && s->tbl_b[r] && !(s->mark[r] & M_NEW_BLOCKS) && put(q, s->tbl_b[r]) < 0) return -1;
   }
   for (Py_ssize_t i = 0; i < s->n_nk; i++)
-    if (put(q, s->tbl_b[s->nk[i]]) < 0) return -1;
+    if (s->nk[i] >= 0 && put(q, s->tbl_b[s->nk[i]]) < 0) return -1;
   return 0;
 }
 
 /* After a head took the new ones: the lists empty (the pieces are already joined). */
 static void sparse_taken(Slots *s) {
   for (Py_ssize_t i = 0; i < s->n_nb; i++) {
+    if (s->nb[i] < 0) continue;
     s->mark[s->nb[i]] &= ~M_NEW_BIND;
     Py_CLEAR(s->first[s->nb[i]]);
   }
-  for (Py_ssize_t i = 0; i < s->n_nk; i++) s->mark[s->nk[i]] &= ~M_NEW_BLOCKS;
+  for (Py_ssize_t i = 0; i < s->n_nk; i++)
+    if (s->nk[i] >= 0) s->mark[s->nk[i]] &= ~M_NEW_BLOCKS;
   s->n_nb = s->n_nk = 0;
 }
 
@@ -326,8 +338,10 @@ static PyObject *slots_sparse_bytes(Slots *s, PyObject *unused) {
 static PyObject *slots_new_bytes(Slots *s, PyObject *unused) {
   Pieces q = {0};
   int ok = 0;
-  for (Py_ssize_t i = 0; i < s->n_nb && (ok = put(&q, s->first[s->nb[i]])) == 0; i++) {}
-  for (Py_ssize_t i = 0; ok == 0 && i < s->n_nk && (ok = put(&q, s->tbl_b[s->nk[i]])) == 0; i++) {}
+  for (Py_ssize_t i = 0; ok == 0 && i < s->n_nb; i++)
+    if (s->nb[i] >= 0) ok = put(&q, s->first[s->nb[i]]);
+  for (Py_ssize_t i = 0; ok == 0 && i < s->n_nk; i++)
+    if (s->nk[i] >= 0) ok = put(&q, s->tbl_b[s->nk[i]]);
   PyObject *out = ok < 0 ? NULL : PyBytes_FromStringAndSize(NULL, q.len);
   if (out) {
     char *o = PyBytes_AS_STRING(out);
