@@ -1,6 +1,6 @@
 """`wavebus bench client`'s engine: one Python engine loop at N running requests, timing in its own
 thread the calls it makes every step. Modes:
-  tensor  - TensorBatch.wave_head (the ring) + before_forward + end_of_wave + pending_dump(finished);
+  tensor  - TensorBatch.wave_head (the ring) + before_forward + end_of_wave + pending_dumps(finished);
             WAVEBUS_PY_NATIVE=0 in its environment makes it bench client's tensor_py (the numpy ring writes)
   dict    - the same with Client.wave_head and the dict telemetry (the convenience path)
   off     - the tensor loop against a mailbox with every feature off (nothing is sent)
@@ -88,7 +88,7 @@ def main():
             c.hello()  # at once (the ring is made then), not lazily within the first head's bound
     if mode == "floor":
         class Floor:  # a Python class, as the client's batch and Client are; each method a no-op in C
-            finish = free = arrive = blocks = wave_head = before_forward = end_of_wave = pending_dump = "".format
+            finish = free = arrive = blocks = wave_head = before_forward = end_of_wave = pending_dump = pending_dumps = "".format
 
         c = batch = Floor()
     if mode == "seed":
@@ -142,10 +142,12 @@ def main():
         if c is not None:
             c.end_of_wave(wave)
         t3 = pc()
-        keep = [c.pending_dump(req[r]) for r in done] if c is not None else []
+        # The step's finished requests asked in one call (the bench arms no dump: every one is freed).
+        if c is not None:
+            c.pending_dumps([req[r] for r in done])
         tp = pc()
         if batch is not None:
-            for r, k in zip(done, keep):
+            for r in done:
                 batch.free(r)
         t4f = pc()
         reqs.renew(done)  # the engine's own bookkeeping (not timed): the next requests' ids

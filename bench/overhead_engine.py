@@ -4,7 +4,7 @@ Each rank steps as a serving engine does (examples/torch-engine/engine.py's orde
 wave with the previous step's sampled tokens as columns (TensorBatch.wave_head), before_forward
 (not selected), a busy --compute-us (host work), an idle --forward-ms (the forward on the
 accelerator), a gloo all_reduce of one number on the TP group (the forward's collective, in every
-mode, absent included), end_of_wave, then pending_dump for the requests that finished and their
+mode, absent included), end_of_wave, then one pending_dumps for the requests that finished and their
 frees. About N / 200 requests finish per step and new ones take their rows (sparse events).
 
 The script forks its --nproc ranks itself, as the simulated engine does (each gets RANK, LOCAL_RANK
@@ -105,8 +105,8 @@ def rank_main(a, rank, world):
             c.end_of_wave(wave)
         s3 = time.perf_counter_ns()
         if c is not None:
+            c.pending_dumps([req[r] for r in done])  # every frees at once here: the bench arms no dump
             for r in done:
-                c.pending_dump(req[r])  # every frees at once here: the bench arms no dump
                 batch.free(r)
         s4 = time.perf_counter_ns()
         client_ns += (s1 - s0) + (s4 - s2)

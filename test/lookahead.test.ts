@@ -183,7 +183,7 @@ describe('how far ahead the stream decides', () => {
   });
 });
 
-test('lookahead 3: a NaN seen at head 5 is copied at the end of wave 8 on every rank, from that wave\'s state; pendingDump says so from head 5 on; ranks end 3 waves past the last head without waiting, and the 4th waits only to the bound', async () => {
+test('lookahead 3: a NaN seen at head 5 is copied at the end of wave 8 on every rank, from that wave\'s state; pendingDump (and pendingDumps) says so from head 5 on; ranks end 3 waves past the last head without waiting, and the 4th waits only to the bound', async () => {
   const job = await startHarnessJob({
     tp: 2,
     lookaheadWaves: 3,
@@ -214,10 +214,15 @@ test('lookahead 3: a NaN seen at head 5 is copied at the end of wave 8 on every 
       expect({ w, due: results.map((r) => r.due) }).toEqual({ w, due: w === 4 || w === 8 ? [true, true] : [false, false] });
       // pendingDump: from the end of wave 5 (head 5 put the dump in vector 8, below the floor) every
       // rank says keep req-l's blocks, three waves before the copy; after the copy nobody does.
+      // The step's finished requests in one call (asked first: it settles the step, asking the agent
+      // when a dump is due), the kept ones in order; then one by one, the same answers.
+      const kept = await Promise.all(job.ranks.map((r) => r.client.pendingDumps(['req-other', 'req-l'])));
+      expect({ w, kept }).toEqual({ w, kept: w >= 5 && w <= 7 ? [['req-l'], ['req-l']] : [[], []] });
       const pending = await Promise.all(job.ranks.map((r) => r.client.pendingDump('req-l')));
       expect({ w, pending }).toEqual({ w, pending: w >= 5 && w <= 7 ? [true, true] : [false, false] });
       prev = tel(w);
     }
+    expect(() => job.ranks[0].client.pendingDumpsNow('req-l' as unknown as string[])).toThrow(/pendingDumps\(\): reqIds must be an array of request ids, got string/);
     const dir = path.join(job.dumpRoot, 'logits_finite', 'req-l', 'wave_8');
     await waitFor(() => manifestOf(dir)?.complete === true, 'the dump of wave 8');
     const m = manifestOf(dir);

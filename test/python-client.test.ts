@@ -289,7 +289,7 @@ async function fakeAgentSocket(endpoint: string, features: Record<string, unknow
   };
 }
 
-test('the floor and pending_dump: waves below the floor end at once; pending_dump is a memory load unless a decided wave still to end has a dump due, then asked of the agent once', async () => {
+test('the floor and pending_dump: waves below the floor end at once; pending_dump is a memory load unless a decided wave still to end has a dump due, then asked of the agent once; pending_dumps gives the same answers in one call', async () => {
   const dir = tmpDir();
   const mbox = path.join(dir, 'mailbox-local0');
   writeMailboxFile(mbox, 1 | 4);
@@ -307,19 +307,28 @@ w.publish(7, floor=8)         # the head of wave 6 decided wave 7 (nothing due);
 r6 = c.end_of_wave(6)         # no slot holds 6, but it is below the floor: nothing due, no wait
 out["w6"] = [r6.sent, r6.timed_out, r6.vector.implied]
 out["p6"] = [c.pending_dump("r-due"), c.stats["requests_sent"] - sent0]
+out["d6"] = [c.pending_dumps(["r-due", "other"]), c.stats["requests_sent"] - sent0]  # the step's requests in one call
 w.publish(8, dump_due=1, floor=9)
 r7 = c.end_of_wave(7)
 out["w7"] = [r7.sent, r7.timed_out]
 out["p7"] = [c.pending_dump("r-due"), c.pending_dump("other"), c.pending_dump("r-due"), c.stats["due_dumps_asked"]]
+out["d7"] = [c.pending_dumps(["other", "r-due", "x"]), c.stats["due_dumps_asked"]]
 r8 = c.end_of_wave(8)         # the dump: the agent does it
 out["w8"] = [r8.sent, r8.dumps_written]
 out["p8"] = [c.pending_dump("r-due"), c.stats["due_dumps_asked"]]  # wave 9 not decided yet: asked (nothing due there)
+out["d8"] = [c.pending_dumps(["r-due"]), c.pending_dumps([]), c.stats["due_dumps_asked"]]
 # Three waves ahead (--lookahead-waves 3): 9 and 10 decided with nothing due, 11 with a dump; all
 # below the floor, so the engine hears of wave 11's dump two waves before its copy.
 w.publish(9, floor=10)
 w.publish(10, floor=11)
 w.publish(11, dump_due=1, floor=12)
 out["p11"] = [c.pending_dump("r-due"), c.pending_dump("other"), c.stats["due_dumps_asked"]]
+r9 = c.end_of_wave(9)         # nothing due in 9: the next step's first question is pending_dumps's own
+out["d9"] = [r9.sent, c.pending_dumps(["other", "r-due"]), c.pending_dumps(["other"]), c.stats["due_dumps_asked"]]
+try:
+    c.pending_dumps("r-due")  # one id where a list goes
+except Exception as e:
+    out["d_str"] = [type(e).__name__, str(e)]
 out["stats"] = c.stats
 c.close()
 print(json.dumps(out))`,
@@ -333,6 +342,11 @@ print(json.dumps(out))`,
   expect(got.w8).toEqual([true, 1]);
   expect(got.p8).toEqual([false, 2]);
   expect(got.p11).toEqual([true, false, 3]); // 9 and 10 memory loads, 11's ids asked once
+  // pending_dumps: the same answers for a step's requests in one call, the kept ones in order.
+  expect([got.d6, got.d7, got.d8]).toEqual([[[], 0], [['r-due'], 1], [[], [], 2]]);
+  // Settled by its own first id: wave 11's answer (kept until the wave ends) read, not asked again.
+  expect(got.d9).toEqual([false, ['r-due'], [], 3]);
+  expect(got.d_str).toEqual(['ConfigError', "pending_dumps(): req_ids must be a sequence of request ids, got the str 'r-due'"]);
   expect(got.stats.end_of_wave_waited).toBe(0);
   expect(agent.seen.filter((x) => x.body === 'dueDumps').map((x) => Number(x.req.dueDumps.wave))).toEqual([8, 9, 11]);
 });

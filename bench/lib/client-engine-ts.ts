@@ -1,7 +1,7 @@
 // `wavebus bench client --lang ts`'s engine: one TypeScript engine loop at N running requests in its
 // own process, timing in its own thread the calls it makes every step (the Python engine is
 // bench/client_engine.py; the loop is the same). Modes:
-//   tensor - TensorBatch.waveHeadNow (typed arrays into the ring) + beforeForwardNow + endOfWaveNow + pendingDumpNow(finished)
+//   tensor - TensorBatch.waveHeadNow (typed arrays into the ring) + beforeForwardNow + endOfWaveNow + pendingDumpsNow(finished)
 //            (the calls without a promise: a promise only when something is due, docs/typescript-client.md)
 //   dict   - the same with WavebusClient.waveHead and the request list (the convenience path)
 //   off    - the tensor loop against a mailbox with every feature off (nothing is sent)
@@ -72,7 +72,7 @@ async function main(): Promise<void> {
     // Methods that do nothing, on objects the engine holds as it holds the client and its batch.
     const nothing = (): boolean => false;
     batch = { finish: nothing, free: nothing, arrive: nothing, blocks: nothing, waveHeadNow: nothing } as unknown as TensorBatch;
-    c = { beforeForwardNow: nothing, endOfWaveNow: nothing, pendingDumpNow: nothing } as unknown as WavebusClient;
+    c = { beforeForwardNow: nothing, endOfWaveNow: nothing, pendingDumpsNow: nothing } as unknown as WavebusClient;
   }
   const rows = new Uint32Array(n).map((_, i) => i);
   const req = Array.from({ length: n }, (_, r) => `req-${r}`);
@@ -125,12 +125,10 @@ async function main(): Promise<void> {
     const e = c?.endOfWaveNow(wave);
     if (e instanceof Promise) await e;
     const t3 = now();
-    const keep: boolean[] = [];
     if (c) {
-      for (const r of done) {
-        const k = c.pendingDumpNow(req[r]);
-        keep.push(k instanceof Promise ? await k : k);
-      }
+      // The step's finished requests asked in one call (the bench arms no dump: every one is freed).
+      const k = c.pendingDumpsNow(done.map((r) => req[r]));
+      if (k instanceof Promise) await k;
     }
     const tp = now();
     if (batch) for (const r of done) batch.free(r);

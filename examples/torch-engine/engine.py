@@ -235,7 +235,8 @@ def main(argv: List[str]) -> int:
         # Finished requests give their blocks back now, except one with a dump due at the end of a
         # wave already decided (armed lookahead waves ahead): kept a step, then asked again. The next
         # telemetry says freed.
-        freed = [r for r in sched.holding if not hooks.pending_dump(r.req_id)]
+        kept = hooks.pending_dumps([r.req_id for r in sched.holding])  # one call for all; () when none
+        freed = [r for r in sched.holding if r.req_id not in kept] if kept else list(sched.holding)
         sched.release(freed)
         idle = idle + 1 if sched.idle() else 0
     # Captures taken, and forwards a capture would have taken that were skipped because the agent did

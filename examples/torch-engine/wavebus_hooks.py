@@ -154,6 +154,10 @@ class WavebusHooks:
     def pending_dump(self, req_id: str) -> bool:
         return self.client.pending_dump(req_id)
 
+    def pending_dumps(self, req_ids):
+        """The step's finished requests in one call: those of ``req_ids`` to keep (usually none: ())."""
+        return self.client.pending_dumps(req_ids)
+
     # -- 2f. end of the wave: bounded; a due KV dump is copied from the pool here
     def end_of_wave(self, wave: int):
         return self.client.end_of_wave(wave)

@@ -127,6 +127,41 @@ export class WavebusClient {
     return this.pending.check(reqId);
   }
 
+  /**
+   * The requests of `reqIds` that pendingDump says to keep, in their order: one call for the step's
+   * finished requests instead of one each. Resolves the empty array (shared: do not change it) when
+   * none is kept.
+   */
+  pendingDumps(reqIds: readonly string[]): Promise<readonly string[]> {
+    let r: readonly string[] | Promise<readonly string[]>;
+    try {
+      r = this.pendingDumpsNow(reqIds);
+    } catch (e) {
+      return Promise.reject(e);
+    }
+    return r instanceof Promise ? r : Promise.resolve(r);
+  }
+
+  /** pendingDumps without a promise when every answer is known now (the usual step: nothing due). */
+  pendingDumpsNow(reqIds: readonly string[]): readonly string[] | Promise<readonly string[]> {
+    if (!Array.isArray(reqIds)) throw new ConfigError(`pendingDumps(): reqIds must be an array of request ids, got ${typeof reqIds}`);
+    if (reqIds.length === 0 || (this.mailbox.features() & MailboxFeature.BUS_ACTIVE) === 0) return NO_IDS;
+    let keep: string[] | undefined;
+    for (let i = 0; i < reqIds.length; i++) {
+      const k = this.pending.check(reqIds[i]);
+      if (k instanceof Promise) return this.pendingDumpsFrom(reqIds, i, k, keep ?? []);
+      if (k) (keep ??= []).push(reqIds[i]);
+    }
+    return keep ?? NO_IDS;
+  }
+
+  /** pendingDumpsNow's slow path from request `i`, whose answer is `first` (the agent is asked). */
+  private async pendingDumpsFrom(reqIds: readonly string[], i: number, first: Promise<boolean>, keep: string[]): Promise<readonly string[]> {
+    if (await first) keep.push(reqIds[i]);
+    for (let j = i + 1; j < reqIds.length; j++) if (await this.pendingDump(reqIds[j])) keep.push(reqIds[j]);
+    return keep.length > 0 ? keep : NO_IDS;
+  }
+
   private onCoordinatorLost(): void {
     this.stats.coordinatorLost++;
     this.stall.begin();
@@ -348,6 +383,8 @@ export class WavebusClient {
 const SETTLED: Promise<void> = Promise.resolve();
 const FALSE: Promise<boolean> = Promise.resolve(false);
 const TRUE: Promise<boolean> = Promise.resolve(true);
+/** pendingDumps()'s answer when no request is kept (frozen: one array for every step). */
+const NO_IDS: readonly string[] = Object.freeze([]);
 // The async calls' answers on the usual step: settled once, returned again (nothing allocated).
 const NOT_CAPTURED: Promise<BeforeForwardResult> = Promise.resolve(NOT_CAPTURED_R);
 

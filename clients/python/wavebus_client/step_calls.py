@@ -10,6 +10,7 @@ from typing import NamedTuple, Optional
 
 from . import mailbox as mb
 from . import wavebus_pb2 as pb
+from .errors import ConfigError
 from .features import DEFAULT_END_OF_WAVE_TIMEOUT_MS
 from .wave_head import _MAX_U64, check_wave
 
@@ -213,3 +214,22 @@ class StepCallsMixin:
                 return False
             return p.settled(req_id)
         return p._settle(req_id, self._mb, q)
+
+    def pending_dumps(self, req_ids) -> tuple:
+        """The requests of ``req_ids`` (a sequence of str) that ``pending_dump`` says to keep, in
+        their order: one call for the step's finished requests instead of one each. The usual step
+        (nothing due) returns the empty tuple after settling the step with the first id."""
+        if type(req_ids) is str:  # one id where a sequence of them goes: its characters are no ids
+            raise ConfigError(f"pending_dumps(): req_ids must be a sequence of request ids, got the str {req_ids!r}")
+        q = self._mb._q
+        if q is None or not q[_Q_FEATURES] & _BUS or not req_ids:
+            return ()
+        pending = self.pending_dump
+        first = req_ids[0]
+        if not pending(first):
+            p = self._pending
+            if p._dues is None and p._key == (q, q[_Q_FLOOR], p.last_ended, q[_Q_EPOCH]):
+                return ()  # settled by the first: no decided wave not yet ended has a dump due
+            keep = [r for r in req_ids[1:] if pending(r)]
+            return tuple(keep) if keep else ()
+        return (first, *[r for r in req_ids[1:] if pending(r)])
