@@ -5,8 +5,8 @@ thread the calls it makes every step. Modes:
   dict    - the same with Client.wave_head and the dict telemetry (the convenience path)
   off     - the tensor loop against a mailbox with every feature off (nothing is sent)
   none    - the same loop without wavebus (the engine's own arrays only)
-  floor   - the same loop with each of the engine's wavebus calls (finish, free, arrive, blocks, the
-            four per-step calls) made to a C function that does nothing ("".format): what the calls
+  floor   - the same loop with each of the engine's wavebus calls (finish_rows, free_rows, arrive,
+            blocks, the four per-step calls) made to a C function that does nothing ("".format): what the calls
             alone cost a step after the forward, whatever a client does in them
   seed    - the seed's path: its Python detectors in the engine (token_repeat, spec_acceptance per
             request, logits_finite's isfinite on [N, 1024] float32 logits), ported from the seed's
@@ -14,7 +14,7 @@ thread the calls it makes every step. Modes:
 The forward (not timed) is 3 ms: FORWARD "sleep" (the default) sleeps it, "spin" busy-waits it, as an
 engine thread in cudaStreamSynchronize does by default (its caches stay warmer than after a sleep).
 Prints one JSON line: per-step p50/p99 µs of the step's calls in all, and per call; "events" is the
-step's sparse calls: the finished requests' finish() and free(), and the arrivals (arrive() and
+step's sparse calls: the finished requests' finish_rows() and free_rows(), and the arrivals (arrive() and
 blocks() of the requests taking the rows freed at the step before; ~N/200 a step, as many as
 finish), the other four exclude them.
 usage: client_engine.py MODE N STEPS RUN_DIR [FORWARD]
@@ -88,7 +88,7 @@ def main():
             c.hello()  # at once (the ring is made then), not lazily within the first head's bound
     if mode == "floor":
         class Floor:  # a Python class, as the client's batch and Client are; each method a no-op in C
-            finish = free = arrive = blocks = wave_head = before_forward = end_of_wave = pending_dump = pending_dumps = "".format
+            finish_rows = free_rows = arrive = blocks = wave_head = before_forward = end_of_wave = pending_dump = pending_dumps = "".format
 
         c = batch = Floor()
     if mode == "seed":
@@ -110,8 +110,7 @@ def main():
         t0 = pc()
         te = t0
         if mode in ("tensor", "off", "floor"):
-            for r in done:
-                batch.finish(r)
+            batch.finish_rows(done)  # the step's finished rows in one call
             te = pc()
             batch.wave_head(wave, rows, toks, lps)
         elif mode == "dict":
@@ -147,8 +146,7 @@ def main():
             c.pending_dumps([req[r] for r in done])
         tp = pc()
         if batch is not None:
-            for r in done:
-                batch.free(r)
+            batch.free_rows(done)
         t4f = pc()
         reqs.renew(done)  # the engine's own bookkeeping (not timed): the next requests' ids
         t4 = pc()

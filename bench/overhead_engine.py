@@ -82,8 +82,7 @@ def rank_main(a, rank, world):
         done = reqs.finishing()
         s0 = time.perf_counter_ns()
         if batch is not None:
-            for r in done:
-                batch.finish(r)
+            batch.finish_rows(done)
             batch.wave_head(wave, rows, toks, lps)
             ctx["global_step"] = wave
             if digest:
@@ -106,8 +105,7 @@ def rank_main(a, rank, world):
         s3 = time.perf_counter_ns()
         if c is not None:
             c.pending_dumps([req[r] for r in done])  # every frees at once here: the bench arms no dump
-            for r in done:
-                batch.free(r)
+            batch.free_rows(done)
         s4 = time.perf_counter_ns()
         client_ns += (s1 - s0) + (s4 - s2)
         eow_ns += s3 - s2

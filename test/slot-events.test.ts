@@ -156,12 +156,26 @@ function randomCalls(seed: number, paused: number): number {
             const ids = Array.from({ length: rand(6) }, () => rand(3)); // small ids: a table often unchanged
             s.blocks(row, ids);
             m.blocks(row, ids);
-          } else if (op < 70) {
+          } else if (op < 64) {
             s.finish(row);
             m.flag(row, 1);
-          } else if (op < 85) {
+          } else if (op < 76) {
             s.free(row);
             m.flag(row, 2);
+          } else if (op < 85) {
+            // The step's rows in one call: flagged in order up to a refused one (a row holding no request).
+            const rows = Array.from({ length: rand(4) }, () => rand(maxRows + 1)); // maxRows: out of range
+            const bit = rand(2) === 0 ? 1 : 2;
+            const col = rand(2) === 0 ? rows : Uint32Array.from(rows);
+            try {
+              if (bit === 1) s.finishRows(col);
+              else s.freeRows(col);
+            } finally {
+              for (const r of rows) {
+                if (!m.live.has(r)) break;
+                m.flag(r, bit);
+              }
+            }
           } else {
             s.resendAll();
             m.all = true;
@@ -183,6 +197,15 @@ function randomCalls(seed: number, paused: number): number {
 
 test('the sparse part and event columns are the Map-based bookkeeping\'s, in order, through random calls', () => {
   expect(randomCalls(11, 1)).toBe(3600); // every step compared its live count, most a head too
+});
+
+test('finishRows / freeRows refuse what is not an array of rows, naming the call', () => {
+  const s = new Probe(4);
+  s.arrive(1, 'r1');
+  expect(() => s.finishRows(3 as unknown as number[])).toThrow(new ConfigError('finishRows(): rows must be an array or typed array of rows, got number'));
+  expect(() => s.freeRows(null as unknown as number[])).toThrow(new ConfigError('freeRows(): rows must be an array or typed array of rows, got null'));
+  expect(() => s.freeRows([1, 2])).toThrow(new ConfigError('freeRows(): row 2 holds no request'));
+  expect(s.head().rows).toEqual([1]); // the row before the refused one was flagged
 });
 
 test('through long pauses (many arrivals and frees with no head: the pending rows compacted) the first head after is the model\'s', () => {

@@ -6,10 +6,10 @@
 //   dict   - the same with WavebusClient.waveHead and the request list (the convenience path)
 //   off    - the tensor loop against a mailbox with every feature off (nothing is sent)
 //   none   - the same loop without wavebus (the engine's own arrays only)
-//   floor  - the same loop with each of the engine's wavebus calls (finish, free, arrive, blocks, the
-//            four per-step calls) made to a method that does nothing: what the calls alone cost
+//   floor  - the same loop with each of the engine's wavebus calls (finishRows, freeRows, arrive,
+//            blocks, the four per-step calls) made to a method that does nothing: what the calls alone cost
 // Prints one JSON line: per-step p50/p99 µs of the step's calls in all, and per call; "events" is the
-// step's sparse calls: the finished requests' finish() and free(), and the arrivals (arrive() and
+// step's sparse calls: the finished requests' finishRows() and freeRows(), and the arrivals (arrive() and
 // blocks() of the requests taking the rows freed at the step before), the other four exclude them.
 // The forward (not timed) is 3 ms: FORWARD "sleep" (the default) waits it on a timer, "spin" busy-waits
 // it, as an engine thread in cudaStreamSynchronize does by default.
@@ -71,7 +71,7 @@ async function main(): Promise<void> {
   if (mode === 'floor') {
     // Methods that do nothing, on objects the engine holds as it holds the client and its batch.
     const nothing = (): boolean => false;
-    batch = { finish: nothing, free: nothing, arrive: nothing, blocks: nothing, waveHeadNow: nothing } as unknown as TensorBatch;
+    batch = { finishRows: nothing, freeRows: nothing, arrive: nothing, blocks: nothing, waveHeadNow: nothing } as unknown as TensorBatch;
     c = { beforeForwardNow: nothing, endOfWaveNow: nothing, pendingDumpsNow: nothing } as unknown as WavebusClient;
   }
   const rows = new Uint32Array(n).map((_, i) => i);
@@ -99,7 +99,7 @@ async function main(): Promise<void> {
     const t0 = now();
     let te = t0;
     if (batch) {
-      for (const r of done) batch.finish(r);
+      batch.finishRows(done); // the step's finished rows in one call
       te = now();
       const sent = batch.waveHeadNow(wave, { rows, tokenIds: toks, logprobs: lps });
       if (sent instanceof Promise) await sent;
@@ -131,7 +131,7 @@ async function main(): Promise<void> {
       if (k instanceof Promise) await k;
     }
     const tp = now();
-    if (batch) for (const r of done) batch.free(r);
+    if (batch) batch.freeRows(done);
     const t4f = now();
     // The engine's own bookkeeping (not timed): the next requests' ids.
     for (const r of done) {
@@ -154,7 +154,7 @@ async function main(): Promise<void> {
       per.before_forward.push(t2 - t1);
       per.end_of_wave.push(t3 - t2f);
       per.pending_dump.push(tp - t3);
-      per.events.push(te - t0 + t4f - tp + t5 - t4); // finish(), free() and the arrivals
+      per.events.push(te - t0 + t4f - tp + t5 - t4); // finishRows(), freeRows() and the arrivals
     }
   }
   const out: Record<string, unknown> = {

@@ -21,6 +21,7 @@ BAD_ROWS = [-1, 1.0, True, "0", 2**70, None, [0]]
 # Garbage the engine could hand arrive() and blocks(), with the good values they stand in for.
 BAD_REQ = [b"r", "", 3, None, "\ud800", "é-" * 70]  # the last is good: non-ASCII, over 127 bytes
 BAD_PLEN = [True, -1, 2**32, 1.0, "5", 2**70, 2**32 - 1]  # the last is good
+BAD_ROWS_ARGS = [5, None, "01", 2.5, object()]  # not a sequence of rows at all (a str is refused whole)
 BAD_IDS = [[True], [-1], [2**32], [1.5], ["1"], [None], 7, np.array([3, 2**31], dtype=np.int64), np.array([-1]), (5, 6), range(3), np.uint32(7), [2**32 - 1, 0, 128]]
 
 
@@ -60,10 +61,21 @@ def parity(out, seed=5, paused=0.0, key="heads_compared"):
                 elif op < 0.55:
                     ids = [random.randrange(2**32) for _ in range(random.randint(0, 6))] if random.random() < 0.7 else [1, 2]
                     args = ("blocks", row, random.choice(BAD_IDS) if random.random() < 0.1 else ids)
-                elif op < 0.7:
+                elif op < 0.62:
                     args = ("finish", row)
-                elif op < 0.85:
+                elif op < 0.74:
                     args = ("free", row)
+                elif op < 0.85:
+                    # The step's rows in one call, as a list, tuple or numpy array; now and then a bad
+                    # row inside (the rows before it stay flagged) or a bad container.
+                    rows = [random.randrange(m) for _ in range(random.randint(0, 4))]
+                    if random.random() < 0.1:
+                        rows.insert(random.randrange(len(rows) + 1), random.choice(BAD_ROWS + [m]))
+                    kind = random.random()
+                    rows = tuple(rows) if kind < 0.2 else np.array(rows, dtype=np.int64) if kind < 0.3 and all(type(r) is int and -2**62 < r < 2**62 for r in rows) else rows
+                    if random.random() < 0.05:
+                        rows = random.choice(BAD_ROWS_ARGS)
+                    args = (random.choice(["finish_rows", "free_rows"]), rows)
                 else:
                     args = ("resend_all",)
                 kw = args[0] == "arrive" and random.random() < 0.5
@@ -122,6 +134,8 @@ def garbage(out):
         "head_nf_not_bytes": lambda: s.head(1, 0, "x"),
         "head_arity": lambda: s.head(1),
         "finish_free_row": lambda: s.finish(2),
+        "finish_rows_not_a_sequence": lambda: s.finish_rows(5),
+        "free_rows_a_free_row": lambda: s.free_rows([0, 2]),
         "free_out_of_range": lambda: s.free(4),
     }
     s.arrive(0, "r0", prompt_len=1)

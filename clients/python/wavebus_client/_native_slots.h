@@ -356,9 +356,38 @@ static PyObject *slots_get_max_rows(Slots *s, void *unused) { return PyLong_From
 
 #include "_native_arrive.h"
 
+/* finish_rows(rows) / free_rows(rows): finish / free of each of rows (a list, or what as_list
+ * takes: a tuple, a numpy array, a tensor), in order, each row checked as one call checks it (the
+ * rows before a refused one stay flagged); a str is refused whole (slot_batch.py _rows_list). */
+static PyObject *slots_flag_rows(Slots *s, PyObject *rows, uint8_t flag, const char *where) {
+  if (PyUnicode_CheckExact(rows)) return bad("%s: rows must be a sequence of rows, got the str %R", where, rows);
+  PyObject *l = as_list(rows);
+  if (!l) {
+    if (!PyErr_ExceptionMatches(PyExc_TypeError)) return NULL;
+    PyErr_Clear();
+    return bad("%s: rows must be a sequence of rows (list, tuple, numpy array, tensor), got %s", where, Py_TYPE(rows)->tp_name);
+  }
+  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(l); i++) {
+    PyObject *row = Py_NewRef(PyList_GET_ITEM(l, i)), *r = slots_event(s, row, flag, where);
+    Py_DECREF(row);
+    if (!r) {
+      Py_DECREF(l);
+      return NULL;
+    }
+    Py_DECREF(r);
+  }
+  Py_DECREF(l);
+  Py_RETURN_NONE;
+}
+
+static PyObject *slots_finish_rows(Slots *s, PyObject *rows) { return slots_flag_rows(s, rows, F_FINISHED, "finish_rows()"); }
+static PyObject *slots_free_rows(Slots *s, PyObject *rows) { return slots_flag_rows(s, rows, F_FREED, "free_rows()"); }
+
 static PyMethodDef slots_methods[] = {
   {"finish", (PyCFunction)slots_finish, METH_O, "row's request finished in the step the next head reports."},
   {"free", (PyCFunction)slots_free, METH_O, "row's blocks were given back: its binding ends with the next head."},
+  {"finish_rows", (PyCFunction)slots_finish_rows, METH_O, "finish(row) for each of rows, in order."},
+  {"free_rows", (PyCFunction)slots_free_rows, METH_O, "free(row) for each of rows, in order."},
   {"sent", (PyCFunction)slots_sent, METH_NOARGS, "The head went out: frees take effect."},
   {"resend_all", (PyCFunction)slots_resend_all, METH_NOARGS, "The next head carries every live binding and table."},
   {"reset", (PyCFunction)slots_reset, METH_NOARGS, "Sending paused: sent(), and the next head carries every live binding and table."},

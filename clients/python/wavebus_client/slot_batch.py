@@ -48,6 +48,19 @@ def _as_list(x) -> list:
     return list(x)
 
 
+def _rows_list(rows, where: str) -> list:
+    """finish_rows / free_rows's rows as a list (the caller's own list as it is); a str, or what is
+    not a sequence, is a ConfigError naming the call (as _native_slots.h's slots_flag_rows)."""
+    if type(rows) is list:
+        return rows
+    if type(rows) is str:
+        raise ConfigError(f"{where}: rows must be a sequence of rows, got the str {rows!r}")
+    try:
+        return _as_list(rows)
+    except TypeError:
+        raise ConfigError(f"{where}: rows must be a sequence of rows (list, tuple, numpy array, tensor), got {type(rows).__name__}") from None
+
+
 class SlotEvents:
     """Bindings (row -> request), block tables and finish/free flags, with what the next head sends."""
 
@@ -140,6 +153,23 @@ class SlotEvents:
             self._flags[row] |= FLAG_FREED
         else:
             self._flags[row] = FLAG_FREED
+
+    def finish_rows(self, rows) -> None:
+        """``finish(row)`` for each of ``rows`` (a list, tuple, numpy array or tensor), in order: the
+        step's finished requests in one call. A refused row raises as ``finish`` does, the rows
+        before it flagged."""
+        self._flag_rows(rows, "finish_rows()", FLAG_FINISHED)
+
+    def free_rows(self, rows) -> None:
+        """``free(row)`` for each of ``rows``, in order (as ``finish_rows``)."""
+        self._flag_rows(rows, "free_rows()", FLAG_FREED)
+
+    def _flag_rows(self, rows, where: str, bit: int) -> None:
+        live, flags = self._live, self._flags
+        for row in _rows_list(rows, where):
+            if type(row) is not int or row not in live:
+                row = self._held(row, where)
+            flags[row] = flags.get(row, 0) | bit
 
     def _held(self, row, where: str) -> int:
         row = _row(row, self.max_rows, where)
