@@ -329,6 +329,11 @@ try:
     c.pending_dumps("r-due")  # one id where a list goes
 except Exception as e:
     out["d_str"] = [type(e).__name__, str(e)]
+try:
+    c.pending_dumps(5)
+except Exception as e:
+    out["d_int"] = [type(e).__name__, str(e)]
+out["d_gen"] = c.pending_dumps(x for x in ["other", "r-due"])  # any iterable of ids
 out["stats"] = c.stats
 c.close()
 print(json.dumps(out))`,
@@ -347,6 +352,8 @@ print(json.dumps(out))`,
   // Settled by its own first id: wave 11's answer (kept until the wave ends) read, not asked again.
   expect(got.d9).toEqual([false, ['r-due'], [], 3]);
   expect(got.d_str).toEqual(['ConfigError', "pending_dumps(): req_ids must be a sequence of request ids, got the str 'r-due'"]);
+  expect(got.d_int).toEqual(['ConfigError', 'pending_dumps(): req_ids must be a sequence of request ids, got int']);
+  expect(got.d_gen).toEqual(['r-due']);
   expect(got.stats.end_of_wave_waited).toBe(0);
   expect(agent.seen.filter((x) => x.body === 'dueDumps').map((x) => Number(x.req.dueDumps.wave))).toEqual([8, 9, 11]);
 });

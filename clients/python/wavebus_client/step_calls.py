@@ -219,8 +219,13 @@ class StepCallsMixin:
         """The requests of ``req_ids`` (a sequence of str) that ``pending_dump`` says to keep, in
         their order: one call for the step's finished requests instead of one each. The usual step
         (nothing due) returns the empty tuple after settling the step with the first id."""
-        if type(req_ids) is str:  # one id where a sequence of them goes: its characters are no ids
-            raise ConfigError(f"pending_dumps(): req_ids must be a sequence of request ids, got the str {req_ids!r}")
+        if type(req_ids) is not list and type(req_ids) is not tuple:
+            if type(req_ids) is str:  # one id where a sequence of them goes: its characters are no ids
+                raise ConfigError(f"pending_dumps(): req_ids must be a sequence of request ids, got the str {req_ids!r}")
+            try:
+                req_ids = list(req_ids)  # a numpy array of str, a set, a generator
+            except TypeError:
+                raise ConfigError(f"pending_dumps(): req_ids must be a sequence of request ids, got {type(req_ids).__name__}") from None
         q = self._mb._q
         if q is None or not q[_Q_FEATURES] & _BUS or not req_ids:
             return ()
