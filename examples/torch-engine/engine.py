@@ -6,6 +6,7 @@ gloo. Requests arrive over the first steps, are batched continuously and decoded
 --spec-tokens K, speculatively: spec.py); the text is written to OUT/outputs.json by rank 0. See docs/torch-engine.md.
 """
 import argparse
+import contextlib
 import json
 import os
 import time
@@ -37,20 +38,14 @@ PROMPTS = ["The quick brown fox ", "Hello, wavebus! ", "Tensor parallel ", "Page
            "Once upon a time ", "KV blocks: ", "Greedy decoding of ", "wave after wave "]
 
 
-def save_whole(obj, path: str) -> None:
-    """torch.save into a temporary file, then renamed: a rank killed mid-save (the recorder's kill -9
-    tests) leaves the earlier file or none, never a truncated one that replay.py would read."""
+@contextlib.contextmanager
+def whole(path: str, mode: str = "w"):
+    """The file at ``path`` written whole: into a temporary file, renamed once written. A rank killed
+    mid-write (the recorder's kill -9 tests) leaves the earlier file or none, never a truncated one
+    that replay.py or a test waiting for the file would read."""
     tmp = f"{path}.tmp{os.getpid()}"
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
-
-
-def write_whole(path: str, text: str) -> None:
-    """A result file written whole (temporary file, then renamed): whoever waits for it to exist
-    reads all of it."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
+    with open(tmp, mode) as f:
+        yield f
     os.replace(tmp, path)
 
 
@@ -198,8 +193,8 @@ def main(argv: List[str]) -> int:
                 if restore is not None:
                     restore()
             if captured or args.save_every_forward:  # the engine's own result of the forward, for replay.py to compare with
-                save_whole({"logits": logits.clone(), "call_dir": call_dir, "step": step},
-                           os.path.join(args.out, f"forward_rank{rank}_step{step}.pt"))
+                with whole(os.path.join(args.out, f"forward_rank{rank}_step{step}.pt"), "wb") as f:
+                    torch.save({"logits": logits.clone(), "call_dir": call_dir, "step": step}, f)
             if args.step_sleep_ms:
                 time.sleep(args.step_sleep_ms / 1000)
             hooks.check_logits(logits, batch)
@@ -230,8 +225,8 @@ def main(argv: List[str]) -> int:
         res = hooks.end_of_wave(wave)
         timeouts += int(res.timed_out)
         if res.dumps_written:  # the agent copied KV blocks at this point: keep the pool as it was
-            save_whole({f"{l}.{kv}": hooks.kv[l][j].clone() for l in cfg.layer_names() for j, kv in enumerate("kv")},
-                       os.path.join(args.out, f"pool_rank{rank}_wave{wave}.pt"))
+            with whole(os.path.join(args.out, f"pool_rank{rank}_wave{wave}.pt"), "wb") as f:
+                torch.save({f"{l}.{kv}": hooks.kv[l][j].clone() for l in cfg.layer_names() for j, kv in enumerate("kv")}, f)
         # Finished requests give their blocks back now, except one with a dump due at the end of a
         # wave already decided (armed lookahead waves ahead): kept a step, then asked again. The next
         # telemetry says freed.
@@ -248,14 +243,14 @@ def main(argv: List[str]) -> int:
         out = {r.req_id: {"prompt": bytes(r.prompt).decode("latin-1"), "text": bytes(r.output).decode("latin-1"),
                           "tokens": r.output, "spec": spec_log[r.req_id]} for r in sched.done}
         spec = {"spec_tokens": args.spec_tokens, "draft_forwards": drafter.forwards if drafter else 0}
-        write_whole(os.path.join(args.out, "outputs.json"),
-                    json.dumps({"tp": tp, "dp": args.dp, "steps": step, "waves": wave, "spec": spec, "requests": out}, indent=1))
+        with whole(os.path.join(args.out, "outputs.json")) as f:
+            json.dump({"tp": tp, "dp": args.dp, "steps": step, "waves": wave, "spec": spec, "requests": out}, f, indent=1)
         for r in sched.done:
             print(f"{r.req_id}: {bytes(r.prompt).decode('latin-1')!r} -> {bytes(r.output).decode('latin-1')!r}", flush=True)
     if args.result_dir:
         os.makedirs(args.result_dir, exist_ok=True)
-        write_whole(os.path.join(args.result_dir, f"rank{rank}.json"),
-                    json.dumps({"rank": rank, "forwards": step, "waves": wave, "endOfWaveTimeouts": timeouts, **capture_counts}))
+        with whole(os.path.join(args.result_dir, f"rank{rank}.json")) as f:
+            json.dump({"rank": rank, "forwards": step, "waves": wave, "endOfWaveTimeouts": timeouts, **capture_counts}, f)
     print(f"rank {rank} done: {step} forwards, {wave} waves, end_of_wave timeouts {timeouts}, "
           f"captures {capture_counts['captures']}, snapshots skipped {capture_counts['snapshotsSkipped']}", flush=True)
     if world > 1:

@@ -18,6 +18,7 @@ flips the top mantissa bit of the first logit of wave WAVE on RANK, in this proc
 --save-logits keeps it: the engine's output is the flipped one).
 """
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -41,11 +42,15 @@ sys.path.insert(0, HERE)
 import faults  # noqa: E402  (test doubles)
 
 
-def write_whole(path: str, text: str) -> None:
-    """A result file written whole (temporary file, then renamed): whoever waits for it reads all of it."""
+@contextlib.contextmanager
+def whole(path: str, mode: str = "w"):
+    """The file at ``path`` written whole (into a temporary file, renamed once written): whoever waits
+    for it to exist reads all of it, and a rank killed mid-write (kill -9 tests) leaves none, never a
+    truncated one that replay.py would load. (examples/torch-engine/engine.py has the same: each
+    example stands alone.)"""
     tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
+    with open(tmp, mode) as f:
+        yield f
     os.replace(tmp, path)
 
 
@@ -78,7 +83,8 @@ def save_copy(out: str, rank: int, wave: int, wb) -> None:
             rows = torch.tensor(blocks, dtype=torch.long) * pages_per_block
             layers[f"model.layers.{idx}.self_attn"] = {"k": k_pages[rows].clone(), "v": v_pages[rows].clone()}
         reqs[rid] = {"block_ids": list(blocks), "layers": layers}
-    torch.save(reqs, os.path.join(out, f"copy_rank{rank}_wave{wave}.pt"))
+    with whole(os.path.join(out, f"copy_rank{rank}_wave{wave}.pt"), "wb") as f:
+        torch.save(reqs, f)
 
 
 def main() -> int:
@@ -195,7 +201,8 @@ def main() -> int:
     if args.save_logits:
         def keep(_module, _args, output):
             if wb is not None:
-                torch.save(output.logits.detach().clone(), os.path.join(args.out, f"logits_rank{rank}_wave{wb.wave}.pt"))
+                with whole(os.path.join(args.out, f"logits_rank{rank}_wave{wb.wave}.pt"), "wb") as f:
+                    torch.save(output.logits.detach().clone(), f)
 
         model.register_forward_hook(keep)
 
@@ -225,12 +232,13 @@ def main() -> int:
                "waves": wb.wave if wb else 0, "seconds": seconds,
                # the tensor path's heads (through the ring or inline) and rows it could not give
                "telemetry": {**wb.tensor_batch.stats, **wb.rows.stats, "live_rows": wb.rows.live} if wb else None}
-        write_whole(os.path.join(args.out, "outputs.json"), json.dumps(out))
+        with whole(os.path.join(args.out, "outputs.json")) as f:
+            json.dump(out, f)
     if args.result_dir:
         os.makedirs(args.result_dir, exist_ok=True)
-        write_whole(os.path.join(args.result_dir, f"rank{rank}.json"),
-                    json.dumps({"rank": rank, "waves": wb.wave if wb else 0,
-                                "endOfWaveTimeouts": wb.client.stats.get("end_of_wave_timeouts", 0) if wb else 0}))
+        with whole(os.path.join(args.result_dir, f"rank{rank}.json")) as f:
+            json.dump({"rank": rank, "waves": wb.wave if wb else 0,
+                       "endOfWaveTimeouts": wb.client.stats.get("end_of_wave_timeouts", 0) if wb else 0}, f)
     if wb is not None:
         wb.close()
     print(f"rank {rank} done: {len(results)} requests, {wb.wave if wb else 0} waves, {seconds:.2f} s", flush=True)

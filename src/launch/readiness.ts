@@ -1,5 +1,6 @@
 // Readiness: the launcher asks the coordinator for its status until the job is ready (not a fixed
 // sleep: it asks again STATUS_GAP_MS after each answer), with the job's CURVE keys or bus token.
+import { setTimeout as sleep } from 'timers/promises';
 import * as zmq from 'zeromq';
 import type { BusToken } from '../bus/auth';
 import { clientSocketOptions, type CurveClientKeys } from '../bus/curve';
@@ -81,7 +82,7 @@ export async function waitForCoordinator(
         last = { ready: !!msg.status.ready, liveRanks: msg.status.liveRanks ?? [], expectedRanks: msg.status.expectedRanks ?? [], epoch: Number(msg.epoch ?? 0) };
         if (isReady(last)) return last;
       }
-      await Promise.race([new Promise((r) => setTimeout(r, STATUS_GAP_MS)), abort]);
+      await Promise.race([sleep(STATUS_GAP_MS), abort]);
     }
     return await abort;
   } finally {

@@ -229,12 +229,8 @@ class StepCallsMixin:
         q = self._mb._q
         if q is None or not q[_Q_FEATURES] & _BUS or not req_ids:
             return ()
-        pending = self.pending_dump
-        first = req_ids[0]
-        if not pending(first):
-            p = self._pending
-            if p._dues is None and p._key == (q, q[_Q_FLOOR], p.last_ended, q[_Q_EPOCH]):
-                return ()  # settled by the first: no decided wave not yet ended has a dump due
-            keep = [r for r in req_ids[1:] if pending(r)]
-            return tuple(keep) if keep else ()
-        return (first, *[r for r in req_ids[1:] if pending(r)])
+        pending, p = self.pending_dump, self._pending
+        # The usual step: the first id settles it with nothing due (pending_dump's own key check).
+        if not pending(req_ids[0]) and p._dues is None and p._key == (q, q[_Q_FLOOR], p.last_ended, q[_Q_EPOCH]):
+            return ()
+        return tuple(r for r in req_ids if pending(r))  # the first again: its answer is kept, not asked again
